@@ -1,0 +1,87 @@
+//! Corruption errors, structured and printed in the kernel's grammar:
+//! `corrupt leaf: root=5 block=30408704 slot=3, invalid ...`.
+
+use crate::key::Key;
+use core::fmt;
+
+/// Which object a corruption was found in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CorruptWhere {
+    Leaf,
+    Node,
+    Block,
+    Super,
+    SysChunkArray,
+    Item,
+}
+
+impl CorruptWhere {
+    fn as_str(self) -> &'static str {
+        match self {
+            CorruptWhere::Leaf => "leaf",
+            CorruptWhere::Node => "node",
+            CorruptWhere::Block => "tree block",
+            CorruptWhere::Super => "superblock",
+            CorruptWhere::SysChunkArray => "sys_chunk_array",
+            CorruptWhere::Item => "item",
+        }
+    }
+}
+
+/// A validation failure of on-disk bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Corrupt {
+    pub what: CorruptWhere,
+    pub root: Option<u64>,
+    pub block: Option<u64>,
+    pub slot: Option<u32>,
+    pub key: Option<Key>,
+    pub reason: String,
+}
+
+impl Corrupt {
+    pub fn new(what: CorruptWhere, reason: impl Into<String>) -> Corrupt {
+        Corrupt { what, root: None, block: None, slot: None, key: None, reason: reason.into() }
+    }
+    pub fn block(mut self, bytenr: u64) -> Self {
+        self.block = Some(bytenr);
+        self
+    }
+    pub fn root(mut self, root: u64) -> Self {
+        self.root = Some(root);
+        self
+    }
+    pub fn slot(mut self, slot: u32, key: Key) -> Self {
+        self.slot = Some(slot);
+        self.key = Some(key);
+        self
+    }
+}
+
+impl fmt::Display for Corrupt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "corrupt {}:", self.what.as_str())?;
+        let mut sep = " ";
+        if let Some(r) = self.root {
+            write!(f, "{sep}root={r}")?;
+            sep = " ";
+        }
+        if let Some(b) = self.block {
+            write!(f, "{sep}block={b}")?;
+        }
+        if let Some(s) = self.slot {
+            write!(f, "{sep}slot={s}")?;
+        }
+        if let Some(k) = self.key {
+            write!(f, "{sep}key={k}")?;
+        }
+        if self.root.is_some() || self.block.is_some() || self.slot.is_some() {
+            write!(f, ",")?;
+        }
+        write!(f, " {}", self.reason)
+    }
+}
+
+impl std::error::Error for Corrupt {}
+
+pub type Result<T> = core::result::Result<T, Corrupt>;
