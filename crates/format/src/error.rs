@@ -13,6 +13,7 @@ pub enum CorruptWhere {
     Super,
     SysChunkArray,
     Item,
+    Data,
 }
 
 impl CorruptWhere {
@@ -24,6 +25,7 @@ impl CorruptWhere {
             CorruptWhere::Super => "superblock",
             CorruptWhere::SysChunkArray => "sys_chunk_array",
             CorruptWhere::Item => "item",
+            CorruptWhere::Data => "data",
         }
     }
 }
@@ -36,12 +38,16 @@ pub struct Corrupt {
     pub block: Option<u64>,
     pub slot: Option<u32>,
     pub key: Option<Key>,
+    /// For data: inode, file offset and logical address of the bad sector.
+    pub ino: Option<u64>,
+    pub file_offset: Option<u64>,
+    pub logical: Option<u64>,
     pub reason: String,
 }
 
 impl Corrupt {
     pub fn new(what: CorruptWhere, reason: impl Into<String>) -> Corrupt {
-        Corrupt { what, root: None, block: None, slot: None, key: None, reason: reason.into() }
+        Corrupt { what, root: None, block: None, slot: None, key: None, ino: None, file_offset: None, logical: None, reason: reason.into() }
     }
     pub fn block(mut self, bytenr: u64) -> Self {
         self.block = Some(bytenr);
@@ -49,6 +55,12 @@ impl Corrupt {
     }
     pub fn root(mut self, root: u64) -> Self {
         self.root = Some(root);
+        self
+    }
+    pub fn data(mut self, ino: u64, file_offset: u64, logical: u64) -> Self {
+        self.ino = Some(ino);
+        self.file_offset = Some(file_offset);
+        self.logical = Some(logical);
         self
     }
     pub fn slot(mut self, slot: u32, key: Key) -> Self {
@@ -61,10 +73,9 @@ impl Corrupt {
 impl fmt::Display for Corrupt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "corrupt {}:", self.what.as_str())?;
-        let mut sep = " ";
+        let sep = " ";
         if let Some(r) = self.root {
             write!(f, "{sep}root={r}")?;
-            sep = " ";
         }
         if let Some(b) = self.block {
             write!(f, "{sep}block={b}")?;
@@ -75,7 +86,16 @@ impl fmt::Display for Corrupt {
         if let Some(k) = self.key {
             write!(f, "{sep}key={k}")?;
         }
-        if self.root.is_some() || self.block.is_some() || self.slot.is_some() {
+        if let Some(i) = self.ino {
+            write!(f, "{sep}ino={i}")?;
+        }
+        if let Some(o) = self.file_offset {
+            write!(f, "{sep}offset={o}")?;
+        }
+        if let Some(l) = self.logical {
+            write!(f, "{sep}logical={l}")?;
+        }
+        if self.root.is_some() || self.block.is_some() || self.slot.is_some() || self.ino.is_some() {
             write!(f, ",")?;
         }
         write!(f, " {}", self.reason)

@@ -1,0 +1,131 @@
+//! The one seam to storage: `BlockDevice`. Files, block devices and in-memory images
+//! implement it; tests wrap it to inject faults. Reads are exact: a read past the end
+//! is an error naming the device and range, never a short buffer.
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+pub trait BlockDevice: Send + Sync {
+    /// Fill `buf` from byte `offset`.
+    ///
+    /// # Errors
+    /// I/O errors, including reads past the end of the device.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Write `buf` at byte `offset`.
+    ///
+    /// # Errors
+    /// I/O errors, including writes past the end of the device.
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Make every completed write durable.
+    ///
+    /// # Errors
+    /// I/O errors from the flush.
+    fn flush(&self) -> Result<()>;
+    fn size(&self) -> u64;
+    /// A name for messages (the path).
+    fn name(&self) -> &str;
+}
+
+/// A regular file or block device opened with positional I/O.
+pub struct FileDevice {
+    file: File,
+    size: u64,
+    name: String,
+}
+
+impl FileDevice {
+    /// Open `path` read-only (or read-write).
+    ///
+    /// # Errors
+    /// I/O errors naming the path.
+    pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
+        let file = std::fs::OpenOptions::new().read(true).write(writable).open(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        // Block devices report size 0 in metadata; seeking to the end works for both.
+        let size = {
+            use std::io::Seek;
+            let mut f = &file;
+            f.seek(std::io::SeekFrom::End(0)).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?
+        };
+        Ok(FileDevice { file, size, name: path.display().to_string() })
+    }
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(&self.name)
+    }
+}
+
+fn check_range(name: &str, offset: u64, len: usize, size: u64) -> Result<()> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::io(
+            format!("{name}: access [{offset}, +{len}) beyond end of device ({size} bytes)"),
+            std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+        )),
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(&self.name, offset, buf.len(), self.size)?;
+        self.file.read_exact_at(buf, offset).map_err(|e| Error::io(format!("{}: read of {} bytes at {offset}", self.name, buf.len()), e))
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        check_range(&self.name, offset, buf.len(), self.size)?;
+        self.file.write_all_at(buf, offset).map_err(|e| Error::io(format!("{}: write of {} bytes at {offset}", self.name, buf.len()), e))
+    }
+    fn flush(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(format!("{}: flush", self.name), e))
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// An in-memory device (tests, fuzzing).
+pub struct MemDevice {
+    data: RwLock<Vec<u8>>,
+    name: String,
+}
+
+impl MemDevice {
+    pub fn new(data: Vec<u8>, name: impl Into<String>) -> MemDevice {
+        MemDevice { data: RwLock::new(data), name: name.into() }
+    }
+    pub fn into_inner(self) -> Vec<u8> {
+        self.data.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl BlockDevice for MemDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let d = self.data.read().unwrap_or_else(|p| p.into_inner());
+        check_range(&self.name, offset, buf.len(), d.len() as u64)?;
+        let o = offset as usize;
+        buf.copy_from_slice(&d[o..o + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
+        check_range(&self.name, offset, buf.len(), d.len() as u64)?;
+        let o = offset as usize;
+        d[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.data.read().unwrap_or_else(|p| p.into_inner()).len() as u64
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+}

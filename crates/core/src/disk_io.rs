@@ -1,0 +1,383 @@
+//! Opening a filesystem and reading tree blocks: superblock selection, device
+//! assembly, chunk-tree bootstrap from the sys_chunk_array, and `read_tree_block`, which
+//! validates every block once (tree checker) and falls back to other copies.
+//!
+//! Neighbours: `volumes` (mapping), `ctree` (search over blocks read here),
+//! `node_cache` (bounded cache of validated blocks).
+
+use crate::ctree::RootInfo;
+use crate::device::{BlockDevice, FileDevice};
+use crate::error::{Error, Result};
+use crate::node_cache::NodeCache;
+use crate::volumes::{num_copies, read_logical, ChunkMap, Device, Devices, MapLookup};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use ubtrfs_format::features::{self, FeatureVerdict};
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::*;
+use ubtrfs_format::superblock::{check_super, sys_chunk_array};
+use ubtrfs_format::tree_checker::{check_tree_block, CheckCtx};
+use ubtrfs_format::{items, CsumType, Key, NodeRef};
+
+/// A validated tree block.
+pub struct ExtentBuffer {
+    pub bytenr: u64,
+    data: Box<[u8]>,
+}
+
+impl ExtentBuffer {
+    pub fn node(&self) -> NodeRef<'_> {
+        NodeRef::new_checked(&self.data)
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// What the parent pointer (or root item) says about a block.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Expect {
+    pub level: Option<u8>,
+    pub generation: Option<u64>,
+    pub owner: Option<u64>,
+    pub first_key: Option<Key>,
+}
+
+/// How to open a filesystem.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// The main image and any extra devices of a multi-device filesystem.
+    pub devices: Vec<PathBuf>,
+    /// Node cache budget in bytes.
+    pub cache_bytes: usize,
+}
+
+impl OpenOptions {
+    pub fn new(image: impl Into<PathBuf>) -> OpenOptions {
+        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20 }
+    }
+}
+
+/// Everything known about an open filesystem (the kernel's `btrfs_fs_info`).
+pub struct FsInfo {
+    pub sb: Box<Superblock>,
+    pub csum_type: CsumType,
+    pub nodesize: u32,
+    pub sectorsize: u32,
+    /// The fsid tree blocks carry (metadata_uuid when that feature is on).
+    pub meta_fsid: [u8; 16],
+    pub chunk_tree_uuid: [u8; 16],
+    pub chunk_map: ChunkMap,
+    pub devices: Devices,
+    pub cache: NodeCache,
+    /// Why writing is not allowed, if it is not.
+    pub read_only_reason: Option<String>,
+    warnings: Mutex<Vec<String>>,
+}
+
+impl FsInfo {
+    /// Open the devices in `opts` as one filesystem.
+    ///
+    /// # Errors
+    /// `Io` for unreadable devices, `Corrupt` for bad superblocks or chunk trees,
+    /// `Incompatible` for unsupported features or mismatched devices.
+    pub fn open(opts: &OpenOptions) -> Result<FsInfo> {
+        let mut devs: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        for p in &opts.devices {
+            devs.push(Arc::new(FileDevice::open(p, false)?));
+        }
+        FsInfo::open_devices(devs, opts.cache_bytes)
+    }
+
+    /// Open already-opened devices (the first is the main one).
+    ///
+    /// # Errors
+    /// As `open`.
+    pub fn open_devices(devs: Vec<Arc<dyn BlockDevice>>, cache_bytes: usize) -> Result<FsInfo> {
+        assert!(!devs.is_empty(), "open_devices needs at least one device");
+        let mut warnings = Vec::new();
+        let mut sbs = Vec::new();
+        for d in &devs {
+            sbs.push(read_super(d.as_ref(), &mut warnings)?);
+        }
+        let sb = Box::new(sbs[0]);
+        let mut devices = Devices::default();
+        for (d, s) in devs.iter().zip(&sbs) {
+            if s.fsid != sb.fsid {
+                return Err(Error::Incompatible(format!("{} belongs to filesystem {}, not {}", d.name(), items::uuid_str(&s.fsid), items::uuid_str(&sb.fsid))));
+            }
+            let devid = s.dev_item.devid.get();
+            if devices.by_id.contains_key(&devid) {
+                return Err(Error::Incompatible(format!("{}: device id {devid} given twice", d.name())));
+            }
+            devices.by_id.insert(devid, Device { devid, uuid: s.dev_item.uuid, dev: d.clone() });
+        }
+        // Use the newest superblock among the devices, as the kernel does.
+        let sb = Box::new(*sbs.iter().max_by_key(|s| s.generation.get()).expect("non-empty"));
+        let _ = &sb;
+        let csum_type = CsumType::from_raw(sb.csum_type.get()).expect("checked by check_super");
+        let incompat = sb.incompat_flags.get();
+        let compat_ro = sb.compat_ro_flags.get();
+        let mut read_only_reason = None;
+        match features::check_features(incompat, compat_ro) {
+            FeatureVerdict::ReadWrite => {}
+            FeatureVerdict::ReadOnly { unknown_compat_ro } => {
+                read_only_reason = Some(format!("unknown compat_ro features {}", features::flag_names(unknown_compat_ro, features::COMPAT_RO_NAMES)));
+                warnings.push(format!("filesystem has unknown compat_ro features {unknown_compat_ro:#x}; read-only access only"));
+            }
+            FeatureVerdict::Refuse { unsupported_incompat } => {
+                return Err(Error::Incompatible(format!(
+                    "unsupported incompat features {} ({unsupported_incompat:#x})",
+                    features::flag_names(unsupported_incompat, features::INCOMPAT_NAMES)
+                )));
+            }
+        }
+        let meta_fsid = if incompat & features::INCOMPAT_METADATA_UUID != 0 { sb.metadata_uuid } else { sb.fsid };
+        let mut chunk_map = ChunkMap::default();
+        for (key, c) in sys_chunk_array(&sb)? {
+            chunk_map.insert(MapLookup::from_view(key.offset, &c))?;
+        }
+        let mut fs = FsInfo {
+            nodesize: sb.nodesize.get(),
+            sectorsize: sb.sectorsize.get(),
+            sb,
+            csum_type,
+            meta_fsid,
+            chunk_tree_uuid: [0; 16],
+            chunk_map,
+            devices,
+            cache: NodeCache::new(cache_bytes),
+            read_only_reason,
+            warnings: Mutex::new(warnings),
+        };
+        fs.read_chunk_tree()?;
+        if fs.devices.by_id.len() as u64 != fs.sb.num_devices.get() {
+            let have: Vec<u64> = fs.devices.by_id.keys().copied().collect();
+            fs.warn(format!(
+                "filesystem has {} devices but {} were given (devids {:?}); reads needing a missing device use another copy or fail",
+                fs.sb.num_devices.get(),
+                have.len(),
+                have
+            ));
+        }
+        if fs.sb.log_root.get() != 0 {
+            fs.warn(format!(
+                "the superblock carries a log tree (log_root={} level {}): the filesystem was not cleanly committed after an fsync; showing the last committed state (generation {}) without log replay",
+                fs.sb.log_root.get(),
+                fs.sb.log_root_level,
+                fs.sb.generation.get()
+            ));
+        }
+        Ok(fs)
+    }
+
+    fn read_chunk_tree(&mut self) -> Result<()> {
+        let root = RootInfo {
+            id: CHUNK_TREE_OBJECTID,
+            bytenr: self.sb.chunk_root.get(),
+            level: self.sb.chunk_root_level,
+            generation: self.sb.chunk_root_generation.get(),
+        };
+        // The chunk root tells us the chunk tree uuid every other block must carry.
+        let eb = self.read_tree_block(root.bytenr, &Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(CHUNK_TREE_OBJECTID), first_key: None })?;
+        self.chunk_tree_uuid = eb.node().header().chunk_tree_uuid;
+        self.cache.clear();
+        let mut chunks = Vec::new();
+        let mut it = self.iter(&root, Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, 0))?;
+        while let Some(item) = it.next_item()? {
+            let k = item.key();
+            if k.type_ != CHUNK_ITEM_KEY {
+                continue;
+            }
+            let (c, _) = items::chunk(item.data()).expect("validated by the tree checker");
+            chunks.push(MapLookup::from_view(k.offset, &c));
+        }
+        for c in chunks {
+            if c.type_ & BLOCK_GROUP_SYSTEM != 0 {
+                if let Ok(existing) = self.chunk_map.lookup(c.logical) {
+                    if **existing != c {
+                        self.warn(format!("system chunk {} differs between the sys_chunk_array and the chunk tree; using the chunk tree", c.logical));
+                    }
+                }
+            }
+            let mut probe = self.chunk_map.clone();
+            if probe.lookup(c.logical).map(|e| e.logical == c.logical).unwrap_or(false) {
+                continue;
+            }
+            probe.insert(c)?;
+            self.chunk_map = probe;
+        }
+        Ok(())
+    }
+
+    /// Record a warning for the user (printed by the CLI).
+    pub fn warn(&self, msg: String) {
+        self.warnings.lock().unwrap_or_else(|p| p.into_inner()).push(msg);
+    }
+    /// Take the warnings recorded so far.
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *self.warnings.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn check_ctx(&self, bytenr: u64, expect: &Expect) -> CheckCtx {
+        CheckCtx {
+            nodesize: self.nodesize,
+            sectorsize: self.sectorsize,
+            csum_type: self.csum_type,
+            fsid: self.meta_fsid,
+            chunk_tree_uuid: if self.chunk_tree_uuid == [0; 16] { None } else { Some(self.chunk_tree_uuid) },
+            super_generation: self.sb.generation.get(),
+            bytenr,
+            level: expect.level,
+            generation: expect.generation,
+            owner: expect.owner,
+            first_key: expect.first_key,
+        }
+    }
+
+    /// Read and validate the tree block at `bytenr`, trying every copy.
+    ///
+    /// # Errors
+    /// The first copy's error when no copy passes (later copies' errors are warnings).
+    pub fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<ExtentBuffer>> {
+        if let Some(eb) = self.cache.get(bytenr) {
+            if matches_expect(&eb, expect) {
+                return Ok(eb);
+            }
+        }
+        if bytenr % u64::from(self.sectorsize) != 0 {
+            return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Block, format!("unaligned tree block address, sectorsize {}", self.sectorsize)).block(bytenr).into());
+        }
+        let copies = num_copies(&self.chunk_map, bytenr);
+        let ctx = self.check_ctx(bytenr, expect);
+        let mut first_err: Option<Error> = None;
+        let mut bad = Vec::new();
+        for mirror in 0..copies {
+            let mut buf = vec![0u8; self.nodesize as usize].into_boxed_slice();
+            let r = read_logical(&self.chunk_map, &self.devices, bytenr, &mut buf, mirror).and_then(|()| check_tree_block(&buf, &ctx).map_err(Error::from));
+            match r {
+                Ok(()) => {
+                    if !bad.is_empty() {
+                        self.warn(format!("tree block {bytenr}: copy {} of {copies} is bad ({}); read copy {}", bad.iter().map(|m: &usize| (m + 1).to_string()).collect::<Vec<_>>().join(","), first_err.as_ref().map(|e| e.to_string()).unwrap_or_default(), mirror + 1));
+                    }
+                    let eb = Arc::new(ExtentBuffer { bytenr, data: buf });
+                    self.cache.insert(eb.clone());
+                    return Ok(eb);
+                }
+                Err(e) => {
+                    bad.push(mirror);
+                    if first_err.is_none() {
+                        first_err = Some(e);
+                    }
+                }
+            }
+        }
+        Err(first_err.expect("at least one copy was tried"))
+    }
+
+    /// Read `len` bytes of data at `logical` from copy `mirror` (0-based).
+    ///
+    /// # Errors
+    /// `Io` or `Corrupt` (unmapped address).
+    pub fn read_data(&self, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
+        read_logical(&self.chunk_map, &self.devices, logical, buf, mirror)
+    }
+
+    pub fn num_copies(&self, logical: u64) -> usize {
+        num_copies(&self.chunk_map, logical)
+    }
+
+    /// The root tree, as the superblock points at it.
+    pub fn tree_root(&self) -> RootInfo {
+        RootInfo { id: ROOT_TREE_OBJECTID, bytenr: self.sb.root.get(), level: self.sb.root_level, generation: self.sb.generation.get() }
+    }
+
+    pub fn chunk_root(&self) -> RootInfo {
+        RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: self.sb.chunk_root.get(), level: self.sb.chunk_root_level, generation: self.sb.chunk_root_generation.get() }
+    }
+
+    /// The log tree root, if the superblock carries one.
+    pub fn log_root(&self) -> Option<RootInfo> {
+        let b = self.sb.log_root.get();
+        (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: self.sb.log_root_level, generation: self.sb.generation.get() + 1 })
+    }
+
+    /// Look up the ROOT_ITEM of tree `id` in the root tree.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` if there is no such tree; `Corrupt`/`Io` from the search.
+    pub fn read_root(&self, id: u64) -> Result<(RootInfo, items::RootItemView)> {
+        if id == ROOT_TREE_OBJECTID {
+            let ri = self.tree_root();
+            let view = items::root_item(&[0u8; items_root_size()]).expect("zeroed root item parses");
+            return Ok((ri, view));
+        }
+        if id == CHUNK_TREE_OBJECTID {
+            let view = items::root_item(&[0u8; items_root_size()]).expect("zeroed root item parses");
+            return Ok((self.chunk_root(), view));
+        }
+        let root = self.tree_root();
+        let mut it = self.iter(&root, Key::new(id, ROOT_ITEM_KEY, 0))?;
+        if let Some(item) = it.next_item()? {
+            let k = item.key();
+            if k.objectid == id && k.type_ == ROOT_ITEM_KEY {
+                let v = items::root_item(item.data()).expect("validated by the tree checker");
+                let ri = RootInfo { id, bytenr: v.item.bytenr.get(), level: v.item.level, generation: v.item.generation.get() };
+                return Ok((ri, v));
+            }
+        }
+        Err(Error::posix(crate::error::PosixKind::NotFound, format!("tree {id}")))
+    }
+}
+
+const fn items_root_size() -> usize {
+    core::mem::size_of::<RootItem>()
+}
+
+fn matches_expect(eb: &ExtentBuffer, e: &Expect) -> bool {
+    let n = eb.node();
+    e.level.is_none_or(|l| l == n.level())
+        && e.generation.is_none_or(|g| g == n.generation())
+        && e.first_key.is_none_or(|k| n.nritems() == 0 || n.key(0) == k)
+        && e.owner.is_none_or(|o| if ubtrfs_format::tree_checker::is_fstree(o) { ubtrfs_format::tree_checker::is_fstree(n.owner()) } else { n.owner() == o })
+}
+
+/// Read the primary superblock, falling back to the best valid copy.
+fn read_super(dev: &dyn BlockDevice, warnings: &mut Vec<String>) -> Result<Superblock> {
+    let mut first_err = None;
+    let mut best: Option<(usize, Superblock)> = None;
+    for mirror in 0..SUPER_MIRROR_MAX {
+        let off = sb_offset(mirror);
+        if off + SUPER_INFO_SIZE as u64 > dev.size() {
+            break;
+        }
+        let mut buf = vec![0u8; SUPER_INFO_SIZE];
+        let r = dev.read_at(&mut buf, off).and_then(|()| check_super(&buf, off).map_err(Error::from));
+        match r {
+            Ok(sb) => {
+                if mirror == 0 {
+                    return Ok(sb);
+                }
+                if best.as_ref().is_none_or(|(_, b)| sb.generation.get() > b.generation.get()) {
+                    best = Some((mirror, sb));
+                }
+            }
+            Err(e) => {
+                if first_err.is_none() {
+                    first_err = Some(e);
+                }
+            }
+        }
+    }
+    let err = first_err.unwrap_or_else(|| Error::Incompatible(format!("{}: too small for a btrfs superblock ({} bytes)", dev.name(), dev.size())));
+    match best {
+        Some((m, sb)) => {
+            warnings.push(format!("{}: primary superblock is bad ({err}); using copy {m} at {}", dev.name(), sb_offset(m)));
+            Ok(sb)
+        }
+        None => Err(match err {
+            Error::Corrupt(c) if c.what == ubtrfs_format::CorruptWhere::Super && c.reason.starts_with("bad magic") => Error::Incompatible(format!("{}: not a btrfs filesystem ({})", dev.name(), c.reason)),
+            e => e,
+        }),
+    }
+}

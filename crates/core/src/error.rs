@@ -1,0 +1,103 @@
+//! Errors in four families that never mix: I/O, Corrupt (structured, printed in the
+//! kernel's grammar), Incompatible (feature bits, unsupported layouts) and POSIX kinds.
+//! A bug is an assertion, not an error.
+
+use std::fmt;
+use ubtrfs_format::Corrupt;
+
+/// POSIX-style failures of a request (the FUSE adapter maps these to errno).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PosixKind {
+    NotFound,
+    NotDir,
+    IsDir,
+    Exists,
+    Invalid,
+    ReadOnly,
+    NoSpace,
+    NameTooLong,
+    NotEmpty,
+    Loop,
+    PermissionDenied,
+}
+
+impl PosixKind {
+    pub fn errno(self) -> i32 {
+        match self {
+            PosixKind::NotFound => 2,
+            PosixKind::NotDir => 20,
+            PosixKind::IsDir => 21,
+            PosixKind::Exists => 17,
+            PosixKind::Invalid => 22,
+            PosixKind::ReadOnly => 30,
+            PosixKind::NoSpace => 28,
+            PosixKind::NameTooLong => 36,
+            PosixKind::NotEmpty => 39,
+            PosixKind::Loop => 40,
+            PosixKind::PermissionDenied => 13,
+        }
+    }
+    fn as_str(self) -> &'static str {
+        match self {
+            PosixKind::NotFound => "no such file or directory",
+            PosixKind::NotDir => "not a directory",
+            PosixKind::IsDir => "is a directory",
+            PosixKind::Exists => "file exists",
+            PosixKind::Invalid => "invalid argument",
+            PosixKind::ReadOnly => "read-only filesystem",
+            PosixKind::NoSpace => "no space left on device",
+            PosixKind::NameTooLong => "file name too long",
+            PosixKind::NotEmpty => "directory not empty",
+            PosixKind::Loop => "too many levels of symbolic links",
+            PosixKind::PermissionDenied => "permission denied",
+        }
+    }
+}
+
+impl fmt::Display for PosixKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Corrupt(Box<Corrupt>),
+    #[error("incompatible filesystem: {0}")]
+    Incompatible(String),
+    #[error("{path}: {kind}")]
+    Posix { kind: PosixKind, path: String },
+}
+
+impl From<Corrupt> for Error {
+    fn from(c: Corrupt) -> Error {
+        Error::Corrupt(Box::new(c))
+    }
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io { context: context.into(), source }
+    }
+    pub fn posix(kind: PosixKind, path: impl Into<String>) -> Error {
+        Error::Posix { kind, path: path.into() }
+    }
+    pub fn posix_kind(&self) -> Option<PosixKind> {
+        match self {
+            Error::Posix { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Error::Corrupt(_))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
