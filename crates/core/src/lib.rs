@@ -3,12 +3,15 @@
 //! (`ctree`), and the filesystem view: subvolumes, inodes, directories, xattrs and file
 //! data (`fs`, `file`), with decompression (`compression`) and export (`extract`).
 
-#[cfg(any())]
 pub mod compression;
+pub mod block_group;
 pub mod ctree;
 pub mod device;
 pub mod disk_io;
 pub mod error;
+pub mod extract;
+pub mod file;
+pub mod fs;
 pub mod node_cache;
 pub mod volumes;
 

@@ -617,12 +617,15 @@ pub fn ft_from_mode(mode: u32) -> u8 {
     }
 }
 
-/// Decode the kernel's `new_encode_dev` form stored in `rdev` into (major, minor).
+/// Decode `rdev` into (major, minor). btrfs stores the kernel's internal dev_t,
+/// `major << 20 | minor`.
 pub fn rdev_decode(rdev: u64) -> (u32, u32) {
-    let dev = rdev as u32;
-    let major = (dev & 0xfff00) >> 8;
-    let minor = (dev & 0xff) | ((dev >> 12) & 0xfff00);
-    (major, minor)
+    ((rdev >> 20) as u32 & 0xfff, (rdev & 0xfffff) as u32)
+}
+
+/// Encode (major, minor) as btrfs stores it.
+pub fn rdev_encode(major: u32, minor: u32) -> u64 {
+    (u64::from(major) << 20) | u64::from(minor & 0xfffff)
 }
 
 #[cfg(test)]
@@ -639,6 +642,7 @@ mod tests {
         assert_eq!(core::mem::offset_of!(Superblock, label), 299);
         assert_eq!(core::mem::offset_of!(Superblock, metadata_uuid), 571);
         assert_eq!(core::mem::offset_of!(Superblock, csum_type), 196);
-        assert_eq!(rdev_decode((1 << 8) | 3), (1, 3));
+        assert_eq!(rdev_decode((1 << 20) | 3), (1, 3));
+        assert_eq!(rdev_decode(rdev_encode(259, 70000)), (259, 70000));
     }
 }

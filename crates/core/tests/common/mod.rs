@@ -1,0 +1,111 @@
+//! Shared helpers for tests that use the kernel-made fixtures in tests/fixtures.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    repo_root().join("tests/fixtures")
+}
+
+/// Every fixture name (from NAME.meta.json).
+pub fn fixture_names() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(fixtures_dir())
+        .expect("fixtures dir")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".meta.json").map(str::to_string))
+        .collect();
+    v.sort();
+    v
+}
+
+pub fn meta(name: &str) -> serde_json::Value {
+    let s = std::fs::read_to_string(fixtures_dir().join(format!("{name}.meta.json"))).expect("meta");
+    serde_json::from_str(&s).expect("meta json")
+}
+
+/// Decompress fixture `name`'s device images into a cache dir; returns their paths.
+/// The cache is keyed by the compressed file's size and mtime, so edits refresh it.
+pub fn fixture_images(name: &str) -> Vec<PathBuf> {
+    let n = meta(name)["devices"].as_u64().expect("devices") as usize;
+    let cache = repo_root().join("target/fixture-cache");
+    std::fs::create_dir_all(&cache).expect("cache dir");
+    (0..n)
+        .map(|i| {
+            let src = fixtures_dir().join(format!("{name}.{i}.img.zst"));
+            let md = std::fs::metadata(&src).expect("fixture image");
+            let stamp = format!("{}-{}", md.len(), md.modified().map(|t| t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)).unwrap_or(0));
+            let dst = cache.join(format!("{name}.{i}.{stamp}.img"));
+            if !dst.exists() {
+                let tmp = cache.join(format!("{name}.{i}.{stamp}.{}.tmp", std::process::id()));
+                let input = std::fs::File::open(&src).expect("open fixture");
+                let mut dec = zstd::stream::read::Decoder::new(input).expect("zstd");
+                dec.window_log_max(31).expect("window");
+                let mut out = std::fs::File::create(&tmp).expect("create cache image");
+                sparse_copy(&mut dec, &mut out);
+                std::fs::rename(&tmp, &dst).expect("rename cache image");
+            }
+            dst
+        })
+        .collect()
+}
+
+/// Copy keeping runs of zero blocks as holes, so cached images stay small on disk.
+fn sparse_copy(r: &mut impl std::io::Read, w: &mut std::fs::File) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = r.read(&mut buf[filled..]).expect("read fixture");
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            break;
+        }
+        for chunk in buf[..filled].chunks(4096) {
+            if chunk.iter().all(|&b| b == 0) {
+                w.seek(SeekFrom::Current(chunk.len() as i64)).expect("seek");
+            } else {
+                w.write_all(chunk).expect("write");
+            }
+        }
+        len += filled as u64;
+    }
+    w.set_len(len).expect("set_len");
+}
+
+/// The manifest lines of fixture `name` keyed by path.
+pub fn manifest(name: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let s = std::fs::read_to_string(fixtures_dir().join(format!("{name}.manifest.jsonl"))).expect("manifest");
+    s.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("manifest line")).map(|v| (v["path"].as_str().expect("path").to_string(), v)).collect()
+}
+
+/// True when running as root with the kernel btrfs driver and btrfs-progs; otherwise
+/// print why and return false, except under CI=true where skipping is a failure.
+pub fn kernel_available(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc_geteuid() } == 0;
+    let progs = std::process::Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
+    if root && progs && fs {
+        return true;
+    }
+    let why = format!("{test}: skipped: needs root ({root}), btrfs-progs ({progs}) and the kernel btrfs driver ({fs})");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why}, and CI=true forbids skipping");
+    }
+    eprintln!("{why}");
+    false
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}

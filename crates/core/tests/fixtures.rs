@@ -1,0 +1,159 @@
+//! Every kernel-made fixture, read by ubtrfs, must match the manifest the kernel's own
+//! view produced: paths, types, modes, owners, sizes, link counts, inode numbers,
+//! times, device numbers, contents (sha256), symlink targets and xattrs.
+
+mod common;
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use ubtrfs_core::file::DecompressCache;
+use ubtrfs_core::fs::{FileKind, Filesystem, InodeView, Load};
+use ubtrfs_core::OpenOptions;
+use ubtrfs_format::structs::rdev_decode;
+
+fn open(name: &str) -> Filesystem {
+    let imgs = common::fixture_images(name);
+    Filesystem::open(&OpenOptions { devices: imgs, cache_bytes: 16 << 20 }).unwrap_or_else(|e| panic!("{name}: open failed: {e}"))
+}
+
+fn ts_ns(t: &ubtrfs_format::structs::Timespec) -> i128 {
+    i128::from(t.sec.get() as i64) * 1_000_000_000 + i128::from(t.nsec.get())
+}
+
+fn entry(fs: &Filesystem, path: &str, v: &InodeView, top: bool, parent_root: u64) -> Value {
+    let kind = match v.kind() {
+        FileKind::File => "file",
+        FileKind::Dir => "dir",
+        FileKind::Symlink => "symlink",
+        FileKind::Fifo => "fifo",
+        FileKind::CharDev => "chr",
+        FileKind::BlockDev => "blk",
+        FileKind::Socket => "sock",
+    };
+    let sha = if v.kind() == FileKind::File {
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut pos = 0;
+        let mut cache = DecompressCache::default();
+        loop {
+            let n = fs.read_at_cached(v, pos, &mut buf, &mut cache).unwrap_or_else(|e| panic!("{path}: read failed: {e}"));
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            pos += n as u64;
+        }
+        assert_eq!(pos, v.size(), "{path}: read length");
+        Value::String(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    } else {
+        Value::Null
+    };
+    let target = if v.kind() == FileKind::Symlink { Value::String(String::from_utf8(fs.readlink(v.id).expect("readlink")).expect("utf8 target")) } else { Value::Null };
+    let (ma, mi) = if matches!(v.kind(), FileKind::CharDev | FileKind::BlockDev) { rdev_decode(v.item.rdev.get()) } else { (0, 0) };
+    let mut x = serde_json::Map::new();
+    for (k, val) in &v.xattrs {
+        x.insert(String::from_utf8(k.clone()).expect("utf8 xattr name"), Value::String(val.iter().map(|b| format!("{b:02x}")).collect()));
+    }
+    json!({
+        "path": path, "type": kind, "mode": v.mode() & 0o7777, "uid": v.item.uid.get(), "gid": v.item.gid.get(),
+        "size": v.size(), "nlink": v.nlink(), "ino": v.id.ino,
+        "mtime_ns": ts_ns(&v.item.mtime).to_string(), "atime_ns": ts_ns(&v.item.atime).to_string(),
+        "rdev_major": ma, "rdev_minor": mi, "sha256": sha, "target": target, "xattrs": Value::Object(x),
+        "subvol": !top && v.id.root != parent_root,
+    })
+}
+
+/// Walk the whole visible tree like the manifest script does (into subvolumes).
+fn walk(fs: &Filesystem) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    let top = fs.load_inode(fs.root_dir(), Load::ALL).expect("root dir");
+    out.insert(String::new(), entry(fs, "", &top, true, top.id.root));
+    let mut stack = vec![(String::new(), top)];
+    while let Some((path, dir)) = stack.pop() {
+        for e in &dir.entries {
+            let name = String::from_utf8(e.name.clone()).expect("utf8 name");
+            let p = if path.is_empty() { name } else { format!("{path}/{name}") };
+            let child = fs.load_inode(e.target, Load::ALL).unwrap_or_else(|err| panic!("{p}: {err}"));
+            out.insert(p.clone(), entry(fs, &p, &child, false, dir.id.root));
+            if child.kind() == FileKind::Dir {
+                stack.push((p, child));
+            }
+        }
+    }
+    out
+}
+
+fn compare(name: &str) {
+    let fs = open(name);
+    let got = walk(&fs);
+    let want = common::manifest(name);
+    let mut diffs = Vec::new();
+    for (p, w) in &want {
+        let Some(g) = got.get(p) else {
+            diffs.push(format!("missing {p:?}"));
+            continue;
+        };
+        for key in ["type", "mode", "uid", "gid", "size", "nlink", "ino", "rdev_major", "rdev_minor", "sha256", "target", "xattrs", "subvol"] {
+            if g[key] != w[key] {
+                diffs.push(format!("{p:?}: {key}: ubtrfs {} kernel {}", g[key], w[key]));
+            }
+        }
+        for key in ["mtime_ns", "atime_ns"] {
+            if g[key].as_str().map(str::to_string) != Some(w[key].to_string()) {
+                diffs.push(format!("{p:?}: {key}: ubtrfs {} kernel {}", g[key], w[key]));
+            }
+        }
+    }
+    for p in got.keys() {
+        if !want.contains_key(p) {
+            diffs.push(format!("extra {p:?}"));
+        }
+    }
+    assert!(diffs.is_empty(), "{name}: {} differences from the kernel's view:\n{}", diffs.len(), diffs.iter().take(40).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(got.len() > 10, "{name}: suspiciously few entries");
+}
+
+macro_rules! fixture_tests {
+    ($($t:ident => $n:expr),* $(,)?) => { $( #[test] fn $t() { compare($n); } )* };
+}
+
+fixture_tests! {
+    fixture_default => "default",
+    fixture_nodesize4k_xxhash => "nodesize4k-xxhash",
+    fixture_sha256_64k => "sha256-64k",
+    fixture_blake2 => "blake2",
+    fixture_zlib => "zlib",
+    fixture_lzo => "lzo",
+    fixture_zstd => "zstd",
+    fixture_dup_data => "dup-data",
+    fixture_raid0 => "raid0",
+    fixture_raid1 => "raid1",
+    fixture_raid10 => "raid10",
+    fixture_raid1c3 => "raid1c3",
+    fixture_mixed => "mixed",
+    fixture_logtree => "logtree",
+}
+
+#[test]
+fn every_fixture_has_a_test() {
+    let listed = ["default", "nodesize4k-xxhash", "sha256-64k", "blake2", "zlib", "lzo", "zstd", "dup-data", "raid0", "raid1", "raid10", "raid1c3", "mixed", "logtree"];
+    for n in common::fixture_names() {
+        assert!(listed.contains(&n.as_str()), "fixture {n} has no test");
+    }
+}
+
+#[test]
+fn logtree_is_reported() {
+    let fs = open("logtree");
+    let w = fs.info.take_warnings();
+    assert!(w.iter().any(|m| m.contains("log tree")), "no log tree warning in {w:?}");
+    assert!(fs.info.log_root().is_some());
+}
+
+#[test]
+fn nodesize4k_fs_tree_has_three_levels() {
+    let fs = open("nodesize4k-xxhash");
+    let r = fs.fs_root(5).unwrap();
+    assert!(r.level >= 2, "fs tree root level {}", r.level);
+}
