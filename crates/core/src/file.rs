@@ -85,13 +85,24 @@ impl Filesystem {
     /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
     pub fn read_verified(&self, inode: &InodeView, file_offset: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
         let ss = self.info.sectorsize as usize;
-        self.info.read_data(logical, buf, 0)?;
+        let copies = self.info.num_copies(logical);
+        // A copy on a missing or failing device is skipped for the next one.
+        let mut first = 0;
+        loop {
+            match self.info.read_data(logical, buf, first) {
+                Ok(()) => break,
+                Err(e) if first + 1 < copies => {
+                    self.info.warn(format!("data at logical {logical} (ino {} offset {file_offset}): copy {} unreadable ({e}); trying copy {}", inode.id.ino, first + 1, first + 2));
+                    first += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         if inode.flags() & INODE_NODATASUM != 0 {
             return Ok(());
         }
         let run = self.lookup_csums(logical, buf.len() as u64)?;
         let cs = self.info.csum_type.size();
-        let copies = self.info.num_copies(logical);
         let mut missing = 0usize;
         for (i, sector) in buf.chunks_mut(ss).enumerate() {
             if !run.present[i] {
@@ -104,11 +115,11 @@ impl Filesystem {
             }
             let slog = logical + (i * ss) as u64;
             let mut fixed = false;
-            for mirror in 1..copies {
+            for mirror in (0..copies).filter(|&m| m != first) {
                 let mut alt = vec![0u8; sector.len()];
                 if self.info.read_data(slog, &mut alt, mirror).is_ok() && self.info.csum_type.verify(&alt, want) {
                     sector.copy_from_slice(&alt);
-                    self.info.warn(format!("data csum mismatch at logical {slog} (ino {} offset {}): copy 1 is bad, read copy {}", inode.id.ino, file_offset + (i * ss) as u64, mirror + 1));
+                    self.info.warn(format!("data csum mismatch at logical {slog} (ino {} offset {}): copy {} is bad, read copy {}", inode.id.ino, file_offset + (i * ss) as u64, first + 1, mirror + 1));
                     fixed = true;
                     break;
                 }

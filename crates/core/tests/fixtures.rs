@@ -157,3 +157,102 @@ fn nodesize4k_fs_tree_has_three_levels() {
     let r = fs.fs_root(5).unwrap();
     assert!(r.level >= 2, "fs tree root level {}", r.level);
 }
+
+/// RAID1 with one device missing still reads everything from the other copy.
+#[test]
+fn raid1_degraded_reads_everything() {
+    let imgs = common::fixture_images("raid1");
+    for keep in 0..2 {
+        let fs = Filesystem::open(&OpenOptions { devices: vec![imgs[keep].clone()], cache_bytes: 16 << 20 }).unwrap_or_else(|e| panic!("degraded open of device {keep}: {e}"));
+        let got = walk(&fs);
+        let want = common::manifest("raid1");
+        for (p, w) in &want {
+            assert_eq!(got.get(p).map(|g| &g["sha256"]), Some(&w["sha256"]), "device {keep} only: {p}");
+        }
+        let warnings = fs.info.take_warnings();
+        assert!(warnings.iter().any(|w| w.contains("2 devices but 1")), "{warnings:?}");
+    }
+}
+
+/// RAID0 with a device missing fails with an error naming the missing device.
+#[test]
+fn raid0_missing_device_is_a_clear_error() {
+    let imgs = common::fixture_images("raid0");
+    let fs = Filesystem::open(&OpenOptions { devices: vec![imgs[0].clone()], cache_bytes: 16 << 20 });
+    let err = match fs {
+        Err(e) => e.to_string(),
+        Ok(fs) => {
+            let mut err = None;
+            let top = fs.load_inode(fs.root_dir(), Load::ALL).expect("metadata is RAID1");
+            let mut stack = vec![top];
+            'outer: while let Some(d) = stack.pop() {
+                for e in &d.entries {
+                    let c = fs.load_inode(e.target, Load::ALL).expect("metadata is RAID1");
+                    if c.kind() == FileKind::Dir {
+                        stack.push(c);
+                    } else if c.kind() == FileKind::File && c.size() > 65536 {
+                        let mut buf = vec![0u8; c.size() as usize];
+                        if let Err(e) = fs.read_at(&c, 0, &mut buf) {
+                            err = Some(e.to_string());
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+            err.expect("reading striped data with a device missing must fail")
+        }
+    };
+    assert!(err.contains("device 2 is missing"), "{err}");
+}
+
+/// A bad data sector in one DUP copy is read from the other copy with a warning naming
+/// the bad copy; bad in both copies, the error names inode, file offset and logical.
+#[test]
+fn dup_data_csum_mismatch_uses_other_copy() {
+    use std::sync::Arc;
+    use ubtrfs_core::device::{BlockDevice, MemDevice};
+    use ubtrfs_core::fs::ExtentKind;
+    use ubtrfs_core::FsInfo;
+    let img = std::fs::read(&common::fixture_images("dup-data")[0]).expect("image");
+    let fs = open("dup-data");
+    // Find a regular uncompressed extent of some file.
+    let top = fs.load_inode(fs.root_dir(), Load::ALL).unwrap();
+    let mut stack = vec![top];
+    let mut found = None;
+    while let Some(d) = stack.pop() {
+        for e in &d.entries {
+            let c = fs.load_inode(e.target, Load::ALL).unwrap();
+            if c.kind() == FileKind::Dir {
+                stack.push(c);
+            } else if let Some(x) = c.extents.iter().find(|x| matches!(x.kind, ExtentKind::Regular { disk_bytenr, compression: 0, prealloc: false, .. } if disk_bytenr != 0)) {
+                found.get_or_insert((c.id, x.clone()));
+            }
+        }
+    }
+    let (id, ext) = found.expect("a regular extent");
+    let ExtentKind::Regular { disk_bytenr, offset, .. } = ext.kind else { unreachable!() };
+    let logical = disk_bytenr + offset;
+    let chunk = fs.info.chunk_map.lookup(logical).unwrap().clone();
+    assert_eq!(chunk.num_copies(), 2, "dup data has two copies");
+    let corrupt = |copies: &[usize]| {
+        let mut bytes = img.clone();
+        for &m in copies {
+            let (_, phys, _) = chunk.map(logical, m);
+            bytes[phys as usize + 100] ^= 0x40;
+        }
+        let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(bytes, "dup-data"));
+        let fs = Filesystem::from_info(FsInfo::open_devices(vec![dev], 16 << 20).unwrap()).unwrap();
+        fs.info.take_warnings();
+        let v = fs.load_inode(id, Load::ALL).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let r = fs.read_at(&v, ext.file_offset, &mut buf);
+        (r, fs.info.take_warnings())
+    };
+    let (r, warnings) = corrupt(&[0]);
+    r.expect("one bad copy is repaired around");
+    assert!(warnings.iter().any(|w| w.contains(&format!("logical {logical}")) && w.contains("copy 1 is bad, read copy 2")), "{warnings:?}");
+    let (r, _) = corrupt(&[0, 1]);
+    let msg = r.expect_err("both copies bad").to_string();
+    assert!(msg.contains(&format!("ino={}", id.ino)) && msg.contains(&format!("offset={}", ext.file_offset)) && msg.contains(&format!("logical={logical}")), "{msg}");
+    assert!(msg.contains("csum mismatch"), "{msg}");
+}

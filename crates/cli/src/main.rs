@@ -1,0 +1,93 @@
+//! The `ubtrfs` command: argument parsing and output only. Every subcommand opens the
+//! image through `ubtrfs-core`, prints what it was asked for, prints the engine's
+//! warnings to stderr, and exits non-zero with a one-line error on failure.
+
+mod dump;
+mod info;
+mod read_cmds;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use ubtrfs_core::{FsInfo, OpenOptions};
+
+#[derive(Parser)]
+#[command(name = "ubtrfs", version, about = "Read and inspect btrfs filesystems in userspace, without the kernel driver or root")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Options shared by every command that opens an image.
+#[derive(clap::Args, Clone)]
+pub struct ImageArgs {
+    /// The image file or block device (for multi-device filesystems, any one member).
+    pub image: PathBuf,
+    /// Another device of a multi-device filesystem (repeat for each).
+    #[arg(long = "device", value_name = "DEV")]
+    pub devices: Vec<PathBuf>,
+    /// Tree-block cache size in MiB.
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    pub cache_mib: usize,
+}
+
+impl ImageArgs {
+    /// Open the filesystem, printing the engine's warnings to stderr.
+    pub fn open(&self) -> ubtrfs_core::Result<FsInfo> {
+        let mut devices = vec![self.image.clone()];
+        devices.extend(self.devices.iter().cloned());
+        let fs = FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20 })?;
+        print_warnings(&fs);
+        Ok(fs)
+    }
+}
+
+pub fn print_warnings(fs: &FsInfo) {
+    for w in fs.take_warnings() {
+        eprintln!("ubtrfs: warning: {w}");
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Show features, sizes, profiles and usage per block-group type.
+    Info(ImageArgs),
+    /// Print the superblock (like `btrfs inspect-internal dump-super`).
+    DumpSuper(dump::DumpSuperArgs),
+    /// Print tree blocks (like `btrfs inspect-internal dump-tree`).
+    DumpTree(dump::DumpTreeArgs),
+    /// List a directory.
+    Ls(read_cmds::LsArgs),
+    /// Show an inode's metadata.
+    Stat(read_cmds::StatArgs),
+    /// Write a file's contents to stdout.
+    Cat(read_cmds::CatArgs),
+    /// Copy a tree out of the image into a host directory.
+    Extract(read_cmds::ExtractArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Info(a) => info::run(&a),
+        Cmd::DumpSuper(a) => dump::run_super(&a),
+        Cmd::DumpTree(a) => dump::run_tree(&a),
+        Cmd::Ls(a) => read_cmds::ls(&a),
+        Cmd::Stat(a) => read_cmds::stat(&a),
+        Cmd::Cat(a) => read_cmds::cat(&a),
+        Cmd::Extract(a) => read_cmds::extract(&a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed stdout (`ubtrfs cat img f | head`) is not an error worth a message.
+            if let ubtrfs_core::Error::Io { source, .. } = &e {
+                if source.kind() == std::io::ErrorKind::BrokenPipe {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            eprintln!("ubtrfs: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! `ls`, `stat`, `cat` and `extract`: argument parsing and output over `ubtrfs_core::fs`.
+
+use crate::ImageArgs;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use ubtrfs_core::extract::{extract as do_extract, ExtractStats};
+use ubtrfs_core::file::DecompressCache;
+use ubtrfs_core::fs::{FileKind, Filesystem, InodeView, Load};
+use ubtrfs_core::{Error, Result};
+use ubtrfs_format::structs::{rdev_decode, Timespec};
+
+#[derive(clap::Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub image: ImageArgs,
+    /// Directory (or file) inside the image; default: the top of the default subvolume.
+    #[arg(default_value = "/")]
+    pub path: String,
+    /// Long listing: type, mode, links, owner, size, mtime, name (-> target).
+    #[arg(short = 'l')]
+    pub long: bool,
+    /// List subdirectories recursively.
+    #[arg(short = 'R')]
+    pub recursive: bool,
+}
+
+#[derive(clap::Args)]
+pub struct StatArgs {
+    #[command(flatten)]
+    pub image: ImageArgs,
+    /// Path inside the image (not followed if it is a symlink).
+    pub path: String,
+}
+
+#[derive(clap::Args)]
+pub struct CatArgs {
+    #[command(flatten)]
+    pub image: ImageArgs,
+    /// File inside the image (symlinks are followed).
+    pub path: String,
+}
+
+#[derive(clap::Args)]
+pub struct ExtractArgs {
+    #[command(flatten)]
+    pub image: ImageArgs,
+    /// Host destination: a directory to fill (created if missing), or the new file's path.
+    pub dest: PathBuf,
+    /// What to extract from the image (default: everything under the top).
+    #[arg(long, default_value = "/")]
+    pub path: String,
+}
+
+fn open_fs(a: &ImageArgs) -> Result<Filesystem> {
+    let info = a.open()?;
+    Filesystem::from_info(info)
+}
+
+fn stdout_err(e: std::io::Error) -> Error {
+    Error::io("stdout", e)
+}
+
+fn fmt_time(t: &Timespec) -> String {
+    let secs = t.sec.get() as i64;
+    let days = secs.div_euclid(86400);
+    let rem = secs.rem_euclid(86400);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:09}", rem / 3600, rem % 3600 / 60, rem % 60, t.nsec.get())
+}
+
+/// Convert days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's method).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn mode_str(v: &InodeView) -> String {
+    let mode = v.mode();
+    let mut s = String::new();
+    s.push(v.kind().letter());
+    let bits = [(0o400, 'r'), (0o200, 'w'), (0o100, 'x'), (0o40, 'r'), (0o20, 'w'), (0o10, 'x'), (0o4, 'r'), (0o2, 'w'), (0o1, 'x')];
+    for (i, (b, c)) in bits.iter().enumerate() {
+        let set = mode & b != 0;
+        let ch = match i {
+            2 if mode & 0o4000 != 0 => if set { 's' } else { 'S' },
+            5 if mode & 0o2000 != 0 => if set { 's' } else { 'S' },
+            8 if mode & 0o1000 != 0 => if set { 't' } else { 'T' },
+            _ if set => *c,
+            _ => '-',
+        };
+        s.push(ch);
+    }
+    s
+}
+
+pub fn ls(a: &LsArgs) -> Result<()> {
+    let fs = open_fs(&a.image)?;
+    let top = fs.resolve(&a.path, true)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if top.kind() != FileKind::Dir {
+        print_entry(&fs, &mut out, &top, a.path.as_bytes(), a.long)?;
+        return out.flush().map_err(stdout_err);
+    }
+    let mut stack = vec![(a.path.trim_end_matches('/').to_string(), top)];
+    let mut first = true;
+    while let Some((path, dir)) = stack.pop() {
+        if a.recursive {
+            if !first {
+                writeln!(out).map_err(stdout_err)?;
+            }
+            writeln!(out, "{}:", if path.is_empty() { "/" } else { &path }).map_err(stdout_err)?;
+        }
+        first = false;
+        let mut subdirs = Vec::new();
+        let mut entries: Vec<_> = dir.entries.iter().collect();
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        for e in entries {
+            let child = fs.load_inode(e.target, if a.recursive { Load { entries: true, ..Load::ITEM } } else { Load::ITEM })?;
+            print_entry(&fs, &mut out, &child, &e.name, a.long)?;
+            if a.recursive && child.kind() == FileKind::Dir {
+                subdirs.push((format!("{path}/{}", String::from_utf8_lossy(&e.name)), child));
+            }
+        }
+        fs.info.take_warnings().iter().for_each(|w| eprintln!("ubtrfs: warning: {w}"));
+        subdirs.reverse();
+        stack.extend(subdirs);
+    }
+    out.flush().map_err(stdout_err)
+}
+
+fn print_entry(fs: &Filesystem, out: &mut impl Write, v: &InodeView, name: &[u8], long: bool) -> Result<()> {
+    let name = String::from_utf8_lossy(name);
+    if !long {
+        return writeln!(out, "{name}").map_err(stdout_err);
+    }
+    let size = match v.kind() {
+        FileKind::CharDev | FileKind::BlockDev => {
+            let (ma, mi) = rdev_decode(v.item.rdev.get());
+            format!("{ma}, {mi}")
+        }
+        _ => v.size().to_string(),
+    };
+    let link = if v.kind() == FileKind::Symlink { format!(" -> {}", String::from_utf8_lossy(&fs.readlink(v.id)?)) } else { String::new() };
+    writeln!(out, "{} {:>3} {:>5} {:>5} {:>10} {} {name}{link}", mode_str(v), v.nlink(), v.item.uid.get(), v.item.gid.get(), size, fmt_time(&v.item.mtime)).map_err(stdout_err)
+}
+
+pub fn stat(a: &StatArgs) -> Result<()> {
+    let fs = open_fs(&a.image)?;
+    let v = fs.resolve(&a.path, false)?;
+    let i = &v.item;
+    let mut out = String::new();
+    use std::fmt::Write as _;
+    let kind = match v.kind() {
+        FileKind::File => "regular file",
+        FileKind::Dir => "directory",
+        FileKind::Symlink => "symbolic link",
+        FileKind::Fifo => "fifo",
+        FileKind::CharDev => "character special file",
+        FileKind::BlockDev => "block special file",
+        FileKind::Socket => "socket",
+    };
+    let _ = writeln!(out, "  File: {}", a.path);
+    if v.kind() == FileKind::Symlink {
+        let _ = writeln!(out, "  Link: {}", String::from_utf8_lossy(&fs.readlink(v.id)?));
+    }
+    let _ = writeln!(out, "  Type: {kind}");
+    let _ = writeln!(out, "  Size: {}  Bytes on disk (nbytes): {}  Links: {}", i.size.get(), i.nbytes.get(), i.nlink.get());
+    let _ = writeln!(out, "Subvol: {}  Inode: {}  Generation: {}  Transid: {}", v.id.root, v.id.ino, i.generation.get(), i.transid.get());
+    let _ = writeln!(out, "Access: ({:04o}/{})  Uid: {}  Gid: {}", v.mode() & 0o7777, mode_str(&v), i.uid.get(), i.gid.get());
+    if matches!(v.kind(), FileKind::CharDev | FileKind::BlockDev) {
+        let (ma, mi) = rdev_decode(i.rdev.get());
+        let _ = writeln!(out, "Device: {ma},{mi}");
+    }
+    let _ = writeln!(out, " Flags: {:#x}", i.flags.get());
+    let _ = writeln!(out, "Access: {}", fmt_time(&i.atime));
+    let _ = writeln!(out, "Modify: {}", fmt_time(&i.mtime));
+    let _ = writeln!(out, "Change: {}", fmt_time(&i.ctime));
+    let _ = writeln!(out, " Birth: {}", fmt_time(&i.otime));
+    for (k, val) in &v.xattrs {
+        let shown = match std::str::from_utf8(val) {
+            Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}"),
+            _ => format!("0x{}", val.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        };
+        let _ = writeln!(out, " Xattr: {}={shown}", String::from_utf8_lossy(k));
+    }
+    if v.kind() == FileKind::File {
+        for e in &v.extents {
+            let _ = writeln!(out, "Extent: {:?} at file offset {} len {}", e.kind_summary(), e.file_offset, e.len());
+        }
+    }
+    std::io::stdout().write_all(out.as_bytes()).map_err(stdout_err)
+}
+
+trait Summary {
+    fn kind_summary(&self) -> String;
+}
+impl Summary for ubtrfs_core::fs::FileExtentRec {
+    fn kind_summary(&self) -> String {
+        use ubtrfs_core::fs::ExtentKind;
+        match &self.kind {
+            ExtentKind::Inline { ram_bytes, compression, data } => format!("inline ram_bytes={ram_bytes} compression={compression} stored={}", data.len()),
+            ExtentKind::Regular { disk_bytenr: 0, .. } => "hole".to_string(),
+            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, prealloc, .. } => {
+                format!("{} disk_bytenr={disk_bytenr} disk_num_bytes={disk_num_bytes} offset={offset} ram_bytes={ram_bytes} compression={compression}", if *prealloc { "prealloc" } else { "regular" })
+            }
+        }
+    }
+}
+
+pub fn cat(a: &CatArgs) -> Result<()> {
+    let fs = open_fs(&a.image)?;
+    let v = fs.resolve(&a.path, true)?;
+    if v.kind() == FileKind::Dir {
+        return Err(Error::posix(ubtrfs_core::PosixKind::IsDir, a.path.clone()));
+    }
+    if v.kind() != FileKind::File {
+        return Err(Error::posix(ubtrfs_core::PosixKind::Invalid, format!("{}: not a regular file", a.path)));
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut cache = DecompressCache::default();
+    let mut pos = 0u64;
+    loop {
+        let n = fs.read_at_cached(&v, pos, &mut buf, &mut cache)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n]).map_err(stdout_err)?;
+        pos += n as u64;
+    }
+    out.flush().map_err(stdout_err)?;
+    crate::print_warnings(&fs.info);
+    Ok(())
+}
+
+pub fn extract(a: &ExtractArgs) -> Result<()> {
+    let fs = open_fs(&a.image)?;
+    let src = fs.resolve(&a.path, true)?;
+    let bar = if std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_style(indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("static template"));
+        Some(b)
+    } else {
+        None
+    };
+    let mut progress = |s: &ExtractStats| {
+        if let Some(b) = &bar {
+            b.set_message(format!("{} files, {} dirs, {} MiB", s.files, s.dirs, s.bytes >> 20));
+            b.tick();
+        }
+    };
+    let stats = do_extract(&fs, &src, &a.dest, &mut progress)?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    crate::print_warnings(&fs.info);
+    for s in stats.skipped.iter().take(20) {
+        eprintln!("ubtrfs: warning: {s}");
+    }
+    if stats.skipped.len() > 20 {
+        eprintln!("ubtrfs: warning: ... and {} more not preserved", stats.skipped.len() - 20);
+    }
+    eprintln!(
+        "extracted {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes",
+        stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes
+    );
+    Ok(())
+}
