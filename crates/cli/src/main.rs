@@ -2,6 +2,7 @@
 //! image through `ubtrfs-core`, prints what it was asked for, prints the engine's
 //! warnings to stderr, and exits non-zero with a one-line error on failure.
 
+mod check_cmd;
 mod dump;
 mod info;
 mod read_cmds;
@@ -36,7 +37,7 @@ impl ImageArgs {
     pub fn open(&self) -> ubtrfs_core::Result<FsInfo> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        let fs = FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20 })?;
+        let fs = FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false })?;
         print_warnings(&fs);
         Ok(fs)
     }
@@ -64,6 +65,8 @@ enum Cmd {
     Cat(read_cmds::CatArgs),
     /// Copy a tree out of the image into a host directory.
     Extract(read_cmds::ExtractArgs),
+    /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
+    Check(check_cmd::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Cmd::Stat(a) => read_cmds::stat(&a),
         Cmd::Cat(a) => read_cmds::cat(&a),
         Cmd::Extract(a) => read_cmds::extract(&a),
+        Cmd::Check(a) => check_cmd::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

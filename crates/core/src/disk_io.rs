@@ -26,6 +26,11 @@ pub struct ExtentBuffer {
 }
 
 impl ExtentBuffer {
+    /// Wrap a block the write path has just validated and written.
+    pub fn from_written(bytenr: u64, data: Box<[u8]>) -> ExtentBuffer {
+        ExtentBuffer { bytenr, data }
+    }
+
     pub fn node(&self) -> NodeRef<'_> {
         NodeRef::new_checked(&self.data)
     }
@@ -50,11 +55,13 @@ pub struct OpenOptions {
     pub devices: Vec<PathBuf>,
     /// Node cache budget in bytes.
     pub cache_bytes: usize,
+    /// Open the devices for writing (the write engine needs this).
+    pub writable: bool,
 }
 
 impl OpenOptions {
     pub fn new(image: impl Into<PathBuf>) -> OpenOptions {
-        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20 }
+        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20, writable: false }
     }
 }
 
@@ -84,7 +91,7 @@ impl FsInfo {
     pub fn open(opts: &OpenOptions) -> Result<FsInfo> {
         let mut devs: Vec<Arc<dyn BlockDevice>> = Vec::new();
         for p in &opts.devices {
-            devs.push(Arc::new(FileDevice::open(p, false)?));
+            devs.push(Arc::new(FileDevice::open(p, opts.writable)?));
         }
         FsInfo::open_devices(devs, opts.cache_bytes)
     }
