@@ -4,15 +4,26 @@
 //! data (`fs`, `file`), with decompression (`compression`) and export (`extract`).
 
 pub mod compression;
+pub mod alloc;
 pub mod block_group;
+pub mod check;
+pub mod chunk;
+pub mod csum;
 pub mod ctree;
+pub mod ctree_modify;
+pub mod delayed_ref;
 pub mod device;
 pub mod disk_io;
 pub mod error;
+pub mod extent_tree;
 pub mod extract;
 pub mod file;
+pub mod free_space_cache;
+pub mod free_space_tree;
 pub mod fs;
+pub mod inode;
 pub mod node_cache;
+pub mod transaction;
 pub mod volumes;
 
 pub use ctree::{ItemRef, Path, RootInfo};

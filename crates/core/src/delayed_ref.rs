@@ -1,0 +1,96 @@
+//! Delayed references: every change to an extent's reference count is recorded here
+//! during the transaction, merged per bytenr and per backref, and applied to the extent
+//! tree when the transaction commits (`extent_tree::run_delayed_refs`).
+//!
+//! Invariant: a head with `must_insert` is an extent allocated in this transaction
+//! whose EXTENT/METADATA item does not exist yet; its deltas are never negative in sum
+//! per backref. A head whose deltas all cancel is dropped (allocated and freed inside
+//! one transaction: the space returns to the allocator without ever reaching disk).
+
+use std::collections::BTreeMap;
+use ubtrfs_format::Key;
+
+/// Which backref a delta applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RefKind {
+    TreeBlock { root: u64 },
+    SharedBlock { parent: u64 },
+    Data { root: u64, ino: u64, offset: u64 },
+    SharedData { parent: u64 },
+}
+
+/// What to insert for a newly allocated extent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewExtent {
+    Tree { level: u8, first_key: Key },
+    Data,
+}
+
+/// All pending changes of one extent.
+#[derive(Clone, Debug)]
+pub struct RefHead {
+    pub bytenr: u64,
+    pub num_bytes: u64,
+    pub is_data: bool,
+    /// Tree level (tree blocks), needed to find the METADATA_ITEM.
+    pub level: u8,
+    pub refs: BTreeMap<RefKind, i64>,
+    pub must_insert: Option<NewExtent>,
+}
+
+impl RefHead {
+    pub fn total(&self) -> i64 {
+        self.refs.values().sum()
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct DelayedRefs {
+    heads: BTreeMap<u64, RefHead>,
+}
+
+impl DelayedRefs {
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+    pub fn len(&self) -> usize {
+        self.heads.len()
+    }
+
+    fn head(&mut self, bytenr: u64, num_bytes: u64, is_data: bool, level: u8) -> &mut RefHead {
+        let h = self.heads.entry(bytenr).or_insert_with(|| RefHead { bytenr, num_bytes, is_data, level, refs: BTreeMap::new(), must_insert: None });
+        assert_eq!(h.num_bytes, num_bytes, "extent {bytenr} referenced with two sizes");
+        assert_eq!(h.is_data, is_data, "extent {bytenr} referenced as data and tree block");
+        h
+    }
+
+    /// Record a tree block reference change; `new` marks a block allocated now.
+    pub fn add_tree_ref(&mut self, bytenr: u64, num_bytes: u64, level: u8, kind: RefKind, delta: i64, new: Option<Key>) {
+        let h = self.head(bytenr, num_bytes, false, level);
+        if let Some(first_key) = new {
+            assert!(h.must_insert.is_none(), "tree block {bytenr} allocated twice");
+            h.must_insert = Some(NewExtent::Tree { level, first_key });
+        }
+        *h.refs.entry(kind).or_insert(0) += delta;
+    }
+
+    /// Record a data extent reference change; `new` marks an extent allocated now.
+    pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, kind: RefKind, delta: i64, new: bool) {
+        let h = self.head(bytenr, num_bytes, true, 0);
+        if new {
+            assert!(h.must_insert.is_none(), "data extent {bytenr} allocated twice");
+            h.must_insert = Some(NewExtent::Data);
+        }
+        *h.refs.entry(kind).or_insert(0) += delta;
+    }
+
+    /// Take every head for running, in bytenr order.
+    pub fn take_all(&mut self) -> Vec<RefHead> {
+        std::mem::take(&mut self.heads).into_values().collect()
+    }
+
+    /// Is `bytenr` a data extent allocated in this transaction and not yet inserted?
+    pub fn is_new(&self, bytenr: u64) -> bool {
+        self.heads.get(&bytenr).is_some_and(|h| h.must_insert.is_some())
+    }
+}

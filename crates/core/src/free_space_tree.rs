@@ -1,0 +1,360 @@
+//! The free-space tree (tree 10, seed 003): FREE_SPACE_INFO per block group plus
+//! FREE_SPACE_EXTENT or FREE_SPACE_BITMAP items describing its free space, updated on
+//! every allocation and free, converted between formats at the kernel's thresholds.
+//!
+//! The "using bitmaps" flag is cached in the in-memory block group and kept current by
+//! the conversions, so an update never looks up the INFO item just to learn the format
+//! (the 2025 kernel change); the INFO item is only touched when extent_count changes.
+//! Invariant: INFO.extent_count equals the number of maximal free runs in the group.
+
+use crate::error::Result;
+use crate::transaction::FsWriter;
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
+
+const FST: u64 = FREE_SPACE_TREE_OBJECTID;
+
+fn corrupt(r: String) -> crate::error::Error {
+    Corrupt::new(CorruptWhere::Item, r).root(FST).into()
+}
+
+/// Conversion thresholds of a block group (`btrfs_set_free_space_tree_thresholds`).
+pub fn thresholds(bg_len: u64, sectorsize: u32) -> (u32, u32) {
+    let bitmap_range = u64::from(sectorsize) * FREE_SPACE_BITMAP_BITS;
+    let num_bitmaps = bg_len.div_ceil(bitmap_range);
+    let total_bitmap_size = num_bitmaps * (25 + FREE_SPACE_BITMAP_BITS / 8);
+    let high = (total_bitmap_size / 25) as u32;
+    let low = if high > 100 { high - 100 } else { 0 };
+    (low, high)
+}
+
+struct Group {
+    start: u64,
+    len: u64,
+}
+
+fn group_of(w: &FsWriter, bytenr: u64) -> Result<Group> {
+    let (start, len) = w.alloc.group_range(bytenr).ok_or_else(|| corrupt(format!("no block group contains {bytenr}")))?;
+    Ok(Group { start, len })
+}
+
+/// Read the INFO item: (extent_count, flags).
+fn read_info(w: &mut FsWriter, g: &Group) -> Result<(u32, u32)> {
+    let key = Key::new(g.start, FREE_SPACE_INFO_KEY, g.len);
+    let root = w.root(FST)?;
+    match w.first_item_ge(&root, &key)? {
+        Some((k, d)) if k == key => Ok((u32::from_le_bytes(d[0..4].try_into().expect("8 bytes")), u32::from_le_bytes(d[4..8].try_into().expect("8 bytes")))),
+        _ => Err(corrupt(format!("free space info for block group {} missing", g.start))),
+    }
+}
+
+fn write_info(w: &mut FsWriter, g: &Group, count: u32, flags: u32) -> Result<()> {
+    let key = Key::new(g.start, FREE_SPACE_INFO_KEY, g.len);
+    let (leaf, slot) = w.lookup_for_update(FST, &key, 0)?.ok_or_else(|| corrupt(format!("free space info for block group {} missing", g.start)))?;
+    let d = w.item_data_mut(leaf, slot);
+    d[0..4].copy_from_slice(&count.to_le_bytes());
+    d[4..8].copy_from_slice(&flags.to_le_bytes());
+    Ok(())
+}
+
+/// Whether the group's free space is in bitmaps: the cached flag, looked up once.
+fn using_bitmaps(w: &mut FsWriter, g: &Group) -> Result<bool> {
+    if !w.fst_force_info_lookup {
+        if let Some(b) = w.alloc.fst_bitmaps(g.start) {
+            return Ok(b);
+        }
+    }
+    let (_, flags) = read_info(w, g)?;
+    let b = flags & FREE_SPACE_USING_BITMAPS != 0;
+    w.alloc.set_fst_bitmaps(g.start, b);
+    Ok(b)
+}
+
+/// Give a group created in this transaction its INFO item and one free extent
+/// covering the whole group (`add_block_group_free_space`), if not done yet.
+///
+/// # Errors
+/// Tree modification failures.
+pub fn add_block_group_free_space(w: &mut FsWriter, start: u64) -> Result<()> {
+    let g = group_of(w, start)?;
+    ensure_group_added(w, &g)
+}
+
+/// A group created in this transaction gets its INFO and one free extent first.
+fn ensure_group_added(w: &mut FsWriter, g: &Group) -> Result<()> {
+    if !w.alloc.take_needs_free_space(g.start) {
+        return Ok(());
+    }
+    let mut info = [0u8; 8];
+    info[0..4].copy_from_slice(&1u32.to_le_bytes());
+    w.insert_item(FST, &Key::new(g.start, FREE_SPACE_INFO_KEY, g.len), &info)?;
+    w.insert_item(FST, &Key::new(g.start, FREE_SPACE_EXTENT_KEY, g.len), &[])?;
+    w.alloc.set_fst_bitmaps(g.start, false);
+    Ok(())
+}
+
+/// Mark [start, start+len) allocated in the free-space tree.
+///
+/// # Errors
+/// `Corrupt` if the range is not entirely free in the tree.
+pub fn remove_from_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+    let g = group_of(w, start)?;
+    ensure_group_added(w, &g)?;
+    let delta = if using_bitmaps(w, &g)? { modify_bitmaps(w, &g, start, len, false)? } else { remove_extent(w, &g, start, len)? };
+    update_extent_count(w, &g, delta)
+}
+
+/// Mark [start, start+len) free in the free-space tree.
+///
+/// # Errors
+/// `Corrupt` if part of the range is already free.
+pub fn add_to_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+    let g = group_of(w, start)?;
+    ensure_group_added(w, &g)?;
+    let delta = if using_bitmaps(w, &g)? { modify_bitmaps(w, &g, start, len, true)? } else { add_extent(w, &g, start, len)? };
+    update_extent_count(w, &g, delta)
+}
+
+fn remove_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> {
+    let end = start + len;
+    let found = w.last_item_le(FST, &Key::new(start, FREE_SPACE_EXTENT_KEY, u64::MAX))?;
+    let (a, l) = match found {
+        Some((k, _)) if k.type_ == FREE_SPACE_EXTENT_KEY && k.objectid >= g.start && k.objectid <= start && k.objectid + k.offset >= end => (k.objectid, k.offset),
+        other => return Err(corrupt(format!("removing [{start}, {end}) which is not free in the free space tree (found {:?})", other.map(|(k, _)| k)))),
+    };
+    w.delete_item(FST, &Key::new(a, FREE_SPACE_EXTENT_KEY, l))?;
+    let mut delta = -1;
+    if a < start {
+        w.insert_item(FST, &Key::new(a, FREE_SPACE_EXTENT_KEY, start - a), &[])?;
+        delta += 1;
+    }
+    if end < a + l {
+        w.insert_item(FST, &Key::new(end, FREE_SPACE_EXTENT_KEY, a + l - end), &[])?;
+        delta += 1;
+    }
+    Ok(delta)
+}
+
+fn add_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> {
+    let end = start + len;
+    let mut new_start = start;
+    let mut new_end = end;
+    let mut delta = 1;
+    if start > g.start {
+        if let Some((k, _)) = w.last_item_le(FST, &Key::new(start - 1, FREE_SPACE_EXTENT_KEY, u64::MAX))? {
+            if k.type_ == FREE_SPACE_EXTENT_KEY && k.objectid >= g.start {
+                let kend = k.objectid + k.offset;
+                if kend > start {
+                    return Err(corrupt(format!("adding [{start}, {end}) overlaps free extent {k}")));
+                }
+                if kend == start {
+                    w.delete_item(FST, &k)?;
+                    new_start = k.objectid;
+                    delta -= 1;
+                }
+            }
+        }
+    }
+    if end < g.start + g.len {
+        let root = w.root(FST)?;
+        if let Some((k, _)) = w.first_item_ge(&root, &Key::new(start, FREE_SPACE_EXTENT_KEY, 0))? {
+            if k.type_ == FREE_SPACE_EXTENT_KEY && k.objectid < end {
+                return Err(corrupt(format!("adding [{start}, {end}) overlaps free extent {k}")));
+            }
+            if k.type_ == FREE_SPACE_EXTENT_KEY && k.objectid == end {
+                w.delete_item(FST, &k)?;
+                new_end = end + k.offset;
+                delta -= 1;
+            }
+        }
+    }
+    w.insert_item(FST, &Key::new(new_start, FREE_SPACE_EXTENT_KEY, new_end - new_start), &[])?;
+    Ok(delta)
+}
+
+fn bitmap_range(w: &FsWriter) -> u64 {
+    u64::from(w.sectorsize()) * FREE_SPACE_BITMAP_BITS
+}
+
+/// Key of the bitmap item covering `pos`.
+fn bitmap_key(w: &FsWriter, g: &Group, pos: u64) -> Key {
+    let r = bitmap_range(w);
+    let s = g.start + (pos - g.start) / r * r;
+    Key::new(s, FREE_SPACE_BITMAP_KEY, r.min(g.start + g.len - s))
+}
+
+fn bit_is_free(w: &mut FsWriter, g: &Group, pos: u64) -> Result<bool> {
+    let key = bitmap_key(w, g, pos);
+    let root = w.root(FST)?;
+    match w.first_item_ge(&root, &key)? {
+        Some((k, d)) if k == key => {
+            let bit = ((pos - k.objectid) / u64::from(w.sectorsize())) as usize;
+            Ok(d[bit / 8] & (1 << (bit % 8)) != 0)
+        }
+        _ => Err(corrupt(format!("free space bitmap {key} missing"))),
+    }
+}
+
+/// Set (`free`) or clear bits for [start, start+len); returns the extent_count delta.
+fn modify_bitmaps(w: &mut FsWriter, g: &Group, start: u64, len: u64, free: bool) -> Result<i64> {
+    let end = start + len;
+    let ss = u64::from(w.sectorsize());
+    let prev = if start > g.start { bit_is_free(w, g, start - ss)? } else { false };
+    let next = if end < g.start + g.len { bit_is_free(w, g, end)? } else { false };
+    let mut pos = start;
+    while pos < end {
+        let key = bitmap_key(w, g, pos);
+        let (leaf, slot) = w.lookup_for_update(FST, &key, 0)?.ok_or_else(|| corrupt(format!("free space bitmap {key} missing")))?;
+        let item_end = key.objectid + key.offset;
+        let stop = end.min(item_end);
+        let d = w.item_data_mut(leaf, slot);
+        let mut p = pos;
+        while p < stop {
+            let bit = ((p - key.objectid) / ss) as usize;
+            let was = d[bit / 8] & (1 << (bit % 8)) != 0;
+            if was == free {
+                return Err(corrupt(format!("free space bitmap bit for {p} already {}", if free { "free" } else { "allocated" })));
+            }
+            d[bit / 8] ^= 1 << (bit % 8);
+            p += ss;
+        }
+        pos = stop;
+    }
+    let n = i64::from(prev) + i64::from(next);
+    Ok(if free { 1 - n } else { n - 1 })
+}
+
+fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
+    if delta == 0 {
+        return Ok(());
+    }
+    let (count, flags) = read_info(w, g)?;
+    let new = i64::from(count) + delta;
+    if new < 0 {
+        return Err(corrupt(format!("free space extent count of block group {} would become {new}", g.start)));
+    }
+    let new = new as u32;
+    write_info(w, g, new, flags)?;
+    let (low, high) = w.fst_thresholds_override.unwrap_or_else(|| thresholds(g.len, w.sectorsize()));
+    let bitmaps = flags & FREE_SPACE_USING_BITMAPS != 0;
+    if !bitmaps && new > high {
+        convert_to_bitmaps(w, g.start, g.len)?;
+    } else if bitmaps && new < low {
+        convert_to_extents(w, g.start, g.len)?;
+    }
+    Ok(())
+}
+
+/// Free runs of the group as the tree holds them (either format).
+///
+/// # Errors
+/// Read failures.
+pub fn free_runs(w: &mut FsWriter, start: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+    let g = Group { start, len };
+    let items = w.items_in_range(FST, &Key::new(g.start, FREE_SPACE_INFO_KEY + 1, 0), &Key::new(g.start + g.len - 1, u8::MAX, u64::MAX))?;
+    let ss = u64::from(w.sectorsize());
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (k, d) in items {
+        match k.type_ {
+            FREE_SPACE_EXTENT_KEY => runs.push((k.objectid, k.offset)),
+            FREE_SPACE_BITMAP_KEY => {
+                let bits = k.offset / ss;
+                for b in 0..bits as usize {
+                    if d[b / 8] & (1 << (b % 8)) != 0 {
+                        let p = k.objectid + b as u64 * ss;
+                        match runs.last_mut() {
+                            Some((s, l)) if *s + *l == p => *l += ss,
+                            _ => runs.push((p, ss)),
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // Merge runs that touch across bitmap items.
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, l) in runs {
+        match out.last_mut() {
+            Some((ps, pl)) if *ps + *pl == s => *pl += l,
+            _ => out.push((s, l)),
+        }
+    }
+    Ok(out)
+}
+
+fn delete_group_items(w: &mut FsWriter, g: &Group, ty: u8) -> Result<()> {
+    let items = w.items_in_range(FST, &Key::new(g.start, ty, 0), &Key::new(g.start + g.len - 1, ty, u64::MAX))?;
+    for (k, _) in items {
+        if k.type_ == ty {
+            w.delete_item(FST, &k)?;
+        }
+    }
+    Ok(())
+}
+
+/// Rewrite the group's free space as bitmaps (`convert_free_space_to_bitmaps`).
+///
+/// # Errors
+/// Tree modification failures.
+pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+    let g = Group { start, len };
+    let runs = free_runs(w, g.start, g.len)?;
+    delete_group_items(w, &g, FREE_SPACE_EXTENT_KEY)?;
+    let r = bitmap_range(w);
+    let ss = u64::from(w.sectorsize());
+    let mut s = g.start;
+    while s < g.start + g.len {
+        let l = r.min(g.start + g.len - s);
+        let mut bits = vec![0u8; (l / ss).div_ceil(8) as usize];
+        for &(rs, rl) in &runs {
+            let a = rs.max(s);
+            let b = (rs + rl).min(s + l);
+            let mut p = a;
+            while p < b {
+                let bit = ((p - s) / ss) as usize;
+                bits[bit / 8] |= 1 << (bit % 8);
+                p += ss;
+            }
+        }
+        w.insert_item(FST, &Key::new(s, FREE_SPACE_BITMAP_KEY, l), &bits)?;
+        s += l;
+    }
+    let (count, flags) = read_info(w, &g)?;
+    write_info(w, &g, count, flags | FREE_SPACE_USING_BITMAPS)?;
+    w.alloc.set_fst_bitmaps(g.start, true);
+    Ok(())
+}
+
+/// Rewrite the group's free space as extents (`convert_free_space_to_extents`).
+///
+/// # Errors
+/// Tree modification failures.
+pub fn convert_to_extents(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+    let g = Group { start, len };
+    let runs = free_runs(w, g.start, g.len)?;
+    delete_group_items(w, &g, FREE_SPACE_BITMAP_KEY)?;
+    for (s, l) in &runs {
+        w.insert_item(FST, &Key::new(*s, FREE_SPACE_EXTENT_KEY, *l), &[])?;
+    }
+    let (count, flags) = read_info(w, &g)?;
+    assert_eq!(count as usize, runs.len(), "extent count of block group {} disagrees with its bitmaps", g.start);
+    write_info(w, &g, count, flags & !FREE_SPACE_USING_BITMAPS)?;
+    w.alloc.set_fst_bitmaps(g.start, false);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn kernel_thresholds() {
+        let k = 4096u32;
+        assert_eq!(thresholds(4 << 20, k), (0, 11));
+        assert_eq!(thresholds(8 << 20, k), (0, 11));
+        assert_eq!(thresholds(256 << 20, k), (259, 359));
+        assert_eq!(thresholds(1 << 30, k), (1338, 1438));
+        assert_eq!(thresholds(10 << 30, k), (14287, 14387));
+    }
+}

@@ -1,0 +1,44 @@
+mod common;
+use ubtrfs_core::fs::{Filesystem, Load};
+use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::OpenOptions;
+
+fn copy_fixture(name: &str, tag: &str) -> std::path::PathBuf {
+    let src = &common::fixture_images(name)[0];
+    let dst = std::env::temp_dir().join(format!("ubtrfs-write-{tag}-{}.img", std::process::id()));
+    std::fs::copy(src, &dst).unwrap();
+    dst
+}
+
+#[test]
+fn smoke_mkdir_write_commit() {
+    let img = copy_fixture("blake2", "smoke");
+    {
+        let mut w = FsWriter::open(&OpenOptions::new(&img)).unwrap();
+        let d = w.mkdir(5, 256, b"newdir", &InodeAttrs::new(0o755)).unwrap();
+        let f = w.create_file(5, d, b"small", &InodeAttrs::new(0o644)).unwrap();
+        w.write_file(5, f, 0, b"hello world\n").unwrap();
+        let g = w.create_file(5, d, b"big", &InodeAttrs::new(0o644)).unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        w.write_file(5, g, 0, &data).unwrap();
+        w.commit().unwrap();
+    }
+    let out = std::process::Command::new("btrfs").args(["check", "--readonly"]).arg(&img).output();
+    if let Ok(o) = out {
+        eprintln!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "btrfs check failed");
+    }
+    let fs = Filesystem::open(&OpenOptions::new(&img)).unwrap();
+    let v = fs.resolve("/newdir/small", false).unwrap();
+    let mut buf = vec![0u8; 100];
+    let n = fs.read_at(&v, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"hello world\n");
+    let v = fs.resolve("/newdir/big", false).unwrap();
+    let mut buf = vec![0u8; 300_000];
+    fs.read_at(&v, 0, &mut buf).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(buf, data);
+    let _ = fs.load_inode(v.id, Load::ALL);
+    if std::env::var("KEEP").is_err() { std::fs::remove_file(&img).ok(); } else { eprintln!("kept {}", img.display()); }
+}
