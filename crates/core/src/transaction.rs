@@ -507,3 +507,35 @@ impl FsWriter {
 fn transid_prev(t: u64) -> u64 {
     t - 1
 }
+
+impl FsWriter {
+    /// Create an empty tree `id` (one empty leaf) with a fresh ROOT_ITEM, as
+    /// `btrfs_create_tree` does for new global trees and subvolumes.
+    ///
+    /// # Errors
+    /// `Posix(Exists)` if the tree exists; allocation failures.
+    pub fn create_tree(&mut self, id: u64) -> Result<RootInfo> {
+        self.check_writable()?;
+        if self.root(id).is_ok() {
+            return Err(Error::posix(PosixKind::Exists, format!("tree {id}")));
+        }
+        let bytenr = self.alloc_tree_block(id, 0, Key::MIN)?;
+        self.new_block(bytenr, id, 0);
+        let mut item = RootItem::new_zeroed();
+        item.inode.generation = 1.into();
+        item.inode.size = 3.into();
+        item.inode.nlink = 1.into();
+        item.inode.nbytes = u64::from(self.nodesize()).into();
+        item.inode.mode = (S_IFDIR | 0o755).into();
+        item.generation = self.transid.into();
+        item.generation_v2 = self.transid.into();
+        item.bytenr = bytenr.into();
+        item.refs = 1.into();
+        item.ctransid = self.transid.into();
+        item.otransid = self.transid.into();
+        let info = RootInfo { id, bytenr, level: 0, generation: self.transid };
+        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_ITEM_KEY, 0), item.as_bytes())?;
+        self.roots.insert(id, RootState { info, item: Some(item), item_offset: 0, dirty: true });
+        Ok(info)
+    }
+}
