@@ -6,6 +6,7 @@ mod check_cmd;
 mod dump;
 mod info;
 mod read_cmds;
+mod write_cmds;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -65,6 +66,10 @@ enum Cmd {
     Cat(read_cmds::CatArgs),
     /// Copy a tree out of the image into a host directory.
     Extract(read_cmds::ExtractArgs),
+    /// Copy a host file or directory tree into the image (one atomic commit).
+    Put(write_cmds::PutArgs),
+    /// Remove a file or directory tree from the image (one atomic commit).
+    Rm(write_cmds::RmArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
 }
@@ -80,6 +85,8 @@ fn main() -> ExitCode {
         Cmd::Cat(a) => read_cmds::cat(&a),
         Cmd::Extract(a) => read_cmds::extract(&a),
         Cmd::Check(a) => check_cmd::run(&a),
+        Cmd::Put(a) => write_cmds::put(&a),
+        Cmd::Rm(a) => write_cmds::rm(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,7 +22,9 @@ pub mod free_space_cache;
 pub mod free_space_tree;
 pub mod fs;
 pub mod inode;
+pub mod namei;
 pub mod node_cache;
+pub mod put;
 pub mod transaction;
 pub mod volumes;
 

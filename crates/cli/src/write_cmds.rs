@@ -1,0 +1,54 @@
+//! `put` and `rm`: each is one atomic transaction; on any error nothing is committed.
+
+use crate::ImageArgs;
+use std::path::PathBuf;
+use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::{OpenOptions, Result};
+
+#[derive(clap::Args)]
+pub struct PutArgs {
+    #[command(flatten)]
+    pub image: ImageArgs,
+    /// Host file or directory to copy in.
+    pub src: PathBuf,
+    /// New path inside the image (must not exist; its parent must).
+    pub dest: String,
+    /// Copy directories recursively.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+}
+
+#[derive(clap::Args)]
+pub struct RmArgs {
+    #[command(flatten)]
+    pub image: ImageArgs,
+    /// Path inside the image.
+    pub path: String,
+    /// Remove directories and their contents.
+    #[arg(short = 'r')]
+    pub recursive: bool,
+}
+
+fn open_writer(a: &ImageArgs) -> Result<FsWriter> {
+    let mut devices = vec![a.image.clone()];
+    devices.extend(a.devices.iter().cloned());
+    let w = FsWriter::open(&OpenOptions { devices, cache_bytes: a.cache_mib << 20, writable: true })?;
+    crate::print_warnings(&w.info);
+    Ok(w)
+}
+
+pub fn put(a: &PutArgs) -> Result<()> {
+    let mut w = open_writer(&a.image)?;
+    let stats = w.guarded("put", |w| ubtrfs_core::put::put(w, &a.src, &a.dest, a.recursive))?;
+    let gen = w.commit()?;
+    eprintln!("put {} files, {} directories, {} hard links, {} bytes (generation {gen})", stats.files, stats.dirs, stats.hardlinks, stats.bytes);
+    Ok(())
+}
+
+pub fn rm(a: &RmArgs) -> Result<()> {
+    let mut w = open_writer(&a.image)?;
+    let n = w.guarded("rm", |w| ubtrfs_core::put::remove(w, &a.path, a.recursive))?;
+    let gen = w.commit()?;
+    eprintln!("removed {n} entries (generation {gen})");
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! `ubtrfs put` and `ubtrfs rm` end to end: copy a host tree in, check it with
+//! `btrfs check` and a kernel mount (diff-walk against the source tree), remove parts,
+//! check again. Without root, a fixture copy is used and the result is read back with
+//! `ubtrfs ls/cat` instead of the kernel.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+}
+
+fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn root_with_kernel() -> bool {
+    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
+    let progs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
+    if root && progs && fs {
+        return true;
+    }
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "put_rm: needs root, btrfs-progs and the kernel driver, and CI=true forbids skipping");
+    eprintln!("put_rm: kernel checks skipped: needs root ({root}), btrfs-progs ({progs}) and the kernel btrfs driver ({fs})");
+    false
+}
+
+/// A deterministic source tree: nested dirs, empty/inline/multi-extent files, a hard link.
+fn make_source(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir.join("a/b/c")).unwrap();
+    std::fs::create_dir_all(dir.join("empty")).unwrap();
+    let mut x = 0x9e3779b97f4a7c15u64;
+    let mut bytes = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    for (p, n) in [("zero", 0), ("one", 1), ("inline", 2047), ("edge", 4096), ("a/mid", 100_000), ("a/b/big", 3_000_000), ("a/b/c/deep", 5000)] {
+        std::fs::write(dir.join(p), bytes(n)).unwrap();
+    }
+    for i in 0..300 {
+        std::fs::write(dir.join(format!("a/many-{i:04}")), format!("file {i}\n")).unwrap();
+    }
+    std::fs::hard_link(dir.join("a/mid"), dir.join("a/b/mid-link")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.join("a/b/big"), std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+#[test]
+fn put_then_rm_round_trip() {
+    let work = std::env::temp_dir().join(format!("ubtrfs-putrm-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let src = work.join("src");
+    make_source(&src);
+    let kernel = root_with_kernel();
+    let img = work.join("img");
+    if kernel {
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(512 << 20).unwrap();
+        run(Command::new("mkfs.btrfs").arg("-q").arg("-f").arg(&img));
+    } else {
+        let fx = repo().join("tests/fixtures/blake2.0.img.zst");
+        let input = std::fs::File::open(fx).unwrap();
+        let mut out = std::fs::File::create(&img).unwrap();
+        std::io::copy(&mut zstd::stream::read::Decoder::new(input).unwrap(), &mut out).unwrap();
+    }
+    // The source's view before put: reading it for the copy updates its atimes, and
+    // put keeps the atimes it saw (like cp -a).
+    let script = repo().join("xtask/fixtures.py");
+    let src_manifest = if kernel { Some(run(Command::new("python3").arg(&script).arg("manifest").arg(&src)).stdout) } else { None };
+    run(bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/copy"));
+    // put refuses to overwrite and a directory without -r.
+    let o = bin().arg("put").arg(&img).arg(&src).arg("/other").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("use -r"), "{o:?}");
+    let o = bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/copy").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("exists"), "{o:?}");
+    // Read back with ubtrfs.
+    let cat = run(bin().arg("cat").arg(&img).arg("/copy/a/b/big"));
+    assert_eq!(cat.stdout, std::fs::read(src.join("a/b/big")).unwrap());
+    let ls = run(bin().arg("ls").arg(&img).arg("/copy/a"));
+    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().filter(|l| l.starts_with("many-")).count(), 300);
+    if kernel {
+        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+        let mnt = work.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
+        let b = run(Command::new("python3").arg(&script).arg("manifest").arg(mnt.join("copy")));
+        let _ = Command::new("umount").arg(&mnt).status();
+        std::fs::write(work.join("a.jsonl"), src_manifest.as_ref().expect("taken when kernel")).unwrap();
+        std::fs::write(work.join("b.jsonl"), &b.stdout).unwrap();
+        let d = Command::new("python3")
+            .arg(&script)
+            .arg("diff")
+            .arg(work.join("a.jsonl"))
+            .arg(work.join("b.jsonl"))
+            .args(["--ignore-keys", "ino,blocks,subvol", "--ignore-dir-keys", "size,nlink"])
+            .output()
+            .unwrap();
+        assert!(d.status.success(), "kernel view differs from the source:\n{}", String::from_utf8_lossy(&d.stdout));
+    }
+    run(bin().arg("rm").arg("-r").arg(&img).arg("/copy/a/b"));
+    let o = bin().arg("rm").arg(&img).arg("/copy/a").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("use -r"), "{o:?}");
+    run(bin().arg("rm").arg(&img).arg("/copy/edge"));
+    let ls = run(bin().arg("ls").arg(&img).arg("/copy"));
+    let names: Vec<String> = String::from_utf8_lossy(&ls.stdout).lines().map(str::to_string).collect();
+    assert_eq!(names, vec!["a", "empty", "inline", "one", "zero"]);
+    let o = bin().arg("cat").arg(&img).arg("/copy/a/b/big").output().unwrap();
+    assert!(!o.status.success());
+    // The hard link's other name survives with its data.
+    let cat = run(bin().arg("cat").arg(&img).arg("/copy/a/mid"));
+    assert_eq!(cat.stdout, std::fs::read(src.join("a/mid")).unwrap());
+    if kernel {
+        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+        let mnt = work.join("mnt");
+        run(Command::new("mount").arg("-o").arg("loop").arg(&img).arg(&mnt));
+        let st = std::fs::metadata(mnt.join("copy/a/mid")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(st.nlink(), 1);
+        std::fs::write(mnt.join("copy/kernel-wrote"), b"k").unwrap();
+        let _ = Command::new("umount").arg(&mnt).status();
+        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+        run(bin().arg("rm").arg(&img).arg("/copy/kernel-wrote"));
+        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
