@@ -4,7 +4,6 @@ use crate::ImageArgs;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use ubtrfs_core::extract::{extract as do_extract, ExtractStats};
-use ubtrfs_core::file::DecompressCache;
 use ubtrfs_core::fs::{FileKind, Filesystem, InodeView, Load};
 use ubtrfs_core::{Error, Result};
 use ubtrfs_format::structs::{rdev_decode, Timespec};
@@ -226,17 +225,8 @@ pub fn cat(a: &CatArgs) -> Result<()> {
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut buf = vec![0u8; 4 << 20];
-    let mut cache = DecompressCache::default();
-    let mut pos = 0u64;
-    loop {
-        let n = fs.read_at_cached(&v, pos, &mut buf, &mut cache)?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n]).map_err(stdout_err)?;
-        pos += n as u64;
-    }
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(4);
+    fs.stream_file(&v, threads, 2 << 20, &mut |data: &[u8]| out.write_all(data).map_err(stdout_err))?;
     out.flush().map_err(stdout_err)?;
     crate::print_warnings(&fs.info);
     Ok(())

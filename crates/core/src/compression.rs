@@ -391,14 +391,39 @@ fn zlib_decompress(input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressErro
 /// Decodes the first zstd frame of `input` into `dst`; returns the number of
 /// bytes produced. Anything after the frame (padding) is ignored.
 fn zstd_decompress(input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressError> {
-    use zstd::stream::raw::{DParameter, Decoder, InBuffer, Operation, OutBuffer};
+    use zstd::stream::raw::{Decoder, Operation};
+    let algo = CompressionType::Zstd;
+    let _ = dst.len();
+    let setup = |e: std::io::Error| DecompressError::DecoderSetup {
+        algo,
+        detail: lower_first(&e.to_string()),
+    };
+    thread_local! {
+        // Creating a decompression context costs more than decoding a 128 KiB extent,
+        // so each thread keeps one and resets it per frame.
+        static DCTX: std::cell::RefCell<Option<Decoder<'static>>> = const { std::cell::RefCell::new(None) };
+    }
+    DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let decoder = match slot.as_mut() {
+            Some(d) => {
+                d.reinit().map_err(setup)?;
+                d
+            }
+            None => slot.insert(Decoder::new().map_err(setup)?),
+        };
+        zstd_run(decoder, input, dst)
+    })
+}
+
+fn zstd_run(decoder: &mut zstd::stream::raw::Decoder<'static>, input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressError> {
+    use zstd::stream::raw::{DParameter, InBuffer, Operation, OutBuffer};
     let algo = CompressionType::Zstd;
     let ram_bytes = dst.len();
     let setup = |e: std::io::Error| DecompressError::DecoderSetup {
         algo,
         detail: lower_first(&e.to_string()),
     };
-    let mut decoder = Decoder::new().map_err(setup)?;
     // A window never needs to be larger than the whole output.
     let window_log = ZSTD_BTRFS_MAX_WINDOWLOG.max(ram_bytes.next_power_of_two().trailing_zeros());
     decoder
