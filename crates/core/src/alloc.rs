@@ -83,8 +83,10 @@ impl Allocator {
                     for b in 0..(k.offset / ss) as usize {
                         if d[b / 8] & (1 << (b % 8)) != 0 {
                             let p = k.objectid + b as u64 * ss;
+                            // Extend only a run of this item: the previous item may be
+                            // the last free extent of the block group before this one.
                             match free.last_mut() {
-                                Some((s, l)) if *s + *l == p => *l += ss,
+                                Some((s, l)) if *s >= k.objectid && *s + *l == p => *l += ss,
                                 _ => free.push((p, ss)),
                             }
                         }
@@ -224,11 +226,36 @@ pub fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
                 return Ok(start);
             }
         }
-        if attempt == 0 {
+        // A data request that only failed for want of one contiguous run is answered by
+        // the caller asking for less (`alloc_extent_upto`), not by a new chunk: otherwise
+        // every large write would add a chunk while the existing ones have room.
+        if attempt == 0 && (ty != BLOCK_GROUP_DATA || w.alloc.free_bytes(ty) < num_bytes) {
             crate::chunk::alloc_chunk(w, ty)?;
+        } else {
+            break;
         }
     }
     Err(Error::posix(PosixKind::NoSpace, format!("no {} space for {num_bytes} bytes", block_group_flags_str(ty).split(',').next().unwrap_or("?"))))
+}
+
+/// Allocate between `min` and `num_bytes` bytes (multiples of `min`) of type `ty`: the
+/// whole request if one run (or a new chunk) holds it, else successively halved
+/// requests, as the kernel's `btrfs_reserve_extent` does. Returns (start, length).
+///
+/// # Errors
+/// `Posix(NoSpace)` when not even `min` bytes can be found or made.
+pub fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: u64) -> Result<(u64, u64)> {
+    assert!(min > 0 && num_bytes >= min && num_bytes % min == 0, "alloc_extent_upto({num_bytes}, min {min})");
+    let mut want = num_bytes;
+    loop {
+        match alloc_extent(w, ty, want) {
+            Ok(start) => return Ok((start, want)),
+            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) && want > min => {
+                want = (want / 2 / min * min).max(min);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Give back space reserved in this transaction that never reached disk.
@@ -289,4 +316,37 @@ pub fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
         any = true;
     }
     Ok(any)
+}
+
+/// Test hooks: in-memory block groups that no chunk backs, for exercising the
+/// free-space tree on ranges nothing else touches (the kernel self-tests' dummy groups).
+impl FsWriter {
+    /// Add an in-memory block group [start, start+len) with `NEEDS_FREE_SPACE` set and an
+    /// empty free-space cache (so the allocator never hands out its space). It has no
+    /// chunk or BLOCK_GROUP_ITEM: remove it (`remove_test_group`) before committing.
+    ///
+    /// # Errors
+    /// `Corrupt` for impossible geometry; `Posix(Exists)` if it overlaps a group.
+    #[doc(hidden)]
+    pub fn insert_test_group(&mut self, start: u64, len: u64, flags: u64) -> Result<()> {
+        if self.alloc.group(start).is_some() || self.alloc.groups.range(start..start.saturating_add(len)).next().is_some() {
+            return Err(Error::posix(PosixKind::Exists, format!("test block group {start} +{len} overlaps a block group")));
+        }
+        let ctl = new_ctl(start, len, flags, self.sectorsize(), self.nodesize(), self.alloc.bits_per_bitmap)?;
+        self.alloc.groups.insert(start, BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, ctl });
+        Ok(())
+    }
+
+    /// Drop a group added by `insert_test_group` (its free-space-tree items are the
+    /// caller's to remove). Returns whether it existed.
+    #[doc(hidden)]
+    pub fn remove_test_group(&mut self, start: u64) -> bool {
+        self.alloc.groups.remove(&start).is_some()
+    }
+
+    /// The free-space-tree format cached for the group at `start` (None: not cached).
+    #[doc(hidden)]
+    pub fn fst_cached_bitmaps(&self, start: u64) -> Option<bool> {
+        self.alloc.fst_bitmaps(start)
+    }
 }

@@ -25,7 +25,7 @@ pub fn thresholds(bg_len: u64, sectorsize: u32) -> (u32, u32) {
     let num_bitmaps = bg_len.div_ceil(bitmap_range);
     let total_bitmap_size = num_bitmaps * (25 + FREE_SPACE_BITMAP_BITS / 8);
     let high = (total_bitmap_size / 25) as u32;
-    let low = if high > 100 { high - 100 } else { 0 };
+    let low = high.saturating_sub(100);
     (low, high)
 }
 
@@ -99,10 +99,10 @@ fn ensure_group_added(w: &mut FsWriter, g: &Group) -> Result<()> {
 /// # Errors
 /// `Corrupt` if the range is not entirely free in the tree.
 pub fn remove_from_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
-    let g = group_of(w, start)?;
-    ensure_group_added(w, &g)?;
-    let delta = if using_bitmaps(w, &g)? { modify_bitmaps(w, &g, start, len, false)? } else { remove_extent(w, &g, start, len)? };
-    update_extent_count(w, &g, delta)
+    let t0 = w.fst_timings.is_some().then(std::time::Instant::now);
+    let r = update_free_space(w, start, len, false);
+    record_timing(w, t0);
+    r
 }
 
 /// Mark [start, start+len) free in the free-space tree.
@@ -110,10 +110,29 @@ pub fn remove_from_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Re
 /// # Errors
 /// `Corrupt` if part of the range is already free.
 pub fn add_to_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+    let t0 = w.fst_timings.is_some().then(std::time::Instant::now);
+    let r = update_free_space(w, start, len, true);
+    record_timing(w, t0);
+    r
+}
+
+/// Add (`free`) or remove [start, start+len) in whichever format the group uses.
+fn update_free_space(w: &mut FsWriter, start: u64, len: u64, free: bool) -> Result<()> {
     let g = group_of(w, start)?;
     ensure_group_added(w, &g)?;
-    let delta = if using_bitmaps(w, &g)? { modify_bitmaps(w, &g, start, len, true)? } else { add_extent(w, &g, start, len)? };
+    let delta = match (using_bitmaps(w, &g)?, free) {
+        (true, _) => modify_bitmaps(w, &g, start, len, free)?,
+        (false, true) => add_extent(w, &g, start, len)?,
+        (false, false) => remove_extent(w, &g, start, len)?,
+    };
     update_extent_count(w, &g, delta)
+}
+
+/// Benchmark hook (`FsWriter::fst_timings`): append the duration of one update.
+fn record_timing(w: &mut FsWriter, t0: Option<std::time::Instant>) {
+    if let (Some(t0), Some(v)) = (t0, w.fst_timings.as_mut()) {
+        v.push(u32::try_from(t0.elapsed().as_nanos()).unwrap_or(u32::MAX));
+    }
 }
 
 fn remove_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> {

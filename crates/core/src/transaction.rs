@@ -74,6 +74,9 @@ pub struct FsWriter {
     pub fst_force_info_lookup: bool,
     /// Test switch: free-space-tree conversion thresholds (low, high) for every group.
     pub fst_thresholds_override: Option<(u32, u32)>,
+    /// Benchmark hook: when Some, the duration in ns of every add/remove on the
+    /// free-space tree is appended (seed 003 measures the cost per update).
+    pub fst_timings: Option<Vec<u32>>,
     /// Next free objectid per tree, once looked up.
     pub(crate) next_objectid: BTreeMap<u64, u64>,
     /// Next DIR_INDEX per (tree, directory), once looked up.
@@ -138,6 +141,7 @@ impl FsWriter {
             pending_chunks: Vec::new(),
             fst_force_info_lookup: false,
             fst_thresholds_override: None,
+            fst_timings: None,
             next_objectid: BTreeMap::new(),
             next_dir_index: BTreeMap::new(),
             info,
