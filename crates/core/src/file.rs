@@ -5,7 +5,7 @@
 //!
 //! Neighbours: `fs` (extent lists), `compression` (codecs), `volumes` (mirrors).
 
-use crate::compression::{decompress, CompressionType};
+use crate::compression::{decompress, CompressionType, MAX_RAM_BYTES};
 use crate::ctree::RootInfo;
 use crate::error::{Error, Result};
 use crate::fs::{ExtentKind, FileExtentRec, Filesystem, InodeView};
@@ -205,9 +205,13 @@ impl Filesystem {
             ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression: 0, .. } => {
                 let _ = (disk_num_bytes, ram_bytes);
                 let ss = u64::from(self.info.sectorsize);
-                let logical = disk_bytenr + offset + within;
+                // The tree checker bounds each field, not their sum: a hostile extent can
+                // overflow the address space here.
+                let span = disk_bytenr.checked_add(*offset).and_then(|l| l.checked_add(within)).and_then(|l| Some((l, l.checked_add(out.len() as u64)?.div_ceil(ss).checked_mul(ss)?)));
+                let Some((logical, a_end)) = span else {
+                    return Err(self.extent_corrupt(inode, e, format!("extent disk_bytenr {disk_bytenr} + offset {offset} + {within} overflows")));
+                };
                 let a_start = logical - logical % ss;
-                let a_end = (logical + out.len() as u64).div_ceil(ss) * ss;
                 let fo = pos - (logical - a_start);
                 if a_start == logical && a_end == logical + out.len() as u64 {
                     self.read_verified(inode, fo, a_start, out)?;
@@ -220,20 +224,43 @@ impl Filesystem {
             }
             ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, .. } => {
                 if cache.disk_bytenr != *disk_bytenr || cache.data.is_empty() && *ram_bytes != 0 {
+                    // Bound the read before allocating for it: btrfs compresses at most
+                    // 128 KiB per extent; allow the decompressor's tolerance.
+                    if *disk_num_bytes > MAX_RAM_BYTES as u64 {
+                        return Err(self.extent_corrupt(inode, e, format!("compressed extent disk_num_bytes {disk_num_bytes} exceeds {MAX_RAM_BYTES}")));
+                    }
                     let mut raw = vec![0u8; *disk_num_bytes as usize];
                     self.read_verified(inode, e.file_offset, *disk_bytenr, &mut raw)?;
+                    // The common case of a sequential reader: the whole extent lands in
+                    // `out`, so decode straight into it instead of through the cache.
+                    if *offset == 0 && within == 0 && out.len() as u64 == *ram_bytes && e.len() == *ram_bytes {
+                        let kind = CompressionType::from_raw(*compression).ok_or_else(|| self.extent_corrupt(inode, e, format!("unknown compression type {compression}")))?;
+                        crate::compression::decompress_into(kind, &raw, out, self.info.sectorsize as usize)
+                            .map_err(|err| self.extent_corrupt(inode, e, format!("{} decompression failed: {err}", kind.name())))?;
+                        return Ok(());
+                    }
                     let mut plain = Vec::new();
                     self.decompress_for(inode, e.file_offset, *disk_bytenr, *compression, &raw, *ram_bytes as usize, &mut plain)?;
                     cache.disk_bytenr = *disk_bytenr;
                     cache.data = plain;
                 }
-                let s = (offset + within) as usize;
-                let avail = cache.data.len().saturating_sub(s).min(out.len());
+                let len = cache.data.len();
+                let Some(s) = offset.checked_add(within).and_then(|s| usize::try_from(s).ok()).filter(|&s| s <= len) else {
+                    return Err(self.extent_corrupt(inode, e, format!("compressed extent offset {offset} + {within} is beyond its {len} decompressed bytes")));
+                };
+                let avail = len.saturating_sub(s).min(out.len());
                 out[..avail].copy_from_slice(&cache.data[s..s + avail]);
                 out[avail..].fill(0);
             }
         }
         Ok(())
+    }
+
+    fn extent_corrupt(&self, inode: &InodeView, e: &FileExtentRec, reason: String) -> Error {
+        let mut c = Corrupt::new(CorruptWhere::Item, reason).root(inode.id.root);
+        c.key = Some(Key::new(inode.id.ino, EXTENT_DATA_KEY, e.file_offset));
+        c.ino = Some(inode.id.ino);
+        c.into()
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -451,7 +451,13 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
         UUID_KEY_SUBVOL | UUID_KEY_RECEIVED_SUBVOL => {
             items::uuid_item_ids(data)?;
         }
-        QGROUP_STATUS_KEY | QGROUP_INFO_KEY | QGROUP_LIMIT_KEY => {
+        // Kernels before simple quotas wrote a 32-byte status item (no enable_gen).
+        QGROUP_STATUS_KEY => {
+            if data.len() != 40 && data.len() != 32 {
+                return Err(format!("invalid qgroup status item size {}", data.len()));
+            }
+        }
+        QGROUP_INFO_KEY | QGROUP_LIMIT_KEY => {
             if data.len() != 40 {
                 return Err(format!("invalid qgroup item size {}", data.len()));
             }
@@ -481,6 +487,10 @@ fn check_bg_flags(flags: u64) -> core::result::Result<(), String> {
 /// # Errors
 /// A reason string naming the bad field.
 pub fn check_chunk(c: &ChunkView, logical: u64, sectorsize: u32) -> core::result::Result<(), String> {
+    // The sys_chunk_array is parsed from superblocks not yet validated (fuzz: superblock).
+    if !sectorsize.is_power_of_two() {
+        return Err(format!("invalid sectorsize {sectorsize} for chunk {logical}"));
+    }
     if c.length == 0 || !aligned(c.length, sectorsize) {
         return Err(format!("invalid chunk length {}", c.length));
     }
