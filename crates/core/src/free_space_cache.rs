@@ -44,7 +44,7 @@
 
 use std::cmp::{max, min, Reverse};
 use std::collections::BTreeMap;
-use std::ops::Bound::{Excluded, Included, Unbounded};
+use std::ops::Bound::{Excluded, Unbounded};
 use std::time::Instant;
 
 /// Bits per bitmap with 4 KiB pages (`PAGE_SIZE × 8`, x86_64).
@@ -61,6 +61,11 @@ pub const FREE_SPACE_ENTRY_SIZE: u64 = 104;
 pub const INITIAL_EXTENTS_THRESH: u64 = (32 * 1024 / 2) / FREE_SPACE_ENTRY_SIZE;
 
 const SZ_1G: u64 = 1 << 30;
+
+/// Most bitmap positions one group may have. The bitmap index is a slot array of this
+/// many entries; btrfs data chunks are at most 10 GiB (80 bitmaps at 32768 bits), so this
+/// only refuses nonsense geometry.
+pub const MAX_BITMAP_SLOTS: u64 = 1 << 16;
 
 /// Errors from caller input; the cache is unchanged when one is returned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -182,6 +187,129 @@ struct Detached {
     trim: TrimState,
 }
 
+/// The bitmap half of the offset index. A bitmap can only sit at `start + k × span` for
+/// `k < max_bitmaps`, so entries live in a slot array (O(1) lookup) and an occupancy
+/// bitset answers the ordered neighbour queries of the kernel's rb-tree walks
+/// (`rb_next`/`rb_prev` across kinds) in O(max_bitmaps / 64). Bounded by `max_bitmaps`.
+#[derive(Debug)]
+struct BitmapSlots {
+    start: u64,
+    span: u64,
+    slots: Vec<Option<BitmapEntry>>,
+    occupied: Vec<u64>,
+    len: usize,
+}
+
+impl BitmapSlots {
+    fn new(start: u64, span: u64, max_bitmaps: u64) -> BitmapSlots {
+        let n = usize::try_from(max_bitmaps).expect("max_bitmaps fits in memory");
+        BitmapSlots { start, span, slots: std::iter::repeat_with(|| None).take(n).collect(), occupied: vec![0; n.div_ceil(64)], len: 0 }
+    }
+
+    /// The slot of a bitmap at exactly `offset`, if `offset` is a bitmap position.
+    fn slot(&self, offset: u64) -> Option<usize> {
+        let d = offset.checked_sub(self.start)?;
+        if d % self.span != 0 {
+            return None;
+        }
+        usize::try_from(d / self.span).ok().filter(|&k| k < self.slots.len())
+    }
+
+    fn offset_of(&self, k: usize) -> u64 {
+        self.start + k as u64 * self.span
+    }
+
+    fn get(&self, offset: &u64) -> Option<&BitmapEntry> {
+        self.slot(*offset).and_then(|k| self.slots[k].as_ref())
+    }
+
+    fn get_mut(&mut self, offset: &u64) -> Option<&mut BitmapEntry> {
+        let k = self.slot(*offset)?;
+        self.slots[k].as_mut()
+    }
+
+    fn contains_key(&self, offset: &u64) -> bool {
+        self.get(offset).is_some()
+    }
+
+    fn insert(&mut self, offset: u64, entry: BitmapEntry) -> Option<BitmapEntry> {
+        let k = self.slot(offset).unwrap_or_else(|| panic!("bitmap offset={offset} is not a bitmap position"));
+        let old = self.slots[k].replace(entry);
+        if old.is_none() {
+            self.occupied[k / 64] |= 1 << (k % 64);
+            self.len += 1;
+        }
+        old
+    }
+
+    fn remove(&mut self, offset: &u64) -> Option<BitmapEntry> {
+        let k = self.slot(*offset)?;
+        let old = self.slots[k].take();
+        if old.is_some() {
+            self.occupied[k / 64] &= !(1 << (k % 64));
+            self.len -= 1;
+        }
+        old
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn clear(&mut self) {
+        self.slots.iter_mut().for_each(|s| *s = None);
+        self.occupied.fill(0);
+        self.len = 0;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &BitmapEntry)> {
+        self.slots.iter().enumerate().filter_map(|(k, s)| s.as_ref().map(|b| (self.offset_of(k), b)))
+    }
+
+    /// Lowest bitmap offset `>= x`.
+    fn first_ge(&self, x: u64) -> Option<u64> {
+        let from = match x.checked_sub(self.start) {
+            None => 0,
+            Some(d) => usize::try_from(d.div_ceil(self.span)).ok()?,
+        };
+        let n = self.slots.len();
+        let k = find_next_set_bit(&self.occupied, n, from);
+        (k < n).then(|| self.offset_of(k))
+    }
+
+    /// Lowest bitmap offset `> x`.
+    fn first_gt(&self, x: u64) -> Option<u64> {
+        self.first_ge(x.checked_add(1)?)
+    }
+
+    /// Highest bitmap offset `<= x`.
+    fn last_le(&self, x: u64) -> Option<u64> {
+        let d = x.checked_sub(self.start)?;
+        let k = usize::try_from(d / self.span).unwrap_or(usize::MAX).min(self.slots.len().checked_sub(1)?);
+        find_last_set_bit_upto(&self.occupied, k).map(|k| self.offset_of(k))
+    }
+
+    /// Highest bitmap offset `< x`.
+    fn last_lt(&self, x: u64) -> Option<u64> {
+        self.last_le(x.checked_sub(1)?)
+    }
+
+    fn first(&self) -> Option<u64> {
+        self.first_ge(self.start)
+    }
+}
+
+impl std::ops::Index<&u64> for BitmapSlots {
+    type Output = BitmapEntry;
+    fn index(&self, offset: &u64) -> &BitmapEntry {
+        self.get(offset).unwrap_or_else(|| panic!("no bitmap entry at offset={offset}"))
+    }
+}
+
 /// The free-space cache of one block group (`struct btrfs_free_space_ctl`).
 pub struct FreeSpaceCtl {
     /// Block group start (`ctl->start`).
@@ -196,7 +324,7 @@ pub struct FreeSpaceCtl {
     /// RAID5/6).
     full_stripe_len: u64,
     extents: BTreeMap<u64, ExtentEntry>,
-    bitmaps: BTreeMap<u64, BitmapEntry>,
+    bitmaps: BitmapSlots,
     bytes_index: BTreeMap<IndexKey, Ref>,
     next_seq: u64,
     free_space: u64,
@@ -239,12 +367,7 @@ impl FreeSpaceCtl {
     /// # Errors
     /// [`FreeSpaceError::Geometry`] when `unit` is not a power of two, `bits_per_bitmap` is
     /// not a positive multiple of 64, or the group is empty, unaligned or overflows.
-    pub fn new(
-        start: u64,
-        length: u64,
-        unit: u32,
-        bits_per_bitmap: u32,
-    ) -> Result<FreeSpaceCtl, FreeSpaceError> {
+    pub fn new(start: u64, length: u64, unit: u32, bits_per_bitmap: u32) -> Result<FreeSpaceCtl, FreeSpaceError> {
         let bad = |reason: String| FreeSpaceError::Geometry { bg_start: start, reason };
         let unit = u64::from(unit);
         let bits = u64::from(bits_per_bitmap);
@@ -252,14 +375,10 @@ impl FreeSpaceCtl {
             return Err(bad(format!("sectorsize {unit} is not a power of two")));
         }
         if bits == 0 || bits % 64 != 0 {
-            return Err(bad(format!(
-                "bits_per_bitmap {bits} is not a positive multiple of 64"
-            )));
+            return Err(bad(format!("bits_per_bitmap {bits} is not a positive multiple of 64")));
         }
-        if length == 0 || start % unit != 0 || length % unit != 0 {
-            return Err(bad(format!(
-                "start {start} length {length} not a non-empty multiple of sectorsize {unit}"
-            )));
+        if length == 0 || start & (unit - 1) != 0 || length & (unit - 1) != 0 {
+            return Err(bad(format!("start {start} length {length} not a non-empty multiple of sectorsize {unit}")));
         }
         if start.checked_add(length).is_none() {
             return Err(bad(format!("start {start} + length {length} overflows")));
@@ -267,6 +386,9 @@ impl FreeSpaceCtl {
         let Some(bitmap_span) = bits.checked_mul(unit) else {
             return Err(bad(format!("bitmap span {bits} x {unit} overflows")));
         };
+        if length.div_ceil(bitmap_span) > MAX_BITMAP_SLOTS {
+            return Err(bad(format!("length {length} needs more than {MAX_BITMAP_SLOTS} bitmaps of {bitmap_span} bytes")));
+        }
         Ok(FreeSpaceCtl {
             start,
             length,
@@ -275,7 +397,7 @@ impl FreeSpaceCtl {
             bitmap_span,
             full_stripe_len: unit,
             extents: BTreeMap::new(),
-            bitmaps: BTreeMap::new(),
+            bitmaps: BitmapSlots::new(start, bitmap_span, max(1, length.div_ceil(bitmap_span))),
             bytes_index: BTreeMap::new(),
             next_seq: 0,
             free_space: 0,
@@ -337,7 +459,7 @@ impl FreeSpaceCtl {
     /// Set the allocation alignment (`full_stripe_len`); it must be a multiple of the
     /// sectorsize, other values are ignored.
     pub fn set_full_stripe_len(&mut self, len: u64) {
-        if len != 0 && len % self.unit == 0 {
+        if len != 0 && self.aligned(len) {
             self.full_stripe_len = len;
         }
     }
@@ -388,12 +510,7 @@ impl FreeSpaceCtl {
     ///
     /// # Errors
     /// As [`FreeSpaceCtl::add_free_space`].
-    pub fn add_free_space_with_trim(
-        &mut self,
-        offset: u64,
-        bytes: u64,
-        trim: TrimState,
-    ) -> Result<(), FreeSpaceError> {
+    pub fn add_free_space_with_trim(&mut self, offset: u64, bytes: u64, trim: TrimState) -> Result<(), FreeSpaceError> {
         let end = self.check_range(offset, bytes)?;
         self.check_not_free(offset, end)?;
         self.check_not_pinned(offset, end)?;
@@ -413,13 +530,7 @@ impl FreeSpaceCtl {
         }
         let end = self.check_range(offset, bytes)?;
         if let Some((hole_offset, hole_bytes)) = self.first_gap_in(offset, end) {
-            return Err(FreeSpaceError::NotFree {
-                bg_start: self.start,
-                offset,
-                bytes,
-                hole_offset,
-                hole_bytes,
-            });
+            return Err(FreeSpaceError::NotFree { bg_start: self.start, offset, bytes, hole_offset, hole_bytes });
         }
         self.remove_inner(offset, bytes);
         self.debug_check();
@@ -447,7 +558,7 @@ impl FreeSpaceCtl {
         let Some(bytes_search) = bytes.checked_add(empty_size) else {
             return Alloc::NoSpace { max_extent_size: 0 };
         };
-        if bytes == 0 || bytes % self.unit != 0 || empty_size % self.unit != 0 {
+        if bytes == 0 || !self.aligned(bytes) || !self.aligned(empty_size) {
             return Alloc::NoSpace { max_extent_size: 0 };
         }
         let use_bytes_index = offset == self.start;
@@ -467,12 +578,7 @@ impl FreeSpaceCtl {
                 let mut e = self.unlink_extent(entry.0);
                 let gap = e.offset;
                 let gap_len = start - e.offset;
-                assert!(
-                    e.bytes >= bytes + gap_len,
-                    "alloc: entry offset={} bytes={} too small for start={start} bytes={bytes}",
-                    e.offset,
-                    e.bytes
-                );
+                assert!(e.bytes >= bytes + gap_len, "alloc: entry offset={} bytes={} too small for start={start} bytes={bytes}", e.offset, e.bytes);
                 e.offset = start + bytes;
                 e.bytes -= bytes + gap_len;
                 if e.bytes > 0 {
@@ -568,7 +674,7 @@ impl FreeSpaceCtl {
     /// All free space as coalesced `(offset, bytes)` ranges, lowest first.
     pub fn free_ranges(&self) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = self.extents.iter().map(|(&o, e)| (o, o + e.bytes)).collect();
-        for (&bo, bm) in &self.bitmaps {
+        for (bo, bm) in self.bitmaps.iter() {
             let n = self.bits_per_bitmap as usize;
             let mut i = find_next_set_bit(&bm.bits, n, 0);
             while i < n {
@@ -621,11 +727,7 @@ impl FreeSpaceCtl {
         let mut prev_end: Option<u64> = None;
         for (&o, e) in &self.extents {
             assert!(e.bytes > 0, "extent entry offset={o} is empty");
-            assert!(
-                o % self.unit == 0 && e.bytes % self.unit == 0,
-                "extent entry offset={o} bytes={} unaligned",
-                e.bytes
-            );
+            assert!(o % self.unit == 0 && e.bytes % self.unit == 0, "extent entry offset={o} bytes={} unaligned", e.bytes);
             assert!(o >= self.start, "extent entry offset={o} below group start {}", self.start);
             assert!(o + e.bytes <= end, "extent entry offset={o} bytes={} past group end {end}", e.bytes);
             if let Some(pe) = prev_end {
@@ -638,7 +740,7 @@ impl FreeSpaceCtl {
             self.check_key((o, EntryKind::Extent), e.key, e.bytes);
             sum += e.bytes;
         }
-        for (&bo, b) in &self.bitmaps {
+        for (bo, b) in self.bitmaps.iter() {
             assert_eq!(bo, self.offset_to_bitmap(bo), "bitmap offset={bo} not at a bitmap position");
             assert!(bo >= self.start && bo < end, "bitmap offset={bo} outside group [{}, {end})", self.start);
             assert_eq!(b.bits.len() * 64, n, "bitmap offset={bo} has the wrong size");
@@ -646,18 +748,10 @@ impl FreeSpaceCtl {
             assert_eq!(pop * self.unit, b.bytes, "bitmap offset={bo}: bytes != popcount x unit");
             assert!(b.bytes > 0, "bitmap offset={bo} is empty");
             let bits_in_group = ((end - bo) / self.unit).min(n as u64) as usize;
-            assert!(
-                find_next_set_bit(&b.bits, n, bits_in_group) >= n,
-                "bitmap offset={bo} has free bits past group end {end}"
-            );
+            assert!(find_next_set_bit(&b.bits, n, bits_in_group) >= n, "bitmap offset={bo} has free bits past group end {end}");
             let (runs, longest) = bitmap_runs(&b.bits, n);
             assert_eq!(runs, u64::from(b.bitmap_extents), "bitmap offset={bo}: bitmap_extents");
-            assert!(
-                b.max_extent_size == 0 || b.max_extent_size >= longest * self.unit,
-                "bitmap offset={bo}: max_extent_size {} below longest run {}",
-                b.max_extent_size,
-                longest * self.unit
-            );
+            assert!(b.max_extent_size == 0 || b.max_extent_size >= longest * self.unit, "bitmap offset={bo}: max_extent_size {} below longest run {}", b.max_extent_size, longest * self.unit);
             self.check_key((bo, EntryKind::Bitmap), b.key, get_max_extent_size_bitmap(b));
             sum += b.bytes;
         }
@@ -665,18 +759,9 @@ impl FreeSpaceCtl {
         let count = (self.extents.len() + self.bitmaps.len()) as u64;
         assert_eq!(count, self.free_extents, "free_extents != number of entries");
         assert_eq!(self.bitmaps.len() as u64, self.total_bitmaps, "total_bitmaps");
-        assert!(
-            self.total_bitmaps <= self.max_bitmaps(),
-            "total_bitmaps {} > max_bitmaps {}",
-            self.total_bitmaps,
-            self.max_bitmaps()
-        );
+        assert!(self.total_bitmaps <= self.max_bitmaps(), "total_bitmaps {} > max_bitmaps {}", self.total_bitmaps, self.max_bitmaps());
         assert_eq!(self.bytes_index.len() as u64, count, "bytes index size");
-        let want_thresh = if self.thresholds_recalculated {
-            self.thresholds_for(self.total_bitmaps)
-        } else {
-            INITIAL_EXTENTS_THRESH
-        };
+        let want_thresh = if self.thresholds_recalculated { self.thresholds_for(self.total_bitmaps) } else { INITIAL_EXTENTS_THRESH };
         assert_eq!(self.extents_thresh, want_thresh, "extents_thresh");
         let mut pinned_sum = 0;
         let mut prev_pin_end: Option<u64> = None;
@@ -708,46 +793,40 @@ impl FreeSpaceCtl {
 
     // ---------------------------------------------------------------- validation
 
+    /// Whether `x` is a multiple of the sectorsize (a power of two, checked by `new`).
+    fn aligned(&self, x: u64) -> bool {
+        x & (self.unit - 1) == 0
+    }
+
     fn check_range(&self, offset: u64, bytes: u64) -> Result<u64, FreeSpaceError> {
         if bytes == 0 {
             return Err(FreeSpaceError::Empty { bg_start: self.start, offset });
         }
-        if offset % self.unit != 0 || bytes % self.unit != 0 {
+        if !self.aligned(offset) || !self.aligned(bytes) {
             return Err(FreeSpaceError::Unaligned { bg_start: self.start, offset, bytes, unit: self.unit });
         }
         match offset.checked_add(bytes) {
             Some(end) if offset >= self.start && end <= self.start + self.length => Ok(end),
-            _ => Err(FreeSpaceError::OutOfRange {
-                bg_start: self.start,
-                bg_length: self.length,
-                offset,
-                bytes,
-            }),
+            _ => Err(FreeSpaceError::OutOfRange { bg_start: self.start, bg_length: self.length, offset, bytes }),
         }
     }
 
     fn check_not_free(&self, offset: u64, end: u64) -> Result<(), FreeSpaceError> {
+        // Fast path (every pin and add): the last extent starting before `end`, and the
+        // bitmaps' bits. The lowest overlap is only worked out for the error.
+        let extent_overlaps = matches!(self.extents.range(..end).next_back(), Some((&o, e)) if o + e.bytes > offset);
+        if !extent_overlaps && self.first_bitmap_bit_in(offset, end).is_none() {
+            return Ok(());
+        }
         match self.first_free_in(offset, end) {
             None => Ok(()),
-            Some((free_offset, free_bytes)) => Err(FreeSpaceError::AlreadyFree {
-                bg_start: self.start,
-                offset,
-                bytes: end - offset,
-                free_offset,
-                free_bytes,
-            }),
+            Some((free_offset, free_bytes)) => Err(FreeSpaceError::AlreadyFree { bg_start: self.start, offset, bytes: end - offset, free_offset, free_bytes }),
         }
     }
 
     fn check_not_pinned(&self, offset: u64, end: u64) -> Result<(), FreeSpaceError> {
         match self.pinned.range(..end).next_back() {
-            Some((&s, &e)) if e > offset => Err(FreeSpaceError::Pinned {
-                bg_start: self.start,
-                offset,
-                bytes: end - offset,
-                pinned_offset: s,
-                pinned_bytes: e - s,
-            }),
+            Some((&s, &e)) if e > offset => Err(FreeSpaceError::Pinned { bg_start: self.start, offset, bytes: end - offset, pinned_offset: s, pinned_bytes: e - s }),
             _ => Ok(()),
         }
     }
@@ -780,7 +859,10 @@ impl FreeSpaceCtl {
         }
         let n = self.bits_per_bitmap as usize;
         let first = self.offset_to_bitmap(offset);
-        for (&bo, bm) in self.bitmaps.range(first..end) {
+        let mut next = self.bitmaps.first_ge(first);
+        while let Some(bo) = next.filter(|&bo| bo < end) {
+            next = self.bitmaps.first_gt(bo);
+            let bm = &self.bitmaps[&bo];
             let lo = max(offset, bo);
             let hi = min(end, bo + self.bitmap_span);
             let limit = ((hi - bo) / self.unit) as usize;
@@ -827,7 +909,7 @@ impl FreeSpaceCtl {
 
     fn first_ref(&self) -> Option<Ref> {
         let e = self.extents.keys().next().map(|&o| (o, EntryKind::Extent));
-        let b = self.bitmaps.keys().next().map(|&o| (o, EntryKind::Bitmap));
+        let b = self.bitmaps.first().map(|o| (o, EntryKind::Bitmap));
         min_ref(e, b)
     }
 
@@ -835,10 +917,10 @@ impl FreeSpaceCtl {
     fn next_ref(&self, r: Ref) -> Option<Ref> {
         let e = self.extents.range((Excluded(r.0), Unbounded)).next();
         let b = match r.1 {
-            EntryKind::Extent => self.bitmaps.range((Included(r.0), Unbounded)).next(),
-            EntryKind::Bitmap => self.bitmaps.range((Excluded(r.0), Unbounded)).next(),
+            EntryKind::Extent => self.bitmaps.first_ge(r.0),
+            EntryKind::Bitmap => self.bitmaps.first_gt(r.0),
         };
-        min_ref(e.map(|(&o, _)| (o, EntryKind::Extent)), b.map(|(&o, _)| (o, EntryKind::Bitmap)))
+        min_ref(e.map(|(&o, _)| (o, EntryKind::Extent)), b.map(|o| (o, EntryKind::Bitmap)))
     }
 
     /// `rb_prev` in the offset index.
@@ -847,8 +929,8 @@ impl FreeSpaceCtl {
             EntryKind::Extent => self.extents.range(..r.0).next_back(),
             EntryKind::Bitmap => self.extents.range(..=r.0).next_back(),
         };
-        let b = self.bitmaps.range(..r.0).next_back();
-        max(e.map(|(&o, _)| (o, EntryKind::Extent)), b.map(|(&o, _)| (o, EntryKind::Bitmap)))
+        let b = self.bitmaps.last_lt(r.0);
+        max(e.map(|(&o, _)| (o, EntryKind::Extent)), b.map(|o| (o, EntryKind::Bitmap)))
     }
 
     fn ref_end(&self, r: Ref) -> u64 {
@@ -877,25 +959,11 @@ impl FreeSpaceCtl {
         match r.1 {
             EntryKind::Extent => {
                 let e = &self.extents[&r.0];
-                EntryInfo {
-                    kind: r.1,
-                    offset: r.0,
-                    bytes: e.bytes,
-                    max_extent_size: 0,
-                    bitmap_extents: 0,
-                    trim_state: e.trim,
-                }
+                EntryInfo { kind: r.1, offset: r.0, bytes: e.bytes, max_extent_size: 0, bitmap_extents: 0, trim_state: e.trim }
             }
             EntryKind::Bitmap => {
                 let b = &self.bitmaps[&r.0];
-                EntryInfo {
-                    kind: r.1,
-                    offset: r.0,
-                    bytes: b.bytes,
-                    max_extent_size: b.max_extent_size,
-                    bitmap_extents: b.bitmap_extents,
-                    trim_state: b.trim,
-                }
+                EntryInfo { kind: r.1, offset: r.0, bytes: b.bytes, max_extent_size: b.max_extent_size, bitmap_extents: b.bitmap_extents, trim_state: b.trim }
             }
         }
     }
@@ -904,18 +972,15 @@ impl FreeSpaceCtl {
     /// `offset` (an extent entry preferred over a bitmap covering it); with `fuzzy`, else
     /// the next entry ending after `offset`.
     fn tree_search_offset(&self, offset: u64, fuzzy: bool) -> Option<Ref> {
-        if self.extents.contains_key(&offset) {
-            return Some((offset, EntryKind::Extent));
+        let e = self.extents.range(..=offset).next_back().map(|(&o, _)| (o, EntryKind::Extent));
+        if e.is_some_and(|e| e.0 == offset) {
+            return e;
         }
-        let entry = if self.bitmaps.contains_key(&offset) {
-            (offset, EntryKind::Bitmap)
-        } else {
-            let e = self.extents.range(..=offset).next_back().map(|(&o, _)| (o, EntryKind::Extent));
-            let b = self.bitmaps.range(..=offset).next_back().map(|(&o, _)| (o, EntryKind::Bitmap));
-            match max(e, b) {
-                Some(r) => r,
-                None => return if fuzzy { self.first_ref() } else { None },
-            }
+        let b = self.bitmaps.last_le(offset).map(|o| (o, EntryKind::Bitmap));
+        // An exact bitmap match, or else the last entry before offset.
+        let entry = match max(e, b) {
+            Some(r) => r,
+            None => return if fuzzy { self.first_ref() } else { None },
         };
         if entry.1 == EntryKind::Bitmap {
             if let Some(p) = self.prev_ref(entry) {
@@ -960,10 +1025,7 @@ impl FreeSpaceCtl {
 
     /// `unlink_free_space` for an extent entry.
     fn unlink_extent(&mut self, offset: u64) -> Detached {
-        let e = self
-            .extents
-            .remove(&offset)
-            .unwrap_or_else(|| panic!("unlink of missing extent entry at offset={offset}"));
+        let e = self.extents.remove(&offset).unwrap_or_else(|| panic!("unlink of missing extent entry at offset={offset}"));
         let removed = self.bytes_index.remove(&e.key);
         assert_eq!(removed, Some((offset, EntryKind::Extent)), "bytes index out of step");
         self.free_space -= e.bytes;
@@ -989,14 +1051,7 @@ impl FreeSpaceCtl {
         let bo = self.offset_to_bitmap(offset);
         let key = self.new_key(0);
         let words = (self.bits_per_bitmap / 64) as usize;
-        let bm = BitmapEntry {
-            bytes: 0,
-            max_extent_size: 0,
-            bitmap_extents: 0,
-            trim: TrimState::Trimmed,
-            key,
-            bits: vec![0u64; words].into_boxed_slice(),
-        };
+        let bm = BitmapEntry { bytes: 0, max_extent_size: 0, bitmap_extents: 0, trim: TrimState::Trimmed, key, bits: vec![0u64; words].into_boxed_slice() };
         let old = self.bitmaps.insert(bo, bm);
         assert!(old.is_none(), "two bitmap entries at offset={bo}");
         self.bytes_index.insert(key, (bo, EntryKind::Bitmap));
@@ -1019,11 +1074,7 @@ impl FreeSpaceCtl {
     }
 
     fn thresholds_for(&self, total_bitmaps: u64) -> u64 {
-        let max_bytes = if self.length < SZ_1G {
-            MAX_CACHE_BYTES_PER_GIG
-        } else {
-            MAX_CACHE_BYTES_PER_GIG * (self.length / SZ_1G)
-        };
+        let max_bytes = if self.length < SZ_1G { MAX_CACHE_BYTES_PER_GIG } else { MAX_CACHE_BYTES_PER_GIG * (self.length / SZ_1G) };
         // The kernel charges each bitmap one unit (sectorsize), not one page: a quirk kept
         // so that thresholds match the kernel's.
         let bitmap_bytes = total_bitmaps * self.unit;
@@ -1033,12 +1084,7 @@ impl FreeSpaceCtl {
 
     /// `recalculate_thresholds`, run when a bitmap is added or freed.
     fn recalculate_thresholds(&mut self) {
-        assert!(
-            self.total_bitmaps <= self.max_bitmaps(),
-            "total_bitmaps {} > max_bitmaps {}",
-            self.total_bitmaps,
-            self.max_bitmaps()
-        );
+        assert!(self.total_bitmaps <= self.max_bitmaps(), "total_bitmaps {} > max_bitmaps {}", self.total_bitmaps, self.max_bitmaps());
         self.extents_thresh = self.thresholds_for(self.total_bitmaps);
         self.thresholds_recalculated = true;
     }
@@ -1350,10 +1396,7 @@ impl FreeSpaceCtl {
                 return;
             }
             let bo = self.offset_to_bitmap(offset);
-            assert!(
-                self.bitmaps.contains_key(&bo),
-                "remove_free_space: no entry holds offset={offset} of a free range"
-            );
+            assert!(self.bitmaps.contains_key(&bo), "remove_free_space: no entry holds offset={offset} of a free range");
             if self.remove_from_bitmap(bo, &mut offset, &mut bytes) {
                 return;
             }
@@ -1400,13 +1443,7 @@ impl FreeSpaceCtl {
 
     /// `find_free_space`: the entry and start of a run of at least `bytes`, aligned to
     /// `full_stripe_len`; `max_extent_size` collects the largest usable run seen.
-    fn find_free_space(
-        &mut self,
-        offset: u64,
-        bytes: u64,
-        use_bytes_index: bool,
-        max_extent_size: &mut u64,
-    ) -> Option<(Ref, u64)> {
+    fn find_free_space(&mut self, offset: u64, bytes: u64, use_bytes_index: bool, max_extent_size: &mut u64) -> Option<(Ref, u64)> {
         if self.extents.is_empty() && self.bitmaps.is_empty() {
             return None;
         }
@@ -1552,6 +1589,22 @@ pub fn find_last_clear_bit_upto(words: &[u64], bit: usize) -> Option<usize> {
     Some(idx * 64 + 63 - clear.leading_zeros() as usize)
 }
 
+/// Highest set bit at or below `bit` (`bit` < 64 × words), or `None`.
+fn find_last_set_bit_upto(words: &[u64], bit: usize) -> Option<usize> {
+    let mut idx = bit / 64;
+    let keep = bit % 64;
+    let mask = if keep == 63 { u64::MAX } else { (1u64 << (keep + 1)) - 1 };
+    let mut set = words[idx] & mask;
+    while set == 0 {
+        if idx == 0 {
+            return None;
+        }
+        idx -= 1;
+        set = words[idx];
+    }
+    Some(idx * 64 + 63 - set.leading_zeros() as usize)
+}
+
 /// First clear bit at or after `from`, or `nbits` (`find_next_zero_bit`).
 fn find_next_zero_bit(words: &[u64], nbits: usize, from: usize) -> usize {
     if from >= nbits {
@@ -1635,7 +1688,6 @@ fn bitmap_runs(words: &[u64], nbits: usize) -> (u64, u64) {
     (runs, longest)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1702,6 +1754,8 @@ mod tests {
         assert!(matches!(FreeSpaceCtl::new(0, 0, 4096, 32768), Err(FreeSpaceError::Geometry { .. })));
         assert!(matches!(FreeSpaceCtl::new(100, 1 << 30, 4096, 32768), Err(FreeSpaceError::Geometry { .. })));
         assert!(matches!(FreeSpaceCtl::new(u64::MAX - 4095, 8192, 4096, 32768), Err(FreeSpaceError::Geometry { .. })));
+        assert!(matches!(FreeSpaceCtl::new(0, 1 << 50, 4096, 64), Err(FreeSpaceError::Geometry { .. })));
+        assert!(FreeSpaceCtl::new(0, MAX_BITMAP_SLOTS * 256 * 4096, 4096, 256).is_ok());
     }
 
     #[test]
@@ -1750,6 +1804,14 @@ mod tests {
         assert!(!c.use_bitmap(9 * S));
         c.free_extents = 157;
         assert!(c.use_bitmap(9 * S), "at the threshold everything small goes to bitmaps");
+        // free_extents * 3 == thresh still keeps small ranges as extents (thresh 315).
+        let mut d = FreeSpaceCtl::new(0, 1 << 30, 4096, 32768).unwrap();
+        d.test_add_entry(0, S, true);
+        assert_eq!(d.extents_thresh(), 315);
+        d.free_extents = 105;
+        assert!(!d.use_bitmap(S));
+        d.free_extents = 106;
+        assert!(d.use_bitmap(S));
         assert!(!c.use_bitmap(M));
         c.free_extents = 0;
         // Rule 3: groups smaller than half a bitmap never use bitmaps, even in fragment mode.
@@ -1794,6 +1856,44 @@ mod tests {
     impl FreeSpaceCtl {
         fn test_add_entry_checked(&mut self, offset: u64, bytes: u64) -> Result<(), FreeSpaceError> {
             self.check_range(offset, bytes).map(|_| ())
+        }
+    }
+
+    #[test]
+    fn bitmap_slots_neighbour_queries_match_a_btreeset() {
+        use std::collections::BTreeSet;
+        let (start, span) = (1u64 << 30, 128 * M);
+        let mut rng = Rng(11);
+        for slots in [1u64, 2, 63, 64, 65, 130] {
+            let mut b = BitmapSlots::new(start, span, slots);
+            let mut set = BTreeSet::new();
+            for round in 0..400 {
+                let k = rng.below(slots);
+                let o = start + k * span;
+                if rng.below(2) == 0 {
+                    let e = BitmapEntry { bytes: 0, max_extent_size: 0, bitmap_extents: 0, trim: TrimState::Trimmed, key: IndexKey { size: Reverse(0), seq: 0 }, bits: Box::new([]) };
+                    assert_eq!(b.insert(o, e).is_some(), !set.insert(o));
+                } else {
+                    assert_eq!(b.remove(&o).is_some(), set.remove(&o));
+                }
+                assert_eq!(b.len(), set.len());
+                for _ in 0..20 {
+                    let x = match rng.below(4) {
+                        0 => start + rng.below(slots) * span,
+                        1 => rng.below(start + (slots + 2) * span),
+                        2 => start + rng.below(slots + 1) * span - 1,
+                        _ => [0, start - 1, start, u64::MAX, u64::MAX - 1][rng.below(5) as usize],
+                    };
+                    let ctx = format!("slots={slots} round={round} x={x}");
+                    assert_eq!(b.first_ge(x), set.range(x..).next().copied(), "{ctx}");
+                    assert_eq!(b.first_gt(x), set.range((Excluded(x), Unbounded)).next().copied(), "{ctx}");
+                    assert_eq!(b.last_le(x), set.range(..=x).next_back().copied(), "{ctx}");
+                    assert_eq!(b.last_lt(x), set.range(..x).next_back().copied(), "{ctx}");
+                    assert_eq!(b.contains_key(&x), set.contains(&x), "{ctx}");
+                }
+                assert_eq!(b.first(), set.first().copied());
+                assert_eq!(b.iter().map(|(o, _)| o).collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>());
+            }
         }
     }
 
@@ -1965,11 +2065,7 @@ mod tests {
             c.add_free_space(off, (i + 1) * M).unwrap();
             off += (i + 1) * M + S;
         }
-        let sizes: Vec<u64> = c
-            .bytes_index_order()
-            .iter()
-            .map(|&(o, _)| c.entries().iter().find(|e| e.offset == o).unwrap().bytes)
-            .collect();
+        let sizes: Vec<u64> = c.bytes_index_order().iter().map(|&(o, _)| c.entries().iter().find(|e| e.offset == o).unwrap().bytes).collect();
         assert_eq!(sizes, (1..=10).rev().map(|i| i * M).collect::<Vec<_>>());
         c.remove_free_space_cache();
         c.test_add_entry(0, M, true);
@@ -2307,6 +2403,41 @@ mod tests {
     }
 
     #[test]
+    fn bitmap_bookkeeping_on_set_and_clear() {
+        let mut c = harness(BITS_PER_BITMAP_4K_PAGE);
+        c.set_policy(BitmapPolicy::Always);
+        let runs = |c: &FreeSpaceCtl| c.entries()[0].bitmap_extents;
+        let mes = |c: &FreeSpaceCtl| c.entries()[0].max_extent_size;
+        for (sector, want_runs) in [(0, 1), (1, 1), (2, 1), (5, 2), (4, 2), (3, 1), (10, 2)] {
+            c.add_free_space(sector * S, S).unwrap();
+            assert_eq!(runs(&c), want_runs, "after adding sector {sector}");
+        }
+        // A bitmap with too few bytes is skipped unsearched.
+        assert_eq!(c.find_space_for_alloc(0, 8 * S, 0), (0, 7 * S));
+        assert_eq!(mes(&c), 0);
+        // A failed search records the longest run and keys the bitmap by it.
+        assert_eq!(c.find_space_for_alloc(0, 7 * S, 0), (0, 6 * S));
+        assert_eq!(mes(&c), 6 * S);
+        assert_eq!(c.bitmaps[&0].key.size.0, 6 * S);
+        // Clearing forgets a known longest run above one unit.
+        c.remove_free_space(0, S).unwrap();
+        assert_eq!((mes(&c), runs(&c)), (0, 2));
+        assert_eq!(c.bitmaps[&0].key.size.0, 6 * S);
+        c.remove_free_space(3 * S, S).unwrap();
+        assert_eq!(runs(&c), 3);
+        c.remove_free_space(S, S).unwrap();
+        c.remove_free_space(4 * S, S).unwrap();
+        assert_eq!(c.find_space_for_alloc(0, 2 * S, 0), (0, S));
+        assert_eq!(mes(&c), S);
+        // ...but keeps one of exactly one unit (it stays an upper bound).
+        c.remove_free_space(2 * S, S).unwrap();
+        assert_eq!((mes(&c), runs(&c)), (S, 2));
+        // Setting bits always forgets it.
+        c.add_free_space(100 * S, S).unwrap();
+        assert_eq!((mes(&c), runs(&c)), (0, 3));
+    }
+
+    #[test]
     fn whole_bitmap_stolen_frees_it() {
         let bits = BITS_PER_BITMAP_4K_PAGE;
         let n = u64::from(bits);
@@ -2338,26 +2469,14 @@ mod tests {
         let before = (c.entries(), c.free_ranges());
         // EEXIST in an extent, at the exact same offset, and in a bitmap.
         let e = c.add_free_space(g + M, S).unwrap_err();
-        assert_eq!(
-            e,
-            FreeSpaceError::AlreadyFree { bg_start: g, offset: g + M, bytes: S, free_offset: g + M, free_bytes: S }
-        );
+        assert_eq!(e, FreeSpaceError::AlreadyFree { bg_start: g, offset: g + M, bytes: S, free_offset: g + M, free_bytes: S });
         assert!(matches!(c.add_free_space(g, S), Err(FreeSpaceError::AlreadyFree { .. })));
         let e = c.add_free_space(g + 7 * M, 2 * M).unwrap_err();
-        assert_eq!(
-            e,
-            FreeSpaceError::AlreadyFree { bg_start: g, offset: g + 7 * M, bytes: 2 * M, free_offset: g + 8 * M, free_bytes: M }
-        );
+        assert_eq!(e, FreeSpaceError::AlreadyFree { bg_start: g, offset: g + 7 * M, bytes: 2 * M, free_offset: g + 8 * M, free_bytes: M });
         // Removing space that is not free names the hole.
         let e = c.remove_free_space(g + 3 * M, 2 * M).unwrap_err();
-        assert_eq!(
-            e,
-            FreeSpaceError::NotFree { bg_start: g, offset: g + 3 * M, bytes: 2 * M, hole_offset: g + 4 * M, hole_bytes: M }
-        );
-        assert_eq!(
-            e.to_string(),
-            "block group 1073741824: range offset=1076887552 bytes=2097152 is not free at offset=1077936128 bytes=1048576"
-        );
+        assert_eq!(e, FreeSpaceError::NotFree { bg_start: g, offset: g + 3 * M, bytes: 2 * M, hole_offset: g + 4 * M, hole_bytes: M });
+        assert_eq!(e.to_string(), "block group 1073741824: range offset=1076887552 bytes=2097152 is not free at offset=1077936128 bytes=1048576");
         assert!(matches!(c.remove_free_space(g + 8 * M, 2 * M), Err(FreeSpaceError::NotFree { .. })));
         // Outside the group, unaligned, empty, overflowing.
         assert!(matches!(c.add_free_space(g - S, S), Err(FreeSpaceError::OutOfRange { .. })));
@@ -2425,10 +2544,7 @@ mod tests {
         c.test_add_entry(3 * b + M, S, true);
         c.test_add_entry(b / 2 + M, 2 * b, false);
         c.remove_free_space(2 * b + M, M).unwrap();
-        assert_eq!(
-            c.free_ranges(),
-            vec![(b / 2, S), (b / 2 + M, 3 * b / 2), (2 * b + 2 * M, b / 2 - M), (3 * b + M, S)]
-        );
+        assert_eq!(c.free_ranges(), vec![(b / 2, S), (b / 2 + M, 3 * b / 2), (2 * b + 2 * M, b / 2 - M), (3 * b + M, S)]);
     }
 
     #[test]
@@ -2447,6 +2563,26 @@ mod tests {
         assert_eq!(c.find_space_for_alloc(g, 8 * S, 8 * S), (g, 0));
         assert_eq!(c.free_ranges(), vec![(g + 8 * S, 8 * S)]);
         assert_eq!(c.alloc(g, 16 * S, 0), Alloc::NoSpace { max_extent_size: 8 * S });
+    }
+
+    #[test]
+    fn bytes_index_equal_keys_keep_insertion_order() {
+        // rb_add_cached puts a node after the equal ones: the oldest equal entry wins.
+        for first in [0, 10 * M] {
+            let second = 10 * M - first;
+            let mut c = harness(BITS_PER_BITMAP_4K_PAGE);
+            c.add_free_space(first, M).unwrap();
+            c.add_free_space(second, M).unwrap();
+            assert_eq!(c.find_space_for_alloc(0, M, 0).0, first);
+        }
+        // A bitmap moved in the index goes behind an equal extent.
+        let mut c = harness(BITS_PER_BITMAP_4K_PAGE);
+        c.test_add_entry(0, 2 * S, true);
+        c.add_free_space(20 * M, 2 * S).unwrap();
+        assert_eq!(c.bytes_index_order()[0], (0, EntryKind::Bitmap));
+        c.remove_free_space(0, S).unwrap();
+        c.test_add_entry(0, S, true);
+        assert_eq!(c.bytes_index_order()[0], (20 * M, EntryKind::Extent));
     }
 
     #[test]
@@ -2540,12 +2676,7 @@ mod tests {
 
     fn op_strategy(total: u64, span_sectors: u64) -> impl Strategy<Value = Op> {
         let total_c = total;
-        let sector = prop_oneof![
-            0..64u64,
-            (span_sectors.saturating_sub(64))..(span_sectors + 64).min(total_c),
-            total_c.saturating_sub(64)..total_c,
-            0..total_c,
-        ];
+        let sector = prop_oneof![0..64u64, (span_sectors.saturating_sub(64))..(span_sectors + 64).min(total_c), total_c.saturating_sub(64)..total_c, 0..total_c,];
         let len = prop_oneof![4 => 1..8u64, 3 => 1..80u64, 1 => 250..300u64, 1 => 1..total_c + 8];
         prop_oneof![
             6 => (sector.clone(), len.clone()).prop_map(|(s, l)| Op::Add(s, l)),
@@ -2599,10 +2730,10 @@ mod tests {
                                 // The bytes-index walk only fails when no single entry has a
                                 // run of len + empty sectors.
                                 let want = (len + empty) * S;
-                                for (_, e) in &c.extents {
+                                for e in c.extents.values() {
                                     prop_assert!(e.bytes < want, "{:?} failed with an extent of {}", op, e.bytes);
                                 }
-                                for (bo, b) in &c.bitmaps {
+                                for (bo, b) in c.bitmaps.iter() {
                                     let (_, longest) = bitmap_runs(&b.bits, bits as usize);
                                     prop_assert!(longest * S < want, "{:?} failed with bitmap {} run {}", op, bo, longest);
                                 }
@@ -2625,15 +2756,7 @@ mod tests {
                     }
                     pinned = Intervals::default();
                 }
-                Op::Policy(p) => c.set_policy(
-                    [
-                        BitmapPolicy::Default,
-                        BitmapPolicy::Fragment,
-                        BitmapPolicy::WhenFreeExtents,
-                        BitmapPolicy::Always,
-                        BitmapPolicy::Never,
-                    ][p as usize],
-                ),
+                Op::Policy(p) => c.set_policy([BitmapPolicy::Default, BitmapPolicy::Fragment, BitmapPolicy::WhenFreeExtents, BitmapPolicy::Always, BitmapPolicy::Never][p as usize]),
             }
             prop_assert_eq!(c.free_ranges(), free.ranges(start, S), "after {:?}", op);
             prop_assert_eq!(c.pinned_ranges(), pinned.ranges(start, S));
