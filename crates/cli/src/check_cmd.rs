@@ -1,12 +1,45 @@
-//! `check`.
+//! `check`: run the read-only checker and print one line per finding, then a summary.
+//! Exits non-zero (through the returned error) when anything is found.
+
 use crate::ImageArgs;
+use std::io::Write;
+use ubtrfs_core::check::{check, CheckOptions};
+use ubtrfs_format::{Corrupt, CorruptWhere};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
     #[command(flatten)]
     pub image: ImageArgs,
+    /// Also read every checksummed data sector (every copy) and verify it.
+    #[arg(long)]
+    pub check_data_csum: bool,
+    /// Record at most this many findings (the count still covers all).
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub max_findings: usize,
 }
 
-pub fn run(_a: &CheckArgs) -> ubtrfs_core::Result<()> {
-    Err(ubtrfs_core::Error::posix(ubtrfs_core::PosixKind::Invalid, "check is not implemented yet"))
+pub fn run(a: &CheckArgs) -> ubtrfs_core::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let w = |e| ubtrfs_core::Error::io("stdout", e);
+    let fs = a.image.open()?;
+    let opts = CheckOptions { check_data_csum: a.check_data_csum, max_findings: a.max_findings };
+    let report = check(&fs, &opts)?;
+    crate::print_warnings(&fs);
+    for n in &report.notes {
+        writeln!(out, "note: {n}").map_err(w)?;
+    }
+    for f in &report.findings {
+        writeln!(out, "{f}").map_err(w)?;
+    }
+    if report.dropped > 0 {
+        writeln!(out, "... {} more findings not shown", report.dropped).map_err(w)?;
+    }
+    writeln!(out, "{}", report.summary()).map_err(w)?;
+    out.flush().map_err(w)?;
+    if report.is_clean() {
+        Ok(())
+    } else {
+        let n = report.problems();
+        Err(Corrupt::new(CorruptWhere::Item, format!("{}: {n} problem{} found", a.image.image.display(), if n == 1 { "" } else { "s" })).into())
+    }
 }
