@@ -107,11 +107,11 @@ impl FsInfo {
         for d in &devs {
             sbs.push(read_super(d.as_ref(), &mut warnings)?);
         }
-        let sb = Box::new(sbs[0]);
+        let first_fsid = sbs[0].fsid;
         let mut devices = Devices::default();
         for (d, s) in devs.iter().zip(&sbs) {
-            if s.fsid != sb.fsid {
-                return Err(Error::Incompatible(format!("{} belongs to filesystem {}, not {}", d.name(), items::uuid_str(&s.fsid), items::uuid_str(&sb.fsid))));
+            if s.fsid != first_fsid {
+                return Err(Error::Incompatible(format!("{} belongs to filesystem {}, not {}", d.name(), items::uuid_str(&s.fsid), items::uuid_str(&first_fsid))));
             }
             let devid = s.dev_item.devid.get();
             if devices.by_id.contains_key(&devid) {
@@ -121,7 +121,6 @@ impl FsInfo {
         }
         // Use the newest superblock among the devices, as the kernel does.
         let sb = Box::new(*sbs.iter().max_by_key(|s| s.generation.get()).expect("non-empty"));
-        let _ = &sb;
         let csum_type = CsumType::from_raw(sb.csum_type.get()).expect("checked by check_super");
         let incompat = sb.incompat_flags.get();
         let compat_ro = sb.compat_ro_flags.get();
