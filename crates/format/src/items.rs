@@ -354,7 +354,7 @@ pub fn extent_item(data: &[u8], skinny: bool) -> ParseResult<ExtentItemView> {
 
 /// Iterate the UUID tree item's u64 subvolume ids.
 pub fn uuid_item_ids(data: &[u8]) -> ParseResult<Vec<u64>> {
-    if data.len() % 8 != 0 {
+    if !data.len().is_multiple_of(8) {
         return Err(format!("invalid uuid item size {}, not a multiple of 8", data.len()));
     }
     Ok(data.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())

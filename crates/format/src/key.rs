@@ -61,7 +61,7 @@ impl fmt::Display for Key {
 fn offset_str(type_: u8, offset: u64) -> String {
     match type_ {
         // Like btrfs-progs, print -1 for the "any offset" sentinel and uuid offsets in hex.
-        UUID_KEY_SUBVOL | UUID_KEY_RECEIVED_SUBVOL => format!("{offset:#018x}"),
+        UUID_KEY_SUBVOL | UUID_KEY_RECEIVED_SUBVOL => format!("{offset:#x}"),
         _ if offset == u64::MAX => "-1".to_string(),
         _ => offset.to_string(),
     }
@@ -200,6 +200,12 @@ pub fn item_type_name(t: u8) -> String {
 
 /// Name an objectid as btrfs-progs prints it (context: the item type).
 pub fn objectid_name(objectid: u64, type_: u8) -> String {
+    if type_ == UUID_KEY_SUBVOL || type_ == UUID_KEY_RECEIVED_SUBVOL {
+        return format!("{objectid:#x}");
+    }
+    if type_ == PERSISTENT_ITEM_KEY && objectid == DEV_STATS_OBJECTID {
+        return "DEV_STATS".to_string();
+    }
     if type_ == DEV_EXTENT_KEY || type_ == QGROUP_RELATION_KEY || type_ == QGROUP_INFO_KEY || type_ == QGROUP_LIMIT_KEY || type_ == UUID_KEY_SUBVOL || type_ == UUID_KEY_RECEIVED_SUBVOL {
         return objectid.to_string();
     }

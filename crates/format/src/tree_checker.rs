@@ -123,7 +123,7 @@ fn check_node(node: &NodeRef<'_>, n: usize, ctx: &CheckCtx, owner: u64) -> Resul
         let kp = node.key_ptr(slot);
         let key = Key::from(&kp.key);
         let bp = kp.blockptr.get();
-        if bp == 0 || bp % u64::from(ctx.sectorsize) != 0 {
+        if bp == 0 || !bp.is_multiple_of(u64::from(ctx.sectorsize)) {
             return Err(err(format!("invalid block pointer {bp}")).slot(slot as u32, key));
         }
         if kp.generation.get() > ctx.super_generation + 1 {
@@ -181,7 +181,7 @@ fn check_leaf(node: &NodeRef<'_>, n: usize, ctx: &CheckCtx, owner: u64) -> Resul
 }
 
 fn aligned(v: u64, a: u32) -> bool {
-    v % u64::from(a) == 0
+    v.is_multiple_of(u64::from(a))
 }
 
 fn exact<T>(data: &[u8], what: &str) -> core::result::Result<(), String> {
@@ -332,7 +332,7 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
             if !aligned(key.offset, ctx.sectorsize) {
                 return Err(format!("unaligned csum item key offset {}", key.offset));
             }
-            if data.len() % ctx.csum_type.size() != 0 || data.is_empty() {
+            if !data.len().is_multiple_of(ctx.csum_type.size()) || data.is_empty() {
                 return Err(format!("unaligned csum item size {}, csum size {}", data.len(), ctx.csum_type.size()));
             }
         }
@@ -428,19 +428,17 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
                 return Err(format!("invalid extent refs, have {} expect >= inline {total}", v.refs));
             }
         }
-        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY => {
-            if !data.is_empty() {
+        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY
+            if !data.is_empty() => {
                 return Err(format!("invalid tree block ref item size {}", data.len()));
             }
-        }
         EXTENT_DATA_REF_KEY => exact::<ExtentDataRef>(data, "extent data ref")?,
         SHARED_DATA_REF_KEY => exact::<SharedDataRef>(data, "shared data ref")?,
         FREE_SPACE_INFO_KEY => exact::<FreeSpaceInfo>(data, "free space info")?,
-        FREE_SPACE_EXTENT_KEY => {
-            if !data.is_empty() {
+        FREE_SPACE_EXTENT_KEY
+            if !data.is_empty() => {
                 return Err(format!("invalid free space extent item size {}", data.len()));
             }
-        }
         FREE_SPACE_BITMAP_KEY => {
             let bits = key.offset / u64::from(ctx.sectorsize);
             let want = bits.div_ceil(8);
@@ -452,16 +450,14 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
             items::uuid_item_ids(data)?;
         }
         // Kernels before simple quotas wrote a 32-byte status item (no enable_gen).
-        QGROUP_STATUS_KEY => {
-            if data.len() != 40 && data.len() != 32 {
+        QGROUP_STATUS_KEY
+            if data.len() != 40 && data.len() != 32 => {
                 return Err(format!("invalid qgroup status item size {}", data.len()));
             }
-        }
-        QGROUP_INFO_KEY | QGROUP_LIMIT_KEY => {
-            if data.len() != 40 {
+        QGROUP_INFO_KEY | QGROUP_LIMIT_KEY
+            if data.len() != 40 => {
                 return Err(format!("invalid qgroup item size {}", data.len()));
             }
-        }
         _ => {}
     }
     Ok(())
@@ -510,7 +506,7 @@ pub fn check_chunk(c: &ChunkView, logical: u64, sectorsize: u32) -> core::result
         BLOCK_GROUP_RAID1C3 => n == 3,
         BLOCK_GROUP_RAID1C4 => n == 4,
         BLOCK_GROUP_RAID0 => n >= 1,
-        BLOCK_GROUP_RAID10 => n >= 2 && n % 2 == 0 && c.sub_stripes == 2,
+        BLOCK_GROUP_RAID10 => n >= 2 && n.is_multiple_of(2) && c.sub_stripes == 2,
         BLOCK_GROUP_RAID5 => n >= 2,
         BLOCK_GROUP_RAID6 => n >= 3,
         _ => false,
