@@ -41,16 +41,23 @@ impl Filesystem {
         let threads = threads.min(nchunks as usize);
         std::thread::scope(|s| {
             let mut rxs = Vec::with_capacity(threads);
+            let mut backs = Vec::with_capacity(threads);
             for t in 0..threads {
                 let (tx, rx) = sync_channel::<Result<Vec<u8>>>(DEPTH);
+                // Spent buffers go back to their worker, so chunks are not re-zeroed.
+                let (back_tx, back_rx) = sync_channel::<Vec<u8>>(DEPTH + 1);
                 rxs.push(rx);
+                backs.push(back_tx);
                 s.spawn(move || {
                     let mut cache = DecompressCache::default();
                     let mut k = t as u64;
                     while k < nchunks {
                         let pos = k * chunk as u64;
                         let len = (size - pos).min(chunk as u64) as usize;
-                        let mut buf = vec![0u8; len];
+                        // read_at_cached writes every byte it returns, so a reused
+                        // buffer needs no clearing.
+                        let mut buf = back_rx.try_recv().unwrap_or_default();
+                        buf.resize(len, 0);
                         let r = self.read_at_cached(inode, pos, &mut buf, &mut cache).map(|n| {
                             buf.truncate(n);
                             buf
@@ -66,9 +73,10 @@ impl Filesystem {
                 });
             }
             for k in 0..nchunks {
-                let rx = &rxs[(k % threads as u64) as usize];
-                let data = rx.recv().expect("worker sends every chunk it owns until an error")?;
+                let t = (k % threads as u64) as usize;
+                let data = rxs[t].recv().expect("worker sends every chunk it owns until an error")?;
                 sink(&data)?;
+                let _ = backs[t].try_send(data);
             }
             Ok(())
         })
