@@ -245,7 +245,8 @@ pub fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
 /// # Errors
 /// `Posix(NoSpace)` when not even `min` bytes can be found or made.
 pub fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: u64) -> Result<(u64, u64)> {
-    assert!(min > 0 && num_bytes >= min && num_bytes % min == 0, "alloc_extent_upto({num_bytes}, min {min})");
+    assert!(min > 0, "alloc_extent_upto: min 0");
+    assert!(num_bytes >= min && num_bytes / min * min == num_bytes, "alloc_extent_upto({num_bytes}, min {min})");
     let mut want = num_bytes;
     loop {
         match alloc_extent(w, ty, want) {
@@ -256,6 +257,43 @@ pub fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: u64) ->
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Tree height the kernel charges every reserved item for (`BTRFS_MAX_LEVEL`).
+const MAX_LEVEL: u64 = 8;
+
+/// Metadata kept back from operations that add items, so that deleting (which COWs
+/// paths too) and committing always find tree blocks once the device has no room for
+/// another metadata chunk (the kernel's global block reserve): 256 tree blocks, at most
+/// a quarter of the metadata block groups.
+pub fn metadata_reserve(w: &FsWriter) -> u64 {
+    let total: u64 = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == BLOCK_GROUP_METADATA).map(|g| g.length).sum();
+    (256 * u64::from(w.nodesize())).min(total / 4)
+}
+
+/// Before an operation that adds about `items` items begins: make sure metadata space
+/// holds them (charged as the kernel's `btrfs_calc_insert_metadata_size`, a COW of a
+/// full-height path per item) on top of `metadata_reserve`, allocating a metadata chunk
+/// if that helps. Refusing here, before anything changes, keeps a full filesystem
+/// writable for deletions instead of wedging it with every tree block in use.
+///
+/// # Errors
+/// `Posix(NoSpace)` when the space cannot be found or made; chunk allocation failures.
+pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
+    let want = metadata_reserve(w) + items * 2 * MAX_LEVEL * u64::from(w.nodesize());
+    if w.alloc.free_bytes(BLOCK_GROUP_METADATA) >= want {
+        return Ok(());
+    }
+    match crate::chunk::alloc_chunk(w, BLOCK_GROUP_METADATA) {
+        Ok(()) => {}
+        Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {}
+        Err(e) => return Err(e),
+    }
+    let free = w.alloc.free_bytes(BLOCK_GROUP_METADATA);
+    if free >= want {
+        return Ok(());
+    }
+    Err(Error::posix(PosixKind::NoSpace, format!("metadata space is low: {free} bytes free, {want} needed for {items} items and the reserve kept for deletions and commits")))
 }
 
 /// Give back space reserved in this transaction that never reached disk.

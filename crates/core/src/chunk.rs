@@ -158,9 +158,11 @@ pub fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
     if w.pending_chunks.is_empty() {
         return Ok(false);
     }
-    let pending = std::mem::take(&mut w.pending_chunks);
     let ss = w.sectorsize();
-    for p in &pending {
+    // Each chunk stays in `pending_chunks` until its dev extents are in the dev tree: a
+    // tree block allocated while inserting them may need a chunk of its own, and
+    // `dev_holes` must still see this one's stripes.
+    while let Some(p) = w.pending_chunks.first().cloned() {
         let m = &p.map;
         w.insert_item(CHUNK_TREE_OBJECTID, &Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, m.logical), &chunk_item_bytes(m, ss))?;
         for &(devid, off, _) in &m.stripes {
@@ -180,6 +182,8 @@ pub fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
         let body = BlockGroupItem { used: g.used.into(), chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(), flags: g.flags.into() };
         w.insert_item(tree, &Key::new(m.logical, BLOCK_GROUP_ITEM_KEY, m.length), body.as_bytes())?;
         crate::free_space_tree::add_block_group_free_space(w, m.logical)?;
+        let pos = w.pending_chunks.iter().position(|q| q.map.logical == m.logical).expect("pending chunk still listed");
+        w.pending_chunks.remove(pos);
     }
     // Device items: bytes_used changed.
     let devs: Vec<(u64, DevItem)> = w.alloc.dev_items.iter().map(|(k, v)| (*k, *v)).collect();

@@ -103,7 +103,7 @@ impl FsWriter {
         let root_bytenr = self.roots.get(&root_id).map(|s| s.info.bytenr).unwrap_or(0);
         if owner != root_id || (bytenr != root_bytenr && last_snapshot > 0 && gen <= last_snapshot) {
             return Err(Error::Incompatible(format!(
-                "tree {root_id}: block {bytenr} (owner {owner}, generation {gen}) may be shared with a snapshot; changing snapshot-shared trees is not supported yet"
+                "tree {root_id}: block {bytenr} (owner {owner}, generation {gen}, tree last snapshotted or relocated at generation {last_snapshot}) may be shared with a snapshot; changing snapshot-shared trees is not supported yet"
             )));
         }
         Ok(())
@@ -316,8 +316,32 @@ impl FsWriter {
         let (n, mut mid) = {
             let l = self.node(&leaf);
             let n = l.nritems();
-            let mut mid = (n + 1) / 2;
-            if slot >= n {
+            let mut mid = n.div_ceil(2);
+            if slot < n && l.key(slot) == *key {
+                // Growing the existing item at `slot`: it must end up in a leaf with
+                // `need` bytes free and both halves must keep items (an emptied left
+                // leaf would keep a parent key equal to the right one's, and searches
+                // could land in it). Prefer the middle, then the item last on the
+                // left, then first on the right; if neither side has room beside it,
+                // split at its edge and let the restarted search split again.
+                let size = ITEM_SIZE + l.item(slot).size.get() as usize;
+                if size + need > area {
+                    return Err(Error::posix(PosixKind::Invalid, format!("tree {root_id}: item {key} of {size} bytes cannot grow by {need} within a leaf")));
+                }
+                assert!(n >= 2, "tree {root_id}: leaf {} with one item {key} has no room to grow it by {need}", leaf.bytenr());
+                let fits_left = |m: usize| leaf_space_used(&l, 0, m) + need <= area;
+                let fits_right = |m: usize| leaf_space_used(&l, m, n) + need <= area;
+                let ok = if slot < mid { fits_left(mid) } else { fits_right(mid) };
+                if !ok {
+                    mid = if slot + 1 < n && fits_left(slot + 1) {
+                        slot + 1
+                    } else if slot > 0 {
+                        slot
+                    } else {
+                        1
+                    };
+                }
+            } else if slot >= n {
                 mid = n;
             } else if slot < mid {
                 if leaf_space_used(&l, 0, mid) + need > area {

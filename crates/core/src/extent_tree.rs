@@ -161,6 +161,19 @@ impl FsWriter {
         Ok(bytenr)
     }
 
+    /// As `alloc_data_extent`, but settle for less than `num_bytes` (down to one
+    /// sector) when free space is fragmented or a chunk is smaller than the request.
+    /// Returns (bytenr, length).
+    ///
+    /// # Errors
+    /// `Posix(NoSpace)` when not even a sector can be found or made.
+    pub fn alloc_data_extent_upto(&mut self, num_bytes: u64, root: u64, ino: u64, offset: u64) -> Result<(u64, u64)> {
+        let ss = u64::from(self.sectorsize());
+        let (bytenr, len) = crate::alloc::alloc_extent_upto(self, BLOCK_GROUP_DATA, num_bytes, ss)?;
+        self.delayed.add_data_ref(bytenr, len, RefKind::Data { root, ino, offset }, 1, true);
+        Ok((bytenr, len))
+    }
+
     /// Add or drop (`delta`) a file's reference to a data extent.
     pub fn data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) {
         self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, delta, false);
@@ -186,7 +199,13 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
     h.refs.retain(|_, d| *d != 0);
     if let Some(new) = h.must_insert {
         if h.refs.is_empty() {
-            // Allocated and freed within this transaction: it never reached disk.
+            // Allocated and freed within this transaction: it never reached disk. Its
+            // data csums did reach the csum tree (`write_new_extent` inserts them at
+            // once); left there they would cover free space and collide with the next
+            // extent allocated here (the kernel's `cleanup_ref_head` deletes them too).
+            if h.is_data {
+                crate::csum::del_csums(w, h.bytenr, h.num_bytes)?;
+            }
             crate::alloc::unreserve(w, h.bytenr, h.num_bytes);
             return Ok(());
         }

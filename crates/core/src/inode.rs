@@ -22,6 +22,8 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 /// The kernel's default `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
+/// Items a new name adds or changes: DIR_ITEM, DIR_INDEX, INODE_REF, both inodes.
+const LINK_ITEMS: u64 = 5;
 /// Data is written to disk in pieces of this size.
 const WRITE_CHUNK: usize = 4 << 20;
 
@@ -136,6 +138,11 @@ impl FsWriter {
     /// Tree modification failures.
     pub fn create_inode(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         self.check_writable()?;
+        crate::alloc::reserve_metadata(self, 1)?;
+        self.guarded("create_inode", |w| w.create_inode_inner(root, a))
+    }
+
+    fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         let ino = self.alloc_objectid(root)?;
         let mut ii = InodeItem::new_zeroed();
         let t = now();
@@ -194,12 +201,28 @@ impl FsWriter {
     /// `Posix(Exists)` if the name is taken, `NameTooLong`, tree failures.
     pub fn link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
         self.check_writable()?;
+        self.check_new_name(root, dir, name)?;
+        self.inode_item(root, ino)?;
+        crate::alloc::reserve_metadata(self, LINK_ITEMS)?;
+        self.guarded("link", |w| w.link_inner(root, dir, name, ino, ftype))
+    }
+
+    /// Refuse a new `name` in `dir` before anything changes: a bad or taken name found
+    /// after the inode or half the entries were inserted would leave them behind.
+    fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
         if name.is_empty() || name.len() > NAME_LEN || name.contains(&b'/') || name == b"." || name == b".." {
             return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, String::from_utf8_lossy(name).into_owned()));
+        }
+        if self.inode_item(root, dir)?.mode.get() & S_IFMT != S_IFDIR {
+            return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
         }
         if self.lookup_name(root, dir, name)?.is_some() {
             return Err(Error::posix(PosixKind::Exists, String::from_utf8_lossy(name).into_owned()));
         }
+        Ok(())
+    }
+
+    fn link_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
         let index = self.next_dir_index(root, dir)?;
         let mut entry = Vec::with_capacity(30 + name.len());
         let di = DirItem { location: Key::new(ino, INODE_ITEM_KEY, 0).to_disk(), transid: self.transid.into(), data_len: 0.into(), name_len: (name.len() as u16).into(), type_: ftype };
@@ -268,9 +291,14 @@ impl FsWriter {
     pub fn mkdir(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
         let mut a = *a;
         a.mode = S_IFDIR | (a.mode & 0o7777);
-        let ino = self.create_inode(root, &a)?;
-        self.link(root, dir, name, ino, FT_DIR)?;
-        Ok(ino)
+        self.check_writable()?;
+        self.check_new_name(root, dir, name)?;
+        crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
+        self.guarded("mkdir", |w| {
+            let ino = w.create_inode_inner(root, &a)?;
+            w.link_inner(root, dir, name, ino, FT_DIR)?;
+            Ok(ino)
+        })
     }
 
     /// Create an empty regular file `name` in `dir`.
@@ -280,9 +308,14 @@ impl FsWriter {
     pub fn create_file(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
         let mut a = *a;
         a.mode = S_IFREG | (a.mode & 0o7777);
-        let ino = self.create_inode(root, &a)?;
-        self.link(root, dir, name, ino, FT_REG_FILE)?;
-        Ok(ino)
+        self.check_writable()?;
+        self.check_new_name(root, dir, name)?;
+        crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
+        self.guarded("create_file", |w| {
+            let ino = w.create_inode_inner(root, &a)?;
+            w.link_inner(root, dir, name, ino, FT_REG_FILE)?;
+            Ok(ino)
+        })
     }
 
     fn file_extents(&mut self, root: u64, ino: u64, from: u64, to: u64) -> Result<Vec<Fe>> {
@@ -317,6 +350,10 @@ impl FsWriter {
     /// # Errors
     /// Tree modification failures.
     pub fn drop_extents(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+        self.guarded("drop_extents", |w| w.drop_extents_inner(root, ino, start, end))
+    }
+
+    fn drop_extents_inner(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
         let mut removed = 0;
         for f in self.file_extents(root, ino, start, end)? {
             let key = Key::new(ino, EXTENT_DATA_KEY, f.key_off);
@@ -394,21 +431,29 @@ impl FsWriter {
                 let (index, phys, contig) = chunk.map(logical + done as u64, mirror);
                 let n = ((buf.len() - done) as u64).min(contig) as usize;
                 let devid = chunk.stripes[index].0;
-                self.info.devices.get(devid)?.dev.write_at(&buf[done..done + n], phys)?;
+                let dev = &self.info.devices.get(devid)?.dev;
+                dev.write_data_at(&buf[done..done + n], phys)?;
+                dev.start_writeback(phys, n as u64);
                 done += n;
             }
         }
         Ok(())
     }
 
-    /// Write a new regular extent of `len` bytes (sector multiple) at file offset
-    /// `file_off`, its data produced by `fill` in pieces. Returns nbytes added.
-    fn write_new_extent(&mut self, root: u64, ino: u64, file_off: u64, len: u64, nodatasum: bool, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+    /// Write a new regular extent of at most `want` bytes (sector multiple) at file
+    /// offset `file_off`, its data produced by `fill` in pieces. The extent is shorter
+    /// when free space is (fragmentation, chunk size). Returns its length (= nbytes added).
+    fn write_new_extent(&mut self, root: u64, ino: u64, file_off: u64, want: u64, nodatasum: bool, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
         let ss = u64::from(self.sectorsize());
-        assert!(len > 0 && len % ss == 0 && len <= MAX_EXTENT_SIZE, "extent length {len}");
-        let bytenr = self.alloc_data_extent(len, root, ino, file_off)?;
+        assert!(want > 0 && want <= MAX_EXTENT_SIZE, "extent length {want}");
+        assert_eq!(want / ss * ss, want, "extent length {want} not a multiple of the sector size");
+        let (bytenr, len) = self.alloc_data_extent_upto(want, root, ino, file_off)?;
         let mut csums = Vec::with_capacity((len / ss) as usize * self.info.csum_type.size());
-        let mut buf = vec![0u8; WRITE_CHUNK.min(len as usize)];
+        // A page-aligned buffer lets the device write data with O_DIRECT.
+        let cap = WRITE_CHUNK.min(len as usize);
+        let mut raw = vec![0u8; cap + crate::device::DIRECT_IO_ALIGN];
+        let skew = raw.as_ptr().align_offset(crate::device::DIRECT_IO_ALIGN).min(crate::device::DIRECT_IO_ALIGN);
+        let buf = &mut raw[skew..skew + cap];
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(buf.len() as u64) as usize;
@@ -516,9 +561,18 @@ impl FsWriter {
         if ii.mode.get() & S_IFMT != S_IFREG {
             return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
         }
+        let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        // The inode, two split edges, the extents and their csums.
+        let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
+        let csum_bytes = len.div_ceil(u64::from(self.sectorsize())) * self.info.csum_type.size() as u64;
+        let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
+        crate::alloc::reserve_metadata(self, items)?;
+        self.guarded("write_file", |w| w.write_file_inner(root, ino, offset, end, &ii, fill))
+    }
+
+    fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
         let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
         let old_size = ii.size.get();
-        let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let new_size = old_size.max(end);
         let ss = u64::from(self.sectorsize());
         let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
@@ -529,7 +583,7 @@ impl FsWriter {
             let mut content = vec![0u8; new_size as usize];
             self.read_file_range(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
             fill(&mut content[offset as usize..end as usize])?;
-            removed = self.drop_extents(root, ino, 0, u64::MAX)?;
+            removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
             let mut fe = Vec::with_capacity(21 + content.len());
             fe.extend_from_slice(FileExtentHeader { generation: self.transid.into(), ram_bytes: new_size.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }.as_bytes());
             fe.extend_from_slice(&content);
@@ -548,14 +602,14 @@ impl FsWriter {
             if end < old_size {
                 self.read_file_range(root, ino, end, &mut tail)?;
             }
-            removed = self.drop_extents(root, ino, a_start, a_end)?;
+            removed = self.drop_extents_inner(root, ino, a_start, a_end)?;
             if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
                 let hole_start = old_size.div_ceil(ss) * ss;
                 if a_start > hole_start {
                     let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
                     fe.extend_from_slice(FileExtentHeader { generation: self.transid.into(), ram_bytes: (a_start - hole_start).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes());
                     fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (a_start - hole_start).into() }.as_bytes());
-                    self.drop_extents(root, ino, hole_start, a_start)?;
+                    self.drop_extents_inner(root, ino, hole_start, a_start)?;
                     self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;
                 }
             }
@@ -566,7 +620,7 @@ impl FsWriter {
             let mut cur = a_start;
             while cur < a_end {
                 let n = (a_end - cur).min(MAX_EXTENT_SIZE);
-                add += self.write_new_extent(root, ino, cur, n, nodatasum, &mut |buf: &mut [u8]| {
+                let got = self.write_new_extent(root, ino, cur, n, nodatasum, &mut |buf: &mut [u8]| {
                     let mut i = 0usize;
                     while i < buf.len() {
                         let p = produced as usize;
@@ -590,7 +644,8 @@ impl FsWriter {
                     }
                     Ok(())
                 })?;
-                cur += n;
+                add += got;
+                cur += got;
             }
             added = add;
         }
@@ -619,6 +674,10 @@ impl FsWriter {
         if ftype == FT_DIR && child.size.get() != 0 {
             return Err(Error::posix(PosixKind::NotEmpty, String::from_utf8_lossy(name).into_owned()));
         }
+        self.guarded("unlink", |w| w.unlink_inner(root, dir, name, ino, ftype, &child))
+    }
+
+    fn unlink_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, child: &InodeItem) -> Result<()> {
         // DIR_ITEM: drop our entry from the (possibly shared) item.
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
         let d = self.items_in_range(root, &dkey, &dkey)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
@@ -648,7 +707,7 @@ impl FsWriter {
         })?;
         let nlink = child.nlink.get().saturating_sub(1);
         if nlink == 0 || ftype == FT_DIR {
-            self.remove_inode(root, ino)?;
+            self.remove_inode_inner(root, ino)?;
         } else {
             self.update_inode(root, ino, |i| {
                 i.nlink = nlink.into();
@@ -709,7 +768,11 @@ impl FsWriter {
     /// # Errors
     /// Tree modification failures.
     pub fn remove_inode(&mut self, root: u64, ino: u64) -> Result<()> {
-        self.drop_extents(root, ino, 0, u64::MAX)?;
+        self.guarded("remove_inode", |w| w.remove_inode_inner(root, ino))
+    }
+
+    fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
+        self.drop_extents_inner(root, ino, 0, u64::MAX)?;
         let items = self.items_in_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
         for (k, _) in items.iter().rev() {
             self.delete_item(root, k)?;
