@@ -740,6 +740,7 @@ def main(argv=None):
     ap.add_argument("--out", help="markdown file to update (default docs/benchmarks.md; none with --tiny)")
     ap.add_argument("--only", help="comma-separated subset of: " + ",".join(BENCHES))
     ap.add_argument("--no-build", action="store_true", help="skip `cargo build --release` (use the existing binary)")
+    ap.add_argument("--binary", help="use this ubtrfs binary instead of building target/release/ubtrfs (implies --no-build)")
     args = ap.parse_args(argv)
 
     ctx = Ctx()
@@ -774,8 +775,8 @@ def main(argv=None):
     unmount_stale(workdir)
 
     target_dir = os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target")
-    ctx.bin = os.path.join(target_dir, "release", "ubtrfs")
-    if not args.no_build:
+    ctx.bin = args.binary or os.path.join(target_dir, "release", "ubtrfs")
+    if not args.no_build and not args.binary:
         log("cargo build --release -p ubtrfs")
         run(["cargo", "build", "--release", "-p", "ubtrfs"], cwd=REPO)
     if not os.access(ctx.bin, os.X_OK):

@@ -35,7 +35,9 @@ fn bench_tiny_runs_and_reports_ratios() {
     let repo = repo();
     let out = Command::new("python3")
         .arg(repo.join("xtask/bench.py"))
-        .args(["--tiny", "--runs", "1", "--out", "/dev/null"])
+        // The test's own (debug) binary: the tiny form checks the pipeline, not speed,
+        // and a release build would add minutes to every test run.
+        .args(["--tiny", "--runs", "1", "--out", "/dev/null", "--binary", env!("CARGO_BIN_EXE_ubtrfs")])
         .current_dir(&repo)
         .output()
         .expect("run python3 xtask/bench.py");
