@@ -13,10 +13,7 @@ pub fn fixtures_dir() -> PathBuf {
 
 /// Every fixture name (from NAME.meta.json).
 pub fn fixture_names() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(fixtures_dir())
-        .expect("fixtures dir")
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".meta.json").map(str::to_string))
-        .collect();
+    let mut v: Vec<String> = std::fs::read_dir(fixtures_dir()).expect("fixtures dir").filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".meta.json").map(str::to_string)).collect();
     v.sort();
     v
 }
@@ -39,7 +36,9 @@ pub fn fixture_images(name: &str) -> Vec<PathBuf> {
             let stamp = format!("{}-{}", md.len(), md.modified().map(|t| t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)).unwrap_or(0));
             let dst = cache.join(format!("{name}.{i}.{stamp}.img"));
             if !dst.exists() {
-                let tmp = cache.join(format!("{name}.{i}.{stamp}.{}.tmp", std::process::id()));
+                // Tests run in parallel threads of one process: the temp name must be
+                // unique per thread, and the first finished rename wins.
+                let tmp = cache.join(format!("{name}.{i}.{stamp}.{}.{:?}.tmp", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
                 let input = std::fs::File::open(&src).expect("open fixture");
                 let mut dec = zstd::stream::read::Decoder::new(input).expect("zstd");
                 dec.window_log_max(31).expect("window");
