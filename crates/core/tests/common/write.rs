@@ -1,0 +1,701 @@
+//! Helpers for the write-path tests (write_roundtrip, write_model): scratch images
+//! (fresh `mkfs.btrfs` or copies of the kernel-made fixtures), an in-memory model of
+//! the namespace we expect (types, modes, owners, sizes, contents, link counts), walks
+//! of the same through ubtrfs's reader and through a kernel mount, `btrfs check`, and
+//! invariant checks of the writer's trees.
+//!
+//! The model is the oracle: every change goes through it and through the filesystem
+//! (ubtrfs's `FsWriter`, or the kernel via a mount) in the same call, and the walks must
+//! equal `Model::expect()` exactly. Link counts and directory sizes are derived from the
+//! model's names, so they check the writer's bookkeeping rather than repeat it.
+//! Declared from test files with `#[path = "common/write.rs"] mod write_common;` next to
+//! `mod common;` (it uses `crate::common` for fixtures and the root check).
+#![allow(dead_code)]
+
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use ubtrfs_core::fs::{FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::OpenOptions;
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::*;
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * 1024;
+
+/// xorshift64*: tiny, seeded, good enough to drive tests reproducibly.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, n) (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0);
+        self.next_u64() % n
+    }
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo)
+    }
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+    /// Bytes that do not compress and differ per call.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        for c in v.chunks_mut(8) {
+            let x = self.next_u64().to_le_bytes();
+            c.copy_from_slice(&x[..c.len()]);
+        }
+        v
+    }
+}
+
+pub fn keep() -> bool {
+    std::env::var_os("KEEP").is_some()
+}
+
+/// Where scratch images go: $UBTRFS_SCRATCH, else /dev/shm (commits fsync, which is
+/// free on tmpfs and slow on a VM disk), else the temp dir.
+fn scratch_dir() -> PathBuf {
+    let base = match std::env::var_os("UBTRFS_SCRATCH") {
+        Some(d) => PathBuf::from(d),
+        None if Path::new("/dev/shm").is_dir() && std::fs::metadata("/dev/shm").map(|m| !m.permissions().readonly()).unwrap_or(false) => PathBuf::from("/dev/shm"),
+        None => std::env::temp_dir(),
+    };
+    let d = base.join("ubtrfs-write-tests");
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// A scratch image file, deleted on drop unless KEEP is set.
+pub struct Scratch {
+    pub path: PathBuf,
+}
+
+impl Scratch {
+    /// A sparse file of `size` bytes made by `mkfs.btrfs -q -f ARGS`.
+    pub fn mkfs(tag: &str, size: u64, args: &[&str]) -> Scratch {
+        let path = scratch_dir().join(format!("{tag}-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        std::fs::File::create(&path).and_then(|f| f.set_len(size)).expect("create image");
+        let out = Command::new("mkfs.btrfs").args(["-q", "-f"]).args(args).arg(&path).output().expect("run mkfs.btrfs");
+        assert!(out.status.success(), "mkfs.btrfs {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        Scratch { path }
+    }
+
+    /// A private copy of (the first device of) fixture `name`.
+    pub fn fixture(name: &str, tag: &str) -> Scratch {
+        Scratch::fixture_device(name, 0, tag)
+    }
+
+    /// A private copy of device `dev` of fixture `name`.
+    pub fn fixture_device(name: &str, dev: usize, tag: &str) -> Scratch {
+        let src = &crate::common::fixture_images(name)[dev];
+        let path = scratch_dir().join(format!("{tag}-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        // cp keeps the copy sparse; std::fs::copy would too on most systems, but be sure.
+        let ok = Command::new("cp").arg("--sparse=always").arg(src).arg(&path).status().map(|s| s.success()).unwrap_or(false);
+        if !ok {
+            std::fs::copy(src, &path).expect("copy fixture");
+        }
+        Scratch { path }
+    }
+
+    pub fn sha256(&self) -> String {
+        let mut h = Sha256::new();
+        let mut f = std::fs::File::open(&self.path).expect("open image");
+        std::io::copy(&mut f, &mut h).expect("hash image");
+        hex(&h.finalize())
+    }
+
+    pub fn writer(&self) -> FsWriter {
+        FsWriter::open(&OpenOptions::new(&self.path)).unwrap_or_else(|e| panic!("{}: FsWriter::open: {e}", self.path.display()))
+    }
+
+    pub fn reader(&self) -> Filesystem {
+        Filesystem::open(&OpenOptions::new(&self.path)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", self.path.display()))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if keep() {
+            eprintln!("kept {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn have_btrfs_check() -> bool {
+    Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+/// `btrfs check --readonly --check-data-csum`: Ok(output) when clean.
+pub fn btrfs_check(img: &Path) -> Result<String, String> {
+    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().map_err(|e| format!("cannot run btrfs check: {e}"))?;
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let bad_line =
+        text.lines().any(|l| l.contains("ERROR") || l.contains("error(s) found") || (l.contains("errors found") && !l.contains("no error")) || l.contains("mismatch") || l.contains("missing"));
+    if out.status.success() && !bad_line && text.contains("no error found") {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// Panic with btrfs check's output unless the image is clean.
+pub fn assert_check(img: &Path, what: &str) {
+    if let Err(t) = btrfs_check(img) {
+        panic!("{what}: btrfs check failed on {}:\n{t}", img.display());
+    }
+}
+
+/// A kernel loop mount, unmounted on drop.
+pub struct Mount {
+    pub dir: PathBuf,
+    mounted: bool,
+}
+
+impl Mount {
+    pub fn new(img: &Path, rw: bool) -> Mount {
+        let dir = scratch_dir().join(format!("mnt-{}-{}", img.file_stem().unwrap_or_default().to_string_lossy(), std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mount dir");
+        let opts = if rw { "loop" } else { "loop,ro" };
+        let out = Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
+        if !out.status.success() {
+            let dmesg = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).lines().rev().take(30).collect::<Vec<_>>().join("\n")).unwrap_or_default();
+            panic!("mount {} failed: {}\nrecent dmesg (newest first):\n{dmesg}", img.display(), String::from_utf8_lossy(&out.stderr));
+        }
+        Mount { dir, mounted: true }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.dir.clone()
+        } else {
+            self.dir.join(rel)
+        }
+    }
+
+    pub fn umount(mut self) {
+        self.do_umount();
+    }
+
+    fn do_umount(&mut self) {
+        if self.mounted {
+            self.mounted = false;
+            let out = Command::new("umount").arg(&self.dir).output().expect("run umount");
+            assert!(out.status.success() || std::thread::panicking(), "umount {} failed: {}", self.dir.display(), String::from_utf8_lossy(&out.stderr));
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.do_umount();
+    }
+}
+
+/// What a walk records per path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rec {
+    /// 'f' file, 'd' dir, 'l' symlink, 'p' fifo, 'c' chr, 'b' blk, 's' socket.
+    pub kind: char,
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    /// sha256 of a file's contents, a symlink's target, or a device's rdev.
+    pub content: String,
+}
+
+pub type Tree = BTreeMap<String, Rec>;
+
+fn kind_char(k: FileKind) -> char {
+    match k {
+        FileKind::File => 'f',
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::Fifo => 'p',
+        FileKind::CharDev => 'c',
+        FileKind::BlockDev => 'b',
+        FileKind::Socket => 's',
+    }
+}
+
+fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_string()
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+/// The whole visible namespace as ubtrfs's reader sees it (fresh open, into subvolumes).
+pub fn walk_ubtrfs(img: &Path) -> Tree {
+    let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
+    let mut out = Tree::new();
+    let mut stack = vec![(String::new(), fs.root_dir())];
+    while let Some((path, id)) = stack.pop() {
+        let v = fs.load_inode(id, Load::ALL).unwrap_or_else(|e| panic!("ubtrfs walk: /{path}: {e}"));
+        let kind = kind_char(v.kind());
+        let content = match v.kind() {
+            FileKind::File => {
+                let mut h = Sha256::new();
+                let mut buf = vec![0u8; 4 << 20];
+                let mut pos = 0u64;
+                loop {
+                    let n = fs.read_at(&v, pos, &mut buf).unwrap_or_else(|e| panic!("ubtrfs walk: read /{path} at {pos}: {e}"));
+                    if n == 0 {
+                        break;
+                    }
+                    h.update(&buf[..n]);
+                    pos += n as u64;
+                }
+                assert_eq!(pos, v.size(), "ubtrfs walk: /{path}: read length");
+                hex(&h.finalize())
+            }
+            FileKind::Symlink => String::from_utf8_lossy(&fs.readlink(id).unwrap_or_else(|e| panic!("readlink /{path}: {e}"))).into_owned(),
+            FileKind::CharDev | FileKind::BlockDev => rdev_str(v.item.rdev.get()),
+            _ => String::new(),
+        };
+        out.insert(path.clone(), Rec { kind, perm: v.mode() & 0o7777, uid: v.item.uid.get(), gid: v.item.gid.get(), size: v.size(), nlink: v.nlink(), content });
+        if v.kind() == FileKind::Dir {
+            for e in &v.entries {
+                stack.push((join(&path, &String::from_utf8_lossy(&e.name)), e.target));
+            }
+        }
+    }
+    out
+}
+
+/// glibc's dev_t as "major:minor".
+fn rdev_of(md: &std::fs::Metadata) -> String {
+    let dev = md.rdev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    format!("{major}:{minor}")
+}
+
+/// btrfs's on-disk rdev as "major:minor".
+fn rdev_str(rdev: u64) -> String {
+    let (ma, mi) = rdev_decode(rdev);
+    format!("{ma}:{mi}")
+}
+
+/// The namespace under a kernel mount (symlinks not followed, into subvolumes).
+pub fn walk_kernel(root: &Path) -> Tree {
+    let mut out = Tree::new();
+    let mut stack = vec![(String::new(), root.to_path_buf())];
+    while let Some((path, p)) = stack.pop() {
+        let md = std::fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("kernel walk: stat {}: {e}", p.display()));
+        let ft = md.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        let kind = if ft.is_file() {
+            'f'
+        } else if ft.is_dir() {
+            'd'
+        } else if ft.is_symlink() {
+            'l'
+        } else if ft.is_fifo() {
+            'p'
+        } else if ft.is_char_device() {
+            'c'
+        } else if ft.is_block_device() {
+            'b'
+        } else {
+            's'
+        };
+        let content = match kind {
+            'f' => {
+                let mut h = Sha256::new();
+                let mut f = std::fs::File::open(&p).unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", p.display()));
+                std::io::copy(&mut f, &mut h).unwrap_or_else(|e| panic!("kernel walk: read {}: {e}", p.display()));
+                hex(&h.finalize())
+            }
+            'l' => String::from_utf8_lossy(std::fs::read_link(&p).expect("readlink").as_os_str().as_bytes()).into_owned(),
+            'c' | 'b' => rdev_of(&md),
+            _ => String::new(),
+        };
+        out.insert(path.clone(), Rec { kind, perm: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), size: md.size(), nlink: md.nlink() as u32, content });
+        if kind == 'd' {
+            let mut names: Vec<_> = std::fs::read_dir(&p).unwrap_or_else(|e| panic!("kernel walk: readdir {}: {e}", p.display())).map(|e| e.expect("dir entry").file_name()).collect();
+            names.sort();
+            for n in names {
+                stack.push((join(&path, &String::from_utf8_lossy(n.as_bytes())), p.join(&n)));
+            }
+        }
+    }
+    out
+}
+
+/// Differences between two walks, at most `max` lines.
+pub fn diff_trees(expected: &Tree, actual: &Tree, max: usize) -> Vec<String> {
+    let mut d = Vec::new();
+    for (p, e) in expected {
+        match actual.get(p) {
+            None => d.push(format!("missing /{p}: expected {e:?}")),
+            Some(a) if a != e => d.push(format!("differs /{p}:\n    expected {e:?}\n    actual   {a:?}")),
+            _ => {}
+        }
+    }
+    for (p, a) in actual {
+        if !expected.contains_key(p) {
+            d.push(format!("unexpected /{p}: {a:?}"));
+        }
+    }
+    let n = d.len();
+    d.truncate(max);
+    if n > max {
+        d.push(format!("... and {} more", n - max));
+    }
+    d
+}
+
+pub fn assert_same(expected: &Tree, actual: &Tree, what: &str) {
+    let d = diff_trees(expected, actual, 20);
+    assert!(d.is_empty(), "{what}: {} differences:\n{}", d.len(), d.join("\n"));
+}
+
+/// One inode of the model.
+#[derive(Clone, Debug)]
+pub struct MInode {
+    pub kind: char,
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    /// File contents, or a symlink's target.
+    pub data: Vec<u8>,
+    /// Directory entries: name -> handle.
+    pub children: BTreeMap<Vec<u8>, usize>,
+    /// Where it lives on disk; None for inodes the kernel made that were not looked up.
+    pub id: Option<InodeId>,
+}
+
+/// The namespace we expect, with contents.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub inodes: Vec<Option<MInode>>,
+    pub top: usize,
+}
+
+fn split_path(path: &str) -> (&str, &str) {
+    match path.rfind('/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => ("", path),
+    }
+}
+
+fn mode_kind(mode: u32) -> char {
+    kind_char(FileKind::from_mode(mode).expect("valid mode"))
+}
+
+impl Model {
+    /// Everything ubtrfs's reader sees in `img` (into subvolumes), contents included.
+    pub fn load(img: &Path) -> Model {
+        let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
+        let mut m = Model { inodes: Vec::new(), top: 0 };
+        let mut by_id: HashMap<InodeId, usize> = HashMap::new();
+        m.top = m.load_inode(&fs, fs.root_dir(), &mut by_id);
+        m
+    }
+
+    fn load_inode(&mut self, fs: &Filesystem, id: InodeId, by_id: &mut HashMap<InodeId, usize>) -> usize {
+        if let Some(&h) = by_id.get(&id) {
+            return h;
+        }
+        let v = fs.load_inode(id, Load::ALL).unwrap_or_else(|e| panic!("model load {id}: {e}"));
+        let kind = kind_char(v.kind());
+        let data = match v.kind() {
+            FileKind::File => {
+                let mut buf = vec![0u8; v.size() as usize];
+                let n = fs.read_at(&v, 0, &mut buf).unwrap_or_else(|e| panic!("model load {id}: {e}"));
+                assert_eq!(n as u64, v.size());
+                buf
+            }
+            FileKind::Symlink => fs.readlink(id).expect("readlink"),
+            _ => Vec::new(),
+        };
+        let h = self.inodes.len();
+        self.inodes.push(Some(MInode { kind, perm: v.mode() & 0o7777, uid: v.item.uid.get(), gid: v.item.gid.get(), rdev: v.item.rdev.get(), data, children: BTreeMap::new(), id: Some(id) }));
+        by_id.insert(id, h);
+        for e in &v.entries {
+            let c = self.load_inode(fs, e.target, by_id);
+            self.node_mut(h).children.insert(e.name.clone(), c);
+        }
+        h
+    }
+
+    pub fn node(&self, h: usize) -> &MInode {
+        self.inodes[h].as_ref().expect("live inode handle")
+    }
+    pub fn node_mut(&mut self, h: usize) -> &mut MInode {
+        self.inodes[h].as_mut().expect("live inode handle")
+    }
+
+    /// Handle of `path` ("" = top), if it exists.
+    pub fn lookup(&self, path: &str) -> Option<usize> {
+        let mut h = self.top;
+        for c in path.split('/').filter(|c| !c.is_empty()) {
+            h = *self.node(h).children.get(c.as_bytes())?;
+        }
+        Some(h)
+    }
+
+    pub fn handle(&self, path: &str) -> usize {
+        self.lookup(path).unwrap_or_else(|| panic!("model: no /{path}"))
+    }
+
+    pub fn id(&self, path: &str) -> InodeId {
+        self.node(self.handle(path)).id.unwrap_or_else(|| panic!("model: /{path} has no inode id yet (call resolve_ids)"))
+    }
+
+    pub fn data(&self, path: &str) -> &[u8] {
+        &self.node(self.handle(path)).data
+    }
+
+    /// Every path with its handle, parents before children.
+    pub fn paths(&self) -> Vec<(String, usize)> {
+        let mut out = Vec::new();
+        let mut stack = vec![(String::new(), self.top)];
+        while let Some((p, h)) = stack.pop() {
+            for (n, &c) in self.node(h).children.iter().rev() {
+                stack.push((join(&p, &String::from_utf8_lossy(n)), c));
+            }
+            out.push((p, h));
+        }
+        out
+    }
+
+    /// What the walks must see. Link counts and directory sizes are derived from names.
+    pub fn expect(&self) -> Tree {
+        let paths = self.paths();
+        let mut names: HashMap<usize, u32> = HashMap::new();
+        for (_, h) in &paths {
+            for &c in self.node(*h).children.values() {
+                *names.entry(c).or_insert(0) += 1;
+            }
+        }
+        let mut out = Tree::new();
+        for (p, h) in paths {
+            let n = self.node(h);
+            let (size, content) = match n.kind {
+                'f' => (n.data.len() as u64, hex(&Sha256::digest(&n.data))),
+                'd' => (n.children.keys().map(|k| 2 * k.len() as u64).sum(), String::new()),
+                'l' => (n.data.len() as u64, String::from_utf8_lossy(&n.data).into_owned()),
+                'c' | 'b' => (0, rdev_str(n.rdev)),
+                _ => (0, String::new()),
+            };
+            let nlink = if n.kind == 'd' { 1 } else { names.get(&h).copied().unwrap_or(1) };
+            out.insert(p, Rec { kind: n.kind, perm: n.perm, uid: n.uid, gid: n.gid, size, nlink, content });
+        }
+        out
+    }
+
+    /// Fill in the inode ids of inodes the kernel created, by path, from `img`.
+    pub fn resolve_ids(&mut self, img: &Path) {
+        let missing: Vec<(String, usize)> = self.paths().into_iter().filter(|(_, h)| self.node(*h).id.is_none()).collect();
+        if missing.is_empty() {
+            return;
+        }
+        let fs = Filesystem::open(&OpenOptions::new(img)).expect("open for resolve_ids");
+        for (p, h) in missing {
+            let v = fs.resolve(&format!("/{p}"), false).unwrap_or_else(|e| panic!("resolve /{p}: {e}"));
+            self.node_mut(h).id = Some(v.id);
+        }
+    }
+
+    fn add_child(&mut self, path: &str, node: MInode) -> usize {
+        let (parent, name) = split_path(path);
+        let ph = self.handle(parent);
+        assert!(!self.node(ph).children.contains_key(name.as_bytes()), "model: /{path} exists");
+        let h = self.inodes.len();
+        self.inodes.push(Some(node));
+        self.node_mut(ph).children.insert(name.as_bytes().to_vec(), h);
+        h
+    }
+
+    /// Drop a name; the inode goes when no name is left.
+    fn remove_name(&mut self, path: &str) -> usize {
+        let (parent, name) = split_path(path);
+        let ph = self.handle(parent);
+        let h = self.node_mut(ph).children.remove(name.as_bytes()).unwrap_or_else(|| panic!("model: no /{path}"));
+        let still = self.inodes.iter().flatten().any(|n| n.children.values().any(|&c| c == h));
+        if !still {
+            self.inodes[h] = None;
+        }
+        h
+    }
+
+    /// Record a file made outside the helpers below (a test driving `FsWriter` itself).
+    pub fn record_file(&mut self, path: &str, perm: u32, data: Vec<u8>, id: InodeId) -> usize {
+        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data, children: BTreeMap::new(), id: Some(id) })
+    }
+
+    /// Record a name removed outside the helpers below.
+    pub fn record_unlink(&mut self, path: &str) {
+        self.remove_name(path);
+    }
+
+    // ---- changes through ubtrfs (FsWriter) and the model together ----
+
+    fn parent_id(&self, path: &str) -> InodeId {
+        self.id(split_path(path).0)
+    }
+
+    pub fn w_mkdir(&mut self, w: &mut FsWriter, path: &str, perm: u32) -> usize {
+        let p = self.parent_id(path);
+        let name = split_path(path).1;
+        let ino = w.mkdir(p.root, p.ino, name.as_bytes(), &InodeAttrs::new(perm)).unwrap_or_else(|e| panic!("mkdir /{path}: {e}"));
+        self.add_child(path, MInode { kind: 'd', perm, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+    }
+
+    /// Create file `path` and write `data` to it (no write for empty data).
+    pub fn w_create(&mut self, w: &mut FsWriter, path: &str, perm: u32, data: &[u8]) -> usize {
+        let p = self.parent_id(path);
+        let name = split_path(path).1;
+        let ino = w.create_file(p.root, p.ino, name.as_bytes(), &InodeAttrs::new(perm)).unwrap_or_else(|e| panic!("create /{path}: {e}"));
+        if !data.is_empty() {
+            w.write_file(p.root, ino, 0, data).unwrap_or_else(|e| panic!("write /{path}: {e}"));
+        }
+        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+    }
+
+    /// Write `data` at `off` of file `path`.
+    pub fn w_write(&mut self, w: &mut FsWriter, path: &str, off: u64, data: &[u8]) {
+        let id = self.id(path);
+        w.write_file(id.root, id.ino, off, data).unwrap_or_else(|e| panic!("write /{path} at {off} len {}: {e}", data.len()));
+        model_write(&mut self.node_mut(self.handle(path)).data, off, data);
+    }
+
+    pub fn w_unlink(&mut self, w: &mut FsWriter, path: &str) {
+        let p = self.parent_id(path);
+        w.unlink(p.root, p.ino, split_path(path).1.as_bytes()).unwrap_or_else(|e| panic!("unlink /{path}: {e}"));
+        self.remove_name(path);
+    }
+
+    /// Hard link `existing` as `path`.
+    pub fn w_link(&mut self, w: &mut FsWriter, existing: &str, path: &str) {
+        let h = self.handle(existing);
+        let id = self.node(h).id.expect("linked inode has an id");
+        let p = self.parent_id(path);
+        assert_eq!(p.root, id.root, "hard links stay inside one subvolume");
+        let ft = match self.node(h).kind {
+            'f' => FT_REG_FILE,
+            'l' => FT_SYMLINK,
+            k => panic!("model: cannot hard link kind {k}"),
+        };
+        w.link(p.root, p.ino, split_path(path).1.as_bytes(), id.ino, ft).unwrap_or_else(|e| panic!("link /{existing} -> /{path}: {e}"));
+        let (parent, name) = split_path(path);
+        let ph = self.handle(parent);
+        assert!(self.node_mut(ph).children.insert(name.as_bytes().to_vec(), h).is_none(), "model: /{path} exists");
+    }
+
+    // ---- changes through a kernel mount and the model together ----
+
+    pub fn k_mkdir(&mut self, m: &Mount, path: &str) {
+        std::fs::create_dir(m.path(path)).unwrap_or_else(|e| panic!("kernel mkdir /{path}: {e}"));
+        let perm = std::fs::metadata(m.path(path)).expect("stat").mode() & 0o7777;
+        self.add_child(path, MInode { kind: 'd', perm, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: None });
+    }
+
+    pub fn k_create(&mut self, m: &Mount, path: &str, data: &[u8]) {
+        std::fs::write(m.path(path), data).unwrap_or_else(|e| panic!("kernel write /{path}: {e}"));
+        let perm = std::fs::metadata(m.path(path)).expect("stat").mode() & 0o7777;
+        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: None });
+    }
+
+    pub fn k_write(&mut self, m: &Mount, path: &str, off: u64, data: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(m.path(path)).unwrap_or_else(|e| panic!("kernel open /{path}: {e}"));
+        f.write_all_at(data, off).unwrap_or_else(|e| panic!("kernel write /{path}: {e}"));
+        model_write(&mut self.node_mut(self.handle(path)).data, off, data);
+    }
+
+    pub fn k_unlink(&mut self, m: &Mount, path: &str) {
+        let h = self.handle(path);
+        if self.node(h).kind == 'd' {
+            std::fs::remove_dir(m.path(path)).unwrap_or_else(|e| panic!("kernel rmdir /{path}: {e}"));
+        } else {
+            std::fs::remove_file(m.path(path)).unwrap_or_else(|e| panic!("kernel unlink /{path}: {e}"));
+        }
+        self.remove_name(path);
+    }
+
+    pub fn k_link(&mut self, m: &Mount, existing: &str, path: &str) {
+        std::fs::hard_link(m.path(existing), m.path(path)).unwrap_or_else(|e| panic!("kernel link /{existing} /{path}: {e}"));
+        let h = self.handle(existing);
+        let (parent, name) = split_path(path);
+        let ph = self.handle(parent);
+        self.node_mut(ph).children.insert(name.as_bytes().to_vec(), h);
+    }
+}
+
+/// Apply a write to model contents (zero-filling any gap).
+pub fn model_write(buf: &mut Vec<u8>, off: u64, data: &[u8]) {
+    let end = off as usize + data.len();
+    if buf.len() < end {
+        buf.resize(end, 0);
+    }
+    buf[off as usize..end].copy_from_slice(data);
+}
+
+/// The trees a data write touches, checked with `FsWriter::check_invariants`.
+pub const GLOBAL_TREES: [u64; 5] = [ROOT_TREE_OBJECTID, EXTENT_TREE_OBJECTID, CSUM_TREE_OBJECTID, FREE_SPACE_TREE_OBJECTID, DEV_TREE_OBJECTID];
+
+/// `check_invariants` on the global trees and on `fs_trees`.
+pub fn check_trees(w: &mut FsWriter, fs_trees: &[u64], what: &str) {
+    for &t in GLOBAL_TREES.iter().chain(fs_trees) {
+        w.check_invariants(t).unwrap_or_else(|e| panic!("{what}: tree {t} invariants: {e}"));
+    }
+    w.check_invariants(CHUNK_TREE_OBJECTID).unwrap_or_else(|e| panic!("{what}: chunk tree invariants: {e}"));
+}
+
+/// Compare ubtrfs's view of `img` with the model.
+pub fn verify_ubtrfs(img: &Path, m: &Model, what: &str) {
+    assert_same(&m.expect(), &walk_ubtrfs(img), &format!("{what}: ubtrfs reader vs model"));
+}
+
+/// Mount `img` read-only and compare the kernel's view with the model.
+pub fn verify_kernel(img: &Path, m: &Model, what: &str) {
+    let mnt = Mount::new(img, false);
+    let got = walk_kernel(&mnt.dir);
+    mnt.umount();
+    assert_same(&m.expect(), &got, &format!("{what}: kernel mount vs model"));
+}
+
+/// btrfs check, kernel walk and ubtrfs walk; `kernel` says root is available.
+pub fn verify_all(img: &Path, m: &Model, kernel: bool, what: &str) {
+    if kernel {
+        assert_check(img, what);
+        verify_kernel(img, m, what);
+    }
+    verify_ubtrfs(img, m, what);
+}
