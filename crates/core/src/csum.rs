@@ -24,6 +24,12 @@ fn key(logical: u64) -> Key {
     Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, logical)
 }
 
+/// Existing checksums where new ones go: the csum tree covers space the allocator
+/// believed free, which only a damaged image can cause.
+fn overlap(k: &Key, logical: u64) -> crate::error::Error {
+    ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("csum item {k} overlaps new checksums at logical {logical}")).root(CSUM).into()
+}
+
 /// Add checksums for the sectors starting at `logical` (`csums` = packed, csum_size each).
 ///
 /// # Errors
@@ -38,7 +44,9 @@ pub fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Res
         if let Some((k, d)) = w.last_item_le(CSUM, &key(logical))? {
             if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY {
                 let end = k.offset + (d.len() / cs) as u64 * ss;
-                assert!(end <= logical, "csum item {k} overlaps new csums at {logical}");
+                if end > logical {
+                    return Err(overlap(&k, logical));
+                }
                 if end == logical && d.len() < max {
                     let n = (max - d.len()).min(csums.len());
                     let (leaf, slot) = w.extend_item(CSUM, &k, n)?;
@@ -56,7 +64,9 @@ pub fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Res
         let croot = w.root(CSUM)?;
         let n = match w.first_item_ge(&croot, &key(logical))? {
             Some((k, _)) if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY => {
-                assert!(k.offset > logical, "csum item {k} overlaps new csums at {logical}");
+                if k.offset <= logical {
+                    return Err(overlap(&k, logical));
+                }
                 n.min(((k.offset - logical) / ss) as usize * cs)
             }
             _ => n,

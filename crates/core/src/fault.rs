@@ -19,17 +19,19 @@
 //! applied in an arbitrary order (a disk cache may reorder writes between flushes), of
 //! which one may be torn. A torn write reaches the disk in *atomic units*
 //! (`atomic_unit` bytes, 4096 by default, aligned to device offsets): either a prefix of
-//! its units, or any unit-by-unit mix. A unit is never split. `crash_image(seed)` builds
-//! one such image; the seed picks the subset, the order and the tear (see
-//! [`PowerLoss`] for the mix of choices).
+//! its units, or any unit-by-unit mix. A unit is never split. A crash at a flush means
+//! that flush did not complete: the writes before it are still only pending.
+//! `crash_image(seed)` builds one such image; the seed picks the subset, the order and
+//! the tear (see [`apply_power_loss`] for the mix of choices, and [`PowerLoss`] for the
+//! record of what was chosen, which failure messages print).
 //!
 //! Injected failures that do not crash the device:
 //! - a failing write (`fail_write_at(k)`, `fail_next_write(n)` or
 //!   `fail_next_write_to(offset)`) returns `Io` and reaches neither the cache nor
 //!   the disk;
-//! - a failing flush (`fail_flush_at(k)`, or `fail_next_flush(n)`) returns `Io` and makes nothing durable: the
-//!   pending writes stay pending (a later power loss may drop them), as when a disk
-//!   reports a cache flush error;
+//! - a failing flush (`fail_flush_at(k)`, or `fail_next_flush(n)`) returns `Io` and
+//!   makes nothing durable: the pending writes stay pending (a later power loss may
+//!   drop them), as when a disk reports a cache flush error;
 //! - bit flips on reads (`flip_read_bits(seed, one_in)`): each read, with probability
 //!   `1/one_in`, returns its buffer with one bit flipped; the stored bytes stay intact
 //!   (a transient media or transfer error).
@@ -44,6 +46,10 @@
 //!   gone.
 //! - Everything is deterministic: the same operations, configuration and seed give the
 //!   same images and the same read flips (there is no wall clock or global RNG here).
+//!
+//! Bounds: the device keeps the whole image plus the bytes of every write it accepted
+//! (the log is what makes replaying any crash point possible), so it is for test-sized
+//! images and workloads, not for long-running use. `CrashSweep` keeps one more image.
 //!
 //! Neighbours: `device` (the `BlockDevice` seam and `MemDevice`, which holds a
 //! post-crash image for reopening); `crates/core/tests/crash.rs` (the crash tests that
@@ -447,10 +453,7 @@ impl FaultyDevice {
     fn check_range(&self, offset: u64, len: usize) -> Result<()> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(()),
-            _ => Err(Error::io(
-                format!("{}: access [{offset}, +{len}) beyond end of device ({} bytes)", self.name, self.size),
-                std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
-            )),
+            _ => Err(Error::io(format!("{}: access [{offset}, +{len}) beyond end of device ({} bytes)", self.name, self.size), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
         }
     }
 }
