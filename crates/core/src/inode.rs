@@ -476,6 +476,56 @@ impl FsWriter {
         Ok(len)
     }
 
+    /// Read data sectors at `logical` and verify them against the csum tree as this
+    /// transaction sees it, trying the other copies for a bad sector: old data kept by a
+    /// read-modify-write must not pick up a bad read under a fresh checksum.
+    fn read_data_verified(&mut self, root: u64, ino: u64, file_off: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
+        self.info.read_data(logical, buf, 0)?;
+        if self.inode_item(root, ino)?.flags.get() & INODE_NODATASUM != 0 {
+            return Ok(());
+        }
+        let ss = self.sectorsize() as usize;
+        let ct = self.info.csum_type;
+        let cs = ct.size();
+        let end = logical + buf.len() as u64;
+        let ckey = |l: u64| Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, l);
+        let mut from = ckey(logical);
+        if let Some((k, _)) = self.last_item_le(CSUM_TREE_OBJECTID, &from)? {
+            if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY {
+                from = k;
+            }
+        }
+        let items = self.items_in_range(CSUM_TREE_OBJECTID, &from, &ckey(end.saturating_sub(1)))?;
+        let copies = self.info.num_copies(logical);
+        for (i, sector) in buf.chunks_mut(ss).enumerate() {
+            let sl = logical + (i * ss) as u64;
+            let want = items.iter().find_map(|(k, d)| {
+                let n = (d.len() / cs) as u64;
+                (k.objectid == EXTENT_CSUM_OBJECTID && sl >= k.offset && sl < k.offset + n * ss as u64).then(|| {
+                    let o = ((sl - k.offset) / ss as u64) as usize * cs;
+                    d[o..o + cs].to_vec()
+                })
+            });
+            let Some(want) = want else { continue };
+            if ct.verify(sector, &want) {
+                continue;
+            }
+            let mut fixed = false;
+            for mirror in 1..copies {
+                let mut alt = vec![0u8; sector.len()];
+                if self.info.read_data(sl, &mut alt, mirror).is_ok() && ct.verify(&alt, &want) {
+                    sector.copy_from_slice(&alt);
+                    fixed = true;
+                    break;
+                }
+            }
+            if !fixed {
+                return Err(Corrupt::new(CorruptWhere::Data, format!("csum mismatch reading old data for a partial write ({copies} copies tried)")).root(root).data(ino, file_off + (i * ss) as u64, sl).into());
+            }
+        }
+        Ok(())
+    }
+
     /// Read file data as this transaction sees it (for read-modify-write of edges).
     fn read_file_range(&mut self, root: u64, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
         buf.fill(0);
@@ -521,10 +571,17 @@ impl FsWriter {
                 continue;
             }
             if compression == 0 {
-                self.info.read_data(f.disk_bytenr + f.offset + (a - f.key_off), out, 0)?;
+                let ss = u64::from(self.sectorsize());
+                let logical = f.disk_bytenr + f.offset + (a - f.key_off);
+                let s0 = logical / ss * ss;
+                let e0 = (logical + out.len() as u64).div_ceil(ss) * ss;
+                let mut tmp = vec![0u8; (e0 - s0) as usize];
+                self.read_data_verified(root, ino, a - (logical - s0), s0, &mut tmp)?;
+                let skip = (logical - s0) as usize;
+                out.copy_from_slice(&tmp[skip..skip + out.len()]);
             } else {
                 let mut raw = vec![0u8; f.disk_num_bytes as usize];
-                self.info.read_data(f.disk_bytenr, &mut raw, 0)?;
+                self.read_data_verified(root, ino, f.key_off.saturating_sub(f.offset), f.disk_bytenr, &mut raw)?;
                 let kind = crate::compression::CompressionType::from_raw(compression).ok_or_else(|| ino_err(root, ino, format!("unknown compression {compression}")))?;
                 let mut plain = Vec::new();
                 crate::compression::decompress(kind, &raw, ram_bytes as usize, self.sectorsize() as usize, &mut plain).map_err(|e| ino_err(root, ino, e.to_string()))?;

@@ -1474,7 +1474,6 @@ fn read_bit_flips_never_return_wrong_data() {
 /// write path; a flipped bit there must not be baked into the new extent under a fresh
 /// checksum (the kernel verifies the csum of what it reads back).
 #[test]
-#[ignore = "known bug (inode.rs read_file_range reads old data without csum verification): run with --ignored"]
 fn rmw_read_is_verified() {
     let dev = Arc::new(FaultyDevice::new(base_image().to_vec(), "rmw"));
     let mut w = open_writer(dev.clone()).expect("open");
