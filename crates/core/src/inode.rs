@@ -424,20 +424,7 @@ impl FsWriter {
 
     /// Write data to disk at `logical` (every copy).
     fn write_data(&mut self, logical: u64, buf: &[u8]) -> Result<()> {
-        let chunk = self.info.chunk_map.lookup(logical)?.clone();
-        for mirror in 0..chunk.num_copies() {
-            let mut done = 0usize;
-            while done < buf.len() {
-                let (index, phys, contig) = chunk.map(logical + done as u64, mirror);
-                let n = ((buf.len() - done) as u64).min(contig) as usize;
-                let devid = chunk.stripes[index].0;
-                let dev = &self.info.devices.get(devid)?.dev;
-                dev.write_data_at(&buf[done..done + n], phys)?;
-                dev.start_writeback(phys, n as u64);
-                done += n;
-            }
-        }
-        Ok(())
+        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, logical, buf, crate::volumes::WriteKind::Data)
     }
 
     /// Write a new regular extent of at most `want` bytes (sector multiple) at file

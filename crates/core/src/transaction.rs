@@ -419,17 +419,7 @@ impl FsWriter {
             if let Err(e) = ubtrfs_format::tree_checker::check_tree_block(buf, &ctx) {
                 panic!("about to write an invalid tree block: {e}");
             }
-            let chunk = self.info.chunk_map.lookup(*bytenr)?.clone();
-            for mirror in 0..chunk.num_copies() {
-                let mut done = 0usize;
-                while done < buf.len() {
-                    let (index, phys, contig) = chunk.map(*bytenr + done as u64, mirror);
-                    let n = ((buf.len() - done) as u64).min(contig) as usize;
-                    let devid = chunk.stripes[index].0;
-                    self.info.devices.get(devid)?.dev.write_at(&buf[done..done + n], phys)?;
-                    done += n;
-                }
-            }
+            crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, *bytenr, buf, crate::volumes::WriteKind::Metadata)?;
         }
         for (bytenr, buf) in blocks {
             self.info.cache.insert(Arc::new(ExtentBuffer::from_written(bytenr, buf)));

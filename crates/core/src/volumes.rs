@@ -168,6 +168,41 @@ pub fn read_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &mut [u8]
     Ok(())
 }
 
+/// How `write_logical` writes: tree blocks through the cache like any metadata, or
+/// bulk file data bypassing it where the device allows (with early writeback).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    Metadata,
+    Data,
+}
+
+/// Write `buf` at `logical` to every copy, splitting at stripe edges.
+///
+/// # Errors
+/// `Corrupt` for unmapped addresses, `Io` for device failures or missing devices.
+pub fn write_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &[u8], kind: WriteKind) -> Result<()> {
+    let chunk = map.lookup(logical)?.clone();
+    for mirror in 0..chunk.num_copies() {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let cur = logical + done as u64;
+            let c = map.lookup(cur)?;
+            let (index, phys, contig) = c.map(cur, mirror.min(c.num_copies() - 1));
+            let n = ((buf.len() - done) as u64).min(contig) as usize;
+            let dev = &devs.get(c.stripes[index].0)?.dev;
+            match kind {
+                WriteKind::Metadata => dev.write_at(&buf[done..done + n], phys)?,
+                WriteKind::Data => {
+                    dev.write_data_at(&buf[done..done + n], phys)?;
+                    dev.start_writeback(phys, n as u64);
+                }
+            }
+            done += n;
+        }
+    }
+    Ok(())
+}
+
 /// Number of copies at `logical` (1 if unmapped, so callers report the mapping error).
 pub fn num_copies(map: &ChunkMap, logical: u64) -> usize {
     map.lookup(logical).map(|c| c.num_copies()).unwrap_or(1)
