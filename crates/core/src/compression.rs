@@ -348,7 +348,7 @@ fn zlib_decompress(input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressErro
         Some("compression method is not deflate")
     } else if input[0] >> 4 > 7 {
         Some("window size above 32 KiB")
-    } else if header % 31 != 0 {
+    } else if !header.is_multiple_of(31) {
         Some("header check bits do not match")
     } else if input[1] & 0x20 != 0 {
         Some("stream needs a preset dictionary")

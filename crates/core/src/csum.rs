@@ -37,7 +37,7 @@ fn overlap(k: &Key, logical: u64) -> crate::error::Error {
 pub fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Result<()> {
     let cs = w.info.csum_type.size();
     let ss = u64::from(w.sectorsize());
-    assert!(csums.len() % cs == 0, "csum bytes {} not a multiple of {cs}", csums.len());
+    assert!(csums.len().is_multiple_of(cs), "csum bytes {} not a multiple of {cs}", csums.len());
     let max = w.max_csum_item();
     while !csums.is_empty() {
         // Extend the item that ends exactly at `logical`, if it has room.

@@ -105,7 +105,7 @@ impl BlockDevice for FileDevice {
     }
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         check_range(&self.name, offset, buf.len(), self.size)?;
-        let aligned = buf.as_ptr() as usize % DIRECT_IO_ALIGN == 0 && buf.len() % DIRECT_IO_ALIGN == 0 && offset % DIRECT_IO_ALIGN as u64 == 0;
+        let aligned = (buf.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN) && buf.len().is_multiple_of(DIRECT_IO_ALIGN) && offset.is_multiple_of(DIRECT_IO_ALIGN as u64);
         if aligned && self.writable {
             let direct = self.direct.get_or_init(|| {
                 use std::os::unix::fs::OpenOptionsExt;

@@ -251,7 +251,7 @@ impl FsInfo {
                 return Ok(eb);
             }
         }
-        if bytenr % u64::from(self.sectorsize) != 0 {
+        if !bytenr.is_multiple_of(u64::from(self.sectorsize)) {
             return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Block, format!("unaligned tree block address, sectorsize {}", self.sectorsize)).block(bytenr).into());
         }
         let copies = num_copies(&self.chunk_map, bytenr);

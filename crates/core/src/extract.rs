@@ -229,7 +229,7 @@ fn extract_one(ctx: &mut Ctx<'_>, dirfd: &OwnedFd, name: &[u8], ino: &InodeView,
     if kind != FileKind::Dir && ino.nlink() > 1 {
         ctx.links.insert(ino.id, rel.to_path_buf());
     }
-    if (ctx.stats.files + ctx.stats.dirs) % 256 == 0 {
+    if (ctx.stats.files + ctx.stats.dirs).is_multiple_of(256) {
         (ctx.progress)(&ctx.stats);
     }
     Ok(())

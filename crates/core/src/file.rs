@@ -36,7 +36,7 @@ impl Filesystem {
     pub fn lookup_csums(&self, logical: u64, len: u64) -> Result<CsumRun> {
         let ss = u64::from(self.info.sectorsize);
         let cs = self.info.csum_type.size();
-        assert!(logical % ss == 0 && len % ss == 0, "unaligned csum lookup {logical} +{len}");
+        assert!(logical.is_multiple_of(ss) && len.is_multiple_of(ss), "unaligned csum lookup {logical} +{len}");
         let n = (len / ss) as usize;
         let mut run = CsumRun { csums: vec![0u8; n * cs], present: vec![false; n] };
         let root = self.csum_root()?;
