@@ -311,7 +311,17 @@ fn finish_meta(ctx: &mut Ctx<'_>, fd: &OwnedFd, name: Option<&CString>, ino: &In
             let ck = cstr(k, host)?;
             let rc = unsafe { libc::fsetxattr(raw, ck.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
             if rc != 0 {
-                return Err(os_err(format!("cannot set xattr {} on {host}", String::from_utf8_lossy(k))));
+                let err = std::io::Error::last_os_error();
+                // The destination filesystem's limits (ext4 keeps all xattrs of an inode
+                // in one block; some filesystems have none) lose the xattr, not the tree:
+                // report it like cp -a does and go on.
+                if matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::E2BIG) | Some(libc::ENOTSUP) | Some(libc::ERANGE)) {
+                    if ctx.stats.skipped.len() < 1000 {
+                        ctx.stats.skipped.push(format!("{host}: xattr {} not kept: {err}", String::from_utf8_lossy(k)));
+                    }
+                    continue;
+                }
+                return Err(Error::io(format!("cannot set xattr {} on {host}", String::from_utf8_lossy(k)), err));
             }
         }
     }
