@@ -31,7 +31,7 @@
 //! bitmaps, free ranges, allocation results) must be identical.
 
 use crate::stats::{CallStats, SplitMix64, Stopwatch, Timing};
-use ubtrfs_core::free_space_cache::{EntryInfo, EntryKind, FreeSpaceCtl, Unpinned};
+use ubtrfs_core::free_space_cache::{find_next_zero_bit, EntryInfo, EntryKind, FreeSpaceCtl, Unpinned};
 
 pub const SECTOR: u64 = 4096;
 
@@ -68,25 +68,6 @@ pub fn forward_walk_last_clear(words: &[u64], i: usize) -> Option<usize> {
         j = find_next_zero_bit(words, nbits, j + 1);
     }
     prev
-}
-
-/// Word-wise `find_next_zero_bit`, as the kernel's generic `_find_next_zero_bit`.
-fn find_next_zero_bit(words: &[u64], nbits: usize, from: usize) -> usize {
-    if from >= nbits {
-        return nbits;
-    }
-    let mut idx = from / 64;
-    let mut w = !words[idx] & (u64::MAX << (from % 64));
-    loop {
-        if w != 0 {
-            return (idx * 64 + w.trailing_zeros() as usize).min(nbits);
-        }
-        idx += 1;
-        if idx * 64 >= nbits {
-            return nbits;
-        }
-        w = !words[idx];
-    }
 }
 
 /// Workload shape; see the module docs.

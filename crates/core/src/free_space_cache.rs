@@ -1605,8 +1605,9 @@ fn find_last_set_bit_upto(words: &[u64], bit: usize) -> Option<usize> {
     Some(idx * 64 + 63 - set.leading_zeros() as usize)
 }
 
-/// First clear bit at or after `from`, or `nbits` (`find_next_zero_bit`).
-fn find_next_zero_bit(words: &[u64], nbits: usize, from: usize) -> usize {
+/// First clear bit at or after `from`, or `nbits` (`find_next_zero_bit`). Public for
+/// the seed 000 benchmark's baseline, which walks clear bits with it.
+pub fn find_next_zero_bit(words: &[u64], nbits: usize, from: usize) -> usize {
     if from >= nbits {
         return nbits;
     }
