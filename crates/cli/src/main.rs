@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use ubtrfs_core::{FsInfo, OpenOptions};
 
 #[derive(Parser)]
-#[command(name = "ubtrfs", version, about = "Read and inspect btrfs filesystems in userspace, without the kernel driver or root")]
+#[command(name = "ubtrfs", version, about = "Read, inspect, change and check btrfs images in userspace, without the kernel driver or root")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
