@@ -63,10 +63,13 @@ impl FsWriter {
     }
 
     /// COW `b` unless it already belongs to the running transaction; `parent` is the
-    /// (dirty) parent and slot, or None for the root.
+    /// (dirty) parent and slot, or None for the root. Blocks a snapshot (or the
+    /// kernel's relocation) may share have their references moved as the kernel's
+    /// `update_ref_for_cow` does, so the other trees keep theirs.
     ///
     /// # Errors
-    /// Allocation failures; `Incompatible` for blocks shared with a snapshot.
+    /// Allocation failures; `Corrupt` if the extent tree disagrees with the block;
+    /// `Incompatible` for blocks in the pre-mixed-backref format.
     pub(crate) fn cow_block(&mut self, root_id: u64, b: Blk, parent: Option<(u64, usize)>) -> Result<Blk> {
         if let Blk::Dirty(_) = b {
             return Ok(b);
@@ -75,9 +78,9 @@ impl FsWriter {
             let n = self.node(&b);
             (n.bytenr(), n.level(), if n.nritems() > 0 { n.key(0) } else { Key::MIN })
         };
-        self.check_not_shared(root_id, &b)?;
         let new = self.alloc_tree_block(root_id, level, first_key)?;
         self.copy_block(&b, new, root_id);
+        self.update_ref_for_cow(root_id, &b, new, parent.is_none())?;
         match parent {
             Some((p, slot)) => {
                 let t = self.transid;
@@ -92,19 +95,54 @@ impl FsWriter {
         Ok(Blk::Dirty(new))
     }
 
-    /// Refuse to COW a block a snapshot may share: that needs reference propagation to
-    /// its children, which comes with snapshot support.
-    fn check_not_shared(&mut self, root_id: u64, b: &Blk) -> Result<()> {
-        let last_snapshot = self.roots.get(&root_id).and_then(|s| s.item).map(|i| i.last_snapshot.get()).unwrap_or(0);
-        let (gen, bytenr, owner) = {
-            let n = self.node(b);
-            (n.generation(), n.bytenr(), n.owner())
+    /// Reference bookkeeping for COWing committed block `buf` of tree `root_id` into
+    /// `cow` (the kernel's backref rules):
+    /// - a block only this tree uses (refs 1, no FULL_BACKREF) just moves;
+    /// - a shared block this tree owns turns FULL_BACKREF: its children gain references
+    ///   naming it as parent, and keep this tree's references for the copy;
+    /// - a shared block owned elsewhere, or already FULL_BACKREF, gives the copy's
+    ///   children references from this tree;
+    /// - a FULL_BACKREF block with one reference left hands its children over: this
+    ///   tree's references for the copy, the parent-named ones dropped.
+    ///
+    /// Then `free_tree_block` drops this tree's reference to `buf`.
+    fn update_ref_for_cow(&mut self, root_id: u64, buf: &Blk, cow: u64, is_root: bool) -> Result<()> {
+        use ubtrfs_format::key::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID, LAST_FREE_OBJECTID, TREE_RELOC_OBJECTID};
+        use ubtrfs_format::structs::{BACKREF_REV_SHIFT, BLOCK_FLAG_FULL_BACKREF, HEADER_FLAG_RELOC, MIXED_BACKREF_REV};
+        let (bytenr, level, gen, owner, hflags) = {
+            let n = self.node(buf);
+            (n.bytenr(), n.level(), n.generation(), n.owner(), n.header().flags.get())
         };
-        let root_bytenr = self.roots.get(&root_id).map(|s| s.info.bytenr).unwrap_or(0);
-        if owner != root_id || (bytenr != root_bytenr && last_snapshot > 0 && gen <= last_snapshot) {
-            return Err(Error::Incompatible(format!(
-                "tree {root_id}: block {bytenr} (owner {owner}, generation {gen}, tree last snapshotted or relocated at generation {last_snapshot}) may be shared with a snapshot; changing snapshot-shared trees is not supported yet"
-            )));
+        if hflags >> BACKREF_REV_SHIFT < MIXED_BACKREF_REV {
+            return Err(Error::Incompatible(format!("tree {root_id}: block {bytenr} uses the old (pre-2.6.31) backref format; changing it is not supported")));
+        }
+        let shareable = root_id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&root_id);
+        let last_snapshot = self.roots.get(&root_id).and_then(|s| s.item).map_or(0, |i| i.last_snapshot.get());
+        let can_be_shared = shareable && !is_root && (gen <= last_snapshot || hflags & HEADER_FLAG_RELOC != 0);
+        let (refs, flags) = if can_be_shared { self.lookup_tree_block_info(bytenr, level)? } else { (1, 0) };
+        let bad = |reason: String| -> Error { Corrupt::new(CorruptWhere::Block, reason).root(root_id).block(bytenr).into() };
+        if refs == 0 {
+            return Err(bad(format!("tree block {bytenr} level {level} has 0 references")));
+        }
+        if owner == TREE_RELOC_OBJECTID && flags & BLOCK_FLAG_FULL_BACKREF == 0 {
+            return Err(bad(format!("relocation tree block {bytenr} without FULL_BACKREF")));
+        }
+        if !shareable && owner != root_id {
+            return Err(bad(format!("tree block {bytenr} of tree {root_id} is owned by tree {owner}")));
+        }
+        let full = flags & BLOCK_FLAG_FULL_BACKREF != 0;
+        let cow = Blk::Dirty(cow);
+        if refs > 1 {
+            if owner == root_id && !full {
+                self.mod_refs(buf, root_id, true, 1)?;
+                let ns = u64::from(self.nodesize());
+                self.delayed.set_tree_block_flags(bytenr, ns, level, BLOCK_FLAG_FULL_BACKREF);
+            } else {
+                self.mod_refs(&cow, root_id, false, 1)?;
+            }
+        } else if full {
+            self.mod_refs(&cow, root_id, false, 1)?;
+            self.mod_refs(buf, root_id, true, -1)?;
         }
         Ok(())
     }
@@ -261,15 +299,11 @@ impl FsWriter {
             let right = self.read_child(&parent, pslot + 1, root_id)?;
             let rn = self.node(&right).nritems();
             if rn + n <= max - 4 {
+                // COW first, as the kernel does, so a shared sibling's references move.
+                let right = self.cow_block(root_id, right, Some((parent.bytenr(), pslot + 1)))?;
                 self.move_ptrs(&right, 0, rn, b.bytenr(), n);
                 self.node_mut(parent.bytenr()).delete_ptr(pslot + 1);
-                let rb = right.bytenr();
-                if let Blk::Dirty(_) = right {
-                    self.free_tree_block(root_id, rb, level as u8)?;
-                } else {
-                    self.check_not_shared(root_id, &right)?;
-                    self.free_tree_block(root_id, rb, level as u8)?;
-                }
+                self.free_tree_block(root_id, right.bytenr(), level as u8)?;
                 return Ok(true);
             }
         }

@@ -36,6 +36,9 @@ pub struct RefHead {
     pub level: u8,
     pub refs: BTreeMap<RefKind, i64>,
     pub must_insert: Option<NewExtent>,
+    /// Extent flags to set when the head runs (the kernel's delayed extent op):
+    /// FULL_BACKREF on a tree block whose children now point back at it by bytenr.
+    pub set_flags: u64,
 }
 
 impl RefHead {
@@ -58,7 +61,7 @@ impl DelayedRefs {
     }
 
     fn head(&mut self, bytenr: u64, num_bytes: u64, is_data: bool, level: u8) -> &mut RefHead {
-        let h = self.heads.entry(bytenr).or_insert_with(|| RefHead { bytenr, num_bytes, is_data, level, refs: BTreeMap::new(), must_insert: None });
+        let h = self.heads.entry(bytenr).or_insert_with(|| RefHead { bytenr, num_bytes, is_data, level, refs: BTreeMap::new(), must_insert: None, set_flags: 0 });
         assert_eq!(h.num_bytes, num_bytes, "extent {bytenr} referenced with two sizes");
         assert_eq!(h.is_data, is_data, "extent {bytenr} referenced as data and tree block");
         h
@@ -82,6 +85,16 @@ impl DelayedRefs {
             h.must_insert = Some(NewExtent::Data);
         }
         *h.refs.entry(kind).or_insert(0) += delta;
+    }
+
+    /// Set extent item flags of tree block `bytenr` when its head runs.
+    pub fn set_tree_block_flags(&mut self, bytenr: u64, num_bytes: u64, level: u8, flags: u64) {
+        self.head(bytenr, num_bytes, false, level).set_flags |= flags;
+    }
+
+    /// The pending change of `bytenr`: (sum of reference deltas, flags to be set).
+    pub fn pending(&self, bytenr: u64) -> (i64, u64) {
+        self.heads.get(&bytenr).map_or((0, 0), |h| (h.total(), h.set_flags))
     }
 
     /// Take every head for running, in bytenr order.

@@ -139,10 +139,12 @@ impl FsWriter {
         Ok(bytenr)
     }
 
-    /// Drop tree `root_id`'s reference to a tree block.
+    /// Drop tree `root_id`'s reference to a tree block (the kernel's
+    /// `btrfs_free_tree_block` with no parent). A block still shared with another tree
+    /// keeps its other references; the last reference frees it when the refs run.
     ///
     /// # Errors
-    /// None today; kept fallible for shared-block handling.
+    /// None today; fallible like the kernel's.
     pub(crate) fn free_tree_block(&mut self, root_id: u64, bytenr: u64, level: u8) -> Result<()> {
         self.forget_dirty(bytenr);
         let ns = u64::from(self.nodesize());
@@ -172,6 +174,68 @@ impl FsWriter {
         let (bytenr, len) = crate::alloc::alloc_extent_upto(self, BLOCK_GROUP_DATA, num_bytes, ss)?;
         self.delayed.add_data_ref(bytenr, len, RefKind::Data { root, ino, offset }, 1, true);
         Ok((bytenr, len))
+    }
+
+    /// Reference count and flags of committed tree block `bytenr` at `level`, with
+    /// this transaction's pending changes applied (`btrfs_lookup_extent_info`).
+    ///
+    /// # Errors
+    /// `Corrupt` if the block has no METADATA_ITEM; read failures.
+    pub(crate) fn lookup_tree_block_info(&mut self, bytenr: u64, level: u8) -> Result<(u64, u64)> {
+        let key = Key::new(bytenr, METADATA_ITEM_KEY, u64::from(level));
+        let root = self.root(EXTENT_TREE_OBJECTID)?;
+        let cur = match self.first_item_ge(&root, &key)? {
+            Some((k, data)) if k == key => items::extent_item(&data, true).map_err(|e| corrupt(bytenr, e))?,
+            _ => return Err(corrupt(bytenr, format!("tree block {bytenr} level {level} has no extent item {key}"))),
+        };
+        let (delta, flags) = self.delayed.pending(bytenr);
+        let refs = cur.refs as i64 + delta;
+        if refs < 0 {
+            return Err(corrupt(bytenr, format!("tree block {bytenr} would have {refs} references")));
+        }
+        Ok((refs as u64, cur.flags | flags))
+    }
+
+    /// Add or drop (`delta`) the references block `blk` holds on what it points at
+    /// (`btrfs_inc_ref` / `btrfs_dec_ref`): child blocks of a node, data extents of a
+    /// leaf's file extent items. With `full_backref` the references name `blk` as
+    /// parent (SHARED_BLOCK_REF / SHARED_DATA_REF), else they name tree `root_id`.
+    ///
+    /// # Errors
+    /// `Corrupt` for a file extent item that does not parse (the tree checker accepted
+    /// the block, so this means memory and disk disagree).
+    pub(crate) fn mod_refs(&mut self, blk: &crate::transaction::Blk, root_id: u64, full_backref: bool, delta: i64) -> Result<()> {
+        let ns = u64::from(self.nodesize());
+        let n = self.node(blk);
+        let parent = n.bytenr();
+        let level = n.level();
+        let mut tree = Vec::new();
+        let mut data = Vec::new();
+        for slot in 0..n.nritems() {
+            if level > 0 {
+                tree.push(n.blockptr(slot));
+                continue;
+            }
+            let key = n.key(slot);
+            if key.type_ != EXTENT_DATA_KEY {
+                continue;
+            }
+            let fe = items::file_extent(n.item_data(slot)).map_err(|e| Corrupt::new(CorruptWhere::Item, e).root(n.owner()).block(parent).slot(slot as u32, key))?;
+            if let items::FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, .. } = fe {
+                if disk_bytenr != 0 {
+                    data.push((disk_bytenr, disk_num_bytes, key.objectid, key.offset.wrapping_sub(offset)));
+                }
+            }
+        }
+        for child in tree {
+            let kind = if full_backref { RefKind::SharedBlock { parent } } else { RefKind::TreeBlock { root: root_id } };
+            self.delayed.add_tree_ref(child, ns, level - 1, kind, delta, None);
+        }
+        for (bytenr, len, ino, offset) in data {
+            let kind = if full_backref { RefKind::SharedData { parent } } else { RefKind::Data { root: root_id, ino, offset } };
+            self.delayed.add_data_ref(bytenr, len, kind, delta, false);
+        }
+        Ok(())
     }
 
     /// Add or drop (`delta`) a file's reference to a data extent.
@@ -216,7 +280,7 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
         }
         return insert_new_extent(w, &h, new);
     }
-    if h.refs.is_empty() {
+    if h.refs.is_empty() && h.set_flags == 0 {
         return Ok(());
     }
     update_extent(w, &h)
@@ -225,7 +289,7 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
 fn insert_new_extent(w: &mut FsWriter, h: &RefHead, new: NewExtent) -> Result<()> {
     let total: i64 = h.total();
     let (key, flags) = match new {
-        NewExtent::Tree { level, .. } => (Key::new(h.bytenr, METADATA_ITEM_KEY, u64::from(level)), EXTENT_FLAG_TREE_BLOCK),
+        NewExtent::Tree { level, .. } => (Key::new(h.bytenr, METADATA_ITEM_KEY, u64::from(level)), EXTENT_FLAG_TREE_BLOCK | h.set_flags),
         NewExtent::Data => (Key::new(h.bytenr, EXTENT_ITEM_KEY, h.num_bytes), EXTENT_FLAG_DATA),
     };
     let max = w.max_extent_item_size();
@@ -330,7 +394,7 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
     }
     let mut all: Vec<InlineRef> = inline.iter().map(|(k, c)| to_inline(*k, *c)).collect();
     all.extend(owners);
-    let body = serialize_extent_item(refs as u64, cur.generation, cur.flags, &all);
+    let body = serialize_extent_item(refs as u64, cur.generation, cur.flags | h.set_flags, &all);
     let (leaf, slot) = w.lookup_for_update(EXTENT_TREE_OBJECTID, &key, body.len())?.ok_or_else(|| corrupt(h.bytenr, format!("extent item {key} vanished")))?;
     let old_len = w.item_data_mut(leaf, slot).len();
     if body.len() > old_len {

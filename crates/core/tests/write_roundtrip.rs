@@ -12,7 +12,7 @@
 //! prealloc, sparse files, extrefs, a 3100-entry directory); new data and metadata
 //! chunks; unlink with space freed and reused; extent splits with two references;
 //! inline files growing regular; thousands of entries in one directory and deleting
-//! most of them again; name hash collisions; refusal to change snapshot-shared trees.
+//! most of them again; name hash collisions; snapshot-shared and relocated trees.
 
 mod common;
 #[path = "common/write.rs"]
@@ -318,133 +318,191 @@ fn default_fixture_snapshot_leaf_trees() {
     });
 }
 
-/// Run `f` against a writer, expecting the snapshot refusal.
-fn expect_incompatible(img: &Scratch, what: &str, f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) {
-    let before = img.sha256();
-    let mut w = img.writer();
-    match f(&mut w) {
-        Err(Error::Incompatible(msg)) => assert!(msg.contains("snapshot"), "{what}: unclear message: {msg}"),
-        other => panic!("{what}: expected an Incompatible error, got {other:?}"),
-    }
-    // The change had begun (the path was being COWed): the writer is read-only now, so
-    // nothing half-done can be committed.
-    match w.commit() {
-        Err(e) => assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{what}: commit after the refusal: {e}"),
-        Ok(g) => panic!("{what}: commit after the refusal succeeded (generation {g})"),
-    }
-    drop(w);
-    assert_eq!(before, img.sha256(), "{what}: the image changed");
+fn btrfs_cmd(args: &[&str], dir: &std::path::Path) {
+    let o = std::process::Command::new("btrfs").args(args).arg(dir).output().expect("run btrfs");
+    assert!(o.status.success(), "btrfs {args:?} {}: {}", dir.display(), String::from_utf8_lossy(&o.stderr));
 }
 
-/// A kernel-made subvolume deep enough to have interior nodes, snapshotted: its
-/// children are shared with the snapshot, which the writer must refuse to change with a
-/// clear Incompatible error, leaving the image untouched and clean.
+/// Random changes spread over several trees that share blocks: overwrites (splitting
+/// shared data extents), appends, creates, unlinks and mkdirs, all in one transaction.
+fn random_shared_changes(m: &mut Model, w: &mut FsWriter, rng: &mut Rng, dirs: &[&str], n: usize, tag: &str) {
+    for i in 0..n {
+        let dir = *rng.pick(dirs);
+        let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+        let files: Vec<String> = m.paths().into_iter().filter(|(p, h)| p.starts_with(&prefix) && m.node(*h).kind == 'f').map(|(p, _)| p).collect();
+        match rng.below(10) {
+            0..=3 if !files.is_empty() => {
+                let f = rng.pick(&files).clone();
+                let len = m.data(&f).len() as u64;
+                let off = rng.below(len + 1);
+                let n = rng.range(1, 9000) as usize;
+                let data = rng.bytes(n);
+                m.w_write(w, &f, off, &data);
+            }
+            4..=5 if !files.is_empty() => {
+                let f = rng.pick(&files).clone();
+                m.w_unlink(w, &f);
+            }
+            6 => {
+                m.w_mkdir(w, &path(dir, &format!("{tag}-d{i}")), 0o755);
+            }
+            _ => {
+                let size = *rng.pick(&[0usize, 100, 2000, 5000, 70_000]);
+                let data = rng.bytes(size);
+                m.w_create(w, &path(dir, &format!("{tag}-{i}")), 0o644, &data);
+            }
+        }
+    }
+}
+
+/// (tree blocks with FULL_BACKREF, shared block backrefs, shared data backrefs) in the
+/// extent tree, inline or keyed.
+fn shared_backrefs(img: &Scratch) -> (usize, usize, usize) {
+    let mut w = img.writer();
+    let all = w.items_in_range(EXTENT_TREE_OBJECTID, &Key::MIN, &Key::MAX).expect("extent tree");
+    let (mut full, mut sblock, mut sdata) = (0, 0, 0);
+    for (k, d) in all {
+        match k.type_ {
+            METADATA_ITEM_KEY | EXTENT_ITEM_KEY => {
+                let v = items::extent_item(&d, k.type_ == METADATA_ITEM_KEY).expect("extent item");
+                full += usize::from(v.flags & ubtrfs_format::structs::BLOCK_FLAG_FULL_BACKREF != 0);
+                for r in v.inline_refs {
+                    match r {
+                        items::InlineRef::SharedBlock { .. } => sblock += 1,
+                        items::InlineRef::SharedData { .. } => sdata += 1,
+                        _ => {}
+                    }
+                }
+            }
+            SHARED_BLOCK_REF_KEY => sblock += 1,
+            SHARED_DATA_REF_KEY => sdata += 1,
+            _ => {}
+        }
+    }
+    (full, sblock, sdata)
+}
+
+/// A kernel-made subvolume deep enough to have interior nodes, a snapshot of it and a
+/// snapshot of the snapshot: every tree shares blocks and data extents with the others.
+/// ubtrfs changes all three (COW of shared blocks turns them FULL_BACKREF or hands
+/// their references over, as the kernel does); the oracle checks every round, the
+/// kernel writes on top, and finally the kernel deletes a snapshot: its cleaner drops
+/// the tree by walking the references ubtrfs wrote, and `btrfs check` must stay clean.
 #[test]
-fn snapshot_shared_tree_is_refused() {
-    if !common::kernel_available("snapshot_shared_tree_is_refused") {
+fn snapshot_shared_trees_are_written() {
+    if !common::kernel_available("snapshot_shared_trees_are_written") {
         return;
     }
     let img = Scratch::mkfs("snapshot-shared", 256 * MIB, &["-n", "4096"]);
     {
         let mnt = Mount::new(&img.path, true);
-        let ok = std::process::Command::new("btrfs").args(["subvolume", "create"]).arg(mnt.path("sv")).output().expect("btrfs subvolume create").status.success();
-        assert!(ok, "subvolume create");
-        for i in 0..400 {
+        btrfs_cmd(&["subvolume", "create"], &mnt.path("sv"));
+        for i in 0..3000 {
             std::fs::write(mnt.path(&format!("sv/file-{i:04}")), format!("content {i}\n").repeat(i % 7 + 1)).expect("write");
         }
-        let ok = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path("sv")).arg(mnt.path("snap")).output().expect("btrfs subvolume snapshot").status.success();
-        assert!(ok, "subvolume snapshot");
+        let mut rng = Rng::new(5);
+        for i in 0..12 {
+            std::fs::write(mnt.path(&format!("sv/big-{i}")), rng.bytes(200_000)).expect("write");
+        }
+        let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path("sv")).arg(mnt.path("snap")).output().expect("btrfs");
+        assert!(o.status.success(), "snapshot: {}", String::from_utf8_lossy(&o.stderr));
+        let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path("snap")).arg(mnt.path("snap2")).output().expect("btrfs");
+        assert!(o.status.success(), "snapshot: {}", String::from_utf8_lossy(&o.stderr));
         mnt.umount();
     }
     assert_check(&img.path, "kernel-made snapshot image");
-    let m = Model::load(&img.path);
-    let sv = m.id("sv");
-    let snap = m.id("snap");
-    assert!(fs_tree_level(&img, sv.root) >= 1, "the subvolume needs interior nodes for this test");
-    expect_incompatible(&img, "create in the snapshotted subvolume", |w| w.create_file(sv.root, sv.ino, b"new", &InodeAttrs::new(0o644)).map(|_| ()));
-    let f = m.id("sv/file-0123");
-    expect_incompatible(&img, "write into the snapshotted subvolume", |w| w.write_file(f.root, f.ino, 0, b"changed"));
-    expect_incompatible(&img, "unlink in the snapshot", |w| w.unlink(snap.root, snap.ino, b"file-0200"));
-    assert_check(&img.path, "after the refusals");
-    verify_all(&img.path, &m, true, "after the refusals");
-    // Tree 5 is not shared: writing there still works.
-    let mut m = m;
-    ubtrfs_round(&img, &mut m, true, &[5], "tree 5 beside a snapshot", |m, w| {
-        m.w_create(w, "top-level", 0o644, b"fine\n");
+    let mut m = Model::load(&img.path);
+    let (sv, snap, snap2) = (m.id("sv").root, m.id("snap").root, m.id("snap2").root);
+    assert!(fs_tree_level(&img, sv) >= 2, "the subvolume needs two levels of interior nodes for this test");
+    let trees = [5, sv, snap, snap2];
+    let mut rng = Rng::new(23);
+    // Each tree changes a different part of the shared tree, so blocks stay shared
+    // (FULL_BACKREF, parent-named refs) after this round.
+    ubtrfs_round(&img, &mut m, true, &trees, "snapshots: first writes to shared trees", |m, w| {
+        m.w_write(w, "sv/file-0123", 0, b"changed");
+        m.w_unlink(w, "sv/file-0124");
+        m.w_write(w, "sv/big-5", 4096, &rng.bytes(100));
+        m.w_write(w, "snap/file-2900", 3, b"changed");
+        m.w_write(w, "snap/big-3", 100_000, &rng.bytes(8192));
+        m.w_write(w, "snap2/file-1500", 0, &rng.bytes(70_000));
+    });
+    let (full, sblock, sdata) = shared_backrefs(&img);
+    eprintln!("after the first writes: {full} FULL_BACKREF blocks, {sblock} shared block refs, {sdata} shared data refs");
+    assert!(full > 0 && sblock > 0 && sdata > 0, "COW of shared blocks should have left FULL_BACKREF blocks with shared refs");
+    for round in 0..3 {
+        ubtrfs_round(&img, &mut m, true, &trees, &format!("snapshots: random round {round}"), |m, w| {
+            random_shared_changes(m, w, &mut rng, &["sv", "snap", "snap2"], 400, &format!("r{round}"));
+        });
+    }
+    kernel_round(&img, &mut m, "snapshots: the kernel writes on top", |m, k| {
+        for i in (1..3000).step_by(41) {
+            for d in ["sv", "snap", "snap2"] {
+                let p = format!("{d}/file-{i:04}");
+                if m.lookup(&p).is_some() {
+                    m.k_write(k, &p, 1, b"kernel");
+                }
+            }
+        }
+        m.k_create(k, "snap/by-kernel", b"kernel file\n");
+    });
+    ubtrfs_round(&img, &mut m, true, &trees, "snapshots: ubtrfs after the kernel", |m, w| {
+        random_shared_changes(m, w, &mut rng, &["sv", "snap", "snap2"], 300, "after");
+    });
+    // The kernel drops a snapshot: its cleaner walks every reference of the tree.
+    {
+        let mnt = Mount::new(&img.path, true);
+        btrfs_cmd(&["subvolume", "delete"], &mnt.path("snap"));
+        btrfs_cmd(&["subvolume", "sync"], &mnt.dir);
+        mnt.umount();
+    }
+    m.record_unlink("snap");
+    assert_check(&img.path, "snapshots: after the kernel deleted one");
+    verify_all(&img.path, &m, true, "snapshots: after the kernel deleted one");
+    ubtrfs_round(&img, &mut m, true, &[5, sv, snap2], "snapshots: writes after the drop", |m, w| {
+        random_shared_changes(m, w, &mut rng, &["sv", "snap2"], 300, "last");
     });
 }
 
 /// After `btrfs balance` the kernel's relocation marks tree 5 as snapshotted
-/// (last_snapshot) and leaves FULL_BACKREF blocks behind: each write either works or is
-/// refused as Incompatible with the image untouched. Once the kernel has rewritten the
-/// files (COWing their leaves), ubtrfs writes them all and the oracle agrees.
+/// (last_snapshot) and leaves relocated and FULL_BACKREF blocks behind. ubtrfs writes
+/// every file and changes names at once, the oracle agrees, the kernel writes on top,
+/// and ubtrfs again.
 #[test]
 fn balanced_filesystem() {
     if !common::kernel_available("balanced_filesystem") {
         return;
     }
     let img = Scratch::mkfs("balanced", 256 * MIB, &["-n", "4096"]);
-    let run = |args: &[&str], dir: &std::path::Path| {
-        let o = std::process::Command::new("btrfs").args(args).arg(dir).output().expect("run btrfs");
-        assert!(o.status.success(), "btrfs {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    };
     {
         let mnt = Mount::new(&img.path, true);
         for i in 0..600 {
             std::fs::write(mnt.path(&format!("file-{i:04}")), format!("content {i}\n").repeat(i % 9 + 1)).expect("write");
         }
         std::fs::write(mnt.path("big"), vec![7u8; 3 << 20]).expect("write");
-        run(&["balance", "start", "--full-balance"], &mnt.dir);
+        btrfs_cmd(&["balance", "start", "--full-balance"], &mnt.dir);
         mnt.umount();
     }
     assert_check(&img.path, "after balance");
     let mut m = Model::load(&img.path);
-    let before = img.sha256();
-    let mut w = img.writer();
-    let f = m.id("file-0100");
-    match w.write_file(f.root, f.ino, 0, b"ubtrfs") {
-        Ok(()) => {
-            drop(w);
-            eprintln!("balanced_filesystem: the first write was allowed");
-        }
-        Err(Error::Incompatible(msg)) => {
-            assert!(w.commit().is_err(), "commit after a refusal must fail");
-            drop(w);
-            assert_eq!(before, img.sha256(), "refused write changed the image: {msg}");
-        }
-        Err(e) => panic!("write after balance: {e}"),
-    }
-    kernel_round(&img, &mut m, "balanced: the kernel rewrites", |m, k| {
-        for i in 0..600 {
-            m.k_write(k, &format!("file-{i:04}"), 0, b"rewritten by the kernel");
-        }
-    });
     ubtrfs_round(&img, &mut m, true, &[5], "balanced: ubtrfs writes every file", |m, w| {
         for i in 0..600 {
             m.w_write(w, &format!("file-{i:04}"), 3, b"ubtrfs");
         }
+        m.w_write(w, "big", 1 << 20, b"in the middle of a relocated extent");
     });
-    // The root directory's entries still sit in relocated leaves: names may be refused.
-    let before = img.sha256();
-    let mut w = img.writer();
-    let dir = m.id("");
-    let r = w.unlink(dir.root, dir.ino, b"file-0001").and_then(|()| w.create_file(dir.root, dir.ino, b"new", &InodeAttrs::new(0o644)));
-    match r {
-        Ok(ino) => {
-            w.commit().expect("commit");
-            drop(w);
-            m.record_unlink("file-0001");
-            m.record_file("new", 0o644, Vec::new(), ubtrfs_core::fs::InodeId { root: dir.root, ino });
-            verify_all(&img.path, &m, true, "balanced: names changed");
+    ubtrfs_round(&img, &mut m, true, &[5], "balanced: names change", |m, w| {
+        m.w_unlink(w, "file-0001");
+        m.w_create(w, "new", 0o644, b"new\n");
+    });
+    kernel_round(&img, &mut m, "balanced: the kernel rewrites", |m, k| {
+        for i in (2..600).step_by(5) {
+            m.k_write(k, &format!("file-{i:04}"), 0, b"rewritten by the kernel");
         }
-        Err(Error::Incompatible(msg)) => {
-            assert!(w.check_writable().is_err(), "a refusal mid-change aborts the writer");
-            drop(w);
-            assert_eq!(before, img.sha256(), "a refused change left the image as it was: {msg}");
-            assert_check(&img.path, "balanced: after a refused name change");
-        }
-        Err(e) => panic!("name change after balance: {e}"),
-    }
+    });
+    let mut rng = Rng::new(99);
+    ubtrfs_round(&img, &mut m, true, &[5], "balanced: ubtrfs after the kernel", |m, w| {
+        random_shared_changes(m, w, &mut rng, &[""], 300, "b");
+    });
 }
 
 /// Filling the device is an error, not a panic. Data: the write that finds no space

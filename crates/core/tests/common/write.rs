@@ -678,8 +678,13 @@ pub fn check_trees(w: &mut FsWriter, fs_trees: &[u64], what: &str) {
     w.check_invariants(CHUNK_TREE_OBJECTID).unwrap_or_else(|e| panic!("{what}: chunk tree invariants: {e}"));
 }
 
-/// Compare ubtrfs's view of `img` with the model.
+/// `ubtrfs check` finds nothing, and ubtrfs's view of `img` matches the model.
 pub fn verify_ubtrfs(img: &Path, m: &Model, what: &str) {
+    let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{what}: open for check: {e}"));
+    let rep = ubtrfs_core::check::check(&fs.info, &ubtrfs_core::check::CheckOptions::default()).unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
+    let problems: Vec<String> = rep.findings.iter().take(10).map(|f| f.to_string()).collect();
+    assert!(rep.is_clean(), "{what}: ubtrfs check found {} problems:\n{}", rep.problems(), problems.join("\n"));
+    drop(fs);
     assert_same(&m.expect(), &walk_ubtrfs(img), &format!("{what}: ubtrfs reader vs model"));
 }
 
