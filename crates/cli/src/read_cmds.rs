@@ -89,9 +89,27 @@ fn mode_str(v: &InodeView) -> String {
     for (i, (b, c)) in bits.iter().enumerate() {
         let set = mode & b != 0;
         let ch = match i {
-            2 if mode & 0o4000 != 0 => if set { 's' } else { 'S' },
-            5 if mode & 0o2000 != 0 => if set { 's' } else { 'S' },
-            8 if mode & 0o1000 != 0 => if set { 't' } else { 'T' },
+            2 if mode & 0o4000 != 0 => {
+                if set {
+                    's'
+                } else {
+                    'S'
+                }
+            }
+            5 if mode & 0o2000 != 0 => {
+                if set {
+                    's'
+                } else {
+                    'S'
+                }
+            }
+            8 if mode & 0o1000 != 0 => {
+                if set {
+                    't'
+                } else {
+                    'T'
+                }
+            }
             _ if set => *c,
             _ => '-',
         };
@@ -259,9 +277,6 @@ pub fn extract(a: &ExtractArgs) -> Result<()> {
     if stats.skipped.len() > 20 {
         eprintln!("ubtrfs: warning: ... and {} more not preserved", stats.skipped.len() - 20);
     }
-    eprintln!(
-        "extracted {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes",
-        stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes
-    );
+    eprintln!("extracted {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes", stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes);
     Ok(())
 }

@@ -100,7 +100,9 @@ impl Allocator {
             // the kernel ignores free space outside block groups, and so do we.
             let Some(g) = a.group_mut(s) else { continue };
             if s + l > g.start + g.length {
-                return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("free space {s} +{l} crosses the end of block group {}", g.start)).root(FREE_SPACE_TREE_OBJECTID).into());
+                return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("free space {s} +{l} crosses the end of block group {}", g.start))
+                    .root(FREE_SPACE_TREE_OBJECTID)
+                    .into());
             }
             g.ctl.add_free_space(s, l).map_err(|e| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("free space tree: {e}")).root(FREE_SPACE_TREE_OBJECTID)))?;
         }
@@ -309,7 +311,9 @@ pub fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64) {
 /// tree said it was allocated).
 pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
     let g = w.alloc.group_mut(bytenr).ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freed extent {bytenr} outside every block group"))))?;
-    g.ctl.pin(bytenr, num_bytes).map_err(|e| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freeing extent {bytenr} +{num_bytes}: {e}")).root(EXTENT_TREE_OBJECTID)))?;
+    g.ctl
+        .pin(bytenr, num_bytes)
+        .map_err(|e| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freeing extent {bytenr} +{num_bytes}: {e}")).root(EXTENT_TREE_OBJECTID)))?;
     w.alloc.changed = true;
     Ok(())
 }
@@ -319,12 +323,18 @@ pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
 /// # Errors
 /// `Corrupt` if the extent lies outside every group or `used` would underflow.
 pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -> Result<()> {
-    let g = w.alloc.group_mut(bytenr).ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
+    let g = w
+        .alloc
+        .group_mut(bytenr)
+        .ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
     if alloc {
         g.used += num_bytes;
         assert!(g.used <= g.length, "block group {} used {} > length {}", g.start, g.used, g.length);
     } else {
-        g.used = g.used.checked_sub(num_bytes).ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("block group {} used below zero freeing {bytenr} +{num_bytes}", g.start))))?;
+        g.used = g
+            .used
+            .checked_sub(num_bytes)
+            .ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("block group {} used below zero freeing {bytenr} +{num_bytes}", g.start))))?;
     }
     g.dirty = true;
     Ok(())

@@ -80,7 +80,8 @@ fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>
 /// # Errors
 /// `Posix(NoSpace)` when the device has no room for another chunk.
 pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
-    let profile = w.alloc.groups.values().find(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(|g| g.flags & BLOCK_GROUP_PROFILE_MASK).unwrap_or(if ty == BLOCK_GROUP_DATA { 0 } else { BLOCK_GROUP_DUP });
+    let profile =
+        w.alloc.groups.values().find(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(|g| g.flags & BLOCK_GROUP_PROFILE_MASK).unwrap_or(if ty == BLOCK_GROUP_DATA { 0 } else { BLOCK_GROUP_DUP });
     let (&devid, dev) = w.alloc.dev_items.iter().next().ok_or_else(|| Error::posix(PosixKind::NoSpace, "no device item"))?;
     let dev_uuid = dev.uuid;
     let total = dev.total_bytes.get();

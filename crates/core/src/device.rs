@@ -78,10 +78,7 @@ impl FileDevice {
 fn check_range(name: &str, offset: u64, len: usize, size: u64) -> Result<()> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
-        _ => Err(Error::io(
-            format!("{name}: access [{offset}, +{len}) beyond end of device ({size} bytes)"),
-            std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
-        )),
+        _ => Err(Error::io(format!("{name}: access [{offset}, +{len}) beyond end of device ({size} bytes)"), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
     }
 }
 

@@ -132,10 +132,7 @@ impl FsInfo {
                 warnings.push(format!("filesystem has unknown compat_ro features {unknown_compat_ro:#x}; read-only access only"));
             }
             FeatureVerdict::Refuse { unsupported_incompat } => {
-                return Err(Error::Incompatible(format!(
-                    "unsupported incompat features {} ({unsupported_incompat:#x})",
-                    features::flag_names(unsupported_incompat, features::INCOMPAT_NAMES)
-                )));
+                return Err(Error::Incompatible(format!("unsupported incompat features {} ({unsupported_incompat:#x})", features::flag_names(unsupported_incompat, features::INCOMPAT_NAMES))));
             }
         }
         let meta_fsid = if incompat & features::INCOMPAT_METADATA_UUID != 0 { sb.metadata_uuid } else { sb.fsid };
@@ -159,12 +156,7 @@ impl FsInfo {
         fs.read_chunk_tree()?;
         if fs.devices.by_id.len() as u64 != fs.sb.num_devices.get() {
             let have: Vec<u64> = fs.devices.by_id.keys().copied().collect();
-            fs.warn(format!(
-                "filesystem has {} devices but {} were given (devids {:?}); reads needing a missing device use another copy or fail",
-                fs.sb.num_devices.get(),
-                have.len(),
-                have
-            ));
+            fs.warn(format!("filesystem has {} devices but {} were given (devids {:?}); reads needing a missing device use another copy or fail", fs.sb.num_devices.get(), have.len(), have));
         }
         if fs.sb.log_root.get() != 0 {
             fs.warn(format!(
@@ -178,12 +170,7 @@ impl FsInfo {
     }
 
     fn read_chunk_tree(&mut self) -> Result<()> {
-        let root = RootInfo {
-            id: CHUNK_TREE_OBJECTID,
-            bytenr: self.sb.chunk_root.get(),
-            level: self.sb.chunk_root_level,
-            generation: self.sb.chunk_root_generation.get(),
-        };
+        let root = RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: self.sb.chunk_root.get(), level: self.sb.chunk_root_level, generation: self.sb.chunk_root_generation.get() };
         // The chunk root tells us the chunk tree uuid every other block must carry.
         let eb = self.read_tree_block(root.bytenr, &Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(CHUNK_TREE_OBJECTID), first_key: None })?;
         self.chunk_tree_uuid = eb.node().header().chunk_tree_uuid;
@@ -264,7 +251,12 @@ impl FsInfo {
             match r {
                 Ok(()) => {
                     if !bad.is_empty() {
-                        self.warn(format!("tree block {bytenr}: copy {} of {copies} is bad ({}); read copy {}", bad.iter().map(|m: &usize| (m + 1).to_string()).collect::<Vec<_>>().join(","), first_err.as_ref().map(|e| e.to_string()).unwrap_or_default(), mirror + 1));
+                        self.warn(format!(
+                            "tree block {bytenr}: copy {} of {copies} is bad ({}); read copy {}",
+                            bad.iter().map(|m: &usize| (m + 1).to_string()).collect::<Vec<_>>().join(","),
+                            first_err.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+                            mirror + 1
+                        ));
                     }
                     let eb = Arc::new(ExtentBuffer { bytenr, data: buf });
                     self.cache.insert(eb.clone());
@@ -382,7 +374,9 @@ fn read_super(dev: &dyn BlockDevice, warnings: &mut Vec<String>) -> Result<Super
             Ok(sb)
         }
         None => Err(match err {
-            Error::Corrupt(c) if c.what == ubtrfs_format::CorruptWhere::Super && c.reason.starts_with("bad magic") => Error::Incompatible(format!("{}: not a btrfs filesystem ({})", dev.name(), c.reason)),
+            Error::Corrupt(c) if c.what == ubtrfs_format::CorruptWhere::Super && c.reason.starts_with("bad magic") => {
+                Error::Incompatible(format!("{}: not a btrfs filesystem ({})", dev.name(), c.reason))
+            }
             e => e,
         }),
     }

@@ -119,7 +119,13 @@ impl Filesystem {
                 let mut alt = vec![0u8; sector.len()];
                 if self.info.read_data(slog, &mut alt, mirror).is_ok() && self.info.csum_type.verify(&alt, want) {
                     sector.copy_from_slice(&alt);
-                    self.info.warn(format!("data csum mismatch at logical {slog} (ino {} offset {}): copy {} is bad, read copy {}", inode.id.ino, file_offset + (i * ss) as u64, first + 1, mirror + 1));
+                    self.info.warn(format!(
+                        "data csum mismatch at logical {slog} (ino {} offset {}): copy {} is bad, read copy {}",
+                        inode.id.ino,
+                        file_offset + (i * ss) as u64,
+                        first + 1,
+                        mirror + 1
+                    ));
                     fixed = true;
                     break;
                 }
@@ -281,4 +287,3 @@ pub struct DecompressCache {
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
-

@@ -72,9 +72,21 @@ impl FileKind {
 /// One file extent item, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExtentKind {
-    Inline { ram_bytes: u64, compression: u8, data: Vec<u8> },
+    Inline {
+        ram_bytes: u64,
+        compression: u8,
+        data: Vec<u8>,
+    },
     /// `disk_bytenr == 0` is an explicit hole.
-    Regular { disk_bytenr: u64, disk_num_bytes: u64, offset: u64, num_bytes: u64, ram_bytes: u64, compression: u8, prealloc: bool },
+    Regular {
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+        num_bytes: u64,
+        ram_bytes: u64,
+        compression: u8,
+        prealloc: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

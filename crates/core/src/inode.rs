@@ -507,7 +507,10 @@ impl FsWriter {
                 }
             }
             if !fixed {
-                return Err(Corrupt::new(CorruptWhere::Data, format!("csum mismatch reading old data for a partial write ({copies} copies tried)")).root(root).data(ino, file_off + (i * ss) as u64, sl).into());
+                return Err(Corrupt::new(CorruptWhere::Data, format!("csum mismatch reading old data for a partial write ({copies} copies tried)"))
+                    .root(root)
+                    .data(ino, file_off + (i * ss) as u64, sl)
+                    .into());
             }
         }
         Ok(())
@@ -629,7 +632,9 @@ impl FsWriter {
             fill(&mut content[offset as usize..end as usize])?;
             removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
             let mut fe = Vec::with_capacity(21 + content.len());
-            fe.extend_from_slice(FileExtentHeader { generation: self.transid.into(), ram_bytes: new_size.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }.as_bytes());
+            fe.extend_from_slice(
+                FileExtentHeader { generation: self.transid.into(), ram_bytes: new_size.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }.as_bytes(),
+            );
             fe.extend_from_slice(&content);
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)?;
             added = new_size;
@@ -651,7 +656,10 @@ impl FsWriter {
                 let hole_start = old_size.div_ceil(ss) * ss;
                 if a_start > hole_start {
                     let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-                    fe.extend_from_slice(FileExtentHeader { generation: self.transid.into(), ram_bytes: (a_start - hole_start).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes());
+                    fe.extend_from_slice(
+                        FileExtentHeader { generation: self.transid.into(), ram_bytes: (a_start - hole_start).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }
+                            .as_bytes(),
+                    );
                     fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (a_start - hole_start).into() }.as_bytes());
                     self.drop_extents_inner(root, ino, hole_start, a_start)?;
                     self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;

@@ -3,11 +3,11 @@
 //! (`ctree`), and the filesystem view: subvolumes, inodes, directories, xattrs and file
 //! data (`fs`, `file`), with decompression (`compression`) and export (`extract`).
 
-pub mod compression;
 pub mod alloc;
 pub mod block_group;
 pub mod check;
 pub mod chunk;
+pub mod compression;
 pub mod csum;
 pub mod ctree;
 pub mod ctree_modify;

@@ -29,14 +29,7 @@ fn io(path: &Path, what: &str, e: std::io::Error) -> Error {
 }
 
 fn attrs(md: &std::fs::Metadata) -> InodeAttrs {
-    InodeAttrs {
-        mode: md.mode() & 0o7777,
-        uid: md.uid(),
-        gid: md.gid(),
-        rdev: 0,
-        atime: Some((md.atime(), md.atime_nsec() as u32)),
-        mtime: Some((md.mtime(), md.mtime_nsec() as u32)),
-    }
+    InodeAttrs { mode: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), rdev: 0, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)) }
 }
 
 /// Refuse anything but regular files and directories (and directories without -r), and
@@ -157,7 +150,8 @@ pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
 }
 
 fn remove_dir_contents(w: &mut FsWriter, dir: Ino, path: &str) -> Result<u64> {
-    let entries = w.items_in_range(dir.root, &ubtrfs_format::Key::new(dir.ino, ubtrfs_format::key::DIR_INDEX_KEY, 0), &ubtrfs_format::Key::new(dir.ino, ubtrfs_format::key::DIR_INDEX_KEY, u64::MAX))?;
+    let entries =
+        w.items_in_range(dir.root, &ubtrfs_format::Key::new(dir.ino, ubtrfs_format::key::DIR_INDEX_KEY, 0), &ubtrfs_format::Key::new(dir.ino, ubtrfs_format::key::DIR_INDEX_KEY, u64::MAX))?;
     let mut count = 0;
     for (_, d) in entries {
         for e in ubtrfs_format::items::dir_entries(&d) {

@@ -40,5 +40,9 @@ fn smoke_mkdir_write_commit() {
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     assert_eq!(buf, data);
     let _ = fs.load_inode(v.id, Load::ALL);
-    if std::env::var("KEEP").is_err() { std::fs::remove_file(&img).ok(); } else { eprintln!("kept {}", img.display()); }
+    if std::env::var("KEEP").is_err() {
+        std::fs::remove_file(&img).ok();
+    } else {
+        eprintln!("kept {}", img.display());
+    }
 }

@@ -25,12 +25,8 @@ pub const INCOMPAT_EXTENT_TREE_V2: u64 = 1 << 13;
 pub const INCOMPAT_RAID_STRIPE_TREE: u64 = 1 << 14;
 pub const INCOMPAT_SIMPLE_QUOTA: u64 = 1 << 16;
 
-pub const COMPAT_RO_NAMES: &[(u64, &str)] = &[
-    (COMPAT_RO_FREE_SPACE_TREE, "FREE_SPACE_TREE"),
-    (COMPAT_RO_FREE_SPACE_TREE_VALID, "FREE_SPACE_TREE_VALID"),
-    (COMPAT_RO_VERITY, "VERITY"),
-    (COMPAT_RO_BLOCK_GROUP_TREE, "BLOCK_GROUP_TREE"),
-];
+pub const COMPAT_RO_NAMES: &[(u64, &str)] =
+    &[(COMPAT_RO_FREE_SPACE_TREE, "FREE_SPACE_TREE"), (COMPAT_RO_FREE_SPACE_TREE_VALID, "FREE_SPACE_TREE_VALID"), (COMPAT_RO_VERITY, "VERITY"), (COMPAT_RO_BLOCK_GROUP_TREE, "BLOCK_GROUP_TREE")];
 
 pub const INCOMPAT_NAMES: &[(u64, &str)] = &[
     (INCOMPAT_MIXED_BACKREF, "MIXED_BACKREF"),
@@ -67,8 +63,7 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_BACKREF
     | INCOMPAT_RAID1C34
     | INCOMPAT_SIMPLE_QUOTA;
 
-pub const COMPAT_RO_SUPPORTED: u64 =
-    COMPAT_RO_FREE_SPACE_TREE | COMPAT_RO_FREE_SPACE_TREE_VALID | COMPAT_RO_VERITY | COMPAT_RO_BLOCK_GROUP_TREE;
+pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_FREE_SPACE_TREE | COMPAT_RO_FREE_SPACE_TREE_VALID | COMPAT_RO_VERITY | COMPAT_RO_BLOCK_GROUP_TREE;
 
 /// Render set bits with names, unknown ones as `0x...`: `SKINNY_METADATA|NO_HOLES`.
 pub fn flag_names(bits: u64, table: &[(u64, &str)]) -> String {
@@ -91,9 +86,13 @@ pub fn flag_names(bits: u64, table: &[(u64, &str)]) -> String {
 pub enum FeatureVerdict {
     ReadWrite,
     /// Unknown compat_ro bits: reading is safe, writing is not.
-    ReadOnly { unknown_compat_ro: u64 },
+    ReadOnly {
+        unknown_compat_ro: u64,
+    },
     /// Incompat bits we do not implement (named), or unknown ones.
-    Refuse { unsupported_incompat: u64 },
+    Refuse {
+        unsupported_incompat: u64,
+    },
 }
 
 /// Decide from `incompat_flags` and `compat_ro_flags` what ubtrfs may do.

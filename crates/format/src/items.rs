@@ -42,13 +42,7 @@ pub fn dir_entries(data: &[u8]) -> impl Iterator<Item = ParseResult<DirEntry<'_>
             if total > rest.len() {
                 return Err(format!("invalid dir item name or data len, name_len={name_len} data_len={data_len} item left={}", rest.len()));
             }
-            let e = DirEntry {
-                location: Key::from(&di.location),
-                transid: di.transid.get(),
-                type_: di.type_,
-                name: &rest[hdr..hdr + name_len],
-                data: &rest[hdr + name_len..total],
-            };
+            let e = DirEntry { location: Key::from(&di.location), transid: di.transid.get(), type_: di.type_, name: &rest[hdr..hdr + name_len], data: &rest[hdr + name_len..total] };
             rest = &rest[total..];
             Ok(e)
         })();
@@ -208,7 +202,12 @@ pub fn chunk(data: &[u8]) -> ParseResult<(ChunkView, usize)> {
 /// A file extent item, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileExtent<'a> {
-    Inline { generation: u64, ram_bytes: u64, compression: u8, data: &'a [u8] },
+    Inline {
+        generation: u64,
+        ram_bytes: u64,
+        compression: u8,
+        data: &'a [u8],
+    },
     /// REG or PREALLOC; `disk_bytenr == 0` is an explicit hole.
     Regular {
         generation: u64,
@@ -228,12 +227,7 @@ pub fn file_extent(data: &[u8]) -> ParseResult<FileExtent<'_>> {
         return Err(format!("invalid file extent encryption {} other_encoding {}", h.encryption, h.other_encoding.get()));
     }
     match h.type_ {
-        FILE_EXTENT_INLINE => Ok(FileExtent::Inline {
-            generation: h.generation.get(),
-            ram_bytes: h.ram_bytes.get(),
-            compression: h.compression,
-            data: &data[FILE_EXTENT_INLINE_DATA_START..],
-        }),
+        FILE_EXTENT_INLINE => Ok(FileExtent::Inline { generation: h.generation.get(), ram_bytes: h.ram_bytes.get(), compression: h.compression, data: &data[FILE_EXTENT_INLINE_DATA_START..] }),
         FILE_EXTENT_REG | FILE_EXTENT_PREALLOC => {
             if data.len() != FILE_EXTENT_REG_SIZE {
                 return Err(format!("invalid file extent item size, have {} expect {}", data.len(), FILE_EXTENT_REG_SIZE));

@@ -428,17 +428,15 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
                 return Err(format!("invalid extent refs, have {} expect >= inline {total}", v.refs));
             }
         }
-        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY
-            if !data.is_empty() => {
-                return Err(format!("invalid tree block ref item size {}", data.len()));
-            }
+        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY if !data.is_empty() => {
+            return Err(format!("invalid tree block ref item size {}", data.len()));
+        }
         EXTENT_DATA_REF_KEY => exact::<ExtentDataRef>(data, "extent data ref")?,
         SHARED_DATA_REF_KEY => exact::<SharedDataRef>(data, "shared data ref")?,
         FREE_SPACE_INFO_KEY => exact::<FreeSpaceInfo>(data, "free space info")?,
-        FREE_SPACE_EXTENT_KEY
-            if !data.is_empty() => {
-                return Err(format!("invalid free space extent item size {}", data.len()));
-            }
+        FREE_SPACE_EXTENT_KEY if !data.is_empty() => {
+            return Err(format!("invalid free space extent item size {}", data.len()));
+        }
         FREE_SPACE_BITMAP_KEY => {
             let bits = key.offset / u64::from(ctx.sectorsize);
             let want = bits.div_ceil(8);
@@ -450,14 +448,12 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
             items::uuid_item_ids(data)?;
         }
         // Kernels before simple quotas wrote a 32-byte status item (no enable_gen).
-        QGROUP_STATUS_KEY
-            if data.len() != 40 && data.len() != 32 => {
-                return Err(format!("invalid qgroup status item size {}", data.len()));
-            }
-        QGROUP_INFO_KEY | QGROUP_LIMIT_KEY
-            if data.len() != 40 => {
-                return Err(format!("invalid qgroup item size {}", data.len()));
-            }
+        QGROUP_STATUS_KEY if data.len() != 40 && data.len() != 32 => {
+            return Err(format!("invalid qgroup status item size {}", data.len()));
+        }
+        QGROUP_INFO_KEY | QGROUP_LIMIT_KEY if data.len() != 40 => {
+            return Err(format!("invalid qgroup item size {}", data.len()));
+        }
         _ => {}
     }
     Ok(())

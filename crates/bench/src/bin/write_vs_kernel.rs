@@ -124,7 +124,11 @@ fn kernel_create(a: &Args, img: &Image, mnt: &Path, dio: bool) -> Result<Sample,
     let per_dir = a.files.div_ceil(a.dirs);
     let t = Instant::now();
     run_cmd(
-        Command::new("fs_mark").args(["-S", "0", "-s", "0", "-t", "1", "-L", "1", "-k"]).args(["-n", &a.files.to_string(), "-D", &a.dirs.to_string(), "-N", &per_dir.to_string()]).arg("-d").arg(&dir)
+        Command::new("fs_mark")
+            .args(["-S", "0", "-s", "0", "-t", "1", "-L", "1", "-k"])
+            .args(["-n", &a.files.to_string(), "-D", &a.dirs.to_string(), "-N", &per_dir.to_string()])
+            .arg("-d")
+            .arg(&dir)
             // fs_mark writes fs_log.txt into its working directory; keep it out of the repo.
             .current_dir(&a.workdir),
     )?;
