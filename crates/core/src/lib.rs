@@ -27,6 +27,7 @@ pub mod inode;
 pub mod namei;
 pub mod node_cache;
 pub mod put;
+pub mod qgroup;
 pub mod transaction;
 pub mod volumes;
 

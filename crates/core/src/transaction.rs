@@ -118,6 +118,10 @@ impl FsWriter {
         if incompat & INCOMPAT_MIXED_GROUPS != 0 {
             return Err(Error::Incompatible("cannot write: mixed block groups are not supported for writing yet".into()));
         }
+        let unwritable = incompat & (INCOMPAT_ZONED | INCOMPAT_EXTENT_TREE_V2 | INCOMPAT_RAID_STRIPE_TREE | INCOMPAT_SIMPLE_QUOTA);
+        if unwritable != 0 {
+            return Err(Error::Incompatible(format!("cannot write: features {} are not supported for writing yet", flag_names(unwritable, INCOMPAT_NAMES))));
+        }
         for c in info.chunk_map.iter() {
             let p = c.profile();
             if p != 0 && p != BLOCK_GROUP_DUP {
@@ -347,18 +351,19 @@ impl FsWriter {
         if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() {
             return Ok(self.sb.generation.get());
         }
-        // Running refs changes the extent and free-space trees, which COWs blocks and
-        // adds refs; root items change the root tree. Loop until nothing moves.
-        let mut rounds = 0;
-        loop {
-            rounds += 1;
-            assert!(rounds < 1000, "commit did not converge after {rounds} rounds");
-            let ran = crate::extent_tree::run_delayed_refs(self)?;
-            let bg = crate::alloc::write_dirty_block_groups(self)?;
-            let roots = self.update_root_items()?;
-            if !ran && !bg && !roots && self.delayed.is_empty() {
-                break;
-            }
+        self.converge()?;
+        let quota = crate::qgroup::status(self)?;
+        if quota.is_some() {
+            // Write the trees as they will be committed, recount the quota groups in
+            // that state, store the numbers (see `qgroup`), and settle again.
+            self.check_dirty_invariants();
+            self.write_dirty_blocks()?;
+            let view = self.next_super();
+            let committed = std::mem::replace(&mut self.info.sb, view);
+            let counts = crate::check::qgroup::recount(&self.info);
+            self.info.sb = committed;
+            crate::qgroup::store_counts(self, &counts)?;
+            self.converge()?;
         }
         self.check_dirty_invariants();
         self.write_dirty_blocks()?;
@@ -377,6 +382,40 @@ impl FsWriter {
             st.dirty = false;
         }
         Ok(gen)
+    }
+
+    /// Running refs changes the extent and free-space trees, which COWs blocks and
+    /// adds refs; root items change the root tree. Loop until nothing moves.
+    fn converge(&mut self) -> Result<()> {
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            assert!(rounds < 1000, "commit did not converge after {rounds} rounds");
+            let ran = crate::extent_tree::run_delayed_refs(self)?;
+            let bg = crate::alloc::write_dirty_block_groups(self)?;
+            let roots = self.update_root_items()?;
+            if !ran && !bg && !roots && self.delayed.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The superblock this commit will write, root pointers included (backup roots
+    /// and usage are filled in by `write_supers`).
+    fn next_super(&self) -> Box<Superblock> {
+        let root = self.roots.get(&ROOT_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.tree_root());
+        let chunk = self.roots.get(&CHUNK_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.chunk_root());
+        let transid = self.transid;
+        let mut sb = self.sb.clone();
+        sb.generation = transid.into();
+        sb.root = root.bytenr.into();
+        sb.root_level = root.level;
+        if chunk.generation == transid {
+            sb.chunk_root = chunk.bytenr.into();
+            sb.chunk_root_level = chunk.level;
+            sb.chunk_root_generation = transid.into();
+        }
+        sb
     }
 
     fn check_dirty_invariants(&self) {
@@ -428,17 +467,7 @@ impl FsWriter {
     }
 
     fn write_supers(&mut self) -> Result<()> {
-        let root = self.roots.get(&ROOT_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.tree_root());
-        let chunk = self.roots.get(&CHUNK_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.chunk_root());
-        let transid = self.transid;
-        self.sb.generation = transid.into();
-        self.sb.root = root.bytenr.into();
-        self.sb.root_level = root.level;
-        if chunk.generation == transid {
-            self.sb.chunk_root = chunk.bytenr.into();
-            self.sb.chunk_root_level = chunk.level;
-            self.sb.chunk_root_generation = transid.into();
-        }
+        self.sb = self.next_super();
         self.sb.bytes_used = self.alloc.total_used().into();
         self.fill_backup_root()?;
         for d in self.info.devices.by_id.values() {

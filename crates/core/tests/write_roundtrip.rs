@@ -463,6 +463,71 @@ fn snapshot_shared_trees_are_written() {
     });
 }
 
+/// `btrfs qgroup show --raw` as (qgroupid, referenced, exclusive) rows.
+fn kernel_qgroups(dir: &std::path::Path) -> Vec<(String, u64, u64)> {
+    let o = std::process::Command::new("btrfs").args(["qgroup", "show", "--raw"]).arg(dir).output().expect("btrfs qgroup show");
+    assert!(o.status.success(), "qgroup show: {}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<(String, u64, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [id, r, e, ..] if id.contains('/') => Some((id.to_string(), r.parse().ok()?, e.parse().ok()?)),
+                _ => None,
+            }
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no qgroups in: {text}");
+    rows
+}
+
+/// Quotas on, with a subvolume, its snapshot and a level-1 qgroup over both: every
+/// ubtrfs commit leaves the qgroup numbers exact. `btrfs check` verifies them after
+/// each round (it fails on any difference), the kernel mounts without marking them
+/// inconsistent, and a kernel rescan finds the very numbers ubtrfs stored.
+#[test]
+fn quota_groups_stay_exact() {
+    if !common::kernel_available("quota_groups_stay_exact") {
+        return;
+    }
+    let img = Scratch::mkfs("quota", 256 * MIB, &["-n", "4096"]);
+    {
+        let mnt = Mount::new(&img.path, true);
+        btrfs_cmd(&["quota", "enable"], &mnt.dir);
+        btrfs_cmd(&["subvolume", "create"], &mnt.path("sv"));
+        let mut rng = Rng::new(31);
+        for i in 0..800 {
+            std::fs::write(mnt.path(&format!("sv/f{i}")), rng.bytes(i * 131 % 20_000)).expect("write");
+        }
+        let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path("sv")).arg(mnt.path("snap")).output().expect("btrfs");
+        assert!(o.status.success(), "snapshot: {}", String::from_utf8_lossy(&o.stderr));
+        btrfs_cmd(&["qgroup", "create", "1/100"], &mnt.dir);
+        for q in ["0/256", "0/257"] {
+            let o = std::process::Command::new("btrfs").args(["qgroup", "assign", "--no-rescan", q, "1/100"]).arg(&mnt.dir).output().expect("btrfs");
+            assert!(o.status.success() || o.status.code() == Some(1), "qgroup assign: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
+        mnt.umount();
+    }
+    assert_check(&img.path, "quota: kernel-made image");
+    let mut m = Model::load(&img.path);
+    let (sv, snap) = (m.id("sv").root, m.id("snap").root);
+    let mut rng = Rng::new(32);
+    for round in 0..3 {
+        ubtrfs_round(&img, &mut m, true, &[5, sv, snap], &format!("quota: round {round}"), |m, w| {
+            random_shared_changes(m, w, &mut rng, &["sv", "snap", ""], 150, &format!("q{round}"));
+        });
+    }
+    let mnt = Mount::new(&img.path, true);
+    let ours = kernel_qgroups(&mnt.dir);
+    btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
+    let rescanned = kernel_qgroups(&mnt.dir);
+    mnt.umount();
+    assert_eq!(ours, rescanned, "the kernel's rescan disagrees with the numbers ubtrfs stored");
+    assert!(ours.iter().any(|(id, r, e)| id == "0/256" && r > e && *e > 0), "sv should share with snap and own some: {ours:?}");
+}
+
 /// After `btrfs balance` the kernel's relocation marks tree 5 as snapshotted
 /// (last_snapshot) and leaves relocated and FULL_BACKREF blocks behind. ubtrfs writes
 /// every file and changes names at once, the oracle agrees, the kernel writes on top,

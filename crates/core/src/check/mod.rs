@@ -30,7 +30,7 @@ mod csum;
 mod extents;
 mod fst;
 mod inodes;
-mod qgroup;
+pub(crate) mod qgroup;
 mod space;
 mod walk;
 
@@ -298,7 +298,7 @@ impl CheckReport {
 /// Findings and notes as they accumulate.
 pub(crate) struct Sink {
     pub report: CheckReport,
-    max: usize,
+    pub(crate) max: usize,
 }
 
 impl Sink {

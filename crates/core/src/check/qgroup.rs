@@ -27,19 +27,8 @@ fn accounted(root: u64) -> bool {
     root == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&root)
 }
 
-pub(super) fn check_qgroups(fs: &FsInfo, st: &State, sink: &mut Sink) {
-    let Some(flags) = st.qgroup_status else {
-        return;
-    };
-    if flags & STATUS_SIMPLE_MODE != 0 {
-        sink.note("simple quotas: qgroup numbers not verified");
-        return;
-    }
-    if flags & (STATUS_RESCAN | STATUS_INCONSISTENT) != 0 {
-        sink.note(format!("qgroup status flags {flags:#x} (rescan running or inconsistent): qgroup numbers not verified"));
-        return;
-    }
-
+/// What every qgroup's (referenced, exclusive) should be, from the walk's references.
+fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
     // Subvolumes reaching each tree block, parents before children.
     let mut by_level: Vec<Vec<u64>> = vec![Vec::new(); usize::from(MAX_LEVEL)];
     for (&b, i) in &st.blocks {
@@ -119,6 +108,31 @@ pub(super) fn check_qgroups(fs: &FsInfo, st: &State, sink: &mut Sink) {
             }
         }
     }
+    computed
+}
+
+/// Count every qgroup's (referenced, exclusive) from scratch over the whole filesystem
+/// as `fs` describes it (a full rescan, as `btrfs quota rescan` does). The writer
+/// uses it at commit to keep quota numbers exact.
+pub(crate) fn recount(fs: &FsInfo) -> BTreeMap<u64, (u64, u64)> {
+    let mut sink = Sink { report: Default::default(), max: 1 };
+    let st = super::walk::walk(fs, &mut sink);
+    compute(fs, &st)
+}
+
+pub(super) fn check_qgroups(fs: &FsInfo, st: &State, sink: &mut Sink) {
+    let Some(flags) = st.qgroup_status else {
+        return;
+    };
+    if flags & STATUS_SIMPLE_MODE != 0 {
+        sink.note("simple quotas: qgroup numbers not verified");
+        return;
+    }
+    if flags & (STATUS_RESCAN | STATUS_INCONSISTENT) != 0 {
+        sink.note(format!("qgroup status flags {flags:#x} (rescan running or inconsistent): qgroup numbers not verified"));
+        return;
+    }
+    let computed = compute(fs, st);
     for (&q, &(rfer, excl)) in &st.qgroup_info {
         let (crfer, cexcl) = computed[&q];
         if (rfer, excl) != (crfer, cexcl) {
