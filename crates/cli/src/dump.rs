@@ -60,19 +60,6 @@ fn out_err(e: io::Error) -> Error {
 // ---------------------------------------------------------------------------------
 
 /// Superblock `flags` bits (`BTRFS_SUPER_FLAG_*` and the header flags it shares).
-const SUPER_FLAG_NAMES: &[(u64, &str)] = &[
-    (1 << 0, "WRITTEN"),
-    (1 << 1, "RELOC"),
-    (1 << 2, "ERROR"),
-    (1 << 32, "SEEDING"),
-    (1 << 33, "METADUMP"),
-    (1 << 34, "METADUMP_V2"),
-    (1 << 35, "CHANGING_FSID"),
-    (1 << 36, "CHANGING_FSID_V2"),
-    (1 << 38, "CHANGING_BG_TREE"),
-    (1 << 39, "CHANGING_DATA_CSUM"),
-    (1 << 40, "CHANGING_META_CSUM"),
-];
 
 const HEADER_FLAG_NAMES: &[(u64, &str)] = &[(HEADER_FLAG_WRITTEN, "WRITTEN"), (HEADER_FLAG_RELOC, "RELOC")];
 
@@ -352,7 +339,7 @@ fn print_super(o: &mut dyn Write, sb: &Superblock, raw: &[u8]) -> io::Result<()>
         }
     }
     field!("bytenr", "{}", sb.bytenr.get());
-    field!("flags", "{}", flags_str(sb.flags.get(), SUPER_FLAG_NAMES));
+    field!("flags", "{}", flags_str(sb.flags.get(), ubtrfs_format::features::SUPER_FLAG_NAMES));
     let magic = sb.magic.get();
     let magic_text = esc(&magic.to_le_bytes());
     field!("magic", "{magic_text} [{}]", if magic == MAGIC { "match" } else { "mismatch" });

@@ -109,6 +109,13 @@ impl FsWriter {
         let incompat = info.sb.incompat_flags.get();
         let compat_ro = info.sb.compat_ro_flags.get();
         use ubtrfs_format::features::*;
+        let no_write = info.sb.flags.get() & SUPER_FLAGS_NO_WRITE;
+        if no_write != 0 {
+            return Err(Error::Incompatible(format!(
+                "cannot write: the superblock is flagged {} (a seed device, a metadata dump, or an interrupted conversion)",
+                flag_names(no_write, SUPER_FLAG_NAMES)
+            )));
+        }
         if incompat & INCOMPAT_SKINNY_METADATA == 0 {
             return Err(Error::Incompatible("cannot write: filesystems without skinny-metadata are not supported for writing yet".into()));
         }

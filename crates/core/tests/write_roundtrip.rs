@@ -1168,6 +1168,28 @@ fn unsupported_images_are_refused() {
     }
 }
 
+/// A seed device is read-only by design: `btrfstune -S 1` marks it, and the writer
+/// refuses it by name with the image unchanged.
+#[test]
+fn seed_device_is_refused() {
+    let have = std::process::Command::new("btrfstune").arg("--help").output().is_ok();
+    if !have {
+        assert!(std::env::var_os("CI").is_none(), "seed_device_is_refused: btrfstune is missing in CI");
+        eprintln!("seed_device_is_refused: skipped: btrfstune (btrfs-progs) is not installed");
+        return;
+    }
+    let img = Scratch::fixture("blake2", "seed-refused");
+    let o = std::process::Command::new("btrfstune").args(["-S", "1"]).arg(&img.path).output().expect("btrfstune");
+    assert!(o.status.success(), "btrfstune -S 1: {}", String::from_utf8_lossy(&o.stderr));
+    let before = img.sha256();
+    match FsWriter::open(&OpenOptions { devices: vec![img.path.clone()], cache_bytes: 16 << 20, writable: true }) {
+        Err(Error::Incompatible(msg)) => assert!(msg.contains("SEEDING"), "unclear refusal: {msg}"),
+        Err(e) => panic!("expected Incompatible, got {e}"),
+        Ok(_) => panic!("a seed device opened for writing"),
+    }
+    assert_eq!(before, img.sha256(), "refusing changed the image");
+}
+
 /// The oracle is not vacuous: a flipped data byte fails `btrfs check --check-data-csum`
 /// and ubtrfs's verified read, and a model that differs from the image is reported.
 #[test]

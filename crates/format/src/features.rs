@@ -65,6 +65,43 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_BACKREF
 
 pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_FREE_SPACE_TREE | COMPAT_RO_FREE_SPACE_TREE_VALID | COMPAT_RO_VERITY | COMPAT_RO_BLOCK_GROUP_TREE;
 
+/// Superblock `flags` bits.
+pub const SUPER_FLAG_ERROR: u64 = 1 << 2;
+pub const SUPER_FLAG_SEEDING: u64 = 1 << 32;
+pub const SUPER_FLAG_METADUMP: u64 = 1 << 33;
+pub const SUPER_FLAG_METADUMP_V2: u64 = 1 << 34;
+pub const SUPER_FLAG_CHANGING_FSID: u64 = 1 << 35;
+pub const SUPER_FLAG_CHANGING_FSID_V2: u64 = 1 << 36;
+pub const SUPER_FLAG_CHANGING_BG_TREE: u64 = 1 << 38;
+pub const SUPER_FLAG_CHANGING_DATA_CSUM: u64 = 1 << 39;
+pub const SUPER_FLAG_CHANGING_META_CSUM: u64 = 1 << 40;
+
+pub const SUPER_FLAG_NAMES: &[(u64, &str)] = &[
+    (1 << 0, "WRITTEN"),
+    (1 << 1, "RELOC"),
+    (SUPER_FLAG_ERROR, "ERROR"),
+    (SUPER_FLAG_SEEDING, "SEEDING"),
+    (SUPER_FLAG_METADUMP, "METADUMP"),
+    (SUPER_FLAG_METADUMP_V2, "METADUMP_V2"),
+    (SUPER_FLAG_CHANGING_FSID, "CHANGING_FSID"),
+    (SUPER_FLAG_CHANGING_FSID_V2, "CHANGING_FSID_V2"),
+    (SUPER_FLAG_CHANGING_BG_TREE, "CHANGING_BG_TREE"),
+    (SUPER_FLAG_CHANGING_DATA_CSUM, "CHANGING_DATA_CSUM"),
+    (SUPER_FLAG_CHANGING_META_CSUM, "CHANGING_META_CSUM"),
+];
+
+/// Superblock flags under which the image must not be written: a seed device
+/// (read-only by design), a btrfs-image metadump (no data), or an interrupted
+/// btrfstune conversion.
+pub const SUPER_FLAGS_NO_WRITE: u64 = SUPER_FLAG_SEEDING
+    | SUPER_FLAG_METADUMP
+    | SUPER_FLAG_METADUMP_V2
+    | SUPER_FLAG_CHANGING_FSID
+    | SUPER_FLAG_CHANGING_FSID_V2
+    | SUPER_FLAG_CHANGING_BG_TREE
+    | SUPER_FLAG_CHANGING_DATA_CSUM
+    | SUPER_FLAG_CHANGING_META_CSUM;
+
 /// Render set bits with names, unknown ones as `0x...`: `SKINNY_METADATA|NO_HOLES`.
 pub fn flag_names(bits: u64, table: &[(u64, &str)]) -> String {
     let mut parts = Vec::new();
