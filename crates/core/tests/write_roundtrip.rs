@@ -323,6 +323,12 @@ fn btrfs_cmd(args: &[&str], dir: &std::path::Path) {
     assert!(o.status.success(), "btrfs {args:?} {}: {}", dir.display(), String::from_utf8_lossy(&o.stderr));
 }
 
+/// `btrfs subvolume snapshot` of `src` as `dst` on a kernel mount.
+fn kernel_snapshot(mnt: &Mount, src: &str, dst: &str) {
+    let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path(src)).arg(mnt.path(dst)).output().expect("btrfs");
+    assert!(o.status.success(), "snapshot {src} {dst}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// Random changes spread over several trees that share blocks: overwrites (splitting
 /// shared data extents), appends, creates, unlinks and mkdirs, all in one transaction.
 fn random_shared_changes(m: &mut Model, w: &mut FsWriter, rng: &mut Rng, dirs: &[&str], n: usize, tag: &str) {
@@ -404,10 +410,8 @@ fn snapshot_shared_trees_are_written() {
         for i in 0..12 {
             std::fs::write(mnt.path(&format!("sv/big-{i}")), rng.bytes(200_000)).expect("write");
         }
-        let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path("sv")).arg(mnt.path("snap")).output().expect("btrfs");
-        assert!(o.status.success(), "snapshot: {}", String::from_utf8_lossy(&o.stderr));
-        let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path("snap")).arg(mnt.path("snap2")).output().expect("btrfs");
-        assert!(o.status.success(), "snapshot: {}", String::from_utf8_lossy(&o.stderr));
+        kernel_snapshot(&mnt, "sv", "snap");
+        kernel_snapshot(&mnt, "snap", "snap2");
         mnt.umount();
     }
     assert_check(&img.path, "kernel-made snapshot image");
@@ -500,8 +504,7 @@ fn quota_groups_stay_exact() {
         for i in 0..800 {
             std::fs::write(mnt.path(&format!("sv/f{i}")), rng.bytes(i * 131 % 20_000)).expect("write");
         }
-        let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path("sv")).arg(mnt.path("snap")).output().expect("btrfs");
-        assert!(o.status.success(), "snapshot: {}", String::from_utf8_lossy(&o.stderr));
+        kernel_snapshot(&mnt, "sv", "snap");
         btrfs_cmd(&["qgroup", "create", "1/100"], &mnt.dir);
         for q in ["0/256", "0/257"] {
             let o = std::process::Command::new("btrfs").args(["qgroup", "assign", "--no-rescan", q, "1/100"]).arg(&mnt.dir).output().expect("btrfs");
