@@ -20,6 +20,55 @@ pub struct CsumRun {
     pub present: Vec<bool>,
 }
 
+/// A sector that no copy could make match its checksum.
+pub(crate) struct BadSector {
+    /// Index of the sector in the buffer.
+    pub index: usize,
+    /// What the sector (as first read) hashes to, and what the csum tree wants.
+    pub got: Vec<u8>,
+    pub want: Vec<u8>,
+    pub copies: usize,
+}
+
+/// Verify `buf`, read from copy `first` at `logical`, sector by sector against
+/// `want(i)` (None: no checksum for sector i, counted and skipped). A mismatching
+/// sector is re-read from each other copy and replaced by the first that matches;
+/// `repaired(i, good_copy)` hears of each. Returns the number of sectors without a
+/// checksum, or the first sector no copy could fix.
+pub(crate) fn verify_sectors(
+    info: &crate::disk_io::FsInfo,
+    logical: u64,
+    buf: &mut [u8],
+    first: usize,
+    want: impl Fn(usize) -> Option<Vec<u8>>,
+    mut repaired: impl FnMut(usize, usize),
+) -> std::result::Result<usize, BadSector> {
+    let ss = info.sectorsize as usize;
+    let ct = info.csum_type;
+    let copies = info.num_copies(logical);
+    let mut missing = 0;
+    for (i, sector) in buf.chunks_mut(ss).enumerate() {
+        let Some(want) = want(i) else {
+            missing += 1;
+            continue;
+        };
+        if ct.verify(sector, &want) {
+            continue;
+        }
+        let slog = logical + (i * ss) as u64;
+        let mut alt = vec![0u8; sector.len()];
+        let good = (0..copies).filter(|&m| m != first).find(|&m| info.read_data(slog, &mut alt, m).is_ok() && ct.verify(&alt, &want));
+        match good {
+            Some(m) => {
+                sector.copy_from_slice(&alt);
+                repaired(i, m);
+            }
+            None => return Err(BadSector { index: i, got: ct.compute(sector)[..want.len()].to_vec(), want, copies }),
+        }
+    }
+    Ok(missing)
+}
+
 impl Filesystem {
     fn csum_root(&self) -> Result<RootInfo> {
         self.fs_root_any(CSUM_TREE_OBJECTID)
@@ -103,41 +152,23 @@ impl Filesystem {
         }
         let run = self.lookup_csums(logical, buf.len() as u64)?;
         let cs = self.info.csum_type.size();
-        let mut missing = 0usize;
-        for (i, sector) in buf.chunks_mut(ss).enumerate() {
-            if !run.present[i] {
-                missing += 1;
-                continue;
-            }
-            let want = &run.csums[i * cs..(i + 1) * cs];
-            if self.info.csum_type.verify(sector, want) {
-                continue;
-            }
-            let slog = logical + (i * ss) as u64;
-            let mut fixed = false;
-            for mirror in (0..copies).filter(|&m| m != first) {
-                let mut alt = vec![0u8; sector.len()];
-                if self.info.read_data(slog, &mut alt, mirror).is_ok() && self.info.csum_type.verify(&alt, want) {
-                    sector.copy_from_slice(&alt);
-                    self.info.warn(format!(
-                        "data csum mismatch at logical {slog} (ino {} offset {}): copy {} is bad, read copy {}",
-                        inode.id.ino,
-                        file_offset + (i * ss) as u64,
-                        first + 1,
-                        mirror + 1
-                    ));
-                    fixed = true;
-                    break;
-                }
-            }
-            if !fixed {
-                let got = self.info.csum_type.compute(sector);
-                return Err(Corrupt::new(CorruptWhere::Data, format!("csum mismatch: have {} expect {} ({} copies tried)", hex(&got[..cs]), hex(want), copies))
-                    .root(inode.id.root)
-                    .data(inode.id.ino, file_offset + (i * ss) as u64, slog)
-                    .into());
-            }
-        }
+        let want = |i: usize| run.present[i].then(|| run.csums[i * cs..(i + 1) * cs].to_vec());
+        let repaired = |i: usize, m: usize| {
+            self.info.warn(format!(
+                "data csum mismatch at logical {} (ino {} offset {}): copy {} is bad, read copy {}",
+                logical + (i * ss) as u64,
+                inode.id.ino,
+                file_offset + (i * ss) as u64,
+                first + 1,
+                m + 1
+            ))
+        };
+        let missing = verify_sectors(&self.info, logical, buf, first, want, repaired).map_err(|b| -> Error {
+            Corrupt::new(CorruptWhere::Data, format!("csum mismatch: have {} expect {} ({} copies tried)", hex(&b.got), hex(&b.want), b.copies))
+                .root(inode.id.root)
+                .data(inode.id.ino, file_offset + (b.index * ss) as u64, logical + (b.index * ss) as u64)
+                .into()
+        })?;
         if missing > 0 {
             self.info.warn(format!("ino {} root {}: {missing} sectors at logical {logical} have no data checksum; read unverified", inode.id.ino, inode.id.root));
         }

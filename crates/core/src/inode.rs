@@ -472,8 +472,7 @@ impl FsWriter {
             return Ok(());
         }
         let ss = self.sectorsize() as usize;
-        let ct = self.info.csum_type;
-        let cs = ct.size();
+        let cs = self.info.csum_type.size();
         let end = logical + buf.len() as u64;
         let ckey = |l: u64| Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, l);
         let mut from = ckey(logical);
@@ -483,36 +482,22 @@ impl FsWriter {
             }
         }
         let items = self.items_in_range(CSUM_TREE_OBJECTID, &from, &ckey(end.saturating_sub(1)))?;
-        let copies = self.info.num_copies(logical);
-        for (i, sector) in buf.chunks_mut(ss).enumerate() {
+        let want = |i: usize| {
             let sl = logical + (i * ss) as u64;
-            let want = items.iter().find_map(|(k, d)| {
+            items.iter().find_map(|(k, d)| {
                 let n = (d.len() / cs) as u64;
                 (k.objectid == EXTENT_CSUM_OBJECTID && sl >= k.offset && sl < k.offset + n * ss as u64).then(|| {
                     let o = ((sl - k.offset) / ss as u64) as usize * cs;
                     d[o..o + cs].to_vec()
                 })
-            });
-            let Some(want) = want else { continue };
-            if ct.verify(sector, &want) {
-                continue;
-            }
-            let mut fixed = false;
-            for mirror in 1..copies {
-                let mut alt = vec![0u8; sector.len()];
-                if self.info.read_data(sl, &mut alt, mirror).is_ok() && ct.verify(&alt, &want) {
-                    sector.copy_from_slice(&alt);
-                    fixed = true;
-                    break;
-                }
-            }
-            if !fixed {
-                return Err(Corrupt::new(CorruptWhere::Data, format!("csum mismatch reading old data for a partial write ({copies} copies tried)"))
-                    .root(root)
-                    .data(ino, file_off + (i * ss) as u64, sl)
-                    .into());
-            }
-        }
+            })
+        };
+        crate::file::verify_sectors(&self.info, logical, buf, 0, want, |_, _| {}).map_err(|b| -> crate::error::Error {
+            Corrupt::new(CorruptWhere::Data, format!("csum mismatch reading old data for a partial write ({} copies tried)", b.copies))
+                .root(root)
+                .data(ino, file_off + (b.index * ss) as u64, logical + (b.index * ss) as u64)
+                .into()
+        })?;
         Ok(())
     }
 
