@@ -30,7 +30,8 @@
 //! Both strategies run in one process on identical input; their final states (entries,
 //! bitmaps, free ranges, allocation results) must be identical.
 
-use crate::stats::{CallStats, SplitMix64, Stopwatch, Timing};
+use crate::stats::{CallStats, Stopwatch, Timing};
+use ubtrfs_core::fault::Rng;
 use ubtrfs_core::free_space_cache::{find_next_zero_bit, EntryInfo, EntryKind, FreeSpaceCtl, Unpinned};
 
 pub const SECTOR: u64 = 4096;
@@ -147,7 +148,7 @@ impl Config {
     /// `(offset, bytes)`.
     fn layout(&self) -> (Vec<(u64, u64)>, Vec<u64>) {
         let n = u64::from(self.bits);
-        let mut rng = SplitMix64(self.seed);
+        let mut rng = Rng::new(self.seed);
         let mut frees = Vec::new();
         let mut file = Vec::with_capacity(self.file_extents() as usize);
         let at = |sector: u64| self.start + sector * SECTOR;
@@ -474,7 +475,7 @@ mod tests {
 
     #[test]
     fn forward_walk_is_the_linear_definition() {
-        let mut rng = SplitMix64(3);
+        let mut rng = Rng::new(3);
         for _ in 0..50 {
             let words: Vec<u64> = (0..8).map(|_| rng.next_u64() | rng.next_u64()).collect();
             for i in 0..512 {

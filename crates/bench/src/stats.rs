@@ -1,33 +1,7 @@
-//! Small helpers shared by benchmarks: a seeded PRNG (so runs are reproducible without a
-//! dependency), per-call time summaries and duration formatting.
+//! Small helpers shared by benchmarks: per-call time summaries and duration formatting.
+//! (Seeded randomness comes from `ubtrfs_core::fault::Rng`.)
 
 use std::time::{Duration, Instant};
-
-/// splitmix64: tiny, seeded, good enough to scatter sectors.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0; the tiny modulo bias does not matter here).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-    }
-}
 
 /// Summary of per-call times in nanoseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
