@@ -6,6 +6,8 @@
 //! Needs root, btrfs-progs and the kernel driver; skips with a reason otherwise, and
 //! fails instead of skipping under CI=true.
 
+#[path = "../../core/tests/common/kernel.rs"]
+mod kernel;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,17 +16,7 @@ fn repo() -> PathBuf {
 }
 
 fn kernel_available(test: &str) -> bool {
-    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
-    let progs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
-    let time = Path::new("/usr/bin/time").exists();
-    if root && progs && fs && time {
-        return true;
-    }
-    let why = format!("{test}: skipped: needs root ({root}), btrfs-progs ({progs}), the kernel btrfs driver ({fs}) and GNU time ({time})");
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}, and CI=true forbids skipping");
-    eprintln!("{why}");
-    false
+    kernel::kernel_available_with(test, &["/usr/bin/time"])
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! Needs root, btrfs-progs and the kernel driver; skips with a reason otherwise, and
 //! fails instead of skipping under CI=true.
 
+#[path = "../../core/tests/common/kernel.rs"]
+mod kernel;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -12,18 +14,7 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
 }
 
-fn kernel_available(test: &str) -> bool {
-    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
-    let progs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
-    if root && progs && fs {
-        return true;
-    }
-    let why = format!("{test}: skipped: needs root ({root}), btrfs-progs ({progs}) and the kernel btrfs driver ({fs})");
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}, and CI=true forbids skipping");
-    eprintln!("{why}");
-    false
-}
+use kernel::kernel_available;
 
 fn run(cmd: &mut Command) -> std::process::Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));

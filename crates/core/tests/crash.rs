@@ -710,21 +710,10 @@ fn verify_state(fs: ubtrfs_core::Result<Filesystem>, want: &[CommitRec], run_che
     Ok(generation)
 }
 
-fn btrfs_check_available() -> bool {
+/// Root, btrfs-progs and the kernel driver (asked once; CI=true must have them).
+fn kernel_oracle() -> bool {
     static A: OnceLock<bool> = OnceLock::new();
-    *A.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { geteuid() } == 0;
-        let progs = std::process::Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-        if !(root && progs) {
-            eprintln!("crash: btrfs check --readonly skipped: needs root ({root}) and btrfs-progs ({progs})");
-        }
-        root && progs
-    })
-}
-
-extern "C" {
-    fn geteuid() -> u32;
+    *A.get_or_init(|| common::kernel_available("crash: btrfs check and kernel mounts"))
 }
 
 fn btrfs_check(img: &[u8], tag: &str) -> Result<(), String> {
@@ -739,21 +728,6 @@ fn btrfs_check(img: &[u8], tag: &str) -> Result<(), String> {
         let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).take(20).collect();
         Err(format!("btrfs check --readonly failed:\n    {}", lines.join("\n    ")))
     }
-}
-
-/// True when images can be loop-mounted with the kernel's btrfs (root, driver, mount).
-fn kernel_mount_available() -> bool {
-    static A: OnceLock<bool> = OnceLock::new();
-    *A.get_or_init(|| {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { geteuid() } == 0;
-        let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
-        let ok = root && fs && std::path::Path::new("/dev/loop-control").exists();
-        if !ok {
-            eprintln!("crash: kernel mounts skipped: needs root ({root}), the btrfs driver ({fs}) and loop devices");
-        }
-        ok
-    })
 }
 
 /// The kernel's view of `img`: loop-mount it read-only and walk it into a model
@@ -1014,14 +988,14 @@ fn sweep(run: &Run, opts: &SweepOpts) -> SweepStats {
         // btrfs-progs reads only the primary superblock: a torn one (possible when the
         // atomic unit is below 4 KiB) is for `btrfs rescue super-recover`, so those
         // images are not given to it.
-        if opts.btrfs_every > 0 && n % opts.btrfs_every == 0 && !torn_primary && btrfs_check_available() {
+        if opts.btrfs_every > 0 && n % opts.btrfs_every == 0 && !torn_primary && kernel_oracle() {
             st.btrfs_checks += 1;
             if let Err(e) = btrfs_check(&img, &format!("seed{}-k{k}", run.seed)) {
                 keep_image(&img, &format!("seed{}-k{k}-progs", run.seed));
                 st.failures.push(format!("{}: {e}", what()));
             }
             // The kernel must see the same tree as the read engine did.
-            if let Some(state) = shown.filter(|_| kernel_mount_available()) {
+            if let Some(state) = shown.filter(|_| kernel_oracle()) {
                 st.kernel_mounts += 1;
                 let r = kernel_walk(&img, &format!("seed{}-k{k}", run.seed)).and_then(|km| {
                     let d = state.model.diff(&km, 8);

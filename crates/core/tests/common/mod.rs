@@ -86,25 +86,6 @@ pub fn manifest(name: &str) -> std::collections::BTreeMap<String, serde_json::Va
     s.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("manifest line")).map(|v| (v["path"].as_str().expect("path").to_string(), v)).collect()
 }
 
-/// True when running as root with the kernel btrfs driver and btrfs-progs; otherwise
-/// print why and return false, except under CI=true where skipping is a failure.
-pub fn kernel_available(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc_geteuid() } == 0;
-    let progs = std::process::Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
-    if root && progs && fs {
-        return true;
-    }
-    let why = format!("{test}: skipped: needs root ({root}), btrfs-progs ({progs}) and the kernel btrfs driver ({fs})");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}, and CI=true forbids skipping");
-    }
-    eprintln!("{why}");
-    false
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
+mod kernel;
+#[allow(unused_imports)]
+pub use kernel::{kernel_available, kernel_available_with};
