@@ -669,8 +669,10 @@ impl FsWriter {
         let n = self.node(&Blk::Dirty(node)).nritems();
         if n == 0 {
             if level + 1 >= path.levels() {
-                // The whole tree is gone: the root becomes an empty leaf.
+                // The whole tree is gone: the root becomes an empty leaf, and the
+                // METADATA_ITEM it gets at commit says so.
                 self.node_mut(node).header_mut().level = 0;
+                self.delayed.relevel_new_tree_block(node, 0);
                 self.set_root(root_id, node, 0);
                 return Ok(());
             }

@@ -87,6 +87,17 @@ impl DelayedRefs {
         *h.refs.entry(kind).or_insert(0) += delta;
     }
 
+    /// A tree block allocated in this transaction changed level before its item was
+    /// inserted (a root node whose last child went turns into an empty leaf).
+    pub fn relevel_new_tree_block(&mut self, bytenr: u64, level: u8) {
+        let h = self.heads.get_mut(&bytenr).expect("a dirty block has a pending head");
+        match &mut h.must_insert {
+            Some(NewExtent::Tree { level: l, .. }) => *l = level,
+            other => panic!("tree block {bytenr} is not newly allocated: {other:?}"),
+        }
+        h.level = level;
+    }
+
     /// Set extent item flags of tree block `bytenr` when its head runs.
     pub fn set_tree_block_flags(&mut self, bytenr: u64, num_bytes: u64, level: u8, flags: u64) {
         self.head(bytenr, num_bytes, false, level).set_flags |= flags;
