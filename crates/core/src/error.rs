@@ -19,6 +19,8 @@ pub enum PosixKind {
     NotEmpty,
     Loop,
     PermissionDenied,
+    /// EPERM: immutable or append-only inodes.
+    NotPermitted,
 }
 
 impl PosixKind {
@@ -35,6 +37,7 @@ impl PosixKind {
             PosixKind::NotEmpty => 39,
             PosixKind::Loop => 40,
             PosixKind::PermissionDenied => 13,
+            PosixKind::NotPermitted => 1,
         }
     }
     fn as_str(self) -> &'static str {
@@ -50,6 +53,7 @@ impl PosixKind {
             PosixKind::NotEmpty => "directory not empty",
             PosixKind::Loop => "too many levels of symbolic links",
             PosixKind::PermissionDenied => "permission denied",
+            PosixKind::NotPermitted => "operation not permitted",
         }
     }
 }

@@ -22,6 +22,15 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 /// The kernel's default `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
+/// What a change does to an inode, for the immutable / append-only rules.
+#[derive(Clone, Copy)]
+enum IflagOp {
+    AddName,
+    RemoveName,
+    Relink,
+    Write,
+}
+
 /// Items a new name adds or changes: DIR_ITEM, DIR_INDEX, INODE_REF, both inodes.
 const LINK_ITEMS: u64 = 5;
 /// Data is written to disk in pieces of this size.
@@ -37,11 +46,14 @@ pub struct InodeAttrs {
     /// (seconds, nanoseconds); None = now.
     pub atime: Option<(i64, u32)>,
     pub mtime: Option<(i64, u32)>,
+    /// Inode flags (INODE_*); `mkdir` and `create_file` add what the directory passes
+    /// on (compression preference, NODATACOW).
+    pub flags: u64,
 }
 
 impl InodeAttrs {
     pub fn new(mode: u32) -> InodeAttrs {
-        InodeAttrs { mode, uid: 0, gid: 0, rdev: 0, atime: None, mtime: None }
+        InodeAttrs { mode, uid: 0, gid: 0, rdev: 0, atime: None, mtime: None, flags: 0 }
     }
 }
 
@@ -152,6 +164,7 @@ impl FsWriter {
         ii.uid = a.uid.into();
         ii.gid = a.gid.into();
         ii.rdev = a.rdev.into();
+        ii.flags = a.flags.into();
         ii.atime = ts(a.atime);
         ii.mtime = ts(a.mtime);
         ii.ctime = t;
@@ -202,7 +215,7 @@ impl FsWriter {
     pub fn link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
         self.check_writable()?;
         self.check_new_name(root, dir, name)?;
-        self.inode_item(root, ino)?;
+        self.check_iflags(root, ino, IflagOp::Relink, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS)?;
         self.guarded("link", |w| w.link_inner(root, dir, name, ino, ftype))
     }
@@ -218,6 +231,31 @@ impl FsWriter {
         }
         if self.lookup_name(root, dir, name)?.is_some() {
             return Err(Error::posix(PosixKind::Exists, String::from_utf8_lossy(name).into_owned()));
+        }
+        self.check_iflags(root, dir, IflagOp::AddName, name)
+    }
+
+    /// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
+    /// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
+    /// `name` is the entry being changed, for the message.
+    fn check_iflags(&mut self, root: u64, ino: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+        let flags = self.inode_item(root, ino)?.flags.get();
+        let (forbid, desc) = match what {
+            // Creating or removing a name changes the directory.
+            IflagOp::AddName => (INODE_IMMUTABLE, "immutable directory"),
+            IflagOp::RemoveName => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only directory"),
+            // A name of this inode is added or removed.
+            IflagOp::Relink => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only inode"),
+            IflagOp::Write => (INODE_IMMUTABLE, "immutable file"),
+        };
+        if flags & forbid != 0 {
+            let name = String::from_utf8_lossy(name);
+            let target = match what {
+                IflagOp::AddName | IflagOp::RemoveName => format!("{name}: its directory (root={root} ino={ino}) is an {desc}"),
+                IflagOp::Relink => format!("{name} (root={root} ino={ino}) is an {desc}"),
+                IflagOp::Write => format!("root={root} ino={ino} is an {desc}"),
+            };
+            return Err(Error::posix(PosixKind::NotPermitted, target));
         }
         Ok(())
     }
@@ -284,6 +322,25 @@ impl FsWriter {
         Ok(())
     }
 
+    /// Flags a new inode in `dir` takes from it, as the kernel's `btrfs_inherit_iflags`:
+    /// compression preference, and NODATACOW (with NODATASUM for regular files).
+    fn inherited_flags(&mut self, root: u64, dir: u64, regular: bool) -> Result<u64> {
+        let d = self.inode_item(root, dir)?.flags.get();
+        let mut f = 0;
+        if d & INODE_NOCOMPRESS != 0 {
+            f |= INODE_NOCOMPRESS;
+        } else if d & INODE_COMPRESS != 0 {
+            f |= INODE_COMPRESS;
+        }
+        if d & INODE_NODATACOW != 0 {
+            f |= INODE_NODATACOW;
+            if regular {
+                f |= INODE_NODATASUM;
+            }
+        }
+        Ok(f)
+    }
+
     /// Create a directory `name` in `dir`.
     ///
     /// # Errors
@@ -294,6 +351,7 @@ impl FsWriter {
         self.check_writable()?;
         self.check_new_name(root, dir, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
+        a.flags |= self.inherited_flags(root, dir, false)?;
         self.guarded("mkdir", |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_DIR)?;
@@ -311,6 +369,7 @@ impl FsWriter {
         self.check_writable()?;
         self.check_new_name(root, dir, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
+        a.flags |= self.inherited_flags(root, dir, true)?;
         self.guarded("create_file", |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_REG_FILE)?;
@@ -593,6 +652,10 @@ impl FsWriter {
         if ii.mode.get() & S_IFMT != S_IFREG {
             return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
         }
+        self.check_iflags(root, ino, IflagOp::Write, b"")?;
+        if ii.flags.get() & INODE_APPEND != 0 && offset != ii.size.get() {
+            return Err(Error::posix(PosixKind::NotPermitted, format!("root={root} ino={ino} is append-only: writes must start at its size {}, not {offset}", ii.size.get())));
+        }
         let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         // The inode, two split edges, the extents and their csums.
         let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
@@ -708,6 +771,8 @@ impl FsWriter {
             return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", String::from_utf8_lossy(name))));
         }
         let child = self.inode_item(root, ino)?;
+        self.check_iflags(root, dir, IflagOp::RemoveName, name)?;
+        self.check_iflags(root, ino, IflagOp::Relink, name)?;
         if ftype == FT_DIR && child.size.get() != 0 {
             return Err(Error::posix(PosixKind::NotEmpty, String::from_utf8_lossy(name).into_owned()));
         }

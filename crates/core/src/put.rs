@@ -29,7 +29,7 @@ fn io(path: &Path, what: &str, e: std::io::Error) -> Error {
 }
 
 fn attrs(md: &std::fs::Metadata) -> InodeAttrs {
-    InodeAttrs { mode: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), rdev: 0, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)) }
+    InodeAttrs { mode: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), rdev: 0, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)), flags: 0 }
 }
 
 /// Refuse anything but regular files and directories (and directories without -r), and

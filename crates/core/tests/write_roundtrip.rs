@@ -1171,6 +1171,81 @@ fn unsupported_images_are_refused() {
     }
 }
 
+/// Inode flags set with `chattr` on a kernel mount: new files in a NODATACOW
+/// directory inherit NODATACOW and NODATASUM (no csums for their data), immutable
+/// inodes and directories refuse every change, append-only ones refuse removal and
+/// writes anywhere but at the end; each refusal is EPERM with the image unchanged.
+#[test]
+fn inode_flags_are_honoured() {
+    if !common::kernel_available_with("inode_flags_are_honoured", &["/usr/bin/chattr", "/usr/bin/lsattr"]) {
+        return;
+    }
+    let img = Scratch::mkfs("iflags", 256 * MIB, &[]);
+    let chattr = |flag: &str, p: &std::path::Path| {
+        let o = std::process::Command::new("chattr").arg(flag).arg(p).output().expect("chattr");
+        assert!(o.status.success(), "chattr {flag} {}: {}", p.display(), String::from_utf8_lossy(&o.stderr));
+    };
+    {
+        let mnt = Mount::new(&img.path, true);
+        for d in ["nocow", "frozen", "logs"] {
+            std::fs::create_dir(mnt.path(d)).expect("mkdir");
+        }
+        chattr("+C", &mnt.path("nocow"));
+        std::fs::write(mnt.path("frozen/f"), b"frozen\n").expect("write");
+        std::fs::write(mnt.path("logs/log"), b"line 1\n").expect("write");
+        std::fs::write(mnt.path("immutable"), b"keep me\n").expect("write");
+        chattr("+i", &mnt.path("frozen"));
+        chattr("+a", &mnt.path("logs"));
+        chattr("+a", &mnt.path("logs/log"));
+        chattr("+i", &mnt.path("immutable"));
+        mnt.umount();
+    }
+    let mut m = Model::load(&img.path);
+    let mut rng = Rng::new(41);
+    let data = rng.bytes(200_000);
+    ubtrfs_round(&img, &mut m, true, &[5], "iflags: file in a NODATACOW directory, append to an append-only file", |m, w| {
+        m.w_create(w, "nocow/vm.img", 0o644, &data);
+        m.w_write(w, "logs/log", 7, b"line 2\n");
+        m.w_create(w, "logs/new", 0o644, b"appended name\n");
+    });
+    let mut w = img.writer();
+    let f = m.id("nocow/vm.img");
+    let ii = w.inode_item(f.root, f.ino).expect("inode");
+    use ubtrfs_format::structs::{INODE_NODATACOW, INODE_NODATASUM};
+    assert_eq!(ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM), INODE_NODATACOW | INODE_NODATASUM, "flags {:#x}", ii.flags.get());
+    let (bytenr, len) = regular_extent_of(&mut w, f.root, f.ino);
+    let csums = w.items_in_range(CSUM_TREE_OBJECTID, &Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, 0), &Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, u64::MAX)).expect("csum tree");
+    assert!(!csums.iter().any(|(k, d)| k.offset < bytenr + len && k.offset + (d.len() as u64 / 4) * 4096 > bytenr), "NODATASUM data got checksums");
+    drop(w);
+    {
+        let mnt = Mount::new(&img.path, false);
+        let o = std::process::Command::new("lsattr").arg("-d").arg(mnt.path("nocow/vm.img")).output().expect("lsattr");
+        let attrs = String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or_default().to_string();
+        assert!(attrs.contains('C'), "the kernel does not see NODATACOW: {attrs}");
+        mnt.umount();
+    }
+    let refusals: [(&str, Box<dyn Fn(&mut FsWriter, &Model) -> ubtrfs_core::Result<()>>); 6] = [
+        ("unlink an immutable file", Box::new(|w, m| w.unlink(5, m.id("").ino, b"immutable"))),
+        ("write an immutable file", Box::new(|w, m| w.write_file(5, m.id("immutable").ino, 0, b"x"))),
+        ("create in an immutable directory", Box::new(|w, m| w.create_file(5, m.id("frozen").ino, b"new", &InodeAttrs::new(0o644)).map(|_| ()))),
+        ("unlink in an immutable directory", Box::new(|w, m| w.unlink(5, m.id("frozen").ino, b"f"))),
+        ("unlink in an append-only directory", Box::new(|w, m| w.unlink(5, m.id("logs").ino, b"new"))),
+        ("overwrite inside an append-only file", Box::new(|w, m| w.write_file(5, m.id("logs/log").ino, 0, b"LINE"))),
+    ];
+    for (what, f) in &refusals {
+        let before = img.sha256();
+        let mut w = img.writer();
+        match f(&mut w, &m) {
+            Err(e) => assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{what}: {e}"),
+            Ok(()) => panic!("{what}: allowed"),
+        }
+        w.commit().unwrap_or_else(|e| panic!("{what}: the writer stays usable after a refusal: {e}"));
+        drop(w);
+        assert_eq!(before, img.sha256(), "{what}: the image changed");
+    }
+    verify_all(&img.path, &m, true, "iflags: after the refusals");
+}
+
 /// A seed device is read-only by design: `btrfstune -S 1` marks it, and the writer
 /// refuses it by name with the image unchanged.
 #[test]
