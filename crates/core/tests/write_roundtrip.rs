@@ -388,6 +388,87 @@ fn shared_backrefs(img: &Scratch) -> (usize, usize, usize) {
     (full, sblock, sdata)
 }
 
+/// A kernel-made 4K-node image: subvolume `sv` with `files` small files and 12 of
+/// 200 KB, its snapshot `snap` and `snap2` of `snap`; with `quota`, quotas on and a
+/// level-1 qgroup 1/100 over the three.
+fn snapshot_image(tag: &str, files: usize, quota: bool) -> Scratch {
+    let img = Scratch::mkfs(tag, 256 * MIB, &["-n", "4096"]);
+    let mnt = Mount::new(&img.path, true);
+    if quota {
+        btrfs_cmd(&["quota", "enable"], &mnt.dir);
+    }
+    btrfs_cmd(&["subvolume", "create"], &mnt.path("sv"));
+    for i in 0..files {
+        std::fs::write(mnt.path(&format!("sv/file-{i:04}")), format!("content {i}\n").repeat(i % 7 + 1)).expect("write");
+    }
+    let mut rng = Rng::new(5);
+    for i in 0..12 {
+        std::fs::write(mnt.path(&format!("sv/big-{i}")), rng.bytes(200_000)).expect("write");
+    }
+    kernel_snapshot(&mnt, "sv", "snap");
+    kernel_snapshot(&mnt, "snap", "snap2");
+    if quota {
+        btrfs_cmd(&["qgroup", "create", "1/100"], &mnt.dir);
+        for q in ["0/256", "0/257", "0/258"] {
+            let _ = std::process::Command::new("btrfs").args(["qgroup", "assign", "--no-rescan", q, "1/100"]).arg(&mnt.dir).output().expect("btrfs");
+        }
+        btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
+    }
+    mnt.umount();
+    assert_check(&img.path, &format!("{tag}: kernel-made snapshot image"));
+    img
+}
+
+/// Soak (does nothing unless UBTRFS_SNAPSHOT_SOAK=N): N seeds, each on a fresh
+/// snapshot image (quotas on for odd seeds), UBTRFS_SNAPSHOT_ROUNDS (default 12)
+/// rounds of random changes over `sv`, `snap` and `snap2`, each verified by `btrfs
+/// check`, `ubtrfs check`, a kernel mount and the reader; every fourth round the kernel
+/// writes too; at the end the kernel deletes `snap` and the image must stay clean.
+#[test]
+fn snapshot_soak() {
+    let Some(seeds) = std::env::var("UBTRFS_SNAPSHOT_SOAK").ok().and_then(|v| v.parse::<u64>().ok()) else {
+        return;
+    };
+    if !common::kernel_available("snapshot_soak") {
+        return;
+    }
+    let rounds: usize = std::env::var("UBTRFS_SNAPSHOT_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
+    for seed in 0..seeds {
+        let quota = seed % 2 == 1;
+        let img = snapshot_image(&format!("snapshot-soak-{seed}"), 1500, quota);
+        let mut m = Model::load(&img.path);
+        let trees = [5, m.id("sv").root, m.id("snap").root, m.id("snap2").root];
+        let mut rng = Rng::new(1000 + seed);
+        for round in 0..rounds {
+            let what = format!("soak seed {seed} (quota {quota}) round {round}");
+            ubtrfs_round(&img, &mut m, true, &trees, &what, |m, w| {
+                let n = rng.range(50, 400) as usize;
+                random_shared_changes(m, w, &mut rng, &["sv", "snap", "snap2", ""], n, &format!("s{seed}r{round}"));
+            });
+            if round % 4 == 3 {
+                kernel_round(&img, &mut m, &format!("{what}: kernel"), |m, k| {
+                    let files: Vec<String> = m.paths().into_iter().filter(|(_, h)| m.node(*h).kind == 'f').map(|(p, _)| p).collect();
+                    for _ in 0..30 {
+                        let f = rng.pick(&files).clone();
+                        let len = m.data(&f).len() as u64;
+                        let off = rng.below(len + 1);
+                        m.k_write(k, &f, off, b"kernel was here");
+                    }
+                });
+            }
+        }
+        {
+            let mnt = Mount::new(&img.path, true);
+            btrfs_cmd(&["subvolume", "delete"], &mnt.path("snap"));
+            btrfs_cmd(&["subvolume", "sync"], &mnt.dir);
+            mnt.umount();
+        }
+        m.record_unlink("snap");
+        verify_all(&img.path, &m, true, &format!("soak seed {seed}: after the kernel dropped snap"));
+        eprintln!("snapshot_soak: seed {seed} (quota {quota}): {rounds} rounds clean");
+    }
+}
+
 /// A kernel-made subvolume deep enough to have interior nodes, a snapshot of it and a
 /// snapshot of the snapshot: every tree shares blocks and data extents with the others.
 /// ubtrfs changes all three (COW of shared blocks turns them FULL_BACKREF or hands
@@ -399,22 +480,7 @@ fn snapshot_shared_trees_are_written() {
     if !common::kernel_available("snapshot_shared_trees_are_written") {
         return;
     }
-    let img = Scratch::mkfs("snapshot-shared", 256 * MIB, &["-n", "4096"]);
-    {
-        let mnt = Mount::new(&img.path, true);
-        btrfs_cmd(&["subvolume", "create"], &mnt.path("sv"));
-        for i in 0..3000 {
-            std::fs::write(mnt.path(&format!("sv/file-{i:04}")), format!("content {i}\n").repeat(i % 7 + 1)).expect("write");
-        }
-        let mut rng = Rng::new(5);
-        for i in 0..12 {
-            std::fs::write(mnt.path(&format!("sv/big-{i}")), rng.bytes(200_000)).expect("write");
-        }
-        kernel_snapshot(&mnt, "sv", "snap");
-        kernel_snapshot(&mnt, "snap", "snap2");
-        mnt.umount();
-    }
-    assert_check(&img.path, "kernel-made snapshot image");
+    let img = snapshot_image("snapshot-shared", 3000, false);
     let mut m = Model::load(&img.path);
     let (sv, snap, snap2) = (m.id("sv").root, m.id("snap").root, m.id("snap2").root);
     assert!(fs_tree_level(&img, sv) >= 2, "the subvolume needs two levels of interior nodes for this test");
