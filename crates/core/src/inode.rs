@@ -31,6 +31,49 @@ enum IflagOp {
     Write,
 }
 
+/// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
+/// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
+/// `name` is the entry being changed, for the message.
+fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+    let (forbid, desc) = match what {
+        // Creating or removing a name changes the directory.
+        IflagOp::AddName => (INODE_IMMUTABLE, "immutable directory"),
+        IflagOp::RemoveName => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only directory"),
+        // A name of this inode is added or removed.
+        IflagOp::Relink => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only inode"),
+        IflagOp::Write => (INODE_IMMUTABLE, "immutable file"),
+    };
+    if flags & forbid != 0 {
+        let name = String::from_utf8_lossy(name);
+        let target = match what {
+            IflagOp::AddName | IflagOp::RemoveName => format!("{name}: its directory (root={root} ino={ino}) is an {desc}"),
+            IflagOp::Relink => format!("{name} (root={root} ino={ino}) is an {desc}"),
+            IflagOp::Write => format!("root={root} ino={ino} is an {desc}"),
+        };
+        return Err(Error::posix(PosixKind::NotPermitted, target));
+    }
+    Ok(())
+}
+
+/// Flags a new inode takes from its directory's flags `d`, as the kernel's
+/// `btrfs_inherit_iflags`: compression preference, and NODATACOW (with NODATASUM for
+/// regular files).
+fn inherited_flags(d: u64, regular: bool) -> u64 {
+    let mut f = 0;
+    if d & INODE_NOCOMPRESS != 0 {
+        f |= INODE_NOCOMPRESS;
+    } else if d & INODE_COMPRESS != 0 {
+        f |= INODE_COMPRESS;
+    }
+    if d & INODE_NODATACOW != 0 {
+        f |= INODE_NODATACOW;
+        if regular {
+            f |= INODE_NODATASUM;
+        }
+    }
+    f
+}
+
 /// Items a new name adds or changes: DIR_ITEM, DIR_INDEX, INODE_REF, both inodes.
 const LINK_ITEMS: u64 = 5;
 /// Data is written to disk in pieces of this size.
@@ -222,42 +265,26 @@ impl FsWriter {
 
     /// Refuse a new `name` in `dir` before anything changes: a bad or taken name found
     /// after the inode or half the entries were inserted would leave them behind.
-    fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+    /// Returns the directory's inode flags (for inheritance).
+    fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         if name.is_empty() || name.len() > NAME_LEN || name.contains(&b'/') || name == b"." || name == b".." {
             return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, String::from_utf8_lossy(name).into_owned()));
         }
-        if self.inode_item(root, dir)?.mode.get() & S_IFMT != S_IFDIR {
+        let d = self.inode_item(root, dir)?;
+        if d.mode.get() & S_IFMT != S_IFDIR {
             return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
         }
         if self.lookup_name(root, dir, name)?.is_some() {
             return Err(Error::posix(PosixKind::Exists, String::from_utf8_lossy(name).into_owned()));
         }
-        self.check_iflags(root, dir, IflagOp::AddName, name)
+        iflags_allow(root, dir, d.flags.get(), IflagOp::AddName, name)?;
+        Ok(d.flags.get())
     }
 
-    /// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
-    /// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
-    /// `name` is the entry being changed, for the message.
+    /// `iflags_allow` for inode `ino`, looked up.
     fn check_iflags(&mut self, root: u64, ino: u64, what: IflagOp, name: &[u8]) -> Result<()> {
         let flags = self.inode_item(root, ino)?.flags.get();
-        let (forbid, desc) = match what {
-            // Creating or removing a name changes the directory.
-            IflagOp::AddName => (INODE_IMMUTABLE, "immutable directory"),
-            IflagOp::RemoveName => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only directory"),
-            // A name of this inode is added or removed.
-            IflagOp::Relink => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only inode"),
-            IflagOp::Write => (INODE_IMMUTABLE, "immutable file"),
-        };
-        if flags & forbid != 0 {
-            let name = String::from_utf8_lossy(name);
-            let target = match what {
-                IflagOp::AddName | IflagOp::RemoveName => format!("{name}: its directory (root={root} ino={ino}) is an {desc}"),
-                IflagOp::Relink => format!("{name} (root={root} ino={ino}) is an {desc}"),
-                IflagOp::Write => format!("root={root} ino={ino} is an {desc}"),
-            };
-            return Err(Error::posix(PosixKind::NotPermitted, target));
-        }
-        Ok(())
+        iflags_allow(root, ino, flags, what, name)
     }
 
     fn link_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
@@ -322,25 +349,6 @@ impl FsWriter {
         Ok(())
     }
 
-    /// Flags a new inode in `dir` takes from it, as the kernel's `btrfs_inherit_iflags`:
-    /// compression preference, and NODATACOW (with NODATASUM for regular files).
-    fn inherited_flags(&mut self, root: u64, dir: u64, regular: bool) -> Result<u64> {
-        let d = self.inode_item(root, dir)?.flags.get();
-        let mut f = 0;
-        if d & INODE_NOCOMPRESS != 0 {
-            f |= INODE_NOCOMPRESS;
-        } else if d & INODE_COMPRESS != 0 {
-            f |= INODE_COMPRESS;
-        }
-        if d & INODE_NODATACOW != 0 {
-            f |= INODE_NODATACOW;
-            if regular {
-                f |= INODE_NODATASUM;
-            }
-        }
-        Ok(f)
-    }
-
     /// Create a directory `name` in `dir`.
     ///
     /// # Errors
@@ -349,9 +357,9 @@ impl FsWriter {
         let mut a = *a;
         a.mode = S_IFDIR | (a.mode & 0o7777);
         self.check_writable()?;
-        self.check_new_name(root, dir, name)?;
+        let dflags = self.check_new_name(root, dir, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
-        a.flags |= self.inherited_flags(root, dir, false)?;
+        a.flags |= inherited_flags(dflags, false);
         self.guarded("mkdir", |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_DIR)?;
@@ -367,9 +375,9 @@ impl FsWriter {
         let mut a = *a;
         a.mode = S_IFREG | (a.mode & 0o7777);
         self.check_writable()?;
-        self.check_new_name(root, dir, name)?;
+        let dflags = self.check_new_name(root, dir, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
-        a.flags |= self.inherited_flags(root, dir, true)?;
+        a.flags |= inherited_flags(dflags, true);
         self.guarded("create_file", |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_REG_FILE)?;
