@@ -660,7 +660,7 @@ impl FsWriter {
         if ii.mode.get() & S_IFMT != S_IFREG {
             return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
         }
-        self.check_iflags(root, ino, IflagOp::Write, b"")?;
+        iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
         if ii.flags.get() & INODE_APPEND != 0 && offset != ii.size.get() {
             return Err(Error::posix(PosixKind::NotPermitted, format!("root={root} ino={ino} is append-only: writes must start at its size {}, not {offset}", ii.size.get())));
         }
