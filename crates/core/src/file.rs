@@ -35,12 +35,12 @@ pub(crate) struct BadSector {
 /// sector is re-read from each other copy and replaced by the first that matches;
 /// `repaired(i, good_copy)` hears of each. Returns the number of sectors without a
 /// checksum, or the first sector no copy could fix.
-pub(crate) fn verify_sectors(
+pub(crate) fn verify_sectors<'a>(
     info: &crate::disk_io::FsInfo,
     logical: u64,
     buf: &mut [u8],
     first: usize,
-    want: impl Fn(usize) -> Option<Vec<u8>>,
+    want: impl Fn(usize) -> Option<&'a [u8]>,
     mut repaired: impl FnMut(usize, usize),
 ) -> std::result::Result<usize, BadSector> {
     let ss = info.sectorsize as usize;
@@ -52,18 +52,18 @@ pub(crate) fn verify_sectors(
             missing += 1;
             continue;
         };
-        if ct.verify(sector, &want) {
+        if ct.verify(sector, want) {
             continue;
         }
         let slog = logical + (i * ss) as u64;
         let mut alt = vec![0u8; sector.len()];
-        let good = (0..copies).filter(|&m| m != first).find(|&m| info.read_data(slog, &mut alt, m).is_ok() && ct.verify(&alt, &want));
+        let good = (0..copies).filter(|&m| m != first).find(|&m| info.read_data(slog, &mut alt, m).is_ok() && ct.verify(&alt, want));
         match good {
             Some(m) => {
                 sector.copy_from_slice(&alt);
                 repaired(i, m);
             }
-            None => return Err(BadSector { index: i, got: ct.compute(sector)[..want.len()].to_vec(), want, copies }),
+            None => return Err(BadSector { index: i, got: ct.compute(sector)[..want.len()].to_vec(), want: want.to_vec(), copies }),
         }
     }
     Ok(missing)
@@ -152,7 +152,7 @@ impl Filesystem {
         }
         let run = self.lookup_csums(logical, buf.len() as u64)?;
         let cs = self.info.csum_type.size();
-        let want = |i: usize| run.present[i].then(|| run.csums[i * cs..(i + 1) * cs].to_vec());
+        let want = |i: usize| run.present[i].then(|| &run.csums[i * cs..(i + 1) * cs]);
         let repaired = |i: usize, m: usize| {
             self.info.warn(format!(
                 "data csum mismatch at logical {} (ino {} offset {}): copy {} is bad, read copy {}",

@@ -555,7 +555,7 @@ impl FsWriter {
                 let n = (d.len() / cs) as u64;
                 (k.objectid == EXTENT_CSUM_OBJECTID && sl >= k.offset && sl < k.offset + n * ss as u64).then(|| {
                     let o = ((sl - k.offset) / ss as u64) as usize * cs;
-                    d[o..o + cs].to_vec()
+                    &d[o..o + cs]
                 })
             })
         };
