@@ -827,6 +827,30 @@ def pop_nodesize4k(c):
     c.link("data/tagged-1m", "hardlink")
 
 
+def pop_snapshots(c):
+    """Quotas on; subvolume 'sv' deep enough for two levels of interior nodes
+    (4K nodes), then 'snap' of it and 'snap2' of 'snap', so the three trees share
+    nodes, leaves and data extents; a level-1 qgroup 1/100 holds all three. Times are
+    fixed before the snapshots: fixing them afterwards would rewrite (unshare)
+    every leaf of the snapshots."""
+    c.btrfs("quota", "enable", c.root)
+    c.btrfs("subvolume", "create", c.p("sv"))
+    for i in range(2500):
+        c.write("sv/file-%04d" % i, texty(c.rng, 20 + i % 90))
+    for i in range(12):
+        c.write("sv/big-%d" % i, tagged("b%d" % i, 100 * KiB))
+    c.fix_times()
+    os.sync()
+    c.btrfs("subvolume", "snapshot", c.p("sv"), c.p("snap"))
+    c.btrfs("subvolume", "snapshot", c.p("snap"), c.p("snap2"))
+    c.btrfs("qgroup", "create", "1/100", c.root)
+    for q in ("0/256", "0/257", "0/258"):
+        run(["btrfs", "qgroup", "assign", "--no-rescan", q, "1/100", c.root], check=False, capture=True)
+    c.btrfs("quota", "rescan", "-w", c.root)
+    c.fix_times(only=[""])
+    c.fixed = True
+
+
 def pop_compress(c):
     rng = c.rng
     c.mkdir("c")
@@ -923,6 +947,11 @@ FIXTURES = {
         min_fs_level=2,
         notes="xxhash64 checksums, 4K nodes; 3100-entry dir + 2000 files with an "
               "xattr each so the fs tree has 3+ levels"),
+    "snapshots": dict(
+        mkfs=["-n", "4096"], populate=pop_snapshots, size=114 * MiB,
+        notes="4K nodes, quotas on: subvolume sv (2500 small files, 12 of 100K; "
+              "two levels of interior nodes), snapshot snap of sv and snap2 of snap "
+              "sharing its blocks and extents, level-1 qgroup 1/100 over the three"),
     "sha256-64k": dict(
         mkfs=["--csum", "sha256", "-n", "65536"],
         populate=lambda c: pop_modest(c, n_entries=500), size=256 * MiB,
