@@ -1,4 +1,4 @@
-//! btrfs-progs' corrupt images (../shared/corpus beside the checkout): each must open
+//! btrfs-progs' corrupt images (`common::corpus_dir`: ../shared/corpus): each must open
 //! and walk to a clean result, an error or a correct read, never a panic or a hang,
 //! in seconds and bounded memory.
 //!
@@ -13,6 +13,7 @@
 //! Skips (with a message, even under CI=true) when the corpus is absent, since it
 //! lives outside the repository.
 
+mod common;
 #[path = "../../../fuzz/src/walk.rs"]
 mod walk;
 
@@ -30,10 +31,6 @@ const SLOW: Duration = Duration::from_secs(10);
 /// Peak resident memory any one image may need (cache 16 MiB, nodes up to 64 KiB,
 /// decompression buffers up to 1 MiB; generous because other test threads count too).
 const PEAK_RSS_LIMIT: u64 = 512 << 20;
-
-fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/btrfs-progs-tests")
-}
 
 fn work_dir() -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("corpus");
@@ -221,11 +218,10 @@ fn short(s: &str, n: usize) -> String {
 
 #[test]
 fn corpus_images_never_panic_or_hang() {
-    let corpus = corpus_dir();
-    if !corpus.is_dir() {
-        eprintln!("corpus_images_never_panic_or_hang: skipped: no corpus at {}", corpus.display());
+    let Some(corpus) = common::corpus_dir() else {
+        eprintln!("corpus_images_never_panic_or_hang: skipped: no btrfs-progs corpus ($UBTRFS_CORPUS, ../shared/corpus beside the checkout, /work/shared/corpus)");
         return;
-    }
+    };
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { geteuid() } == 0;
     let check = root && have("btrfs", "--version");

@@ -7,6 +7,14 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
 }
 
+/// btrfs-progs' test images (../shared/corpus/btrfs-progs-tests, read-only, outside
+/// the repository): $UBTRFS_CORPUS, else beside the checkout, else the workplace's
+/// /work/shared. None (the caller skips with a message) when absent.
+pub fn corpus_dir() -> Option<PathBuf> {
+    let candidates = [std::env::var_os("UBTRFS_CORPUS").map(PathBuf::from), Some(repo_root().join("../shared/corpus/btrfs-progs-tests")), Some(PathBuf::from("/work/shared/corpus/btrfs-progs-tests"))];
+    candidates.into_iter().flatten().find(|d| d.is_dir())
+}
+
 pub fn fixtures_dir() -> PathBuf {
     repo_root().join("tests/fixtures")
 }
