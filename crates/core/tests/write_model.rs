@@ -47,10 +47,24 @@ struct Config {
     flat: bool,
     /// As root, let the kernel write at some commit points.
     interludes: bool,
+    /// Work under this existing directory of the fixture, which is used even as root
+    /// (a subvolume that snapshots share, say).
+    shared_base: Option<&'static str>,
 }
 
-const CRC_16K: Config =
-    Config { csum: "crc32c", nodesize: 16384, size: 256 * MIB, features: None, fixture: "blake2", fst_thresholds: None, data_budget: 6 * MIB, max_file: 300 * KIB, flat: false, interludes: true };
+const CRC_16K: Config = Config {
+    csum: "crc32c",
+    nodesize: 16384,
+    size: 256 * MIB,
+    features: None,
+    fixture: "blake2",
+    fst_thresholds: None,
+    data_budget: 6 * MIB,
+    max_file: 300 * KIB,
+    flat: false,
+    interludes: true,
+    shared_base: None,
+};
 const XX_4K: Config = Config {
     csum: "xxhash",
     nodesize: 4096,
@@ -62,9 +76,21 @@ const XX_4K: Config = Config {
     max_file: 300 * KIB,
     flat: false,
     interludes: true,
+    shared_base: None,
 };
-const SHA_64K: Config =
-    Config { csum: "sha256", nodesize: 65536, size: 256 * MIB, features: None, fixture: "sha256-64k", fst_thresholds: None, data_budget: 6 * MIB, max_file: 300 * KIB, flat: false, interludes: true };
+const SHA_64K: Config = Config {
+    csum: "sha256",
+    nodesize: 65536,
+    size: 256 * MIB,
+    features: None,
+    fixture: "sha256-64k",
+    fst_thresholds: None,
+    data_budget: 6 * MIB,
+    max_file: 300 * KIB,
+    flat: false,
+    interludes: true,
+    shared_base: None,
+};
 const BLAKE_16K_BITMAPS: Config = Config {
     csum: "blake2",
     nodesize: 16384,
@@ -76,11 +102,39 @@ const BLAKE_16K_BITMAPS: Config = Config {
     max_file: 300 * KIB,
     flat: false,
     interludes: true,
+    shared_base: None,
 };
 /// Bigger files in a small image: data chunks come and go, free space fragments, and
 /// large writes settle for shorter extents; half the files share one directory.
-const CRC_16K_FULL: Config =
-    Config { csum: "crc32c", nodesize: 16384, size: 192 * MIB, features: None, fixture: "blake2", fst_thresholds: None, data_budget: 40 * MIB, max_file: 3 * MIB, flat: true, interludes: true };
+const CRC_16K_FULL: Config = Config {
+    csum: "crc32c",
+    nodesize: 16384,
+    size: 192 * MIB,
+    features: None,
+    fixture: "blake2",
+    fst_thresholds: None,
+    data_budget: 40 * MIB,
+    max_file: 3 * MIB,
+    flat: true,
+    interludes: true,
+    shared_base: None,
+};
+/// The `snapshots` fixture (quotas on): everything happens inside `sv`, whose tree
+/// blocks and extents `snap` and `snap2` share, so COW of shared blocks, the
+/// FULL_BACKREF hand-over and the quota recount run at every step and commit.
+const SNAPSHOTS_4K: Config = Config {
+    csum: "crc32c",
+    nodesize: 4096,
+    size: 114 * MIB,
+    features: None,
+    fixture: "snapshots",
+    fst_thresholds: None,
+    data_budget: 6 * MIB,
+    max_file: 300 * KIB,
+    flat: false,
+    interludes: true,
+    shared_base: Some("sv"),
+};
 const CRC_4K_HOLES: Config = Config {
     csum: "crc32c",
     nodesize: 4096,
@@ -92,6 +146,7 @@ const CRC_4K_HOLES: Config = Config {
     max_file: 300 * KIB,
     flat: false,
     interludes: true,
+    shared_base: None,
 };
 
 fn default_ops() -> usize {
@@ -118,6 +173,10 @@ struct Sim {
     log: VecDeque<String>,
     trace: bool,
     stats: Stats,
+    /// Above these (files under the base, live bytes) the workload leans to unlinks:
+    /// 300 files and the config's budget, on top of what a shared base starts with.
+    file_cap: usize,
+    byte_cap: u64,
 }
 
 #[derive(Default, Debug)]
@@ -152,7 +211,9 @@ impl Drop for Sim {
 impl Sim {
     fn new(seed: u64, cfg: Config, tag: &str) -> Sim {
         let kernel = common::kernel_available(tag);
-        let (img, base) = if kernel {
+        let (img, base) = if let Some(b) = cfg.shared_base {
+            (Scratch::fixture(cfg.fixture, &format!("{tag}-{seed}")), b.to_string())
+        } else if kernel {
             let n = cfg.nodesize.to_string();
             let mut args = vec!["--csum", cfg.csum, "-n", &n];
             if let Some(f) = cfg.features {
@@ -164,7 +225,7 @@ impl Sim {
             (Scratch::fixture(cfg.fixture, &format!("{tag}-{seed}")), "m".to_string())
         };
         // The fixtures are small (about 114 MiB, some of it used): stay well clear of ENOSPC.
-        let cfg = if kernel { cfg } else { Config { data_budget: cfg.data_budget.min(10 * MIB), ..cfg } };
+        let cfg = if kernel && cfg.shared_base.is_none() { cfg } else { Config { data_budget: cfg.data_budget.min(10 * MIB), ..cfg } };
         let model = Model::load(&img.path);
         let mut s = Sim {
             seed,
@@ -180,9 +241,15 @@ impl Sim {
             log: VecDeque::new(),
             trace: std::env::var_os("UBTRFS_MODEL_TRACE").is_some(),
             stats: Stats::default(),
+            file_cap: 300,
+            byte_cap: cfg.data_budget,
         };
+        if cfg.shared_base.is_some() {
+            s.file_cap += s.listing().0.len();
+            s.byte_cap += s.live_bytes();
+        }
         s.open();
-        if !s.base.is_empty() {
+        if !s.base.is_empty() && cfg.shared_base.is_none() {
             let base = s.base.clone();
             s.model.w_mkdir(s.w.as_mut().expect("open"), &base, 0o755);
             s.commit();
@@ -262,7 +329,7 @@ impl Sim {
     fn step(&mut self) {
         self.stats.ops += 1;
         let (files, dirs) = self.listing();
-        let over = self.live_bytes() > self.cfg.data_budget || files.len() > 300;
+        let over = self.live_bytes() > self.byte_cap || files.len() > self.file_cap;
         let r = self.rng.below(100);
         match r {
             _ if over && r < 60 && !files.is_empty() => self.op_unlink(&files),
@@ -521,6 +588,13 @@ fn model_crc32c_16k_full() {
 }
 
 #[test]
+fn model_snapshots_shared() {
+    // Every commit recounts the quota groups and the trees are 4K-node deep: a
+    // quarter of the usual length keeps CI within its budget.
+    run(7, default_ops() / 4, SNAPSHOTS_4K, "model-snapshots");
+}
+
+#[test]
 fn model_crc32c_4k_holes() {
     run(5, default_ops(), CRC_4K_HOLES, "model-crc32c-4k-holes");
 }
@@ -548,7 +622,7 @@ fn model_soak() {
     };
     let (a, b) = spec.split_once("..").expect("UBTRFS_MODEL_SEEDS=first..last");
     let (a, b): (u64, u64) = (a.parse().expect("first seed"), b.parse().expect("last seed"));
-    let configs = [CRC_16K, XX_4K, SHA_64K, BLAKE_16K_BITMAPS, CRC_4K_HOLES, CRC_16K_FULL];
+    let configs = [CRC_16K, XX_4K, SHA_64K, BLAKE_16K_BITMAPS, CRC_4K_HOLES, CRC_16K_FULL, SNAPSHOTS_4K];
     let mut failed = Vec::new();
     for seed in a..=b {
         let cfg = configs[(seed % configs.len() as u64) as usize];
