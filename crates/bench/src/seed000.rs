@@ -479,7 +479,7 @@ mod tests {
         for _ in 0..50 {
             let words: Vec<u64> = (0..8).map(|_| rng.next_u64() | rng.next_u64()).collect();
             for i in 0..512 {
-                let want = (0..=i).filter(|&j| words[j / 64] >> (j % 64) & 1 == 0).next_back();
+                let want = (0..=i).rfind(|&j| words[j / 64] >> (j % 64) & 1 == 0);
                 assert_eq!(forward_walk_last_clear(&words, i), want);
                 assert_eq!(ubtrfs_core::free_space_cache::find_last_clear_bit_upto(&words, i), want);
             }

@@ -59,8 +59,6 @@ fn out_err(e: io::Error) -> Error {
 // Shared formatting
 // ---------------------------------------------------------------------------------
 
-/// Superblock `flags` bits (`BTRFS_SUPER_FLAG_*` and the header flags it shares).
-
 const HEADER_FLAG_NAMES: &[(u64, &str)] = &[(HEADER_FLAG_WRITTEN, "WRITTEN"), (HEADER_FLAG_RELOC, "RELOC")];
 
 const INODE_FLAG_NAMES: &[(u64, &str)] = &[

@@ -761,8 +761,8 @@ fn kernel_walk(img: &[u8], tag: &str) -> Result<Model, String> {
                         stack.push((p.clone(), e.path()));
                         Node::Dir { root: FS_TREE, ino: md.ino() }
                     } else if ft.is_file() {
-                        if !m.files.contains_key(&(FS_TREE, md.ino())) {
-                            m.files.insert((FS_TREE, md.ino()), Arc::new(std::fs::read(e.path())?));
+                        if let std::collections::btree_map::Entry::Vacant(v) = m.files.entry((FS_TREE, md.ino())) {
+                            v.insert(Arc::new(std::fs::read(e.path())?));
                         }
                         Node::File { root: FS_TREE, ino: md.ino() }
                     } else if ft.is_symlink() {

@@ -163,8 +163,8 @@ fn nodesize4k_fs_tree_has_three_levels() {
 #[test]
 fn raid1_degraded_reads_everything() {
     let imgs = common::fixture_images("raid1");
-    for keep in 0..2 {
-        let fs = Filesystem::open(&OpenOptions { devices: vec![imgs[keep].clone()], cache_bytes: 16 << 20, writable: false }).unwrap_or_else(|e| panic!("degraded open of device {keep}: {e}"));
+    for (keep, img) in imgs.iter().enumerate().take(2) {
+        let fs = Filesystem::open(&OpenOptions { devices: vec![img.clone()], cache_bytes: 16 << 20, writable: false }).unwrap_or_else(|e| panic!("degraded open of device {keep}: {e}"));
         let got = walk(&fs);
         let want = common::manifest("raid1");
         for (p, w) in &want {

@@ -1326,7 +1326,8 @@ fn inode_flags_are_honoured() {
         assert!(attrs.contains('C'), "the kernel does not see NODATACOW: {attrs}");
         mnt.umount();
     }
-    let refusals: [(&str, Box<dyn Fn(&mut FsWriter, &Model) -> ubtrfs_core::Result<()>>); 6] = [
+    type Attempt = Box<dyn Fn(&mut FsWriter, &Model) -> ubtrfs_core::Result<()>>;
+    let refusals: [(&str, Attempt); 6] = [
         ("unlink an immutable file", Box::new(|w, m| w.unlink(5, m.id("").ino, b"immutable"))),
         ("write an immutable file", Box::new(|w, m| w.write_file(5, m.id("immutable").ino, 0, b"x"))),
         ("create in an immutable directory", Box::new(|w, m| w.create_file(5, m.id("frozen").ino, b"new", &InodeAttrs::new(0o644)).map(|_| ()))),

@@ -164,8 +164,8 @@ fn main() {
     let ratio = |x: f64, y: f64| format!("{:.3}", x / y);
     let mut rows = Vec::new();
     let mut gains = Vec::new();
-    let estimators: [(&str, Option<(Vec<u32>, Vec<u32>)>); 2] =
-        [("all samples pooled", Some((pool(&cached), pool(&forced)))), ("per-update min over rounds", min_over_rounds(&cached).zip(min_over_rounds(&forced)))];
+    type Pair = Option<(Vec<u32>, Vec<u32>)>;
+    let estimators: [(&str, Pair); 2] = [("all samples pooled", Some((pool(&cached), pool(&forced)))), ("per-update min over rounds", min_over_rounds(&cached).zip(min_over_rounds(&forced)))];
     for (est, samples) in estimators {
         let Some((cs, fs)) = samples else { continue };
         let (c, f) = (summarize(&cs), summarize(&fs));
