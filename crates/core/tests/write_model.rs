@@ -122,19 +122,7 @@ const CRC_16K_FULL: Config = Config {
 /// The `snapshots` fixture (quotas on): everything happens inside `sv`, whose tree
 /// blocks and extents `snap` and `snap2` share, so COW of shared blocks, the
 /// FULL_BACKREF hand-over and the quota recount run at every step and commit.
-const SNAPSHOTS_4K: Config = Config {
-    csum: "crc32c",
-    nodesize: 4096,
-    size: 114 * MIB,
-    features: None,
-    fixture: "snapshots",
-    fst_thresholds: None,
-    data_budget: 6 * MIB,
-    max_file: 300 * KIB,
-    flat: false,
-    interludes: true,
-    shared_base: Some("sv"),
-};
+const SNAPSHOTS_4K: Config = Config { csum: "crc32c", size: 114 * MIB, fixture: "snapshots", shared_base: Some("sv"), ..XX_4K };
 const CRC_4K_HOLES: Config = Config {
     csum: "crc32c",
     nodesize: 4096,

@@ -560,12 +560,7 @@ fn snapshot_fixture_writes() {
         });
     }
     if kernel {
-        let mnt = Mount::new(&img.path, true);
-        let ours = kernel_qgroups(&mnt.dir);
-        btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
-        let rescanned = kernel_qgroups(&mnt.dir);
-        mnt.umount();
-        assert_eq!(ours, rescanned, "the kernel's rescan disagrees with the numbers ubtrfs stored");
+        kernel_rescan_agrees(&img);
     }
 }
 
@@ -586,6 +581,18 @@ fn kernel_qgroups(dir: &std::path::Path) -> Vec<(String, u64, u64)> {
         .collect();
     assert!(!rows.is_empty(), "no qgroups in: {text}");
     rows
+}
+
+/// Mount `img`, read the qgroup numbers ubtrfs stored, let the kernel rescan, and
+/// require the very same numbers; returns them.
+fn kernel_rescan_agrees(img: &Scratch) -> Vec<(String, u64, u64)> {
+    let mnt = Mount::new(&img.path, true);
+    let ours = kernel_qgroups(&mnt.dir);
+    btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
+    let rescanned = kernel_qgroups(&mnt.dir);
+    mnt.umount();
+    assert_eq!(ours, rescanned, "the kernel's rescan disagrees with the numbers ubtrfs stored");
+    ours
 }
 
 /// Quotas on, with a subvolume, its snapshot and a level-1 qgroup over both: every
@@ -624,12 +631,7 @@ fn quota_groups_stay_exact() {
             random_shared_changes(m, w, &mut rng, &["sv", "snap", ""], 150, &format!("q{round}"));
         });
     }
-    let mnt = Mount::new(&img.path, true);
-    let ours = kernel_qgroups(&mnt.dir);
-    btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
-    let rescanned = kernel_qgroups(&mnt.dir);
-    mnt.umount();
-    assert_eq!(ours, rescanned, "the kernel's rescan disagrees with the numbers ubtrfs stored");
+    let ours = kernel_rescan_agrees(&img);
     assert!(ours.iter().any(|(id, r, e)| id == "0/256" && r > e && *e > 0), "sv should share with snap and own some: {ours:?}");
 }
 
