@@ -157,6 +157,17 @@ impl FsWriter {
             next_dir_index: BTreeMap::new(),
             info,
         };
+        // An interrupted relocation (balance) leaves relocation trees that the kernel
+        // merges at its next mount, relying on hooks every COW of the fs trees runs
+        // (`btrfs_reloc_cow_block`); ubtrfs has none, so it must not change the trees.
+        let reloc = w.items_in_range(ROOT_TREE_OBJECTID, &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, 0), &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
+        if !reloc.is_empty() {
+            let of: Vec<String> = reloc.iter().map(|(k, _)| k.offset.to_string()).collect();
+            return Err(Error::Incompatible(format!(
+                "cannot write: an interrupted balance left relocation trees (for trees {}); mount the filesystem with the kernel once to finish it",
+                of.join(", ")
+            )));
+        }
         w.alloc = crate::alloc::Allocator::load(&w)?;
         Ok(w)
     }

@@ -1351,6 +1351,28 @@ fn inode_flags_are_honoured() {
     verify_all(&img.path, &m, true, "iflags: after the refusals");
 }
 
+/// Relocation trees left by an interrupted balance must be merged by the kernel (its
+/// COW hooks keep them in step with the fs trees): the writer refuses such an image by
+/// name, unchanged, while the reader still reads it. The image is made by giving a
+/// fixture a relocation tree root.
+#[test]
+fn interrupted_balance_is_refused() {
+    let img = Scratch::fixture("blake2", "reloc-refused");
+    let m = Model::load(&img.path);
+    let mut w = img.writer();
+    w.create_tree(TREE_RELOC_OBJECTID).expect("a relocation tree root");
+    w.commit().expect("commit");
+    drop(w);
+    let before = img.sha256();
+    match FsWriter::open(&OpenOptions { devices: vec![img.path.clone()], cache_bytes: 16 << 20, writable: true }) {
+        Err(Error::Incompatible(msg)) => assert!(msg.contains("interrupted balance"), "unclear refusal: {msg}"),
+        Err(e) => panic!("expected Incompatible, got {e}"),
+        Ok(_) => panic!("opened for writing with relocation trees present"),
+    }
+    assert_eq!(before, img.sha256(), "refusing changed the image");
+    assert_same(&m.expect(), &walk_ubtrfs(&img.path), "the reader still reads the image");
+}
+
 /// A seed device is read-only by design: `btrfstune -S 1` marks it, and the writer
 /// refuses it by name with the image unchanged.
 #[test]
