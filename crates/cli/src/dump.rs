@@ -82,8 +82,6 @@ const ROOT_FLAG_NAMES: &[(u64, &str)] = &[(ROOT_SUBVOL_RDONLY, "RDONLY"), (ROOT_
 
 const EXTENT_FLAG_NAMES: &[(u64, &str)] = &[(EXTENT_FLAG_DATA, "DATA"), (EXTENT_FLAG_TREE_BLOCK, "TREE_BLOCK"), (BLOCK_FLAG_FULL_BACKREF, "FULL_BACKREF")];
 
-const QGROUP_STATUS_FLAG_NAMES: &[(u64, &str)] = &[(1 << 0, "ON"), (1 << 1, "RESCAN"), (1 << 2, "INCONSISTENT"), (1 << 3, "SIMPLE_MODE")];
-
 const DEV_STAT_NAMES: [&str; DEV_STAT_VALUES_MAX] = ["write_errs", "read_errs", "flush_errs", "corruption_errs", "generation_errs"];
 
 /// `0x361(MIXED_BACKREF|...)`, `0x0(none)`.

@@ -107,7 +107,7 @@ impl FsWriter {
     ///
     /// Then `free_tree_block` drops this tree's reference to `buf`.
     fn update_ref_for_cow(&mut self, root_id: u64, buf: &Blk, cow: u64, is_root: bool) -> Result<()> {
-        use ubtrfs_format::key::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID, LAST_FREE_OBJECTID, TREE_RELOC_OBJECTID};
+        use ubtrfs_format::key::{is_subvolume_tree, TREE_RELOC_OBJECTID};
         use ubtrfs_format::structs::{BACKREF_REV_SHIFT, BLOCK_FLAG_FULL_BACKREF, HEADER_FLAG_RELOC, MIXED_BACKREF_REV};
         let (bytenr, level, gen, owner, hflags) = {
             let n = self.node(buf);
@@ -116,7 +116,7 @@ impl FsWriter {
         if hflags >> BACKREF_REV_SHIFT < MIXED_BACKREF_REV {
             return Err(Error::Incompatible(format!("tree {root_id}: block {bytenr} uses the old (pre-2.6.31) backref format; changing it is not supported")));
         }
-        let shareable = root_id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&root_id);
+        let shareable = is_subvolume_tree(root_id);
         let last_snapshot = self.roots.get(&root_id).and_then(|s| s.item).map_or(0, |i| i.last_snapshot.get());
         let can_be_shared = shareable && !is_root && (gen <= last_snapshot || hflags & HEADER_FLAG_RELOC != 0);
         let (refs, flags) = if can_be_shared { self.lookup_tree_block_info(bytenr, level)? } else { (1, 0) };

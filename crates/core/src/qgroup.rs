@@ -19,15 +19,11 @@
 use crate::error::Result;
 use crate::transaction::FsWriter;
 use std::collections::BTreeMap;
+use ubtrfs_format::items::qgroup_status_flags;
 use ubtrfs_format::key::{QGROUP_INFO_KEY, QGROUP_STATUS_KEY, QUOTA_TREE_OBJECTID};
-use ubtrfs_format::structs::QgroupInfoItem;
+use ubtrfs_format::structs::{QgroupInfoItem, QGROUP_STATUS_FLAG_INCONSISTENT, QGROUP_STATUS_FLAG_RESCAN};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 use zerocopy::{FromBytes, IntoBytes};
-
-pub const STATUS_FLAG_ON: u64 = 1 << 0;
-pub const STATUS_FLAG_RESCAN: u64 = 1 << 1;
-pub const STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
-pub const STATUS_FLAG_SIMPLE_MODE: u64 = 1 << 3;
 
 const STATUS_KEY: Key = Key::new(0, QGROUP_STATUS_KEY, 0);
 
@@ -36,6 +32,7 @@ fn corrupt(key: Key, reason: String) -> crate::error::Error {
 }
 
 /// The quota status flags, or None when quotas are off (no quota tree or no status).
+/// The writer asks once, when it opens.
 ///
 /// # Errors
 /// Read failures; `Corrupt` for a status item of the wrong size.
@@ -46,12 +43,7 @@ pub fn status(w: &mut FsWriter) -> Result<Option<u64>> {
         Err(e) => return Err(e),
     };
     match w.first_item_ge(&root, &STATUS_KEY)? {
-        Some((k, d)) if k == STATUS_KEY => {
-            if d.len() < 32 {
-                return Err(corrupt(k, format!("qgroup status item of {} bytes", d.len())));
-            }
-            Ok(Some(u64::from_le_bytes(d[16..24].try_into().expect("8 bytes"))))
-        }
+        Some((k, d)) if k == STATUS_KEY => qgroup_status_flags(&d).map(Some).map_err(|e| corrupt(k, e)),
         _ => Ok(None),
     }
 }
@@ -79,10 +71,9 @@ pub(crate) fn store_counts(w: &mut FsWriter, counts: &BTreeMap<u64, (u64, u64)>)
         changed += 1;
     }
     let (leaf, slot) = w.lookup_for_update(QUOTA_TREE_OBJECTID, &STATUS_KEY, 0)?.ok_or_else(|| corrupt(STATUS_KEY, "qgroup status item vanished".into()))?;
-    // version, generation, flags, rescan (+ enable_gen in simple mode): 32 bytes
-    // at least, checked by `status`.
+    // version, generation, flags, rescan (+ enable_gen in simple mode).
     let d = w.item_data_mut(leaf, slot);
-    let flags = u64::from_le_bytes(d[16..24].try_into().expect("8 bytes")) & !(STATUS_FLAG_INCONSISTENT | STATUS_FLAG_RESCAN);
+    let flags = qgroup_status_flags(d).map_err(|e| corrupt(STATUS_KEY, e))? & !(QGROUP_STATUS_FLAG_INCONSISTENT | QGROUP_STATUS_FLAG_RESCAN);
     d[8..16].copy_from_slice(&transid.to_le_bytes());
     d[16..24].copy_from_slice(&flags.to_le_bytes());
     Ok(changed)

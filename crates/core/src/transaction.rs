@@ -81,6 +81,8 @@ pub struct FsWriter {
     pub(crate) next_objectid: BTreeMap<u64, u64>,
     /// Next DIR_INDEX per (tree, directory), once looked up.
     pub(crate) next_dir_index: BTreeMap<(u64, u64), u64>,
+    /// Quotas are on (looked up at open): every commit keeps the qgroups exact.
+    pub(crate) quotas: bool,
 }
 
 impl FsWriter {
@@ -155,6 +157,7 @@ impl FsWriter {
             fst_timings: None,
             next_objectid: BTreeMap::new(),
             next_dir_index: BTreeMap::new(),
+            quotas: false,
             info,
         };
         // An interrupted relocation (balance) leaves relocation trees that the kernel
@@ -169,6 +172,7 @@ impl FsWriter {
             )));
         }
         w.alloc = crate::alloc::Allocator::load(&w)?;
+        w.quotas = crate::qgroup::status(&mut w)?.is_some();
         Ok(w)
     }
 
@@ -370,8 +374,7 @@ impl FsWriter {
             return Ok(self.sb.generation.get());
         }
         self.converge()?;
-        let quota = crate::qgroup::status(self)?;
-        if quota.is_some() {
+        if self.quotas {
             // Write the trees as they will be committed, recount the quota groups in
             // that state, store the numbers (see `qgroup`), and settle again.
             self.check_dirty_invariants();

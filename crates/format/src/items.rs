@@ -221,6 +221,14 @@ pub enum FileExtent<'a> {
     },
 }
 
+/// The `flags` of a QGROUP_STATUS item (32 bytes, or 40 with simple quotas).
+pub fn qgroup_status_flags(data: &[u8]) -> ParseResult<u64> {
+    if data.len() < QGROUP_STATUS_SIZE_V1 {
+        return Err(format!("qgroup status item of {} bytes, expect at least {QGROUP_STATUS_SIZE_V1}", data.len()));
+    }
+    Ok(u64::from_le_bytes(data[16..24].try_into().expect("8 bytes")))
+}
+
 pub fn file_extent(data: &[u8]) -> ParseResult<FileExtent<'_>> {
     let h: &FileExtentHeader = read_prefix(data, "file extent")?;
     if h.encryption != 0 || h.other_encoding.get() != 0 {

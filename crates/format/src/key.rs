@@ -93,6 +93,12 @@ pub const FREE_INO_OBJECTID: u64 = (-12i64) as u64;
 pub const MULTIPLE_OBJECTIDS: u64 = (-255i64) as u64;
 pub const FIRST_FREE_OBJECTID: u64 = 256;
 pub const LAST_FREE_OBJECTID: u64 = (-256i64) as u64;
+
+/// Tree 5 or a subvolume/snapshot tree: the trees snapshots share and quotas account
+/// (not the relocation or data-relocation trees).
+pub fn is_subvolume_tree(id: u64) -> bool {
+    id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id)
+}
 pub const FIRST_CHUNK_TREE_OBJECTID: u64 = 256;
 pub const DEV_ITEMS_OBJECTID: u64 = 1;
 pub const BTREE_INODE_OBJECTID: u64 = 1;

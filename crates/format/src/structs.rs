@@ -413,6 +413,15 @@ ondisk! {
     }
 }
 
+pub const QGROUP_STATUS_FLAG_ON: u64 = 1 << 0;
+pub const QGROUP_STATUS_FLAG_RESCAN: u64 = 1 << 1;
+pub const QGROUP_STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
+pub const QGROUP_STATUS_FLAG_SIMPLE_MODE: u64 = 1 << 3;
+pub const QGROUP_STATUS_FLAG_NAMES: &[(u64, &str)] =
+    &[(QGROUP_STATUS_FLAG_ON, "ON"), (QGROUP_STATUS_FLAG_RESCAN, "RESCAN"), (QGROUP_STATUS_FLAG_INCONSISTENT, "INCONSISTENT"), (QGROUP_STATUS_FLAG_SIMPLE_MODE, "SIMPLE_MODE")];
+/// Bytes of a QGROUP_STATUS item without simple quotas' `enable_gen`.
+pub const QGROUP_STATUS_SIZE_V1: usize = 32;
+
 ondisk! {
     /// `btrfs_qgroup_status_item`.
     pub struct QgroupStatusItem (40) {

@@ -18,14 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::MAX_LEVEL;
 
-const STATUS_RESCAN: u64 = 1 << 1;
-const STATUS_INCONSISTENT: u64 = 1 << 2;
-const STATUS_SIMPLE_MODE: u64 = 1 << 3;
-
-/// Subvolume trees that quotas account (not the reloc or data-reloc trees).
-fn accounted(root: u64) -> bool {
-    root == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&root)
-}
+use ubtrfs_format::structs::{QGROUP_STATUS_FLAG_INCONSISTENT, QGROUP_STATUS_FLAG_RESCAN, QGROUP_STATUS_FLAG_SIMPLE_MODE};
 
 /// What every qgroup's (referenced, exclusive) should be, from the walk's references.
 fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
@@ -42,7 +35,7 @@ fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
             let mut set = Vec::new();
             for f in st.edges.get(&b).map(Vec::as_slice).unwrap_or_default() {
                 match *f {
-                    RefFrom::Root(id) if accounted(id) => set.push(id),
+                    RefFrom::Root(id) if is_subvolume_tree(id) => set.push(id),
                     RefFrom::Block(p) => set.extend(reach.get(&p).map(Vec::as_slice).unwrap_or_default()),
                     _ => {}
                 }
@@ -124,11 +117,11 @@ pub(super) fn check_qgroups(fs: &FsInfo, st: &State, sink: &mut Sink) {
     let Some(flags) = st.qgroup_status else {
         return;
     };
-    if flags & STATUS_SIMPLE_MODE != 0 {
+    if flags & QGROUP_STATUS_FLAG_SIMPLE_MODE != 0 {
         sink.note("simple quotas: qgroup numbers not verified");
         return;
     }
-    if flags & (STATUS_RESCAN | STATUS_INCONSISTENT) != 0 {
+    if flags & (QGROUP_STATUS_FLAG_RESCAN | QGROUP_STATUS_FLAG_INCONSISTENT) != 0 {
         sink.note(format!("qgroup status flags {flags:#x} (rescan running or inconsistent): qgroup numbers not verified"));
         return;
     }

@@ -665,8 +665,10 @@ impl Walker<'_> {
                         }
                     }
                 }
-                QGROUP_STATUS_KEY if t.id == QUOTA_TREE_OBJECTID && data.len() >= 24 => {
-                    self.st.qgroup_status = Some(u64::from_le_bytes(data[16..24].try_into().expect("8 bytes")));
+                QGROUP_STATUS_KEY if t.id == QUOTA_TREE_OBJECTID => {
+                    if let Ok(flags) = items::qgroup_status_flags(data) {
+                        self.st.qgroup_status = Some(flags);
+                    }
                 }
                 QGROUP_INFO_KEY if t.id == QUOTA_TREE_OBJECTID => {
                     if let Ok(q) = items::read_prefix::<QgroupInfoItem>(data, "qgroup info") {

@@ -237,15 +237,11 @@ pub struct Rec {
 
 pub type Tree = BTreeMap<String, Rec>;
 
+/// `ls -l`'s letter, except 'f' for regular files (the model's and `walk_kernel`'s).
 fn kind_char(k: FileKind) -> char {
     match k {
         FileKind::File => 'f',
-        FileKind::Dir => 'd',
-        FileKind::Symlink => 'l',
-        FileKind::Fifo => 'p',
-        FileKind::CharDev => 'c',
-        FileKind::BlockDev => 'b',
-        FileKind::Socket => 's',
+        k => k.letter(),
     }
 }
 
