@@ -21,6 +21,8 @@ pub enum PosixKind {
     PermissionDenied,
     /// EPERM: immutable or append-only inodes.
     NotPermitted,
+    /// EBUSY: the image is held by another writer or mounted by the kernel.
+    Busy,
 }
 
 impl PosixKind {
@@ -38,6 +40,7 @@ impl PosixKind {
             PosixKind::Loop => 40,
             PosixKind::PermissionDenied => 13,
             PosixKind::NotPermitted => 1,
+            PosixKind::Busy => 16,
         }
     }
     fn as_str(self) -> &'static str {
@@ -54,6 +57,7 @@ impl PosixKind {
             PosixKind::Loop => "too many levels of symbolic links",
             PosixKind::PermissionDenied => "permission denied",
             PosixKind::NotPermitted => "operation not permitted",
+            PosixKind::Busy => "device or resource busy",
         }
     }
 }

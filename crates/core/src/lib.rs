@@ -28,6 +28,7 @@ pub mod namei;
 pub mod node_cache;
 pub mod put;
 pub mod qgroup;
+pub mod quote;
 pub mod transaction;
 pub mod volumes;
 
