@@ -344,7 +344,7 @@ def ensure_image(mounts, dirpath, name, params, build):
     opts = "loop" + ("," + params["mount_opts"] if params.get("mount_opts") else "")
     with mounts.mounted(tmp, mnt, opts):
         info = build(mnt)
-    run(["btrfs", "check", "--readonly", tmp], capture=True)
+    run(["btrfs", "check", "--readonly", "--check-data-csum", tmp], capture=True)
     os.rename(tmp, img)
     st = dict(want, **info)
     with open(stamp_path + ".tmp", "w") as f:

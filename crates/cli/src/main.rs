@@ -33,6 +33,17 @@ pub struct ImageArgs {
     pub cache_mib: usize,
 }
 
+/// Options of the commands that change an image. Writing supports one device for now,
+/// so `--device` is not offered (it comes with multi-device writes).
+#[derive(clap::Args, Clone)]
+pub struct WriteImageArgs {
+    /// The image file or block device.
+    pub image: PathBuf,
+    /// Tree-block cache size in MiB.
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    pub cache_mib: usize,
+}
+
 impl ImageArgs {
     /// Open the filesystem, printing the engine's warnings to stderr.
     pub fn open(&self) -> ubtrfs_core::Result<FsInfo> {

@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use ubtrfs_core::extract::{extract as do_extract, ExtractStats};
 use ubtrfs_core::fs::{FileKind, Filesystem, InodeView, Load};
-use ubtrfs_core::{Error, Result};
+use ubtrfs_core::{quote, Error, Result};
 use ubtrfs_format::structs::{rdev_decode, Timespec};
 
 #[derive(clap::Args)]
@@ -126,7 +126,7 @@ pub fn ls(a: &LsArgs) -> Result<()> {
         print_entry(&fs, &mut out, &top, a.path.as_bytes(), a.long)?;
         return out.flush().map_err(stdout_err);
     }
-    let mut stack = vec![(a.path.trim_end_matches('/').to_string(), top)];
+    let mut stack = vec![(quote::name(a.path.trim_end_matches('/').as_bytes()).into_owned(), top)];
     let mut first = true;
     while let Some((path, dir)) = stack.pop() {
         if a.recursive {
@@ -143,7 +143,7 @@ pub fn ls(a: &LsArgs) -> Result<()> {
             let child = fs.load_inode(e.target, if a.recursive { Load { entries: true, ..Load::ITEM } } else { Load::ITEM })?;
             print_entry(&fs, &mut out, &child, &e.name, a.long)?;
             if a.recursive && child.kind() == FileKind::Dir {
-                subdirs.push((format!("{path}/{}", String::from_utf8_lossy(&e.name)), child));
+                subdirs.push((format!("{path}/{}", quote::name(&e.name)), child));
             }
         }
         fs.info.take_warnings().iter().for_each(|w| eprintln!("ubtrfs: warning: {w}"));
@@ -154,7 +154,7 @@ pub fn ls(a: &LsArgs) -> Result<()> {
 }
 
 fn print_entry(fs: &Filesystem, out: &mut impl Write, v: &InodeView, name: &[u8], long: bool) -> Result<()> {
-    let name = String::from_utf8_lossy(name);
+    let name = quote::name(name);
     if !long {
         return writeln!(out, "{name}").map_err(stdout_err);
     }
@@ -165,7 +165,7 @@ fn print_entry(fs: &Filesystem, out: &mut impl Write, v: &InodeView, name: &[u8]
         }
         _ => v.size().to_string(),
     };
-    let link = if v.kind() == FileKind::Symlink { format!(" -> {}", String::from_utf8_lossy(&fs.readlink(v.id)?)) } else { String::new() };
+    let link = if v.kind() == FileKind::Symlink { format!(" -> {}", quote::name(&fs.readlink(v.id)?)) } else { String::new() };
     writeln!(out, "{} {:>3} {:>5} {:>5} {:>10} {} {name}{link}", mode_str(v), v.nlink(), v.item.uid.get(), v.item.gid.get(), size, fmt_time(&v.item.mtime)).map_err(stdout_err)
 }
 
@@ -184,9 +184,9 @@ pub fn stat(a: &StatArgs) -> Result<()> {
         FileKind::BlockDev => "block special file",
         FileKind::Socket => "socket",
     };
-    let _ = writeln!(out, "  File: {}", a.path);
+    let _ = writeln!(out, "  File: {}", quote::name(a.path.as_bytes()));
     if v.kind() == FileKind::Symlink {
-        let _ = writeln!(out, "  Link: {}", String::from_utf8_lossy(&fs.readlink(v.id)?));
+        let _ = writeln!(out, "  Link: {}", quote::name(&fs.readlink(v.id)?));
     }
     let _ = writeln!(out, "  Type: {kind}");
     let _ = writeln!(out, "  Size: {}  Bytes on disk (nbytes): {}  Links: {}", i.size.get(), i.nbytes.get(), i.nlink.get());
@@ -206,7 +206,7 @@ pub fn stat(a: &StatArgs) -> Result<()> {
             Ok(s) if s.chars().all(|c| !c.is_control()) => format!("{s:?}"),
             _ => format!("0x{}", val.iter().map(|b| format!("{b:02x}")).collect::<String>()),
         };
-        let _ = writeln!(out, " Xattr: {}={shown}", String::from_utf8_lossy(k));
+        let _ = writeln!(out, " Xattr: {}={shown}", quote::name(k));
     }
     if v.kind() == FileKind::File {
         for e in &v.extents {

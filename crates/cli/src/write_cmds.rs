@@ -1,6 +1,6 @@
 //! `put` and `rm`: each is one atomic transaction; on any error nothing is committed.
 
-use crate::ImageArgs;
+use crate::WriteImageArgs;
 use std::path::PathBuf;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::{OpenOptions, Result};
@@ -8,7 +8,7 @@ use ubtrfs_core::{OpenOptions, Result};
 #[derive(clap::Args)]
 pub struct PutArgs {
     #[command(flatten)]
-    pub image: ImageArgs,
+    pub image: WriteImageArgs,
     /// Host file or directory to copy in.
     pub src: PathBuf,
     /// New path inside the image (must not exist; its parent must).
@@ -21,7 +21,7 @@ pub struct PutArgs {
 #[derive(clap::Args)]
 pub struct RmArgs {
     #[command(flatten)]
-    pub image: ImageArgs,
+    pub image: WriteImageArgs,
     /// Path inside the image.
     pub path: String,
     /// Remove directories and their contents.
@@ -29,10 +29,8 @@ pub struct RmArgs {
     pub recursive: bool,
 }
 
-fn open_writer(a: &ImageArgs) -> Result<FsWriter> {
-    let mut devices = vec![a.image.clone()];
-    devices.extend(a.devices.iter().cloned());
-    let w = FsWriter::open(&OpenOptions { devices, cache_bytes: a.cache_mib << 20, writable: true })?;
+fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
+    let w = FsWriter::open(&OpenOptions { devices: vec![a.image.clone()], cache_bytes: a.cache_mib << 20, writable: true })?;
     crate::print_warnings(&w.info);
     Ok(w)
 }

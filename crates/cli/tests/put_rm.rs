@@ -85,6 +85,9 @@ fn put_then_rm_round_trip() {
     // put refuses to overwrite and a directory without -r.
     let o = bin().arg("put").arg(&img).arg(&src).arg("/other").output().unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("use -r"), "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(e.matches("is a directory").count(), 1, "the error repeats itself: {e}");
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
     let o = bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/copy").output().unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("exists"), "{o:?}");
     // Read back with ubtrfs.
@@ -93,7 +96,7 @@ fn put_then_rm_round_trip() {
     let ls = run(bin().arg("ls").arg(&img).arg("/copy/a"));
     assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().filter(|l| l.starts_with("many-")).count(), 300);
     if kernel {
-        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+        run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
         let mnt = work.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
         run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
@@ -124,7 +127,7 @@ fn put_then_rm_round_trip() {
     let cat = run(bin().arg("cat").arg(&img).arg("/copy/a/mid"));
     assert_eq!(cat.stdout, std::fs::read(src.join("a/mid")).unwrap());
     if kernel {
-        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+        run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
         let mnt = work.join("mnt");
         run(Command::new("mount").arg("-o").arg("loop").arg(&img).arg(&mnt));
         let st = std::fs::metadata(mnt.join("copy/a/mid")).unwrap();
@@ -132,9 +135,78 @@ fn put_then_rm_round_trip() {
         assert_eq!(st.nlink(), 1);
         std::fs::write(mnt.join("copy/kernel-wrote"), b"k").unwrap();
         let _ = Command::new("umount").arg(&mnt).status();
-        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+        run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
         run(bin().arg("rm").arg(&img).arg("/copy/kernel-wrote"));
-        run(Command::new("btrfs").args(["check", "--readonly"]).arg(&img));
+        run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
     }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+fn sha256(p: &Path) -> String {
+    let o = run(Command::new("sha256sum").arg(p));
+    String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or_default().to_string()
+}
+
+/// A read-only snapshot made by the kernel (`btrfs subvolume snapshot -r`) refuses
+/// every write path with EROFS naming the subvolume, and the image stays
+/// byte-identical; a writable sibling still takes changes.
+#[test]
+fn kernel_readonly_snapshot_is_refused() {
+    if !root_with_kernel() {
+        return;
+    }
+    let work = std::env::temp_dir().join(format!("ubtrfs-rosnap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(work.join("mnt")).unwrap();
+    let src = work.join("src");
+    make_source(&src);
+    let img = work.join("img");
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    run(Command::new("mkfs.btrfs").arg("-q").arg("-f").arg(&img));
+    let mnt = work.join("mnt");
+    run(Command::new("mount").arg("-o").arg("loop").arg(&img).arg(&mnt));
+    run(Command::new("btrfs").args(["subvolume", "create"]).arg(mnt.join("sv")));
+    run(Command::new("cp").arg("-a").arg(src.join("a")).arg(mnt.join("sv/a")));
+    std::fs::write(mnt.join("sv/file"), b"in the snapshot").unwrap();
+    run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(mnt.join("sv")).arg(mnt.join("snap-ro")));
+    run(Command::new("umount").arg(&mnt));
+    let before = sha256(&img);
+    let refused: [&[&str]; 6] = [
+        &["put", "IMG", "/etc/hostname", "/snap-ro/x"],
+        &["put", "-r", "IMG", "SRC", "/snap-ro/tree"],
+        &["put", "IMG", "/etc/hostname", "/snap-ro/a/b/new"],
+        &["rm", "IMG", "/snap-ro/file"],
+        &["rm", "-r", "IMG", "/snap-ro/a"],
+        &["rm", "IMG", "/snap-ro/a/b/c/deep"],
+    ];
+    for args in refused {
+        let mut c = bin();
+        for a in args {
+            match *a {
+                "IMG" => c.arg(&img),
+                "SRC" => c.arg(&src),
+                a => c.arg(a),
+            };
+        }
+        let o = c.output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded on a read-only snapshot");
+        assert!(e.contains("subvolume snap-ro (id 257)") || e.contains("subvolume snap-ro (id 258)"), "{args:?}: error does not name the subvolume: {e}");
+        assert!(e.contains("read-only filesystem"), "{args:?}: not EROFS: {e}");
+        assert_eq!(sha256(&img), before, "{args:?} changed the image");
+    }
+    // The writable subvolume beside it still takes changes.
+    run(bin().arg("put").arg(&img).arg("/etc/hostname").arg("/sv/x"));
+    run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
+    run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
+    let ro = run(Command::new("btrfs").args(["property", "get", "-ts"]).arg(mnt.join("snap-ro")).arg("ro"));
+    let snap_file = std::fs::read(mnt.join("snap-ro/file"));
+    let sv_x = std::fs::read(mnt.join("sv/x"));
+    let leaked = mnt.join("snap-ro/x").exists();
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert_eq!(String::from_utf8_lossy(&ro.stdout).trim(), "ro=true");
+    assert_eq!(snap_file.unwrap(), b"in the snapshot");
+    assert_eq!(sv_x.unwrap(), std::fs::read("/etc/hostname").unwrap());
+    assert!(!leaked);
     let _ = std::fs::remove_dir_all(&work);
 }

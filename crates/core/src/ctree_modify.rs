@@ -74,6 +74,12 @@ impl FsWriter {
         if let Blk::Dirty(_) = b {
             return Ok(b);
         }
+        // The last line of defence: every public mutator refuses read-only subvolumes
+        // before it starts (`check_root_writable`), so reaching this is a missing check,
+        // and the guarded caller aborts rather than change a read-only snapshot.
+        if self.root_is_readonly(root_id)? {
+            return Err(Error::posix(PosixKind::ReadOnly, format!("refusing to COW a block of read-only subvolume id {root_id}")));
+        }
         let (old, level, first_key) = {
             let n = self.node(&b);
             (n.bytenr(), n.level(), if n.nritems() > 0 { n.key(0) } else { Key::MIN })

@@ -119,12 +119,24 @@ impl FsInfo {
             }
             devices.by_id.insert(devid, Device { devid, uuid: s.dev_item.uuid, dev: d.clone() });
         }
+        let mut read_only_reason: Option<String> = None;
+        // A device shorter than its dev_item says was cut short (a partial download or
+        // copy, a full disk while writing the image): say so up front rather than fail
+        // later with "beyond end of device". Reading what is there stays allowed;
+        // writing is refused, since new chunks may be placed in the missing part.
+        for (d, s) in devs.iter().zip(&sbs) {
+            let want = s.dev_item.total_bytes.get();
+            if d.size() < want {
+                let msg = format!("{} is truncated: its superblock says the device holds {want} bytes, but it has {}; reads past the end fail", crate::quote::name(d.name().as_bytes()), d.size());
+                read_only_reason.get_or_insert_with(|| msg.clone());
+                warnings.push(msg);
+            }
+        }
         // Use the newest superblock among the devices, as the kernel does.
         let sb = Box::new(*sbs.iter().max_by_key(|s| s.generation.get()).expect("non-empty"));
         let csum_type = CsumType::from_raw(sb.csum_type.get()).expect("checked by check_super");
         let incompat = sb.incompat_flags.get();
         let compat_ro = sb.compat_ro_flags.get();
-        let mut read_only_reason = None;
         match features::check_features(incompat, compat_ro) {
             FeatureVerdict::ReadWrite => {}
             FeatureVerdict::ReadOnly { unknown_compat_ro } => {

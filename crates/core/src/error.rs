@@ -80,8 +80,10 @@ pub enum Error {
     Corrupt(Box<Corrupt>),
     #[error("incompatible filesystem: {0}")]
     Incompatible(String),
-    #[error("{path}: {kind}")]
-    Posix { kind: PosixKind, path: String },
+    /// `path` names the object; `detail`, when set, says what to do or why, after the
+    /// kind (`/a: is a directory (use -r)`), so the message never repeats the kind.
+    #[error("{path}: {kind}{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Posix { kind: PosixKind, path: String, detail: Option<String> },
 }
 
 impl From<Corrupt> for Error {
@@ -95,7 +97,11 @@ impl Error {
         Error::Io { context: context.into(), source }
     }
     pub fn posix(kind: PosixKind, path: impl Into<String>) -> Error {
-        Error::Posix { kind, path: path.into() }
+        Error::Posix { kind, path: path.into(), detail: None }
+    }
+    /// A POSIX error on `path` with a hint or reason shown after the kind.
+    pub fn posix_detail(kind: PosixKind, path: impl Into<String>, detail: impl Into<String>) -> Error {
+        Error::Posix { kind, path: path.into(), detail: Some(detail.into()) }
     }
     pub fn posix_kind(&self) -> Option<PosixKind> {
         match self {

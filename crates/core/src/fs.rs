@@ -390,13 +390,13 @@ impl Filesystem {
                 continue;
             }
             let Some(e) = self.lookup(cur, &comp)? else {
-                return Err(Error::posix(PosixKind::NotFound, path.to_string()));
+                return Err(Error::posix(PosixKind::NotFound, crate::quote::name(path.as_bytes())));
             };
             let is_last = pending.is_empty();
             if e.ftype == FT_SYMLINK && (!is_last || follow) {
                 links += 1;
                 if links > 40 {
-                    return Err(Error::posix(PosixKind::Loop, path.to_string()));
+                    return Err(Error::posix(PosixKind::Loop, crate::quote::name(path.as_bytes())));
                 }
                 let target = self.readlink(e.target)?;
                 if target.first() == Some(&b'/') {
@@ -408,7 +408,7 @@ impl Filesystem {
                 continue;
             }
             if !is_last && e.ftype != FT_DIR {
-                return Err(Error::posix(PosixKind::NotDir, path.to_string()));
+                return Err(Error::posix(PosixKind::NotDir, crate::quote::name(path.as_bytes())));
             }
             stack.push(e.target);
         }

@@ -44,7 +44,7 @@ fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name: &[u8]) -> 
         IflagOp::Write => (INODE_IMMUTABLE, "immutable file"),
     };
     if flags & forbid != 0 {
-        let name = String::from_utf8_lossy(name);
+        let name = crate::quote::name(name);
         let target = match what {
             IflagOp::AddName | IflagOp::RemoveName => format!("{name}: its directory (root={root} ino={ino}) is an {desc}"),
             IflagOp::Relink => format!("{name} (root={root} ino={ino}) is an {desc}"),
@@ -153,6 +153,7 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NotFound)` if absent.
     pub fn update_inode(&mut self, root: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        self.check_root_writable(root)?;
         let key = Key::new(ino, INODE_ITEM_KEY, 0);
         let (leaf, slot) = self.lookup_for_update(root, &key, 0)?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}")))?;
         let transid = self.transid;
@@ -192,7 +193,7 @@ impl FsWriter {
     /// # Errors
     /// Tree modification failures.
     pub fn create_inode(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
-        self.check_writable()?;
+        self.check_root_writable(root)?;
         crate::alloc::reserve_metadata(self, 1)?;
         self.guarded("create_inode", |w| w.create_inode_inner(root, a))
     }
@@ -256,7 +257,7 @@ impl FsWriter {
     /// # Errors
     /// `Posix(Exists)` if the name is taken, `NameTooLong`, tree failures.
     pub fn link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
-        self.check_writable()?;
+        self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
         self.check_iflags(root, ino, IflagOp::Relink, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS)?;
@@ -268,14 +269,14 @@ impl FsWriter {
     /// Returns the directory's inode flags (for inheritance).
     fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         if name.is_empty() || name.len() > NAME_LEN || name.contains(&b'/') || name == b"." || name == b".." {
-            return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, String::from_utf8_lossy(name).into_owned()));
+            return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, crate::quote::name(name)));
         }
         let d = self.inode_item(root, dir)?;
         if d.mode.get() & S_IFMT != S_IFDIR {
             return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
         }
         if self.lookup_name(root, dir, name)?.is_some() {
-            return Err(Error::posix(PosixKind::Exists, String::from_utf8_lossy(name).into_owned()));
+            return Err(Error::posix(PosixKind::Exists, crate::quote::name(name)));
         }
         iflags_allow(root, dir, d.flags.get(), IflagOp::AddName, name)?;
         Ok(d.flags.get())
@@ -356,7 +357,7 @@ impl FsWriter {
     pub fn mkdir(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
         let mut a = *a;
         a.mode = S_IFDIR | (a.mode & 0o7777);
-        self.check_writable()?;
+        self.check_root_writable(root)?;
         let dflags = self.check_new_name(root, dir, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
         a.flags |= inherited_flags(dflags, false);
@@ -374,7 +375,7 @@ impl FsWriter {
     pub fn create_file(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
         let mut a = *a;
         a.mode = S_IFREG | (a.mode & 0o7777);
-        self.check_writable()?;
+        self.check_root_writable(root)?;
         let dflags = self.check_new_name(root, dir, name)?;
         crate::alloc::reserve_metadata(self, LINK_ITEMS + 1)?;
         a.flags |= inherited_flags(dflags, true);
@@ -417,6 +418,7 @@ impl FsWriter {
     /// # Errors
     /// Tree modification failures.
     pub fn drop_extents(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+        self.check_root_writable(root)?;
         self.guarded("drop_extents", |w| w.drop_extents_inner(root, ino, start, end))
     }
 
@@ -652,7 +654,7 @@ impl FsWriter {
     /// # Errors
     /// As `write_file`, plus errors from `fill`.
     pub fn write_file_with(&mut self, root: u64, ino: u64, offset: u64, len: u64, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
-        self.check_writable()?;
+        self.check_root_writable(root)?;
         if len == 0 {
             return Ok(());
         }
@@ -773,16 +775,16 @@ impl FsWriter {
     /// # Errors
     /// `Posix` NotFound / NotEmpty; tree failures.
     pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-        self.check_writable()?;
-        let (ino, ftype, is_subvol) = self.lookup_name(root, dir, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, String::from_utf8_lossy(name).into_owned()))?;
+        self.check_root_writable(root)?;
+        let (ino, ftype, is_subvol) = self.lookup_name(root, dir, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
         if is_subvol {
-            return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", String::from_utf8_lossy(name))));
+            return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", crate::quote::name(name))));
         }
         let child = self.inode_item(root, ino)?;
         self.check_iflags(root, dir, IflagOp::RemoveName, name)?;
         self.check_iflags(root, ino, IflagOp::Relink, name)?;
         if ftype == FT_DIR && child.size.get() != 0 {
-            return Err(Error::posix(PosixKind::NotEmpty, String::from_utf8_lossy(name).into_owned()));
+            return Err(Error::posix(PosixKind::NotEmpty, crate::quote::name(name)));
         }
         self.guarded("unlink", |w| w.unlink_inner(root, dir, name, ino, ftype, &child))
     }
@@ -878,6 +880,7 @@ impl FsWriter {
     /// # Errors
     /// Tree modification failures.
     pub fn remove_inode(&mut self, root: u64, ino: u64) -> Result<()> {
+        self.check_root_writable(root)?;
         self.guarded("remove_inode", |w| w.remove_inode_inner(root, ino))
     }
 

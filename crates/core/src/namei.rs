@@ -58,13 +58,13 @@ impl FsWriter {
         let comps: Vec<&[u8]> = path.as_bytes().split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").collect();
         for (i, c) in comps.iter().enumerate() {
             if *c == b".." {
-                return Err(Error::posix(PosixKind::Invalid, format!("{path}: '..' is not supported in image paths")));
+                return Err(Error::posix(PosixKind::Invalid, format!("{}: '..' is not supported in image paths", crate::quote::name(path.as_bytes()))));
             }
             let Some((target, ftype, is_subvol)) = self.lookup_name(cur.root, cur.ino, c)? else {
-                return Err(Error::posix(PosixKind::NotFound, path.to_string()));
+                return Err(Error::posix(PosixKind::NotFound, crate::quote::name(path.as_bytes())));
             };
             if i + 1 < comps.len() && ftype != FT_DIR {
-                return Err(Error::posix(PosixKind::NotDir, path.to_string()));
+                return Err(Error::posix(PosixKind::NotDir, crate::quote::name(path.as_bytes())));
             }
             cur = if is_subvol { self.subvol_top(target)? } else { Ino { root: cur.root, ino: target } };
         }
@@ -82,7 +82,7 @@ impl FsWriter {
             None => ("", trimmed),
         };
         if name.is_empty() || name == "." || name == ".." {
-            return Err(Error::posix(PosixKind::Invalid, format!("{path}: needs a name inside a directory")));
+            return Err(Error::posix(PosixKind::Invalid, format!("{}: needs a name inside a directory", crate::quote::name(path.as_bytes()))));
         }
         let parent = self.resolve_path(dir)?;
         let ii = self.inode_item(parent.root, parent.ino)?;

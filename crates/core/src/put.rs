@@ -25,7 +25,7 @@ pub struct PutStats {
 }
 
 fn io(path: &Path, what: &str, e: std::io::Error) -> Error {
-    Error::io(format!("{what} {}", path.display()), e)
+    Error::io(format!("{what} {}", crate::quote::path(path)), e)
 }
 
 fn attrs(md: &std::fs::Metadata) -> InodeAttrs {
@@ -41,7 +41,7 @@ fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<std::path::PathBuf, s
     let ft = md.file_type();
     if ft.is_dir() {
         if !recursive {
-            return Err(Error::posix(PosixKind::IsDir, format!("{} is a directory (use -r)", src.display())));
+            return Err(Error::posix_detail(PosixKind::IsDir, crate::quote::path(src), "use -r"));
         }
         for e in std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))? {
             let e = e.map_err(|e| io(src, "cannot read", e))?;
@@ -51,7 +51,7 @@ fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<std::path::PathBuf, s
     } else if ft.is_file() {
         Ok(())
     } else {
-        Err(Error::posix(PosixKind::Invalid, format!("{}: only regular files and directories can be put for now", src.display())))
+        Err(Error::posix(PosixKind::Invalid, format!("{}: only regular files and directories can be put for now", crate::quote::path(src))))
     }
 }
 
@@ -75,7 +75,7 @@ pub fn put(w: &mut FsWriter, src: &Path, dest: &str, recursive: bool) -> Result<
 fn put_one(w: &mut FsWriter, src: &Path, parent: Ino, name: &[u8], stats: &mut PutStats, links: &mut HashMap<(u64, u64), Ino>, seen: &HashMap<std::path::PathBuf, std::fs::Metadata>) -> Result<()> {
     let md = match seen.get(src) {
         Some(m) => m.clone(),
-        None => return Err(Error::posix(PosixKind::NotFound, format!("{} appeared while copying", src.display()))),
+        None => return Err(Error::posix(PosixKind::NotFound, format!("{} appeared while copying", crate::quote::path(src)))),
     };
     let a = attrs(&md);
     if md.is_dir() {
@@ -131,14 +131,14 @@ fn set_times(w: &mut FsWriter, i: Ino, a: &InodeAttrs) -> Result<()> {
 /// `Posix` NotFound / IsDir / NotEmpty; engine errors.
 pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     let (parent, name) = w.resolve_parent(path)?;
-    let (ino, ftype, is_subvol) = w.lookup_name(parent.root, parent.ino, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, path.to_string()))?;
+    let (ino, ftype, is_subvol) = w.lookup_name(parent.root, parent.ino, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(path.as_bytes())))?;
     if is_subvol {
-        return Err(Error::posix(PosixKind::Invalid, format!("{path} is a subvolume; deleting subvolumes is not supported yet")));
+        return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", crate::quote::name(path.as_bytes()))));
     }
     if ftype == FT_DIR && !recursive {
         let ii = w.inode_item(parent.root, ino)?;
         if ii.size.get() != 0 {
-            return Err(Error::posix(PosixKind::IsDir, format!("{path} is a directory (use -r)")));
+            return Err(Error::posix_detail(PosixKind::IsDir, crate::quote::name(path.as_bytes()), "use -r"));
         }
     }
     let mut count = 0;
@@ -157,7 +157,7 @@ fn remove_dir_contents(w: &mut FsWriter, dir: Ino, path: &str) -> Result<u64> {
         for e in ubtrfs_format::items::dir_entries(&d) {
             let e = e.expect("validated by the tree checker");
             let name = e.name.to_vec();
-            let child_path = format!("{path}/{}", String::from_utf8_lossy(&name));
+            let child_path = format!("{path}/{}", crate::quote::name(&name));
             if e.location.type_ == ubtrfs_format::key::ROOT_ITEM_KEY {
                 return Err(Error::posix(PosixKind::Invalid, format!("{child_path} is a subvolume; deleting subvolumes is not supported yet")));
             }

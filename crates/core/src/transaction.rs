@@ -187,6 +187,69 @@ impl FsWriter {
         }
     }
 
+    /// Fail if tree `root` may not change: the filesystem was aborted, or `root` is a
+    /// read-only subvolume (ROOT_ITEM flag RDONLY, `btrfs subvolume snapshot -r` or
+    /// `btrfs property set ro true`). Every public mutator calls this before it changes
+    /// anything, so a refused change leaves the transaction as it was; send/receive
+    /// rely on read-only snapshots never changing.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` naming the subvolume; read failures loading its root.
+    pub fn check_root_writable(&mut self, root: u64) -> Result<()> {
+        self.check_writable()?;
+        if self.root_is_readonly(root)? {
+            return Err(Error::posix_detail(PosixKind::ReadOnly, self.subvol_desc(root), "the subvolume is flagged read-only"));
+        }
+        Ok(())
+    }
+
+    /// Flag subvolume `root` read-only or writable (ROOT_ITEM flag RDONLY), as
+    /// `btrfs property set SUBVOL ro true|false` does; the change lands at commit.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` for a tree that is not a subvolume; `Posix(ReadOnly)` after an
+    /// abort; read failures loading the root.
+    pub fn set_subvol_readonly(&mut self, root: u64, readonly: bool) -> Result<()> {
+        self.check_writable()?;
+        if !is_subvolume_tree(root) {
+            return Err(Error::posix(PosixKind::Invalid, format!("tree {root} is not a subvolume")));
+        }
+        self.root(root)?;
+        let st = self.roots.get_mut(&root).expect("loaded just above");
+        let item = st.item.as_mut().expect("subvolume trees have a ROOT_ITEM");
+        let flags = item.flags.get();
+        item.flags = if readonly { flags | ROOT_SUBVOL_RDONLY } else { flags & !ROOT_SUBVOL_RDONLY }.into();
+        st.dirty = true;
+        Ok(())
+    }
+
+    /// Whether `root` is a subvolume flagged read-only.
+    ///
+    /// # Errors
+    /// Read failures loading the root.
+    pub(crate) fn root_is_readonly(&mut self, root: u64) -> Result<bool> {
+        if !is_subvolume_tree(root) {
+            return Ok(false);
+        }
+        self.root(root)?;
+        let st = self.roots.get(&root).expect("loaded just above");
+        Ok(st.item.as_ref().is_some_and(|i| i.flags.get() & ROOT_SUBVOL_RDONLY != 0))
+    }
+
+    /// "subvolume NAME (id N)", with the name from its ROOT_BACKREF when
+    /// there is one (the top-level tree has none).
+    fn subvol_desc(&mut self, root: u64) -> String {
+        let name = self
+            .items_in_range(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_BACKREF_KEY, 0), &Key::new(root, ROOT_BACKREF_KEY, u64::MAX))
+            .ok()
+            .and_then(|v| v.into_iter().next())
+            .and_then(|(_, d)| items::root_ref(&d).ok().map(|r| crate::quote::name(r.name).into_owned()));
+        match name {
+            Some(n) => format!("subvolume {n} (id {root})"),
+            None => format!("subvolume id {root}"),
+        }
+    }
+
     /// Turn the filesystem read-only after a failure that happened mid-change.
     pub fn abort(&mut self, at: &str, err: &Error) {
         if self.aborted.is_none() {
@@ -370,7 +433,9 @@ impl FsWriter {
     }
 
     fn commit_inner(&mut self) -> Result<u64> {
-        if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() {
+        // A root item changed on its own (a subvolume flagged read-only) is a change.
+        let root_items_changed = self.roots.values().any(|s| s.dirty && s.item.is_some());
+        if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() && !root_items_changed {
             return Ok(self.sb.generation.get());
         }
         self.converge()?;

@@ -719,7 +719,7 @@ fn kernel_oracle() -> bool {
 fn btrfs_check(img: &[u8], tag: &str) -> Result<(), String> {
     let path = std::env::temp_dir().join(format!("ubtrfs-crash-{tag}-{}.img", std::process::id()));
     std::fs::write(&path, img).map_err(|e| format!("write {}: {e}", path.display()))?;
-    let o = std::process::Command::new("btrfs").args(["check", "--readonly"]).arg(&path).output().map_err(|e| format!("run btrfs check: {e}"))?;
+    let o = std::process::Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&path).output().map_err(|e| format!("run btrfs check: {e}"))?;
     std::fs::remove_file(&path).ok();
     if o.status.success() {
         Ok(())

@@ -40,7 +40,7 @@ impl Image {
         w.check_invariants(FST).expect("free-space tree invariants before commit");
         w.commit().expect("commit");
         drop(w);
-        if let Ok(o) = std::process::Command::new("btrfs").args(["check", "--readonly"]).arg(&self.0).output() {
+        if let Ok(o) = std::process::Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&self.0).output() {
             assert!(o.status.success(), "btrfs check failed:\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         }
     }

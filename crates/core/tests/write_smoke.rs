@@ -24,7 +24,7 @@ fn smoke_mkdir_write_commit() {
         w.write_file(5, g, 0, &data).unwrap();
         w.commit().unwrap();
     }
-    let out = std::process::Command::new("btrfs").args(["check", "--readonly"]).arg(&img).output();
+    let out = std::process::Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img).output();
     if let Ok(o) = out {
         eprintln!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         assert!(o.status.success(), "btrfs check failed");

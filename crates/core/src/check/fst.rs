@@ -97,11 +97,11 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
     }
     // Items wholly below the first block group are what mkfs.btrfs (up to 6.x) leaves
     // behind when it removes its temporary chunks; nothing reads them (the kernel looks
-    // items up per group) and btrfs check 6.2 accepts them, so they are noted. Any
-    // other item outside every group is reported.
+    // items up per group) and btrfs check 6.2 accepts them, so they are accepted
+    // silently: every mkfs-made image has them, and a note on each would train users
+    // to skip notes. Any other item outside every group is reported.
     let first_bg = st.block_groups.keys().next().copied().unwrap_or(0);
     let overlaps_bg = |s: u64, e: u64| e > first_bg || st.block_groups.range(..e).next_back().is_some_and(|(&bs, b)| bs.saturating_add(b.len) > s);
-    let mut stale = Vec::new();
     for (i, it) in items.iter().enumerate() {
         if claimed[i] {
             continue;
@@ -109,8 +109,6 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
         let (s, e) = (it.key.objectid, it.key.objectid.saturating_add(it.key.offset));
         if overlaps_bg(s, e) {
             sink.push(Finding::new(FST_ORPHAN_ITEM, format!("{} [{s}, {e}) is outside every block group", item_type_name(it.key.type_))).root(fst).key(it.key));
-        } else {
-            stale.push((s, e));
         }
     }
     for (&start, &(len, _, _)) in &st.fst_infos {
@@ -120,12 +118,6 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
         let end = start.saturating_add(len);
         if overlaps_bg(start, end) {
             sink.push(Finding::new(FST_ORPHAN_ITEM, format!("FREE_SPACE_INFO [{start}, {end}) matches no block group")).root(fst).bytenr(start));
-        } else {
-            stale.push((start, end));
         }
-    }
-    if !stale.is_empty() {
-        let ranges = merge_ranges(stale);
-        sink.note(format!("free space tree has items below the first block group (left by mkfs when it drops its temporary chunks; unused): {}", ranges_str(&ranges)));
     }
 }

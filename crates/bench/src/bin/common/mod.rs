@@ -62,7 +62,7 @@ impl Image {
     /// # Errors
     /// The checker's complaint.
     pub fn check(&self) -> Result<(), String> {
-        run_cmd(Command::new("btrfs").args(["check", "--readonly"]).arg(&self.path)).map(|_| ())
+        run_cmd(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&self.path)).map(|_| ())
     }
 }
 
