@@ -64,7 +64,7 @@ pub fn put(w: &mut FsWriter, src: &Path, dest: &str, recursive: bool) -> Result<
     prescan(src, recursive, &mut seen)?;
     let (parent, name) = w.resolve_parent(dest)?;
     if w.lookup_name(parent.root, parent.ino, &name)?.is_some() {
-        return Err(Error::posix(PosixKind::Exists, dest.to_string()));
+        return Err(Error::posix(PosixKind::Exists, crate::quote::name(dest.as_bytes())));
     }
     let mut stats = PutStats::default();
     let mut links = HashMap::new();
