@@ -60,7 +60,7 @@ fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
     let sb = &fs.sb;
     let w = |o: &mut dyn Write, name: &str, value: String| writeln!(o, "{:<20}{value}", format!("{name}:")).map_err(out_err);
     let label_len = sb.label.iter().position(|&b| b == 0).unwrap_or(LABEL_SIZE);
-    w(o, "label", String::from_utf8_lossy(&sb.label[..label_len]).into_owned())?;
+    w(o, "label", ubtrfs_core::quote::name(&sb.label[..label_len]).into_owned())?;
     w(o, "fsid", uuid_str(&sb.fsid))?;
     if sb.incompat_flags.get() & INCOMPAT_METADATA_UUID != 0 && sb.metadata_uuid != sb.fsid {
         w(o, "metadata uuid", uuid_str(&sb.metadata_uuid))?;
