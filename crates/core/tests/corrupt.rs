@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ubtrfs_core::device::BlockDevice;
 use ubtrfs_core::disk_io::FsInfo;
-use ubtrfs_core::fs::{Filesystem, Load};
+use ubtrfs_core::fs::Filesystem;
 use ubtrfs_core::Error;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
@@ -428,13 +428,22 @@ fn unsafe_names_refused_by_extract() {
             v
         };
         let before_tmp = listing(&std::env::temp_dir());
-        let root = bad.load_inode(bad.root_dir(), Load::ALL).expect("root dir");
-        let r = ubtrfs_core::extract::extract(&bad, &root, &dest, &mut |_| {});
-        let shown = format!("{:?}", String::from_utf8_lossy(new));
-        match r {
+        use ubtrfs_core::extract::{extract, CollectReport, ExtractOptions};
+        let shown = format!("\"{}\"", ubtrfs_core::quote::name(new));
+        // Strict: the first unsafe name stops the extraction, named.
+        let strict = ExtractOptions { strict: true, ..Default::default() };
+        match extract(&bad, bad.root_dir(), &dest, &strict, &mut CollectReport::default()) {
             Err(e) => assert!(e.to_string().contains(&shown), "extract error does not name {shown}: {e}"),
             Ok(s) => panic!("extract accepted the unsafe name {shown}: {s:?}"),
         }
+        assert_eq!(listing(&parent), vec!["dest".to_string()], "something was created beside the destination");
+        // Salvage: the entry is skipped with a warning naming it, the rest extracted.
+        std::fs::remove_dir_all(&dest).expect("clean up");
+        let mut report = CollectReport::default();
+        let stats = extract(&bad, bad.root_dir(), &dest, &ExtractOptions::default(), &mut report).expect("salvage goes on");
+        assert!(!stats.complete(), "{stats:?}");
+        assert!(report.warnings.iter().any(|w| w.text.contains(&shown) && w.text.contains("not extracted")), "no warning names {shown}: {:?}", report.warnings);
+        assert!(stats.files > 10, "{stats:?}");
         assert_eq!(listing(&parent), vec!["dest".to_string()], "something was created beside the destination");
         let after_tmp = listing(&std::env::temp_dir());
         let new_in_tmp: Vec<&String> = after_tmp.iter().filter(|n| !before_tmp.contains(n) && n.starts_with('x')).collect();
