@@ -333,7 +333,19 @@ pub fn extract(a: &ExtractArgs) -> Result<()> {
     if let Some(e) = cli.out_err.take() {
         return Err(stdout_err(e));
     }
-    let stats = r?;
+    let stats = match r {
+        Ok(s) => s,
+        Err(e) => {
+            // Say what the error leaves behind, after the error itself.
+            eprintln!("ubtrfs: error: {e}");
+            if a.dry_run {
+                eprintln!("extract: stopped (a dry run: nothing was written)");
+            } else {
+                eprintln!("extract: stopped; {} holds only what was extracted before this error", ubtrfs_core::quote::path(&a.dest));
+            }
+            std::process::exit(1);
+        }
+    };
     let verb = if a.dry_run { "would extract" } else { "extracted" };
     eprintln!("{verb} {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes", stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes);
     if let Some(losses) = stats.losses() {

@@ -292,6 +292,56 @@ fn bad_data_sector_is_left_as_a_hole() {
     assert!(serr.contains("removed the partial copy"), "{serr}");
 }
 
+/// A compressed extent bad on disk: it is only readable whole, so its whole file range
+/// becomes a hole and the file's other extents arrive intact.
+#[test]
+fn bad_compressed_extent_is_left_as_a_hole() {
+    let w = Work::new("zstd", &std::env::temp_dir());
+    let img = w.path("img");
+    fixture_copy("zstd", &img);
+    let clean = w.path("clean");
+    clean_extract(&img, &clean);
+    let fs = open(&img);
+    let compressed = |e: &ubtrfs_core::fs::FileExtentRec| matches!(e.kind, ExtentKind::Regular { disk_bytenr, compression, .. } if disk_bytenr != 0 && compression != 0);
+    let tree = walk(&fs);
+    // Extents referenced once (a reflink would lose the range too).
+    let mut refs: BTreeMap<u64, usize> = BTreeMap::new();
+    for (_, v) in &tree {
+        for x in &v.extents {
+            if let ExtentKind::Regular { disk_bytenr, .. } = x.kind {
+                *refs.entry(disk_bytenr).or_default() += 1;
+            }
+        }
+    }
+    let unshared = |x: &ubtrfs_core::fs::FileExtentRec| matches!(x.kind, ExtentKind::Regular { disk_bytenr, .. } if refs[&disk_bytenr] == 1);
+    // A compressed extent with data before and after it in the same file.
+    let (path, v, e) = tree
+        .iter()
+        .filter(|(_, v)| v.kind() == FileKind::File && v.nlink() == 1)
+        .find_map(|(p, v)| {
+            let n = v.extents.len();
+            v.extents.iter().enumerate().find(|(i, x)| *i > 0 && *i + 1 < n && compressed(x) && unshared(x) && x.end() <= v.size()).map(|(_, x)| (p.clone(), v.clone(), x.clone()))
+        })
+        .expect("an unshared compressed extent inside a file");
+    let ExtentKind::Regular { disk_bytenr, .. } = e.kind else { unreachable!() };
+    drop(fs);
+    damage_every_copy(&img, disk_bytenr, 100, 8);
+    let bad = w.path("bad");
+    let o = out_of(bin().arg("extract").arg(&img).arg(&bad));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let (s, t) = (e.file_offset, e.end().min(v.size()));
+    let want = format!("ubtrfs: warning: {}/{}: bytes {s}..{t} unreadable (data checksum mismatch at logical {disk_bytenr}, the only copy); left as a hole", bad.display(), quote::name(&path));
+    assert!(err.lines().any(|l| l == want), "no line {want:?} in\n{err}");
+    let differ = compare_salvaged(&clean, &bad, &err);
+    assert_eq!(differ, vec![String::from_utf8(path.clone()).unwrap()]);
+    let rel = String::from_utf8(path).unwrap();
+    let (good, got) = (std::fs::read(clean.join(&rel)).unwrap(), std::fs::read(bad.join(&rel)).unwrap());
+    let (s, t) = (s as usize, t as usize);
+    assert_eq!((&got[..s], &got[t..]), (&good[..s], &good[t..]), "outside the bad extent");
+    assert!(got[s..t].iter().all(|&b| b == 0));
+}
+
 /// Both DUP copies of one fs-tree leaf bad: (a) a leaf in the middle of a big
 /// directory's entries: the directory is extracted without those entries and named as
 /// incomplete; (b) the leaf holding a directory's inode and its children's: that
@@ -380,7 +430,8 @@ fn dry_run_lists_every_path_and_writes_nothing() {
     assert!(!listing.contains("new\nline"));
 }
 
-/// Preallocated ranges stay preallocated (inside the file and past its end).
+/// Preallocated ranges stay preallocated (inside the file and past its end); a second
+/// extract into the same place stops at the first existing name.
 #[test]
 fn preallocated_extents_stay_preallocated() {
     let w = Work::new("prealloc", &std::env::temp_dir());
@@ -394,6 +445,13 @@ fn preallocated_extents_stay_preallocated() {
         assert!(md.blocks() >= kernel_blocks, "{name}: {} blocks, the kernel's {kernel_blocks}", md.blocks());
         assert_eq!(md.len(), want[&format!("prealloc/{name}")]["size"].as_u64().unwrap());
     }
+    // A second run into the same place replaces nothing and says why it stopped.
+    let before = std::fs::read(dest.join("falloc-written-64k")).unwrap();
+    let o = out_of(bin().arg("extract").arg(img).arg("--path").arg("/prealloc").arg(&dest));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("(extract never replaces what exists): ") && err.contains("extract: stopped; "), "{err}");
+    assert_eq!(std::fs::read(dest.join("falloc-written-64k")).unwrap(), before);
 }
 
 /// Without root: owners are not kept (one summary line), setuid/setgid bits of files
