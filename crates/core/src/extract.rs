@@ -265,8 +265,10 @@ pub fn extract(fs: &Filesystem, src: InodeId, dest: &Path, opts: &ExtractOptions
         ctx.visited_dirs.insert(top.id);
         ctx.stats.dirs += 1;
         ctx.report.listed('d', &host);
-        extract_dir_contents(&mut ctx, dirfd.as_ref(), &top, &mut damage, Path::new(""), 0, &host)?;
-        xattrs_lost(&mut ctx, &top, &mut damage, &host)?;
+        let entries_lost = extract_dir_contents(&mut ctx, dirfd.as_ref(), &top, &mut damage, Path::new(""), 0, &host)?;
+        if xattrs_lost(&mut ctx, &top, &mut damage, &host)? && !entries_lost {
+            ctx.stats.dirs_incomplete += 1;
+        }
         if let Some(d) = &dirfd {
             finish_meta(&mut ctx, &Target::Fd(d.as_raw_fd()), &top, &host, Vec::new());
         }
@@ -363,9 +365,9 @@ fn create_error(what: &str, host: &str, e: std::io::Error) -> Error {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn extract_dir_contents(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, dir: &InodeView, damage: &mut LoadDamage, rel: &Path, depth: usize, host: &str) -> Result<()> {
-    let lost = damage.lost.iter().position(|l| l.overlaps(dir.id.ino, DIR_INDEX_KEY));
-    if let Some(i) = lost.filter(|_| !entries_complete(dir, damage)) {
+fn extract_dir_contents(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, dir: &InodeView, damage: &mut LoadDamage, rel: &Path, depth: usize, host: &str) -> Result<bool> {
+    let lost = damage.lost.iter().position(|l| l.overlaps(dir.id.ino, DIR_INDEX_KEY)).filter(|_| !entries_complete(dir, damage));
+    if let Some(i) = lost {
         if ctx.opts.strict {
             return Err(damage.lost.swap_remove(i).error.at(format!("{host}: directory entries")));
         }
@@ -380,7 +382,7 @@ fn extract_dir_contents(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, dir: &InodeV
     for e in &dir.entries {
         extract_entry(ctx, dirfd, dir.id, e, rel, depth + 1, host)?;
     }
-    Ok(())
+    Ok(lost.is_some())
 }
 
 /// Whether a directory's readable entries account for its whole size (btrfs counts
@@ -498,8 +500,11 @@ fn extract_dir(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeV
     };
     ctx.stats.dirs += 1;
     ctx.report.listed('d', host);
-    extract_dir_contents(ctx, sub.as_ref(), ino, damage, rel, depth, host)?;
-    xattrs_lost(ctx, ino, damage, host)?;
+    let entries_lost = extract_dir_contents(ctx, sub.as_ref(), ino, damage, rel, depth, host)?;
+    // Counted once, whether entries or xattrs (or both) were lost.
+    if xattrs_lost(ctx, ino, damage, host)? && !entries_lost {
+        ctx.stats.dirs_incomplete += 1;
+    }
     if let Some(sub) = &sub {
         finish_meta(ctx, &Target::Fd(sub.as_raw_fd()), ino, host, Vec::new());
     }
@@ -616,7 +621,9 @@ fn extract_symlink(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &In
     }
     ctx.stats.symlinks += 1;
     ctx.report.listed(FileKind::Symlink.letter(), host);
-    xattrs_lost(ctx, ino, damage, host)?;
+    if xattrs_lost(ctx, ino, damage, host)? {
+        ctx.stats.files_incomplete += 1;
+    }
     if let Some(dfd) = dfd {
         finish_meta(ctx, &Target::At { dirfd: dfd, name: cname }, ino, host, Vec::new());
     }
