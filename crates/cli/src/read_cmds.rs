@@ -40,6 +40,16 @@ pub struct CatArgs {
 }
 
 #[derive(clap::Args)]
+#[command(after_help = "\
+A damaged image is copied as far as it can be read: unreadable data is left as holes in
+otherwise intact files, unreadable directories and files are skipped, and each loss is a
+warning naming the path. What the destination cannot keep (owners when not root, xattrs it
+refuses) is a warning too, one line per file, but not a failure. Nothing existing in DEST
+is ever replaced.
+
+Exit status: 0 when everything was copied (metadata warnings aside); 2 when extract
+finished but something could not be read or created (a summary line counts it); 1 when
+it stopped at an error (with --strict, the first unreadable part).")]
 pub struct ExtractArgs {
     #[command(flatten)]
     pub image: ImageArgs,
@@ -48,6 +58,13 @@ pub struct ExtractArgs {
     /// What to extract from the image (default: everything under the top).
     #[arg(long, default_value = "/")]
     pub path: String,
+    /// Stop at the first unreadable object or data range instead of going on.
+    #[arg(long)]
+    pub strict: bool,
+    /// Write nothing: list what would be extracted on stdout (type letter and path; 'h' is
+    /// another name of a file already listed) and read everything to report what could not be.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
 }
 
 fn open_fs(a: &ImageArgs) -> Result<Filesystem> {
@@ -251,32 +268,90 @@ pub fn cat(a: &CatArgs) -> Result<()> {
 }
 
 pub fn extract(a: &ExtractArgs) -> Result<()> {
+    use ubtrfs_core::extract::{ExtractOptions, ExtractReport, Warning};
     let fs = open_fs(&a.image)?;
-    let src = fs.resolve(&a.path, true)?;
-    let bar = if std::io::stderr().is_terminal() {
+    // Only the path is resolved here: extract reads the inode itself, so damage in it
+    // is salvaged like anywhere else.
+    let src = if a.path.trim_matches('/').is_empty() { fs.root_dir() } else { fs.resolve_id(&a.path, true)? };
+    let bar = if std::io::stderr().is_terminal() && !a.dry_run {
         let b = indicatif::ProgressBar::new_spinner();
         b.set_style(indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("static template"));
         Some(b)
     } else {
         None
     };
-    let mut progress = |s: &ExtractStats| {
-        if let Some(b) = &bar {
-            b.set_message(format!("{} files, {} dirs, {} MiB", s.files, s.dirs, s.bytes >> 20));
-            b.tick();
+    /// Listings to stdout, warnings (the engine's first, so they stay in order) to stderr.
+    struct Cli<'a> {
+        fs: &'a Filesystem,
+        bar: Option<indicatif::ProgressBar>,
+        out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+        out_err: Option<std::io::Error>,
+        /// Only a dry run lists.
+        list: bool,
+    }
+    impl Cli<'_> {
+        fn eprint(&self, line: &str) {
+            match &self.bar {
+                Some(b) => b.suspend(|| eprintln!("{line}")),
+                None => eprintln!("{line}"),
+            }
         }
-    };
-    let stats = do_extract(&fs, &src, &a.dest, &mut progress)?;
-    if let Some(b) = bar {
+        fn engine_warnings(&self) {
+            for w in self.fs.info.take_warnings() {
+                self.eprint(&format!("ubtrfs: warning: {w}"));
+            }
+        }
+    }
+    impl ExtractReport for Cli<'_> {
+        fn progress(&mut self, s: &ExtractStats) {
+            self.engine_warnings();
+            if let Some(b) = &self.bar {
+                b.set_message(format!("{} files, {} dirs, {} MiB", s.files, s.dirs, s.bytes >> 20));
+                b.tick();
+            }
+        }
+        fn listed(&mut self, kind: char, path: &str) {
+            if self.list && self.out_err.is_none() {
+                if let Err(e) = writeln!(self.out, "{kind} {path}") {
+                    self.out_err = Some(e);
+                }
+            }
+        }
+        fn warning(&mut self, w: &Warning) {
+            self.engine_warnings();
+            self.eprint(&format!("ubtrfs: warning: {}", w.text));
+        }
+    }
+    let mut cli = Cli { fs: &fs, bar, out: std::io::BufWriter::new(std::io::stdout().lock()), out_err: None, list: a.dry_run };
+    let opts = ExtractOptions { strict: a.strict, dry_run: a.dry_run };
+    let r = do_extract(&fs, src, &a.dest, &opts, &mut cli);
+    if let Some(b) = cli.bar.take() {
         b.finish_and_clear();
     }
-    crate::print_warnings(&fs.info);
-    for s in stats.skipped.iter().take(20) {
-        eprintln!("ubtrfs: warning: {s}");
+    cli.engine_warnings();
+    cli.out.flush().map_err(stdout_err)?;
+    if let Some(e) = cli.out_err.take() {
+        return Err(stdout_err(e));
     }
-    if stats.skipped.len() > 20 {
-        eprintln!("ubtrfs: warning: ... and {} more not preserved", stats.skipped.len() - 20);
+    let stats = match r {
+        Ok(s) => s,
+        Err(e) => {
+            // Say what the error leaves behind, after the error itself.
+            eprintln!("ubtrfs: error: {e}");
+            if a.dry_run {
+                eprintln!("extract: stopped (a dry run: nothing was written)");
+            } else {
+                eprintln!("extract: stopped; {} holds only what was extracted before this error", ubtrfs_core::quote::path(&a.dest));
+            }
+            std::process::exit(1);
+        }
+    };
+    let verb = if a.dry_run { "would extract" } else { "extracted" };
+    eprintln!("{verb} {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes", stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes);
+    if let Some(losses) = stats.losses() {
+        eprintln!("extract: {losses}; see the warnings above");
+        // Finished, but not everything was copied: distinct from 1 (stopped by an error).
+        std::process::exit(2);
     }
-    eprintln!("extracted {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes", stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes);
     Ok(())
 }

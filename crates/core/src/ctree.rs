@@ -6,7 +6,7 @@
 //! across leaves, which bounds it by the number of distinct keys.
 
 use crate::disk_io::{Expect, ExtentBuffer, FsInfo};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 
@@ -109,6 +109,12 @@ impl FsInfo {
     /// # Errors
     /// `Io`/`Corrupt` from reading blocks.
     pub fn next_leaf(&self, root: &RootInfo, path: &mut Path) -> Result<bool> {
+        self.advance_leaf(root, path).map_err(|(e, _)| e)
+    }
+
+    /// `next_leaf`, telling on failure the level whose pointer at `path.slots[level]`
+    /// named the block that could not be read, so an iterator can step over it.
+    fn advance_leaf(&self, root: &RootInfo, path: &mut Path) -> std::result::Result<bool, (Error, usize)> {
         let levels = path.nodes.len();
         for level in 1..levels {
             let node = path.nodes[level].as_ref().expect("path filled to the root").clone();
@@ -117,7 +123,7 @@ impl FsInfo {
                 let mut cur = node;
                 let mut l = level;
                 while l > 0 {
-                    let child = self.read_child(root, &cur, path.slots[l])?;
+                    let child = self.read_child(root, &cur, path.slots[l]).map_err(|e| (e, l))?;
                     l -= 1;
                     path.slots[l] = 0;
                     path.nodes[l] = Some(child.clone());
@@ -160,7 +166,7 @@ impl FsInfo {
     /// `Io`/`Corrupt` from the initial search.
     pub fn iter(&self, root: &RootInfo, start: Key) -> Result<TreeIter<'_>> {
         let (path, _) = self.search_slot(root, &start)?;
-        Ok(TreeIter { fs: self, root: *root, path, last: None, done: false })
+        Ok(TreeIter { fs: self, root: *root, path, last: None, done: false, failed_level: None })
     }
 
     /// The item with the greatest key <= `key`, if any.
@@ -190,6 +196,9 @@ pub struct TreeIter<'a> {
     path: Path,
     last: Option<Key>,
     done: bool,
+    /// Set when moving to the next leaf failed: the level of the pointer (at
+    /// `path.slots[level]`) to the block that could not be read.
+    failed_level: Option<usize>,
 }
 
 impl TreeIter<'_> {
@@ -214,11 +223,38 @@ impl TreeIter<'_> {
                 self.last = Some(k);
                 return Ok(Some(item));
             }
-            if !self.fs.next_leaf(&self.root, &mut self.path)? {
-                self.done = true;
-                return Ok(None);
+            match self.fs.advance_leaf(&self.root, &mut self.path) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                Err((e, level)) => {
+                    self.failed_level = Some(level);
+                    return Err(e);
+                }
             }
         }
+    }
+
+    /// After `next_item` failed to read a tree block, step over that block (and the
+    /// subtree under it) so iteration goes on with the items after it. Returns the first
+    /// key the skipped block covers; the items lost are those from it up to the next
+    /// item returned. None if the failure was not an unreadable block (then the
+    /// iterator stays failed: a key-order error means the tree cannot be trusted).
+    pub fn skip_unreadable(&mut self) -> Option<Key> {
+        let level = self.failed_level.take()?;
+        let from = self.path.nodes[level].as_ref().expect("path filled to the root").node().key(self.path.slots[level]);
+        // Mark every level below as used up, so the next advance resumes at the pointer
+        // after the bad one. The nodes below are still the previous leaf's path (or the
+        // fresh nodes read on the way down); either way none of their slots is wanted.
+        for l in 1..level {
+            let n = self.path.nodes[l].as_ref().expect("path filled to the root").node().nritems();
+            self.path.slots[l] = n.saturating_sub(1);
+        }
+        let leaf_items = self.path.leaf().node().nritems();
+        self.path.slots[0] = leaf_items;
+        Some(from)
     }
 }
 

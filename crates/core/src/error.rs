@@ -84,6 +84,14 @@ pub enum Error {
     /// kind (`/a: is a directory (use -r)`), so the message never repeats the kind.
     #[error("{path}: {kind}{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
     Posix { kind: PosixKind, path: String, detail: Option<String> },
+    /// Another error, said of the object (a host path, an image path) it happened to.
+    /// Its family is the inner error's: the accessors below look through it.
+    #[error("{what}: {source}")]
+    At {
+        what: String,
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl From<Corrupt> for Error {
@@ -103,14 +111,25 @@ impl Error {
     pub fn posix_detail(kind: PosixKind, path: impl Into<String>, detail: impl Into<String>) -> Error {
         Error::Posix { kind, path: path.into(), detail: Some(detail.into()) }
     }
-    pub fn posix_kind(&self) -> Option<PosixKind> {
+    /// Say which object `self` happened to.
+    pub fn at(self, what: impl Into<String>) -> Error {
+        Error::At { what: what.into(), source: Box::new(self) }
+    }
+    /// The error under any `At` wrappers.
+    pub fn inner(&self) -> &Error {
         match self {
+            Error::At { source, .. } => source.inner(),
+            e => e,
+        }
+    }
+    pub fn posix_kind(&self) -> Option<PosixKind> {
+        match self.inner() {
             Error::Posix { kind, .. } => Some(*kind),
             _ => None,
         }
     }
     pub fn is_corrupt(&self) -> bool {
-        matches!(self, Error::Corrupt(_))
+        matches!(self.inner(), Error::Corrupt(_))
     }
 }
 

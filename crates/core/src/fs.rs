@@ -168,6 +168,54 @@ impl Load {
     pub const ITEM: Load = Load { xattrs: false, extents: false, entries: false };
 }
 
+/// Items of one inode that `load_inode_salvage` could not read.
+#[derive(Debug, Default)]
+pub struct LoadDamage {
+    /// Key ranges lost to unreadable tree blocks, in key order.
+    pub lost: Vec<LostItems>,
+    /// Directory entries that could not be resolved.
+    pub bad_entries: Vec<BadEntry>,
+}
+
+/// A directory entry whose target could not be resolved (e.g. a subvolume without a
+/// root item).
+#[derive(Debug)]
+pub struct BadEntry {
+    pub name: Vec<u8>,
+    /// The entry's file type (FT_*).
+    pub ftype: u8,
+    pub error: Error,
+}
+
+/// The keys `[from, to)` were in a tree block no copy of which could be read (`to`
+/// None: up to the end of the inode's items). Some of them may belong to other inodes.
+#[derive(Debug)]
+pub struct LostItems {
+    pub from: Key,
+    pub to: Option<Key>,
+    pub error: Error,
+}
+
+impl LoadDamage {
+    pub fn is_empty(&self) -> bool {
+        self.lost.is_empty() && self.bad_entries.is_empty()
+    }
+
+    /// The first loss that may hold items of inode `ino` with key type `type_`.
+    pub fn lost_type(&self, ino: u64, type_: u8) -> Option<&LostItems> {
+        self.lost.iter().find(|l| l.overlaps(ino, type_))
+    }
+}
+
+impl LostItems {
+    /// Whether the lost keys may include items of inode `ino` with key type `type_`.
+    pub fn overlaps(&self, ino: u64, type_: u8) -> bool {
+        let lo = Key::new(ino, type_, 0);
+        let hi = Key::new(ino, type_, u64::MAX);
+        self.from <= hi && self.to.is_none_or(|t| t > lo)
+    }
+}
+
 /// A readable btrfs filesystem.
 pub struct Filesystem {
     pub info: FsInfo,
@@ -244,11 +292,56 @@ impl Filesystem {
     /// # Errors
     /// `Posix(NotFound)` if there is no INODE_ITEM; `Corrupt`/`Io` otherwise.
     pub fn load_inode(&self, id: InodeId, load: Load) -> Result<InodeView> {
+        self.load_inode_with(id, load, None)
+    }
+
+    /// `load_inode` for salvage: an unreadable tree block after the INODE_ITEM is
+    /// stepped over and recorded in the returned `LoadDamage` instead of failing the
+    /// whole inode, and so is a directory entry that cannot be resolved. The view holds
+    /// every item that could be read.
+    ///
+    /// # Errors
+    /// As `load_inode` when the INODE_ITEM itself cannot be read.
+    pub fn load_inode_salvage(&self, id: InodeId, load: Load) -> Result<(InodeView, LoadDamage)> {
+        let mut damage = LoadDamage::default();
+        let v = self.load_inode_with(id, load, Some(&mut damage))?;
+        Ok((v, damage))
+    }
+
+    fn load_inode_with(&self, id: InodeId, load: Load, mut damage: Option<&mut LoadDamage>) -> Result<InodeView> {
         let root = self.fs_root(id.root)?;
         let mut it = self.info.iter(&root, Key::new(id.ino, INODE_ITEM_KEY, 0))?;
         let mut view: Option<InodeView> = None;
-        while let Some(item) = it.next_item()? {
+        loop {
+            let item = match it.next_item() {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(e) => {
+                    // Without the INODE_ITEM there is nothing to salvage.
+                    let (Some(d), Some(_)) = (damage.as_deref_mut(), view.as_ref()) else { return Err(e) };
+                    match it.skip_unreadable() {
+                        // The block starts past this inode: nothing of it was lost.
+                        Some(from) if from.objectid > id.ino => break,
+                        Some(from) => {
+                            // Two bad blocks in a row: the first loss ends where the second begins.
+                            if let Some(prev) = d.lost.last_mut() {
+                                prev.to.get_or_insert(from);
+                            }
+                            d.lost.push(LostItems { from, to: None, error: e });
+                            continue;
+                        }
+                        None => {
+                            let from = Key::new(id.ino, INODE_ITEM_KEY, 0);
+                            d.lost.push(LostItems { from, to: None, error: e });
+                            break;
+                        }
+                    }
+                }
+            };
             let k = item.key();
+            if let Some(last) = damage.as_deref_mut().and_then(|d| d.lost.last_mut()) {
+                last.to.get_or_insert(k);
+            }
             if k.objectid != id.ino {
                 break;
             }
@@ -273,7 +366,11 @@ impl Filesystem {
                 DIR_INDEX_KEY if load.entries => {
                     for e in items::dir_entries(item.data()) {
                         let e = e.expect("validated by the tree checker");
-                        v.entries.push(self.dir_entry(id, &e, k.offset)?);
+                        match (self.dir_entry(id, &e, k.offset), damage.as_deref_mut()) {
+                            (Ok(de), _) => v.entries.push(de),
+                            (Err(error), Some(d)) => d.bad_entries.push(BadEntry { name: e.name.to_vec(), ftype: e.type_, error }),
+                            (Err(err), None) => return Err(err),
+                        }
                     }
                 }
                 EXTENT_DATA_KEY if load.extents => {
@@ -374,6 +471,15 @@ impl Filesystem {
     /// # Errors
     /// `Posix` NotFound/NotDir/Loop naming the path.
     pub fn resolve(&self, path: &str, follow: bool) -> Result<InodeView> {
+        let id = self.resolve_id(path, follow)?;
+        self.load_inode(id, Load::ALL)
+    }
+
+    /// `resolve` without loading the inode it ends at.
+    ///
+    /// # Errors
+    /// As `resolve`.
+    pub fn resolve_id(&self, path: &str, follow: bool) -> Result<InodeId> {
         let mut stack: Vec<InodeId> = vec![self.root_dir()];
         let mut pending: Vec<Vec<u8>> = split(path.as_bytes());
         pending.reverse();
@@ -412,8 +518,7 @@ impl Filesystem {
             }
             stack.push(e.target);
         }
-        let id = *stack.last().expect("stack holds the root");
-        self.load_inode(id, Load::ALL)
+        Ok(*stack.last().expect("stack holds the root"))
     }
 
     /// Every subvolume: (id, parent id, dirid in parent, name, path from the top).

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ubtrfs_core::device::BlockDevice;
 use ubtrfs_core::disk_io::FsInfo;
-use ubtrfs_core::fs::{Filesystem, Load};
+use ubtrfs_core::fs::Filesystem;
 use ubtrfs_core::Error;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
@@ -428,19 +428,107 @@ fn unsafe_names_refused_by_extract() {
             v
         };
         let before_tmp = listing(&std::env::temp_dir());
-        let root = bad.load_inode(bad.root_dir(), Load::ALL).expect("root dir");
-        let r = ubtrfs_core::extract::extract(&bad, &root, &dest, &mut |_| {});
-        let shown = format!("{:?}", String::from_utf8_lossy(new));
-        match r {
+        use ubtrfs_core::extract::{extract, CollectReport, ExtractOptions};
+        let shown = format!("\"{}\"", ubtrfs_core::quote::name(new));
+        // Strict: the first unsafe name stops the extraction, named.
+        let strict = ExtractOptions { strict: true, ..Default::default() };
+        match extract(&bad, bad.root_dir(), &dest, &strict, &mut CollectReport::default()) {
             Err(e) => assert!(e.to_string().contains(&shown), "extract error does not name {shown}: {e}"),
             Ok(s) => panic!("extract accepted the unsafe name {shown}: {s:?}"),
         }
+        assert_eq!(listing(&parent), vec!["dest".to_string()], "something was created beside the destination");
+        // Salvage: the entry is skipped with a warning naming it, the rest extracted.
+        std::fs::remove_dir_all(&dest).expect("clean up");
+        let mut report = CollectReport::default();
+        let stats = extract(&bad, bad.root_dir(), &dest, &ExtractOptions::default(), &mut report).expect("salvage goes on");
+        assert!(!stats.complete(), "{stats:?}");
+        assert!(report.warnings.iter().any(|w| w.text.contains(&shown) && w.text.contains("not extracted")), "no warning names {shown}: {:?}", report.warnings);
+        assert!(stats.files > 10, "{stats:?}");
         assert_eq!(listing(&parent), vec!["dest".to_string()], "something was created beside the destination");
         let after_tmp = listing(&std::env::temp_dir());
         let new_in_tmp: Vec<&String> = after_tmp.iter().filter(|n| !before_tmp.contains(n) && n.starts_with('x')).collect();
         assert!(new_in_tmp.is_empty(), "created in the temp dir: {new_in_tmp:?}");
         std::fs::remove_dir_all(&parent).expect("clean up");
     }
+}
+
+/// Both copies of one FS-tree leaf bad: iteration steps over it with `skip_unreadable`
+/// and sees every other item, in order; `load_inode_salvage` keeps what it can read of
+/// an inode whose items run into that leaf, and does not blame an inode whose items end
+/// just before it (which a strict load does, reading on to find the end).
+#[test]
+fn iteration_steps_over_an_unreadable_leaf() {
+    use ubtrfs_core::fs::{InodeId, Load};
+    use ubtrfs_format::Key;
+    let name = "default";
+    let img = image(name);
+    let open = |dev: OverlayDevice| {
+        let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(dev)];
+        Filesystem::from_info(FsInfo::open_devices(devs, CACHE).expect("open")).expect("fs")
+    };
+    let fs = open(OverlayDevice::new(img.clone(), name));
+    let root = fs.fs_root(FS_TREE_OBJECTID).expect("fs tree");
+    let keys = |fs: &Filesystem| -> (Vec<Key>, Vec<Key>) {
+        let mut it = fs.info.iter(&root, Key::MIN).expect("iter");
+        let (mut seen, mut skipped) = (Vec::new(), Vec::new());
+        loop {
+            match it.next_item() {
+                Ok(Some(item)) => seen.push(item.key()),
+                Ok(None) => break,
+                Err(e) => skipped.push(it.skip_unreadable().unwrap_or_else(|| panic!("cannot step over {e}"))),
+            }
+        }
+        (seen, skipped)
+    };
+    let (all, none) = keys(&fs);
+    assert!(none.is_empty());
+    let blocks = tree_blocks(&fs.info).expect("blocks");
+    let leaves: Vec<&TreeBlock> = blocks.iter().filter(|b| b.level == 0 && b.root == FS_TREE_OBJECTID && b.owner == FS_TREE_OBJECTID).collect();
+    assert!(leaves.len() > 4, "{} fs tree leaves", leaves.len());
+    // A dozen leaves spread over the tree (not the first: it holds the root directory).
+    let step = (leaves.len() / 12).max(1);
+    let (mut partial, mut clean_end) = (0, 0);
+    for victim in leaves.iter().skip(1).step_by(step) {
+        assert_eq!(victim.copies.len(), 2, "metadata is DUP");
+        let eb = fs.info.read_tree_block(victim.bytenr, &Default::default()).expect("leaf");
+        let lost: Vec<Key> = (0..eb.node().nritems()).map(|i| eb.node().key(i)).collect();
+        let mut dev = OverlayDevice::new(img.clone(), name);
+        for &(_, phys) in &victim.copies {
+            let mut blk = dev.read_vec(phys, eb.bytes().len());
+            blk[eb.bytes().len() / 2] ^= 0x5a;
+            dev.patch(phys, blk);
+        }
+        let bad = open(dev);
+        let (seen, skipped) = keys(&bad);
+        assert_eq!(skipped, vec![lost[0]], "the one bad leaf is skipped, named by its first key");
+        let want: Vec<Key> = all.iter().copied().filter(|k| !lost.contains(k)).collect();
+        assert_eq!(seen, want, "every item outside the bad leaf, in order");
+
+        // The inode whose items come last before the bad leaf.
+        let before = all[all.iter().position(|k| *k == lost[0]).expect("first lost key") - 1];
+        let id = InodeId { root: FS_TREE_OBJECTID, ino: before.objectid };
+        let strict = bad.load_inode(id, Load::ALL);
+        match bad.load_inode_salvage(id, Load::ALL) {
+            Ok((_, damage)) if before.objectid == lost[0].objectid => {
+                partial += 1;
+                assert!(strict.is_err());
+                assert_eq!(damage.lost.len(), 1, "{damage:?}");
+                assert_eq!(damage.lost[0].from, lost[0]);
+                assert!(damage.lost[0].to.is_none_or(|t| t > *lost.last().expect("leaf has items")), "{damage:?}");
+            }
+            Ok((v, damage)) => {
+                clean_end += 1;
+                assert!(damage.is_empty(), "ino {} ends before the bad leaf: {damage:?}", id.ino);
+                let clean = fs.load_inode(id, Load::ALL).expect("clean load");
+                assert_eq!((v.xattrs, v.entries.len(), v.extents), (clean.xattrs, clean.entries.len(), clean.extents));
+            }
+            // Objectids below the first inode (e.g. the free-ino cache) have no INODE_ITEM.
+            Err(e) => assert!(before.objectid < 256, "{e}"),
+        }
+    }
+    eprintln!("{partial} leaves cut an inode's items, {clean_end} started a new inode");
+    assert!(partial > 0, "no leaf cut an inode's items in two");
+    assert!(clean_end > 0, "no leaf started a new inode");
 }
 
 /// Replay every input the fuzz targets ever crashed on (fuzz/regressions/TARGET/*),
