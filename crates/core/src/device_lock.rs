@@ -15,7 +15,10 @@
 //!   so they are the ones a long-lived FUSE mount holds. flock rather than fcntl locks:
 //!   fcntl locks belong to the process and silently vanish when any descriptor of the
 //!   file is closed. flock locks of two opens conflict even inside one process, so code
-//!   (and tests) must close a reader before opening a writer on the same image.
+//!   (and tests) must close a reader before opening a writer on the same image. A child
+//!   that another thread forks shares every descriptor until its exec, so a lock just
+//!   let go may linger for milliseconds under our own pid; writers wait briefly for
+//!   that case only.
 //!
 //! Why readers do not wait for a writer: the writer may be a FUSE mount holding its
 //! lock for days, and a reader that waited would hang `ubtrfs ls` without a word. A
@@ -34,6 +37,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+/// How long a writer waits for a lock held under its own pid (see `lock`).
+const OWN_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One flock lock listed in /proc/locks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,9 +221,11 @@ pub(crate) fn open(path: &Path, writable: bool) -> Result<Claimed> {
 fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<String>, md: &std::fs::Metadata, writable: bool) -> Result<()> {
     let fd = other.unwrap_or(&c.file).as_raw_fd();
     let op = if writable { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
-    let mut holders = Vec::new();
-    // A holder that has just let go is no longer listed: try once more before giving up.
-    for attempt in 0..2 {
+    let me = std::process::id();
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    let mut retried_gone = false;
+    let holders = loop {
         // SAFETY: flock on a descriptor that `c` or `other` keeps open.
         if unsafe { libc::flock(fd, op) } == 0 {
             return Ok(());
@@ -228,11 +236,24 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
             return Ok(());
         }
         // A reader only conflicts with exclusive holders; a writer with any.
-        holders = flock_holders(md).into_iter().filter(|h| writable || h.exclusive).collect();
-        if !holders.is_empty() || attempt == 1 {
-            break;
+        let holders: Vec<FlockHolder> = flock_holders(md).into_iter().filter(|h| writable || h.exclusive).collect();
+        if holders.is_empty() && !retried_gone {
+            // The holder let go between our try and the listing: try once more.
+            retried_gone = true;
+            continue;
         }
-    }
+        // A lock listed under our own pid may be a descriptor this process has closed
+        // but a child forked by another thread still shares until its exec, which
+        // takes milliseconds. A writer gives that a bounded wait; anything else, and
+        // any other process's lock, is reported at once.
+        let own = !holders.is_empty() && holders.iter().all(|h| h.pid == Some(me));
+        if writable && own && start.elapsed() < OWN_LOCK_PATIENCE {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            continue;
+        }
+        break holders;
+    };
     let mut pids: Vec<u32> = holders.iter().filter_map(|h| h.pid).collect();
     pids.sort_unstable();
     pids.dedup();
