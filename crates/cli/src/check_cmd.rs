@@ -4,6 +4,7 @@
 use crate::ImageArgs;
 use std::io::Write;
 use ubtrfs_core::check::{check, CheckOptions};
+use ubtrfs_core::{Error, FsInfo, OpenOptions, PosixKind};
 use ubtrfs_format::{Corrupt, CorruptWhere};
 
 #[derive(clap::Args)]
@@ -16,12 +17,24 @@ pub struct CheckArgs {
     /// Record at most this many findings (the count still covers all).
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     pub max_findings: usize,
+    /// Check even while the kernel has the image mounted or a ubtrfs writer holds it
+    /// (the findings may be false: the image changes while it is read).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(a: &CheckArgs) -> ubtrfs_core::Result<()> {
     let mut out = std::io::stdout().lock();
-    let w = |e| ubtrfs_core::Error::io("stdout", e);
-    let fs = a.image.open()?;
+    let w = |e| Error::io("stdout", e);
+    let mut devices = vec![a.image.image.clone()];
+    devices.extend(a.image.devices.iter().cloned());
+    let fs = FsInfo::open(&OpenOptions { devices, cache_bytes: a.image.cache_mib << 20, writable: false })?;
+    // Like `btrfs check`, refuse an image that changes under the checker unless forced
+    // (then the in-use warnings are printed with the others).
+    if let Some(u) = fs.in_use.first().filter(|_| !a.force) {
+        return Err(Error::posix(PosixKind::Busy, format!("{u}; its check may report false problems (use --force to check anyway)")));
+    }
+    crate::print_warnings(&fs);
     let opts = CheckOptions { check_data_csum: a.check_data_csum, max_findings: a.max_findings };
     let report = check(&fs, &opts)?;
     crate::print_warnings(&fs);

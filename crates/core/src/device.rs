@@ -1,7 +1,13 @@
 //! The one seam to storage: `BlockDevice`. Files, block devices and in-memory images
 //! implement it; tests wrap it to inject faults. Reads are exact: a read past the end
 //! is an error naming the device and range, never a short buffer.
+//!
+//! `FileDevice::open` settles who else uses the device first (`device_lock`): a writer
+//! holds an exclusive lock until the device is dropped and is refused when another
+//! ubtrfs process or the kernel uses it; a reader holds a shared lock, or goes on
+//! without one and reports why (`in_use`). `MemDevice` needs no lock.
 
+use crate::device_lock::InUse;
 use crate::error::{Error, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -53,22 +59,39 @@ pub struct FileDevice {
     /// A second descriptor with O_DIRECT for bulk data, opened on first use; None when
     /// the host filesystem refuses it (tmpfs), which falls back to buffered writes.
     direct: std::sync::OnceLock<Option<File>>,
+    /// Files kept open only for their flock locks (a loop device's backing file).
+    _lock_files: Vec<File>,
+    in_use: Vec<InUse>,
+    warnings: Vec<String>,
 }
 
 impl FileDevice {
-    /// Open `path` read-only (or read-write).
+    /// Open `path` read-only (or read-write), locked against other ubtrfs processes
+    /// (shared for reading, exclusive for writing) until the device is dropped.
     ///
     /// # Errors
-    /// I/O errors naming the path.
+    /// I/O errors naming the path; for writing, `Posix(Busy)` when another ubtrfs
+    /// process has it open, the kernel has it mounted or another program holds it
+    /// exclusively.
     pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
-        let file = std::fs::OpenOptions::new().read(true).write(writable).open(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        let c = crate::device_lock::open(path, writable)?;
+        let file = c.file;
         // Block devices report size 0 in metadata; seeking to the end works for both.
         let size = {
             use std::io::Seek;
             let mut f = &file;
             f.seek(std::io::SeekFrom::End(0)).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?
         };
-        Ok(FileDevice { file, size, name: path.display().to_string(), writable, direct: std::sync::OnceLock::new() })
+        let warnings = c.in_use.iter().map(InUse::reader_warning).chain(c.warnings).collect();
+        Ok(FileDevice { file, size, name: path.display().to_string(), writable, direct: std::sync::OnceLock::new(), _lock_files: c.lock_files, in_use: c.in_use, warnings })
+    }
+    /// Who else was using the device when a reader opened it (a writer is refused instead).
+    pub fn in_use(&self) -> &[InUse] {
+        &self.in_use
+    }
+    /// Warnings from the open, for the user (`in_use` among them).
+    pub fn open_warnings(&self) -> &[String] {
+        &self.warnings
     }
     pub fn path(&self) -> PathBuf {
         PathBuf::from(&self.name)

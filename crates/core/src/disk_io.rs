@@ -7,6 +7,7 @@
 
 use crate::ctree::RootInfo;
 use crate::device::{BlockDevice, FileDevice};
+use crate::device_lock::InUse;
 use crate::error::{Error, Result};
 use crate::node_cache::NodeCache;
 use crate::volumes::{num_copies, read_logical, ChunkMap, Device, Devices, MapLookup};
@@ -79,6 +80,10 @@ pub struct FsInfo {
     pub cache: NodeCache,
     /// Why writing is not allowed, if it is not.
     pub read_only_reason: Option<String>,
+    /// Who else was using the devices when they were opened for reading: another ubtrfs
+    /// process writing, the kernel's mount (each also a warning). Empty for writers,
+    /// which are refused instead, and for devices opened by the caller.
+    pub in_use: Vec<InUse>,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -87,13 +92,27 @@ impl FsInfo {
     ///
     /// # Errors
     /// `Io` for unreadable devices, `Corrupt` for bad superblocks or chunk trees,
-    /// `Incompatible` for unsupported features or mismatched devices.
+    /// `Incompatible` for unsupported features or mismatched devices. `Posix(Busy)`
+    /// for a writer while another ubtrfs process or the kernel uses a device (a reader
+    /// goes on with a warning and `in_use`; see `device_lock`).
     pub fn open(opts: &OpenOptions) -> Result<FsInfo> {
         let mut devs: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        let mut in_use = Vec::new();
+        let mut warnings = Vec::new();
         for p in &opts.devices {
-            devs.push(Arc::new(FileDevice::open(p, opts.writable)?));
+            let d = FileDevice::open(p, opts.writable)?;
+            in_use.extend_from_slice(d.in_use());
+            warnings.extend_from_slice(d.open_warnings());
+            devs.push(Arc::new(d));
         }
-        FsInfo::open_devices(devs, opts.cache_bytes)
+        let mut fs = FsInfo::open_devices(devs, opts.cache_bytes)?;
+        fs.in_use = in_use;
+        // Who else uses the image matters more than what the superblocks said: first.
+        let later = fs.take_warnings();
+        for w in warnings.into_iter().chain(later) {
+            fs.warn(w);
+        }
+        Ok(fs)
     }
 
     /// Open already-opened devices (the first is the main one).
@@ -163,6 +182,7 @@ impl FsInfo {
             devices,
             cache: NodeCache::new(cache_bytes),
             read_only_reason,
+            in_use: Vec::new(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree()?;
