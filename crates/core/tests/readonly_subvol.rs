@@ -95,6 +95,8 @@ fn readonly_snapshot_refuses_every_change() {
     let v = fs.resolve("/sv/after-refusals", true).expect("the change to sv landed");
     assert_eq!(v.size(), 4);
     assert_eq!(fs.resolve("/sv", true).unwrap().id.root, sv);
+    // A reader holds the image's shared lock; a writer needs it alone.
+    drop(fs);
 
     // Flagged writable again, the same subvolume takes changes.
     let mut w = img.writer();
