@@ -133,6 +133,21 @@ impl Drop for Work {
     }
 }
 
+/// Wait (up to 5 s) until /proc/locks lists no flock lock on `p`. A descriptor this
+/// process closed lingers in a child another test thread has forked and not yet
+/// exec'd, and `ubtrfs` children would be refused meanwhile.
+fn wait_unlocked(p: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(p).unwrap();
+    let (major, minor) = ubtrfs_core::mountinfo::dev_num(md.dev());
+    let me = format!("{major:02x}:{minor:02x}:{}", md.ino());
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string("/proc/locks").unwrap_or_default().lines().any(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == me)) {
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "{} stays locked after its last open was dropped", p.display());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn root_with_kernel(test: &str) -> bool {
     kernel::kernel_available(test)
 }
@@ -159,6 +174,7 @@ fn writer_in_this_process_refuses_put_and_rm_and_warns_readers() {
     let forced = run(bin().arg("check").arg("--force").arg(&w.img));
     assert!(String::from_utf8_lossy(&forced.stderr).contains(&warn), "check --force lacks the warning: {}", text(&forced));
     drop(writer);
+    wait_unlocked(&w.img);
     assert_eq!(sha256(&w.img), before, "an uncommitted writer changed the image");
     // The lock went with the writer.
     run(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/second"));
@@ -182,6 +198,7 @@ fn reader_in_this_process_refuses_writers() {
     let e = FsWriter::open(&OpenOptions::new(&w.img)).err().expect("writer beside a reader in one process");
     assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::Busy), "{e}");
     drop(reader);
+    wait_unlocked(&w.img);
     assert_eq!(sha256(&w.img), before);
     run(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/x"));
 }
@@ -345,6 +362,7 @@ fn block_device_of_a_mounted_image_is_refused() {
     refused(bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"), &[&format!("{dev} is in use by another ubtrfs process (pid {})", std::process::id())]);
     assert_eq!(sha256(&w.img), before);
     drop(writer);
+    wait_unlocked(&w.img);
     run(bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"));
     let ls = run(bin().arg("ls").arg(&dev).arg("/"));
     assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().collect::<Vec<_>>(), ["by-kernel", "x"]);
