@@ -20,6 +20,20 @@ fn run(cmd: &mut Command) -> std::process::Output {
     out
 }
 
+/// `umount`, retried while the target is busy: a child another test thread starts
+/// shares this process's descriptors until it execs.
+fn umount(mnt: &Path) {
+    for _ in 0..40 {
+        let o = Command::new("umount").arg(mnt).output().expect("run umount");
+        if o.status.success() {
+            return;
+        }
+        assert!(String::from_utf8_lossy(&o.stderr).contains("busy"), "umount {}: {}", mnt.display(), String::from_utf8_lossy(&o.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("umount {}: still busy", mnt.display());
+}
+
 fn root_with_kernel() -> bool {
     let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
     let progs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
@@ -101,7 +115,7 @@ fn put_then_rm_round_trip() {
         std::fs::create_dir_all(&mnt).unwrap();
         run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
         let b = run(Command::new("python3").arg(&script).arg("manifest").arg(mnt.join("copy")));
-        let _ = Command::new("umount").arg(&mnt).status();
+        umount(&mnt);
         std::fs::write(work.join("a.jsonl"), src_manifest.as_ref().expect("taken when kernel")).unwrap();
         std::fs::write(work.join("b.jsonl"), &b.stdout).unwrap();
         let d = Command::new("python3")
@@ -134,7 +148,7 @@ fn put_then_rm_round_trip() {
         use std::os::unix::fs::MetadataExt;
         assert_eq!(st.nlink(), 1);
         std::fs::write(mnt.join("copy/kernel-wrote"), b"k").unwrap();
-        let _ = Command::new("umount").arg(&mnt).status();
+        umount(&mnt);
         run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
         run(bin().arg("rm").arg(&img).arg("/copy/kernel-wrote"));
         run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
@@ -169,7 +183,7 @@ fn kernel_readonly_snapshot_is_refused() {
     run(Command::new("cp").arg("-a").arg(src.join("a")).arg(mnt.join("sv/a")));
     std::fs::write(mnt.join("sv/file"), b"in the snapshot").unwrap();
     run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(mnt.join("sv")).arg(mnt.join("snap-ro")));
-    run(Command::new("umount").arg(&mnt));
+    umount(&mnt);
     let before = sha256(&img);
     let refused: [&[&str]; 6] = [
         &["put", "IMG", "/etc/hostname", "/snap-ro/x"],
@@ -203,7 +217,7 @@ fn kernel_readonly_snapshot_is_refused() {
     let snap_file = std::fs::read(mnt.join("snap-ro/file"));
     let sv_x = std::fs::read(mnt.join("sv/x"));
     let leaked = mnt.join("snap-ro/x").exists();
-    let _ = Command::new("umount").arg(&mnt).status();
+    umount(&mnt);
     assert_eq!(String::from_utf8_lossy(&ro.stdout).trim(), "ro=true");
     assert_eq!(snap_file.unwrap(), b"in the snapshot");
     assert_eq!(sv_x.unwrap(), std::fs::read("/etc/hostname").unwrap());

@@ -208,11 +208,27 @@ impl Mount {
     fn do_umount(&mut self) {
         if self.mounted {
             self.mounted = false;
-            let out = Command::new("umount").arg(&self.dir).output().expect("run umount");
+            let out = umount_retrying(&self.dir);
             assert!(out.status.success() || std::thread::panicking(), "umount {} failed: {}", self.dir.display(), String::from_utf8_lossy(&out.stderr));
             let _ = std::fs::remove_dir(&self.dir);
         }
     }
+}
+
+/// `umount DIR`, retried for a moment while the kernel says the target is busy: a
+/// child process another test thread is starting shares this process's descriptors
+/// (files inside the mount among them) until it execs, which makes a umount at that
+/// instant fail although nobody uses the mount.
+pub fn umount_retrying(dir: &Path) -> std::process::Output {
+    let mut out = Command::new("umount").arg(dir).output().expect("run umount");
+    for _ in 0..40 {
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("busy") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        out = Command::new("umount").arg(dir).output().expect("run umount");
+    }
+    out
 }
 
 impl Drop for Mount {
