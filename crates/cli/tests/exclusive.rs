@@ -299,7 +299,7 @@ fn put_and_rm_refuse_a_kernel_mounted_image() {
         let _m = KernelMount::image(&w.img, &mnt, true);
         let through = format!("(through {})", mount_source(&mnt));
         let before = sha256(&w.img);
-        let at = format!("is mounted by the kernel at {mnt_s} {through}; unmount it first");
+        let at = format!("is mounted by the kernel at {mnt_s} {through}: device or resource busy (unmount it first)");
         refused(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/new"), &[&at]);
         refused(bin().arg("rm").arg("-r").arg(&w.img).arg("/keep"), &[&at]);
         assert_eq!(sha256(&w.img), before, "a refused writer changed a mounted image");
@@ -347,7 +347,7 @@ fn block_device_of_a_mounted_image_is_refused() {
     let mnt_s = mnt.display().to_string();
     std::fs::write(mnt.join("by-kernel"), b"k").unwrap();
     // The device itself: O_EXCL fails because the kernel holds it.
-    refused(bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"), &[&format!("{dev} is mounted by the kernel at {mnt_s}; unmount it first")]);
+    refused(bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"), &[&format!("{dev} is mounted by the kernel at {mnt_s}: device or resource busy (unmount it first)")]);
     // The image file behind it: found through the loop device's backing file.
     refused(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/x"), &[&format!("is mounted by the kernel at {mnt_s} (through {dev})")]);
     for target in [dev.as_str(), w.img.to_str().unwrap()] {

@@ -129,11 +129,10 @@ impl fmt::Display for InUse {
 impl InUse {
     /// The error a writer gets.
     pub fn refusal(&self) -> Error {
-        let advice = match &self.by {
-            User::Kernel(KernelUse::Mounted { .. }) => "; unmount it first",
-            _ => "",
-        };
-        Error::posix(PosixKind::Busy, format!("{self}{advice}"))
+        match &self.by {
+            User::Kernel(KernelUse::Mounted { .. }) => Error::posix_detail(PosixKind::Busy, self.to_string(), "unmount it first"),
+            _ => Error::posix(PosixKind::Busy, self.to_string()),
+        }
     }
     /// The warning a reader gets.
     pub fn reader_warning(&self) -> String {
@@ -332,7 +331,7 @@ garbage
             "img is being changed by another ubtrfs process (pid 7); showing its last committed state, which may change while it is read"
         );
         let m = u(User::Kernel(KernelUse::Mounted { mount_point: Some("/mnt/a b\n".into()) }), Some("/dev/loop3"));
-        assert!(m.refusal().to_string().starts_with("img is mounted by the kernel at /mnt/a b\\n (through /dev/loop3); unmount it first"), "{}", m.refusal());
+        assert!(m.refusal().to_string().starts_with("img is mounted by the kernel at /mnt/a b\\n (through /dev/loop3): device or resource busy (unmount it first)"), "{}", m.refusal());
         assert_eq!(u(User::Kernel(KernelUse::HeldExclusively), None).to_string(), "img is held exclusively by another program");
     }
 }
