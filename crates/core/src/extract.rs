@@ -1023,6 +1023,11 @@ fn xattr_note(failed: &[(String, Vec<u8>)], total: usize) -> String {
             None => reasons.push((why, vec![name])),
         }
     }
+    // Sorted, so the names shown are the same on every run (the image keeps xattrs in
+    // name-hash order).
+    for (_, names) in &mut reasons {
+        names.sort_unstable();
+    }
     let list = |names: &[&[u8]]| {
         let mut s = names.iter().take(MAX_XATTR_NAMES).map(|n| quote::name(n).into_owned()).collect::<Vec<_>>().join(", ");
         if names.len() > MAX_XATTR_NAMES {
