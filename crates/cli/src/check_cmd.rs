@@ -4,7 +4,7 @@
 use crate::ImageArgs;
 use std::io::Write;
 use ubtrfs_core::check::{check, CheckOptions};
-use ubtrfs_core::{Error, FsInfo, OpenOptions, PosixKind};
+use ubtrfs_core::{Error, PosixKind};
 use ubtrfs_format::{Corrupt, CorruptWhere};
 
 #[derive(clap::Args)]
@@ -26,9 +26,7 @@ pub struct CheckArgs {
 pub fn run(a: &CheckArgs) -> ubtrfs_core::Result<()> {
     let mut out = std::io::stdout().lock();
     let w = |e| Error::io("stdout", e);
-    let mut devices = vec![a.image.image.clone()];
-    devices.extend(a.image.devices.iter().cloned());
-    let fs = FsInfo::open(&OpenOptions { devices, cache_bytes: a.image.cache_mib << 20, writable: false })?;
+    let fs = a.image.open_quiet()?;
     // Like `btrfs check`, refuse an image that changes under the checker unless forced
     // (then the in-use warnings are printed with the others).
     if let Some(u) = fs.in_use.first().filter(|_| !a.force) {

@@ -16,7 +16,7 @@ use crate::ImageArgs;
 use std::io::{self, BufWriter, Write};
 use std::sync::Arc;
 use ubtrfs_core::device::{BlockDevice, FileDevice};
-use ubtrfs_core::{Error, Expect, ExtentBuffer, FsInfo, PosixKind, Result, RootInfo};
+use ubtrfs_core::{quote, Error, Expect, ExtentBuffer, FsInfo, PosixKind, Result, RootInfo};
 use ubtrfs_format::features::{self, flag_names, COMPAT_RO_NAMES, INCOMPAT_NAMES};
 use ubtrfs_format::items::{self, read_prefix, uuid_str, ChunkView, FileExtent, InlineRef};
 use ubtrfs_format::key::*;
@@ -104,28 +104,6 @@ fn bg_flags_str(flags: u64) -> String {
         parts.push(format!("unknown({unknown:#x})"));
     }
     parts.join("|")
-}
-
-/// Bytes as text: valid UTF-8 stays, control characters, backslashes and invalid
-/// bytes are escaped, so every name prints on one line and round-trips by eye.
-fn esc(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => s.push_str("\\\\"),
-                '\n' => s.push_str("\\n"),
-                '\t' => s.push_str("\\t"),
-                '\r' => s.push_str("\\r"),
-                c if c.is_control() => s.push_str(&format!("\\x{:02x}", c as u32)),
-                c => s.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            s.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    s
 }
 
 fn hex(b: &[u8]) -> String {
@@ -337,7 +315,7 @@ fn print_super(o: &mut dyn Write, sb: &Superblock, raw: &[u8]) -> io::Result<()>
     field!("bytenr", "{}", sb.bytenr.get());
     field!("flags", "{}", flags_str(sb.flags.get(), ubtrfs_format::features::SUPER_FLAG_NAMES));
     let magic = sb.magic.get();
-    let magic_text = esc(&magic.to_le_bytes());
+    let magic_text = quote::name(&magic.to_le_bytes()).into_owned();
     field!("magic", "{magic_text} [{}]", if magic == MAGIC { "match" } else { "mismatch" });
     let incompat = sb.incompat_flags.get();
     let has_meta_uuid = incompat & features::INCOMPAT_METADATA_UUID != 0;
@@ -349,7 +327,7 @@ fn print_super(o: &mut dyn Write, sb: &Superblock, raw: &[u8]) -> io::Result<()>
         field!("metadata_uuid", "{} (same as fsid)", uuid_str(&sb.fsid));
     }
     let label_len = sb.label.iter().position(|&b| b == 0).unwrap_or(LABEL_SIZE);
-    field!("label", "{}", esc(&sb.label[..label_len]));
+    field!("label", "{}", quote::name(&sb.label[..label_len]));
     field!("generation", "{}", sb.generation.get());
     field!("root", "{}", sb.root.get());
     field!("sys_array_size", "{}", sb.sys_chunk_array_size.get());
@@ -734,13 +712,13 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         INODE_REF_KEY => {
             for r in items::inode_refs(data, key.offset) {
                 let r = parse!(r);
-                writeln!(o, "\t\tindex {} namelen {} name: {}", r.index, r.name.len(), esc(r.name))?;
+                writeln!(o, "\t\tindex {} namelen {} name: {}", r.index, r.name.len(), quote::name(r.name))?;
             }
         }
         INODE_EXTREF_KEY => {
             for r in items::inode_extrefs(data) {
                 let r = parse!(r);
-                writeln!(o, "\t\tindex {} parent {} namelen {} name: {}", r.index, r.parent, r.name.len(), esc(r.name))?;
+                writeln!(o, "\t\tindex {} parent {} namelen {} name: {}", r.index, r.parent, r.name.len(), quote::name(r.name))?;
             }
         }
         DIR_ITEM_KEY | DIR_INDEX_KEY | XATTR_ITEM_KEY => {
@@ -748,9 +726,9 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
                 let e = parse!(e);
                 writeln!(o, "\t\tlocation key {} type {}", key_str(&e.location), dir_type_name(e.type_))?;
                 writeln!(o, "\t\ttransid {} data_len {} name_len {}", e.transid, e.data.len(), e.name.len())?;
-                writeln!(o, "\t\tname: {}", esc(e.name))?;
+                writeln!(o, "\t\tname: {}", quote::name(e.name))?;
                 if !e.data.is_empty() {
-                    writeln!(o, "\t\tdata {}", esc(e.data))?;
+                    writeln!(o, "\t\tdata {}", quote::name(e.data))?;
                 }
             }
         }
@@ -769,7 +747,7 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         ROOT_REF_KEY | ROOT_BACKREF_KEY => {
             let r = parse!(items::root_ref(data));
             let what = if key.type_ == ROOT_REF_KEY { "root ref" } else { "root backref" };
-            writeln!(o, "\t\t{what} dirid {} sequence {} name {}", r.dirid, r.sequence, esc(r.name))?;
+            writeln!(o, "\t\t{what} dirid {} sequence {} name {}", r.dirid, r.sequence, quote::name(r.name))?;
         }
         EXTENT_ITEM_KEY | METADATA_ITEM_KEY => {
             let skinny = key.type_ == METADATA_ITEM_KEY;
@@ -901,7 +879,7 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
             let v: &VerityDescriptorItem = parse!(read_prefix(data, "verity descriptor item"));
             writeln!(o, "\t\tverity descriptor size {} encryption {}", v.size.get(), v.encryption)?;
         }
-        STRING_ITEM_KEY => writeln!(o, "\t\tstring {}", esc(data))?,
+        STRING_ITEM_KEY => writeln!(o, "\t\tstring {}", quote::name(data))?,
         0 if key.objectid == FREE_SPACE_OBJECTID => {
             let h: &FreeSpaceHeader = parse!(read_prefix(data, "free space header"));
             writeln!(o, "\t\tlocation key {}", key_str(&Key::from(&h.location)))?;
@@ -992,13 +970,6 @@ mod tests {
         // Extremes must not overflow.
         let _ = civil_from_days(i64::MAX / 86_400);
         let _ = civil_from_days(i64::MIN / 86_400 - 1);
-    }
-
-    #[test]
-    fn escaping() {
-        assert_eq!(esc(b"plain"), "plain");
-        assert_eq!(esc("caf\u{e9}".as_bytes()), "caf\u{e9}");
-        assert_eq!(esc(b"a\nb\\c\xff"), "a\\nb\\\\c\\xff");
     }
 
     #[test]

@@ -47,11 +47,16 @@ pub struct WriteImageArgs {
 impl ImageArgs {
     /// Open the filesystem, printing the engine's warnings to stderr.
     pub fn open(&self) -> ubtrfs_core::Result<FsInfo> {
-        let mut devices = vec![self.image.clone()];
-        devices.extend(self.devices.iter().cloned());
-        let fs = FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false })?;
+        let fs = self.open_quiet()?;
         print_warnings(&fs);
         Ok(fs)
+    }
+
+    /// Open the filesystem, leaving its warnings for the caller to print.
+    pub fn open_quiet(&self) -> ubtrfs_core::Result<FsInfo> {
+        let mut devices = vec![self.image.clone()];
+        devices.extend(self.devices.iter().cloned());
+        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false })
     }
 }
 

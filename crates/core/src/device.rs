@@ -82,14 +82,14 @@ impl FileDevice {
             let mut f = &file;
             f.seek(std::io::SeekFrom::End(0)).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?
         };
-        let warnings = c.in_use.iter().map(InUse::reader_warning).chain(c.warnings).collect();
-        Ok(FileDevice { file, size, name: path.display().to_string(), writable, direct: std::sync::OnceLock::new(), _lock_files: c.lock_files, in_use: c.in_use, warnings })
+        Ok(FileDevice { file, size, name: path.display().to_string(), writable, direct: std::sync::OnceLock::new(), _lock_files: c.lock_files, in_use: c.in_use, warnings: c.warnings })
     }
     /// Who else was using the device when a reader opened it (a writer is refused instead).
     pub fn in_use(&self) -> &[InUse] {
         &self.in_use
     }
-    /// Warnings from the open, for the user (`in_use` among them).
+    /// Warnings from the open for the user, besides `in_use` (each of which the caller
+    /// reports with `InUse::reader_warning`).
     pub fn open_warnings(&self) -> &[String] {
         &self.warnings
     }

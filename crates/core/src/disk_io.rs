@@ -102,6 +102,7 @@ impl FsInfo {
         for p in &opts.devices {
             let d = FileDevice::open(p, opts.writable)?;
             in_use.extend_from_slice(d.in_use());
+            warnings.extend(d.in_use().iter().map(InUse::reader_warning));
             warnings.extend_from_slice(d.open_warnings());
             devs.push(Arc::new(d));
         }

@@ -74,5 +74,7 @@ mod tests {
         // A C1 control character (U+0085, NEL) is escaped byte by byte.
         assert_eq!(name("x\u{85}y".as_bytes()), "x\\xc2\\x85y");
         assert!(!name(b"a\nb").contains('\n'));
+        assert_eq!(name(b"a\nb\\c\xff"), "a\\nb\\\\c\\xff");
+        assert_eq!(name("caf\u{e9}".as_bytes()), "caf\u{e9}");
     }
 }
