@@ -9,9 +9,9 @@
 use crate::walk::{fix_block_csum, fix_super_csum, tree_blocks, walk_all, OverlayDevice};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use ubtrfs_core::device::BlockDevice;
 use ubtrfs_core::disk_io::FsInfo;
-use ubtrfs_core::fs::Filesystem;
+use ubtrfs_core::inode::filesystem::Filesystem;
+use ubtrfs_core::volumes::device::BlockDevice;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::NodeRef;
 use ubtrfs_format::structs::{InodeItem, Superblock, SUPER_INFO_OFFSET, SUPER_INFO_SIZE};

@@ -13,11 +13,11 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use ubtrfs_core::ctree::RootInfo;
-use ubtrfs_core::device::BlockDevice;
 use ubtrfs_core::disk_io::{Expect, FsInfo};
-use ubtrfs_core::file::DecompressCache;
-use ubtrfs_core::fs::{FileKind, Filesystem, InodeId, InodeView, Load};
+use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, InodeView, Load};
+use ubtrfs_core::inode::read::DecompressCache;
+use ubtrfs_core::tree::search::RootInfo;
+use ubtrfs_core::volumes::device::BlockDevice;
 use ubtrfs_core::{Error, Result};
 use ubtrfs_format::key::*;
 use ubtrfs_format::{items, CsumType, Key};

@@ -3,7 +3,7 @@
 //! file of about one million 4K extents, after scattered 4K rewrites had put the block
 //! group's free space into bitmaps, made the next fsync take 29 to 36 seconds").
 //!
-//! The workload, on one block group of `ubtrfs_core::free_space_cache::FreeSpaceCtl`
+//! The workload, on one block group of `ubtrfs_core::space::free_space_cache::FreeSpaceCtl`
 //! (sectorsize 4 KiB, default `use_bitmap` policy), reproduces that sequence in userspace.
 //! Every bitmap span of `n` sectors is laid out the same way:
 //!
@@ -31,8 +31,8 @@
 //! bitmaps, free ranges, allocation results) must be identical.
 
 use crate::stats::{CallStats, Stopwatch, Timing};
-use ubtrfs_core::fault::Rng;
-use ubtrfs_core::free_space_cache::{find_next_zero_bit, EntryInfo, EntryKind, FreeSpaceCtl, Unpinned};
+use ubtrfs_core::space::free_space_cache::{find_next_zero_bit, EntryInfo, EntryKind, FreeSpaceCtl, Unpinned};
+use ubtrfs_core::volumes::fault::Rng;
 
 pub const SECTOR: u64 = 4096;
 
@@ -481,7 +481,7 @@ mod tests {
             for i in 0..512 {
                 let want = (0..=i).rfind(|&j| words[j / 64] >> (j % 64) & 1 == 0);
                 assert_eq!(forward_walk_last_clear(&words, i), want);
-                assert_eq!(ubtrfs_core::free_space_cache::find_last_clear_bit_upto(&words, i), want);
+                assert_eq!(ubtrfs_core::space::free_space_cache::find_last_clear_bit_upto(&words, i), want);
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Small helpers shared by benchmarks: per-call time summaries and duration formatting.
-//! (Seeded randomness comes from `ubtrfs_core::fault::Rng`.)
+//! (Seeded randomness comes from `ubtrfs_core::volumes::fault::Rng`.)
 
 use std::time::{Duration, Instant};
 

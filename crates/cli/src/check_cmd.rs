@@ -3,9 +3,9 @@
 
 use crate::ImageArgs;
 use std::io::Write;
-use ubtrfs_core::check::{check, CheckOptions};
 use ubtrfs_core::{Error, PosixKind};
 use ubtrfs_format::{Corrupt, CorruptWhere};
+use ubtrfs_tools::check::{check, CheckOptions};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {

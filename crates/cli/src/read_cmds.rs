@@ -1,12 +1,12 @@
-//! `ls`, `stat`, `cat` and `extract`: argument parsing and output over `ubtrfs_core::fs`.
+//! `ls`, `stat`, `cat` and `extract`: argument parsing and output over `ubtrfs_core::inode::filesystem`.
 
 use crate::ImageArgs;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use ubtrfs_core::extract::{extract as do_extract, ExtractStats};
-use ubtrfs_core::fs::{FileKind, Filesystem, InodeView, Load};
+use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeView, Load};
 use ubtrfs_core::{quote, Error, Result};
 use ubtrfs_format::structs::{rdev_decode, Timespec};
+use ubtrfs_tools::extract::{extract as do_extract, ExtractStats};
 
 #[derive(clap::Args)]
 pub struct LsArgs {
@@ -236,9 +236,9 @@ pub fn stat(a: &StatArgs) -> Result<()> {
 trait Summary {
     fn kind_summary(&self) -> String;
 }
-impl Summary for ubtrfs_core::fs::FileExtentRec {
+impl Summary for ubtrfs_core::inode::filesystem::FileExtentRec {
     fn kind_summary(&self) -> String {
-        use ubtrfs_core::fs::ExtentKind;
+        use ubtrfs_core::inode::filesystem::ExtentKind;
         match &self.kind {
             ExtentKind::Inline { ram_bytes, compression, data } => format!("inline ram_bytes={ram_bytes} compression={compression} stored={}", data.len()),
             ExtentKind::Regular { disk_bytenr: 0, .. } => "hole".to_string(),
@@ -268,7 +268,7 @@ pub fn cat(a: &CatArgs) -> Result<()> {
 }
 
 pub fn extract(a: &ExtractArgs) -> Result<()> {
-    use ubtrfs_core::extract::{ExtractOptions, ExtractReport, Warning};
+    use ubtrfs_tools::extract::{ExtractOptions, ExtractReport, Warning};
     let fs = open_fs(&a.image)?;
     // Only the path is resolved here: extract reads the inode itself, so damage in it
     // is salvaged like anywhere else.

@@ -37,7 +37,7 @@ fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
 
 pub fn put(a: &PutArgs) -> Result<()> {
     let mut w = open_writer(&a.image)?;
-    let stats = w.guarded("put", |w| ubtrfs_core::put::put(w, &a.src, &a.dest, a.recursive))?;
+    let stats = w.guarded("put", |w| ubtrfs_tools::put::put(w, &a.src, &a.dest, a.recursive))?;
     let gen = w.commit()?;
     eprintln!("put {} files, {} directories, {} hard links, {} bytes (generation {gen})", stats.files, stats.dirs, stats.hardlinks, stats.bytes);
     Ok(())
@@ -45,7 +45,7 @@ pub fn put(a: &PutArgs) -> Result<()> {
 
 pub fn rm(a: &RmArgs) -> Result<()> {
     let mut w = open_writer(&a.image)?;
-    let n = w.guarded("rm", |w| ubtrfs_core::put::remove(w, &a.path, a.recursive))?;
+    let n = w.guarded("rm", |w| ubtrfs_tools::put::remove(w, &a.path, a.recursive))?;
     let gen = w.commit()?;
     eprintln!("removed {n} entries (generation {gen})");
     Ok(())

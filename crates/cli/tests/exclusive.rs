@@ -139,7 +139,7 @@ impl Drop for Work {
 fn wait_unlocked(p: &Path) {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(p).unwrap();
-    let (major, minor) = ubtrfs_core::mountinfo::dev_num(md.dev());
+    let (major, minor) = ubtrfs_core::volumes::mountinfo::dev_num(md.dev());
     let me = format!("{major:02x}:{minor:02x}:{}", md.ino());
     let start = std::time::Instant::now();
     while std::fs::read_to_string("/proc/locks").unwrap_or_default().lines().any(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == me)) {

@@ -5,11 +5,11 @@
 //! Neighbours: `volumes` (mapping), `ctree` (search over blocks read here),
 //! `node_cache` (bounded cache of validated blocks).
 
-use crate::ctree::RootInfo;
-use crate::device::{BlockDevice, FileDevice};
-use crate::device_lock::InUse;
 use crate::error::{Error, Result};
-use crate::node_cache::NodeCache;
+use crate::tree::node_cache::NodeCache;
+use crate::tree::search::RootInfo;
+use crate::volumes::device::{BlockDevice, FileDevice};
+use crate::volumes::device_lock::InUse;
 use crate::volumes::{num_copies, read_logical, ChunkMap, Device, Devices, MapLookup};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

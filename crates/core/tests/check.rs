@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
-use ubtrfs_core::check::{check, codes, CheckOptions, CheckReport, Code};
-use ubtrfs_core::device::{BlockDevice, MemDevice};
+use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::{Expect, FsInfo, RootInfo};
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE};
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
+use ubtrfs_tools::check::{check, codes, CheckOptions, CheckReport, Code};
 
 fn open_files(paths: &[PathBuf]) -> FsInfo {
     let mut o = ubtrfs_core::OpenOptions::new(&paths[0]);

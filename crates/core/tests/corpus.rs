@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use ubtrfs_core::fs::Filesystem;
+use ubtrfs_core::inode::filesystem::Filesystem;
 use ubtrfs_core::OpenOptions;
 
 /// A hang: the case is abandoned and reported.

@@ -18,9 +18,9 @@ mod walk;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ubtrfs_core::device::BlockDevice;
 use ubtrfs_core::disk_io::FsInfo;
-use ubtrfs_core::fs::Filesystem;
+use ubtrfs_core::inode::filesystem::Filesystem;
+use ubtrfs_core::volumes::device::BlockDevice;
 use ubtrfs_core::Error;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
@@ -428,7 +428,7 @@ fn unsafe_names_refused_by_extract() {
             v
         };
         let before_tmp = listing(&std::env::temp_dir());
-        use ubtrfs_core::extract::{extract, CollectReport, ExtractOptions};
+        use ubtrfs_tools::extract::{extract, CollectReport, ExtractOptions};
         let shown = format!("\"{}\"", ubtrfs_core::quote::name(new));
         // Strict: the first unsafe name stops the extraction, named.
         let strict = ExtractOptions { strict: true, ..Default::default() };
@@ -458,7 +458,7 @@ fn unsafe_names_refused_by_extract() {
 /// just before it (which a strict load does, reading on to find the end).
 #[test]
 fn iteration_steps_over_an_unreadable_leaf() {
-    use ubtrfs_core::fs::{InodeId, Load};
+    use ubtrfs_core::inode::filesystem::{InodeId, Load};
     use ubtrfs_format::Key;
     let name = "default";
     let img = image(name);

@@ -12,7 +12,7 @@
 //! a commit's superblock writes, that commit's state or the previous one). The whole
 //! tree is compared (paths, kinds, inode numbers, sizes, contents, symlink targets,
 //! directory sizes, link counts, DIR_ITEM against DIR_INDEX); the image must pass
-//! `ubtrfs_core::check::check`; a sample must pass `btrfs check --readonly` and, loop
+//! `ubtrfs_tools::check::check`; a sample must pass `btrfs check --readonly` and, loop
 //! mounted read-only, show the kernel the same tree (as root);
 //! and on a sample the post-crash image is reopened for writing, written to,
 //! committed and verified again (recovery), then crashed again during that recovery.
@@ -38,16 +38,16 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-use ubtrfs_core::check::{check, CheckOptions};
-use ubtrfs_core::device::{BlockDevice, MemDevice};
-use ubtrfs_core::fault::{mix_seed, CrashSweep, FaultyDevice, OpKind, OpOutcome, OpRecord, Rng};
-use ubtrfs_core::fs::{FileKind, Filesystem, InodeId, Load};
-use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
+use ubtrfs_core::volumes::fault::{mix_seed, CrashSweep, FaultyDevice, OpKind, OpOutcome, OpRecord, Rng};
 use ubtrfs_core::{Error, FsInfo, PosixKind};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
+use ubtrfs_tools::check::{check, CheckOptions};
 
 /// Single device, SINGLE data and DUP metadata, skinny metadata, free-space tree: a
 /// layout `FsWriter` accepts (`mixed` is refused: mixed block groups).

@@ -7,8 +7,8 @@ mod common;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use ubtrfs_core::file::DecompressCache;
-use ubtrfs_core::fs::{FileKind, Filesystem, InodeView, Load};
+use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeView, Load};
+use ubtrfs_core::inode::read::DecompressCache;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::structs::rdev_decode;
 
@@ -211,8 +211,8 @@ fn raid0_missing_device_is_a_clear_error() {
 #[test]
 fn dup_data_csum_mismatch_uses_other_copy() {
     use std::sync::Arc;
-    use ubtrfs_core::device::{BlockDevice, MemDevice};
-    use ubtrfs_core::fs::ExtentKind;
+    use ubtrfs_core::inode::filesystem::ExtentKind;
+    use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
     use ubtrfs_core::FsInfo;
     let img = std::fs::read(&common::fixture_images("dup-data")[0]).expect("image");
     let fs = open("dup-data");

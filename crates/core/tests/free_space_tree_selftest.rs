@@ -14,7 +14,7 @@
 
 mod common;
 
-use ubtrfs_core::free_space_tree::{add_block_group_free_space, add_to_free_space_tree, convert_to_bitmaps, convert_to_extents, free_runs, remove_from_free_space_tree, thresholds};
+use ubtrfs_core::space::free_space_tree::{add_block_group_free_space, add_to_free_space_tree, convert_to_bitmaps, convert_to_extents, free_runs, remove_from_free_space_tree, thresholds};
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::{FREE_SPACE_BITMAP_KEY, FREE_SPACE_EXTENT_KEY, FREE_SPACE_INFO_KEY, FREE_SPACE_TREE_OBJECTID as FST};

@@ -10,7 +10,7 @@ mod common;
 mod write_common;
 
 use std::process::Command;
-use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::{Error, PosixKind};
 use ubtrfs_format::structs::FT_REG_FILE;
@@ -73,17 +73,17 @@ fn readonly_snapshot_refuses_every_change() {
     let src = std::env::temp_dir().join(format!("ubtrfs-ro-src-{}", std::process::id()));
     std::fs::create_dir_all(src.join("sub")).expect("source dir");
     std::fs::write(src.join("sub/f"), b"data").expect("source file");
-    assert_erofs(ubtrfs_core::put::put(&mut w, &src.join("sub/f"), "/snap/x", false), "put file");
-    assert_erofs(ubtrfs_core::put::put(&mut w, &src, "/snap/tree", true), "put -r");
-    assert_erofs(ubtrfs_core::put::remove(&mut w, "/snap/file-0002", false), "rm file");
-    assert_erofs(ubtrfs_core::put::remove(&mut w, "/snap/big-3", false), "rm big file");
+    assert_erofs(ubtrfs_tools::put::put(&mut w, &src.join("sub/f"), "/snap/x", false), "put file");
+    assert_erofs(ubtrfs_tools::put::put(&mut w, &src, "/snap/tree", true), "put -r");
+    assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/file-0002", false), "rm file");
+    assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/big-3", false), "rm big file");
     // Below the public mutators, the B-tree code refuses to COW the read-only tree.
     let e = w.insert_item(snap, &ubtrfs_format::Key::new(file.ino, ubtrfs_format::key::XATTR_ITEM_KEY, 1), b"x").expect_err("raw insert into a read-only tree");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
     // None of the refusals aborted the transaction: the writable subvolume still
     // takes a change, and the commit carries only that.
     w.check_writable().expect("a refused change must not abort the writer");
-    ubtrfs_core::put::put(&mut w, &src.join("sub/f"), "/sv/after-refusals", false).expect("write to the writable subvolume");
+    ubtrfs_tools::put::put(&mut w, &src.join("sub/f"), "/sv/after-refusals", false).expect("write to the writable subvolume");
     w.commit().expect("commit");
     drop(w);
     let _ = std::fs::remove_dir_all(&src);

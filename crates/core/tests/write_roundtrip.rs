@@ -19,8 +19,8 @@ mod common;
 mod write_common;
 
 use std::collections::HashMap;
-use ubtrfs_core::fs::{ExtentKind, Filesystem, Load};
-use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::{Error, OpenOptions, PosixKind};
 use ubtrfs_format::items;
@@ -718,7 +718,7 @@ fn enospc_is_an_error() {
                 err = Some((e, w));
                 break 'fill;
             }
-            m2.record_file(&name, 0o644, data, ubtrfs_core::fs::InodeId { root: dir.root, ino });
+            m2.record_file(&name, 0o644, data, ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino });
         }
         match w.commit() {
             Ok(_) => m = m2,
@@ -768,7 +768,7 @@ fn enospc_is_an_error() {
                     break 'meta;
                 }
             };
-            let h = m.record_file(&name, 0o644, Vec::new(), ubtrfs_core::fs::InodeId { root: dir.root, ino });
+            let h = m.record_file(&name, 0o644, Vec::new(), ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino });
             let data = rng.bytes(2048);
             if let Err(e) = w.write_file(dir.root, ino, 0, &data) {
                 refused = Some((e, w));

@@ -1,6 +1,6 @@
 mod common;
-use ubtrfs_core::fs::{Filesystem, Load};
-use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::inode::filesystem::{Filesystem, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 

@@ -24,7 +24,7 @@ use clap::Parser;
 use common::{create_files, print_table, summarize, CommitPolicy, Image, Workload, FS_TREE, ROOT_DIR};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::FREE_SPACE_TREE_OBJECTID;

@@ -26,7 +26,7 @@ use common::{create_files, have, make_dirs, median, print_table, run_cmd, Commit
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 

@@ -18,8 +18,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use ubtrfs_core::fs::{FileKind, Filesystem, InodeId, Load};
-use ubtrfs_core::inode::InodeAttrs;
+use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::*;
@@ -693,7 +693,7 @@ pub fn check_trees(w: &mut FsWriter, fs_trees: &[u64], what: &str) {
 /// `ubtrfs check` finds nothing, and ubtrfs's view of `img` matches the model.
 pub fn verify_ubtrfs(img: &Path, m: &Model, what: &str) {
     let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{what}: open for check: {e}"));
-    let rep = ubtrfs_core::check::check(&fs.info, &ubtrfs_core::check::CheckOptions::default()).unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
+    let rep = ubtrfs_tools::check::check(&fs.info, &ubtrfs_tools::check::CheckOptions::default()).unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
     let problems: Vec<String> = rep.findings.iter().take(10).map(|f| f.to_string()).collect();
     assert!(rep.is_clean(), "{what}: ubtrfs check found {} problems:\n{}", rep.problems(), problems.join("\n"));
     drop(fs);

@@ -1,0 +1,557 @@
+//! The filesystem view: subvolumes, inodes, directories, xattrs and symlinks.
+//!
+//! An inode is named by `InodeId { root, ino }` (the subvolume tree and the objectid in
+//! it). A directory entry whose location is a ROOT_ITEM crosses into that subvolume's
+//! root directory, which is where the kernel shows subvolumes and snapshots.
+//! `load_inode` gathers an inode's items in one pass over its key range, because
+//! INODE_ITEM, refs, xattrs, dir entries and file extents of one objectid are adjacent.
+
+use crate::disk_io::{FsInfo, OpenOptions};
+use crate::error::{Error, PosixKind, Result};
+use crate::tree::search::RootInfo;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use ubtrfs_format::items::{self, FileExtent};
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::*;
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
+use zerocopy::FromBytes;
+
+/// Names an inode: subvolume tree id and objectid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InodeId {
+    pub root: u64,
+    pub ino: u64,
+}
+
+impl std::fmt::Display for InodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "root={} ino={}", self.root, self.ino)
+    }
+}
+
+/// The POSIX file type of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    CharDev,
+    BlockDev,
+    Socket,
+}
+
+impl FileKind {
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & S_IFMT {
+            S_IFREG => FileKind::File,
+            S_IFDIR => FileKind::Dir,
+            S_IFLNK => FileKind::Symlink,
+            S_IFIFO => FileKind::Fifo,
+            S_IFCHR => FileKind::CharDev,
+            S_IFBLK => FileKind::BlockDev,
+            S_IFSOCK => FileKind::Socket,
+            _ => return None,
+        })
+    }
+    /// The letter `ls -l` shows.
+    pub fn letter(self) -> char {
+        match self {
+            FileKind::File => '-',
+            FileKind::Dir => 'd',
+            FileKind::Symlink => 'l',
+            FileKind::Fifo => 'p',
+            FileKind::CharDev => 'c',
+            FileKind::BlockDev => 'b',
+            FileKind::Socket => 's',
+        }
+    }
+}
+
+/// One file extent item, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtentKind {
+    Inline {
+        ram_bytes: u64,
+        compression: u8,
+        data: Vec<u8>,
+    },
+    /// `disk_bytenr == 0` is an explicit hole.
+    Regular {
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+        num_bytes: u64,
+        ram_bytes: u64,
+        compression: u8,
+        prealloc: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileExtentRec {
+    pub file_offset: u64,
+    pub kind: ExtentKind,
+}
+
+impl FileExtentRec {
+    /// Bytes of file this extent covers.
+    pub fn len(&self) -> u64 {
+        match &self.kind {
+            ExtentKind::Inline { ram_bytes, .. } => *ram_bytes,
+            ExtentKind::Regular { num_bytes, .. } => *num_bytes,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn end(&self) -> u64 {
+        self.file_offset.saturating_add(self.len())
+    }
+    /// True if reading it yields zeros without touching the disk.
+    pub fn is_hole_like(&self) -> bool {
+        matches!(self.kind, ExtentKind::Regular { disk_bytenr: 0, .. } | ExtentKind::Regular { prealloc: true, .. })
+    }
+}
+
+/// A directory entry, resolved to the inode it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub target: InodeId,
+    /// The entry's file type (FT_*).
+    pub ftype: u8,
+    pub index: u64,
+    /// True if the entry is a subvolume (location is a ROOT_ITEM).
+    pub is_subvol: bool,
+}
+
+/// An inode with the items a caller asked for.
+#[derive(Clone)]
+pub struct InodeView {
+    pub id: InodeId,
+    pub item: InodeItem,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    pub extents: Vec<FileExtentRec>,
+    pub entries: Vec<DirEntry>,
+}
+
+impl InodeView {
+    pub fn mode(&self) -> u32 {
+        self.item.mode.get()
+    }
+    pub fn kind(&self) -> FileKind {
+        FileKind::from_mode(self.mode()).expect("mode validated by the tree checker")
+    }
+    pub fn size(&self) -> u64 {
+        self.item.size.get()
+    }
+    pub fn nlink(&self) -> u32 {
+        self.item.nlink.get()
+    }
+    pub fn flags(&self) -> u64 {
+        self.item.flags.get()
+    }
+}
+
+/// What `load_inode` should collect besides the INODE_ITEM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Load {
+    pub xattrs: bool,
+    pub extents: bool,
+    pub entries: bool,
+}
+
+impl Load {
+    pub const ALL: Load = Load { xattrs: true, extents: true, entries: true };
+    pub const ITEM: Load = Load { xattrs: false, extents: false, entries: false };
+}
+
+/// Items of one inode that `load_inode_salvage` could not read.
+#[derive(Debug, Default)]
+pub struct LoadDamage {
+    /// Key ranges lost to unreadable tree blocks, in key order.
+    pub lost: Vec<LostItems>,
+    /// Directory entries that could not be resolved.
+    pub bad_entries: Vec<BadEntry>,
+}
+
+/// A directory entry whose target could not be resolved (e.g. a subvolume without a
+/// root item).
+#[derive(Debug)]
+pub struct BadEntry {
+    pub name: Vec<u8>,
+    /// The entry's file type (FT_*).
+    pub ftype: u8,
+    pub error: Error,
+}
+
+/// The keys `[from, to)` were in a tree block no copy of which could be read (`to`
+/// None: up to the end of the inode's items). Some of them may belong to other inodes.
+#[derive(Debug)]
+pub struct LostItems {
+    pub from: Key,
+    pub to: Option<Key>,
+    pub error: Error,
+}
+
+impl LoadDamage {
+    pub fn is_empty(&self) -> bool {
+        self.lost.is_empty() && self.bad_entries.is_empty()
+    }
+
+    /// The first loss that may hold items of inode `ino` with key type `type_`.
+    pub fn lost_type(&self, ino: u64, type_: u8) -> Option<&LostItems> {
+        self.lost.iter().find(|l| l.overlaps(ino, type_))
+    }
+}
+
+impl LostItems {
+    /// Whether the lost keys may include items of inode `ino` with key type `type_`.
+    pub fn overlaps(&self, ino: u64, type_: u8) -> bool {
+        let lo = Key::new(ino, type_, 0);
+        let hi = Key::new(ino, type_, u64::MAX);
+        self.from <= hi && self.to.is_none_or(|t| t > lo)
+    }
+}
+
+/// A readable btrfs filesystem.
+pub struct Filesystem {
+    pub info: FsInfo,
+    roots: Mutex<HashMap<u64, RootInfo>>,
+    default_subvol: u64,
+}
+
+fn corrupt_inode(id: InodeId, reason: impl Into<String>) -> Error {
+    let mut c = Corrupt::new(CorruptWhere::Item, reason).root(id.root);
+    c.ino = Some(id.ino);
+    c.into()
+}
+
+impl Filesystem {
+    /// Open the image(s) named in `opts`.
+    ///
+    /// # Errors
+    /// As `FsInfo::open`, plus a corrupt root tree directory.
+    pub fn open(opts: &OpenOptions) -> Result<Filesystem> {
+        Filesystem::from_info(FsInfo::open(opts)?)
+    }
+
+    /// Wrap an open `FsInfo`.
+    ///
+    /// # Errors
+    /// `Corrupt`/`Io` reading the default subvolume entry.
+    pub fn from_info(info: FsInfo) -> Result<Filesystem> {
+        let mut fs = Filesystem { info, roots: Mutex::new(HashMap::new()), default_subvol: FS_TREE_OBJECTID };
+        fs.default_subvol = fs.find_default_subvol()?;
+        Ok(fs)
+    }
+
+    fn find_default_subvol(&self) -> Result<u64> {
+        let root = self.info.tree_root();
+        let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
+        let (path, found) = self.info.search_slot(&root, &key)?;
+        if found {
+            let item = path.item().expect("found slot is in the leaf");
+            for e in items::dir_entries(item.data()) {
+                let e = e.expect("validated by the tree checker");
+                if e.name == b"default" && e.location.type_ == ROOT_ITEM_KEY {
+                    return Ok(e.location.objectid);
+                }
+            }
+        }
+        Ok(FS_TREE_OBJECTID)
+    }
+
+    /// The subvolume mounted by default (`btrfs subvolume get-default`).
+    pub fn default_subvol(&self) -> u64 {
+        self.default_subvol
+    }
+
+    /// Where subvolume tree `id` is rooted.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for an unknown tree.
+    pub fn fs_root(&self, id: u64) -> Result<RootInfo> {
+        if let Some(r) = self.roots.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
+            return Ok(*r);
+        }
+        let (r, _) = self.info.read_root(id)?;
+        self.roots.lock().unwrap_or_else(|p| p.into_inner()).insert(id, r);
+        Ok(r)
+    }
+
+    /// The root directory of the default subvolume.
+    pub fn root_dir(&self) -> InodeId {
+        InodeId { root: self.default_subvol, ino: FIRST_FREE_OBJECTID }
+    }
+
+    /// Read an inode and, as asked, its xattrs, file extents and directory entries.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` if there is no INODE_ITEM; `Corrupt`/`Io` otherwise.
+    pub fn load_inode(&self, id: InodeId, load: Load) -> Result<InodeView> {
+        self.load_inode_with(id, load, None)
+    }
+
+    /// `load_inode` for salvage: an unreadable tree block after the INODE_ITEM is
+    /// stepped over and recorded in the returned `LoadDamage` instead of failing the
+    /// whole inode, and so is a directory entry that cannot be resolved. The view holds
+    /// every item that could be read.
+    ///
+    /// # Errors
+    /// As `load_inode` when the INODE_ITEM itself cannot be read.
+    pub fn load_inode_salvage(&self, id: InodeId, load: Load) -> Result<(InodeView, LoadDamage)> {
+        let mut damage = LoadDamage::default();
+        let v = self.load_inode_with(id, load, Some(&mut damage))?;
+        Ok((v, damage))
+    }
+
+    fn load_inode_with(&self, id: InodeId, load: Load, mut damage: Option<&mut LoadDamage>) -> Result<InodeView> {
+        let root = self.fs_root(id.root)?;
+        let mut it = self.info.iter(&root, Key::new(id.ino, INODE_ITEM_KEY, 0))?;
+        let mut view: Option<InodeView> = None;
+        loop {
+            let item = match it.next_item() {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(e) => {
+                    // Without the INODE_ITEM there is nothing to salvage.
+                    let (Some(d), Some(_)) = (damage.as_deref_mut(), view.as_ref()) else { return Err(e) };
+                    match it.skip_unreadable() {
+                        // The block starts past this inode: nothing of it was lost.
+                        Some(from) if from.objectid > id.ino => break,
+                        Some(from) => {
+                            // Two bad blocks in a row: the first loss ends where the second begins.
+                            if let Some(prev) = d.lost.last_mut() {
+                                prev.to.get_or_insert(from);
+                            }
+                            d.lost.push(LostItems { from, to: None, error: e });
+                            continue;
+                        }
+                        None => {
+                            let from = Key::new(id.ino, INODE_ITEM_KEY, 0);
+                            d.lost.push(LostItems { from, to: None, error: e });
+                            break;
+                        }
+                    }
+                }
+            };
+            let k = item.key();
+            if let Some(last) = damage.as_deref_mut().and_then(|d| d.lost.last_mut()) {
+                last.to.get_or_insert(k);
+            }
+            if k.objectid != id.ino {
+                break;
+            }
+            let Some(v) = view.as_mut() else {
+                if k.type_ != INODE_ITEM_KEY {
+                    break;
+                }
+                let ii = InodeItem::read_from_bytes(item.data()).expect("size validated by the tree checker");
+                view = Some(InodeView { id, item: ii, xattrs: Vec::new(), extents: Vec::new(), entries: Vec::new() });
+                if !(load.xattrs || load.extents || load.entries) {
+                    break;
+                }
+                continue;
+            };
+            match k.type_ {
+                XATTR_ITEM_KEY if load.xattrs => {
+                    for e in items::dir_entries(item.data()) {
+                        let e = e.expect("validated by the tree checker");
+                        v.xattrs.push((e.name.to_vec(), e.data.to_vec()));
+                    }
+                }
+                DIR_INDEX_KEY if load.entries => {
+                    for e in items::dir_entries(item.data()) {
+                        let e = e.expect("validated by the tree checker");
+                        match (self.dir_entry(id, &e, k.offset), damage.as_deref_mut()) {
+                            (Ok(de), _) => v.entries.push(de),
+                            (Err(error), Some(d)) => d.bad_entries.push(BadEntry { name: e.name.to_vec(), ftype: e.type_, error }),
+                            (Err(err), None) => return Err(err),
+                        }
+                    }
+                }
+                EXTENT_DATA_KEY if load.extents => {
+                    let fe = items::file_extent(item.data()).expect("validated by the tree checker");
+                    let kind = match fe {
+                        FileExtent::Inline { ram_bytes, compression, data, .. } => ExtentKind::Inline { ram_bytes, compression, data: data.to_vec() },
+                        FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc, .. } => {
+                            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc }
+                        }
+                    };
+                    let rec = FileExtentRec { file_offset: k.offset, kind };
+                    if let Some(prev) = v.extents.last() {
+                        if prev.end() > rec.file_offset {
+                            return Err(corrupt_inode(id, format!("file extent at {} overlaps the previous one ending at {}", rec.file_offset, prev.end())));
+                        }
+                    }
+                    v.extents.push(rec);
+                }
+                // Items past the extents cannot be ones we want.
+                t if t > EXTENT_DATA_KEY => break,
+                _ => {}
+            }
+        }
+        view.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("inode {id}")))
+    }
+
+    fn dir_entry(&self, dir: InodeId, e: &items::DirEntry<'_>, index: u64) -> Result<DirEntry> {
+        let (target, is_subvol) = match e.location.type_ {
+            INODE_ITEM_KEY => (InodeId { root: dir.root, ino: e.location.objectid }, false),
+            ROOT_ITEM_KEY => {
+                let (r, v) = match self.info.read_root(e.location.objectid) {
+                    Ok(x) => x,
+                    Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
+                        return Err(corrupt_inode(dir, format!("dir entry {:?} names subvolume {} which has no root item", String::from_utf8_lossy(e.name), e.location.objectid)));
+                    }
+                    Err(err) => return Err(err),
+                };
+                self.roots.lock().unwrap_or_else(|p| p.into_inner()).insert(r.id, r);
+                (InodeId { root: e.location.objectid, ino: v.item.root_dirid.get() }, true)
+            }
+            _ => return Err(corrupt_inode(dir, format!("dir entry location {}", e.location))),
+        };
+        Ok(DirEntry { name: e.name.to_vec(), target, ftype: e.type_, index, is_subvol })
+    }
+
+    /// List a directory in DIR_INDEX order.
+    ///
+    /// # Errors
+    /// `Posix(NotDir)` for a non-directory.
+    pub fn readdir(&self, dir: InodeId) -> Result<Vec<DirEntry>> {
+        let v = self.load_inode(dir, Load { entries: true, ..Load::ITEM })?;
+        if v.kind() != FileKind::Dir {
+            return Err(Error::posix(PosixKind::NotDir, format!("inode {dir}")));
+        }
+        Ok(v.entries)
+    }
+
+    /// Look `name` up in directory `dir` via its DIR_ITEM hash.
+    ///
+    /// # Errors
+    /// `Corrupt`/`Io` from the search.
+    pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<Option<DirEntry>> {
+        let root = self.fs_root(dir.root)?;
+        let key = Key::new(dir.ino, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(name));
+        let (path, found) = self.info.search_slot(&root, &key)?;
+        if !found {
+            return Ok(None);
+        }
+        let item = path.item().expect("found slot is in the leaf");
+        for e in items::dir_entries(item.data()) {
+            let e = e.expect("validated by the tree checker");
+            if e.name == name {
+                return Ok(Some(self.dir_entry(dir, &e, 0)?));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Read a symlink's target.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` for a non-symlink; `Corrupt` if the target extent is missing.
+    pub fn readlink(&self, id: InodeId) -> Result<Vec<u8>> {
+        let v = self.load_inode(id, Load { extents: true, ..Load::ITEM })?;
+        if v.kind() != FileKind::Symlink {
+            return Err(Error::posix(PosixKind::Invalid, format!("inode {id} is not a symlink")));
+        }
+        let mut buf = vec![0u8; usize::try_from(v.size()).unwrap_or(usize::MAX).min(4096)];
+        let n = self.read_at(&v, 0, &mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Resolve `path` (absolute or relative to the default subvolume's root; `/` splits).
+    /// Symlinks in the middle are followed, relative to the directory holding them or to
+    /// the image root when absolute; the last component is followed only if `follow`.
+    ///
+    /// # Errors
+    /// `Posix` NotFound/NotDir/Loop naming the path.
+    pub fn resolve(&self, path: &str, follow: bool) -> Result<InodeView> {
+        let id = self.resolve_id(path, follow)?;
+        self.load_inode(id, Load::ALL)
+    }
+
+    /// `resolve` without loading the inode it ends at.
+    ///
+    /// # Errors
+    /// As `resolve`.
+    pub fn resolve_id(&self, path: &str, follow: bool) -> Result<InodeId> {
+        let mut stack: Vec<InodeId> = vec![self.root_dir()];
+        let mut pending: Vec<Vec<u8>> = split(path.as_bytes());
+        pending.reverse();
+        let mut links = 0;
+        while let Some(comp) = pending.pop() {
+            let cur = *stack.last().expect("stack holds the root");
+            if comp == b"." {
+                continue;
+            }
+            if comp == b".." {
+                if stack.len() > 1 {
+                    stack.pop();
+                }
+                continue;
+            }
+            let Some(e) = self.lookup(cur, &comp)? else {
+                return Err(Error::posix(PosixKind::NotFound, crate::quote::name(path.as_bytes())));
+            };
+            let is_last = pending.is_empty();
+            if e.ftype == FT_SYMLINK && (!is_last || follow) {
+                links += 1;
+                if links > 40 {
+                    return Err(Error::posix(PosixKind::Loop, crate::quote::name(path.as_bytes())));
+                }
+                let target = self.readlink(e.target)?;
+                if target.first() == Some(&b'/') {
+                    stack.truncate(1);
+                }
+                let mut parts = split(&target);
+                parts.reverse();
+                pending.extend(parts);
+                continue;
+            }
+            if !is_last && e.ftype != FT_DIR {
+                return Err(Error::posix(PosixKind::NotDir, crate::quote::name(path.as_bytes())));
+            }
+            stack.push(e.target);
+        }
+        Ok(*stack.last().expect("stack holds the root"))
+    }
+
+    /// Every subvolume: (id, parent id, dirid in parent, name, path from the top).
+    ///
+    /// # Errors
+    /// `Corrupt`/`Io` reading the root tree.
+    pub fn subvolumes(&self) -> Result<Vec<SubvolInfo>> {
+        let root = self.info.tree_root();
+        let mut out = Vec::new();
+        let mut it = self.info.iter(&root, Key::new(FIRST_FREE_OBJECTID, 0, 0))?;
+        while let Some(item) = it.next_item()? {
+            let k = item.key();
+            if k.objectid > LAST_FREE_OBJECTID {
+                break;
+            }
+            if k.type_ == ROOT_BACKREF_KEY {
+                let r = items::root_ref(item.data()).expect("validated by the tree checker");
+                out.push(SubvolInfo { id: k.objectid, parent: k.offset, dirid: r.dirid, name: r.name.to_vec() });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A subvolume's place in the tree (from its ROOT_BACKREF).
+#[derive(Clone, Debug)]
+pub struct SubvolInfo {
+    pub id: u64,
+    pub parent: u64,
+    pub dirid: u64,
+    pub name: Vec<u8>,
+}
+
+fn split(p: &[u8]) -> Vec<Vec<u8>> {
+    p.split(|&b| b == b'/').filter(|c| !c.is_empty()).map(|c| c.to_vec()).collect()
+}

@@ -1,0 +1,895 @@
+//! The minimal file API of the write engine: create inodes, link and unlink names
+//! (DIR_ITEM + DIR_INDEX + INODE_REF/EXTREF, directory sizes, link counts), write file
+//! data (COW into new data extents with checksums, inline for small files as the kernel
+//! does), drop file extents with exact reference and `nbytes` accounting, and remove
+//! inodes with everything they own.
+//!
+//! Invariants kept per change: a file's nlink equals its names; a directory's size is
+//! twice the sum of its entries' name lengths; nbytes is the sum of non-hole regular
+//! extent lengths plus inline lengths; every data sector written has a checksum.
+
+use crate::error::{Error, PosixKind, Result};
+use crate::transaction::FsWriter;
+use std::time::{SystemTime, UNIX_EPOCH};
+use ubtrfs_format::hash::{extref_hash, name_hash};
+use ubtrfs_format::items::{self, FileExtent};
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::*;
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+/// Largest extent the kernel writes (BTRFS_MAX_EXTENT_SIZE).
+pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
+/// The kernel's default `max_inline`.
+pub const MAX_INLINE: u64 = 2048;
+/// What a change does to an inode, for the immutable / append-only rules.
+#[derive(Clone, Copy)]
+enum IflagOp {
+    AddName,
+    RemoveName,
+    Relink,
+    Write,
+}
+
+/// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
+/// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
+/// `name` is the entry being changed, for the message.
+fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+    let (forbid, desc) = match what {
+        // Creating or removing a name changes the directory.
+        IflagOp::AddName => (INODE_IMMUTABLE, "immutable directory"),
+        IflagOp::RemoveName => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only directory"),
+        // A name of this inode is added or removed.
+        IflagOp::Relink => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only inode"),
+        IflagOp::Write => (INODE_IMMUTABLE, "immutable file"),
+    };
+    if flags & forbid != 0 {
+        let name = crate::quote::name(name);
+        let target = match what {
+            IflagOp::AddName | IflagOp::RemoveName => format!("{name}: its directory (root={root} ino={ino}) is an {desc}"),
+            IflagOp::Relink => format!("{name} (root={root} ino={ino}) is an {desc}"),
+            IflagOp::Write => format!("root={root} ino={ino} is an {desc}"),
+        };
+        return Err(Error::posix(PosixKind::NotPermitted, target));
+    }
+    Ok(())
+}
+
+/// Flags a new inode takes from its directory's flags `d`, as the kernel's
+/// `btrfs_inherit_iflags`: compression preference, and NODATACOW (with NODATASUM for
+/// regular files).
+fn inherited_flags(d: u64, regular: bool) -> u64 {
+    let mut f = 0;
+    if d & INODE_NOCOMPRESS != 0 {
+        f |= INODE_NOCOMPRESS;
+    } else if d & INODE_COMPRESS != 0 {
+        f |= INODE_COMPRESS;
+    }
+    if d & INODE_NODATACOW != 0 {
+        f |= INODE_NODATACOW;
+        if regular {
+            f |= INODE_NODATASUM;
+        }
+    }
+    f
+}
+
+/// Items a new name adds or changes: DIR_ITEM, DIR_INDEX, INODE_REF, both inodes.
+const LINK_ITEMS: u64 = 5;
+/// Data is written to disk in pieces of this size.
+const WRITE_CHUNK: usize = 4 << 20;
+
+/// Attributes of a new inode.
+#[derive(Clone, Copy, Debug)]
+pub struct InodeAttrs {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    /// (seconds, nanoseconds); None = now.
+    pub atime: Option<(i64, u32)>,
+    pub mtime: Option<(i64, u32)>,
+    /// Inode flags (INODE_*); `mkdir` and `create_file` add what the directory passes
+    /// on (compression preference, NODATACOW).
+    pub flags: u64,
+}
+
+impl InodeAttrs {
+    pub fn new(mode: u32) -> InodeAttrs {
+        InodeAttrs { mode, uid: 0, gid: 0, rdev: 0, atime: None, mtime: None, flags: 0 }
+    }
+}
+
+pub fn now() -> Timespec {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Timespec { sec: d.as_secs().into(), nsec: d.subsec_nanos().into() }
+}
+
+fn ts(t: Option<(i64, u32)>) -> Timespec {
+    match t {
+        Some((s, n)) => Timespec { sec: (s as u64).into(), nsec: n.into() },
+        None => now(),
+    }
+}
+
+fn ino_err(root: u64, ino: u64, r: String) -> Error {
+    let mut c = Corrupt::new(CorruptWhere::Item, r).root(root);
+    c.ino = Some(ino);
+    c.into()
+}
+
+/// One file extent item as the write path reads it.
+#[derive(Clone, Copy, Debug)]
+struct Fe {
+    key_off: u64,
+    inline_len: Option<u64>,
+    disk_bytenr: u64,
+    disk_num_bytes: u64,
+    offset: u64,
+    num_bytes: u64,
+}
+
+impl Fe {
+    fn end(&self) -> u64 {
+        self.key_off + self.inline_len.unwrap_or(self.num_bytes)
+    }
+}
+
+impl FsWriter {
+    /// Read inode `ino` of tree `root` as this transaction sees it.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` if absent.
+    pub fn inode_item(&mut self, root: u64, ino: u64) -> Result<InodeItem> {
+        let r = self.root(root)?;
+        match self.first_item_ge(&r, &Key::new(ino, INODE_ITEM_KEY, 0))? {
+            Some((k, d)) if k == Key::new(ino, INODE_ITEM_KEY, 0) => Ok(InodeItem::read_from_bytes(&d).expect("inode size checked by the tree checker")),
+            _ => Err(Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}"))),
+        }
+    }
+
+    /// Change inode `ino` in place.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` if absent.
+    pub fn update_inode(&mut self, root: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        self.check_root_writable(root)?;
+        let key = Key::new(ino, INODE_ITEM_KEY, 0);
+        let (leaf, slot) = self.lookup_for_update(root, &key, 0)?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}")))?;
+        let transid = self.transid;
+        let data = self.item_data_mut(leaf, slot);
+        let mut ii = InodeItem::read_from_bytes(data).expect("inode size checked by the tree checker");
+        f(&mut ii);
+        ii.transid = transid.into();
+        ii.sequence = (ii.sequence.get() + 1).into();
+        data.copy_from_slice(ii.as_bytes());
+        Ok(())
+    }
+
+    /// The next free objectid of tree `root` (`btrfs_find_free_objectid`).
+    ///
+    /// # Errors
+    /// Read failures; `Posix(NoSpace)` when objectids run out.
+    pub fn alloc_objectid(&mut self, root: u64) -> Result<u64> {
+        if let Some(n) = self.next_objectid.get_mut(&root) {
+            let v = *n;
+            *n += 1;
+            return Ok(v);
+        }
+        let highest = match self.last_item_le(root, &Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX))? {
+            Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
+            _ => FIRST_FREE_OBJECTID - 1,
+        };
+        let next = highest + 1;
+        if next > LAST_FREE_OBJECTID {
+            return Err(Error::posix(PosixKind::NoSpace, format!("tree {root} has no free inode numbers")));
+        }
+        self.next_objectid.insert(root, next + 1);
+        Ok(next)
+    }
+
+    /// Create an unlinked inode (nlink 0; `link` adds names).
+    ///
+    /// # Errors
+    /// Tree modification failures.
+    pub fn create_inode(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
+        self.check_root_writable(root)?;
+        crate::space::allocator::reserve_metadata(self, 1)?;
+        self.guarded("create_inode", |w| w.create_inode_inner(root, a))
+    }
+
+    fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
+        let ino = self.alloc_objectid(root)?;
+        let mut ii = InodeItem::new_zeroed();
+        let t = now();
+        ii.generation = self.transid.into();
+        ii.transid = self.transid.into();
+        ii.mode = a.mode.into();
+        ii.uid = a.uid.into();
+        ii.gid = a.gid.into();
+        ii.rdev = a.rdev.into();
+        ii.flags = a.flags.into();
+        ii.atime = ts(a.atime);
+        ii.mtime = ts(a.mtime);
+        ii.ctime = t;
+        ii.otime = t;
+        self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), ii.as_bytes())?;
+        Ok(ino)
+    }
+
+    /// Look `name` up in directory `dir`: (ino or subvolume id, file type, is_subvol).
+    ///
+    /// # Errors
+    /// Read failures.
+    pub fn lookup_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<Option<(u64, u8, bool)>> {
+        let key = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
+        let r = self.root(root)?;
+        match self.first_item_ge(&r, &key)? {
+            Some((k, d)) if k == key => {
+                for e in items::dir_entries(&d) {
+                    let e = e.expect("validated by the tree checker");
+                    if e.name == name {
+                        return Ok(Some((e.location.objectid, e.type_, e.location.type_ == ROOT_ITEM_KEY)));
+                    }
+                }
+                Ok(None)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
+        if let Some(n) = self.next_dir_index.get_mut(&(root, dir)) {
+            let v = *n;
+            *n += 1;
+            return Ok(v);
+        }
+        let next = match self.last_item_le(root, &Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
+            Some((k, _)) if k.objectid == dir && k.type_ == DIR_INDEX_KEY => k.offset + 1,
+            _ => 2,
+        };
+        self.next_dir_index.insert((root, dir), next + 1);
+        Ok(next)
+    }
+
+    /// Add name `name` in directory `dir` for inode `ino` of type `ftype` (FT_*).
+    ///
+    /// # Errors
+    /// `Posix(Exists)` if the name is taken, `NameTooLong`, tree failures.
+    pub fn link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
+        self.check_root_writable(root)?;
+        self.check_new_name(root, dir, name)?;
+        self.check_iflags(root, ino, IflagOp::Relink, name)?;
+        crate::space::allocator::reserve_metadata(self, LINK_ITEMS)?;
+        self.guarded("link", |w| w.link_inner(root, dir, name, ino, ftype))
+    }
+
+    /// Refuse a new `name` in `dir` before anything changes: a bad or taken name found
+    /// after the inode or half the entries were inserted would leave them behind.
+    /// Returns the directory's inode flags (for inheritance).
+    fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
+        if name.is_empty() || name.len() > NAME_LEN || name.contains(&b'/') || name == b"." || name == b".." {
+            return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, crate::quote::name(name)));
+        }
+        let d = self.inode_item(root, dir)?;
+        if d.mode.get() & S_IFMT != S_IFDIR {
+            return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
+        }
+        if self.lookup_name(root, dir, name)?.is_some() {
+            return Err(Error::posix(PosixKind::Exists, crate::quote::name(name)));
+        }
+        iflags_allow(root, dir, d.flags.get(), IflagOp::AddName, name)?;
+        Ok(d.flags.get())
+    }
+
+    /// `iflags_allow` for inode `ino`, looked up.
+    fn check_iflags(&mut self, root: u64, ino: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+        let flags = self.inode_item(root, ino)?.flags.get();
+        iflags_allow(root, ino, flags, what, name)
+    }
+
+    fn link_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
+        let index = self.next_dir_index(root, dir)?;
+        let mut entry = Vec::with_capacity(30 + name.len());
+        let di = DirItem { location: Key::new(ino, INODE_ITEM_KEY, 0).to_disk(), transid: self.transid.into(), data_len: 0.into(), name_len: (name.len() as u16).into(), type_: ftype };
+        entry.extend_from_slice(di.as_bytes());
+        entry.extend_from_slice(name);
+        // DIR_ITEM: append to an item holding a colliding hash.
+        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
+        match self.lookup_for_update(root, &dkey, entry.len())? {
+            Some(_) => {
+                let (leaf, slot) = self.extend_item(root, &dkey, entry.len())?;
+                let d = self.item_data_mut(leaf, slot);
+                let l = d.len();
+                d[l - entry.len()..].copy_from_slice(&entry);
+            }
+            None => self.insert_item(root, &dkey, &entry)?,
+        }
+        self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
+        // INODE_REF, overflowing into INODE_EXTREF when the item would be too big.
+        let mut r = Vec::with_capacity(10 + name.len());
+        r.extend_from_slice(InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+        r.extend_from_slice(name);
+        let rkey = Key::new(ino, INODE_REF_KEY, dir);
+        let max_ref = (self.nodesize() as usize - ubtrfs_format::node::HEADER_SIZE) / 4;
+        let cur = self.items_in_range(root, &rkey, &rkey)?;
+        match cur.first() {
+            None => self.insert_item(root, &rkey, &r)?,
+            Some((_, d)) if d.len() + r.len() <= max_ref || self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_EXTENDED_IREF == 0 => {
+                let (leaf, slot) = self.extend_item(root, &rkey, r.len())?;
+                let d = self.item_data_mut(leaf, slot);
+                let l = d.len();
+                d[l - r.len()..].copy_from_slice(&r);
+            }
+            Some(_) => {
+                let mut e = Vec::with_capacity(18 + name.len());
+                e.extend_from_slice(InodeExtref { parent_objectid: dir.into(), index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+                e.extend_from_slice(name);
+                let ekey = Key::new(ino, INODE_EXTREF_KEY, extref_hash(dir, name));
+                if self.lookup_for_update(root, &ekey, e.len())?.is_some() {
+                    let (leaf, slot) = self.extend_item(root, &ekey, e.len())?;
+                    let d = self.item_data_mut(leaf, slot);
+                    let l = d.len();
+                    d[l - e.len()..].copy_from_slice(&e);
+                } else {
+                    self.insert_item(root, &ekey, &e)?;
+                }
+            }
+        }
+        let t = now();
+        let nl = name.len() as u64;
+        self.update_inode(root, dir, |d| {
+            d.size = (d.size.get() + 2 * nl).into();
+            d.mtime = t;
+            d.ctime = t;
+        })?;
+        self.update_inode(root, ino, |i| {
+            i.nlink = (i.nlink.get() + 1).into();
+            i.ctime = t;
+        })?;
+        Ok(())
+    }
+
+    /// Create a directory `name` in `dir`.
+    ///
+    /// # Errors
+    /// As `link`.
+    pub fn mkdir(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
+        let mut a = *a;
+        a.mode = S_IFDIR | (a.mode & 0o7777);
+        self.check_root_writable(root)?;
+        let dflags = self.check_new_name(root, dir, name)?;
+        crate::space::allocator::reserve_metadata(self, LINK_ITEMS + 1)?;
+        a.flags |= inherited_flags(dflags, false);
+        self.guarded("mkdir", |w| {
+            let ino = w.create_inode_inner(root, &a)?;
+            w.link_inner(root, dir, name, ino, FT_DIR)?;
+            Ok(ino)
+        })
+    }
+
+    /// Create an empty regular file `name` in `dir`.
+    ///
+    /// # Errors
+    /// As `link`.
+    pub fn create_file(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
+        let mut a = *a;
+        a.mode = S_IFREG | (a.mode & 0o7777);
+        self.check_root_writable(root)?;
+        let dflags = self.check_new_name(root, dir, name)?;
+        crate::space::allocator::reserve_metadata(self, LINK_ITEMS + 1)?;
+        a.flags |= inherited_flags(dflags, true);
+        self.guarded("create_file", |w| {
+            let ino = w.create_inode_inner(root, &a)?;
+            w.link_inner(root, dir, name, ino, FT_REG_FILE)?;
+            Ok(ino)
+        })
+    }
+
+    fn file_extents(&mut self, root: u64, ino: u64, from: u64, to: u64) -> Result<Vec<Fe>> {
+        // An extent starting before `from` may reach into the range.
+        let mut start_key = Key::new(ino, EXTENT_DATA_KEY, from);
+        if let Some((k, _)) = self.last_item_le(root, &start_key)? {
+            if k.objectid == ino && k.type_ == EXTENT_DATA_KEY {
+                start_key = k;
+            }
+        }
+        let items = self.items_in_range(root, &start_key, &Key::new(ino, EXTENT_DATA_KEY, to.saturating_sub(1)))?;
+        let mut out = Vec::new();
+        for (k, d) in items {
+            if k.objectid != ino || k.type_ != EXTENT_DATA_KEY {
+                continue;
+            }
+            let fe = items::file_extent(&d).map_err(|e| ino_err(root, ino, e))?;
+            let f = match fe {
+                FileExtent::Inline { ram_bytes, .. } => Fe { key_off: k.offset, inline_len: Some(ram_bytes), disk_bytenr: 0, disk_num_bytes: 0, offset: 0, num_bytes: 0 },
+                FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. } => Fe { key_off: k.offset, inline_len: None, disk_bytenr, disk_num_bytes, offset, num_bytes },
+            };
+            if f.end() > from && f.key_off < to {
+                out.push(f);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Remove file extents in [start, end), trimming and splitting items at the edges
+    /// (`btrfs_drop_extents`). Returns the nbytes removed.
+    ///
+    /// # Errors
+    /// Tree modification failures.
+    pub fn drop_extents(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+        self.check_root_writable(root)?;
+        self.guarded("drop_extents", |w| w.drop_extents_inner(root, ino, start, end))
+    }
+
+    fn drop_extents_inner(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+        let mut removed = 0;
+        for f in self.file_extents(root, ino, start, end)? {
+            let key = Key::new(ino, EXTENT_DATA_KEY, f.key_off);
+            if let Some(len) = f.inline_len {
+                self.delete_item(root, &key)?;
+                removed += len;
+                continue;
+            }
+            let ks = f.key_off;
+            let ke = f.end();
+            let counted = f.disk_bytenr != 0;
+            let item = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, format!("file extent {key} vanished")))?;
+            let set = |d: &mut Vec<u8>, off: u64, num: u64| {
+                d[37..45].copy_from_slice(&off.to_le_bytes());
+                d[45..53].copy_from_slice(&num.to_le_bytes());
+            };
+            if start <= ks && ke <= end {
+                self.delete_item(root, &key)?;
+                if counted {
+                    self.data_ref(f.disk_bytenr, f.disk_num_bytes, root, ino, ks - f.offset, -1);
+                    removed += f.num_bytes;
+                }
+            } else if ks < start && ke <= end {
+                let mut d = item;
+                set(&mut d, f.offset, start - ks);
+                self.replace_item(root, &key, &key, &d)?;
+                if counted {
+                    removed += ke - start;
+                }
+            } else if start <= ks && end < ke {
+                let mut d = item;
+                set(&mut d, f.offset + (end - ks), ke - end);
+                self.replace_item(root, &key, &Key::new(ino, EXTENT_DATA_KEY, end), &d)?;
+                if counted {
+                    removed += end - ks;
+                }
+            } else {
+                // Split: [ks, start) stays, [end, ke) becomes a second reference.
+                let mut head = item.clone();
+                set(&mut head, f.offset, start - ks);
+                self.replace_item(root, &key, &key, &head)?;
+                let mut tail = item;
+                set(&mut tail, f.offset + (end - ks), ke - end);
+                tail[0..8].copy_from_slice(&self.transid.to_le_bytes());
+                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, end), &tail)?;
+                if counted {
+                    self.data_ref(f.disk_bytenr, f.disk_num_bytes, root, ino, ks - f.offset, 1);
+                    removed += end - start;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Replace the item at `old` with `new_key` + `data`.
+    fn replace_item(&mut self, root: u64, old: &Key, new_key: &Key, data: &[u8]) -> Result<()> {
+        if old == new_key {
+            let (leaf, slot) = self.lookup_for_update(root, old, 0)?.ok_or_else(|| ino_err(root, old.objectid, format!("item {old} vanished")))?;
+            let d = self.item_data_mut(leaf, slot);
+            if d.len() == data.len() {
+                d.copy_from_slice(data);
+                return Ok(());
+            }
+        }
+        self.delete_item(root, old)?;
+        self.insert_item(root, new_key, data)
+    }
+
+    /// Write data to disk at `logical` (every copy).
+    fn write_data(&mut self, logical: u64, buf: &[u8]) -> Result<()> {
+        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, logical, buf, crate::volumes::WriteKind::Data)
+    }
+
+    /// Write a new regular extent of at most `want` bytes (sector multiple) at file
+    /// offset `file_off`, its data produced by `fill` in pieces. The extent is shorter
+    /// when free space is (fragmentation, chunk size). Returns its length (= nbytes added).
+    fn write_new_extent(&mut self, root: u64, ino: u64, file_off: u64, want: u64, nodatasum: bool, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+        let ss = u64::from(self.sectorsize());
+        assert!(want > 0 && want <= MAX_EXTENT_SIZE, "extent length {want}");
+        assert_eq!(want / ss * ss, want, "extent length {want} not a multiple of the sector size");
+        let (bytenr, len) = self.alloc_data_extent_upto(want, root, ino, file_off)?;
+        let mut csums = Vec::with_capacity((len / ss) as usize * self.info.csum_type.size());
+        // A page-aligned buffer lets the device write data with O_DIRECT.
+        let cap = WRITE_CHUNK.min(len as usize);
+        let mut raw = vec![0u8; cap + crate::volumes::device::DIRECT_IO_ALIGN];
+        let skew = raw.as_ptr().align_offset(crate::volumes::device::DIRECT_IO_ALIGN).min(crate::volumes::device::DIRECT_IO_ALIGN);
+        let buf = &mut raw[skew..skew + cap];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            fill(&mut buf[..n])?;
+            if !nodatasum {
+                for s in buf[..n].chunks(ss as usize) {
+                    csums.extend_from_slice(&self.info.csum_type.compute(s)[..self.info.csum_type.size()]);
+                }
+            }
+            self.write_data(bytenr + done, &buf[..n])?;
+            done += n as u64;
+        }
+        if !nodatasum {
+            crate::extent::csum_tree::insert_csums(self, bytenr, &csums)?;
+        }
+        let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+        fe.extend_from_slice(FileExtentHeader { generation: self.transid.into(), ram_bytes: len.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes());
+        fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: len.into(), offset: 0.into(), num_bytes: len.into() }.as_bytes());
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
+        Ok(len)
+    }
+
+    /// Read data sectors at `logical` and verify them against the csum tree as this
+    /// transaction sees it, trying the other copies for a bad sector: old data kept by a
+    /// read-modify-write must not pick up a bad read under a fresh checksum.
+    fn read_data_verified(&mut self, root: u64, ino: u64, file_off: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
+        self.info.read_data(logical, buf, 0)?;
+        if self.inode_item(root, ino)?.flags.get() & INODE_NODATASUM != 0 {
+            return Ok(());
+        }
+        let ss = self.sectorsize() as usize;
+        let cs = self.info.csum_type.size();
+        let end = logical + buf.len() as u64;
+        let ckey = |l: u64| Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, l);
+        let mut from = ckey(logical);
+        if let Some((k, _)) = self.last_item_le(CSUM_TREE_OBJECTID, &from)? {
+            if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY {
+                from = k;
+            }
+        }
+        let items = self.items_in_range(CSUM_TREE_OBJECTID, &from, &ckey(end.saturating_sub(1)))?;
+        let want = |i: usize| {
+            let sl = logical + (i * ss) as u64;
+            items.iter().find_map(|(k, d)| {
+                let n = (d.len() / cs) as u64;
+                (k.objectid == EXTENT_CSUM_OBJECTID && sl >= k.offset && sl < k.offset + n * ss as u64).then(|| {
+                    let o = ((sl - k.offset) / ss as u64) as usize * cs;
+                    &d[o..o + cs]
+                })
+            })
+        };
+        crate::inode::read::verify_sectors(&self.info, logical, buf, 0, want, |_, _| {}).map_err(|b| -> crate::error::Error {
+            Corrupt::new(CorruptWhere::Data, format!("csum mismatch reading old data for a partial write ({} copies tried)", b.copies))
+                .root(root)
+                .data(ino, file_off + (b.index * ss) as u64, logical + (b.index * ss) as u64)
+                .into()
+        })?;
+        Ok(())
+    }
+
+    /// Read file data as this transaction sees it (for read-modify-write of edges).
+    fn read_file_range(&mut self, root: u64, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+        buf.fill(0);
+        let end = start + buf.len() as u64;
+        for f in self.file_extents(root, ino, start, end)? {
+            let a = f.key_off.max(start);
+            let b = f.end().min(end);
+            if a >= b {
+                continue;
+            }
+            let out = &mut buf[(a - start) as usize..(b - start) as usize];
+            if f.inline_len.is_some() {
+                let key = Key::new(ino, EXTENT_DATA_KEY, f.key_off);
+                let d = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, "inline extent vanished".into()))?;
+                match items::file_extent(&d).map_err(|e| ino_err(root, ino, e))? {
+                    FileExtent::Inline { compression: 0, data, .. } => {
+                        let s = (a - f.key_off) as usize;
+                        let n = out.len().min(data.len().saturating_sub(s));
+                        out[..n].copy_from_slice(&data[s..s + n]);
+                    }
+                    FileExtent::Inline { compression, data, ram_bytes, .. } => {
+                        let kind = crate::compression::CompressionType::from_raw(compression).ok_or_else(|| ino_err(root, ino, format!("unknown compression {compression}")))?;
+                        let mut plain = Vec::new();
+                        crate::compression::decompress(kind, data, ram_bytes as usize, self.sectorsize() as usize, &mut plain).map_err(|e| ino_err(root, ino, e.to_string()))?;
+                        let s = (a - f.key_off) as usize;
+                        let n = out.len().min(plain.len().saturating_sub(s));
+                        out[..n].copy_from_slice(&plain[s..s + n]);
+                    }
+                    FileExtent::Regular { .. } => unreachable!("inline_len set only for inline items"),
+                }
+                continue;
+            }
+            if f.disk_bytenr == 0 {
+                continue;
+            }
+            let key = Key::new(ino, EXTENT_DATA_KEY, f.key_off);
+            let d = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, "extent vanished".into()))?;
+            let (compression, prealloc, ram_bytes) = match items::file_extent(&d).map_err(|e| ino_err(root, ino, e))? {
+                FileExtent::Regular { compression, prealloc, ram_bytes, .. } => (compression, prealloc, ram_bytes),
+                FileExtent::Inline { .. } => unreachable!(),
+            };
+            if prealloc {
+                continue;
+            }
+            if compression == 0 {
+                let ss = u64::from(self.sectorsize());
+                let logical = f.disk_bytenr + f.offset + (a - f.key_off);
+                let s0 = logical / ss * ss;
+                let e0 = (logical + out.len() as u64).div_ceil(ss) * ss;
+                let mut tmp = vec![0u8; (e0 - s0) as usize];
+                self.read_data_verified(root, ino, a - (logical - s0), s0, &mut tmp)?;
+                let skip = (logical - s0) as usize;
+                out.copy_from_slice(&tmp[skip..skip + out.len()]);
+            } else {
+                let mut raw = vec![0u8; f.disk_num_bytes as usize];
+                self.read_data_verified(root, ino, f.key_off.saturating_sub(f.offset), f.disk_bytenr, &mut raw)?;
+                let kind = crate::compression::CompressionType::from_raw(compression).ok_or_else(|| ino_err(root, ino, format!("unknown compression {compression}")))?;
+                let mut plain = Vec::new();
+                crate::compression::decompress(kind, &raw, ram_bytes as usize, self.sectorsize() as usize, &mut plain).map_err(|e| ino_err(root, ino, e.to_string()))?;
+                let s = (f.offset + (a - f.key_off)) as usize;
+                out.copy_from_slice(&plain[s..s + out.len()]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Write `data` at `offset` of regular file `ino` (COW; small files inline).
+    ///
+    /// # Errors
+    /// `Posix(NoSpace)`, tree and I/O failures (the caller aborts the transaction).
+    pub fn write_file(&mut self, root: u64, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
+        let mut pos = 0usize;
+        self.write_file_with(root, ino, offset, data.len() as u64, &mut |buf: &mut [u8]| {
+            buf.copy_from_slice(&data[pos..pos + buf.len()]);
+            pos += buf.len();
+            Ok(())
+        })
+    }
+
+    /// Write `len` bytes produced by `fill` (called in order, in pieces) at `offset`.
+    ///
+    /// # Errors
+    /// As `write_file`, plus errors from `fill`.
+    pub fn write_file_with(&mut self, root: u64, ino: u64, offset: u64, len: u64, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        self.check_root_writable(root)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let ii = self.inode_item(root, ino)?;
+        if ii.mode.get() & S_IFMT != S_IFREG {
+            return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
+        }
+        iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
+        if ii.flags.get() & INODE_APPEND != 0 && offset != ii.size.get() {
+            return Err(Error::posix(PosixKind::NotPermitted, format!("root={root} ino={ino} is append-only: writes must start at its size {}, not {offset}", ii.size.get())));
+        }
+        let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        // The inode, two split edges, the extents and their csums.
+        let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
+        let csum_bytes = len.div_ceil(u64::from(self.sectorsize())) * self.info.csum_type.size() as u64;
+        let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
+        crate::space::allocator::reserve_metadata(self, items)?;
+        self.guarded("write_file", |w| w.write_file_inner(root, ino, offset, end, &ii, fill))
+    }
+
+    fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
+        let old_size = ii.size.get();
+        let new_size = old_size.max(end);
+        let ss = u64::from(self.sectorsize());
+        let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        let added;
+        let removed;
+        if new_size <= max_inline {
+            // The whole file fits inline, as the kernel keeps small files.
+            let mut content = vec![0u8; new_size as usize];
+            self.read_file_range(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
+            fill(&mut content[offset as usize..end as usize])?;
+            removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
+            let mut fe = Vec::with_capacity(21 + content.len());
+            fe.extend_from_slice(
+                FileExtentHeader { generation: self.transid.into(), ram_bytes: new_size.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }.as_bytes(),
+            );
+            fe.extend_from_slice(&content);
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)?;
+            added = new_size;
+        } else {
+            // An inline extent must become regular: rewrite from 0.
+            let has_inline = self.file_extents(root, ino, 0, 1)?.iter().any(|f| f.inline_len.is_some());
+            let a_start = if has_inline { 0 } else { offset / ss * ss };
+            let a_end = end.div_ceil(ss) * ss;
+            let head_len = (offset - a_start) as usize;
+            let mut head = vec![0u8; head_len];
+            self.read_file_range(root, ino, a_start, &mut head)?;
+            let tail_len = (a_end - end) as usize;
+            let mut tail = vec![0u8; tail_len];
+            if end < old_size {
+                self.read_file_range(root, ino, end, &mut tail)?;
+            }
+            removed = self.drop_extents_inner(root, ino, a_start, a_end)?;
+            if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
+                let hole_start = old_size.div_ceil(ss) * ss;
+                if a_start > hole_start {
+                    let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+                    fe.extend_from_slice(
+                        FileExtentHeader { generation: self.transid.into(), ram_bytes: (a_start - hole_start).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }
+                            .as_bytes(),
+                    );
+                    fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (a_start - hole_start).into() }.as_bytes());
+                    self.drop_extents_inner(root, ino, hole_start, a_start)?;
+                    self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;
+                }
+            }
+            // Stream head + data + tail through extents of at most MAX_EXTENT_SIZE.
+            let total = a_end - a_start;
+            let mut produced = 0u64;
+            let mut add = 0;
+            let mut cur = a_start;
+            while cur < a_end {
+                let n = (a_end - cur).min(MAX_EXTENT_SIZE);
+                let got = self.write_new_extent(root, ino, cur, n, nodatasum, &mut |buf: &mut [u8]| {
+                    let mut i = 0usize;
+                    while i < buf.len() {
+                        let p = produced as usize;
+                        if p < head_len {
+                            let k = (head_len - p).min(buf.len() - i);
+                            buf[i..i + k].copy_from_slice(&head[p..p + k]);
+                            i += k;
+                            produced += k as u64;
+                        } else if produced < total - tail_len as u64 {
+                            let k = ((total - tail_len as u64 - produced) as usize).min(buf.len() - i);
+                            fill(&mut buf[i..i + k])?;
+                            i += k;
+                            produced += k as u64;
+                        } else {
+                            let t = (produced - (total - tail_len as u64)) as usize;
+                            let k = (tail_len - t).min(buf.len() - i);
+                            buf[i..i + k].copy_from_slice(&tail[t..t + k]);
+                            i += k;
+                            produced += k as u64;
+                        }
+                    }
+                    Ok(())
+                })?;
+                add += got;
+                cur += got;
+            }
+            added = add;
+        }
+        let t = now();
+        self.update_inode(root, ino, |i| {
+            i.size = new_size.into();
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
+            i.mtime = t;
+            i.ctime = t;
+        })?;
+        Ok(())
+    }
+
+    /// Remove name `name` from directory `dir`; the inode goes when its last name does.
+    /// Directories must be empty.
+    ///
+    /// # Errors
+    /// `Posix` NotFound / NotEmpty; tree failures.
+    pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+        self.check_root_writable(root)?;
+        let (ino, ftype, is_subvol) = self.lookup_name(root, dir, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
+        if is_subvol {
+            return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", crate::quote::name(name))));
+        }
+        let child = self.inode_item(root, ino)?;
+        self.check_iflags(root, dir, IflagOp::RemoveName, name)?;
+        self.check_iflags(root, ino, IflagOp::Relink, name)?;
+        if ftype == FT_DIR && child.size.get() != 0 {
+            return Err(Error::posix(PosixKind::NotEmpty, crate::quote::name(name)));
+        }
+        self.guarded("unlink", |w| w.unlink_inner(root, dir, name, ino, ftype, &child))
+    }
+
+    fn unlink_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, child: &InodeItem) -> Result<()> {
+        // DIR_ITEM: drop our entry from the (possibly shared) item.
+        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
+        let d = self.items_in_range(root, &dkey, &dkey)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
+        let mut rest = Vec::new();
+        for e in items::dir_entries(&d) {
+            let e = e.expect("validated by the tree checker");
+            if e.name != name {
+                let di = DirItem { location: e.location.to_disk(), transid: e.transid.into(), data_len: (e.data.len() as u16).into(), name_len: (e.name.len() as u16).into(), type_: e.type_ };
+                rest.extend_from_slice(di.as_bytes());
+                rest.extend_from_slice(e.name);
+                rest.extend_from_slice(e.data);
+            }
+        }
+        self.delete_item(root, &dkey)?;
+        if !rest.is_empty() {
+            self.insert_item(root, &dkey, &rest)?;
+        }
+        // INODE_REF or INODE_EXTREF: find the index and drop the name.
+        let index = self.remove_inode_ref(root, ino, dir, name)?;
+        self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
+        let t = now();
+        let nl = name.len() as u64;
+        self.update_inode(root, dir, |d| {
+            d.size = (d.size.get().saturating_sub(2 * nl)).into();
+            d.mtime = t;
+            d.ctime = t;
+        })?;
+        let nlink = child.nlink.get().saturating_sub(1);
+        if nlink == 0 || ftype == FT_DIR {
+            self.remove_inode_inner(root, ino)?;
+        } else {
+            self.update_inode(root, ino, |i| {
+                i.nlink = nlink.into();
+                i.ctime = t;
+            })?;
+        }
+        Ok(())
+    }
+
+    fn remove_inode_ref(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<u64> {
+        let rkey = Key::new(ino, INODE_REF_KEY, dir);
+        if let Some((_, d)) = self.items_in_range(root, &rkey, &rkey)?.pop() {
+            let mut rest = Vec::new();
+            let mut index = None;
+            for r in items::inode_refs(&d, dir) {
+                let r = r.expect("validated by the tree checker");
+                if r.name == name && index.is_none() {
+                    index = Some(r.index);
+                } else {
+                    rest.extend_from_slice(InodeRef { index: r.index.into(), name_len: (r.name.len() as u16).into() }.as_bytes());
+                    rest.extend_from_slice(r.name);
+                }
+            }
+            if let Some(i) = index {
+                self.delete_item(root, &rkey)?;
+                if !rest.is_empty() {
+                    self.insert_item(root, &rkey, &rest)?;
+                }
+                return Ok(i);
+            }
+        }
+        let ekey = Key::new(ino, INODE_EXTREF_KEY, extref_hash(dir, name));
+        if let Some((_, d)) = self.items_in_range(root, &ekey, &ekey)?.pop() {
+            let mut rest = Vec::new();
+            let mut index = None;
+            for r in items::inode_extrefs(&d) {
+                let r = r.expect("validated by the tree checker");
+                if r.name == name && r.parent == dir && index.is_none() {
+                    index = Some(r.index);
+                } else {
+                    rest.extend_from_slice(InodeExtref { parent_objectid: r.parent.into(), index: r.index.into(), name_len: (r.name.len() as u16).into() }.as_bytes());
+                    rest.extend_from_slice(r.name);
+                }
+            }
+            if let Some(i) = index {
+                self.delete_item(root, &ekey)?;
+                if !rest.is_empty() {
+                    self.insert_item(root, &ekey, &rest)?;
+                }
+                return Ok(i);
+            }
+        }
+        Err(ino_err(root, ino, format!("no inode ref for name {:?} in dir {dir}", String::from_utf8_lossy(name))))
+    }
+
+    /// Delete inode `ino` and every item it owns, dropping its data references.
+    ///
+    /// # Errors
+    /// Tree modification failures.
+    pub fn remove_inode(&mut self, root: u64, ino: u64) -> Result<()> {
+        self.check_root_writable(root)?;
+        self.guarded("remove_inode", |w| w.remove_inode_inner(root, ino))
+    }
+
+    fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
+        self.drop_extents_inner(root, ino, 0, u64::MAX)?;
+        let items = self.items_in_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
+        for (k, _) in items.iter().rev() {
+            self.delete_item(root, k)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,10 @@
+//! Space management: block groups and their accounting (`block_group`), the
+//! allocator and reservations (`allocator`), the in-memory free-space cache
+//! (`free_space_cache`), the on-disk free-space tree (`free_space_tree`) and chunk
+//! allocation (`chunk_alloc`).
+
+pub mod allocator;
+pub mod block_group;
+pub mod chunk_alloc;
+pub mod free_space_cache;
+pub mod free_space_tree;

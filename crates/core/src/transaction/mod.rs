@@ -1,0 +1,645 @@
+//! The writable filesystem and its running transaction (the kernel's `btrfs_fs_info`
+//! write state plus `btrfs_transaction`).
+//!
+//! Invariants:
+//! - Every tree block changed in the running transaction lives in `dirty`, carries
+//!   header generation == `transid`, and is reached from its root only through blocks
+//!   that are themselves dirty (COW is top-down). A block of an older generation is
+//!   never modified in place; it is copied to a newly allocated block first.
+//! - Committed blocks are never overwritten: their space returns to the allocator only
+//!   after the commit that stops referencing them (pinned until then).
+//! - After a failure once a change has begun, `aborted` is set and every later write
+//!   fails with a read-only error (the kernel's `btrfs_abort_transaction`).
+//!
+//! Neighbours: `ctree_modify` (B-tree changes over these blocks), `delayed_ref` and
+//! `extent_tree` (reference counting run at commit), `alloc` (block groups and free
+//! space), `disk_io` (the read side, whose cache receives blocks after commit).
+
+use crate::disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
+use crate::error::{Error, PosixKind, Result};
+use crate::tree::search::RootInfo;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::*;
+use ubtrfs_format::{items, Key, NodeRef};
+use zerocopy::{FromZeros, IntoBytes};
+
+/// A tree block as the write path sees it: ours (dirty, mutable) or committed.
+#[derive(Clone)]
+pub enum Blk {
+    Dirty(u64),
+    Clean(Arc<ExtentBuffer>),
+}
+
+impl Blk {
+    pub fn bytenr(&self) -> u64 {
+        match self {
+            Blk::Dirty(b) => *b,
+            Blk::Clean(eb) => eb.bytenr,
+        }
+    }
+}
+
+/// A tree's root as the running transaction sees it.
+#[derive(Clone)]
+pub struct RootState {
+    pub info: RootInfo,
+    /// The ROOT_ITEM (absent for the root and chunk trees, which the superblock holds).
+    pub item: Option<RootItem>,
+    /// The ROOT_ITEM key offset (0, or otransid for snapshots).
+    pub item_offset: u64,
+    /// Changed in the running transaction: its ROOT_ITEM must be rewritten at commit.
+    pub dirty: bool,
+}
+
+/// The writable filesystem.
+pub struct FsWriter {
+    pub info: FsInfo,
+    /// Working copy of the superblock, written at commit.
+    pub sb: Box<Superblock>,
+    /// Id of the running transaction (last committed generation + 1).
+    pub transid: u64,
+    pub(crate) dirty: HashMap<u64, Box<[u8]>>,
+    pub(crate) roots: BTreeMap<u64, RootState>,
+    pub(crate) aborted: Option<String>,
+    pub(crate) delayed: crate::extent::delayed_ref::DelayedRefs,
+    pub(crate) alloc: crate::space::allocator::Allocator,
+    /// Commits done by this writer (for tests and statistics).
+    pub commits: u64,
+    /// Chunks created in this transaction whose items are inserted at commit.
+    pub(crate) pending_chunks: Vec<crate::space::chunk_alloc::PendingChunk>,
+    /// Benchmark switch: look the free-space-tree format up in the INFO item on every
+    /// update instead of using the flag cached in the block group (seed 003 baseline).
+    pub fst_force_info_lookup: bool,
+    /// Test switch: free-space-tree conversion thresholds (low, high) for every group.
+    pub fst_thresholds_override: Option<(u32, u32)>,
+    /// Benchmark hook: when Some, the duration in ns of every add/remove on the
+    /// free-space tree is appended (seed 003 measures the cost per update).
+    pub fst_timings: Option<Vec<u32>>,
+    /// Next free objectid per tree, once looked up.
+    pub(crate) next_objectid: BTreeMap<u64, u64>,
+    /// Next DIR_INDEX per (tree, directory), once looked up.
+    pub(crate) next_dir_index: BTreeMap<(u64, u64), u64>,
+    /// Quotas are on (looked up at open): every commit keeps the qgroups exact.
+    pub(crate) quotas: bool,
+}
+
+impl FsWriter {
+    /// Open an image for writing.
+    ///
+    /// # Errors
+    /// As `FsInfo::open`, plus `Incompatible` if features forbid writing or the
+    /// superblock carries an unreplayed log tree.
+    pub fn open(opts: &OpenOptions) -> Result<FsWriter> {
+        let mut o = opts.clone();
+        o.writable = true;
+        FsWriter::from_info(FsInfo::open(&o)?)
+    }
+
+    /// Make a writer from an opened `FsInfo` (its devices must accept writes).
+    ///
+    /// # Errors
+    /// `Incompatible` when writing is not allowed.
+    pub fn from_info(info: FsInfo) -> Result<FsWriter> {
+        if let Some(r) = &info.read_only_reason {
+            return Err(Error::Incompatible(format!("cannot write: {r}")));
+        }
+        if info.sb.log_root.get() != 0 {
+            return Err(Error::Incompatible("cannot write: the superblock carries a log tree that needs replay (mount it with the kernel once, or wait for ubtrfs log replay)".into()));
+        }
+        let incompat = info.sb.incompat_flags.get();
+        let compat_ro = info.sb.compat_ro_flags.get();
+        use ubtrfs_format::features::*;
+        let no_write = info.sb.flags.get() & SUPER_FLAGS_NO_WRITE;
+        if no_write != 0 {
+            return Err(Error::Incompatible(format!(
+                "cannot write: the superblock is flagged {} (a seed device, a metadata dump, or an interrupted conversion)",
+                flag_names(no_write, SUPER_FLAG_NAMES)
+            )));
+        }
+        if incompat & INCOMPAT_SKINNY_METADATA == 0 {
+            return Err(Error::Incompatible("cannot write: filesystems without skinny-metadata are not supported for writing yet".into()));
+        }
+        if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0 || compat_ro & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
+            return Err(Error::Incompatible("cannot write: only filesystems with a valid free-space tree are supported for writing (space_cache=v2)".into()));
+        }
+        if incompat & INCOMPAT_MIXED_GROUPS != 0 {
+            return Err(Error::Incompatible("cannot write: mixed block groups are not supported for writing yet".into()));
+        }
+        let unwritable = incompat & (INCOMPAT_ZONED | INCOMPAT_EXTENT_TREE_V2 | INCOMPAT_RAID_STRIPE_TREE | INCOMPAT_SIMPLE_QUOTA);
+        if unwritable != 0 {
+            return Err(Error::Incompatible(format!("cannot write: features {} are not supported for writing yet", flag_names(unwritable, INCOMPAT_NAMES))));
+        }
+        for c in info.chunk_map.iter() {
+            let p = c.profile();
+            if p != 0 && p != BLOCK_GROUP_DUP {
+                return Err(Error::Incompatible(format!("cannot write: chunk {} has profile {}; writing supports single and DUP for now", c.logical, profile_name(c.type_))));
+            }
+        }
+        if info.sb.num_devices.get() != 1 || info.devices.by_id.len() != 1 {
+            return Err(Error::Incompatible("cannot write: multi-device filesystems are not supported for writing yet".into()));
+        }
+        let sb = info.sb.clone();
+        let transid = sb.generation.get() + 1;
+        let mut w = FsWriter {
+            sb,
+            transid,
+            dirty: HashMap::new(),
+            roots: BTreeMap::new(),
+            aborted: None,
+            delayed: Default::default(),
+            alloc: Default::default(),
+            commits: 0,
+            pending_chunks: Vec::new(),
+            fst_force_info_lookup: false,
+            fst_thresholds_override: None,
+            fst_timings: None,
+            next_objectid: BTreeMap::new(),
+            next_dir_index: BTreeMap::new(),
+            quotas: false,
+            info,
+        };
+        // An interrupted relocation (balance) leaves relocation trees that the kernel
+        // merges at its next mount, relying on hooks every COW of the fs trees runs
+        // (`btrfs_reloc_cow_block`); ubtrfs has none, so it must not change the trees.
+        let reloc = w.items_in_range(ROOT_TREE_OBJECTID, &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, 0), &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
+        if !reloc.is_empty() {
+            let of: Vec<String> = reloc.iter().map(|(k, _)| k.offset.to_string()).collect();
+            return Err(Error::Incompatible(format!(
+                "cannot write: an interrupted balance left relocation trees (for trees {}); mount the filesystem with the kernel once to finish it",
+                of.join(", ")
+            )));
+        }
+        w.alloc = crate::space::allocator::Allocator::load(&w)?;
+        w.quotas = crate::extent::qgroup::status(&mut w)?.is_some();
+        Ok(w)
+    }
+
+    /// Fail if the filesystem was aborted to read-only.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` naming the original failure.
+    pub fn check_writable(&self) -> Result<()> {
+        match &self.aborted {
+            Some(why) => Err(Error::posix(PosixKind::ReadOnly, format!("filesystem aborted to read-only after: {why}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Fail if tree `root` may not change: the filesystem was aborted, or `root` is a
+    /// read-only subvolume (ROOT_ITEM flag RDONLY, `btrfs subvolume snapshot -r` or
+    /// `btrfs property set ro true`). Every public mutator calls this before it changes
+    /// anything, so a refused change leaves the transaction as it was; send/receive
+    /// rely on read-only snapshots never changing.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` naming the subvolume; read failures loading its root.
+    pub fn check_root_writable(&mut self, root: u64) -> Result<()> {
+        self.check_writable()?;
+        if self.root_is_readonly(root)? {
+            return Err(Error::posix_detail(PosixKind::ReadOnly, self.subvol_desc(root), "the subvolume is flagged read-only"));
+        }
+        Ok(())
+    }
+
+    /// Flag subvolume `root` read-only or writable (ROOT_ITEM flag RDONLY), as
+    /// `btrfs property set SUBVOL ro true|false` does; the change lands at commit.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` for a tree that is not a subvolume; `Posix(ReadOnly)` after an
+    /// abort; read failures loading the root.
+    pub fn set_subvol_readonly(&mut self, root: u64, readonly: bool) -> Result<()> {
+        self.check_writable()?;
+        if !is_subvolume_tree(root) {
+            return Err(Error::posix(PosixKind::Invalid, format!("tree {root} is not a subvolume")));
+        }
+        self.root(root)?;
+        let st = self.roots.get_mut(&root).expect("loaded just above");
+        let item = st.item.as_mut().expect("subvolume trees have a ROOT_ITEM");
+        let flags = item.flags.get();
+        item.flags = if readonly { flags | ROOT_SUBVOL_RDONLY } else { flags & !ROOT_SUBVOL_RDONLY }.into();
+        st.dirty = true;
+        Ok(())
+    }
+
+    /// Whether `root` is a subvolume flagged read-only.
+    ///
+    /// # Errors
+    /// Read failures loading the root.
+    pub(crate) fn root_is_readonly(&mut self, root: u64) -> Result<bool> {
+        if !is_subvolume_tree(root) {
+            return Ok(false);
+        }
+        self.root(root)?;
+        let st = self.roots.get(&root).expect("loaded just above");
+        Ok(st.item.as_ref().is_some_and(|i| i.flags.get() & ROOT_SUBVOL_RDONLY != 0))
+    }
+
+    /// "subvolume NAME (id N)", with the name from its ROOT_BACKREF when
+    /// there is one (the top-level tree has none).
+    fn subvol_desc(&mut self, root: u64) -> String {
+        let name = self
+            .items_in_range(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_BACKREF_KEY, 0), &Key::new(root, ROOT_BACKREF_KEY, u64::MAX))
+            .ok()
+            .and_then(|v| v.into_iter().next())
+            .and_then(|(_, d)| items::root_ref(&d).ok().map(|r| crate::quote::name(r.name).into_owned()));
+        match name {
+            Some(n) => format!("subvolume {n} (id {root})"),
+            None => format!("subvolume id {root}"),
+        }
+    }
+
+    /// Turn the filesystem read-only after a failure that happened mid-change.
+    pub fn abort(&mut self, at: &str, err: &Error) {
+        if self.aborted.is_none() {
+            self.aborted = Some(format!("{at}: {err}"));
+        }
+    }
+
+    /// Run `f`, aborting to read-only if it fails (use around any multi-step change).
+    ///
+    /// # Errors
+    /// The error of `f`.
+    pub fn guarded<T>(&mut self, at: &str, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+        self.check_writable()?;
+        match f(self) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                self.abort(at, &e);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn nodesize(&self) -> u32 {
+        self.info.nodesize
+    }
+    pub fn sectorsize(&self) -> u32 {
+        self.info.sectorsize
+    }
+
+    /// The root state of tree `id`, loaded on first use.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for an unknown tree.
+    pub fn root(&mut self, id: u64) -> Result<RootInfo> {
+        if let Some(r) = self.roots.get(&id) {
+            return Ok(r.info);
+        }
+        let st = match id {
+            ROOT_TREE_OBJECTID => RootState { info: self.info.tree_root(), item: None, item_offset: 0, dirty: false },
+            CHUNK_TREE_OBJECTID => RootState { info: self.info.chunk_root(), item: None, item_offset: 0, dirty: false },
+            _ => {
+                let root = self.root(ROOT_TREE_OBJECTID)?;
+                let found = self.first_item_ge(&root, &Key::new(id, ROOT_ITEM_KEY, 0))?;
+                let (k, data) = match found {
+                    Some((k, d)) if k.objectid == id && k.type_ == ROOT_ITEM_KEY => (k, d),
+                    _ => return Err(Error::posix(PosixKind::NotFound, format!("tree {id}"))),
+                };
+                let v = items::root_item(&data).expect("validated by the tree checker");
+                RootState { info: RootInfo { id, bytenr: v.item.bytenr.get(), level: v.item.level, generation: v.item.generation.get() }, item: Some(v.item), item_offset: k.offset, dirty: false }
+            }
+        };
+        let info = st.info;
+        self.roots.insert(id, st);
+        Ok(info)
+    }
+
+    /// Point tree `id` at a new root block (after COW, split or collapse).
+    pub(crate) fn set_root(&mut self, id: u64, bytenr: u64, level: u8) {
+        let transid = self.transid;
+        let st = self.roots.get_mut(&id).expect("root loaded before it changes");
+        st.info.bytenr = bytenr;
+        st.info.level = level;
+        st.info.generation = transid;
+        st.dirty = true;
+    }
+
+    /// Read a block for the write path: ours if dirty, else the validated committed one.
+    ///
+    /// # Errors
+    /// `Io`/`Corrupt` from reading.
+    pub fn read_block(&self, bytenr: u64, expect: &Expect) -> Result<Blk> {
+        if self.dirty.contains_key(&bytenr) {
+            return Ok(Blk::Dirty(bytenr));
+        }
+        Ok(Blk::Clean(self.info.read_tree_block(bytenr, expect)?))
+    }
+
+    pub fn node<'a>(&'a self, b: &'a Blk) -> NodeRef<'a> {
+        match b {
+            Blk::Dirty(bytenr) => NodeRef::new_checked(self.dirty.get(bytenr).expect("dirty block present while referenced")),
+            Blk::Clean(eb) => eb.node(),
+        }
+    }
+
+    pub(crate) fn node_mut(&mut self, bytenr: u64) -> ubtrfs_format::node::NodeMut<'_> {
+        let buf = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("block {bytenr} modified without being COWed first"));
+        ubtrfs_format::node::NodeMut::new(buf)
+    }
+
+    /// Create an empty block at `bytenr` owned by `owner` (caller allocated the space).
+    pub(crate) fn new_block(&mut self, bytenr: u64, owner: u64, level: u8) {
+        let mut buf = vec![0u8; self.nodesize() as usize].into_boxed_slice();
+        {
+            let mut m = ubtrfs_format::node::NodeMut::new(&mut buf);
+            let fsid = self.info.meta_fsid;
+            let ctu = self.info.chunk_tree_uuid;
+            let transid = self.transid;
+            let h = m.header_mut();
+            h.fsid = fsid;
+            h.bytenr = bytenr.into();
+            h.flags = (MIXED_BACKREF_REV << BACKREF_REV_SHIFT).into();
+            h.chunk_tree_uuid = ctu;
+            h.generation = transid.into();
+            h.owner = owner.into();
+            h.nritems = 0.into();
+            h.level = level;
+        }
+        let old = self.dirty.insert(bytenr, buf);
+        assert!(old.is_none(), "block {bytenr} allocated twice in one transaction");
+    }
+
+    /// Copy block `src` into a new block at `bytenr` owned by `owner` (the data of COW).
+    pub(crate) fn copy_block(&mut self, src: &Blk, bytenr: u64, owner: u64) {
+        let mut buf: Box<[u8]> = self.node(src).bytes().into();
+        {
+            let mut m = ubtrfs_format::node::NodeMut::new(&mut buf);
+            let transid = self.transid;
+            let h = m.header_mut();
+            h.bytenr = bytenr.into();
+            h.generation = transid.into();
+            h.owner = owner.into();
+            h.flags = (MIXED_BACKREF_REV << BACKREF_REV_SHIFT).into();
+        }
+        let old = self.dirty.insert(bytenr, buf);
+        assert!(old.is_none(), "block {bytenr} allocated twice in one transaction");
+    }
+
+    /// Drop a dirty block that was freed before it was ever written.
+    pub(crate) fn forget_dirty(&mut self, bytenr: u64) -> bool {
+        self.dirty.remove(&bytenr).is_some()
+    }
+
+    pub fn dirty_blocks(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Update the ROOT_ITEMs of changed trees (loops: updating the root tree changes it).
+    fn update_root_items(&mut self) -> Result<bool> {
+        let ids: Vec<u64> = self.roots.iter().filter(|(_, s)| s.dirty && s.item.is_some()).map(|(&id, _)| id).collect();
+        if ids.is_empty() {
+            return Ok(false);
+        }
+        for id in ids {
+            let st = self.roots.get_mut(&id).expect("listed above");
+            st.dirty = false;
+            let mut item = st.item.expect("listed above");
+            item.bytenr = st.info.bytenr.into();
+            item.level = st.info.level;
+            item.generation = st.info.generation.into();
+            item.generation_v2 = st.info.generation.into();
+            st.item = Some(item);
+            let off = st.item_offset;
+            let key = Key::new(id, ROOT_ITEM_KEY, off);
+            let (path, found) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0, true)?;
+            if !found {
+                return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("root item {key} vanished")).root(1).into());
+            }
+            let leaf = path.nodes[0].as_ref().expect("leaf").bytenr();
+            let slot = path.slots[0];
+            let size = self.node(&Blk::Dirty(leaf)).item(slot).size.get() as usize;
+            let mut m = self.node_mut(leaf);
+            let data = m.item_data_mut(slot);
+            data.copy_from_slice(&item.as_bytes()[..size]);
+        }
+        Ok(true)
+    }
+
+    /// Commit the running transaction: run delayed refs, update root items, write every
+    /// dirty block to every copy, flush, then write every superblock copy. A failure
+    /// aborts the filesystem to read-only. Returns the committed generation.
+    ///
+    /// # Errors
+    /// `Io` from writes and flushes, anything from running references.
+    pub fn commit(&mut self) -> Result<u64> {
+        self.check_writable()?;
+        let r = self.commit_inner();
+        if let Err(e) = &r {
+            self.abort("commit", e);
+        }
+        r
+    }
+
+    fn commit_inner(&mut self) -> Result<u64> {
+        // A root item changed on its own (a subvolume flagged read-only) is a change.
+        let root_items_changed = self.roots.values().any(|s| s.dirty && s.item.is_some());
+        if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() && !root_items_changed {
+            return Ok(self.sb.generation.get());
+        }
+        self.converge()?;
+        if self.quotas {
+            // Recount the quota groups over the trees as they will be committed, store
+            // the numbers (see `qgroup`), and settle again.
+            let counts = crate::extent::qgroup::rescan(self)?;
+            crate::extent::qgroup::store_counts(self, &counts)?;
+            self.converge()?;
+        }
+        self.check_dirty_invariants();
+        self.write_dirty_blocks()?;
+        for d in self.info.devices.by_id.values() {
+            d.dev.flush()?;
+        }
+        self.write_supers()?;
+        // The new state is durable: pinned space may be reused now.
+        self.alloc.unpin_all();
+        self.info.sb = self.sb.clone();
+        self.sb = self.sb.clone();
+        self.commits += 1;
+        let gen = self.transid;
+        self.transid += 1;
+        for st in self.roots.values_mut() {
+            st.dirty = false;
+        }
+        Ok(gen)
+    }
+
+    /// Running refs changes the extent and free-space trees, which COWs blocks and
+    /// adds refs; root items change the root tree. Loop until nothing moves.
+    fn converge(&mut self) -> Result<()> {
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            assert!(rounds < 1000, "commit did not converge after {rounds} rounds");
+            let ran = crate::extent::extent_tree::run_delayed_refs(self)?;
+            let bg = crate::space::allocator::write_dirty_block_groups(self)?;
+            let roots = self.update_root_items()?;
+            if !ran && !bg && !roots && self.delayed.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The superblock this commit will write, root pointers included (backup roots
+    /// and usage are filled in by `write_supers`).
+    fn next_super(&self) -> Box<Superblock> {
+        let root = self.roots.get(&ROOT_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.tree_root());
+        let chunk = self.roots.get(&CHUNK_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.chunk_root());
+        let transid = self.transid;
+        let mut sb = self.sb.clone();
+        sb.generation = transid.into();
+        sb.root = root.bytenr.into();
+        sb.root_level = root.level;
+        if chunk.generation == transid {
+            sb.chunk_root = chunk.bytenr.into();
+            sb.chunk_root_level = chunk.level;
+            sb.chunk_root_generation = transid.into();
+        }
+        sb
+    }
+
+    fn check_dirty_invariants(&self) {
+        if cfg!(debug_assertions) {
+            for (bytenr, buf) in &self.dirty {
+                let n = NodeRef::new_checked(buf);
+                assert_eq!(n.bytenr(), *bytenr, "dirty block header bytenr");
+                assert_eq!(n.generation(), self.transid, "dirty block {bytenr} generation");
+            }
+        }
+    }
+
+    fn write_dirty_blocks(&mut self) -> Result<()> {
+        let csum_type = self.info.csum_type;
+        let mut blocks: Vec<(u64, Box<[u8]>)> = self.dirty.drain().collect();
+        blocks.sort_by_key(|(b, _)| *b);
+        for (bytenr, buf) in &mut blocks {
+            {
+                let mut m = ubtrfs_format::node::NodeMut::new(buf);
+                let h = m.header_mut();
+                h.flags = (h.flags.get() | HEADER_FLAG_WRITTEN).into();
+            }
+            let c = csum_type.compute(&buf[CSUM_SIZE..]);
+            buf[..CSUM_SIZE].copy_from_slice(&c);
+            // Validate what we are about to write, as the kernel's write-time checker does.
+            let n = NodeRef::new_checked(buf);
+            let ctx = ubtrfs_format::tree_checker::CheckCtx {
+                nodesize: self.nodesize(),
+                sectorsize: self.sectorsize(),
+                csum_type,
+                fsid: self.info.meta_fsid,
+                chunk_tree_uuid: Some(self.info.chunk_tree_uuid),
+                super_generation: self.transid,
+                bytenr: *bytenr,
+                level: Some(n.level()),
+                generation: Some(self.transid),
+                owner: None,
+                first_key: None,
+            };
+            if let Err(e) = ubtrfs_format::tree_checker::check_tree_block(buf, &ctx) {
+                panic!("about to write an invalid tree block: {e}");
+            }
+            crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, *bytenr, buf, crate::volumes::WriteKind::Metadata)?;
+        }
+        for (bytenr, buf) in blocks {
+            self.info.cache.insert(Arc::new(ExtentBuffer::from_written(bytenr, buf)));
+        }
+        Ok(())
+    }
+
+    fn write_supers(&mut self) -> Result<()> {
+        self.sb = self.next_super();
+        self.sb.bytes_used = self.alloc.total_used().into();
+        self.fill_backup_root()?;
+        for d in self.info.devices.by_id.values() {
+            let mut sb = *self.sb;
+            let di = self.alloc.dev_item(d.devid).unwrap_or(sb.dev_item);
+            sb.dev_item = di;
+            for mirror in 0..SUPER_MIRROR_MAX {
+                let off = sb_offset(mirror);
+                if off + SUPER_INFO_SIZE as u64 > d.dev.size() {
+                    break;
+                }
+                sb.bytenr = off.into();
+                let c = self.info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
+                sb.csum.copy_from_slice(&c);
+                d.dev.write_at(sb.as_bytes(), off)?;
+            }
+            d.dev.flush()?;
+        }
+        Ok(())
+    }
+
+    fn fill_backup_root(&mut self) -> Result<()> {
+        // The kernel rotates through the four slots; the newest is the one after the
+        // slot holding the previous generation.
+        let prev = self.sb.super_roots.iter().position(|b| b.tree_root_gen.get() == transid_prev(self.transid)).map(|i| (i + 1) % NUM_BACKUP_ROOTS).unwrap_or(0);
+        let mut b = RootBackup::new_zeroed();
+        let get = |w: &mut FsWriter, id: u64| -> Result<RootInfo> { w.root(id) };
+        let tr = get(self, ROOT_TREE_OBJECTID)?;
+        let ch = get(self, CHUNK_TREE_OBJECTID)?;
+        let ex = get(self, EXTENT_TREE_OBJECTID)?;
+        let fs = get(self, FS_TREE_OBJECTID)?;
+        let dv = get(self, DEV_TREE_OBJECTID)?;
+        let cs = get(self, CSUM_TREE_OBJECTID)?;
+        b.tree_root = tr.bytenr.into();
+        b.tree_root_gen = self.transid.into();
+        b.tree_root_level = tr.level;
+        b.chunk_root = ch.bytenr.into();
+        b.chunk_root_gen = ch.generation.into();
+        b.chunk_root_level = ch.level;
+        b.extent_root = ex.bytenr.into();
+        b.extent_root_gen = ex.generation.into();
+        b.extent_root_level = ex.level;
+        b.fs_root = fs.bytenr.into();
+        b.fs_root_gen = fs.generation.into();
+        b.fs_root_level = fs.level;
+        b.dev_root = dv.bytenr.into();
+        b.dev_root_gen = dv.generation.into();
+        b.dev_root_level = dv.level;
+        b.csum_root = cs.bytenr.into();
+        b.csum_root_gen = cs.generation.into();
+        b.csum_root_level = cs.level;
+        b.total_bytes = self.sb.total_bytes;
+        b.bytes_used = self.sb.bytes_used;
+        b.num_devices = self.sb.num_devices;
+        self.sb.super_roots[prev] = b;
+        Ok(())
+    }
+}
+
+fn transid_prev(t: u64) -> u64 {
+    t - 1
+}
+
+impl FsWriter {
+    /// Create an empty tree `id` (one empty leaf) with a fresh ROOT_ITEM, as
+    /// `btrfs_create_tree` does for new global trees and subvolumes.
+    ///
+    /// # Errors
+    /// `Posix(Exists)` if the tree exists; allocation failures.
+    pub fn create_tree(&mut self, id: u64) -> Result<RootInfo> {
+        self.check_writable()?;
+        if self.root(id).is_ok() {
+            return Err(Error::posix(PosixKind::Exists, format!("tree {id}")));
+        }
+        let bytenr = self.alloc_tree_block(id, 0, Key::MIN)?;
+        self.new_block(bytenr, id, 0);
+        let mut item = RootItem::new_zeroed();
+        item.inode.generation = 1.into();
+        item.inode.size = 3.into();
+        item.inode.nlink = 1.into();
+        item.inode.nbytes = u64::from(self.nodesize()).into();
+        item.inode.mode = (S_IFDIR | 0o755).into();
+        item.generation = self.transid.into();
+        item.generation_v2 = self.transid.into();
+        item.bytenr = bytenr.into();
+        item.refs = 1.into();
+        item.ctransid = self.transid.into();
+        item.otransid = self.transid.into();
+        let info = RootInfo { id, bytenr, level: 0, generation: self.transid };
+        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_ITEM_KEY, 0), item.as_bytes())?;
+        self.roots.insert(id, RootState { info, item: Some(item), item_offset: 0, dirty: true });
+        Ok(info)
+    }
+}

@@ -1,0 +1,6 @@
+//! B-trees: the node cache of validated blocks (`node_cache`), search and iteration
+//! over them (`search`), and changes under copy-on-write (`modify`).
+
+pub mod modify;
+pub mod node_cache;
+pub mod search;

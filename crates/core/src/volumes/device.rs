@@ -1,0 +1,197 @@
+//! The one seam to storage: `BlockDevice`. Files, block devices and in-memory images
+//! implement it; tests wrap it to inject faults. Reads are exact: a read past the end
+//! is an error naming the device and range, never a short buffer.
+//!
+//! `FileDevice::open` settles who else uses the device first (`device_lock`): a writer
+//! holds an exclusive lock until the device is dropped and is refused when another
+//! ubtrfs process or the kernel uses it; a reader holds a shared lock, or goes on
+//! without one and reports why (`in_use`). `MemDevice` needs no lock.
+
+use crate::error::{Error, Result};
+use crate::volumes::device_lock::InUse;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+pub trait BlockDevice: Send + Sync {
+    /// Fill `buf` from byte `offset`.
+    ///
+    /// # Errors
+    /// I/O errors, including reads past the end of the device.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Write `buf` at byte `offset`.
+    ///
+    /// # Errors
+    /// I/O errors, including writes past the end of the device.
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Make every completed write durable.
+    ///
+    /// # Errors
+    /// I/O errors from the flush.
+    fn flush(&self) -> Result<()>;
+    fn size(&self) -> u64;
+    /// A name for messages (the path).
+    fn name(&self) -> &str;
+    /// Start writing back `[offset, offset + len)` now without waiting, so a later
+    /// `flush` finds less to do (the kernel writes back while the writer goes on).
+    /// A hint only: the default does nothing.
+    fn start_writeback(&self, _offset: u64, _len: u64) {}
+    /// Write bulk data, bypassing the host page cache where the device allows it
+    /// (buffer, length and offset 4 KiB aligned); otherwise a plain `write_at`.
+    ///
+    /// # Errors
+    /// As `write_at`.
+    fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.write_at(buf, offset)
+    }
+}
+
+/// Alignment O_DIRECT writes need (buffer address, length and offset).
+pub const DIRECT_IO_ALIGN: usize = 4096;
+
+/// A regular file or block device opened with positional I/O.
+pub struct FileDevice {
+    file: File,
+    size: u64,
+    name: String,
+    writable: bool,
+    /// A second descriptor with O_DIRECT for bulk data, opened on first use; None when
+    /// the host filesystem refuses it (tmpfs), which falls back to buffered writes.
+    direct: std::sync::OnceLock<Option<File>>,
+    /// Files kept open only for their flock locks (a loop device's backing file).
+    _lock_files: Vec<File>,
+    in_use: Vec<InUse>,
+    warnings: Vec<String>,
+}
+
+impl FileDevice {
+    /// Open `path` read-only (or read-write), locked against other ubtrfs processes
+    /// (shared for reading, exclusive for writing) until the device is dropped.
+    ///
+    /// # Errors
+    /// I/O errors naming the path; for writing, `Posix(Busy)` when another ubtrfs
+    /// process has it open, the kernel has it mounted or another program holds it
+    /// exclusively.
+    pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
+        let c = crate::volumes::device_lock::open(path, writable)?;
+        let file = c.file;
+        // Block devices report size 0 in metadata; seeking to the end works for both.
+        let size = {
+            use std::io::Seek;
+            let mut f = &file;
+            f.seek(std::io::SeekFrom::End(0)).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?
+        };
+        Ok(FileDevice { file, size, name: path.display().to_string(), writable, direct: std::sync::OnceLock::new(), _lock_files: c.lock_files, in_use: c.in_use, warnings: c.warnings })
+    }
+    /// Who else was using the device when a reader opened it (a writer is refused instead).
+    pub fn in_use(&self) -> &[InUse] {
+        &self.in_use
+    }
+    /// Warnings from the open for the user, besides `in_use` (each of which the caller
+    /// reports with `InUse::reader_warning`).
+    pub fn open_warnings(&self) -> &[String] {
+        &self.warnings
+    }
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(&self.name)
+    }
+}
+
+fn check_range(name: &str, offset: u64, len: usize, size: u64) -> Result<()> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::io(format!("{name}: access [{offset}, +{len}) beyond end of device ({size} bytes)"), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(&self.name, offset, buf.len(), self.size)?;
+        self.file.read_exact_at(buf, offset).map_err(|e| Error::io(format!("{}: read of {} bytes at {offset}", self.name, buf.len()), e))
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        check_range(&self.name, offset, buf.len(), self.size)?;
+        self.file.write_all_at(buf, offset).map_err(|e| Error::io(format!("{}: write of {} bytes at {offset}", self.name, buf.len()), e))
+    }
+    fn flush(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(format!("{}: flush", self.name), e))
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        check_range(&self.name, offset, buf.len(), self.size)?;
+        let aligned = (buf.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN) && buf.len().is_multiple_of(DIRECT_IO_ALIGN) && offset.is_multiple_of(DIRECT_IO_ALIGN as u64);
+        if aligned && self.writable {
+            let direct = self.direct.get_or_init(|| {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&self.name).ok()
+            });
+            if let Some(f) = direct {
+                match f.write_all_at(buf, offset) {
+                    Ok(()) => return Ok(()),
+                    // Some hosts accept O_DIRECT at open and refuse the write.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    Err(e) => return Err(Error::io(format!("{}: direct write of {} bytes at {offset}", self.name, buf.len()), e)),
+                }
+            }
+        }
+        self.write_at(buf, offset)
+    }
+
+    fn start_writeback(&self, offset: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on an open descriptor; failure only loses the hint.
+        unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), offset as libc::off64_t, len as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+}
+
+/// An in-memory device (tests, fuzzing).
+pub struct MemDevice {
+    data: RwLock<Vec<u8>>,
+    name: String,
+}
+
+impl MemDevice {
+    pub fn new(data: Vec<u8>, name: impl Into<String>) -> MemDevice {
+        MemDevice { data: RwLock::new(data), name: name.into() }
+    }
+    pub fn into_inner(self) -> Vec<u8> {
+        self.data.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl BlockDevice for MemDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let d = self.data.read().unwrap_or_else(|p| p.into_inner());
+        check_range(&self.name, offset, buf.len(), d.len() as u64)?;
+        let o = offset as usize;
+        buf.copy_from_slice(&d[o..o + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
+        check_range(&self.name, offset, buf.len(), d.len() as u64)?;
+        let o = offset as usize;
+        d[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.data.read().unwrap_or_else(|p| p.into_inner()).len() as u64
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+}

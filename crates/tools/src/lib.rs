@@ -1,0 +1,8 @@
+//! ubtrfs-tools: what ubtrfs does with a filesystem, as clients of the engine in
+//! ubtrfs-core (btrfs-progs keeps check/, mkfs/ and cmds/ apart from kernel-shared/ the
+//! same way): the checker (`check`), the export of a tree to a host directory
+//! (`extract`) and the import of host files (`put`).
+
+pub mod check;
+pub mod extract;
+pub mod put;
