@@ -12,6 +12,7 @@ use std::sync::Arc;
 use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_core::inode::filesystem::Filesystem;
 use ubtrfs_core::volumes::device::BlockDevice;
+use ubtrfs_core::FsRead;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::NodeRef;
 use ubtrfs_format::structs::{InodeItem, Superblock, SUPER_INFO_OFFSET, SUPER_INFO_SIZE};

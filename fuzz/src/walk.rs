@@ -18,6 +18,8 @@ use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, InodeView, L
 use ubtrfs_core::inode::read::DecompressCache;
 use ubtrfs_core::tree::search::RootInfo;
 use ubtrfs_core::volumes::device::BlockDevice;
+use ubtrfs_core::FsRead;
+use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, Result};
 use ubtrfs_format::key::*;
 use ubtrfs_format::{items, CsumType, Key};

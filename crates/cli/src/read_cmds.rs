@@ -4,6 +4,7 @@ use crate::ImageArgs;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeView, Load};
+use ubtrfs_core::FsRead;
 use ubtrfs_core::{quote, Error, Result};
 use ubtrfs_format::structs::{rdev_decode, Timespec};
 use ubtrfs_tools::extract::{extract as do_extract, ExtractStats};

@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, Filesystem, InodeView, Load};
 use ubtrfs_core::quote;
+use ubtrfs_core::FsRead;
 use ubtrfs_core::OpenOptions;
+use ubtrfs_core::TreeView;
 use ubtrfs_format::key::{DIR_INDEX_KEY, FS_TREE_OBJECTID, INODE_ITEM_KEY};
 use ubtrfs_format::Key;
 

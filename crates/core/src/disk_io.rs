@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::tree::node_cache::NodeCache;
-use crate::tree::search::RootInfo;
+use crate::tree::search::{RootInfo, TreeView};
 use crate::volumes::device::{BlockDevice, FileDevice};
 use crate::volumes::device_lock::InUse;
 use crate::volumes::{num_copies, read_logical, ChunkMap, Device, Devices, MapLookup};
@@ -317,52 +317,28 @@ impl FsInfo {
     pub fn num_copies(&self, logical: u64) -> usize {
         num_copies(&self.chunk_map, logical)
     }
+}
 
-    /// The root tree, as the superblock points at it.
-    pub fn tree_root(&self) -> RootInfo {
+/// The committed view: the trees as the superblock in memory points at them.
+impl TreeView for FsInfo {
+    type Node = Arc<ExtentBuffer>;
+    fn read_node(&self, bytenr: u64, expect: &Expect) -> Result<Arc<ExtentBuffer>> {
+        self.read_tree_block(bytenr, expect)
+    }
+    fn tree_root(&self) -> RootInfo {
         RootInfo { id: ROOT_TREE_OBJECTID, bytenr: self.sb.root.get(), level: self.sb.root_level, generation: self.sb.generation.get() }
     }
-
-    pub fn chunk_root(&self) -> RootInfo {
+    fn chunk_root(&self) -> RootInfo {
         RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: self.sb.chunk_root.get(), level: self.sb.chunk_root_level, generation: self.sb.chunk_root_generation.get() }
     }
+}
 
+impl FsInfo {
     /// The log tree root, if the superblock carries one.
     pub fn log_root(&self) -> Option<RootInfo> {
         let b = self.sb.log_root.get();
         (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: self.sb.log_root_level, generation: self.sb.generation.get() + 1 })
     }
-
-    /// Look up the ROOT_ITEM of tree `id` in the root tree.
-    ///
-    /// # Errors
-    /// `Posix(NotFound)` if there is no such tree; `Corrupt`/`Io` from the search.
-    pub fn read_root(&self, id: u64) -> Result<(RootInfo, items::RootItemView)> {
-        if id == ROOT_TREE_OBJECTID {
-            let ri = self.tree_root();
-            let view = items::root_item(&[0u8; items_root_size()]).expect("zeroed root item parses");
-            return Ok((ri, view));
-        }
-        if id == CHUNK_TREE_OBJECTID {
-            let view = items::root_item(&[0u8; items_root_size()]).expect("zeroed root item parses");
-            return Ok((self.chunk_root(), view));
-        }
-        let root = self.tree_root();
-        let mut it = self.iter(&root, Key::new(id, ROOT_ITEM_KEY, 0))?;
-        if let Some(item) = it.next_item()? {
-            let k = item.key();
-            if k.objectid == id && k.type_ == ROOT_ITEM_KEY {
-                let v = items::root_item(item.data()).expect("validated by the tree checker");
-                let ri = RootInfo { id, bytenr: v.item.bytenr.get(), level: v.item.level, generation: v.item.generation.get() };
-                return Ok((ri, v));
-            }
-        }
-        Err(Error::posix(crate::error::PosixKind::NotFound, format!("tree {id}")))
-    }
-}
-
-const fn items_root_size() -> usize {
-    core::mem::size_of::<RootItem>()
 }
 
 fn matches_expect(eb: &ExtentBuffer, e: &Expect) -> bool {

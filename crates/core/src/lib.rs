@@ -17,4 +17,5 @@ pub mod volumes;
 
 pub use disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 pub use error::{Error, PosixKind, Result};
-pub use tree::search::{ItemRef, Path, RootInfo};
+pub use inode::filesystem::{Filesystem, FsRead};
+pub use tree::search::{ItemRef, NodeHandle, Path, RootInfo, TreeView};

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
+use ubtrfs_core::TreeView;
 use ubtrfs_core::{Expect, FsInfo, RootInfo};
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE};

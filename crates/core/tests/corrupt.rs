@@ -22,6 +22,8 @@ use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_core::inode::filesystem::Filesystem;
 use ubtrfs_core::volumes::device::BlockDevice;
 use ubtrfs_core::Error;
+use ubtrfs_core::FsRead;
+use ubtrfs_core::TreeView;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
 use ubtrfs_format::structs::{sb_offset, DirItem, Superblock, SUPER_INFO_OFFSET, SUPER_INFO_SIZE};

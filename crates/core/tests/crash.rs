@@ -43,6 +43,8 @@ use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::{mix_seed, CrashSweep, FaultyDevice, OpKind, OpOutcome, OpRecord, Rng};
+use ubtrfs_core::FsRead;
+use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, FsInfo, PosixKind};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;

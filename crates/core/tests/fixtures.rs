@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeView, Load};
 use ubtrfs_core::inode::read::DecompressCache;
+use ubtrfs_core::FsRead;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::structs::rdev_decode;
 

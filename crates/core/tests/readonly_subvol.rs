@@ -12,6 +12,7 @@ mod write_common;
 use std::process::Command;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsRead;
 use ubtrfs_core::{Error, PosixKind};
 use ubtrfs_format::structs::FT_REG_FILE;
 use write_common::*;
@@ -55,9 +56,9 @@ fn readonly_snapshot_refuses_every_change() {
     let sha_before = img.sha256();
 
     let mut w = img.writer();
-    let top = w.resolve_path("/snap").expect("resolve snap");
+    let top = w.live().resolve_id("/snap", false).expect("resolve snap");
     assert_eq!(top.root, snap);
-    let file = w.resolve_path("/snap/file-0001").expect("resolve file");
+    let file = w.live().resolve_id("/snap/file-0001", false).expect("resolve file");
     let dir_attrs = InodeAttrs::new(0o755);
     let file_attrs = InodeAttrs::new(0o644);
     assert_erofs(w.mkdir(snap, top.ino, b"newdir", &dir_attrs), "mkdir");
@@ -101,7 +102,7 @@ fn readonly_snapshot_refuses_every_change() {
     // Flagged writable again, the same subvolume takes changes.
     let mut w = img.writer();
     w.set_subvol_readonly(snap, false).expect("set rw");
-    let top = w.resolve_path("/snap").expect("resolve snap");
+    let top = w.live().resolve_id("/snap", false).expect("resolve snap");
     w.create_file(snap, top.ino, b"now-writable", &InodeAttrs::new(0o644)).expect("create in a writable snapshot");
     w.commit().expect("commit");
     drop(w);
@@ -123,7 +124,7 @@ fn set_subvol_readonly_refuses_non_subvolumes() {
     assert_eq!(e.posix_kind(), Some(PosixKind::Invalid), "{e}");
     // The top-level subvolume can be flagged too (the kernel allows it).
     w.set_subvol_readonly(5, true).expect("fs tree ro");
-    let top = w.resolve_path("/").expect("top");
+    let top = w.live().resolve_id("/", false).expect("top");
     let e = w.create_file(5, top.ino, b"x", &InodeAttrs::new(0o644)).expect_err("top-level is read-only now");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
     assert!(e.to_string().contains("subvolume id 5"), "{e}");

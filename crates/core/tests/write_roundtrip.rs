@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsRead;
 use ubtrfs_core::{Error, OpenOptions, PosixKind};
 use ubtrfs_format::items;
 use ubtrfs_format::key::*;
@@ -1314,7 +1315,7 @@ fn inode_flags_are_honoured() {
     });
     let mut w = img.writer();
     let f = m.id("nocow/vm.img");
-    let ii = w.inode_item(f.root, f.ino).expect("inode");
+    let ii = w.live().load_inode(f, Load::ITEM).expect("inode").item;
     use ubtrfs_format::structs::{INODE_NODATACOW, INODE_NODATASUM};
     assert_eq!(ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM), INODE_NODATACOW | INODE_NODATASUM, "flags {:#x}", ii.flags.get());
     let (bytenr, len) = regular_extent_of(&mut w, f.root, f.ino);

@@ -41,6 +41,7 @@ use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::filesystem::{DirEntry, ExtentKind, FileExtentRec, FileKind, Filesystem, InodeId, InodeView, Load, LoadDamage};
 use ubtrfs_core::inode::read::DecompressCache;
 use ubtrfs_core::quote;
+use ubtrfs_core::FsRead;
 use ubtrfs_format::key::{DIR_INDEX_KEY, EXTENT_DATA_KEY, XATTR_ITEM_KEY};
 use ubtrfs_format::structs::{rdev_decode, FT_DIR};
 use ubtrfs_format::{Corrupt, CorruptWhere};

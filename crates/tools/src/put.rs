@@ -10,7 +10,7 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::namei::Ino;
+use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_format::structs::*;
@@ -63,7 +63,7 @@ pub fn put(w: &mut FsWriter, src: &Path, dest: &str, recursive: bool) -> Result<
     let mut seen = HashMap::new();
     prescan(src, recursive, &mut seen)?;
     let (parent, name) = w.resolve_parent(dest)?;
-    if w.lookup_name(parent.root, parent.ino, &name)?.is_some() {
+    if w.live().lookup(parent, &name)?.is_some() {
         return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(dest.as_bytes())));
     }
     let mut stats = PutStats::default();
@@ -72,7 +72,15 @@ pub fn put(w: &mut FsWriter, src: &Path, dest: &str, recursive: bool) -> Result<
     Ok(stats)
 }
 
-fn put_one(w: &mut FsWriter, src: &Path, parent: Ino, name: &[u8], stats: &mut PutStats, links: &mut HashMap<(u64, u64), Ino>, seen: &HashMap<std::path::PathBuf, std::fs::Metadata>) -> Result<()> {
+fn put_one(
+    w: &mut FsWriter,
+    src: &Path,
+    parent: InodeId,
+    name: &[u8],
+    stats: &mut PutStats,
+    links: &mut HashMap<(u64, u64), InodeId>,
+    seen: &HashMap<std::path::PathBuf, std::fs::Metadata>,
+) -> Result<()> {
     let md = match seen.get(src) {
         Some(m) => m.clone(),
         None => return Err(Error::posix(PosixKind::NotFound, format!("{} appeared while copying", ubtrfs_core::quote::path(src)))),
@@ -83,7 +91,7 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: Ino, name: &[u8], stats: &mut P
         stats.dirs += 1;
         let mut entries: Vec<_> = std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))?.collect::<std::result::Result<_, _>>().map_err(|e| io(src, "cannot read", e))?;
         entries.sort_by_key(|e| e.file_name());
-        let here = Ino { root: parent.root, ino };
+        let here = InodeId { root: parent.root, ino };
         for e in entries {
             let n = e.file_name();
             put_one(w, &e.path(), here, n.as_encoded_bytes(), stats, links, seen)?;
@@ -110,14 +118,14 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: Ino, name: &[u8], stats: &mut P
     })?;
     stats.bytes += got;
     stats.files += 1;
-    set_times(w, Ino { root: parent.root, ino }, &a)?;
+    set_times(w, InodeId { root: parent.root, ino }, &a)?;
     if md.nlink() > 1 {
-        links.insert((md.dev(), md.ino()), Ino { root: parent.root, ino });
+        links.insert((md.dev(), md.ino()), InodeId { root: parent.root, ino });
     }
     Ok(())
 }
 
-fn set_times(w: &mut FsWriter, i: Ino, a: &InodeAttrs) -> Result<()> {
+fn set_times(w: &mut FsWriter, i: InodeId, a: &InodeAttrs) -> Result<()> {
     let (Some(at), Some(mt)) = (a.atime, a.mtime) else { return Ok(()) };
     w.update_inode(i.root, i.ino, |ii| {
         ii.atime = Timespec { sec: (at.0 as u64).into(), nsec: at.1.into() };
@@ -131,42 +139,37 @@ fn set_times(w: &mut FsWriter, i: Ino, a: &InodeAttrs) -> Result<()> {
 /// `Posix` NotFound / IsDir / NotEmpty; engine errors.
 pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     let (parent, name) = w.resolve_parent(path)?;
-    let (ino, ftype, is_subvol) = w.lookup_name(parent.root, parent.ino, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes())))?;
-    if is_subvol {
+    let entry = w.live().lookup(parent, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes())))?;
+    let (ino, ftype) = (entry.target.ino, entry.ftype);
+    if entry.is_subvol {
         return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", ubtrfs_core::quote::name(path.as_bytes()))));
     }
     if ftype == FT_DIR && !recursive {
-        let ii = w.inode_item(parent.root, ino)?;
-        if ii.size.get() != 0 {
+        if w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
             return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::name(path.as_bytes()), "use -r"));
         }
     }
     let mut count = 0;
     if ftype == FT_DIR {
-        count += remove_dir_contents(w, Ino { root: parent.root, ino }, path)?;
+        count += remove_dir_contents(w, InodeId { root: parent.root, ino }, path)?;
     }
     w.unlink(parent.root, parent.ino, &name)?;
     Ok(count + 1)
 }
 
-fn remove_dir_contents(w: &mut FsWriter, dir: Ino, path: &str) -> Result<u64> {
-    let entries =
-        w.items_in_range(dir.root, &ubtrfs_format::Key::new(dir.ino, ubtrfs_format::key::DIR_INDEX_KEY, 0), &ubtrfs_format::Key::new(dir.ino, ubtrfs_format::key::DIR_INDEX_KEY, u64::MAX))?;
+fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64> {
+    let entries = w.live().readdir(dir)?;
     let mut count = 0;
-    for (_, d) in entries {
-        for e in ubtrfs_format::items::dir_entries(&d) {
-            let e = e.expect("validated by the tree checker");
-            let name = e.name.to_vec();
-            let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&name));
-            if e.location.type_ == ubtrfs_format::key::ROOT_ITEM_KEY {
-                return Err(Error::posix(PosixKind::Invalid, format!("{child_path} is a subvolume; deleting subvolumes is not supported yet")));
-            }
-            if e.type_ == FT_DIR {
-                count += remove_dir_contents(w, Ino { root: dir.root, ino: e.location.objectid }, &child_path)?;
-            }
-            w.unlink(dir.root, dir.ino, &name)?;
-            count += 1;
+    for e in entries {
+        let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&e.name));
+        if e.is_subvol {
+            return Err(Error::posix(PosixKind::Invalid, format!("{child_path} is a subvolume; deleting subvolumes is not supported yet")));
         }
+        if e.ftype == FT_DIR {
+            count += remove_dir_contents(w, e.target, &child_path)?;
+        }
+        w.unlink(dir.root, dir.ino, &e.name)?;
+        count += 1;
     }
     Ok(count)
 }

@@ -9,6 +9,7 @@
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::tree::search::RootInfo;
+use crate::tree::search::TreeView;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use ubtrfs_format::items::{self, FileExtent};
@@ -96,6 +97,16 @@ pub struct FileExtentRec {
 }
 
 impl FileExtentRec {
+    /// The record of a parsed EXTENT_DATA item at file offset `file_offset`.
+    pub fn new(file_offset: u64, fe: &FileExtent<'_>) -> FileExtentRec {
+        let kind = match *fe {
+            FileExtent::Inline { ram_bytes, compression, data, .. } => ExtentKind::Inline { ram_bytes, compression, data: data.to_vec() },
+            FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc, .. } => {
+                ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc }
+            }
+        };
+        FileExtentRec { file_offset, kind }
+    }
     /// Bytes of file this extent covers.
     pub fn len(&self) -> u64 {
         match &self.kind {
@@ -219,7 +230,7 @@ impl LostItems {
 /// A readable btrfs filesystem.
 pub struct Filesystem {
     pub info: FsInfo,
-    roots: Mutex<HashMap<u64, RootInfo>>,
+    roots: Mutex<HashMap<u64, (RootInfo, RootItem)>>,
     default_subvol: u64,
 }
 
@@ -244,55 +255,73 @@ impl Filesystem {
     /// `Corrupt`/`Io` reading the default subvolume entry.
     pub fn from_info(info: FsInfo) -> Result<Filesystem> {
         let mut fs = Filesystem { info, roots: Mutex::new(HashMap::new()), default_subvol: FS_TREE_OBJECTID };
-        fs.default_subvol = fs.find_default_subvol()?;
+        fs.default_subvol = find_default_subvol(&fs)?;
         Ok(fs)
     }
+}
 
-    fn find_default_subvol(&self) -> Result<u64> {
-        let root = self.info.tree_root();
-        let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
-        let (path, found) = self.info.search_slot(&root, &key)?;
-        if found {
-            let item = path.item().expect("found slot is in the leaf");
-            for e in items::dir_entries(item.data()) {
-                let e = e.expect("validated by the tree checker");
-                if e.name == b"default" && e.location.type_ == ROOT_ITEM_KEY {
-                    return Ok(e.location.objectid);
-                }
-            }
-        }
-        Ok(FS_TREE_OBJECTID)
+/// The committed view, with the roots it has looked up remembered (they cannot change
+/// while it lives).
+impl TreeView for Filesystem {
+    type Node = std::sync::Arc<crate::disk_io::ExtentBuffer>;
+    fn read_node(&self, bytenr: u64, expect: &crate::disk_io::Expect) -> Result<Self::Node> {
+        self.info.read_tree_block(bytenr, expect)
     }
+    fn tree_root(&self) -> RootInfo {
+        self.info.tree_root()
+    }
+    fn chunk_root(&self) -> RootInfo {
+        self.info.chunk_root()
+    }
+    fn read_root(&self, id: u64) -> Result<(RootInfo, RootItem)> {
+        if let Some(r) = self.roots.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
+            return Ok(*r);
+        }
+        let r = crate::tree::search::root_from_root_tree(self, id)?;
+        self.roots.lock().unwrap_or_else(|p| p.into_inner()).insert(id, r);
+        Ok(r)
+    }
+}
 
-    /// The subvolume mounted by default (`btrfs subvolume get-default`).
-    pub fn default_subvol(&self) -> u64 {
+impl FsRead for Filesystem {
+    fn info(&self) -> &FsInfo {
+        &self.info
+    }
+    fn default_subvol(&self) -> u64 {
         self.default_subvol
     }
+}
+
+/// The filesystem read API over a view: subvolumes, inodes, directories, symlinks and
+/// (in `inode::read`) file data. The same code reads a committed generation
+/// (`Filesystem`) and the writer's running transaction (`FsWriter::live`), which sees
+/// every change made through the writer.
+pub trait FsRead: TreeView + Sized {
+    /// The filesystem the view belongs to (devices, sizes, warnings).
+    fn info(&self) -> &FsInfo;
+
+    /// The subvolume mounted by default (`btrfs subvolume get-default`).
+    fn default_subvol(&self) -> u64;
 
     /// Where subvolume tree `id` is rooted.
     ///
     /// # Errors
     /// `Posix(NotFound)` for an unknown tree.
-    pub fn fs_root(&self, id: u64) -> Result<RootInfo> {
-        if let Some(r) = self.roots.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
-            return Ok(*r);
-        }
-        let (r, _) = self.info.read_root(id)?;
-        self.roots.lock().unwrap_or_else(|p| p.into_inner()).insert(id, r);
-        Ok(r)
+    fn fs_root(&self, id: u64) -> Result<RootInfo> {
+        Ok(self.read_root(id)?.0)
     }
 
     /// The root directory of the default subvolume.
-    pub fn root_dir(&self) -> InodeId {
-        InodeId { root: self.default_subvol, ino: FIRST_FREE_OBJECTID }
+    fn root_dir(&self) -> InodeId {
+        InodeId { root: self.default_subvol(), ino: FIRST_FREE_OBJECTID }
     }
 
     /// Read an inode and, as asked, its xattrs, file extents and directory entries.
     ///
     /// # Errors
     /// `Posix(NotFound)` if there is no INODE_ITEM; `Corrupt`/`Io` otherwise.
-    pub fn load_inode(&self, id: InodeId, load: Load) -> Result<InodeView> {
-        self.load_inode_with(id, load, None)
+    fn load_inode(&self, id: InodeId, load: Load) -> Result<InodeView> {
+        load_inode_with(self, id, load, None)
     }
 
     /// `load_inode` for salvage: an unreadable tree block after the INODE_ITEM is
@@ -302,125 +331,17 @@ impl Filesystem {
     ///
     /// # Errors
     /// As `load_inode` when the INODE_ITEM itself cannot be read.
-    pub fn load_inode_salvage(&self, id: InodeId, load: Load) -> Result<(InodeView, LoadDamage)> {
+    fn load_inode_salvage(&self, id: InodeId, load: Load) -> Result<(InodeView, LoadDamage)> {
         let mut damage = LoadDamage::default();
-        let v = self.load_inode_with(id, load, Some(&mut damage))?;
+        let v = load_inode_with(self, id, load, Some(&mut damage))?;
         Ok((v, damage))
-    }
-
-    fn load_inode_with(&self, id: InodeId, load: Load, mut damage: Option<&mut LoadDamage>) -> Result<InodeView> {
-        let root = self.fs_root(id.root)?;
-        let mut it = self.info.iter(&root, Key::new(id.ino, INODE_ITEM_KEY, 0))?;
-        let mut view: Option<InodeView> = None;
-        loop {
-            let item = match it.next_item() {
-                Ok(Some(item)) => item,
-                Ok(None) => break,
-                Err(e) => {
-                    // Without the INODE_ITEM there is nothing to salvage.
-                    let (Some(d), Some(_)) = (damage.as_deref_mut(), view.as_ref()) else { return Err(e) };
-                    match it.skip_unreadable() {
-                        // The block starts past this inode: nothing of it was lost.
-                        Some(from) if from.objectid > id.ino => break,
-                        Some(from) => {
-                            // Two bad blocks in a row: the first loss ends where the second begins.
-                            if let Some(prev) = d.lost.last_mut() {
-                                prev.to.get_or_insert(from);
-                            }
-                            d.lost.push(LostItems { from, to: None, error: e });
-                            continue;
-                        }
-                        None => {
-                            let from = Key::new(id.ino, INODE_ITEM_KEY, 0);
-                            d.lost.push(LostItems { from, to: None, error: e });
-                            break;
-                        }
-                    }
-                }
-            };
-            let k = item.key();
-            if let Some(last) = damage.as_deref_mut().and_then(|d| d.lost.last_mut()) {
-                last.to.get_or_insert(k);
-            }
-            if k.objectid != id.ino {
-                break;
-            }
-            let Some(v) = view.as_mut() else {
-                if k.type_ != INODE_ITEM_KEY {
-                    break;
-                }
-                let ii = InodeItem::read_from_bytes(item.data()).expect("size validated by the tree checker");
-                view = Some(InodeView { id, item: ii, xattrs: Vec::new(), extents: Vec::new(), entries: Vec::new() });
-                if !(load.xattrs || load.extents || load.entries) {
-                    break;
-                }
-                continue;
-            };
-            match k.type_ {
-                XATTR_ITEM_KEY if load.xattrs => {
-                    for e in items::dir_entries(item.data()) {
-                        let e = e.expect("validated by the tree checker");
-                        v.xattrs.push((e.name.to_vec(), e.data.to_vec()));
-                    }
-                }
-                DIR_INDEX_KEY if load.entries => {
-                    for e in items::dir_entries(item.data()) {
-                        let e = e.expect("validated by the tree checker");
-                        match (self.dir_entry(id, &e, k.offset), damage.as_deref_mut()) {
-                            (Ok(de), _) => v.entries.push(de),
-                            (Err(error), Some(d)) => d.bad_entries.push(BadEntry { name: e.name.to_vec(), ftype: e.type_, error }),
-                            (Err(err), None) => return Err(err),
-                        }
-                    }
-                }
-                EXTENT_DATA_KEY if load.extents => {
-                    let fe = items::file_extent(item.data()).expect("validated by the tree checker");
-                    let kind = match fe {
-                        FileExtent::Inline { ram_bytes, compression, data, .. } => ExtentKind::Inline { ram_bytes, compression, data: data.to_vec() },
-                        FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc, .. } => {
-                            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc }
-                        }
-                    };
-                    let rec = FileExtentRec { file_offset: k.offset, kind };
-                    if let Some(prev) = v.extents.last() {
-                        if prev.end() > rec.file_offset {
-                            return Err(corrupt_inode(id, format!("file extent at {} overlaps the previous one ending at {}", rec.file_offset, prev.end())));
-                        }
-                    }
-                    v.extents.push(rec);
-                }
-                // Items past the extents cannot be ones we want.
-                t if t > EXTENT_DATA_KEY => break,
-                _ => {}
-            }
-        }
-        view.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("inode {id}")))
-    }
-
-    fn dir_entry(&self, dir: InodeId, e: &items::DirEntry<'_>, index: u64) -> Result<DirEntry> {
-        let (target, is_subvol) = match e.location.type_ {
-            INODE_ITEM_KEY => (InodeId { root: dir.root, ino: e.location.objectid }, false),
-            ROOT_ITEM_KEY => {
-                let (r, v) = match self.info.read_root(e.location.objectid) {
-                    Ok(x) => x,
-                    Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
-                        return Err(corrupt_inode(dir, format!("dir entry {:?} names subvolume {} which has no root item", String::from_utf8_lossy(e.name), e.location.objectid)));
-                    }
-                    Err(err) => return Err(err),
-                };
-                self.roots.lock().unwrap_or_else(|p| p.into_inner()).insert(r.id, r);
-                (InodeId { root: e.location.objectid, ino: v.item.root_dirid.get() }, true)
-            }
-            _ => return Err(corrupt_inode(dir, format!("dir entry location {}", e.location))),
-        };
-        Ok(DirEntry { name: e.name.to_vec(), target, ftype: e.type_, index, is_subvol })
     }
 
     /// List a directory in DIR_INDEX order.
     ///
     /// # Errors
     /// `Posix(NotDir)` for a non-directory.
-    pub fn readdir(&self, dir: InodeId) -> Result<Vec<DirEntry>> {
+    fn readdir(&self, dir: InodeId) -> Result<Vec<DirEntry>> {
         let v = self.load_inode(dir, Load { entries: true, ..Load::ITEM })?;
         if v.kind() != FileKind::Dir {
             return Err(Error::posix(PosixKind::NotDir, format!("inode {dir}")));
@@ -432,10 +353,10 @@ impl Filesystem {
     ///
     /// # Errors
     /// `Corrupt`/`Io` from the search.
-    pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<Option<DirEntry>> {
+    fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<Option<DirEntry>> {
         let root = self.fs_root(dir.root)?;
         let key = Key::new(dir.ino, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(name));
-        let (path, found) = self.info.search_slot(&root, &key)?;
+        let (path, found) = self.search_slot(&root, &key)?;
         if !found {
             return Ok(None);
         }
@@ -443,7 +364,7 @@ impl Filesystem {
         for e in items::dir_entries(item.data()) {
             let e = e.expect("validated by the tree checker");
             if e.name == name {
-                return Ok(Some(self.dir_entry(dir, &e, 0)?));
+                return Ok(Some(dir_entry(self, dir, &e, 0)?));
             }
         }
         Ok(None)
@@ -453,7 +374,7 @@ impl Filesystem {
     ///
     /// # Errors
     /// `Posix(Invalid)` for a non-symlink; `Corrupt` if the target extent is missing.
-    pub fn readlink(&self, id: InodeId) -> Result<Vec<u8>> {
+    fn readlink(&self, id: InodeId) -> Result<Vec<u8>> {
         let v = self.load_inode(id, Load { extents: true, ..Load::ITEM })?;
         if v.kind() != FileKind::Symlink {
             return Err(Error::posix(PosixKind::Invalid, format!("inode {id} is not a symlink")));
@@ -470,7 +391,7 @@ impl Filesystem {
     ///
     /// # Errors
     /// `Posix` NotFound/NotDir/Loop naming the path.
-    pub fn resolve(&self, path: &str, follow: bool) -> Result<InodeView> {
+    fn resolve(&self, path: &str, follow: bool) -> Result<InodeView> {
         let id = self.resolve_id(path, follow)?;
         self.load_inode(id, Load::ALL)
     }
@@ -479,7 +400,7 @@ impl Filesystem {
     ///
     /// # Errors
     /// As `resolve`.
-    pub fn resolve_id(&self, path: &str, follow: bool) -> Result<InodeId> {
+    fn resolve_id(&self, path: &str, follow: bool) -> Result<InodeId> {
         let mut stack: Vec<InodeId> = vec![self.root_dir()];
         let mut pending: Vec<Vec<u8>> = split(path.as_bytes());
         pending.reverse();
@@ -525,10 +446,10 @@ impl Filesystem {
     ///
     /// # Errors
     /// `Corrupt`/`Io` reading the root tree.
-    pub fn subvolumes(&self) -> Result<Vec<SubvolInfo>> {
-        let root = self.info.tree_root();
+    fn subvolumes(&self) -> Result<Vec<SubvolInfo>> {
+        let root = self.tree_root();
         let mut out = Vec::new();
-        let mut it = self.info.iter(&root, Key::new(FIRST_FREE_OBJECTID, 0, 0))?;
+        let mut it = self.iter(&root, Key::new(FIRST_FREE_OBJECTID, 0, 0))?;
         while let Some(item) = it.next_item()? {
             let k = item.key();
             if k.objectid > LAST_FREE_OBJECTID {
@@ -541,6 +462,196 @@ impl Filesystem {
         }
         Ok(out)
     }
+
+    /// The file extents of inode `id` that overlap `[from, to)`, in file order (an
+    /// extent starting before `from` that reaches into the range included).
+    ///
+    /// # Errors
+    /// `Corrupt` for a malformed or overlapping extent item; read failures.
+    fn file_extents(&self, id: InodeId, from: u64, to: u64) -> Result<Vec<FileExtentRec>> {
+        let root = self.fs_root(id.root)?;
+        let mut start = Key::new(id.ino, EXTENT_DATA_KEY, from);
+        if let Some(item) = self.search_le(&root, &start)? {
+            let k = item.key();
+            if k.objectid == id.ino && k.type_ == EXTENT_DATA_KEY {
+                start = k;
+            }
+        }
+        let mut out: Vec<FileExtentRec> = Vec::new();
+        let mut it = self.iter(&root, start)?;
+        while let Some(item) = it.next_item()? {
+            let k = item.key();
+            if k.objectid != id.ino || k.type_ != EXTENT_DATA_KEY || k.offset >= to {
+                break;
+            }
+            let fe = items::file_extent(item.data()).map_err(|e| corrupt_inode(id, e))?;
+            let rec = FileExtentRec::new(k.offset, &fe);
+            if let Some(prev) = out.last() {
+                if prev.end() > rec.file_offset {
+                    return Err(corrupt_inode(id, format!("file extent at {} overlaps the previous one ending at {}", rec.file_offset, prev.end())));
+                }
+            }
+            if rec.end() > from {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Look up the data checksums of `[logical, logical + len)` (sector aligned).
+    ///
+    /// # Errors
+    /// `Corrupt`/`Io` from the csum tree.
+    fn lookup_csums(&self, logical: u64, len: u64) -> Result<crate::inode::read::CsumRun> {
+        crate::inode::read::lookup_csums(self, logical, len)
+    }
+
+    /// Read `buf.len()` bytes of data at `logical` (sector aligned) and verify every
+    /// sector, falling back to other copies sector by sector.
+    ///
+    /// # Errors
+    /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
+    fn read_verified(&self, inode: &InodeView, file_offset: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
+        crate::inode::read::read_verified(self, inode, file_offset, logical, buf)
+    }
+
+    /// Read file data at `offset` into `buf`; returns the bytes read (short at EOF).
+    ///
+    /// # Errors
+    /// `Io`/`Corrupt` from the extent read, decompression or checksum.
+    fn read_at(&self, inode: &InodeView, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        crate::inode::read::read_at(self, inode, offset, buf)
+    }
+
+    /// `read_at` with a caller-held cache of the last decompressed extent, so sequential
+    /// reads of a compressed file decompress each extent once.
+    ///
+    /// # Errors
+    /// As `read_at`.
+    fn read_at_cached(&self, inode: &InodeView, offset: u64, buf: &mut [u8], cache: &mut crate::inode::read::DecompressCache) -> Result<usize> {
+        crate::inode::read::read_at_cached(self, inode, offset, buf, cache)
+    }
+}
+
+/// The default subvolume as view `fs` sees it: the root tree's "default" dir item, else 5.
+///
+/// # Errors
+/// Read failures.
+pub fn find_default_subvol<V: TreeView>(fs: &V) -> Result<u64> {
+    let root = fs.tree_root();
+    let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
+    let (path, found) = fs.search_slot(&root, &key)?;
+    if found {
+        let item = path.item().expect("found slot is in the leaf");
+        for e in items::dir_entries(item.data()) {
+            let e = e.expect("validated by the tree checker");
+            if e.name == b"default" && e.location.type_ == ROOT_ITEM_KEY {
+                return Ok(e.location.objectid);
+            }
+        }
+    }
+    Ok(FS_TREE_OBJECTID)
+}
+
+fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Option<&mut LoadDamage>) -> Result<InodeView> {
+    let root = fs.fs_root(id.root)?;
+    let mut it = fs.iter(&root, Key::new(id.ino, INODE_ITEM_KEY, 0))?;
+    let mut view: Option<InodeView> = None;
+    loop {
+        let item = match it.next_item() {
+            Ok(Some(item)) => item,
+            Ok(None) => break,
+            Err(e) => {
+                // Without the INODE_ITEM there is nothing to salvage.
+                let (Some(d), Some(_)) = (damage.as_deref_mut(), view.as_ref()) else { return Err(e) };
+                match it.skip_unreadable() {
+                    // The block starts past this inode: nothing of it was lost.
+                    Some(from) if from.objectid > id.ino => break,
+                    Some(from) => {
+                        // Two bad blocks in a row: the first loss ends where the second begins.
+                        if let Some(prev) = d.lost.last_mut() {
+                            prev.to.get_or_insert(from);
+                        }
+                        d.lost.push(LostItems { from, to: None, error: e });
+                        continue;
+                    }
+                    None => {
+                        let from = Key::new(id.ino, INODE_ITEM_KEY, 0);
+                        d.lost.push(LostItems { from, to: None, error: e });
+                        break;
+                    }
+                }
+            }
+        };
+        let k = item.key();
+        if let Some(last) = damage.as_deref_mut().and_then(|d| d.lost.last_mut()) {
+            last.to.get_or_insert(k);
+        }
+        if k.objectid != id.ino {
+            break;
+        }
+        let Some(v) = view.as_mut() else {
+            if k.type_ != INODE_ITEM_KEY {
+                break;
+            }
+            let ii = InodeItem::read_from_bytes(item.data()).expect("size validated by the tree checker");
+            view = Some(InodeView { id, item: ii, xattrs: Vec::new(), extents: Vec::new(), entries: Vec::new() });
+            if !(load.xattrs || load.extents || load.entries) {
+                break;
+            }
+            continue;
+        };
+        match k.type_ {
+            XATTR_ITEM_KEY if load.xattrs => {
+                for e in items::dir_entries(item.data()) {
+                    let e = e.expect("validated by the tree checker");
+                    v.xattrs.push((e.name.to_vec(), e.data.to_vec()));
+                }
+            }
+            DIR_INDEX_KEY if load.entries => {
+                for e in items::dir_entries(item.data()) {
+                    let e = e.expect("validated by the tree checker");
+                    match (dir_entry(fs, id, &e, k.offset), damage.as_deref_mut()) {
+                        (Ok(de), _) => v.entries.push(de),
+                        (Err(error), Some(d)) => d.bad_entries.push(BadEntry { name: e.name.to_vec(), ftype: e.type_, error }),
+                        (Err(err), None) => return Err(err),
+                    }
+                }
+            }
+            EXTENT_DATA_KEY if load.extents => {
+                let fe = items::file_extent(item.data()).expect("validated by the tree checker");
+                let rec = FileExtentRec::new(k.offset, &fe);
+                if let Some(prev) = v.extents.last() {
+                    if prev.end() > rec.file_offset {
+                        return Err(corrupt_inode(id, format!("file extent at {} overlaps the previous one ending at {}", rec.file_offset, prev.end())));
+                    }
+                }
+                v.extents.push(rec);
+            }
+            // Items past the extents cannot be ones we want.
+            t if t > EXTENT_DATA_KEY => break,
+            _ => {}
+        }
+    }
+    view.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("inode {id}")))
+}
+
+fn dir_entry<V: FsRead>(fs: &V, dir: InodeId, e: &items::DirEntry<'_>, index: u64) -> Result<DirEntry> {
+    let (target, is_subvol) = match e.location.type_ {
+        INODE_ITEM_KEY => (InodeId { root: dir.root, ino: e.location.objectid }, false),
+        ROOT_ITEM_KEY => {
+            let (_, v) = match fs.read_root(e.location.objectid) {
+                Ok(x) => x,
+                Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
+                    return Err(corrupt_inode(dir, format!("dir entry {:?} names subvolume {} which has no root item", String::from_utf8_lossy(e.name), e.location.objectid)));
+                }
+                Err(err) => return Err(err),
+            };
+            (InodeId { root: e.location.objectid, ino: v.root_dirid.get() }, true)
+        }
+        _ => return Err(corrupt_inode(dir, format!("dir entry location {}", e.location))),
+    };
+    Ok(DirEntry { name: e.name.to_vec(), target, ftype: e.type_, index, is_subvol })
 }
 
 /// A subvolume's place in the tree (from its ROOT_BACKREF).

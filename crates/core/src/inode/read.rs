@@ -7,8 +7,7 @@
 
 use crate::compression::{decompress, CompressionType, MAX_RAM_BYTES};
 use crate::error::{Error, Result};
-use crate::inode::filesystem::{ExtentKind, FileExtentRec, Filesystem, InodeView};
-use crate::tree::search::RootInfo;
+use crate::inode::filesystem::{ExtentKind, FileExtentRec, FsRead, InodeView};
 
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::INODE_NODATASUM;
@@ -69,243 +68,233 @@ pub(crate) fn verify_sectors<'a>(
     Ok(missing)
 }
 
-impl Filesystem {
-    fn csum_root(&self) -> Result<RootInfo> {
-        self.fs_root_any(CSUM_TREE_OBJECTID)
+/// Look up the data checksums of `[logical, logical + len)` (sector aligned).
+///
+/// # Errors
+/// `Corrupt`/`Io` from the csum tree.
+pub(crate) fn lookup_csums<V: FsRead>(fs: &V, logical: u64, len: u64) -> Result<CsumRun> {
+    let ss = u64::from(fs.info().sectorsize);
+    let cs = fs.info().csum_type.size();
+    assert!(logical.is_multiple_of(ss) && len.is_multiple_of(ss), "unaligned csum lookup {logical} +{len}");
+    let n = (len / ss) as usize;
+    let mut run = CsumRun { csums: vec![0u8; n * cs], present: vec![false; n] };
+    let root = fs.fs_root(CSUM_TREE_OBJECTID)?;
+    let end = logical + len;
+    let start_key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, logical);
+    // The item covering `logical` may start before it.
+    let first = fs.search_le(&root, &start_key)?;
+    let mut from = start_key;
+    if let Some(item) = first {
+        let k = item.key();
+        if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY {
+            from = k;
+        }
     }
-
-    fn fs_root_any(&self, id: u64) -> Result<RootInfo> {
-        self.fs_root(id)
+    let mut it = fs.iter(&root, from)?;
+    while let Some(item) = it.next_item()? {
+        let k = item.key();
+        if k.objectid != EXTENT_CSUM_OBJECTID || k.type_ != EXTENT_CSUM_KEY || k.offset >= end {
+            break;
+        }
+        let data = item.data();
+        let count = (data.len() / cs) as u64;
+        let istart = k.offset;
+        let iend = istart.saturating_add(count * ss);
+        if iend <= logical {
+            continue;
+        }
+        let lo = istart.max(logical);
+        let hi = iend.min(end);
+        let mut a = lo;
+        while a < hi {
+            let src = ((a - istart) / ss) as usize * cs;
+            let dst = ((a - logical) / ss) as usize;
+            run.csums[dst * cs..dst * cs + cs].copy_from_slice(&data[src..src + cs]);
+            run.present[dst] = true;
+            a += ss;
+        }
     }
+    Ok(run)
+}
 
-    /// Look up the data checksums of `[logical, logical + len)` (sector aligned).
-    ///
-    /// # Errors
-    /// `Corrupt`/`Io` from the csum tree.
-    pub fn lookup_csums(&self, logical: u64, len: u64) -> Result<CsumRun> {
-        let ss = u64::from(self.info.sectorsize);
-        let cs = self.info.csum_type.size();
-        assert!(logical.is_multiple_of(ss) && len.is_multiple_of(ss), "unaligned csum lookup {logical} +{len}");
-        let n = (len / ss) as usize;
-        let mut run = CsumRun { csums: vec![0u8; n * cs], present: vec![false; n] };
-        let root = self.csum_root()?;
-        let end = logical + len;
-        let start_key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, logical);
-        // The item covering `logical` may start before it.
-        let first = self.info.search_le(&root, &start_key)?;
-        let mut from = start_key;
-        if let Some(item) = first {
-            let k = item.key();
-            if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY {
-                from = k;
+/// Read `buf.len()` bytes of data at `logical` (sector aligned) and verify every
+/// sector, falling back to other copies sector by sector.
+///
+/// # Errors
+/// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
+pub(crate) fn read_verified<V: FsRead>(fs: &V, inode: &InodeView, file_offset: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
+    let ss = fs.info().sectorsize as usize;
+    let copies = fs.info().num_copies(logical);
+    // A copy on a missing or failing device is skipped for the next one.
+    let mut first = 0;
+    loop {
+        match fs.info().read_data(logical, buf, first) {
+            Ok(()) => break,
+            Err(e) if first + 1 < copies => {
+                fs.info().warn(format!("data at logical {logical} (ino {} offset {file_offset}): copy {} unreadable ({e}); trying copy {}", inode.id.ino, first + 1, first + 2));
+                first += 1;
             }
+            Err(e) => return Err(e),
         }
-        let mut it = self.info.iter(&root, from)?;
-        while let Some(item) = it.next_item()? {
-            let k = item.key();
-            if k.objectid != EXTENT_CSUM_OBJECTID || k.type_ != EXTENT_CSUM_KEY || k.offset >= end {
-                break;
-            }
-            let data = item.data();
-            let count = (data.len() / cs) as u64;
-            let istart = k.offset;
-            let iend = istart.saturating_add(count * ss);
-            if iend <= logical {
-                continue;
-            }
-            let lo = istart.max(logical);
-            let hi = iend.min(end);
-            let mut a = lo;
-            while a < hi {
-                let src = ((a - istart) / ss) as usize * cs;
-                let dst = ((a - logical) / ss) as usize;
-                run.csums[dst * cs..dst * cs + cs].copy_from_slice(&data[src..src + cs]);
-                run.present[dst] = true;
-                a += ss;
-            }
-        }
-        Ok(run)
     }
+    if inode.flags() & INODE_NODATASUM != 0 {
+        return Ok(());
+    }
+    let run = lookup_csums(fs, logical, buf.len() as u64)?;
+    let cs = fs.info().csum_type.size();
+    let want = |i: usize| run.present[i].then(|| &run.csums[i * cs..(i + 1) * cs]);
+    let repaired = |i: usize, m: usize| {
+        fs.info().warn(format!(
+            "data csum mismatch at logical {} (ino {} offset {}): copy {} is bad, read copy {}",
+            logical + (i * ss) as u64,
+            inode.id.ino,
+            file_offset + (i * ss) as u64,
+            first + 1,
+            m + 1
+        ))
+    };
+    let missing = verify_sectors(fs.info(), logical, buf, first, want, repaired).map_err(|b| -> Error {
+        Corrupt::new(CorruptWhere::Data, format!("csum mismatch: have {} expect {} ({} copies tried)", hex(&b.got), hex(&b.want), b.copies))
+            .root(inode.id.root)
+            .data(inode.id.ino, file_offset + (b.index * ss) as u64, logical + (b.index * ss) as u64)
+            .into()
+    })?;
+    if missing > 0 {
+        fs.info().warn(format!("ino {} root {}: {missing} sectors at logical {logical} have no data checksum; read unverified", inode.id.ino, inode.id.root));
+    }
+    Ok(())
+}
 
-    /// Read `buf.len()` bytes of data at `logical` (sector aligned) and verify every
-    /// sector, falling back to other copies sector by sector.
-    ///
-    /// # Errors
-    /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
-    pub fn read_verified(&self, inode: &InodeView, file_offset: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
-        let ss = self.info.sectorsize as usize;
-        let copies = self.info.num_copies(logical);
-        // A copy on a missing or failing device is skipped for the next one.
-        let mut first = 0;
-        loop {
-            match self.info.read_data(logical, buf, first) {
-                Ok(()) => break,
-                Err(e) if first + 1 < copies => {
-                    self.info.warn(format!("data at logical {logical} (ino {} offset {file_offset}): copy {} unreadable ({e}); trying copy {}", inode.id.ino, first + 1, first + 2));
-                    first += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if inode.flags() & INODE_NODATASUM != 0 {
-            return Ok(());
-        }
-        let run = self.lookup_csums(logical, buf.len() as u64)?;
-        let cs = self.info.csum_type.size();
-        let want = |i: usize| run.present[i].then(|| &run.csums[i * cs..(i + 1) * cs]);
-        let repaired = |i: usize, m: usize| {
-            self.info.warn(format!(
-                "data csum mismatch at logical {} (ino {} offset {}): copy {} is bad, read copy {}",
-                logical + (i * ss) as u64,
-                inode.id.ino,
-                file_offset + (i * ss) as u64,
-                first + 1,
-                m + 1
-            ))
+/// Read file data at `offset` into `buf`; returns the bytes read (short at EOF).
+///
+/// # Errors
+/// `Io`/`Corrupt` from the extent read, decompression or checksum.
+pub(crate) fn read_at<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    let mut cache = DecompressCache::default();
+    read_at_cached(fs, inode, offset, buf, &mut cache)
+}
+
+/// `read_at` with a caller-held cache of the last decompressed extent, so sequential
+/// reads of a compressed file decompress each extent once.
+///
+/// # Errors
+/// As `read_at`.
+pub(crate) fn read_at_cached<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, buf: &mut [u8], cache: &mut DecompressCache) -> Result<usize> {
+    let size = inode.size();
+    if offset >= size {
+        return Ok(0);
+    }
+    let want = (buf.len() as u64).min(size - offset) as usize;
+    let buf = &mut buf[..want];
+    let exts = &inode.extents;
+    // First extent that ends after `offset`.
+    let mut idx = exts.partition_point(|e| e.end() <= offset);
+    let mut pos = offset;
+    let end = offset + want as u64;
+    while pos < end {
+        let out_off = (pos - offset) as usize;
+        let Some(e) = exts.get(idx).filter(|e| e.file_offset < end) else {
+            buf[out_off..].fill(0);
+            break;
         };
-        let missing = verify_sectors(&self.info, logical, buf, first, want, repaired).map_err(|b| -> Error {
-            Corrupt::new(CorruptWhere::Data, format!("csum mismatch: have {} expect {} ({} copies tried)", hex(&b.got), hex(&b.want), b.copies))
-                .root(inode.id.root)
-                .data(inode.id.ino, file_offset + (b.index * ss) as u64, logical + (b.index * ss) as u64)
-                .into()
-        })?;
-        if missing > 0 {
-            self.info.warn(format!("ino {} root {}: {missing} sectors at logical {logical} have no data checksum; read unverified", inode.id.ino, inode.id.root));
+        if e.file_offset > pos {
+            // A hole with no item (no-holes), up to the next extent.
+            let gap = (e.file_offset.min(end) - pos) as usize;
+            buf[out_off..out_off + gap].fill(0);
+            pos += gap as u64;
+            continue;
         }
-        Ok(())
+        let n = (e.end().min(end) - pos) as usize;
+        read_extent_piece(fs, inode, e, pos, &mut buf[out_off..out_off + n], cache)?;
+        pos += n as u64;
+        idx += 1;
     }
+    Ok(want)
+}
 
-    /// Read file data at `offset` into `buf`; returns the bytes read (short at EOF).
-    ///
-    /// # Errors
-    /// `Io`/`Corrupt` from the extent read, decompression or checksum.
-    pub fn read_at(&self, inode: &InodeView, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let mut cache = DecompressCache::default();
-        self.read_at_cached(inode, offset, buf, &mut cache)
-    }
-
-    /// `read_at` with a caller-held cache of the last decompressed extent, so sequential
-    /// reads of a compressed file decompress each extent once.
-    ///
-    /// # Errors
-    /// As `read_at`.
-    pub fn read_at_cached(&self, inode: &InodeView, offset: u64, buf: &mut [u8], cache: &mut DecompressCache) -> Result<usize> {
-        let size = inode.size();
-        if offset >= size {
-            return Ok(0);
-        }
-        let want = (buf.len() as u64).min(size - offset) as usize;
-        let buf = &mut buf[..want];
-        let exts = &inode.extents;
-        // First extent that ends after `offset`.
-        let mut idx = exts.partition_point(|e| e.end() <= offset);
-        let mut pos = offset;
-        let end = offset + want as u64;
-        while pos < end {
-            let out_off = (pos - offset) as usize;
-            let Some(e) = exts.get(idx).filter(|e| e.file_offset < end) else {
-                buf[out_off..].fill(0);
-                break;
+pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileExtentRec, pos: u64, out: &mut [u8], cache: &mut DecompressCache) -> Result<()> {
+    let within = pos - e.file_offset;
+    match &e.kind {
+        ExtentKind::Inline { ram_bytes, compression, data } => {
+            let plain: std::borrow::Cow<'_, [u8]> = if *compression == 0 {
+                std::borrow::Cow::Borrowed(data)
+            } else {
+                let mut v = Vec::new();
+                decompress_for(fs, inode, e.file_offset, 0, *compression, data, *ram_bytes as usize, &mut v)?;
+                std::borrow::Cow::Owned(v)
             };
-            if e.file_offset > pos {
-                // A hole with no item (no-holes), up to the next extent.
-                let gap = (e.file_offset.min(end) - pos) as usize;
-                buf[out_off..out_off + gap].fill(0);
-                pos += gap as u64;
-                continue;
-            }
-            let n = (e.end().min(end) - pos) as usize;
-            self.read_extent_piece(inode, e, pos, &mut buf[out_off..out_off + n], cache)?;
-            pos += n as u64;
-            idx += 1;
+            let s = within as usize;
+            let avail = plain.len().saturating_sub(s).min(out.len());
+            out[..avail].copy_from_slice(&plain[s..s + avail]);
+            out[avail..].fill(0);
         }
-        Ok(want)
-    }
-
-    fn read_extent_piece(&self, inode: &InodeView, e: &FileExtentRec, pos: u64, out: &mut [u8], cache: &mut DecompressCache) -> Result<()> {
-        let within = pos - e.file_offset;
-        match &e.kind {
-            ExtentKind::Inline { ram_bytes, compression, data } => {
-                let plain: std::borrow::Cow<'_, [u8]> = if *compression == 0 {
-                    std::borrow::Cow::Borrowed(data)
-                } else {
-                    let mut v = Vec::new();
-                    self.decompress_for(inode, e.file_offset, 0, *compression, data, *ram_bytes as usize, &mut v)?;
-                    std::borrow::Cow::Owned(v)
-                };
-                let s = within as usize;
-                let avail = plain.len().saturating_sub(s).min(out.len());
-                out[..avail].copy_from_slice(&plain[s..s + avail]);
-                out[avail..].fill(0);
-            }
-            ExtentKind::Regular { disk_bytenr: 0, .. } | ExtentKind::Regular { prealloc: true, .. } => out.fill(0),
-            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression: 0, .. } => {
-                let _ = (disk_num_bytes, ram_bytes);
-                let ss = u64::from(self.info.sectorsize);
-                // The tree checker bounds each field, not their sum: a hostile extent can
-                // overflow the address space here.
-                let span = disk_bytenr.checked_add(*offset).and_then(|l| l.checked_add(within)).and_then(|l| Some((l, l.checked_add(out.len() as u64)?.div_ceil(ss).checked_mul(ss)?)));
-                let Some((logical, a_end)) = span else {
-                    return Err(self.extent_corrupt(inode, e, format!("extent disk_bytenr {disk_bytenr} + offset {offset} + {within} overflows")));
-                };
-                let a_start = logical - logical % ss;
-                let fo = pos - (logical - a_start);
-                if a_start == logical && a_end == logical + out.len() as u64 {
-                    self.read_verified(inode, fo, a_start, out)?;
-                } else {
-                    let mut tmp = vec![0u8; (a_end - a_start) as usize];
-                    self.read_verified(inode, fo, a_start, &mut tmp)?;
-                    let s = (logical - a_start) as usize;
-                    out.copy_from_slice(&tmp[s..s + out.len()]);
-                }
-            }
-            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, .. } => {
-                if cache.disk_bytenr != *disk_bytenr || cache.data.is_empty() && *ram_bytes != 0 {
-                    // Bound the read before allocating for it: btrfs compresses at most
-                    // 128 KiB per extent; allow the decompressor's tolerance.
-                    if *disk_num_bytes > MAX_RAM_BYTES as u64 {
-                        return Err(self.extent_corrupt(inode, e, format!("compressed extent disk_num_bytes {disk_num_bytes} exceeds {MAX_RAM_BYTES}")));
-                    }
-                    let mut raw = vec![0u8; *disk_num_bytes as usize];
-                    self.read_verified(inode, e.file_offset, *disk_bytenr, &mut raw)?;
-                    // The common case of a sequential reader: the whole extent lands in
-                    // `out`, so decode straight into it instead of through the cache.
-                    if *offset == 0 && within == 0 && out.len() as u64 == *ram_bytes && e.len() == *ram_bytes {
-                        let kind = CompressionType::from_raw(*compression).ok_or_else(|| self.extent_corrupt(inode, e, format!("unknown compression type {compression}")))?;
-                        crate::compression::decompress_into(kind, &raw, out, self.info.sectorsize as usize)
-                            .map_err(|err| self.extent_corrupt(inode, e, format!("{} decompression failed: {err}", kind.name())))?;
-                        return Ok(());
-                    }
-                    let mut plain = Vec::new();
-                    self.decompress_for(inode, e.file_offset, *disk_bytenr, *compression, &raw, *ram_bytes as usize, &mut plain)?;
-                    cache.disk_bytenr = *disk_bytenr;
-                    cache.data = plain;
-                }
-                let len = cache.data.len();
-                let Some(s) = offset.checked_add(within).and_then(|s| usize::try_from(s).ok()).filter(|&s| s <= len) else {
-                    return Err(self.extent_corrupt(inode, e, format!("compressed extent offset {offset} + {within} is beyond its {len} decompressed bytes")));
-                };
-                let avail = len.saturating_sub(s).min(out.len());
-                out[..avail].copy_from_slice(&cache.data[s..s + avail]);
-                out[avail..].fill(0);
+        ExtentKind::Regular { disk_bytenr: 0, .. } | ExtentKind::Regular { prealloc: true, .. } => out.fill(0),
+        ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression: 0, .. } => {
+            let _ = (disk_num_bytes, ram_bytes);
+            let ss = u64::from(fs.info().sectorsize);
+            // The tree checker bounds each field, not their sum: a hostile extent can
+            // overflow the address space here.
+            let span = disk_bytenr.checked_add(*offset).and_then(|l| l.checked_add(within)).and_then(|l| Some((l, l.checked_add(out.len() as u64)?.div_ceil(ss).checked_mul(ss)?)));
+            let Some((logical, a_end)) = span else {
+                return Err(extent_corrupt(inode, e, format!("extent disk_bytenr {disk_bytenr} + offset {offset} + {within} overflows")));
+            };
+            let a_start = logical - logical % ss;
+            let fo = pos - (logical - a_start);
+            if a_start == logical && a_end == logical + out.len() as u64 {
+                read_verified(fs, inode, fo, a_start, out)?;
+            } else {
+                let mut tmp = vec![0u8; (a_end - a_start) as usize];
+                read_verified(fs, inode, fo, a_start, &mut tmp)?;
+                let s = (logical - a_start) as usize;
+                out.copy_from_slice(&tmp[s..s + out.len()]);
             }
         }
-        Ok(())
+        ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, .. } => {
+            if cache.disk_bytenr != *disk_bytenr || cache.data.is_empty() && *ram_bytes != 0 {
+                // Bound the read before allocating for it: btrfs compresses at most
+                // 128 KiB per extent; allow the decompressor's tolerance.
+                if *disk_num_bytes > MAX_RAM_BYTES as u64 {
+                    return Err(extent_corrupt(inode, e, format!("compressed extent disk_num_bytes {disk_num_bytes} exceeds {MAX_RAM_BYTES}")));
+                }
+                let mut raw = vec![0u8; *disk_num_bytes as usize];
+                read_verified(fs, inode, e.file_offset, *disk_bytenr, &mut raw)?;
+                // The common case of a sequential reader: the whole extent lands in
+                // `out`, so decode straight into it instead of through the cache.
+                if *offset == 0 && within == 0 && out.len() as u64 == *ram_bytes && e.len() == *ram_bytes {
+                    let kind = CompressionType::from_raw(*compression).ok_or_else(|| extent_corrupt(inode, e, format!("unknown compression type {compression}")))?;
+                    crate::compression::decompress_into(kind, &raw, out, fs.info().sectorsize as usize)
+                        .map_err(|err| extent_corrupt(inode, e, format!("{} decompression failed: {err}", kind.name())))?;
+                    return Ok(());
+                }
+                let mut plain = Vec::new();
+                decompress_for(fs, inode, e.file_offset, *disk_bytenr, *compression, &raw, *ram_bytes as usize, &mut plain)?;
+                cache.disk_bytenr = *disk_bytenr;
+                cache.data = plain;
+            }
+            let len = cache.data.len();
+            let Some(s) = offset.checked_add(within).and_then(|s| usize::try_from(s).ok()).filter(|&s| s <= len) else {
+                return Err(extent_corrupt(inode, e, format!("compressed extent offset {offset} + {within} is beyond its {len} decompressed bytes")));
+            };
+            let avail = len.saturating_sub(s).min(out.len());
+            out[..avail].copy_from_slice(&cache.data[s..s + avail]);
+            out[avail..].fill(0);
+        }
     }
+    Ok(())
+}
 
-    fn extent_corrupt(&self, inode: &InodeView, e: &FileExtentRec, reason: String) -> Error {
-        let mut c = Corrupt::new(CorruptWhere::Item, reason).root(inode.id.root);
-        c.key = Some(Key::new(inode.id.ino, EXTENT_DATA_KEY, e.file_offset));
-        c.ino = Some(inode.id.ino);
-        c.into()
-    }
+fn extent_corrupt(inode: &InodeView, e: &FileExtentRec, reason: String) -> Error {
+    let mut c = Corrupt::new(CorruptWhere::Item, reason).root(inode.id.root);
+    c.key = Some(Key::new(inode.id.ino, EXTENT_DATA_KEY, e.file_offset));
+    c.ino = Some(inode.id.ino);
+    c.into()
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn decompress_for(&self, inode: &InodeView, file_offset: u64, logical: u64, compression: u8, input: &[u8], ram_bytes: usize, out: &mut Vec<u8>) -> Result<()> {
-        let corrupt = |r: String| -> Error { Corrupt::new(CorruptWhere::Data, r).root(inode.id.root).data(inode.id.ino, file_offset, logical).into() };
-        let kind = CompressionType::from_raw(compression).ok_or_else(|| corrupt(format!("unknown compression type {compression}")))?;
-        decompress(kind, input, ram_bytes, self.info.sectorsize as usize, out).map_err(|e| corrupt(format!("{} decompression failed: {e}", kind.name())))
-    }
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decompress_for<V: FsRead>(fs: &V, inode: &InodeView, file_offset: u64, logical: u64, compression: u8, input: &[u8], ram_bytes: usize, out: &mut Vec<u8>) -> Result<()> {
+    let corrupt = |r: String| -> Error { Corrupt::new(CorruptWhere::Data, r).root(inode.id.root).data(inode.id.ino, file_offset, logical).into() };
+    let kind = CompressionType::from_raw(compression).ok_or_else(|| corrupt(format!("unknown compression type {compression}")))?;
+    decompress(kind, input, ram_bytes, fs.info().sectorsize as usize, out).map_err(|e| corrupt(format!("{} decompression failed: {e}", kind.name())))
 }
 
 /// The last decompressed extent of a sequential reader.

@@ -7,7 +7,7 @@
 //! memory is bounded by T × (DEPTH + 1) chunks whatever the file size.
 
 use crate::error::Result;
-use crate::inode::filesystem::{Filesystem, InodeView};
+use crate::inode::filesystem::{Filesystem, FsRead, InodeView};
 use crate::inode::read::DecompressCache;
 use std::sync::mpsc::sync_channel;
 

@@ -9,10 +9,11 @@
 //! extent lengths plus inline lengths; every data sector written has a checksum.
 
 use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use crate::transaction::FsWriter;
 use std::time::{SystemTime, UNIX_EPOCH};
 use ubtrfs_format::hash::{extref_hash, name_hash};
-use ubtrfs_format::items::{self, FileExtent};
+use ubtrfs_format::items;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
@@ -118,36 +119,7 @@ fn ino_err(root: u64, ino: u64, r: String) -> Error {
     c.into()
 }
 
-/// One file extent item as the write path reads it.
-#[derive(Clone, Copy, Debug)]
-struct Fe {
-    key_off: u64,
-    inline_len: Option<u64>,
-    disk_bytenr: u64,
-    disk_num_bytes: u64,
-    offset: u64,
-    num_bytes: u64,
-}
-
-impl Fe {
-    fn end(&self) -> u64 {
-        self.key_off + self.inline_len.unwrap_or(self.num_bytes)
-    }
-}
-
 impl FsWriter {
-    /// Read inode `ino` of tree `root` as this transaction sees it.
-    ///
-    /// # Errors
-    /// `Posix(NotFound)` if absent.
-    pub fn inode_item(&mut self, root: u64, ino: u64) -> Result<InodeItem> {
-        let r = self.root(root)?;
-        match self.first_item_ge(&r, &Key::new(ino, INODE_ITEM_KEY, 0))? {
-            Some((k, d)) if k == Key::new(ino, INODE_ITEM_KEY, 0) => Ok(InodeItem::read_from_bytes(&d).expect("inode size checked by the tree checker")),
-            _ => Err(Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}"))),
-        }
-    }
-
     /// Change inode `ino` in place.
     ///
     /// # Errors
@@ -217,27 +189,6 @@ impl FsWriter {
         Ok(ino)
     }
 
-    /// Look `name` up in directory `dir`: (ino or subvolume id, file type, is_subvol).
-    ///
-    /// # Errors
-    /// Read failures.
-    pub fn lookup_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<Option<(u64, u8, bool)>> {
-        let key = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
-        let r = self.root(root)?;
-        match self.first_item_ge(&r, &key)? {
-            Some((k, d)) if k == key => {
-                for e in items::dir_entries(&d) {
-                    let e = e.expect("validated by the tree checker");
-                    if e.name == name {
-                        return Ok(Some((e.location.objectid, e.type_, e.location.type_ == ROOT_ITEM_KEY)));
-                    }
-                }
-                Ok(None)
-            }
-            _ => Ok(None),
-        }
-    }
-
     fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
         if let Some(n) = self.next_dir_index.get_mut(&(root, dir)) {
             let v = *n;
@@ -271,11 +222,11 @@ impl FsWriter {
         if name.is_empty() || name.len() > NAME_LEN || name.contains(&b'/') || name == b"." || name == b".." {
             return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, crate::quote::name(name)));
         }
-        let d = self.inode_item(root, dir)?;
+        let d = self.live().load_inode(InodeId { root, ino: dir }, Load::ITEM)?.item;
         if d.mode.get() & S_IFMT != S_IFDIR {
             return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
         }
-        if self.lookup_name(root, dir, name)?.is_some() {
+        if self.live().lookup(InodeId { root, ino: dir }, name)?.is_some() {
             return Err(Error::posix(PosixKind::Exists, crate::quote::name(name)));
         }
         iflags_allow(root, dir, d.flags.get(), IflagOp::AddName, name)?;
@@ -284,7 +235,7 @@ impl FsWriter {
 
     /// `iflags_allow` for inode `ino`, looked up.
     fn check_iflags(&mut self, root: u64, ino: u64, what: IflagOp, name: &[u8]) -> Result<()> {
-        let flags = self.inode_item(root, ino)?.flags.get();
+        let flags = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item.flags.get();
         iflags_allow(root, ino, flags, what, name)
     }
 
@@ -386,32 +337,6 @@ impl FsWriter {
         })
     }
 
-    fn file_extents(&mut self, root: u64, ino: u64, from: u64, to: u64) -> Result<Vec<Fe>> {
-        // An extent starting before `from` may reach into the range.
-        let mut start_key = Key::new(ino, EXTENT_DATA_KEY, from);
-        if let Some((k, _)) = self.last_item_le(root, &start_key)? {
-            if k.objectid == ino && k.type_ == EXTENT_DATA_KEY {
-                start_key = k;
-            }
-        }
-        let items = self.items_in_range(root, &start_key, &Key::new(ino, EXTENT_DATA_KEY, to.saturating_sub(1)))?;
-        let mut out = Vec::new();
-        for (k, d) in items {
-            if k.objectid != ino || k.type_ != EXTENT_DATA_KEY {
-                continue;
-            }
-            let fe = items::file_extent(&d).map_err(|e| ino_err(root, ino, e))?;
-            let f = match fe {
-                FileExtent::Inline { ram_bytes, .. } => Fe { key_off: k.offset, inline_len: Some(ram_bytes), disk_bytenr: 0, disk_num_bytes: 0, offset: 0, num_bytes: 0 },
-                FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. } => Fe { key_off: k.offset, inline_len: None, disk_bytenr, disk_num_bytes, offset, num_bytes },
-            };
-            if f.end() > from && f.key_off < to {
-                out.push(f);
-            }
-        }
-        Ok(out)
-    }
-
     /// Remove file extents in [start, end), trimming and splitting items at the edges
     /// (`btrfs_drop_extents`). Returns the nbytes removed.
     ///
@@ -424,16 +349,16 @@ impl FsWriter {
 
     fn drop_extents_inner(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
         let mut removed = 0;
-        for f in self.file_extents(root, ino, start, end)? {
-            let key = Key::new(ino, EXTENT_DATA_KEY, f.key_off);
-            if let Some(len) = f.inline_len {
+        for f in self.live().file_extents(InodeId { root, ino }, start, end)? {
+            let key = Key::new(ino, EXTENT_DATA_KEY, f.file_offset);
+            let ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. } = f.kind else {
                 self.delete_item(root, &key)?;
-                removed += len;
+                removed += f.len();
                 continue;
-            }
-            let ks = f.key_off;
+            };
+            let ks = f.file_offset;
             let ke = f.end();
-            let counted = f.disk_bytenr != 0;
+            let counted = disk_bytenr != 0;
             let item = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, format!("file extent {key} vanished")))?;
             let set = |d: &mut Vec<u8>, off: u64, num: u64| {
                 d[37..45].copy_from_slice(&off.to_le_bytes());
@@ -442,19 +367,19 @@ impl FsWriter {
             if start <= ks && ke <= end {
                 self.delete_item(root, &key)?;
                 if counted {
-                    self.data_ref(f.disk_bytenr, f.disk_num_bytes, root, ino, ks - f.offset, -1);
-                    removed += f.num_bytes;
+                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, -1);
+                    removed += num_bytes;
                 }
             } else if ks < start && ke <= end {
                 let mut d = item;
-                set(&mut d, f.offset, start - ks);
+                set(&mut d, offset, start - ks);
                 self.replace_item(root, &key, &key, &d)?;
                 if counted {
                     removed += ke - start;
                 }
             } else if start <= ks && end < ke {
                 let mut d = item;
-                set(&mut d, f.offset + (end - ks), ke - end);
+                set(&mut d, offset + (end - ks), ke - end);
                 self.replace_item(root, &key, &Key::new(ino, EXTENT_DATA_KEY, end), &d)?;
                 if counted {
                     removed += end - ks;
@@ -462,14 +387,14 @@ impl FsWriter {
             } else {
                 // Split: [ks, start) stays, [end, ke) becomes a second reference.
                 let mut head = item.clone();
-                set(&mut head, f.offset, start - ks);
+                set(&mut head, offset, start - ks);
                 self.replace_item(root, &key, &key, &head)?;
                 let mut tail = item;
-                set(&mut tail, f.offset + (end - ks), ke - end);
+                set(&mut tail, offset + (end - ks), ke - end);
                 tail[0..8].copy_from_slice(&self.transid.to_le_bytes());
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, end), &tail)?;
                 if counted {
-                    self.data_ref(f.disk_bytenr, f.disk_num_bytes, root, ino, ks - f.offset, 1);
+                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, 1);
                     removed += end - start;
                 }
             }
@@ -532,110 +457,6 @@ impl FsWriter {
         Ok(len)
     }
 
-    /// Read data sectors at `logical` and verify them against the csum tree as this
-    /// transaction sees it, trying the other copies for a bad sector: old data kept by a
-    /// read-modify-write must not pick up a bad read under a fresh checksum.
-    fn read_data_verified(&mut self, root: u64, ino: u64, file_off: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
-        self.info.read_data(logical, buf, 0)?;
-        if self.inode_item(root, ino)?.flags.get() & INODE_NODATASUM != 0 {
-            return Ok(());
-        }
-        let ss = self.sectorsize() as usize;
-        let cs = self.info.csum_type.size();
-        let end = logical + buf.len() as u64;
-        let ckey = |l: u64| Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, l);
-        let mut from = ckey(logical);
-        if let Some((k, _)) = self.last_item_le(CSUM_TREE_OBJECTID, &from)? {
-            if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY {
-                from = k;
-            }
-        }
-        let items = self.items_in_range(CSUM_TREE_OBJECTID, &from, &ckey(end.saturating_sub(1)))?;
-        let want = |i: usize| {
-            let sl = logical + (i * ss) as u64;
-            items.iter().find_map(|(k, d)| {
-                let n = (d.len() / cs) as u64;
-                (k.objectid == EXTENT_CSUM_OBJECTID && sl >= k.offset && sl < k.offset + n * ss as u64).then(|| {
-                    let o = ((sl - k.offset) / ss as u64) as usize * cs;
-                    &d[o..o + cs]
-                })
-            })
-        };
-        crate::inode::read::verify_sectors(&self.info, logical, buf, 0, want, |_, _| {}).map_err(|b| -> crate::error::Error {
-            Corrupt::new(CorruptWhere::Data, format!("csum mismatch reading old data for a partial write ({} copies tried)", b.copies))
-                .root(root)
-                .data(ino, file_off + (b.index * ss) as u64, logical + (b.index * ss) as u64)
-                .into()
-        })?;
-        Ok(())
-    }
-
-    /// Read file data as this transaction sees it (for read-modify-write of edges).
-    fn read_file_range(&mut self, root: u64, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
-        buf.fill(0);
-        let end = start + buf.len() as u64;
-        for f in self.file_extents(root, ino, start, end)? {
-            let a = f.key_off.max(start);
-            let b = f.end().min(end);
-            if a >= b {
-                continue;
-            }
-            let out = &mut buf[(a - start) as usize..(b - start) as usize];
-            if f.inline_len.is_some() {
-                let key = Key::new(ino, EXTENT_DATA_KEY, f.key_off);
-                let d = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, "inline extent vanished".into()))?;
-                match items::file_extent(&d).map_err(|e| ino_err(root, ino, e))? {
-                    FileExtent::Inline { compression: 0, data, .. } => {
-                        let s = (a - f.key_off) as usize;
-                        let n = out.len().min(data.len().saturating_sub(s));
-                        out[..n].copy_from_slice(&data[s..s + n]);
-                    }
-                    FileExtent::Inline { compression, data, ram_bytes, .. } => {
-                        let kind = crate::compression::CompressionType::from_raw(compression).ok_or_else(|| ino_err(root, ino, format!("unknown compression {compression}")))?;
-                        let mut plain = Vec::new();
-                        crate::compression::decompress(kind, data, ram_bytes as usize, self.sectorsize() as usize, &mut plain).map_err(|e| ino_err(root, ino, e.to_string()))?;
-                        let s = (a - f.key_off) as usize;
-                        let n = out.len().min(plain.len().saturating_sub(s));
-                        out[..n].copy_from_slice(&plain[s..s + n]);
-                    }
-                    FileExtent::Regular { .. } => unreachable!("inline_len set only for inline items"),
-                }
-                continue;
-            }
-            if f.disk_bytenr == 0 {
-                continue;
-            }
-            let key = Key::new(ino, EXTENT_DATA_KEY, f.key_off);
-            let d = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, "extent vanished".into()))?;
-            let (compression, prealloc, ram_bytes) = match items::file_extent(&d).map_err(|e| ino_err(root, ino, e))? {
-                FileExtent::Regular { compression, prealloc, ram_bytes, .. } => (compression, prealloc, ram_bytes),
-                FileExtent::Inline { .. } => unreachable!(),
-            };
-            if prealloc {
-                continue;
-            }
-            if compression == 0 {
-                let ss = u64::from(self.sectorsize());
-                let logical = f.disk_bytenr + f.offset + (a - f.key_off);
-                let s0 = logical / ss * ss;
-                let e0 = (logical + out.len() as u64).div_ceil(ss) * ss;
-                let mut tmp = vec![0u8; (e0 - s0) as usize];
-                self.read_data_verified(root, ino, a - (logical - s0), s0, &mut tmp)?;
-                let skip = (logical - s0) as usize;
-                out.copy_from_slice(&tmp[skip..skip + out.len()]);
-            } else {
-                let mut raw = vec![0u8; f.disk_num_bytes as usize];
-                self.read_data_verified(root, ino, f.key_off.saturating_sub(f.offset), f.disk_bytenr, &mut raw)?;
-                let kind = crate::compression::CompressionType::from_raw(compression).ok_or_else(|| ino_err(root, ino, format!("unknown compression {compression}")))?;
-                let mut plain = Vec::new();
-                crate::compression::decompress(kind, &raw, ram_bytes as usize, self.sectorsize() as usize, &mut plain).map_err(|e| ino_err(root, ino, e.to_string()))?;
-                let s = (f.offset + (a - f.key_off)) as usize;
-                out.copy_from_slice(&plain[s..s + out.len()]);
-            }
-        }
-        Ok(())
-    }
-
     /// Write `data` at `offset` of regular file `ino` (COW; small files inline).
     ///
     /// # Errors
@@ -649,6 +470,21 @@ impl FsWriter {
         })
     }
 
+    /// Read file data the write keeps around its range (read-modify-write of partial
+    /// sectors, inline-to-regular conversion) through the live view: verified against
+    /// the transaction's checksums, other copies tried for a bad sector, so old data
+    /// never picks up a bad read under a fresh checksum. Bytes past EOF read as zeros.
+    fn read_old_data(&self, root: u64, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let live = self.live();
+        let v = live.load_inode(InodeId { root, ino }, Load { extents: true, ..Load::ITEM })?;
+        let n = live.read_at(&v, start, buf)?;
+        buf[n..].fill(0);
+        Ok(())
+    }
+
     /// Write `len` bytes produced by `fill` (called in order, in pieces) at `offset`.
     ///
     /// # Errors
@@ -658,7 +494,7 @@ impl FsWriter {
         if len == 0 {
             return Ok(());
         }
-        let ii = self.inode_item(root, ino)?;
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         if ii.mode.get() & S_IFMT != S_IFREG {
             return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
         }
@@ -686,7 +522,7 @@ impl FsWriter {
         if new_size <= max_inline {
             // The whole file fits inline, as the kernel keeps small files.
             let mut content = vec![0u8; new_size as usize];
-            self.read_file_range(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
+            self.read_old_data(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
             fill(&mut content[offset as usize..end as usize])?;
             removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
             let mut fe = Vec::with_capacity(21 + content.len());
@@ -698,16 +534,16 @@ impl FsWriter {
             added = new_size;
         } else {
             // An inline extent must become regular: rewrite from 0.
-            let has_inline = self.file_extents(root, ino, 0, 1)?.iter().any(|f| f.inline_len.is_some());
+            let has_inline = self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
             let a_start = if has_inline { 0 } else { offset / ss * ss };
             let a_end = end.div_ceil(ss) * ss;
             let head_len = (offset - a_start) as usize;
             let mut head = vec![0u8; head_len];
-            self.read_file_range(root, ino, a_start, &mut head)?;
+            self.read_old_data(root, ino, a_start, &mut head)?;
             let tail_len = (a_end - end) as usize;
             let mut tail = vec![0u8; tail_len];
             if end < old_size {
-                self.read_file_range(root, ino, end, &mut tail)?;
+                self.read_old_data(root, ino, end, &mut tail)?;
             }
             removed = self.drop_extents_inner(root, ino, a_start, a_end)?;
             if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
@@ -776,11 +612,12 @@ impl FsWriter {
     /// `Posix` NotFound / NotEmpty; tree failures.
     pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
         self.check_root_writable(root)?;
-        let (ino, ftype, is_subvol) = self.lookup_name(root, dir, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
-        if is_subvol {
+        let entry = self.live().lookup(InodeId { root, ino: dir }, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
+        let (ino, ftype) = (entry.target.ino, entry.ftype);
+        if entry.is_subvol {
             return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", crate::quote::name(name))));
         }
-        let child = self.inode_item(root, ino)?;
+        let child = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         self.check_iflags(root, dir, IflagOp::RemoveName, name)?;
         self.check_iflags(root, ino, IflagOp::Relink, name)?;
         if ftype == FT_DIR && child.size.get() != 0 {

@@ -11,6 +11,7 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::space::free_space_cache::{Alloc, FreeSpaceCtl};
 use crate::transaction::FsWriter;
+use crate::tree::search::TreeView;
 use std::collections::BTreeMap;
 use ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE;
 use ubtrfs_format::key::*;

@@ -12,6 +12,7 @@
 
 use crate::disk_io::FsInfo;
 use crate::error::Result;
+use crate::tree::search::TreeView;
 use crate::volumes::MapLookup;
 use ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE;
 use ubtrfs_format::items::read_prefix;

@@ -17,7 +17,9 @@
 
 use crate::disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::FsRead;
 use crate::tree::search::RootInfo;
+use crate::tree::search::{NodeHandle, TreeView};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use ubtrfs_format::key::*;
@@ -37,6 +39,67 @@ impl Blk {
         match self {
             Blk::Dirty(b) => *b,
             Blk::Clean(eb) => eb.bytenr,
+        }
+    }
+}
+
+/// A tree block as the live view hands it out: a block of the running transaction
+/// (borrowed from the writer, so it cannot change while held) or a committed one.
+#[derive(Clone)]
+pub enum BlkRef<'a> {
+    Dirty(u64, &'a [u8]),
+    Clean(Arc<ExtentBuffer>),
+}
+
+impl NodeHandle for BlkRef<'_> {
+    fn node(&self) -> NodeRef<'_> {
+        match self {
+            BlkRef::Dirty(_, buf) => NodeRef::new_checked(buf),
+            BlkRef::Clean(eb) => eb.node(),
+        }
+    }
+    fn bytenr(&self) -> u64 {
+        match self {
+            BlkRef::Dirty(b, _) => *b,
+            BlkRef::Clean(eb) => eb.bytenr,
+        }
+    }
+}
+
+/// The running transaction as a reader sees it: every change made through the writer,
+/// committed or not, over the committed trees (read-your-writes).
+#[derive(Clone, Copy)]
+pub struct Live<'a> {
+    w: &'a FsWriter,
+}
+
+impl FsRead for Live<'_> {
+    fn info(&self) -> &FsInfo {
+        &self.w.info
+    }
+    fn default_subvol(&self) -> u64 {
+        self.w.default_subvol
+    }
+}
+
+impl<'a> TreeView for Live<'a> {
+    type Node = BlkRef<'a>;
+    fn read_node(&self, bytenr: u64, expect: &Expect) -> Result<BlkRef<'a>> {
+        match self.w.dirty.get(&bytenr) {
+            Some(buf) => Ok(BlkRef::Dirty(bytenr, buf)),
+            None => Ok(BlkRef::Clean(self.w.info.read_tree_block(bytenr, expect)?)),
+        }
+    }
+    fn tree_root(&self) -> RootInfo {
+        self.w.roots.get(&ROOT_TREE_OBJECTID).map_or_else(|| self.w.info.tree_root(), |s| s.info)
+    }
+    fn chunk_root(&self) -> RootInfo {
+        self.w.roots.get(&CHUNK_TREE_OBJECTID).map_or_else(|| self.w.info.chunk_root(), |s| s.info)
+    }
+    fn read_root(&self, id: u64) -> Result<(RootInfo, RootItem)> {
+        match self.w.roots.get(&id) {
+            Some(RootState { info, item: Some(item), .. }) => Ok((*info, *item)),
+            _ => crate::tree::search::root_from_root_tree(self, id),
         }
     }
 }
@@ -83,6 +146,8 @@ pub struct FsWriter {
     pub(crate) next_dir_index: BTreeMap<(u64, u64), u64>,
     /// Quotas are on (looked up at open): every commit keeps the qgroups exact.
     pub(crate) quotas: bool,
+    /// The default subvolume (looked up at open; nothing the writer does changes it).
+    default_subvol: u64,
 }
 
 impl FsWriter {
@@ -158,6 +223,7 @@ impl FsWriter {
             next_objectid: BTreeMap::new(),
             next_dir_index: BTreeMap::new(),
             quotas: false,
+            default_subvol: FS_TREE_OBJECTID,
             info,
         };
         // An interrupted relocation (balance) leaves relocation trees that the kernel
@@ -173,7 +239,13 @@ impl FsWriter {
         }
         w.alloc = crate::space::allocator::Allocator::load(&w)?;
         w.quotas = crate::extent::qgroup::status(&mut w)?.is_some();
+        w.default_subvol = crate::inode::filesystem::find_default_subvol(&w.live())?;
         Ok(w)
+    }
+
+    /// The running transaction as readers see it (read-your-writes).
+    pub fn live(&self) -> Live<'_> {
+        Live { w: self }
     }
 
     /// Fail if the filesystem was aborted to read-only.
@@ -403,7 +475,7 @@ impl FsWriter {
             st.item = Some(item);
             let off = st.item_offset;
             let key = Key::new(id, ROOT_ITEM_KEY, off);
-            let (path, found) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0, true)?;
+            let (path, found) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0)?;
             if !found {
                 return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("root item {key} vanished")).root(1).into());
             }

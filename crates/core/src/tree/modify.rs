@@ -12,28 +12,18 @@
 use crate::disk_io::Expect;
 use crate::error::{Error, PosixKind, Result};
 use crate::transaction::{Blk, FsWriter};
+use crate::tree::search::{Path, RootInfo, TreeView};
 use ubtrfs_format::node::{max_node_ptrs, HEADER_SIZE, ITEM_SIZE};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key, NodeRef};
 
-/// A root-to-leaf path of the write path; index = level.
-#[derive(Clone)]
-pub struct WPath {
-    pub nodes: Vec<Option<Blk>>,
-    pub slots: Vec<usize>,
-}
+/// The COW path of the write engine is a `Path` over the transaction's block
+/// references: its blocks are the transaction's own once COWed, named by bytenr.
+pub type WPath = Path<Blk>;
 
-impl WPath {
-    fn new(levels: usize) -> WPath {
-        WPath { nodes: vec![None; levels], slots: vec![0; levels] }
-    }
+impl Path<Blk> {
+    /// The leaf's bytenr.
     pub fn leaf(&self) -> u64 {
         self.nodes[0].as_ref().expect("search fills level 0").bytenr()
-    }
-    pub fn slot(&self) -> usize {
-        self.slots[0]
-    }
-    fn levels(&self) -> usize {
-        self.nodes.len()
     }
 }
 
@@ -153,37 +143,35 @@ impl FsWriter {
         Ok(())
     }
 
-    /// Find `key` in tree `root_id`. With `cow`, every block on the path is COWed;
+    /// Find `key` in tree `root_id` for a change: every block on the path is COWed;
     /// `ins_len > 0` makes sure the leaf has that many free bytes (include ITEM_SIZE for
     /// a new item); `ins_len < 0` merges underfull nodes on the way (for deletes).
     /// Returns the path and whether the key exists (else the slot where it would go).
+    /// Reads that change nothing go through the live view (`FsWriter::live`).
     ///
     /// # Errors
     /// `Io`/`Corrupt` reading blocks, allocation failures.
-    pub fn search_slot(&mut self, root_id: u64, key: &Key, ins_len: i32, cow: bool) -> Result<(WPath, bool)> {
-        assert!(cow || ins_len == 0, "room can only be made with cow");
+    pub fn search_slot(&mut self, root_id: u64, key: &Key, ins_len: i32) -> Result<(WPath, bool)> {
         let mut restarts = 0;
         'again: loop {
             restarts += 1;
             assert!(restarts < 64, "search_slot restarted {restarts} times for {key} in tree {root_id}");
-            let mut b = self.read_root_blk(root_id)?;
-            if cow {
-                b = self.cow_block(root_id, b, None)?;
-            }
+            let root = self.read_root_blk(root_id)?;
+            let mut b = self.cow_block(root_id, root, None)?;
             let levels = usize::from(self.node(&b).level()) + 1;
-            let mut path = WPath::new(levels);
+            let mut path = WPath::with_levels(levels);
             loop {
                 let (level, nritems, search) = {
                     let n = self.node(&b);
                     (usize::from(n.level()), n.nritems(), n.search(key))
                 };
                 if level > 0 {
-                    if cow && ins_len > 0 && nritems >= max_node_ptrs(self.nodesize()) - 3 {
+                    if ins_len > 0 && nritems >= max_node_ptrs(self.nodesize()) - 3 {
                         path.nodes[level] = Some(b);
                         self.split_node(root_id, &path, level)?;
                         continue 'again;
                     }
-                    if cow && ins_len < 0 {
+                    if ins_len < 0 {
                         path.nodes[level] = Some(b.clone());
                         if self.balance_node(root_id, &path, level)? {
                             continue 'again;
@@ -195,11 +183,8 @@ impl FsWriter {
                     };
                     path.nodes[level] = Some(b.clone());
                     path.slots[level] = slot;
-                    let mut child = self.read_child(&b, slot, root_id)?;
-                    if cow {
-                        child = self.cow_block(root_id, child, Some((b.bytenr(), slot)))?;
-                    }
-                    b = child;
+                    let child = self.read_child(&b, slot, root_id)?;
+                    b = self.cow_block(root_id, child, Some((b.bytenr(), slot)))?;
                 } else {
                     let (slot, found) = match search {
                         Ok(s) => (s, true),
@@ -207,7 +192,7 @@ impl FsWriter {
                     };
                     path.nodes[0] = Some(b.clone());
                     path.slots[0] = slot;
-                    if cow && ins_len > 0 {
+                    if ins_len > 0 {
                         let free = self.node(&b).leaf_free_space();
                         if free < ins_len as usize {
                             self.split_leaf(root_id, &path, key, ins_len as usize)?;
@@ -521,7 +506,7 @@ impl FsWriter {
         if size > max {
             return Err(Error::posix(PosixKind::Invalid, format!("item {key} of {size} bytes exceeds the leaf capacity {max}")));
         }
-        let (path, found) = self.search_slot(root_id, key, (size + ITEM_SIZE) as i32, true)?;
+        let (path, found) = self.search_slot(root_id, key, (size + ITEM_SIZE) as i32)?;
         if found {
             return Err(Error::posix(PosixKind::Exists, format!("tree {root_id} key {key}")));
         }
@@ -549,7 +534,7 @@ impl FsWriter {
     /// # Errors
     /// Read and allocation failures.
     pub fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
-        let (path, found) = self.search_slot(root_id, key, extra as i32, true)?;
+        let (path, found) = self.search_slot(root_id, key, extra as i32)?;
         Ok(found.then(|| (path.leaf(), path.slot())))
     }
 
@@ -563,7 +548,7 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NotFound)` when absent.
     pub fn extend_item(&mut self, root_id: u64, key: &Key, by: usize) -> Result<(u64, usize)> {
-        let (path, found) = self.search_slot(root_id, key, by as i32, true)?;
+        let (path, found) = self.search_slot(root_id, key, by as i32)?;
         if !found {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
         }
@@ -576,7 +561,7 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NotFound)` when absent.
     pub fn truncate_item(&mut self, root_id: u64, key: &Key, new_size: usize) -> Result<()> {
-        let (path, found) = self.search_slot(root_id, key, 0, true)?;
+        let (path, found) = self.search_slot(root_id, key, 0)?;
         if !found {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
         }
@@ -589,7 +574,7 @@ impl FsWriter {
     /// # Errors
     /// Read and allocation failures.
     pub fn delete_item(&mut self, root_id: u64, key: &Key) -> Result<bool> {
-        let (path, found) = self.search_slot(root_id, key, -1, true)?;
+        let (path, found) = self.search_slot(root_id, key, -1)?;
         if !found {
             return Ok(false);
         }
@@ -712,70 +697,33 @@ impl FsWriter {
         }
     }
 
-    /// Step a read-only path to the next leaf (dirty blocks included).
+    /// The first item with key >= `key`, as the running transaction sees it, copied
+    /// out (the live view's `first_item_ge`).
     ///
     /// # Errors
     /// Read failures.
-    pub fn next_leaf_ro(&self, root_id: u64, path: &mut WPath) -> Result<bool> {
-        for level in 1..path.levels() {
-            let node = path.nodes[level].clone().expect("path filled");
-            if path.slots[level] + 1 < self.node(&node).nritems() {
-                path.slots[level] += 1;
-                let mut cur = node;
-                let mut l = level;
-                while l > 0 {
-                    let child = self.read_child(&cur, path.slots[l], root_id)?;
-                    l -= 1;
-                    path.slots[l] = 0;
-                    path.nodes[l] = Some(child.clone());
-                    cur = child;
-                }
-                return Ok(true);
-            }
-        }
-        Ok(false)
+    pub fn first_item_ge(&mut self, root: &RootInfo, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        Ok(self.live().first_item_ge(root, key)?.map(|i| (i.key(), i.data().to_vec())))
     }
 
-    /// The first item with key >= `key` (read-only, sees this transaction's changes).
-    ///
-    /// # Errors
-    /// Read failures.
-    pub fn first_item_ge(&mut self, root: &crate::tree::search::RootInfo, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
-        let (mut path, _) = self.search_slot(root.id, key, 0, false)?;
-        loop {
-            let leaf = path.nodes[0].clone().expect("leaf");
-            let n = self.node(&leaf);
-            if path.slots[0] < n.nritems() {
-                return Ok(Some((n.key(path.slots[0]), n.item_data(path.slots[0]).to_vec())));
-            }
-            if !self.next_leaf_ro(root.id, &mut path)? {
-                return Ok(None);
-            }
-        }
-    }
-
-    /// Items with keys in [from, to], read-only, in order.
+    /// Items with keys in [from, to] of tree `root_id`, as the running transaction
+    /// sees them, copied out.
     ///
     /// # Errors
     /// Read failures.
     pub fn items_in_range(&mut self, root_id: u64, from: &Key, to: &Key) -> Result<Vec<(Key, Vec<u8>)>> {
-        let (mut path, _) = self.search_slot(root_id, from, 0, false)?;
-        let mut out = Vec::new();
-        loop {
-            let leaf = path.nodes[0].clone().expect("leaf");
-            let n = self.node(&leaf);
-            while path.slots[0] < n.nritems() {
-                let k = n.key(path.slots[0]);
-                if k > *to {
-                    return Ok(out);
-                }
-                out.push((k, n.item_data(path.slots[0]).to_vec()));
-                path.slots[0] += 1;
-            }
-            if !self.next_leaf_ro(root_id, &mut path)? {
-                return Ok(out);
-            }
-        }
+        let root = self.root(root_id)?;
+        Ok(self.live().items_in_range(&root, from, to)?.into_iter().map(|i| (i.key(), i.data().to_vec())).collect())
+    }
+
+    /// The item with the greatest key <= `key` in tree `root_id`, as the running
+    /// transaction sees it, copied out.
+    ///
+    /// # Errors
+    /// Read failures.
+    pub fn last_item_le(&mut self, root_id: u64, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
+        let root = self.root(root_id)?;
+        Ok(self.live().search_le(&root, key)?.map(|i| (i.key(), i.data().to_vec())))
     }
 
     /// Check tree `root_id`: key order within and across blocks, pointer keys equal to
@@ -837,48 +785,5 @@ impl FsWriter {
             stack.extend(kids);
         }
         Ok(())
-    }
-}
-
-impl FsWriter {
-    /// The item with the greatest key <= `key` (read-only, sees this transaction).
-    ///
-    /// # Errors
-    /// Read failures.
-    pub fn last_item_le(&mut self, root_id: u64, key: &Key) -> Result<Option<(Key, Vec<u8>)>> {
-        let (path, found) = self.search_slot(root_id, key, 0, false)?;
-        let leaf = path.nodes[0].clone().expect("leaf");
-        let n = self.node(&leaf);
-        if found {
-            return Ok(Some((n.key(path.slots[0]), n.item_data(path.slots[0]).to_vec())));
-        }
-        if path.slots[0] > 0 {
-            let s = path.slots[0] - 1;
-            return Ok(Some((n.key(s), n.item_data(s).to_vec())));
-        }
-        // Walk to the previous leaf.
-        let mut p = path;
-        for level in 1..p.levels() {
-            if p.slots[level] > 0 {
-                p.slots[level] -= 1;
-                let mut cur = p.nodes[level].clone().expect("path filled");
-                let mut l = level;
-                while l > 0 {
-                    let child = self.read_child(&cur, p.slots[l], root_id)?;
-                    l -= 1;
-                    let cn = self.node(&child).nritems();
-                    p.slots[l] = cn.saturating_sub(1);
-                    p.nodes[l] = Some(child.clone());
-                    cur = child;
-                }
-                let n = self.node(&cur);
-                if n.nritems() == 0 {
-                    return Ok(None);
-                }
-                let s = p.slots[0];
-                return Ok(Some((n.key(s), n.item_data(s).to_vec())));
-            }
-        }
-        Ok(None)
     }
 }

@@ -21,6 +21,7 @@ use std::process::Command;
 use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsRead;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;

@@ -18,6 +18,7 @@ use super::walk::{RootRec, State};
 use super::{ranges_str, uncovered, Finding, Sink};
 use std::collections::{HashMap, HashSet};
 use ubtrfs_core::disk_io::FsInfo;
+use ubtrfs_core::TreeView;
 use ubtrfs_format::features::INCOMPAT_NO_HOLES;
 use ubtrfs_format::hash::extref_hash;
 use ubtrfs_format::items::{self, FileExtent};

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use ubtrfs_core::disk_io::{Expect, ExtentBuffer, FsInfo};
 use ubtrfs_core::tree::search::RootInfo;
+use ubtrfs_core::TreeView;
 use ubtrfs_format::features::*;
 use ubtrfs_format::hash::hash_extent_data_ref;
 use ubtrfs_format::items::{self, FileExtent, InlineRef};
