@@ -144,10 +144,8 @@ pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     if entry.is_subvol {
         return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", ubtrfs_core::quote::name(path.as_bytes()))));
     }
-    if ftype == FT_DIR && !recursive {
-        if w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
-            return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::name(path.as_bytes()), "use -r"));
-        }
+    if ftype == FT_DIR && !recursive && w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
+        return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::name(path.as_bytes()), "use -r"));
     }
     let mut count = 0;
     if ftype == FT_DIR {
