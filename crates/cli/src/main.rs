@@ -56,7 +56,7 @@ impl ImageArgs {
     pub fn open_quiet(&self) -> ubtrfs_core::Result<FsInfo> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false })
+        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false, sources: Default::default() })
     }
 }
 

@@ -30,7 +30,7 @@ pub struct RmArgs {
 }
 
 fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
-    let w = FsWriter::open(&OpenOptions { devices: vec![a.image.clone()], cache_bytes: a.cache_mib << 20, writable: true })?;
+    let w = FsWriter::open(&OpenOptions { devices: vec![a.image.clone()], cache_bytes: a.cache_mib << 20, writable: true, sources: Default::default() })?;
     crate::print_warnings(&w.info);
     Ok(w)
 }

@@ -6,6 +6,7 @@
 //! `node_cache` (bounded cache of validated blocks).
 
 use crate::error::{Error, Result};
+use crate::sources::Sources;
 use crate::tree::node_cache::NodeCache;
 use crate::tree::search::{RootInfo, TreeView};
 use crate::volumes::device::{BlockDevice, FileDevice};
@@ -58,11 +59,13 @@ pub struct OpenOptions {
     pub cache_bytes: usize,
     /// Open the devices for writing (the write engine needs this).
     pub writable: bool,
+    /// Where the engine takes time and new UUIDs from.
+    pub sources: Sources,
 }
 
 impl OpenOptions {
     pub fn new(image: impl Into<PathBuf>) -> OpenOptions {
-        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20, writable: false }
+        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20, writable: false, sources: Sources::default() }
     }
 }
 
@@ -84,6 +87,8 @@ pub struct FsInfo {
     /// process writing, the kernel's mount (each also a warning). Empty for writers,
     /// which are refused instead, and for devices opened by the caller.
     pub in_use: Vec<InUse>,
+    /// Where the engine takes time and new UUIDs from (`OpenOptions::sources`).
+    pub sources: Sources,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -108,6 +113,7 @@ impl FsInfo {
         }
         let mut fs = FsInfo::open_devices(devs, opts.cache_bytes)?;
         fs.in_use = in_use;
+        fs.sources = opts.sources.clone();
         // Who else uses the image matters more than what the superblocks said: first.
         let later = fs.take_warnings();
         for w in warnings.into_iter().chain(later) {
@@ -184,6 +190,7 @@ impl FsInfo {
             cache: NodeCache::new(cache_bytes),
             read_only_reason,
             in_use: Vec::new(),
+            sources: Sources::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree()?;

@@ -10,6 +10,7 @@ pub mod error;
 pub mod extent;
 pub mod inode;
 pub mod quote;
+pub mod sources;
 pub mod space;
 pub mod transaction;
 pub mod tree;

@@ -11,7 +11,6 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use crate::transaction::FsWriter;
-use std::time::{SystemTime, UNIX_EPOCH};
 use ubtrfs_format::hash::{extref_hash, name_hash};
 use ubtrfs_format::items;
 use ubtrfs_format::key::*;
@@ -101,15 +100,19 @@ impl InodeAttrs {
     }
 }
 
-pub fn now() -> Timespec {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    Timespec { sec: d.as_secs().into(), nsec: d.subsec_nanos().into() }
-}
+impl FsWriter {
+    /// The current time from the engine's clock (`OpenOptions::sources`).
+    pub fn now(&self) -> Timespec {
+        let t = self.info.sources.clock.now();
+        Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() }
+    }
 
-fn ts(t: Option<(i64, u32)>) -> Timespec {
-    match t {
-        Some((s, n)) => Timespec { sec: (s as u64).into(), nsec: n.into() },
-        None => now(),
+    /// `t`, or now when it is None.
+    fn time_or_now(&self, t: Option<(i64, u32)>) -> Timespec {
+        match t {
+            Some((s, n)) => Timespec { sec: (s as u64).into(), nsec: n.into() },
+            None => self.now(),
+        }
     }
 }
 
@@ -173,7 +176,7 @@ impl FsWriter {
     fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         let ino = self.alloc_objectid(root)?;
         let mut ii = InodeItem::new_zeroed();
-        let t = now();
+        let t = self.now();
         ii.generation = self.transid.into();
         ii.transid = self.transid.into();
         ii.mode = a.mode.into();
@@ -181,8 +184,8 @@ impl FsWriter {
         ii.gid = a.gid.into();
         ii.rdev = a.rdev.into();
         ii.flags = a.flags.into();
-        ii.atime = ts(a.atime);
-        ii.mtime = ts(a.mtime);
+        ii.atime = self.time_or_now(a.atime);
+        ii.mtime = self.time_or_now(a.mtime);
         ii.ctime = t;
         ii.otime = t;
         self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), ii.as_bytes())?;
@@ -287,7 +290,7 @@ impl FsWriter {
                 }
             }
         }
-        let t = now();
+        let t = self.now();
         let nl = name.len() as u64;
         self.update_inode(root, dir, |d| {
             d.size = (d.size.get() + 2 * nl).into();
@@ -595,7 +598,7 @@ impl FsWriter {
             }
             added = add;
         }
-        let t = now();
+        let t = self.now();
         self.update_inode(root, ino, |i| {
             i.size = new_size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
@@ -647,7 +650,7 @@ impl FsWriter {
         // INODE_REF or INODE_EXTREF: find the index and drop the name.
         let index = self.remove_inode_ref(root, ino, dir, name)?;
         self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
-        let t = now();
+        let t = self.now();
         let nl = name.len() as u64;
         self.update_inode(root, dir, |d| {
             d.size = (d.size.get().saturating_sub(2 * nl)).into();
