@@ -630,6 +630,11 @@ fn record(seed: u64, nops: usize) -> Run {
     let mut w = open_writer(dev.clone()).expect("open fixture for writing");
     let mut wl = Workload::new(seed, (*base_model()).clone(), "");
     wl.flavour.apply(&mut w);
+    // Odd seeds write metadata back between operations (a dirty limit of two blocks):
+    // a crash must still show exactly the last commit, never a block written early.
+    if seed % 2 == 1 {
+        w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
+    }
     let mut run = Run { seed, log: Vec::new(), commits: Vec::new(), steps: Vec::new(), problems: Vec::new(), flavour: wl.flavour, chunks: (w.info.chunk_map.len(), 0), enospc: None };
     run.commits.push(CommitRec { generation: w.info.sb.generation.get(), sb_first: None, done: None, model: base_model() });
     let mut referenced = referenced_ranges(&w.info).expect("fixture extents");
@@ -679,6 +684,9 @@ fn record(seed: u64, nops: usize) -> Run {
     check_ordering(&log, interval_start, log.len(), &referenced, "uncommitted tail", &mut run.problems);
     run.log = log;
     run.chunks.1 = w.info.chunk_map.len();
+    if seed % 2 == 1 && w.blocks_written_early() == 0 && run.commits.len() > 1 {
+        run.problems.push("the dirty limit never wrote a block before its commit".into());
+    }
     // Baseline: the last commit, read back cleanly.
     let last = run.commits.last().expect("at least the fixture").clone();
     let img = dev.durable_image();

@@ -50,6 +50,9 @@ struct Config {
     /// Work under this existing directory of the fixture, which is used even as root
     /// (a subvolume that snapshots share, say).
     shared_base: Option<&'static str>,
+    /// Dirty-metadata limit of the writer (a tiny one forces writeback in the middle
+    /// of transactions); None = the default.
+    dirty_limit: Option<usize>,
 }
 
 const CRC_16K: Config = Config {
@@ -64,7 +67,10 @@ const CRC_16K: Config = Config {
     flat: false,
     interludes: true,
     shared_base: None,
+    dirty_limit: None,
 };
+/// CRC_16K with a dirty limit of four blocks: writeback between operations.
+const CRC_16K_WRITEBACK: Config = Config { dirty_limit: Some(4 * 16384), ..CRC_16K };
 const XX_4K: Config = Config {
     csum: "xxhash",
     nodesize: 4096,
@@ -77,6 +83,7 @@ const XX_4K: Config = Config {
     flat: false,
     interludes: true,
     shared_base: None,
+    dirty_limit: None,
 };
 const SHA_64K: Config = Config {
     csum: "sha256",
@@ -90,6 +97,7 @@ const SHA_64K: Config = Config {
     flat: false,
     interludes: true,
     shared_base: None,
+    dirty_limit: None,
 };
 const BLAKE_16K_BITMAPS: Config = Config {
     csum: "blake2",
@@ -103,6 +111,7 @@ const BLAKE_16K_BITMAPS: Config = Config {
     flat: false,
     interludes: true,
     shared_base: None,
+    dirty_limit: None,
 };
 /// Bigger files in a small image: data chunks come and go, free space fragments, and
 /// large writes settle for shorter extents; half the files share one directory.
@@ -118,6 +127,7 @@ const CRC_16K_FULL: Config = Config {
     flat: true,
     interludes: true,
     shared_base: None,
+    dirty_limit: None,
 };
 /// The `snapshots` fixture (quotas on): everything happens inside `sv`, whose tree
 /// blocks and extents `snap` and `snap2` share, so COW of shared blocks, the
@@ -135,6 +145,7 @@ const CRC_4K_HOLES: Config = Config {
     flat: false,
     interludes: true,
     shared_base: None,
+    dirty_limit: None,
 };
 
 fn default_ops() -> usize {
@@ -181,6 +192,8 @@ struct Stats {
     rollbacks: usize,
     checks: usize,
     kernel: usize,
+    /// Most blocks one writer wrote before a commit (metadata writeback).
+    early_blocks: u64,
     /// Commit count at the last periodic `btrfs check`.
     checked_at: usize,
 }
@@ -248,6 +261,9 @@ impl Sim {
     fn open(&mut self) {
         let mut w = self.img.writer();
         w.fst_thresholds_override = self.cfg.fst_thresholds;
+        if let Some(limit) = self.cfg.dirty_limit {
+            w.set_dirty_metadata_limit(limit);
+        }
         self.w = Some(w);
     }
 
@@ -428,8 +444,10 @@ impl Sim {
 
     fn commit(&mut self) {
         self.note("commit".into());
+        let early = self.w().blocks_written_early();
         let gen = self.w().commit().unwrap_or_else(|e| panic!("seed {}: commit: {e}", self.seed));
         self.stats.commits += 1;
+        self.stats.early_blocks = self.stats.early_blocks.max(early);
         self.committed = self.model.clone();
         let what = format!("seed {} op {} commit gen {gen}", self.seed, self.stats.ops);
         check_trees(self.w.as_mut().expect("open"), &[5], &what);
@@ -546,6 +564,9 @@ fn run(seed: u64, ops: usize, cfg: Config, tag: &str) {
         verify_kernel(&sim.img.path, &sim.model, &what);
     }
     verify_ubtrfs(&sim.img.path, &sim.model, &what);
+    if cfg.dirty_limit.is_some() {
+        assert!(sim.stats.early_blocks > 0, "seed {seed}: the dirty limit never wrote a block before its commit");
+    }
     eprintln!("{tag} seed {seed} ({cfg:?}): {:?}, {} live bytes, {:.1}s", sim.stats, sim.live_bytes(), t.elapsed().as_secs_f64());
 }
 
@@ -582,6 +603,13 @@ fn model_snapshots_shared() {
     run(7, default_ops() / 4, SNAPSHOTS_4K, "model-snapshots");
 }
 
+/// Writeback in the middle of transactions: a dirty limit of four blocks writes leaves
+/// out between operations, and later changes COW them again.
+#[test]
+fn model_crc32c_16k_writeback() {
+    run(9, default_ops() / 2, CRC_16K_WRITEBACK, "model-crc32c-16k-writeback");
+}
+
 #[test]
 fn model_crc32c_4k_holes() {
     run(5, default_ops(), CRC_4K_HOLES, "model-crc32c-4k-holes");
@@ -610,7 +638,7 @@ fn model_soak() {
     };
     let (a, b) = spec.split_once("..").expect("UBTRFS_MODEL_SEEDS=first..last");
     let (a, b): (u64, u64) = (a.parse().expect("first seed"), b.parse().expect("last seed"));
-    let configs = [CRC_16K, XX_4K, SHA_64K, BLAKE_16K_BITMAPS, CRC_4K_HOLES, CRC_16K_FULL, SNAPSHOTS_4K];
+    let configs = [CRC_16K, XX_4K, SHA_64K, BLAKE_16K_BITMAPS, CRC_4K_HOLES, CRC_16K_FULL, SNAPSHOTS_4K, CRC_16K_WRITEBACK];
     let mut failed = Vec::new();
     for seed in a..=b {
         let cfg = configs[(seed % configs.len() as u64) as usize];

@@ -113,6 +113,17 @@ impl DelayedRefs {
         std::mem::take(&mut self.heads).into_values().collect()
     }
 
+    /// Drop the head of `bytenr` if it is an extent allocated in this transaction whose
+    /// references now cancel out: it was freed before its commit, and its space may be
+    /// used again at once. Returns whether it was dropped.
+    pub fn drop_if_cancelled(&mut self, bytenr: u64) -> bool {
+        let cancelled = self.heads.get(&bytenr).is_some_and(|h| h.must_insert.is_some() && h.refs.values().all(|&d| d == 0));
+        if cancelled {
+            self.heads.remove(&bytenr);
+        }
+        cancelled
+    }
+
     /// Is `bytenr` a data extent allocated in this transaction and not yet inserted?
     pub fn is_new(&self, bytenr: u64) -> bool {
         self.heads.get(&bytenr).is_some_and(|h| h.must_insert.is_some())

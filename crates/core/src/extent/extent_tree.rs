@@ -149,6 +149,12 @@ impl FsWriter {
         self.forget_dirty(bytenr);
         let ns = u64::from(self.nodesize());
         self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, -1, None);
+        // A block of this transaction (never committed, maybe written early) freed again:
+        // nothing committed refers to it, so its space is free now rather than at commit;
+        // under writeback, paths COWed again and again would otherwise fill the disk.
+        if self.delayed.drop_if_cancelled(bytenr) {
+            crate::space::allocator::unreserve(self, bytenr, ns);
+        }
         Ok(())
     }
 

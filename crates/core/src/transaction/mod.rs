@@ -86,7 +86,7 @@ impl<'a> TreeView for Live<'a> {
     type Node = BlkRef<'a>;
     fn read_node(&self, bytenr: u64, expect: &Expect) -> Result<BlkRef<'a>> {
         match self.w.dirty.get(&bytenr) {
-            Some(buf) => Ok(BlkRef::Dirty(bytenr, buf)),
+            Some(d) => Ok(BlkRef::Dirty(bytenr, &d.buf)),
             None => Ok(BlkRef::Clean(self.w.info.read_tree_block(bytenr, expect)?)),
         }
     }
@@ -103,6 +103,16 @@ impl<'a> TreeView for Live<'a> {
         }
     }
 }
+
+/// A block of the running transaction that has not been written yet.
+pub(crate) struct DirtyBlock {
+    pub(crate) buf: Box<[u8]>,
+    /// `touch_seq` when it was last changed.
+    touched: u64,
+}
+
+/// The default dirty-metadata limit: the kernel's BTRFS_DIRTY_METADATA_THRESH.
+pub const DEFAULT_DIRTY_METADATA_BYTES: usize = 32 << 20;
 
 /// A tree's root as the running transaction sees it.
 #[derive(Clone)]
@@ -123,7 +133,19 @@ pub struct FsWriter {
     pub sb: Box<Superblock>,
     /// Id of the running transaction (last committed generation + 1).
     pub transid: u64,
-    pub(crate) dirty: HashMap<u64, Box<[u8]>>,
+    /// Blocks of the running transaction not yet written: changed in place until
+    /// written (the kernel's `should_cow_block`: generation == transid and not WRITTEN).
+    pub(crate) dirty: HashMap<u64, DirtyBlock>,
+    /// Bytes of dirty blocks above which writeback starts before commit.
+    dirty_limit: usize,
+    /// A counter of block changes, stamped on each dirty block it touches (writeback
+    /// writes the blocks touched longest ago first).
+    touch_seq: u64,
+    /// Blocks of this transaction written before its commit, for statistics.
+    pub(crate) written_early: u64,
+    /// Depth of `guarded` calls: writeback runs only between whole operations, when no
+    /// path holds a dirty block.
+    guard_depth: u32,
     pub(crate) roots: BTreeMap<u64, RootState>,
     pub(crate) aborted: Option<String>,
     pub(crate) delayed: crate::extent::delayed_ref::DelayedRefs,
@@ -211,6 +233,10 @@ impl FsWriter {
             sb,
             transid,
             dirty: HashMap::new(),
+            dirty_limit: DEFAULT_DIRTY_METADATA_BYTES,
+            touch_seq: 0,
+            written_early: 0,
+            guard_depth: 0,
             roots: BTreeMap::new(),
             aborted: None,
             delayed: Default::default(),
@@ -335,13 +361,17 @@ impl FsWriter {
     /// The error of `f`.
     pub fn guarded<T>(&mut self, at: &str, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
         self.check_writable()?;
-        match f(self) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                self.abort(at, &e);
-                Err(e)
-            }
+        self.guard_depth += 1;
+        let r = f(self);
+        self.guard_depth -= 1;
+        let r = match r {
+            Ok(v) if self.guard_depth == 0 => self.balance_dirty_metadata().map(|()| v),
+            r => r,
+        };
+        if let Err(e) = &r {
+            self.abort(at, e);
         }
+        r
     }
 
     pub fn nodesize(&self) -> u32 {
@@ -401,14 +431,16 @@ impl FsWriter {
 
     pub fn node<'a>(&'a self, b: &'a Blk) -> NodeRef<'a> {
         match b {
-            Blk::Dirty(bytenr) => NodeRef::new_checked(self.dirty.get(bytenr).expect("dirty block present while referenced")),
+            Blk::Dirty(bytenr) => NodeRef::new_checked(&self.dirty.get(bytenr).expect("dirty block present while referenced").buf),
             Blk::Clean(eb) => eb.node(),
         }
     }
 
     pub(crate) fn node_mut(&mut self, bytenr: u64) -> ubtrfs_format::node::NodeMut<'_> {
-        let buf = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("block {bytenr} modified without being COWed first"));
-        ubtrfs_format::node::NodeMut::new(buf)
+        self.touch_seq += 1;
+        let d = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("block {bytenr} modified without being COWed first"));
+        d.touched = self.touch_seq;
+        ubtrfs_format::node::NodeMut::new(&mut d.buf)
     }
 
     /// Create an empty block at `bytenr` owned by `owner` (caller allocated the space).
@@ -429,8 +461,7 @@ impl FsWriter {
             h.nritems = 0.into();
             h.level = level;
         }
-        let old = self.dirty.insert(bytenr, buf);
-        assert!(old.is_none(), "block {bytenr} allocated twice in one transaction");
+        self.insert_dirty(bytenr, buf);
     }
 
     /// Copy block `src` into a new block at `bytenr` owned by `owner` (the data of COW).
@@ -445,13 +476,61 @@ impl FsWriter {
             h.owner = owner.into();
             h.flags = (MIXED_BACKREF_REV << BACKREF_REV_SHIFT).into();
         }
-        let old = self.dirty.insert(bytenr, buf);
+        self.insert_dirty(bytenr, buf);
+    }
+
+    fn insert_dirty(&mut self, bytenr: u64, buf: Box<[u8]>) {
+        self.touch_seq += 1;
+        let old = self.dirty.insert(bytenr, DirtyBlock { buf, touched: self.touch_seq });
         assert!(old.is_none(), "block {bytenr} allocated twice in one transaction");
     }
 
-    /// Drop a dirty block that was freed before it was ever written.
+    /// Drop a freed block: a dirty one is forgotten; one written early leaves the node
+    /// cache, so a block allocated later at the same address is never shadowed by it.
     pub(crate) fn forget_dirty(&mut self, bytenr: u64) -> bool {
-        self.dirty.remove(&bytenr).is_some()
+        if self.dirty.remove(&bytenr).is_some() {
+            return true;
+        }
+        self.info.cache.remove(bytenr);
+        false
+    }
+
+    /// Set the dirty-metadata limit: past it, blocks are written out before the commit
+    /// (the least recently changed first) so memory stays bounded however long the
+    /// transaction runs. Crash safety is unchanged: such blocks sit in space the
+    /// committed state treats as free, and a later change COWs them.
+    pub fn set_dirty_metadata_limit(&mut self, bytes: usize) {
+        self.dirty_limit = bytes;
+    }
+
+    /// Blocks of the running transactions written before their commit, so far.
+    pub fn blocks_written_early(&self) -> u64 {
+        self.written_early
+    }
+
+    /// Write dirty blocks out until their bytes are at most half the limit, if they are
+    /// over it. Leaves go before nodes (upper levels change with every COW below them),
+    /// and within a level the blocks changed longest ago first; a tree's root stays.
+    fn balance_dirty_metadata(&mut self) -> Result<()> {
+        let ns = self.nodesize() as usize;
+        if self.dirty.len() * ns <= self.dirty_limit {
+            return Ok(());
+        }
+        let roots: std::collections::HashSet<u64> = self.roots.values().map(|r| r.info.bytenr).collect();
+        let mut order: Vec<(u8, u64, u64)> = self.dirty.iter().filter(|(b, _)| !roots.contains(b)).map(|(&b, d)| (NodeRef::new_checked(&d.buf).level(), d.touched, b)).collect();
+        order.sort_unstable();
+        let target = self.dirty_limit / 2 / ns;
+        let excess = self.dirty.len().saturating_sub(target);
+        let mut picked: Vec<u64> = order.into_iter().take(excess).map(|(_, _, b)| b).collect();
+        // Sequential addresses make one stream of writes.
+        picked.sort_unstable();
+        for b in picked {
+            let d = self.dirty.remove(&b).expect("picked from the dirty set");
+            let eb = self.write_tree_block(b, d.buf)?;
+            self.info.cache.insert(eb);
+            self.written_early += 1;
+        }
+        Ok(())
     }
 
     pub fn dirty_blocks(&self) -> usize {
@@ -573,8 +652,8 @@ impl FsWriter {
 
     fn check_dirty_invariants(&self) {
         if cfg!(debug_assertions) {
-            for (bytenr, buf) in &self.dirty {
-                let n = NodeRef::new_checked(buf);
+            for (bytenr, d) in &self.dirty {
+                let n = NodeRef::new_checked(&d.buf);
                 assert_eq!(n.bytenr(), *bytenr, "dirty block header bytenr");
                 assert_eq!(n.generation(), self.transid, "dirty block {bytenr} generation");
             }
@@ -582,41 +661,48 @@ impl FsWriter {
     }
 
     fn write_dirty_blocks(&mut self) -> Result<()> {
-        let csum_type = self.info.csum_type;
-        let mut blocks: Vec<(u64, Box<[u8]>)> = self.dirty.drain().collect();
+        let mut blocks: Vec<(u64, DirtyBlock)> = self.dirty.drain().collect();
         blocks.sort_by_key(|(b, _)| *b);
-        for (bytenr, buf) in &mut blocks {
-            {
-                let mut m = ubtrfs_format::node::NodeMut::new(buf);
-                let h = m.header_mut();
-                h.flags = (h.flags.get() | HEADER_FLAG_WRITTEN).into();
-            }
-            let c = csum_type.compute(&buf[CSUM_SIZE..]);
-            buf[..CSUM_SIZE].copy_from_slice(&c);
-            // Validate what we are about to write, as the kernel's write-time checker does.
-            let n = NodeRef::new_checked(buf);
-            let ctx = ubtrfs_format::tree_checker::CheckCtx {
-                nodesize: self.nodesize(),
-                sectorsize: self.sectorsize(),
-                csum_type,
-                fsid: self.info.meta_fsid,
-                chunk_tree_uuid: Some(self.info.chunk_tree_uuid),
-                super_generation: self.transid,
-                bytenr: *bytenr,
-                level: Some(n.level()),
-                generation: Some(self.transid),
-                owner: None,
-                first_key: None,
-            };
-            if let Err(e) = ubtrfs_format::tree_checker::check_tree_block(buf, &ctx) {
-                panic!("about to write an invalid tree block: {e}");
-            }
-            crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, *bytenr, buf, crate::volumes::WriteKind::Metadata)?;
-        }
-        for (bytenr, buf) in blocks {
-            self.info.cache.insert(Arc::new(ExtentBuffer::from_written(bytenr, buf)));
+        for (bytenr, d) in blocks {
+            let eb = self.write_tree_block(bytenr, d.buf)?;
+            self.info.cache.insert(eb);
         }
         Ok(())
+    }
+
+    /// Write block `bytenr` of this transaction: mark it WRITTEN (from now on a change
+    /// COWs it), checksum it, validate it as the kernel's write-time tree checker does,
+    /// and write every copy. Returns it as a clean block for the node cache.
+    ///
+    /// # Errors
+    /// `Corrupt` if the block fails the tree checker (nothing is written: a bug, or a
+    /// bad item copied from a corrupt image); `Io` from the devices.
+    fn write_tree_block(&self, bytenr: u64, mut buf: Box<[u8]>) -> Result<Arc<ExtentBuffer>> {
+        let csum_type = self.info.csum_type;
+        {
+            let mut m = ubtrfs_format::node::NodeMut::new(&mut buf);
+            let h = m.header_mut();
+            h.flags = (h.flags.get() | HEADER_FLAG_WRITTEN).into();
+        }
+        let c = csum_type.compute(&buf[CSUM_SIZE..]);
+        buf[..CSUM_SIZE].copy_from_slice(&c);
+        let level = NodeRef::new_checked(&buf).level();
+        let ctx = ubtrfs_format::tree_checker::CheckCtx {
+            nodesize: self.nodesize(),
+            sectorsize: self.sectorsize(),
+            csum_type,
+            fsid: self.info.meta_fsid,
+            chunk_tree_uuid: Some(self.info.chunk_tree_uuid),
+            super_generation: self.transid,
+            bytenr,
+            level: Some(level),
+            generation: Some(self.transid),
+            owner: None,
+            first_key: None,
+        };
+        ubtrfs_format::tree_checker::check_tree_block(&buf, &ctx).map_err(|e| Error::from(e).at(format!("refusing to write tree block {bytenr}")))?;
+        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &buf, crate::volumes::WriteKind::Metadata)?;
+        Ok(Arc::new(ExtentBuffer::from_written(bytenr, buf)))
     }
 
     fn write_supers(&mut self) -> Result<()> {

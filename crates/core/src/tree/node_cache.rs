@@ -76,6 +76,21 @@ impl NodeCache {
         unreachable!("clock sweep always finds a victim within two rounds");
     }
 
+    /// Drop the block at `bytenr`, if cached (its space was freed: a new block there must
+    /// not be shadowed by the old one).
+    pub fn remove(&self, bytenr: u64) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(idx) = g.map.remove(&bytenr) else { return };
+        g.slots.swap_remove(idx);
+        if idx < g.slots.len() {
+            let moved = g.slots[idx].eb.bytenr;
+            g.map.insert(moved, idx);
+        }
+        if g.hand >= g.slots.len() {
+            g.hand = 0;
+        }
+    }
+
     pub fn clear(&self) {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.map.clear();
