@@ -37,7 +37,8 @@ fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
 
 pub fn put(a: &PutArgs) -> Result<()> {
     let mut w = open_writer(&a.image)?;
-    let stats = w.guarded("put", |w| ubtrfs_tools::put::put(w, &a.src, &a.dest, a.recursive))?;
+    // A failure part way leaves the transaction half done: abort it, nothing is committed.
+    let stats = ubtrfs_tools::put::put(&mut w, &a.src, &a.dest, a.recursive).inspect_err(|e| w.abort("put", e))?;
     let gen = w.commit()?;
     eprintln!("put {} files, {} directories, {} hard links, {} bytes (generation {gen})", stats.files, stats.dirs, stats.hardlinks, stats.bytes);
     Ok(())
@@ -45,7 +46,7 @@ pub fn put(a: &PutArgs) -> Result<()> {
 
 pub fn rm(a: &RmArgs) -> Result<()> {
     let mut w = open_writer(&a.image)?;
-    let n = w.guarded("rm", |w| ubtrfs_tools::put::remove(w, &a.path, a.recursive))?;
+    let n = ubtrfs_tools::put::remove(&mut w, &a.path, a.recursive).inspect_err(|e| w.abort("rm", e))?;
     let gen = w.commit()?;
     eprintln!("removed {n} entries (generation {gen})");
     Ok(())

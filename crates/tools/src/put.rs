@@ -33,13 +33,15 @@ fn attrs(md: &std::fs::Metadata) -> InodeAttrs {
 }
 
 /// Refuse anything but regular files and directories (and directories without -r), and
-/// record every source's metadata before anything reads it: reading a directory or file
-/// updates its atime, and the copy keeps the atime from before.
+/// record each directory's metadata before this scan reads it: reading a directory
+/// updates its atime, and the copy keeps the atime from before. Files are not read
+/// here, so the copy stats them when it comes to them (memory stays bounded by the
+/// number of directories, not files).
 fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<std::path::PathBuf, std::fs::Metadata>) -> Result<()> {
     let md = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
-    seen.insert(src.to_path_buf(), md.clone());
     let ft = md.file_type();
     if ft.is_dir() {
+        seen.insert(src.to_path_buf(), md);
         if !recursive {
             return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::path(src), "use -r"));
         }
@@ -83,7 +85,14 @@ fn put_one(
 ) -> Result<()> {
     let md = match seen.get(src) {
         Some(m) => m.clone(),
-        None => return Err(Error::posix(PosixKind::NotFound, format!("{} appeared while copying", ubtrfs_core::quote::path(src)))),
+        None => {
+            let m = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
+            // Checked as a regular file by the scan, unless it changed since.
+            if !m.file_type().is_file() {
+                return Err(Error::posix(PosixKind::Invalid, format!("{} changed while copying (it is no longer a regular file)", ubtrfs_core::quote::path(src))));
+            }
+            m
+        }
     };
     let a = attrs(&md);
     if md.is_dir() {

@@ -259,8 +259,13 @@ pub fn run_delayed_refs(w: &mut FsWriter) -> Result<bool> {
     if heads.is_empty() {
         return Ok(false);
     }
-    for h in heads {
+    for (i, h) in heads.into_iter().enumerate() {
         run_one(w, h)?;
+        // Running a large transaction's refs dirties many extent-tree leaves: write
+        // back between heads (no path is held there) so a commit stays in its budget.
+        if i % 256 == 255 {
+            w.balance_dirty_metadata()?;
+        }
     }
     Ok(true)
 }

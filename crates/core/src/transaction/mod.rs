@@ -111,7 +111,13 @@ pub(crate) struct DirtyBlock {
     touched: u64,
 }
 
-/// The default dirty-metadata limit: the kernel's BTRFS_DIRTY_METADATA_THRESH.
+/// Bytes of the dirty limit each pending delayed-ref head is counted as: heads run
+/// before their commit once they would stand for a quarter of the limit (a head and its
+/// refs take about 250 bytes).
+const DELAYED_REF_HEAD_BUDGET: usize = 4 * 256;
+
+/// The largest dirty-metadata limit a writer takes from its memory budget: the kernel's
+/// BTRFS_DIRTY_METADATA_THRESH.
 pub const DEFAULT_DIRTY_METADATA_BYTES: usize = 32 << 20;
 
 /// A tree's root as the running transaction sees it.
@@ -146,6 +152,8 @@ pub struct FsWriter {
     /// Depth of `guarded` calls: writeback runs only between whole operations, when no
     /// path holds a dirty block.
     guard_depth: u32,
+    /// Delayed refs are being run by writeback (which they call back into).
+    running_refs: bool,
     pub(crate) roots: BTreeMap<u64, RootState>,
     pub(crate) aborted: Option<String>,
     pub(crate) delayed: crate::extent::delayed_ref::DelayedRefs,
@@ -237,6 +245,7 @@ impl FsWriter {
             touch_seq: 0,
             written_early: 0,
             guard_depth: 0,
+            running_refs: false,
             roots: BTreeMap::new(),
             aborted: None,
             delayed: Default::default(),
@@ -266,6 +275,11 @@ impl FsWriter {
         w.alloc = crate::space::allocator::Allocator::load(&w)?;
         w.quotas = crate::extent::qgroup::status(&mut w)?.is_some();
         w.default_subvol = crate::inode::filesystem::find_default_subvol(&w.live())?;
+        // One budget for metadata in memory (`OpenOptions::cache_bytes`): up to half of it,
+        // and at most the kernel's threshold, holds dirty blocks; the rest caches clean ones.
+        let budget = w.info.cache.budget();
+        w.dirty_limit = DEFAULT_DIRTY_METADATA_BYTES.min(budget / 2);
+        w.info.cache.set_budget(budget - w.dirty_limit);
         Ok(w)
     }
 
@@ -503,6 +517,11 @@ impl FsWriter {
         self.dirty_limit = bytes;
     }
 
+    /// The dirty-metadata limit in bytes.
+    pub fn dirty_metadata_limit(&self) -> usize {
+        self.dirty_limit
+    }
+
     /// Blocks of the running transactions written before their commit, so far.
     pub fn blocks_written_early(&self) -> u64 {
         self.written_early
@@ -511,7 +530,16 @@ impl FsWriter {
     /// Write dirty blocks out until their bytes are at most half the limit, if they are
     /// over it. Leaves go before nodes (upper levels change with every COW below them),
     /// and within a level the blocks changed longest ago first; a tree's root stays.
-    fn balance_dirty_metadata(&mut self) -> Result<()> {
+    pub(crate) fn balance_dirty_metadata(&mut self) -> Result<()> {
+        // Pending references are memory too (a head per extent changed): past a share of
+        // the limit they run now, as the kernel runs delayed refs in batches during a
+        // transaction; what they dirty is written back below.
+        if self.delayed.len() > (self.dirty_limit / DELAYED_REF_HEAD_BUDGET).max(16) && !self.running_refs {
+            self.running_refs = true;
+            let r = crate::extent::extent_tree::run_delayed_refs(self);
+            self.running_refs = false;
+            r?;
+        }
         let ns = self.nodesize() as usize;
         if self.dirty.len() * ns <= self.dirty_limit {
             return Ok(());

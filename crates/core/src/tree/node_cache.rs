@@ -21,19 +21,19 @@ struct Inner {
 
 pub struct NodeCache {
     inner: Mutex<Inner>,
-    budget_bytes: usize,
+    budget_bytes: Mutex<usize>,
     capacity: Mutex<usize>,
 }
 
 impl NodeCache {
     pub fn new(budget_bytes: usize) -> NodeCache {
-        NodeCache { inner: Mutex::new(Inner { map: HashMap::new(), slots: Vec::new(), hand: 0 }), budget_bytes, capacity: Mutex::new(0) }
+        NodeCache { inner: Mutex::new(Inner { map: HashMap::new(), slots: Vec::new(), hand: 0 }), budget_bytes: Mutex::new(budget_bytes), capacity: Mutex::new(0) }
     }
 
     fn capacity(&self, nodesize: usize) -> usize {
         let mut c = self.capacity.lock().unwrap_or_else(|p| p.into_inner());
         if *c == 0 {
-            *c = (self.budget_bytes / nodesize.max(1)).max(32);
+            *c = (*self.budget_bytes.lock().unwrap_or_else(|p| p.into_inner()) / nodesize.max(1)).max(32);
         }
         *c
     }
@@ -74,6 +74,18 @@ impl NodeCache {
             return;
         }
         unreachable!("clock sweep always finds a victim within two rounds");
+    }
+
+    /// The byte budget.
+    pub fn budget(&self) -> usize {
+        *self.budget_bytes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Change the byte budget (a writer gives part of it to its dirty blocks). A smaller
+    /// budget bounds the cache from here on; blocks already cached past it stay.
+    pub fn set_budget(&self, bytes: usize) {
+        *self.budget_bytes.lock().unwrap_or_else(|p| p.into_inner()) = bytes;
+        *self.capacity.lock().unwrap_or_else(|p| p.into_inner()) = 0;
     }
 
     /// Drop the block at `bytenr`, if cached (its space was freed: a new block there must
