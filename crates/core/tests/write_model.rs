@@ -247,7 +247,7 @@ impl Sim {
 
     fn open(&mut self) {
         let mut w = self.img.writer();
-        w.fst_thresholds_override = self.cfg.fst_thresholds;
+        w.hooks.fst_thresholds_override = self.cfg.fst_thresholds;
         self.w = Some(w);
     }
 

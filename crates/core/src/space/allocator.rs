@@ -366,8 +366,10 @@ pub fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
     Ok(any)
 }
 
-/// Test hooks: in-memory block groups that no chunk backs, for exercising the
-/// free-space tree on ranges nothing else touches (the kernel self-tests' dummy groups).
+/// Test hooks (feature `test-hooks`): in-memory block groups that no chunk backs, for
+/// exercising the free-space tree on ranges nothing else touches (the kernel
+/// self-tests' dummy groups).
+#[cfg(feature = "test-hooks")]
 impl FsWriter {
     /// Add an in-memory block group [start, start+len) with `NEEDS_FREE_SPACE` set and an
     /// empty free-space cache (so the allocator never hands out its space). It has no
@@ -375,7 +377,6 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Corrupt` for impossible geometry; `Posix(Exists)` if it overlaps a group.
-    #[doc(hidden)]
     pub fn insert_test_group(&mut self, start: u64, len: u64, flags: u64) -> Result<()> {
         if self.alloc.group(start).is_some() || self.alloc.groups.range(start..start.saturating_add(len)).next().is_some() {
             return Err(Error::posix(PosixKind::Exists, format!("test block group {start} +{len} overlaps a block group")));
@@ -387,13 +388,11 @@ impl FsWriter {
 
     /// Drop a group added by `insert_test_group` (its free-space-tree items are the
     /// caller's to remove). Returns whether it existed.
-    #[doc(hidden)]
     pub fn remove_test_group(&mut self, start: u64) -> bool {
         self.alloc.groups.remove(&start).is_some()
     }
 
     /// The free-space-tree format cached for the group at `start` (None: not cached).
-    #[doc(hidden)]
     pub fn fst_cached_bitmaps(&self, start: u64) -> Option<bool> {
         self.alloc.fst_bitmaps(start)
     }
