@@ -213,6 +213,30 @@ fn file_extent_aimed_at_a_tree_block() {
     assert_eq!(img.sha256(), before, "the image changed");
 }
 
+/// The METADATA block group's item says it is full (used == length, which the tree
+/// checker allows) while the free-space tree has room: the commit that inserts the
+/// new blocks' extent items met `assert!(g.used <= g.length)` in `update_used`.
+#[test]
+fn block_group_fuller_than_its_length() {
+    let img = fresh("bg-full", &[]);
+    let items = find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
+    let bg = items.iter().find(|f| le64(&f.data, 16) & BLOCK_GROUP_METADATA != 0).expect("a metadata block group item");
+    let (start, length) = (bg.key.objectid, bg.key.offset);
+    patch_body(&img.path, bg, 0, &length.to_le_bytes());
+    let before = img.sha256();
+    let mut w = img.writer();
+    // Enough new directories that the fs tree grows by several leaves: the commit
+    // allocates more tree blocks than it frees.
+    for i in 0..300 {
+        w.mkdir(FS, ROOT_DIR, format!("d{i:04}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
+    }
+    let r = w.commit();
+    let msg = assert_corrupt("commit", r, &[&format!("block group {start} "), &format!("length {length}"), "BLOCK_GROUP_ITEM"]);
+    assert_aborted("block group full", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
+
 /// Mark tree block `y` free in the free-space tree by widening the free extent that
 /// starts after it down to it (every byte between must be in use). The widened extent
 /// is the group's largest, so the allocator hands `y` out first.
@@ -231,6 +255,18 @@ fn mark_block_free(img: &Path, y: u64) {
     let largest = free.iter().filter(|e| e.key.objectid >= g.objectid && e.key.objectid < g.objectid + g.offset).map(|e| e.key.offset).max().unwrap_or(0);
     assert_eq!(largest, l, "the free extent after block {y} is the group's largest");
     patch_key(img, f, y, l + (b - y));
+}
+
+/// A free-space-tree extent whose length runs past the end of the address space: the
+/// writer's open summed start and length (an overflow panic in debug builds).
+#[test]
+fn free_space_extent_past_the_address_space() {
+    let img = fresh("fst-overflow", &[]);
+    let free = find_items(&img.path, FREE_SPACE_TREE_OBJECTID, |k| k.type_ == FREE_SPACE_EXTENT_KEY);
+    let f = free.last().expect("a free extent");
+    patch_key(&img.path, f, f.key.objectid, u64::MAX - 4095);
+    let r = FsWriter::open(&OpenOptions::new(&img.path));
+    assert_corrupt("open for writing", r.map(|_| ()), &["root=10", &format!("free space {}", f.key.objectid)]);
 }
 
 /// An extent item whose reference count is i64::MAX: one more reference overflowed the
