@@ -206,7 +206,7 @@ fn kernel_readonly_snapshot_is_refused() {
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{args:?} succeeded on a read-only snapshot");
         assert!(e.contains("subvolume snap-ro (id 257)") || e.contains("subvolume snap-ro (id 258)"), "{args:?}: error does not name the subvolume: {e}");
-        assert!(e.contains("read-only filesystem"), "{args:?}: not EROFS: {e}");
+        assert!(e.contains("read-only file system"), "{args:?}: not EROFS: {e}");
         assert_eq!(sha256(&img), before, "{args:?} changed the image");
     }
     // The writable subvolume beside it still takes changes.

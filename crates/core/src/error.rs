@@ -5,44 +5,103 @@
 use std::fmt;
 use ubtrfs_format::Corrupt;
 
-/// POSIX-style failures of a request (the FUSE adapter maps these to errno).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// POSIX-style failures of a request (the FUSE adapter maps these to errno). Each
+/// kind prints as its errno's `strerror` text, lowercased (glibc's wording).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PosixKind {
+    /// ENOENT.
     NotFound,
+    /// ENOTDIR.
     NotDir,
+    /// EISDIR.
     IsDir,
+    /// EEXIST.
     Exists,
+    /// EINVAL.
     Invalid,
+    /// EROFS: an aborted filesystem, a read-only subvolume.
     ReadOnly,
+    /// ENOSPC.
     NoSpace,
+    /// ENAMETOOLONG.
     NameTooLong,
+    /// ENOTEMPTY.
     NotEmpty,
+    /// ELOOP.
     Loop,
+    /// EACCES.
     PermissionDenied,
     /// EPERM: immutable or append-only inodes.
     NotPermitted,
     /// EBUSY: the image is held by another writer or mounted by the kernel.
     Busy,
+    /// EXDEV: rename, link or reflink across subvolumes or filesystems.
+    CrossDevice,
+    /// ENODATA: no such extended attribute.
+    NoData,
+    /// ERANGE: a caller's buffer is too small (getxattr, listxattr).
+    Range,
+    /// EMLINK: an inode's link count or extref space is at its maximum.
+    TooManyLinks,
+    /// EFBIG: a file offset beyond the maximum file size.
+    FileTooBig,
+    /// EOPNOTSUPP: a valid request ubtrfs or this filesystem does not support.
+    NotSupported,
+    /// EDQUOT: a qgroup limit would be exceeded.
+    QuotaExceeded,
 }
 
 impl PosixKind {
+    /// Every kind, for tables and tests.
+    pub const ALL: [PosixKind; 20] = [
+        PosixKind::NotFound,
+        PosixKind::NotDir,
+        PosixKind::IsDir,
+        PosixKind::Exists,
+        PosixKind::Invalid,
+        PosixKind::ReadOnly,
+        PosixKind::NoSpace,
+        PosixKind::NameTooLong,
+        PosixKind::NotEmpty,
+        PosixKind::Loop,
+        PosixKind::PermissionDenied,
+        PosixKind::NotPermitted,
+        PosixKind::Busy,
+        PosixKind::CrossDevice,
+        PosixKind::NoData,
+        PosixKind::Range,
+        PosixKind::TooManyLinks,
+        PosixKind::FileTooBig,
+        PosixKind::NotSupported,
+        PosixKind::QuotaExceeded,
+    ];
+
+    /// The errno value (positive), as the FUSE adapter returns it.
     pub fn errno(self) -> i32 {
         match self {
-            PosixKind::NotFound => 2,
-            PosixKind::NotDir => 20,
-            PosixKind::IsDir => 21,
-            PosixKind::Exists => 17,
-            PosixKind::Invalid => 22,
-            PosixKind::ReadOnly => 30,
-            PosixKind::NoSpace => 28,
-            PosixKind::NameTooLong => 36,
-            PosixKind::NotEmpty => 39,
-            PosixKind::Loop => 40,
-            PosixKind::PermissionDenied => 13,
-            PosixKind::NotPermitted => 1,
-            PosixKind::Busy => 16,
+            PosixKind::NotFound => libc::ENOENT,
+            PosixKind::NotDir => libc::ENOTDIR,
+            PosixKind::IsDir => libc::EISDIR,
+            PosixKind::Exists => libc::EEXIST,
+            PosixKind::Invalid => libc::EINVAL,
+            PosixKind::ReadOnly => libc::EROFS,
+            PosixKind::NoSpace => libc::ENOSPC,
+            PosixKind::NameTooLong => libc::ENAMETOOLONG,
+            PosixKind::NotEmpty => libc::ENOTEMPTY,
+            PosixKind::Loop => libc::ELOOP,
+            PosixKind::PermissionDenied => libc::EACCES,
+            PosixKind::NotPermitted => libc::EPERM,
+            PosixKind::Busy => libc::EBUSY,
+            PosixKind::CrossDevice => libc::EXDEV,
+            PosixKind::NoData => libc::ENODATA,
+            PosixKind::Range => libc::ERANGE,
+            PosixKind::TooManyLinks => libc::EMLINK,
+            PosixKind::FileTooBig => libc::EFBIG,
+            PosixKind::NotSupported => libc::EOPNOTSUPP,
+            PosixKind::QuotaExceeded => libc::EDQUOT,
         }
     }
+
     fn as_str(self) -> &'static str {
         match self {
             PosixKind::NotFound => "no such file or directory",
@@ -50,7 +109,7 @@ impl PosixKind {
             PosixKind::IsDir => "is a directory",
             PosixKind::Exists => "file exists",
             PosixKind::Invalid => "invalid argument",
-            PosixKind::ReadOnly => "read-only filesystem",
+            PosixKind::ReadOnly => "read-only file system",
             PosixKind::NoSpace => "no space left on device",
             PosixKind::NameTooLong => "file name too long",
             PosixKind::NotEmpty => "directory not empty",
@@ -58,6 +117,13 @@ impl PosixKind {
             PosixKind::PermissionDenied => "permission denied",
             PosixKind::NotPermitted => "operation not permitted",
             PosixKind::Busy => "device or resource busy",
+            PosixKind::CrossDevice => "invalid cross-device link",
+            PosixKind::NoData => "no data available",
+            PosixKind::Range => "numerical result out of range",
+            PosixKind::TooManyLinks => "too many links",
+            PosixKind::FileTooBig => "file too large",
+            PosixKind::NotSupported => "operation not supported",
+            PosixKind::QuotaExceeded => "disk quota exceeded",
         }
     }
 }
@@ -134,3 +200,59 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    /// libc's text for `errno`, lowercased.
+    fn strerror_lower(errno: i32) -> String {
+        // SAFETY: strerror returns a pointer to a NUL-terminated string that stays valid
+        // until the next strerror call; this thread copies it before making another.
+        let s = unsafe { CStr::from_ptr(libc::strerror(errno)) };
+        s.to_string_lossy().to_lowercase()
+    }
+
+    #[test]
+    fn every_kind_is_its_errno_with_strerror_text() {
+        let want: [(PosixKind, i32); 20] = [
+            (PosixKind::NotFound, libc::ENOENT),
+            (PosixKind::NotDir, libc::ENOTDIR),
+            (PosixKind::IsDir, libc::EISDIR),
+            (PosixKind::Exists, libc::EEXIST),
+            (PosixKind::Invalid, libc::EINVAL),
+            (PosixKind::ReadOnly, libc::EROFS),
+            (PosixKind::NoSpace, libc::ENOSPC),
+            (PosixKind::NameTooLong, libc::ENAMETOOLONG),
+            (PosixKind::NotEmpty, libc::ENOTEMPTY),
+            (PosixKind::Loop, libc::ELOOP),
+            (PosixKind::PermissionDenied, libc::EACCES),
+            (PosixKind::NotPermitted, libc::EPERM),
+            (PosixKind::Busy, libc::EBUSY),
+            (PosixKind::CrossDevice, libc::EXDEV),
+            (PosixKind::NoData, libc::ENODATA),
+            (PosixKind::Range, libc::ERANGE),
+            (PosixKind::TooManyLinks, libc::EMLINK),
+            (PosixKind::FileTooBig, libc::EFBIG),
+            (PosixKind::NotSupported, libc::EOPNOTSUPP),
+            (PosixKind::QuotaExceeded, libc::EDQUOT),
+        ];
+        assert_eq!(want.map(|(k, _)| k), PosixKind::ALL, "the table above lists every kind, in order");
+        for (kind, errno) in want {
+            assert_eq!(kind.errno(), errno, "{kind:?}");
+            assert_eq!(kind.to_string(), strerror_lower(errno), "{kind:?} (errno {errno})");
+        }
+        let mut seen: Vec<i32> = PosixKind::ALL.iter().map(|k| k.errno()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), PosixKind::ALL.len(), "two kinds share an errno");
+    }
+
+    #[test]
+    fn posix_error_reads_path_kind_detail() {
+        let e = Error::posix_detail(PosixKind::CrossDevice, "/a/b", "a reflink across subvolumes");
+        assert_eq!(e.to_string(), "/a/b: invalid cross-device link (a reflink across subvolumes)");
+        assert_eq!(e.at("image.img").posix_kind(), Some(PosixKind::CrossDevice));
+    }
+}

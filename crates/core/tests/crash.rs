@@ -286,7 +286,7 @@ impl Flavour {
     }
     fn apply(self, w: &mut FsWriter) {
         if self == Flavour::Bitmaps {
-            w.fst_thresholds_override = Some((2, 4));
+            w.hooks.fst_thresholds_override = Some((2, 4));
         }
     }
 }

@@ -36,7 +36,7 @@ impl Image {
     }
     /// Commit and let btrfs-progs judge the result (skipped when it is not installed).
     fn commit_and_check(&self, mut w: FsWriter) {
-        w.fst_thresholds_override = None;
+        w.hooks.fst_thresholds_override = None;
         w.check_invariants(FST).expect("free-space tree invariants before commit");
         w.commit().expect("commit");
         drop(w);
@@ -171,7 +171,7 @@ type Ops = fn(&mut FsWriter, u64, u64) -> Vec<(u64, u64)>;
 fn run(name: &str, ops: Ops) {
     let img = Image::new(name);
     let mut w = img.writer();
-    w.fst_thresholds_override = Some((0, u32::MAX));
+    w.hooks.fst_thresholds_override = Some((0, u32::MAX));
     let base = test_group_base(&w);
     let ss = u64::from(w.sectorsize());
     for a in [ss, 2048 * 4096] {
@@ -357,7 +357,7 @@ fn automatic_conversion_at_real_thresholds() {
     let mut w = img.writer();
     let base = test_group_base(&w);
     for force in [false, true] {
-        w.fst_force_info_lookup = force;
+        w.hooks.fst_force_info_lookup = force;
         // Step k (k = 1..=high+1) makes k+1 runs; step high+1+j (freeing) leaves
         // high+2-j. 8 MiB: (low, high) = (0, 11): bitmaps at 12 runs (step 11), never
         // back, since the count cannot drop below 0.
@@ -370,7 +370,7 @@ fn automatic_conversion_at_real_thresholds() {
         let seen = auto_convert(&mut w, base, 256 << 20);
         assert_eq!(seen, vec![(359, true), (463, false)], "256 MiB group conversions (force_info_lookup={force})");
     }
-    w.fst_force_info_lookup = false;
+    w.hooks.fst_force_info_lookup = false;
     img.commit_and_check(w);
 }
 

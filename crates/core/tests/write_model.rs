@@ -260,7 +260,7 @@ impl Sim {
 
     fn open(&mut self) {
         let mut w = self.img.writer();
-        w.fst_thresholds_override = self.cfg.fst_thresholds;
+        w.hooks.fst_thresholds_override = self.cfg.fst_thresholds;
         if let Some(limit) = self.cfg.dirty_limit {
             w.set_dirty_metadata_limit(limit);
         }

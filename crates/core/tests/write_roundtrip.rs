@@ -1066,7 +1066,7 @@ fn free_space_bitmaps_reload() {
     for round in 0..6 {
         let mut w = img.writer();
         // Every group converts to bitmaps at its first change, and never back.
-        w.fst_thresholds_override = Some((0, 0));
+        w.hooks.fst_thresholds_override = Some((0, 0));
         if round == 0 && !base.is_empty() {
             m.w_mkdir(&mut w, base, 0o755);
         }

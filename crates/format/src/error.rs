@@ -68,6 +68,16 @@ impl Corrupt {
         self.key = Some(key);
         self
     }
+    /// The item's key, when its slot is not known (found by search, not by walking).
+    pub fn key(mut self, key: Key) -> Self {
+        self.key = Some(key);
+        self
+    }
+    /// The inode the damaged item belongs to (an inode item, a file extent, a backref).
+    pub fn ino(mut self, ino: u64) -> Self {
+        self.ino = Some(ino);
+        self
+    }
 }
 
 impl fmt::Display for Corrupt {
@@ -95,7 +105,7 @@ impl fmt::Display for Corrupt {
         if let Some(l) = self.logical {
             write!(f, "{sep}logical={l}")?;
         }
-        if self.root.is_some() || self.block.is_some() || self.slot.is_some() || self.ino.is_some() {
+        if self.root.is_some() || self.block.is_some() || self.slot.is_some() || self.key.is_some() || self.ino.is_some() {
             write!(f, ",")?;
         }
         write!(f, " {}", self.reason)

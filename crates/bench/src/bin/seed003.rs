@@ -1,14 +1,14 @@
 //! Seed 003: the cost of one free-space-tree update (add or remove, one per delayed
 //! ref that allocates or frees an extent) with the format flag cached in the block
 //! group, against the baseline that looks the format up in the group's
-//! FREE_SPACE_INFO item on every update (`FsWriter::fst_force_info_lookup`).
+//! FREE_SPACE_INFO item on every update (`TestHooks::fst_force_info_lookup`).
 //!
 //! Workload (the kernel change's fs_mark run, scaled to one process): `--files` empty
 //! files with fs_mark-style 40-byte names, round-robin over `--dirs` directories (the
 //! kernel script used one directory per thread), through the library on a fresh
 //! `mkfs.btrfs` image, committing by the policy of `common` (every `--commit-every`
 //! files or every `--commit-secs` seconds, and at the end). Every add/remove call is
-//! timed (`FsWriter::fst_timings`). Each variant runs on its own fresh image; variants
+//! timed (`TestHooks::fst_timings`). Each variant runs on its own fresh image; variants
 //! alternate over `--runs` rounds. Reported twice: all samples pooled, and the
 //! per-update minimum over rounds (the workload is deterministic, so update i is the
 //! same in every round; the minimum filters out preemptions and interrupts, which on a
@@ -78,12 +78,12 @@ pub fn workload(files: u64, dirs: u64, commit_every: u64, commit_secs: u64) -> W
 pub fn run_variant(image: &Path, force_info_lookup: bool, wl: &Workload) -> Result<VariantRun, String> {
     let t = Instant::now();
     let mut w = FsWriter::open(&OpenOptions::new(image)).map_err(|e| format!("open {}: {e}", image.display()))?;
-    w.fst_force_info_lookup = force_info_lookup;
-    w.fst_timings = Some(Vec::with_capacity(1 << 20));
+    w.hooks.fst_force_info_lookup = force_info_lookup;
+    w.hooks.fst_timings = Some(Vec::with_capacity(1 << 20));
     let dirs: Vec<u64> = (0..wl.dirs).map(|i| w.mkdir(FS_TREE, ROOT_DIR, format!("d{}", i + 1).as_bytes(), &InodeAttrs::new(0o755)).map_err(|e| format!("mkdir: {e}"))).collect::<Result<_, _>>()?;
     let st = create_files(&mut w, &dirs, wl)?;
     let wall = t.elapsed();
-    let timings = w.fst_timings.take().unwrap_or_default();
+    let timings = w.hooks.fst_timings.take().unwrap_or_default();
     let fst = w.items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX)).map_err(|e| format!("read free-space tree: {e}"))?;
     Ok(VariantRun { timings, wall, commits: st.commits, fst })
 }

@@ -6,9 +6,15 @@
 //! whose EXTENT/METADATA item does not exist yet; its deltas are never negative in sum
 //! per backref. A head whose deltas all cancel is dropped (allocated and freed inside
 //! one transaction: the space returns to the allocator without ever reaching disk).
+//!
+//! Every reference to one bytenr must agree on the extent's length and kind (data or
+//! tree block). References come from on-disk file extents and node pointers, so a
+//! disagreement is damage, a `Corrupt` error naming the referrer, never an assertion;
+//! the caller's change has begun, and its guard aborts the transaction.
 
+use crate::error::Result;
 use std::collections::BTreeMap;
-use ubtrfs_format::Key;
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 
 /// Which backref a delta applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,31 +66,51 @@ impl DelayedRefs {
         self.heads.len()
     }
 
-    fn head(&mut self, bytenr: u64, num_bytes: u64, is_data: bool, level: u8) -> &mut RefHead {
+    /// The head of `bytenr`, made on first use; later references must agree with it.
+    ///
+    /// # Errors
+    /// `Corrupt` naming the referrer (`kind`) when `bytenr` is already referenced in
+    /// this transaction with another length, or as the other kind of extent.
+    fn head(&mut self, bytenr: u64, num_bytes: u64, is_data: bool, level: u8, kind: RefKind) -> Result<&mut RefHead> {
         let h = self.heads.entry(bytenr).or_insert_with(|| RefHead { bytenr, num_bytes, is_data, level, refs: BTreeMap::new(), must_insert: None, set_flags: 0 });
-        assert_eq!(h.num_bytes, num_bytes, "extent {bytenr} referenced with two sizes");
-        assert_eq!(h.is_data, is_data, "extent {bytenr} referenced as data and tree block");
-        h
+        if h.is_data != is_data {
+            return Err(referrer(kind, format!("extent {bytenr} is referenced both as a data extent and as a tree block")).into());
+        }
+        if h.num_bytes != num_bytes {
+            return Err(referrer(kind, format!("extent {bytenr} is referenced with length {num_bytes} and with length {}", h.num_bytes)).into());
+        }
+        Ok(h)
     }
 
     /// Record a tree block reference change; `new` marks a block allocated now.
-    pub fn add_tree_ref(&mut self, bytenr: u64, num_bytes: u64, level: u8, kind: RefKind, delta: i64, new: Option<Key>) {
-        let h = self.head(bytenr, num_bytes, false, level);
+    ///
+    /// # Errors
+    /// `Corrupt` when `bytenr` is referenced as data too (see `head`).
+    pub fn add_tree_ref(&mut self, bytenr: u64, num_bytes: u64, level: u8, kind: RefKind, delta: i64, new: Option<Key>) -> Result<()> {
+        let h = self.head(bytenr, num_bytes, false, level, kind)?;
         if let Some(first_key) = new {
+            // The allocator never hands out space reserved in this transaction.
             assert!(h.must_insert.is_none(), "tree block {bytenr} allocated twice");
             h.must_insert = Some(NewExtent::Tree { level, first_key });
         }
         *h.refs.entry(kind).or_insert(0) += delta;
+        Ok(())
     }
 
     /// Record a data extent reference change; `new` marks an extent allocated now.
-    pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, kind: RefKind, delta: i64, new: bool) {
-        let h = self.head(bytenr, num_bytes, true, 0);
+    ///
+    /// # Errors
+    /// `Corrupt` when `bytenr` is referenced with another length or as a tree block
+    /// (see `head`).
+    pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, kind: RefKind, delta: i64, new: bool) -> Result<()> {
+        let h = self.head(bytenr, num_bytes, true, 0, kind)?;
         if new {
+            // The allocator never hands out space reserved in this transaction.
             assert!(h.must_insert.is_none(), "data extent {bytenr} allocated twice");
             h.must_insert = Some(NewExtent::Data);
         }
         *h.refs.entry(kind).or_insert(0) += delta;
+        Ok(())
     }
 
     /// A tree block allocated in this transaction changed level before its item was
@@ -99,8 +125,12 @@ impl DelayedRefs {
     }
 
     /// Set extent item flags of tree block `bytenr` when its head runs.
-    pub fn set_tree_block_flags(&mut self, bytenr: u64, num_bytes: u64, level: u8, flags: u64) {
-        self.head(bytenr, num_bytes, false, level).set_flags |= flags;
+    ///
+    /// # Errors
+    /// `Corrupt` when `bytenr` is referenced as data too (see `head`).
+    pub fn set_tree_block_flags(&mut self, bytenr: u64, num_bytes: u64, level: u8, root: u64, flags: u64) -> Result<()> {
+        self.head(bytenr, num_bytes, false, level, RefKind::TreeBlock { root })?.set_flags |= flags;
+        Ok(())
     }
 
     /// The pending change of `bytenr`: (sum of reference deltas, flags to be set).
@@ -127,5 +157,16 @@ impl DelayedRefs {
     /// Is `bytenr` a data extent allocated in this transaction and not yet inserted?
     pub fn is_new(&self, bytenr: u64) -> bool {
         self.heads.get(&bytenr).is_some_and(|h| h.must_insert.is_some())
+    }
+}
+
+/// A corruption said of the item that makes reference `kind`: a file extent of
+/// (root, ino), a node of tree `root`, or the parent block of a shared reference.
+fn referrer(kind: RefKind, reason: String) -> Corrupt {
+    let c = Corrupt::new(CorruptWhere::Item, reason);
+    match kind {
+        RefKind::TreeBlock { root } => c.root(root),
+        RefKind::Data { root, ino, .. } => c.root(root).ino(ino),
+        RefKind::SharedBlock { parent } | RefKind::SharedData { parent } => c.block(parent),
     }
 }

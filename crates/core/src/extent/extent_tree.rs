@@ -7,7 +7,7 @@
 //! and pinning (freed committed extents are reusable only after the commit).
 //! Neighbours: `delayed_ref` (the queue), `alloc` (space), `free_space_tree`, `csum`.
 
-use crate::error::Result;
+use crate::error::{Error, PosixKind, Result};
 use crate::extent::delayed_ref::{NewExtent, RefHead, RefKind};
 use crate::transaction::FsWriter;
 use ubtrfs_format::hash::hash_extent_data_ref;
@@ -17,8 +17,34 @@ use ubtrfs_format::node::ITEM_SIZE;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 
-fn corrupt(bytenr: u64, r: String) -> crate::error::Error {
-    Corrupt::new(CorruptWhere::Item, r).root(EXTENT_TREE_OBJECTID).block(bytenr).into()
+/// Damage in the extent tree, said of the extent item `key`.
+fn corrupt(key: Key, r: String) -> Error {
+    Corrupt::new(CorruptWhere::Item, r).root(EXTENT_TREE_OBJECTID).key(key).into()
+}
+
+/// A reference error said of the item that makes it: slot `slot` (key `key`) of block
+/// `block` in tree `root` (a file extent in a leaf, a pointer in a node).
+fn at_referrer(e: Error, root: u64, block: u64, level: u8, slot: usize, key: Key) -> Error {
+    match e {
+        Error::Corrupt(mut c) => {
+            c.what = if level == 0 { CorruptWhere::Leaf } else { CorruptWhere::Node };
+            c.root = Some(root);
+            c.block = Some(block);
+            c.slot = Some(slot as u32);
+            c.key = Some(key);
+            Error::Corrupt(c)
+        }
+        e => e,
+    }
+}
+
+/// A reference count the on-disk counters (u32) cannot hold.
+fn count_fits(key: Key, kind: RefKind, count: i64) -> Result<()> {
+    let counted = matches!(kind, RefKind::Data { .. } | RefKind::SharedData { .. });
+    if counted && count > i64::from(u32::MAX) {
+        return Err(corrupt(key, format!("reference {kind:?} count {count} overflows its 32-bit counter")));
+    }
+    Ok(())
 }
 
 fn to_inline(kind: RefKind, count: i64) -> InlineRef {
@@ -135,7 +161,7 @@ impl FsWriter {
         let ty = if root_id == CHUNK_TREE_OBJECTID { BLOCK_GROUP_SYSTEM } else { BLOCK_GROUP_METADATA };
         let ns = u64::from(self.nodesize());
         let bytenr = crate::space::allocator::alloc_extent(self, ty, ns)?;
-        self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, 1, Some(first_key));
+        self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, 1, Some(first_key))?;
         Ok(bytenr)
     }
 
@@ -144,11 +170,11 @@ impl FsWriter {
     /// keeps its other references; the last reference frees it when the refs run.
     ///
     /// # Errors
-    /// None today; fallible like the kernel's.
+    /// `Corrupt` when a file extent names the block as data in this transaction.
     pub(crate) fn free_tree_block(&mut self, root_id: u64, bytenr: u64, level: u8) -> Result<()> {
         self.forget_dirty(bytenr);
         let ns = u64::from(self.nodesize());
-        self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, -1, None);
+        self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, -1, None)?;
         // A block of this transaction (never committed, maybe written early) freed again:
         // nothing committed refers to it, so its space is free now rather than at commit;
         // under writeback, paths COWed again and again would otherwise fill the disk.
@@ -162,10 +188,11 @@ impl FsWriter {
     /// extent offset). The EXTENT_ITEM is inserted at commit.
     ///
     /// # Errors
-    /// `Posix(NoSpace)` when no data space can be found or made.
+    /// `Posix(NoSpace)` when no data space can be found or made; `Corrupt` when a file
+    /// extent of this transaction names the space with another length or as a tree block.
     pub fn alloc_data_extent(&mut self, num_bytes: u64, root: u64, ino: u64, offset: u64) -> Result<u64> {
         let bytenr = crate::space::allocator::alloc_extent(self, BLOCK_GROUP_DATA, num_bytes)?;
-        self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, 1, true);
+        self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, 1, true)?;
         Ok(bytenr)
     }
 
@@ -174,11 +201,12 @@ impl FsWriter {
     /// Returns (bytenr, length).
     ///
     /// # Errors
-    /// `Posix(NoSpace)` when not even a sector can be found or made.
+    /// `Posix(NoSpace)` when not even a sector can be found or made; `Corrupt` as for
+    /// `alloc_data_extent`.
     pub fn alloc_data_extent_upto(&mut self, num_bytes: u64, root: u64, ino: u64, offset: u64) -> Result<(u64, u64)> {
         let ss = u64::from(self.sectorsize());
         let (bytenr, len) = crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, num_bytes, ss)?;
-        self.delayed.add_data_ref(bytenr, len, RefKind::Data { root, ino, offset }, 1, true);
+        self.delayed.add_data_ref(bytenr, len, RefKind::Data { root, ino, offset }, 1, true)?;
         Ok((bytenr, len))
     }
 
@@ -191,13 +219,13 @@ impl FsWriter {
         let key = Key::new(bytenr, METADATA_ITEM_KEY, u64::from(level));
         let root = self.root(EXTENT_TREE_OBJECTID)?;
         let cur = match self.first_item_ge(&root, &key)? {
-            Some((k, data)) if k == key => items::extent_item(&data, true).map_err(|e| corrupt(bytenr, e))?,
-            _ => return Err(corrupt(bytenr, format!("tree block {bytenr} level {level} has no extent item {key}"))),
+            Some((k, data)) if k == key => items::extent_item(&data, true).map_err(|e| corrupt(key, e))?,
+            _ => return Err(corrupt(key, format!("tree block {bytenr} level {level} has no extent item {key}"))),
         };
         let (delta, flags) = self.delayed.pending(bytenr);
-        let refs = cur.refs as i64 + delta;
+        let refs = i64::try_from(cur.refs).ok().and_then(|r| r.checked_add(delta)).ok_or_else(|| corrupt(key, format!("tree block {bytenr} reference count {} + {delta} overflows", cur.refs)))?;
         if refs < 0 {
-            return Err(corrupt(bytenr, format!("tree block {bytenr} would have {refs} references")));
+            return Err(corrupt(key, format!("tree block {bytenr} would have {refs} references")));
         }
         Ok((refs as u64, cur.flags | flags))
     }
@@ -209,7 +237,9 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Corrupt` for a file extent item that does not parse (the tree checker accepted
-    /// the block, so this means memory and disk disagree).
+    /// the block, so this means memory and disk disagree), or for a reference that
+    /// contradicts another one of this transaction (another length, another kind),
+    /// naming the item that makes it.
     pub(crate) fn mod_refs(&mut self, blk: &crate::transaction::Blk, root_id: u64, full_backref: bool, delta: i64) -> Result<()> {
         let ns = u64::from(self.nodesize());
         let n = self.node(blk);
@@ -219,7 +249,7 @@ impl FsWriter {
         let mut data = Vec::new();
         for slot in 0..n.nritems() {
             if level > 0 {
-                tree.push(n.blockptr(slot));
+                tree.push((n.blockptr(slot), slot, n.key(slot)));
                 continue;
             }
             let key = n.key(slot);
@@ -229,24 +259,28 @@ impl FsWriter {
             let fe = items::file_extent(n.item_data(slot)).map_err(|e| Corrupt::new(CorruptWhere::Item, e).root(n.owner()).block(parent).slot(slot as u32, key))?;
             if let items::FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, .. } = fe {
                 if disk_bytenr != 0 {
-                    data.push((disk_bytenr, disk_num_bytes, key.objectid, key.offset.wrapping_sub(offset)));
+                    data.push((disk_bytenr, disk_num_bytes, key.objectid, key.offset.wrapping_sub(offset), slot, key));
                 }
             }
         }
-        for child in tree {
+        for (child, slot, key) in tree {
             let kind = if full_backref { RefKind::SharedBlock { parent } } else { RefKind::TreeBlock { root: root_id } };
-            self.delayed.add_tree_ref(child, ns, level - 1, kind, delta, None);
+            self.delayed.add_tree_ref(child, ns, level - 1, kind, delta, None).map_err(|e| at_referrer(e, root_id, parent, level, slot, key))?;
         }
-        for (bytenr, len, ino, offset) in data {
+        for (bytenr, len, ino, offset, slot, key) in data {
             let kind = if full_backref { RefKind::SharedData { parent } } else { RefKind::Data { root: root_id, ino, offset } };
-            self.delayed.add_data_ref(bytenr, len, kind, delta, false);
+            self.delayed.add_data_ref(bytenr, len, kind, delta, false).map_err(|e| at_referrer(e, root_id, parent, level, slot, key))?;
         }
         Ok(())
     }
 
     /// Add or drop (`delta`) a file's reference to a data extent.
-    pub fn data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) {
-        self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, delta, false);
+    ///
+    /// # Errors
+    /// `Corrupt` naming (root, ino) when this transaction already references `bytenr`
+    /// with another length or as a tree block: the file extent contradicts another.
+    pub fn data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) -> Result<()> {
+        self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, delta, false)
     }
 }
 
@@ -286,7 +320,7 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
         }
         for (k, d) in &h.refs {
             if *d < 0 {
-                return Err(corrupt(h.bytenr, format!("new extent has negative reference {k:?} {d}")));
+                return Err(corrupt(extent_key(&h), format!("new extent {} has negative reference {k:?} {d}", h.bytenr)));
             }
         }
         return insert_new_extent(w, &h, new);
@@ -317,7 +351,14 @@ fn insert_new_extent(w: &mut FsWriter, h: &RefHead, new: NewExtent) -> Result<()
         }
     }
     let body = serialize_extent_item(total as u64, w.transid, flags, &inline);
-    w.insert_item(EXTENT_TREE_OBJECTID, &key, &body)?;
+    match w.insert_item(EXTENT_TREE_OBJECTID, &key, &body) {
+        Err(e) if e.posix_kind() == Some(PosixKind::Exists) => {
+            // The allocator handed out space the extent tree says is in use: the free
+            // space tree (which the allocator's cache is loaded from) calls it free.
+            return Err(corrupt(key, format!("extent item of newly allocated extent {} already exists: the free space tree marks space in use as free", h.bytenr)));
+        }
+        r => r?,
+    }
     for (k, d) in keyed {
         w.insert_item(EXTENT_TREE_OBJECTID, &keyed_key(h.bytenr, k), &keyed_body(k, d))?;
     }
@@ -338,24 +379,26 @@ fn read_extent(w: &mut FsWriter, h: &RefHead) -> Result<items::ExtentItemView> {
     let key = extent_key(h);
     let root = w.root(EXTENT_TREE_OBJECTID)?;
     match w.first_item_ge(&root, &key)? {
-        Some((k, data)) if k == key => items::extent_item(&data, !h.is_data).map_err(|e| corrupt(h.bytenr, e)),
-        _ => Err(corrupt(h.bytenr, format!("extent item {key} missing while dropping or adding references"))),
+        Some((k, data)) if k == key => items::extent_item(&data, !h.is_data).map_err(|e| corrupt(key, e)),
+        _ => Err(corrupt(key, format!("extent item {key} missing while dropping or adding references"))),
     }
 }
 
 fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
     let cur = read_extent(w, h)?;
+    let key = extent_key(h);
     let mut inline: Vec<(RefKind, i64)> = cur.inline_refs.iter().filter_map(from_inline).collect();
     let owners: Vec<InlineRef> = cur.inline_refs.iter().filter(|r| matches!(r, InlineRef::Owner { .. })).copied().collect();
-    let mut refs = cur.refs as i64;
+    let mut refs = i64::try_from(cur.refs).map_err(|_| corrupt(key, format!("extent {} reference count {} is out of range", h.bytenr, cur.refs)))?;
     let max = w.max_extent_item_size();
     for (&kind, &delta) in &h.refs {
-        refs += delta;
+        refs = refs.checked_add(delta).ok_or_else(|| corrupt(key, format!("extent {} reference count {refs} + {delta} overflows", h.bytenr)))?;
         if let Some(pos) = inline.iter().position(|(k, _)| *k == kind) {
             inline[pos].1 += delta;
             if inline[pos].1 < 0 {
-                return Err(corrupt(h.bytenr, format!("reference {kind:?} would drop below zero")));
+                return Err(corrupt(key, format!("reference {kind:?} would drop below zero")));
             }
+            count_fits(key, kind, inline[pos].1)?;
             if inline[pos].1 == 0 {
                 inline.remove(pos);
             }
@@ -371,14 +414,16 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
             Some(c) => {
                 let n = c + delta;
                 if n < 0 {
-                    return Err(corrupt(h.bytenr, format!("keyed reference {kind:?} would drop below zero")));
+                    return Err(corrupt(key, format!("keyed reference {kind:?} would drop below zero")));
                 }
+                count_fits(key, kind, n)?;
                 w.delete_item(EXTENT_TREE_OBJECTID, &kk)?;
                 if n > 0 {
                     w.insert_item(EXTENT_TREE_OBJECTID, &kk, &keyed_body(kind, n))?;
                 }
             }
             None if delta > 0 => {
+                count_fits(key, kind, delta)?;
                 let cur_size: usize = 24 + inline.iter().map(|(k, c)| inline_size(&to_inline(*k, *c))).sum::<usize>() + owners.len() * 9;
                 if cur_size + inline_size(&to_inline(kind, delta)) <= max {
                     inline.push((kind, delta));
@@ -386,13 +431,12 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
                     w.insert_item(EXTENT_TREE_OBJECTID, &kk, &keyed_body(kind, delta))?;
                 }
             }
-            None => return Err(corrupt(h.bytenr, format!("dropping reference {kind:?} that does not exist"))),
+            None => return Err(corrupt(key, format!("dropping reference {kind:?} that does not exist"))),
         }
     }
     if refs < 0 {
-        return Err(corrupt(h.bytenr, format!("extent refs would become {refs}")));
+        return Err(corrupt(key, format!("extent refs would become {refs}")));
     }
-    let key = extent_key(h);
     if refs == 0 {
         w.delete_item(EXTENT_TREE_OBJECTID, &key)?;
         crate::space::allocator::update_used(w, h.bytenr, h.num_bytes, false)?;
@@ -406,14 +450,14 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
     let mut all: Vec<InlineRef> = inline.iter().map(|(k, c)| to_inline(*k, *c)).collect();
     all.extend(owners);
     let body = serialize_extent_item(refs as u64, cur.generation, cur.flags | h.set_flags, &all);
-    let (leaf, slot) = w.lookup_for_update(EXTENT_TREE_OBJECTID, &key, body.len())?.ok_or_else(|| corrupt(h.bytenr, format!("extent item {key} vanished")))?;
+    let (leaf, slot) = w.lookup_for_update(EXTENT_TREE_OBJECTID, &key, body.len())?.ok_or_else(|| corrupt(key, format!("extent item {key} vanished")))?;
     let old_len = w.item_data_mut(leaf, slot).len();
     if body.len() > old_len {
         w.extend_item(EXTENT_TREE_OBJECTID, &key, body.len() - old_len)?;
     } else if body.len() < old_len {
         w.truncate_item(EXTENT_TREE_OBJECTID, &key, body.len())?;
     }
-    let (leaf, slot) = w.lookup_for_update(EXTENT_TREE_OBJECTID, &key, 0)?.ok_or_else(|| corrupt(h.bytenr, format!("extent item {key} vanished")))?;
+    let (leaf, slot) = w.lookup_for_update(EXTENT_TREE_OBJECTID, &key, 0)?.ok_or_else(|| corrupt(key, format!("extent item {key} vanished")))?;
     w.item_data_mut(leaf, slot).copy_from_slice(&body);
     Ok(())
 }

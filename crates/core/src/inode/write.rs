@@ -370,7 +370,7 @@ impl FsWriter {
             if start <= ks && ke <= end {
                 self.delete_item(root, &key)?;
                 if counted {
-                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, -1);
+                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, -1)?;
                     removed += num_bytes;
                 }
             } else if ks < start && ke <= end {
@@ -397,7 +397,7 @@ impl FsWriter {
                 tail[0..8].copy_from_slice(&self.transid.to_le_bytes());
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, end), &tail)?;
                 if counted {
-                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, 1);
+                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, 1)?;
                     removed += end - start;
                 }
             }

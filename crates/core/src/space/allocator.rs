@@ -16,7 +16,12 @@ use std::collections::BTreeMap;
 use ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::Key;
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
+
+/// Damage in the free-space tree as the allocator loads it.
+fn fst_corrupt(key: Key, reason: String) -> Error {
+    Corrupt::new(CorruptWhere::Item, reason).root(FREE_SPACE_TREE_OBJECTID).key(key).into()
+}
 
 /// Bits per free-space-cache bitmap: one 4 KiB page, as on x86-64.
 pub const DEFAULT_BITS_PER_BITMAP: u32 = 32768;
@@ -77,9 +82,13 @@ impl Allocator {
         let mut free: Vec<(u64, u64)> = Vec::new();
         while let Some(item) = it.next_item()? {
             let k = item.key();
+            if matches!(k.type_, FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY) && k.objectid.checked_add(k.offset).is_none() {
+                return Err(fst_corrupt(k, format!("free space {} +{} runs past the end of the address space", k.objectid, k.offset)));
+            }
             match k.type_ {
                 FREE_SPACE_EXTENT_KEY => free.push((k.objectid, k.offset)),
                 FREE_SPACE_BITMAP_KEY => {
+                    // The tree checker sized the bitmap by the key: one bit per sector.
                     let d = item.data();
                     for b in 0..(k.offset / ss) as usize {
                         if d[b / 8] & (1 << (b % 8)) != 0 {
@@ -100,12 +109,11 @@ impl Allocator {
             // mkfs.btrfs 6.2 leaves the items of its removed temporary chunks behind;
             // the kernel ignores free space outside block groups, and so do we.
             let Some(g) = a.group_mut(s) else { continue };
+            // Checked above: no free-space item runs past the address space.
             if s + l > g.start + g.length {
-                return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("free space {s} +{l} crosses the end of block group {}", g.start))
-                    .root(FREE_SPACE_TREE_OBJECTID)
-                    .into());
+                return Err(Corrupt::new(CorruptWhere::Item, format!("free space {s} +{l} crosses the end of block group {}", g.start)).root(FREE_SPACE_TREE_OBJECTID).into());
             }
-            g.ctl.add_free_space(s, l).map_err(|e| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("free space tree: {e}")).root(FREE_SPACE_TREE_OBJECTID)))?;
+            g.ctl.add_free_space(s, l).map_err(|e| Error::from(Corrupt::new(CorruptWhere::Item, format!("free space tree: {e}")).root(FREE_SPACE_TREE_OBJECTID)))?;
         }
         let stripes = super_stripes(w);
         for (s, l) in stripes {
@@ -300,8 +308,14 @@ pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
 }
 
 /// Give back space reserved in this transaction that never reached disk.
+///
+/// Both failures are bugs, not damage: the range came from `alloc_extent` in this
+/// transaction (inside a group, and groups are never removed), it left the cache then,
+/// and nothing returns it before this call. A pin (a committed extent freed) cannot
+/// cover it either: the free-space tree still calls the range free until this head
+/// runs, so dropping an extent that overlaps it fails there first (`add_to_free_space_tree`).
 pub fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64) {
-    let g = w.alloc.group_mut(bytenr).unwrap_or_else(|| panic!("unreserve {bytenr} outside every block group"));
+    let g = w.alloc.group_mut(bytenr).unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes} outside every block group"));
     g.ctl.add_free_space(bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes}: {e}"));
 }
 
@@ -322,21 +336,22 @@ pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
 /// Account an extent inserted into (`alloc`) or removed from the extent tree.
 ///
 /// # Errors
-/// `Corrupt` if the extent lies outside every group or `used` would underflow.
+/// `Corrupt` if the extent lies outside every group, or `used` would go below zero or
+/// past the group's length: the BLOCK_GROUP_ITEM disagrees with the extent and free
+/// space trees (the tree checker only bounds `used` by the length).
 pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -> Result<()> {
-    let g = w
-        .alloc
-        .group_mut(bytenr)
-        .ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
-    if alloc {
-        g.used += num_bytes;
-        assert!(g.used <= g.length, "block group {} used {} > length {}", g.start, g.used, g.length);
+    let bg_tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
+    let g = w.alloc.group_mut(bytenr).ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
+    let item = |reason: String| -> Error { Corrupt::new(CorruptWhere::Item, reason).root(bg_tree).key(Key::new(g.start, BLOCK_GROUP_ITEM_KEY, g.length)).into() };
+    let used = if alloc {
+        g.used
+            .checked_add(num_bytes)
+            .filter(|u| *u <= g.length)
+            .ok_or_else(|| item(format!("block group {} would have {} + {num_bytes} bytes used adding extent {bytenr}, more than its length {}", g.start, g.used, g.length)))?
     } else {
-        g.used = g
-            .used
-            .checked_sub(num_bytes)
-            .ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("block group {} used below zero freeing {bytenr} +{num_bytes}", g.start))))?;
-    }
+        g.used.checked_sub(num_bytes).ok_or_else(|| item(format!("block group {} used {} below zero freeing extent {bytenr} +{num_bytes}", g.start, g.used)))?
+    };
+    g.used = used;
     g.dirty = true;
     Ok(())
 }
@@ -367,8 +382,10 @@ pub fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
     Ok(any)
 }
 
-/// Test hooks: in-memory block groups that no chunk backs, for exercising the
-/// free-space tree on ranges nothing else touches (the kernel self-tests' dummy groups).
+/// Test hooks (feature `test-hooks`): in-memory block groups that no chunk backs, for
+/// exercising the free-space tree on ranges nothing else touches (the kernel
+/// self-tests' dummy groups).
+#[cfg(feature = "test-hooks")]
 impl FsWriter {
     /// Add an in-memory block group [start, start+len) with `NEEDS_FREE_SPACE` set and an
     /// empty free-space cache (so the allocator never hands out its space). It has no
@@ -376,7 +393,6 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Corrupt` for impossible geometry; `Posix(Exists)` if it overlaps a group.
-    #[doc(hidden)]
     pub fn insert_test_group(&mut self, start: u64, len: u64, flags: u64) -> Result<()> {
         if self.alloc.group(start).is_some() || self.alloc.groups.range(start..start.saturating_add(len)).next().is_some() {
             return Err(Error::posix(PosixKind::Exists, format!("test block group {start} +{len} overlaps a block group")));
@@ -388,13 +404,11 @@ impl FsWriter {
 
     /// Drop a group added by `insert_test_group` (its free-space-tree items are the
     /// caller's to remove). Returns whether it existed.
-    #[doc(hidden)]
     pub fn remove_test_group(&mut self, start: u64) -> bool {
         self.alloc.groups.remove(&start).is_some()
     }
 
     /// The free-space-tree format cached for the group at `start` (None: not cached).
-    #[doc(hidden)]
     pub fn fst_cached_bitmaps(&self, start: u64) -> Option<bool> {
         self.alloc.fst_bitmaps(start)
     }

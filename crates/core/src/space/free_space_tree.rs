@@ -60,7 +60,11 @@ fn write_info(w: &mut FsWriter, g: &Group, count: u32, flags: u32) -> Result<()>
 
 /// Whether the group's free space is in bitmaps: the cached flag, looked up once.
 fn using_bitmaps(w: &mut FsWriter, g: &Group) -> Result<bool> {
-    if !w.fst_force_info_lookup {
+    #[cfg(feature = "test-hooks")]
+    let cached = !w.hooks.fst_force_info_lookup;
+    #[cfg(not(feature = "test-hooks"))]
+    let cached = true;
+    if cached {
         if let Some(b) = w.alloc.fst_bitmaps(g.start) {
             return Ok(b);
         }
@@ -99,7 +103,7 @@ fn ensure_group_added(w: &mut FsWriter, g: &Group) -> Result<()> {
 /// # Errors
 /// `Corrupt` if the range is not entirely free in the tree.
 pub fn remove_from_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
-    let t0 = w.fst_timings.is_some().then(std::time::Instant::now);
+    let t0 = timing_start(w);
     let r = update_free_space(w, start, len, false);
     record_timing(w, t0);
     r
@@ -110,7 +114,7 @@ pub fn remove_from_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Re
 /// # Errors
 /// `Corrupt` if part of the range is already free.
 pub fn add_to_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
-    let t0 = w.fst_timings.is_some().then(std::time::Instant::now);
+    let t0 = timing_start(w);
     let r = update_free_space(w, start, len, true);
     record_timing(w, t0);
     r
@@ -128,11 +132,34 @@ fn update_free_space(w: &mut FsWriter, start: u64, len: u64, free: bool) -> Resu
     update_extent_count(w, &g, delta)
 }
 
-/// Benchmark hook (`FsWriter::fst_timings`): append the duration of one update.
+/// Benchmark hook (`TestHooks::fst_timings`): the start of one timed update.
+#[cfg(feature = "test-hooks")]
+fn timing_start(w: &FsWriter) -> Option<std::time::Instant> {
+    w.hooks.fst_timings.is_some().then(std::time::Instant::now)
+}
+#[cfg(not(feature = "test-hooks"))]
+fn timing_start(_: &FsWriter) -> Option<std::time::Instant> {
+    None
+}
+
+/// Benchmark hook (`TestHooks::fst_timings`): append the duration of one update.
+#[cfg(feature = "test-hooks")]
 fn record_timing(w: &mut FsWriter, t0: Option<std::time::Instant>) {
-    if let (Some(t0), Some(v)) = (t0, w.fst_timings.as_mut()) {
+    if let (Some(t0), Some(v)) = (t0, w.hooks.fst_timings.as_mut()) {
         v.push(u32::try_from(t0.elapsed().as_nanos()).unwrap_or(u32::MAX));
     }
+}
+#[cfg(not(feature = "test-hooks"))]
+fn record_timing(_: &mut FsWriter, _: Option<std::time::Instant>) {}
+
+/// Conversion thresholds (low, high) of group `g`: the kernel's, unless a test set
+/// its own (`TestHooks::fst_thresholds_override`).
+fn group_thresholds(w: &FsWriter, g: &Group) -> (u32, u32) {
+    #[cfg(feature = "test-hooks")]
+    if let Some(t) = w.hooks.fst_thresholds_override {
+        return t;
+    }
+    thresholds(g.len, w.sectorsize())
 }
 
 fn remove_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> {
@@ -255,7 +282,7 @@ fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
     }
     let new = new as u32;
     write_info(w, g, new, flags)?;
-    let (low, high) = w.fst_thresholds_override.unwrap_or_else(|| thresholds(g.len, w.sectorsize()));
+    let (low, high) = group_thresholds(w, g);
     let bitmaps = flags & FREE_SPACE_USING_BITMAPS != 0;
     if !bitmaps && new > high {
         convert_to_bitmaps(w, g.start, g.len)?;

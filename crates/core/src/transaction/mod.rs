@@ -132,6 +132,21 @@ pub struct RootState {
     pub dirty: bool,
 }
 
+/// Switches for benchmarks and tests (feature `test-hooks`, never in the default
+/// public API): they change how the engine works, not what it writes.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Default)]
+pub struct TestHooks {
+    /// Benchmark switch: look the free-space-tree format up in the INFO item on every
+    /// update instead of using the flag cached in the block group (seed 003 baseline).
+    pub fst_force_info_lookup: bool,
+    /// Test switch: free-space-tree conversion thresholds (low, high) for every group.
+    pub fst_thresholds_override: Option<(u32, u32)>,
+    /// Benchmark hook: when Some, the duration in ns of every add/remove on the
+    /// free-space tree is appended (seed 003 measures the cost per update).
+    pub fst_timings: Option<Vec<u32>>,
+}
+
 /// The writable filesystem.
 pub struct FsWriter {
     pub info: FsInfo,
@@ -162,14 +177,9 @@ pub struct FsWriter {
     pub commits: u64,
     /// Chunks created in this transaction whose items are inserted at commit.
     pub(crate) pending_chunks: Vec<crate::space::chunk_alloc::PendingChunk>,
-    /// Benchmark switch: look the free-space-tree format up in the INFO item on every
-    /// update instead of using the flag cached in the block group (seed 003 baseline).
-    pub fst_force_info_lookup: bool,
-    /// Test switch: free-space-tree conversion thresholds (low, high) for every group.
-    pub fst_thresholds_override: Option<(u32, u32)>,
-    /// Benchmark hook: when Some, the duration in ns of every add/remove on the
-    /// free-space tree is appended (seed 003 measures the cost per update).
-    pub fst_timings: Option<Vec<u32>>,
+    /// Benchmark and test switches (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
+    pub hooks: TestHooks,
     /// Next free objectid per tree, once looked up.
     pub(crate) next_objectid: BTreeMap<u64, u64>,
     /// Next DIR_INDEX per (tree, directory), once looked up.
@@ -252,9 +262,8 @@ impl FsWriter {
             alloc: Default::default(),
             commits: 0,
             pending_chunks: Vec::new(),
-            fst_force_info_lookup: false,
-            fst_thresholds_override: None,
-            fst_timings: None,
+            #[cfg(feature = "test-hooks")]
+            hooks: TestHooks::default(),
             next_objectid: BTreeMap::new(),
             next_dir_index: BTreeMap::new(),
             quotas: false,

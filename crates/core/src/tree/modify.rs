@@ -132,7 +132,7 @@ impl FsWriter {
             if owner == root_id && !full {
                 self.mod_refs(buf, root_id, true, 1)?;
                 let ns = u64::from(self.nodesize());
-                self.delayed.set_tree_block_flags(bytenr, ns, level, BLOCK_FLAG_FULL_BACKREF);
+                self.delayed.set_tree_block_flags(bytenr, ns, level, root_id, BLOCK_FLAG_FULL_BACKREF)?;
             } else {
                 self.mod_refs(&cow, root_id, false, 1)?;
             }
