@@ -269,6 +269,38 @@ fn free_space_extent_past_the_address_space() {
     assert_corrupt("open for writing", r.map(|_| ()), &["root=10", &format!("free space {}", f.key.objectid)]);
 }
 
+/// A dev extent whose length runs past the end of the address space: looking for room
+/// for a new chunk summed offset and length (an overflow panic in debug builds).
+#[test]
+fn dev_extent_past_the_address_space() {
+    let img = fresh("dev-extent-overflow", &[]);
+    let de = find_items(&img.path, DEV_TREE_OBJECTID, |k| k.type_ == DEV_EXTENT_KEY);
+    let f = de.last().expect("a dev extent");
+    patch_body(&img.path, f, 24, &(u64::MAX - 4095).to_le_bytes());
+    let before = img.sha256();
+    let mut w = img.writer();
+    let r = ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA);
+    assert_corrupt("allocate a chunk", r, &["root=4", "DEV_EXTENT", &format!("{}", f.key.offset)]);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
+
+/// A device item whose sizes sit at the top of the address space: adding a new chunk's
+/// stripes to bytes_used overflowed (a panic in debug builds).
+#[test]
+fn device_bytes_used_overflow() {
+    let img = fresh("dev-used-overflow", &[]);
+    let dev = find_item(&img.path, CHUNK_TREE_OBJECTID, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1));
+    let huge = u64::MAX - 4095;
+    patch_body(&img.path, &dev, 8, &[huge.to_le_bytes(), huge.to_le_bytes()].concat());
+    let before = img.sha256();
+    let mut w = img.writer();
+    let r = ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA);
+    assert_corrupt("allocate a chunk", r, &["root=3", "DEV_ITEM", "bytes used"]);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
+
 /// An extent item whose reference count is i64::MAX: one more reference overflowed the
 /// signed sum in `update_extent` (a panic in debug builds).
 #[test]
