@@ -237,6 +237,42 @@ fn block_group_fuller_than_its_length() {
     assert_eq!(img.sha256(), before, "the image changed");
 }
 
+/// The metadata group's free-space-tree INFO says its bitmaps hold more free runs than
+/// they do: converting them to extents met `assert_eq!(count, runs.len())` in
+/// `convert_to_extents`. The opposite conversion checks the count the same way.
+#[test]
+fn free_space_extent_count_disagrees_with_the_tree() {
+    for to_bitmaps in [false, true] {
+        let what = if to_bitmaps { "convert to bitmaps" } else { "convert to extents" };
+        let img = fresh(if to_bitmaps { "fst-count-bitmaps" } else { "fst-count-extents" }, &[]);
+        let items = find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
+        let bg = items.iter().find(|f| le64(&f.data, 16) & BLOCK_GROUP_METADATA != 0).expect("a metadata block group item");
+        let (start, length) = (bg.key.objectid, bg.key.offset);
+        if !to_bitmaps {
+            let mut w = img.writer();
+            ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut w, start, length).expect("convert to bitmaps");
+            w.commit().expect("commit");
+        }
+        let info = find_item(&img.path, FREE_SPACE_TREE_OBJECTID, Key::new(start, FREE_SPACE_INFO_KEY, length));
+        let count = u32::from_le_bytes(info.data[0..4].try_into().unwrap());
+        let flags = u32::from_le_bytes(info.data[4..8].try_into().unwrap());
+        assert_eq!(flags & FREE_SPACE_USING_BITMAPS != 0, !to_bitmaps, "{what}: format before");
+        patch_body(&img.path, &info, 0, &(count + 7).to_le_bytes());
+        let before = img.sha256();
+        let mut w = img.writer();
+        // Convert at the next change of the group's extent count.
+        w.hooks.fst_thresholds_override = Some(if to_bitmaps { (0, 0) } else { (u32::MAX, u32::MAX) });
+        for i in 0..50 {
+            w.mkdir(FS, ROOT_DIR, format!("d{i}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
+        }
+        let r = w.commit();
+        let msg = assert_corrupt(what, r, &[&format!("block group {start}"), "root=10", "extent count"]);
+        assert_aborted(what, &mut w, &msg);
+        drop(w);
+        assert_eq!(img.sha256(), before, "{what}: the image changed");
+    }
+}
+
 /// Mark tree block `y` free in the free-space tree by widening the free extent that
 /// starts after it down to it (every byte between must be in use). The widened extent
 /// is the group's largest, so the allocator hands `y` out first.
