@@ -237,6 +237,42 @@ fn block_group_fuller_than_its_length() {
     assert_eq!(img.sha256(), before, "the image changed");
 }
 
+/// The metadata group's free-space-tree INFO says its bitmaps hold more free runs than
+/// they do: converting them to extents met `assert_eq!(count, runs.len())` in
+/// `convert_to_extents`. The opposite conversion checks the count the same way.
+#[test]
+fn free_space_extent_count_disagrees_with_the_tree() {
+    for to_bitmaps in [false, true] {
+        let what = if to_bitmaps { "convert to bitmaps" } else { "convert to extents" };
+        let img = fresh(if to_bitmaps { "fst-count-bitmaps" } else { "fst-count-extents" }, &[]);
+        let items = find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
+        let bg = items.iter().find(|f| le64(&f.data, 16) & BLOCK_GROUP_METADATA != 0).expect("a metadata block group item");
+        let (start, length) = (bg.key.objectid, bg.key.offset);
+        if !to_bitmaps {
+            let mut w = img.writer();
+            ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut w, start, length).expect("convert to bitmaps");
+            w.commit().expect("commit");
+        }
+        let info = find_item(&img.path, FREE_SPACE_TREE_OBJECTID, Key::new(start, FREE_SPACE_INFO_KEY, length));
+        let count = u32::from_le_bytes(info.data[0..4].try_into().unwrap());
+        let flags = u32::from_le_bytes(info.data[4..8].try_into().unwrap());
+        assert_eq!(flags & FREE_SPACE_USING_BITMAPS != 0, !to_bitmaps, "{what}: format before");
+        patch_body(&img.path, &info, 0, &(count + 7).to_le_bytes());
+        let before = img.sha256();
+        let mut w = img.writer();
+        // Convert at the next change of the group's extent count.
+        w.hooks.fst_thresholds_override = Some(if to_bitmaps { (0, 0) } else { (u32::MAX, u32::MAX) });
+        for i in 0..50 {
+            w.mkdir(FS, ROOT_DIR, format!("d{i}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
+        }
+        let r = w.commit();
+        let msg = assert_corrupt(what, r, &[&format!("block group {start}"), "root=10", "extent count"]);
+        assert_aborted(what, &mut w, &msg);
+        drop(w);
+        assert_eq!(img.sha256(), before, "{what}: the image changed");
+    }
+}
+
 /// Mark tree block `y` free in the free-space tree by widening the free extent that
 /// starts after it down to it (every byte between must be in use). The widened extent
 /// is the group's largest, so the allocator hands `y` out first.
@@ -267,6 +303,38 @@ fn free_space_extent_past_the_address_space() {
     patch_key(&img.path, f, f.key.objectid, u64::MAX - 4095);
     let r = FsWriter::open(&OpenOptions::new(&img.path));
     assert_corrupt("open for writing", r.map(|_| ()), &["root=10", &format!("free space {}", f.key.objectid)]);
+}
+
+/// A dev extent whose length runs past the end of the address space: looking for room
+/// for a new chunk summed offset and length (an overflow panic in debug builds).
+#[test]
+fn dev_extent_past_the_address_space() {
+    let img = fresh("dev-extent-overflow", &[]);
+    let de = find_items(&img.path, DEV_TREE_OBJECTID, |k| k.type_ == DEV_EXTENT_KEY);
+    let f = de.last().expect("a dev extent");
+    patch_body(&img.path, f, 24, &(u64::MAX - 4095).to_le_bytes());
+    let before = img.sha256();
+    let mut w = img.writer();
+    let r = ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA);
+    assert_corrupt("allocate a chunk", r, &["root=4", "DEV_EXTENT", &format!("{}", f.key.offset)]);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
+
+/// A device item whose sizes sit at the top of the address space: adding a new chunk's
+/// stripes to bytes_used overflowed (a panic in debug builds).
+#[test]
+fn device_bytes_used_overflow() {
+    let img = fresh("dev-used-overflow", &[]);
+    let dev = find_item(&img.path, CHUNK_TREE_OBJECTID, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1));
+    let huge = u64::MAX - 4095;
+    patch_body(&img.path, &dev, 8, &[huge.to_le_bytes(), huge.to_le_bytes()].concat());
+    let before = img.sha256();
+    let mut w = img.writer();
+    let r = ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA);
+    assert_corrupt("allocate a chunk", r, &["root=3", "DEV_ITEM", "bytes used"]);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
 }
 
 /// An extent item whose reference count is i64::MAX: one more reference overflowed the

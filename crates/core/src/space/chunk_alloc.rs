@@ -14,7 +14,7 @@ use crate::transaction::FsWriter;
 use crate::volumes::MapLookup;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::Key;
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 use zerocopy::IntoBytes;
 
 const MIB: u64 = 1 << 20;
@@ -47,12 +47,19 @@ fn chunk_item_bytes(m: &MapLookup, sectorsize: u32) -> Vec<u8> {
 }
 
 /// Free holes of device `devid`: committed dev extents plus chunks made this transaction.
+///
+/// # Errors
+/// `Corrupt` for a dev extent that runs past the end of the address space; read
+/// failures.
 fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>> {
-    let mut used: Vec<(u64, u64)> = w
-        .items_in_range(DEV_TREE_OBJECTID, &Key::new(devid, DEV_EXTENT_KEY, 0), &Key::new(devid, DEV_EXTENT_KEY, u64::MAX))?
-        .into_iter()
-        .map(|(k, d)| (k.offset, u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"))))
-        .collect();
+    let mut used: Vec<(u64, u64)> = Vec::new();
+    for (k, d) in w.items_in_range(DEV_TREE_OBJECTID, &Key::new(devid, DEV_EXTENT_KEY, 0), &Key::new(devid, DEV_EXTENT_KEY, u64::MAX))? {
+        let len = u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"));
+        if k.offset.checked_add(len).is_none() {
+            return Err(Corrupt::new(CorruptWhere::Item, format!("dev extent at {} of length {len} runs past the end of the address space", k.offset)).root(DEV_TREE_OBJECTID).key(k).into());
+        }
+        used.push((k.offset, len));
+    }
     for p in &w.pending_chunks {
         for &(d, off, _) in &p.map.stripes {
             if d == devid {
@@ -84,6 +91,7 @@ pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
         w.alloc.groups.values().find(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(|g| g.flags & BLOCK_GROUP_PROFILE_MASK).unwrap_or(if ty == BLOCK_GROUP_DATA { 0 } else { BLOCK_GROUP_DUP });
     let (&devid, dev) = w.alloc.dev_items.iter().next().ok_or_else(|| Error::posix(PosixKind::NoSpace, "no device item"))?;
     let dev_uuid = dev.uuid;
+    let dev_bytes_used = dev.bytes_used.get();
     let total = dev.total_bytes.get();
     let fs_total = w.sb.total_bytes.get();
     let type_max = match ty {
@@ -110,8 +118,10 @@ pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
         return Err(Error::posix(PosixKind::NoSpace, format!("device {devid} has no room for a new {} chunk", block_group_flags_str(ty | profile))));
     }
     for &(s, l) in &holes {
-        let mut p = s.div_ceil(STRIPE_LEN) * STRIPE_LEN;
-        while offsets.len() < nstripes && p + stripe <= s + l {
+        // Holes end at most at the device's total_bytes, which a crafted device item may
+        // put at the top of the address space.
+        let Some(mut p) = s.div_ceil(STRIPE_LEN).checked_mul(STRIPE_LEN) else { continue };
+        while offsets.len() < nstripes && p.checked_add(stripe).is_some_and(|e| e <= s + l) {
             offsets.push(p);
             p += stripe;
         }
@@ -122,7 +132,20 @@ pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
     if offsets.len() < nstripes {
         return Err(Error::posix(PosixKind::NoSpace, format!("device {devid} has no room for a new {} chunk", block_group_flags_str(ty | profile))));
     }
-    let logical = w.info.chunk_map.iter().map(|c| c.logical + c.length).max().unwrap_or(MIB).div_ceil(STRIPE_LEN) * STRIPE_LEN;
+    // Chunks were checked not to overflow when read (`check_chunk`).
+    let logical = w.info.chunk_map.iter().map(|c| c.logical + c.length).max().unwrap_or(MIB).div_ceil(STRIPE_LEN).checked_mul(STRIPE_LEN).filter(|l| l.checked_add(stripe).is_some());
+    let Some(logical) = logical else {
+        return Err(Error::posix(PosixKind::NoSpace, format!("no logical address space left for a new {} chunk", block_group_flags_str(ty | profile))));
+    };
+    // The device item's new usage, before anything changes: a device item whose sizes
+    // sit at the top of the address space cannot take another chunk.
+    let dev_used = dev_bytes_used.checked_add(stripe * nstripes as u64).ok_or_else(|| {
+        Error::from(Corrupt::new(CorruptWhere::Item, format!("device {devid} bytes used {dev_bytes_used} + {} overflows", stripe * nstripes as u64)).root(CHUNK_TREE_OBJECTID).key(Key::new(
+            DEV_ITEMS_OBJECTID,
+            DEV_ITEM_KEY,
+            devid,
+        )))
+    })?;
     let flags = ty | profile;
     let map = MapLookup { logical, length: stripe, type_: flags, stripe_len: STRIPE_LEN, sub_stripes: 1, stripes: offsets.iter().map(|&o| (devid, o, dev_uuid)).collect() };
     w.info.chunk_map.insert(map.clone())?;
@@ -136,7 +159,7 @@ pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
         }
     }
     let d = w.alloc.dev_items.get_mut(&devid).expect("device listed above");
-    d.bytes_used = (d.bytes_used.get() + stripe * nstripes as u64).into();
+    d.bytes_used = dev_used.into();
     if ty == BLOCK_GROUP_SYSTEM {
         let mut arr = w.sb.sys_chunk_array[..w.sb.sys_chunk_array_size.get() as usize].to_vec();
         arr.extend_from_slice(Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, logical).to_disk().as_bytes());

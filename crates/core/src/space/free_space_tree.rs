@@ -330,6 +330,22 @@ pub fn free_runs(w: &mut FsWriter, start: u64, len: u64) -> Result<Vec<(u64, u64
     Ok(out)
 }
 
+/// The INFO item's extent count, which must equal the free runs the group's items
+/// hold before a conversion rewrites them (the kernel checks both directions too).
+///
+/// # Errors
+/// `Corrupt` naming the group when they differ; read failures.
+fn counted_info(w: &mut FsWriter, g: &Group, runs: usize) -> Result<(u32, u32)> {
+    let (count, flags) = read_info(w, g)?;
+    if count as usize != runs {
+        return Err(Corrupt::new(CorruptWhere::Item, format!("incorrect extent count for block group {}; counted {runs}, expected {count}", g.start))
+            .root(FST)
+            .key(Key::new(g.start, FREE_SPACE_INFO_KEY, g.len))
+            .into());
+    }
+    Ok((count, flags))
+}
+
 fn delete_group_items(w: &mut FsWriter, g: &Group, ty: u8) -> Result<()> {
     let items = w.items_in_range(FST, &Key::new(g.start, ty, 0), &Key::new(g.start + g.len - 1, ty, u64::MAX))?;
     for (k, _) in items {
@@ -343,10 +359,12 @@ fn delete_group_items(w: &mut FsWriter, g: &Group, ty: u8) -> Result<()> {
 /// Rewrite the group's free space as bitmaps (`convert_free_space_to_bitmaps`).
 ///
 /// # Errors
-/// Tree modification failures.
+/// `Corrupt` when the INFO item's extent count disagrees with the free runs; tree
+/// modification failures.
 pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
     let g = Group { start, len };
     let runs = free_runs(w, g.start, g.len)?;
+    let (count, flags) = counted_info(w, &g, runs.len())?;
     delete_group_items(w, &g, FREE_SPACE_EXTENT_KEY)?;
     let r = bitmap_range(w);
     let ss = u64::from(w.sectorsize());
@@ -367,7 +385,6 @@ pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> 
         w.insert_item(FST, &Key::new(s, FREE_SPACE_BITMAP_KEY, l), &bits)?;
         s += l;
     }
-    let (count, flags) = read_info(w, &g)?;
     write_info(w, &g, count, flags | FREE_SPACE_USING_BITMAPS)?;
     w.alloc.set_fst_bitmaps(g.start, true);
     Ok(())
@@ -376,16 +393,16 @@ pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> 
 /// Rewrite the group's free space as extents (`convert_free_space_to_extents`).
 ///
 /// # Errors
-/// Tree modification failures.
+/// `Corrupt` when the INFO item's extent count disagrees with the free runs; tree
+/// modification failures.
 pub fn convert_to_extents(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
     let g = Group { start, len };
     let runs = free_runs(w, g.start, g.len)?;
+    let (count, flags) = counted_info(w, &g, runs.len())?;
     delete_group_items(w, &g, FREE_SPACE_BITMAP_KEY)?;
     for (s, l) in &runs {
         w.insert_item(FST, &Key::new(*s, FREE_SPACE_EXTENT_KEY, *l), &[])?;
     }
-    let (count, flags) = read_info(w, &g)?;
-    assert_eq!(count as usize, runs.len(), "extent count of block group {} disagrees with its bitmaps", g.start);
     write_info(w, &g, count, flags & !FREE_SPACE_USING_BITMAPS)?;
     w.alloc.set_fst_bitmaps(g.start, false);
     Ok(())
