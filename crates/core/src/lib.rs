@@ -6,6 +6,7 @@
 
 pub mod compression;
 pub mod disk_io;
+pub mod engine;
 pub mod error;
 pub mod extent;
 pub mod inode;

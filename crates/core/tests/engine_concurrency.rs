@@ -1,0 +1,213 @@
+//! Threads over one engine against a model of what it must show.
+//!
+//! Writer threads create, overwrite, append to and unlink files in a few directories
+//! and commit now and then; reader threads list directories, look names up and read
+//! files at the same time. A change and its update of the model happen together under
+//! the engine's exclusive side; a read compares what the live view shows with the model
+//! under the shared side. So every read must see exactly the changes made so far,
+//! committed or not (read-your-writes), and a directory listing must never show half a
+//! change. The dirty-metadata limit is four blocks, so writeback happens in the middle
+//! of transactions while readers run. Afterwards the image must pass `btrfs check` and,
+//! with the kernel, mount with exactly the model's files.
+//!
+//! Seeded: each thread's operations follow `UBTRFS_ENGINE_SEED` (default 1) and its
+//! index; the interleaving is the scheduler's. `UBTRFS_ENGINE_OPS` scales the run (the
+//! CI run does about 24k operations).
+
+mod common;
+#[path = "common/write.rs"]
+mod write_common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use ubtrfs_core::engine::Engine;
+use ubtrfs_core::inode::filesystem::{InodeId, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FsRead;
+use write_common::*;
+
+const DIRS: usize = 4;
+const READERS: usize = 4;
+const WRITERS: usize = 2;
+
+/// What the engine must show: per directory, name -> (inode, contents).
+struct Model {
+    dirs: Vec<(InodeId, BTreeMap<Vec<u8>, (InodeId, Vec<u8>)>)>,
+}
+
+fn ops_scale() -> u64 {
+    std::env::var("UBTRFS_ENGINE_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+fn seed() -> u64 {
+    std::env::var("UBTRFS_ENGINE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+fn writer_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize, ops: u64, commits: &AtomicU64) {
+    for i in 0..ops {
+        let d = rng.below(DIRS as u64) as usize;
+        let roll = rng.below(100);
+        let name = format!("w{t}-{}", rng.below(40)).into_bytes();
+        let len = rng.below(3) as usize * rng.range(1, 20_000) as usize;
+        let data = rng.bytes(len);
+        let off_pick = rng.next_u64();
+        let commit_now = rng.chance(3);
+        engine
+            .write(|w| {
+                let mut m = model.lock().unwrap();
+                let (dir, entries) = &mut m.dirs[d];
+                let dir = *dir;
+                match (entries.get(&name).cloned(), roll) {
+                    (None, _) => {
+                        let ino = w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644))?;
+                        w.write_file(dir.root, ino, 0, &data)?;
+                        entries.insert(name.clone(), (InodeId { root: dir.root, ino }, data.clone()));
+                    }
+                    (Some(_), 0..25) => {
+                        w.unlink(dir.root, dir.ino, &name)?;
+                        entries.remove(&name);
+                    }
+                    (Some((id, mut cur)), 25..60) => {
+                        w.write_file(id.root, id.ino, cur.len() as u64, &data)?;
+                        cur.extend_from_slice(&data);
+                        entries.insert(name.clone(), (id, cur));
+                    }
+                    (Some((id, mut cur)), _) => {
+                        let off = off_pick % (cur.len() as u64 + 1);
+                        w.write_file(id.root, id.ino, off, &data)?;
+                        let end = off as usize + data.len();
+                        if cur.len() < end {
+                            cur.resize(end, 0);
+                        }
+                        cur[off as usize..end].copy_from_slice(&data);
+                        entries.insert(name.clone(), (id, cur));
+                    }
+                }
+                if commit_now {
+                    w.commit()?;
+                    commits.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("writer {t} op {i} in dir {d}: {e}"));
+    }
+}
+
+fn reader_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize, ops: u64) -> u64 {
+    let mut bytes = 0;
+    for i in 0..ops {
+        let d = rng.below(DIRS as u64) as usize;
+        let what = rng.below(3);
+        let pick = rng.next_u64();
+        engine
+            .read(|live| {
+                let m = model.lock().unwrap();
+                let (dir, entries) = &m.dirs[d];
+                match what {
+                    0 => {
+                        // The whole directory, as one consistent state.
+                        let got: Vec<Vec<u8>> = live.readdir(*dir)?.into_iter().map(|e| e.name).collect();
+                        let want: Vec<Vec<u8>> = entries.keys().cloned().collect();
+                        let mut got_sorted = got.clone();
+                        got_sorted.sort();
+                        assert_eq!(got_sorted, want, "reader {t} op {i}: listing of dir {d}");
+                    }
+                    _ if entries.is_empty() => {
+                        assert!(live.lookup(*dir, b"w0-none")?.is_none(), "reader {t} op {i}: a name that was never made");
+                    }
+                    _ => {
+                        let (name, (id, data)) = entries.iter().nth((pick % entries.len() as u64) as usize).expect("non-empty");
+                        let e = live.lookup(*dir, name)?.unwrap_or_else(|| panic!("reader {t} op {i}: {} missing", String::from_utf8_lossy(name)));
+                        assert_eq!(e.target, *id, "reader {t} op {i}: {} names another inode", String::from_utf8_lossy(name));
+                        let v = live.load_inode(*id, Load { extents: true, ..Load::ITEM })?;
+                        assert_eq!(v.size(), data.len() as u64, "reader {t} op {i}: size of {}", String::from_utf8_lossy(name));
+                        let mut buf = vec![0u8; data.len()];
+                        let n = live.read_at(&v, 0, &mut buf)?;
+                        assert!(n == data.len() && buf == *data, "reader {t} op {i}: contents of {} differ", String::from_utf8_lossy(name));
+                        bytes += n as u64;
+                    }
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("reader {t} op {i}: {e}"));
+    }
+    bytes
+}
+
+#[test]
+fn readers_and_writers_share_one_engine() {
+    let img = Scratch::fixture("blake2", "engine-concurrency");
+    let mut w = img.writer();
+    w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+    let mut dirs = Vec::new();
+    for d in 0..DIRS {
+        let ino = w.mkdir(5, 256, format!("cc{d}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
+        dirs.push((InodeId { root: 5, ino }, BTreeMap::new()));
+    }
+    let engine = Engine::from_writer(w);
+    let model = Mutex::new(Model { dirs });
+    let commits = AtomicU64::new(0);
+    let scale = ops_scale();
+    let (wops, rops) = (3000 * scale, 4500 * scale);
+    let seed = seed();
+    let read_bytes: u64 = std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let (engine, model, commits) = (&engine, &model, &commits);
+            s.spawn(move || writer_thread(engine, model, &mut Rng::new(seed * 1000 + t as u64), t, wops, commits));
+        }
+        let readers: Vec<_> = (0..READERS)
+            .map(|t| {
+                let (engine, model) = (&engine, &model);
+                s.spawn(move || reader_thread(engine, model, &mut Rng::new(seed * 1000 + 100 + t as u64), t, rops))
+            })
+            .collect();
+        readers.into_iter().map(|h| h.join().expect("reader thread")).sum()
+    });
+    engine.commit().expect("final commit");
+    let mut w = engine.into_writer().expect("engine intact");
+    let early = w.blocks_written_early();
+    w.commit().expect("nothing left");
+    drop(w);
+    let model = model.into_inner().unwrap();
+    let files: usize = model.dirs.iter().map(|(_, e)| e.len()).sum();
+    eprintln!(
+        "{} writer and {} reader ops, {} commits, {early} blocks written before their commit, {read_bytes} bytes read back, {files} files at the end",
+        WRITERS as u64 * wops,
+        READERS as u64 * rops,
+        commits.load(Ordering::Relaxed)
+    );
+    assert!(early > 0, "the dirty limit never wrote a block early: writeback under readers went untested");
+    assert!(commits.load(Ordering::Relaxed) > 0, "no commit happened while readers ran");
+
+    // A fresh open shows the committed state, which is the model.
+    let fs = img.reader();
+    for (d, (dir, entries)) in model.dirs.iter().enumerate() {
+        let got: BTreeMap<Vec<u8>, InodeId> = fs.readdir(*dir).expect("readdir").into_iter().map(|e| (e.name, e.target)).collect();
+        assert_eq!(got.len(), entries.len(), "dir {d} after reopen");
+        for (name, (id, data)) in entries {
+            assert_eq!(got.get(name), Some(id), "dir {d}: {} after reopen", String::from_utf8_lossy(name));
+            let v = fs.load_inode(*id, Load::ALL).expect("inode");
+            let mut buf = vec![0u8; data.len()];
+            fs.read_at(&v, 0, &mut buf).expect("read");
+            assert!(buf == *data, "dir {d}: contents of {} after reopen", String::from_utf8_lossy(name));
+        }
+    }
+    drop(fs);
+    if !common::kernel_available("readers_and_writers_share_one_engine: btrfs check and kernel mount") {
+        return;
+    }
+    assert_check(&img.path, "after the concurrent run");
+    let mnt = Mount::new(&img.path, false);
+    for (d, (_, entries)) in model.dirs.iter().enumerate() {
+        let dir = mnt.path(&format!("cc{d}"));
+        let mut names: Vec<Vec<u8>> = std::fs::read_dir(&dir).expect("kernel readdir").map(|e| e.expect("entry").file_name().into_encoded_bytes()).collect();
+        names.sort();
+        assert_eq!(names, entries.keys().cloned().collect::<Vec<_>>(), "kernel listing of cc{d}");
+        for (name, (_, data)) in entries {
+            let got = std::fs::read(dir.join(String::from_utf8_lossy(name).as_ref())).expect("kernel read");
+            assert!(got == *data, "kernel: contents of cc{d}/{} differ", String::from_utf8_lossy(name));
+        }
+    }
+    mnt.umount();
+}
