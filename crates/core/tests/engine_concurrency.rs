@@ -31,9 +31,12 @@ const DIRS: usize = 4;
 const READERS: usize = 4;
 const WRITERS: usize = 2;
 
-/// What the engine must show: per directory, name -> (inode, contents).
+/// A directory's entries: name -> (inode, contents).
+type Entries = BTreeMap<Vec<u8>, (InodeId, Vec<u8>)>;
+
+/// What the engine must show: each directory and its entries.
 struct Model {
-    dirs: Vec<(InodeId, BTreeMap<Vec<u8>, (InodeId, Vec<u8>)>)>,
+    dirs: Vec<(InodeId, Entries)>,
 }
 
 fn ops_scale() -> u64 {
