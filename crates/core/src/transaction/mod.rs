@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::{items, Key, NodeRef};
+use ubtrfs_format::{items, Corrupt, CorruptWhere, Key, NodeRef};
 use zerocopy::{FromZeros, IntoBytes};
 
 /// A tree block as the write path sees it: ours (dirty, mutable) or committed.
@@ -328,9 +328,15 @@ impl FsWriter {
     /// Read a block for the write path: ours if dirty, else the validated committed one.
     ///
     /// # Errors
-    /// `Io`/`Corrupt` from reading.
+    /// `Io`/`Corrupt` from reading; `Corrupt` when the pointer expects a committed block
+    /// where this transaction has a new one: the allocator handed out a block in use.
     pub fn read_block(&self, bytenr: u64, expect: &Expect) -> Result<Blk> {
         if self.dirty.contains_key(&bytenr) {
+            // Pointers to our blocks carry this transaction's generation; an older one
+            // names the committed block that was here.
+            if let Some(g) = expect.generation.filter(|g| *g != self.transid) {
+                return Err(in_use_reallocated(bytenr, expect.owner, format!("tree block {bytenr} of generation {g} is in use, yet this transaction ({}) allocated it again", self.transid)));
+            }
             return Ok(Blk::Dirty(bytenr));
         }
         Ok(Blk::Clean(self.info.read_tree_block(bytenr, expect)?))
@@ -371,7 +377,14 @@ impl FsWriter {
     }
 
     /// Copy block `src` into a new block at `bytenr` owned by `owner` (the data of COW).
-    pub(crate) fn copy_block(&mut self, src: &Blk, bytenr: u64, owner: u64) {
+    ///
+    /// # Errors
+    /// `Corrupt` when `bytenr` is `src` itself: the allocator handed out the block
+    /// being copied, which a committed tree still uses.
+    pub(crate) fn copy_block(&mut self, src: &Blk, bytenr: u64, owner: u64) -> Result<()> {
+        if src.bytenr() == bytenr {
+            return Err(in_use_reallocated(bytenr, Some(owner), format!("tree block {bytenr} was allocated for its own copy while tree {owner} uses it")));
+        }
         let mut buf: Box<[u8]> = self.node(src).bytes().into();
         {
             let mut m = ubtrfs_format::node::NodeMut::new(&mut buf);
@@ -384,6 +397,7 @@ impl FsWriter {
         }
         let old = self.dirty.insert(bytenr, buf);
         assert!(old.is_none(), "block {bytenr} allocated twice in one transaction");
+        Ok(())
     }
 
     /// Drop a dirty block that was freed before it was ever written.
@@ -518,10 +532,31 @@ impl FsWriter {
         }
     }
 
+    /// Seal every dirty block (WRITTEN flag, checksum), validate each as the kernel's
+    /// write-time tree checker does, and only then write them: a block that fails the
+    /// check is an error (the kernel's -EUCLEAN on write), the commit aborts, and
+    /// nothing of this transaction reaches the disk.
+    ///
+    /// # Errors
+    /// `Corrupt` (under "write time tree block corruption detected") for a block the
+    /// tree checker refuses; `Io` from writing.
     fn write_dirty_blocks(&mut self) -> Result<()> {
         let csum_type = self.info.csum_type;
-        let mut blocks: Vec<(u64, Box<[u8]>)> = self.dirty.drain().collect();
+        let mut blocks: Vec<(u64, Box<[u8]>)> = std::mem::take(&mut self.dirty).into_iter().collect();
         blocks.sort_by_key(|(b, _)| *b);
+        let ctx = |bytenr: u64, level: u8| ubtrfs_format::tree_checker::CheckCtx {
+            nodesize: self.nodesize(),
+            sectorsize: self.sectorsize(),
+            csum_type,
+            fsid: self.info.meta_fsid,
+            chunk_tree_uuid: Some(self.info.chunk_tree_uuid),
+            super_generation: self.transid,
+            bytenr,
+            level: Some(level),
+            generation: Some(self.transid),
+            owner: None,
+            first_key: None,
+        };
         for (bytenr, buf) in &mut blocks {
             {
                 let mut m = ubtrfs_format::node::NodeMut::new(buf);
@@ -530,24 +565,10 @@ impl FsWriter {
             }
             let c = csum_type.compute(&buf[CSUM_SIZE..]);
             buf[..CSUM_SIZE].copy_from_slice(&c);
-            // Validate what we are about to write, as the kernel's write-time checker does.
-            let n = NodeRef::new_checked(buf);
-            let ctx = ubtrfs_format::tree_checker::CheckCtx {
-                nodesize: self.nodesize(),
-                sectorsize: self.sectorsize(),
-                csum_type,
-                fsid: self.info.meta_fsid,
-                chunk_tree_uuid: Some(self.info.chunk_tree_uuid),
-                super_generation: self.transid,
-                bytenr: *bytenr,
-                level: Some(n.level()),
-                generation: Some(self.transid),
-                owner: None,
-                first_key: None,
-            };
-            if let Err(e) = ubtrfs_format::tree_checker::check_tree_block(buf, &ctx) {
-                panic!("about to write an invalid tree block: {e}");
-            }
+            let level = NodeRef::new_checked(buf).level();
+            ubtrfs_format::tree_checker::check_tree_block(buf, &ctx(*bytenr, level)).map_err(|e| Error::from(e).at("write time tree block corruption detected"))?;
+        }
+        for (bytenr, buf) in &blocks {
             crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, *bytenr, buf, crate::volumes::WriteKind::Metadata)?;
         }
         for (bytenr, buf) in blocks {
@@ -614,6 +635,17 @@ impl FsWriter {
         b.num_devices = self.sb.num_devices;
         self.sb.super_roots[prev] = b;
         Ok(())
+    }
+}
+
+/// The allocator handed out tree block `bytenr` while a committed tree uses it: the
+/// free-space tree (the allocator's cache is loaded from it) calls space in use free.
+/// The kernel detects the same in `btrfs_init_new_buffer` ("extent tree corruption").
+fn in_use_reallocated(bytenr: u64, owner: Option<u64>, what: String) -> Error {
+    let c = Corrupt::new(CorruptWhere::Block, format!("{what}: the free space tree marks space in use as free")).block(bytenr);
+    match owner {
+        Some(o) => c.root(o).into(),
+        None => c.into(),
     }
 }
 
