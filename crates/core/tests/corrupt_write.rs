@@ -23,6 +23,7 @@ use std::path::Path;
 use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, OpenOptions, PosixKind};
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE};
@@ -237,6 +238,44 @@ fn block_group_fuller_than_its_length() {
     assert_eq!(img.sha256(), before, "the image changed");
 }
 
+/// The device item says every byte of the device is allocated (bytes_used ==
+/// total_bytes, allowed), but the dev tree has holes: a new chunk makes bytes_used
+/// exceed total_bytes, which the write-time tree checker refuses, and that was
+/// `panic!("about to write an invalid tree block")` in `write_dirty_blocks`.
+#[test]
+fn write_time_check_refuses_a_device_item_past_its_device() {
+    let img = fresh("dev-item-full", &[]);
+    let dev = find_item(&img.path, CHUNK_TREE_OBJECTID, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1));
+    let total = le64(&dev.data, 8);
+    patch_body(&img.path, &dev, 16, &total.to_le_bytes());
+    let before = img.sha256();
+    let mut w = img.writer();
+    w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
+    ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA).expect("allocate a chunk");
+    let r = w.commit();
+    let msg = assert_corrupt("commit", r, &["write time tree block corruption detected", "root=3", "DEV_ITEM", "bytes used"]);
+    assert_aborted("device item past its device", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed: a block or a superblock was written");
+}
+
+/// An item the tree API accepted but the tree checker does not (an inode item of the
+/// wrong size): the commit refuses to write it, as the kernel's write-time checker
+/// does, instead of panicking.
+#[test]
+fn write_time_check_refuses_a_bad_item_from_the_tree_api() {
+    let img = fresh("bad-item", &[]);
+    let before = img.sha256();
+    let mut w = img.writer();
+    w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
+    w.insert_item(FS, &Key::new(100_000, INODE_ITEM_KEY, 0), &[0u8; 10]).expect("insert a short inode item");
+    let r = w.commit();
+    let msg = assert_corrupt("commit", r, &["write time tree block corruption detected", "root=5", "(100000 INODE_ITEM 0)", "inode"]);
+    assert_aborted("bad item", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed: a block or a superblock was written");
+}
+
 /// The metadata group's free-space-tree INFO says its bitmaps hold more free runs than
 /// they do: converting them to extents met `assert_eq!(count, runs.len())` in
 /// `convert_to_extents`. The opposite conversion checks the count the same way.
@@ -291,6 +330,64 @@ fn mark_block_free(img: &Path, y: u64) {
     let largest = free.iter().filter(|e| e.key.objectid >= g.objectid && e.key.objectid < g.objectid + g.offset).map(|e| e.key.offset).max().unwrap_or(0);
     assert_eq!(largest, l, "the free extent after block {y} is the group's largest");
     patch_key(img, f, y, l + (b - y));
+}
+
+/// The free-space tree calls the root tree's leaf free, and the first block this
+/// transaction allocates is the copy of that very leaf: the COW was handed the block it
+/// copies, so freeing the old block dropped the new one, and changing it met
+/// `panic!("block {bytenr} modified without being COWed first")`.
+#[test]
+fn cow_handed_the_block_it_copies() {
+    let img = fresh("cow-onto-itself", &[]);
+    let root_leaf = FsInfo::open(&OpenOptions::new(&img.path)).expect("open").tree_root().bytenr;
+    mark_block_free(&img.path, root_leaf);
+    let before = img.sha256();
+    let mut w = img.writer();
+    w.set_subvol_readonly(FS, true).expect("flag the top subvolume read-only");
+    let r = w.commit();
+    let msg = assert_corrupt("commit", r, &[&format!("block={root_leaf}"), "root=1", "free space tree"]);
+    assert_aborted("cow onto itself", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
+
+/// The free-space tree calls the root tree's leaf free and a COW of the fs tree gets
+/// it; reading the root tree then finds our new block where the superblock says the
+/// committed leaf is.
+#[test]
+fn block_in_use_allocated_again() {
+    let img = fresh("in-use-again", &[]);
+    let root_leaf = FsInfo::open(&OpenOptions::new(&img.path)).expect("open").tree_root().bytenr;
+    mark_block_free(&img.path, root_leaf);
+    let before = img.sha256();
+    let mut w = img.writer();
+    w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
+    let r = w.commit();
+    let msg = assert_corrupt("commit", r, &[&format!("block={root_leaf}"), "free space tree"]);
+    assert_aborted("in use, allocated again", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
+
+/// The free-space tree calls a leaf of a tree nothing touches (the data reloc tree)
+/// free: the transaction never reads it, so the damage shows when the new block's
+/// extent item is inserted where the old one still is.
+#[test]
+fn block_of_an_untouched_tree_allocated_again() {
+    let img = fresh("untouched-again", &[]);
+    let leaf = {
+        let info = FsInfo::open(&OpenOptions::new(&img.path)).expect("open");
+        info.read_root(DATA_RELOC_TREE_OBJECTID).expect("data reloc tree").0.bytenr
+    };
+    mark_block_free(&img.path, leaf);
+    let before = img.sha256();
+    let mut w = img.writer();
+    w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
+    let r = w.commit();
+    assert_corrupt("commit", r, &[&format!("{leaf}"), "free space tree"]);
+    assert!(w.check_writable().is_err(), "aborted");
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
 }
 
 /// A free-space-tree extent whose length runs past the end of the address space: the

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::{items, Key, NodeRef};
+use ubtrfs_format::{items, Corrupt, CorruptWhere, Key, NodeRef};
 use zerocopy::{FromZeros, IntoBytes};
 
 /// A tree block as the write path sees it: ours (dirty, mutable) or committed.
@@ -444,9 +444,15 @@ impl FsWriter {
     /// Read a block for the write path: ours if dirty, else the validated committed one.
     ///
     /// # Errors
-    /// `Io`/`Corrupt` from reading.
+    /// `Io`/`Corrupt` from reading; `Corrupt` when the pointer expects a committed block
+    /// where this transaction has a new one: the allocator handed out a block in use.
     pub fn read_block(&self, bytenr: u64, expect: &Expect) -> Result<Blk> {
         if self.dirty.contains_key(&bytenr) {
+            // Pointers to our blocks carry this transaction's generation; an older one
+            // names the committed block that was here.
+            if let Some(g) = expect.generation.filter(|g| *g != self.transid) {
+                return Err(in_use_reallocated(bytenr, expect.owner, format!("tree block {bytenr} of generation {g} is in use, yet this transaction ({}) allocated it again", self.transid)));
+            }
             return Ok(Blk::Dirty(bytenr));
         }
         Ok(Blk::Clean(self.info.read_tree_block(bytenr, expect)?))
@@ -488,7 +494,14 @@ impl FsWriter {
     }
 
     /// Copy block `src` into a new block at `bytenr` owned by `owner` (the data of COW).
-    pub(crate) fn copy_block(&mut self, src: &Blk, bytenr: u64, owner: u64) {
+    ///
+    /// # Errors
+    /// `Corrupt` when `bytenr` is `src` itself: the allocator handed out the block
+    /// being copied, which a committed tree still uses.
+    pub(crate) fn copy_block(&mut self, src: &Blk, bytenr: u64, owner: u64) -> Result<()> {
+        if src.bytenr() == bytenr {
+            return Err(in_use_reallocated(bytenr, Some(owner), format!("tree block {bytenr} was allocated for its own copy while tree {owner} uses it")));
+        }
         let mut buf: Box<[u8]> = self.node(src).bytes().into();
         {
             let mut m = ubtrfs_format::node::NodeMut::new(&mut buf);
@@ -500,6 +513,7 @@ impl FsWriter {
             h.flags = (MIXED_BACKREF_REV << BACKREF_REV_SHIFT).into();
         }
         self.insert_dirty(bytenr, buf);
+        Ok(())
     }
 
     fn insert_dirty(&mut self, bytenr: u64, buf: Box<[u8]>) {
@@ -697,33 +711,46 @@ impl FsWriter {
         }
     }
 
+    /// Seal every dirty block (WRITTEN flag, checksum), validate each as the kernel's
+    /// write-time tree checker does, and only then write them: a block that fails the
+    /// check is an error (the kernel's -EUCLEAN on write), the commit aborts, and
+    /// nothing of this transaction reaches the disk.
+    ///
+    /// # Errors
+    /// `Corrupt` (under "write time tree block corruption detected") for a block the
+    /// tree checker refuses; `Io` from writing.
     fn write_dirty_blocks(&mut self) -> Result<()> {
-        let mut blocks: Vec<(u64, DirtyBlock)> = self.dirty.drain().collect();
+        let mut blocks: Vec<(u64, Box<[u8]>)> = std::mem::take(&mut self.dirty).into_iter().map(|(b, d)| (b, d.buf)).collect();
         blocks.sort_by_key(|(b, _)| *b);
-        for (bytenr, d) in blocks {
-            let eb = self.write_tree_block(bytenr, d.buf)?;
-            self.info.cache.insert(eb);
+        for (bytenr, buf) in &mut blocks {
+            self.seal_tree_block(*bytenr, buf)?;
+        }
+        for (bytenr, buf) in &blocks {
+            crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, *bytenr, buf, crate::volumes::WriteKind::Metadata)?;
+        }
+        for (bytenr, buf) in blocks {
+            self.info.cache.insert(Arc::new(ExtentBuffer::from_written(bytenr, buf)));
         }
         Ok(())
     }
 
-    /// Write block `bytenr` of this transaction: mark it WRITTEN (from now on a change
-    /// COWs it), checksum it, validate it as the kernel's write-time tree checker does,
-    /// and write every copy. Returns it as a clean block for the node cache.
+    /// Make block `bytenr` of this transaction ready to write: mark it WRITTEN (from now
+    /// on a change COWs it), checksum it and validate it as the kernel's write-time tree
+    /// checker does.
     ///
     /// # Errors
-    /// `Corrupt` if the block fails the tree checker (nothing is written: a bug, or a
-    /// bad item copied from a corrupt image); `Io` from the devices.
-    fn write_tree_block(&self, bytenr: u64, mut buf: Box<[u8]>) -> Result<Arc<ExtentBuffer>> {
+    /// `Corrupt` (under "write time tree block corruption detected") for a block the
+    /// tree checker refuses: a bug, or a bad item copied from a corrupt image.
+    fn seal_tree_block(&self, bytenr: u64, buf: &mut [u8]) -> Result<()> {
         let csum_type = self.info.csum_type;
         {
-            let mut m = ubtrfs_format::node::NodeMut::new(&mut buf);
+            let mut m = ubtrfs_format::node::NodeMut::new(buf);
             let h = m.header_mut();
             h.flags = (h.flags.get() | HEADER_FLAG_WRITTEN).into();
         }
         let c = csum_type.compute(&buf[CSUM_SIZE..]);
         buf[..CSUM_SIZE].copy_from_slice(&c);
-        let level = NodeRef::new_checked(&buf).level();
+        let level = NodeRef::new_checked(buf).level();
         let ctx = ubtrfs_format::tree_checker::CheckCtx {
             nodesize: self.nodesize(),
             sectorsize: self.sectorsize(),
@@ -737,7 +764,16 @@ impl FsWriter {
             owner: None,
             first_key: None,
         };
-        ubtrfs_format::tree_checker::check_tree_block(&buf, &ctx).map_err(|e| Error::from(e).at(format!("refusing to write tree block {bytenr}")))?;
+        ubtrfs_format::tree_checker::check_tree_block(buf, &ctx).map_err(|e| Error::from(e).at("write time tree block corruption detected"))
+    }
+
+    /// Seal and write block `bytenr` before its commit (writeback). Returns it as a clean
+    /// block for the node cache.
+    ///
+    /// # Errors
+    /// As `seal_tree_block`; `Io` from the devices.
+    fn write_tree_block(&self, bytenr: u64, mut buf: Box<[u8]>) -> Result<Arc<ExtentBuffer>> {
+        self.seal_tree_block(bytenr, &mut buf)?;
         crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &buf, crate::volumes::WriteKind::Metadata)?;
         Ok(Arc::new(ExtentBuffer::from_written(bytenr, buf)))
     }
@@ -800,6 +836,17 @@ impl FsWriter {
         b.num_devices = self.sb.num_devices;
         self.sb.super_roots[prev] = b;
         Ok(())
+    }
+}
+
+/// The allocator handed out tree block `bytenr` while a committed tree uses it: the
+/// free-space tree (the allocator's cache is loaded from it) calls space in use free.
+/// The kernel detects the same in `btrfs_init_new_buffer` ("extent tree corruption").
+fn in_use_reallocated(bytenr: u64, owner: Option<u64>, what: String) -> Error {
+    let c = Corrupt::new(CorruptWhere::Block, format!("{what}: the free space tree marks space in use as free")).block(bytenr);
+    match owner {
+        Some(o) => c.root(o).into(),
+        None => c.into(),
     }
 }
 

@@ -75,7 +75,7 @@ impl FsWriter {
             (n.bytenr(), n.level(), if n.nritems() > 0 { n.key(0) } else { Key::MIN })
         };
         let new = self.alloc_tree_block(root_id, level, first_key)?;
-        self.copy_block(&b, new, root_id);
+        self.copy_block(&b, new, root_id)?;
         self.update_ref_for_cow(root_id, &b, new, parent.is_none())?;
         match parent {
             Some((p, slot)) => {
