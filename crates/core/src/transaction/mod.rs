@@ -86,6 +86,10 @@ impl<'a> TreeView for Live<'a> {
     type Node = BlkRef<'a>;
     fn read_node(&self, bytenr: u64, expect: &Expect) -> Result<BlkRef<'a>> {
         match self.w.dirty.get(&bytenr) {
+            Some(_) if expect.generation.is_some_and(|g| g != self.w.transid) => {
+                let g = expect.generation.unwrap_or_default();
+                Err(in_use_reallocated(bytenr, expect.owner, format!("tree block {bytenr} of generation {g} is in use, yet this transaction ({}) allocated it again", self.w.transid)))
+            }
             Some(d) => Ok(BlkRef::Dirty(bytenr, &d.buf)),
             None => Ok(BlkRef::Clean(self.w.info.read_tree_block(bytenr, expect)?)),
         }
