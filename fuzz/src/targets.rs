@@ -283,3 +283,85 @@ pub fn image(base: &ImageBase, data: &[u8]) {
     let _ = fs.resolve("/links/b/sym", true);
     let _ = fs.info.take_warnings();
 }
+
+/// Engine-operations target: a fuzzed image (as `image`, over a writable overlay)
+/// opened for writing, then a sequence of operations applied through the engine,
+/// commits and reopens among them, and the result walked. Nothing may panic or hang:
+/// a change the damage reaches fails with an error and aborts to read-only, and every
+/// later change is then refused.
+///
+/// Input: `patch_len: u16 le`, that many bytes of `image` patch records, then 4-byte
+/// operations `op, a, b: u16 le`: mkdir, create+write, write, unlink, commit, reopen,
+/// read back (op % 7). At most 64 operations.
+pub fn engine_ops(base: &ImageBase, data: &[u8]) {
+    use crate::walk::WritableOverlay;
+    use ubtrfs_core::inode::filesystem::{InodeId, Load};
+    use ubtrfs_core::inode::write::InodeAttrs;
+    use ubtrfs_core::transaction::FsWriter;
+    if data.len() < 2 {
+        return;
+    }
+    let plen = usize::from(u16::from_le_bytes([data[0], data[1]])).min(data.len() - 2);
+    let (patches, ops) = data[2..].split_at(plen);
+    let dev: Arc<dyn BlockDevice> = Arc::new(WritableOverlay::new(base.patched(patches)));
+    let open = |dev: &Arc<dyn BlockDevice>| FsInfo::open_devices(vec![dev.clone()], 4 << 20).and_then(FsWriter::from_info);
+    let Ok(mut w) = open(&dev) else { return };
+    w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
+    let top = InodeId { root: FS_TREE_OBJECTID, ino: FIRST_FREE_OBJECTID };
+    let mut dirs = vec![top];
+    let mut files: Vec<(InodeId, InodeId, Vec<u8>)> = Vec::new();
+    let mut aborted = false;
+    for op in ops.chunks_exact(4).take(64) {
+        let (kind, a, b) = (op[0] % 7, op[1], u16::from_le_bytes([op[2], op[3]]));
+        let dir = dirs[usize::from(a) % dirs.len()];
+        let r: ubtrfs_core::Result<()> = match kind {
+            0 => w.mkdir(dir.root, dir.ino, format!("d{a}-{b}").as_bytes(), &InodeAttrs::new(0o755)).map(|ino| dirs.push(InodeId { root: dir.root, ino })),
+            1 => {
+                let name = format!("f{a}-{b}").into_bytes();
+                w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644)).and_then(|ino| {
+                    files.push((dir, InodeId { root: dir.root, ino }, name));
+                    w.write_file(dir.root, ino, 0, &vec![a; usize::from(b) * 7])
+                })
+            }
+            2 if !files.is_empty() => {
+                let (_, f, _) = &files[usize::from(a) % files.len()];
+                w.write_file(f.root, f.ino, u64::from(b) * 512, &vec![b as u8; usize::from(a) * 97])
+            }
+            3 if !files.is_empty() => {
+                let (d, _, name) = files.swap_remove(usize::from(a) % files.len());
+                w.unlink(d.root, d.ino, &name)
+            }
+            4 => w.commit().map(|_| ()),
+            5 => {
+                drop(w);
+                files.clear();
+                dirs.truncate(1);
+                let Ok(nw) = open(&dev) else { return };
+                w = nw;
+                Ok(())
+            }
+            _ => {
+                let live = w.live();
+                let _ = live.readdir(dir);
+                if let Some((_, f, _)) = files.first() {
+                    if let Ok(v) = live.load_inode(*f, Load::ALL) {
+                        let mut buf = vec![0u8; 64 << 10];
+                        let _ = live.read_at(&v, 0, &mut buf);
+                    }
+                }
+                Ok(())
+            }
+        };
+        if aborted {
+            assert!(r.is_err(), "a change succeeded after the writer aborted");
+        }
+        if r.is_err() && w.check_writable().is_err() {
+            aborted = true;
+        }
+    }
+    let _ = w.commit();
+    drop(w);
+    let Ok(info) = FsInfo::open_devices(vec![dev], 4 << 20) else { return };
+    let Ok(fs) = Filesystem::from_info(info) else { return };
+    let _ = walk_all(&fs);
+}

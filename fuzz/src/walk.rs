@@ -353,3 +353,48 @@ pub fn fix_super_csum(sb: &mut [u8]) {
     let c = csum.compute(&sb[32..4096]);
     sb[..32].copy_from_slice(&c);
 }
+
+/// An `OverlayDevice` that takes writes: each write becomes another patch over the
+/// image (later ones win), so a writer can run on a fuzzed image without copying it.
+pub struct WritableOverlay {
+    inner: OverlayDevice,
+    writes: std::sync::Mutex<Vec<(u64, Vec<u8>)>>,
+}
+
+impl WritableOverlay {
+    pub fn new(inner: OverlayDevice) -> WritableOverlay {
+        WritableOverlay { inner, writes: std::sync::Mutex::new(Vec::new()) }
+    }
+}
+
+impl BlockDevice for WritableOverlay {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.inner.read_at(buf, offset)?;
+        let (start, stop) = (offset, offset + buf.len() as u64);
+        for (po, pb) in self.writes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let (ps, pe) = (*po, *po + pb.len() as u64);
+            let (s, e) = (ps.max(start), pe.min(stop));
+            if s < e {
+                buf[(s - start) as usize..(e - start) as usize].copy_from_slice(&pb[(s - ps) as usize..(e - ps) as usize]);
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        match offset.checked_add(buf.len() as u64) {
+            Some(end) if end <= self.inner.size() => {}
+            _ => return Err(Error::io(format!("{}: write [{offset}, +{}) beyond end of device", self.inner.name(), buf.len()), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
+        }
+        self.writes.lock().unwrap_or_else(|p| p.into_inner()).push((offset, buf.to_vec()));
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+}
