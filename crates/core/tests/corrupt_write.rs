@@ -455,3 +455,27 @@ fn extent_reference_count_overflow() {
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
 }
+
+/// With quotas on, the commit recounts every qgroup: two file extents each claiming
+/// 2^63 bytes overflowed the sum (a panic in debug builds).
+#[test]
+fn qgroup_count_overflow() {
+    let img = fresh("qgroup-overflow", &["-R", "quota"]);
+    let mut w = img.writer();
+    let a = file_with_data(&mut w, "a", 4096, 1);
+    let b = file_with_data(&mut w, "b", 4096, 2);
+    w.commit().expect("commit");
+    drop(w);
+    for ino in [a, b] {
+        let f = find_item(&img.path, FS, Key::new(ino, EXTENT_DATA_KEY, 0));
+        patch_body(&img.path, &f, 29, &(1u64 << 63).to_le_bytes());
+    }
+    let before = img.sha256();
+    let mut w = img.writer();
+    w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
+    let r = w.commit();
+    let msg = assert_corrupt("commit", r, &["qgroup", "root=5"]);
+    assert_aborted("qgroup overflow", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
