@@ -151,7 +151,7 @@ impl FsWriter {
             return Err(Error::Incompatible("cannot write: multi-device filesystems are not supported for writing yet".into()));
         }
         let sb = info.sb.clone();
-        let transid = sb.generation.get() + 1;
+        let transid = sb.generation.get().checked_add(1).ok_or_else(|| last_generation(sb.generation.get()))?;
         let mut w = FsWriter {
             sb,
             transid,
@@ -456,6 +456,8 @@ impl FsWriter {
     }
 
     fn commit_inner(&mut self) -> Result<u64> {
+        // The transaction after this one needs a generation too: refuse before writing.
+        let next = self.transid.checked_add(1).ok_or_else(|| last_generation(self.transid))?;
         // A root item changed on its own (a subvolume flagged read-only) is a change.
         let root_items_changed = self.roots.values().any(|s| s.dirty && s.item.is_some());
         if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() && !root_items_changed {
@@ -481,7 +483,7 @@ impl FsWriter {
         self.sb = self.sb.clone();
         self.commits += 1;
         let gen = self.transid;
-        self.transid += 1;
+        self.transid = next;
         for st in self.roots.values_mut() {
             st.dirty = false;
         }
@@ -636,6 +638,11 @@ impl FsWriter {
         self.sb.super_roots[prev] = b;
         Ok(())
     }
+}
+
+/// A superblock generation no transaction can follow (only a crafted one gets there).
+fn last_generation(generation: u64) -> Error {
+    Corrupt::new(CorruptWhere::Super, format!("generation {generation} is the last one, no transaction can follow it")).into()
 }
 
 /// The allocator handed out tree block `bytenr` while a committed tree uses it: the
