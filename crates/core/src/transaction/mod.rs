@@ -10,6 +10,9 @@
 //!   after the commit that stops referencing them (pinned until then).
 //! - After a failure once a change has begun, `aborted` is set and every later write
 //!   fails with a read-only error (the kernel's `btrfs_abort_transaction`).
+//! - Every block passes the tree checker before any block of the commit is written; a
+//!   block that fails is an error that aborts the commit (the kernel's -EUCLEAN on
+//!   write), so a refused commit leaves the image as the last commit left it.
 //!
 //! Neighbours: `ctree_modify` (B-tree changes over these blocks), `delayed_ref` and
 //! `extent_tree` (reference counting run at commit), `alloc` (block groups and free
