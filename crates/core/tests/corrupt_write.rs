@@ -456,3 +456,75 @@ fn extent_reference_count_overflow() {
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
 }
+
+/// With quotas on, the commit recounts every qgroup: two file extents each claiming
+/// 2^63 bytes overflowed the sum (a panic in debug builds).
+#[test]
+fn qgroup_count_overflow() {
+    let img = fresh("qgroup-overflow", &["-R", "quota"]);
+    let mut w = img.writer();
+    let a = file_with_data(&mut w, "a", 4096, 1);
+    let b = file_with_data(&mut w, "b", 4096, 2);
+    w.commit().expect("commit");
+    drop(w);
+    for ino in [a, b] {
+        let f = find_item(&img.path, FS, Key::new(ino, EXTENT_DATA_KEY, 0));
+        patch_body(&img.path, &f, 29, &(1u64 << 63).to_le_bytes());
+    }
+    let before = img.sha256();
+    let mut w = img.writer();
+    w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
+    let r = w.commit();
+    let msg = assert_corrupt("commit", r, &["qgroup", "root=5"]);
+    assert_aborted("qgroup overflow", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}
+
+/// Set the generation of every superblock copy of `img` (checksums recomputed).
+fn patch_super_generation(img: &Path, generation: u64) {
+    let at = core::mem::offset_of!(Superblock, generation);
+    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open image file");
+    let size = file.metadata().expect("image size").len();
+    for m in 0..SUPER_MIRROR_MAX {
+        let off = sb_offset(m);
+        if off + SUPER_INFO_SIZE as u64 > size {
+            break;
+        }
+        let mut sb = vec![0u8; SUPER_INFO_SIZE];
+        file.seek(SeekFrom::Start(off)).and_then(|_| file.read_exact(&mut sb)).expect("read superblock");
+        sb[at..at + 8].copy_from_slice(&generation.to_le_bytes());
+        walk::fix_super_csum(&mut sb);
+        file.seek(SeekFrom::Start(off)).and_then(|_| file.write_all(&sb)).expect("write superblock");
+    }
+    file.sync_all().expect("sync image");
+}
+
+/// A superblock at the last generation: no transaction can follow it (the writer's
+/// next transid overflowed), and one before the last allows one commit, not two.
+#[test]
+fn generation_at_the_end_of_the_counter() {
+    let img = fresh("last-generation", &[]);
+    patch_super_generation(&img.path, u64::MAX);
+    let r = FsWriter::open(&OpenOptions::new(&img.path));
+    let e = r.map(|_| ()).expect_err("open for writing at the last generation");
+    eprintln!("open for writing at generation {}: {e}", u64::MAX);
+    assert!(e.to_string().contains(&u64::MAX.to_string()), "names the generation: {e}");
+    // The root tree's leaf carries the superblock's generation: both move.
+    let img = fresh("next-to-last-generation", &[]);
+    let root_leaf = find_items(&img.path, ROOT_TREE_OBJECTID, |_| true).pop().expect("a root tree item");
+    assert!(root_leaf.leaf_is_root, "a fresh image's root tree is one leaf");
+    let at = core::mem::offset_of!(Header, generation);
+    patch_leaf(&img.path, &root_leaf, |blk, _| blk[at..at + 8].copy_from_slice(&(u64::MAX - 1).to_le_bytes()));
+    patch_super_generation(&img.path, u64::MAX - 1);
+    let mut w = img.writer();
+    w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
+    let before = img.sha256();
+    let r = w.commit();
+    let e = r.expect_err("a commit that leaves no next generation");
+    eprintln!("commit at generation {}: {e}", u64::MAX);
+    assert!(e.to_string().contains(&u64::MAX.to_string()), "names the generation: {e}");
+    assert_aborted("last generation", &mut w, &e.to_string());
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
+}

@@ -81,7 +81,7 @@ pub fn check_tree_block(buf: &[u8], ctx: &CheckCtx) -> Result<()> {
             return Err(blk(format!("parent transid verify failed, wanted {g} found {gen}")));
         }
     }
-    if gen > ctx.super_generation + 1 {
+    if gen > ctx.super_generation.saturating_add(1) {
         return Err(blk(format!("generation {gen} is newer than the superblock generation {} + 1", ctx.super_generation)));
     }
     if let Some(o) = ctx.owner {
@@ -126,7 +126,7 @@ fn check_node(node: &NodeRef<'_>, n: usize, ctx: &CheckCtx, owner: u64) -> Resul
         if bp == 0 || !bp.is_multiple_of(u64::from(ctx.sectorsize)) {
             return Err(err(format!("invalid block pointer {bp}")).slot(slot as u32, key));
         }
-        if kp.generation.get() > ctx.super_generation + 1 {
+        if kp.generation.get() > ctx.super_generation.saturating_add(1) {
             return Err(err(format!("pointer generation {} too new", kp.generation.get())).slot(slot as u32, key));
         }
         if let Some(p) = prev {
@@ -198,7 +198,7 @@ fn exact<T>(data: &[u8], what: &str) -> core::result::Result<(), String> {
 /// A reason string; the caller attaches block, slot and key.
 pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Result<(), String> {
     let gen_ok = |g: u64, what: &str| -> core::result::Result<(), String> {
-        if g > ctx.super_generation + 1 {
+        if g > ctx.super_generation.saturating_add(1) {
             Err(format!("invalid {what} generation {g}, super generation {}", ctx.super_generation))
         } else {
             Ok(())

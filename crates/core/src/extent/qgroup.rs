@@ -87,7 +87,8 @@ pub(crate) fn store_counts(w: &mut FsWriter, counts: &BTreeMap<u64, (u64, u64)>)
 /// containing all of them.
 ///
 /// # Errors
-/// Read failures; `Corrupt` for malformed file extent items.
+/// Read failures; `Corrupt` for malformed file extent items, or extents whose lengths
+/// overflow a qgroup's byte counts.
 pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
     let mut subvols = Vec::new();
     for (k, _) in w.items_in_range(ROOT_TREE_OBJECTID, &Key::MIN, &Key::MAX)? {
@@ -159,7 +160,7 @@ pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
         out
     };
     let mut anc_cache: HashMap<u64, Vec<u64>> = HashMap::new();
-    for (bytes, roots) in reach.values() {
+    for (&bytenr, (bytes, roots)) in &reach {
         let mut hits: BTreeMap<u64, usize> = BTreeMap::new();
         for &r in roots {
             if !counts.contains_key(&r) {
@@ -171,9 +172,14 @@ pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
         }
         for (g, n) in hits {
             if let Some(c) = counts.get_mut(&g) {
-                c.0 += bytes;
+                // File extents say how long their extents are; absurd lengths (each
+                // below 2^64, as the tree checker makes sure) can still overflow a sum.
+                let overflow = || -> crate::error::Error {
+                    Corrupt::new(CorruptWhere::Item, format!("qgroup {}/{} byte count overflows adding extent {bytenr} of {bytes} bytes", g >> 48, g & ((1 << 48) - 1))).root(roots[0]).into()
+                };
+                c.0 = c.0.checked_add(*bytes).ok_or_else(overflow)?;
                 if n == roots.len() {
-                    c.1 += bytes;
+                    c.1 = c.1.checked_add(*bytes).ok_or_else(overflow)?;
                 }
             }
         }

@@ -44,7 +44,9 @@ fn read_info(w: &mut FsWriter, g: &Group) -> Result<(u32, u32)> {
     let key = Key::new(g.start, FREE_SPACE_INFO_KEY, g.len);
     let root = w.root(FST)?;
     match w.first_item_ge(&root, &key)? {
-        Some((k, d)) if k == key => Ok((u32::from_le_bytes(d[0..4].try_into().expect("8 bytes")), u32::from_le_bytes(d[4..8].try_into().expect("8 bytes")))),
+        Some((k, d)) if k == key => {
+            Ok((u32::from_le_bytes(d[0..4].try_into().expect("size checked by the tree checker")), u32::from_le_bytes(d[4..8].try_into().expect("size checked by the tree checker"))))
+        }
         _ => Err(corrupt(format!("free space info for block group {} missing", g.start))),
     }
 }

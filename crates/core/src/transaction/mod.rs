@@ -10,6 +10,9 @@
 //!   after the commit that stops referencing them (pinned until then).
 //! - After a failure once a change has begun, `aborted` is set and every later write
 //!   fails with a read-only error (the kernel's `btrfs_abort_transaction`).
+//! - Every block passes the tree checker before any block of the commit is written; a
+//!   block that fails is an error that aborts the commit (the kernel's -EUCLEAN on
+//!   write), so a refused commit leaves the image as the last commit left it.
 //!
 //! Neighbours: `ctree_modify` (B-tree changes over these blocks), `delayed_ref` and
 //! `extent_tree` (reference counting run at commit), `alloc` (block groups and free
@@ -250,7 +253,7 @@ impl FsWriter {
             return Err(Error::Incompatible("cannot write: multi-device filesystems are not supported for writing yet".into()));
         }
         let sb = info.sb.clone();
-        let transid = sb.generation.get() + 1;
+        let transid = sb.generation.get().checked_add(1).ok_or_else(|| last_generation(sb.generation.get()))?;
         let mut w = FsWriter {
             sb,
             transid,
@@ -639,6 +642,8 @@ impl FsWriter {
     }
 
     fn commit_inner(&mut self) -> Result<u64> {
+        // The transaction after this one needs a generation too: refuse before writing.
+        let next = self.transid.checked_add(1).ok_or_else(|| last_generation(self.transid))?;
         // A root item changed on its own (a subvolume flagged read-only) is a change.
         let root_items_changed = self.roots.values().any(|s| s.dirty && s.item.is_some());
         if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() && !root_items_changed {
@@ -664,7 +669,7 @@ impl FsWriter {
         self.sb = self.sb.clone();
         self.commits += 1;
         let gen = self.transid;
-        self.transid += 1;
+        self.transid = next;
         for st in self.roots.values_mut() {
             st.dirty = false;
         }
@@ -841,6 +846,11 @@ impl FsWriter {
         self.sb.super_roots[prev] = b;
         Ok(())
     }
+}
+
+/// A superblock generation no transaction can follow (only a crafted one gets there).
+fn last_generation(generation: u64) -> Error {
+    Corrupt::new(CorruptWhere::Super, format!("generation {generation} is the last one, no transaction can follow it")).into()
 }
 
 /// The allocator handed out tree block `bytenr` while a committed tree uses it: the
