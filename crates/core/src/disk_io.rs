@@ -344,7 +344,7 @@ impl FsInfo {
     /// The log tree root, if the superblock carries one.
     pub fn log_root(&self) -> Option<RootInfo> {
         let b = self.sb.log_root.get();
-        (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: self.sb.log_root_level, generation: self.sb.generation.get() + 1 })
+        (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: self.sb.log_root_level, generation: self.sb.generation.get().saturating_add(1) })
     }
 }
 

@@ -268,7 +268,7 @@ fn write_time_check_refuses_a_bad_item_from_the_tree_api() {
     let before = img.sha256();
     let mut w = img.writer();
     w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
-    w.insert_item(FS, &Key::new(100_000, INODE_ITEM_KEY, 0), &[0u8; 10]).expect("insert a short inode item");
+    w.raw_tree().insert_item(FS, &Key::new(100_000, INODE_ITEM_KEY, 0), &[0u8; 10]).expect("insert a short inode item");
     let r = w.commit();
     let msg = assert_corrupt("commit", r, &["write time tree block corruption detected", "root=5", "(100000 INODE_ITEM 0)", "inode"]);
     assert_aborted("bad item", &mut w, &msg);

@@ -158,7 +158,7 @@ fn teardown(w: &mut FsWriter, start: u64, len: u64, what: &str) {
         assert!(d.iter().all(|&b| b == 0), "{what}: bitmap {k} still has free bits");
     }
     for (k, _) in items {
-        assert!(w.delete_item(FST, &k).unwrap(), "{what}: {k} vanished");
+        assert!(w.raw_tree().delete_item(FST, &k).unwrap(), "{what}: {k} vanished");
     }
     assert!(w.remove_test_group(start));
     assert!(group_items(w, start, len).is_empty(), "{what}: items left behind");

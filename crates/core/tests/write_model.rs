@@ -712,12 +712,12 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
             } as usize;
             let data = rng.bytes(size);
             log.push(format!("insert {key} size {size}"));
-            w.insert_item(TREE, &key, &data).unwrap_or_else(|e| panic!("{what}: insert {key} size {size}: {e}"));
+            w.raw_tree().insert_item(TREE, &key, &data).unwrap_or_else(|e| panic!("{what}: insert {key} size {size}: {e}"));
             model.insert(key, data);
         } else if r < 75 || !grow && r < 85 {
             let key = keys[0];
             log.push(format!("delete {key}"));
-            assert!(w.delete_item(TREE, &key).unwrap_or_else(|e| panic!("{what}: delete {key}: {e}")), "{what}: {key} missing");
+            assert!(w.raw_tree().delete_item(TREE, &key).unwrap_or_else(|e| panic!("{what}: delete {key}: {e}")), "{what}: {key} missing");
             model.remove(&key);
         } else if r < 90 {
             let key = keys[1];
@@ -728,8 +728,8 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
             let by = rng.range(1, (max_grow - cur) as u64 + 1) as usize;
             let add = rng.bytes(by);
             log.push(format!("extend {key} size {cur} by {by}"));
-            let (l, s) = w.extend_item(TREE, &key, by).unwrap_or_else(|e| panic!("{what}: extend {key} by {by}: {e}"));
-            let d = w.item_data_mut(l, s);
+            let (l, s) = w.raw_tree().extend_item(TREE, &key, by).unwrap_or_else(|e| panic!("{what}: extend {key} by {by}: {e}"));
+            let d = w.raw_tree().item_data_mut(l, s);
             let n = d.len();
             assert_eq!(n, cur + by, "{what}: extended size");
             d[cur..].copy_from_slice(&add);
@@ -739,12 +739,12 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
             let cur = model[&key].len();
             let new = rng.below(cur as u64 + 1) as usize;
             log.push(format!("truncate {key} size {cur} to {new}"));
-            w.truncate_item(TREE, &key, new).unwrap_or_else(|e| panic!("{what}: truncate {key}: {e}"));
+            w.raw_tree().truncate_item(TREE, &key, new).unwrap_or_else(|e| panic!("{what}: truncate {key}: {e}"));
             model.get_mut(&key).expect("present").truncate(new);
         } else {
             let key = keys[0];
-            let (l, s) = w.lookup_for_update(TREE, &key, 0).expect("lookup").unwrap_or_else(|| panic!("{what}: {key} missing"));
-            let d = w.item_data_mut(l, s);
+            let (l, s) = w.raw_tree().lookup_for_update(TREE, &key, 0).expect("lookup").unwrap_or_else(|| panic!("{what}: {key} missing"));
+            let d = w.raw_tree().item_data_mut(l, s);
             for b in d.iter_mut() {
                 *b = b.wrapping_add(1);
             }

@@ -129,16 +129,18 @@ impl FsWriter {
     /// `Posix(NotFound)` if absent.
     pub fn update_inode(&mut self, root: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
         self.check_root_writable(root)?;
-        let key = Key::new(ino, INODE_ITEM_KEY, 0);
-        let (leaf, slot) = self.lookup_for_update(root, &key, 0)?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}")))?;
-        let transid = self.transid;
-        let data = self.item_data_mut(leaf, slot);
-        let mut ii = InodeItem::read_from_bytes(data).expect("inode size checked by the tree checker");
-        f(&mut ii);
-        ii.transid = transid.into();
-        ii.sequence = (ii.sequence.get() + 1).into();
-        data.copy_from_slice(ii.as_bytes());
-        Ok(())
+        self.guarded("update_inode", |w| {
+            let key = Key::new(ino, INODE_ITEM_KEY, 0);
+            let (leaf, slot) = w.lookup_for_update(root, &key, 0)?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}")))?;
+            let transid = w.transid;
+            let data = w.item_data_mut(leaf, slot);
+            let mut ii = InodeItem::read_from_bytes(data).expect("inode size checked by the tree checker");
+            f(&mut ii);
+            ii.transid = transid.into();
+            ii.sequence = (ii.sequence.get() + 1).into();
+            data.copy_from_slice(ii.as_bytes());
+            Ok(())
+        })
     }
 
     /// The next free objectid of tree `root` (`btrfs_find_free_objectid`).

@@ -879,6 +879,10 @@ impl FsWriter {
         if self.root(id).is_ok() {
             return Err(Error::posix(PosixKind::Exists, format!("tree {id}")));
         }
+        self.guarded("create_tree", |w| w.create_tree_inner(id))
+    }
+
+    fn create_tree_inner(&mut self, id: u64) -> Result<RootInfo> {
         let bytenr = self.alloc_tree_block(id, 0, Key::MIN)?;
         self.new_block(bytenr, id, 0);
         let mut item = RootItem::new_zeroed();

@@ -151,7 +151,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Io`/`Corrupt` reading blocks, allocation failures.
-    pub fn search_slot(&mut self, root_id: u64, key: &Key, ins_len: i32) -> Result<(WPath, bool)> {
+    pub(crate) fn search_slot(&mut self, root_id: u64, key: &Key, ins_len: i32) -> Result<(WPath, bool)> {
         let mut restarts = 0;
         'again: loop {
             restarts += 1;
@@ -501,7 +501,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(Exists)` if the key is present; allocation and read failures.
-    pub fn insert_empty_item(&mut self, root_id: u64, key: &Key, size: usize) -> Result<(u64, usize)> {
+    pub(crate) fn insert_empty_item(&mut self, root_id: u64, key: &Key, size: usize) -> Result<(u64, usize)> {
         let max = leaf_data_size(self.nodesize()) - ITEM_SIZE;
         if size > max {
             return Err(Error::posix(PosixKind::Invalid, format!("item {key} of {size} bytes exceeds the leaf capacity {max}")));
@@ -523,7 +523,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `insert_empty_item`.
-    pub fn insert_item(&mut self, root_id: u64, key: &Key, data: &[u8]) -> Result<()> {
+    pub(crate) fn insert_item(&mut self, root_id: u64, key: &Key, data: &[u8]) -> Result<()> {
         let (leaf, slot) = self.insert_empty_item(root_id, key, data.len())?;
         self.node_mut(leaf).item_data_mut(slot).copy_from_slice(data);
         Ok(())
@@ -533,13 +533,13 @@ impl FsWriter {
     ///
     /// # Errors
     /// Read and allocation failures.
-    pub fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
+    pub(crate) fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
         let (path, found) = self.search_slot(root_id, key, extra as i32)?;
         Ok(found.then(|| (path.leaf(), path.slot())))
     }
 
     /// Mutable access to an item's data in a dirty leaf.
-    pub fn item_data_mut(&mut self, leaf: u64, slot: usize) -> &mut [u8] {
+    pub(crate) fn item_data_mut(&mut self, leaf: u64, slot: usize) -> &mut [u8] {
         self.node_mut(leaf).into_item_data_mut(slot)
     }
 
@@ -547,7 +547,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(NotFound)` when absent.
-    pub fn extend_item(&mut self, root_id: u64, key: &Key, by: usize) -> Result<(u64, usize)> {
+    pub(crate) fn extend_item(&mut self, root_id: u64, key: &Key, by: usize) -> Result<(u64, usize)> {
         let (path, found) = self.search_slot(root_id, key, by as i32)?;
         if !found {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
@@ -560,7 +560,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(NotFound)` when absent.
-    pub fn truncate_item(&mut self, root_id: u64, key: &Key, new_size: usize) -> Result<()> {
+    pub(crate) fn truncate_item(&mut self, root_id: u64, key: &Key, new_size: usize) -> Result<()> {
         let (path, found) = self.search_slot(root_id, key, 0)?;
         if !found {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
@@ -573,7 +573,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// Read and allocation failures.
-    pub fn delete_item(&mut self, root_id: u64, key: &Key) -> Result<bool> {
+    pub(crate) fn delete_item(&mut self, root_id: u64, key: &Key) -> Result<bool> {
         let (path, found) = self.search_slot(root_id, key, -1)?;
         if !found {
             return Ok(false);
@@ -587,7 +587,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// Allocation and read failures while rebalancing.
-    pub fn del_items(&mut self, root_id: u64, path: &WPath, slot: usize, nr: usize) -> Result<()> {
+    pub(crate) fn del_items(&mut self, root_id: u64, path: &WPath, slot: usize, nr: usize) -> Result<()> {
         let leaf = path.leaf();
         self.node_mut(leaf).delete_items(slot, nr);
         let n = self.node(&Blk::Dirty(leaf)).nritems();
@@ -785,5 +785,64 @@ impl FsWriter {
             stack.extend(kids);
         }
         Ok(())
+    }
+}
+
+/// The B-tree operations themselves, for tests of the tree code (`FsWriter::raw_tree`,
+/// behind the test-hooks feature). Everything else changes trees through the inode and
+/// extent operations, which check what they change first and abort on failure; here a
+/// failure aborts the transaction too. Writeback never runs between these calls, so a
+/// (leaf, slot) from one stays valid for `item_data_mut`.
+#[cfg(feature = "test-hooks")]
+pub struct RawTree<'a> {
+    w: &'a mut FsWriter,
+}
+
+#[cfg(feature = "test-hooks")]
+impl FsWriter {
+    /// The raw B-tree operations (test hook).
+    pub fn raw_tree(&mut self) -> RawTree<'_> {
+        RawTree { w: self }
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+impl<'a> RawTree<'a> {
+    fn run<T>(&mut self, at: &str, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+        self.w.check_writable()?;
+        let r = f(self.w);
+        if let Err(e) = &r {
+            self.w.abort(at, e);
+        }
+        r
+    }
+    /// # Errors
+    /// As the tree operation; a failure aborts.
+    pub fn insert_item(&mut self, root_id: u64, key: &Key, data: &[u8]) -> Result<()> {
+        self.run("insert_item", |w| w.insert_item(root_id, key, data))
+    }
+    /// # Errors
+    /// As the tree operation; a failure aborts.
+    pub fn delete_item(&mut self, root_id: u64, key: &Key) -> Result<bool> {
+        self.run("delete_item", |w| w.delete_item(root_id, key))
+    }
+    /// # Errors
+    /// As the tree operation; a failure aborts.
+    pub fn extend_item(&mut self, root_id: u64, key: &Key, by: usize) -> Result<(u64, usize)> {
+        self.run("extend_item", |w| w.extend_item(root_id, key, by))
+    }
+    /// # Errors
+    /// As the tree operation; a failure aborts.
+    pub fn truncate_item(&mut self, root_id: u64, key: &Key, new_size: usize) -> Result<()> {
+        self.run("truncate_item", |w| w.truncate_item(root_id, key, new_size))
+    }
+    /// # Errors
+    /// As the tree operation; a failure aborts.
+    pub fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
+        self.run("lookup_for_update", |w| w.lookup_for_update(root_id, key, extra))
+    }
+    /// The data of the item at (leaf, slot), which the previous call COWed.
+    pub fn item_data_mut(self, leaf: u64, slot: usize) -> &'a mut [u8] {
+        self.w.item_data_mut(leaf, slot)
     }
 }
