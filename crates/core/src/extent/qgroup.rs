@@ -134,31 +134,18 @@ pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
             }
         }
     }
-    let mut parents: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut parents: Vec<(u64, u64)> = Vec::new();
     let mut counts: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for (k, _) in w.items_in_range(QUOTA_TREE_OBJECTID, &Key::MIN, &Key::MAX)? {
         match k.type_ {
             QGROUP_INFO_KEY => {
                 counts.insert(k.offset, (0, 0));
             }
-            QGROUP_RELATION_KEY if k.objectid < k.offset => parents.entry(k.objectid).or_default().push(k.offset),
+            QGROUP_RELATION_KEY if k.objectid < k.offset => parents.push((k.objectid, k.offset)),
             _ => {}
         }
     }
-    // Each level-0 qgroup's ancestors, itself included; bounded, each added once.
-    let ancestors = |q: u64| -> Vec<u64> {
-        let mut out = vec![q];
-        let mut i = 0;
-        while i < out.len() {
-            for &p in parents.get(&out[i]).map(Vec::as_slice).unwrap_or_default() {
-                if !out.contains(&p) {
-                    out.push(p);
-                }
-            }
-            i += 1;
-        }
-        out
-    };
+    let tree = QgroupRelations::new(parents);
     let mut anc_cache: HashMap<u64, Vec<u64>> = HashMap::new();
     for (&bytenr, (bytes, roots)) in &reach {
         let mut hits: BTreeMap<u64, usize> = BTreeMap::new();
@@ -166,7 +153,7 @@ pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
             if !counts.contains_key(&r) {
                 continue;
             }
-            for &g in anc_cache.entry(r).or_insert_with(|| ancestors(r)).iter() {
+            for &g in anc_cache.entry(r).or_insert_with(|| tree.ancestors(r)).iter() {
                 *hits.entry(g).or_default() += 1;
             }
         }
@@ -185,4 +172,34 @@ pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
         }
     }
     Ok(counts)
+}
+
+/// The qgroup hierarchy from its QGROUP_RELATION items (member, parent).
+pub struct QgroupRelations {
+    parents: HashMap<u64, Vec<u64>>,
+}
+
+impl QgroupRelations {
+    pub fn new(relations: impl IntoIterator<Item = (u64, u64)>) -> QgroupRelations {
+        let mut parents: HashMap<u64, Vec<u64>> = HashMap::new();
+        for (m, p) in relations {
+            parents.entry(m).or_default().push(p);
+        }
+        QgroupRelations { parents }
+    }
+
+    /// `q` and every qgroup above it, each once (so a cycle in a crafted image ends).
+    pub fn ancestors(&self, q: u64) -> Vec<u64> {
+        let mut out = vec![q];
+        let mut i = 0;
+        while i < out.len() {
+            for &p in self.parents.get(&out[i]).map(Vec::as_slice).unwrap_or_default() {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+            i += 1;
+        }
+        out
+    }
 }

@@ -47,24 +47,7 @@ fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
     }
 
     // Each level-0 qgroup's ancestors (itself included), through the relations.
-    let mut parents: HashMap<u64, Vec<u64>> = HashMap::new();
-    for &(m, p) in &st.qgroup_relations {
-        parents.entry(m).or_default().push(p);
-    }
-    let ancestors = |q: u64| -> Vec<u64> {
-        let mut out = vec![q];
-        let mut i = 0;
-        // Bounded: each qgroup is added once.
-        while i < out.len() {
-            for &p in parents.get(&out[i]).map(Vec::as_slice).unwrap_or_default() {
-                if !out.contains(&p) {
-                    out.push(p);
-                }
-            }
-            i += 1;
-        }
-        out
-    };
+    let tree = ubtrfs_core::extent::qgroup::QgroupRelations::new(st.qgroup_relations.iter().copied());
     let mut anc_cache: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut computed: BTreeMap<u64, (u64, u64)> = st.qgroup_info.keys().map(|&q| (q, (0, 0))).collect();
     let nodesize = u64::from(fs.nodesize);
@@ -87,7 +70,7 @@ fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
             if !st.qgroup_info.contains_key(&r) {
                 continue;
             }
-            let anc = anc_cache.entry(r).or_insert_with(|| ancestors(r));
+            let anc = anc_cache.entry(r).or_insert_with(|| tree.ancestors(r));
             for &g in anc.iter() {
                 *hits.entry(g).or_default() += 1;
             }
