@@ -19,36 +19,9 @@ use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::superblock::{check_super, sys_chunk_array};
 use ubtrfs_format::tree_checker::{check_tree_block, CheckCtx};
-use ubtrfs_format::{items, CsumType, Key, NodeRef};
+use ubtrfs_format::{items, CsumType, Key};
 
-/// A validated tree block.
-pub struct ExtentBuffer {
-    pub bytenr: u64,
-    data: Box<[u8]>,
-}
-
-impl ExtentBuffer {
-    /// Wrap a block the write path has just validated and written.
-    pub fn from_written(bytenr: u64, data: Box<[u8]>) -> ExtentBuffer {
-        ExtentBuffer { bytenr, data }
-    }
-
-    pub fn node(&self) -> NodeRef<'_> {
-        NodeRef::new_checked(&self.data)
-    }
-    pub fn bytes(&self) -> &[u8] {
-        &self.data
-    }
-}
-
-/// What the parent pointer (or root item) says about a block.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Expect {
-    pub level: Option<u8>,
-    pub generation: Option<u64>,
-    pub owner: Option<u64>,
-    pub first_key: Option<Key>,
-}
+pub use crate::tree::extent_buffer::{Expect, ExtentBuffer};
 
 /// How to open a filesystem.
 #[derive(Clone, Debug)]
@@ -274,7 +247,7 @@ impl FsInfo {
     /// The first copy's error when no copy passes (later copies' errors are warnings).
     pub fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<ExtentBuffer>> {
         if let Some(eb) = self.cache.get(bytenr) {
-            if matches_expect(&eb, expect) {
+            if eb.matches(expect) {
                 return Ok(eb);
             }
         }
@@ -346,14 +319,6 @@ impl FsInfo {
         let b = self.sb.log_root.get();
         (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: self.sb.log_root_level, generation: self.sb.generation.get().saturating_add(1) })
     }
-}
-
-fn matches_expect(eb: &ExtentBuffer, e: &Expect) -> bool {
-    let n = eb.node();
-    e.level.is_none_or(|l| l == n.level())
-        && e.generation.is_none_or(|g| g == n.generation())
-        && e.first_key.is_none_or(|k| n.nritems() == 0 || n.key(0) == k)
-        && e.owner.is_none_or(|o| if ubtrfs_format::tree_checker::is_fstree(o) { ubtrfs_format::tree_checker::is_fstree(n.owner()) } else { n.owner() == o })
 }
 
 /// Read the primary superblock, falling back to the best valid copy.

@@ -9,7 +9,7 @@
 //! quarter full are merged with a sibling before descending for a delete.
 //! After any call that changes structure, a `WPath` is stale and must not be reused.
 
-use crate::disk_io::Expect;
+use crate::tree::extent_buffer::Expect;
 use crate::error::{Error, PosixKind, Result};
 use crate::transaction::{Blk, FsWriter};
 use crate::tree::search::{Path, RootInfo, TreeView};

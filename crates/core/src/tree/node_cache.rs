@@ -4,7 +4,7 @@
 //! full root-to-leaf path (8 levels) plus siblings always fits. Entries are immutable
 //! validated blocks, so a hit needs no re-check beyond the caller's parent expectations.
 
-use crate::disk_io::ExtentBuffer;
+use crate::tree::extent_buffer::ExtentBuffer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

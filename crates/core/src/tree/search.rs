@@ -10,8 +10,8 @@
 //! checker instead of looping. Iteration additionally requires strictly increasing keys
 //! across leaves, which bounds it by the number of distinct keys.
 
-use crate::disk_io::{Expect, ExtentBuffer};
 use crate::error::{Error, PosixKind, Result};
+use crate::tree::extent_buffer::{Expect, ExtentBuffer};
 use std::sync::Arc;
 use ubtrfs_format::key::{CHUNK_TREE_OBJECTID, ROOT_ITEM_KEY, ROOT_TREE_OBJECTID};
 use ubtrfs_format::structs::RootItem;
