@@ -78,7 +78,7 @@ fn readonly_snapshot_refuses_every_change() {
     assert_erofs(ubtrfs_tools::put::put(&mut w, &src, "/snap/tree", true), "put -r");
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/file-0002", false), "rm file");
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/big-3", false), "rm big file");
-    // Below the public mutators, the B-tree code refuses to COW the read-only tree.
+    // The raw tree operations (a test hook) refuse the read-only tree up front too.
     let e = w.raw_tree().insert_item(snap, &ubtrfs_format::Key::new(file.ino, ubtrfs_format::key::XATTR_ITEM_KEY, 1), b"x").expect_err("raw insert into a read-only tree");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
     // None of the refusals aborted the transaction: the writable subvolume still

@@ -9,9 +9,9 @@
 //! quarter full are merged with a sibling before descending for a delete.
 //! After any call that changes structure, a `WPath` is stale and must not be reused.
 
-use crate::tree::extent_buffer::Expect;
 use crate::error::{Error, PosixKind, Result};
 use crate::transaction::{Blk, FsWriter};
+use crate::tree::extent_buffer::Expect;
 use crate::tree::search::{Path, RootInfo, TreeView};
 use ubtrfs_format::node::{max_node_ptrs, HEADER_SIZE, ITEM_SIZE};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key, NodeRef};
@@ -808,8 +808,10 @@ impl FsWriter {
 
 #[cfg(feature = "test-hooks")]
 impl<'a> RawTree<'a> {
-    fn run<T>(&mut self, at: &str, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-        self.w.check_writable()?;
+    fn run<T>(&mut self, at: &str, root_id: u64, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+        // Refused before anything changes (a read-only subvolume), as the public
+        // mutators do: no abort for that.
+        self.w.check_root_writable(root_id)?;
         let r = f(self.w);
         if let Err(e) = &r {
             self.w.abort(at, e);
@@ -819,27 +821,27 @@ impl<'a> RawTree<'a> {
     /// # Errors
     /// As the tree operation; a failure aborts.
     pub fn insert_item(&mut self, root_id: u64, key: &Key, data: &[u8]) -> Result<()> {
-        self.run("insert_item", |w| w.insert_item(root_id, key, data))
+        self.run("insert_item", root_id, |w| w.insert_item(root_id, key, data))
     }
     /// # Errors
     /// As the tree operation; a failure aborts.
     pub fn delete_item(&mut self, root_id: u64, key: &Key) -> Result<bool> {
-        self.run("delete_item", |w| w.delete_item(root_id, key))
+        self.run("delete_item", root_id, |w| w.delete_item(root_id, key))
     }
     /// # Errors
     /// As the tree operation; a failure aborts.
     pub fn extend_item(&mut self, root_id: u64, key: &Key, by: usize) -> Result<(u64, usize)> {
-        self.run("extend_item", |w| w.extend_item(root_id, key, by))
+        self.run("extend_item", root_id, |w| w.extend_item(root_id, key, by))
     }
     /// # Errors
     /// As the tree operation; a failure aborts.
     pub fn truncate_item(&mut self, root_id: u64, key: &Key, new_size: usize) -> Result<()> {
-        self.run("truncate_item", |w| w.truncate_item(root_id, key, new_size))
+        self.run("truncate_item", root_id, |w| w.truncate_item(root_id, key, new_size))
     }
     /// # Errors
     /// As the tree operation; a failure aborts.
     pub fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
-        self.run("lookup_for_update", |w| w.lookup_for_update(root_id, key, extra))
+        self.run("lookup_for_update", root_id, |w| w.lookup_for_update(root_id, key, extra))
     }
     /// The data of the item at (leaf, slot), which the previous call COWed.
     pub fn item_data_mut(self, leaf: u64, slot: usize) -> &'a mut [u8] {
