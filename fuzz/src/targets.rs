@@ -313,6 +313,8 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
     let mut aborted = false;
     for op in ops.chunks_exact(4).take(64) {
         let (kind, a, b) = (op[0] % 7, op[1], u16::from_le_bytes([op[2], op[3]]));
+        // A write or unlink with no file to name is a read.
+        let kind = if matches!(kind, 2 | 3) && files.is_empty() { 6 } else { kind };
         let dir = dirs[usize::from(a) % dirs.len()];
         let r: ubtrfs_core::Result<()> = match kind {
             0 => w.mkdir(dir.root, dir.ino, format!("d{a}-{b}").as_bytes(), &InodeAttrs::new(0o755)).map(|ino| dirs.push(InodeId { root: dir.root, ino })),
@@ -323,11 +325,11 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
                     w.write_file(dir.root, ino, 0, &vec![a; usize::from(b) * 7])
                 })
             }
-            2 if !files.is_empty() => {
+            2 => {
                 let (_, f, _) = &files[usize::from(a) % files.len()];
                 w.write_file(f.root, f.ino, u64::from(b) * 512, &vec![b as u8; usize::from(a) * 97])
             }
-            3 if !files.is_empty() => {
+            3 => {
                 let (d, _, name) = files.swap_remove(usize::from(a) % files.len());
                 w.unlink(d.root, d.ino, &name)
             }
