@@ -9,15 +9,4 @@ use ubtrfs_fuzz::targets::{image, ImageBase};
 
 static BASE: OnceLock<ImageBase> = OnceLock::new();
 
-fuzz_target!(|data: &[u8]| {
-    let base = BASE.get_or_init(|| {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/mixed.0.img.zst");
-        let z = std::fs::read(path).unwrap_or_else(|e| panic!("fuzz setup: {path}: {e}"));
-        let mut dec = zstd::stream::read::Decoder::new(&z[..]).expect("fuzz setup: zstd");
-        dec.window_log_max(31).expect("fuzz setup: zstd window");
-        let mut img = Vec::new();
-        std::io::Read::read_to_end(&mut dec, &mut img).expect("fuzz setup: decompress the fixture");
-        ImageBase::new(img, "mixed").expect("fuzz setup: the pristine fixture opens")
-    });
-    image(base, data);
-});
+fuzz_target!(|data: &[u8]| image(BASE.get_or_init(|| ImageBase::from_fixture("mixed")), data));

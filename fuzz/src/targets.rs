@@ -203,6 +203,21 @@ impl ImageBase {
         Ok(ImageBase { img, name: name.to_string(), csum: info.csum_type, nodesize: info.nodesize, blocks })
     }
 
+    /// The base of fixture `name` (`tests/fixtures/NAME.0.img.zst`), for a fuzz target's
+    /// one-time setup.
+    ///
+    /// # Panics
+    /// When the fixture is missing or does not open: the target cannot run.
+    pub fn from_fixture(name: &str) -> ImageBase {
+        let path = format!("{}/../tests/fixtures/{name}.0.img.zst", env!("CARGO_MANIFEST_DIR"));
+        let z = std::fs::read(&path).unwrap_or_else(|e| panic!("fuzz setup: {path}: {e}"));
+        let mut dec = zstd::stream::read::Decoder::new(&z[..]).expect("fuzz setup: zstd");
+        dec.window_log_max(31).expect("fuzz setup: zstd window");
+        let mut img = Vec::new();
+        std::io::Read::read_to_end(&mut dec, &mut img).expect("fuzz setup: decompress the fixture");
+        ImageBase::new(img, name).expect("fuzz setup: the pristine fixture opens")
+    }
+
     /// Build the patched device an image-target input describes.
     ///
     /// Input: records of `ctl: u8, index: u16 le, offset: u16 le, len: u8, bytes`.

@@ -304,13 +304,19 @@ impl OverlayDevice {
         if o < end {
             buf[..end - o].copy_from_slice(&self.base[o..end]);
         }
-        let (start, stop) = (offset, offset + buf.len() as u64);
-        for (po, pb) in &self.patches {
-            let (ps, pe) = (*po, *po + pb.len() as u64);
-            let (s, e) = (ps.max(start), pe.min(stop));
-            if s < e {
-                buf[(s - start) as usize..(e - start) as usize].copy_from_slice(&pb[(s - ps) as usize..(e - ps) as usize]);
-            }
+        apply_patches(buf, offset, &self.patches);
+    }
+}
+
+/// Lay `patches` (offset, bytes; later ones win) over `buf`, which holds the bytes at
+/// `offset`.
+fn apply_patches(buf: &mut [u8], offset: u64, patches: &[(u64, Vec<u8>)]) {
+    let (start, stop) = (offset, offset + buf.len() as u64);
+    for (po, pb) in patches {
+        let (ps, pe) = (*po, *po + pb.len() as u64);
+        let (s, e) = (ps.max(start), pe.min(stop));
+        if s < e {
+            buf[(s - start) as usize..(e - start) as usize].copy_from_slice(&pb[(s - ps) as usize..(e - ps) as usize]);
         }
     }
 }
@@ -370,14 +376,7 @@ impl WritableOverlay {
 impl BlockDevice for WritableOverlay {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.inner.read_at(buf, offset)?;
-        let (start, stop) = (offset, offset + buf.len() as u64);
-        for (po, pb) in self.writes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let (ps, pe) = (*po, *po + pb.len() as u64);
-            let (s, e) = (ps.max(start), pe.min(stop));
-            if s < e {
-                buf[(s - start) as usize..(e - start) as usize].copy_from_slice(&pb[(s - ps) as usize..(e - ps) as usize]);
-            }
-        }
+        apply_patches(buf, offset, &self.writes.lock().unwrap_or_else(|p| p.into_inner()));
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {

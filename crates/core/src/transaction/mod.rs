@@ -547,11 +547,6 @@ impl FsWriter {
         self.dirty_limit = bytes;
     }
 
-    /// The dirty-metadata limit in bytes.
-    pub fn dirty_metadata_limit(&self) -> usize {
-        self.dirty_limit
-    }
-
     /// Blocks of the running transactions written before their commit, so far.
     pub fn blocks_written_early(&self) -> u64 {
         self.written_early
