@@ -59,7 +59,7 @@ impl Allocator {
     /// # Errors
     /// Read failures, or a free-space tree that disagrees with the group layout.
     pub fn load(w: &FsWriter) -> Result<Allocator> {
-        let mut a = Allocator { bg_tree: w.info.sb.compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0, bits_per_bitmap: DEFAULT_BITS_PER_BITMAP, ..Default::default() };
+        let mut a = Allocator { bg_tree: w.info.super_copy().compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0, bits_per_bitmap: DEFAULT_BITS_PER_BITMAP, ..Default::default() };
         for bg in w.info.block_groups()? {
             let ctl = new_ctl(bg.start, bg.length, bg.flags, w.info.sectorsize, w.info.nodesize, a.bits_per_bitmap)?;
             a.groups.insert(bg.start, BlockGroup { start: bg.start, length: bg.length, flags: bg.flags, used: bg.used, dirty: false, new: false, needs_free_space: false, fst_bitmaps: None, ctl });

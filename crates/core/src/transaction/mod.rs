@@ -156,7 +156,8 @@ pub struct TestHooks {
 
 /// The writable filesystem.
 pub struct FsWriter {
-    pub info: FsInfo,
+    /// The filesystem, shared with every reader of it.
+    pub info: Arc<FsInfo>,
     /// Working copy of the superblock, written at commit.
     pub sb: Box<Superblock>,
     /// Id of the running transaction (last committed generation + 1).
@@ -214,16 +215,26 @@ impl FsWriter {
     /// # Errors
     /// `Incompatible` when writing is not allowed.
     pub fn from_info(info: FsInfo) -> Result<FsWriter> {
+        FsWriter::from_shared(Arc::new(info))
+    }
+
+    /// Make the writer of a shared `FsInfo` (its devices must accept writes; there is
+    /// one writer per filesystem).
+    ///
+    /// # Errors
+    /// As `from_info`.
+    pub fn from_shared(info: Arc<FsInfo>) -> Result<FsWriter> {
+        let sb = info.super_copy();
         if let Some(r) = &info.read_only_reason {
             return Err(Error::Incompatible(format!("cannot write: {r}")));
         }
-        if info.sb.log_root.get() != 0 {
+        if sb.log_root.get() != 0 {
             return Err(Error::Incompatible("cannot write: the superblock carries a log tree that needs replay (mount it with the kernel once, or wait for ubtrfs log replay)".into()));
         }
-        let incompat = info.sb.incompat_flags.get();
-        let compat_ro = info.sb.compat_ro_flags.get();
+        let incompat = sb.incompat_flags.get();
+        let compat_ro = sb.compat_ro_flags.get();
         use ubtrfs_format::features::*;
-        let no_write = info.sb.flags.get() & SUPER_FLAGS_NO_WRITE;
+        let no_write = sb.flags.get() & SUPER_FLAGS_NO_WRITE;
         if no_write != 0 {
             return Err(Error::Incompatible(format!(
                 "cannot write: the superblock is flagged {} (a seed device, a metadata dump, or an interrupted conversion)",
@@ -249,10 +260,10 @@ impl FsWriter {
                 return Err(Error::Incompatible(format!("cannot write: chunk {} has profile {}; writing supports single and DUP for now", c.logical, profile_name(c.type_))));
             }
         }
-        if info.sb.num_devices.get() != 1 || info.devices.by_id.len() != 1 {
+        if sb.num_devices.get() != 1 || info.devices.by_id.len() != 1 {
             return Err(Error::Incompatible("cannot write: multi-device filesystems are not supported for writing yet".into()));
         }
-        let sb = info.sb.clone();
+        let sb = Box::new(*sb);
         let transid = sb.generation.get().checked_add(1).ok_or_else(|| last_generation(sb.generation.get()))?;
         let mut w = FsWriter {
             sb,
@@ -660,8 +671,7 @@ impl FsWriter {
         self.write_supers()?;
         // The new state is durable: pinned space may be reused now.
         self.alloc.unpin_all();
-        self.info.sb = self.sb.clone();
-        self.sb = self.sb.clone();
+        self.info.set_super_copy(Arc::new(*self.sb));
         self.commits += 1;
         let gen = self.transid;
         self.transid = next;
