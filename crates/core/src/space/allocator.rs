@@ -162,12 +162,26 @@ impl Allocator {
         self.dev_items.get(&devid).copied()
     }
 
-    /// After commit: pinned space becomes allocatable.
-    pub fn unpin_all(&mut self) {
+    /// Take every group's pinned ranges at the start of a commit: they stay out of the
+    /// allocator (neither free nor pinned) until `release_pinned` after the commit,
+    /// while the next transaction pins what it frees apart from them.
+    pub fn take_pinned(&mut self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
         for g in self.groups.values_mut() {
-            g.ctl.unpin_all();
+            out.extend(g.ctl.take_pinned());
         }
         self.changed = false;
+        out
+    }
+
+    /// Give back ranges taken by `take_pinned`: their commit is on disk, and no reader
+    /// holds a view that still uses them.
+    pub fn release_pinned(&mut self, ranges: &[(u64, u64)]) {
+        for &(s, l) in ranges {
+            // Taken from this group's pins, and nothing else returns them: a bug if not.
+            let g = self.group_mut(s).unwrap_or_else(|| panic!("released pinned range {s} +{l} outside every block group"));
+            g.ctl.add_free_space(s, l).unwrap_or_else(|e| panic!("releasing pinned range {s} +{l}: {e}"));
+        }
     }
 
     /// Bytes free (allocatable now) per type flag.
