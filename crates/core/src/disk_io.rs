@@ -67,6 +67,8 @@ pub struct FsInfo {
     pub in_use: Vec<InUse>,
     /// Where the engine takes time and new UUIDs from (`OpenOptions::sources`).
     pub sources: Sources,
+    /// Readers' views of older generations, which keep freed space from reuse.
+    pub views: Arc<crate::transaction::views::Views>,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -169,6 +171,7 @@ impl FsInfo {
             read_only_reason,
             in_use: Vec::new(),
             sources: Sources::default(),
+            views: Default::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;

@@ -29,8 +29,24 @@
 
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::Filesystem;
+use crate::transaction::views::ViewGuard;
 use crate::transaction::{FsWriter, Live};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// A committed generation held as a view (`Engine::committed`); read it as a
+/// `Filesystem`.
+pub struct Committed {
+    fs: Filesystem,
+    _view: ViewGuard,
+}
+
+impl std::ops::Deref for Committed {
+    type Target = Filesystem;
+    fn deref(&self) -> &Filesystem {
+        &self.fs
+    }
+}
 
 /// A filesystem shared by threads.
 pub struct Engine {
@@ -71,6 +87,25 @@ impl Engine {
     pub fn read<T>(&self, f: impl FnOnce(&Live<'_>) -> Result<T>) -> Result<T> {
         let g = self.state.read().map_err(poisoned)?;
         f(&g.live())
+    }
+
+    /// The last committed generation as a view of its own: it reads that generation
+    /// however long it lives, while the engine goes on changing and committing (check,
+    /// extract, a future send or scrub). The space it reads is not reused while it lives.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` after a panic in a writer; `Corrupt`/`Io` reading the default
+    /// subvolume entry.
+    pub fn committed(&self) -> Result<Committed> {
+        let (sb, view) = {
+            // Under the shared side: a commit cannot finish (and return the space this
+            // generation uses) between reading the superblock and registering the view.
+            let _g = self.state.read().map_err(poisoned)?;
+            let sb = self.info.super_copy();
+            let view = self.info.views.register(sb.generation.get());
+            (sb, view)
+        };
+        Ok(Committed { fs: Filesystem::at(self.info.clone(), sb)?, _view: view })
     }
 
     /// Run `f` with the engine to itself, to change the filesystem.

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 use ubtrfs_core::engine::Engine;
-use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
+use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
@@ -168,4 +168,61 @@ fn a_second_commit_waits_for_the_first() {
     });
     let (gen, _) = reopen(dev.durable_image(), &[]);
     assert_eq!(gen, g0 + 2);
+}
+
+#[test]
+fn a_committed_view_reads_its_generation_while_the_engine_moves_on() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "committed-view"));
+    let engine = engine_on(&dev);
+    let old = data(3, 256 << 10);
+    engine
+        .write(|w| {
+            let ino = w.create_file(ROOT, ROOT_DIR, b"f", &InodeAttrs::new(0o644))?;
+            w.write_file(ROOT, ino, 0, &old)
+        })
+        .unwrap();
+    let g = engine.commit().unwrap();
+    let snap = engine.committed().unwrap();
+    assert_eq!(snap.sb.generation.get(), g);
+    let extents = |fs: &Filesystem| -> Vec<(u64, u64)> {
+        let e = fs.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f").unwrap().expect("f");
+        fs.file_extents(e.target, 0, u64::MAX)
+            .unwrap()
+            .iter()
+            .filter_map(|x| match x.kind {
+                ExtentKind::Regular { disk_bytenr, disk_num_bytes, .. } if disk_bytenr != 0 => Some((disk_bytenr, disk_num_bytes)),
+                _ => None,
+            })
+            .collect()
+    };
+    let old_extents = extents(&snap);
+    assert!(!old_extents.is_empty());
+    // Replace f's data several times over, committing each time: without the view the
+    // allocator would hand f's old extent out again.
+    for round in 0..4u8 {
+        let new = data(10 + round, 256 << 10);
+        engine
+            .write(|w| {
+                let e = w.live().lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f");
+                w.write_file(ROOT, e.target.ino, 0, &new)?;
+                let ino = w.create_file(ROOT, ROOT_DIR, format!("filler-{round}").as_bytes(), &InodeAttrs::new(0o644))?;
+                w.write_file(ROOT, ino, 0, &new)
+            })
+            .unwrap();
+        engine.commit().unwrap();
+        for &(s, l) in &old_extents {
+            assert!(!engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "round {round}: f's old extent {s} +{l} is allocatable while a view of generation {g} reads it");
+        }
+        assert_eq!(read_file(&*snap, b"f").unwrap().as_deref(), Some(&old[..]), "round {round}: the view's f");
+    }
+    assert!(!engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty());
+    drop(snap);
+    // The next change returns what only the view needed.
+    engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"after", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+    assert!(engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(), "space still held after the view ended");
+    for &(s, l) in &old_extents {
+        assert!(engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "f's old extent {s} +{l} not free after the view ended");
+    }
+    engine.commit().unwrap();
+    assert_clean(dev.durable_image(), "after the view ended");
 }

@@ -266,6 +266,14 @@ impl Filesystem {
     /// As `from_info`.
     pub fn committed(info: Arc<FsInfo>) -> Result<Filesystem> {
         let sb = info.super_copy();
+        Filesystem::at(info, sb)
+    }
+
+    /// The generation superblock `sb` (committed in `info`) points at.
+    ///
+    /// # Errors
+    /// As `from_info`.
+    pub fn at(info: Arc<FsInfo>, sb: Arc<Superblock>) -> Result<Filesystem> {
         let mut fs = Filesystem { info, sb, roots: Mutex::new(HashMap::new()), default_subvol: FS_TREE_OBJECTID };
         fs.default_subvol = find_default_subvol(&fs)?;
         Ok(fs)

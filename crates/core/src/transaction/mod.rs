@@ -18,6 +18,8 @@
 //! `extent_tree` (reference counting run at commit), `alloc` (block groups and free
 //! space), `disk_io` (the read side, whose cache receives blocks after commit).
 
+pub mod views;
+
 use crate::disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::FsRead;
@@ -183,6 +185,9 @@ pub struct FsWriter {
     /// Space the committing transaction freed: out of the allocator until
     /// `finish_commit` returns it.
     committing_pins: Vec<(u64, u64)>,
+    /// Space freed by committed transactions (by the transaction that freed it) that a
+    /// reader's view of an older generation may still read (`views`).
+    held_for_views: Vec<(u64, Vec<(u64, u64)>)>,
     /// Bytes of dirty blocks above which writeback starts before commit.
     dirty_limit: usize,
     /// A counter of block changes, stamped on each dirty block it touches (writeback
@@ -289,6 +294,7 @@ impl FsWriter {
             dirty: HashMap::new(),
             in_flight: None,
             committing_pins: Vec::new(),
+            held_for_views: Vec::new(),
             dirty_limit: DEFAULT_DIRTY_METADATA_BYTES,
             touch_seq: 0,
             written_early: 0,
@@ -416,12 +422,30 @@ impl FsWriter {
         }
     }
 
+    /// Return to the allocator the space committed transactions freed that no live view
+    /// reads any more.
+    fn release_space_held_for_views(&mut self) {
+        let views = self.info.views.clone();
+        let mut i = 0;
+        while i < self.held_for_views.len() {
+            if views.may_reuse(self.held_for_views[i].0) {
+                let (_, ranges) = self.held_for_views.swap_remove(i);
+                self.alloc.release_pinned(&ranges);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// Run `f`, aborting to read-only if it fails (use around any multi-step change).
     ///
     /// # Errors
     /// The error of `f`.
     pub fn guarded<T>(&mut self, at: &str, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
         self.check_writable()?;
+        if self.guard_depth == 0 && !self.held_for_views.is_empty() {
+            self.release_space_held_for_views();
+        }
         self.guard_depth += 1;
         let r = f(self);
         self.guard_depth -= 1;
@@ -601,6 +625,12 @@ impl FsWriter {
         self.committing_pins.clone()
     }
 
+    /// Test hook: space committed transactions freed that older views still hold.
+    #[cfg(feature = "test-hooks")]
+    pub fn space_held_for_views(&self) -> Vec<(u64, u64)> {
+        self.held_for_views.iter().flat_map(|(_, r)| r.iter().copied()).collect()
+    }
+
     /// Test hook: whether `[bytenr, bytenr + len)` is free for allocation now.
     #[cfg(feature = "test-hooks")]
     pub fn space_is_allocatable(&self, bytenr: u64, len: u64) -> bool {
@@ -769,7 +799,8 @@ impl FsWriter {
         let sb = io.supers.first().map(|(_, sb)| Arc::new(**sb)).expect("a filesystem has a device");
         self.info.set_super_copy(sb);
         let pins = std::mem::take(&mut self.committing_pins);
-        self.alloc.release_pinned(&pins);
+        self.held_for_views.push((io.generation, pins));
+        self.release_space_held_for_views();
         self.commits += 1;
         io.generation
     }
