@@ -31,7 +31,7 @@ use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::Filesystem;
 use crate::transaction::views::ViewGuard;
-use crate::transaction::{FsWriter, Live};
+use crate::transaction::{FsWriter, Live, ReadMisses};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// A committed generation held as a view (`Engine::committed`); read it as a
@@ -84,9 +84,27 @@ impl Engine {
     ///
     /// # Errors
     /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
-    pub fn read<T>(&self, f: impl FnOnce(&Live<'_>) -> Result<T>) -> Result<T> {
-        let g = self.state.read().map_err(poisoned)?;
-        f(&g.live())
+    ///
+    /// A committed tree block that is not cached is not read under the lock: the run of
+    /// `f` stops there, the lock is dropped, the block is read, and `f` runs again from
+    /// the start (what the kernel's `read_block_for_search` does for one search). So `f`
+    /// must only read; its result from a run that stopped is discarded.
+    pub fn read<T>(&self, mut f: impl FnMut(&Live<'_>) -> Result<T>) -> Result<T> {
+        let misses = ReadMisses::default();
+        loop {
+            let r = {
+                let g = self.state.read().map_err(poisoned)?;
+                f(&g.live_dropping_misses(&misses))
+            };
+            let Some((bytenr, expect)) = misses.take_wanted() else { return r };
+            drop(r);
+            // Neither side of the lock is held here.
+            match self.info.read_tree_block(bytenr, &expect) {
+                Ok(eb) => misses.keep(eb),
+                // The reader meets the error itself, under the lock, as it would have.
+                Err(_) => misses.read_under_lock(),
+            }
+        }
     }
 
     /// The last committed generation as a view of its own: it reads that generation

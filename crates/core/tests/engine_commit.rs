@@ -49,13 +49,13 @@ fn reopen(img: Vec<u8>, names: &[&[u8]]) -> (u64, Vec<Option<Vec<u8>>>) {
     (fs.sb.generation.get(), got)
 }
 
-/// Lets held flushes go when a failed assertion unwinds the test, so the committer
+/// Lets held flushes and reads go when a failed assertion unwinds the test, so the committer
 /// thread ends and the failure is reported instead of hanging.
 struct ReleaseOnDrop<'a>(&'a FaultyDevice);
 
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.release_flushes();
+        self.0.release_held();
     }
 }
 
@@ -80,7 +80,7 @@ fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
     std::thread::scope(|s| {
         let _release = ReleaseOnDrop(&dev);
         let committer = s.spawn(|| engine.commit());
-        assert!(dev.wait_for_held_flush(Duration::from_secs(60)), "the commit never reached its flush");
+        assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the commit never reached its flush");
         // The commit is in its I/O, holding no lock readers or writers need.
         assert_eq!(engine.read(|l| read_file(l, b"a")).unwrap().as_deref(), Some(&a[..]), "a reader during the commit's I/O");
         engine
@@ -118,7 +118,7 @@ fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
             let (gen, got) = reopen(img, &[b"a", b"b"]);
             assert_eq!((gen, got), (g0, vec![None, None]), "{what} while the commit is held");
         }
-        dev.release_flushes();
+        dev.release_held();
         let g1 = committer.join().expect("committer").expect("commit");
         assert_eq!(g1, g0 + 1);
         assert!(engine.write(|w| Ok(w.space_held_by_commit())).unwrap().is_empty());
@@ -154,7 +154,7 @@ fn a_second_commit_waits_for_the_first() {
     std::thread::scope(|s| {
         let _release = ReleaseOnDrop(&dev);
         let first = s.spawn(|| engine.commit());
-        assert!(dev.wait_for_held_flush(Duration::from_secs(60)));
+        assert!(dev.wait_for_held_op(Duration::from_secs(60)));
         engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"y", &InodeAttrs::new(0o644)).map(drop)).unwrap();
         let second = s.spawn(|| engine.commit());
         std::thread::sleep(Duration::from_millis(200));
@@ -162,7 +162,7 @@ fn a_second_commit_waits_for_the_first() {
         // A commit through the writer itself is refused while one is writing, not run.
         let e = engine.write(|w| w.commit()).unwrap_err();
         assert!(e.to_string().contains("previous commit is still writing"), "{e}");
-        dev.release_flushes();
+        dev.release_held();
         assert_eq!(first.join().unwrap().unwrap(), g0 + 1);
         assert_eq!(second.join().unwrap().unwrap(), g0 + 2);
     });
@@ -225,4 +225,55 @@ fn a_committed_view_reads_its_generation_while_the_engine_moves_on() {
     }
     engine.commit().unwrap();
     assert_clean(dev.durable_image(), "after the view ended");
+}
+
+#[test]
+fn a_reader_that_misses_the_cache_reads_without_the_lock() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "reader-miss"));
+    let engine = engine_on(&dev);
+    let names: Vec<Vec<u8>> = (0..400).map(|i| format!("entry-{i:04}").into_bytes()).collect();
+    let big = engine
+        .write(|w| {
+            let big = w.mkdir(ROOT, ROOT_DIR, b"big", &InodeAttrs::new(0o755))?;
+            for n in &names {
+                w.create_file(ROOT, big, n, &InodeAttrs::new(0o644))?;
+            }
+            Ok(InodeId { root: ROOT, ino: big })
+        })
+        .unwrap();
+    engine.commit().unwrap();
+    // A cold cache: big's leaves must come from the device. One change in the root
+    // directory reads what changes there need, so the next one reads nothing.
+    engine.info().cache.clear();
+    engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"warm", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+    dev.hold_reads();
+    std::thread::scope(|s| {
+        let _release = ReleaseOnDrop(&dev);
+        let reader = s.spawn(|| {
+            let mut runs = 0;
+            let listed = engine
+                .read(|l| {
+                    runs += 1;
+                    l.readdir(big)
+                })
+                .expect("readdir");
+            (runs, listed.len())
+        });
+        assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the reader never read the device");
+        // The reader waits for the device, holding no lock: a change goes through.
+        let writer = s.spawn(|| engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"made-during-the-read", &InodeAttrs::new(0o644)).map(drop)));
+        let t = std::time::Instant::now();
+        while !writer.is_finished() && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(writer.is_finished(), "a change waited for a reader's I/O (the reader held the lock, or the change needed a read)");
+        writer.join().expect("writer").expect("create");
+        assert!(!reader.is_finished());
+        dev.release_held();
+        let (runs, listed) = reader.join().expect("reader");
+        assert!(runs > 1, "the reader was not run again after its miss");
+        assert_eq!(listed, names.len());
+    });
+    let got: Vec<Vec<u8>> = engine.read(|l| l.readdir(InodeId { root: ROOT, ino: ROOT_DIR })).unwrap().into_iter().map(|e| e.name).collect();
+    assert!(got.iter().any(|n| n == b"made-during-the-read"));
 }

@@ -26,7 +26,8 @@ use crate::inode::filesystem::FsRead;
 use crate::tree::search::RootInfo;
 use crate::tree::search::{NodeHandle, TreeView};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::{items, Corrupt, CorruptWhere, Key, NodeRef};
@@ -76,6 +77,68 @@ impl NodeHandle for BlkRef<'_> {
 #[derive(Clone, Copy)]
 pub struct Live<'a> {
     w: &'a FsWriter,
+    /// Set for a reader that holds the engine's lock only while it runs (`Engine::read`):
+    /// a cache miss is not read under the lock but recorded here, and the reader is run
+    /// again once the block has been read without it.
+    misses: Option<&'a ReadMisses>,
+}
+
+/// Most times one `Engine::read` call gives up the lock to read a block; past it, the
+/// rest of its misses are read under the lock (so a cold scan of many blocks is not
+/// restarted without end).
+const READ_RETRIES: usize = 32;
+
+/// The cache misses of one reader run outside the writer (`Engine::read`), the role of
+/// `read_block_for_search`'s -EAGAIN: a committed block the reader needs and the cache
+/// lacks is read after the lock is dropped, then the reader runs again.
+#[derive(Default)]
+pub struct ReadMisses {
+    /// Blocks read without the lock for this reader, kept until it ends (the cache may
+    /// evict them before the rerun).
+    fetched: Mutex<HashMap<u64, Arc<ExtentBuffer>>>,
+    /// The block the last run stopped at.
+    wanted: Mutex<Option<(u64, Expect)>>,
+    /// Times the lock was dropped so far.
+    retries: AtomicUsize,
+    /// Misses are read under the lock from now on (retries used up, or a failed read
+    /// the reader must see itself).
+    under_lock: AtomicBool,
+}
+
+impl ReadMisses {
+    fn lock_fetched(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ExtentBuffer>>> {
+        self.fetched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The block the last run stopped at, if it stopped at one.
+    pub fn take_wanted(&self) -> Option<(u64, Expect)> {
+        self.wanted.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Keep a block read without the lock for the reader's next run.
+    pub fn keep(&self, eb: Arc<ExtentBuffer>) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        if self.retries.load(Ordering::Relaxed) >= READ_RETRIES {
+            self.under_lock.store(true, Ordering::Relaxed);
+        }
+        self.lock_fetched().insert(eb.bytenr, eb);
+    }
+
+    /// Read the remaining misses under the lock.
+    pub fn read_under_lock(&self) {
+        self.under_lock.store(true, Ordering::Relaxed);
+    }
+
+    /// Times this reader gave up the lock to read a block.
+    pub fn retries(&self) -> usize {
+        self.retries.load(Ordering::Relaxed)
+    }
+}
+
+/// What a reader run returns when it stopped at a cache miss: never seen by callers
+/// of `Engine::read`, which run the reader again.
+fn miss_error(bytenr: u64) -> Error {
+    Error::posix_detail(PosixKind::Busy, "engine read", format!("tree block {bytenr} is not cached; read it without the lock and run again"))
 }
 
 impl Live<'_> {
@@ -108,7 +171,23 @@ impl<'a> TreeView for Live<'a> {
                 Err(in_use_reallocated(bytenr, expect.owner, format!("tree block {bytenr} of generation {g} is in use, yet this transaction ({}) allocated it again", self.w.transid)))
             }
             Some(d) => Ok(BlkRef::Dirty(bytenr, &d.buf)),
-            None => Ok(BlkRef::Clean(self.w.read_clean(bytenr, expect)?)),
+            None => {
+                if let Some(m) = self.misses {
+                    if let Some(eb) = m.lock_fetched().get(&bytenr).filter(|eb| eb.matches(expect)) {
+                        return Ok(BlkRef::Clean(eb.clone()));
+                    }
+                    // Only a committed block may be read without the lock: it cannot be
+                    // reused before the next commit, so a rerun that still points at it
+                    // finds what was read. A block this transaction wrote early could be
+                    // freed and its address handed out again within the transaction.
+                    let committed = expect.generation.is_some_and(|g| g < self.w.transid);
+                    if committed && !m.under_lock.load(Ordering::Relaxed) && !self.w.in_flight_has(bytenr) && self.w.info.cache.get(bytenr).is_none_or(|eb| !eb.matches(expect)) {
+                        *m.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some((bytenr, *expect));
+                        return Err(miss_error(bytenr));
+                    }
+                }
+                Ok(BlkRef::Clean(self.w.read_clean(bytenr, expect)?))
+            }
         }
     }
     fn tree_root(&self) -> RootInfo {
@@ -338,7 +417,16 @@ impl FsWriter {
 
     /// The running transaction as readers see it (read-your-writes).
     pub fn live(&self) -> Live<'_> {
-        Live { w: self }
+        Live { w: self, misses: None }
+    }
+
+    /// The live view for a reader that gives up the lock on a cache miss (`misses`).
+    pub fn live_dropping_misses<'a>(&'a self, misses: &'a ReadMisses) -> Live<'a> {
+        Live { w: self, misses: Some(misses) }
+    }
+
+    fn in_flight_has(&self, bytenr: u64) -> bool {
+        self.in_flight.as_ref().is_some_and(|f| f.contains_key(&bytenr))
     }
 
     /// Fail if the filesystem was aborted to read-only.

@@ -289,15 +289,17 @@ pub struct FaultyDevice {
     name: String,
     size: u64,
     state: Mutex<State>,
-    /// Flushes wait while held (`hold_flushes`), so a test can act while a commit's
-    /// I/O is under way.
-    gate: Mutex<FlushGate>,
+    /// Flushes (`hold_flushes`) or reads (`hold_reads`) wait while held, so a test can
+    /// act while a commit's or a reader's I/O is under way.
+    gate: Mutex<Gate>,
     gate_cv: Condvar,
 }
 
 #[derive(Default)]
-struct FlushGate {
-    held: bool,
+struct Gate {
+    flushes: bool,
+    reads: bool,
+    /// Operations waiting at the gate now.
     waiting: u64,
 }
 
@@ -326,32 +328,49 @@ impl FaultyDevice {
                 flips: 0,
                 atomic_unit: 4096,
             }),
-            gate: Mutex::new(FlushGate::default()),
+            gate: Mutex::new(Gate::default()),
             gate_cv: Condvar::new(),
         }
     }
 
-    fn gate(&self) -> MutexGuard<'_, FlushGate> {
+    fn gate(&self) -> MutexGuard<'_, Gate> {
         self.gate.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Make every flush wait until `release_flushes` (a commit then stops in its I/O).
+    /// Make every flush wait until `release_held` (a commit then stops in its I/O).
     pub fn hold_flushes(&self) {
-        self.gate().held = true;
+        self.gate().flushes = true;
     }
 
-    /// Let held flushes go on.
-    pub fn release_flushes(&self) {
-        self.gate().held = false;
+    /// Make every read wait until `release_held`.
+    pub fn hold_reads(&self) {
+        self.gate().reads = true;
+    }
+
+    /// Let held flushes and reads go on.
+    pub fn release_held(&self) {
+        let mut g = self.gate();
+        g.flushes = false;
+        g.reads = false;
         self.gate_cv.notify_all();
     }
 
-    /// Wait until a flush is waiting at the gate (`hold_flushes`), at most `timeout`.
-    /// Returns whether one is.
-    pub fn wait_for_held_flush(&self, timeout: std::time::Duration) -> bool {
+    /// Wait until an operation is waiting at the gate (`hold_flushes`, `hold_reads`), at
+    /// most `timeout`. Returns whether one is.
+    pub fn wait_for_held_op(&self, timeout: std::time::Duration) -> bool {
         let g = self.gate();
         let (g, _) = self.gate_cv.wait_timeout_while(g, timeout, |g| g.waiting == 0).unwrap_or_else(|p| p.into_inner());
         g.waiting > 0
+    }
+
+    fn pass_gate(&self, read: bool) {
+        let mut g = self.gate();
+        if (read && g.reads) || (!read && g.flushes) {
+            g.waiting += 1;
+            self.gate_cv.notify_all();
+            let mut g = self.gate_cv.wait_while(g, |g| if read { g.reads } else { g.flushes }).unwrap_or_else(|p| p.into_inner());
+            g.waiting -= 1;
+        }
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
@@ -502,6 +521,7 @@ fn write_of(r: &OpRecord) -> (u64, &[u8]) {
 
 impl BlockDevice for FaultyDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.pass_gate(true);
         let mut st = self.st();
         if st.crashed {
             return Err(self.dead(&format!("read of {} bytes at {offset}", buf.len()), None));
@@ -556,15 +576,7 @@ impl BlockDevice for FaultyDevice {
     }
 
     fn flush(&self) -> Result<()> {
-        {
-            let mut g = self.gate();
-            if g.held {
-                g.waiting += 1;
-                self.gate_cv.notify_all();
-                let mut g = self.gate_cv.wait_while(g, |g| g.held).unwrap_or_else(|p| p.into_inner());
-                g.waiting -= 1;
-            }
-        }
+        self.pass_gate(false);
         let mut st = self.st();
         if st.crashed {
             return Err(self.dead("flush", None));
