@@ -11,8 +11,9 @@
 //!   at first), and the mutators abort the transaction on failure as before.
 //! - `commit` runs under the exclusive side too.
 //!
-//! Lock order: the engine lock, then the node cache's and the warnings' internal
-//! mutexes (leaf locks, never held across a call back into the engine).
+//! Lock order: inode locks (`inode::inode_cache`, two in inode order), then the engine
+//! lock, then the node cache's and the warnings' internal mutexes (leaf locks, never
+//! held across a call back into the engine). Open files: `inode::file`.
 //!
 //! A thread that panics while changing the filesystem leaves the lock poisoned; the
 //! engine then refuses further changes and reads (the state may be half changed), with
@@ -26,6 +27,8 @@ use std::sync::{PoisonError, RwLock};
 /// A filesystem shared by threads.
 pub struct Engine {
     state: RwLock<FsWriter>,
+    /// The in-memory inodes: open counts, locks (see `inode::file`).
+    pub(crate) inodes: crate::inode::inode_cache::InodeCache,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -43,7 +46,7 @@ impl Engine {
 
     /// Share an opened writer.
     pub fn from_writer(w: FsWriter) -> Engine {
-        Engine { state: RwLock::new(w) }
+        Engine { state: RwLock::new(w), inodes: Default::default() }
     }
 
     /// Run `f` on the live view (read-your-writes), sharing the engine with other
