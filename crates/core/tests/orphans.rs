@@ -622,3 +622,96 @@ fn a_large_unused_file_is_dropped_by_its_unlink_without_leaving_an_orphan() {
     drop(e);
     verify_all(&img.path, &model, kernel, "after the large unlink");
 }
+
+#[test]
+fn concurrent_opens_reads_closes_and_unlinks_leave_no_orphan_behind() {
+    const FILES: usize = 24;
+    const READERS: usize = 3;
+    let (img, kernel) = image("orphan-threads");
+    let model = Model::load(&img.path);
+    let e = engine(&img);
+    e.set_inode_cache_capacity(8);
+    let top = model.id("");
+    let mut rng = Rng::new(11);
+    let files: Vec<(Vec<u8>, InodeId, Vec<u8>)> = (0..FILES)
+        .map(|i| {
+            let name = format!("t{i}").into_bytes();
+            let len = rng.range(1, 60_000) as usize;
+            let data = rng.bytes(len);
+            let id = e
+                .write(|w| {
+                    let ino = w.create_file(top.root, top.ino, &name, &InodeAttrs::new(0o644))?;
+                    w.write_file(top.root, ino, 0, &data)?;
+                    Ok(InodeId { root: top.root, ino })
+                })
+                .expect("create");
+            (name, id, data)
+        })
+        .collect();
+    e.commit().expect("commit");
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let kept_open = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..READERS {
+            let (e, files, done) = (&e, &files, &done);
+            s.spawn(move || {
+                let mut rng = Rng::new(100 + t as u64);
+                let mut held = Vec::new();
+                let mut op = 0;
+                while op < 100 || !done.load(std::sync::atomic::Ordering::Acquire) {
+                    op += 1;
+                    let (_, id, data) = &files[rng.below(FILES as u64) as usize];
+                    match e.open_file(*id) {
+                        Ok(f) => {
+                            assert!(read_all(&f, data.len()) == *data, "reader {t} op {op}: {id} reads back its data");
+                            if held.len() < 8 && rng.chance(60) {
+                                held.push((f, data));
+                            }
+                        }
+                        Err(err) => assert_eq!(err.posix_kind(), Some(PosixKind::NotFound), "reader {t} op {op}: {id}: {err}"),
+                    }
+                    if rng.chance(30) && !held.is_empty() {
+                        let (f, data) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                        assert!(read_all(&f, data.len()) == *data, "reader {t} op {op}: a held handle reads back its data");
+                        f.close().unwrap_or_else(|err| panic!("reader {t} op {op}: close: {err}"));
+                    }
+                }
+                for (f, data) in held {
+                    assert!(read_all(&f, data.len()) == *data, "reader {t}: a held handle reads back its data at the end");
+                    f.close().expect("close");
+                }
+            });
+        }
+        s.spawn(|| {
+            let mut rng = Rng::new(99);
+            for (name, id, _) in &files {
+                std::thread::sleep(std::time::Duration::from_millis(rng.range(1, 8)));
+                e.unlink(top.root, top.ino, name).expect("unlink");
+                // Still there: it was open at the unlink (or is being closed right now).
+                if e.read(|live| Ok(live.load_inode(*id, Load::ITEM).is_ok())).expect("live view") {
+                    kept_open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                if rng.chance(30) {
+                    e.commit().expect("commit");
+                }
+            }
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+    });
+    let kept_open = kept_open.into_inner();
+    eprintln!("{kept_open} of {FILES} unlinks met open files");
+    assert!(kept_open > 0, "some unlinks met open files");
+    e.inodes().check_invariants();
+    assert_eq!(e.take_close_errors(), (Vec::new(), 0));
+    e.write(|w| {
+        assert_eq!(w.orphans(top.root)?, Vec::<u64>::new(), "every orphan went with its last close");
+        Ok(())
+    })
+    .expect("orphans");
+    e.commit().expect("commit");
+    for (_, id, _) in &files {
+        assert_eq!(inode_items(&img.path, *id), Vec::<Key>::new(), "{id} is gone");
+    }
+    drop(e);
+    verify_all(&img.path, &model, kernel, "after the threads");
+}

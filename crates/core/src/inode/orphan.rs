@@ -172,6 +172,8 @@ impl FsWriter {
         for root in trees {
             let orphans = match self.cleanable_orphans(root) {
                 Ok(o) => o,
+                // No such tree (an image without an FS tree yet): nothing to clean.
+                Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => continue,
                 Err(e) if root != FS_TREE_OBJECTID => {
                     self.info.warn(format!("orphan cleanup of subvolume {root} skipped: {e}"));
                     continue;
