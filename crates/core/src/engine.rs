@@ -19,9 +19,10 @@
 //!   runs between the two, holding neither side of `state`: readers and the next
 //!   transaction's changes go on while it is written.
 //!
-//! Lock order: `commit_lock`, then `state`, then the leaf locks inside `FsInfo` (node
-//! cache, chunk map, superblock copy, warnings), which are never held across a call
-//! back into the engine.
+//! Lock order: inode locks (`inode::inode_cache`, two in inode order), then
+//! `commit_lock`, then `state`, then the leaf locks inside `FsInfo` (node cache, chunk
+//! map, superblock copy, view registry, warnings), which are never held across a call
+//! back into the engine. Open files: `inode::file`.
 //!
 //! A thread that panics while changing the filesystem leaves the lock poisoned; the
 //! engine then refuses further changes and reads (the state may be half changed), with
@@ -54,6 +55,8 @@ pub struct Engine {
     state: RwLock<FsWriter>,
     /// Held through a whole commit (see the module documentation).
     commit_lock: Mutex<()>,
+    /// The in-memory inodes: open counts, locks (see `inode::file`).
+    pub(crate) inodes: crate::inode::inode_cache::InodeCache,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -71,7 +74,7 @@ impl Engine {
 
     /// Share an opened writer.
     pub fn from_writer(w: FsWriter) -> Engine {
-        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()) }
+        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), inodes: Default::default() }
     }
 
     /// The shared filesystem.

@@ -1,9 +1,13 @@
 //! Inodes: the filesystem view over subvolumes, inodes, directories and xattrs
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
-//! (`namei`) and inode and file changes (`write`).
+//! (`namei`), inode and file changes (`write`), the in-memory inodes (`inode_cache`),
+//! open files through the engine (`file`) and orphans (`orphan`).
 
+pub mod file;
 pub mod filesystem;
+pub mod inode_cache;
 pub mod namei;
+pub mod orphan;
 pub mod read;
 pub mod stream;
 pub mod write;

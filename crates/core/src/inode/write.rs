@@ -616,6 +616,12 @@ impl FsWriter {
     /// # Errors
     /// `Posix` NotFound / NotEmpty; tree failures.
     pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+        self.unlink_as(root, dir, name, false)
+    }
+
+    /// `unlink`; when the inode is `in_use` (open) and this is its last name, it stays
+    /// as an orphan (see `inode::orphan`).
+    pub(crate) fn unlink_as(&mut self, root: u64, dir: u64, name: &[u8], in_use: bool) -> Result<()> {
         self.check_root_writable(root)?;
         let entry = self.live().lookup(InodeId { root, ino: dir }, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
         let (ino, ftype) = (entry.target.ino, entry.ftype);
@@ -628,10 +634,11 @@ impl FsWriter {
         if ftype == FT_DIR && child.size.get() != 0 {
             return Err(Error::posix(PosixKind::NotEmpty, crate::quote::name(name)));
         }
-        self.guarded("unlink", |w| w.unlink_inner(root, dir, name, ino, ftype, &child))
+        self.guarded("unlink", |w| w.unlink_inner(root, dir, name, ino, ftype, &child, in_use))
     }
 
-    fn unlink_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, child: &InodeItem) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn unlink_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, child: &InodeItem, in_use: bool) -> Result<()> {
         // DIR_ITEM: drop our entry from the (possibly shared) item.
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
         let d = self.items_in_range(root, &dkey, &dkey)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
@@ -661,7 +668,7 @@ impl FsWriter {
         })?;
         let nlink = child.nlink.get().saturating_sub(1);
         if nlink == 0 || ftype == FT_DIR {
-            self.remove_inode_inner(root, ino)?;
+            self.drop_last_link(root, ino, child, t, in_use)?;
         } else {
             self.update_inode(root, ino, |i| {
                 i.nlink = nlink.into();
@@ -726,7 +733,7 @@ impl FsWriter {
         self.guarded("remove_inode", |w| w.remove_inode_inner(root, ino))
     }
 
-    fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
+    pub(super) fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
         self.drop_extents_inner(root, ino, 0, u64::MAX)?;
         let items = self.items_in_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
         for (k, _) in items.iter().rev() {

@@ -412,6 +412,7 @@ impl FsWriter {
         let budget = w.info.cache.budget();
         w.dirty_limit = DEFAULT_DIRTY_METADATA_BYTES.min(budget / 2);
         w.info.cache.set_budget(budget - w.dirty_limit);
+        w.orphan_cleanup()?;
         Ok(w)
     }
 

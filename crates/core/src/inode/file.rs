@@ -1,0 +1,252 @@
+//! Open files and the namespace changes that must know about them, through the engine
+//! (the kernel's file open and release, and the VFS side of unlink, lookup and forget).
+//!
+//! An `OpenFile` counts in its inode's open count (`inode_cache`) from `open_file` to
+//! `close` (or its drop). While an inode is open or looked up it is *in use*, and an
+//! unlink of its last name through `Engine::unlink` leaves it an orphan (nlink 0 plus an
+//! ORPHAN_ITEM, see `orphan`) that reads and writes through the handle still reach;
+//! the last close drops it. `FsWriter::unlink` called directly knows nothing of open
+//! files and drops the inode at once: callers with open files use `Engine::unlink`.
+//!
+//! Locks: an operation takes the inode locks it needs (two in `InodeId` order), then the
+//! engine's lock, never the other way round; the in-use check of an unlink and the
+//! count changes of open, close and forget all happen under the inode's lock, so an
+//! inode cannot be opened between an unlink's check and its drop.
+
+use crate::engine::Engine;
+use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, Load};
+use crate::inode::inode_cache::{Inode, InodeCache};
+use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
+
+/// Attempts of an unlink whose name changed target between its lookup and its locks
+/// (another writer replaced it) before it gives up with EBUSY.
+const UNLINK_ATTEMPTS: usize = 16;
+
+/// The lock carries no data (the engine's lock protects the trees), so a holder's
+/// panic leaves nothing half-changed behind it.
+fn read_lock(i: &Inode) -> RwLockReadGuard<'_, ()> {
+    i.lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write_lock(i: &Inode) -> RwLockWriteGuard<'_, ()> {
+    i.lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Lock `a` and `b` exclusively in `InodeId` order (one lock if they are the same).
+fn write_lock_two<'a>(a: &'a Inode, b: Option<&'a Inode>) -> (RwLockWriteGuard<'a, ()>, Option<RwLockWriteGuard<'a, ()>>) {
+    match b {
+        None => (write_lock(a), None),
+        Some(b) if b.id == a.id => (write_lock(a), None),
+        Some(b) if a.id < b.id => {
+            let ga = write_lock(a);
+            (ga, Some(write_lock(b)))
+        }
+        Some(b) => {
+            let gb = write_lock(b);
+            (write_lock(a), Some(gb))
+        }
+    }
+}
+
+/// An open file (or directory): reads and writes reach its inode even after its last
+/// name is gone. Close it with `close`; a drop closes too, recording any error in the
+/// engine (`Engine::take_close_errors`).
+pub struct OpenFile<'a> {
+    engine: &'a Engine,
+    /// None once closed.
+    inode: Option<Arc<Inode>>,
+}
+
+impl std::fmt::Debug for OpenFile<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenFile").field("inode", &self.inode.as_ref().map(|i| i.id)).finish()
+    }
+}
+
+impl Engine {
+    /// The in-memory inodes.
+    pub fn inodes(&self) -> &InodeCache {
+        &self.inodes
+    }
+
+    /// Open inode `id` (the kernel's file open): counts in its open count until the
+    /// handle is closed. An inode with no name left that is not in use is on its way
+    /// out and cannot be opened.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for no such inode, or an unlinked one; read failures.
+    pub fn open_file(&self, id: InodeId) -> Result<OpenFile<'_>> {
+        let inode = self.inodes.get(id);
+        {
+            let _g = read_lock(&inode);
+            let nlink = self.read(|live| Ok(live.load_inode(id, Load::ITEM)?.nlink()))?;
+            if nlink == 0 && !inode.in_use() {
+                return Err(Error::posix_detail(PosixKind::NotFound, id.to_string(), "the inode is unlinked and waits for its removal"));
+            }
+            inode.get_open();
+        }
+        Ok(OpenFile { engine: self, inode: Some(inode) })
+    }
+
+    /// Remove name `name` from directory `dir` of tree `root`, as `FsWriter::unlink`
+    /// does, except that an inode in use (open or looked up) whose last name this is
+    /// stays as an orphan until it is no longer in use.
+    ///
+    /// # Errors
+    /// As `FsWriter::unlink`; `Posix(Busy)` if the name kept changing target under us.
+    pub fn unlink(&self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+        let dir_id = InodeId { root, ino: dir };
+        for _ in 0..UNLINK_ATTEMPTS {
+            let Some(entry) = self.read(|live| live.lookup(dir_id, name))? else {
+                return Err(Error::posix(PosixKind::NotFound, crate::quote::name(name)));
+            };
+            let dir_inode = self.inodes.get(dir_id);
+            // A subvolume's entry is refused by the unlink itself; its root directory
+            // is not this operation's to lock.
+            let child = (!entry.is_subvol).then(|| self.inodes.get(entry.target));
+            let done = {
+                let _locks = write_lock_two(&dir_inode, child.as_deref());
+                self.write(|w| {
+                    let now = w.live().lookup(dir_id, name)?;
+                    if now.map(|e| e.target) != Some(entry.target) {
+                        return Ok(false);
+                    }
+                    let in_use = child.as_ref().is_some_and(|c| c.in_use());
+                    w.unlink_as(root, dir, name, in_use)?;
+                    Ok(true)
+                })?
+            };
+            if done {
+                drop(child);
+                self.inodes.forget_unused(entry.target);
+                return Ok(());
+            }
+        }
+        Err(Error::posix_detail(PosixKind::Busy, crate::quote::name(name), "the name kept changing while it was being removed"))
+    }
+
+    /// Look `name` up in directory `dir` and count one lookup of the inode found, as the
+    /// FUSE kernel counts `nlookup`: the inode is in use until `forget` drops the count.
+    ///
+    /// # Errors
+    /// As `FsRead::lookup`.
+    pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<Option<DirEntry>> {
+        let d = self.inodes.get(dir);
+        let _g = read_lock(&d);
+        let e = self.read(|live| live.lookup(dir, name))?;
+        if let Some(e) = &e {
+            self.inodes.get(e.target).get_lookups(1);
+        }
+        Ok(e)
+    }
+
+    /// Drop `n` lookups of inode `id` (FUSE's forget). When it is no longer in use and
+    /// has no name left, it is dropped.
+    ///
+    /// # Errors
+    /// As `FsWriter::evict_if_unlinked`.
+    pub fn forget(&self, id: InodeId, n: u64) -> Result<()> {
+        let Some(inode) = self.inodes.lookup(id) else { return Ok(()) };
+        let dropped = {
+            let _g = write_lock(&inode);
+            inode.put_lookups(n);
+            if inode.in_use() {
+                false
+            } else {
+                self.write(|w| w.evict_if_unlinked(id))?
+            }
+        };
+        drop(inode);
+        if dropped {
+            self.inodes.forget_unused(id);
+        }
+        Ok(())
+    }
+
+    /// Errors of handles dropped without `close`, oldest first, and how many more were
+    /// not kept; clears them.
+    pub fn take_close_errors(&self) -> (Vec<String>, u64) {
+        self.inodes.close_errors.take()
+    }
+
+    /// Set how many inodes not in use stay in memory (`DEFAULT_INODE_CACHE_CAPACITY`).
+    pub fn set_inode_cache_capacity(&self, n: usize) {
+        self.inodes.set_capacity(n);
+    }
+}
+
+impl OpenFile<'_> {
+    fn inode(&self) -> &Arc<Inode> {
+        self.inode.as_ref().expect("an OpenFile is usable until it is closed, which consumes it")
+    }
+
+    /// The inode this handle has open.
+    pub fn id(&self) -> InodeId {
+        self.inode().id
+    }
+
+    /// Read up to `buf.len()` bytes at `offset`; returns how many (0 at or past EOF).
+    ///
+    /// # Errors
+    /// `Posix(IsDir)` / `Posix(Invalid)` for a directory or another non-regular inode;
+    /// read failures.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let inode = self.inode();
+        let _g = read_lock(inode);
+        self.engine.read(|live| {
+            let v = live.load_inode(inode.id, Load { extents: true, ..Load::ITEM })?;
+            match v.kind() {
+                FileKind::File => live.read_at(&v, offset, buf),
+                FileKind::Dir => Err(Error::posix(PosixKind::IsDir, inode.id.to_string())),
+                _ => Err(Error::posix(PosixKind::Invalid, format!("{} is not a regular file", inode.id))),
+            }
+        })
+    }
+
+    /// Write `data` at `offset` (as `FsWriter::write_file`).
+    ///
+    /// # Errors
+    /// As `FsWriter::write_file`.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let inode = self.inode();
+        let _g = write_lock(inode);
+        self.engine.write(|w| w.write_file(inode.id.root, inode.id.ino, offset, data))
+    }
+
+    /// Close the handle. The last close of an inode with no name left, not looked up
+    /// either, drops it with everything it owns and deletes its orphan item.
+    ///
+    /// # Errors
+    /// As `FsWriter::evict_if_unlinked`: the handle is closed all the same, and the
+    /// orphan stays on disk for the next writable open to clean.
+    pub fn close(mut self) -> Result<()> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        let Some(inode) = self.inode.take() else { return Ok(()) };
+        let id = inode.id;
+        let dropped = {
+            let _g = write_lock(&inode);
+            if inode.put_open() && !inode.in_use() {
+                self.engine.write(|w| w.evict_if_unlinked(id))
+            } else {
+                Ok(false)
+            }
+        };
+        drop(inode);
+        if let Ok(true) = dropped {
+            self.engine.inodes.forget_unused(id);
+        }
+        dropped.map(|_| ()).map_err(|e| e.at(format!("close {id}")))
+    }
+}
+
+impl Drop for OpenFile<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            self.engine.inodes.close_errors.record(e.to_string());
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! The in-memory inode (the kernel's `struct btrfs_inode` with the VFS inode's
+//! `i_rwsem`, `i_count` and open files) and the bounded cache that holds them, keyed by
+//! `InodeId { root, ino }`.
+//!
+//! What an `Inode` holds today:
+//! - `lock`, with the role of `i_rwsem`: operations on one inode through the engine
+//!   take it (shared to read or open, exclusive to write, unlink or close), so an open
+//!   and an unlink of the same inode never interleave.
+//! - The open count (open file handles) and the lookup count (the FUSE mount's
+//!   `nlookup`, counted by `Engine::lookup` and dropped by `Engine::forget`). While
+//!   either is nonzero the inode is *in use*: when its last name goes it stays on disk
+//!   as an orphan (nlink 0 plus an ORPHAN_ITEM) until it is no longer in use.
+//! - `mapping`, an empty slot for the extent map, io-tree and page cache that the
+//!   mount's issue fills.
+//!
+//! What it does not hold yet: the inode's attributes and its directory's next
+//! DIR_INDEX. Both are read and changed by the writer (`FsWriter`), which the tools and
+//! tests also use on its own, without an engine and so without this cache; the next
+//! DIR_INDEX stays in `FsWriter::next_dir_index` until the writer's handles can reach
+//! the cache (the engine rework), and attributes come with the page cache, when the
+//! writer stops being the only one to change them.
+//!
+//! Lock order: inode locks (two of them in `InodeId` order) before the engine's lock;
+//! the cache's own mutex is a leaf lock, never held while taking another lock or
+//! calling into the engine.
+//!
+//! Invariants (`check_invariants`): the map and the LRU order hold the same inodes
+//! with the same ages; the cache holds more than its capacity only by the inodes in use
+//! that its last shrink had to keep. An inode is evicted only when nobody holds it:
+//! not open, not looked up, and no other `Arc` to it (an operation holding its lock),
+//! so two operations on one inode always share one lock.
+
+use crate::inode::filesystem::InodeId;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Default number of inodes kept in memory: enough for a working set of directories
+/// and files of a busy mount, small next to the node cache (an unused inode is about
+/// 100 bytes today; the page cache will make some much bigger, and is bounded apart).
+pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
+
+/// Room for the per-inode state the mount's issue adds: the extent map (file offset to
+/// extent, with its shrinker), the io-tree (ranges locked, delalloc, under writeback)
+/// and the page cache. Empty today: file reads and writes go to the trees directly.
+#[derive(Debug, Default)]
+pub struct InodeMapping {}
+
+/// An inode in memory.
+#[derive(Debug)]
+pub struct Inode {
+    pub id: InodeId,
+    /// The role of `i_rwsem` (see the module notes for who takes it and how).
+    pub(crate) lock: RwLock<()>,
+    /// Open file handles (`OpenFile`).
+    open: AtomicU32,
+    /// The FUSE kernel's references (`nlookup`).
+    lookups: AtomicU64,
+    /// Extent map, io-tree and page cache, to come.
+    pub mapping: InodeMapping,
+}
+
+impl Inode {
+    fn new(id: InodeId) -> Inode {
+        Inode { id, lock: RwLock::new(()), open: AtomicU32::new(0), lookups: AtomicU64::new(0), mapping: InodeMapping::default() }
+    }
+
+    /// Open file handles now.
+    pub fn open_count(&self) -> u32 {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Lookups the FUSE kernel holds now.
+    pub fn lookup_count(&self) -> u64 {
+        self.lookups.load(Ordering::Acquire)
+    }
+
+    /// Open or looked up: its last unlink leaves an orphan, not a removal.
+    pub fn in_use(&self) -> bool {
+        self.open_count() > 0 || self.lookup_count() > 0
+    }
+
+    /// Count one more open handle (caller holds `lock`).
+    pub(crate) fn get_open(&self) {
+        let prev = self.open.fetch_add(1, Ordering::AcqRel);
+        assert!(prev < u32::MAX, "{}: open count overflows", self.id);
+    }
+
+    /// Drop an open handle (caller holds `lock` exclusively); true when it was the last
+    /// one.
+    pub(crate) fn put_open(&self) -> bool {
+        let prev = self.open.fetch_sub(1, Ordering::AcqRel);
+        assert!(prev > 0, "{}: closed more often than opened", self.id);
+        prev == 1
+    }
+
+    /// Count `n` more lookups.
+    pub(crate) fn get_lookups(&self, n: u64) {
+        let prev = self.lookups.fetch_add(n, Ordering::AcqRel);
+        assert!(prev.checked_add(n).is_some(), "{}: lookup count {prev} + {n} overflows", self.id);
+    }
+
+    /// Drop `n` lookups (caller holds `lock` exclusively), at most as many as are held;
+    /// returns the count left.
+    pub(crate) fn put_lookups(&self, n: u64) -> u64 {
+        let mut cur = self.lookups.load(Ordering::Acquire);
+        loop {
+            let next = cur.saturating_sub(n);
+            match self.lookups.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return next,
+                Err(c) => cur = c,
+            }
+        }
+    }
+}
+
+/// The inodes in memory, bounded (see `DEFAULT_INODE_CACHE_CAPACITY`).
+#[derive(Debug)]
+pub struct InodeCache {
+    inner: Mutex<CacheInner>,
+    /// Errors of handles dropped without `close`.
+    pub(crate) close_errors: CloseErrors,
+}
+
+#[derive(Debug)]
+struct CacheInner {
+    capacity: usize,
+    /// Each inode and its age (the tick of its last use).
+    map: HashMap<InodeId, (Arc<Inode>, u64)>,
+    /// Ages, oldest first: the LRU order.
+    lru: BTreeMap<u64, InodeId>,
+    next_tick: u64,
+    /// Inodes in use the last shrink had to keep although the cache was over capacity.
+    kept_over: usize,
+    evictions: u64,
+}
+
+/// Errors of closes nobody could be told about (a handle dropped without `close`):
+/// the first ones are kept, the rest counted.
+const MAX_CLOSE_ERRORS: usize = 64;
+
+impl InodeCache {
+    /// A cache of at most `capacity` inodes not in use (at least 1).
+    pub fn new(capacity: usize) -> InodeCache {
+        let inner = CacheInner { capacity: capacity.max(1), map: HashMap::new(), lru: BTreeMap::new(), next_tick: 0, kept_over: 0, evictions: 0 };
+        InodeCache { inner: Mutex::new(inner), close_errors: CloseErrors::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
+        // Only a failed assertion (a bug) panics under this mutex; the maps stay memory
+        // safe, and recovering keeps the closes that drops run from panicking again.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The in-memory inode `id`, made on first use (the kernel's `btrfs_iget` for the
+    /// in-memory part; the on-disk item is read by whoever needs it).
+    pub fn get(&self, id: InodeId) -> Arc<Inode> {
+        let mut c = self.lock();
+        let tick = c.bump();
+        if let Some((inode, age)) = c.map.get_mut(&id) {
+            let old = std::mem::replace(age, tick);
+            let inode = Arc::clone(inode);
+            assert_eq!(c.lru.get(&old), Some(&id), "inode cache: age {old} of {id} missing from the LRU order");
+            c.lru.remove(&old);
+            c.lru.insert(tick, id);
+            return inode;
+        }
+        let inode = Arc::new(Inode::new(id));
+        c.map.insert(id, (Arc::clone(&inode), tick));
+        c.lru.insert(tick, id);
+        c.shrink();
+        if cfg!(debug_assertions) && c.map.len() <= DEBUG_CHECK_MAX {
+            c.check();
+        }
+        inode
+    }
+
+    /// The in-memory inode `id` if it is cached (an inode not cached is not in use).
+    pub fn lookup(&self, id: InodeId) -> Option<Arc<Inode>> {
+        self.lock().map.get(&id).map(|(i, _)| Arc::clone(i))
+    }
+
+    /// Drop `id` from the cache if nobody holds it (after its removal from disk).
+    pub fn forget_unused(&self, id: InodeId) {
+        let mut c = self.lock();
+        let Some((inode, age)) = c.map.get(&id) else { return };
+        if Arc::strong_count(inode) == 1 && !inode.in_use() {
+            let age = *age;
+            c.map.remove(&id);
+            c.lru.remove(&age);
+        }
+    }
+
+    /// Change the capacity (at least 1); shrinks at once if it is now over.
+    pub fn set_capacity(&self, capacity: usize) {
+        let mut c = self.lock();
+        c.capacity = capacity.max(1);
+        c.shrink();
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.lock().capacity
+    }
+
+    /// Inodes in memory now.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Inodes evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.lock().evictions
+    }
+
+    /// Check the cache's invariants (see the module notes); panics naming the first
+    /// that fails.
+    pub fn check_invariants(&self) {
+        self.lock().check();
+    }
+}
+
+/// Debug builds check the cache after each insertion while it is this small (the check
+/// walks every inode); tests call `check_invariants` at any size.
+const DEBUG_CHECK_MAX: usize = 256;
+
+impl CacheInner {
+    fn check(&self) {
+        let c = self;
+        assert_eq!(c.map.len(), c.lru.len(), "inode cache: map and LRU order differ in size");
+        for (age, id) in &c.lru {
+            let (inode, a) = c.map.get(id).unwrap_or_else(|| panic!("inode cache: LRU names {id}, which the map lacks"));
+            assert_eq!(a, age, "inode cache: {id} has age {a} in the map and {age} in the LRU order");
+            assert_eq!(inode.id, *id, "inode cache: entry {id} holds inode {}", inode.id);
+            assert!(*age < c.next_tick, "inode cache: {id} has age {age} from the future (next tick {})", c.next_tick);
+        }
+        let over = c.map.len().saturating_sub(c.capacity);
+        assert!(over <= c.kept_over, "inode cache: {} inodes for capacity {}, but the last shrink kept only {} in use", c.map.len(), c.capacity, c.kept_over);
+    }
+}
+
+impl Default for InodeCache {
+    fn default() -> InodeCache {
+        InodeCache::new(DEFAULT_INODE_CACHE_CAPACITY)
+    }
+}
+
+impl CacheInner {
+    fn bump(&mut self) -> u64 {
+        let t = self.next_tick;
+        self.next_tick += 1;
+        t
+    }
+
+    /// Evict the least recently used inodes nobody holds until the cache is within its
+    /// capacity. Inodes in use met on the way get a second chance (they move to the
+    /// young end), so one pass visits each inode at most once: a cache full of inodes
+    /// in use (more open files than the capacity) costs one pass per new inode and
+    /// stays over capacity by exactly those.
+    fn shrink(&mut self) {
+        let mut visited = 0;
+        let total = self.map.len();
+        let mut kept = 0;
+        while self.map.len() > self.capacity && visited < total {
+            visited += 1;
+            let (age, id) = self.lru.pop_first().expect("the LRU order holds every cached inode");
+            let (inode, _) = self.map.get(&id).expect("the map holds every inode of the LRU order");
+            if Arc::strong_count(inode) == 1 && !inode.in_use() {
+                self.map.remove(&id);
+                self.evictions += 1;
+            } else {
+                kept += 1;
+                let tick = self.bump();
+                debug_assert!(tick > age);
+                self.map.get_mut(&id).expect("present just above").1 = tick;
+                self.lru.insert(tick, id);
+            }
+        }
+        self.kept_over = self.map.len().saturating_sub(self.capacity);
+        assert!(self.kept_over <= kept, "inode cache: {} over capacity after a full pass that kept only {kept} in use", self.kept_over);
+    }
+}
+
+/// Close errors recorded for handles dropped without `close` (bounded).
+#[derive(Debug, Default)]
+pub(crate) struct CloseErrors {
+    inner: Mutex<(Vec<String>, u64)>,
+}
+
+impl CloseErrors {
+    pub(crate) fn record(&self, msg: String) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0.len() < MAX_CLOSE_ERRORS {
+            g.0.push(msg);
+        } else {
+            g.1 += 1;
+        }
+    }
+
+    /// The recorded errors, and how many more were dropped; clears them.
+    pub(crate) fn take(&self) -> (Vec<String>, u64) {
+        std::mem::take(&mut *self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ino: u64) -> InodeId {
+        InodeId { root: 5, ino }
+    }
+
+    #[test]
+    fn unused_inodes_are_evicted_oldest_first() {
+        let c = InodeCache::new(3);
+        for ino in 256..262 {
+            drop(c.get(id(ino)));
+            c.check_invariants();
+        }
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.evictions(), 3);
+        for ino in 256..259 {
+            assert!(c.lookup(id(ino)).is_none(), "ino {ino} should have been evicted");
+        }
+        for ino in 259..262 {
+            assert!(c.lookup(id(ino)).is_some(), "ino {ino} should still be cached");
+        }
+    }
+
+    #[test]
+    fn a_recent_use_keeps_an_inode() {
+        let c = InodeCache::new(2);
+        drop(c.get(id(256)));
+        drop(c.get(id(257)));
+        drop(c.get(id(256)));
+        drop(c.get(id(258)));
+        c.check_invariants();
+        assert!(c.lookup(id(256)).is_some());
+        assert!(c.lookup(id(257)).is_none());
+    }
+
+    #[test]
+    fn open_looked_up_or_held_inodes_are_never_evicted() {
+        let c = InodeCache::new(2);
+        let open = c.get(id(256));
+        open.get_open();
+        drop(open);
+        let looked = c.get(id(257));
+        looked.get_lookups(2);
+        drop(looked);
+        let held = c.get(id(258));
+        for ino in 300..310 {
+            drop(c.get(id(ino)));
+            c.check_invariants();
+        }
+        assert!(c.lookup(id(256)).is_some_and(|i| i.open_count() == 1));
+        assert!(c.lookup(id(257)).is_some_and(|i| i.lookup_count() == 2));
+        assert!(c.lookup(id(258)).is_some_and(|i| Arc::ptr_eq(&i, &held)), "a held inode keeps its one lock");
+        // Over capacity only by the inodes in use.
+        assert!(c.len() <= 2 + 3, "{} cached", c.len());
+        // Released, they go at the next shrink.
+        let o = c.lookup(id(256)).expect("cached");
+        assert!(o.put_open());
+        drop(o);
+        let l = c.lookup(id(257)).expect("cached");
+        assert_eq!(l.put_lookups(5), 0);
+        drop(l);
+        drop(held);
+        c.set_capacity(2);
+        c.check_invariants();
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn forget_unused_drops_only_unheld_inodes() {
+        let c = InodeCache::new(8);
+        let a = c.get(id(256));
+        c.forget_unused(id(256));
+        assert!(c.lookup(id(256)).is_some(), "held: kept");
+        drop(a);
+        c.forget_unused(id(256));
+        assert!(c.lookup(id(256)).is_none());
+        c.check_invariants();
+    }
+}
