@@ -152,6 +152,8 @@ pub struct TestHooks {
     /// Benchmark hook: when Some, the duration in ns of every add/remove on the
     /// free-space tree is appended (seed 003 measures the cost per update).
     pub fst_timings: Option<Vec<u32>>,
+    /// Test switch: every chunk allocation fails as on a full device.
+    pub refuse_chunk_alloc: bool,
 }
 
 /// The writable filesystem.
