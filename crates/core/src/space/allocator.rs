@@ -52,7 +52,8 @@ pub enum CachingState {
 /// The caching state with what it holds: only a cached group has a cache.
 enum Caching {
     No,
-    Finished(FreeSpaceCtl),
+    /// Boxed: most groups of a large filesystem are never cached.
+    Finished(Box<FreeSpaceCtl>),
     /// The damage loading found, returned again to every later use of the group.
     Error(Box<Corrupt>),
 }
@@ -431,7 +432,7 @@ fn cached_ctl(w: &mut FsWriter, start: u64) -> Result<&mut FreeSpaceCtl> {
             let g = w.alloc.groups.get_mut(&start).expect("looked up above");
             match loaded {
                 Ok((ctl, bitmaps)) => {
-                    g.caching = Caching::Finished(ctl);
+                    g.caching = Caching::Finished(Box::new(ctl));
                     g.fst_bitmaps = Some(bitmaps);
                     #[cfg(debug_assertions)]
                     g.check_invariants();
@@ -476,7 +477,7 @@ pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, f
     let super_bytes = super_bytes_in(&stripes, logical, length);
     w.alloc
         .groups
-        .insert(logical, BlockGroup { start: logical, length, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, super_bytes, caching: Caching::Finished(ctl) });
+        .insert(logical, BlockGroup { start: logical, length, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, super_bytes, caching: Caching::Finished(Box::new(ctl)) });
     Ok(())
 }
 
@@ -711,7 +712,7 @@ impl FsWriter {
         let ctl = new_ctl(start, len, flags, self.sectorsize(), self.nodesize(), self.alloc.bits_per_bitmap)?;
         self.alloc
             .groups
-            .insert(start, BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, super_bytes: 0, caching: Caching::Finished(ctl) });
+            .insert(start, BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, super_bytes: 0, caching: Caching::Finished(Box::new(ctl)) });
         Ok(())
     }
 
@@ -780,7 +781,7 @@ impl FsWriter {
         let stripes = super_stripes(self);
         for (gs, mut c) in ctls {
             exclude_super_stripes(&mut c, &stripes);
-            self.alloc.groups.get_mut(&gs).expect("listed above").caching = Caching::Finished(c);
+            self.alloc.groups.get_mut(&gs).expect("listed above").caching = Caching::Finished(Box::new(c));
         }
         Ok(())
     }
