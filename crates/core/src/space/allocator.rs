@@ -90,6 +90,11 @@ impl BlockGroup {
         }
     }
 
+    /// Whether the group is cached (`CachingState::Finished`).
+    pub fn is_cached(&self) -> bool {
+        matches!(self.caching, Caching::Finished(_))
+    }
+
     /// The free-space cache, if the group is cached.
     pub fn ctl(&self) -> Option<&FreeSpaceCtl> {
         match &self.caching {
@@ -248,7 +253,7 @@ impl Allocator {
 
     /// How many groups are cached (loaded or created in this session).
     pub fn cached_groups(&self) -> usize {
-        self.groups.values().filter(|g| g.caching_state() == CachingState::Finished).count()
+        self.groups.values().filter(|g| g.is_cached()).count()
     }
 
     /// Check every group's bookkeeping (debug builds and tests).
@@ -413,50 +418,65 @@ fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Res
     Ok((ctl, bitmaps))
 }
 
-/// Load the free-space cache of the group starting at `start` unless it is cached (the
-/// kernel's `btrfs_cache_block_group`, synchronous), and return it. Damage makes the
-/// group's state `Error`, and every later call returns the same error.
+/// Load the free-space cache of the uncached group starting at `start` (the kernel's
+/// `btrfs_cache_block_group`, synchronous). Damage makes the group's state `Error`,
+/// and every later call returns the same error.
 ///
 /// # Errors
 /// `Corrupt` naming the group and the item for a free-space tree that disagrees with
 /// the group (an item past the address space or across the group's end, overlapping
 /// free space, no INFO item); read failures (the group stays uncached: they may pass).
-fn cached_ctl(w: &mut FsWriter, start: u64) -> Result<&mut FreeSpaceCtl> {
+fn load_group(w: &mut FsWriter, start: u64) -> Result<()> {
     let g = w.alloc.groups.get(&start).unwrap_or_else(|| panic!("caching block group {start}, which does not exist"));
-    match &g.caching {
-        Caching::Finished(_) => {}
+    let (length, flags) = match &g.caching {
+        Caching::Finished(_) => return Ok(()),
         Caching::Error(c) => return Err(Error::from((**c).clone())),
-        Caching::No => {
-            let (length, flags) = (g.length, g.flags);
-            let loaded = load_free_space(w, start, length, flags);
-            let g = w.alloc.groups.get_mut(&start).expect("looked up above");
-            match loaded {
-                Ok((ctl, bitmaps)) => {
-                    g.caching = Caching::Finished(Box::new(ctl));
-                    g.fst_bitmaps = Some(bitmaps);
-                    #[cfg(debug_assertions)]
-                    g.check_invariants();
-                }
-                Err(Error::Corrupt(mut c)) => {
-                    c.reason = format!("caching block group {start}: {}", c.reason);
-                    g.caching = Caching::Error(c.clone());
-                    return Err(Error::Corrupt(c));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
+        Caching::No => (g.length, g.flags),
+    };
+    let loaded = load_free_space(w, start, length, flags);
     let g = w.alloc.groups.get_mut(&start).expect("looked up above");
-    Ok(g.ctl_mut().expect("cached above"))
+    match loaded {
+        Ok((ctl, bitmaps)) => {
+            g.caching = Caching::Finished(Box::new(ctl));
+            g.fst_bitmaps = Some(bitmaps);
+            #[cfg(debug_assertions)]
+            g.check_invariants();
+            Ok(())
+        }
+        Err(Error::Corrupt(mut c)) => {
+            c.reason = format!("caching block group {start}: {}", c.reason);
+            g.caching = Caching::Error(c.clone());
+            Err(Error::Corrupt(c))
+        }
+        Err(e) => Err(e),
+    }
 }
 
-/// Make sure the group containing `bytenr` is cached (see `cached_ctl`).
+/// The free-space cache of the group starting at `start`, caching it first (see
+/// `load_group`).
+///
+/// # Errors
+/// As `load_group`.
+fn cached_ctl(w: &mut FsWriter, start: u64) -> Result<&mut FreeSpaceCtl> {
+    if !w.alloc.groups.get(&start).is_some_and(BlockGroup::is_cached) {
+        load_group(w, start)?;
+    }
+    Ok(w.alloc.groups.get_mut(&start).and_then(BlockGroup::ctl_mut).expect("cached above"))
+}
+
+/// Make sure the group containing `bytenr` is cached (see `load_group`).
 ///
 /// # Errors
 /// `Posix(NotFound)` when no group contains `bytenr`; the caching errors.
 pub fn cache_block_group(w: &mut FsWriter, bytenr: u64) -> Result<()> {
-    let (start, _) = w.alloc.group_range(bytenr).ok_or_else(|| Error::posix(PosixKind::NotFound, format!("block group containing {bytenr}")))?;
-    cached_ctl(w, start).map(|_| ())
+    match w.alloc.group(bytenr) {
+        Some(g) if g.is_cached() => Ok(()),
+        Some(g) => {
+            let start = g.start;
+            load_group(w, start)
+        }
+        None => Err(Error::posix(PosixKind::NotFound, format!("block group containing {bytenr}"))),
+    }
 }
 
 /// Create the in-memory group of a chunk made in this transaction: cached from birth,
@@ -495,7 +515,7 @@ fn find_free_extent(w: &mut FsWriter, ty: u64, num_bytes: u64, cache_error: &mut
             }
         }
     }
-    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && g.caching_state() != CachingState::Finished).map(|g| g.start).collect();
+    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && !g.is_cached()).map(|g| g.start).collect();
     for s in uncached {
         match cached_ctl(w, s) {
             Ok(c) => {
@@ -650,8 +670,11 @@ pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
 /// errors.
 pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -> Result<()> {
     let bg_tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
-    let (start, _) = w.alloc.group_range(bytenr).ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
-    cached_ctl(w, start)?;
+    let g = w.alloc.group(bytenr).ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
+    let (start, cached) = (g.start, g.is_cached());
+    if !cached {
+        load_group(w, start)?;
+    }
     let g = w.alloc.groups.get_mut(&start).expect("found above");
     let item = |reason: String| -> Error { Corrupt::new(CorruptWhere::Item, reason).root(bg_tree).key(Key::new(g.start, BLOCK_GROUP_ITEM_KEY, g.length)).into() };
     let used = if alloc {
@@ -734,7 +757,7 @@ impl FsWriter {
 
     /// Starts of the cached groups, in order.
     pub fn cached_block_groups(&self) -> Vec<u64> {
-        self.alloc.groups.values().filter(|g| g.caching_state() == CachingState::Finished).map(|g| g.start).collect()
+        self.alloc.groups.values().filter(|g| g.is_cached()).map(|g| g.start).collect()
     }
 
     /// Check the allocator's bookkeeping.

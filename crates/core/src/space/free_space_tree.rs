@@ -41,8 +41,11 @@ struct Group {
 }
 
 fn group_of(w: &mut FsWriter, bytenr: u64) -> Result<Group> {
-    let (start, len) = w.alloc.group_range(bytenr).ok_or_else(|| corrupt(format!("no block group contains {bytenr}")))?;
-    crate::space::allocator::cache_block_group(w, start)?;
+    let g = w.alloc.group(bytenr).ok_or_else(|| corrupt(format!("no block group contains {bytenr}")))?;
+    let (start, len, cached) = (g.start, g.length, g.is_cached());
+    if !cached {
+        crate::space::allocator::cache_block_group(w, start)?;
+    }
     Ok(Group { start, len })
 }
 
