@@ -495,9 +495,10 @@ pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, f
         }
     }
     let super_bytes = super_bytes_in(&stripes, logical, length);
-    w.alloc
-        .groups
-        .insert(logical, BlockGroup { start: logical, length, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, super_bytes, caching: Caching::Finished(Box::new(ctl)) });
+    w.alloc.groups.insert(
+        logical,
+        BlockGroup { start: logical, length, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, super_bytes, caching: Caching::Finished(Box::new(ctl)) },
+    );
     Ok(())
 }
 
@@ -733,9 +734,10 @@ impl FsWriter {
             return Err(Error::posix(PosixKind::Exists, format!("test block group {start} +{len} overlaps a block group")));
         }
         let ctl = new_ctl(start, len, flags, self.sectorsize(), self.nodesize(), self.alloc.bits_per_bitmap)?;
-        self.alloc
-            .groups
-            .insert(start, BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, super_bytes: 0, caching: Caching::Finished(Box::new(ctl)) });
+        self.alloc.groups.insert(
+            start,
+            BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, super_bytes: 0, caching: Caching::Finished(Box::new(ctl)) },
+        );
         Ok(())
     }
 
