@@ -496,7 +496,7 @@ impl<W: Write> Dumper<'_, W> {
             self.dump_tree(&ri)?;
         }
         self.dump_logs(logs)?;
-        let sb = &self.fs.sb;
+        let sb = self.fs.super_copy();
         writeln!(self.o, "total bytes {}", sb.total_bytes.get())?;
         writeln!(self.o, "bytes used {}", sb.bytes_used.get())?;
         writeln!(self.o, "uuid {}", uuid_str(&sb.fsid))

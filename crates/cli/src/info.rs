@@ -58,7 +58,7 @@ fn feature_line(bits: u64, table: &[(u64, &str)]) -> String {
 
 fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
     let mut first_err: Option<Error> = None;
-    let sb = &fs.sb;
+    let sb = fs.super_copy();
     let w = |o: &mut dyn Write, name: &str, value: String| writeln!(o, "{:<20}{value}", format!("{name}:")).map_err(out_err);
     let label_len = sb.label.iter().position(|&b| b == 0).unwrap_or(LABEL_SIZE);
     w(o, "label", ubtrfs_core::quote::name(&sb.label[..label_len]).into_owned())?;

@@ -13,7 +13,7 @@ use crate::volumes::device::{BlockDevice, FileDevice};
 use crate::volumes::device_lock::InUse;
 use crate::volumes::{num_copies, read_logical, ChunkMap, Device, Devices, MapLookup};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use ubtrfs_format::features::{self, FeatureVerdict};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -42,9 +42,14 @@ impl OpenOptions {
     }
 }
 
-/// Everything known about an open filesystem (the kernel's `btrfs_fs_info`).
+/// Everything known about an open filesystem (the kernel's `btrfs_fs_info`), shared by
+/// every thread that uses it (`Arc<FsInfo>`): what can change while it is shared (the
+/// committed superblock, the chunk map, the node cache, the warnings) sits behind its
+/// own lock, each a leaf lock held for a copy or an insert and never across I/O.
 pub struct FsInfo {
-    pub sb: Box<Superblock>,
+    /// The committed superblock (the kernel's `super_copy`): replaced as a whole when a
+    /// commit's superblocks are on disk.
+    super_copy: RwLock<Arc<Superblock>>,
     pub csum_type: CsumType,
     pub nodesize: u32,
     pub sectorsize: u32,
@@ -62,6 +67,8 @@ pub struct FsInfo {
     pub in_use: Vec<InUse>,
     /// Where the engine takes time and new UUIDs from (`OpenOptions::sources`).
     pub sources: Sources,
+    /// Readers' views of older generations, which keep freed space from reuse.
+    pub views: Arc<crate::transaction::views::Views>,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -132,7 +139,7 @@ impl FsInfo {
             }
         }
         // Use the newest superblock among the devices, as the kernel does.
-        let sb = Box::new(*sbs.iter().max_by_key(|s| s.generation.get()).expect("non-empty"));
+        let sb = Arc::new(*sbs.iter().max_by_key(|s| s.generation.get()).expect("non-empty"));
         let csum_type = CsumType::from_raw(sb.csum_type.get()).expect("checked by check_super");
         let incompat = sb.incompat_flags.get();
         let compat_ro = sb.compat_ro_flags.get();
@@ -147,14 +154,14 @@ impl FsInfo {
             }
         }
         let meta_fsid = if incompat & features::INCOMPAT_METADATA_UUID != 0 { sb.metadata_uuid } else { sb.fsid };
-        let mut chunk_map = ChunkMap::default();
+        let chunk_map = ChunkMap::default();
         for (key, c) in sys_chunk_array(&sb)? {
             chunk_map.insert(MapLookup::from_view(key.offset, &c))?;
         }
         let mut fs = FsInfo {
             nodesize: sb.nodesize.get(),
             sectorsize: sb.sectorsize.get(),
-            sb,
+            super_copy: RwLock::new(sb.clone()),
             csum_type,
             meta_fsid,
             chunk_tree_uuid: [0; 16],
@@ -164,26 +171,27 @@ impl FsInfo {
             read_only_reason,
             in_use: Vec::new(),
             sources: Sources::default(),
+            views: Default::default(),
             warnings: Mutex::new(warnings),
         };
-        fs.read_chunk_tree()?;
-        if fs.devices.by_id.len() as u64 != fs.sb.num_devices.get() {
+        fs.read_chunk_tree(&sb)?;
+        if fs.devices.by_id.len() as u64 != sb.num_devices.get() {
             let have: Vec<u64> = fs.devices.by_id.keys().copied().collect();
-            fs.warn(format!("filesystem has {} devices but {} were given (devids {:?}); reads needing a missing device use another copy or fail", fs.sb.num_devices.get(), have.len(), have));
+            fs.warn(format!("filesystem has {} devices but {} were given (devids {:?}); reads needing a missing device use another copy or fail", sb.num_devices.get(), have.len(), have));
         }
-        if fs.sb.log_root.get() != 0 {
+        if sb.log_root.get() != 0 {
             fs.warn(format!(
                 "the superblock carries a log tree (log_root={} level {}): the filesystem was not cleanly committed after an fsync; showing the last committed state (generation {}) without log replay",
-                fs.sb.log_root.get(),
-                fs.sb.log_root_level,
-                fs.sb.generation.get()
+                sb.log_root.get(),
+                sb.log_root_level,
+                sb.generation.get()
             ));
         }
         Ok(fs)
     }
 
-    fn read_chunk_tree(&mut self) -> Result<()> {
-        let root = RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: self.sb.chunk_root.get(), level: self.sb.chunk_root_level, generation: self.sb.chunk_root_generation.get() };
+    fn read_chunk_tree(&mut self, sb: &Superblock) -> Result<()> {
+        let root = RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: sb.chunk_root.get(), level: sb.chunk_root_level, generation: sb.chunk_root_generation.get() };
         // The chunk root tells us the chunk tree uuid every other block must carry.
         let eb = self.read_tree_block(root.bytenr, &Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(CHUNK_TREE_OBJECTID), first_key: None })?;
         self.chunk_tree_uuid = eb.node().header().chunk_tree_uuid;
@@ -201,17 +209,15 @@ impl FsInfo {
         for c in chunks {
             if c.type_ & BLOCK_GROUP_SYSTEM != 0 {
                 if let Ok(existing) = self.chunk_map.lookup(c.logical) {
-                    if **existing != c {
+                    if *existing != c {
                         self.warn(format!("system chunk {} differs between the sys_chunk_array and the chunk tree; using the chunk tree", c.logical));
                     }
                 }
             }
-            let mut probe = self.chunk_map.clone();
-            if probe.lookup(c.logical).map(|e| e.logical == c.logical).unwrap_or(false) {
+            if self.chunk_map.lookup(c.logical).map(|e| e.logical == c.logical).unwrap_or(false) {
                 continue;
             }
-            probe.insert(c)?;
-            self.chunk_map = probe;
+            self.chunk_map.insert(c)?;
         }
         Ok(())
     }
@@ -232,7 +238,7 @@ impl FsInfo {
             csum_type: self.csum_type,
             fsid: self.meta_fsid,
             chunk_tree_uuid: if self.chunk_tree_uuid == [0; 16] { None } else { Some(self.chunk_tree_uuid) },
-            super_generation: self.sb.generation.get(),
+            super_generation: self.super_copy().generation.get(),
             bytenr,
             level: expect.level,
             generation: expect.generation,
@@ -306,18 +312,41 @@ impl TreeView for FsInfo {
         self.read_tree_block(bytenr, expect)
     }
     fn tree_root(&self) -> RootInfo {
-        RootInfo { id: ROOT_TREE_OBJECTID, bytenr: self.sb.root.get(), level: self.sb.root_level, generation: self.sb.generation.get() }
+        super_tree_root(&self.super_copy())
     }
     fn chunk_root(&self) -> RootInfo {
-        RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: self.sb.chunk_root.get(), level: self.sb.chunk_root_level, generation: self.sb.chunk_root_generation.get() }
+        super_chunk_root(&self.super_copy())
     }
 }
 
+/// The root tree's root as superblock `sb` points at it.
+pub fn super_tree_root(sb: &Superblock) -> RootInfo {
+    RootInfo { id: ROOT_TREE_OBJECTID, bytenr: sb.root.get(), level: sb.root_level, generation: sb.generation.get() }
+}
+
+/// The chunk tree's root as superblock `sb` points at it.
+pub fn super_chunk_root(sb: &Superblock) -> RootInfo {
+    RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: sb.chunk_root.get(), level: sb.chunk_root_level, generation: sb.chunk_root_generation.get() }
+}
+
 impl FsInfo {
+    /// The committed superblock (a copy that stays as it is while held).
+    pub fn super_copy(&self) -> Arc<Superblock> {
+        self.super_copy.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Make `sb` the committed superblock: its commit is on disk.
+    pub(crate) fn set_super_copy(&self, sb: Arc<Superblock>) {
+        let mut g = self.super_copy.write().unwrap_or_else(|p| p.into_inner());
+        assert!(sb.generation.get() >= g.generation.get(), "committed generation went back from {} to {}", g.generation.get(), sb.generation.get());
+        *g = sb;
+    }
+
     /// The log tree root, if the superblock carries one.
     pub fn log_root(&self) -> Option<RootInfo> {
-        let b = self.sb.log_root.get();
-        (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: self.sb.log_root_level, generation: self.sb.generation.get().saturating_add(1) })
+        let sb = self.super_copy();
+        let b = sb.log_root.get();
+        (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: sb.log_root_level, generation: sb.generation.get().saturating_add(1) })
     }
 }
 

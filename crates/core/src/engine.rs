@@ -1,31 +1,59 @@
 //! The engine as threads share it: one filesystem, opened once, used by many threads
 //! at the same time (a mount's request workers, the tools' worker threads).
 //!
-//! Shape (first step; see issue "One engine"): the running transaction's state is one
-//! `FsWriter` behind a reader-writer lock.
-//! - Readers (`read`) share the lock and see the live view (`FsWriter::live`): every
+//! Shape (see issue "One engine"):
+//! - `FsInfo` is shared (`Arc`): devices, chunk map, committed superblock, node cache.
+//!   Its changing parts sit behind leaf locks of their own.
+//! - The running transaction's state is one `FsWriter` behind a reader-writer lock
+//!   (`state`).
+//! - Readers (`read`) share `state` and see the live view (`FsWriter::live`): every
 //!   change made through the engine, committed or not. They run in parallel with each
 //!   other; a read sees either all of a change or none of it, because changes happen
 //!   under the exclusive side (no torn directory).
-//! - Changes (`write`) take the lock exclusively, one at a time (writes are serialised
+//! - Changes (`write`) take `state` exclusively, one at a time (writes are serialised
 //!   at first), and the mutators abort the transaction on failure as before.
-//! - `commit` runs under the exclusive side too.
+//! - `commit` holds `commit_lock` throughout, so commits are one at a time. It takes
+//!   `state` exclusively twice, briefly: to seal the transaction (`start_commit`; the
+//!   writer then runs the next transaction, and readers see the sealed blocks), and to
+//!   finish it (`finish_commit`). All the commit's I/O (blocks, flushes, superblocks)
+//!   runs between the two, holding neither side of `state`: readers and the next
+//!   transaction's changes go on while it is written.
 //!
-//! Lock order: the engine lock, then the node cache's and the warnings' internal
-//! mutexes (leaf locks, never held across a call back into the engine).
+//! Lock order: `commit_lock`, then `state`, then the leaf locks inside `FsInfo` (node
+//! cache, chunk map, superblock copy, warnings), which are never held across a call
+//! back into the engine.
 //!
 //! A thread that panics while changing the filesystem leaves the lock poisoned; the
 //! engine then refuses further changes and reads (the state may be half changed), with
 //! a read-only error naming the panic, as an abort would.
 
-use crate::disk_io::OpenOptions;
+use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::Filesystem;
+use crate::transaction::views::ViewGuard;
 use crate::transaction::{FsWriter, Live};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// A committed generation held as a view (`Engine::committed`); read it as a
+/// `Filesystem`.
+pub struct Committed {
+    fs: Filesystem,
+    _view: ViewGuard,
+}
+
+impl std::ops::Deref for Committed {
+    type Target = Filesystem;
+    fn deref(&self) -> &Filesystem {
+        &self.fs
+    }
+}
 
 /// A filesystem shared by threads.
 pub struct Engine {
+    info: Arc<FsInfo>,
     state: RwLock<FsWriter>,
+    /// Held through a whole commit (see the module documentation).
+    commit_lock: Mutex<()>,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -43,7 +71,12 @@ impl Engine {
 
     /// Share an opened writer.
     pub fn from_writer(w: FsWriter) -> Engine {
-        Engine { state: RwLock::new(w) }
+        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()) }
+    }
+
+    /// The shared filesystem.
+    pub fn info(&self) -> &Arc<FsInfo> {
+        &self.info
     }
 
     /// Run `f` on the live view (read-your-writes), sharing the engine with other
@@ -54,6 +87,25 @@ impl Engine {
     pub fn read<T>(&self, f: impl FnOnce(&Live<'_>) -> Result<T>) -> Result<T> {
         let g = self.state.read().map_err(poisoned)?;
         f(&g.live())
+    }
+
+    /// The last committed generation as a view of its own: it reads that generation
+    /// however long it lives, while the engine goes on changing and committing (check,
+    /// extract, a future send or scrub). The space it reads is not reused while it lives.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` after a panic in a writer; `Corrupt`/`Io` reading the default
+    /// subvolume entry.
+    pub fn committed(&self) -> Result<Committed> {
+        let (sb, view) = {
+            // Under the shared side: a commit cannot finish (and return the space this
+            // generation uses) between reading the superblock and registering the view.
+            let _g = self.state.read().map_err(poisoned)?;
+            let sb = self.info.super_copy();
+            let view = self.info.views.register(sb.generation.get());
+            (sb, view)
+        };
+        Ok(Committed { fs: Filesystem::at(self.info.clone(), sb)?, _view: view })
     }
 
     /// Run `f` with the engine to itself, to change the filesystem.
@@ -70,7 +122,20 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::commit`.
     pub fn commit(&self) -> Result<u64> {
-        self.write(|w| w.commit())
+        let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let io = match self.write(|w| w.start_commit())? {
+            Some(io) => io,
+            None => return self.read(|l| Ok(l.committed_generation())),
+        };
+        // Neither side of `state` is held: readers and the next transaction go on.
+        if let Err(e) = io.write(&self.info) {
+            self.write(|w| {
+                w.abort("commit", &e);
+                Ok(())
+            })?;
+            return Err(e);
+        }
+        self.write(|w| Ok(w.finish_commit(io)))
     }
 
     /// Take the writer back (all other users are gone: the engine is owned).

@@ -636,7 +636,7 @@ fn record(seed: u64, nops: usize) -> Run {
         w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
     }
     let mut run = Run { seed, log: Vec::new(), commits: Vec::new(), steps: Vec::new(), problems: Vec::new(), flavour: wl.flavour, chunks: (w.info.chunk_map.len(), 0), enospc: None };
-    run.commits.push(CommitRec { generation: w.info.sb.generation.get(), sb_first: None, done: None, model: base_model() });
+    run.commits.push(CommitRec { generation: w.info.super_copy().generation.get(), sb_first: None, done: None, model: base_model() });
     let mut referenced = referenced_ranges(&w.info).expect("fixture extents");
     let mut interval_start = 0usize;
     let mut until_commit = wl.rng.range(1, 5);
@@ -701,7 +701,7 @@ fn record(seed: u64, nops: usize) -> Run {
 /// Verify that `fs` shows one of `want` and is clean. Returns the generation seen.
 fn verify_state(fs: ubtrfs_core::Result<Filesystem>, want: &[CommitRec], run_check: bool) -> Result<u64, String> {
     let fs = fs.map_err(|e| format!("open: {e}"))?;
-    let generation = fs.info.sb.generation.get();
+    let generation = fs.info.super_copy().generation.get();
     let Some(rec) = want.iter().find(|c| c.generation == generation) else {
         return Err(format!("shows generation {generation}, expected {:?}", want.iter().map(|c| c.generation).collect::<Vec<_>>()));
     };
@@ -1196,7 +1196,7 @@ fn live_crash(seed: u64, nops: usize, k: u64) -> Result<(), String> {
     let mut w = open_writer(dev.clone()).map_err(|e| format!("open: {e}"))?;
     let mut wl = Workload::new(seed, (*base_model()).clone(), "");
     wl.flavour.apply(&mut w);
-    let generation = w.info.sb.generation.get();
+    let generation = w.info.super_copy().generation.get();
     let mut last_ok = CommitRec { generation, sb_first: None, done: None, model: base_model() };
     let mut failed_commit: Option<CommitRec> = None;
     let mut until_commit = wl.rng.range(1, 5);

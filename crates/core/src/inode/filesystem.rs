@@ -11,7 +11,7 @@ use crate::error::{Error, PosixKind, Result};
 use crate::tree::search::RootInfo;
 use crate::tree::search::TreeView;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use ubtrfs_format::items::{self, FileExtent};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -229,7 +229,9 @@ impl LostItems {
 
 /// A readable btrfs filesystem.
 pub struct Filesystem {
-    pub info: FsInfo,
+    pub info: Arc<FsInfo>,
+    /// The generation this view reads: the committed superblock when it was made.
+    pub sb: Arc<Superblock>,
     roots: Mutex<HashMap<u64, (RootInfo, RootItem)>>,
     default_subvol: u64,
 }
@@ -254,7 +256,25 @@ impl Filesystem {
     /// # Errors
     /// `Corrupt`/`Io` reading the default subvolume entry.
     pub fn from_info(info: FsInfo) -> Result<Filesystem> {
-        let mut fs = Filesystem { info, roots: Mutex::new(HashMap::new()), default_subvol: FS_TREE_OBJECTID };
+        Filesystem::committed(Arc::new(info))
+    }
+
+    /// The generation committed in `info` now, as a view that stays on it (a later
+    /// commit through a writer of the same `FsInfo` does not change what it reads).
+    ///
+    /// # Errors
+    /// As `from_info`.
+    pub fn committed(info: Arc<FsInfo>) -> Result<Filesystem> {
+        let sb = info.super_copy();
+        Filesystem::at(info, sb)
+    }
+
+    /// The generation superblock `sb` (committed in `info`) points at.
+    ///
+    /// # Errors
+    /// As `from_info`.
+    pub fn at(info: Arc<FsInfo>, sb: Arc<Superblock>) -> Result<Filesystem> {
+        let mut fs = Filesystem { info, sb, roots: Mutex::new(HashMap::new()), default_subvol: FS_TREE_OBJECTID };
         fs.default_subvol = find_default_subvol(&fs)?;
         Ok(fs)
     }
@@ -268,10 +288,10 @@ impl TreeView for Filesystem {
         self.info.read_tree_block(bytenr, expect)
     }
     fn tree_root(&self) -> RootInfo {
-        self.info.tree_root()
+        crate::disk_io::super_tree_root(&self.sb)
     }
     fn chunk_root(&self) -> RootInfo {
-        self.info.chunk_root()
+        crate::disk_io::super_chunk_root(&self.sb)
     }
     fn read_root(&self, id: u64) -> Result<(RootInfo, RootItem)> {
         if let Some(r) = self.roots.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {

@@ -161,7 +161,7 @@ impl Allocator {
     /// # Errors
     /// Read failures; `Corrupt` for impossible group geometry.
     pub fn load(w: &FsWriter) -> Result<Allocator> {
-        let mut a = Allocator { bg_tree: w.info.sb.compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0, bits_per_bitmap: DEFAULT_BITS_PER_BITMAP, ..Default::default() };
+        let mut a = Allocator { bg_tree: w.info.super_copy().compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0, bits_per_bitmap: DEFAULT_BITS_PER_BITMAP, ..Default::default() };
         let stripes = super_stripes(w);
         for bg in w.info.block_groups()? {
             // The geometry a cache of the group will need, checked now as before.
@@ -238,12 +238,30 @@ impl Allocator {
         self.dev_items.get(&devid).copied()
     }
 
-    /// After commit: pinned space becomes allocatable (only cached groups pin).
-    pub fn unpin_all(&mut self) {
+    /// Take every group's pinned ranges at the start of a commit: they stay out of the
+    /// allocator (neither free nor pinned) until `release_pinned` after the commit,
+    /// while the next transaction pins what it frees apart from them. Only cached
+    /// groups pin.
+    pub fn take_pinned(&mut self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
         for c in self.groups.values_mut().filter_map(BlockGroup::ctl_mut) {
-            c.unpin_all();
+            out.extend(c.take_pinned());
         }
         self.changed = false;
+        out
+    }
+
+    /// Give back ranges taken by `take_pinned`: their commit is on disk, and no reader
+    /// holds a view that still uses them.
+    pub fn release_pinned(&mut self, ranges: &[(u64, u64)]) {
+        for &(s, l) in ranges {
+            // Taken from this group's pins, and nothing else returns them: a bug if not.
+            let g = self.group_mut(s).unwrap_or_else(|| panic!("released pinned range {s} +{l} outside every block group"));
+            let start = g.start;
+            // A group that pinned was cached, and a cached group stays cached.
+            let c = g.ctl_mut().unwrap_or_else(|| panic!("released pinned range {s} +{l}: block group {start} is not cached"));
+            c.add_free_space(s, l).unwrap_or_else(|e| panic!("releasing pinned range {s} +{l}: {e}"));
+        }
     }
 
     /// Bytes free (allocatable now) per type flag, cached or not (`BlockGroup::free_space`).

@@ -83,7 +83,7 @@ impl FsInfo {
     /// with the chunk; `Io`/`Corrupt` from reading the tree; `Posix(NotFound)` when the
     /// tree holding the items has no root item.
     pub fn block_groups(&self) -> Result<Vec<BlockGroupInfo>> {
-        let tree_id = if self.sb.compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0 { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
+        let tree_id = if self.super_copy().compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0 { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
         let (root, _) = self.read_root(tree_id)?;
         let mut out = Vec::with_capacity(self.chunk_map.len());
         for chunk in self.chunk_map.iter() {
@@ -96,7 +96,7 @@ impl FsInfo {
             let item = path.item().ok_or_else(missing)?;
             let bg: &BlockGroupItem = read_prefix(item.data(), "block group item").map_err(|r| item_corrupt(tree_id, &item, r))?;
             let flags = bg.flags.get();
-            check_matches_chunk(chunk, flags).map_err(|r| item_corrupt(tree_id, &item, r))?;
+            check_matches_chunk(&chunk, flags).map_err(|r| item_corrupt(tree_id, &item, r))?;
             out.push(BlockGroupInfo { start: chunk.logical, length: chunk.length, used: bg.used.get(), flags });
         }
         Ok(out)

@@ -634,6 +634,17 @@ impl FreeSpaceCtl {
         done
     }
 
+    /// Take the pinned ranges out without making them free: from now on they are
+    /// neither free nor pinned here (as allocated space is) until the caller gives them
+    /// back with `add_free_space`, once their commit is on disk and no reader needs
+    /// them (the kernel's per-transaction `pinned_extents`, unpinned after the commit).
+    pub fn take_pinned(&mut self) -> Vec<(u64, u64)> {
+        let pinned = std::mem::take(&mut self.pinned);
+        self.pinned_bytes = 0;
+        self.debug_check();
+        pinned.into_iter().map(|(s, e)| (s, e - s)).collect()
+    }
+
     /// Pinned ranges as `(offset, bytes)`, lowest first.
     pub fn pinned_ranges(&self) -> Vec<(u64, u64)> {
         self.pinned.iter().map(|(&s, &e)| (s, e - s)).collect()

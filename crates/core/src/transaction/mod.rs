@@ -18,6 +18,8 @@
 //! `extent_tree` (reference counting run at commit), `alloc` (block groups and free
 //! space), `disk_io` (the read side, whose cache receives blocks after commit).
 
+pub mod views;
+
 use crate::disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::FsRead;
@@ -76,6 +78,18 @@ pub struct Live<'a> {
     w: &'a FsWriter,
 }
 
+impl Live<'_> {
+    /// The generation last committed by the writer (or found at open).
+    pub fn committed_generation(&self) -> u64 {
+        self.w.sb.generation.get()
+    }
+
+    /// Blocks of the running transactions written before their commit, so far.
+    pub fn blocks_written_early(&self) -> u64 {
+        self.w.written_early
+    }
+}
+
 impl FsRead for Live<'_> {
     fn info(&self) -> &FsInfo {
         &self.w.info
@@ -94,7 +108,7 @@ impl<'a> TreeView for Live<'a> {
                 Err(in_use_reallocated(bytenr, expect.owner, format!("tree block {bytenr} of generation {g} is in use, yet this transaction ({}) allocated it again", self.w.transid)))
             }
             Some(d) => Ok(BlkRef::Dirty(bytenr, &d.buf)),
-            None => Ok(BlkRef::Clean(self.w.info.read_tree_block(bytenr, expect)?)),
+            None => Ok(BlkRef::Clean(self.w.read_clean(bytenr, expect)?)),
         }
     }
     fn tree_root(&self) -> RootInfo {
@@ -158,7 +172,8 @@ pub struct TestHooks {
 
 /// The writable filesystem.
 pub struct FsWriter {
-    pub info: FsInfo,
+    /// The filesystem, shared with every reader of it.
+    pub info: Arc<FsInfo>,
     /// Working copy of the superblock, written at commit.
     pub sb: Box<Superblock>,
     /// Id of the running transaction (last committed generation + 1).
@@ -166,6 +181,15 @@ pub struct FsWriter {
     /// Blocks of the running transaction not yet written: changed in place until
     /// written (the kernel's `should_cow_block`: generation == transid and not WRITTEN).
     pub(crate) dirty: HashMap<u64, DirtyBlock>,
+    /// The blocks of the transaction being committed, sealed, while its I/O runs
+    /// outside the writer (`start_commit` .. `finish_commit`).
+    in_flight: Option<Arc<BTreeMap<u64, Arc<ExtentBuffer>>>>,
+    /// Space the committing transaction freed: out of the allocator until
+    /// `finish_commit` returns it.
+    committing_pins: Vec<(u64, u64)>,
+    /// Space freed by committed transactions (by the transaction that freed it) that a
+    /// reader's view of an older generation may still read (`views`).
+    held_for_views: Vec<(u64, Vec<(u64, u64)>)>,
     /// Bytes of dirty blocks above which writeback starts before commit.
     dirty_limit: usize,
     /// A counter of block changes, stamped on each dirty block it touches (writeback
@@ -216,16 +240,26 @@ impl FsWriter {
     /// # Errors
     /// `Incompatible` when writing is not allowed.
     pub fn from_info(info: FsInfo) -> Result<FsWriter> {
+        FsWriter::from_shared(Arc::new(info))
+    }
+
+    /// Make the writer of a shared `FsInfo` (its devices must accept writes; there is
+    /// one writer per filesystem).
+    ///
+    /// # Errors
+    /// As `from_info`.
+    pub fn from_shared(info: Arc<FsInfo>) -> Result<FsWriter> {
+        let sb = info.super_copy();
         if let Some(r) = &info.read_only_reason {
             return Err(Error::Incompatible(format!("cannot write: {r}")));
         }
-        if info.sb.log_root.get() != 0 {
+        if sb.log_root.get() != 0 {
             return Err(Error::Incompatible("cannot write: the superblock carries a log tree that needs replay (mount it with the kernel once, or wait for ubtrfs log replay)".into()));
         }
-        let incompat = info.sb.incompat_flags.get();
-        let compat_ro = info.sb.compat_ro_flags.get();
+        let incompat = sb.incompat_flags.get();
+        let compat_ro = sb.compat_ro_flags.get();
         use ubtrfs_format::features::*;
-        let no_write = info.sb.flags.get() & SUPER_FLAGS_NO_WRITE;
+        let no_write = sb.flags.get() & SUPER_FLAGS_NO_WRITE;
         if no_write != 0 {
             return Err(Error::Incompatible(format!(
                 "cannot write: the superblock is flagged {} (a seed device, a metadata dump, or an interrupted conversion)",
@@ -251,15 +285,18 @@ impl FsWriter {
                 return Err(Error::Incompatible(format!("cannot write: chunk {} has profile {}; writing supports single and DUP for now", c.logical, profile_name(c.type_))));
             }
         }
-        if info.sb.num_devices.get() != 1 || info.devices.by_id.len() != 1 {
+        if sb.num_devices.get() != 1 || info.devices.by_id.len() != 1 {
             return Err(Error::Incompatible("cannot write: multi-device filesystems are not supported for writing yet".into()));
         }
-        let sb = info.sb.clone();
+        let sb = Box::new(*sb);
         let transid = sb.generation.get().checked_add(1).ok_or_else(|| last_generation(sb.generation.get()))?;
         let mut w = FsWriter {
             sb,
             transid,
             dirty: HashMap::new(),
+            in_flight: None,
+            committing_pins: Vec::new(),
+            held_for_views: Vec::new(),
             dirty_limit: DEFAULT_DIRTY_METADATA_BYTES,
             touch_seq: 0,
             written_early: 0,
@@ -387,12 +424,30 @@ impl FsWriter {
         }
     }
 
+    /// Return to the allocator the space committed transactions freed that no live view
+    /// reads any more.
+    fn release_space_held_for_views(&mut self) {
+        let views = self.info.views.clone();
+        let mut i = 0;
+        while i < self.held_for_views.len() {
+            if views.may_reuse(self.held_for_views[i].0) {
+                let (_, ranges) = self.held_for_views.swap_remove(i);
+                self.alloc.release_pinned(&ranges);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// Run `f`, aborting to read-only if it fails (use around any multi-step change).
     ///
     /// # Errors
     /// The error of `f`.
     pub fn guarded<T>(&mut self, at: &str, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
         self.check_writable()?;
+        if self.guard_depth == 0 && !self.held_for_views.is_empty() {
+            self.release_space_held_for_views();
+        }
         self.guard_depth += 1;
         let r = f(self);
         self.guard_depth -= 1;
@@ -464,7 +519,18 @@ impl FsWriter {
             }
             return Ok(Blk::Dirty(bytenr));
         }
-        Ok(Blk::Clean(self.info.read_tree_block(bytenr, expect)?))
+        Ok(Blk::Clean(self.read_clean(bytenr, expect)?))
+    }
+
+    /// A block that is not dirty: one of the commit being written, or from the cache or
+    /// the disk.
+    fn read_clean(&self, bytenr: u64, expect: &Expect) -> Result<Arc<ExtentBuffer>> {
+        if let Some(eb) = self.in_flight.as_ref().and_then(|f| f.get(&bytenr)) {
+            if eb.matches(expect) {
+                return Ok(eb.clone());
+            }
+        }
+        self.info.read_tree_block(bytenr, expect)
     }
 
     pub fn node<'a>(&'a self, b: &'a Blk) -> NodeRef<'a> {
@@ -554,6 +620,25 @@ impl FsWriter {
         self.written_early
     }
 
+    /// Test hook: the space the committing transaction freed, held out of the allocator
+    /// until its commit finishes.
+    #[cfg(feature = "test-hooks")]
+    pub fn space_held_by_commit(&self) -> Vec<(u64, u64)> {
+        self.committing_pins.clone()
+    }
+
+    /// Test hook: space committed transactions freed that older views still hold.
+    #[cfg(feature = "test-hooks")]
+    pub fn space_held_for_views(&self) -> Vec<(u64, u64)> {
+        self.held_for_views.iter().flat_map(|(_, r)| r.iter().copied()).collect()
+    }
+
+    /// Test hook: whether `[bytenr, bytenr + len)` is free for allocation now.
+    #[cfg(feature = "test-hooks")]
+    pub fn space_is_allocatable(&self, bytenr: u64, len: u64) -> bool {
+        self.alloc.group(bytenr).is_some_and(|g| g.ctl().is_some_and(|c| c.is_free(bytenr, len)))
+    }
+
     /// Write dirty blocks out until their bytes are at most half the limit, if they are
     /// over it. Leaves go before nodes (upper levels change with every COW below them),
     /// and within a level the blocks changed longest ago first; a tree's root stays.
@@ -627,24 +712,53 @@ impl FsWriter {
     /// dirty block to every copy, flush, then write every superblock copy. A failure
     /// aborts the filesystem to read-only. Returns the committed generation.
     ///
+    /// The three steps are apart for the engine, which runs the middle one (all the
+    /// I/O) without holding the writer: `start_commit`, `CommitIo::write`,
+    /// `finish_commit`.
+    ///
     /// # Errors
     /// `Io` from writes and flushes, anything from running references.
     pub fn commit(&mut self) -> Result<u64> {
+        let Some(io) = self.start_commit()? else {
+            return Ok(self.sb.generation.get());
+        };
+        if let Err(e) = io.write(&self.info) {
+            self.abort("commit", &e);
+            return Err(e);
+        }
+        Ok(self.finish_commit(io))
+    }
+
+    /// Settle the running transaction and seal it (the kernel's commit up to
+    /// TRANS_STATE_UNBLOCKED): delayed refs run, root items updated, every block
+    /// checksummed and checked, the superblocks made. From here on the writer runs the
+    /// next transaction: what it reads of the committing one comes from the sealed
+    /// blocks (`in_flight`), which it COWs like any committed block. Space freed by the
+    /// committing transaction stays out of the allocator until `finish_commit`.
+    /// `None` when there is nothing to commit. A failure aborts.
+    ///
+    /// # Errors
+    /// Anything from running references; `Corrupt` for a block the write-time tree
+    /// checker refuses.
+    pub fn start_commit(&mut self) -> Result<Option<CommitIo>> {
         self.check_writable()?;
-        let r = self.commit_inner();
+        if self.in_flight.is_some() {
+            return Err(Error::posix_detail(PosixKind::Busy, "commit", "the previous commit is still writing (commit through the engine, which waits for it)"));
+        }
+        let r = self.start_commit_inner();
         if let Err(e) = &r {
             self.abort("commit", e);
         }
         r
     }
 
-    fn commit_inner(&mut self) -> Result<u64> {
+    fn start_commit_inner(&mut self) -> Result<Option<CommitIo>> {
         // The transaction after this one needs a generation too: refuse before writing.
         let next = self.transid.checked_add(1).ok_or_else(|| last_generation(self.transid))?;
         // A root item changed on its own (a subvolume flagged read-only) is a change.
         let root_items_changed = self.roots.values().any(|s| s.dirty && s.item.is_some());
         if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() && !root_items_changed {
-            return Ok(self.sb.generation.get());
+            return Ok(None);
         }
         self.converge()?;
         if self.quotas {
@@ -655,22 +769,42 @@ impl FsWriter {
             self.converge()?;
         }
         self.check_dirty_invariants();
-        self.write_dirty_blocks()?;
+        let blocks = self.seal_dirty_blocks()?;
+        self.in_flight = Some(blocks.clone());
+        self.sb = self.next_super();
+        self.sb.bytes_used = self.alloc.total_used().into();
+        self.fill_backup_root()?;
+        let mut supers = Vec::with_capacity(self.info.devices.by_id.len());
         for d in self.info.devices.by_id.values() {
-            d.dev.flush()?;
+            let mut sb = *self.sb;
+            sb.dev_item = self.alloc.dev_item(d.devid).unwrap_or(sb.dev_item);
+            supers.push((d.devid, Box::new(sb)));
         }
-        self.write_supers()?;
-        // The new state is durable: pinned space may be reused now.
-        self.alloc.unpin_all();
-        self.info.sb = self.sb.clone();
-        self.sb = self.sb.clone();
-        self.commits += 1;
-        let gen = self.transid;
+        self.committing_pins = self.alloc.take_pinned();
+        let generation = self.transid;
         self.transid = next;
         for st in self.roots.values_mut() {
             st.dirty = false;
         }
-        Ok(gen)
+        Ok(Some(CommitIo { generation, blocks, supers }))
+    }
+
+    /// End a commit whose I/O is done (`CommitIo::write`): its blocks join the node
+    /// cache, its superblock becomes the committed one, and the space it freed returns
+    /// to the allocator. Returns the committed generation.
+    pub fn finish_commit(&mut self, io: CommitIo) -> u64 {
+        let Some(flying) = self.in_flight.take() else { panic!("finish_commit of generation {} without a commit in flight", io.generation) };
+        assert!(Arc::ptr_eq(&flying, &io.blocks), "finish_commit of generation {} with another commit's blocks", io.generation);
+        for eb in io.blocks.values() {
+            self.info.cache.insert(eb.clone());
+        }
+        let sb = io.supers.first().map(|(_, sb)| Arc::new(**sb)).expect("a filesystem has a device");
+        self.info.set_super_copy(sb);
+        let pins = std::mem::take(&mut self.committing_pins);
+        self.held_for_views.push((io.generation, pins));
+        self.release_space_held_for_views();
+        self.commits += 1;
+        io.generation
     }
 
     /// Running refs changes the extent and free-space trees, which COWs blocks and
@@ -690,7 +824,7 @@ impl FsWriter {
     }
 
     /// The superblock this commit will write, root pointers included (backup roots
-    /// and usage are filled in by `write_supers`).
+    /// and usage are filled in by `start_commit`).
     fn next_super(&self) -> Box<Superblock> {
         let root = self.roots.get(&ROOT_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.tree_root());
         let chunk = self.roots.get(&CHUNK_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.chunk_root());
@@ -717,27 +851,22 @@ impl FsWriter {
         }
     }
 
-    /// Seal every dirty block (WRITTEN flag, checksum), validate each as the kernel's
-    /// write-time tree checker does, and only then write them: a block that fails the
+    /// Seal every dirty block (WRITTEN flag, checksum) and validate each as the kernel's
+    /// write-time tree checker does, before any is written: a block that fails the
     /// check is an error (the kernel's -EUCLEAN on write), the commit aborts, and
     /// nothing of this transaction reaches the disk.
     ///
     /// # Errors
     /// `Corrupt` (under "write time tree block corruption detected") for a block the
-    /// tree checker refuses; `Io` from writing.
-    fn write_dirty_blocks(&mut self) -> Result<()> {
-        let mut blocks: Vec<(u64, Box<[u8]>)> = std::mem::take(&mut self.dirty).into_iter().map(|(b, d)| (b, d.buf)).collect();
-        blocks.sort_by_key(|(b, _)| *b);
-        for (bytenr, buf) in &mut blocks {
-            self.seal_tree_block(*bytenr, buf)?;
+    /// tree checker refuses.
+    fn seal_dirty_blocks(&mut self) -> Result<Arc<BTreeMap<u64, Arc<ExtentBuffer>>>> {
+        let mut blocks = BTreeMap::new();
+        for (bytenr, d) in std::mem::take(&mut self.dirty) {
+            let mut buf = d.buf;
+            self.seal_tree_block(bytenr, &mut buf)?;
+            blocks.insert(bytenr, Arc::new(ExtentBuffer::from_written(bytenr, buf)));
         }
-        for (bytenr, buf) in &blocks {
-            crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, *bytenr, buf, crate::volumes::WriteKind::Metadata)?;
-        }
-        for (bytenr, buf) in blocks {
-            self.info.cache.insert(Arc::new(ExtentBuffer::from_written(bytenr, buf)));
-        }
-        Ok(())
+        Ok(Arc::new(blocks))
     }
 
     /// Make block `bytenr` of this transaction ready to write: mark it WRITTEN (from now
@@ -784,29 +913,6 @@ impl FsWriter {
         Ok(Arc::new(ExtentBuffer::from_written(bytenr, buf)))
     }
 
-    fn write_supers(&mut self) -> Result<()> {
-        self.sb = self.next_super();
-        self.sb.bytes_used = self.alloc.total_used().into();
-        self.fill_backup_root()?;
-        for d in self.info.devices.by_id.values() {
-            let mut sb = *self.sb;
-            let di = self.alloc.dev_item(d.devid).unwrap_or(sb.dev_item);
-            sb.dev_item = di;
-            for mirror in 0..SUPER_MIRROR_MAX {
-                let off = sb_offset(mirror);
-                if off + SUPER_INFO_SIZE as u64 > d.dev.size() {
-                    break;
-                }
-                sb.bytenr = off.into();
-                let c = self.info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
-                sb.csum.copy_from_slice(&c);
-                d.dev.write_at(sb.as_bytes(), off)?;
-            }
-            d.dev.flush()?;
-        }
-        Ok(())
-    }
-
     fn fill_backup_root(&mut self) -> Result<()> {
         // The kernel rotates through the four slots; the newest is the one after the
         // slot holding the previous generation.
@@ -841,6 +947,54 @@ impl FsWriter {
         b.bytes_used = self.sb.bytes_used;
         b.num_devices = self.sb.num_devices;
         self.sb.super_roots[prev] = b;
+        Ok(())
+    }
+}
+
+/// A sealed commit waiting for its I/O (`FsWriter::start_commit`). Writing it needs
+/// only the shared `FsInfo`, not the writer.
+pub struct CommitIo {
+    generation: u64,
+    /// The transaction's blocks, sealed, by address (also the writer's `in_flight`).
+    blocks: Arc<BTreeMap<u64, Arc<ExtentBuffer>>>,
+    /// The superblock for each device (devid), its dev item filled in.
+    supers: Vec<(u64, Box<Superblock>)>,
+}
+
+impl CommitIo {
+    /// The generation this commit writes.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Write every block to every copy, flush, then write every superblock copy and
+    /// flush again: after a crash the devices show either the previous commit or this
+    /// one.
+    ///
+    /// # Errors
+    /// `Io` from writes and flushes (the caller aborts).
+    pub fn write(&self, info: &FsInfo) -> Result<()> {
+        for (bytenr, eb) in self.blocks.iter() {
+            crate::volumes::write_logical(&info.chunk_map, &info.devices, *bytenr, &eb.data, crate::volumes::WriteKind::Metadata)?;
+        }
+        for d in info.devices.by_id.values() {
+            d.dev.flush()?;
+        }
+        for (devid, sb) in &self.supers {
+            let d = info.devices.by_id.get(devid).expect("supers made from these devices");
+            let mut sb = **sb;
+            for mirror in 0..SUPER_MIRROR_MAX {
+                let off = sb_offset(mirror);
+                if off + SUPER_INFO_SIZE as u64 > d.dev.size() {
+                    break;
+                }
+                sb.bytenr = off.into();
+                let c = info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
+                sb.csum.copy_from_slice(&c);
+                d.dev.write_at(sb.as_bytes(), off)?;
+            }
+            d.dev.flush()?;
+        }
         Ok(())
     }
 }

@@ -59,7 +59,7 @@ use crate::error::{Error, Result};
 use crate::volumes::device::BlockDevice;
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// SplitMix64: a small, fast, seedable generator (deterministic across platforms).
 #[derive(Clone, Debug)]
@@ -289,6 +289,16 @@ pub struct FaultyDevice {
     name: String,
     size: u64,
     state: Mutex<State>,
+    /// Flushes wait while held (`hold_flushes`), so a test can act while a commit's
+    /// I/O is under way.
+    gate: Mutex<FlushGate>,
+    gate_cv: Condvar,
+}
+
+#[derive(Default)]
+struct FlushGate {
+    held: bool,
+    waiting: u64,
 }
 
 impl FaultyDevice {
@@ -316,7 +326,32 @@ impl FaultyDevice {
                 flips: 0,
                 atomic_unit: 4096,
             }),
+            gate: Mutex::new(FlushGate::default()),
+            gate_cv: Condvar::new(),
         }
+    }
+
+    fn gate(&self) -> MutexGuard<'_, FlushGate> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make every flush wait until `release_flushes` (a commit then stops in its I/O).
+    pub fn hold_flushes(&self) {
+        self.gate().held = true;
+    }
+
+    /// Let held flushes go on.
+    pub fn release_flushes(&self) {
+        self.gate().held = false;
+        self.gate_cv.notify_all();
+    }
+
+    /// Wait until a flush is waiting at the gate (`hold_flushes`), at most `timeout`.
+    /// Returns whether one is.
+    pub fn wait_for_held_flush(&self, timeout: std::time::Duration) -> bool {
+        let g = self.gate();
+        let (g, _) = self.gate_cv.wait_timeout_while(g, timeout, |g| g.waiting == 0).unwrap_or_else(|p| p.into_inner());
+        g.waiting > 0
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
@@ -521,6 +556,15 @@ impl BlockDevice for FaultyDevice {
     }
 
     fn flush(&self) -> Result<()> {
+        {
+            let mut g = self.gate();
+            if g.held {
+                g.waiting += 1;
+                self.gate_cv.notify_all();
+                let mut g = self.gate_cv.wait_while(g, |g| g.held).unwrap_or_else(|p| p.into_inner());
+                g.waiting -= 1;
+            }
+        }
         let mut st = self.st();
         if st.crashed {
             return Err(self.dead("flush", None));

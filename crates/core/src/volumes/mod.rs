@@ -14,7 +14,7 @@ pub mod mountinfo;
 use crate::error::{Error, Result};
 use crate::volumes::device::BlockDevice;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use ubtrfs_format::items::ChunkView;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::{Corrupt, CorruptWhere};
@@ -80,10 +80,12 @@ impl MapLookup {
     }
 }
 
-/// The logical address space: every chunk, by start.
-#[derive(Default, Clone)]
+/// The logical address space: every chunk, by start (the kernel's `mapping_tree`).
+/// Shared: new chunks are inserted while readers map addresses (a leaf lock, held for
+/// one lookup or insert).
+#[derive(Default)]
 pub struct ChunkMap {
-    chunks: BTreeMap<u64, Arc<MapLookup>>,
+    chunks: RwLock<BTreeMap<u64, Arc<MapLookup>>>,
 }
 
 impl ChunkMap {
@@ -91,14 +93,15 @@ impl ChunkMap {
     ///
     /// # Errors
     /// `Corrupt` naming both chunks.
-    pub fn insert(&mut self, m: MapLookup) -> Result<()> {
-        if let Some(existing) = self.chunks.get(&m.logical) {
+    pub fn insert(&self, m: MapLookup) -> Result<()> {
+        let mut chunks = self.chunks.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = chunks.get(&m.logical) {
             if **existing == m {
                 return Ok(());
             }
         }
         let end = m.logical + m.length;
-        if let Some((_, prev)) = self.chunks.range(..end).next_back() {
+        if let Some((_, prev)) = chunks.range(..end).next_back() {
             if prev.logical + prev.length > m.logical && prev.logical != m.logical {
                 return Err(Corrupt::new(CorruptWhere::Item, format!("chunk {} +{} overlaps chunk {} +{}", m.logical, m.length, prev.logical, prev.length)).root(3).into());
             }
@@ -106,7 +109,7 @@ impl ChunkMap {
                 return Err(Corrupt::new(CorruptWhere::Item, format!("two different chunks at logical {}", m.logical)).root(3).into());
             }
         }
-        self.chunks.insert(m.logical, Arc::new(m));
+        chunks.insert(m.logical, Arc::new(m));
         Ok(())
     }
 
@@ -114,21 +117,23 @@ impl ChunkMap {
     ///
     /// # Errors
     /// `Corrupt` when no chunk maps the address.
-    pub fn lookup(&self, logical: u64) -> Result<&Arc<MapLookup>> {
-        match self.chunks.range(..=logical).next_back() {
-            Some((_, m)) if logical < m.logical + m.length => Ok(m),
+    pub fn lookup(&self, logical: u64) -> Result<Arc<MapLookup>> {
+        let chunks = self.chunks.read().unwrap_or_else(|p| p.into_inner());
+        match chunks.range(..=logical).next_back() {
+            Some((_, m)) if logical < m.logical + m.length => Ok(m.clone()),
             _ => Err(Corrupt::new(CorruptWhere::Item, format!("no chunk maps logical address {logical}")).into()),
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<MapLookup>> {
-        self.chunks.values()
+    /// Every chunk, by start, as the map holds them now.
+    pub fn iter(&self) -> std::vec::IntoIter<Arc<MapLookup>> {
+        self.chunks.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect::<Vec<_>>().into_iter()
     }
     pub fn len(&self) -> usize {
-        self.chunks.len()
+        self.chunks.read().unwrap_or_else(|p| p.into_inner()).len()
     }
     pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
+        self.len() == 0
     }
 }
 
@@ -261,7 +266,7 @@ mod tests {
 
     #[test]
     fn overlap_is_corrupt() {
-        let mut m = ChunkMap::default();
+        let m = ChunkMap::default();
         m.insert(chunk(0, 1, 1)).unwrap();
         let mut c2 = chunk(0, 1, 1);
         c2.logical += 4096;

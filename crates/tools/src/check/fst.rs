@@ -18,7 +18,7 @@ use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 
 pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
-    let compat_ro = fs.sb.compat_ro_flags.get();
+    let compat_ro = fs.super_copy().compat_ro_flags.get();
     if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0 {
         sink.note("no free space tree (compat_ro FREE_SPACE_TREE not set): free-space checks skipped");
         return;

@@ -74,7 +74,7 @@ struct TreeCheck<'a> {
 
 pub(super) fn check_fs_trees(fs: &FsInfo, st: &State, sink: &mut Sink) {
     let coverage = super::csum::coverage(st);
-    let no_holes = fs.sb.incompat_flags.get() & INCOMPAT_NO_HOLES != 0;
+    let no_holes = fs.super_copy().incompat_flags.get() & INCOMPAT_NO_HOLES != 0;
     let mut csum_done: HashSet<(u64, u64, u64, bool)> = HashSet::new();
     for r in &st.roots {
         let id = r.key.objectid;

@@ -120,7 +120,7 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
             }
         }
     }
-    let sb_used = fs.sb.bytes_used.get();
+    let sb_used = fs.super_copy().bytes_used.get();
     if sb_used != total_used {
         sink.push(Finding::new(SUPER_BYTES_USED, format!("superblock bytes_used {sb_used}, block groups use {total_used}")));
     }
@@ -193,12 +193,12 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
             )));
         }
     }
-    let nd = fs.sb.num_devices.get();
+    let nd = fs.super_copy().num_devices.get();
     if !st.devices.is_empty() && nd != st.devices.len() as u64 {
         sink.push(Finding::new(SUPER_NUM_DEVICES, format!("superblock num_devices {nd}, chunk tree has {} DEV_ITEMs", st.devices.len())));
     }
     let dev_total: u64 = st.devices.values().map(|d| d.total_bytes).sum();
-    let sb_total = fs.sb.total_bytes.get();
+    let sb_total = fs.super_copy().total_bytes.get();
     if sb_total < dev_total {
         sink.push(Finding::new(SUPER_TOTAL_BYTES, format!("superblock total_bytes {sb_total} is smaller than the devices' total {dev_total}")));
     }

@@ -270,7 +270,7 @@ enum KeyedRef {
 
 /// Walk every tree and collect pass-1 state.
 pub(super) fn walk(fs: &FsInfo, sink: &mut Sink) -> State {
-    let compat_ro = fs.sb.compat_ro_flags.get();
+    let compat_ro = fs.super_copy().compat_ro_flags.get();
     let bg_tree = if compat_ro & COMPAT_RO_BLOCK_GROUP_TREE != 0 { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
     let mut w = Walker { fs, st: State { bg_tree, ..State::default() }, sink, keyed: Vec::new(), log_roots: Vec::new() };
 
@@ -309,7 +309,7 @@ impl Walker<'_> {
     }
 
     fn check_required_roots(&mut self) {
-        let compat_ro = self.fs.sb.compat_ro_flags.get();
+        let compat_ro = self.fs.super_copy().compat_ro_flags.get();
         let have: HashSet<u64> = self.st.roots.iter().map(|r| r.key.objectid).collect();
         let mut need = vec![(EXTENT_TREE_OBJECTID, "extent"), (DEV_TREE_OBJECTID, "dev"), (FS_TREE_OBJECTID, "fs"), (CSUM_TREE_OBJECTID, "csum")];
         if compat_ro & COMPAT_RO_FREE_SPACE_TREE != 0 {
@@ -484,7 +484,7 @@ impl Walker<'_> {
 
     /// Checks of a block that passed its read.
     fn block_checks(&mut self, t: &TreeCtx, bytenr: u64, info: &BlockInfo, bound: Option<Key>, is_root: bool) {
-        let sb_gen = self.fs.sb.generation.get();
+        let sb_gen = self.fs.super_copy().generation.get();
         let nodesize = u64::from(self.fs.nodesize);
         if !t.log && info.generation > sb_gen {
             self.push(Finding::new(GENERATION_TOO_NEW, format!("block generation {} is newer than the superblock generation {sb_gen}", info.generation)).root(t.id).bytenr(bytenr));
@@ -692,7 +692,7 @@ impl Walker<'_> {
         let Ok(v) = items::extent_item(data, skinny) else {
             return;
         };
-        if skinny && self.fs.sb.incompat_flags.get() & INCOMPAT_SKINNY_METADATA == 0 {
+        if skinny && self.fs.super_copy().incompat_flags.get() & INCOMPAT_SKINNY_METADATA == 0 {
             self.push(Finding::new(SKINNY_WITHOUT_FEATURE, "METADATA_ITEM without the SKINNY_METADATA feature").root(EXTENT_TREE_OBJECTID).bytenr(key.objectid).key(key));
         }
         let is_tree = v.flags & EXTENT_FLAG_TREE_BLOCK != 0;

@@ -1,0 +1,228 @@
+//! A commit's I/O runs outside the engine's state lock: while the blocks and
+//! superblocks of generation N are being written, readers see every change and the next
+//! transaction takes new changes. The devices show generation N only once the commit
+//! is done, and the space N freed is not reused before then.
+//!
+//! The commit is stopped in its I/O by holding the fault device's flushes.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+use ubtrfs_core::engine::Engine;
+use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
+use ubtrfs_core::volumes::fault::FaultyDevice;
+use ubtrfs_core::{FsInfo, FsRead};
+use ubtrfs_format::key::FS_TREE_OBJECTID;
+use ubtrfs_tools::check::{check, CheckOptions};
+
+const CACHE: usize = 16 << 20;
+const ROOT: u64 = FS_TREE_OBJECTID;
+const ROOT_DIR: u64 = 256;
+
+fn fixture() -> Vec<u8> {
+    std::fs::read(&common::fixture_images("blake2")[0]).expect("read fixture image")
+}
+
+fn engine_on(dev: &Arc<FaultyDevice>) -> Engine {
+    let d: Arc<dyn BlockDevice> = dev.clone();
+    Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![d], CACHE).expect("open")).expect("writer"))
+}
+
+fn read_file(live: &impl FsRead, name: &[u8]) -> ubtrfs_core::Result<Option<Vec<u8>>> {
+    let Some(e) = live.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, name)? else { return Ok(None) };
+    let v = live.load_inode(e.target, Load { extents: true, ..Load::ITEM })?;
+    let mut buf = vec![0u8; v.size() as usize];
+    let n = live.read_at(&v, 0, &mut buf)?;
+    buf.truncate(n);
+    Ok(Some(buf))
+}
+
+/// What a fresh open of `img` shows: (generation, contents of `names`).
+fn reopen(img: Vec<u8>, names: &[&[u8]]) -> (u64, Vec<Option<Vec<u8>>>) {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(img, "reopened"));
+    let fs = Filesystem::from_info(FsInfo::open_devices(vec![dev], CACHE).expect("open")).expect("reader");
+    let got = names.iter().map(|n| read_file(&fs, n).expect("read")).collect();
+    (fs.sb.generation.get(), got)
+}
+
+/// Lets held flushes go when a failed assertion unwinds the test, so the committer
+/// thread ends and the failure is reported instead of hanging.
+struct ReleaseOnDrop<'a>(&'a FaultyDevice);
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.release_flushes();
+    }
+}
+
+fn data(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "commit-io"));
+    let engine = engine_on(&dev);
+    let g0 = engine.read(|l| Ok(l.committed_generation())).unwrap();
+    let a = data(1, 300_000);
+    let b = data(2, 200_000);
+    engine
+        .write(|w| {
+            let ino = w.create_file(ROOT, ROOT_DIR, b"a", &InodeAttrs::new(0o644))?;
+            w.write_file(ROOT, ino, 0, &a)
+        })
+        .unwrap();
+    dev.hold_flushes();
+    std::thread::scope(|s| {
+        let _release = ReleaseOnDrop(&dev);
+        let committer = s.spawn(|| engine.commit());
+        assert!(dev.wait_for_held_flush(Duration::from_secs(60)), "the commit never reached its flush");
+        // The commit is in its I/O, holding no lock readers or writers need.
+        assert_eq!(engine.read(|l| read_file(l, b"a")).unwrap().as_deref(), Some(&a[..]), "a reader during the commit's I/O");
+        engine
+            .write(|w| {
+                // A tiny dirty limit: the next transaction writes blocks out early,
+                // beside the committing one's.
+                w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+                for i in 0..300 {
+                    w.create_file(ROOT, ROOT_DIR, format!("many-{i:03}").as_bytes(), &InodeAttrs::new(0o644))?;
+                }
+                let ino = w.create_file(ROOT, ROOT_DIR, b"b", &InodeAttrs::new(0o644))?;
+                w.write_file(ROOT, ino, 0, &b)?;
+                // Overwrite a: the committing generation's extent is freed in the next one.
+                let e = w.live().lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"a")?.expect("a");
+                w.write_file(ROOT, e.target.ino, 0, &b[..4096])
+            })
+            .unwrap();
+        let mut a2 = a.clone();
+        a2[..4096].copy_from_slice(&b[..4096]);
+        assert_eq!(engine.read(|l| read_file(l, b"a")).unwrap().as_deref(), Some(&a2[..]), "a after the next transaction's overwrite");
+        assert_eq!(engine.read(|l| read_file(l, b"b")).unwrap().as_deref(), Some(&b[..]), "b, made while the commit writes");
+        assert!(!committer.is_finished(), "the commit finished with its flush held");
+        assert!(engine.read(|l| Ok(l.blocks_written_early())).unwrap() > 0, "the next transaction wrote no block early");
+        // What the committing generation freed is held out of the allocator.
+        let held = engine.write(|w| Ok(w.space_held_by_commit())).unwrap();
+        assert!(!held.is_empty(), "the committing transaction freed nothing (COW frees the blocks it copied)");
+        for &(s, l) in &held {
+            assert!(!engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "{s} +{l}, freed by the committing generation, is allocatable during its I/O");
+        }
+        // The devices still show the generation before, both as flushed and with every
+        // write issued so far: neither the commit's blocks nor the next transaction's
+        // early ones landed on space that generation uses.
+        for (what, img) in [("durable", dev.durable_image()), ("every write issued", dev.current_image())] {
+            assert_clean(img.clone(), what);
+            let (gen, got) = reopen(img, &[b"a", b"b"]);
+            assert_eq!((gen, got), (g0, vec![None, None]), "{what} while the commit is held");
+        }
+        dev.release_flushes();
+        let g1 = committer.join().expect("committer").expect("commit");
+        assert_eq!(g1, g0 + 1);
+        assert!(engine.write(|w| Ok(w.space_held_by_commit())).unwrap().is_empty());
+        let back = held.iter().filter(|&&(s, l)| engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap()).count();
+        assert_eq!(back, held.len(), "space freed by generation {g1} is allocatable once it is committed");
+    });
+    let (gen, got) = reopen(dev.durable_image(), &[b"a", b"b"]);
+    assert_eq!((gen, got), (g0 + 1, vec![Some(a.clone()), None]), "after the first commit: a as it was committed, no b");
+    let g2 = engine.commit().unwrap();
+    assert_eq!(g2, g0 + 2);
+    let mut a2 = a.clone();
+    a2[..4096].copy_from_slice(&b[..4096]);
+    let img = dev.durable_image();
+    let (gen, got) = reopen(img.clone(), &[b"a", b"b"]);
+    assert_eq!((gen, got), (g2, vec![Some(a2), Some(b)]), "after the second commit");
+    assert_clean(img, "after the second commit");
+}
+
+fn assert_clean(img: Vec<u8>, what: &str) {
+    let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(img, "checked"));
+    let fs = FsInfo::open_devices(vec![mem], CACHE).unwrap();
+    let report = check(&fs, &CheckOptions { check_data_csum: true, ..Default::default() }).unwrap();
+    assert!(report.findings.is_empty(), "{what}: check findings: {:?}", report.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_second_commit_waits_for_the_first() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "two-commits"));
+    let engine = engine_on(&dev);
+    let g0 = engine.read(|l| Ok(l.committed_generation())).unwrap();
+    engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"x", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+    dev.hold_flushes();
+    std::thread::scope(|s| {
+        let _release = ReleaseOnDrop(&dev);
+        let first = s.spawn(|| engine.commit());
+        assert!(dev.wait_for_held_flush(Duration::from_secs(60)));
+        engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"y", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+        let second = s.spawn(|| engine.commit());
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!second.is_finished(), "a second commit ran while the first was writing");
+        // A commit through the writer itself is refused while one is writing, not run.
+        let e = engine.write(|w| w.commit()).unwrap_err();
+        assert!(e.to_string().contains("previous commit is still writing"), "{e}");
+        dev.release_flushes();
+        assert_eq!(first.join().unwrap().unwrap(), g0 + 1);
+        assert_eq!(second.join().unwrap().unwrap(), g0 + 2);
+    });
+    let (gen, _) = reopen(dev.durable_image(), &[]);
+    assert_eq!(gen, g0 + 2);
+}
+
+#[test]
+fn a_committed_view_reads_its_generation_while_the_engine_moves_on() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "committed-view"));
+    let engine = engine_on(&dev);
+    let old = data(3, 256 << 10);
+    engine
+        .write(|w| {
+            let ino = w.create_file(ROOT, ROOT_DIR, b"f", &InodeAttrs::new(0o644))?;
+            w.write_file(ROOT, ino, 0, &old)
+        })
+        .unwrap();
+    let g = engine.commit().unwrap();
+    let snap = engine.committed().unwrap();
+    assert_eq!(snap.sb.generation.get(), g);
+    let extents = |fs: &Filesystem| -> Vec<(u64, u64)> {
+        let e = fs.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f").unwrap().expect("f");
+        fs.file_extents(e.target, 0, u64::MAX)
+            .unwrap()
+            .iter()
+            .filter_map(|x| match x.kind {
+                ExtentKind::Regular { disk_bytenr, disk_num_bytes, .. } if disk_bytenr != 0 => Some((disk_bytenr, disk_num_bytes)),
+                _ => None,
+            })
+            .collect()
+    };
+    let old_extents = extents(&snap);
+    assert!(!old_extents.is_empty());
+    // Replace f's data several times over, committing each time: without the view the
+    // allocator would hand f's old extent out again.
+    for round in 0..4u8 {
+        let new = data(10 + round, 256 << 10);
+        engine
+            .write(|w| {
+                let e = w.live().lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f");
+                w.write_file(ROOT, e.target.ino, 0, &new)?;
+                let ino = w.create_file(ROOT, ROOT_DIR, format!("filler-{round}").as_bytes(), &InodeAttrs::new(0o644))?;
+                w.write_file(ROOT, ino, 0, &new)
+            })
+            .unwrap();
+        engine.commit().unwrap();
+        for &(s, l) in &old_extents {
+            assert!(!engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "round {round}: f's old extent {s} +{l} is allocatable while a view of generation {g} reads it");
+        }
+        assert_eq!(read_file(&*snap, b"f").unwrap().as_deref(), Some(&old[..]), "round {round}: the view's f");
+    }
+    assert!(!engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty());
+    drop(snap);
+    // The next change returns what only the view needed.
+    engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"after", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+    assert!(engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(), "space still held after the view ended");
+    for &(s, l) in &old_extents {
+        assert!(engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "f's old extent {s} +{l} not free after the view ended");
+    }
+    engine.commit().unwrap();
+    assert_clean(dev.durable_image(), "after the view ended");
+}
