@@ -391,15 +391,24 @@ fn block_of_an_untouched_tree_allocated_again() {
 }
 
 /// A free-space-tree extent whose length runs past the end of the address space: the
-/// writer's open summed start and length (an overflow panic in debug builds).
+/// writer's open summed start and length (an overflow panic in debug builds). The item
+/// is read when its group (the metadata group) is cached, as in the kernel, so the open
+/// succeeds and the first tree-block allocation meets it; with no room for another
+/// chunk, the damaged group was the only space, and its error is returned.
 #[test]
 fn free_space_extent_past_the_address_space() {
     let img = fresh("fst-overflow", &[]);
     let free = find_items(&img.path, FREE_SPACE_TREE_OBJECTID, |k| k.type_ == FREE_SPACE_EXTENT_KEY);
     let f = free.last().expect("a free extent");
     patch_key(&img.path, f, f.key.objectid, u64::MAX - 4095);
-    let r = FsWriter::open(&OpenOptions::new(&img.path));
-    assert_corrupt("open for writing", r.map(|_| ()), &["root=10", &format!("free space {}", f.key.objectid)]);
+    let before = img.sha256();
+    let mut w = FsWriter::open(&OpenOptions::new(&img.path)).expect("open for writing: no group is cached yet");
+    w.hooks.refuse_chunk_alloc = true;
+    let r = w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755));
+    let msg = assert_corrupt("first metadata allocation", r, &["root=10", &format!("free space {}", f.key.objectid), "caching block group"]);
+    assert_aborted("first metadata allocation", &mut w, &msg);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
 }
 
 /// A dev extent whose length runs past the end of the address space: looking for room

@@ -1,12 +1,23 @@
 //! Block groups and the allocator: the in-memory block-group cache with one free-space
-//! cache (seed 000, `free_space_cache`) per group, extent allocation by type, the exact
-//! `used` accounting written back to BLOCK_GROUP_ITEMs at commit, pinning of freed
-//! extents until the commit, and chunk allocation when space runs out (`chunk`).
+//! cache (seed 000, `free_space_cache`) per group, loaded from the free-space tree the
+//! first time the group is used (the kernel's caching, `cache_block_group`), extent
+//! allocation by type, the exact `used` accounting written back to BLOCK_GROUP_ITEMs at
+//! commit, pinning of freed extents until the commit, and chunk allocation when space
+//! runs out (`chunk`).
 //!
 //! Invariants: a byte of a block group is in exactly one of: free (in its cache),
 //! reserved (allocated in this transaction, item not yet inserted), used (in the extent
 //! tree), pinned (freed in this transaction), or a superblock stripe. `used` equals the
 //! sum of extent lengths inside the group as the extent tree will say after the commit.
+//! Only a cached group has a free-space cache (`Caching::Finished` owns it), and
+//! everything that changes a group's free space or its free-space-tree items caches it
+//! first, so a group that is not cached has nothing reserved or pinned and its items are
+//! as committed: its free space is `length - used - superblock stripes`, and loading it
+//! later from the live tree gives what loading it at open would have.
+//!
+//! Neighbours: `block_group` (the items read at open), `free_space_tree` (the on-disk
+//! side, which caches a group before changing its items), `chunk_alloc` (new groups,
+//! cached from birth).
 
 use crate::error::{Error, PosixKind, Result};
 use crate::space::free_space_cache::{Alloc, FreeSpaceCtl};
@@ -26,6 +37,27 @@ fn fst_corrupt(key: Key, reason: String) -> Error {
 /// Bits per free-space-cache bitmap: one 4 KiB page, as on x86-64.
 pub const DEFAULT_BITS_PER_BITMAP: u32 = 32768;
 
+/// Where a group's free-space cache stands, without the cache (the kernel's
+/// `btrfs_caching_type`; loading is synchronous here, so there is no STARTED).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachingState {
+    /// BTRFS_CACHE_NO: not loaded; nothing in the group changed in memory.
+    No,
+    /// BTRFS_CACHE_FINISHED: loaded, or created in this session.
+    Finished,
+    /// BTRFS_CACHE_ERROR: loading found damage; the group is never allocated from.
+    Error,
+}
+
+/// The caching state with what it holds: only a cached group has a cache.
+enum Caching {
+    No,
+    /// Boxed: most groups of a large filesystem are never cached.
+    Finished(Box<FreeSpaceCtl>),
+    /// The damage loading found, returned again to every later use of the group.
+    Error(Box<Corrupt>),
+}
+
 pub struct BlockGroup {
     pub start: u64,
     pub length: u64,
@@ -37,10 +69,79 @@ pub struct BlockGroup {
     pub new: bool,
     /// The free-space tree has no INFO for it yet (`BLOCK_GROUP_FLAG_NEEDS_FREE_SPACE`).
     pub needs_free_space: bool,
-    /// Cached free-space-tree format (seed 003); None until first looked up.
+    /// Cached free-space-tree format (seed 003): filled from INFO when the group is
+    /// cached, kept current by the conversions; None before.
     pub fst_bitmaps: Option<bool>,
-    /// Free space, with the extents freed in this transaction pinned inside it.
-    pub ctl: FreeSpaceCtl,
+    /// Bytes of superblock stripes inside the group (the kernel's `bytes_super`): never
+    /// free, never used.
+    super_bytes: u64,
+    /// Free space, with the extents freed in this transaction pinned inside it, once
+    /// loaded.
+    caching: Caching,
+}
+
+impl BlockGroup {
+    /// The group's caching state.
+    pub fn caching_state(&self) -> CachingState {
+        match self.caching {
+            Caching::No => CachingState::No,
+            Caching::Finished(_) => CachingState::Finished,
+            Caching::Error(_) => CachingState::Error,
+        }
+    }
+
+    /// Whether the group is cached (`CachingState::Finished`).
+    pub fn is_cached(&self) -> bool {
+        matches!(self.caching, Caching::Finished(_))
+    }
+
+    /// The free-space cache, if the group is cached.
+    pub fn ctl(&self) -> Option<&FreeSpaceCtl> {
+        match &self.caching {
+            Caching::Finished(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    fn ctl_mut(&mut self) -> Option<&mut FreeSpaceCtl> {
+        match &mut self.caching {
+            Caching::Finished(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The damage that made loading fail, if it did.
+    pub fn caching_error(&self) -> Option<&Corrupt> {
+        match &self.caching {
+            Caching::Error(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Bytes allocatable now: the cache's count when cached; otherwise the counters the
+    /// kernel's space_info keeps (length - used - reserved - pinned - super), where an
+    /// uncached group has nothing reserved or pinned; nothing for a group whose cache
+    /// failed to load.
+    pub fn free_space(&self) -> u64 {
+        match &self.caching {
+            Caching::Finished(c) => c.free_space(),
+            Caching::No => self.length.saturating_sub(self.used).saturating_sub(self.super_bytes),
+            Caching::Error(_) => 0,
+        }
+    }
+
+    /// Check the group's bookkeeping (debug builds and tests, after caching).
+    pub fn check_invariants(&self) {
+        assert!(self.length > 0, "block group {}: length 0", self.start);
+        assert!(self.super_bytes <= self.length, "block group {}: super stripes {} > length {}", self.start, self.super_bytes, self.length);
+        if let Some(c) = self.ctl() {
+            assert_eq!(c.start(), self.start, "block group {}: cache start", self.start);
+            assert_eq!(c.length(), self.length, "block group {}: cache length", self.start);
+            assert!(c.free_space() <= self.length, "block group {}: free {} > length {}", self.start, c.free_space(), self.length);
+        } else {
+            assert!(self.fst_bitmaps.is_none() || self.caching_state() == CachingState::Error, "block group {}: format flag cached before the group", self.start);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -54,15 +155,33 @@ pub struct Allocator {
 }
 
 impl Allocator {
-    /// Read every block group and build its free-space cache from the free-space tree.
+    /// Read every block group and the device items; no free space is loaded (each
+    /// group is cached on first use, `cache_block_group`).
     ///
     /// # Errors
-    /// Read failures, or a free-space tree that disagrees with the group layout.
+    /// Read failures; `Corrupt` for impossible group geometry.
     pub fn load(w: &FsWriter) -> Result<Allocator> {
         let mut a = Allocator { bg_tree: w.info.super_copy().compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0, bits_per_bitmap: DEFAULT_BITS_PER_BITMAP, ..Default::default() };
+        let stripes = super_stripes(w);
         for bg in w.info.block_groups()? {
-            let ctl = new_ctl(bg.start, bg.length, bg.flags, w.info.sectorsize, w.info.nodesize, a.bits_per_bitmap)?;
-            a.groups.insert(bg.start, BlockGroup { start: bg.start, length: bg.length, flags: bg.flags, used: bg.used, dirty: false, new: false, needs_free_space: false, fst_bitmaps: None, ctl });
+            // The geometry a cache of the group will need, checked now as before.
+            new_ctl(bg.start, bg.length, bg.flags, w.info.sectorsize, w.info.nodesize, a.bits_per_bitmap)?;
+            let super_bytes = super_bytes_in(&stripes, bg.start, bg.length);
+            a.groups.insert(
+                bg.start,
+                BlockGroup {
+                    start: bg.start,
+                    length: bg.length,
+                    flags: bg.flags,
+                    used: bg.used,
+                    dirty: false,
+                    new: false,
+                    needs_free_space: false,
+                    fst_bitmaps: None,
+                    super_bytes,
+                    caching: Caching::No,
+                },
+            );
         }
         // Device items, from the chunk tree.
         let root = w.info.chunk_root();
@@ -74,52 +193,6 @@ impl Allocator {
             }
             let d = <DevItem as zerocopy::FromBytes>::read_from_bytes(item.data()).expect("size checked by the tree checker");
             a.dev_items.insert(k.offset, d);
-        }
-        // Free space, from the free-space tree; superblock stripes are never free.
-        let fst = w.info.read_root(FREE_SPACE_TREE_OBJECTID)?.0;
-        let mut it = w.info.iter(&fst, Key::MIN)?;
-        let ss = u64::from(w.info.sectorsize);
-        let mut free: Vec<(u64, u64)> = Vec::new();
-        while let Some(item) = it.next_item()? {
-            let k = item.key();
-            if matches!(k.type_, FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY) && k.objectid.checked_add(k.offset).is_none() {
-                return Err(fst_corrupt(k, format!("free space {} +{} runs past the end of the address space", k.objectid, k.offset)));
-            }
-            match k.type_ {
-                FREE_SPACE_EXTENT_KEY => free.push((k.objectid, k.offset)),
-                FREE_SPACE_BITMAP_KEY => {
-                    // The tree checker sized the bitmap by the key: one bit per sector.
-                    let d = item.data();
-                    for b in 0..(k.offset / ss) as usize {
-                        if d[b / 8] & (1 << (b % 8)) != 0 {
-                            let p = k.objectid + b as u64 * ss;
-                            // Extend only a run of this item: the previous item may be
-                            // the last free extent of the block group before this one.
-                            match free.last_mut() {
-                                Some((s, l)) if *s >= k.objectid && *s + *l == p => *l += ss,
-                                _ => free.push((p, ss)),
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (s, l) in free {
-            // mkfs.btrfs 6.2 leaves the items of its removed temporary chunks behind;
-            // the kernel ignores free space outside block groups, and so do we.
-            let Some(g) = a.group_mut(s) else { continue };
-            // Checked above: no free-space item runs past the address space.
-            if s + l > g.start + g.length {
-                return Err(Corrupt::new(CorruptWhere::Item, format!("free space {s} +{l} crosses the end of block group {}", g.start)).root(FREE_SPACE_TREE_OBJECTID).into());
-            }
-            g.ctl.add_free_space(s, l).map_err(|e| Error::from(Corrupt::new(CorruptWhere::Item, format!("free space tree: {e}")).root(FREE_SPACE_TREE_OBJECTID)))?;
-        }
-        let stripes = super_stripes(w);
-        for (s, l) in stripes {
-            if let Some(g) = a.group_mut(s) {
-                remove_if_free(&mut g.ctl, s, l);
-            }
         }
         Ok(a)
     }
@@ -140,8 +213,11 @@ impl Allocator {
     pub fn fst_bitmaps(&self, start: u64) -> Option<bool> {
         self.groups.get(&start).and_then(|g| g.fst_bitmaps)
     }
+    /// Record the group's free-space-tree format; the group is cached (its items are
+    /// read or changed only after caching).
     pub fn set_fst_bitmaps(&mut self, start: u64, v: bool) {
         if let Some(g) = self.groups.get_mut(&start) {
+            assert_eq!(g.caching_state(), CachingState::Finished, "block group {start}: format recorded before caching");
             g.fst_bitmaps = Some(v);
         }
     }
@@ -155,7 +231,7 @@ impl Allocator {
     }
 
     pub fn has_changes(&self) -> bool {
-        self.changed || self.groups.values().any(|g| g.dirty || g.new || g.ctl.pinned_bytes() > 0)
+        self.changed || self.groups.values().any(|g| g.dirty || g.new || g.ctl().is_some_and(|c| c.pinned_bytes() > 0))
     }
 
     pub fn dev_item(&self, devid: u64) -> Option<DevItem> {
@@ -164,11 +240,12 @@ impl Allocator {
 
     /// Take every group's pinned ranges at the start of a commit: they stay out of the
     /// allocator (neither free nor pinned) until `release_pinned` after the commit,
-    /// while the next transaction pins what it frees apart from them.
+    /// while the next transaction pins what it frees apart from them. Only cached
+    /// groups pin.
     pub fn take_pinned(&mut self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
-        for g in self.groups.values_mut() {
-            out.extend(g.ctl.take_pinned());
+        for c in self.groups.values_mut().filter_map(BlockGroup::ctl_mut) {
+            out.extend(c.take_pinned());
         }
         self.changed = false;
         out
@@ -180,13 +257,32 @@ impl Allocator {
         for &(s, l) in ranges {
             // Taken from this group's pins, and nothing else returns them: a bug if not.
             let g = self.group_mut(s).unwrap_or_else(|| panic!("released pinned range {s} +{l} outside every block group"));
-            g.ctl.add_free_space(s, l).unwrap_or_else(|e| panic!("releasing pinned range {s} +{l}: {e}"));
+            let start = g.start;
+            // A group that pinned was cached, and a cached group stays cached.
+            let c = g.ctl_mut().unwrap_or_else(|| panic!("released pinned range {s} +{l}: block group {start} is not cached"));
+            c.add_free_space(s, l).unwrap_or_else(|e| panic!("releasing pinned range {s} +{l}: {e}"));
         }
     }
 
-    /// Bytes free (allocatable now) per type flag.
+    /// Bytes free (allocatable now) per type flag, cached or not (`BlockGroup::free_space`).
     pub fn free_bytes(&self, ty: u64) -> u64 {
-        self.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(|g| g.ctl.free_space()).sum()
+        self.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(BlockGroup::free_space).sum()
+    }
+
+    /// How many groups are cached (loaded or created in this session).
+    pub fn cached_groups(&self) -> usize {
+        self.groups.values().filter(|g| g.is_cached()).count()
+    }
+
+    /// Check every group's bookkeeping (debug builds and tests).
+    pub fn check_invariants(&self) {
+        for (&s, g) in &self.groups {
+            assert_eq!(s, g.start, "block group keyed {s} starts at {}", g.start);
+            g.check_invariants();
+        }
+        for (a, b) in self.groups.values().zip(self.groups.values().skip(1)) {
+            assert!(a.start + a.length <= b.start, "block groups {} +{} and {} overlap", a.start, a.length, b.start);
+        }
     }
 }
 
@@ -210,6 +306,33 @@ fn remove_if_free(ctl: &mut FreeSpaceCtl, s: u64, l: u64) {
         let _ = ctl.remove_free_space(p, unit);
         p += unit;
     }
+}
+
+/// Take the superblock stripes that start inside the cache's group out of its free space.
+fn exclude_super_stripes(ctl: &mut FreeSpaceCtl, stripes: &[(u64, u64)]) {
+    let (start, end) = (ctl.start(), ctl.start() + ctl.length());
+    for &(s, l) in stripes {
+        if s >= start && s < end {
+            remove_if_free(ctl, s, l);
+        }
+    }
+}
+
+/// Bytes of [start, start+length) the stripes cover, each byte counted once (a DUP
+/// chunk's two copies may map the same logical stripe).
+fn super_bytes_in(stripes: &[(u64, u64)], start: u64, length: u64) -> u64 {
+    let end = start + length;
+    let mut r: Vec<(u64, u64)> = stripes.iter().filter(|&&(s, _)| s >= start && s < end).map(|&(s, l)| (s, (s + l).min(end))).collect();
+    r.sort_unstable();
+    let (mut total, mut reach) = (0u64, start);
+    for (s, e) in r {
+        let s = s.max(reach);
+        if e > s {
+            total += e - s;
+            reach = e;
+        }
+    }
+    total
 }
 
 /// Logical ranges (64 KiB stripes) that hold superblock copies, per chunk stripe.
@@ -236,31 +359,225 @@ pub fn super_stripes(w: &FsWriter) -> Vec<(u64, u64)> {
     out
 }
 
+/// Add the free runs of one free-space-tree item to `free`, validated as before: an
+/// extent or bitmap that runs past the end of the address space is damage.
+fn push_item_runs(k: Key, data: &[u8], ss: u64, free: &mut Vec<(u64, u64)>) -> Result<()> {
+    if matches!(k.type_, FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY) && k.objectid.checked_add(k.offset).is_none() {
+        return Err(fst_corrupt(k, format!("free space {} +{} runs past the end of the address space", k.objectid, k.offset)));
+    }
+    match k.type_ {
+        FREE_SPACE_EXTENT_KEY => free.push((k.objectid, k.offset)),
+        FREE_SPACE_BITMAP_KEY => {
+            // The tree checker sized the bitmap by the key: one bit per sector.
+            for b in 0..(k.offset / ss) as usize {
+                if data[b / 8] & (1 << (b % 8)) != 0 {
+                    let p = k.objectid + b as u64 * ss;
+                    // Extend only a run of this item: the previous item may be the last
+                    // free extent of the block group before this one.
+                    match free.last_mut() {
+                        Some((s, l)) if *s >= k.objectid && *s + *l == p => *l += ss,
+                        _ => free.push((p, ss)),
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Put the group's free runs into its cache: each must end inside the group, and the
+/// cache refuses overlaps.
+fn add_runs(ctl: &mut FreeSpaceCtl, free: &[(u64, u64)]) -> Result<()> {
+    let (start, end) = (ctl.start(), ctl.start() + ctl.length());
+    for &(s, l) in free {
+        // Checked by `push_item_runs`: no free-space item runs past the address space.
+        if s + l > end {
+            return Err(Corrupt::new(CorruptWhere::Item, format!("free space {s} +{l} crosses the end of block group {start}")).root(FREE_SPACE_TREE_OBJECTID).into());
+        }
+        ctl.add_free_space(s, l).map_err(|e| Error::from(Corrupt::new(CorruptWhere::Item, format!("free space tree: {e}")).root(FREE_SPACE_TREE_OBJECTID)))?;
+    }
+    Ok(())
+}
+
+/// Read the group's free space from the free-space tree as the running transaction
+/// sees it (the kernel's `load_free_space_tree`): its INFO item (the format flag) and
+/// the extent and bitmap items in [start, start+length), superblock stripes removed.
+/// Returns the cache and whether the group uses bitmaps.
+fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Result<(FreeSpaceCtl, bool)> {
+    let mut ctl = new_ctl(start, length, flags, w.sectorsize(), w.nodesize(), w.alloc.bits_per_bitmap)?;
+    let ss = u64::from(w.sectorsize());
+    // Block groups follow chunks, which were checked not to overflow when read.
+    let end = start + length;
+    let info_key = Key::new(start, FREE_SPACE_INFO_KEY, length);
+    let root = w.root(FREE_SPACE_TREE_OBJECTID)?;
+    let mut bitmaps = None;
+    let mut free: Vec<(u64, u64)> = Vec::new();
+    {
+        let live = w.live();
+        let mut it = live.iter(&root, Key::new(start, 0, 0))?;
+        while let Some(item) = it.next_item()? {
+            let k = item.key();
+            if k.objectid >= end {
+                break;
+            }
+            if k == info_key {
+                let d = item.data();
+                let f = u32::from_le_bytes(d[4..8].try_into().expect("size checked by the tree checker"));
+                bitmaps = Some(f & FREE_SPACE_USING_BITMAPS != 0);
+                continue;
+            }
+            push_item_runs(k, item.data(), ss, &mut free)?;
+        }
+    }
+    let bitmaps = bitmaps.ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("free space info for block group {start} missing")).root(FREE_SPACE_TREE_OBJECTID)))?;
+    add_runs(&mut ctl, &free)?;
+    exclude_super_stripes(&mut ctl, &super_stripes(w));
+    Ok((ctl, bitmaps))
+}
+
+/// Load the free-space cache of the uncached group starting at `start` (the kernel's
+/// `btrfs_cache_block_group`, synchronous). Damage makes the group's state `Error`,
+/// and every later call returns the same error.
+///
+/// # Errors
+/// `Corrupt` naming the group and the item for a free-space tree that disagrees with
+/// the group (an item past the address space or across the group's end, overlapping
+/// free space, no INFO item); read failures (the group stays uncached: they may pass).
+fn load_group(w: &mut FsWriter, start: u64) -> Result<()> {
+    let g = w.alloc.groups.get(&start).unwrap_or_else(|| panic!("caching block group {start}, which does not exist"));
+    let (length, flags) = match &g.caching {
+        Caching::Finished(_) => return Ok(()),
+        Caching::Error(c) => return Err(Error::from((**c).clone())),
+        Caching::No => (g.length, g.flags),
+    };
+    let loaded = load_free_space(w, start, length, flags);
+    let g = w.alloc.groups.get_mut(&start).expect("looked up above");
+    match loaded {
+        Ok((ctl, bitmaps)) => {
+            g.caching = Caching::Finished(Box::new(ctl));
+            g.fst_bitmaps = Some(bitmaps);
+            #[cfg(debug_assertions)]
+            g.check_invariants();
+            Ok(())
+        }
+        Err(Error::Corrupt(mut c)) => {
+            c.reason = format!("caching block group {start}: {}", c.reason);
+            g.caching = Caching::Error(c.clone());
+            Err(Error::Corrupt(c))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The free-space cache of the group starting at `start`, caching it first (see
+/// `load_group`).
+///
+/// # Errors
+/// As `load_group`.
+fn cached_ctl(w: &mut FsWriter, start: u64) -> Result<&mut FreeSpaceCtl> {
+    if !w.alloc.groups.get(&start).is_some_and(BlockGroup::is_cached) {
+        load_group(w, start)?;
+    }
+    Ok(w.alloc.groups.get_mut(&start).and_then(BlockGroup::ctl_mut).expect("cached above"))
+}
+
+/// Make sure the group containing `bytenr` is cached (see `load_group`).
+///
+/// # Errors
+/// `Posix(NotFound)` when no group contains `bytenr`; the caching errors.
+pub fn cache_block_group(w: &mut FsWriter, bytenr: u64) -> Result<()> {
+    match w.alloc.group(bytenr) {
+        Some(g) if g.is_cached() => Ok(()),
+        Some(g) => {
+            let start = g.start;
+            load_group(w, start)
+        }
+        None => Err(Error::posix(PosixKind::NotFound, format!("block group containing {bytenr}"))),
+    }
+}
+
+/// Create the in-memory group of a chunk made in this transaction: cached from birth,
+/// all free but its superblock stripes.
+///
+/// # Errors
+/// `Corrupt` for impossible geometry; `Posix(Invalid)` if the cache refuses the range.
+pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, flags: u64) -> Result<()> {
+    let mut ctl = new_ctl(logical, length, flags, w.sectorsize(), w.nodesize(), w.alloc.bits_per_bitmap)?;
+    ctl.add_free_space(logical, length).map_err(|e| Error::posix(PosixKind::Invalid, format!("new block group {logical}: {e}")))?;
+    let stripes = super_stripes(w);
+    for &(s, l) in &stripes {
+        if s >= logical && s < logical + length {
+            // All free: each stripe comes out whole.
+            let _ = ctl.remove_free_space(s, l);
+        }
+    }
+    let super_bytes = super_bytes_in(&stripes, logical, length);
+    w.alloc.groups.insert(
+        logical,
+        BlockGroup { start: logical, length, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, super_bytes, caching: Caching::Finished(Box::new(ctl)) },
+    );
+    Ok(())
+}
+
+/// Try the groups of type `ty` for `num_bytes` the way the kernel's `find_free_extent`
+/// walks them: cached groups first, then each uncached one, caching it, until one has
+/// the room. A group whose caching fails is skipped, and the first such error kept for
+/// the caller (the kernel's `cache_block_group_error`).
+fn find_free_extent(w: &mut FsWriter, ty: u64, num_bytes: u64, cache_error: &mut Option<Error>) -> Result<Option<u64>> {
+    for g in w.alloc.groups.values_mut().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty) {
+        let start = g.start;
+        if let Some(c) = g.ctl_mut() {
+            if let Alloc::Found { start, .. } = c.alloc(start, num_bytes, 0) {
+                w.alloc.changed = true;
+                return Ok(Some(start));
+            }
+        }
+    }
+    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && !g.is_cached()).map(|g| g.start).collect();
+    for s in uncached {
+        match cached_ctl(w, s) {
+            Ok(c) => {
+                if let Alloc::Found { start, .. } = c.alloc(s, num_bytes, 0) {
+                    w.alloc.changed = true;
+                    return Ok(Some(start));
+                }
+            }
+            Err(e) => {
+                cache_error.get_or_insert(e);
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Allocate `num_bytes` of type `ty` (DATA, METADATA or SYSTEM), making a new chunk if
 /// every group of that type is full.
 ///
 /// # Errors
-/// `Posix(NoSpace)` naming the type when no space can be found or made.
+/// `Posix(NoSpace)` naming the type when no space can be found or made; when a group
+/// that could not be cached was skipped, its caching error instead (the kernel returns
+/// that rather than ENOSPC, since the space may be in the damaged group).
 pub fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
+    let mut cache_error = None;
     for attempt in 0..2 {
-        let starts: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(|g| g.start).collect();
-        for s in starts {
-            let g = w.alloc.groups.get_mut(&s).expect("listed above");
-            if let Alloc::Found { start, .. } = g.ctl.alloc(g.start, num_bytes, 0) {
-                w.alloc.changed = true;
-                return Ok(start);
-            }
+        if let Some(start) = find_free_extent(w, ty, num_bytes, &mut cache_error)? {
+            return Ok(start);
         }
         // A data request that only failed for want of one contiguous run is answered by
         // the caller asking for less (`alloc_extent_upto`), not by a new chunk: otherwise
         // every large write would add a chunk while the existing ones have room.
         if attempt == 0 && (ty != BLOCK_GROUP_DATA || w.alloc.free_bytes(ty) < num_bytes) {
-            crate::space::chunk_alloc::alloc_chunk(w, ty)?;
+            match crate::space::chunk_alloc::alloc_chunk(w, ty) {
+                Ok(()) => {}
+                Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => return Err(cache_error.unwrap_or(e)),
+                Err(e) => return Err(e),
+            }
         } else {
             break;
         }
     }
-    Err(Error::posix(PosixKind::NoSpace, format!("no {} space for {num_bytes} bytes", block_group_flags_str(ty).split(',').next().unwrap_or("?"))))
+    Err(cache_error.unwrap_or_else(|| Error::posix(PosixKind::NoSpace, format!("no {} space for {num_bytes} bytes", block_group_flags_str(ty).split(',').next().unwrap_or("?")))))
 }
 
 /// Allocate between `min` and `num_bytes` bytes (multiples of `min`) of type `ty`: the
@@ -309,6 +626,16 @@ pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
     if w.alloc.free_bytes(BLOCK_GROUP_METADATA) >= want {
         return Ok(());
     }
+    // The counters of uncached groups come from their items and may disagree with the
+    // free-space tree: before adding a chunk, ask the caches (a group that fails to
+    // load counts as full; the allocation that would need it reports the damage).
+    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == BLOCK_GROUP_METADATA && g.caching_state() == CachingState::No).map(|g| g.start).collect();
+    for s in uncached {
+        let _ = cached_ctl(w, s);
+    }
+    if w.alloc.free_bytes(BLOCK_GROUP_METADATA) >= want {
+        return Ok(());
+    }
     match crate::space::chunk_alloc::alloc_chunk(w, BLOCK_GROUP_METADATA) {
         Ok(()) => {}
         Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {}
@@ -324,38 +651,50 @@ pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
 /// Give back space reserved in this transaction that never reached disk.
 ///
 /// Both failures are bugs, not damage: the range came from `alloc_extent` in this
-/// transaction (inside a group, and groups are never removed), it left the cache then,
-/// and nothing returns it before this call. A pin (a committed extent freed) cannot
-/// cover it either: the free-space tree still calls the range free until this head
-/// runs, so dropping an extent that overlaps it fails there first (`add_to_free_space_tree`).
+/// transaction (inside a cached group, and groups are never removed), it left the cache
+/// then, and nothing returns it before this call. A pin (a committed extent freed)
+/// cannot cover it either: the free-space tree still calls the range free until this
+/// head runs, so dropping an extent that overlaps it fails there first
+/// (`add_to_free_space_tree`).
 pub fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64) {
     let g = w.alloc.group_mut(bytenr).unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes} outside every block group"));
-    g.ctl.add_free_space(bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes}: {e}"));
+    let start = g.start;
+    let c = g.ctl_mut().unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes}: block group {start} is not cached, so nothing was reserved in it"));
+    c.add_free_space(bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes}: {e}"));
 }
 
-/// Pin a freed committed extent until the commit.
+/// Pin a freed committed extent until the commit, caching its group first.
 ///
 /// # Errors
 /// `Corrupt` if the range is outside every group, free, or already pinned (the extent
-/// tree said it was allocated).
+/// tree said it was allocated); the group's caching errors.
 pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
-    let g = w.alloc.group_mut(bytenr).ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freed extent {bytenr} outside every block group"))))?;
-    g.ctl
+    let (start, _) =
+        w.alloc.group_range(bytenr).ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freed extent {bytenr} outside every block group"))))?;
+    cached_ctl(w, start)?
         .pin(bytenr, num_bytes)
         .map_err(|e| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freeing extent {bytenr} +{num_bytes}: {e}")).root(EXTENT_TREE_OBJECTID)))?;
     w.alloc.changed = true;
     Ok(())
 }
 
-/// Account an extent inserted into (`alloc`) or removed from the extent tree.
+/// Account an extent inserted into (`alloc`) or removed from the extent tree. The
+/// group is cached first (the kernel's `btrfs_update_block_group` does so for frees, so
+/// that the space comes back at unpin; an allocated extent's group is cached already).
 ///
 /// # Errors
 /// `Corrupt` if the extent lies outside every group, or `used` would go below zero or
 /// past the group's length: the BLOCK_GROUP_ITEM disagrees with the extent and free
-/// space trees (the tree checker only bounds `used` by the length).
+/// space trees (the tree checker only bounds `used` by the length); the group's caching
+/// errors.
 pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -> Result<()> {
     let bg_tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
-    let g = w.alloc.group_mut(bytenr).ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
+    let g = w.alloc.group(bytenr).ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
+    let (start, cached) = (g.start, g.is_cached());
+    if !cached {
+        load_group(w, start)?;
+    }
+    let g = w.alloc.groups.get_mut(&start).expect("found above");
     let item = |reason: String| -> Error { Corrupt::new(CorruptWhere::Item, reason).root(bg_tree).key(Key::new(g.start, BLOCK_GROUP_ITEM_KEY, g.length)).into() };
     let used = if alloc {
         g.used
@@ -398,7 +737,8 @@ pub fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
 
 /// Test hooks (feature `test-hooks`): in-memory block groups that no chunk backs, for
 /// exercising the free-space tree on ranges nothing else touches (the kernel
-/// self-tests' dummy groups).
+/// self-tests' dummy groups); the caching state; and the loader that filled every
+/// group's cache at open before caching was lazy, kept to compare against.
 #[cfg(feature = "test-hooks")]
 impl FsWriter {
     /// Add an in-memory block group [start, start+len) with `NEEDS_FREE_SPACE` set and an
@@ -412,7 +752,10 @@ impl FsWriter {
             return Err(Error::posix(PosixKind::Exists, format!("test block group {start} +{len} overlaps a block group")));
         }
         let ctl = new_ctl(start, len, flags, self.sectorsize(), self.nodesize(), self.alloc.bits_per_bitmap)?;
-        self.alloc.groups.insert(start, BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, ctl });
+        self.alloc.groups.insert(
+            start,
+            BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, super_bytes: 0, caching: Caching::Finished(Box::new(ctl)) },
+        );
         Ok(())
     }
 
@@ -425,5 +768,64 @@ impl FsWriter {
     /// The free-space-tree format cached for the group at `start` (None: not cached).
     pub fn fst_cached_bitmaps(&self, start: u64) -> Option<bool> {
         self.alloc.fst_bitmaps(start)
+    }
+
+    /// The in-memory block group at `start`.
+    pub fn block_group(&self, start: u64) -> Option<&BlockGroup> {
+        self.alloc.groups.get(&start)
+    }
+
+    /// Starts of the cached groups, in order.
+    pub fn cached_block_groups(&self) -> Vec<u64> {
+        self.alloc.groups.values().filter(|g| g.is_cached()).map(|g| g.start).collect()
+    }
+
+    /// Check the allocator's bookkeeping.
+    pub fn check_allocator(&self) {
+        self.alloc.check_invariants();
+    }
+
+    /// Cache every uncached group the way the writable open did before caching was
+    /// lazy: one walk of the whole committed free-space tree, each item's runs given to
+    /// the group holding its start (items outside every group ignored), then the
+    /// superblock stripes removed. The format flags stay unknown, as they did. For
+    /// comparisons and the open-time benchmark only; call it right after opening.
+    ///
+    /// # Errors
+    /// As the old open: read failures and the `Corrupt` errors of `cache_block_group`
+    /// (without the group prefix).
+    pub fn cache_all_block_groups_eagerly(&mut self) -> Result<()> {
+        assert!(self.dirty.is_empty(), "the eager load reads the committed free-space tree: call it before changing anything");
+        let ss = u64::from(self.sectorsize());
+        let fst = self.info.read_root(FREE_SPACE_TREE_OBJECTID)?.0;
+        let mut it = self.info.iter(&fst, Key::MIN)?;
+        let mut free: Vec<(u64, u64)> = Vec::new();
+        while let Some(item) = it.next_item()? {
+            push_item_runs(item.key(), item.data(), ss, &mut free)?;
+        }
+        drop(it);
+        let mut ctls: BTreeMap<u64, FreeSpaceCtl> = BTreeMap::new();
+        for g in self.alloc.groups.values().filter(|g| g.caching_state() == CachingState::No) {
+            ctls.insert(g.start, new_ctl(g.start, g.length, g.flags, self.sectorsize(), self.nodesize(), self.alloc.bits_per_bitmap)?);
+        }
+        let mut per_group: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+        for (s, l) in free {
+            // mkfs.btrfs 6.2 leaves the items of its removed temporary chunks behind;
+            // the kernel ignores free space outside block groups, and so do we.
+            if let Some((gs, _)) = self.alloc.group_range(s) {
+                per_group.entry(gs).or_default().push((s, l));
+            }
+        }
+        for (gs, runs) in per_group {
+            if let Some(c) = ctls.get_mut(&gs) {
+                add_runs(c, &runs)?;
+            }
+        }
+        let stripes = super_stripes(self);
+        for (gs, mut c) in ctls {
+            exclude_super_stripes(&mut c, &stripes);
+            self.alloc.groups.get_mut(&gs).expect("listed above").caching = Caching::Finished(Box::new(c));
+        }
+        Ok(())
     }
 }

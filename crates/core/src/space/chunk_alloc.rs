@@ -9,7 +9,6 @@
 //! one dev extent per stripe; a DUP chunk's two stripes sit on the same device.
 
 use crate::error::{Error, PosixKind, Result};
-use crate::space::allocator::BlockGroup;
 use crate::transaction::FsWriter;
 use crate::volumes::MapLookup;
 use ubtrfs_format::key::*;
@@ -87,6 +86,10 @@ fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>
 /// # Errors
 /// `Posix(NoSpace)` when the device has no room for another chunk.
 pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
+    #[cfg(feature = "test-hooks")]
+    if w.hooks.refuse_chunk_alloc {
+        return Err(Error::posix(PosixKind::NoSpace, format!("no room for a new {} chunk (test switch)", block_group_flags_str(ty))));
+    }
     let profile =
         w.alloc.groups.values().find(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(|g| g.flags & BLOCK_GROUP_PROFILE_MASK).unwrap_or(if ty == BLOCK_GROUP_DATA { 0 } else { BLOCK_GROUP_DUP });
     let (&devid, dev) = w.alloc.dev_items.iter().next().ok_or_else(|| Error::posix(PosixKind::NoSpace, "no device item"))?;
@@ -149,15 +152,7 @@ pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
     let flags = ty | profile;
     let map = MapLookup { logical, length: stripe, type_: flags, stripe_len: STRIPE_LEN, sub_stripes: 1, stripes: offsets.iter().map(|&o| (devid, o, dev_uuid)).collect() };
     w.info.chunk_map.insert(map.clone())?;
-    let mut ctl = crate::space::allocator::new_ctl(logical, stripe, flags, w.sectorsize(), w.nodesize(), w.alloc.bits_per_bitmap)?;
-    ctl.add_free_space(logical, stripe).map_err(|e| Error::posix(PosixKind::Invalid, format!("new block group {logical}: {e}")))?;
-    w.alloc.groups.insert(logical, BlockGroup { start: logical, length: stripe, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, ctl });
-    for (s, l) in crate::space::allocator::super_stripes(w) {
-        if s >= logical && s < logical + stripe {
-            let g = w.alloc.group_mut(s).expect("just inserted");
-            let _ = g.ctl.remove_free_space(s, l);
-        }
-    }
+    crate::space::allocator::add_new_block_group(w, logical, stripe, flags)?;
     let d = w.alloc.dev_items.get_mut(&devid).expect("device listed above");
     d.bytes_used = dev_used.into();
     if ty == BLOCK_GROUP_SYSTEM {

@@ -2,10 +2,13 @@
 //! FREE_SPACE_EXTENT or FREE_SPACE_BITMAP items describing its free space, updated on
 //! every allocation and free, converted between formats at the kernel's thresholds.
 //!
-//! The "using bitmaps" flag is cached in the in-memory block group and kept current by
-//! the conversions, so an update never looks up the INFO item just to learn the format
-//! (the 2025 kernel change); the INFO item is only touched when extent_count changes.
-//! Invariant: INFO.extent_count equals the number of maximal free runs in the group.
+//! The "using bitmaps" flag is cached in the in-memory block group (filled from INFO
+//! when the group is cached) and kept current by the conversions, so an update never
+//! looks up the INFO item just to learn the format (the 2025 kernel change); the INFO
+//! item is only touched when extent_count changes.
+//! Invariants: INFO.extent_count equals the number of maximal free runs in the group; a
+//! group's items change only once the group is cached (`Group` is made by caching it),
+//! so the allocator loads a group's free space from items nobody has changed yet.
 
 use crate::error::Result;
 use crate::transaction::FsWriter;
@@ -29,14 +32,30 @@ pub fn thresholds(bg_len: u64, sectorsize: u32) -> (u32, u32) {
     (low, high)
 }
 
+/// A block group whose free-space-tree items may change: made only by `group_of`,
+/// which caches the group first, so its in-memory free space was loaded from the items
+/// before any of them changed.
 struct Group {
     start: u64,
     len: u64,
 }
 
-fn group_of(w: &FsWriter, bytenr: u64) -> Result<Group> {
-    let (start, len) = w.alloc.group_range(bytenr).ok_or_else(|| corrupt(format!("no block group contains {bytenr}")))?;
+fn group_of(w: &mut FsWriter, bytenr: u64) -> Result<Group> {
+    let g = w.alloc.group(bytenr).ok_or_else(|| corrupt(format!("no block group contains {bytenr}")))?;
+    let (start, len, cached) = (g.start, g.length, g.is_cached());
+    if !cached {
+        crate::space::allocator::cache_block_group(w, start)?;
+    }
     Ok(Group { start, len })
+}
+
+/// The group [start, start+len) for a conversion, cached.
+fn exact_group(w: &mut FsWriter, start: u64, len: u64) -> Result<Group> {
+    let g = group_of(w, start)?;
+    if g.start != start || g.len != len {
+        return Err(crate::error::Error::posix(crate::error::PosixKind::Invalid, format!("block group {start} +{len} (the group there is {} +{})", g.start, g.len)));
+    }
+    Ok(g)
 }
 
 /// Read the INFO item: (extent_count, flags).
@@ -299,8 +318,7 @@ fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
 /// # Errors
 /// Read failures.
 pub fn free_runs(w: &mut FsWriter, start: u64, len: u64) -> Result<Vec<(u64, u64)>> {
-    let g = Group { start, len };
-    let items = w.items_in_range(FST, &Key::new(g.start, FREE_SPACE_INFO_KEY + 1, 0), &Key::new(g.start + g.len - 1, u8::MAX, u64::MAX))?;
+    let items = w.items_in_range(FST, &Key::new(start, FREE_SPACE_INFO_KEY + 1, 0), &Key::new(start + len - 1, u8::MAX, u64::MAX))?;
     let ss = u64::from(w.sectorsize());
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for (k, d) in items {
@@ -361,10 +379,11 @@ fn delete_group_items(w: &mut FsWriter, g: &Group, ty: u8) -> Result<()> {
 /// Rewrite the group's free space as bitmaps (`convert_free_space_to_bitmaps`).
 ///
 /// # Errors
-/// `Corrupt` when the INFO item's extent count disagrees with the free runs; tree
+/// `Corrupt` when the INFO item's extent count disagrees with the free runs, or from
+/// caching the group; `Posix(Invalid)` when no group is [start, start+len); tree
 /// modification failures.
 pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
-    let g = Group { start, len };
+    let g = exact_group(w, start, len)?;
     let runs = free_runs(w, g.start, g.len)?;
     let (count, flags) = counted_info(w, &g, runs.len())?;
     delete_group_items(w, &g, FREE_SPACE_EXTENT_KEY)?;
@@ -395,10 +414,11 @@ pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> 
 /// Rewrite the group's free space as extents (`convert_free_space_to_extents`).
 ///
 /// # Errors
-/// `Corrupt` when the INFO item's extent count disagrees with the free runs; tree
+/// `Corrupt` when the INFO item's extent count disagrees with the free runs, or from
+/// caching the group; `Posix(Invalid)` when no group is [start, start+len); tree
 /// modification failures.
 pub fn convert_to_extents(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
-    let g = Group { start, len };
+    let g = exact_group(w, start, len)?;
     let runs = free_runs(w, g.start, g.len)?;
     let (count, flags) = counted_info(w, &g, runs.len())?;
     delete_group_items(w, &g, FREE_SPACE_BITMAP_KEY)?;

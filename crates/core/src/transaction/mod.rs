@@ -245,6 +245,8 @@ pub struct TestHooks {
     /// Benchmark hook: when Some, the duration in ns of every add/remove on the
     /// free-space tree is appended (seed 003 measures the cost per update).
     pub fst_timings: Option<Vec<u32>>,
+    /// Test switch: every chunk allocation fails as on a full device.
+    pub refuse_chunk_alloc: bool,
 }
 
 /// The writable filesystem.
@@ -723,7 +725,7 @@ impl FsWriter {
     /// Test hook: whether `[bytenr, bytenr + len)` is free for allocation now.
     #[cfg(feature = "test-hooks")]
     pub fn space_is_allocatable(&self, bytenr: u64, len: u64) -> bool {
-        self.alloc.group(bytenr).is_some_and(|g| g.ctl.is_free(bytenr, len))
+        self.alloc.group(bytenr).is_some_and(|g| g.ctl().is_some_and(|c| c.is_free(bytenr, len)))
     }
 
     /// Write dirty blocks out until their bytes are at most half the limit, if they are
