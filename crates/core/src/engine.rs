@@ -30,10 +30,12 @@
 
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::filesystem::Filesystem;
+use crate::inode::filesystem::{Filesystem, FsRead, InodeId, Load};
+use crate::inode::read::DataView;
 use crate::transaction::views::ViewGuard;
 use crate::transaction::{FsWriter, Live, ReadMisses};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use ubtrfs_format::key::FS_TREE_OBJECTID;
 
 /// A committed generation held as a view (`Engine::committed`); read it as a
 /// `Filesystem`.
@@ -108,6 +110,30 @@ impl Engine {
                 Err(_) => misses.read_under_lock(),
             }
         }
+    }
+
+    /// Read file data at `offset` into `buf` as the live view shows it; returns the bytes
+    /// read (short at EOF). Only the lookups run under the lock (the inode, the extents
+    /// of the range, their data checksums); the data is read from the devices, verified
+    /// and decompressed without it, while changes go on. Meanwhile the space those
+    /// extents occupy is not handed out again, even if a change frees it
+    /// (`transaction::views`).
+    ///
+    /// # Errors
+    /// As `FsRead::read_at`.
+    pub fn read_file(&self, id: InodeId, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let len = buf.len() as u64;
+        let (inode, csums, _view) = self.read(|l| {
+            let mut v = l.load_inode(id, Load::ITEM)?;
+            let end = offset.saturating_add(len).min(v.size());
+            v.extents = if offset < end { l.file_extents(id, offset, end)? } else { Vec::new() };
+            let csums = crate::inode::read::prefetch_csums(l, &v, offset, end)?;
+            // A view of the running transaction: what it frees from now on is held.
+            let view = self.info.views.register(l.transid() - 1);
+            Ok((v, csums, view))
+        })?;
+        let d = DataView { info: &self.info, default_subvol: FS_TREE_OBJECTID, csums };
+        d.read_at(&inode, offset, buf)
     }
 
     /// The last committed generation as a view of its own: it reads that generation

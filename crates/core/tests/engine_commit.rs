@@ -277,3 +277,99 @@ fn a_reader_that_misses_the_cache_reads_without_the_lock() {
     let got: Vec<Vec<u8>> = engine.read(|l| l.readdir(InodeId { root: ROOT, ino: ROOT_DIR })).unwrap().into_iter().map(|e| e.name).collect();
     assert!(got.iter().any(|n| n == b"made-during-the-read"));
 }
+
+/// The disk ranges of `name`'s data extents in the live view.
+fn live_extents(engine: &Engine, name: &[u8]) -> Vec<(u64, u64)> {
+    engine
+        .read(|l| {
+            let e = l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, name)?.expect("file");
+            Ok(l.file_extents(e.target, 0, u64::MAX)?
+                .iter()
+                .filter_map(|x| match x.kind {
+                    ExtentKind::Regular { disk_bytenr, disk_num_bytes, .. } if disk_bytenr != 0 => Some((disk_bytenr, disk_num_bytes)),
+                    _ => None,
+                })
+                .collect())
+        })
+        .unwrap()
+}
+
+fn overwrite(engine: &Engine, name: &[u8], bytes: &[u8]) {
+    engine
+        .write(|w| {
+            let id = match w.live().lookup(InodeId { root: ROOT, ino: ROOT_DIR }, name)? {
+                Some(e) => e.target.ino,
+                None => w.create_file(ROOT, ROOT_DIR, name, &InodeAttrs::new(0o644))?,
+            };
+            w.write_file(ROOT, id, 0, bytes)
+        })
+        .unwrap();
+}
+
+#[test]
+fn read_file_reads_data_without_the_lock_and_keeps_its_extents() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "read-file"));
+    let engine = engine_on(&dev);
+    const MIB: usize = 1 << 20;
+    // Warm what the changes below read (the trees' leaves), so that with the device's
+    // reads held only the reader waits.
+    for v in 0..2 {
+        overwrite(&engine, b"warm", &data(40 + v, 2 * MIB));
+        engine.commit().unwrap();
+    }
+    // f is made in the running transaction: freeing its extent in this transaction
+    // would give the space back at once, but for the reader.
+    let v1 = data(1, MIB);
+    overwrite(&engine, b"f", &v1);
+    let f = engine.read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target)).unwrap();
+    let v1_extents = live_extents(&engine, b"f");
+    dev.hold_reads();
+    std::thread::scope(|s| {
+        let _release = ReleaseOnDrop(&dev);
+        let reader = s.spawn(|| {
+            let mut buf = vec![0u8; MIB];
+            let n = engine.read_file(f, 0, &mut buf)?;
+            buf.truncate(n);
+            Ok::<_, ubtrfs_core::Error>(buf)
+        });
+        assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the reader never read the device");
+        // The reader is in its data read, holding no lock: f is replaced twice, with
+        // commits, and more data is written.
+        let changes = s.spawn(|| {
+            overwrite(&engine, b"f", &data(2, MIB));
+            engine.commit().unwrap();
+            overwrite(&engine, b"f", &data(3, MIB));
+            overwrite(&engine, b"h", &data(4, 3 * MIB));
+            engine.commit().unwrap();
+        });
+        let t = std::time::Instant::now();
+        while !changes.is_finished() && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(changes.is_finished(), "changes waited for a reader's data read");
+        changes.join().expect("changes");
+        let now: Vec<(u64, u64)> = [&b"f"[..], b"h"].iter().flat_map(|n| live_extents(&engine, n)).collect();
+        for &(s, l) in &v1_extents {
+            assert!(!engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "f's first extent {s} +{l} is allocatable while a reader reads it");
+            assert!(now.iter().all(|&(a, b)| a + b <= s || s + l <= a), "f's first extent {s} +{l} was handed out again: {now:?}");
+        }
+        assert!(!reader.is_finished());
+        dev.release_held();
+        let got = reader.join().expect("reader").expect("read_file");
+        assert!(got == v1, "the reader got other bytes than f had when it looked the extents up");
+    });
+    // The reader is gone: the next change returns the space (and may take some of it).
+    overwrite(&engine, b"after", &data(5, 4096));
+    assert!(engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(), "space still held after the reader ended");
+    let after = live_extents(&engine, b"after");
+    for &(s, l) in &v1_extents {
+        let taken: Vec<_> = after.iter().filter(|&&(a, b)| a < s + l && s < a + b).collect();
+        let free_from = taken.iter().map(|&&(a, b)| a + b).max().unwrap_or(s);
+        assert!(engine.write(|w| Ok(w.space_is_allocatable(free_from, s + l - free_from))).unwrap(), "f's first extent {s} +{l} not free after the reader ended (after: {after:?})");
+    }
+    let mut buf = vec![0u8; MIB];
+    assert_eq!(engine.read_file(f, 0, &mut buf).unwrap(), MIB);
+    assert!(buf == data(3, MIB));
+    engine.commit().unwrap();
+    assert_clean(dev.durable_image(), "after read_file");
+}

@@ -37,6 +37,9 @@ type Entries = BTreeMap<Vec<u8>, (InodeId, Vec<u8>)>;
 /// What the engine must show: each directory and its entries.
 struct Model {
     dirs: Vec<(InodeId, Entries)>,
+    /// Changes made to each inode so far: a read outside the engine's lock
+    /// (`Engine::read_file`) is compared only when none happened while it ran.
+    versions: std::collections::HashMap<InodeId, u64>,
 }
 
 fn ops_scale() -> u64 {
@@ -59,26 +62,31 @@ fn writer_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize,
         engine
             .write(|w| {
                 let mut m = model.lock().unwrap();
-                let (dir, entries) = &mut m.dirs[d];
+                let Model { dirs, versions } = &mut *m;
+                let (dir, entries) = &mut dirs[d];
                 let dir = *dir;
                 match (entries.get(&name).cloned(), roll) {
                     (None, _) => {
                         let ino = w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644))?;
                         w.write_file(dir.root, ino, 0, &data)?;
                         entries.insert(name.clone(), (InodeId { root: dir.root, ino }, data.clone()));
+                        *versions.entry(InodeId { root: dir.root, ino }).or_default() += 1;
                     }
-                    (Some(_), 0..25) => {
+                    (Some((id, _)), 0..25) => {
                         w.unlink(dir.root, dir.ino, &name)?;
                         entries.remove(&name);
+                        *versions.entry(id).or_default() += 1;
                     }
                     (Some((id, mut cur)), 25..60) => {
                         w.write_file(id.root, id.ino, cur.len() as u64, &data)?;
+                        *versions.entry(id).or_default() += 1;
                         cur.extend_from_slice(&data);
                         entries.insert(name.clone(), (id, cur));
                     }
                     (Some((id, mut cur)), _) => {
                         let off = off_pick % (cur.len() as u64 + 1);
                         w.write_file(id.root, id.ino, off, &data)?;
+                        *versions.entry(id).or_default() += 1;
                         let end = off as usize + data.len();
                         if cur.len() < end {
                             cur.resize(end, 0);
@@ -99,12 +107,42 @@ fn writer_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize,
     }
 }
 
-fn reader_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize, ops: u64) -> u64 {
+/// Read a file with `Engine::read_file` (data read without the engine's lock) and
+/// compare it with the model when the file did not change meanwhile. Returns the bytes
+/// compared.
+fn read_file_outside_the_lock(engine: &Engine, model: &Mutex<Model>, d: usize, pick: u64, t: usize, i: u64) -> Option<u64> {
+    let (id, data, version) = {
+        let m = model.lock().unwrap();
+        let entries = &m.dirs[d].1;
+        let (_, (id, data)) = entries.iter().nth((pick % entries.len().max(1) as u64) as usize)?;
+        (*id, data.clone(), m.versions.get(id).copied())
+    };
+    // One byte more than the model holds: the read must stop at EOF.
+    let mut buf = vec![0u8; data.len() + 1];
+    let r = engine.read_file(id, 0, &mut buf);
+    let m = model.lock().unwrap();
+    if m.versions.get(&id).copied() != version {
+        return None;
+    }
+    let n = r.unwrap_or_else(|e| panic!("reader {t} op {i}: read_file of {id:?}: {e}"));
+    assert!(n == data.len() && buf[..n] == data[..], "reader {t} op {i}: read_file of {id:?}: {n} bytes, differ from the model's {}", data.len());
+    Some(n as u64)
+}
+
+fn reader_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize, ops: u64) -> (u64, u64) {
     let mut bytes = 0;
+    let mut outside = 0;
     for i in 0..ops {
         let d = rng.below(DIRS as u64) as usize;
-        let what = rng.below(3);
+        let what = rng.below(4);
         let pick = rng.next_u64();
+        if what == 3 {
+            if let Some(n) = read_file_outside_the_lock(engine, model, d, pick, t, i) {
+                outside += 1;
+                bytes += n;
+            }
+            continue;
+        }
         engine
             .read(|live| {
                 let m = model.lock().unwrap();
@@ -137,7 +175,7 @@ fn reader_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize,
             })
             .unwrap_or_else(|e| panic!("reader {t} op {i}: {e}"));
     }
-    bytes
+    (bytes, outside)
 }
 
 #[test]
@@ -151,12 +189,12 @@ fn readers_and_writers_share_one_engine() {
         dirs.push((InodeId { root: 5, ino }, BTreeMap::new()));
     }
     let engine = Engine::from_writer(w);
-    let model = Mutex::new(Model { dirs });
+    let model = Mutex::new(Model { dirs, versions: Default::default() });
     let commits = AtomicU64::new(0);
     let scale = ops_scale();
     let (wops, rops) = (3000 * scale, 4500 * scale);
     let seed = seed();
-    let read_bytes: u64 = std::thread::scope(|s| {
+    let (read_bytes, outside): (u64, u64) = std::thread::scope(|s| {
         for t in 0..WRITERS {
             let (engine, model, commits) = (&engine, &model, &commits);
             s.spawn(move || writer_thread(engine, model, &mut Rng::new(seed * 1000 + t as u64), t, wops, commits));
@@ -167,7 +205,7 @@ fn readers_and_writers_share_one_engine() {
                 s.spawn(move || reader_thread(engine, model, &mut Rng::new(seed * 1000 + 100 + t as u64), t, rops))
             })
             .collect();
-        readers.into_iter().map(|h| h.join().expect("reader thread")).sum()
+        readers.into_iter().map(|h| h.join().expect("reader thread")).fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
     });
     engine.commit().expect("final commit");
     let mut w = engine.into_writer().expect("engine intact");
@@ -177,13 +215,14 @@ fn readers_and_writers_share_one_engine() {
     let model = model.into_inner().unwrap();
     let files: usize = model.dirs.iter().map(|(_, e)| e.len()).sum();
     eprintln!(
-        "{} writer and {} reader ops, {} commits, {early} blocks written before their commit, {read_bytes} bytes read back, {files} files at the end",
+        "{} writer and {} reader ops, {} commits, {early} blocks written before their commit, {read_bytes} bytes read back ({outside} whole-file reads without the lock compared), {files} files at the end",
         WRITERS as u64 * wops,
         READERS as u64 * rops,
         commits.load(Ordering::Relaxed)
     );
     assert!(early > 0, "the dirty limit never wrote a block early: writeback under readers went untested");
     assert!(commits.load(Ordering::Relaxed) > 0, "no commit happened while readers ran");
+    assert!(outside > 100, "only {outside} reads without the lock could be compared");
 
     // A fresh open shows the committed state, which is the model.
     let fs = img.reader();

@@ -1,5 +1,6 @@
 //! Parallel reads through one engine: `--files` files of `--file-mib` MiB each, read
-//! whole (1 MiB `read_at` calls on the live view, checksums verified) by one thread one
+//! whole (1 MiB `Engine::read_file` calls: lookups on the live view under the engine's
+//! lock, data read and checksums verified without it) by one thread one
 //! after the other, then by one thread per file at the same time, alternating, over
 //! `--rounds` rounds. Prints the median throughput of each and the ratio (target: 4
 //! threads at least 1.6x one thread on a 2-core machine).
@@ -58,7 +59,7 @@ fn read_whole(engine: &Engine, v: &InodeView) -> u64 {
     let mut acc = 0;
     let mut pos = 0;
     while pos < v.size() {
-        let n = engine.read(|live| live.read_at(v, pos, &mut buf)).expect("read");
+        let n = engine.read_file(v.id, pos, &mut buf).expect("read");
         acc = digest(acc, &buf[..n]);
         pos += n as u64;
     }

@@ -140,7 +140,7 @@ pub(crate) fn read_verified<V: FsRead>(fs: &V, inode: &InodeView, file_offset: u
     if inode.flags() & INODE_NODATASUM != 0 {
         return Ok(());
     }
-    let run = lookup_csums(fs, logical, buf.len() as u64)?;
+    let run = fs.lookup_csums(logical, buf.len() as u64)?;
     let cs = fs.info().csum_type.size();
     let want = |i: usize| run.present[i].then(|| &run.csums[i * cs..(i + 1) * cs]);
     let repaired = |i: usize, m: usize| {
@@ -306,4 +306,86 @@ pub struct DecompressCache {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The data checksums a read of `[offset, end)` of `inode` will ask for, looked up now
+/// (under the engine's lock) so the data can be read and verified without it
+/// (`DataView`). One run per extent piece: the sector-aligned disk range of the bytes
+/// read, or the whole extent when it is compressed. Extents a read would refuse as
+/// corrupt are left out; the read then reports them itself.
+///
+/// # Errors
+/// `Corrupt`/`Io` from the csum tree.
+pub(crate) fn prefetch_csums<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, end: u64) -> Result<Vec<(u64, CsumRun)>> {
+    let mut out = Vec::new();
+    if inode.flags() & INODE_NODATASUM != 0 {
+        return Ok(out);
+    }
+    let ss = u64::from(fs.info().sectorsize);
+    let end = end.min(inode.size());
+    for e in inode.extents.iter().filter(|e| e.end() > offset && e.file_offset < end) {
+        let ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset: eoff, compression, prealloc: false, .. } = e.kind else { continue };
+        if disk_bytenr == 0 {
+            continue;
+        }
+        let range = if compression != 0 {
+            (disk_num_bytes <= MAX_RAM_BYTES as u64).then_some((disk_bytenr, disk_bytenr.checked_add(disk_num_bytes)))
+        } else {
+            let lo = offset.max(e.file_offset) - e.file_offset;
+            let hi = end.min(e.end()) - e.file_offset;
+            let a = disk_bytenr.checked_add(eoff).and_then(|l| l.checked_add(lo)).map(|l| l - l % ss);
+            let b = disk_bytenr.checked_add(eoff).and_then(|l| l.checked_add(hi)).and_then(|l| l.div_ceil(ss).checked_mul(ss));
+            a.map(|a| (a, b))
+        };
+        if let Some((a, Some(b))) = range {
+            if a % ss == 0 && b > a && b % ss == 0 {
+                out.push((a, fs.lookup_csums(a, b - a)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A view for reading file data without the engine's lock: the devices through the
+/// shared `FsInfo`, and the data checksums looked up beforehand (`prefetch_csums`). It
+/// reads no tree block; anything that needs one is a bug in the caller.
+pub(crate) struct DataView<'a> {
+    pub(crate) info: &'a crate::disk_io::FsInfo,
+    pub(crate) default_subvol: u64,
+    pub(crate) csums: Vec<(u64, CsumRun)>,
+}
+
+fn detached(what: String) -> Error {
+    Error::posix_detail(crate::error::PosixKind::Invalid, "data read", format!("{what}: a read without the engine's lock reads no tree blocks"))
+}
+
+impl crate::tree::search::TreeView for DataView<'_> {
+    type Node = std::sync::Arc<crate::disk_io::ExtentBuffer>;
+    fn read_node(&self, bytenr: u64, _expect: &crate::disk_io::Expect) -> Result<Self::Node> {
+        Err(detached(format!("tree block {bytenr}")))
+    }
+    fn tree_root(&self) -> crate::tree::search::RootInfo {
+        crate::tree::search::TreeView::tree_root(self.info)
+    }
+    fn chunk_root(&self) -> crate::tree::search::RootInfo {
+        crate::tree::search::TreeView::chunk_root(self.info)
+    }
+}
+
+impl FsRead for DataView<'_> {
+    fn info(&self) -> &crate::disk_io::FsInfo {
+        self.info
+    }
+    fn default_subvol(&self) -> u64 {
+        self.default_subvol
+    }
+    fn lookup_csums(&self, logical: u64, len: u64) -> Result<CsumRun> {
+        let ss = u64::from(self.info.sectorsize);
+        let cs = self.info.csum_type.size();
+        let end = logical.checked_add(len).ok_or_else(|| detached(format!("csums of {logical} +{len}")))?;
+        let (start, run) = self.csums.iter().find(|(s, r)| *s <= logical && end <= s + r.present.len() as u64 * ss).ok_or_else(|| detached(format!("csums of {logical} +{len} were not looked up")))?;
+        let first = ((logical - start) / ss) as usize;
+        let n = (len / ss) as usize;
+        Ok(CsumRun { csums: run.csums[first * cs..(first + n) * cs].to_vec(), present: run.present[first..first + n].to_vec() })
+    }
 }

@@ -656,7 +656,16 @@ pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
 /// cannot cover it either: the free-space tree still calls the range free until this
 /// head runs, so dropping an extent that overlaps it fails there first
 /// (`add_to_free_space_tree`).
+///
+/// While a reader reads data of the running transaction without the engine's lock
+/// (`Engine::read_file`), the space is pinned instead: that reader may still read it,
+/// so it must not be handed out again before the commit and the reader's end.
 pub fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64) {
+    if !w.info.views.may_reuse(w.transid) {
+        // Allocated in this transaction and not free: pinning cannot fail but for a bug.
+        pin(w, bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes} while a reader holds a view: {e}"));
+        return;
+    }
     let g = w.alloc.group_mut(bytenr).unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes} outside every block group"));
     let start = g.start;
     let c = g.ctl_mut().unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes}: block group {start} is not cached, so nothing was reserved in it"));

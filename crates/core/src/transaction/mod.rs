@@ -151,6 +151,11 @@ impl Live<'_> {
     pub fn blocks_written_early(&self) -> u64 {
         self.w.written_early
     }
+
+    /// The running transaction's id.
+    pub fn transid(&self) -> u64 {
+        self.w.transid
+    }
 }
 
 impl FsRead for Live<'_> {
