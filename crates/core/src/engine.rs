@@ -75,7 +75,8 @@ impl Engine {
     }
 
     /// Share an opened writer.
-    pub fn from_writer(w: FsWriter) -> Engine {
+    pub fn from_writer(mut w: FsWriter) -> Engine {
+        w.defer_writeback = true;
         Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), inodes: Default::default() }
     }
 
@@ -159,9 +160,30 @@ impl Engine {
     ///
     /// # Errors
     /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    ///
+    /// The writeback a change ends with (past the dirty-metadata limit) is written after
+    /// the lock is dropped: the blocks are sealed under it, readers find them in the
+    /// writer's `writing` set meanwhile, and they join the node cache afterwards. A
+    /// failed write aborts the filesystem and is returned.
     pub fn write<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-        let mut g = self.state.write().map_err(poisoned)?;
-        f(&mut g)
+        let (r, wb) = {
+            let mut g = self.state.write().map_err(poisoned)?;
+            let r = f(&mut g);
+            (r, g.take_writeback())
+        };
+        if let Some(wb) = wb {
+            // Neither side of `state` is held here.
+            let io = wb.write(&self.info);
+            let mut g = self.state.write().map_err(poisoned)?;
+            match io {
+                Ok(()) => g.finish_writeback(wb),
+                Err(e) => {
+                    g.abort("metadata writeback", &e);
+                    return Err(e);
+                }
+            }
+        }
+        r
     }
 
     /// Commit the running transaction. Returns the generation now on disk.
@@ -190,7 +212,9 @@ impl Engine {
     /// # Errors
     /// `Posix(ReadOnly)` after a panic in a writer.
     pub fn into_writer(self) -> Result<FsWriter> {
-        self.state.into_inner().map_err(poisoned)
+        let mut w = self.state.into_inner().map_err(poisoned)?;
+        w.defer_writeback = false;
+        Ok(w)
     }
 }
 

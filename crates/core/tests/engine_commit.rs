@@ -373,3 +373,62 @@ fn read_file_reads_data_without_the_lock_and_keeps_its_extents() {
     engine.commit().unwrap();
     assert_clean(dev.durable_image(), "after read_file");
 }
+
+#[test]
+fn a_changes_writeback_runs_without_the_lock() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "writeback"));
+    let engine = engine_on(&dev);
+    // Warm the trees, then a tiny dirty limit: the next change ends in writeback.
+    overwrite(&engine, b"warm", &data(7, 64 << 10));
+    engine.commit().unwrap();
+    engine
+        .write(|w| {
+            w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+            Ok(())
+        })
+        .unwrap();
+    let names: Vec<String> = (0..200).map(|i| format!("wb-{i:03}")).collect();
+    dev.hold_writes();
+    std::thread::scope(|s| {
+        let _release = ReleaseOnDrop(&dev);
+        let writer = s.spawn(|| {
+            engine.write(|w| {
+                for n in &names {
+                    w.create_file(ROOT, ROOT_DIR, n.as_bytes(), &InodeAttrs::new(0o644))?;
+                }
+                Ok(())
+            })
+        });
+        assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the change wrote nothing back");
+        // The change is done and its writeback is writing, holding no lock: readers
+        // see every name, reading the sealed blocks from the writeback set.
+        let t = std::time::Instant::now();
+        let reader = s.spawn(|| engine.read(|l| l.readdir(InodeId { root: ROOT, ino: ROOT_DIR })));
+        while !reader.is_finished() && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(reader.is_finished(), "a reader waited for a change's writeback");
+        let listed: Vec<Vec<u8>> = reader.join().expect("reader").expect("readdir").into_iter().map(|e| e.name).collect();
+        for n in &names {
+            assert!(listed.iter().any(|l| l == n.as_bytes()), "{n} missing while its blocks are written back");
+        }
+        assert!(!writer.is_finished(), "the writeback finished with writes held");
+        dev.release_held();
+        writer.join().expect("writer").expect("create");
+    });
+    assert!(engine.read(|l| Ok(l.blocks_written_early())).unwrap() > 0);
+    // More changes free some of the written-back blocks (COW of a written block) while
+    // others are still in the writeback set; then commit.
+    for n in names.iter().step_by(3) {
+        engine.write(|w| w.unlink(ROOT, ROOT_DIR, n.as_bytes())).unwrap();
+    }
+    engine.commit().unwrap();
+    let img = dev.durable_image();
+    assert_clean(img.clone(), "after writeback outside the lock");
+    let dev2: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(img, "reopened"));
+    let fs = Filesystem::from_info(FsInfo::open_devices(vec![dev2], CACHE).unwrap()).unwrap();
+    for (i, n) in names.iter().enumerate() {
+        let e = fs.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, n.as_bytes()).unwrap();
+        assert_eq!(e.is_some(), i % 3 != 0, "{n} after reopen");
+    }
+}

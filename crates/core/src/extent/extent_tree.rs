@@ -172,14 +172,20 @@ impl FsWriter {
     /// # Errors
     /// `Corrupt` when a file extent names the block as data in this transaction.
     pub(crate) fn free_tree_block(&mut self, root_id: u64, bytenr: u64, level: u8) -> Result<()> {
-        self.forget_dirty(bytenr);
+        let was = self.forget_dirty(bytenr);
         let ns = u64::from(self.nodesize());
         self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, -1, None)?;
         // A block of this transaction (never committed, maybe written early) freed again:
         // nothing committed refers to it, so its space is free now rather than at commit;
-        // under writeback, paths COWed again and again would otherwise fill the disk.
+        // under writeback, paths COWed again and again would otherwise fill the disk. One
+        // whose writeback may still be writing it is held until the commit instead, so
+        // that write cannot land on the block allocated there next.
         if self.delayed.drop_if_cancelled(bytenr) {
-            crate::space::allocator::unreserve(self, bytenr, ns);
+            if was == crate::transaction::Forgot::Writing {
+                crate::space::allocator::pin(self, bytenr, ns)?;
+            } else {
+                crate::space::allocator::unreserve(self, bytenr, ns);
+            }
         }
         Ok(())
     }

@@ -268,6 +268,15 @@ pub struct FsWriter {
     /// The blocks of the transaction being committed, sealed, while its I/O runs
     /// outside the writer (`start_commit` .. `finish_commit`).
     in_flight: Option<Arc<BTreeMap<u64, Arc<ExtentBuffer>>>>,
+    /// Blocks sealed for writeback whose I/O the engine runs outside its lock
+    /// (`take_writeback` .. `finish_writeback`), by address: readers find them here.
+    writing: HashMap<u64, Arc<ExtentBuffer>>,
+    /// Blocks sealed for writeback at the end of the last change, for `take_writeback`.
+    pending_writeback: Vec<Arc<ExtentBuffer>>,
+    /// The writeback at the end of a change is left to the engine, which writes the
+    /// blocks after dropping its lock (set by `Engine`; a writer used alone writes them
+    /// at once).
+    pub(crate) defer_writeback: bool,
     /// Space the committing transaction freed: out of the allocator until
     /// `finish_commit` returns it.
     committing_pins: Vec<(u64, u64)>,
@@ -379,6 +388,9 @@ impl FsWriter {
             transid,
             dirty: HashMap::new(),
             in_flight: None,
+            writing: HashMap::new(),
+            pending_writeback: Vec::new(),
+            defer_writeback: false,
             committing_pins: Vec::new(),
             held_for_views: Vec::new(),
             dirty_limit: DEFAULT_DIRTY_METADATA_BYTES,
@@ -434,7 +446,7 @@ impl FsWriter {
     }
 
     fn in_flight_has(&self, bytenr: u64) -> bool {
-        self.in_flight.as_ref().is_some_and(|f| f.contains_key(&bytenr))
+        self.writing.contains_key(&bytenr) || self.in_flight.as_ref().is_some_and(|f| f.contains_key(&bytenr))
     }
 
     /// Fail if the filesystem was aborted to read-only.
@@ -546,7 +558,7 @@ impl FsWriter {
         let r = f(self);
         self.guard_depth -= 1;
         let r = match r {
-            Ok(v) if self.guard_depth == 0 => self.balance_dirty_metadata().map(|()| v),
+            Ok(v) if self.guard_depth == 0 => self.balance_dirty_metadata_with(self.defer_writeback).map(|()| v),
             r => r,
         };
         if let Err(e) = &r {
@@ -619,6 +631,11 @@ impl FsWriter {
     /// A block that is not dirty: one of the commit being written, or from the cache or
     /// the disk.
     fn read_clean(&self, bytenr: u64, expect: &Expect) -> Result<Arc<ExtentBuffer>> {
+        if let Some(eb) = self.writing.get(&bytenr) {
+            if eb.matches(expect) {
+                return Ok(eb.clone());
+            }
+        }
         if let Some(eb) = self.in_flight.as_ref().and_then(|f| f.get(&bytenr)) {
             if eb.matches(expect) {
                 return Ok(eb.clone());
@@ -693,12 +710,34 @@ impl FsWriter {
 
     /// Drop a freed block: a dirty one is forgotten; one written early leaves the node
     /// cache, so a block allocated later at the same address is never shadowed by it.
-    pub(crate) fn forget_dirty(&mut self, bytenr: u64) -> bool {
+    /// Returns what the block was: a block still being written back must not have its
+    /// space handed out before that write is done.
+    pub(crate) fn forget_dirty(&mut self, bytenr: u64) -> Forgot {
         if self.dirty.remove(&bytenr).is_some() {
-            return true;
+            return Forgot::Dirty;
         }
         self.info.cache.remove(bytenr);
-        false
+        if self.writing.remove(&bytenr).is_some() {
+            return Forgot::Writing;
+        }
+        Forgot::Written
+    }
+
+    /// The blocks sealed by the last change's writeback, to be written without the
+    /// engine's lock (`Writeback::write`), then `finish_writeback`.
+    pub fn take_writeback(&mut self) -> Option<Writeback> {
+        (!self.pending_writeback.is_empty()).then(|| Writeback { blocks: std::mem::take(&mut self.pending_writeback) })
+    }
+
+    /// End a writeback whose I/O is done: its blocks join the node cache (those not
+    /// freed meanwhile).
+    pub fn finish_writeback(&mut self, wb: Writeback) {
+        for eb in wb.blocks {
+            if self.writing.get(&eb.bytenr).is_some_and(|w| Arc::ptr_eq(w, &eb)) {
+                self.writing.remove(&eb.bytenr);
+                self.info.cache.insert(eb);
+            }
+        }
     }
 
     /// Set the dirty-metadata limit: past it, blocks are written out before the commit
@@ -737,6 +776,12 @@ impl FsWriter {
     /// over it. Leaves go before nodes (upper levels change with every COW below them),
     /// and within a level the blocks changed longest ago first; a tree's root stays.
     pub(crate) fn balance_dirty_metadata(&mut self) -> Result<()> {
+        self.balance_dirty_metadata_with(false)
+    }
+
+    /// `balance_dirty_metadata`; with `defer`, the blocks are sealed (from now on a
+    /// change COWs them) and left for `take_writeback` instead of written here.
+    fn balance_dirty_metadata_with(&mut self, defer: bool) -> Result<()> {
         // Pending references are memory too (a head per extent changed): past a share of
         // the limit they run now, as the kernel runs delayed refs in batches during a
         // transaction; what they dirty is written back below.
@@ -760,8 +805,16 @@ impl FsWriter {
         picked.sort_unstable();
         for b in picked {
             let d = self.dirty.remove(&b).expect("picked from the dirty set");
-            let eb = self.write_tree_block(b, d.buf)?;
-            self.info.cache.insert(eb);
+            if defer {
+                let mut buf = d.buf;
+                self.seal_tree_block(b, &mut buf)?;
+                let eb = Arc::new(ExtentBuffer::from_written(b, buf));
+                self.writing.insert(b, eb.clone());
+                self.pending_writeback.push(eb);
+            } else {
+                let eb = self.write_tree_block(b, d.buf)?;
+                self.info.cache.insert(eb);
+            }
             self.written_early += 1;
         }
         Ok(())
@@ -954,7 +1007,10 @@ impl FsWriter {
     /// `Corrupt` (under "write time tree block corruption detected") for a block the
     /// tree checker refuses.
     fn seal_dirty_blocks(&mut self) -> Result<Arc<BTreeMap<u64, Arc<ExtentBuffer>>>> {
-        let mut blocks = BTreeMap::new();
+        // Blocks whose writeback is still under way are written by the commit too (the
+        // same bytes), so they are on disk before its superblocks whatever that
+        // writeback's timing.
+        let mut blocks: BTreeMap<u64, Arc<ExtentBuffer>> = self.writing.iter().map(|(&b, eb)| (b, eb.clone())).collect();
         for (bytenr, d) in std::mem::take(&mut self.dirty) {
             let mut buf = d.buf;
             self.seal_tree_block(bytenr, &mut buf)?;
@@ -1042,6 +1098,44 @@ impl FsWriter {
         b.num_devices = self.sb.num_devices;
         self.sb.super_roots[prev] = b;
         Ok(())
+    }
+}
+
+/// What a freed block was when it was forgotten (`FsWriter::forget_dirty`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Forgot {
+    /// Dirty, never written.
+    Dirty,
+    /// Sealed for writeback, its write possibly still under way.
+    Writing,
+    /// Written (early, or committed).
+    Written,
+}
+
+/// Blocks sealed for writeback at the end of a change, written by the engine without
+/// its lock (`FsWriter::take_writeback`).
+pub struct Writeback {
+    blocks: Vec<Arc<ExtentBuffer>>,
+}
+
+impl Writeback {
+    /// Write every block to every copy (no flush: the commit flushes).
+    ///
+    /// # Errors
+    /// `Io` from the devices (the caller aborts).
+    pub fn write(&self, info: &FsInfo) -> Result<()> {
+        for eb in &self.blocks {
+            crate::volumes::write_logical(&info.chunk_map, &info.devices, eb.bytenr, &eb.data, crate::volumes::WriteKind::Metadata)?;
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
     }
 }
 

@@ -295,10 +295,18 @@ pub struct FaultyDevice {
     gate_cv: Condvar,
 }
 
+#[derive(Clone, Copy)]
+enum Gated {
+    Read,
+    Write,
+    Flush,
+}
+
 #[derive(Default)]
 struct Gate {
     flushes: bool,
     reads: bool,
+    writes: bool,
     /// Operations waiting at the gate now.
     waiting: u64,
 }
@@ -347,11 +355,17 @@ impl FaultyDevice {
         self.gate().reads = true;
     }
 
+    /// Make every write wait until `release_held`.
+    pub fn hold_writes(&self) {
+        self.gate().writes = true;
+    }
+
     /// Let held flushes and reads go on.
     pub fn release_held(&self) {
         let mut g = self.gate();
         g.flushes = false;
         g.reads = false;
+        g.writes = false;
         self.gate_cv.notify_all();
     }
 
@@ -363,12 +377,17 @@ impl FaultyDevice {
         g.waiting > 0
     }
 
-    fn pass_gate(&self, read: bool) {
+    fn pass_gate(&self, op: Gated) {
+        let held = |g: &Gate| match op {
+            Gated::Read => g.reads,
+            Gated::Write => g.writes,
+            Gated::Flush => g.flushes,
+        };
         let mut g = self.gate();
-        if (read && g.reads) || (!read && g.flushes) {
+        if held(&g) {
             g.waiting += 1;
             self.gate_cv.notify_all();
-            let mut g = self.gate_cv.wait_while(g, |g| if read { g.reads } else { g.flushes }).unwrap_or_else(|p| p.into_inner());
+            let mut g = self.gate_cv.wait_while(g, |g| held(g)).unwrap_or_else(|p| p.into_inner());
             g.waiting -= 1;
         }
     }
@@ -521,7 +540,7 @@ fn write_of(r: &OpRecord) -> (u64, &[u8]) {
 
 impl BlockDevice for FaultyDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.pass_gate(true);
+        self.pass_gate(Gated::Read);
         let mut st = self.st();
         if st.crashed {
             return Err(self.dead(&format!("read of {} bytes at {offset}", buf.len()), None));
@@ -552,6 +571,7 @@ impl BlockDevice for FaultyDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.pass_gate(Gated::Write);
         let mut st = self.st();
         if st.crashed {
             return Err(self.dead(&format!("write of {} bytes at {offset}", buf.len()), None));
@@ -576,7 +596,7 @@ impl BlockDevice for FaultyDevice {
     }
 
     fn flush(&self) -> Result<()> {
-        self.pass_gate(false);
+        self.pass_gate(Gated::Flush);
         let mut st = self.st();
         if st.crashed {
             return Err(self.dead("flush", None));
