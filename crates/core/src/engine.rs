@@ -30,7 +30,7 @@
 
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::filesystem::{Filesystem, FsRead, InodeId, Load};
+use crate::inode::filesystem::{FileKind, Filesystem, FsRead, InodeId, Load};
 use crate::inode::read::DataView;
 use crate::transaction::views::ViewGuard;
 use crate::transaction::{FsWriter, Live, ReadMisses};
@@ -121,11 +121,17 @@ impl Engine {
     /// (`transaction::views`).
     ///
     /// # Errors
-    /// As `FsRead::read_at`.
+    /// `Posix(IsDir)` / `Posix(Invalid)` for a directory or another non-regular inode;
+    /// as `FsRead::read_at`.
     pub fn read_file(&self, id: InodeId, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let len = buf.len() as u64;
         let (inode, csums, _view) = self.read(|l| {
             let mut v = l.load_inode(id, Load::ITEM)?;
+            match v.kind() {
+                FileKind::File => {}
+                FileKind::Dir => return Err(Error::posix(PosixKind::IsDir, id.to_string())),
+                _ => return Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
+            }
             let end = offset.saturating_add(len).min(v.size());
             v.extents = if offset < end { l.file_extents(id, offset, end)? } else { Vec::new() };
             let csums = crate::inode::read::prefetch_csums(l, &v, offset, end)?;

@@ -489,3 +489,68 @@ fn read_file_reads_what_the_live_view_reads_on_kernel_made_images() {
         assert!(bytes > 0, "{fixture}: no data");
     }
 }
+
+#[test]
+fn write_file_writes_data_without_the_lock() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "write-file"));
+    let engine = engine_on(&dev);
+    const MIB: usize = 1 << 20;
+    let v1 = data(1, MIB);
+    overwrite(&engine, b"f", &v1);
+    engine.commit().unwrap();
+    let f = engine.read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target)).unwrap();
+    let v2 = data(2, 2 * MIB);
+    dev.hold_writes();
+    std::thread::scope(|s| {
+        let _release = ReleaseOnDrop(&dev);
+        let writer = s.spawn(|| engine.write_file(f, 0, &v2));
+        assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the write never reached the device");
+        // The data write is under way, holding only f's lock: f reads as it was, and
+        // another inode changes.
+        let others = s.spawn(|| {
+            let mut buf = vec![0u8; 2 * MIB];
+            let n = engine.read_file(f, 0, &mut buf)?;
+            engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"beside", &InodeAttrs::new(0o644)).map(drop))?;
+            Ok::<_, ubtrfs_core::Error>(buf[..n].to_vec())
+        });
+        let t = std::time::Instant::now();
+        while !others.is_finished() && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(others.is_finished(), "a reader or another change waited for a file's data write");
+        assert!(others.join().expect("others").expect("read and change") == v1, "f read other bytes than before the write while its data was written");
+        assert!(!writer.is_finished());
+        dev.release_held();
+        writer.join().expect("writer").expect("write_file");
+    });
+    let mut buf = vec![0u8; 2 * MIB + 1];
+    assert_eq!(engine.read_file(f, 0, &mut buf).unwrap(), 2 * MIB);
+    assert!(buf[..2 * MIB] == v2[..]);
+    engine.commit().unwrap();
+    assert_clean(dev.durable_image(), "after write_file");
+    let (_, got) = reopen(dev.durable_image(), &[b"f", b"beside"]);
+    assert_eq!(got, vec![Some(v2), Some(Vec::new())]);
+}
+
+#[test]
+fn a_failed_data_write_leaves_the_file_and_its_space_as_they_were() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "write-file-fails"));
+    let engine = engine_on(&dev);
+    let v1 = data(1, 256 << 10);
+    overwrite(&engine, b"f", &v1);
+    engine.commit().unwrap();
+    let f = engine.read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target)).unwrap();
+    dev.fail_next_write(0);
+    let e = engine.write_file(f, 0, &data(2, 512 << 10)).unwrap_err();
+    assert!(e.to_string().contains("injected"), "{e}");
+    // Not aborted: the file is as it was, and the next write works.
+    let mut buf = vec![0u8; 1 << 20];
+    let n = engine.read_file(f, 0, &mut buf).unwrap();
+    assert!(buf[..n] == v1[..]);
+    let v3 = data(3, 512 << 10);
+    engine.write_file(f, 0, &v3).unwrap();
+    engine.commit().unwrap();
+    assert_clean(dev.durable_image(), "after a failed data write");
+    let (_, got) = reopen(dev.durable_image(), &[b"f"]);
+    assert_eq!(got, vec![Some(v3)]);
+}

@@ -255,3 +255,124 @@ fn readers_and_writers_share_one_engine() {
     }
     mnt.umount();
 }
+
+/// A file owned by one writer thread, as the model knows it. `seq` is odd while a
+/// write is under way (a seqlock): a read outside the engine's lock is compared only
+/// when it began and ended at the same even `seq`.
+struct Owned {
+    id: InodeId,
+    data: Vec<u8>,
+    seq: u64,
+}
+
+#[test]
+fn direct_writes_share_one_engine() {
+    const FILES_PER_WRITER: usize = 3;
+    let img = Scratch::fixture("blake2", "engine-direct-writes");
+    let mut w = img.writer();
+    w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+    let dir = w.mkdir(5, 256, b"direct", &InodeAttrs::new(0o755)).expect("mkdir");
+    let side = w.mkdir(5, 256, b"side", &InodeAttrs::new(0o755)).expect("mkdir");
+    let mut files = Vec::new();
+    for i in 0..WRITERS * FILES_PER_WRITER {
+        let ino = w.create_file(5, dir, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        files.push(Mutex::new(Owned { id: InodeId { root: 5, ino }, data: Vec::new(), seq: 0 }));
+    }
+    let engine = Engine::from_writer(w);
+    let ss = 4096u64;
+    let scale = ops_scale();
+    let seed = seed();
+    let compared = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let (engine, files) = (&engine, &files);
+            s.spawn(move || {
+                let mut rng = Rng::new(seed * 1000 + 500 + t as u64);
+                for i in 0..400 * scale {
+                    let f = &files[t * FILES_PER_WRITER + rng.below(FILES_PER_WRITER as u64) as usize];
+                    let (id, cur_len) = {
+                        let mut o = f.lock().unwrap();
+                        o.seq += 1;
+                        (o.id, o.data.len() as u64)
+                    };
+                    // Whole sectors (written without the lock) or any bytes (old data needed).
+                    let (off, len) = if rng.chance(60) { (rng.below(cur_len / ss + 2) * ss, rng.range(1, 80) * ss) } else { (rng.below(cur_len + 1), rng.range(1, 300_000)) };
+                    let data = rng.bytes(len as usize);
+                    engine.write_file(id, off, &data).unwrap_or_else(|e| panic!("writer {t} op {i}: write_file {id:?} at {off} +{len}: {e}"));
+                    let mut o = f.lock().unwrap();
+                    let end = (off + len) as usize;
+                    if o.data.len() < end {
+                        o.data.resize(end, 0);
+                    }
+                    o.data[off as usize..end].copy_from_slice(&data);
+                    o.seq += 1;
+                    drop(o);
+                    if rng.chance(5) {
+                        engine.commit().unwrap_or_else(|e| panic!("writer {t} commit: {e}"));
+                    }
+                }
+            });
+        }
+        // Changes to other inodes in between: they must never wait for a data write.
+        s.spawn(|| {
+            let mut rng = Rng::new(seed * 1000 + 700);
+            for i in 0..300 * scale {
+                let name = format!("s{}", rng.below(30)).into_bytes();
+                engine
+                    .write(|w| match w.live().lookup(InodeId { root: 5, ino: side }, &name)? {
+                        Some(_) => w.unlink(5, side, &name),
+                        None => w.create_file(5, side, &name, &InodeAttrs::new(0o644)).map(drop),
+                    })
+                    .unwrap_or_else(|e| panic!("side op {i}: {e}"));
+            }
+        });
+        for t in 0..2 {
+            let (engine, files, compared) = (&engine, &files, &compared);
+            s.spawn(move || {
+                let mut rng = Rng::new(seed * 1000 + 800 + t);
+                for i in 0..1500 * scale {
+                    let f = &files[rng.below(files.len() as u64) as usize];
+                    let (id, want, seq) = {
+                        let o = f.lock().unwrap();
+                        (o.id, o.data.clone(), o.seq)
+                    };
+                    if seq % 2 == 1 {
+                        continue;
+                    }
+                    let mut buf = vec![0u8; want.len() + 1];
+                    let r = engine.read_file(id, 0, &mut buf);
+                    if f.lock().unwrap().seq != seq {
+                        continue;
+                    }
+                    let n = r.unwrap_or_else(|e| panic!("reader {t} op {i}: read_file {id:?}: {e}"));
+                    assert!(n == want.len() && buf[..n] == want[..], "reader {t} op {i}: {id:?} reads {n} bytes other than the model's {}", want.len());
+                    compared.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    engine.commit().expect("final commit");
+    let compared = compared.load(Ordering::Relaxed);
+    eprintln!("{} direct-write ops, {compared} reads compared", WRITERS as u64 * 400 * scale);
+    assert!(compared > 50, "only {compared} reads could be compared");
+    drop(engine);
+    let fs = img.reader();
+    for f in &files {
+        let o = f.lock().unwrap();
+        let v = fs.load_inode(o.id, Load::ALL).expect("inode");
+        let mut buf = vec![0u8; o.data.len() + 1];
+        let n = fs.read_at(&v, 0, &mut buf).expect("read");
+        assert!(n == o.data.len() && buf[..n] == o.data[..], "{:?} after reopen", o.id);
+    }
+    drop(fs);
+    if !common::kernel_available("direct_writes_share_one_engine: btrfs check and kernel mount") {
+        return;
+    }
+    assert_check(&img.path, "after direct writes");
+    let mnt = Mount::new(&img.path, false);
+    for (i, f) in files.iter().enumerate() {
+        let got = std::fs::read(mnt.path(&format!("direct/f{i}"))).expect("kernel read");
+        assert!(got == f.lock().unwrap().data, "kernel: contents of direct/f{i} differ");
+    }
+    mnt.umount();
+}

@@ -15,8 +15,9 @@
 
 use crate::engine::Engine;
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, Load};
+use crate::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
 use crate::inode::inode_cache::{Inode, InodeCache};
+use crate::inode::write::WritePlan;
 use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 /// Attempts of an unlink whose name changed target between its lookup and its locks
@@ -65,6 +66,40 @@ impl std::fmt::Debug for OpenFile<'_> {
 }
 
 impl Engine {
+    /// Write `data` at `offset` of regular file `id` (as `FsWriter::write_file`), holding
+    /// the inode's lock throughout. A write that needs no old data (whole sectors, or
+    /// running past EOF) and makes no inline file writes its data without the engine's
+    /// lock (`FsWriter::begin_write`); readers and changes to other inodes go on
+    /// meanwhile, and see the old contents until the new extents are in.
+    ///
+    /// # Errors
+    /// As `FsWriter::write_file`; `Io` from the data write (the reserved space is given
+    /// back, the file is unchanged).
+    pub fn write_file(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        let inode = self.inodes.get(id);
+        let _g = write_lock(&inode);
+        self.write_file_locked(id, offset, data)
+    }
+
+    fn write_file_locked(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        let plan = self.write(|w| w.begin_write(id.root, id.ino, offset, data.len() as u64))?;
+        let mut dw = match plan {
+            WritePlan::Locked => return self.write(|w| w.write_file(id.root, id.ino, offset, data)),
+            WritePlan::Direct(dw) => dw,
+        };
+        // Neither side of the engine's lock is held here; the inode's lock is.
+        match dw.write_data(self.info(), data) {
+            Ok(()) => self.write(|w| w.finish_write(dw)),
+            Err(e) => {
+                self.write(|w| {
+                    w.cancel_write(dw);
+                    Ok(())
+                })?;
+                Err(e)
+            }
+        }
+    }
+
     /// The in-memory inodes.
     pub fn inodes(&self) -> &InodeCache {
         &self.inodes
@@ -194,14 +229,7 @@ impl OpenFile<'_> {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let inode = self.inode();
         let _g = read_lock(inode);
-        self.engine.read(|live| {
-            let v = live.load_inode(inode.id, Load { extents: true, ..Load::ITEM })?;
-            match v.kind() {
-                FileKind::File => live.read_at(&v, offset, buf),
-                FileKind::Dir => Err(Error::posix(PosixKind::IsDir, inode.id.to_string())),
-                _ => Err(Error::posix(PosixKind::Invalid, format!("{} is not a regular file", inode.id))),
-            }
-        })
+        self.engine.read_file(inode.id, offset, buf)
     }
 
     /// Write `data` at `offset` (as `FsWriter::write_file`).
@@ -211,7 +239,7 @@ impl OpenFile<'_> {
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         let inode = self.inode();
         let _g = write_lock(inode);
-        self.engine.write(|w| w.write_file(inode.id.root, inode.id.ino, offset, data))
+        self.engine.write_file_locked(inode.id, offset, data)
     }
 
     /// Close the handle. The last close of an inode with no name left, not looked up

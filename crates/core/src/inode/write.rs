@@ -742,3 +742,193 @@ impl FsWriter {
         Ok(())
     }
 }
+
+/// A write whose data goes to disk without the engine's lock (the kernel's delalloc
+/// and ordered extents, in one call): `begin_write` checks the inode and reserves
+/// metadata and data space under the lock, `DirectWrite::write_data` writes and
+/// checksums the data without it, and `finish_write` inserts the file extents and
+/// checksums under the lock again (`cancel_write` gives the space back if the data
+/// write failed). Until `finish_write`, readers see the file as it was; a commit in
+/// between records nothing of the write (its space is reserved in memory only, and
+/// free in the committed state), so a crash loses the write and nothing else.
+pub struct DirectWrite {
+    root: u64,
+    ino: u64,
+    /// File range written: sector-aligned start, and the end of the data.
+    offset: u64,
+    end: u64,
+    nodatasum: bool,
+    /// The reserved data extents: (file offset, disk bytenr, length), in file order,
+    /// covering `offset` up to `end` rounded up to a sector.
+    extents: Vec<(u64, u64, u64)>,
+    /// Data checksums of each extent, filled by `write_data`.
+    csums: Vec<Vec<u8>>,
+}
+
+/// How `begin_write` wants a write done.
+pub enum WritePlan {
+    /// Under the lock, as `FsWriter::write_file` does: the write needs old data (a
+    /// partial sector inside the file, an inline extent) or makes an inline file.
+    Locked,
+    /// Data written without the lock.
+    Direct(DirectWrite),
+}
+
+impl FsWriter {
+    /// Start a write of `len` bytes at `offset` of regular file `ino`: the checks of
+    /// `write_file`, and for a write that needs no old data, the reservation of its
+    /// metadata and its data extents.
+    ///
+    /// # Errors
+    /// As `write_file`: `Posix` for a wrong inode or flags, `Posix(NoSpace)`.
+    pub fn begin_write(&mut self, root: u64, ino: u64, offset: u64, len: u64) -> Result<WritePlan> {
+        self.check_root_writable(root)?;
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        if ii.mode.get() & S_IFMT != S_IFREG {
+            return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
+        }
+        iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
+        let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        let ss = u64::from(self.sectorsize());
+        let old_size = ii.size.get();
+        let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        let needs_old_data = !offset.is_multiple_of(ss) || (!end.is_multiple_of(ss) && end < old_size);
+        let append_only = ii.flags.get() & INODE_APPEND != 0;
+        if len == 0 || append_only || needs_old_data || old_size.max(end) <= max_inline {
+            return Ok(WritePlan::Locked);
+        }
+        if self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. })) {
+            return Ok(WritePlan::Locked);
+        }
+        let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
+        let csum_bytes = len.div_ceil(ss) * self.info.csum_type.size() as u64;
+        let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
+        crate::space::allocator::reserve_metadata(self, items)?;
+        let a_end = end.div_ceil(ss) * ss;
+        let mut extents = Vec::new();
+        let mut cur = offset;
+        while cur < a_end {
+            let want = (a_end - cur).min(MAX_EXTENT_SIZE);
+            match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, want, ss) {
+                Ok((bytenr, got)) => {
+                    extents.push((cur, bytenr, got));
+                    cur += got;
+                }
+                Err(e) => {
+                    for &(_, b, l) in &extents {
+                        crate::space::allocator::unreserve(self, b, l);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(WritePlan::Direct(DirectWrite { root, ino, offset, end, nodatasum: ii.flags.get() & INODE_NODATASUM != 0, extents, csums: Vec::new() }))
+    }
+
+    /// Insert a direct write's extents and checksums (its data is on disk) and update
+    /// the inode, under the abort guard.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` when the inode went away meanwhile (its space is given back);
+    /// tree failures (which abort).
+    pub fn finish_write(&mut self, dw: DirectWrite) -> Result<()> {
+        let (root, ino) = (dw.root, dw.ino);
+        let ii = match self.live().load_inode(InodeId { root, ino }, Load::ITEM) {
+            Ok(v) if v.item.mode.get() & S_IFMT == S_IFREG => v.item,
+            Ok(_) | Err(_) => {
+                self.cancel_write(dw);
+                return Err(Error::posix(PosixKind::NotFound, format!("root={root} ino={ino} went away while its data was written")));
+            }
+        };
+        self.guarded("write_file", |w| w.finish_write_inner(dw, &ii))
+    }
+
+    fn finish_write_inner(&mut self, dw: DirectWrite, ii: &InodeItem) -> Result<()> {
+        let (root, ino) = (dw.root, dw.ino);
+        let ss = u64::from(self.sectorsize());
+        let old_size = ii.size.get();
+        let new_size = old_size.max(dw.end);
+        let a_end = dw.end.div_ceil(ss) * ss;
+        let removed = self.drop_extents_inner(root, ino, dw.offset, a_end)?;
+        if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
+            let hole_start = old_size.div_ceil(ss) * ss;
+            if dw.offset > hole_start {
+                let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+                fe.extend_from_slice(
+                    FileExtentHeader { generation: self.transid.into(), ram_bytes: (dw.offset - hole_start).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }
+                        .as_bytes(),
+                );
+                fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (dw.offset - hole_start).into() }.as_bytes());
+                self.drop_extents_inner(root, ino, hole_start, dw.offset)?;
+                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;
+            }
+        }
+        let mut added = 0;
+        for (i, &(file_off, bytenr, len)) in dw.extents.iter().enumerate() {
+            self.delayed.add_data_ref(bytenr, len, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off }, 1, true)?;
+            if !dw.nodatasum {
+                crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
+            }
+            let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+            fe.extend_from_slice(
+                FileExtentHeader { generation: self.transid.into(), ram_bytes: len.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes(),
+            );
+            fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: len.into(), offset: 0.into(), num_bytes: len.into() }.as_bytes());
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
+            added += len;
+        }
+        let t = self.now();
+        self.update_inode(root, ino, |i| {
+            i.size = new_size.into();
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
+            i.mtime = t;
+            i.ctime = t;
+        })
+    }
+
+    /// Give back a direct write's reserved space (its data write failed).
+    pub fn cancel_write(&mut self, dw: DirectWrite) {
+        for &(_, b, l) in &dw.extents {
+            crate::space::allocator::unreserve(self, b, l);
+        }
+    }
+}
+
+impl DirectWrite {
+    /// Write the data (zero-padded to the last sector) to the reserved extents, every
+    /// copy, and checksum it. Needs only the shared `FsInfo`.
+    ///
+    /// # Errors
+    /// `Io` from the devices.
+    pub fn write_data(&mut self, info: &crate::disk_io::FsInfo, data: &[u8]) -> Result<()> {
+        assert_eq!(data.len() as u64, self.end - self.offset, "write_data with other data than begin_write was given");
+        let ss = info.sectorsize as usize;
+        let cs = info.csum_type.size();
+        self.csums.clear();
+        // A page-aligned buffer lets the device write data with O_DIRECT.
+        let cap = WRITE_CHUNK.min(self.extents.iter().map(|e| e.2 as usize).max().unwrap_or(0));
+        let mut raw = vec![0u8; cap + crate::volumes::device::DIRECT_IO_ALIGN];
+        let skew = raw.as_ptr().align_offset(crate::volumes::device::DIRECT_IO_ALIGN).min(crate::volumes::device::DIRECT_IO_ALIGN);
+        let buf = &mut raw[skew..skew + cap];
+        for &(file_off, bytenr, len) in &self.extents {
+            let mut csums = Vec::with_capacity((len as usize / ss) * cs);
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(buf.len() as u64) as usize;
+                let from = (file_off + done - self.offset) as usize;
+                let have = data.len().saturating_sub(from).min(n);
+                buf[..have].copy_from_slice(&data[from..from + have]);
+                buf[have..n].fill(0);
+                if !self.nodatasum {
+                    for s in buf[..n].chunks(ss) {
+                        csums.extend_from_slice(&info.csum_type.compute(s)[..cs]);
+                    }
+                }
+                crate::volumes::write_logical(&info.chunk_map, &info.devices, bytenr + done, &buf[..n], crate::volumes::WriteKind::Data)?;
+                done += n as u64;
+            }
+            self.csums.push(csums);
+        }
+        Ok(())
+    }
+}
