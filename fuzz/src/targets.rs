@@ -310,6 +310,7 @@ pub fn image(base: &ImageBase, data: &[u8]) {
 /// read back (op % 7). At most 64 operations.
 pub fn engine_ops(base: &ImageBase, data: &[u8]) {
     use crate::walk::WritableOverlay;
+    use ubtrfs_core::engine::Engine;
     use ubtrfs_core::inode::filesystem::{InodeId, Load};
     use ubtrfs_core::inode::write::InodeAttrs;
     use ubtrfs_core::transaction::FsWriter;
@@ -319,69 +320,85 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
     let plen = usize::from(u16::from_le_bytes([data[0], data[1]])).min(data.len() - 2);
     let (patches, ops) = data[2..].split_at(plen);
     let dev: Arc<dyn BlockDevice> = Arc::new(WritableOverlay::new(base.patched(patches)));
-    let open = |dev: &Arc<dyn BlockDevice>| FsInfo::open_devices(vec![dev.clone()], 4 << 20).and_then(FsWriter::from_info);
-    let Ok(mut w) = open(&dev) else { return };
-    w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
+    let open = |dev: &Arc<dyn BlockDevice>| {
+        let mut w = FsInfo::open_devices(vec![dev.clone()], 4 << 20).and_then(FsWriter::from_info)?;
+        w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
+        Ok::<_, ubtrfs_core::Error>(Engine::from_writer(w))
+    };
+    let Ok(mut engine) = open(&dev) else { return };
     let top = InodeId { root: FS_TREE_OBJECTID, ino: FIRST_FREE_OBJECTID };
     let mut dirs = vec![top];
     let mut files: Vec<(InodeId, InodeId, Vec<u8>)> = Vec::new();
     let mut aborted = false;
     for op in ops.chunks_exact(4).take(64) {
-        let (kind, a, b) = (op[0] % 7, op[1], u16::from_le_bytes([op[2], op[3]]));
+        let (kind, a, b) = (op[0] % 8, op[1], u16::from_le_bytes([op[2], op[3]]));
         // A write or unlink with no file to name is a read.
-        let kind = if matches!(kind, 2 | 3) && files.is_empty() { 6 } else { kind };
+        let kind = if matches!(kind, 2 | 3 | 7) && files.is_empty() { 6 } else { kind };
         let dir = dirs[usize::from(a) % dirs.len()];
         let r: ubtrfs_core::Result<()> = match kind {
-            0 => w.mkdir(dir.root, dir.ino, format!("d{a}-{b}").as_bytes(), &InodeAttrs::new(0o755)).map(|ino| dirs.push(InodeId { root: dir.root, ino })),
+            0 => engine.write(|w| w.mkdir(dir.root, dir.ino, format!("d{a}-{b}").as_bytes(), &InodeAttrs::new(0o755))).map(|ino| dirs.push(InodeId { root: dir.root, ino })),
             1 => {
                 let name = format!("f{a}-{b}").into_bytes();
-                w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644)).and_then(|ino| {
-                    files.push((dir, InodeId { root: dir.root, ino }, name));
-                    w.write_file(dir.root, ino, 0, &vec![a; usize::from(b) * 7])
+                engine.write(|w| w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644))).and_then(|ino| {
+                    let id = InodeId { root: dir.root, ino };
+                    files.push((dir, id, name));
+                    engine.write_file(id, 0, &vec![a; usize::from(b) * 7])
                 })
             }
             2 => {
+                // Odd `a`: whole sectors, written without the engine's lock.
                 let (_, f, _) = &files[usize::from(a) % files.len()];
-                w.write_file(f.root, f.ino, u64::from(b) * 512, &vec![b as u8; usize::from(a) * 97])
+                let (off, len) = if a % 2 == 1 { (u64::from(b) * 4096, usize::from(a) * 4096) } else { (u64::from(b) * 512, usize::from(a) * 97) };
+                engine.write_file(*f, off, &vec![b as u8; len])
             }
             3 => {
                 let (d, _, name) = files.swap_remove(usize::from(a) % files.len());
-                w.unlink(d.root, d.ino, &name)
+                engine.unlink(d.root, d.ino, &name)
             }
-            4 => w.commit().map(|_| ()),
+            4 => engine.commit().map(|_| ()),
             5 => {
-                drop(w);
+                drop(engine);
                 files.clear();
                 dirs.truncate(1);
-                let Ok(nw) = open(&dev) else { return };
-                w = nw;
+                let Ok(e) = open(&dev) else { return };
+                engine = e;
                 Ok(())
             }
+            7 => {
+                // Unlinked while open: written and read through the handle, then closed.
+                let (d, f, name) = files.swap_remove(usize::from(a) % files.len());
+                engine.open_file(f).and_then(|h| {
+                    let r = engine.unlink(d.root, d.ino, &name).and_then(|()| h.write_at(u64::from(b), &[a; 5000])).and_then(|()| h.read_at(0, &mut [0u8; 8192]).map(drop));
+                    let c = h.close();
+                    r.and(c)
+                })
+            }
             _ => {
-                let live = w.live();
-                let _ = live.readdir(dir);
+                let _ = engine.read(|l| l.readdir(dir));
                 if let Some((_, f, _)) = files.first() {
-                    if let Ok(v) = live.load_inode(*f, Load::ALL) {
-                        let mut buf = vec![0u8; 64 << 10];
-                        let _ = live.read_at(&v, 0, &mut buf);
+                    let _ = engine.read_file(*f, 0, &mut vec![0u8; 64 << 10]);
+                    if let Ok(c) = engine.committed() {
+                        if let Ok(v) = c.load_inode(*f, Load::ALL) {
+                            let _ = c.read_at(&v, 0, &mut vec![0u8; 64 << 10]);
+                        }
                     }
                 }
                 Ok(())
             }
         };
         match kind {
-            // A reopen starts a new writer; a read changes nothing.
+            // A reopen starts a new engine; a read changes nothing.
             5 => aborted = false,
             6 => {}
-            _ if aborted => assert!(r.is_err(), "op {kind} succeeded after the writer aborted"),
+            _ if aborted => assert!(r.is_err(), "op {kind} succeeded after the engine aborted"),
             _ => {}
         }
-        if r.is_err() && w.check_writable().is_err() {
+        if r.is_err() && engine.write(|w| w.check_writable()).is_err() {
             aborted = true;
         }
     }
-    let _ = w.commit();
-    drop(w);
+    let _ = engine.commit();
+    drop(engine);
     let Ok(info) = FsInfo::open_devices(vec![dev], 4 << 20) else { return };
     let Ok(fs) = Filesystem::from_info(info) else { return };
     let _ = walk_all(&fs);

@@ -578,8 +578,11 @@ fn fuzz_regressions() {
 #[test]
 fn engine_ops_target_on_fixed_inputs() {
     let base = targets::ImageBase::new(image("blake2").to_vec(), "blake2").expect("engine_ops target base");
-    // mkdir, create+write, write, readback, commit, unlink, reopen, create, readback, commit
-    let ops: Vec<u8> = [[0u8, 1, 3, 0], [1, 0, 40, 0], [2, 0, 9, 0], [6, 0, 0, 0], [4, 0, 0, 0], [3, 0, 0, 0], [5, 0, 0, 0], [1, 2, 200, 1], [6, 1, 0, 0], [4, 0, 0, 0]].concat();
+    // mkdir, create+write, write, whole-sector write, readback, commit, unlink, reopen,
+    // create, readback, create, unlink while open (and write and read it), commit
+    let ops: Vec<u8> =
+        [[0u8, 1, 3, 0], [1, 0, 40, 0], [2, 0, 9, 0], [2, 1, 3, 0], [6, 0, 0, 0], [4, 0, 0, 0], [3, 0, 0, 0], [5, 0, 0, 0], [1, 2, 200, 1], [6, 1, 0, 0], [1, 3, 20, 0], [7, 0, 10, 0], [4, 0, 0, 0]]
+            .concat();
     let mut inputs = vec![[vec![0u8, 0], ops.clone()].concat()];
     let mut x: u64 = 0x1234_5678;
     for _ in 0..40 {
