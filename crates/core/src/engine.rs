@@ -2,27 +2,39 @@
 //! at the same time (a mount's request workers, the tools' worker threads).
 //!
 //! Shape (see issue "One engine"):
-//! - `FsInfo` is shared (`Arc`): devices, chunk map, committed superblock, node cache.
-//!   Its changing parts sit behind leaf locks of their own.
-//! - The running transaction's state is one `FsWriter` behind a reader-writer lock
-//!   (`state`).
+//! - Shared by every thread: `FsInfo` (`Arc`): devices, chunk map, committed
+//!   superblock, node cache, the registry of readers' views. Its changing parts sit
+//!   behind leaf locks of their own. And the in-memory inodes (`inode::inode_cache`),
+//!   each with its lock (the role of i_rwsem), open and lookup counts.
+//! - The running transaction: one `FsWriter` behind a reader-writer lock (`state`):
+//!   dirty blocks, delayed refs, the allocator, pinned space, the roots.
 //! - Readers (`read`) share `state` and see the live view (`FsWriter::live`): every
 //!   change made through the engine, committed or not. They run in parallel with each
 //!   other; a read sees either all of a change or none of it, because changes happen
-//!   under the exclusive side (no torn directory).
+//!   under the exclusive side (no torn directory). A committed block missing from the
+//!   cache is read after dropping the lock, and the reader runs again.
+//! - File data is read (`read_file`) and written (`write_file`, whole sectors) without
+//!   `state`: the lookups and the extent reservations and insertions take it, the data
+//!   I/O holds only the inode's lock. Space a reader may still read is not reused
+//!   (`transaction::views`).
 //! - Changes (`write`) take `state` exclusively, one at a time (writes are serialised
-//!   at first), and the mutators abort the transaction on failure as before.
+//!   at first), and the mutators abort the transaction on failure as before. The
+//!   metadata writeback a change ends with is written after `state` is dropped.
 //! - `commit` holds `commit_lock` throughout, so commits are one at a time. It takes
 //!   `state` exclusively twice, briefly: to seal the transaction (`start_commit`; the
 //!   writer then runs the next transaction, and readers see the sealed blocks), and to
 //!   finish it (`finish_commit`). All the commit's I/O (blocks, flushes, superblocks)
 //!   runs between the two, holding neither side of `state`: readers and the next
 //!   transaction's changes go on while it is written.
+//! - `committed` gives a view of the last committed generation that stays on it while
+//!   the engine goes on (check, extract, later send and scrub).
 //!
 //! Lock order: inode locks (`inode::inode_cache`, two in inode order), then
 //! `commit_lock`, then `state`, then the leaf locks inside `FsInfo` (node cache, chunk
 //! map, superblock copy, view registry, warnings), which are never held across a call
-//! back into the engine. Open files: `inode::file`.
+//! back into the engine. Open files: `inode::file`. No device I/O happens under
+//! `state` except a writer's own reads of blocks it is about to change and the
+//! writes that need old data (partial sectors, inline files).
 //!
 //! A thread that panics while changing the filesystem leaves the lock poisoned; the
 //! engine then refuses further changes and reads (the state may be half changed), with
