@@ -455,9 +455,7 @@ impl FsWriter {
         if !nodatasum {
             crate::extent::csum_tree::insert_csums(self, bytenr, &csums)?;
         }
-        let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-        fe.extend_from_slice(FileExtentHeader { generation: self.transid.into(), ram_bytes: len.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes());
-        fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: len.into(), offset: 0.into(), num_bytes: len.into() }.as_bytes());
+        let fe = reg_extent_item(self.transid, bytenr, len);
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
         Ok(len)
     }
@@ -551,19 +549,7 @@ impl FsWriter {
                 self.read_old_data(root, ino, end, &mut tail)?;
             }
             removed = self.drop_extents_inner(root, ino, a_start, a_end)?;
-            if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
-                let hole_start = old_size.div_ceil(ss) * ss;
-                if a_start > hole_start {
-                    let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-                    fe.extend_from_slice(
-                        FileExtentHeader { generation: self.transid.into(), ram_bytes: (a_start - hole_start).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }
-                            .as_bytes(),
-                    );
-                    fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (a_start - hole_start).into() }.as_bytes());
-                    self.drop_extents_inner(root, ino, hole_start, a_start)?;
-                    self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;
-                }
-            }
+            self.insert_hole_before(root, ino, old_size, a_start)?;
             // Stream head + data + tail through extents of at most MAX_EXTENT_SIZE.
             let total = a_end - a_start;
             let mut produced = 0u64;
@@ -600,14 +586,7 @@ impl FsWriter {
             }
             added = add;
         }
-        let t = self.now();
-        self.update_inode(root, ino, |i| {
-            i.size = new_size.into();
-            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
-            i.mtime = t;
-            i.ctime = t;
-        })?;
-        Ok(())
+        self.update_written_inode(root, ino, new_size, removed, added)
     }
 
     /// Remove name `name` from directory `dir`; the inode goes when its last name does.
@@ -743,6 +722,45 @@ impl FsWriter {
     }
 }
 
+/// A regular file extent item of `num_bytes` at `disk_bytenr` (0: a hole), written in
+/// generation `transid`.
+fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
+    let disk_num_bytes = if disk_bytenr == 0 { 0 } else { num_bytes };
+    let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+    fe.extend_from_slice(FileExtentHeader { generation: transid.into(), ram_bytes: num_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes());
+    fe.extend_from_slice(FileExtentBody { disk_bytenr: disk_bytenr.into(), disk_num_bytes: disk_num_bytes.into(), offset: 0.into(), num_bytes: num_bytes.into() }.as_bytes());
+    fe
+}
+
+impl FsWriter {
+    /// Without no-holes, a write starting past EOF first covers the gap from the old
+    /// size (rounded up to a sector) to `start` with a hole extent, as the kernel does.
+    fn insert_hole_before(&mut self, root: u64, ino: u64, old_size: u64, start: u64) -> Result<()> {
+        if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES != 0 {
+            return Ok(());
+        }
+        let ss = u64::from(self.sectorsize());
+        let hole_start = old_size.div_ceil(ss) * ss;
+        if start > hole_start {
+            self.drop_extents_inner(root, ino, hole_start, start)?;
+            let fe = reg_extent_item(self.transid, 0, start - hole_start);
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;
+        }
+        Ok(())
+    }
+
+    /// After a write: the new size, nbytes less `removed` plus `added`, mtime and ctime.
+    fn update_written_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64) -> Result<()> {
+        let t = self.now();
+        self.update_inode(root, ino, |i| {
+            i.size = new_size.into();
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
+            i.mtime = t;
+            i.ctime = t;
+        })
+    }
+}
+
 /// A write whose data goes to disk without the engine's lock (the kernel's delalloc
 /// and ordered extents, in one call): `begin_write` checks the inode and reserves
 /// metadata and data space under the lock, `DirectWrite::write_data` writes and
@@ -850,40 +868,18 @@ impl FsWriter {
         let new_size = old_size.max(dw.end);
         let a_end = dw.end.div_ceil(ss) * ss;
         let removed = self.drop_extents_inner(root, ino, dw.offset, a_end)?;
-        if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
-            let hole_start = old_size.div_ceil(ss) * ss;
-            if dw.offset > hole_start {
-                let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-                fe.extend_from_slice(
-                    FileExtentHeader { generation: self.transid.into(), ram_bytes: (dw.offset - hole_start).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }
-                        .as_bytes(),
-                );
-                fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (dw.offset - hole_start).into() }.as_bytes());
-                self.drop_extents_inner(root, ino, hole_start, dw.offset)?;
-                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;
-            }
-        }
+        self.insert_hole_before(root, ino, old_size, dw.offset)?;
         let mut added = 0;
         for (i, &(file_off, bytenr, len)) in dw.extents.iter().enumerate() {
             self.delayed.add_data_ref(bytenr, len, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off }, 1, true)?;
             if !dw.nodatasum {
                 crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
             }
-            let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-            fe.extend_from_slice(
-                FileExtentHeader { generation: self.transid.into(), ram_bytes: len.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes(),
-            );
-            fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: len.into(), offset: 0.into(), num_bytes: len.into() }.as_bytes());
+            let fe = reg_extent_item(self.transid, bytenr, len);
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
             added += len;
         }
-        let t = self.now();
-        self.update_inode(root, ino, |i| {
-            i.size = new_size.into();
-            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
-            i.mtime = t;
-            i.ctime = t;
-        })
+        self.update_written_inode(root, ino, new_size, removed, added)
     }
 
     /// Give back a direct write's reserved space (its data write failed).
