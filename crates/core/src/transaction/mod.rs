@@ -25,6 +25,7 @@ use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::FsRead;
 use crate::tree::search::RootInfo;
 use crate::tree::search::{NodeHandle, TreeView};
+use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -264,13 +265,13 @@ pub struct FsWriter {
     pub transid: u64,
     /// Blocks of the running transaction not yet written: changed in place until
     /// written (the kernel's `should_cow_block`: generation == transid and not WRITTEN).
-    pub(crate) dirty: HashMap<u64, DirtyBlock>,
+    pub(crate) dirty: FxHashMap<u64, DirtyBlock>,
     /// The blocks of the transaction being committed, sealed, while its I/O runs
     /// outside the writer (`start_commit` .. `finish_commit`).
     in_flight: Option<Arc<BTreeMap<u64, Arc<ExtentBuffer>>>>,
     /// Blocks sealed for writeback whose I/O the engine runs outside its lock
     /// (`take_writeback` .. `finish_writeback`), by address: readers find them here.
-    writing: HashMap<u64, Arc<ExtentBuffer>>,
+    writing: FxHashMap<u64, Arc<ExtentBuffer>>,
     /// Blocks sealed for writeback at the end of the last change, for `take_writeback`.
     pending_writeback: Vec<Arc<ExtentBuffer>>,
     /// The writeback at the end of a change is left to the engine, which writes the
@@ -386,9 +387,9 @@ impl FsWriter {
         let mut w = FsWriter {
             sb,
             transid,
-            dirty: HashMap::new(),
+            dirty: FxHashMap::default(),
             in_flight: None,
-            writing: HashMap::new(),
+            writing: FxHashMap::default(),
             pending_writeback: Vec::new(),
             defer_writeback: false,
             committing_pins: Vec::new(),
