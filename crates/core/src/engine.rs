@@ -30,7 +30,9 @@
 //!   the engine goes on (check, extract, later send and scrub).
 //!
 //! Lock order: inode locks (`inode::inode_cache`, two in inode order), then
-//! `commit_lock`, then `state`, then the leaf locks inside `FsInfo` (node cache, chunk
+//! `commit_lock`, then `state`, then `writeback_io` (a change's writeback holds it
+//! shared from the end of the change through its I/O; a commit takes it alone, holding
+//! nothing but `commit_lock`, before it returns freed space), then the leaf locks inside `FsInfo` (node cache, chunk
 //! map, superblock copy, view registry, warnings), which are never held across a call
 //! back into the engine. Open files: `inode::file`. No device I/O happens under
 //! `state` except a writer's own reads of blocks it is about to change and the
@@ -47,7 +49,6 @@ use crate::inode::read::DataView;
 use crate::transaction::views::ViewGuard;
 use crate::transaction::{FsWriter, Live, ReadMisses};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use ubtrfs_format::key::FS_TREE_OBJECTID;
 
 /// A committed generation held as a view (`Engine::committed`); read it as a
 /// `Filesystem`.
@@ -69,6 +70,11 @@ pub struct Engine {
     state: RwLock<FsWriter>,
     /// Held through a whole commit (see the module documentation).
     commit_lock: Mutex<()>,
+    /// Held shared by each change's writeback while its I/O runs, and taken exclusively
+    /// by a commit before it returns freed space: a block freed while its writeback was
+    /// still writing it is pinned, and its space must not come back before that write
+    /// has landed.
+    writeback_io: RwLock<()>,
     /// The in-memory inodes: open counts, locks (see `inode::file`).
     pub(crate) inodes: crate::inode::inode_cache::InodeCache,
 }
@@ -89,7 +95,7 @@ impl Engine {
     /// Share an opened writer.
     pub fn from_writer(mut w: FsWriter) -> Engine {
         w.defer_writeback = true;
-        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), inodes: Default::default() }
+        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()), inodes: Default::default() }
     }
 
     /// The shared filesystem.
@@ -137,7 +143,7 @@ impl Engine {
     /// as `FsRead::read_at`.
     pub fn read_file(&self, id: InodeId, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let len = buf.len() as u64;
-        let (inode, csums, _view) = self.read(|l| {
+        let (inode, csums, _view, default_subvol) = self.read(|l| {
             let mut v = l.load_inode(id, Load::ITEM)?;
             match v.kind() {
                 FileKind::File => {}
@@ -149,9 +155,9 @@ impl Engine {
             let csums = crate::inode::read::prefetch_csums(l, &v, offset, end)?;
             // A view of the running transaction: what it frees from now on is held.
             let view = self.info.views.register(l.transid() - 1);
-            Ok((v, csums, view))
+            Ok((v, csums, view, l.default_subvol()))
         })?;
-        let d = DataView { info: &self.info, default_subvol: FS_TREE_OBJECTID, csums };
+        let d = DataView { info: &self.info, default_subvol, csums };
         d.read_at(&inode, offset, buf)
     }
 
@@ -187,11 +193,15 @@ impl Engine {
         let (r, wb) = {
             let mut g = self.state.write().map_err(poisoned)?;
             let r = f(&mut g);
-            (r, g.take_writeback())
+            // Taken before `state` is dropped, so no commit can finish between the
+            // sealing of these blocks and their write.
+            let wb = g.take_writeback().map(|wb| (wb, self.writeback_io.read().unwrap_or_else(|p| p.into_inner())));
+            (r, wb)
         };
-        if let Some(wb) = wb {
+        if let Some((wb, writing)) = wb {
             // Neither side of `state` is held here.
             let io = wb.write(&self.info);
+            drop(writing);
             let mut g = self.state.write().map_err(poisoned)?;
             match io {
                 Ok(()) => g.finish_writeback(wb),
@@ -222,6 +232,8 @@ impl Engine {
             })?;
             return Err(e);
         }
+        // Every writeback that may still be writing a block this commit frees has landed.
+        drop(self.writeback_io.write().unwrap_or_else(|p| p.into_inner()));
         self.write(|w| Ok(w.finish_commit(io)))
     }
 

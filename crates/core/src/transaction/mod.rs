@@ -118,8 +118,7 @@ impl ReadMisses {
 
     /// Keep a block read without the lock for the reader's next run.
     pub fn keep(&self, eb: Arc<ExtentBuffer>) {
-        self.retries.fetch_add(1, Ordering::Relaxed);
-        if self.retries.load(Ordering::Relaxed) >= READ_RETRIES {
+        if self.retries.fetch_add(1, Ordering::Relaxed) + 1 >= READ_RETRIES {
             self.under_lock.store(true, Ordering::Relaxed);
         }
         self.lock_fetched().insert(eb.bytenr, eb);
@@ -128,11 +127,6 @@ impl ReadMisses {
     /// Read the remaining misses under the lock.
     pub fn read_under_lock(&self) {
         self.under_lock.store(true, Ordering::Relaxed);
-    }
-
-    /// Times this reader gave up the lock to read a block.
-    pub fn retries(&self) -> usize {
-        self.retries.load(Ordering::Relaxed)
     }
 }
 
@@ -1131,14 +1125,6 @@ impl Writeback {
         }
         Ok(())
     }
-
-    pub fn len(&self) -> usize {
-        self.blocks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
 }
 
 /// A sealed commit waiting for its I/O (`FsWriter::start_commit`). Writing it needs
@@ -1152,11 +1138,6 @@ pub struct CommitIo {
 }
 
 impl CommitIo {
-    /// The generation this commit writes.
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
     /// Write every block to every copy, flush, then write every superblock copy and
     /// flush again: after a crash the devices show either the previous commit or this
     /// one.
