@@ -69,10 +69,24 @@ pub struct FsInfo {
     pub sources: Sources,
     /// Readers' views of older generations, which keep freed space from reuse.
     pub views: Arc<crate::transaction::views::Views>,
+    /// Why the running transaction was aborted, once it was (the kernel's
+    /// BTRFS_FS_STATE_TRANS_ABORTED with its message): the first failure wins, and the
+    /// filesystem takes no more changes until it is opened again.
+    aborted: std::sync::OnceLock<String>,
     warnings: Mutex<Vec<String>>,
 }
 
 impl FsInfo {
+    /// Why the filesystem was aborted to read-only, if it was.
+    pub fn aborted(&self) -> Option<&str> {
+        self.aborted.get().map(String::as_str)
+    }
+
+    /// Record an abort (the first one wins).
+    pub(crate) fn set_aborted(&self, why: String) {
+        let _ = self.aborted.set(why);
+    }
+
     /// Open the devices in `opts` as one filesystem.
     ///
     /// # Errors
@@ -172,6 +186,7 @@ impl FsInfo {
             in_use: Vec::new(),
             sources: Sources::default(),
             views: Default::default(),
+            aborted: Default::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;
@@ -277,7 +292,7 @@ impl FsInfo {
                             mirror + 1
                         ));
                     }
-                    let eb = Arc::new(ExtentBuffer { bytenr, data: buf });
+                    let eb = Arc::new(ExtentBuffer::from_disk(bytenr, buf));
                     self.cache.insert(eb.clone());
                     return Ok(eb);
                 }

@@ -18,8 +18,13 @@
 //!   I/O holds only the inode's lock. Space a reader may still read is not reused
 //!   (`transaction::views`).
 //! - Changes (`write`) take `state` exclusively, one at a time (writes are serialised
-//!   at first), and the mutators abort the transaction on failure as before. The
+//!   at first). Each operation runs in a transaction handle (`transaction::handle`):
+//!   it reserves its metadata before it begins (ENOSPC then, with nothing changed),
+//!   records the blocks it COWed and keeps background writeback off them while it
+//!   lives, and aborts the transaction if it fails or is dropped unended. The
 //!   metadata writeback a change ends with is written after `state` is dropped.
+//!   A direct write's reservation lives from `begin_write` to `finish_write`, across
+//!   its data I/O, so changes in between count it as taken.
 //! - `commit` holds `commit_lock` throughout, so commits are one at a time. It takes
 //!   `state` exclusively twice, briefly: to seal the transaction (`start_commit`; the
 //!   writer then runs the next transaction, and readers see the sealed blocks), and to

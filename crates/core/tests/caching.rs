@@ -30,6 +30,13 @@ use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
 use write_common::{Mount, Scratch, MIB};
 
+/// Run one free-space-tree change in a transaction handle of its own.
+fn in_handle<T>(w: &mut ubtrfs_core::transaction::FsWriter, f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>) -> ubtrfs_core::Result<T> {
+    let mut h = w.join_transaction("free-space tree test")?;
+    let r = f(&mut h);
+    h.end_with(r)
+}
+
 const FS: u64 = FS_TREE_OBJECTID;
 const ROOT_DIR: u64 = FIRST_FREE_OBJECTID;
 const GIB: u64 = 1 << 30;
@@ -126,7 +133,7 @@ fn lazy_cache_equals_the_eager_load() {
     // Every third data group in bitmaps, the others in extents.
     let mut w = img.writer();
     for &(s, l) in data.iter().skip(1).step_by(3) {
-        convert_to_bitmaps(&mut w, s, l).expect("convert to bitmaps");
+        in_handle(&mut w, |h| convert_to_bitmaps(h, s, l)).expect("convert to bitmaps");
     }
     w.commit().expect("commit");
     drop(w);

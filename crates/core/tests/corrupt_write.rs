@@ -31,6 +31,13 @@ use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
 use write_common::{Scratch, MIB};
 
+/// Run one change in a transaction handle of its own.
+fn in_handle<T>(w: &mut ubtrfs_core::transaction::FsWriter, f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>) -> ubtrfs_core::Result<T> {
+    let mut h = w.join_transaction("free-space tree test")?;
+    let r = f(&mut h);
+    h.end_with(r)
+}
+
 const FS: u64 = FS_TREE_OBJECTID;
 const ROOT_DIR: u64 = FIRST_FREE_OBJECTID;
 
@@ -251,7 +258,7 @@ fn write_time_check_refuses_a_device_item_past_its_device() {
     let before = img.sha256();
     let mut w = img.writer();
     w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
-    ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA).expect("allocate a chunk");
+    in_handle(&mut w, |h| ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA)).expect("allocate a chunk");
     let r = w.commit();
     let msg = assert_corrupt("commit", r, &["write time tree block corruption detected", "root=3", "DEV_ITEM", "bytes used"]);
     assert_aborted("device item past its device", &mut w, &msg);
@@ -289,7 +296,7 @@ fn free_space_extent_count_disagrees_with_the_tree() {
         let (start, length) = (bg.key.objectid, bg.key.offset);
         if !to_bitmaps {
             let mut w = img.writer();
-            ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut w, start, length).expect("convert to bitmaps");
+            in_handle(&mut w, |h| ubtrfs_core::space::free_space_tree::convert_to_bitmaps(h, start, length)).expect("convert to bitmaps");
             w.commit().expect("commit");
         }
         let info = find_item(&img.path, FREE_SPACE_TREE_OBJECTID, Key::new(start, FREE_SPACE_INFO_KEY, length));
@@ -421,7 +428,7 @@ fn dev_extent_past_the_address_space() {
     patch_body(&img.path, f, 24, &(u64::MAX - 4095).to_le_bytes());
     let before = img.sha256();
     let mut w = img.writer();
-    let r = ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA);
+    let r = in_handle(&mut w, |h| ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA));
     assert_corrupt("allocate a chunk", r, &["root=4", "DEV_EXTENT", &format!("{}", f.key.offset)]);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
@@ -437,7 +444,7 @@ fn device_bytes_used_overflow() {
     patch_body(&img.path, &dev, 8, &[huge.to_le_bytes(), huge.to_le_bytes()].concat());
     let before = img.sha256();
     let mut w = img.writer();
-    let r = ubtrfs_core::space::chunk_alloc::alloc_chunk(&mut w, BLOCK_GROUP_METADATA);
+    let r = in_handle(&mut w, |h| ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA));
     assert_corrupt("allocate a chunk", r, &["root=3", "DEV_ITEM", "bytes used"]);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");

@@ -1398,7 +1398,7 @@ fn failing_superblock_write() {
     }
 }
 
-/// A data write inside `write_file` fails. Run under `guarded`, as the write engine's
+/// A data write inside `write_file` fails. Run in a transaction handle, as the write engine's
 /// rules ask of a caller, the writer is aborted and the disk keeps state A.
 #[test]
 fn failing_data_write_guarded() {
@@ -1406,7 +1406,7 @@ fn failing_data_write_guarded() {
     let top = FIRST_FREE_OBJECTID;
     let ino = w.create_file(FS_TREE, top, b"big-one", &InodeAttrs::new(0o644)).expect("create");
     dev.fail_next_write(0);
-    let e = w.guarded("write_file", |w| w.write_file(FS_TREE, ino, 0, &vec![7u8; 300_000])).expect_err("failing data write");
+    let e = w.transaction("write_file", 0, |w| w.write_file(FS_TREE, ino, 0, &vec![7u8; 300_000])).expect_err("failing data write");
     assert!(e.to_string().contains("injected write failure"), "{e}");
     assert_aborted_naming(&mut w, "injected write failure");
     drop(w);

@@ -21,6 +21,13 @@ use ubtrfs_format::key::{FREE_SPACE_BITMAP_KEY, FREE_SPACE_EXTENT_KEY, FREE_SPAC
 use ubtrfs_format::structs::{BLOCK_GROUP_DATA, FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
 use ubtrfs_format::Key;
 
+/// Run one free-space-tree change in a transaction handle of its own.
+fn in_handle<T>(w: &mut ubtrfs_core::transaction::FsWriter, f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>) -> ubtrfs_core::Result<T> {
+    let mut h = w.join_transaction("free-space tree test")?;
+    let r = f(&mut h);
+    h.end_with(r)
+}
+
 /// A writable copy of the blake2 fixture, deleted on drop unless KEEP is set.
 struct Image(std::path::PathBuf);
 
@@ -135,9 +142,9 @@ fn check_free_space_extents(w: &mut FsWriter, start: u64, len: u64, e: &[(u64, u
     check_current(w, start, len, e, &format!("{what}, as built"));
     let (_, flags) = info(w, start, len);
     if flags & FREE_SPACE_USING_BITMAPS != 0 {
-        convert_to_extents(w, start, len).unwrap();
+        in_handle(w, |h| convert_to_extents(h, start, len)).unwrap();
     } else {
-        convert_to_bitmaps(w, start, len).unwrap();
+        in_handle(w, |h| convert_to_bitmaps(h, start, len)).unwrap();
     }
     check_current(w, start, len, e, &format!("{what}, converted"));
 }
@@ -147,7 +154,7 @@ fn check_free_space_extents(w: &mut FsWriter, start: u64, len: u64, e: &[(u64, u
 /// removal, bitmaps may (all clear), and after the group removal nothing remains.
 fn teardown(w: &mut FsWriter, start: u64, len: u64, what: &str) {
     for (s, l) in free_runs(w, start, len).unwrap() {
-        remove_from_free_space_tree(w, s, l).unwrap_or_else(|e| panic!("{what}: removing {s} +{l}: {e}"));
+        in_handle(w, |h| remove_from_free_space_tree(h, s, l)).unwrap_or_else(|e| panic!("{what}: removing {s} +{l}: {e}"));
     }
     let (count, flags) = info(w, start, len);
     assert_eq!(count, 0, "{what}: extent_count after removing everything");
@@ -180,9 +187,9 @@ fn run(name: &str, ops: Ops) {
             let s = base;
             let len = 8 * a;
             w.insert_test_group(s, len, BLOCK_GROUP_DATA).unwrap();
-            add_block_group_free_space(&mut w, s).unwrap();
+            in_handle(&mut w, |h| add_block_group_free_space(h, s)).unwrap();
             if bitmaps {
-                convert_to_bitmaps(&mut w, s, len).unwrap();
+                in_handle(&mut w, |h| convert_to_bitmaps(h, s, len)).unwrap();
             }
             let e = ops(&mut w, s, a);
             check_free_space_extents(&mut w, s, len, &e, &what);
@@ -193,10 +200,10 @@ fn run(name: &str, ops: Ops) {
 }
 
 fn rm(w: &mut FsWriter, s: u64, l: u64) {
-    remove_from_free_space_tree(w, s, l).unwrap_or_else(|e| panic!("remove {s} +{l}: {e}"));
+    in_handle(w, |h| remove_from_free_space_tree(h, s, l)).unwrap_or_else(|e| panic!("remove {s} +{l}: {e}"));
 }
 fn add(w: &mut FsWriter, s: u64, l: u64) {
-    add_to_free_space_tree(w, s, l).unwrap_or_else(|e| panic!("add {s} +{l}: {e}"));
+    in_handle(w, |h| add_to_free_space_tree(h, s, l)).unwrap_or_else(|e| panic!("add {s} +{l}: {e}"));
 }
 
 #[test]
@@ -302,7 +309,7 @@ fn auto_convert(w: &mut FsWriter, s: u64, len: u64) -> Vec<(usize, bool)> {
     let ss = u64::from(w.sectorsize());
     let (low, high) = thresholds(len, w.sectorsize());
     w.insert_test_group(s, len, BLOCK_GROUP_DATA).unwrap();
-    add_block_group_free_space(w, s).unwrap();
+    in_handle(w, |h| add_block_group_free_space(h, s)).unwrap();
     let mut free = vec![true; (len / ss) as usize];
     let mut bitmaps = false;
     let mut seen = Vec::new();
@@ -393,7 +400,7 @@ fn cached_format_loaded_from_disk() {
         groups[0]
     };
     let before = free_runs(&mut w, start, len).unwrap();
-    convert_to_bitmaps(&mut w, start, len).unwrap();
+    in_handle(&mut w, |h| convert_to_bitmaps(h, start, len)).unwrap();
     img.commit_and_check(w);
     let mut w = img.writer();
     assert_eq!(w.fst_cached_bitmaps(start), None, "nothing cached at open");
@@ -401,9 +408,9 @@ fn cached_format_loaded_from_disk() {
     // Take one free sector out and put it back through the normal paths.
     let (fs, _) = before[0];
     let ss = u64::from(w.sectorsize());
-    remove_from_free_space_tree(&mut w, fs, ss).unwrap();
+    in_handle(&mut w, |h| remove_from_free_space_tree(h, fs, ss)).unwrap();
     assert_eq!(w.fst_cached_bitmaps(start), Some(true), "cache filled from INFO");
-    add_to_free_space_tree(&mut w, fs, ss).unwrap();
+    in_handle(&mut w, |h| add_to_free_space_tree(h, fs, ss)).unwrap();
     assert_eq!(free_runs(&mut w, start, len).unwrap(), before);
     assert_eq!(info(&mut w, start, len).1 & FREE_SPACE_USING_BITMAPS, FREE_SPACE_USING_BITMAPS);
     img.commit_and_check(w);

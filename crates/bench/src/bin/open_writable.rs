@@ -78,10 +78,12 @@ pub fn make_image(dir: &Path, size: u64, extents: u64, bitmap_every: usize) -> R
     let data: Vec<_> = all.iter().filter(|g| g.flags & BLOCK_GROUP_DATA != 0).collect();
     let mut bitmap_groups = 0;
     if bitmap_every > 0 {
+        let mut h = w.join_transaction("convert to bitmaps").map_err(|e| format!("start a handle: {e}"))?;
         for g in data.iter().skip(1).step_by(bitmap_every) {
-            ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut w, g.start, g.length).map_err(|e| format!("convert group {}: {e}", g.start))?;
+            ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut h, g.start, g.length).map_err(|e| format!("convert group {}: {e}", g.start))?;
             bitmap_groups += 1;
         }
+        h.end().map_err(|e| format!("end the handle: {e}"))?;
     }
     w.commit().map_err(|e| format!("commit: {e}"))?;
     let items = w.items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::MIN, &Key::MAX).map_err(|e| format!("free-space tree: {e}"))?;

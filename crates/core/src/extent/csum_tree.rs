@@ -34,7 +34,7 @@ fn overlap(k: &Key, logical: u64) -> crate::error::Error {
 ///
 /// # Errors
 /// Tree modification failures.
-pub fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Result<()> {
+pub(crate) fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Result<()> {
     let cs = w.info.csum_type.size();
     let ss = u64::from(w.sectorsize());
     assert!(csums.len().is_multiple_of(cs), "csum bytes {} not a multiple of {cs}", csums.len());
@@ -82,7 +82,7 @@ pub fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Res
 ///
 /// # Errors
 /// Tree modification failures.
-pub fn del_csums(w: &mut FsWriter, logical: u64, len: u64) -> Result<()> {
+pub(crate) fn del_csums(w: &mut FsWriter, logical: u64, len: u64) -> Result<()> {
     let cs = w.info.csum_type.size();
     let ss = u64::from(w.sectorsize());
     let end = logical + len;

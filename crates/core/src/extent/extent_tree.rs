@@ -160,7 +160,11 @@ impl FsWriter {
     pub(crate) fn alloc_tree_block(&mut self, root_id: u64, level: u8, first_key: Key) -> Result<u64> {
         let ty = if root_id == CHUNK_TREE_OBJECTID { BLOCK_GROUP_SYSTEM } else { BLOCK_GROUP_METADATA };
         let ns = u64::from(self.nodesize());
+        self.assert_in_handle("tree block allocation");
         let bytenr = crate::space::allocator::alloc_extent(self, ty, ns)?;
+        if ty == BLOCK_GROUP_METADATA {
+            self.charge_tree_block();
+        }
         self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, 1, Some(first_key))?;
         Ok(bytenr)
     }
@@ -188,18 +192,6 @@ impl FsWriter {
             }
         }
         Ok(())
-    }
-
-    /// Allocate a data extent of `num_bytes` referenced by (root, ino, file offset -
-    /// extent offset). The EXTENT_ITEM is inserted at commit.
-    ///
-    /// # Errors
-    /// `Posix(NoSpace)` when no data space can be found or made; `Corrupt` when a file
-    /// extent of this transaction names the space with another length or as a tree block.
-    pub fn alloc_data_extent(&mut self, num_bytes: u64, root: u64, ino: u64, offset: u64) -> Result<u64> {
-        let bytenr = crate::space::allocator::alloc_extent(self, BLOCK_GROUP_DATA, num_bytes)?;
-        self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, 1, true)?;
-        Ok(bytenr)
     }
 
     /// As `alloc_data_extent`, but settle for less than `num_bytes` (down to one
@@ -285,7 +277,7 @@ impl FsWriter {
     /// # Errors
     /// `Corrupt` naming (root, ino) when this transaction already references `bytenr`
     /// with another length or as a tree block: the file extent contradicts another.
-    pub fn data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) -> Result<()> {
+    pub(crate) fn data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) -> Result<()> {
         self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, delta, false)
     }
 }
@@ -369,7 +361,7 @@ fn insert_new_extent(w: &mut FsWriter, h: &RefHead, new: NewExtent) -> Result<()
         w.insert_item(EXTENT_TREE_OBJECTID, &keyed_key(h.bytenr, k), &keyed_body(k, d))?;
     }
     crate::space::allocator::update_used(w, h.bytenr, h.num_bytes, true)?;
-    crate::space::free_space_tree::remove_from_free_space_tree(w, h.bytenr, h.num_bytes)?;
+    crate::space::free_space_tree::remove_from_free_space_tree_in(w, h.bytenr, h.num_bytes)?;
     Ok(())
 }
 
@@ -446,7 +438,7 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
     if refs == 0 {
         w.delete_item(EXTENT_TREE_OBJECTID, &key)?;
         crate::space::allocator::update_used(w, h.bytenr, h.num_bytes, false)?;
-        crate::space::free_space_tree::add_to_free_space_tree(w, h.bytenr, h.num_bytes)?;
+        crate::space::free_space_tree::add_to_free_space_tree_in(w, h.bytenr, h.num_bytes)?;
         crate::space::allocator::pin(w, h.bytenr, h.num_bytes)?;
         if h.is_data {
             crate::extent::csum_tree::del_csums(w, h.bytenr, h.num_bytes)?;

@@ -126,7 +126,7 @@ impl FsWriter {
         if nlink != 0 {
             return Ok(false);
         }
-        self.guarded("evict_inode", |w| w.evict_inode_inner(id.root, id.ino))?;
+        self.transaction("evict_inode", 0, |w| w.evict_inode_inner(id.root, id.ino))?;
         Ok(true)
     }
 
@@ -206,15 +206,15 @@ impl FsWriter {
         };
         match nlink {
             None => {
-                self.guarded("orphan_cleanup", |w| w.orphan_del(root, ino))?;
+                self.transaction("orphan_cleanup", 0, |w| w.orphan_del(root, ino))?;
                 done.missing += 1;
             }
             Some(0) => {
-                self.guarded("orphan_cleanup", |w| w.evict_inode_inner(root, ino))?;
+                self.transaction("orphan_cleanup", 0, |w| w.evict_inode_inner(root, ino))?;
                 done.removed += 1;
             }
             Some(_) => {
-                self.guarded("orphan_cleanup", |w| {
+                self.transaction("orphan_cleanup", 0, |w| {
                     let verity = w.items_in_range(root, &Key::new(ino, VERITY_DESC_ITEM_KEY, 0), &Key::new(ino, VERITY_MERKLE_ITEM_KEY, u64::MAX))?;
                     for (k, _) in verity.iter().rev() {
                         w.delete_item(root, k)?;

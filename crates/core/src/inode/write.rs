@@ -129,7 +129,7 @@ impl FsWriter {
     /// `Posix(NotFound)` if absent.
     pub fn update_inode(&mut self, root: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
         self.check_root_writable(root)?;
-        self.guarded("update_inode", |w| {
+        self.transaction("update_inode", 0, |w| {
             let key = Key::new(ino, INODE_ITEM_KEY, 0);
             let (leaf, slot) = w.lookup_for_update(root, &key, 0)?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}")))?;
             let transid = w.transid;
@@ -171,8 +171,7 @@ impl FsWriter {
     /// Tree modification failures.
     pub fn create_inode(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         self.check_root_writable(root)?;
-        crate::space::allocator::reserve_metadata(self, 1)?;
-        self.guarded("create_inode", |w| w.create_inode_inner(root, a))
+        self.transaction("create_inode", 1, |w| w.create_inode_inner(root, a))
     }
 
     fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
@@ -216,8 +215,7 @@ impl FsWriter {
         self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
         self.check_iflags(root, ino, IflagOp::Relink, name)?;
-        crate::space::allocator::reserve_metadata(self, LINK_ITEMS)?;
-        self.guarded("link", |w| w.link_inner(root, dir, name, ino, ftype))
+        self.transaction("link", LINK_ITEMS, |w| w.link_inner(root, dir, name, ino, ftype))
     }
 
     /// Refuse a new `name` in `dir` before anything changes: a bad or taken name found
@@ -315,9 +313,8 @@ impl FsWriter {
         a.mode = S_IFDIR | (a.mode & 0o7777);
         self.check_root_writable(root)?;
         let dflags = self.check_new_name(root, dir, name)?;
-        crate::space::allocator::reserve_metadata(self, LINK_ITEMS + 1)?;
         a.flags |= inherited_flags(dflags, false);
-        self.guarded("mkdir", |w| {
+        self.transaction("mkdir", LINK_ITEMS + 1, |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_DIR)?;
             Ok(ino)
@@ -333,9 +330,8 @@ impl FsWriter {
         a.mode = S_IFREG | (a.mode & 0o7777);
         self.check_root_writable(root)?;
         let dflags = self.check_new_name(root, dir, name)?;
-        crate::space::allocator::reserve_metadata(self, LINK_ITEMS + 1)?;
         a.flags |= inherited_flags(dflags, true);
-        self.guarded("create_file", |w| {
+        self.transaction("create_file", LINK_ITEMS + 1, |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_REG_FILE)?;
             Ok(ino)
@@ -349,7 +345,7 @@ impl FsWriter {
     /// Tree modification failures.
     pub fn drop_extents(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
         self.check_root_writable(root)?;
-        self.guarded("drop_extents", |w| w.drop_extents_inner(root, ino, start, end))
+        self.transaction("drop_extents", 0, |w| w.drop_extents_inner(root, ino, start, end))
     }
 
     fn drop_extents_inner(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
@@ -510,8 +506,7 @@ impl FsWriter {
         let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
         let csum_bytes = len.div_ceil(u64::from(self.sectorsize())) * self.info.csum_type.size() as u64;
         let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
-        crate::space::allocator::reserve_metadata(self, items)?;
-        self.guarded("write_file", |w| w.write_file_inner(root, ino, offset, end, &ii, fill))
+        self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, fill))
     }
 
     fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
@@ -613,7 +608,7 @@ impl FsWriter {
         if ftype == FT_DIR && child.size.get() != 0 {
             return Err(Error::posix(PosixKind::NotEmpty, crate::quote::name(name)));
         }
-        self.guarded("unlink", |w| w.unlink_inner(root, dir, name, ino, ftype, &child, in_use))
+        self.transaction("unlink", 0, |w| w.unlink_inner(root, dir, name, ino, ftype, &child, in_use))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -709,7 +704,7 @@ impl FsWriter {
     /// Tree modification failures.
     pub fn remove_inode(&mut self, root: u64, ino: u64) -> Result<()> {
         self.check_root_writable(root)?;
-        self.guarded("remove_inode", |w| w.remove_inode_inner(root, ino))
+        self.transaction("remove_inode", 0, |w| w.remove_inode_inner(root, ino))
     }
 
     pub(super) fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
@@ -769,6 +764,7 @@ impl FsWriter {
 /// write failed). Until `finish_write`, readers see the file as it was; a commit in
 /// between records nothing of the write (its space is reserved in memory only, and
 /// free in the committed state), so a crash loses the write and nothing else.
+#[must_use = "a direct write ends with finish_write or cancel_write, which give back its reservations"]
 pub struct DirectWrite {
     root: u64,
     ino: u64,
@@ -781,6 +777,9 @@ pub struct DirectWrite {
     extents: Vec<(u64, u64, u64)>,
     /// Data checksums of each extent, filled by `write_data`.
     csums: Vec<Vec<u8>>,
+    /// Metadata bytes reserved for the insertions (`reserve_metadata`), which the
+    /// handle of `finish_write` takes over.
+    meta_rsv: u64,
 }
 
 /// How `begin_write` wants a write done.
@@ -821,7 +820,8 @@ impl FsWriter {
         let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
         let csum_bytes = len.div_ceil(ss) * self.info.csum_type.size() as u64;
         let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
-        crate::space::allocator::reserve_metadata(self, items)?;
+        let meta_rsv = crate::space::allocator::reserve_metadata(self, items)?;
+        self.write_rsv += meta_rsv;
         let a_end = end.div_ceil(ss) * ss;
         let mut extents = Vec::new();
         let mut cur = offset;
@@ -836,11 +836,13 @@ impl FsWriter {
                     for &(_, b, l) in &extents {
                         crate::space::allocator::unreserve(self, b, l);
                     }
+                    self.write_rsv -= meta_rsv;
+                    crate::space::allocator::release_metadata(self, meta_rsv);
                     return Err(e);
                 }
             }
         }
-        Ok(WritePlan::Direct(DirectWrite { root, ino, offset, end, nodatasum: ii.flags.get() & INODE_NODATASUM != 0, extents, csums: Vec::new() }))
+        Ok(WritePlan::Direct(DirectWrite { root, ino, offset, end, nodatasum: ii.flags.get() & INODE_NODATASUM != 0, extents, csums: Vec::new(), meta_rsv }))
     }
 
     /// Insert a direct write's extents and checksums (its data is on disk) and update
@@ -849,7 +851,7 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NotFound)` when the inode went away meanwhile (its space is given back);
     /// tree failures (which abort).
-    pub fn finish_write(&mut self, dw: DirectWrite) -> Result<()> {
+    pub fn finish_write(&mut self, mut dw: DirectWrite) -> Result<()> {
         let (root, ino) = (dw.root, dw.ino);
         let ii = match self.live().load_inode(InodeId { root, ino }, Load::ITEM) {
             Ok(v) if v.item.mode.get() & S_IFMT == S_IFREG => v.item,
@@ -858,7 +860,11 @@ impl FsWriter {
                 return Err(Error::posix(PosixKind::NotFound, format!("root={root} ino={ino} went away while its data was written")));
             }
         };
-        self.guarded("write_file", |w| w.finish_write_inner(dw, &ii))
+        let rsv = std::mem::take(&mut dw.meta_rsv);
+        self.write_rsv -= rsv;
+        let mut h = self.start_transaction_reserved("write_file", rsv)?;
+        let r = h.finish_write_inner(dw, &ii);
+        h.end_with(r)
     }
 
     fn finish_write_inner(&mut self, dw: DirectWrite, ii: &InodeItem) -> Result<()> {
@@ -887,6 +893,8 @@ impl FsWriter {
         for &(_, b, l) in &dw.extents {
             crate::space::allocator::unreserve(self, b, l);
         }
+        self.write_rsv -= dw.meta_rsv;
+        crate::space::allocator::release_metadata(self, dw.meta_rsv);
     }
 }
 

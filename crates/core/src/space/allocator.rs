@@ -152,6 +152,10 @@ pub struct Allocator {
     pub bg_tree: bool,
     pub bits_per_bitmap: u32,
     changed: bool,
+    /// Metadata bytes reserved by live handles and pending direct writes and not yet
+    /// used (the metadata space_info's `bytes_may_use`): every reservation counts them
+    /// as taken.
+    pub(crate) meta_may_use: u64,
 }
 
 impl Allocator {
@@ -558,7 +562,7 @@ fn find_free_extent(w: &mut FsWriter, ty: u64, num_bytes: u64, cache_error: &mut
 /// `Posix(NoSpace)` naming the type when no space can be found or made; when a group
 /// that could not be cached was skipped, its caching error instead (the kernel returns
 /// that rather than ENOSPC, since the space may be in the damaged group).
-pub fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
+pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
     let mut cache_error = None;
     for attempt in 0..2 {
         if let Some(start) = find_free_extent(w, ty, num_bytes, &mut cache_error)? {
@@ -568,7 +572,7 @@ pub fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
         // the caller asking for less (`alloc_extent_upto`), not by a new chunk: otherwise
         // every large write would add a chunk while the existing ones have room.
         if attempt == 0 && (ty != BLOCK_GROUP_DATA || w.alloc.free_bytes(ty) < num_bytes) {
-            match crate::space::chunk_alloc::alloc_chunk(w, ty) {
+            match crate::space::chunk_alloc::alloc_chunk_in(w, ty) {
                 Ok(()) => {}
                 Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => return Err(cache_error.unwrap_or(e)),
                 Err(e) => return Err(e),
@@ -586,7 +590,7 @@ pub fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
 ///
 /// # Errors
 /// `Posix(NoSpace)` when not even `min` bytes can be found or made.
-pub fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: u64) -> Result<(u64, u64)> {
+pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: u64) -> Result<(u64, u64)> {
     assert!(min > 0, "alloc_extent_upto: min 0");
     assert!(num_bytes >= min && num_bytes / min * min == num_bytes, "alloc_extent_upto({num_bytes}, min {min})");
     let mut want = num_bytes;
@@ -613,18 +617,33 @@ pub fn metadata_reserve(w: &FsWriter) -> u64 {
     (256 * u64::from(w.nodesize())).min(total / 4)
 }
 
-/// Before an operation that adds about `items` items begins: make sure metadata space
-/// holds them (charged as the kernel's `btrfs_calc_insert_metadata_size`, a COW of a
-/// full-height path per item) on top of `metadata_reserve`, allocating a metadata chunk
-/// if that helps. Refusing here, before anything changes, keeps a full filesystem
-/// writable for deletions instead of wedging it with every tree block in use.
+/// Metadata bytes a change of `items` items is charged (the kernel's
+/// `btrfs_calc_insert_metadata_size`: a COW of a full-height path per item).
+pub(crate) fn metadata_size(w: &FsWriter, items: u64) -> u64 {
+    items * 2 * MAX_LEVEL * u64::from(w.nodesize())
+}
+
+/// Reserve metadata space for an operation that adds about `items` items, before it
+/// begins (`btrfs_block_rsv_add`): the space must hold it on top of what other
+/// reservations hold and of `metadata_reserve`, allocating a metadata chunk if that
+/// helps. Refusing here, before anything changes, keeps a full filesystem writable for
+/// deletions instead of wedging it with every tree block in use. Returns the bytes
+/// reserved, which the caller's handle uses up or gives back (`release_metadata`).
 ///
 /// # Errors
 /// `Posix(NoSpace)` when the space cannot be found or made; chunk allocation failures.
-pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
-    let want = metadata_reserve(w) + items * 2 * MAX_LEVEL * u64::from(w.nodesize());
+pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
+    if items == 0 {
+        return Ok(0);
+    }
+    let bytes = metadata_size(w, items);
+    let want = metadata_reserve(w) + w.alloc.meta_may_use + bytes;
+    let take = |w: &mut FsWriter| {
+        w.alloc.meta_may_use += bytes;
+        Ok(bytes)
+    };
     if w.alloc.free_bytes(BLOCK_GROUP_METADATA) >= want {
-        return Ok(());
+        return take(w);
     }
     // The counters of uncached groups come from their items and may disagree with the
     // free-space tree: before adding a chunk, ask the caches (a group that fails to
@@ -634,18 +653,34 @@ pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
         let _ = cached_ctl(w, s);
     }
     if w.alloc.free_bytes(BLOCK_GROUP_METADATA) >= want {
-        return Ok(());
+        return take(w);
     }
-    match crate::space::chunk_alloc::alloc_chunk(w, BLOCK_GROUP_METADATA) {
-        Ok(()) => {}
-        Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {}
-        Err(e) => return Err(e),
+    // The chunk goes in under a handle of its own (joined to the caller's, if any). No
+    // room for one is not a failure of anything begun: nothing has changed then.
+    {
+        let mut h = w.join_transaction("metadata chunk allocation")?;
+        match crate::space::chunk_alloc::alloc_chunk_in(&mut h, BLOCK_GROUP_METADATA) {
+            Ok(()) => h.end()?,
+            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => h.end()?,
+            Err(e) => return h.end_with(Err(e)),
+        }
     }
     let free = w.alloc.free_bytes(BLOCK_GROUP_METADATA);
     if free >= want {
-        return Ok(());
+        return take(w);
     }
-    Err(Error::posix(PosixKind::NoSpace, format!("metadata space is low: {free} bytes free, {want} needed for {items} items and the reserve kept for deletions and commits")))
+    let held = w.alloc.meta_may_use;
+    Err(Error::posix(
+        PosixKind::NoSpace,
+        format!("metadata space is low: {free} bytes free, {want} needed for {items} items, the reservations of changes under way ({held}) and the reserve kept for deletions and commits"),
+    ))
+}
+
+/// Give back `bytes` of a metadata reservation (unused, or used up by tree blocks
+/// allocated under it).
+pub(crate) fn release_metadata(w: &mut FsWriter, bytes: u64) {
+    assert!(bytes <= w.alloc.meta_may_use, "releasing {bytes} metadata bytes with {} reserved", w.alloc.meta_may_use);
+    w.alloc.meta_may_use -= bytes;
 }
 
 /// Give back space reserved in this transaction that never reached disk.
@@ -660,7 +695,7 @@ pub fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<()> {
 /// While a reader reads data of the running transaction without the engine's lock
 /// (`Engine::read_file`), the space is pinned instead: that reader may still read it,
 /// so it must not be handed out again before the commit and the reader's end.
-pub fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64) {
+pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64) {
     if !w.info.views.may_reuse(w.transid) {
         // Allocated in this transaction and not free: pinning cannot fail but for a bug.
         pin(w, bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes} while a reader holds a view: {e}"));
@@ -723,7 +758,7 @@ pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -
 ///
 /// # Errors
 /// Tree modification failures.
-pub fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
+pub(crate) fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
     let mut any = crate::space::chunk_alloc::insert_pending_chunks(w)?;
     let tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
     loop {

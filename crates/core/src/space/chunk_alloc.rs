@@ -85,7 +85,13 @@ fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>
 ///
 /// # Errors
 /// `Posix(NoSpace)` when the device has no room for another chunk.
-pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
+/// In the handle `h` (the public form; the engine's own allocations call
+/// `alloc_chunk_in`).
+pub fn alloc_chunk(h: &mut crate::transaction::TransHandle<'_>, ty: u64) -> Result<()> {
+    alloc_chunk_in(h, ty)
+}
+
+pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     #[cfg(feature = "test-hooks")]
     if w.hooks.refuse_chunk_alloc {
         return Err(Error::posix(PosixKind::NoSpace, format!("no room for a new {} chunk (test switch)", block_group_flags_str(ty))));
@@ -173,7 +179,7 @@ pub fn alloc_chunk(w: &mut FsWriter, ty: u64) -> Result<()> {
 ///
 /// # Errors
 /// Tree modification failures.
-pub fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
+pub(crate) fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
     if w.pending_chunks.is_empty() {
         return Ok(false);
     }
@@ -200,7 +206,7 @@ pub fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
         g.dirty = true;
         let body = BlockGroupItem { used: g.used.into(), chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(), flags: g.flags.into() };
         w.insert_item(tree, &Key::new(m.logical, BLOCK_GROUP_ITEM_KEY, m.length), body.as_bytes())?;
-        crate::space::free_space_tree::add_block_group_free_space(w, m.logical)?;
+        crate::space::free_space_tree::add_block_group_free_space_in(w, m.logical)?;
         let pos = w.pending_chunks.iter().position(|q| q.map.logical == m.logical).expect("pending chunk still listed");
         w.pending_chunks.remove(pos);
     }

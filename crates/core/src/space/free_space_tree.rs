@@ -11,7 +11,7 @@
 //! so the allocator loads a group's free space from items nobody has changed yet.
 
 use crate::error::Result;
-use crate::transaction::FsWriter;
+use crate::transaction::{FsWriter, TransHandle};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
@@ -101,7 +101,12 @@ fn using_bitmaps(w: &mut FsWriter, g: &Group) -> Result<bool> {
 ///
 /// # Errors
 /// Tree modification failures.
-pub fn add_block_group_free_space(w: &mut FsWriter, start: u64) -> Result<()> {
+/// In the handle `h` (the public form; the engine's own changes call `add_block_group_free_space_in`).
+pub fn add_block_group_free_space(h: &mut TransHandle<'_>, start: u64) -> Result<()> {
+    add_block_group_free_space_in(h, start)
+}
+
+pub(crate) fn add_block_group_free_space_in(w: &mut FsWriter, start: u64) -> Result<()> {
     let g = group_of(w, start)?;
     ensure_group_added(w, &g)
 }
@@ -123,7 +128,12 @@ fn ensure_group_added(w: &mut FsWriter, g: &Group) -> Result<()> {
 ///
 /// # Errors
 /// `Corrupt` if the range is not entirely free in the tree.
-pub fn remove_from_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+/// In the handle `h` (the public form; the engine's own changes call `remove_from_free_space_tree_in`).
+pub fn remove_from_free_space_tree(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
+    remove_from_free_space_tree_in(h, start, len)
+}
+
+pub(crate) fn remove_from_free_space_tree_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
     let t0 = timing_start(w);
     let r = update_free_space(w, start, len, false);
     record_timing(w, t0);
@@ -134,7 +144,12 @@ pub fn remove_from_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Re
 ///
 /// # Errors
 /// `Corrupt` if part of the range is already free.
-pub fn add_to_free_space_tree(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+/// In the handle `h` (the public form; the engine's own changes call `add_to_free_space_tree_in`).
+pub fn add_to_free_space_tree(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
+    add_to_free_space_tree_in(h, start, len)
+}
+
+pub(crate) fn add_to_free_space_tree_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
     let t0 = timing_start(w);
     let r = update_free_space(w, start, len, true);
     record_timing(w, t0);
@@ -306,9 +321,9 @@ fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
     let (low, high) = group_thresholds(w, g);
     let bitmaps = flags & FREE_SPACE_USING_BITMAPS != 0;
     if !bitmaps && new > high {
-        convert_to_bitmaps(w, g.start, g.len)?;
+        convert_to_bitmaps_in(w, g.start, g.len)?;
     } else if bitmaps && new < low {
-        convert_to_extents(w, g.start, g.len)?;
+        convert_to_extents_in(w, g.start, g.len)?;
     }
     Ok(())
 }
@@ -382,7 +397,12 @@ fn delete_group_items(w: &mut FsWriter, g: &Group, ty: u8) -> Result<()> {
 /// `Corrupt` when the INFO item's extent count disagrees with the free runs, or from
 /// caching the group; `Posix(Invalid)` when no group is [start, start+len); tree
 /// modification failures.
-pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+/// In the handle `h` (the public form; the engine's own changes call `convert_to_bitmaps_in`).
+pub fn convert_to_bitmaps(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
+    convert_to_bitmaps_in(h, start, len)
+}
+
+pub(crate) fn convert_to_bitmaps_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
     let g = exact_group(w, start, len)?;
     let runs = free_runs(w, g.start, g.len)?;
     let (count, flags) = counted_info(w, &g, runs.len())?;
@@ -417,7 +437,12 @@ pub fn convert_to_bitmaps(w: &mut FsWriter, start: u64, len: u64) -> Result<()> 
 /// `Corrupt` when the INFO item's extent count disagrees with the free runs, or from
 /// caching the group; `Posix(Invalid)` when no group is [start, start+len); tree
 /// modification failures.
-pub fn convert_to_extents(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+/// In the handle `h` (the public form; the engine's own changes call `convert_to_extents_in`).
+pub fn convert_to_extents(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
+    convert_to_extents_in(h, start, len)
+}
+
+pub(crate) fn convert_to_extents_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
     let g = exact_group(w, start, len)?;
     let runs = free_runs(w, g.start, g.len)?;
     let (count, flags) = counted_info(w, &g, runs.len())?;

@@ -8,8 +8,14 @@
 //!   never modified in place; it is copied to a newly allocated block first.
 //! - Committed blocks are never overwritten: their space returns to the allocator only
 //!   after the commit that stops referencing them (pinned until then).
-//! - After a failure once a change has begun, `aborted` is set and every later write
+//! - Every change of a tree runs in a transaction handle (`handle`): the mutators
+//!   assert one is live. A handle reserves the change's metadata before it begins,
+//!   records the blocks it COWed (inhibiting their background writeback while it
+//!   lives), and aborts the transaction if it is dropped without ending.
+//! - After a failure once a change has begun, the abort is recorded in `FsInfo` and every later write
 //!   fails with a read-only error (the kernel's `btrfs_abort_transaction`).
+//! - Tree blocks are `ExtentBuffer`s: dirty ones belong to the running transaction
+//!   (`dirty`), written ones are sealed and never change again.
 //! - Every block passes the tree checker before any block of the commit is written; a
 //!   block that fails is an error that aborts the commit (the kernel's -EUCLEAN on
 //!   write), so a refused commit leaves the image as the last commit left it.
@@ -18,7 +24,10 @@
 //! `extent_tree` (reference counting run at commit), `alloc` (block groups and free
 //! space), `disk_io` (the read side, whose cache receives blocks after commit).
 
+pub mod handle;
 pub mod views;
+
+pub use handle::TransHandle;
 
 use crate::disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
@@ -170,7 +179,7 @@ impl<'a> TreeView for Live<'a> {
                 let g = expect.generation.unwrap_or_default();
                 Err(in_use_reallocated(bytenr, expect.owner, format!("tree block {bytenr} of generation {g} is in use, yet this transaction ({}) allocated it again", self.w.transid)))
             }
-            Some(d) => Ok(BlkRef::Dirty(bytenr, &d.buf)),
+            Some(d) => Ok(BlkRef::Dirty(bytenr, &d.data)),
             None => {
                 if let Some(m) = self.misses {
                     if let Some(eb) = m.lock_fetched().get(&bytenr).filter(|eb| eb.matches(expect)) {
@@ -202,13 +211,6 @@ impl<'a> TreeView for Live<'a> {
             _ => crate::tree::search::root_from_root_tree(self, id),
         }
     }
-}
-
-/// A block of the running transaction that has not been written yet.
-pub(crate) struct DirtyBlock {
-    pub(crate) buf: Box<[u8]>,
-    /// `touch_seq` when it was last changed.
-    touched: u64,
 }
 
 /// Bytes of the dirty limit each pending delayed-ref head is counted as: heads run
@@ -247,6 +249,9 @@ pub struct TestHooks {
     pub fst_timings: Option<Vec<u32>>,
     /// Test switch: every chunk allocation fails as on a full device.
     pub refuse_chunk_alloc: bool,
+    /// Test and benchmark switch: handles inhibit no block from writeback (the COW
+    /// amplification the inhibition prevents, seed 002).
+    pub no_writeback_inhibition: bool,
 }
 
 /// The writable filesystem.
@@ -259,7 +264,7 @@ pub struct FsWriter {
     pub transid: u64,
     /// Blocks of the running transaction not yet written: changed in place until
     /// written (the kernel's `should_cow_block`: generation == transid and not WRITTEN).
-    pub(crate) dirty: FxHashMap<u64, DirtyBlock>,
+    pub(crate) dirty: FxHashMap<u64, ExtentBuffer>,
     /// The blocks of the transaction being committed, sealed, while its I/O runs
     /// outside the writer (`start_commit` .. `finish_commit`).
     in_flight: Option<Arc<BTreeMap<u64, Arc<ExtentBuffer>>>>,
@@ -285,13 +290,19 @@ pub struct FsWriter {
     touch_seq: u64,
     /// Blocks of this transaction written before its commit, for statistics.
     pub(crate) written_early: u64,
-    /// Depth of `guarded` calls: writeback runs only between whole operations, when no
-    /// path holds a dirty block.
-    guard_depth: u32,
+    /// Tree blocks COWed so far, for statistics.
+    pub(crate) cowed: u64,
+    /// Metadata bytes reserved by direct writes between `begin_write` and
+    /// `finish_write`/`cancel_write` (the part of `alloc.meta_may_use` no handle holds).
+    pub(crate) write_rsv: u64,
+    /// The live transaction handle (`handle`): writeback runs only when the outermost
+    /// ends, when no path holds a dirty block.
+    pub(crate) handle: Option<handle::HandleState>,
+    /// The last ended handle's state, kept for the next so its set's memory is reused.
+    spare_handle: handle::HandleState,
     /// Delayed refs are being run by writeback (which they call back into).
     running_refs: bool,
     pub(crate) roots: BTreeMap<u64, RootState>,
-    pub(crate) aborted: Option<String>,
     pub(crate) delayed: crate::extent::delayed_ref::DelayedRefs,
     pub(crate) alloc: crate::space::allocator::Allocator,
     /// Commits done by this writer (for tests and statistics).
@@ -391,10 +402,12 @@ impl FsWriter {
             dirty_limit: DEFAULT_DIRTY_METADATA_BYTES,
             touch_seq: 0,
             written_early: 0,
-            guard_depth: 0,
+            cowed: 0,
+            write_rsv: 0,
+            handle: None,
+            spare_handle: Default::default(),
             running_refs: false,
             roots: BTreeMap::new(),
-            aborted: None,
             delayed: Default::default(),
             alloc: Default::default(),
             commits: 0,
@@ -449,7 +462,7 @@ impl FsWriter {
     /// # Errors
     /// `Posix(ReadOnly)` naming the original failure.
     pub fn check_writable(&self) -> Result<()> {
-        match &self.aborted {
+        match self.info.aborted() {
             Some(why) => Err(Error::posix(PosixKind::ReadOnly, format!("filesystem aborted to read-only after: {why}"))),
             None => Ok(()),
         }
@@ -520,14 +533,17 @@ impl FsWriter {
 
     /// Turn the filesystem read-only after a failure that happened mid-change.
     pub fn abort(&mut self, at: &str, err: &Error) {
-        if self.aborted.is_none() {
-            self.aborted = Some(format!("{at}: {err}"));
-        }
+        self.abort_because(at, &err.to_string());
+    }
+
+    /// `abort` for a failure that is not an `Error` (a handle dropped unended).
+    pub(crate) fn abort_because(&mut self, at: &str, why: &str) {
+        self.info.set_aborted(format!("{at}: {why}"));
     }
 
     /// Return to the allocator the space committed transactions freed that no live view
     /// reads any more.
-    fn release_space_held_for_views(&mut self) {
+    pub(crate) fn release_space_held_for_views(&mut self) {
         let views = self.info.views.clone();
         let mut i = 0;
         while i < self.held_for_views.len() {
@@ -538,28 +554,6 @@ impl FsWriter {
                 i += 1;
             }
         }
-    }
-
-    /// Run `f`, aborting to read-only if it fails (use around any multi-step change).
-    ///
-    /// # Errors
-    /// The error of `f`.
-    pub fn guarded<T>(&mut self, at: &str, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-        self.check_writable()?;
-        if self.guard_depth == 0 && !self.held_for_views.is_empty() {
-            self.release_space_held_for_views();
-        }
-        self.guard_depth += 1;
-        let r = f(self);
-        self.guard_depth -= 1;
-        let r = match r {
-            Ok(v) if self.guard_depth == 0 => self.balance_dirty_metadata_with(self.defer_writeback).map(|()| v),
-            r => r,
-        };
-        if let Err(e) = &r {
-            self.abort(at, e);
-        }
-        r
     }
 
     pub fn nodesize(&self) -> u32 {
@@ -642,7 +636,7 @@ impl FsWriter {
 
     pub fn node<'a>(&'a self, b: &'a Blk) -> NodeRef<'a> {
         match b {
-            Blk::Dirty(bytenr) => NodeRef::new_checked(&self.dirty.get(bytenr).expect("dirty block present while referenced").buf),
+            Blk::Dirty(bytenr) => NodeRef::new_checked(&self.dirty.get(bytenr).expect("dirty block present while referenced").data),
             Blk::Clean(eb) => eb.node(),
         }
     }
@@ -651,7 +645,7 @@ impl FsWriter {
         self.touch_seq += 1;
         let d = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("block {bytenr} modified without being COWed first"));
         d.touched = self.touch_seq;
-        ubtrfs_format::node::NodeMut::new(&mut d.buf)
+        ubtrfs_format::node::NodeMut::new(&mut d.data)
     }
 
     /// Create an empty block at `bytenr` owned by `owner` (caller allocated the space).
@@ -700,7 +694,7 @@ impl FsWriter {
 
     fn insert_dirty(&mut self, bytenr: u64, buf: Box<[u8]>) {
         self.touch_seq += 1;
-        let old = self.dirty.insert(bytenr, DirtyBlock { buf, touched: self.touch_seq });
+        let old = self.dirty.insert(bytenr, ExtentBuffer::new_dirty(bytenr, buf, self.touch_seq));
         assert!(old.is_none(), "block {bytenr} allocated twice in one transaction");
     }
 
@@ -744,6 +738,27 @@ impl FsWriter {
         self.dirty_limit = bytes;
     }
 
+    /// Tree blocks COWed so far (each a new block allocated for a change).
+    pub fn blocks_cowed(&self) -> u64 {
+        self.cowed
+    }
+
+    /// Metadata bytes reserved now, by live handles and pending direct writes.
+    pub fn metadata_reserved(&self) -> u64 {
+        self.alloc.meta_may_use
+    }
+
+    /// Test hook: background writeback now, in the middle of a handle (as the kernel's
+    /// flusher may run while a handle lives): dirty blocks past the limit are written,
+    /// except those a live handle inhibits.
+    ///
+    /// # Errors
+    /// Write failures.
+    #[cfg(feature = "test-hooks")]
+    pub fn background_writeback(&mut self) -> Result<()> {
+        self.balance_dirty_metadata()
+    }
+
     /// Blocks of the running transactions written before their commit, so far.
     pub fn blocks_written_early(&self) -> u64 {
         self.written_early
@@ -777,7 +792,7 @@ impl FsWriter {
 
     /// `balance_dirty_metadata`; with `defer`, the blocks are sealed (from now on a
     /// change COWs them) and left for `take_writeback` instead of written here.
-    fn balance_dirty_metadata_with(&mut self, defer: bool) -> Result<()> {
+    pub(crate) fn balance_dirty_metadata_with(&mut self, defer: bool) -> Result<()> {
         // Pending references are memory too (a head per extent changed): past a share of
         // the limit they run now, as the kernel runs delayed refs in batches during a
         // transaction; what they dirty is written back below.
@@ -792,7 +807,8 @@ impl FsWriter {
             return Ok(());
         }
         let roots: std::collections::HashSet<u64> = self.roots.values().map(|r| r.info.bytenr).collect();
-        let mut order: Vec<(u8, u64, u64)> = self.dirty.iter().filter(|(b, _)| !roots.contains(b)).map(|(&b, d)| (NodeRef::new_checked(&d.buf).level(), d.touched, b)).collect();
+        let mut order: Vec<(u8, u64, u64)> =
+            self.dirty.iter().filter(|(b, d)| !roots.contains(b) && d.writeback_inhibitors == 0).map(|(&b, d)| (NodeRef::new_checked(&d.data).level(), d.touched, b)).collect();
         order.sort_unstable();
         let target = self.dirty_limit / 2 / ns;
         let excess = self.dirty.len().saturating_sub(target);
@@ -802,13 +818,13 @@ impl FsWriter {
         for b in picked {
             let d = self.dirty.remove(&b).expect("picked from the dirty set");
             if defer {
-                let mut buf = d.buf;
-                self.seal_tree_block(b, &mut buf)?;
-                let eb = Arc::new(ExtentBuffer::from_written(b, buf));
+                let mut d = d;
+                self.seal_tree_block(b, &mut d.data)?;
+                let eb = Arc::new(d.mark_written());
                 self.writing.insert(b, eb.clone());
                 self.pending_writeback.push(eb);
             } else {
-                let eb = self.write_tree_block(b, d.buf)?;
+                let eb = self.write_tree_block(d)?;
                 self.info.cache.insert(eb);
             }
             self.written_early += 1;
@@ -885,14 +901,14 @@ impl FsWriter {
     /// checker refuses.
     pub fn start_commit(&mut self) -> Result<Option<CommitIo>> {
         self.check_writable()?;
+        assert!(self.handle.is_none(), "commit inside a live transaction handle ({})", self.transid);
+        assert_eq!(self.alloc.meta_may_use, self.write_rsv, "metadata reservations left behind by ended handles");
         if self.in_flight.is_some() {
             return Err(Error::posix_detail(PosixKind::Busy, "commit", "the previous commit is still writing (commit through the engine, which waits for it)"));
         }
-        let r = self.start_commit_inner();
-        if let Err(e) = &r {
-            self.abort("commit", e);
-        }
-        r
+        let mut h = self.commit_handle();
+        let r = h.start_commit_inner();
+        h.end_with(r)
     }
 
     fn start_commit_inner(&mut self) -> Result<Option<CommitIo>> {
@@ -987,7 +1003,7 @@ impl FsWriter {
     fn check_dirty_invariants(&self) {
         if cfg!(debug_assertions) {
             for (bytenr, d) in &self.dirty {
-                let n = NodeRef::new_checked(&d.buf);
+                let n = NodeRef::new_checked(&d.data);
                 assert_eq!(n.bytenr(), *bytenr, "dirty block header bytenr");
                 assert_eq!(n.generation(), self.transid, "dirty block {bytenr} generation");
             }
@@ -1007,10 +1023,9 @@ impl FsWriter {
         // same bytes), so they are on disk before its superblocks whatever that
         // writeback's timing.
         let mut blocks: BTreeMap<u64, Arc<ExtentBuffer>> = self.writing.iter().map(|(&b, eb)| (b, eb.clone())).collect();
-        for (bytenr, d) in std::mem::take(&mut self.dirty) {
-            let mut buf = d.buf;
-            self.seal_tree_block(bytenr, &mut buf)?;
-            blocks.insert(bytenr, Arc::new(ExtentBuffer::from_written(bytenr, buf)));
+        for (bytenr, mut d) in std::mem::take(&mut self.dirty) {
+            self.seal_tree_block(bytenr, &mut d.data)?;
+            blocks.insert(bytenr, Arc::new(d.mark_written()));
         }
         Ok(Arc::new(blocks))
     }
@@ -1053,10 +1068,11 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `seal_tree_block`; `Io` from the devices.
-    fn write_tree_block(&self, bytenr: u64, mut buf: Box<[u8]>) -> Result<Arc<ExtentBuffer>> {
-        self.seal_tree_block(bytenr, &mut buf)?;
-        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &buf, crate::volumes::WriteKind::Metadata)?;
-        Ok(Arc::new(ExtentBuffer::from_written(bytenr, buf)))
+    fn write_tree_block(&self, mut eb: ExtentBuffer) -> Result<Arc<ExtentBuffer>> {
+        let bytenr = eb.bytenr;
+        self.seal_tree_block(bytenr, &mut eb.data)?;
+        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &eb.data, crate::volumes::WriteKind::Metadata)?;
+        Ok(Arc::new(eb.mark_written()))
     }
 
     fn fill_backup_root(&mut self) -> Result<()> {
@@ -1201,7 +1217,7 @@ impl FsWriter {
         if self.root(id).is_ok() {
             return Err(Error::posix(PosixKind::Exists, format!("tree {id}")));
         }
-        self.guarded("create_tree", |w| w.create_tree_inner(id))
+        self.transaction("create_tree", 0, |w| w.create_tree_inner(id))
     }
 
     fn create_tree_inner(&mut self, id: u64) -> Result<RootInfo> {

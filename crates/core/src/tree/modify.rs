@@ -61,12 +61,16 @@ impl FsWriter {
     /// Allocation failures; `Corrupt` if the extent tree disagrees with the block;
     /// `Incompatible` for blocks in the pre-mixed-backref format.
     pub(crate) fn cow_block(&mut self, root_id: u64, b: Blk, parent: Option<(u64, usize)>) -> Result<Blk> {
-        if let Blk::Dirty(_) = b {
+        if let Blk::Dirty(bytenr) = b {
+            // Reused without COW: the handle inhibits its writeback too, or another
+            // handle's end would leave it unprotected.
+            self.inhibit_writeback(bytenr);
             return Ok(b);
         }
+        self.assert_in_handle("COW of a tree block");
         // The last line of defence: every public mutator refuses read-only subvolumes
         // before it starts (`check_root_writable`), so reaching this is a missing check,
-        // and the guarded caller aborts rather than change a read-only snapshot.
+        // and the caller's handle aborts rather than change a read-only snapshot.
         if self.root_is_readonly(root_id)? {
             return Err(Error::posix(PosixKind::ReadOnly, format!("refusing to COW a block of read-only subvolume id {root_id}")));
         }
@@ -88,6 +92,8 @@ impl FsWriter {
             None => self.set_root(root_id, new, level),
         }
         self.free_tree_block(root_id, old, level)?;
+        self.cowed += 1;
+        self.inhibit_writeback(new);
         Ok(Blk::Dirty(new))
     }
 
@@ -808,15 +814,21 @@ impl FsWriter {
 
 #[cfg(feature = "test-hooks")]
 impl<'a> RawTree<'a> {
-    fn run<T>(&mut self, at: &str, root_id: u64, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+    fn run<T>(&mut self, at: &'static str, root_id: u64, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
         // Refused before anything changes (a read-only subvolume), as the public
         // mutators do: no abort for that.
         self.w.check_root_writable(root_id)?;
-        let r = f(self.w);
-        if let Err(e) = &r {
-            self.w.abort(at, e);
+        let mut h = self.w.join_transaction(at)?;
+        let r = f(&mut h);
+        match r {
+            // No writeback at the end: a (leaf, slot) returned stays dirty for
+            // `item_data_mut`.
+            Ok(v) => {
+                h.end_without_writeback();
+                Ok(v)
+            }
+            Err(e) => h.end_with(Err(e)),
         }
-        r
     }
     /// # Errors
     /// As the tree operation; a failure aborts.

@@ -1,0 +1,302 @@
+//! Transaction handles (the kernel's `btrfs_trans_handle`): every change of the trees
+//! runs inside one.
+//!
+//! - `FsWriter::start_transaction(at, items)` reserves metadata space for `items` item
+//!   changes before anything changes (`btrfs_start_transaction` with its
+//!   `btrfs_block_rsv`): a change that cannot fit fails there with ENOSPC, with nothing
+//!   half-done. `join_transaction` reserves nothing. A start inside a live handle joins
+//!   it and adds its reservation to the handle's.
+//! - The tree blocks the handle allocates are charged to its reservation; past it they
+//!   come out of the global reserve (`allocator::metadata_reserve`), as the kernel's
+//!   handles fall back to the global block reserve. What is left returns at the end.
+//! - The handle records the tree blocks it COWed, or found dirty and reused, and
+//!   inhibits them from background writeback while it lives (seed 002): writing one
+//!   out would make the handle's next search COW it again. The record is bounded; past
+//!   the bound blocks are simply not inhibited (only extra COW is paid). A commit's
+//!   writes never skip inhibited blocks. Everything is uninhibited when the handle ends
+//!   or aborts, before the writeback that ends a change and before any commit.
+//! - `end` (or `end_with`) ends the handle; at the outermost end the change's
+//!   writeback runs. A handle dropped without ending (an early return after an error, a
+//!   panic) aborts the transaction: the filesystem turns read-only.
+//!
+//! Tree mutators refuse to run outside a handle (`FsWriter::in_handle`), so every
+//! change is under one.
+
+use super::FsWriter;
+use crate::error::Result;
+
+/// The live handle's state, kept in the writer (a handle borrows the writer whole, so
+/// there is one at a time; nested starts join it).
+#[derive(Default)]
+pub(crate) struct HandleState {
+    /// Nested starts and joins of this handle.
+    depth: u32,
+    /// Metadata bytes reserved for this handle and not used yet.
+    pub(crate) rsv: u64,
+    /// Tree blocks inhibited from background writeback while the handle lives, each
+    /// once (a dirty block's inhibitor count says whether it is listed: there is one
+    /// handle at a time).
+    inhibited: Vec<u64>,
+    /// The commit's own handle: it ends without the writeback of a change (the commit
+    /// writes every block itself).
+    commit: bool,
+    /// The outermost end is under way: nothing is inhibited any more.
+    ending: bool,
+}
+
+/// Most tree blocks one handle inhibits: a quarter of the dirty limit's blocks, so
+/// writeback can always bring a long handle's dirty set back under the limit.
+fn inhibit_limit(w: &FsWriter) -> usize {
+    (w.dirty_limit / w.nodesize() as usize / 4).max(8)
+}
+
+/// A transaction handle: the writer, borrowed for one change (see the module docs).
+/// Dereferences to the writer for the change's work.
+#[must_use = "a handle dropped without `end` aborts the transaction"]
+pub struct TransHandle<'a> {
+    w: &'a mut FsWriter,
+    at: &'static str,
+    ended: bool,
+}
+
+impl std::ops::Deref for TransHandle<'_> {
+    type Target = FsWriter;
+    fn deref(&self) -> &FsWriter {
+        self.w
+    }
+}
+
+impl std::ops::DerefMut for TransHandle<'_> {
+    fn deref_mut(&mut self) -> &mut FsWriter {
+        self.w
+    }
+}
+
+impl FsWriter {
+    /// Start a handle for a change of about `items` items (`btrfs_start_transaction`):
+    /// metadata space for them (a COW of a full-height path each, as the kernel's
+    /// `btrfs_calc_insert_metadata_size`) is reserved now, on top of the global
+    /// reserve. `at` names the change in an abort.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` after an abort; `Posix(NoSpace)` when the space cannot be
+    /// found or made (nothing has changed then); chunk allocation failures.
+    pub fn start_transaction(&mut self, at: &'static str, items: u64) -> Result<TransHandle<'_>> {
+        self.check_writable()?;
+        let bytes = crate::space::allocator::reserve_metadata(self, items)?;
+        self.open_handle(bytes, false);
+        Ok(TransHandle { w: self, at, ended: false })
+    }
+
+    /// Join the running transaction with no reservation of its own
+    /// (`btrfs_join_transaction`): for changes that only delete or rewrite, which the
+    /// global reserve covers.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` after an abort.
+    pub fn join_transaction(&mut self, at: &'static str) -> Result<TransHandle<'_>> {
+        self.start_transaction(at, 0)
+    }
+
+    /// Start a handle with a reservation taken earlier (`reserve_metadata`), which it
+    /// takes over (a direct write reserves before its data I/O and changes the trees
+    /// after it).
+    pub(crate) fn start_transaction_reserved(&mut self, at: &'static str, bytes: u64) -> Result<TransHandle<'_>> {
+        if let Err(e) = self.check_writable() {
+            crate::space::allocator::release_metadata(self, bytes);
+            return Err(e);
+        }
+        self.open_handle(bytes, false);
+        Ok(TransHandle { w: self, at, ended: false })
+    }
+
+    /// The commit's own handle.
+    pub(crate) fn commit_handle(&mut self) -> TransHandle<'_> {
+        self.open_handle(0, true);
+        TransHandle { w: self, at: "commit", ended: false }
+    }
+
+    /// Run `f` in a handle reserving `items` items: ended when `f` succeeds, the
+    /// transaction aborted with `f`'s error when it fails.
+    ///
+    /// # Errors
+    /// As `start_transaction`, then `f`'s error (which aborts).
+    pub fn transaction<T>(&mut self, at: &'static str, items: u64, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+        let mut h = self.start_transaction(at, items)?;
+        let r = f(&mut h);
+        h.end_with(r)
+    }
+
+    fn open_handle(&mut self, rsv: u64, commit: bool) {
+        match &mut self.handle {
+            Some(h) => {
+                h.depth += 1;
+                h.rsv += rsv;
+            }
+            None => {
+                if !self.held_for_views.is_empty() {
+                    self.release_space_held_for_views();
+                }
+                let mut h = std::mem::take(&mut self.spare_handle);
+                debug_assert!(h.inhibited.is_empty() && h.rsv == 0);
+                h.depth = 1;
+                h.rsv = rsv;
+                h.commit = commit;
+                self.handle = Some(h);
+            }
+        }
+    }
+
+    /// Whether a handle is live (tree mutators assert it).
+    pub(crate) fn in_handle(&self) -> bool {
+        self.handle.is_some()
+    }
+
+    /// Assert that a handle is live: tree mutators are crate-internal and reached only
+    /// from changes that started one, so a miss is a bug in the crate, not bad input.
+    pub(crate) fn assert_in_handle(&self, what: &str) {
+        assert!(self.in_handle(), "{what} outside a transaction handle");
+    }
+
+    /// Charge a tree block just allocated to the live handle's reservation.
+    pub(crate) fn charge_tree_block(&mut self) {
+        let ns = u64::from(self.nodesize());
+        let Some(h) = &mut self.handle else { return };
+        let take = h.rsv.min(ns);
+        h.rsv -= take;
+        crate::space::allocator::release_metadata(self, take);
+    }
+
+    /// Inhibit dirty block `bytenr` from background writeback for the live handle
+    /// (called when the handle COWs a block and when it reuses a dirty one).
+    pub(crate) fn inhibit_writeback(&mut self, bytenr: u64) {
+        #[cfg(feature = "test-hooks")]
+        if self.hooks.no_writeback_inhibition {
+            return;
+        }
+        let limit = inhibit_limit(self);
+        let Some(h) = &mut self.handle else { return };
+        // The commit writes every block itself; nothing of it is background writeback.
+        if h.commit || h.ending || h.inhibited.len() >= limit {
+            return;
+        }
+        let eb = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("inhibiting block {bytenr}, which is not dirty"));
+        if eb.writeback_inhibitors == 0 {
+            eb.writeback_inhibitors = 1;
+            h.inhibited.push(bytenr);
+        }
+    }
+
+    /// Tree blocks the live handle inhibits from writeback (tests).
+    pub fn handle_inhibited_blocks(&self) -> usize {
+        self.handle.as_ref().map_or(0, |h| h.inhibited.len())
+    }
+
+    /// Metadata bytes the live handle still holds reserved (tests).
+    pub fn handle_reserved_bytes(&self) -> u64 {
+        self.handle.as_ref().map_or(0, |h| h.rsv)
+    }
+
+    /// End one level of the handle. At the outermost, uninhibit its blocks (no
+    /// writeback or commit may meet an inhibited block of an ending handle) and return
+    /// true: the change's writeback may follow, still in the handle (running delayed
+    /// refs changes trees), then `release_handle`.
+    fn close_handle(&mut self) -> bool {
+        let h = self.handle.as_mut().expect("a handle ends only once");
+        h.depth -= 1;
+        if h.depth > 0 {
+            return false;
+        }
+        h.ending = true;
+        for &b in &h.inhibited {
+            // A block the handle freed, or one sealed meanwhile, is no longer dirty; a
+            // freed block's address allocated again is listed twice.
+            if let Some(eb) = self.dirty.get_mut(&b) {
+                debug_assert!(eb.writeback_inhibitors <= 1, "block {b} inhibited by another handle");
+                eb.writeback_inhibitors = 0;
+            }
+        }
+        h.inhibited.clear();
+        true
+    }
+
+    /// Release an ended handle: its unused reservation returns.
+    fn release_handle(&mut self) {
+        let mut h = self.handle.take().expect("released once, after close_handle");
+        debug_assert!(h.inhibited.is_empty(), "an ending handle inhibited blocks");
+        let rsv = std::mem::take(&mut h.rsv);
+        crate::space::allocator::release_metadata(self, rsv);
+        h.ending = false;
+        h.commit = false;
+        self.spare_handle = h;
+    }
+}
+
+impl TransHandle<'_> {
+    /// End the handle (`btrfs_end_transaction`). At the outermost end the unused
+    /// reservation returns, the inhibited blocks are released, and dirty metadata past
+    /// the limit is written back (or, under the engine, sealed for it).
+    ///
+    /// # Errors
+    /// Writeback failures, which abort.
+    pub fn end(mut self) -> Result<()> {
+        self.ended = true;
+        if !self.w.close_handle() {
+            return Ok(());
+        }
+        let commit = self.w.handle.as_ref().is_some_and(|h| h.commit);
+        let r = if commit {
+            Ok(())
+        } else {
+            let defer = self.w.defer_writeback;
+            self.w.balance_dirty_metadata_with(defer)
+        };
+        self.w.release_handle();
+        if let Err(e) = &r {
+            self.w.abort(self.at, e);
+        }
+        r
+    }
+
+    /// End the handle and leave the writeback to the next handle's end (test hooks
+    /// whose callers keep using a block they changed).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn end_without_writeback(mut self) {
+        self.ended = true;
+        if self.w.close_handle() {
+            self.w.release_handle();
+        }
+    }
+
+    /// End the handle after work that returned `r`: ended when `r` is `Ok`, the
+    /// transaction aborted with the error otherwise.
+    ///
+    /// # Errors
+    /// `r`'s error; as `end`.
+    pub fn end_with<T>(mut self, r: Result<T>) -> Result<T> {
+        match r {
+            Ok(v) => self.end().map(|()| v),
+            Err(e) => {
+                self.w.abort(self.at, &e);
+                self.ended = true;
+                if self.w.close_handle() {
+                    self.w.release_handle();
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for TransHandle<'_> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let why = if std::thread::panicking() { "a panic" } else { "an error" };
+        self.w.abort_because(self.at, &format!("the transaction handle was dropped before it ended, after {why}"));
+        if self.w.close_handle() {
+            self.w.release_handle();
+        }
+    }
+}
