@@ -73,6 +73,9 @@ pub struct FsInfo {
     /// BTRFS_FS_STATE_TRANS_ABORTED with its message): the first failure wins, and the
     /// filesystem takes no more changes until it is opened again.
     aborted: std::sync::OnceLock<String>,
+    /// The in-memory inodes (open and lookup counts, locks; `inode::inode_cache`),
+    /// shared by every view: an unlink through any of them sees which are in use.
+    pub inodes: crate::inode::inode_cache::InodeCache,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -187,6 +190,7 @@ impl FsInfo {
             sources: Sources::default(),
             views: Default::default(),
             aborted: Default::default(),
+            inodes: Default::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;

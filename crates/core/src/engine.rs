@@ -3,9 +3,10 @@
 //!
 //! Shape (see issue "One engine"):
 //! - Shared by every thread: `FsInfo` (`Arc`): devices, chunk map, committed
-//!   superblock, node cache, the registry of readers' views. Its changing parts sit
-//!   behind leaf locks of their own. And the in-memory inodes (`inode::inode_cache`),
-//!   each with its lock (the role of i_rwsem), open and lookup counts.
+//!   superblock, node cache, the registry of readers' views, the abort state, and the
+//!   in-memory inodes (`inode::inode_cache`), each with its lock (the role of
+//!   i_rwsem), open and lookup counts. Its changing parts sit behind leaf locks of
+//!   their own.
 //! - The running transaction: one `FsWriter` behind a reader-writer lock (`state`):
 //!   dirty blocks, delayed refs, the allocator, pinned space, the roots.
 //! - Readers (`read`) share `state` and see the live view (`FsWriter::live`): every
@@ -80,8 +81,6 @@ pub struct Engine {
     /// still writing it is pinned, and its space must not come back before that write
     /// has landed.
     writeback_io: RwLock<()>,
-    /// The in-memory inodes: open counts, locks (see `inode::file`).
-    pub(crate) inodes: crate::inode::inode_cache::InodeCache,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -100,7 +99,7 @@ impl Engine {
     /// Share an opened writer.
     pub fn from_writer(mut w: FsWriter) -> Engine {
         w.defer_writeback = true;
-        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()), inodes: Default::default() }
+        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()) }
     }
 
     /// The shared filesystem.

@@ -15,6 +15,7 @@ use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::orphan::orphan_key;
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::{Error, FsRead, OpenOptions, PosixKind, TreeView};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -399,6 +400,66 @@ fn orphan_items_of_linked_or_missing_inodes_lose_only_the_item() {
         assert_eq!(inode_items(&copy.path, linked).len(), before.len(), "the kernel keeps the linked inode's items too");
         verify_all(&copy.path, &model, kernel, "after the kernel's cleanup");
     }
+}
+
+/// `create_inode` makes an O_TMPFILE-like inode: committed before its first name, it
+/// carries an orphan item (so `btrfs check` is clean and the next writable open frees
+/// it); its first `link` removes the item.
+#[test]
+fn an_unnamed_inode_is_an_orphan_until_its_first_link() {
+    let (img, kernel) = image("orphan-tmpfile");
+    let mut model = Model::load(&img.path);
+    let top = model.id("");
+    let mut w = FsWriter::open(&OpenOptions::new(&img.path)).expect("writer");
+    let named = w.create_inode(top.root, &InodeAttrs::new(S_IFREG | 0o640)).expect("create_inode");
+    let lost = w.create_inode(top.root, &InodeAttrs::new(S_IFREG | 0o600)).expect("create_inode");
+    w.commit().expect("commit");
+    assert_eq!(committed_orphans(&img.path, top.root), vec![named, lost], "both unnamed inodes are orphans");
+    assert_ubtrfs_check(&img.path, "with two unnamed inodes");
+    if kernel {
+        assert_check(&img.path, "with two unnamed inodes");
+    }
+    w.link(top.root, top.ino, b"named", named, FT_REG_FILE).expect("link");
+    w.commit().expect("commit");
+    assert_eq!(committed_orphans(&img.path, top.root), vec![lost], "the first link ended the orphan");
+    drop(w);
+    // The next writable open frees the one that never got a name.
+    let mut w = FsWriter::open(&OpenOptions::new(&img.path)).expect("writer");
+    w.commit().expect("commit the cleanup");
+    drop(w);
+    assert_eq!(inode_items(&img.path, InodeId { root: top.root, ino: lost }), Vec::<Key>::new(), "the unnamed inode was freed");
+    assert_eq!(committed_orphans(&img.path, top.root), Vec::<u64>::new());
+    model.record_file("named", 0o640, Vec::new(), InodeId { root: top.root, ino: named });
+    verify_all(&img.path, &model, kernel, "after the link and the cleanup");
+}
+
+/// The writer's own `unlink`, run inside `Engine::write`, sees the shared inode cache:
+/// an open file's last name goes, the inode stays an orphan until the close.
+#[test]
+fn an_unlink_inside_a_change_keeps_an_open_file() {
+    let (img, kernel) = image("orphan-unlink-in-write");
+    let model = Model::load(&img.path);
+    let e = engine(&img);
+    let top = model.id("");
+    let data = Rng::new(9).bytes(30_000);
+    let id = e
+        .write(|w| {
+            let ino = w.create_file(top.root, top.ino, b"held", &InodeAttrs::new(0o644))?;
+            w.write_file(top.root, ino, 0, &data)?;
+            Ok(InodeId { root: top.root, ino })
+        })
+        .expect("create");
+    let f = e.open_file(id).expect("open");
+    e.write(|w| w.unlink(top.root, top.ino, b"held")).expect("unlink inside a change");
+    assert!(read_all(&f, data.len()) == data, "the open file still reads after its unlink");
+    e.commit().expect("commit");
+    assert_eq!(committed_orphans(&img.path, id.root), vec![id.ino], "an orphan item while it is open");
+    f.close().expect("close");
+    e.commit().expect("commit");
+    assert_eq!(inode_items(&img.path, id), Vec::<Key>::new(), "freed at the close");
+    assert_eq!(committed_orphans(&img.path, id.root), Vec::<u64>::new());
+    drop(e);
+    verify_all(&img.path, &model, kernel, "after the close");
 }
 
 #[test]

@@ -185,11 +185,7 @@ impl FsWriter {
         // whose writeback may still be writing it is held until the commit instead, so
         // that write cannot land on the block allocated there next.
         if self.delayed.drop_if_cancelled(bytenr) {
-            if was == crate::transaction::Forgot::Writing {
-                crate::space::allocator::pin(self, bytenr, ns)?;
-            } else {
-                crate::space::allocator::unreserve(self, bytenr, ns);
-            }
+            crate::space::allocator::unreserve(self, bytenr, ns, was == crate::transaction::Forgot::Writing);
         }
         Ok(())
     }
@@ -313,7 +309,7 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
             if h.is_data {
                 crate::extent::csum_tree::del_csums(w, h.bytenr, h.num_bytes)?;
             }
-            crate::space::allocator::unreserve(w, h.bytenr, h.num_bytes);
+            crate::space::allocator::unreserve(w, h.bytenr, h.num_bytes, false);
             return Ok(());
         }
         for (k, d) in &h.refs {

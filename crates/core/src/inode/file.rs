@@ -76,7 +76,7 @@ impl Engine {
     /// As `FsWriter::write_file`; `Io` from the data write (the reserved space is given
     /// back, the file is unchanged).
     pub fn write_file(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
-        let inode = self.inodes.get(id);
+        let inode = self.info().inodes.get(id);
         let _g = write_lock(&inode);
         self.write_file_locked(id, offset, data)
     }
@@ -102,7 +102,7 @@ impl Engine {
 
     /// The in-memory inodes.
     pub fn inodes(&self) -> &InodeCache {
-        &self.inodes
+        &self.info().inodes
     }
 
     /// Open inode `id` (the kernel's file open): counts in its open count until the
@@ -112,7 +112,7 @@ impl Engine {
     /// # Errors
     /// `Posix(NotFound)` for no such inode, or an unlinked one; read failures.
     pub fn open_file(&self, id: InodeId) -> Result<OpenFile<'_>> {
-        let inode = self.inodes.get(id);
+        let inode = self.info().inodes.get(id);
         {
             let _g = read_lock(&inode);
             let nlink = self.read(|live| Ok(live.load_inode(id, Load::ITEM)?.nlink()))?;
@@ -136,10 +136,10 @@ impl Engine {
             let Some(entry) = self.read(|live| live.lookup(dir_id, name))? else {
                 return Err(Error::posix(PosixKind::NotFound, crate::quote::name(name)));
             };
-            let dir_inode = self.inodes.get(dir_id);
+            let dir_inode = self.info().inodes.get(dir_id);
             // A subvolume's entry is refused by the unlink itself; its root directory
             // is not this operation's to lock.
-            let child = (!entry.is_subvol).then(|| self.inodes.get(entry.target));
+            let child = (!entry.is_subvol).then(|| self.info().inodes.get(entry.target));
             let done = {
                 let _locks = write_lock_two(&dir_inode, child.as_deref());
                 self.write(|w| {
@@ -147,14 +147,13 @@ impl Engine {
                     if now.map(|e| e.target) != Some(entry.target) {
                         return Ok(false);
                     }
-                    let in_use = child.as_ref().is_some_and(|c| c.in_use());
-                    w.unlink_as(root, dir, name, in_use)?;
+                    w.unlink(root, dir, name)?;
                     Ok(true)
                 })?
             };
             if done {
                 drop(child);
-                self.inodes.forget_unused(entry.target);
+                self.info().inodes.forget_unused(entry.target);
                 return Ok(());
             }
         }
@@ -167,11 +166,11 @@ impl Engine {
     /// # Errors
     /// As `FsRead::lookup`.
     pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<Option<DirEntry>> {
-        let d = self.inodes.get(dir);
+        let d = self.info().inodes.get(dir);
         let _g = read_lock(&d);
         let e = self.read(|live| live.lookup(dir, name))?;
         if let Some(e) = &e {
-            self.inodes.get(e.target).get_lookups(1);
+            self.info().inodes.get(e.target).get_lookups(1);
         }
         Ok(e)
     }
@@ -182,7 +181,7 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::evict_if_unlinked`.
     pub fn forget(&self, id: InodeId, n: u64) -> Result<()> {
-        let Some(inode) = self.inodes.lookup(id) else { return Ok(()) };
+        let Some(inode) = self.info().inodes.lookup(id) else { return Ok(()) };
         let dropped = {
             let _g = write_lock(&inode);
             inode.put_lookups(n);
@@ -194,7 +193,7 @@ impl Engine {
         };
         drop(inode);
         if dropped {
-            self.inodes.forget_unused(id);
+            self.info().inodes.forget_unused(id);
         }
         Ok(())
     }
@@ -202,12 +201,12 @@ impl Engine {
     /// Errors of handles dropped without `close`, oldest first, and how many more were
     /// not kept; clears them.
     pub fn take_close_errors(&self) -> (Vec<String>, u64) {
-        self.inodes.close_errors.take()
+        self.info().inodes.close_errors.take()
     }
 
     /// Set how many inodes not in use stay in memory (`DEFAULT_INODE_CACHE_CAPACITY`).
     pub fn set_inode_cache_capacity(&self, n: usize) {
-        self.inodes.set_capacity(n);
+        self.info().inodes.set_capacity(n);
     }
 }
 
@@ -265,7 +264,7 @@ impl OpenFile<'_> {
         };
         drop(inode);
         if let Ok(true) = dropped {
-            self.engine.inodes.forget_unused(id);
+            self.engine.info().inodes.forget_unused(id);
         }
         dropped.map(|_| ()).map_err(|e| e.at(format!("close {id}")))
     }
@@ -274,7 +273,7 @@ impl OpenFile<'_> {
 impl Drop for OpenFile<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.release() {
-            self.engine.inodes.close_errors.record(e.to_string());
+            self.engine.info().inodes.close_errors.record(e.to_string());
         }
     }
 }

@@ -18,18 +18,7 @@ use ubtrfs_format::structs::*;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 use zerocopy::FromBytes;
 
-/// Names an inode: subvolume tree id and objectid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InodeId {
-    pub root: u64,
-    pub ino: u64,
-}
-
-impl std::fmt::Display for InodeId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "root={} ino={}", self.root, self.ino)
-    }
-}
+pub use crate::inode::id::InodeId;
 
 /// The POSIX file type of an inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

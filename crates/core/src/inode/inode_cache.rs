@@ -30,7 +30,7 @@
 //! not open, not looked up, and no other `Arc` to it (an operation holding its lock),
 //! so two operations on one inode always share one lock.
 
-use crate::inode::filesystem::InodeId;
+use crate::inode::id::InodeId;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

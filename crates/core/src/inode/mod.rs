@@ -1,10 +1,11 @@
-//! Inodes: the filesystem view over subvolumes, inodes, directories and xattrs
+//! Inodes: their name (`id`), the filesystem view over subvolumes, inodes, directories and xattrs
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
 //! (`namei`), inode and file changes (`write`), the in-memory inodes (`inode_cache`),
 //! open files through the engine (`file`) and orphans (`orphan`).
 
 pub mod file;
 pub mod filesystem;
+pub mod id;
 pub mod inode_cache;
 pub mod namei;
 pub mod orphan;

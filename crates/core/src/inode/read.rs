@@ -212,6 +212,16 @@ pub(crate) fn read_at_cached<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, 
     Ok(want)
 }
 
+/// The disk range `len` bytes at `within` of a plain extent map to (`disk_bytenr` +
+/// the extent's `offset` + `within`), as (start rounded down to a sector, exact start,
+/// end rounded up to a sector); `None` when the sum overflows (the tree checker bounds
+/// each field, not their sum, so a hostile extent can).
+fn plain_disk_span(disk_bytenr: u64, offset: u64, within: u64, len: u64, ss: u64) -> Option<(u64, u64, u64)> {
+    let logical = disk_bytenr.checked_add(offset)?.checked_add(within)?;
+    let end = logical.checked_add(len)?.div_ceil(ss).checked_mul(ss)?;
+    Some((logical - logical % ss, logical, end))
+}
+
 pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileExtentRec, pos: u64, out: &mut [u8], cache: &mut DecompressCache) -> Result<()> {
     let within = pos - e.file_offset;
     match &e.kind {
@@ -234,11 +244,9 @@ pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileEx
             let ss = u64::from(fs.info().sectorsize);
             // The tree checker bounds each field, not their sum: a hostile extent can
             // overflow the address space here.
-            let span = disk_bytenr.checked_add(*offset).and_then(|l| l.checked_add(within)).and_then(|l| Some((l, l.checked_add(out.len() as u64)?.div_ceil(ss).checked_mul(ss)?)));
-            let Some((logical, a_end)) = span else {
+            let Some((a_start, logical, a_end)) = plain_disk_span(*disk_bytenr, *offset, within, out.len() as u64, ss) else {
                 return Err(extent_corrupt(inode, e, format!("extent disk_bytenr {disk_bytenr} + offset {offset} + {within} overflows")));
             };
-            let a_start = logical - logical % ss;
             let fo = pos - (logical - a_start);
             if a_start == logical && a_end == logical + out.len() as u64 {
                 read_verified(fs, inode, fo, a_start, out)?;
@@ -329,15 +337,13 @@ pub(crate) fn prefetch_csums<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, 
             continue;
         }
         let range = if compression != 0 {
-            (disk_num_bytes <= MAX_RAM_BYTES as u64).then_some((disk_bytenr, disk_bytenr.checked_add(disk_num_bytes)))
+            (disk_num_bytes <= MAX_RAM_BYTES as u64).then(|| disk_bytenr.checked_add(disk_num_bytes).map(|b| (disk_bytenr, b))).flatten()
         } else {
             let lo = offset.max(e.file_offset) - e.file_offset;
             let hi = end.min(e.end()) - e.file_offset;
-            let a = disk_bytenr.checked_add(eoff).and_then(|l| l.checked_add(lo)).map(|l| l - l % ss);
-            let b = disk_bytenr.checked_add(eoff).and_then(|l| l.checked_add(hi)).and_then(|l| l.div_ceil(ss).checked_mul(ss));
-            a.map(|a| (a, b))
+            plain_disk_span(disk_bytenr, eoff, lo, hi - lo, ss).map(|(a, _, b)| (a, b))
         };
-        if let Some((a, Some(b))) = range {
+        if let Some((a, b)) = range {
             if a % ss == 0 && b > a && b % ss == 0 {
                 out.push((a, fs.lookup_csums(a, b - a)?));
             }

@@ -165,13 +165,19 @@ impl FsWriter {
         Ok(next)
     }
 
-    /// Create an unlinked inode (nlink 0; `link` adds names).
+    /// Create an unlinked inode (nlink 0; `link` adds names), as an O_TMPFILE: it carries
+    /// an orphan item until its first name, so a commit (or a crash) before that leaves
+    /// an inode the next mount cleans, never one `btrfs check` calls lost.
     ///
     /// # Errors
     /// Tree modification failures.
     pub fn create_inode(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         self.check_root_writable(root)?;
-        self.transaction("create_inode", 1, |w| w.create_inode_inner(root, a))
+        self.transaction("create_inode", 2, |w| {
+            let ino = w.create_inode_inner(root, a)?;
+            w.orphan_add(root, ino)?;
+            Ok(ino)
+        })
     }
 
     fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
@@ -215,7 +221,15 @@ impl FsWriter {
         self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
         self.check_iflags(root, ino, IflagOp::Relink, name)?;
-        self.transaction("link", LINK_ITEMS, |w| w.link_inner(root, dir, name, ino, ftype))
+        let first_name = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item.nlink.get() == 0;
+        self.transaction("link", LINK_ITEMS + 1, |w| {
+            w.link_inner(root, dir, name, ino, ftype)?;
+            // An inode's first name ends its life as an orphan (`create_inode`).
+            if first_name {
+                w.orphan_del(root, ino)?;
+            }
+            Ok(())
+        })
     }
 
     /// Refuse a new `name` in `dir` before anything changes: a bad or taken name found
@@ -584,21 +598,20 @@ impl FsWriter {
         self.update_written_inode(root, ino, new_size, removed, added)
     }
 
-    /// Remove name `name` from directory `dir`; the inode goes when its last name does.
-    /// Directories must be empty.
+    /// Remove name `name` from directory `dir`; the inode goes when its last name does,
+    /// or, if it is in use in the shared inode cache (open, or looked up and not
+    /// forgotten), when it is no longer in use (an orphan until then). Directories must
+    /// be empty. `Engine::unlink` takes the inode locks around this.
     ///
     /// # Errors
     /// `Posix` NotFound / NotEmpty; tree failures.
     pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-        self.unlink_as(root, dir, name, false)
-    }
-
-    /// `unlink`; when the inode is `in_use` (open) and this is its last name, it stays
-    /// as an orphan (see `inode::orphan`).
-    pub(crate) fn unlink_as(&mut self, root: u64, dir: u64, name: &[u8], in_use: bool) -> Result<()> {
         self.check_root_writable(root)?;
         let entry = self.live().lookup(InodeId { root, ino: dir }, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
         let (ino, ftype) = (entry.target.ino, entry.ftype);
+        // An inode in use (open or looked up through the engine) whose last name this
+        // is stays as an orphan until it is no longer in use (see `inode::orphan`).
+        let in_use = self.info.inodes.lookup(entry.target).is_some_and(|i| i.in_use());
         if entry.is_subvol {
             return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", crate::quote::name(name))));
         }
@@ -834,7 +847,7 @@ impl FsWriter {
                 }
                 Err(e) => {
                     for &(_, b, l) in &extents {
-                        crate::space::allocator::unreserve(self, b, l);
+                        crate::space::allocator::unreserve(self, b, l, false);
                     }
                     self.write_rsv -= meta_rsv;
                     crate::space::allocator::release_metadata(self, meta_rsv);
@@ -891,7 +904,7 @@ impl FsWriter {
     /// Give back a direct write's reserved space (its data write failed).
     pub fn cancel_write(&mut self, dw: DirectWrite) {
         for &(_, b, l) in &dw.extents {
-            crate::space::allocator::unreserve(self, b, l);
+            crate::space::allocator::unreserve(self, b, l, false);
         }
         self.write_rsv -= dw.meta_rsv;
         crate::space::allocator::release_metadata(self, dw.meta_rsv);

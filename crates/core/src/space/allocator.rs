@@ -694,11 +694,14 @@ pub(crate) fn release_metadata(w: &mut FsWriter, bytes: u64) {
 ///
 /// While a reader reads data of the running transaction without the engine's lock
 /// (`Engine::read_file`), the space is pinned instead: that reader may still read it,
-/// so it must not be handed out again before the commit and the reader's end.
-pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64) {
-    if !w.info.views.may_reuse(w.transid) {
+/// so it must not be handed out again before the commit and the reader's end. So is a
+/// tree block whose early writeback may still be writing it (`still_written`): the
+/// next allocation there could otherwise be overwritten by that write. This is the
+/// one place that decides between giving the space back and pinning it.
+pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64, still_written: bool) {
+    if still_written || !w.info.views.may_reuse(w.transid) {
         // Allocated in this transaction and not free: pinning cannot fail but for a bug.
-        pin(w, bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes} while a reader holds a view: {e}"));
+        pin(w, bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes} while it may still be read or written: {e}"));
         return;
     }
     let g = w.alloc.group_mut(bytenr).unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes} outside every block group"));
