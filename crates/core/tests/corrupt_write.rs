@@ -283,9 +283,10 @@ fn write_time_check_refuses_a_bad_item_from_the_tree_api() {
     assert_eq!(img.sha256(), before, "the image changed: a block or a superblock was written");
 }
 
-/// The metadata group's free-space-tree INFO says its bitmaps hold more free runs than
-/// they do: converting them to extents met `assert_eq!(count, runs.len())` in
-/// `convert_to_extents`. The opposite conversion checks the count the same way.
+/// The metadata group's free-space-tree INFO says its bitmaps (or extents) hold more
+/// free runs than they do: converting them met `assert_eq!(count, runs.len())` in
+/// `convert_to_extents`. Now the group's caching refuses the count first, as the
+/// kernel's load does (the conversions keep their own check).
 #[test]
 fn free_space_extent_count_disagrees_with_the_tree() {
     for to_bitmaps in [false, true] {
@@ -312,11 +313,31 @@ fn free_space_extent_count_disagrees_with_the_tree() {
             w.mkdir(FS, ROOT_DIR, format!("d{i}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
         }
         let r = w.commit();
-        let msg = assert_corrupt(what, r, &[&format!("block group {start}"), "root=10", "extent count"]);
+        let msg = assert_corrupt(what, r, &[&format!("block group {start}"), "root=10", "incorrect extent count", "FREE_SPACE_INFO"]);
         assert_aborted(what, &mut w, &msg);
         drop(w);
         assert_eq!(img.sha256(), before, "{what}: the image changed");
     }
+}
+
+/// A data group whose INFO extent count disagrees with its EXTENT items is refused
+/// when it is cached, as the kernel's load refuses it, naming the group and the item;
+/// nothing is written.
+#[test]
+fn caching_refuses_a_wrong_free_space_extent_count() {
+    let img = fresh("fst-count-caching", &[]);
+    let items = find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
+    let bg = items.iter().find(|f| le64(&f.data, 16) & BLOCK_GROUP_DATA != 0).expect("a data block group item");
+    let (start, length) = (bg.key.objectid, bg.key.offset);
+    let info = find_item(&img.path, FREE_SPACE_TREE_OBJECTID, Key::new(start, FREE_SPACE_INFO_KEY, length));
+    let count = u32::from_le_bytes(info.data[0..4].try_into().unwrap());
+    patch_body(&img.path, &info, 0, &(count + 1).to_le_bytes());
+    let before = img.sha256();
+    let mut w = img.writer();
+    let r = ubtrfs_core::space::allocator::cache_block_group(&mut w, start);
+    assert_corrupt("caching", r, &[&format!("incorrect extent count for block group {start}"), &format!("counted {count}, expected {}", count + 1), "FREE_SPACE_INFO"]);
+    drop(w);
+    assert_eq!(img.sha256(), before, "the image changed");
 }
 
 /// Mark tree block `y` free in the free-space tree by widening the free extent that

@@ -416,6 +416,7 @@ fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Res
     let info_key = Key::new(start, FREE_SPACE_INFO_KEY, length);
     let root = w.root(FREE_SPACE_TREE_OBJECTID)?;
     let mut bitmaps = None;
+    let mut extent_count = 0u32;
     let mut free: Vec<(u64, u64)> = Vec::new();
     {
         let live = w.live();
@@ -427,6 +428,7 @@ fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Res
             }
             if k == info_key {
                 let d = item.data();
+                extent_count = u32::from_le_bytes(d[0..4].try_into().expect("size checked by the tree checker"));
                 let f = u32::from_le_bytes(d[4..8].try_into().expect("size checked by the tree checker"));
                 bitmaps = Some(f & FREE_SPACE_USING_BITMAPS != 0);
                 continue;
@@ -435,6 +437,16 @@ fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Res
         }
     }
     let bitmaps = bitmaps.ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("free space info for block group {start} missing")).root(FREE_SPACE_TREE_OBJECTID)))?;
+    // The kernel's load refuses a group whose free extents disagree with the INFO
+    // count (every later update would keep it wrong): EXTENT items one each, set bits
+    // as maximal runs across the bitmap items.
+    let runs = if bitmaps { free.iter().enumerate().filter(|&(i, &(s, _))| i == 0 || free[i - 1].0 + free[i - 1].1 != s).count() } else { free.len() };
+    if runs != extent_count as usize {
+        return Err(Corrupt::new(CorruptWhere::Item, format!("incorrect extent count for block group {start}; counted {runs}, expected {extent_count}"))
+            .root(FREE_SPACE_TREE_OBJECTID)
+            .key(info_key)
+            .into());
+    }
     add_runs(&mut ctl, &free)?;
     exclude_super_stripes(&mut ctl, &super_stripes(w));
     Ok((ctl, bitmaps))
