@@ -5,8 +5,9 @@
 //! - Shared by every thread: `FsInfo` (`Arc`): devices, chunk map, committed
 //!   superblock, node cache, the registry of readers' views, the abort state, and the
 //!   in-memory inodes (`inode::inode_cache`), each with its lock (the role of
-//!   i_rwsem), open and lookup counts. Its changing parts sit behind leaf locks of
-//!   their own.
+//!   i_rwsem), open and lookup counts, its attributes once read (`getattr` then reads
+//!   no tree; the writer keeps the copy current) and a directory's next DIR_INDEX.
+//!   Its changing parts sit behind leaf locks of their own.
 //! - The running transaction: one `FsWriter` behind a reader-writer lock (`state`):
 //!   dirty blocks, delayed refs, the allocator, pinned space, the roots.
 //! - Readers (`read`) share `state` and see the live view (`FsWriter::live`): every

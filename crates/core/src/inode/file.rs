@@ -175,6 +175,26 @@ impl Engine {
         Ok(e)
     }
 
+    /// Inode `id`'s attributes (its INODE_ITEM) as the live view shows them. The first
+    /// call reads the item and keeps it in the in-memory inode; later calls read no tree
+    /// while the inode stays cached (the writer keeps the copy current).
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for no such inode; as `FsRead::load_inode`.
+    pub fn getattr(&self, id: InodeId) -> Result<ubtrfs_format::structs::InodeItem> {
+        let inode = self.info().inodes.get(id);
+        if let Some(a) = inode.attrs() {
+            return Ok(a);
+        }
+        self.read(|live| {
+            let item = live.load_inode(id, Load::ITEM)?.item;
+            // Under the engine's shared side: no change can come between the read and
+            // the copy.
+            inode.set_attrs(Some(item));
+            Ok(item)
+        })
+    }
+
     /// Drop `n` lookups of inode `id` (FUSE's forget). When it is no longer in use and
     /// has no name left, it is dropped.
     ///

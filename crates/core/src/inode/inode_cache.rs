@@ -10,15 +10,17 @@
 //!   `nlookup`, counted by `Engine::lookup` and dropped by `Engine::forget`). While
 //!   either is nonzero the inode is *in use*: when its last name goes it stays on disk
 //!   as an orphan (nlink 0 plus an ORPHAN_ITEM) until it is no longer in use.
+//! - The attributes: a copy of the INODE_ITEM as the live view shows it, filled by
+//!   `Engine::getattr` and kept current by the writer, which changes inode items in
+//!   one place (`FsWriter::update_inode`; creation inserts, removal clears it). A
+//!   `getattr` of a cached inode reads no tree.
+//! - For a directory, the next DIR_INDEX (`btrfs_inode::index_cnt`), found from the
+//!   last index item the first time a name is added and counted up from then on.
 //! - `mapping`, an empty slot for the extent map, io-tree and page cache that the
 //!   mount's issue fills.
 //!
-//! What it does not hold yet: the inode's attributes and its directory's next
-//! DIR_INDEX. Both are read and changed by the writer (`FsWriter`), which the tools and
-//! tests also use on its own, without an engine and so without this cache; the next
-//! DIR_INDEX stays in `FsWriter::next_dir_index` until the writer's handles can reach
-//! the cache (the engine rework), and attributes come with the page cache, when the
-//! writer stops being the only one to change them.
+//! The cache lives in `FsInfo`, so the writer reaches it whether or not an engine
+//! shares it. An evicted inode loses only what the trees can rebuild.
 //!
 //! Lock order: inode locks (two of them in `InodeId` order) before the engine's lock;
 //! the cache's own mutex is a leaf lock, never held while taking another lock or
@@ -34,6 +36,7 @@ use crate::inode::id::InodeId;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use ubtrfs_format::structs::InodeItem;
 
 /// Default number of inodes kept in memory: enough for a working set of directories
 /// and files of a busy mount, small next to the node cache (an unused inode is about
@@ -47,7 +50,6 @@ pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
 pub struct InodeMapping {}
 
 /// An inode in memory.
-#[derive(Debug)]
 pub struct Inode {
     pub id: InodeId,
     /// The role of `i_rwsem` (see the module notes for who takes it and how).
@@ -56,13 +58,45 @@ pub struct Inode {
     open: AtomicU32,
     /// The FUSE kernel's references (`nlookup`).
     lookups: AtomicU64,
+    /// The INODE_ITEM as the live view shows it, once read through the engine (changed
+    /// only under the engine's exclusive side, read under either).
+    attrs: Mutex<Option<InodeItem>>,
+    /// A directory's next DIR_INDEX; 0 until looked up (indexes start at 2).
+    pub(crate) next_dir_index: AtomicU64,
     /// Extent map, io-tree and page cache, to come.
     pub mapping: InodeMapping,
 }
 
+impl std::fmt::Debug for Inode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inode")
+            .field("id", &self.id)
+            .field("open", &self.open_count())
+            .field("lookups", &self.lookup_count())
+            .field("attrs_cached", &self.lock_attrs().is_some())
+            .field("next_dir_index", &self.next_dir_index.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
 impl Inode {
     fn new(id: InodeId) -> Inode {
-        Inode { id, lock: RwLock::new(()), open: AtomicU32::new(0), lookups: AtomicU64::new(0), mapping: InodeMapping::default() }
+        Inode { id, lock: RwLock::new(()), open: AtomicU32::new(0), lookups: AtomicU64::new(0), attrs: Mutex::new(None), next_dir_index: AtomicU64::new(0), mapping: InodeMapping::default() }
+    }
+
+    fn lock_attrs(&self) -> std::sync::MutexGuard<'_, Option<InodeItem>> {
+        self.attrs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cached attributes, if any.
+    pub fn attrs(&self) -> Option<InodeItem> {
+        *self.lock_attrs()
+    }
+
+    /// Set (or, with `None`, drop) the cached attributes; the caller holds the engine's
+    /// state so that they match the live view.
+    pub(crate) fn set_attrs(&self, item: Option<InodeItem>) {
+        *self.lock_attrs() = item;
     }
 
     /// Open file handles now.

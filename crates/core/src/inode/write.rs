@@ -139,6 +139,10 @@ impl FsWriter {
             ii.transid = transid.into();
             ii.sequence = (ii.sequence.get() + 1).into();
             data.copy_from_slice(ii.as_bytes());
+            // The in-memory inode's copy follows the item (the one place items change).
+            if let Some(i) = w.info.inodes.lookup(InodeId { root, ino }) {
+                i.set_attrs(Some(ii));
+            }
             Ok(())
         })
     }
@@ -199,17 +203,24 @@ impl FsWriter {
         Ok(ino)
     }
 
+    /// The next DIR_INDEX of directory `dir`, kept in its in-memory inode
+    /// (`btrfs_set_inode_index`; looked up from the last index item the first time, or
+    /// again after the inode was evicted).
     fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
-        if let Some(n) = self.next_dir_index.get_mut(&(root, dir)) {
-            let v = *n;
-            *n += 1;
-            return Ok(v);
-        }
-        let next = match self.last_item_le(root, &Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
-            Some((k, _)) if k.objectid == dir && k.type_ == DIR_INDEX_KEY => k.offset + 1,
-            _ => 2,
+        let d = self.info.inodes.get(InodeId { root, ino: dir });
+        // Changed only under the writer (`&mut self`): no other thread races this.
+        let n = d.next_dir_index.load(std::sync::atomic::Ordering::Relaxed);
+        let next = if n != 0 {
+            n
+        } else {
+            match self.last_item_le(root, &Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
+                Some((k, _)) if k.objectid == dir && k.type_ == DIR_INDEX_KEY => {
+                    k.offset.checked_add(1).ok_or_else(|| ino_err(root, dir, "the directory's last DIR_INDEX is the largest possible".into()))?
+                }
+                _ => 2,
+            }
         };
-        self.next_dir_index.insert((root, dir), next + 1);
+        d.next_dir_index.store(next + 1, std::sync::atomic::Ordering::Relaxed);
         Ok(next)
     }
 
@@ -721,6 +732,9 @@ impl FsWriter {
     }
 
     pub(super) fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
+        if let Some(i) = self.info.inodes.lookup(InodeId { root, ino }) {
+            i.set_attrs(None);
+        }
         self.drop_extents_inner(root, ino, 0, u64::MAX)?;
         let items = self.items_in_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
         for (k, _) in items.iter().rev() {

@@ -314,8 +314,6 @@ pub struct FsWriter {
     pub hooks: TestHooks,
     /// Next free objectid per tree, once looked up.
     pub(crate) next_objectid: BTreeMap<u64, u64>,
-    /// Next DIR_INDEX per (tree, directory), once looked up.
-    pub(crate) next_dir_index: BTreeMap<(u64, u64), u64>,
     /// Quotas are on (looked up at open): every commit keeps the qgroups exact.
     pub(crate) quotas: bool,
     /// The default subvolume (looked up at open; nothing the writer does changes it).
@@ -415,7 +413,6 @@ impl FsWriter {
             #[cfg(feature = "test-hooks")]
             hooks: TestHooks::default(),
             next_objectid: BTreeMap::new(),
-            next_dir_index: BTreeMap::new(),
             quotas: false,
             default_subvol: FS_TREE_OBJECTID,
             info,
