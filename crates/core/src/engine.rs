@@ -41,9 +41,13 @@
 //! shared from the end of the change through its I/O; a commit takes it alone, holding
 //! nothing but `commit_lock`, before it returns freed space), then the leaf locks inside `FsInfo` (node cache, chunk
 //! map, superblock copy, view registry, warnings), which are never held across a call
-//! back into the engine. Open files: `inode::file`. No device I/O happens under
-//! `state` except a writer's own reads of blocks it is about to change and the
-//! writes that need old data (partial sectors, inline files).
+//! back into the engine. Open files: `inode::file`. Readers never do device I/O
+//! under `state`. Neither do the engine's own changes (`write_retrying`: file writes,
+//! unlinks) until they begin changing something: a block their lookups miss is read
+//! without the lock and the change runs again. What remains under `state` is a
+//! writer's reads once its change has begun (blocks it is about to change, old data of
+//! partial-sector and inline writes) and the writeback of a large change between its
+//! delayed-ref batches.
 //!
 //! A thread that panics while changing the filesystem leaves the lock poisoned; the
 //! engine then refuses further changes and reads (the state may be half changed), with
@@ -55,7 +59,7 @@ use crate::inode::filesystem::{FileKind, Filesystem, FsRead, InodeId, Load};
 use crate::inode::read::DataView;
 use crate::transaction::views::ViewGuard;
 use crate::transaction::{FsWriter, Live, ReadMisses};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
 
 /// A committed generation held as a view (`Engine::committed`); read it as a
 /// `Filesystem`.
@@ -195,14 +199,18 @@ impl Engine {
     /// writer's `writing` set meanwhile, and they join the node cache afterwards. A
     /// failed write aborts the filesystem and is returned.
     pub fn write<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-        let (r, wb) = {
-            let mut g = self.state.write().map_err(poisoned)?;
-            let r = f(&mut g);
-            // Taken before `state` is dropped, so no commit can finish between the
-            // sealing of these blocks and their write.
-            let wb = g.take_writeback().map(|wb| (wb, self.writeback_io.read().unwrap_or_else(|p| p.into_inner())));
-            (r, wb)
-        };
+        let mut g = self.state.write().map_err(poisoned)?;
+        let r = f(&mut g);
+        self.finish_change(g, r)
+    }
+
+    /// End a change made under `g`: write the writeback it sealed, if any, after
+    /// dropping `g`, then return its result `r`.
+    fn finish_change<T>(&self, mut g: RwLockWriteGuard<'_, FsWriter>, r: Result<T>) -> Result<T> {
+        // Taken before `state` is dropped, so no commit can finish between the sealing
+        // of these blocks and their write.
+        let wb = g.take_writeback().map(|wb| (wb, self.writeback_io.read().unwrap_or_else(|p| p.into_inner())));
+        drop(g);
         if let Some((wb, writing)) = wb {
             // Neither side of `state` is held here.
             let io = wb.write(&self.info);
@@ -217,6 +225,46 @@ impl Engine {
             }
         }
         r
+    }
+
+    /// `write` for a change that may be run more than once: while a run has changed
+    /// nothing yet (its lookups and checks), a committed tree block missing from the
+    /// cache is not read under the lock. The run fails at it, the lock is dropped, the
+    /// block is read, and `f` runs again (at most 32 times per call, then misses are
+    /// read under the lock), as readers do. Once a run begins a change (a handle
+    /// starts, space is reserved), it is not run again and reads what it misses under
+    /// the lock. A run that missed may not begin a change, so a miss that `f` swallows
+    /// changes nothing. Every change `f` makes must go through the writer's operations.
+    ///
+    /// # Errors
+    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    pub fn write_retrying<T>(&self, mut f: impl FnMut(&mut FsWriter) -> Result<T>) -> Result<T> {
+        let misses = Arc::new(ReadMisses::default());
+        loop {
+            let missed = {
+                let mut g = self.state.write().map_err(poisoned)?;
+                g.set_probe(Some(misses.clone()));
+                let r = f(&mut g);
+                let spoiled = g.probe_spoiled();
+                g.set_probe(None);
+                match misses.take_wanted() {
+                    // Nothing changed (a miss forbids beginning a change): run again.
+                    Some(want) => {
+                        debug_assert!(!spoiled, "a probed run changed something after a miss");
+                        drop(r);
+                        want
+                    }
+                    // The run ran to its end: finish as `write` does (its writeback).
+                    None => return self.finish_change(g, r),
+                }
+            };
+            let (bytenr, expect) = missed;
+            // Neither side of `state` is held here.
+            match self.info.read_tree_block(bytenr, &expect) {
+                Ok(eb) => misses.keep(eb),
+                Err(_) => misses.read_under_lock(),
+            }
+        }
     }
 
     /// Commit the running transaction. Returns the generation now on disk.

@@ -554,3 +554,44 @@ fn a_failed_data_write_leaves_the_file_and_its_space_as_they_were() {
     let (_, got) = reopen(dev.durable_image(), &[b"f"]);
     assert_eq!(got, vec![Some(v3)]);
 }
+
+/// A change's lookups that miss the cache read without the engine's lock
+/// (`Engine::write_retrying`): while a write's read of a cold block (its inode, its
+/// extents) is held at the device, readers still get the lock; the write then
+/// completes.
+#[test]
+fn a_writers_cache_miss_is_read_without_the_lock() {
+    let dev = Arc::new(FaultyDevice::new(fixture(), "writer-miss"));
+    let engine = engine_on(&dev);
+    let id = engine
+        .write(|w| {
+            let mut last = 0;
+            for i in 0..300 {
+                last = w.create_file(ROOT, ROOT_DIR, format!("f{i:03}").as_bytes(), &InodeAttrs::new(0o644))?;
+            }
+            Ok(InodeId { root: ROOT, ino: last })
+        })
+        .unwrap();
+    engine.commit().unwrap();
+    let _release = ReleaseOnDrop(&dev);
+    engine.info().cache.clear();
+    dev.hold_reads();
+    let new = data(7, 64 << 10);
+    let e = &engine;
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| e.write_file(id, 0, &new));
+        assert!(dev.wait_for_held_op(Duration::from_secs(10)), "the write never read a block");
+        // The write waits at the device for a block its lookups need: the engine's lock
+        // is free meanwhile.
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.spawn(move || tx.send(e.read(|l| Ok(l.transid()))).unwrap());
+        let got = rx.recv_timeout(Duration::from_secs(10));
+        dev.release_held();
+        assert!(matches!(got, Ok(Ok(_))), "a reader waited for the writer's read: {got:?}");
+        writer.join().unwrap().expect("write");
+    });
+    let mut back = vec![0u8; new.len()];
+    assert_eq!(engine.read_file(id, 0, &mut back).unwrap(), new.len());
+    assert!(back == new, "the write's data");
+    engine.commit().unwrap();
+}

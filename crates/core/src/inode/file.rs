@@ -82,9 +82,10 @@ impl Engine {
     }
 
     fn write_file_locked(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
-        let plan = self.write(|w| w.begin_write(id.root, id.ino, offset, data.len() as u64))?;
+        // Both runs read what they miss without the lock until they begin a change.
+        let plan = self.write_retrying(|w| w.begin_write(id.root, id.ino, offset, data.len() as u64))?;
         let mut dw = match plan {
-            WritePlan::Locked => return self.write(|w| w.write_file(id.root, id.ino, offset, data)),
+            WritePlan::Locked => return self.write_retrying(|w| w.write_file(id.root, id.ino, offset, data)),
             WritePlan::Direct(dw) => dw,
         };
         // Neither side of the engine's lock is held here; the inode's lock is.
@@ -142,7 +143,7 @@ impl Engine {
             let child = (!entry.is_subvol).then(|| self.info().inodes.get(entry.target));
             let done = {
                 let _locks = write_lock_two(&dir_inode, child.as_deref());
-                self.write(|w| {
+                self.write_retrying(|w| {
                     let now = w.live().lookup(dir_id, name)?;
                     if now.map(|e| e.target) != Some(entry.target) {
                         return Ok(false);

@@ -575,6 +575,7 @@ fn find_free_extent(w: &mut FsWriter, ty: u64, num_bytes: u64, cache_error: &mut
 /// that could not be cached was skipped, its caching error instead (the kernel returns
 /// that rather than ENOSPC, since the space may be in the damaged group).
 pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
+    w.begin_change()?;
     let mut cache_error = None;
     for attempt in 0..2 {
         if let Some(start) = find_free_extent(w, ty, num_bytes, &mut cache_error)? {
@@ -603,6 +604,7 @@ pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<
 /// # Errors
 /// `Posix(NoSpace)` when not even `min` bytes can be found or made.
 pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: u64) -> Result<(u64, u64)> {
+    w.begin_change()?;
     assert!(min > 0, "alloc_extent_upto: min 0");
     assert!(num_bytes >= min && num_bytes / min * min == num_bytes, "alloc_extent_upto({num_bytes}, min {min})");
     let mut want = num_bytes;
@@ -648,6 +650,9 @@ pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
     if items == 0 {
         return Ok(0);
     }
+    // Caching groups below swallows their errors (a group that fails to load counts as
+    // full): a probed run must not get there with a miss it would misread.
+    w.begin_change()?;
     let bytes = metadata_size(w, items);
     let want = metadata_reserve(w) + w.alloc.meta_may_use + bytes;
     let take = |w: &mut FsWriter| {

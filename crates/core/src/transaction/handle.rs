@@ -83,6 +83,7 @@ impl FsWriter {
     /// found or made (nothing has changed then); chunk allocation failures.
     pub fn start_transaction(&mut self, at: &'static str, items: u64) -> Result<TransHandle<'_>> {
         self.check_writable()?;
+        self.begin_change()?;
         let bytes = crate::space::allocator::reserve_metadata(self, items)?;
         self.open_handle(bytes, false);
         Ok(TransHandle { w: self, at, ended: false })
@@ -102,7 +103,7 @@ impl FsWriter {
     /// takes over (a direct write reserves before its data I/O and changes the trees
     /// after it).
     pub(crate) fn start_transaction_reserved(&mut self, at: &'static str, bytes: u64) -> Result<TransHandle<'_>> {
-        if let Err(e) = self.check_writable() {
+        if let Err(e) = self.check_writable().and_then(|()| self.begin_change()) {
             crate::space::allocator::release_metadata(self, bytes);
             return Err(e);
         }

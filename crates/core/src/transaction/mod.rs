@@ -292,6 +292,12 @@ pub struct FsWriter {
     pub(crate) written_early: u64,
     /// Tree blocks COWed so far, for statistics.
     pub(crate) cowed: u64,
+    /// Set by `Engine::write_retrying` for a run of a change that may be run again: a
+    /// committed block missing from the cache is recorded here and fails the run, as
+    /// long as the run has changed nothing (`probe_spoiled`).
+    pub(crate) probe: Option<Arc<ReadMisses>>,
+    /// The probed run has begun a change: from now on misses are read under the lock.
+    probe_spoiled: bool,
     /// Metadata bytes reserved by direct writes between `begin_write` and
     /// `finish_write`/`cancel_write` (the part of `alloc.meta_may_use` no handle holds).
     pub(crate) write_rsv: u64,
@@ -402,6 +408,8 @@ impl FsWriter {
             written_early: 0,
             cowed: 0,
             write_rsv: 0,
+            probe: None,
+            probe_spoiled: false,
             handle: None,
             spare_handle: Default::default(),
             running_refs: false,
@@ -489,6 +497,7 @@ impl FsWriter {
     /// abort; read failures loading the root.
     pub fn set_subvol_readonly(&mut self, root: u64, readonly: bool) -> Result<()> {
         self.check_writable()?;
+        self.begin_change()?;
         if !is_subvolume_tree(root) {
             return Err(Error::posix(PosixKind::Invalid, format!("tree {root} is not a subvolume")));
         }
@@ -628,7 +637,52 @@ impl FsWriter {
                 return Ok(eb.clone());
             }
         }
+        if let Some(m) = self.probe.as_deref() {
+            // As for readers (`Live::read_node`): only a committed block, which cannot be
+            // reused before the next commit, is read without the lock.
+            let committed = expect.generation.is_some_and(|g| g < self.transid);
+            if !self.probe_spoiled && committed && !m.under_lock.load(Ordering::Relaxed) {
+                if let Some(eb) = m.lock_fetched().get(&bytenr).filter(|eb| eb.matches(expect)) {
+                    return Ok(eb.clone());
+                }
+                if self.info.cache.get(bytenr).is_none_or(|eb| !eb.matches(expect)) {
+                    *m.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some((bytenr, *expect));
+                    return Err(miss_error(bytenr));
+                }
+            }
+        }
         self.info.read_tree_block(bytenr, expect)
+    }
+
+    /// Called where a change begins (a handle starts, space is reserved or allocated, a
+    /// root item is flagged). In a probed run (`probe`) that already missed the cache
+    /// this fails with the miss, so the run changes nothing and can run again (a
+    /// closure that swallowed the miss cannot act on what it wrongly concluded);
+    /// otherwise the run is marked as having changed something.
+    ///
+    /// # Errors
+    /// The recorded miss.
+    pub(crate) fn begin_change(&mut self) -> Result<()> {
+        if let Some(m) = self.probe.as_deref() {
+            if !self.probe_spoiled {
+                if let Some((bytenr, _)) = *m.wanted.lock().unwrap_or_else(|p| p.into_inner()) {
+                    return Err(miss_error(bytenr));
+                }
+                self.probe_spoiled = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Start a probed run (`Engine::write_retrying`).
+    pub(crate) fn set_probe(&mut self, m: Option<Arc<ReadMisses>>) {
+        self.probe = m;
+        self.probe_spoiled = false;
+    }
+
+    /// Whether the probed run changed something.
+    pub(crate) fn probe_spoiled(&self) -> bool {
+        self.probe_spoiled
     }
 
     pub fn node<'a>(&'a self, b: &'a Blk) -> NodeRef<'a> {
@@ -898,6 +952,7 @@ impl FsWriter {
     /// checker refuses.
     pub fn start_commit(&mut self) -> Result<Option<CommitIo>> {
         self.check_writable()?;
+        self.begin_change()?;
         assert!(self.handle.is_none(), "commit inside a live transaction handle ({})", self.transid);
         assert_eq!(self.alloc.meta_may_use, self.write_rsv, "metadata reservations left behind by ended handles");
         if self.in_flight.is_some() {
