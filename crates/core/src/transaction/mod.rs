@@ -133,6 +133,24 @@ impl ReadMisses {
         self.lock_fetched().insert(eb.bytenr, eb);
     }
 
+    /// A block missing from the writer's memory, met by a reader run or a probed writer
+    /// run: the copy this call already read, or a recorded miss that stops the run
+    /// (`Err`), or `None` to read it under the lock. Only a committed block is read
+    /// without the lock: it cannot be reused before the next commit, so a rerun that
+    /// still points at it finds what was read. A block this transaction wrote early
+    /// could be freed and its address handed out again within the transaction.
+    fn meet(&self, w: &FsWriter, bytenr: u64, expect: &Expect) -> Option<Result<Arc<ExtentBuffer>>> {
+        if let Some(eb) = self.lock_fetched().get(&bytenr).filter(|eb| eb.matches(expect)) {
+            return Some(Ok(eb.clone()));
+        }
+        let committed = expect.generation.is_some_and(|g| g < w.transid);
+        if committed && !self.under_lock.load(Ordering::Relaxed) && !w.in_flight_has(bytenr) && w.info.cache.get(bytenr).is_none_or(|eb| !eb.matches(expect)) {
+            *self.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some((bytenr, *expect));
+            return Some(Err(miss_error(bytenr)));
+        }
+        None
+    }
+
     /// Read the remaining misses under the lock.
     pub fn read_under_lock(&self) {
         self.under_lock.store(true, Ordering::Relaxed);
@@ -181,19 +199,8 @@ impl<'a> TreeView for Live<'a> {
             }
             Some(d) => Ok(BlkRef::Dirty(bytenr, &d.data)),
             None => {
-                if let Some(m) = self.misses {
-                    if let Some(eb) = m.lock_fetched().get(&bytenr).filter(|eb| eb.matches(expect)) {
-                        return Ok(BlkRef::Clean(eb.clone()));
-                    }
-                    // Only a committed block may be read without the lock: it cannot be
-                    // reused before the next commit, so a rerun that still points at it
-                    // finds what was read. A block this transaction wrote early could be
-                    // freed and its address handed out again within the transaction.
-                    let committed = expect.generation.is_some_and(|g| g < self.w.transid);
-                    if committed && !m.under_lock.load(Ordering::Relaxed) && !self.w.in_flight_has(bytenr) && self.w.info.cache.get(bytenr).is_none_or(|eb| !eb.matches(expect)) {
-                        *m.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some((bytenr, *expect));
-                        return Err(miss_error(bytenr));
-                    }
+                if let Some(r) = self.misses.and_then(|m| m.meet(self.w, bytenr, expect)) {
+                    return r.map(BlkRef::Clean);
                 }
                 Ok(BlkRef::Clean(self.w.read_clean(bytenr, expect)?))
             }
@@ -637,19 +644,8 @@ impl FsWriter {
                 return Ok(eb.clone());
             }
         }
-        if let Some(m) = self.probe.as_deref() {
-            // As for readers (`Live::read_node`): only a committed block, which cannot be
-            // reused before the next commit, is read without the lock.
-            let committed = expect.generation.is_some_and(|g| g < self.transid);
-            if !self.probe_spoiled && committed && !m.under_lock.load(Ordering::Relaxed) {
-                if let Some(eb) = m.lock_fetched().get(&bytenr).filter(|eb| eb.matches(expect)) {
-                    return Ok(eb.clone());
-                }
-                if self.info.cache.get(bytenr).is_none_or(|eb| !eb.matches(expect)) {
-                    *m.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some((bytenr, *expect));
-                    return Err(miss_error(bytenr));
-                }
-            }
+        if let Some(r) = self.probe.as_deref().filter(|_| !self.probe_spoiled).and_then(|m| m.meet(self, bytenr, expect)) {
+            return r;
         }
         self.info.read_tree_block(bytenr, expect)
     }
