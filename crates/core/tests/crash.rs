@@ -441,7 +441,8 @@ impl Workload {
                 let what = format!("empty {} ({} entries)", show(&dir), victims.len());
                 for path in victims {
                     let (_, name) = split_parent(&path);
-                    w.unlink(FS_TREE, dino, name).map_err(|e| (format!("{what}: unlink {}", show(&path)), e))?;
+                    let r = if matches!(self.model.entries.get(&path), Some(Node::Dir { .. })) { w.rmdir(FS_TREE, dino, name) } else { w.unlink(FS_TREE, dino, name) };
+                    r.map_err(|e| (format!("{what}: unlink {}", show(&path)), e))?;
                     self.forget(&path);
                 }
                 Ok(what)
@@ -481,7 +482,8 @@ impl Workload {
                 let (dir, name) = split_parent(&path);
                 let dino = self.model.dir_ino(dir);
                 let what = format!("unlink {}", show(&path));
-                w.unlink(FS_TREE, dino, name).map_err(|e| (what.clone(), e))?;
+                let r = if matches!(self.model.entries.get(&path), Some(Node::Dir { .. })) { w.rmdir(FS_TREE, dino, name) } else { w.unlink(FS_TREE, dino, name) };
+                r.map_err(|e| (what.clone(), e))?;
                 self.forget(&path);
                 Ok(what)
             }

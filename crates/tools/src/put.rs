@@ -160,7 +160,11 @@ pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     if ftype == FT_DIR {
         count += remove_dir_contents(w, InodeId { root: parent.root, ino }, path)?;
     }
-    w.unlink(parent.root, parent.ino, &name)?;
+    if ftype == FT_DIR {
+        w.rmdir(parent.root, parent.ino, &name)?;
+    } else {
+        w.unlink(parent.root, parent.ino, &name)?;
+    }
     Ok(count + 1)
 }
 
@@ -174,8 +178,10 @@ fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64
         }
         if e.ftype == FT_DIR {
             count += remove_dir_contents(w, e.target, &child_path)?;
+            w.rmdir(dir.root, dir.ino, &e.name)?;
+        } else {
+            w.unlink(dir.root, dir.ino, &e.name)?;
         }
-        w.unlink(dir.root, dir.ino, &e.name)?;
         count += 1;
     }
     Ok(count)

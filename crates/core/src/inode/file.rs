@@ -132,6 +132,19 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::unlink`; `Posix(Busy)` if the name kept changing target under us.
     pub fn unlink(&self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+        self.remove_entry(root, dir, name, false)
+    }
+
+    /// Remove the empty directory `name` from `dir`, as `FsWriter::rmdir` does, with
+    /// the inode locks `unlink` takes.
+    ///
+    /// # Errors
+    /// As `FsWriter::rmdir`; `Posix(Busy)` as `unlink`.
+    pub fn rmdir(&self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+        self.remove_entry(root, dir, name, true)
+    }
+
+    fn remove_entry(&self, root: u64, dir: u64, name: &[u8], rmdir: bool) -> Result<()> {
         let dir_id = InodeId { root, ino: dir };
         for _ in 0..UNLINK_ATTEMPTS {
             let Some(entry) = self.read(|live| live.lookup(dir_id, name))? else {
@@ -148,7 +161,11 @@ impl Engine {
                     if now.map(|e| e.target) != Some(entry.target) {
                         return Ok(false);
                     }
-                    w.unlink(root, dir, name)?;
+                    if rmdir {
+                        w.rmdir(root, dir, name)?;
+                    } else {
+                        w.unlink(root, dir, name)?;
+                    }
                     Ok(true)
                 })?
             };
@@ -159,6 +176,54 @@ impl Engine {
             }
         }
         Err(Error::posix_detail(PosixKind::Busy, crate::quote::name(name), "the name kept changing while it was being removed"))
+    }
+
+    /// Change inode `id`'s attributes, as `FsWriter::setattr` does, holding its lock:
+    /// a truncation waits for the file's writes in flight, and they for it.
+    ///
+    /// # Errors
+    /// As `FsWriter::setattr`.
+    pub fn setattr(&self, id: InodeId, a: &crate::inode::attr::SetAttr) -> Result<()> {
+        let inode = self.info().inodes.get(id);
+        let _g = write_lock(&inode);
+        self.write_retrying(|w| w.setattr(id.root, id.ino, a))
+    }
+
+    /// Rename, as `FsWriter::rename` does, holding the locks of the inodes involved
+    /// (both directories, the source, and a target it replaces or swaps with), taken in
+    /// inode order, so no data write to a replaced file runs across its removal.
+    ///
+    /// # Errors
+    /// As `FsWriter::rename`; `Posix(Busy)` if the names kept changing under us.
+    pub fn rename(&self, root: u64, old_dir: u64, old_name: &[u8], new_dir: u64, new_name: &[u8], flags: u32) -> Result<()> {
+        let (od, nd) = (InodeId { root, ino: old_dir }, InodeId { root, ino: new_dir });
+        for _ in 0..UNLINK_ATTEMPTS {
+            let (src, dst) = self.read(|live| Ok((live.lookup(od, old_name)?, live.lookup(nd, new_name)?)))?;
+            let mut ids = vec![od, nd];
+            ids.extend(src.iter().chain(dst.iter()).filter(|e| !e.is_subvol).map(|e| e.target));
+            ids.sort();
+            ids.dedup();
+            let inodes: Vec<Arc<Inode>> = ids.iter().map(|&id| self.info().inodes.get(id)).collect();
+            let done = {
+                let _locks: Vec<_> = inodes.iter().map(|i| write_lock(i)).collect();
+                self.write_retrying(|w| {
+                    let now = (w.live().lookup(od, old_name)?.map(|e| e.target), w.live().lookup(nd, new_name)?.map(|e| e.target));
+                    if now != (src.as_ref().map(|e| e.target), dst.as_ref().map(|e| e.target)) {
+                        return Ok(false);
+                    }
+                    w.rename(root, old_dir, old_name, new_dir, new_name, flags)?;
+                    Ok(true)
+                })?
+            };
+            if done {
+                drop(inodes);
+                if let Some(d) = dst {
+                    self.info().inodes.forget_unused(d.target);
+                }
+                return Ok(());
+            }
+        }
+        Err(Error::posix_detail(PosixKind::Busy, crate::quote::name(old_name), "the names kept changing while it was being renamed"))
     }
 
     /// Look `name` up in directory `dir` and count one lookup of the inode found, as the

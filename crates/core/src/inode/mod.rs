@@ -1,13 +1,16 @@
 //! Inodes: their name (`id`), the filesystem view over subvolumes, inodes, directories and xattrs
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
-//! (`namei`), inode and file changes (`write`), the in-memory inodes (`inode_cache`),
+//! (`namei`), inode and file changes (`write`), unlink, rmdir, symlink, mknod and
+//! rename (`namespace`), attributes and truncation (`attr`), the in-memory inodes (`inode_cache`),
 //! open files through the engine (`file`) and orphans (`orphan`).
 
+pub mod attr;
 pub mod file;
 pub mod filesystem;
 pub mod id;
 pub mod inode_cache;
 pub mod namei;
+pub mod namespace;
 pub mod orphan;
 pub mod read;
 pub mod stream;

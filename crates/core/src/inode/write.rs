@@ -18,13 +18,25 @@ use ubtrfs_format::structs::*;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
+/// Where a new INODE_REF entry goes (`add_inode_ref`).
+pub(super) enum RefRoom {
+    /// The first name in this directory: a new INODE_REF item.
+    New,
+    /// Appended to the directory's INODE_REF item.
+    Extend,
+    /// That item is full: an INODE_EXTREF.
+    Extref,
+    /// That item is full and there are no extrefs: EMLINK.
+    Full,
+}
+
 /// Largest extent the kernel writes (BTRFS_MAX_EXTENT_SIZE).
 pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 /// The kernel's default `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
 /// What a change does to an inode, for the immutable / append-only rules.
 #[derive(Clone, Copy)]
-enum IflagOp {
+pub(super) enum IflagOp {
     AddName,
     RemoveName,
     Relink,
@@ -34,7 +46,7 @@ enum IflagOp {
 /// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
 /// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
 /// `name` is the entry being changed, for the message.
-fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+pub(super) fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name: &[u8]) -> Result<()> {
     let (forbid, desc) = match what {
         // Creating or removing a name changes the directory.
         IflagOp::AddName => (INODE_IMMUTABLE, "immutable directory"),
@@ -58,7 +70,7 @@ fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name: &[u8]) -> 
 /// Flags a new inode takes from its directory's flags `d`, as the kernel's
 /// `btrfs_inherit_iflags`: compression preference, and NODATACOW (with NODATASUM for
 /// regular files).
-fn inherited_flags(d: u64, regular: bool) -> u64 {
+pub(super) fn inherited_flags(d: u64, regular: bool) -> u64 {
     let mut f = 0;
     if d & INODE_NOCOMPRESS != 0 {
         f |= INODE_NOCOMPRESS;
@@ -75,7 +87,17 @@ fn inherited_flags(d: u64, regular: bool) -> u64 {
 }
 
 /// Items a new name adds or changes: DIR_ITEM, DIR_INDEX, INODE_REF, both inodes.
-const LINK_ITEMS: u64 = 5;
+pub(super) const LINK_ITEMS: u64 = 5;
+/// The kernel's most links an inode can have (BTRFS_LINK_MAX).
+pub const LINK_MAX: u32 = 65535;
+
+/// The largest an INODE_REF item may grow to: a whole leaf's data area less its item
+/// header (BTRFS_MAX_ITEM_SIZE), past which the kernel's extension fails (EOVERFLOW)
+/// and the name goes to an INODE_EXTREF, or is EMLINK without extrefs. Measured
+/// against the kernel to the name by `tests/namespace.rs`.
+fn max_ref_item(nodesize: u32) -> usize {
+    nodesize as usize - ubtrfs_format::node::HEADER_SIZE - ubtrfs_format::node::ITEM_SIZE
+}
 /// Data is written to disk in pieces of this size.
 const WRITE_CHUNK: usize = 4 << 20;
 
@@ -116,7 +138,7 @@ impl FsWriter {
     }
 }
 
-fn ino_err(root: u64, ino: u64, r: String) -> Error {
+pub(super) fn ino_err(root: u64, ino: u64, r: String) -> Error {
     let mut c = Corrupt::new(CorruptWhere::Item, r).root(root);
     c.ino = Some(ino);
     c.into()
@@ -184,7 +206,7 @@ impl FsWriter {
         })
     }
 
-    fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
+    pub(super) fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         let ino = self.alloc_objectid(root)?;
         let mut ii = InodeItem::new_zeroed();
         let t = self.now();
@@ -206,7 +228,7 @@ impl FsWriter {
     /// The next DIR_INDEX of directory `dir`, kept in its in-memory inode
     /// (`btrfs_set_inode_index`; looked up from the last index item the first time, or
     /// again after the inode was evicted).
-    fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
+    pub(super) fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
         let d = self.info.inodes.get(InodeId { root, ino: dir });
         // Changed only under the writer (`&mut self`): no other thread races this.
         let n = d.next_dir_index.load(std::sync::atomic::Ordering::Relaxed);
@@ -227,12 +249,21 @@ impl FsWriter {
     /// Add name `name` in directory `dir` for inode `ino` of type `ftype` (FT_*).
     ///
     /// # Errors
-    /// `Posix(Exists)` if the name is taken, `NameTooLong`, tree failures.
+    /// `Posix`: Exists if the name is taken, NameTooLong, NotPermitted for a directory
+    /// or an immutable or append-only inode, TooManyLinks at `LINK_MAX`; tree failures.
     pub fn link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
         self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
         self.check_iflags(root, ino, IflagOp::Relink, name)?;
-        let first_name = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item.nlink.get() == 0;
+        let item = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        if item.mode.get() & S_IFMT == S_IFDIR {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, crate::quote::name(name), format!("root={root} ino={ino} is a directory, which takes no hard links")));
+        }
+        if item.nlink.get() >= LINK_MAX {
+            return Err(Error::posix_detail(PosixKind::TooManyLinks, crate::quote::name(name), format!("root={root} ino={ino} has {} links, the most an inode can have", item.nlink.get())));
+        }
+        self.check_ref_room(root, ino, dir, name)?;
+        let first_name = item.nlink.get() == 0;
         self.transaction("link", LINK_ITEMS + 1, |w| {
             w.link_inner(root, dir, name, ino, ftype)?;
             // An inode's first name ends its life as an orphan (`create_inode`).
@@ -246,7 +277,7 @@ impl FsWriter {
     /// Refuse a new `name` in `dir` before anything changes: a bad or taken name found
     /// after the inode or half the entries were inserted would leave them behind.
     /// Returns the directory's inode flags (for inheritance).
-    fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
+    pub(super) fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         if name.is_empty() || name.len() > NAME_LEN || name.contains(&b'/') || name == b"." || name == b".." {
             return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, crate::quote::name(name)));
         }
@@ -262,13 +293,25 @@ impl FsWriter {
     }
 
     /// `iflags_allow` for inode `ino`, looked up.
-    fn check_iflags(&mut self, root: u64, ino: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+    pub(super) fn check_iflags(&mut self, root: u64, ino: u64, what: IflagOp, name: &[u8]) -> Result<()> {
         let flags = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item.flags.get();
         iflags_allow(root, ino, flags, what, name)
     }
 
-    fn link_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
+    pub(super) fn link_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
         let index = self.next_dir_index(root, dir)?;
+        self.add_inode_ref(root, ino, dir, name, index)?;
+        self.add_dir_entries(root, dir, name, ino, ftype, index)?;
+        let t = self.now();
+        self.update_inode(root, ino, |i| {
+            i.nlink = (i.nlink.get() + 1).into();
+            i.ctime = t;
+        })
+    }
+
+    /// The DIR_ITEM and DIR_INDEX (at `index`) of `name` in `dir` for inode `ino`, and
+    /// the directory's size and times (`btrfs_add_link` without the back reference).
+    pub(super) fn add_dir_entries(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, index: u64) -> Result<()> {
         let mut entry = Vec::with_capacity(30 + name.len());
         let di = DirItem { location: Key::new(ino, INODE_ITEM_KEY, 0).to_disk(), transid: self.transid.into(), data_len: 0.into(), name_len: (name.len() as u16).into(), type_: ftype };
         entry.extend_from_slice(di.as_bytes());
@@ -285,22 +328,62 @@ impl FsWriter {
             None => self.insert_item(root, &dkey, &entry)?,
         }
         self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
-        // INODE_REF, overflowing into INODE_EXTREF when the item would be too big.
+        let t = self.now();
+        let nl = name.len() as u64;
+        self.update_inode(root, dir, |d| {
+            d.size = (d.size.get() + 2 * nl).into();
+            d.mtime = t;
+            d.ctime = t;
+        })
+    }
+
+    /// Where a new back reference of `ino` to `name` in `dir` goes.
+    pub(super) fn ref_room(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<RefRoom> {
+        let rkey = Key::new(ino, INODE_REF_KEY, dir);
+        let add = std::mem::size_of::<InodeRef>() + name.len();
+        Ok(match self.items_in_range(root, &rkey, &rkey)?.first() {
+            None => RefRoom::New,
+            Some((_, d)) if d.len() + add <= max_ref_item(self.nodesize()) => RefRoom::Extend,
+            Some(_) if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_EXTENDED_IREF == 0 => RefRoom::Full,
+            Some(_) => RefRoom::Extref,
+        })
+    }
+
+    /// Refuse, before anything changes, a new name of `ino` in `dir` that has no room
+    /// for its back reference (EMLINK without the extref feature). The kernel finds
+    /// this after taking the directory's next index, so the index is used up here too.
+    pub(super) fn check_ref_room(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<()> {
+        if matches!(self.ref_room(root, ino, dir, name)?, RefRoom::Full) {
+            self.next_dir_index(root, dir)?;
+            return Err(Error::posix_detail(
+                PosixKind::TooManyLinks,
+                crate::quote::name(name),
+                format!("root={root} ino={ino}: its INODE_REF item for directory {dir} is full and the filesystem has no extref feature"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Inode `ino`'s back reference to `name` in `dir` at `index`: appended to its
+    /// INODE_REF for `dir`, or, once that item cannot grow (the kernel's EOVERFLOW from
+    /// the leaf split), an INODE_EXTREF (`btrfs_insert_inode_ref`).
+    pub(super) fn add_inode_ref(&mut self, root: u64, ino: u64, dir: u64, name: &[u8], index: u64) -> Result<()> {
         let mut r = Vec::with_capacity(10 + name.len());
         r.extend_from_slice(InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
         r.extend_from_slice(name);
         let rkey = Key::new(ino, INODE_REF_KEY, dir);
-        let max_ref = (self.nodesize() as usize - ubtrfs_format::node::HEADER_SIZE) / 4;
-        let cur = self.items_in_range(root, &rkey, &rkey)?;
-        match cur.first() {
-            None => self.insert_item(root, &rkey, &r)?,
-            Some((_, d)) if d.len() + r.len() <= max_ref || self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_EXTENDED_IREF == 0 => {
+        match self.ref_room(root, ino, dir, name)? {
+            RefRoom::New => self.insert_item(root, &rkey, &r)?,
+            RefRoom::Extend => {
                 let (leaf, slot) = self.extend_item(root, &rkey, r.len())?;
                 let d = self.item_data_mut(leaf, slot);
                 let l = d.len();
                 d[l - r.len()..].copy_from_slice(&r);
             }
-            Some(_) => {
+            RefRoom::Full => {
+                return Err(Error::posix_detail(PosixKind::TooManyLinks, format!("root={root} ino={ino}"), "its INODE_REF item for the directory is full and the filesystem has no extref feature"));
+            }
+            RefRoom::Extref => {
                 let mut e = Vec::with_capacity(18 + name.len());
                 e.extend_from_slice(InodeExtref { parent_objectid: dir.into(), index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
                 e.extend_from_slice(name);
@@ -315,17 +398,6 @@ impl FsWriter {
                 }
             }
         }
-        let t = self.now();
-        let nl = name.len() as u64;
-        self.update_inode(root, dir, |d| {
-            d.size = (d.size.get() + 2 * nl).into();
-            d.mtime = t;
-            d.ctime = t;
-        })?;
-        self.update_inode(root, ino, |i| {
-            i.nlink = (i.nlink.get() + 1).into();
-            i.ctime = t;
-        })?;
         Ok(())
     }
 
@@ -373,7 +445,7 @@ impl FsWriter {
         self.transaction("drop_extents", 0, |w| w.drop_extents_inner(root, ino, start, end))
     }
 
-    fn drop_extents_inner(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+    pub(super) fn drop_extents_inner(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
         let mut removed = 0;
         for f in self.live().file_extents(InodeId { root, ino }, start, end)? {
             let key = Key::new(ino, EXTENT_DATA_KEY, f.file_offset);
@@ -429,7 +501,7 @@ impl FsWriter {
     }
 
     /// Replace the item at `old` with `new_key` + `data`.
-    fn replace_item(&mut self, root: u64, old: &Key, new_key: &Key, data: &[u8]) -> Result<()> {
+    pub(super) fn replace_item(&mut self, root: u64, old: &Key, new_key: &Key, data: &[u8]) -> Result<()> {
         if old == new_key {
             let (leaf, slot) = self.lookup_for_update(root, old, 0)?.ok_or_else(|| ino_err(root, old.objectid, format!("item {old} vanished")))?;
             let d = self.item_data_mut(leaf, slot);
@@ -498,7 +570,7 @@ impl FsWriter {
     /// sectors, inline-to-regular conversion) through the live view: verified against
     /// the transaction's checksums, other copies tried for a bad sector, so old data
     /// never picks up a bad read under a fresh checksum. Bytes past EOF read as zeros.
-    fn read_old_data(&self, root: u64, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+    pub(super) fn read_old_data(&self, root: u64, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -507,6 +579,17 @@ impl FsWriter {
         let n = live.read_at(&v, start, buf)?;
         buf[n..].fill(0);
         Ok(())
+    }
+
+    /// The inline extent holding all of a small file's `content` (uncompressed).
+    pub(super) fn insert_inline(&mut self, root: u64, ino: u64, content: &[u8]) -> Result<()> {
+        let mut fe = Vec::with_capacity(21 + content.len());
+        fe.extend_from_slice(
+            FileExtentHeader { generation: self.transid.into(), ram_bytes: (content.len() as u64).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }
+                .as_bytes(),
+        );
+        fe.extend_from_slice(content);
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)
     }
 
     /// Write `len` bytes produced by `fill` (called in order, in pieces) at `offset`.
@@ -534,7 +617,7 @@ impl FsWriter {
         self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, fill))
     }
 
-    fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+    pub(super) fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
         let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
         let old_size = ii.size.get();
         let new_size = old_size.max(end);
@@ -548,12 +631,7 @@ impl FsWriter {
             self.read_old_data(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
             fill(&mut content[offset as usize..end as usize])?;
             removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
-            let mut fe = Vec::with_capacity(21 + content.len());
-            fe.extend_from_slice(
-                FileExtentHeader { generation: self.transid.into(), ram_bytes: new_size.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }.as_bytes(),
-            );
-            fe.extend_from_slice(&content);
-            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)?;
+            self.insert_inline(root, ino, &content)?;
             added = new_size;
         } else {
             // An inline extent must become regular: rewrite from 0.
@@ -609,34 +687,26 @@ impl FsWriter {
         self.update_written_inode(root, ino, new_size, removed, added)
     }
 
-    /// Remove name `name` from directory `dir`; the inode goes when its last name does,
-    /// or, if it is in use in the shared inode cache (open, or looked up and not
-    /// forgotten), when it is no longer in use (an orphan until then). Directories must
-    /// be empty. `Engine::unlink` takes the inode locks around this.
-    ///
-    /// # Errors
-    /// `Posix` NotFound / NotEmpty; tree failures.
-    pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-        self.check_root_writable(root)?;
-        let entry = self.live().lookup(InodeId { root, ino: dir }, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
-        let (ino, ftype) = (entry.target.ino, entry.ftype);
-        // An inode in use (open or looked up through the engine) whose last name this
-        // is stays as an orphan until it is no longer in use (see `inode::orphan`).
-        let in_use = self.info.inodes.lookup(entry.target).is_some_and(|i| i.in_use());
-        if entry.is_subvol {
-            return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", crate::quote::name(name))));
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn unlink_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, child: &InodeItem, in_use: bool) -> Result<()> {
+        self.del_name(root, dir, name, ino)?;
+        let t = self.now();
+        let nlink = child.nlink.get().saturating_sub(1);
+        if nlink == 0 || ftype == FT_DIR {
+            self.drop_last_link(root, ino, child, t, in_use)?;
+        } else {
+            self.update_inode(root, ino, |i| {
+                i.nlink = nlink.into();
+                i.ctime = t;
+            })?;
         }
-        let child = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
-        self.check_iflags(root, dir, IflagOp::RemoveName, name)?;
-        self.check_iflags(root, ino, IflagOp::Relink, name)?;
-        if ftype == FT_DIR && child.size.get() != 0 {
-            return Err(Error::posix(PosixKind::NotEmpty, crate::quote::name(name)));
-        }
-        self.transaction("unlink", 0, |w| w.unlink_inner(root, dir, name, ino, ftype, &child, in_use))
+        Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn unlink_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, child: &InodeItem, in_use: bool) -> Result<()> {
+    /// Remove `name` from directory `dir` (its DIR_ITEM entry, DIR_INDEX, and inode
+    /// `ino`'s back reference) and update the directory's size and times; the inode's
+    /// link count is the caller's (`__btrfs_unlink_inode`).
+    pub(super) fn del_name(&mut self, root: u64, dir: u64, name: &[u8], ino: u64) -> Result<()> {
         // DIR_ITEM: drop our entry from the (possibly shared) item.
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
         let d = self.items_in_range(root, &dkey, &dkey)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
@@ -663,20 +733,10 @@ impl FsWriter {
             d.size = (d.size.get().saturating_sub(2 * nl)).into();
             d.mtime = t;
             d.ctime = t;
-        })?;
-        let nlink = child.nlink.get().saturating_sub(1);
-        if nlink == 0 || ftype == FT_DIR {
-            self.drop_last_link(root, ino, child, t, in_use)?;
-        } else {
-            self.update_inode(root, ino, |i| {
-                i.nlink = nlink.into();
-                i.ctime = t;
-            })?;
-        }
-        Ok(())
+        })
     }
 
-    fn remove_inode_ref(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<u64> {
+    pub(super) fn remove_inode_ref(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<u64> {
         let rkey = Key::new(ino, INODE_REF_KEY, dir);
         if let Some((_, d)) = self.items_in_range(root, &rkey, &rkey)?.pop() {
             let mut rest = Vec::new();
@@ -757,7 +817,7 @@ fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
 impl FsWriter {
     /// Without no-holes, a write starting past EOF first covers the gap from the old
     /// size (rounded up to a sector) to `start` with a hole extent, as the kernel does.
-    fn insert_hole_before(&mut self, root: u64, ino: u64, old_size: u64, start: u64) -> Result<()> {
+    pub(super) fn insert_hole_before(&mut self, root: u64, ino: u64, old_size: u64, start: u64) -> Result<()> {
         if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES != 0 {
             return Ok(());
         }
@@ -772,7 +832,7 @@ impl FsWriter {
     }
 
     /// After a write: the new size, nbytes less `removed` plus `added`, mtime and ctime.
-    fn update_written_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64) -> Result<()> {
+    pub(super) fn update_written_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64) -> Result<()> {
         let t = self.now();
         self.update_inode(root, ino, |i| {
             i.size = new_size.into();

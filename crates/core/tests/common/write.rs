@@ -183,9 +183,13 @@ pub struct Mount {
 
 impl Mount {
     pub fn new(img: &Path, rw: bool) -> Mount {
+        Mount::new_with(img, if rw { "loop" } else { "loop,ro" })
+    }
+
+    /// A mount with these `-o` options (which must include `loop`).
+    pub fn new_with(img: &Path, opts: &str) -> Mount {
         let dir = scratch_dir().join(format!("mnt-{}-{}", img.file_stem().unwrap_or_default().to_string_lossy(), std::process::id()));
         std::fs::create_dir_all(&dir).expect("mount dir");
-        let opts = if rw { "loop" } else { "loop,ro" };
         let out = Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
         if !out.status.success() {
             let dmesg = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).lines().rev().take(30).collect::<Vec<_>>().join("\n")).unwrap_or_default();
@@ -608,9 +612,13 @@ impl Model {
         model_write(&mut self.node_mut(self.handle(path)).data, off, data);
     }
 
+    /// Remove `path`: unlink, or rmdir for an (empty) directory.
     pub fn w_unlink(&mut self, w: &mut FsWriter, path: &str) {
         let p = self.parent_id(path);
-        w.unlink(p.root, p.ino, split_path(path).1.as_bytes()).unwrap_or_else(|e| panic!("unlink /{path}: {e}"));
+        let name = split_path(path).1.as_bytes();
+        let is_dir = w.live().lookup(p, name).ok().flatten().is_some_and(|e| e.ftype == ubtrfs_format::structs::FT_DIR);
+        let r = if is_dir { w.rmdir(p.root, p.ino, name) } else { w.unlink(p.root, p.ino, name) };
+        r.unwrap_or_else(|e| panic!("unlink /{path}: {e}"));
         self.remove_name(path);
     }
 
@@ -629,6 +637,56 @@ impl Model {
         let (parent, name) = split_path(path);
         let ph = self.handle(parent);
         assert!(self.node_mut(ph).children.insert(name.as_bytes().to_vec(), h).is_none(), "model: /{path} exists");
+    }
+
+    /// Symlink `path` -> `target`.
+    pub fn w_symlink(&mut self, w: &mut FsWriter, path: &str, target: &[u8]) -> usize {
+        let p = self.parent_id(path);
+        let name = split_path(path).1;
+        let ino = w.symlink(p.root, p.ino, name.as_bytes(), target, &InodeAttrs::new(0o777)).unwrap_or_else(|e| panic!("symlink /{path}: {e}"));
+        self.add_child(path, MInode { kind: 'l', perm: 0o777, uid: 0, gid: 0, rdev: 0, data: target.to_vec(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+    }
+
+    /// Special file `path` (`mode` with its type; `rdev` for devices).
+    pub fn w_mknod(&mut self, w: &mut FsWriter, path: &str, mode: u32, rdev: u64) -> usize {
+        let p = self.parent_id(path);
+        let name = split_path(path).1;
+        let ino = w.mknod(p.root, p.ino, name.as_bytes(), &InodeAttrs { rdev, ..InodeAttrs::new(mode) }).unwrap_or_else(|e| panic!("mknod /{path}: {e}"));
+        self.add_child(path, MInode { kind: mode_kind(mode), perm: mode & 0o7777, uid: 0, gid: 0, rdev, data: Vec::new(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+    }
+
+    /// Rename `from` to `to` with renameat2 `flags`, in ubtrfs and the model.
+    pub fn w_rename(&mut self, w: &mut FsWriter, from: &str, to: &str, flags: u32) {
+        let (op, np) = (self.parent_id(from), self.parent_id(to));
+        w.rename(op.root, op.ino, split_path(from).1.as_bytes(), np.ino, split_path(to).1.as_bytes(), flags).unwrap_or_else(|e| panic!("rename /{from} /{to} {flags}: {e}"));
+        self.rename(from, to, flags);
+        if flags & 4 != 0 {
+            let (op, name) = (self.parent_id(from), split_path(from).1);
+            let found = w.live().lookup(op, name.as_bytes()).expect("lookup whiteout").expect("whiteout exists");
+            self.add_child(from, MInode { kind: 'c', perm: 0, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(found.target) });
+        }
+    }
+
+    /// The model's side of a rename (a whiteout is the caller's to add).
+    pub fn rename(&mut self, from: &str, to: &str, flags: u32) {
+        let (fp, fname) = split_path(from);
+        let (tp, tname) = split_path(to);
+        let (fh, th) = (self.handle(fp), self.handle(tp));
+        let src = *self.node(fh).children.get(fname.as_bytes()).expect("model: rename source");
+        if flags & 2 != 0 {
+            let dst = *self.node(th).children.get(tname.as_bytes()).expect("model: exchange target");
+            self.node_mut(fh).children.insert(fname.as_bytes().to_vec(), dst);
+            self.node_mut(th).children.insert(tname.as_bytes().to_vec(), src);
+            return;
+        }
+        if self.node(th).children.get(tname.as_bytes()) == Some(&src) {
+            return;
+        }
+        if self.node(th).children.contains_key(tname.as_bytes()) {
+            self.remove_name(to);
+        }
+        self.node_mut(fh).children.remove(fname.as_bytes());
+        self.node_mut(th).children.insert(tname.as_bytes().to_vec(), src);
     }
 
     // ---- changes through a kernel mount and the model together ----

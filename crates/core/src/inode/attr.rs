@@ -1,0 +1,209 @@
+//! Inode attributes: chmod, chown, utimens and truncate in one call (`setattr`, the
+//! kernel's `notify_change` + `btrfs_setattr`), and the size change itself
+//! (`btrfs_setsize`: `btrfs_cont_expand` up, `btrfs_truncate` down).
+//!
+//! Time rules, as the VFS keeps them: every change sets ctime to now; a size change
+//! sets mtime to now unless the call gives mtime; atime and mtime are set as asked,
+//! to a time or to now. A chown of anything but a directory clears set-user-ID, and
+//! set-group-ID when the group may execute (`setattr_should_drop_sgid` for a caller
+//! who may keep it: the checks of who may do what are `perm`'s).
+//!
+//! Truncation keeps the file's data exact for a later extension: the block holding the
+//! new end (down) or the old end (up) is rewritten with its bytes past the end zeroed,
+//! as `btrfs_truncate_block` does, so no old byte reappears when the file grows again;
+//! extents past the end go, the one across it is trimmed (compressed and shared ones
+//! keep their disk extent and lose part of their reference). Without no-holes, growth
+//! writes a hole extent over the new range.
+
+use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
+use crate::inode::write::{iflags_allow, IflagOp};
+use crate::transaction::FsWriter;
+use ubtrfs_format::structs::*;
+
+/// The largest file size (MAX_LFS_FILESIZE, the kernel's `s_maxbytes` for btrfs).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+/// A time to set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSet {
+    /// The engine's clock now (UTIME_NOW).
+    Now,
+    /// (seconds, nanoseconds).
+    At(i64, u32),
+}
+
+/// What `setattr` changes; None leaves a field alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// Permission bits (0o7777); the file type stays.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// New size (regular files only).
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    /// An explicit ctime (FUSE may send one); otherwise ctime becomes now.
+    pub ctime: Option<(i64, u32)>,
+}
+
+impl SetAttr {
+    /// Whether the call changes anything the immutable and append-only flags protect
+    /// (`notify_change`: mode, owner, or explicitly given times).
+    fn touches_protected(&self) -> bool {
+        self.mode.is_some() || self.uid.is_some() || self.gid.is_some() || matches!(self.atime, Some(TimeSet::At(..))) || matches!(self.mtime, Some(TimeSet::At(..)))
+    }
+}
+
+fn ts(sec: i64, nsec: u32) -> Timespec {
+    Timespec { sec: (sec as u64).into(), nsec: nsec.into() }
+}
+
+fn id_of(root: u64, ino: u64) -> String {
+    format!("root={root} ino={ino}")
+}
+
+impl FsWriter {
+    /// Change inode `ino`'s attributes as `chmod`, `chown`, `utimensat` and
+    /// `truncate` do (see the module documentation for the time rules). Permission
+    /// checks are the caller's (`perm::may_setattr`).
+    ///
+    /// # Errors
+    /// `Posix`: NotPermitted for an immutable or append-only inode (mode, owner,
+    /// explicit times, size), IsDir / Invalid for the size of a directory / other
+    /// non-regular file, FileTooBig past `MAX_FILE_SIZE`, NoSpace; tree failures.
+    pub fn setattr(&mut self, root: u64, ino: u64, a: &SetAttr) -> Result<()> {
+        self.check_root_writable(root)?;
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let flags = ii.flags.get();
+        if a.touches_protected() && flags & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, id_of(root, ino), "the inode is immutable or append-only"));
+        }
+        if (a.atime.is_some() || a.mtime.is_some()) && flags & INODE_IMMUTABLE != 0 {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, id_of(root, ino), "the inode is immutable"));
+        }
+        if let Some(size) = a.size {
+            match ii.mode.get() & S_IFMT {
+                S_IFREG => {}
+                S_IFDIR => return Err(Error::posix_detail(PosixKind::IsDir, id_of(root, ino), "a directory has no size to set")),
+                _ => return Err(Error::posix_detail(PosixKind::Invalid, id_of(root, ino), "only a regular file's size can be set")),
+            }
+            // vfs_truncate refuses these before the size is looked at.
+            iflags_allow(root, ino, flags, IflagOp::Write, b"")?;
+            if flags & INODE_APPEND != 0 {
+                return Err(Error::posix_detail(PosixKind::NotPermitted, id_of(root, ino), "an append-only file cannot be truncated"));
+            }
+            if size > MAX_FILE_SIZE {
+                return Err(Error::posix_detail(PosixKind::FileTooBig, id_of(root, ino), format!("{size} is past the largest file size {MAX_FILE_SIZE}")));
+            }
+        }
+        let ss = u64::from(self.sectorsize());
+        // Truncation rewrites one block and drops extents; growth may insert a hole.
+        let items = if a.size.is_some() { 6 + u64::from(self.nodesize()) / ss } else { 1 };
+        self.transaction("setattr", items, |w| {
+            if let Some(size) = a.size {
+                if size != ii.size.get() {
+                    w.set_size_inner(root, ino, size)?;
+                }
+            }
+            let now = w.now();
+            let pick = |t: Option<TimeSet>| t.map(|t| if let TimeSet::At(s, n) = t { ts(s, n) } else { now });
+            let (atime, mut mtime) = (pick(a.atime), pick(a.mtime));
+            if a.size.is_some() && mtime.is_none() {
+                mtime = Some(now);
+            }
+            let ctime = a.ctime.map_or(now, |(s, n)| ts(s, n));
+            let is_dir = ii.mode.get() & S_IFMT == S_IFDIR;
+            w.update_inode(root, ino, |i| {
+                let mut mode = i.mode.get();
+                if let Some(m) = a.mode {
+                    mode = (mode & S_IFMT) | (m & 0o7777);
+                }
+                if (a.uid.is_some() || a.gid.is_some()) && !is_dir {
+                    // chown_common: ATTR_KILL_SUID, and ATTR_KILL_SGID for a group that
+                    // may execute (a set-group-ID without it marks mandatory locking).
+                    mode &= !0o4000;
+                    if mode & 0o2010 == 0o2010 {
+                        mode &= !0o2000;
+                    }
+                }
+                i.mode = mode.into();
+                if let Some(u) = a.uid {
+                    i.uid = u.into();
+                }
+                if let Some(g) = a.gid {
+                    i.gid = g.into();
+                }
+                if let Some(t) = atime {
+                    i.atime = t;
+                }
+                if let Some(t) = mtime {
+                    i.mtime = t;
+                }
+                i.ctime = ctime;
+            })
+        })
+    }
+
+    /// Set regular file `ino`'s size to `size` (`btrfs_setsize`), without the time
+    /// updates (`setattr`'s).
+    pub(super) fn set_size_inner(&mut self, root: u64, ino: u64, size: u64) -> Result<()> {
+        let ss = u64::from(self.sectorsize());
+        let id = InodeId { root, ino };
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let old = ii.size.get();
+        let inline = self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+        let max_inline = crate::inode::write::MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        if size < old && (inline || old <= max_inline) {
+            // btrfs_truncate_inode_items cuts an inline extent to the new size. (A file
+            // this small in regular extents is rewritten inline: the same bytes.)
+            let mut content = vec![0u8; size as usize];
+            self.read_old_data(root, ino, 0, &mut content)?;
+            let removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
+            if size > 0 {
+                self.insert_inline(root, ino, &content)?;
+            }
+            return self.set_size_and_bytes(root, ino, size, removed, size);
+        }
+        if size < old {
+            // The block holding the new end keeps zeros past it (btrfs_truncate_block).
+            if !size.is_multiple_of(ss) && self.block_has_data(id, size / ss * ss)? {
+                let end = (size.div_ceil(ss) * ss).min(old);
+                self.write_file_inner(root, ino, size, end, &ii, &mut |b: &mut [u8]| {
+                    b.fill(0);
+                    Ok(())
+                })?;
+            }
+            let removed = self.drop_extents_inner(root, ino, size.div_ceil(ss) * ss, u64::MAX)?;
+            return self.set_size_and_bytes(root, ino, size, removed, 0);
+        }
+        // Growth: the block holding the old end gets zeros past it, through the write
+        // path (which also turns an inline extent into a regular one when the file
+        // outgrows the inline limit); without no-holes a hole extent covers the rest.
+        let mut cur = ii;
+        if !old.is_multiple_of(ss) {
+            let end = (old.div_ceil(ss) * ss).min(size);
+            self.write_file_inner(root, ino, old, end, &ii, &mut |b: &mut [u8]| {
+                b.fill(0);
+                Ok(())
+            })?;
+            cur = self.live().load_inode(id, Load::ITEM)?.item;
+        }
+        self.insert_hole_before(root, ino, cur.size.get(), size.div_ceil(ss) * ss)?;
+        self.set_size_and_bytes(root, ino, size, 0, 0)
+    }
+
+    /// Whether the block at `start` holds data on disk (not a hole, not prealloc).
+    fn block_has_data(&mut self, id: InodeId, start: u64) -> Result<bool> {
+        let ss = u64::from(self.sectorsize());
+        Ok(self.live().file_extents(id, start, start + ss)?.iter().any(|f| !f.is_hole_like()))
+    }
+
+    fn set_size_and_bytes(&mut self, root: u64, ino: u64, size: u64, removed: u64, added: u64) -> Result<()> {
+        self.update_inode(root, ino, |i| {
+            i.size = size.into();
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
+        })
+    }
+}

@@ -1,0 +1,297 @@
+//! setattr against the kernel: chmod, chown (and the set-ID bits it clears), utimens,
+//! and truncation down and up, through inline, regular, compressed and shared extents,
+//! with and without no-holes. The kernel is the oracle for each rule: the same calls on
+//! a loop mount give the same modes, owners, times, sizes and bytes; what ubtrfs
+//! writes checks clean and reads back through the kernel as expected.
+
+mod common;
+#[path = "common/write.rs"]
+mod write_common;
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
+use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::PosixKind;
+use ubtrfs_format::structs::*;
+use write_common::*;
+
+fn c(p: &std::path::Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("path")
+}
+
+fn id(w: &FsWriter, path: &str) -> InodeId {
+    w.live().resolve_id(&format!("/{path}"), false).unwrap_or_else(|e| panic!("/{path}: {e}"))
+}
+
+fn item(w: &FsWriter, path: &str) -> InodeItem {
+    w.live().load_inode(id(w, path), Load::ITEM).expect("inode").item
+}
+
+fn read_all(w: &FsWriter, path: &str) -> Vec<u8> {
+    let live = w.live();
+    let v = live.load_inode(id(w, path), Load { extents: true, ..Load::ITEM }).expect("inode");
+    let mut buf = vec![0u8; v.size() as usize];
+    let n = live.read_at(&v, 0, &mut buf).expect("read");
+    assert_eq!(n, buf.len(), "/{path}: short read");
+    buf
+}
+
+/// Compare contents without printing them: the length and the first differing byte.
+fn same_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b);
+        panic!("{what}: {} bytes read, {} expected; first difference at {at:?}", got.len(), want.len());
+    }
+}
+
+fn setattr(w: &mut FsWriter, path: &str, a: SetAttr) -> ubtrfs_core::Result<()> {
+    let i = id(w, path);
+    w.setattr(i.root, i.ino, &a)
+}
+
+/// chown clears set-user-ID always and set-group-ID with group execute, on files, not
+/// directories; chmod sets what it is given; explicit times land as given: the same
+/// on both sides, field by field.
+#[test]
+fn chmod_chown_and_times_follow_the_kernel() {
+    if !common::kernel_available("chmod_chown_and_times_follow_the_kernel") {
+        return;
+    }
+    let k = Scratch::mkfs("attr-rules-k", 256 << 20, &[]);
+    let u = Scratch::mkfs("attr-rules-u", 256 << 20, &[]);
+    std::fs::copy(&k.path, &u.path).expect("copy");
+    // (name, is_dir, mode set first, owner then given)
+    let cases: [(&str, bool, u32, (u32, u32)); 7] = [
+        ("suid", false, 0o4755, (1000, 1000)),
+        ("sgid-x", false, 0o2775, (0, 1000)),
+        ("sgid-nox", false, 0o2745, (0, 1000)),
+        ("both", false, 0o6711, (7, 7)),
+        ("dir-sgid", true, 0o2775, (1000, 1000)),
+        ("same-owner", false, 0o4700, (0, 0)),
+        ("plain", false, 0o640, (123, 456)),
+    ];
+    let mnt = Mount::new(&k.path, true);
+    for (name, dir, mode, (uid, gid)) in cases {
+        let p = mnt.path(name);
+        if dir {
+            std::fs::create_dir(&p).expect("mkdir");
+        } else {
+            std::fs::write(&p, b"x").expect("create");
+        }
+        // SAFETY: plain syscalls on a NUL-terminated path.
+        unsafe {
+            assert_eq!(libc::chmod(c(&p).as_ptr(), mode), 0, "chmod {name}");
+            assert_eq!(libc::chown(c(&p).as_ptr(), uid, gid), 0, "chown {name}");
+            let times = [libc::timespec { tv_sec: 1_000_000_007, tv_nsec: 123 }, libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 999_999_999 }];
+            assert_eq!(libc::utimensat(libc::AT_FDCWD, c(&p).as_ptr(), times.as_ptr(), 0), 0, "utimens {name}");
+        }
+    }
+    mnt.umount();
+    let mut w = u.writer();
+    let top = w.live().root_dir();
+    for (name, dir, mode, (uid, gid)) in cases {
+        let ino = if dir {
+            w.mkdir(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir")
+        } else {
+            let ino = w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            w.write_file(top.root, ino, 0, b"x").expect("write");
+            ino
+        };
+        w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() }).expect("chmod");
+        w.setattr(top.root, ino, &SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() }).expect("chown");
+        w.setattr(top.root, ino, &SetAttr { atime: Some(TimeSet::At(1_000_000_007, 123)), mtime: Some(TimeSet::At(1_600_000_000, 999_999_999)), ..Default::default() }).expect("utimens");
+    }
+    w.commit().expect("commit");
+    drop(w);
+    assert_check(&u.path, "attributes");
+    let (km, um) = (Mount::new(&k.path, false), Mount::new(&u.path, false));
+    for (name, ..) in cases {
+        let (a, b) = (std::fs::metadata(km.path(name)).expect("stat"), std::fs::metadata(um.path(name)).expect("stat"));
+        let f = |m: &std::fs::Metadata| (m.mode(), m.uid(), m.gid(), m.atime(), m.atime_nsec(), m.mtime(), m.mtime_nsec());
+        assert_eq!(f(&b), f(&a), "{name}: (mode, uid, gid, atime, mtime) ubtrfs vs kernel");
+    }
+    km.umount();
+    um.umount();
+}
+
+/// The refusals of setattr, with the kernel's errno, changing nothing.
+#[test]
+fn setattr_refusals() {
+    let img = if common::kernel_available("setattr_refusals") { Scratch::mkfs("attr-refuse", 256 << 20, &[]) } else { return };
+    let mut w = img.writer();
+    let top = w.live().root_dir();
+    let mk = |w: &mut FsWriter, n: &str, flags: u64| {
+        let ino = w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        w.write_file(top.root, ino, 0, b"data").expect("write");
+        w.update_inode(top.root, ino, |i| i.flags = flags.into()).expect("flags");
+    };
+    mk(&mut w, "immutable", INODE_IMMUTABLE);
+    mk(&mut w, "append", INODE_APPEND);
+    w.mkdir(top.root, top.ino, b"dir", &InodeAttrs::new(0o755)).expect("mkdir");
+    w.mknod(top.root, top.ino, b"fifo", &InodeAttrs::new(S_IFIFO | 0o644)).expect("mknod");
+    w.commit().expect("commit");
+    let at = Some(TimeSet::At(5, 5));
+    let cases: [(&str, SetAttr, PosixKind); 9] = [
+        ("immutable", SetAttr { mode: Some(0o600), ..Default::default() }, PosixKind::NotPermitted),
+        ("immutable", SetAttr { uid: Some(1), ..Default::default() }, PosixKind::NotPermitted),
+        ("immutable", SetAttr { mtime: Some(TimeSet::Now), atime: Some(TimeSet::Now), ..Default::default() }, PosixKind::NotPermitted),
+        ("immutable", SetAttr { size: Some(0), ..Default::default() }, PosixKind::NotPermitted),
+        ("append", SetAttr { mtime: at, ..Default::default() }, PosixKind::NotPermitted),
+        ("append", SetAttr { size: Some(1), ..Default::default() }, PosixKind::NotPermitted),
+        ("dir", SetAttr { size: Some(0), ..Default::default() }, PosixKind::IsDir),
+        ("fifo", SetAttr { size: Some(0), ..Default::default() }, PosixKind::Invalid),
+        ("dir", SetAttr { size: Some(u64::MAX), ..Default::default() }, PosixKind::IsDir),
+    ];
+    for (path, a, kind) in cases {
+        let before = format!("{:?}", item(&w, path).as_bytes_dbg());
+        let e = setattr(&mut w, path, a).expect_err("refused");
+        assert_eq!(e.posix_kind(), Some(kind), "{path} {a:?}: {e}");
+        assert_eq!(before, format!("{:?}", item(&w, path).as_bytes_dbg()), "{path}: a refused setattr changed the inode");
+    }
+    // Now-times on an append-only file are allowed (only explicit ones are not).
+    setattr(&mut w, "append", SetAttr { mtime: Some(TimeSet::Now), ..Default::default() }).expect("touch an append-only file");
+    let e = setattr(&mut w, "append", SetAttr { size: Some(u64::MAX), ..Default::default() }).expect_err("too big");
+    assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{e}");
+    w.check_writable().expect("refusals do not abort");
+    // The kernel agrees on each (as root, through syscalls).
+    let m = Mount::new(&img.path, true);
+    drop(w);
+    let errno = |r: i32| if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(0) };
+    // SAFETY: plain syscalls on NUL-terminated paths.
+    unsafe {
+        assert_eq!(errno(libc::chmod(c(&m.path("immutable")).as_ptr(), 0o600)), libc::EPERM);
+        assert_eq!(errno(libc::truncate(c(&m.path("immutable")).as_ptr(), 0)), libc::EPERM);
+        assert_eq!(errno(libc::truncate(c(&m.path("append")).as_ptr(), 1)), libc::EPERM);
+        assert_eq!(errno(libc::truncate(c(&m.path("dir")).as_ptr(), 0)), libc::EISDIR);
+        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("immutable")).as_ptr(), std::ptr::null(), 0)), libc::EPERM);
+        let t = [libc::timespec { tv_sec: 5, tv_nsec: 5 }, libc::timespec { tv_sec: 5, tv_nsec: 5 }];
+        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), t.as_ptr(), 0)), libc::EPERM);
+        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), std::ptr::null(), 0)), 0);
+    }
+    m.umount();
+}
+
+trait Dbg {
+    fn as_bytes_dbg(&self) -> Vec<u8>;
+}
+impl Dbg for InodeItem {
+    fn as_bytes_dbg(&self) -> Vec<u8> {
+        zerocopy::IntoBytes::as_bytes(self).to_vec()
+    }
+}
+
+/// Random writes and truncations of a few files, checked against an in-memory copy
+/// after every step, then through a commit, `btrfs check` and the kernel; with and
+/// without no-holes, on 4 KiB and 64 KiB... sector sizes the kernel mounts here.
+#[test]
+fn truncation_keeps_every_byte() {
+    if !common::kernel_available("truncation_keeps_every_byte") {
+        return;
+    }
+    for (tag, args) in [("attr-trunc", &[][..]), ("attr-trunc-holes", &["-O", "^no-holes"][..])] {
+        let img = Scratch::mkfs(tag, 512 << 20, args);
+        let mut w = img.writer();
+        let top = w.live().root_dir();
+        let mut rng = Rng::new(7);
+        let names = ["a", "b", "c", "d"];
+        let mut model: Vec<Vec<u8>> = Vec::new();
+        for n in names {
+            w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            model.push(Vec::new());
+        }
+        let sizes = [0u64, 1, 100, 2047, 2048, 4095, 4096, 4097, 8191, 12288, 65535, 300_000, 1 << 20];
+        for step in 0..240 {
+            let f = rng.below(names.len() as u64) as usize;
+            let path = names[f];
+            if rng.chance(45) {
+                let size = if rng.chance(50) { *rng.pick(&sizes) } else { rng.below(1 << 20) };
+                setattr(&mut w, path, SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|e| panic!("{tag} step {step}: truncate /{path} to {size}: {e}"));
+                model[f].resize(size as usize, 0);
+            } else {
+                let off = if rng.chance(30) { model[f].len() as u64 + rng.below(10_000) } else { rng.below(model[f].len() as u64 + 1) };
+                let len = if rng.chance(30) { rng.range(1, 3000) } else { rng.range(1, 200_000) };
+                let data = rng.bytes(len as usize);
+                let i = id(&w, path);
+                w.write_file(i.root, i.ino, off, &data).unwrap_or_else(|e| panic!("{tag} step {step}: write /{path}: {e}"));
+                model_write(&mut model[f], off, &data);
+            }
+            same_bytes(&read_all(&w, path), &model[f], &format!("{tag} step {step}: /{path}"));
+            assert_eq!(item(&w, path).size.get(), model[f].len() as u64, "{tag} step {step}: /{path} size");
+            if rng.chance(10) {
+                w.commit().expect("commit");
+            }
+        }
+        w.commit().expect("commit");
+        drop(w);
+        assert_check(&img.path, tag);
+        let m = Mount::new(&img.path, false);
+        for (i, n) in names.iter().enumerate() {
+            assert!(std::fs::read(m.path(n)).expect("kernel read") == model[i], "{tag}: /{n} as the kernel reads it");
+        }
+        m.umount();
+    }
+}
+
+/// Truncations through extents the kernel made: compressed (zstd, zlib, lzo) and
+/// shared (a reflink copy): cut in the middle of a compressed extent, at an unaligned
+/// size, then grown again; the copy sharing the extents keeps its bytes; the kernel
+/// reads both and overwrites what is left; the image checks clean throughout.
+#[test]
+fn truncation_cuts_compressed_and_shared_extents() {
+    if !common::kernel_available("truncation_cuts_compressed_and_shared_extents") {
+        return;
+    }
+    let img = Scratch::mkfs("attr-trunc-comp", 512 << 20, &[]);
+    let mut rng = Rng::new(11);
+    // Compressible: text-like bytes.
+    let text: Vec<u8> = (0..1_000_000u32).map(|i| b"btrfs ubtrfs truncate compressed extents\n"[(i as usize * 7 + (i as usize / 97)) % 41]).collect();
+    let mut expect = std::collections::BTreeMap::new();
+    for alg in ["zstd", "zlib", "lzo"] {
+        let m = Mount::new_with(&img.path, &format!("loop,compress-force={alg}"));
+        std::fs::write(m.path(alg), &text).expect("write compressed");
+        m.umount();
+        expect.insert(alg.to_string(), text.clone());
+    }
+    {
+        let m = Mount::new(&img.path, true);
+        let random = rng.bytes(700_000);
+        std::fs::write(m.path("orig"), &random).expect("write");
+        let ok = std::process::Command::new("cp").arg("--reflink=always").arg(m.path("orig")).arg(m.path("copy")).status().expect("cp").success();
+        assert!(ok, "cp --reflink");
+        m.umount();
+        expect.insert("orig".into(), random.clone());
+        expect.insert("copy".into(), random);
+    }
+    let mut w = img.writer();
+    for (name, size) in [("zstd", 200_001u64), ("zlib", 131_072 + 5), ("lzo", 4097), ("orig", 300_333)] {
+        setattr(&mut w, name, SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|e| panic!("truncate {name}: {e}"));
+        let e = expect.get_mut(name).expect("name");
+        e.truncate(size as usize);
+        same_bytes(&read_all(&w, name), e, &format!("{name} after the cut"));
+    }
+    for (name, size) in [("zstd", 400_000u64), ("lzo", 10_000), ("orig", 800_000)] {
+        setattr(&mut w, name, SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|e| panic!("grow {name}: {e}"));
+        let e = expect.get_mut(name).expect("name");
+        e.resize(size as usize, 0);
+        same_bytes(&read_all(&w, name), e, &format!("{name} grown again"));
+    }
+    w.commit().expect("commit");
+    drop(w);
+    assert_check(&img.path, "after the cuts");
+    let m = Mount::new(&img.path, true);
+    for (name, e) in &expect {
+        assert!(&std::fs::read(m.path(name)).expect("kernel read") == e, "/{name} as the kernel reads it");
+    }
+    // The kernel overwrites the cut files' ends and the shared copy.
+    for name in expect.keys() {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(m.path(name)).expect("open");
+        f.write_all_at(b"kernel was here", 4000).expect("write");
+    }
+    m.umount();
+    assert_check(&img.path, "after the kernel's overwrites");
+}
