@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use ubtrfs_core::engine::Engine;
+use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, InodeView, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::OpenOptions;
@@ -202,14 +203,14 @@ pub enum OpKind {
 
 /// Relative weights (per mille) of each kind in a run.
 pub const WEIGHTS: &[(OpKind, u32)] = &[
-    (OpKind::Create, 110),
-    (OpKind::Mkdir, 90),
-    (OpKind::Mknod, 35),
-    (OpKind::Symlink, 45),
+    (OpKind::Create, 90),
+    (OpKind::Mkdir, 70),
+    (OpKind::Mknod, 30),
+    (OpKind::Symlink, 40),
     (OpKind::Link, 55),
-    (OpKind::Unlink, 80),
-    (OpKind::Rmdir, 50),
-    (OpKind::Rename, 110),
+    (OpKind::Unlink, 110),
+    (OpKind::Rmdir, 80),
+    (OpKind::Rename, 120),
     (OpKind::RenameWhiteout, 5),
     (OpKind::Write, 120),
     (OpKind::Truncate, 40),
@@ -347,6 +348,23 @@ pub struct Gen {
     rng: Rng,
     kinds: Vec<(OpKind, u32)>,
     total: u32,
+    /// Paths recent operations made (whether or not they succeeded), reused as the
+    /// paths of later ones: more of those find something there.
+    recent: Vec<P>,
+    /// The same for regular files (create), for the data operations.
+    recent_files: Vec<P>,
+}
+
+/// How many made paths `Gen` remembers.
+const RECENT: usize = 24;
+
+fn remember(rng: &mut Rng, v: &mut Vec<P>, p: &P) {
+    if v.len() == RECENT {
+        let i = rng.below(RECENT as u64) as usize;
+        v[i] = p.clone();
+    } else {
+        v.push(p.clone());
+    }
 }
 
 impl Gen {
@@ -354,7 +372,7 @@ impl Gen {
         let kinds: Vec<(OpKind, u32)> = WEIGHTS.iter().copied().filter(|(k, _)| avail.contains(k)).collect();
         let total = kinds.iter().map(|k| k.1).sum();
         assert!(total > 0, "no operation available");
-        Gen { rng: Rng::new(seed ^ 0x5EED_F905), kinds, total }
+        Gen { rng: Rng::new(seed ^ 0x5EED_F905), kinds, total, recent: Vec::new(), recent_files: Vec::new() }
     }
 
     /// A name from `pool`: the pools share `c` and the long names, so a file and a
@@ -380,13 +398,45 @@ impl Gen {
     /// names.
     fn path(&mut self, pool: Pool) -> P {
         let depth = match self.rng.below(100) {
-            0..=34 => 1,
-            35..=74 => 2,
+            0..=44 => 1,
+            45..=84 => 2,
             _ => 3,
         };
         let mut p: P = (1..depth).map(|_| if self.rng.chance(90) { self.name(Pool::Dir) } else { self.name(Pool::File) }).collect();
         p.push(self.name(pool));
         p
+    }
+
+    /// A path that may exist: half the time one a recent operation made.
+    fn existing(&mut self, pool: Pool) -> P {
+        if !self.recent.is_empty() && self.rng.chance(50) {
+            let i = self.rng.below(self.recent.len() as u64) as usize;
+            return self.recent[i].clone();
+        }
+        self.path(pool)
+    }
+
+    /// A path to make something at, remembered for `existing`.
+    fn made(&mut self, pool: Pool) -> P {
+        let p = self.path(pool);
+        remember(&mut self.rng, &mut self.recent, &p);
+        p
+    }
+
+    /// A path to create a regular file at, remembered for `file`.
+    fn made_file(&mut self) -> P {
+        let p = self.made(Pool::File);
+        remember(&mut self.rng, &mut self.recent_files, &p);
+        p
+    }
+
+    /// A path for a data operation: most of the time a recently created file's.
+    fn file(&mut self) -> P {
+        if !self.recent_files.is_empty() && self.rng.chance(60) {
+            let i = self.rng.below(self.recent_files.len() as u64) as usize;
+            return self.recent_files[i].clone();
+        }
+        self.existing(Pool::File)
     }
 
     fn perm(&mut self) -> u32 {
@@ -472,19 +522,19 @@ impl Gen {
             x -= w;
         }
         match kind {
-            OpKind::Create => Op::Create { path: self.path(Pool::File), mode: self.perm() },
-            OpKind::Mkdir => Op::Mkdir { path: self.path(Pool::Dir), mode: self.perm() },
+            OpKind::Create => Op::Create { path: self.made_file(), mode: self.perm() },
+            OpKind::Mkdir => Op::Mkdir { path: self.made(Pool::Dir), mode: self.perm() },
             OpKind::Mknod => {
                 let t = *self.rng.pick(&[libc::S_IFIFO, libc::S_IFCHR, libc::S_IFBLK, libc::S_IFSOCK]);
                 let rdev = if t == libc::S_IFCHR || t == libc::S_IFBLK { *self.rng.pick(&[(1, 3), (8, 1), (240, 77), (4095, 0xfffff), (0, 0)]) } else { (0, 0) };
-                Op::Mknod { path: self.path(Pool::File), mode: t | self.perm(), rdev }
+                Op::Mknod { path: self.made(Pool::File), mode: t | self.perm(), rdev }
             }
-            OpKind::Symlink => Op::Symlink { target: self.target(), path: self.path(Pool::File) },
-            OpKind::Link => Op::Link { old: self.path(Pool::File), new: self.path(Pool::File) },
-            OpKind::Unlink => Op::Unlink { path: self.path(Pool::File) },
-            OpKind::Rmdir => Op::Rmdir { path: self.path(Pool::Dir) },
+            OpKind::Symlink => Op::Symlink { target: self.target(), path: self.made(Pool::File) },
+            OpKind::Link => Op::Link { old: self.existing(Pool::File), new: self.made(Pool::File) },
+            OpKind::Unlink => Op::Unlink { path: self.existing(Pool::File) },
+            OpKind::Rmdir => Op::Rmdir { path: self.existing(Pool::Dir) },
             OpKind::Rename | OpKind::RenameWhiteout => {
-                let old = self.path(Pool::Any);
+                let old = self.existing(Pool::Any);
                 let new = if self.rng.chance(12) {
                     // Into its own subtree (EINVAL), or onto an ancestor (ENOTEMPTY).
                     let mut n = old.clone();
@@ -495,7 +545,7 @@ impl Gen {
                     }
                     n
                 } else {
-                    self.path(Pool::Any)
+                    self.made(Pool::Any)
                 };
                 let flags = if kind == OpKind::RenameWhiteout {
                     libc::RENAME_WHITEOUT
@@ -524,7 +574,7 @@ impl Gen {
                     _ => self.rng.range(70000, 300_000),
                 } as usize;
                 let seed = self.rng.next_u64();
-                Op::Write { path: self.path(Pool::File), off, len, seed }
+                Op::Write { path: self.file(), off, len, seed }
             }
             OpKind::Truncate => {
                 let size = match self.rng.below(100) {
@@ -533,14 +583,14 @@ impl Gen {
                     50..=79 => self.rng.below(300 << 10),
                     _ => self.rng.below(1536 << 10),
                 };
-                Op::Truncate { path: self.path(Pool::File), size }
+                Op::Truncate { path: self.file(), size }
             }
             OpKind::Chmod => {
                 let mode = if self.rng.chance(50) { self.rng.below(0o10000) as u32 } else { self.perm() };
-                Op::Chmod { path: self.path(Pool::Any), mode }
+                Op::Chmod { path: self.existing(Pool::Any), mode }
             }
-            OpKind::Chown => Op::Chown { path: self.path(Pool::Any), uid: self.id(), gid: self.id() },
-            OpKind::Utimens => Op::Utimens { path: self.path(Pool::Any), atime: self.time(), mtime: self.time() },
+            OpKind::Chown => Op::Chown { path: self.existing(Pool::Any), uid: self.id(), gid: self.id() },
+            OpKind::Utimens => Op::Utimens { path: self.existing(Pool::Any), atime: self.time(), mtime: self.time() },
             OpKind::Setxattr => {
                 let flags = match self.rng.below(100) {
                     0..=69 => 0,
@@ -548,16 +598,16 @@ impl Gen {
                     82..=93 => libc::XATTR_REPLACE,
                     _ => libc::XATTR_CREATE | libc::XATTR_REPLACE,
                 };
-                Op::Setxattr { path: self.path(Pool::Any), name: self.xattr_name(), len: self.xattr_len(), seed: self.rng.next_u64(), flags }
+                Op::Setxattr { path: self.existing(Pool::Any), name: self.xattr_name(), len: self.xattr_len(), seed: self.rng.next_u64(), flags }
             }
-            OpKind::Removexattr => Op::Removexattr { path: self.path(Pool::Any), name: self.xattr_name() },
-            OpKind::Getxattr => Op::Getxattr { path: self.path(Pool::Any), name: self.xattr_name() },
-            OpKind::Listxattr => Op::Listxattr { path: self.path(Pool::Any) },
-            OpKind::Stat => Op::Stat { path: self.path(Pool::Any) },
+            OpKind::Removexattr => Op::Removexattr { path: self.existing(Pool::Any), name: self.xattr_name() },
+            OpKind::Getxattr => Op::Getxattr { path: self.existing(Pool::Any), name: self.xattr_name() },
+            OpKind::Listxattr => Op::Listxattr { path: self.existing(Pool::Any) },
+            OpKind::Stat => Op::Stat { path: self.existing(Pool::Any) },
             OpKind::Read => {
                 let off = self.rng.below(400 << 10);
                 let len = self.rng.range(1, 100_000) as usize;
-                Op::Read { path: self.path(Pool::File), off, len }
+                Op::Read { path: self.file(), off, len }
             }
             OpKind::Commit => Op::Commit,
             OpKind::Reopen => Op::Reopen,
@@ -707,6 +757,14 @@ impl Kernel {
         // SAFETY: as in `kind`.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         (unsafe { libc::lstat(c.as_ptr(), &mut st) } == 0).then_some(st)
+    }
+
+    /// The length of xattr `name` of `p` (not followed), None when it has none.
+    pub fn xattr_len(&self, p: &P, name: &[u8]) -> Option<usize> {
+        let c = self.c(p);
+        // SAFETY: a size query (NULL buffer, size 0) of NUL-terminated strings.
+        let n = unsafe { libc::lgetxattr(c.as_ptr(), cstr(name).as_ptr(), std::ptr::null_mut(), 0) };
+        (n >= 0).then_some(n as usize)
     }
 
     pub fn apply(&self, op: &Op) -> Outcome {
@@ -1058,6 +1116,99 @@ impl Ubtrfs {
                 }
                 Ok(Out::Done)
             }
+            Op::Mknod { path, mode, rdev } => self.change(|w| {
+                let dir = walk_parent(&w.live(), top, path)?;
+                lookup_len(last(path))?;
+                let a = dev_attrs(new_attrs(&w.live(), dir, *mode)?, *rdev);
+                w.mknod(root, dir.ino, last(path), &a)?;
+                Ok(Out::Done)
+            }),
+            Op::Symlink { target, path } => {
+                // getname copies the target in before the walk.
+                if target.is_empty() {
+                    return Err(en(libc::ENOENT));
+                }
+                if target.len() >= PATH_MAX {
+                    return Err(en(libc::ENAMETOOLONG));
+                }
+                self.change(|w| {
+                    let dir = walk_parent(&w.live(), top, path)?;
+                    lookup_len(last(path))?;
+                    let a = new_attrs(&w.live(), dir, libc::S_IFLNK | 0o777)?;
+                    w.symlink(root, dir.ino, last(path), target, &a)?;
+                    Ok(Out::Done)
+                })
+            }
+            Op::Rmdir { path } => {
+                let dir = self.look(|l| {
+                    let dir = walk_parent(l, top, path)?;
+                    lookup_len(last(path))?;
+                    Ok(dir)
+                })?;
+                self.engine().rmdir(root, dir.ino, last(path))?;
+                Ok(Out::Done)
+            }
+            Op::Rename { old, new, flags } => {
+                // do_renameat2 checks the flags before the walks.
+                let (nr, ex, wo) = (libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE, libc::RENAME_WHITEOUT);
+                if flags & !(nr | ex | wo) != 0 || (flags & (nr | wo) != 0 && flags & ex != 0) {
+                    return Err(en(libc::EINVAL));
+                }
+                let (od, nd) = self.look(|l| {
+                    let od = walk_parent(l, top, old)?;
+                    let nd = walk_parent(l, top, new)?;
+                    // The source is looked up (and must exist) before the target.
+                    lookup(l, od, last(old))?.ok_or(en(libc::ENOENT))?;
+                    lookup_len(last(new))?;
+                    Ok((od, nd))
+                })?;
+                if flags & wo != 0 {
+                    // The whiteout is a new inode in the old directory (inode_init_owner).
+                    self.change(|w| {
+                        let a = new_attrs(&w.live(), od, libc::S_IFCHR)?;
+                        w.rename_with_owner(root, od.ino, last(old), nd.ino, last(new), *flags, (a.uid, a.gid))?;
+                        Ok(Out::Done)
+                    })
+                } else {
+                    self.engine().rename(root, od.ino, last(old), nd.ino, last(new), *flags)?;
+                    Ok(Out::Done)
+                }
+            }
+            Op::Truncate { path, size } => {
+                let v = self.look(|l| resolve(l, top, path, true))?;
+                // vfs_truncate.
+                match v.kind() {
+                    FileKind::Dir => return Err(en(libc::EISDIR)),
+                    FileKind::File => {}
+                    _ => return Err(en(libc::EINVAL)),
+                }
+                self.engine().setattr(v.id, &SetAttr { size: Some(*size), ..SetAttr::default() })?;
+                Ok(Out::Done)
+            }
+            Op::Chmod { path, mode } => {
+                let v = self.look(|l| resolve(l, top, path, true))?;
+                self.engine().setattr(v.id, &SetAttr { mode: Some(mode & 0o7777), ..SetAttr::default() })?;
+                Ok(Out::Done)
+            }
+            Op::Chown { path, uid, gid } => {
+                let v = self.look(|l| resolve(l, top, path, false))?;
+                self.engine().setattr(v.id, &SetAttr { uid: *uid, gid: *gid, ..SetAttr::default() })?;
+                Ok(Out::Done)
+            }
+            Op::Utimens { path, atime, mtime } => {
+                // utimensat: "nothing to do, we must not even check the path".
+                if *atime == TimeArg::Omit && *mtime == TimeArg::Omit {
+                    return Ok(Out::Done);
+                }
+                let v = self.look(|l| resolve(l, top, path, false))?;
+                let t = |t: TimeArg| match t {
+                    TimeArg::Set(s, n) => Some(TimeSet::At(s, n)),
+                    TimeArg::Now => Some(TimeSet::Now),
+                    TimeArg::Omit => None,
+                };
+                self.engine().setattr(v.id, &SetAttr { atime: t(*atime), mtime: t(*mtime), ..SetAttr::default() })?;
+                Ok(Out::Done)
+            }
             Op::Stat { path } => self.look(|l| Ok(Out::Stat(stat_of(&resolve(l, top, path, false)?)))),
             Op::Read { path, off, len } => {
                 let v = self.look(|l| resolve(l, top, path, true))?;
@@ -1266,6 +1417,7 @@ pub struct Stats {
     pub commits: u64,
     pub reopens: u64,
     pub by_errno: BTreeMap<(OpKind, Errno), u64>,
+    pub ok: BTreeMap<OpKind, u64>,
 }
 
 impl Stats {
@@ -1282,6 +1434,9 @@ impl Stats {
         self.reopens += o.reopens;
         for (k, v) in &o.by_errno {
             *self.by_errno.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.ok {
+            *self.ok.entry(*k).or_default() += v;
         }
     }
 }
@@ -1375,6 +1530,9 @@ impl Run<'_> {
                 Err(Fail::Errno(e)) => Err(e),
                 Err(Fail::Bug(b)) => return Err(format!("seed {} op {i}: {op}\n    kernel: {kr:?}\n    ubtrfs failed with a non-POSIX error: {b}", self.seed)),
             };
+            if kr.is_ok() {
+                *st.ok.entry(op.kind()).or_default() += 1;
+            }
             if let Err(e) = kr {
                 st.failed += 1;
                 *st.by_errno.entry((op.kind(), e)).or_default() += 1;
@@ -1393,7 +1551,12 @@ impl Run<'_> {
                 let ut = u.engine().read(|l| xwalk_fs(l)).map_err(|e| format!("seed {} after op {i}: live walk: {e}", self.seed))?;
                 let d = diff_xtrees(&kt, &ut, 20);
                 if !d.is_empty() {
-                    let m = format!("seed {} after op {i} (last check {}): the trees differ (kernel expected, ubtrfs live actual):\n{}", self.seed, i + 1 - self.check_every, d.join("\n"));
+                    let m = format!(
+                        "seed {} after op {i} ({op}; last check after op {}): the trees differ (kernel expected, ubtrfs live actual):\n{}",
+                        self.seed,
+                        (i + 1).saturating_sub(self.check_every + 1),
+                        d.join("\n")
+                    );
                     if !self.keep_going {
                         return Err(m);
                     }
