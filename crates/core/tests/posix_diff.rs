@@ -44,6 +44,7 @@ const THREADS: u64 = 2;
 /// The operations the ubtrfs side has today; the generator makes only these.
 const AVAILABLE: &[OpKind] = &[
     OpKind::Create,
+    OpKind::Creat,
     OpKind::Mkdir,
     OpKind::Mknod,
     OpKind::Symlink,

@@ -83,6 +83,11 @@ pub enum Op {
         path: P,
         mode: u32,
     },
+    /// open(O_CREAT|O_TRUNC|O_WRONLY|O_NONBLOCK): creates, or truncates what is there.
+    Creat {
+        path: P,
+        mode: u32,
+    },
     Mkdir {
         path: P,
         mode: u32,
@@ -177,6 +182,7 @@ pub enum Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OpKind {
     Create,
+    Creat,
     Mkdir,
     Mknod,
     Symlink,
@@ -204,6 +210,7 @@ pub enum OpKind {
 /// Relative weights (per mille) of each kind in a run.
 pub const WEIGHTS: &[(OpKind, u32)] = &[
     (OpKind::Create, 90),
+    (OpKind::Creat, 40),
     (OpKind::Mkdir, 70),
     (OpKind::Mknod, 30),
     (OpKind::Symlink, 40),
@@ -231,6 +238,7 @@ impl Op {
     pub fn kind(&self) -> OpKind {
         match self {
             Op::Create { .. } => OpKind::Create,
+            Op::Creat { .. } => OpKind::Creat,
             Op::Mkdir { .. } => OpKind::Mkdir,
             Op::Mknod { .. } => OpKind::Mknod,
             Op::Symlink { .. } => OpKind::Symlink,
@@ -260,6 +268,7 @@ impl Op {
         match self {
             Op::Link { old, new } | Op::Rename { old, new, .. } => vec![old, new],
             Op::Create { path, .. }
+            | Op::Creat { path, .. }
             | Op::Mkdir { path, .. }
             | Op::Mknod { path, .. }
             | Op::Symlink { path, .. }
@@ -298,6 +307,7 @@ impl std::fmt::Display for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Op::Create { path, mode } => write!(f, "create {} {mode:o}", show(path)),
+            Op::Creat { path, mode } => write!(f, "creat {} {mode:o}", show(path)),
             Op::Mkdir { path, mode } => write!(f, "mkdir {} {mode:o}", show(path)),
             Op::Mknod { path, mode, rdev } => write!(f, "mknod {} {mode:o} {}:{}", show(path), rdev.0, rdev.1),
             Op::Symlink { target, path } => write!(f, "symlink {} -> {}", show(path), show_name(target)),
@@ -523,6 +533,10 @@ impl Gen {
         }
         match kind {
             OpKind::Create => Op::Create { path: self.made_file(), mode: self.perm() },
+            OpKind::Creat => {
+                let path = if self.rng.chance(50) { self.file() } else { self.made_file() };
+                Op::Creat { path, mode: self.perm() }
+            }
             OpKind::Mkdir => Op::Mkdir { path: self.made(Pool::Dir), mode: self.perm() },
             OpKind::Mknod => {
                 let t = *self.rng.pick(&[libc::S_IFIFO, libc::S_IFCHR, libc::S_IFBLK, libc::S_IFSOCK]);
@@ -775,6 +789,14 @@ impl Kernel {
             match op {
                 Op::Create { path, mode } => {
                     let fd = libc::open(self.c(path).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC, *mode as libc::c_uint);
+                    if fd < 0 {
+                        return Err(errno());
+                    }
+                    libc::close(fd);
+                    Ok(Out::Done)
+                }
+                Op::Creat { path, mode } => {
+                    let fd = libc::open(self.c(path).as_ptr(), libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC, *mode as libc::c_uint);
                     if fd < 0 {
                         return Err(errno());
                     }
@@ -1075,6 +1097,24 @@ impl Ubtrfs {
                 w.create_file(root, dir.ino, last(path), &a)?;
                 Ok(Out::Done)
             }),
+            Op::Creat { path, mode } => {
+                let exists = self.look(|l| {
+                    let dir = walk_parent(l, top, path)?;
+                    Ok(lookup(l, dir, last(path))?.is_some())
+                })?;
+                if !exists {
+                    return self.apply(&Op::Create { path: path.clone(), mode: *mode });
+                }
+                // An existing name: the last symlink is followed (O_CREAT without O_EXCL).
+                let v = self.look(|l| resolve(l, top, path, true))?;
+                if v.kind() == FileKind::Dir {
+                    return Err(en(libc::EISDIR));
+                }
+                open_check(&v, true)?;
+                // handle_truncate: ATTR_SIZE with ATTR_MTIME | ATTR_CTIME.
+                self.engine().setattr(v.id, &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() })?;
+                Ok(Out::Done)
+            }
             Op::Mkdir { path, mode } => self.change(|w| {
                 let dir = walk_parent(&w.live(), top, path)?;
                 lookup_len(last(path))?;
@@ -1275,6 +1315,8 @@ pub struct XRec {
     pub xattrs: BTreeMap<Vec<u8>, String>,
     pub atime: Option<(i64, u32)>,
     pub mtime: Option<(i64, u32)>,
+    /// A directory's names in readdir order (DIR_INDEX order on both sides).
+    pub order: Vec<Vec<u8>>,
 }
 
 pub type XTree = BTreeMap<String, XRec>;
@@ -1309,7 +1351,14 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
                 (x, st)
             };
             let s = stat_rec(&st);
-            (path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime })
+            {
+                let order = if s.kind == 'd' {
+                    std::fs::read_dir(&full).unwrap_or_else(|e| panic!("readdir {}: {e}", full.display())).map(|e| e.expect("dir entry").file_name().as_bytes().to_vec()).collect()
+                } else {
+                    Vec::new()
+                };
+                (path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order })
+            }
         })
         .collect()
 }
@@ -1355,7 +1404,8 @@ pub fn xwalk_fs<V: FsRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
                 stack.push((child, e.target));
             }
         }
-        out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime });
+        let order = v.entries.iter().map(|e| e.name.clone()).collect();
+        out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order });
     }
     Ok(out)
 }
