@@ -1150,9 +1150,16 @@ impl Ubtrfs {
                 let v = self.look(|l| resolve(l, top, path, true))?;
                 open_check(&v, true)?;
                 if *len > 0 {
-                    let f = self.engine().open_file(v.id)?;
-                    f.write_at(*off, &data_of(*seed, *len))?;
-                    f.close()?;
+                    let data = data_of(*seed, *len);
+                    // Half through an open file (Engine::write_file: data written
+                    // without the engine's lock when it can be), half as one change.
+                    if seed % 4 < 2 {
+                        let f = self.engine().open_file(v.id)?;
+                        f.write_at(*off, &data)?;
+                        f.close()?;
+                    } else {
+                        self.change(|w| Ok(w.write_file(v.id.root, v.id.ino, *off, &data)?))?;
+                    }
                 }
                 Ok(Out::Done)
             }
