@@ -106,8 +106,23 @@ pub enum Op {
         old: P,
         new: P,
     },
+    /// `count` links of `old` in `dir`, named `link_name(tag, i)` (255 bytes each): past
+    /// one INODE_REF item's room, into INODE_EXTREFs. Stops at the first failure.
+    LinkMany {
+        old: P,
+        dir: P,
+        tag: u8,
+        count: u32,
+    },
     Unlink {
         path: P,
+    },
+    /// Unlink `LinkMany`'s names `link_name(tag, 0..count)` in `dir`, all of them; the
+    /// result is the first failure.
+    UnlinkMany {
+        dir: P,
+        tag: u8,
+        count: u32,
     },
     Rmdir {
         path: P,
@@ -187,7 +202,9 @@ pub enum OpKind {
     Mknod,
     Symlink,
     Link,
+    LinkMany,
     Unlink,
+    UnlinkMany,
     Rmdir,
     Rename,
     /// rename with RENAME_WHITEOUT, kept apart: the engine may refuse it (EINVAL).
@@ -215,6 +232,8 @@ pub const WEIGHTS: &[(OpKind, u32)] = &[
     (OpKind::Mknod, 30),
     (OpKind::Symlink, 40),
     (OpKind::Link, 55),
+    (OpKind::LinkMany, 2),
+    (OpKind::UnlinkMany, 2),
     (OpKind::Unlink, 110),
     (OpKind::Rmdir, 80),
     (OpKind::Rename, 120),
@@ -243,7 +262,9 @@ impl Op {
             Op::Mknod { .. } => OpKind::Mknod,
             Op::Symlink { .. } => OpKind::Symlink,
             Op::Link { .. } => OpKind::Link,
+            Op::LinkMany { .. } => OpKind::LinkMany,
             Op::Unlink { .. } => OpKind::Unlink,
+            Op::UnlinkMany { .. } => OpKind::UnlinkMany,
             Op::Rmdir { .. } => OpKind::Rmdir,
             Op::Rename { flags, .. } if flags & libc::RENAME_WHITEOUT != 0 => OpKind::RenameWhiteout,
             Op::Rename { .. } => OpKind::Rename,
@@ -267,6 +288,8 @@ impl Op {
     pub fn paths(&self) -> Vec<&P> {
         match self {
             Op::Link { old, new } | Op::Rename { old, new, .. } => vec![old, new],
+            Op::LinkMany { old, dir, .. } => vec![old, dir],
+            Op::UnlinkMany { dir, .. } => vec![dir],
             Op::Create { path, .. }
             | Op::Creat { path, .. }
             | Op::Mkdir { path, .. }
@@ -312,7 +335,9 @@ impl std::fmt::Display for Op {
             Op::Mknod { path, mode, rdev } => write!(f, "mknod {} {mode:o} {}:{}", show(path), rdev.0, rdev.1),
             Op::Symlink { target, path } => write!(f, "symlink {} -> {}", show(path), show_name(target)),
             Op::Link { old, new } => write!(f, "link {} {}", show(old), show(new)),
+            Op::LinkMany { old, dir, tag, count } => write!(f, "link {} {count} times into {}/ as {}NNN...", show(old), show(dir), *tag as char),
             Op::Unlink { path } => write!(f, "unlink {}", show(path)),
+            Op::UnlinkMany { dir, tag, count } => write!(f, "unlink {}/{}NNN... 0..{count}", show(dir), *tag as char),
             Op::Rmdir { path } => write!(f, "rmdir {}", show(path)),
             Op::Rename { old, new, flags } => write!(f, "rename {} {} flags={flags}", show(old), show(new)),
             Op::Write { path, off, len, seed } => write!(f, "write {} off={off} len={len} seed={seed}", show(path)),
@@ -330,6 +355,45 @@ impl std::fmt::Display for Op {
             Op::Reopen => write!(f, "reopen (ubtrfs)"),
         }
     }
+}
+
+/// The 255-byte name of `LinkMany`'s link `i`.
+pub fn link_name(tag: u8, i: u32) -> Vec<u8> {
+    let mut n = format!("{}{i:03}", tag as char).into_bytes();
+    n.resize(NAME_MAX, b'w');
+    n
+}
+
+/// `LinkMany` as the links it makes.
+fn link_many(op: &Op) -> Vec<Op> {
+    let Op::LinkMany { old, dir, tag, count } = op else { unreachable!("link_many of {op}") };
+    (0..*count)
+        .map(|i| {
+            let mut new = dir.clone();
+            new.push(link_name(*tag, i));
+            Op::Link { old: old.clone(), new }
+        })
+        .collect()
+}
+
+/// What `LinkMany` and `UnlinkMany` did: how many succeeded, and the first failure.
+fn many_summary(n: usize, first_error: Option<Errno>) -> String {
+    match first_error {
+        Some(e) => format!("{n} done, first failure {}", errno_name(e)),
+        None => format!("{n} done"),
+    }
+}
+
+/// `UnlinkMany` as the unlinks it makes.
+fn unlink_many(op: &Op) -> Vec<Op> {
+    let Op::UnlinkMany { dir, tag, count } = op else { unreachable!("unlink_many of {op}") };
+    (0..*count)
+        .map(|i| {
+            let mut path = dir.clone();
+            path.push(link_name(*tag, i));
+            Op::Unlink { path }
+        })
+        .collect()
 }
 
 /// The bytes a write or an xattr value carries.
@@ -544,6 +608,17 @@ impl Gen {
                 Op::Mknod { path: self.made(Pool::File), mode: t | self.perm(), rdev }
             }
             OpKind::Symlink => Op::Symlink { target: self.target(), path: self.made(Pool::File) },
+            OpKind::UnlinkMany => {
+                let dir = if self.rng.chance(30) { Vec::new() } else { self.existing(Pool::Dir) };
+                let tag = *self.rng.pick(b"XYZ");
+                Op::UnlinkMany { dir, tag, count: self.rng.range(20, 120) as u32 }
+            }
+            OpKind::LinkMany => {
+                let old = self.file();
+                let dir = if self.rng.chance(30) { Vec::new() } else { self.existing(Pool::Dir) };
+                let tag = *self.rng.pick(b"XYZ");
+                Op::LinkMany { old, dir, tag, count: self.rng.range(40, 120) as u32 }
+            }
             OpKind::Link => Op::Link { old: self.existing(Pool::File), new: self.made(Pool::File) },
             OpKind::Unlink => Op::Unlink { path: self.existing(Pool::File) },
             OpKind::Rmdir => Op::Rmdir { path: self.existing(Pool::Dir) },
@@ -782,6 +857,15 @@ impl Kernel {
     }
 
     pub fn apply(&self, op: &Op) -> Outcome {
+        if let Op::LinkMany { .. } = op {
+            let n = link_many(op).iter().map(|l| self.apply(l)).take_while(|r| r.is_ok()).count();
+            let r = link_many(op).get(n).map(|l| self.apply(l));
+            return Ok(Out::Data(many_summary(n, r.and_then(|r| r.err())).into_bytes()));
+        }
+        if let Op::UnlinkMany { .. } = op {
+            let rs: Vec<Outcome> = unlink_many(op).iter().map(|u| self.apply(u)).collect();
+            return Ok(Out::Data(many_summary(rs.iter().filter(|r| r.is_ok()).count(), rs.iter().find_map(|r| r.clone().err())).into_bytes()));
+        }
         // SAFETY (every call below): the paths are NUL-terminated CStrings that outlive
         // the call; buffers are passed with their true lengths; descriptors are closed
         // once.
@@ -894,6 +978,7 @@ impl Kernel {
                     Ok(Out::Data(buf))
                 }
                 Op::Commit | Op::Reopen => Ok(Out::Done),
+                Op::LinkMany { .. } | Op::UnlinkMany { .. } => unreachable!("applied as its links"),
             }
         }
     }
@@ -1087,6 +1172,28 @@ impl Ubtrfs {
     }
 
     pub fn apply(&mut self, op: &Op) -> UResult<Out> {
+        if let Op::LinkMany { .. } = op {
+            let mut n = 0;
+            for l in link_many(op) {
+                match self.apply(&l) {
+                    Ok(_) => n += 1,
+                    Err(Fail::Errno(e)) => return Ok(Out::Data(many_summary(n, Some(e)).into_bytes())),
+                    Err(b) => return Err(b),
+                }
+            }
+            return Ok(Out::Data(many_summary(n, None).into_bytes()));
+        }
+        if let Op::UnlinkMany { .. } = op {
+            let (mut n, mut first) = (0, None);
+            for u in unlink_many(op) {
+                match self.apply(&u) {
+                    Ok(_) => n += 1,
+                    Err(Fail::Errno(e)) => first = first.or(Some(e)),
+                    Err(b) => return Err(b),
+                }
+            }
+            return Ok(Out::Data(many_summary(n, first).into_bytes()));
+        }
         let top = self.top;
         let root = top.root;
         match op {
@@ -1098,18 +1205,19 @@ impl Ubtrfs {
                 Ok(Out::Done)
             }),
             Op::Creat { path, mode } => {
-                let exists = self.look(|l| {
+                let dir = self.look(|l| {
                     let dir = walk_parent(l, top, path)?;
-                    Ok(lookup(l, dir, last(path))?.is_some())
+                    Ok(lookup(l, dir, last(path))?.map(|_| dir))
                 })?;
-                if !exists {
+                let Some(dir) = dir else {
                     return self.apply(&Op::Create { path: path.clone(), mode: *mode });
-                }
+                };
                 // An existing name: the last symlink is followed (O_CREAT without O_EXCL).
-                let v = self.look(|l| resolve(l, top, path, true))?;
+                let (d, v) = self.look(|l| Ok((l.load_inode(dir, Load::ITEM)?, resolve(l, top, path, true)?)))?;
                 if v.kind() == FileKind::Dir {
                     return Err(en(libc::EISDIR));
                 }
+                may_create_in_sticky(&d, &v)?;
                 open_check(&v, true)?;
                 // handle_truncate: ATTR_SIZE with ATTR_MTIME | ATTR_CTIME.
                 self.engine().setattr(v.id, &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() })?;
@@ -1302,6 +1410,35 @@ fn lookup_len(name: &[u8]) -> UResult<()> {
     Ok(())
 }
 
+/// A `/proc/sys/fs` protection setting (0 when unreadable).
+fn sysctl_fs(name: &str) -> u32 {
+    std::fs::read_to_string(format!("/proc/sys/fs/{name}")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// `may_create_in_sticky` for root opening an existing `v` with O_CREAT in directory
+/// `d`: in a sticky directory, a file owned neither by the directory's owner nor by
+/// the caller is refused (regular files and fifos only as the protected_regular and
+/// protected_fifos sysctls say; every other type always).
+fn may_create_in_sticky(d: &InodeView, v: &InodeView) -> UResult<()> {
+    let dmode = d.mode();
+    if dmode & libc::S_ISVTX == 0 {
+        return Ok(());
+    }
+    let (reg, fifo) = (v.kind() == FileKind::File, v.kind() == FileKind::Fifo);
+    let (pregular, pfifos) = (sysctl_fs("protected_regular"), sysctl_fs("protected_fifos"));
+    if (reg && pregular == 0) || (fifo && pfifos == 0) {
+        return Ok(());
+    }
+    let uid = v.item.uid.get();
+    if uid == d.item.uid.get() || uid == 0 {
+        return Ok(());
+    }
+    if dmode & 0o002 != 0 || (dmode & 0o020 != 0 && ((fifo && pfifos >= 2) || (reg && pregular >= 2))) {
+        return Err(en(libc::EACCES));
+    }
+    Ok(())
+}
+
 /// `may_open` and the open of special files, on the `nodev` mount, with O_NONBLOCK.
 fn open_check(v: &InodeView, write: bool) -> UResult<()> {
     match v.kind() {
@@ -1334,40 +1471,65 @@ fn value_digest(v: &[u8]) -> String {
 
 /// `walk_kernel` with xattrs and explicit times, from the mount at `root`.
 pub fn xwalk_kernel(root: &Path) -> XTree {
-    let base = walk_kernel(root);
-    base.into_iter()
-        .map(|(path, rec)| {
-            let full = if path.is_empty() { root.to_path_buf() } else { root.join(&path) };
-            let c = cstr(full.as_os_str().as_bytes());
-            // SAFETY: as in `Kernel::apply`.
-            let (xattrs, st) = unsafe {
-                let mut buf = vec![0u8; XATTR_SIZE_MAX];
-                let n = libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
-                assert!(n >= 0, "llistxattr {}: {}", full.display(), std::io::Error::last_os_error());
-                buf.truncate(n as usize);
-                let mut x = BTreeMap::new();
-                for name in buf.split(|&b| b == 0).filter(|n| !n.is_empty()) {
-                    let mut v = vec![0u8; XATTR_SIZE_MAX];
-                    let m = libc::lgetxattr(c.as_ptr(), cstr(name).as_ptr(), v.as_mut_ptr().cast(), v.len());
-                    assert!(m >= 0, "lgetxattr {} {}: {}", full.display(), show_name(name), std::io::Error::last_os_error());
-                    v.truncate(m as usize);
-                    x.insert(name.to_vec(), value_digest(&v));
-                }
-                let mut st: libc::stat = std::mem::zeroed();
-                assert!(libc::lstat(c.as_ptr(), &mut st) == 0, "lstat {}", full.display());
-                (x, st)
-            };
-            let s = stat_rec(&st);
-            {
-                let order = if s.kind == 'd' {
-                    std::fs::read_dir(&full).unwrap_or_else(|e| panic!("readdir {}: {e}", full.display())).map(|e| e.expect("dir entry").file_name().as_bytes().to_vec()).collect()
-                } else {
-                    Vec::new()
-                };
-                (path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order })
+    let mut out = XTree::new();
+    // A file's contents hashed once however many names it has (LinkMany).
+    let mut hashed: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
+    let mut stack = vec![(String::new(), root.to_path_buf())];
+    while let Some((path, full)) = stack.pop() {
+        let c = cstr(full.as_os_str().as_bytes());
+        // SAFETY: as in `Kernel::apply`.
+        let (xattrs, st) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            assert!(libc::lstat(c.as_ptr(), &mut st) == 0, "lstat {}: {}", full.display(), std::io::Error::last_os_error());
+            let mut buf = vec![0u8; XATTR_SIZE_MAX];
+            let n = libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+            assert!(n >= 0, "llistxattr {}: {}", full.display(), std::io::Error::last_os_error());
+            buf.truncate(n as usize);
+            let mut x = BTreeMap::new();
+            for name in buf.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+                let mut v = vec![0u8; XATTR_SIZE_MAX];
+                let m = libc::lgetxattr(c.as_ptr(), cstr(name).as_ptr(), v.as_mut_ptr().cast(), v.len());
+                assert!(m >= 0, "lgetxattr {} {}: {}", full.display(), show_name(name), std::io::Error::last_os_error());
+                v.truncate(m as usize);
+                x.insert(name.to_vec(), value_digest(&v));
             }
-        })
-        .collect()
+            (x, st)
+        };
+        let s = stat_rec(&st);
+        let content = match s.kind {
+            'f' => hashed
+                .entry(st.st_ino)
+                .or_insert_with(|| {
+                    let mut h = Sha256::new();
+                    let mut f = std::fs::File::open(&full).unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", full.display()));
+                    std::io::copy(&mut f, &mut h).unwrap_or_else(|e| panic!("kernel walk: read {}: {e}", full.display()));
+                    hex(&h.finalize())
+                })
+                .clone(),
+            'l' => String::from_utf8_lossy(std::fs::read_link(&full).expect("readlink").as_os_str().as_bytes()).into_owned(),
+            'c' | 'b' => format!("{}:{}", s.rdev.0, s.rdev.1),
+            _ => String::new(),
+        };
+        let mut order = Vec::new();
+        if s.kind == 'd' {
+            order = std::fs::read_dir(&full).unwrap_or_else(|e| panic!("readdir {}: {e}", full.display())).map(|e| e.expect("dir entry").file_name().as_bytes().to_vec()).collect();
+            for n in &order {
+                let child = if path.is_empty() { String::from_utf8_lossy(n).into_owned() } else { format!("{path}/{}", String::from_utf8_lossy(n)) };
+                stack.push((child, full.join(std::ffi::OsStr::from_bytes(n))));
+            }
+        }
+        let rec = Rec { kind: s.kind, perm: s.perm, uid: s.uid, gid: s.gid, size: s.size, nlink: s.nlink, content };
+        out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order });
+    }
+    out
+}
+
+/// `xwalk_kernel`, checked against `walk_kernel` (the write tests' walk) once.
+pub fn xwalk_kernel_checked(root: &Path) -> XTree {
+    let x = xwalk_kernel(root);
+    let recs: BTreeMap<String, Rec> = x.iter().map(|(p, r)| (p.clone(), r.rec.clone())).collect();
+    assert!(recs == walk_kernel(root), "xwalk_kernel and walk_kernel disagree on {}", root.display());
+    x
 }
 
 /// The namespace as a ubtrfs view (`Live` or a `Filesystem`) shows it, like
@@ -1375,11 +1537,13 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
 /// stops at a block missing from the cache and runs again).
 pub fn xwalk_fs<V: FsRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
     let mut out = XTree::new();
+    let mut hashed: std::collections::HashMap<InodeId, String> = std::collections::HashMap::new();
     let mut stack = vec![(String::new(), fs.root_dir())];
     while let Some((path, id)) = stack.pop() {
         let v = fs.load_inode(id, Load::ALL)?;
         let kind = file_kind_char(v.kind());
         let content = match v.kind() {
+            FileKind::File if hashed.contains_key(&id) => hashed[&id].clone(),
             FileKind::File => {
                 let mut h = Sha256::new();
                 let mut buf = vec![0u8; 1 << 20];
@@ -1393,7 +1557,9 @@ pub fn xwalk_fs<V: FsRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
                     pos += n as u64;
                 }
                 assert_eq!(pos, v.size(), "ubtrfs walk: /{path}: read length");
-                hex(&h.finalize())
+                let d = hex(&h.finalize());
+                hashed.insert(id, d.clone());
+                d
             }
             FileKind::Symlink => String::from_utf8_lossy(&fs.readlink(id)?).into_owned(),
             FileKind::CharDev | FileKind::BlockDev => {
@@ -1626,7 +1792,7 @@ impl Run<'_> {
         // The end: the ubtrfs image, committed and closed, against the kernel's tree;
         // then btrfs check, and the kernel's own view of the ubtrfs image.
         u.close().map_err(|e| format!("seed {}: final commit: {e:?}", self.seed))?;
-        let kt = xwalk_kernel(&k.dir);
+        let kt = xwalk_kernel_checked(&k.dir);
         mnt.umount();
         let ut = xwalk_image(&b);
         let d = diff_xtrees(&kt, &ut, 20);
