@@ -22,7 +22,9 @@
 //! first); `KEEP=1` keeps the images.
 //!
 //! Disagreements already found and reported are in `KNOWN`: an operation one matches is
-//! applied to neither side, counted, and printed at the end of every run.
+//! applied to neither side, counted, and printed at the end of every run. Seeds that
+//! meet an engine bug of another kind are in `KNOWN_SEEDS` (skipped, with a message,
+//! unless `UBTRFS_POSIX_KNOWN_SEEDS=1`).
 
 mod common;
 #[path = "common/posix.rs"]
@@ -92,6 +94,10 @@ const KNOWN: &[Known] = &[
     },
 ];
 
+/// Seeds that find an engine bug that is no disagreement of one operation, reported and
+/// skipped (with a message) until fixed. CI's seeds hold none of them.
+const KNOWN_SEEDS: &[(u64, &str)] = &[(121, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 3797 panics \"commit did not converge after 1000 rounds\"")];
+
 fn scratch_dir() -> PathBuf {
     let base = match std::env::var_os("UBTRFS_SCRATCH") {
         Some(d) => PathBuf::from(d),
@@ -122,6 +128,12 @@ fn run_seeds(seeds: Vec<u64>, ops: u64) -> Stats {
         for _ in 0..THREADS {
             s.spawn(|| loop {
                 let Some(seed) = queue.lock().unwrap().next() else { break };
+                if let Some((_, why)) = KNOWN_SEEDS.iter().find(|(s, _)| *s == seed) {
+                    if std::env::var_os("UBTRFS_POSIX_KNOWN_SEEDS").is_none() {
+                        eprintln!("seed {seed}: skipped, known engine bug {why} (UBTRFS_POSIX_KNOWN_SEEDS=1 runs it)");
+                        continue;
+                    }
+                }
                 let run = Run { seed, ops, check_every, avail: AVAILABLE, known: KNOWN, keep_going, dir: scratch_dir() };
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.run())) {
                     Ok(Ok(st)) => total.lock().unwrap().add(&st),
