@@ -10,16 +10,24 @@
 //! - path walks component by component (ENOENT, ENOTDIR; every symlink the generator
 //!   makes dangles, so following one is ENOENT), the checks the VFS makes before the walk
 //!   (`getname`'s PATH_MAX for symlink targets, `do_renameat2`'s flag rules, the xattr
-//!   name and size limits), and `btrfs_lookup`'s ENAMETOOLONG for a name past 255 bytes;
+//!   name and size limits, utimensat's "nothing to do" for two UTIME_OMITs), and
+//!   `btrfs_lookup`'s ENAMETOOLONG for a name past 255 bytes;
 //! - `open` by type (EISDIR, ENXIO for fifos and sockets without a peer, EACCES for
-//!   devices on the `nodev` mount), `vfs_truncate`'s type checks, `vfs_link`'s EPERM for
-//!   a directory, `xattr_permission` (user.* only on files and directories);
+//!   devices on the `nodev` mount), `may_create_in_sticky` for O_CREAT of an existing
+//!   file, O_TRUNC as a size change with mtime, `vfs_truncate`'s type checks,
+//!   `vfs_link`'s EPERM for a directory (after filename_create's EEXIST);
 //! - the attributes a new inode gets (`inode_init_owner`: the setgid directory rule,
-//!   `vfs_mkdir` dropping S_ISUID/S_ISGID from the mode) and `chown`'s suid/sgid kill.
+//!   `vfs_mkdir` dropping S_ISUID/S_ISGID from the mode; a whiteout's owner).
 //!
-//! Everything else (EEXIST, ENOENT of the last name, EISDIR/ENOTDIR/ENOTEMPTY of unlink,
-//! rmdir and rename, rename loops, the same-inode rename, xattr flags and limits, symlink
-//! length) is the engine's, so the test checks it.
+//! Everything else is the engine's, so the test checks it: EEXIST, ENOENT of the last
+//! name, EISDIR/ENOTDIR/ENOTEMPTY of unlink, rmdir and rename, rename loops (EINVAL,
+//! ENOTEMPTY), the same-inode rename, RENAME_NOREPLACE/EXCHANGE/WHITEOUT, chown's
+//! set-ID clearing, setattr's time rules, the symlink length limit of the node size,
+//! INODE_REF/INODE_EXTREF room and EMLINK, and (once in main) xattr namespaces, flags
+//! and limits. The results compared are the errno (or success) of every operation, what
+//! reads return (lstat, data, xattrs), and the trees: type, mode, owner, size (a
+//! directory's is twice its names' lengths), nlink, contents, symlink target, rdev,
+//! xattrs, explicit times, readdir order.
 //!
 //! Invariants of the generated namespace: names come from a small pool (collisions are
 //! the point), including one of 255 bytes and one of 256; symlink targets always start
@@ -27,7 +35,9 @@
 //! mount; device nodes are only opened on the `nodev` kernel mount (EACCES), never
 //! written. Explicit times (utimens) are before 2000, "now" is after, so the walks keep
 //! a time only while it still is the explicit one: whether an operation updates mtime
-//! is compared without comparing clocks.
+//! is compared without comparing clocks. (ctime cannot be set, so it is not compared.)
+//! Trailing slashes, `.` and `..` are not generated: they are the VFS's alone and never
+//! reach the engine.
 #![allow(dead_code)]
 
 use crate::write_common::{hex, umount_retrying, walk_kernel, walk_ubtrfs, Rec, Rng};
