@@ -802,7 +802,17 @@ impl KernelMount {
     pub fn new(img: &Path, opts: &str) -> KernelMount {
         let dir = img.with_extension("mnt");
         std::fs::create_dir_all(&dir).expect("mount dir");
-        let out = Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
+        let mount = || Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
+        let mut out = mount();
+        // Two mounts at once (another test thread, another test binary) may race for
+        // the same free loop device; the loser fails to set it up and may try again.
+        for _ in 0..20 {
+            if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("failed to setup loop device") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            out = mount();
+        }
         assert!(out.status.success(), "mount -o {opts} {} failed: {}", img.display(), String::from_utf8_lossy(&out.stderr));
         KernelMount { dir, mounted: true }
     }
