@@ -1473,7 +1473,7 @@ fn open_check(v: &InodeView, write: bool) -> UResult<()> {
 
 /// Per path: the walk's record, the xattrs (name -> "len:sha256 prefix") and the times
 /// that are still explicit.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct XRec {
     pub rec: Rec,
     pub xattrs: BTreeMap<Vec<u8>, String>,
@@ -1481,6 +1481,33 @@ pub struct XRec {
     pub mtime: Option<(i64, u32)>,
     /// A directory's names in readdir order (DIR_INDEX order on both sides).
     pub order: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for XRec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.rec;
+        write!(
+            f,
+            "{} {:04o} {}:{} size={} nlink={} content={:?}",
+            r.kind,
+            r.perm,
+            r.uid,
+            r.gid,
+            r.size,
+            r.nlink,
+            if r.kind == 'l' { show_name(r.content.as_bytes()) } else { r.content.chars().take(16).collect() }
+        )?;
+        if !self.xattrs.is_empty() {
+            write!(f, " xattrs={:?}", self.xattrs.iter().map(|(n, v)| format!("{}={v}", show_name(n))).collect::<Vec<_>>())?;
+        }
+        if self.atime.is_some() || self.mtime.is_some() {
+            write!(f, " atime={:?} mtime={:?}", self.atime, self.mtime)?;
+        }
+        if !self.order.is_empty() {
+            write!(f, " order={:?}", self.order.iter().map(|n| show_name(n)).collect::<Vec<_>>())?;
+        }
+        Ok(())
+    }
 }
 
 pub type XTree = BTreeMap<String, XRec>;
