@@ -840,6 +840,8 @@ impl Drop for KernelMount {
 /// The kernel side: each operation is its syscalls on the mount.
 pub struct Kernel {
     pub dir: PathBuf,
+    /// The mkfs options of the image (for the known-disagreement predicates).
+    pub mkfs: &'static [&'static str],
 }
 
 impl Kernel {
@@ -1790,7 +1792,7 @@ impl Run<'_> {
         assert!(ok, "cp image");
 
         let mnt = KernelMount::new(&a, "loop,nodev,noatime");
-        let k = Kernel { dir: mnt.dir.clone() };
+        let k = Kernel { dir: mnt.dir.clone(), mkfs: mkfs_args(self.seed) };
         let mut u = Ubtrfs::open(&b);
         let mut st = Stats::default();
         let mut errors = Vec::new();
