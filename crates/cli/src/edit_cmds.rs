@@ -1,4 +1,4 @@
-//! The editing commands (`mkdir`, `rm`, `mv`, `ln`, `mknod`, `truncate`, `chmod`,
+//! The editing commands (`mkdir`, `rm`, `mv`, `ln`, `mknod`, `truncate`, `fallocate`, `chmod`,
 //! `chown`, `touch`) and `batch`, which runs many of them as one transaction. Each
 //! command takes IMAGE first after its options and absolute paths inside the image;
 //! it commits once at the end, or, on any error, commits nothing.
@@ -88,6 +88,26 @@ pub struct TruncateOpts {
 }
 
 #[derive(Args)]
+pub struct FallocateOpts {
+    /// Keep the size (FALLOC_FL_KEEP_SIZE).
+    #[arg(short = 'k')]
+    keep_size: bool,
+    /// Punch a hole (implies -k).
+    #[arg(short = 'p', conflicts_with = "zero")]
+    punch: bool,
+    /// Zero the range (FALLOC_FL_ZERO_RANGE).
+    #[arg(short = 'z')]
+    zero: bool,
+    /// Where the range starts (K, M, G suffixes).
+    #[arg(short = 'o', value_name = "OFFSET", default_value = "0")]
+    offset: String,
+    /// How long it is (K, M, G suffixes).
+    #[arg(short = 'l', value_name = "LEN")]
+    len: String,
+    path: String,
+}
+
+#[derive(Args)]
 pub struct ChmodOpts {
     /// Octal (0755) or symbolic (u+x,go-w).
     mode: String,
@@ -119,6 +139,7 @@ pub enum EditCmd {
     Ln(LnOpts),
     Mknod(MknodOpts),
     Truncate(TruncateOpts),
+    Fallocate(FallocateOpts),
     Chmod(ChmodOpts),
     Chown(ChownOpts),
     Touch(TouchOpts),
@@ -178,6 +199,22 @@ impl TruncateOpts {
         Ok(Edit::Truncate { path: self.path.clone(), size: edit::parse_size(&self.size)? })
     }
 }
+impl FallocateOpts {
+    fn edit(&self) -> Result<Edit> {
+        use ubtrfs_core::inode::falloc::*;
+        let mut mode = 0;
+        if self.keep_size || self.punch {
+            mode |= FALLOC_FL_KEEP_SIZE;
+        }
+        if self.punch {
+            mode |= FALLOC_FL_PUNCH_HOLE;
+        }
+        if self.zero {
+            mode |= FALLOC_FL_ZERO_RANGE;
+        }
+        Ok(Edit::Fallocate { path: self.path.clone(), mode, offset: edit::parse_size(&self.offset)?, len: edit::parse_size(&self.len)? })
+    }
+}
 impl ChmodOpts {
     fn edit(&self) -> Result<Edit> {
         Ok(Edit::Chmod { mode: edit::parse_mode(&self.mode)?, path: self.path.clone() })
@@ -204,6 +241,7 @@ impl EditCmd {
             EditCmd::Ln(o) => o.edit(),
             EditCmd::Mknod(o) => o.edit(),
             EditCmd::Truncate(o) => o.edit(),
+            EditCmd::Fallocate(o) => o.edit(),
             EditCmd::Chmod(o) => o.edit(),
             EditCmd::Chown(o) => o.edit(),
             EditCmd::Touch(o) => o.edit(),
@@ -261,6 +299,9 @@ pub fn mknod(a: &WithImage<MknodOpts>) -> Result<()> {
 }
 pub fn truncate(a: &WithImage<TruncateOpts>) -> Result<()> {
     run_one(a, "truncate", TruncateOpts::edit)
+}
+pub fn fallocate(a: &WithImage<FallocateOpts>) -> Result<()> {
+    run_one(a, "fallocate", FallocateOpts::edit)
 }
 pub fn chmod(a: &WithImage<ChmodOpts>) -> Result<()> {
     run_one(a, "chmod", ChmodOpts::edit)

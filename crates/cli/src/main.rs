@@ -97,6 +97,8 @@ enum Cmd {
     Mknod(edit_cmds::WithImage<edit_cmds::MknodOpts>),
     /// Set a file's size (a missing file is made).
     Truncate(edit_cmds::WithImage<edit_cmds::TruncateOpts>),
+    /// Preallocate (or with -p punch, -z zero) a range of a file, as fallocate(1) does.
+    Fallocate(edit_cmds::WithImage<edit_cmds::FallocateOpts>),
     /// Change permission bits.
     Chmod(edit_cmds::WithImage<edit_cmds::ChmodOpts>),
     /// Change the owner and group (numeric).
@@ -127,6 +129,7 @@ fn main() -> ExitCode {
         Cmd::Ln(a) => edit_cmds::ln(&a),
         Cmd::Mknod(a) => edit_cmds::mknod(&a),
         Cmd::Truncate(a) => edit_cmds::truncate(&a),
+        Cmd::Fallocate(a) => edit_cmds::fallocate(&a),
         Cmd::Chmod(a) => edit_cmds::chmod(&a),
         Cmd::Chown(a) => edit_cmds::chown(&a),
         Cmd::Touch(a) => edit_cmds::touch(&a),

@@ -17,6 +17,13 @@ pub struct PutArgs {
     /// Copy directories recursively.
     #[arg(short = 'r')]
     pub recursive: bool,
+    /// Compress the data as `mount -o compress=ALG[:LEVEL]` does (zlib, lzo, zstd;
+    /// ranges the kernel's heuristic turns down, or that do not shrink, stay plain).
+    #[arg(long, value_name = "ALG[:LEVEL]", conflicts_with = "compress_force")]
+    pub compress: Option<String>,
+    /// As --compress, but every range that shrinks is compressed (compress-force).
+    #[arg(long, value_name = "ALG[:LEVEL]")]
+    pub compress_force: Option<String>,
 }
 
 fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
@@ -26,7 +33,15 @@ fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
 }
 
 pub fn put(a: &PutArgs) -> Result<()> {
+    let policy = match (&a.compress, &a.compress_force) {
+        (Some(c), _) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false)?),
+        (None, Some(c)) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, true)?),
+        (None, None) => None,
+    };
     let mut w = open_writer(&a.image)?;
+    if let Some(p) = policy {
+        w.set_compress(p);
+    }
     // A failure part way leaves the transaction half done: abort it, nothing is committed.
     let srcs: Vec<&std::path::Path> = a.srcs.iter().map(|p| p.as_path()).collect();
     let opts = ubtrfs_tools::put::PutOptions { recursive: a.recursive };

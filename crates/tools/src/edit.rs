@@ -52,6 +52,13 @@ pub enum Edit {
         path: String,
         size: u64,
     },
+    /// fallocate(2) with `mode` (FALLOC_FL_*) over [offset, offset + len).
+    Fallocate {
+        path: String,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    },
     Chmod {
         mode: Mode,
         path: String,
@@ -358,6 +365,11 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
             };
             w.setattr(id.root, id.ino, &SetAttr { size: Some(*size), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("truncate {}", quoted(path))))?;
             Ok(format!("{} is {size} bytes", quoted(path)))
+        }
+        Edit::Fallocate { path, mode, offset, len } => {
+            let id = lookup(w, path)?;
+            w.fallocate(id.root, id.ino, *mode, *offset, *len).map_err(|e| in_image(e, &[(String::new(), path)], format!("fallocate {}", quoted(path))))?;
+            Ok(format!("{} fallocated {len} bytes at {offset}", quoted(path)))
         }
         Edit::Chmod { mode, path } => {
             let id = lookup(w, path)?;
