@@ -4,6 +4,7 @@
 
 mod check_cmd;
 mod dump;
+mod edit_cmds;
 mod info;
 mod read_cmds;
 mod write_cmds;
@@ -84,8 +85,28 @@ enum Cmd {
     Extract(read_cmds::ExtractArgs),
     /// Copy a host file or directory tree into the image (one atomic commit).
     Put(write_cmds::PutArgs),
-    /// Remove a file or directory tree from the image (one atomic commit).
-    Rm(write_cmds::RmArgs),
+    /// Remove a file, a symlink, an empty directory, or with -r a tree (one atomic commit).
+    Rm(edit_cmds::WithImage<edit_cmds::RmOpts>),
+    /// Make a directory.
+    Mkdir(edit_cmds::WithImage<edit_cmds::MkdirOpts>),
+    /// Rename FROM to TO, as rename(2) does (TO is replaced, not entered).
+    Mv(edit_cmds::WithImage<edit_cmds::MvOpts>),
+    /// Make a hard link, or with -s a symbolic link.
+    Ln(edit_cmds::WithImage<edit_cmds::LnOpts>),
+    /// Make a fifo, socket or device node.
+    Mknod(edit_cmds::WithImage<edit_cmds::MknodOpts>),
+    /// Set a file's size (a missing file is made).
+    Truncate(edit_cmds::WithImage<edit_cmds::TruncateOpts>),
+    /// Preallocate (or with -p punch, -z zero) a range of a file, as fallocate(1) does.
+    Fallocate(edit_cmds::WithImage<edit_cmds::FallocateOpts>),
+    /// Change permission bits.
+    Chmod(edit_cmds::WithImage<edit_cmds::ChmodOpts>),
+    /// Change the owner and group (numeric).
+    Chown(edit_cmds::WithImage<edit_cmds::ChownOpts>),
+    /// Set access and modification times (a missing file is made).
+    Touch(edit_cmds::WithImage<edit_cmds::TouchOpts>),
+    /// Run editing commands from a script, one per line without IMAGE, as one atomic commit.
+    Batch(edit_cmds::BatchArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
 }
@@ -102,7 +123,17 @@ fn main() -> ExitCode {
         Cmd::Extract(a) => read_cmds::extract(&a),
         Cmd::Check(a) => check_cmd::run(&a),
         Cmd::Put(a) => write_cmds::put(&a),
-        Cmd::Rm(a) => write_cmds::rm(&a),
+        Cmd::Rm(a) => edit_cmds::rm(&a),
+        Cmd::Mkdir(a) => edit_cmds::mkdir(&a),
+        Cmd::Mv(a) => edit_cmds::mv(&a),
+        Cmd::Ln(a) => edit_cmds::ln(&a),
+        Cmd::Mknod(a) => edit_cmds::mknod(&a),
+        Cmd::Truncate(a) => edit_cmds::truncate(&a),
+        Cmd::Fallocate(a) => edit_cmds::fallocate(&a),
+        Cmd::Chmod(a) => edit_cmds::chmod(&a),
+        Cmd::Chown(a) => edit_cmds::chown(&a),
+        Cmd::Touch(a) => edit_cmds::touch(&a),
+        Cmd::Batch(a) => edit_cmds::batch(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

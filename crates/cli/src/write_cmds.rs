@@ -1,4 +1,4 @@
-//! `put` and `rm`: each is one atomic transaction; on any error nothing is committed.
+//! `put`: one atomic transaction; on any error nothing is committed.
 
 use crate::WriteImageArgs;
 use std::path::PathBuf;
@@ -9,24 +9,21 @@ use ubtrfs_core::{OpenOptions, Result};
 pub struct PutArgs {
     #[command(flatten)]
     pub image: WriteImageArgs,
-    /// Host file or directory to copy in.
-    pub src: PathBuf,
-    /// New path inside the image (must not exist; its parent must).
+    /// Host files or directories to copy in.
+    #[arg(required = true, num_args = 1..)]
+    pub srcs: Vec<PathBuf>,
+    /// Where they go in the image: into it if it is a directory, else as it (as cp -a).
     pub dest: String,
     /// Copy directories recursively.
     #[arg(short = 'r')]
     pub recursive: bool,
-}
-
-#[derive(clap::Args)]
-pub struct RmArgs {
-    #[command(flatten)]
-    pub image: WriteImageArgs,
-    /// Path inside the image.
-    pub path: String,
-    /// Remove directories and their contents.
-    #[arg(short = 'r')]
-    pub recursive: bool,
+    /// Compress the data as `mount -o compress=ALG[:LEVEL]` does (zlib, lzo, zstd;
+    /// ranges the kernel's heuristic turns down, or that do not shrink, stay plain).
+    #[arg(long, value_name = "ALG[:LEVEL]", conflicts_with = "compress_force")]
+    pub compress: Option<String>,
+    /// As --compress, but every range that shrinks is compressed (compress-force).
+    #[arg(long, value_name = "ALG[:LEVEL]")]
+    pub compress_force: Option<String>,
 }
 
 fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
@@ -36,18 +33,23 @@ fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
 }
 
 pub fn put(a: &PutArgs) -> Result<()> {
+    let policy = match (&a.compress, &a.compress_force) {
+        (Some(c), _) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false)?),
+        (None, Some(c)) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, true)?),
+        (None, None) => None,
+    };
     let mut w = open_writer(&a.image)?;
+    if let Some(p) = policy {
+        w.set_compress(p);
+    }
     // A failure part way leaves the transaction half done: abort it, nothing is committed.
-    let stats = ubtrfs_tools::put::put(&mut w, &a.src, &a.dest, a.recursive).inspect_err(|e| w.abort("put", e))?;
+    let srcs: Vec<&std::path::Path> = a.srcs.iter().map(|p| p.as_path()).collect();
+    let opts = ubtrfs_tools::put::PutOptions { recursive: a.recursive };
+    let stats = ubtrfs_tools::put::put(&mut w, &srcs, &a.dest, &opts).inspect_err(|e| w.abort("put", e))?;
     let gen = w.commit()?;
-    eprintln!("put {} files, {} directories, {} hard links, {} bytes (generation {gen})", stats.files, stats.dirs, stats.hardlinks, stats.bytes);
-    Ok(())
-}
-
-pub fn rm(a: &RmArgs) -> Result<()> {
-    let mut w = open_writer(&a.image)?;
-    let n = ubtrfs_tools::put::remove(&mut w, &a.path, a.recursive).inspect_err(|e| w.abort("rm", e))?;
-    let gen = w.commit()?;
-    eprintln!("removed {n} entries (generation {gen})");
+    eprintln!(
+        "put {} files, {} directories, {} symlinks, {} special files, {} hard links, {} bytes (generation {gen})",
+        stats.files, stats.dirs, stats.symlinks, stats.special, stats.hardlinks, stats.bytes
+    );
     Ok(())
 }

@@ -68,7 +68,7 @@ fn control_characters_in_names_are_escaped() {
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(e, "ubtrfs: error: /odd/missing\\nname: no such file or directory\n");
-    let o = bin().arg("put").arg(&img).arg(src.join("plain")).arg("/odd/new\nline").output().unwrap();
+    let o = bin().arg("mkdir").arg(&img).arg("/odd/new\nline").output().unwrap();
     assert!(!o.status.success());
     assert_eq!(String::from_utf8_lossy(&o.stderr), "ubtrfs: error: /odd/new\\nline: file exists\n");
     let o = bin().arg("rm").arg(&img).arg("/odd").output().unwrap();

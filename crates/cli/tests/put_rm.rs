@@ -71,6 +71,34 @@ fn make_source(dir: &Path) {
     std::fs::hard_link(dir.join("a/mid"), dir.join("a/b/mid-link")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.join("a/b/big"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Symlinks: relative, absolute, dangling, long, and a hard-linked one.
+    std::fs::create_dir_all(dir.join("links")).unwrap();
+    std::os::unix::fs::symlink("../a/mid", dir.join("links/rel")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", dir.join("links/abs")).unwrap();
+    std::os::unix::fs::symlink("nowhere/at/all", dir.join("links/dangling")).unwrap();
+    std::os::unix::fs::symlink("x".repeat(3000), dir.join("links/long")).unwrap();
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: plain syscalls on NUL-terminated paths.
+    unsafe {
+        assert_eq!(libc::linkat(libc::AT_FDCWD, c(&dir.join("links/rel")).as_ptr(), libc::AT_FDCWD, c(&dir.join("links/rel-hard")).as_ptr(), 0), 0, "link a symlink");
+        assert_eq!(libc::mkfifo(c(&dir.join("fifo")).as_ptr(), 0o640), 0, "mkfifo");
+        if libc::geteuid() == 0 {
+            assert_eq!(libc::mknod(c(&dir.join("null")).as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)), 0, "mknod");
+            assert_eq!(libc::mknod(c(&dir.join("disk")).as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(259, 70000)), 0, "mknod");
+        }
+    }
+    let sock = std::os::unix::net::UnixListener::bind(dir.join("sock")).unwrap();
+    drop(sock);
+    // Sparse: 300 MiB holding 2 bytes, and a file with data, a hole, data.
+    let f = std::fs::File::create(dir.join("sparse")).unwrap();
+    f.set_len(300 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"x", 100 << 20).unwrap();
+    f.write_all_at(b"y", (300 << 20) - 1).unwrap();
+    let f = std::fs::File::create(dir.join("holey")).unwrap();
+    f.write_all_at(&bytes(70_000), 0).unwrap();
+    f.write_all_at(&bytes(5000), 10 << 20).unwrap();
+    f.set_len(12 << 20).unwrap();
 }
 
 #[test]
@@ -102,8 +130,21 @@ fn put_then_rm_round_trip() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(e.matches("is a directory").count(), 1, "the error repeats itself: {e}");
     assert_eq!(e.lines().count(), 1, "one line: {e}");
-    let o = bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/copy").output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("exists"), "{o:?}");
+    // A name taken by another type is refused, naming it; an existing directory takes
+    // the copy inside it, as cp -a does.
+    let o = bin().arg("put").arg(&img).arg(src.join("links/rel")).arg("/copy/one").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("one: file exists"), "{o:?}");
+    let o = bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/copy/zero").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a directory"), "{o:?}");
+    let o = bin().arg("put").arg(&img).arg(src.join("one")).arg(src.join("zero")).arg("/copy/inline").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("several sources"), "{o:?}");
+    let o = bin().arg("put").arg(&img).arg(src.join("one")).arg("/copy/new-dir/").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a directory"), "{o:?}");
+    run(bin().arg("mkdir").arg(&img).arg("/into"));
+    run(bin().arg("put").arg("-r").arg(&img).arg(src.join("a")).arg(src.join("one")).arg("/into"));
+    let ls = run(bin().arg("ls").arg(&img).arg("/into"));
+    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().collect::<Vec<_>>(), ["a", "one"]);
+    run(bin().arg("rm").arg("-r").arg(&img).arg("/into"));
     // Read back with ubtrfs.
     let cat = run(bin().arg("cat").arg(&img).arg("/copy/a/b/big"));
     assert_eq!(cat.stdout, std::fs::read(src.join("a/b/big")).unwrap());
@@ -127,6 +168,14 @@ fn put_then_rm_round_trip() {
             .output()
             .unwrap();
         assert!(d.status.success(), "kernel view differs from the source:\n{}", String::from_utf8_lossy(&d.stdout));
+        // Sparse stays sparse: 300 MiB holding two bytes takes two blocks (plus slack).
+        run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
+        use std::os::unix::fs::MetadataExt;
+        let blocks = std::fs::metadata(mnt.join("copy/sparse")).unwrap().blocks();
+        let holey = std::fs::metadata(mnt.join("copy/holey")).unwrap().blocks();
+        umount(&mnt);
+        assert!(blocks * 512 <= 64 << 10, "the sparse file takes {} bytes", blocks * 512);
+        assert!(holey * 512 <= 128 << 10, "the holey file takes {} bytes", holey * 512);
     }
     run(bin().arg("rm").arg("-r").arg(&img).arg("/copy/a/b"));
     let o = bin().arg("rm").arg(&img).arg("/copy/a").output().unwrap();
@@ -134,7 +183,10 @@ fn put_then_rm_round_trip() {
     run(bin().arg("rm").arg(&img).arg("/copy/edge"));
     let ls = run(bin().arg("ls").arg(&img).arg("/copy"));
     let names: Vec<String> = String::from_utf8_lossy(&ls.stdout).lines().map(str::to_string).collect();
-    assert_eq!(names, vec!["a", "empty", "inline", "one", "zero"]);
+    assert_eq!(
+        names,
+        vec!["a", "disk", "empty", "fifo", "holey", "inline", "links", "null", "one", "sock", "sparse", "zero"].into_iter().filter(|n| kernel || !["disk", "null"].contains(n)).collect::<Vec<_>>()
+    );
     let o = bin().arg("cat").arg(&img).arg("/copy/a/b/big").output().unwrap();
     assert!(!o.status.success());
     // The hard link's other name survives with its data.

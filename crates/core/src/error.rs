@@ -49,11 +49,16 @@ pub enum PosixKind {
     NotSupported,
     /// EDQUOT: a qgroup limit would be exceeded.
     QuotaExceeded,
+    /// ENODEV: an operation the file's type has no driver for (fallocate of a
+    /// device node, symlink or socket).
+    NoDevice,
+    /// ESPIPE: a seek-like operation on a fifo.
+    NotSeekable,
 }
 
 impl PosixKind {
     /// Every kind, for tables and tests.
-    pub const ALL: [PosixKind; 20] = [
+    pub const ALL: [PosixKind; 22] = [
         PosixKind::NotFound,
         PosixKind::NotDir,
         PosixKind::IsDir,
@@ -74,6 +79,8 @@ impl PosixKind {
         PosixKind::FileTooBig,
         PosixKind::NotSupported,
         PosixKind::QuotaExceeded,
+        PosixKind::NoDevice,
+        PosixKind::NotSeekable,
     ];
 
     /// The errno value (positive), as the FUSE adapter returns it.
@@ -99,6 +106,8 @@ impl PosixKind {
             PosixKind::FileTooBig => libc::EFBIG,
             PosixKind::NotSupported => libc::EOPNOTSUPP,
             PosixKind::QuotaExceeded => libc::EDQUOT,
+            PosixKind::NoDevice => libc::ENODEV,
+            PosixKind::NotSeekable => libc::ESPIPE,
         }
     }
 
@@ -124,6 +133,8 @@ impl PosixKind {
             PosixKind::FileTooBig => "file too large",
             PosixKind::NotSupported => "operation not supported",
             PosixKind::QuotaExceeded => "disk quota exceeded",
+            PosixKind::NoDevice => "no such device",
+            PosixKind::NotSeekable => "illegal seek",
         }
     }
 }
@@ -216,7 +227,7 @@ mod tests {
 
     #[test]
     fn every_kind_is_its_errno_with_strerror_text() {
-        let want: [(PosixKind, i32); 20] = [
+        let want: [(PosixKind, i32); 22] = [
             (PosixKind::NotFound, libc::ENOENT),
             (PosixKind::NotDir, libc::ENOTDIR),
             (PosixKind::IsDir, libc::EISDIR),
@@ -237,6 +248,8 @@ mod tests {
             (PosixKind::FileTooBig, libc::EFBIG),
             (PosixKind::NotSupported, libc::EOPNOTSUPP),
             (PosixKind::QuotaExceeded, libc::EDQUOT),
+            (PosixKind::NoDevice, libc::ENODEV),
+            (PosixKind::NotSeekable, libc::ESPIPE),
         ];
         assert_eq!(want.map(|(k, _)| k), PosixKind::ALL, "the table above lists every kind, in order");
         for (kind, errno) in want {

@@ -74,8 +74,8 @@ fn readonly_snapshot_refuses_every_change() {
     let src = std::env::temp_dir().join(format!("ubtrfs-ro-src-{}", std::process::id()));
     std::fs::create_dir_all(src.join("sub")).expect("source dir");
     std::fs::write(src.join("sub/f"), b"data").expect("source file");
-    assert_erofs(ubtrfs_tools::put::put(&mut w, &src.join("sub/f"), "/snap/x", false), "put file");
-    assert_erofs(ubtrfs_tools::put::put(&mut w, &src, "/snap/tree", true), "put -r");
+    assert_erofs(ubtrfs_tools::put::put(&mut w, &[&src.join("sub/f")], "/snap/x", &Default::default()), "put file");
+    assert_erofs(ubtrfs_tools::put::put(&mut w, &[&src], "/snap/tree", &ubtrfs_tools::put::PutOptions { recursive: true }), "put -r");
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/file-0002", false), "rm file");
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/big-3", false), "rm big file");
     // The raw tree operations (a test hook) refuse the read-only tree up front too.
@@ -84,7 +84,7 @@ fn readonly_snapshot_refuses_every_change() {
     // None of the refusals aborted the transaction: the writable subvolume still
     // takes a change, and the commit carries only that.
     w.check_writable().expect("a refused change must not abort the writer");
-    ubtrfs_tools::put::put(&mut w, &src.join("sub/f"), "/sv/after-refusals", false).expect("write to the writable subvolume");
+    ubtrfs_tools::put::put(&mut w, &[&src.join("sub/f")], "/sv/after-refusals", &Default::default()).expect("write to the writable subvolume");
     w.commit().expect("commit");
     drop(w);
     let _ = std::fs::remove_dir_all(&src);

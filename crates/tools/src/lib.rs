@@ -4,5 +4,6 @@
 //! (`extract`) and the import of host files (`put`).
 
 pub mod check;
+pub mod edit;
 pub mod extract;
 pub mod put;

@@ -1,16 +1,27 @@
-//! Copy a host tree into the image (`ubtrfs put`), like `cp -a SRC DEST`: regular files
-//! and directories with contents, mode, owner, atime/mtime, and hard links among the
-//! copied files. Everything happens in the caller's transaction; a failure leaves the
-//! committed image untouched (the caller does not commit).
+//! Copy host files into the image (`ubtrfs put`), as `cp -a SRC... DEST` does: regular
+//! files (sparse ones stay sparse: only the source's data ranges are written), directories,
+//! symlinks, fifos, sockets and device nodes, with mode, owner, atime/mtime, and hard
+//! links among the copied files. Everything happens in the caller's transaction; a
+//! failure leaves the committed image untouched (the caller does not commit).
 //!
-//! Other file types are refused up front, before anything is written, naming the path.
+//! Where the copy goes, as cp decides it: into DEST when DEST is an existing directory
+//! (as DEST/NAME, merging into a directory of that name), else as DEST itself; several
+//! SRCs need a directory DEST; a DEST ending in `/` must be (or, for one directory
+//! SRC, becomes) a directory. A regular file onto an existing regular file replaces its
+//! contents; any other type onto an existing name is EEXIST, a directory onto a
+//! non-directory ENOTDIR.
+//!
+//! The whole source is scanned first (types, and directories' metadata before the copy
+//! reads them and changes their atime), so a refusal comes before anything is written.
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
+use ubtrfs_core::inode::namespace::ftype_of;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_format::structs::*;
@@ -20,8 +31,19 @@ use ubtrfs_format::structs::*;
 pub struct PutStats {
     pub files: u64,
     pub dirs: u64,
+    pub symlinks: u64,
+    /// Fifos, sockets and device nodes.
+    pub special: u64,
     pub hardlinks: u64,
+    /// File data written (holes not counted).
     pub bytes: u64,
+}
+
+/// How `put` copies.
+#[derive(Clone, Debug, Default)]
+pub struct PutOptions {
+    /// Copy directories and their contents (`-r`); without it a directory is refused.
+    pub recursive: bool,
 }
 
 fn io(path: &Path, what: &str, e: std::io::Error) -> Error {
@@ -29,18 +51,17 @@ fn io(path: &Path, what: &str, e: std::io::Error) -> Error {
 }
 
 fn attrs(md: &std::fs::Metadata) -> InodeAttrs {
-    InodeAttrs { mode: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), rdev: 0, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)), flags: 0 }
+    let rdev = if md.file_type().is_char_device() || md.file_type().is_block_device() { rdev_encode(libc::major(md.rdev()), libc::minor(md.rdev())) } else { 0 };
+    InodeAttrs { mode: md.mode(), uid: md.uid(), gid: md.gid(), rdev, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)), flags: 0 }
 }
 
-/// Refuse anything but regular files and directories (and directories without -r), and
-/// record each directory's metadata before this scan reads it: reading a directory
-/// updates its atime, and the copy keeps the atime from before. Files are not read
-/// here, so the copy stats them when it comes to them (memory stays bounded by the
-/// number of directories, not files).
-fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<std::path::PathBuf, std::fs::Metadata>) -> Result<()> {
+/// Record every directory's metadata before this scan reads it (reading a directory
+/// updates its atime, and the copy keeps the atime from before), and refuse a
+/// directory without `recursive`. Files are stat'ed again when they are copied, so
+/// memory stays bounded by the number of directories.
+fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<PathBuf, std::fs::Metadata>) -> Result<()> {
     let md = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
-    let ft = md.file_type();
-    if ft.is_dir() {
+    if md.is_dir() {
         seen.insert(src.to_path_buf(), md);
         if !recursive {
             return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::path(src), "use -r"));
@@ -49,97 +70,201 @@ fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<std::path::PathBuf, s
             let e = e.map_err(|e| io(src, "cannot read", e))?;
             prescan(&e.path(), true, seen)?;
         }
-        Ok(())
-    } else if ft.is_file() {
-        Ok(())
-    } else {
-        Err(Error::posix(PosixKind::Invalid, format!("{}: only regular files and directories can be put for now", ubtrfs_core::quote::path(src))))
+    }
+    Ok(())
+}
+
+/// The host file name of `p` (`..` and `/` have none).
+fn base_name(p: &Path) -> Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    match p.file_name() {
+        Some(n) => Ok(n.as_bytes().to_vec()),
+        None => Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::path(p), "the source has no name to copy it under")),
     }
 }
 
-/// Copy `src` to the new path `dest` in the image.
+/// Copy `srcs` to `dest` in the image (see the module documentation).
 ///
 /// # Errors
-/// `Posix(Exists)` if `dest` exists; host I/O errors naming the path; engine errors.
-pub fn put(w: &mut FsWriter, src: &Path, dest: &str, recursive: bool) -> Result<PutStats> {
-    let mut seen = HashMap::new();
-    prescan(src, recursive, &mut seen)?;
-    let (parent, name) = w.resolve_parent(dest)?;
-    if w.live().lookup(parent, &name)?.is_some() {
-        return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(dest.as_bytes())));
+/// `Posix` for a target that cannot take the copy (NotDir, Exists, IsDir without -r);
+/// host I/O errors naming the path; engine errors.
+pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> Result<PutStats> {
+    let dest = crate::edit::absolute(dest)?;
+    if srcs.is_empty() {
+        return Err(Error::posix_detail(PosixKind::Invalid, dest.to_string(), "nothing to copy"));
     }
+    let mut seen = HashMap::new();
+    for s in srcs {
+        prescan(s, opts.recursive, &mut seen)?;
+    }
+    let dest_dir = match w.live().resolve_id(dest, true) {
+        Ok(id) if w.live().load_inode(id, Load::ITEM)?.item.mode.get() & S_IFMT == S_IFDIR => Some(id),
+        Ok(_) if dest.ends_with('/') => return Err(Error::posix(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()))),
+        Ok(_) => None,
+        Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => None,
+        Err(e) => return Err(e),
+    };
     let mut stats = PutStats::default();
     let mut links = HashMap::new();
-    put_one(w, src, parent, &name, &mut stats, &mut links, &seen)?;
+    match dest_dir {
+        Some(dir) => {
+            for s in srcs {
+                let name = base_name(s)?;
+                put_one(w, s, dir, &name, &mut stats, &mut links, &seen)?;
+            }
+        }
+        None => {
+            if srcs.len() > 1 {
+                return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()), "several sources need an existing directory to copy into"));
+            }
+            if dest.ends_with('/') && !seen.contains_key(srcs[0]) {
+                return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()), "a trailing / names a directory, and the source is not one"));
+            }
+            let (parent, name) = w.resolve_parent(dest)?;
+            put_one(w, srcs[0], parent, &name, &mut stats, &mut links, &seen)?;
+        }
+    }
     Ok(stats)
 }
 
-fn put_one(
-    w: &mut FsWriter,
-    src: &Path,
-    parent: InodeId,
-    name: &[u8],
-    stats: &mut PutStats,
-    links: &mut HashMap<(u64, u64), InodeId>,
-    seen: &HashMap<std::path::PathBuf, std::fs::Metadata>,
-) -> Result<()> {
+fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &mut PutStats, links: &mut HashMap<(u64, u64), InodeId>, seen: &HashMap<PathBuf, std::fs::Metadata>) -> Result<()> {
     let md = match seen.get(src) {
         Some(m) => m.clone(),
         None => {
             let m = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
-            // Checked as a regular file by the scan, unless it changed since.
-            if !m.file_type().is_file() {
-                return Err(Error::posix(PosixKind::Invalid, format!("{} changed while copying (it is no longer a regular file)", ubtrfs_core::quote::path(src))));
+            if m.is_dir() {
+                return Err(Error::posix(PosixKind::Invalid, format!("{} changed while copying (it became a directory)", ubtrfs_core::quote::path(src))));
             }
             m
         }
     };
     let a = attrs(&md);
-    if md.is_dir() {
-        let ino = w.mkdir(parent.root, parent.ino, name, &a)?;
-        stats.dirs += 1;
+    let existing = w.live().lookup(parent, name)?;
+    let ft = md.file_type();
+    if ft.is_dir() {
+        let here = match &existing {
+            // cp -a merges into a directory of the same name.
+            Some(e) if e.ftype == FT_DIR => e.target,
+            Some(_) => return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(name), "cannot put a directory over a non-directory")),
+            None => {
+                let ino = w.mkdir(parent.root, parent.ino, name, &a)?;
+                stats.dirs += 1;
+                InodeId { root: parent.root, ino }
+            }
+        };
         let mut entries: Vec<_> = std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))?.collect::<std::result::Result<_, _>>().map_err(|e| io(src, "cannot read", e))?;
         entries.sort_by_key(|e| e.file_name());
-        let here = InodeId { root: parent.root, ino };
         for e in entries {
             let n = e.file_name();
             put_one(w, &e.path(), here, n.as_encoded_bytes(), stats, links, seen)?;
         }
-        // Linking children changed the directory's times; put the source's back.
-        set_times(w, here, &a)?;
-        return Ok(());
+        // Linking children changed the directory's times; the source's go back last.
+        return finish_attrs(w, here, &a, existing.is_some());
     }
     if md.nlink() > 1 {
         if let Some(first) = links.get(&(md.dev(), md.ino())) {
-            w.link(parent.root, parent.ino, name, first.ino, FT_REG_FILE)?;
+            if existing.is_some() {
+                return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name)));
+            }
+            let ftype = ftype_of(md.mode());
+            w.link(parent.root, parent.ino, name, first.ino, ftype)?;
             stats.hardlinks += 1;
             return Ok(());
         }
     }
-    let ino = w.create_file(parent.root, parent.ino, name, &a)?;
-    let len = md.len();
-    let mut f = std::fs::File::open(src).map_err(|e| io(src, "cannot open", e))?;
-    let mut got = 0u64;
-    w.write_file_with(parent.root, ino, 0, len, &mut |buf: &mut [u8]| {
-        f.read_exact(buf).map_err(|e| io(src, "cannot read (did it change while copying?)", e))?;
-        got += buf.len() as u64;
-        Ok(())
-    })?;
-    stats.bytes += got;
-    stats.files += 1;
-    set_times(w, InodeId { root: parent.root, ino }, &a)?;
+    let id = if ft.is_file() {
+        let id = match &existing {
+            // cp overwrites a regular file in place (the inode stays).
+            Some(e) if e.ftype == FT_REG_FILE => {
+                w.setattr(e.target.root, e.target.ino, &SetAttr { size: Some(0), ..Default::default() })?;
+                e.target
+            }
+            Some(_) => return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name))),
+            None => InodeId { root: parent.root, ino: w.create_file(parent.root, parent.ino, name, &a)? },
+        };
+        stats.bytes += copy_data(w, src, id, md.len())?;
+        stats.files += 1;
+        finish_attrs(w, id, &a, existing.is_some())?;
+        id
+    } else {
+        if existing.is_some() {
+            return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name)));
+        }
+        let ino = if ft.is_symlink() {
+            use std::os::unix::ffi::OsStrExt;
+            let target = std::fs::read_link(src).map_err(|e| io(src, "cannot read the link", e))?;
+            stats.symlinks += 1;
+            w.symlink(parent.root, parent.ino, name, target.as_os_str().as_bytes(), &a)?
+        } else {
+            stats.special += 1;
+            w.mknod(parent.root, parent.ino, name, &a)?
+        };
+        let id = InodeId { root: parent.root, ino };
+        finish_attrs(w, id, &a, !ft.is_symlink())?;
+        id
+    };
     if md.nlink() > 1 {
-        links.insert((md.dev(), md.ino()), InodeId { root: parent.root, ino });
+        links.insert((md.dev(), md.ino()), id);
     }
     Ok(())
 }
 
-fn set_times(w: &mut FsWriter, i: InodeId, a: &InodeAttrs) -> Result<()> {
+/// Owner and mode (for an inode that existed, or a symlink, which is made 0777 and
+/// root's), then the source's times, last.
+fn finish_attrs(w: &mut FsWriter, id: InodeId, a: &InodeAttrs, owner_and_mode: bool) -> Result<()> {
     let (Some(at), Some(mt)) = (a.atime, a.mtime) else { return Ok(()) };
-    w.update_inode(i.root, i.ino, |ii| {
-        ii.atime = Timespec { sec: (at.0 as u64).into(), nsec: at.1.into() };
-        ii.mtime = Timespec { sec: (mt.0 as u64).into(), nsec: mt.1.into() };
-    })
+    let mut s = SetAttr { atime: Some(TimeSet::At(at.0, at.1)), mtime: Some(TimeSet::At(mt.0, mt.1)), ..Default::default() };
+    let cur = w.live().load_inode(id, Load::ITEM)?.item;
+    if owner_and_mode || cur.uid.get() != a.uid || cur.gid.get() != a.gid {
+        // chown clears set-ID bits: owner first, then the mode, as cp -a does.
+        if cur.uid.get() != a.uid || cur.gid.get() != a.gid {
+            w.setattr(id.root, id.ino, &SetAttr { uid: Some(a.uid), gid: Some(a.gid), ..Default::default() })?;
+        }
+        if cur.mode.get() & S_IFMT != S_IFLNK {
+            s.mode = Some(a.mode & 0o7777);
+        }
+    }
+    w.setattr(id.root, id.ino, &s)
+}
+
+/// Write the source's data ranges (SEEK_DATA / SEEK_HOLE: holes stay holes) and set
+/// the size. Returns the bytes written.
+fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64> {
+    use std::os::unix::io::AsRawFd;
+    let mut f = std::fs::File::open(src).map_err(|e| io(src, "cannot open", e))?;
+    let fd = f.as_raw_fd();
+    let seek = |off: u64, whence: libc::c_int| -> std::io::Result<Option<u64>> {
+        // SAFETY: lseek on a descriptor this function owns.
+        let r = unsafe { libc::lseek(fd, off as libc::off_t, whence) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(e) };
+        }
+        Ok(Some(r as u64))
+    };
+    let mut ranges = Vec::new();
+    let mut pos = 0u64;
+    while pos < len {
+        let Some(start) = seek(pos, libc::SEEK_DATA).map_err(|e| io(src, "cannot find data in", e))? else { break };
+        if start >= len {
+            break;
+        }
+        let end = seek(start, libc::SEEK_HOLE).map_err(|e| io(src, "cannot find holes in", e))?.unwrap_or(len).min(len);
+        ranges.push((start, end));
+        pos = end;
+    }
+    let mut written = 0;
+    for (start, end) in ranges {
+        use std::io::Seek;
+        f.seek(std::io::SeekFrom::Start(start)).map_err(|e| io(src, "cannot seek", e))?;
+        w.write_file_with(id.root, id.ino, start, end - start, &mut |buf: &mut [u8]| f.read_exact(buf).map_err(|e| io(src, "cannot read (did it change while copying?)", e)))?;
+        written += end - start;
+    }
+    let size = w.live().load_inode(id, Load::ITEM)?.item.size.get();
+    if size != len {
+        w.setattr(id.root, id.ino, &SetAttr { size: Some(len), ..Default::default() })?;
+    }
+    Ok(written)
 }
 
 /// Remove `path` from the image (`ubtrfs rm`); directories need `recursive` unless empty.
@@ -159,8 +284,6 @@ pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     let mut count = 0;
     if ftype == FT_DIR {
         count += remove_dir_contents(w, InodeId { root: parent.root, ino }, path)?;
-    }
-    if ftype == FT_DIR {
         w.rmdir(parent.root, parent.ino, &name)?;
     } else {
         w.unlink(parent.root, parent.ino, &name)?;

@@ -8,8 +8,8 @@
 //! after the file extent item header. The extent item says which algorithm
 //! wrote it (`compression`: 0 none, 1 zlib, 2 lzo, 3 zstd) and how many bytes
 //! it decodes to (`ram_bytes`). [`decompress`] turns such a blob back into
-//! exactly `ram_bytes` bytes; [`compress`] produces blobs in the same framing,
-//! for the tests and for a future write path.
+//! exactly `ram_bytes` bytes; [`compress`] produces blobs in the same framing for
+//! the write path, which asks [`heuristic`] first whether a range is worth it.
 //!
 //! Framing per algorithm:
 //!
@@ -60,6 +60,8 @@
 //! and then takes the `[offset, offset + num_bytes)` window of the result.
 //! The item layout itself lives in the `ubtrfs-format` crate, whose tree
 //! checker already rejects compression values above 3.
+
+pub mod heuristic;
 
 use std::fmt;
 use std::io::Write;

@@ -168,7 +168,9 @@ impl FsWriter {
         }
         if size < old {
             // The block holding the new end keeps zeros past it (btrfs_truncate_block).
-            if !size.is_multiple_of(ss) && self.block_has_data(id, size / ss * ss)? {
+            // (Only a block with data: the kernel leaves a hole or a preallocated
+            // block alone here.)
+            if !size.is_multiple_of(ss) && self.live().file_extents(id, size / ss * ss, size / ss * ss + ss)?.iter().any(|f| !f.is_hole_like()) {
                 let end = (size.div_ceil(ss) * ss).min(old);
                 self.write_file_inner(root, ino, size, end, &ii, &mut |b: &mut [u8]| {
                     b.fill(0);
@@ -192,12 +194,6 @@ impl FsWriter {
         }
         self.insert_hole_before(root, ino, cur.size.get(), size.div_ceil(ss) * ss)?;
         self.set_size_and_bytes(root, ino, size, 0, 0)
-    }
-
-    /// Whether the block at `start` holds data on disk (not a hole, not prealloc).
-    fn block_has_data(&mut self, id: InodeId, start: u64) -> Result<bool> {
-        let ss = u64::from(self.sectorsize());
-        Ok(self.live().file_extents(id, start, start + ss)?.iter().any(|f| !f.is_hole_like()))
     }
 
     fn set_size_and_bytes(&mut self, root: u64, ino: u64, size: u64, removed: u64, added: u64) -> Result<()> {

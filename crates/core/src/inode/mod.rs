@@ -1,10 +1,13 @@
 //! Inodes: their name (`id`), the filesystem view over subvolumes, inodes, directories and xattrs
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
 //! (`namei`), inode and file changes (`write`), unlink, rmdir, symlink, mknod and
-//! rename (`namespace`), attributes and truncation (`attr`), the in-memory inodes (`inode_cache`),
+//! rename (`namespace`), attributes and truncation (`attr`), compression on write
+//! (`compress_write`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), the in-memory inodes (`inode_cache`),
 //! open files through the engine (`file`) and orphans (`orphan`).
 
 pub mod attr;
+pub mod compress_write;
+pub mod falloc;
 pub mod file;
 pub mod filesystem;
 pub mod id;

@@ -522,7 +522,7 @@ impl FsWriter {
     /// Write a new regular extent of at most `want` bytes (sector multiple) at file
     /// offset `file_off`, its data produced by `fill` in pieces. The extent is shorter
     /// when free space is (fragmentation, chunk size). Returns its length (= nbytes added).
-    fn write_new_extent(&mut self, root: u64, ino: u64, file_off: u64, want: u64, nodatasum: bool, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+    pub(super) fn write_new_extent(&mut self, root: u64, ino: u64, file_off: u64, want: u64, nodatasum: bool, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
         let ss = u64::from(self.sectorsize());
         assert!(want > 0 && want <= MAX_EXTENT_SIZE, "extent length {want}");
         assert_eq!(want / ss * ss, want, "extent length {want} not a multiple of the sector size");
@@ -614,6 +614,13 @@ impl FsWriter {
         let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
         let csum_bytes = len.div_ceil(u64::from(self.sectorsize())) * self.info.csum_type.size() as u64;
         let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
+        // The data space first: ENOSPC before anything changes.
+        let ss = u64::from(self.sectorsize());
+        let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        if ii.size.get().max(end) > max_inline {
+            let a_start = if ii.size.get() <= max_inline { 0 } else { offset / ss * ss };
+            crate::space::allocator::reserve_data(self, end.div_ceil(ss) * ss - a_start, &format!("root={root} ino={ino}"))?;
+        }
         self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, fill))
     }
 
@@ -623,16 +630,37 @@ impl FsWriter {
         let new_size = old_size.max(end);
         let ss = u64::from(self.sectorsize());
         let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        let prop = self.compression_property(root, ino)?;
+        let choice = self.compress_choice(ii, prop);
         let added;
         let removed;
-        if new_size <= max_inline {
-            // The whole file fits inline, as the kernel keeps small files.
+        if new_size <= max_inline || (choice.is_some() && new_size <= ss) {
+            // The whole file fits in a sector: rewritten whole, inline as the kernel
+            // keeps small files (compressed when that fits), else as one block.
             let mut content = vec![0u8; new_size as usize];
             self.read_old_data(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
             fill(&mut content[offset as usize..end as usize])?;
             removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
-            self.insert_inline(root, ino, &content)?;
-            added = new_size;
+            let mut next = choice;
+            if let Some(c) = &choice {
+                match self.try_compressed_inline(root, ino, c, &content)? {
+                    crate::inode::compress_write::InlineTry::Done => return self.update_written_inode(root, ino, new_size, removed, new_size),
+                    crate::inode::compress_write::InlineTry::Regular => {}
+                    crate::inode::compress_write::InlineTry::Plain => next = None,
+                }
+            }
+            if new_size <= max_inline {
+                self.insert_inline(root, ino, &content)?;
+                added = new_size;
+            } else {
+                content.resize(ss as usize, 0);
+                let mut pos = 0usize;
+                added = self.write_range(root, ino, 0, ss, old_size, nodatasum, next.as_ref(), &mut |b: &mut [u8]| {
+                    b.copy_from_slice(&content[pos..pos + b.len()]);
+                    pos += b.len();
+                    Ok(())
+                })?;
+            }
         } else {
             // An inline extent must become regular: rewrite from 0.
             let has_inline = self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
@@ -646,45 +674,62 @@ impl FsWriter {
             if end < old_size {
                 self.read_old_data(root, ino, end, &mut tail)?;
             }
+            // A write past EOF first zeroes the old last block past the old end, as
+            // btrfs_cont_expand does (the block is written, whatever it held).
+            if offset > old_size && !old_size.is_multiple_of(ss) && old_size / ss * ss < a_start && !has_inline {
+                self.zero_eof_block(root, ino, ii)?;
+            }
             removed = self.drop_extents_inner(root, ino, a_start, a_end)?;
             self.insert_hole_before(root, ino, old_size, a_start)?;
-            // Stream head + data + tail through extents of at most MAX_EXTENT_SIZE.
+            // Stream head + data + tail through the extents.
             let total = a_end - a_start;
             let mut produced = 0u64;
-            let mut add = 0;
-            let mut cur = a_start;
-            while cur < a_end {
-                let n = (a_end - cur).min(MAX_EXTENT_SIZE);
-                let got = self.write_new_extent(root, ino, cur, n, nodatasum, &mut |buf: &mut [u8]| {
-                    let mut i = 0usize;
-                    while i < buf.len() {
-                        let p = produced as usize;
-                        if p < head_len {
-                            let k = (head_len - p).min(buf.len() - i);
-                            buf[i..i + k].copy_from_slice(&head[p..p + k]);
-                            i += k;
-                            produced += k as u64;
-                        } else if produced < total - tail_len as u64 {
-                            let k = ((total - tail_len as u64 - produced) as usize).min(buf.len() - i);
-                            fill(&mut buf[i..i + k])?;
-                            i += k;
-                            produced += k as u64;
-                        } else {
-                            let t = (produced - (total - tail_len as u64)) as usize;
-                            let k = (tail_len - t).min(buf.len() - i);
-                            buf[i..i + k].copy_from_slice(&tail[t..t + k]);
-                            i += k;
-                            produced += k as u64;
-                        }
+            added = self.write_range(root, ino, a_start, total, old_size, nodatasum, choice.as_ref(), &mut |buf: &mut [u8]| {
+                let mut i = 0usize;
+                while i < buf.len() {
+                    let p = produced as usize;
+                    if p < head_len {
+                        let k = (head_len - p).min(buf.len() - i);
+                        buf[i..i + k].copy_from_slice(&head[p..p + k]);
+                        i += k;
+                        produced += k as u64;
+                    } else if produced < total - tail_len as u64 {
+                        let k = ((total - tail_len as u64 - produced) as usize).min(buf.len() - i);
+                        fill(&mut buf[i..i + k])?;
+                        i += k;
+                        produced += k as u64;
+                    } else {
+                        let t = (produced - (total - tail_len as u64)) as usize;
+                        let k = (tail_len - t).min(buf.len() - i);
+                        buf[i..i + k].copy_from_slice(&tail[t..t + k]);
+                        i += k;
+                        produced += k as u64;
                     }
-                    Ok(())
-                })?;
-                add += got;
-                cur += got;
-            }
-            added = add;
+                }
+                Ok(())
+            })?;
         }
         self.update_written_inode(root, ino, new_size, removed, added)
+    }
+
+    /// [start, start + total) of file `ino` (sector aligned) written from `src`,
+    /// compressed as `choice` says or plain; returns the bytes added to nbytes.
+    #[allow(clippy::too_many_arguments)]
+    fn write_range(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        total: u64,
+        old_size: u64,
+        nodatasum: bool,
+        choice: Option<&crate::inode::compress_write::Choice>,
+        src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
+        if let Some(c) = choice {
+            return self.write_extents_compressed(root, ino, start, total, old_size, c, src);
+        }
+        self.write_plain(root, ino, start, total, nodatasum, src)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -823,10 +868,32 @@ impl FsWriter {
         }
         let ss = u64::from(self.sectorsize());
         let hole_start = old_size.div_ceil(ss) * ss;
-        if start > hole_start {
-            self.drop_extents_inner(root, ino, hole_start, start)?;
-            let fe = reg_extent_item(self.transid, 0, start - hole_start);
-            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, hole_start), &fe)?;
+        if start <= hole_start {
+            return Ok(());
+        }
+        // btrfs_cont_expand: every range that is not preallocated (fallocate's
+        // KEEP_SIZE leaves extents past EOF) becomes a hole extent.
+        let mut gaps = Vec::new();
+        let mut cur = hole_start;
+        for f in self.live().file_extents(InodeId { root, ino }, hole_start, start)? {
+            let (fs, fe) = (f.file_offset.max(hole_start), f.end().min(start));
+            if fs >= fe {
+                continue;
+            }
+            if matches!(f.kind, ExtentKind::Regular { prealloc: true, .. }) {
+                if cur < fs {
+                    gaps.push((cur, fs));
+                }
+                cur = fe;
+            }
+        }
+        if cur < start {
+            gaps.push((cur, start));
+        }
+        for (s, e) in gaps {
+            self.drop_extents_inner(root, ino, s, e)?;
+            let fe = reg_extent_item(self.transid, 0, e - s);
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, s), &fe)?;
         }
         Ok(())
     }
@@ -902,6 +969,12 @@ impl FsWriter {
             return Ok(WritePlan::Locked);
         }
         if self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. })) {
+            return Ok(WritePlan::Locked);
+        }
+        // Compressed writes compress under the lock (the stream's size decides the
+        // extent's).
+        let prop = self.compression_property(root, ino)?;
+        if self.compress_choice(&ii, prop).is_some() {
             return Ok(WritePlan::Locked);
         }
         let csum_leaf_bytes = u64::from(self.nodesize()) / 2;

@@ -619,6 +619,38 @@ pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: 
     }
 }
 
+/// Make sure `bytes` of data space can be allocated before a change that writes them
+/// begins (the kernel's `btrfs_check_data_free_space`): free space in the data block
+/// groups, or new data chunks made now, each in its own small transaction handle. So
+/// a write the filesystem cannot hold fails with ENOSPC before anything changed, and
+/// the space it found stays there for the change (writes are serialised). Space freed
+/// in the running transaction is pinned until its commit, and does not count.
+///
+/// # Errors
+/// `Posix(NoSpace)` naming `what` and the shortfall; chunk allocation failures.
+pub(crate) fn reserve_data(w: &mut FsWriter, bytes: u64, what: &str) -> Result<()> {
+    loop {
+        let free = w.alloc.free_bytes(BLOCK_GROUP_DATA);
+        if free >= bytes {
+            return Ok(());
+        }
+        let mut h = w.start_transaction("reserve_data", 4)?;
+        match crate::space::chunk_alloc::alloc_chunk_in(&mut h, BLOCK_GROUP_DATA) {
+            Ok(()) => h.end()?,
+            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {
+                // Nothing changed: the chunk allocation looks for room first.
+                h.end()?;
+                return Err(Error::posix_detail(
+                    PosixKind::NoSpace,
+                    what.to_string(),
+                    format!("{bytes} bytes of data space are needed, {free} are free, and the devices have no room for another data chunk"),
+                ));
+            }
+            Err(e) => return h.end_with(Err(e)),
+        }
+    }
+}
+
 /// Tree height the kernel charges every reserved item for (`BTRFS_MAX_LEVEL`).
 const MAX_LEVEL: u64 = 8;
 

@@ -284,6 +284,8 @@ pub struct FsWriter {
     /// blocks after dropping its lock (set by `Engine`; a writer used alone writes them
     /// at once).
     pub(crate) defer_writeback: bool,
+    /// Mount-wide compression of file writes (`inode::compress_write`).
+    pub(crate) compress: crate::inode::compress_write::CompressPolicy,
     /// Space the committing transaction freed: out of the allocator until
     /// `finish_commit` returns it.
     committing_pins: Vec<(u64, u64)>,
@@ -408,6 +410,7 @@ impl FsWriter {
             writing: FxHashMap::default(),
             pending_writeback: Vec::new(),
             defer_writeback: false,
+            compress: Default::default(),
             committing_pins: Vec::new(),
             held_for_views: Vec::new(),
             dirty_limit: DEFAULT_DIRTY_METADATA_BYTES,

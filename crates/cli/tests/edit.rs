@@ -1,0 +1,188 @@
+//! The editing commands end to end: mkdir, mv, ln, mknod, truncate, chmod, chown,
+//! touch, rm and batch on a fresh image, read back through a kernel mount and checked
+//! with `btrfs check`; a batch is one commit, and a batch that fails anywhere (even on
+//! its last line, or in parsing) leaves the image byte for byte as it was.
+
+#[path = "../../core/tests/common/kernel.rs"]
+mod kernel;
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+}
+
+fn ok(args: &[&str], img: &Path) -> String {
+    let mut c = bin();
+    c.arg(args[0]);
+    let mut image_placed = false;
+    for a in &args[1..] {
+        if *a == "IMG" {
+            c.arg(img);
+            image_placed = true;
+        } else {
+            c.arg(a);
+        }
+    }
+    assert!(image_placed, "{args:?}: no IMG");
+    let o = c.output().expect("run ubtrfs");
+    assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn fails(args: &[&str], img: &Path) -> String {
+    let before = sha(img);
+    let mut c = bin();
+    for a in args {
+        if *a == "IMG" {
+            c.arg(img);
+        } else {
+            c.arg(a);
+        }
+    }
+    let o = c.output().expect("run ubtrfs");
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert_eq!(e.lines().count(), 1, "{args:?}: one line of error: {e}");
+    assert!(e.starts_with("ubtrfs: error: "), "{args:?}: {e}");
+    assert_eq!(sha(img), before, "{args:?} changed the image");
+    e
+}
+
+fn sha(p: &Path) -> String {
+    let o = Command::new("sha256sum").arg(p).output().expect("sha256sum");
+    String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or_default().to_string()
+}
+
+fn check(img: &Path) {
+    let o = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().expect("btrfs check");
+    assert!(o.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+}
+
+struct Mnt(PathBuf);
+impl Mnt {
+    fn new(img: &Path, dir: &Path) -> Mnt {
+        std::fs::create_dir_all(dir).unwrap();
+        let o = Command::new("mount").args(["-o", "loop,ro"]).arg(img).arg(dir).output().unwrap();
+        assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+        Mnt(dir.to_path_buf())
+    }
+}
+impl Drop for Mnt {
+    fn drop(&mut self) {
+        for _ in 0..40 {
+            if Command::new("umount").arg(&self.0).status().map(|s| s.success()).unwrap_or(false) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+fn generation(img: &Path) -> u64 {
+    let o = bin().arg("dump-super").arg(img).output().expect("dump-super");
+    let t = String::from_utf8_lossy(&o.stdout);
+    t.lines().find_map(|l| l.strip_prefix("generation").map(|v| v.trim().parse::<u64>().expect("generation number"))).expect("a generation line")
+}
+
+#[test]
+fn editing_commands_round_trip_through_the_kernel() {
+    if !kernel::kernel_available("editing_commands_round_trip_through_the_kernel") {
+        return;
+    }
+    let work = std::env::temp_dir().join(format!("ubtrfs-edit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let img = work.join("img");
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    assert!(Command::new("mkfs.btrfs").arg("-q").arg(&img).status().unwrap().success());
+    ok(&["mkdir", "-p", "IMG", "/a/b/c"], &img);
+    ok(&["mkdir", "-p", "IMG", "/a/b"], &img);
+    ok(&["mkdir", "-m", "700", "IMG", "/a/private"], &img);
+    ok(&["touch", "-d", "2020-02-02 10:00:00.5", "IMG", "/a/f"], &img);
+    ok(&["truncate", "IMG", "/a/g", "10K"], &img);
+    ok(&["truncate", "IMG", "/a/g", "3000"], &img);
+    ok(&["ln", "-s", "IMG", "../f", "/a/b/lnk"], &img);
+    ok(&["ln", "IMG", "/a/f", "/a/hard"], &img);
+    ok(&["mknod", "IMG", "/a/fifo", "p"], &img);
+    ok(&["mknod", "-m", "600", "IMG", "/a/null", "c", "1", "3"], &img);
+    ok(&["mknod", "IMG", "/a/sock", "s"], &img);
+    ok(&["chmod", "IMG", "u+x,g-r", "/a/f"], &img);
+    ok(&["chmod", "IMG", "4750", "/a/g"], &img);
+    ok(&["chown", "IMG", "1000:100", "/a/g"], &img);
+    ok(&["chown", "IMG", ":7", "/a/private"], &img);
+    ok(&["mv", "IMG", "/a/g", "/a/b/g2"], &img);
+    ok(&["mv", "--exchange", "IMG", "/a/private", "/a/b/c"], &img);
+    ok(&["mv", "--no-replace", "IMG", "/a/sock", "/a/sock2"], &img);
+    ok(&["rm", "IMG", "/a/hard"], &img);
+    // Refusals: one line each, naming the object, and the image unchanged.
+    assert!(fails(&["mv", "IMG", "/a", "/a/b/inside"], &img).contains("cannot move inside itself"));
+    assert!(fails(&["mv", "--no-replace", "IMG", "/a/f", "/a/fifo"], &img).contains("file exists"));
+    assert!(fails(&["mkdir", "IMG", "relative"], &img).contains("absolute"));
+    assert!(fails(&["mkdir", "IMG", "/no/such/parent"], &img).contains("no such file"));
+    assert!(fails(&["mkdir", "-p", "IMG", "/a/f/x"], &img).contains("not a directory"));
+    assert!(fails(&["rm", "IMG", "/a/b"], &img).contains("use -r"));
+    assert!(fails(&["chmod", "IMG", "u+q", "/a/f"], &img).contains("unknown permission"));
+    assert!(fails(&["chown", "IMG", "root", "/a/f"], &img).contains("numeric"));
+    assert!(fails(&["truncate", "IMG", "/a/b", "0"], &img).contains("is a directory"));
+    assert!(fails(&["touch", "-d", "yesterday", "IMG", "/a/f"], &img).contains("not a time"));
+    assert!(fails(&["mknod", "IMG", "/a/dev", "c"], &img).contains("MAJOR"));
+    assert!(fails(&["ln", "-s", "IMG", "", "/a/empty-link"], &img).contains("empty"));
+    check(&img);
+    let m = Mnt::new(&img, &work.join("mnt"));
+    let st = |p: &str| std::fs::symlink_metadata(m.0.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    assert!(st("a/b/c").is_dir() && st("a/b/c").mode() & 0o7777 == 0o700 && st("a/b/c").gid() == 7, "exchanged private dir");
+    assert!(st("a/private").is_dir() && st("a/private").mode() & 0o7777 == 0o755);
+    assert_eq!((st("a/f").mode() & 0o7777, st("a/f").mtime(), st("a/f").mtime_nsec(), st("a/f").nlink()), (0o704, 1_580_637_600, 500_000_000, 1));
+    let g2 = st("a/b/g2");
+    // chown after chmod 4750 clears set-user-ID, as chown(2) does.
+    assert_eq!((g2.len(), g2.mode() & 0o7777, g2.uid(), g2.gid()), (3000, 0o750, 1000, 100));
+    assert_eq!(std::fs::read(m.0.join("a/b/g2")).unwrap(), vec![0u8; 3000]);
+    assert_eq!(std::fs::read_link(m.0.join("a/b/lnk")).unwrap(), Path::new("../f"));
+    assert!(st("a/fifo").file_type().is_fifo());
+    assert!(st("a/sock2").file_type().is_socket() && !m.0.join("a/sock").exists());
+    let null = st("a/null");
+    assert!(null.file_type().is_char_device() && null.rdev() == libc::makedev(1, 3) && null.mode() & 0o7777 == 0o600);
+    assert!(!m.0.join("a/hard").exists());
+    drop(m);
+
+    // A batch: a hundred edits, one commit.
+    let gen = generation(&img);
+    let mut script = String::from("# build a tree\nmkdir -p /batch/deep/er\n");
+    for i in 0..30 {
+        script.push_str(&format!("touch -d @{} /batch/f{i}\nchmod 6{}{} /batch/f{i}\nmv /batch/f{i} \"/batch/deep/file {i}\"\n", 1_600_000_000 + i, (i / 8) % 8, i % 8));
+    }
+    script.push_str("ln -s 'file 0' '/batch/deep/it'\"'\"'s a link'\n\ntruncate /batch/deep/er/t 1M\n");
+    let path = work.join("script");
+    std::fs::write(&path, &script).unwrap();
+    ok(&["batch", "IMG", path.to_str().unwrap()], &img);
+    assert_eq!(generation(&img), gen + 1, "a batch is one commit");
+    check(&img);
+    let m = Mnt::new(&img, &work.join("mnt"));
+    for i in 0..30 {
+        let s = std::fs::metadata(m.0.join(format!("batch/deep/file {i}"))).unwrap();
+        assert_eq!((s.mode() & 0o7777, s.mtime()), (0o600 + ((i as u32 / 8) % 8) * 8 + (i as u32 % 8), 1_600_000_000 + i), "file {i}");
+    }
+    assert_eq!(std::fs::read_link(m.0.join("batch/deep/it's a link")).unwrap(), Path::new("file 0"));
+    assert_eq!(std::fs::metadata(m.0.join("batch/deep/er/t")).unwrap().len(), 1 << 20);
+    drop(m);
+    // A batch that fails on its last line, or on a parse error anywhere, or on a
+    // missing script, changes nothing.
+    for (name, text, want) in [("late", "mkdir /x\ntouch /x/y\nrm /x/missing\n", "late:3"), ("parse", "mkdir /x\nfrobnicate /x\n", "parse:2"), ("quote", "mkdir /x\nmkdir '/y\n", "quote:2")] {
+        let p = work.join(name);
+        std::fs::write(&p, text).unwrap();
+        let e = fails(&["batch", "IMG", p.to_str().unwrap()], &img);
+        assert!(e.contains(want), "{name}: {e}");
+    }
+    fails(&["batch", "IMG", work.join("no-such-script").to_str().unwrap()], &img);
+    let mut c = bin();
+    c.arg("batch").arg(&img).arg("-").stdin(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"mkdir /from-stdin\n").unwrap();
+    assert!(child.wait_with_output().unwrap().status.success(), "batch from stdin");
+    check(&img);
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -1,0 +1,399 @@
+//! Compression on write, as the kernel's `inode_need_compress` and
+//! `compress_file_range` decide it.
+//!
+//! Whether a file's writes are compressed, and with what:
+//! - never for NODATACOW or NODATASUM files (compressed extents need checksums);
+//! - always (whenever it shrinks) with `compress-force`: no heuristic, no marking;
+//! - not for a file marked NOCOMPRESS (`chattr +m`, or an earlier range that did not
+//!   shrink);
+//! - else with `compress`, the file's COMPRESS flag (`chattr +c`) or its
+//!   `btrfs.compression` property, after the heuristic says the range is worth it.
+//!   The property's algorithm wins over the mount's; a COMPRESS flag alone means zlib.
+//!
+//! How: the range is cut into pieces of 128 KiB of file data (BTRFS_MAX_UNCOMPRESSED),
+//! each compressed on its own into one extent (`ram_bytes` = `num_bytes` = the piece,
+//! `disk_num_bytes` = the compressed stream rounded up to a sector, checksums over the
+//! disk bytes). A piece is kept compressed only if that saves at least one sector;
+//! otherwise the file is marked NOCOMPRESS (unless forced or by property) and the rest
+//! is written plain. A range of one sector or less that is not the whole file is not
+//! worth trying. A whole file of at most one sector that compresses to at most
+//! `max_inline` bytes becomes a compressed inline extent.
+//!
+//! The first zstd or lzo extent sets the filesystem's COMPRESS_ZSTD / COMPRESS_LZO
+//! incompat bit, as the kernel does, so older kernels refuse what they cannot read.
+
+use crate::compression::{compress_with_level, heuristic, CompressionType, BTRFS_MAX_UNCOMPRESSED};
+use crate::error::{Error, PosixKind, Result};
+use crate::transaction::FsWriter;
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::*;
+use ubtrfs_format::Key;
+use zerocopy::IntoBytes;
+
+/// Mount-wide compression (`compress=` / `compress-force=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompressPolicy {
+    /// The algorithm, None for no mount-wide compression.
+    pub alg: Option<CompressionType>,
+    /// The level (zlib 1..=9, zstd -15..=15 but 0); None for the algorithm's default.
+    pub level: Option<i32>,
+    /// compress-force: compress every range that shrinks.
+    pub force: bool,
+}
+
+impl CompressPolicy {
+    /// Parse `ALG[:LEVEL]` (zlib, lzo, zstd; `no` / `none` for none), as the mount option
+    /// and `put --compress` take it.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` naming the value.
+    pub fn parse(s: &str, force: bool) -> Result<CompressPolicy> {
+        let bad = |d: String| Error::posix_detail(PosixKind::Invalid, format!("compression {s:?}"), d);
+        let (name, level) = match s.split_once(':') {
+            Some((n, l)) => (n, Some(l.parse::<i32>().map_err(|_| bad(format!("{l:?} is not a level")))?)),
+            None => (s, None),
+        };
+        let alg = match name {
+            "zlib" => CompressionType::Zlib,
+            "lzo" => CompressionType::Lzo,
+            "zstd" => CompressionType::Zstd,
+            "no" | "none" if level.is_none() => return Ok(CompressPolicy::default()),
+            _ => return Err(bad("the algorithm is zlib, lzo or zstd".into())),
+        };
+        if let Some(l) = level {
+            let ok = match alg {
+                CompressionType::Zlib => (1..=9).contains(&l),
+                CompressionType::Zstd => l != 0 && (-15..=15).contains(&l),
+                _ => false,
+            };
+            if !ok {
+                return Err(bad(format!(
+                    "{alg} takes {}",
+                    if alg == CompressionType::Lzo {
+                        "no level".to_string()
+                    } else if alg == CompressionType::Zlib {
+                        "levels 1 to 9".into()
+                    } else {
+                        "levels -15 to -1 and 1 to 15".into()
+                    }
+                )));
+            }
+        }
+        Ok(CompressPolicy { alg: Some(alg), level, force })
+    }
+}
+
+/// How one write is compressed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Choice {
+    pub kind: CompressionType,
+    pub level: Option<i32>,
+    /// Ask the heuristic first (not with compress-force).
+    pub heuristic: bool,
+    /// Mark the file NOCOMPRESS when a range does not shrink (neither forced nor by
+    /// property).
+    pub mark: bool,
+}
+
+/// What `try_compressed_inline` did.
+pub(crate) enum InlineTry {
+    /// The file is a compressed inline extent now.
+    Done,
+    /// It compresses, but not into an inline extent: compress it as a regular one.
+    Regular,
+    /// Do not compress it (the heuristic, or a compression that did not shrink).
+    Plain,
+}
+
+/// Bytes of a file extent item header before inline data.
+const INLINE_START: usize = 21;
+
+impl FsWriter {
+    /// Set the mount-wide compression.
+    pub fn set_compress(&mut self, p: CompressPolicy) {
+        self.compress = p;
+    }
+
+    /// The mount-wide compression.
+    pub fn compress_policy(&self) -> CompressPolicy {
+        self.compress
+    }
+
+    /// How a write to a file with inode item `ii` and compression property `prop` is
+    /// compressed (see the module documentation), or None.
+    pub(crate) fn compress_choice(&self, ii: &InodeItem, prop: Option<(CompressionType, Option<i32>)>) -> Option<Choice> {
+        let flags = ii.flags.get();
+        if flags & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+            return None;
+        }
+        let p = self.compress;
+        if p.force {
+            let (kind, level) = prop.unwrap_or((p.alg?, p.level));
+            return Some(Choice { kind, level: level.or(if Some(kind) == p.alg { p.level } else { None }), heuristic: false, mark: false });
+        }
+        if flags & INODE_NOCOMPRESS != 0 {
+            return None;
+        }
+        if let Some((kind, level)) = prop {
+            return Some(Choice { kind, level: level.or(if Some(kind) == p.alg { p.level } else { None }), heuristic: true, mark: false });
+        }
+        if let Some(kind) = p.alg {
+            return Some(Choice { kind, level: p.level, heuristic: true, mark: true });
+        }
+        if flags & INODE_COMPRESS != 0 {
+            return Some(Choice { kind: CompressionType::Zlib, level: None, heuristic: true, mark: true });
+        }
+        None
+    }
+
+    /// Compress `data` for an extent; None when it is not worth it or does not shrink.
+    fn try_compress(&self, c: &Choice, data: &[u8]) -> Result<Option<Vec<u8>>> {
+        let ss = self.sectorsize() as usize;
+        compress_with_level(c.kind, data, ss, c.level).map_err(|e| Error::Incompatible(format!("cannot compress with {}: {e}", c.kind)))
+    }
+
+    /// Set the incompat bit a `kind` extent needs.
+    fn note_compression(&mut self, kind: CompressionType) {
+        let bit = match kind {
+            CompressionType::Lzo => ubtrfs_format::features::INCOMPAT_COMPRESS_LZO,
+            CompressionType::Zstd => ubtrfs_format::features::INCOMPAT_COMPRESS_ZSTD,
+            _ => 0,
+        };
+        let f = self.sb.incompat_flags.get();
+        if f & bit != bit {
+            self.sb.incompat_flags = (f | bit).into();
+        }
+    }
+
+    /// Mark file `ino` NOCOMPRESS (a range did not shrink).
+    fn mark_incompressible(&mut self, root: u64, ino: u64) -> Result<()> {
+        self.update_inode(root, ino, |i| i.flags = (i.flags.get() | INODE_NOCOMPRESS).into())
+    }
+
+    /// The whole file `content` (at most a sector) as a compressed inline extent, if
+    /// the compression decides so and the result fits. A compression that was tried
+    /// and did not shrink marks the file as the choice says.
+    pub(super) fn try_compressed_inline(&mut self, root: u64, ino: u64, c: &Choice, content: &[u8]) -> Result<InlineTry> {
+        let ss = self.sectorsize() as usize;
+        let max_inline = (crate::inode::write::MAX_INLINE as usize).min(self.nodesize() as usize / 2);
+        if content.is_empty() || content.len() > ss {
+            return Ok(InlineTry::Plain);
+        }
+        // The heuristic sees the sector the kernel's page holds (zeros past EOF); the
+        // compression, the file's bytes.
+        let mut padded = content.to_vec();
+        padded.resize(ss, 0);
+        if c.heuristic && !heuristic::worth_compressing(&padded) {
+            return Ok(InlineTry::Plain);
+        }
+        match self.try_compress(c, content)? {
+            Some(z) if z.len() <= max_inline && z.len() < ss => {
+                let mut fe = Vec::with_capacity(INLINE_START + z.len());
+                fe.extend_from_slice(
+                    FileExtentHeader {
+                        generation: self.transid.into(),
+                        ram_bytes: (content.len() as u64).into(),
+                        compression: c.kind as u8,
+                        encryption: 0,
+                        other_encoding: 0.into(),
+                        type_: FILE_EXTENT_INLINE,
+                    }
+                    .as_bytes(),
+                );
+                fe.extend_from_slice(&z);
+                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)?;
+                self.note_compression(c.kind);
+                Ok(InlineTry::Done)
+            }
+            Some(z) if z.len().div_ceil(ss) * ss + ss <= content.len().div_ceil(ss) * ss => Ok(InlineTry::Regular),
+            _ => {
+                // Not a win: the kernel's mark_incompressible.
+                if c.mark {
+                    self.mark_incompressible(root, ino)?;
+                }
+                Ok(InlineTry::Plain)
+            }
+        }
+    }
+
+    /// The file's `btrfs.compression` property (`btrfs property set FILE compression
+    /// ALG`), as the kernel reads it when it loads the inode: zlib, lzo or zstd, an
+    /// optional `:LEVEL`; none when absent, empty, or "no"/"none".
+    pub(crate) fn compression_property(&mut self, root: u64, ino: u64) -> Result<Option<(CompressionType, Option<i32>)>> {
+        const NAME: &[u8] = b"btrfs.compression";
+        let key = Key::new(ino, XATTR_ITEM_KEY, ubtrfs_format::hash::name_hash(NAME));
+        for (_, d) in self.items_in_range(root, &key, &key)? {
+            for e in ubtrfs_format::items::dir_entries(&d) {
+                let e = e.expect("validated by the tree checker");
+                if e.name == NAME {
+                    let v = std::str::from_utf8(e.data).unwrap_or("");
+                    return Ok(match CompressPolicy::parse(v, false) {
+                        Ok(p) => p.alg.map(|a| (a, p.level)),
+                        Err(_) => None,
+                    });
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Write [start, start + total) of file `ino` (sector aligned) from `src`, with
+    /// compression `c` (see the module documentation); `old_size` is the file's size
+    /// before the write. Returns the bytes added to nbytes.
+    ///
+    /// As the kernel's delalloc runs it: the heuristic first looks at the range's
+    /// first 128 KiB, and if that is not worth compressing the whole range is written
+    /// plain, in large extents. Otherwise each 128 KiB piece is tried; a piece the
+    /// heuristic turns down sends the rest of its 512 KiB chunk plain, and a piece
+    /// that does not shrink marks the file NOCOMPRESS (as the choice says) and sends
+    /// the rest of the range plain. Consecutive plain pieces become one extent.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn write_extents_compressed(&mut self, root: u64, ino: u64, start: u64, total: u64, old_size: u64, c: &Choice, src: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+        const CHUNK: u64 = 512 * 1024;
+        let ss = u64::from(self.sectorsize());
+        let end = start + total;
+        let piece_len = |at: u64| (end - at).min(BTRFS_MAX_UNCOMPRESSED as u64);
+        let mut first = vec![0u8; piece_len(start) as usize];
+        src(&mut first)?;
+        let worth = !c.heuristic || heuristic::worth_compressing(&first);
+        let mut first_pos = 0usize;
+        // The source, with the first piece (read for the heuristic) put back in front.
+        let mut next = |b: &mut [u8]| -> Result<()> {
+            let k = (first.len() - first_pos).min(b.len());
+            b[..k].copy_from_slice(&first[first_pos..first_pos + k]);
+            first_pos += k;
+            if k < b.len() {
+                src(&mut b[k..])?;
+            }
+            Ok(())
+        };
+        if !worth {
+            return self.write_plain(root, ino, start, total, false, &mut next);
+        }
+        let mut added = 0;
+        let mut cur = start;
+        // Plain bytes not written yet: [plain_at, plain_at + plain.len()).
+        let mut plain: Vec<u8> = Vec::new();
+        let mut plain_at = start;
+        let mut plain_until = start;
+        while cur < end {
+            let n = piece_len(cur);
+            let mut piece = vec![0u8; n as usize];
+            next(&mut piece)?;
+            // A range of a sector or less that is not the whole file saves nothing; a
+            // piece inside a chunk the heuristic turned down goes plain.
+            let small = n <= ss && (cur > 0 || cur + n < old_size);
+            let z = if small || cur < plain_until {
+                None
+            } else if c.heuristic && cur != start && !heuristic::worth_compressing(&piece) {
+                plain_until = start + (cur - start) / CHUNK * CHUNK + CHUNK;
+                None
+            } else {
+                match self.try_compress(c, &piece)? {
+                    // It must save at least one sector once rounded up.
+                    Some(z) if (z.len() as u64).div_ceil(ss) * ss + ss <= n.div_ceil(ss) * ss => Some(z),
+                    _ if c.mark => {
+                        // The file is NOCOMPRESS from now on: the rest goes plain.
+                        self.mark_incompressible(root, ino)?;
+                        plain_until = end;
+                        None
+                    }
+                    _ => None,
+                }
+            };
+            match z {
+                Some(z) => {
+                    added += self.flush_plain(root, ino, plain_at, &mut plain)?;
+                    added += self.write_compressed_extent(root, ino, cur, n, c.kind, &z)?;
+                    plain_at = cur + n;
+                }
+                None => {
+                    if plain.is_empty() {
+                        plain_at = cur;
+                    }
+                    plain.extend_from_slice(&piece);
+                    if plain.len() as u64 >= crate::inode::write::MAX_EXTENT_SIZE.min(32 << 20) {
+                        added += self.flush_plain(root, ino, plain_at, &mut plain)?;
+                        plain_at = cur + n;
+                    }
+                }
+            }
+            cur += n;
+        }
+        added += self.flush_plain(root, ino, plain_at, &mut plain)?;
+        Ok(added)
+    }
+
+    /// Write the buffered plain bytes at `at` (in as few extents as free space allows).
+    fn flush_plain(&mut self, root: u64, ino: u64, at: u64, plain: &mut Vec<u8>) -> Result<u64> {
+        if plain.is_empty() {
+            return Ok(0);
+        }
+        let mut pos = 0usize;
+        let n = plain.len() as u64;
+        let added = self.write_plain(root, ino, at, n, false, &mut |b: &mut [u8]| {
+            b.copy_from_slice(&plain[pos..pos + b.len()]);
+            pos += b.len();
+            Ok(())
+        })?;
+        plain.clear();
+        Ok(added)
+    }
+
+    /// [at, at + n) written plain (`write_new_extent` in extents of at most
+    /// MAX_EXTENT_SIZE).
+    pub(super) fn write_plain(&mut self, root: u64, ino: u64, at: u64, n: u64, nodatasum: bool, src: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+        let mut cur = at;
+        let end = at + n;
+        let mut added = 0;
+        while cur < end {
+            let want = (end - cur).min(crate::inode::write::MAX_EXTENT_SIZE);
+            let got = self.write_new_extent(root, ino, cur, want, nodatasum, src)?;
+            added += got;
+            cur += got;
+        }
+        Ok(added)
+    }
+
+    /// One compressed extent of `n` file bytes at `file_off`, holding stream `z`.
+    fn write_compressed_extent(&mut self, root: u64, ino: u64, file_off: u64, n: u64, kind: CompressionType, z: &[u8]) -> Result<u64> {
+        let ss = u64::from(self.sectorsize());
+        let disk = (z.len() as u64).div_ceil(ss) * ss;
+        let (bytenr, got) = crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, disk, disk)?;
+        debug_assert_eq!(got, disk, "a compressed extent is allocated whole");
+        self.delayed.add_data_ref(bytenr, disk, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off }, 1, true)?;
+        let mut padded = vec![0u8; disk as usize];
+        padded[..z.len()].copy_from_slice(z);
+        let cs = self.info.csum_type.size();
+        let mut csums = Vec::with_capacity((disk / ss) as usize * cs);
+        for s in padded.chunks(ss as usize) {
+            csums.extend_from_slice(&self.info.csum_type.compute(s)[..cs]);
+        }
+        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &padded, crate::volumes::WriteKind::Data)?;
+        crate::extent::csum_tree::insert_csums(self, bytenr, &csums)?;
+        let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+        fe.extend_from_slice(
+            FileExtentHeader { generation: self.transid.into(), ram_bytes: n.into(), compression: kind as u8, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes(),
+        );
+        fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: disk.into(), offset: 0.into(), num_bytes: n.into() }.as_bytes());
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
+        self.note_compression(kind);
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_parsing() {
+        assert_eq!(CompressPolicy::parse("zstd", false).unwrap(), CompressPolicy { alg: Some(CompressionType::Zstd), level: None, force: false });
+        assert_eq!(CompressPolicy::parse("zstd:-5", true).unwrap(), CompressPolicy { alg: Some(CompressionType::Zstd), level: Some(-5), force: true });
+        assert_eq!(CompressPolicy::parse("zlib:9", false).unwrap().level, Some(9));
+        assert_eq!(CompressPolicy::parse("no", false).unwrap(), CompressPolicy::default());
+        for bad in ["zlib:0", "zlib:10", "zstd:0", "zstd:16", "lzo:1", "gzip", "zstd:x", ""] {
+            assert!(CompressPolicy::parse(bad, false).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! fallocate(2): preallocation (the default mode and KEEP_SIZE), PUNCH_HOLE and
+//! ZERO_RANGE, as `btrfs_fallocate`, `btrfs_punch_hole` and `btrfs_zero_range` do them,
+//! with the VFS's checks in front (`vfs_fallocate`). And SEEK_DATA / SEEK_HOLE.
+//!
+//! - Preallocation gives every hole in the range (and, past EOF, every range not
+//!   preallocated yet) a PREALLOC extent: allocated, no checksums, read as zeros, in
+//!   nbytes; the inode gets the PREALLOC flag; without KEEP_SIZE the size grows to the
+//!   range's end. Data already in the range stays.
+//! - PUNCH_HOLE (always with KEEP_SIZE) zeroes the partial blocks at the range's edges
+//!   (rewriting them) and drops the extents of the whole blocks between (a hole extent
+//!   without no-holes); nothing past EOF.
+//! - ZERO_RANGE zeroes the partial edge blocks inside the file and replaces the whole
+//!   blocks with PREALLOC extents (so the range reads zeros and stays allocated);
+//!   without KEEP_SIZE the size grows to the range's end.
+//!
+//! The data space is found (or made) before anything changes: ENOSPC leaves the file
+//! as it was.
+
+use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
+use crate::transaction::FsWriter;
+use ubtrfs_format::key::*;
+use ubtrfs_format::structs::*;
+use ubtrfs_format::Key;
+use zerocopy::IntoBytes;
+
+pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
+pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+pub const FALLOC_FL_NO_HIDE_STALE: u32 = 0x04;
+pub const FALLOC_FL_COLLAPSE_RANGE: u32 = 0x08;
+pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+pub const FALLOC_FL_INSERT_RANGE: u32 = 0x20;
+pub const FALLOC_FL_UNSHARE_RANGE: u32 = 0x40;
+pub const FALLOC_FL_WRITE_ZEROES: u32 = 0x80;
+/// What the VFS knows (others are EOPNOTSUPP there).
+const VFS_MODES: u32 = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_ZERO_RANGE | FALLOC_FL_INSERT_RANGE | FALLOC_FL_UNSHARE_RANGE | FALLOC_FL_WRITE_ZEROES;
+/// What btrfs does.
+const BTRFS_MODES: u32 = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+/// Largest preallocated extent (the kernel asks for at most 256 MiB at a time).
+const MAX_PREALLOC: u64 = 256 << 20;
+
+/// ZERO_RANGE's plan: byte ranges zeroed in place, and the range preallocated.
+type ZeroPlan = (Vec<(u64, u64)>, Option<(u64, u64)>);
+
+/// What the block at a ZERO_RANGE edge holds.
+enum Boundary {
+    Hole,
+    Prealloc,
+    Written,
+}
+
+/// `lseek` whence values.
+pub const SEEK_DATA: i32 = 3;
+pub const SEEK_HOLE: i32 = 4;
+
+fn id_of(root: u64, ino: u64) -> String {
+    format!("root={root} ino={ino}")
+}
+
+impl FsWriter {
+    /// fallocate(2) of `len` bytes at `offset` of file `ino` with `mode` (FALLOC_FL_*).
+    ///
+    /// # Errors
+    /// `Posix` as the kernel: Invalid for a zero length, an offset past the largest
+    /// file offset, or PUNCH_HOLE with ZERO_RANGE; NotSupported for PUNCH_HOLE without
+    /// KEEP_SIZE and for the modes btrfs lacks (collapse, insert, unshare); NotPermitted
+    /// for an immutable file, or an append-only one for anything but preallocation;
+    /// NotSeekable for a fifo, IsDir, NoDevice for other non-regular files;
+    /// FileTooBig past the largest file size; NoSpace.
+    pub fn fallocate(&mut self, root: u64, ino: u64, mode: u32, offset: u64, len: u64) -> Result<()> {
+        let what = id_of(root, ino);
+        if len == 0 || offset > crate::inode::attr::MAX_FILE_SIZE || len > crate::inode::attr::MAX_FILE_SIZE {
+            return Err(Error::posix_detail(PosixKind::Invalid, what, "fallocate needs a length and an offset within the largest file size"));
+        }
+        if mode & !VFS_MODES != 0 {
+            return Err(Error::posix_detail(PosixKind::NotSupported, what, format!("unknown fallocate mode {mode:#x}")));
+        }
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 && mode & FALLOC_FL_ZERO_RANGE != 0 {
+            return Err(Error::posix_detail(PosixKind::Invalid, what, "PUNCH_HOLE and ZERO_RANGE exclude each other"));
+        }
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 && mode & FALLOC_FL_KEEP_SIZE == 0 {
+            return Err(Error::posix_detail(PosixKind::NotSupported, what, "PUNCH_HOLE goes with KEEP_SIZE"));
+        }
+        self.check_root_writable(root)?;
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let flags = ii.flags.get();
+        if flags & INODE_IMMUTABLE != 0 {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, what, "the file is immutable"));
+        }
+        if mode & !FALLOC_FL_KEEP_SIZE != 0 && flags & INODE_APPEND != 0 {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, what, "the file is append-only"));
+        }
+        match ii.mode.get() & S_IFMT {
+            S_IFREG => {}
+            S_IFIFO => return Err(Error::posix(PosixKind::NotSeekable, what)),
+            S_IFDIR => return Err(Error::posix(PosixKind::IsDir, what)),
+            _ => return Err(Error::posix_detail(PosixKind::NoDevice, what, "only regular files take fallocate")),
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= crate::inode::attr::MAX_FILE_SIZE).ok_or_else(|| Error::posix(PosixKind::FileTooBig, id_of(root, ino)))?;
+        if mode & !BTRFS_MODES != 0 {
+            return Err(Error::posix_detail(PosixKind::NotSupported, what, "btrfs has no collapse, insert, unshare or write-zeroes fallocate"));
+        }
+        let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            return self.transaction("punch_hole", 8, |w| w.punch_hole_inner(root, ino, offset, end));
+        }
+        let ss = u64::from(self.sectorsize());
+        let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
+        // The space first: the ranges to preallocate and the edge blocks rewritten.
+        let size = ii.size.get();
+        let id = InodeId { root, ino };
+        let ranges = if zero { self.zero_range_plan(id, offset, end)?.1.into_iter().collect() } else { self.prealloc_ranges(root, ino, offset, end, size)? };
+        let need: u64 = ranges.iter().map(|r| r.1 - r.0).sum::<u64>() + 2 * ss;
+        crate::space::allocator::reserve_data(self, need, &what)?;
+        let items = 6 + 2 * ranges.len() as u64 + need.div_ceil(MAX_PREALLOC);
+        self.transaction(if zero { "zero_range" } else { "fallocate" }, items, |w| w.falloc_inner(root, ino, offset, end, keep, zero))
+    }
+
+    /// The sector-aligned ranges of [offset, end) that preallocation fills: holes (and
+    /// explicit hole extents), and past EOF anything but PREALLOC extents.
+    fn prealloc_ranges(&mut self, root: u64, ino: u64, offset: u64, end: u64, size: u64) -> Result<Vec<(u64, u64)>> {
+        let ss = u64::from(self.sectorsize());
+        let (a, b) = (offset / ss * ss, end.div_ceil(ss) * ss);
+        let eof = size.div_ceil(ss) * ss;
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut push = |s: u64, e: u64| {
+            if s < e {
+                match out.last_mut() {
+                    Some(l) if l.1 == s => l.1 = e,
+                    _ => out.push((s, e)),
+                }
+            }
+        };
+        let mut cur = a;
+        for f in self.live().file_extents(InodeId { root, ino }, a, b)? {
+            let (fs, fe) = (f.file_offset.max(a), f.end().min(b));
+            if fs >= fe {
+                continue;
+            }
+            push(cur, fs);
+            let prealloc = matches!(f.kind, ExtentKind::Regular { prealloc: true, .. });
+            let hole = matches!(f.kind, ExtentKind::Regular { disk_bytenr: 0, .. });
+            if hole || (!prealloc && fs >= eof) {
+                push(fs, fe);
+            }
+            cur = fe;
+        }
+        push(cur, b);
+        Ok(out)
+    }
+
+    /// What a block at `pos` holds, for ZERO_RANGE's edges
+    /// (`btrfs_zero_range_check_range_boundary`).
+    fn boundary(&mut self, id: InodeId, pos: u64) -> Result<Boundary> {
+        let ss = u64::from(self.sectorsize());
+        let b = pos / ss * ss;
+        Ok(match self.live().file_extents(id, b, b + ss)?.into_iter().find(|f| f.end() > b) {
+            None => Boundary::Hole,
+            Some(f) => match f.kind {
+                ExtentKind::Regular { prealloc: true, .. } => Boundary::Prealloc,
+                ExtentKind::Regular { disk_bytenr: 0, .. } => Boundary::Hole,
+                _ => Boundary::Written,
+            },
+        })
+    }
+
+    /// ZERO_RANGE as `btrfs_zero_range` plans it: the written edge blocks zeroed in
+    /// place (ranges returned), hole edge blocks taken into the preallocated range,
+    /// preallocated ones left alone; the range to drop and preallocate.
+    fn zero_range_plan(&mut self, id: InodeId, offset: u64, end: u64) -> Result<ZeroPlan> {
+        let ss = u64::from(self.sectorsize());
+        let mut edges = Vec::new();
+        if offset / ss == (end - 1) / ss {
+            let b = offset / ss * ss;
+            return Ok(match self.boundary(id, offset)? {
+                Boundary::Prealloc => (edges, None),
+                Boundary::Written if end - offset < ss => (vec![(offset, end)], None),
+                _ => (edges, Some((b, b + ss))),
+            });
+        }
+        let (mut a, mut b) = (offset.div_ceil(ss) * ss, end / ss * ss);
+        if !offset.is_multiple_of(ss) {
+            match self.boundary(id, offset)? {
+                Boundary::Hole => a = offset / ss * ss,
+                Boundary::Written => edges.push((offset, offset.div_ceil(ss) * ss)),
+                Boundary::Prealloc => {}
+            }
+        }
+        if !end.is_multiple_of(ss) {
+            match self.boundary(id, end)? {
+                Boundary::Hole => b = end.div_ceil(ss) * ss,
+                Boundary::Written => edges.push((end / ss * ss, end)),
+                Boundary::Prealloc => {}
+            }
+        }
+        Ok((edges, (a < b).then_some((a, b))))
+    }
+
+    fn falloc_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, keep: bool, zero: bool) -> Result<()> {
+        let ss = u64::from(self.sectorsize());
+        let id = InodeId { root, ino };
+        let mut ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let size = ii.size.get();
+        let mut zero_alloc = None;
+        if zero {
+            let (edges, alloc) = self.zero_range_plan(id, offset, end)?;
+            for (s, e) in edges {
+                if s < e.min(size) {
+                    self.zero_in_file(root, ino, s, e.min(size))?;
+                }
+            }
+            zero_alloc = alloc;
+            ii = self.live().load_inode(id, Load::ITEM)?.item;
+        }
+        {
+            // btrfs_cont_expand / btrfs_truncate_block, with or without KEEP_SIZE: the
+            // old last block gets zeros past the old end (written, even over a hole),
+            // and without no-holes hole extents cover a gap before the range.
+            let start = offset / ss * ss;
+            if end > size && size % ss != 0 {
+                self.zero_eof_block(root, ino, &ii)?;
+            }
+            if start > size {
+                self.insert_hole_before(root, ino, size, start)?;
+            }
+        }
+        let _ = &mut ii;
+        let cur_size = self.live().load_inode(id, Load::ITEM)?.item.size.get();
+        let ranges = if zero { zero_alloc.into_iter().collect() } else { self.prealloc_ranges(root, ino, offset, end, cur_size)? };
+        let mut removed = 0;
+        let mut added = 0;
+        for &(s, e) in &ranges {
+            removed += self.drop_extents_inner(root, ino, s, e)?;
+            let mut cur = s;
+            while cur < e {
+                let (bytenr, got) = crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, (e - cur).min(MAX_PREALLOC), ss)?;
+                self.delayed.add_data_ref(bytenr, got, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: cur }, 1, true)?;
+                let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+                fe.extend_from_slice(
+                    FileExtentHeader { generation: self.transid.into(), ram_bytes: got.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_PREALLOC }.as_bytes(),
+                );
+                fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: got.into(), offset: 0.into(), num_bytes: got.into() }.as_bytes());
+                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, cur), &fe)?;
+                added += got;
+                cur += got;
+            }
+        }
+        let t = self.now();
+        let grow = !keep && end > cur_size;
+        let changed = !ranges.is_empty() || grow;
+        self.update_inode(root, ino, |i| {
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
+            if !ranges.is_empty() {
+                i.flags = (i.flags.get() | INODE_PREALLOC).into();
+            }
+            if grow {
+                i.size = end.into();
+            }
+            // file_modified(): every fallocate that gets this far moves both times.
+            let _ = changed;
+            i.mtime = t;
+            i.ctime = t;
+        })
+    }
+
+    /// Rewrite [s, e) of the file (inside one block, or up to EOF) as zeros, as
+    /// `btrfs_truncate_block` does: the block is written whatever it held (a hole or a
+    /// preallocated block becomes written zeros).
+    fn zero_in_file(&mut self, root: u64, ino: u64, s: u64, e: u64) -> Result<()> {
+        let id = InodeId { root, ino };
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        self.write_file_inner(root, ino, s, e, &ii, &mut |b: &mut [u8]| {
+            b.fill(0);
+            Ok(())
+        })
+    }
+
+    /// Rewrite the block holding EOF with zeros past EOF, the size staying
+    /// (`btrfs_truncate_block` at i_size); an inline file keeps its extent (its bytes
+    /// past EOF are not stored).
+    pub(super) fn zero_eof_block(&mut self, root: u64, ino: u64, ii: &InodeItem) -> Result<()> {
+        let ss = u64::from(self.sectorsize());
+        let size = ii.size.get();
+        let id = InodeId { root, ino };
+        if self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. })) {
+            return Ok(());
+        }
+        self.write_file_inner(root, ino, size, size.div_ceil(ss) * ss, ii, &mut |b: &mut [u8]| {
+            b.fill(0);
+            Ok(())
+        })?;
+        self.update_inode(root, ino, |i| i.size = size.into())
+    }
+
+    /// When the block at `offset` is in a hole, where the hole the kernel sees for a
+    /// lookup of `len` bytes there ends (`find_first_non_hole`'s one extent map): a
+    /// hole extent to its end; a gap between extents to the next extent, but no further
+    /// than the lookup's own range (from `offset` rounded down, `len` rounded up).
+    pub(super) fn hole_at(&mut self, id: InodeId, offset: u64, len: u64) -> Result<Option<u64>> {
+        let ss = u64::from(self.sectorsize());
+        let pos = offset / ss * ss;
+        let limit = pos.saturating_add(len.div_ceil(ss) * ss);
+        let ext = self.live().file_extents(id, pos, u64::MAX)?;
+        match ext.iter().find(|f| f.end() > pos) {
+            Some(f) if f.file_offset <= pos => Ok(matches!(f.kind, ExtentKind::Regular { disk_bytenr: 0, .. }).then(|| f.end())),
+            Some(f) => Ok(Some(f.file_offset.min(limit))),
+            None => Ok(Some(limit)),
+        }
+    }
+
+    fn punch_hole_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64) -> Result<()> {
+        let ss = u64::from(self.sectorsize());
+        let id = InodeId { root, ino };
+        let size = self.live().load_inode(id, Load::ITEM)?.item.size.get();
+        let ino_size = size.div_ceil(ss) * ss;
+        let orig = offset;
+        // find_first_non_hole: a leading hole is skipped; a range that is all hole
+        // changes nothing, not even the times. (Preallocated extents past EOF, which
+        // KEEP_SIZE leaves, are not holes: they are punched too.)
+        let mut offset = offset;
+        if let Some(h) = self.hole_at(id, offset, end - offset)? {
+            if h >= end {
+                return Ok(());
+            }
+            offset = h;
+        }
+        let t = self.now();
+        self.update_inode(root, ino, |i| {
+            i.mtime = t;
+            i.ctime = t;
+        })?;
+        let same_block = offset / ss == (end - 1) / ss;
+        if same_block && end - offset < ss {
+            if offset < ino_size {
+                self.zero_in_file(root, ino, offset, ((offset / ss + 1) * ss).min(end).min(size))?;
+            }
+            return Ok(());
+        }
+        let mut lockstart = offset.div_ceil(ss) * ss;
+        let lockend = end / ss * ss;
+        // The first block's part from `offset` on.
+        if offset < ino_size && !offset.is_multiple_of(ss) {
+            self.zero_in_file(root, ino, offset, lockstart.min(size))?;
+        }
+        if offset == orig {
+            // After that, the aligned part may start in a hole.
+            if let Some(h) = self.hole_at(id, lockstart, end - lockstart)? {
+                if h >= end {
+                    return Ok(());
+                }
+                lockstart = h.max(lockstart);
+            }
+        }
+        // The last block's part before `end`, when that block is not a hole.
+        if !end.is_multiple_of(ss) && lockend < ino_size && self.hole_at(id, lockend, end - lockend)?.is_none_or(|h| h < end) {
+            self.zero_in_file(root, ino, lockend, end.min(size))?;
+        }
+        if lockend <= lockstart {
+            return Ok(());
+        }
+        let inline = self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+        if inline {
+            return self.zero_in_file(root, ino, lockstart, lockend.min(size));
+        }
+        let removed = self.drop_extents_inner(root, ino, lockstart, lockend)?;
+        // Without no-holes, hole extents cover what was dropped inside the file.
+        let hole_end = lockend.min(ino_size);
+        if lockstart < hole_end && self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
+            let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+            fe.extend_from_slice(
+                FileExtentHeader { generation: self.transid.into(), ram_bytes: (hole_end - lockstart).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }
+                    .as_bytes(),
+            );
+            fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (hole_end - lockstart).into() }.as_bytes());
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, lockstart), &fe)?;
+        }
+        self.update_inode(root, ino, |i| i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get())).into())
+    }
+}
+
+/// Where SEEK_DATA / SEEK_HOLE from `offset` lands in a file of `size` bytes with
+/// extents `ext` (as `FsRead::file_extents` lists them, in file order): data is any
+/// extent that is not a hole or preallocated (which read as zeros; the kernel treats
+/// them as holes too); the end of the file is a hole. None is ENXIO: `offset` at or
+/// past EOF, or (SEEK_DATA) no data from `offset` on.
+pub fn seek_data_hole(ext: &[crate::inode::filesystem::FileExtentRec], size: u64, offset: u64, whence: i32) -> Option<u64> {
+    if offset >= size {
+        return None;
+    }
+    let is_data = |f: &crate::inode::filesystem::FileExtentRec| !f.is_hole_like() && !f.is_empty();
+    match whence {
+        SEEK_DATA => ext.iter().filter(|f| is_data(f) && f.end() > offset).map(|f| f.file_offset.max(offset)).find(|&p| p < size),
+        _ => {
+            let mut pos = offset;
+            for f in ext.iter().filter(|f| is_data(f)) {
+                if f.end() <= pos {
+                    continue;
+                }
+                if f.file_offset > pos {
+                    break;
+                }
+                pos = f.end();
+            }
+            Some(pos.min(size))
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The image-editing commands (`ubtrfs mkdir`, `mv`, `ln`, `mknod`, `truncate`,
+//! `chmod`, `chown`, `touch`, and `rm`), each a change in the caller's transaction:
+//! the CLI commits once after one command, or after every line of a `batch`, and on
+//! any error commits nothing. Paths inside the image are absolute.
+//!
+//! Each command does what its coreutils namesake does on a mounted filesystem, through
+//! the engine's calls (`FsWriter::mkdir`, `rename`, `symlink`, `setattr`, ...), so the
+//! rules and errors are the engine's, which follow the kernel's.
+
+use crate::put;
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
+use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
+use ubtrfs_core::inode::namespace::ftype_of;
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_format::structs::*;
+
+/// One editing command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edit {
+    Mkdir {
+        path: String,
+        parents: bool,
+        mode: u32,
+    },
+    Rm {
+        path: String,
+        recursive: bool,
+    },
+    /// rename(2): `flags` are renameat2's.
+    Mv {
+        from: String,
+        to: String,
+        flags: u32,
+    },
+    /// A hard link to `target`, or a symlink holding `target`.
+    Ln {
+        target: String,
+        link: String,
+        symbolic: bool,
+    },
+    /// `kind` is p, c, b or s.
+    Mknod {
+        path: String,
+        kind: char,
+        major: u32,
+        minor: u32,
+        mode: u32,
+    },
+    Truncate {
+        path: String,
+        size: u64,
+    },
+    /// fallocate(2) with `mode` (FALLOC_FL_*) over [offset, offset + len).
+    Fallocate {
+        path: String,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    },
+    Chmod {
+        mode: Mode,
+        path: String,
+    },
+    Chown {
+        uid: Option<u32>,
+        gid: Option<u32>,
+        path: String,
+    },
+    /// Set atime and mtime to `time` (now when None); the file is made if missing.
+    Touch {
+        path: String,
+        time: Option<(i64, u32)>,
+    },
+}
+
+/// A chmod mode: absolute, or symbolic clauses applied to the current mode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Octal(u32),
+    Symbolic(String),
+}
+
+fn invalid(what: impl Into<String>, detail: impl Into<String>) -> Error {
+    Error::posix_detail(PosixKind::Invalid, what.into(), detail.into())
+}
+
+/// Refuse a path that is not absolute (paths inside the image start at its top).
+pub fn absolute(path: &str) -> Result<&str> {
+    if path.starts_with('/') {
+        Ok(path)
+    } else {
+        Err(invalid(ubtrfs_core::quote::name(path.as_bytes()), "paths inside the image are absolute (start with /)"))
+    }
+}
+
+/// Parse an octal (`0755`) or symbolic (`u+x,go-w`, `a=r`) mode.
+///
+/// # Errors
+/// `Posix(Invalid)` naming the mode.
+pub fn parse_mode(s: &str) -> Result<Mode> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        let m = u32::from_str_radix(s, 8).map_err(|_| invalid(s, "not an octal mode (digits 0 to 7)"))?;
+        if m > 0o7777 {
+            return Err(invalid(s, "an octal mode is at most 7777"));
+        }
+        return Ok(Mode::Octal(m));
+    }
+    // Validate now; apply later against the inode's mode.
+    apply_symbolic(s, 0, false)?;
+    Ok(Mode::Symbolic(s.to_string()))
+}
+
+/// Apply symbolic mode clauses `s` to `mode` (chmod(1) without a umask: a clause
+/// without who means all).
+fn apply_symbolic(s: &str, mut mode: u32, is_dir: bool) -> Result<u32> {
+    for clause in s.split(',') {
+        let b = clause.as_bytes();
+        let mut i = 0;
+        let mut who = 0u32;
+        while i < b.len() && b"ugoa".contains(&b[i]) {
+            who |= match b[i] {
+                b'u' => 0o4700,
+                b'g' => 0o2070,
+                b'o' => 0o1007,
+                _ => 0o7777,
+            };
+            i += 1;
+        }
+        if who == 0 {
+            who = 0o7777;
+        }
+        if i == b.len() {
+            return Err(invalid(s, format!("clause {clause:?} has no operator (+, - or =)")));
+        }
+        while i < b.len() {
+            let op = b[i];
+            if !b"+-=".contains(&op) {
+                return Err(invalid(s, format!("unexpected {:?} in clause {clause:?}", op as char)));
+            }
+            i += 1;
+            let mut perm = 0u32;
+            while i < b.len() && !b"+-=".contains(&b[i]) {
+                perm |= match b[i] {
+                    b'r' => 0o444,
+                    b'w' => 0o222,
+                    b'x' => 0o111,
+                    b'X' if is_dir || mode & 0o111 != 0 => 0o111,
+                    b'X' => 0,
+                    b's' => 0o6000,
+                    b't' => 0o1000,
+                    c => return Err(invalid(s, format!("unknown permission {:?} in clause {clause:?}", c as char))),
+                };
+                i += 1;
+            }
+            let bits = perm & who;
+            match op {
+                b'+' => mode |= bits,
+                b'-' => mode &= !bits,
+                _ => mode = (mode & !(who & 0o7777)) | bits,
+            }
+        }
+    }
+    Ok(mode)
+}
+
+/// Parse `UID:GID`, `UID`, `UID:` or `:GID` (numeric: the image has no user names).
+///
+/// # Errors
+/// `Posix(Invalid)` naming the owner.
+pub fn parse_owner(s: &str) -> Result<(Option<u32>, Option<u32>)> {
+    let num = |p: &str| -> Result<Option<u32>> {
+        if p.is_empty() {
+            Ok(None)
+        } else {
+            p.parse::<u32>().map(Some).map_err(|_| invalid(s, format!("{p:?} is not a numeric id (the image has no user database)")))
+        }
+    };
+    let (u, g) = match s.split_once(':') {
+        Some((u, g)) => (num(u)?, num(g)?),
+        None => (num(s)?, None),
+    };
+    if u.is_none() && g.is_none() {
+        return Err(invalid(s, "give UID, UID:GID or :GID"));
+    }
+    Ok((u, g))
+}
+
+/// Parse a size with an optional binary suffix (K, M, G, T, P, E; KiB etc.; KB = 1000).
+///
+/// # Errors
+/// `Posix(Invalid)` naming the size.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, suffix) = t.split_at(split);
+    let n: u64 = n.parse().map_err(|_| invalid(s, "not a size (a number with an optional K, M, G... suffix)"))?;
+    let (unit, rest) = match suffix.chars().next() {
+        None => (1u64, ""),
+        Some(c) => {
+            let p = match c.to_ascii_uppercase() {
+                'K' => 1,
+                'M' => 2,
+                'G' => 3,
+                'T' => 4,
+                'P' => 5,
+                'E' => 6,
+                _ => return Err(invalid(s, format!("unknown size suffix {suffix:?}"))),
+            };
+            let rest = &suffix[1..];
+            let base: u64 = if rest == "B" { 1000 } else { 1024 };
+            (base.pow(p), rest)
+        }
+    };
+    if !matches!(rest, "" | "B" | "iB") {
+        return Err(invalid(s, format!("unknown size suffix {suffix:?}")));
+    }
+    n.checked_mul(unit).ok_or_else(|| invalid(s, "too large"))
+}
+
+/// Parse a time for `touch -d`: `@SECONDS[.FRACTION]`, or UTC
+/// `YYYY-MM-DD[ T]HH:MM[:SS[.FRACTION]][Z]`, or a date alone (midnight UTC).
+///
+/// # Errors
+/// `Posix(Invalid)` naming the time.
+pub fn parse_time(s: &str) -> Result<(i64, u32)> {
+    let bad = || invalid(s, "not a time: use @SECONDS[.FRACTION] or YYYY-MM-DD[ HH:MM[:SS[.FRACTION]]] (UTC)");
+    let frac = |f: &str| -> Result<u32> {
+        if f.is_empty() || f.len() > 9 || !f.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        Ok(f.parse::<u32>().map_err(|_| bad())? * 10u32.pow(9 - f.len() as u32))
+    };
+    if let Some(rest) = s.strip_prefix('@') {
+        let (sec, ns) = match rest.split_once('.') {
+            Some((a, b)) => (a, frac(b)?),
+            None => (rest, 0),
+        };
+        return Ok((sec.parse::<i64>().map_err(|_| bad())?, ns));
+    }
+    let s2 = s.trim_end_matches('Z');
+    let (date, time) = match s2.split_once(['T', ' ']) {
+        Some((d, t)) => (d, t),
+        None => (s2, "00:00"),
+    };
+    let d: Vec<&str> = date.split('-').collect();
+    let [y, mo, da] = d[..] else { return Err(bad()) };
+    let (y, mo, da): (i64, i64, i64) = (y.parse().map_err(|_| bad())?, mo.parse().map_err(|_| bad())?, da.parse().map_err(|_| bad())?);
+    let (hms, ns) = match time.split_once('.') {
+        Some((a, b)) => (a, frac(b)?),
+        None => (time, 0),
+    };
+    let t: Vec<i64> = hms.split(':').map(|p| p.parse::<i64>().map_err(|_| bad())).collect::<Result<_>>()?;
+    let (h, mi, se) = match t[..] {
+        [h, m] => (h, m, 0),
+        [h, m, s] => (h, m, s),
+        _ => return Err(bad()),
+    };
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || !(0..24).contains(&h) || !(0..60).contains(&mi) || !(0..61).contains(&se) {
+        return Err(bad());
+    }
+    Ok((days_from_civil(y, mo, da) * 86400 + h * 3600 + mi * 60 + se, ns))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The inode at `path` (the last component not followed).
+fn lookup(w: &FsWriter, path: &str) -> Result<InodeId> {
+    w.live().resolve_id(absolute(path)?, false)
+}
+
+/// An engine error said of image paths: its object (a name in a directory, an
+/// inode number, or two names of a rename) becomes the path the user gave; any other
+/// error is prefixed with `what`.
+fn in_image(e: Error, subs: &[(String, &str)], what: String) -> Error {
+    if let Error::Posix { kind, path, detail } = &e {
+        for (from, to) in subs {
+            if path == from || (from.is_empty() && path.starts_with("root=")) {
+                return Error::Posix { kind: *kind, path: quoted(to), detail: detail.clone() };
+            }
+        }
+    }
+    e.at(what)
+}
+
+fn q(name: &[u8]) -> String {
+    ubtrfs_core::quote::name(name).into_owned()
+}
+
+fn quoted(path: &str) -> String {
+    ubtrfs_core::quote::name(path.as_bytes()).into_owned()
+}
+
+/// Apply one editing command in the writer's running transaction; returns a line
+/// saying what it did.
+///
+/// # Errors
+/// The engine's, naming the path; `Posix(Invalid)` for a relative path.
+pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
+    match e {
+        Edit::Mkdir { path, parents, mode } => mkdir(w, absolute(path)?, *parents, *mode),
+        Edit::Rm { path, recursive } => {
+            let n = put::remove(w, absolute(path)?, *recursive)?;
+            Ok(format!("removed {} ({n} entries)", quoted(path)))
+        }
+        Edit::Mv { from, to, flags } => {
+            let (op, on) = w.resolve_parent(absolute(from)?)?;
+            let (np, nn) = w.resolve_parent(absolute(to)?)?;
+            if op.root != np.root {
+                return Err(Error::posix_detail(PosixKind::CrossDevice, format!("{} -> {}", quoted(from), quoted(to)), "they are in different subvolumes"));
+            }
+            w.rename(op.root, op.ino, &on, np.ino, &nn, *flags).map_err(|e| {
+                let both = format!("{} -> {}", quoted(from), quoted(to));
+                in_image(e, &[(q(&on), from), (q(&nn), to), (format!("{} -> {}", q(&on), q(&nn)), both.as_str())], format!("mv {} {}", quoted(from), quoted(to)))
+            })?;
+            Ok(format!("renamed {} to {}", quoted(from), quoted(to)))
+        }
+        Edit::Ln { target, link, symbolic } => {
+            let (p, n) = w.resolve_parent(absolute(link)?)?;
+            if *symbolic {
+                w.symlink(p.root, p.ino, &n, target.as_bytes(), &InodeAttrs::new(0o777)).map_err(|e| in_image(e, &[(q(&n), link)], format!("ln -s {}", quoted(link))))?;
+                return Ok(format!("{} -> {}", quoted(link), quoted(target)));
+            }
+            let t = lookup(w, target)?;
+            if t.root != p.root {
+                return Err(Error::posix_detail(PosixKind::CrossDevice, format!("{} -> {}", quoted(link), quoted(target)), "hard links stay inside one subvolume"));
+            }
+            let ft = ftype_of(w.live().load_inode(t, Load::ITEM)?.item.mode.get());
+            w.link(p.root, p.ino, &n, t.ino, ft).map_err(|e| in_image(e, &[(q(&n), link), (String::new(), target)], format!("ln {}", quoted(link))))?;
+            Ok(format!("linked {} to {}", quoted(link), quoted(target)))
+        }
+        Edit::Mknod { path, kind, major, minor, mode } => {
+            let t = match kind {
+                'p' => S_IFIFO,
+                'c' | 'u' => S_IFCHR,
+                'b' => S_IFBLK,
+                's' => S_IFSOCK,
+                k => return Err(invalid(quoted(path), format!("unknown node type {k:?} (p, c, b or s)"))),
+            };
+            let (p, n) = w.resolve_parent(absolute(path)?)?;
+            let a = InodeAttrs { rdev: rdev_encode(*major, *minor), ..InodeAttrs::new(t | (mode & 0o7777)) };
+            w.mknod(p.root, p.ino, &n, &a).map_err(|e| in_image(e, &[(q(&n), path)], format!("mknod {}", quoted(path))))?;
+            Ok(format!("made {}", quoted(path)))
+        }
+        Edit::Truncate { path, size } => {
+            let id = match lookup(w, path) {
+                Ok(id) => id,
+                // truncate(1) makes a missing file.
+                Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
+                    let (p, n) = w.resolve_parent(absolute(path)?)?;
+                    let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644))?;
+                    InodeId { root: p.root, ino }
+                }
+                Err(e) => return Err(e),
+            };
+            w.setattr(id.root, id.ino, &SetAttr { size: Some(*size), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("truncate {}", quoted(path))))?;
+            Ok(format!("{} is {size} bytes", quoted(path)))
+        }
+        Edit::Fallocate { path, mode, offset, len } => {
+            let id = lookup(w, path)?;
+            w.fallocate(id.root, id.ino, *mode, *offset, *len).map_err(|e| in_image(e, &[(String::new(), path)], format!("fallocate {}", quoted(path))))?;
+            Ok(format!("{} fallocated {len} bytes at {offset}", quoted(path)))
+        }
+        Edit::Chmod { mode, path } => {
+            let id = lookup(w, path)?;
+            let cur = w.live().load_inode(id, Load::ITEM)?.item.mode.get();
+            let m = match mode {
+                Mode::Octal(m) => *m,
+                Mode::Symbolic(s) => apply_symbolic(s, cur & 0o7777, cur & S_IFMT == S_IFDIR)?,
+            };
+            w.setattr(id.root, id.ino, &SetAttr { mode: Some(m), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("chmod {}", quoted(path))))?;
+            Ok(format!("{} mode {m:04o}", quoted(path)))
+        }
+        Edit::Chown { uid, gid, path } => {
+            let id = lookup(w, path)?;
+            w.setattr(id.root, id.ino, &SetAttr { uid: *uid, gid: *gid, ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path))))?;
+            Ok(format!("{} owner {}:{}", quoted(path), uid.map_or("-".into(), |u| u.to_string()), gid.map_or("-".into(), |g| g.to_string())))
+        }
+        Edit::Touch { path, time } => {
+            let t = time.map_or(TimeSet::Now, |(s, n)| TimeSet::At(s, n));
+            let id = match lookup(w, path) {
+                Ok(id) => id,
+                Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
+                    let (p, n) = w.resolve_parent(absolute(path)?)?;
+                    let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644))?;
+                    InodeId { root: p.root, ino }
+                }
+                Err(e) => return Err(e),
+            };
+            w.setattr(id.root, id.ino, &SetAttr { atime: Some(t), mtime: Some(t), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("touch {}", quoted(path))))?;
+            Ok(format!("touched {}", quoted(path)))
+        }
+    }
+}
+
+fn mkdir(w: &mut FsWriter, path: &str, parents: bool, mode: u32) -> Result<String> {
+    if !parents {
+        let (p, n) = w.resolve_parent(path)?;
+        w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)).map_err(|e| in_image(e, &[(q(&n), path)], format!("mkdir {}", quoted(path))))?;
+        return Ok(format!("made {}", quoted(path)));
+    }
+    // -p: every missing component, in turn; existing directories are fine.
+    let mut made = 0;
+    let mut cur = String::new();
+    for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        cur.push('/');
+        cur.push_str(c);
+        match w.live().resolve_id(&cur, true) {
+            Ok(id) => {
+                if w.live().load_inode(id, Load::ITEM)?.item.mode.get() & S_IFMT != S_IFDIR {
+                    return Err(Error::posix(PosixKind::NotDir, quoted(&cur)));
+                }
+            }
+            Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
+                let (p, n) = w.resolve_parent(&cur)?;
+                w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)).map_err(|e| in_image(e, &[(q(&n), &cur)], format!("mkdir {}", quoted(&cur))))?;
+                made += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(format!("made {made} directories for {}", quoted(path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse_mode("755").unwrap(), Mode::Octal(0o755));
+        assert_eq!(parse_mode("04755").unwrap(), Mode::Octal(0o4755));
+        assert!(parse_mode("8").is_err() && parse_mode("77777").is_err() && parse_mode("u+q").is_err() && parse_mode("u").is_err());
+        assert_eq!(apply_symbolic("u+x", 0o644, false).unwrap(), 0o744);
+        assert_eq!(apply_symbolic("go-rwx", 0o777, false).unwrap(), 0o700);
+        assert_eq!(apply_symbolic("a=r", 0o777, false).unwrap(), 0o444);
+        assert_eq!(apply_symbolic("u=rw,g=r,o=", 0o777, false).unwrap(), 0o640);
+        assert_eq!(apply_symbolic("+X", 0o644, true).unwrap(), 0o755);
+        assert_eq!(apply_symbolic("+X", 0o644, false).unwrap(), 0o644);
+        assert_eq!(apply_symbolic("u+s,g+s,+t", 0o755, false).unwrap(), 0o7755);
+        assert_eq!(apply_symbolic("=", 0o7777, false).unwrap(), 0);
+    }
+
+    #[test]
+    fn owners_sizes_times() {
+        assert_eq!(parse_owner("1000:100").unwrap(), (Some(1000), Some(100)));
+        assert_eq!(parse_owner("7").unwrap(), (Some(7), None));
+        assert_eq!(parse_owner(":5").unwrap(), (None, Some(5)));
+        assert!(parse_owner(":").is_err() && parse_owner("root:root").is_err());
+        assert_eq!(parse_size("0").unwrap(), 0);
+        assert_eq!(parse_size("10K").unwrap(), 10 << 10);
+        assert_eq!(parse_size("3MiB").unwrap(), 3 << 20);
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1KB").unwrap(), 1000);
+        assert!(parse_size("1Q").is_err() && parse_size("x").is_err() && parse_size("99999999999E").is_err());
+        assert_eq!(parse_time("@1700000000").unwrap(), (1_700_000_000, 0));
+        assert_eq!(parse_time("@1.5").unwrap(), (1, 500_000_000));
+        assert_eq!(parse_time("1970-01-01").unwrap(), (0, 0));
+        assert_eq!(parse_time("2000-03-01 00:00:00").unwrap(), (951_868_800, 0));
+        assert_eq!(parse_time("2023-11-14T22:13:20.25Z").unwrap(), (1_700_000_000, 250_000_000));
+        assert!(parse_time("2023-13-01").is_err() && parse_time("yesterday").is_err() && parse_time("@1.1234567890").is_err());
+    }
+}
