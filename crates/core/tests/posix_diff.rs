@@ -70,6 +70,24 @@ const AVAILABLE: &[OpKind] = &[
 
 /// Disagreements found, reported, and kept out of the runs until fixed.
 const KNOWN: &[Known] = &[
+    // With compression, a small file is a compressed inline extent; a write (or a size
+    // change) past its EOF leaves that inline extent at offset 0 with regular extents
+    // after it, where the kernel turns it into a regular extent first. A later
+    // truncate then reads the whole file as inline data: EINVAL "item (361 EXTENT_DATA
+    // 0) of 235586 bytes exceeds the leaf capacity 16258" (seed 10, compress=zstd, op
+    // 1542 truncate b/f 235565 after a write at 274432 of a 4096-byte file). Skipped:
+    // on compressing mounts, growing a file of at most 4 KiB past its EOF.
+    Known {
+        name: "compressed-inline-extent-kept-past-eof (write or truncate past EOF of a small compressed file)",
+        matches: |op, k| {
+            let small = |p: &posix::P| k.compress && k.lstat(p).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size > 0 && st.st_size <= 4096);
+            match op {
+                Op::Write { path, off, .. } => small(path) && k.lstat(path).is_some_and(|st| *off > st.st_size as u64),
+                Op::Truncate { path, size } => small(path) && k.lstat(path).is_some_and(|st| *size > st.st_size as u64),
+                _ => false,
+            }
+        },
+    },
     // A kernel bug, not ubtrfs's: on a filesystem without extref, RENAME_EXCHANGE that
     // gives an inode a name in a directory where its INODE_REF item is full aborts the
     // kernel's transaction (btrfs_rename_exchange, "Transaction aborted (error -31)",

@@ -50,6 +50,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
+use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, InodeView, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::OpenOptions;
@@ -842,6 +843,8 @@ pub struct Kernel {
     pub dir: PathBuf,
     /// The mkfs options of the image (for the known-disagreement predicates).
     pub mkfs: &'static [&'static str],
+    /// Whether the mount compresses (likewise).
+    pub compress: bool,
 }
 
 impl Kernel {
@@ -1030,7 +1033,13 @@ pub enum Fail {
     Bug(String),
 }
 
+thread_local! {
+    /// The message of the last engine error turned into an errno, for the report.
+    static LAST_ERROR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 fn fail(e: ubtrfs_core::Error) -> Fail {
+    LAST_ERROR.with(|l| *l.borrow_mut() = e.to_string());
     match e.posix_kind() {
         Some(k) => Fail::Errno(k.errno()),
         None => Fail::Bug(e.to_string()),
@@ -1131,20 +1140,32 @@ pub struct Ubtrfs {
     pub img: PathBuf,
     engine: Option<Engine>,
     top: InodeId,
+    compress: Option<(&'static str, bool)>,
     pub commits: u64,
     pub reopens: u64,
 }
 
-fn open_engine(img: &Path) -> Engine {
+/// Open the engine on `img` with the mount-wide compression `compress` (the kernel
+/// side's `compress=` or `compress-force=`: (ALG[:LEVEL], force)).
+fn open_engine(img: &Path, compress: Option<(&str, bool)>) -> Engine {
     let opts = OpenOptions { writable: true, ..OpenOptions::new(img) };
-    Engine::open(&opts).unwrap_or_else(|e| panic!("{}: Engine::open: {e}", img.display()))
+    let e = Engine::open(&opts).unwrap_or_else(|e| panic!("{}: Engine::open: {e}", img.display()));
+    if let Some((alg, force)) = compress {
+        let p = CompressPolicy::parse(alg, force).unwrap_or_else(|e| panic!("compress {alg}: {e}"));
+        e.write(|w| {
+            w.set_compress(p);
+            Ok(())
+        })
+        .expect("set the compression");
+    }
+    e
 }
 
 impl Ubtrfs {
-    pub fn open(img: &Path) -> Ubtrfs {
-        let engine = open_engine(img);
+    pub fn open(img: &Path, compress: Option<(&'static str, bool)>) -> Ubtrfs {
+        let engine = open_engine(img, compress);
         let top = engine.read(|l| Ok(l.root_dir())).expect("root dir");
-        Ubtrfs { img: img.to_path_buf(), engine: Some(engine), top, commits: 0, reopens: 0 }
+        Ubtrfs { img: img.to_path_buf(), engine: Some(engine), top, compress, commits: 0, reopens: 0 }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -1164,7 +1185,7 @@ impl Ubtrfs {
         let (errors, more) = e.take_close_errors();
         assert!(errors.is_empty() && more == 0, "close errors: {errors:?} and {more} more");
         drop(e);
-        self.engine = Some(open_engine(&self.img));
+        self.engine = Some(open_engine(&self.img, self.compress));
         self.reopens += 1;
         Ok(())
     }
@@ -1769,13 +1790,34 @@ pub fn mkfs_args(seed: u64) -> &'static [&'static str] {
     }
 }
 
+/// The mount-wide compression of a seed (on both sides, for three seeds in eight):
+/// (ALG[:LEVEL], compress-force).
+pub fn compress_of(seed: u64) -> Option<(&'static str, bool)> {
+    match seed % 8 {
+        2 => Some(("zstd", false)),
+        6 => Some(("zlib:3", true)),
+        7 => Some(("lzo", false)),
+        _ => None,
+    }
+}
+
+/// The kernel side's mount options for a seed.
+pub fn mount_opts(seed: u64) -> String {
+    let mut o = "loop,nodev,noatime".to_string();
+    if let Some((alg, force)) = compress_of(seed) {
+        o.push_str(&format!(",{}={alg}", if force { "compress-force" } else { "compress" }));
+    }
+    o
+}
+
 /// A disagreement, with everything needed to replay it.
 pub fn mismatch(seed: u64, i: u64, op: &Op, k: &Outcome, u: &Outcome) -> String {
     let name = |r: &Outcome| match r {
         Ok(o) => format!("{o:?}"),
         Err(e) => errno_name(*e),
     };
-    format!("seed {seed} (mkfs {:?}) op {i}: {op}\n    kernel: {}\n    ubtrfs: {}", mkfs_args(seed), name(k), name(u))
+    let said = if u.is_err() { LAST_ERROR.with(|l| format!(" (the engine said: {})", l.borrow())) } else { String::new() };
+    format!("seed {seed} (mkfs {:?}, mount {}) op {i}: {op}\n    kernel: {}\n    ubtrfs: {}{said}", mkfs_args(seed), mount_opts(seed), name(k), name(u))
 }
 
 impl Run<'_> {
@@ -1791,9 +1833,9 @@ impl Run<'_> {
         let ok = Command::new("cp").arg("--sparse=always").arg(&a).arg(&b).status().expect("cp").success();
         assert!(ok, "cp image");
 
-        let mnt = KernelMount::new(&a, "loop,nodev,noatime");
-        let k = Kernel { dir: mnt.dir.clone(), mkfs: mkfs_args(self.seed) };
-        let mut u = Ubtrfs::open(&b);
+        let mnt = KernelMount::new(&a, &mount_opts(self.seed));
+        let k = Kernel { dir: mnt.dir.clone(), mkfs: mkfs_args(self.seed), compress: compress_of(self.seed).is_some() };
+        let mut u = Ubtrfs::open(&b, compress_of(self.seed));
         let mut st = Stats::default();
         let mut errors = Vec::new();
         let mut g = Gen::new(self.seed, self.avail);
