@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::compress_write::CompressPolicy;
+use ubtrfs_core::inode::falloc::seek_data_hole;
 use ubtrfs_core::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, InodeView, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::OpenOptions;
@@ -154,6 +155,19 @@ pub enum Op {
         path: P,
         size: u64,
     },
+    /// open(O_WRONLY|O_NONBLOCK), fallocate(mode), close.
+    Fallocate {
+        path: P,
+        mode: i32,
+        off: u64,
+        len: u64,
+    },
+    /// open(O_RDONLY|O_NONBLOCK), lseek(SEEK_DATA or SEEK_HOLE), close.
+    Seek {
+        path: P,
+        off: u64,
+        whence: i32,
+    },
     Chmod {
         path: P,
         mode: u32,
@@ -222,6 +236,8 @@ pub enum OpKind {
     RenameWhiteout,
     Write,
     Truncate,
+    Fallocate,
+    Seek,
     Chmod,
     Chown,
     Utimens,
@@ -251,6 +267,8 @@ pub const WEIGHTS: &[(OpKind, u32)] = &[
     (OpKind::RenameWhiteout, 5),
     (OpKind::Write, 120),
     (OpKind::Truncate, 40),
+    (OpKind::Fallocate, 40),
+    (OpKind::Seek, 20),
     (OpKind::Chmod, 25),
     (OpKind::Chown, 25),
     (OpKind::Utimens, 30),
@@ -281,6 +299,8 @@ impl Op {
             Op::Rename { .. } => OpKind::Rename,
             Op::Write { .. } => OpKind::Write,
             Op::Truncate { .. } => OpKind::Truncate,
+            Op::Fallocate { .. } => OpKind::Fallocate,
+            Op::Seek { .. } => OpKind::Seek,
             Op::Chmod { .. } => OpKind::Chmod,
             Op::Chown { .. } => OpKind::Chown,
             Op::Utimens { .. } => OpKind::Utimens,
@@ -310,6 +330,8 @@ impl Op {
             | Op::Rmdir { path }
             | Op::Write { path, .. }
             | Op::Truncate { path, .. }
+            | Op::Fallocate { path, .. }
+            | Op::Seek { path, .. }
             | Op::Chmod { path, .. }
             | Op::Chown { path, .. }
             | Op::Utimens { path, .. }
@@ -353,6 +375,8 @@ impl std::fmt::Display for Op {
             Op::Rename { old, new, flags } => write!(f, "rename {} {} flags={flags}", show(old), show(new)),
             Op::Write { path, off, len, seed } => write!(f, "write {} off={off} len={len} seed={seed}", show(path)),
             Op::Truncate { path, size } => write!(f, "truncate {} {size}", show(path)),
+            Op::Fallocate { path, mode, off, len } => write!(f, "fallocate {} mode={mode:#x} off={off} len={len}", show(path)),
+            Op::Seek { path, off, whence } => write!(f, "lseek {} {off} {}", show(path), if *whence == libc::SEEK_DATA { "SEEK_DATA" } else { "SEEK_HOLE" }),
             Op::Chmod { path, mode } => write!(f, "chmod {} {mode:o}", show(path)),
             Op::Chown { path, uid, gid } => write!(f, "lchown {} {uid:?}:{gid:?}", show(path)),
             Op::Utimens { path, atime, mtime } => write!(f, "utimens {} atime={atime:?} mtime={mtime:?}", show(path)),
@@ -685,6 +709,36 @@ impl Gen {
                 };
                 Op::Truncate { path: self.file(), size }
             }
+            OpKind::Fallocate => {
+                let mode = match self.rng.below(100) {
+                    0..=39 => 0,
+                    40..=59 => libc::FALLOC_FL_KEEP_SIZE,
+                    60..=79 => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    80..=89 => libc::FALLOC_FL_ZERO_RANGE,
+                    90..=94 => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                    95..=96 => libc::FALLOC_FL_PUNCH_HOLE,
+                    97 => libc::FALLOC_FL_COLLAPSE_RANGE,
+                    _ => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                };
+                let off = match self.rng.below(100) {
+                    0..=19 => 0,
+                    20..=49 => self.rng.below(8192),
+                    50..=79 => self.rng.below(400 << 10),
+                    _ => self.rng.below(256) * 4096,
+                };
+                let len = match self.rng.below(100) {
+                    0..=1 => 0,
+                    2..=29 => self.rng.range(1, 4096),
+                    30..=49 => 4096 * self.rng.range(1, 16),
+                    _ => self.rng.range(1, 300_000),
+                };
+                Op::Fallocate { path: self.file(), mode, off, len }
+            }
+            OpKind::Seek => {
+                let off = if self.rng.chance(30) { self.rng.below(8192) } else { self.rng.below(1536 << 10) };
+                let whence = if self.rng.chance(50) { libc::SEEK_DATA } else { libc::SEEK_HOLE };
+                Op::Seek { path: self.file(), off, whence }
+            }
             OpKind::Chmod => {
                 let mode = if self.rng.chance(50) { self.rng.below(0o10000) as u32 } else { self.perm() };
                 Op::Chmod { path: self.existing(Pool::Any), mode }
@@ -722,6 +776,8 @@ pub enum Out {
     Data(Vec<u8>),
     Names(Vec<Vec<u8>>),
     Stat(StatRec),
+    /// An lseek position.
+    Pos(u64),
 }
 
 impl std::fmt::Debug for Out {
@@ -731,6 +787,7 @@ impl std::fmt::Debug for Out {
             Out::Data(d) => write!(f, "{} bytes sha256 {}", d.len(), &hex(&Sha256::digest(d))[..16]),
             Out::Names(n) => write!(f, "{:?}", n.iter().map(|n| show_name(n)).collect::<Vec<_>>()),
             Out::Stat(s) => write!(f, "{s:?}"),
+            Out::Pos(p) => write!(f, "position {p}"),
         }
     }
 }
@@ -939,6 +996,25 @@ impl Kernel {
                     r
                 }
                 Op::Truncate { path, size } => ck(libc::truncate(self.c(path).as_ptr(), *size as libc::off_t)),
+                Op::Fallocate { path, mode, off, len } => {
+                    let fd = libc::open(self.c(path).as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(errno());
+                    }
+                    let r = ck(libc::fallocate(fd, *mode, *off as libc::off_t, *len as libc::off_t));
+                    libc::close(fd);
+                    r
+                }
+                Op::Seek { path, off, whence } => {
+                    let fd = libc::open(self.c(path).as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(errno());
+                    }
+                    let r = libc::lseek(fd, *off as libc::off_t, *whence);
+                    let r = if r < 0 { Err(errno()) } else { Ok(Out::Pos(r as u64)) };
+                    libc::close(fd);
+                    r
+                }
                 Op::Chmod { path, mode } => ck(libc::chmod(self.c(path).as_ptr(), *mode)),
                 Op::Chown { path, uid, gid } => ck(libc::lchown(self.c(path).as_ptr(), uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))),
                 Op::Utimens { path, atime, mtime } => {
@@ -1382,6 +1458,27 @@ impl Ubtrfs {
                 }
                 self.engine().setattr(v.id, &SetAttr { size: Some(*size), ..SetAttr::default() })?;
                 Ok(Out::Done)
+            }
+            Op::Fallocate { path, mode, off, len } => {
+                let v = self.look(|l| resolve(l, top, path, true))?;
+                open_check(&v, true)?;
+                self.change(|w| Ok(w.fallocate(v.id.root, v.id.ino, *mode as u32, *off, *len)?))?;
+                Ok(Out::Done)
+            }
+            Op::Seek { path, off, whence } => {
+                let v = self.look(|l| resolve(l, top, path, true))?;
+                open_check(&v, false)?;
+                let size = v.size();
+                let at = match v.kind() {
+                    FileKind::Fifo => return Err(en(libc::ESPIPE)),
+                    // generic_file_llseek_size over the directory's i_size.
+                    FileKind::Dir => (*off < size).then_some(if *whence == libc::SEEK_DATA { *off } else { size }),
+                    _ => self.look(|l| {
+                        let ext = l.file_extents(v.id, 0, size.max(1))?;
+                        Ok(seek_data_hole(&ext, size, *off, *whence))
+                    })?,
+                };
+                at.map(Out::Pos).ok_or(en(libc::ENXIO))
             }
             Op::Chmod { path, mode } => {
                 let v = self.look(|l| resolve(l, top, path, true))?;
