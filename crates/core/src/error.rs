@@ -49,11 +49,13 @@ pub enum PosixKind {
     NotSupported,
     /// EDQUOT: a qgroup limit would be exceeded.
     QuotaExceeded,
+    /// E2BIG: an xattr value (or list) beyond the VFS's 64 KiB limit.
+    TooBig,
 }
 
 impl PosixKind {
     /// Every kind, for tables and tests.
-    pub const ALL: [PosixKind; 20] = [
+    pub const ALL: [PosixKind; 21] = [
         PosixKind::NotFound,
         PosixKind::NotDir,
         PosixKind::IsDir,
@@ -74,6 +76,7 @@ impl PosixKind {
         PosixKind::FileTooBig,
         PosixKind::NotSupported,
         PosixKind::QuotaExceeded,
+        PosixKind::TooBig,
     ];
 
     /// The errno value (positive), as the FUSE adapter returns it.
@@ -99,6 +102,7 @@ impl PosixKind {
             PosixKind::FileTooBig => libc::EFBIG,
             PosixKind::NotSupported => libc::EOPNOTSUPP,
             PosixKind::QuotaExceeded => libc::EDQUOT,
+            PosixKind::TooBig => libc::E2BIG,
         }
     }
 
@@ -124,6 +128,7 @@ impl PosixKind {
             PosixKind::FileTooBig => "file too large",
             PosixKind::NotSupported => "operation not supported",
             PosixKind::QuotaExceeded => "disk quota exceeded",
+            PosixKind::TooBig => "argument list too long",
         }
     }
 }
@@ -216,7 +221,7 @@ mod tests {
 
     #[test]
     fn every_kind_is_its_errno_with_strerror_text() {
-        let want: [(PosixKind, i32); 20] = [
+        let want: [(PosixKind, i32); 21] = [
             (PosixKind::NotFound, libc::ENOENT),
             (PosixKind::NotDir, libc::ENOTDIR),
             (PosixKind::IsDir, libc::EISDIR),
@@ -237,6 +242,7 @@ mod tests {
             (PosixKind::FileTooBig, libc::EFBIG),
             (PosixKind::NotSupported, libc::EOPNOTSUPP),
             (PosixKind::QuotaExceeded, libc::EDQUOT),
+            (PosixKind::TooBig, libc::E2BIG),
         ];
         assert_eq!(want.map(|(k, _)| k), PosixKind::ALL, "the table above lists every kind, in order");
         for (kind, errno) in want {

@@ -1,7 +1,8 @@
 //! Inodes: their name (`id`), the filesystem view over subvolumes, inodes, directories and xattrs
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
-//! (`namei`), inode and file changes (`write`), the in-memory inodes (`inode_cache`),
-//! open files through the engine (`file`) and orphans (`orphan`).
+//! (`namei`), inode and file changes (`write`), extended attributes and properties
+//! (`xattr`), the in-memory inodes (`inode_cache`), open files through the engine
+//! (`file`) and orphans (`orphan`).
 
 pub mod file;
 pub mod filesystem;
@@ -12,3 +13,4 @@ pub mod orphan;
 pub mod read;
 pub mod stream;
 pub mod write;
+pub mod xattr;
