@@ -7,6 +7,7 @@ mod dump;
 mod info;
 mod read_cmds;
 mod write_cmds;
+mod xattr_cmds;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -88,6 +89,8 @@ enum Cmd {
     Rm(write_cmds::RmArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
+    #[command(flatten)]
+    Xattr(xattr_cmds::XattrCmd),
 }
 
 fn main() -> ExitCode {
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         Cmd::Check(a) => check_cmd::run(&a),
         Cmd::Put(a) => write_cmds::put(&a),
         Cmd::Rm(a) => write_cmds::rm(&a),
+        Cmd::Xattr(c) => c.run(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
