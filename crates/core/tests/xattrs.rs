@@ -236,6 +236,14 @@ fn op_table(nodesize: u32) -> Vec<(Op, i32)> {
         (rm("/f", &n2), ok),
         (set("/f", &n2, b"again", 0), ok),
         (set("/f", &n1, b"", 0), ok),
+        // A shared item holds at most one leaf item's bytes: a second name past that is
+        // ENOSPC, and so is a value that would grow it past.
+        (set("/g", &n1, &vec![b'1'; max - n1.len()], 0), ok),
+        (set("/g", &n2, b"x", 0), libc::ENOSPC),
+        (set("/g", &n1, b"small", XATTR_REPLACE), ok),
+        (set("/g", &n2, b"x", 0), ok),
+        (set("/g", &n2, &vec![b'2'; max - n2.len()], 0), libc::ENOSPC),
+        (set("/g", &n2, &vec![b'2'; 1000], 0), ok),
         // The compression property.
         (set("/f", b"btrfs.compression", b"bad", 0), libc::EINVAL),
         (set("/f", b"btrfs.compression", b"zstd:3", 0), ok),
@@ -645,4 +653,83 @@ fn btrfs_property_get_sees_what_ubtrfs_set() {
     assert!(lsattr("z").contains('c') && !lsattr("z").contains('m'), "z: {}", lsattr("z"));
     assert!(lsattr("n").contains('m') && !lsattr("n").contains('c'), "n: {}", lsattr("n"));
     m.umount();
+}
+
+/// A read-only subvolume (and an aborted filesystem) takes no xattr change: EROFS,
+/// nothing changed; reads still work.
+#[test]
+fn a_read_only_subvolume_refuses_xattr_changes() {
+    let s = Scratch::mkfs("xattr-rosubvol", 256 * MIB, &[]);
+    let mut w = s.writer();
+    let root = w.live().root_dir();
+    let f = w.create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    w.setxattr(root.root, f, b"user.a", b"1", 0).expect("set");
+    w.set_subvol_readonly(root.root, true).expect("read-only");
+    let before = fs_items(&mut w);
+    for r in [w.setxattr(root.root, f, b"user.b", b"1", 0), w.removexattr(root.root, f, b"user.a"), w.setxattr(root.root, f, b"btrfs.compression", b"zstd", 0)] {
+        assert_eq!(r.as_ref().map_err(|e| e.posix_kind()), Err(Some(PosixKind::ReadOnly)), "{r:?}");
+    }
+    assert!(fs_items(&mut w) == before, "a refused change changed the tree");
+    assert_eq!(w.live().getxattr(InodeId { root: root.root, ino: f }, b"user.a").expect("read"), b"1");
+}
+
+/// New inodes take their directory's compression property as the kernel's
+/// `btrfs_inode_inherit_props` gives it: the algorithm without the level, on regular
+/// files and directories, with the COMPRESS flag; "no" passes on no xattr.
+#[test]
+fn new_inodes_inherit_the_compression_property() {
+    use ubtrfs_core::inode::write::InodeAttrs;
+    let s = Scratch::mkfs("xattr-inherit", 256 * MIB, &[]);
+    let mut w = s.writer();
+    let top = w.live().root_dir();
+    let r = top.root;
+    let pd = w.mkdir(r, top.ino, b"pd", &InodeAttrs::new(0o755)).expect("mkdir");
+    let pn = w.mkdir(r, top.ino, b"pn", &InodeAttrs::new(0o755)).expect("mkdir");
+    w.setxattr(r, pd, b"btrfs.compression", b"zstd:3", 0).expect("property");
+    w.setxattr(r, pn, b"btrfs.compression", b"no", 0).expect("property");
+    let mut made = Vec::new();
+    for (dir, name, is_dir) in [(pd, &b"x"[..], false), (pd, b"y", true), (pn, b"x", false)] {
+        let ino = if is_dir { w.mkdir(r, dir, name, &InodeAttrs::new(0o755)) } else { w.create_file(r, dir, name, &InodeAttrs::new(0o644)) }.expect("create");
+        let ctime = w.live().load_inode(InodeId { root: r, ino }, Load::ITEM).expect("inode").item.ctime;
+        w.inherit_props(r, dir, ino).expect("inherit");
+        let after = w.live().load_inode(InodeId { root: r, ino }, Load::ITEM).expect("inode").item.ctime;
+        assert_eq!((ctime.sec.get(), ctime.nsec.get()), (after.sec.get(), after.nsec.get()), "inheriting leaves the new inode's times");
+        made.push(ino);
+    }
+    w.commit().expect("commit");
+    drop(w);
+    assert_check(&s.path, "after inheriting properties");
+    let fs = s.reader();
+    let xattrs = |ino| fs.load_inode(InodeId { root: r, ino }, Load { xattrs: true, ..Load::ITEM }).expect("inode");
+    for &ino in &made[..2] {
+        let v = xattrs(ino);
+        assert_eq!(v.xattrs, vec![(b"btrfs.compression".to_vec(), b"zstd".to_vec())], "ino {ino}: what the kernel gives pd/x and pd/y");
+        assert_eq!(v.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_COMPRESS, "ino {ino}");
+    }
+    let v = xattrs(made[2]);
+    assert!(v.xattrs.is_empty(), "pn/x: {}", summary(&v.xattrs));
+    assert_eq!(v.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_NOCOMPRESS, "pn/x: the flag comes from the directory's flags");
+    if common::kernel_available("new_inodes_inherit_the_compression_property") {
+        // The kernel, doing the same on a mount, ends with the same xattrs and flags.
+        let k = Scratch::mkfs("xattr-inherit-kernel", 256 * MIB, &[]);
+        {
+            let m = Mount::new(&k.path, true);
+            for (d, v) in [("pd", "zstd:3"), ("pn", "no")] {
+                std::fs::create_dir(m.path(d)).expect("mkdir");
+                let o = Command::new("setfattr").args(["-n", "btrfs.compression", "-v", v]).arg(m.path(d)).output().expect("setfattr");
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            }
+            std::fs::write(m.path("pd/x"), b"").expect("create");
+            std::fs::create_dir(m.path("pd/y")).expect("mkdir");
+            std::fs::write(m.path("pn/x"), b"").expect("create");
+            m.umount();
+        }
+        let kfs = k.reader();
+        for (p, &ino) in ["/pd/x", "/pd/y", "/pn/x"].iter().zip(&made) {
+            let kv = kfs.load_inode(kfs.resolve_id(p, false).expect("resolve"), Load { xattrs: true, ..Load::ITEM }).expect("inode");
+            let ov = xattrs(ino);
+            assert!(kv.xattrs == ov.xattrs, "{p}: kernel [{}], ubtrfs [{}]", summary(&kv.xattrs), summary(&ov.xattrs));
+            assert_eq!(kv.flags(), ov.flags(), "{p}: inode flags");
+        }
+    }
 }

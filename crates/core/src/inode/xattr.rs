@@ -318,6 +318,8 @@ struct XattrChange {
     flags_clear: u64,
     mode: Option<u32>,
     incompat: u64,
+    /// The change moves ctime (every change through the xattr calls does).
+    ctime: bool,
 }
 
 /// One entry's bytes: DIR_ITEM header (FT_XATTR, zeroed location), name, value.
@@ -397,7 +399,7 @@ impl FsWriter {
             Handler::Btrfs => self.plan_set_prop(id, name, value, flags, &ii),
             _ => {
                 let edit = self.plan_item_edit(id, name, value, flags)?;
-                Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set: 0, flags_clear: 0, mode: None, incompat: 0 }))
+                Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set: 0, flags_clear: 0, mode: None, incompat: 0, ctime: true }))
             }
         }
     }
@@ -432,7 +434,7 @@ impl FsWriter {
             Some(CompressionProperty { kind: CompressionType::Zstd, .. }) => (INODE_COMPRESS, INODE_NOCOMPRESS, INCOMPAT_COMPRESS_ZSTD),
             Some(CompressionProperty { kind: CompressionType::Zlib, .. }) => (INODE_COMPRESS, INODE_NOCOMPRESS, 0),
         };
-        Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set, flags_clear, mode: None, incompat }))
+        Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set, flags_clear, mode: None, incompat, ctime: true }))
     }
 
     /// `vfs_set_acl` / `vfs_remove_acl` and `btrfs_set_acl` (`acl` None removes, as an
@@ -468,7 +470,7 @@ impl FsWriter {
         }
         let value = acl.as_deref().map(acl_to_xattr);
         let edit = self.plan_item_edit(id, name, value.as_deref(), 0)?;
-        Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set: 0, flags_clear: 0, mode: new_mode, incompat: 0 }))
+        Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set: 0, flags_clear: 0, mode: new_mode, incompat: 0, ctime: true }))
     }
 
     /// `btrfs_setxattr`'s decisions on the current item, made before any change: set
@@ -525,6 +527,39 @@ impl FsWriter {
         })
     }
 
+    /// Give new inode `ino` the compression property of its directory `dir`, as the
+    /// kernel's `btrfs_inode_inherit_props` does when it creates an inode: the parent's
+    /// algorithm without its level ("zstd:3" passes on "zstd"), its flags, nothing for
+    /// "no"/"none" (the NOCOMPRESS flag passes on by the inode flags), nothing for other
+    /// than regular files and directories or for a nodatacow/nodatasum inode. For the
+    /// create paths, inside their handle; the new inode's times stay as created.
+    ///
+    /// # Errors
+    /// ENOENT; ENOSPC; tree failures.
+    pub fn inherit_props(&mut self, root: u64, dir: u64, ino: u64) -> Result<()> {
+        let id = InodeId { root, ino };
+        let Some(p) = self.live().compression_property(InodeId { root, ino: dir })? else { return Ok(()) };
+        let value: &[u8] = match p.kind {
+            CompressionType::Zlib => b"zlib",
+            CompressionType::Lzo => b"lzo",
+            CompressionType::Zstd => b"zstd",
+            CompressionType::None => return Ok(()),
+        };
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        if !is_reg_or_dir(ii.mode.get()) || ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+            return Ok(());
+        }
+        self.check_root_writable(root)?;
+        let edit = self.plan_item_edit(id, XATTR_BTRFS_COMPRESSION, Some(value), 0)?;
+        let incompat = match p.kind {
+            CompressionType::Lzo => INCOMPAT_COMPRESS_LZO,
+            CompressionType::Zstd => INCOMPAT_COMPRESS_ZSTD,
+            _ => 0,
+        };
+        let change = XattrChange { id, key: xattr_key(id, XATTR_BTRFS_COMPRESSION), edit, flags_set: INODE_COMPRESS, flags_clear: INODE_NOCOMPRESS, mode: None, incompat, ctime: false };
+        self.apply_xattr_change(Some(change), "inherit_props")
+    }
+
     /// Apply a checked change in one handle: the item, then the inode.
     fn apply_xattr_change(&mut self, change: Option<XattrChange>, at: &'static str) -> Result<()> {
         let Some(c) = change else { return Ok(()) };
@@ -553,7 +588,9 @@ impl FsWriter {
             }
             let t = w.now();
             w.update_inode(root, c.id.ino, |ii| {
-                ii.ctime = t;
+                if c.ctime {
+                    ii.ctime = t;
+                }
                 ii.flags = ((ii.flags.get() | c.flags_set) & !c.flags_clear).into();
                 if let Some(m) = c.mode {
                     ii.mode = m.into();
