@@ -351,7 +351,10 @@ impl FsWriter {
     /// ENOENT, EPERM (immutable or append-only inode; `user.*` on other than regular
     /// files and directories), EOPNOTSUPP (unknown namespace, ACL on a symlink),
     /// EACCES (default ACL on a non-directory), EEXIST, ENODATA, ENOSPC (name and
-    /// value beyond one leaf item), EROFS; tree failures (which abort).
+    /// value beyond one leaf item), EROFS (a read-only subvolume: for ACLs too, where
+    /// the kernel 6.18 on this machine lets setfacl change a read-only snapshot's mode;
+    /// read-only snapshots stay unchanged here, as send/receive need); tree failures
+    /// (which abort).
     pub fn setxattr(&mut self, root: u64, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let id = InodeId { root, ino };
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
