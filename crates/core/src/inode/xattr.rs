@@ -267,6 +267,33 @@ fn acl_to_xattr(acl: &[AclEntry]) -> Vec<u8> {
     v
 }
 
+// ---- file capabilities (security/commoncap.c) ----
+
+/// File capabilities, which the VFS checks and rewrites before they are stored.
+const XATTR_NAME_CAPS: &[u8] = b"security.capability";
+const VFS_CAP_REVISION_2: u32 = 0x0200_0000;
+const VFS_CAP_REVISION_3: u32 = 0x0300_0000;
+const VFS_CAP_FLAGS_EFFECTIVE: u32 = 0x0000_0001;
+/// `vfs_cap_data` (magic_etc, two permitted/inheritable pairs) and `vfs_ns_cap_data`
+/// (the same and a root id).
+const XATTR_CAPS_SZ_2: usize = 20;
+const XATTR_CAPS_SZ_3: usize = 24;
+
+/// `cap_convert_nscap`'s checks for a privileged caller in the initial namespaces: the header
+/// must be revision 2 (20 bytes) or 3 (24 bytes, a root id that maps) with no flag but
+/// the effective one (`validheader`, `sansflags`), else EINVAL. A valid value is
+/// stored as given (the conversions there concern other user namespaces).
+fn check_caps(id: InodeId, name: &[u8], v: &[u8]) -> Result<()> {
+    let bad = || Error::posix_detail(PosixKind::Invalid, what(id, name), "not a revision 2 or 3 file capability");
+    let magic = u32::from_le_bytes(v.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes"));
+    match (v.len(), magic & !VFS_CAP_FLAGS_EFFECTIVE) {
+        (XATTR_CAPS_SZ_2, VFS_CAP_REVISION_2) => Ok(()),
+        // (uid_t)-1 maps to no kuid.
+        (XATTR_CAPS_SZ_3, VFS_CAP_REVISION_3) if v[20..24] != [0xff; 4] => Ok(()),
+        _ => Err(bad()),
+    }
+}
+
 // ---- the compression property ----
 
 /// The `btrfs.compression` property of an inode, as the write path takes it.
@@ -350,7 +377,7 @@ impl FsWriter {
     /// refuses), ERANGE (name of 0 or over 255 bytes), E2BIG (value over 64 KiB),
     /// ENOENT, EPERM (immutable or append-only inode; `user.*` on other than regular
     /// files and directories), EOPNOTSUPP (unknown namespace, ACL on a symlink),
-    /// EACCES (default ACL on a non-directory), EEXIST, ENODATA, ENOSPC (name and
+    /// EACCES (default ACL on a non-directory), EINVAL (a malformed `security.capability`), EEXIST, ENODATA, ENOSPC (name and
     /// value beyond one leaf item), EROFS (a read-only subvolume: for ACLs too, where
     /// the kernel 6.18 on this machine lets setfacl change a read-only snapshot's mode;
     /// read-only snapshots stay unchanged here, as send/receive need); tree failures
@@ -363,6 +390,9 @@ impl FsWriter {
         check_name(id, name)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::posix_detail(PosixKind::TooBig, what(id, name), format!("values are at most {XATTR_SIZE_MAX} bytes, this one is {}", value.len())));
+        }
+        if name == XATTR_NAME_CAPS && !value.is_empty() {
+            check_caps(id, name, value)?;
         }
         self.check_root_writable(root)?;
         let change = match acl_kind(name) {
