@@ -279,10 +279,10 @@ const VFS_CAP_FLAGS_EFFECTIVE: u32 = 0x0000_0001;
 const XATTR_CAPS_SZ_2: usize = 20;
 const XATTR_CAPS_SZ_3: usize = 24;
 
-/// `cap_convert_nscap`'s checks for a privileged caller in the initial namespaces: the header
-/// must be revision 2 (20 bytes) or 3 (24 bytes, a root id that maps) with no flag but
-/// the effective one (`validheader`, `sansflags`), else EINVAL. A valid value is
-/// stored as given (the conversions there concern other user namespaces).
+/// `cap_convert_nscap`'s checks for a privileged caller in the initial namespaces:
+/// the header must be revision 2 (20 bytes) or 3 (24 bytes, a root id that maps) with
+/// no flag but the effective one (`validheader`, `sansflags`), else EINVAL. A valid
+/// value is stored as given (the conversions there concern other user namespaces).
 fn check_caps(id: InodeId, name: &[u8], v: &[u8]) -> Result<()> {
     let bad = || Error::posix_detail(PosixKind::Invalid, what(id, name), "not a revision 2 or 3 file capability");
     let magic = u32::from_le_bytes(v.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes"));
@@ -373,15 +373,15 @@ impl FsWriter {
     /// moves. One transaction handle; nothing changes when it fails.
     ///
     /// # Errors
-    /// `Posix`: EINVAL (flags, malformed ACL, `btrfs.` names and values the kernel
-    /// refuses), ERANGE (name of 0 or over 255 bytes), E2BIG (value over 64 KiB),
-    /// ENOENT, EPERM (immutable or append-only inode; `user.*` on other than regular
-    /// files and directories), EOPNOTSUPP (unknown namespace, ACL on a symlink),
-    /// EACCES (default ACL on a non-directory), EINVAL (a malformed `security.capability`), EEXIST, ENODATA, ENOSPC (name and
-    /// value beyond one leaf item), EROFS (a read-only subvolume: for ACLs too, where
-    /// the kernel 6.18 on this machine lets setfacl change a read-only snapshot's mode;
-    /// read-only snapshots stay unchanged here, as send/receive need); tree failures
-    /// (which abort).
+    /// `Posix`: EINVAL (flags, a malformed ACL or `security.capability`, `btrfs.`
+    /// names and values the kernel refuses), ERANGE (name of 0 or over 255 bytes),
+    /// E2BIG (value over 64 KiB), ENOENT, EPERM (immutable or append-only inode;
+    /// `user.*` on other than regular files and directories), EOPNOTSUPP (unknown
+    /// namespace, ACL on a symlink), EACCES (default ACL on a non-directory), EEXIST,
+    /// ENODATA, ENOSPC (name and value beyond one leaf item), EROFS (a read-only
+    /// subvolume: for ACLs too, where the kernel 6.18 on this machine lets setfacl
+    /// change a read-only snapshot's mode; read-only snapshots stay unchanged here, as
+    /// send/receive need); tree failures (which abort).
     pub fn setxattr(&mut self, root: u64, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let id = InodeId { root, ino };
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
