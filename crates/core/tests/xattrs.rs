@@ -741,3 +741,74 @@ fn new_inodes_inherit_the_compression_property() {
         }
     }
 }
+
+/// Random sets, replaces and removes (names sharing items among them) against a map of
+/// what each name should hold: every errno and every read as the model says, the tree's
+/// invariants kept, commits along the way, `btrfs check` clean, and the kernel reading
+/// the same at the end.
+#[test]
+fn random_operations_against_a_model() {
+    let s = Scratch::mkfs("xattr-model", 256 * MIB, &[]);
+    let mut w = s.writer();
+    let top = w.live().root_dir();
+    let f = w.create_file(top.root, top.ino, b"m", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    let id = InodeId { root: top.root, ino: f };
+    let mut names: Vec<Vec<u8>> = (0..10).map(|i| format!("user.n{i}").into_bytes()).collect();
+    for p in ["user.p", "user.q", "user.r"] {
+        let (a, b) = colliding_pair(p);
+        names.push(a);
+        names.push(b);
+    }
+    let mut model: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = Default::default();
+    let mut rng = write_common::Rng::new(0x5eed);
+    for step in 0..3000 {
+        let name = rng.pick(&names).clone();
+        let exists = model.contains_key(&name);
+        if rng.chance(30) {
+            let r = w.removexattr(id.root, id.ino, &name);
+            let want = if exists { 0 } else { libc::ENODATA };
+            assert_eq!(errno_of(&r), want, "step {step}: remove {}: {r:?}", String::from_utf8_lossy(&name));
+            model.remove(&name);
+        } else {
+            let len = if rng.chance(5) { rng.range(1000, 3000) } else { rng.below(200) } as usize;
+            let value = rng.bytes(len);
+            let flags = *rng.pick(&[0, 0, XATTR_CREATE, XATTR_REPLACE]);
+            let r = w.setxattr(id.root, id.ino, &name, &value, flags);
+            let want = match (flags, exists) {
+                (XATTR_CREATE, true) => libc::EEXIST,
+                (XATTR_REPLACE, false) => libc::ENODATA,
+                _ => 0,
+            };
+            assert_eq!(errno_of(&r), want, "step {step}: set {} flags {flags}: {r:?}", String::from_utf8_lossy(&name));
+            if want == 0 {
+                model.insert(name, value);
+            }
+        }
+        if step % 500 == 499 {
+            w.check_invariants(id.root).expect("fs tree invariants");
+            let mut listed = w.live().listxattr(id).expect("list");
+            listed.sort();
+            assert_eq!(listed, model.keys().cloned().collect::<Vec<_>>(), "step {step}: names");
+            for (n, v) in &model {
+                assert!(&w.live().getxattr(id, n).expect("get") == v, "step {step}: {}", String::from_utf8_lossy(n));
+            }
+            if step % 1000 == 999 {
+                w.commit().expect("commit");
+            }
+        }
+    }
+    w.commit().expect("commit");
+    drop(w);
+    assert_check(&s.path, "after random xattr operations");
+    let fs = s.reader();
+    let ours: Vec<(Vec<u8>, Vec<u8>)> = fs.listxattr(id).expect("list").into_iter().map(|n| (n.clone(), fs.getxattr(id, &n).expect("get"))).collect();
+    let mut sorted = ours.clone();
+    sorted.sort();
+    assert!(sorted == model.clone().into_iter().collect::<Vec<_>>(), "the committed image holds the model");
+    if common::kernel_available("random_operations_against_a_model") {
+        let m = Mount::new(&s.path, false);
+        let k = kernel_xattrs(&m.dir, "m");
+        assert!(k == ours, "the kernel reads [{}], ubtrfs [{}]", summary(&k), summary(&ours));
+        m.umount();
+    }
+}
