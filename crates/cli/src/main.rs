@@ -8,6 +8,7 @@ mod edit_cmds;
 mod info;
 mod read_cmds;
 mod write_cmds;
+mod xattr_cmds;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -109,6 +110,8 @@ enum Cmd {
     Batch(edit_cmds::BatchArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
+    #[command(flatten)]
+    Xattr(xattr_cmds::XattrCmd),
 }
 
 fn main() -> ExitCode {
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
         Cmd::Chown(a) => edit_cmds::chown(&a),
         Cmd::Touch(a) => edit_cmds::touch(&a),
         Cmd::Batch(a) => edit_cmds::batch(&a),
+        Cmd::Xattr(c) => c.run(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -216,25 +216,13 @@ impl FsWriter {
         }
     }
 
-    /// The file's `btrfs.compression` property (`btrfs property set FILE compression
-    /// ALG`), as the kernel reads it when it loads the inode: zlib, lzo or zstd, an
-    /// optional `:LEVEL`; none when absent, empty, or "no"/"none".
-    pub(crate) fn compression_property(&mut self, root: u64, ino: u64) -> Result<Option<(CompressionType, Option<i32>)>> {
-        const NAME: &[u8] = b"btrfs.compression";
-        let key = Key::new(ino, XATTR_ITEM_KEY, ubtrfs_format::hash::name_hash(NAME));
-        for (_, d) in self.items_in_range(root, &key, &key)? {
-            for e in ubtrfs_format::items::dir_entries(&d) {
-                let e = e.expect("validated by the tree checker");
-                if e.name == NAME {
-                    let v = std::str::from_utf8(e.data).unwrap_or("");
-                    return Ok(match CompressPolicy::parse(v, false) {
-                        Ok(p) => p.alg.map(|a| (a, p.level)),
-                        Err(_) => None,
-                    });
-                }
-            }
-        }
-        Ok(None)
+    /// The file's `btrfs.compression` property as the write path uses it: the
+    /// algorithm (the kernel keeps no level from it), None when absent or "no"/"none"
+    /// (which set NOCOMPRESS instead).
+    pub(crate) fn compression_prop(&mut self, root: u64, ino: u64) -> Result<Option<(CompressionType, Option<i32>)>> {
+        use crate::inode::xattr::XattrRead;
+        let p = self.live().compression_property(crate::inode::filesystem::InodeId { root, ino })?;
+        Ok(p.filter(|p| p.kind != CompressionType::None).map(|p| (p.kind, None)))
     }
 
     /// Write [start, start + total) of file `ino` (sector aligned) from `src`, with
