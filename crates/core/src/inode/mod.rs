@@ -4,7 +4,8 @@
 //! rename (`namespace`), attributes and truncation (`attr`), compression on write
 //! (`compress_write`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), extended
 //! attributes and properties (`xattr`), the in-memory inodes (`inode_cache`), open
-//! files through the engine (`file`) and orphans (`orphan`).
+//! files through the engine (`file`), orphans (`orphan`) and the VFS's permission checks
+//! for callers that ask (`perm`).
 
 pub mod attr;
 pub mod compress_write;
@@ -16,6 +17,7 @@ pub mod inode_cache;
 pub mod namei;
 pub mod namespace;
 pub mod orphan;
+pub mod perm;
 pub mod read;
 pub mod stream;
 pub mod write;

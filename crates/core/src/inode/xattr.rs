@@ -146,26 +146,29 @@ fn xattr_permission_write(id: InodeId, name: &[u8], ii: &InodeItem) -> Result<()
 // ---- POSIX ACLs (the xattr format of include/uapi/linux/posix_acl_xattr.h) ----
 
 const POSIX_ACL_XATTR_VERSION: u32 = 2;
-const ACL_USER_OBJ: u16 = 0x01;
-const ACL_USER: u16 = 0x02;
-const ACL_GROUP_OBJ: u16 = 0x04;
-const ACL_GROUP: u16 = 0x08;
-const ACL_MASK: u16 = 0x10;
-const ACL_OTHER: u16 = 0x20;
+pub const ACL_USER_OBJ: u16 = 0x01;
+pub const ACL_USER: u16 = 0x02;
+pub const ACL_GROUP_OBJ: u16 = 0x04;
+pub const ACL_GROUP: u16 = 0x08;
+pub const ACL_MASK: u16 = 0x10;
+pub const ACL_OTHER: u16 = 0x20;
 const ACL_UNDEFINED_ID: u32 = u32::MAX;
 /// Header (a_version) and entry (e_tag, e_perm, e_id) sizes.
 const ACL_HEADER_SIZE: usize = 4;
 const ACL_ENTRY_SIZE: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct AclEntry {
-    tag: u16,
-    perm: u16,
-    id: u32,
+pub struct AclEntry {
+    /// ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK or ACL_OTHER.
+    pub tag: u16,
+    /// rwx bits.
+    pub perm: u16,
+    /// The uid or gid of a named entry (u32::MAX otherwise).
+    pub id: u32,
 }
 
 /// `posix_acl_from_xattr`: None for a header without entries (which removes the ACL).
-fn acl_from_xattr(id: InodeId, name: &[u8], v: &[u8]) -> Result<Option<Vec<AclEntry>>> {
+pub(crate) fn acl_from_xattr(id: InodeId, name: &[u8], v: &[u8]) -> Result<Option<Vec<AclEntry>>> {
     let bad = |why: &str| Error::posix_detail(PosixKind::Invalid, what(id, name), why.to_string());
     if v.len() < ACL_HEADER_SIZE {
         return Err(bad("an ACL starts with a 4-byte version"));
