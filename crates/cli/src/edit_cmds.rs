@@ -115,6 +115,14 @@ pub struct ChmodOpts {
 }
 
 #[derive(Args)]
+pub struct ChattrOpts {
+    /// `+FLAGS`, `-FLAGS` or `=FLAGS` (chattr's letters: S D i a d A c C m on btrfs).
+    #[arg(allow_hyphen_values = true)]
+    spec: String,
+    path: String,
+}
+
+#[derive(Args)]
 pub struct ChownOpts {
     /// UID:GID, UID, or :GID (numeric).
     #[arg(value_name = "UID:GID")]
@@ -141,6 +149,7 @@ pub enum EditCmd {
     Truncate(TruncateOpts),
     Fallocate(FallocateOpts),
     Chmod(ChmodOpts),
+    Chattr(ChattrOpts),
     Chown(ChownOpts),
     Touch(TouchOpts),
 }
@@ -220,6 +229,12 @@ impl ChmodOpts {
         Ok(Edit::Chmod { mode: edit::parse_mode(&self.mode)?, path: self.path.clone() })
     }
 }
+impl ChattrOpts {
+    fn edit(&self) -> Result<Edit> {
+        edit::apply_chattr(&self.spec, 0)?;
+        Ok(Edit::Chattr { spec: self.spec.clone(), path: self.path.clone() })
+    }
+}
 impl ChownOpts {
     fn edit(&self) -> Result<Edit> {
         let (uid, gid) = edit::parse_owner(&self.owner)?;
@@ -243,6 +258,7 @@ impl EditCmd {
             EditCmd::Truncate(o) => o.edit(),
             EditCmd::Fallocate(o) => o.edit(),
             EditCmd::Chmod(o) => o.edit(),
+            EditCmd::Chattr(o) => o.edit(),
             EditCmd::Chown(o) => o.edit(),
             EditCmd::Touch(o) => o.edit(),
         }
@@ -306,6 +322,31 @@ pub fn fallocate(a: &WithImage<FallocateOpts>) -> Result<()> {
 pub fn chmod(a: &WithImage<ChmodOpts>) -> Result<()> {
     run_one(a, "chmod", ChmodOpts::edit)
 }
+pub fn chattr(a: &WithImage<ChattrOpts>) -> Result<()> {
+    run_one(a, "chattr", ChattrOpts::edit)
+}
+
+#[derive(Args)]
+pub struct LsattrArgs {
+    #[command(flatten)]
+    pub image: crate::ImageArgs,
+    /// Paths inside the image.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+}
+
+/// `lsattr`: the inode flags as lsattr prints them, one line per path.
+pub fn lsattr(a: &LsattrArgs) -> Result<()> {
+    use ubtrfs_core::inode::filesystem::{FsRead, Load};
+    let fs = ubtrfs_core::inode::filesystem::Filesystem::from_info(a.image.open()?)?;
+    for p in &a.paths {
+        let v = fs.resolve(edit::absolute(p)?, false)?;
+        let _ = Load::ITEM;
+        println!("{} {}", edit::lsattr_string(ubtrfs_core::inode::attr::fsflags_of(v.item.flags.get())), ubtrfs_core::quote::name(p.as_bytes()));
+    }
+    Ok(())
+}
+
 pub fn chown(a: &WithImage<ChownOpts>) -> Result<()> {
     run_one(a, "chown", ChownOpts::edit)
 }

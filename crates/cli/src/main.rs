@@ -8,6 +8,7 @@ mod edit_cmds;
 mod info;
 mod read_cmds;
 mod write_cmds;
+mod xattr_cmds;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -101,6 +102,10 @@ enum Cmd {
     Fallocate(edit_cmds::WithImage<edit_cmds::FallocateOpts>),
     /// Change permission bits.
     Chmod(edit_cmds::WithImage<edit_cmds::ChmodOpts>),
+    /// Change inode flags, as chattr does (+i, -a, =C, +c...).
+    Chattr(edit_cmds::WithImage<edit_cmds::ChattrOpts>),
+    /// List inode flags, as lsattr does.
+    Lsattr(edit_cmds::LsattrArgs),
     /// Change the owner and group (numeric).
     Chown(edit_cmds::WithImage<edit_cmds::ChownOpts>),
     /// Set access and modification times (a missing file is made).
@@ -109,6 +114,8 @@ enum Cmd {
     Batch(edit_cmds::BatchArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
+    #[command(flatten)]
+    Xattr(xattr_cmds::XattrCmd),
 }
 
 fn main() -> ExitCode {
@@ -131,9 +138,12 @@ fn main() -> ExitCode {
         Cmd::Truncate(a) => edit_cmds::truncate(&a),
         Cmd::Fallocate(a) => edit_cmds::fallocate(&a),
         Cmd::Chmod(a) => edit_cmds::chmod(&a),
+        Cmd::Chattr(a) => edit_cmds::chattr(&a),
+        Cmd::Lsattr(a) => edit_cmds::lsattr(&a),
         Cmd::Chown(a) => edit_cmds::chown(&a),
         Cmd::Touch(a) => edit_cmds::touch(&a),
         Cmd::Batch(a) => edit_cmds::batch(&a),
+        Cmd::Xattr(c) => c.run(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -117,6 +117,14 @@ fn editing_commands_round_trip_through_the_kernel() {
     ok(&["mv", "--exchange", "IMG", "/a/private", "/a/b/c"], &img);
     ok(&["mv", "--no-replace", "IMG", "/a/sock", "/a/sock2"], &img);
     ok(&["rm", "IMG", "/a/hard"], &img);
+    ok(&["chattr", "IMG", "+iA", "/a/f"], &img);
+    ok(&["chattr", "IMG", "+c", "/a/b/g2"], &img);
+    ok(&["touch", "IMG", "/a/empty-nocow"], &img);
+    ok(&["chattr", "IMG", "+C", "/a/empty-nocow"], &img);
+    ok(&["chattr", "IMG", "+C", "/a/b/g2"], &img);
+    ok(&["chattr", "IMG", "=dm", "/a/b/c"], &img);
+    assert!(fails(&["chattr", "IMG", "+e", "/a/f"], &img).contains("not supported"));
+    assert!(fails(&["chattr", "IMG", "+cm", "/a/b/g2"], &img).contains("exclude"));
     // Refusals: one line each, naming the object, and the image unchanged.
     assert!(fails(&["mv", "IMG", "/a", "/a/b/inside"], &img).contains("cannot move inside itself"));
     assert!(fails(&["mv", "--no-replace", "IMG", "/a/f", "/a/fifo"], &img).contains("file exists"));
@@ -146,6 +154,17 @@ fn editing_commands_round_trip_through_the_kernel() {
     let null = st("a/null");
     assert!(null.file_type().is_char_device() && null.rdev() == libc::makedev(1, 3) && null.mode() & 0o7777 == 0o600);
     assert!(!m.0.join("a/hard").exists());
+    // lsattr through the kernel shows what ubtrfs lsattr shows; chattr +c set the
+    // compression property, and +C on a non-empty file changed nothing (as the kernel).
+    for p in ["a/f", "a/b/g2", "a/empty-nocow", "a/b/c"] {
+        let k = Command::new("lsattr").arg("-d").arg(m.0.join(p)).output().expect("lsattr");
+        let kflags = String::from_utf8_lossy(&k.stdout).split_whitespace().next().unwrap_or_default().to_string();
+        let u = bin().arg("lsattr").arg(&img).arg(format!("/{p}")).output().expect("ubtrfs lsattr");
+        let uflags = String::from_utf8_lossy(&u.stdout).split_whitespace().next().unwrap_or_default().to_string();
+        assert_eq!(uflags, kflags, "/{p}: ubtrfs lsattr vs the kernel's");
+    }
+    let prop = Command::new("btrfs").args(["property", "get"]).arg(m.0.join("a/b/g2")).arg("compression").output().expect("btrfs property");
+    assert_eq!(String::from_utf8_lossy(&prop.stdout).trim(), "compression=zlib");
     drop(m);
 
     // A batch: a hundred edits, one commit.

@@ -87,6 +87,21 @@ fn make_source(dir: &Path) {
             assert_eq!(libc::mknod(c(&dir.join("disk")).as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(259, 70000)), 0, "mknod");
         }
     }
+    // Extended attributes of several namespaces (trusted.* needs root).
+    let setx = |p: &Path, n: &str, v: &[u8]| {
+        let (cp, cn) = (c(p), std::ffi::CString::new(n).unwrap());
+        // SAFETY: plain syscall on NUL-terminated strings and a live buffer.
+        let r = unsafe { libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+        assert_eq!(r, 0, "setxattr {n} on {}: {}", p.display(), std::io::Error::last_os_error());
+    };
+    setx(&dir.join("a/mid"), "user.origin", b"put test");
+    setx(&dir.join("a/mid"), "user.empty", b"");
+    setx(&dir.join("a"), "user.dir", &[0, 1, 2, 255]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        setx(&dir.join("inline"), "trusted.secret", b"root only");
+        setx(&dir.join("links/rel"), "trusted.on-a-link", b"x");
+    }
     let sock = std::os::unix::net::UnixListener::bind(dir.join("sock")).unwrap();
     drop(sock);
     // Sparse: 300 MiB holding 2 bytes, and a file with data, a hole, data.

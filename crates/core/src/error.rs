@@ -54,11 +54,13 @@ pub enum PosixKind {
     NoDevice,
     /// ESPIPE: a seek-like operation on a fifo.
     NotSeekable,
+    /// E2BIG: an xattr value (or list) beyond the VFS's 64 KiB limit.
+    TooBig,
 }
 
 impl PosixKind {
     /// Every kind, for tables and tests.
-    pub const ALL: [PosixKind; 22] = [
+    pub const ALL: [PosixKind; 23] = [
         PosixKind::NotFound,
         PosixKind::NotDir,
         PosixKind::IsDir,
@@ -81,6 +83,7 @@ impl PosixKind {
         PosixKind::QuotaExceeded,
         PosixKind::NoDevice,
         PosixKind::NotSeekable,
+        PosixKind::TooBig,
     ];
 
     /// The errno value (positive), as the FUSE adapter returns it.
@@ -108,6 +111,7 @@ impl PosixKind {
             PosixKind::QuotaExceeded => libc::EDQUOT,
             PosixKind::NoDevice => libc::ENODEV,
             PosixKind::NotSeekable => libc::ESPIPE,
+            PosixKind::TooBig => libc::E2BIG,
         }
     }
 
@@ -135,6 +139,7 @@ impl PosixKind {
             PosixKind::QuotaExceeded => "disk quota exceeded",
             PosixKind::NoDevice => "no such device",
             PosixKind::NotSeekable => "illegal seek",
+            PosixKind::TooBig => "argument list too long",
         }
     }
 }
@@ -227,7 +232,7 @@ mod tests {
 
     #[test]
     fn every_kind_is_its_errno_with_strerror_text() {
-        let want: [(PosixKind, i32); 22] = [
+        let want: [(PosixKind, i32); 23] = [
             (PosixKind::NotFound, libc::ENOENT),
             (PosixKind::NotDir, libc::ENOTDIR),
             (PosixKind::IsDir, libc::EISDIR),
@@ -250,6 +255,7 @@ mod tests {
             (PosixKind::QuotaExceeded, libc::EDQUOT),
             (PosixKind::NoDevice, libc::ENODEV),
             (PosixKind::NotSeekable, libc::ESPIPE),
+            (PosixKind::TooBig, libc::E2BIG),
         ];
         assert_eq!(want.map(|(k, _)| k), PosixKind::ALL, "the table above lists every kind, in order");
         for (kind, errno) in want {

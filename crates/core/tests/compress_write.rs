@@ -248,3 +248,51 @@ fn compressed_size_is_the_kernels() {
         assert!(ratio <= 1.05, "{alg}: ubtrfs takes {ud} bytes, the kernel {kd}");
     }
 }
+
+/// A small image filled with compressed writes until the space runs out: the refusal
+/// is ENOSPC before the write changes anything, the image checks clean, and after the
+/// deletes are committed the space takes new files again, several times over.
+#[test]
+fn fill_delete_fill_with_compression() {
+    if !common::kernel_available("fill_delete_fill_with_compression") {
+        return;
+    }
+    let img = Scratch::mkfs("cw-enospc", 160 << 20, &[]);
+    let mut rng = Rng::new(5);
+    for round in 0..3 {
+        let mut w = img.writer();
+        w.set_compress(CompressPolicy::parse("zstd", false).unwrap());
+        let top = w.live().root_dir();
+        let mut made = Vec::new();
+        let mut refused = None;
+        for i in 0..400 {
+            let name = format!("r{round}-{i}");
+            let ino = w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            // Half compressible, half not.
+            let data = if i % 2 == 0 { text(3 << 20, i) } else { rng.bytes(3 << 20) };
+            match w.write_file(top.root, ino, 0, &data) {
+                Ok(()) => made.push(name),
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = refused.unwrap_or_else(|| panic!("round {round}: the image never filled"));
+        assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::NoSpace), "round {round}: {e}");
+        w.check_writable().expect("ENOSPC does not abort");
+        w.commit().expect("commit what fit");
+        drop(w);
+        assert_check(&img.path, &format!("round {round}: full"));
+        // Delete most of it; commit; the next round fills again.
+        let mut w = img.writer();
+        for n in made.iter().take(made.len() * 3 / 4) {
+            w.unlink(top.root, top.ino, n.as_bytes()).expect("unlink");
+        }
+        w.commit().expect("commit the deletes");
+        drop(w);
+        assert_check(&img.path, &format!("round {round}: after the deletes"));
+    }
+    let m = Mount::new(&img.path, false);
+    m.umount();
+}

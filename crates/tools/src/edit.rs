@@ -9,7 +9,7 @@
 
 use crate::put;
 use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
+use ubtrfs_core::inode::attr::{fsflags_of, SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::namespace::ftype_of;
 use ubtrfs_core::inode::write::InodeAttrs;
@@ -61,6 +61,11 @@ pub enum Edit {
     },
     Chmod {
         mode: Mode,
+        path: String,
+    },
+    /// chattr: `spec` is `[+-=]LETTERS`, repeated (`+i`, `-a`, `=C`, `+c-m`).
+    Chattr {
+        spec: String,
         path: String,
     },
     Chown {
@@ -163,6 +168,71 @@ fn apply_symbolic(s: &str, mut mode: u32, is_dir: bool) -> Result<u32> {
         }
     }
     Ok(mode)
+}
+
+/// chattr's letters, in lsattr's order (e2fsprogs' flag table), with their
+/// FS_IOC_GETFLAGS bits.
+const ATTR_LETTERS: [(char, u32); 22] = [
+    ('s', 0x1),
+    ('u', 0x2),
+    ('S', 0x8),
+    ('D', 0x1_0000),
+    ('i', 0x10),
+    ('a', 0x20),
+    ('d', 0x40),
+    ('A', 0x80),
+    ('c', 0x4),
+    ('E', 0x800),
+    ('j', 0x4000),
+    ('I', 0x1000),
+    ('t', 0x8000),
+    ('T', 0x2_0000),
+    ('e', 0x8_0000),
+    ('C', 0x80_0000),
+    ('x', 0x200_0000),
+    ('F', 0x4000_0000),
+    ('N', 0x1000_0000),
+    ('P', 0x2000_0000),
+    ('V', 0x10_0000),
+    ('m', 0x400),
+];
+
+/// The flag column `lsattr` prints for FS_IOC_GETFLAGS bits `fs`.
+pub fn lsattr_string(fs: u32) -> String {
+    ATTR_LETTERS.iter().map(|&(c, b)| if fs & b != 0 { c } else { '-' }).collect()
+}
+
+/// Apply a chattr spec (`+i`, `-a`, `=C`, `+c-m`) to flags `cur`.
+///
+/// # Errors
+/// `Posix(Invalid)` for a malformed spec or an unknown letter.
+pub fn apply_chattr(spec: &str, cur: u32) -> Result<u32> {
+    let mut out = cur;
+    let mut op = None;
+    let mut set_mask = None::<u32>;
+    for ch in spec.chars() {
+        match ch {
+            '+' | '-' | '=' => {
+                op = Some(ch);
+                if ch == '=' {
+                    set_mask = Some(0);
+                }
+            }
+            c => {
+                let bit = ATTR_LETTERS.iter().find(|(l, _)| *l == c).map(|&(_, b)| b).ok_or_else(|| invalid(spec, format!("unknown attribute {c:?}")))?;
+                match op {
+                    Some('+') => out |= bit,
+                    Some('-') => out &= !bit,
+                    Some('=') => *set_mask.get_or_insert(0) |= bit,
+                    _ => return Err(invalid(spec, "give +, - or = before the attributes")),
+                }
+            }
+        }
+    }
+    if op.is_none() {
+        return Err(invalid(spec, "give +, - or = before the attributes"));
+    }
+    Ok(set_mask.unwrap_or(out))
 }
 
 /// Parse `UID:GID`, `UID`, `UID:` or `:GID` (numeric: the image has no user names).
@@ -371,6 +441,13 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
             w.fallocate(id.root, id.ino, *mode, *offset, *len).map_err(|e| in_image(e, &[(String::new(), path)], format!("fallocate {}", quoted(path))))?;
             Ok(format!("{} fallocated {len} bytes at {offset}", quoted(path)))
         }
+        Edit::Chattr { spec, path } => {
+            let id = lookup(w, path)?;
+            let cur = fsflags_of(w.live().load_inode(id, Load::ITEM)?.item.flags.get());
+            let new = apply_chattr(spec, cur)?;
+            w.set_fsflags(id.root, id.ino, new).map_err(|e| in_image(e, &[(String::new(), path)], format!("chattr {}", quoted(path))))?;
+            Ok(format!("{} {}", lsattr_string(new), quoted(path)))
+        }
         Edit::Chmod { mode, path } => {
             let id = lookup(w, path)?;
             let cur = w.live().load_inode(id, Load::ITEM)?.item.mode.get();
@@ -449,6 +526,17 @@ mod tests {
         assert_eq!(apply_symbolic("+X", 0o644, false).unwrap(), 0o644);
         assert_eq!(apply_symbolic("u+s,g+s,+t", 0o755, false).unwrap(), 0o7755);
         assert_eq!(apply_symbolic("=", 0o7777, false).unwrap(), 0);
+    }
+
+    #[test]
+    fn chattr_specs() {
+        assert_eq!(apply_chattr("+i", 0).unwrap(), 0x10);
+        assert_eq!(apply_chattr("-i+a", 0x10).unwrap(), 0x20);
+        assert_eq!(apply_chattr("=C", 0x30).unwrap(), 0x80_0000);
+        assert_eq!(apply_chattr("+cm", 0).unwrap(), 0x404);
+        assert!(apply_chattr("i", 0).is_err() && apply_chattr("+q", 0).is_err());
+        assert_eq!(lsattr_string(0x400), "---------------------m");
+        assert_eq!(lsattr_string(0x80_0010), "----i----------C------");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Copy host files into the image (`ubtrfs put`), as `cp -a SRC... DEST` does: regular
 //! files (sparse ones stay sparse: only the source's data ranges are written), directories,
-//! symlinks, fifos, sockets and device nodes, with mode, owner, atime/mtime, and hard
-//! links among the copied files. Everything happens in the caller's transaction; a
+//! symlinks, fifos, sockets and device nodes, with mode, owner, atime/mtime, every
+//! xattr the host lets us read, and hard links among the copied files. Everything happens in the caller's transaction; a
 //! failure leaves the committed image untouched (the caller does not commit).
 //!
 //! Where the copy goes, as cp decides it: into DEST when DEST is an existing directory
@@ -158,6 +158,7 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             let n = e.file_name();
             put_one(w, &e.path(), here, n.as_encoded_bytes(), stats, links, seen)?;
         }
+        copy_xattrs(w, src, here)?;
         // Linking children changed the directory's times; the source's go back last.
         return finish_attrs(w, here, &a, existing.is_some());
     }
@@ -183,6 +184,7 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             None => InodeId { root: parent.root, ino: w.create_file(parent.root, parent.ino, name, &a)? },
         };
         stats.bytes += copy_data(w, src, id, md.len())?;
+        copy_xattrs(w, src, id)?;
         stats.files += 1;
         finish_attrs(w, id, &a, existing.is_some())?;
         id
@@ -200,11 +202,62 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             w.mknod(parent.root, parent.ino, name, &a)?
         };
         let id = InodeId { root: parent.root, ino };
+        copy_xattrs(w, src, id)?;
         finish_attrs(w, id, &a, !ft.is_symlink())?;
         id
     };
     if md.nlink() > 1 {
         links.insert((md.dev(), md.ino()), id);
+    }
+    Ok(())
+}
+
+/// Copy every extended attribute of host path `src` (not following a symlink) to the
+/// inode: every namespace the host lets us read (user, security, trusted as root,
+/// system.posix_acl_*), as cp -a does.
+fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(src.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(src)))?;
+    let list = |buf: &mut [u8]| -> std::io::Result<usize> {
+        // SAFETY: llistxattr writes at most buf.len() bytes into buf.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    };
+    let n = match list(&mut []) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(()),
+        Err(e) => return Err(io(src, "cannot list the xattrs of", e)),
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    let mut names = vec![0u8; n + 256];
+    let n = list(&mut names).map_err(|e| io(src, "cannot list the xattrs of", e))?;
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = std::ffi::CString::new(name).expect("no NUL inside a listed name");
+        let get = |buf: &mut [u8]| -> std::io::Result<usize> {
+            // SAFETY: lgetxattr writes at most buf.len() bytes into buf.
+            let r = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        };
+        let len = match get(&mut []) {
+            Ok(l) => l,
+            // Gone since the listing (or not readable by us): nothing to copy.
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
+            Err(e) => return Err(io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e)),
+        };
+        let mut v = vec![0u8; len];
+        let got = get(&mut v).map_err(|e| io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e))?;
+        v.truncate(got);
+        w.setxattr(id.root, id.ino, name, &v, 0).map_err(|e| e.at(format!("{}: xattr {}", ubtrfs_core::quote::path(src), String::from_utf8_lossy(name))))?;
     }
     Ok(())
 }

@@ -203,3 +203,123 @@ impl FsWriter {
         })
     }
 }
+
+/// FS_IOC_GETFLAGS / SETFLAGS bits (`include/uapi/linux/fs.h`), the ones btrfs keeps.
+pub mod fsflags {
+    pub const SYNC: u32 = 0x0000_0008;
+    pub const IMMUTABLE: u32 = 0x0000_0010;
+    pub const APPEND: u32 = 0x0000_0020;
+    pub const NODUMP: u32 = 0x0000_0040;
+    pub const NOATIME: u32 = 0x0000_0080;
+    pub const COMPR: u32 = 0x0000_0004;
+    pub const NOCOMP: u32 = 0x0000_0400;
+    pub const DIRSYNC: u32 = 0x0001_0000;
+    pub const NOCOW: u32 = 0x0080_0000;
+    /// What btrfs_fileattr_set takes; anything else is EOPNOTSUPP.
+    pub const SETTABLE: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | COMPR | NOCOMP | DIRSYNC | NOCOW;
+}
+
+/// The FS_IOC_GETFLAGS view of btrfs inode flags (`btrfs_inode_flags_to_fsflags`).
+pub fn fsflags_of(flags: u64) -> u32 {
+    let mut f = 0;
+    for (b, fs) in [
+        (INODE_SYNC, fsflags::SYNC),
+        (INODE_IMMUTABLE, fsflags::IMMUTABLE),
+        (INODE_APPEND, fsflags::APPEND),
+        (INODE_NODUMP, fsflags::NODUMP),
+        (INODE_NOATIME, fsflags::NOATIME),
+        (INODE_DIRSYNC, fsflags::DIRSYNC),
+        (INODE_NODATACOW, fsflags::NOCOW),
+    ] {
+        if flags & b != 0 {
+            f |= fs;
+        }
+    }
+    if flags & INODE_NOCOMPRESS != 0 {
+        f |= fsflags::NOCOMP;
+    } else if flags & INODE_COMPRESS != 0 {
+        f |= fsflags::COMPR;
+    }
+    f
+}
+
+impl FsWriter {
+    /// FS_IOC_SETFLAGS (`chattr`), as `btrfs_fileattr_set` does it: the flags above,
+    /// NOCOW only on a directory or an empty regular file (a non-empty file keeps its
+    /// COW state, silently), COMPR setting the `btrfs.compression` property to the
+    /// mount's algorithm (zlib without one), NOCOMP and neither clearing it; ctime moves.
+    /// Who may change IMMUTABLE and APPEND (CAP_LINUX_IMMUTABLE) is the caller's check.
+    ///
+    /// # Errors
+    /// `Posix`: NotSupported for other flags, Invalid for COMPR with NOCOMP (or a
+    /// compression property the file cannot take), ReadOnly; tree failures.
+    pub fn set_fsflags(&mut self, root: u64, ino: u64, fs: u32) -> Result<()> {
+        let what = id_of(root, ino);
+        if fs & !fsflags::SETTABLE != 0 {
+            return Err(Error::posix_detail(PosixKind::NotSupported, what, format!("btrfs does not keep flags {:#x}", fs & !fsflags::SETTABLE)));
+        }
+        if fs & fsflags::COMPR != 0 && fs & fsflags::NOCOMP != 0 {
+            return Err(Error::posix_detail(PosixKind::Invalid, what, "compress and no-compress exclude each other"));
+        }
+        self.check_root_writable(root)?;
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let mut f = ii.flags.get();
+        for (b, fsb) in [
+            (INODE_SYNC, fsflags::SYNC),
+            (INODE_IMMUTABLE, fsflags::IMMUTABLE),
+            (INODE_APPEND, fsflags::APPEND),
+            (INODE_NODUMP, fsflags::NODUMP),
+            (INODE_NOATIME, fsflags::NOATIME),
+            (INODE_DIRSYNC, fsflags::DIRSYNC),
+        ] {
+            if fs & fsb != 0 {
+                f |= b;
+            } else {
+                f &= !b;
+            }
+        }
+        let regular = ii.mode.get() & S_IFMT == S_IFREG;
+        if fs & fsflags::NOCOW != 0 {
+            if !regular {
+                f |= INODE_NODATACOW;
+            } else if ii.size.get() == 0 {
+                f |= INODE_NODATACOW | INODE_NODATASUM;
+            }
+        } else if !regular {
+            f &= !INODE_NODATACOW;
+        } else if ii.size.get() == 0 {
+            f &= !(INODE_NODATACOW | INODE_NODATASUM);
+        }
+        let comp: Option<&[u8]> = if fs & fsflags::NOCOMP != 0 {
+            f = (f & !INODE_COMPRESS) | INODE_NOCOMPRESS;
+            None
+        } else if fs & fsflags::COMPR != 0 {
+            f = (f | INODE_COMPRESS) & !INODE_NOCOMPRESS;
+            Some(match self.compress.alg {
+                Some(crate::compression::CompressionType::Lzo) => b"lzo",
+                Some(crate::compression::CompressionType::Zstd) => b"zstd",
+                _ => b"zlib",
+            })
+        } else {
+            f &= !(INODE_COMPRESS | INODE_NOCOMPRESS);
+            None
+        };
+        // The property first, when it changes (setxattr checks everything before it
+        // changes anything, so a refusal leaves the inode as it was), then the flags as
+        // asked; both land in the same commit.
+        use crate::inode::xattr::{XattrRead, XATTR_BTRFS_COMPRESSION};
+        let cur = self.live().getxattr(InodeId { root, ino }, XATTR_BTRFS_COMPRESSION).ok();
+        match comp {
+            Some(v) if cur.as_deref() != Some(v) => self.setxattr(root, ino, XATTR_BTRFS_COMPRESSION, v, 0)?,
+            None if cur.is_some() => self.removexattr(root, ino, XATTR_BTRFS_COMPRESSION)?,
+            _ => {}
+        }
+        self.transaction("set_fsflags", 1, |w| {
+            let t = w.now();
+            w.update_inode(root, ino, |i| {
+                i.flags = f.into();
+                i.ctime = t;
+            })
+        })
+    }
+}

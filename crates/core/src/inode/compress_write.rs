@@ -105,6 +105,58 @@ pub(crate) enum InlineTry {
     Plain,
 }
 
+/// Pieces compressed together (32 x 128 KiB = 4 MiB of file data).
+const COMPRESS_BATCH: usize = 32;
+
+/// What compression makes of one piece.
+enum Verdict {
+    /// A sector or less, not the whole file: not worth trying.
+    Small,
+    /// The heuristic said no.
+    TurnedDown,
+    /// Compressed, and it saves at least a sector.
+    Compressed(Vec<u8>),
+    /// Compressed, and it does not save a sector (or did not shrink at all).
+    NoWin,
+}
+
+/// Judge and compress `pieces` (file offset, bytes) on every core; the first piece of
+/// the range (`start`) passed the heuristic already.
+fn judge_pieces(c: &Choice, ss: usize, start: u64, old_size: u64, pieces: &[(u64, Vec<u8>)]) -> Result<Vec<Verdict>> {
+    let judge = |(at, piece): &(u64, Vec<u8>)| -> Result<Verdict> {
+        let n = piece.len();
+        if n <= ss && (*at > 0 || *at + (n as u64) < old_size) {
+            return Ok(Verdict::Small);
+        }
+        if c.heuristic && *at != start && !heuristic::worth_compressing(piece) {
+            return Ok(Verdict::TurnedDown);
+        }
+        let z = compress_with_level(c.kind, piece, ss, c.level).map_err(|e| Error::Incompatible(format!("cannot compress with {}: {e}", c.kind)))?;
+        Ok(match z {
+            // It must save at least one sector once rounded up.
+            Some(z) if z.len().div_ceil(ss) * ss + ss <= n.div_ceil(ss) * ss => Verdict::Compressed(z),
+            _ => Verdict::NoWin,
+        })
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(pieces.len());
+    if threads <= 1 {
+        return pieces.iter().map(judge).collect();
+    }
+    let mut out: Vec<Option<Result<Verdict>>> = (0..pieces.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let per = pieces.len().div_ceil(threads);
+        let handles: Vec<_> = pieces.chunks(per).map(|chunk| s.spawn(move || chunk.iter().map(judge).collect::<Vec<_>>())).collect();
+        let mut i = 0;
+        for h in handles {
+            for v in h.join().expect("a compression thread panicked") {
+                out[i] = Some(v);
+                i += 1;
+            }
+        }
+    });
+    out.into_iter().map(|v| v.expect("every piece judged")).collect()
+}
+
 /// Bytes of a file extent item header before inline data.
 const INLINE_START: usize = 21;
 
@@ -216,25 +268,13 @@ impl FsWriter {
         }
     }
 
-    /// The file's `btrfs.compression` property (`btrfs property set FILE compression
-    /// ALG`), as the kernel reads it when it loads the inode: zlib, lzo or zstd, an
-    /// optional `:LEVEL`; none when absent, empty, or "no"/"none".
-    pub(crate) fn compression_property(&mut self, root: u64, ino: u64) -> Result<Option<(CompressionType, Option<i32>)>> {
-        const NAME: &[u8] = b"btrfs.compression";
-        let key = Key::new(ino, XATTR_ITEM_KEY, ubtrfs_format::hash::name_hash(NAME));
-        for (_, d) in self.items_in_range(root, &key, &key)? {
-            for e in ubtrfs_format::items::dir_entries(&d) {
-                let e = e.expect("validated by the tree checker");
-                if e.name == NAME {
-                    let v = std::str::from_utf8(e.data).unwrap_or("");
-                    return Ok(match CompressPolicy::parse(v, false) {
-                        Ok(p) => p.alg.map(|a| (a, p.level)),
-                        Err(_) => None,
-                    });
-                }
-            }
-        }
-        Ok(None)
+    /// The file's `btrfs.compression` property as the write path uses it: the
+    /// algorithm (the kernel keeps no level from it), None when absent or "no"/"none"
+    /// (which set NOCOMPRESS instead).
+    pub(crate) fn compression_prop(&mut self, root: u64, ino: u64) -> Result<Option<(CompressionType, Option<i32>)>> {
+        use crate::inode::xattr::XattrRead;
+        let p = self.live().compression_property(crate::inode::filesystem::InodeId { root, ino })?;
+        Ok(p.filter(|p| p.kind != CompressionType::None).map(|p| (p.kind, None)))
     }
 
     /// Write [start, start + total) of file `ino` (sector aligned) from `src`, with
@@ -276,49 +316,61 @@ impl FsWriter {
         let mut plain: Vec<u8> = Vec::new();
         let mut plain_at = start;
         let mut plain_until = start;
+        let ss_us = ss as usize;
         while cur < end {
-            let n = piece_len(cur);
-            let mut piece = vec![0u8; n as usize];
-            next(&mut piece)?;
-            // A range of a sector or less that is not the whole file saves nothing; a
-            // piece inside a chunk the heuristic turned down goes plain.
-            let small = n <= ss && (cur > 0 || cur + n < old_size);
-            let z = if small || cur < plain_until {
-                None
-            } else if c.heuristic && cur != start && !heuristic::worth_compressing(&piece) {
-                plain_until = start + (cur - start) / CHUNK * CHUNK + CHUNK;
-                None
-            } else {
-                match self.try_compress(c, &piece)? {
-                    // It must save at least one sector once rounded up.
-                    Some(z) if (z.len() as u64).div_ceil(ss) * ss + ss <= n.div_ceil(ss) * ss => Some(z),
-                    _ if c.mark => {
-                        // The file is NOCOMPRESS from now on: the rest goes plain.
-                        self.mark_incompressible(root, ino)?;
-                        plain_until = end;
-                        None
+            // A batch of pieces, read in order, then judged and compressed on every
+            // core at once (the kernel's async compression workers); the decisions
+            // below are taken in file order, as if one piece at a time.
+            let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
+            let mut at = cur;
+            while at < end && batch.len() < COMPRESS_BATCH {
+                let n = piece_len(at);
+                let mut piece = vec![0u8; n as usize];
+                next(&mut piece)?;
+                batch.push((at, piece));
+                at += n;
+            }
+            let judged = judge_pieces(c, ss_us, start, old_size, &batch)?;
+            for ((at, piece), verdict) in batch.into_iter().zip(judged) {
+                let n = piece.len() as u64;
+                let z = if at < plain_until {
+                    None
+                } else {
+                    match verdict {
+                        Verdict::Small => None,
+                        Verdict::TurnedDown => {
+                            plain_until = start + (at - start) / CHUNK * CHUNK + CHUNK;
+                            None
+                        }
+                        Verdict::Compressed(z) => Some(z),
+                        Verdict::NoWin if c.mark => {
+                            // The file is NOCOMPRESS from now on: the rest goes plain.
+                            self.mark_incompressible(root, ino)?;
+                            plain_until = end;
+                            None
+                        }
+                        Verdict::NoWin => None,
                     }
-                    _ => None,
-                }
-            };
-            match z {
-                Some(z) => {
-                    added += self.flush_plain(root, ino, plain_at, &mut plain)?;
-                    added += self.write_compressed_extent(root, ino, cur, n, c.kind, &z)?;
-                    plain_at = cur + n;
-                }
-                None => {
-                    if plain.is_empty() {
-                        plain_at = cur;
-                    }
-                    plain.extend_from_slice(&piece);
-                    if plain.len() as u64 >= crate::inode::write::MAX_EXTENT_SIZE.min(32 << 20) {
+                };
+                match z {
+                    Some(z) => {
                         added += self.flush_plain(root, ino, plain_at, &mut plain)?;
-                        plain_at = cur + n;
+                        added += self.write_compressed_extent(root, ino, at, n, c.kind, &z)?;
+                        plain_at = at + n;
+                    }
+                    None => {
+                        if plain.is_empty() {
+                            plain_at = at;
+                        }
+                        plain.extend_from_slice(&piece);
+                        if plain.len() as u64 >= crate::inode::write::MAX_EXTENT_SIZE.min(32 << 20) {
+                            added += self.flush_plain(root, ino, plain_at, &mut plain)?;
+                            plain_at = at + n;
+                        }
                     }
                 }
             }
-            cur += n;
+            cur = at;
         }
         added += self.flush_plain(root, ino, plain_at, &mut plain)?;
         Ok(added)

@@ -2,8 +2,10 @@
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
 //! (`namei`), inode and file changes (`write`), unlink, rmdir, symlink, mknod and
 //! rename (`namespace`), attributes and truncation (`attr`), compression on write
-//! (`compress_write`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), the in-memory inodes (`inode_cache`),
-//! open files through the engine (`file`) and orphans (`orphan`).
+//! (`compress_write`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), extended
+//! attributes and properties (`xattr`), the in-memory inodes (`inode_cache`), open
+//! files through the engine (`file`), orphans (`orphan`) and the VFS's permission checks
+//! for callers that ask (`perm`).
 
 pub mod attr;
 pub mod compress_write;
@@ -15,6 +17,8 @@ pub mod inode_cache;
 pub mod namei;
 pub mod namespace;
 pub mod orphan;
+pub mod perm;
 pub mod read;
 pub mod stream;
 pub mod write;
+pub mod xattr;

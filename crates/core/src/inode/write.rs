@@ -411,9 +411,10 @@ impl FsWriter {
         self.check_root_writable(root)?;
         let dflags = self.check_new_name(root, dir, name)?;
         a.flags |= inherited_flags(dflags, false);
-        self.transaction("mkdir", LINK_ITEMS + 1, |w| {
+        self.transaction("mkdir", LINK_ITEMS + 3, |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_DIR)?;
+            w.inherit_props(root, dir, ino)?;
             Ok(ino)
         })
     }
@@ -428,9 +429,10 @@ impl FsWriter {
         self.check_root_writable(root)?;
         let dflags = self.check_new_name(root, dir, name)?;
         a.flags |= inherited_flags(dflags, true);
-        self.transaction("create_file", LINK_ITEMS + 1, |w| {
+        self.transaction("create_file", LINK_ITEMS + 3, |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, FT_REG_FILE)?;
+            w.inherit_props(root, dir, ino)?;
             Ok(ino)
         })
     }
@@ -630,7 +632,7 @@ impl FsWriter {
         let new_size = old_size.max(end);
         let ss = u64::from(self.sectorsize());
         let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
-        let prop = self.compression_property(root, ino)?;
+        let prop = self.compression_prop(root, ino)?;
         let choice = self.compress_choice(ii, prop);
         let added;
         let removed;
@@ -973,7 +975,7 @@ impl FsWriter {
         }
         // Compressed writes compress under the lock (the stream's size decides the
         // extent's).
-        let prop = self.compression_property(root, ino)?;
+        let prop = self.compression_prop(root, ino)?;
         if self.compress_choice(&ii, prop).is_some() {
             return Ok(WritePlan::Locked);
         }
