@@ -23,8 +23,8 @@
 //! name, EISDIR/ENOTDIR/ENOTEMPTY of unlink, rmdir and rename, rename loops (EINVAL,
 //! ENOTEMPTY), the same-inode rename, RENAME_NOREPLACE/EXCHANGE/WHITEOUT, chown's
 //! set-ID clearing, setattr's time rules, the symlink length limit of the node size,
-//! INODE_REF/INODE_EXTREF room and EMLINK, and (once in main) xattr namespaces, flags
-//! and limits. The results compared are the errno (or success) of every operation, what
+//! INODE_REF/INODE_EXTREF room and EMLINK, xattr namespaces, permissions (user.* only on
+//! files and directories), flags and limits, fallocate's modes, SEEK_DATA/SEEK_HOLE. The results compared are the errno (or success) of every operation, what
 //! reads return (lstat, data, xattrs), and the trees: type, mode, owner, size (a
 //! directory's is twice its names' lengths), nlink, contents, symlink target, rdev,
 //! xattrs, explicit times, readdir order.
@@ -55,6 +55,7 @@ use ubtrfs_core::inode::falloc::seek_data_hole;
 use ubtrfs_core::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, InodeView, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::OpenOptions;
+use ubtrfs_core::XattrRead;
 use ubtrfs_format::structs::{rdev_decode, rdev_encode};
 
 /// A path below the mount, as its components.
@@ -1520,6 +1521,40 @@ impl Ubtrfs {
                 self.engine().setattr(v.id, &SetAttr { atime: t(*atime), mtime: t(*mtime), ..SetAttr::default() })?;
                 Ok(Out::Done)
             }
+            Op::Setxattr { path, name, len, seed, flags } => {
+                // setxattr_copy takes the name and the value in before the walk.
+                xattr_name_len(name)?;
+                if *len > XATTR_SIZE_MAX {
+                    return Err(en(libc::E2BIG));
+                }
+                let v = self.look(|l| resolve(l, top, path, false))?;
+                let value = data_of(*seed, *len);
+                self.change(|w| {
+                    w.setxattr(root, v.id.ino, name, &value, *flags as u32)?;
+                    Ok(Out::Done)
+                })
+            }
+            Op::Removexattr { path, name } => {
+                xattr_name_len(name)?;
+                let v = self.look(|l| resolve(l, top, path, false))?;
+                self.change(|w| {
+                    w.removexattr(root, v.id.ino, name)?;
+                    Ok(Out::Done)
+                })
+            }
+            Op::Getxattr { path, name } => {
+                xattr_name_len(name)?;
+                self.look(|l| {
+                    let v = resolve(l, top, path, false)?;
+                    Ok(Out::Data(l.getxattr(v.id, name)?))
+                })
+            }
+            Op::Listxattr { path } => self.look(|l| {
+                let v = resolve(l, top, path, false)?;
+                let mut names = l.listxattr(v.id)?;
+                names.sort();
+                Ok(Out::Names(names))
+            }),
             Op::Stat { path } => self.look(|l| Ok(Out::Stat(stat_of(&resolve(l, top, path, false)?)))),
             Op::Read { path, off, len } => {
                 let v = self.look(|l| resolve(l, top, path, true))?;
@@ -1556,6 +1591,14 @@ impl Ubtrfs {
             op => unreachable!("{op}: not available on the ubtrfs side yet (AVAILABLE)"),
         }
     }
+}
+
+/// An xattr name as the syscalls copy it in: 1 to 255 bytes, else ERANGE.
+fn xattr_name_len(name: &[u8]) -> UResult<()> {
+    if name.is_empty() || name.len() > XATTR_NAME_MAX {
+        return Err(en(libc::ERANGE));
+    }
+    Ok(())
 }
 
 /// The name-length half of `btrfs_lookup`, for a last name the engine looks up itself.
