@@ -6,14 +6,20 @@
 //! committed and reopened, must equal the kernel's tree (contents, modes, owners, sizes,
 //! nlink, xattrs, directory sizes, explicitly set times), pass `btrfs check`, and look
 //! the same through a kernel mount. The ubtrfs side commits and reopens at random points.
+//! Seeds vary the image and the mount (`posix::mkfs_args`, `posix::compress_of`): 4 KiB
+//! nodes, no extref, no no-holes, compress=zstd, compress-force=zlib:3, compress=lzo.
 //! The machinery, and which checks stand for the VFS and which are the engine's, is in
 //! common/posix.rs.
+//!
+//! CI's run (64 seeds of 3000 operations, about 190k in all) takes about 21 s of wall
+//! time on 2 cores in a debug build (kernel side about 34k operations/s, ubtrfs side
+//! about 11k operations/s, each counted inside its operations only).
 //!
 //! Commands (root; skipped otherwise, a failure under CI=true):
 //!
 //!     cargo test -p ubtrfs-core --test posix_diff                  # CI: CI_SEEDS x CI_OPS
 //!     UBTRFS_SOAK_SEEDS=1000..1200 UBTRFS_SOAK_OPS=20000 \
-//!         cargo test -p ubtrfs-core --release --test posix_diff -- --ignored soak --nocapture
+//!         cargo test -p ubtrfs-core --test posix_diff -- --ignored soak --nocapture
 //!
 //! The soak test's seeds are a range `A..B` or one seed `S` (default 1000..1100, 10000
 //! operations each). To replay a failing seed closely: `UBTRFS_SOAK_SEEDS=S`, with
