@@ -80,7 +80,9 @@ const AVAILABLE: &[OpKind] = &[
     OpKind::Reopen,
 ];
 
-/// Disagreements found, reported, and kept out of the runs until fixed.
+/// Disagreements found, reported, and kept out of the runs until fixed. The seeds and
+/// operation numbers quoted are those of the commit that added the entry: the
+/// generator's stream changes whenever `AVAILABLE` or `posix::WEIGHTS` does.
 const KNOWN: &[Known] = &[
     // Replacing an xattr with a larger value: the kernel's do_setxattr replaces in place
     // and needs the growth free in the item's leaf (ENOSPC otherwise), which depends on
@@ -209,7 +211,8 @@ const KNOWN: &[Known] = &[
 ];
 
 /// Seeds that find an engine bug that is no disagreement of one operation, reported and
-/// skipped (with a message) until fixed. CI's seeds hold none of them.
+/// skipped (with a message) until fixed. CI's seeds hold none of them. (As in `KNOWN`,
+/// the numbers are those of the commit that added the seed.)
 const KNOWN_SEEDS: &[(u64, &str)] = &[
     (121, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 3797 (the final one with 3797 ops) panics \"commit did not converge after 1000 rounds\""),
     (3209, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 2938 panics \"commit did not converge after 1000 rounds\""),
