@@ -217,6 +217,7 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     (121, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 3797 (the final one with 3797 ops) panics \"commit did not converge after 1000 rounds\""),
     (3209, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 2938 panics \"commit did not converge after 1000 rounds\""),
     (4033, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 4131 panics \"commit did not converge after 1000 rounds\""),
+    (5033, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 7475 panics \"commit did not converge after 1000 rounds\" (with the xattr operations: the current stream)"),
 ];
 
 fn scratch_dir() -> PathBuf {
