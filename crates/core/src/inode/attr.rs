@@ -172,7 +172,7 @@ impl FsWriter {
             // block alone here.)
             if !size.is_multiple_of(ss) && self.live().file_extents(id, size / ss * ss, size / ss * ss + ss)?.iter().any(|f| !f.is_hole_like()) {
                 let end = (size.div_ceil(ss) * ss).min(old);
-                self.write_file_inner(root, ino, size, end, &ii, &mut |b: &mut [u8]| {
+                self.write_file_inner(root, ino, size, end, &ii, size, &mut |b: &mut [u8]| {
                     b.fill(0);
                     Ok(())
                 })?;
@@ -186,7 +186,7 @@ impl FsWriter {
         let mut cur = ii;
         if !old.is_multiple_of(ss) {
             let end = (old.div_ceil(ss) * ss).min(size);
-            self.write_file_inner(root, ino, old, end, &ii, &mut |b: &mut [u8]| {
+            self.write_file_inner(root, ino, old, end, &ii, size, &mut |b: &mut [u8]| {
                 b.fill(0);
                 Ok(())
             })?;
