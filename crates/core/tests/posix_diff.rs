@@ -1,0 +1,300 @@
+//! Differential test against the kernel: the same seeded sequence of POSIX operations
+//! runs on a kernel loop mount (syscalls) and through the ubtrfs engine, from
+//! byte-identical fresh `mkfs.btrfs` images. Every operation's result must agree
+//! (success or the errno, and what reads return); every `CHECK_EVERY` operations the
+//! kernel's tree and the engine's live view are compared; at the end the ubtrfs image,
+//! committed and reopened, must equal the kernel's tree (contents, modes, owners, sizes,
+//! nlink, xattrs, directory sizes, explicitly set times), pass `btrfs check`, and look
+//! the same through a kernel mount. The ubtrfs side commits and reopens at random points.
+//! The machinery, and which checks stand for the VFS and which are the engine's, is in
+//! common/posix.rs.
+//!
+//! Commands (root; skipped otherwise, a failure under CI=true):
+//!
+//!     cargo test -p ubtrfs-core --test posix_diff                  # CI: CI_SEEDS x CI_OPS
+//!     UBTRFS_SOAK_SEEDS=1000..1200 UBTRFS_SOAK_OPS=20000 \
+//!         cargo test -p ubtrfs-core --release --test posix_diff -- --ignored soak --nocapture
+//!
+//! The soak test's seeds are a range `A..B` or one seed `S` (default 1000..1100, 10000
+//! operations each). To replay a failing seed closely: `UBTRFS_SOAK_SEEDS=S`, with
+//! `UBTRFS_POSIX_CHECK_EVERY=1` (compare the trees after every operation) and
+//! `UBTRFS_POSIX_KEEP_GOING=1` (log every disagreement instead of stopping at the
+//! first); `KEEP=1` keeps the images.
+//!
+//! Disagreements already found and reported are in `KNOWN`: an operation one matches is
+//! applied to neither side, counted, and printed at the end of every run. Seeds that
+//! meet an engine bug of another kind are in `KNOWN_SEEDS` (skipped, with a message,
+//! unless `UBTRFS_POSIX_KNOWN_SEEDS=1`).
+
+mod common;
+#[path = "common/posix.rs"]
+mod posix;
+#[path = "common/write.rs"]
+mod write_common;
+
+use posix::{Known, Op, OpKind, Run, Stats};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The seeds and operations CI runs: at least 100k operations in all.
+const CI_SEEDS: u64 = 64;
+const CI_OPS: u64 = 3000;
+const CHECK_EVERY: u64 = 250;
+/// Seeds run on this many threads at once (each has its own images and mount).
+const THREADS: u64 = 2;
+
+/// The operations the ubtrfs side has today; the generator makes only these.
+const AVAILABLE: &[OpKind] = &[
+    OpKind::Create,
+    OpKind::Creat,
+    OpKind::Mkdir,
+    OpKind::Mknod,
+    OpKind::Symlink,
+    OpKind::Link,
+    OpKind::LinkMany,
+    OpKind::Unlink,
+    OpKind::UnlinkMany,
+    OpKind::Rmdir,
+    OpKind::Rename,
+    OpKind::RenameWhiteout,
+    OpKind::Write,
+    OpKind::Truncate,
+    OpKind::Fallocate,
+    OpKind::Seek,
+    OpKind::Chmod,
+    OpKind::Chown,
+    OpKind::Utimens,
+    OpKind::Stat,
+    OpKind::Read,
+    OpKind::Commit,
+    OpKind::Reopen,
+];
+
+/// Disagreements found, reported, and kept out of the runs until fixed.
+const KNOWN: &[Known] = &[
+    // fallocate(PUNCH_HOLE | ZERO_RANGE [| KEEP_SIZE]): 6.18's vfs_fallocate takes one
+    // mode at a time and says EOPNOTSUPP for the pair; the engine says EINVAL (older
+    // kernels' answer). Seed 1 op 2083, seed 4 op 912 and most seeds.
+    Known {
+        name: "fallocate-punch-and-zero-einval (kernel 6.18: EOPNOTSUPP; ubtrfs: EINVAL)",
+        matches: |op, _| matches!(op, Op::Fallocate { mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && mode & libc::FALLOC_FL_ZERO_RANGE != 0),
+    },
+    // fallocate that preallocates (mode 0, KEEP_SIZE, ZERO_RANGE) on a file whose data
+    // is an inline extent: the engine panics "alloc_extent_upto(61420, min 4096)" (it
+    // asks for the unaligned range from the inline end). Seed 0 op 525 (fallocate e
+    // off=0 len=61440 of a 20-byte file), seed 2 op 886, seed 26 op 366. Skipped for
+    // files of 1 to 4096 bytes.
+    Known {
+        name: "fallocate-over-inline-extent-panics (engine: alloc_extent_upto of an unaligned length)",
+        matches: |op, k| match op {
+            Op::Fallocate { path, mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE == 0 => {
+                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size > 0 && st.st_size <= 4096)
+            }
+            _ => false,
+        },
+    },
+    // fallocate(PUNCH_HOLE) of a range that is a hole already: btrfs_punch_hole returns
+    // early ("already in a large hole") and leaves the times alone; the engine moves
+    // mtime. Seed 20 op 1496 (with xattrs on: fallocate c/L{255} mode=0x3 off=259688
+    // len=298572 of a file with an explicit mtime). Skipped when the kernel sees no data
+    // in the range and the mtime is explicit.
+    Known {
+        name: "punch-hole-in-a-hole-moves-mtime (kernel keeps the times when there is nothing to punch)",
+        matches: |op, k| match op {
+            Op::Fallocate { path, mode, off, len } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 => {
+                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_mtime < posix::EXPLICIT_BEFORE)
+                    && k.seek_data(path, *off).is_none_or(|d| d >= off.saturating_add(*len))
+            }
+            _ => false,
+        },
+    },
+    // fallocate(PUNCH_HOLE) of a file whose data is an inline extent, from past the
+    // inline data: the engine panics "range start index 1945 out of range for slice of
+    // length 1468" (seed 4004 op 4698: fallocate a/f mode=0x3 off=1945 len=154908;
+    // seeds 4008, 4019, 4038, 4045, 4067, 4095, 4102, 4103, 4106, 4112 alike). Skipped
+    // for files of 1 to 4096 bytes.
+    Known {
+        name: "punch-hole-in-inline-file-panics (engine: slice index past the inline data)",
+        matches: |op, k| match op {
+            Op::Fallocate { path, mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 => {
+                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size > 0 && st.st_size <= 4096)
+            }
+            _ => false,
+        },
+    },
+    // SEEK_DATA / SEEK_HOLE in a regular file: the positions differ, e.g. seed 37 op
+    // 1036 (lseek L{255} 370 SEEK_HOLE: kernel 4096, ubtrfs 180224), seed 43 op 2781
+    // (lseek f/f 2153 SEEK_HOLE: kernel 4096, ubtrfs 282461 = EOF), seed 16 op 1104
+    // (SEEK_DATA 5339: kernel 266240, ubtrfs 53248). Directories and special files are
+    // still compared.
+    Known {
+        name: "seek-data-hole-positions-differ (SEEK_DATA/SEEK_HOLE of a regular file)",
+        matches: |op, k| matches!(op, Op::Seek { path, .. } if k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)),
+    },
+    // With compression, a small file is a compressed inline extent; a write (or a size
+    // change) past its EOF leaves that inline extent at offset 0 with regular extents
+    // after it, where the kernel turns it into a regular extent first. A later
+    // truncate then reads the whole file as inline data: EINVAL "item (361 EXTENT_DATA
+    // 0) of 235586 bytes exceeds the leaf capacity 16258" (seed 10, compress=zstd, op
+    // 1542 truncate b/f 235565 after a write at 274432 of a 4096-byte file). Skipped:
+    // on compressing mounts, growing a file of at most 4 KiB past its EOF.
+    Known {
+        name: "compressed-inline-extent-kept-past-eof (write or truncate past EOF of a small compressed file)",
+        matches: |op, k| {
+            let small = |p: &posix::P| k.compress && k.lstat(p).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size > 0 && st.st_size <= 4096);
+            match op {
+                Op::Write { path, off, .. } => small(path) && k.lstat(path).is_some_and(|st| *off > st.st_size as u64),
+                Op::Truncate { path, size } => small(path) && k.lstat(path).is_some_and(|st| *size > st.st_size as u64),
+                _ => false,
+            }
+        },
+    },
+    // A kernel bug, not ubtrfs's: on a filesystem without extref, RENAME_EXCHANGE that
+    // gives an inode a name in a directory where its INODE_REF item is full aborts the
+    // kernel's transaction (btrfs_rename_exchange, "Transaction aborted (error -31)",
+    // the mount turns read-only) instead of failing with EMLINK first. Found by seed
+    // 3227 op 5370 (rename a/L{255} e RENAME_EXCHANGE, after 100 links with 255-byte
+    // names in a). Skipped when either inode has more than 16 links there.
+    Known {
+        name: "kernel-rename-exchange-aborts-without-extref (kernel bug: transaction abort -EMLINK, then EROFS)",
+        matches: |op, k| match op {
+            Op::Rename { old, new, flags } if flags & libc::RENAME_EXCHANGE != 0 && k.mkfs.contains(&"^extref") => [old, new].iter().any(|p| k.lstat(p).is_some_and(|st| st.st_nlink > 16)),
+            _ => false,
+        },
+    },
+    // truncate(2) to the size a file already has: btrfs_setsize moves mtime only when
+    // the size changes; the engine's setattr sets mtime for every size given. Seen as an
+    // explicit mtime (utimens) that the kernel keeps and ubtrfs replaces.
+    Known {
+        name: "truncate-to-same-size-moves-mtime (kernel keeps mtime when the size does not change)",
+        matches: |op, k| match op {
+            Op::Truncate { path, size } => k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size as u64 == *size && st.st_mtime < posix::EXPLICIT_BEFORE),
+            _ => false,
+        },
+    },
+    // lchown(path, -1, -1) of a setuid (or setgid and group-executable) non-directory:
+    // the kernel's chown_common kills the bits whatever the ids; SetAttr with neither
+    // uid nor gid is no chown to the engine, which keeps them.
+    Known {
+        name: "chown-without-ids-keeps-setuid (lchown -1 -1 of a setuid file; kernel clears S_ISUID/S_ISGID)",
+        matches: |op, k| match op {
+            Op::Chown { path, uid: None, gid: None } => {
+                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT != libc::S_IFDIR && (st.st_mode & libc::S_ISUID != 0 || st.st_mode & 0o2010 == 0o2010))
+            }
+            _ => false,
+        },
+    },
+];
+
+/// Seeds that find an engine bug that is no disagreement of one operation, reported and
+/// skipped (with a message) until fixed. CI's seeds hold none of them.
+const KNOWN_SEEDS: &[(u64, &str)] = &[
+    (121, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 3797 (the final one with 3797 ops) panics \"commit did not converge after 1000 rounds\""),
+    (3209, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 2938 panics \"commit did not converge after 1000 rounds\""),
+    (4033, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 4131 panics \"commit did not converge after 1000 rounds\""),
+];
+
+fn scratch_dir() -> PathBuf {
+    let base = match std::env::var_os("UBTRFS_SCRATCH") {
+        Some(d) => PathBuf::from(d),
+        None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
+        None => std::env::temp_dir(),
+    };
+    let d = base.join("ubtrfs-posix-diff");
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number"))).unwrap_or(default)
+}
+
+/// Run `seeds` on `THREADS` threads; panic with every failing seed's first disagreement.
+fn run_seeds(seeds: Vec<u64>, ops: u64) -> Stats {
+    // The kernel applies the umask to new modes; ubtrfs's callers pass modes as given.
+    // SAFETY: umask has no preconditions (it is process-wide; this binary only runs
+    // these tests).
+    unsafe { libc::umask(0) };
+    let check_every = env_u64("UBTRFS_POSIX_CHECK_EVERY", CHECK_EVERY);
+    let keep_going = std::env::var_os("UBTRFS_POSIX_KEEP_GOING").is_some();
+    let queue = std::sync::Mutex::new(seeds.into_iter());
+    let total = std::sync::Mutex::new(Stats::default());
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| loop {
+                let Some(seed) = queue.lock().unwrap().next() else { break };
+                if let Some((_, why)) = KNOWN_SEEDS.iter().find(|(s, _)| *s == seed) {
+                    if std::env::var_os("UBTRFS_POSIX_KNOWN_SEEDS").is_none() {
+                        eprintln!("seed {seed}: skipped, known engine bug {why} (UBTRFS_POSIX_KNOWN_SEEDS=1 runs it)");
+                        continue;
+                    }
+                }
+                let run = Run { seed, ops, check_every, avail: AVAILABLE, known: KNOWN, keep_going, dir: scratch_dir() };
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.run())) {
+                    Ok(Ok(st)) => total.lock().unwrap().add(&st),
+                    Ok(Err(m)) => failures.lock().unwrap().push(m),
+                    Err(p) => failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("seed {seed}: panicked: {}", p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())),
+                }
+            });
+        }
+    });
+    let st = total.into_inner().unwrap();
+    let failures = failures.into_inner().unwrap();
+    assert!(failures.is_empty(), "{} seeds disagree:\n{}", failures.len(), failures.join("\n\n"));
+    st
+}
+
+fn report(what: &str, st: &Stats, wall: std::time::Duration) {
+    let rate = |d: std::time::Duration| st.ops as f64 / d.as_secs_f64().max(1e-9);
+    eprintln!(
+        "{what}: {} ops ({} failed as the kernel says, {} commits, {} reopens, {} tree checks) in {:.1}s wall; kernel {:.0} ops/s, ubtrfs {:.0} ops/s (time inside the operations)",
+        st.ops,
+        st.failed,
+        st.commits,
+        st.reopens,
+        st.checks,
+        wall.as_secs_f64(),
+        rate(st.kernel),
+        rate(st.ubtrfs)
+    );
+    for (k, n) in &st.skipped {
+        eprintln!("{what}: skipped {n} ops: known disagreement {k}");
+    }
+    let mut errs: Vec<String> = st.by_errno.iter().map(|((k, e), n)| format!("{k:?}:{}={n}", posix::errno_name(*e))).collect();
+    errs.sort();
+    eprintln!("{what}: failures by op and errno: {}", errs.join(" "));
+    let ok: Vec<String> = st.ok.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
+    eprintln!("{what}: successes by op: {}", ok.join(" "));
+}
+
+#[test]
+fn posix_diff_ci() {
+    if !common::kernel_available("posix_diff_ci") {
+        return;
+    }
+    let t = Instant::now();
+    let st = run_seeds((0..CI_SEEDS).collect(), CI_OPS);
+    report("posix_diff_ci", &st, t.elapsed());
+    assert!(st.ops >= 100_000 - st.skipped.values().sum::<u64>(), "CI runs at least 100k operations");
+}
+
+#[test]
+#[ignore = "soak: UBTRFS_SOAK_SEEDS=A..B UBTRFS_SOAK_OPS=N (see the top of the file)"]
+fn soak() {
+    if !common::kernel_available("posix_diff soak") {
+        return;
+    }
+    let spec = std::env::var("UBTRFS_SOAK_SEEDS").unwrap_or_else(|_| "1000..1100".into());
+    let seeds: Vec<u64> = match spec.split_once("..") {
+        Some((a, b)) => (a.parse().expect("seed range start")..b.parse().expect("seed range end")).collect(),
+        None => vec![spec.parse().expect("a seed")],
+    };
+    let ops = env_u64("UBTRFS_SOAK_OPS", 10_000);
+    let t = Instant::now();
+    let st = run_seeds(seeds, ops);
+    report("soak", &st, t.elapsed());
+}
