@@ -274,6 +274,10 @@ impl FsWriter {
     /// `btrfs_truncate_block` does: the block is written whatever it held (a hole or a
     /// preallocated block becomes written zeros).
     fn zero_in_file(&mut self, root: u64, ino: u64, s: u64, e: u64) -> Result<()> {
+        if s >= e {
+            // Nothing of the file's bytes there (past EOF, or past an inline extent).
+            return Ok(());
+        }
         let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let size = ii.size.get();
