@@ -230,6 +230,40 @@ pub fn stat(a: &StatArgs) -> Result<()> {
         for e in &v.extents {
             let _ = writeln!(out, "Extent: {:?} at file offset {} len {}", e.kind_summary(), e.file_offset, e.len());
         }
+        // As FIEMAP reports them (filefrag -v): holes left out, physical bytes where the
+        // range's data starts, and the FIEMAP flags.
+        let data: Vec<_> = v.extents.iter().filter(|e| !matches!(e.kind, ubtrfs_core::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })).collect();
+        if !data.is_empty() {
+            let _ = writeln!(out, "FIEMAP:   logical         physical         length  flags");
+        }
+        for (i, e) in data.iter().enumerate() {
+            use ubtrfs_core::inode::filesystem::ExtentKind;
+            let mut flags = Vec::new();
+            let physical = match &e.kind {
+                ExtentKind::Inline { compression, .. } => {
+                    flags.extend(["not_aligned", "data_inline"]);
+                    if *compression != 0 {
+                        flags.push("encoded");
+                    }
+                    0
+                }
+                ExtentKind::Regular { disk_bytenr, offset, compression, prealloc, .. } => {
+                    if *prealloc {
+                        flags.push("unwritten");
+                    }
+                    if *compression != 0 {
+                        flags.push("encoded");
+                        *disk_bytenr
+                    } else {
+                        disk_bytenr + offset
+                    }
+                }
+            };
+            if i + 1 == data.len() {
+                flags.push("last");
+            }
+            let _ = writeln!(out, "  {:>15} {:>16} {:>14}  {}", e.file_offset, physical, e.len(), flags.join(","));
+        }
     }
     std::io::stdout().write_all(out.as_bytes()).map_err(stdout_err)
 }

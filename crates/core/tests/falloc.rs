@@ -236,3 +236,54 @@ fn fallocate_matches_the_kernel_without_no_holes() {
         run("falloc-holes", &["-O", "^no-holes"], seed, 150);
     }
 }
+
+/// Small files kept inline (plain or compressed) that fallocate, a truncation or a
+/// write past EOF takes beyond their block: the inline extent becomes a regular first
+/// block (or, with KEEP_SIZE, stays and the preallocation starts at the next block),
+/// and the kernel reads the same bytes from a clean image.
+#[test]
+fn inline_files_grow_out_of_their_extent() {
+    if !common::kernel_available("inline_files_grow_out_of_their_extent") {
+        return;
+    }
+    let img = Scratch::mkfs("falloc-inline", 256 << 20, &[]);
+    let mut w = img.writer();
+    w.set_compress(ubtrfs_core::inode::compress_write::CompressPolicy::parse("zstd", false).unwrap());
+    let top = w.live().root_dir();
+    let text: Vec<u8> = b"inline text that compresses well ".iter().cycle().take(1500).copied().collect();
+    let mut want = std::collections::BTreeMap::new();
+    for (i, (name, data)) in [("plain", b"small file".to_vec()), ("comp", text.clone())].into_iter().enumerate() {
+        for (j, step) in ["keep", "grow", "truncate", "write"].iter().enumerate() {
+            let n = format!("{name}-{step}");
+            let ino = w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            w.write_file(top.root, ino, 0, &data).expect("write");
+            let mut d = data.clone();
+            match *step {
+                "keep" => w.fallocate(top.root, ino, FALLOC_FL_KEEP_SIZE, 0, 1 << 20).expect("fallocate keep"),
+                "grow" => {
+                    w.fallocate(top.root, ino, 0, 0, 300_000 + i as u64 + j as u64).expect("fallocate");
+                    d.resize(300_000 + i + j, 0);
+                }
+                "truncate" => {
+                    w.setattr(top.root, ino, &SetAttr { size: Some(100_000), ..Default::default() }).expect("truncate up");
+                    d.resize(100_000, 0);
+                }
+                _ => {
+                    w.write_file(top.root, ino, 50_000, b"far away").expect("write past EOF");
+                    d.resize(50_000, 0);
+                    d.extend_from_slice(b"far away");
+                }
+            }
+            assert!(read_ubtrfs(&w, InodeId { root: top.root, ino }) == d, "{n}: contents");
+            want.insert(n, d);
+        }
+    }
+    w.commit().expect("commit");
+    drop(w);
+    assert_check(&img.path, "inline files grown");
+    let m = Mount::new(&img.path, false);
+    for (n, d) in &want {
+        assert!(std::fs::read(m.path(n)).expect("read") == *d, "{n}: the kernel reads other bytes");
+    }
+    m.umount();
+}

@@ -96,27 +96,6 @@ const KNOWN: &[Known] = &[
             _ => false,
         },
     },
-    // fallocate(PUNCH_HOLE | ZERO_RANGE [| KEEP_SIZE]): 6.18's vfs_fallocate takes one
-    // mode at a time and says EOPNOTSUPP for the pair; the engine says EINVAL (older
-    // kernels' answer). Seed 1 op 2083, seed 4 op 912 and most seeds.
-    Known {
-        name: "fallocate-punch-and-zero-einval (kernel 6.18: EOPNOTSUPP; ubtrfs: EINVAL)",
-        matches: |op, _| matches!(op, Op::Fallocate { mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && mode & libc::FALLOC_FL_ZERO_RANGE != 0),
-    },
-    // fallocate that preallocates (mode 0, KEEP_SIZE, ZERO_RANGE) on a file whose data
-    // is an inline extent: the engine panics "alloc_extent_upto(61420, min 4096)" (it
-    // asks for the unaligned range from the inline end). Seed 0 op 525 (fallocate e
-    // off=0 len=61440 of a 20-byte file), seed 2 op 886, seed 26 op 366. Skipped for
-    // files of 1 to 4096 bytes.
-    Known {
-        name: "fallocate-over-inline-extent-panics (engine: alloc_extent_upto of an unaligned length)",
-        matches: |op, k| match op {
-            Op::Fallocate { path, mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE == 0 => {
-                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size > 0 && st.st_size <= 4096)
-            }
-            _ => false,
-        },
-    },
     // fallocate(PUNCH_HOLE) of a range that is a hole already: btrfs_punch_hole returns
     // early ("already in a large hole") and leaves the times alone; the engine moves
     // mtime. Seed 20 op 1496 (with xattrs on: fallocate c/L{255} mode=0x3 off=259688
@@ -132,20 +111,6 @@ const KNOWN: &[Known] = &[
             _ => false,
         },
     },
-    // fallocate(PUNCH_HOLE) of a file whose data is an inline extent, from past the
-    // inline data: the engine panics "range start index 1945 out of range for slice of
-    // length 1468" (seed 4004 op 4698: fallocate a/f mode=0x3 off=1945 len=154908;
-    // seeds 4008, 4019, 4038, 4045, 4067, 4095, 4102, 4103, 4106, 4112 alike). Skipped
-    // for files of 1 to 4096 bytes.
-    Known {
-        name: "punch-hole-in-inline-file-panics (engine: slice index past the inline data)",
-        matches: |op, k| match op {
-            Op::Fallocate { path, mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 => {
-                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size > 0 && st.st_size <= 4096)
-            }
-            _ => false,
-        },
-    },
     // SEEK_DATA / SEEK_HOLE in a regular file: the positions differ, e.g. seed 37 op
     // 1036 (lseek L{255} 370 SEEK_HOLE: kernel 4096, ubtrfs 180224), seed 43 op 2781
     // (lseek f/f 2153 SEEK_HOLE: kernel 4096, ubtrfs 282461 = EOF), seed 16 op 1104
@@ -154,24 +119,6 @@ const KNOWN: &[Known] = &[
     Known {
         name: "seek-data-hole-positions-differ (SEEK_DATA/SEEK_HOLE of a regular file)",
         matches: |op, k| matches!(op, Op::Seek { path, .. } if k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)),
-    },
-    // With compression, a small file is a compressed inline extent; a write (or a size
-    // change) past its EOF leaves that inline extent at offset 0 with regular extents
-    // after it, where the kernel turns it into a regular extent first. A later
-    // truncate then reads the whole file as inline data: EINVAL "item (361 EXTENT_DATA
-    // 0) of 235586 bytes exceeds the leaf capacity 16258" (seed 10, compress=zstd, op
-    // 1542 truncate b/f 235565 after a write at 274432 of a 4096-byte file). Skipped:
-    // on compressing mounts, growing a file of at most 4 KiB past its EOF.
-    Known {
-        name: "compressed-inline-extent-kept-past-eof (write or truncate past EOF of a small compressed file)",
-        matches: |op, k| {
-            let small = |p: &posix::P| k.compress && k.lstat(p).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size > 0 && st.st_size <= 4096);
-            match op {
-                Op::Write { path, off, .. } => small(path) && k.lstat(path).is_some_and(|st| *off > st.st_size as u64),
-                Op::Truncate { path, size } => small(path) && k.lstat(path).is_some_and(|st| *size > st.st_size as u64),
-                _ => false,
-            }
-        },
     },
     // A kernel bug, not ubtrfs's: on a filesystem without extref, RENAME_EXCHANGE that
     // gives an inode a name in a directory where its INODE_REF item is full aborts the
@@ -183,16 +130,6 @@ const KNOWN: &[Known] = &[
         name: "kernel-rename-exchange-aborts-without-extref (kernel bug: transaction abort -EMLINK, then EROFS)",
         matches: |op, k| match op {
             Op::Rename { old, new, flags } if flags & libc::RENAME_EXCHANGE != 0 && k.mkfs.contains(&"^extref") => [old, new].iter().any(|p| k.lstat(p).is_some_and(|st| st.st_nlink > 16)),
-            _ => false,
-        },
-    },
-    // truncate(2) to the size a file already has: btrfs_setsize moves mtime only when
-    // the size changes; the engine's setattr sets mtime for every size given. Seen as an
-    // explicit mtime (utimens) that the kernel keeps and ubtrfs replaces.
-    Known {
-        name: "truncate-to-same-size-moves-mtime (kernel keeps mtime when the size does not change)",
-        matches: |op, k| match op {
-            Op::Truncate { path, size } => k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size as u64 == *size && st.st_mtime < posix::EXPLICIT_BEFORE),
             _ => false,
         },
     },
@@ -214,10 +151,8 @@ const KNOWN: &[Known] = &[
 /// skipped (with a message) until fixed. CI's seeds hold none of them. (As in `KNOWN`,
 /// the numbers are those of the commit that added the seed.)
 const KNOWN_SEEDS: &[(u64, &str)] = &[
-    (121, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 3797 (the final one with 3797 ops) panics \"commit did not converge after 1000 rounds\""),
-    (3209, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 2938 panics \"commit did not converge after 1000 rounds\""),
-    (4033, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 4131 panics \"commit did not converge after 1000 rounds\""),
-    (5033, "commit-does-not-converge-4k-nodes: with mkfs -n 4096, the commit at op 7475 panics \"commit did not converge after 1000 rounds\" (with the xattr operations: the current stream)"),
+    // Seeds 49, 121, 3209, 4033 and 5033 (4 KiB nodes) found commits that did not converge
+    // (leaves merged full split again each round); fixed by the merge's hysteresis.
 ];
 
 fn scratch_dir() -> PathBuf {

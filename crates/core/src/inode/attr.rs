@@ -2,8 +2,8 @@
 //! kernel's `notify_change` + `btrfs_setattr`), and the size change itself
 //! (`btrfs_setsize`: `btrfs_cont_expand` up, `btrfs_truncate` down).
 //!
-//! Time rules, as the VFS keeps them: every change sets ctime to now; a size change
-//! sets mtime to now unless the call gives mtime; atime and mtime are set as asked,
+//! Time rules, as the VFS keeps them: every change sets ctime to now; a new size sets
+//! mtime to now unless the call gives mtime (the same size alone changes nothing); atime and mtime are set as asked,
 //! to a time or to now. A chown of anything but a directory clears set-user-ID, and
 //! set-group-ID when the group may execute (`setattr_should_drop_sgid` for a caller
 //! who may keep it: the checks of who may do what are `perm`'s).
@@ -98,6 +98,11 @@ impl FsWriter {
                 return Err(Error::posix_detail(PosixKind::FileTooBig, id_of(root, ino), format!("{size} is past the largest file size {MAX_FILE_SIZE}")));
             }
         }
+        // truncate(2) to the size the file has: nothing changes, not even the times
+        // (btrfs_setsize updates them only for a new size).
+        if a.size == Some(ii.size.get()) && (SetAttr { size: None, ..*a }) == SetAttr::default() {
+            return Ok(());
+        }
         let ss = u64::from(self.sectorsize());
         // Truncation rewrites one block and drops extents; growth may insert a hole.
         let items = if a.size.is_some() { 6 + u64::from(self.nodesize()) / ss } else { 1 };
@@ -110,7 +115,7 @@ impl FsWriter {
             let now = w.now();
             let pick = |t: Option<TimeSet>| t.map(|t| if let TimeSet::At(s, n) = t { ts(s, n) } else { now });
             let (atime, mut mtime) = (pick(a.atime), pick(a.mtime));
-            if a.size.is_some() && mtime.is_none() {
+            if a.size.is_some_and(|s| s != ii.size.get()) && mtime.is_none() {
                 mtime = Some(now);
             }
             let ctime = a.ctime.map_or(now, |(s, n)| ts(s, n));
@@ -172,7 +177,7 @@ impl FsWriter {
             // block alone here.)
             if !size.is_multiple_of(ss) && self.live().file_extents(id, size / ss * ss, size / ss * ss + ss)?.iter().any(|f| !f.is_hole_like()) {
                 let end = (size.div_ceil(ss) * ss).min(old);
-                self.write_file_inner(root, ino, size, end, &ii, &mut |b: &mut [u8]| {
+                self.write_file_inner(root, ino, size, end, &ii, size, &mut |b: &mut [u8]| {
                     b.fill(0);
                     Ok(())
                 })?;
@@ -186,7 +191,7 @@ impl FsWriter {
         let mut cur = ii;
         if !old.is_multiple_of(ss) {
             let end = (old.div_ceil(ss) * ss).min(size);
-            self.write_file_inner(root, ino, old, end, &ii, &mut |b: &mut [u8]| {
+            self.write_file_inner(root, ino, old, end, &ii, size, &mut |b: &mut [u8]| {
                 b.fill(0);
                 Ok(())
             })?;

@@ -271,8 +271,13 @@ impl FsWriter {
     /// The file's `btrfs.compression` property as the write path uses it: the
     /// algorithm (the kernel keeps no level from it), None when absent or "no"/"none"
     /// (which set NOCOMPRESS instead).
-    pub(crate) fn compression_prop(&mut self, root: u64, ino: u64) -> Result<Option<(CompressionType, Option<i32>)>> {
+    pub(crate) fn compression_prop(&mut self, root: u64, ino: u64, ii: &InodeItem) -> Result<Option<(CompressionType, Option<i32>)>> {
         use crate::inode::xattr::XattrRead;
+        // Setting the property sets the COMPRESS flag (props.c does the same), so a file
+        // without the flag has no property to look up.
+        if ii.flags.get() & INODE_COMPRESS == 0 {
+            return Ok(None);
+        }
         let p = self.live().compression_property(crate::inode::filesystem::InodeId { root, ino })?;
         Ok(p.filter(|p| p.kind != CompressionType::None).map(|p| (p.kind, None)))
     }

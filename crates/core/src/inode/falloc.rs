@@ -61,9 +61,9 @@ impl FsWriter {
     /// fallocate(2) of `len` bytes at `offset` of file `ino` with `mode` (FALLOC_FL_*).
     ///
     /// # Errors
-    /// `Posix` as the kernel: Invalid for a zero length, an offset past the largest
-    /// file offset, or PUNCH_HOLE with ZERO_RANGE; NotSupported for PUNCH_HOLE without
-    /// KEEP_SIZE and for the modes btrfs lacks (collapse, insert, unshare); NotPermitted
+    /// `Posix` as the kernel: Invalid for a zero length or an offset past the largest
+    /// file offset; NotSupported for a combination of modes, PUNCH_HOLE without
+    /// KEEP_SIZE, and the modes btrfs lacks (collapse, insert, unshare); NotPermitted
     /// for an immutable file, or an append-only one for anything but preallocation;
     /// NotSeekable for a fifo, IsDir, NoDevice for other non-regular files;
     /// FileTooBig past the largest file size; NoSpace.
@@ -75,11 +75,16 @@ impl FsWriter {
         if mode & !VFS_MODES != 0 {
             return Err(Error::posix_detail(PosixKind::NotSupported, what, format!("unknown fallocate mode {mode:#x}")));
         }
-        if mode & FALLOC_FL_PUNCH_HOLE != 0 && mode & FALLOC_FL_ZERO_RANGE != 0 {
-            return Err(Error::posix_detail(PosixKind::Invalid, what, "PUNCH_HOLE and ZERO_RANGE exclude each other"));
-        }
-        if mode & FALLOC_FL_PUNCH_HOLE != 0 && mode & FALLOC_FL_KEEP_SIZE == 0 {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what, "PUNCH_HOLE goes with KEEP_SIZE"));
+        // vfs_fallocate: one mode at a time; PUNCH_HOLE only with KEEP_SIZE; COLLAPSE,
+        // INSERT and WRITE_ZEROES never with it.
+        let ok = match mode & !FALLOC_FL_KEEP_SIZE {
+            0 | FALLOC_FL_UNSHARE_RANGE | FALLOC_FL_ZERO_RANGE => true,
+            FALLOC_FL_PUNCH_HOLE => mode & FALLOC_FL_KEEP_SIZE != 0,
+            FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE | FALLOC_FL_WRITE_ZEROES => mode & FALLOC_FL_KEEP_SIZE == 0,
+            _ => false,
+        };
+        if !ok {
+            return Err(Error::posix_detail(PosixKind::NotSupported, what, format!("fallocate mode {mode:#x} is not one the kernel takes")));
         }
         self.check_root_writable(root)?;
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
@@ -133,7 +138,9 @@ impl FsWriter {
         };
         let mut cur = a;
         for f in self.live().file_extents(InodeId { root, ino }, a, b)? {
-            let (fs, fe) = (f.file_offset.max(a), f.end().min(b));
+            // An inline extent's extent map covers its whole block.
+            let f_end = if matches!(f.kind, ExtentKind::Inline { .. }) { f.end().div_ceil(ss) * ss } else { f.end() };
+            let (fs, fe) = (f.file_offset.max(a), f_end.min(b));
             if fs >= fe {
                 continue;
             }
@@ -218,7 +225,7 @@ impl FsWriter {
             // and without no-holes hole extents cover a gap before the range.
             let start = offset / ss * ss;
             if end > size && size % ss != 0 {
-                self.zero_eof_block(root, ino, &ii)?;
+                self.zero_eof_block(root, ino, &ii, if keep { size } else { end })?;
             }
             if start > size {
                 self.insert_hole_before(root, ino, size, start)?;
@@ -267,25 +274,33 @@ impl FsWriter {
     /// `btrfs_truncate_block` does: the block is written whatever it held (a hole or a
     /// preallocated block becomes written zeros).
     fn zero_in_file(&mut self, root: u64, ino: u64, s: u64, e: u64) -> Result<()> {
+        if s >= e {
+            // Nothing of the file's bytes there (past EOF, or past an inline extent).
+            return Ok(());
+        }
         let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
-        self.write_file_inner(root, ino, s, e, &ii, &mut |b: &mut [u8]| {
+        let size = ii.size.get();
+        self.write_file_inner(root, ino, s, e, &ii, size, &mut |b: &mut [u8]| {
             b.fill(0);
             Ok(())
         })
     }
 
     /// Rewrite the block holding EOF with zeros past EOF, the size staying
-    /// (`btrfs_truncate_block` at i_size); an inline file keeps its extent (its bytes
-    /// past EOF are not stored).
-    pub(super) fn zero_eof_block(&mut self, root: u64, ino: u64, ii: &InodeItem) -> Result<()> {
+    /// (`btrfs_truncate_block` at i_size). An inline file keeps its extent when its
+    /// size stays (`final_size`), and becomes a regular first block when it grows.
+    pub(super) fn zero_eof_block(&mut self, root: u64, ino: u64, ii: &InodeItem, final_size: u64) -> Result<()> {
         let ss = u64::from(self.sectorsize());
         let size = ii.size.get();
         let id = InodeId { root, ino };
         if self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. })) {
-            return Ok(());
+            if final_size == size {
+                return Ok(());
+            }
+            return self.inline_to_regular(root, ino, ii);
         }
-        self.write_file_inner(root, ino, size, size.div_ceil(ss) * ss, ii, &mut |b: &mut [u8]| {
+        self.write_file_inner(root, ino, size, size.div_ceil(ss) * ss, ii, size, &mut |b: &mut [u8]| {
             b.fill(0);
             Ok(())
         })?;

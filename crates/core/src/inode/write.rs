@@ -623,20 +623,26 @@ impl FsWriter {
             let a_start = if ii.size.get() <= max_inline { 0 } else { offset / ss * ss };
             crate::space::allocator::reserve_data(self, end.div_ceil(ss) * ss - a_start, &format!("root={root} ino={ino}"))?;
         }
-        self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, fill))
+        self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, ii.size.get().max(end), fill))
     }
 
-    pub(super) fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+    /// The write itself, inside the caller's handle. `final_size` is the size the file
+    /// has once the caller's whole operation is done (a truncation or fallocate may set
+    /// it after this write): an inline extent is made only when it is the whole file
+    /// then.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, final_size: u64, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
         let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
         let old_size = ii.size.get();
         let new_size = old_size.max(end);
         let ss = u64::from(self.sectorsize());
         let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
-        let prop = self.compression_prop(root, ino)?;
+        let prop = self.compression_prop(root, ino, ii)?;
         let choice = self.compress_choice(ii, prop);
         let added;
         let removed;
-        if new_size <= max_inline || (choice.is_some() && new_size <= ss) {
+        let whole = final_size == new_size;
+        if whole && (new_size <= max_inline || (choice.is_some() && new_size <= ss)) {
             // The whole file fits in a sector: rewritten whole, inline as the kernel
             // keeps small files (compressed when that fits), else as one block.
             let mut content = vec![0u8; new_size as usize];
@@ -665,7 +671,13 @@ impl FsWriter {
             }
         } else {
             // An inline extent must become regular: rewrite from 0.
-            let has_inline = self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+            let mut has_inline = self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+            if has_inline && offset >= ss {
+                // The inline extent becomes a regular first block, as btrfs_cont_expand
+                // makes it; the write then starts at its own block.
+                self.inline_to_regular(root, ino, ii)?;
+                has_inline = false;
+            }
             let a_start = if has_inline { 0 } else { offset / ss * ss };
             let a_end = end.div_ceil(ss) * ss;
             let head_len = (offset - a_start) as usize;
@@ -679,7 +691,7 @@ impl FsWriter {
             // A write past EOF first zeroes the old last block past the old end, as
             // btrfs_cont_expand does (the block is written, whatever it held).
             if offset > old_size && !old_size.is_multiple_of(ss) && old_size / ss * ss < a_start && !has_inline {
-                self.zero_eof_block(root, ino, ii)?;
+                self.zero_eof_block(root, ino, ii, old_size)?;
             }
             removed = self.drop_extents_inner(root, ino, a_start, a_end)?;
             self.insert_hole_before(root, ino, old_size, a_start)?;
@@ -712,6 +724,27 @@ impl FsWriter {
             })?;
         }
         self.update_written_inode(root, ino, new_size, removed, added)
+    }
+
+    /// Rewrite a file's inline extent as a regular extent holding its first block
+    /// (zero padded), for a write or size change that takes the file past the inline
+    /// extent.
+    pub(super) fn inline_to_regular(&mut self, root: u64, ino: u64, ii: &InodeItem) -> Result<()> {
+        let ss = u64::from(self.sectorsize());
+        let size = ii.size.get();
+        let mut content = vec![0u8; ss as usize];
+        self.read_old_data(root, ino, 0, &mut content[..size.min(ss) as usize])?;
+        let removed = self.drop_extents_inner(root, ino, 0, ss)?;
+        let prop = self.compression_prop(root, ino, ii)?;
+        let choice = self.compress_choice(ii, prop);
+        let mut pos = 0usize;
+        let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
+        let added = self.write_range(root, ino, 0, ss, size, nodatasum, choice.as_ref(), &mut |b: &mut [u8]| {
+            b.copy_from_slice(&content[pos..pos + b.len()]);
+            pos += b.len();
+            Ok(())
+        })?;
+        self.update_inode(root, ino, |i| i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into())
     }
 
     /// [start, start + total) of file `ino` (sector aligned) written from `src`,
@@ -975,7 +1008,7 @@ impl FsWriter {
         }
         // Compressed writes compress under the lock (the stream's size decides the
         // extent's).
-        let prop = self.compression_prop(root, ino)?;
+        let prop = self.compression_prop(root, ino, &ii)?;
         if self.compress_choice(&ii, prop).is_some() {
             return Ok(WritePlan::Locked);
         }

@@ -625,7 +625,10 @@ impl FsWriter {
         let pn = self.node(&parent).nritems();
         if pslot > 0 {
             let left = self.read_child(&parent, pslot - 1, root_id)?;
-            if self.node(&left).leaf_free_space() >= used {
+            // Only when the merged leaf keeps a quarter of its room: a leaf merged full
+            // splits again at the next insertion, and a commit's rounds (each adding
+            // and dropping extent items) could split and merge the same leaves forever.
+            if self.node(&left).leaf_free_space() >= used + leaf_data_size(self.nodesize()) / 4 {
                 let left = self.cow_block(root_id, left, Some((parent.bytenr(), pslot - 1)))?;
                 let ln = self.node(&left).nritems();
                 let n = self.node(&Blk::Dirty(leaf)).nritems();
@@ -644,7 +647,7 @@ impl FsWriter {
                 let r = self.node(&right);
                 leaf_space_used(&r, 0, r.nritems())
             };
-            if self.node(&Blk::Dirty(leaf)).leaf_free_space() >= rused {
+            if self.node(&Blk::Dirty(leaf)).leaf_free_space() >= rused + leaf_data_size(self.nodesize()) / 4 {
                 let right = self.cow_block(root_id, right, Some((parent.bytenr(), pslot + 1)))?;
                 let rn = self.node(&right).nritems();
                 let n = self.node(&Blk::Dirty(leaf)).nritems();
