@@ -136,7 +136,7 @@ fn ubtrfs_op(w: &mut FsWriter, op: &Op) -> i32 {
                 let id = w.live().resolve_id(&format!("/{from}"), false)?;
                 let (d, n) = split(to);
                 let d = dir_of(w, d)?;
-                let ft = ubtrfs_core::inode::namespace::ftype_of(w.live().load_inode(id, Load::ITEM)?.item.mode.get());
+                let ft = ubtrfs_format::structs::ft_from_mode(w.live().load_inode(id, Load::ITEM)?.item.mode.get());
                 w.link(d.root, d.ino, n, id.ino, ft)
             }
             Op::Rename(from, to, flags) => {

@@ -11,7 +11,6 @@ use crate::put;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{fsflags_of, SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
-use ubtrfs_core::inode::namespace::ftype_of;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_format::structs::*;
@@ -405,7 +404,7 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
             if t.root != p.root {
                 return Err(Error::posix_detail(PosixKind::CrossDevice, format!("{} -> {}", quoted(link), quoted(target)), "hard links stay inside one subvolume"));
             }
-            let ft = ftype_of(w.live().load_inode(t, Load::ITEM)?.item.mode.get());
+            let ft = ft_from_mode(w.live().load_inode(t, Load::ITEM)?.item.mode.get());
             w.link(p.root, p.ino, &n, t.ino, ft).map_err(|e| in_image(e, &[(q(&n), link), (String::new(), target)], format!("ln {}", quoted(link))))?;
             Ok(format!("linked {} to {}", quoted(link), quoted(target)))
         }

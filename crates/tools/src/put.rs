@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
-use ubtrfs_core::inode::namespace::ftype_of;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_format::structs::*;
@@ -167,7 +166,7 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             if existing.is_some() {
                 return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name)));
             }
-            let ftype = ftype_of(md.mode());
+            let ftype = ft_from_mode(md.mode());
             w.link(parent.root, parent.ino, name, first.ino, ftype)?;
             stats.hardlinks += 1;
             return Ok(());

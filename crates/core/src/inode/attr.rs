@@ -159,7 +159,7 @@ impl FsWriter {
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let old = ii.size.get();
         let inline = self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
-        let max_inline = crate::inode::write::MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        let max_inline = self.max_inline();
         if size < old && (inline || old <= max_inline) {
             // btrfs_truncate_inode_items cuts an inline extent to the new size. (A file
             // this small in regular extents is rewritten inline: the same bytes.)
@@ -224,18 +224,21 @@ pub mod fsflags {
     pub const SETTABLE: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | COMPR | NOCOMP | DIRSYNC | NOCOW;
 }
 
+/// The inode flags that map one to one onto FS_IOC_GETFLAGS bits (NOCOW and the
+/// compression pair have rules of their own).
+const PLAIN_FLAGS: [(u64, u32); 6] = [
+    (INODE_SYNC, fsflags::SYNC),
+    (INODE_IMMUTABLE, fsflags::IMMUTABLE),
+    (INODE_APPEND, fsflags::APPEND),
+    (INODE_NODUMP, fsflags::NODUMP),
+    (INODE_NOATIME, fsflags::NOATIME),
+    (INODE_DIRSYNC, fsflags::DIRSYNC),
+];
+
 /// The FS_IOC_GETFLAGS view of btrfs inode flags (`btrfs_inode_flags_to_fsflags`).
 pub fn fsflags_of(flags: u64) -> u32 {
     let mut f = 0;
-    for (b, fs) in [
-        (INODE_SYNC, fsflags::SYNC),
-        (INODE_IMMUTABLE, fsflags::IMMUTABLE),
-        (INODE_APPEND, fsflags::APPEND),
-        (INODE_NODUMP, fsflags::NODUMP),
-        (INODE_NOATIME, fsflags::NOATIME),
-        (INODE_DIRSYNC, fsflags::DIRSYNC),
-        (INODE_NODATACOW, fsflags::NOCOW),
-    ] {
+    for (b, fs) in PLAIN_FLAGS.into_iter().chain([(INODE_NODATACOW, fsflags::NOCOW)]) {
         if flags & b != 0 {
             f |= fs;
         }
@@ -269,14 +272,7 @@ impl FsWriter {
         self.check_root_writable(root)?;
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let mut f = ii.flags.get();
-        for (b, fsb) in [
-            (INODE_SYNC, fsflags::SYNC),
-            (INODE_IMMUTABLE, fsflags::IMMUTABLE),
-            (INODE_APPEND, fsflags::APPEND),
-            (INODE_NODUMP, fsflags::NODUMP),
-            (INODE_NOATIME, fsflags::NOATIME),
-            (INODE_DIRSYNC, fsflags::DIRSYNC),
-        ] {
+        for (b, fsb) in PLAIN_FLAGS {
             if fs & fsb != 0 {
                 f |= b;
             } else {

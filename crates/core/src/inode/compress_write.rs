@@ -157,9 +157,6 @@ fn judge_pieces(c: &Choice, ss: usize, start: u64, old_size: u64, pieces: &[(u64
     out.into_iter().map(|v| v.expect("every piece judged")).collect()
 }
 
-/// Bytes of a file extent item header before inline data.
-const INLINE_START: usize = 21;
-
 impl FsWriter {
     /// Set the mount-wide compression.
     pub fn set_compress(&mut self, p: CompressPolicy) {
@@ -240,20 +237,7 @@ impl FsWriter {
         }
         match self.try_compress(c, content)? {
             Some(z) if z.len() <= max_inline && z.len() < ss => {
-                let mut fe = Vec::with_capacity(INLINE_START + z.len());
-                fe.extend_from_slice(
-                    FileExtentHeader {
-                        generation: self.transid.into(),
-                        ram_bytes: (content.len() as u64).into(),
-                        compression: c.kind as u8,
-                        encryption: 0,
-                        other_encoding: 0.into(),
-                        type_: FILE_EXTENT_INLINE,
-                    }
-                    .as_bytes(),
-                );
-                fe.extend_from_slice(&z);
-                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)?;
+                self.insert_inline_item(root, ino, content.len() as u64, c.kind as u8, &z)?;
                 self.note_compression(c.kind);
                 Ok(InlineTry::Done)
             }

@@ -22,7 +22,6 @@ use crate::transaction::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
-use zerocopy::IntoBytes;
 
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
@@ -242,11 +241,7 @@ impl FsWriter {
             while cur < e {
                 let (bytenr, got) = crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, (e - cur).min(MAX_PREALLOC), ss)?;
                 self.delayed.add_data_ref(bytenr, got, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: cur }, 1, true)?;
-                let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-                fe.extend_from_slice(
-                    FileExtentHeader { generation: self.transid.into(), ram_bytes: got.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_PREALLOC }.as_bytes(),
-                );
-                fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: got.into(), offset: 0.into(), num_bytes: got.into() }.as_bytes());
+                let fe = crate::inode::write::extent_item(self.transid, FILE_EXTENT_PREALLOC, bytenr, got);
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, cur), &fe)?;
                 added += got;
                 cur += got;
@@ -381,12 +376,7 @@ impl FsWriter {
         // Without no-holes, hole extents cover what was dropped inside the file.
         let hole_end = lockend.min(ino_size);
         if lockstart < hole_end && self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
-            let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-            fe.extend_from_slice(
-                FileExtentHeader { generation: self.transid.into(), ram_bytes: (hole_end - lockstart).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }
-                    .as_bytes(),
-            );
-            fe.extend_from_slice(FileExtentBody { disk_bytenr: 0.into(), disk_num_bytes: 0.into(), offset: 0.into(), num_bytes: (hole_end - lockstart).into() }.as_bytes());
+            let fe = crate::inode::write::reg_extent_item(self.transid, 0, hole_end - lockstart);
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, lockstart), &fe)?;
         }
         self.update_inode(root, ino, |i| i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get())).into())

@@ -17,7 +17,6 @@ use crate::transaction::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
-use zerocopy::IntoBytes;
 
 /// `renameat2` flags (the libc values).
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -28,29 +27,12 @@ pub const RENAME_WHITEOUT: u32 = 4;
 /// holds at most PATH_MAX - 1 bytes.
 pub const PATH_MAX: usize = 4096;
 
-/// The directory entry type of a mode.
-pub fn ftype_of(mode: u32) -> u8 {
-    match mode & S_IFMT {
-        S_IFREG => FT_REG_FILE,
-        S_IFDIR => FT_DIR,
-        S_IFCHR => FT_CHRDEV,
-        S_IFBLK => FT_BLKDEV,
-        S_IFIFO => FT_FIFO,
-        S_IFSOCK => FT_SOCK,
-        S_IFLNK => FT_SYMLINK,
-        _ => FT_UNKNOWN,
-    }
-}
-
 /// The largest symlink target: what fits inline in a leaf (BTRFS_MAX_INLINE_DATA_SIZE),
 /// and never more than a path.
 pub fn max_symlink_len(nodesize: u32) -> usize {
     let inline = nodesize as usize - ubtrfs_format::node::HEADER_SIZE - ubtrfs_format::node::ITEM_SIZE - FILE_EXTENT_INLINE_DATA_START;
     inline.min(PATH_MAX - 1)
 }
-
-/// Bytes of a file extent item before inline data.
-const FILE_EXTENT_INLINE_DATA_START: usize = 21;
 
 fn name_of(name: &[u8]) -> String {
     crate::quote::name(name).into_owned()
@@ -186,13 +168,7 @@ impl FsWriter {
         a.flags |= inherited_flags(dflags, false);
         self.transaction("symlink", LINK_ITEMS + 2, |w| {
             let ino = w.create_inode_inner(root, &a)?;
-            let mut fe = Vec::with_capacity(FILE_EXTENT_INLINE_DATA_START + target.len());
-            fe.extend_from_slice(
-                FileExtentHeader { generation: w.transid.into(), ram_bytes: (target.len() as u64).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }
-                    .as_bytes(),
-            );
-            fe.extend_from_slice(target);
-            w.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)?;
+            w.insert_inline(root, ino, target)?;
             let len = target.len() as u64;
             w.update_inode(root, ino, |i| {
                 i.size = len.into();
@@ -218,7 +194,7 @@ impl FsWriter {
                 a.mode = S_IFREG | (a.mode & 0o7777);
                 FT_REG_FILE
             }
-            S_IFCHR | S_IFBLK | S_IFIFO | S_IFSOCK => ftype_of(a.mode),
+            S_IFCHR | S_IFBLK | S_IFIFO | S_IFSOCK => ft_from_mode(a.mode),
             S_IFDIR => return Err(Error::posix_detail(PosixKind::NotPermitted, name_of(name), "mknod cannot make a directory")),
             t => return Err(Error::posix_detail(PosixKind::Invalid, name_of(name), format!("mknod cannot make file type {t:#o}"))),
         };

@@ -123,6 +123,12 @@ impl InodeAttrs {
 }
 
 impl FsWriter {
+    /// The largest file kept in an uncompressed inline extent: the kernel's
+    /// `max_inline`, at most half a leaf, and below a sector.
+    pub(super) fn max_inline(&self) -> u64 {
+        MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(u64::from(self.sectorsize()) - 1)
+    }
+
     /// The current time from the engine's clock (`OpenOptions::sources`).
     pub fn now(&self) -> Timespec {
         let t = self.info.sources.clock.now();
@@ -585,12 +591,17 @@ impl FsWriter {
 
     /// The inline extent holding all of a small file's `content` (uncompressed).
     pub(super) fn insert_inline(&mut self, root: u64, ino: u64, content: &[u8]) -> Result<()> {
-        let mut fe = Vec::with_capacity(21 + content.len());
+        self.insert_inline_item(root, ino, content.len() as u64, 0, content)
+    }
+
+    /// An inline extent of `ram_bytes` file bytes stored as `data` (compressed with
+    /// `compression`, or plain with 0).
+    pub(super) fn insert_inline_item(&mut self, root: u64, ino: u64, ram_bytes: u64, compression: u8, data: &[u8]) -> Result<()> {
+        let mut fe = Vec::with_capacity(FILE_EXTENT_INLINE_DATA_START + data.len());
         fe.extend_from_slice(
-            FileExtentHeader { generation: self.transid.into(), ram_bytes: (content.len() as u64).into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }
-                .as_bytes(),
+            FileExtentHeader { generation: self.transid.into(), ram_bytes: ram_bytes.into(), compression, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }.as_bytes(),
         );
-        fe.extend_from_slice(content);
+        fe.extend_from_slice(data);
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)
     }
 
@@ -618,7 +629,7 @@ impl FsWriter {
         let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
         // The data space first: ENOSPC before anything changes.
         let ss = u64::from(self.sectorsize());
-        let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        let max_inline = self.max_inline();
         if ii.size.get().max(end) > max_inline {
             let a_start = if ii.size.get() <= max_inline { 0 } else { offset / ss * ss };
             crate::space::allocator::reserve_data(self, end.div_ceil(ss) * ss - a_start, &format!("root={root} ino={ino}"))?;
@@ -636,7 +647,7 @@ impl FsWriter {
         let old_size = ii.size.get();
         let new_size = old_size.max(end);
         let ss = u64::from(self.sectorsize());
-        let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        let max_inline = self.max_inline();
         let prop = self.compression_prop(root, ino, ii)?;
         let choice = self.compress_choice(ii, prop);
         let added;
@@ -886,10 +897,16 @@ impl FsWriter {
 
 /// A regular file extent item of `num_bytes` at `disk_bytenr` (0: a hole), written in
 /// generation `transid`.
-fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
+pub(super) fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
+    extent_item(transid, FILE_EXTENT_REG, disk_bytenr, num_bytes)
+}
+
+/// An uncompressed file extent item of type `type_` (REG or PREALLOC) covering the
+/// whole `num_bytes` disk extent at `disk_bytenr` (0 with REG: a hole).
+pub(super) fn extent_item(transid: u64, type_: u8, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
     let disk_num_bytes = if disk_bytenr == 0 { 0 } else { num_bytes };
     let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-    fe.extend_from_slice(FileExtentHeader { generation: transid.into(), ram_bytes: num_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes());
+    fe.extend_from_slice(FileExtentHeader { generation: transid.into(), ram_bytes: num_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_ }.as_bytes());
     fe.extend_from_slice(FileExtentBody { disk_bytenr: disk_bytenr.into(), disk_num_bytes: disk_num_bytes.into(), offset: 0.into(), num_bytes: num_bytes.into() }.as_bytes());
     fe
 }
@@ -997,7 +1014,7 @@ impl FsWriter {
         let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let ss = u64::from(self.sectorsize());
         let old_size = ii.size.get();
-        let max_inline = MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(ss - 1);
+        let max_inline = self.max_inline();
         let needs_old_data = !offset.is_multiple_of(ss) || (!end.is_multiple_of(ss) && end < old_size);
         let append_only = ii.flags.get() & INODE_APPEND != 0;
         if len == 0 || append_only || needs_old_data || old_size.max(end) <= max_inline {
