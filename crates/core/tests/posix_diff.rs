@@ -133,18 +133,6 @@ const KNOWN: &[Known] = &[
             _ => false,
         },
     },
-    // lchown(path, -1, -1) of a setuid (or setgid and group-executable) non-directory:
-    // the kernel's chown_common kills the bits whatever the ids; SetAttr with neither
-    // uid nor gid is no chown to the engine, which keeps them.
-    Known {
-        name: "chown-without-ids-keeps-setuid (lchown -1 -1 of a setuid file; kernel clears S_ISUID/S_ISGID)",
-        matches: |op, k| match op {
-            Op::Chown { path, uid: None, gid: None } => {
-                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT != libc::S_IFDIR && (st.st_mode & libc::S_ISUID != 0 || st.st_mode & 0o2010 == 0o2010))
-            }
-            _ => false,
-        },
-    },
 ];
 
 /// Seeds that find an engine bug that is no disagreement of one operation, reported and

@@ -459,7 +459,7 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
         }
         Edit::Chown { uid, gid, path } => {
             let id = lookup(w, path)?;
-            w.setattr(id.root, id.ino, &SetAttr { uid: *uid, gid: *gid, ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path))))?;
+            w.setattr(id.root, id.ino, &SetAttr::chown(*uid, *gid)).map_err(|e| in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path))))?;
             Ok(format!("{} owner {}:{}", quoted(path), uid.map_or("-".into(), |u| u.to_string()), gid.map_or("-".into(), |g| g.to_string())))
         }
         Edit::Touch { path, time } => {

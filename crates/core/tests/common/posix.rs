@@ -1504,7 +1504,7 @@ impl Ubtrfs {
             }
             Op::Chown { path, uid, gid } => {
                 let v = self.look(|l| resolve(l, top, path, false))?;
-                self.engine().setattr(v.id, &SetAttr { uid: *uid, gid: *gid, ..SetAttr::default() })?;
+                self.engine().setattr(v.id, &SetAttr::chown(*uid, *gid))?;
                 Ok(Out::Done)
             }
             Op::Utimens { path, atime, mtime } => {
