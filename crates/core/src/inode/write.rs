@@ -1015,7 +1015,9 @@ impl FsWriter {
         let ss = u64::from(self.sectorsize());
         let old_size = ii.size.get();
         let max_inline = self.max_inline();
-        let needs_old_data = !offset.is_multiple_of(ss) || (!end.is_multiple_of(ss) && end < old_size);
+        // (A write past an unaligned EOF rewrites the old last block too, as
+        // btrfs_cont_expand does: the locked path does that.)
+        let needs_old_data = !offset.is_multiple_of(ss) || (!end.is_multiple_of(ss) && end < old_size) || (offset > old_size && !old_size.is_multiple_of(ss));
         let append_only = ii.flags.get() & INODE_APPEND != 0;
         if len == 0 || append_only || needs_old_data || old_size.max(end) <= max_inline {
             return Ok(WritePlan::Locked);
