@@ -318,7 +318,7 @@ fn main() {
         }
     }
     for (nocow, label) in [(false, "randwrite"), (true, "randwrite-nocow")] {
-        if !only(label) && !(nocow && only("randwrite")) {
+        if !(only(label) || (nocow && only("randwrite"))) {
             continue;
         }
         let (mut k, mut u) = (Vec::new(), Vec::new());
