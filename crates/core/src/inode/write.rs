@@ -634,9 +634,19 @@ impl FsWriter {
         if ii.size.get().max(end) > max_inline {
             let a_start = if ii.size.get() <= max_inline { 0 } else { offset / ss * ss };
             let a_end = end.div_ceil(ss) * ss;
-            // What goes in place needs no new space.
-            let in_place = self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?;
-            crate::space::allocator::reserve_data(self, a_end - a_start - in_place, &format!("root={root} ino={ino}"))?;
+            let what = format!("root={root} ino={ino}");
+            if let Err(e) = crate::space::allocator::reserve_data(self, a_end - a_start, &what) {
+                // What goes in place needs no new space (btrfs_check_nocow_lock, only
+                // once the reservation failed, as the kernel asks).
+                let in_place = match e.posix_kind() {
+                    Some(PosixKind::NoSpace) => self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?,
+                    _ => 0,
+                };
+                if in_place == 0 {
+                    return Err(e);
+                }
+                crate::space::allocator::reserve_data(self, a_end - a_start - in_place, &what)?;
+            }
         }
         self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, ii.size.get().max(end), fill))
     }
