@@ -498,3 +498,33 @@ fn seek_inline_extent_covers_its_sector() {
     ii.nbytes = 5000.into();
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 0, SEEK_HOLE), Some(5000));
 }
+
+/// Small files, where an inline extent, a hole or a preallocated block is all there is:
+/// a punch over an inline extent drops it; a punch that starts past EOF in the EOF
+/// block writes that block (`btrfs_truncate_block` makes it data, preallocated or a
+/// hole); truncating a small file keeps a hole or a preallocated first block as it is
+/// (only data becomes inline). Found by posix_diff seeds 1010, 1024, 1060, 1110, 1125.
+#[test]
+fn seek_small_files() {
+    if !common::kernel_available("seek_small_files") {
+        return;
+    }
+    use Step::*;
+    let p = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    let cases: [&[Step]; 9] = [
+        &[Write(0, 28), Truncate(2809), Fallocate(p, 0, 88_989)],
+        &[Write(0, 23), Fallocate(p, 0, 160_817)],
+        &[Write(0, 23), Fallocate(p, 10, 5000), Sync, Fallocate(p, 0, 4096)],
+        &[Write(0, 100), Fallocate(p, 20, 30), Sync],
+        &[Truncate(2394), Truncate(533), Truncate(38)],
+        &[Fallocate(0, 0, 1226), Truncate(533), Sync, Write(0, 1226), Truncate(533), Sync],
+        &[Fallocate(FALLOC_FL_ZERO_RANGE, 0, 995), Fallocate(p, 2498, 294_872)],
+        &[Truncate(995), Fallocate(p, 2498, 3000), Sync],
+        &[Fallocate(FALLOC_FL_KEEP_SIZE, 0, 8192), Truncate(1000), Fallocate(p, 1500, 100)],
+    ];
+    for (i, mkfs) in HOLE_KINDS.iter().enumerate() {
+        for (j, steps) in cases.iter().enumerate() {
+            seek_scenario(&format!("seek-small-{i}-{j}"), mkfs, "", steps);
+        }
+    }
+}

@@ -187,11 +187,15 @@ impl FsWriter {
         let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let old = ii.size.get();
-        let inline = self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+        let first = self.live().file_extents(id, 0, 1)?;
+        let inline = first.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+        let data_first = first.first().is_some_and(|f| f.file_offset == 0 && !f.is_hole_like());
         let max_inline = self.max_inline();
-        if size < old && (inline || old <= max_inline) {
+        if size < old && (inline || (old <= max_inline && data_first)) {
             // btrfs_truncate_inode_items cuts an inline extent to the new size. (A file
-            // this small in regular extents is rewritten inline: the same bytes.)
+            // this small with data in regular extents is rewritten inline: the same
+            // bytes, as the kernel's writeback of its dirty first block makes it. A hole
+            // or a preallocated first block stays as it is.)
             let mut content = vec![0u8; size as usize];
             self.read_old_data(root, ino, 0, &mut content)?;
             let removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;

@@ -286,6 +286,18 @@ impl FsWriter {
         })
     }
 
+    /// `btrfs_truncate_block` for [from, to) inside one block before `ino_size`: the
+    /// block is written whatever it held (a hole or a preallocated block becomes data)
+    /// with zeros over [from, to), also when that is past EOF in the EOF block.
+    fn truncate_block(&mut self, root: u64, ino: u64, from: u64, to: u64) -> Result<()> {
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let size = ii.size.get();
+        if from < size {
+            return self.zero_in_file(root, ino, from, to.min(size));
+        }
+        self.zero_eof_block(root, ino, &ii, size)
+    }
+
     /// Rewrite the block holding EOF with zeros past EOF, the size staying
     /// (`btrfs_truncate_block` at i_size). An inline file keeps its extent when its
     /// size stays (`final_size`), and becomes a regular first block when it grows.
@@ -352,7 +364,7 @@ impl FsWriter {
         let same_block = offset / ss == (end - 1) / ss;
         if same_block && end - offset < ss {
             if offset < ino_size {
-                self.zero_in_file(root, ino, offset, ((offset / ss + 1) * ss).min(end).min(size))?;
+                self.truncate_block(root, ino, offset, ((offset / ss + 1) * ss).min(end))?;
             }
             return Ok(());
         }
@@ -360,7 +372,7 @@ impl FsWriter {
         let lockend = end / ss * ss;
         // The first block's part from `offset` on.
         if offset < ino_size && !offset.is_multiple_of(ss) {
-            self.zero_in_file(root, ino, offset, lockstart.min(size))?;
+            self.truncate_block(root, ino, offset, lockstart)?;
         }
         if offset == orig {
             // After that, the aligned part may start in a hole.
@@ -378,10 +390,8 @@ impl FsWriter {
         if lockend <= lockstart {
             return Ok(());
         }
-        let inline = self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
-        if inline {
-            return self.zero_in_file(root, ino, lockstart, lockend.min(size));
-        }
+        // (An inline extent in the range goes whole: it lies in block 0, and the range
+        // holds that block.)
         let removed = self.drop_extents_inner(root, ino, lockstart, lockend)?;
         // Without no-holes, hole extents cover what was dropped inside the file.
         let hole_end = lockend.min(ino_size);
