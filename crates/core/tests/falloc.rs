@@ -503,7 +503,9 @@ fn seek_inline_extent_covers_its_sector() {
 /// a punch over an inline extent drops it; a punch that starts past EOF in the EOF
 /// block writes that block (`btrfs_truncate_block` makes it data, preallocated or a
 /// hole); truncating a small file keeps a hole or a preallocated first block as it is
-/// (only data becomes inline). Found by posix_diff seeds 1010, 1024, 1060, 1110, 1125.
+/// (only data becomes inline); ZERO_RANGE past an EOF inside a block looks at its edge
+/// after that block is written. Found by posix_diff seeds 1010, 1024, 1060, 1110, 1125,
+/// 2040.
 #[test]
 fn seek_small_files() {
     if !common::kernel_available("seek_small_files") {
@@ -511,7 +513,7 @@ fn seek_small_files() {
     }
     use Step::*;
     let p = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
-    let cases: [&[Step]; 9] = [
+    let cases: [&[Step]; 12] = [
         &[Write(0, 28), Truncate(2809), Fallocate(p, 0, 88_989)],
         &[Write(0, 23), Fallocate(p, 0, 160_817)],
         &[Write(0, 23), Fallocate(p, 10, 5000), Sync, Fallocate(p, 0, 4096)],
@@ -521,6 +523,9 @@ fn seek_small_files() {
         &[Fallocate(FALLOC_FL_ZERO_RANGE, 0, 995), Fallocate(p, 2498, 294_872)],
         &[Truncate(995), Fallocate(p, 2498, 3000), Sync],
         &[Fallocate(FALLOC_FL_KEEP_SIZE, 0, 8192), Truncate(1000), Fallocate(p, 1500, 100)],
+        &[Truncate(389), Fallocate(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 3823, 28_672)],
+        &[Truncate(389), Fallocate(FALLOC_FL_ZERO_RANGE, 3823, 28_672), Sync],
+        &[Truncate(5000), Fallocate(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 6000, 10_000), Sync],
     ];
     for (i, mkfs) in HOLE_KINDS.iter().enumerate() {
         for (j, steps) in cases.iter().enumerate() {

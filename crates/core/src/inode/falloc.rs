@@ -209,8 +209,22 @@ impl FsWriter {
     fn falloc_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, keep: bool, zero: bool) -> Result<()> {
         let ss = u64::from(self.sectorsize());
         let id = InodeId { root, ino };
-        let mut ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let size = ii.size.get();
+        {
+            // btrfs_cont_expand / btrfs_truncate_block, with or without KEEP_SIZE: the
+            // old last block gets zeros past the old end (written, even over a hole),
+            // and without no-holes hole extents cover a gap before the range. First:
+            // ZERO_RANGE looks at its edge blocks after this (and after the writeback
+            // that makes the EOF block an extent, inline for a small file).
+            let start = offset / ss * ss;
+            if end > size && size % ss != 0 {
+                self.zero_eof_block(root, ino, &ii, if keep { size } else { end })?;
+            }
+            if start > size {
+                self.insert_hole_before(root, ino, size, start)?;
+            }
+        }
         let mut zero_alloc = None;
         if zero {
             let (edges, alloc) = self.zero_range_plan(id, offset, end)?;
@@ -220,21 +234,7 @@ impl FsWriter {
                 }
             }
             zero_alloc = alloc;
-            ii = self.live().load_inode(id, Load::ITEM)?.item;
         }
-        {
-            // btrfs_cont_expand / btrfs_truncate_block, with or without KEEP_SIZE: the
-            // old last block gets zeros past the old end (written, even over a hole),
-            // and without no-holes hole extents cover a gap before the range.
-            let start = offset / ss * ss;
-            if end > size && size % ss != 0 {
-                self.zero_eof_block(root, ino, &ii, if keep { size } else { end })?;
-            }
-            if start > size {
-                self.insert_hole_before(root, ino, size, start)?;
-            }
-        }
-        let _ = &mut ii;
         let cur_size = self.live().load_inode(id, Load::ITEM)?.item.size.get();
         let ranges = if zero { zero_alloc.into_iter().collect() } else { self.prealloc_ranges(root, ino, offset, end, cur_size)? };
         let mut removed = 0;
