@@ -114,7 +114,7 @@ const KNOWN: &[Known] = &[
     // map of block 0 only, from a read, went on and moved the times). Skipped when
     // FIEMAP shows nothing in the range from its first block on.
     Known {
-        name: "punch-hole-in-a-hole-depends-on-the-extent-map-cache (kernel: early return when a cached hole map covers the range)",
+        name: "punch-hole-in-a-hole-depends-on-the-extent-map-cache (kernel: a cached hole map decides between an early return and a zeroed block with new times)",
         matches: |op, k| match op {
             Op::Fallocate { path, mode, off, len } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 => {
                 k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) && !k.has_extent_in(path, off / 4096 * 4096, off.saturating_add(*len))

@@ -931,22 +931,6 @@ impl Kernel {
         (unsafe { libc::lstat(c.as_ptr(), &mut st) } == 0).then_some(st)
     }
 
-    /// lseek(SEEK_DATA) from `off` in `p`: None for ENXIO (no data from there on) or
-    /// when it cannot be opened.
-    pub fn seek_data(&self, p: &P, off: u64) -> Option<u64> {
-        let c = self.c(p);
-        // SAFETY: a NUL-terminated path; the descriptor is closed once.
-        unsafe {
-            let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
-            if fd < 0 {
-                return None;
-            }
-            let r = libc::lseek(fd, off as libc::off_t, libc::SEEK_DATA);
-            libc::close(fd);
-            (r >= 0).then_some(r as u64)
-        }
-    }
-
     /// Whether FIEMAP shows anything in [start, end) of `p`: data, preallocated
     /// extents or delalloc (dirty pages); false when it cannot be opened. Without the
     /// SYNC flag, so the page cache stays as it is.
