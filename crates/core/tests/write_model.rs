@@ -592,7 +592,9 @@ impl Sim {
         if names.is_empty() {
             return;
         }
-        let from = self.rng.pick(&names).clone();
+        // A directory a third of the time (whole subtrees move, or must not).
+        let subdirs: Vec<&String> = dirs.iter().filter(|d| **d != self.base).collect();
+        let from = if !subdirs.is_empty() && self.rng.chance(33) { (*self.rng.pick(&subdirs)).clone() } else { self.rng.pick(&names).clone() };
         let flags = match self.rng.below(10) {
             0..=4 => 0,
             5 | 6 => RENAME_NOREPLACE,
@@ -600,7 +602,7 @@ impl Sim {
             _ => RENAME_WHITEOUT,
         };
         let src_dir = self.kind(&from) == 'd';
-        let to = if src_dir && self.rng.chance(15) {
+        let to = if src_dir && self.rng.chance(25) {
             // Under itself: EINVAL (or ENOENT first for EXCHANGE onto a fresh name).
             let under: Vec<String> = dirs.iter().filter(|d| Model::is_ancestor_or_self(&from, d)).cloned().collect();
             self.fresh_path(&under)
@@ -948,7 +950,9 @@ impl Sim {
                 self.refuse(format!("setxattr /{p} user.x0 ({} bytes)", value.len()), PosixKind::NoSpace, &[p], |w| w.setxattr(id.root, id.ino, b"user.x0", &value, 0));
             }
             10 => {
-                let fs = *self.rng.pick(&[0x1u32, 0x4000_0000, fsflags::COMPR | fsflags::NOCOMP]);
+                // FS_SECRM_FL and FS_UNRM_FL, which btrfs does not keep (EOPNOTSUPP);
+                // COMPR with NOCOMP (EINVAL).
+                let fs = *self.rng.pick(&[0x1u32, 0x2, fsflags::COMPR | fsflags::NOCOMP]);
                 let want = if fs == fsflags::COMPR | fsflags::NOCOMP { PosixKind::Invalid } else { PosixKind::NotSupported };
                 self.refuse(format!("set_fsflags /{p} {fs:#x}"), want, &[p], |w| w.set_fsflags(id.root, id.ino, fs));
             }
@@ -1152,6 +1156,24 @@ fn regression_seed2_fst_bitmap_reload() {
 #[test]
 fn regression_seed4_fst_bitmap_reload() {
     run(4, 4000, Config { interludes: false, posix: false, compress: None, ..BLAKE_16K_BITMAPS }, "model-regression-4");
+}
+
+/// Engine bug, open (found by `model_soak` seed 15, as root on a fresh mkfs): with
+/// compress-force=zstd, op 9251 (an append of 39554 bytes at 85709 to a file of 85709
+/// bytes) fails with "no Data space for 40960 bytes" and aborts the writer, while the
+/// filesystem holds about 6.4 MB in its one 8 MiB data chunk and the device has some
+/// 164 MiB unallocated. The compressed extent (40960 bytes on disk) finds no contiguous
+/// run in the fragmented data chunk, and `allocator::alloc_extent` makes no new data
+/// chunk for a data request the free total could hold, leaving it to the caller to ask
+/// for less; a compressed extent cannot be split (`compress_write` asks
+/// `alloc_extent_upto` for exactly its size). The kernel's `find_free_extent` forces a
+/// chunk allocation at that point (LOOP_ALLOC_CHUNK), and a compressed range that
+/// still finds no space is written uncompressed. Expected: the run completes. The
+/// stream replays only while the workload above stays as it is.
+#[test]
+#[ignore = "engine bug: a compressed extent on fragmented free space fails with ENOSPC (and aborts) instead of getting a new data chunk"]
+fn regression_seed15_compressed_extent_enospc() {
+    run(15, default_ops(), CRC_16K_WRITEBACK, "model-regression-15");
 }
 
 /// Long runs: UBTRFS_MODEL_SEEDS=first..last (and UBTRFS_MODEL_OPS) over every config.
