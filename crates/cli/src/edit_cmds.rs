@@ -104,6 +104,8 @@ pub struct FallocateOpts {
     /// How long it is (K, M, G suffixes).
     #[arg(short = 'l', value_name = "LEN")]
     len: String,
+    /// The file; a missing one is made (mode 0644) when neither -k, -p nor -z is
+    /// given, as fallocate(1) makes it.
     path: String,
 }
 

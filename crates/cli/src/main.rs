@@ -98,7 +98,8 @@ enum Cmd {
     Mknod(edit_cmds::WithImage<edit_cmds::MknodOpts>),
     /// Set a file's size (a missing file is made).
     Truncate(edit_cmds::WithImage<edit_cmds::TruncateOpts>),
-    /// Preallocate (or with -p punch, -z zero) a range of a file, as fallocate(1) does.
+    /// Preallocate (or with -p punch, -z zero) a range of a file, as fallocate(1) does
+    /// (a missing file is made, mode 0644, when neither -k, -p nor -z is given).
     Fallocate(edit_cmds::WithImage<edit_cmds::FallocateOpts>),
     /// Change permission bits.
     Chmod(edit_cmds::WithImage<edit_cmds::ChmodOpts>),

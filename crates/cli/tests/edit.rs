@@ -1,5 +1,5 @@
-//! The editing commands end to end: mkdir, mv, ln, mknod, truncate, chmod, chown,
-//! touch, rm and batch on a fresh image, read back through a kernel mount and checked
+//! The editing commands end to end: mkdir, mv, ln, mknod, truncate, fallocate, chmod,
+//! chown, touch, rm and batch on a fresh image, read back through a kernel mount and checked
 //! with `btrfs check`; a batch is one commit, and a batch that fails anywhere (even on
 //! its last line, or in parsing) leaves the image byte for byte as it was.
 
@@ -104,6 +104,10 @@ fn editing_commands_round_trip_through_the_kernel() {
     ok(&["touch", "-d", "2020-02-02 10:00:00.5", "IMG", "/a/f"], &img);
     ok(&["truncate", "IMG", "/a/g", "10K"], &img);
     ok(&["truncate", "IMG", "/a/g", "3000"], &img);
+    // fallocate(1) makes a missing file in its default mode only.
+    ok(&["fallocate", "-l", "64K", "IMG", "/a/prealloc"], &img);
+    ok(&["fallocate", "-o", "4K", "-l", "5000", "IMG", "/a/prealloc-at"], &img);
+    ok(&["fallocate", "-k", "-o", "64K", "-l", "8K", "IMG", "/a/prealloc"], &img);
     ok(&["ln", "-s", "IMG", "../f", "/a/b/lnk"], &img);
     ok(&["ln", "IMG", "/a/f", "/a/hard"], &img);
     ok(&["mknod", "IMG", "/a/fifo", "p"], &img);
@@ -135,6 +139,10 @@ fn editing_commands_round_trip_through_the_kernel() {
     assert!(fails(&["chmod", "IMG", "u+q", "/a/f"], &img).contains("unknown permission"));
     assert!(fails(&["chown", "IMG", "root", "/a/f"], &img).contains("numeric"));
     assert!(fails(&["truncate", "IMG", "/a/b", "0"], &img).contains("is a directory"));
+    for mode in ["-k", "-p", "-z"] {
+        assert!(fails(&["fallocate", mode, "-l", "4K", "IMG", "/a/missing"], &img).contains("no such file"), "fallocate {mode} of a missing file");
+    }
+    assert!(fails(&["fallocate", "-l", "0", "IMG", "/a/zero-length"], &img).contains("invalid"));
     assert!(fails(&["touch", "-d", "yesterday", "IMG", "/a/f"], &img).contains("not a time"));
     assert!(fails(&["mknod", "IMG", "/a/dev", "c"], &img).contains("MAJOR"));
     assert!(fails(&["ln", "-s", "IMG", "", "/a/empty-link"], &img).contains("empty"));
@@ -154,6 +162,17 @@ fn editing_commands_round_trip_through_the_kernel() {
     let null = st("a/null");
     assert!(null.file_type().is_char_device() && null.rdev() == libc::makedev(1, 3) && null.mode() & 0o7777 == 0o600);
     assert!(!m.0.join("a/hard").exists());
+    // The files fallocate made: 0644 and root's, preallocated (allocated, read as
+    // zeros, a hole to SEEK_DATA), -k's range past EOF allocated too.
+    for (p, size, blocks) in [("a/prealloc", 65536, (65536 + 8192) / 512), ("a/prealloc-at", 9096, 8192 / 512)] {
+        let s = st(p);
+        assert_eq!((s.mode(), s.uid(), s.gid(), s.len(), s.blocks()), (0o100644, 0, 0, size, blocks), "/{p}: (mode, uid, gid, size, blocks)");
+        assert!(std::fs::read(m.0.join(p)).unwrap().iter().all(|&b| b == 0), "/{p} reads zeros");
+        let f = std::fs::File::open(m.0.join(p)).unwrap();
+        // SAFETY: lseek on an open descriptor.
+        let r = unsafe { libc::lseek(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0, libc::SEEK_DATA) };
+        assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENXIO)), "/{p}: SEEK_DATA finds no data");
+    }
     // lsattr through the kernel shows what ubtrfs lsattr shows; chattr +c set the
     // compression property, and +C on a non-empty file changed nothing (as the kernel).
     for p in ["a/f", "a/b/g2", "a/empty-nocow", "a/b/c"] {

@@ -14,6 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::inode::xattr::XattrRead;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::PosixKind;
 use ubtrfs_format::structs::*;
@@ -116,6 +117,119 @@ fn chmod_chown_and_times_follow_the_kernel() {
     }
     km.umount();
     um.umount();
+}
+
+/// chown(path, -1, -1), which changes no id: `chown_common` moves ctime and takes a
+/// non-directory's set-user-ID, set-group-ID (with group execute) and file
+/// capabilities all the same, also through the immutable and append-only flags;
+/// directories and their bits stay; the other times stay. The same calls on a kernel
+/// mount and through ubtrfs, compared field by field (and the image checks clean).
+#[test]
+fn chown_without_ids_follows_the_kernel() {
+    if !common::kernel_available("chown_without_ids_follows_the_kernel") {
+        return;
+    }
+    // A revision 2 capability set (setcap cap_kill+ep).
+    const CAPS: [u8; 20] = [1, 0, 0, 2, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    const CAP_NAME: &[u8] = b"security.capability";
+    // (name, kind: 'f' file, 'd' dir, 'l' symlink, mode, FS_IOC_SETFLAGS flags, caps)
+    let cases: [(&str, char, u32, u32, bool); 11] = [
+        ("suid", 'f', 0o4755, 0, false),
+        ("sgid-x", 'f', 0o2755, 0, false),
+        ("sgid-nox", 'f', 0o2745, 0, false),
+        ("both", 'f', 0o6777, 0, false),
+        ("plain", 'f', 0o644, 0, false),
+        ("caps", 'f', 0o755, 0, true),
+        ("immutable", 'f', 0o4755, 0x10, false),
+        ("append", 'f', 0o6755, 0x20, true),
+        ("dir", 'd', 0o6755, 0, true),
+        ("link", 'l', 0o777, 0, false),
+        ("dir-immutable", 'd', 0o2755, 0x10, false),
+    ];
+    let img = Scratch::mkfs("attr-chown-ids", 256 << 20, &[]);
+    let u = Scratch::mkfs("attr-chown-ids-u", 256 << 20, &[]);
+    std::fs::copy(&img.path, &u.path).expect("copy");
+    let m = Mount::new(&img.path, true);
+    let mut kernel = Vec::new();
+    for (name, kind, mode, flags, caps) in cases {
+        let p = m.path(name);
+        let cp = c(&p);
+        // SAFETY: plain syscalls on NUL-terminated paths and live buffers.
+        unsafe {
+            match kind {
+                'f' => std::fs::write(&p, b"x").expect("create"),
+                'd' => std::fs::create_dir(&p).expect("mkdir"),
+                _ => std::os::unix::fs::symlink("target", &p).expect("symlink"),
+            }
+            if kind != 'l' {
+                assert_eq!(libc::chmod(cp.as_ptr(), mode), 0, "chmod {name}");
+            }
+            if caps {
+                let n = CString::new(CAP_NAME).expect("name");
+                assert_eq!(libc::setxattr(cp.as_ptr(), n.as_ptr(), CAPS.as_ptr().cast(), CAPS.len(), 0), 0, "setcap {name}: {}", std::io::Error::last_os_error());
+            }
+            let times = [libc::timespec { tv_sec: 1_000_000_007, tv_nsec: 123 }, libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 5 }];
+            assert_eq!(libc::utimensat(libc::AT_FDCWD, cp.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW), 0, "utimens {name}");
+            if flags != 0 {
+                let f = std::fs::File::open(&p).expect("open");
+                let v: libc::c_int = flags as libc::c_int;
+                // FS_IOC_SETFLAGS.
+                assert_eq!(libc::ioctl(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0x4008_6602, &v), 0, "chattr {name}: {}", std::io::Error::last_os_error());
+            }
+            let before = std::fs::symlink_metadata(&p).expect("lstat");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            assert_eq!(libc::lchown(cp.as_ptr(), u32::MAX, u32::MAX), 0, "lchown {name} -1 -1: {}", std::io::Error::last_os_error());
+            let after = std::fs::symlink_metadata(&p).expect("lstat");
+            let n = CString::new(CAP_NAME).expect("name");
+            let has_caps = libc::lgetxattr(cp.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) >= 0;
+            kernel.push((after.mode(), (after.ctime(), after.ctime_nsec()) != (before.ctime(), before.ctime_nsec()), (after.mtime(), after.mtime_nsec(), after.atime(), after.atime_nsec()), has_caps));
+            if flags != 0 {
+                let f = std::fs::File::open(&p).expect("open");
+                let v: libc::c_int = 0;
+                assert_eq!(libc::ioctl(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0x4008_6602, &v), 0, "chattr {name} back");
+            }
+        }
+    }
+    m.umount();
+    let mut w = u.writer();
+    let top = w.live().root_dir();
+    for (i, (name, kind, mode, flags, caps)) in cases.into_iter().enumerate() {
+        let n = name.as_bytes();
+        let ino = match kind {
+            'f' => {
+                let ino = w.create_file(top.root, top.ino, n, &InodeAttrs::new(0o644)).expect("create");
+                w.write_file(top.root, ino, 0, b"x").expect("write");
+                ino
+            }
+            'd' => w.mkdir(top.root, top.ino, n, &InodeAttrs::new(0o755)).expect("mkdir"),
+            _ => w.symlink(top.root, top.ino, n, b"target", &InodeAttrs::new(S_IFLNK | 0o777)).expect("symlink"),
+        };
+        if kind != 'l' {
+            w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() }).expect("chmod");
+        }
+        if caps {
+            w.setxattr(top.root, ino, CAP_NAME, &CAPS, 0).expect("setcap");
+        }
+        w.setattr(top.root, ino, &SetAttr { atime: Some(TimeSet::At(1_000_000_007, 123)), mtime: Some(TimeSet::At(1_600_000_000, 5)), ..Default::default() }).expect("utimens");
+        if flags != 0 {
+            w.set_fsflags(top.root, ino, flags).expect("chattr");
+        }
+        let before = item(&w, name);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        w.setattr(top.root, ino, &SetAttr::chown(None, None)).unwrap_or_else(|e| panic!("chown {name} -1 -1: {e}"));
+        let after = item(&w, name);
+        let has_caps = w.live().getxattr(InodeId { root: top.root, ino }, CAP_NAME).is_ok();
+        let t = |t: Timespec| (t.sec.get() as i64, i64::from(t.nsec.get()));
+        let (mt, at) = (t(after.mtime), t(after.atime));
+        let got = (after.mode.get(), t(after.ctime) != t(before.ctime), (mt.0, mt.1, at.0, at.1), has_caps);
+        assert_eq!(got, kernel[i], "{name}: (mode, ctime moved, (mtime, atime), has caps) ubtrfs vs kernel");
+        if flags != 0 {
+            w.set_fsflags(top.root, ino, 0).expect("chattr back");
+        }
+    }
+    w.commit().expect("commit");
+    drop(w);
+    assert_check(&u.path, "chown without ids");
 }
 
 /// The refusals of setattr, with the kernel's errno, changing nothing.

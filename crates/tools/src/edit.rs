@@ -51,7 +51,8 @@ pub enum Edit {
         path: String,
         size: u64,
     },
-    /// fallocate(2) with `mode` (FALLOC_FL_*) over [offset, offset + len).
+    /// fallocate(2) with `mode` (FALLOC_FL_*) over [offset, offset + len); with mode 0
+    /// a missing file is made first (0644), as fallocate(1) does.
     Fallocate {
         path: String,
         mode: u32,
@@ -436,7 +437,17 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
             Ok(format!("{} is {size} bytes", quoted(path)))
         }
         Edit::Fallocate { path, mode, offset, len } => {
-            let id = lookup(w, path)?;
+            let id = match lookup(w, path) {
+                Ok(id) => id,
+                // fallocate(1) makes a missing file for the default mode only (O_CREAT,
+                // 0666 less the umask): here 0644, as truncate and touch make them.
+                Err(e) if e.posix_kind() == Some(PosixKind::NotFound) && *mode == 0 => {
+                    let (p, n) = w.resolve_parent(absolute(path)?)?;
+                    let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644))?;
+                    InodeId { root: p.root, ino }
+                }
+                Err(e) => return Err(e),
+            };
             w.fallocate(id.root, id.ino, *mode, *offset, *len).map_err(|e| in_image(e, &[(String::new(), path)], format!("fallocate {}", quoted(path))))?;
             Ok(format!("{} fallocated {len} bytes at {offset}", quoted(path)))
         }
@@ -459,7 +470,7 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
         }
         Edit::Chown { uid, gid, path } => {
             let id = lookup(w, path)?;
-            w.setattr(id.root, id.ino, &SetAttr { uid: *uid, gid: *gid, ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path))))?;
+            w.setattr(id.root, id.ino, &SetAttr::chown(*uid, *gid)).map_err(|e| in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path))))?;
             Ok(format!("{} owner {}:{}", quoted(path), uid.map_or("-".into(), |u| u.to_string()), gid.map_or("-".into(), |g| g.to_string())))
         }
         Edit::Touch { path, time } => {

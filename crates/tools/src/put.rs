@@ -157,9 +157,10 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             let n = e.file_name();
             put_one(w, &e.path(), here, n.as_encoded_bytes(), stats, links, seen)?;
         }
+        let chowned = set_owner(w, here, &a)?;
         copy_xattrs(w, src, here)?;
         // Linking children changed the directory's times; the source's go back last.
-        return finish_attrs(w, here, &a, existing.is_some());
+        return finish_attrs(w, here, &a, existing.is_some() || chowned);
     }
     if md.nlink() > 1 {
         if let Some(first) = links.get(&(md.dev(), md.ino())) {
@@ -183,9 +184,10 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             None => InodeId { root: parent.root, ino: w.create_file(parent.root, parent.ino, name, &a)? },
         };
         stats.bytes += copy_data(w, src, id, md.len())?;
+        let chowned = set_owner(w, id, &a)?;
         copy_xattrs(w, src, id)?;
         stats.files += 1;
-        finish_attrs(w, id, &a, existing.is_some())?;
+        finish_attrs(w, id, &a, existing.is_some() || chowned)?;
         id
     } else {
         if existing.is_some() {
@@ -201,8 +203,9 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             w.mknod(parent.root, parent.ino, name, &a)?
         };
         let id = InodeId { root: parent.root, ino };
+        let chowned = set_owner(w, id, &a)?;
         copy_xattrs(w, src, id)?;
-        finish_attrs(w, id, &a, !ft.is_symlink())?;
+        finish_attrs(w, id, &a, !ft.is_symlink() || chowned)?;
         id
     };
     if md.nlink() > 1 {
@@ -261,20 +264,30 @@ fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
     Ok(())
 }
 
-/// Owner and mode (for an inode that existed, or a symlink, which is made 0777 and
-/// root's), then the source's times, last.
-fn finish_attrs(w: &mut FsWriter, id: InodeId, a: &InodeAttrs, owner_and_mode: bool) -> Result<()> {
+/// The source's owner, for an inode that has another (one that existed, or a
+/// symlink, which is made root's): before the xattrs, as cp -a orders it, since a chown
+/// takes a non-directory's file capabilities. Returns whether the owner changed (a
+/// chown clears set-ID bits: the mode is set again after).
+fn set_owner(w: &mut FsWriter, id: InodeId, a: &InodeAttrs) -> Result<bool> {
+    if a.atime.is_none() || a.mtime.is_none() {
+        return Ok(false);
+    }
+    let cur = w.live().load_inode(id, Load::ITEM)?.item;
+    if cur.uid.get() == a.uid && cur.gid.get() == a.gid {
+        return Ok(false);
+    }
+    w.setattr(id.root, id.ino, &SetAttr::chown(Some(a.uid), Some(a.gid)))?;
+    Ok(true)
+}
+
+/// The mode (for an inode that existed or changed owner; a symlink has none to set),
+/// then the source's times, last.
+fn finish_attrs(w: &mut FsWriter, id: InodeId, a: &InodeAttrs, mode: bool) -> Result<()> {
     let (Some(at), Some(mt)) = (a.atime, a.mtime) else { return Ok(()) };
     let mut s = SetAttr { atime: Some(TimeSet::At(at.0, at.1)), mtime: Some(TimeSet::At(mt.0, mt.1)), ..Default::default() };
     let cur = w.live().load_inode(id, Load::ITEM)?.item;
-    if owner_and_mode || cur.uid.get() != a.uid || cur.gid.get() != a.gid {
-        // chown clears set-ID bits: owner first, then the mode, as cp -a does.
-        if cur.uid.get() != a.uid || cur.gid.get() != a.gid {
-            w.setattr(id.root, id.ino, &SetAttr { uid: Some(a.uid), gid: Some(a.gid), ..Default::default() })?;
-        }
-        if cur.mode.get() & S_IFMT != S_IFLNK {
-            s.mode = Some(a.mode & 0o7777);
-        }
+    if mode && cur.mode.get() & S_IFMT != S_IFLNK {
+        s.mode = Some(a.mode & 0o7777);
     }
     w.setattr(id.root, id.ino, &s)
 }

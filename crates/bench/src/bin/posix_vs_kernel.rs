@@ -9,7 +9,8 @@
 //!     at the end of each phase.
 //! (b) randwrite: a `--file-mib` file written and made durable first (not timed), then
 //!     `--overwrites` 4 KiB writes at random 4 KiB-aligned offsets and an fsync (kernel,
-//!     pwrite on the mount) or a commit (ubtrfs, `write_file`); ops/s.
+//!     pwrite on the mount) or a commit (ubtrfs, `write_file`); ops/s. Then the same
+//!     on a NODATACOW file (chattr +C), whose overwrites go in place.
 //! (c) zstd: `--zstd-mib` of text-like data (about 3:1 with zstd) written sequentially
 //!     in 4 MiB pieces with compress=zstd, then fsync / commit; MB/s, and the bytes on
 //!     disk as `compsize` reports them on a kernel mount of each side's image.
@@ -53,7 +54,7 @@ struct Args {
     workdir: PathBuf,
     #[arg(long, default_value = "/mnt/ubtrfs-pvk")]
     mnt: PathBuf,
-    /// Run only `names`, `randwrite` or `zstd`.
+    /// Run only `names`, `randwrite` (both kinds), `randwrite-nocow` or `zstd`.
     #[arg(long)]
     only: Option<String>,
 }
@@ -167,9 +168,13 @@ fn offsets(a: &Args) -> Vec<u64> {
         .collect()
 }
 
-fn kernel_randwrite(a: &Args, img: &Image) -> Result<f64, String> {
+fn kernel_randwrite(a: &Args, img: &Image, nocow: bool) -> Result<f64, String> {
     let m = Mount::new(&img.path, &a.mnt, "loop")?;
     let p = m.0.join("big");
+    if nocow {
+        std::fs::File::create(&p).map_err(|e| e.to_string())?;
+        run_cmd(Command::new("chattr").arg("+C").arg(&p))?;
+    }
     run_cmd(Command::new("xfs_io").arg("-f").args(["-c", &format!("pwrite -b 4m 0 {}m", a.file_mib), "-c", "fsync"]).arg(&p))?;
     let f = std::fs::OpenOptions::new().write(true).open(&p).map_err(|e| e.to_string())?;
     let buf = vec![0x5au8; 4096];
@@ -178,14 +183,20 @@ fn kernel_randwrite(a: &Args, img: &Image) -> Result<f64, String> {
     for o in offs {
         f.write_all_at(&buf, o).map_err(|e| e.to_string())?;
     }
+    let writes = t.elapsed().as_secs_f64();
     f.sync_all().map_err(|e| e.to_string())?;
-    Ok(t.elapsed().as_secs_f64())
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!("posix_vs_kernel: randwrite{} kernel: writes {writes:.2} s, fsync {:.2} s", if nocow { " nocow" } else { "" }, secs - writes);
+    Ok(secs)
 }
 
-fn ubtrfs_randwrite(a: &Args, img: &Image) -> Result<f64, String> {
+fn ubtrfs_randwrite(a: &Args, img: &Image, nocow: bool) -> Result<f64, String> {
     let e = |e: ubtrfs_core::Error| e.to_string();
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).map_err(e)?;
     let ino = w.create_file(FS_TREE, ROOT_DIR, b"big", &InodeAttrs::new(0o644)).map_err(e)?;
+    if nocow {
+        w.set_fsflags(FS_TREE, ino, ubtrfs_core::inode::attr::fsflags::NOCOW).map_err(e)?;
+    }
     let total = a.file_mib << 20;
     let mut off = 0;
     while off < total {
@@ -204,8 +215,10 @@ fn ubtrfs_randwrite(a: &Args, img: &Image) -> Result<f64, String> {
     for o in offs {
         w.write_file(FS_TREE, ino, o, &buf).map_err(e)?;
     }
+    let writes = t.elapsed().as_secs_f64();
     w.commit().map_err(e)?;
     let secs = t.elapsed().as_secs_f64();
+    eprintln!("posix_vs_kernel: randwrite{} ubtrfs: writes {writes:.2} s, commit {:.2} s", if nocow { " nocow" } else { "" }, secs - writes);
     drop(w);
     img.check()?;
     Ok(secs)
@@ -304,19 +317,22 @@ fn main() {
             rows.push(vec![format!("{phase} {} files", a.files), format!("{:.0} ops/s", a.files as f64 / km), format!("{:.0} ops/s", a.files as f64 / um), format!("{:.2}x", km / um)]);
         }
     }
-    if only("randwrite") {
+    for (nocow, label) in [(false, "randwrite"), (true, "randwrite-nocow")] {
+        if !(only(label) || (nocow && only("randwrite"))) {
+            continue;
+        }
         let (mut k, mut u) = (Vec::new(), Vec::new());
         for r in 0..a.runs {
             for side in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
                 let img = Image::mkfs(&a.workdir, "rand.img", size).unwrap_or_else(|e| fail("mkfs", e));
-                let s = if side == 0 { kernel_randwrite(&a, &img) } else { ubtrfs_randwrite(&a, &img) }.unwrap_or_else(|e| fail("randwrite", e));
-                eprintln!("posix_vs_kernel: randwrite run {} {}: {:.2} s", r + 1, ["kernel", "ubtrfs"][side], s);
+                let s = if side == 0 { kernel_randwrite(&a, &img, nocow) } else { ubtrfs_randwrite(&a, &img, nocow) }.unwrap_or_else(|e| fail(label, e));
+                eprintln!("posix_vs_kernel: {label} run {} {}: {:.2} s", r + 1, ["kernel", "ubtrfs"][side], s);
                 if side == 0 { &mut k } else { &mut u }.push(s);
             }
         }
         let (km, um) = (median(&k), median(&u));
         rows.push(vec![
-            format!("{} x 4 KiB random overwrites of {} MiB + fsync/commit", a.overwrites, a.file_mib),
+            format!("{} x 4 KiB random overwrites of {} MiB{} + fsync/commit", a.overwrites, a.file_mib, if nocow { " (nodatacow: in place)" } else { "" }),
             format!("{:.0} ops/s", a.overwrites as f64 / km),
             format!("{:.0} ops/s", a.overwrites as f64 / um),
             format!("{:.2}x", km / um),

@@ -138,6 +138,11 @@ impl DelayedRefs {
         self.heads.get(&bytenr).map_or((0, 0), |h| (h.total(), h.set_flags))
     }
 
+    /// The pending changes of `bytenr`, if any.
+    pub fn head_of(&self, bytenr: u64) -> Option<&RefHead> {
+        self.heads.get(&bytenr)
+    }
+
     /// Take every head for running, in bytenr order.
     pub fn take_all(&mut self) -> Vec<RefHead> {
         std::mem::take(&mut self.heads).into_values().collect()

@@ -4,9 +4,15 @@
 //!
 //! Time rules, as the VFS keeps them: every change sets ctime to now; a new size sets
 //! mtime to now unless the call gives mtime (the same size alone changes nothing); atime and mtime are set as asked,
-//! to a time or to now. A chown of anything but a directory clears set-user-ID, and
-//! set-group-ID when the group may execute (`setattr_should_drop_sgid` for a caller
-//! who may keep it: the checks of who may do what are `perm`'s).
+//! to a time or to now.
+//!
+//! A chown, with ids or without (chown(path, -1, -1)), is `chown_common`'s
+//! ATTR_CTIME | ATTR_KILL_SUID | ATTR_KILL_SGID | ATTR_KILL_PRIV: ctime moves, and
+//! anything but a directory loses set-user-ID, set-group-ID when the group may
+//! execute (`setattr_should_drop_sgid` for a caller who may keep it: the checks of who
+//! may do what are `perm`'s), and its file capabilities (`cap_inode_killpriv`). The
+//! immutable and append-only flags refuse a chown with ids but not one without (the
+//! VFS checks the flags before the kill bits become a mode).
 //!
 //! Truncation keeps the file's data exact for a later extension: the block holding the
 //! new end (down) or the old end (up) is rewritten with its bytes past the end zeroed,
@@ -46,9 +52,27 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
     /// An explicit ctime (FUSE may send one); otherwise ctime becomes now.
     pub ctime: Option<(i64, u32)>,
+    /// The call is a chown, also one without ids (chown(path, -1, -1), which FUSE sends
+    /// as a SETATTR without FATTR_UID or FATTR_GID), or asks what FUSE's
+    /// FATTR_KILL_SUIDGID asks: a non-directory loses set-user-ID, set-group-ID when the
+    /// group may execute, and `security.capability` (see the module notes), after the
+    /// new mode if there is one. `uid` or `gid` imply it.
+    pub kill_privs: bool,
 }
 
 impl SetAttr {
+    /// chown(2), lchown(2) or fchown(2) to `uid` and `gid`, None for -1 (that id
+    /// stays): with or without ids, ctime moves and a non-directory loses its
+    /// privileges (`kill_privs`).
+    pub fn chown(uid: Option<u32>, gid: Option<u32>) -> SetAttr {
+        SetAttr { uid, gid, kill_privs: true, ..SetAttr::default() }
+    }
+
+    /// Whether the call takes a non-directory's privileges (`kill_privs`, or an id).
+    pub fn kills_privs(&self) -> bool {
+        self.kill_privs || self.uid.is_some() || self.gid.is_some()
+    }
+
     /// Whether the call changes anything the immutable and append-only flags protect
     /// (`notify_change`: mode, owner, or explicitly given times).
     fn touches_protected(&self) -> bool {
@@ -66,11 +90,11 @@ fn id_of(root: u64, ino: u64) -> String {
 
 impl FsWriter {
     /// Change inode `ino`'s attributes as `chmod`, `chown`, `utimensat` and
-    /// `truncate` do (see the module documentation for the time rules). Permission
-    /// checks are the caller's (`perm::may_setattr`).
+    /// `truncate` do (see the module documentation for the time rules and what a
+    /// chown takes). Permission checks are the caller's (`perm::may_setattr`).
     ///
     /// # Errors
-    /// `Posix`: NotPermitted for an immutable or append-only inode (mode, owner,
+    /// `Posix`: NotPermitted for an immutable or append-only inode (mode, ids,
     /// explicit times, size), IsDir / Invalid for the size of a directory / other
     /// non-regular file, FileTooBig past `MAX_FILE_SIZE`, NoSpace; tree failures.
     pub fn setattr(&mut self, root: u64, ino: u64, a: &SetAttr) -> Result<()> {
@@ -103,6 +127,12 @@ impl FsWriter {
         if a.size == Some(ii.size.get()) && (SetAttr { size: None, ..*a }) == SetAttr::default() {
             return Ok(());
         }
+        let is_dir = ii.mode.get() & S_IFMT == S_IFDIR;
+        let kill = a.kills_privs() && !is_dir;
+        if kill {
+            // setattr_prepare's ATTR_KILL_PRIV, before the size changes.
+            self.kill_file_caps(InodeId { root, ino })?;
+        }
         let ss = u64::from(self.sectorsize());
         // Truncation rewrites one block and drops extents; growth may insert a hole.
         let items = if a.size.is_some() { 6 + u64::from(self.nodesize()) / ss } else { 1 };
@@ -119,13 +149,12 @@ impl FsWriter {
                 mtime = Some(now);
             }
             let ctime = a.ctime.map_or(now, |(s, n)| ts(s, n));
-            let is_dir = ii.mode.get() & S_IFMT == S_IFDIR;
             w.update_inode(root, ino, |i| {
                 let mut mode = i.mode.get();
                 if let Some(m) = a.mode {
                     mode = (mode & S_IFMT) | (m & 0o7777);
                 }
-                if (a.uid.is_some() || a.gid.is_some()) && !is_dir {
+                if kill {
                     // chown_common: ATTR_KILL_SUID, and ATTR_KILL_SGID for a group that
                     // may execute (a set-group-ID without it marks mandatory locking).
                     mode &= !0o4000;
@@ -158,11 +187,15 @@ impl FsWriter {
         let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let old = ii.size.get();
-        let inline = self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+        let first = self.live().file_extents(id, 0, 1)?;
+        let inline = first.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+        let data_first = first.first().is_some_and(|f| f.file_offset == 0 && !f.is_hole_like());
         let max_inline = self.max_inline();
-        if size < old && (inline || old <= max_inline) {
+        if size < old && (inline || (old <= max_inline && data_first)) {
             // btrfs_truncate_inode_items cuts an inline extent to the new size. (A file
-            // this small in regular extents is rewritten inline: the same bytes.)
+            // this small with data in regular extents is rewritten inline: the same
+            // bytes, as the kernel's writeback of its dirty first block makes it. A hole
+            // or a preallocated first block stays as it is.)
             let mut content = vec![0u8; size as usize];
             self.read_old_data(root, ino, 0, &mut content)?;
             let removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;

@@ -172,7 +172,9 @@ impl FsWriter {
     /// compressed (see the module documentation), or None.
     pub(crate) fn compress_choice(&self, ii: &InodeItem, prop: Option<(CompressionType, Option<i32>)>) -> Option<Choice> {
         let flags = ii.flags.get();
-        if flags & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+        // NODATACOW and NODATASUM files cannot compress (`btrfs_inode_can_compress`);
+        // a PREALLOC file's writeback goes the NOCOW way, whose COW parts are plain.
+        if flags & (INODE_NODATACOW | INODE_NODATASUM | INODE_PREALLOC) != 0 {
             return None;
         }
         let p = self.compress;

@@ -15,9 +15,13 @@
 //!
 //! The data space is found (or made) before anything changes: ENOSPC leaves the file
 //! as it was.
+//!
+//! SEEK_DATA / SEEK_HOLE (`seek_data_hole`) answer as `find_desired_extent` does once
+//! the kernel's dirty pages are extents: the engine writes extents at once, so its
+//! layout is the kernel's after writeback, and the kernel counts delalloc as data.
 
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
+use crate::inode::filesystem::{ExtentKind, FileExtentRec, FsRead, InodeId, Load};
 use crate::transaction::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -282,6 +286,18 @@ impl FsWriter {
         })
     }
 
+    /// `btrfs_truncate_block` for [from, to) inside one block before `ino_size`: the
+    /// block is written whatever it held (a hole or a preallocated block becomes data)
+    /// with zeros over [from, to), also when that is past EOF in the EOF block.
+    fn truncate_block(&mut self, root: u64, ino: u64, from: u64, to: u64) -> Result<()> {
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let size = ii.size.get();
+        if from < size {
+            return self.zero_in_file(root, ino, from, to.min(size));
+        }
+        self.zero_eof_block(root, ino, &ii, size)
+    }
+
     /// Rewrite the block holding EOF with zeros past EOF, the size staying
     /// (`btrfs_truncate_block` at i_size). An inline file keeps its extent when its
     /// size stays (`final_size`), and becomes a regular first block when it grows.
@@ -306,6 +322,12 @@ impl FsWriter {
     /// lookup of `len` bytes there ends (`find_first_non_hole`'s one extent map): a
     /// hole extent to its end; a gap between extents to the next extent, but no further
     /// than the lookup's own range (from `offset` rounded down, `len` rounded up).
+    ///
+    /// That is the map a fresh `btrfs_get_extent` makes, as on a kernel just mounted.
+    /// A long-mounted kernel may find a larger hole map in its extent map cache (one
+    /// `btrfs_cont_expand` made over a whole gap, or read-ahead's merged ones) and, for
+    /// a range all in a hole, do nothing where this goes on; the engine keeps no extent
+    /// map cache yet (`InodeMapping`).
     pub(super) fn hole_at(&mut self, id: InodeId, offset: u64, len: u64) -> Result<Option<u64>> {
         let ss = u64::from(self.sectorsize());
         let pos = offset / ss * ss;
@@ -325,7 +347,7 @@ impl FsWriter {
         let ino_size = size.div_ceil(ss) * ss;
         let orig = offset;
         // find_first_non_hole: a leading hole is skipped; a range that is all hole
-        // changes nothing, not even the times. (Preallocated extents past EOF, which
+        // (as `hole_at` sees it) changes nothing, not even the times. (Preallocated extents past EOF, which
         // KEEP_SIZE leaves, are not holes: they are punched too.)
         let mut offset = offset;
         if let Some(h) = self.hole_at(id, offset, end - offset)? {
@@ -342,7 +364,7 @@ impl FsWriter {
         let same_block = offset / ss == (end - 1) / ss;
         if same_block && end - offset < ss {
             if offset < ino_size {
-                self.zero_in_file(root, ino, offset, ((offset / ss + 1) * ss).min(end).min(size))?;
+                self.truncate_block(root, ino, offset, ((offset / ss + 1) * ss).min(end))?;
             }
             return Ok(());
         }
@@ -350,7 +372,7 @@ impl FsWriter {
         let lockend = end / ss * ss;
         // The first block's part from `offset` on.
         if offset < ino_size && !offset.is_multiple_of(ss) {
-            self.zero_in_file(root, ino, offset, lockstart.min(size))?;
+            self.truncate_block(root, ino, offset, lockstart)?;
         }
         if offset == orig {
             // After that, the aligned part may start in a hole.
@@ -368,10 +390,8 @@ impl FsWriter {
         if lockend <= lockstart {
             return Ok(());
         }
-        let inline = self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
-        if inline {
-            return self.zero_in_file(root, ino, lockstart, lockend.min(size));
-        }
+        // (An inline extent in the range goes whole: it lies in block 0, and the range
+        // holds that block.)
         let removed = self.drop_extents_inner(root, ino, lockstart, lockend)?;
         // Without no-holes, hole extents cover what was dropped inside the file.
         let hole_end = lockend.min(ino_size);
@@ -383,30 +403,78 @@ impl FsWriter {
     }
 }
 
-/// Where SEEK_DATA / SEEK_HOLE from `offset` lands in a file of `size` bytes with
-/// extents `ext` (as `FsRead::file_extents` lists them, in file order): data is any
-/// extent that is not a hole or preallocated (which read as zeros; the kernel treats
-/// them as holes too); the end of the file is a hole. None is ENXIO: `offset` at or
-/// past EOF, or (SEEK_DATA) no data from `offset` on.
-pub fn seek_data_hole(ext: &[crate::inode::filesystem::FileExtentRec], size: u64, offset: u64, whence: i32) -> Option<u64> {
+/// Where SEEK_DATA / SEEK_HOLE from `offset` lands in regular file `ii` whose extents
+/// are `ext` (as `FsRead::file_extents` lists them, in file order), as the kernel's
+/// `find_desired_extent` answers for a file with no dirty pages (the engine keeps none:
+/// what it writes is in extents at once, as the kernel's delalloc is after writeback).
+///
+/// - Data: regular extents with a disk extent, compressed or not, and inline extents,
+///   which count to the end of their sector (`btrfs_file_extent_end`). Holes: hole
+///   extents, preallocated extents (zeros until written), file ranges without an
+///   extent (no-holes), and whatever follows the last extent up to EOF.
+/// - SEEK_DATA lands at `offset` inside data, else where the next data starts; SEEK_HOLE
+///   at `offset` inside a hole, else where the data run holding it ends; never past EOF,
+///   which counts as a hole.
+/// - SEEK_HOLE in a file without the PREALLOC flag whose nbytes equal its size lands at
+///   EOF without a look at the extents (the kernel's shortcut: nbytes counts every
+///   block with data, so such a file has no hole).
+///
+/// None is ENXIO: an empty file, `offset` at or past EOF, or SEEK_DATA with no data
+/// from `offset` to EOF. `sectorsize` is the filesystem's.
+pub fn seek_data_hole(ii: &InodeItem, sectorsize: u32, ext: &[FileExtentRec], offset: u64, whence: i32) -> Option<u64> {
+    let size = ii.size.get();
     if offset >= size {
         return None;
     }
-    let is_data = |f: &crate::inode::filesystem::FileExtentRec| !f.is_hole_like() && !f.is_empty();
-    match whence {
-        SEEK_DATA => ext.iter().filter(|f| is_data(f) && f.end() > offset).map(|f| f.file_offset.max(offset)).find(|&p| p < size),
-        _ => {
-            let mut pos = offset;
-            for f in ext.iter().filter(|f| is_data(f)) {
-                if f.end() <= pos {
-                    continue;
-                }
-                if f.file_offset > pos {
-                    break;
-                }
-                pos = f.end();
-            }
-            Some(pos.min(size))
-        }
+    let hole = whence != SEEK_DATA;
+    if hole && ii.flags.get() & INODE_PREALLOC == 0 && ii.nbytes.get() == size {
+        return Some(size);
     }
+    let ss = u64::from(sectorsize);
+    // `pos` only grows, from `offset`: a gap, hole or data run that starts before it
+    // starts there for the answer.
+    let mut pos = offset;
+    for f in ext {
+        if pos >= size {
+            break;
+        }
+        let end = match f.kind {
+            ExtentKind::Inline { .. } => f.end().div_ceil(ss).saturating_mul(ss),
+            ExtentKind::Regular { .. } => f.end(),
+        };
+        if end <= pos {
+            continue;
+        }
+        // No extent between `pos` and this one: an implicit hole.
+        if hole && f.file_offset > pos {
+            return Some(pos);
+        }
+        let data = !f.is_hole_like();
+        if data && !hole {
+            let at = f.file_offset.max(pos);
+            return (at < size).then_some(at);
+        }
+        if !data && hole {
+            return Some(f.file_offset.max(pos).min(size));
+        }
+        pos = end;
+    }
+    hole.then_some(pos.min(size))
+}
+
+/// `seek_data_hole` of inode `id` as view `v` has it: lseek(2)'s SEEK_DATA or SEEK_HOLE
+/// (`whence`) from `offset` in a regular file. Ok(None) is ENXIO.
+///
+/// # Errors
+/// `Posix(Invalid)` for another `whence`; read failures.
+pub fn seek_in_file<V: FsRead>(v: &V, id: InodeId, offset: u64, whence: i32) -> Result<Option<u64>> {
+    if whence != SEEK_DATA && whence != SEEK_HOLE {
+        return Err(Error::posix_detail(PosixKind::Invalid, id.to_string(), format!("lseek whence {whence} is neither SEEK_DATA nor SEEK_HOLE")));
+    }
+    let ii = v.load_inode(id, Load::ITEM)?.item;
+    if offset >= ii.size.get() {
+        return Ok(None);
+    }
+    let ext = v.file_extents(id, 0, ii.size.get())?;
+    Ok(seek_data_hole(&ii, v.info().sectorsize, &ext, offset, whence))
 }

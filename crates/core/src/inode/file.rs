@@ -178,6 +178,21 @@ impl Engine {
         Err(Error::posix_detail(PosixKind::Busy, crate::quote::name(name), "the name kept changing while it was being removed"))
     }
 
+    /// Inode `id` was read (data, entries, link target): move its atime as `opts`
+    /// say (`FsWriter::file_accessed`). Returns whether it moved. The common case, no
+    /// update, is decided on the live view without the engine's write side.
+    ///
+    /// # Errors
+    /// As `FsWriter::file_accessed`.
+    pub fn file_accessed(&self, id: InodeId, opts: crate::inode::atime::AtimeOpts) -> Result<bool> {
+        let t = self.info().sources.clock.now();
+        let now = ubtrfs_format::structs::Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() };
+        if !self.read(|live| Ok(crate::inode::atime::atime_needs_update(&live.load_inode(id, Load::ITEM)?.item, now, opts)))? {
+            return Ok(false);
+        }
+        self.write_retrying(|w| w.file_accessed(id.root, id.ino, opts))
+    }
+
     /// Change inode `id`'s attributes, as `FsWriter::setattr` does, holding its lock:
     /// a truncation waits for the file's writes in flight, and they for it.
     ///

@@ -1,12 +1,13 @@
 //! Inodes: their name (`id`), the filesystem view over subvolumes, inodes, directories and xattrs
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
 //! (`namei`), inode and file changes (`write`), unlink, rmdir, symlink, mknod and
-//! rename (`namespace`), attributes and truncation (`attr`), compression on write
-//! (`compress_write`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), extended
+//! rename (`namespace`), attributes and truncation (`attr`), access times (`atime`), compression on write
+//! (`compress_write`), NOCOW writes in place (`nocow`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), extended
 //! attributes and properties (`xattr`), the in-memory inodes (`inode_cache`), open
 //! files through the engine (`file`), orphans (`orphan`) and the VFS's permission checks
 //! for callers that ask (`perm`).
 
+pub mod atime;
 pub mod attr;
 pub mod compress_write;
 pub mod falloc;
@@ -16,6 +17,7 @@ pub mod id;
 pub mod inode_cache;
 pub mod namei;
 pub mod namespace;
+pub mod nocow;
 pub mod orphan;
 pub mod perm;
 pub mod read;

@@ -132,11 +132,15 @@ fn cap_overrides(cred: &Cred, ii: &InodeItem, mask: u32) -> bool {
 
 /// Whether `cred` may make change `a` to inode `ii` (`setattr_prepare`), and what the
 /// change becomes: a mode set by someone outside the file's group and without
-/// CAP_FSETID loses set-group-ID (`setattr_copy`).
+/// CAP_FSETID loses set-group-ID (`setattr_copy`), and so does a chown's non-directory
+/// whose group may not execute (`setattr_should_drop_sgid`: `SetAttr::setattr` drops
+/// it only when the group may execute).
 ///
 /// # Errors
 /// `Posix(NotPermitted)` for a chown, chgrp, chmod or explicit time set the caller may
-/// not make; `Posix(PermissionDenied)` for times set to now without write access.
+/// not make, and for a chown without ids by someone else than the owner of a file
+/// that would lose set-user-ID or set-group-ID (the kill bits become a mode change);
+/// `Posix(PermissionDenied)` for times set to now without write access.
 pub fn may_setattr(cred: &Cred, ii: &InodeItem, acl: Option<&[AclEntry]>, a: &SetAttr, what: &str) -> Result<SetAttr> {
     let owner = cred.uid == ii.uid.get() || cred.privileged;
     let denied = |why: &str| Err(Error::posix_detail(PosixKind::NotPermitted, what.to_string(), why.to_string()));
@@ -159,6 +163,19 @@ pub fn may_setattr(cred: &Cred, ii: &InodeItem, acl: Option<&[AclEntry]>, a: &Se
         let gid = a.gid.unwrap_or(ii.gid.get());
         if !cred.privileged && !cred.in_group(gid) {
             out.mode = Some(m & !0o2000);
+        }
+    }
+    let m = a.mode.unwrap_or(ii.mode.get());
+    if a.kills_privs() && ii.mode.get() & S_IFMT != S_IFDIR {
+        // Set-group-ID without group execute marks mandatory locking and stays, unless
+        // the caller is outside the group without CAP_FSETID.
+        let outsider_sgid = m & 0o2010 == 0o2000 && !(cred.privileged || cred.in_group(ii.gid.get()));
+        let kills = m & 0o4000 != 0 || m & 0o2010 == 0o2010 || outsider_sgid;
+        if kills && !owner {
+            return denied("only the owner may lose a file's set-user-ID or set-group-ID");
+        }
+        if outsider_sgid {
+            out.mode = Some(m & 0o7777 & !0o2000);
         }
     }
     let explicit = matches!(a.atime, Some(TimeSet::At(..))) || matches!(a.mtime, Some(TimeSet::At(..))) || a.ctime.is_some();
@@ -244,5 +261,20 @@ mod tests {
         let g = inode(S_IFREG | 0o755, 1000, 999);
         assert_eq!(may_setattr(&owner, &g, None, &s(SetAttr { mode: Some(0o2755), ..Default::default() }), "f").unwrap().mode, Some(0o755));
         assert_eq!(may_setattr(&Cred::root(), &g, None, &s(SetAttr { mode: Some(0o2755), uid: Some(5), ..Default::default() }), "f").unwrap().mode, Some(0o2755));
+        // chown(-1, -1): by anyone when there is nothing to kill; of a set-user-ID
+        // file only by its owner; a set-group-ID file whose group may not execute
+        // loses the bit when the caller is outside the group.
+        let plain = inode(S_IFREG | 0o644, 1000, 100);
+        assert_eq!(may_setattr(&other, &plain, None, &SetAttr::chown(None, None), "f").unwrap(), SetAttr::chown(None, None));
+        let suid = inode(S_IFREG | 0o4755, 1000, 100);
+        assert_eq!(may_setattr(&other, &suid, None, &SetAttr::chown(None, None), "f").unwrap_err().posix_kind(), Some(PosixKind::NotPermitted));
+        assert!(may_setattr(&owner, &suid, None, &SetAttr::chown(None, None), "f").is_ok());
+        let sgid_nx = inode(S_IFREG | 0o2745, 1000, 999);
+        assert_eq!(may_setattr(&owner, &sgid_nx, None, &SetAttr::chown(None, None), "f").unwrap().mode, Some(0o745));
+        assert_eq!(may_setattr(&Cred::root(), &sgid_nx, None, &SetAttr::chown(None, None), "f").unwrap().mode, None);
+        assert_eq!(may_setattr(&other, &sgid_nx, None, &SetAttr::chown(None, None), "f").unwrap_err().posix_kind(), Some(PosixKind::NotPermitted));
+        // A directory keeps its bits; nobody's chown without ids is refused.
+        let dir = inode(S_IFDIR | 0o6755, 1000, 999);
+        assert!(may_setattr(&other, &dir, None, &SetAttr::chown(None, None), "d").is_ok());
     }
 }

@@ -10,6 +10,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
+use crate::inode::nocow::{InPlace, Piece};
 use crate::transaction::FsWriter;
 use ubtrfs_format::hash::{extref_hash, name_hash};
 use ubtrfs_format::items;
@@ -632,7 +633,20 @@ impl FsWriter {
         let max_inline = self.max_inline();
         if ii.size.get().max(end) > max_inline {
             let a_start = if ii.size.get() <= max_inline { 0 } else { offset / ss * ss };
-            crate::space::allocator::reserve_data(self, end.div_ceil(ss) * ss - a_start, &format!("root={root} ino={ino}"))?;
+            let a_end = end.div_ceil(ss) * ss;
+            let what = format!("root={root} ino={ino}");
+            if let Err(e) = crate::space::allocator::reserve_data(self, a_end - a_start, &what) {
+                // What goes in place needs no new space (btrfs_check_nocow_lock, only
+                // once the reservation failed, as the kernel asks).
+                let in_place = match e.posix_kind() {
+                    Some(PosixKind::NoSpace) => self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?,
+                    _ => 0,
+                };
+                if in_place == 0 {
+                    return Err(e);
+                }
+                crate::space::allocator::reserve_data(self, a_end - a_start - in_place, &what)?;
+            }
         }
         self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, ii.size.get().max(end), fill))
     }
@@ -653,7 +667,10 @@ impl FsWriter {
         let added;
         let removed;
         let whole = final_size == new_size;
-        if whole && (new_size <= max_inline || (choice.is_some() && new_size <= ss)) {
+        // NOCOW-capable inodes never get inline extents: their writeback goes extent by
+        // extent, in place or COWed into regular extents (`run_delalloc_nocow`).
+        let nocow = crate::inode::nocow::nocow_capable(ii.flags.get());
+        if whole && !nocow && (new_size <= max_inline || (choice.is_some() && new_size <= ss)) {
             // The whole file fits in a sector: rewritten whole, inline as the kernel
             // keeps small files (compressed when that fits), else as one block.
             let mut content = vec![0u8; new_size as usize];
@@ -704,12 +721,10 @@ impl FsWriter {
             if offset > old_size && !old_size.is_multiple_of(ss) && old_size / ss * ss < a_start && !has_inline {
                 self.zero_eof_block(root, ino, ii, old_size)?;
             }
-            removed = self.drop_extents_inner(root, ino, a_start, a_end)?;
-            self.insert_hole_before(root, ino, old_size, a_start)?;
             // Stream head + data + tail through the extents.
             let total = a_end - a_start;
             let mut produced = 0u64;
-            added = self.write_range(root, ino, a_start, total, old_size, nodatasum, choice.as_ref(), &mut |buf: &mut [u8]| {
+            let mut stream = |buf: &mut [u8]| -> Result<()> {
                 let mut i = 0usize;
                 while i < buf.len() {
                     let p = produced as usize;
@@ -732,9 +747,39 @@ impl FsWriter {
                     }
                 }
                 Ok(())
-            })?;
+            };
+            let plan = if nocow { self.nocow_plan(root, ino, ii.flags.get(), a_start, a_end)? } else { vec![Piece::Cow { start: a_start, end: a_end }] };
+            self.insert_hole_before(root, ino, old_size, a_start)?;
+            let (mut r, mut a) = (0, 0);
+            for piece in plan {
+                match piece {
+                    Piece::Cow { start, end } => {
+                        r += self.drop_extents_inner(root, ino, start, end)?;
+                        a += self.write_range(root, ino, start, end - start, old_size, nodatasum, choice.as_ref(), &mut stream)?;
+                    }
+                    Piece::InPlace(p) => self.write_piece_in_place(root, ino, &p, nodatasum, &mut stream)?,
+                }
+            }
+            (removed, added) = (r, a);
         }
         self.update_written_inode(root, ino, new_size, removed, added)
+    }
+
+    /// Write in-place part `p` of a NOCOW write from `src`, in pieces, and mark a
+    /// preallocated part written.
+    fn write_piece_in_place(&mut self, root: u64, ino: u64, p: &InPlace, nodatasum: bool, src: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        let mut buf = vec![0u8; WRITE_CHUNK.min(p.len as usize)];
+        let mut done = 0u64;
+        while done < p.len {
+            let n = (p.len - done).min(buf.len() as u64) as usize;
+            src(&mut buf[..n])?;
+            self.write_in_place(p.disk + done, &buf[..n], nodatasum, p.prealloc)?;
+            done += n as u64;
+        }
+        if p.prealloc {
+            self.mark_extent_written(root, ino, p)?;
+        }
+        Ok(())
     }
 
     /// Rewrite a file's inline extent as a regular extent holding its first block
@@ -978,9 +1023,10 @@ pub struct DirectWrite {
     offset: u64,
     end: u64,
     nodatasum: bool,
-    /// The reserved data extents: (file offset, disk bytenr, length), in file order,
-    /// covering `offset` up to `end` rounded up to a sector.
-    extents: Vec<(u64, u64, u64)>,
+    /// Where the data goes: (file offset, disk bytenr, length, how), in file order,
+    /// covering `offset` up to `end` rounded up to a sector. `None` is a reserved new
+    /// extent; `Some` a part written in place (NOCOW), which reserved nothing.
+    extents: Vec<(u64, u64, u64, Option<InPlace>)>,
     /// Data checksums of each extent, filled by `write_data`.
     csums: Vec<Vec<u8>>,
     /// Metadata bytes reserved for the insertions (`reserve_metadata`), which the
@@ -1015,7 +1061,9 @@ impl FsWriter {
         let ss = u64::from(self.sectorsize());
         let old_size = ii.size.get();
         let max_inline = self.max_inline();
-        let needs_old_data = !offset.is_multiple_of(ss) || (!end.is_multiple_of(ss) && end < old_size);
+        // (A write past an unaligned EOF rewrites the old last block too, as
+        // btrfs_cont_expand does: the locked path does that.)
+        let needs_old_data = !offset.is_multiple_of(ss) || (!end.is_multiple_of(ss) && end < old_size) || (offset > old_size && !old_size.is_multiple_of(ss));
         let append_only = ii.flags.get() & INODE_APPEND != 0;
         if len == 0 || append_only || needs_old_data || old_size.max(end) <= max_inline {
             return Ok(WritePlan::Locked);
@@ -1035,22 +1083,35 @@ impl FsWriter {
         let meta_rsv = crate::space::allocator::reserve_metadata(self, items)?;
         self.write_rsv += meta_rsv;
         let a_end = end.div_ceil(ss) * ss;
+        // The parts of a NOCOW-capable inode that go in place need no extent; the
+        // caller holds the inode's lock, so they stay as planned until finish_write.
+        let plan = self.nocow_plan(root, ino, ii.flags.get(), offset, a_end)?;
         let mut extents = Vec::new();
-        let mut cur = offset;
-        while cur < a_end {
-            let want = (a_end - cur).min(MAX_EXTENT_SIZE);
-            match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, want, ss) {
-                Ok((bytenr, got)) => {
-                    extents.push((cur, bytenr, got));
-                    cur += got;
+        for piece in plan {
+            let (mut cur, pend) = match piece {
+                Piece::InPlace(p) => {
+                    extents.push((p.file_off, p.disk, p.len, Some(p)));
+                    continue;
                 }
-                Err(e) => {
-                    for &(_, b, l) in &extents {
-                        crate::space::allocator::unreserve(self, b, l, false);
+                Piece::Cow { start, end } => (start, end),
+            };
+            while cur < pend {
+                let want = (pend - cur).min(MAX_EXTENT_SIZE);
+                match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, want, ss) {
+                    Ok((bytenr, got)) => {
+                        extents.push((cur, bytenr, got, None));
+                        cur += got;
                     }
-                    self.write_rsv -= meta_rsv;
-                    crate::space::allocator::release_metadata(self, meta_rsv);
-                    return Err(e);
+                    Err(e) => {
+                        for &(_, b, l, how) in &extents {
+                            if how.is_none() {
+                                crate::space::allocator::unreserve(self, b, l, false);
+                            }
+                        }
+                        self.write_rsv -= meta_rsv;
+                        crate::space::allocator::release_metadata(self, meta_rsv);
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -1085,10 +1146,22 @@ impl FsWriter {
         let old_size = ii.size.get();
         let new_size = old_size.max(dw.end);
         let a_end = dw.end.div_ceil(ss) * ss;
-        let removed = self.drop_extents_inner(root, ino, dw.offset, a_end)?;
+        debug_assert_eq!(dw.extents.last().map(|e| e.0 + e.2), Some(a_end), "a direct write's extents end at its aligned end");
         self.insert_hole_before(root, ino, old_size, dw.offset)?;
-        let mut added = 0;
-        for (i, &(file_off, bytenr, len)) in dw.extents.iter().enumerate() {
+        let (mut removed, mut added) = (0, 0);
+        for (i, &(file_off, bytenr, len, how)) in dw.extents.iter().enumerate() {
+            if let Some(p) = how {
+                // In place: the data is there; a preallocated part gets its checksums
+                // and turns regular.
+                if p.prealloc {
+                    if !dw.nodatasum {
+                        crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
+                    }
+                    self.mark_extent_written(root, ino, &p)?;
+                }
+                continue;
+            }
+            removed += self.drop_extents_inner(root, ino, file_off, file_off + len)?;
             self.delayed.add_data_ref(bytenr, len, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off }, 1, true)?;
             if !dw.nodatasum {
                 crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
@@ -1102,8 +1175,10 @@ impl FsWriter {
 
     /// Give back a direct write's reserved space (its data write failed).
     pub fn cancel_write(&mut self, dw: DirectWrite) {
-        for &(_, b, l) in &dw.extents {
-            crate::space::allocator::unreserve(self, b, l, false);
+        for &(_, b, l, how) in &dw.extents {
+            if how.is_none() {
+                crate::space::allocator::unreserve(self, b, l, false);
+            }
         }
         self.write_rsv -= dw.meta_rsv;
         crate::space::allocator::release_metadata(self, dw.meta_rsv);
@@ -1126,7 +1201,7 @@ impl DirectWrite {
         let mut raw = vec![0u8; cap + crate::volumes::device::DIRECT_IO_ALIGN];
         let skew = raw.as_ptr().align_offset(crate::volumes::device::DIRECT_IO_ALIGN).min(crate::volumes::device::DIRECT_IO_ALIGN);
         let buf = &mut raw[skew..skew + cap];
-        for &(file_off, bytenr, len) in &self.extents {
+        for &(file_off, bytenr, len, _) in &self.extents {
             let mut csums = Vec::with_capacity((len as usize / ss) * cs);
             let mut done = 0u64;
             while done < len {

@@ -425,6 +425,18 @@ impl FsWriter {
         self.apply_xattr_change(change, "removexattr")
     }
 
+    /// Remove inode `id`'s file capabilities (`security.capability`) if it has any, as
+    /// `cap_inode_killpriv` does for a chown's ATTR_KILL_PRIV: without removexattr(2)'s
+    /// permission checks (an immutable inode loses them too), ctime moving.
+    pub(super) fn kill_file_caps(&mut self, id: InodeId) -> Result<()> {
+        let key = xattr_key(id, XATTR_NAME_CAPS);
+        let edit = self.plan_item_edit(id, XATTR_NAME_CAPS, None, 0)?;
+        if matches!(edit, ItemEdit::Unchanged) {
+            return Ok(());
+        }
+        self.apply_xattr_change(Some(XattrChange { id, key, edit, flags_set: 0, flags_clear: 0, mode: None, incompat: 0, ctime: true }), "killpriv")
+    }
+
     /// The change of a name that is not an ACL (`vfs_setxattr`, `__vfs_removexattr`
     /// for `value` None): the VFS permission, the handler, then the property or plain
     /// xattr rules. None: nothing to do (a property on an inode that ignores it).

@@ -35,7 +35,8 @@ pub trait BlockDevice: Send + Sync {
     fn name(&self) -> &str;
     /// Start writing back `[offset, offset + len)` now without waiting, so a later
     /// `flush` finds less to do (the kernel writes back while the writer goes on).
-    /// A hint only: the default does nothing.
+    /// A hint only, which a device may gather with later ones (a file starts its
+    /// buffered data in batches); the default does nothing.
     fn start_writeback(&self, _offset: u64, _len: u64) {}
     /// Write bulk data, bypassing the host page cache where the device allows it
     /// (buffer, length and offset 4 KiB aligned); otherwise a plain `write_at`.
@@ -50,6 +51,10 @@ pub trait BlockDevice: Send + Sync {
 /// Data writes from this size on bypass the host's page cache (O_DIRECT).
 pub const DIRECT_IO_MIN: usize = 256 << 10;
 
+/// Buffered data bytes gathered before their writeback is started: one
+/// `sync_file_range` per small write would submit each block as its own request.
+pub const WRITEBACK_BATCH: u64 = 8 << 20;
+
 /// Alignment O_DIRECT writes need (buffer address, length and offset).
 pub const DIRECT_IO_ALIGN: usize = 4096;
 
@@ -62,6 +67,9 @@ pub struct FileDevice {
     /// A second descriptor with O_DIRECT for bulk data, opened on first use; None when
     /// the host filesystem refuses it (tmpfs), which falls back to buffered writes.
     direct: std::sync::OnceLock<Option<File>>,
+    /// Buffered data written since writeback was last started, and the range it
+    /// spans: writeback starts once a batch has gathered (`WRITEBACK_BATCH`).
+    unstarted: std::sync::Mutex<(u64, u64, u64)>,
     /// Files kept open only for their flock locks (a loop device's backing file).
     _lock_files: Vec<File>,
     in_use: Vec<InUse>,
@@ -85,7 +93,17 @@ impl FileDevice {
             let mut f = &file;
             f.seek(std::io::SeekFrom::End(0)).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?
         };
-        Ok(FileDevice { file, size, name: path.display().to_string(), writable, direct: std::sync::OnceLock::new(), _lock_files: c.lock_files, in_use: c.in_use, warnings: c.warnings })
+        Ok(FileDevice {
+            file,
+            size,
+            name: path.display().to_string(),
+            writable,
+            direct: std::sync::OnceLock::new(),
+            unstarted: std::sync::Mutex::new((0, u64::MAX, 0)),
+            _lock_files: c.lock_files,
+            in_use: c.in_use,
+            warnings: c.warnings,
+        })
     }
     /// Who else was using the device when a reader opened it (a writer is refused instead).
     pub fn in_use(&self) -> &[InUse] {
@@ -118,6 +136,7 @@ impl BlockDevice for FileDevice {
         self.file.write_all_at(buf, offset).map_err(|e| Error::io(format!("{}: write of {} bytes at {offset}", self.name, buf.len()), e))
     }
     fn flush(&self) -> Result<()> {
+        *self.unstarted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = (0, u64::MAX, 0);
         self.file.sync_data().map_err(|e| Error::io(format!("{}: flush", self.name), e))
     }
     fn size(&self) -> u64 {
@@ -139,6 +158,7 @@ impl BlockDevice for FileDevice {
             });
             if let Some(f) = direct {
                 match f.write_all_at(buf, offset) {
+                    // Nothing of it waits in the page cache.
                     Ok(()) => return Ok(()),
                     // Some hosts accept O_DIRECT at open and refuse the write.
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
@@ -146,14 +166,28 @@ impl BlockDevice for FileDevice {
                 }
             }
         }
-        self.write_at(buf, offset)
+        self.write_at(buf, offset)?;
+        let mut u = self.unstarted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        u.0 += buf.len() as u64;
+        u.1 = u.1.min(offset);
+        u.2 = u.2.max(offset + buf.len() as u64);
+        Ok(())
     }
 
-    fn start_writeback(&self, offset: u64, len: u64) {
+    fn start_writeback(&self, _offset: u64, _len: u64) {
         use std::os::fd::AsRawFd;
+        let (from, to) = {
+            let mut u = self.unstarted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if u.0 < WRITEBACK_BATCH {
+                return;
+            }
+            let r = (u.1, u.2);
+            *u = (0, u64::MAX, 0);
+            r
+        };
         // SAFETY: plain syscall on an open descriptor; failure only loses the hint.
         unsafe {
-            libc::sync_file_range(self.file.as_raw_fd(), offset as libc::off64_t, len as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
+            libc::sync_file_range(self.file.as_raw_fd(), from as libc::off64_t, (to - from) as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
         }
     }
 }

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::compress_write::CompressPolicy;
-use ubtrfs_core::inode::falloc::seek_data_hole;
+use ubtrfs_core::inode::falloc::seek_in_file;
 use ubtrfs_core::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, InodeView, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::OpenOptions;
@@ -947,6 +947,41 @@ impl Kernel {
         }
     }
 
+    /// Whether FIEMAP shows anything in [start, end) of `p`: data, preallocated
+    /// extents or delalloc (dirty pages); false when it cannot be opened. Without the
+    /// SYNC flag, so the page cache stays as it is.
+    pub fn has_extent_in(&self, p: &P, start: u64, end: u64) -> bool {
+        /// `struct fiemap` with room for one `struct fiemap_extent` (linux/fiemap.h).
+        #[repr(C)]
+        struct Fiemap {
+            fm_start: u64,
+            fm_length: u64,
+            fm_flags: u32,
+            fm_mapped_extents: u32,
+            fm_extent_count: u32,
+            fm_reserved: u32,
+            fm_extent: [u64; 7],
+        }
+        /// _IOWR('f', 11, struct fiemap).
+        const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+        if end <= start {
+            return false;
+        }
+        let c = self.c(p);
+        let mut fm = Fiemap { fm_start: start, fm_length: end - start, fm_flags: 0, fm_mapped_extents: 0, fm_extent_count: 1, fm_reserved: 0, fm_extent: [0; 7] };
+        // SAFETY: a NUL-terminated path; `fm` has room for the one extent asked for;
+        // the descriptor is closed once.
+        unsafe {
+            let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+            if fd < 0 {
+                return false;
+            }
+            let r = libc::ioctl(fd, FS_IOC_FIEMAP, &mut fm as *mut Fiemap);
+            libc::close(fd);
+            r == 0 && fm.fm_mapped_extents > 0
+        }
+    }
+
     /// The length of xattr `name` of `p` (not followed), None when it has none.
     pub fn xattr_len(&self, p: &P, name: &[u8]) -> Option<usize> {
         let c = self.c(p);
@@ -1490,10 +1525,7 @@ impl Ubtrfs {
                     FileKind::Fifo => return Err(en(libc::ESPIPE)),
                     // generic_file_llseek_size over the directory's i_size.
                     FileKind::Dir => (*off < size).then_some(if *whence == libc::SEEK_DATA { *off } else { size }),
-                    _ => self.look(|l| {
-                        let ext = l.file_extents(v.id, 0, size.max(1))?;
-                        Ok(seek_data_hole(&ext, size, *off, *whence))
-                    })?,
+                    _ => self.look(|l| Ok(seek_in_file(l, v.id, *off, *whence)?))?,
                 };
                 at.map(Out::Pos).ok_or(en(libc::ENXIO))
             }
@@ -1504,7 +1536,7 @@ impl Ubtrfs {
             }
             Op::Chown { path, uid, gid } => {
                 let v = self.look(|l| resolve(l, top, path, false))?;
-                self.engine().setattr(v.id, &SetAttr { uid: *uid, gid: *gid, ..SetAttr::default() })?;
+                self.engine().setattr(v.id, &SetAttr::chown(*uid, *gid))?;
                 Ok(Out::Done)
             }
             Op::Utimens { path, atime, mtime } => {
@@ -1660,6 +1692,25 @@ pub struct XRec {
     pub mtime: Option<(i64, u32)>,
     /// A directory's names in readdir order (DIR_INDEX order on both sides).
     pub order: Vec<Vec<u8>>,
+    /// A regular file's data runs as SEEK_DATA / SEEK_HOLE find them from 0: where the
+    /// layouts of data, holes and preallocation must agree (the contents alone do not
+    /// tell a hole from written zeros).
+    pub runs: Vec<(u64, u64)>,
+}
+
+/// The data runs [data, hole) of a file of `size` bytes, found by SEEK_DATA and
+/// SEEK_HOLE (`seek(offset, whence)`, None for ENXIO) from 0 to EOF.
+fn seek_runs<E>(size: u64, mut seek: impl FnMut(u64, i32) -> Result<Option<u64>, E>) -> Result<Vec<(u64, u64)>, E> {
+    let mut runs = Vec::new();
+    let mut pos = 0;
+    while pos < size {
+        let Some(d) = seek(pos, libc::SEEK_DATA)? else { break };
+        let h = seek(d, libc::SEEK_HOLE)?.unwrap_or(size);
+        assert!(d >= pos && h > d, "seek runs: SEEK_DATA {pos} -> {d}, SEEK_HOLE {d} -> {h}");
+        runs.push((d, h));
+        pos = h;
+    }
+    Ok(runs)
 }
 
 impl std::fmt::Debug for XRec {
@@ -1684,6 +1735,9 @@ impl std::fmt::Debug for XRec {
         }
         if !self.order.is_empty() {
             write!(f, " order={:?}", self.order.iter().map(|n| show_name(n)).collect::<Vec<_>>())?;
+        }
+        if !self.runs.is_empty() {
+            write!(f, " data={:?}", self.runs)?;
         }
         Ok(())
     }
@@ -1744,8 +1798,26 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
                 stack.push((child, full.join(std::ffi::OsStr::from_bytes(n))));
             }
         }
+        let runs = if s.kind == 'f' {
+            let f = std::fs::File::open(&full).unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", full.display()));
+            seek_runs(s.size, |off, whence| {
+                use std::os::unix::io::AsRawFd;
+                // SAFETY: lseek on an open descriptor.
+                let r = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, whence) };
+                if r >= 0 {
+                    Ok(Some(r as u64))
+                } else if errno() == libc::ENXIO {
+                    Ok(None)
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+            .unwrap_or_else(|e| panic!("kernel walk: lseek {}: {e}", full.display()))
+        } else {
+            Vec::new()
+        };
         let rec = Rec { kind: s.kind, perm: s.perm, uid: s.uid, gid: s.gid, size: s.size, nlink: s.nlink, content };
-        out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order });
+        out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order, runs });
     }
     out
 }
@@ -1804,7 +1876,8 @@ pub fn xwalk_fs<V: FsRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
             }
         }
         let order = v.entries.iter().map(|e| e.name.clone()).collect();
-        out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order });
+        let runs = if v.kind() == FileKind::File { seek_runs(v.size(), |off, whence| seek_in_file(fs, id, off, whence))? } else { Vec::new() };
+        out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order, runs });
     }
     Ok(out)
 }
@@ -2019,6 +2092,9 @@ impl Run<'_> {
                 Err(Fail::Errno(e)) => Err(e),
                 Err(Fail::Bug(b)) => return Err(format!("seed {} op {i}: {op}\n    kernel: {kr:?}\n    ubtrfs failed with a non-POSIX error: {b}", self.seed)),
             };
+            if std::env::var_os("UBTRFS_POSIX_TRACE").is_some() {
+                eprintln!("seed {} op {i}: {op} -> {kr:?}", self.seed);
+            }
             if kr.is_ok() {
                 *st.ok.entry(op.kind()).or_default() += 1;
             }
