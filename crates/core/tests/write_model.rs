@@ -33,17 +33,17 @@ mod common;
 #[path = "common/write.rs"]
 mod write_common;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 use ubtrfs_core::inode::attr::{fsflags, SetAttr};
 use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
-use ubtrfs_core::inode::filesystem::InodeId;
+use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
 use ubtrfs_core::inode::namespace::{max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::{max_xattr_size, XATTR_CREATE, XATTR_REPLACE};
 use ubtrfs_core::transaction::FsWriter;
-use ubtrfs_core::PosixKind;
+use ubtrfs_core::{FsRead, OpenOptions, PosixKind};
 use ubtrfs_format::structs::{rdev_encode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFSOCK};
 use write_common::*;
 
@@ -212,6 +212,9 @@ struct Sim {
     log: VecDeque<String>,
     trace: bool,
     stats: Stats,
+    /// Writes to NODATACOW files since the last commit, by model handle: a rollback
+    /// keeps what of them landed in place (`settle_nocow_after_rollback`).
+    since_commit: HashMap<usize, Vec<(u64, Vec<u8>)>>,
     /// Above these (files under the base, live bytes) the workload leans to unlinks:
     /// 300 files and the config's budget, on top of what a shared base starts with.
     file_cap: usize,
@@ -295,6 +298,7 @@ impl Sim {
             stats: Stats::default(),
             file_cap: 300,
             byte_cap: cfg.data_budget,
+            since_commit: HashMap::new(),
         };
         if cfg.shared_base.is_some() {
             s.file_cap += s.listing().0.len();
@@ -422,6 +426,7 @@ impl Sim {
         let data = self.data(len as usize);
         let size = self.model.data(path).len();
         self.note(format!("{what} /{path} (size {size}) at {off} len {len}"));
+        self.touch_nocow(path, Some((off, data.clone())));
         let w = self.w.as_mut().expect("writer open");
         self.model.w_write(w, path, off, &data);
         self.stats.writes += 1;
@@ -646,6 +651,7 @@ impl Sim {
         let new = if over { new.min(size) } else { new };
         let mode = self.rng.chance(10).then_some(0o640);
         self.note(format!("truncate /{path} (size {size}) to {new}"));
+        self.touch_nocow(&path, None);
         let w = self.w.as_mut().expect("writer open");
         self.model.w_setattr(w, &path, &SetAttr { size: Some(new), mode, ..SetAttr::default() });
         self.stats.truncates += 1;
@@ -700,6 +706,7 @@ impl Sim {
             len = len.min((size + 64 * KIB).saturating_sub(off)).max(1);
         }
         self.note(format!("fallocate /{path} (size {size}) mode {mode:#x} [{off}, +{len})"));
+        self.touch_nocow(&path, None);
         let w = self.w.as_mut().expect("writer open");
         self.model.w_fallocate(w, &path, mode, off, len);
         self.stats.fallocates += 1;
@@ -967,8 +974,55 @@ impl Sim {
         }
     }
 
+    /// Note a change to `path`'s data (`write`: the bytes written at an offset; None for
+    /// a truncate or fallocate, which may rewrite a block with zeros) if it is NODATACOW.
+    fn touch_nocow(&mut self, path: &str, write: Option<(u64, Vec<u8>)>) {
+        let h = self.model.handle(path);
+        if self.model.node(h).nocow {
+            self.since_commit.entry(h).or_default().extend(write);
+        }
+    }
+
+    /// After a rollback (the running transaction dropped, as by a crash without torn
+    /// writes): data a NODATACOW file took in place since the commit stays on disk, as
+    /// NOCOW writes are not part of the transaction, while the file's size and extents
+    /// are the committed ones. So each byte of such a file holds its committed value, a
+    /// value written there since, or zero (a truncate's or a zeroed range's edge block
+    /// rewritten in place). Checked, then the model takes what the disk shows.
+    fn settle_nocow_after_rollback(&mut self) {
+        let writes = std::mem::take(&mut self.since_commit);
+        if writes.is_empty() {
+            return;
+        }
+        let fs = Filesystem::open(&OpenOptions::new(&self.img.path)).expect("open after rollback");
+        for (h, ws) in writes {
+            // Made or unlinked after the commit, or NODATACOW only since: nothing kept.
+            let Some(Some(n)) = self.committed.inodes.get(h) else { continue };
+            if n.kind != 'f' || !n.nocow {
+                continue;
+            }
+            let id = n.id.expect("committed inode has an id");
+            let v = fs.load_inode(id, Load { extents: true, ..Load::ITEM }).unwrap_or_else(|e| panic!("seed {}: rollback: {id}: {e}", self.seed));
+            assert_eq!(v.size(), n.data.len() as u64, "seed {} op {}: rollback: {id}: size is not the committed one", self.seed, self.stats.ops);
+            let mut got = vec![0u8; n.data.len()];
+            fs.read_at(&v, 0, &mut got).unwrap_or_else(|e| panic!("seed {}: rollback: read {id}: {e}", self.seed));
+            for (i, (&g, &c)) in got.iter().zip(&n.data).enumerate() {
+                let written = ws.iter().any(|(o, d)| (i as u64).checked_sub(*o).is_some_and(|k| d.get(k as usize) == Some(&g)));
+                assert!(
+                    g == c || g == 0 || written,
+                    "seed {} op {}: rollback: {id} byte {i} is {g:#x}: neither the committed {c:#x}, nor zero, nor written since the commit",
+                    self.seed,
+                    self.stats.ops
+                );
+            }
+            self.committed.node_mut(h).data = got.clone();
+            self.model.node_mut(h).data = got;
+        }
+    }
+
     fn commit(&mut self) {
         self.note("commit".into());
+        self.since_commit.clear();
         let early = self.w().blocks_written_early();
         let gen = self.w().commit().unwrap_or_else(|e| panic!("seed {}: commit: {e}", self.seed));
         self.stats.commits += 1;
@@ -1054,6 +1108,7 @@ impl Sim {
                 self.note("reopen without commit (roll back)".into());
                 self.w = None;
                 self.model = self.committed.clone();
+                self.settle_nocow_after_rollback();
                 self.open();
                 self.stats.rollbacks += 1;
                 let what = format!("seed {} op {} after rollback", self.seed, self.stats.ops);
