@@ -1,11 +1,22 @@
 //! Random operations against a model: a seeded RNG drives file creation (sizes around
 //! the inline limit and up to 300 KiB), overwrites, appends, writes past EOF, unlink,
 //! mkdir, rmdir, hard links, commits at random intervals, reopen after a commit, and
-//! reopen *without* committing (the model rolls back to the last commit). After every
-//! commit a fresh `Filesystem` must show exactly the model (paths, types, sizes,
-//! contents, link counts, directory sizes) and the writer's trees must keep their
-//! invariants; as root, `btrfs check` runs every few commits and on the final image,
-//! which the kernel must also mount and show as the model.
+//! reopen *without* committing (the model rolls back to the last commit). A quarter of
+//! the operations are the POSIX ones (`Sim::posix_step`): rename with its flags
+//! (replacing, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT, subtrees moving),
+//! symlinks, mknod, chmod and chown (set-ID clearing), truncate, fallocate (mode 0,
+//! KEEP_SIZE, PUNCH_HOLE, ZERO_RANGE), xattrs with XATTR_CREATE / XATTR_REPLACE, inode
+//! flags, the compression property (and its inheritance), NODATACOW files (`chattr +C`
+//! on a new file, then written, overwritten, truncated and fallocated with full content
+//! checks: the no-COW write path), and calls that must fail: each with the kernel's
+//! errno as the model predicts it, changing nothing (the inodes involved are compared
+//! before and after). Some configs compress on write (zlib, lzo, zstd, compress-force),
+//! and one write in five is compressible. After every
+//! commit a fresh `Filesystem` must show exactly the model (paths, types, modes,
+//! owners, sizes, contents, link counts, directory sizes, xattrs, NODATACOW flags) and
+//! the writer's trees must keep their invariants; as root, `btrfs check` runs every few
+//! commits and on the final image, which the kernel must also mount and show as the
+//! model, xattrs and flags included.
 //!
 //! As root, the kernel also writes at some commit points (mount, a few random
 //! operations through the model, unmount, `btrfs check`), and ubtrfs carries on.
@@ -22,9 +33,18 @@ mod common;
 #[path = "common/write.rs"]
 mod write_common;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
+use ubtrfs_core::inode::attr::{fsflags, SetAttr};
+use ubtrfs_core::inode::compress_write::CompressPolicy;
+use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
+use ubtrfs_core::inode::namespace::{max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::inode::xattr::{max_xattr_size, XATTR_CREATE, XATTR_REPLACE};
 use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::{FsRead, OpenOptions, PosixKind};
+use ubtrfs_format::structs::{rdev_encode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFSOCK};
 use write_common::*;
 
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +73,13 @@ struct Config {
     /// Dirty-metadata limit of the writer (a tiny one forces writeback in the middle
     /// of transactions); None = the default.
     dirty_limit: Option<usize>,
+    /// Mix the POSIX operations into the stream (`Sim::posix_step`: rename with its
+    /// flags, symlink, mknod, setattr, fallocate, xattrs, NOCOW files, the compression
+    /// property, refused calls). Off for the `regression_*` seeds, whose streams must
+    /// replay as first found.
+    posix: bool,
+    /// The writer's compression (`compress=` / `compress-force=`): (ALG[:LEVEL], force).
+    compress: Option<(&'static str, bool)>,
 }
 
 const CRC_16K: Config = Config {
@@ -68,9 +95,12 @@ const CRC_16K: Config = Config {
     interludes: true,
     shared_base: None,
     dirty_limit: None,
+    posix: true,
+    compress: None,
 };
-/// CRC_16K with a dirty limit of four blocks: writeback between operations.
-const CRC_16K_WRITEBACK: Config = Config { dirty_limit: Some(4 * 16384), ..CRC_16K };
+/// CRC_16K with a dirty limit of four blocks: writeback between operations, and
+/// compress-force.
+const CRC_16K_WRITEBACK: Config = Config { dirty_limit: Some(4 * 16384), compress: Some(("zstd", true)), ..CRC_16K };
 const XX_4K: Config = Config {
     csum: "xxhash",
     nodesize: 4096,
@@ -84,6 +114,8 @@ const XX_4K: Config = Config {
     interludes: true,
     shared_base: None,
     dirty_limit: None,
+    posix: true,
+    compress: Some(("zstd", false)),
 };
 const SHA_64K: Config = Config {
     csum: "sha256",
@@ -98,6 +130,8 @@ const SHA_64K: Config = Config {
     interludes: true,
     shared_base: None,
     dirty_limit: None,
+    posix: true,
+    compress: Some(("lzo", false)),
 };
 const BLAKE_16K_BITMAPS: Config = Config {
     csum: "blake2",
@@ -112,6 +146,8 @@ const BLAKE_16K_BITMAPS: Config = Config {
     interludes: true,
     shared_base: None,
     dirty_limit: None,
+    posix: true,
+    compress: Some(("zlib:3", false)),
 };
 /// Bigger files in a small image: data chunks come and go, free space fragments, and
 /// large writes settle for shorter extents; half the files share one directory.
@@ -128,6 +164,8 @@ const CRC_16K_FULL: Config = Config {
     interludes: true,
     shared_base: None,
     dirty_limit: None,
+    posix: true,
+    compress: None,
 };
 /// The `snapshots` fixture (quotas on): everything happens inside `sv`, whose tree
 /// blocks and extents `snap` and `snap2` share, so COW of shared blocks, the
@@ -146,6 +184,8 @@ const CRC_4K_HOLES: Config = Config {
     interludes: true,
     shared_base: None,
     dirty_limit: None,
+    posix: true,
+    compress: None,
 };
 
 fn default_ops() -> usize {
@@ -172,6 +212,9 @@ struct Sim {
     log: VecDeque<String>,
     trace: bool,
     stats: Stats,
+    /// Writes to NODATACOW files since the last commit, by model handle: a rollback
+    /// keeps what of them landed in place (`settle_nocow_after_rollback`).
+    since_commit: HashMap<usize, Vec<(u64, Vec<u8>)>>,
     /// Above these (files under the base, live bytes) the workload leans to unlinks:
     /// 300 files and the config's budget, on top of what a shared base starts with.
     file_cap: usize,
@@ -196,6 +239,17 @@ struct Stats {
     early_blocks: u64,
     /// Commit count at the last periodic `btrfs check`.
     checked_at: usize,
+    renames: usize,
+    symlinks: usize,
+    mknods: usize,
+    setattrs: usize,
+    truncates: usize,
+    fallocates: usize,
+    xattrs: usize,
+    fsflags: usize,
+    nocow_files: usize,
+    /// Calls the model expected to fail, which failed with its errno and changed nothing.
+    refused: usize,
 }
 
 impl Drop for Sim {
@@ -244,6 +298,7 @@ impl Sim {
             stats: Stats::default(),
             file_cap: 300,
             byte_cap: cfg.data_budget,
+            since_commit: HashMap::new(),
         };
         if cfg.shared_base.is_some() {
             s.file_cap += s.listing().0.len();
@@ -263,6 +318,9 @@ impl Sim {
         w.hooks.fst_thresholds_override = self.cfg.fst_thresholds;
         if let Some(limit) = self.cfg.dirty_limit {
             w.set_dirty_metadata_limit(limit);
+        }
+        if let Some((alg, force)) = self.cfg.compress {
+            w.set_compress(CompressPolicy::parse(alg, force).expect("compression of the config"));
         }
         self.w = Some(w);
     }
@@ -334,6 +392,9 @@ impl Sim {
         self.stats.ops += 1;
         let (files, dirs) = self.listing();
         let over = self.live_bytes() > self.byte_cap || files.len() > self.file_cap;
+        if self.cfg.posix && self.rng.chance(25) {
+            return self.posix_step(&files, &dirs, over);
+        }
         let r = self.rng.below(100);
         match r {
             _ if over && r < 60 && !files.is_empty() => self.op_unlink(&files),
@@ -354,7 +415,7 @@ impl Sim {
         let name = self.new_name();
         let path = if d.is_empty() { name } else { format!("{d}/{name}") };
         let size = self.file_size();
-        let data = self.rng.bytes(size as usize);
+        let data = self.data(size as usize);
         self.note(format!("create /{path} size {size}"));
         let w = self.w.as_mut().expect("writer open");
         self.model.w_create(w, &path, 0o644, &data);
@@ -362,16 +423,17 @@ impl Sim {
     }
 
     fn write_at(&mut self, path: &str, off: u64, len: u64, what: &str) {
-        let data = self.rng.bytes(len as usize);
+        let data = self.data(len as usize);
         let size = self.model.data(path).len();
         self.note(format!("{what} /{path} (size {size}) at {off} len {len}"));
+        self.touch_nocow(path, Some((off, data.clone())));
         let w = self.w.as_mut().expect("writer open");
         self.model.w_write(w, path, off, &data);
         self.stats.writes += 1;
     }
 
     fn op_overwrite(&mut self, files: &[String]) {
-        let path = self.rng.pick(files).clone();
+        let path = self.pick_maybe_nocow(files);
         let size = self.model.data(&path).len() as u64;
         let mut off = self.rng.below(size + 1);
         if self.rng.chance(30) {
@@ -442,8 +504,525 @@ impl Sim {
         self.stats.links += 1;
     }
 
+    /// Bytes to write: without the POSIX mix, random (incompressible); with it, one
+    /// time in five a repeated pattern that compresses.
+    fn data(&mut self, n: usize) -> Vec<u8> {
+        if !self.cfg.posix || !self.rng.chance(20) {
+            return self.rng.bytes(n);
+        }
+        let ulen = self.rng.range(1, 200) as usize;
+        let unit = self.rng.bytes(ulen);
+        unit.iter().copied().cycle().take(n).collect()
+    }
+
+    /// A file, a NOCOW one a third of the time when there are some (their writes take
+    /// the no-COW path).
+    fn pick_maybe_nocow(&mut self, files: &[String]) -> String {
+        if self.cfg.posix && self.rng.chance(33) {
+            let nocow: Vec<&String> = files.iter().filter(|p| self.model.node(self.model.handle(p)).nocow).collect();
+            if !nocow.is_empty() {
+                return (*self.rng.pick(&nocow)).clone();
+            }
+        }
+        self.rng.pick(files).clone()
+    }
+
+    fn fresh_path(&mut self, dirs: &[String]) -> String {
+        let d = self.rng.pick(dirs).clone();
+        let name = self.new_name();
+        if d.is_empty() {
+            name
+        } else {
+            format!("{d}/{name}")
+        }
+    }
+
+    /// Every path under the base but the base itself (rename sources and targets,
+    /// chmod, xattrs), without subvolume entries.
+    fn names(&self) -> Vec<String> {
+        let base_root = self.model.id(&self.base).root;
+        self.model.paths().into_iter().filter(|(p, h)| *p != self.base && self.under_base(p) && self.model.node(*h).id.is_some_and(|id| id.root == base_root)).map(|(p, _)| p).collect()
+    }
+
+    fn kind(&self, path: &str) -> char {
+        self.model.node(self.model.handle(path)).kind
+    }
+
+    /// The inode ids a call on `paths` may touch: each path's and its parent's.
+    fn ids_of(&self, paths: &[&str]) -> Vec<InodeId> {
+        let mut v = Vec::new();
+        for p in paths {
+            if let Some(h) = self.model.lookup(p) {
+                v.extend(self.model.node(h).id);
+            }
+            let parent = p.rfind('/').map_or("", |i| &p[..i]);
+            v.extend(self.model.lookup(parent).and_then(|h| self.model.node(h).id));
+        }
+        v
+    }
+
+    /// Make a call the model says fails with `want`; it must, and change nothing.
+    fn refuse(&mut self, what: String, want: PosixKind, paths: &[&str], f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) {
+        self.note(format!("{what} (refused: {want:?})"));
+        let ids = self.ids_of(paths);
+        let w = self.w.as_mut().expect("writer open");
+        expect_refused(w, &format!("seed {} op {}: {what}", self.seed, self.stats.ops), want, &ids, f);
+        self.stats.refused += 1;
+    }
+
+    /// One of the POSIX operations (see `Config::posix`). `over`: the data budget is
+    /// spent, so nothing grows.
+    fn posix_step(&mut self, files: &[String], dirs: &[String], over: bool) {
+        match self.rng.below(100) {
+            0..=15 => self.op_rename(dirs),
+            16..=23 if !files.is_empty() => self.op_truncate(files, over),
+            24..=29 => self.op_chmod_chown(),
+            30..=41 if !files.is_empty() => self.op_fallocate(files, over),
+            42..=55 => self.op_setxattr(),
+            56..=61 => self.op_removexattr(),
+            62..=67 => self.op_symlink(dirs),
+            68..=72 => self.op_mknod(dirs),
+            73..=79 if !over => self.op_nocow_file(dirs),
+            80..=83 => self.op_fsflags(files, dirs),
+            84..=88 => self.op_compression_prop(files, dirs),
+            89..=93 => self.op_unlink_other(),
+            _ => self.op_refused(files, dirs),
+        }
+    }
+
+    /// rename(2) with its flags: to a fresh name, onto an existing one (replacing it,
+    /// or refused), swaps, whiteouts, and directories moved under themselves.
+    fn op_rename(&mut self, dirs: &[String]) {
+        let names = self.names();
+        if names.is_empty() {
+            return;
+        }
+        // A directory a third of the time (whole subtrees move, or must not).
+        let subdirs: Vec<&String> = dirs.iter().filter(|d| **d != self.base).collect();
+        let from = if !subdirs.is_empty() && self.rng.chance(33) { (*self.rng.pick(&subdirs)).clone() } else { self.rng.pick(&names).clone() };
+        let flags = match self.rng.below(10) {
+            0..=4 => 0,
+            5 | 6 => RENAME_NOREPLACE,
+            7 | 8 => RENAME_EXCHANGE,
+            _ => RENAME_WHITEOUT,
+        };
+        let src_dir = self.kind(&from) == 'd';
+        let to = if src_dir && self.rng.chance(25) {
+            // Under itself: EINVAL (or ENOENT first for EXCHANGE onto a fresh name).
+            let under: Vec<String> = dirs.iter().filter(|d| Model::is_ancestor_or_self(&from, d)).cloned().collect();
+            self.fresh_path(&under)
+        } else if flags == RENAME_EXCHANGE || self.rng.chance(40) {
+            // An existing name, of the source's kind half of the time.
+            let same: Vec<String> = names.iter().filter(|p| (self.kind(p) == 'd') == src_dir).cloned().collect();
+            if !same.is_empty() && self.rng.chance(50) {
+                self.rng.pick(&same).clone()
+            } else {
+                self.rng.pick(&names).clone()
+            }
+        } else {
+            self.fresh_path(dirs)
+        };
+        let what = format!("rename /{from} -> /{to} flags {flags}");
+        match self.model.rename_outcome(&from, &to, flags) {
+            Ok(()) => {
+                self.note(what);
+                let w = self.w.as_mut().expect("writer open");
+                self.model.w_rename(w, &from, &to, flags);
+                self.stats.renames += 1;
+            }
+            Err(want) => {
+                let (op, np) = (self.model.id(from.rsplit_once('/').map_or("", |p| p.0)), self.model.id(to.rsplit_once('/').map_or("", |p| p.0)));
+                let (on, nn) = (from.rsplit('/').next().unwrap_or(&from).to_string(), to.rsplit('/').next().unwrap_or(&to).to_string());
+                self.refuse(what, want, &[&from, &to], |w| w.rename(op.root, op.ino, on.as_bytes(), np.ino, nn.as_bytes(), flags));
+            }
+        }
+    }
+
+    /// truncate(2) down or up (not up when the budget is spent), sometimes with a chmod.
+    fn op_truncate(&mut self, files: &[String], over: bool) {
+        let path = self.pick_maybe_nocow(files);
+        let size = self.model.data(&path).len() as u64;
+        let new = match self.rng.below(6) {
+            0 => 0,
+            1 => *self.rng.pick(&EDGE_SIZES),
+            2 | 3 => self.rng.below(size + 1),
+            _ => size + self.rng.range(1, 128 * KIB),
+        };
+        let new = if over { new.min(size) } else { new };
+        let mode = self.rng.chance(10).then_some(0o640);
+        self.note(format!("truncate /{path} (size {size}) to {new}"));
+        self.touch_nocow(&path, None);
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_setattr(w, &path, &SetAttr { size: Some(new), mode, ..SetAttr::default() });
+        self.stats.truncates += 1;
+    }
+
+    /// chmod and chown (which clears set-user-ID, and set-group-ID with group execute).
+    fn op_chmod_chown(&mut self) {
+        let names = self.names();
+        if names.is_empty() {
+            return;
+        }
+        let path = self.rng.pick(&names).clone();
+        const MODES: [u32; 9] = [0o644, 0o600, 0o755, 0o4755, 0o2755, 0o2745, 0o6711, 0o1777, 0o000];
+        const IDS: [u32; 4] = [0, 1000, 65534, 123_456];
+        let mut a = SetAttr::default();
+        // A symlink's mode is 0777 for good (lchmod does not exist).
+        if self.kind(&path) != 'l' && self.rng.chance(60) {
+            a.mode = Some(*self.rng.pick(&MODES));
+        }
+        if self.rng.chance(50) {
+            a.uid = Some(*self.rng.pick(&IDS));
+        }
+        if a.mode.is_none() || self.rng.chance(50) {
+            a.gid = Some(*self.rng.pick(&IDS));
+        }
+        self.note(format!("setattr /{path} {a:?}"));
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_setattr(w, &path, &a);
+        self.stats.setattrs += 1;
+    }
+
+    /// fallocate(2): preallocation (growing the file or, with KEEP_SIZE, not), punched
+    /// holes, zeroed ranges; inside the file, across its end and past it.
+    fn op_fallocate(&mut self, files: &[String], over: bool) {
+        let path = self.pick_maybe_nocow(files);
+        let size = self.model.data(&path).len() as u64;
+        let modes = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE];
+        // Over the budget only holes are punched (preallocation takes space).
+        let mode = if over { FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE } else { *self.rng.pick(&modes) };
+        let mut off = self.rng.below(size + 64 * KIB);
+        if self.rng.chance(30) {
+            off = off / 4096 * 4096;
+        }
+        let mut len = match self.rng.below(3) {
+            0 => self.rng.range(1, 4096),
+            1 => self.rng.range(1, 64 * KIB),
+            _ => self.rng.range(1, 256 * KIB),
+        };
+        // Space preallocated past the end (KEEP_SIZE) is not in `live_bytes`: keep it
+        // within 64 KiB of the end.
+        if mode & FALLOC_FL_KEEP_SIZE != 0 && mode & FALLOC_FL_PUNCH_HOLE == 0 {
+            len = len.min((size + 64 * KIB).saturating_sub(off)).max(1);
+        }
+        self.note(format!("fallocate /{path} (size {size}) mode {mode:#x} [{off}, +{len})"));
+        self.touch_nocow(&path, None);
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_fallocate(w, &path, mode, off, len);
+        self.stats.fallocates += 1;
+    }
+
+    /// An xattr name for `path` from a small pool (so CREATE and REPLACE meet names
+    /// that exist): user.* on files and directories, trusted.* on the rest.
+    fn xattr_name(&mut self, path: &str) -> Vec<u8> {
+        let ns = if matches!(self.kind(path), 'f' | 'd') && self.rng.chance(80) { "user" } else { "trusted" };
+        format!("{ns}.x{}", self.rng.below(6)).into_bytes()
+    }
+
+    /// setxattr(2) with XATTR_CREATE, XATTR_REPLACE or neither; EEXIST and ENODATA as
+    /// the model predicts.
+    fn op_setxattr(&mut self) {
+        let names = self.names();
+        if names.is_empty() {
+            return;
+        }
+        let path = self.rng.pick(&names).clone();
+        let name = self.xattr_name(&path);
+        let len = if self.rng.chance(10) { self.rng.range(500, 3000) } else { self.rng.below(100) };
+        let value = self.rng.bytes(len as usize);
+        let flags = *self.rng.pick(&[0, 0, XATTR_CREATE, XATTR_REPLACE]);
+        let exists = self.model.node(self.model.handle(&path)).xattrs.contains_key(&name);
+        let what = format!("setxattr /{path} {} ({len} bytes) flags {flags}", String::from_utf8_lossy(&name));
+        let want = if flags == XATTR_CREATE && exists {
+            Some(PosixKind::Exists)
+        } else if flags == XATTR_REPLACE && !exists {
+            Some(PosixKind::NoData)
+        } else {
+            None
+        };
+        match want {
+            None => {
+                self.note(what);
+                let w = self.w.as_mut().expect("writer open");
+                self.model.w_setxattr(w, &path, &name, &value, flags);
+                self.stats.xattrs += 1;
+            }
+            Some(want) => {
+                let id = self.model.id(&path);
+                self.refuse(what, want, &[&path], |w| w.setxattr(id.root, id.ino, &name, &value, flags));
+            }
+        }
+    }
+
+    /// removexattr(2) of a name the inode has, or (ENODATA) one it has not.
+    fn op_removexattr(&mut self) {
+        let names = self.names();
+        let with: Vec<String> = names.iter().filter(|p| self.model.node(self.model.handle(p)).xattrs.keys().any(|n| n.as_slice() != COMPRESSION_PROP)).cloned().collect();
+        if !with.is_empty() && self.rng.chance(85) {
+            let path = self.rng.pick(&with).clone();
+            let have: Vec<Vec<u8>> = self.model.node(self.model.handle(&path)).xattrs.keys().filter(|n| n.as_slice() != COMPRESSION_PROP).cloned().collect();
+            let name = self.rng.pick(&have).clone();
+            self.note(format!("removexattr /{path} {}", String::from_utf8_lossy(&name)));
+            let w = self.w.as_mut().expect("writer open");
+            self.model.w_removexattr(w, &path, &name);
+            self.stats.xattrs += 1;
+        } else if !names.is_empty() {
+            let path = self.rng.pick(&names).clone();
+            let name = self.xattr_name(&path);
+            if self.model.node(self.model.handle(&path)).xattrs.contains_key(&name) {
+                return;
+            }
+            let id = self.model.id(&path);
+            self.refuse(format!("removexattr /{path} {}", String::from_utf8_lossy(&name)), PosixKind::NoData, &[&path], |w| w.removexattr(id.root, id.ino, &name));
+        }
+    }
+
+    /// symlink(2) to a target of 1 byte up to the node size's limit.
+    fn op_symlink(&mut self, dirs: &[String]) {
+        let path = self.fresh_path(dirs);
+        let max = max_symlink_len(self.cfg.nodesize) as u64;
+        let len = if self.rng.chance(5) { self.rng.range(max - 10, max + 1) } else { self.rng.range(1, 200) };
+        let target: Vec<u8> = (0..len).map(|_| b"abcdefghij/._-XYZ"[self.rng.below(17) as usize]).collect();
+        self.note(format!("symlink /{path} -> {len} bytes"));
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_symlink(w, &path, &target);
+        self.stats.symlinks += 1;
+    }
+
+    /// mknod(2) of a fifo, a socket, or a character or block device.
+    fn op_mknod(&mut self, dirs: &[String]) {
+        let path = self.fresh_path(dirs);
+        let t = *self.rng.pick(&[S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK]);
+        let rdev = if matches!(t, S_IFCHR | S_IFBLK) { rdev_encode(self.rng.below(4096) as u32, self.rng.below(1 << 20) as u32) } else { 0 };
+        let mode = t | *self.rng.pick(&[0o600, 0o644, 0o660]);
+        self.note(format!("mknod /{path} mode {mode:o} rdev {rdev:#x}"));
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_mknod(w, &path, mode, rdev);
+        self.stats.mknods += 1;
+    }
+
+    /// A NOCOW file: created empty, `chattr +C`, then written (later writes, overwrites,
+    /// truncates and fallocates pick NOCOW files a third of the time).
+    fn op_nocow_file(&mut self, dirs: &[String]) {
+        let path = self.fresh_path(dirs);
+        let size = self.file_size();
+        let data = self.data(size as usize);
+        self.note(format!("create /{path}, chattr +C, write {size} bytes"));
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_create(w, &path, 0o644, &[]);
+        self.model.w_set_fsflags(w, &path, fsflags::NOCOW, mount_alg_name(w));
+        assert!(self.model.node(self.model.handle(&path)).nocow, "model: /{path} is not NOCOW after chattr +C");
+        if !data.is_empty() {
+            self.model.w_write(w, &path, 0, &data);
+        }
+        self.stats.nocow_files += 1;
+    }
+
+    /// FS_IOC_SETFLAGS on a file or a directory below the base: NOCOW (kept only by
+    /// directories and empty files), COMPR and NOCOMP (the compression property), and
+    /// flags without a model (NODUMP, NOATIME).
+    fn op_fsflags(&mut self, files: &[String], dirs: &[String]) {
+        let cands: Vec<String> = files.iter().chain(dirs.iter().filter(|d| **d != self.base)).cloned().collect();
+        if cands.is_empty() {
+            return;
+        }
+        let path = self.rng.pick(&cands).clone();
+        let fs = *self.rng.pick(&[fsflags::NOCOW, 0, fsflags::NODUMP, fsflags::NOATIME | fsflags::NODUMP, fsflags::COMPR, fsflags::NOCOMP, fsflags::NOCOW | fsflags::NODUMP]);
+        let alg = mount_alg_name(self.w());
+        let n = self.model.node(self.model.handle(&path));
+        let what = format!("set_fsflags /{path} {fs:#x}");
+        // COMPR sets the property, which a NOCOW inode refuses (EINVAL, before the flags).
+        if fs & fsflags::COMPR != 0 && n.nocow && n.xattrs.get(COMPRESSION_PROP).map(Vec::as_slice) != Some(alg) {
+            let id = self.model.id(&path);
+            return self.refuse(what, PosixKind::Invalid, &[&path], |w| w.set_fsflags(id.root, id.ino, fs));
+        }
+        self.note(what);
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_set_fsflags(w, &path, fs, alg);
+        self.stats.fsflags += 1;
+    }
+
+    /// The `btrfs.compression` property on a file or directory (new files and
+    /// directories inherit a directory's); EINVAL on a NOCOW inode.
+    fn op_compression_prop(&mut self, files: &[String], dirs: &[String]) {
+        let cands: Vec<String> = files.iter().chain(dirs.iter()).cloned().collect();
+        if cands.is_empty() {
+            return;
+        }
+        let path = self.rng.pick(&cands).clone();
+        const VALUES: [&[u8]; 7] = [b"zlib", b"lzo", b"zstd", b"zstd:3", b"zlib:9", b"no", b""];
+        let value = *self.rng.pick(&VALUES);
+        let what = format!("setxattr /{path} btrfs.compression {:?}", String::from_utf8_lossy(value));
+        if self.model.node(self.model.handle(&path)).nocow && !value.is_empty() {
+            let id = self.model.id(&path);
+            return self.refuse(what, PosixKind::Invalid, &[&path], |w| w.setxattr(id.root, id.ino, COMPRESSION_PROP, value, 0));
+        }
+        self.note(what);
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_setxattr(w, &path, COMPRESSION_PROP, value, 0);
+        self.stats.xattrs += 1;
+    }
+
+    /// unlink(2) of a symlink or a special file.
+    fn op_unlink_other(&mut self) {
+        let others: Vec<String> = self.names().into_iter().filter(|p| !matches!(self.kind(p), 'f' | 'd')).collect();
+        if others.is_empty() {
+            return;
+        }
+        let path = self.rng.pick(&others).clone();
+        self.note(format!("unlink /{path}"));
+        let w = self.w.as_mut().expect("writer open");
+        self.model.w_unlink(w, &path);
+        self.stats.unlinks += 1;
+    }
+
+    /// A call the engine must refuse with the kernel's errno, changing nothing.
+    fn op_refused(&mut self, files: &[String], dirs: &[String]) {
+        let names = self.names();
+        if names.is_empty() {
+            return;
+        }
+        let path = self.rng.pick(&names).clone();
+        let kind = self.kind(&path);
+        let id = self.model.id(&path);
+        let (parent, name) = path.rsplit_once('/').map_or(("", path.as_str()), |(a, b)| (a, b));
+        let (parent, name) = (parent.to_string(), name.as_bytes().to_vec());
+        let pid = self.model.id(&parent);
+        let nonempty: Vec<&String> = dirs.iter().filter(|d| **d != self.base && !self.model.node(self.model.handle(d)).children.is_empty()).collect();
+        let p = path.as_str();
+        match self.rng.below(12) {
+            0 if kind == 'd' => self.refuse(format!("unlink /{p}"), PosixKind::IsDir, &[p], |w| w.unlink(pid.root, pid.ino, &name)),
+            1 if kind != 'd' => self.refuse(format!("rmdir /{p}"), PosixKind::NotDir, &[p], |w| w.rmdir(pid.root, pid.ino, &name)),
+            2 if !nonempty.is_empty() => {
+                let d = (*self.rng.pick(&nonempty)).clone();
+                let (dp, dn) = d.rsplit_once('/').map_or(("", d.as_str()), |(a, b)| (a, b));
+                let dpid = self.model.id(dp);
+                let dn = dn.as_bytes().to_vec();
+                self.refuse(format!("rmdir /{d}"), PosixKind::NotEmpty, &[&d], |w| w.rmdir(dpid.root, dpid.ino, &dn));
+            }
+            3 => match self.rng.below(4) {
+                0 => self.refuse(format!("mkdir /{p} (exists)"), PosixKind::Exists, &[p], |w| w.mkdir(pid.root, pid.ino, &name, &InodeAttrs::new(0o755)).map(drop)),
+                1 => self.refuse(format!("create /{p} (exists)"), PosixKind::Exists, &[p], |w| w.create_file(pid.root, pid.ino, &name, &InodeAttrs::new(0o644)).map(drop)),
+                2 => self.refuse(format!("symlink /{p} (exists)"), PosixKind::Exists, &[p], |w| w.symlink(pid.root, pid.ino, &name, b"t", &InodeAttrs::new(0o777)).map(drop)),
+                _ => self.refuse(format!("mknod /{p} (exists)"), PosixKind::Exists, &[p], |w| w.mknod(pid.root, pid.ino, &name, &InodeAttrs::new(S_IFIFO | 0o644)).map(drop)),
+            },
+            4 => {
+                let fresh = self.fresh_path(dirs);
+                let (fp, fname) = fresh.rsplit_once('/').map_or(("", fresh.as_str()), |(a, b)| (a, b));
+                let fpid = self.model.id(fp);
+                let fname = fname.as_bytes().to_vec();
+                if self.rng.chance(50) {
+                    self.refuse(format!("mknod /{fresh} S_IFDIR"), PosixKind::NotPermitted, &[fp], |w| w.mknod(fpid.root, fpid.ino, &fname, &InodeAttrs::new(S_IFDIR | 0o755)).map(drop));
+                } else {
+                    self.refuse(format!("symlink /{fresh} to an empty target"), PosixKind::NotFound, &[fp], |w| w.symlink(fpid.root, fpid.ino, &fname, b"", &InodeAttrs::new(0o777)).map(drop));
+                }
+            }
+            5 if kind != 'f' => {
+                let want = if kind == 'd' { PosixKind::IsDir } else { PosixKind::Invalid };
+                self.refuse(format!("truncate /{p} (kind {kind})"), want, &[p], |w| w.setattr(id.root, id.ino, &SetAttr { size: Some(0), ..SetAttr::default() }));
+            }
+            6 if kind != 'f' => {
+                let want = match kind {
+                    'd' => PosixKind::IsDir,
+                    'p' => PosixKind::NotSeekable,
+                    _ => PosixKind::NoDevice,
+                };
+                self.refuse(format!("fallocate /{p} (kind {kind})"), want, &[p], |w| w.fallocate(id.root, id.ino, 0, 0, 4096));
+            }
+            7 if !files.is_empty() => {
+                let f = self.rng.pick(files).clone();
+                let fid = self.model.id(&f);
+                let (mode, len, want) = match self.rng.below(3) {
+                    0 => (FALLOC_FL_PUNCH_HOLE, 4096, PosixKind::NotSupported),
+                    1 => (0, 0, PosixKind::Invalid),
+                    _ => (FALLOC_FL_ZERO_RANGE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, PosixKind::NotSupported),
+                };
+                self.refuse(format!("fallocate /{f} mode {mode:#x} len {len}"), want, &[&f], |w| w.fallocate(fid.root, fid.ino, mode, 0, len));
+            }
+            8 => {
+                // xattr_permission (user.* only on files and directories) comes before
+                // the name's handler (a bare prefix, an unknown namespace).
+                let reg_or_dir = matches!(kind, 'f' | 'd');
+                let (xname, want): (&[u8], PosixKind) = match self.rng.below(3) {
+                    0 if !reg_or_dir => (b"user.x0", PosixKind::NotPermitted),
+                    1 if !reg_or_dir => (b"user.", PosixKind::NotPermitted),
+                    1 => (b"user.", PosixKind::Invalid),
+                    _ => (b"other.x0", PosixKind::NotSupported),
+                };
+                self.refuse(format!("setxattr /{p} {}", String::from_utf8_lossy(xname)), want, &[p], |w| w.setxattr(id.root, id.ino, xname, b"v", 0));
+            }
+            9 if matches!(kind, 'f' | 'd') => {
+                // Name and value past what one leaf item holds: ENOSPC before any change.
+                let value = vec![7u8; max_xattr_size(self.cfg.nodesize).min(65536) - 7 + 1];
+                self.refuse(format!("setxattr /{p} user.x0 ({} bytes)", value.len()), PosixKind::NoSpace, &[p], |w| w.setxattr(id.root, id.ino, b"user.x0", &value, 0));
+            }
+            10 => {
+                // FS_SECRM_FL and FS_UNRM_FL, which btrfs does not keep (EOPNOTSUPP);
+                // COMPR with NOCOMP (EINVAL).
+                let fs = *self.rng.pick(&[0x1u32, 0x2, fsflags::COMPR | fsflags::NOCOMP]);
+                let want = if fs == fsflags::COMPR | fsflags::NOCOMP { PosixKind::Invalid } else { PosixKind::NotSupported };
+                self.refuse(format!("set_fsflags /{p} {fs:#x}"), want, &[p], |w| w.set_fsflags(id.root, id.ino, fs));
+            }
+            _ => {
+                let (flags, want) = *self.rng.pick(&[(RENAME_EXCHANGE | RENAME_NOREPLACE, PosixKind::Invalid), (RENAME_EXCHANGE | RENAME_WHITEOUT, PosixKind::Invalid), (8, PosixKind::Invalid)]);
+                let to = self.fresh_path(dirs);
+                let (tp, tn) = to.rsplit_once('/').map_or(("", to.as_str()), |(a, b)| (a, b));
+                let tpid = self.model.id(tp);
+                let tn = tn.as_bytes().to_vec();
+                self.refuse(format!("rename /{p} -> /{to} flags {flags}"), want, &[p, &to], |w| w.rename(pid.root, pid.ino, &name, tpid.ino, &tn, flags));
+            }
+        }
+    }
+
+    /// Note a change to `path`'s data (`write`: the bytes written at an offset; None for
+    /// a truncate or fallocate, which may rewrite a block with zeros) if it is NODATACOW.
+    fn touch_nocow(&mut self, path: &str, write: Option<(u64, Vec<u8>)>) {
+        let h = self.model.handle(path);
+        if self.model.node(h).nocow {
+            self.since_commit.entry(h).or_default().extend(write);
+        }
+    }
+
+    /// After a rollback (the running transaction dropped, as by a crash without torn
+    /// writes): data a NODATACOW file took in place since the commit stays on disk, as
+    /// NOCOW writes are not part of the transaction, while the file's size and extents
+    /// are the committed ones. So each byte of such a file holds its committed value, a
+    /// value written there since, or zero (a truncate's or a zeroed range's edge block
+    /// rewritten in place). Checked, then the model takes what the disk shows.
+    fn settle_nocow_after_rollback(&mut self) {
+        let writes = std::mem::take(&mut self.since_commit);
+        if writes.is_empty() {
+            return;
+        }
+        let fs = Filesystem::open(&OpenOptions::new(&self.img.path)).expect("open after rollback");
+        for (h, ws) in writes {
+            // Made or unlinked after the commit, or NODATACOW only since: nothing kept.
+            let Some(Some(n)) = self.committed.inodes.get(h) else { continue };
+            if n.kind != 'f' || !n.nocow {
+                continue;
+            }
+            let id = n.id.expect("committed inode has an id");
+            let v = fs.load_inode(id, Load { extents: true, ..Load::ITEM }).unwrap_or_else(|e| panic!("seed {}: rollback: {id}: {e}", self.seed));
+            assert_eq!(v.size(), n.data.len() as u64, "seed {} op {}: rollback: {id}: size is not the committed one", self.seed, self.stats.ops);
+            let mut got = vec![0u8; n.data.len()];
+            fs.read_at(&v, 0, &mut got).unwrap_or_else(|e| panic!("seed {}: rollback: read {id}: {e}", self.seed));
+            for (i, (&g, &c)) in got.iter().zip(&n.data).enumerate() {
+                let written = ws.iter().any(|(o, d)| (i as u64).checked_sub(*o).is_some_and(|k| d.get(k as usize) == Some(&g)));
+                assert!(
+                    g == c || g == 0 || written,
+                    "seed {} op {}: rollback: {id} byte {i} is {g:#x}: neither the committed {c:#x}, nor zero, nor written since the commit",
+                    self.seed,
+                    self.stats.ops
+                );
+            }
+            self.committed.node_mut(h).data = got.clone();
+            self.model.node_mut(h).data = got;
+        }
+    }
+
     fn commit(&mut self) {
         self.note("commit".into());
+        self.since_commit.clear();
         let early = self.w().blocks_written_early();
         let gen = self.w().commit().unwrap_or_else(|e| panic!("seed {}: commit: {e}", self.seed));
         self.stats.commits += 1;
@@ -452,6 +1031,7 @@ impl Sim {
         let what = format!("seed {} op {} commit gen {gen}", self.seed, self.stats.ops);
         check_trees(self.w.as_mut().expect("open"), &[5], &what);
         verify_ubtrfs(&self.img.path, &self.model, &what);
+        verify_meta_ubtrfs(&self.img.path, &self.model, &what);
         if self.kernel && self.stats.commits >= self.stats.checked_at + 15 {
             self.stats.checked_at = self.stats.commits;
             assert_check(&self.img.path, &what);
@@ -511,6 +1091,7 @@ impl Sim {
         self.model.resolve_ids(&self.img.path);
         self.committed = self.model.clone();
         verify_ubtrfs(&self.img.path, &self.model, &what);
+        verify_meta_ubtrfs(&self.img.path, &self.model, &what);
         self.stats.kernel += 1;
         self.open();
     }
@@ -527,10 +1108,12 @@ impl Sim {
                 self.note("reopen without commit (roll back)".into());
                 self.w = None;
                 self.model = self.committed.clone();
+                self.settle_nocow_after_rollback();
                 self.open();
                 self.stats.rollbacks += 1;
                 let what = format!("seed {} op {} after rollback", self.seed, self.stats.ops);
                 verify_ubtrfs(&self.img.path, &self.model, &what);
+                verify_meta_ubtrfs(&self.img.path, &self.model, &what);
             }
             10..=29 => {
                 self.commit();
@@ -561,9 +1144,10 @@ fn run(seed: u64, ops: usize, cfg: Config, tag: &str) {
     if sim.kernel {
         assert_check(&sim.img.path, &what);
         sim.stats.checks += 1;
-        verify_kernel(&sim.img.path, &sim.model, &what);
+        verify_kernel_with_meta(&sim.img.path, &sim.model, &what);
     }
     verify_ubtrfs(&sim.img.path, &sim.model, &what);
+    verify_meta_ubtrfs(&sim.img.path, &sim.model, &what);
     if cfg.dirty_limit.is_some() {
         assert!(sim.stats.early_blocks > 0, "seed {seed}: the dirty limit never wrote a block before its commit");
     }
@@ -620,13 +1204,31 @@ fn model_crc32c_4k_holes() {
 /// ("free space ... crosses the end of block group"; fixed in `Allocator::load`).
 #[test]
 fn regression_seed2_fst_bitmap_reload() {
-    run(2, 4000, Config { interludes: false, ..XX_4K }, "model-regression-2");
+    run(2, 4000, Config { interludes: false, posix: false, compress: None, ..XX_4K }, "model-regression-2");
 }
 
 /// Seed 4 with forced bitmap conversions, as first found: the same failure at reopen.
 #[test]
 fn regression_seed4_fst_bitmap_reload() {
-    run(4, 4000, Config { interludes: false, ..BLAKE_16K_BITMAPS }, "model-regression-4");
+    run(4, 4000, Config { interludes: false, posix: false, compress: None, ..BLAKE_16K_BITMAPS }, "model-regression-4");
+}
+
+/// Engine bug, open (found by `model_soak` seed 15, as root on a fresh mkfs): with
+/// compress-force=zstd, op 9251 (an append of 39554 bytes at 85709 to a file of 85709
+/// bytes) fails with "no Data space for 40960 bytes" and aborts the writer, while the
+/// filesystem holds about 6.4 MB in its one 8 MiB data chunk and the device has some
+/// 164 MiB unallocated. The compressed extent (40960 bytes on disk) finds no contiguous
+/// run in the fragmented data chunk, and `allocator::alloc_extent` makes no new data
+/// chunk for a data request the free total could hold, leaving it to the caller to ask
+/// for less; a compressed extent cannot be split (`compress_write` asks
+/// `alloc_extent_upto` for exactly its size). The kernel's `find_free_extent` forces a
+/// chunk allocation at that point (LOOP_ALLOC_CHUNK), and a compressed range that
+/// still finds no space is written uncompressed. Expected: the run completes. The
+/// stream replays only while the workload above stays as it is.
+#[test]
+#[ignore = "engine bug: a compressed extent on fragmented free space fails with ENOSPC (and aborts) instead of getting a new data chunk"]
+fn regression_seed15_compressed_extent_enospc() {
+    run(15, default_ops(), CRC_16K_WRITEBACK, "model-regression-15");
 }
 
 /// Long runs: UBTRFS_MODEL_SEEDS=first..last (and UBTRFS_MODEL_OPS) over every config.

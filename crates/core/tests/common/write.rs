@@ -18,11 +18,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::attr::{fsflags, SetAttr};
+use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+use ubtrfs_core::inode::filesystem::{DirEntry, FileExtentRec, FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::OpenOptions;
+use ubtrfs_core::PosixKind;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 
@@ -414,6 +418,10 @@ pub struct MInode {
     pub children: BTreeMap<Vec<u8>, usize>,
     /// Where it lives on disk; None for inodes the kernel made that were not looked up.
     pub id: Option<InodeId>,
+    /// Extended attributes, name -> value (what listxattr and getxattr return).
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The NODATACOW inode flag (`chattr +C`), kept for regular files and directories.
+    pub nocow: bool,
 }
 
 /// The namespace we expect, with contents.
@@ -460,8 +468,21 @@ impl Model {
             FileKind::Symlink => fs.readlink(id).expect("readlink"),
             _ => Vec::new(),
         };
+        let xattrs = v.xattrs.iter().cloned().collect();
+        let nocow = matches!(kind, 'f' | 'd') && v.flags() & INODE_NODATACOW != 0;
         let h = self.inodes.len();
-        self.inodes.push(Some(MInode { kind, perm: v.mode() & 0o7777, uid: v.item.uid.get(), gid: v.item.gid.get(), rdev: v.item.rdev.get(), data, children: BTreeMap::new(), id: Some(id) }));
+        self.inodes.push(Some(MInode {
+            kind,
+            perm: v.mode() & 0o7777,
+            uid: v.item.uid.get(),
+            gid: v.item.gid.get(),
+            rdev: v.item.rdev.get(),
+            data,
+            children: BTreeMap::new(),
+            id: Some(id),
+            xattrs,
+            nocow,
+        }));
         by_id.insert(id, h);
         for e in &v.entries {
             let c = self.load_inode(fs, e.target, by_id);
@@ -573,12 +594,74 @@ impl Model {
 
     /// Record a file made outside the helpers below (a test driving `FsWriter` itself).
     pub fn record_file(&mut self, path: &str, perm: u32, data: Vec<u8>, id: InodeId) -> usize {
-        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data, children: BTreeMap::new(), id: Some(id) })
+        let (xattrs, nocow) = self.inherited(split_path(path).0);
+        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data, children: BTreeMap::new(), id: Some(id), xattrs, nocow })
     }
 
     /// Record a name removed outside the helpers below.
     pub fn record_unlink(&mut self, path: &str) {
         self.remove_name(path);
+    }
+
+    /// What a new regular file or directory in directory `parent` takes from it
+    /// (`btrfs_inherit_iflags`, `btrfs_inode_inherit_props`): NODATACOW, and unless it is
+    /// NODATACOW, the directory's compression property without its level.
+    pub fn inherited(&self, parent: &str) -> (BTreeMap<Vec<u8>, Vec<u8>>, bool) {
+        let p = self.node(self.handle(parent));
+        let mut x = BTreeMap::new();
+        if let Some(alg) = p.xattrs.get(COMPRESSION_PROP).and_then(|v| inherited_compression(v)).filter(|_| !p.nocow) {
+            x.insert(COMPRESSION_PROP.to_vec(), alg.to_vec());
+        }
+        (x, p.nocow)
+    }
+
+    /// Whether directory `anc` is `dir` or one of its ancestors (paths; a directory has
+    /// one name).
+    pub fn is_ancestor_or_self(anc: &str, dir: &str) -> bool {
+        anc.is_empty() || dir == anc || dir.strip_prefix(anc).is_some_and(|r| r.starts_with('/'))
+    }
+
+    /// What `renameat2(from, to, flags)` returns, by the checks in the kernel's order
+    /// (`do_renameat2`, `vfs_rename`, `btrfs_rename`): EEXIST for NOREPLACE onto a name,
+    /// ENOENT for EXCHANGE with none, EINVAL for a directory moved under itself,
+    /// ENOTEMPTY (EINVAL for EXCHANGE) when the target is a directory above the source,
+    /// success for two names of one inode, then ENOTDIR / EISDIR for mixed types and
+    /// ENOTEMPTY for a directory onto a non-empty one. `from` must exist.
+    pub fn rename_outcome(&self, from: &str, to: &str, flags: u32) -> Result<(), PosixKind> {
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        let src = self.handle(from);
+        let dst = self.lookup(to);
+        if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(PosixKind::Exists);
+        }
+        if exchange && dst.is_none() {
+            return Err(PosixKind::NotFound);
+        }
+        let (fp, tp) = (split_path(from).0, split_path(to).0);
+        let is_dir = |h: usize| self.node(h).kind == 'd';
+        if fp != tp {
+            if is_dir(src) && Model::is_ancestor_or_self(from, tp) {
+                return Err(PosixKind::Invalid);
+            }
+            if dst.is_some_and(|d| is_dir(d) && Model::is_ancestor_or_self(to, fp)) {
+                return Err(if exchange { PosixKind::Invalid } else { PosixKind::NotEmpty });
+            }
+        }
+        let Some(d) = dst else { return Ok(()) };
+        if d == src {
+            return Ok(());
+        }
+        let want_dir = if exchange { is_dir(d) } else { is_dir(src) };
+        if want_dir && !is_dir(d) {
+            return Err(PosixKind::NotDir);
+        }
+        if !want_dir && is_dir(d) {
+            return Err(PosixKind::IsDir);
+        }
+        if !exchange && is_dir(d) && !self.node(d).children.is_empty() {
+            return Err(PosixKind::NotEmpty);
+        }
+        Ok(())
     }
 
     // ---- changes through ubtrfs (FsWriter) and the model together ----
@@ -591,7 +674,8 @@ impl Model {
         let p = self.parent_id(path);
         let name = split_path(path).1;
         let ino = w.mkdir(p.root, p.ino, name.as_bytes(), &InodeAttrs::new(perm)).unwrap_or_else(|e| panic!("mkdir /{path}: {e}"));
-        self.add_child(path, MInode { kind: 'd', perm, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+        let (xattrs, nocow) = self.inherited(split_path(path).0);
+        self.add_child(path, MInode { kind: 'd', perm, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }), xattrs, nocow })
     }
 
     /// Create file `path` and write `data` to it (no write for empty data).
@@ -602,7 +686,8 @@ impl Model {
         if !data.is_empty() {
             w.write_file(p.root, ino, 0, data).unwrap_or_else(|e| panic!("write /{path}: {e}"));
         }
-        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+        let (xattrs, nocow) = self.inherited(split_path(path).0);
+        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }), xattrs, nocow })
     }
 
     /// Write `data` at `off` of file `path`.
@@ -644,7 +729,21 @@ impl Model {
         let p = self.parent_id(path);
         let name = split_path(path).1;
         let ino = w.symlink(p.root, p.ino, name.as_bytes(), target, &InodeAttrs::new(0o777)).unwrap_or_else(|e| panic!("symlink /{path}: {e}"));
-        self.add_child(path, MInode { kind: 'l', perm: 0o777, uid: 0, gid: 0, rdev: 0, data: target.to_vec(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+        self.add_child(
+            path,
+            MInode {
+                kind: 'l',
+                perm: 0o777,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                data: target.to_vec(),
+                children: BTreeMap::new(),
+                id: Some(InodeId { root: p.root, ino }),
+                xattrs: BTreeMap::new(),
+                nocow: false,
+            },
+        )
     }
 
     /// Special file `path` (`mode` with its type; `rdev` for devices).
@@ -652,18 +751,34 @@ impl Model {
         let p = self.parent_id(path);
         let name = split_path(path).1;
         let ino = w.mknod(p.root, p.ino, name.as_bytes(), &InodeAttrs { rdev, ..InodeAttrs::new(mode) }).unwrap_or_else(|e| panic!("mknod /{path}: {e}"));
-        self.add_child(path, MInode { kind: mode_kind(mode), perm: mode & 0o7777, uid: 0, gid: 0, rdev, data: Vec::new(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }) })
+        self.add_child(
+            path,
+            MInode {
+                kind: mode_kind(mode),
+                perm: mode & 0o7777,
+                uid: 0,
+                gid: 0,
+                rdev,
+                data: Vec::new(),
+                children: BTreeMap::new(),
+                id: Some(InodeId { root: p.root, ino }),
+                xattrs: BTreeMap::new(),
+                nocow: false,
+            },
+        )
     }
 
     /// Rename `from` to `to` with renameat2 `flags`, in ubtrfs and the model.
     pub fn w_rename(&mut self, w: &mut FsWriter, from: &str, to: &str, flags: u32) {
         let (op, np) = (self.parent_id(from), self.parent_id(to));
+        // Two names of one inode: vfs_rename does nothing, and leaves no whiteout.
+        let same = self.lookup(to).is_some() && self.lookup(to) == self.lookup(from);
         w.rename(op.root, op.ino, split_path(from).1.as_bytes(), np.ino, split_path(to).1.as_bytes(), flags).unwrap_or_else(|e| panic!("rename /{from} /{to} {flags}: {e}"));
         self.rename(from, to, flags);
-        if flags & 4 != 0 {
+        if flags & RENAME_WHITEOUT != 0 && !same {
             let (op, name) = (self.parent_id(from), split_path(from).1);
             let found = w.live().lookup(op, name.as_bytes()).expect("lookup whiteout").expect("whiteout exists");
-            self.add_child(from, MInode { kind: 'c', perm: 0, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(found.target) });
+            self.add_child(from, MInode { kind: 'c', perm: 0, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(found.target), xattrs: BTreeMap::new(), nocow: false });
         }
     }
 
@@ -689,18 +804,65 @@ impl Model {
         self.node_mut(th).children.insert(tname.as_bytes().to_vec(), src);
     }
 
+    /// chmod / chown / truncate of `path` through `setattr`, in ubtrfs and the model.
+    pub fn w_setattr(&mut self, w: &mut FsWriter, path: &str, a: &SetAttr) {
+        let id = self.id(path);
+        w.setattr(id.root, id.ino, a).unwrap_or_else(|e| panic!("setattr /{path} {a:?}: {e}"));
+        let h = self.handle(path);
+        model_setattr(self.node_mut(h), a);
+    }
+
+    /// fallocate(2) of file `path`, in ubtrfs and the model.
+    pub fn w_fallocate(&mut self, w: &mut FsWriter, path: &str, mode: u32, off: u64, len: u64) {
+        let id = self.id(path);
+        w.fallocate(id.root, id.ino, mode, off, len).unwrap_or_else(|e| panic!("fallocate /{path} mode {mode:#x} [{off}, +{len}): {e}"));
+        model_fallocate(&mut self.node_mut(self.handle(path)).data, mode, off, len);
+    }
+
+    /// setxattr(2) of `path` (flags XATTR_CREATE / XATTR_REPLACE), in ubtrfs and the
+    /// model; the compression property is stored only on files and directories.
+    pub fn w_setxattr(&mut self, w: &mut FsWriter, path: &str, name: &[u8], value: &[u8], flags: u32) {
+        let id = self.id(path);
+        w.setxattr(id.root, id.ino, name, value, flags).unwrap_or_else(|e| panic!("setxattr /{path} {} ({} bytes, flags {flags}): {e}", String::from_utf8_lossy(name), value.len()));
+        let n = self.node_mut(self.handle(path));
+        model_setxattr(n.kind, &mut n.xattrs, name, value);
+    }
+
+    /// removexattr(2) of `path`, in ubtrfs and the model.
+    pub fn w_removexattr(&mut self, w: &mut FsWriter, path: &str, name: &[u8]) {
+        let id = self.id(path);
+        w.removexattr(id.root, id.ino, name).unwrap_or_else(|e| panic!("removexattr /{path} {}: {e}", String::from_utf8_lossy(name)));
+        self.node_mut(self.handle(path)).xattrs.remove(name);
+    }
+
+    /// FS_IOC_SETFLAGS of file or directory `path` (see `model_set_fsflags`; `mount_alg`
+    /// is the writer's compression algorithm name, for COMPR).
+    pub fn w_set_fsflags(&mut self, w: &mut FsWriter, path: &str, fs: u32, mount_alg: &[u8]) {
+        let id = self.id(path);
+        w.set_fsflags(id.root, id.ino, fs).unwrap_or_else(|e| panic!("set_fsflags /{path} {fs:#x}: {e}"));
+        let n = self.node_mut(self.handle(path));
+        let empty = n.data.is_empty();
+        model_set_fsflags(n.kind, empty, &mut n.nocow, &mut n.xattrs, fs, mount_alg);
+    }
+
     // ---- changes through a kernel mount and the model together ----
 
     pub fn k_mkdir(&mut self, m: &Mount, path: &str) {
         std::fs::create_dir(m.path(path)).unwrap_or_else(|e| panic!("kernel mkdir /{path}: {e}"));
-        let perm = std::fs::metadata(m.path(path)).expect("stat").mode() & 0o7777;
-        self.add_child(path, MInode { kind: 'd', perm, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: None });
+        // The kernel's mode and owner (inode_init_owner: a set-group-ID directory
+        // passes on its group, and to directories its set-group-ID bit).
+        let md = std::fs::metadata(m.path(path)).expect("stat");
+        let (perm, uid, gid) = (md.mode() & 0o7777, md.uid(), md.gid());
+        let (xattrs, nocow) = kernel_inherited(m, path);
+        self.add_child(path, MInode { kind: 'd', perm, uid, gid, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: None, xattrs, nocow });
     }
 
     pub fn k_create(&mut self, m: &Mount, path: &str, data: &[u8]) {
         std::fs::write(m.path(path), data).unwrap_or_else(|e| panic!("kernel write /{path}: {e}"));
-        let perm = std::fs::metadata(m.path(path)).expect("stat").mode() & 0o7777;
-        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: None });
+        let md = std::fs::metadata(m.path(path)).expect("stat");
+        let (perm, uid, gid) = (md.mode() & 0o7777, md.uid(), md.gid());
+        let (xattrs, nocow) = kernel_inherited(m, path);
+        self.add_child(path, MInode { kind: 'f', perm, uid, gid, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: None, xattrs, nocow });
     }
 
     pub fn k_write(&mut self, m: &Mount, path: &str, off: u64, data: &[u8]) {
@@ -729,6 +891,18 @@ impl Model {
     }
 }
 
+/// What the kernel gave a file or directory it just made at `path`: its xattrs and
+/// NOCOW flag, read back rather than predicted. (Whether a new inode inherits its
+/// directory's compression property depends on the kernel having loaded that
+/// directory's properties: seed 27 of `model_soak` met a directory, made by ubtrfs
+/// with the property and read back by ubtrfs and the kernel's listxattr alike, whose
+/// new subdirectory the kernel made without it; that directory's INODE_ITEM was the
+/// last item of its leaf, its INODE_REF and XATTR_ITEM in the next.)
+fn kernel_inherited(m: &Mount, path: &str) -> (BTreeMap<Vec<u8>, Vec<u8>>, bool) {
+    let p = m.path(path);
+    (kernel_xattrs(&p), kernel_fsflags(&p) & fsflags::NOCOW != 0)
+}
+
 /// Apply a write to model contents (zero-filling any gap).
 pub fn model_write(buf: &mut Vec<u8>, off: u64, data: &[u8]) {
     let end = off as usize + data.len();
@@ -736,6 +910,287 @@ pub fn model_write(buf: &mut Vec<u8>, off: u64, data: &[u8]) {
         buf.resize(end, 0);
     }
     buf[off as usize..end].copy_from_slice(data);
+}
+
+/// The per-inode compression property (`btrfs property set ... compression`).
+pub const COMPRESSION_PROP: &[u8] = b"btrfs.compression";
+
+/// The value a new inode inherits from a directory whose compression property is `v`:
+/// the algorithm without a level, nothing for "no" / "none".
+pub fn inherited_compression(v: &[u8]) -> Option<&'static [u8]> {
+    [b"zlib".as_slice(), b"lzo", b"zstd"].into_iter().find(|a| v.starts_with(a))
+}
+
+/// The algorithm name `chattr +c` gives the compression property: the writer's
+/// compression, zlib without one.
+pub fn mount_alg_name(w: &FsWriter) -> &'static [u8] {
+    use ubtrfs_core::compression::CompressionType;
+    match w.compress_policy().alg {
+        Some(CompressionType::Lzo) => b"lzo",
+        Some(CompressionType::Zstd) => b"zstd",
+        _ => b"zlib",
+    }
+}
+
+/// `setattr` on a model inode: the mode's permission bits, the owner, then chown's
+/// clearing of set-user-ID (and set-group-ID with group execute) on anything but a
+/// directory, and a new size (cut, or zero-extended).
+pub fn model_setattr(n: &mut MInode, a: &SetAttr) {
+    if let Some(m) = a.mode {
+        n.perm = m & 0o7777;
+    }
+    if let Some(u) = a.uid {
+        n.uid = u;
+    }
+    if let Some(g) = a.gid {
+        n.gid = g;
+    }
+    if (a.uid.is_some() || a.gid.is_some()) && n.kind != 'd' {
+        n.perm &= !0o4000;
+        if n.perm & 0o2010 == 0o2010 {
+            n.perm &= !0o2000;
+        }
+    }
+    if let Some(size) = a.size {
+        n.data.resize(size as usize, 0);
+    }
+}
+
+/// fallocate(2) on file contents: PUNCH_HOLE and ZERO_RANGE zero the range inside the
+/// file; without KEEP_SIZE the file grows to the range's end (zeros).
+pub fn model_fallocate(buf: &mut Vec<u8>, mode: u32, off: u64, len: u64) {
+    let (off, end) = (off as usize, (off + len) as usize);
+    if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+        let zend = end.min(buf.len());
+        if off < zend {
+            buf[off..zend].fill(0);
+        }
+    }
+    if mode & FALLOC_FL_KEEP_SIZE == 0 && buf.len() < end {
+        buf.resize(end, 0);
+    }
+}
+
+/// setxattr(2) on a model inode of kind `kind`: an empty compression property removes
+/// it, and only files and directories keep one.
+pub fn model_setxattr(kind: char, x: &mut BTreeMap<Vec<u8>, Vec<u8>>, name: &[u8], value: &[u8]) {
+    if name == COMPRESSION_PROP && (value.is_empty() || !matches!(kind, 'f' | 'd')) {
+        if value.is_empty() {
+            x.remove(name);
+        }
+        return;
+    }
+    x.insert(name.to_vec(), value.to_vec());
+}
+
+/// FS_IOC_SETFLAGS on a model file or directory, as `set_fsflags` does it: NOCOW is set
+/// or cleared on a directory or an empty file (a non-empty file keeps its state); COMPR
+/// sets the compression property to `mount_alg`, NOCOMP and neither remove it.
+pub fn model_set_fsflags(kind: char, empty: bool, nocow: &mut bool, x: &mut BTreeMap<Vec<u8>, Vec<u8>>, fs: u32, mount_alg: &[u8]) {
+    if kind == 'd' || (kind == 'f' && empty) {
+        *nocow = fs & fsflags::NOCOW != 0;
+    }
+    if fs & fsflags::COMPR != 0 && fs & fsflags::NOCOMP == 0 {
+        x.insert(COMPRESSION_PROP.to_vec(), mount_alg.to_vec());
+    } else {
+        x.remove(COMPRESSION_PROP);
+    }
+}
+
+/// What a refused call must leave alone, per inode: the item's bytes, xattrs, extents
+/// and directory entries (None: no such inode).
+type InodeState = Option<(Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>, Vec<FileExtentRec>, Vec<DirEntry>)>;
+
+fn inode_states(w: &FsWriter, ids: &[InodeId]) -> ubtrfs_core::Result<Vec<InodeState>> {
+    use zerocopy::IntoBytes;
+    let mut out = Vec::new();
+    for &id in ids {
+        out.push(match w.live().load_inode(id, Load::ALL) {
+            Ok(v) => Some((v.item.as_bytes().to_vec(), v.xattrs, v.extents, v.entries)),
+            Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => None,
+            Err(e) => return Err(e),
+        });
+    }
+    Ok(out)
+}
+
+/// Run `f`, which must fail with `want`, and check that it changed nothing: the inodes
+/// `ids` (the parents, source and target of the call) are as they were and the writer
+/// is not aborted. Panics on a wrong outcome.
+pub fn expect_refused(w: &mut FsWriter, what: &str, want: PosixKind, ids: &[InodeId], f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) {
+    check_refused(w, what, want, ids, f).unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+/// `expect_refused`, except that an error without a POSIX kind (the device's, a
+/// corrupt block) is returned, for a caller whose device may fail.
+pub fn check_refused(w: &mut FsWriter, what: &str, want: PosixKind, ids: &[InodeId], f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) -> ubtrfs_core::Result<()> {
+    let before = inode_states(w, ids)?;
+    match f(w) {
+        Ok(()) => panic!("{what}: succeeded; the model expects {want:?}"),
+        Err(e) if e.posix_kind() == Some(want) => {}
+        Err(e) if e.posix_kind().is_none() => return Err(e),
+        Err(e) => panic!("{what}: expected {want:?}, failed with another error: {e}"),
+    }
+    if let Err(e) = w.check_writable() {
+        panic!("{what}: the refused call left the writer aborted: {e}");
+    }
+    let after = inode_states(w, ids)?;
+    for ((id, b), a) in ids.iter().zip(&before).zip(&after) {
+        let part = match (b, a) {
+            (None, None) => continue,
+            (Some(b), Some(a)) if b == a => continue,
+            (Some(b), Some(a)) if b.0 != a.0 => "inode item",
+            (Some(b), Some(a)) if b.1 != a.1 => "xattrs",
+            (Some(b), Some(a)) if b.2 != a.2 => "file extents",
+            (Some(_), Some(_)) => "directory entries",
+            (Some(_), None) => "existence (it is gone)",
+            (None, Some(_)) => "existence (it appeared)",
+        };
+        panic!("{what}: the refused call changed the {part} of {id}");
+    }
+    Ok(())
+}
+
+/// What `Tree` leaves out, per path: the xattrs, and NODATACOW of files and directories.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XMeta {
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub nocow: bool,
+}
+
+pub type MetaTree = BTreeMap<String, XMeta>;
+
+impl Model {
+    /// The xattrs and NOCOW flags the walks must see.
+    pub fn expect_meta(&self) -> MetaTree {
+        self.paths().into_iter().map(|(p, h)| (p, XMeta { xattrs: self.node(h).xattrs.clone(), nocow: self.node(h).nocow })).collect()
+    }
+}
+
+/// Every path's xattrs and NOCOW flag as ubtrfs's reader sees `img`.
+pub fn meta_ubtrfs(img: &Path) -> MetaTree {
+    let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
+    let mut out = MetaTree::new();
+    let mut stack = vec![(String::new(), fs.root_dir())];
+    while let Some((path, id)) = stack.pop() {
+        let v = fs.load_inode(id, Load { xattrs: true, entries: true, extents: false }).unwrap_or_else(|e| panic!("ubtrfs meta walk: /{path}: {e}"));
+        let nocow = matches!(v.kind(), FileKind::File | FileKind::Dir) && v.flags() & INODE_NODATACOW != 0;
+        out.insert(path.clone(), XMeta { xattrs: v.xattrs.iter().cloned().collect(), nocow });
+        for e in &v.entries {
+            stack.push((join(&path, &String::from_utf8_lossy(&e.name)), e.target));
+        }
+    }
+    out
+}
+
+/// The xattrs of `p` (symlinks not followed) as the kernel lists them.
+pub fn kernel_xattrs(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    try_kernel_xattrs(p).unwrap_or_else(|e| panic!("xattrs of {}: {e}", p.display()))
+}
+
+/// `kernel_xattrs`, with the errors.
+pub fn try_kernel_xattrs(p: &Path) -> std::io::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let mut names = vec![0u8; 65536];
+    // SAFETY: the buffer is valid for its length; the path is NUL-terminated.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = BTreeMap::new();
+    let mut value = vec![0u8; 65536];
+    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
+        // SAFETY: as above.
+        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+        if m < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        out.insert(name.to_vec(), value[..m as usize].to_vec());
+    }
+    Ok(out)
+}
+
+/// FS_IOC_GETFLAGS of the regular file or directory `p` under a kernel mount.
+pub fn kernel_fsflags(p: &Path) -> u32 {
+    try_kernel_fsflags(p).unwrap_or_else(|e| panic!("FS_IOC_GETFLAGS {}: {e}", p.display()))
+}
+
+/// `kernel_fsflags`, with the errors.
+pub fn try_kernel_fsflags(p: &Path) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(p)?;
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int to the pointer.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(flags as u32)
+}
+
+/// Every path's xattrs and NOCOW flag under a kernel mount (symlinks not followed).
+pub fn meta_kernel(root: &Path) -> MetaTree {
+    let mut out = MetaTree::new();
+    let mut stack = vec![(String::new(), root.to_path_buf())];
+    while let Some((path, p)) = stack.pop() {
+        let ft = std::fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("kernel meta walk: stat {}: {e}", p.display())).file_type();
+        let nocow = (ft.is_file() || ft.is_dir()) && kernel_fsflags(&p) & fsflags::NOCOW != 0;
+        out.insert(path.clone(), XMeta { xattrs: kernel_xattrs(&p), nocow });
+        if ft.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap_or_else(|e| panic!("kernel meta walk: readdir {}: {e}", p.display())) {
+                let n = e.expect("dir entry").file_name();
+                stack.push((join(&path, &String::from_utf8_lossy(n.as_bytes())), p.join(&n)));
+            }
+        }
+    }
+    out
+}
+
+/// Differences between two meta walks, at most `max` lines.
+pub fn diff_meta(expected: &MetaTree, actual: &MetaTree, max: usize) -> Vec<String> {
+    let show = |x: &BTreeMap<Vec<u8>, Vec<u8>>| {
+        x.iter()
+            .map(|(n, v)| {
+                format!("{}={}", String::from_utf8_lossy(n), if v.len() <= 16 { String::from_utf8_lossy(v).into_owned() } else { format!("<{} bytes {}>", v.len(), &hex(&Sha256::digest(v))[..12]) })
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut d = Vec::new();
+    for (p, e) in expected {
+        match actual.get(p) {
+            None => d.push(format!("missing /{p}")),
+            Some(a) if a.nocow != e.nocow => d.push(format!("/{p}: NOCOW expected {}, found {}", e.nocow, a.nocow)),
+            Some(a) if a.xattrs != e.xattrs => d.push(format!("/{p}: xattrs differ:\n    expected {{{}}}\n    actual   {{{}}}", show(&e.xattrs), show(&a.xattrs))),
+            _ => {}
+        }
+    }
+    d.extend(actual.keys().filter(|p| !expected.contains_key(*p)).map(|p| format!("unexpected /{p}")));
+    let n = d.len();
+    d.truncate(max);
+    if n > max {
+        d.push(format!("... and {} more", n - max));
+    }
+    d
+}
+
+/// ubtrfs's reader shows the model's xattrs and NOCOW flags in `img`.
+pub fn verify_meta_ubtrfs(img: &Path, m: &Model, what: &str) {
+    let d = diff_meta(&m.expect_meta(), &meta_ubtrfs(img), 20);
+    assert!(d.is_empty(), "{what}: ubtrfs reader vs model (xattrs, NOCOW): {} differences:\n{}", d.len(), d.join("\n"));
+}
+
+/// One read-only kernel mount of `img`: the tree and the xattrs and NOCOW flags are
+/// the model's.
+pub fn verify_kernel_with_meta(img: &Path, m: &Model, what: &str) {
+    let mnt = Mount::new(img, false);
+    let got = walk_kernel(&mnt.dir);
+    let meta = meta_kernel(&mnt.dir);
+    mnt.umount();
+    assert_same(&m.expect(), &got, &format!("{what}: kernel mount vs model"));
+    let d = diff_meta(&m.expect_meta(), &meta, 20);
+    assert!(d.is_empty(), "{what}: kernel mount vs model (xattrs, NOCOW): {} differences:\n{}", d.len(), d.join("\n"));
 }
 
 /// The trees a data write touches, checked with `FsWriter::check_invariants`.
