@@ -209,6 +209,17 @@ fn scenario(tag: &str, prefix: &dyn Fn(&Path), steps: &[Step]) {
 
 fn nothing(_: &Path) {}
 
+/// Whether `btrfs check` is here for `test` (which needs no kernel); a skip says why,
+/// and under CI=true it is a failure.
+fn check_available(test: &str) -> bool {
+    if have_btrfs_check() {
+        return true;
+    }
+    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: btrfs check missing under CI=true");
+    eprintln!("{test}: skipped: needs btrfs check");
+    false
+}
+
 #[test]
 fn nodatacow_overwrites_stay_in_place() {
     if !common::kernel_available("nodatacow_overwrites_stay_in_place") {
@@ -380,11 +391,7 @@ fn prealloc_files_do_not_compress() {
 /// space), and a write that needs new space fails before anything changes.
 #[test]
 fn in_place_writes_need_no_data_space() {
-    if !have_btrfs_check() {
-        eprintln!("in_place_writes_need_no_data_space: skipped: needs btrfs check");
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("btrfs check missing under CI=true");
-        }
+    if !check_available("in_place_writes_need_no_data_space") {
         return;
     }
     let img = Scratch::mkfs("nocow-full", 256 << 20, &[]);
@@ -438,11 +445,7 @@ fn in_place_writes_need_no_data_space() {
 /// the parts that go in place do so there too, beside parts that COW.
 #[test]
 fn engine_direct_writes_go_in_place() {
-    if !have_btrfs_check() {
-        eprintln!("engine_direct_writes_go_in_place: skipped: needs btrfs check");
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("btrfs check missing under CI=true");
-        }
+    if !check_available("engine_direct_writes_go_in_place") {
         return;
     }
     let img = Scratch::mkfs("nocow-engine", 256 << 20, &[]);

@@ -6,6 +6,7 @@
 
 use crate::error::Result;
 use crate::transaction::FsWriter;
+use ubtrfs_format::csum::CsumType;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE};
 use ubtrfs_format::Key;
@@ -34,6 +35,15 @@ fn overlap(k: &Key, logical: u64) -> crate::error::Error {
 ///
 /// # Errors
 /// Tree modification failures.
+/// Append the checksum of each `sectorsize` piece of `data` to `out`: the body of
+/// EXTENT_CSUM items, one checksum per data sector.
+pub(crate) fn append_sector_csums(t: CsumType, sectorsize: usize, data: &[u8], out: &mut Vec<u8>) {
+    let cs = t.size();
+    for s in data.chunks(sectorsize) {
+        out.extend_from_slice(&t.compute(s)[..cs]);
+    }
+}
+
 pub(crate) fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Result<()> {
     let cs = w.info.csum_type.size();
     let ss = u64::from(w.sectorsize());

@@ -409,9 +409,7 @@ impl FsWriter {
         padded[..z.len()].copy_from_slice(z);
         let cs = self.info.csum_type.size();
         let mut csums = Vec::with_capacity((disk / ss) as usize * cs);
-        for s in padded.chunks(ss as usize) {
-            csums.extend_from_slice(&self.info.csum_type.compute(s)[..cs]);
-        }
+        crate::extent::csum_tree::append_sector_csums(self.info.csum_type, ss as usize, &padded, &mut csums);
         crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &padded, crate::volumes::WriteKind::Data)?;
         crate::extent::csum_tree::insert_csums(self, bytenr, &csums)?;
         let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);

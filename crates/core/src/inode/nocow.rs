@@ -212,9 +212,7 @@ impl FsWriter {
         let ss = self.sectorsize() as usize;
         let cs = self.info.csum_type.size();
         let mut csums = Vec::with_capacity(data.len() / ss * cs);
-        for s in data.chunks(ss) {
-            csums.extend_from_slice(&self.info.csum_type.compute(s)[..cs]);
-        }
+        crate::extent::csum_tree::append_sector_csums(self.info.csum_type, ss, data, &mut csums);
         crate::extent::csum_tree::insert_csums(self, disk, &csums)
     }
 

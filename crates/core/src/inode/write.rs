@@ -547,9 +547,7 @@ impl FsWriter {
             let n = (len - done).min(buf.len() as u64) as usize;
             fill(&mut buf[..n])?;
             if !nodatasum {
-                for s in buf[..n].chunks(ss as usize) {
-                    csums.extend_from_slice(&self.info.csum_type.compute(s)[..self.info.csum_type.size()]);
-                }
+                crate::extent::csum_tree::append_sector_csums(self.info.csum_type, ss as usize, &buf[..n], &mut csums);
             }
             self.write_data(bytenr + done, &buf[..n])?;
             done += n as u64;
@@ -1211,9 +1209,7 @@ impl DirectWrite {
                 buf[..have].copy_from_slice(&data[from..from + have]);
                 buf[have..n].fill(0);
                 if !self.nodatasum {
-                    for s in buf[..n].chunks(ss) {
-                        csums.extend_from_slice(&info.csum_type.compute(s)[..cs]);
-                    }
+                    crate::extent::csum_tree::append_sector_csums(info.csum_type, ss, &buf[..n], &mut csums);
                 }
                 crate::volumes::write_logical(&info.chunk_map, &info.devices, bytenr + done, &buf[..n], crate::volumes::WriteKind::Data)?;
                 done += n as u64;
