@@ -296,3 +296,126 @@ fn fill_delete_fill_with_compression() {
     let m = Mount::new(&img.path, false);
     m.umount();
 }
+
+/// Data block groups of the committed image: (start, length, used).
+fn data_groups(img: &Scratch) -> Vec<(u64, u64, u64)> {
+    let info = ubtrfs_core::disk_io::FsInfo::open(&ubtrfs_core::disk_io::OpenOptions::new(&img.path)).expect("open");
+    info.block_groups().expect("block groups").into_iter().filter(|g| g.flags & BLOCK_GROUP_DATA != 0).map(|g| (g.start, g.length, g.used)).collect()
+}
+
+/// `n` files of one sector of random data each, named `{prefix}{i}`, committed.
+fn small_files(img: &Scratch, prefix: &str, n: u64, rng: &mut Rng) -> Result<u64, ubtrfs_core::Error> {
+    let mut w = img.writer();
+    let top = w.live().root_dir();
+    let mut made = 0;
+    for i in 0..n {
+        let ino = w.create_file(top.root, top.ino, format!("{prefix}{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        if let Err(e) = w.write_file(top.root, ino, 0, &rng.bytes(4096)) {
+            w.commit().expect("commit what fit");
+            return Err(e);
+        }
+        made += 1;
+    }
+    w.commit().expect("commit");
+    Ok(made)
+}
+
+/// Every other one of `n` files `{prefix}{i}` deleted and committed, leaving one-sector
+/// holes between them.
+fn delete_every_other(img: &Scratch, prefix: &str, n: u64) {
+    let mut w = img.writer();
+    let top = w.live().root_dir();
+    for i in (0..n).step_by(2) {
+        w.unlink(top.root, top.ino, format!("{prefix}{i}").as_bytes()).expect("unlink");
+    }
+    w.commit().expect("commit the deletes");
+}
+
+/// compress-force on a data chunk whose free space is all in one-sector holes: a
+/// compressed extent cannot be split, so it gets a new data chunk (the kernel forces one
+/// in find_free_extent) rather than failing with ENOSPC while the free total holds it.
+#[test]
+fn compressed_extent_on_fragmented_space_gets_a_new_chunk() {
+    if !common::kernel_available("compressed_extent_on_fragmented_space_gets_a_new_chunk") {
+        return;
+    }
+    let img = Scratch::mkfs("cw-frag-chunk", 1 << 30, &[]);
+    let before = data_groups(&img);
+    assert_eq!(before.len(), 1, "mkfs made one data group: {before:?}");
+    let (_, len, used) = before[0];
+    // Fill the data group exactly with one-sector files, then free every other one.
+    let n = (len - used) / 4096;
+    let mut rng = Rng::new(7);
+    assert_eq!(small_files(&img, "s", n, &mut rng).expect("fill the group"), n);
+    assert_eq!(data_groups(&img).len(), 1, "the fill stayed in the first group");
+    delete_every_other(&img, "s", n);
+    let free = len - data_groups(&img)[0].2;
+    let data = text(1 << 20, 3);
+    assert!(free >= data.len() as u64, "{free} bytes free in holes, {} to write", data.len());
+    let mut w = img.writer();
+    w.set_compress(CompressPolicy::parse("zstd", true).unwrap());
+    create(&mut w, "big", &data);
+    let (ext, _) = layout(&w, "/big");
+    w.commit().expect("commit");
+    drop(w);
+    assert!(ext.iter().all(|e| e.0 == CompressionType::Zstd as u8), "every piece compressed: {ext:?}");
+    assert_eq!(ext.len(), 8, "128 KiB pieces: {ext:?}");
+    let after = data_groups(&img);
+    assert_eq!(after.len(), 2, "a new data group: {after:?}");
+    assert_check(&img.path, "compressed after a forced chunk");
+    kernel_reads(&img.path, &BTreeMap::from([("big".to_string(), data)]), "forced chunk");
+}
+
+/// The same with no room on the device for another data chunk: the compressed pieces
+/// go plain into the holes (the kernel's submit_uncompressed_range) and the write
+/// succeeds, with no new group.
+#[test]
+fn compressed_write_on_fragmented_full_device_goes_plain() {
+    if !common::kernel_available("compressed_write_on_fragmented_full_device_goes_plain") {
+        return;
+    }
+    let img = Scratch::mkfs("cw-frag-full", 256 << 20, &[]);
+    let mut rng = Rng::new(8);
+    // Fill the device with 1 MiB files.
+    {
+        let mut w = img.writer();
+        let top = w.live().root_dir();
+        for i in 0.. {
+            let ino = w.create_file(top.root, top.ino, format!("m{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            if let Err(e) = w.write_file(top.root, ino, 0, &rng.bytes(1 << 20)) {
+                assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::NoSpace), "{e}");
+                break;
+            }
+        }
+        w.commit().expect("commit");
+    }
+    // Free one big file's space, and fill it with one-sector files.
+    {
+        let mut w = img.writer();
+        let top = w.live().root_dir();
+        w.unlink(top.root, top.ino, b"m0").expect("unlink");
+        w.commit().expect("commit");
+    }
+    let e = small_files(&img, "s", 1 << 20, &mut rng).expect_err("the data space fills");
+    assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::NoSpace), "{e}");
+    let n = {
+        let w = img.writer();
+        let live = w.live();
+        (0..).take_while(|i| live.resolve_id(&format!("/s{i}"), false).is_ok()).count() as u64
+    };
+    assert!(n >= 64, "{n} small files fit after the big ones, then: {e}; groups {:?}", data_groups(&img));
+    delete_every_other(&img, "s", n);
+    let groups = data_groups(&img);
+    let data = text(256 << 10, 4);
+    let mut w = img.writer();
+    w.set_compress(CompressPolicy::parse("zstd", true).unwrap());
+    create(&mut w, "big", &data);
+    let (ext, _) = layout(&w, "/big");
+    w.commit().expect("commit");
+    drop(w);
+    assert!(ext.iter().any(|e| e.0 == 0), "plain pieces where no compressed extent fits: {ext:?}");
+    assert_eq!(ext.iter().map(|e| e.1).sum::<u64>(), data.len() as u64, "{ext:?}");
+    assert_eq!(data_groups(&img).len(), groups.len(), "no new data group on a full device");
+    assert_check(&img.path, "plain fallback on a full device");
+    kernel_reads(&img.path, &BTreeMap::from([("big".to_string(), data)]), "plain fallback");
+}

@@ -1213,20 +1213,14 @@ fn regression_seed4_fst_bitmap_reload() {
     run(4, 4000, Config { interludes: false, posix: false, compress: None, ..BLAKE_16K_BITMAPS }, "model-regression-4");
 }
 
-/// Engine bug, open (found by `model_soak` seed 15, as root on a fresh mkfs): with
-/// compress-force=zstd, op 9251 (an append of 39554 bytes at 85709 to a file of 85709
-/// bytes) fails with "no Data space for 40960 bytes" and aborts the writer, while the
-/// filesystem holds about 6.4 MB in its one 8 MiB data chunk and the device has some
-/// 164 MiB unallocated. The compressed extent (40960 bytes on disk) finds no contiguous
-/// run in the fragmented data chunk, and `allocator::alloc_extent` makes no new data
-/// chunk for a data request the free total could hold, leaving it to the caller to ask
-/// for less; a compressed extent cannot be split (`compress_write` asks
-/// `alloc_extent_upto` for exactly its size). The kernel's `find_free_extent` forces a
-/// chunk allocation at that point (LOOP_ALLOC_CHUNK), and a compressed range that
-/// still finds no space is written uncompressed. Expected: the run completes. The
-/// stream replays only while the workload above stays as it is.
+/// Found by `model_soak` seed 15 (as root, on a fresh mkfs): with compress-force=zstd,
+/// op 9251 (an append of 39554 bytes at 85709 to a file of 85709 bytes) needs a
+/// compressed extent of 40960 bytes while the one 8 MiB data chunk holds about 1.6 MB
+/// free only in smaller pieces. The allocator answered ENOSPC and aborted the writer; a
+/// compressed extent cannot be split, so it now gets a new data chunk, as the kernel's
+/// find_free_extent forces one (LOOP_ALLOC_CHUNK), and goes plain when even that fails.
+/// The stream replays only while the workload above stays as it is.
 #[test]
-#[ignore = "engine bug: a compressed extent on fragmented free space fails with ENOSPC (and aborts) instead of getting a new data chunk"]
 fn regression_seed15_compressed_extent_enospc() {
     run(15, default_ops(), CRC_16K_WRITEBACK, "model-regression-15");
 }

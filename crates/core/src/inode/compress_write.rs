@@ -343,12 +343,26 @@ impl FsWriter {
                         Verdict::NoWin => None,
                     }
                 };
-                match z {
+                let z = match z {
                     Some(z) => {
                         added += self.flush_plain(root, ino, plain_at, &mut plain)?;
-                        added += self.write_compressed_extent(root, ino, at, n, c.kind, &z)?;
-                        plain_at = at + n;
+                        plain_at = at;
+                        match self.write_compressed_extent(root, ino, at, n, c.kind, &z)? {
+                            Some(got) => {
+                                added += got;
+                                plain_at = at + n;
+                                Some(())
+                            }
+                            // No room for the extent whole, even in a new chunk: the
+                            // range goes plain, which fits in pieces
+                            // (submit_uncompressed_range).
+                            None => None,
+                        }
                     }
+                    None => None,
+                };
+                match z {
+                    Some(()) => {}
                     None => {
                         if plain.is_empty() {
                             plain_at = at;
@@ -398,11 +412,17 @@ impl FsWriter {
         Ok(added)
     }
 
-    /// One compressed extent of `n` file bytes at `file_off`, holding stream `z`.
-    fn write_compressed_extent(&mut self, root: u64, ino: u64, file_off: u64, n: u64, kind: CompressionType, z: &[u8]) -> Result<u64> {
+    /// One compressed extent of `n` file bytes at `file_off`, holding stream `z`; `None`
+    /// (nothing changed) when the data space has no run of its size, even after a new
+    /// chunk, so the caller writes the range plain.
+    fn write_compressed_extent(&mut self, root: u64, ino: u64, file_off: u64, n: u64, kind: CompressionType, z: &[u8]) -> Result<Option<u64>> {
         let ss = u64::from(self.sectorsize());
         let disk = (z.len() as u64).div_ceil(ss) * ss;
-        let (bytenr, got) = crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, disk, disk)?;
+        let (bytenr, got) = match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, disk, disk) {
+            Ok(r) => r,
+            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         debug_assert_eq!(got, disk, "a compressed extent is allocated whole");
         self.delayed.add_data_ref(bytenr, disk, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off }, 1, true)?;
         let mut padded = vec![0u8; disk as usize];
@@ -419,7 +439,7 @@ impl FsWriter {
         fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: disk.into(), offset: 0.into(), num_bytes: n.into() }.as_bytes());
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
         self.note_compression(kind);
-        Ok(n)
+        Ok(Some(n))
     }
 }
 

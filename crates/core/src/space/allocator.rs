@@ -614,6 +614,19 @@ pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: 
             Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) && want > min => {
                 want = (want / 2 / min * min).max(min);
             }
+            // Not even `min` in one run, though the data groups hold that much in
+            // pieces (`alloc_extent` leaves that case to us): a new chunk, as the
+            // kernel's find_free_extent forces one at LOOP_ALLOC_CHUNK. This is where a
+            // compressed extent, which cannot be split, lands on fragmented free space.
+            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) && ty == BLOCK_GROUP_DATA && w.alloc.free_bytes(ty) >= min => {
+                match crate::space::chunk_alloc::alloc_chunk_in(w, ty) {
+                    Ok(()) => {}
+                    Err(c) if c.posix_kind() == Some(PosixKind::NoSpace) => return Err(e),
+                    Err(c) => return Err(c),
+                }
+                let start = alloc_extent(w, ty, min)?;
+                return Ok((start, min));
+            }
             Err(e) => return Err(e),
         }
     }
