@@ -484,14 +484,17 @@ fn seek_inline_extent_covers_its_sector() {
     let mut ii = ubtrfs_format::structs::InodeItem::new_zeroed();
     ii.size = 5000.into();
     ii.nbytes = 100.into();
-    let ext = [FileExtentRec { file_offset: 0, kind: ExtentKind::Inline { ram_bytes: 100, compression: 0, data: vec![1; 100] } }];
+    let ext = [FileExtentRec { file_offset: 0, generation: 1, kind: ExtentKind::Inline { ram_bytes: 100, compression: 0, data: vec![1; 100] } }];
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 0, SEEK_HOLE), Some(4096));
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 200, SEEK_DATA), Some(200));
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 4096, SEEK_DATA), None);
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 4096, SEEK_HOLE), Some(4096));
     // Data past EOF (which no kernel operation leaves, but an image may have) is none.
-    let far =
-        [FileExtentRec { file_offset: 8192, kind: ExtentKind::Regular { disk_bytenr: 1 << 20, disk_num_bytes: 4096, offset: 0, num_bytes: 4096, ram_bytes: 4096, compression: 0, prealloc: false } }];
+    let far = [FileExtentRec {
+        file_offset: 8192,
+        generation: 1,
+        kind: ExtentKind::Regular { disk_bytenr: 1 << 20, disk_num_bytes: 4096, offset: 0, num_bytes: 4096, ram_bytes: 4096, compression: 0, prealloc: false },
+    }];
     assert_eq!(seek_data_hole(&ii, 4096, &far, 100, SEEK_DATA), None);
     assert_eq!(seek_data_hole(&ii, 4096, &far, 100, SEEK_HOLE), Some(100));
     // nbytes equal to the size and no PREALLOC flag: EOF at once.

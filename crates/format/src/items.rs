@@ -256,6 +256,25 @@ pub fn file_extent(data: &[u8]) -> ParseResult<FileExtent<'_>> {
     }
 }
 
+/// The two parts of a REG/PREALLOC file extent item (`FILE_EXTENT_REG_SIZE` bytes), for
+/// editing an item in place; `None` for any other size (an inline extent).
+pub fn file_extent_reg_mut(data: &mut [u8]) -> Option<(&mut FileExtentHeader, &mut FileExtentBody)> {
+    if data.len() != FILE_EXTENT_REG_SIZE {
+        return None;
+    }
+    let (h, b) = data.split_at_mut(FILE_EXTENT_INLINE_DATA_START);
+    Some((FileExtentHeader::mut_from_bytes(h).expect("header size"), FileExtentBody::mut_from_bytes(b).expect("body size")))
+}
+
+/// A REG or PREALLOC file extent item from its parts.
+pub fn file_extent_reg_item(h: &FileExtentHeader, b: &FileExtentBody) -> Vec<u8> {
+    use zerocopy::IntoBytes;
+    let mut d = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
+    d.extend_from_slice(h.as_bytes());
+    d.extend_from_slice(b.as_bytes());
+    d
+}
+
 /// One inline backref of an EXTENT_ITEM / METADATA_ITEM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InlineRef {

@@ -1143,7 +1143,11 @@ mod tests {
 
     #[test]
     fn uncovered_subtracts_extents() {
-        let ext = |o, n| FileExtentRec { file_offset: o, kind: ExtentKind::Regular { disk_bytenr: 1, disk_num_bytes: n, offset: 0, num_bytes: n, ram_bytes: n, compression: 0, prealloc: false } };
+        let ext = |o, n| FileExtentRec {
+            file_offset: o,
+            generation: 1,
+            kind: ExtentKind::Regular { disk_bytenr: 1, disk_num_bytes: n, offset: 0, num_bytes: n, ram_bytes: n, compression: 0, prealloc: false },
+        };
         let exts = [ext(0, 4096), ext(8192, 4096)];
         assert_eq!(uncovered(&exts, 0, 16384), vec![(4096, 8192), (12288, 16384)]);
         assert_eq!(uncovered(&exts, 2048, 4096), vec![]);

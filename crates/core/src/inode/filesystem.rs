@@ -82,19 +82,21 @@ pub enum ExtentKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileExtentRec {
     pub file_offset: u64,
+    /// Transaction that wrote the item.
+    pub generation: u64,
     pub kind: ExtentKind,
 }
 
 impl FileExtentRec {
     /// The record of a parsed EXTENT_DATA item at file offset `file_offset`.
     pub fn new(file_offset: u64, fe: &FileExtent<'_>) -> FileExtentRec {
-        let kind = match *fe {
-            FileExtent::Inline { ram_bytes, compression, data, .. } => ExtentKind::Inline { ram_bytes, compression, data: data.to_vec() },
-            FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc, .. } => {
-                ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc }
+        let (generation, kind) = match *fe {
+            FileExtent::Inline { generation, ram_bytes, compression, data } => (generation, ExtentKind::Inline { ram_bytes, compression, data: data.to_vec() }),
+            FileExtent::Regular { generation, disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc } => {
+                (generation, ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc })
             }
         };
-        FileExtentRec { file_offset, kind }
+        FileExtentRec { file_offset, generation, kind }
     }
     /// Bytes of file this extent covers.
     pub fn len(&self) -> u64 {

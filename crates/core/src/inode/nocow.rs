@@ -75,22 +75,6 @@ pub(crate) fn nocow_capable(flags: u64) -> bool {
     flags & (INODE_NODATACOW | INODE_PREALLOC) != 0
 }
 
-/// Field offsets in a file extent item.
-const FE_GENERATION: usize = 0;
-const FE_ENCRYPTION: usize = 17;
-const FE_OTHER_ENCODING: usize = 18;
-const FE_TYPE: usize = 20;
-const FE_OFFSET: usize = 37;
-const FE_NUM_BYTES: usize = 45;
-
-fn le64(d: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(d[at..at + 8].try_into().expect("8 bytes"))
-}
-
-fn set64(d: &mut [u8], at: usize, v: u64) {
-    d[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
 impl FsWriter {
     /// Split [start, end) (sector aligned) of inode `ino` with `flags` into parts
     /// written in place and parts COWed. A write covering no extent that qualifies is
@@ -135,10 +119,9 @@ impl FsWriter {
                 push_cow(&mut pieces, fs, fe);
                 continue;
             }
-            let key = Key::new(ino, EXTENT_DATA_KEY, f.file_offset);
-            let raw = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| crate::inode::write::ino_err(root, ino, format!("file extent {key} vanished")))?;
-            let encoded = raw[FE_ENCRYPTION] != 0 || raw[FE_OTHER_ENCODING] != 0 || raw[FE_OTHER_ENCODING + 1] != 0;
-            if encoded || le64(&raw, FE_GENERATION) <= last_snapshot {
+            // Encrypted or otherwise encoded extents never get here: reading the item
+            // refuses them.
+            if f.generation <= last_snapshot {
                 push_cow(&mut pieces, fs, fe);
                 continue;
             }
@@ -221,29 +204,37 @@ impl FsWriter {
     /// extent it continues (`btrfs_mark_extent_written`). The extent's reference
     /// count follows the number of items pointing at it.
     pub(crate) fn mark_extent_written(&mut self, root: u64, ino: u64, p: &InPlace) -> Result<()> {
-        let key = Key::new(ino, EXTENT_DATA_KEY, p.item_off);
+        let id = InodeId { root, ino };
         let err = |r: String| crate::inode::write::ino_err(root, ino, r);
-        let raw = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| err(format!("preallocated extent {key} vanished")))?;
-        if raw.len() != FILE_EXTENT_REG_SIZE || raw[FE_TYPE] != FILE_EXTENT_PREALLOC {
+        let (s, e) = (p.file_off, p.file_off + p.len);
+        // The regular or preallocated extent item at `at`, if it is one: (extent
+        // offset, length, preallocated, ram_bytes, of the same disk extent).
+        let item_at = |w: &mut FsWriter, at: u64, within: u64| -> Result<Option<(u64, u64, bool, u64)>> {
+            Ok(w.live().file_extents(id, within, within + 1)?.into_iter().find(|f| f.file_offset == at).and_then(|f| match f.kind {
+                ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression: 0, prealloc } if disk_bytenr == p.disk_bytenr && disk_num_bytes == p.disk_num_bytes => {
+                    Some((offset, num_bytes, prealloc, ram_bytes))
+                }
+                _ => None,
+            }))
+        };
+        let key = Key::new(ino, EXTENT_DATA_KEY, p.item_off);
+        let (off, len, prealloc, ram_bytes) = item_at(self, p.item_off, s)?.ok_or_else(|| err(format!("preallocated extent {key} vanished")))?;
+        if !prealloc {
             return Err(err(format!("file extent {key} is no longer preallocated")));
         }
-        let off = le64(&raw, FE_OFFSET);
-        let ke = p.item_off + le64(&raw, FE_NUM_BYTES);
-        let (s, e) = (p.file_off, p.file_off + p.len);
+        let ke = p.item_off + len;
         assert!(p.item_off <= s && e <= ke, "written range [{s}, {e}) outside its extent [{}, {ke})", p.item_off);
         // Segments (file offset, type, extent offset, length) replacing the old items.
         let mut old: Vec<Key> = vec![key];
         let mut segs: Vec<(u64, u8, u64, u64)> = Vec::new();
-        let same_extent = |d: &[u8]| d.len() == FILE_EXTENT_REG_SIZE && d[FE_TYPE] == FILE_EXTENT_REG && d[16] == 0 && le64(d, 21) == p.disk_bytenr && le64(d, 29) == p.disk_num_bytes;
         if s == p.item_off && s > 0 {
             // The regular item ending at `s`, continuing into this part.
-            let prev = self.live().file_extents(InodeId { root, ino }, s - 1, s)?;
-            if let Some(f) = prev.iter().find(|f| f.end() == s && f.file_offset < s) {
-                let pk = Key::new(ino, EXTENT_DATA_KEY, f.file_offset);
-                if let Some((_, d)) = self.items_in_range(root, &pk, &pk)?.pop() {
-                    if same_extent(&d) && le64(&d, FE_OFFSET) + le64(&d, FE_NUM_BYTES) == off {
-                        old.insert(0, pk);
-                        segs.push((f.file_offset, FILE_EXTENT_REG, le64(&d, FE_OFFSET), le64(&d, FE_NUM_BYTES)));
+            let prev = self.live().file_extents(id, s - 1, s)?.into_iter().find(|f| f.end() == s && f.file_offset < s).map(|f| f.file_offset);
+            if let Some(po) = prev {
+                if let Some((eo, n, false, _)) = item_at(self, po, s - 1)? {
+                    if eo + n == off {
+                        old.insert(0, Key::new(ino, EXTENT_DATA_KEY, po));
+                        segs.push((po, FILE_EXTENT_REG, eo, n));
                     }
                 }
             }
@@ -254,13 +245,10 @@ impl FsWriter {
         segs.push((s, FILE_EXTENT_REG, off + (s - p.item_off), e - s));
         if e < ke {
             segs.push((e, FILE_EXTENT_PREALLOC, off + (e - p.item_off), ke - e));
-        } else {
-            let nk = Key::new(ino, EXTENT_DATA_KEY, ke);
-            if let Some((_, d)) = self.items_in_range(root, &nk, &nk)?.pop() {
-                if same_extent(&d) && le64(&d, FE_OFFSET) == off + (ke - p.item_off) {
-                    old.push(nk);
-                    segs.push((ke, FILE_EXTENT_REG, le64(&d, FE_OFFSET), le64(&d, FE_NUM_BYTES)));
-                }
+        } else if let Some((eo, n, false, _)) = item_at(self, ke, ke)? {
+            if eo == off + (ke - p.item_off) {
+                old.push(Key::new(ino, EXTENT_DATA_KEY, ke));
+                segs.push((ke, FILE_EXTENT_REG, eo, n));
             }
         }
         // Merge neighbouring regular segments.
@@ -274,12 +262,11 @@ impl FsWriter {
         for k in &old {
             self.delete_item(root, k)?;
         }
-        for &(fo, ty, eo, n) in &merged {
-            let mut d = raw.clone();
-            set64(&mut d, FE_GENERATION, self.transid);
-            d[FE_TYPE] = ty;
-            set64(&mut d, FE_OFFSET, eo);
-            set64(&mut d, FE_NUM_BYTES, n);
+        for &(fo, type_, eo, n) in &merged {
+            let d = ubtrfs_format::items::file_extent_reg_item(
+                &FileExtentHeader { generation: self.transid.into(), ram_bytes: ram_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_ },
+                &FileExtentBody { disk_bytenr: p.disk_bytenr.into(), disk_num_bytes: p.disk_num_bytes.into(), offset: eo.into(), num_bytes: n.into() },
+            );
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &d)?;
         }
         let delta = merged.len() as i64 - old.len() as i64;

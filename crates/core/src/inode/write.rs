@@ -467,9 +467,11 @@ impl FsWriter {
             let ke = f.end();
             let counted = disk_bytenr != 0;
             let item = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, format!("file extent {key} vanished")))?;
+            // Regular items are REG_SIZE long (checked when `file_extents` parsed them).
             let set = |d: &mut Vec<u8>, off: u64, num: u64| {
-                d[37..45].copy_from_slice(&off.to_le_bytes());
-                d[45..53].copy_from_slice(&num.to_le_bytes());
+                let (_, b) = ubtrfs_format::items::file_extent_reg_mut(d).expect("regular file extent item size");
+                b.offset = off.into();
+                b.num_bytes = num.into();
             };
             if start <= ks && ke <= end {
                 self.delete_item(root, &key)?;
@@ -498,7 +500,7 @@ impl FsWriter {
                 self.replace_item(root, &key, &key, &head)?;
                 let mut tail = item;
                 set(&mut tail, offset + (end - ks), ke - end);
-                tail[0..8].copy_from_slice(&self.transid.to_le_bytes());
+                ubtrfs_format::items::file_extent_reg_mut(&mut tail).expect("regular file extent item size").0.generation = self.transid.into();
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, end), &tail)?;
                 if counted {
                     self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, 1)?;
@@ -948,10 +950,10 @@ pub(super) fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) ->
 /// whole `num_bytes` disk extent at `disk_bytenr` (0 with REG: a hole).
 pub(super) fn extent_item(transid: u64, type_: u8, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
     let disk_num_bytes = if disk_bytenr == 0 { 0 } else { num_bytes };
-    let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
-    fe.extend_from_slice(FileExtentHeader { generation: transid.into(), ram_bytes: num_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_ }.as_bytes());
-    fe.extend_from_slice(FileExtentBody { disk_bytenr: disk_bytenr.into(), disk_num_bytes: disk_num_bytes.into(), offset: 0.into(), num_bytes: num_bytes.into() }.as_bytes());
-    fe
+    ubtrfs_format::items::file_extent_reg_item(
+        &FileExtentHeader { generation: transid.into(), ram_bytes: num_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_ },
+        &FileExtentBody { disk_bytenr: disk_bytenr.into(), disk_num_bytes: disk_num_bytes.into(), offset: 0.into(), num_bytes: num_bytes.into() },
+    )
 }
 
 impl FsWriter {
