@@ -40,7 +40,7 @@
 //! reach the engine.
 #![allow(dead_code)]
 
-use crate::write_common::{hex, umount_retrying, walk_kernel, walk_ubtrfs, Rec, Rng};
+use crate::write_common::{hex, walk_kernel, walk_ubtrfs, Mount, Rec, Rng};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -847,52 +847,6 @@ fn timespec(t: TimeArg) -> libc::timespec {
         TimeArg::Set(s, n) => libc::timespec { tv_sec: s as libc::time_t, tv_nsec: n as libc::c_long },
         TimeArg::Now => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
         TimeArg::Omit => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-    }
-}
-
-/// A kernel loop mount for the kernel side: `nodev` (a device node the test made can
-/// never be opened) and `noatime` (reads never change a time), unmounted on drop.
-pub struct KernelMount {
-    pub dir: PathBuf,
-    mounted: bool,
-}
-
-impl KernelMount {
-    pub fn new(img: &Path, opts: &str) -> KernelMount {
-        let dir = img.with_extension("mnt");
-        std::fs::create_dir_all(&dir).expect("mount dir");
-        let mount = || Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
-        let mut out = mount();
-        // Two mounts at once (another test thread, another test binary) may race for
-        // the same free loop device; the loser fails to set it up and may try again.
-        for _ in 0..20 {
-            if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("failed to setup loop device") {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-            out = mount();
-        }
-        assert!(out.status.success(), "mount -o {opts} {} failed: {}", img.display(), String::from_utf8_lossy(&out.stderr));
-        KernelMount { dir, mounted: true }
-    }
-
-    pub fn umount(mut self) {
-        self.do_umount();
-    }
-
-    fn do_umount(&mut self) {
-        if self.mounted {
-            self.mounted = false;
-            let out = umount_retrying(&self.dir);
-            assert!(out.status.success() || std::thread::panicking(), "umount {} failed: {}", self.dir.display(), String::from_utf8_lossy(&out.stderr));
-            let _ = std::fs::remove_dir(&self.dir);
-        }
-    }
-}
-
-impl Drop for KernelMount {
-    fn drop(&mut self) {
-        self.do_umount();
     }
 }
 
@@ -2046,7 +2000,7 @@ impl Run<'_> {
         let ok = Command::new("cp").arg("--sparse=always").arg(&a).arg(&b).status().expect("cp").success();
         assert!(ok, "cp image");
 
-        let mnt = KernelMount::new(&a, &mount_opts(self.seed));
+        let mnt = Mount::new_with(&a, &mount_opts(self.seed));
         let k = Kernel { dir: mnt.dir.clone(), mkfs: mkfs_args(self.seed), compress: compress_of(self.seed).is_some() };
         let mut u = Ubtrfs::open(&b, compress_of(self.seed));
         let mut st = Stats::default();
@@ -2128,7 +2082,7 @@ impl Run<'_> {
         if let Err(t) = crate::write_common::btrfs_check(&b) {
             errors.push(format!("seed {}: btrfs check of the ubtrfs image:\n{t}", self.seed));
         }
-        let m2 = KernelMount::new(&b, "loop,ro");
+        let m2 = Mount::new_with(&b, "loop,ro");
         let kt2 = xwalk_kernel(&m2.dir);
         m2.umount();
         let d = diff_xtrees(&kt, &kt2, 20);

@@ -194,7 +194,17 @@ impl Mount {
     pub fn new_with(img: &Path, opts: &str) -> Mount {
         let dir = scratch_dir().join(format!("mnt-{}-{}", img.file_stem().unwrap_or_default().to_string_lossy(), std::process::id()));
         std::fs::create_dir_all(&dir).expect("mount dir");
-        let out = Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
+        let mount = || Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
+        let mut out = mount();
+        // Two mounts at once (another test thread, another test binary) may race for
+        // the same free loop device; the loser fails to set it up and may try again.
+        for _ in 0..20 {
+            if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("failed to setup loop device") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            out = mount();
+        }
         if !out.status.success() {
             let dmesg = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).lines().rev().take(30).collect::<Vec<_>>().join("\n")).unwrap_or_default();
             panic!("mount {} failed: {}\nrecent dmesg (newest first):\n{dmesg}", img.display(), String::from_utf8_lossy(&out.stderr));
