@@ -704,6 +704,10 @@ fn new_inodes_inherit_the_compression_property() {
         assert_eq!((ctime.sec.get(), ctime.nsec.get()), (after.sec.get(), after.nsec.get()), "inheriting leaves the new inode's times");
         made.push(ino);
     }
+    // mknod of a regular file inherits as create does; a fifo takes no property.
+    for (name, mode) in [(&b"m"[..], libc::S_IFREG | 0o644), (b"f", libc::S_IFIFO | 0o644)] {
+        made.push(w.mknod(r, pd, name, &InodeAttrs::new(mode)).expect("mknod"));
+    }
     w.commit().expect("commit");
     drop(w);
     assert_check(&s.path, "after inheriting properties");
@@ -714,6 +718,10 @@ fn new_inodes_inherit_the_compression_property() {
         assert_eq!(v.xattrs, vec![(b"btrfs.compression".to_vec(), b"zstd".to_vec())], "ino {ino}: what the kernel gives pd/x and pd/y");
         assert_eq!(v.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_COMPRESS, "ino {ino}");
     }
+    let m = xattrs(made[3]);
+    assert_eq!(m.xattrs, vec![(b"btrfs.compression".to_vec(), b"zstd".to_vec())], "pd/m (mknod S_IFREG) inherits");
+    assert_eq!(m.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_COMPRESS, "pd/m");
+    assert!(xattrs(made[4]).xattrs.is_empty(), "pd/f (a fifo) takes no property");
     let v = xattrs(made[2]);
     assert!(v.xattrs.is_empty(), "pn/x: {}", summary(&v.xattrs));
     assert_eq!(v.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_NOCOMPRESS, "pn/x: the flag comes from the directory's flags");
@@ -730,10 +738,15 @@ fn new_inodes_inherit_the_compression_property() {
             std::fs::write(m.path("pd/x"), b"").expect("create");
             std::fs::create_dir(m.path("pd/y")).expect("mkdir");
             std::fs::write(m.path("pn/x"), b"").expect("create");
+            for (name, mode) in [("pd/m", libc::S_IFREG | 0o644), ("pd/f", libc::S_IFIFO | 0o644)] {
+                let c = std::ffi::CString::new(m.path(name).as_os_str().as_encoded_bytes()).expect("path");
+                // SAFETY: a valid NUL-terminated path; mknod reads nothing else.
+                assert_eq!(unsafe { libc::mknod(c.as_ptr(), mode, 0) }, 0, "mknod {name}: {}", std::io::Error::last_os_error());
+            }
             m.umount();
         }
         let kfs = k.reader();
-        for (p, &ino) in ["/pd/x", "/pd/y", "/pn/x"].iter().zip(&made) {
+        for (p, &ino) in ["/pd/x", "/pd/y", "/pn/x", "/pd/m", "/pd/f"].iter().zip(&made) {
             let kv = kfs.load_inode(kfs.resolve_id(p, false).expect("resolve"), Load { xattrs: true, ..Load::ITEM }).expect("inode");
             let ov = xattrs(ino);
             assert!(kv.xattrs == ov.xattrs, "{p}: kernel [{}], ubtrfs [{}]", summary(&kv.xattrs), summary(&ov.xattrs));

@@ -203,9 +203,12 @@ impl FsWriter {
         }
         let dflags = self.check_new_name(root, dir, name)?;
         a.flags |= inherited_flags(dflags, ftype == FT_REG_FILE);
-        self.transaction("mknod", LINK_ITEMS + 1, |w| {
+        self.transaction("mknod", LINK_ITEMS + 3, |w| {
             let ino = w.create_inode_inner(root, &a)?;
             w.link_inner(root, dir, name, ino, ftype)?;
+            // A regular file takes the directory's properties; `inherit_props` skips
+            // the other types, as the kernel's compression property ignores them.
+            w.inherit_props(root, dir, ino)?;
             Ok(ino)
         })
     }
