@@ -902,12 +902,15 @@ impl Model {
 }
 
 /// What the kernel gave a file or directory it just made at `path`: its xattrs and
-/// NOCOW flag, read back rather than predicted. (Whether a new inode inherits its
+/// NOCOW flag, read back rather than predicted. Whether a new inode inherits its
 /// directory's compression property depends on the kernel having loaded that
-/// directory's properties: seed 27 of `model_soak` met a directory, made by ubtrfs
-/// with the property and read back by ubtrfs and the kernel's listxattr alike, whose
-/// new subdirectory the kernel made without it; that directory's INODE_ITEM was the
-/// last item of its leaf, its INODE_REF and XATTR_ITEM in the next.)
+/// directory's properties, and `btrfs_read_locked_inode` loads them only from xattr
+/// items in the inode item's own leaf (`acls_after_inode_item` stops at the end of the
+/// leaf, and then `btrfs_load_inode_props` is not called). Seed 27 of `model_soak` met
+/// a directory, made by ubtrfs with the property and read back by ubtrfs and the
+/// kernel's listxattr alike, whose new subdirectory the kernel made without it: its
+/// INODE_ITEM was the last item of its leaf, its INODE_REF and XATTR_ITEM in the next.
+/// ubtrfs honours the property wherever its item is.
 fn kernel_inherited(m: &Mount, path: &str) -> (BTreeMap<Vec<u8>, Vec<u8>>, bool) {
     let p = m.path(path);
     (kernel_xattrs(&p), kernel_fsflags(&p) & fsflags::NOCOW != 0)
