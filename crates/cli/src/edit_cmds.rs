@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use ubtrfs_core::error::{Error, PosixKind};
 use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 use ubtrfs_core::transaction::FsWriter;
-use ubtrfs_core::{OpenOptions, Result};
+use ubtrfs_core::Result;
 use ubtrfs_tools::edit::{self, Edit};
 
 /// A command's own arguments after IMAGE.
@@ -268,9 +268,7 @@ impl EditCmd {
 }
 
 pub fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
-    let w = FsWriter::open(&OpenOptions { devices: vec![a.image.clone()], cache_bytes: a.cache_mib << 20, writable: true, sources: Default::default() })?;
-    crate::print_warnings(&w.info);
-    Ok(w)
+    a.open_writer()
 }
 
 /// Run the edits in one transaction: all land in one commit, or none does.

@@ -35,15 +35,29 @@ pub struct ImageArgs {
     pub cache_mib: usize,
 }
 
-/// Options of the commands that change an image. Writing supports one device for now,
-/// so `--device` is not offered (it comes with multi-device writes).
+/// Options of the commands that change an image.
 #[derive(clap::Args, Clone)]
 pub struct WriteImageArgs {
-    /// The image file or block device.
+    /// The image file or block device (for multi-device filesystems, any one member).
     pub image: PathBuf,
+    /// Another device of a multi-device filesystem (repeat for each; writing needs
+    /// every member).
+    #[arg(long = "device", value_name = "DEV")]
+    pub devices: Vec<PathBuf>,
     /// Tree-block cache size in MiB.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub cache_mib: usize,
+}
+
+impl WriteImageArgs {
+    /// Open the filesystem for writing, printing the engine's warnings to stderr.
+    pub fn open_writer(&self) -> ubtrfs_core::Result<ubtrfs_core::transaction::FsWriter> {
+        let mut devices = vec![self.image.clone()];
+        devices.extend(self.devices.iter().cloned());
+        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: true, sources: Default::default() })?;
+        print_warnings(&w.info);
+        Ok(w)
+    }
 }
 
 impl ImageArgs {

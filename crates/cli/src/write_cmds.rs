@@ -3,7 +3,7 @@
 use crate::WriteImageArgs;
 use std::path::PathBuf;
 use ubtrfs_core::transaction::FsWriter;
-use ubtrfs_core::{OpenOptions, Result};
+use ubtrfs_core::Result;
 
 #[derive(clap::Args)]
 pub struct PutArgs {
@@ -27,9 +27,7 @@ pub struct PutArgs {
 }
 
 fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
-    let w = FsWriter::open(&OpenOptions { devices: vec![a.image.clone()], cache_bytes: a.cache_mib << 20, writable: true, sources: Default::default() })?;
-    crate::print_warnings(&w.info);
-    Ok(w)
+    a.open_writer()
 }
 
 pub fn put(a: &PutArgs) -> Result<()> {

@@ -11,8 +11,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use ubtrfs_core::inode::filesystem::{Filesystem, InodeId};
-use ubtrfs_core::transaction::FsWriter;
-use ubtrfs_core::{Error, FsRead, OpenOptions, PosixKind, Result, XattrRead};
+use ubtrfs_core::{Error, FsRead, PosixKind, Result, XattrRead};
 
 #[derive(clap::Subcommand)]
 pub enum XattrCmd {
@@ -122,7 +121,7 @@ pub fn setfattr(a: &SetfattrArgs) -> Result<()> {
     for p in &a.paths {
         absolute(p)?;
     }
-    let mut w = FsWriter::open(&OpenOptions { devices: vec![a.image.image.clone()], cache_bytes: a.image.cache_mib << 20, writable: true, sources: Default::default() })?;
+    let mut w = a.image.open_writer()?;
     crate::print_warnings(&w.info);
     for p in &a.paths {
         let r = (|| {

@@ -291,3 +291,41 @@ fn kernel_readonly_snapshot_is_refused() {
     assert!(!leaked);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// On a multi-device image (the RAID1 fixture), `put` without the other member is
+/// refused, naming what is missing and changing nothing; with `--device` it copies,
+/// and `ls`/`cat` (given both members, or either alone) read the copy back.
+#[test]
+fn put_on_a_raid1_image_needs_every_device() {
+    let work = std::env::temp_dir().join(format!("ubtrfs-putraid-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let devs: Vec<PathBuf> = (0..2)
+        .map(|i| {
+            let fx = repo().join(format!("tests/fixtures/raid1.{i}.img.zst"));
+            let dst = work.join(format!("raid1.{i}.img"));
+            let mut out = std::fs::File::create(&dst).unwrap();
+            std::io::copy(&mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(), &mut out).unwrap();
+            dst
+        })
+        .collect();
+    let src = work.join("hello.txt");
+    std::fs::write(&src, b"written to both mirrors\n".repeat(1000)).unwrap();
+    let before = std::fs::read(&devs[0]).unwrap();
+    let o = bin().arg("put").arg(&devs[0]).arg(&src).arg("/hello.txt").output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("2 devices and 1 were given") && e.contains("--device"), "{o:?}");
+    assert!(std::fs::read(&devs[0]).unwrap() == before, "a refused put changed the image");
+    run(bin().arg("put").arg("--device").arg(&devs[1]).arg(&devs[0]).arg(&src).arg("/hello.txt"));
+    let want = std::fs::read(&src).unwrap();
+    for given in [&[0usize, 1][..], &[0], &[1]] {
+        let mut c = bin();
+        c.arg("cat");
+        for &i in &given[1..] {
+            c.arg("--device").arg(&devs[i]);
+        }
+        c.arg(&devs[given[0]]).arg("/hello.txt");
+        let out = run(&mut c);
+        assert!(out.stdout == want, "cat with devices {given:?}: {} bytes", out.stdout.len());
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -140,7 +140,7 @@ impl FsInfo {
             if devices.by_id.contains_key(&devid) {
                 return Err(Error::Incompatible(format!("{}: device id {devid} given twice", d.name())));
             }
-            devices.by_id.insert(devid, Device { devid, uuid: s.dev_item.uuid, dev: d.clone() });
+            devices.by_id.insert(devid, Device { devid, uuid: s.dev_item.uuid, dev: d.clone(), sb_generation: s.generation.get() });
         }
         let mut read_only_reason: Option<String> = None;
         // A device shorter than its dev_item says was cut short (a partial download or

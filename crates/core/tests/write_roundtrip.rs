@@ -1267,16 +1267,22 @@ fn assert_no_orphans(img: &Scratch, m: &Model, root: u64) {
 }
 
 /// Images the writer does not support are refused at open, before anything changes:
-/// mixed block groups, multi-device RAID, and an unreplayed log tree.
+/// mixed block groups, an unreplayed log tree, and RAID images with a device missing
+/// (RAID1 given one of two devices, RAID10 three of four).
 #[test]
 fn unsupported_images_are_refused() {
-    for f in ["mixed", "raid1", "raid10", "logtree"] {
+    for (f, given) in [("mixed", 1), ("logtree", 1), ("raid1", 1), ("raid10", 3)] {
         let imgs = common::fixture_images(f);
         let copies: Vec<Scratch> = imgs.iter().enumerate().map(|(i, _)| Scratch::fixture_device(f, i, &format!("refuse-{f}-{i}"))).collect();
         let before: Vec<String> = copies.iter().map(|c| c.sha256()).collect();
-        let opts = OpenOptions { devices: copies.iter().map(|c| c.path.clone()).collect(), cache_bytes: 16 << 20, writable: true, sources: Default::default() };
+        let opts = OpenOptions { devices: copies.iter().take(given).map(|c| c.path.clone()).collect(), cache_bytes: 16 << 20, writable: true, sources: Default::default() };
         match FsWriter::open(&opts) {
-            Err(Error::Incompatible(msg)) => eprintln!("{f}: refused: {msg}"),
+            Err(Error::Incompatible(msg)) => {
+                eprintln!("{f}: refused: {msg}");
+                if given < copies.len() {
+                    assert!(msg.contains(&format!("has {} devices and {given} were given", copies.len())), "{f}: {msg}");
+                }
+            }
             Err(e) => panic!("{f}: expected Incompatible, got {e}"),
             Ok(_) => panic!("{f}: opened for writing"),
         }

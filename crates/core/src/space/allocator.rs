@@ -156,6 +156,9 @@ pub struct Allocator {
     /// used (the metadata space_info's `bytes_may_use`): every reservation counts them
     /// as taken.
     pub(crate) meta_may_use: u64,
+    /// Profile bits new chunks of a type get (type -> profile), when set
+    /// (`FsWriter::set_alloc_profile`); otherwise `chunk_alloc::alloc_profile` picks.
+    pub(crate) target_profiles: BTreeMap<u64, u64>,
 }
 
 impl Allocator {
@@ -339,20 +342,31 @@ fn super_bytes_in(stripes: &[(u64, u64)], start: u64, length: u64) -> u64 {
     total
 }
 
-/// Logical ranges (64 KiB stripes) that hold superblock copies, per chunk stripe.
+/// Logical ranges (64 KiB stripes) that hold superblock copies, per chunk stripe (the
+/// kernel's `btrfs_rmap_block`): on a striped profile the device row is spread over
+/// the chunk's stripes.
 pub fn super_stripes(w: &FsWriter) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     for c in w.info.chunk_map.iter() {
+        let n = c.stripes.len() as u64;
+        let sub = u64::from(c.sub_stripes.max(1));
         for m in 1..SUPER_MIRROR_MAX {
             let phys = sb_offset(m);
-            for &(_, off, _) in &c.stripes {
+            for (i, &(_, off, _)) in c.stripes.iter().enumerate() {
                 let per_stripe = match c.profile() {
-                    BLOCK_GROUP_RAID0 => c.length / c.stripes.len() as u64,
-                    BLOCK_GROUP_RAID10 => c.length * u64::from(c.sub_stripes.max(1)) / c.stripes.len() as u64,
+                    BLOCK_GROUP_RAID0 => c.length / n,
+                    BLOCK_GROUP_RAID10 => c.length * sub / n,
                     _ => c.length,
                 };
-                if phys >= off && phys < off + per_stripe && matches!(c.profile(), 0 | BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4) {
-                    let nr = (phys - off) / STRIPE_LEN;
+                if phys >= off
+                    && phys < off + per_stripe
+                    && matches!(c.profile(), 0 | BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4 | BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10)
+                {
+                    let row = (phys - off) / STRIPE_LEN;
+                    let nr = match c.profile() {
+                        BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 => (row * n + i as u64) / sub,
+                        _ => row,
+                    };
                     let logical = c.logical + nr * STRIPE_LEN;
                     let len = STRIPE_LEN.min(c.logical + c.length - logical);
                     out.push((logical, len));

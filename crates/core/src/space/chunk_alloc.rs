@@ -35,7 +35,7 @@ fn chunk_item_bytes(m: &MapLookup, sectorsize: u32) -> Vec<u8> {
         io_width: sectorsize.into(),
         sector_size: sectorsize.into(),
         num_stripes: (m.stripes.len() as u16).into(),
-        sub_stripes: 1.into(),
+        sub_stripes: m.sub_stripes.into(),
     };
     let mut v = h.as_bytes().to_vec();
     for &(devid, off, uuid) in &m.stripes {
@@ -91,76 +91,228 @@ pub fn alloc_chunk(h: &mut crate::transaction::TransHandle<'_>, ty: u64) -> Resu
     alloc_chunk_in(h, ty)
 }
 
+/// What a profile asks of chunk allocation (the kernel's `btrfs_raid_array` entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaidAttr {
+    /// Stripes of a chunk that hold one copy's data side by side (RAID10: 2).
+    pub sub_stripes: u16,
+    /// Stripes per device (DUP: 2).
+    pub dev_stripes: usize,
+    /// Most devices a chunk spans (0: all that have room).
+    pub devs_max: usize,
+    /// Fewest devices a chunk needs.
+    pub devs_min: usize,
+    /// The device count is rounded down to a multiple of this.
+    pub devs_increment: usize,
+    /// Copies of each byte.
+    pub ncopies: usize,
+}
+
+/// The attributes of `profile` (profile bits; 0 is SINGLE). RAID5/6 are not written.
+pub fn raid_attr(profile: u64) -> Option<RaidAttr> {
+    let a = |sub_stripes, dev_stripes, devs_max, devs_min, devs_increment, ncopies| RaidAttr { sub_stripes, dev_stripes, devs_max, devs_min, devs_increment, ncopies };
+    Some(match profile {
+        0 => a(1, 1, 1, 1, 1, 1),
+        BLOCK_GROUP_DUP => a(1, 2, 1, 1, 1, 2),
+        BLOCK_GROUP_RAID0 => a(1, 1, 0, 1, 1, 1),
+        BLOCK_GROUP_RAID1 => a(1, 1, 2, 2, 2, 2),
+        BLOCK_GROUP_RAID1C3 => a(1, 1, 3, 3, 3, 3),
+        BLOCK_GROUP_RAID1C4 => a(1, 1, 4, 4, 4, 4),
+        BLOCK_GROUP_RAID10 => a(2, 1, 0, 2, 2, 2),
+        _ => return None,
+    })
+}
+
+/// The profile new chunks of type `ty` get: the target set for the type
+/// (`FsWriter::set_alloc_profile`), else the most redundant profile the type's block
+/// groups already use that the devices can hold (the kernel's
+/// `btrfs_reduce_alloc_profile` over `avail_*_alloc_bits`), else SINGLE for data and
+/// DUP (one device) or RAID1 (several) for metadata and system.
+pub(crate) fn alloc_profile(w: &FsWriter, ty: u64) -> u64 {
+    if let Some(&p) = w.alloc.target_profiles.get(&ty) {
+        return p;
+    }
+    let ndevs = w.alloc.dev_items.len();
+    // Most redundant first, as the kernel prefers.
+    const ORDER: [u64; 7] = [BLOCK_GROUP_RAID1C4, BLOCK_GROUP_RAID1C3, BLOCK_GROUP_RAID10, BLOCK_GROUP_RAID1, BLOCK_GROUP_DUP, BLOCK_GROUP_RAID0, 0];
+    let present = |p: u64| w.alloc.groups.values().any(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && g.flags & BLOCK_GROUP_PROFILE_MASK == p);
+    if let Some(p) = ORDER.into_iter().find(|&p| present(p) && raid_attr(p).is_some_and(|a| a.devs_min <= ndevs)) {
+        return p;
+    }
+    match (ty, ndevs) {
+        (BLOCK_GROUP_DATA, _) => 0,
+        (_, 1) => BLOCK_GROUP_DUP,
+        _ => BLOCK_GROUP_RAID1,
+    }
+}
+
+impl FsWriter {
+    /// New chunks of type `ty` (DATA, METADATA or SYSTEM) get `profile` (profile bits, 0
+    /// for SINGLE) from now on, as a balance's convert target or mkfs's `-d`/`-m` do.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` for another type, a profile ubtrfs does not write (RAID5/6), or
+    /// fewer devices than the profile needs (naming both counts).
+    pub fn set_alloc_profile(&mut self, ty: u64, profile: u64) -> Result<()> {
+        let name = || block_group_flags_str(ty | profile);
+        if ![BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM].contains(&ty) {
+            return Err(Error::posix_detail(PosixKind::Invalid, name(), "not one block group type"));
+        }
+        let attr = raid_attr(profile).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, name(), "this profile is not supported for writing"))?;
+        let ndevs = self.alloc.dev_items.len();
+        if ndevs < attr.devs_min {
+            return Err(Error::posix_detail(PosixKind::Invalid, name(), format!("the profile needs at least {} devices, the filesystem has {ndevs}", attr.devs_min)));
+        }
+        self.alloc.target_profiles.insert(ty, profile);
+        Ok(())
+    }
+}
+
+/// One device's room for a stripe: its largest hole (64 KiB aligned, at most `want`),
+/// where that hole starts, and its unallocated bytes in all.
+#[derive(Clone, Copy, Debug)]
+struct DevRoom {
+    devid: u64,
+    uuid: [u8; 16],
+    max_avail: u64,
+    start: u64,
+    total_avail: u64,
+}
+
 pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     #[cfg(feature = "test-hooks")]
     if w.hooks.refuse_chunk_alloc {
         return Err(Error::posix(PosixKind::NoSpace, format!("no room for a new {} chunk (test switch)", block_group_flags_str(ty))));
     }
-    let profile =
-        w.alloc.groups.values().find(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(|g| g.flags & BLOCK_GROUP_PROFILE_MASK).unwrap_or(if ty == BLOCK_GROUP_DATA { 0 } else { BLOCK_GROUP_DUP });
-    let (&devid, dev) = w.alloc.dev_items.iter().next().ok_or_else(|| Error::posix(PosixKind::NoSpace, "no device item"))?;
-    let dev_uuid = dev.uuid;
-    let dev_bytes_used = dev.bytes_used.get();
-    let total = dev.total_bytes.get();
-    let fs_total = w.sb.total_bytes.get();
-    let type_max = match ty {
-        BLOCK_GROUP_DATA => 1 << 30,
-        BLOCK_GROUP_SYSTEM => 32 * MIB,
-        _ => 256 * MIB,
-    };
-    let nstripes = if profile == BLOCK_GROUP_DUP { 2 } else { 1 };
-    let mut stripe = (fs_total / 10).min(type_max) / STRIPE_LEN * STRIPE_LEN;
-    stripe = stripe.max(4 * MIB);
-    let holes = dev_holes(w, devid, total)?;
-    let mut offsets = Vec::new();
-    // Largest holes first; shrink the stripe to what fits.
-    let mut sorted = holes.clone();
-    sorted.sort_by_key(|h| std::cmp::Reverse(h.1));
-    let avail: Vec<u64> = sorted.iter().map(|h| h.1 / STRIPE_LEN * STRIPE_LEN).collect();
-    if nstripes == 2 {
-        let best_two = if avail.len() >= 2 { avail[1].max(avail[0] / 2) } else { avail.first().copied().unwrap_or(0) / 2 };
-        stripe = stripe.min(best_two / STRIPE_LEN * STRIPE_LEN);
-    } else {
-        stripe = stripe.min(avail.first().copied().unwrap_or(0));
-    }
-    if stripe < MIB {
-        return Err(Error::posix(PosixKind::NoSpace, format!("device {devid} has no room for a new {} chunk", block_group_flags_str(ty | profile))));
-    }
-    for &(s, l) in &holes {
-        // Holes end at most at the device's total_bytes, which a crafted device item may
-        // put at the top of the address space.
-        let Some(mut p) = s.div_ceil(STRIPE_LEN).checked_mul(STRIPE_LEN) else { continue };
-        while offsets.len() < nstripes && p.checked_add(stripe).is_some_and(|e| e <= s + l) {
-            offsets.push(p);
-            p += stripe;
-        }
-        if offsets.len() == nstripes {
-            break;
-        }
-    }
-    if offsets.len() < nstripes {
-        return Err(Error::posix(PosixKind::NoSpace, format!("device {devid} has no room for a new {} chunk", block_group_flags_str(ty | profile))));
-    }
-    // Chunks were checked not to overflow when read (`check_chunk`).
-    let logical = w.info.chunk_map.iter().map(|c| c.logical + c.length).max().unwrap_or(MIB).div_ceil(STRIPE_LEN).checked_mul(STRIPE_LEN).filter(|l| l.checked_add(stripe).is_some());
-    let Some(logical) = logical else {
-        return Err(Error::posix(PosixKind::NoSpace, format!("no logical address space left for a new {} chunk", block_group_flags_str(ty | profile))));
-    };
-    // The device item's new usage, before anything changes: a device item whose sizes
-    // sit at the top of the address space cannot take another chunk.
-    let dev_used = dev_bytes_used.checked_add(stripe * nstripes as u64).ok_or_else(|| {
-        Error::from(Corrupt::new(CorruptWhere::Item, format!("device {devid} bytes used {dev_bytes_used} + {} overflows", stripe * nstripes as u64)).root(CHUNK_TREE_OBJECTID).key(Key::new(
-            DEV_ITEMS_OBJECTID,
-            DEV_ITEM_KEY,
-            devid,
-        )))
-    })?;
+    let profile = alloc_profile(w, ty);
     let flags = ty | profile;
-    let map = MapLookup { logical, length: stripe, type_: flags, stripe_len: STRIPE_LEN, sub_stripes: 1, stripes: offsets.iter().map(|&o| (devid, o, dev_uuid)).collect() };
+    let what = block_group_flags_str(flags);
+    let attr = raid_attr(profile).ok_or_else(|| Error::Incompatible(format!("cannot allocate a {what} chunk: the profile is not supported for writing")))?;
+    let fs_total = w.sb.total_bytes.get();
+    // Chunk and stripe size limits (`init_alloc_chunk_ctl_policy_regular`): a chunk is
+    // at most a tenth of the filesystem; data stripes at most 1 GiB (chunks 10 GiB),
+    // metadata 256 MiB (1 GiB past 50 GiB), system 32 MiB.
+    let (max_stripe, max_chunk) = match ty {
+        BLOCK_GROUP_DATA => (1 << 30, 10 << 30),
+        BLOCK_GROUP_SYSTEM => (32 * MIB, 32 * MIB),
+        _ if fs_total > 50 << 30 => (1 << 30, 1 << 30),
+        _ => (256 * MIB, 256 * MIB),
+    };
+    let max_chunk = max_chunk.min(fs_total / 10).max(4 * MIB);
+    // Every device with a hole of at least one stripe length per device stripe.
+    let devids: Vec<(u64, [u8; 16], u64, u64)> = w.alloc.dev_items.iter().map(|(&id, d)| (id, d.uuid, d.bytes_used.get(), d.total_bytes.get())).collect();
+    let mut rooms: Vec<DevRoom> = Vec::with_capacity(devids.len());
+    let mut dup_holes = Vec::new();
+    for &(devid, uuid, used, total) in &devids {
+        let holes = dev_holes(w, devid, total)?;
+        let want = max_stripe.min(max_chunk) / STRIPE_LEN * STRIPE_LEN * attr.dev_stripes as u64;
+        let best = holes.iter().map(|&(s, l)| {
+            let a = s.div_ceil(STRIPE_LEN).saturating_mul(STRIPE_LEN);
+            (a, (s + l).saturating_sub(a) / STRIPE_LEN * STRIPE_LEN)
+        });
+        // The lowest hole that holds the whole want, else the largest.
+        let pick = best.clone().find(|&(_, l)| l >= want).or_else(|| best.max_by_key(|&(a, l)| (l, std::cmp::Reverse(a))));
+        let Some((start, len)) = pick else { continue };
+        if len < STRIPE_LEN * attr.dev_stripes as u64 {
+            continue;
+        }
+        rooms.push(DevRoom { devid, uuid, max_avail: len.min(want), start, total_avail: total.saturating_sub(used) });
+        if attr.dev_stripes == 2 {
+            dup_holes = holes;
+        }
+    }
+    // Most room first (`btrfs_cmp_device_info`), then by devid for a stable order.
+    rooms.sort_by_key(|r| (std::cmp::Reverse(r.max_avail), std::cmp::Reverse(r.total_avail), r.devid));
+    let mut ndevs = rooms.len();
+    if attr.devs_max != 0 {
+        ndevs = ndevs.min(attr.devs_max);
+    }
+    ndevs -= ndevs % attr.devs_increment;
+    if ndevs < attr.devs_min {
+        let with_room = rooms.len();
+        return Err(Error::posix(
+            PosixKind::NoSpace,
+            if attr.devs_min > 1 {
+                format!("no room for a new {what} chunk: it needs {} devices with free space, {with_room} of {} have any", attr.devs_min, devids.len())
+            } else {
+                format!("device {} has no room for a new {what} chunk", devids.first().map(|d| d.0).unwrap_or(0))
+            },
+        ));
+    }
+    let chosen = &rooms[..ndevs];
+    let num_stripes = ndevs * attr.dev_stripes;
+    let data_stripes = (num_stripes / attr.ncopies) as u64;
+    let mut stripe;
+    let mut offsets: Vec<(u64, u64, [u8; 16])> = Vec::with_capacity(num_stripes);
+    if attr.dev_stripes == 2 {
+        // DUP: both stripes on the one device, in one hole or the two largest.
+        let r = chosen[0];
+        stripe = (max_chunk / data_stripes).min(max_stripe) / STRIPE_LEN * STRIPE_LEN;
+        let mut sorted: Vec<u64> = dup_holes.iter().map(|h| h.1 / STRIPE_LEN * STRIPE_LEN).collect();
+        sorted.sort_by_key(|&l| std::cmp::Reverse(l));
+        let best_two = if sorted.len() >= 2 { sorted[1].max(sorted[0] / 2) } else { sorted.first().copied().unwrap_or(0) / 2 };
+        stripe = stripe.min(best_two / STRIPE_LEN * STRIPE_LEN);
+        if stripe < MIB {
+            return Err(Error::posix(PosixKind::NoSpace, format!("device {} has no room for a new {what} chunk", r.devid)));
+        }
+        for &(s, l) in &dup_holes {
+            // Holes end at most at the device's total_bytes, which a crafted device
+            // item may put at the top of the address space.
+            let Some(mut p) = s.div_ceil(STRIPE_LEN).checked_mul(STRIPE_LEN) else { continue };
+            while offsets.len() < 2 && p.checked_add(stripe).is_some_and(|e| e <= s + l) {
+                offsets.push((r.devid, p, r.uuid));
+                p += stripe;
+            }
+            if offsets.len() == 2 {
+                break;
+            }
+        }
+        if offsets.len() < 2 {
+            return Err(Error::posix(PosixKind::NoSpace, format!("device {} has no room for a new {what} chunk", r.devid)));
+        }
+    } else {
+        // The smallest room among the chosen devices (`decide_stripe_size_regular`),
+        // within the chunk size limit.
+        stripe = chosen.iter().map(|r| r.max_avail).min().expect("ndevs >= devs_min >= 1");
+        stripe = stripe.min((max_chunk / data_stripes).min(max_stripe)) / STRIPE_LEN * STRIPE_LEN;
+        if stripe < MIB {
+            return Err(Error::posix(
+                PosixKind::NoSpace,
+                format!("no room for a new {what} chunk: the devices with the most room have {} bytes", chosen.iter().map(|r| r.max_avail).min().unwrap_or(0)),
+            ));
+        }
+        for r in chosen {
+            offsets.push((r.devid, r.start, r.uuid));
+        }
+    }
+    let length = stripe * data_stripes;
+    // Chunks were checked not to overflow when read (`check_chunk`).
+    let logical = w.info.chunk_map.iter().map(|c| c.logical + c.length).max().unwrap_or(MIB).div_ceil(STRIPE_LEN).checked_mul(STRIPE_LEN).filter(|l| l.checked_add(length).is_some());
+    let Some(logical) = logical else {
+        return Err(Error::posix(PosixKind::NoSpace, format!("no logical address space left for a new {what} chunk")));
+    };
+    // The device items' new usage, before anything changes: a device item whose sizes
+    // sit at the top of the address space cannot take another chunk.
+    let mut new_used: Vec<(u64, u64)> = Vec::with_capacity(ndevs);
+    for r in chosen {
+        let d = &w.alloc.dev_items[&r.devid];
+        let add = stripe * attr.dev_stripes as u64;
+        let used = d.bytes_used.get().checked_add(add).ok_or_else(|| {
+            Error::from(Corrupt::new(CorruptWhere::Item, format!("device {} bytes used {} + {add} overflows", r.devid, d.bytes_used.get())).root(CHUNK_TREE_OBJECTID).key(Key::new(
+                DEV_ITEMS_OBJECTID,
+                DEV_ITEM_KEY,
+                r.devid,
+            )))
+        })?;
+        new_used.push((r.devid, used));
+    }
+    let map = MapLookup { logical, length, type_: flags, stripe_len: STRIPE_LEN, sub_stripes: attr.sub_stripes, stripes: offsets };
+    debug_assert!(map.stripes.iter().all(|&(_, o, _)| o >= MIB && o.is_multiple_of(STRIPE_LEN)), "stripes of {map:?}");
     w.info.chunk_map.insert(map.clone())?;
-    crate::space::allocator::add_new_block_group(w, logical, stripe, flags)?;
-    let d = w.alloc.dev_items.get_mut(&devid).expect("device listed above");
-    d.bytes_used = dev_used.into();
+    crate::space::allocator::add_new_block_group(w, logical, length, flags)?;
+    for (devid, used) in new_used {
+        w.alloc.dev_items.get_mut(&devid).expect("device listed above").bytes_used = used.into();
+    }
     if ty == BLOCK_GROUP_SYSTEM {
         let mut arr = w.sb.sys_chunk_array[..w.sb.sys_chunk_array_size.get() as usize].to_vec();
         arr.extend_from_slice(Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, logical).to_disk().as_bytes());

@@ -392,13 +392,29 @@ impl FsWriter {
             return Err(Error::Incompatible(format!("cannot write: features {} are not supported for writing yet", flag_names(unwritable, INCOMPAT_NAMES))));
         }
         for c in info.chunk_map.iter() {
-            let p = c.profile();
-            if p != 0 && p != BLOCK_GROUP_DUP {
-                return Err(Error::Incompatible(format!("cannot write: chunk {} has profile {}; writing supports single and DUP for now", c.logical, profile_name(c.type_))));
+            if crate::space::chunk_alloc::raid_attr(c.profile()).is_none() {
+                return Err(Error::Incompatible(format!("cannot write: chunk {} has profile {}, which ubtrfs does not write", c.logical, profile_name(c.type_))));
             }
         }
-        if sb.num_devices.get() != 1 || info.devices.by_id.len() != 1 {
-            return Err(Error::Incompatible("cannot write: multi-device filesystems are not supported for writing yet".into()));
+        let ndevs = sb.num_devices.get();
+        if info.devices.by_id.len() as u64 != ndevs {
+            let have: Vec<u64> = info.devices.by_id.keys().copied().collect();
+            return Err(Error::Incompatible(format!(
+                "cannot write: the filesystem has {ndevs} devices and {} were given (devids {have:?}); pass every device with --device (degraded writes are not supported)",
+                have.len()
+            )));
+        }
+        // Every device must be at the generation the filesystem is: one left behind
+        // (missing while the others were written) holds stale copies that new writes
+        // would not bring up to date.
+        if let Some(d) = info.devices.by_id.values().find(|d| d.sb_generation != sb.generation.get()) {
+            return Err(Error::Incompatible(format!(
+                "cannot write: device {} ({}) has superblock generation {}, the filesystem is at {}; let the kernel mount it and run `btrfs scrub` first",
+                d.devid,
+                crate::quote::name(d.dev.name().as_bytes()),
+                d.sb_generation,
+                sb.generation.get()
+            )));
         }
         let sb = Box::new(*sb);
         let transid = sb.generation.get().checked_add(1).ok_or_else(|| last_generation(sb.generation.get()))?;

@@ -142,6 +142,8 @@ pub struct Device {
     pub devid: u64,
     pub uuid: [u8; 16],
     pub dev: Arc<dyn BlockDevice>,
+    /// The generation of the superblock read from this device at open.
+    pub sb_generation: u64,
 }
 
 /// The devices of one filesystem, by devid.
