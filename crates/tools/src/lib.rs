@@ -6,4 +6,5 @@
 pub mod check;
 pub mod edit;
 pub mod extract;
+pub mod mkfs;
 pub mod put;

@@ -6,5 +6,6 @@
 pub mod allocator;
 pub mod block_group;
 pub mod chunk_alloc;
+pub mod chunk_remove;
 pub mod free_space_cache;
 pub mod free_space_tree;
