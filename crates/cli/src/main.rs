@@ -6,6 +6,7 @@ mod check_cmd;
 mod dump;
 mod edit_cmds;
 mod info;
+mod mkfs_cmd;
 mod read_cmds;
 mod write_cmds;
 mod xattr_cmds;
@@ -127,6 +128,8 @@ enum Cmd {
     Touch(edit_cmds::WithImage<edit_cmds::TouchOpts>),
     /// Run editing commands from a script, one per line without IMAGE, as one atomic commit.
     Batch(edit_cmds::BatchArgs),
+    /// Make a new filesystem on an image file or block device, like mkfs.btrfs.
+    Mkfs(mkfs_cmd::MkfsArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
     #[command(flatten)]
@@ -144,6 +147,7 @@ fn main() -> ExitCode {
         Cmd::Cat(a) => read_cmds::cat(&a),
         Cmd::Extract(a) => read_cmds::extract(&a),
         Cmd::Check(a) => check_cmd::run(&a),
+        Cmd::Mkfs(a) => mkfs_cmd::run(&a),
         Cmd::Put(a) => write_cmds::put(&a),
         Cmd::Rm(a) => edit_cmds::rm(&a),
         Cmd::Mkdir(a) => edit_cmds::mkdir(&a),

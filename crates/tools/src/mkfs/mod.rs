@@ -15,6 +15,7 @@
 
 pub mod bootstrap;
 pub mod options;
+pub mod signature;
 
 use std::path::Path;
 use ubtrfs_core::error::{Error, Result};

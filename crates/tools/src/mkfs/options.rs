@@ -76,7 +76,7 @@ impl Features {
                 "skinny-metadata" | "free-space-tree" | "fst" | "mixed-backref" => return Err(bad("cannot be turned off: the ubtrfs writer needs it")),
                 "mixed-bg" => return Err(bad("mixed block groups are not supported yet: the writer refuses them")),
                 "raid56" | "zoned" | "extent-tree-v2" | "raid-stripe-tree" | "squota" | "quota" => return Err(bad("not supported by ubtrfs mkfs yet")),
-                _ => return Err(bad("unknown feature (known: extref, skinny-metadata, no-holes, free-space-tree, block-group-tree)")),
+                _ => return Err(bad("unknown feature; known: extref, skinny-metadata, no-holes, free-space-tree, block-group-tree")),
             }
         }
         Ok(f)
@@ -97,7 +97,7 @@ pub fn parse_profile(name: &str) -> Result<u64> {
         "raid1c4" => BLOCK_GROUP_RAID1C4,
         "raid10" => BLOCK_GROUP_RAID10,
         "raid5" | "raid6" => return Err(Error::posix_detail(PosixKind::Invalid, format!("profile {name}"), "RAID5/6 are not supported for writing")),
-        _ => return Err(Error::posix_detail(PosixKind::Invalid, format!("profile {name}"), "unknown profile (single, dup, raid0, raid1, raid1c3, raid1c4, raid10)")),
+        _ => return Err(Error::posix_detail(PosixKind::Invalid, format!("profile {name}"), "unknown profile; known: single, dup, raid0, raid1, raid1c3, raid1c4, raid10")),
     })
 }
 
@@ -116,7 +116,7 @@ pub fn parse_csum(name: &str) -> Result<CsumType> {
         "xxhash" | "xxhash64" => CsumType::Xxhash64,
         "sha256" => CsumType::Sha256,
         "blake2" | "blake2b" => CsumType::Blake2b,
-        _ => return Err(Error::posix_detail(PosixKind::Invalid, format!("checksum {name}"), "unknown algorithm (crc32c, xxhash, sha256, blake2)")),
+        _ => return Err(Error::posix_detail(PosixKind::Invalid, format!("checksum {name}"), "unknown algorithm; known: crc32c, xxhash, sha256, blake2")),
     })
 }
 
@@ -126,7 +126,7 @@ pub fn parse_csum(name: &str) -> Result<CsumType> {
 /// `Posix(Invalid)` naming the text.
 pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
     let hex: String = s.chars().filter(|&c| c != '-').collect();
-    let bad = || Error::posix_detail(PosixKind::Invalid, format!("uuid {s}"), "not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)");
+    let bad = || Error::posix_detail(PosixKind::Invalid, format!("uuid {s}"), "not a UUID, expected xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx");
     if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad());
     }
@@ -215,7 +215,7 @@ impl MkfsOptions {
                 return Err(Error::posix_detail(
                     PosixKind::Invalid,
                     format!("{what} profile {name}"),
-                    format!("needs {need} devices, {ndevs} given (several devices come in a later step of ubtrfs mkfs)"),
+                    format!("needs {need} devices, {ndevs} given; several devices come in a later step of ubtrfs mkfs"),
                 ));
             }
         }
@@ -223,5 +223,70 @@ impl MkfsOptions {
             return Err(Error::posix_detail(PosixKind::NoSpace, image.to_string(), format!("{size} bytes is too small for a filesystem, at least {} MiB are needed", MIN_DEVICE_SIZE >> 20)));
         }
         Ok(())
+    }
+}
+
+/// Parse a byte count with an optional binary suffix: `268435456`, `256M`, `16k`,
+/// `1GiB`, `2T`.
+///
+/// # Errors
+/// `Posix(Invalid)` naming `what` and the text.
+pub fn parse_size(what: &str, s: &str) -> Result<u64> {
+    let bad = || Error::posix_detail(PosixKind::Invalid, format!("{what} {s}"), "not a size, expected a number with an optional K, M, G, T, P or E suffix");
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).or_else(|| t.strip_suffix('B')).or_else(|| t.strip_suffix('b')).unwrap_or(t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_lowercase() {
+                'k' => 10,
+                'm' => 20,
+                'g' => 30,
+                't' => 40,
+                'p' => 50,
+                'e' => 60,
+                _ => return Err(bad()),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_profiles_features() {
+        assert_eq!(parse_size("size", "256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("size", "16k").unwrap(), 16384);
+        assert_eq!(parse_size("size", "1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("size", "4096").unwrap(), 4096);
+        assert!(parse_size("size", "12Q").is_err());
+        assert!(parse_size("size", "99999999E").is_err());
+        assert_eq!(parse_profile("DUP").unwrap(), BLOCK_GROUP_DUP);
+        assert!(parse_profile("raid5").unwrap_err().to_string().contains("RAID5/6"));
+        assert_eq!(parse_csum("xxhash").unwrap(), CsumType::Xxhash64);
+        assert!(parse_csum("md5").is_err());
+        let f = Features::parse("block-group-tree,^no-holes").unwrap();
+        assert!(f.block_group_tree && !f.no_holes && f.extref);
+        assert!(Features::parse("nope").unwrap_err().to_string().contains("unknown feature"));
+        assert!(Features::parse("^free-space-tree").unwrap_err().to_string().contains("cannot be turned off"));
+        assert_eq!(parse_uuid("0f4c5390-03e1-46a1-a376-89233a9a63a8").unwrap()[..2], [0x0f, 0x4c]);
+        assert!(parse_uuid("0f4c5390").is_err());
+    }
+
+    #[test]
+    fn validation() {
+        let o = MkfsOptions::default();
+        o.validate("x", 256 << 20, 1).unwrap();
+        assert!(o.validate("x", 16 << 20, 1).unwrap_err().to_string().contains("too small"));
+        let o2 = MkfsOptions { nodesize: 4096, sectorsize: 8192, ..MkfsOptions::default() };
+        assert!(o2.validate("x", 256 << 20, 1).unwrap_err().to_string().contains("sectorsize 8192"));
+        let o3 = MkfsOptions { data_profile: BLOCK_GROUP_RAID1, ..MkfsOptions::default() };
+        let e = o3.validate("x", 256 << 20, 1).unwrap_err().to_string();
+        assert!(e.contains("needs 2 devices"), "{e}");
     }
 }

@@ -1,0 +1,206 @@
+//! `ubtrfs mkfs`: the image or device, its size, signatures and cleanup, and the
+//! summary printed; the filesystem itself is `ubtrfs_tools::mkfs`'s.
+//!
+//! A failed mkfs leaves nothing half-made: an image file it created is removed; an
+//! existing file or device it had begun writing is named as not usable.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_format::structs::*;
+use ubtrfs_tools::mkfs::{options, signature, MkfsOptions};
+
+#[derive(clap::Args)]
+pub struct MkfsArgs {
+    /// The image file (made if missing; needs --size then) or block device.
+    pub image: PathBuf,
+    /// Filesystem size (`256M`, `1G`): a missing image is created at it, a smaller
+    /// one grown to it; default the whole file or device.
+    #[arg(short = 'b', long, value_name = "SIZE")]
+    pub size: Option<String>,
+    /// Tree block size, 4K to 64K and at least the sector size.
+    #[arg(short = 'n', long, default_value = "16K", value_name = "SIZE")]
+    pub nodesize: String,
+    /// Data block size: 4096, or the page size.
+    #[arg(short = 's', long, default_value = "4K", value_name = "SIZE")]
+    pub sectorsize: String,
+    /// Checksum algorithm: crc32c, xxhash, sha256 or blake2.
+    #[arg(long, visible_alias = "checksum", default_value = "crc32c", value_name = "ALG")]
+    pub csum: String,
+    /// Filesystem label (at most 255 bytes).
+    #[arg(short = 'L', long)]
+    pub label: Option<String>,
+    /// Filesystem UUID (random by default).
+    #[arg(short = 'U', long)]
+    pub uuid: Option<String>,
+    /// Data profile: single (default) or dup; raid0, raid1, raid1c3, raid1c4 and
+    /// raid10 need several devices.
+    #[arg(short = 'd', long, value_name = "PROFILE")]
+    pub data: Option<String>,
+    /// Metadata (and system) profile: dup (default) or single; the raid profiles
+    /// need several devices.
+    #[arg(short = 'm', long, value_name = "PROFILE")]
+    pub metadata: Option<String>,
+    /// Comma-separated features to add (block-group-tree) or, with ^, remove
+    /// (^no-holes, ^extref). The default is extref, skinny-metadata, no-holes and
+    /// free-space-tree.
+    #[arg(short = 'O', long, value_name = "LIST")]
+    pub features: Option<String>,
+    /// Mixed data and metadata block groups (not supported yet).
+    #[arg(short = 'M', long)]
+    pub mixed: bool,
+    /// Overwrite an existing filesystem or partition table.
+    #[arg(short = 'f', long)]
+    pub force: bool,
+    /// Print nothing on success.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+fn options_from(a: &MkfsArgs) -> Result<MkfsOptions> {
+    if a.mixed {
+        return Err(Error::posix_detail(PosixKind::Invalid, "--mixed", "mixed block groups are not supported yet: the ubtrfs writer refuses them"));
+    }
+    let num = |what: &str, s: &str| -> Result<u32> {
+        let v = options::parse_size(what, s)?;
+        u32::try_from(v).map_err(|_| Error::posix_detail(PosixKind::Invalid, format!("{what} {s}"), "too large"))
+    };
+    Ok(MkfsOptions {
+        nodesize: num("nodesize", &a.nodesize)?,
+        sectorsize: num("sectorsize", &a.sectorsize)?,
+        csum: options::parse_csum(&a.csum)?,
+        label: a.label.clone().unwrap_or_default().into_bytes(),
+        fsid: a.uuid.as_deref().map(options::parse_uuid).transpose()?,
+        data_profile: a.data.as_deref().map(options::parse_profile).transpose()?.unwrap_or(0),
+        metadata_profile: a.metadata.as_deref().map(options::parse_profile).transpose()?.unwrap_or(BLOCK_GROUP_DUP),
+        features: a.features.as_deref().map(options::Features::parse).transpose()?.unwrap_or_default(),
+        sources: Default::default(),
+    })
+}
+
+/// How the target exists before mkfs.
+enum Target {
+    Missing,
+    File { len: u64 },
+    Block { len: u64 },
+}
+
+fn device_len(path: &Path, name: &str) -> Result<u64> {
+    use std::io::Seek;
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(format!("{name}: opening"), e))?;
+    f.seek(std::io::SeekFrom::End(0)).map_err(|e| Error::io(format!("{name}: finding the size"), e))
+}
+
+fn target(path: &Path, name: &str) -> Result<Target> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Target::Missing),
+        Err(e) => Err(Error::io(name.to_string(), e)),
+        Ok(m) if m.file_type().is_block_device() => Ok(Target::Block { len: device_len(path, name)? }),
+        Ok(m) if m.is_file() => Ok(Target::File { len: m.len() }),
+        Ok(_) => Err(Error::posix_detail(PosixKind::Invalid, name.to_string(), "neither a regular file nor a block device")),
+    }
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes as f64;
+    let mut u = "B";
+    for unit in UNITS {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        u = unit;
+    }
+    if u == "B" {
+        format!("{bytes}B")
+    } else {
+        format!("{v:.2}{u}")
+    }
+}
+
+fn profile_name(p: u64) -> String {
+    block_group_flags_str(BLOCK_GROUP_DATA | p).split(", ").nth(1).unwrap_or("single").to_string()
+}
+
+pub fn run(a: &MkfsArgs) -> Result<()> {
+    let name = a.image.display().to_string();
+    let opts = options_from(a)?;
+    let want = a.size.as_deref().map(|s| options::parse_size("size", s)).transpose()?;
+    let t = target(&a.image, &name)?;
+    let size = match (&t, want) {
+        (Target::Missing, None) => return Err(Error::posix_detail(PosixKind::NotFound, name, "give --size to create the image")),
+        (Target::Missing, Some(s)) => s,
+        (Target::File { len }, s) => s.unwrap_or(*len),
+        (Target::Block { len }, Some(s)) if s > *len => {
+            return Err(Error::posix_detail(PosixKind::NoSpace, name, format!("--size {s} is larger than the device ({len} bytes)")));
+        }
+        (Target::Block { len }, s) => s.unwrap_or(*len),
+    };
+    // Everything that can be refused is refused before the target is touched.
+    opts.validate(&name, size, 1)?;
+    if let Target::File { len } | Target::Block { len } = t {
+        let f = std::fs::File::open(&a.image).map_err(|e| Error::io(format!("{name}: opening"), e))?;
+        if let Some(found) = signature::probe(&f, &name, len)? {
+            if !a.force {
+                return Err(Error::posix_detail(PosixKind::Exists, name, format!("appears to contain {found}; use --force to overwrite it")));
+            }
+            if !a.quiet {
+                eprintln!("ubtrfs: {name}: overwriting {found} (--force)");
+            }
+        }
+    }
+    let created = matches!(t, Target::Missing);
+    let prepare = || -> Result<()> {
+        match t {
+            Target::Missing => {
+                let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&a.image).map_err(|e| Error::io(format!("{name}: creating"), e))?;
+                f.set_len(size).map_err(|e| Error::io(format!("{name}: sizing to {size} bytes"), e))
+            }
+            Target::File { len } if size > len => {
+                let f = std::fs::OpenOptions::new().write(true).open(&a.image).map_err(|e| Error::io(format!("{name}: opening for writing"), e))?;
+                f.set_len(size).map_err(|e| Error::io(format!("{name}: growing to {size} bytes"), e))
+            }
+            _ => Ok(()),
+        }
+    };
+    let r = prepare().and_then(|()| ubtrfs_tools::mkfs::make_filesystem(&a.image, size, &opts));
+    let made = match r {
+        Ok(m) => m,
+        Err(e) => {
+            if created {
+                let _ = std::fs::remove_file(&a.image);
+                return Err(e);
+            }
+            return Err(e.at(format!("{name} is not usable, mkfs failed after it began writing")));
+        }
+    };
+    if !a.quiet {
+        println!("ubtrfs mkfs: {name}");
+        println!("Label:              {}", a.label.as_deref().unwrap_or("(null)"));
+        println!("UUID:               {}", ubtrfs_format::items::uuid_str(&made.fsid));
+        println!("Node size:          {}", opts.nodesize);
+        println!("Sector size:        {}", opts.sectorsize);
+        println!("Filesystem size:    {}", human(made.total_bytes));
+        println!("Block group profiles:");
+        println!("  Data:             {}", profile_name(opts.data_profile));
+        println!("  Metadata:         {}", profile_name(opts.metadata_profile));
+        println!("  System:           {}", profile_name(opts.metadata_profile));
+        println!("Checksum:           {}", opts.csum.name());
+        let f = opts.features;
+        let mut names = Vec::new();
+        if f.extref {
+            names.push("extref");
+        }
+        names.push("skinny-metadata");
+        if f.no_holes {
+            names.push("no-holes");
+        }
+        names.push("free-space-tree");
+        if f.block_group_tree {
+            names.push("block-group-tree");
+        }
+        println!("Features:           {}", names.join(", "));
+    }
+    Ok(())
+}
