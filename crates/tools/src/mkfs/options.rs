@@ -79,6 +79,9 @@ impl Features {
                 _ => return Err(bad("unknown feature; known: extref, skinny-metadata, no-holes, free-space-tree, block-group-tree")),
             }
         }
+        if f.block_group_tree && !f.no_holes {
+            return Err(Error::posix_detail(PosixKind::Invalid, "feature block-group-tree", "needs no-holes: the kernel refuses to mount it without"));
+        }
         Ok(f)
     }
 }
@@ -192,7 +195,7 @@ impl MkfsOptions {
         let ss = self.sectorsize;
         let page = page_size();
         if ss != 4096 && ss != page {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("sectorsize {ss}"), format!("the kernel mounts sectorsize 4096 or the page size ({page}) only")));
+            return Err(Error::posix_detail(PosixKind::Invalid, format!("sectorsize {ss}"), format!("the kernel mounts sectorsize 4096 or the page size, {page}, only")));
         }
         let ns = self.nodesize;
         if !ns.is_power_of_two() || !(4096..=65536).contains(&ns) {
@@ -270,9 +273,10 @@ mod tests {
         assert!(parse_profile("raid5").unwrap_err().to_string().contains("RAID5/6"));
         assert_eq!(parse_csum("xxhash").unwrap(), CsumType::Xxhash64);
         assert!(parse_csum("md5").is_err());
-        let f = Features::parse("block-group-tree,^no-holes").unwrap();
-        assert!(f.block_group_tree && !f.no_holes && f.extref);
+        let f = Features::parse("block-group-tree,^extref").unwrap();
+        assert!(f.block_group_tree && f.no_holes && !f.extref);
         assert!(Features::parse("nope").unwrap_err().to_string().contains("unknown feature"));
+        assert!(Features::parse("block-group-tree,^no-holes").unwrap_err().to_string().contains("needs no-holes"));
         assert!(Features::parse("^free-space-tree").unwrap_err().to_string().contains("cannot be turned off"));
         assert_eq!(parse_uuid("0f4c5390-03e1-46a1-a376-89233a9a63a8").unwrap()[..2], [0x0f, 0x4c]);
         assert!(parse_uuid("0f4c5390").is_err());
