@@ -198,11 +198,11 @@ impl MkfsOptions {
             return Err(Error::posix_detail(PosixKind::Invalid, format!("sectorsize {ss}"), format!("the kernel mounts sectorsize 4096 or the page size, {page}, only")));
         }
         let ns = self.nodesize;
-        if !ns.is_power_of_two() || !(4096..=65536).contains(&ns) {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("nodesize {ns}"), "a power of two from 4096 to 65536"));
-        }
         if ns < ss {
             return Err(Error::posix_detail(PosixKind::Invalid, format!("nodesize {ns}"), format!("smaller than the sectorsize {ss}")));
+        }
+        if !ns.is_power_of_two() || !(4096..=65536).contains(&ns) {
+            return Err(Error::posix_detail(PosixKind::Invalid, format!("nodesize {ns}"), "a power of two from 4096 to 65536"));
         }
         if self.label.len() >= LABEL_SIZE {
             return Err(Error::posix_detail(PosixKind::Invalid, "label", format!("{} bytes, at most {} allowed", self.label.len(), LABEL_SIZE - 1)));

@@ -1,0 +1,375 @@
+//! `ubtrfs mkfs` end to end. A matrix of options (node sizes 4K/16K/64K, every
+//! checksum, single and dup data and metadata, the block-group tree on and off, label
+//! and UUID): the image checks clean with `btrfs check --check-data-csum`, carries the
+//! UUID and label asked for, has the same trees, item kinds and chunk kinds as
+//! mkfs.btrfs makes with the same options, mounts, takes a copy of /usr/include/linux
+//! from the kernel, shows the profiles in `btrfs filesystem df`, checks clean again,
+//! and takes a `ubtrfs put`. Bad input is refused with a message naming it, leaving no
+//! image behind or the existing one unchanged.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+#[path = "../../core/tests/common/kernel.rs"]
+mod kernel;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ubtrfs-mkfs-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails(cmd: &mut Command) -> String {
+    let out: Output = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(!out.status.success(), "{cmd:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `btrfs check --readonly --check-data-csum`, retried when progs' device scan trips
+/// over a loop device another test is detaching (not this image's damage).
+fn assert_check(img: &Path, what: &str) {
+    for attempt in 0.. {
+        let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().expect("run btrfs check");
+        let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if out.status.success() && text.contains("no error found") && !text.contains("ERROR") {
+            return;
+        }
+        if attempt < 10 && text.contains("cannot scan") {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            continue;
+        }
+        panic!("{what}: btrfs check failed on {}:\n{text}", img.display());
+    }
+}
+
+/// A loop mount, retried while another test races for the same loop device.
+fn mount(img: &Path, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for _ in 0..20 {
+        let out = Command::new("mount").args(["-t", "btrfs", "-o", "loop"]).arg(img).arg(dir).output().expect("run mount");
+        if out.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("failed to setup loop device"), "mount {}: {err}", img.display());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("mount {}: no loop device", img.display());
+}
+
+fn umount(dir: &Path) {
+    for _ in 0..40 {
+        let out = Command::new("umount").arg(dir).output().expect("run umount");
+        if out.status.success() {
+            return;
+        }
+        assert!(String::from_utf8_lossy(&out.stderr).contains("busy"), "umount {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("umount {}: still busy", dir.display());
+}
+
+/// The primary superblock, checked by the format crate.
+fn superblock(img: &Path) -> ubtrfs_format::structs::Superblock {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(img).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 65536).unwrap();
+    ubtrfs_format::superblock::check_super(&buf, 65536).unwrap()
+}
+
+/// What dump-tree shows, without addresses: per tree, the item types (the root tree:
+/// named objectid and type), the chunk types, and the trees owning metadata extents.
+fn tree_shape(img: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let text = run(Command::new("btrfs").args(["inspect-internal", "dump-tree"]).arg(img));
+    let mut shape: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        if !line.starts_with(['\t', ' ']) && (line.ends_with(" tree") || line.contains(" tree key (")) {
+            cur = line.split(" key (").next().unwrap().trim().to_string();
+            shape.entry(cur.clone()).or_default();
+            continue;
+        }
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("item ") {
+            let key = rest.split(" key (").nth(1).and_then(|k| k.split(')').next()).unwrap_or_default();
+            let parts: Vec<&str> = key.split(' ').collect();
+            let what = if cur == "root tree" { format!("{} {}", parts[0], parts[1]) } else { parts.get(1).unwrap_or(&"?").to_string() };
+            shape.get_mut(&cur).unwrap().insert(what);
+        } else if let Some(ty) = t.strip_prefix("length ").and_then(|r| r.split(" type ").nth(1)) {
+            shape.get_mut(&cur).unwrap().insert(format!("chunk {ty}"));
+        } else if let Some(root) = t.strip_prefix("tree block backref root ") {
+            shape.get_mut(&cur).unwrap().insert(format!("backref {root}"));
+        }
+    }
+    shape
+}
+
+struct Case {
+    name: &'static str,
+    nodesize: &'static str,
+    csum: &'static str,
+    data: &'static str,
+    metadata: &'static str,
+    /// `--features` for ubtrfs; what mkfs.btrfs 6.2 gets is this without
+    /// block-group-tree, which it cannot make.
+    features: &'static str,
+    bg_tree: bool,
+    label: Option<&'static str>,
+    uuid: Option<&'static str>,
+}
+
+const CASES: &[Case] = &[
+    Case { name: "default", nodesize: "16K", csum: "crc32c", data: "single", metadata: "dup", features: "", bg_tree: false, label: None, uuid: None },
+    Case { name: "n4k-xxhash", nodesize: "4K", csum: "xxhash", data: "dup", metadata: "single", features: "", bg_tree: false, label: Some("small nodes"), uuid: None },
+    Case {
+        name: "n64k-sha256-bgt",
+        nodesize: "64K",
+        csum: "sha256",
+        data: "single",
+        metadata: "dup",
+        features: "block-group-tree",
+        bg_tree: true,
+        label: None,
+        uuid: Some("0f4c5390-03e1-46a1-a376-89233a9a63a8"),
+    },
+    Case {
+        name: "blake2-single-bgt",
+        nodesize: "16K",
+        csum: "blake2",
+        data: "single",
+        metadata: "single",
+        features: "block-group-tree,^extref",
+        bg_tree: true,
+        label: Some("b2"),
+        uuid: None,
+    },
+    Case { name: "n64k-dup-dup", nodesize: "64K", csum: "crc32c", data: "dup", metadata: "dup", features: "^no-holes", bg_tree: false, label: Some("dd"), uuid: Some("5d1e9c3a77f04b8e9a3f3c2b1a0e9d8c") },
+];
+
+fn profile_df(p: &str) -> &'static str {
+    if p == "dup" {
+        "DUP"
+    } else {
+        "single"
+    }
+}
+
+fn run_case(c: &Case) {
+    let d = scratch(c.name);
+    let img = d.join("fs.img");
+    let mut cmd = bin();
+    cmd.args(["mkfs", "-q", "--size", "256M", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
+    if !c.features.is_empty() {
+        cmd.args(["--features", c.features]);
+    }
+    if let Some(l) = c.label {
+        cmd.args(["--label", l]);
+    }
+    if let Some(u) = c.uuid {
+        cmd.args(["--uuid", u]);
+    }
+    run(cmd.arg(&img));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 256 << 20, "{}: image size", c.name);
+    let sb = superblock(&img);
+    let nodesize = ubtrfs_tools::mkfs::options::parse_size("n", c.nodesize).unwrap() as u32;
+    assert_eq!(sb.nodesize.get(), nodesize, "{}", c.name);
+    assert_eq!(ubtrfs_format::CsumType::from_raw(sb.csum_type.get()), Some(ubtrfs_tools::mkfs::options::parse_csum(c.csum).unwrap()), "{}", c.name);
+    let label_len = sb.label.iter().position(|&b| b == 0).unwrap();
+    assert_eq!(&sb.label[..label_len], c.label.unwrap_or("").as_bytes(), "{}: label", c.name);
+    if let Some(u) = c.uuid {
+        assert_eq!(sb.fsid, ubtrfs_tools::mkfs::options::parse_uuid(u).unwrap(), "{}: fsid", c.name);
+        assert_eq!(sb.dev_item.fsid, sb.fsid, "{}: dev item fsid", c.name);
+    }
+    assert_eq!(sb.compat_ro_flags.get() & ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE != 0, c.bg_tree, "{}: compat_ro {:#x}", c.name, sb.compat_ro_flags.get());
+    // ubtrfs's own checker and writer take it.
+    run(bin().arg("check").arg(&img));
+    run(bin().args(["put"]).arg(&img).arg("/etc/hostname").arg("/hostname"));
+    if !kernel::kernel_available(&format!("mkfs {}", c.name)) {
+        return;
+    }
+    assert_check(&img, &format!("{} as made", c.name));
+    // The same trees, item kinds and chunk kinds as mkfs.btrfs's (before the put).
+    let ours_img = d.join("fresh.img");
+    let mut cmd = bin();
+    cmd.args(["mkfs", "-q", "--size", "256M", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
+    if !c.features.is_empty() {
+        cmd.args(["--features", c.features]);
+    }
+    run(cmd.arg(&ours_img));
+    let theirs = d.join("progs.img");
+    std::fs::File::create(&theirs).unwrap().set_len(256 << 20).unwrap();
+    let progs_features: Vec<&str> = c.features.split(',').filter(|f| !f.is_empty() && *f != "block-group-tree").collect();
+    let mut mk = Command::new("mkfs.btrfs");
+    mk.args(["-q", "-f", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
+    if !progs_features.is_empty() {
+        mk.args(["-O", &progs_features.join(",")]);
+    }
+    run(mk.arg(&theirs));
+    let mut want = tree_shape(&theirs);
+    if c.bg_tree {
+        want.get_mut("extent tree").unwrap().remove("BLOCK_GROUP_ITEM");
+        want.get_mut("extent tree").unwrap().insert("backref BLOCK_GROUP_TREE".into());
+        want.get_mut("root tree").unwrap().insert("BLOCK_GROUP_TREE ROOT_ITEM".into());
+        want.insert("block group tree".into(), ["BLOCK_GROUP_ITEM".to_string()].into());
+    }
+    let got = tree_shape(&ours_img);
+    // The comparison is of something: every tree is there with the items that matter.
+    let has = |tree: &str, what: &str| got.get(tree).is_some_and(|s| s.contains(what));
+    for (tree, what) in [
+        ("root tree", "FS_TREE ROOT_ITEM"),
+        ("root tree", "UUID_TREE ROOT_ITEM"),
+        ("root tree", "DATA_RELOC_TREE ROOT_ITEM"),
+        ("root tree", "ROOT_TREE_DIR DIR_ITEM"),
+        ("chunk tree", "DEV_ITEM"),
+        ("extent tree", "METADATA_ITEM"),
+        ("extent tree", "backref FS_TREE"),
+        ("device tree", "DEV_EXTENT"),
+        ("fs tree", "INODE_REF"),
+        ("uuid tree", "UUID_KEY_SUBVOL"),
+        ("free space tree", "FREE_SPACE_INFO"),
+        ("data reloc tree", "INODE_ITEM"),
+    ] {
+        assert!(has(tree, what), "{}: {tree} lacks {what}: {got:?}", c.name);
+    }
+    assert!(got.contains_key("checksum tree"), "{}: no csum tree: {got:?}", c.name);
+    let chunks: BTreeSet<&String> = got["chunk tree"].iter().filter(|s| s.starts_with("chunk ")).collect();
+    assert_eq!(chunks.len(), 3, "{}: one chunk kind per type: {chunks:?}", c.name);
+    assert_eq!(got, want, "{}: trees of ubtrfs mkfs vs mkfs.btrfs", c.name);
+    // The kernel writes a file tree into it.
+    let mnt = d.join("mnt");
+    mount(&img, &mnt);
+    let copied = Command::new("cp").arg("-a").arg("/usr/include/linux").arg(&mnt).status().unwrap().success();
+    let df = Command::new("btrfs").args(["filesystem", "df"]).arg(&mnt).output().unwrap();
+    let synced = Command::new("sync").arg("-f").arg(&mnt).status().unwrap().success();
+    umount(&mnt);
+    assert!(copied && synced, "{}: cp -a into the mount", c.name);
+    let df = String::from_utf8_lossy(&df.stdout).into_owned();
+    for line in [format!("Data, {}:", profile_df(c.data)), format!("Metadata, {}:", profile_df(c.metadata)), format!("System, {}:", profile_df(c.metadata))] {
+        assert!(df.contains(&line), "{}: btrfs filesystem df lacks {line}:\n{df}", c.name);
+    }
+    assert_eq!(df.lines().filter(|l| l.starts_with("Data") || l.starts_with("Metadata") || l.starts_with("System")).count(), 3, "{}: one profile per type:\n{df}", c.name);
+    assert_check(&img, &format!("{} after the kernel's writes", c.name));
+    // And ubtrfs writes after the kernel.
+    run(bin().args(["put", "-r"]).arg(&img).arg("/usr/include/asm-generic").arg("/"));
+    assert_check(&img, &format!("{} after ubtrfs put", c.name));
+    let ls = run(bin().arg("ls").arg(&img).arg("/linux"));
+    assert!(ls.contains("types.h"), "{}: the kernel's copy is there: {ls}", c.name);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn matrix_default() {
+    run_case(&CASES[0]);
+}
+
+#[test]
+fn matrix_4k_xxhash_dup_data() {
+    run_case(&CASES[1]);
+}
+
+#[test]
+fn matrix_64k_sha256_bgt_uuid() {
+    run_case(&CASES[2]);
+}
+
+#[test]
+fn matrix_blake2_single_bgt_label() {
+    run_case(&CASES[3]);
+}
+
+#[test]
+fn matrix_64k_dup_dup() {
+    run_case(&CASES[4]);
+}
+
+fn sha(path: &Path) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(std::fs::read(path).unwrap()).to_vec()
+}
+
+#[test]
+fn bad_input_leaves_no_image() {
+    let d = scratch("bad");
+    let img = d.join("new.img");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--size", "16M"], "too small"),
+        (&["--size", "256M", "--csum", "md5"], "checksum md5"),
+        (&["--size", "256M", "--nodesize", "2K"], "nodesize 2048: invalid argument (smaller than the sectorsize 4096)"),
+        (&["--size", "256M", "--nodesize", "128K"], "nodesize 131072"),
+        (&["--size", "256M", "--sectorsize", "8K"], "sectorsize 8192"),
+        (&["--size", "256M", "-d", "raid1"], "needs 2 devices"),
+        (&["--size", "256M", "-m", "raid1c3"], "needs 3 devices"),
+        (&["--size", "256M", "-m", "raid5"], "RAID5/6"),
+        (&["--size", "256M", "--features", "bogus"], "feature bogus"),
+        (&["--size", "256M", "--mixed"], "mixed block groups"),
+        (&["--size", "256M", "--uuid", "not-a-uuid"], "uuid not-a-uuid"),
+        (&["--size", "lots"], "size lots"),
+        (&[], "give --size"),
+    ];
+    for (args, want) in cases {
+        let err = fails(bin().arg("mkfs").args(*args).arg(&img));
+        assert!(err.contains(want), "mkfs {args:?}: {err}");
+        assert!(err.starts_with("ubtrfs: error: "), "mkfs {args:?}: {err}");
+        assert!(!img.exists(), "mkfs {args:?} left {}", img.display());
+    }
+    let err = fails(bin().arg("mkfs").arg("--size").arg("256M").arg(&d));
+    assert!(err.contains("neither a regular file nor a block device"), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn existing_signatures_refused_without_force() {
+    let d = scratch("sig");
+    let img = d.join("old.img");
+    let plant = |off: u64, magic: &[u8]| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(128 << 20).unwrap();
+        f.write_all_at(magic, off).unwrap();
+    };
+    for (off, magic, name) in [
+        (1080u64, &[0x53u8, 0xef][..], "ext2"),
+        (0, b"XFSB", "xfs"),
+        (4086, b"SWAPSPACE2", "swap"),
+        (0, b"LUKS\xba\xbe", "crypto_LUKS"),
+        (512, b"EFI PART", "GPT"),
+        (32769, b"CD001", "iso9660"),
+    ] {
+        plant(off, magic);
+        let before = sha(&img);
+        let err = fails(bin().arg("mkfs").arg(&img));
+        assert!(err.contains("appears to contain") && err.contains(name) && err.contains("--force"), "{name}: {err}");
+        assert_eq!(sha(&img), before, "{name}: the refused image changed");
+    }
+    // A btrfs made here is refused the second time, and --force replaces it.
+    std::fs::remove_file(&img).unwrap();
+    run(bin().args(["mkfs", "-q", "--size", "100M"]).arg(&img));
+    let first = superblock(&img).fsid;
+    let before = sha(&img);
+    let err = fails(bin().arg("mkfs").arg(&img));
+    assert!(err.contains("appears to contain btrfs"), "{err}");
+    assert_eq!(sha(&img), before);
+    // An existing file is used at its size, or grown to --size.
+    run(bin().args(["mkfs", "-q", "--force"]).arg(&img));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 100 << 20);
+    assert_eq!(superblock(&img).total_bytes.get(), 100 << 20);
+    assert_ne!(superblock(&img).fsid, first, "--force made a new filesystem");
+    run(bin().args(["mkfs", "-q", "--force", "--size", "160M"]).arg(&img));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 160 << 20);
+    assert_eq!(superblock(&img).total_bytes.get(), 160 << 20);
+    run(bin().arg("check").arg(&img));
+    std::fs::remove_dir_all(&d).unwrap();
+}
