@@ -145,18 +145,18 @@ const CASES: &[Case] = &[
         label: None,
         uuid: Some("0f4c5390-03e1-46a1-a376-89233a9a63a8"),
     },
+    Case { name: "blake2-single-bgt", nodesize: "16K", csum: "blake2", data: "single", metadata: "single", features: "block-group-tree,^extref", bg_tree: true, label: Some("b2"), uuid: None },
     Case {
-        name: "blake2-single-bgt",
-        nodesize: "16K",
-        csum: "blake2",
-        data: "single",
-        metadata: "single",
-        features: "block-group-tree,^extref",
-        bg_tree: true,
-        label: Some("b2"),
-        uuid: None,
+        name: "n64k-dup-dup",
+        nodesize: "64K",
+        csum: "crc32c",
+        data: "dup",
+        metadata: "dup",
+        features: "^no-holes",
+        bg_tree: false,
+        label: Some("dd"),
+        uuid: Some("5d1e9c3a77f04b8e9a3f3c2b1a0e9d8c"),
     },
-    Case { name: "n64k-dup-dup", nodesize: "64K", csum: "crc32c", data: "dup", metadata: "dup", features: "^no-holes", bg_tree: false, label: Some("dd"), uuid: Some("5d1e9c3a77f04b8e9a3f3c2b1a0e9d8c") },
 ];
 
 fn profile_df(p: &str) -> &'static str {
@@ -340,14 +340,9 @@ fn existing_signatures_refused_without_force() {
         f.set_len(128 << 20).unwrap();
         f.write_all_at(magic, off).unwrap();
     };
-    for (off, magic, name) in [
-        (1080u64, &[0x53u8, 0xef][..], "ext2"),
-        (0, b"XFSB", "xfs"),
-        (4086, b"SWAPSPACE2", "swap"),
-        (0, b"LUKS\xba\xbe", "crypto_LUKS"),
-        (512, b"EFI PART", "GPT"),
-        (32769, b"CD001", "iso9660"),
-    ] {
+    for (off, magic, name) in
+        [(1080u64, &[0x53u8, 0xef][..], "ext2"), (0, b"XFSB", "xfs"), (4086, b"SWAPSPACE2", "swap"), (0, b"LUKS\xba\xbe", "crypto_LUKS"), (512, b"EFI PART", "GPT"), (32769, b"CD001", "iso9660")]
+    {
         plant(off, magic);
         let before = sha(&img);
         let err = fails(bin().arg("mkfs").arg(&img));

@@ -1,14 +1,25 @@
-//! `ubtrfs_tools::mkfs` as a library: the made filesystem against btrfs-progs and the
-//! kernel (`btrfs check`, dump-tree's trees compared with mkfs.btrfs's, a mount that
-//! writes), and the engine's own open and checker on it.
+//! `ubtrfs_tools::mkfs` and core's `chunk_remove` as libraries: what the made
+//! filesystem holds after the bootstrap chunk is gone (chunks, dev extents, device
+//! usage, free-space tree, sys_chunk_array), the same bytes from the same sources,
+//! and `remove_chunk` on the chunks of a made filesystem: refused while anything is in
+//! the chunk, and a clean removal of an empty one (SINGLE and DUP) that btrfs check and
+//! the kernel accept.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use ubtrfs_core::sources::{Sources, Time};
+use ubtrfs_core::space::chunk_remove::remove_chunk;
+use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::{FsInfo, OpenOptions, PosixKind, TreeView};
+use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
+use ubtrfs_tools::mkfs::bootstrap::{TEMP_CHUNK_LEN, TEMP_CHUNK_START};
 use ubtrfs_tools::mkfs::{make_filesystem, MkfsOptions};
 
 #[path = "../../core/tests/common/kernel.rs"]
 mod kernel;
+
+const SIZE: u64 = 256 << 20;
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ubtrfs-mkfs-lib-{}-{name}", std::process::id()));
@@ -17,28 +28,141 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-fn sized(path: &Path, size: u64) {
-    let f = std::fs::File::create(path).unwrap();
-    f.set_len(size).unwrap();
+fn made(path: &Path, opts: &MkfsOptions) {
+    std::fs::File::create(path).unwrap().set_len(SIZE).unwrap();
+    let r = make_filesystem(path, SIZE, opts).unwrap();
+    assert_eq!(r.total_bytes, SIZE);
 }
 
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+fn open(path: &Path) -> FsInfo {
+    FsInfo::open(&OpenOptions::new(path)).unwrap()
+}
+
+fn writer(path: &Path) -> FsWriter {
+    let mut o = OpenOptions::new(path);
+    o.writable = true;
+    FsWriter::open(&o).unwrap()
+}
+
+fn tools_check(path: &Path) {
+    let fs = open(path);
+    let r = ubtrfs_tools::check::check(&fs, &ubtrfs_tools::check::CheckOptions::default()).unwrap();
+    assert!(r.is_clean(), "ubtrfs check: {:?}", r.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+}
+
+fn progs_check(path: &Path, what: &str) {
+    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(path).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("no error found"), "{what}: btrfs check:\n{text}");
+}
+
+/// Dev extents of device 1: (physical offset, length, chunk).
+fn dev_extents(fs: &FsInfo) -> Vec<(u64, u64, u64)> {
+    let (root, _) = fs.read_root(DEV_TREE_OBJECTID).unwrap();
+    let mut it = fs.iter(&root, Key::new(1, DEV_EXTENT_KEY, 0)).unwrap();
+    let mut out = Vec::new();
+    while let Some(i) = it.next_item().unwrap() {
+        let d = i.data();
+        out.push((i.key().offset, u64::from_le_bytes(d[24..32].try_into().unwrap()), u64::from_le_bytes(d[16..24].try_into().unwrap())));
+    }
+    out
 }
 
 #[test]
-fn default_mkfs_checks_clean() {
-    let d = scratch("default");
+fn bootstrap_chunk_is_gone() {
+    let d = scratch("gone");
     let img = d.join("a.img");
-    sized(&img, 256 << 20);
-    let r = make_filesystem(&img, 256 << 20, &MkfsOptions::default()).unwrap();
-    assert_eq!(r.total_bytes, 256 << 20);
-    if kernel::kernel_available("mkfs default_mkfs_checks_clean") {
-        run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
-        println!("{}", run(Command::new("btrfs").args(["inspect-internal", "dump-tree"]).arg(&img)));
+    made(&img, &MkfsOptions::default());
+    let fs = open(&img);
+    let sb = fs.super_copy();
+    let chunks: Vec<_> = fs.chunk_map.iter().collect();
+    let kinds: Vec<u64> = chunks.iter().map(|c| c.type_).collect();
+    assert_eq!(kinds.len(), 3, "three chunks: {kinds:x?}");
+    for want in [BLOCK_GROUP_SYSTEM | BLOCK_GROUP_DUP, BLOCK_GROUP_METADATA | BLOCK_GROUP_DUP, BLOCK_GROUP_DATA] {
+        assert!(kinds.contains(&want), "a {} chunk: {kinds:x?}", block_group_flags_str(want));
     }
-    let _ = BLOCK_GROUP_DUP;
+    assert!(chunks.iter().all(|c| c.logical >= TEMP_CHUNK_START + TEMP_CHUNK_LEN), "a chunk left in the bootstrap range: {chunks:?}");
+    // The device's usage is the sum of its dev extents, none in the bootstrap range.
+    let de = dev_extents(&fs);
+    assert_eq!(de.len(), 5, "DUP system and metadata, single data: {de:?}");
+    assert!(de.iter().all(|&(p, _, _)| p >= TEMP_CHUNK_START + TEMP_CHUNK_LEN), "{de:?}");
+    assert_eq!(sb.dev_item.bytes_used.get(), de.iter().map(|e| e.1).sum::<u64>());
+    // The sys_chunk_array lists the one real SYSTEM chunk.
+    let sys = ubtrfs_format::superblock::sys_chunk_array(&sb).unwrap();
+    assert_eq!(sys.len(), 1);
+    assert_eq!(sys[0].1.type_, BLOCK_GROUP_SYSTEM | BLOCK_GROUP_DUP);
+    // The free-space tree has nothing of the bootstrap group.
+    let (fst, _) = fs.read_root(FREE_SPACE_TREE_OBJECTID).unwrap();
+    let mut it = fs.iter(&fst, Key::MIN).unwrap();
+    let first = it.next_item().unwrap().unwrap().key();
+    assert!(first.objectid >= TEMP_CHUNK_START + TEMP_CHUNK_LEN, "free space item {first} of the bootstrap group");
+    // Block groups: one per chunk, the bootstrap one gone, usage all tree blocks.
+    let bgs = fs.block_groups().unwrap();
+    assert_eq!(bgs.len(), 3);
+    assert_eq!(bgs.iter().map(|g| g.used).sum::<u64>(), sb.bytes_used.get());
+    assert_eq!(sb.bytes_used.get(), 9 * 16384, "nine trees of one leaf each");
+    assert_eq!(sb.generation.get(), 3, "bootstrap 1, chunks 2, removal 3");
+    if kernel::kernel_available("mkfs bootstrap_chunk_is_gone") {
+        progs_check(&img, "fresh");
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn same_sources_same_bytes() {
+    let d = scratch("repro");
+    let opts = || MkfsOptions { sources: Sources::deterministic(Time { sec: 1_700_000_000, nsec: 0 }, 42), ..MkfsOptions::default() };
+    let (a, b) = (d.join("a.img"), d.join("b.img"));
+    made(&a, &opts());
+    made(&b, &opts());
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "two mkfs runs from the same sources differ");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn remove_chunk_refuses_a_used_chunk_and_removes_an_empty_one() {
+    let d = scratch("remove");
+    for (name, data) in [("single", 0), ("dup", BLOCK_GROUP_DUP)] {
+        let img = d.join(format!("{name}.img"));
+        made(&img, &MkfsOptions { data_profile: data, ..MkfsOptions::default() });
+        let before = std::fs::read(&img).unwrap();
+        let fs = open(&img);
+        let meta = fs.chunk_map.iter().find(|c| c.type_ & BLOCK_GROUP_METADATA != 0).unwrap().logical;
+        let data_chunk = fs.chunk_map.iter().find(|c| c.type_ & BLOCK_GROUP_DATA != 0).unwrap();
+        drop(fs);
+        let mut w = writer(&img);
+        {
+            let mut h = w.join_transaction("test: remove").unwrap();
+            let e = remove_chunk(&mut h, meta).unwrap_err();
+            assert_eq!(e.posix_kind(), Some(PosixKind::NotEmpty), "{e}");
+            assert!(e.to_string().contains(&format!("chunk {meta}")), "{e}");
+            let e = remove_chunk(&mut h, data_chunk.logical + 4096).unwrap_err();
+            assert_eq!(e.posix_kind(), Some(PosixKind::Invalid), "{e}");
+            h.end().unwrap();
+        }
+        // Refusals changed nothing.
+        assert_eq!(w.commit().unwrap(), 3);
+        drop(w);
+        assert!(std::fs::read(&img).unwrap() == before, "{name}: a refused removal changed the image");
+        // The empty data chunk goes, with both dev extents of a DUP one.
+        let mut w = writer(&img);
+        {
+            let mut h = w.join_transaction("test: remove").unwrap();
+            let r = remove_chunk(&mut h, data_chunk.logical);
+            h.end_with(r).unwrap();
+        }
+        w.commit().unwrap();
+        drop(w);
+        let fs = open(&img);
+        assert!(fs.chunk_map.iter().all(|c| c.type_ & BLOCK_GROUP_DATA == 0), "{name}: the data chunk is still there");
+        let de = dev_extents(&fs);
+        assert!(de.iter().all(|e| e.2 != data_chunk.logical), "{name}: {de:?}");
+        assert_eq!(fs.super_copy().dev_item.bytes_used.get(), de.iter().map(|e| e.1).sum::<u64>(), "{name}: device usage");
+        drop(fs);
+        tools_check(&img);
+        if kernel::kernel_available("mkfs remove_chunk") {
+            progs_check(&img, &format!("{name}: data chunk removed"));
+        }
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -172,7 +172,12 @@ fn dev_item(l: &Layout) -> DevItem {
 fn tree_items(l: &Layout, id: u64) -> Vec<(Key, Vec<u8>)> {
     let ns = u64::from(l.nodesize);
     let mut items: Vec<(Key, Vec<u8>)> = Vec::new();
-    let bg_item = || (Key::new(TEMP_CHUNK_START, BLOCK_GROUP_ITEM_KEY, TEMP_CHUNK_LEN), BlockGroupItem { used: l.used().into(), chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(), flags: BLOCK_GROUP_SYSTEM.into() }.as_bytes().to_vec());
+    let bg_item = || {
+        (
+            Key::new(TEMP_CHUNK_START, BLOCK_GROUP_ITEM_KEY, TEMP_CHUNK_LEN),
+            BlockGroupItem { used: l.used().into(), chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(), flags: BLOCK_GROUP_SYSTEM.into() }.as_bytes().to_vec(),
+        )
+    };
     match id {
         ROOT_TREE_OBJECTID => {
             for t in l.trees() {
