@@ -7,8 +7,9 @@
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::volumes::device::FileDevice;
 use ubtrfs_format::structs::*;
-use ubtrfs_tools::mkfs::{options, signature, MkfsOptions};
+use ubtrfs_tools::mkfs::{options, signature, MkfsFailure, MkfsOptions};
 
 #[derive(clap::Args)]
 pub struct MkfsArgs {
@@ -140,6 +141,9 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
     // Everything that can be refused is refused before the target is touched.
     opts.validate(&name, size, 1)?;
     if let Target::File { len } | Target::Block { len } = t {
+        // Refused while mounted or in use before anything changes (growing included);
+        // mkfs takes the same lock again to write.
+        drop(FileDevice::open(&a.image, true)?);
         let f = std::fs::File::open(&a.image).map_err(|e| Error::io(format!("{name}: opening"), e))?;
         if let Some(found) = signature::probe(&f, &name, len)? {
             if !a.force {
@@ -164,16 +168,15 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
             _ => Ok(()),
         }
     };
-    let r = prepare().and_then(|()| ubtrfs_tools::mkfs::make_filesystem(&a.image, size, &opts));
+    let r = prepare().map_err(|error| MkfsFailure { error, began_writing: false }).and_then(|()| ubtrfs_tools::mkfs::make_filesystem(&a.image, size, &opts));
     let made = match r {
         Ok(m) => m,
-        Err(e) => {
-            if created {
-                let _ = std::fs::remove_file(&a.image);
-                return Err(e);
-            }
-            return Err(e.at(format!("{name} is not usable, mkfs failed after it began writing")));
+        Err(f) if created => {
+            let _ = std::fs::remove_file(&a.image);
+            return Err(f.error);
         }
+        Err(f) if f.began_writing => return Err(f.error.at(format!("{name} is not usable, mkfs failed after it began writing"))),
+        Err(f) => return Err(f.error),
     };
     if !a.quiet {
         println!("ubtrfs mkfs: {name}");

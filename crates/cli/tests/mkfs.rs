@@ -54,13 +54,36 @@ fn assert_check(img: &Path, what: &str) {
     }
 }
 
-/// A loop mount, retried while another test races for the same loop device.
-fn mount(img: &Path, dir: &Path) {
+/// A kernel mount, unmounted on drop (a failing test leaves none behind).
+struct Mounted {
+    dir: PathBuf,
+    done: bool,
+}
+
+impl Mounted {
+    fn umount(mut self) {
+        self.done = true;
+        umount(&self.dir);
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = Command::new("umount").arg(&self.dir).status();
+        }
+    }
+}
+
+/// A mount (through a loop device for an image file), retried while another test
+/// races for the same loop device.
+fn mount(img: &Path, dir: &Path) -> Mounted {
     std::fs::create_dir_all(dir).unwrap();
+    let opts = if img.starts_with("/dev") { "defaults" } else { "loop" };
     for _ in 0..20 {
-        let out = Command::new("mount").args(["-t", "btrfs", "-o", "loop"]).arg(img).arg(dir).output().expect("run mount");
+        let out = Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(dir).output().expect("run mount");
         if out.status.success() {
-            return;
+            return Mounted { dir: dir.to_path_buf(), done: false };
         }
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("failed to setup loop device"), "mount {}: {err}", img.display());
@@ -250,11 +273,11 @@ fn run_case(c: &Case) {
     assert_eq!(got, want, "{}: trees of ubtrfs mkfs vs mkfs.btrfs", c.name);
     // The kernel writes a file tree into it.
     let mnt = d.join("mnt");
-    mount(&img, &mnt);
+    let m = mount(&img, &mnt);
     let copied = Command::new("cp").arg("-a").arg("/usr/include/linux").arg(&mnt).status().unwrap().success();
     let df = Command::new("btrfs").args(["filesystem", "df"]).arg(&mnt).output().unwrap();
     let synced = Command::new("sync").arg("-f").arg(&mnt).status().unwrap().success();
-    umount(&mnt);
+    m.umount();
     assert!(copied && synced, "{}: cp -a into the mount", c.name);
     let df = String::from_utf8_lossy(&df.stdout).into_owned();
     for line in [format!("Data, {}:", profile_df(c.data)), format!("Metadata, {}:", profile_df(c.metadata)), format!("System, {}:", profile_df(c.metadata))] {
@@ -366,5 +389,81 @@ fn existing_signatures_refused_without_force() {
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 160 << 20);
     assert_eq!(superblock(&img).total_bytes.get(), 160 << 20);
     run(bin().arg("check").arg(&img));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A block device is used whole, refused when it holds a filesystem (without
+/// --force) or is mounted (even with --force), before anything on it changes.
+#[test]
+fn block_device_whole_and_in_use() {
+    if !kernel::kernel_available("mkfs block_device_whole_and_in_use") {
+        return;
+    }
+    let d = scratch("blockdev");
+    let backing = d.join("backing.img");
+    std::fs::File::create(&backing).unwrap().set_len(200 << 20).unwrap();
+    let dev = run(Command::new("losetup").args(["-f", "--show"]).arg(&backing)).trim().to_string();
+    let attached = std::cell::Cell::new(true);
+    let detach = || {
+        if attached.replace(false) {
+            let _ = Command::new("losetup").args(["-d", &dev]).status();
+        }
+    };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let out = run(bin().args(["mkfs", &dev]));
+        assert!(out.contains("Filesystem size:    200.00MiB"), "{out}");
+        assert_eq!(superblock(Path::new(&dev)).total_bytes.get(), 200 << 20, "the whole device");
+        assert_check(Path::new(&dev), "mkfs on a block device");
+        let err = fails(bin().args(["mkfs", &dev]));
+        assert!(err.contains("appears to contain btrfs"), "{err}");
+        let err = fails(bin().args(["mkfs", "--size", "300M", "--force", &dev]));
+        assert!(err.contains("larger than the device"), "{err}");
+        let mnt = d.join("mnt");
+        let m = mount(Path::new(&dev), &mnt);
+        let err = fails(bin().args(["mkfs", "--force", &dev]));
+        m.umount();
+        assert!(err.contains("busy"), "{err}");
+        assert!(!err.contains("not usable"), "refused before writing: {err}");
+        assert_check(Path::new(&dev), "after a refused mkfs of the mounted device");
+        detach();
+        let m = mount(&backing, &mnt);
+        let err = fails(bin().args(["mkfs", "--force", "--size", "250M"]).arg(&backing));
+        m.umount();
+        assert!(err.contains("busy"), "{err}");
+        assert_eq!(std::fs::metadata(&backing).unwrap().len(), 200 << 20, "a refused mkfs grew the mounted image");
+        assert_check(&backing, "after a refused mkfs of the mounted image");
+    }));
+    detach();
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A mkfs that fails once it has begun writing (the host filesystem is full) removes
+/// the image it created, and names an existing one as not usable.
+#[test]
+fn failure_after_writing_began() {
+    if !kernel::kernel_available("mkfs failure_after_writing_began") {
+        return;
+    }
+    let d = scratch("full");
+    let small = d.join("tmpfs");
+    std::fs::create_dir_all(&small).unwrap();
+    run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=2M", "tmpfs"]).arg(&small));
+    let r = std::panic::catch_unwind(|| {
+        let img = small.join("new.img");
+        let err = fails(bin().args(["mkfs", "--size", "256M"]).arg(&img));
+        assert!(err.contains("No space left on device"), "{err}");
+        assert!(!img.exists(), "the half-written image it created was left behind");
+        std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+        let err = fails(bin().arg("mkfs").arg(&img));
+        assert!(err.contains("is not usable, mkfs failed after it began writing") && err.contains("No space left on device"), "{err}");
+        assert!(img.exists(), "an existing image is not removed");
+    });
+    umount(&small);
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }

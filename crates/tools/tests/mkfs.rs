@@ -30,7 +30,7 @@ fn scratch(name: &str) -> PathBuf {
 
 fn made(path: &Path, opts: &MkfsOptions) {
     std::fs::File::create(path).unwrap().set_len(SIZE).unwrap();
-    let r = make_filesystem(path, SIZE, opts).unwrap();
+    let r = make_filesystem(path, SIZE, opts).unwrap_or_else(|f| panic!("mkfs {}: {f}", path.display()));
     assert_eq!(r.total_bytes, SIZE);
 }
 

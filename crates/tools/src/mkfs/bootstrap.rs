@@ -17,9 +17,9 @@
 //! filesystem and moves everything into real chunks (see `mod.rs`).
 //! Neighbours: `options` (what is asked for), `ubtrfs_format::node::NodeMut`.
 
-use std::os::unix::fs::FileExt;
 use ubtrfs_core::error::{Error, Result};
 use ubtrfs_core::sources::Time;
+use ubtrfs_core::volumes::device::BlockDevice;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{NodeMut, NodeRef};
 use ubtrfs_format::structs::*;
@@ -328,36 +328,38 @@ pub fn build_super(l: &Layout) -> Superblock {
     sb
 }
 
-/// Write the bootstrap filesystem to `dev` (`size` bytes): zero the first MiB (old
-/// signatures there go) and the temporary chunk, write every leaf, then every
-/// superblock mirror that fits, and flush.
+/// Write the bootstrap filesystem to `dev`: zero the first MiB (old signatures there
+/// go) and the temporary chunk, write every leaf, then every superblock mirror that
+/// fits, and flush.
 ///
 /// # Errors
-/// `Io` naming `name`; `Corrupt` if a leaf or the superblock fails its checker.
-pub fn write(dev: &std::fs::File, name: &str, size: u64, l: &Layout) -> Result<()> {
-    let io = |what: &str, e: std::io::Error| Error::io(format!("{name}: {what}"), e);
-    let zeros = vec![0u8; 1 << 20];
-    for off in (0..TEMP_CHUNK_START + TEMP_CHUNK_LEN).step_by(zeros.len()) {
-        dev.write_all_at(&zeros, off).map_err(|e| io("zeroing the start", e))?;
-    }
-    for id in l.trees() {
-        let leaf = build_leaf(l, id)?;
-        dev.write_all_at(&leaf, l.block_of(id)).map_err(|e| io(&format!("writing the leaf of tree {id}"), e))?;
-    }
+/// `Io` from the device; `Corrupt` if a leaf or the superblock fails its checker
+/// (nothing is written then).
+pub fn write(dev: &dyn BlockDevice, l: &Layout) -> Result<()> {
+    let leaves: Vec<(u64, Vec<u8>)> = l.trees().into_iter().map(|id| build_leaf(l, id).map(|b| (l.block_of(id), b))).collect::<Result<_>>()?;
     let mut sb = build_super(l);
+    let mut supers = Vec::new();
     for mirror in 0..SUPER_MIRROR_MAX {
         let off = sb_offset(mirror);
-        if off + SUPER_INFO_SIZE as u64 > size {
+        if off + SUPER_INFO_SIZE as u64 > dev.size() {
             break;
         }
         sb.bytenr = off.into();
         let c = l.csum.compute(&sb.as_bytes()[CSUM_SIZE..]);
         sb.csum.copy_from_slice(&c);
-        if mirror == 0 {
-            ubtrfs_format::superblock::check_super(sb.as_bytes(), off).map_err(|e| Error::from(e).at("mkfs bootstrap superblock"))?;
-        }
-        dev.write_all_at(sb.as_bytes(), off).map_err(|e| io(&format!("writing superblock mirror {mirror}"), e))?;
+        ubtrfs_format::superblock::check_super(sb.as_bytes(), off).map_err(|e| Error::from(e).at(format!("mkfs bootstrap superblock mirror {mirror}")))?;
+        supers.push((off, sb));
     }
-    dev.sync_all().map_err(|e| io("flushing", e))?;
-    Ok(())
+    let zeros = vec![0u8; 1 << 20];
+    for off in (0..TEMP_CHUNK_START + TEMP_CHUNK_LEN).step_by(zeros.len()) {
+        dev.write_at(&zeros, off)?;
+    }
+    for (bytenr, leaf) in &leaves {
+        dev.write_at(leaf, *bytenr)?;
+    }
+    dev.flush()?;
+    for (off, sb) in &supers {
+        dev.write_at(sb.as_bytes(), *off)?;
+    }
+    dev.flush()
 }

@@ -18,13 +18,36 @@ pub mod options;
 pub mod signature;
 
 use std::path::Path;
-use ubtrfs_core::error::{Error, Result};
+use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::space::{chunk_alloc, chunk_remove};
 use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::volumes::device::{BlockDevice, FileDevice};
 use ubtrfs_core::{FsInfo, OpenOptions};
 use ubtrfs_format::structs::*;
 
 pub use options::{Features, MkfsOptions};
+
+/// Why mkfs failed, and whether it had begun writing to the device (then what was
+/// on it is gone and the device does not hold a filesystem).
+#[derive(Debug)]
+pub struct MkfsFailure {
+    pub error: Error,
+    pub began_writing: bool,
+}
+
+impl std::fmt::Display for MkfsFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+fn before_writing(error: Error) -> MkfsFailure {
+    MkfsFailure { error, began_writing: false }
+}
+
+fn after_writing(error: Error) -> MkfsFailure {
+    MkfsFailure { error, began_writing: true }
+}
 
 /// What mkfs made.
 #[derive(Clone, Debug)]
@@ -44,12 +67,13 @@ const MKFS_CACHE_BYTES: usize = 16 << 20;
 /// superblock slots is overwritten; the caller has looked for signatures.
 ///
 /// # Errors
-/// `Posix(Invalid)`/`Posix(NoSpace)` for options the device cannot take (before
-/// anything is written); `Io` from the device; any engine error. A made filesystem
-/// that does not check clean is a bug (an assertion).
-pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> Result<MkfsResult> {
+/// `Posix(Invalid)`/`Posix(NoSpace)` for options the device cannot take,
+/// `Posix(Busy)` for a device in use (both before anything is written); `Io` from the
+/// device; any engine error. The failure says whether writing had begun. A made
+/// filesystem that does not check clean is a bug (an assertion).
+pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> std::result::Result<MkfsResult, MkfsFailure> {
     let name = path.display().to_string();
-    opts.validate(&name, size, 1)?;
+    opts.validate(&name, size, 1).map_err(before_writing)?;
     let uuids = &opts.sources.uuids;
     let l = bootstrap::Layout {
         nodesize: opts.nodesize,
@@ -66,16 +90,24 @@ pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> Result<Mkf
         now: opts.sources.clock.now(),
     };
     {
-        let dev = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| Error::io(format!("{name}: opening for writing"), e))?;
-        bootstrap::write(&dev, &name, size, &l)?;
+        // Locked as every writer is: refused while the kernel has it mounted or another
+        // program or ubtrfs process uses it, before a byte is written. The lock ends
+        // before the engine's writer takes its own.
+        let dev = FileDevice::open(path, true).map_err(before_writing)?;
+        if dev.size() < size {
+            return Err(before_writing(Error::posix_detail(PosixKind::NoSpace, name, format!("{} bytes, less than the {size} asked for", dev.size()))));
+        }
+        bootstrap::write(&dev, &l).map_err(after_writing)?;
     }
-    let generation = {
+    let generation = (|| {
         let mut w = FsWriter::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone() })?;
         populate_chunks(&mut w, opts)?;
-        w.commit()?
-    };
-    let fs = FsInfo::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone() })?;
-    let report = crate::check::check(&fs, &crate::check::CheckOptions::default())?;
+        w.commit()
+    })()
+    .map_err(after_writing)?;
+    let report = FsInfo::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone() })
+        .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
+        .map_err(after_writing)?;
     if !report.is_clean() {
         let found: Vec<String> = report.findings.iter().map(|f| f.to_string()).collect();
         panic!("{name}: the filesystem mkfs made does not check clean: {}", found.join("; "));
