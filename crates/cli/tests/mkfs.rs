@@ -372,6 +372,21 @@ fn existing_signatures_refused_without_force() {
         assert!(err.contains("appears to contain") && err.contains(name) && err.contains("--force"), "{name}: {err}");
         assert_eq!(sha(&img), before, "{name}: the refused image changed");
     }
+    // --force overwrites a GPT's primary and backup headers (the last sector).
+    {
+        use std::os::unix::fs::FileExt;
+        plant(512, b"EFI PART");
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.write_all_at(b"EFI PART", (128 << 20) - 512).unwrap();
+        run(bin().args(["mkfs", "-q", "--force"]).arg(&img));
+        let mut b = [0u8; 8];
+        let f = std::fs::File::open(&img).unwrap();
+        f.read_exact_at(&mut b, 512).unwrap();
+        assert_eq!(b, [0; 8], "primary GPT header left");
+        f.read_exact_at(&mut b, (128 << 20) - 512).unwrap();
+        assert_eq!(b, [0; 8], "backup GPT header left");
+        run(bin().arg("check").arg(&img));
+    }
     // A btrfs made here is refused the second time, and --force replaces it.
     std::fs::remove_file(&img).unwrap();
     run(bin().args(["mkfs", "-q", "--size", "100M"]).arg(&img));

@@ -329,13 +329,15 @@ pub fn build_super(l: &Layout) -> Superblock {
 }
 
 /// Write the bootstrap filesystem to `dev`: zero the first MiB (old signatures there
-/// go) and the temporary chunk, write every leaf, then every superblock mirror that
-/// fits, and flush.
+/// go), the temporary chunk and the last MiB, write every leaf, flush, then write every
+/// superblock mirror that fits, and flush again.
 ///
 /// # Errors
 /// `Io` from the device; `Corrupt` if a leaf or the superblock fails its checker
 /// (nothing is written then).
 pub fn write(dev: &dyn BlockDevice, l: &Layout) -> Result<()> {
+    assert!(l.total_bytes >= TEMP_CHUNK_START + TEMP_CHUNK_LEN, "filesystem of {} bytes cannot hold the bootstrap chunk", l.total_bytes);
+    assert!(dev.size() >= l.total_bytes, "device {} of {} bytes is smaller than the filesystem ({} bytes)", dev.name(), dev.size(), l.total_bytes);
     let leaves: Vec<(u64, Vec<u8>)> = l.trees().into_iter().map(|id| build_leaf(l, id).map(|b| (l.block_of(id), b))).collect::<Result<_>>()?;
     let mut sb = build_super(l);
     let mut supers = Vec::new();
@@ -353,6 +355,12 @@ pub fn write(dev: &dyn BlockDevice, l: &Layout) -> Result<()> {
     let zeros = vec![0u8; 1 << 20];
     for off in (0..TEMP_CHUNK_START + TEMP_CHUNK_LEN).step_by(zeros.len()) {
         dev.write_at(&zeros, off)?;
+    }
+    // The last MiB too, where a GPT keeps its backup header (mkfs.btrfs zeroes the
+    // end as well); what lies between is never read before it is written.
+    let tail = l.total_bytes.saturating_sub(zeros.len() as u64);
+    if tail >= TEMP_CHUNK_START + TEMP_CHUNK_LEN {
+        dev.write_at(&zeros, tail)?;
     }
     for (bytenr, leaf) in &leaves {
         dev.write_at(leaf, *bytenr)?;
