@@ -480,5 +480,27 @@ fn failure_after_writing_began() {
     if let Err(p) = r {
         std::panic::resume_unwind(p);
     }
+    // Room for the bootstrap (the first 5 MiB, the last MiB, the 64 MiB mirror, in 4 KiB
+    // pages) but not for the engine's first commit: the failure comes after a valid
+    // superblock was written, and mkfs zeroes it again.
+    run(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={}", (6 << 20) + (16 << 10)), "tmpfs"]).arg(&small));
+    let r = std::panic::catch_unwind(|| {
+        use std::os::unix::fs::FileExt;
+        let img = small.join("old.img");
+        std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+        let err = fails(bin().arg("mkfs").arg(&img));
+        assert!(err.contains("is not usable") && err.contains("No space left on device"), "{err}");
+        assert!(err.contains("write of 16384 bytes"), "the failure is the engine's tree block write, after the bootstrap: {err}");
+        let f = std::fs::File::open(&img).unwrap();
+        for off in [65536u64, 64 << 20] {
+            let mut magic = [0u8; 8];
+            f.read_exact_at(&mut magic, off + 64).unwrap();
+            assert_eq!(magic, [0; 8], "a superblock of the half-made filesystem is left at {off}");
+        }
+    });
+    umount(&small);
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -49,6 +49,23 @@ fn after_writing(error: Error) -> MkfsFailure {
     MkfsFailure { error, began_writing: true }
 }
 
+/// After a failure part way, make sure no superblock of the half-made filesystem
+/// remains for a mount or a tool to find: zero every mirror slot (best effort: the
+/// device may be what failed, and the error that matters is the first one).
+fn wipe_superblocks(path: &Path, size: u64) {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::OpenOptions::new().write(true).open(path) else { return };
+    let zeros = [0u8; SUPER_INFO_SIZE];
+    for mirror in 0..SUPER_MIRROR_MAX {
+        let off = sb_offset(mirror);
+        if off + SUPER_INFO_SIZE as u64 > size {
+            break;
+        }
+        let _ = f.write_all_at(&zeros, off);
+    }
+    let _ = f.sync_all();
+}
+
 /// What mkfs made.
 #[derive(Clone, Debug)]
 pub struct MkfsResult {
@@ -69,9 +86,20 @@ const MKFS_CACHE_BYTES: usize = 16 << 20;
 /// # Errors
 /// `Posix(Invalid)`/`Posix(NoSpace)` for options the device cannot take,
 /// `Posix(Busy)` for a device in use (both before anything is written); `Io` from the
-/// device; any engine error. The failure says whether writing had begun. A made
+/// device; any engine error. The failure says whether writing had begun; then the
+/// superblock slots are zeroed, so no half-made filesystem is found there. A made
 /// filesystem that does not check clean is a bug (an assertion).
 pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> std::result::Result<MkfsResult, MkfsFailure> {
+    let r = make_filesystem_inner(path, size, opts);
+    if let Err(f) = &r {
+        if f.began_writing {
+            wipe_superblocks(path, size);
+        }
+    }
+    r
+}
+
+fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions) -> std::result::Result<MkfsResult, MkfsFailure> {
     let name = path.display().to_string();
     opts.validate(&name, size, 1).map_err(before_writing)?;
     let uuids = &opts.sources.uuids;
