@@ -44,6 +44,11 @@ pub struct WriteImageArgs {
     /// every member).
     #[arg(long = "device", value_name = "DEV")]
     pub devices: Vec<PathBuf>,
+    /// Write with member devices missing, as `mount -o degraded`: allowed when every
+    /// chunk keeps a copy on the devices given; new chunks are SINGLE where the
+    /// profile needs more devices than are present.
+    #[arg(long)]
+    pub degraded: bool,
     /// Tree-block cache size in MiB.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub cache_mib: usize,
@@ -54,7 +59,7 @@ impl WriteImageArgs {
     pub fn open_writer(&self) -> ubtrfs_core::Result<ubtrfs_core::transaction::FsWriter> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: true, sources: Default::default() })?;
+        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: true, sources: Default::default(), degraded: self.degraded })?;
         print_warnings(&w.info);
         Ok(w)
     }
@@ -72,7 +77,7 @@ impl ImageArgs {
     pub fn open_quiet(&self) -> ubtrfs_core::Result<FsInfo> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false, sources: Default::default() })
+        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false, sources: Default::default(), degraded: false })
     }
 }
 

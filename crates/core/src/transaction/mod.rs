@@ -397,10 +397,10 @@ impl FsWriter {
             }
         }
         let ndevs = sb.num_devices.get();
-        if info.devices.by_id.len() as u64 != ndevs {
+        if info.devices.by_id.len() as u64 != ndevs && !info.degraded {
             let have: Vec<u64> = info.devices.by_id.keys().copied().collect();
             return Err(Error::Incompatible(format!(
-                "cannot write: the filesystem has {ndevs} devices and {} were given (devids {have:?}); pass every device with --device (degraded writes are not supported)",
+                "cannot write: the filesystem has {ndevs} devices and {} were given (devids {have:?}); pass every device with --device, or allow degraded writes (--degraded)",
                 have.len()
             )));
         }
@@ -463,6 +463,9 @@ impl FsWriter {
             )));
         }
         w.alloc = crate::space::allocator::Allocator::load(&w)?;
+        if w.info.devices.by_id.len() != w.alloc.dev_items.len() {
+            crate::space::chunk_alloc::check_rw_degradable(&w)?;
+        }
         w.quotas = crate::extent::qgroup::status(&mut w)?.is_some();
         w.default_subvol = crate::inode::filesystem::find_default_subvol(&w.live())?;
         // One budget for metadata in memory (`OpenOptions::cache_bytes`): up to half of it,
