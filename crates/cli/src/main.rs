@@ -7,6 +7,7 @@ mod dump;
 mod edit_cmds;
 mod info;
 mod read_cmds;
+mod subvol_cmds;
 mod write_cmds;
 mod xattr_cmds;
 
@@ -134,6 +135,9 @@ enum Cmd {
     Batch(edit_cmds::BatchArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
+    /// Subvolumes: create, list, set-default, get-default.
+    #[command(subcommand)]
+    Subvolume(subvol_cmds::SubvolCmd),
     #[command(flatten)]
     Xattr(xattr_cmds::XattrCmd),
 }
@@ -164,6 +168,7 @@ fn main() -> ExitCode {
         Cmd::Touch(a) => edit_cmds::touch(&a),
         Cmd::Batch(a) => edit_cmds::batch(&a),
         Cmd::Xattr(c) => c.run(),
+        Cmd::Subvolume(c) => c.run(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

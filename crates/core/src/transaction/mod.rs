@@ -332,7 +332,7 @@ pub struct FsWriter {
     /// Quotas are on (looked up at open): every commit keeps the qgroups exact.
     pub(crate) quotas: bool,
     /// The default subvolume (looked up at open; nothing the writer does changes it).
-    default_subvol: u64,
+    pub(crate) default_subvol: u64,
 }
 
 impl FsWriter {
@@ -1290,7 +1290,7 @@ impl FsWriter {
         self.transaction("create_tree", 0, |w| w.create_tree_inner(id))
     }
 
-    fn create_tree_inner(&mut self, id: u64) -> Result<RootInfo> {
+    pub(crate) fn create_tree_inner(&mut self, id: u64) -> Result<RootInfo> {
         let bytenr = self.alloc_tree_block(id, 0, Key::MIN)?;
         self.new_block(bytenr, id, 0);
         let mut item = RootItem::new_zeroed();
