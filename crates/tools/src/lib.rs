@@ -6,4 +6,5 @@
 pub mod check;
 pub mod edit;
 pub mod extract;
+pub mod populate;
 pub mod put;

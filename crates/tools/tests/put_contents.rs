@@ -10,6 +10,7 @@ use std::process::Command;
 use ubtrfs_core::inode::filesystem::FsRead;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
+use ubtrfs_tools::populate::tree_digest;
 use ubtrfs_tools::put::{put_contents, OwnerMap, PutOptions};
 
 fn kernel() -> bool {
@@ -174,6 +175,12 @@ fn the_same_tree_gives_the_same_image() {
         let ino = |p: &str| std::fs::metadata(src.join(p)).unwrap().ino();
         eprintln!("build {i}: {} (host inode of a/f00 {})", sums[i], ino("a/f00"));
     }
+    let owners = OwnerMap::default();
+    let (d0, d1) = (tree_digest(&work.join("src0"), &owners).unwrap(), tree_digest(&work.join("src1"), &owners).unwrap());
+    assert_eq!(d0, d1, "the digest of two copies of one tree");
+    std::fs::set_permissions(work.join("src1/a/f00"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    assert_ne!(d0, tree_digest(&work.join("src1"), &owners).unwrap(), "a mode change changes the digest");
+    assert_ne!(d0, tree_digest(&work.join("src0"), &OwnerMap::force(5, 5)).unwrap(), "the owner map is part of it");
     let _ = std::fs::remove_dir_all(&work);
     assert_ne!(sums[0], base_sum, "the build changed nothing");
     assert_eq!(sums[0], sums[1], "two builds of one tree differ");
