@@ -185,3 +185,39 @@ fn the_same_tree_gives_the_same_image() {
     assert_ne!(sums[0], base_sum, "the build changed nothing");
     assert_eq!(sums[0], sums[1], "two builds of one tree differ");
 }
+
+/// `populate` with a default subvolume: a plain mount shows that subvolume; a default
+/// that is not one of the subvolumes made is refused.
+#[test]
+fn populate_sets_the_default_subvolume() {
+    if !kernel() {
+        return;
+    }
+    use ubtrfs_tools::populate::{populate, PopulateOptions};
+    let work = std::env::temp_dir().join(format!("ubtrfs-popdef-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let src = work.join("src");
+    std::fs::create_dir_all(src.join("@root/etc")).unwrap();
+    std::fs::create_dir_all(src.join("plain")).unwrap();
+    std::fs::write(src.join("@root/etc/os-release"), b"ID=test\n").unwrap();
+    let img = work.join("img");
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
+    let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
+    let put = PutOptions { recursive: true, subvols: vec![src.join("@root")], ..Default::default() };
+    let bad = PopulateOptions { put: put.clone(), default_subvol: Some("/plain".into()) };
+    let e = populate(&mut w, &src, &bad).expect_err("a directory is not a subvolume");
+    assert!(e.to_string().contains("must be one of the subvolumes"), "{e}");
+    drop(w);
+    let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
+    populate(&mut w, &src, &PopulateOptions { put, default_subvol: Some("/@root".into()) }).unwrap();
+    w.commit().unwrap();
+    drop(w);
+    let mnt = work.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
+    let got = std::fs::read(mnt.join("etc/os-release"));
+    let _ = Command::new("umount").arg(&mnt).status();
+    let _ = std::fs::remove_dir_all(&work);
+    assert_eq!(got.unwrap(), b"ID=test\n", "a plain mount shows the default subvolume");
+}
