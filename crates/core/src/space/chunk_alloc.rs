@@ -139,6 +139,7 @@ pub fn raid_attr(profile: u64) -> Option<RaidAttr> {
 /// `btrfs_reduce_alloc_profile` over `avail_*_alloc_bits`), else SINGLE for data and
 /// DUP (one device) or RAID1 (several) for metadata and system.
 pub(crate) fn alloc_profile(w: &FsWriter, ty: u64) -> u64 {
+    let ty = w.alloc.space_type(ty);
     if let Some(&p) = w.alloc.target_profiles.get(&ty) {
         return p;
     }
@@ -156,7 +157,7 @@ pub(crate) fn alloc_profile(w: &FsWriter, ty: u64) -> u64 {
         return 0;
     }
     match (ty, ndevs) {
-        (BLOCK_GROUP_DATA, _) => 0,
+        (t, _) if t & BLOCK_GROUP_DATA != 0 => 0,
         (_, 1) => BLOCK_GROUP_DUP,
         _ => BLOCK_GROUP_RAID1,
     }
@@ -179,6 +180,7 @@ impl FsWriter {
         if ndevs < attr.devs_min {
             return Err(Error::posix_detail(PosixKind::Invalid, name(), format!("the profile needs at least {} devices, the filesystem has {ndevs}", attr.devs_min)));
         }
+        let ty = self.alloc.space_type(ty);
         self.alloc.target_profiles.insert(ty, profile);
         Ok(())
     }
@@ -227,6 +229,7 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     if w.hooks.refuse_chunk_alloc {
         return Err(Error::posix(PosixKind::NoSpace, format!("no room for a new {} chunk (test switch)", block_group_flags_str(ty))));
     }
+    let ty = w.alloc.space_type(ty);
     let profile = alloc_profile(w, ty);
     let flags = ty | profile;
     let what = block_group_flags_str(flags);
@@ -236,7 +239,8 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     // at most a tenth of the filesystem; data stripes at most 1 GiB (chunks 10 GiB),
     // metadata 256 MiB (1 GiB past 50 GiB), system 32 MiB.
     let (max_stripe, max_chunk) = match ty {
-        BLOCK_GROUP_DATA => (1 << 30, 10 << 30),
+        // Mixed groups take data's limits, as the kernel's DATA bit decides.
+        t if t & BLOCK_GROUP_DATA != 0 => (1 << 30, 10 << 30),
         BLOCK_GROUP_SYSTEM => (32 * MIB, 32 * MIB),
         _ if fs_total > 50 << 30 => (1 << 30, 1 << 30),
         _ => (256 * MIB, 256 * MIB),

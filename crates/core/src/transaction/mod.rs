@@ -384,9 +384,6 @@ impl FsWriter {
         if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0 || compat_ro & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
             return Err(Error::Incompatible("cannot write: only filesystems with a valid free-space tree are supported for writing (space_cache=v2)".into()));
         }
-        if incompat & INCOMPAT_MIXED_GROUPS != 0 {
-            return Err(Error::Incompatible("cannot write: mixed block groups are not supported for writing yet".into()));
-        }
         let unwritable = incompat & (INCOMPAT_ZONED | INCOMPAT_EXTENT_TREE_V2 | INCOMPAT_RAID_STRIPE_TREE | INCOMPAT_SIMPLE_QUOTA);
         if unwritable != 0 {
             return Err(Error::Incompatible(format!("cannot write: features {} are not supported for writing yet", flag_names(unwritable, INCOMPAT_NAMES))));
