@@ -8,6 +8,7 @@ mod edit_cmds;
 mod info;
 mod mkfs_cmd;
 mod read_cmds;
+mod subvol_cmds;
 mod write_cmds;
 mod xattr_cmds;
 
@@ -45,6 +46,11 @@ pub struct WriteImageArgs {
     /// every member).
     #[arg(long = "device", value_name = "DEV")]
     pub devices: Vec<PathBuf>,
+    /// Write with member devices missing, as `mount -o degraded`: allowed when every
+    /// chunk keeps a copy on the devices given; new chunks are SINGLE where the
+    /// profile needs more devices than are present.
+    #[arg(long)]
+    pub degraded: bool,
     /// Tree-block cache size in MiB.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub cache_mib: usize,
@@ -55,7 +61,7 @@ impl WriteImageArgs {
     pub fn open_writer(&self) -> ubtrfs_core::Result<ubtrfs_core::transaction::FsWriter> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: true, sources: Default::default() })?;
+        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: true, sources: Default::default(), degraded: self.degraded })?;
         print_warnings(&w.info);
         Ok(w)
     }
@@ -73,7 +79,7 @@ impl ImageArgs {
     pub fn open_quiet(&self) -> ubtrfs_core::Result<FsInfo> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false, sources: Default::default() })
+        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false, sources: Default::default(), degraded: false })
     }
 }
 
@@ -132,6 +138,9 @@ enum Cmd {
     Mkfs(mkfs_cmd::MkfsArgs),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
+    /// Subvolumes: create, list, set-default, get-default.
+    #[command(subcommand)]
+    Subvolume(subvol_cmds::SubvolCmd),
     #[command(flatten)]
     Xattr(xattr_cmds::XattrCmd),
 }
@@ -163,6 +172,7 @@ fn main() -> ExitCode {
         Cmd::Touch(a) => edit_cmds::touch(&a),
         Cmd::Batch(a) => edit_cmds::batch(&a),
         Cmd::Xattr(c) => c.run(),
+        Cmd::Subvolume(c) => c.run(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -42,7 +42,7 @@ pub fn put(a: &PutArgs) -> Result<()> {
     }
     // A failure part way leaves the transaction half done: abort it, nothing is committed.
     let srcs: Vec<&std::path::Path> = a.srcs.iter().map(|p| p.as_path()).collect();
-    let opts = ubtrfs_tools::put::PutOptions { recursive: a.recursive };
+    let opts = ubtrfs_tools::put::PutOptions { recursive: a.recursive, ..Default::default() };
     let stats = ubtrfs_tools::put::put(&mut w, &srcs, &a.dest, &opts).inspect_err(|e| w.abort("put", e))?;
     let gen = w.commit()?;
     eprintln!(

@@ -34,11 +34,14 @@ pub struct OpenOptions {
     pub writable: bool,
     /// Where the engine takes time and new UUIDs from.
     pub sources: Sources,
+    /// Allow writing with member devices missing, as `mount -o degraded` does, when
+    /// every chunk keeps a copy on the devices given.
+    pub degraded: bool,
 }
 
 impl OpenOptions {
     pub fn new(image: impl Into<PathBuf>) -> OpenOptions {
-        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20, writable: false, sources: Sources::default() }
+        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20, writable: false, sources: Sources::default(), degraded: false }
     }
 }
 
@@ -61,6 +64,8 @@ pub struct FsInfo {
     pub cache: NodeCache,
     /// Why writing is not allowed, if it is not.
     pub read_only_reason: Option<String>,
+    /// Opened with `OpenOptions::degraded`.
+    pub degraded: bool,
     /// Who else was using the devices when they were opened for reading: another ubtrfs
     /// process writing, the kernel's mount (each also a warning). Empty for writers,
     /// which are refused instead, and for devices opened by the caller.
@@ -111,6 +116,7 @@ impl FsInfo {
         let mut fs = FsInfo::open_devices(devs, opts.cache_bytes)?;
         fs.in_use = in_use;
         fs.sources = opts.sources.clone();
+        fs.degraded = opts.degraded;
         // Who else uses the image matters more than what the superblocks said: first.
         let later = fs.take_warnings();
         for w in warnings.into_iter().chain(later) {
@@ -186,6 +192,7 @@ impl FsInfo {
             devices,
             cache: NodeCache::new(cache_bytes),
             read_only_reason,
+            degraded: false,
             in_use: Vec::new(),
             sources: Sources::default(),
             views: Default::default(),

@@ -15,7 +15,7 @@ use ubtrfs_format::structs::rdev_decode;
 
 fn open(name: &str) -> Filesystem {
     let imgs = common::fixture_images(name);
-    Filesystem::open(&OpenOptions { devices: imgs, cache_bytes: 16 << 20, writable: false, sources: Default::default() }).unwrap_or_else(|e| panic!("{name}: open failed: {e}"))
+    Filesystem::open(&OpenOptions { devices: imgs, cache_bytes: 16 << 20, writable: false, sources: Default::default(), degraded: false }).unwrap_or_else(|e| panic!("{name}: open failed: {e}"))
 }
 
 fn ts_ns(t: &ubtrfs_format::structs::Timespec) -> i128 {
@@ -165,7 +165,7 @@ fn nodesize4k_fs_tree_has_three_levels() {
 fn raid1_degraded_reads_everything() {
     let imgs = common::fixture_images("raid1");
     for (keep, img) in imgs.iter().enumerate().take(2) {
-        let fs = Filesystem::open(&OpenOptions { devices: vec![img.clone()], cache_bytes: 16 << 20, writable: false, sources: Default::default() })
+        let fs = Filesystem::open(&OpenOptions { devices: vec![img.clone()], cache_bytes: 16 << 20, writable: false, sources: Default::default(), degraded: false })
             .unwrap_or_else(|e| panic!("degraded open of device {keep}: {e}"));
         let got = walk(&fs);
         let want = common::manifest("raid1");
@@ -181,7 +181,7 @@ fn raid1_degraded_reads_everything() {
 #[test]
 fn raid0_missing_device_is_a_clear_error() {
     let imgs = common::fixture_images("raid0");
-    let fs = Filesystem::open(&OpenOptions { devices: vec![imgs[0].clone()], cache_bytes: 16 << 20, writable: false, sources: Default::default() });
+    let fs = Filesystem::open(&OpenOptions { devices: vec![imgs[0].clone()], cache_bytes: 16 << 20, writable: false, sources: Default::default(), degraded: false });
     let err = match fs {
         Err(e) => e.to_string(),
         Ok(fs) => {

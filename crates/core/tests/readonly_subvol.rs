@@ -75,7 +75,7 @@ fn readonly_snapshot_refuses_every_change() {
     std::fs::create_dir_all(src.join("sub")).expect("source dir");
     std::fs::write(src.join("sub/f"), b"data").expect("source file");
     assert_erofs(ubtrfs_tools::put::put(&mut w, &[&src.join("sub/f")], "/snap/x", &Default::default()), "put file");
-    assert_erofs(ubtrfs_tools::put::put(&mut w, &[&src], "/snap/tree", &ubtrfs_tools::put::PutOptions { recursive: true }), "put -r");
+    assert_erofs(ubtrfs_tools::put::put(&mut w, &[&src], "/snap/tree", &ubtrfs_tools::put::PutOptions { recursive: true, ..Default::default() }), "put -r");
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/file-0002", false), "rm file");
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/big-3", false), "rm big file");
     // The raw tree operations (a test hook) refuse the read-only tree up front too.

@@ -7,4 +7,5 @@ pub mod check;
 pub mod edit;
 pub mod extract;
 pub mod mkfs;
+pub mod populate;
 pub mod put;

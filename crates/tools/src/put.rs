@@ -43,15 +43,116 @@ pub struct PutStats {
 pub struct PutOptions {
     /// Copy directories and their contents (`-r`); without it a directory is refused.
     pub recursive: bool,
+    /// How host owners become the image's (`mkfs --owner-map`, `--force-owner`).
+    pub owners: OwnerMap,
+    /// Source directories (as the paths `put` reaches them by) copied as new
+    /// subvolumes instead of directories (`mkfs --subvol`). A hard link between a
+    /// subvolume and the outside becomes two files, as links cannot cross trees.
+    pub subvols: Vec<PathBuf>,
+    /// Called after each file, directory or other inode is copied, with the totals so
+    /// far (a progress bar).
+    pub progress: Option<Progress>,
+}
+
+/// A callback `put` reports its totals to.
+#[derive(Clone)]
+pub struct Progress(pub std::sync::Arc<dyn Fn(&PutStats) + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
+
+/// A mapping of host user and group ids to the image's: `force` gives every inode one
+/// owner; otherwise each range maps ids `host..host+count` to `image..image+count`,
+/// and ids outside every range stay as they are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerMap {
+    pub force: Option<(u32, u32)>,
+    /// (host start, image start, count).
+    pub uids: Vec<(u32, u32, u32)>,
+    pub gids: Vec<(u32, u32, u32)>,
+}
+
+impl OwnerMap {
+    /// Every inode owned by `uid`:`gid`.
+    pub fn force(uid: u32, gid: u32) -> OwnerMap {
+        OwnerMap { force: Some((uid, gid)), ..OwnerMap::default() }
+    }
+
+    /// Parse an owner-map file: one mapping per line, `u HOST IMAGE [COUNT]` for user
+    /// ids or `g HOST IMAGE [COUNT]` for group ids (COUNT 1 if left out, as in
+    /// /etc/subuid ranges); blank lines and `#` comments are skipped. Ranges of one
+    /// kind must not overlap on the host side.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` naming the line.
+    pub fn parse(text: &str) -> Result<OwnerMap> {
+        let mut m = OwnerMap::default();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |why: &str| Error::posix_detail(PosixKind::Invalid, format!("owner map line {}", n + 1), format!("{why}: {line:?}"));
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if !(3..=4).contains(&f.len()) {
+                return Err(bad("expected `u|g HOST IMAGE [COUNT]`"));
+            }
+            let num = |s: &str| s.parse::<u32>().map_err(|_| bad("not an id"));
+            let (host, image) = (num(f[1])?, num(f[2])?);
+            let count = if f.len() == 4 { num(f[3])? } else { 1 };
+            if count == 0 || host.checked_add(count - 1).is_none() || image.checked_add(count - 1).is_none() {
+                return Err(bad("the range is empty or runs past the largest id"));
+            }
+            let v = match f[0] {
+                "u" => &mut m.uids,
+                "g" => &mut m.gids,
+                _ => return Err(bad("the kind must be u or g")),
+            };
+            if v.iter().any(|&(h, _, c)| host < h + c && h < host + count) {
+                return Err(bad("overlaps an earlier range"));
+            }
+            v.push((host, image, count));
+        }
+        Ok(m)
+    }
+
+    /// The image's (uid, gid) for host (uid, gid).
+    pub fn map(&self, uid: u32, gid: u32) -> (u32, u32) {
+        if let Some(f) = self.force {
+            return f;
+        }
+        let one = |v: &[(u32, u32, u32)], id: u32| v.iter().find(|&&(h, _, c)| id >= h && id - h < c).map(|&(h, i, _)| i + (id - h)).unwrap_or(id);
+        (one(&self.uids, uid), one(&self.gids, gid))
+    }
+}
+
+/// What one `put` carries through its recursion.
+struct Ctx<'a> {
+    opts: &'a PutOptions,
+    stats: PutStats,
+    links: HashMap<(u64, u64), InodeId>,
+    seen: HashMap<PathBuf, std::fs::Metadata>,
+}
+
+impl Ctx<'_> {
+    fn report(&self) {
+        if let Some(p) = &self.opts.progress {
+            (p.0)(&self.stats);
+        }
+    }
 }
 
 fn io(path: &Path, what: &str, e: std::io::Error) -> Error {
     Error::io(format!("{what} {}", ubtrfs_core::quote::path(path)), e)
 }
 
-fn attrs(md: &std::fs::Metadata) -> InodeAttrs {
+fn attrs(md: &std::fs::Metadata, owners: &OwnerMap) -> InodeAttrs {
     let rdev = if md.file_type().is_char_device() || md.file_type().is_block_device() { rdev_encode(libc::major(md.rdev()), libc::minor(md.rdev())) } else { 0 };
-    InodeAttrs { mode: md.mode(), uid: md.uid(), gid: md.gid(), rdev, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)), flags: 0 }
+    let (uid, gid) = owners.map(md.uid(), md.gid());
+    InodeAttrs { mode: md.mode(), uid, gid, rdev, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)), flags: 0 }
 }
 
 /// Record every directory's metadata before this scan reads it (reading a directory
@@ -96,6 +197,11 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
     for s in srcs {
         prescan(s, opts.recursive, &mut seen)?;
     }
+    for s in &opts.subvols {
+        if !seen.get(s).is_some_and(|m| m.is_dir()) {
+            return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::path(s), "a subvolume must be a directory of the source"));
+        }
+    }
     let dest_dir = match w.live().resolve_id(dest, true) {
         Ok(id) if w.live().load_inode(id, Load::ITEM)?.item.mode.get() & S_IFMT == S_IFDIR => Some(id),
         Ok(_) if dest.ends_with('/') => return Err(Error::posix(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()))),
@@ -103,31 +209,70 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
         Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => None,
         Err(e) => return Err(e),
     };
-    let mut stats = PutStats::default();
-    let mut links = HashMap::new();
+    let mut ctx = Ctx { opts, stats: PutStats::default(), links: HashMap::new(), seen };
     match dest_dir {
         Some(dir) => {
             for s in srcs {
                 let name = base_name(s)?;
-                put_one(w, s, dir, &name, &mut stats, &mut links, &seen)?;
+                put_one(w, s, dir, &name, &mut ctx)?;
             }
         }
         None => {
             if srcs.len() > 1 {
                 return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()), "several sources need an existing directory to copy into"));
             }
-            if dest.ends_with('/') && !seen.contains_key(srcs[0]) {
+            if dest.ends_with('/') && !ctx.seen.contains_key(srcs[0]) {
                 return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()), "a trailing / names a directory, and the source is not one"));
             }
             let (parent, name) = w.resolve_parent(dest)?;
-            put_one(w, srcs[0], parent, &name, &mut stats, &mut links, &seen)?;
+            put_one(w, srcs[0], parent, &name, &mut ctx)?;
         }
     }
-    Ok(stats)
+    Ok(ctx.stats)
 }
 
-fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &mut PutStats, links: &mut HashMap<(u64, u64), InodeId>, seen: &HashMap<PathBuf, std::fs::Metadata>) -> Result<()> {
-    let md = match seen.get(src) {
+/// Copy the contents of host directory `src` into the existing directory `dir` of the
+/// image, with `src`'s own owner, mode, times and xattrs given to `dir` (`mkfs
+/// --rootdir`: the source becomes the top directory).
+///
+/// # Errors
+/// As `put`.
+pub fn put_contents(w: &mut FsWriter, src: &Path, dir: InodeId, opts: &PutOptions) -> Result<PutStats> {
+    let mut seen = HashMap::new();
+    prescan(src, true, &mut seen)?;
+    for s in &opts.subvols {
+        if !seen.get(s).is_some_and(|m| m.is_dir()) || s == src {
+            return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::path(s), "a subvolume must be a directory inside the source"));
+        }
+    }
+    let md = seen.get(src).cloned().expect("prescan recorded the source directory");
+    let mut ctx = Ctx { opts, stats: PutStats::default(), links: HashMap::new(), seen };
+    copy_dir_into(w, src, dir, &md, true, &mut ctx)?;
+    Ok(ctx.stats)
+}
+
+/// Copy the entries of host directory `src` (whose metadata is `md`) into `here`, then
+/// give `here` the source's owner, xattrs, mode and times.
+fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Metadata, set_mode: bool, ctx: &mut Ctx<'_>) -> Result<()> {
+    let a = attrs(md, &ctx.opts.owners);
+    let mut entries: Vec<_> = std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))?.collect::<std::result::Result<_, _>>().map_err(|e| io(src, "cannot read", e))?;
+    // Byte order of the names, not the host's readdir order: the same tree gives the
+    // same image.
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let n = e.file_name();
+        put_one(w, &e.path(), here, n.as_encoded_bytes(), ctx)?;
+    }
+    let chowned = set_owner(w, here, &a)?;
+    copy_xattrs(w, src, here)?;
+    // Linking children changed the directory's times; the source's go back last.
+    finish_attrs(w, here, &a, set_mode || chowned)?;
+    ctx.report();
+    Ok(())
+}
+
+fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
+    let md = match ctx.seen.get(src) {
         Some(m) => m.clone(),
         None => {
             let m = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
@@ -137,39 +282,40 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             m
         }
     };
-    let a = attrs(&md);
+    let a = attrs(&md, &ctx.opts.owners);
     let existing = w.live().lookup(parent, name)?;
     let ft = md.file_type();
     if ft.is_dir() {
-        let here = match &existing {
+        let subvol = ctx.opts.subvols.iter().any(|p| p == src);
+        let (here, set_mode) = match &existing {
             // cp -a merges into a directory of the same name.
-            Some(e) if e.ftype == FT_DIR => e.target,
+            Some(e) if e.ftype == FT_DIR && !subvol => (e.target, true),
+            Some(_) if subvol => return Err(Error::posix_detail(PosixKind::Exists, ubtrfs_core::quote::name(name), "cannot make a subvolume over an existing name")),
             Some(_) => return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(name), "cannot put a directory over a non-directory")),
+            None if subvol => {
+                let id = w.create_subvol(parent.root, parent.ino, name, &a)?;
+                ctx.stats.dirs += 1;
+                (ubtrfs_core::inode::subvol::subvol_top(id), true)
+            }
             None => {
                 let ino = w.mkdir(parent.root, parent.ino, name, &a)?;
-                stats.dirs += 1;
-                InodeId { root: parent.root, ino }
+                ctx.stats.dirs += 1;
+                (InodeId { root: parent.root, ino }, false)
             }
         };
-        let mut entries: Vec<_> = std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))?.collect::<std::result::Result<_, _>>().map_err(|e| io(src, "cannot read", e))?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let n = e.file_name();
-            put_one(w, &e.path(), here, n.as_encoded_bytes(), stats, links, seen)?;
-        }
-        let chowned = set_owner(w, here, &a)?;
-        copy_xattrs(w, src, here)?;
-        // Linking children changed the directory's times; the source's go back last.
-        return finish_attrs(w, here, &a, existing.is_some() || chowned);
+        return copy_dir_into(w, src, here, &md, set_mode, ctx);
     }
     if md.nlink() > 1 {
-        if let Some(first) = links.get(&(md.dev(), md.ino())) {
+        // A hard link to an inode of another tree (across a subvolume boundary)
+        // cannot be: that name becomes a copy of its own.
+        if let Some(first) = ctx.links.get(&(md.dev(), md.ino())).filter(|f| f.root == parent.root) {
             if existing.is_some() {
                 return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name)));
             }
             let ftype = ft_from_mode(md.mode());
-            w.link(parent.root, parent.ino, name, first.ino, ftype)?;
-            stats.hardlinks += 1;
+            let ino = first.ino;
+            w.link(parent.root, parent.ino, name, ino, ftype)?;
+            ctx.stats.hardlinks += 1;
             return Ok(());
         }
     }
@@ -183,10 +329,10 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
             Some(_) => return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name))),
             None => InodeId { root: parent.root, ino: w.create_file(parent.root, parent.ino, name, &a)? },
         };
-        stats.bytes += copy_data(w, src, id, md.len())?;
+        ctx.stats.bytes += copy_data(w, src, id, md.len())?;
         let chowned = set_owner(w, id, &a)?;
         copy_xattrs(w, src, id)?;
-        stats.files += 1;
+        ctx.stats.files += 1;
         finish_attrs(w, id, &a, existing.is_some() || chowned)?;
         id
     } else {
@@ -196,10 +342,10 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
         let ino = if ft.is_symlink() {
             use std::os::unix::ffi::OsStrExt;
             let target = std::fs::read_link(src).map_err(|e| io(src, "cannot read the link", e))?;
-            stats.symlinks += 1;
+            ctx.stats.symlinks += 1;
             w.symlink(parent.root, parent.ino, name, target.as_os_str().as_bytes(), &a)?
         } else {
-            stats.special += 1;
+            ctx.stats.special += 1;
             w.mknod(parent.root, parent.ino, name, &a)?
         };
         let id = InodeId { root: parent.root, ino };
@@ -209,8 +355,9 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], stats: &m
         id
     };
     if md.nlink() > 1 {
-        links.insert((md.dev(), md.ino()), id);
+        ctx.links.entry((md.dev(), md.ino())).or_insert(id);
     }
+    ctx.report();
     Ok(())
 }
 
@@ -373,4 +520,23 @@ fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64
         count += 1;
     }
     Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_maps() {
+        let m = OwnerMap::parse("# rootless build\nu 1000 0\ng 1000 0\nu 100000 1 65536 # the rest\n\n").unwrap();
+        assert_eq!(m.map(1000, 1000), (0, 0));
+        assert_eq!(m.map(100000, 1000), (1, 0));
+        assert_eq!(m.map(165535, 5), (65536, 5));
+        assert_eq!(m.map(165536, 5), (165536, 5), "outside every range: unchanged");
+        assert_eq!(OwnerMap::force(0, 0).map(1234, 99), (0, 0));
+        for bad in ["x 1 2", "u 1", "u a 2", "u 1 2 0", "u 4294967295 0 2", "u 10 0 5\nu 12 100", "u 1 2 3 4"] {
+            let e = OwnerMap::parse(bad).expect_err(bad);
+            assert!(e.to_string().contains("owner map line"), "{bad}: {e}");
+        }
+    }
 }

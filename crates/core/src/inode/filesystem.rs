@@ -453,6 +453,34 @@ pub trait FsRead: TreeView + Sized {
         Ok(*stack.last().expect("stack holds the root"))
     }
 
+    /// The path of directory `ino` of tree `root` from that tree's top directory
+    /// (empty for the top), following each directory's INODE_REF to its parent.
+    ///
+    /// # Errors
+    /// `Corrupt` for a directory without a back reference, or a chain longer than any
+    /// path can be (a loop); read failures.
+    fn dir_path(&self, root: u64, ino: u64) -> Result<Vec<u8>> {
+        let tree = self.fs_root(root)?;
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut cur = ino;
+        // A path is at most PATH_MAX (4096) bytes, so at most 2048 components.
+        for _ in 0..2048 {
+            if cur == FIRST_FREE_OBJECTID {
+                parts.reverse();
+                return Ok(parts.join(&b'/'));
+            }
+            let item = self.iter(&tree, Key::new(cur, INODE_REF_KEY, 0))?.next_item()?;
+            let Some(item) = item.filter(|i| i.key().objectid == cur && i.key().type_ == INODE_REF_KEY) else {
+                return Err(Corrupt::new(CorruptWhere::Item, format!("directory {cur} has no INODE_REF")).root(root).into());
+            };
+            let parent = item.key().offset;
+            let first = items::inode_refs(item.data(), parent).next().expect("validated by the tree checker: at least one ref").expect("validated by the tree checker");
+            parts.push(first.name.to_vec());
+            cur = parent;
+        }
+        Err(Corrupt::new(CorruptWhere::Item, format!("directory {ino}: its INODE_REF chain does not reach the top")).root(root).into())
+    }
+
     /// Every subvolume: (id, parent id, dirid in parent, name, path from the top).
     ///
     /// # Errors

@@ -22,5 +22,6 @@ pub mod orphan;
 pub mod perm;
 pub mod read;
 pub mod stream;
+pub mod subvol;
 pub mod write;
 pub mod xattr;

@@ -137,7 +137,7 @@ impl FsWriter {
     }
 
     /// `t`, or now when it is None.
-    fn time_or_now(&self, t: Option<(i64, u32)>) -> Timespec {
+    pub(super) fn time_or_now(&self, t: Option<(i64, u32)>) -> Timespec {
         match t {
             Some((s, n)) => Timespec { sec: (s as u64).into(), nsec: n.into() },
             None => self.now(),
@@ -319,8 +319,14 @@ impl FsWriter {
     /// The DIR_ITEM and DIR_INDEX (at `index`) of `name` in `dir` for inode `ino`, and
     /// the directory's size and times (`btrfs_add_link` without the back reference).
     pub(super) fn add_dir_entries(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, index: u64) -> Result<()> {
+        self.add_dir_entries_to(root, dir, name, Key::new(ino, INODE_ITEM_KEY, 0), ftype, index)
+    }
+
+    /// As `add_dir_entries`, for an entry whose location is `location`: an inode's
+    /// INODE_ITEM key, or a subvolume's ROOT_ITEM key.
+    pub(super) fn add_dir_entries_to(&mut self, root: u64, dir: u64, name: &[u8], location: Key, ftype: u8, index: u64) -> Result<()> {
         let mut entry = Vec::with_capacity(30 + name.len());
-        let di = DirItem { location: Key::new(ino, INODE_ITEM_KEY, 0).to_disk(), transid: self.transid.into(), data_len: 0.into(), name_len: (name.len() as u16).into(), type_: ftype };
+        let di = DirItem { location: location.to_disk(), transid: self.transid.into(), data_len: 0.into(), name_len: (name.len() as u16).into(), type_: ftype };
         entry.extend_from_slice(di.as_bytes());
         entry.extend_from_slice(name);
         // DIR_ITEM: append to an item holding a colliding hash.

@@ -159,16 +159,35 @@ pub struct Allocator {
     /// Profile bits new chunks of a type get (type -> profile), when set
     /// (`FsWriter::set_alloc_profile`); otherwise `chunk_alloc::alloc_profile` picks.
     pub(crate) target_profiles: BTreeMap<u64, u64>,
+    /// Mixed block groups (INCOMPAT_MIXED_GROUPS): data and metadata share groups
+    /// flagged DATA|METADATA, and share their space.
+    pub(crate) mixed: bool,
 }
 
 impl Allocator {
+    /// The block-group type that serves allocations of type `ty`: DATA|METADATA for
+    /// both on a mixed filesystem, else `ty`.
+    pub fn space_type(&self, ty: u64) -> u64 {
+        if self.mixed && ty & (BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA) != 0 {
+            BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA
+        } else {
+            ty
+        }
+    }
+
     /// Read every block group and the device items; no free space is loaded (each
     /// group is cached on first use, `cache_block_group`).
     ///
     /// # Errors
     /// Read failures; `Corrupt` for impossible group geometry.
     pub fn load(w: &FsWriter) -> Result<Allocator> {
-        let mut a = Allocator { bg_tree: w.info.super_copy().compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0, bits_per_bitmap: DEFAULT_BITS_PER_BITMAP, ..Default::default() };
+        let sb = w.info.super_copy();
+        let mut a = Allocator {
+            bg_tree: sb.compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0,
+            mixed: sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_MIXED_GROUPS != 0,
+            bits_per_bitmap: DEFAULT_BITS_PER_BITMAP,
+            ..Default::default()
+        };
         let stripes = super_stripes(w);
         for bg in w.info.block_groups()? {
             // The geometry a cache of the group will need, checked now as before.
@@ -273,6 +292,7 @@ impl Allocator {
 
     /// Bytes free (allocatable now) per type flag, cached or not (`BlockGroup::free_space`).
     pub fn free_bytes(&self, ty: u64) -> u64 {
+        let ty = self.space_type(ty);
         self.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(BlockGroup::free_space).sum()
     }
 
@@ -555,6 +575,7 @@ pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, f
 /// the room. A group whose caching fails is skipped, and the first such error kept for
 /// the caller (the kernel's `cache_block_group_error`).
 fn find_free_extent(w: &mut FsWriter, ty: u64, num_bytes: u64, cache_error: &mut Option<Error>) -> Result<Option<u64>> {
+    let ty = w.alloc.space_type(ty);
     for g in w.alloc.groups.values_mut().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty) {
         let start = g.start;
         if let Some(c) = g.ctl_mut() {
@@ -657,7 +678,12 @@ pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: 
 /// `Posix(NoSpace)` naming `what` and the shortfall; chunk allocation failures.
 pub(crate) fn reserve_data(w: &mut FsWriter, bytes: u64, what: &str) -> Result<()> {
     loop {
-        let free = w.alloc.free_bytes(BLOCK_GROUP_DATA);
+        let mut free = w.alloc.free_bytes(BLOCK_GROUP_DATA);
+        if w.alloc.mixed {
+            // Mixed groups: the metadata reserved by changes under way and kept back
+            // for deletions and commits comes out of the same space.
+            free = free.saturating_sub(w.alloc.meta_may_use + metadata_reserve(w));
+        }
         if free >= bytes {
             return Ok(());
         }
@@ -686,7 +712,8 @@ const MAX_LEVEL: u64 = 8;
 /// another metadata chunk (the kernel's global block reserve): 256 tree blocks, at most
 /// a quarter of the metadata block groups.
 pub fn metadata_reserve(w: &FsWriter) -> u64 {
-    let total: u64 = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == BLOCK_GROUP_METADATA).map(|g| g.length).sum();
+    let meta = w.alloc.space_type(BLOCK_GROUP_METADATA);
+    let total: u64 = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == meta).map(|g| g.length).sum();
     (256 * u64::from(w.nodesize())).min(total / 4)
 }
 
@@ -724,7 +751,8 @@ pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
     // The counters of uncached groups come from their items and may disagree with the
     // free-space tree: before adding a chunk, ask the caches (a group that fails to
     // load counts as full; the allocation that would need it reports the damage).
-    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == BLOCK_GROUP_METADATA && g.caching_state() == CachingState::No).map(|g| g.start).collect();
+    let meta = w.alloc.space_type(BLOCK_GROUP_METADATA);
+    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == meta && g.caching_state() == CachingState::No).map(|g| g.start).collect();
     for s in uncached {
         let _ = cached_ctl(w, s);
     }

@@ -106,19 +106,29 @@ pub struct RaidAttr {
     pub devs_increment: usize,
     /// Copies of each byte.
     pub ncopies: usize,
+    /// Devices a chunk may lose and stay whole.
+    pub tolerated_failures: usize,
 }
 
 /// The attributes of `profile` (profile bits; 0 is SINGLE). RAID5/6 are not written.
 pub fn raid_attr(profile: u64) -> Option<RaidAttr> {
-    let a = |sub_stripes, dev_stripes, devs_max, devs_min, devs_increment, ncopies| RaidAttr { sub_stripes, dev_stripes, devs_max, devs_min, devs_increment, ncopies };
+    let a = |sub_stripes, dev_stripes, devs_max, devs_min, devs_increment, ncopies, tolerated_failures| RaidAttr {
+        sub_stripes,
+        dev_stripes,
+        devs_max,
+        devs_min,
+        devs_increment,
+        ncopies,
+        tolerated_failures,
+    };
     Some(match profile {
-        0 => a(1, 1, 1, 1, 1, 1),
-        BLOCK_GROUP_DUP => a(1, 2, 1, 1, 1, 2),
-        BLOCK_GROUP_RAID0 => a(1, 1, 0, 1, 1, 1),
-        BLOCK_GROUP_RAID1 => a(1, 1, 2, 2, 2, 2),
-        BLOCK_GROUP_RAID1C3 => a(1, 1, 3, 3, 3, 3),
-        BLOCK_GROUP_RAID1C4 => a(1, 1, 4, 4, 4, 4),
-        BLOCK_GROUP_RAID10 => a(2, 1, 0, 2, 2, 2),
+        0 => a(1, 1, 1, 1, 1, 1, 0),
+        BLOCK_GROUP_DUP => a(1, 2, 1, 1, 1, 2, 0),
+        BLOCK_GROUP_RAID0 => a(1, 1, 0, 1, 1, 1, 0),
+        BLOCK_GROUP_RAID1 => a(1, 1, 2, 2, 2, 2, 1),
+        BLOCK_GROUP_RAID1C3 => a(1, 1, 3, 3, 3, 3, 2),
+        BLOCK_GROUP_RAID1C4 => a(1, 1, 4, 4, 4, 4, 3),
+        BLOCK_GROUP_RAID10 => a(2, 1, 0, 2, 2, 2, 1),
         _ => return None,
     })
 }
@@ -129,18 +139,25 @@ pub fn raid_attr(profile: u64) -> Option<RaidAttr> {
 /// `btrfs_reduce_alloc_profile` over `avail_*_alloc_bits`), else SINGLE for data and
 /// DUP (one device) or RAID1 (several) for metadata and system.
 pub(crate) fn alloc_profile(w: &FsWriter, ty: u64) -> u64 {
+    let ty = w.alloc.space_type(ty);
     if let Some(&p) = w.alloc.target_profiles.get(&ty) {
         return p;
     }
-    let ndevs = w.alloc.dev_items.len();
+    // Devices that can take stripes: the members present (a degraded writer has fewer).
+    let ndevs = writable_devices(w).len();
     // Most redundant first, as the kernel prefers.
     const ORDER: [u64; 7] = [BLOCK_GROUP_RAID1C4, BLOCK_GROUP_RAID1C3, BLOCK_GROUP_RAID10, BLOCK_GROUP_RAID1, BLOCK_GROUP_DUP, BLOCK_GROUP_RAID0, 0];
     let present = |p: u64| w.alloc.groups.values().any(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && g.flags & BLOCK_GROUP_PROFILE_MASK == p);
     if let Some(p) = ORDER.into_iter().find(|&p| present(p) && raid_attr(p).is_some_and(|a| a.devs_min <= ndevs)) {
         return p;
     }
+    if w.alloc.groups.values().any(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty) {
+        // The type's profiles need more devices than are present (a degraded
+        // writer): SINGLE, as the kernel reduces to.
+        return 0;
+    }
     match (ty, ndevs) {
-        (BLOCK_GROUP_DATA, _) => 0,
+        (t, _) if t & BLOCK_GROUP_DATA != 0 => 0,
         (_, 1) => BLOCK_GROUP_DUP,
         _ => BLOCK_GROUP_RAID1,
     }
@@ -159,13 +176,41 @@ impl FsWriter {
             return Err(Error::posix_detail(PosixKind::Invalid, name(), "not one block group type"));
         }
         let attr = raid_attr(profile).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, name(), "this profile is not supported for writing"))?;
-        let ndevs = self.alloc.dev_items.len();
+        let ndevs = writable_devices(self).len();
         if ndevs < attr.devs_min {
             return Err(Error::posix_detail(PosixKind::Invalid, name(), format!("the profile needs at least {} devices, the filesystem has {ndevs}", attr.devs_min)));
         }
+        let ty = self.alloc.space_type(ty);
         self.alloc.target_profiles.insert(ty, profile);
         Ok(())
     }
+}
+
+/// The device items of the members present: those new stripes may go to.
+fn writable_devices(w: &FsWriter) -> Vec<u64> {
+    w.alloc.dev_items.keys().copied().filter(|d| w.info.devices.by_id.contains_key(d)).collect()
+}
+
+/// With member devices missing (a degraded writer), every chunk must keep a whole copy
+/// on the devices present (the kernel's `btrfs_check_rw_degradable`).
+///
+/// # Errors
+/// `Incompatible` naming the first chunk that lost more stripes than its profile
+/// tolerates.
+pub(crate) fn check_rw_degradable(w: &FsWriter) -> Result<()> {
+    for c in w.info.chunk_map.iter() {
+        let lost = c.stripes.iter().filter(|s| !w.info.devices.by_id.contains_key(&s.0)).count();
+        let tolerated = raid_attr(c.profile()).map(|a| a.tolerated_failures).unwrap_or(0);
+        if lost > tolerated {
+            let missing: Vec<u64> = c.stripes.iter().map(|s| s.0).filter(|d| !w.info.devices.by_id.contains_key(d)).collect();
+            return Err(Error::Incompatible(format!(
+                "cannot write degraded: chunk {} ({}) has {lost} stripes on missing devices {missing:?}, and its profile keeps its data through {tolerated}",
+                c.logical,
+                block_group_flags_str(c.type_)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One device's room for a stripe: its largest hole (64 KiB aligned, at most `want`),
@@ -184,6 +229,7 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     if w.hooks.refuse_chunk_alloc {
         return Err(Error::posix(PosixKind::NoSpace, format!("no room for a new {} chunk (test switch)", block_group_flags_str(ty))));
     }
+    let ty = w.alloc.space_type(ty);
     let profile = alloc_profile(w, ty);
     let flags = ty | profile;
     let what = block_group_flags_str(flags);
@@ -193,14 +239,15 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     // at most a tenth of the filesystem; data stripes at most 1 GiB (chunks 10 GiB),
     // metadata 256 MiB (1 GiB past 50 GiB), system 32 MiB.
     let (max_stripe, max_chunk) = match ty {
-        BLOCK_GROUP_DATA => (1 << 30, 10 << 30),
+        // Mixed groups take data's limits, as the kernel's DATA bit decides.
+        t if t & BLOCK_GROUP_DATA != 0 => (1 << 30, 10 << 30),
         BLOCK_GROUP_SYSTEM => (32 * MIB, 32 * MIB),
         _ if fs_total > 50 << 30 => (1 << 30, 1 << 30),
         _ => (256 * MIB, 256 * MIB),
     };
     let max_chunk = max_chunk.min(fs_total / 10).max(4 * MIB);
     // Every device with a hole of at least one stripe length per device stripe.
-    let devids: Vec<(u64, [u8; 16], u64, u64)> = w.alloc.dev_items.iter().map(|(&id, d)| (id, d.uuid, d.bytes_used.get(), d.total_bytes.get())).collect();
+    let devids: Vec<(u64, [u8; 16], u64, u64)> = writable_devices(w).into_iter().map(|id| (id, &w.alloc.dev_items[&id])).map(|(id, d)| (id, d.uuid, d.bytes_used.get(), d.total_bytes.get())).collect();
     let mut rooms: Vec<DevRoom> = Vec::with_capacity(devids.len());
     let mut dup_holes = Vec::new();
     for &(devid, uuid, used, total) in &devids {

@@ -332,7 +332,7 @@ pub struct FsWriter {
     /// Quotas are on (looked up at open): every commit keeps the qgroups exact.
     pub(crate) quotas: bool,
     /// The default subvolume (looked up at open; nothing the writer does changes it).
-    default_subvol: u64,
+    pub(crate) default_subvol: u64,
 }
 
 impl FsWriter {
@@ -384,9 +384,6 @@ impl FsWriter {
         if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0 || compat_ro & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
             return Err(Error::Incompatible("cannot write: only filesystems with a valid free-space tree are supported for writing (space_cache=v2)".into()));
         }
-        if incompat & INCOMPAT_MIXED_GROUPS != 0 {
-            return Err(Error::Incompatible("cannot write: mixed block groups are not supported for writing yet".into()));
-        }
         let unwritable = incompat & (INCOMPAT_ZONED | INCOMPAT_EXTENT_TREE_V2 | INCOMPAT_RAID_STRIPE_TREE | INCOMPAT_SIMPLE_QUOTA);
         if unwritable != 0 {
             return Err(Error::Incompatible(format!("cannot write: features {} are not supported for writing yet", flag_names(unwritable, INCOMPAT_NAMES))));
@@ -397,10 +394,10 @@ impl FsWriter {
             }
         }
         let ndevs = sb.num_devices.get();
-        if info.devices.by_id.len() as u64 != ndevs {
+        if info.devices.by_id.len() as u64 != ndevs && !info.degraded {
             let have: Vec<u64> = info.devices.by_id.keys().copied().collect();
             return Err(Error::Incompatible(format!(
-                "cannot write: the filesystem has {ndevs} devices and {} were given (devids {have:?}); pass every device with --device (degraded writes are not supported)",
+                "cannot write: the filesystem has {ndevs} devices and {} were given (devids {have:?}); pass every device with --device, or allow degraded writes (--degraded)",
                 have.len()
             )));
         }
@@ -463,6 +460,9 @@ impl FsWriter {
             )));
         }
         w.alloc = crate::space::allocator::Allocator::load(&w)?;
+        if w.info.devices.by_id.len() != w.alloc.dev_items.len() {
+            crate::space::chunk_alloc::check_rw_degradable(&w)?;
+        }
         w.quotas = crate::extent::qgroup::status(&mut w)?.is_some();
         w.default_subvol = crate::inode::filesystem::find_default_subvol(&w.live())?;
         // One budget for metadata in memory (`OpenOptions::cache_bytes`): up to half of it,
@@ -1287,7 +1287,7 @@ impl FsWriter {
         self.transaction("create_tree", 0, |w| w.create_tree_inner(id))
     }
 
-    fn create_tree_inner(&mut self, id: u64) -> Result<RootInfo> {
+    pub(crate) fn create_tree_inner(&mut self, id: u64) -> Result<RootInfo> {
         let bytenr = self.alloc_tree_block(id, 0, Key::MIN)?;
         self.new_block(bytenr, id, 0);
         let mut item = RootItem::new_zeroed();

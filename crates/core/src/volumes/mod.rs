@@ -202,7 +202,20 @@ pub fn write_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &[u8], k
             let c = map.lookup(cur)?;
             let (index, phys, contig) = c.map(cur, mirror.min(c.num_copies() - 1));
             let n = ((buf.len() - done) as u64).min(contig) as usize;
-            let dev = &devs.get(c.stripes[index].0)?.dev;
+            let devid = c.stripes[index].0;
+            if !devs.by_id.contains_key(&devid) {
+                // A degraded writer: this copy's device is missing. The writer made
+                // sure every chunk keeps a whole copy on the devices present
+                // (`check_rw_degradable`); a range no copy of which can be written
+                // is an error.
+                let any = (0..c.num_copies()).any(|m| devs.by_id.contains_key(&c.stripes[c.map(cur, m).0].0));
+                if !any {
+                    devs.get(devid)?;
+                }
+                done += n;
+                continue;
+            }
+            let dev = &devs.get(devid)?.dev;
             match kind {
                 WriteKind::Metadata => dev.write_at(&buf[done..done + n], phys)?,
                 WriteKind::Data => {

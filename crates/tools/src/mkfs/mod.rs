@@ -128,12 +128,12 @@ fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions) -> std::res
         bootstrap::write(&dev, &l).map_err(after_writing)?;
     }
     let generation = (|| {
-        let mut w = FsWriter::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone() })?;
+        let mut w = FsWriter::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone(), degraded: false })?;
         populate_chunks(&mut w, opts)?;
         w.commit()
     })()
     .map_err(after_writing)?;
-    let report = FsInfo::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone() })
+    let report = FsInfo::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone(), degraded: false })
         .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
         .map_err(after_writing)?;
     if !report.is_clean() {

@@ -1,0 +1,134 @@
+//! `ubtrfs subvolume create|list|set-default|get-default`: subvolumes of an image, as
+//! `btrfs subvolume` shows and changes them on a mount. Paths inside the image are
+//! absolute and start at the default subvolume, as a mount without subvol= does.
+
+use crate::{ImageArgs, WriteImageArgs};
+use clap::{Args, Subcommand};
+use ubtrfs_core::error::{Error, PosixKind};
+use ubtrfs_core::inode::filesystem::{Filesystem, FsRead, Load};
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::{OpenOptions, Result};
+use ubtrfs_format::key::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID};
+
+#[derive(Subcommand)]
+pub enum SubvolCmd {
+    /// Make a subvolume at PATH (its parent directory must exist), as
+    /// `btrfs subvolume create` does.
+    Create(SubvolCreateArgs),
+    /// List every subvolume: id, parent id and path from the top-level subvolume.
+    List(ImageArgs),
+    /// Make the subvolume at PATH (or with that numeric ID) the one a mount shows.
+    SetDefault(SubvolSetDefaultArgs),
+    /// Print the default subvolume's id and path.
+    GetDefault(ImageArgs),
+}
+
+#[derive(Args)]
+pub struct SubvolCreateArgs {
+    #[command(flatten)]
+    pub image: WriteImageArgs,
+    /// Absolute path of the new subvolume inside the image.
+    pub path: String,
+    /// Permission bits of its top directory (octal).
+    #[arg(short = 'm', value_name = "MODE", default_value = "755")]
+    pub mode: String,
+}
+
+#[derive(Args)]
+pub struct SubvolSetDefaultArgs {
+    #[command(flatten)]
+    pub image: WriteImageArgs,
+    /// The subvolume: its path inside the image, or its numeric id (5 is the top level).
+    pub subvol: String,
+}
+
+impl SubvolCmd {
+    pub fn run(&self) -> Result<()> {
+        match self {
+            SubvolCmd::Create(a) => create(a),
+            SubvolCmd::List(a) => list(a),
+            SubvolCmd::SetDefault(a) => set_default(a),
+            SubvolCmd::GetDefault(a) => get_default(a),
+        }
+    }
+}
+
+fn create(a: &SubvolCreateArgs) -> Result<()> {
+    let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
+    let path = ubtrfs_tools::edit::absolute(&a.path)?;
+    let mut w = a.image.open_writer()?;
+    let (parent, name) = w.resolve_parent(path)?;
+    let id = w.create_subvol(parent.root, parent.ino, &name, &InodeAttrs::new(mode))?;
+    w.commit()?;
+    println!("created subvolume {id} at {path}");
+    Ok(())
+}
+
+fn open(a: &ImageArgs) -> Result<Filesystem> {
+    let mut devices = vec![a.image.clone()];
+    devices.extend(a.devices.iter().cloned());
+    let fs = Filesystem::open(&OpenOptions { devices, cache_bytes: a.cache_mib << 20, writable: false, sources: Default::default(), degraded: false })?;
+    crate::print_warnings(fs.info());
+    Ok(fs)
+}
+
+/// Path of subvolume `id` from the top-level subvolume.
+fn subvol_path(fs: &Filesystem, subvols: &[ubtrfs_core::inode::filesystem::SubvolInfo], id: u64) -> Result<String> {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = id;
+    for _ in 0..=subvols.len() {
+        if cur == FS_TREE_OBJECTID {
+            parts.reverse();
+            return Ok(parts.join("/"));
+        }
+        let s = subvols.iter().find(|s| s.id == cur).ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("subvolume {cur}"), "no ROOT_BACKREF names it"))?;
+        let mut p = String::from_utf8_lossy(&s.name).into_owned();
+        let dir = fs.dir_path(s.parent, s.dirid)?;
+        if !dir.is_empty() {
+            p = format!("{}/{p}", String::from_utf8_lossy(&dir));
+        }
+        parts.push(p);
+        cur = s.parent;
+    }
+    Err(Error::posix_detail(PosixKind::Invalid, format!("subvolume {id}"), "its parents loop"))
+}
+
+fn list(a: &ImageArgs) -> Result<()> {
+    let fs = open(a)?;
+    let subvols = fs.subvolumes()?;
+    for s in &subvols {
+        println!("ID {} parent {} path {}", s.id, s.parent, subvol_path(&fs, &subvols, s.id)?);
+    }
+    Ok(())
+}
+
+fn set_default(a: &SubvolSetDefaultArgs) -> Result<()> {
+    let mut w = a.image.open_writer()?;
+    let id = match a.subvol.parse::<u64>() {
+        Ok(id) => id,
+        Err(_) => {
+            let path = ubtrfs_tools::edit::absolute(&a.subvol)?;
+            let id = w.live().resolve_id(path, true)?;
+            let top = w.live().load_inode(id, Load::ITEM)?;
+            if id.ino != FIRST_FREE_OBJECTID || top.kind() != ubtrfs_core::inode::filesystem::FileKind::Dir {
+                return Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::name(path.as_bytes()), "not a subvolume"));
+            }
+            id.root
+        }
+    };
+    w.set_default_subvol(id)?;
+    w.commit()?;
+    Ok(())
+}
+
+fn get_default(a: &ImageArgs) -> Result<()> {
+    let fs = open(a)?;
+    let id = fs.default_subvol();
+    if id == FS_TREE_OBJECTID {
+        println!("ID 5 (FS_TREE)");
+    } else {
+        let subvols = fs.subvolumes()?;
+        println!("ID {id} path {}", subvol_path(&fs, &subvols, id)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! Filling a new filesystem from a host directory (`mkfs --rootdir`), and what makes
+//! the result reproducible.
+//!
+//! `populate` copies the tree into the top directory (`put::put_contents`: contents
+//! with holes kept, modes, owners through an owner map, times, hard links, symlinks,
+//! xattrs, special files, the chosen directories as subvolumes) and sets the default
+//! subvolume.
+//!
+//! Reproducibility (`SOURCE_DATE_EPOCH`, or `--reproducible`): the same input gives the
+//! same bytes. What varies between two builds of one tree is taken out:
+//! - the engine's clock and UUIDs come from `reproducible_sources`: times mkfs makes
+//!   (the top directory's ctime and otime, subvolumes' times, every ctime) count from
+//!   the epoch, and UUIDs follow a seed;
+//! - the filesystem's own UUIDs come from `derive_uuid`, a hash of the tree's digest,
+//!   the label and what the UUID is for;
+//! - the tree's digest (`tree_digest`) covers what the image will hold (each path in
+//!   byte order, its type, mode, mapped owner, size, mtime, link target and xattr
+//!   names) and nothing of the host's inode numbers or readdir order;
+//! - entries are copied in byte order of their names, not the host's readdir order.
+
+use crate::put::{put_contents, OwnerMap, PutOptions, PutStats};
+use sha2::{Digest, Sha256};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::inode::filesystem::{FileKind, FsRead, Load};
+use ubtrfs_core::sources::{Sources, Time};
+use ubtrfs_core::transaction::FsWriter;
+
+/// What `populate` does besides copying.
+#[derive(Clone, Debug, Default)]
+pub struct PopulateOptions {
+    /// The copy's options (owner map, subvolumes as source paths, progress).
+    pub put: PutOptions,
+    /// Make the subvolume at this path (inside the image, e.g. "/@root") the default.
+    pub default_subvol: Option<String>,
+}
+
+/// Copy `rootdir` into the top directory of the filesystem `w` writes and set the
+/// default subvolume (in the caller's transaction; the caller commits).
+///
+/// # Errors
+/// As `put::put_contents`, naming the host path; `Posix(Invalid)` when the default
+/// subvolume's path is not one of the subvolumes made.
+pub fn populate(w: &mut FsWriter, rootdir: &Path, opts: &PopulateOptions) -> Result<PutStats> {
+    let top = w.live().root_dir();
+    let stats = put_contents(w, rootdir, top, &opts.put)?;
+    if let Some(p) = &opts.default_subvol {
+        let path = crate::edit::absolute(p)?;
+        let id = w.live().resolve_id(path, true)?;
+        let v = w.live().load_inode(id, Load::ITEM)?;
+        if id.ino != ubtrfs_format::key::FIRST_FREE_OBJECTID || v.kind() != FileKind::Dir || id.root == top.root {
+            return Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::name(path.as_bytes()), "the default subvolume must be one of the subvolumes made (--subvol)"));
+        }
+        w.set_default_subvol(id.root)?;
+    }
+    Ok(stats)
+}
+
+/// A digest of what the image will hold of `root` (see the module notes): equal for two
+/// copies of one tree, whatever their inode numbers and readdir order.
+///
+/// # Errors
+/// `Io` naming an entry that cannot be read.
+pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
+    let mut h = Sha256::new();
+    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let p = root.join(&rel);
+        let md = std::fs::symlink_metadata(&p).map_err(|e| Error::io(format!("cannot stat {}", ubtrfs_core::quote::path(&p)), e))?;
+        let (uid, gid) = owners.map(md.uid(), md.gid());
+        h.update(rel.as_os_str().as_encoded_bytes());
+        h.update([0]);
+        h.update(format!("{:o} {uid} {gid} {} {} {} {}", md.mode(), md.len(), md.mtime(), md.mtime_nsec(), md.rdev()).as_bytes());
+        if md.file_type().is_symlink() {
+            let t = std::fs::read_link(&p).map_err(|e| Error::io(format!("cannot read the link {}", ubtrfs_core::quote::path(&p)), e))?;
+            h.update(t.as_os_str().as_encoded_bytes());
+        }
+        h.update([0]);
+        if md.is_dir() {
+            let mut names: Vec<_> = std::fs::read_dir(&p)
+                .map_err(|e| Error::io(format!("cannot read {}", ubtrfs_core::quote::path(&p)), e))?
+                .map(|e| e.map(|e| e.file_name()))
+                .collect::<std::io::Result<_>>()
+                .map_err(|e| Error::io(format!("cannot read {}", ubtrfs_core::quote::path(&p)), e))?;
+            // Reverse byte order onto the stack: popped in byte order.
+            names.sort();
+            for n in names.into_iter().rev() {
+                stack.push(rel.join(n));
+            }
+        }
+    }
+    Ok(h.finalize().into())
+}
+
+/// A UUID for `what` ("fsid", "chunk tree", "device 1", ...) of a reproducible build:
+/// a hash of the tree's digest, the label and `what`, as an RFC 4122 version-8
+/// (name-based, custom hash) UUID.
+pub fn derive_uuid(digest: &[u8; 32], label: &str, what: &str) -> [u8; 16] {
+    let mut h = Sha256::new();
+    h.update(b"ubtrfs mkfs uuid\0");
+    h.update(digest);
+    h.update(label.as_bytes());
+    h.update([0]);
+    h.update(what.as_bytes());
+    let d = h.finalize();
+    let mut u = [0u8; 16];
+    u.copy_from_slice(&d[..16]);
+    u[6] = (u[6] & 0x0f) | 0x80;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+/// The engine's clock and UUID source for a reproducible build: time starts at `epoch`
+/// (SOURCE_DATE_EPOCH) and UUIDs follow a seed taken from the digest.
+pub fn reproducible_sources(epoch: i64, digest: &[u8; 32]) -> Sources {
+    let seed = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    Sources::deterministic(Time { sec: epoch, nsec: 0 }, seed)
+}
+
+/// SOURCE_DATE_EPOCH from the environment, if set.
+///
+/// # Errors
+/// `Posix(Invalid)` when it is set but not a decimal number of seconds.
+pub fn source_date_epoch() -> Result<Option<i64>> {
+    match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) => v.trim().parse::<i64>().map(Some).map_err(|_| Error::posix_detail(PosixKind::Invalid, format!("SOURCE_DATE_EPOCH={v:?}"), "not a number of seconds")),
+        Err(_) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_stable_and_distinct() {
+        let d = [7u8; 32];
+        let a = derive_uuid(&d, "root", "fsid");
+        assert_eq!(a, derive_uuid(&d, "root", "fsid"));
+        assert_ne!(a, derive_uuid(&d, "root", "chunk tree"));
+        assert_ne!(a, derive_uuid(&d, "other", "fsid"));
+        assert_ne!(a, derive_uuid(&[8u8; 32], "root", "fsid"));
+        assert_eq!(a[6] >> 4, 8, "version 8");
+        assert_eq!(a[8] >> 6, 2, "RFC 4122 variant");
+    }
+}
