@@ -19,9 +19,10 @@ pub struct MkfsArgs {
     /// one grown to it; default the whole file or device.
     #[arg(short = 'b', long, value_name = "SIZE")]
     pub size: Option<String>,
-    /// Tree block size, 4K to 64K and at least the sector size.
-    #[arg(short = 'n', long, default_value = "16K", value_name = "SIZE")]
-    pub nodesize: String,
+    /// Tree block size, 4K to 64K and at least the sector size [default: 16K, the
+    /// sector size with --mixed].
+    #[arg(short = 'n', long, value_name = "SIZE")]
+    pub nodesize: Option<String>,
     /// Data block size: 4096, or the page size.
     #[arg(short = 's', long, default_value = "4K", value_name = "SIZE")]
     pub sectorsize: String,
@@ -35,11 +36,11 @@ pub struct MkfsArgs {
     #[arg(short = 'U', long)]
     pub uuid: Option<String>,
     /// Data profile: single (default) or dup; raid0, raid1, raid1c3, raid1c4 and
-    /// raid10 need several devices.
+    /// raid10 need several devices. With --mixed, data and metadata share one profile.
     #[arg(short = 'd', long, value_name = "PROFILE")]
     pub data: Option<String>,
-    /// Metadata (and system) profile: dup (default) or single; the raid profiles
-    /// need several devices.
+    /// Metadata (and system) profile: dup (default; single with --mixed) or single;
+    /// the raid profiles need several devices.
     #[arg(short = 'm', long, value_name = "PROFILE")]
     pub metadata: Option<String>,
     /// Comma-separated features to add (block-group-tree) or, with ^, remove
@@ -47,7 +48,8 @@ pub struct MkfsArgs {
     /// free-space-tree.
     #[arg(short = 'O', long, value_name = "LIST")]
     pub features: Option<String>,
-    /// Mixed data and metadata block groups (not supported yet).
+    /// Mixed data and metadata block groups (for small filesystems; the node size is
+    /// the sector size).
     #[arg(short = 'M', long)]
     pub mixed: bool,
     /// Overwrite an existing filesystem or partition table.
@@ -59,22 +61,36 @@ pub struct MkfsArgs {
 }
 
 fn options_from(a: &MkfsArgs) -> Result<MkfsOptions> {
-    if a.mixed {
-        return Err(Error::posix_detail(PosixKind::Invalid, "--mixed", "mixed block groups are not supported yet: the ubtrfs writer refuses them"));
-    }
     let num = |what: &str, s: &str| -> Result<u32> {
         let v = options::parse_size(what, s)?;
         u32::try_from(v).map_err(|_| Error::posix_detail(PosixKind::Invalid, format!("{what} {s}"), "too large"))
     };
+    let mut features = a.features.as_deref().map(options::Features::parse).transpose()?.unwrap_or_default();
+    features.mixed |= a.mixed;
+    let sectorsize = num("sectorsize", &a.sectorsize)?;
+    let nodesize = match &a.nodesize {
+        Some(n) => num("nodesize", n)?,
+        None if features.mixed => sectorsize,
+        None => 16384,
+    };
+    let data = a.data.as_deref().map(options::parse_profile).transpose()?;
+    let metadata = a.metadata.as_deref().map(options::parse_profile).transpose()?;
+    // Mixed groups have one profile: either option sets it, SINGLE by default.
+    let (data, metadata) = match (features.mixed, data, metadata) {
+        (true, Some(d), None) => (d, d),
+        (true, None, Some(m)) => (m, m),
+        (true, d, m) => (d.unwrap_or(0), m.unwrap_or(0)),
+        (false, d, m) => (d.unwrap_or(0), m.unwrap_or(BLOCK_GROUP_DUP)),
+    };
     Ok(MkfsOptions {
-        nodesize: num("nodesize", &a.nodesize)?,
-        sectorsize: num("sectorsize", &a.sectorsize)?,
+        nodesize,
+        sectorsize,
         csum: options::parse_csum(&a.csum)?,
         label: a.label.clone().unwrap_or_default().into_bytes(),
         fsid: a.uuid.as_deref().map(options::parse_uuid).transpose()?,
-        data_profile: a.data.as_deref().map(options::parse_profile).transpose()?.unwrap_or(0),
-        metadata_profile: a.metadata.as_deref().map(options::parse_profile).transpose()?.unwrap_or(BLOCK_GROUP_DUP),
-        features: a.features.as_deref().map(options::Features::parse).transpose()?.unwrap_or_default(),
+        data_profile: data,
+        metadata_profile: metadata,
+        features,
         sources: Default::default(),
     })
 }
@@ -186,8 +202,12 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         println!("Sector size:        {}", opts.sectorsize);
         println!("Filesystem size:    {}", human(made.total_bytes));
         println!("Block group profiles:");
-        println!("  Data:             {}", profile_name(opts.data_profile));
-        println!("  Metadata:         {}", profile_name(opts.metadata_profile));
+        if opts.features.mixed {
+            println!("  Data+Metadata:    {}", profile_name(opts.data_profile));
+        } else {
+            println!("  Data:             {}", profile_name(opts.data_profile));
+            println!("  Metadata:         {}", profile_name(opts.metadata_profile));
+        }
         println!("  System:           {}", profile_name(opts.metadata_profile));
         println!("Checksum:           {}", opts.csum.name());
         let f = opts.features;
@@ -202,6 +222,9 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         names.push("free-space-tree");
         if f.block_group_tree {
             names.push("block-group-tree");
+        }
+        if f.mixed {
+            names.push("mixed-bg");
         }
         println!("Features:           {}", names.join(", "));
     }

@@ -1,6 +1,6 @@
 //! `ubtrfs mkfs` end to end. A matrix of options (node sizes 4K/16K/64K, every
-//! checksum, single and dup data and metadata, the block-group tree on and off, label
-//! and UUID): the image checks clean with `btrfs check --check-data-csum`, carries the
+//! checksum, single and dup data and metadata, mixed block groups, the block-group
+//! tree on and off, label and UUID): the image checks clean with `btrfs check --check-data-csum`, carries the
 //! UUID and label asked for, has the same trees, item kinds and chunk kinds as
 //! mkfs.btrfs makes with the same options, mounts, takes a copy of /usr/include/linux
 //! from the kernel, shows the profiles in `btrfs filesystem df`, checks clean again,
@@ -152,11 +152,13 @@ struct Case {
     bg_tree: bool,
     label: Option<&'static str>,
     uuid: Option<&'static str>,
+    /// `--mixed` (and `-d` gives the one profile).
+    mixed: bool,
 }
 
 const CASES: &[Case] = &[
-    Case { name: "default", nodesize: "16K", csum: "crc32c", data: "single", metadata: "dup", features: "", bg_tree: false, label: None, uuid: None },
-    Case { name: "n4k-xxhash", nodesize: "4K", csum: "xxhash", data: "dup", metadata: "single", features: "", bg_tree: false, label: Some("small nodes"), uuid: None },
+    Case { name: "default", nodesize: "16K", csum: "crc32c", data: "single", metadata: "dup", features: "", bg_tree: false, label: None, uuid: None, mixed: false },
+    Case { name: "n4k-xxhash", nodesize: "4K", csum: "xxhash", data: "dup", metadata: "single", features: "", bg_tree: false, label: Some("small nodes"), uuid: None, mixed: false },
     Case {
         name: "n64k-sha256-bgt",
         nodesize: "64K",
@@ -167,8 +169,20 @@ const CASES: &[Case] = &[
         bg_tree: true,
         label: None,
         uuid: Some("0f4c5390-03e1-46a1-a376-89233a9a63a8"),
+        mixed: false,
     },
-    Case { name: "blake2-single-bgt", nodesize: "16K", csum: "blake2", data: "single", metadata: "single", features: "block-group-tree,^extref", bg_tree: true, label: Some("b2"), uuid: None },
+    Case {
+        name: "blake2-single-bgt",
+        nodesize: "16K",
+        csum: "blake2",
+        data: "single",
+        metadata: "single",
+        features: "block-group-tree,^extref",
+        bg_tree: true,
+        label: Some("b2"),
+        uuid: None,
+        mixed: false,
+    },
     Case {
         name: "n64k-dup-dup",
         nodesize: "64K",
@@ -179,7 +193,9 @@ const CASES: &[Case] = &[
         bg_tree: false,
         label: Some("dd"),
         uuid: Some("5d1e9c3a77f04b8e9a3f3c2b1a0e9d8c"),
+        mixed: false,
     },
+    Case { name: "mixed-dup", nodesize: "4K", csum: "xxhash", data: "dup", metadata: "dup", features: "", bg_tree: false, label: Some("mixed"), uuid: None, mixed: true },
 ];
 
 fn profile_df(p: &str) -> &'static str {
@@ -197,6 +213,9 @@ fn run_case(c: &Case) {
     cmd.args(["mkfs", "-q", "--size", "256M", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
     if !c.features.is_empty() {
         cmd.args(["--features", c.features]);
+    }
+    if c.mixed {
+        cmd.arg("--mixed");
     }
     if let Some(l) = c.label {
         cmd.args(["--label", l]);
@@ -231,6 +250,9 @@ fn run_case(c: &Case) {
     if !c.features.is_empty() {
         cmd.args(["--features", c.features]);
     }
+    if c.mixed {
+        cmd.arg("--mixed");
+    }
     run(cmd.arg(&ours_img));
     let theirs = d.join("progs.img");
     std::fs::File::create(&theirs).unwrap().set_len(256 << 20).unwrap();
@@ -239,6 +261,9 @@ fn run_case(c: &Case) {
     mk.args(["-q", "-f", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
     if !progs_features.is_empty() {
         mk.args(["-O", &progs_features.join(",")]);
+    }
+    if c.mixed {
+        mk.arg("--mixed");
     }
     run(mk.arg(&theirs));
     let mut want = tree_shape(&theirs);
@@ -269,7 +294,7 @@ fn run_case(c: &Case) {
     }
     assert!(got.contains_key("checksum tree"), "{}: no csum tree: {got:?}", c.name);
     let chunks: BTreeSet<&String> = got["chunk tree"].iter().filter(|s| s.starts_with("chunk ")).collect();
-    assert_eq!(chunks.len(), 3, "{}: one chunk kind per type: {chunks:?}", c.name);
+    assert_eq!(chunks.len(), if c.mixed { 2 } else { 3 }, "{}: one chunk kind per type: {chunks:?}", c.name);
     assert_eq!(got, want, "{}: trees of ubtrfs mkfs vs mkfs.btrfs", c.name);
     // The kernel writes a file tree into it.
     let mnt = d.join("mnt");
@@ -280,10 +305,16 @@ fn run_case(c: &Case) {
     m.umount();
     assert!(copied && synced, "{}: cp -a into the mount", c.name);
     let df = String::from_utf8_lossy(&df.stdout).into_owned();
-    for line in [format!("Data, {}:", profile_df(c.data)), format!("Metadata, {}:", profile_df(c.metadata)), format!("System, {}:", profile_df(c.metadata))] {
-        assert!(df.contains(&line), "{}: btrfs filesystem df lacks {line}:\n{df}", c.name);
+    let want: Vec<String> = if c.mixed {
+        vec![format!("Data+Metadata, {}:", profile_df(c.data)), format!("System, {}:", profile_df(c.metadata))]
+    } else {
+        vec![format!("Data, {}:", profile_df(c.data)), format!("Metadata, {}:", profile_df(c.metadata)), format!("System, {}:", profile_df(c.metadata))]
+    };
+    for line in &want {
+        assert!(df.contains(line.as_str()), "{}: btrfs filesystem df lacks {line}:\n{df}", c.name);
     }
-    assert_eq!(df.lines().filter(|l| l.starts_with("Data") || l.starts_with("Metadata") || l.starts_with("System")).count(), 3, "{}: one profile per type:\n{df}", c.name);
+    let rows = df.lines().filter(|l| l.starts_with("Data") || l.starts_with("Metadata") || l.starts_with("System")).count();
+    assert_eq!(rows, want.len(), "{}: one profile per type:\n{df}", c.name);
     assert_check(&img, &format!("{} after the kernel's writes", c.name));
     // And ubtrfs writes after the kernel.
     run(bin().args(["put", "-r"]).arg(&img).arg("/usr/include/asm-generic").arg("/"));
@@ -318,6 +349,11 @@ fn matrix_64k_dup_dup() {
     run_case(&CASES[4]);
 }
 
+#[test]
+fn matrix_mixed_dup() {
+    run_case(&CASES[5]);
+}
+
 fn sha(path: &Path) -> Vec<u8> {
     use sha2::{Digest, Sha256};
     Sha256::digest(std::fs::read(path).unwrap()).to_vec()
@@ -337,7 +373,8 @@ fn bad_input_leaves_no_image() {
         (&["--size", "256M", "-m", "raid1c3"], "needs 3 devices"),
         (&["--size", "256M", "-m", "raid5"], "RAID5/6"),
         (&["--size", "256M", "--features", "bogus"], "feature bogus"),
-        (&["--size", "256M", "--mixed"], "mixed block groups"),
+        (&["--size", "256M", "--mixed", "--nodesize", "16K"], "nodesize 16384: invalid argument (mixed block groups need it equal to the sectorsize 4096)"),
+        (&["--size", "256M", "--mixed", "-d", "single", "-m", "dup"], "data and metadata profiles must be the same"),
         (&["--size", "256M", "--uuid", "not-a-uuid"], "uuid not-a-uuid"),
         (&["--size", "lots"], "size lots"),
         (&[], "give --size"),

@@ -4,8 +4,9 @@
 //! 1. `bootstrap` writes a minimal filesystem whose trees are one leaf each, in a
 //!    temporary SYSTEM chunk at 1 MiB;
 //! 2. the engine opens it, takes the requested profiles, allocates the real SYSTEM,
-//!    METADATA and DATA chunks and COWs every root leaf into them, and commits (the
-//!    commit frees the bootstrap blocks);
+//!    METADATA and DATA chunks (SYSTEM and DATA|METADATA with mixed block groups) and
+//!    COWs every root leaf into them, and commits (the commit frees the bootstrap
+//!    blocks);
 //! 3. a second transaction removes the now empty temporary chunk
 //!    (`ubtrfs_core::space::chunk_remove`) and commits.
 //!
@@ -152,11 +153,13 @@ pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
     w.set_alloc_profile(BLOCK_GROUP_DATA, opts.data_profile)?;
     w.set_alloc_profile(BLOCK_GROUP_METADATA, opts.metadata_profile)?;
     w.set_alloc_profile(BLOCK_GROUP_SYSTEM, opts.metadata_profile)?;
+    // With mixed block groups one DATA|METADATA chunk serves both.
+    let types: &[u64] = if opts.features.mixed { &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA] } else { &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA, BLOCK_GROUP_DATA] };
     {
         // No reservation: the metadata chunk this handle makes is where its blocks go.
         let mut h = w.start_transaction("mkfs: chunks", 0)?;
         let r = (|| {
-            for ty in [BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA, BLOCK_GROUP_DATA] {
+            for &ty in types {
                 chunk_alloc::alloc_chunk(&mut h, ty)?;
             }
             let moved = chunk_remove::relocate_root_leaves(&mut h, start)?;

@@ -3,8 +3,9 @@
 //! accept before anything is written.
 //!
 //! Invariants of a `MkfsOptions` that `validate` passed: sectorsize is 4096 or the
-//! page size, nodesize a power of two in [sectorsize, 64 KiB], profiles writable on the
-//! device count, the feature set one the engine writes. Neighbours: `bootstrap`
+//! page size, nodesize a power of two in [sectorsize, 64 KiB] (equal to the sectorsize
+//! with mixed block groups, whose data and metadata profiles are one), profiles
+//! writable on the device count, the feature set one the engine writes. Neighbours: `bootstrap`
 //! (writes the first filesystem from these), `mod.rs` (runs the engine on it).
 
 use ubtrfs_core::error::{Error, PosixKind, Result};
@@ -25,11 +26,13 @@ pub struct Features {
     pub no_holes: bool,
     /// Block group items in their own tree (compat_ro BLOCK_GROUP_TREE).
     pub block_group_tree: bool,
+    /// Data and metadata share DATA|METADATA block groups (incompat MIXED_GROUPS).
+    pub mixed: bool,
 }
 
 impl Default for Features {
     fn default() -> Features {
-        Features { extref: true, no_holes: true, block_group_tree: false }
+        Features { extref: true, no_holes: true, block_group_tree: false, mixed: false }
     }
 }
 
@@ -42,6 +45,9 @@ impl Features {
         }
         if self.no_holes {
             f |= INCOMPAT_NO_HOLES;
+        }
+        if self.mixed {
+            f |= INCOMPAT_MIXED_GROUPS;
         }
         f
     }
@@ -59,7 +65,7 @@ impl Features {
     ///
     /// # Errors
     /// `Posix(Invalid)` naming an unknown feature, one the writer cannot do without,
-    /// or one not supported yet (mixed block groups).
+    /// or one not supported yet.
     pub fn parse(list: &str) -> Result<Features> {
         let mut f = Features::default();
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -74,7 +80,7 @@ impl Features {
                 "block-group-tree" | "bgt" => f.block_group_tree = on,
                 "skinny-metadata" | "free-space-tree" | "fst" | "mixed-backref" if on => {}
                 "skinny-metadata" | "free-space-tree" | "fst" | "mixed-backref" => return Err(bad("cannot be turned off: the ubtrfs writer needs it")),
-                "mixed-bg" => return Err(bad("mixed block groups are not supported yet: the writer refuses them")),
+                "mixed-bg" | "mixed" => f.mixed = on,
                 "raid56" | "zoned" | "extent-tree-v2" | "raid-stripe-tree" | "squota" | "quota" => return Err(bad("not supported by ubtrfs mkfs yet")),
                 _ => return Err(bad("unknown feature; known: extref, skinny-metadata, no-holes, free-space-tree, block-group-tree")),
             }
@@ -210,6 +216,14 @@ impl MkfsOptions {
         if self.label.contains(&0) {
             return Err(Error::posix_detail(PosixKind::Invalid, "label", "contains a NUL byte"));
         }
+        if self.features.mixed {
+            if ns != ss {
+                return Err(Error::posix_detail(PosixKind::Invalid, format!("nodesize {ns}"), format!("mixed block groups need it equal to the sectorsize {ss}")));
+            }
+            if self.data_profile != self.metadata_profile {
+                return Err(Error::posix_detail(PosixKind::Invalid, "profiles", "with mixed block groups data and metadata profiles must be the same"));
+            }
+        }
         for (what, p) in [("data", self.data_profile), ("metadata", self.metadata_profile)] {
             let need = profile_min_devices(p);
             if need > ndevs {
@@ -289,6 +303,12 @@ mod tests {
         assert!(o.validate("x", 16 << 20, 1).unwrap_err().to_string().contains("too small"));
         let o2 = MkfsOptions { nodesize: 4096, sectorsize: 8192, ..MkfsOptions::default() };
         assert!(o2.validate("x", 256 << 20, 1).unwrap_err().to_string().contains("sectorsize 8192"));
+        let mixed = Features { mixed: true, ..Features::default() };
+        let m = MkfsOptions { features: mixed, ..MkfsOptions::default() };
+        assert!(m.validate("x", 256 << 20, 1).unwrap_err().to_string().contains("equal to the sectorsize"));
+        let m = MkfsOptions { features: mixed, nodesize: 4096, ..MkfsOptions::default() };
+        assert!(m.validate("x", 256 << 20, 1).unwrap_err().to_string().contains("must be the same"));
+        MkfsOptions { features: mixed, nodesize: 4096, metadata_profile: 0, ..MkfsOptions::default() }.validate("x", 256 << 20, 1).unwrap();
         let o3 = MkfsOptions { data_profile: BLOCK_GROUP_RAID1, ..MkfsOptions::default() };
         let e = o3.validate("x", 256 << 20, 1).unwrap_err().to_string();
         assert!(e.contains("needs 2 devices"), "{e}");
