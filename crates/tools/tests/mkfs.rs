@@ -166,3 +166,66 @@ fn remove_chunk_refuses_a_used_chunk_and_removes_an_empty_one() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A source tree for `make_filesystem_with`: nested directories, files of several
+/// sizes (inline, one extent, several), a symlink and a hard link.
+fn source_tree(dir: &Path) {
+    std::fs::create_dir_all(dir.join("etc/conf.d")).unwrap();
+    std::fs::create_dir_all(dir.join("usr/share/doc")).unwrap();
+    std::fs::write(dir.join("etc/hostname"), b"mkfs-test\n").unwrap();
+    std::fs::write(dir.join("etc/conf.d/big"), vec![0x5a; 300 * 1024]).unwrap();
+    let mut x = 0x9e3779b97f4a7c15u64;
+    let noise: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(dir.join("usr/share/doc/noise"), &noise).unwrap();
+    std::os::unix::fs::symlink("../etc/hostname", dir.join("usr/hostname-link")).unwrap();
+    std::fs::hard_link(dir.join("etc/hostname"), dir.join("usr/share/doc/hostname")).unwrap();
+    // Fixed times; the access times in the future, so that reading the tree (the
+    // first build) does not move them under relatime before the second reads them.
+    for p in ["", "etc", "etc/conf.d", "usr", "usr/share", "usr/share/doc", "etc/hostname", "etc/conf.d/big", "usr/share/doc/noise", "usr/hostname-link"] {
+        let path = std::ffi::CString::new(dir.join(p).into_os_string().into_encoded_bytes()).unwrap();
+        let ts = [libc::timespec { tv_sec: 2_100_000_000, tv_nsec: 0 }, libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 0 }];
+        // SAFETY: a NUL-terminated path and two timespecs, as utimensat(2) takes.
+        let r = unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+        assert_eq!(r, 0, "utimensat {p}: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// mkfs filled by `populate` (what `--rootdir` will run) from reproducible sources:
+/// the same tree gives the same bytes, checks clean, and the kernel reads the files.
+#[test]
+fn filled_and_reproducible() {
+    use ubtrfs_tools::populate::{derive_uuid, populate, reproducible_sources, tree_digest, PopulateOptions};
+    let d = scratch("filled");
+    let src = d.join("src");
+    source_tree(&src);
+    let digest = tree_digest(&src, &Default::default()).unwrap();
+    let opts = || MkfsOptions { fsid: Some(derive_uuid(&digest, "", "fsid")), sources: reproducible_sources(1_700_000_000, &digest), ..MkfsOptions::default() };
+    let mut images = Vec::new();
+    for name in ["a.img", "b.img"] {
+        let img = d.join(name);
+        std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
+        ubtrfs_tools::mkfs::make_filesystem_with(&img, SIZE, &opts(), |w| populate(w, &src, &PopulateOptions::default()).map(|_| ())).unwrap_or_else(|f| panic!("mkfs: {f}"));
+        images.push(img);
+    }
+    assert!(std::fs::read(&images[0]).unwrap() == std::fs::read(&images[1]).unwrap(), "two mkfs of one tree from the same sources differ");
+    assert_eq!(open(&images[0]).super_copy().fsid, derive_uuid(&digest, "", "fsid"));
+    if kernel::kernel_available("mkfs filled_and_reproducible") {
+        progs_check(&images[0], "filled");
+        let mnt = d.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        assert!(Command::new("mount").args(["-t", "btrfs", "-o", "loop,ro"]).arg(&images[0]).arg(&mnt).status().unwrap().success());
+        let got = (std::fs::read(mnt.join("usr/share/doc/noise")), std::fs::read(mnt.join("etc/conf.d/big")), std::fs::read_link(mnt.join("usr/hostname-link")));
+        let _ = Command::new("umount").arg(&mnt).status();
+        assert_eq!(got.0.unwrap(), std::fs::read(src.join("usr/share/doc/noise")).unwrap());
+        assert_eq!(got.1.unwrap(), vec![0x5a; 300 * 1024]);
+        assert_eq!(got.2.unwrap(), Path::new("../etc/hostname"));
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

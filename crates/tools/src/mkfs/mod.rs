@@ -91,7 +91,17 @@ const MKFS_CACHE_BYTES: usize = 16 << 20;
 /// superblock slots are zeroed, so no half-made filesystem is found there. A made
 /// filesystem that does not check clean is a bug (an assertion).
 pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> std::result::Result<MkfsResult, MkfsFailure> {
-    let r = make_filesystem_inner(path, size, opts);
+    make_filesystem_with(path, size, opts, |_| Ok(()))
+}
+
+/// As `make_filesystem`, with `fill` run on the new filesystem's writer once its
+/// chunks are made and before the last commit (where `--rootdir` copies a tree in,
+/// `populate::populate`); the check runs on the filled filesystem.
+///
+/// # Errors
+/// As `make_filesystem`, and `fill`'s error (after writing began).
+pub fn make_filesystem_with(path: &Path, size: u64, opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
+    let r = make_filesystem_inner(path, size, opts, fill);
     if let Err(f) = &r {
         if f.began_writing {
             wipe_superblocks(path, size);
@@ -100,7 +110,7 @@ pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> std::resul
     r
 }
 
-fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions) -> std::result::Result<MkfsResult, MkfsFailure> {
+fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
     let name = path.display().to_string();
     opts.validate(&name, size, 1).map_err(before_writing)?;
     let uuids = &opts.sources.uuids;
@@ -131,6 +141,11 @@ fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions) -> std::res
     let generation = (|| {
         let mut w = FsWriter::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone(), degraded: false })?;
         populate_chunks(&mut w, opts)?;
+        w.commit()?;
+        if let Err(e) = fill(&mut w) {
+            w.abort("mkfs: filling the new filesystem", &e);
+            return Err(e);
+        }
         w.commit()
     })()
     .map_err(after_writing)?;
