@@ -159,6 +159,8 @@ pub fn remove_chunk(w: &mut FsWriter, start: u64) -> Result<()> {
     if flags & BLOCK_GROUP_SYSTEM != 0 {
         remove_from_sys_chunk_array(&mut w.sb, start);
     }
+    #[cfg(debug_assertions)]
+    w.alloc.check_invariants();
     Ok(())
 }
 
