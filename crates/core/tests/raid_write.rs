@@ -545,3 +545,97 @@ fn degraded_writes_only_when_asked() {
         Ok(_) => panic!("opened raid0 data missing a device for writing"),
     }
 }
+
+/// Random creates, overwrites at any offset, truncations, renames and unlinks on
+/// multi-device images, against a map of what each file holds, with commits and
+/// reopens along the way: after every reopen each file reads back as the model says
+/// from every mirror alone; at the end `btrfs check` is clean and the kernel reads the
+/// same.
+#[test]
+fn random_operations_on_raid_against_a_model() {
+    if !common::kernel_available_with("random_operations_on_raid_against_a_model", &["/usr/sbin/losetup"]) {
+        return;
+    }
+    let _g = serial();
+    let ops: usize = std::env::var("UBTRFS_RAID_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
+    for (seed, profile, ndev, halves) in
+        [(1u64, "raid1", 2, &[&[0usize][..], &[1]][..]), (2, "raid10", 4, &[&[0, 2][..], &[1, 3]][..]), (3, "raid0", 3, &[][..]), (4, "raid1c3", 3, &[&[0][..], &[2]][..])]
+    {
+        let imgs = mkfs_multi(&format!("model-{profile}"), &vec![192 * MIB; ndev], &["-d", profile, "-m", profile]);
+        let paths: Vec<PathBuf> = imgs.iter().map(|s| s.path.clone()).collect();
+        let mut rng = Rng::new(seed);
+        let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut w = FsWriter::open(&opts(&paths, true)).expect("open");
+        let verify = |model: &BTreeMap<String, Vec<u8>>, what: &str| {
+            let files: Files = model.iter().map(|(k, v)| (k.clone(), (v.clone(), None))).collect();
+            ubtrfs_reads(&paths, &files, what);
+            for half in halves {
+                let sub: Vec<PathBuf> = half.iter().map(|&i| paths[i].clone()).collect();
+                ubtrfs_reads(&sub, &files, &format!("{what}, devices {half:?} alone"));
+            }
+        };
+        let budget_used = |m: &BTreeMap<String, Vec<u8>>| m.values().map(|v| v.len()).sum::<usize>();
+        for op in 0..ops {
+            let top = w.live().root_dir();
+            let names: Vec<String> = model.keys().cloned().collect();
+            let pick = |rng: &mut Rng| names[rng.below(names.len() as u64) as usize].clone();
+            match rng.below(100) {
+                0..=29 if budget_used(&model) < 40 << 20 => {
+                    let name = format!("f{op}");
+                    let n = rng.below(400_000) as usize;
+                    let data = content(&mut rng, n);
+                    let ino = w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+                    w.write_file(top.root, ino, 0, &data).expect("write");
+                    model.insert(name, data);
+                }
+                30..=59 if !names.is_empty() => {
+                    let name = pick(&mut rng);
+                    let id = w.live().resolve_id(&format!("/{name}"), false).expect("resolve");
+                    let buf = model.get_mut(&name).expect("in the model");
+                    let off = rng.below(buf.len() as u64 + 5000) as usize;
+                    let n = 1 + rng.below(100_000) as usize;
+                    let data = content(&mut rng, n);
+                    w.write_file(id.root, id.ino, off as u64, &data).expect("overwrite");
+                    model_write(buf, off as u64, &data);
+                }
+                60..=69 if !names.is_empty() => {
+                    let name = pick(&mut rng);
+                    let id = w.live().resolve_id(&format!("/{name}"), false).expect("resolve");
+                    let buf = model.get_mut(&name).expect("in the model");
+                    let size = rng.below(buf.len() as u64 * 2 + 1);
+                    w.setattr(id.root, id.ino, &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() }).expect("truncate");
+                    buf.resize(size as usize, 0);
+                }
+                70..=79 if !names.is_empty() => {
+                    let (a, b) = (pick(&mut rng), format!("r{op}"));
+                    w.rename(top.root, top.ino, a.as_bytes(), top.ino, b.as_bytes(), 0).expect("rename");
+                    let v = model.remove(&a).expect("in the model");
+                    model.insert(b, v);
+                }
+                80..=91 if !names.is_empty() => {
+                    let name = pick(&mut rng);
+                    w.unlink(top.root, top.ino, name.as_bytes()).expect("unlink");
+                    model.remove(&name);
+                }
+                92..=97 => {
+                    w.commit().expect("commit");
+                }
+                _ => {
+                    w.commit().expect("commit");
+                    drop(w);
+                    verify(&model, &format!("{profile} seed {seed} op {op}"));
+                    w = FsWriter::open(&opts(&paths, true)).expect("reopen");
+                }
+            }
+        }
+        w.commit().expect("commit");
+        drop(w);
+        verify(&model, &format!("{profile} seed {seed} end"));
+        let loops = Loops::new(&imgs);
+        loops.check(&format!("{profile}: after the model run"));
+        let m = loops.mount(true);
+        let files: Files = model.iter().map(|(k, v)| (k.clone(), (v.clone(), None))).collect();
+        kernel_reads(&m, &files, profile);
+        m.umount();
+    }
+}
