@@ -1,7 +1,7 @@
 //! ubtrfs-tools: what ubtrfs does with a filesystem, as clients of the engine in
 //! ubtrfs-core (btrfs-progs keeps check/, mkfs/ and cmds/ apart from kernel-shared/ the
 //! same way): the checker (`check`), the export of a tree to a host directory
-//! (`extract`) and the import of host files (`put`).
+//! (`extract`), the import of host files (`put`) and new filesystems (`mkfs`).
 
 pub mod check;
 pub mod edit;
