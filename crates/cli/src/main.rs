@@ -135,7 +135,7 @@ enum Cmd {
     /// Run editing commands from a script, one per line without IMAGE, as one atomic commit.
     Batch(edit_cmds::BatchArgs),
     /// Make a new filesystem on an image file or block device, like mkfs.btrfs.
-    Mkfs(mkfs_cmd::MkfsArgs),
+    Mkfs(Box<mkfs_cmd::MkfsArgs>),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
     /// Subvolumes: create, list, set-default, get-default.

@@ -52,6 +52,35 @@ pub struct MkfsArgs {
     /// the sector size).
     #[arg(short = 'M', long)]
     pub mixed: bool,
+    /// Copy this directory's tree into the new filesystem (contents with holes kept,
+    /// modes, owners, times, hard links, symlinks, xattrs, special files).
+    #[arg(short = 'r', long, value_name = "DIR")]
+    pub rootdir: Option<PathBuf>,
+    /// With --rootdir: make this directory of it (a path relative to DIR) a
+    /// subvolume; repeat for each.
+    #[arg(long, value_name = "PATH", requires = "rootdir")]
+    pub subvol: Vec<String>,
+    /// With --rootdir: make the subvolume at this path (relative to DIR, one of the
+    /// --subvol ones) the default one a mount shows.
+    #[arg(long, value_name = "PATH", requires = "rootdir")]
+    pub default_subvol: Option<String>,
+    /// With --rootdir: map host owners to the image's, one mapping per line:
+    /// `u HOST IMAGE [COUNT]` or `g HOST IMAGE [COUNT]`.
+    #[arg(long, value_name = "FILE", requires = "rootdir", conflicts_with = "force_owner")]
+    pub owner_map: Option<PathBuf>,
+    /// With --rootdir: every file belongs to UID:GID (a rootless build's files made
+    /// root's with 0:0).
+    #[arg(long, value_name = "UID:GID", requires = "rootdir")]
+    pub force_owner: Option<String>,
+    /// With --rootdir: compress the files copied in (zlib, lzo, zstd, with a level
+    /// as zstd:3), as mount -o compress= does.
+    #[arg(long, value_name = "ALG[:LEVEL]", requires = "rootdir")]
+    pub compress: Option<String>,
+    /// The same input gives the same bytes: times from SOURCE_DATE_EPOCH (0 when it
+    /// is unset), UUIDs derived from the tree and the label. Implied by
+    /// SOURCE_DATE_EPOCH in the environment.
+    #[arg(long)]
+    pub reproducible: bool,
     /// Overwrite an existing filesystem or partition table.
     #[arg(short = 'f', long)]
     pub force: bool,
@@ -93,6 +122,62 @@ fn options_from(a: &MkfsArgs) -> Result<MkfsOptions> {
         features,
         sources: Default::default(),
     })
+}
+
+/// What `--rootdir` and its companions ask for, checked before anything is written.
+struct Fill {
+    rootdir: PathBuf,
+    opts: ubtrfs_tools::populate::PopulateOptions,
+    compress: Option<ubtrfs_core::inode::compress_write::CompressPolicy>,
+}
+
+fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
+    let Some(dir) = &a.rootdir else { return Ok(None) };
+    let md = std::fs::metadata(dir).map_err(|e| Error::io(format!("--rootdir {}", ubtrfs_core::quote::path(dir)), e))?;
+    if !md.is_dir() {
+        return Err(Error::posix_detail(PosixKind::NotDir, format!("--rootdir {}", ubtrfs_core::quote::path(dir)), "not a directory"));
+    }
+    let owners = match (&a.owner_map, &a.force_owner) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).map_err(|e| Error::io(format!("--owner-map {}", ubtrfs_core::quote::path(f)), e))?;
+            ubtrfs_tools::put::OwnerMap::parse(&text)?
+        }
+        (None, Some(o)) => {
+            let bad = || Error::posix_detail(PosixKind::Invalid, format!("--force-owner {o:?}"), "expected UID:GID");
+            let (u, g) = o.split_once(':').ok_or_else(bad)?;
+            ubtrfs_tools::put::OwnerMap::force(u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?)
+        }
+        (None, None) => Default::default(),
+    };
+    let rel = |what: &str, p: &str| -> Result<PathBuf> {
+        let t = p.trim_matches('/');
+        if t.is_empty() || t.split('/').any(|c| c == ".." || c == ".") {
+            return Err(Error::posix_detail(PosixKind::Invalid, format!("{what} {p:?}"), "a path inside --rootdir, without . or .."));
+        }
+        Ok(dir.join(t))
+    };
+    let mut subvols = Vec::new();
+    for p in &a.subvol {
+        let full = rel("--subvol", p)?;
+        if !std::fs::symlink_metadata(&full).is_ok_and(|m| m.is_dir()) {
+            return Err(Error::posix_detail(PosixKind::NotDir, format!("--subvol {p}"), format!("{} is not a directory of --rootdir", ubtrfs_core::quote::path(&full))));
+        }
+        subvols.push(full);
+    }
+    let default_subvol = match &a.default_subvol {
+        Some(p) => {
+            let full = rel("--default-subvol", p)?;
+            if !subvols.contains(&full) {
+                return Err(Error::posix_detail(PosixKind::Invalid, format!("--default-subvol {p}"), "not one of the --subvol paths"));
+            }
+            Some(format!("/{}", p.trim_matches('/')))
+        }
+        None => None,
+    };
+    let compress = a.compress.as_deref().map(|c| ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false)).transpose()?;
+    let reproducible = a.reproducible || std::env::var_os("SOURCE_DATE_EPOCH").is_some();
+    let put = ubtrfs_tools::put::PutOptions { recursive: true, owners, subvols, progress: None, atime_from_mtime: reproducible };
+    Ok(Some(Fill { rootdir: dir.clone(), opts: ubtrfs_tools::populate::PopulateOptions { put, default_subvol }, compress }))
 }
 
 /// How the target exists before mkfs.
@@ -142,7 +227,31 @@ fn profile_name(p: u64) -> String {
 
 pub fn run(a: &MkfsArgs) -> Result<()> {
     let name = a.image.display().to_string();
-    let opts = options_from(a)?;
+    let mut opts = options_from(a)?;
+    let fill = fill_from(a)?;
+    let epoch = ubtrfs_tools::populate::source_date_epoch()?;
+    if a.reproducible || epoch.is_some() {
+        // The tree's digest with the options that shape the image: two builds of one
+        // input agree, different inputs differ. (Reading the source's directories
+        // here changes their atimes; a reproducible copy takes each atime from the
+        // mtime.)
+        let owners = fill.as_ref().map(|f| f.opts.put.owners.clone()).unwrap_or_default();
+        let tree = match &fill {
+            Some(f) => ubtrfs_tools::populate::tree_digest(&f.rootdir, &owners)?,
+            None => [0; 32],
+        };
+        let mut seed = tree.to_vec();
+        seed.extend_from_slice(
+            format!("{} {} {} {} {} {:?} {:?} {:?} {:?}", opts.nodesize, opts.sectorsize, opts.csum.name(), opts.data_profile, opts.metadata_profile, a.size, a.subvol, a.default_subvol, a.compress)
+                .as_bytes(),
+        );
+        let digest = ubtrfs_tools::populate::tree_digest_of_bytes(&seed);
+        let label = a.label.as_deref().unwrap_or("");
+        opts.sources = ubtrfs_tools::populate::reproducible_sources(epoch.unwrap_or(0), &digest);
+        if opts.fsid.is_none() {
+            opts.fsid = Some(ubtrfs_tools::populate::derive_uuid(&digest, label, "fsid"));
+        }
+    }
     let want = a.size.as_deref().map(|s| options::parse_size("size", s)).transpose()?;
     let t = target(&a.image, &name)?;
     let size = match (&t, want) {
@@ -184,7 +293,24 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
             _ => Ok(()),
         }
     };
-    let r = prepare().map_err(|error| MkfsFailure { error, began_writing: false }).and_then(|()| ubtrfs_tools::mkfs::make_filesystem(&a.image, size, &opts));
+    // A spinner with the counts: a byte total would need a pass over the source
+    // before the copy, and reading its directories first would change the atimes the
+    // copy keeps.
+    let bar = if fill.is_some() && !a.quiet { crate::write_cmds::copy_progress(None) } else { None };
+    let mut copied = None;
+    let r = prepare().map_err(|error| MkfsFailure { error, began_writing: false }).and_then(|()| {
+        ubtrfs_tools::mkfs::make_filesystem_with(&a.image, size, &opts, |w| {
+            let Some(f) = &fill else { return Ok(()) };
+            if let Some(c) = f.compress {
+                w.set_compress(c);
+            }
+            let mut po = f.opts.clone();
+            po.put.progress = bar.as_ref().map(|b| b.callback());
+            copied = Some(ubtrfs_tools::populate::populate(w, &f.rootdir, &po)?);
+            Ok(())
+        })
+    });
+    drop(bar);
     let made = match r {
         Ok(m) => m,
         Err(f) if created => {
@@ -227,6 +353,9 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
             names.push("mixed-bg");
         }
         println!("Features:           {}", names.join(", "));
+        if let Some(c) = copied {
+            println!("Copied:             {} files, {} directories, {} symlinks, {} special files, {} hard links, {} bytes", c.files, c.dirs, c.symlinks, c.special, c.hardlinks, c.bytes);
+        }
     }
     Ok(())
 }

@@ -541,3 +541,170 @@ fn failure_after_writing_began() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+/// A source tree with what `--rootdir` must keep: nested directories, empty, inline,
+/// multi-extent and sparse files, a hard link, symlinks, a fifo, a device node, user
+/// and security xattrs, owners and modes, and a directory for a subvolume.
+fn rootdir_source(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+    for d in ["etc", "usr/share/doc", "@home/user/.config", "empty"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::write(dir.join("etc/hostname"), b"image\n").unwrap();
+    std::fs::write(dir.join("etc/empty"), b"").unwrap();
+    let mut x = 0x1234_5678_9abc_def1u64;
+    let big: Vec<u8> = (0..3_000_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(dir.join("usr/share/doc/big"), &big).unwrap();
+    let f = std::fs::File::create(dir.join("usr/sparse")).unwrap();
+    f.set_len(300 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"one byte island", 150 << 20).unwrap();
+    std::fs::hard_link(dir.join("etc/hostname"), dir.join("usr/hostname-link")).unwrap();
+    std::os::unix::fs::symlink("../etc/hostname", dir.join("usr/rel-link")).unwrap();
+    std::os::unix::fs::symlink("/nowhere", dir.join("dangling")).unwrap();
+    std::fs::write(dir.join("@home/user/.config/rc"), b"set -o vi\n").unwrap();
+    run(Command::new("mkfifo").arg(dir.join("fifo")));
+    run(Command::new("mknod").arg(dir.join("null")).args(["c", "1", "3"]));
+    run(Command::new("setfattr").args(["-n", "user.note", "-v", "kept"]).arg(dir.join("etc/hostname")));
+    run(Command::new("setfattr").args(["-n", "security.test", "-v", "secret"]).arg(dir.join("usr/share/doc/big")));
+    std::os::unix::fs::chown(dir.join("@home/user"), Some(1000), Some(1000)).unwrap();
+    std::os::unix::fs::chown(dir.join("@home/user/.config/rc"), Some(1000), Some(100)).unwrap();
+    std::fs::set_permissions(dir.join("etc/hostname"), std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+}
+
+fn manifest(dir: &Path) -> String {
+    run(Command::new("python3").arg(repo().join("xtask/fixtures.py")).arg("manifest").arg(dir))
+}
+
+/// `--rootdir` with a subvolume and a default subvolume: the kernel sees the source
+/// exactly (contents, holes, modes, owners, times, xattrs, links, special files), the
+/// subvolume in `btrfs subvolume list`, and the default as a plain mount; the sparse
+/// 300 MiB file takes a few KiB; btrfs check is clean.
+#[test]
+fn rootdir_with_subvolumes() {
+    if !kernel::kernel_available("rootdir_with_subvolumes") {
+        return;
+    }
+    let d = scratch("rootdir");
+    let src = d.join("src");
+    rootdir_source(&src);
+    let want = manifest(&src);
+    let img = d.join("img");
+    let out = run(bin().args(["mkfs", "--size", "512M", "--rootdir"]).arg(&src).args(["--subvol", "@home", "--default-subvol", "@home", "--compress", "zstd"]).arg(&img));
+    assert!(out.contains("Copied:"), "{out}");
+    assert_check(&img, "after mkfs --rootdir");
+    let mnt = d.join("mnt");
+    // The default subvolume first (read-only mounts: reads leave the atimes alone).
+    std::fs::create_dir_all(&mnt).unwrap();
+    let out = Command::new("mount").args(["-t", "btrfs", "-o", "loop,ro"]).arg(&img).arg(&mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = Mounted { dir: mnt.clone(), done: false };
+    assert_eq!(std::fs::read(mnt.join("user/.config/rc")).unwrap(), b"set -o vi\n", "a plain mount shows @home");
+    m.umount();
+    let out = Command::new("mount").args(["-t", "btrfs", "-o", "loop,ro,subvolid=5"]).arg(&img).arg(&mnt).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = Mounted { dir: mnt.clone(), done: false };
+    let got = manifest(&mnt);
+    let list = run(Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt));
+    let sparse_blocks = std::fs::metadata(mnt.join("usr/sparse")).map(|m| std::os::unix::fs::MetadataExt::blocks(&m)).unwrap();
+    m.umount();
+    let (w, g) = (d.join("want.jsonl"), d.join("got.jsonl"));
+    std::fs::write(&w, &want).unwrap();
+    std::fs::write(&g, &got).unwrap();
+    // Block counts, inode numbers and directory sizes are the filesystem's own; @home
+    // is a subvolume on one side only. (ctime: the copy's.)
+    let diff = Command::new("python3")
+        .arg(repo().join("xtask/fixtures.py"))
+        .args(["diff", "--ignore-keys", "ino,blocks,subvol,ctime_ns", "--ignore-dir-keys", "size,nlink", "--ignore-paths", "^(/|\\.)?$"])
+        .arg(&w)
+        .arg(&g)
+        .output()
+        .unwrap();
+    assert!(diff.status.success(), "the kernel's view differs from the source:\n{}{}", String::from_utf8_lossy(&diff.stdout), String::from_utf8_lossy(&diff.stderr));
+    assert!(list.lines().any(|l| l.ends_with("path @home")), "{list}");
+    assert!(sparse_blocks * 512 < 1 << 20, "the sparse file takes {} bytes", sparse_blocks * 512);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// With SOURCE_DATE_EPOCH (or --reproducible), two copies of one tree, with different
+/// inode numbers and readdir order and read at different times, give identical
+/// images; another label gives another image. The owners come out as --force-owner
+/// says.
+#[test]
+fn reproducible_from_two_copies() {
+    if !kernel::kernel_available("reproducible_from_two_copies") {
+        return;
+    }
+    let d = scratch("repro");
+    let (a, b) = (d.join("a"), d.join("b"));
+    rootdir_source(&a);
+    let _ = std::fs::remove_dir_all(&b);
+    std::fs::create_dir_all(&b).unwrap();
+    // A copy has other inode numbers and, depending on the host filesystem, another
+    // readdir order (crates/tools/tests/put_contents.rs builds two orders on purpose).
+    run(Command::new("cp").arg("-a").arg(format!("{}/.", a.display())).arg(&b));
+    let sum = |p: &Path| -> String { run(Command::new("sha256sum").arg(p)).split_whitespace().next().unwrap().to_string() };
+    let mk = |src: &Path, img: &Path, label: &str, env: bool| {
+        let mut c = bin();
+        c.args(["mkfs", "-q", "--size", "400M", "--label", label, "--force-owner", "0:0", "--subvol", "@home", "--rootdir"]).arg(src).arg(img);
+        if env {
+            c.env("SOURCE_DATE_EPOCH", "1700000000");
+        } else {
+            c.env_remove("SOURCE_DATE_EPOCH").arg("--reproducible");
+        }
+        run(&mut c);
+    };
+    let imgs: Vec<PathBuf> = (0..4).map(|i| d.join(format!("img{i}"))).collect();
+    mk(&a, &imgs[0], "L", true);
+    mk(&b, &imgs[1], "L", true);
+    mk(&a, &imgs[2], "other", true);
+    mk(&b, &imgs[3], "L", false);
+    assert_eq!(sum(&imgs[0]), sum(&imgs[1]), "two copies of one tree");
+    assert_ne!(sum(&imgs[0]), sum(&imgs[2]), "another label");
+    assert_ne!(sum(&imgs[0]), sum(&imgs[3]), "another epoch (0 for --reproducible alone)");
+    assert_check(&imgs[0], "reproducible image");
+    let mnt = d.join("mnt");
+    let m = mount(&imgs[0], &mnt);
+    let owners: Vec<(u32, u32)> = ["@home/user", "@home/user/.config/rc", "etc/hostname"]
+        .iter()
+        .map(|p| std::fs::symlink_metadata(mnt.join(p)).map(|m| (std::os::unix::fs::MetadataExt::uid(&m), std::os::unix::fs::MetadataExt::gid(&m))).unwrap())
+        .collect();
+    m.umount();
+    assert!(owners.iter().all(|&o| o == (0, 0)), "--force-owner 0:0: {owners:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Bad --rootdir companions are refused before anything is made, naming the option.
+#[test]
+fn rootdir_bad_input() {
+    let d = scratch("rootdir-bad");
+    let src = d.join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("file"), b"x").unwrap();
+    let img = d.join("img");
+    for (args, says) in [
+        (vec!["--rootdir", "/nonexistent-ubtrfs"], "--rootdir"),
+        (vec!["--rootdir", src.join("file").to_str().unwrap()], "not a directory"),
+        (vec!["--rootdir", src.to_str().unwrap(), "--subvol", "missing"], "--subvol missing"),
+        (vec!["--rootdir", src.to_str().unwrap(), "--subvol", "../x"], "without . or .."),
+        (vec!["--rootdir", src.to_str().unwrap(), "--subvol", "sub", "--default-subvol", "file"], "--default-subvol"),
+        (vec!["--rootdir", src.to_str().unwrap(), "--force-owner", "root"], "UID:GID"),
+        (vec!["--rootdir", src.to_str().unwrap(), "--compress", "gzip"], "compression"),
+        (vec!["--subvol", "sub"], "--rootdir"),
+    ] {
+        let e = fails(bin().args(["mkfs", "--size", "256M"]).args(&args).arg(&img));
+        assert!(e.contains(says), "{args:?}: {e}");
+        assert!(!img.exists(), "{args:?} left an image");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

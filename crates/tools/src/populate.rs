@@ -93,6 +93,11 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
     Ok(h.finalize().into())
 }
 
+/// The SHA-256 of `bytes` (a digest of what else shapes the image, next to the tree's).
+pub fn tree_digest_of_bytes(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
 /// A UUID for `what` ("fsid", "chunk tree", "device 1", ...) of a reproducible build:
 /// a hash of the tree's digest, the label and `what`, as an RFC 4122 version-8
 /// (name-based, custom hash) UUID.

@@ -52,6 +52,9 @@ pub struct PutOptions {
     /// Called after each file, directory or other inode is copied, with the totals so
     /// far (a progress bar).
     pub progress: Option<Progress>,
+    /// Give each inode its source's mtime as its atime too (a reproducible build: the
+    /// host's atimes change as the source is read).
+    pub atime_from_mtime: bool,
 }
 
 /// A callback `put` reports its totals to.
@@ -149,7 +152,15 @@ fn io(path: &Path, what: &str, e: std::io::Error) -> Error {
     Error::io(format!("{what} {}", ubtrfs_core::quote::path(path)), e)
 }
 
-fn attrs(md: &std::fs::Metadata, owners: &OwnerMap) -> InodeAttrs {
+fn attrs(md: &std::fs::Metadata, opts: &PutOptions) -> InodeAttrs {
+    let mut a = attrs_of(md, &opts.owners);
+    if opts.atime_from_mtime {
+        a.atime = a.mtime;
+    }
+    a
+}
+
+fn attrs_of(md: &std::fs::Metadata, owners: &OwnerMap) -> InodeAttrs {
     let rdev = if md.file_type().is_char_device() || md.file_type().is_block_device() { rdev_encode(libc::major(md.rdev()), libc::minor(md.rdev())) } else { 0 };
     let (uid, gid) = owners.map(md.uid(), md.gid());
     InodeAttrs { mode: md.mode(), uid, gid, rdev, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)), flags: 0 }
@@ -254,7 +265,7 @@ pub fn put_contents(w: &mut FsWriter, src: &Path, dir: InodeId, opts: &PutOption
 /// Copy the entries of host directory `src` (whose metadata is `md`) into `here`, then
 /// give `here` the source's owner, xattrs, mode and times.
 fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Metadata, set_mode: bool, ctx: &mut Ctx<'_>) -> Result<()> {
-    let a = attrs(md, &ctx.opts.owners);
+    let a = attrs(md, ctx.opts);
     let mut entries: Vec<_> = std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))?.collect::<std::result::Result<_, _>>().map_err(|e| io(src, "cannot read", e))?;
     // Byte order of the names, not the host's readdir order: the same tree gives the
     // same image.
@@ -282,7 +293,7 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], ctx: &mut
             m
         }
     };
-    let a = attrs(&md, &ctx.opts.owners);
+    let a = attrs(&md, ctx.opts);
     let existing = w.live().lookup(parent, name)?;
     let ft = md.file_type();
     if ft.is_dir() {

@@ -64,7 +64,7 @@ fn rootdir_with_owner_map_and_subvolumes() {
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
     let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
     let top = w.live().root_dir();
-    let opts = PutOptions { recursive: true, owners: OwnerMap::parse("u 1000 0\ng 1000 0\nu 100000 1 65536").unwrap(), subvols: vec![src.join("home")], progress: None };
+    let opts = PutOptions { recursive: true, owners: OwnerMap::parse("u 1000 0\ng 1000 0\nu 100000 1 65536").unwrap(), subvols: vec![src.join("home")], progress: None, atime_from_mtime: false };
     let stats = put_contents(&mut w, &src, top, &opts).unwrap();
     assert_eq!(stats.hardlinks, 1, "{stats:?}");
     // A subvolume outside the source is refused before anything changes.

@@ -77,8 +77,9 @@ pub struct MkfsResult {
     pub generation: u64,
 }
 
-/// Node cache for mkfs's writer: a handful of trees of one leaf each.
-const MKFS_CACHE_BYTES: usize = 16 << 20;
+/// Node cache for mkfs's writer: a handful of trees of one leaf each, until `--rootdir`
+/// fills them (then the cache bounds the dirty tree blocks between commits too).
+const MKFS_CACHE_BYTES: usize = 256 << 20;
 
 /// Make a filesystem on the file or block device at `path`, of `size` bytes (the
 /// caller sized it). Everything already on the device's first 5 MiB and in the
