@@ -1,21 +1,25 @@
-//! `ubtrfs mkfs`: the image or device, its size, signatures and cleanup, and the
+//! `ubtrfs mkfs`: the images or devices, their sizes, signatures and cleanup, and the
 //! summary printed; the filesystem itself is `ubtrfs_tools::mkfs`'s.
 //!
-//! A failed mkfs leaves nothing half-made: an image file it created is removed; an
-//! existing file or device it had begun writing is named as not usable.
+//! Every target is looked at (size, in use, signatures) before any is touched. A
+//! failed mkfs leaves nothing half-made: every image file it created is removed; the
+//! existing files or devices it had begun writing have their superblocks wiped and are
+//! named as not usable.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::volumes::device::FileDevice;
 use ubtrfs_format::structs::*;
-use ubtrfs_tools::mkfs::{options, signature, MkfsFailure, MkfsOptions};
+use ubtrfs_tools::mkfs::{options, signature, MkfsDevice, MkfsFailure, MkfsOptions};
 
 #[derive(clap::Args)]
 pub struct MkfsArgs {
-    /// The image file (made if missing; needs --size then) or block device.
-    pub image: PathBuf,
-    /// Filesystem size (`256M`, `1G`): a missing image is created at it, a smaller
+    /// The image files (made if missing; need --size then) or block devices; several
+    /// make one filesystem, devids 1, 2, ... in this order.
+    #[arg(required = true, value_name = "IMAGE")]
+    pub images: Vec<PathBuf>,
+    /// Size of each device (`256M`, `1G`): a missing image is created at it, a smaller
     /// one grown to it; default the whole file or device.
     #[arg(short = 'b', long, value_name = "SIZE")]
     pub size: Option<String>,
@@ -35,12 +39,12 @@ pub struct MkfsArgs {
     /// Filesystem UUID (random by default).
     #[arg(short = 'U', long)]
     pub uuid: Option<String>,
-    /// Data profile: single (default) or dup; raid0, raid1, raid1c3, raid1c4 and
-    /// raid10 need several devices. With --mixed, data and metadata share one profile.
+    /// Data profile: single (default), dup, raid0, raid1 (2 devices or more), raid1c3
+    /// (3), raid1c4 (4) or raid10 (2). With --mixed, data and metadata share one profile.
     #[arg(short = 'd', long, value_name = "PROFILE")]
     pub data: Option<String>,
-    /// Metadata (and system) profile: dup (default; single with --mixed) or single;
-    /// the raid profiles need several devices.
+    /// Metadata (and system) profile, one of the data profiles [default: dup on one
+    /// device, raid1 on several, single with --mixed].
     #[arg(short = 'm', long, value_name = "PROFILE")]
     pub metadata: Option<String>,
     /// Comma-separated features to add (block-group-tree) or, with ^, remove
@@ -89,7 +93,7 @@ pub struct MkfsArgs {
     pub quiet: bool,
 }
 
-fn options_from(a: &MkfsArgs) -> Result<MkfsOptions> {
+fn options_from(a: &MkfsArgs, ndevs: usize) -> Result<MkfsOptions> {
     let num = |what: &str, s: &str| -> Result<u32> {
         let v = options::parse_size(what, s)?;
         u32::try_from(v).map_err(|_| Error::posix_detail(PosixKind::Invalid, format!("{what} {s}"), "too large"))
@@ -105,11 +109,11 @@ fn options_from(a: &MkfsArgs) -> Result<MkfsOptions> {
     let data = a.data.as_deref().map(options::parse_profile).transpose()?;
     let metadata = a.metadata.as_deref().map(options::parse_profile).transpose()?;
     // Mixed groups have one profile: either option sets it, SINGLE by default.
+    let (dd, dm) = options::default_profiles(ndevs, features.mixed);
     let (data, metadata) = match (features.mixed, data, metadata) {
         (true, Some(d), None) => (d, d),
         (true, None, Some(m)) => (m, m),
-        (true, d, m) => (d.unwrap_or(0), m.unwrap_or(0)),
-        (false, d, m) => (d.unwrap_or(0), m.unwrap_or(BLOCK_GROUP_DUP)),
+        (_, d, m) => (d.unwrap_or(dd), m.unwrap_or(dm)),
     };
     Ok(MkfsOptions {
         nodesize,
@@ -225,9 +229,61 @@ fn profile_name(p: u64) -> String {
     block_group_flags_str(BLOCK_GROUP_DATA | p).split(", ").nth(1).unwrap_or("single").to_string()
 }
 
+/// One target as it is before mkfs, and the size it will have.
+struct Planned {
+    path: PathBuf,
+    name: String,
+    target: Target,
+    size: u64,
+}
+
+impl Planned {
+    /// Create the image at its size or grow it.
+    ///
+    /// # Errors
+    /// `Io` naming the image.
+    fn prepare(&self) -> Result<()> {
+        let (name, size) = (&self.name, self.size);
+        match self.target {
+            Target::Missing => {
+                let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&self.path).map_err(|e| Error::io(format!("{name}: creating"), e))?;
+                f.set_len(size).map_err(|e| {
+                    let _ = std::fs::remove_file(&self.path);
+                    Error::io(format!("{name}: sizing to {size} bytes"), e)
+                })
+            }
+            Target::File { len } if size > len => {
+                let f = std::fs::OpenOptions::new().write(true).open(&self.path).map_err(|e| Error::io(format!("{name}: opening for writing"), e))?;
+                f.set_len(size).map_err(|e| Error::io(format!("{name}: growing to {size} bytes"), e))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Look at one target: how it exists and the size the filesystem gets of it.
+///
+/// # Errors
+/// `Posix(NotFound)` for a missing image without --size, `Posix(NoSpace)` for a
+/// --size larger than a block device, `Io`.
+fn plan(path: &Path, want: Option<u64>) -> Result<Planned> {
+    let name = path.display().to_string();
+    let t = target(path, &name)?;
+    let size = match (&t, want) {
+        (Target::Missing, None) => return Err(Error::posix_detail(PosixKind::NotFound, name, "give --size to create the image")),
+        (Target::Missing, Some(s)) => s,
+        (Target::File { len }, s) => s.unwrap_or(*len),
+        (Target::Block { len }, Some(s)) if s > *len => {
+            return Err(Error::posix_detail(PosixKind::NoSpace, name, format!("--size {s} is larger than the device ({len} bytes)")));
+        }
+        (Target::Block { len }, s) => s.unwrap_or(*len),
+    };
+    Ok(Planned { path: path.to_path_buf(), name, target: t, size })
+}
+
 pub fn run(a: &MkfsArgs) -> Result<()> {
-    let name = a.image.display().to_string();
-    let mut opts = options_from(a)?;
+    let ndevs = a.images.len();
+    let mut opts = options_from(a, ndevs)?;
     let fill = fill_from(a)?;
     let epoch = ubtrfs_tools::populate::source_date_epoch()?;
     if a.reproducible || epoch.is_some() {
@@ -245,6 +301,10 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
             format!("{} {} {} {} {} {:?} {:?} {:?} {:?}", opts.nodesize, opts.sectorsize, opts.csum.name(), opts.data_profile, opts.metadata_profile, a.size, a.subvol, a.default_subvol, a.compress)
                 .as_bytes(),
         );
+        if ndevs > 1 {
+            // Not for one device, whose seed (and so its image) stays what it was.
+            seed.extend_from_slice(format!(" devices {ndevs}").as_bytes());
+        }
         let digest = ubtrfs_tools::populate::tree_digest_of_bytes(&seed);
         let label = a.label.as_deref().unwrap_or("");
         opts.sources = ubtrfs_tools::populate::reproducible_sources(epoch.unwrap_or(0), &digest);
@@ -253,45 +313,37 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         }
     }
     let want = a.size.as_deref().map(|s| options::parse_size("size", s)).transpose()?;
-    let t = target(&a.image, &name)?;
-    let size = match (&t, want) {
-        (Target::Missing, None) => return Err(Error::posix_detail(PosixKind::NotFound, name, "give --size to create the image")),
-        (Target::Missing, Some(s)) => s,
-        (Target::File { len }, s) => s.unwrap_or(*len),
-        (Target::Block { len }, Some(s)) if s > *len => {
-            return Err(Error::posix_detail(PosixKind::NoSpace, name, format!("--size {s} is larger than the device ({len} bytes)")));
-        }
-        (Target::Block { len }, s) => s.unwrap_or(*len),
-    };
-    // Everything that can be refused is refused before the target is touched.
-    opts.validate(&name, size, 1)?;
-    if let Target::File { len } | Target::Block { len } = t {
+    let planned: Vec<Planned> = a.images.iter().map(|p| plan(p, want)).collect::<Result<_>>()?;
+    let devices: Vec<MkfsDevice> = planned.iter().map(|p| MkfsDevice { path: p.path.clone(), size: p.size }).collect();
+    // Everything that can be refused is refused before any target is touched.
+    ubtrfs_tools::mkfs::check_distinct(&devices)?;
+    for p in &planned {
+        opts.validate(&p.name, p.size, ndevs)?;
+    }
+    for p in &planned {
+        let (Target::File { len } | Target::Block { len }) = p.target else { continue };
         // Refused while mounted or in use before anything changes (growing included);
         // mkfs takes the same lock again to write.
-        drop(FileDevice::open(&a.image, true)?);
-        let f = std::fs::File::open(&a.image).map_err(|e| Error::io(format!("{name}: opening"), e))?;
-        if let Some(found) = signature::probe(&f, &name, len)? {
+        drop(FileDevice::open(&p.path, true)?);
+        let f = std::fs::File::open(&p.path).map_err(|e| Error::io(format!("{}: opening", p.name), e))?;
+        if let Some(found) = signature::probe(&f, &p.name, len)? {
             if !a.force {
-                return Err(Error::posix_detail(PosixKind::Exists, name, format!("appears to contain {found}; use --force to overwrite it")));
+                return Err(Error::posix_detail(PosixKind::Exists, p.name.clone(), format!("appears to contain {found}; use --force to overwrite it")));
             }
             if !a.quiet {
-                eprintln!("ubtrfs: {name}: overwriting {found} (--force)");
+                eprintln!("ubtrfs: {}: overwriting {found} (--force)", p.name);
             }
         }
     }
-    let created = matches!(t, Target::Missing);
-    let prepare = || -> Result<()> {
-        match t {
-            Target::Missing => {
-                let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&a.image).map_err(|e| Error::io(format!("{name}: creating"), e))?;
-                f.set_len(size).map_err(|e| Error::io(format!("{name}: sizing to {size} bytes"), e))
+    let mut created: Vec<&Path> = Vec::new();
+    let mut prepare = || -> Result<()> {
+        for p in &planned {
+            p.prepare()?;
+            if matches!(p.target, Target::Missing) {
+                created.push(&p.path);
             }
-            Target::File { len } if size > len => {
-                let f = std::fs::OpenOptions::new().write(true).open(&a.image).map_err(|e| Error::io(format!("{name}: opening for writing"), e))?;
-                f.set_len(size).map_err(|e| Error::io(format!("{name}: growing to {size} bytes"), e))
-            }
-            _ => Ok(()),
         }
+        Ok(())
     };
     // A spinner with the counts: a byte total would need a pass over the source
     // before the copy, and reading its directories first would change the atimes the
@@ -299,7 +351,7 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
     let bar = if fill.is_some() && !a.quiet { crate::write_cmds::copy_progress(None) } else { None };
     let mut copied = None;
     let r = prepare().map_err(|error| MkfsFailure { error, began_writing: false }).and_then(|()| {
-        ubtrfs_tools::mkfs::make_filesystem_with(&a.image, size, &opts, |w| {
+        ubtrfs_tools::mkfs::make_filesystem_on(&devices, &opts, |w| {
             let Some(f) = &fill else { return Ok(()) };
             if let Some(c) = f.compress {
                 w.set_compress(c);
@@ -313,13 +365,19 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
     drop(bar);
     let made = match r {
         Ok(m) => m,
-        Err(f) if created => {
-            let _ = std::fs::remove_file(&a.image);
+        Err(f) => {
+            for p in &created {
+                let _ = std::fs::remove_file(p);
+            }
+            let kept: Vec<&str> = planned.iter().filter(|p| !matches!(p.target, Target::Missing)).map(|p| p.name.as_str()).collect();
+            if f.began_writing && !kept.is_empty() {
+                let what = if kept.len() == 1 { format!("{} is", kept[0]) } else { format!("{} are", kept.join(", ")) };
+                return Err(f.error.at(format!("{what} not usable, mkfs failed after it began writing")));
+            }
             return Err(f.error);
         }
-        Err(f) if f.began_writing => return Err(f.error.at(format!("{name} is not usable, mkfs failed after it began writing"))),
-        Err(f) => return Err(f.error),
     };
+    let name = planned.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(" ");
     if !a.quiet {
         println!("ubtrfs mkfs: {name}");
         println!("Label:              {}", a.label.as_deref().unwrap_or("(null)"));
@@ -353,6 +411,13 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
             names.push("mixed-bg");
         }
         println!("Features:           {}", names.join(", "));
+        println!("Number of devices:  {ndevs}");
+        println!("Devices:");
+        println!("   ID        SIZE  PATH");
+        for (i, p) in planned.iter().enumerate() {
+            let ss = u64::from(opts.sectorsize);
+            println!("  {:>3}  {:>10}  {}", i + 1, human(p.size / ss * ss), p.name);
+        }
         if let Some(c) = copied {
             println!("Copied:             {} files, {} directories, {} symlinks, {} special files, {} hard links, {} bytes", c.files, c.dirs, c.symlinks, c.special, c.hardlinks, c.bytes);
         }

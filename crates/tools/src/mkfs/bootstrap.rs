@@ -1,10 +1,11 @@
-//! The first filesystem, written from nothing (btrfs-progs' `make_btrfs`): one
-//! superblock (every mirror that fits) and a temporary SINGLE SYSTEM chunk at 1 MiB,
-//! logical = physical, holding one leaf per tree:
+//! The first filesystem, written from nothing (btrfs-progs' `make_btrfs`, with every
+//! further device already added to it): a superblock on every device (every mirror
+//! that fits, each carrying its own device item) and a temporary SINGLE SYSTEM chunk at
+//! 1 MiB of device 1, logical = physical, holding one leaf per tree:
 //!
 //! - root tree: ROOT_ITEMs of every other tree, the root directory 6 with its
 //!   `default` entry naming the fs tree;
-//! - chunk tree: the device item and the temporary chunk;
+//! - chunk tree: a device item per device and the temporary chunk;
 //! - extent tree: a skinny METADATA_ITEM per tree block and the block group item
 //!   (in the block-group tree instead when that feature is on);
 //! - dev tree: the temporary chunk's dev extent;
@@ -38,6 +39,14 @@ pub const BOOTSTRAP_GENERATION: u64 = 1;
 const FT_DIR: u8 = 2;
 const S_IFDIR: u32 = 0o040000;
 
+/// One member device: devid is its index in `Layout::devices` plus one.
+#[derive(Clone, Copy, Debug)]
+pub struct DevLayout {
+    pub uuid: [u8; 16],
+    /// The device's size rounded down to the sector size.
+    pub total_bytes: u64,
+}
+
 /// What the bootstrap writes: the settled options plus the identities drawn for it.
 #[derive(Clone, Debug)]
 pub struct Layout {
@@ -46,11 +55,10 @@ pub struct Layout {
     pub csum: CsumType,
     pub fsid: [u8; 16],
     pub chunk_tree_uuid: [u8; 16],
-    pub dev_uuid: [u8; 16],
+    /// The member devices, devid 1 first (it holds the temporary chunk); at least one.
+    pub devices: Vec<DevLayout>,
     /// The fs tree's UUID (ROOT_ITEM uuid and its uuid-tree entry).
     pub fs_tree_uuid: [u8; 16],
-    /// The device's size rounded down to the sector size.
-    pub total_bytes: u64,
     pub label: Vec<u8>,
     pub incompat: u64,
     pub compat_ro: u64,
@@ -58,6 +66,16 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The filesystem's size: the sum of its devices'.
+    pub fn total_bytes(&self) -> u64 {
+        self.devices.iter().map(|d| d.total_bytes).sum()
+    }
+
+    fn dev(&self, devid: u64) -> &DevLayout {
+        let i = usize::try_from(devid).ok().and_then(|d| d.checked_sub(1));
+        i.and_then(|i| self.devices.get(i)).unwrap_or_else(|| panic!("devid {devid} is not one of the {} devices", self.devices.len()))
+    }
+
     fn bg_tree(&self) -> bool {
         self.compat_ro & ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE != 0
     }
@@ -145,15 +163,17 @@ fn chunk_item(l: &Layout) -> Vec<u8> {
         sub_stripes: 1.into(),
     };
     let mut v = h.as_bytes().to_vec();
-    v.extend_from_slice(Stripe { devid: 1.into(), offset: TEMP_CHUNK_START.into(), dev_uuid: l.dev_uuid }.as_bytes());
+    v.extend_from_slice(Stripe { devid: 1.into(), offset: TEMP_CHUNK_START.into(), dev_uuid: l.dev(1).uuid }.as_bytes());
     v
 }
 
-fn dev_item(l: &Layout) -> DevItem {
+/// Device `devid`'s item: only device 1 has bytes allocated (the temporary chunk).
+fn dev_item(l: &Layout, devid: u64) -> DevItem {
+    let d = l.dev(devid);
     DevItem {
-        devid: 1.into(),
-        total_bytes: l.total_bytes.into(),
-        bytes_used: TEMP_CHUNK_LEN.into(),
+        devid: devid.into(),
+        total_bytes: d.total_bytes.into(),
+        bytes_used: if devid == 1 { TEMP_CHUNK_LEN } else { 0 }.into(),
         io_align: l.sectorsize.into(),
         io_width: l.sectorsize.into(),
         sector_size: l.sectorsize.into(),
@@ -163,7 +183,7 @@ fn dev_item(l: &Layout) -> DevItem {
         dev_group: 0.into(),
         seek_speed: 0,
         bandwidth: 0,
-        uuid: l.dev_uuid,
+        uuid: d.uuid,
         fsid: l.fsid,
     }
 }
@@ -215,7 +235,9 @@ fn tree_items(l: &Layout, id: u64) -> Vec<(Key, Vec<u8>)> {
         }
         BLOCK_GROUP_TREE_OBJECTID => items.push(bg_item()),
         CHUNK_TREE_OBJECTID => {
-            items.push((Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1), dev_item(l).as_bytes().to_vec()));
+            for devid in 1..=l.devices.len() as u64 {
+                items.push((Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid), dev_item(l, devid).as_bytes().to_vec()));
+            }
             items.push((Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, TEMP_CHUNK_START), chunk_item(l)));
         }
         DEV_TREE_OBJECTID => {
@@ -299,18 +321,19 @@ pub fn build_leaf(l: &Layout, id: u64) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The bootstrap superblock (its `bytenr` and checksum are set per mirror on write).
-pub fn build_super(l: &Layout) -> Superblock {
+/// The bootstrap superblock of device `devid` (its `bytenr` and checksum are set per
+/// mirror on write).
+pub fn build_super(l: &Layout, devid: u64) -> Superblock {
     let mut sb = Superblock::new_zeroed();
     sb.fsid = l.fsid;
     sb.magic = MAGIC.into();
     sb.generation = BOOTSTRAP_GENERATION.into();
     sb.root = l.block_of(ROOT_TREE_OBJECTID).into();
     sb.chunk_root = l.block_of(CHUNK_TREE_OBJECTID).into();
-    sb.total_bytes = l.total_bytes.into();
+    sb.total_bytes = l.total_bytes().into();
     sb.bytes_used = l.used().into();
     sb.root_dir_objectid = ROOT_TREE_DIR_OBJECTID.into();
-    sb.num_devices = 1.into();
+    sb.num_devices = (l.devices.len() as u64).into();
     sb.sectorsize = l.sectorsize.into();
     sb.nodesize = l.nodesize.into();
     sb.leafsize = l.nodesize.into();
@@ -323,51 +346,67 @@ pub fn build_super(l: &Layout) -> Superblock {
     sb.compat_ro_flags = l.compat_ro.into();
     sb.incompat_flags = l.incompat.into();
     sb.csum_type = l.csum.raw().into();
-    sb.dev_item = dev_item(l);
+    sb.dev_item = dev_item(l, devid);
     sb.label[..l.label.len()].copy_from_slice(&l.label);
     sb
 }
 
-/// Write the bootstrap filesystem to `dev`: zero the first MiB (old signatures there
-/// go), the temporary chunk and the last MiB, write every leaf, flush, then write every
-/// superblock mirror that fits, and flush again.
+/// Write the bootstrap filesystem to `devs` (devid 1 first, one per
+/// `Layout::devices`): on each, zero the first MiB (old signatures there go), the span
+/// of the temporary chunk and the last MiB; write every leaf to device 1; flush; then
+/// write every superblock mirror that fits on each device, and flush again.
 ///
 /// # Errors
-/// `Io` from the device; `Corrupt` if a leaf or the superblock fails its checker
-/// (nothing is written then).
-pub fn write(dev: &dyn BlockDevice, l: &Layout) -> Result<()> {
-    assert!(l.total_bytes >= TEMP_CHUNK_START + TEMP_CHUNK_LEN, "filesystem of {} bytes cannot hold the bootstrap chunk", l.total_bytes);
-    assert!(dev.size() >= l.total_bytes, "device {} of {} bytes is smaller than the filesystem ({} bytes)", dev.name(), dev.size(), l.total_bytes);
+/// `Io` from a device; `Corrupt` if a leaf or a superblock fails its checker (nothing
+/// is written then).
+pub fn write(devs: &[&dyn BlockDevice], l: &Layout) -> Result<()> {
+    assert_eq!(devs.len(), l.devices.len(), "devices given and devices laid out differ");
+    assert!(l.dev(1).total_bytes >= TEMP_CHUNK_START + TEMP_CHUNK_LEN, "device 1 of {} bytes cannot hold the bootstrap chunk", l.dev(1).total_bytes);
     let leaves: Vec<(u64, Vec<u8>)> = l.trees().into_iter().map(|id| build_leaf(l, id).map(|b| (l.block_of(id), b))).collect::<Result<_>>()?;
-    let mut sb = build_super(l);
     let mut supers = Vec::new();
-    for mirror in 0..SUPER_MIRROR_MAX {
-        let off = sb_offset(mirror);
-        if off + SUPER_INFO_SIZE as u64 > dev.size() {
-            break;
+    for (i, dev) in devs.iter().enumerate() {
+        let devid = i as u64 + 1;
+        let total = l.dev(devid).total_bytes;
+        assert!(dev.size() >= total, "device {} of {} bytes is smaller than its part of the filesystem ({total} bytes)", dev.name(), dev.size());
+        let mut sb = build_super(l, devid);
+        for mirror in 0..SUPER_MIRROR_MAX {
+            let off = sb_offset(mirror);
+            if off + SUPER_INFO_SIZE as u64 > dev.size() {
+                break;
+            }
+            sb.bytenr = off.into();
+            let c = l.csum.compute(&sb.as_bytes()[CSUM_SIZE..]);
+            sb.csum.copy_from_slice(&c);
+            ubtrfs_format::superblock::check_super(sb.as_bytes(), off).map_err(|e| Error::from(e).at(format!("mkfs bootstrap superblock of devid {devid} mirror {mirror}")))?;
+            supers.push((i, off, sb));
         }
-        sb.bytenr = off.into();
-        let c = l.csum.compute(&sb.as_bytes()[CSUM_SIZE..]);
-        sb.csum.copy_from_slice(&c);
-        ubtrfs_format::superblock::check_super(sb.as_bytes(), off).map_err(|e| Error::from(e).at(format!("mkfs bootstrap superblock mirror {mirror}")))?;
-        supers.push((off, sb));
     }
     let zeros = vec![0u8; 1 << 20];
-    for off in (0..TEMP_CHUNK_START + TEMP_CHUNK_LEN).step_by(zeros.len()) {
-        dev.write_at(&zeros, off)?;
-    }
-    // The last MiB too, where a GPT keeps its backup header (mkfs.btrfs zeroes the
-    // end as well); what lies between is never read before it is written.
-    let tail = l.total_bytes.saturating_sub(zeros.len() as u64);
-    if tail >= TEMP_CHUNK_START + TEMP_CHUNK_LEN {
-        dev.write_at(&zeros, tail)?;
+    for (i, dev) in devs.iter().enumerate() {
+        for off in (0..TEMP_CHUNK_START + TEMP_CHUNK_LEN).step_by(zeros.len()) {
+            if off + zeros.len() as u64 <= dev.size() {
+                dev.write_at(&zeros, off)?;
+            }
+        }
+        // The last MiB too, where a GPT keeps its backup header (mkfs.btrfs zeroes the
+        // end as well); what lies between is never read before it is written.
+        let total = l.devices[i].total_bytes;
+        let tail = total.saturating_sub(zeros.len() as u64);
+        if tail >= TEMP_CHUNK_START + TEMP_CHUNK_LEN {
+            dev.write_at(&zeros, tail)?;
+        }
     }
     for (bytenr, leaf) in &leaves {
-        dev.write_at(leaf, *bytenr)?;
+        devs[0].write_at(leaf, *bytenr)?;
     }
-    dev.flush()?;
-    for (off, sb) in &supers {
-        dev.write_at(sb.as_bytes(), *off)?;
+    for dev in devs {
+        dev.flush()?;
     }
-    dev.flush()
+    for (i, off, sb) in &supers {
+        devs[*i].write_at(sb.as_bytes(), *off)?;
+    }
+    for dev in devs {
+        dev.flush()?;
+    }
+    Ok(())
 }

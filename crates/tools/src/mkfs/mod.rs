@@ -1,9 +1,10 @@
-//! `mkfs`: a new filesystem on one device, made the way btrfs-progs' `make_btrfs`
-//! makes it, and by the engine rather than by a second writer:
+//! `mkfs`: a new filesystem on one device or several, made the way btrfs-progs'
+//! `make_btrfs` makes it, and by the engine rather than by a second writer:
 //!
 //! 1. `bootstrap` writes a minimal filesystem whose trees are one leaf each, in a
-//!    temporary SYSTEM chunk at 1 MiB;
-//! 2. the engine opens it, takes the requested profiles, allocates the real SYSTEM,
+//!    temporary SYSTEM chunk at 1 MiB of device 1, with every device already a member
+//!    (a device item each in the chunk tree, a superblock on each);
+//! 2. the engine opens all the devices, takes the requested profiles, allocates the real SYSTEM,
 //!    METADATA and DATA chunks (SYSTEM and DATA|METADATA with mixed block groups) and
 //!    COWs every root leaf into them, and commits (the commit frees the bootstrap
 //!    blocks);
@@ -18,7 +19,7 @@ pub mod bootstrap;
 pub mod options;
 pub mod signature;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::space::{chunk_alloc, chunk_remove};
 use ubtrfs_core::transaction::FsWriter;
@@ -50,6 +51,14 @@ fn after_writing(error: Error) -> MkfsFailure {
     MkfsFailure { error, began_writing: true }
 }
 
+/// One device to make part of the new filesystem: devids follow the order given.
+#[derive(Clone, Debug)]
+pub struct MkfsDevice {
+    pub path: PathBuf,
+    /// Bytes of it the filesystem uses (the caller sized the file).
+    pub size: u64,
+}
+
 /// After a failure part way, make sure no superblock of the half-made filesystem
 /// remains for a mount or a tool to find: zero every mirror slot (best effort: the
 /// device may be what failed, and the error that matters is the first one).
@@ -71,7 +80,9 @@ fn wipe_superblocks(path: &Path, size: u64) {
 #[derive(Clone, Debug)]
 pub struct MkfsResult {
     pub fsid: [u8; 16],
-    pub dev_uuid: [u8; 16],
+    /// Per device, devid 1 first.
+    pub dev_uuids: Vec<[u8; 16]>,
+    /// The sum of the devices' sizes (each rounded down to the sector size).
     pub total_bytes: u64,
     /// The generation of the last commit.
     pub generation: u64,
@@ -102,45 +113,90 @@ pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> std::resul
 /// # Errors
 /// As `make_filesystem`, and `fill`'s error (after writing began).
 pub fn make_filesystem_with(path: &Path, size: u64, opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
-    let r = make_filesystem_inner(path, size, opts, fill);
+    make_filesystem_on(&[MkfsDevice { path: path.to_path_buf(), size }], opts, fill)
+}
+
+/// As `make_filesystem_with`, over every device in `devices` (devids 1..N in that
+/// order): one filesystem whose chunks take the profiles asked for.
+///
+/// # Errors
+/// As `make_filesystem`; also `Posix(Invalid)` for no device, one given twice, or
+/// fewer devices than a profile needs (before anything is written). After writing
+/// began, every device's superblock slots are zeroed.
+pub fn make_filesystem_on(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
+    let r = make_filesystem_inner(devices, opts, fill);
     if let Err(f) = &r {
         if f.began_writing {
-            wipe_superblocks(path, size);
+            for d in devices {
+                wipe_superblocks(&d.path, d.size);
+            }
         }
     }
     r
 }
 
-fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
-    let name = path.display().to_string();
-    opts.validate(&name, size, 1).map_err(before_writing)?;
+/// Refuse a device named twice (by path or, for existing ones, by identity): its two
+/// roles would overwrite each other.
+///
+/// # Errors
+/// `Posix(Invalid)` naming the device given twice.
+pub fn check_distinct(devices: &[MkfsDevice]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen: Vec<(&Path, Option<(u64, u64, u64)>)> = Vec::new();
+    for d in devices {
+        let id = std::fs::metadata(&d.path).ok().map(|m| if m.rdev() != 0 { (0, 0, m.rdev()) } else { (m.dev(), m.ino(), 0) });
+        if seen.iter().any(|&(p, i)| p == d.path || (id.is_some() && i == id)) {
+            return Err(Error::posix_detail(PosixKind::Invalid, d.path.display().to_string(), "given twice; each device can be one member only"));
+        }
+        seen.push((&d.path, id));
+    }
+    Ok(())
+}
+
+fn make_filesystem_inner(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
+    if devices.is_empty() {
+        return Err(before_writing(Error::posix_detail(PosixKind::Invalid, "mkfs", "no device given")));
+    }
+    check_distinct(devices).map_err(before_writing)?;
+    for d in devices {
+        opts.validate(&d.path.display().to_string(), d.size, devices.len()).map_err(before_writing)?;
+    }
     let uuids = &opts.sources.uuids;
+    let ss = u64::from(opts.sectorsize);
+    let fsid = opts.fsid.unwrap_or_else(|| uuids.new_uuid());
+    let chunk_tree_uuid = uuids.new_uuid();
+    let members: Vec<bootstrap::DevLayout> = devices.iter().map(|d| bootstrap::DevLayout { uuid: uuids.new_uuid(), total_bytes: d.size / ss * ss }).collect();
     let l = bootstrap::Layout {
         nodesize: opts.nodesize,
         sectorsize: opts.sectorsize,
         csum: opts.csum,
-        fsid: opts.fsid.unwrap_or_else(|| uuids.new_uuid()),
-        chunk_tree_uuid: uuids.new_uuid(),
-        dev_uuid: uuids.new_uuid(),
+        fsid,
+        chunk_tree_uuid,
+        devices: members,
         fs_tree_uuid: uuids.new_uuid(),
-        total_bytes: size / u64::from(opts.sectorsize) * u64::from(opts.sectorsize),
         label: opts.label.clone(),
         incompat: opts.features.incompat(),
         compat_ro: opts.features.compat_ro(),
         now: opts.sources.clock.now(),
     };
     {
-        // Locked as every writer is: refused while the kernel has it mounted or another
-        // program or ubtrfs process uses it, before a byte is written. The lock ends
-        // before the engine's writer takes its own.
-        let dev = FileDevice::open(path, true).map_err(before_writing)?;
-        if dev.size() < size {
-            return Err(before_writing(Error::posix_detail(PosixKind::NoSpace, name, format!("{} bytes, less than the {size} asked for", dev.size()))));
+        // Locked as every writer is: refused while the kernel has one mounted or another
+        // program or ubtrfs process uses it, before a byte is written to any. The locks
+        // end before the engine's writer takes its own.
+        let mut devs = Vec::new();
+        for d in devices {
+            let dev = FileDevice::open(&d.path, true).map_err(before_writing)?;
+            if dev.size() < d.size {
+                return Err(before_writing(Error::posix_detail(PosixKind::NoSpace, d.path.display().to_string(), format!("{} bytes, less than the {} asked for", dev.size(), d.size))));
+            }
+            devs.push(dev);
         }
-        bootstrap::write(&dev, &l).map_err(after_writing)?;
+        let refs: Vec<&dyn BlockDevice> = devs.iter().map(|d| d as &dyn BlockDevice).collect();
+        bootstrap::write(&refs, &l).map_err(after_writing)?;
     }
+    let paths: Vec<PathBuf> = devices.iter().map(|d| d.path.clone()).collect();
     let generation = (|| {
-        let mut w = FsWriter::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone(), degraded: false })?;
+        let mut w = FsWriter::open(&OpenOptions { devices: paths.clone(), cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone(), degraded: false })?;
         populate_chunks(&mut w, opts)?;
         w.commit()?;
         if let Err(e) = fill(&mut w) {
@@ -150,14 +206,14 @@ fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions, fill: impl 
         w.commit()
     })()
     .map_err(after_writing)?;
-    let report = FsInfo::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone(), degraded: false })
+    let report = FsInfo::open(&OpenOptions { devices: paths.clone(), cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone(), degraded: false })
         .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
         .map_err(after_writing)?;
     if !report.is_clean() {
         let found: Vec<String> = report.findings.iter().map(|f| f.to_string()).collect();
-        panic!("{name}: the filesystem mkfs made does not check clean: {}", found.join("; "));
+        panic!("{}: the filesystem mkfs made does not check clean: {}", devices[0].path.display(), found.join("; "));
     }
-    Ok(MkfsResult { fsid: l.fsid, dev_uuid: l.dev_uuid, total_bytes: l.total_bytes, generation })
+    Ok(MkfsResult { fsid: l.fsid, dev_uuids: l.devices.iter().map(|d| d.uuid).collect(), total_bytes: l.total_bytes(), generation })
 }
 
 /// Steps 2 and 3 of the module docs, on the writer of the bootstrap filesystem.

@@ -149,6 +149,17 @@ pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
     Ok(u)
 }
 
+/// The default profiles (data, metadata) for `ndevs` devices, as mkfs.btrfs 6.2 picks
+/// them: data SINGLE; metadata DUP on one device, RAID1 on several; with mixed block
+/// groups SINGLE for both.
+pub fn default_profiles(ndevs: usize, mixed: bool) -> (u64, u64) {
+    match (mixed, ndevs) {
+        (true, _) => (0, 0),
+        (false, 0 | 1) => (0, BLOCK_GROUP_DUP),
+        (false, _) => (0, BLOCK_GROUP_RAID1),
+    }
+}
+
 /// Everything mkfs is asked for.
 #[derive(Clone)]
 pub struct MkfsOptions {
@@ -191,8 +202,8 @@ pub fn page_size() -> u32 {
 }
 
 impl MkfsOptions {
-    /// Check the options on their own and against a device of `size` bytes and
-    /// `ndevs` devices.
+    /// Check the options on their own and against one device of `size` bytes of a
+    /// filesystem of `ndevs` devices (called for each).
     ///
     /// # Errors
     /// `Posix(Invalid)` naming the option and the accepted values; `Posix(NoSpace)`
@@ -229,11 +240,7 @@ impl MkfsOptions {
             if need > ndevs {
                 let name = block_group_flags_str(BLOCK_GROUP_DATA | p);
                 let name = name.split(", ").nth(1).unwrap_or("?").to_ascii_lowercase();
-                return Err(Error::posix_detail(
-                    PosixKind::Invalid,
-                    format!("{what} profile {name}"),
-                    format!("needs {need} devices, {ndevs} given; several devices come in a later step of ubtrfs mkfs"),
-                ));
+                return Err(Error::posix_detail(PosixKind::Invalid, format!("{what} profile {name}"), format!("needs at least {need} devices, {ndevs} given")));
             }
         }
         if size < MIN_DEVICE_SIZE {
@@ -311,6 +318,12 @@ mod tests {
         MkfsOptions { features: mixed, nodesize: 4096, metadata_profile: 0, ..MkfsOptions::default() }.validate("x", 256 << 20, 1).unwrap();
         let o3 = MkfsOptions { data_profile: BLOCK_GROUP_RAID1, ..MkfsOptions::default() };
         let e = o3.validate("x", 256 << 20, 1).unwrap_err().to_string();
-        assert!(e.contains("needs 2 devices"), "{e}");
+        assert!(e.contains("data profile raid1") && e.contains("needs at least 2 devices, 1 given"), "{e}");
+        o3.validate("x", 256 << 20, 2).unwrap();
+        let o4 = MkfsOptions { metadata_profile: BLOCK_GROUP_RAID1C4, ..MkfsOptions::default() };
+        let e = o4.validate("x", 256 << 20, 3).unwrap_err().to_string();
+        assert!(e.contains("metadata profile raid1c4") && e.contains("needs at least 4 devices, 3 given"), "{e}");
+        // DUP keeps both copies on one device, on any number of them.
+        MkfsOptions { data_profile: BLOCK_GROUP_DUP, ..MkfsOptions::default() }.validate("x", 256 << 20, 3).unwrap();
     }
 }
