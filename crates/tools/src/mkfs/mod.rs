@@ -141,11 +141,17 @@ pub fn make_filesystem_on(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl
 /// # Errors
 /// `Posix(Invalid)` naming the device given twice.
 pub fn check_distinct(devices: &[MkfsDevice]) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let mut seen: Vec<(&Path, Option<(u64, u64, u64)>)> = Vec::new();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    /// What an existing target is, whatever path names it.
+    #[derive(PartialEq)]
+    enum Identity {
+        Block { rdev: u64 },
+        File { dev: u64, ino: u64 },
+    }
+    let mut seen: Vec<(&Path, Option<Identity>)> = Vec::new();
     for d in devices {
-        let id = std::fs::metadata(&d.path).ok().map(|m| if m.rdev() != 0 { (0, 0, m.rdev()) } else { (m.dev(), m.ino(), 0) });
-        if seen.iter().any(|&(p, i)| p == d.path || (id.is_some() && i == id)) {
+        let id = std::fs::metadata(&d.path).ok().map(|m| if m.file_type().is_block_device() { Identity::Block { rdev: m.rdev() } } else { Identity::File { dev: m.dev(), ino: m.ino() } });
+        if seen.iter().any(|(p, i)| *p == d.path || (id.is_some() && *i == id)) {
             return Err(Error::posix_detail(PosixKind::Invalid, d.path.display().to_string(), "given twice; each device can be one member only"));
         }
         seen.push((&d.path, id));
