@@ -76,6 +76,10 @@ pub struct MkfsArgs {
     /// as zstd:3), as mount -o compress= does.
     #[arg(long, value_name = "ALG[:LEVEL]", requires = "rootdir")]
     pub compress: Option<String>,
+    /// Make the filesystem no larger than it needs: small chunks, then the image file
+    /// (or the filesystem on a block device) cut to the end of the last one.
+    #[arg(long)]
+    pub shrink: bool,
     /// The same input gives the same bytes: times from SOURCE_DATE_EPOCH (0 when it
     /// is unset), UUIDs derived from the tree and the label. Implied by
     /// SOURCE_DATE_EPOCH in the environment.
@@ -121,6 +125,7 @@ fn options_from(a: &MkfsArgs) -> Result<MkfsOptions> {
         metadata_profile: metadata,
         features,
         sources: Default::default(),
+        shrink: a.shrink,
     })
 }
 
@@ -320,6 +325,10 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         Err(f) if f.began_writing => return Err(f.error.at(format!("{name} is not usable, mkfs failed after it began writing"))),
         Err(f) => return Err(f.error),
     };
+    if a.shrink && !matches!(t, Target::Block { .. }) {
+        let f = std::fs::OpenOptions::new().write(true).open(&a.image).map_err(|e| Error::io(format!("{name}: opening to shrink"), e))?;
+        f.set_len(made.total_bytes).map_err(|e| Error::io(format!("{name}: shrinking to {} bytes", made.total_bytes), e))?;
+    }
     if !a.quiet {
         println!("ubtrfs mkfs: {name}");
         println!("Label:              {}", a.label.as_deref().unwrap_or("(null)"));

@@ -352,15 +352,13 @@ pub fn write(dev: &dyn BlockDevice, l: &Layout) -> Result<()> {
         ubtrfs_format::superblock::check_super(sb.as_bytes(), off).map_err(|e| Error::from(e).at(format!("mkfs bootstrap superblock mirror {mirror}")))?;
         supers.push((off, sb));
     }
-    let zeros = vec![0u8; 1 << 20];
-    for off in (0..TEMP_CHUNK_START + TEMP_CHUNK_LEN).step_by(zeros.len()) {
-        dev.write_at(&zeros, off)?;
-    }
+    // Zeroed as holes in an image file (no host space), with zeros on a device.
+    dev.zero_range(0, TEMP_CHUNK_START + TEMP_CHUNK_LEN)?;
     // The last MiB too, where a GPT keeps its backup header (mkfs.btrfs zeroes the
     // end as well); what lies between is never read before it is written.
-    let tail = l.total_bytes.saturating_sub(zeros.len() as u64);
+    let tail = l.total_bytes.saturating_sub(1 << 20);
     if tail >= TEMP_CHUNK_START + TEMP_CHUNK_LEN {
-        dev.write_at(&zeros, tail)?;
+        dev.zero_range(tail, l.total_bytes - tail)?;
     }
     for (bytenr, leaf) in &leaves {
         dev.write_at(leaf, *bytenr)?;

@@ -16,6 +16,7 @@
 
 pub mod bootstrap;
 pub mod options;
+pub mod shrink;
 pub mod signature;
 
 use std::path::Path;
@@ -141,15 +142,24 @@ fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions, fill: impl 
     }
     let generation = (|| {
         let mut w = FsWriter::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone(), degraded: false })?;
+        if opts.shrink {
+            shrink::cap_chunks(&mut w)?;
+        }
         populate_chunks(&mut w, opts)?;
         w.commit()?;
         if let Err(e) = fill(&mut w) {
             w.abort("mkfs: filling the new filesystem", &e);
             return Err(e);
         }
-        w.commit()
+        if opts.shrink {
+            w.commit()?;
+            shrink::shrink_devices(&mut w)?;
+        }
+        let g = w.commit()?;
+        Ok((g, w.info.super_copy().total_bytes.get()))
     })()
     .map_err(after_writing)?;
+    let (generation, total_bytes) = generation;
     let report = FsInfo::open(&OpenOptions { devices: vec![path.to_path_buf()], cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone(), degraded: false })
         .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
         .map_err(after_writing)?;
@@ -157,7 +167,7 @@ fn make_filesystem_inner(path: &Path, size: u64, opts: &MkfsOptions, fill: impl 
         let found: Vec<String> = report.findings.iter().map(|f| f.to_string()).collect();
         panic!("{name}: the filesystem mkfs made does not check clean: {}", found.join("; "));
     }
-    Ok(MkfsResult { fsid: l.fsid, dev_uuid: l.dev_uuid, total_bytes: l.total_bytes, generation })
+    Ok(MkfsResult { fsid: l.fsid, dev_uuid: l.dev_uuid, total_bytes, generation })
 }
 
 /// Steps 2 and 3 of the module docs, on the writer of the bootstrap filesystem.

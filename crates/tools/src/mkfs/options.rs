@@ -165,6 +165,9 @@ pub struct MkfsOptions {
     pub features: Features,
     /// Time and new UUIDs.
     pub sources: Sources,
+    /// Make the filesystem no larger than it needs (`--shrink`): small chunks, and the
+    /// device's size cut to the end of its last chunk once filled.
+    pub shrink: bool,
 }
 
 impl Default for MkfsOptions {
@@ -179,6 +182,7 @@ impl Default for MkfsOptions {
             metadata_profile: BLOCK_GROUP_DUP,
             features: Features::default(),
             sources: Sources::default(),
+            shrink: false,
         }
     }
 }
