@@ -742,3 +742,35 @@ fn shrink_and_holes() {
     assert_check(&empty, "empty 100 GiB");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The kernel writes a further 1 GiB into an image ubtrfs made (new chunks of its own
+/// on top of ours), deletes it, and the image checks clean after each step.
+#[test]
+fn the_kernel_writes_a_gib_on_top() {
+    if !kernel::kernel_available("mkfs the_kernel_writes_a_gib_on_top") {
+        return;
+    }
+    let d = scratch("gib");
+    let img = d.join("img");
+    run(bin().args(["mkfs", "-q", "--size", "3G"]).arg(&img));
+    let mnt = d.join("mnt");
+    let m = mount(&img, &mnt);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.join("gib")).unwrap();
+        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+        for i in 0..1024u32 {
+            let mut b = block.clone();
+            b[..4].copy_from_slice(&i.to_le_bytes());
+            f.write_all(&b).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    m.umount();
+    assert_check(&img, "after the kernel wrote 1 GiB");
+    let m = mount(&img, &mnt);
+    std::fs::remove_file(mnt.join("gib")).unwrap();
+    m.umount();
+    assert_check(&img, "after the kernel deleted it");
+    let _ = std::fs::remove_dir_all(&d);
+}
