@@ -80,6 +80,10 @@ pub struct MkfsArgs {
     /// as zstd:3), as mount -o compress= does.
     #[arg(long, value_name = "ALG[:LEVEL]", requires = "rootdir")]
     pub compress: Option<String>,
+    /// Make the filesystem no larger than it needs: small chunks, then the image file
+    /// (or the filesystem on a block device) cut to the end of the last one.
+    #[arg(long)]
+    pub shrink: bool,
     /// The same input gives the same bytes: times from SOURCE_DATE_EPOCH (0 when it
     /// is unset), UUIDs derived from the tree and the label. Implied by
     /// SOURCE_DATE_EPOCH in the environment.
@@ -125,6 +129,7 @@ fn options_from(a: &MkfsArgs, ndevs: usize) -> Result<MkfsOptions> {
         metadata_profile: metadata,
         features,
         sources: Default::default(),
+        shrink: a.shrink,
     })
 }
 
@@ -377,6 +382,16 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
             return Err(f.error);
         }
     };
+    if a.shrink {
+        for (p, &size) in planned.iter().zip(&made.dev_sizes) {
+            if matches!(p.target, Target::Block { .. }) {
+                continue;
+            }
+            let name = &p.name;
+            let f = std::fs::OpenOptions::new().write(true).open(&p.path).map_err(|e| Error::io(format!("{name}: opening to shrink"), e))?;
+            f.set_len(size).map_err(|e| Error::io(format!("{name}: shrinking to {size} bytes"), e))?;
+        }
+    }
     let name = planned.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(" ");
     if !a.quiet {
         println!("ubtrfs mkfs: {name}");

@@ -1451,3 +1451,41 @@ fn oracle_detects_damage() {
         assert!(btrfs_check(&img.path).is_err(), "btrfs check --check-data-csum sees the flipped byte");
     }
 }
+
+/// A write far past the end of a small (inline-sized) file reserves the data space it
+/// writes, not the hole before it: one byte at 1 GiB into an empty file fits on a
+/// 256 MiB image (it used to ask for 1 GiB and fail with ENOSPC), and the kernel reads
+/// the hole as zeros and the byte.
+#[test]
+fn a_write_far_past_eof_reserves_only_what_it_writes() {
+    if !common::kernel_available("a_write_far_past_eof_reserves_only_what_it_writes") {
+        return;
+    }
+    let img = Scratch::mkfs("far-write", 256 * MIB, &[]);
+    let mut w = img.writer();
+    let top = w.live().root_dir();
+    for (name, first) in [(&b"empty"[..], &b""[..]), (b"small", b"a few inline bytes")] {
+        let ino = w.create_file(top.root, top.ino, name, &InodeAttrs::new(0o644)).expect("create");
+        if !first.is_empty() {
+            w.write_file(top.root, ino, 0, first).expect("small write");
+        }
+        w.write_file(top.root, ino, 1 << 30, b"!").expect("one byte at 1 GiB");
+    }
+    w.commit().expect("commit");
+    drop(w);
+    assert_check(&img.path, "after writes far past EOF");
+    let m = Mount::new(&img.path, false);
+    for (name, first) in [("empty", &b""[..]), ("small", b"a few inline bytes")] {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(m.path(name)).expect("open");
+        assert_eq!(f.metadata().unwrap().len(), (1 << 30) + 1, "{name}: size");
+        let mut head = vec![0u8; 4096];
+        f.read_exact_at(&mut head, 0).unwrap();
+        assert_eq!(&head[..first.len()], first, "{name}: its first bytes");
+        assert!(head[first.len()..].iter().all(|&b| b == 0), "{name}: the hole reads as zeros");
+        let mut last = [0u8; 1];
+        f.read_exact_at(&mut last, 1 << 30).unwrap();
+        assert_eq!(&last, b"!", "{name}: the byte at 1 GiB");
+    }
+    m.umount();
+}

@@ -638,10 +638,14 @@ impl FsWriter {
         let ss = u64::from(self.sectorsize());
         let max_inline = self.max_inline();
         if ii.size.get().max(end) > max_inline {
-            let a_start = if ii.size.get() <= max_inline { 0 } else { offset / ss * ss };
+            let a_start = offset / ss * ss;
             let a_end = end.div_ceil(ss) * ss;
+            // An inline file turning regular is written again from 0: its old bytes
+            // need space too (but a write far past a small file's end reserves only
+            // what it writes, not the hole before it).
+            let inline_rewrite = if ii.size.get() <= max_inline { ii.size.get().div_ceil(ss) * ss } else { 0 };
             let what = format!("root={root} ino={ino}");
-            if let Err(e) = crate::space::allocator::reserve_data(self, a_end - a_start, &what) {
+            if let Err(e) = crate::space::allocator::reserve_data(self, a_end - a_start + inline_rewrite.min(a_start), &what) {
                 // What goes in place needs no new space (btrfs_check_nocow_lock, only
                 // once the reservation failed, as the kernel asks).
                 let in_place = match e.posix_kind() {

@@ -162,6 +162,9 @@ pub struct Allocator {
     /// Mixed block groups (INCOMPAT_MIXED_GROUPS): data and metadata share groups
     /// flagged DATA|METADATA, and share their space.
     pub(crate) mixed: bool,
+    /// Largest new chunk per block-group type, when set (`FsWriter::set_max_chunk_size`),
+    /// below the kernel's own limits.
+    pub(crate) chunk_caps: BTreeMap<u64, u64>,
 }
 
 impl Allocator {

@@ -186,6 +186,83 @@ impl FsWriter {
     }
 }
 
+impl FsWriter {
+    /// New chunks of type `ty` are at most `bytes` long (at least 1 MiB), below the
+    /// kernel's limits: `mkfs --shrink` keeps the last chunk's unused tail small.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` for another type or less than 1 MiB.
+    pub fn set_max_chunk_size(&mut self, ty: u64, bytes: u64) -> Result<()> {
+        if ![BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM].contains(&ty) || bytes < MIB {
+            return Err(Error::posix_detail(PosixKind::Invalid, format!("chunk size {bytes} for {}", block_group_flags_str(ty)), "one block group type, at least 1 MiB"));
+        }
+        let ty = self.alloc.space_type(ty);
+        self.alloc.chunk_caps.insert(ty, bytes / STRIPE_LEN * STRIPE_LEN);
+        Ok(())
+    }
+
+    /// The end of the last dev extent on device `devid`: the least size it can have.
+    ///
+    /// # Errors
+    /// Read failures.
+    pub fn device_used_end(&mut self, devid: u64) -> Result<u64> {
+        let mut end = MIB;
+        for (k, d) in self.items_in_range(DEV_TREE_OBJECTID, &Key::new(devid, DEV_EXTENT_KEY, 0), &Key::new(devid, DEV_EXTENT_KEY, u64::MAX))? {
+            let len = u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"));
+            end = end.max(k.offset.saturating_add(len));
+        }
+        for p in &self.pending_chunks {
+            for &(d, off, _) in &p.map.stripes {
+                if d == devid {
+                    end = end.max(off + p.stripe_size);
+                }
+            }
+        }
+        Ok(end)
+    }
+
+    /// Make device `devid` hold `bytes` (its DEV_ITEM's total_bytes, the superblock's
+    /// total), as `btrfs filesystem resize` does; shrinking needs no dev extent past
+    /// the new end (nothing is relocated).
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for an unknown device; `Posix(Busy)` when a dev extent lies
+    /// past `bytes`; `Posix(Invalid)` past the device's end or below 1 MiB; tree
+    /// failures.
+    pub fn set_device_size(&mut self, devid: u64, bytes: u64) -> Result<()> {
+        self.check_writable()?;
+        let what = || format!("device {devid}");
+        let d = *self.alloc.dev_items.get(&devid).ok_or_else(|| Error::posix(PosixKind::NotFound, what()))?;
+        let ss = u64::from(self.sectorsize());
+        let bytes = bytes / ss * ss;
+        if bytes < MIB {
+            return Err(Error::posix_detail(PosixKind::Invalid, what(), format!("{bytes} bytes is below the 1 MiB every device keeps")));
+        }
+        if let Ok(dev) = self.info.devices.get(devid) {
+            if bytes > dev.dev.size() {
+                return Err(Error::posix_detail(PosixKind::Invalid, what(), format!("{bytes} bytes is more than the device's {}", dev.dev.size())));
+            }
+        }
+        let end = self.device_used_end(devid)?;
+        if end > bytes {
+            return Err(Error::posix_detail(PosixKind::Busy, what(), format!("its chunks reach {end}, past {bytes}")));
+        }
+        let old = d.total_bytes.get();
+        self.transaction("set_device_size", 1, |w| {
+            let item = w.alloc.dev_items.get_mut(&devid).expect("checked above");
+            item.total_bytes = bytes.into();
+            let item = *item;
+            let (leaf, slot) = w
+                .lookup_for_update(CHUNK_TREE_OBJECTID, &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid), 0)?
+                .ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("device {devid} has no DEV_ITEM")).root(CHUNK_TREE_OBJECTID)))?;
+            w.item_data_mut(leaf, slot).copy_from_slice(item.as_bytes());
+            let total = w.sb.total_bytes.get() - old + bytes;
+            w.sb.total_bytes = total.into();
+            Ok(())
+        })
+    }
+}
+
 /// The device items of the members present: those new stripes may go to.
 fn writable_devices(w: &FsWriter) -> Vec<u64> {
     w.alloc.dev_items.keys().copied().filter(|d| w.info.devices.by_id.contains_key(d)).collect()
@@ -245,7 +322,11 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
         _ if fs_total > 50 << 30 => (1 << 30, 1 << 30),
         _ => (256 * MIB, 256 * MIB),
     };
-    let max_chunk = max_chunk.min(fs_total / 10).max(4 * MIB);
+    let mut max_chunk = max_chunk.min(fs_total / 10).max(4 * MIB);
+    if let Some(&cap) = w.alloc.chunk_caps.get(&ty) {
+        max_chunk = max_chunk.min(cap);
+    }
+    let max_stripe = max_stripe.min(max_chunk);
     // Every device with a hole of at least one stripe length per device stripe.
     let devids: Vec<(u64, [u8; 16], u64, u64)> = writable_devices(w).into_iter().map(|id| (id, &w.alloc.dev_items[&id])).map(|(id, d)| (id, d.uuid, d.bytes_used.get(), d.total_bytes.get())).collect();
     let mut rooms: Vec<DevRoom> = Vec::with_capacity(devids.len());

@@ -46,6 +46,21 @@ pub trait BlockDevice: Send + Sync {
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_at(buf, offset)
     }
+    /// Make `[offset, offset + len)` read as zeros. The default writes zeros; an image
+    /// file punches a hole instead, so the range takes no space on the host.
+    ///
+    /// # Errors
+    /// As `write_at`.
+    fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(zeros.len() as u64) as usize;
+            self.write_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
+    }
 }
 
 /// Data writes from this size on bypass the host's page cache (O_DIRECT).
@@ -127,6 +142,27 @@ fn check_range(name: &str, offset: u64, len: usize, size: u64) -> Result<()> {
 }
 
 impl BlockDevice for FileDevice {
+    fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
+        check_range(&self.name, offset, len as usize, self.size)?;
+        use std::os::unix::io::AsRawFd;
+        let regular = self.file.metadata().map(|m| m.is_file()).unwrap_or(false);
+        if regular {
+            // SAFETY: fallocate on a descriptor this device owns, within its size.
+            let r = unsafe { libc::fallocate(self.file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset as libc::off_t, len as libc::off_t) };
+            if r == 0 {
+                return Ok(());
+            }
+            // A host filesystem without hole punching: write the zeros.
+        }
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(zeros.len() as u64) as usize;
+            self.write_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(&self.name, offset, buf.len(), self.size)?;
         self.file.read_exact_at(buf, offset).map_err(|e| Error::io(format!("{}: read of {} bytes at {offset}", self.name, buf.len()), e))

@@ -381,19 +381,15 @@ pub fn write(devs: &[&dyn BlockDevice], l: &Layout) -> Result<()> {
             supers.push((i, off, sb));
         }
     }
-    let zeros = vec![0u8; 1 << 20];
     for (i, dev) in devs.iter().enumerate() {
-        for off in (0..TEMP_CHUNK_START + TEMP_CHUNK_LEN).step_by(zeros.len()) {
-            if off + zeros.len() as u64 <= dev.size() {
-                dev.write_at(&zeros, off)?;
-            }
-        }
+        let total = l.devices[i].total_bytes;
+        // Zeroed as holes in an image file (no host space), with zeros on a device.
+        dev.zero_range(0, (TEMP_CHUNK_START + TEMP_CHUNK_LEN).min(total))?;
         // The last MiB too, where a GPT keeps its backup header (mkfs.btrfs zeroes the
         // end as well); what lies between is never read before it is written.
-        let total = l.devices[i].total_bytes;
-        let tail = total.saturating_sub(zeros.len() as u64);
+        let tail = total.saturating_sub(1 << 20);
         if tail >= TEMP_CHUNK_START + TEMP_CHUNK_LEN {
-            dev.write_at(&zeros, tail)?;
+            dev.zero_range(tail, total - tail)?;
         }
     }
     for (bytenr, leaf) in &leaves {

@@ -17,6 +17,7 @@
 
 pub mod bootstrap;
 pub mod options;
+pub mod shrink;
 pub mod signature;
 
 use std::path::{Path, PathBuf};
@@ -82,8 +83,12 @@ pub struct MkfsResult {
     pub fsid: [u8; 16],
     /// Per device, devid 1 first.
     pub dev_uuids: Vec<[u8; 16]>,
-    /// The sum of the devices' sizes (each rounded down to the sector size).
+    /// The sum of the devices' sizes (each rounded down to the sector size, or cut
+    /// by `--shrink`).
     pub total_bytes: u64,
+    /// Per device, devid 1 first: the bytes of it the filesystem uses (with `--shrink`
+    /// the size an image file is cut to).
+    pub dev_sizes: Vec<u64>,
     /// The generation of the last commit.
     pub generation: u64,
 }
@@ -203,15 +208,28 @@ fn make_filesystem_inner(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl 
     let paths: Vec<PathBuf> = devices.iter().map(|d| d.path.clone()).collect();
     let generation = (|| {
         let mut w = FsWriter::open(&OpenOptions { devices: paths.clone(), cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone(), degraded: false })?;
+        if opts.shrink {
+            shrink::cap_chunks(&mut w)?;
+        }
         populate_chunks(&mut w, opts)?;
         w.commit()?;
         if let Err(e) = fill(&mut w) {
             w.abort("mkfs: filling the new filesystem", &e);
             return Err(e);
         }
-        w.commit()
+        let mut dev_sizes: Vec<u64> = l.devices.iter().map(|d| d.total_bytes).collect();
+        if opts.shrink {
+            w.commit()?;
+            for (devid, size) in shrink::shrink_devices(&mut w)? {
+                let i = usize::try_from(devid - 1).expect("devids are 1..=N");
+                dev_sizes[i] = size;
+            }
+        }
+        let g = w.commit()?;
+        Ok((g, w.info.super_copy().total_bytes.get(), dev_sizes))
     })()
     .map_err(after_writing)?;
+    let (generation, total_bytes, dev_sizes) = generation;
     let report = FsInfo::open(&OpenOptions { devices: paths.clone(), cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone(), degraded: false })
         .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
         .map_err(after_writing)?;
@@ -219,7 +237,8 @@ fn make_filesystem_inner(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl 
         let found: Vec<String> = report.findings.iter().map(|f| f.to_string()).collect();
         panic!("{}: the filesystem mkfs made does not check clean: {}", devices[0].path.display(), found.join("; "));
     }
-    Ok(MkfsResult { fsid: l.fsid, dev_uuids: l.devices.iter().map(|d| d.uuid).collect(), total_bytes: l.total_bytes(), generation })
+    debug_assert_eq!(dev_sizes.iter().sum::<u64>(), total_bytes, "device sizes and the superblock's total differ");
+    Ok(MkfsResult { fsid: l.fsid, dev_uuids: l.devices.iter().map(|d| d.uuid).collect(), total_bytes, dev_sizes, generation })
 }
 
 /// Steps 2 and 3 of the module docs, on the writer of the bootstrap filesystem.

@@ -176,6 +176,9 @@ pub struct MkfsOptions {
     pub features: Features,
     /// Time and new UUIDs.
     pub sources: Sources,
+    /// Make the filesystem no larger than it needs (`--shrink`): small chunks, and the
+    /// device's size cut to the end of its last chunk once filled.
+    pub shrink: bool,
 }
 
 impl Default for MkfsOptions {
@@ -190,6 +193,7 @@ impl Default for MkfsOptions {
             metadata_profile: BLOCK_GROUP_DUP,
             features: Features::default(),
             sources: Sources::default(),
+            shrink: false,
         }
     }
 }
