@@ -6,8 +6,8 @@
 //! it and it checks clean again; then `ubtrfs put --device` writes into it and it checks
 //! clean once more. Too few devices for a profile, RAID5/6 and a signature on one member
 //! are refused before anything is touched, a failure part way leaves no image it made
-//! and no superblock on the others, and `--rootdir` on a RAID1 pair reads back through
-//! the kernel.
+//! and no superblock on the others, `--rootdir` on a RAID1 pair reads back through
+//! the kernel, and `--shrink` cuts each member to its own size.
 //!
 //! The kernel keeps one registered device list per fsid and loop devices are shared
 //! with the other tests of the machine, so these tests run one at a time and forget
@@ -350,7 +350,7 @@ fn failure_part_way_cleans_every_member() {
     std::fs::create_dir_all(&small).unwrap();
     // Room for the bootstrap on the second member (its superblocks; the zeroed ranges
     // are holes in an image file) but not for the engine's RAID1 metadata on it.
-    run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"]).arg(&small));
+    run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=32k", "tmpfs"]).arg(&small));
     let r = std::panic::catch_unwind(|| {
         let new = d.join("new.img");
         let old = small.join("old.img");
@@ -394,6 +394,42 @@ fn rootdir_on_a_raid1_pair() {
     let m = loops.mount(&mnt);
     let diff = Command::new("diff").args(["-r", "--no-dereference"]).arg(&src).arg(&mnt).output().unwrap();
     assert!(diff.status.success(), "the kernel reads the rootdir back differently: {}", String::from_utf8_lossy(&diff.stdout));
+    assert_eq!(df_profiles(&mnt), ["Data, RAID1", "Metadata, RAID1", "System, RAID1"]);
+    m.umount();
+    drop(loops);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// `--shrink` over a RAID1 pair: each image file is cut to its own device's size (its
+/// superblock's dev_item), the superblock's total is their sum, and the kernel mounts
+/// both and reads the tree back.
+#[test]
+fn shrink_over_a_raid1_pair() {
+    if !kernel("mkfs_multi shrink_over_a_raid1_pair") {
+        return;
+    }
+    let _g = serial();
+    let d = scratch("shrink");
+    let src = d.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    run(Command::new("cp").arg("-a").arg("/usr/include/linux").arg(&src));
+    let imgs = images(&d, 2);
+    run(bin().args(["mkfs", "-q", "--size", "2G", "-d", "raid1", "--shrink", "--rootdir"]).arg(&src).args(&imgs));
+    let mut sum = 0;
+    for p in &imgs {
+        let len = std::fs::metadata(p).unwrap().len();
+        let sb = superblock(p);
+        assert_eq!(sb.dev_item.total_bytes.get(), len, "{}: the file is cut to its device's size", p.display());
+        assert!(len < 512 * MIB, "{}: {len} bytes after --shrink", p.display());
+        sum += len;
+    }
+    assert_eq!(superblock(&imgs[0]).total_bytes.get(), sum, "the superblock's total is the members' sum");
+    let loops = Loops::new(&imgs);
+    loops.check("shrink raid1");
+    let mnt = d.join("mnt");
+    let m = loops.mount(&mnt);
+    let diff = Command::new("diff").args(["-r", "--no-dereference"]).arg(&src).arg(&mnt).output().unwrap();
+    assert!(diff.status.success(), "the kernel reads the shrunk tree back differently: {}", String::from_utf8_lossy(&diff.stdout));
     assert_eq!(df_profiles(&mnt), ["Data, RAID1", "Metadata, RAID1", "System, RAID1"]);
     m.umount();
     drop(loops);
