@@ -435,3 +435,54 @@ fn shrink_over_a_raid1_pair() {
     drop(loops);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Block devices are used whole, as members like image files; the filesystem's size
+/// is theirs summed.
+#[test]
+fn block_devices_as_members() {
+    if !kernel("mkfs_multi block_devices_as_members") {
+        return;
+    }
+    let _g = serial();
+    let d = scratch("blockdev");
+    let imgs = images(&d, 2);
+    for (p, s) in imgs.iter().zip([200 * MIB, 300 * MIB]) {
+        std::fs::File::create(p).unwrap().set_len(s).unwrap();
+    }
+    let loops = Loops::new(&imgs);
+    run(bin().args(["mkfs", "-q", "-d", "raid1"]).args(&loops.devs));
+    let sb = superblock(Path::new(&loops.devs[1]));
+    assert_eq!(sb.total_bytes.get(), 500 * MIB, "both devices whole");
+    assert_eq!(sb.dev_item.devid.get(), 2);
+    assert_eq!(sb.dev_item.total_bytes.get(), 300 * MIB);
+    loops.check("block devices");
+    let mnt = d.join("mnt");
+    let m = loops.mount(&mnt);
+    assert_eq!(df_profiles(&mnt), ["Data, RAID1", "Metadata, RAID1", "System, RAID1"]);
+    m.umount();
+    drop(loops);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// With SOURCE_DATE_EPOCH, two builds over the same number of devices give the same
+/// bytes on every member (device UUIDs included), and a different device count gives
+/// another fsid.
+#[test]
+fn reproducible_over_several_devices() {
+    let d = scratch("repro");
+    let sha = |p: &Path| run(Command::new("sha256sum").arg(p)).split_whitespace().next().unwrap().to_string();
+    let build = |tag: &str, n: usize| -> Vec<PathBuf> {
+        let imgs: Vec<PathBuf> = (0..n).map(|i| d.join(format!("{tag}{i}.img"))).collect();
+        run(bin().env("SOURCE_DATE_EPOCH", "1700000000").args(["mkfs", "-q", "--size", "128M", "-d", "raid1", "-m", "raid1"]).args(&imgs));
+        imgs
+    };
+    let a = build("a", 2);
+    let b = build("b", 2);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(sha(x), sha(y), "{} and {} differ", x.display(), y.display());
+    }
+    assert_ne!(superblock(&a[0]).dev_item.uuid, superblock(&a[1]).dev_item.uuid, "members share a device UUID");
+    let c = build("c", 3);
+    assert_ne!(superblock(&a[0]).fsid, superblock(&c[0]).fsid, "two and three devices gave one fsid");
+    std::fs::remove_dir_all(&d).unwrap();
+}
