@@ -179,7 +179,11 @@ fn run_case(tag: &str, sizes: &[u64], args: &[&str], data: &str, meta: &str) {
         assert_eq!(sb.dev_item.total_bytes.get(), sizes[i], "{tag}: member {i} dev_item.total_bytes");
     }
     let want = {
-        let mut v = vec![format!("Data, {}", df_name(data)), format!("Metadata, {}", df_name(meta)), format!("System, {}", df_name(meta))];
+        let mut v = if args.contains(&"--mixed") {
+            vec![format!("Data+Metadata, {}", df_name(data)), format!("System, {}", df_name(meta))]
+        } else {
+            vec![format!("Data, {}", df_name(data)), format!("Metadata, {}", df_name(meta)), format!("System, {}", df_name(meta))]
+        };
         v.sort();
         v
     };
@@ -289,6 +293,15 @@ fn dup_on_two_devices() {
     }
     let _g = serial();
     run_case("dup", &[256 * MIB; 2], &["-d", "dup", "-m", "dup"], "dup", "dup");
+}
+
+#[test]
+fn mixed_raid1_pair() {
+    if !kernel("mkfs_multi mixed_raid1_pair") {
+        return;
+    }
+    let _g = serial();
+    run_case("mixed", &[256 * MIB; 2], &["--mixed", "-d", "raid1"], "raid1", "raid1");
 }
 
 /// Refusals come before any target is touched: nothing is created, and an existing
