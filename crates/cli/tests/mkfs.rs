@@ -774,3 +774,42 @@ fn the_kernel_writes_a_gib_on_top() {
     assert_check(&img, "after the kernel deleted it");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Chunk lengths per block-group type ("DATA|single" -> bytes), from dump-tree.
+fn chunk_space(img: &Path) -> BTreeMap<String, u64> {
+    let out = run(Command::new("btrfs").args(["inspect-internal", "dump-tree", "-t", "chunk"]).arg(img));
+    let mut m = BTreeMap::new();
+    for l in out.lines().filter(|l| l.contains(" length ") && l.contains(" type ")) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let len: u64 = f[1].parse().unwrap();
+        *m.entry(f[7].to_string()).or_insert(0) += len;
+    }
+    m
+}
+
+/// An empty ubtrfs mkfs allocates no more chunk space of any type than mkfs.btrfs
+/// does for the same size.
+#[test]
+fn no_more_chunk_space_than_mkfs_btrfs() {
+    if !kernel::kernel_available("mkfs no_more_chunk_space_than_mkfs_btrfs") {
+        return;
+    }
+    let d = scratch("chunkspace");
+    for size in ["256M", "1G", "20G"] {
+        let (ours, theirs) = (d.join(format!("ours-{size}")), d.join(format!("theirs-{size}")));
+        run(bin().args(["mkfs", "-q", "--size", size]).arg(&ours));
+        std::fs::File::create(&theirs).unwrap().set_len(options_size(size)).unwrap();
+        run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&theirs));
+        let (o, t) = (chunk_space(&ours), chunk_space(&theirs));
+        assert_eq!(o.keys().collect::<Vec<_>>(), t.keys().collect::<Vec<_>>(), "{size}: chunk types");
+        for (ty, bytes) in &o {
+            assert!(*bytes <= t[ty], "{size}: {ty}: ubtrfs {bytes} bytes, mkfs.btrfs {}", t[ty]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+fn options_size(s: &str) -> u64 {
+    let (n, unit) = s.split_at(s.len() - 1);
+    n.parse::<u64>().unwrap() << if unit == "G" { 30 } else { 20 }
+}

@@ -201,6 +201,11 @@ impl FsWriter {
         Ok(())
     }
 
+    /// New chunks follow the kernel's sizes again (`set_max_chunk_size` undone).
+    pub fn clear_max_chunk_sizes(&mut self) {
+        self.alloc.chunk_caps.clear();
+    }
+
     /// The end of the last dev extent on device `devid`: the least size it can have.
     ///
     /// # Errors

@@ -250,6 +250,15 @@ pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
     w.set_alloc_profile(BLOCK_GROUP_DATA, opts.data_profile)?;
     w.set_alloc_profile(BLOCK_GROUP_METADATA, opts.metadata_profile)?;
     w.set_alloc_profile(BLOCK_GROUP_SYSTEM, opts.metadata_profile)?;
+    // The first chunks are mkfs.btrfs's sizes, smaller than the kernel makes later: 8 MiB
+    // of system and of data, metadata a twentieth of the filesystem within 32-256 MiB
+    // (--shrink has set its own, smaller ones).
+    if !opts.shrink {
+        let total = w.info.super_copy().total_bytes.get();
+        w.set_max_chunk_size(BLOCK_GROUP_SYSTEM, 8 << 20)?;
+        w.set_max_chunk_size(BLOCK_GROUP_DATA, 8 << 20)?;
+        w.set_max_chunk_size(BLOCK_GROUP_METADATA, (total / 20).clamp(32 << 20, 256 << 20))?;
+    }
     // With mixed block groups one DATA|METADATA chunk serves both.
     let types: &[u64] = if opts.features.mixed { &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA] } else { &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA, BLOCK_GROUP_DATA] };
     {
@@ -264,6 +273,9 @@ pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
             Ok(())
         })();
         h.end_with(r)?;
+    }
+    if !opts.shrink {
+        w.clear_max_chunk_sizes();
     }
     w.commit()?;
     let mut h = w.start_transaction("mkfs: remove the bootstrap chunk", 0)?;
