@@ -813,3 +813,31 @@ fn options_size(s: &str) -> u64 {
     let (n, unit) = s.split_at(s.len() - 1);
     n.parse::<u64>().unwrap() << if unit == "G" { 30 } else { 20 }
 }
+
+/// An entry of --rootdir that cannot be read (mkfs run by an unprivileged user, as a
+/// rootless build is, over a file mode 000) fails mkfs with an error naming the entry,
+/// and the image it was creating is gone.
+#[test]
+fn unreadable_rootdir_entry_is_named() {
+    if !kernel::kernel_available_with("mkfs unreadable_rootdir_entry_is_named", &["/usr/bin/setpriv"]) {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let d = scratch("unreadable");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let src = d.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("open"), b"readable\n").unwrap();
+    std::fs::write(src.join("locked"), b"secret\n").unwrap();
+    std::fs::set_permissions(src.join("locked"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    // The binary where the unprivileged user can run it.
+    let exe = d.join("ubtrfs");
+    std::fs::copy(env!("CARGO_BIN_EXE_ubtrfs"), &exe).unwrap();
+    let img = d.join("img");
+    let out = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe).args(["mkfs", "-q", "--size", "256M", "--rootdir"]).arg(&src).arg(&img).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mkfs over an unreadable entry succeeded");
+    assert!(err.contains(&format!("{}", src.join("locked").display())) && err.contains("Permission denied"), "{err}");
+    assert!(!img.exists(), "the image mkfs was creating is left behind");
+    let _ = std::fs::remove_dir_all(&d);
+}
