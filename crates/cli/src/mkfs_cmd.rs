@@ -350,10 +350,9 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         }
         Ok(())
     };
-    // A spinner with the counts: a byte total would need a pass over the source
-    // before the copy, and reading its directories first would change the atimes the
-    // copy keeps.
-    let bar = if fill.is_some() && !a.quiet { crate::write_cmds::copy_progress(None) } else { None };
+    // Its total comes from the scan the copy makes first (which records each
+    // directory's times before reading it, so the atimes kept are the source's).
+    let bar = if fill.is_some() && !a.quiet { crate::write_cmds::copy_progress() } else { None };
     let mut copied = None;
     let r = prepare().map_err(|error| MkfsFailure { error, began_writing: false }).and_then(|()| {
         ubtrfs_tools::mkfs::make_filesystem_on(&devices, &opts, |w| {

@@ -42,7 +42,7 @@ pub fn put(a: &PutArgs) -> Result<()> {
     }
     // A failure part way leaves the transaction half done: abort it, nothing is committed.
     let srcs: Vec<&std::path::Path> = a.srcs.iter().map(|p| p.as_path()).collect();
-    let bar = copy_progress(None);
+    let bar = copy_progress();
     let opts = ubtrfs_tools::put::PutOptions { recursive: a.recursive, progress: bar.as_ref().map(|b| b.callback()), ..Default::default() };
     let stats = ubtrfs_tools::put::put(&mut w, &srcs, &a.dest, &opts).inspect_err(|e| w.abort("put", e))?;
     drop(bar);
@@ -54,31 +54,22 @@ pub fn put(a: &PutArgs) -> Result<()> {
     Ok(())
 }
 
-/// A progress bar for a copy into the image, on stderr when it is a terminal: bytes
-/// against `total` when it is known (with the rate and time left), else a spinner with
-/// the counts. Cleared when dropped.
+/// A progress bar for a copy into the image, on stderr when it is a terminal: the
+/// bytes written against what the scan before the copy found (with the rate and the
+/// time left), and the counts. Cleared when dropped.
 pub struct CopyProgress {
     bar: indicatif::ProgressBar,
 }
 
-/// The bar, or None when stderr is not a terminal.
-pub fn copy_progress(total: Option<u64>) -> Option<CopyProgress> {
+/// The bar, or None when stderr is not a terminal. (The total comes with the first
+/// report, from the scan `put` makes before it copies.)
+pub fn copy_progress() -> Option<CopyProgress> {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return None;
     }
-    let bar = match total {
-        Some(t) => {
-            let b = indicatif::ProgressBar::new(t);
-            b.set_style(indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}").expect("static template"));
-            b
-        }
-        None => {
-            let b = indicatif::ProgressBar::new_spinner();
-            b.set_style(indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("static template"));
-            b
-        }
-    };
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}").expect("static template"));
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     Some(CopyProgress { bar })
 }
@@ -87,12 +78,10 @@ impl CopyProgress {
     /// The callback `put` reports to.
     pub fn callback(&self) -> ubtrfs_tools::put::Progress {
         let b = self.bar.clone();
-        let known = b.length().is_some();
         ubtrfs_tools::put::Progress(std::sync::Arc::new(move |s: &ubtrfs_tools::put::PutStats| {
-            if known {
-                b.set_position(s.bytes);
-            }
-            b.set_message(format!("{} files, {} directories, {} MiB", s.files, s.dirs, s.bytes >> 20));
+            b.set_length(s.expected_bytes.max(s.bytes));
+            b.set_position(s.bytes);
+            b.set_message(format!("{} files, {} directories", s.files, s.dirs));
         }))
     }
 }

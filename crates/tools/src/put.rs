@@ -36,6 +36,9 @@ pub struct PutStats {
     pub hardlinks: u64,
     /// File data written (holes not counted).
     pub bytes: u64,
+    /// File data the whole copy will write, as the scan before it found (for a
+    /// progress bar; the files may change meanwhile).
+    pub expected_bytes: u64,
 }
 
 /// How `put` copies.
@@ -170,19 +173,23 @@ fn attrs_of(md: &std::fs::Metadata, owners: &OwnerMap) -> InodeAttrs {
 /// updates its atime, and the copy keeps the atime from before), and refuse a
 /// directory without `recursive`. Files are stat'ed again when they are copied, so
 /// memory stays bounded by the number of directories.
-fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<PathBuf, std::fs::Metadata>) -> Result<()> {
+/// Returns the data bytes the copy will write (each regular file's length, or its
+/// allocated bytes when fewer: holes are not written), for a progress bar.
+fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<PathBuf, std::fs::Metadata>) -> Result<u64> {
     let md = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
     if md.is_dir() {
         seen.insert(src.to_path_buf(), md);
         if !recursive {
             return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::path(src), "use -r"));
         }
+        let mut total = 0u64;
         for e in std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))? {
             let e = e.map_err(|e| io(src, "cannot read", e))?;
-            prescan(&e.path(), true, seen)?;
+            total = total.saturating_add(prescan(&e.path(), true, seen)?);
         }
+        return Ok(total);
     }
-    Ok(())
+    Ok(if md.is_file() { md.len().min(md.blocks().saturating_mul(512)) } else { 0 })
 }
 
 /// The host file name of `p` (`..` and `/` have none).
@@ -205,8 +212,9 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
         return Err(Error::posix_detail(PosixKind::Invalid, dest.to_string(), "nothing to copy"));
     }
     let mut seen = HashMap::new();
+    let mut expected = 0u64;
     for s in srcs {
-        prescan(s, opts.recursive, &mut seen)?;
+        expected = expected.saturating_add(prescan(s, opts.recursive, &mut seen)?);
     }
     for s in &opts.subvols {
         if !seen.get(s).is_some_and(|m| m.is_dir()) {
@@ -220,7 +228,7 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
         Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => None,
         Err(e) => return Err(e),
     };
-    let mut ctx = Ctx { opts, stats: PutStats::default(), links: HashMap::new(), seen };
+    let mut ctx = Ctx { opts, stats: PutStats { expected_bytes: expected, ..PutStats::default() }, links: HashMap::new(), seen };
     match dest_dir {
         Some(dir) => {
             for s in srcs {
@@ -250,14 +258,14 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
 /// As `put`.
 pub fn put_contents(w: &mut FsWriter, src: &Path, dir: InodeId, opts: &PutOptions) -> Result<PutStats> {
     let mut seen = HashMap::new();
-    prescan(src, true, &mut seen)?;
+    let expected = prescan(src, true, &mut seen)?;
     for s in &opts.subvols {
         if !seen.get(s).is_some_and(|m| m.is_dir()) || s == src {
             return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::path(s), "a subvolume must be a directory inside the source"));
         }
     }
     let md = seen.get(src).cloned().expect("prescan recorded the source directory");
-    let mut ctx = Ctx { opts, stats: PutStats::default(), links: HashMap::new(), seen };
+    let mut ctx = Ctx { opts, stats: PutStats { expected_bytes: expected, ..PutStats::default() }, links: HashMap::new(), seen };
     copy_dir_into(w, src, dir, &md, true, &mut ctx)?;
     Ok(ctx.stats)
 }

@@ -67,6 +67,10 @@ fn rootdir_with_owner_map_and_subvolumes() {
     let opts = PutOptions { recursive: true, owners: OwnerMap::parse("u 1000 0\ng 1000 0\nu 100000 1 65536").unwrap(), subvols: vec![src.join("home")], progress: None, atime_from_mtime: false };
     let stats = put_contents(&mut w, &src, top, &opts).unwrap();
     assert_eq!(stats.hardlinks, 1, "{stats:?}");
+    // The scan's estimate counts each name of the linked file: every byte written, and
+    // the second name of var/lib/db on top.
+    assert_eq!(stats.bytes, 7 + 100_000 + 50_000 + 7, "{stats:?}");
+    assert_eq!(stats.expected_bytes, 7 + 100_000 + 2 * 50_000 + 7, "{stats:?}");
     // A subvolume outside the source is refused before anything changes.
     let bad = PutOptions { subvols: vec![work.clone()], ..opts.clone() };
     assert!(put_contents(&mut w, &src, top, &bad).is_err());
