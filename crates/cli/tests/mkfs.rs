@@ -7,34 +7,18 @@
 //! and takes a `ubtrfs put`. Bad input is refused with a message naming it, leaving no
 //! image behind or the existing one unchanged.
 
+#[path = "common/cmd.rs"]
+mod cmd;
+use cmd::{bin, fails, run, scratch_in};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 #[path = "../../core/tests/common/kernel.rs"]
 mod kernel;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-}
-
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ubtrfs-mkfs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn fails(cmd: &mut Command) -> String {
-    let out: Output = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(!out.status.success(), "{cmd:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    scratch_in("mkfs", name)
 }
 
 /// `btrfs check --readonly --check-data-csum`, retried when progs' device scan trips

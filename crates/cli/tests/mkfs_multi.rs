@@ -13,6 +13,9 @@
 //! with the other tests of the machine, so these tests run one at a time and forget
 //! their devices after.
 
+#[path = "common/cmd.rs"]
+mod cmd;
+use cmd::{bin, fails, run, scratch_in};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -29,27 +32,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-}
-
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ubtrfs-mkfs-multi-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn fails(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(!out.status.success(), "{cmd:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    scratch_in("mkfs-multi", name)
 }
 
 /// The members of one filesystem attached as loop devices, detached (and forgotten by

@@ -51,6 +51,28 @@ fn chunk_item_bytes(m: &MapLookup, sectorsize: u32) -> Vec<u8> {
 /// `Corrupt` for a dev extent that runs past the end of the address space; read
 /// failures.
 fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>> {
+    let mut used = dev_extents(w, devid)?;
+    used.sort();
+    let mut holes = Vec::new();
+    let mut cur = MIB;
+    for (s, l) in used {
+        if s > cur {
+            holes.push((cur, s - cur));
+        }
+        cur = cur.max(s + l);
+    }
+    if total > cur {
+        holes.push((cur, total - cur));
+    }
+    Ok(holes)
+}
+
+/// Device `devid`'s dev extents (start, length): committed ones and the stripes of
+/// chunks made in this transaction, unsorted.
+///
+/// # Errors
+/// As `dev_holes`.
+fn dev_extents(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
     let mut used: Vec<(u64, u64)> = Vec::new();
     for (k, d) in w.items_in_range(DEV_TREE_OBJECTID, &Key::new(devid, DEV_EXTENT_KEY, 0), &Key::new(devid, DEV_EXTENT_KEY, u64::MAX))? {
         let len = u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"));
@@ -66,19 +88,7 @@ fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>
             }
         }
     }
-    used.sort();
-    let mut holes = Vec::new();
-    let mut cur = MIB;
-    for (s, l) in used {
-        if s > cur {
-            holes.push((cur, s - cur));
-        }
-        cur = cur.max(s + l);
-    }
-    if total > cur {
-        holes.push((cur, total - cur));
-    }
-    Ok(holes)
+    Ok(used)
 }
 
 /// Create a chunk and block group of type `ty` (phase one: in memory).
@@ -211,19 +221,7 @@ impl FsWriter {
     /// # Errors
     /// Read failures.
     pub fn device_used_end(&mut self, devid: u64) -> Result<u64> {
-        let mut end = MIB;
-        for (k, d) in self.items_in_range(DEV_TREE_OBJECTID, &Key::new(devid, DEV_EXTENT_KEY, 0), &Key::new(devid, DEV_EXTENT_KEY, u64::MAX))? {
-            let len = u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"));
-            end = end.max(k.offset.saturating_add(len));
-        }
-        for p in &self.pending_chunks {
-            for &(d, off, _) in &p.map.stripes {
-                if d == devid {
-                    end = end.max(off + p.stripe_size);
-                }
-            }
-        }
-        Ok(end)
+        Ok(dev_extents(self, devid)?.into_iter().map(|(s, l)| s + l).fold(MIB, u64::max))
     }
 
     /// Make device `devid` hold `bytes` (its DEV_ITEM's total_bytes, the superblock's

@@ -52,15 +52,20 @@ pub trait BlockDevice: Send + Sync {
     /// # Errors
     /// As `write_at`.
     fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
-        let zeros = vec![0u8; len.min(1 << 20) as usize];
-        let mut at = offset;
-        while at < offset + len {
-            let n = (offset + len - at).min(zeros.len() as u64) as usize;
-            self.write_at(&zeros[..n], at)?;
-            at += n as u64;
-        }
-        Ok(())
+        write_zeros(self, offset, len)
     }
+}
+
+/// Write zeros over `[offset, offset + len)`, a MiB at a time.
+fn write_zeros<D: BlockDevice + ?Sized>(dev: &D, offset: u64, len: u64) -> Result<()> {
+    let zeros = vec![0u8; len.min(1 << 20) as usize];
+    let mut at = offset;
+    while at < offset + len {
+        let n = (offset + len - at).min(zeros.len() as u64) as usize;
+        dev.write_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// Data writes from this size on bypass the host's page cache (O_DIRECT).
@@ -154,14 +159,7 @@ impl BlockDevice for FileDevice {
             }
             // A host filesystem without hole punching: write the zeros.
         }
-        let zeros = vec![0u8; len.min(1 << 20) as usize];
-        let mut at = offset;
-        while at < offset + len {
-            let n = (offset + len - at).min(zeros.len() as u64) as usize;
-            self.write_at(&zeros[..n], at)?;
-            at += n as u64;
-        }
-        Ok(())
+        write_zeros(self, offset, len)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(&self.name, offset, buf.len(), self.size)?;
