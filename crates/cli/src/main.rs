@@ -7,6 +7,7 @@ mod dump;
 mod edit_cmds;
 mod info;
 mod mkfs_cmd;
+mod mount_cmd;
 mod read_cmds;
 mod subvol_cmds;
 mod write_cmds;
@@ -138,6 +139,12 @@ enum Cmd {
     Mkfs(Box<mkfs_cmd::MkfsArgs>),
     /// Check the filesystem's consistency (read-only), like `btrfs check --readonly`.
     Check(check_cmd::CheckArgs),
+    /// Mount the filesystem with FUSE, read-write, until unmounted (fusermount3 -u,
+    /// umount, SIGINT or SIGTERM commit first).
+    Mount(mount_cmd::MountArgs),
+    /// Link `mount.fuse.ubtrfs` to this executable, so `mount -t fuse.ubtrfs` and fstab
+    /// lines work.
+    InstallHelper(mount_cmd::InstallHelperArgs),
     /// Subvolumes: create, list, set-default, get-default.
     #[command(subcommand)]
     Subvolume(subvol_cmds::SubvolCmd),
@@ -146,7 +153,11 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == mount_cmd::HELPER_NAME) {
+        return mount_cmd::helper_main(args);
+    }
+    let cli = Cli::parse_from(args);
     let r = match cli.cmd {
         Cmd::Info(a) => info::run(&a),
         Cmd::DumpSuper(a) => dump::run_super(&a),
@@ -173,6 +184,8 @@ fn main() -> ExitCode {
         Cmd::Batch(a) => edit_cmds::batch(&a),
         Cmd::Xattr(c) => c.run(),
         Cmd::Subvolume(c) => c.run(),
+        Cmd::Mount(a) => mount_cmd::run(&a),
+        Cmd::InstallHelper(a) => mount_cmd::install_helper(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

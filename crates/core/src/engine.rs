@@ -290,6 +290,14 @@ impl Engine {
         self.write(|w| Ok(w.finish_commit(io)))
     }
 
+    /// What statfs(2) reports, counting the running transaction (`FsWriter::statfs`).
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` after a panic in a writer.
+    pub fn statfs(&self) -> Result<crate::space::statfs::StatFs> {
+        Ok(self.state.read().map_err(poisoned)?.statfs())
+    }
+
     /// Take the writer back (all other users are gone: the engine is owned).
     ///
     /// # Errors

@@ -54,9 +54,27 @@ fn write_lock_two<'a>(a: &'a Inode, b: Option<&'a Inode>) -> (RwLockWriteGuard<'
 /// name is gone. Close it with `close`; a drop closes too, recording any error in the
 /// engine (`Engine::take_close_errors`).
 pub struct OpenFile<'a> {
-    engine: &'a Engine,
+    engine: EngineRef<'a>,
     /// None once closed.
     inode: Option<Arc<Inode>>,
+}
+
+/// The engine an `OpenFile` uses: borrowed (`Engine::open_file`), or shared
+/// (`Engine::open_file_shared`), for a handle that lives in a table of its own, as a
+/// mount's file handles do.
+enum EngineRef<'a> {
+    Borrowed(&'a Engine),
+    Shared(Arc<Engine>),
+}
+
+impl std::ops::Deref for EngineRef<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        match self {
+            EngineRef::Borrowed(e) => e,
+            EngineRef::Shared(e) => e,
+        }
+    }
 }
 
 impl std::fmt::Debug for OpenFile<'_> {
@@ -113,6 +131,21 @@ impl Engine {
     /// # Errors
     /// `Posix(NotFound)` for no such inode, or an unlinked one; read failures.
     pub fn open_file(&self, id: InodeId) -> Result<OpenFile<'_>> {
+        let inode = self.open_inode(id)?;
+        Ok(OpenFile { engine: EngineRef::Borrowed(self), inode: Some(inode) })
+    }
+
+    /// `open_file` on a shared engine: the handle keeps the engine alive and borrows
+    /// nothing.
+    ///
+    /// # Errors
+    /// As `open_file`.
+    pub fn open_file_shared(self: &Arc<Self>, id: InodeId) -> Result<OpenFile<'static>> {
+        let inode = self.open_inode(id)?;
+        Ok(OpenFile { engine: EngineRef::Shared(self.clone()), inode: Some(inode) })
+    }
+
+    fn open_inode(&self, id: InodeId) -> Result<Arc<Inode>> {
         let inode = self.info().inodes.get(id);
         {
             let _g = read_lock(&inode);
@@ -122,7 +155,16 @@ impl Engine {
             }
             inode.get_open();
         }
-        Ok(OpenFile { engine: self, inode: Some(inode) })
+        Ok(inode)
+    }
+
+    /// Count `n` more lookups of inode `id`, as the FUSE kernel counts `nlookup` for
+    /// every entry it is given (a create, mkdir, mknod, symlink or link reply, each
+    /// readdirplus entry); `forget` drops them. `lookup` counts its own.
+    pub fn count_lookups(&self, id: InodeId, n: u64) {
+        if n > 0 {
+            self.info().inodes.get(id).get_lookups(n);
+        }
     }
 
     /// Remove name `name` from directory `dir` of tree `root`, as `FsWriter::unlink`
@@ -204,6 +246,17 @@ impl Engine {
         self.write_retrying(|w| w.setattr(id.root, id.ino, a))
     }
 
+    /// Preallocate, punch or zero a range of file `id`, as `FsWriter::fallocate` does,
+    /// holding the inode's lock: the file's writes in flight finish first.
+    ///
+    /// # Errors
+    /// As `FsWriter::fallocate`.
+    pub fn fallocate(&self, id: InodeId, mode: u32, offset: u64, len: u64) -> Result<()> {
+        let inode = self.info().inodes.get(id);
+        let _g = write_lock(&inode);
+        self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len))
+    }
+
     /// Rename, as `FsWriter::rename` does, holding the locks of the inodes involved
     /// (both directories, the source, and a target it replaces or swaps with), taken in
     /// inode order, so no data write to a replaced file runs across its removal.
@@ -247,6 +300,10 @@ impl Engine {
     /// # Errors
     /// As `FsRead::lookup`.
     pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<Option<DirEntry>> {
+        // btrfs_lookup: no name is longer than BTRFS_NAME_LEN.
+        if name.len() > ubtrfs_format::structs::NAME_LEN {
+            return Err(Error::posix(PosixKind::NameTooLong, crate::quote::name(name)));
+        }
         let d = self.info().inodes.get(dir);
         let _g = read_lock(&d);
         let e = self.read(|live| live.lookup(dir, name))?;

@@ -42,6 +42,24 @@ impl Cred {
     }
 }
 
+/// The owner of a new inode made by `uid`/`gid` in directory `dir` with `mode` (the
+/// kernel's `inode_init_owner`): the creator owns it, except that a set-group-ID
+/// directory passes on its group, and to a new directory its set-group-ID bit too.
+/// `mode` is what the VFS passes down: the umask and `mode_strip_sgid` already applied.
+pub fn inode_init_owner(dir: &InodeItem, uid: u32, gid: u32, mode: u32) -> crate::inode::write::InodeAttrs {
+    let mut a = crate::inode::write::InodeAttrs::new(mode);
+    a.uid = uid;
+    a.gid = gid;
+    const S_ISGID: u32 = 0o2000;
+    if dir.mode.get() & S_ISGID != 0 {
+        a.gid = dir.gid.get();
+        if mode & S_IFMT == S_IFDIR {
+            a.mode |= S_ISGID;
+        }
+    }
+    a
+}
+
 /// Inode `id`'s access ACL (`system.posix_acl_access`), parsed; None without one.
 ///
 /// # Errors

@@ -130,6 +130,16 @@ impl BlockGroup {
         }
     }
 
+    /// Bytes taken now: used, plus (when cached) what this transaction reserved or
+    /// pinned and its delayed refs have not yet counted in `used`; superblock stripes
+    /// not included.
+    pub fn taken(&self) -> u64 {
+        match &self.caching {
+            Caching::Finished(c) => self.length.saturating_sub(self.super_bytes).saturating_sub(c.free_space()).max(self.used),
+            _ => self.used,
+        }
+    }
+
     /// Check the group's bookkeeping (debug builds and tests, after caching).
     pub fn check_invariants(&self) {
         assert!(self.length > 0, "block group {}: length 0", self.start);

@@ -9,3 +9,4 @@ pub mod chunk_alloc;
 pub mod chunk_remove;
 pub mod free_space_cache;
 pub mod free_space_tree;
+pub mod statfs;

@@ -1,0 +1,681 @@
+//! `ubtrfs mount` end to end: scripted POSIX workloads through a FUSE mount of a
+//! `mkfs.btrfs` image, checked against the kernel afterwards. After every unmount the
+//! image passes `btrfs check --readonly --check-data-csum`, and a kernel mount shows
+//! exactly the tree the FUSE mount showed (path, type, mode, owner, size, nlink,
+//! inode number, contents, symlink target, rdev, xattrs, mtime).
+//!
+//! Needs root, /dev/fuse and fusermount3 (the tests say why they skip without them;
+//! under CI=true they must run).
+
+#[path = "common/cmd.rs"]
+mod cmd;
+#[path = "../../core/tests/common/kernel.rs"]
+mod kernel;
+
+use cmd::{bin, fails, run, scratch_in};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fuse_available(test: &str) -> bool {
+    if !kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3"]) {
+        return false;
+    }
+    true
+}
+
+fn scratch(name: &str) -> PathBuf {
+    scratch_in("mount", name)
+}
+
+fn mkfs(img: &Path, size: &str) {
+    run(Command::new("truncate").args(["-s", size]).arg(img));
+    run(Command::new("mkfs.btrfs").arg("-q").arg("-f").arg(img));
+}
+
+fn assert_check(img: &Path, what: &str) {
+    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().expect("run btrfs check");
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("no error found") && !text.contains("ERROR"), "{what}: btrfs check failed on {}:\n{text}", img.display());
+}
+
+fn is_mountpoint(dir: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let want = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    mounts.lines().any(|l| l.split(' ').nth(1).map(|m| Path::new(m) == want).unwrap_or(false))
+}
+
+/// A running `ubtrfs mount` in the foreground.
+struct FuseMount {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+enum Stop {
+    Sigterm,
+    Sigint,
+    Fusermount,
+    Umount,
+}
+
+impl FuseMount {
+    fn start(img: &Path, dir: &Path, opts: &str) -> FuseMount {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut c = bin();
+        c.arg("mount");
+        if !opts.is_empty() {
+            c.args(["-o", opts]);
+        }
+        let child = c.arg(img).arg(dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn ubtrfs mount");
+        let mut m = FuseMount { child: Some(child), dir: dir.to_path_buf() };
+        let t = Instant::now();
+        while !is_mountpoint(dir) {
+            if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
+                let out = m.child.take().unwrap().wait_with_output().unwrap();
+                panic!("ubtrfs mount exited ({st}) before mounting: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "ubtrfs mount did not mount {} within 30 s", dir.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Unmount as `how` says; the command must exit 0. Returns its stderr.
+    fn stop(mut self, how: Stop) -> String {
+        match how {
+            // SAFETY: kill on our own child's pid.
+            Stop::Sigterm => unsafe {
+                libc::kill(self.pid(), libc::SIGTERM);
+            },
+            // SAFETY: as above.
+            Stop::Sigint => unsafe {
+                libc::kill(self.pid(), libc::SIGINT);
+            },
+            Stop::Fusermount => {
+                run(Command::new("fusermount3").arg("-u").arg(&self.dir));
+            }
+            Stop::Umount => {
+                run(Command::new("umount").arg(&self.dir));
+            }
+        }
+        let out = self.wait(Duration::from_secs(120));
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "ubtrfs mount exited with {}: {err}", out.status);
+        assert!(!is_mountpoint(&self.dir), "{} still mounted", self.dir.display());
+        err
+    }
+
+    fn wait(&mut self, limit: Duration) -> std::process::Output {
+        let t = Instant::now();
+        let child = self.child.as_mut().unwrap();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > limit {
+                let _ = child.kill();
+                panic!("ubtrfs mount did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child.take().unwrap().wait_with_output().unwrap()
+    }
+
+    /// kill -9, then clear the dead mount.
+    fn kill9(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        let _ = c.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        assert!(!is_mountpoint(&self.dir));
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+/// A kernel loop mount, unmounted on drop.
+struct KernelMount {
+    dir: PathBuf,
+}
+
+impl KernelMount {
+    fn new(img: &Path, dir: &Path) -> KernelMount {
+        std::fs::create_dir_all(dir).unwrap();
+        run(Command::new("mount").args(["-o", "loop"]).arg(img).arg(dir));
+        KernelMount { dir: dir.to_path_buf() }
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// One walked entry.
+#[derive(Debug, PartialEq, Eq, Clone)]
+struct Rec {
+    kind: char,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    nlink: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    rdev: u64,
+    sha: Option<String>,
+    target: Option<Vec<u8>>,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+fn xattrs(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut out = BTreeMap::new();
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: buf is valid for its length; c is NUL-terminated.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "llistxattr {}: {}", p.display(), std::io::Error::last_os_error());
+    for name in buf[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = CString::new(name).unwrap();
+        let mut v = vec![0u8; 65536];
+        // SAFETY: as above.
+        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        assert!(m >= 0, "lgetxattr {} {:?}: {}", p.display(), String::from_utf8_lossy(name), std::io::Error::last_os_error());
+        v.truncate(m as usize);
+        out.insert(name.to_vec(), v);
+    }
+    out
+}
+
+fn sha_file(p: &Path) -> String {
+    let mut f = std::fs::File::open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    format!("{:x}", h.finalize())
+}
+
+fn walk(root: &Path) -> BTreeMap<String, Rec> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    while let Some((p, rel)) = stack.pop() {
+        let md = std::fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+        let ft = md.file_type();
+        let kind = if ft.is_dir() {
+            'd'
+        } else if ft.is_symlink() {
+            'l'
+        } else if ft.is_file() {
+            'f'
+        } else if ft.is_fifo() {
+            'p'
+        } else if ft.is_socket() {
+            's'
+        } else if ft.is_char_device() {
+            'c'
+        } else {
+            'b'
+        };
+        let rec = Rec {
+            kind,
+            mode: md.mode() & 0o7777,
+            uid: md.uid(),
+            gid: md.gid(),
+            size: if kind == 'd' { 0 } else { md.size() },
+            nlink: md.nlink(),
+            ino: md.ino(),
+            mtime: (md.mtime(), md.mtime_nsec()),
+            rdev: if kind == 'c' || kind == 'b' { md.rdev() } else { 0 },
+            sha: (kind == 'f').then(|| sha_file(&p)),
+            target: (kind == 'l').then(|| std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec()),
+            xattrs: xattrs(&p),
+        };
+        if kind == 'd' {
+            for e in std::fs::read_dir(&p).unwrap() {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                stack.push((e.path(), if rel.is_empty() { name } else { format!("{rel}/{name}") }));
+            }
+        }
+        out.insert(rel, rec);
+    }
+    out
+}
+
+fn assert_same_tree(fuse: &BTreeMap<String, Rec>, kernel: &BTreeMap<String, Rec>, what: &str) {
+    let fk: Vec<&String> = fuse.keys().collect();
+    let kk: Vec<&String> = kernel.keys().collect();
+    assert_eq!(fk, kk, "{what}: the kernel shows other names than the FUSE mount did");
+    for (p, f) in fuse {
+        let mut k = kernel[p].clone();
+        if p.is_empty() {
+            // The mount point itself: the kernel's root is inode 256 in the top tree,
+            // as ours is; its times change with every entry.
+            k.mtime = f.mtime;
+        }
+        assert_eq!(f, &k, "{what}: {p:?} differs (left: FUSE mount, right: kernel mount)");
+    }
+}
+
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn fallocate(f: &std::fs::File, mode: i32, off: i64, len: i64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid fd.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) };
+    assert_eq!(r, 0, "fallocate mode {mode} {off}+{len}: {}", std::io::Error::last_os_error());
+}
+
+fn seek(f: &std::fs::File, off: i64, whence: i32) -> i64 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid fd.
+    unsafe { libc::lseek(f.as_raw_fd(), off, whence) }
+}
+
+fn set_times(p: &Path, sec: i64, nsec: i64) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let ts = [libc::timespec { tv_sec: sec, tv_nsec: nsec }, libc::timespec { tv_sec: sec, tv_nsec: nsec }];
+    // SAFETY: c is NUL-terminated, ts two timespecs.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    assert_eq!(r, 0, "utimensat {}: {}", p.display(), std::io::Error::last_os_error());
+}
+
+fn setxattr(p: &Path, name: &str, value: &[u8]) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid strings and buffer.
+    let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(r, 0, "setxattr {} {name}: {}", p.display(), std::io::Error::last_os_error());
+}
+
+/// The scripted workload: every kind of inode, data of every shape (inline, several
+/// extents, sparse, preallocated, punched), links, renames, an unlinked open file,
+/// xattrs, modes, owners, times and flags.
+fn workload(m: &Path) {
+    let d = m.join("dir");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::create_dir_all(m.join("deep/a/b/c")).unwrap();
+    std::fs::write(d.join("small"), b"hello, fuse\n").unwrap();
+    std::fs::write(d.join("big"), data(1, 5 << 20)).unwrap();
+    std::fs::write(d.join("odd"), data(2, 123_457)).unwrap();
+    // Overwrite inside, extend past the end.
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(d.join("big")).unwrap();
+        f.seek(SeekFrom::Start(4096 * 100 + 17)).unwrap();
+        f.write_all(&data(3, 300_000)).unwrap();
+        f.seek(SeekFrom::Start((5 << 20) + 4096)).unwrap();
+        f.write_all(b"tail").unwrap();
+    }
+    // Sparse, then SEEK_DATA/SEEK_HOLE.
+    {
+        let f = std::fs::File::create(d.join("sparse")).unwrap();
+        f.set_len(64 << 20).unwrap();
+        let mut f2 = &f;
+        f2.seek(SeekFrom::Start(32 << 20)).unwrap();
+        f2.write_all(&data(4, 8192)).unwrap();
+        assert_eq!(seek(&f, 0, libc::SEEK_DATA), 32 << 20, "SEEK_DATA finds the only data");
+        assert_eq!(seek(&f, 32 << 20, libc::SEEK_HOLE), (32 << 20) + 8192, "SEEK_HOLE after it");
+        // Preallocate, punch.
+        fallocate(&f, 0, 1 << 20, 1 << 20);
+        fallocate(&f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, (32 << 20) + 4096, 4096);
+    }
+    // Truncate down and up.
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(d.join("odd")).unwrap();
+        f.set_len(50_001).unwrap();
+        f.set_len(70_000).unwrap();
+    }
+    // Links, symlinks, special files.
+    std::fs::hard_link(d.join("small"), m.join("deep/a/small-link")).unwrap();
+    std::os::unix::fs::symlink("../dir/small", m.join("deep/sym")).unwrap();
+    std::os::unix::fs::symlink("x".repeat(3000), m.join("deep/long-sym")).unwrap();
+    let fifo = CString::new(m.join("deep/fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    let dev = CString::new(m.join("deep/null").as_os_str().as_bytes()).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) }, 0, "{}", std::io::Error::last_os_error());
+    // Renames: plain, over an existing file, a directory, an exchange.
+    std::fs::write(m.join("r1"), b"one").unwrap();
+    std::fs::write(m.join("r2"), b"two").unwrap();
+    std::fs::rename(m.join("r1"), m.join("r2")).unwrap();
+    std::fs::rename(m.join("deep/a/b"), m.join("moved-b")).unwrap();
+    std::fs::write(m.join("x1"), b"x1").unwrap();
+    std::fs::create_dir(m.join("x2")).unwrap();
+    let (a, b) = (CString::new(m.join("x1").as_os_str().as_bytes()).unwrap(), CString::new(m.join("x2").as_os_str().as_bytes()).unwrap());
+    // SAFETY: NUL-terminated paths.
+    let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    assert_eq!(r, 0, "RENAME_EXCHANGE: {}", std::io::Error::last_os_error());
+    // An unlinked file stays readable while open.
+    {
+        std::fs::write(m.join("gone"), data(5, 70_000)).unwrap();
+        let mut f = std::fs::File::open(m.join("gone")).unwrap();
+        std::fs::remove_file(m.join("gone")).unwrap();
+        assert!(!m.join("gone").exists());
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).unwrap();
+        assert_eq!(back, data(5, 70_000), "an unlinked open file reads back");
+    }
+    // Removals.
+    std::fs::write(m.join("deep/a/victim"), b"bye").unwrap();
+    std::fs::remove_file(m.join("deep/a/victim")).unwrap();
+    std::fs::create_dir(m.join("deep/empty")).unwrap();
+    std::fs::remove_dir(m.join("deep/empty")).unwrap();
+    assert_eq!(std::fs::remove_dir(m.join("deep/a")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    // Attributes.
+    std::fs::set_permissions(d.join("odd"), std::fs::Permissions::from_mode(0o4751)).unwrap();
+    std::os::unix::fs::lchown(d.join("small"), Some(1234), Some(5678)).unwrap();
+    set_times(&d.join("big"), 946_684_800, 123_456_789);
+    set_times(&m.join("deep/sym"), 1_000_000_000, 5);
+    setxattr(&d.join("small"), "user.one", b"1");
+    setxattr(&d.join("small"), "user.big", &data(6, 3000));
+    setxattr(&m.join("deep"), "user.dir", b"on a directory");
+    setxattr(&d.join("small"), "user.gone", b"x");
+    let c = CString::new(d.join("small").as_os_str().as_bytes()).unwrap();
+    let n = CString::new("user.gone").unwrap();
+    // SAFETY: NUL-terminated strings.
+    assert_eq!(unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) }, 0);
+    // O_APPEND and O_TRUNC.
+    {
+        let mut f = std::fs::OpenOptions::new().append(true).open(d.join("small")).unwrap();
+        f.write_all(b"appended\n").unwrap();
+        std::fs::write(m.join("trunc"), data(7, 9000)).unwrap();
+        let mut t = std::fs::OpenOptions::new().write(true).truncate(true).open(m.join("trunc")).unwrap();
+        t.write_all(b"short").unwrap();
+    }
+    // An O_EXCL create of an existing name fails.
+    let e = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(d.join("small")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+    assert_eq!(std::fs::read(d.join("small")).unwrap(), b"hello, fuse\nappended\n");
+}
+
+/// The workload through the mount, unmounted by SIGTERM: btrfs check is clean and the
+/// kernel sees exactly the tree the mount showed.
+#[test]
+fn workload_through_the_mount_is_what_the_kernel_sees() {
+    if !fuse_available("workload_through_the_mount_is_what_the_kernel_sees") {
+        return;
+    }
+    let s = scratch("workload");
+    let img = s.join("img");
+    mkfs(&img, "1G");
+    let m = FuseMount::start(&img, &s.join("mnt"), "");
+    workload(&s.join("mnt"));
+    // lsattr/chattr through FS_IOC_GETFLAGS/SETFLAGS.
+    std::fs::write(s.join("mnt/flagged"), b"").unwrap();
+    run(Command::new("chattr").arg("+dA").arg(s.join("mnt/flagged")));
+    let la = run(Command::new("lsattr").arg("-d").arg(s.join("mnt/flagged")));
+    let fuse_flags = la.split_whitespace().next().unwrap_or_default().to_string();
+    assert!(fuse_flags.starts_with("------dA"), "lsattr shows the flags set: {la}");
+    let fuse = walk(&s.join("mnt"));
+    let err = m.stop(Stop::Sigterm);
+    assert!(!err.contains("error"), "the mount reported errors: {err}");
+    assert_check(&img, "after the workload");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    let kernel = walk(&k.dir);
+    let la = run(Command::new("lsattr").arg("-d").arg(k.dir.join("flagged")));
+    assert_eq!(la.split_whitespace().next(), Some(fuse_flags.as_str()), "the kernel sees the flags lsattr showed through the mount");
+    drop(k);
+    assert_same_tree(&fuse, &kernel, "workload");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// Every way a mount ends commits and lets the image go: SIGINT, SIGTERM,
+/// `fusermount3 -u`, `umount`. The file written is there afterwards, read by
+/// `ubtrfs cat` (which the image lock would refuse while the mount held it).
+#[test]
+fn every_unmount_commits_and_releases_the_image() {
+    if !fuse_available("every_unmount_commits_and_releases_the_image") {
+        return;
+    }
+    let s = scratch("unmounts");
+    let img = s.join("img");
+    mkfs(&img, "300M");
+    for (i, how) in [Stop::Sigint, Stop::Sigterm, Stop::Fusermount, Stop::Umount].into_iter().enumerate() {
+        // A long commit interval: only the unmount commits.
+        let m = FuseMount::start(&img, &s.join("mnt"), "commit=300");
+        let name = format!("f{i}");
+        std::fs::write(s.join("mnt").join(&name), data(i as u64, 200_000)).unwrap();
+        m.stop(how);
+        let out = bin().arg("cat").arg(&img).arg(format!("/{name}")).output().unwrap();
+        assert!(out.status.success(), "unmount {i}: ubtrfs cat: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, data(i as u64, 200_000), "unmount {i}: the file is on disk");
+        assert_check(&img, &format!("unmount {i}"));
+    }
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// kill -9 during fsync-heavy work, many times: every image checks clean and holds
+/// every byte fsynced before the kill.
+#[test]
+fn kill9_keeps_every_fsynced_byte() {
+    if !fuse_available("kill9_keeps_every_fsynced_byte") {
+        return;
+    }
+    let s = scratch("kill9");
+    let img = s.join("img");
+    mkfs(&img, "512M");
+    let mut synced: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for round in 0..6u64 {
+        let m = FuseMount::start(&img, &s.join("mnt"), "commit=300");
+        // Files fsynced this round, then files written without fsync, then the kill
+        // lands while a writer is still writing.
+        for k in 0..5u64 {
+            let name = format!("r{round}-{k}");
+            let body = data(round * 100 + k, 4096 * (1 + k as usize * 7) + 11);
+            let mut f = std::fs::File::create(s.join("mnt").join(&name)).unwrap();
+            f.write_all(&body).unwrap();
+            f.sync_all().unwrap();
+            synced.insert(name, body);
+        }
+        let dir = s.join("mnt");
+        let writer = std::thread::spawn(move || {
+            for k in 0..1000u64 {
+                if std::fs::write(dir.join(format!("unsynced-{round}-{k}")), data(k, 10_000)).is_err() {
+                    return;
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(150 + 50 * round));
+        m.kill9();
+        let _ = writer.join();
+        assert_check(&img, &format!("after kill -9 in round {round}"));
+        let k = KernelMount::new(&img, &s.join("kmnt"));
+        for (name, body) in &synced {
+            let got = std::fs::read(k.dir.join(name)).unwrap_or_else(|e| panic!("round {round}: fsynced {name} lost: {e}"));
+            assert_eq!(&got, body, "round {round}: fsynced {name} changed");
+        }
+        drop(k);
+    }
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// Real data: a copy of /usr/include's linux/ and asm-generic/ trees with `cp -a`,
+/// compared with the source through the mount, then through the kernel.
+#[test]
+fn copy_of_usr_include_round_trips() {
+    if !fuse_available("copy_of_usr_include_round_trips") {
+        return;
+    }
+    let src = Path::new("/usr/include/linux");
+    if !src.is_dir() {
+        eprintln!("copy_of_usr_include_round_trips: skipped: no /usr/include/linux on this machine");
+        return;
+    }
+    let s = scratch("usrinclude");
+    let img = s.join("img");
+    mkfs(&img, "1G");
+    let m = FuseMount::start(&img, &s.join("mnt"), "compress=zstd");
+    run(Command::new("cp").arg("-a").arg(src).arg(s.join("mnt/linux")));
+    let diff = Command::new("diff").arg("-r").arg("--no-dereference").arg(src).arg(s.join("mnt/linux")).output().unwrap();
+    assert!(diff.status.success(), "diff -r of the copy: {}", String::from_utf8_lossy(&diff.stdout));
+    let fuse = walk(&s.join("mnt"));
+    m.stop(Stop::Fusermount);
+    assert_check(&img, "after cp -a");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    let kernel = walk(&k.dir);
+    drop(k);
+    assert_same_tree(&fuse, &kernel, "cp -a /usr/include/linux");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// statfs through the mount agrees with the kernel's statfs of the same image (the
+/// numbers `df` shows), within the global reserve's difference.
+#[test]
+fn statfs_agrees_with_the_kernel() {
+    if !fuse_available("statfs_agrees_with_the_kernel") {
+        return;
+    }
+    let s = scratch("statfs");
+    let img = s.join("img");
+    mkfs(&img, "2G");
+    let m = FuseMount::start(&img, &s.join("mnt"), "");
+    for i in 0..8u64 {
+        std::fs::write(s.join("mnt").join(format!("f{i}")), data(i, 20 << 20)).unwrap();
+    }
+    run(Command::new("sync").arg("-f").arg(s.join("mnt")));
+    let ours = statvfs(&s.join("mnt"));
+    m.stop(Stop::Sigterm);
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    let theirs = statvfs(&k.dir);
+    drop(k);
+    assert_eq!(ours.0, theirs.0, "block size");
+    assert_eq!(ours.1, theirs.1, "total blocks");
+    let slack = (32u64 << 20) / ours.0;
+    for (what, a, b) in [("free", ours.2, theirs.2), ("available", ours.3, theirs.3)] {
+        assert!(a.abs_diff(b) <= slack, "{what} blocks: ours {a}, the kernel's {b} (allowed {slack} apart)");
+    }
+    assert_eq!(ours.4, 255, "name length");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// (bsize, blocks, bfree, bavail, namemax).
+fn statvfs(p: &Path) -> (u64, u64, u64, u64, u64) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: zeroed statvfs is valid output space.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated, st valid.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    (st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_namemax)
+}
+
+/// `--daemon` and the `mount.fuse.ubtrfs` helper return once the mount is ready and
+/// serve it in the background until unmounted; the helper takes mount(8)'s argument
+/// order and `-o`.
+#[test]
+fn daemon_and_mount_helper() {
+    if !fuse_available("daemon_and_mount_helper") {
+        return;
+    }
+    let s = scratch("daemon");
+    let img = s.join("img");
+    mkfs(&img, "300M");
+    let mnt = s.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run(bin().args(["mount", "--daemon", "-o", "commit=2"]).arg(&img).arg(&mnt));
+    assert!(is_mountpoint(&mnt), "--daemon returned with the mount ready");
+    std::fs::write(mnt.join("via-daemon"), b"d").unwrap();
+    // The periodic commit puts it on disk while the mount runs.
+    std::thread::sleep(Duration::from_secs(4));
+    run(Command::new("fusermount3").arg("-u").arg(&mnt));
+    wait_unlocked(&img);
+    assert_eq!(run(bin().arg("cat").arg(&img).arg("/via-daemon")), "d");
+
+    let helper = s.join(ubtrfs_helper_name());
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ubtrfs"), &helper).unwrap();
+    run(Command::new(&helper).arg(&img).arg(&mnt).args(["-o", "rw,noatime,nodev,nosuid"]));
+    assert!(is_mountpoint(&mnt));
+    assert_eq!(std::fs::read(mnt.join("via-daemon")).unwrap(), b"d");
+    std::fs::write(mnt.join("via-helper"), b"h").unwrap();
+    run(Command::new("umount").arg(&mnt));
+    wait_unlocked(&img);
+    assert_eq!(run(bin().arg("cat").arg(&img).arg("/via-helper")), "h");
+    assert_check(&img, "after the daemon and the helper");
+    // A bad option: the helper fails with its name, and nothing is mounted.
+    let err = fails(Command::new(&helper).arg(&img).arg(&mnt).args(["-o", "bogus"]));
+    assert!(err.contains("\"bogus\"") && err.contains("unknown option"), "{err}");
+    assert!(!is_mountpoint(&mnt));
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+fn ubtrfs_helper_name() -> &'static str {
+    "mount.fuse.ubtrfs"
+}
+
+/// Wait until the daemon let the image go (its lock refuses `ubtrfs check` before).
+fn wait_unlocked(img: &Path) {
+    let t = Instant::now();
+    loop {
+        let out = bin().arg("check").arg(img).output().unwrap();
+        if out.status.success() {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the daemon still holds {}: {}", img.display(), String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Bad input gets a clear error and mounts nothing: an unknown option, a second
+/// mount of an image in use, an image that is not btrfs, a missing mount point.
+#[test]
+fn bad_input_is_refused_by_name() {
+    if !fuse_available("bad_input_is_refused_by_name") {
+        return;
+    }
+    let s = scratch("bad");
+    let img = s.join("img");
+    mkfs(&img, "300M");
+    let mnt = s.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let err = fails(bin().args(["mount", "-o", "commit=0"]).arg(&img).arg(&mnt));
+    assert!(err.contains("commit=0"), "{err}");
+    let err = fails(bin().args(["mount", "-o", "ro"]).arg(&img).arg(&mnt));
+    assert!(err.contains("ro") && err.contains("not supported yet"), "{err}");
+    let m = FuseMount::start(&img, &mnt, "");
+    let other = s.join("mnt2");
+    std::fs::create_dir_all(&other).unwrap();
+    let err = fails(bin().arg("mount").arg(&img).arg(&other));
+    assert!(err.contains(&img.display().to_string()), "a second writer is refused naming the image: {err}");
+    assert!(!is_mountpoint(&other));
+    m.stop(Stop::Sigterm);
+    let junk = s.join("junk");
+    std::fs::write(&junk, vec![0u8; 1 << 20]).unwrap();
+    let err = fails(bin().arg("mount").arg(&junk).arg(&mnt));
+    assert!(err.contains("junk"), "{err}");
+    let err = fails(bin().arg("mount").arg(&img).arg(s.join("nowhere")));
+    assert!(err.contains("nowhere"), "{err}");
+    assert_check(&img, "after the refusals");
+    let _ = std::fs::remove_dir_all(&s);
+}

@@ -1,0 +1,869 @@
+//! `UbtrfsFs`: FUSE requests onto the engine's operations, one to one.
+//!
+//! Each request names inodes by FUSE node ids (`ino::InoMap`), runs the engine
+//! operation that the kernel's VFS would call on btrfs, and replies with the result or
+//! the errno of `errno::errno_of`. Nothing here decides filesystem semantics: the
+//! engine does (orphans of open or looked-up inodes, set-ID clearing, flags, limits).
+//! What stays here is the FUSE side: lookup counts handed to the kernel
+//! (`Engine::count_lookups` for each entry replied), open handles, directory stream
+//! offsets, the uid/gid mapping, and the conversion of attributes.
+//!
+//! Permission checks are the kernel's: the mount always passes `default_permissions`,
+//! so the kernel checks modes before a request reaches us (see the README).
+//!
+//! Directory offsets: `.` is 1, `..` is 2, an entry is its DIR_INDEX + 2 (indexes
+//! start at 2, so entries start at 4). An offset stays valid while the directory
+//! changes: a readdir resumes after the last index it returned.
+//!
+//! Handles: a table from FUSE file handle to an `OpenFile` (which keeps an unlinked
+//! inode readable until release) and, for directories, the listing read at opendir
+//! or rewind (offset 0).
+
+use crate::errno::{errno_of, loggable};
+use crate::ino::{FuseIno, InoMap};
+use crate::options::{IdMap, MountOptions};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use ubtrfs_core::engine::Engine;
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
+use ubtrfs_core::inode::file::OpenFile;
+use ubtrfs_core::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
+use ubtrfs_core::inode::perm::inode_init_owner;
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::inode::xattr::XattrReply;
+use ubtrfs_core::XattrRead;
+use ubtrfs_format::structs::*;
+
+/// How long the kernel may keep entries and attributes without asking again. Every
+/// change goes through this mount (the image is locked against other writers) and
+/// its reply or the kernel's own invalidation keeps the kernel's copy right, so this
+/// only bounds how stale a cache may get if we are wrong.
+const TTL: Duration = Duration::from_secs(1);
+/// Bytes per request (FUSE max_write, and the copy_file_range step).
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// FS_IOC_GETFLAGS / FS_IOC_SETFLAGS as the kernel's FUSE driver sends them (the `long`
+/// ioctls; the 32-bit forms are the same numbers with size 4).
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
+const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+/// FS_IOC_FSGETXATTR: `struct fsxattr` (28 bytes), which the kernel's fileattr code
+/// may ask for instead of the flags.
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+
+/// An open file or directory.
+struct Handle {
+    file: OpenFile<'static>,
+    /// A directory's listing, read at opendir and at every rewind (offset 0).
+    listing: Option<Mutex<Vec<DirEntry>>>,
+}
+
+/// A directory stream entry: its offset, and the entry (None for `.` and `..`).
+type Dirent = (u64, Option<DirEntry>);
+
+/// The filesystem the FUSE session serves.
+pub struct UbtrfsFs {
+    engine: Arc<Engine>,
+    map: InoMap,
+    opts: MountOptions,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    sectorsize: u32,
+}
+
+fn now_or(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => {
+            let (s, n) = match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+                Err(e) => {
+                    // Before 1970: negative seconds, nanoseconds counted forward.
+                    let d = e.duration();
+                    if d.subsec_nanos() == 0 {
+                        (-(d.as_secs() as i64), 0)
+                    } else {
+                        (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+                    }
+                }
+            };
+            TimeSet::At(s, n)
+        }
+    }
+}
+
+fn system_time(t: &Timespec) -> SystemTime {
+    let (s, n) = (t.sec.get() as i64, t.nsec.get().min(999_999_999));
+    if s >= 0 {
+        UNIX_EPOCH + Duration::new(s as u64, n)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(s.unsigned_abs()) + Duration::from_nanos(u64::from(n))
+    }
+}
+
+fn file_type(mode: u32) -> FileType {
+    match mode & S_IFMT {
+        S_IFDIR => FileType::Directory,
+        S_IFLNK => FileType::Symlink,
+        S_IFCHR => FileType::CharDevice,
+        S_IFBLK => FileType::BlockDevice,
+        S_IFIFO => FileType::NamedPipe,
+        S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn ft_type(ft: u8) -> FileType {
+    match ft {
+        FT_DIR => FileType::Directory,
+        FT_SYMLINK => FileType::Symlink,
+        FT_CHRDEV => FileType::CharDevice,
+        FT_BLKDEV => FileType::BlockDevice,
+        FT_FIFO => FileType::NamedPipe,
+        FT_SOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// FUSE's rdev is the userspace dev_t (new_encode_dev); btrfs keeps major << 20 | minor.
+fn rdev_to_fuse(rdev: u64) -> u32 {
+    let (ma, mi) = rdev_decode(rdev);
+    libc::makedev(ma, mi) as u32
+}
+
+fn rdev_from_fuse(rdev: u32) -> u64 {
+    let d = libc::dev_t::from(rdev);
+    rdev_encode(libc::major(d), libc::minor(d))
+}
+
+fn name_of(n: &OsStr) -> &[u8] {
+    n.as_bytes()
+}
+
+impl UbtrfsFs {
+    /// Serve `engine` with its directory `top` as the mount's root.
+    pub fn new(engine: Arc<Engine>, top: InodeId, opts: MountOptions) -> UbtrfsFs {
+        let sectorsize = engine.info().super_copy().sectorsize.get();
+        UbtrfsFs { engine, map: InoMap { top }, opts, handles: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), sectorsize }
+    }
+
+    /// The engine served.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    fn id(&self, n: INodeNo) -> Result<InodeId> {
+        self.map.from_fuse(FuseIno(n.0))
+    }
+
+    /// Reply with `e`'s errno, logging what is not a plain POSIX answer.
+    fn fail(&self, what: &str, e: &Error) -> Errno {
+        if loggable(e) {
+            crate::log::log(&format!("{what}: {e}"));
+        }
+        errno_of(e)
+    }
+
+    fn attr_of(&self, id: InodeId, ii: &InodeItem) -> Result<FileAttr> {
+        let mode = ii.mode.get();
+        let n = if id == self.map.top { InoMap::encode(id)? } else { self.map.to_fuse(id)?.0 };
+        Ok(FileAttr {
+            ino: INodeNo(n),
+            size: ii.size.get(),
+            // btrfs_getattr: the bytes rounded up to the block size, in 512-byte units.
+            blocks: ii.nbytes.get().div_ceil(u64::from(self.sectorsize)) * u64::from(self.sectorsize) / 512,
+            atime: system_time(&ii.atime),
+            mtime: system_time(&ii.mtime),
+            ctime: system_time(&ii.ctime),
+            crtime: system_time(&ii.otime),
+            kind: file_type(mode),
+            perm: (mode & 0o7777) as u16,
+            nlink: ii.nlink.get(),
+            uid: IdMap::show(self.opts.uid, ii.uid.get()),
+            gid: IdMap::show(self.opts.gid, ii.gid.get()),
+            rdev: rdev_to_fuse(ii.rdev.get()),
+            blksize: self.sectorsize,
+            flags: 0,
+        })
+    }
+
+    fn getattr_of(&self, id: InodeId) -> Result<(FileAttr, u64)> {
+        let ii = self.engine.getattr(id)?;
+        Ok((self.attr_of(id, &ii)?, ii.generation.get()))
+    }
+
+    /// Reply to an entry-making request for `id`, counting the lookup the kernel now
+    /// holds. The count is taken before the reply so a forget can never come first.
+    fn entry(&self, id: InodeId, reply: ReplyEntry) {
+        match self.getattr_of(id) {
+            Ok((attr, generation)) => {
+                if id != self.map.top {
+                    self.engine.count_lookups(id, 1);
+                }
+                reply.entry(&TTL, &attr, Generation(generation))
+            }
+            Err(e) => reply.error(self.fail("entry", &e)),
+        }
+    }
+
+    /// The attributes a new inode made by `req` in `dir` gets.
+    fn new_attrs(&self, req: &Request, dir: &InodeItem, mode: u32) -> InodeAttrs {
+        let uid = IdMap::store(self.opts.uid, req.uid());
+        let gid = IdMap::store(self.opts.gid, req.gid());
+        inode_init_owner(dir, uid, gid, mode)
+    }
+
+    /// Make an inode in `parent` with `make` (given the writer, the directory's item),
+    /// and reply with its entry.
+    fn make(&self, what: &str, parent: INodeNo, reply: ReplyEntry, make: impl Fn(&mut ubtrfs_core::transaction::FsWriter, InodeId, &InodeItem) -> Result<u64>) {
+        let r = self.id(parent).and_then(|dir| {
+            self.writable()?;
+            let ino = self.engine.write_retrying(|w| {
+                let d = w.live().load_inode(dir, Load::ITEM)?.item;
+                make(w, dir, &d)
+            })?;
+            Ok(InodeId { root: dir.root, ino })
+        });
+        match r {
+            Ok(id) => self.entry(id, reply),
+            Err(e) => reply.error(self.fail(what, &e)),
+        }
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.opts.read_only {
+            return Err(Error::posix(PosixKind::ReadOnly, "the mount is read-only"));
+        }
+        Ok(())
+    }
+
+    fn add_handle(&self, file: OpenFile<'static>, listing: Option<Vec<DirEntry>>) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let h = Arc::new(Handle { file, listing: listing.map(Mutex::new) });
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
+        fh
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>> {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned().ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("file handle {}", fh.0), "not open"))
+    }
+
+    fn release_handle(&self, fh: FileHandle) -> Result<()> {
+        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        let Some(h) = h else { return Ok(()) };
+        match Arc::try_unwrap(h) {
+            Ok(h) => h.file.close(),
+            // A request still using it: its drop closes it (errors are kept by the
+            // engine and printed at unmount).
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Close every handle still open (at unmount).
+    pub fn close_all(&self) {
+        let all: Vec<Arc<Handle>> = self.handles.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, h)| h).collect();
+        for h in all {
+            if let Ok(h) = Arc::try_unwrap(h) {
+                if let Err(e) = h.file.close() {
+                    crate::log::log(&format!("close at unmount: {e}"));
+                }
+            }
+        }
+    }
+
+    fn listing(&self, id: InodeId) -> Result<Vec<DirEntry>> {
+        self.engine.read(|l| l.readdir(id))
+    }
+
+    /// The entries of `fh` after `offset`, as (offset, entry) in order.
+    fn entries_after(&self, ino: INodeNo, fh: FileHandle, offset: u64) -> Result<(InodeId, Vec<Dirent>)> {
+        let id = self.id(ino)?;
+        let h = self.handle(fh)?;
+        let Some(listing) = &h.listing else { return Err(Error::posix(PosixKind::NotDir, id.to_string())) };
+        let mut l = listing.lock().unwrap_or_else(|p| p.into_inner());
+        if offset == 0 {
+            *l = self.listing(id)?;
+        }
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push((1, None));
+        }
+        if offset < 2 {
+            out.push((2, None));
+        }
+        for e in l.iter() {
+            let off = e.index + 2;
+            if off > offset {
+                out.push((off, Some(e.clone())));
+            }
+        }
+        Ok((id, out))
+    }
+
+    fn atime(&self, id: InodeId) {
+        if self.opts.read_only {
+            return;
+        }
+        if let Err(e) = self.engine.file_accessed(id, self.opts.atime) {
+            let _ = self.fail("atime update", &e);
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        if self.opts.read_only {
+            return Ok(());
+        }
+        self.engine.commit().map(|_| ())
+    }
+
+    /// The flags ioctls. The kernel's FUSE fileattr code sends FS_IOC_GETFLAGS and
+    /// FS_IOC_SETFLAGS with an `unsigned int` (4 bytes), whatever size the command
+    /// number encodes; the reply is as long as `out_size` asks, at most 8 bytes.
+    fn flags_ioctl(&self, id: InodeId, cmd: u32, in_data: &[u8], out_size: u32) -> Result<Vec<u8>> {
+        match cmd {
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
+                let ii = self.engine.getattr(id)?;
+                let f = ubtrfs_core::inode::attr::fsflags_of(ii.flags.get());
+                Ok(u64::from(f).to_le_bytes()[..(out_size as usize).min(8)].to_vec())
+            }
+            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
+                self.writable()?;
+                let f = in_data.get(..4).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, id.to_string(), "FS_IOC_SETFLAGS without its flags"))?;
+                let f = u32::from_le_bytes(f.try_into().expect("four bytes"));
+                self.engine.write_retrying(|w| w.set_fsflags(id.root, id.ino, f))?;
+                Ok(Vec::new())
+            }
+            FS_IOC_FSGETXATTR => {
+                // struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid,
+                // fsx_cowextsize, 8 bytes of padding.
+                let ii = self.engine.getattr(id)?;
+                let x = fs_xflags(ubtrfs_core::inode::attr::fsflags_of(ii.flags.get()));
+                let mut out = vec![0u8; 28];
+                out[..4].copy_from_slice(&x.to_le_bytes());
+                out.truncate(out_size as usize);
+                Ok(out)
+            }
+            _ => Err(Error::posix_detail(PosixKind::NotSupported, id.to_string(), format!("ioctl {cmd:#x}"))),
+        }
+    }
+}
+
+/// FS_XFLAG_* for FS_*_FL flags (the kernel's `fileattr_fill_flags`).
+fn fs_xflags(fl: u32) -> u32 {
+    const PAIRS: [(u32, u32); 6] = [(0x10, 0x8), (0x20, 0x10), (0x8, 0x20), (0x40, 0x40), (0x80, 0x80), (0x4000_0000, 0x8000)];
+    // (FS_IMMUTABLE_FL, XFLAG_IMMUTABLE), (APPEND, APPEND), (SYNC, SYNC), (NODUMP,
+    // NODUMP), (NOATIME, NOATIME), (PROJINHERIT, PROJINHERIT).
+    let mut x = 0;
+    for (f, xf) in PAIRS {
+        if fl & f != 0 {
+            x |= xf;
+        }
+    }
+    x
+}
+
+impl fuser::Filesystem for UbtrfsFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        let _ = config.set_max_background(64);
+        for cap in [fuser::InitFlags::FUSE_DO_READDIRPLUS, fuser::InitFlags::FUSE_READDIRPLUS_AUTO, fuser::InitFlags::FUSE_PARALLEL_DIROPS, fuser::InitFlags::FUSE_ATOMIC_O_TRUNC] {
+            let _ = config.add_capabilities(cap);
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.close_all();
+        if let Err(e) = self.sync() {
+            crate::log::log(&format!("commit at unmount: {e}"));
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = self.id(parent).and_then(|dir| self.engine.lookup(dir, name_of(name)));
+        match r {
+            Ok(Some(e)) => match self.getattr_of(e.target) {
+                // Engine::lookup counted the lookup.
+                Ok((attr, generation)) => reply.entry(&TTL, &attr, Generation(generation)),
+                Err(err) => {
+                    let _ = self.engine.forget(e.target, 1);
+                    reply.error(self.fail("lookup", &err))
+                }
+            },
+            Ok(None) => reply.error(Errno::ENOENT),
+            Err(e) => reply.error(self.fail("lookup", &e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if let Ok(id) = self.id(ino) {
+            if id == self.map.top {
+                return;
+            }
+            if let Err(e) = self.engine.forget(id, nlookup) {
+                let _ = self.fail("forget", &e);
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.id(ino).and_then(|id| self.getattr_of(id)) {
+            Ok((attr, _)) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(self.fail("getattr", &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let r = self.id(ino).and_then(|id| {
+            self.writable()?;
+            let a = SetAttr {
+                mode: mode.map(|m| m & 0o7777),
+                uid: uid.map(|u| IdMap::store(self.opts.uid, u)),
+                gid: gid.map(|g| IdMap::store(self.opts.gid, g)),
+                size,
+                atime: atime.map(now_or),
+                mtime: mtime.map(now_or),
+                ctime: None,
+                kill_privs: uid.is_some() || gid.is_some(),
+            };
+            self.engine.setattr(id, &a)?;
+            self.getattr_of(id)
+        });
+        match r {
+            Ok((attr, _)) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(self.fail("setattr", &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.id(ino).and_then(|id| self.engine.read(|l| l.readlink(id))) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(self.fail("readlink", &e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+        let name = name_of(name);
+        self.make("mknod", parent, reply, |w, dir, d| {
+            let mut a = self.new_attrs(req, d, mode);
+            a.rdev = rdev_from_fuse(rdev);
+            if mode & S_IFMT == S_IFREG {
+                w.create_file(dir.root, dir.ino, name, &a)
+            } else {
+                w.mknod(dir.root, dir.ino, name, &a)
+            }
+        });
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let name = name_of(name);
+        self.make("mkdir", parent, reply, |w, dir, d| {
+            let a = self.new_attrs(req, d, S_IFDIR | (mode & 0o7777));
+            w.mkdir(dir.root, dir.ino, name, &a)
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.id(parent).and_then(|dir| {
+            self.writable()?;
+            self.engine.unlink(dir.root, dir.ino, name_of(name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("unlink", &e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.id(parent).and_then(|dir| {
+            self.writable()?;
+            self.engine.rmdir(dir.root, dir.ino, name_of(name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("rmdir", &e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let name = name_of(link_name);
+        let target = target.as_os_str().as_bytes();
+        self.make("symlink", parent, reply, |w, dir, d| {
+            let a = self.new_attrs(req, d, S_IFLNK | 0o777);
+            w.symlink(dir.root, dir.ino, name, target, &a)
+        });
+    }
+
+    fn rename(&self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+        let r = (|| {
+            self.writable()?;
+            let (od, nd) = (self.id(parent)?, self.id(newparent)?);
+            if od.root != nd.root {
+                return Err(Error::posix(PosixKind::CrossDevice, "rename across subvolumes"));
+            }
+            let flags = flags.bits();
+            if flags & libc::RENAME_WHITEOUT != 0 {
+                let owner = (IdMap::store(self.opts.uid, req.uid()), IdMap::store(self.opts.gid, req.gid()));
+                self.engine.write_retrying(|w| w.rename_with_owner(od.root, od.ino, name_of(name), nd.ino, name_of(newname), flags, owner))
+            } else {
+                self.engine.rename(od.root, od.ino, name_of(name), nd.ino, name_of(newname), flags)
+            }
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("rename", &e)),
+        }
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let r = (|| {
+            self.writable()?;
+            let (id, dir) = (self.id(ino)?, self.id(newparent)?);
+            if id.root != dir.root {
+                return Err(Error::posix(PosixKind::CrossDevice, "link across subvolumes"));
+            }
+            let ft = ft_from_mode(self.engine.getattr(id)?.mode.get());
+            self.engine.write_retrying(|w| w.link(dir.root, dir.ino, name_of(newname), id.ino, ft))?;
+            Ok(id)
+        })();
+        match r {
+            Ok(id) => self.entry(id, reply),
+            Err(e) => reply.error(self.fail("link", &e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let r = self.id(ino).and_then(|id| {
+            let acc = flags.0 & libc::O_ACCMODE;
+            if acc != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+                self.writable()?;
+            }
+            let f = self.engine.open_file_shared(id)?;
+            if flags.0 & libc::O_TRUNC != 0 {
+                // FUSE_ATOMIC_O_TRUNC: the truncation comes with the open.
+                self.engine.setattr(id, &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() })?;
+            }
+            Ok(self.add_handle(f, None))
+        });
+        match r {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(self.fail("open", &e)),
+        }
+    }
+
+    fn read(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<fuser::LockOwner>, reply: ReplyData) {
+        let r = self.handle(fh).and_then(|h| {
+            let mut buf = vec![0u8; size as usize];
+            let n = h.file.read_at(offset, &mut buf)?;
+            buf.truncate(n);
+            Ok((h.file.id(), buf))
+        });
+        match r {
+            Ok((id, buf)) => {
+                reply.data(&buf);
+                let _ = ino;
+                self.atime(id);
+            }
+            Err(e) => reply.error(self.fail("read", &e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| h.file.write_at(offset, data));
+        match r {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(self.fail("write", &e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, _lock_owner: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+        match self.release_handle(fh) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("release", &e)),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fsync", &e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let r = self.id(ino).and_then(|id| {
+            let listing = self.listing(id)?;
+            let f = self.engine.open_file_shared(id)?;
+            Ok(self.add_handle(f, Some(listing)))
+        });
+        match r {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
+            Err(e) => reply.error(self.fail("opendir", &e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.entries_after(ino, fh, offset) {
+            Ok((id, entries)) => {
+                for (off, e) in entries {
+                    let (n, kind, name): (u64, FileType, &[u8]) = match &e {
+                        None => (ino.0, FileType::Directory, if off == 1 { b"." } else { b".." }),
+                        Some(e) => match self.map.to_fuse(e.target) {
+                            Ok(f) => (f.0, ft_type(e.ftype), &e.name),
+                            Err(err) => {
+                                let _ = self.fail("readdir", &err);
+                                continue;
+                            }
+                        },
+                    };
+                    if reply.add(INodeNo(n), off, kind, OsStr::from_bytes(name)) {
+                        break;
+                    }
+                }
+                reply.ok();
+                self.atime(id);
+            }
+            Err(e) => reply.error(self.fail("readdir", &e)),
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        match self.entries_after(ino, fh, offset) {
+            Ok((id, entries)) => {
+                for (off, e) in entries {
+                    let Some(e) = e else {
+                        // `.` and `..` carry no attributes the kernel keeps: it looks
+                        // them up itself.
+                        let attr = match self.getattr_of(id) {
+                            Ok((a, _)) => a,
+                            Err(err) => {
+                                reply.error(self.fail("readdirplus", &err));
+                                return;
+                            }
+                        };
+                        let zero = Duration::ZERO;
+                        if reply.add(INodeNo(0), off, if off == 1 { "." } else { ".." }, &zero, &attr, Generation(0)) {
+                            break;
+                        }
+                        continue;
+                    };
+                    let (attr, generation) = match self.getattr_of(e.target) {
+                        Ok(x) => x,
+                        Err(err) => {
+                            let _ = self.fail("readdirplus", &err);
+                            continue;
+                        }
+                    };
+                    // The kernel holds a lookup for every entry it takes.
+                    self.engine.count_lookups(e.target, 1);
+                    if reply.add(attr.ino, off, OsStr::from_bytes(&e.name), &TTL, &attr, Generation(generation)) {
+                        // Not sent: the kernel never saw it.
+                        let _ = self.engine.forget(e.target, 1);
+                        break;
+                    }
+                }
+                reply.ok();
+                self.atime(id);
+            }
+            Err(e) => reply.error(self.fail("readdirplus", &e)),
+        }
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        match self.release_handle(fh) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("releasedir", &e)),
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fsyncdir", &e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.engine.statfs() {
+            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Err(e) => reply.error(self.fail("statfs", &e)),
+        }
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        let r = self.id(ino).and_then(|id| {
+            self.writable()?;
+            self.engine.write_retrying(|w| w.setxattr(id.root, id.ino, name_of(name), value, flags as u32))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("setxattr", &e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.id(ino).and_then(|id| self.engine.read(|l| l.getxattr_sized(id, name_of(name), size as usize))) {
+            Ok(XattrReply::Size(n)) => reply.size(n as u32),
+            Ok(XattrReply::Data(d)) => reply.data(&d),
+            Err(e) => reply.error(self.fail("getxattr", &e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.id(ino).and_then(|id| self.engine.read(|l| l.listxattr_sized(id, size as usize))) {
+            Ok(XattrReply::Size(n)) => reply.size(n as u32),
+            Ok(XattrReply::Data(d)) => reply.data(&d),
+            Err(e) => reply.error(self.fail("listxattr", &e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.id(ino).and_then(|id| {
+            self.writable()?;
+            self.engine.write_retrying(|w| w.removexattr(id.root, id.ino, name_of(name)))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("removexattr", &e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // default_permissions: the kernel has checked.
+        reply.ok();
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+        let r = (|| {
+            self.writable()?;
+            let dir = self.id(parent)?;
+            let ino = self.engine.write_retrying(|w| {
+                let d = w.live().load_inode(dir, Load::ITEM)?.item;
+                let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
+                w.create_file(dir.root, dir.ino, name_of(name), &a)
+            })?;
+            let id = InodeId { root: dir.root, ino };
+            let f = self.engine.open_file_shared(id)?;
+            let (attr, generation) = self.getattr_of(id)?;
+            self.engine.count_lookups(id, 1);
+            let _ = flags;
+            Ok((attr, generation, self.add_handle(f, None)))
+        })();
+        match r {
+            Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(self.fail("create", &e)),
+        }
+    }
+
+    fn ioctl(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: fuser::IoctlFlags, cmd: u32, in_data: &[u8], out_size: u32, reply: ReplyIoctl) {
+        match self.id(ino).and_then(|id| self.flags_ioctl(id, cmd, in_data, out_size)) {
+            Ok(out) => reply.ioctl(0, &out),
+            Err(e) => reply.error(self.fail("ioctl", &e)),
+        }
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let r = self.id(ino).and_then(|id| {
+            self.writable()?;
+            self.engine.fallocate(id, mode as u32, offset, length)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fallocate", &e)),
+        }
+    }
+
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let r = self.id(ino).and_then(|id| {
+            let off = u64::try_from(offset).map_err(|_| Error::posix(PosixKind::Invalid, format!("offset {offset}")))?;
+            self.engine.read(|l| ubtrfs_core::inode::falloc::seek_in_file(l, id, off, whence))
+        });
+        match r {
+            Ok(Some(at)) => reply.offset(at as i64),
+            Ok(None) => reply.error(Errno::ENXIO),
+            Err(e) => reply.error(self.fail("lseek", &e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // A copy through the engine until reflinks land (then an aligned range shares).
+        let r = (|| {
+            self.writable()?;
+            let (src, dst) = (self.handle(fh_in)?, self.handle(fh_out)?);
+            // One reply carries at most u32::MAX bytes; the caller loops for more.
+            let len = len.min(u64::from(u32::MAX));
+            let mut buf = vec![0u8; len.min(u64::from(MAX_WRITE)) as usize];
+            let mut done = 0u64;
+            while done < len {
+                let want = (len - done).min(buf.len() as u64) as usize;
+                let n = src.file.read_at(offset_in + done, &mut buf[..want])?;
+                if n == 0 {
+                    break;
+                }
+                dst.file.write_at(offset_out + done, &buf[..n])?;
+                done += n as u64;
+            }
+            Ok(done as u32)
+        })();
+        match r {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(self.fail("copy_file_range", &e)),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! FUSE node ids and `st_ino` for btrfs inodes, which are (tree, objectid) pairs.
+//!
+//! The mapping is fixed, so an inode keeps its number across lookups, forgets and
+//! remounts, and two subvolumes' inodes never share one: the low `INO_BITS` bits hold
+//! the objectid, the bits above hold the tree (0 for the top-level tree 5, `id - 255`
+//! for subvolume `id` >= 256). FUSE's root, node id 1, is the mounted directory; no
+//! btrfs inode has objectid 1, so no other inode maps there, and its `st_ino` is its
+//! encoded number like any other's.
+//!
+//! FUSE has one `st_dev` per mount, so subvolumes cannot show their own device numbers
+//! as they do on a kernel mount; the unique numbers stand in for that (hard-link and
+//! cycle detection in tar, du, find and rsync key on (st_dev, st_ino)).
+
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::inode::filesystem::InodeId;
+
+/// Objectid bits: up to 2^44 inodes per tree.
+pub const INO_BITS: u32 = 44;
+/// The top-level tree (FS_TREE).
+const FS_TREE: u64 = 5;
+/// The first subvolume id (BTRFS_FIRST_FREE_OBJECTID).
+const FIRST_SUBVOL: u64 = 256;
+/// Trees that fit above the objectid bits: 2^20 - 1 subvolumes.
+const MAX_TREE_SLOT: u64 = (1 << (64 - INO_BITS)) - 1;
+
+/// A FUSE node id (the number the kernel names an inode by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FuseIno(pub u64);
+
+impl FuseIno {
+    pub const ROOT: FuseIno = FuseIno(1);
+}
+
+/// The mapping for one mount, whose root directory is `top`.
+#[derive(Clone, Copy, Debug)]
+pub struct InoMap {
+    pub top: InodeId,
+}
+
+impl InoMap {
+    /// The number inode `id` is known by: its node id, and its `st_ino` (the mount's
+    /// root is node id 1, but its `st_ino` is `encode(top)`).
+    ///
+    /// # Errors
+    /// `Posix(Range)` (EOVERFLOW would be the kernel's) for a tree or objectid past
+    /// the bits the numbering has.
+    pub fn encode(id: InodeId) -> Result<u64> {
+        let slot = match id.root {
+            FS_TREE => 0,
+            r if r >= FIRST_SUBVOL && r - (FIRST_SUBVOL - 1) <= MAX_TREE_SLOT => r - (FIRST_SUBVOL - 1),
+            _ => return Err(Error::posix_detail(PosixKind::Range, id.to_string(), "tree id past what FUSE inode numbers can carry")),
+        };
+        if id.ino >> INO_BITS != 0 || id.ino < 2 {
+            return Err(Error::posix_detail(PosixKind::Range, id.to_string(), "objectid past what FUSE inode numbers can carry"));
+        }
+        Ok((slot << INO_BITS) | id.ino)
+    }
+
+    /// Inverse of `encode`.
+    fn decode(n: u64) -> Option<InodeId> {
+        let (slot, ino) = (n >> INO_BITS, n & ((1 << INO_BITS) - 1));
+        if ino < 2 {
+            return None;
+        }
+        let root = if slot == 0 { FS_TREE } else { slot + (FIRST_SUBVOL - 1) };
+        Some(InodeId { root, ino })
+    }
+
+    /// The node id the kernel is given for `id`.
+    ///
+    /// # Errors
+    /// As `encode`.
+    pub fn to_fuse(&self, id: InodeId) -> Result<FuseIno> {
+        if id == self.top {
+            return Ok(FuseIno::ROOT);
+        }
+        let n = Self::encode(id)?;
+        debug_assert_ne!(n, FuseIno::ROOT.0, "node id 1 is the mount's root alone");
+        Ok(FuseIno(n))
+    }
+
+    /// The inode the kernel names by node id `n`.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for a number no inode maps to (the kernel never sends one).
+    pub fn from_fuse(&self, n: FuseIno) -> Result<InodeId> {
+        if n == FuseIno::ROOT {
+            return Ok(self.top);
+        }
+        Self::decode(n.0).ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no inode has this FUSE number"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_round_trip_and_never_collide() {
+        let m = InoMap { top: InodeId { root: 5, ino: 256 } };
+        let ids = [
+            InodeId { root: 5, ino: 257 },
+            InodeId { root: 256, ino: 256 },
+            InodeId { root: 256, ino: 257 },
+            InodeId { root: 300, ino: 256 },
+            InodeId { root: 5, ino: (1 << 44) - 1 },
+            InodeId { root: 256 + (1 << 20) - 2, ino: 258 },
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for id in ids {
+            let f = m.to_fuse(id).unwrap();
+            assert_ne!(f, FuseIno::ROOT, "{id}");
+            assert!(seen.insert(f), "{id} collides");
+            assert_eq!(m.from_fuse(f).unwrap(), id);
+        }
+        assert_eq!(m.to_fuse(m.top).unwrap(), FuseIno::ROOT);
+        assert_eq!(m.from_fuse(FuseIno::ROOT).unwrap(), m.top);
+        // The top's own st_ino is its encoded number, not 1.
+        assert_eq!(InoMap::encode(m.top).unwrap(), 256);
+        assert_eq!(InoMap::encode(InodeId { root: 257, ino: 256 }).unwrap(), (2 << 44) | 256);
+    }
+
+    #[test]
+    fn numbers_past_the_bits_are_refused() {
+        let m = InoMap { top: InodeId { root: 5, ino: 256 } };
+        for id in [InodeId { root: 5, ino: 1 << 44 }, InodeId { root: 7, ino: 256 }, InodeId { root: 256 + (1 << 20) - 1, ino: 256 }] {
+            let e = m.to_fuse(id).unwrap_err();
+            assert_eq!(e.posix_kind(), Some(PosixKind::Range), "{id}: {e}");
+        }
+        assert!(m.from_fuse(FuseIno(0)).is_err());
+        assert!(m.from_fuse(FuseIno(1 << 44)).is_err());
+    }
+}

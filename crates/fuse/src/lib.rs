@@ -1,0 +1,15 @@
+//! The FUSE adapter of ubtrfs: the kernel's FUSE requests onto the engine's operations
+//! (`fs`), FUSE node ids for btrfs inodes (`ino`), the errno of each engine error
+//! (`errno`), the mount's options (`options`) and a mount's life from open to the
+//! last commit (`session`). It holds no filesystem logic: the engine in ubtrfs-core
+//! decides what every operation does.
+
+pub mod errno;
+pub mod fs;
+pub mod ino;
+pub mod log;
+pub mod options;
+pub mod session;
+
+pub use options::MountOptions;
+pub use session::{find_top, open_engine, serve};

@@ -1,0 +1,260 @@
+//! The mount's `-o` options, parsed once into `MountOptions`.
+//!
+//! The btrfs options keep the kernel's names and defaults (`commit=30`, `relatime`,
+//! `compress=ALG[:LEVEL]`, `compress-force=`, `subvol=`, `subvolid=`); the FUSE ones
+//! are the kernel FUSE driver's (`allow_other`, `default_permissions`); `uid=` and
+//! `gid=` map one id for rootless use; the generic mount options mount(8) passes to a
+//! helper (`dev`, `suid`, `exec`, `auto`, `nofail`, `_netdev`, ...) are accepted and
+//! passed on or ignored as the kernel FUSE driver does. Anything else is an error
+//! naming the option: an option that is silently dropped is a surprise waiting.
+
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::inode::atime::{AtimeMode, AtimeOpts};
+use ubtrfs_core::inode::compress_write::CompressPolicy;
+
+/// The kernel's default commit interval, in seconds.
+pub const DEFAULT_COMMIT_SECS: u64 = 30;
+/// The kernel warns past this commit interval (BTRFS_DEFAULT_MAX_COMMIT_AGE is 300).
+pub const MAX_COMMIT_SECS: u64 = 300;
+
+/// An id mapping for rootless use: the image's `inside` id shows as `outside`, and
+/// what `outside` creates is stored as `inside` (bindfs's `--map=inside/outside`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdMap {
+    pub inside: u32,
+    pub outside: u32,
+}
+
+impl IdMap {
+    /// The id the mount shows for `id` on disk.
+    pub fn show(m: Option<IdMap>, id: u32) -> u32 {
+        match m {
+            Some(m) if id == m.inside => m.outside,
+            _ => id,
+        }
+    }
+
+    /// The id stored for `id` from a request.
+    pub fn store(m: Option<IdMap>, id: u32) -> u32 {
+        match m {
+            Some(m) if id == m.outside => m.inside,
+            _ => id,
+        }
+    }
+}
+
+/// What `-o` asked for.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub read_only: bool,
+    pub compress: Option<CompressPolicy>,
+    /// Seconds between periodic commits.
+    pub commit_secs: u64,
+    /// Mount this subvolume (a path from the top level) instead of the default one.
+    pub subvol: Option<String>,
+    pub subvolid: Option<u64>,
+    pub allow_other: bool,
+    pub default_permissions: bool,
+    pub uid: Option<IdMap>,
+    pub gid: Option<IdMap>,
+    pub atime: AtimeOpts,
+    /// Tree-block cache, MiB.
+    pub cache_mib: usize,
+    /// FUSE worker threads.
+    pub threads: usize,
+    /// Allow device nodes to be opened as devices (FUSE's `dev`; `nodev` is the
+    /// default for FUSE mounts, as for the kernel driver).
+    pub dev: bool,
+    pub suid: bool,
+    pub exec: bool,
+    /// Mount with member devices missing (as `-o degraded`).
+    pub degraded: bool,
+    /// Extra devices (`device=PATH`, repeatable, as the kernel's option).
+    pub devices: Vec<String>,
+}
+
+impl Default for MountOptions {
+    fn default() -> MountOptions {
+        MountOptions {
+            read_only: false,
+            compress: None,
+            commit_secs: DEFAULT_COMMIT_SECS,
+            subvol: None,
+            subvolid: None,
+            allow_other: false,
+            default_permissions: false,
+            uid: None,
+            gid: None,
+            atime: AtimeOpts { mode: AtimeMode::Relatime, nodiratime: false },
+            cache_mib: 256,
+            threads: default_threads(),
+            dev: false,
+            suid: false,
+            exec: true,
+            degraded: false,
+            devices: Vec::new(),
+        }
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(2, 8)
+}
+
+fn bad(opt: &str, why: impl Into<String>) -> Error {
+    Error::posix_detail(PosixKind::Invalid, format!("mount option {opt:?}"), why)
+}
+
+fn number<T: std::str::FromStr>(opt: &str, v: &str) -> Result<T> {
+    v.parse().map_err(|_| bad(opt, format!("{v:?} is not a number")))
+}
+
+/// `N` or `INSIDE:OUTSIDE`... `uid=N` maps the image's 0 to N.
+fn id_map(opt: &str, v: &str) -> Result<IdMap> {
+    match v.split_once(':') {
+        Some((i, o)) => Ok(IdMap { inside: number(opt, i)?, outside: number(opt, o)? }),
+        None => Ok(IdMap { inside: 0, outside: number(opt, v)? }),
+    }
+}
+
+impl MountOptions {
+    /// Apply one comma-separated `-o` list (later options win, as in mount(8)).
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` naming an unknown option or a bad value.
+    pub fn apply(&mut self, list: &str) -> Result<()> {
+        for opt in list.split(',').filter(|o| !o.is_empty()) {
+            let (k, v) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = || v.ok_or_else(|| bad(opt, "needs a value"));
+            let none = || if v.is_some() { Err(bad(opt, "takes no value")) } else { Ok(()) };
+            match k {
+                "ro" => {
+                    none()?;
+                    self.read_only = true
+                }
+                "rw" => {
+                    none()?;
+                    self.read_only = false
+                }
+                "compress" | "compress-force" => {
+                    let v = v.unwrap_or("zlib");
+                    let p = CompressPolicy::parse(v, k == "compress-force").map_err(|e| bad(opt, e.to_string()))?;
+                    self.compress = p.alg.is_some().then_some(p);
+                }
+                "commit" => {
+                    let n: u64 = number(opt, need()?)?;
+                    if n == 0 {
+                        return Err(bad(opt, "the interval is at least 1 second"));
+                    }
+                    self.commit_secs = n;
+                }
+                "subvol" => self.subvol = Some(need()?.to_string()),
+                "subvolid" => self.subvolid = Some(number(opt, need()?)?),
+                "allow_other" => {
+                    none()?;
+                    self.allow_other = true
+                }
+                "default_permissions" => {
+                    none()?;
+                    self.default_permissions = true
+                }
+                "uid" => self.uid = Some(id_map(opt, need()?)?),
+                "gid" => self.gid = Some(id_map(opt, need()?)?),
+                "noatime" => self.atime.mode = AtimeMode::Noatime,
+                "relatime" => self.atime.mode = AtimeMode::Relatime,
+                "strictatime" | "atime" => self.atime.mode = AtimeMode::Strict,
+                "nodiratime" => self.atime.nodiratime = true,
+                "diratime" => self.atime.nodiratime = false,
+                "cache_mib" => self.cache_mib = number(opt, need()?)?,
+                "threads" => {
+                    let n: usize = number(opt, need()?)?;
+                    if !(1..=64).contains(&n) {
+                        return Err(bad(opt, "threads are 1 to 64"));
+                    }
+                    self.threads = n;
+                }
+                "dev" => self.dev = true,
+                "nodev" => self.dev = false,
+                "suid" => self.suid = true,
+                "nosuid" => self.suid = false,
+                "exec" => self.exec = true,
+                "noexec" => self.exec = false,
+                "degraded" => self.degraded = true,
+                "device" => self.devices.push(need()?.to_string()),
+                // mount(8) and fstab pass these to every helper; they mean nothing here.
+                "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser" | "users" | "defaults" | "async" | "x-systemd.automount" => {}
+                // btrfs options with nothing to do in a single-process mount.
+                "space_cache" | "ssd" | "nossd" | "discard" | "nodiscard" | "autodefrag" | "noautodefrag" => {}
+                _ if k.starts_with("x-") || k.starts_with("comment=") => {}
+                _ => return Err(bad(opt, "unknown option")),
+            }
+        }
+        if self.subvol.is_some() && self.subvolid.is_some() {
+            // The kernel accepts both when they agree; checked at mount against the tree.
+        }
+        if self.commit_secs > MAX_COMMIT_SECS {
+            eprintln!("warning: commit={} is past the kernel's {MAX_COMMIT_SECS}-second maximum age; a crash loses up to that much", self.commit_secs);
+        }
+        Ok(())
+    }
+
+    /// Parse a whole option list from the defaults.
+    ///
+    /// # Errors
+    /// As `apply`.
+    pub fn parse(list: &str) -> Result<MountOptions> {
+        let mut o = MountOptions::default();
+        o.apply(list)?;
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ubtrfs_core::compression::CompressionType;
+
+    #[test]
+    fn options_parse_with_the_kernels_names_and_defaults() {
+        let o = MountOptions::parse("").unwrap();
+        assert_eq!(o.commit_secs, 30);
+        assert_eq!(o.atime.mode, AtimeMode::Relatime);
+        assert!(!o.read_only && !o.allow_other && o.compress.is_none());
+        let o = MountOptions::parse("ro,compress=zstd:3,commit=5,subvol=/a/b,allow_other,default_permissions,uid=1000,gid=5:100,noatime,nodev,auto,x-systemd.foo").unwrap();
+        assert!(o.read_only && o.allow_other && o.default_permissions);
+        let c = o.compress.unwrap();
+        assert_eq!((c.alg, c.level, c.force), (Some(CompressionType::Zstd), Some(3), false));
+        assert_eq!(o.commit_secs, 5);
+        assert_eq!(o.subvol.as_deref(), Some("/a/b"));
+        assert_eq!(o.uid, Some(IdMap { inside: 0, outside: 1000 }));
+        assert_eq!(o.gid, Some(IdMap { inside: 5, outside: 100 }));
+        assert_eq!(o.atime.mode, AtimeMode::Noatime);
+        let o = MountOptions::parse("compress-force=lzo,rw,subvolid=257").unwrap();
+        assert!(!o.read_only && o.compress.unwrap().force);
+        assert_eq!(o.subvolid, Some(257));
+        assert!(MountOptions::parse("compress=no").unwrap().compress.is_none());
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        for (list, what) in
+            [("bogus", "bogus"), ("commit=0", "commit=0"), ("commit=x", "commit=x"), ("compress=brotli", "compress=brotli"), ("ro=1", "ro=1"), ("subvol", "subvol"), ("threads=0", "threads=0")]
+        {
+            let e = MountOptions::parse(list).unwrap_err().to_string();
+            assert!(e.contains(what), "{list}: {e}");
+        }
+    }
+
+    #[test]
+    fn id_maps_swap_one_id() {
+        let m = Some(IdMap { inside: 0, outside: 1000 });
+        assert_eq!(IdMap::show(m, 0), 1000);
+        assert_eq!(IdMap::show(m, 5), 5);
+        assert_eq!(IdMap::store(m, 1000), 0);
+        assert_eq!(IdMap::store(m, 5), 5);
+        assert_eq!(IdMap::show(None, 0), 0);
+    }
+}

@@ -1,0 +1,184 @@
+//! A mount's life: open the engine, find the directory to mount, mount it, serve
+//! requests on several threads, commit every `commit=` seconds, and on unmount
+//! (`fusermount3 -u`, `umount`, SIGINT, SIGTERM or SIGHUP) commit and let the image go.
+//!
+//! Order at the end: the session loop stops (the kernel unmounted, or a signal made us
+//! unmount), `UbtrfsFs::destroy` closes the handles left and commits, the commit
+//! thread is stopped, and the engine is dropped, which releases the image lock. An
+//! error in that last commit makes `mount` fail, so the command exits non-zero and
+//! says what was lost.
+
+use crate::fs::UbtrfsFs;
+use crate::options::MountOptions;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+use ubtrfs_core::disk_io::OpenOptions;
+use ubtrfs_core::engine::Engine;
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::inode::filesystem::{FsRead, InodeId};
+
+/// The first inode of every subvolume tree: its top directory.
+const SUBVOL_TOP: u64 = 256;
+const FS_TREE: u64 = 5;
+
+/// Open the filesystem on `devices` as `opts` ask.
+///
+/// # Errors
+/// As `Engine::open`; `Posix(Invalid)` for a read-only mount (not supported yet).
+pub fn open_engine(devices: &[PathBuf], opts: &MountOptions) -> Result<Arc<Engine>> {
+    if opts.read_only {
+        return Err(Error::posix_detail(
+            PosixKind::NotSupported,
+            "mount option \"ro\"",
+            "read-only mounts are not supported yet; `ubtrfs extract`, `ubtrfs cat` and `ubtrfs ls` read an image without writing it",
+        ));
+    }
+    let mut all: Vec<PathBuf> = devices.to_vec();
+    all.extend(opts.devices.iter().map(PathBuf::from));
+    let o = OpenOptions { devices: all, cache_bytes: opts.cache_mib << 20, writable: true, sources: Default::default(), degraded: opts.degraded };
+    let engine = Engine::open(&o)?;
+    if let Some(p) = opts.compress {
+        engine.write(|w| {
+            w.set_compress(p);
+            Ok(())
+        })?;
+    }
+    Ok(Arc::new(engine))
+}
+
+/// The directory the mount shows: `subvol=` (a path from the top level) or
+/// `subvolid=`, else the default subvolume, as the kernel chooses.
+///
+/// # Errors
+/// `Posix(NotFound)` for a missing subvolume; `Posix(Invalid)` for a path that is not a
+/// subvolume, or a `subvol=` and `subvolid=` that disagree.
+pub fn find_top(engine: &Engine, opts: &MountOptions) -> Result<InodeId> {
+    let by_path = match &opts.subvol {
+        None => None,
+        Some(p) => Some(engine.read(|l| {
+            let mut at = InodeId { root: FS_TREE, ino: SUBVOL_TOP };
+            for c in p.split('/').filter(|c| !c.is_empty() && *c != ".") {
+                let e = l.lookup(at, c.as_bytes())?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("subvol={p}")))?;
+                at = e.target;
+            }
+            if at.ino != SUBVOL_TOP {
+                return Err(Error::posix_detail(PosixKind::Invalid, format!("subvol={p}"), "not a subvolume"));
+            }
+            Ok(at)
+        })?),
+    };
+    let by_id = match opts.subvolid {
+        None => None,
+        Some(id) => {
+            let id = if id == 0 { FS_TREE } else { id };
+            engine.read(|l| l.fs_root(id)).map_err(|e| e.at(format!("subvolid={id}")))?;
+            Some(InodeId { root: id, ino: SUBVOL_TOP })
+        }
+    };
+    match (by_path, by_id) {
+        (Some(a), Some(b)) if a != b => Err(Error::posix_detail(PosixKind::Invalid, "subvol= and subvolid=", format!("they name different subvolumes ({} and {})", a.root, b.root))),
+        (Some(a), _) | (None, Some(a)) => Ok(a),
+        (None, None) => engine.read(|l| Ok(l.root_dir())),
+    }
+}
+
+/// The kernel-side options of the FUSE mount.
+fn fuse_config(source: &Path, opts: &MountOptions) -> fuser::Config {
+    use fuser::MountOption as M;
+    let mut c = fuser::Config::default();
+    c.mount_options = vec![M::FSName(source.display().to_string()), M::Subtype("ubtrfs".into()), M::DefaultPermissions];
+    c.mount_options.push(if opts.dev { M::Dev } else { M::NoDev });
+    c.mount_options.push(if opts.suid { M::Suid } else { M::NoSuid });
+    c.mount_options.push(if opts.exec { M::Exec } else { M::NoExec });
+    if opts.allow_other {
+        c.mount_options.push(M::CUSTOM("allow_other".into()));
+        c.acl = fuser::SessionACL::All;
+    }
+    c.n_threads = Some(opts.threads);
+    c.clone_fd = true;
+    c
+}
+
+/// Block the signals that end a mount in this thread and the threads it starts; a
+/// thread of their own waits for them (`sigwait`).
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; the calls only fill and install it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Mount `engine`'s directory `top` on `mountpoint` and serve it until unmounted.
+/// `ready` runs once the kernel has the mount (a daemon tells its parent then).
+///
+/// # Errors
+/// `Io` when the mount fails or the session ends with an error; the last commit's
+/// error.
+pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path, opts: MountOptions, ready: impl FnOnce()) -> Result<()> {
+    let sigs = block_signals();
+    let config = fuse_config(source, &opts);
+    let commit_every = Duration::from_secs(opts.commit_secs);
+    let fs = UbtrfsFs::new(engine.clone(), top, opts);
+    let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
+    let mut unmounter = session.unmount_callable();
+    ready();
+
+    // Periodic commits.
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let committer = {
+        let engine = engine.clone();
+        std::thread::Builder::new()
+            .name("ubtrfs-commit".into())
+            .spawn(move || loop {
+                match stop_rx.recv_timeout(commit_every) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if let Err(e) = engine.commit() {
+                            crate::log::log(&format!("periodic commit: {e}"));
+                        }
+                    }
+                    _ => return,
+                }
+            })
+            .map_err(|e| Error::io("start the commit thread", e))?
+    };
+
+    // Signals unmount; the session loop then ends as for any unmount.
+    let mp = mountpoint.to_path_buf();
+    std::thread::Builder::new()
+        .name("ubtrfs-signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `sigs` is the initialised set blocked above.
+            unsafe { libc::sigwait(&sigs, &mut sig) };
+            crate::log::log(&format!("signal {sig}: unmounting {}", mp.display()));
+            if let Err(e) = unmounter.unmount() {
+                crate::log::log(&format!("unmount {}: {e}", mp.display()));
+            }
+        })
+        .map_err(|e| Error::io("start the signal thread", e))?;
+
+    let served = session.run();
+    let _ = stop_tx.send(());
+    let _ = committer.join();
+    served.map_err(|e| Error::io(format!("serve {}", mountpoint.display()), e))?;
+    // destroy() committed; a failure there left the engine aborted, and this says so.
+    if let Some(why) = engine.info().aborted() {
+        return Err(Error::posix_detail(PosixKind::ReadOnly, "the filesystem", format!("aborted: {why}; changes since the last commit are lost")));
+    }
+    let (errs, more) = engine.take_close_errors();
+    for e in errs {
+        crate::log::log(&format!("close: {e}"));
+    }
+    if more > 0 {
+        crate::log::log(&format!("{more} more close errors"));
+    }
+    Ok(())
+}
