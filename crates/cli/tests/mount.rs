@@ -175,6 +175,7 @@ struct Rec {
     uid: u32,
     gid: u32,
     size: u64,
+    blocks: u64,
     nlink: u64,
     ino: u64,
     mtime: (i64, i64),
@@ -244,6 +245,7 @@ fn walk(root: &Path) -> BTreeMap<String, Rec> {
             uid: md.uid(),
             gid: md.gid(),
             size: if kind == 'd' { 0 } else { md.size() },
+            blocks: if kind == 'd' { 0 } else { md.blocks() },
             nlink: md.nlink(),
             ino: md.ino(),
             mtime: (md.mtime(), md.mtime_nsec()),
@@ -677,5 +679,214 @@ fn bad_input_is_refused_by_name() {
     let err = fails(bin().arg("mount").arg(&img).arg(s.join("nowhere")));
     assert!(err.contains("nowhere"), "{err}");
     assert_check(&img, "after the refusals");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// A test tool installed with `cargo install NAME` (in PATH or ~/.cargo/bin); None,
+/// after saying why, when it is missing outside CI.
+fn cargo_tool(test: &str, name: &str) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    if let Some(h) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(h).join(".cargo/bin"));
+    }
+    if let Some(p) = dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file()) {
+        return Some(p);
+    }
+    let why = format!("{test}: skipped: needs `{name}` (cargo install {name})");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why}, and CI=true forbids skipping");
+    }
+    eprintln!("{why}");
+    None
+}
+
+const FSX_CONFIG: &str = "flen = 4194304
+[opsize]
+max = 262144
+[weights]
+close_open = 1
+read = 10
+write = 10
+mapread = 5
+mapwrite = 5
+invalidate = 1
+truncate = 3
+fsync = 1
+fdatasync = 1
+posix_fallocate = 2
+punch_hole = 2
+sendfile = 1
+posix_fadvise = 1
+copy_file_range = 2
+";
+
+/// fsx (every operation it has: writes, reads, mmap, truncate, fallocate, punch,
+/// copy_file_range, fsync) on four files at once through one mount, seeds 1 to 4 of
+/// 20,000 operations each; then the kernel reads the same bytes the mount read.
+/// A soak: `UBTRFS_FSX_OPS=1000000 cargo test -p ubtrfs --release --test mount fsx --
+/// --nocapture` (`UBTRFS_FSX_SEEDS=A..B` for other seeds).
+#[test]
+fn fsx_through_the_mount() {
+    if !fuse_available("fsx_through_the_mount") {
+        return;
+    }
+    let Some(fsx) = cargo_tool("fsx_through_the_mount", "fsx") else { return };
+    let ops: u64 = std::env::var("UBTRFS_FSX_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let seeds: Vec<u64> = match std::env::var("UBTRFS_FSX_SEEDS").ok().and_then(|v| v.split_once("..").map(|(a, b)| (a.parse().ok(), b.parse().ok()))) {
+        Some((Some(a), Some(b))) => (a..b).collect(),
+        _ => (1..5).collect(),
+    };
+    let s = scratch("fsx");
+    let img = s.join("img");
+    mkfs(&img, "2G");
+    std::fs::write(s.join("fsx.toml"), FSX_CONFIG).unwrap();
+    let m = FuseMount::start(&img, &s.join("mnt"), "");
+    let runs: Vec<(u64, Child)> = seeds
+        .iter()
+        .map(|&seed| {
+            let art = s.join(format!("art{seed}"));
+            std::fs::create_dir_all(&art).unwrap();
+            let c = Command::new(&fsx)
+                .arg("-f")
+                .arg(s.join("fsx.toml"))
+                .args(["-N", &ops.to_string(), "-S", &seed.to_string(), "-P"])
+                .arg(&art)
+                .arg(s.join("mnt").join(format!("fsx{seed}")))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn fsx");
+            (seed, c)
+        })
+        .collect();
+    for (seed, c) in runs {
+        let out = c.wait_with_output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains("All operations completed A-OK!"),
+            "fsx seed {seed} ({ops} operations) failed:\n{}",
+            text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let shas: Vec<(u64, String)> = seeds.iter().map(|&seed| (seed, sha_file(&s.join("mnt").join(format!("fsx{seed}"))))).collect();
+    m.stop(Stop::Sigterm);
+    assert_check(&img, "after fsx");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    for (seed, sha) in shas {
+        assert_eq!(sha_file(&k.dir.join(format!("fsx{seed}"))), sha, "fsx seed {seed}: the kernel reads other bytes");
+    }
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+const PJDFSTEST_CONFIG: &str = "[features]
+posix_fallocate = {}
+rename_ctime = {}
+utime_now = {}
+utimensat = {}
+[settings]
+naptime = 0.001
+allow_remount = false
+[dummy_auth]
+entries = [
+  [\"nobody\", \"nogroup\"],
+  [\"daemon\", \"daemon\"],
+]
+";
+
+/// pjdfstest's results: test name to ok / FAILED / skipped, and its summary line.
+fn pjdfstest(tool: &Path, config: &Path, dir: &Path) -> (BTreeMap<String, String>, String) {
+    let out = Command::new(tool).arg("-c").arg(config).arg("-p").arg(dir).output().expect("run pjdfstest");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let mut res = BTreeMap::new();
+    for l in text.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.len() >= 2 && w[0].contains("::") && matches!(w[w.len() - 1], "ok" | "FAILED" | "skipped") {
+            res.insert(w[0].to_string(), w[w.len() - 1].to_string());
+        }
+    }
+    let summary = text.lines().find(|l| l.starts_with("Summary:")).unwrap_or("no summary").to_string();
+    assert!(res.len() > 300, "pjdfstest on {} ran {} tests: {text}", dir.display(), res.len());
+    (res, summary)
+}
+
+/// pjdfstest on the mount (`-o allow_other,default_permissions`) and on a kernel
+/// btrfs loop mount of the same size, in the same run: the mount passes at least as
+/// many, and no test that passes on the kernel fails on the mount.
+#[test]
+fn pjdfstest_passes_what_the_kernel_passes() {
+    if !fuse_available("pjdfstest_passes_what_the_kernel_passes") {
+        return;
+    }
+    let Some(tool) = cargo_tool("pjdfstest_passes_what_the_kernel_passes", "pjdfstest") else { return };
+    let s = scratch("pjdfstest");
+    // pjdfstest switches to these users: the scratch tree must be theirs to walk.
+    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = s.join("pjdfstest.toml");
+    std::fs::write(&conf, PJDFSTEST_CONFIG).unwrap();
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    mkfs(&kimg, "1G");
+    mkfs(&uimg, "1G");
+    let k = KernelMount::new(&kimg, &s.join("kmnt"));
+    let (kernel, ksum) = pjdfstest(&tool, &conf, &k.dir);
+    drop(k);
+    let m = FuseMount::start(&uimg, &s.join("umnt"), "allow_other,default_permissions");
+    let (ours, usum) = pjdfstest(&tool, &conf, &s.join("umnt"));
+    let err = m.stop(Stop::Sigterm);
+    assert!(!err.contains("error"), "the mount reported errors: {err}");
+    eprintln!("pjdfstest: kernel btrfs: {ksum}\npjdfstest: ubtrfs mount: {usum}");
+    let passed = |r: &BTreeMap<String, String>| r.values().filter(|v| *v == "ok").count();
+    let regressions: Vec<&String> = kernel.iter().filter(|(t, v)| *v == "ok" && ours.get(*t).map(String::as_str) != Some("ok")).map(|(t, _)| t).collect();
+    assert!(regressions.is_empty(), "tests the kernel passes and the mount does not: {regressions:?}");
+    assert!(passed(&ours) >= passed(&kernel), "the mount passes {} tests, the kernel {}", passed(&ours), passed(&kernel));
+    assert_check(&uimg, "after pjdfstest");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// fio jobs with `--verify=crc32c` through the mount: sequential, random, mixed
+/// read/write, and four jobs at once; every block read back matches what was
+/// written, and so does the kernel's view after unmount.
+#[test]
+fn fio_verify_jobs() {
+    if !fuse_available("fio_verify_jobs") {
+        return;
+    }
+    let Some(fio) = ["/usr/bin/fio", "/usr/local/bin/fio"].iter().map(PathBuf::from).find(|p| p.is_file()) else {
+        let why = "fio_verify_jobs: skipped: needs fio (apt-get install fio)";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}, and CI=true forbids skipping");
+        eprintln!("{why}");
+        return;
+    };
+    let s = scratch("fio");
+    let img = s.join("img");
+    mkfs(&img, "2G");
+    let mnt = s.join("mnt");
+    let m = FuseMount::start(&img, &mnt, "");
+    let jobs: [(&str, &[&str]); 4] = [
+        ("seq", &["--rw=write", "--bs=1M", "--size=96M"]),
+        ("rand", &["--rw=randwrite", "--bs=4k", "--size=16M"]),
+        ("mixed", &["--rw=randrw", "--bs=64k", "--size=32M", "--rwmixread=40"]),
+        ("parallel", &["--rw=randwrite", "--bs=16k", "--size=12M", "--numjobs=4"]),
+    ];
+    for (name, args) in jobs {
+        let out = Command::new(&fio)
+            .args(["--name", name, "--directory"])
+            .arg(&mnt)
+            .args(args)
+            .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--end_fsync=1", "--ioengine=psync", "--group_reporting"])
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && !text.contains("verify: bad"), "fio {name} failed:\n{text}");
+        let errs: Vec<&str> = text.lines().filter(|l| l.contains("err=") && !l.contains("err= 0")).collect();
+        assert!(text.contains("err= 0") && errs.is_empty(), "fio {name} reported errors: {errs:?}\n{text}");
+    }
+    let fuse = walk(&mnt);
+    m.stop(Stop::Sigterm);
+    assert_check(&img, "after the fio jobs");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    let kernel = walk(&k.dir);
+    drop(k);
+    assert_same_tree(&fuse, &kernel, "fio");
     let _ = std::fs::remove_dir_all(&s);
 }
