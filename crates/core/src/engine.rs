@@ -101,6 +101,15 @@ impl Engine {
         Ok(Engine::from_writer(FsWriter::open(opts)?))
     }
 
+    /// Open the image(s) in `opts` read-only (`FsWriter::open_read_only`): every read,
+    /// and every change refused with `Posix(ReadOnly)`.
+    ///
+    /// # Errors
+    /// As `FsWriter::open_read_only`.
+    pub fn open_read_only(opts: &OpenOptions) -> Result<Engine> {
+        Ok(Engine::from_writer(FsWriter::open_read_only(opts)?))
+    }
+
     /// Share an opened writer.
     pub fn from_writer(mut w: FsWriter) -> Engine {
         w.defer_writeback = true;

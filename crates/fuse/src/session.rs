@@ -25,19 +25,18 @@ const FS_TREE: u64 = 5;
 
 /// Open the filesystem on `devices` as `opts` ask.
 ///
+/// `ro` opens the devices read-only and writes nothing at all, not even at open (a
+/// kernel mount would replay a log tree or clean orphans; neither happens).
+///
 /// # Errors
-/// As `Engine::open`; `Posix(Invalid)` for a read-only mount (not supported yet).
+/// As `Engine::open` or `Engine::open_read_only`.
 pub fn open_engine(devices: &[PathBuf], opts: &MountOptions) -> Result<Arc<Engine>> {
-    if opts.read_only {
-        return Err(Error::posix_detail(
-            PosixKind::NotSupported,
-            "mount option \"ro\"",
-            "read-only mounts are not supported yet; `ubtrfs extract`, `ubtrfs cat` and `ubtrfs ls` read an image without writing it",
-        ));
-    }
     let mut all: Vec<PathBuf> = devices.to_vec();
     all.extend(opts.devices.iter().map(PathBuf::from));
-    let o = OpenOptions { devices: all, cache_bytes: opts.cache_mib << 20, writable: true, sources: Default::default(), degraded: opts.degraded };
+    let o = OpenOptions { devices: all, cache_bytes: opts.cache_mib << 20, writable: !opts.read_only, sources: Default::default(), degraded: opts.degraded };
+    if opts.read_only {
+        return Ok(Arc::new(Engine::open_read_only(&o)?));
+    }
     let engine = Engine::open(&o)?;
     if let Some(p) = opts.compress {
         engine.write(|w| {
@@ -92,6 +91,7 @@ fn fuse_config(source: &Path, opts: &MountOptions) -> fuser::Config {
     c.mount_options.push(if opts.dev { M::Dev } else { M::NoDev });
     c.mount_options.push(if opts.suid { M::Suid } else { M::NoSuid });
     c.mount_options.push(if opts.exec { M::Exec } else { M::NoExec });
+    c.mount_options.push(if opts.read_only { M::RO } else { M::RW });
     if opts.allow_other {
         c.mount_options.push(M::CUSTOM("allow_other".into()));
         c.acl = fuser::SessionACL::All;
@@ -126,12 +126,14 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     let sigs = block_signals();
     let config = fuse_config(source, &opts);
     let commit_every = Duration::from_secs(opts.commit_secs);
+    let opts_read_only = opts.read_only;
     let fs = UbtrfsFs::new(engine.clone(), top, opts);
     let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
     let mut unmounter = session.unmount_callable();
     ready();
 
-    // Periodic commits.
+    // Periodic commits (none on a read-only mount).
+    let read_only = opts_read_only;
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let committer = {
         let engine = engine.clone();
@@ -139,6 +141,7 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
             .name("ubtrfs-commit".into())
             .spawn(move || loop {
                 match stop_rx.recv_timeout(commit_every) {
+                    Err(mpsc::RecvTimeoutError::Timeout) if read_only => {}
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         if let Err(e) = engine.commit() {
                             crate::log::log(&format!("periodic commit: {e}"));

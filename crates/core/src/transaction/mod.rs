@@ -333,6 +333,8 @@ pub struct FsWriter {
     pub(crate) quotas: bool,
     /// The default subvolume (looked up at open; nothing the writer does changes it).
     pub(crate) default_subvol: u64,
+    /// Opened read-only (`open_read_only`): why, and every change is refused.
+    read_only: Option<String>,
 }
 
 impl FsWriter {
@@ -345,6 +347,23 @@ impl FsWriter {
         let mut o = opts.clone();
         o.writable = true;
         FsWriter::from_info(FsInfo::open(&o)?)
+    }
+
+    /// Open an image read-only: the same engine and live view, on devices opened for
+    /// reading (another reader, or a kernel mount, may have them), with nothing done at
+    /// open that writes (no orphan cleanup) and every change refused with
+    /// `Posix(ReadOnly)`. What would stop writing (features, a log tree to replay, a
+    /// stale member) does not stop reading.
+    ///
+    /// # Errors
+    /// As `FsInfo::open`; read failures loading the block groups.
+    pub fn open_read_only(opts: &OpenOptions) -> Result<FsWriter> {
+        let mut o = opts.clone();
+        o.writable = false;
+        let info = Arc::new(FsInfo::open(&o)?);
+        let mut w = FsWriter::build(info, false)?;
+        w.read_only = Some("opened read-only".into());
+        Ok(w)
     }
 
     /// Make a writer from an opened `FsInfo` (its devices must accept writes).
@@ -413,6 +432,15 @@ impl FsWriter {
                 sb.generation.get()
             )));
         }
+        let mut w = FsWriter::build(info, true)?;
+        w.orphan_cleanup()?;
+        Ok(w)
+    }
+
+    /// The writer over `info`, its block groups, quota state and default subvolume
+    /// loaded; nothing written.
+    fn build(info: Arc<FsInfo>, writing: bool) -> Result<FsWriter> {
+        let sb = info.super_copy();
         let sb = Box::new(*sb);
         let transid = sb.generation.get().checked_add(1).ok_or_else(|| last_generation(sb.generation.get()))?;
         let mut w = FsWriter {
@@ -446,21 +474,24 @@ impl FsWriter {
             next_objectid: BTreeMap::new(),
             quotas: false,
             default_subvol: FS_TREE_OBJECTID,
+            read_only: None,
             info,
         };
-        // An interrupted relocation (balance) leaves relocation trees that the kernel
-        // merges at its next mount, relying on hooks every COW of the fs trees runs
-        // (`btrfs_reloc_cow_block`); ubtrfs has none, so it must not change the trees.
-        let reloc = w.items_in_range(ROOT_TREE_OBJECTID, &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, 0), &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
-        if !reloc.is_empty() {
-            let of: Vec<String> = reloc.iter().map(|(k, _)| k.offset.to_string()).collect();
-            return Err(Error::Incompatible(format!(
-                "cannot write: an interrupted balance left relocation trees (for trees {}); mount the filesystem with the kernel once to finish it",
-                of.join(", ")
-            )));
+        if writing {
+            // An interrupted relocation (balance) leaves relocation trees that the kernel
+            // merges at its next mount, relying on hooks every COW of the fs trees runs
+            // (`btrfs_reloc_cow_block`); ubtrfs has none, so it must not change the trees.
+            let reloc = w.items_in_range(ROOT_TREE_OBJECTID, &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, 0), &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
+            if !reloc.is_empty() {
+                let of: Vec<String> = reloc.iter().map(|(k, _)| k.offset.to_string()).collect();
+                return Err(Error::Incompatible(format!(
+                    "cannot write: an interrupted balance left relocation trees (for trees {}); mount the filesystem with the kernel once to finish it",
+                    of.join(", ")
+                )));
+            }
         }
         w.alloc = crate::space::allocator::Allocator::load(&w)?;
-        if w.info.devices.by_id.len() != w.alloc.dev_items.len() {
+        if writing && w.info.devices.by_id.len() != w.alloc.dev_items.len() {
             crate::space::chunk_alloc::check_rw_degradable(&w)?;
         }
         w.quotas = crate::extent::qgroup::status(&mut w)?.is_some();
@@ -470,7 +501,6 @@ impl FsWriter {
         let budget = w.info.cache.budget();
         w.dirty_limit = DEFAULT_DIRTY_METADATA_BYTES.min(budget / 2);
         w.info.cache.set_budget(budget - w.dirty_limit);
-        w.orphan_cleanup()?;
         Ok(w)
     }
 
@@ -493,6 +523,9 @@ impl FsWriter {
     /// # Errors
     /// `Posix(ReadOnly)` naming the original failure.
     pub fn check_writable(&self) -> Result<()> {
+        if let Some(why) = &self.read_only {
+            return Err(Error::posix_detail(PosixKind::ReadOnly, "the filesystem", why.clone()));
+        }
         match self.info.aborted() {
             Some(why) => Err(Error::posix(PosixKind::ReadOnly, format!("filesystem aborted to read-only after: {why}"))),
             None => Ok(()),
