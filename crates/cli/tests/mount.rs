@@ -926,3 +926,109 @@ fn read_only_mount_changes_nothing() {
     assert_same_tree(&fuse, &kernel, "read-only mount");
     let _ = std::fs::remove_dir_all(&s);
 }
+
+/// Readers of other files keep streaming while a large write and its fsync (a commit)
+/// run: reads that reach the engine (O_DIRECT, so the kernel's page cache does not
+/// answer them) go on during the fsync, and none stalls for long. Prints both sides:
+/// the fsync's duration and the readers' longest wait and throughput meanwhile.
+#[test]
+fn readers_stream_through_a_large_write_and_commit() {
+    if !fuse_available("readers_stream_through_a_large_write_and_commit") {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    let s = scratch("stall");
+    let img = s.join("img");
+    mkfs(&img, "3G");
+    let mnt = s.join("mnt");
+    let m = FuseMount::start(&img, &mnt, "commit=300");
+    for i in 0..2 {
+        std::fs::write(mnt.join(format!("r{i}")), data(i, 32 << 20)).unwrap();
+    }
+    run(Command::new("sync").arg("-f").arg(&mnt));
+    let stop = Arc::new(AtomicBool::new(false));
+    // (time of each read's end, its latency) per reader.
+    let log: Arc<Mutex<Vec<(Instant, Duration)>>> = Arc::default();
+    let bytes = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|i| {
+            let (stop, log, bytes, p) = (stop.clone(), log.clone(), bytes.clone(), mnt.join(format!("r{i}")));
+            std::thread::spawn(move || {
+                let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&p).unwrap();
+                let mut buf = AlignedBuf::new(1 << 20);
+                let mut off = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let n = std::os::unix::fs::FileExt::read_at(&f, buf.as_mut(), off).unwrap();
+                    log.lock().unwrap().push((Instant::now(), t.elapsed()));
+                    bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    off = if n == 0 { 0 } else { off + n as u64 };
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    {
+        let mut f = std::fs::File::create(mnt.join("big")).unwrap();
+        let chunk = data(9, 4 << 20);
+        for _ in 0..64 {
+            f.write_all(&chunk).unwrap();
+        }
+        let t_sync = Instant::now();
+        f.sync_all().unwrap();
+        let (sync_start, sync_end) = (t_sync, Instant::now());
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+        let log = log.lock().unwrap();
+        let during: Vec<Duration> = log.iter().filter(|(end, lat)| *end >= sync_start && *end - *lat <= sync_end).map(|(_, l)| *l).collect();
+        let worst = log.iter().filter(|(end, _)| *end >= t0).map(|(_, l)| *l).max().unwrap_or_default();
+        let fsync = sync_end - sync_start;
+        eprintln!(
+            "stall: 256 MiB write {:?}, fsync {fsync:?}; readers: {} reads during the fsync, longest wait {worst:?}, {} MiB read in all",
+            sync_start - t0,
+            during.len(),
+            bytes.load(Ordering::Relaxed) >> 20
+        );
+        assert!(!during.is_empty() || fsync < Duration::from_millis(50), "no read finished during a {fsync:?} fsync");
+        let bound = Duration::from_millis(500).max(fsync / 2);
+        assert!(worst < bound, "a reader waited {worst:?} (fsync {fsync:?}, bound {bound:?})");
+    }
+    m.stop(Stop::Sigterm);
+    assert_check(&img, "after the stall test");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// A buffer aligned for O_DIRECT.
+struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        AlignedBuf { ptr, len }
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr holds len initialised bytes, owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align(self.len, 4096).unwrap()) };
+    }
+}
+
+// SAFETY: the buffer is plain bytes owned by one thread at a time.
+unsafe impl Send for AlignedBuf {}
