@@ -12,7 +12,7 @@ mod cmd;
 #[path = "../../core/tests/common/kernel.rs"]
 mod kernel;
 
-use cmd::{bin, fails, run, scratch_in};
+use cmd::{bin, fails, pseudo_random as data, run, scratch_in};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -279,18 +279,6 @@ fn assert_same_tree(fuse: &BTreeMap<String, Rec>, kernel: &BTreeMap<String, Rec>
         }
         assert_eq!(f, &k, "{what}: {p:?} differs (left: FUSE mount, right: kernel mount)");
     }
-}
-
-fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn fallocate(f: &std::fs::File, mode: i32, off: i64, len: i64) {

@@ -3,6 +3,8 @@
 //! check again. Without root, a fixture copy is used and the result is read back with
 //! `ubtrfs ls/cat` instead of the kernel.
 
+#[path = "common/cmd.rs"]
+mod cmd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -51,16 +53,10 @@ fn make_source(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir.join("a/b/c")).unwrap();
     std::fs::create_dir_all(dir.join("empty")).unwrap();
-    let mut x = 0x9e3779b97f4a7c15u64;
-    let mut bytes = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+    let mut seed = 0;
+    let mut bytes = |n: usize| {
+        seed += 1;
+        cmd::pseudo_random(seed, n)
     };
     for (p, n) in [("zero", 0), ("one", 1), ("inline", 2047), ("edge", 4096), ("a/mid", 100_000), ("a/b/big", 3_000_000), ("a/b/c/deep", 5000)] {
         std::fs::write(dir.join(p), bytes(n)).unwrap();

@@ -16,8 +16,8 @@
 //! changes: a readdir resumes after the last index it returned.
 //!
 //! Handles: a table from FUSE file handle to an `OpenFile` (which keeps an unlinked
-//! inode readable until release) and, for directories, the listing read at opendir
-//! or rewind (offset 0).
+//! inode readable until release) and, for directories, the listing read at each
+//! rewind (offset 0).
 
 use crate::errno::{errno_of, loggable};
 use crate::ino::{FuseIno, InoMap};
@@ -65,12 +65,16 @@ const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 /// An open file or directory.
 struct Handle {
     file: OpenFile<'static>,
-    /// A directory's listing, read at opendir and at every rewind (offset 0).
-    listing: Option<Mutex<Vec<DirEntry>>>,
+    /// A directory's listing in DIR_INDEX order, read at every rewind (offset 0, where
+    /// each stream starts) and shared by the readdir calls that page through it.
+    listing: Option<Mutex<Arc<Vec<DirEntry>>>>,
 }
 
-/// A directory stream entry: its offset, and the entry (None for `.` and `..`).
-type Dirent = (u64, Option<DirEntry>);
+/// The stream entries of `list` after `offset`: (offset, entry), None for `.` and `..`.
+fn dirents(list: &[DirEntry], offset: u64) -> impl Iterator<Item = (u64, Option<&DirEntry>)> {
+    let start = list.partition_point(|e| e.index + 2 <= offset);
+    [1u64, 2].into_iter().filter(move |&o| o > offset).map(|o| (o, None)).chain(list[start..].iter().map(|e| (e.index + 2, Some(e))))
+}
 
 /// The filesystem the FUSE session serves.
 pub struct UbtrfsFs {
@@ -241,6 +245,18 @@ impl UbtrfsFs {
         }
     }
 
+    /// unlink and rmdir: `remove` (the engine's) of `name` in `parent`.
+    fn remove(&self, what: &str, parent: INodeNo, name: &OsStr, reply: ReplyEmpty, remove: fn(&Engine, u64, u64, &[u8]) -> Result<()>) {
+        let r = self.id(parent).and_then(|dir| {
+            self.writable()?;
+            remove(&self.engine, dir.root, dir.ino, name_of(name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail(what, &e)),
+        }
+    }
+
     fn writable(&self) -> Result<()> {
         if self.opts.read_only {
             return Err(Error::posix(PosixKind::ReadOnly, "the mount is read-only"));
@@ -248,9 +264,9 @@ impl UbtrfsFs {
         Ok(())
     }
 
-    fn add_handle(&self, file: OpenFile<'static>, listing: Option<Vec<DirEntry>>) -> u64 {
+    fn add_handle(&self, file: OpenFile<'static>, dir: bool) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let h = Arc::new(Handle { file, listing: listing.map(Mutex::new) });
+        let h = Arc::new(Handle { file, listing: dir.then(|| Mutex::new(Arc::default())) });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
     }
@@ -282,33 +298,16 @@ impl UbtrfsFs {
         }
     }
 
-    fn listing(&self, id: InodeId) -> Result<Vec<DirEntry>> {
-        self.engine.read(|l| l.readdir(id))
-    }
-
-    /// The entries of `fh` after `offset`, as (offset, entry) in order.
-    fn entries_after(&self, ino: INodeNo, fh: FileHandle, offset: u64) -> Result<(InodeId, Vec<Dirent>)> {
+    /// The listing of directory handle `fh`, read afresh at offset 0.
+    fn listing(&self, ino: INodeNo, fh: FileHandle, offset: u64) -> Result<(InodeId, Arc<Vec<DirEntry>>)> {
         let id = self.id(ino)?;
         let h = self.handle(fh)?;
         let Some(listing) = &h.listing else { return Err(Error::posix(PosixKind::NotDir, id.to_string())) };
         let mut l = listing.lock().unwrap_or_else(|p| p.into_inner());
         if offset == 0 {
-            *l = self.listing(id)?;
+            *l = Arc::new(self.engine.read(|v| v.readdir(id))?);
         }
-        let mut out = Vec::new();
-        if offset < 1 {
-            out.push((1, None));
-        }
-        if offset < 2 {
-            out.push((2, None));
-        }
-        for e in l.iter() {
-            let off = e.index + 2;
-            if off > offset {
-                out.push((off, Some(e.clone())));
-            }
-        }
-        Ok((id, out))
+        Ok((id, l.clone()))
     }
 
     fn atime(&self, id: InodeId) {
@@ -493,25 +492,11 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.id(parent).and_then(|dir| {
-            self.writable()?;
-            self.engine.unlink(dir.root, dir.ino, name_of(name))
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("unlink", &e)),
-        }
+        self.remove("unlink", parent, name, reply, Engine::unlink);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = self.id(parent).and_then(|dir| {
-            self.writable()?;
-            self.engine.rmdir(dir.root, dir.ino, name_of(name))
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("rmdir", &e)),
-        }
+        self.remove("rmdir", parent, name, reply, Engine::rmdir);
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -572,7 +557,7 @@ impl fuser::Filesystem for UbtrfsFs {
                 // FUSE_ATOMIC_O_TRUNC: the truncation comes with the open.
                 self.engine.setattr(id, &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() })?;
             }
-            Ok(self.add_handle(f, None))
+            Ok(self.add_handle(f, false))
         });
         match r {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
@@ -580,7 +565,7 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn read(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<fuser::LockOwner>, reply: ReplyData) {
+    fn read(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<fuser::LockOwner>, reply: ReplyData) {
         let r = self.handle(fh).and_then(|h| {
             let mut buf = vec![0u8; size as usize];
             let n = h.file.read_at(offset, &mut buf)?;
@@ -590,7 +575,6 @@ impl fuser::Filesystem for UbtrfsFs {
         match r {
             Ok((id, buf)) => {
                 reply.data(&buf);
-                let _ = ino;
                 self.atime(id);
             }
             Err(e) => reply.error(self.fail("read", &e)),
@@ -636,9 +620,9 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let r = self.id(ino).and_then(|id| {
-            let listing = self.listing(id)?;
+            // The listing is read by the first readdir (offset 0), not here too.
             let f = self.engine.open_file_shared(id)?;
-            Ok(self.add_handle(f, Some(listing)))
+            Ok(self.add_handle(f, true))
         });
         match r {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
@@ -647,10 +631,10 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.entries_after(ino, fh, offset) {
-            Ok((id, entries)) => {
-                for (off, e) in entries {
-                    let (n, kind, name): (u64, FileType, &[u8]) = match &e {
+        match self.listing(ino, fh, offset) {
+            Ok((id, list)) => {
+                for (off, e) in dirents(&list, offset) {
+                    let (n, kind, name): (u64, FileType, &[u8]) = match e {
                         None => (ino.0, FileType::Directory, if off == 1 { b"." } else { b".." }),
                         Some(e) => match self.map.to_fuse(e.target) {
                             Ok(f) => (f.0, ft_type(e.ftype), &e.name),
@@ -672,9 +656,9 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        match self.entries_after(ino, fh, offset) {
-            Ok((id, entries)) => {
-                for (off, e) in entries {
+        match self.listing(ino, fh, offset) {
+            Ok((id, list)) => {
+                for (off, e) in dirents(&list, offset) {
                     let Some(e) = e else {
                         // `.` and `..` carry no attributes the kernel keeps: it looks
                         // them up itself.
@@ -777,7 +761,7 @@ impl fuser::Filesystem for UbtrfsFs {
         reply.ok();
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
         let r = (|| {
             self.writable()?;
             let dir = self.id(parent)?;
@@ -790,8 +774,7 @@ impl fuser::Filesystem for UbtrfsFs {
             let f = self.engine.open_file_shared(id)?;
             let (attr, generation) = self.getattr_of(id)?;
             self.engine.count_lookups(id, 1);
-            let _ = flags;
-            Ok((attr, generation, self.add_handle(f, None)))
+            Ok((attr, generation, self.add_handle(f, false)))
         })();
         match r {
             Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),

@@ -192,9 +192,6 @@ impl MountOptions {
                 _ => return Err(bad(opt, "unknown option")),
             }
         }
-        if self.subvol.is_some() && self.subvolid.is_some() {
-            // The kernel accepts both when they agree; checked at mount against the tree.
-        }
         if self.commit_secs > MAX_COMMIT_SECS {
             eprintln!("warning: commit={} is past the kernel's {MAX_COMMIT_SECS}-second maximum age; a crash loses up to that much", self.commit_secs);
         }
