@@ -377,7 +377,7 @@ impl fuser::Filesystem for UbtrfsFs {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let _ = config.set_max_background(64);
-        for cap in [fuser::InitFlags::FUSE_DO_READDIRPLUS, fuser::InitFlags::FUSE_READDIRPLUS_AUTO, fuser::InitFlags::FUSE_PARALLEL_DIROPS, fuser::InitFlags::FUSE_ATOMIC_O_TRUNC] {
+        for cap in [fuser::InitFlags::FUSE_DO_READDIRPLUS, fuser::InitFlags::FUSE_READDIRPLUS_AUTO, fuser::InitFlags::FUSE_PARALLEL_DIROPS] {
             let _ = config.add_capabilities(cap);
         }
         Ok(())
@@ -552,11 +552,11 @@ impl fuser::Filesystem for UbtrfsFs {
             if acc != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
                 self.writable()?;
             }
+            // No FUSE_ATOMIC_O_TRUNC: with it the truncation would come here, before the
+            // kernel's own checks that follow the open (a running executable's
+            // ETXTBSY), and a refused open(O_TRUNC) would still have emptied the file.
+            // The kernel truncates through setattr once those checks pass.
             let f = self.engine.open_file_shared(id)?;
-            if flags.0 & libc::O_TRUNC != 0 {
-                // FUSE_ATOMIC_O_TRUNC: the truncation comes with the open.
-                self.engine.setattr(id, &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() })?;
-            }
             Ok(self.add_handle(f, false))
         });
         match r {
