@@ -456,6 +456,14 @@ fn every_unmount_commits_and_releases_the_image() {
     for (i, how) in [Stop::Sigint, Stop::Sigterm, Stop::Fusermount, Stop::Umount].into_iter().enumerate() {
         // A long commit interval: only the unmount commits.
         let m = FuseMount::start(&img, &s.join("mnt"), "commit=300");
+        if i == 0 {
+            // The mount table names the image and the type `fuse.ubtrfs`.
+            let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+            let mnt = s.join("mnt").display().to_string();
+            let line = mounts.lines().find(|l| l.split(' ').nth(1) == Some(mnt.as_str())).expect("the mount is in /proc/self/mounts");
+            let f: Vec<&str> = line.split(' ').collect();
+            assert_eq!((f[0], f[2]), (img.display().to_string().as_str(), "fuse.ubtrfs"), "{line}");
+        }
         let name = format!("f{i}");
         std::fs::write(s.join("mnt").join(&name), data(i as u64, 200_000)).unwrap();
         m.stop(how);
