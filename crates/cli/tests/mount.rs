@@ -718,6 +718,67 @@ fn refused_truncating_open_of_a_running_program_truncates_nothing() {
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// POSIX ACLs through the mount as the kernel keeps them: a directory's default ACL
+/// is inherited by new files, directories and fifos (the umask ignored there, applied
+/// elsewhere), chmod rewrites an access ACL, and the kernel enforces ACL entries for
+/// other users. The same script on a kernel mount prints exactly the same.
+#[test]
+fn posix_acls_as_the_kernel_keeps_them() {
+    if !fuse_available("posix_acls_as_the_kernel_keeps_them") {
+        return;
+    }
+    const SCRIPT: &str = r#"set -e
+cd "$1"
+umask 022
+mkdir d; setfacl -d -m u:daemon:rwx,g::r-x,o::--- d
+mkdir d/sub; touch d/f; mknod d/p p; ln -s f d/l
+mkdir e; touch e/f
+touch g; setfacl -m u:daemon:rw g; chmod 640 g
+touch h; setfacl -m u:daemon:rwx,m::r h; chmod 755 h
+for x in d d/sub d/f d/p d/l e e/f g h; do echo "== $x $(stat -c %A $x)"; getfacl -p --omit-header $x; done
+as_daemon() { setpriv --reuid=daemon --regid=daemon --clear-groups sh -c "$1" 2>/dev/null && echo "$2 ok" || echo "$2 denied"; }
+as_daemon 'cat g' read-g
+as_daemon 'touch d/f' write-d/f
+as_daemon 'touch e/f' write-e/f
+as_daemon 'touch d/sub/new' create-in-d/sub
+"#;
+    let s = scratch("acl");
+    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    mkfs(&kimg, "300M");
+    mkfs(&uimg, "300M");
+    let script = s.join("acl.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let play = |dir: &Path| {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = Command::new("bash").arg(&script).arg(dir).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "the ACL script failed in {}: {text}{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    let k = KernelMount::new(&kimg, &s.join("kmnt"));
+    let kernel = play(&k.dir);
+    drop(k);
+    let m = FuseMount::start(&uimg, &s.join("umnt"), "allow_other");
+    let ours = play(&s.join("umnt"));
+    m.stop(Stop::Sigterm);
+    assert_eq!(ours, kernel, "getfacl, modes and access through the mount differ from the kernel's");
+    // The script shows inheritance and enforcement, not only agreement.
+    for want in ["== d/sub drwxrwx---", "default:user:daemon:rwx", "== d/f -rw-rw----", "== e/f -rw-r--r--", "read-g ok", "write-d/f ok", "write-e/f denied", "create-in-d/sub ok"] {
+        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
+    }
+    assert_check(&uimg, "after the ACL script");
+    // What the mount stored reads the same in the kernel.
+    let k = KernelMount::new(&uimg, &s.join("kmnt"));
+    let facl = |p: &Path| String::from_utf8_lossy(&Command::new("getfacl").args(["-p", "-R", "--omit-header"]).arg(p).current_dir(p).output().unwrap().stdout).into_owned();
+    let in_kernel = facl(&k.dir);
+    drop(k);
+    let k = KernelMount::new(&kimg, &s.join("kmnt"));
+    assert_eq!(in_kernel, facl(&k.dir), "the kernel reads other ACLs from the mount's image than from its own");
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// A test tool installed with `cargo install NAME` (in PATH or ~/.cargo/bin); None,
 /// after saying why, when it is missing outside CI.
 fn cargo_tool(test: &str, name: &str) -> Option<PathBuf> {
