@@ -86,6 +86,8 @@ pub struct Engine {
     /// still writing it is pinned, and its space must not come back before that write
     /// has landed.
     writeback_io: RwLock<()>,
+    /// The page cache's limits, totals and inodes (`inode::page_cache`).
+    pub(crate) pages: crate::inode::page_cache::PageCacheGlobal,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -113,7 +115,7 @@ impl Engine {
     /// Share an opened writer.
     pub fn from_writer(mut w: FsWriter) -> Engine {
         w.defer_writeback = true;
-        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()) }
+        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()), pages: Default::default() }
     }
 
     /// The shared filesystem.
