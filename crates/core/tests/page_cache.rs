@@ -356,3 +356,29 @@ fn block_and_extent_submission_agree() {
         }
     }
 }
+
+/// Dirty data of a file whose last name goes (and that nothing uses) is discarded, not
+/// written back into a removed inode.
+#[test]
+fn unlink_discards_dirty_pages() {
+    if !tools("unlink_discards_dirty_pages") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-unlink", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let f = create(&e, "gone");
+    let keep = create(&e, "kept");
+    e.buffered_write(f, 0, &[7u8; 300 << 10]).expect("write");
+    e.buffered_write(keep, 4096, &[9u8; 100 << 10]).expect("write");
+    e.unlink(5, 256, b"gone").expect("unlink");
+    let st = e.page_cache_stats();
+    assert_eq!(st.dirty_bytes, 100 << 10, "only the kept file's data is dirty: {st:?}");
+    assert_eq!(st.inodes, 1, "{st:?}");
+    e.sync().expect("sync");
+    e.check_page_cache_invariants();
+    drop(e);
+    let mut want = vec![0u8; 4096];
+    want.extend_from_slice(&[9u8; 100 << 10]);
+    assert!(read_image(&s.path, keep) == want);
+    assert_check(&s.path, "unlink");
+}

@@ -717,9 +717,12 @@ impl Engine {
     }
 
     /// Drop every folio of inode `id` without writing it back (the inode is gone from
-    /// disk: its last name was removed and nothing uses it).
+    /// disk: its last name was removed and nothing uses it). The caller holds no inode
+    /// lock.
     pub(crate) fn discard_page_cache(&self, id: InodeId) {
         let Some(inode) = self.pages.registry().get(&id).map(|(i, _)| i.clone()) else { return };
+        // A writeback of the inode (`writeback_all` from another thread) finishes first.
+        let _g = lock_exclusive(&inode);
         with_cache(self, &inode, |pc| {
             assert!(pc.ordered.is_empty(), "page cache: discarding {id} with ordered extents alive");
             pc.folios.clear();
