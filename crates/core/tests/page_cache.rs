@@ -382,3 +382,72 @@ fn unlink_discards_dirty_pages() {
     assert!(read_image(&s.path, keep) == want);
     assert_check(&s.path, "unlink");
 }
+
+/// SEEK_DATA / SEEK_HOLE count dirty blocks as data before any writeback.
+#[test]
+fn seek_data_hole_sees_dirty_pages() {
+    use ubtrfs_core::inode::falloc::{SEEK_DATA, SEEK_HOLE};
+    if !tools("seek_data_hole_sees_dirty_pages") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-seek", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let f = create(&e, "sparse");
+    e.buffered_write(f, 1 << 20, &[5u8; 64 << 10]).expect("write");
+    assert_eq!(e.page_cache_stats().dirty_bytes, 64 << 10, "dirty, not written back yet");
+    assert_eq!(e.seek_data_hole(f, 0, SEEK_DATA).expect("seek"), Some(1 << 20));
+    assert_eq!(e.seek_data_hole(f, 0, SEEK_HOLE).expect("seek"), Some(0));
+    assert_eq!(e.seek_data_hole(f, 1 << 20, SEEK_HOLE).expect("seek"), Some((1 << 20) + (64 << 10)));
+    assert_eq!(e.seek_data_hole(f, (1 << 20) + (64 << 10), SEEK_DATA).expect("seek"), None);
+    e.sync().expect("sync");
+}
+
+/// fsync makes one file durable (written back and committed) while another file's
+/// data stays dirty; an engine dropped unsynced loses only that.
+#[test]
+fn fsync_makes_one_file_durable() {
+    if !tools("fsync_makes_one_file_durable") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-fsync", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let a = create(&e, "a");
+    let b = create(&e, "b");
+    e.commit().expect("commit the names");
+    let da: Vec<u8> = (0..300u32 << 10).map(|i| (i % 253) as u8).collect();
+    e.buffered_write(a, 0, &da).expect("write a");
+    e.buffered_write(b, 0, &[1u8; 200 << 10]).expect("write b");
+    e.fsync(a).expect("fsync a");
+    assert_eq!(e.page_cache_stats().dirty_bytes, 200 << 10, "b stays dirty");
+    drop(e);
+    assert!(read_image(&s.path, a) == da, "a is on disk");
+    assert!(read_image(&s.path, b).is_empty(), "b was never written back");
+    assert_check(&s.path, "fsync");
+}
+
+/// An open file whose last name goes keeps its page cache (reads and writes through
+/// the handle's inode still work and write back); the last close discards it.
+#[test]
+fn orphan_keeps_its_pages_until_the_last_close() {
+    if !tools("orphan_keeps_its_pages_until_the_last_close") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-orphan", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let f = create(&e, "o");
+    let h = e.open_file(f).expect("open file");
+    e.buffered_write(f, 0, &[3u8; 128 << 10]).expect("write");
+    e.unlink(5, 256, b"o").expect("unlink");
+    e.buffered_write(f, 128 << 10, &[4u8; 64 << 10]).expect("write the orphan");
+    e.writeback_inode(f).expect("writeback of an orphan");
+    let mut buf = vec![0u8; 192 << 10];
+    assert_eq!(e.buffered_read(f, 0, &mut buf).expect("read"), 192 << 10);
+    assert!(buf[..128 << 10].iter().all(|&x| x == 3) && buf[128 << 10..].iter().all(|&x| x == 4));
+    e.buffered_write(f, 0, &[8u8; 4096]).expect("dirty again");
+    h.close().expect("close");
+    let st = e.page_cache_stats();
+    assert_eq!((st.dirty_bytes, st.inodes), (0, 0), "the last close discarded the orphan's pages: {st:?}");
+    e.sync().expect("sync");
+    drop(e);
+    assert_check(&s.path, "orphan");
+}
