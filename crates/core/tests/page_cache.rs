@@ -8,6 +8,8 @@
 //! cache limit evicting, threads on different files, and writepage's two submission
 //! modes giving the same bios.
 //!
+//! Knobs: UBTRFS_PC_SEEDS and UBTRFS_PC_OPS lengthen the model run.
+//!
 //! Needs mkfs.btrfs and btrfs-progs; without them the tests print why and pass, except
 //! under CI=true.
 
@@ -170,8 +172,11 @@ fn random_buffered_ops_match_the_model_on_disk() {
     if !tools("random_buffered_ops_match_the_model_on_disk") {
         return;
     }
-    for seed in 1..=3 {
-        model_run(seed, 1500, seed != 2);
+    // Knobs for longer runs: UBTRFS_PC_SEEDS (seeds 1..=N, default 3), UBTRFS_PC_OPS.
+    let seeds: u64 = std::env::var("UBTRFS_PC_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let ops: usize = std::env::var("UBTRFS_PC_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
+    for seed in 1..=seeds {
+        model_run(seed, ops, seed % 3 != 2);
     }
 }
 
