@@ -43,11 +43,12 @@ use ubtrfs_format::structs::InodeItem;
 /// 100 bytes today; the page cache will make some much bigger, and is bounded apart).
 pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
 
-/// Room for the per-inode state the mount's issue adds: the extent map (file offset to
-/// extent, with its shrinker), the io-tree (ranges locked, delalloc, under writeback)
-/// and the page cache. Empty today: file reads and writes go to the trees directly.
+/// The per-inode state of file data in memory: the page cache with its ordered
+/// extents (`page_cache`); the extent map joins it.
 #[derive(Debug, Default)]
-pub struct InodeMapping {}
+pub struct InodeMapping {
+    pub pages: crate::inode::page_cache::PageCache,
+}
 
 /// An inode in memory.
 pub struct Inode {
