@@ -277,7 +277,10 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
                     let Some(r) = self.subvol(root)? else { continue };
                     let mut leaves: Vec<u64> = Vec::new();
                     let mut seen = 0u64;
-                    let mut it = self.view.iter(&r, Key::new(ino, EXTENT_DATA_KEY, offset))?;
+                    // A file extent before the extent's start (a clone of its tail) makes
+                    // the offset wrap: search the whole file then, as the kernel does.
+                    let from = if offset >= i64::MAX as u64 { 0 } else { offset };
+                    let mut it = self.view.iter(&r, Key::new(ino, EXTENT_DATA_KEY, from))?;
                     while seen < count {
                         let Some(item) = it.next_item()? else { break };
                         let k = item.key();
