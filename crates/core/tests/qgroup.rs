@@ -272,3 +272,29 @@ fn shared_snapshots_are_accounted_incrementally() {
     ubtrfs_check(&img, "snapshots");
     progs_check(&img, "snapshots");
 }
+
+/// More changed extents than are recorded: the records are dropped and the commit
+/// recounts; with the limit back, the next commit is incremental again.
+#[test]
+fn too_many_changed_extents_recount() {
+    let img = Scratch::mkfs("qgroup-overflow-records", 256 * MIB, &["-R", "quota", "-n", "4096"]);
+    let mut w = img.writer();
+    w.set_qgroup_verify(true);
+    let top = w.live().root_dir();
+    w.set_qgroup_record_limit(4);
+    for i in 0..20u8 {
+        let ino = w.create_file(top.root, top.ino, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        w.write_file(top.root, ino, 0, &[i; 8192]).expect("write");
+    }
+    w.commit().expect("commit");
+    let st = w.qgroup_stats().expect("quotas are on");
+    assert!(st.recount.as_deref().is_some_and(|r| r.contains("more extents changed")), "{st:?}");
+    let after_recount = stored(&mut w)[&FS_TREE_OBJECTID];
+    assert!(after_recount.0 >= 20 * 8192, "the recount counts the new files: {after_recount:?}");
+    w.set_qgroup_record_limit(ubtrfs_core::extent::delayed_ref::MAX_QGROUP_RECORDS);
+    w.create_file(top.root, top.ino, b"one-more", &InodeAttrs::new(0o644)).expect("create");
+    w.commit().expect("commit");
+    assert_eq!(w.qgroup_stats().unwrap().recount, None, "back to incremental");
+    drop(w);
+    ubtrfs_check(&img, "after the record overflow");
+}

@@ -70,7 +70,7 @@ pub const MAX_QGROUP_RECORDS: usize = 1 << 20;
 #[derive(Default, Debug)]
 pub struct QgroupRecords {
     pub extents: BTreeSet<u64>,
-    /// More than `MAX_QGROUP_RECORDS` changed: `extents` was dropped, recount.
+    /// More than the limit changed: `extents` was dropped, recount.
     pub overflowed: bool,
 }
 
@@ -79,6 +79,8 @@ pub struct DelayedRefs {
     heads: BTreeMap<u64, RefHead>,
     /// Some while quotas are on.
     qgroup: Option<QgroupRecords>,
+    /// Most extents recorded (`MAX_QGROUP_RECORDS`, lower in tests).
+    qgroup_limit: usize,
 }
 
 impl DelayedRefs {
@@ -92,6 +94,13 @@ impl DelayedRefs {
     /// Record (from now on) every extent whose references change, for quotas.
     pub fn trace_qgroup(&mut self) {
         self.qgroup.get_or_insert_with(Default::default);
+        self.qgroup_limit = MAX_QGROUP_RECORDS;
+    }
+
+    /// Record at most `limit` extents (tests of the overflow).
+    pub fn set_qgroup_record_limit(&mut self, limit: usize) {
+        assert!(limit <= MAX_QGROUP_RECORDS, "qgroup record limit {limit} above {MAX_QGROUP_RECORDS}");
+        self.qgroup_limit = limit;
     }
 
     /// The extents recorded since the last call (None with quotas off).
@@ -105,7 +114,7 @@ impl DelayedRefs {
             return;
         }
         q.extents.insert(bytenr);
-        if q.extents.len() > MAX_QGROUP_RECORDS {
+        if q.extents.len() > self.qgroup_limit {
             q.extents = BTreeSet::new();
             q.overflowed = true;
         }

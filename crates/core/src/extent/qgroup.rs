@@ -289,7 +289,7 @@ pub(crate) fn commit_qgroups(w: &mut FsWriter) -> Result<()> {
     let mut stats = QgroupStats { dirty_extents: records.extents.len() as u64, ..Default::default() };
     let mut why = w.qgroup.needs_rescan.take();
     if records.overflowed && why.is_none() {
-        why = Some(format!("more than {} extents changed", crate::extent::delayed_ref::MAX_QGROUP_RECORDS));
+        why = Some("more extents changed than are recorded".to_string());
     }
     #[cfg(feature = "test-hooks")]
     if w.hooks.qgroup_full_recount && why.is_none() {

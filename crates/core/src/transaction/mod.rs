@@ -885,6 +885,13 @@ impl FsWriter {
         self.qgroup.verify = on;
     }
 
+    /// Test hook: record at most `limit` changed extents for qgroup accounting per
+    /// transaction (past it the commit recounts; `MAX_QGROUP_RECORDS` otherwise).
+    #[cfg(feature = "test-hooks")]
+    pub fn set_qgroup_record_limit(&mut self, limit: usize) {
+        self.delayed.set_qgroup_record_limit(limit);
+    }
+
     /// Test hook: the space the committing transaction freed, held out of the allocator
     /// until its commit finishes.
     #[cfg(feature = "test-hooks")]
