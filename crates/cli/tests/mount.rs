@@ -429,7 +429,7 @@ fn workload_through_the_mount_is_what_the_kernel_sees() {
     let la = run(Command::new("lsattr").arg("-d").arg(s.join("mnt/flagged")));
     let fuse_flags = la.split_whitespace().next().unwrap_or_default().to_string();
     assert!(fuse_flags.starts_with("------dA"), "lsattr shows the flags set: {la}");
-    let fuse = walk(&s.join("mnt"));
+    let mut fuse = walk(&s.join("mnt"));
     let err = m.stop(Stop::Sigterm);
     assert!(!err.contains("error"), "the mount reported errors: {err}");
     assert_check(&img, "after the workload");
@@ -438,7 +438,17 @@ fn workload_through_the_mount_is_what_the_kernel_sees() {
     let la = run(Command::new("lsattr").arg("-d").arg(k.dir.join("flagged")));
     assert_eq!(la.split_whitespace().next(), Some(fuse_flags.as_str()), "the kernel sees the flags lsattr showed through the mount");
     drop(k);
+    // While data is dirty st_blocks is an estimate (the kernel's counts delalloc
+    // bytes too, and settles at writeback); everything else must agree at once.
+    for (p, r) in fuse.iter_mut() {
+        r.blocks = kernel.get(p).map_or(r.blocks, |k| k.blocks);
+    }
     assert_same_tree(&fuse, &kernel, "workload");
+    // Mounted again, with nothing dirty, every field agrees, st_blocks included.
+    let m = FuseMount::start(&img, &s.join("mnt"), "");
+    let again = walk(&s.join("mnt"));
+    m.stop(Stop::Sigterm);
+    assert_same_tree(&again, &kernel, "workload, mounted again");
     let _ = std::fs::remove_dir_all(&s);
 }
 

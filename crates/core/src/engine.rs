@@ -313,7 +313,14 @@ impl Engine {
     /// # Errors
     /// `Posix(ReadOnly)` after a panic in a writer.
     pub fn statfs(&self) -> Result<crate::space::statfs::StatFs> {
-        Ok(self.state.read().map_err(poisoned)?.statfs())
+        let mut s = self.state.read().map_err(poisoned)?.statfs();
+        // Dirty pages will take data space at writeback: count them as taken now, as
+        // a kernel mount's `df` after `sync` shows them (sync(2) never reaches a FUSE
+        // daemon, so the mount cannot wait for it).
+        let dirty = self.page_cache_stats().dirty_bytes >> s.bsize.trailing_zeros();
+        s.bfree = s.bfree.saturating_sub(dirty);
+        s.bavail = s.bavail.saturating_sub(dirty);
+        Ok(s)
     }
 
     /// Take the writer back (all other users are gone: the engine is owned).

@@ -456,3 +456,41 @@ fn orphan_keeps_its_pages_until_the_last_close() {
     drop(e);
     assert_check(&s.path, "orphan");
 }
+
+/// A buffered write sets mtime and ctime when it is made (the kernel's
+/// file_update_time), and writeback leaves them: through ordered extents (a large
+/// file) and through the direct path (a small, inline-sized one); a setattr after the
+/// write wins over the later writeback too.
+#[test]
+fn write_times_are_the_writes_not_the_writebacks() {
+    if !tools("write_times_are_the_writes_not_the_writebacks") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-times", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let big = create(&e, "big");
+    let small = create(&e, "small");
+    let set = create(&e, "set");
+    e.commit().expect("commit the names");
+    let created = e.getattr(big).expect("getattr").mtime;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.buffered_write(big, 0, &[7u8; 1 << 20]).expect("write big");
+    e.buffered_write(small, 0, b"tiny").expect("write small");
+    e.buffered_write(set, 0, &[1u8; 256 << 10]).expect("write set");
+    let stamp = |id| {
+        let a = e.getattr(id).expect("getattr");
+        ((a.mtime.sec.get(), a.mtime.nsec.get()), (a.ctime.sec.get(), a.ctime.nsec.get()))
+    };
+    let (bw, sw) = (stamp(big), stamp(small));
+    assert!(bw.0 > (created.sec.get(), created.nsec.get()), "the write moved mtime at once");
+    e.setattr(set, &SetAttr { mtime: Some(ubtrfs_core::inode::attr::TimeSet::At(1_000_000, 5)), ..SetAttr::default() }).expect("utimes");
+    let set_times = stamp(set);
+    assert_eq!(set_times.0, (1_000_000, 5));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.sync().expect("sync");
+    assert_eq!(stamp(big), bw, "writeback through ordered extents kept the write's times");
+    assert_eq!(stamp(small), sw, "writeback through the direct path kept the write's times");
+    assert_eq!(stamp(set), set_times, "writeback kept the times a setattr gave after the write");
+    drop(e);
+    assert_check(&s.path, "write times");
+}

@@ -148,7 +148,8 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
                 match stop_rx.recv_timeout(commit_every) {
                     Err(mpsc::RecvTimeoutError::Timeout) if read_only => {}
                     Err(mpsc::RecvTimeoutError::Timeout) => {
-                        if let Err(e) = engine.commit() {
+                        // Dirty pages first: a commit writes only what the trees hold.
+                        if let Err(e) = engine.sync() {
                             crate::log::log(&format!("periodic commit: {e}"));
                         }
                     }

@@ -224,6 +224,11 @@ pub struct PageCacheInner {
     pub(crate) i_size: Option<u64>,
     /// The INODE_ITEM's size as the trees have it (known when `i_size` is).
     pub(crate) disk_i_size: u64,
+    /// Where the blocks the trees allocated for the file end, as far as the cache
+    /// knows (the size when the cache was filled, lowered by truncation, raised by
+    /// writeback; a size grown by truncate adds a hole, not blocks): dirty blocks past
+    /// it are new bytes (`new_delalloc_bytes`).
+    pub(crate) new_from: u64,
     /// Dirty blocks over all folios.
     pub(crate) dirty_blocks: u64,
     /// Ordered extents alive (only during the inode's writeback).
@@ -237,6 +242,33 @@ impl PageCacheInner {
 
     pub(crate) fn dirty_bytes(&self, blocksize: u32) -> u64 {
         self.dirty_blocks * u64::from(blocksize)
+    }
+
+    /// Dirty bytes in blocks past the on-disk size, which writeback will add to the
+    /// inode's bytes (the role of the kernel's `new_delalloc_bytes` in st_blocks:
+    /// dirty data over blocks the file had on disk replaces those, dirty data past its
+    /// end is new).
+    pub(crate) fn new_delalloc_bytes(&self, blocksize: u32) -> u64 {
+        if self.dirty_blocks == 0 {
+            return 0;
+        }
+        let bs = u64::from(blocksize);
+        let from = self.new_from.div_ceil(bs) * bs;
+        let end = self.i_size.unwrap_or(0).div_ceil(bs) * bs;
+        let first = self.folios.range(..=from).next_back().map_or(from, |(&k, _)| k);
+        let mut n = 0u64;
+        // Dirty blocks past the size are dropped at writeback: only [from, end) counts.
+        for f in self.folios.range(first..end).map(|(_, f)| f) {
+            let b0 = if from > f.start { ((from - f.start) / bs).min(u64::from(f.nblocks())) as u32 } else { 0 };
+            let last = (end.saturating_sub(f.start) / bs).min(u64::from(f.nblocks())) as u32;
+            let mut b = f.dirty.find_next(b0, true);
+            while b < last {
+                let e = f.dirty.find_next(b, false).min(last);
+                n += u64::from(e - b) * bs;
+                b = f.dirty.find_next(e, true);
+            }
+        }
+        n
     }
 
     pub fn check_invariants(&self) {
@@ -407,6 +439,7 @@ pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut 
         // changes made meanwhile by paths that skip uncached inodes are seen.
         pc.i_size = None;
         pc.disk_i_size = 0;
+        pc.new_from = 0;
     }
     if cfg!(debug_assertions) && pc.folios.len() <= 64 {
         pc.check_invariants();
@@ -533,6 +566,7 @@ impl Engine {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());
                 pc.disk_i_size = ii.size.get();
+                pc.new_from = ii.size.get();
             }
             let size = pc.i_size.expect("set above");
             if offset >= size || buf.is_empty() {
@@ -575,20 +609,27 @@ impl Engine {
         let end = offset.checked_add(data.len() as u64).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let inode = self.inodes().get(id);
         let g = lock_exclusive(&inode);
-        self.write_retrying(|w| w.check_root_writable(id.root))?;
         let ii = self.regular_item(id)?;
         crate::inode::write::iflags_allow(id.root, id.ino, ii.flags.get(), crate::inode::write::IflagOp::Write, b"")?;
         let bs = self.info().sectorsize;
         let bsz = u64::from(bs);
+        // The size cannot move while the inode's lock is held (an empty cache reads
+        // it from the item, as below).
+        let size = with_cache(self, &inode, |pc| pc.i_size).unwrap_or(ii.size.get());
+        if ii.flags.get() & ubtrfs_format::structs::INODE_APPEND != 0 && offset != size {
+            return Err(Error::posix(PosixKind::NotPermitted, format!("{id} is append-only: writes must start at its size {size}, not {offset}")));
+        }
+        // The write's times, as the kernel's file_update_time sets them once the
+        // write is allowed and before the data is copied (writeback leaves them
+        // alone); refused on a read-only subvolume or engine.
+        self.write_retrying(|w| w.file_update_time(id.root, id.ino))?;
         with_cache(self, &inode, |pc| -> Result<()> {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());
                 pc.disk_i_size = ii.size.get();
+                pc.new_from = ii.size.get();
             }
-            let size = pc.i_size.expect("set above");
-            if ii.flags.get() & ubtrfs_format::structs::INODE_APPEND != 0 && offset != size {
-                return Err(Error::posix(PosixKind::NotPermitted, format!("{id} is append-only: writes must start at its size {size}, not {offset}")));
-            }
+            debug_assert_eq!(pc.i_size, Some(size), "{id}: the size moved under the inode's lock");
             let mut cur = offset;
             while cur < end {
                 let fstart = cur / FOLIO_SIZE * FOLIO_SIZE;
@@ -694,6 +735,7 @@ impl Engine {
                 // Nothing cached: the size is read again at the next use.
                 pc.i_size = None;
                 pc.disk_i_size = 0;
+                pc.new_from = 0;
                 reg.remove(&id);
             }
             self.pages.account(before, after);
@@ -729,6 +771,7 @@ impl Engine {
             pc.dirty_blocks = 0;
             pc.i_size = None;
             pc.disk_i_size = 0;
+            pc.new_from = 0;
         });
     }
 
@@ -768,6 +811,7 @@ impl Engine {
                     pc.truncate(*s);
                     pc.i_size = Some(*s);
                     pc.disk_i_size = *s;
+                    pc.new_from = *s;
                 }
                 Err(_) => {
                     let mut kept = 0;
@@ -793,6 +837,7 @@ impl Engine {
             pc.truncate(size);
             pc.i_size = Some(size);
             pc.disk_i_size = size;
+            pc.new_from = pc.new_from.min(size);
         });
     }
 }
