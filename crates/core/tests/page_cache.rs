@@ -269,6 +269,35 @@ fn cache_limit_evicts_clean_folios() {
     e.sync().expect("sync");
 }
 
+/// Many small files written and closed, more than the cache holds while dirty (each
+/// takes a whole folio): the cache stays within its limit, writing the oldest back to
+/// free their folios, and every file reads back whole from the image.
+#[test]
+fn small_dirty_files_beyond_the_cache_limit() {
+    if !tools("small_dirty_files_beyond_the_cache_limit") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-small", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    // 32 folios' worth of cache; the dirty limit (bytes of dirty blocks) is never met.
+    e.set_page_cache_limits(2 << 20, 2 << 20);
+    let body = |i: usize| format!("file {i} ").repeat(300 + i % 200).into_bytes();
+    let files: Vec<InodeId> = (0..400).map(|i| create(&e, &format!("f{i}"))).collect();
+    for (i, &f) in files.iter().enumerate() {
+        e.buffered_write(f, 0, &body(i)).expect("write");
+        let st = e.page_cache_stats();
+        assert!(st.cached_bytes <= 2 << 20, "file {i}: cached {} over the limit", st.cached_bytes);
+    }
+    assert!(e.page_cache_stats().throttle_writebacks > 0, "the cache limit wrote nothing back");
+    e.check_page_cache_invariants();
+    e.sync().expect("sync");
+    drop(e);
+    for (i, &f) in files.iter().enumerate() {
+        assert!(read_image(&s.path, f) == body(i), "file {i} on disk");
+    }
+    assert_check(&s.path, "small dirty files");
+}
+
 #[test]
 fn threads_on_different_files() {
     if !tools("threads_on_different_files") {

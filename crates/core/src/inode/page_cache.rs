@@ -235,6 +235,11 @@ pub struct PageCacheInner {
     pub(crate) ordered: OrderedTree,
 }
 
+/// What a shrink of a cache over `limit` brings it down to.
+fn shrink_target(limit: u64) -> u64 {
+    limit - limit / 8
+}
+
 impl PageCacheInner {
     pub(crate) fn cached_bytes(&self) -> u64 {
         self.folios.values().map(Folio::size).sum()
@@ -476,7 +481,9 @@ impl Engine {
         let cache = cache_bytes.max(FOLIO_SIZE);
         self.pages.cache_limit.store(cache, Ordering::Release);
         self.pages.dirty_limit.store(dirty_bytes.clamp(FOLIO_SIZE, cache), Ordering::Release);
-        self.shrink_page_cache();
+        if self.pages.cached.load(Ordering::Acquire) > cache {
+            self.drop_clean_folios(shrink_target(cache));
+        }
     }
 
     /// The page cache's totals and counters now.
@@ -588,7 +595,11 @@ impl Engine {
             Ok((end - offset) as usize)
         });
         drop(_g);
-        self.shrink_page_cache();
+        // Reads make nothing dirty: they only drop clean folios (writers write back).
+        let limit = self.pages.cache_limit.load(Ordering::Acquire);
+        if self.pages.cached.load(Ordering::Acquire) > limit {
+            self.drop_clean_folios(shrink_target(limit));
+        }
         r
     }
 
@@ -655,8 +666,7 @@ impl Engine {
         })?;
         drop(g);
         self.balance_dirty_pages()?;
-        self.shrink_page_cache();
-        Ok(())
+        self.shrink_page_cache()
     }
 
     /// The in-memory size of file `id` if its page cache knows one (it runs ahead of
@@ -675,37 +685,84 @@ impl Engine {
         if self.pages.dirty.load(Ordering::Acquire) <= limit {
             return Ok(());
         }
-        // Bounded: each round writes one inode back; the registry is finite.
-        let rounds = self.pages.registry().len();
-        for _ in 0..rounds {
+        // One look at the registry, most dirty first, then write back in that order:
+        // many small dirty files (an untar) must not cost a scan per file.
+        let bs = self.info().sectorsize;
+        let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
+        let mut victims: Vec<(u64, Arc<Inode>)> = held
+            .into_iter()
+            .map(|i| {
+                let d = i.mapping.pages.lock().dirty_bytes(bs);
+                (d, i)
+            })
+            .filter(|(d, _)| *d > 0)
+            .collect();
+        victims.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for (_, inode) in victims {
             if self.pages.dirty.load(Ordering::Acquire) <= limit / 2 {
                 break;
             }
-            let bs = self.info().sectorsize;
-            let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
-            let victim = held
-                .into_iter()
-                .map(|i| {
-                    let d = i.mapping.pages.lock().dirty_bytes(bs);
-                    (d, i)
-                })
-                .filter(|(d, _)| *d > 0)
-                .max_by_key(|(d, _)| *d)
-                .map(|(_, i)| i);
-            let Some(inode) = victim else { break };
             self.pages.throttle_writebacks.fetch_add(1, Ordering::Relaxed);
             self.writeback_inode(inode.id)?;
         }
         Ok(())
     }
 
+    /// Over the cache limit with too few clean folios to drop (dirty folios hold the
+    /// memory: many small files written and not yet written back), write back the
+    /// least recently used dirty inodes until what is dirty fits in what must be
+    /// freed, so their folios can go (the kernel writes back under memory pressure
+    /// too). The caller holds no inode lock.
+    fn writeback_for_memory(&self) -> Result<()> {
+        let limit = self.pages.cache_limit.load(Ordering::Acquire);
+        let cached = self.pages.cached.load(Ordering::Acquire);
+        if cached <= limit {
+            return Ok(());
+        }
+        let need = cached - shrink_target(limit);
+        let mut order: Vec<(u64, Arc<Inode>)> = self.pages.registry().values().map(|(i, t)| (*t, i.clone())).collect();
+        order.sort_unstable_by_key(|(t, _)| *t);
+        let mut freed_dirty = 0u64;
+        for (_, inode) in order {
+            if freed_dirty >= need {
+                break;
+            }
+            let (dirty, bytes) = {
+                let pc = inode.mapping.pages.lock();
+                (pc.dirty_blocks > 0, pc.cached_bytes())
+            };
+            if dirty {
+                self.pages.throttle_writebacks.fetch_add(1, Ordering::Relaxed);
+                self.writeback_inode(inode.id)?;
+                freed_dirty += bytes;
+            }
+        }
+        Ok(())
+    }
+
     /// Past the cache limit, drop clean folios, least recently used inode first and
-    /// oldest folio first within it, until the cache is within the limit.
-    pub(crate) fn shrink_page_cache(&self) {
+    /// oldest folio first within it, down to 7/8 of the limit (so that a cache at its
+    /// limit is not walked again at every read or write); write dirty ones back first
+    /// when the clean ones are not enough (`writeback_for_memory`).
+    ///
+    /// # Errors
+    /// As `writeback_inode`, when dirty data had to be written back.
+    pub(crate) fn shrink_page_cache(&self) -> Result<()> {
         let limit = self.pages.cache_limit.load(Ordering::Acquire);
         if self.pages.cached.load(Ordering::Acquire) <= limit {
-            return;
+            return Ok(());
         }
+        self.drop_clean_folios(shrink_target(limit));
+        if self.pages.cached.load(Ordering::Acquire) > limit {
+            self.writeback_for_memory()?;
+            self.drop_clean_folios(shrink_target(limit));
+        }
+        Ok(())
+    }
+
+    /// Drop clean folios, least recently used inode first, until the cache holds at
+    /// most `limit` bytes.
+    fn drop_clean_folios(&self, limit: u64) {
         let mut reg = self.pages.registry();
         let mut order: Vec<(u64, InodeId)> = reg.iter().map(|(id, (_, t))| (*t, *id)).collect();
         order.sort_unstable();
