@@ -262,9 +262,17 @@ mod tests {
 
     #[test]
     fn bad_options_are_named() {
-        for (list, what) in
-            [("bogus", "bogus"), ("commit=0", "commit=0"), ("commit=x", "commit=x"), ("compress=brotli", "compress=brotli"), ("ro=1", "ro=1"), ("subvol", "subvol"), ("threads=0", "threads=0"), ("page_cache_mib=0", "page_cache_mib=0"), ("page_cache_mib=64,dirty_mib=65", "dirty_mib=65")]
-        {
+        for (list, what) in [
+            ("bogus", "bogus"),
+            ("commit=0", "commit=0"),
+            ("commit=x", "commit=x"),
+            ("compress=brotli", "compress=brotli"),
+            ("ro=1", "ro=1"),
+            ("subvol", "subvol"),
+            ("threads=0", "threads=0"),
+            ("page_cache_mib=0", "page_cache_mib=0"),
+            ("page_cache_mib=64,dirty_mib=65", "dirty_mib=65"),
+        ] {
             let e = MountOptions::parse(list).unwrap_err().to_string();
             assert!(e.contains(what), "{list}: {e}");
         }
