@@ -16,8 +16,8 @@
 //!   `getattr` of a cached inode reads no tree.
 //! - For a directory, the next DIR_INDEX (`btrfs_inode::index_cnt`), found from the
 //!   last index item the first time a name is added and counted up from then on.
-//! - `mapping`, an empty slot for the extent map, io-tree and page cache that the
-//!   mount's issue fills.
+//! - `mapping`: the extent maps (`inode::extent_map`); the io-tree and page cache
+//!   join it. An evicted inode's maps go with it (the trees rebuild them).
 //!
 //! The cache lives in `FsInfo`, so the writer reaches it whether or not an engine
 //! shares it. An evicted inode loses only what the trees can rebuild.
@@ -43,11 +43,12 @@ use ubtrfs_format::structs::InodeItem;
 /// 100 bytes today; the page cache will make some much bigger, and is bounded apart).
 pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
 
-/// Room for the per-inode state the mount's issue adds: the extent map (file offset to
-/// extent, with its shrinker), the io-tree (ranges locked, delalloc, under writeback)
-/// and the page cache. Empty today: file reads and writes go to the trees directly.
+/// The per-inode state of the mount's issue: the extent map (file offset to extent,
+/// `inode::extent_map`, with its shrinker), then the io-tree and the page cache.
 #[derive(Debug, Default)]
-pub struct InodeMapping {}
+pub struct InodeMapping {
+    pub extent_map: crate::inode::extent_map::ExtentMapTree,
+}
 
 /// An inode in memory.
 pub struct Inode {
@@ -63,7 +64,7 @@ pub struct Inode {
     attrs: Mutex<Option<InodeItem>>,
     /// A directory's next DIR_INDEX; 0 until looked up (indexes start at 2).
     pub(crate) next_dir_index: AtomicU64,
-    /// Extent map, io-tree and page cache, to come.
+    /// Extent map, io-tree and page cache.
     pub mapping: InodeMapping,
 }
 

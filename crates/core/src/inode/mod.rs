@@ -3,13 +3,16 @@
 //! (`namei`), inode and file changes (`write`), unlink, rmdir, symlink, mknod and
 //! rename (`namespace`), attributes and truncation (`attr`), access times (`atime`), compression on write
 //! (`compress_write`), NOCOW writes in place (`nocow`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), extended
-//! attributes and properties (`xattr`), the in-memory inodes (`inode_cache`), open
+//! attributes and properties (`xattr`), the in-memory inodes (`inode_cache`), their extent maps
+//! and the maps' shrinker (`extent_map`, `extent_map_shrinker`), open
 //! files through the engine (`file`), orphans (`orphan`) and the VFS's permission checks
 //! for callers that ask (`perm`).
 
 pub mod atime;
 pub mod attr;
 pub mod compress_write;
+pub mod extent_map;
+pub mod extent_map_shrinker;
 pub mod falloc;
 pub mod file;
 pub mod filesystem;
