@@ -58,8 +58,7 @@ fn model_run(args: &[&str], seed: u64) {
         let roll = rng.below(100);
         let off = rng.below(max / SS) * SS;
         let len = rng.range(1, 12) * SS;
-        let what;
-        match roll {
+        let what = match roll {
             0..45 => {
                 let data = rng.bytes(len as usize);
                 e.write_file(id, off, &data).expect("write");
@@ -67,13 +66,13 @@ fn model_run(args: &[&str], seed: u64) {
                     model.resize((off + len) as usize, 0);
                 }
                 model[off as usize..(off + len) as usize].copy_from_slice(&data);
-                what = format!("step {step}: write [{off}, +{len})");
+                format!("step {step}: write [{off}, +{len})")
             }
             45..55 => {
                 let size = rng.below(max / SS) * SS + rng.below(2) * rng.below(SS);
                 e.setattr(id, &SetAttr { size: Some(size), ..Default::default() }).expect("truncate");
                 model.resize(size as usize, 0);
-                what = format!("step {step}: truncate to {size}");
+                format!("step {step}: truncate to {size}")
             }
             55..70 => {
                 e.fallocate(id, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len).expect("punch");
@@ -81,7 +80,7 @@ fn model_run(args: &[&str], seed: u64) {
                 if (off as usize) < end {
                     model[off as usize..end].fill(0);
                 }
-                what = format!("step {step}: punch [{off}, +{len})");
+                format!("step {step}: punch [{off}, +{len})")
             }
             70..80 => {
                 e.fallocate(id, FALLOC_FL_ZERO_RANGE, off, len).expect("zero range");
@@ -89,20 +88,20 @@ fn model_run(args: &[&str], seed: u64) {
                     model.resize((off + len) as usize, 0);
                 }
                 model[off as usize..(off + len) as usize].fill(0);
-                what = format!("step {step}: zero [{off}, +{len})");
+                format!("step {step}: zero [{off}, +{len})")
             }
             80..90 => {
                 e.fallocate(id, 0, off, len).expect("prealloc");
                 if model.len() < (off + len) as usize {
                     model.resize((off + len) as usize, 0);
                 }
-                what = format!("step {step}: prealloc [{off}, +{len})");
+                format!("step {step}: prealloc [{off}, +{len})")
             }
             _ => {
                 e.fallocate(id, FALLOC_FL_KEEP_SIZE, off, len).expect("prealloc keep size");
-                what = format!("step {step}: prealloc keep-size [{off}, +{len})");
+                format!("step {step}: prealloc keep-size [{off}, +{len})")
             }
-        }
+        };
         if rng.chance(5) {
             e.commit().expect("commit");
         }
