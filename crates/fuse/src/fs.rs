@@ -41,6 +41,7 @@ use ubtrfs_core::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
 use ubtrfs_core::inode::perm::inode_init_owner;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::XattrReply;
+use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::XattrRead;
 use ubtrfs_format::structs::*;
 
@@ -228,6 +229,20 @@ impl UbtrfsFs {
         inode_init_owner(dir, uid, gid, mode)
     }
 
+    /// Make a non-symlink inode in `dir` as `create` does with its attributes, after
+    /// the ACL rules: with FUSE_POSIX_ACL and FUSE_DONT_MASK the kernel leaves the
+    /// umask to us, which applies only where the directory has no default ACL; a
+    /// default ACL is inherited instead (`posix_acl_create`), in the same handle.
+    fn make_with_acls(w: &mut FsWriter, dir: InodeId, mut a: InodeAttrs, umask: u32, create: impl FnOnce(&mut FsWriter, &InodeAttrs) -> Result<u64>) -> Result<u64> {
+        let acls = w.acl_for_new_inode(dir, a.mode, umask)?;
+        a.mode = acls.mode;
+        w.transaction("create with ACLs", 0, |w| {
+            let ino = create(w, &a)?;
+            w.acl_init(InodeId { root: dir.root, ino }, &acls)?;
+            Ok(ino)
+        })
+    }
+
     /// Make an inode in `parent` with `make` (given the writer, the directory's item),
     /// and reply with its entry.
     fn make(&self, what: &str, parent: INodeNo, reply: ReplyEntry, make: impl Fn(&mut ubtrfs_core::transaction::FsWriter, InodeId, &InodeItem) -> Result<u64>) {
@@ -377,7 +392,9 @@ impl fuser::Filesystem for UbtrfsFs {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);
         let _ = config.set_max_background(64);
-        for cap in [fuser::InitFlags::FUSE_DO_READDIRPLUS, fuser::InitFlags::FUSE_READDIRPLUS_AUTO, fuser::InitFlags::FUSE_PARALLEL_DIROPS, fuser::InitFlags::FUSE_ATOMIC_O_TRUNC] {
+        for cap in
+            [fuser::InitFlags::FUSE_DO_READDIRPLUS, fuser::InitFlags::FUSE_READDIRPLUS_AUTO, fuser::InitFlags::FUSE_PARALLEL_DIROPS, fuser::InitFlags::FUSE_POSIX_ACL, fuser::InitFlags::FUSE_DONT_MASK]
+        {
             let _ = config.add_capabilities(cap);
         }
         Ok(())
@@ -470,24 +487,20 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let name = name_of(name);
         self.make("mknod", parent, reply, |w, dir, d| {
             let mut a = self.new_attrs(req, d, mode);
             a.rdev = rdev_from_fuse(rdev);
-            if mode & S_IFMT == S_IFREG {
-                w.create_file(dir.root, dir.ino, name, &a)
-            } else {
-                w.mknod(dir.root, dir.ino, name, &a)
-            }
+            Self::make_with_acls(w, dir, a, umask, |w, a| if mode & S_IFMT == S_IFREG { w.create_file(dir.root, dir.ino, name, a) } else { w.mknod(dir.root, dir.ino, name, a) })
         });
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let name = name_of(name);
         self.make("mkdir", parent, reply, |w, dir, d| {
             let a = self.new_attrs(req, d, S_IFDIR | (mode & 0o7777));
-            w.mkdir(dir.root, dir.ino, name, &a)
+            Self::make_with_acls(w, dir, a, umask, |w, a| w.mkdir(dir.root, dir.ino, name, a))
         });
     }
 
@@ -552,11 +565,11 @@ impl fuser::Filesystem for UbtrfsFs {
             if acc != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
                 self.writable()?;
             }
+            // No FUSE_ATOMIC_O_TRUNC: with it the truncation would come here, before the
+            // kernel's own checks that follow the open (a running executable's
+            // ETXTBSY), and a refused open(O_TRUNC) would still have emptied the file.
+            // The kernel truncates through setattr once those checks pass.
             let f = self.engine.open_file_shared(id)?;
-            if flags.0 & libc::O_TRUNC != 0 {
-                // FUSE_ATOMIC_O_TRUNC: the truncation comes with the open.
-                self.engine.setattr(id, &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() })?;
-            }
             Ok(self.add_handle(f, false))
         });
         match r {
@@ -761,14 +774,14 @@ impl fuser::Filesystem for UbtrfsFs {
         reply.ok();
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
         let r = (|| {
             self.writable()?;
             let dir = self.id(parent)?;
             let ino = self.engine.write_retrying(|w| {
                 let d = w.live().load_inode(dir, Load::ITEM)?.item;
                 let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
-                w.create_file(dir.root, dir.ino, name_of(name), &a)
+                Self::make_with_acls(w, dir, a, umask, |w, a| w.create_file(dir.root, dir.ino, name_of(name), a))
             })?;
             let id = InodeId { root: dir.root, ino };
             let f = self.engine.open_file_shared(id)?;

@@ -87,7 +87,12 @@ pub fn find_top(engine: &Engine, opts: &MountOptions) -> Result<InodeId> {
 fn fuse_config(source: &Path, opts: &MountOptions) -> fuser::Config {
     use fuser::MountOption as M;
     let mut c = fuser::Config::default();
-    c.mount_options = vec![M::FSName(source.display().to_string()), M::Subtype("ubtrfs".into()), M::DefaultPermissions];
+    // The type shows as `fuse.ubtrfs` (mount, findmnt -t, umount -t). fusermount3
+    // turns a Subtype into that type; a direct mount(2), which fuser makes as root,
+    // passes the kernel's own `subtype=` option instead (fuser leaves Subtype out).
+    // SAFETY: geteuid has no preconditions.
+    let subtype = if unsafe { libc::geteuid() } == 0 { M::CUSTOM("subtype=ubtrfs".into()) } else { M::Subtype("ubtrfs".into()) };
+    c.mount_options = vec![M::FSName(source.display().to_string()), subtype, M::DefaultPermissions];
     c.mount_options.push(if opts.dev { M::Dev } else { M::NoDev });
     c.mount_options.push(if opts.suid { M::Suid } else { M::NoSuid });
     c.mount_options.push(if opts.exec { M::Exec } else { M::NoExec });

@@ -176,7 +176,12 @@ impl FsWriter {
                     i.mtime = t;
                 }
                 i.ctime = ctime;
-            })
+            })?;
+            if a.mode.is_some() || kill {
+                // btrfs_setattr's posix_acl_chmod: the access ACL follows the mode.
+                w.acl_chmod(InodeId { root, ino })?;
+            }
+            Ok(())
         })
     }
 

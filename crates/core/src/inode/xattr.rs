@@ -259,7 +259,7 @@ fn acl_equiv_mode(acl: &[AclEntry], mode: u32) -> (u32, bool) {
 }
 
 /// `posix_acl_to_xattr`: the bytes stored (ids of the unnamed entries read -1).
-fn acl_to_xattr(acl: &[AclEntry]) -> Vec<u8> {
+pub(crate) fn acl_to_xattr(acl: &[AclEntry]) -> Vec<u8> {
     let mut v = Vec::with_capacity(ACL_HEADER_SIZE + acl.len() * ACL_ENTRY_SIZE);
     v.extend_from_slice(&POSIX_ACL_XATTR_VERSION.to_le_bytes());
     for e in acl {

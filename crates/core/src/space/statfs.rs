@@ -16,8 +16,12 @@
 //! until it commits. Differences from
 //! the kernel, bounded and named: the global reserve is ubtrfs's metadata reserve
 //! (`allocator::metadata_reserve`, 256 tree blocks, within a few MiB of the kernel's),
-//! and `bavail` is not forced to 0 when metadata is exhausted and the reserve does not
-//! fit (the kernel's guess with a 4 MiB threshold).
+//! and the kernel's "metadata space info is full" (set when a metadata chunk
+//! allocation failed) is read here as "the devices' unallocated space cannot give a
+//! metadata chunk of the metadata profile any more".
+//! - `bavail` is 0 when metadata is exhausted, as the kernel guesses it: no metadata
+//!   chunk can be allocated and the free metadata space (every copy counted) is under
+//!   4 MiB or under that plus the reserve. Never on mixed block groups.
 
 use crate::space::chunk_alloc::raid_attr;
 use crate::transaction::FsWriter;
@@ -78,11 +82,23 @@ pub fn calc_avail_data_space(mut avail: Vec<u64>, profile: u64) -> u64 {
     total
 }
 
+/// The kernel's threshold under which free metadata space counts as exhausted (the
+/// delta observed when writes started failing was about 2 MiB).
+const META_EXHAUSTED_THRESH: u64 = 4 << 20;
+
+/// `btrfs_statfs`'s guess that metadata is exhausted, so nothing more can be written:
+/// no new metadata chunk fits in the unallocated space (`meta_chunk_room`, raw bytes)
+/// and the free metadata space (raw) is under the threshold, or under it plus the
+/// global reserve.
+fn metadata_exhausted(meta_chunk_room: u64, free_meta: u64, reserve: u64) -> bool {
+    meta_chunk_room == 0 && (free_meta < META_EXHAUSTED_THRESH || free_meta - META_EXHAUSTED_THRESH < reserve)
+}
+
 impl FsWriter {
     /// What statfs(2) reports (see the module notes).
     pub fn statfs(&self) -> StatFs {
         let bits = self.sectorsize().trailing_zeros();
-        let (mut total_used, mut free_data, mut factor) = (0u64, 0u64, 1u64);
+        let (mut total_used, mut free_data, mut free_meta, mut factor) = (0u64, 0u64, 0u64, 1u64);
         for g in self.alloc.groups.values() {
             let copies = raid_attr(g.flags & BLOCK_GROUP_PROFILE_MASK).map_or(1, |a| a.ncopies as u64);
             let taken = g.taken();
@@ -91,6 +107,9 @@ impl FsWriter {
                 free_data = free_data.saturating_add(g.length.saturating_sub(taken).saturating_mul(copies));
                 factor = copies;
             }
+            if g.flags & BLOCK_GROUP_METADATA != 0 {
+                free_meta = free_meta.saturating_add(g.length.saturating_sub(taken).saturating_mul(copies));
+            }
         }
         let sb = &self.sb;
         let blocks = (sb.total_bytes.get() / factor) >> bits;
@@ -98,7 +117,13 @@ impl FsWriter {
         let bfree = blocks.saturating_sub((total_used / factor) >> bits).saturating_sub(rsv);
         let unallocated: Vec<u64> = self.alloc.dev_items.values().map(|d| d.total_bytes.get().saturating_sub(d.bytes_used.get())).collect();
         let data_profile = crate::space::chunk_alloc::alloc_profile(self, BLOCK_GROUP_DATA);
-        let bavail = (free_data / factor + calc_avail_data_space(unallocated, data_profile) / factor) >> bits;
+        let mut bavail = (free_data / factor + calc_avail_data_space(unallocated.clone(), data_profile) / factor) >> bits;
+        if !self.alloc.mixed {
+            let meta_profile = crate::space::chunk_alloc::alloc_profile(self, BLOCK_GROUP_METADATA);
+            if metadata_exhausted(calc_avail_data_space(unallocated, meta_profile), free_meta, rsv << bits) {
+                bavail = 0;
+            }
+        }
         StatFs { blocks, bfree, bavail, files: 0, ffree: 0, bsize: self.sectorsize(), namelen: NAME_LEN as u32 }
     }
 }
@@ -106,6 +131,18 @@ impl FsWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_exhausted_as_the_kernel_guesses() {
+        const M: u64 = 1 << 20;
+        // Room for another metadata chunk: never exhausted.
+        assert!(!metadata_exhausted(64 << 10, 0, 8 * M));
+        // No room: exhausted under 4 MiB free, or under 4 MiB plus the reserve.
+        assert!(metadata_exhausted(0, 4 * M - 1, 0));
+        assert!(!metadata_exhausted(0, 4 * M, 0));
+        assert!(metadata_exhausted(0, 11 * M, 8 * M));
+        assert!(!metadata_exhausted(0, 12 * M, 8 * M));
+    }
 
     const G: u64 = 1 << 30;
     const M: u64 = 1 << 20;

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Workloads through a mount: `ubtrfs mount` against the kernel's btrfs driver, with two
+other FUSE filesystems beside them for scale, all in one run.
+
+Targets (names for --targets):
+
+  kernel   `mount -o loop` of a fresh `mkfs.btrfs` image (the oracle and the yardstick).
+  ubtrfs   `ubtrfs mount IMG MNT` of a fresh `mkfs.btrfs` image.
+  bindfs   bindfs over a kernel btrfs loop mount: what passing every call through FUSE
+           costs a filesystem that does nothing else.
+  fuse2fs  fuse2fs on a fresh `mkfs.ext4` image: another filesystem served from userspace.
+
+Workloads (names for --only); each run gets a fresh image and mount, set-up untimed:
+
+  seqwrite   fio: one 1 GiB file, 1 MiB writes, fsync at the end.
+  seqread    fio: read that file back in 1 MiB requests after a remount (cold caches).
+  randwrite  fio: 4 KiB random writes over a 256 MiB file (64 MiB written), fsync at end.
+  randread   fio: 4 KiB random reads of 64 MiB from a 256 MiB file after a remount.
+  untar      tar -x of a tarball of /usr/include (tens of thousands of small files).
+  walk       `find -type f | wc -l` and `du -s` of that tree after a remount.
+  fsmark     fs_mark: 8,000 files of 4 KiB in two threads, no fsync.
+  dbench     dbench with 4 clients for --dbench-secs seconds (throughput, MB/s).
+
+Timed: the workload, then the unmount (for the FUSE targets, until the daemon exits),
+so every figure is the time until the data is on the image, whatever each target defers.
+dbench is time-based and reports its throughput instead. Rounds alternate the targets
+(kernel, ubtrfs, bindfs, fuse2fs, kernel, ...); figures are medians over --runs rounds;
+ratio = kernel time / target time (above 1: faster than the kernel; for dbench the
+throughputs' ratio target / kernel). Peak RSS of the ubtrfs daemon from /proc VmHWM.
+After the first ubtrfs run of each workload the image passes
+`btrfs check --readonly --check-data-csum`.
+
+Usage (root):  cargo build --release -p ubtrfs
+               python3 xtask/fuse_bench.py [--runs 3] [--only seqwrite,untar]
+                   [--targets kernel,ubtrfs] [--workdir /var/tmp/ufb (short: fs_mark overflows on long paths)]
+                   [--binary target/release/ubtrfs] [--dbench-secs 20] [--mount-opts OPTS]
+
+Needs fio, fs_mark, dbench, bindfs, fuse2fs, mkfs.btrfs, mkfs.ext4, tar, fusermount3.
+Stdlib only. Prints a table; paste it into docs/benchmarks.md with the command.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = 1 << 30
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def quiet(cmd):
+    return run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def is_mountpoint(path):
+    return subprocess.run(["mountpoint", "-q", path]).returncode == 0
+
+
+def wait_for(pred, what, limit=30.0):
+    t = time.monotonic()
+    while not pred():
+        if time.monotonic() - t > limit:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def drop_caches():
+    run(["sync"])
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def fresh_image(path, size, fs):
+    if os.path.exists(path):
+        os.remove(path)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    if fs == "btrfs":
+        quiet(["mkfs.btrfs", "-q", "-f", path])
+    else:
+        quiet(["mkfs.ext4", "-q", "-F", path])
+
+
+class Target:
+    """A mounted filesystem at `mnt`: mount() after a fresh image, unmount() commits."""
+
+    def __init__(self, name, args, workdir):
+        self.name, self.args = name, args
+        self.dir = os.path.join(workdir, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.img = os.path.join(self.dir, "img")
+        self.mnt = os.path.join(self.dir, "mnt")
+        self.lower = os.path.join(self.dir, "lower")
+        os.makedirs(self.mnt, exist_ok=True)
+        self.proc = None
+        self.peak_rss_kib = 0
+
+    def fresh(self):
+        fresh_image(self.img, self.args.image_gib * GiB, "ext4" if self.name == "fuse2fs" else "btrfs")
+
+    def mount(self):
+        if self.name == "kernel":
+            run(["mount", "-o", "loop", self.img, self.mnt])
+        elif self.name == "bindfs":
+            os.makedirs(self.lower, exist_ok=True)
+            run(["mount", "-o", "loop", self.img, self.lower])
+            run(["bindfs", "--multithreaded", self.lower, self.mnt])
+        elif self.name == "fuse2fs":
+            self.proc = subprocess.Popen(["fuse2fs", "-f", "-o", "rw,fakeroot", self.img, self.mnt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            cmd = [self.args.binary, "mount"]
+            if self.args.mount_opts:
+                cmd += ["-o", self.args.mount_opts]
+            self.proc = subprocess.Popen(cmd + [self.img, self.mnt], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_for(lambda: is_mountpoint(self.mnt), f"{self.name} mount")
+        os.chmod(self.mnt, 0o777)
+
+    def unmount(self):
+        if self.name == "ubtrfs" and self.proc:
+            try:
+                with open(f"/proc/{self.proc.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            self.peak_rss_kib = max(self.peak_rss_kib, int(line.split()[1]))
+            except OSError:
+                pass
+        if self.name == "kernel":
+            run(["umount", self.mnt])
+            return
+        run(["fusermount3", "-u", self.mnt])
+        if self.name == "bindfs":
+            run(["umount", self.lower])
+            return
+        self.proc.wait(timeout=600)
+        err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"{self.name} exited {self.proc.returncode}: {err}")
+        self.proc = None
+
+    def remount_cold(self):
+        self.unmount()
+        drop_caches()
+        self.mount()
+
+
+def fio(mnt, name, *args):
+    run(["fio", "--name", name, "--directory", mnt, "--ioengine=psync", "--verify_state_save=0", "--minimal", *args], stdout=subprocess.DEVNULL)
+
+
+def tarball(args):
+    path = os.path.join(args.workdir, "include.tar")
+    if not os.path.exists(path):
+        run(["tar", "-C", "/usr", "-cf", path + ".tmp", "include"])
+        os.rename(path + ".tmp", path)
+    return path
+
+
+# Each workload: (prepare(target) untimed on the fresh mount, body(target) timed).
+def w_seqwrite():
+    return None, lambda t: fio(t.mnt, "seq", "--rw=write", "--bs=1M", "--size=1G", "--end_fsync=1")
+
+
+def w_seqread():
+    def prep(t):
+        fio(t.mnt, "seq", "--rw=write", "--bs=1M", "--size=1G", "--end_fsync=1")
+        t.remount_cold()
+
+    return prep, lambda t: fio(t.mnt, "seq", "--rw=read", "--bs=1M", "--size=1G")
+
+
+def w_randwrite():
+    def prep(t):
+        fio(t.mnt, "rnd", "--rw=write", "--bs=1M", "--size=256M", "--end_fsync=1")
+
+    return prep, lambda t: fio(t.mnt, "rnd", "--rw=randwrite", "--bs=4k", "--size=256M", "--io_size=64M", "--end_fsync=1", "--randrepeat=1")
+
+
+def w_randread():
+    def prep(t):
+        fio(t.mnt, "rnd", "--rw=write", "--bs=1M", "--size=256M", "--end_fsync=1")
+        t.remount_cold()
+
+    return prep, lambda t: fio(t.mnt, "rnd", "--rw=randread", "--bs=4k", "--size=256M", "--io_size=64M", "--randrepeat=1")
+
+
+def w_untar(args):
+    tb = tarball(args)
+    return None, lambda t: run(["tar", "-C", t.mnt, "-xf", tb])
+
+
+def w_walk(args):
+    tb = tarball(args)
+
+    def prep(t):
+        run(["tar", "-C", t.mnt, "-xf", tb])
+        t.remount_cold()
+
+    def body(t):
+        subprocess.run(f"find {t.mnt} -type f | wc -l", shell=True, check=True, stdout=subprocess.DEVNULL)
+        quiet(["du", "-s", t.mnt])
+
+    return prep, body
+
+
+def w_fsmark():
+    def body(t):
+        # fs_mark keeps a log in its working directory: give it the scratch one.
+        cmd = ["fs_mark", "-d", os.path.join(t.mnt, "a"), "-d", os.path.join(t.mnt, "b"), "-n", "4000", "-s", "4096", "-S", "0", "-L", "1"]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=t.dir)
+        if out.returncode != 0 or "Files/sec" not in out.stdout:
+            raise RuntimeError(f"fs_mark printed no result:\n{out.stdout}{out.stderr}")
+
+    return None, body
+
+
+def w_dbench(args):
+    def body(t):
+        out = subprocess.run(["dbench", "-D", t.mnt, "-t", str(args.dbench_secs), "4"], check=True, capture_output=True, text=True).stdout
+        m = re.search(r"Throughput ([0-9.]+) MB/sec", out)
+        if not m:
+            raise RuntimeError(f"dbench printed no throughput:\n{out[-2000:]}")
+        t.last_throughput = float(m.group(1))
+
+    return None, body
+
+
+WORKLOADS = ["seqwrite", "seqread", "randwrite", "randread", "untar", "walk", "fsmark", "dbench"]
+
+
+def workload(name, args):
+    return {
+        "seqwrite": w_seqwrite,
+        "seqread": w_seqread,
+        "randwrite": w_randwrite,
+        "randread": w_randread,
+        "untar": lambda: w_untar(args),
+        "walk": lambda: w_walk(args),
+        "fsmark": w_fsmark,
+        "dbench": lambda: w_dbench(args),
+    }[name]()
+
+
+def check_image(t, what):
+    p = subprocess.run(["btrfs", "check", "--readonly", "--check-data-csum", t.img], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"btrfs check failed on the ubtrfs image after {what}:\n{p.stdout}{p.stderr}")
+
+
+def one_run(t, name, args, checked):
+    prep, body = workload(name, args)
+    t.fresh()
+    t.mount()
+    try:
+        if prep:
+            prep(t)
+        drop_caches()
+        start = time.monotonic()
+        body(t)
+        t.unmount()
+        dt = time.monotonic() - start
+    except BaseException:
+        if is_mountpoint(t.mnt):
+            subprocess.run(["umount", "-l", t.mnt])
+        if t.name == "bindfs" and is_mountpoint(t.lower):
+            subprocess.run(["umount", "-l", t.lower])
+        raise
+    if t.name == "ubtrfs" and not checked:
+        check_image(t, name)
+    return getattr(t, "last_throughput", None) if name == "dbench" else dt
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--targets", default="kernel,ubtrfs,bindfs,fuse2fs")
+    ap.add_argument("--workdir", default="/var/tmp/ufb")
+    ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "ubtrfs"))
+    ap.add_argument("--image-gib", type=int, default=4)
+    ap.add_argument("--dbench-secs", type=int, default=20)
+    ap.add_argument("--mount-opts", default="")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("fuse_bench: needs root (loop mounts, drop_caches)")
+    names = [w for w in args.only.split(",") if w]
+    for w in names:
+        if w not in WORKLOADS:
+            sys.exit(f"fuse_bench: unknown workload {w!r} (known: {', '.join(WORKLOADS)})")
+    tnames = [t for t in args.targets.split(",") if t]
+    for tool in ["fio", "fs_mark", "dbench", "bindfs", "fuse2fs", "fusermount3", "mkfs.btrfs", "mkfs.ext4"]:
+        if shutil.which(tool) is None and (tool not in ("bindfs", "fuse2fs") or tool in tnames):
+            sys.exit(f"fuse_bench: {tool} is missing")
+    os.makedirs(args.workdir, exist_ok=True)
+    targets = [Target(n, args, args.workdir) for n in tnames]
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, binary {args.binary}", flush=True)
+    results = {}
+    for w in names:
+        checked = False
+        for r in range(args.runs):
+            for t in targets:
+                v = one_run(t, w, args, checked)
+                checked = checked or t.name == "ubtrfs"
+                results.setdefault((w, t.name), []).append(v)
+                print(f"{w:10} run {r + 1} {t.name:8} {v:8.2f}{' MB/s' if w == 'dbench' else ' s'}", flush=True)
+    print()
+    print("| workload | " + " | ".join(f"{t} (median)" for t in tnames) + " | " + " | ".join(f"kernel/{t}" for t in tnames if t != "kernel") + " |")
+    print("|---|" + "---:|" * (2 * len(tnames) - 1))
+    for w in names:
+        med = {t: statistics.median(results[(w, t)]) for t in tnames}
+        unit = " MB/s" if w == "dbench" else " s"
+        cells = [f"{med[t]:.2f}{unit}" for t in tnames]
+        ratios = []
+        for t in tnames:
+            if t == "kernel" or "kernel" not in med:
+                continue
+            ratios.append(f"{(med[t] / med['kernel']) if w == 'dbench' else (med['kernel'] / med[t]):.2f}")
+        print(f"| {w} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    for t in targets:
+        if t.name == "ubtrfs":
+            print(f"\nubtrfs daemon peak RSS over all runs: {t.peak_rss_kib / 1024:.1f} MiB")
+    print("\nruns:", {f"{w}/{t}": [round(x, 2) for x in v] for (w, t), v in results.items()})
+
+
+if __name__ == "__main__":
+    main()
