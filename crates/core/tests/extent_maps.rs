@@ -248,3 +248,30 @@ fn readers_read_right_while_the_shrinker_frees() {
     assert!(st.freed > 0 && st.hits > 0 && st.misses > 0, "{st:?}");
     e.info().extent_maps.check_invariants();
 }
+
+/// Inline extents (grown, shrunk, then pushed out to a regular extent) and the maps
+/// around them: every read returns the model's bytes.
+#[test]
+fn inline_extents_grow_shrink_and_convert_under_the_maps() {
+    let (_img, e) = engine("em-inline", &[]);
+    let id = create(&e, "small");
+    let mut model = Vec::new();
+    let steps: [(u64, usize); 5] = [(0, 100), (100, 50), (10, 200), (0, 3000), (3000, 9000)];
+    for (i, (off, len)) in steps.into_iter().enumerate() {
+        let data: Vec<u8> = (0..len).map(|b| (b as u8).wrapping_mul(7) ^ i as u8).collect();
+        e.write_file(id, off, &data).expect("write");
+        if model.len() < off as usize + len {
+            model.resize(off as usize + len, 0);
+        }
+        model[off as usize..off as usize + len].copy_from_slice(&data);
+        for _ in 0..2 {
+            assert_eq!(read_all(&e, id, 1 << 16), model, "after write {i} [{off}, +{len})");
+        }
+        if i == 2 {
+            e.setattr(id, &SetAttr { size: Some(30), ..Default::default() }).expect("truncate");
+            model.truncate(30);
+            assert_eq!(read_all(&e, id, 1 << 16), model, "after truncate to 30");
+        }
+    }
+    e.info().extent_maps.check_invariants();
+}

@@ -212,22 +212,30 @@ impl Drop for MapsGuard<'_> {
     }
 }
 
+impl Drop for ExtentMapTree {
+    fn drop(&mut self) {
+        // An evicted inode's maps go with it: out of the count and the registry.
+        let n = self.len();
+        if n > 0 {
+            if let Some(o) = self.owner.get() {
+                o.settle(n, 0);
+            }
+        }
+    }
+}
+
 impl ExtentMapTree {
     /// Attach the tree to `shrinker` as inode `inode`'s (once; later calls are no-ops).
     pub fn attach(&self, shrinker: &Arc<ExtentMapShrinker>, inode: &Arc<Inode>) {
         if self.owner.get().is_some() {
             return;
         }
-        let _g = self.lock_write();
-        // Empty or not, it is counted from here on: whatever is in it now joins the count.
+        let maps = self.lock_write();
+        // Counted from here on: whatever is in it now joins the count.
         if self.owner.set(Owner::new(shrinker, inode)).is_ok() {
             let o = self.owner.get().expect("set just above");
-            o.settle(0, _g.len());
+            o.settle(0, maps.len());
         }
-    }
-
-    pub(crate) fn owner(&self) -> Option<&Owner> {
-        self.owner.get()
     }
 
     fn lock_write(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, ExtentMap>> {

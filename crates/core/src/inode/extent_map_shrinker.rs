@@ -152,18 +152,6 @@ impl Owner {
     }
 }
 
-impl Drop for crate::inode::extent_map::ExtentMapTree {
-    fn drop(&mut self) {
-        // An evicted inode's maps go with it.
-        let n = self.len();
-        if n > 0 {
-            if let Some(o) = self.owner() {
-                o.settle(n, 0);
-            }
-        }
-    }
-}
-
 fn after(id: InodeId) -> InodeId {
     match id.ino.checked_add(1) {
         Some(ino) => InodeId { root: id.root, ino },
