@@ -13,7 +13,14 @@ fn seed001_tiny_both_variants_free_everything() {
     let s = seed001::Setup::new(2000, 20, 16);
     for readers in [0, 2] {
         let c = seed001::compare(&s, 3, readers);
-        assert_eq!((c.kernel.len(), c.ubtrfs.len()), (3, 3));
+        assert_eq!((c.kernel.len(), c.patched.len(), c.ubtrfs.len()), (3, 3, 3));
+        for p in &c.patched {
+            assert!(p.walked >= 2000, "the patched scan still walks every inode: {p:?}");
+            if readers == 0 {
+                assert_eq!(p.freed, 320, "patched scan: {p:?}");
+                assert!(p.trylocks <= 40, "the peek skips the trylock of empty inodes: {p:?}");
+            }
+        }
         for (k, u) in c.kernel.iter().zip(&c.ubtrfs) {
             if readers == 0 {
                 assert_eq!(k.freed, 320, "kernel scan: {k:?}");

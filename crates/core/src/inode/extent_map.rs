@@ -35,6 +35,7 @@ use crate::inode::filesystem::{ExtentKind, FileExtentRec, FsRead};
 use crate::inode::id::InodeId;
 use crate::inode::inode_cache::Inode;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The last byte a real disk address may name; markers sit above it.
@@ -194,6 +195,9 @@ pub struct ExtentMapTree {
     maps: RwLock<BTreeMap<u64, ExtentMap>>,
     /// Set at the first add through the engine: the shrinker that counts these maps.
     owner: OnceLock<Owner>,
+    /// The number of maps as of the last write guard's release, for the unlocked peek
+    /// of seed 001 (`len_unlocked`).
+    nr: AtomicUsize,
 }
 
 /// The write side of a tree: every change goes through it; its drop settles the
@@ -201,11 +205,13 @@ pub struct ExtentMapTree {
 pub struct MapsGuard<'a> {
     maps: RwLockWriteGuard<'a, BTreeMap<u64, ExtentMap>>,
     owner: Option<&'a Owner>,
+    nr: &'a AtomicUsize,
     before: usize,
 }
 
 impl Drop for MapsGuard<'_> {
     fn drop(&mut self) {
+        self.nr.store(self.maps.len(), Ordering::Release);
         if let Some(o) = self.owner {
             o.settle(self.before, self.maps.len());
         }
@@ -250,7 +256,7 @@ impl ExtentMapTree {
     pub fn write(&self) -> MapsGuard<'_> {
         let maps = self.lock_write();
         let before = maps.len();
-        MapsGuard { maps, owner: self.owner.get(), before }
+        MapsGuard { maps, owner: self.owner.get(), nr: &self.nr, before }
     }
 
     /// The tree's write side if nobody holds the tree now (the shrinker's trylock).
@@ -261,7 +267,15 @@ impl ExtentMapTree {
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
         let before = maps.len();
-        Some(MapsGuard { maps, owner: self.owner.get(), before })
+        Some(MapsGuard { maps, owner: self.owner.get(), nr: &self.nr, before })
+    }
+
+    /// The number of maps without taking the tree's lock (seed 001's unlocked emptiness
+    /// test): it changes only when a write guard is released, so a reader may see the
+    /// count from just before a concurrent change. Good for a hint (a false "empty"
+    /// defers the inode to a later scan), never for a decision that needs the truth.
+    pub fn len_unlocked(&self) -> usize {
+        self.nr.load(Ordering::Acquire)
     }
 
     /// Maps now.
@@ -629,6 +643,7 @@ mod tests {
         t.add(ExtentMap::hole(16 * K, 4 * K)).unwrap();
         t.add(ExtentMap::hole(20 * K, 4 * K)).unwrap();
         assert_eq!(ranges(&t), vec![(0, 12), (12, 16), (16, 24)]);
+        assert_eq!(t.len_unlocked(), 3, "the unlocked count follows each released guard");
         assert_eq!(t.add(ExtentMap::hole(22 * K, 4 * K)), Err(Exists { start: 22 * K, len: 4 * K }));
         // A split merged map keeps reading the same disk bytes.
         t.drop_extent_map_range(4 * K, 8 * K, false);
