@@ -12,13 +12,14 @@ Targets (names for --targets):
 
 Workloads (names for --only); each run gets a fresh image and mount, set-up untimed:
 
-  seqwrite   fio: one 1 GiB file, 1 MiB writes, fsync at the end.
+  seqwrite   fio: one 2 GiB file, 1 MiB writes, fsync at the end.
   seqread    fio: read that file back in 1 MiB requests after a remount (cold caches).
   randwrite  fio: 4 KiB random writes over a 256 MiB file (64 MiB written), fsync at end.
   randread   fio: 4 KiB random reads of 64 MiB from a 256 MiB file after a remount.
-  untar      tar -x of a tarball of /usr/include (tens of thousands of small files).
+  untar      tar -x of a tarball of /usr/include and /usr/share/doc (tens of thousands
+             of small files).
   walk       `find -type f | wc -l` and `du -s` of that tree after a remount.
-  fsmark     fs_mark: 8,000 files of 4 KiB in two threads, no fsync.
+  fsmark     fs_mark: 20,000 empty files in two threads (one directory each), no fsync.
   dbench     dbench with 4 clients for --dbench-secs seconds (throughput, MB/s).
 
 Timed: the workload, then the unmount (for the FUSE targets, until the daemon exits),
@@ -158,22 +159,22 @@ def fio(mnt, name, *args):
 def tarball(args):
     path = os.path.join(args.workdir, "include.tar")
     if not os.path.exists(path):
-        run(["tar", "-C", "/usr", "-cf", path + ".tmp", "include"])
+        run(["tar", "-C", "/usr", "-cf", path + ".tmp", "include", "share/doc"])
         os.rename(path + ".tmp", path)
     return path
 
 
 # Each workload: (prepare(target) untimed on the fresh mount, body(target) timed).
 def w_seqwrite():
-    return None, lambda t: fio(t.mnt, "seq", "--rw=write", "--bs=1M", "--size=1G", "--end_fsync=1")
+    return None, lambda t: fio(t.mnt, "seq", "--rw=write", "--bs=1M", "--size=2G", "--end_fsync=1")
 
 
 def w_seqread():
     def prep(t):
-        fio(t.mnt, "seq", "--rw=write", "--bs=1M", "--size=1G", "--end_fsync=1")
+        fio(t.mnt, "seq", "--rw=write", "--bs=1M", "--size=2G", "--end_fsync=1")
         t.remount_cold()
 
-    return prep, lambda t: fio(t.mnt, "seq", "--rw=read", "--bs=1M", "--size=1G")
+    return prep, lambda t: fio(t.mnt, "seq", "--rw=read", "--bs=1M", "--size=2G")
 
 
 def w_randwrite():
@@ -213,7 +214,7 @@ def w_walk(args):
 def w_fsmark():
     def body(t):
         # fs_mark keeps a log in its working directory: give it the scratch one.
-        cmd = ["fs_mark", "-d", os.path.join(t.mnt, "a"), "-d", os.path.join(t.mnt, "b"), "-n", "4000", "-s", "4096", "-S", "0", "-L", "1"]
+        cmd = ["fs_mark", "-d", os.path.join(t.mnt, "a"), "-d", os.path.join(t.mnt, "b"), "-n", "10000", "-s", "0", "-S", "0", "-L", "1"]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=t.dir)
         if out.returncode != 0 or "Files/sec" not in out.stdout:
             raise RuntimeError(f"fs_mark printed no result:\n{out.stdout}{out.stderr}")

@@ -37,10 +37,17 @@
 //!   finish it (`finish_commit`). All the commit's I/O (blocks, flushes, superblocks)
 //!   runs between the two, holding neither side of `state`: readers and the next
 //!   transaction's changes go on while it is written.
+//! - Buffered file data (`inode::page_cache`, `inode::writeback`): `buffered_read`
+//!   and `buffered_write` go through each inode's page cache; `writeback_inode`,
+//!   `writeback_all`, `fsync` and `sync` put dirty data into the trees. `commit`
+//!   does not write dirty pages back, and dropping the engine loses what is still
+//!   dirty (as a crash would): callers `sync` first. `read_file` and `write_file` stay
+//!   the direct path; `write_file`, `setattr` and `fallocate` keep the cache right.
 //! - `committed` gives a view of the last committed generation that stays on it while
 //!   the engine goes on (check, extract, later send and scrub).
 //!
-//! Lock order: inode locks (`inode::inode_cache`, two in inode order), then
+//! Lock order: inode locks (`inode::inode_cache`, two in inode order), then an
+//! inode's page-cache mutex (then the page cache's registry, a leaf), then
 //! `commit_lock`, then `state`, then `writeback_io` (a change's writeback holds it
 //! shared from the end of the change through its I/O; a commit takes it alone, holding
 //! nothing but `commit_lock`, before it returns freed space), then the leaf locks inside `FsInfo` (node cache, chunk
@@ -90,6 +97,8 @@ pub struct Engine {
     /// still writing it is pinned, and its space must not come back before that write
     /// has landed.
     writeback_io: RwLock<()>,
+    /// The page cache's limits, totals and inodes (`inode::page_cache`).
+    pub(crate) pages: crate::inode::page_cache::PageCacheGlobal,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -117,7 +126,7 @@ impl Engine {
     /// Share an opened writer.
     pub fn from_writer(mut w: FsWriter) -> Engine {
         w.defer_writeback = true;
-        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()) }
+        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()), pages: Default::default() }
     }
 
     /// The shared filesystem.

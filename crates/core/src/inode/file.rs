@@ -99,7 +99,20 @@ impl Engine {
         self.write_file_locked(id, offset, data)
     }
 
+    /// `write_file` with the inode's lock held: a file with a page cache is written
+    /// back first and the folios of the range are dropped after.
     fn write_file_locked(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        let inode = self.info().inodes.get(id);
+        let cached = self.before_extent_change(&inode)?;
+        let r = self.write_file_raw(id, offset, data);
+        if cached {
+            self.after_extent_change(&inode, offset, offset.saturating_add(data.len() as u64))?;
+        }
+        r
+    }
+
+    /// The direct write itself (the inode's lock held, the page cache not looked at).
+    pub(crate) fn write_file_raw(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
         // Both runs read what they miss without the lock until they begin a change.
         let plan = self.write_retrying(|w| w.begin_write(id.root, id.ino, offset, data.len() as u64))?;
         let mut dw = match plan {
@@ -213,6 +226,7 @@ impl Engine {
             };
             if done {
                 drop(child);
+                self.discard_if_gone(entry.target);
                 self.info().inodes.forget_unused(entry.target);
                 return Ok(());
             }
@@ -243,7 +257,12 @@ impl Engine {
     pub fn setattr(&self, id: InodeId, a: &crate::inode::attr::SetAttr) -> Result<()> {
         let inode = self.info().inodes.get(id);
         let _g = write_lock(&inode);
-        self.write_retrying(|w| w.setattr(id.root, id.ino, a))
+        self.write_retrying(|w| w.setattr(id.root, id.ino, a))?;
+        if let Some(size) = a.size {
+            // The trees have the new size: the cache follows (see `page_cache`).
+            self.truncate_page_cache(&inode, size);
+        }
+        Ok(())
     }
 
     /// Preallocate, punch or zero a range of file `id`, as `FsWriter::fallocate` does,
@@ -254,7 +273,12 @@ impl Engine {
     pub fn fallocate(&self, id: InodeId, mode: u32, offset: u64, len: u64) -> Result<()> {
         let inode = self.info().inodes.get(id);
         let _g = write_lock(&inode);
-        self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len))
+        let cached = self.before_extent_change(&inode)?;
+        let r = self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len));
+        if cached {
+            self.after_extent_change(&inode, offset, offset.saturating_add(len))?;
+        }
+        r
     }
 
     /// Rename, as `FsWriter::rename` does, holding the locks of the inodes involved
@@ -286,6 +310,7 @@ impl Engine {
             if done {
                 drop(inodes);
                 if let Some(d) = dst {
+                    self.discard_if_gone(d.target);
                     self.info().inodes.forget_unused(d.target);
                 }
                 return Ok(());
@@ -321,15 +346,23 @@ impl Engine {
     /// `Posix(NotFound)` for no such inode; as `FsRead::load_inode`.
     pub fn getattr(&self, id: InodeId) -> Result<ubtrfs_format::structs::InodeItem> {
         let inode = self.info().inodes.get(id);
+        // A page cache's in-memory size runs ahead of the INODE_ITEM's.
+        let cached_size = inode.mapping.pages.lock().i_size;
+        let with_size = |mut a: ubtrfs_format::structs::InodeItem| {
+            if let Some(s) = cached_size {
+                a.size = s.into();
+            }
+            a
+        };
         if let Some(a) = inode.attrs() {
-            return Ok(a);
+            return Ok(with_size(a));
         }
         self.read(|live| {
             let item = live.load_inode(id, Load::ITEM)?.item;
             // Under the engine's shared side: no change can come between the read and
             // the copy.
             inode.set_attrs(Some(item));
-            Ok(item)
+            Ok(with_size(item))
         })
     }
 
@@ -351,6 +384,7 @@ impl Engine {
         };
         drop(inode);
         if dropped {
+            self.discard_page_cache(id);
             self.info().inodes.forget_unused(id);
         }
         Ok(())
@@ -422,6 +456,7 @@ impl OpenFile<'_> {
         };
         drop(inode);
         if let Ok(true) = dropped {
+            self.engine.discard_page_cache(id);
             self.engine.info().inodes.forget_unused(id);
         }
         dropped.map(|_| ()).map_err(|e| e.at(format!("close {id}")))

@@ -16,8 +16,8 @@
 //!   `getattr` of a cached inode reads no tree.
 //! - For a directory, the next DIR_INDEX (`btrfs_inode::index_cnt`), found from the
 //!   last index item the first time a name is added and counted up from then on.
-//! - `mapping`: the extent maps (`inode::extent_map`); the io-tree and page cache
-//!   join it. An evicted inode's maps go with it (the trees rebuild them).
+//! - `mapping`: the extent maps (`inode::extent_map`) and the page cache
+//!   (`inode::page_cache`). An evicted inode's maps go with it (the trees rebuild them).
 //!
 //! The cache lives in `FsInfo`, so the writer reaches it whether or not an engine
 //! shares it. An evicted inode loses only what the trees can rebuild.
@@ -43,11 +43,13 @@ use ubtrfs_format::structs::InodeItem;
 /// 100 bytes today; the page cache will make some much bigger, and is bounded apart).
 pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
 
-/// The per-inode state of the mount's issue: the extent map (file offset to extent,
-/// `inode::extent_map`, with its shrinker), then the io-tree and the page cache.
+/// The per-inode state of file data in memory: the extent map (file offset to extent,
+/// `inode::extent_map`, with its shrinker) and the page cache with its ordered extents
+/// (`page_cache`).
 #[derive(Debug, Default)]
 pub struct InodeMapping {
     pub extent_map: crate::inode::extent_map::ExtentMapTree,
+    pub pages: crate::inode::page_cache::PageCache,
 }
 
 /// An inode in memory.

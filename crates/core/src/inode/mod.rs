@@ -5,8 +5,9 @@
 //! (`compress_write`), NOCOW writes in place (`nocow`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), extended
 //! attributes and properties (`xattr`), ACL inheritance and chmod (`acl`), the in-memory inodes
 //! (`inode_cache`), their extent maps and the maps' shrinker (`extent_map`,
-//! `extent_map_shrinker`), open
-//! files through the engine (`file`), orphans (`orphan`) and the VFS's permission checks
+//! `extent_map_shrinker`), open files through the engine (`file`), orphans (`orphan`),
+//! the page cache, buffered reads and writes (`page_cache`), ordered extents
+//! (`ordered`) and their writeback (`writeback`), and the VFS's permission checks
 //! for callers that ask (`perm`).
 
 pub mod acl;
@@ -23,10 +24,13 @@ pub mod inode_cache;
 pub mod namei;
 pub mod namespace;
 pub mod nocow;
+pub mod ordered;
 pub mod orphan;
+pub mod page_cache;
 pub mod perm;
 pub mod read;
 pub mod stream;
 pub mod subvol;
 pub mod write;
+pub mod writeback;
 pub mod xattr;

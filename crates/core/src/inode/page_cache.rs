@@ -1,0 +1,798 @@
+//! The page cache: each inode's file data in memory, in folios of fs blocks, with the
+//! kernel's per-block state (`btrfs_subpage`: uptodate, dirty, writeback bitmaps), and
+//! the buffered read and write paths over it (`Engine::buffered_read`,
+//! `Engine::buffered_write`).
+//!
+//! - A folio is `FOLIO_SIZE` bytes at a `FOLIO_SIZE`-aligned file offset (the writeback
+//!   code takes any power-of-two folio of whole blocks; the bench uses 2 MiB ones). Its
+//!   blocks are uptodate when they hold the file's bytes, dirty when they hold bytes
+//!   the trees do not have yet, under writeback while a submission carries them.
+//! - The in-memory i_size (`PageCacheInner::i_size`) runs ahead of the on-disk one: a
+//!   buffered write past EOF moves it at once, the INODE_ITEM's size moves when the
+//!   ordered extents of the data complete (`disk_i_size`, the role of
+//!   `btrfs_inode_safe_disk_i_size_write`). A truncation or size change goes to disk at
+//!   once, so the on-disk size is never above the in-memory one.
+//! - A truncation drops the folios wholly past the new size and zeroes the straddling
+//!   folio past it, keeping its dirty bits (a folio is not split, as in the kernel):
+//!   writeback then meets dirty blocks past EOF and truncates their ordered extents
+//!   (`writeback`, invariant 4 of the reference's §5.4).
+//! - Every other change to a file's extents through the engine (direct writes,
+//!   fallocate, punch, zero range) first writes the inode back and then drops the
+//!   cached folios of the range it changes (`Engine::invalidate_for_change`), so the
+//!   cache never shows bytes the trees no longer hold.
+//!
+//! Bounds (`Engine::set_page_cache_limits`, defaults `DEFAULT_CACHE_BYTES` and
+//! `DEFAULT_DIRTY_BYTES`): past the dirty limit a writer writes inodes back before it
+//! returns (the role of `balance_dirty_pages`), down to half the limit; past the cache
+//! limit clean folios are dropped, least recently used inode first (LRU-ish: an inode's
+//! folios go together, oldest folio first). Inodes with folios are held by the
+//! engine's registry (`PageCacheGlobal`), so the inode cache never evicts an inode
+//! with dirty data; an inode removed from disk has its folios discarded.
+//!
+//! Invariants (`PageCacheInner::check_invariants`, called by tests and debug builds):
+//! dirty and writeback blocks are uptodate; no block is dirty and under writeback at
+//! once (writeback holds the inode's lock exclusively from the clearing of the dirty
+//! bits to the end of the I/O); bytes past i_size in uptodate blocks are zero; the
+//! dirty-block count matches the bitmaps; the on-disk size is at most the in-memory
+//! one; ordered extents are sane and disjoint (`ordered`).
+//!
+//! Locks: the inode's lock (i_rwsem) outside; each cache's mutex inside it and before
+//! the engine's state (a miss is read from disk holding the mutex) and the registry's
+//! mutex (a leaf: whoever holds it only *tries* a cache's mutex). The state lock is
+//! never held while a cache's mutex is taken.
+
+use crate::engine::Engine;
+use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::{FileKind, FsRead, InodeId, Load};
+use crate::inode::inode_cache::Inode;
+use crate::inode::ordered::OrderedTree;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Bytes of one cached folio: 16 blocks of 4 KiB, the size the kernel's large folios
+/// reach for ordinary buffered writes.
+pub const FOLIO_SIZE: u64 = 64 << 10;
+/// Default bound on cached file data: a working set for a busy mount.
+pub const DEFAULT_CACHE_BYTES: u64 = 512 << 20;
+/// Default bound on dirty file data: what a crash may lose, and what one writer
+/// stalls to write back at most.
+pub const DEFAULT_DIRTY_BYTES: u64 = 128 << 20;
+
+/// A fixed-size bitmap, one bit per block of a folio.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bitmap {
+    words: Vec<u64>,
+    nbits: u32,
+}
+
+fn range_mask(lo: u32, hi: u32) -> u64 {
+    // Bits [lo, hi) of one word, 0 <= lo < hi <= 64.
+    debug_assert!(lo < hi && hi <= 64, "range_mask({lo}, {hi})");
+    let high = if hi == 64 { u64::MAX } else { (1u64 << hi) - 1 };
+    high & !((1u64 << lo) - 1)
+}
+
+impl Bitmap {
+    pub fn new(nbits: u32) -> Bitmap {
+        Bitmap { words: vec![0; nbits.div_ceil(64) as usize], nbits }
+    }
+
+    pub fn len(&self) -> u32 {
+        self.nbits
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
+    pub fn test(&self, bit: u32) -> bool {
+        assert!(bit < self.nbits, "bit {bit} of a {}-bit map", self.nbits);
+        self.words[(bit / 64) as usize] >> (bit % 64) & 1 == 1
+    }
+
+    /// Set (`value`) or clear bits [start, start + len); returns how many changed.
+    pub fn assign_range(&mut self, start: u32, len: u32, value: bool) -> u32 {
+        let end = start.checked_add(len).expect("bit range overflows");
+        assert!(end <= self.nbits, "bits {start}+{len} of a {}-bit map", self.nbits);
+        let mut changed = 0;
+        let mut cur = start;
+        while cur < end {
+            let w = (cur / 64) as usize;
+            let lo = cur % 64;
+            let hi = (end - (cur - lo)).min(64);
+            let m = range_mask(lo, hi);
+            let old = self.words[w];
+            let new = if value { old | m } else { old & !m };
+            changed += (old ^ new).count_ones();
+            self.words[w] = new;
+            cur += hi - lo;
+        }
+        changed
+    }
+
+    pub fn set_range(&mut self, start: u32, len: u32) -> u32 {
+        self.assign_range(start, len, true)
+    }
+
+    pub fn clear_range(&mut self, start: u32, len: u32) -> u32 {
+        self.assign_range(start, len, false)
+    }
+
+    /// The first bit at or after `from` whose value is `value`, or `len()`.
+    pub fn find_next(&self, from: u32, value: bool) -> u32 {
+        let mut cur = from;
+        while cur < self.nbits {
+            let w = (cur / 64) as usize;
+            let word = if value { self.words[w] } else { !self.words[w] };
+            let masked = word & !((1u64 << (cur % 64)) - 1);
+            if masked != 0 {
+                return (w as u32 * 64 + masked.trailing_zeros()).min(self.nbits);
+            }
+            cur = (w as u32 + 1) * 64;
+        }
+        self.nbits
+    }
+
+    pub fn count(&self) -> u32 {
+        self.words.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// Every bit set here is set in `other`.
+    pub fn is_subset_of(&self, other: &Bitmap) -> bool {
+        self.nbits == other.nbits && self.words.iter().zip(&other.words).all(|(a, b)| a & !b == 0)
+    }
+
+    pub fn intersects(&self, other: &Bitmap) -> bool {
+        self.words.iter().zip(&other.words).any(|(a, b)| a & b != 0)
+    }
+}
+
+/// One folio of a file: `data.len()` bytes from file offset `start`, in blocks of
+/// `blocksize`.
+#[derive(Debug)]
+pub struct Folio {
+    pub start: u64,
+    pub blocksize: u32,
+    pub data: Box<[u8]>,
+    pub uptodate: Bitmap,
+    pub dirty: Bitmap,
+    pub writeback: Bitmap,
+    /// The tick of its last use (LRU order within the inode).
+    pub(crate) last_use: u64,
+}
+
+impl Folio {
+    /// A folio of `size` bytes (a power-of-two multiple of `blocksize`, aligned at
+    /// `start`) with nothing uptodate.
+    pub fn new(start: u64, size: u64, blocksize: u32) -> Folio {
+        assert!(size.is_power_of_two() && size >= u64::from(blocksize), "folio size {size} for block size {blocksize}");
+        assert_eq!(start % size, 0, "folio at {start} not aligned to its size {size}");
+        let n = (size / u64::from(blocksize)) as u32;
+        Folio { start, blocksize, data: vec![0u8; size as usize].into_boxed_slice(), uptodate: Bitmap::new(n), dirty: Bitmap::new(n), writeback: Bitmap::new(n), last_use: 0 }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    pub fn end(&self) -> u64 {
+        self.start + self.size()
+    }
+
+    pub fn nblocks(&self) -> u32 {
+        self.uptodate.len()
+    }
+
+    /// Block index of file offset `off` (inside the folio).
+    pub fn block_of(&self, off: u64) -> u32 {
+        assert!(off >= self.start && off < self.end(), "offset {off} outside folio {}+{}", self.start, self.size());
+        ((off - self.start) / u64::from(self.blocksize)) as u32
+    }
+
+    /// Nothing dirty, nothing under writeback: the folio may be dropped.
+    pub fn is_clean(&self) -> bool {
+        self.dirty.is_empty() && self.writeback.is_empty()
+    }
+}
+
+/// Page cache of one inode (the `pages` field of `InodeMapping`).
+#[derive(Debug, Default)]
+pub struct PageCache {
+    inner: Mutex<PageCacheInner>,
+}
+
+impl PageCache {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PageCacheInner> {
+        // Only a failed assertion panics under this mutex; the caller's inode lock
+        // keeps the folios' contents consistent with the writer that held it.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Check the invariants of the module notes; panics naming the first that fails.
+    pub fn check_invariants(&self) {
+        self.lock().check_invariants();
+    }
+}
+
+/// The state behind a `PageCache`'s mutex.
+#[derive(Debug, Default)]
+pub struct PageCacheInner {
+    /// Folios by file offset.
+    pub(crate) folios: BTreeMap<u64, Folio>,
+    /// In-memory size, once known (read from the INODE_ITEM at first use).
+    pub(crate) i_size: Option<u64>,
+    /// The INODE_ITEM's size as the trees have it (known when `i_size` is).
+    pub(crate) disk_i_size: u64,
+    /// Dirty blocks over all folios.
+    pub(crate) dirty_blocks: u64,
+    /// Ordered extents alive (only during the inode's writeback).
+    pub(crate) ordered: OrderedTree,
+}
+
+impl PageCacheInner {
+    pub(crate) fn cached_bytes(&self) -> u64 {
+        self.folios.values().map(Folio::size).sum()
+    }
+
+    pub(crate) fn dirty_bytes(&self, blocksize: u32) -> u64 {
+        self.dirty_blocks * u64::from(blocksize)
+    }
+
+    pub fn check_invariants(&self) {
+        let mut dirty = 0u64;
+        let i_size = self.i_size.unwrap_or(0);
+        if self.i_size.is_none() {
+            assert!(self.folios.is_empty(), "page cache: {} folios while the size is unknown", self.folios.len());
+        }
+        assert!(self.disk_i_size <= i_size, "page cache: on-disk size {} above the in-memory size {i_size}", self.disk_i_size);
+        let mut prev_end = 0;
+        for (&start, f) in &self.folios {
+            assert_eq!(start, f.start, "page cache: folio keyed {start} starts at {}", f.start);
+            assert!(start >= prev_end, "page cache: folio {start} overlaps the one before (ending {prev_end})");
+            prev_end = f.end();
+            assert!(f.dirty.is_subset_of(&f.uptodate), "page cache: folio {start} has dirty blocks that are not uptodate");
+            assert!(f.writeback.is_subset_of(&f.uptodate), "page cache: folio {start} has blocks under writeback that are not uptodate");
+            assert!(!f.dirty.intersects(&f.writeback), "page cache: folio {start} has blocks both dirty and under writeback");
+            dirty += u64::from(f.dirty.count());
+            let bs = u64::from(f.blocksize);
+            for b in 0..f.nblocks() {
+                let bstart = f.start + u64::from(b) * bs;
+                if !f.uptodate.test(b) || bstart + bs <= i_size {
+                    continue;
+                }
+                let from = i_size.saturating_sub(bstart) as usize;
+                let off = (bstart - f.start) as usize;
+                let tail = &f.data[off + from..off + bs as usize];
+                assert!(tail.iter().all(|&x| x == 0), "page cache: block at {bstart} holds non-zero bytes past i_size {i_size}");
+            }
+        }
+        assert_eq!(dirty, self.dirty_blocks, "page cache: dirty count {} but the bitmaps hold {dirty}", self.dirty_blocks);
+        self.ordered.check_invariants();
+    }
+
+    /// Drop folios wholly at or past `size` and zero the straddling one past it (dirty
+    /// bits stay: see the module notes). Returns the bytes of folios dropped.
+    pub(crate) fn truncate(&mut self, size: u64) -> u64 {
+        let gone: Vec<u64> = self.folios.range(size..).map(|(&s, _)| s).collect();
+        let mut dropped = 0;
+        for s in gone {
+            let f = self.folios.remove(&s).expect("listed just above");
+            assert!(f.writeback.is_empty(), "page cache: truncating folio {s} under writeback");
+            self.dirty_blocks -= u64::from(f.dirty.count());
+            dropped += f.size();
+        }
+        if let Some((_, f)) = self.folios.range_mut(..size).next_back() {
+            if f.end() > size {
+                let from = (size - f.start) as usize;
+                f.data[from..].fill(0);
+            }
+        }
+        dropped
+    }
+
+    /// Drop the clean folios that intersect [start, end) (after a writeback, every
+    /// folio is clean). Returns the bytes dropped.
+    pub(crate) fn drop_range(&mut self, start: u64, end: u64) -> u64 {
+        let first = start / FOLIO_SIZE * FOLIO_SIZE;
+        let gone: Vec<u64> = self.folios.range(first..end).filter(|(_, f)| f.end() > start && f.is_clean()).map(|(&s, _)| s).collect();
+        gone.iter().map(|s| self.folios.remove(s).expect("listed just above").size()).sum()
+    }
+
+    /// Mark blocks [off, off + len) of the folio at `fstart` dirty (and uptodate).
+    fn mark_dirty(&mut self, fstart: u64, off: u64, len: u64) {
+        let f = self.folios.get_mut(&fstart).expect("folio present");
+        let bs = u64::from(f.blocksize);
+        let b0 = f.block_of(off);
+        let b1 = ((off + len - f.start).div_ceil(bs)) as u32;
+        f.uptodate.set_range(b0, b1 - b0);
+        self.dirty_blocks += u64::from(f.dirty.set_range(b0, b1 - b0));
+    }
+}
+
+/// What the page cache holds now, and what its bounds did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageCacheStats {
+    pub cached_bytes: u64,
+    pub dirty_bytes: u64,
+    pub cache_limit: u64,
+    pub dirty_limit: u64,
+    /// Inodes with folios.
+    pub inodes: u64,
+    /// Clean folios dropped for the cache limit.
+    pub evicted_folios: u64,
+    /// Inodes a writer wrote back because the dirty limit was passed.
+    pub throttle_writebacks: u64,
+    /// Ordered extents completed, and those of them truncated (in part or whole).
+    pub ordered_finished: u64,
+    pub ordered_truncated: u64,
+}
+
+/// The engine's side of the page cache: limits, totals and the inodes with folios.
+#[derive(Debug)]
+pub struct PageCacheGlobal {
+    pub(crate) cache_limit: AtomicU64,
+    pub(crate) dirty_limit: AtomicU64,
+    pub(crate) cached: AtomicU64,
+    pub(crate) dirty: AtomicU64,
+    /// Inodes with folios, held (so the inode cache keeps them) with the tick of
+    /// their last use.
+    pub(crate) inodes: Mutex<HashMap<InodeId, (Arc<Inode>, u64)>>,
+    pub(crate) tick: AtomicU64,
+    pub(crate) evicted_folios: AtomicU64,
+    pub(crate) throttle_writebacks: AtomicU64,
+    pub(crate) ordered_finished: AtomicU64,
+    pub(crate) ordered_truncated: AtomicU64,
+    /// Largest ordered extent delalloc makes (`MAX_EXTENT_SIZE` but in tests).
+    pub(crate) max_extent: AtomicU64,
+}
+
+impl Default for PageCacheGlobal {
+    fn default() -> PageCacheGlobal {
+        PageCacheGlobal {
+            cache_limit: AtomicU64::new(DEFAULT_CACHE_BYTES),
+            dirty_limit: AtomicU64::new(DEFAULT_DIRTY_BYTES),
+            cached: AtomicU64::new(0),
+            dirty: AtomicU64::new(0),
+            inodes: Mutex::new(HashMap::new()),
+            tick: AtomicU64::new(1),
+            evicted_folios: AtomicU64::new(0),
+            throttle_writebacks: AtomicU64::new(0),
+            ordered_finished: AtomicU64::new(0),
+            ordered_truncated: AtomicU64::new(0),
+            max_extent: AtomicU64::new(crate::inode::write::MAX_EXTENT_SIZE),
+        }
+    }
+}
+
+impl PageCacheGlobal {
+    pub(crate) fn registry(&self) -> MutexGuard<'_, HashMap<InodeId, (Arc<Inode>, u64)>> {
+        self.inodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn next_tick(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Apply a change of one inode's usage from `before` to `after` (cached, dirty).
+    pub(crate) fn account(&self, before: (u64, u64), after: (u64, u64)) {
+        if after.0 >= before.0 {
+            self.cached.fetch_add(after.0 - before.0, Ordering::AcqRel);
+        } else {
+            let prev = self.cached.fetch_sub(before.0 - after.0, Ordering::AcqRel);
+            assert!(prev >= before.0 - after.0, "page cache: cached total {prev} below a release of {}", before.0 - after.0);
+        }
+        if after.1 >= before.1 {
+            self.dirty.fetch_add(after.1 - before.1, Ordering::AcqRel);
+        } else {
+            let prev = self.dirty.fetch_sub(before.1 - after.1, Ordering::AcqRel);
+            assert!(prev >= before.1 - after.1, "page cache: dirty total {prev} below a release of {}", before.1 - after.1);
+        }
+    }
+}
+
+/// A cache mutation of one inode under its mutex, with the totals kept right: `f`
+/// runs on the inner state, the usage change goes to the engine's totals, and an
+/// inode left without folios leaves the registry (one with folios joins it).
+pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut PageCacheInner) -> T) -> T {
+    let g = &e.pages;
+    let bs = e.info().sectorsize;
+    let mut pc = inode.mapping.pages.lock();
+    let before = (pc.cached_bytes(), pc.dirty_bytes(bs));
+    let r = f(&mut pc);
+    let after = (pc.cached_bytes(), pc.dirty_bytes(bs));
+    let empty = pc.folios.is_empty() && pc.ordered.is_empty();
+    if empty {
+        // Nothing cached: the size is read again from the trees at the next use, so
+        // changes made meanwhile by paths that skip uncached inodes are seen.
+        pc.i_size = None;
+        pc.disk_i_size = 0;
+    }
+    if cfg!(debug_assertions) && pc.folios.len() <= 64 {
+        pc.check_invariants();
+    }
+    // The cache's mutex, then the registry's (holders of the registry only try the
+    // caches' mutexes).
+    let mut reg = g.registry();
+    g.account(before, after);
+    if empty {
+        reg.remove(&inode.id);
+    } else {
+        let tick = g.next_tick();
+        reg.insert(inode.id, (inode.clone(), tick));
+    }
+    drop(reg);
+    drop(pc);
+    r
+}
+
+fn lock_exclusive(i: &Inode) -> std::sync::RwLockWriteGuard<'_, ()> {
+    i.lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_shared(i: &Inode) -> std::sync::RwLockReadGuard<'_, ()> {
+    i.lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Engine {
+    /// Set the page cache's bounds (see the module notes): at most `cache_bytes` of
+    /// file data cached, at most `dirty_bytes` of it dirty (clamped to `cache_bytes`,
+    /// at least one folio each). Applies at once: the cache shrinks and writers past
+    /// the dirty limit write back at their next write.
+    pub fn set_page_cache_limits(&self, cache_bytes: u64, dirty_bytes: u64) {
+        let cache = cache_bytes.max(FOLIO_SIZE);
+        self.pages.cache_limit.store(cache, Ordering::Release);
+        self.pages.dirty_limit.store(dirty_bytes.clamp(FOLIO_SIZE, cache), Ordering::Release);
+        self.shrink_page_cache();
+    }
+
+    /// The page cache's totals and counters now.
+    pub fn page_cache_stats(&self) -> PageCacheStats {
+        let g = &self.pages;
+        PageCacheStats {
+            cached_bytes: g.cached.load(Ordering::Acquire),
+            dirty_bytes: g.dirty.load(Ordering::Acquire),
+            cache_limit: g.cache_limit.load(Ordering::Acquire),
+            dirty_limit: g.dirty_limit.load(Ordering::Acquire),
+            inodes: g.registry().len() as u64,
+            evicted_folios: g.evicted_folios.load(Ordering::Acquire),
+            throttle_writebacks: g.throttle_writebacks.load(Ordering::Acquire),
+            ordered_finished: g.ordered_finished.load(Ordering::Acquire),
+            ordered_truncated: g.ordered_truncated.load(Ordering::Acquire),
+        }
+    }
+
+    /// Check every cached inode's invariants and that the totals are their sums
+    /// (callers make sure no buffered operation runs meanwhile).
+    pub fn check_page_cache_invariants(&self) {
+        let bs = self.info().sectorsize;
+        let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
+        let (mut cached, mut dirty) = (0, 0);
+        for inode in &held {
+            let id = inode.id;
+            let pc = inode.mapping.pages.lock();
+            pc.check_invariants();
+            assert!(!pc.folios.is_empty() || !pc.ordered.is_empty(), "page cache: registry holds {id} without folios");
+            cached += pc.cached_bytes();
+            dirty += pc.dirty_bytes(bs);
+        }
+        assert_eq!(cached, self.pages.cached.load(Ordering::Acquire), "page cache: cached total differs from the inodes' sum");
+        assert_eq!(dirty, self.pages.dirty.load(Ordering::Acquire), "page cache: dirty total differs from the inodes' sum");
+    }
+
+    /// The INODE_ITEM of regular file `id` for a buffered operation (`Posix(IsDir)` /
+    /// `Posix(Invalid)` otherwise).
+    fn regular_item(&self, id: InodeId) -> Result<ubtrfs_format::structs::InodeItem> {
+        self.read(|l| {
+            let v = l.load_inode(id, Load::ITEM)?;
+            match v.kind() {
+                FileKind::File => Ok(v.item),
+                FileKind::Dir => Err(Error::posix(PosixKind::IsDir, id.to_string())),
+                _ => Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
+            }
+        })
+    }
+
+    /// Make the blocks of [start, end) of folio `fstart` uptodate, reading those that
+    /// are not from the trees (bytes past the on-disk size read as zeros).
+    fn fill_folio(&self, id: InodeId, pc: &mut PageCacheInner, fstart: u64, start: u64, end: u64) -> Result<()> {
+        let bs = u64::from(self.info().sectorsize);
+        let disk = pc.disk_i_size;
+        let f = pc.folios.get_mut(&fstart).expect("folio present");
+        let mut b = f.block_of(start);
+        let last = ((end - f.start).div_ceil(bs)) as u32;
+        while b < last {
+            let s = f.uptodate.find_next(b, false);
+            if s >= last {
+                break;
+            }
+            let e = f.uptodate.find_next(s, true).min(last);
+            let (off, len) = (u64::from(s) * bs, u64::from(e - s) * bs);
+            let buf = &mut f.data[off as usize..(off + len) as usize];
+            let n = if f.start + off < disk { self.read_file(id, f.start + off, buf)? } else { 0 };
+            buf[n..].fill(0);
+            f.uptodate.set_range(s, e - s);
+            b = e;
+        }
+        Ok(())
+    }
+
+    /// Read file `id` at `offset` into `buf` through the page cache; returns the bytes
+    /// read (short at the in-memory EOF). Dirty data is seen; misses are filled from
+    /// the trees (`Engine::read_file`) and stay cached.
+    ///
+    /// # Errors
+    /// `Posix(IsDir)` / `Posix(Invalid)` for a directory or another non-regular inode;
+    /// as `Engine::read_file`.
+    pub fn buffered_read(&self, id: InodeId, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let inode = self.inodes().get(id);
+        let _g = lock_shared(&inode);
+        let ii = self.regular_item(id)?;
+        let bs = self.info().sectorsize;
+        let r = with_cache(self, &inode, |pc| -> Result<usize> {
+            if pc.i_size.is_none() {
+                pc.i_size = Some(ii.size.get());
+                pc.disk_i_size = ii.size.get();
+            }
+            let size = pc.i_size.expect("set above");
+            if offset >= size || buf.is_empty() {
+                return Ok(0);
+            }
+            let end = offset + (buf.len() as u64).min(size - offset);
+            let mut cur = offset;
+            while cur < end {
+                let fstart = cur / FOLIO_SIZE * FOLIO_SIZE;
+                let fend = (fstart + FOLIO_SIZE).min(end);
+                pc.folios.entry(fstart).or_insert_with(|| Folio::new(fstart, FOLIO_SIZE, bs));
+                self.fill_folio(id, pc, fstart, cur, fend)?;
+                let f = pc.folios.get_mut(&fstart).expect("inserted above");
+                f.last_use = self.pages.next_tick();
+                let from = (cur - fstart) as usize;
+                buf[(cur - offset) as usize..(fend - offset) as usize].copy_from_slice(&f.data[from..from + (fend - cur) as usize]);
+                cur = fend;
+            }
+            Ok((end - offset) as usize)
+        });
+        drop(_g);
+        self.shrink_page_cache();
+        r
+    }
+
+    /// Write `data` at `offset` of regular file `id` into the page cache: the blocks
+    /// become dirty and the in-memory size grows; the trees get the data at writeback
+    /// (`writeback_inode`, `fsync`, `sync`, or a writer past the dirty limit, which
+    /// this call may itself be). Checks what `FsWriter::write_file` checks first.
+    ///
+    /// # Errors
+    /// `Posix(IsDir)` / `Posix(Invalid)` for a non-regular inode, `Posix(NotPermitted)`
+    /// for an immutable file or an append-only one written elsewhere than at its end,
+    /// `Posix(ReadOnly)` on a read-only subvolume or engine; reads of partial blocks;
+    /// errors of the writeback the dirty limit forces.
+    pub fn buffered_write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = offset.checked_add(data.len() as u64).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        let inode = self.inodes().get(id);
+        let g = lock_exclusive(&inode);
+        self.write_retrying(|w| w.check_root_writable(id.root))?;
+        let ii = self.regular_item(id)?;
+        crate::inode::write::iflags_allow(id.root, id.ino, ii.flags.get(), crate::inode::write::IflagOp::Write, b"")?;
+        let bs = self.info().sectorsize;
+        let bsz = u64::from(bs);
+        with_cache(self, &inode, |pc| -> Result<()> {
+            if pc.i_size.is_none() {
+                pc.i_size = Some(ii.size.get());
+                pc.disk_i_size = ii.size.get();
+            }
+            let size = pc.i_size.expect("set above");
+            if ii.flags.get() & ubtrfs_format::structs::INODE_APPEND != 0 && offset != size {
+                return Err(Error::posix(PosixKind::NotPermitted, format!("{id} is append-only: writes must start at its size {size}, not {offset}")));
+            }
+            let mut cur = offset;
+            while cur < end {
+                let fstart = cur / FOLIO_SIZE * FOLIO_SIZE;
+                let fend = (fstart + FOLIO_SIZE).min(end);
+                pc.folios.entry(fstart).or_insert_with(|| Folio::new(fstart, FOLIO_SIZE, bs));
+                // Partial blocks at the edges need their old bytes.
+                let (a, z) = (cur / bsz * bsz, fend.div_ceil(bsz) * bsz);
+                if a < cur {
+                    self.fill_folio(id, pc, fstart, a, cur)?;
+                }
+                if z > fend {
+                    self.fill_folio(id, pc, fstart, fend, z.min(fstart + FOLIO_SIZE))?;
+                }
+                let f = pc.folios.get_mut(&fstart).expect("inserted above");
+                f.last_use = self.pages.next_tick();
+                let from = (cur - fstart) as usize;
+                f.data[from..from + (fend - cur) as usize].copy_from_slice(&data[(cur - offset) as usize..(fend - offset) as usize]);
+                pc.mark_dirty(fstart, cur, fend - cur);
+                cur = fend;
+            }
+            pc.i_size = Some(size.max(end));
+            Ok(())
+        })?;
+        drop(g);
+        self.balance_dirty_pages()?;
+        self.shrink_page_cache();
+        Ok(())
+    }
+
+    /// The in-memory size of file `id` if its page cache knows one (it runs ahead of
+    /// the INODE_ITEM's while data is dirty).
+    pub fn cached_i_size(&self, id: InodeId) -> Option<u64> {
+        let inode = self.inodes().lookup(id)?;
+        let s = inode.mapping.pages.lock().i_size;
+        s
+    }
+
+    /// Past the dirty limit, write inodes back (the one with most dirty data first)
+    /// until the dirty total is at half the limit (the role of `balance_dirty_pages`).
+    /// The caller holds no inode lock.
+    fn balance_dirty_pages(&self) -> Result<()> {
+        let limit = self.pages.dirty_limit.load(Ordering::Acquire);
+        if self.pages.dirty.load(Ordering::Acquire) <= limit {
+            return Ok(());
+        }
+        // Bounded: each round writes one inode back; the registry is finite.
+        let rounds = self.pages.registry().len();
+        for _ in 0..rounds {
+            if self.pages.dirty.load(Ordering::Acquire) <= limit / 2 {
+                break;
+            }
+            let bs = self.info().sectorsize;
+            let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
+            let victim = held
+                .into_iter()
+                .map(|i| {
+                    let d = i.mapping.pages.lock().dirty_bytes(bs);
+                    (d, i)
+                })
+                .filter(|(d, _)| *d > 0)
+                .max_by_key(|(d, _)| *d)
+                .map(|(_, i)| i);
+            let Some(inode) = victim else { break };
+            self.pages.throttle_writebacks.fetch_add(1, Ordering::Relaxed);
+            self.writeback_inode(inode.id)?;
+        }
+        Ok(())
+    }
+
+    /// Past the cache limit, drop clean folios, least recently used inode first and
+    /// oldest folio first within it, until the cache is within the limit.
+    pub(crate) fn shrink_page_cache(&self) {
+        let limit = self.pages.cache_limit.load(Ordering::Acquire);
+        if self.pages.cached.load(Ordering::Acquire) <= limit {
+            return;
+        }
+        let mut reg = self.pages.registry();
+        let mut order: Vec<(u64, InodeId)> = reg.iter().map(|(id, (_, t))| (*t, *id)).collect();
+        order.sort_unstable();
+        let bs = self.info().sectorsize;
+        for (_, id) in order {
+            if self.pages.cached.load(Ordering::Acquire) <= limit {
+                break;
+            }
+            let inode = reg.get(&id).expect("listed above").0.clone();
+            // A cache busy under its mutex (a reader filling, a writeback) is skipped.
+            let Ok(mut pc) = inode.mapping.pages.inner.try_lock() else { continue };
+            let before = (pc.cached_bytes(), pc.dirty_bytes(bs));
+            let mut clean: Vec<(u64, u64)> = pc.folios.values().filter(|f| f.is_clean()).map(|f| (f.last_use, f.start)).collect();
+            clean.sort_unstable();
+            let over = self.pages.cached.load(Ordering::Acquire).saturating_sub(limit);
+            let mut freed = 0;
+            for (_, s) in clean {
+                if freed >= over {
+                    break;
+                }
+                freed += pc.folios.remove(&s).expect("listed above").size();
+                self.pages.evicted_folios.fetch_add(1, Ordering::Relaxed);
+            }
+            let after = (pc.cached_bytes(), pc.dirty_bytes(bs));
+            let empty = pc.folios.is_empty() && pc.ordered.is_empty();
+            if empty {
+                // Nothing cached: the size is read again at the next use.
+                pc.i_size = None;
+                pc.disk_i_size = 0;
+                reg.remove(&id);
+            }
+            self.pages.account(before, after);
+            drop(pc);
+        }
+    }
+
+    /// SEEK_DATA / SEEK_HOLE (`whence`) from `offset` in file `id`, dirty data
+    /// counting as data: a file with dirty blocks is written back first, then the
+    /// trees answer (`falloc::seek_in_file`). Ok(None) is ENXIO.
+    ///
+    /// # Errors
+    /// As `writeback_inode` and `falloc::seek_in_file`.
+    pub fn seek_data_hole(&self, id: InodeId, offset: u64, whence: i32) -> Result<Option<u64>> {
+        let inode = self.inodes().get(id);
+        let _g = lock_exclusive(&inode);
+        if inode.mapping.pages.lock().dirty_blocks > 0 {
+            self.writeback_locked(&inode)?;
+        }
+        self.read(|l| crate::inode::falloc::seek_in_file(l, id, offset, whence))
+    }
+
+    /// Drop every folio of inode `id` without writing it back (the inode is gone from
+    /// disk: its last name was removed and nothing uses it). The caller holds no inode
+    /// lock.
+    pub(crate) fn discard_page_cache(&self, id: InodeId) {
+        let Some(inode) = self.pages.registry().get(&id).map(|(i, _)| i.clone()) else { return };
+        // A writeback of the inode (`writeback_all` from another thread) finishes first.
+        let _g = lock_exclusive(&inode);
+        with_cache(self, &inode, |pc| {
+            assert!(pc.ordered.is_empty(), "page cache: discarding {id} with ordered extents alive");
+            pc.folios.clear();
+            pc.dirty_blocks = 0;
+            pc.i_size = None;
+            pc.disk_i_size = 0;
+        });
+    }
+
+    /// After a name of inode `id` was removed: discard its folios if the inode is gone
+    /// from the trees (it was not in use and that was its last name).
+    pub(crate) fn discard_if_gone(&self, id: InodeId) {
+        if !self.pages.registry().contains_key(&id) {
+            return;
+        }
+        let gone = matches!(self.read(|l| l.load_inode(id, Load::ITEM).map(|_| ())), Err(e) if e.posix_kind() == Some(PosixKind::NotFound));
+        if gone {
+            self.discard_page_cache(id);
+        }
+    }
+
+    /// Before a change to file `id`'s extents through another path (direct write,
+    /// fallocate, punch, zero range, size change): write its dirty data back. The
+    /// caller holds the inode's lock exclusively. Returns whether the inode has a page
+    /// cache to fix up afterwards (`after_extent_change`).
+    pub(crate) fn before_extent_change(&self, inode: &Arc<Inode>) -> Result<bool> {
+        if !self.pages.registry().contains_key(&inode.id) {
+            return Ok(false);
+        }
+        self.writeback_locked(inode)?;
+        Ok(true)
+    }
+
+    /// After such a change: drop the cached folios of [start, end) and read the size
+    /// again from the trees at the next use when nothing stays cached.
+    pub(crate) fn after_extent_change(&self, inode: &Arc<Inode>, start: u64, end: u64) -> Result<()> {
+        let size = self.read(|l| Ok(l.load_inode(inode.id, Load::ITEM)?.item.size.get()));
+        with_cache(self, inode, |pc| {
+            pc.drop_range(start, end);
+            match &size {
+                Ok(s) => {
+                    // After a full writeback nothing is dirty: the trees' size is the size.
+                    pc.truncate(*s);
+                    pc.i_size = Some(*s);
+                    pc.disk_i_size = *s;
+                }
+                Err(_) => {
+                    let mut kept = 0;
+                    pc.folios.retain(|_, f| {
+                        kept += u64::from(f.dirty.count());
+                        !f.is_clean()
+                    });
+                    pc.dirty_blocks = kept;
+                }
+            }
+        });
+        size.map(|_| ())
+    }
+
+    /// A size change of file `id` (truncate up or down) in its page cache, after the
+    /// trees have it: folios past the new size go, the straddling one is zeroed past
+    /// it, both sizes become `size`.
+    pub(crate) fn truncate_page_cache(&self, inode: &Arc<Inode>, size: u64) {
+        if !self.pages.registry().contains_key(&inode.id) {
+            return;
+        }
+        with_cache(self, inode, |pc| {
+            pc.truncate(size);
+            pc.i_size = Some(size);
+            pc.disk_i_size = size;
+        });
+    }
+}

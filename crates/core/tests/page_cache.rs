@@ -1,0 +1,458 @@
+//! The buffered write path (`inode::page_cache`, `ordered`, `writeback`) against a byte
+//! model: random buffered writes, truncations, reads, punches, zero ranges and direct
+//! writes on a few files, writebacks and commits in between; then sync, reopen the
+//! image and compare every byte, and `btrfs check --readonly --check-data-csum`.
+//! Also: the EOF truncation case of the Oct–Dec 2025 kernel fixes (a folio's dirty
+//! blocks past EOF spread over several ordered extents: none may become a file extent
+//! item, and what does must have its checksums), the dirty limit writing back, the
+//! cache limit evicting, threads on different files, and writepage's two submission
+//! modes giving the same bios.
+//!
+//! Knobs: UBTRFS_PC_SEEDS and UBTRFS_PC_OPS lengthen the model run.
+//!
+//! Needs mkfs.btrfs and btrfs-progs; without them the tests print why and pass, except
+//! under CI=true.
+
+mod common;
+#[path = "common/write.rs"]
+mod write_common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use ubtrfs_core::engine::Engine;
+use ubtrfs_core::inode::attr::SetAttr;
+use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+use ubtrfs_core::inode::filesystem::{ExtentKind, InodeId, Load};
+use ubtrfs_core::inode::ordered::{OrderedExtent, OrderedTree};
+use ubtrfs_core::inode::page_cache::Folio;
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::inode::writeback::{extent_writepage, BioCtrl, SubmitMode};
+use ubtrfs_core::{FsRead, OpenOptions};
+use write_common::*;
+
+fn tools(test: &str) -> bool {
+    let mkfs = std::process::Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    if mkfs && have_btrfs_check() {
+        return true;
+    }
+    let why = format!("{test}: skipped: needs mkfs.btrfs ({mkfs}) and btrfs-progs");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why}, and CI=true forbids skipping");
+    }
+    eprintln!("{why}");
+    false
+}
+
+fn create(e: &Engine, name: &str) -> InodeId {
+    let ino = e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).expect("create file");
+    InodeId { root: 5, ino }
+}
+
+/// Every byte of `id` as a fresh reader of the image shows it.
+fn read_image(img: &std::path::Path, id: InodeId) -> Vec<u8> {
+    let fs = ubtrfs_core::Filesystem::open(&OpenOptions::new(img)).expect("open image");
+    let v = fs.load_inode(id, Load { extents: true, ..Load::ITEM }).expect("load inode");
+    let mut buf = vec![0u8; v.size() as usize];
+    let n = fs.read_at(&v, 0, &mut buf).expect("read file");
+    assert_eq!(n, buf.len(), "{id}: short read of the image");
+    buf
+}
+
+fn buffered_contents(e: &Engine, id: InodeId) -> Vec<u8> {
+    let size = e.getattr(id).expect("getattr").size.get();
+    let mut buf = vec![0u8; size as usize];
+    let n = e.buffered_read(id, 0, &mut buf).expect("buffered read");
+    assert_eq!(n, buf.len(), "{id}: short buffered read");
+    buf
+}
+
+fn model_run(seed: u64, ops: usize, no_holes: bool) {
+    let tag = format!("pc-model-{seed}-{no_holes}");
+    let s = Scratch::mkfs(&tag, 512 << 20, if no_holes { &[] } else { &["-O", "^no-holes"] });
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    // Small limits so the model meets throttling and eviction too.
+    e.set_page_cache_limits(1 << 20, 512 << 10);
+    e.set_max_ordered_extent(64 << 10);
+    let files: Vec<InodeId> = (0..3).map(|i| create(&e, &format!("f{i}"))).collect();
+    let mut model: BTreeMap<InodeId, Vec<u8>> = files.iter().map(|&f| (f, Vec::new())).collect();
+    let mut rng = Rng::new(seed);
+    for op in 0..ops {
+        let f = *rng.pick(&files);
+        let m = model.get_mut(&f).expect("model file");
+        let max = 1u64 << 20;
+        match rng.below(100) {
+            0..=44 => {
+                let off = if rng.chance(30) { m.len() as u64 } else { rng.below(max) };
+                let len = if rng.chance(20) { rng.range(1, 300 << 10) } else { rng.range(1, 20 << 10) } as usize;
+                let data = rng.bytes(len);
+                e.buffered_write(f, off, &data).unwrap_or_else(|err| panic!("op {op}: buffered_write {f} {off}+{len}: {err}"));
+                let end = off as usize + len;
+                if m.len() < end {
+                    m.resize(end, 0);
+                }
+                m[off as usize..end].copy_from_slice(&data);
+            }
+            45..=59 => {
+                let off = rng.below(m.len() as u64 + 1);
+                let len = rng.range(1, 200 << 10) as usize;
+                let mut buf = vec![0u8; len];
+                let n = e.buffered_read(f, off, &mut buf).unwrap_or_else(|err| panic!("op {op}: buffered_read: {err}"));
+                let want = &m[off as usize..(off as usize + len).min(m.len())];
+                assert_eq!(n, want.len(), "op {op}: {f} read {off}+{len}: length");
+                assert!(buf[..n] == *want, "op {op}: {f} read {off}+{len}: bytes differ from the model");
+            }
+            60..=71 => {
+                let size = if rng.chance(50) { rng.below(m.len() as u64 + 1) } else { rng.below(max) };
+                let a = SetAttr { size: Some(size), ..Default::default() };
+                e.setattr(f, &a).unwrap_or_else(|err| panic!("op {op}: truncate {f} to {size}: {err}"));
+                m.resize(size as usize, 0);
+            }
+            // fallocate sets PREALLOC, which sends the file's writeback through the
+            // direct path: only the first file gets it (and the direct writes).
+            72..=77 if f == files[0] => {
+                let off = rng.below(m.len() as u64 + 1);
+                let len = rng.range(1, 100 << 10);
+                let mode = if rng.chance(50) { FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE } else { FALLOC_FL_ZERO_RANGE };
+                e.fallocate(f, mode, off, len).unwrap_or_else(|err| panic!("op {op}: fallocate {mode:#x} {f} {off}+{len}: {err}"));
+                let end = (off + len) as usize;
+                if mode & FALLOC_FL_KEEP_SIZE == 0 && m.len() < end {
+                    m.resize(end, 0);
+                }
+                let z = end.min(m.len());
+                m[off as usize..z].fill(0);
+            }
+            78..=82 if f == files[0] => {
+                let off = rng.below(max);
+                let len = rng.range(1, 64 << 10) as usize;
+                let data = rng.bytes(len);
+                e.write_file(f, off, &data).unwrap_or_else(|err| panic!("op {op}: write_file {f} {off}+{len}: {err}"));
+                let end = off as usize + len;
+                if m.len() < end {
+                    m.resize(end, 0);
+                }
+                m[off as usize..end].copy_from_slice(&data);
+            }
+            72..=82 => {}
+            83..=90 => e.writeback_inode(f).unwrap_or_else(|err| panic!("op {op}: writeback {f}: {err}")),
+            91..=95 => {
+                e.commit().unwrap_or_else(|err| panic!("op {op}: commit: {err}"));
+            }
+            _ => {
+                e.sync().unwrap_or_else(|err| panic!("op {op}: sync: {err}"));
+            }
+        }
+        let size = e.getattr(f).expect("getattr").size.get();
+        assert_eq!(size, m.len() as u64, "op {op}: {f} size");
+        if op % 64 == 0 {
+            e.check_page_cache_invariants();
+        }
+    }
+    for &f in &files {
+        assert!(buffered_contents(&e, f) == model[&f], "{f}: buffered contents differ from the model before sync");
+    }
+    e.sync().expect("final sync");
+    let st = e.page_cache_stats();
+    eprintln!("seed {seed}: {st:?}");
+    assert_eq!(st.dirty_bytes, 0, "dirty data left after sync");
+    // The run went through the paths it is for.
+    assert!(st.ordered_finished > 0 && st.ordered_truncated > 0, "seed {seed}: no (truncated) ordered extents: {st:?}");
+    assert!(st.throttle_writebacks > 0 && st.evicted_folios > 0, "seed {seed}: neither throttling nor eviction: {st:?}");
+    e.check_page_cache_invariants();
+    drop(e);
+    for &f in &files {
+        let got = read_image(&s.path, f);
+        assert_eq!(got.len(), model[&f].len(), "{f}: size on disk");
+        assert!(got == model[&f], "{f}: bytes on disk differ from the model (first at {:?})", got.iter().zip(&model[&f]).position(|(a, b)| a != b));
+    }
+    assert_check(&s.path, &tag);
+}
+
+#[test]
+fn random_buffered_ops_match_the_model_on_disk() {
+    if !tools("random_buffered_ops_match_the_model_on_disk") {
+        return;
+    }
+    // Knobs for longer runs: UBTRFS_PC_SEEDS (seeds 1..=N, default 3), UBTRFS_PC_OPS.
+    let seeds: u64 = std::env::var("UBTRFS_PC_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let ops: usize = std::env::var("UBTRFS_PC_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
+    for seed in 1..=seeds {
+        model_run(seed, ops, seed % 3 != 2);
+    }
+}
+
+/// The kernel bug fixed in Oct–Dec 2025: a folio's dirty blocks past EOF across
+/// several ordered extents. Every ordered extent past round_up(i_size) must be
+/// truncated (none becomes a file extent item), and the one crossing it cut there.
+#[test]
+fn dirty_blocks_past_eof_truncate_every_ordered_extent() {
+    if !tools("dirty_blocks_past_eof_truncate_every_ordered_extent") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-eof", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    // 8 KiB ordered extents: a 64 KiB folio spans eight of them.
+    e.set_max_ordered_extent(8 << 10);
+    let f = create(&e, "eof");
+    let data: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8 + 1).collect();
+    e.buffered_write(f, 0, &data).expect("write");
+    // Mid-ordered-extent: 10 KiB, so round_up(i_size) = 12 KiB sits inside the second.
+    e.setattr(f, &SetAttr { size: Some(10 << 10), ..Default::default() }).expect("truncate");
+    let before = e.page_cache_stats();
+    assert_eq!(before.dirty_bytes, 64 << 10, "the straddling folio keeps its dirty blocks past EOF");
+    e.writeback_inode(f).expect("writeback");
+    let st = e.page_cache_stats();
+    assert_eq!(st.ordered_finished - before.ordered_finished, 8, "eight ordered extents completed");
+    assert_eq!(st.ordered_truncated - before.ordered_truncated, 7, "the one crossing EOF and the six past it were truncated");
+    e.commit().expect("commit");
+    let ext = e.read(|l| l.file_extents(f, 0, u64::MAX)).expect("extents");
+    let mut covered = 0;
+    for x in &ext {
+        assert!(x.end() <= 12 << 10, "file extent {}+{} past round_up(EOF) = 12 KiB", x.file_offset, x.len());
+        if let ExtentKind::Regular { disk_bytenr, .. } = x.kind {
+            assert_ne!(disk_bytenr, 0, "a hole where data was written");
+            covered += x.len();
+        }
+    }
+    assert_eq!(covered, 12 << 10, "extents cover the blocks up to round_up(EOF): {ext:?}");
+    assert_eq!(e.getattr(f).expect("getattr").size.get(), 10 << 10);
+    drop(e);
+    assert!(read_image(&s.path, f) == data[..10 << 10], "bytes on disk");
+    assert_check(&s.path, "eof truncation");
+}
+
+#[test]
+fn dirty_limit_makes_writers_write_back() {
+    if !tools("dirty_limit_makes_writers_write_back") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-dirty", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    e.set_page_cache_limits(64 << 20, 256 << 10);
+    let f = create(&e, "big");
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    for (i, c) in data.chunks(64 << 10).enumerate() {
+        e.buffered_write(f, (i as u64) << 16, c).expect("write");
+        let st = e.page_cache_stats();
+        assert!(st.dirty_bytes <= (256 << 10) + (64 << 10), "dirty {} over the limit after a write", st.dirty_bytes);
+    }
+    let st = e.page_cache_stats();
+    assert!(st.throttle_writebacks > 0, "no writer wrote back: {st:?}");
+    // The trees already hold the start of the file, written back by the throttle.
+    let mut head = vec![0u8; 1 << 20];
+    let n = e.read_file(f, 0, &mut head).expect("read from the trees");
+    assert_eq!(n, head.len(), "the trees' size covers the written-back head");
+    assert!(head == data[..1 << 20], "the trees hold the written-back bytes");
+    e.sync().expect("sync");
+    drop(e);
+    assert!(read_image(&s.path, f) == data);
+    assert_check(&s.path, "dirty limit");
+}
+
+#[test]
+fn cache_limit_evicts_clean_folios() {
+    if !tools("cache_limit_evicts_clean_folios") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-evict", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    e.set_page_cache_limits(512 << 10, 256 << 10);
+    let f = create(&e, "big");
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
+    e.buffered_write(f, 0, &data).expect("write");
+    e.writeback_all().expect("writeback");
+    let got = buffered_contents(&e, f);
+    assert!(got == data, "buffered reads through eviction");
+    let st = e.page_cache_stats();
+    assert!(st.evicted_folios > 0, "nothing evicted: {st:?}");
+    assert!(st.cached_bytes <= 512 << 10, "cached {} over the limit", st.cached_bytes);
+    e.check_page_cache_invariants();
+    e.sync().expect("sync");
+}
+
+#[test]
+fn threads_on_different_files() {
+    if !tools("threads_on_different_files") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-threads", 512 << 20, &[]);
+    let e = Arc::new(Engine::open(&OpenOptions::new(&s.path)).expect("open"));
+    e.set_page_cache_limits(4 << 20, 1 << 20);
+    let files: Vec<InodeId> = (0..4).map(|i| create(&e, &format!("t{i}"))).collect();
+    let handles: Vec<_> = files
+        .iter()
+        .enumerate()
+        .map(|(t, &f)| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(100 + t as u64);
+                let mut m: Vec<u8> = Vec::new();
+                for op in 0..300 {
+                    if rng.chance(60) {
+                        let off = rng.below(2 << 20);
+                        let len = rng.range(1, 40 << 10) as usize;
+                        let data = rng.bytes(len);
+                        e.buffered_write(f, off, &data).expect("write");
+                        let end = off as usize + data.len();
+                        if m.len() < end {
+                            m.resize(end, 0);
+                        }
+                        m[off as usize..end].copy_from_slice(&data);
+                    } else if rng.chance(90) {
+                        let off = rng.below(m.len() as u64 + 1);
+                        let mut buf = vec![0u8; 32 << 10];
+                        let n = e.buffered_read(f, off, &mut buf).expect("read");
+                        let want = &m[off as usize..(off as usize + buf.len()).min(m.len())];
+                        assert!(buf[..n] == *want, "thread {t} op {op}: read {off} differs");
+                    } else {
+                        e.fsync(f).expect("fsync");
+                    }
+                }
+                m
+            })
+        })
+        .collect();
+    let models: Vec<Vec<u8>> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    e.sync().expect("sync");
+    e.check_page_cache_invariants();
+    let e = Arc::try_unwrap(e).ok().expect("threads are done");
+    drop(e);
+    for (f, m) in files.iter().zip(&models) {
+        assert!(read_image(&s.path, *f) == *m, "{f}: bytes on disk");
+    }
+    assert_check(&s.path, "threads");
+}
+
+/// Both submission modes end every dirty block the same way and build the same bios.
+#[test]
+fn block_and_extent_submission_agree() {
+    let bs = 4096u32;
+    for (folio_size, oe_len, i_size) in [(64u64 << 10, 64u64 << 10, 64u64 << 10), (64 << 10, 8 << 10, 10 << 10), (2 << 20, 128 << 10, 2 << 20), (2 << 20, 4 << 10, (1 << 20) + 1)] {
+        let mut runs = Vec::new();
+        for mode in [SubmitMode::BlockByBlock, SubmitMode::ExtentByExtent] {
+            let mut f = Folio::new(0, folio_size, bs);
+            f.uptodate.set_range(0, f.nblocks());
+            // Dirty everywhere but two holes.
+            f.dirty.set_range(0, f.nblocks());
+            f.dirty.clear_range(3, 2);
+            let mut t = OrderedTree::new(bs);
+            let mut off = 0;
+            while off < folio_size {
+                // Ordered extents in the dirty runs only, on scattered disk addresses.
+                t.insert(OrderedExtent::new(off, oe_len, (1 << 30) + off * 3, bs, 4, false), bs);
+                off += oe_len;
+            }
+            // A block with no ordered extent.
+            let hole_oe = t.iter().find(|o| o.file_offset <= 40960 && 40960 < o.end()).map(|o| o.file_offset);
+            let mut ctrl = BioCtrl::new(mode);
+            if let Some(h) = hole_oe.filter(|_| oe_len == 4096) {
+                t.remove(h);
+            }
+            let r = extent_writepage(&mut f, &mut t, i_size, &mut ctrl);
+            ctrl.submit();
+            assert!(f.dirty.is_empty());
+            runs.push((r, ctrl.ready.clone(), f.writeback.clone(), t.iter().map(|o| (o.file_offset, o.bytes_left, o.truncated, o.truncated_len)).collect::<Vec<_>>()));
+        }
+        assert_eq!(runs[0].0, runs[1].0, "results for folio {folio_size} oe {oe_len} i_size {i_size}");
+        assert_eq!(runs[0].1, runs[1].1, "bios for folio {folio_size} oe {oe_len} i_size {i_size}");
+        assert_eq!(runs[0].2, runs[1].2, "writeback bits");
+        assert_eq!(runs[0].3, runs[1].3, "ordered extents");
+        for b in &runs[1].1 {
+            assert!(b.file_offset + b.len <= b.oe_start + oe_len, "bio {b:?} spans two ordered extents");
+        }
+    }
+}
+
+/// Dirty data of a file whose last name goes (and that nothing uses) is discarded, not
+/// written back into a removed inode.
+#[test]
+fn unlink_discards_dirty_pages() {
+    if !tools("unlink_discards_dirty_pages") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-unlink", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let f = create(&e, "gone");
+    let keep = create(&e, "kept");
+    e.buffered_write(f, 0, &[7u8; 300 << 10]).expect("write");
+    e.buffered_write(keep, 4096, &[9u8; 100 << 10]).expect("write");
+    e.unlink(5, 256, b"gone").expect("unlink");
+    let st = e.page_cache_stats();
+    assert_eq!(st.dirty_bytes, 100 << 10, "only the kept file's data is dirty: {st:?}");
+    assert_eq!(st.inodes, 1, "{st:?}");
+    e.sync().expect("sync");
+    e.check_page_cache_invariants();
+    drop(e);
+    let mut want = vec![0u8; 4096];
+    want.extend_from_slice(&[9u8; 100 << 10]);
+    assert!(read_image(&s.path, keep) == want);
+    assert_check(&s.path, "unlink");
+}
+
+/// SEEK_DATA / SEEK_HOLE count dirty blocks as data before any writeback.
+#[test]
+fn seek_data_hole_sees_dirty_pages() {
+    use ubtrfs_core::inode::falloc::{SEEK_DATA, SEEK_HOLE};
+    if !tools("seek_data_hole_sees_dirty_pages") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-seek", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let f = create(&e, "sparse");
+    e.buffered_write(f, 1 << 20, &[5u8; 64 << 10]).expect("write");
+    assert_eq!(e.page_cache_stats().dirty_bytes, 64 << 10, "dirty, not written back yet");
+    assert_eq!(e.seek_data_hole(f, 0, SEEK_DATA).expect("seek"), Some(1 << 20));
+    assert_eq!(e.seek_data_hole(f, 0, SEEK_HOLE).expect("seek"), Some(0));
+    assert_eq!(e.seek_data_hole(f, 1 << 20, SEEK_HOLE).expect("seek"), Some((1 << 20) + (64 << 10)));
+    assert_eq!(e.seek_data_hole(f, (1 << 20) + (64 << 10), SEEK_DATA).expect("seek"), None);
+    e.sync().expect("sync");
+}
+
+/// fsync makes one file durable (written back and committed) while another file's
+/// data stays dirty; an engine dropped unsynced loses only that.
+#[test]
+fn fsync_makes_one_file_durable() {
+    if !tools("fsync_makes_one_file_durable") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-fsync", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let a = create(&e, "a");
+    let b = create(&e, "b");
+    e.commit().expect("commit the names");
+    let da: Vec<u8> = (0..300u32 << 10).map(|i| (i % 253) as u8).collect();
+    e.buffered_write(a, 0, &da).expect("write a");
+    e.buffered_write(b, 0, &[1u8; 200 << 10]).expect("write b");
+    e.fsync(a).expect("fsync a");
+    assert_eq!(e.page_cache_stats().dirty_bytes, 200 << 10, "b stays dirty");
+    drop(e);
+    assert!(read_image(&s.path, a) == da, "a is on disk");
+    assert!(read_image(&s.path, b).is_empty(), "b was never written back");
+    assert_check(&s.path, "fsync");
+}
+
+/// An open file whose last name goes keeps its page cache (reads and writes through
+/// the handle's inode still work and write back); the last close discards it.
+#[test]
+fn orphan_keeps_its_pages_until_the_last_close() {
+    if !tools("orphan_keeps_its_pages_until_the_last_close") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-orphan", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let f = create(&e, "o");
+    let h = e.open_file(f).expect("open file");
+    e.buffered_write(f, 0, &[3u8; 128 << 10]).expect("write");
+    e.unlink(5, 256, b"o").expect("unlink");
+    e.buffered_write(f, 128 << 10, &[4u8; 64 << 10]).expect("write the orphan");
+    e.writeback_inode(f).expect("writeback of an orphan");
+    let mut buf = vec![0u8; 192 << 10];
+    assert_eq!(e.buffered_read(f, 0, &mut buf).expect("read"), 192 << 10);
+    assert!(buf[..128 << 10].iter().all(|&x| x == 3) && buf[128 << 10..].iter().all(|&x| x == 4));
+    e.buffered_write(f, 0, &[8u8; 4096]).expect("dirty again");
+    h.close().expect("close");
+    let st = e.page_cache_stats();
+    assert_eq!((st.dirty_bytes, st.inodes), (0, 0), "the last close discarded the orphan's pages: {st:?}");
+    e.sync().expect("sync");
+    drop(e);
+    assert_check(&s.path, "orphan");
+}
