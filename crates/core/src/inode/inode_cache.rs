@@ -16,8 +16,8 @@
 //!   `getattr` of a cached inode reads no tree.
 //! - For a directory, the next DIR_INDEX (`btrfs_inode::index_cnt`), found from the
 //!   last index item the first time a name is added and counted up from then on.
-//! - `mapping`, an empty slot for the extent map, io-tree and page cache that the
-//!   mount's issue fills.
+//! - `mapping`: the extent maps (`inode::extent_map`) and the page cache
+//!   (`inode::page_cache`). An evicted inode's maps go with it (the trees rebuild them).
 //!
 //! The cache lives in `FsInfo`, so the writer reaches it whether or not an engine
 //! shares it. An evicted inode loses only what the trees can rebuild.
@@ -44,10 +44,12 @@ use ubtrfs_format::structs::InodeItem;
 /// 100 bytes today; the page cache will make some much bigger, and is bounded apart).
 pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
 
-/// The per-inode state of file data in memory: the page cache with its ordered
-/// extents (`page_cache`); the extent map joins it.
+/// The per-inode state of file data in memory: the extent map (file offset to extent,
+/// `inode::extent_map`, with its shrinker) and the page cache with its ordered extents
+/// (`page_cache`).
 #[derive(Debug, Default)]
 pub struct InodeMapping {
+    pub extent_map: crate::inode::extent_map::ExtentMapTree,
     pub pages: crate::inode::page_cache::PageCache,
 }
 
@@ -65,7 +67,7 @@ pub struct Inode {
     attrs: Mutex<Option<InodeItem>>,
     /// A directory's next DIR_INDEX; 0 until looked up (indexes start at 2).
     pub(crate) next_dir_index: AtomicU64,
-    /// Extent map, io-tree and page cache, to come.
+    /// Extent map, io-tree and page cache.
     pub mapping: InodeMapping,
 }
 
