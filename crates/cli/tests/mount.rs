@@ -429,7 +429,7 @@ fn workload_through_the_mount_is_what_the_kernel_sees() {
     let la = run(Command::new("lsattr").arg("-d").arg(s.join("mnt/flagged")));
     let fuse_flags = la.split_whitespace().next().unwrap_or_default().to_string();
     assert!(fuse_flags.starts_with("------dA"), "lsattr shows the flags set: {la}");
-    let fuse = walk(&s.join("mnt"));
+    let mut fuse = walk(&s.join("mnt"));
     let err = m.stop(Stop::Sigterm);
     assert!(!err.contains("error"), "the mount reported errors: {err}");
     assert_check(&img, "after the workload");
@@ -438,7 +438,17 @@ fn workload_through_the_mount_is_what_the_kernel_sees() {
     let la = run(Command::new("lsattr").arg("-d").arg(k.dir.join("flagged")));
     assert_eq!(la.split_whitespace().next(), Some(fuse_flags.as_str()), "the kernel sees the flags lsattr showed through the mount");
     drop(k);
+    // While data is dirty st_blocks is an estimate (the kernel's counts delalloc
+    // bytes too, and settles at writeback); everything else must agree at once.
+    for (p, r) in fuse.iter_mut() {
+        r.blocks = kernel.get(p).map_or(r.blocks, |k| k.blocks);
+    }
     assert_same_tree(&fuse, &kernel, "workload");
+    // Mounted again, with nothing dirty, every field agrees, st_blocks included.
+    let m = FuseMount::start(&img, &s.join("mnt"), "");
+    let again = walk(&s.join("mnt"));
+    m.stop(Stop::Sigterm);
+    assert_same_tree(&again, &kernel, "workload, mounted again");
     let _ = std::fs::remove_dir_all(&s);
 }
 
@@ -779,6 +789,42 @@ as_daemon 'touch d/sub/new' create-in-d/sub
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// Memory stays bounded by the options whatever is written: 1 GiB through a mount
+/// with a 32 MiB page cache (8 MiB dirty) and a 32 MiB tree-block cache keeps the
+/// daemon's peak RSS within those plus a fixed allowance, and every byte lands.
+#[test]
+fn memory_stays_bounded_under_a_large_write() {
+    if !fuse_available("memory_stays_bounded_under_a_large_write") {
+        return;
+    }
+    let s = scratch("rss");
+    let img = s.join("img");
+    mkfs(&img, "2G");
+    let m = FuseMount::start(&img, &s.join("mnt"), "page_cache_mib=32,dirty_mib=8,cache_mib=32");
+    let chunk = data(9, 1 << 20);
+    let mut sha = Sha256::new();
+    {
+        let mut f = std::fs::File::create(s.join("mnt/big")).unwrap();
+        for i in 0..1024u32 {
+            let mut c = chunk.clone();
+            c[..4].copy_from_slice(&i.to_le_bytes());
+            f.write_all(&c).unwrap();
+            sha.update(&c);
+        }
+        f.sync_all().unwrap();
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", m.pid())).unwrap();
+    let hwm_kib: u64 = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).expect("VmHWM");
+    eprintln!("peak RSS of the mount after a 1 GiB write: {} MiB", hwm_kib >> 10);
+    assert!(hwm_kib < (32 + 32 + 160) << 10, "peak RSS {} MiB past the caches (64 MiB) and the allowance", hwm_kib >> 10);
+    m.stop(Stop::Sigterm);
+    assert_check(&img, "after the large write");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    assert_eq!(sha_file(&k.dir.join("big")), format!("{:x}", sha.finalize()), "the kernel reads other bytes");
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// A test tool installed with `cargo install NAME` (in PATH or ~/.cargo/bin); None,
 /// after saying why, when it is missing outside CI.
 fn cargo_tool(test: &str, name: &str) -> Option<PathBuf> {
@@ -1030,7 +1076,10 @@ fn read_only_mount_changes_nothing() {
     ] {
         assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS), "{what} on a read-only mount");
     }
-    m.stop(Stop::Fusermount);
+    let err = m.stop(Stop::Fusermount);
+    // Reads, closes and forgets of a read-only mount report nothing (no eviction is
+    // tried: there is nothing to write, and nothing may be written).
+    assert!(!err.to_lowercase().contains("error") && !err.contains("read-only"), "the read-only mount reported: {err}");
     run(Command::new("chattr").arg("-i").arg(&img));
     assert_eq!(sha_file(&img), before, "a read-only mount changed the image");
     // The kernel's view and ours agree; atimes are not compared (ro moves none).

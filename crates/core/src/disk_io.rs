@@ -81,6 +81,9 @@ pub struct FsInfo {
     /// The in-memory inodes (open and lookup counts, locks; `inode::inode_cache`),
     /// shared by every view: an unlink through any of them sees which are in use.
     pub inodes: crate::inode::inode_cache::InodeCache,
+    /// The count of extent maps and the worker that frees them past their budget
+    /// (`inode::extent_map_shrinker`).
+    pub extent_maps: Arc<crate::inode::extent_map_shrinker::ExtentMapShrinker>,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -198,6 +201,7 @@ impl FsInfo {
             views: Default::default(),
             aborted: Default::default(),
             inodes: Default::default(),
+            extent_maps: Default::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;

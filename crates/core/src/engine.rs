@@ -15,6 +15,10 @@
 //!   other; a read sees either all of a change or none of it, because changes happen
 //!   under the exclusive side (no torn directory). A committed block missing from the
 //!   cache is read after dropping the lock, and the reader runs again.
+//! - `read_file` finds a range's extents in the inode's extent maps
+//!   (`inode::extent_map`), filling them from EXTENT_DATA items on a miss; every
+//!   change of those items drops the range it touches (`tree::modify`), and a budget
+//!   bounds the maps (`set_extent_map_limit`, `inode::extent_map_shrinker`).
 //! - File data is read (`read_file`) and written (`write_file`, whole sectors) without
 //!   `state`: the lookups and the extent reservations and insertions take it, the data
 //!   I/O holds only the inode's lock. Space a reader may still read is not reused
@@ -170,6 +174,7 @@ impl Engine {
     /// as `FsRead::read_at`.
     pub fn read_file(&self, id: InodeId, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let len = buf.len() as u64;
+        let mem = self.info.inodes.get(id);
         let (inode, csums, _view, default_subvol) = self.read(|l| {
             let mut v = l.load_inode(id, Load::ITEM)?;
             match v.kind() {
@@ -178,14 +183,30 @@ impl Engine {
                 _ => return Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
             }
             let end = offset.saturating_add(len).min(v.size());
-            v.extents = if offset < end { l.file_extents(id, offset, end)? } else { Vec::new() };
+            // From the extent maps, or the EXTENT_DATA items (then cached in the maps).
+            v.extents = crate::inode::extent_map::get_file_extents(l, &self.info.extent_maps, &mem, offset, end)?.0;
             let csums = crate::inode::read::prefetch_csums(l, &v, offset, end)?;
             // A view of the running transaction: what it frees from now on is held.
             let view = self.info.views.register(l.transid() - 1);
             Ok((v, csums, view, l.default_subvol()))
         })?;
+        drop(mem);
+        // Past the budget: free maps now, holding no lock.
+        self.info.extent_maps.balance();
         let d = DataView { info: &self.info, default_subvol, csums };
         d.read_at(&inode, offset, buf)
+    }
+
+    /// Keep at most `n` extent maps (default `DEFAULT_EXTENT_MAP_LIMIT`): past it, a
+    /// shrinker run frees maps (`inode::extent_map_shrinker`); runs at once if over.
+    pub fn set_extent_map_limit(&self, n: u64) {
+        self.info.extent_maps.set_limit(n);
+        self.info.extent_maps.balance();
+    }
+
+    /// The extent maps' counts (maps, registry, shrinker runs, map hits and misses).
+    pub fn extent_map_stats(&self) -> crate::inode::extent_map_shrinker::ExtentMapStats {
+        self.info.extent_maps.stats()
     }
 
     /// The last committed generation as a view of its own: it reads that generation
@@ -313,7 +334,14 @@ impl Engine {
     /// # Errors
     /// `Posix(ReadOnly)` after a panic in a writer.
     pub fn statfs(&self) -> Result<crate::space::statfs::StatFs> {
-        Ok(self.state.read().map_err(poisoned)?.statfs())
+        let mut s = self.state.read().map_err(poisoned)?.statfs();
+        // Dirty pages will take data space at writeback: count them as taken now, as
+        // a kernel mount's `df` after `sync` shows them (sync(2) never reaches a FUSE
+        // daemon, so the mount cannot wait for it).
+        let dirty = self.page_cache_stats().dirty_bytes >> s.bsize.trailing_zeros();
+        s.bfree = s.bfree.saturating_sub(dirty);
+        s.bavail = s.bavail.saturating_sub(dirty);
+        Ok(s)
     }
 
     /// Take the writer back (all other users are gone: the engine is owned).

@@ -269,6 +269,35 @@ fn cache_limit_evicts_clean_folios() {
     e.sync().expect("sync");
 }
 
+/// Many small files written and closed, more than the cache holds while dirty (each
+/// takes a whole folio): the cache stays within its limit, writing the oldest back to
+/// free their folios, and every file reads back whole from the image.
+#[test]
+fn small_dirty_files_beyond_the_cache_limit() {
+    if !tools("small_dirty_files_beyond_the_cache_limit") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-small", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    // 32 folios' worth of cache; the dirty limit (bytes of dirty blocks) is never met.
+    e.set_page_cache_limits(2 << 20, 2 << 20);
+    let body = |i: usize| format!("file {i} ").repeat(300 + i % 200).into_bytes();
+    let files: Vec<InodeId> = (0..400).map(|i| create(&e, &format!("f{i}"))).collect();
+    for (i, &f) in files.iter().enumerate() {
+        e.buffered_write(f, 0, &body(i)).expect("write");
+        let st = e.page_cache_stats();
+        assert!(st.cached_bytes <= 2 << 20, "file {i}: cached {} over the limit", st.cached_bytes);
+    }
+    assert!(e.page_cache_stats().throttle_writebacks > 0, "the cache limit wrote nothing back");
+    e.check_page_cache_invariants();
+    e.sync().expect("sync");
+    drop(e);
+    for (i, &f) in files.iter().enumerate() {
+        assert!(read_image(&s.path, f) == body(i), "file {i} on disk");
+    }
+    assert_check(&s.path, "small dirty files");
+}
+
 #[test]
 fn threads_on_different_files() {
     if !tools("threads_on_different_files") {
@@ -455,4 +484,42 @@ fn orphan_keeps_its_pages_until_the_last_close() {
     e.sync().expect("sync");
     drop(e);
     assert_check(&s.path, "orphan");
+}
+
+/// A buffered write sets mtime and ctime when it is made (the kernel's
+/// file_update_time), and writeback leaves them: through ordered extents (a large
+/// file) and through the direct path (a small, inline-sized one); a setattr after the
+/// write wins over the later writeback too.
+#[test]
+fn write_times_are_the_writes_not_the_writebacks() {
+    if !tools("write_times_are_the_writes_not_the_writebacks") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-times", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let big = create(&e, "big");
+    let small = create(&e, "small");
+    let set = create(&e, "set");
+    e.commit().expect("commit the names");
+    let created = e.getattr(big).expect("getattr").mtime;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.buffered_write(big, 0, &[7u8; 1 << 20]).expect("write big");
+    e.buffered_write(small, 0, b"tiny").expect("write small");
+    e.buffered_write(set, 0, &[1u8; 256 << 10]).expect("write set");
+    let stamp = |id| {
+        let a = e.getattr(id).expect("getattr");
+        ((a.mtime.sec.get(), a.mtime.nsec.get()), (a.ctime.sec.get(), a.ctime.nsec.get()))
+    };
+    let (bw, sw) = (stamp(big), stamp(small));
+    assert!(bw.0 > (created.sec.get(), created.nsec.get()), "the write moved mtime at once");
+    e.setattr(set, &SetAttr { mtime: Some(ubtrfs_core::inode::attr::TimeSet::At(1_000_000, 5)), ..SetAttr::default() }).expect("utimes");
+    let set_times = stamp(set);
+    assert_eq!(set_times.0, (1_000_000, 5));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.sync().expect("sync");
+    assert_eq!(stamp(big), bw, "writeback through ordered extents kept the write's times");
+    assert_eq!(stamp(small), sw, "writeback through the direct path kept the write's times");
+    assert_eq!(stamp(set), set_times, "writeback kept the times a setattr gave after the write");
+    drop(e);
+    assert_check(&s.path, "write times");
 }

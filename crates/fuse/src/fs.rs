@@ -343,7 +343,8 @@ impl UbtrfsFs {
         if self.opts.read_only {
             return Ok(());
         }
-        self.engine.commit().map(|_| ())
+        // Buffered data first: a commit writes only what the trees hold.
+        self.engine.sync().map(|_| ())
     }
 
     /// The flags ioctls. The kernel's FUSE fileattr code sends FS_IOC_GETFLAGS and
@@ -591,7 +592,7 @@ impl fuser::Filesystem for UbtrfsFs {
     fn read(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<fuser::LockOwner>, reply: ReplyData) {
         let r = self.handle(fh).and_then(|h| {
             let mut buf = vec![0u8; size as usize];
-            let n = h.file.read_at(offset, &mut buf)?;
+            let n = self.engine.buffered_read(h.file.id(), offset, &mut buf)?;
             buf.truncate(n);
             Ok((h.file.id(), buf))
         });
@@ -616,7 +617,7 @@ impl fuser::Filesystem for UbtrfsFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| h.file.write_at(offset, data));
+        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| self.engine.buffered_write(h.file.id(), offset, data));
         match r {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(self.fail("write", &e)),
@@ -634,8 +635,10 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        match self.sync() {
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // The file's dirty pages, then a commit (the log tree is a later step).
+        let r = if self.opts.read_only { Ok(()) } else { self.id(ino).and_then(|id| self.engine.fsync(id).map(|_| ())) };
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("fsync", &e)),
         }
@@ -826,7 +829,7 @@ impl fuser::Filesystem for UbtrfsFs {
     fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         let r = self.id(ino).and_then(|id| {
             let off = u64::try_from(offset).map_err(|_| Error::posix(PosixKind::Invalid, format!("offset {offset}")))?;
-            self.engine.read(|l| ubtrfs_core::inode::falloc::seek_in_file(l, id, off, whence))
+            self.engine.seek_data_hole(id, off, whence)
         });
         match r {
             Ok(Some(at)) => reply.offset(at as i64),
@@ -858,11 +861,11 @@ impl fuser::Filesystem for UbtrfsFs {
             let mut done = 0u64;
             while done < len {
                 let want = (len - done).min(buf.len() as u64) as usize;
-                let n = src.file.read_at(offset_in + done, &mut buf[..want])?;
+                let n = self.engine.buffered_read(src.file.id(), offset_in + done, &mut buf[..want])?;
                 if n == 0 {
                     break;
                 }
-                dst.file.write_at(offset_out + done, &buf[..n])?;
+                self.engine.buffered_write(dst.file.id(), offset_out + done, &buf[..n])?;
                 done += n as u64;
             }
             Ok(done as u32)

@@ -60,6 +60,10 @@ pub struct MountOptions {
     pub atime: AtimeOpts,
     /// Tree-block cache, MiB.
     pub cache_mib: usize,
+    /// File data cached in memory (the page cache), MiB.
+    pub page_cache_mib: u64,
+    /// Dirty file data held before writers write back (the dirty limit), MiB.
+    pub dirty_mib: u64,
     /// FUSE worker threads.
     pub threads: usize,
     /// Allow device nodes to be opened as devices (FUSE's `dev`; `nodev` is the
@@ -87,6 +91,8 @@ impl Default for MountOptions {
             gid: None,
             atime: AtimeOpts { mode: AtimeMode::Relatime, nodiratime: false },
             cache_mib: 256,
+            page_cache_mib: ubtrfs_core::inode::page_cache::DEFAULT_CACHE_BYTES >> 20,
+            dirty_mib: ubtrfs_core::inode::page_cache::DEFAULT_DIRTY_BYTES >> 20,
             threads: default_threads(),
             dev: false,
             suid: false,
@@ -169,6 +175,18 @@ impl MountOptions {
                 "nodiratime" => self.atime.nodiratime = true,
                 "diratime" => self.atime.nodiratime = false,
                 "cache_mib" => self.cache_mib = number(opt, need()?)?,
+                "page_cache_mib" => {
+                    self.page_cache_mib = number(opt, need()?)?;
+                    if self.page_cache_mib == 0 {
+                        return Err(bad(opt, "the page cache takes at least 1 MiB"));
+                    }
+                }
+                "dirty_mib" => {
+                    self.dirty_mib = number(opt, need()?)?;
+                    if self.dirty_mib == 0 {
+                        return Err(bad(opt, "the dirty limit is at least 1 MiB"));
+                    }
+                }
                 "threads" => {
                     let n: usize = number(opt, need()?)?;
                     if !(1..=64).contains(&n) {
@@ -191,6 +209,9 @@ impl MountOptions {
                 _ if k.starts_with("x-") || k.starts_with("comment=") => {}
                 _ => return Err(bad(opt, "unknown option")),
             }
+        }
+        if self.dirty_mib > self.page_cache_mib {
+            return Err(bad(&format!("dirty_mib={}", self.dirty_mib), format!("the dirty limit cannot pass the page cache (page_cache_mib={})", self.page_cache_mib)));
         }
         if self.commit_secs > MAX_COMMIT_SECS {
             eprintln!("warning: commit={} is past the kernel's {MAX_COMMIT_SECS}-second maximum age; a crash loses up to that much", self.commit_secs);
@@ -233,13 +254,25 @@ mod tests {
         assert!(!o.read_only && o.compress.unwrap().force);
         assert_eq!(o.subvolid, Some(257));
         assert!(MountOptions::parse("compress=no").unwrap().compress.is_none());
+        let o = MountOptions::parse("page_cache_mib=64,dirty_mib=16").unwrap();
+        assert_eq!((o.page_cache_mib, o.dirty_mib), (64, 16));
+        let d = MountOptions::parse("").unwrap();
+        assert_eq!((d.page_cache_mib, d.dirty_mib), (512, 128));
     }
 
     #[test]
     fn bad_options_are_named() {
-        for (list, what) in
-            [("bogus", "bogus"), ("commit=0", "commit=0"), ("commit=x", "commit=x"), ("compress=brotli", "compress=brotli"), ("ro=1", "ro=1"), ("subvol", "subvol"), ("threads=0", "threads=0")]
-        {
+        for (list, what) in [
+            ("bogus", "bogus"),
+            ("commit=0", "commit=0"),
+            ("commit=x", "commit=x"),
+            ("compress=brotli", "compress=brotli"),
+            ("ro=1", "ro=1"),
+            ("subvol", "subvol"),
+            ("threads=0", "threads=0"),
+            ("page_cache_mib=0", "page_cache_mib=0"),
+            ("page_cache_mib=64,dirty_mib=65", "dirty_mib=65"),
+        ] {
             let e = MountOptions::parse(list).unwrap_err().to_string();
             assert!(e.contains(what), "{list}: {e}");
         }

@@ -35,9 +35,12 @@ pub fn open_engine(devices: &[PathBuf], opts: &MountOptions) -> Result<Arc<Engin
     all.extend(opts.devices.iter().map(PathBuf::from));
     let o = OpenOptions { devices: all, cache_bytes: opts.cache_mib << 20, writable: !opts.read_only, sources: Default::default(), degraded: opts.degraded };
     if opts.read_only {
-        return Ok(Arc::new(Engine::open_read_only(&o)?));
+        let engine = Engine::open_read_only(&o)?;
+        engine.set_page_cache_limits(opts.page_cache_mib << 20, opts.dirty_mib << 20);
+        return Ok(Arc::new(engine));
     }
     let engine = Engine::open(&o)?;
+    engine.set_page_cache_limits(opts.page_cache_mib << 20, opts.dirty_mib << 20);
     if let Some(p) = opts.compress {
         engine.write(|w| {
             w.set_compress(p);
@@ -148,7 +151,8 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
                 match stop_rx.recv_timeout(commit_every) {
                     Err(mpsc::RecvTimeoutError::Timeout) if read_only => {}
                     Err(mpsc::RecvTimeoutError::Timeout) => {
-                        if let Err(e) = engine.commit() {
+                        // Dirty pages first: a commit writes only what the trees hold.
+                        if let Err(e) = engine.sync() {
                             crate::log::log(&format!("periodic commit: {e}"));
                         }
                     }

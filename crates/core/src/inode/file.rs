@@ -257,6 +257,17 @@ impl Engine {
     pub fn setattr(&self, id: InodeId, a: &crate::inode::attr::SetAttr) -> Result<()> {
         let inode = self.info().inodes.get(id);
         let _g = write_lock(&inode);
+        // The size the file has is the page cache's when it knows one: a new size
+        // moves mtime (btrfs_setsize), also when the trees' size already is the new
+        // one (an open(O_TRUNC) of a file whose data is all dirty).
+        let mut a = *a;
+        let cached = inode.mapping.pages.lock().i_size;
+        if let (Some(new), Some(cur)) = (a.size, cached) {
+            if new != cur && a.mtime.is_none() {
+                a.mtime = Some(crate::inode::attr::TimeSet::Now);
+            }
+        }
+        let a = &a;
         self.write_retrying(|w| w.setattr(id.root, id.ino, a))?;
         if let Some(size) = a.size {
             // The trees have the new size: the cache follows (see `page_cache`).
@@ -346,12 +357,18 @@ impl Engine {
     /// `Posix(NotFound)` for no such inode; as `FsRead::load_inode`.
     pub fn getattr(&self, id: InodeId) -> Result<ubtrfs_format::structs::InodeItem> {
         let inode = self.info().inodes.get(id);
-        // A page cache's in-memory size runs ahead of the INODE_ITEM's.
-        let cached_size = inode.mapping.pages.lock().i_size;
+        // A page cache's in-memory size runs ahead of the INODE_ITEM's, and its dirty
+        // blocks past the on-disk end count in the bytes (st_blocks) as the kernel's
+        // delalloc bytes do.
+        let (cached_size, delalloc) = {
+            let pc = inode.mapping.pages.lock();
+            (pc.i_size, pc.new_delalloc_bytes(self.info().sectorsize))
+        };
         let with_size = |mut a: ubtrfs_format::structs::InodeItem| {
             if let Some(s) = cached_size {
                 a.size = s.into();
             }
+            a.nbytes = (a.nbytes.get() + delalloc).into();
             a
         };
         if let Some(a) = inode.attrs() {
@@ -386,6 +403,9 @@ impl Engine {
         if dropped {
             self.discard_page_cache(id);
             self.info().inodes.forget_unused(id);
+        } else {
+            // No longer in use: evictable again.
+            self.info().inodes.unpin(id);
         }
         Ok(())
     }
@@ -458,6 +478,8 @@ impl OpenFile<'_> {
         if let Ok(true) = dropped {
             self.engine.discard_page_cache(id);
             self.engine.info().inodes.forget_unused(id);
+        } else {
+            self.engine.info().inodes.unpin(id);
         }
         dropped.map(|_| ()).map_err(|e| e.at(format!("close {id}")))
     }

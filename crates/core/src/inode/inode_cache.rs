@@ -16,8 +16,8 @@
 //!   `getattr` of a cached inode reads no tree.
 //! - For a directory, the next DIR_INDEX (`btrfs_inode::index_cnt`), found from the
 //!   last index item the first time a name is added and counted up from then on.
-//! - `mapping`, an empty slot for the extent map, io-tree and page cache that the
-//!   mount's issue fills.
+//! - `mapping`: the extent maps (`inode::extent_map`) and the page cache
+//!   (`inode::page_cache`). An evicted inode's maps go with it (the trees rebuild them).
 //!
 //! The cache lives in `FsInfo`, so the writer reaches it whether or not an engine
 //! shares it. An evicted inode loses only what the trees can rebuild.
@@ -26,9 +26,10 @@
 //! the cache's own mutex is a leaf lock, never held while taking another lock or
 //! calling into the engine.
 //!
-//! Invariants (`check_invariants`): the map and the LRU order hold the same inodes
-//! with the same ages; the cache holds more than its capacity only by the inodes in use
-//! that its last shrink had to keep. An inode is evicted only when nobody holds it:
+//! Invariants (`check_invariants`): the map holds the inodes of the LRU order (with the
+//! same ages) and the pinned ones (in use when a shrink met them, off the LRU order
+//! until `unpin`); the cache holds more than its capacity only by the inodes its last
+//! shrink kept (pinned, held, or beyond its bounded pass). An inode is evicted only when nobody holds it:
 //! not open, not looked up, and no other `Arc` to it (an operation holding its lock),
 //! so two operations on one inode always share one lock.
 
@@ -43,10 +44,12 @@ use ubtrfs_format::structs::InodeItem;
 /// 100 bytes today; the page cache will make some much bigger, and is bounded apart).
 pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
 
-/// The per-inode state of file data in memory: the page cache with its ordered
-/// extents (`page_cache`); the extent map joins it.
+/// The per-inode state of file data in memory: the extent map (file offset to extent,
+/// `inode::extent_map`, with its shrinker) and the page cache with its ordered extents
+/// (`page_cache`).
 #[derive(Debug, Default)]
 pub struct InodeMapping {
+    pub extent_map: crate::inode::extent_map::ExtentMapTree,
     pub pages: crate::inode::page_cache::PageCache,
 }
 
@@ -64,7 +67,7 @@ pub struct Inode {
     attrs: Mutex<Option<InodeItem>>,
     /// A directory's next DIR_INDEX; 0 until looked up (indexes start at 2).
     pub(crate) next_dir_index: AtomicU64,
-    /// Extent map, io-tree and page cache, to come.
+    /// Extent map, io-tree and page cache.
     pub mapping: InodeMapping,
 }
 
@@ -160,10 +163,17 @@ pub struct InodeCache {
 #[derive(Debug)]
 struct CacheInner {
     capacity: usize,
-    /// Each inode and its age (the tick of its last use).
+    /// Each inode and its age (the tick of its last use), or `PINNED`.
     map: HashMap<InodeId, (Arc<Inode>, u64)>,
-    /// Ages, oldest first: the LRU order.
+    /// Ages, oldest first: the LRU order of the inodes that may be evicted.
     lru: BTreeMap<u64, InodeId>,
+    /// Inodes a shrink found in use (open or looked up): off the LRU order, as the
+    /// kernel keeps referenced inodes off its LRU list, until `unpin` puts them back
+    /// when their last open or lookup goes. So a cache full of inodes in use costs
+    /// nothing per new inode (a mount with more inodes looked up than the capacity).
+    pinned: usize,
+    /// Inodes shrink passes looked at (their cost).
+    visits: u64,
     next_tick: u64,
     /// Inodes in use the last shrink had to keep although the cache was over capacity.
     kept_over: usize,
@@ -177,7 +187,7 @@ const MAX_CLOSE_ERRORS: usize = 64;
 impl InodeCache {
     /// A cache of at most `capacity` inodes not in use (at least 1).
     pub fn new(capacity: usize) -> InodeCache {
-        let inner = CacheInner { capacity: capacity.max(1), map: HashMap::new(), lru: BTreeMap::new(), next_tick: 0, kept_over: 0, evictions: 0 };
+        let inner = CacheInner { capacity: capacity.max(1), map: HashMap::new(), lru: BTreeMap::new(), pinned: 0, visits: 0, next_tick: 0, kept_over: 0, evictions: 0 };
         InodeCache { inner: Mutex::new(inner), close_errors: CloseErrors::default() }
     }
 
@@ -193,6 +203,9 @@ impl InodeCache {
         let mut c = self.lock();
         let tick = c.bump();
         if let Some((inode, age)) = c.map.get_mut(&id) {
+            if *age == PINNED {
+                return Arc::clone(inode);
+            }
             let old = std::mem::replace(age, tick);
             let inode = Arc::clone(inode);
             assert_eq!(c.lru.get(&old), Some(&id), "inode cache: age {old} of {id} missing from the LRU order");
@@ -222,8 +235,27 @@ impl InodeCache {
         if Arc::strong_count(inode) == 1 && !inode.in_use() {
             let age = *age;
             c.map.remove(&id);
-            c.lru.remove(&age);
+            if age == PINNED {
+                c.pinned -= 1;
+            } else {
+                c.lru.remove(&age);
+            }
         }
+    }
+
+    /// Put `id` back in the LRU order if a shrink pinned it and it is no longer in
+    /// use (called after its last open or lookup went).
+    pub(crate) fn unpin(&self, id: InodeId) {
+        let mut c = self.lock();
+        let tick = c.bump();
+        let Some((inode, age)) = c.map.get_mut(&id) else { return };
+        if *age != PINNED || inode.in_use() {
+            return;
+        }
+        *age = tick;
+        c.pinned -= 1;
+        c.lru.insert(tick, id);
+        c.shrink();
     }
 
     /// Change the capacity (at least 1); shrinks at once if it is now over.
@@ -258,6 +290,12 @@ impl InodeCache {
     }
 }
 
+/// The age of a pinned inode (in use, off the LRU order).
+const PINNED: u64 = u64::MAX;
+
+/// How many inodes a shrink may visit beyond those it has to evict.
+const SHRINK_SLACK: usize = 16;
+
 /// Debug builds check the cache after each insertion while it is this small (the check
 /// walks every inode); tests call `check_invariants` at any size.
 const DEBUG_CHECK_MAX: usize = 256;
@@ -265,7 +303,8 @@ const DEBUG_CHECK_MAX: usize = 256;
 impl CacheInner {
     fn check(&self) {
         let c = self;
-        assert_eq!(c.map.len(), c.lru.len(), "inode cache: map and LRU order differ in size");
+        assert_eq!(c.map.len(), c.lru.len() + c.pinned, "inode cache: the map holds other than the LRU order plus the pinned");
+        assert_eq!(c.map.values().filter(|(_, a)| *a == PINNED).count(), c.pinned, "inode cache: pinned count");
         for (age, id) in &c.lru {
             let (inode, a) = c.map.get(id).unwrap_or_else(|| panic!("inode cache: LRU names {id}, which the map lacks"));
             assert_eq!(a, age, "inode cache: {id} has age {a} in the map and {age} in the LRU order");
@@ -291,23 +330,27 @@ impl CacheInner {
     }
 
     /// Evict the least recently used inodes nobody holds until the cache is within its
-    /// capacity. Inodes in use met on the way get a second chance (they move to the
-    /// young end), so one pass visits each inode at most once: a cache full of inodes
-    /// in use (more open files than the capacity) costs one pass per new inode and
-    /// stays over capacity by exactly those.
+    /// capacity. Inodes in use met on the way leave the LRU order (pinned); inodes
+    /// only held for a moment (an operation's `Arc`, a page cache's) get a second
+    /// chance at the young end. A pass visits at most the inodes to evict plus
+    /// `SHRINK_SLACK`, so each new inode costs O(1) amortized: the cache stays over
+    /// capacity by the inodes it kept.
     fn shrink(&mut self) {
+        let over = self.map.len().saturating_sub(self.capacity);
+        let budget = (over + SHRINK_SLACK).min(self.lru.len());
         let mut visited = 0;
-        let total = self.map.len();
-        let mut kept = 0;
-        while self.map.len() > self.capacity && visited < total {
+        while self.map.len() > self.capacity && visited < budget {
             visited += 1;
-            let (age, id) = self.lru.pop_first().expect("the LRU order holds every cached inode");
+            self.visits += 1;
+            let (age, id) = self.lru.pop_first().expect("budget bounded by the LRU order's length");
             let (inode, _) = self.map.get(&id).expect("the map holds every inode of the LRU order");
             if Arc::strong_count(inode) == 1 && !inode.in_use() {
                 self.map.remove(&id);
                 self.evictions += 1;
+            } else if inode.in_use() {
+                self.map.get_mut(&id).expect("present just above").1 = PINNED;
+                self.pinned += 1;
             } else {
-                kept += 1;
                 let tick = self.bump();
                 debug_assert!(tick > age);
                 self.map.get_mut(&id).expect("present just above").1 = tick;
@@ -315,7 +358,6 @@ impl CacheInner {
             }
         }
         self.kept_over = self.map.len().saturating_sub(self.capacity);
-        assert!(self.kept_over <= kept, "inode cache: {} over capacity after a full pass that kept only {kept} in use", self.kept_over);
     }
 }
 
@@ -405,9 +447,39 @@ mod tests {
         assert_eq!(l.put_lookups(5), 0);
         drop(l);
         drop(held);
-        c.set_capacity(2);
+        // Pinned while in use, they come back to the LRU order when released (the
+        // engine's close and forget say so).
+        c.set_capacity(1);
+        assert!(c.lookup(id(256)).is_some() && c.lookup(id(257)).is_some(), "pinned inodes are not evicted before unpin");
+        c.unpin(id(256));
+        c.unpin(id(257));
+        c.set_capacity(1);
         c.check_invariants();
-        assert_eq!(c.len(), 2);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn inodes_in_use_beyond_the_capacity_cost_o1_each() {
+        // A mount that looked up far more inodes than the capacity: each new one must
+        // not walk those in use (a full pass each made 20,000 creates quadratic).
+        let c = InodeCache::new(64);
+        for ino in 0..20_000u64 {
+            let i = c.get(id(1000 + ino));
+            i.get_lookups(1);
+        }
+        let visits = c.lock().visits;
+        assert!(visits < 20_000 * (1 + SHRINK_SLACK as u64), "{visits} shrink visits for 20,000 inodes in use");
+        assert_eq!(c.len(), 20_000, "every inode in use stays");
+        c.check_invariants();
+        // Forgotten, they are evicted down to the capacity again.
+        for ino in 0..20_000u64 {
+            let i = c.lookup(id(1000 + ino)).expect("cached");
+            assert_eq!(i.put_lookups(1), 0);
+            drop(i);
+            c.unpin(id(1000 + ino));
+        }
+        assert_eq!(c.len(), 64);
+        c.check_invariants();
     }
 
     #[test]

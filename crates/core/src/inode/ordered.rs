@@ -317,7 +317,7 @@ impl FsWriter {
             let fe = reg_extent_item(w.transid, oe.disk_bytenr, len);
             w.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, oe.file_offset), &fe)?;
             let new_size = old_size.max((oe.file_offset + len).min(i_size));
-            w.update_written_inode(root, ino, new_size, removed, len)?;
+            w.update_written_back_inode(root, ino, new_size, removed, len)?;
             Ok(Finished { disk_i_size: new_size, inserted: len })
         })();
         h.end_with(r)

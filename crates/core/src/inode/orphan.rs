@@ -111,13 +111,17 @@ impl FsWriter {
 
     /// Drop inode `id` if it has no name left (nlink 0): the last close or forget of an
     /// orphan. Returns whether it was dropped; an inode that is gone already, or still
-    /// has names, is left alone.
+    /// has names, or any inode of a read-only open, is left alone.
     ///
     /// # Errors
     /// `Posix(ReadOnly)` after an abort or in a read-only subvolume (the orphan stays
     /// for the next writable open); tree failures, which abort.
     pub fn evict_if_unlinked(&mut self, id: InodeId) -> Result<bool> {
-        self.check_root_writable(id.root)?;
+        if self.read_only.is_some() {
+            // Opened read-only: an inode the image left unlinked stays an orphan for
+            // the next writable open to clean, as a read-only kernel mount leaves it.
+            return Ok(false);
+        }
         let nlink = match self.live().load_inode(id, Load::ITEM) {
             Ok(v) => v.nlink(),
             Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => return Ok(false),
@@ -126,6 +130,7 @@ impl FsWriter {
         if nlink != 0 {
             return Ok(false);
         }
+        self.check_root_writable(id.root)?;
         self.transaction("evict_inode", 0, |w| w.evict_inode_inner(id.root, id.ino))?;
         Ok(true)
     }

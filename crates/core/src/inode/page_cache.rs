@@ -224,10 +224,20 @@ pub struct PageCacheInner {
     pub(crate) i_size: Option<u64>,
     /// The INODE_ITEM's size as the trees have it (known when `i_size` is).
     pub(crate) disk_i_size: u64,
+    /// Where the blocks the trees allocated for the file end, as far as the cache
+    /// knows (the size when the cache was filled, lowered by truncation, raised by
+    /// writeback; a size grown by truncate adds a hole, not blocks): dirty blocks past
+    /// it are new bytes (`new_delalloc_bytes`).
+    pub(crate) new_from: u64,
     /// Dirty blocks over all folios.
     pub(crate) dirty_blocks: u64,
     /// Ordered extents alive (only during the inode's writeback).
     pub(crate) ordered: OrderedTree,
+}
+
+/// What a shrink of a cache over `limit` brings it down to.
+fn shrink_target(limit: u64) -> u64 {
+    limit - limit / 8
 }
 
 impl PageCacheInner {
@@ -237,6 +247,33 @@ impl PageCacheInner {
 
     pub(crate) fn dirty_bytes(&self, blocksize: u32) -> u64 {
         self.dirty_blocks * u64::from(blocksize)
+    }
+
+    /// Dirty bytes in blocks past the on-disk size, which writeback will add to the
+    /// inode's bytes (the role of the kernel's `new_delalloc_bytes` in st_blocks:
+    /// dirty data over blocks the file had on disk replaces those, dirty data past its
+    /// end is new).
+    pub(crate) fn new_delalloc_bytes(&self, blocksize: u32) -> u64 {
+        if self.dirty_blocks == 0 {
+            return 0;
+        }
+        let bs = u64::from(blocksize);
+        let from = self.new_from.div_ceil(bs) * bs;
+        let end = self.i_size.unwrap_or(0).div_ceil(bs) * bs;
+        let first = self.folios.range(..=from).next_back().map_or(from, |(&k, _)| k);
+        let mut n = 0u64;
+        // Dirty blocks past the size are dropped at writeback: only [from, end) counts.
+        for f in self.folios.range(first..end).map(|(_, f)| f) {
+            let b0 = if from > f.start { ((from - f.start) / bs).min(u64::from(f.nblocks())) as u32 } else { 0 };
+            let last = (end.saturating_sub(f.start) / bs).min(u64::from(f.nblocks())) as u32;
+            let mut b = f.dirty.find_next(b0, true);
+            while b < last {
+                let e = f.dirty.find_next(b, false).min(last);
+                n += u64::from(e - b) * bs;
+                b = f.dirty.find_next(e, true);
+            }
+        }
+        n
     }
 
     pub fn check_invariants(&self) {
@@ -407,6 +444,7 @@ pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut 
         // changes made meanwhile by paths that skip uncached inodes are seen.
         pc.i_size = None;
         pc.disk_i_size = 0;
+        pc.new_from = 0;
     }
     if cfg!(debug_assertions) && pc.folios.len() <= 64 {
         pc.check_invariants();
@@ -443,7 +481,9 @@ impl Engine {
         let cache = cache_bytes.max(FOLIO_SIZE);
         self.pages.cache_limit.store(cache, Ordering::Release);
         self.pages.dirty_limit.store(dirty_bytes.clamp(FOLIO_SIZE, cache), Ordering::Release);
-        self.shrink_page_cache();
+        if self.pages.cached.load(Ordering::Acquire) > cache {
+            self.drop_clean_folios(shrink_target(cache));
+        }
     }
 
     /// The page cache's totals and counters now.
@@ -533,6 +573,7 @@ impl Engine {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());
                 pc.disk_i_size = ii.size.get();
+                pc.new_from = ii.size.get();
             }
             let size = pc.i_size.expect("set above");
             if offset >= size || buf.is_empty() {
@@ -554,7 +595,11 @@ impl Engine {
             Ok((end - offset) as usize)
         });
         drop(_g);
-        self.shrink_page_cache();
+        // Reads make nothing dirty: they only drop clean folios (writers write back).
+        let limit = self.pages.cache_limit.load(Ordering::Acquire);
+        if self.pages.cached.load(Ordering::Acquire) > limit {
+            self.drop_clean_folios(shrink_target(limit));
+        }
         r
     }
 
@@ -575,20 +620,27 @@ impl Engine {
         let end = offset.checked_add(data.len() as u64).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let inode = self.inodes().get(id);
         let g = lock_exclusive(&inode);
-        self.write_retrying(|w| w.check_root_writable(id.root))?;
         let ii = self.regular_item(id)?;
         crate::inode::write::iflags_allow(id.root, id.ino, ii.flags.get(), crate::inode::write::IflagOp::Write, b"")?;
         let bs = self.info().sectorsize;
         let bsz = u64::from(bs);
+        // The size cannot move while the inode's lock is held (an empty cache reads
+        // it from the item, as below).
+        let size = with_cache(self, &inode, |pc| pc.i_size).unwrap_or(ii.size.get());
+        if ii.flags.get() & ubtrfs_format::structs::INODE_APPEND != 0 && offset != size {
+            return Err(Error::posix(PosixKind::NotPermitted, format!("{id} is append-only: writes must start at its size {size}, not {offset}")));
+        }
+        // The write's times, as the kernel's file_update_time sets them once the
+        // write is allowed and before the data is copied (writeback leaves them
+        // alone); refused on a read-only subvolume or engine.
+        self.write_retrying(|w| w.file_update_time(id.root, id.ino))?;
         with_cache(self, &inode, |pc| -> Result<()> {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());
                 pc.disk_i_size = ii.size.get();
+                pc.new_from = ii.size.get();
             }
-            let size = pc.i_size.expect("set above");
-            if ii.flags.get() & ubtrfs_format::structs::INODE_APPEND != 0 && offset != size {
-                return Err(Error::posix(PosixKind::NotPermitted, format!("{id} is append-only: writes must start at its size {size}, not {offset}")));
-            }
+            debug_assert_eq!(pc.i_size, Some(size), "{id}: the size moved under the inode's lock");
             let mut cur = offset;
             while cur < end {
                 let fstart = cur / FOLIO_SIZE * FOLIO_SIZE;
@@ -614,8 +666,7 @@ impl Engine {
         })?;
         drop(g);
         self.balance_dirty_pages()?;
-        self.shrink_page_cache();
-        Ok(())
+        self.shrink_page_cache()
     }
 
     /// The in-memory size of file `id` if its page cache knows one (it runs ahead of
@@ -634,37 +685,84 @@ impl Engine {
         if self.pages.dirty.load(Ordering::Acquire) <= limit {
             return Ok(());
         }
-        // Bounded: each round writes one inode back; the registry is finite.
-        let rounds = self.pages.registry().len();
-        for _ in 0..rounds {
+        // One look at the registry, most dirty first, then write back in that order:
+        // many small dirty files (an untar) must not cost a scan per file.
+        let bs = self.info().sectorsize;
+        let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
+        let mut victims: Vec<(u64, Arc<Inode>)> = held
+            .into_iter()
+            .map(|i| {
+                let d = i.mapping.pages.lock().dirty_bytes(bs);
+                (d, i)
+            })
+            .filter(|(d, _)| *d > 0)
+            .collect();
+        victims.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for (_, inode) in victims {
             if self.pages.dirty.load(Ordering::Acquire) <= limit / 2 {
                 break;
             }
-            let bs = self.info().sectorsize;
-            let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
-            let victim = held
-                .into_iter()
-                .map(|i| {
-                    let d = i.mapping.pages.lock().dirty_bytes(bs);
-                    (d, i)
-                })
-                .filter(|(d, _)| *d > 0)
-                .max_by_key(|(d, _)| *d)
-                .map(|(_, i)| i);
-            let Some(inode) = victim else { break };
             self.pages.throttle_writebacks.fetch_add(1, Ordering::Relaxed);
             self.writeback_inode(inode.id)?;
         }
         Ok(())
     }
 
+    /// Over the cache limit with too few clean folios to drop (dirty folios hold the
+    /// memory: many small files written and not yet written back), write back the
+    /// least recently used dirty inodes until what is dirty fits in what must be
+    /// freed, so their folios can go (the kernel writes back under memory pressure
+    /// too). The caller holds no inode lock.
+    fn writeback_for_memory(&self) -> Result<()> {
+        let limit = self.pages.cache_limit.load(Ordering::Acquire);
+        let cached = self.pages.cached.load(Ordering::Acquire);
+        if cached <= limit {
+            return Ok(());
+        }
+        let need = cached - shrink_target(limit);
+        let mut order: Vec<(u64, Arc<Inode>)> = self.pages.registry().values().map(|(i, t)| (*t, i.clone())).collect();
+        order.sort_unstable_by_key(|(t, _)| *t);
+        let mut freed_dirty = 0u64;
+        for (_, inode) in order {
+            if freed_dirty >= need {
+                break;
+            }
+            let (dirty, bytes) = {
+                let pc = inode.mapping.pages.lock();
+                (pc.dirty_blocks > 0, pc.cached_bytes())
+            };
+            if dirty {
+                self.pages.throttle_writebacks.fetch_add(1, Ordering::Relaxed);
+                self.writeback_inode(inode.id)?;
+                freed_dirty += bytes;
+            }
+        }
+        Ok(())
+    }
+
     /// Past the cache limit, drop clean folios, least recently used inode first and
-    /// oldest folio first within it, until the cache is within the limit.
-    pub(crate) fn shrink_page_cache(&self) {
+    /// oldest folio first within it, down to 7/8 of the limit (so that a cache at its
+    /// limit is not walked again at every read or write); write dirty ones back first
+    /// when the clean ones are not enough (`writeback_for_memory`).
+    ///
+    /// # Errors
+    /// As `writeback_inode`, when dirty data had to be written back.
+    pub(crate) fn shrink_page_cache(&self) -> Result<()> {
         let limit = self.pages.cache_limit.load(Ordering::Acquire);
         if self.pages.cached.load(Ordering::Acquire) <= limit {
-            return;
+            return Ok(());
         }
+        self.drop_clean_folios(shrink_target(limit));
+        if self.pages.cached.load(Ordering::Acquire) > limit {
+            self.writeback_for_memory()?;
+            self.drop_clean_folios(shrink_target(limit));
+        }
+        Ok(())
+    }
+
+    /// Drop clean folios, least recently used inode first, until the cache holds at
+    /// most `limit` bytes.
+    fn drop_clean_folios(&self, limit: u64) {
         let mut reg = self.pages.registry();
         let mut order: Vec<(u64, InodeId)> = reg.iter().map(|(id, (_, t))| (*t, *id)).collect();
         order.sort_unstable();
@@ -694,6 +792,7 @@ impl Engine {
                 // Nothing cached: the size is read again at the next use.
                 pc.i_size = None;
                 pc.disk_i_size = 0;
+                pc.new_from = 0;
                 reg.remove(&id);
             }
             self.pages.account(before, after);
@@ -729,6 +828,7 @@ impl Engine {
             pc.dirty_blocks = 0;
             pc.i_size = None;
             pc.disk_i_size = 0;
+            pc.new_from = 0;
         });
     }
 
@@ -768,6 +868,7 @@ impl Engine {
                     pc.truncate(*s);
                     pc.i_size = Some(*s);
                     pc.disk_i_size = *s;
+                    pc.new_from = *s;
                 }
                 Err(_) => {
                     let mut kept = 0;
@@ -793,6 +894,7 @@ impl Engine {
             pc.truncate(size);
             pc.i_size = Some(size);
             pc.disk_i_size = size;
+            pc.new_from = pc.new_from.min(size);
         });
     }
 }

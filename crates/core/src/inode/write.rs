@@ -1015,6 +1015,25 @@ impl FsWriter {
             i.ctime = t;
         })
     }
+
+    /// After writeback of buffered data: the new size and nbytes; the times stay as
+    /// the buffered writes (or a later setattr) left them (`btrfs_finish_one_ordered`
+    /// updates the inode, `file_update_time` ran at the write).
+    pub(crate) fn update_written_back_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64) -> Result<()> {
+        self.update_inode(root, ino, |i| {
+            i.size = new_size.into();
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
+        })
+    }
+
+    /// A write's `file_update_time`: mtime and ctime become now.
+    pub(crate) fn file_update_time(&mut self, root: u64, ino: u64) -> Result<()> {
+        let t = self.now();
+        self.update_inode(root, ino, |i| {
+            i.mtime = t;
+            i.ctime = t;
+        })
+    }
 }
 
 /// A write whose data goes to disk without the engine's lock (the kernel's delalloc

@@ -466,6 +466,7 @@ impl Engine {
         with_cache(self, inode, |pc| {
             if let Some(d) = disk {
                 pc.disk_i_size = d;
+                pc.new_from = d;
             }
             if first_err.is_none() {
                 assert_eq!(pc.disk_i_size, i_size, "{id}: on-disk size after a clean writeback differs from i_size");
@@ -527,6 +528,21 @@ impl Engine {
     /// dropped.
     fn writeback_direct(&self, inode: &Arc<Inode>, i_size: u64, runs: &[(u64, u64)]) -> Result<()> {
         let id = inode.id;
+        // The direct path stamps its writes' times; writeback must not (the buffered
+        // writes set them): put back what they were.
+        let before = self.read(|l| l.load_inode(id, Load::ITEM))?.item;
+        let r = self.writeback_direct_runs(inode, i_size, runs);
+        self.write_retrying(|w| {
+            w.update_inode(id.root, id.ino, |i| {
+                i.mtime = before.mtime;
+                i.ctime = before.ctime;
+            })
+        })?;
+        r
+    }
+
+    fn writeback_direct_runs(&self, inode: &Arc<Inode>, i_size: u64, runs: &[(u64, u64)]) -> Result<()> {
+        let id = inode.id;
         for &(s, l) in runs {
             let end = (s + l).min(i_size);
             let data = with_cache(self, inode, |pc| {
@@ -549,7 +565,10 @@ impl Engine {
                 self.write_file_raw(id, s, &data)?;
             }
         }
-        with_cache(self, inode, |pc| pc.disk_i_size = i_size.max(pc.disk_i_size).min(i_size));
+        with_cache(self, inode, |pc| {
+            pc.disk_i_size = i_size.max(pc.disk_i_size).min(i_size);
+            pc.new_from = pc.disk_i_size;
+        });
         Ok(())
     }
 }

@@ -339,7 +339,7 @@ pub struct FsWriter {
     /// The default subvolume (looked up at open; nothing the writer does changes it).
     pub(crate) default_subvol: u64,
     /// Opened read-only (`open_read_only`): why, and every change is refused.
-    read_only: Option<String>,
+    pub(crate) read_only: Option<String>,
 }
 
 impl FsWriter {

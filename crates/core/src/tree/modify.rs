@@ -13,6 +13,7 @@ use crate::error::{Error, PosixKind, Result};
 use crate::transaction::{Blk, FsWriter};
 use crate::tree::extent_buffer::Expect;
 use crate::tree::search::{Path, RootInfo, TreeView};
+use ubtrfs_format::key::EXTENT_DATA_KEY;
 use ubtrfs_format::node::{max_node_ptrs, HEADER_SIZE, ITEM_SIZE};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key, NodeRef};
 
@@ -24,6 +25,15 @@ impl Path<Blk> {
     /// The leaf's bytenr.
     pub fn leaf(&self) -> u64 {
         self.nodes[0].as_ref().expect("search fills level 0").bytenr()
+    }
+}
+
+/// The end in the file of the extent an EXTENT_DATA item describes; the end of the
+/// file when the item does not parse or is inline (its map is one block, not its bytes).
+fn extent_item_end(key: &Key, data: &[u8]) -> u64 {
+    match ubtrfs_format::items::file_extent(data) {
+        Ok(ubtrfs_format::items::FileExtent::Regular { num_bytes, .. }) => key.offset.saturating_add(num_bytes),
+        _ => u64::MAX,
     }
 }
 
@@ -516,6 +526,8 @@ impl FsWriter {
         if found {
             return Err(Error::posix(PosixKind::Exists, format!("tree {root_id} key {key}")));
         }
+        // The length of the extent the item will describe is not known yet.
+        self.extent_data_changed(root_id, key, u64::MAX);
         let leaf = path.leaf();
         let slot = path.slot();
         self.node_mut(leaf).insert_item(slot, key, size);
@@ -541,6 +553,10 @@ impl FsWriter {
     /// Read and allocation failures.
     pub(crate) fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
         let (path, found) = self.search_slot(root_id, key, extra as i32)?;
+        if found {
+            // The caller changes the item through `item_data_mut`, to any length.
+            self.extent_data_changed(root_id, key, u64::MAX);
+        }
         Ok(found.then(|| (path.leaf(), path.slot())))
     }
 
@@ -558,6 +574,7 @@ impl FsWriter {
         if !found {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
         }
+        self.extent_data_changed(root_id, key, u64::MAX);
         self.node_mut(path.leaf()).extend_item(path.slot(), by);
         Ok((path.leaf(), path.slot()))
     }
@@ -571,6 +588,7 @@ impl FsWriter {
         if !found {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
         }
+        self.extent_data_changed(root_id, key, u64::MAX);
         self.node_mut(path.leaf()).truncate_item(path.slot(), new_size);
         Ok(())
     }
@@ -595,6 +613,15 @@ impl FsWriter {
     /// Allocation and read failures while rebalancing.
     pub(crate) fn del_items(&mut self, root_id: u64, path: &WPath, slot: usize, nr: usize) -> Result<()> {
         let leaf = path.leaf();
+        let lb = Blk::Dirty(leaf);
+        for i in slot..slot + nr {
+            let (key, end) = {
+                let n = self.node(&lb);
+                let key = n.key(i);
+                (key, if key.type_ == EXTENT_DATA_KEY { extent_item_end(&key, n.item_data(i)) } else { 0 })
+            };
+            self.extent_data_changed(root_id, &key, end);
+        }
         self.node_mut(leaf).delete_items(slot, nr);
         let n = self.node(&Blk::Dirty(leaf)).nritems();
         if path.levels() == 1 {
@@ -615,6 +642,17 @@ impl FsWriter {
             self.merge_leaf(root_id, path, used)?;
         }
         self.maybe_collapse_root(root_id)
+    }
+
+    /// An EXTENT_DATA item at `key` of fs tree `root_id` is changing: drop the inode's
+    /// extent maps over `[key.offset, end)` (`inode::extent_map`). Every primitive that
+    /// changes an item calls this before the change, under the writer's exclusive side,
+    /// so no reader fills the maps from the tree between the drop and the change.
+    fn extent_data_changed(&self, root_id: u64, key: &Key, end: u64) {
+        if key.type_ == EXTENT_DATA_KEY {
+            let id = crate::inode::id::InodeId { root: root_id, ino: key.objectid };
+            crate::inode::extent_map::drop_for_item_change(&self.info.inodes, id, key.offset, end.max(key.offset.saturating_add(1)));
+        }
     }
 
     /// Merge a small leaf into its left sibling, or its right sibling into it.
