@@ -11,9 +11,17 @@
 //! tree block). References come from on-disk file extents and node pointers, so a
 //! disagreement is damage, a `Corrupt` error naming the referrer, never an assertion;
 //! the caller's change has begun, and its guard aborts the transaction.
+//!
+//! With quotas on, every extent whose references change is also recorded (the
+//! kernel's qgroup extent records, `btrfs_qgroup_trace_extent`): the records outlive
+//! the heads (which may run before the commit) and are taken by the commit's qgroup
+//! accounting (`qgroup::account`). A tree block referenced only by trees that are not
+//! subvolumes (extent, csum, free-space, root, quota trees) is not recorded: no qgroup
+//! counts it.
 
 use crate::error::Result;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use ubtrfs_format::key::is_subvolume_tree;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 
 /// Which backref a delta applies to.
@@ -53,9 +61,26 @@ impl RefHead {
     }
 }
 
+/// Most extents recorded for qgroup accounting in one transaction (about 40 bytes
+/// each in memory, so 40 MiB): past that, walking each of them costs about what the
+/// full recount does, so the records are dropped and the commit recounts.
+pub const MAX_QGROUP_RECORDS: usize = 1 << 20;
+
+/// The extents whose references changed in the running transaction (quotas on).
+#[derive(Default, Debug)]
+pub struct QgroupRecords {
+    pub extents: BTreeSet<u64>,
+    /// More than the limit changed: `extents` was dropped, recount.
+    pub overflowed: bool,
+}
+
 #[derive(Default, Debug)]
 pub struct DelayedRefs {
     heads: BTreeMap<u64, RefHead>,
+    /// Some while quotas are on.
+    qgroup: Option<QgroupRecords>,
+    /// Most extents recorded (`MAX_QGROUP_RECORDS`, lower in tests).
+    qgroup_limit: usize,
 }
 
 impl DelayedRefs {
@@ -64,6 +89,35 @@ impl DelayedRefs {
     }
     pub fn len(&self) -> usize {
         self.heads.len()
+    }
+
+    /// Record (from now on) every extent whose references change, for quotas.
+    pub fn trace_qgroup(&mut self) {
+        self.qgroup.get_or_insert_with(Default::default);
+        self.qgroup_limit = MAX_QGROUP_RECORDS;
+    }
+
+    /// Record at most `limit` extents (tests of the overflow).
+    pub fn set_qgroup_record_limit(&mut self, limit: usize) {
+        assert!(limit <= MAX_QGROUP_RECORDS, "qgroup record limit {limit} above {MAX_QGROUP_RECORDS}");
+        self.qgroup_limit = limit;
+    }
+
+    /// The extents recorded since the last call (None with quotas off).
+    pub fn take_qgroup_records(&mut self) -> Option<QgroupRecords> {
+        self.qgroup.as_mut().map(std::mem::take)
+    }
+
+    fn record_qgroup(&mut self, bytenr: u64, kind: RefKind) {
+        let Some(q) = self.qgroup.as_mut() else { return };
+        if q.overflowed || matches!(kind, RefKind::TreeBlock { root } if !is_subvolume_tree(root)) {
+            return;
+        }
+        q.extents.insert(bytenr);
+        if q.extents.len() > self.qgroup_limit {
+            q.extents = BTreeSet::new();
+            q.overflowed = true;
+        }
     }
 
     /// The head of `bytenr`, made on first use; later references must agree with it.
@@ -87,6 +141,7 @@ impl DelayedRefs {
     /// # Errors
     /// `Corrupt` when `bytenr` is referenced as data too (see `head`).
     pub fn add_tree_ref(&mut self, bytenr: u64, num_bytes: u64, level: u8, kind: RefKind, delta: i64, new: Option<Key>) -> Result<()> {
+        self.record_qgroup(bytenr, kind);
         let h = self.head(bytenr, num_bytes, false, level, kind)?;
         if let Some(first_key) = new {
             // The allocator never hands out space reserved in this transaction.
@@ -103,6 +158,7 @@ impl DelayedRefs {
     /// `Corrupt` when `bytenr` is referenced with another length or as a tree block
     /// (see `head`).
     pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, kind: RefKind, delta: i64, new: bool) -> Result<()> {
+        self.record_qgroup(bytenr, kind);
         let h = self.head(bytenr, num_bytes, true, 0, kind)?;
         if new {
             // The allocator never hands out space reserved in this transaction.

@@ -259,6 +259,9 @@ pub struct TestHooks {
     /// Test and benchmark switch: handles inhibit no block from writeback (the COW
     /// amplification the inhibition prevents, seed 002).
     pub no_writeback_inhibition: bool,
+    /// Test and benchmark switch: with quotas on, every commit recounts every qgroup
+    /// (`qgroup::rescan`) instead of accounting the changed extents.
+    pub qgroup_full_recount: bool,
 }
 
 /// The writable filesystem.
@@ -331,6 +334,8 @@ pub struct FsWriter {
     pub(crate) next_objectid: BTreeMap<u64, u64>,
     /// Quotas are on (looked up at open): every commit keeps the qgroups exact.
     pub(crate) quotas: bool,
+    /// Quota accounting state (`qgroup`), meaningful while `quotas`.
+    pub(crate) qgroup: crate::extent::qgroup::QgroupState,
     /// The default subvolume (looked up at open; nothing the writer does changes it).
     pub(crate) default_subvol: u64,
     /// Opened read-only (`open_read_only`): why, and every change is refused.
@@ -473,6 +478,7 @@ impl FsWriter {
             hooks: TestHooks::default(),
             next_objectid: BTreeMap::new(),
             quotas: false,
+            qgroup: Default::default(),
             default_subvol: FS_TREE_OBJECTID,
             read_only: None,
             info,
@@ -494,7 +500,11 @@ impl FsWriter {
         if writing && w.info.devices.by_id.len() != w.alloc.dev_items.len() {
             crate::space::chunk_alloc::check_rw_degradable(&w)?;
         }
-        w.quotas = crate::extent::qgroup::status(&mut w)?.is_some();
+        if let Some((flags, status_gen)) = crate::extent::qgroup::status(&mut w)? {
+            w.quotas = true;
+            w.qgroup = crate::extent::qgroup::QgroupState::at_open(flags, status_gen, w.sb.generation.get());
+            w.delayed.trace_qgroup();
+        }
         w.default_subvol = crate::inode::filesystem::find_default_subvol(&w.live())?;
         // One budget for metadata in memory (`OpenOptions::cache_bytes`): up to half of it,
         // and at most the kernel's threshold, holds dirty blocks; the rest caches clean ones.
@@ -863,6 +873,25 @@ impl FsWriter {
         self.written_early
     }
 
+    /// What the last commit's qgroup accounting did (None with quotas off).
+    pub fn qgroup_stats(&self) -> Option<crate::extent::qgroup::QgroupStats> {
+        self.quotas.then(|| self.qgroup.last.clone())
+    }
+
+    /// Test hook: compare every commit's incremental qgroup numbers with the full
+    /// recount, panicking on a mismatch (the default in debug builds).
+    #[cfg(feature = "test-hooks")]
+    pub fn set_qgroup_verify(&mut self, on: bool) {
+        self.qgroup.verify = on;
+    }
+
+    /// Test hook: record at most `limit` changed extents for qgroup accounting per
+    /// transaction (past it the commit recounts; `MAX_QGROUP_RECORDS` otherwise).
+    #[cfg(feature = "test-hooks")]
+    pub fn set_qgroup_record_limit(&mut self, limit: usize) {
+        self.delayed.set_qgroup_record_limit(limit);
+    }
+
     /// Test hook: the space the committing transaction freed, held out of the allocator
     /// until its commit finishes.
     #[cfg(feature = "test-hooks")]
@@ -1021,11 +1050,11 @@ impl FsWriter {
         }
         self.converge()?;
         if self.quotas {
-            // Recount the quota groups over the trees as they will be committed, store
-            // the numbers (see `qgroup`), and settle again.
-            let counts = crate::extent::qgroup::rescan(self)?;
-            crate::extent::qgroup::store_counts(self, &counts)?;
+            // Account the extents whose references changed against the trees as they
+            // will be committed, store the numbers (see `qgroup`), and settle again.
+            crate::extent::qgroup::commit_qgroups(self)?;
             self.converge()?;
+            crate::extent::qgroup::after_settle(self);
         }
         self.check_dirty_invariants();
         let blocks = self.seal_dirty_blocks()?;
