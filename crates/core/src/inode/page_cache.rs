@@ -697,7 +697,7 @@ impl Engine {
             })
             .filter(|(d, _)| *d > 0)
             .collect();
-        victims.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        victims.sort_unstable_by_key(|(d, _)| std::cmp::Reverse(*d));
         for (_, inode) in victims {
             if self.pages.dirty.load(Ordering::Acquire) <= limit / 2 {
                 break;
