@@ -18,7 +18,8 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
-use crate::inode::xattr::{acl_from_xattr, acl_to_xattr, AclEntry, XattrRead, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ, XATTR_POSIX_ACL_ACCESS, XATTR_POSIX_ACL_DEFAULT};
+use crate::inode::perm::read_acl;
+use crate::inode::xattr::{acl_to_xattr, AclEntry, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ, XATTR_POSIX_ACL_ACCESS, XATTR_POSIX_ACL_DEFAULT};
 use crate::transaction::FsWriter;
 use ubtrfs_format::structs::{S_IFDIR, S_IFLNK, S_IFMT};
 
@@ -90,15 +91,6 @@ pub fn chmod_acl(acl: &mut [AclEntry], mode: u32) {
     }
 }
 
-/// The ACL `name` of `id`, parsed; None without one.
-fn read_acl(w: &FsWriter, id: InodeId, name: &[u8]) -> Result<Option<Vec<AclEntry>>> {
-    match w.live().getxattr(id, name) {
-        Ok(v) => acl_from_xattr(id, name, &v),
-        Err(e) if e.posix_kind() == Some(PosixKind::NoData) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 impl FsWriter {
     /// `posix_acl_create`: the mode and ACLs of a new inode of `mode` (type and
     /// permission bits, set-group-ID already settled) made in directory `dir` by a
@@ -111,7 +103,7 @@ impl FsWriter {
         if mode & S_IFMT == S_IFLNK {
             return Ok(NewAcls { mode, access: None, default: None });
         }
-        let Some(default) = read_acl(self, dir, XATTR_POSIX_ACL_DEFAULT)? else { return Ok(no_acl) };
+        let Some(default) = read_acl(&self.live(), dir, XATTR_POSIX_ACL_DEFAULT)? else { return Ok(no_acl) };
         let mut access = default.clone();
         let mut m = mode;
         let store = create_masq(&mut access, &mut m)?;
@@ -143,7 +135,7 @@ impl FsWriter {
         if mode & S_IFMT == S_IFLNK {
             return Ok(());
         }
-        let Some(mut acl) = read_acl(self, id, XATTR_POSIX_ACL_ACCESS)? else { return Ok(()) };
+        let Some(mut acl) = read_acl(&self.live(), id, XATTR_POSIX_ACL_ACCESS)? else { return Ok(()) };
         chmod_acl(&mut acl, mode);
         self.setxattr(id.root, id.ino, XATTR_POSIX_ACL_ACCESS, &acl_to_xattr(&acl), 0)
     }

@@ -245,6 +245,14 @@ impl PageCacheInner {
         self.folios.values().map(Folio::size).sum()
     }
 
+    /// Nothing cached any more: the sizes are read again from the trees at the next
+    /// use, so changes made meanwhile by paths that skip uncached inodes are seen.
+    pub(crate) fn forget_sizes(&mut self) {
+        self.i_size = None;
+        self.disk_i_size = 0;
+        self.new_from = 0;
+    }
+
     pub(crate) fn dirty_bytes(&self, blocksize: u32) -> u64 {
         self.dirty_blocks * u64::from(blocksize)
     }
@@ -440,11 +448,7 @@ pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut 
     let after = (pc.cached_bytes(), pc.dirty_bytes(bs));
     let empty = pc.folios.is_empty() && pc.ordered.is_empty();
     if empty {
-        // Nothing cached: the size is read again from the trees at the next use, so
-        // changes made meanwhile by paths that skip uncached inodes are seen.
-        pc.i_size = None;
-        pc.disk_i_size = 0;
-        pc.new_from = 0;
+        pc.forget_sizes();
     }
     if cfg!(debug_assertions) && pc.folios.len() <= 64 {
         pc.check_invariants();
@@ -790,9 +794,7 @@ impl Engine {
             let empty = pc.folios.is_empty() && pc.ordered.is_empty();
             if empty {
                 // Nothing cached: the size is read again at the next use.
-                pc.i_size = None;
-                pc.disk_i_size = 0;
-                pc.new_from = 0;
+                pc.forget_sizes();
                 reg.remove(&id);
             }
             self.pages.account(before, after);
@@ -826,9 +828,7 @@ impl Engine {
             assert!(pc.ordered.is_empty(), "page cache: discarding {id} with ordered extents alive");
             pc.folios.clear();
             pc.dirty_blocks = 0;
-            pc.i_size = None;
-            pc.disk_i_size = 0;
-            pc.new_from = 0;
+            pc.forget_sizes();
         });
     }
 

@@ -65,9 +65,17 @@ pub fn inode_init_owner(dir: &InodeItem, uid: u32, gid: u32, mode: u32) -> crate
 /// # Errors
 /// Read failures; `Posix(Invalid)` for an ACL that does not parse.
 pub fn access_acl<V: crate::inode::filesystem::FsRead>(fs: &V, id: crate::inode::filesystem::InodeId) -> Result<Option<Vec<AclEntry>>> {
-    use crate::inode::xattr::{XattrRead, XATTR_POSIX_ACL_ACCESS};
-    match fs.getxattr(id, XATTR_POSIX_ACL_ACCESS) {
-        Ok(v) => crate::inode::xattr::acl_from_xattr(id, XATTR_POSIX_ACL_ACCESS, &v),
+    read_acl(fs, id, crate::inode::xattr::XATTR_POSIX_ACL_ACCESS)
+}
+
+/// Inode `id`'s ACL `name` (access or default), parsed; None without one.
+///
+/// # Errors
+/// Read failures; `Posix(Invalid)` for an ACL that does not parse.
+pub fn read_acl<V: crate::inode::filesystem::FsRead>(fs: &V, id: crate::inode::filesystem::InodeId, name: &[u8]) -> Result<Option<Vec<AclEntry>>> {
+    use crate::inode::xattr::XattrRead;
+    match fs.getxattr(id, name) {
+        Ok(v) => crate::inode::xattr::acl_from_xattr(id, name, &v),
         Err(e) if e.posix_kind() == Some(PosixKind::NoData) => Ok(None),
         Err(e) => Err(e),
     }
