@@ -789,6 +789,62 @@ as_daemon 'touch d/sub/new' create-in-d/sub
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// The set-user-ID rules, which the mount owns (FUSE_HANDLE_KILLPRIV_V2): a write,
+/// truncation or fallocate by a caller without CAP_FSETID takes set-user-ID, and
+/// set-group-ID where the group may execute or the caller is outside the group; root's
+/// writes keep them; any chown takes
+/// them; file capabilities go at the first write after they are set. The same script on
+/// a kernel mount prints the same modes and capabilities.
+#[test]
+fn set_user_id_bits_go_as_the_kernel_takes_them() {
+    if !fuse_available("set_user_id_bits_go_as_the_kernel_takes_them") {
+        return;
+    }
+    const SCRIPT: &str = r#"set -e
+cd "$1"
+as_daemon() { setpriv --reuid=daemon --regid=daemon --clear-groups sh -c "$1"; }
+for f in w t a r c n; do printf 0123456789 > $f; done
+chmod 6777 w t a r c; chmod 2767 n
+as_daemon 'printf x >> w'
+as_daemon 'truncate -s 4 t'
+as_daemon 'fallocate -l 64K a'
+printf x >> r
+chown -h 0:0 c
+as_daemon 'printf x >> n'
+printf 0123 > cap; setcap cap_net_raw+ep cap; echo "cap before: $(getcap cap)"
+printf y >> cap; echo "cap after write: $(getcap cap)"
+setcap cap_net_raw+ep cap; printf y >> cap; echo "cap after a second setcap and write: $(getcap cap)"
+for f in w t a r c n cap; do echo "$f $(stat -c '%a %s' $f) $(cksum < $f)"; done
+"#;
+    let s = scratch("suid");
+    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    mkfs(&kimg, "300M");
+    mkfs(&uimg, "300M");
+    let script = s.join("suid.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let play = |dir: &Path| {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = Command::new("bash").arg(&script).arg(dir).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "the set-user-ID script failed in {}: {text}{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    let k = KernelMount::new(&kimg, &s.join("kmnt"));
+    let kernel = play(&k.dir);
+    drop(k);
+    let m = FuseMount::start(&uimg, &s.join("umnt"), "allow_other,default_permissions");
+    let ours = play(&s.join("umnt"));
+    m.stop(Stop::Sigterm);
+    assert_eq!(ours, kernel, "modes or capabilities through the mount differ from the kernel's");
+    // The script shows the bits going, not only agreement.
+    for want in ["\nw 777 11 ", "\nt 777 4 ", "\na 777 65536 ", "\nr 6777 11 ", "\nc 777 10 ", "\nn 767 11 ", "cap before: cap cap_net_raw=ep", "cap after write: \n"] {
+        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
+    }
+    assert_check(&uimg, "after the set-user-ID script");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// Memory stays bounded by the options whatever is written: 1 GiB through a mount
 /// with a 32 MiB page cache (8 MiB dirty) and a 32 MiB tree-block cache keeps the
 /// daemon's peak RSS within those plus a fixed allowance, and every byte lands.

@@ -269,8 +269,8 @@ fn cache_limit_evicts_clean_folios() {
     e.sync().expect("sync");
 }
 
-/// Many small files written and closed, more than the cache holds while dirty (each
-/// takes a whole folio): the cache stays within its limit, writing the oldest back to
+/// Many small files written and closed, more than the cache holds while dirty (a
+/// folio each): the cache stays within its limit, writing the oldest back to
 /// free their folios, and every file reads back whole from the image.
 #[test]
 fn small_dirty_files_beyond_the_cache_limit() {
@@ -282,7 +282,7 @@ fn small_dirty_files_beyond_the_cache_limit() {
     // 32 folios' worth of cache; the dirty limit (bytes of dirty blocks) is never met.
     e.set_page_cache_limits(2 << 20, 2 << 20);
     let body = |i: usize| format!("file {i} ").repeat(300 + i % 200).into_bytes();
-    let files: Vec<InodeId> = (0..400).map(|i| create(&e, &format!("f{i}"))).collect();
+    let files: Vec<InodeId> = (0..800).map(|i| create(&e, &format!("f{i}"))).collect();
     for (i, &f) in files.iter().enumerate() {
         e.buffered_write(f, 0, &body(i)).expect("write");
         let st = e.page_cache_stats();
@@ -296,6 +296,45 @@ fn small_dirty_files_beyond_the_cache_limit() {
         assert!(read_image(&s.path, f) == body(i), "file {i} on disk");
     }
     assert_check(&s.path, "small dirty files");
+}
+
+/// Folios are as small as the data: a 1 KiB file caches one block, not a 64 KiB
+/// folio; appends grow a file's last folio (its bytes and dirty blocks kept) up to the
+/// full size, and what was written reads back, from the cache and from the image.
+#[test]
+fn folios_grow_with_the_file() {
+    if !tools("folios_grow_with_the_file") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-grow", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let small: Vec<InodeId> = (0..100).map(|i| create(&e, &format!("s{i}"))).collect();
+    for (i, &f) in small.iter().enumerate() {
+        e.buffered_write(f, 0, &[i as u8; 1024]).expect("write");
+    }
+    assert_eq!(e.page_cache_stats().cached_bytes, 100 * 4096, "100 files of 1 KiB");
+    let f = create(&e, "grows");
+    let mut model = Vec::new();
+    // Appends of 3000 bytes: the folio of slot 0 goes 4, 8, 16, 32, 64 KiB, then slot
+    // 64 KiB starts small again.
+    for k in 0..30u32 {
+        let chunk: Vec<u8> = (0..3000u32).map(|i| (i.wrapping_mul(7919) ^ k) as u8).collect();
+        e.buffered_write(f, model.len() as u64, &chunk).expect("append");
+        model.extend_from_slice(&chunk);
+        let want = |end: u64| if end >= 64 << 10 { 64 << 10 } else { end.next_power_of_two().max(4096) };
+        let len = model.len() as u64;
+        let slots: u64 = (0..len.div_ceil(64 << 10)).map(|s| want((len - s * (64 << 10)).min(64 << 10))).sum();
+        assert_eq!(e.page_cache_stats().cached_bytes, 100 * 4096 + slots, "after append {k} ({len} bytes)");
+        e.check_page_cache_invariants();
+    }
+    assert!(buffered_contents(&e, f) == model, "appends read back from the cache");
+    e.sync().expect("sync");
+    drop(e);
+    assert!(read_image(&s.path, f) == model, "appends read back from the image");
+    for (i, &f) in small.iter().enumerate() {
+        assert_eq!(read_image(&s.path, f), vec![i as u8; 1024], "small file {i}");
+    }
+    assert_check(&s.path, "after the growing folios");
 }
 
 #[test]

@@ -38,6 +38,7 @@ use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::file::OpenFile;
 use ubtrfs_core::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
+use ubtrfs_core::inode::page_cache::WriteOpts;
 use ubtrfs_core::inode::perm::inode_init_owner;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::XattrReply;
@@ -228,6 +229,27 @@ impl UbtrfsFs {
     }
 
     /// The attributes a new inode made by `req` in `dir` gets.
+    /// Whether the caller of `req` is in stored group `gid` (`in_group_p`: its group
+    /// or a supplementary one, through the gid= mapping).
+    fn caller_in_group(&self, req: &Request, gid: u32) -> bool {
+        let map = |g: u32| IdMap::store(self.opts.gid, g);
+        map(req.gid()) == gid || caller_creds(req.pid()).1.into_iter().any(|g| map(g) == gid)
+    }
+
+    /// The mode `id` is left with by a truncation or fallocate of the caller of `req`
+    /// when that takes set-user-ID bits (`should_remove_suid`: a caller without
+    /// CAP_FSETID); None when nothing changes. Ours to do under
+    /// FUSE_HANDLE_KILLPRIV_V2.
+    fn mode_without_privs(&self, req: &Request, id: InodeId) -> Result<Option<u32>> {
+        let item = self.engine.read(|l| l.load_inode(id, Load::ITEM))?.item;
+        let mode = item.mode.get();
+        if mode & S_IFMT != S_IFREG || mode & 0o6000 == 0 || caller_creds(req.pid()).0 {
+            return Ok(None);
+        }
+        let m = ubtrfs_core::inode::write::mode_without_privs(mode, item.gid.get(), &|g| self.caller_in_group(req, g));
+        Ok(Some(m & 0o7777).filter(|_| m != mode))
+    }
+
     fn new_attrs(&self, req: &Request, dir: &InodeItem, mode: u32) -> InodeAttrs {
         let uid = IdMap::store(self.opts.uid, req.uid());
         let gid = IdMap::store(self.opts.gid, req.gid());
@@ -402,9 +424,18 @@ impl fuser::Filesystem for UbtrfsFs {
         // the engine cannot see, so SEEK_DATA misses data just written and ctime
         // checks after rename or open(O_TRUNC) read stale cached times (pjdfstest
         // and the workload test fail with it).
-        for cap in
-            [fuser::InitFlags::FUSE_DO_READDIRPLUS, fuser::InitFlags::FUSE_READDIRPLUS_AUTO, fuser::InitFlags::FUSE_PARALLEL_DIROPS, fuser::InitFlags::FUSE_POSIX_ACL, fuser::InitFlags::FUSE_DONT_MASK]
-        {
+        // FUSE_HANDLE_KILLPRIV_V2: we take the set-user-ID bits on write, truncate
+        // and chown (see write and setattr), and in exchange the kernel stops asking
+        // for security.capability before every write (it marks inodes S_NOSEC): one
+        // request per write instead of two.
+        for cap in [
+            fuser::InitFlags::FUSE_DO_READDIRPLUS,
+            fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
+            fuser::InitFlags::FUSE_PARALLEL_DIROPS,
+            fuser::InitFlags::FUSE_POSIX_ACL,
+            fuser::InitFlags::FUSE_DONT_MASK,
+            fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+        ] {
             let _ = config.add_capabilities(cap);
         }
         Ok(())
@@ -453,7 +484,7 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -480,8 +511,16 @@ impl fuser::Filesystem for UbtrfsFs {
                 mtime: mtime.map(now_or),
                 // An explicit ctime, when the kernel sends one.
                 ctime: ctime.map(timespec),
-                kill_privs: uid.is_some() || gid.is_some(),
+                // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves the set-user-ID bits
+                // to us (its FATTR_KILL_SUIDGID, which fuser does not pass on): a
+                // chown, with ids or without (chown(path, -1, -1) arrives as a
+                // SETATTR of ctime alone), and a truncation by a caller without
+                // CAP_FSETID (`should_remove_suid`) take them.
+                kill_privs: uid.is_some() || gid.is_some() || (ctime.is_some() && mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none()),
             };
+            // A truncation by a caller without CAP_FSETID: `should_remove_suid`'s mode
+            // (the kernel's FATTR_KILL_SUIDGID, which fuser does not pass on).
+            let a = if size.is_some() && mode.is_none() { SetAttr { mode: self.mode_without_privs(req, id)?, ..a } } else { a };
             self.engine.setattr(id, &a)?;
             self.getattr_of(id)
         });
@@ -607,17 +646,21 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: fuser::WriteFlags,
+        write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| self.engine.buffered_write(h.file.id(), offset, data));
+        // FUSE_HANDLE_KILLPRIV_V2: the kernel flags writes by callers without
+        // CAP_FSETID, and the set-user-ID bits are ours to take.
+        let in_group = |g: u32| self.caller_in_group(req, g);
+        let opts = WriteOpts { kill_suidgid: write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID), in_group: Some(&in_group) };
+        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| self.engine.buffered_write_opts(h.file.id(), offset, data, opts));
         match r {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(self.fail("write", &e)),
@@ -815,9 +858,14 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         let r = self.id(ino).and_then(|id| {
             self.writable()?;
+            // file_modified: a caller without CAP_FSETID takes the set-user-ID bits
+            // (ours to take under FUSE_HANDLE_KILLPRIV_V2).
+            if let Some(m) = self.mode_without_privs(req, id)? {
+                self.engine.setattr(id, &SetAttr { mode: Some(m), ..SetAttr::default() })?;
+            }
             self.engine.fallocate(id, mode as u32, offset, length)
         });
         match r {
@@ -875,4 +923,19 @@ impl fuser::Filesystem for UbtrfsFs {
             Err(e) => reply.error(self.fail("copy_file_range", &e)),
         }
     }
+}
+
+/// What /proc says of a caller: whether it holds CAP_FSETID in its effective set
+/// (`capable(CAP_FSETID)`), and its supplementary groups. A process gone or unreadable
+/// holds nothing: its set-user-ID bits are taken, as for any caller the kernel cannot
+/// vouch for.
+fn caller_creds(pid: u32) -> (bool, Vec<u32>) {
+    const CAP_FSETID: u32 = 4;
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return (false, Vec::new());
+    };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let fsetid = field("CapEff:").and_then(|v| u64::from_str_radix(v, 16).ok()).is_some_and(|caps| caps & (1 << CAP_FSETID) != 0);
+    let groups = field("Groups:").map(|v| v.split_whitespace().filter_map(|g| g.parse().ok()).collect()).unwrap_or_default();
+    (fsetid, groups)
 }

@@ -3,8 +3,11 @@
 //! the buffered read and write paths over it (`Engine::buffered_read`,
 //! `Engine::buffered_write`).
 //!
-//! - A folio is `FOLIO_SIZE` bytes at a `FOLIO_SIZE`-aligned file offset (the writeback
-//!   code takes any power-of-two folio of whole blocks; the bench uses 2 MiB ones). Its
+//! - A folio starts at a `FOLIO_SIZE`-aligned file offset (its slot) and holds a
+//!   power-of-two number of whole blocks, up to `FOLIO_SIZE`: as small as the first
+//!   access needs, grown when a later one reaches further (`FolioMap::slot_folio`), so
+//!   small files keep small folios. (The writeback code takes any power-of-two folio
+//!   of whole blocks; the bench uses 2 MiB ones.) Its
 //!   blocks are uptodate when they hold the file's bytes, dirty when they hold bytes
 //!   the trees do not have yet, under writeback while a submission carries them.
 //! - The in-memory i_size (`PageCacheInner::i_size`) runs ahead of the on-disk one: a
@@ -76,6 +79,13 @@ fn range_mask(lo: u32, hi: u32) -> u64 {
 impl Bitmap {
     pub fn new(nbits: u32) -> Bitmap {
         Bitmap { words: vec![0; nbits.div_ceil(64) as usize], nbits }
+    }
+
+    /// The map with `nbits` bits, the new ones clear.
+    pub fn grow(&mut self, nbits: u32) {
+        assert!(nbits >= self.nbits, "bitmap of {} bits cannot grow to {nbits}", self.nbits);
+        self.words.resize(nbits.div_ceil(64) as usize, 0);
+        self.nbits = nbits;
     }
 
     pub fn len(&self) -> u32 {
@@ -176,6 +186,20 @@ impl Folio {
         self.data.len() as u64
     }
 
+    /// The folio with `size` bytes (a larger power of two, still aligned at its
+    /// start): its bytes and block state stay, the new blocks are not uptodate.
+    pub fn grow(&mut self, size: u64) {
+        assert!(size.is_power_of_two() && size > self.size(), "folio {} of {} bytes cannot grow to {size}", self.start, self.size());
+        assert_eq!(self.start % size, 0, "folio at {} not aligned to {size}", self.start);
+        let mut data = vec![0u8; size as usize].into_boxed_slice();
+        data[..self.data.len()].copy_from_slice(&self.data);
+        self.data = data;
+        let n = (size / u64::from(self.blocksize)) as u32;
+        self.uptodate.grow(n);
+        self.dirty.grow(n);
+        self.writeback.grow(n);
+    }
+
     pub fn end(&self) -> u64 {
         self.start + self.size()
     }
@@ -215,11 +239,106 @@ impl PageCache {
     }
 }
 
+/// What a buffered write asks besides its data.
+#[derive(Clone, Copy, Default)]
+pub struct WriteOpts<'a> {
+    /// The writer lacks CAP_FSETID (the VFS's `file_remove_privs`, FUSE's
+    /// FUSE_WRITE_KILL_SUIDGID): the file loses its set-user-ID bits as
+    /// `write::mode_without_privs` says. (File capabilities are the caller's: the VFS
+    /// removes `security.capability` itself before the write.)
+    pub kill_suidgid: bool,
+    /// Whether the writer is in group `gid` (`in_group_p`), asked only for a
+    /// set-group-ID file without group execute; None: in none.
+    pub in_group: Option<&'a dyn Fn(u32) -> bool>,
+}
+
+impl std::fmt::Debug for WriteOpts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteOpts").field("kill_suidgid", &self.kill_suidgid).field("in_group", &self.in_group.is_some()).finish()
+    }
+}
+
+/// An inode's folios by file offset, with their total size kept as they come and go:
+/// every cache change asks for it (`with_cache`), and a sum over the folios there made
+/// a 4 KiB write into a large cached file cost a walk of all its folios. Reads go
+/// through `Deref`; only the methods here add or drop folios (a `&mut Folio` cannot
+/// change its size: `data` is never replaced).
+#[derive(Debug, Default)]
+pub struct FolioMap {
+    map: BTreeMap<u64, Folio>,
+    bytes: u64,
+}
+
+impl std::ops::Deref for FolioMap {
+    type Target = BTreeMap<u64, Folio>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl FolioMap {
+    /// The folio of the `FOLIO_SIZE` slot at `start`, reaching at least `end`: made
+    /// with the smallest power-of-two size of whole blocks that reaches it, or grown
+    /// to that size. A small file keeps small folios (a 1 KiB file takes one block,
+    /// not a whole slot), as the kernel sizes a new folio by the write that makes it.
+    pub(crate) fn slot_folio(&mut self, start: u64, end: u64, blocksize: u32) -> &mut Folio {
+        assert_eq!(start % FOLIO_SIZE, 0, "page cache: folio slot at {start}");
+        assert!(end > start && end - start <= FOLIO_SIZE, "page cache: [{start}, {end}) is not inside one folio slot");
+        let size = (end - start).next_power_of_two().max(u64::from(blocksize));
+        let bytes = &mut self.bytes;
+        let f = self.map.entry(start).or_insert_with(|| {
+            *bytes += size;
+            Folio::new(start, size, blocksize)
+        });
+        if f.size() < size {
+            *bytes += size - f.size();
+            f.grow(size);
+        }
+        f
+    }
+
+    pub(crate) fn get_mut(&mut self, start: &u64) -> Option<&mut Folio> {
+        self.map.get_mut(start)
+    }
+
+    pub(crate) fn range_mut<R: std::ops::RangeBounds<u64>>(&mut self, r: R) -> std::collections::btree_map::RangeMut<'_, u64, Folio> {
+        self.map.range_mut(r)
+    }
+
+    pub(crate) fn remove(&mut self, start: &u64) -> Option<Folio> {
+        let f = self.map.remove(start)?;
+        self.bytes -= f.size();
+        Some(f)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
+    }
+
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&u64, &mut Folio) -> bool) {
+        let bytes = &mut self.bytes;
+        self.map.retain(|k, f| {
+            let k2 = keep(k, f);
+            if !k2 {
+                *bytes -= f.size();
+            }
+            k2
+        });
+    }
+
+    /// The kept total is the folios' sizes.
+    fn check_invariants(&self) {
+        let sum: u64 = self.map.values().map(Folio::size).sum();
+        assert_eq!(self.bytes, sum, "page cache: folio bytes kept as {} but the folios hold {sum}", self.bytes);
+    }
+}
+
 /// The state behind a `PageCache`'s mutex.
 #[derive(Debug, Default)]
 pub struct PageCacheInner {
     /// Folios by file offset.
-    pub(crate) folios: BTreeMap<u64, Folio>,
+    pub(crate) folios: FolioMap,
     /// In-memory size, once known (read from the INODE_ITEM at first use).
     pub(crate) i_size: Option<u64>,
     /// The INODE_ITEM's size as the trees have it (known when `i_size` is).
@@ -242,7 +361,7 @@ fn shrink_target(limit: u64) -> u64 {
 
 impl PageCacheInner {
     pub(crate) fn cached_bytes(&self) -> u64 {
-        self.folios.values().map(Folio::size).sum()
+        self.folios.bytes
     }
 
     /// Nothing cached any more: the sizes are read again from the trees at the next
@@ -291,8 +410,9 @@ impl PageCacheInner {
             assert!(self.folios.is_empty(), "page cache: {} folios while the size is unknown", self.folios.len());
         }
         assert!(self.disk_i_size <= i_size, "page cache: on-disk size {} above the in-memory size {i_size}", self.disk_i_size);
+        self.folios.check_invariants();
         let mut prev_end = 0;
-        for (&start, f) in &self.folios {
+        for (&start, f) in self.folios.iter() {
             assert_eq!(start, f.start, "page cache: folio keyed {start} starts at {}", f.start);
             assert!(start >= prev_end, "page cache: folio {start} overlaps the one before (ending {prev_end})");
             prev_end = f.end();
@@ -588,7 +708,7 @@ impl Engine {
             while cur < end {
                 let fstart = cur / FOLIO_SIZE * FOLIO_SIZE;
                 let fend = (fstart + FOLIO_SIZE).min(end);
-                pc.folios.entry(fstart).or_insert_with(|| Folio::new(fstart, FOLIO_SIZE, bs));
+                pc.folios.slot_folio(fstart, fend, bs);
                 self.fill_folio(id, pc, fstart, cur, fend)?;
                 let f = pc.folios.get_mut(&fstart).expect("inserted above");
                 f.last_use = self.pages.next_tick();
@@ -618,6 +738,14 @@ impl Engine {
     /// `Posix(ReadOnly)` on a read-only subvolume or engine; reads of partial blocks;
     /// errors of the writeback the dirty limit forces.
     pub fn buffered_write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        self.buffered_write_opts(id, offset, data, WriteOpts::default())
+    }
+
+    /// `buffered_write`, with what the writer asks besides the data (`WriteOpts`).
+    ///
+    /// # Errors
+    /// As `buffered_write`.
+    pub fn buffered_write_opts(&self, id: InodeId, offset: u64, data: &[u8], opts: WriteOpts) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
@@ -637,7 +765,16 @@ impl Engine {
         // The write's times, as the kernel's file_update_time sets them once the
         // write is allowed and before the data is copied (writeback leaves them
         // alone); refused on a read-only subvolume or engine.
-        self.write_retrying(|w| w.file_update_time(id.root, id.ino))?;
+        // A writer without CAP_FSETID takes set-user-ID (and set-group-ID where the
+        // group may execute) in the same update (`file_remove_privs`).
+        let mode = ii.mode.get();
+        let kill = if opts.kill_suidgid && mode & 0o6000 != 0 {
+            let in_group = |g: u32| opts.in_group.is_some_and(|f| f(g));
+            Some(crate::inode::write::mode_without_privs(mode, ii.gid.get(), &in_group)).filter(|&m| m != mode)
+        } else {
+            None
+        };
+        self.write_retrying(|w| w.file_update_time(id.root, id.ino, kill))?;
         with_cache(self, &inode, |pc| -> Result<()> {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());
@@ -649,14 +786,14 @@ impl Engine {
             while cur < end {
                 let fstart = cur / FOLIO_SIZE * FOLIO_SIZE;
                 let fend = (fstart + FOLIO_SIZE).min(end);
-                pc.folios.entry(fstart).or_insert_with(|| Folio::new(fstart, FOLIO_SIZE, bs));
+                let fsize = pc.folios.slot_folio(fstart, fend, bs).size();
                 // Partial blocks at the edges need their old bytes.
                 let (a, z) = (cur / bsz * bsz, fend.div_ceil(bsz) * bsz);
                 if a < cur {
                     self.fill_folio(id, pc, fstart, a, cur)?;
                 }
                 if z > fend {
-                    self.fill_folio(id, pc, fstart, fend, z.min(fstart + FOLIO_SIZE))?;
+                    self.fill_folio(id, pc, fstart, fend, z.min(fstart + fsize))?;
                 }
                 let f = pc.folios.get_mut(&fstart).expect("inserted above");
                 f.last_use = self.pages.next_tick();

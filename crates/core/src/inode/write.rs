@@ -68,6 +68,19 @@ pub(super) fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name:
     Ok(())
 }
 
+/// The mode a write, truncation or fallocate by a caller without CAP_FSETID leaves
+/// (`should_remove_suid`): set-user-ID goes; set-group-ID goes when the group may
+/// execute, and without group execute (it then marks mandatory locking) when the caller
+/// is outside the file's group `gid` (`setattr_should_drop_sgid`; `in_group` answers
+/// for the caller, and is asked only then).
+pub fn mode_without_privs(mode: u32, gid: u32, in_group: &dyn Fn(u32) -> bool) -> u32 {
+    let mut m = mode & !0o4000;
+    if m & 0o2000 != 0 && (m & 0o010 != 0 || !in_group(gid)) {
+        m &= !0o2000;
+    }
+    m
+}
+
 /// Flags a new inode takes from its directory's flags `d`, as the kernel's
 /// `btrfs_inherit_iflags`: compression preference, and NODATACOW (with NODATASUM for
 /// regular files).
@@ -1026,10 +1039,14 @@ impl FsWriter {
         })
     }
 
-    /// A write's `file_update_time`: mtime and ctime become now.
-    pub(crate) fn file_update_time(&mut self, root: u64, ino: u64) -> Result<()> {
+    /// A write's `file_update_time`: mtime and ctime become now; `mode`, when given,
+    /// is the mode `file_remove_privs` leaves (`mode_without_privs`).
+    pub(crate) fn file_update_time(&mut self, root: u64, ino: u64, mode: Option<u32>) -> Result<()> {
         let t = self.now();
         self.update_inode(root, ino, |i| {
+            if let Some(m) = mode {
+                i.mode = m.into();
+            }
             i.mtime = t;
             i.ctime = t;
         })
