@@ -728,6 +728,34 @@ fn refused_truncating_open_of_a_running_program_truncates_nothing() {
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// `script` (bash, the directory as $1) run on a kernel mount of a fresh image and
+/// then through `ubtrfs mount -o OPTS` of another: the scratch directory, the mount's
+/// image (unmounted again), and the script's output on the mount and on the kernel.
+/// A failing script fails the test, naming `what`.
+fn same_script_on_both(tag: &str, what: &str, script: &str, opts: &str) -> (PathBuf, PathBuf, PathBuf, String, String) {
+    let s = scratch(tag);
+    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    mkfs(&kimg, "300M");
+    mkfs(&uimg, "300M");
+    let path = s.join(format!("{tag}.sh"));
+    std::fs::write(&path, script).unwrap();
+    let play = |dir: &Path| {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = Command::new("bash").arg(&path).arg(dir).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "the {what} script failed in {}: {text}{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    let k = KernelMount::new(&kimg, &s.join("kmnt"));
+    let kernel = play(&k.dir);
+    drop(k);
+    let m = FuseMount::start(&uimg, &s.join("umnt"), opts);
+    let ours = play(&s.join("umnt"));
+    m.stop(Stop::Sigterm);
+    (s, kimg, uimg, ours, kernel)
+}
+
 /// POSIX ACLs through the mount as the kernel keeps them: a directory's default ACL
 /// is inherited by new files, directories and fifos (the umask ignored there, applied
 /// elsewhere), chmod rewrites an access ACL, and the kernel enforces ACL entries for
@@ -752,26 +780,7 @@ as_daemon 'touch d/f' write-d/f
 as_daemon 'touch e/f' write-e/f
 as_daemon 'touch d/sub/new' create-in-d/sub
 "#;
-    let s = scratch("acl");
-    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
-    mkfs(&kimg, "300M");
-    mkfs(&uimg, "300M");
-    let script = s.join("acl.sh");
-    std::fs::write(&script, SCRIPT).unwrap();
-    let play = |dir: &Path| {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let out = Command::new("bash").arg(&script).arg(dir).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "the ACL script failed in {}: {text}{}", dir.display(), String::from_utf8_lossy(&out.stderr));
-        text
-    };
-    let k = KernelMount::new(&kimg, &s.join("kmnt"));
-    let kernel = play(&k.dir);
-    drop(k);
-    let m = FuseMount::start(&uimg, &s.join("umnt"), "allow_other");
-    let ours = play(&s.join("umnt"));
-    m.stop(Stop::Sigterm);
+    let (s, kimg, uimg, ours, kernel) = same_script_on_both("acl", "ACL", SCRIPT, "allow_other");
     assert_eq!(ours, kernel, "getfacl, modes and access through the mount differ from the kernel's");
     // The script shows inheritance and enforcement, not only agreement.
     for want in ["== d/sub drwxrwx---", "default:user:daemon:rwx", "== d/f -rw-rw----", "== e/f -rw-r--r--", "read-g ok", "write-d/f ok", "write-e/f denied", "create-in-d/sub ok"] {
@@ -816,26 +825,7 @@ printf y >> cap; echo "cap after write: $(getcap cap)"
 setcap cap_net_raw+ep cap; printf y >> cap; echo "cap after a second setcap and write: $(getcap cap)"
 for f in w t a r c n cap; do echo "$f $(stat -c '%a %s' $f) $(cksum < $f)"; done
 "#;
-    let s = scratch("suid");
-    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
-    mkfs(&kimg, "300M");
-    mkfs(&uimg, "300M");
-    let script = s.join("suid.sh");
-    std::fs::write(&script, SCRIPT).unwrap();
-    let play = |dir: &Path| {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let out = Command::new("bash").arg(&script).arg(dir).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "the set-user-ID script failed in {}: {text}{}", dir.display(), String::from_utf8_lossy(&out.stderr));
-        text
-    };
-    let k = KernelMount::new(&kimg, &s.join("kmnt"));
-    let kernel = play(&k.dir);
-    drop(k);
-    let m = FuseMount::start(&uimg, &s.join("umnt"), "allow_other,default_permissions");
-    let ours = play(&s.join("umnt"));
-    m.stop(Stop::Sigterm);
+    let (s, _, uimg, ours, kernel) = same_script_on_both("suid", "set-user-ID", SCRIPT, "allow_other,default_permissions");
     assert_eq!(ours, kernel, "modes or capabilities through the mount differ from the kernel's");
     // The script shows the bits going, not only agreement.
     for want in ["\nw 777 11 ", "\nt 777 4 ", "\na 777 65536 ", "\nr 6777 11 ", "\nc 777 10 ", "\nn 767 11 ", "cap before: cap cap_net_raw=ep", "cap after write: \n"] {

@@ -229,11 +229,12 @@ impl UbtrfsFs {
     }
 
     /// The attributes a new inode made by `req` in `dir` gets.
-    /// Whether the caller of `req` is in stored group `gid` (`in_group_p`: its group
-    /// or a supplementary one, through the gid= mapping).
-    fn caller_in_group(&self, req: &Request, gid: u32) -> bool {
+    /// Whether the caller of `req`, with supplementary groups `groups`, is in stored
+    /// group `gid` (`in_group_p`: its group or a supplementary one, through the gid=
+    /// mapping).
+    fn caller_in_group(&self, req: &Request, groups: &[u32], gid: u32) -> bool {
         let map = |g: u32| IdMap::store(self.opts.gid, g);
-        map(req.gid()) == gid || caller_creds(req.pid()).1.into_iter().any(|g| map(g) == gid)
+        map(req.gid()) == gid || groups.iter().any(|&g| map(g) == gid)
     }
 
     /// The mode `id` is left with by a truncation or fallocate of the caller of `req`
@@ -243,10 +244,14 @@ impl UbtrfsFs {
     fn mode_without_privs(&self, req: &Request, id: InodeId) -> Result<Option<u32>> {
         let item = self.engine.read(|l| l.load_inode(id, Load::ITEM))?.item;
         let mode = item.mode.get();
-        if mode & S_IFMT != S_IFREG || mode & 0o6000 == 0 || caller_creds(req.pid()).0 {
+        if mode & S_IFMT != S_IFREG || mode & 0o6000 == 0 {
             return Ok(None);
         }
-        let m = ubtrfs_core::inode::write::mode_without_privs(mode, item.gid.get(), &|g| self.caller_in_group(req, g));
+        let (fsetid, groups) = caller_creds(req.pid());
+        if fsetid {
+            return Ok(None);
+        }
+        let m = ubtrfs_core::inode::write::mode_without_privs(mode, item.gid.get(), &|g| self.caller_in_group(req, &groups, g));
         Ok(Some(m & 0o7777).filter(|_| m != mode))
     }
 
@@ -658,7 +663,8 @@ impl fuser::Filesystem for UbtrfsFs {
     ) {
         // FUSE_HANDLE_KILLPRIV_V2: the kernel flags writes by callers without
         // CAP_FSETID, and the set-user-ID bits are ours to take.
-        let in_group = |g: u32| self.caller_in_group(req, g);
+        // Asked only for a set-group-ID file without group execute.
+        let in_group = |g: u32| self.caller_in_group(req, &caller_creds(req.pid()).1, g);
         let opts = WriteOpts { kill_suidgid: write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID), in_group: Some(&in_group) };
         let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| self.engine.buffered_write_opts(h.file.id(), offset, data, opts));
         match r {

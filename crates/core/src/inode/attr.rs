@@ -156,11 +156,9 @@ impl FsWriter {
                 }
                 if kill {
                     // chown_common: ATTR_KILL_SUID, and ATTR_KILL_SGID for a group that
-                    // may execute (a set-group-ID without it marks mandatory locking).
-                    mode &= !0o4000;
-                    if mode & 0o2010 == 0o2010 {
-                        mode &= !0o2000;
-                    }
+                    // may execute (a set-group-ID without it marks mandatory locking,
+                    // which a caller allowed to chown keeps).
+                    mode = crate::inode::write::mode_without_privs(mode, i.gid.get(), &|_| true);
                 }
                 i.mode = mode.into();
                 if let Some(u) = a.uid {
