@@ -18,23 +18,64 @@ pub struct Time {
 
 /// Where "now" comes from.
 pub trait Clock: Send + Sync {
+    /// Now, as finely as the clock tells it.
     fn now(&self) -> Time;
+
+    /// Now at the clock's coarse granularity (the kernel's timer tick), and never
+    /// before a time `now` has already given: what a write's time update compares
+    /// the inode's times with, as the kernel's multigrain timestamps do
+    /// (`current_time` of an inode whose ctime nobody has read). Successive readings
+    /// inside one tick are equal, so a run of writes changes the times once. A clock
+    /// without a coarse reading gives `now`.
+    fn coarse_now(&self) -> Time {
+        self.now()
+    }
 }
 
-/// The system's wall clock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
+/// The system's wall clock. Its fine readings raise a floor that its coarse readings
+/// never go below (the kernel's multigrain floor), so a coarse time given after a fine
+/// one is never older: a file written after another is touched never looks older.
+#[derive(Debug, Default)]
+pub struct SystemClock {
+    /// The latest fine reading, in nanoseconds since the epoch (readings before 1970
+    /// raise no floor and are given as read).
+    floor: AtomicU64,
+}
+
+/// `t` in nanoseconds since the epoch; None before it.
+fn epoch_ns(t: Time) -> Option<u64> {
+    u64::try_from(t.sec).ok()?.checked_mul(1_000_000_000)?.checked_add(u64::from(t.nsec))
+}
 
 impl Clock for SystemClock {
     fn now(&self) -> Time {
-        match SystemTime::now().duration_since(UNIX_EPOCH) {
+        let t = match SystemTime::now().duration_since(UNIX_EPOCH) {
             Ok(d) => Time { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() },
             // A clock set before 1970: btrfs stores signed seconds.
             Err(e) => {
                 let d = e.duration();
                 Time { sec: -i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: 0 }
             }
+        };
+        if let Some(ns) = epoch_ns(t) {
+            self.floor.fetch_max(ns, Ordering::AcqRel);
         }
+        t
+    }
+
+    fn coarse_now(&self) -> Time {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid timespec for the call to fill.
+        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
+            return self.now();
+        }
+        let t = Time { sec: ts.tv_sec, nsec: u32::try_from(ts.tv_nsec).unwrap_or(0) };
+        let Some(ns) = epoch_ns(t) else { return t };
+        let floor = self.floor.load(Ordering::Acquire);
+        if floor <= ns {
+            return t;
+        }
+        Time { sec: (floor / 1_000_000_000) as i64, nsec: (floor % 1_000_000_000) as u32 }
     }
 }
 
@@ -85,7 +126,7 @@ impl UuidSource for RandomUuids {
             } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
                 // No random source at all: fall back to the clock and pid, still unique
                 // enough for one machine, never a crash.
-                let t = SystemClock.now();
+                let t = SystemClock::default().now();
                 let seed = (t.sec as u64) ^ (u64::from(t.nsec) << 32) ^ u64::from(std::process::id());
                 return SeededUuids::new(seed).new_uuid();
             }
@@ -141,7 +182,7 @@ pub struct Sources {
 
 impl Default for Sources {
     fn default() -> Sources {
-        Sources { clock: Arc::new(SystemClock), uuids: Arc::new(RandomUuids) }
+        Sources { clock: Arc::new(SystemClock::default()), uuids: Arc::new(RandomUuids) }
     }
 }
 
@@ -189,6 +230,28 @@ mod tests {
 
     #[test]
     fn system_clock_is_after_2020() {
-        assert!(SystemClock.now().sec > 1_577_836_800);
+        assert!(SystemClock::default().now().sec > 1_577_836_800);
+    }
+
+    #[test]
+    fn coarse_readings_stay_put_within_a_tick_and_never_go_below_a_fine_one() {
+        let c = SystemClock::default();
+        let mut ticks = 0;
+        let mut last = c.coarse_now();
+        for _ in 0..100_000 {
+            let fine = c.now();
+            let coarse = c.coarse_now();
+            assert!(coarse >= fine, "coarse {coarse:?} before an earlier fine reading {fine:?}");
+            assert!(coarse >= last, "coarse readings went back: {last:?} then {coarse:?}");
+            if coarse != last {
+                ticks += 1;
+            }
+            last = coarse;
+        }
+        // Without fine readings in between, a run of coarse readings mostly repeats.
+        let before = c.coarse_now();
+        let same = (0..1000).filter(|_| c.coarse_now() == before).count();
+        assert!(same > 0, "no two coarse readings were equal");
+        assert!(ticks > 0, "the coarse clock never moved in 100,000 readings");
     }
 }

@@ -562,3 +562,94 @@ fn write_times_are_the_writes_not_the_writebacks() {
     drop(e);
     assert_check(&s.path, "write times");
 }
+
+/// A clock whose coarse reading is a tick the test moves, never below its latest fine
+/// reading; each fine reading is a microsecond past the last and past the tick.
+#[derive(Default)]
+struct TickClock {
+    fine: std::sync::atomic::AtomicU64,
+    tick: std::sync::atomic::AtomicU64,
+}
+
+const T0: u64 = 1_700_000_000_000_000_000;
+
+impl TickClock {
+    fn at(ns: u64) -> ubtrfs_core::sources::Time {
+        let ns = T0 + ns;
+        ubtrfs_core::sources::Time { sec: (ns / 1_000_000_000) as i64, nsec: (ns % 1_000_000_000) as u32 }
+    }
+    /// The coarse clock moves on to just past every fine reading so far.
+    fn tick(&self) -> ubtrfs_core::sources::Time {
+        let t = self.fine.load(std::sync::atomic::Ordering::SeqCst) + 1_000_000;
+        self.tick.store(t, std::sync::atomic::Ordering::SeqCst);
+        TickClock::at(t)
+    }
+}
+
+impl ubtrfs_core::sources::Clock for TickClock {
+    fn now(&self) -> ubtrfs_core::sources::Time {
+        use std::sync::atomic::Ordering::SeqCst;
+        let tick = self.tick.load(SeqCst);
+        let prev = self.fine.fetch_update(SeqCst, SeqCst, |f| Some(f.max(tick) + 1_000)).expect("update");
+        TickClock::at(prev.max(tick) + 1_000)
+    }
+    fn coarse_now(&self) -> ubtrfs_core::sources::Time {
+        use std::sync::atomic::Ordering::SeqCst;
+        TickClock::at(self.tick.load(SeqCst).max(self.fine.load(SeqCst)))
+    }
+}
+
+/// Multigrain times: a write nobody has looked at since the last one takes the coarse
+/// clock, so writes inside one tick leave the times as the first of them set them;
+/// once a getattr has handed the times out, the next write takes a fine time and the
+/// change shows, even inside the same tick. The image keeps the last write's times.
+#[test]
+fn writes_take_coarse_times_until_someone_looks() {
+    if !tools("writes_take_coarse_times_until_someone_looks") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-multigrain", 256 << 20, &[]);
+    let clock = Arc::new(TickClock::default());
+    let mut opts = OpenOptions::new(&s.path);
+    opts.writable = true;
+    opts.sources.clock = clock.clone();
+    let e = Engine::open(&opts).expect("open");
+    let f = create(&e, "f");
+    e.commit().expect("commit the name");
+    let times = |what: &str| {
+        let a = e.getattr(f).unwrap_or_else(|err| panic!("getattr after {what}: {err}"));
+        assert_eq!((a.mtime.sec.get(), a.mtime.nsec.get()), (a.ctime.sec.get(), a.ctime.nsec.get()), "{what}: mtime and ctime differ");
+        ubtrfs_core::sources::Time { sec: a.mtime.sec.get() as i64, nsec: a.mtime.nsec.get() }
+    };
+    let created = times("create");
+    // Looked at (the getattr): the first write takes a fine time. Not looked at
+    // since: a write in the next tick takes the coarse tick, and one more in the same
+    // tick keeps it.
+    e.buffered_write(f, 0, b"one").expect("write 1");
+    let tick = clock.tick();
+    assert!(tick > created);
+    e.buffered_write(f, 3, b"two").expect("write 2");
+    e.buffered_write(f, 6, b"three").expect("write 3");
+    let coarse = times("writes 2 and 3");
+    assert_eq!(coarse, tick, "unlooked-at writes took the coarse clock's tick");
+    // Looked at (the getattr above), inside the same tick: a fine time, past the tick.
+    e.buffered_write(f, 11, b"four").expect("write 4");
+    let fine = times("write 4");
+    assert!(fine > coarse, "a write after a getattr changed the times inside one tick: {coarse:?} -> {fine:?}");
+    // Looked at again: the next write moves them on, and the one after it in the same
+    // tick (its coarse reading not below that fine time) leaves them there.
+    e.buffered_write(f, 15, b"five").expect("write 5");
+    e.buffered_write(f, 19, b"six").expect("write 6");
+    let last = times("writes 5 and 6");
+    assert!(last > fine, "write 5 after a getattr moved the times on: {fine:?} -> {last:?}");
+    let mut buf = [0u8; 64];
+    let n = e.buffered_read(f, 0, &mut buf).expect("read");
+    assert_eq!(&buf[..n], b"onetwothreefourfivesix");
+    e.sync().expect("sync");
+    drop(e);
+    let fs = ubtrfs_core::Filesystem::open(&OpenOptions::new(&s.path)).expect("reopen");
+    let ii = fs.load_inode(f, Load::ITEM).expect("load").item;
+    assert_eq!((ii.mtime.sec.get() as i64, ii.mtime.nsec.get()), (last.sec, last.nsec), "the image keeps the last write's times");
+    drop(fs);
+    assert_check(&s.path, "multigrain");
+}

@@ -371,16 +371,22 @@ impl Engine {
             a.nbytes = (a.nbytes.get() + delalloc).into();
             a
         };
+        // The times are handed out: the next write must show as a change, so it takes
+        // a fine time (marked after the read, so a write in between cannot take the
+        // mark this reading needs).
         if let Some(a) = inode.attrs() {
+            inode.mark_ctime_queried();
             return Ok(with_size(a));
         }
-        self.read(|live| {
+        let a = self.read(|live| {
             let item = live.load_inode(id, Load::ITEM)?.item;
             // Under the engine's shared side: no change can come between the read and
             // the copy.
             inode.set_attrs(Some(item));
             Ok(with_size(item))
-        })
+        })?;
+        inode.mark_ctime_queried();
+        Ok(a)
     }
 
     /// Drop `n` lookups of inode `id` (FUSE's forget). When it is no longer in use and

@@ -35,7 +35,7 @@
 
 use crate::inode::id::InodeId;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use ubtrfs_format::structs::InodeItem;
 
@@ -67,6 +67,11 @@ pub struct Inode {
     attrs: Mutex<Option<InodeItem>>,
     /// A directory's next DIR_INDEX; 0 until looked up (indexes start at 2).
     pub(crate) next_dir_index: AtomicU64,
+    /// Someone may have read the times since a write last set them (the kernel's
+    /// I_CTIME_QUERIED): the next write takes a fine time, so it shows as a change.
+    /// Set after the attributes are read, taken before a write decides; true for an
+    /// inode just loaded, as what read it before is not known.
+    ctime_queried: AtomicBool,
     /// Extent map, io-tree and page cache.
     pub mapping: InodeMapping,
 }
@@ -85,7 +90,16 @@ impl std::fmt::Debug for Inode {
 
 impl Inode {
     fn new(id: InodeId) -> Inode {
-        Inode { id, lock: RwLock::new(()), open: AtomicU32::new(0), lookups: AtomicU64::new(0), attrs: Mutex::new(None), next_dir_index: AtomicU64::new(0), mapping: InodeMapping::default() }
+        Inode {
+            id,
+            lock: RwLock::new(()),
+            open: AtomicU32::new(0),
+            lookups: AtomicU64::new(0),
+            attrs: Mutex::new(None),
+            next_dir_index: AtomicU64::new(0),
+            ctime_queried: AtomicBool::new(true),
+            mapping: InodeMapping::default(),
+        }
     }
 
     fn lock_attrs(&self) -> std::sync::MutexGuard<'_, Option<InodeItem>> {
@@ -101,6 +115,17 @@ impl Inode {
     /// state so that they match the live view.
     pub(crate) fn set_attrs(&self, item: Option<InodeItem>) {
         *self.lock_attrs() = item;
+    }
+
+    /// The times were handed out (a getattr); call after reading them.
+    pub(crate) fn mark_ctime_queried(&self) {
+        self.ctime_queried.store(true, Ordering::Release);
+    }
+
+    /// Whether the times may have been read since the last write set them, clearing
+    /// the mark (the write about to set them takes it).
+    pub(crate) fn take_ctime_queried(&self) -> bool {
+        self.ctime_queried.swap(false, Ordering::AcqRel)
     }
 
     /// Open file handles now.

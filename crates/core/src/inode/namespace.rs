@@ -174,7 +174,7 @@ impl FsWriter {
                 i.size = len.into();
                 i.nbytes = len.into();
             })?;
-            w.link_inner(root, dir, name, ino, FT_SYMLINK)?;
+            w.link_new_inner(root, dir, name, ino, FT_SYMLINK)?;
             Ok(ino)
         })
     }
@@ -205,7 +205,7 @@ impl FsWriter {
         a.flags |= inherited_flags(dflags, ftype == FT_REG_FILE);
         self.transaction("mknod", LINK_ITEMS + 3, |w| {
             let ino = w.create_inode_inner(root, &a)?;
-            w.link_inner(root, dir, name, ino, ftype)?;
+            w.link_new_inner(root, dir, name, ino, ftype)?;
             // A regular file takes the directory's properties; `inherit_props` skips
             // the other types, as the kernel's compression property ignores them.
             w.inherit_props(root, dir, ino)?;
@@ -335,7 +335,7 @@ impl FsWriter {
             if flags & RENAME_WHITEOUT != 0 {
                 let a = InodeAttrs { uid: owner.0, gid: owner.1, flags: inherited_flags(odflags, false), ..InodeAttrs::new(S_IFCHR) };
                 let ino = w.create_inode_inner(root, &a)?;
-                w.link_inner(root, old_dir, old_name, ino, FT_CHRDEV)?;
+                w.link_new_inner(root, old_dir, old_name, ino, FT_CHRDEV)?;
             }
             Ok(())
         })

@@ -752,7 +752,12 @@ impl Engine {
         let end = offset.checked_add(data.len() as u64).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let inode = self.inodes().get(id);
         let g = lock_exclusive(&inode);
-        let ii = self.regular_item(id)?;
+        // The in-memory inode's copy of the item is current (the writer keeps it so);
+        // without one, or for what is not a regular file, the tree says.
+        let ii = match inode.attrs() {
+            Some(a) if a.mode.get() & ubtrfs_format::structs::S_IFMT == ubtrfs_format::structs::S_IFREG => a,
+            _ => self.regular_item(id)?,
+        };
         crate::inode::write::iflags_allow(id.root, id.ino, ii.flags.get(), crate::inode::write::IflagOp::Write, b"")?;
         let bs = self.info().sectorsize;
         let bsz = u64::from(bs);
@@ -774,7 +779,24 @@ impl Engine {
         } else {
             None
         };
-        self.write_retrying(|w| w.file_update_time(id.root, id.ino, kill))?;
+        // Multigrain times (the kernel's `inode_needs_update_time`): while nobody has
+        // read them since the last write set them, the write takes the coarse clock,
+        // and a write inside the same tick changes nothing, so a run of small writes
+        // costs one inode update per tick, not one per write. Once they were read, the
+        // write takes a fine time, so the reader sees it change.
+        let queried = inode.take_ctime_queried();
+        let clock = &self.info().sources.clock;
+        let now = if queried { clock.now() } else { clock.coarse_now() };
+        let t = ubtrfs_format::structs::Timespec { sec: (now.sec as u64).into(), nsec: now.nsec.into() };
+        let same = |a: &ubtrfs_format::structs::Timespec| a.sec.get() == t.sec.get() && a.nsec.get() == t.nsec.get();
+        if queried || kill.is_some() || !same(&ii.mtime) || !same(&ii.ctime) {
+            if let Err(e) = self.write_retrying(|w| w.file_update_time(id.root, id.ino, kill, t)) {
+                if queried {
+                    inode.mark_ctime_queried();
+                }
+                return Err(e);
+            }
+        }
         with_cache(self, &inode, |pc| -> Result<()> {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());

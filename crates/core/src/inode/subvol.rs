@@ -69,8 +69,8 @@ impl FsWriter {
         ii.uid = a.uid.into();
         ii.gid = a.gid.into();
         ii.nlink = 1.into();
-        ii.atime = self.time_or_now(a.atime);
-        ii.mtime = self.time_or_now(a.mtime);
+        ii.atime = Self::time_or(a.atime, t);
+        ii.mtime = Self::time_or(a.mtime, t);
         ii.ctime = t;
         ii.otime = t;
         self.insert_item(id, &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0), ii.as_bytes())?;

@@ -149,12 +149,9 @@ impl FsWriter {
         Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() }
     }
 
-    /// `t`, or now when it is None.
-    pub(super) fn time_or_now(&self, t: Option<(i64, u32)>) -> Timespec {
-        match t {
-            Some((s, n)) => Timespec { sec: (s as u64).into(), nsec: n.into() },
-            None => self.now(),
-        }
+    /// `t`, or `dflt` when it is None.
+    pub(super) fn time_or(t: Option<(i64, u32)>, dflt: Timespec) -> Timespec {
+        t.map_or(dflt, |(s, n)| Timespec { sec: (s as u64).into(), nsec: n.into() })
     }
 }
 
@@ -237,8 +234,9 @@ impl FsWriter {
         ii.gid = a.gid.into();
         ii.rdev = a.rdev.into();
         ii.flags = a.flags.into();
-        ii.atime = self.time_or_now(a.atime);
-        ii.mtime = self.time_or_now(a.mtime);
+        // One reading for all four, as the kernel's inode_init gives them.
+        ii.atime = Self::time_or(a.atime, t);
+        ii.mtime = Self::time_or(a.mtime, t);
         ii.ctime = t;
         ii.otime = t;
         self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), ii.as_bytes())?;
@@ -318,14 +316,27 @@ impl FsWriter {
         iflags_allow(root, ino, flags, what, name)
     }
 
+    /// A new name for an existing inode (`btrfs_link`): its ctime becomes now.
     pub(super) fn link_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
+        self.add_link(root, dir, name, ino, ftype, true)
+    }
+
+    /// The first name of an inode `create_inode_inner` just made: its times stay the
+    /// creation's, all four one reading (as `btrfs_create_new_inode` leaves them).
+    pub(super) fn link_new_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
+        self.add_link(root, dir, name, ino, ftype, false)
+    }
+
+    fn add_link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, change: bool) -> Result<()> {
         let index = self.next_dir_index(root, dir)?;
         self.add_inode_ref(root, ino, dir, name, index)?;
         self.add_dir_entries(root, dir, name, ino, ftype, index)?;
-        let t = self.now();
+        let t = if change { Some(self.now()) } else { None };
         self.update_inode(root, ino, |i| {
             i.nlink = (i.nlink.get() + 1).into();
-            i.ctime = t;
+            if let Some(t) = t {
+                i.ctime = t;
+            }
         })
     }
 
@@ -439,7 +450,7 @@ impl FsWriter {
         a.flags |= inherited_flags(dflags, false);
         self.transaction("mkdir", LINK_ITEMS + 3, |w| {
             let ino = w.create_inode_inner(root, &a)?;
-            w.link_inner(root, dir, name, ino, FT_DIR)?;
+            w.link_new_inner(root, dir, name, ino, FT_DIR)?;
             w.inherit_props(root, dir, ino)?;
             Ok(ino)
         })
@@ -457,7 +468,7 @@ impl FsWriter {
         a.flags |= inherited_flags(dflags, true);
         self.transaction("create_file", LINK_ITEMS + 3, |w| {
             let ino = w.create_inode_inner(root, &a)?;
-            w.link_inner(root, dir, name, ino, FT_REG_FILE)?;
+            w.link_new_inner(root, dir, name, ino, FT_REG_FILE)?;
             w.inherit_props(root, dir, ino)?;
             Ok(ino)
         })
@@ -1039,10 +1050,9 @@ impl FsWriter {
         })
     }
 
-    /// A write's `file_update_time`: mtime and ctime become now; `mode`, when given,
+    /// A write's `file_update_time`: mtime and ctime become `t`; `mode`, when given,
     /// is the mode `file_remove_privs` leaves (`mode_without_privs`).
-    pub(crate) fn file_update_time(&mut self, root: u64, ino: u64, mode: Option<u32>) -> Result<()> {
-        let t = self.now();
+    pub(crate) fn file_update_time(&mut self, root: u64, ino: u64, mode: Option<u32>, t: Timespec) -> Result<()> {
         self.update_inode(root, ino, |i| {
             if let Some(m) = mode {
                 i.mode = m.into();
