@@ -150,10 +150,15 @@ fn the_maps_serve_repeated_reads_and_a_write_drops_them() {
     }
     let s2 = e.extent_map_stats();
     assert_eq!((s2.misses - s1.misses, s2.hits - s1.hits), (0, 10), "repeated reads come from the maps");
-    // An overwrite in the middle drops exactly the maps it touched and what follows.
+    // An overwrite in the middle drops the range it changed and the split extent's
+    // tail (a new item): the maps before and after stay, and the split extent's head.
     e.write_file(id, 12 * SS, &[0xaa; SS as usize]).expect("overwrite");
-    assert!(inode.mapping.extent_map.lookup(0, 8 * SS).is_some(), "the map before the change stays");
-    assert!(inode.mapping.extent_map.lookup(12 * SS, SS).is_none(), "the changed range was dropped");
+    let em = &inode.mapping.extent_map;
+    assert!(em.lookup(0, 8 * SS).is_some(), "the map before the change stays");
+    assert!(em.lookup(12 * SS, SS).is_none(), "the changed range was dropped");
+    assert_eq!(em.lookup(8 * SS, 4 * SS).map(|m| (m.start, m.len)), Some((8 * SS, 4 * SS)), "the split extent's head stays");
+    assert_eq!(em.lookup(16 * SS, 16 * SS).map(|m| m.start), Some(16 * SS), "the maps after the change stay");
+    assert!(em.lookup(24 * SS, 8 * SS).is_some(), "the last extent's map stays");
     let mut want = a.clone();
     want[(12 * SS) as usize..(13 * SS) as usize].fill(0xaa);
     assert_eq!(read_all(&e, id, (32 * SS) as usize), want);

@@ -543,15 +543,12 @@ impl FsWriter {
 
     /// Replace the item at `old` with `new_key` + `data`.
     pub(super) fn replace_item(&mut self, root: u64, old: &Key, new_key: &Key, data: &[u8]) -> Result<()> {
-        if old == new_key {
-            let (leaf, slot) = self.lookup_for_update(root, old, 0)?.ok_or_else(|| ino_err(root, old.objectid, format!("item {old} vanished")))?;
-            let d = self.item_data_mut(leaf, slot);
-            if d.len() == data.len() {
-                d.copy_from_slice(data);
-                return Ok(());
-            }
+        if old == new_key && self.overwrite_item(root, old, data)? {
+            return Ok(());
         }
-        self.delete_item(root, old)?;
+        if !self.delete_item(root, old)? {
+            return Err(ino_err(root, old.objectid, format!("item {old} vanished")));
+        }
         self.insert_item(root, new_key, data)
     }
 

@@ -37,6 +37,26 @@ fn extent_item_end(key: &Key, data: &[u8]) -> u64 {
     }
 }
 
+/// The file range whose extent maps an in-place change of EXTENT_DATA item `key` from
+/// `old` to `new` makes stale: only the bytes gained or lost when nothing but the
+/// length changed (a trimmed or extended reference), else all it described before
+/// and after.
+fn extent_item_change(key: &Key, old: &[u8], new: &[u8]) -> (u64, u64) {
+    use ubtrfs_format::items::{file_extent, FileExtent};
+    if let (Ok(FileExtent::Regular { num_bytes: a, .. }), Ok(FileExtent::Regular { num_bytes: b, .. })) = (file_extent(old), file_extent(new)) {
+        let with_len = |f: FileExtent<'_>| match f {
+            FileExtent::Regular { generation, ram_bytes, compression, prealloc, disk_bytenr, disk_num_bytes, offset, .. } => {
+                Some((generation, ram_bytes, compression, prealloc, disk_bytenr, disk_num_bytes, offset))
+            }
+            FileExtent::Inline { .. } => None,
+        };
+        if with_len(file_extent(old).expect("parsed above")) == with_len(file_extent(new).expect("parsed above")) {
+            return (key.offset.saturating_add(a.min(b)), key.offset.saturating_add(a.max(b)));
+        }
+    }
+    (key.offset, extent_item_end(key, old).max(extent_item_end(key, new)))
+}
+
 fn leaf_data_size(nodesize: u32) -> usize {
     nodesize as usize - HEADER_SIZE
 }
@@ -513,11 +533,13 @@ impl FsWriter {
         }
     }
 
-    /// Insert an empty item of `size` bytes at `key`; returns (leaf, slot).
+    /// Insert an empty item of `size` bytes at `key`; returns (leaf, slot). An
+    /// EXTENT_DATA item describes file bytes up to `end`: the inode's extent maps are
+    /// dropped over `[key.offset, end)` (u64::MAX when not known).
     ///
     /// # Errors
     /// `Posix(Exists)` if the key is present; allocation and read failures.
-    pub(crate) fn insert_empty_item(&mut self, root_id: u64, key: &Key, size: usize) -> Result<(u64, usize)> {
+    fn insert_empty_item_covering(&mut self, root_id: u64, key: &Key, size: usize, end: u64) -> Result<(u64, usize)> {
         let max = leaf_data_size(self.nodesize()) - ITEM_SIZE;
         if size > max {
             return Err(Error::posix(PosixKind::Invalid, format!("item {key} of {size} bytes exceeds the leaf capacity {max}")));
@@ -526,8 +548,7 @@ impl FsWriter {
         if found {
             return Err(Error::posix(PosixKind::Exists, format!("tree {root_id} key {key}")));
         }
-        // The length of the extent the item will describe is not known yet.
-        self.extent_data_changed(root_id, key, u64::MAX);
+        self.extent_data_changed(root_id, key, end);
         let leaf = path.leaf();
         let slot = path.slot();
         self.node_mut(leaf).insert_item(slot, key, size);
@@ -540,11 +561,41 @@ impl FsWriter {
     /// Insert an item with `data`.
     ///
     /// # Errors
-    /// As `insert_empty_item`.
+    /// As `insert_empty_item_covering`.
     pub(crate) fn insert_item(&mut self, root_id: u64, key: &Key, data: &[u8]) -> Result<()> {
-        let (leaf, slot) = self.insert_empty_item(root_id, key, data.len())?;
+        let end = if key.type_ == EXTENT_DATA_KEY { extent_item_end(key, data) } else { u64::MAX };
+        let (leaf, slot) = self.insert_empty_item_covering(root_id, key, data.len(), end)?;
         self.node_mut(leaf).item_data_mut(slot).copy_from_slice(data);
         Ok(())
+    }
+
+    /// Overwrite the item at `key` with `data` of the same size, in place; false (and
+    /// nothing changed) when there is no such item or its size differs. An EXTENT_DATA
+    /// item's extent maps are dropped over the bytes it described before and after.
+    ///
+    /// # Errors
+    /// Read and allocation failures.
+    pub(crate) fn overwrite_item(&mut self, root_id: u64, key: &Key, data: &[u8]) -> Result<bool> {
+        let (path, found) = self.search_slot(root_id, key, 0)?;
+        if !found {
+            return Ok(false);
+        }
+        let (leaf, slot) = (path.leaf(), path.slot());
+        let stale = {
+            let lb = Blk::Dirty(leaf);
+            let n = self.node(&lb);
+            if n.item_data(slot).len() != data.len() {
+                return Ok(false);
+            }
+            (key.type_ == EXTENT_DATA_KEY).then(|| extent_item_change(key, n.item_data(slot), data))
+        };
+        if let Some((start, end)) = stale {
+            if start < end {
+                self.extent_data_range_changed(root_id, key, start, end);
+            }
+        }
+        self.node_mut(leaf).item_data_mut(slot).copy_from_slice(data);
+        Ok(true)
     }
 
     /// Find `key` for modification (COWed path); `extra` bytes of room are made.
@@ -649,9 +700,14 @@ impl FsWriter {
     /// changes an item calls this before the change, under the writer's exclusive side,
     /// so no reader fills the maps from the tree between the drop and the change.
     fn extent_data_changed(&self, root_id: u64, key: &Key, end: u64) {
+        self.extent_data_range_changed(root_id, key, key.offset, end.max(key.offset.saturating_add(1)));
+    }
+
+    /// As `extent_data_changed`, for a change of the bytes `[start, end)` only.
+    fn extent_data_range_changed(&self, root_id: u64, key: &Key, start: u64, end: u64) {
         if key.type_ == EXTENT_DATA_KEY {
             let id = crate::inode::id::InodeId { root: root_id, ino: key.objectid };
-            crate::inode::extent_map::drop_for_item_change(&self.info.inodes, id, key.offset, end.max(key.offset.saturating_add(1)));
+            crate::inode::extent_map::drop_for_item_change(&self.info.inodes, id, start, end);
         }
     }
 
