@@ -243,9 +243,18 @@ fn readers_read_right_while_the_shrinker_frees() {
                 }
             });
         }
-        for round in 0..200u64 {
+        // At least 200 rounds, and on until the shrinker has freed maps the readers
+        // filled (the readers may not have started when the first rounds run), for
+        // at most 20 s.
+        let t0 = std::time::Instant::now();
+        let mut round = 0u64;
+        while round < 200 || (e.extent_map_stats().freed == 0 && t0.elapsed() < std::time::Duration::from_secs(20)) {
             e.set_extent_map_limit(if round % 2 == 0 { 0 } else { 1000 });
             e.info().extent_maps.free_extent_maps(50);
+            round += 1;
+            if round >= 200 {
+                std::thread::yield_now();
+            }
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
