@@ -645,8 +645,14 @@ impl Engine {
     }
 
     /// The INODE_ITEM of regular file `id` for a buffered operation (`Posix(IsDir)` /
-    /// `Posix(Invalid)` otherwise).
-    fn regular_item(&self, id: InodeId) -> Result<ubtrfs_format::structs::InodeItem> {
+    /// `Posix(Invalid)` otherwise): the in-memory inode's copy when it has one (the
+    /// writer keeps it current), else the tree's.
+    fn regular_item(&self, inode: &Inode) -> Result<ubtrfs_format::structs::InodeItem> {
+        use ubtrfs_format::structs::{S_IFMT, S_IFREG};
+        if let Some(a) = inode.attrs().filter(|a| a.mode.get() & S_IFMT == S_IFREG) {
+            return Ok(a);
+        }
+        let id = inode.id;
         self.read(|l| {
             let v = l.load_inode(id, Load::ITEM)?;
             match v.kind() {
@@ -691,7 +697,7 @@ impl Engine {
     pub fn buffered_read(&self, id: InodeId, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let inode = self.inodes().get(id);
         let _g = lock_shared(&inode);
-        let ii = self.regular_item(id)?;
+        let ii = self.regular_item(&inode)?;
         let bs = self.info().sectorsize;
         let r = with_cache(self, &inode, |pc| -> Result<usize> {
             if pc.i_size.is_none() {
@@ -752,12 +758,7 @@ impl Engine {
         let end = offset.checked_add(data.len() as u64).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let inode = self.inodes().get(id);
         let g = lock_exclusive(&inode);
-        // The in-memory inode's copy of the item is current (the writer keeps it so);
-        // without one, or for what is not a regular file, the tree says.
-        let ii = match inode.attrs() {
-            Some(a) if a.mode.get() & ubtrfs_format::structs::S_IFMT == ubtrfs_format::structs::S_IFREG => a,
-            _ => self.regular_item(id)?,
-        };
+        let ii = self.regular_item(&inode)?;
         crate::inode::write::iflags_allow(id.root, id.ino, ii.flags.get(), crate::inode::write::IflagOp::Write, b"")?;
         let bs = self.info().sectorsize;
         let bsz = u64::from(bs);
@@ -787,8 +788,8 @@ impl Engine {
         let queried = inode.take_ctime_queried();
         let clock = &self.info().sources.clock;
         let now = if queried { clock.now() } else { clock.coarse_now() };
-        let t = ubtrfs_format::structs::Timespec { sec: (now.sec as u64).into(), nsec: now.nsec.into() };
-        let same = |a: &ubtrfs_format::structs::Timespec| a.sec.get() == t.sec.get() && a.nsec.get() == t.nsec.get();
+        let t = crate::inode::write::timespec(now);
+        let same = |a: &ubtrfs_format::structs::Timespec| zerocopy::IntoBytes::as_bytes(a) == zerocopy::IntoBytes::as_bytes(&t);
         if queried || kill.is_some() || !same(&ii.mtime) || !same(&ii.ctime) {
             if let Err(e) = self.write_retrying(|w| w.file_update_time(id.root, id.ino, kill, t)) {
                 if queried {

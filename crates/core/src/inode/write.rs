@@ -145,14 +145,18 @@ impl FsWriter {
 
     /// The current time from the engine's clock (`OpenOptions::sources`).
     pub fn now(&self) -> Timespec {
-        let t = self.info.sources.clock.now();
-        Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() }
+        timespec(self.info.sources.clock.now())
     }
 
     /// `t`, or `dflt` when it is None.
     pub(super) fn time_or(t: Option<(i64, u32)>, dflt: Timespec) -> Timespec {
         t.map_or(dflt, |(s, n)| Timespec { sec: (s as u64).into(), nsec: n.into() })
     }
+}
+
+/// A clock reading as an inode's timestamp (btrfs stores the seconds' bits unsigned).
+pub(crate) fn timespec(t: crate::sources::Time) -> Timespec {
+    Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() }
 }
 
 pub(super) fn ino_err(root: u64, ino: u64, r: String) -> Error {
