@@ -249,7 +249,7 @@ fn readers_read_right_while_the_shrinker_frees() {
         let t0 = std::time::Instant::now();
         let mut round = 0u64;
         while round < 200 || (e.extent_map_stats().freed == 0 && t0.elapsed() < std::time::Duration::from_secs(20)) {
-            e.set_extent_map_limit(if round % 2 == 0 { 0 } else { 1000 });
+            e.set_extent_map_limit(if round.is_multiple_of(2) { 0 } else { 1000 });
             e.info().extent_maps.free_extent_maps(50);
             round += 1;
             if round >= 200 {
