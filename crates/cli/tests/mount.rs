@@ -835,6 +835,46 @@ for f in w t a r c n cap; do echo "$f $(stat -c '%a %s' $f) $(cksum < $f)"; done
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// st_blocks through the mount as the kernel counts it, before and after the data is
+/// written back: writes past the end, into a hole inside the file, over data, into a
+/// size grown by truncate and into preallocated space show the blocks writeback will
+/// take at once. The same script on a kernel mount prints the same.
+#[test]
+fn st_blocks_counts_dirty_data_as_the_kernel_does() {
+    if !fuse_available("st_blocks_counts_dirty_data_as_the_kernel_does") {
+        return;
+    }
+    const SCRIPT: &str = r#"set -e
+cd "$1"
+w() { dd if=/dev/urandom of=a bs="$2" count=1 seek="$1" oflag=seek_bytes conv=notrunc status=none; }
+show() { echo "$1: $(stat -c '%s %b' a)"; }
+w 0 64K; w 1114112 64K; show "head and tail"
+sync a; show "written back"
+w 298908 579; show "579 bytes into the hole"
+w 409600 4096; show "a block into the hole"
+w 8192 8192; show "over data"
+sync a; show "written back"
+truncate -s 2M a; w 1900000 10000; show "into the grown size"
+fallocate -n -o 3M -l 256K a; show "preallocated past the end"
+w 3145728 100000; show "into the preallocation"
+w 3670016 4096; show "past it"
+sync a; show "written back"
+"#;
+    let (s, _, uimg, ours, kernel) = same_script_on_both("blocks", "st_blocks", SCRIPT, "");
+    assert_eq!(ours, kernel, "st_blocks through the mount differs from the kernel's");
+    for want in [
+        "head and tail: 1179648 256\n",
+        "579 bytes into the hole: 1179648 272\n",
+        "a block into the hole: 1179648 280\n",
+        "into the grown size: 2097152 312\n",
+        "into the preallocation: 3245728 824\n",
+    ] {
+        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
+    }
+    assert_check(&uimg, "after the st_blocks script");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// Memory stays bounded by the options whatever is written: 1 GiB through a mount
 /// with a 32 MiB page cache (8 MiB dirty) and a 32 MiB tree-block cache keeps the
 /// daemon's peak RSS within those plus a fixed allowance, and every byte lands.

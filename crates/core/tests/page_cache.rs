@@ -133,7 +133,19 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
                 m[off as usize..end].copy_from_slice(&data);
             }
             72..=82 => {}
-            83..=90 => e.writeback_inode(f).unwrap_or_else(|err| panic!("op {op}: writeback {f}: {err}")),
+            83..=90 => {
+                // st_blocks before writeback counts what writeback will add (the new
+                // delalloc bytes): the same figure after. Not for the first file, whose
+                // prealloc and inline-sized writeback take the direct path, nor files
+                // small enough to go inline (their nbytes is the inline length).
+                e.check_page_cache_invariants();
+                let before = e.getattr(f).expect("getattr").nbytes.get();
+                e.writeback_inode(f).unwrap_or_else(|err| panic!("op {op}: writeback {f}: {err}"));
+                if f != files[0] && m.len() > 4096 {
+                    let after = e.getattr(f).expect("getattr").nbytes.get();
+                    assert_eq!(before, after, "op {op}: {f} (size {}): nbytes before writeback {before}, after {after}", m.len());
+                }
+            }
             91..=95 => {
                 e.commit().unwrap_or_else(|err| panic!("op {op}: commit: {err}"));
             }
@@ -473,6 +485,66 @@ fn seek_data_hole_sees_dirty_pages() {
     assert_eq!(e.seek_data_hole(f, 1 << 20, SEEK_HOLE).expect("seek"), Some((1 << 20) + (64 << 10)));
     assert_eq!(e.seek_data_hole(f, (1 << 20) + (64 << 10), SEEK_DATA).expect("seek"), None);
     e.sync().expect("sync");
+}
+
+/// st_blocks (nbytes) counts dirty blocks over holes as soon as they are dirty, as the
+/// kernel's new delalloc bytes do, and not dirty blocks over extents: a write into a
+/// hole inside the file, past its end, over its data, over preallocated space, and a
+/// truncation that drops dirty new blocks all show the nbytes that writeback leaves.
+#[test]
+fn nbytes_counts_dirty_blocks_over_holes_at_once() {
+    if !tools("nbytes_counts_dirty_blocks_over_holes_at_once") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-nbytes", 256 << 20, &["-O", "no-holes"]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let nbytes = |f: InodeId| e.getattr(f).expect("getattr").nbytes.get();
+    let f = create(&e, "sparse");
+    // 64 KiB of data, a 1 MiB hole, 64 KiB of data, on disk.
+    e.buffered_write(f, 0, &[1u8; 64 << 10]).expect("write head");
+    e.buffered_write(f, (1 << 20) + (64 << 10), &[2u8; 64 << 10]).expect("write tail");
+    assert_eq!(nbytes(f), 128 << 10, "dirty blocks past the end count at once");
+    e.writeback_inode(f).expect("writeback");
+    assert_eq!(nbytes(f), 128 << 10, "the same after writeback");
+    // Inside the hole: 579 bytes straddling two blocks, then a whole block.
+    e.buffered_write(f, 73 * 4096 - 100, &[3u8; 579]).expect("write into the hole");
+    assert_eq!(nbytes(f), (128 << 10) + 8192, "two blocks of the hole became dirty");
+    e.buffered_write(f, 400 << 10, &[4u8; 4096]).expect("write a block into the hole");
+    assert_eq!(nbytes(f), (128 << 10) + 3 * 4096);
+    // Again over the same blocks: already counted.
+    e.buffered_write(f, 400 << 10, &[5u8; 100]).expect("rewrite");
+    assert_eq!(nbytes(f), (128 << 10) + 3 * 4096);
+    // Over data on disk: not new.
+    e.buffered_write(f, 8192, &[6u8; 8192]).expect("overwrite data");
+    assert_eq!(nbytes(f), (128 << 10) + 3 * 4096, "an overwrite of data adds nothing");
+    e.writeback_inode(f).expect("writeback");
+    assert_eq!(nbytes(f), (128 << 10) + 3 * 4096, "writeback added what getattr counted");
+    // Past the end, then truncated back: the dropped new blocks leave the count.
+    let size = (1 << 20) + (128 << 10);
+    e.buffered_write(f, size + (256 << 10), &[7u8; 32 << 10]).expect("write past the end");
+    assert_eq!(nbytes(f), (160 << 10) + 3 * 4096);
+    let a = SetAttr { size: Some(size + (256 << 10) + 5000), ..Default::default() };
+    e.setattr(f, &a).expect("truncate into the dirty run");
+    assert_eq!(nbytes(f), (128 << 10) + 3 * 4096 + 8192, "two blocks of the dirty run stay below the size");
+    e.check_page_cache_invariants();
+    e.sync().expect("sync");
+    assert_eq!(nbytes(f), (128 << 10) + 5 * 4096);
+    // Over preallocated space past the end (KEEP_SIZE): counted already, not new.
+    let g = create(&e, "prealloc");
+    e.buffered_write(g, 0, &[8u8; 16 << 10]).expect("write");
+    e.fallocate(g, FALLOC_FL_KEEP_SIZE, 16 << 10, 64 << 10).expect("fallocate past the end");
+    let before = nbytes(g);
+    assert_eq!(before, 80 << 10);
+    e.buffered_write(g, 16 << 10, &[9u8; 32 << 10]).expect("write into the prealloc");
+    assert_eq!(nbytes(g), before, "writing into preallocated space adds nothing");
+    e.buffered_write(g, 128 << 10, &[9u8; 4096]).expect("write past the prealloc");
+    assert_eq!(nbytes(g), before + 4096);
+    e.check_page_cache_invariants();
+    e.sync().expect("sync");
+    assert_eq!(nbytes(g), before + 4096, "the same after writeback");
+    e.check_page_cache_invariants();
+    drop(e);
+    assert_check(&s.path, "nbytes");
 }
 
 /// fsync makes one file durable (written back and committed) while another file's

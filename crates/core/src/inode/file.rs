@@ -358,13 +358,10 @@ impl Engine {
     pub fn getattr(&self, id: InodeId) -> Result<ubtrfs_format::structs::InodeItem> {
         let inode = self.info().inodes.get(id);
         // A page cache's in-memory size runs ahead of the INODE_ITEM's, and its dirty
-        // blocks past the on-disk end count in the bytes (st_blocks) as the kernel's
-        // delalloc bytes do.
-        let (cached_size, delalloc) = {
-            let pc = inode.mapping.pages.lock();
-            (pc.i_size, pc.new_delalloc_bytes(self.info().sectorsize))
-        };
-        let with_size = |mut a: ubtrfs_format::structs::InodeItem| {
+        // blocks over holes count in the bytes (st_blocks) as the kernel's new delalloc
+        // bytes do (read with the item: a completion moves them into nbytes).
+        let cached_size = inode.mapping.pages.lock().i_size;
+        let with_size = |mut a: ubtrfs_format::structs::InodeItem, delalloc: u64| {
             if let Some(s) = cached_size {
                 a.size = s.into();
             }
@@ -374,16 +371,16 @@ impl Engine {
         // The times are handed out: the next write must show as a change, so it takes
         // a fine time (marked after the read, so a write in between cannot take the
         // mark this reading needs).
-        if let Some(a) = inode.attrs() {
+        if let (Some(a), delalloc) = inode.attrs_and_new_delalloc() {
             inode.mark_ctime_queried();
-            return Ok(with_size(a));
+            return Ok(with_size(a, delalloc));
         }
         let a = self.read(|live| {
             let item = live.load_inode(id, Load::ITEM)?.item;
             // Under the engine's shared side: no change can come between the read and
-            // the copy.
+            // the copy (nor a completion's move of delalloc bytes into nbytes).
             inode.set_attrs(Some(item));
-            Ok(with_size(item))
+            Ok(with_size(item, inode.new_delalloc()))
         })?;
         inode.mark_ctime_queried();
         Ok(a)

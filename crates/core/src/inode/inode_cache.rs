@@ -63,8 +63,9 @@ pub struct Inode {
     /// The FUSE kernel's references (`nlookup`).
     lookups: AtomicU64,
     /// The INODE_ITEM as the live view shows it, once read through the engine (changed
-    /// only under the engine's exclusive side, read under either).
-    attrs: Mutex<Option<InodeItem>>,
+    /// only under the engine's exclusive side, read under either), with the bytes
+    /// writeback will add to its nbytes (see `Attrs`).
+    attrs: Mutex<Attrs>,
     /// A directory's next DIR_INDEX; 0 until looked up (indexes start at 2).
     pub(crate) next_dir_index: AtomicU64,
     /// Someone may have read the times since a write last set them (the kernel's
@@ -76,13 +77,25 @@ pub struct Inode {
     pub mapping: InodeMapping,
 }
 
+/// An inode's attributes and the delalloc bytes that st_blocks counts with them, under
+/// one mutex so a reader never sees the one changed and the other not.
+#[derive(Default)]
+struct Attrs {
+    item: Option<InodeItem>,
+    /// Dirty bytes over blocks the file has no extent for (the kernel's
+    /// `new_delalloc_bytes`): the page cache's `new` blocks. The completion of an
+    /// ordered extent moves its share into `item.nbytes` in the same step
+    /// (`set_attrs_settling`).
+    new_delalloc: u64,
+}
+
 impl std::fmt::Debug for Inode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inode")
             .field("id", &self.id)
             .field("open", &self.open_count())
             .field("lookups", &self.lookup_count())
-            .field("attrs_cached", &self.lock_attrs().is_some())
+            .field("attrs_cached", &self.lock_attrs().item.is_some())
             .field("next_dir_index", &self.next_dir_index.load(Ordering::Relaxed))
             .finish()
     }
@@ -95,26 +108,54 @@ impl Inode {
             lock: RwLock::new(()),
             open: AtomicU32::new(0),
             lookups: AtomicU64::new(0),
-            attrs: Mutex::new(None),
+            attrs: Mutex::new(Attrs::default()),
             next_dir_index: AtomicU64::new(0),
             ctime_queried: AtomicBool::new(true),
             mapping: InodeMapping::default(),
         }
     }
 
-    fn lock_attrs(&self) -> std::sync::MutexGuard<'_, Option<InodeItem>> {
+    fn lock_attrs(&self) -> std::sync::MutexGuard<'_, Attrs> {
         self.attrs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The cached attributes, if any.
     pub fn attrs(&self) -> Option<InodeItem> {
-        *self.lock_attrs()
+        self.lock_attrs().item
+    }
+
+    /// The new delalloc bytes.
+    pub(crate) fn new_delalloc(&self) -> u64 {
+        self.lock_attrs().new_delalloc
+    }
+
+    /// The cached attributes and the new delalloc bytes, read together.
+    pub(crate) fn attrs_and_new_delalloc(&self) -> (Option<InodeItem>, u64) {
+        let a = self.lock_attrs();
+        (a.item, a.new_delalloc)
     }
 
     /// Set (or, with `None`, drop) the cached attributes; the caller holds the engine's
     /// state so that they match the live view.
     pub(crate) fn set_attrs(&self, item: Option<InodeItem>) {
-        *self.lock_attrs() = item;
+        self.lock_attrs().item = item;
+    }
+
+    /// `set_attrs` for an item whose nbytes took `settled` new delalloc bytes (an
+    /// ordered extent's completion), which leave the delalloc count in the same step.
+    pub(crate) fn set_attrs_settling(&self, item: Option<InodeItem>, settled: u64) {
+        // Saturating: only a completion whose transaction aborted after the update can
+        // be counted twice, and an aborted engine writes nothing more.
+        let mut a = self.lock_attrs();
+        a.item = item;
+        a.new_delalloc = a.new_delalloc.saturating_sub(settled);
+    }
+
+    /// The page cache's new blocks changed: `add` bytes more, `sub` bytes fewer
+    /// (`Engine::check_page_cache_invariants` checks the count against the blocks).
+    pub(crate) fn adjust_new_delalloc(&self, add: u64, sub: u64) {
+        let mut a = self.lock_attrs();
+        a.new_delalloc = (a.new_delalloc + add).saturating_sub(sub);
     }
 
     /// The times were handed out (a getattr); call after reading them.

@@ -197,6 +197,8 @@ pub struct Finished {
     pub disk_i_size: u64,
     /// Bytes that went in the trees as a file extent (0: no item).
     pub inserted: u64,
+    /// New delalloc bytes the inode's nbytes took (`settle`, or 0 with no item).
+    pub settled: u64,
 }
 
 /// Metadata items a completion of `len` bytes inserts or changes: the inode, a hole
@@ -266,11 +268,14 @@ impl FsWriter {
     /// file extent item for its logical length (none when 0 or after an I/O error),
     /// its checksums, the data ref, nbytes, and the on-disk size moved towards the
     /// in-memory `i_size` (never past it, never back). The unused tail's space goes back.
+    /// `settle` is the new delalloc bytes of its range (the page cache's `new` blocks),
+    /// which leave the in-memory inode's count as nbytes takes them
+    /// (`Finished::settled` says whether they did).
     ///
     /// # Errors
     /// `Posix(NotFound)` when the inode went away (the space goes back); tree failures
     /// (which abort).
-    pub fn finish_ordered(&mut self, root: u64, ino: u64, mut oe: OrderedExtent, i_size: u64) -> Result<Finished> {
+    pub fn finish_ordered(&mut self, root: u64, ino: u64, mut oe: OrderedExtent, i_size: u64, settle: u64) -> Result<Finished> {
         assert_eq!(oe.bytes_left, 0, "completing ordered extent {} with {} bytes left", oe.file_offset, oe.bytes_left);
         let ss = u64::from(self.sectorsize());
         let rsv = std::mem::take(&mut oe.meta_rsv);
@@ -289,7 +294,7 @@ impl FsWriter {
         if len == 0 {
             crate::space::allocator::unreserve(self, oe.disk_bytenr, oe.disk_num_bytes, false);
             crate::space::allocator::release_metadata(self, rsv);
-            return Ok(Finished { disk_i_size: old_size, inserted: 0 });
+            return Ok(Finished { disk_i_size: old_size, inserted: 0, settled: 0 });
         }
         // Invariant 4 of §5.4: nothing at or past round_up(i_size) becomes an extent.
         assert!(oe.file_offset + len <= i_size.div_ceil(ss) * ss, "ordered extent {}+{len} reaches past EOF {i_size}", oe.file_offset);
@@ -317,8 +322,8 @@ impl FsWriter {
             let fe = reg_extent_item(w.transid, oe.disk_bytenr, len);
             w.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, oe.file_offset), &fe)?;
             let new_size = old_size.max((oe.file_offset + len).min(i_size));
-            w.update_written_back_inode(root, ino, new_size, removed, len)?;
-            Ok(Finished { disk_i_size: new_size, inserted: len })
+            w.update_written_back_inode(root, ino, new_size, removed, len, settle)?;
+            Ok(Finished { disk_i_size: new_size, inserted: len, settled: settle })
         })();
         h.end_with(r)
     }

@@ -168,6 +168,10 @@ pub struct Folio {
     pub uptodate: Bitmap,
     pub dirty: Bitmap,
     pub writeback: Bitmap,
+    /// Blocks made dirty over a hole (the kernel's EXTENT_DELALLOC_NEW): their
+    /// writeback adds to the inode's nbytes, so st_blocks counts them already. The bit
+    /// stays through writeback until the ordered extent completes.
+    pub new: Bitmap,
     /// The tick of its last use (LRU order within the inode).
     pub(crate) last_use: u64,
 }
@@ -179,7 +183,7 @@ impl Folio {
         assert!(size.is_power_of_two() && size >= u64::from(blocksize), "folio size {size} for block size {blocksize}");
         assert_eq!(start % size, 0, "folio at {start} not aligned to its size {size}");
         let n = (size / u64::from(blocksize)) as u32;
-        Folio { start, blocksize, data: vec![0u8; size as usize].into_boxed_slice(), uptodate: Bitmap::new(n), dirty: Bitmap::new(n), writeback: Bitmap::new(n), last_use: 0 }
+        Folio { start, blocksize, data: vec![0u8; size as usize].into_boxed_slice(), uptodate: Bitmap::new(n), dirty: Bitmap::new(n), writeback: Bitmap::new(n), new: Bitmap::new(n), last_use: 0 }
     }
 
     pub fn size(&self) -> u64 {
@@ -198,6 +202,7 @@ impl Folio {
         self.uptodate.grow(n);
         self.dirty.grow(n);
         self.writeback.grow(n);
+        self.new.grow(n);
     }
 
     pub fn end(&self) -> u64 {
@@ -214,9 +219,24 @@ impl Folio {
         ((off - self.start) / u64::from(self.blocksize)) as u32
     }
 
-    /// Nothing dirty, nothing under writeback: the folio may be dropped.
+    /// Nothing dirty, nothing under writeback or waiting for its ordered extent to
+    /// complete (`new`): the folio may be dropped.
     pub fn is_clean(&self) -> bool {
-        self.dirty.is_empty() && self.writeback.is_empty()
+        self.dirty.is_empty() && self.writeback.is_empty() && self.new.is_empty()
+    }
+
+    /// Clear the `new` bits of blocks that are not dirty (their writeback ended);
+    /// returns how many.
+    fn clear_new_written(&mut self) -> u32 {
+        let mut n = 0;
+        let mut b = self.new.find_next(0, true);
+        while b < self.nblocks() {
+            if !self.dirty.test(b) {
+                n += self.new.clear_range(b, 1);
+            }
+            b = self.new.find_next(b + 1, true);
+        }
+        n
     }
 }
 
@@ -345,11 +365,17 @@ pub struct PageCacheInner {
     pub(crate) disk_i_size: u64,
     /// Where the blocks the trees allocated for the file end, as far as the cache
     /// knows (the size when the cache was filled, lowered by truncation, raised by
-    /// writeback; a size grown by truncate adds a hole, not blocks): dirty blocks past
-    /// it are new bytes (`new_delalloc_bytes`).
+    /// writeback; a size grown by truncate adds a hole, not blocks): blocks past it
+    /// are holes unless the file has preallocated extents.
     pub(crate) new_from: u64,
     /// Dirty blocks over all folios.
     pub(crate) dirty_blocks: u64,
+    /// `new` blocks over all folios; `with_cache` moves each change to the in-memory
+    /// inode's new delalloc bytes.
+    pub(crate) new_blocks: u64,
+    /// Of the `new` blocks a change clears, the bytes an ordered extent's completion
+    /// already moved into nbytes (`Inode::set_attrs_settling`).
+    pub(crate) settled_new: u64,
     /// Ordered extents alive (only during the inode's writeback).
     pub(crate) ordered: OrderedTree,
 }
@@ -376,35 +402,23 @@ impl PageCacheInner {
         self.dirty_blocks * u64::from(blocksize)
     }
 
-    /// Dirty bytes in blocks past the on-disk size, which writeback will add to the
-    /// inode's bytes (the role of the kernel's `new_delalloc_bytes` in st_blocks:
-    /// dirty data over blocks the file had on disk replaces those, dirty data past its
-    /// end is new).
-    pub(crate) fn new_delalloc_bytes(&self, blocksize: u32) -> u64 {
-        if self.dirty_blocks == 0 {
-            return 0;
-        }
-        let bs = u64::from(blocksize);
-        let from = self.new_from.div_ceil(bs) * bs;
-        let end = self.i_size.unwrap_or(0).div_ceil(bs) * bs;
-        let first = self.folios.range(..=from).next_back().map_or(from, |(&k, _)| k);
+    /// Bytes of `new` blocks in [start, start + len).
+    pub(crate) fn new_bytes_in(&self, start: u64, len: u64) -> u64 {
+        let end = start + len;
+        let first = self.folios.range(..=start).next_back().map_or(start, |(&k, _)| k);
         let mut n = 0u64;
-        // Dirty blocks past the size are dropped at writeback: only [from, end) counts.
         for f in self.folios.range(first..end).map(|(_, f)| f) {
-            let b0 = if from > f.start { ((from - f.start) / bs).min(u64::from(f.nblocks())) as u32 } else { 0 };
-            let last = (end.saturating_sub(f.start) / bs).min(u64::from(f.nblocks())) as u32;
-            let mut b = f.dirty.find_next(b0, true);
-            while b < last {
-                let e = f.dirty.find_next(b, false).min(last);
-                n += u64::from(e - b) * bs;
-                b = f.dirty.find_next(e, true);
-            }
+            let bs = u64::from(f.blocksize);
+            let b0 = (start.max(f.start) - f.start) / bs;
+            let b1 = (end.min(f.end()).saturating_sub(f.start)).div_ceil(bs);
+            n += (b0..b1).filter(|&b| f.new.test(b as u32)).count() as u64 * bs;
         }
         n
     }
 
     pub fn check_invariants(&self) {
         let mut dirty = 0u64;
+        let mut new = 0u64;
         let i_size = self.i_size.unwrap_or(0);
         if self.i_size.is_none() {
             assert!(self.folios.is_empty(), "page cache: {} folios while the size is unknown", self.folios.len());
@@ -420,7 +434,10 @@ impl PageCacheInner {
             assert!(f.writeback.is_subset_of(&f.uptodate), "page cache: folio {start} has blocks under writeback that are not uptodate");
             assert!(!f.dirty.intersects(&f.writeback), "page cache: folio {start} has blocks both dirty and under writeback");
             dirty += u64::from(f.dirty.count());
+            new += u64::from(f.new.count());
             let bs = u64::from(f.blocksize);
+            let past = i_size.div_ceil(bs).saturating_sub(f.start / bs).min(u64::from(f.nblocks())) as u32;
+            assert!(f.new.find_next(past, true) >= f.nblocks(), "page cache: folio {start} has new blocks past i_size {i_size}");
             for b in 0..f.nblocks() {
                 let bstart = f.start + u64::from(b) * bs;
                 if !f.uptodate.test(b) || bstart + bs <= i_size {
@@ -433,11 +450,13 @@ impl PageCacheInner {
             }
         }
         assert_eq!(dirty, self.dirty_blocks, "page cache: dirty count {} but the bitmaps hold {dirty}", self.dirty_blocks);
+        assert_eq!(new, self.new_blocks, "page cache: new count {} but the bitmaps hold {new}", self.new_blocks);
         self.ordered.check_invariants();
     }
 
     /// Drop folios wholly at or past `size` and zero the straddling one past it (dirty
-    /// bits stay: see the module notes). Returns the bytes of folios dropped.
+    /// bits stay: see the module notes; blocks past the size are no longer new).
+    /// Returns the bytes of folios dropped.
     pub(crate) fn truncate(&mut self, size: u64) -> u64 {
         let gone: Vec<u64> = self.folios.range(size..).map(|(&s, _)| s).collect();
         let mut dropped = 0;
@@ -445,15 +464,30 @@ impl PageCacheInner {
             let f = self.folios.remove(&s).expect("listed just above");
             assert!(f.writeback.is_empty(), "page cache: truncating folio {s} under writeback");
             self.dirty_blocks -= u64::from(f.dirty.count());
+            self.new_blocks -= u64::from(f.new.count());
             dropped += f.size();
         }
         if let Some((_, f)) = self.folios.range_mut(..size).next_back() {
             if f.end() > size {
                 let from = (size - f.start) as usize;
                 f.data[from..].fill(0);
+                let b = (size - f.start).div_ceil(u64::from(f.blocksize)) as u32;
+                let n = f.nblocks() - b;
+                self.new_blocks -= u64::from(f.new.clear_range(b, n));
             }
         }
         dropped
+    }
+
+    /// After a writeback of the folios at `starts`: their written blocks are no longer
+    /// new; `settled` bytes of them the completions already moved into nbytes.
+    pub(crate) fn clear_new_written(&mut self, starts: &[u64], settled: u64) {
+        for s in starts {
+            if let Some(f) = self.folios.get_mut(s) {
+                self.new_blocks -= u64::from(f.clear_new_written());
+            }
+        }
+        self.settled_new += settled;
     }
 
     /// Drop the clean folios that intersect [start, end) (after a writeback, every
@@ -464,6 +498,14 @@ impl PageCacheInner {
         gone.iter().map(|s| self.folios.remove(s).expect("listed just above").size()).sum()
     }
 
+    /// Whether some block of [a, z) lacks the `new` bit (inside the folio at `fstart`).
+    fn has_block_not_new(&self, fstart: u64, a: u64, z: u64) -> bool {
+        let f = &self.folios[&fstart];
+        let bs = u64::from(f.blocksize);
+        let (b0, b1) = (((a.max(f.start) - f.start) / bs) as u32, ((z.min(f.end()) - f.start).div_ceil(bs)) as u32);
+        b0 < b1 && f.new.find_next(b0, false) < b1
+    }
+
     /// Mark blocks [off, off + len) of the folio at `fstart` dirty (and uptodate).
     fn mark_dirty(&mut self, fstart: u64, off: u64, len: u64) {
         let f = self.folios.get_mut(&fstart).expect("folio present");
@@ -472,6 +514,39 @@ impl PageCacheInner {
         let b1 = ((off + len - f.start).div_ceil(bs)) as u32;
         f.uptodate.set_range(b0, b1 - b0);
         self.dirty_blocks += u64::from(f.dirty.set_range(b0, b1 - b0));
+    }
+
+    /// The blocks of [start, start + len) are not new.
+    fn clear_new(&mut self, start: u64, len: u64) {
+        let end = start + len;
+        let first = self.folios.range(..=start).next_back().map_or(start, |(&k, _)| k);
+        for f in self.folios.range_mut(first..end).map(|(_, f)| f) {
+            let bs = u64::from(f.blocksize);
+            let (a, z) = (start.max(f.start), end.min(f.end()));
+            if a < z {
+                let b0 = ((a - f.start) / bs) as u32;
+                self.new_blocks -= u64::from(f.new.clear_range(b0, ((z - f.start).div_ceil(bs)) as u32 - b0));
+            }
+        }
+    }
+
+    /// The dirty blocks inside the sorted ranges `holes` become new.
+    fn mark_new(&mut self, holes: &[(u64, u64)]) {
+        for &(hs, he) in holes {
+            let first = self.folios.range(..=hs).next_back().map_or(hs, |(&k, _)| k);
+            for f in self.folios.range_mut(first..he).map(|(_, f)| f) {
+                let bs = u64::from(f.blocksize);
+                let (a, z) = (hs.max(f.start), he.min(f.end()));
+                if a >= z {
+                    continue;
+                }
+                for b in ((a - f.start) / bs) as u32..((z - f.start) / bs) as u32 {
+                    if f.dirty.test(b) {
+                        self.new_blocks += u64::from(f.new.set_range(b, 1));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -564,8 +639,18 @@ pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut 
     let bs = e.info().sectorsize;
     let mut pc = inode.mapping.pages.lock();
     let before = (pc.cached_bytes(), pc.dirty_bytes(bs));
+    let new_before = pc.new_blocks;
     let r = f(&mut pc);
     let after = (pc.cached_bytes(), pc.dirty_bytes(bs));
+    // New blocks change the inode's new delalloc bytes (under the cache's mutex, so
+    // the two move in the cache's order), less what completions already moved.
+    let settled = std::mem::take(&mut pc.settled_new);
+    if pc.new_blocks != new_before || settled > 0 {
+        let bsz = u64::from(bs);
+        let (add, sub) = (pc.new_blocks.saturating_sub(new_before) * bsz, new_before.saturating_sub(pc.new_blocks) * bsz);
+        assert!(settled <= sub, "{}: {settled} settled new bytes but {sub} cleared", inode.id);
+        inode.adjust_new_delalloc(add, sub - settled);
+    }
     let empty = pc.folios.is_empty() && pc.ordered.is_empty();
     if empty {
         pc.forget_sizes();
@@ -637,6 +722,33 @@ impl Engine {
             let pc = inode.mapping.pages.lock();
             pc.check_invariants();
             assert!(!pc.folios.is_empty() || !pc.ordered.is_empty(), "page cache: registry holds {id} without folios");
+            // Outside a writeback (the callers' quiet), new blocks are dirty ones.
+            for f in pc.folios.values() {
+                assert!(f.new.is_subset_of(&f.dirty), "page cache: {id}: folio {} has new blocks that are not dirty", f.start);
+            }
+            // And a dirty block inside the file is new exactly when the trees have no
+            // extent under it.
+            let bsz = u64::from(bs);
+            let end = pc.i_size.unwrap_or(0).div_ceil(bsz) * bsz;
+            let covered: Vec<(u64, u64)> = self
+                .read(|l| l.file_extents(id, 0, end))
+                .expect("page cache check: file extents")
+                .iter()
+                .filter(|r| !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. }))
+                .map(|r| (r.file_offset / bsz * bsz, r.end().div_ceil(bsz) * bsz))
+                .collect();
+            for f in pc.folios.values() {
+                for b in 0..f.nblocks() {
+                    let off = f.start + u64::from(b) * bsz;
+                    if off >= end || !f.dirty.test(b) {
+                        continue;
+                    }
+                    let hole = !covered.iter().any(|&(s, e)| s <= off && off < e);
+                    assert_eq!(f.new.test(b), hole, "page cache: {id}: dirty block {off} is new {} over a hole {hole}", f.new.test(b));
+                }
+            }
+            let nd = inode.new_delalloc();
+            assert_eq!(nd, pc.new_blocks * u64::from(bs), "page cache: {id} counts {nd} new delalloc bytes but has {} new blocks", pc.new_blocks);
             cached += pc.cached_bytes();
             dirty += pc.dirty_bytes(bs);
         }
@@ -805,6 +917,9 @@ impl Engine {
                 pc.new_from = ii.size.get();
             }
             debug_assert_eq!(pc.i_size, Some(size), "{id}: the size moved under the inode's lock");
+            if end > size {
+                self.size_grew(&inode, pc, ii.flags.get(), size, end);
+            }
             let mut cur = offset;
             while cur < end {
                 let fstart = cur / FOLIO_SIZE * FOLIO_SIZE;
@@ -818,11 +933,18 @@ impl Engine {
                 if z > fend {
                     self.fill_folio(id, pc, fstart, fend, z.min(fstart + fsize))?;
                 }
+                // Blocks about to become dirty over a hole are new (st_blocks counts
+                // them now): past the allocated end every block is a hole, below it the
+                // extent maps tell (`btrfs_find_new_delalloc_bytes`).
+                // (A block that stayed dirty past EOF after a truncation is in a hole
+                // too: the lookup is for every block not yet new.)
+                let holes = if pc.has_block_not_new(fstart, a, z) { self.holes_in(&inode, pc, ii.flags.get(), a, z)? } else { Vec::new() };
                 let f = pc.folios.get_mut(&fstart).expect("inserted above");
                 f.last_use = self.pages.next_tick();
                 let from = (cur - fstart) as usize;
                 f.data[from..from + (fend - cur) as usize].copy_from_slice(&data[(cur - offset) as usize..(fend - offset) as usize]);
                 pc.mark_dirty(fstart, cur, fend - cur);
+                pc.mark_new(&holes);
                 cur = fend;
             }
             pc.i_size = Some(size.max(end));
@@ -831,6 +953,43 @@ impl Engine {
         drop(g);
         self.balance_dirty_pages()?;
         self.shrink_page_cache()
+    }
+
+    /// The holes of file `inode` (inode flags `flags`) in the block-aligned [a, z),
+    /// sorted: everything past the blocks the trees allocated (`new_from`) unless the
+    /// file has preallocated extents, and below that what the extent maps (or items)
+    /// do not cover.
+    fn holes_in(&self, inode: &Arc<Inode>, pc: &PageCacheInner, flags: u64, a: u64, z: u64) -> Result<Vec<(u64, u64)>> {
+        let bs = u64::from(self.info().sectorsize);
+        let known = if flags & ubtrfs_format::structs::INODE_PREALLOC != 0 { u64::MAX } else { pc.new_from.div_ceil(bs) * bs };
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let look = z.min(known);
+        if a < look {
+            let recs = self.read(|l| crate::inode::extent_map::get_file_extents(l, &self.info().extent_maps, inode, a, look))?.0;
+            let mut pos = a;
+            for r in recs.iter().filter(|r| !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })) {
+                // An inline extent takes its whole block.
+                let (s, e) = (r.file_offset / bs * bs, r.end().div_ceil(bs) * bs);
+                if s > pos {
+                    out.push((pos, s.min(look)));
+                }
+                pos = pos.max(e);
+                if pos >= look {
+                    break;
+                }
+            }
+            if pos < look {
+                out.push((pos, look));
+            }
+        }
+        let from = known.max(a);
+        if from < z {
+            match out.last_mut() {
+                Some(l) if l.1 == from => l.1 = z,
+                _ => out.push((from, z)),
+            }
+        }
+        Ok(out)
     }
 
     /// The in-memory size of file `id` if its page cache knows one (it runs ahead of
@@ -988,6 +1147,7 @@ impl Engine {
             assert!(pc.ordered.is_empty(), "page cache: discarding {id} with ordered extents alive");
             pc.folios.clear();
             pc.dirty_blocks = 0;
+            pc.new_blocks = 0;
             pc.forget_sizes();
         });
     }
@@ -1031,12 +1191,14 @@ impl Engine {
                     pc.new_from = *s;
                 }
                 Err(_) => {
-                    let mut kept = 0;
+                    let (mut kept, mut new) = (0, 0);
                     pc.folios.retain(|_, f| {
                         kept += u64::from(f.dirty.count());
+                        new += u64::from(f.new.count());
                         !f.is_clean()
                     });
                     pc.dirty_blocks = kept;
+                    pc.new_blocks = new;
                 }
             }
         });
@@ -1050,11 +1212,44 @@ impl Engine {
         if !self.pages.registry().contains_key(&inode.id) {
             return;
         }
+        let flags = inode.attrs().map_or(0, |a| a.flags.get());
         with_cache(self, inode, |pc| {
+            let old = pc.i_size.unwrap_or(0);
+            // Growing, the trees wrote the block holding their old end (zeros past
+            // it, `btrfs_truncate_block`), also over a hole: it has an extent now, and
+            // dirty data there replaces it.
+            let bs = u64::from(self.info().sectorsize);
+            let d = pc.disk_i_size;
+            if size > d && !d.is_multiple_of(bs) {
+                pc.new_from = pc.new_from.max(d);
+                pc.clear_new(d / bs * bs, bs);
+            }
             pc.truncate(size);
             pc.i_size = Some(size);
             pc.disk_i_size = size;
             pc.new_from = pc.new_from.min(size);
+            self.size_grew(inode, pc, flags, old, size);
         });
+    }
+
+    /// The size went from `old` up to `size`: blocks a truncation left dirty past the
+    /// old EOF are inside the file again, and their writeback will write them, so
+    /// those over holes become new. (A failed lookup leaves them uncounted until
+    /// writeback: only st_blocks is off meanwhile.)
+    fn size_grew(&self, inode: &Arc<Inode>, pc: &mut PageCacheInner, flags: u64, old: u64, size: u64) {
+        let bs = u64::from(self.info().sectorsize);
+        let (a, z) = (old.div_ceil(bs) * bs, size.div_ceil(bs) * bs);
+        if a >= z {
+            return;
+        }
+        // Only the folio that straddled the old EOF can hold such blocks.
+        let Some((_, f)) = pc.folios.range(..a).next_back() else { return };
+        if f.end() <= a || f.dirty.find_next(f.block_of(a), true) >= f.nblocks() {
+            return;
+        }
+        let z = z.min(f.end());
+        if let Ok(holes) = self.holes_in(inode, pc, flags, a, z) {
+            pc.mark_new(&holes);
+        }
     }
 }

@@ -171,6 +171,12 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NotFound)` if absent.
     pub fn update_inode(&mut self, root: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        self.update_inode_settling(root, ino, 0, f)
+    }
+
+    /// `update_inode` for a change whose nbytes took `settled` of the in-memory
+    /// inode's new delalloc bytes (`Inode::set_attrs_settling`).
+    fn update_inode_settling(&mut self, root: u64, ino: u64, settled: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
         self.check_root_writable(root)?;
         self.transaction("update_inode", 0, |w| {
             let key = Key::new(ino, INODE_ITEM_KEY, 0);
@@ -184,7 +190,7 @@ impl FsWriter {
             data.copy_from_slice(ii.as_bytes());
             // The in-memory inode's copy follows the item (the one place items change).
             if let Some(i) = w.info.inodes.lookup(InodeId { root, ino }) {
-                i.set_attrs(Some(ii));
+                i.set_attrs_settling(Some(ii), settled);
             }
             Ok(())
         })
@@ -1044,8 +1050,8 @@ impl FsWriter {
     /// After writeback of buffered data: the new size and nbytes; the times stay as
     /// the buffered writes (or a later setattr) left them (`btrfs_finish_one_ordered`
     /// updates the inode, `file_update_time` ran at the write).
-    pub(crate) fn update_written_back_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64) -> Result<()> {
-        self.update_inode(root, ino, |i| {
+    pub(crate) fn update_written_back_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64, settled: u64) -> Result<()> {
+        self.update_inode_settling(root, ino, settled, |i| {
             i.size = new_size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
         })

@@ -447,13 +447,23 @@ impl Engine {
         let done = with_cache(self, inode, |pc| {
             let left: Vec<(u64, u64)> = pc.ordered.iter().filter(|o| o.bytes_left > 0).map(|o| (o.file_offset, o.bytes_left)).collect();
             assert!(left.is_empty(), "{id}: ordered extents with bytes left after writeback: {left:?}");
-            pc.ordered.take_finished()
+            let done = pc.ordered.take_finished();
+            done.into_iter()
+                .map(|oe| {
+                    let new = pc.new_bytes_in(oe.file_offset, oe.logical_len());
+                    (oe, new)
+                })
+                .collect::<Vec<_>>()
         });
         let mut disk = None;
-        for oe in done {
+        let mut settled = 0;
+        for (oe, new) in done {
             let truncated = oe.truncated;
-            match self.write(|w| w.finish_ordered(id.root, id.ino, oe, i_size)) {
-                Ok(f) => disk = Some(f.disk_i_size),
+            match self.write(|w| w.finish_ordered(id.root, id.ino, oe, i_size, new)) {
+                Ok(f) => {
+                    disk = Some(f.disk_i_size);
+                    settled += f.settled;
+                }
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -468,6 +478,9 @@ impl Engine {
                 pc.disk_i_size = d;
                 pc.new_from = d;
             }
+            // Every written block leaves the new ones, whether its extent went in (its
+            // bytes are in nbytes now) or not (an I/O error lost them).
+            pc.clear_new_written(&starts, settled);
             if first_err.is_none() {
                 assert_eq!(pc.disk_i_size, i_size, "{id}: on-disk size after a clean writeback differs from i_size");
             }
@@ -558,6 +571,9 @@ impl Engine {
                     let b0 = f.block_of(a);
                     let nb = ((z - a) / u64::from(f.blocksize)) as u32;
                     pc.dirty_blocks -= u64::from(f.dirty.clear_range(b0, nb));
+                    // The direct path sets nbytes itself: the blocks stop being new as
+                    // their data leaves (a getattr in between misses them for a moment).
+                    pc.new_blocks -= u64::from(f.new.clear_range(b0, nb));
                 }
                 data
             });
