@@ -158,6 +158,27 @@ impl Bitmap {
     }
 }
 
+/// Freed buffers of full-size folios, for the next folios to take: a fresh allocation
+/// costs a page fault per 4 KiB page at its first write, and a streaming write drops
+/// and makes folios all the time. At most `FOLIO_POOL_BYTES`, shared by the engines
+/// of the process.
+static FOLIO_POOL: Mutex<Vec<Box<[u8]>>> = Mutex::new(Vec::new());
+
+/// Bytes of freed folio buffers kept for reuse, beyond the cache's limit.
+pub const FOLIO_POOL_BYTES: u64 = 32 << 20;
+
+/// The buffer of a new folio of `size` bytes. Its bytes are whatever they were: only
+/// uptodate blocks are ever read, and a block becomes uptodate by being filled. (Debug
+/// builds fill new buffers with 0xa5, so a read of anything else shows in tests.)
+fn folio_data(size: u64) -> Box<[u8]> {
+    let pooled = if size == FOLIO_SIZE { FOLIO_POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop() } else { None };
+    let mut b = pooled.unwrap_or_else(|| vec![0u8; size as usize].into_boxed_slice());
+    if cfg!(debug_assertions) {
+        b.fill(0xa5);
+    }
+    b
+}
+
 /// One folio of a file: `data.len()` bytes from file offset `start`, in blocks of
 /// `blocksize`.
 #[derive(Debug)]
@@ -176,6 +197,17 @@ pub struct Folio {
     pub(crate) last_use: u64,
 }
 
+impl Drop for Folio {
+    fn drop(&mut self) {
+        if self.data.len() as u64 == FOLIO_SIZE {
+            let mut pool = FOLIO_POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if (pool.len() as u64 + 1) * FOLIO_SIZE <= FOLIO_POOL_BYTES {
+                pool.push(std::mem::take(&mut self.data));
+            }
+        }
+    }
+}
+
 impl Folio {
     /// A folio of `size` bytes (a power-of-two multiple of `blocksize`, aligned at
     /// `start`) with nothing uptodate.
@@ -183,7 +215,7 @@ impl Folio {
         assert!(size.is_power_of_two() && size >= u64::from(blocksize), "folio size {size} for block size {blocksize}");
         assert_eq!(start % size, 0, "folio at {start} not aligned to its size {size}");
         let n = (size / u64::from(blocksize)) as u32;
-        Folio { start, blocksize, data: vec![0u8; size as usize].into_boxed_slice(), uptodate: Bitmap::new(n), dirty: Bitmap::new(n), writeback: Bitmap::new(n), new: Bitmap::new(n), last_use: 0 }
+        Folio { start, blocksize, data: folio_data(size), uptodate: Bitmap::new(n), dirty: Bitmap::new(n), writeback: Bitmap::new(n), new: Bitmap::new(n), last_use: 0 }
     }
 
     pub fn size(&self) -> u64 {
@@ -195,7 +227,7 @@ impl Folio {
     pub fn grow(&mut self, size: u64) {
         assert!(size.is_power_of_two() && size > self.size(), "folio {} of {} bytes cannot grow to {size}", self.start, self.size());
         assert_eq!(self.start % size, 0, "folio at {} not aligned to {size}", self.start);
-        let mut data = vec![0u8; size as usize].into_boxed_slice();
+        let mut data = folio_data(size);
         data[..self.data.len()].copy_from_slice(&self.data);
         self.data = data;
         let n = (size / u64::from(self.blocksize)) as u32;

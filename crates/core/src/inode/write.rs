@@ -576,21 +576,22 @@ impl FsWriter {
         assert_eq!(want / ss * ss, want, "extent length {want} not a multiple of the sector size");
         let (bytenr, len) = self.alloc_data_extent_upto(want, root, ino, file_off)?;
         let mut csums = Vec::with_capacity((len / ss) as usize * self.info.csum_type.size());
-        // A page-aligned buffer lets the device write data with O_DIRECT.
+        // A page-aligned buffer lets the device write data with O_DIRECT; `fill`
+        // writes every byte of each piece.
         let cap = WRITE_CHUNK.min(len as usize);
-        let mut raw = vec![0u8; cap + crate::volumes::device::DIRECT_IO_ALIGN];
-        let skew = raw.as_ptr().align_offset(crate::volumes::device::DIRECT_IO_ALIGN).min(crate::volumes::device::DIRECT_IO_ALIGN);
-        let buf = &mut raw[skew..skew + cap];
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(buf.len() as u64) as usize;
-            fill(&mut buf[..n])?;
-            if !nodatasum {
-                crate::extent::csum_tree::append_sector_csums(self.info.csum_type, ss as usize, &buf[..n], &mut csums);
+        crate::volumes::device::with_io_buf(cap, |buf| -> Result<()> {
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(buf.len() as u64) as usize;
+                fill(&mut buf[..n])?;
+                if !nodatasum {
+                    crate::extent::csum_tree::append_sector_csums(self.info.csum_type, ss as usize, &buf[..n], &mut csums);
+                }
+                self.write_data(bytenr + done, &buf[..n])?;
+                done += n as u64;
             }
-            self.write_data(bytenr + done, &buf[..n])?;
-            done += n as u64;
-        }
+            Ok(())
+        })?;
         if !nodatasum {
             crate::extent::csum_tree::insert_csums(self, bytenr, &csums)?;
         }
@@ -1259,24 +1260,32 @@ impl DirectWrite {
         let ss = info.sectorsize as usize;
         let cs = info.csum_type.size();
         self.csums.clear();
-        // A page-aligned buffer lets the device write data with O_DIRECT.
-        let cap = WRITE_CHUNK.min(self.extents.iter().map(|e| e.2 as usize).max().unwrap_or(0));
-        let mut raw = vec![0u8; cap + crate::volumes::device::DIRECT_IO_ALIGN];
-        let skew = raw.as_ptr().align_offset(crate::volumes::device::DIRECT_IO_ALIGN).min(crate::volumes::device::DIRECT_IO_ALIGN);
-        let buf = &mut raw[skew..skew + cap];
+        // Data that is aligned already (a writeback's gathered run) goes from where it
+        // is; other pieces through a page-aligned buffer, so the device can write them
+        // with O_DIRECT.
+        let align = crate::volumes::device::DIRECT_IO_ALIGN;
         for &(file_off, bytenr, len, _) in &self.extents {
             let mut csums = Vec::with_capacity((len as usize / ss) * cs);
             let mut done = 0u64;
             while done < len {
-                let n = (len - done).min(buf.len() as u64) as usize;
+                let n = (len - done).min(WRITE_CHUNK as u64) as usize;
                 let from = (file_off + done - self.offset) as usize;
                 let have = data.len().saturating_sub(from).min(n);
-                buf[..have].copy_from_slice(&data[from..from + have]);
-                buf[have..n].fill(0);
-                if !self.nodatasum {
-                    crate::extent::csum_tree::append_sector_csums(info.csum_type, ss, &buf[..n], &mut csums);
+                let mut put = |piece: &[u8]| -> Result<()> {
+                    if !self.nodatasum {
+                        crate::extent::csum_tree::append_sector_csums(info.csum_type, ss, piece, &mut csums);
+                    }
+                    crate::volumes::write_logical(&info.chunk_map, &info.devices, bytenr + done, piece, crate::volumes::WriteKind::Data)
+                };
+                if have == n && (data[from..].as_ptr() as usize).is_multiple_of(align) {
+                    put(&data[from..from + n])?;
+                } else {
+                    crate::volumes::device::with_io_buf(n, |buf| {
+                        buf[..have].copy_from_slice(&data[from..from + have]);
+                        buf[have..].fill(0);
+                        put(buf)
+                    })?;
                 }
-                crate::volumes::write_logical(&info.chunk_map, &info.devices, bytenr + done, &buf[..n], crate::volumes::WriteKind::Data)?;
                 done += n as u64;
             }
             self.csums.push(csums);

@@ -492,29 +492,37 @@ impl Engine {
     /// its ordered extent, write every copy, then complete it on its folios.
     fn write_bio(&self, inode: &Arc<Inode>, b: &Bio) -> Result<()> {
         let ss = self.info().sectorsize as usize;
-        let align = crate::volumes::device::DIRECT_IO_ALIGN;
-        let mut raw = vec![0u8; b.len as usize + align];
-        let skew = raw.as_ptr().align_offset(align).min(align);
-        let buf = &mut raw[skew..skew + b.len as usize];
-        let nodatasum = {
-            let pc = inode.mapping.pages.lock();
-            let mut cur = b.file_offset;
-            for f in pc.folios.range(..b.file_offset + b.len).rev().map(|(_, f)| f) {
-                if f.end() <= b.file_offset {
-                    break;
-                }
-                let (s, e) = (f.start.max(b.file_offset), f.end().min(b.file_offset + b.len));
-                buf[(s - b.file_offset) as usize..(e - b.file_offset) as usize].copy_from_slice(&f.data[(s - f.start) as usize..(e - f.start) as usize]);
-                cur = cur.max(e);
-            }
-            assert_eq!(cur, b.file_offset + b.len, "bio {}+{}: folios missing under writeback", b.file_offset, b.len);
-            pc.ordered.lookup(b.file_offset).expect("a bio's ordered extent is alive").nodatasum
-        };
+        let nodatasum = inode.mapping.pages.lock().ordered.lookup(b.file_offset).expect("a bio's ordered extent is alive").nodatasum;
         let mut csums = Vec::new();
-        if !nodatasum {
-            crate::extent::csum_tree::append_sector_csums(self.info().csum_type, ss, buf, &mut csums);
-        }
-        let io = crate::volumes::write_logical(&self.info().chunk_map, &self.info().devices, b.disk_bytenr, buf, crate::volumes::WriteKind::Data);
+        // In pieces through the thread's I/O buffer: one buffer the size of a large
+        // bio would cost a page fault per page.
+        let chunk = (crate::volumes::device::IO_BUF_KEEP / ss * ss) as u64;
+        let io = crate::volumes::device::with_io_buf(b.len.min(chunk) as usize, |raw| -> Result<()> {
+            let mut done = 0u64;
+            while done < b.len {
+                let n = (b.len - done).min(chunk);
+                let (start, buf) = (b.file_offset + done, &mut raw[..n as usize]);
+                {
+                    let pc = inode.mapping.pages.lock();
+                    let mut cur = start;
+                    for f in pc.folios.range(..start + n).rev().map(|(_, f)| f) {
+                        if f.end() <= start {
+                            break;
+                        }
+                        let (s, e) = (f.start.max(start), f.end().min(start + n));
+                        buf[(s - start) as usize..(e - start) as usize].copy_from_slice(&f.data[(s - f.start) as usize..(e - f.start) as usize]);
+                        cur = cur.max(e);
+                    }
+                    assert_eq!(cur, start + n, "bio {}+{}: folios missing under writeback at {start}", b.file_offset, b.len);
+                }
+                if !nodatasum {
+                    crate::extent::csum_tree::append_sector_csums(self.info().csum_type, ss, buf, &mut csums);
+                }
+                crate::volumes::write_logical(&self.info().chunk_map, &self.info().devices, b.disk_bytenr + done, buf, crate::volumes::WriteKind::Data)?;
+                done += n;
+            }
+            Ok(())
+        });
         let ok = io.is_ok();
         with_cache(self, inode, |pc| {
             if ok && !nodatasum {
@@ -556,29 +564,40 @@ impl Engine {
 
     fn writeback_direct_runs(&self, inode: &Arc<Inode>, i_size: u64, runs: &[(u64, u64)]) -> Result<()> {
         let id = inode.id;
-        for &(s, l) in runs {
-            let end = (s + l).min(i_size);
-            let data = with_cache(self, inode, |pc| {
-                let mut data = vec![0u8; end.saturating_sub(s) as usize];
-                let starts: Vec<u64> = pc.folios.range(..s + l).rev().take_while(|(_, f)| f.end() > s).map(|(&k, _)| k).collect();
-                for k in starts {
-                    let f = pc.folios.get_mut(&k).expect("listed above");
-                    let (a, z) = (f.start.max(s), f.end().min(s + l));
-                    if a < end {
-                        let ze = z.min(end);
-                        data[(a - s) as usize..(ze - s) as usize].copy_from_slice(&f.data[(a - f.start) as usize..(ze - f.start) as usize]);
+        // Each run in pieces gathered in the thread's I/O buffer (aligned, so the
+        // write goes from it without another copy).
+        let piece = (crate::volumes::device::IO_BUF_KEEP as u64) / u64::from(self.info().sectorsize) * u64::from(self.info().sectorsize);
+        for &(rs, rl) in runs {
+            let mut s = rs;
+            while s < rs + rl {
+                let l = (rs + rl - s).min(piece);
+                let end = (s + l).min(i_size);
+                let n = end.saturating_sub(s) as usize;
+                crate::volumes::device::with_io_buf(n, |data| -> Result<()> {
+                    with_cache(self, inode, |pc| {
+                        let starts: Vec<u64> = pc.folios.range(..s + l).rev().take_while(|(_, f)| f.end() > s).map(|(&k, _)| k).collect();
+                        for k in starts {
+                            let f = pc.folios.get_mut(&k).expect("listed above");
+                            let (a, z) = (f.start.max(s), f.end().min(s + l));
+                            if a < end {
+                                let ze = z.min(end);
+                                data[(a - s) as usize..(ze - s) as usize].copy_from_slice(&f.data[(a - f.start) as usize..(ze - f.start) as usize]);
+                            }
+                            let b0 = f.block_of(a);
+                            let nb = ((z - a) / u64::from(f.blocksize)) as u32;
+                            pc.dirty_blocks -= u64::from(f.dirty.clear_range(b0, nb));
+                            // The direct path sets nbytes itself: the blocks stop being
+                            // new as their data leaves (a getattr in between misses
+                            // them for a moment).
+                            pc.new_blocks -= u64::from(f.new.clear_range(b0, nb));
+                        }
+                    });
+                    if n > 0 {
+                        self.write_file_raw(id, s, data)?;
                     }
-                    let b0 = f.block_of(a);
-                    let nb = ((z - a) / u64::from(f.blocksize)) as u32;
-                    pc.dirty_blocks -= u64::from(f.dirty.clear_range(b0, nb));
-                    // The direct path sets nbytes itself: the blocks stop being new as
-                    // their data leaves (a getattr in between misses them for a moment).
-                    pc.new_blocks -= u64::from(f.new.clear_range(b0, nb));
-                }
-                data
-            });
-            if !data.is_empty() {
-                self.write_file_raw(id, s, &data)?;
+                    Ok(())
+                })?;
+                s += l;
             }
         }
         with_cache(self, inode, |pc| {

@@ -78,6 +78,35 @@ pub const WRITEBACK_BATCH: u64 = 8 << 20;
 /// Alignment O_DIRECT writes need (buffer address, length and offset).
 pub const DIRECT_IO_ALIGN: usize = 4096;
 
+/// Largest data write buffer a thread keeps between writes (`with_io_buf`).
+pub const IO_BUF_KEEP: usize = 8 << 20;
+
+thread_local! {
+    static IO_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Run `f` on a buffer of `len` bytes aligned for O_DIRECT, whose bytes are left from
+/// earlier use: `f` writes every byte it hands on. Up to `IO_BUF_KEEP` bytes it is the
+/// calling thread's own buffer, kept between calls: a fresh allocation per write
+/// costs a page fault per 4 KiB page touched, more than the copy into it. (A call
+/// from inside `f` gets a buffer of its own.)
+pub fn with_io_buf<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    let keep = len <= IO_BUF_KEEP;
+    let mut raw = if keep { IO_BUF.with(std::cell::Cell::take) } else { Vec::new() };
+    if raw.len() < len + DIRECT_IO_ALIGN {
+        raw.resize(len + DIRECT_IO_ALIGN, 0);
+    }
+    let skew = raw.as_ptr().align_offset(DIRECT_IO_ALIGN).min(DIRECT_IO_ALIGN);
+    let r = f(&mut raw[skew..skew + len]);
+    if keep {
+        IO_BUF.with(|c| {
+            let held = c.take();
+            c.set(if held.len() >= raw.len() { held } else { raw });
+        });
+    }
+    r
+}
+
 /// A regular file or block device opened with positional I/O.
 pub struct FileDevice {
     file: File,
