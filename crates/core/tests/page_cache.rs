@@ -547,6 +547,44 @@ fn nbytes_counts_dirty_blocks_over_holes_at_once() {
     assert_check(&s.path, "nbytes");
 }
 
+/// A writeback of thousands of small dirty runs (random writes over a large file)
+/// reserves metadata for its ordered extents batch by batch: all of them at once is
+/// far more than the image's metadata space, yet the writeback, the commit and the
+/// data all come through.
+#[test]
+fn many_small_runs_write_back_in_batches() {
+    if !tools("many_small_runs_write_back_in_batches") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-runs", 512 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let f = create(&e, "big");
+    let size = 64u64 << 20;
+    let mut model = vec![0u8; size as usize];
+    let mut rng = Rng::new(11);
+    let chunk = rng.bytes(1 << 20);
+    for off in (0..size).step_by(1 << 20) {
+        e.buffered_write(f, off, &chunk).expect("lay out");
+        model[off as usize..off as usize + chunk.len()].copy_from_slice(&chunk);
+    }
+    e.sync().expect("sync the layout");
+    // 3000 runs, one every 20 KiB: a block each, a clean gap between.
+    for i in 0..3000u64 {
+        let off = i * (20 << 10) + rng.below(4096);
+        let n = rng.range(1, 4096) as usize;
+        let data = rng.bytes(n);
+        e.buffered_write(f, off, &data).expect("small write");
+        model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+    }
+    e.writeback_inode(f).expect("writeback of 3000 runs");
+    assert_eq!(e.page_cache_stats().dirty_bytes, 0);
+    e.check_page_cache_invariants();
+    e.commit().expect("commit");
+    drop(e);
+    assert!(read_image(&s.path, f) == model, "bytes on disk differ from the model");
+    assert_check(&s.path, "many runs");
+}
+
 /// fsync makes one file durable (written back and committed) while another file's
 /// data stays dirty; an engine dropped unsynced loses only that.
 #[test]

@@ -45,7 +45,7 @@ use crate::error::Result;
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use crate::inode::inode_cache::Inode;
 use crate::inode::ordered::{OrderedExtent, OrderedTree};
-use crate::inode::page_cache::{with_cache, Folio};
+use crate::inode::page_cache::{with_cache, Folio, FOLIO_SIZE};
 use crate::transaction::FsWriter;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -282,6 +282,10 @@ pub fn complete_bio(folio: &mut Folio, ordered: &mut OrderedTree, b: &Bio, start
     oe.finish_io(start, len, ok);
 }
 
+/// Metadata a writeback reserves for one batch of ordered extents before it writes
+/// them and gives the reservation back (a batch passes it by one run at most).
+const BATCH_RESERVE: u64 = 64 << 20;
+
 /// Test hook and bench knob: the largest ordered extent delalloc makes.
 pub(crate) fn max_ordered_extent(e: &Engine) -> u64 {
     e.pages.max_extent.load(Ordering::Acquire)
@@ -398,30 +402,92 @@ impl Engine {
         if self.write_retrying(|w| w.writeback_through_direct_path(id.root, id.ino, i_size))? {
             return self.writeback_direct(inode, i_size, &runs);
         }
-        // 1. Delalloc, every run before any I/O; all or nothing.
+        // In batches of runs, each whole folios: delalloc for the batch's runs (its
+        // metadata reserved), then its I/O and completions, which give the
+        // reservation back before the next batch takes one. A writeback of many small
+        // runs (random writes over a large file) would otherwise reserve for all of
+        // them at once and fail for want of metadata space it never needs together.
         let max = max_ordered_extent(self);
-        let mut oes: Vec<OrderedExtent> = Vec::new();
-        for &(s, l) in &runs {
-            match self.write(|w| w.run_delalloc(id.root, id.ino, s, l, max)) {
-                Ok(v) => oes.extend(v),
-                Err(e) => {
-                    self.write(|w| {
-                        for o in oes.drain(..) {
-                            w.cancel_ordered(o);
-                        }
-                        Ok(())
-                    })?;
-                    return Err(e);
+        let slot = |x: u64| x / FOLIO_SIZE;
+        let mut first_err: Option<crate::error::Error> = None;
+        let mut next = 0;
+        while next < runs.len() {
+            // 1. Delalloc, run by run, until the batch's reservation is large or the
+            // space runs out.
+            let mut oes: Vec<OrderedExtent> = Vec::new();
+            let mut per_run: Vec<usize> = Vec::new();
+            let mut reserved = 0u64;
+            let mut stop: Option<crate::error::Error> = None;
+            let mut k = next;
+            while k < runs.len() {
+                // A batch ends only where a folio does.
+                let boundary = k > next && slot(runs[k].0) != slot(runs[k - 1].0 + runs[k - 1].1 - 1);
+                if boundary && reserved >= BATCH_RESERVE {
+                    break;
+                }
+                let (s, l) = runs[k];
+                match self.write(|w| w.run_delalloc(id.root, id.ino, s, l, max)) {
+                    Ok(v) => {
+                        reserved += v.iter().map(|o| o.meta_rsv).sum::<u64>();
+                        per_run.push(v.len());
+                        oes.extend(v);
+                        k += 1;
+                    }
+                    Err(e) => {
+                        stop = Some(e);
+                        break;
+                    }
                 }
             }
+            // Out of space part way: the batch ends at the last folio boundary before
+            // the run that failed, and what was reserved past it goes back.
+            let mut j = k;
+            if stop.is_some() {
+                while j > next && slot(runs[j].0) == slot(runs[j - 1].0 + runs[j - 1].1 - 1) {
+                    j -= 1;
+                }
+            }
+            let keep: usize = per_run[..j - next].iter().sum();
+            let back: Vec<OrderedExtent> = oes.drain(keep..).collect();
+            if !back.is_empty() {
+                self.write(|w| {
+                    for o in back {
+                        w.cancel_ordered(o);
+                    }
+                    Ok(())
+                })?;
+            }
+            if j == next {
+                // Nothing of the next batch fits: its data stays dirty.
+                return Err(stop.expect("a batch ends empty only on an error"));
+            }
+            let (lo, hi) = (runs[next].0, runs[j - 1].0 + runs[j - 1].1);
+            if let Err(e) = self.writeback_batch(inode, i_size, oes, lo, hi) {
+                first_err.get_or_insert(e);
+            }
+            next = j;
         }
+        if first_err.is_none() {
+            let d = inode.mapping.pages.lock().disk_i_size;
+            assert_eq!(d, i_size, "{id}: on-disk size after a clean writeback differs from i_size");
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Steps 2 to 4 of a writeback for the folios over [lo, hi), whose dirty blocks
+    /// the ordered extents `oes` cover: writepage each, write the bios as they close,
+    /// then complete the ordered extents in file order.
+    fn writeback_batch(&self, inode: &Arc<Inode>, i_size: u64, oes: Vec<OrderedExtent>, lo: u64, hi: u64) -> Result<()> {
+        let id = inode.id;
+        let bs = self.info().sectorsize;
         with_cache(self, inode, |pc| {
             for o in oes {
                 pc.ordered.insert(o, bs);
             }
         });
         // 2 and 3. Writepage each folio, writing bios as they close.
-        let starts: Vec<u64> = inode.mapping.pages.lock().folios.values().filter(|f| !f.dirty.is_empty()).map(|f| f.start).collect();
+        let first = lo / FOLIO_SIZE * FOLIO_SIZE;
+        let starts: Vec<u64> = inode.mapping.pages.lock().folios.range(first..hi).map(|(_, f)| f).filter(|f| !f.dirty.is_empty()).map(|f| f.start).collect();
         let mut ctrl = BioCtrl::new(SubmitMode::ExtentByExtent);
         let mut first_err: Option<crate::error::Error> = None;
         for (i, fstart) in starts.iter().enumerate() {
@@ -481,9 +547,6 @@ impl Engine {
             // Every written block leaves the new ones, whether its extent went in (its
             // bytes are in nbytes now) or not (an I/O error lost them).
             pc.clear_new_written(&starts, settled);
-            if first_err.is_none() {
-                assert_eq!(pc.disk_i_size, i_size, "{id}: on-disk size after a clean writeback differs from i_size");
-            }
         });
         first_err.map_or(Ok(()), Err)
     }
