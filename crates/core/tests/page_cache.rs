@@ -585,6 +585,33 @@ fn many_small_runs_write_back_in_batches() {
     assert_check(&s.path, "many runs");
 }
 
+/// A sync commits what it wrote back even when another file's writeback fails: here
+/// a file with more dirty data than the image has room for runs out of space, and the
+/// small file written beside it is on disk after the sync all the same.
+#[test]
+fn sync_commits_what_was_written_when_a_file_finds_no_space() {
+    if !tools("sync_commits_what_was_written_when_a_file_finds_no_space") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-nospace", 300 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    e.set_page_cache_limits(1 << 30, 1 << 30);
+    let small = create(&e, "small");
+    let big = create(&e, "big");
+    e.commit().expect("commit the names");
+    let want: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    e.buffered_write(small, 0, &want).expect("write small");
+    let chunk = vec![7u8; 1 << 20];
+    for i in 0..400u64 {
+        e.buffered_write(big, i << 20, &chunk).expect("dirty big");
+    }
+    let err = e.sync().expect_err("400 MiB cannot fit in a 300 MiB image");
+    assert_eq!(err.posix_kind(), Some(ubtrfs_core::error::PosixKind::NoSpace), "{err}");
+    drop(e);
+    assert!(read_image(&s.path, small) == want, "the small file was not committed by the failed sync");
+    assert_check(&s.path, "after a sync that ran out of space");
+}
+
 /// fsync makes one file durable (written back and committed) while another file's
 /// data stays dirty; an engine dropped unsynced loses only that.
 #[test]

@@ -449,7 +449,7 @@ impl fuser::Filesystem for UbtrfsFs {
     fn destroy(&mut self) {
         self.close_all();
         if let Err(e) = self.sync() {
-            crate::log::log(&format!("commit at unmount: {e}"));
+            crate::log::log(&format!("sync at unmount: {e}"));
         }
     }
 

@@ -350,13 +350,17 @@ impl Engine {
         self.commit()
     }
 
-    /// Make everything durable: write back every inode, then commit.
+    /// Make everything durable: write back every inode, then commit. The commit runs
+    /// also when some inode's writeback failed: what was written back is kept (the
+    /// failed inode's data stays dirty, or is lost after an I/O error, as after the
+    /// kernel's failed writeback), and the writeback's error is reported after it.
     ///
     /// # Errors
     /// As `writeback_all` and `commit`.
     pub fn sync(&self) -> Result<u64> {
-        self.writeback_all()?;
-        self.commit()
+        let wb = self.writeback_all();
+        let generation = self.commit()?;
+        wb.map(|()| generation)
     }
 
     /// Set the largest ordered extent delalloc makes (default `MAX_EXTENT_SIZE`; a
