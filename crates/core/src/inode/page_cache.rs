@@ -101,24 +101,54 @@ impl Bitmap {
         self.words[(bit / 64) as usize] >> (bit % 64) & 1 == 1
     }
 
-    /// Set (`value`) or clear bits [start, start + len); returns how many changed.
-    pub fn assign_range(&mut self, start: u32, len: u32, value: bool) -> u32 {
+    /// `f(word index, mask)` for each word of bits [start, start + len).
+    fn for_words(&self, start: u32, len: u32, mut f: impl FnMut(usize, u64)) {
         let end = start.checked_add(len).expect("bit range overflows");
         assert!(end <= self.nbits, "bits {start}+{len} of a {}-bit map", self.nbits);
-        let mut changed = 0;
         let mut cur = start;
         while cur < end {
-            let w = (cur / 64) as usize;
             let lo = cur % 64;
             let hi = (end - (cur - lo)).min(64);
-            let m = range_mask(lo, hi);
+            f((cur / 64) as usize, range_mask(lo, hi));
+            cur += hi - lo;
+        }
+    }
+
+    /// Set (`value`) or clear bits [start, start + len); returns how many changed.
+    pub fn assign_range(&mut self, start: u32, len: u32, value: bool) -> u32 {
+        self.set_range_where(start, len, None, value)
+    }
+
+    /// `assign_range` for the bits also set in `only` (all of them with `None`).
+    fn set_range_where(&mut self, start: u32, len: u32, only: Option<&Bitmap>, value: bool) -> u32 {
+        let mut masks = Vec::new();
+        self.for_words(start, len, |w, m| masks.push((w, m & only.map_or(u64::MAX, |o| o.words[w]))));
+        let mut changed = 0;
+        for (w, m) in masks {
             let old = self.words[w];
             let new = if value { old | m } else { old & !m };
             changed += (old ^ new).count_ones();
             self.words[w] = new;
-            cur += hi - lo;
         }
         changed
+    }
+
+    /// Set bits in [start, start + len) are counted.
+    pub fn count_range(&self, start: u32, len: u32) -> u32 {
+        let mut n = 0;
+        self.for_words(start, len, |w, m| n += (self.words[w] & m).count_ones());
+        n
+    }
+
+    /// Clear every bit that is clear in `other`; returns how many were set.
+    pub fn retain(&mut self, other: &Bitmap) -> u32 {
+        assert_eq!(self.nbits, other.nbits, "bitmaps of {} and {} bits", self.nbits, other.nbits);
+        let mut cleared = 0;
+        for (a, b) in self.words.iter_mut().zip(&other.words) {
+            cleared += (*a & !b).count_ones();
+            *a &= b;
+        }
+        cleared
     }
 
     pub fn set_range(&mut self, start: u32, len: u32) -> u32 {
@@ -255,20 +285,6 @@ impl Folio {
     /// complete (`new`): the folio may be dropped.
     pub fn is_clean(&self) -> bool {
         self.dirty.is_empty() && self.writeback.is_empty() && self.new.is_empty()
-    }
-
-    /// Clear the `new` bits of blocks that are not dirty (their writeback ended);
-    /// returns how many.
-    fn clear_new_written(&mut self) -> u32 {
-        let mut n = 0;
-        let mut b = self.new.find_next(0, true);
-        while b < self.nblocks() {
-            if !self.dirty.test(b) {
-                n += self.new.clear_range(b, 1);
-            }
-            b = self.new.find_next(b + 1, true);
-        }
-        n
     }
 }
 
@@ -434,18 +450,46 @@ impl PageCacheInner {
         self.dirty_blocks * u64::from(blocksize)
     }
 
+    /// The folios over [start, end), each with the blocks of it inside the range:
+    /// (folio start, first block, block count).
+    fn blocks_of(&self, start: u64, end: u64) -> Vec<(u64, u32, u32)> {
+        let first = self.folios.range(..=start).next_back().map_or(start, |(&k, _)| k);
+        self.folios
+            .range(first..end)
+            .map(|(_, f)| f)
+            .filter_map(|f| {
+                let bs = u64::from(f.blocksize);
+                let (a, z) = (start.max(f.start), end.min(f.end()));
+                if a >= z {
+                    return None;
+                }
+                let (b0, b1) = (((a - f.start) / bs) as u32, ((z - f.start).div_ceil(bs)) as u32);
+                Some((f.start, b0, b1 - b0))
+            })
+            .collect()
+    }
+
+    /// Copy the cached bytes of [start, start + buf.len()) into `buf`; returns how far
+    /// from `start` folios covered it without a gap (the caller's range is dirty or
+    /// under writeback, so cached whole).
+    pub(crate) fn copy_out(&self, start: u64, buf: &mut [u8]) -> u64 {
+        let end = start + buf.len() as u64;
+        let mut cur = start;
+        for (k, b, n) in self.blocks_of(start, end) {
+            let f = &self.folios[&k];
+            let (a, z) = ((f.start + u64::from(b) * u64::from(f.blocksize)).max(start), (f.start + u64::from(b + n) * u64::from(f.blocksize)).min(end));
+            if a != cur {
+                break;
+            }
+            buf[(a - start) as usize..(z - start) as usize].copy_from_slice(&f.data[(a - f.start) as usize..(z - f.start) as usize]);
+            cur = z;
+        }
+        cur - start
+    }
+
     /// Bytes of `new` blocks in [start, start + len).
     pub(crate) fn new_bytes_in(&self, start: u64, len: u64) -> u64 {
-        let end = start + len;
-        let first = self.folios.range(..=start).next_back().map_or(start, |(&k, _)| k);
-        let mut n = 0u64;
-        for f in self.folios.range(first..end).map(|(_, f)| f) {
-            let bs = u64::from(f.blocksize);
-            let b0 = (start.max(f.start) - f.start) / bs;
-            let b1 = (end.min(f.end()).saturating_sub(f.start)).div_ceil(bs);
-            n += (b0..b1).filter(|&b| f.new.test(b as u32)).count() as u64 * bs;
-        }
-        n
+        self.blocks_of(start, start + len).into_iter().map(|(k, b, n)| u64::from(self.folios[&k].new.count_range(b, n)) * u64::from(self.folios[&k].blocksize)).sum()
     }
 
     pub fn check_invariants(&self) {
@@ -516,7 +560,7 @@ impl PageCacheInner {
     pub(crate) fn clear_new_written(&mut self, starts: &[u64], settled: u64) {
         for s in starts {
             if let Some(f) = self.folios.get_mut(s) {
-                self.new_blocks -= u64::from(f.clear_new_written());
+                self.new_blocks -= u64::from(f.new.retain(&f.dirty));
             }
         }
         self.settled_new += settled;
@@ -530,12 +574,12 @@ impl PageCacheInner {
         gone.iter().map(|s| self.folios.remove(s).expect("listed just above").size()).sum()
     }
 
-    /// Whether some block of [a, z) lacks the `new` bit (inside the folio at `fstart`).
-    fn has_block_not_new(&self, fstart: u64, a: u64, z: u64) -> bool {
+    /// Whether some block of [a, z) (inside the folio at `fstart`) is not dirty.
+    fn has_clean_block(&self, fstart: u64, a: u64, z: u64) -> bool {
         let f = &self.folios[&fstart];
         let bs = u64::from(f.blocksize);
         let (b0, b1) = (((a.max(f.start) - f.start) / bs) as u32, ((z.min(f.end()) - f.start).div_ceil(bs)) as u32);
-        b0 < b1 && f.new.find_next(b0, false) < b1
+        b0 < b1 && f.dirty.find_next(b0, false) < b1
     }
 
     /// Mark blocks [off, off + len) of the folio at `fstart` dirty (and uptodate).
@@ -548,35 +592,28 @@ impl PageCacheInner {
         self.dirty_blocks += u64::from(f.dirty.set_range(b0, b1 - b0));
     }
 
-    /// The blocks of [start, start + len) are not new.
-    fn clear_new(&mut self, start: u64, len: u64) {
-        let end = start + len;
-        let first = self.folios.range(..=start).next_back().map_or(start, |(&k, _)| k);
-        for f in self.folios.range_mut(first..end).map(|(_, f)| f) {
-            let bs = u64::from(f.blocksize);
-            let (a, z) = (start.max(f.start), end.min(f.end()));
-            if a < z {
-                let b0 = ((a - f.start) / bs) as u32;
-                self.new_blocks -= u64::from(f.new.clear_range(b0, ((z - f.start).div_ceil(bs)) as u32 - b0));
-            }
+    /// The blocks of [start, start + len) are not dirty.
+    pub(crate) fn clear_dirty(&mut self, start: u64, len: u64) {
+        for (k, b, n) in self.blocks_of(start, start + len) {
+            let f = self.folios.get_mut(&k).expect("listed above");
+            self.dirty_blocks -= u64::from(f.dirty.clear_range(b, n));
         }
     }
 
-    /// The dirty blocks inside the sorted ranges `holes` become new.
+    /// The blocks of [start, start + len) are not new.
+    pub(crate) fn clear_new(&mut self, start: u64, len: u64) {
+        for (k, b, n) in self.blocks_of(start, start + len) {
+            let f = self.folios.get_mut(&k).expect("listed above");
+            self.new_blocks -= u64::from(f.new.clear_range(b, n));
+        }
+    }
+
+    /// The dirty blocks inside the block-aligned ranges `holes` become new.
     fn mark_new(&mut self, holes: &[(u64, u64)]) {
         for &(hs, he) in holes {
-            let first = self.folios.range(..=hs).next_back().map_or(hs, |(&k, _)| k);
-            for f in self.folios.range_mut(first..he).map(|(_, f)| f) {
-                let bs = u64::from(f.blocksize);
-                let (a, z) = (hs.max(f.start), he.min(f.end()));
-                if a >= z {
-                    continue;
-                }
-                for b in ((a - f.start) / bs) as u32..((z - f.start) / bs) as u32 {
-                    if f.dirty.test(b) {
-                        self.new_blocks += u64::from(f.new.set_range(b, 1));
-                    }
-                }
+            for (k, b, n) in self.blocks_of(hs, he) {
+                let f = self.folios.get_mut(&k).expect("listed above");
+                self.new_blocks += u64::from(f.new.set_range_where(b, n, Some(&f.dirty), true));
             }
         }
     }
@@ -661,6 +698,28 @@ impl PageCacheGlobal {
             assert!(prev >= before.1 - after.1, "page cache: dirty total {prev} below a release of {}", before.1 - after.1);
         }
     }
+}
+
+/// The parts of the block-aligned [a, z) that the file extents `recs` (sorted, as
+/// `FsRead::file_extents` gives them) leave uncovered: the holes, explicit hole
+/// extents included. An inline extent takes its whole block.
+fn holes_between(recs: &[crate::inode::filesystem::FileExtentRec], a: u64, z: u64, bs: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = a;
+    for r in recs.iter().filter(|r| !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })) {
+        let (s, e) = (r.file_offset / bs * bs, r.end().div_ceil(bs) * bs);
+        if s > pos {
+            out.push((pos, s.min(z)));
+        }
+        pos = pos.max(e);
+        if pos >= z {
+            return out;
+        }
+    }
+    if pos < z {
+        out.push((pos, z));
+    }
+    out
 }
 
 /// A cache mutation of one inode under its mutex, with the totals kept right: `f`
@@ -762,20 +821,15 @@ impl Engine {
             // extent under it.
             let bsz = u64::from(bs);
             let end = pc.i_size.unwrap_or(0).div_ceil(bsz) * bsz;
-            let covered: Vec<(u64, u64)> = self
-                .read(|l| l.file_extents(id, 0, end))
-                .expect("page cache check: file extents")
-                .iter()
-                .filter(|r| !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. }))
-                .map(|r| (r.file_offset / bsz * bsz, r.end().div_ceil(bsz) * bsz))
-                .collect();
+            let recs = self.read(|l| l.file_extents(id, 0, end)).expect("page cache check: file extents");
+            let holes = holes_between(&recs, 0, end, bsz);
             for f in pc.folios.values() {
                 for b in 0..f.nblocks() {
                     let off = f.start + u64::from(b) * bsz;
                     if off >= end || !f.dirty.test(b) {
                         continue;
                     }
-                    let hole = !covered.iter().any(|&(s, e)| s <= off && off < e);
+                    let hole = holes.iter().any(|&(s, e)| s <= off && off < e);
                     assert_eq!(f.new.test(b), hole, "page cache: {id}: dirty block {off} is new {} over a hole {hole}", f.new.test(b));
                 }
             }
@@ -967,10 +1021,10 @@ impl Engine {
                 }
                 // Blocks about to become dirty over a hole are new (st_blocks counts
                 // them now): past the allocated end every block is a hole, below it the
-                // extent maps tell (`btrfs_find_new_delalloc_bytes`).
-                // (A block that stayed dirty past EOF after a truncation is in a hole
-                // too: the lookup is for every block not yet new.)
-                let holes = if pc.has_block_not_new(fstart, a, z) { self.holes_in(&inode, pc, ii.flags.get(), a, z)? } else { Vec::new() };
+                // extent maps tell (`btrfs_find_new_delalloc_bytes`). A block dirty
+                // already has its state (blocks a truncation left dirty past EOF got
+                // theirs from `size_grew` above).
+                let holes = if pc.has_clean_block(fstart, a, z) { self.holes_in(&inode, pc, ii.flags.get(), a, z)? } else { Vec::new() };
                 let f = pc.folios.get_mut(&fstart).expect("inserted above");
                 f.last_use = self.pages.next_tick();
                 let from = (cur - fstart) as usize;
@@ -994,25 +1048,11 @@ impl Engine {
     fn holes_in(&self, inode: &Arc<Inode>, pc: &PageCacheInner, flags: u64, a: u64, z: u64) -> Result<Vec<(u64, u64)>> {
         let bs = u64::from(self.info().sectorsize);
         let known = if flags & ubtrfs_format::structs::INODE_PREALLOC != 0 { u64::MAX } else { pc.new_from.div_ceil(bs) * bs };
-        let mut out: Vec<(u64, u64)> = Vec::new();
         let look = z.min(known);
+        let mut out = Vec::new();
         if a < look {
             let recs = self.read(|l| crate::inode::extent_map::get_file_extents(l, &self.info().extent_maps, inode, a, look))?.0;
-            let mut pos = a;
-            for r in recs.iter().filter(|r| !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })) {
-                // An inline extent takes its whole block.
-                let (s, e) = (r.file_offset / bs * bs, r.end().div_ceil(bs) * bs);
-                if s > pos {
-                    out.push((pos, s.min(look)));
-                }
-                pos = pos.max(e);
-                if pos >= look {
-                    break;
-                }
-            }
-            if pos < look {
-                out.push((pos, look));
-            }
+            out = holes_between(&recs, a, look, bs);
         }
         let from = known.max(a);
         if from < z {

@@ -412,7 +412,8 @@ impl Engine {
         // runs (random writes over a large file) would otherwise reserve for all of
         // them at once and fail for want of metadata space it never needs together.
         let max = max_ordered_extent(self);
-        let slot = |x: u64| x / FOLIO_SIZE;
+        // Whether run k starts in the folio slot run k - 1 ends in.
+        let shares_folio = |k: usize| (runs[k].0 / FOLIO_SIZE) == (runs[k - 1].0 + runs[k - 1].1 - 1) / FOLIO_SIZE;
         let mut first_err: Option<crate::error::Error> = None;
         let mut next = 0;
         while next < runs.len() {
@@ -425,7 +426,7 @@ impl Engine {
             let mut k = next;
             while k < runs.len() {
                 // A batch ends only where a folio does.
-                let boundary = k > next && slot(runs[k].0) != slot(runs[k - 1].0 + runs[k - 1].1 - 1);
+                let boundary = k > next && !shares_folio(k);
                 if boundary && reserved >= BATCH_RESERVE {
                     break;
                 }
@@ -447,7 +448,7 @@ impl Engine {
             // the run that failed, and what was reserved past it goes back.
             let mut j = k;
             if stop.is_some() {
-                while j > next && slot(runs[j].0) == slot(runs[j - 1].0 + runs[j - 1].1 - 1) {
+                while j > next && shares_folio(j) {
                     j -= 1;
                 }
             }
@@ -569,19 +570,8 @@ impl Engine {
             while done < b.len {
                 let n = (b.len - done).min(chunk);
                 let (start, buf) = (b.file_offset + done, &mut raw[..n as usize]);
-                {
-                    let pc = inode.mapping.pages.lock();
-                    let mut cur = start;
-                    for f in pc.folios.range(..start + n).rev().map(|(_, f)| f) {
-                        if f.end() <= start {
-                            break;
-                        }
-                        let (s, e) = (f.start.max(start), f.end().min(start + n));
-                        buf[(s - start) as usize..(e - start) as usize].copy_from_slice(&f.data[(s - f.start) as usize..(e - f.start) as usize]);
-                        cur = cur.max(e);
-                    }
-                    assert_eq!(cur, start + n, "bio {}+{}: folios missing under writeback at {start}", b.file_offset, b.len);
-                }
+                let got = inode.mapping.pages.lock().copy_out(start, buf);
+                assert_eq!(got, n, "bio {}+{}: folios missing under writeback at {start}", b.file_offset, b.len);
                 if !nodatasum {
                     crate::extent::csum_tree::append_sector_csums(self.info().csum_type, ss, buf, &mut csums);
                 }
@@ -642,22 +632,13 @@ impl Engine {
                 let n = end.saturating_sub(s) as usize;
                 crate::volumes::device::with_io_buf(n, |data| -> Result<()> {
                     with_cache(self, inode, |pc| {
-                        let starts: Vec<u64> = pc.folios.range(..s + l).rev().take_while(|(_, f)| f.end() > s).map(|(&k, _)| k).collect();
-                        for k in starts {
-                            let f = pc.folios.get_mut(&k).expect("listed above");
-                            let (a, z) = (f.start.max(s), f.end().min(s + l));
-                            if a < end {
-                                let ze = z.min(end);
-                                data[(a - s) as usize..(ze - s) as usize].copy_from_slice(&f.data[(a - f.start) as usize..(ze - f.start) as usize]);
-                            }
-                            let b0 = f.block_of(a);
-                            let nb = ((z - a) / u64::from(f.blocksize)) as u32;
-                            pc.dirty_blocks -= u64::from(f.dirty.clear_range(b0, nb));
-                            // The direct path sets nbytes itself: the blocks stop being
-                            // new as their data leaves (a getattr in between misses
-                            // them for a moment).
-                            pc.new_blocks -= u64::from(f.new.clear_range(b0, nb));
-                        }
+                        let got = pc.copy_out(s, data);
+                        assert_eq!(got, n as u64, "{id}: dirty run {s}+{l} not cached whole");
+                        // The direct path sets nbytes itself: the blocks stop being new
+                        // as their data leaves (a getattr in between misses them for a
+                        // moment).
+                        pc.clear_dirty(s, l);
+                        pc.clear_new(s, l);
                     });
                     if n > 0 {
                         self.write_file_raw(id, s, data)?;
