@@ -101,10 +101,11 @@ impl Bitmap {
         self.words[(bit / 64) as usize] >> (bit % 64) & 1 == 1
     }
 
-    /// `f(word index, mask)` for each word of bits [start, start + len).
-    fn for_words(&self, start: u32, len: u32, mut f: impl FnMut(usize, u64)) {
+    /// `f(word index, mask)` for each word of bits [start, start + len) of a map of
+    /// `nbits` bits.
+    fn for_words(nbits: u32, start: u32, len: u32, mut f: impl FnMut(usize, u64)) {
         let end = start.checked_add(len).expect("bit range overflows");
-        assert!(end <= self.nbits, "bits {start}+{len} of a {}-bit map", self.nbits);
+        assert!(end <= nbits, "bits {start}+{len} of a {nbits}-bit map");
         let mut cur = start;
         while cur < end {
             let lo = cur % 64;
@@ -121,22 +122,22 @@ impl Bitmap {
 
     /// `assign_range` for the bits also set in `only` (all of them with `None`).
     fn set_range_where(&mut self, start: u32, len: u32, only: Option<&Bitmap>, value: bool) -> u32 {
-        let mut masks = Vec::new();
-        self.for_words(start, len, |w, m| masks.push((w, m & only.map_or(u64::MAX, |o| o.words[w]))));
         let mut changed = 0;
-        for (w, m) in masks {
-            let old = self.words[w];
+        let words = &mut self.words;
+        Bitmap::for_words(self.nbits, start, len, |w, m| {
+            let m = m & only.map_or(u64::MAX, |o| o.words[w]);
+            let old = words[w];
             let new = if value { old | m } else { old & !m };
             changed += (old ^ new).count_ones();
-            self.words[w] = new;
-        }
+            words[w] = new;
+        });
         changed
     }
 
     /// Set bits in [start, start + len) are counted.
     pub fn count_range(&self, start: u32, len: u32) -> u32 {
         let mut n = 0;
-        self.for_words(start, len, |w, m| n += (self.words[w] & m).count_ones());
+        Bitmap::for_words(self.nbits, start, len, |w, m| n += (self.words[w] & m).count_ones());
         n
     }
 
