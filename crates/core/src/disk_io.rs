@@ -84,6 +84,8 @@ pub struct FsInfo {
     /// The count of extent maps and the worker that frees them past their budget
     /// (`inode::extent_map_shrinker`).
     pub extent_maps: Arc<crate::inode::extent_map_shrinker::ExtentMapShrinker>,
+    /// Data space promised to dirty page-cache data (`space::data_rsv`).
+    pub data_rsv: crate::space::data_rsv::DataReservations,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -202,6 +204,7 @@ impl FsInfo {
             aborted: Default::default(),
             inodes: Default::default(),
             extent_maps: Default::default(),
+            data_rsv: Default::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;

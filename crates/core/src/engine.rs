@@ -246,6 +246,8 @@ impl Engine {
     /// End a change made under `g`: write the writeback it sealed, if any, after
     /// dropping `g`, then return its result `r`.
     fn finish_change<T>(&self, mut g: RwLockWriteGuard<'_, FsWriter>, r: Result<T>) -> Result<T> {
+        // The write-time data checks see the space this change left (`space::data_rsv`).
+        crate::space::allocator::publish_data_free(&mut g);
         // Taken before `state` is dropped, so no commit can finish between the sealing
         // of these blocks and their write.
         let wb = g.take_writeback().map(|wb| (wb, self.writeback_io.read().unwrap_or_else(|p| p.into_inner())));

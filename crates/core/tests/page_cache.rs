@@ -585,12 +585,15 @@ fn many_small_runs_write_back_in_batches() {
     assert_check(&s.path, "many runs");
 }
 
-/// A sync commits what it wrote back even when another file's writeback fails: here
-/// a file with more dirty data than the image has room for runs out of space, and the
-/// small file written beside it is on disk after the sync all the same.
+/// Dirty data holds its data space from write(2) on, as the kernel's delalloc
+/// reservation does: a file written past what the image can hold gets ENOSPC from
+/// the write that does not fit (naming the file), not from a later writeback that
+/// would lose it. Everything admitted before is kept, by the sync and on disk, and a
+/// write that fits goes in after the failed one (the slow path wrote the dirty data
+/// back and committed to find room).
 #[test]
-fn sync_commits_what_was_written_when_a_file_finds_no_space() {
-    if !tools("sync_commits_what_was_written_when_a_file_finds_no_space") {
+fn a_write_the_data_space_cannot_hold_fails_at_write_time() {
+    if !tools("a_write_the_data_space_cannot_hold_fails_at_write_time") {
         return;
     }
     let s = Scratch::mkfs("pc-nospace", 300 << 20, &[]);
@@ -602,14 +605,31 @@ fn sync_commits_what_was_written_when_a_file_finds_no_space() {
     let want: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
     e.buffered_write(small, 0, &want).expect("write small");
     let chunk = vec![7u8; 1 << 20];
-    for i in 0..400u64 {
-        e.buffered_write(big, i << 20, &chunk).expect("dirty big");
-    }
-    let err = e.sync().expect_err("400 MiB cannot fit in a 300 MiB image");
+    let mut admitted = 0u64;
+    let err = loop {
+        match e.buffered_write(big, admitted << 20, &chunk) {
+            Ok(()) => admitted += 1,
+            Err(err) => break err,
+        }
+        assert!(admitted < 400, "400 MiB of dirty data admitted into a 300 MiB image");
+    };
     assert_eq!(err.posix_kind(), Some(ubtrfs_core::error::PosixKind::NoSpace), "{err}");
+    assert!(err.to_string().contains(&big.to_string()), "the error names the file after {admitted} MiB: {err}");
+    assert!(admitted > 150, "only {admitted} MiB fit in a 300 MiB image");
+    // Everything admitted is promised space: nothing dirty is left unwritable.
+    e.check_page_cache_invariants();
+    e.sync().expect("sync after the refused write");
+    // The space left takes a small write still (the last data block groups' tail).
+    e.buffered_write(small, want.len() as u64, b"tail").expect("a small write after the refused one");
+    e.sync().expect("sync");
     drop(e);
-    assert!(read_image(&s.path, small) == want, "the small file was not committed by the failed sync");
-    assert_check(&s.path, "after a sync that ran out of space");
+    let mut small_want = want.clone();
+    small_want.extend_from_slice(b"tail");
+    assert!(read_image(&s.path, small) == small_want, "the small file differs on disk");
+    let got = read_image(&s.path, big);
+    assert_eq!(got.len() as u64, admitted << 20, "big holds every admitted write");
+    assert!(got.iter().all(|&b| b == 7), "big's bytes differ on disk");
+    assert_check(&s.path, "after a write refused for space");
 }
 
 /// fsync makes one file durable (written back and committed) while another file's

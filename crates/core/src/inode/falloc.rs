@@ -119,7 +119,8 @@ impl FsWriter {
         let id = InodeId { root, ino };
         let ranges = if zero { self.zero_range_plan(id, offset, end)?.1.into_iter().collect() } else { self.prealloc_ranges(root, ino, offset, end, size)? };
         let need: u64 = ranges.iter().map(|r| r.1 - r.0).sum::<u64>() + 2 * ss;
-        crate::space::allocator::reserve_data(self, need, &what)?;
+        // Beside the data space promised to dirty data (`space::data_rsv`).
+        crate::space::allocator::reserve_data(self, need + self.info.data_rsv.outstanding(), &what)?;
         let items = 6 + 2 * ranges.len() as u64 + need.div_ceil(MAX_PREALLOC);
         self.transaction(if zero { "zero_range" } else { "fallocate" }, items, |w| w.falloc_inner(root, ino, offset, end, keep, zero))
     }

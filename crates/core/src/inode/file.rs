@@ -94,9 +94,21 @@ impl Engine {
     /// As `FsWriter::write_file`; `Io` from the data write (the reserved space is given
     /// back, the file is unchanged).
     pub fn write_file(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        let _rsv = self.reserve_direct_write(id, offset, data.len())?;
         let inode = self.info().inodes.get(id);
         let _g = write_lock(&inode);
         self.write_file_locked(id, offset, data)
+    }
+
+    /// A direct write's data space, held beside what dirty data was promised (the
+    /// write itself checks only that its own bytes are free).
+    fn reserve_direct_write(&self, id: InodeId, offset: u64, len: usize) -> Result<Option<crate::space::data_rsv::DataReservation<'_>>> {
+        let bs = u64::from(self.info().sectorsize);
+        match offset.checked_add(len as u64) {
+            Some(end) if len > 0 => Ok(Some(self.reserve_data_space(id, offset / bs * bs, end.div_ceil(bs) * bs)?)),
+            // Nothing to hold; the write reports a bad range itself.
+            _ => Ok(None),
+        }
     }
 
     /// `write_file` with the inode's lock held: a file with a page cache is written
@@ -451,6 +463,7 @@ impl OpenFile<'_> {
     /// # Errors
     /// As `FsWriter::write_file`.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let _rsv = self.engine.reserve_direct_write(self.inode().id, offset, data.len())?;
         let inode = self.inode();
         let _g = write_lock(inode);
         self.engine.write_file_locked(inode.id, offset, data)

@@ -685,7 +685,10 @@ impl PageCacheGlobal {
     }
 
     /// Apply a change of one inode's usage from `before` to `after` (cached, dirty).
-    pub(crate) fn account(&self, before: (u64, u64), after: (u64, u64)) {
+    /// The dirty change goes to the data reservations too (`rsv`): dirty bytes hold
+    /// data space until writeback allocates it.
+    pub(crate) fn account(&self, rsv: &crate::space::data_rsv::DataReservations, before: (u64, u64), after: (u64, u64)) {
+        rsv.dirty_moved(before.1, after.1);
         if after.0 >= before.0 {
             self.cached.fetch_add(after.0 - before.0, Ordering::AcqRel);
         } else {
@@ -753,7 +756,7 @@ pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut 
     // The cache's mutex, then the registry's (holders of the registry only try the
     // caches' mutexes).
     let mut reg = g.registry();
-    g.account(before, after);
+    g.account(&e.info().data_rsv, before, after);
     if empty {
         reg.remove(&inode.id);
     } else {
@@ -841,6 +844,7 @@ impl Engine {
         }
         assert_eq!(cached, self.pages.cached.load(Ordering::Acquire), "page cache: cached total differs from the inodes' sum");
         assert_eq!(dirty, self.pages.dirty.load(Ordering::Acquire), "page cache: dirty total differs from the inodes' sum");
+        assert_eq!(dirty, self.info().data_rsv.dirty(), "page cache: the data reservations count other dirty bytes");
     }
 
     /// The INODE_ITEM of regular file `id` for a buffered operation (`Posix(IsDir)` /
@@ -955,12 +959,17 @@ impl Engine {
             return Ok(());
         }
         let end = offset.checked_add(data.len() as u64).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        // The data space the blocks will take at writeback, before the inode's lock
+        // (the slow path writes other inodes back). Blocks dirty already are counted
+        // twice until the write is in, which only matters on a full filesystem, where
+        // that path writes them back first.
+        let bsz = u64::from(self.info().sectorsize);
+        let _rsv = self.reserve_data_space(id, offset / bsz * bsz, end.div_ceil(bsz) * bsz)?;
         let inode = self.inodes().get(id);
         let g = lock_exclusive(&inode);
         let ii = self.regular_item(&inode)?;
         crate::inode::write::iflags_allow(id.root, id.ino, ii.flags.get(), crate::inode::write::IflagOp::Write, b"")?;
         let bs = self.info().sectorsize;
-        let bsz = u64::from(bs);
         // The size cannot move while the inode's lock is held (an empty cache reads
         // it from the item, as below).
         let size = with_cache(self, &inode, |pc| pc.i_size).unwrap_or(ii.size.get());
@@ -1040,6 +1049,64 @@ impl Engine {
         drop(g);
         self.balance_dirty_pages()?;
         self.shrink_page_cache()
+    }
+
+    /// Hold data space for the blocks [a, z) of file `id` about to become dirty
+    /// (`space::data_rsv`; the kernel's `btrfs_check_data_free_space`), until the
+    /// returned reservation drops, by which time the blocks are dirty and counted as
+    /// such. When the space promised does not fit the free space: new data chunks,
+    /// then a writeback of every dirty inode and a commit (which turns dirty data into
+    /// extents and returns the space freed in the running transaction), as the
+    /// kernel's data flush does; then what of [a, z) a nocow or preallocated file
+    /// writes in place needs nothing. The caller holds no inode lock.
+    ///
+    /// # Errors
+    /// `Posix(NoSpace)` naming the file when the data space cannot hold the write;
+    /// errors of the writeback and commit.
+    pub(crate) fn reserve_data_space(&self, id: InodeId, a: u64, z: u64) -> Result<crate::space::data_rsv::DataReservation<'_>> {
+        let rsv = &self.info().data_rsv;
+        let held = rsv.hold(z - a);
+        if held.fits() {
+            return Ok(held);
+        }
+        let what = format!("write to {id} at {a}..{z}");
+        // New chunks, if the devices have room: reserve_data makes them until the data
+        // groups hold everything promised.
+        match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what)) {
+            Ok(()) if held.fits() => return Ok(held),
+            Ok(()) => {}
+            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {}
+            Err(e) => return Err(e),
+        }
+        drop(held);
+        // Dirty data to extents, and the running transaction's frees back.
+        self.writeback_all()?;
+        self.commit()?;
+        let held = rsv.hold(z - a);
+        if held.fits() {
+            return Ok(held);
+        }
+        match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what)) {
+            Ok(()) if held.fits() => return Ok(held),
+            Ok(()) => {}
+            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {}
+            Err(e) => return Err(e),
+        }
+        // What goes in place takes no new space.
+        let flags = self.read(|l| Ok(l.load_inode(id, Load::ITEM)?.item.flags.get()))?;
+        let in_place = if crate::inode::nocow::nocow_capable(flags) { self.write_retrying(|w| w.in_place_bytes(id.root, id.ino, flags, a, z))? } else { 0 };
+        let held = if in_place > 0 {
+            drop(held);
+            let held = rsv.hold(z - a - in_place);
+            if held.fits() {
+                return Ok(held);
+            }
+            held
+        } else {
+            held
+        };
+        let (free, others) = (rsv.free(), rsv.outstanding().saturating_sub(held.bytes()));
+        Err(Error::posix_detail(PosixKind::NoSpace, what, format!("{} bytes of data space are needed, {free} are free, and {others} of them are promised to data not yet written back", held.bytes())))
     }
 
     /// The holes of file `inode` (inode flags `flags`) in the block-aligned [a, z),
@@ -1189,7 +1256,7 @@ impl Engine {
                 pc.forget_sizes();
                 reg.remove(&id);
             }
-            self.pages.account(before, after);
+            self.pages.account(&self.info().data_rsv, before, after);
             drop(pc);
         }
     }

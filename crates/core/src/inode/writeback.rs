@@ -413,7 +413,8 @@ impl Engine {
         // them at once and fail for want of metadata space it never needs together.
         let max = max_ordered_extent(self);
         // Whether run k starts in the folio slot run k - 1 ends in.
-        let shares_folio = |k: usize| (runs[k].0 / FOLIO_SIZE) == (runs[k - 1].0 + runs[k - 1].1 - 1) / FOLIO_SIZE;
+        let shares_folio = |runs: &[(u64, u64)], k: usize| (runs[k].0 / FOLIO_SIZE) == (runs[k - 1].0 + runs[k - 1].1 - 1) / FOLIO_SIZE;
+        let mut runs = runs;
         let mut first_err: Option<crate::error::Error> = None;
         let mut next = 0;
         while next < runs.len() {
@@ -426,7 +427,7 @@ impl Engine {
             let mut k = next;
             while k < runs.len() {
                 // A batch ends only where a folio does.
-                let boundary = k > next && !shares_folio(k);
+                let boundary = k > next && !shares_folio(&runs, k);
                 if boundary && reserved >= BATCH_RESERVE {
                     break;
                 }
@@ -448,7 +449,7 @@ impl Engine {
             // the run that failed, and what was reserved past it goes back.
             let mut j = k;
             if stop.is_some() {
-                while j > next && shares_folio(j) {
+                while j > next && shares_folio(&runs, j) {
                     j -= 1;
                 }
             }
@@ -463,8 +464,19 @@ impl Engine {
                 })?;
             }
             if j == next {
+                let stop = stop.expect("a batch ends empty only on an error");
+                // One run too long for the metadata its extents need at once (free
+                // data space in many pieces takes an extent, and its reservation,
+                // each): it goes in two parts, split where a folio slot ends.
+                let (s, l) = runs[next];
+                let mid = ((s + l / 2) / FOLIO_SIZE * FOLIO_SIZE).max((s / FOLIO_SIZE + 1) * FOLIO_SIZE);
+                if stop.posix_kind() == Some(crate::error::PosixKind::NoSpace) && mid < s + l {
+                    runs[next] = (s, mid - s);
+                    runs.insert(next + 1, (mid, s + l - mid));
+                    continue;
+                }
                 // Nothing of the next batch fits: its data stays dirty.
-                return Err(stop.expect("a batch ends empty only on an error"));
+                return Err(stop);
             }
             let (lo, hi) = (runs[next].0, runs[j - 1].0 + runs[j - 1].1);
             if let Err(e) = self.writeback_batch(inode, i_size, oes, lo, hi) {
@@ -631,6 +643,9 @@ impl Engine {
                 let end = (s + l).min(i_size);
                 let n = end.saturating_sub(s) as usize;
                 crate::volumes::device::with_io_buf(n, |data| -> Result<()> {
+                    // The blocks stop being dirty before their extents exist: their data
+                    // space stays promised until the write has allocated it.
+                    let _held = self.info().data_rsv.hold(l);
                     with_cache(self, inode, |pc| {
                         let got = pc.copy_out(s, data);
                         assert_eq!(got, n as u64, "{id}: dirty run {s}+{l} not cached whole");

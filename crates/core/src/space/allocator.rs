@@ -175,6 +175,9 @@ pub struct Allocator {
     /// Largest new chunk per block-group type, when set (`FsWriter::set_max_chunk_size`),
     /// below the kernel's own limits.
     pub(crate) chunk_caps: BTreeMap<u64, u64>,
+    /// Free space may have moved since the last `publish_data_free` (an allocation,
+    /// a release, pins returned, a group added, removed or cached).
+    pub(crate) space_moved: bool,
 }
 
 impl Allocator {
@@ -233,6 +236,7 @@ impl Allocator {
             let d = <DevItem as zerocopy::FromBytes>::read_from_bytes(item.data()).expect("size checked by the tree checker");
             a.dev_items.insert(k.offset, d);
         }
+        a.space_moved = true;
         Ok(a)
     }
 
@@ -293,6 +297,7 @@ impl Allocator {
     /// Give back ranges taken by `take_pinned`: their commit is on disk, and no reader
     /// holds a view that still uses them.
     pub fn release_pinned(&mut self, ranges: &[(u64, u64)]) {
+        self.space_moved = true;
         for &(s, l) in ranges {
             // Taken from this group's pins, and nothing else returns them: a bug if not.
             let g = self.group_mut(s).unwrap_or_else(|| panic!("released pinned range {s} +{l} outside every block group"));
@@ -515,6 +520,7 @@ fn load_group(w: &mut FsWriter, start: u64) -> Result<()> {
         Caching::No => (g.length, g.flags),
     };
     let loaded = load_free_space(w, start, length, flags);
+    w.alloc.space_moved = true;
     let g = w.alloc.groups.get_mut(&start).expect("looked up above");
     match loaded {
         Ok((ctl, bitmaps)) => {
@@ -576,6 +582,7 @@ pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, f
         }
     }
     let super_bytes = super_bytes_in(&stripes, logical, length);
+    w.alloc.space_moved = true;
     w.alloc.groups.insert(
         logical,
         BlockGroup { start: logical, length, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, super_bytes, caching: Caching::Finished(Box::new(ctl)) },
@@ -627,6 +634,7 @@ pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<
     let mut cache_error = None;
     for attempt in 0..2 {
         if let Some(start) = find_free_extent(w, ty, num_bytes, &mut cache_error)? {
+            w.alloc.space_moved = true;
             return Ok(start);
         }
         // A data request that only failed for want of one contiguous run is answered by
@@ -691,12 +699,9 @@ pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: 
 /// `Posix(NoSpace)` naming `what` and the shortfall; chunk allocation failures.
 pub(crate) fn reserve_data(w: &mut FsWriter, bytes: u64, what: &str) -> Result<()> {
     loop {
-        let mut free = w.alloc.free_bytes(BLOCK_GROUP_DATA);
-        if w.alloc.mixed {
-            // Mixed groups: the metadata reserved by changes under way and kept back
-            // for deletions and commits comes out of the same space.
-            free = free.saturating_sub(w.alloc.meta_may_use + metadata_reserve(w));
-        }
+        // Mixed groups: the metadata reserved by changes under way and kept back for
+        // deletions and commits comes out of the same space.
+        let free = data_free(w);
         if free >= bytes {
             return Ok(());
         }
@@ -714,6 +719,26 @@ pub(crate) fn reserve_data(w: &mut FsWriter, bytes: u64, what: &str) -> Result<(
             }
             Err(e) => return h.end_with(Err(e)),
         }
+    }
+}
+
+/// The data bytes a new reservation may count on: the data groups' free space, less
+/// (on mixed groups, which share it) the metadata reserved and kept back.
+pub(crate) fn data_free(w: &FsWriter) -> u64 {
+    let free = w.alloc.free_bytes(BLOCK_GROUP_DATA);
+    if w.alloc.mixed {
+        free.saturating_sub(w.alloc.meta_may_use + metadata_reserve(w))
+    } else {
+        free
+    }
+}
+
+/// Publish the data space free now for the write-time checks (`space::data_rsv`), if
+/// anything moved it since the last time. Mixed groups always publish: every
+/// metadata reservation moves their data space.
+pub(crate) fn publish_data_free(w: &mut FsWriter) {
+    if std::mem::take(&mut w.alloc.space_moved) || w.alloc.mixed {
+        w.info.data_rsv.publish_free(data_free(w));
     }
 }
 
@@ -816,6 +841,7 @@ pub(crate) fn release_metadata(w: &mut FsWriter, bytes: u64) {
 /// next allocation there could otherwise be overwritten by that write. This is the
 /// one place that decides between giving the space back and pinning it.
 pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64, still_written: bool) {
+    w.alloc.space_moved = true;
     if still_written || !w.info.views.may_reuse(w.transid) {
         // Allocated in this transaction and not free: pinning cannot fail but for a bug.
         pin(w, bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes} while it may still be read or written: {e}"));

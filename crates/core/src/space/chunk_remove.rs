@@ -137,6 +137,7 @@ pub fn remove_chunk(w: &mut FsWriter, start: u64) -> Result<()> {
     }
     // From here on the removal changes the trees; a failure aborts the transaction.
     w.alloc.groups.remove(&start);
+    w.alloc.space_moved = true;
     w.delete_item(CHUNK_TREE_OBJECTID, &chunk_key)?;
     for &(devid, k, length) in &dev_extents {
         w.delete_item(DEV_TREE_OBJECTID, &k)?;
