@@ -875,6 +875,35 @@ sync a; show "written back"
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// A write the image has no room for fails at write(2) with ENOSPC, as on the
+/// kernel's mount, not at the unmount's writeback: dd into a 300 MiB image stops at
+/// about the size the kernel's does, and everything it wrote is on the image after
+/// the unmount, which checks clean.
+#[test]
+fn a_full_image_refuses_the_write_as_the_kernel_does() {
+    if !fuse_available("a_full_image_refuses_the_write_as_the_kernel_does") {
+        return;
+    }
+    const SCRIPT: &str = r#"cd "$1"
+# (the messages go to a pipe: the full filesystem has no room for a file of them)
+{ dd if=/dev/zero of=big bs=1M count=400 status=none && echo "all of it fit"; } 2>&1 | grep -o "No space left on device" | sed 's/.*/ENOSPC/'
+echo "size $(stat -c %s big)"
+"#;
+    let (s, _, uimg, ours, kernel) = same_script_on_both("full", "full image", SCRIPT, "");
+    let size = |out: &str| -> u64 { out.lines().find_map(|l| l.strip_prefix("size ")).and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("no size in {out:?}")) };
+    assert!(kernel.contains("ENOSPC\n") && !kernel.contains("fit"), "the kernel's dd: {kernel}");
+    assert!(ours.contains("ENOSPC\n") && !ours.contains("fit"), "our dd: {ours}");
+    let (k, u) = (size(&kernel), size(&ours));
+    assert!(u.abs_diff(k) <= 16 << 20, "dd stopped at {u} bytes here and at {k} on the kernel");
+    assert_check(&uimg, "after the write that found no room");
+    let m = KernelMount::new(&uimg, &s.join("kmnt"));
+    let data = std::fs::read(m.dir.join("big")).unwrap();
+    assert_eq!(data.len() as u64, u, "the kernel reads another size than dd wrote");
+    assert!(data.iter().all(|&b| b == 0), "the admitted bytes differ on the image");
+    drop(m);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// Memory stays bounded by the options whatever is written: 1 GiB through a mount
 /// with a 32 MiB page cache (8 MiB dirty) and a 32 MiB tree-block cache keeps the
 /// daemon's peak RSS within those plus a fixed allowance, and every byte lands.
