@@ -81,6 +81,14 @@ pub struct MknodOpts {
 }
 
 #[derive(Args)]
+pub struct ReflinkOpts {
+    /// The file whose extents are shared.
+    src: String,
+    /// The copy: made if missing, emptied first if a file; a directory takes SRC's name.
+    dst: String,
+}
+
+#[derive(Args)]
 pub struct TruncateOpts {
     path: String,
     /// The new size: bytes, or with K, M, G, T (1024-based; KB = 1000).
@@ -149,6 +157,7 @@ pub enum EditCmd {
     Ln(LnOpts),
     Mknod(MknodOpts),
     Truncate(TruncateOpts),
+    Reflink(ReflinkOpts),
     Fallocate(FallocateOpts),
     Chmod(ChmodOpts),
     Chattr(ChattrOpts),
@@ -210,6 +219,12 @@ impl TruncateOpts {
         Ok(Edit::Truncate { path: self.path.clone(), size: edit::parse_size(&self.size)? })
     }
 }
+impl ReflinkOpts {
+    fn edit(&self) -> Result<Edit> {
+        Ok(Edit::Reflink { src: self.src.clone(), dst: self.dst.clone() })
+    }
+}
+
 impl FallocateOpts {
     fn edit(&self) -> Result<Edit> {
         use ubtrfs_core::inode::falloc::*;
@@ -258,6 +273,7 @@ impl EditCmd {
             EditCmd::Ln(o) => o.edit(),
             EditCmd::Mknod(o) => o.edit(),
             EditCmd::Truncate(o) => o.edit(),
+            EditCmd::Reflink(o) => o.edit(),
             EditCmd::Fallocate(o) => o.edit(),
             EditCmd::Chmod(o) => o.edit(),
             EditCmd::Chattr(o) => o.edit(),
@@ -316,6 +332,10 @@ pub fn mknod(a: &WithImage<MknodOpts>) -> Result<()> {
 pub fn truncate(a: &WithImage<TruncateOpts>) -> Result<()> {
     run_one(a, "truncate", TruncateOpts::edit)
 }
+pub fn reflink(a: &WithImage<ReflinkOpts>) -> Result<()> {
+    run_one(a, "reflink", ReflinkOpts::edit)
+}
+
 pub fn fallocate(a: &WithImage<FallocateOpts>) -> Result<()> {
     run_one(a, "fallocate", FallocateOpts::edit)
 }

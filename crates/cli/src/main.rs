@@ -120,6 +120,8 @@ enum Cmd {
     Mknod(edit_cmds::WithImage<edit_cmds::MknodOpts>),
     /// Set a file's size (a missing file is made).
     Truncate(edit_cmds::WithImage<edit_cmds::TruncateOpts>),
+    /// Copy a file by sharing its extents (`cp --reflink=always`): no data is written.
+    Reflink(edit_cmds::WithImage<edit_cmds::ReflinkOpts>),
     /// Preallocate (or with -p punch, -z zero) a range of a file, as fallocate(1) does
     /// (a missing file is made, mode 0644, when neither -k, -p nor -z is given).
     Fallocate(edit_cmds::WithImage<edit_cmds::FallocateOpts>),
@@ -175,6 +177,7 @@ fn main() -> ExitCode {
         Cmd::Ln(a) => edit_cmds::ln(&a),
         Cmd::Mknod(a) => edit_cmds::mknod(&a),
         Cmd::Truncate(a) => edit_cmds::truncate(&a),
+        Cmd::Reflink(a) => edit_cmds::reflink(&a),
         Cmd::Fallocate(a) => edit_cmds::fallocate(&a),
         Cmd::Chmod(a) => edit_cmds::chmod(&a),
         Cmd::Chattr(a) => edit_cmds::chattr(&a),

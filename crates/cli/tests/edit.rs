@@ -224,3 +224,41 @@ fn editing_commands_round_trip_through_the_kernel() {
     check(&img);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// `ubtrfs reflink`: the copy shares the source's extents (the kernel's `btrfs
+/// filesystem du` counts them shared) and reads the same; a directory DST takes the
+/// source's name; a directory SRC, a missing SRC and SRC = DST are refused, naming
+/// them, with the image unchanged.
+#[test]
+fn reflink_copies_share_extents() {
+    if !kernel::kernel_available("reflink_copies_share_extents") {
+        return;
+    }
+    let work = std::env::temp_dir().join(format!("ubtrfs-reflink-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let img = work.join("img");
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    assert!(Command::new("mkfs.btrfs").arg("-q").arg(&img).status().unwrap().success());
+    let src = work.join("src");
+    let data: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    ok(&["put", "IMG", src.to_str().unwrap(), "/a"], &img);
+    ok(&["mkdir", "IMG", "/d"], &img);
+    ok(&["reflink", "IMG", "/a", "/b"], &img);
+    ok(&["reflink", "IMG", "/a", "/d"], &img);
+    assert!(fails(&["reflink", "IMG", "/d", "/c"], &img).contains("/d"));
+    assert!(fails(&["reflink", "IMG", "/nope", "/c"], &img).contains("/nope"));
+    assert!(fails(&["reflink", "IMG", "/a", "/a"], &img).contains("same file"));
+    check(&img);
+    let m = Mnt::new(&img, &work.join("mnt"));
+    for f in ["a", "b", "d/a"] {
+        assert!(std::fs::read(m.0.join(f)).unwrap() == data, "/{f} reads differently");
+    }
+    let o = Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(&m.0).output().unwrap();
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    let shared: u64 = t.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("du: {t}"));
+    assert!(shared >= data.len() as u64, "btrfs filesystem du counts {shared} bytes shared: {t}");
+    drop(m);
+    let _ = std::fs::remove_dir_all(&work);
+}

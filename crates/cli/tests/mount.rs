@@ -559,6 +559,43 @@ fn copy_of_usr_include_round_trips() {
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// `cp --reflink=auto` through the mount shares extents (copy_file_range clones):
+/// the kernel's `btrfs filesystem du` counts the copy's bytes as shared, both files
+/// read the same, and after the kernel overwrites part of the copy the image checks
+/// clean and the source is unchanged.
+#[test]
+fn cp_through_the_mount_makes_reflink_copies() {
+    if !fuse_available("cp_through_the_mount_makes_reflink_copies") {
+        return;
+    }
+    let s = scratch("reflinkcp");
+    let img = s.join("img");
+    mkfs(&img, "512M");
+    let data: Vec<u8> = (0..(8u32 << 20) + 777).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let m = FuseMount::start(&img, &s.join("mnt"), "");
+    std::fs::write(s.join("mnt/a"), &data).unwrap();
+    run(Command::new("cp").arg("--reflink=auto").arg(s.join("mnt/a")).arg(s.join("mnt/b")));
+    assert!(std::fs::read(s.join("mnt/b")).unwrap() == data, "the copy reads differently through the mount");
+    m.stop(Stop::Fusermount);
+    assert_check(&img, "after cp --reflink=auto");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    let out = Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(&k.dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let shared: u64 = text.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("btrfs filesystem du: {text}"));
+    assert!(shared >= data.len() as u64, "btrfs filesystem du counts {shared} bytes shared: {text}");
+    assert!(std::fs::read(k.dir.join("b")).unwrap() == data, "the kernel reads the copy differently");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(k.dir.join("b")).unwrap();
+        f.write_all_at(&[0xeeu8; 65536], 1 << 20).unwrap();
+        f.sync_all().unwrap();
+    }
+    assert!(std::fs::read(k.dir.join("a")).unwrap() == data, "overwriting the copy changed the source");
+    drop(k);
+    assert_check(&img, "after the kernel overwrote the shared copy");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// statfs through the mount agrees with the kernel's statfs of the same image (the
 /// numbers `df` shows), within the global reserve's difference.
 #[test]

@@ -1,4 +1,4 @@
-//! The image-editing commands (`ubtrfs mkdir`, `mv`, `ln`, `mknod`, `truncate`,
+//! The image-editing commands (`ubtrfs mkdir`, `mv`, `ln`, `mknod`, `truncate`, `reflink`,
 //! `chmod`, `chown`, `touch`, and `rm`), each a change in the caller's transaction:
 //! the CLI commits once after one command, or after every line of a `batch`, and on
 //! any error commits nothing. Paths inside the image are absolute.
@@ -50,6 +50,13 @@ pub enum Edit {
     Truncate {
         path: String,
         size: u64,
+    },
+    /// `cp --reflink=always SRC DST`: DST (made with SRC's permission bits when
+    /// missing, emptied when a file, SRC's name inside it when a directory) shares
+    /// all of SRC's extents.
+    Reflink {
+        src: String,
+        dst: String,
     },
     /// fallocate(2) with `mode` (FALLOC_FL_*) over [offset, offset + len); with mode 0
     /// a missing file is made first (0644), as fallocate(1) does.
@@ -345,6 +352,39 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 }
 
 /// The inode at `path` (the last component not followed).
+fn reflink(w: &mut FsWriter, src: &str, dst: &str) -> Result<String> {
+    let what = format!("reflink {} {}", quoted(src), quoted(dst));
+    let s = lookup(w, src)?;
+    let si = w.live().load_inode(s, Load::ITEM)?.item;
+    if si.mode.get() & S_IFMT != S_IFREG {
+        let kind = if si.mode.get() & S_IFMT == S_IFDIR { PosixKind::IsDir } else { PosixKind::Invalid };
+        return Err(Error::posix_detail(kind, quoted(src), "only regular files are cloned"));
+    }
+    // A directory DST takes SRC's name, as cp does.
+    let mut dst_path = dst.to_string();
+    if let Ok(d) = lookup(w, dst) {
+        if w.live().load_inode(d, Load::ITEM)?.item.mode.get() & S_IFMT == S_IFDIR {
+            let name = absolute(src)?.rsplit('/').next().unwrap_or_default();
+            dst_path = format!("{}/{name}", dst.trim_end_matches('/'));
+        }
+    }
+    let d = match lookup(w, &dst_path) {
+        Ok(d) if d == s => return Err(invalid(what, "SRC and DST are the same file".to_string())),
+        Ok(d) => {
+            w.setattr(d.root, d.ino, &SetAttr { size: Some(0), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), &dst_path)], what.clone()))?;
+            d
+        }
+        Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
+            let (p, n) = w.resolve_parent(absolute(&dst_path)?)?;
+            let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(S_IFREG | (si.mode.get() & 0o777))).map_err(|e| in_image(e, &[(q(&n), &dst_path)], what.clone()))?;
+            InodeId { root: p.root, ino }
+        }
+        Err(e) => return Err(e),
+    };
+    let n = w.clone_range(s, 0, 0, d, 0).map_err(|e| in_image(e, &[(String::new(), src)], what.clone()))?;
+    Ok(format!("{} shares {n} bytes of {}", quoted(&dst_path), quoted(src)))
+}
+
 fn lookup(w: &FsWriter, path: &str) -> Result<InodeId> {
     w.live().resolve_id(absolute(path)?, false)
 }
@@ -422,6 +462,7 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
             w.mknod(p.root, p.ino, &n, &a).map_err(|e| in_image(e, &[(q(&n), path)], format!("mknod {}", quoted(path))))?;
             Ok(format!("made {}", quoted(path)))
         }
+        Edit::Reflink { src, dst } => reflink(w, src, dst),
         Edit::Truncate { path, size } => {
             let id = match lookup(w, path) {
                 Ok(id) => id,

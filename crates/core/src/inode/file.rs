@@ -35,7 +35,7 @@ fn write_lock(i: &Inode) -> RwLockWriteGuard<'_, ()> {
 }
 
 /// Lock `a` and `b` exclusively in `InodeId` order (one lock if they are the same).
-fn write_lock_two<'a>(a: &'a Inode, b: Option<&'a Inode>) -> (RwLockWriteGuard<'a, ()>, Option<RwLockWriteGuard<'a, ()>>) {
+pub(crate) fn write_lock_two<'a>(a: &'a Inode, b: Option<&'a Inode>) -> (RwLockWriteGuard<'a, ()>, Option<RwLockWriteGuard<'a, ()>>) {
     match b {
         None => (write_lock(a), None),
         Some(b) if b.id == a.id => (write_lock(a), None),

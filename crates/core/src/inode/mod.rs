@@ -1,7 +1,7 @@
 //! Inodes: their name (`id`), the filesystem view over subvolumes, inodes, directories and xattrs
 //! (`filesystem`), file reads (`read`, `stream`), path resolution for writers
 //! (`namei`), inode and file changes (`write`), unlink, rmdir, symlink, mknod and
-//! rename (`namespace`), attributes and truncation (`attr`), access times (`atime`), compression on write
+//! rename (`namespace`), clone and dedupe of ranges (`reflink`), attributes and truncation (`attr`), access times (`atime`), compression on write
 //! (`compress_write`), NOCOW writes in place (`nocow`), fallocate and SEEK_DATA/SEEK_HOLE (`falloc`), extended
 //! attributes and properties (`xattr`), ACL inheritance and chmod (`acl`), the in-memory inodes
 //! (`inode_cache`), their extent maps and the maps' shrinker (`extent_map`,
@@ -29,6 +29,7 @@ pub mod orphan;
 pub mod page_cache;
 pub mod perm;
 pub mod read;
+pub mod reflink;
 pub mod stream;
 pub mod subvol;
 pub mod write;

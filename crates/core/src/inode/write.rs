@@ -516,7 +516,7 @@ impl FsWriter {
             if start <= ks && ke <= end {
                 self.delete_item(root, &key)?;
                 if counted {
-                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, -1)?;
+                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks.wrapping_sub(offset), -1)?;
                     removed += num_bytes;
                 }
             } else if ks < start && ke <= end {
@@ -543,7 +543,7 @@ impl FsWriter {
                 ubtrfs_format::items::file_extent_reg_mut(&mut tail).expect("regular file extent item size").0.generation = self.transid.into();
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, end), &tail)?;
                 if counted {
-                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks - offset, 1)?;
+                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks.wrapping_sub(offset), 1)?;
                     removed += end - start;
                 }
             }
