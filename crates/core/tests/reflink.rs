@@ -64,6 +64,9 @@ fn disk_extents(e: &Engine, id: InodeId) -> Vec<(u64, u64)> {
 
 /// `model[at..at + src.len()] = src`, growing it with zeros.
 fn put(model: &mut Vec<u8>, at: usize, src: &[u8]) {
+    if src.is_empty() {
+        return;
+    }
     if model.len() < at + src.len() {
         model.resize(at + src.len(), 0);
     }
@@ -311,4 +314,121 @@ fn ten_thousand_extents_clone_in_one_call() {
     std::fs::remove_file(m.path("a")).expect("remove a");
     m.umount();
     assert_check(&s.path, "after the kernel removed the source");
+}
+
+/// Random writes (direct and buffered), truncations, punched holes, clones and
+/// dedupes over a few files (one in another subvolume) against a byte model, with
+/// commits and reopenings between; every refusal must be one the kernel's rules
+/// predict. Then every byte through a fresh reader, and `btrfs check`.
+/// UBTRFS_RL_SEEDS and UBTRFS_RL_OPS lengthen the run.
+#[test]
+fn random_clones_against_a_model() {
+    if !tools("random_clones_against_a_model") {
+        return;
+    }
+    let seeds: u64 = std::env::var("UBTRFS_RL_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let ops: usize = std::env::var("UBTRFS_RL_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
+    for seed in 0..seeds {
+        model_run(seed, ops);
+    }
+}
+
+fn model_run(seed: u64, ops: usize) {
+    const BS: u64 = 4096;
+    let s = Scratch::mkfs(&format!("rl-model-{seed}"), 512 << 20, if seed % 2 == 1 { &["-O", "^no-holes"] } else { &[] });
+    let mut e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let sv = e.write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755))).expect("subvolume");
+    let ids: Vec<InodeId> = (0..4).map(|i| create(&e, if i == 3 { sv } else { 5 }, &format!("f{i}"))).collect();
+    let mut model: Vec<Vec<u8>> = vec![Vec::new(); ids.len()];
+    let mut rng = Rng::new(seed * 7919 + 1);
+    let aligned = |rng: &mut Rng, max: u64| rng.below(max / BS + 1) * BS;
+    for op in 0..ops {
+        let f = rng.below(ids.len() as u64) as usize;
+        let what = format!("seed {seed} op {op}");
+        let pick = rng.below(100);
+        if std::env::var("UBTRFS_RL_TRACE").is_ok() {
+            eprintln!("{what}: f{f} kind {pick} sizes {:?}", model.iter().map(Vec::len).collect::<Vec<_>>());
+        }
+        match pick {
+            0..=24 => {
+                let off = rng.below(3 << 20);
+                let n = rng.range(1, 200_000) as usize;
+                let data = rng.bytes(n);
+                if rng.chance(50) {
+                    e.write_file(ids[f], off, &data).unwrap_or_else(|err| panic!("{what}: write: {err}"));
+                } else {
+                    e.buffered_write(ids[f], off, &data).unwrap_or_else(|err| panic!("{what}: buffered write: {err}"));
+                }
+                put(&mut model[f], off as usize, &data);
+            }
+            25..=29 => {
+                let size = rng.below(4 << 20);
+                e.setattr(ids[f], &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|err| panic!("{what}: truncate: {err}"));
+                model[f].resize(size as usize, 0);
+            }
+            30..=34 => {
+                let (off, len) = (rng.below(3 << 20), rng.range(1, 1 << 20));
+                e.fallocate(ids[f], ubtrfs_core::inode::falloc::FALLOC_FL_PUNCH_HOLE | ubtrfs_core::inode::falloc::FALLOC_FL_KEEP_SIZE, off, len).unwrap_or_else(|err| panic!("{what}: punch: {err}"));
+                let m = &mut model[f];
+                let (a, z) = ((off as usize).min(m.len()), ((off + len) as usize).min(m.len()));
+                m[a..z].fill(0);
+            }
+            35..=84 => {
+                let g = rng.below(ids.len() as u64) as usize;
+                let (ssize, dsize) = (model[f].len() as u64, model[g].len() as u64);
+                let src_off = aligned(&mut rng, ssize);
+                let to_eof = rng.chance(30);
+                let len = if to_eof { 0 } else { rng.range(1, 600) * BS };
+                let dst_off = aligned(&mut rng, dsize + (1 << 20));
+                let n = if to_eof { ssize.saturating_sub(src_off) } else { len };
+                let span = n.div_ceil(BS) * BS;
+                let valid = src_off <= ssize && src_off + n <= ssize && (n.is_multiple_of(BS) || dst_off + n >= dsize) && !(f == g && src_off < dst_off + span && dst_off < src_off + span);
+                let dedupe = rng.chance(20) && dst_off + n <= dsize;
+                if dedupe {
+                    // A dedupe of n bytes: Same when they are equal (nothing changes
+                    // either way in the model), shortened as the kernel shortens it.
+                    let r = e.dedupe_range(ids[f], src_off, n, ids[g], dst_off);
+                    match r {
+                        Ok(Dedupe::Same(k)) => {
+                            assert!(model[f][src_off as usize..(src_off + k) as usize] == model[g][dst_off as usize..(dst_off + k) as usize], "{what}: dedupe called different bytes the same");
+                        }
+                        Ok(Dedupe::Differs) => {}
+                        Err(err) => assert_eq!(err.posix_kind(), Some(PosixKind::Invalid), "{what}: dedupe: {err}"),
+                    }
+                    continue;
+                }
+                match e.clone_range(ids[f], src_off, len, ids[g], dst_off) {
+                    Ok(k) => {
+                        assert!(valid, "{what}: clone of {f}@{src_off}+{len} to {g}@{dst_off} accepted, the kernel refuses it");
+                        assert_eq!(k, n, "{what}: cloned bytes");
+                        let piece = model[f][src_off as usize..(src_off + n) as usize].to_vec();
+                        put(&mut model[g], dst_off as usize, &piece);
+                    }
+                    Err(err) => {
+                        assert!(!valid || n == 0, "{what}: clone of {f}@{src_off}+{len} to {g}@{dst_off} refused: {err}");
+                        assert!(n == 0 || err.posix_kind() == Some(PosixKind::Invalid), "{what}: {err}");
+                    }
+                }
+            }
+            85..=94 => e.commit().map(|_| ()).unwrap_or_else(|err| panic!("{what}: commit: {err}")),
+            _ => {
+                e.sync().unwrap_or_else(|err| panic!("{what}: sync: {err}"));
+                drop(e);
+                e = Engine::open(&OpenOptions::new(&s.path)).expect("reopen");
+            }
+        }
+        if op % 50 == 49 {
+            for (i, id) in ids.iter().enumerate() {
+                let mut buf = vec![0u8; model[i].len() + 1];
+                let n = e.buffered_read(*id, 0, &mut buf).expect("read");
+                assert!(n == model[i].len() && buf[..n] == model[i][..], "{what}: f{i} reads wrong ({n} bytes, {} in the model)", model[i].len());
+            }
+        }
+    }
+    e.sync().expect("sync");
+    drop(e);
+    for (i, id) in ids.iter().enumerate() {
+        assert!(read_image(&s.path, *id) == model[i], "seed {seed}: f{i} differs on the image");
+    }
+    assert_check(&s.path, &format!("seed {seed} after random clones"));
 }
