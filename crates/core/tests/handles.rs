@@ -170,3 +170,52 @@ fn writeback_inside_a_handle_leaves_its_blocks_alone() {
     assert_eq!(with, 0, "an inhibited leaf is changed in place by its handle");
     assert!(without > 0, "without inhibition the written leaf is COWed again");
 }
+
+/// The inline buffer is bounded: a handle that COWs more blocks than it has slots
+/// inhibits `INHIBIT_SLOTS` of them and no more, the rest stay writable by background
+/// writeback inside the handle (nothing fails, only extra COW is possible), and
+/// everything is released at the end. The per-handle set (the baseline) records
+/// every block.
+#[test]
+fn a_full_inhibition_buffer_stops_inhibiting_gracefully() {
+    use ubtrfs_core::transaction::handle::INHIBIT_SLOTS;
+    let run = |map: bool| -> usize {
+        let img = Scratch::fixture("blake2", if map { "handle-full-map" } else { "handle-full-inline" });
+        let mut w = img.writer();
+        let mut inos = Vec::new();
+        for i in 0..3000 {
+            inos.push(w.create_file(ROOT, ROOT_DIR, format!("g{i:05}").as_bytes(), &InodeAttrs::new(0o644)).expect("create"));
+        }
+        w.commit().expect("commit the files");
+        w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+        w.hooks.inhibit_with_map = map;
+        let inhibited = {
+            let mut h = w.join_transaction("many leaves").expect("start");
+            // One inode in every 40: a different leaf each time.
+            for &ino in inos.iter().step_by(40) {
+                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into()).expect("update inode");
+            }
+            let n = h.handle_inhibited_blocks();
+            h.background_writeback().expect("writeback inside the handle");
+            for &ino in inos.iter().step_by(40) {
+                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into()).expect("update inode again");
+            }
+            h.end().expect("end");
+            n
+        };
+        assert_eq!(w.handle_inhibited_blocks(), 0, "nothing is inhibited after the handle");
+        w.commit().expect("commit");
+        drop(w);
+        let fs = img.reader();
+        for &ino in inos.iter().step_by(40) {
+            assert_eq!(fs.load_inode(InodeId { root: ROOT, ino }, Load::ITEM).expect("inode").item.mode.get() & 0o7777, 0o644, "ino {ino}: touched twice");
+        }
+        drop(fs);
+        if common::kernel_available("a_full_inhibition_buffer_stops_inhibiting_gracefully: btrfs check") {
+            assert_check(&img.path, "after a handle that filled its inhibition buffer");
+        }
+        inhibited
+    };
+    assert_eq!(run(false), INHIBIT_SLOTS, "the inline buffer holds its slots and no more");
+    assert!(run(true) > INHIBIT_SLOTS, "the baseline set records every block");
+}

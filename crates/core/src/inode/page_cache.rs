@@ -488,6 +488,28 @@ impl PageCacheInner {
         cur - start
     }
 
+    /// Copy [start, start + buf.len()) out of the cache if every block of it is
+    /// cached and uptodate; false (`buf` then unspecified) if any is not.
+    pub(crate) fn copy_uptodate(&self, start: u64, buf: &mut [u8]) -> bool {
+        let end = start + buf.len() as u64;
+        let mut cur = start;
+        while cur < end {
+            let Some(f) = self.folios.get(&(cur / FOLIO_SIZE * FOLIO_SIZE)) else { return false };
+            let bsz = u64::from(f.blocksize);
+            let fend = (f.start + f.size()).min(end);
+            if cur >= fend {
+                return false;
+            }
+            let (b0, b1) = ((cur - f.start) / bsz, (fend - f.start).div_ceil(bsz));
+            if (b0..b1).any(|b| !f.uptodate.test(b as u32)) {
+                return false;
+            }
+            buf[(cur - start) as usize..(fend - start) as usize].copy_from_slice(&f.data[(cur - f.start) as usize..(fend - f.start) as usize]);
+            cur = fend;
+        }
+        true
+    }
+
     /// Bytes of `new` blocks in [start, start + len).
     pub(crate) fn new_bytes_in(&self, start: u64, len: u64) -> u64 {
         self.blocks_of(start, start + len).into_iter().map(|(k, b, n)| u64::from(self.folios[&k].new.count_range(b, n)) * u64::from(self.folios[&k].blocksize)).sum()

@@ -77,50 +77,52 @@ impl FsWriter {
     /// 0: to the source's EOF, as FICLONERANGE takes it) and return it with its
     /// length settled. `dedupe` takes the dedupe rules for the EOF case.
     fn check_remap(&mut self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64, dedupe: bool) -> Result<Remap> {
-        let what = format!("{} of {src} at {src_off} +{len} to {dst} at {dst_off}", if dedupe { "dedupe" } else { "clone" });
+        // The request, named in a refusal (formatted only then: this runs per 4 KiB
+        // dedupe).
+        let what = || format!("{} of {src} at {src_off} +{len} to {dst} at {dst_off}", if dedupe { "dedupe" } else { "clone" });
         self.check_root_writable(dst.root)?;
         let si = self.live().load_inode(src, Load::ITEM)?.item;
         let di = self.live().load_inode(dst, Load::ITEM)?.item;
         for (id, ii) in [(src, &si), (dst, &di)] {
             match ii.mode.get() & S_IFMT {
                 S_IFREG => {}
-                S_IFDIR => return Err(Error::posix(PosixKind::IsDir, format!("{what}: {id} is a directory"))),
-                _ => return Err(invalid(what, "both files must be regular files")),
+                S_IFDIR => return Err(Error::posix(PosixKind::IsDir, format!("{}: {id} is a directory", what()))),
+                _ => return Err(invalid(what(), "both files must be regular files")),
             }
         }
         iflags_allow(dst.root, dst.ino, di.flags.get(), IflagOp::Write, b"")?;
         if di.flags.get() & INODE_APPEND != 0 {
-            return Err(Error::posix(PosixKind::NotPermitted, format!("{what}: {dst} is append-only")));
+            return Err(Error::posix(PosixKind::NotPermitted, format!("{}: {dst} is append-only", what())));
         }
         // Half the destination checksummed would fail the checker (the kernel's rule).
         if (si.flags.get() ^ di.flags.get()) & INODE_NODATASUM != 0 {
-            return Err(invalid(what, "one file has data checksums and the other has not"));
+            return Err(invalid(what(), "one file has data checksums and the other has not"));
         }
         let bs = u64::from(self.sectorsize());
         let (ssize, dsize) = (si.size.get(), di.size.get());
         if !src_off.is_multiple_of(bs) || !dst_off.is_multiple_of(bs) {
-            return Err(invalid(what, "the offsets must be multiples of the block size"));
+            return Err(invalid(what(), "the offsets must be multiples of the block size"));
         }
         if src_off > ssize {
-            return Err(invalid(what, "the source range starts past its end"));
+            return Err(invalid(what(), "the source range starts past its end"));
         }
         let mut len = if len == 0 { ssize - src_off } else { len };
         if dedupe {
             // A dedupe is shortened to what both files hold, and to whole blocks
             // unless it reaches both ends (REMAP_FILE_CAN_SHORTEN).
             if dst_off > dsize {
-                return Err(invalid(what, "the destination range starts past its end"));
+                return Err(invalid(what(), "the destination range starts past its end"));
             }
             len = len.min(ssize - src_off).min(dsize - dst_off);
             if !(src_off + len == ssize && dst_off + len == dsize) {
                 len = len / bs * bs;
             }
         }
-        let end = src_off.checked_add(len).ok_or_else(|| invalid(what.clone(), "the range overflows"))?;
+        let end = src_off.checked_add(len).ok_or_else(|| invalid(what(), "the range overflows"))?;
         if end > ssize {
-            return Err(invalid(what, "the source range ends past its end"));
+            return Err(invalid(what(), "the source range ends past its end"));
         }
-        dst_off.checked_add(len).filter(|&e| e <= i64::MAX as u64).ok_or_else(|| invalid(what.clone(), "the destination range overflows"))?;
+        dst_off.checked_add(len).filter(|&e| e <= i64::MAX as u64).ok_or_else(|| invalid(what(), "the destination range overflows"))?;
         if !len.is_multiple_of(bs) {
             // Only a range to the source's EOF ends inside a block, and then only at or
             // past the destination's EOF (a dedupe: exactly at it): it cannot leave a
@@ -128,15 +130,15 @@ impl FsWriter {
             let at_eof = end == ssize;
             let dst_ok = if dedupe { dst_off + len == dsize } else { dst_off + len >= dsize };
             if !at_eof || !dst_ok {
-                return Err(invalid(what, "the length must be a multiple of the block size unless the range ends at both files' end"));
+                return Err(invalid(what(), "the length must be a multiple of the block size unless the range ends at both files' end"));
             }
         }
         if dedupe && dst_off + len > dsize {
-            return Err(invalid(what, "the destination range ends past its end"));
+            return Err(invalid(what(), "the destination range ends past its end"));
         }
         let span = len.div_ceil(bs) * bs;
         if src == dst && src_off < dst_off + span && dst_off < src_off + span {
-            return Err(invalid(what, "the ranges overlap in one file"));
+            return Err(invalid(what(), "the ranges overlap in one file"));
         }
         Ok(Remap { src, src_off, dst, dst_off, len, span })
     }
@@ -176,8 +178,6 @@ impl FsWriter {
         let bs = u64::from(self.sectorsize());
         // The destination's range is emptied, then filled extent by extent, a few
         // dozen per handle; the size and times go in with the last batch.
-        let removed = self.transaction("clone: drop", 4, |w| w.drop_extents_inner(dst.root, dst.ino, dst_off, dst_off + span))?;
-        self.update_nbytes(dst, removed, 0)?;
         let mut inline: Vec<(u64, u64)> = Vec::new();
         let mut pieces: Vec<Piece> = Vec::new();
         let mut cur = src_off;
@@ -219,9 +219,17 @@ impl FsWriter {
         if cur < src_off + span {
             pieces.extend(hole_item(self, dst_off + (cur - src_off), dst_off + span));
         }
-        for batch in pieces.chunks(EXTENTS_PER_HANDLE) {
-            let items = 3 * batch.len() as u64;
-            let added = self.transaction("clone", items, |w| {
+        // One handle per batch of extents (one in all for a small clone, as the
+        // kernel's btrfs_clone takes about one per extent): the first drops the
+        // destination's range, each inserts its items and refs and moves nbytes, the
+        // last sets the size and times.
+        let t = self.now();
+        let batches: Vec<&[Piece]> = if pieces.is_empty() { vec![&[]] } else { pieces.chunks(EXTENTS_PER_HANDLE).collect() };
+        let last = batches.len() - 1;
+        for (i, batch) in batches.into_iter().enumerate() {
+            let items = 3 * batch.len() as u64 + 4;
+            self.transaction("clone", items, |w| {
+                let removed = if i == 0 { w.drop_extents_inner(dst.root, dst.ino, dst_off, dst_off + span)? } else { 0 };
                 let mut added = 0;
                 for p in batch {
                     w.insert_item(dst.root, &Key::new(dst.ino, EXTENT_DATA_KEY, p.at), &p.item)?;
@@ -230,9 +238,19 @@ impl FsWriter {
                         added += bytes;
                     }
                 }
-                Ok(added)
+                w.update_inode(dst.root, dst.ino, |ii| {
+                    ii.nbytes = (ii.nbytes.get() - removed.min(ii.nbytes.get()) + added).into();
+                    if i == last {
+                        if ii.size.get() < new_size {
+                            ii.size = new_size.into();
+                        }
+                        if times {
+                            ii.mtime = t;
+                            ii.ctime = t;
+                        }
+                    }
+                })
             })?;
-            self.update_nbytes(dst, 0, added)?;
         }
         // An inline source extent: its bytes, copied.
         for (s, t) in inline {
@@ -240,25 +258,7 @@ impl FsWriter {
             self.read_old_data(src.root, src.ino, s, &mut buf)?;
             self.write_file(dst.root, dst.ino, dst_off + (s - src_off), &buf)?;
         }
-        let t = self.now();
-        self.transaction("clone: inode", 1, |w| {
-            w.update_inode(dst.root, dst.ino, |i| {
-                if i.size.get() < new_size {
-                    i.size = new_size.into();
-                }
-                if times {
-                    i.mtime = t;
-                    i.ctime = t;
-                }
-            })
-        })
-    }
-
-    fn update_nbytes(&mut self, id: InodeId, removed: u64, added: u64) -> Result<()> {
-        if removed == 0 && added == 0 {
-            return Ok(());
-        }
-        self.transaction("clone: nbytes", 1, |w| w.update_inode(id.root, id.ino, |i| i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into()))
+        Ok(())
     }
 }
 
@@ -271,7 +271,7 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::clone_range`; writeback errors.
     pub fn clone_range(&self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64) -> Result<u64> {
-        self.remap_locked(src, dst, |e| e.write_retrying(|w| w.clone_range(src, src_off, len, dst, dst_off)), dst_off, len)
+        self.remap_locked(src, dst, |e| e.write_retrying(|w| w.clone_range(src, src_off, len, dst, dst_off)), Some((dst_off, len)))
     }
 
     /// copy_file_range's first try, as the kernel's `vfs_copy_file_range` asks
@@ -324,20 +324,27 @@ impl Engine {
                 e.write_retrying(|w| w.remap(r, false))?;
                 Ok(Dedupe::Same(r.len))
             },
-            dst_off,
-            len,
+            // Equal bytes stay: the destination's cached pages are still right.
+            None,
         )
     }
 
-    /// Whether `len` bytes of `a` at `ao` equal those of `b` at `bo` (both written back).
+    /// Whether `len` bytes of `a` at `ao` equal those of `b` at `bo` (both written
+    /// back, their locks held): from the page cache where it holds them, as the
+    /// kernel compares pages, else read (and verified) from the devices.
     fn same_bytes(&self, a: InodeId, ao: u64, b: InodeId, bo: u64, len: u64) -> Result<bool> {
         const STEP: u64 = 1 << 20;
         let (mut x, mut y) = (vec![0u8; STEP.min(len) as usize], vec![0u8; STEP.min(len) as usize]);
+        let get = |id: InodeId, off: u64, buf: &mut [u8]| -> Result<bool> {
+            if self.inodes().get(id).mapping.pages.lock().copy_uptodate(off, buf) {
+                return Ok(true);
+            }
+            Ok(self.read_file(id, off, buf)? == buf.len())
+        };
         let mut done = 0;
         while done < len {
             let n = (len - done).min(STEP) as usize;
-            let (p, q) = (self.read_file(a, ao + done, &mut x[..n])?, self.read_file(b, bo + done, &mut y[..n])?);
-            if p != n || q != n || x[..n] != y[..n] {
+            if !get(a, ao + done, &mut x[..n])? || !get(b, bo + done, &mut y[..n])? || x[..n] != y[..n] {
                 return Ok(false);
             }
             done += n as u64;
@@ -346,8 +353,9 @@ impl Engine {
     }
 
     /// Run `f` with the locks of `src` and `dst` held exclusively (in inode order),
-    /// after writing both back; then drop the destination's cached [dst_off, +len).
-    fn remap_locked<T>(&self, src: InodeId, dst: InodeId, f: impl FnOnce(&Engine) -> Result<T>, dst_off: u64, len: u64) -> Result<T> {
+    /// after writing both back; then drop the destination's cached `changed` range
+    /// (offset, length; 0 to EOF) if its content changed.
+    fn remap_locked<T>(&self, src: InodeId, dst: InodeId, f: impl FnOnce(&Engine) -> Result<T>, changed: Option<(u64, u64)>) -> Result<T> {
         let (a, b) = (self.info().inodes.get(src.min(dst)), self.info().inodes.get(src.max(dst)));
         let _g = crate::inode::file::write_lock_two(&a, Some(&b));
         let dst_inode = if dst == a.id { &a } else { &b };
@@ -355,7 +363,7 @@ impl Engine {
         let cached_dst = if src != dst { self.before_extent_change(&b)? } else { cached_src };
         let cached = if dst == a.id { cached_src } else { cached_dst };
         let r = f(self);
-        if cached {
+        if let (true, Some((dst_off, len))) = (cached, changed) {
             let end = if len == 0 { u64::MAX } else { dst_off.saturating_add(len) };
             self.after_extent_change(dst_inode, dst_off, end)?;
         }

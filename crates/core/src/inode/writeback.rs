@@ -381,6 +381,11 @@ impl Engine {
             let pc = inode.mapping.pages.lock();
             let Some(i_size) = pc.i_size else { return Ok(()) };
             assert!(pc.ordered.is_empty(), "{id}: ordered extents alive outside a writeback");
+            // Nothing dirty: no walk over the folios (a clean cached file is written
+            // back before every clone or dedupe of it).
+            if pc.dirty_blocks == 0 {
+                return Ok(());
+            }
             let mut runs: Vec<(u64, u64)> = Vec::new();
             for f in pc.folios.values() {
                 let mut b = 0;

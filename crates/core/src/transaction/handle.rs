@@ -11,10 +11,12 @@
 //!   handles fall back to the global block reserve. What is left returns at the end.
 //! - The handle records the tree blocks it COWed, or found dirty and reused, and
 //!   inhibits them from background writeback while it lives (seed 002): writing one
-//!   out would make the handle's next search COW it again. The record is bounded; past
-//!   the bound blocks are simply not inhibited (only extra COW is paid). A commit's
-//!   writes never skip inhibited blocks. Everything is uninhibited when the handle ends
-//!   or aborts, before the writeback that ends a change and before any commit.
+//!   out would make the handle's next search COW it again. The record is a small
+//!   fixed buffer inside the handle (`INHIBIT_SLOTS`), so a handle allocates nothing
+//!   for it and ends by walking the slots it used; past the bound blocks are simply not
+//!   inhibited (only extra COW is paid). A commit's writes never skip inhibited
+//!   blocks. Everything is uninhibited when the handle ends or aborts, before the
+//!   writeback that ends a change and before any commit.
 //! - `end` (or `end_with`) ends the handle; at the outermost end the change's
 //!   writeback runs. A handle dropped without ending (an early return after an error, a
 //!   panic) aborts the transaction: the filesystem turns read-only.
@@ -36,7 +38,7 @@ pub(crate) struct HandleState {
     /// Tree blocks inhibited from background writeback while the handle lives, each
     /// once (a dirty block's inhibitor count says whether it is listed: there is one
     /// handle at a time).
-    inhibited: Vec<u64>,
+    inhibited: Inhibited,
     /// The commit's own handle: it ends without the writeback of a change (the commit
     /// writes every block itself).
     commit: bool,
@@ -44,10 +46,77 @@ pub(crate) struct HandleState {
     ending: bool,
 }
 
-/// Most tree blocks one handle inhibits: a quarter of the dirty limit's blocks, so
-/// writeback can always bring a long handle's dirty set back under the limit.
-fn inhibit_limit(w: &FsWriter) -> usize {
-    (w.dirty_limit / w.nodesize() as usize / 4).max(8)
+/// Slots of a handle's inline inhibition buffer. Measured (docs/benchmarks.md, seed
+/// 002, `seed002`): the handle of a 4 KiB clone or dedupe inhibits 3 blocks at the
+/// median, 4 at p99 and 6 at most (the leaf and path it COWs in the subvolume tree;
+/// extent and checksum tree changes wait for the commit's delayed refs); creates,
+/// small writes, renames and unlinks in a directory of thousands of files 4 at the
+/// median, 6 at p99, 9 at most. 16 holds every one of them with room for a split
+/// path, and walking 16 slots costs less than one set node. A longer handle (a
+/// large clone) fills it and inhibits no more: it pays extra COW if writeback runs
+/// meanwhile, never an error.
+pub const INHIBIT_SLOTS: usize = 16;
+
+/// The blocks a handle inhibits: the inline buffer, or (benchmark baseline, the
+/// kernel's first design) a set allocated for the handle and dropped at its end.
+#[derive(Default)]
+struct Inhibited {
+    slots: [u64; INHIBIT_SLOTS],
+    len: usize,
+    #[cfg(feature = "test-hooks")]
+    map: Option<std::collections::BTreeSet<u64>>,
+}
+
+impl Inhibited {
+    fn is_empty(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        if let Some(m) = &self.map {
+            return m.is_empty();
+        }
+        self.len == 0
+    }
+
+    fn len(&self) -> usize {
+        #[cfg(feature = "test-hooks")]
+        if let Some(m) = &self.map {
+            return m.len();
+        }
+        self.len
+    }
+
+    /// Record `b` (not listed yet); false when the buffer is full.
+    fn push(&mut self, b: u64) -> bool {
+        #[cfg(feature = "test-hooks")]
+        if let Some(m) = &mut self.map {
+            return m.insert(b);
+        }
+        if self.len == INHIBIT_SLOTS {
+            return false;
+        }
+        self.slots[self.len] = b;
+        self.len += 1;
+        true
+    }
+
+    /// Every block listed, emptying the record.
+    fn drain(&mut self, mut f: impl FnMut(u64)) {
+        #[cfg(feature = "test-hooks")]
+        if let Some(m) = self.map.take() {
+            m.into_iter().for_each(&mut f);
+            return;
+        }
+        self.slots[..self.len].iter().for_each(|&b| f(b));
+        self.len = 0;
+    }
+}
+
+/// What handles inhibited (`TestHooks::inhibit_stats`): blocks per handle ended, and
+/// the inhibitions refused for a full buffer.
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Default, Clone)]
+pub struct InhibitStats {
+    pub per_handle: Vec<u16>,
+    pub full: u64,
 }
 
 /// A transaction handle: the writer, borrowed for one change (see the module docs).
@@ -140,6 +209,10 @@ impl FsWriter {
                 }
                 let mut h = std::mem::take(&mut self.spare_handle);
                 debug_assert!(h.inhibited.is_empty() && h.rsv == 0);
+                #[cfg(feature = "test-hooks")]
+                if self.hooks.inhibit_with_map {
+                    h.inhibited.map = Some(std::collections::BTreeSet::new());
+                }
                 h.depth = 1;
                 h.rsv = rsv;
                 h.commit = commit;
@@ -175,16 +248,21 @@ impl FsWriter {
         if self.hooks.no_writeback_inhibition {
             return;
         }
-        let limit = inhibit_limit(self);
         let Some(h) = &mut self.handle else { return };
         // The commit writes every block itself; nothing of it is background writeback.
-        if h.commit || h.ending || h.inhibited.len() >= limit {
+        if h.commit || h.ending {
             return;
         }
         let eb = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("inhibiting block {bytenr}, which is not dirty"));
         if eb.writeback_inhibitors == 0 {
-            eb.writeback_inhibitors = 1;
-            h.inhibited.push(bytenr);
+            if h.inhibited.push(bytenr) {
+                eb.writeback_inhibitors = 1;
+            } else {
+                #[cfg(feature = "test-hooks")]
+                if let Some(s) = &mut self.hooks.inhibit_stats {
+                    s.full += 1;
+                }
+            }
         }
     }
 
@@ -209,15 +287,19 @@ impl FsWriter {
             return false;
         }
         h.ending = true;
-        for &b in &h.inhibited {
+        #[cfg(feature = "test-hooks")]
+        if let Some(s) = &mut self.hooks.inhibit_stats {
+            s.per_handle.push(h.inhibited.len().min(usize::from(u16::MAX)) as u16);
+        }
+        let dirty = &mut self.dirty;
+        h.inhibited.drain(|b| {
             // A block the handle freed, or one sealed meanwhile, is no longer dirty; a
             // freed block's address allocated again is listed twice.
-            if let Some(eb) = self.dirty.get_mut(&b) {
+            if let Some(eb) = dirty.get_mut(&b) {
                 debug_assert!(eb.writeback_inhibitors <= 1, "block {b} inhibited by another handle");
                 eb.writeback_inhibitors = 0;
             }
-        }
-        h.inhibited.clear();
+        });
         true
     }
 

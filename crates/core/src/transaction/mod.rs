@@ -259,6 +259,13 @@ pub struct TestHooks {
     /// Test and benchmark switch: handles inhibit no block from writeback (the COW
     /// amplification the inhibition prevents, seed 002).
     pub no_writeback_inhibition: bool,
+    /// Benchmark switch: handles record their inhibited blocks in a set made for
+    /// each handle (the kernel's xarray, seed 002's baseline) instead of the inline
+    /// buffer, unbounded.
+    pub inhibit_with_map: bool,
+    /// Benchmark hook: when Some, the blocks each handle inhibited, and the
+    /// inhibitions a full buffer refused.
+    pub inhibit_stats: Option<crate::transaction::handle::InhibitStats>,
     /// Test and benchmark switch: with quotas on, every commit recounts every qgroup
     /// (`qgroup::rescan`) instead of accounting the changed extents.
     pub qgroup_full_recount: bool,
