@@ -34,33 +34,33 @@ use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
 #[command(about = "seed 002: 4 KiB clone and dedupe, inline inhibition buffer vs per-handle set vs the kernel's ioctls")]
-struct Args {
+pub struct Args {
     /// Operations of each kind per round.
     #[arg(long, default_value_t = 10_000)]
-    ops: u64,
+    pub ops: u64,
     /// Rounds; each runs every variant on fresh images, in alternating order.
     #[arg(long, default_value_t = 5)]
-    runs: u32,
+    pub runs: u32,
     /// Image size in GiB (sparse file).
     #[arg(long, default_value_t = 1)]
-    size_gib: u64,
+    pub size_gib: u64,
     /// Leave out the kernel's ioctls (they need root and loop devices).
     #[arg(long)]
-    no_kernel: bool,
+    pub no_kernel: bool,
     /// Where the images go.
     #[arg(long, default_value = "/var/tmp/ubtrfs-bench/seed002")]
-    workdir: PathBuf,
+    pub workdir: PathBuf,
 }
 
 const BS: u64 = 4096;
 
 /// Per-operation nanoseconds of one round: clones, dedupes.
-struct Round {
-    clone: Vec<u32>,
-    dedupe: Vec<u32>,
+pub struct Round {
+    pub clone: Vec<u32>,
+    pub dedupe: Vec<u32>,
 }
 
-fn data(ops: u64) -> Vec<u8> {
+pub fn data(ops: u64) -> Vec<u8> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     (0..ops * BS)
         .map(|_| {
@@ -78,7 +78,7 @@ fn ns(t: Instant) -> u32 {
 
 /// One library round on a fresh image; `map`: the per-handle set. Returns the
 /// timings and the blocks inhibited per handle.
-fn library_round(a: &Args, bytes: &[u8], map: bool, check: bool) -> Result<(Round, Vec<u16>, u64), String> {
+pub fn library_round(a: &Args, bytes: &[u8], map: bool, check: bool) -> Result<(Round, Vec<u16>, u64), String> {
     let img = Image::mkfs(&a.workdir, if map { "lib-map.img" } else { "lib-inline.img" }, a.size_gib << 30)?;
     let e = Engine::open(&OpenOptions::new(&img.path)).map_err(|e| format!("open: {e}"))?;
     let file = |name: &str| -> Result<InodeId, String> {
@@ -186,7 +186,7 @@ const FICLONERANGE: libc::c_ulong = 0x4020_940d;
 const FIDEDUPERANGE: libc::c_ulong = 0xc018_9436;
 
 /// One kernel round: the same files on a fresh image's loop mount, then the ioctls.
-fn kernel_round(a: &Args, bytes: &[u8]) -> Result<Round, String> {
+pub fn kernel_round(a: &Args, bytes: &[u8]) -> Result<Round, String> {
     let img = Image::mkfs(&a.workdir, "kernel.img", a.size_gib << 30)?;
     let mnt = a.workdir.join("mnt");
     std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
