@@ -1,4 +1,4 @@
-//! `ubtrfs subvolume create|list|set-default|get-default`: subvolumes of an image, as
+//! `ubtrfs subvolume create|snapshot|list|set-default|get-default`: subvolumes of an image, as
 //! `btrfs subvolume` shows and changes them on a mount. Paths inside the image are
 //! absolute and start at the default subvolume, as a mount without subvol= does.
 
@@ -15,6 +15,9 @@ pub enum SubvolCmd {
     /// Make a subvolume at PATH (its parent directory must exist), as
     /// `btrfs subvolume create` does.
     Create(SubvolCreateArgs),
+    /// Snapshot the subvolume at SRC as DST (its parent directory must exist), as
+    /// `btrfs subvolume snapshot [-r]` does: DST shares every block of SRC.
+    Snapshot(SubvolSnapshotArgs),
     /// List every subvolume: id, parent id and path from the top-level subvolume.
     List(ImageArgs),
     /// Make the subvolume at PATH (or with that numeric ID) the one a mount shows.
@@ -35,6 +38,19 @@ pub struct SubvolCreateArgs {
 }
 
 #[derive(Args)]
+pub struct SubvolSnapshotArgs {
+    /// Make the snapshot read-only.
+    #[arg(short = 'r')]
+    pub readonly: bool,
+    #[command(flatten)]
+    pub image: WriteImageArgs,
+    /// Absolute path of the subvolume to snapshot (`/` for the default one).
+    pub src: String,
+    /// Absolute path of the new snapshot.
+    pub dst: String,
+}
+
+#[derive(Args)]
 pub struct SubvolSetDefaultArgs {
     #[command(flatten)]
     pub image: WriteImageArgs,
@@ -46,6 +62,7 @@ impl SubvolCmd {
     pub fn run(&self) -> Result<()> {
         match self {
             SubvolCmd::Create(a) => create(a),
+            SubvolCmd::Snapshot(a) => snapshot(a),
             SubvolCmd::List(a) => list(a),
             SubvolCmd::SetDefault(a) => set_default(a),
             SubvolCmd::GetDefault(a) => get_default(a),
@@ -61,6 +78,20 @@ fn create(a: &SubvolCreateArgs) -> Result<()> {
     let id = w.create_subvol(parent.root, parent.ino, &name, &InodeAttrs::new(mode))?;
     w.commit()?;
     println!("created subvolume {id} at {path}");
+    Ok(())
+}
+
+fn snapshot(a: &SubvolSnapshotArgs) -> Result<()> {
+    let (src, dst) = (ubtrfs_tools::edit::absolute(&a.src)?, ubtrfs_tools::edit::absolute(&a.dst)?);
+    let mut w = a.image.open_writer()?;
+    let id = w.live().resolve_id(src, true)?;
+    if id.ino != FIRST_FREE_OBJECTID || w.live().load_inode(id, Load::ITEM)?.kind() != ubtrfs_core::inode::filesystem::FileKind::Dir {
+        return Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::name(src.as_bytes()), "not a subvolume"));
+    }
+    let (parent, name) = w.resolve_parent(dst)?;
+    let new = w.create_snapshot(id.root, parent.root, parent.ino, &name, a.readonly)?;
+    w.commit()?;
+    println!("created {}snapshot {new} of {src} at {dst}", if a.readonly { "read-only " } else { "" });
     Ok(())
 }
 

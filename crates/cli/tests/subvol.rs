@@ -75,3 +75,54 @@ fn create_list_and_set_default() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ubtrfs subvolume snapshot [-r]`: snapshots of the top level and of a snapshot share
+/// the source's files; a change to the source after the snapshot leaves the snapshot
+/// as it was; a directory that is no subvolume is refused. As root, `btrfs check` is
+/// clean, the kernel reads the snapshots as they were taken, lists them with their
+/// parent UUIDs and refuses writes into the read-only one.
+#[test]
+fn snapshot_of_the_top_level_and_of_a_snapshot() {
+    let dir = std::env::temp_dir().join(format!("ubtrfs-snapshot-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = dir.join("img");
+    let fx = repo().join("tests/fixtures/default.0.img.zst");
+    std::io::copy(&mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(), &mut std::fs::File::create(&img).unwrap()).unwrap();
+    let i = img.to_str().unwrap();
+    let src = dir.join("data");
+    let data: Vec<u8> = (0..300_000u32).map(|x| (x * 7 % 251) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    ok(&["mkdir", i, "/d"]);
+    ok(&["put", i, src.to_str().unwrap(), "/d/f"]);
+    assert!(ok(&["subvolume", "snapshot", i, "/", "/s1"]).contains("created snapshot"));
+    assert!(ok(&["subvolume", "snapshot", "-r", i, "/", "/s1-ro"]).contains("read-only snapshot"));
+    ok(&["subvolume", "snapshot", i, "/s1", "/s1/inner"]);
+    let o = ubtrfs(&["subvolume", "snapshot", i, "/d", "/x"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a subvolume"), "{o:?}");
+    ok(&["rm", i, "/d/f"]);
+    assert!(ubtrfs(&["cat", i, "/s1/d/f"]).stdout == data, "the snapshot keeps the file removed from the source");
+    let list = ok(&["subvolume", "list", i]);
+    for p in ["path s1", "path s1-ro", "path s1/inner"] {
+        assert!(list.lines().any(|l| l.ends_with(p)), "{p} in {list}");
+    }
+    if root_with_kernel() {
+        let c = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img).output().unwrap();
+        assert!(c.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        assert!(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt).status().unwrap().success());
+        let r = (|| {
+            assert!(!mnt.join("d/f").exists(), "the source lost the file");
+            for p in ["s1/d/f", "s1-ro/d/f", "s1/inner/d/f"] {
+                assert!(std::fs::read(mnt.join(p)).unwrap() == data, "{p} reads differently");
+            }
+            let l = Command::new("btrfs").args(["subvolume", "list", "-q"]).arg(&mnt).output().unwrap();
+            let l = String::from_utf8_lossy(&l.stdout).into_owned();
+            assert!(["s1", "s1-ro", "s1/inner"].iter().all(|p| l.lines().any(|x| x.ends_with(&format!("path {p}")) && !x.contains("parent_uuid -"))), "the snapshots with parent uuids: {l}");
+            assert!(std::fs::write(mnt.join("s1-ro/new"), b"x").is_err(), "the kernel writes into the read-only snapshot");
+        })();
+        let _ = Command::new("umount").arg(&mnt).status();
+        r
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

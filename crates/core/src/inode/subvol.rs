@@ -1,5 +1,6 @@
-//! Subvolumes: creating one (the kernel's `create_subvol` in ioctl.c) and choosing the
-//! default (`btrfs subvolume set-default`).
+//! Subvolumes: creating one (the kernel's `create_subvol` in ioctl.c), snapshotting one
+//! (`create_pending_snapshot` in transaction.c) and choosing the default (`btrfs
+//! subvolume set-default`).
 //!
 //! A new subvolume is a new fs tree: a leaf holding its top directory (inode 256, with
 //! an INODE_REF ".." to itself), a ROOT_ITEM with a fresh UUID and the creation times,
@@ -24,6 +25,10 @@ use zerocopy::{FromZeros, IntoBytes};
 /// parent's entries and inode, the UUID item, the new top directory and its ref, a
 /// qgroup's two items).
 const SUBVOL_ITEMS: u64 = 12;
+
+/// Items a snapshot changes (its root item and the source's, the two refs, the
+/// parent's entries and inode, the UUID item).
+const SNAPSHOT_ITEMS: u64 = 10;
 
 /// The UUID tree key of subvolume uuid `u` with type `ty` (`btrfs_uuid_to_key`).
 pub fn uuid_key(u: &[u8; 16], ty: u8) -> Key {
@@ -60,6 +65,9 @@ impl FsWriter {
             item.ctime = t;
             item.otime = t;
             item.bytes_used = u64::from(self.info.nodesize).into();
+            // As the kernel's create_subvol: a root item of the current format, whose
+            // flags (a later `ro`) the kernel keeps.
+            item.inode.flags = INODE_ROOT_ITEM_INIT.into();
         }
         // Its top directory, inode 256, its own parent.
         let mut ii = InodeItem::new_zeroed();
@@ -90,6 +98,136 @@ impl FsWriter {
             self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_INFO_KEY, id), info.as_bytes())?;
             self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_LIMIT_KEY, id), QgroupLimitItem::new_zeroed().as_bytes())?;
         }
+        Ok(id)
+    }
+
+    /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`
+    /// (`btrfs subvolume snapshot [-r]`), committing first when the source has changes
+    /// in the running transaction (a snapshot shares only committed blocks, see
+    /// `create_snapshot_of_committed`). Returns the snapshot's id.
+    ///
+    /// # Errors
+    /// As `create_snapshot_of_committed`; commit failures.
+    pub fn create_snapshot(&mut self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<u64> {
+        if self.snapshot_needs_commit(src)? {
+            self.commit()?;
+        }
+        self.create_snapshot_of_committed(src, root, dir, name, readonly)?.ok_or_else(|| Error::posix_detail(PosixKind::Busy, format!("subvolume {src}"), "it changed again before its snapshot"))
+    }
+
+    /// Whether subvolume `src` has changes in the running transaction, which a
+    /// snapshot must not share: a commit comes first.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for a tree that does not exist.
+    pub fn snapshot_needs_commit(&mut self, src: u64) -> Result<bool> {
+        Ok(self.root(src)?.generation >= self.transid)
+    }
+
+    /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`, read-only
+    /// if `readonly`; None (nothing changed) when the source has changes in the running
+    /// transaction (commit, then ask again).
+    ///
+    /// The snapshot's tree is a copy of the source's root block whose children gain a
+    /// reference from the new tree (`btrfs_copy_root` and `btrfs_inc_ref`); every
+    /// block below is shared, and the first change on either side COWs its path with
+    /// the backref rules of `update_ref_for_cow` (the source's `last_snapshot` says
+    /// its older blocks may be shared). The ROOT_ITEM is the source's with a new UUID,
+    /// the source's as parent UUID, no received UUID, this transaction as ctransid and
+    /// otransid (its key offset too), and RDONLY as asked; then the refs, the entries
+    /// in `dir` and the UUID-tree item, as for a new subvolume. Only committed blocks
+    /// are shared: a block of the running transaction would still be changed in place.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` for a tree that is not a subvolume; `Posix(NotFound)`; the name
+    /// errors of `mkdir`; `Posix(NotSupported)` with quotas on (the snapshot's qgroup
+    /// inheritance is not done yet); tree failures.
+    pub fn create_snapshot_of_committed(&mut self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<Option<u64>> {
+        if src != FS_TREE_OBJECTID && !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&src) {
+            return Err(Error::posix_detail(PosixKind::Invalid, format!("tree {src}"), "only subvolumes are snapshotted"));
+        }
+        self.root(src).map_err(|e| if e.posix_kind() == Some(PosixKind::NotFound) { Error::posix_detail(PosixKind::NotFound, format!("subvolume {src}"), "no such subvolume") } else { e })?;
+        if self.quotas {
+            return Err(Error::posix_detail(PosixKind::NotSupported, format!("snapshot of subvolume {src}"), "snapshots with quotas enabled are not supported yet (their qgroup inheritance)"));
+        }
+        self.check_root_writable(root)?;
+        self.check_new_name(root, dir, name)?;
+        if self.snapshot_needs_commit(src)? {
+            return Ok(None);
+        }
+        self.transaction("create_snapshot", SNAPSHOT_ITEMS, |w| w.create_snapshot_inner(src, root, dir, name, readonly)).map(Some)
+    }
+
+    fn create_snapshot_inner(&mut self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<u64> {
+        let id = self.alloc_objectid(ROOT_TREE_OBJECTID)?;
+        if !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id) {
+            return Err(Error::posix_detail(PosixKind::NoSpace, crate::quote::name(name), "the root tree has no free subvolume ids"));
+        }
+        let t = self.now();
+        let uuid = self.info.sources.uuids.new_uuid();
+        let transid = self.transid;
+        let si = self.root(src)?;
+        let src_item = self.roots.get(&src).and_then(|s| s.item).ok_or_else(|| Error::posix(PosixKind::NotFound, format!("subvolume {src}: no root item")))?;
+        // The source's root block, copied for the new tree; its children (or, for a
+        // one-leaf tree, its file extents) gain the new tree's references.
+        let old = self.read_block(si.bytenr, &crate::tree::extent_buffer::Expect { level: Some(si.level), generation: Some(si.generation), owner: Some(src), first_key: None })?;
+        let first_key = {
+            let n = self.node(&old);
+            if n.nritems() > 0 {
+                n.key(0)
+            } else {
+                Key::MIN
+            }
+        };
+        let new = self.alloc_tree_block(id, si.level, first_key)?;
+        self.copy_block(&old, new, id)?;
+        self.mod_refs(&crate::transaction::Blk::Dirty(new), id, false, 1)?;
+        // Its older blocks are shared from now on.
+        {
+            let st = self.roots.get_mut(&src).expect("loaded above");
+            let it = st.item.as_mut().expect("a subvolume has its root item");
+            it.last_snapshot = transid.into();
+            st.dirty = true;
+        }
+        let mut item = src_item;
+        item.bytenr = new.into();
+        item.level = si.level;
+        item.generation = transid.into();
+        item.generation_v2 = transid.into();
+        item.last_snapshot = transid.into();
+        item.refs = 1.into();
+        item.drop_progress = Key::MIN.to_disk();
+        item.drop_level = 0;
+        item.uuid = uuid;
+        item.parent_uuid = src_item.uuid;
+        item.received_uuid = [0; 16];
+        item.ctransid = transid.into();
+        item.otransid = transid.into();
+        item.stransid = 0.into();
+        item.rtransid = 0.into();
+        item.ctime = t;
+        item.otime = t;
+        item.stime = Timespec::new_zeroed();
+        item.rtime = Timespec::new_zeroed();
+        // A root item whose inode lacks ROOT_ITEM_INIT is one of the old format, whose
+        // flags the kernel clears when it loads it (`btrfs_check_and_init_root_item`):
+        // without it a read-only snapshot would come up writable.
+        item.inode.flags = (item.inode.flags.get() | INODE_ROOT_ITEM_INIT).into();
+        let flags = item.flags.get() & !ROOT_SUBVOL_RDONLY;
+        item.flags = (if readonly { flags | ROOT_SUBVOL_RDONLY } else { flags }).into();
+        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_ITEM_KEY, transid), item.as_bytes())?;
+        self.roots.insert(
+            id,
+            crate::transaction::RootState { info: crate::tree::search::RootInfo { id, bytenr: new, level: si.level, generation: transid }, item: Some(item), item_offset: transid, dirty: true },
+        );
+        // The name in the parent, pointing at the ROOT_ITEM, and the refs both ways.
+        let index = self.next_dir_index(root, dir)?;
+        self.add_dir_entries_to(root, dir, name, Key::new(id, ROOT_ITEM_KEY, u64::MAX), FT_DIR, index)?;
+        let mut rr = RootRef { dirid: dir.into(), sequence: index.into(), name_len: (name.len() as u16).into() }.as_bytes().to_vec();
+        rr.extend_from_slice(name);
+        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id), &rr)?;
+        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root), &rr)?;
+        self.add_uuid_item(&uuid, UUID_KEY_SUBVOL, id)?;
         Ok(id)
     }
 
@@ -147,6 +285,29 @@ impl FsWriter {
         self.sb.incompat_flags = f.into();
         self.default_subvol = id;
         Ok(())
+    }
+}
+
+impl crate::engine::Engine {
+    /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`, read-only
+    /// if `readonly` (`FsWriter::create_snapshot_of_committed`): every dirty file is
+    /// written back and the running transaction committed first (the kernel's snapshot
+    /// flushes the source's delalloc and snapshots at commit), then the snapshot is
+    /// made and committed. Returns its id.
+    ///
+    /// # Errors
+    /// As `FsWriter::create_snapshot_of_committed`; writeback and commit errors;
+    /// `Posix(Busy)` when the source kept changing between commits.
+    pub fn create_snapshot(&self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<u64> {
+        self.writeback_all()?;
+        for _ in 0..8 {
+            self.commit()?;
+            if let Some(id) = self.write_retrying(|w| w.create_snapshot_of_committed(src, root, dir, name, readonly))? {
+                self.commit()?;
+                return Ok(id);
+            }
+        }
+        Err(Error::posix_detail(PosixKind::Busy, format!("subvolume {src}"), "it kept changing between commits; no snapshot was made"))
     }
 }
 
