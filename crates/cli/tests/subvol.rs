@@ -111,7 +111,8 @@ fn snapshot_of_the_top_level_and_of_a_snapshot() {
         let mnt = dir.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
         assert!(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt).status().unwrap().success());
-        let r = (|| {
+        // Unmounted whatever the asserts say.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             assert!(!mnt.join("d/f").exists(), "the source lost the file");
             for p in ["s1/d/f", "s1-ro/d/f", "s1/inner/d/f"] {
                 assert!(std::fs::read(mnt.join(p)).unwrap() == data, "{p} reads differently");
@@ -120,9 +121,11 @@ fn snapshot_of_the_top_level_and_of_a_snapshot() {
             let l = String::from_utf8_lossy(&l.stdout).into_owned();
             assert!(["s1", "s1-ro", "s1/inner"].iter().all(|p| l.lines().any(|x| x.ends_with(&format!("path {p}")) && !x.contains("parent_uuid -"))), "the snapshots with parent uuids: {l}");
             assert!(std::fs::write(mnt.join("s1-ro/new"), b"x").is_err(), "the kernel writes into the read-only snapshot");
-        })();
+        }));
         let _ = Command::new("umount").arg(&mnt).status();
-        r
+        if let Err(p) = r {
+            std::panic::resume_unwind(p);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
