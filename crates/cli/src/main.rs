@@ -122,6 +122,8 @@ enum Cmd {
     Truncate(edit_cmds::WithImage<edit_cmds::TruncateOpts>),
     /// Copy a file by sharing its extents (`cp --reflink=always`): no data is written.
     Reflink(edit_cmds::WithImage<edit_cmds::ReflinkOpts>),
+    /// Make identical files share their extents, as duperemove does on a mount.
+    Dedupe(write_cmds::DedupeArgs),
     /// Preallocate (or with -p punch, -z zero) a range of a file, as fallocate(1) does
     /// (a missing file is made, mode 0644, when neither -k, -p nor -z is given).
     Fallocate(edit_cmds::WithImage<edit_cmds::FallocateOpts>),
@@ -178,6 +180,7 @@ fn main() -> ExitCode {
         Cmd::Mknod(a) => edit_cmds::mknod(&a),
         Cmd::Truncate(a) => edit_cmds::truncate(&a),
         Cmd::Reflink(a) => edit_cmds::reflink(&a),
+        Cmd::Dedupe(a) => write_cmds::dedupe(&a),
         Cmd::Fallocate(a) => edit_cmds::fallocate(&a),
         Cmd::Chmod(a) => edit_cmds::chmod(&a),
         Cmd::Chattr(a) => edit_cmds::chattr(&a),

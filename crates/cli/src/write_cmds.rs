@@ -1,4 +1,4 @@
-//! `put`: one atomic transaction; on any error nothing is committed.
+//! `put` and `dedupe`: each one atomic transaction; on any error nothing is committed.
 
 use crate::WriteImageArgs;
 use std::path::PathBuf;
@@ -90,4 +90,50 @@ impl Drop for CopyProgress {
     fn drop(&mut self) {
         self.bar.finish_and_clear();
     }
+}
+
+#[derive(clap::Args)]
+pub struct DedupeArgs {
+    #[command(flatten)]
+    pub image: WriteImageArgs,
+    /// Files or directories inside the image (absolute paths; directories are searched
+    /// recursively, into subvolumes too).
+    #[arg(required = true, num_args = 1..)]
+    pub paths: Vec<String>,
+}
+
+/// `ubtrfs dedupe`: share the extents of identical files (`ubtrfs_tools::dedupe`),
+/// with a progress bar on a terminal; one commit at the end.
+pub fn dedupe(a: &DedupeArgs) -> Result<()> {
+    use std::io::IsTerminal;
+    let mut w = open_writer(&a.image)?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} hashed {bytes_per_sec} {msg}").expect("static template"));
+        b.enable_steady_tick(std::time::Duration::from_millis(120));
+        b
+    });
+    let progress = bar.clone().map(|b| {
+        ubtrfs_tools::dedupe::Progress(std::sync::Arc::new(move |s: &ubtrfs_tools::dedupe::DedupeStats| {
+            b.set_length(s.candidate_bytes);
+            b.set_position(s.hashed_bytes);
+            b.set_message(format!("{} files shared", s.deduped_files));
+        }))
+    });
+    let paths: Vec<&str> = a.paths.iter().map(String::as_str).collect();
+    let s = ubtrfs_tools::dedupe::dedupe(&mut w, &paths, progress.as_ref())?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let generation = w.commit()?;
+    println!(
+        "{} files scanned, {} groups of identical files: {} files now share {} bytes with another{}{} (generation {generation})",
+        s.files,
+        s.groups,
+        s.deduped_files,
+        s.deduped_bytes,
+        if s.already_shared > 0 { format!(", {} already did", s.already_shared) } else { String::new() },
+        if s.refused > 0 { format!(", {} refused (checksummed and not, immutable, append-only or read-only)", s.refused) } else { String::new() },
+    );
+    Ok(())
 }

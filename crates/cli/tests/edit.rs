@@ -262,3 +262,64 @@ fn reflink_copies_share_extents() {
     drop(m);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// `ubtrfs dedupe`: two copies of a tree (and a file that differs in one byte) end
+/// sharing the copies' extents: the image's bytes used shrink by about one copy, the
+/// kernel reads every file as before and counts the bytes as shared, the image checks
+/// clean, and a second run finds everything already shared.
+#[test]
+fn dedupe_shares_identical_files() {
+    if !kernel::kernel_available("dedupe_shares_identical_files") {
+        return;
+    }
+    let work = std::env::temp_dir().join(format!("ubtrfs-dedupe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let tree = work.join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let mut files = Vec::new();
+    for i in 0..20u32 {
+        let data: Vec<u8> = (0..(i + 1) * 37_000).map(|x| (x.wrapping_mul(2_654_435_761).wrapping_add(i) >> 11) as u8).collect();
+        let p = if i % 2 == 0 { tree.join(format!("f{i}")) } else { tree.join(format!("sub/f{i}")) };
+        std::fs::write(&p, &data).unwrap();
+        files.push((p.strip_prefix(&tree).unwrap().to_path_buf(), data));
+    }
+    let img = work.join("img");
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    assert!(Command::new("mkfs.btrfs").arg("-q").arg(&img).status().unwrap().success());
+    ok(&["put", "-r", "IMG", tree.to_str().unwrap(), "/a"], &img);
+    ok(&["put", "-r", "IMG", tree.to_str().unwrap(), "/b"], &img);
+    let mut odd = files[3].1.clone();
+    odd[1000] ^= 1;
+    std::fs::write(work.join("odd"), &odd).unwrap();
+    ok(&["put", "IMG", work.join("odd").to_str().unwrap(), "/odd"], &img);
+    let used = |img: &Path| -> u64 {
+        let o = bin().arg("info").arg(img).output().unwrap();
+        let t = String::from_utf8_lossy(&o.stdout).into_owned();
+        let line = t.lines().find(|l| l.starts_with("bytes used:")).unwrap_or_else(|| panic!("no bytes used in {t}"));
+        line.split_whitespace().find_map(|w| w.parse::<u64>().ok()).unwrap_or_else(|| panic!("{line}"))
+    };
+    let before = used(&img);
+    let data_bytes: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let o = bin().args(["dedupe"]).arg(&img).arg("/").output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "dedupe: {out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("20 groups") && out.contains("20 files now share"), "{out}");
+    let after = used(&img);
+    assert!(before - after >= data_bytes * 9 / 10, "bytes used went from {before} to {after}; one copy is {data_bytes}");
+    check(&img);
+    let o = bin().args(["dedupe"]).arg(&img).arg("/a").arg("/b").output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("20 already did"), "{}", String::from_utf8_lossy(&o.stdout));
+    let m = Mnt::new(&img, &work.join("mnt"));
+    for (rel, data) in &files {
+        for top in ["a", "b"] {
+            assert!(std::fs::read(m.0.join(top).join(rel)).unwrap() == *data, "/{top}/{} reads differently", rel.display());
+        }
+    }
+    assert!(std::fs::read(m.0.join("odd")).unwrap() == odd, "/odd changed");
+    let o = Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(&m.0).output().unwrap();
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    let shared: u64 = t.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("du: {t}"));
+    assert!(shared >= data_bytes, "btrfs filesystem du counts {shared} bytes shared of {data_bytes}: {t}");
+    drop(m);
+    let _ = std::fs::remove_dir_all(&work);
+}

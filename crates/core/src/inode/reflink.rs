@@ -157,6 +157,29 @@ impl FsWriter {
         Ok(r.len)
     }
 
+    /// Dedupe without a page cache (the offline writer's `FIDEDUPERANGE`): compare
+    /// `len` bytes (at most `MAX_DEDUPE_LEN`) of `src` at `src_off` with `dst` at
+    /// `dst_off` as the trees hold them; when equal, share the source's extents into
+    /// the destination (no times change), else change nothing.
+    ///
+    /// # Errors
+    /// As `clone_range`, with the dedupe rules for ranges at EOF; read errors.
+    pub fn dedupe_range(&mut self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64) -> Result<Dedupe> {
+        let r = self.check_remap(src, src_off, len.min(MAX_DEDUPE_LEN), dst, dst_off, true)?;
+        if r.len == 0 {
+            return Ok(Dedupe::Same(0));
+        }
+        let mut a = vec![0u8; r.len as usize];
+        let mut b = vec![0u8; r.len as usize];
+        self.read_old_data(src.root, src.ino, src_off, &mut a)?;
+        self.read_old_data(dst.root, dst.ino, dst_off, &mut b)?;
+        if a != b {
+            return Ok(Dedupe::Differs);
+        }
+        self.remap(r, false)?;
+        Ok(Dedupe::Same(r.len))
+    }
+
     /// Share `r`'s source extents into its destination. `times`: a clone's mtime and
     /// ctime update (a dedupe changes no content, and no times).
     fn remap(&mut self, r: Remap, times: bool) -> Result<()> {
