@@ -4,15 +4,14 @@
 //! of files are not matched yet).
 //!
 //! Files are grouped by size (files smaller than a block are left alone: they are
-//! inline or nearly), then the candidates of each size are hashed (SHA-256 of the
-//! contents), and each group of equal hashes is deduplicated against its first file in
+//! inline or nearly), then the candidates of each size are hashed (XXH3-128 of the
+//! contents: not a cryptographic hash, and it need not be one), and each group of equal hashes is deduplicated against its first file in
 //! `MAX_DEDUPE_LEN` steps through `FsWriter::dedupe_range`, which compares the bytes
 //! themselves before it shares anything, so a hash collision costs only time. Files that
 //! already share every extent with the first are counted and skipped. A file the
 //! kernel's rules refuse (one checksummed and one not, an immutable or append-only
 //! one, a read-only subvolume) is counted as skipped, and the rest goes on.
 
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use ubtrfs_core::error::{PosixKind, Result};
 use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, FsRead, InodeId, Load};
@@ -58,15 +57,14 @@ fn collect(w: &FsWriter, id: InodeId, out: &mut Vec<(InodeId, u64)>, depth: u32)
     Ok(())
 }
 
-/// SHA-256 of file `id`'s `size` bytes.
-fn hash(w: &FsWriter, id: InodeId, size: u64, stats: &mut DedupeStats, progress: Option<&Progress>) -> Result<[u8; 32]> {
+/// XXH3-128 of file `id`'s `size` bytes, read through `buf`.
+fn hash(w: &FsWriter, id: InodeId, size: u64, buf: &mut [u8], stats: &mut DedupeStats, progress: Option<&Progress>) -> Result<u128> {
     let live = w.live();
     let v = live.load_inode(id, Load { extents: true, ..Load::ITEM })?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; (1 << 20).min(size as usize)];
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut off = 0u64;
     while off < size {
-        let n = live.read_at(&v, off, &mut buf)?;
+        let n = live.read_at(&v, off, buf)?;
         if n == 0 {
             break;
         }
@@ -77,7 +75,7 @@ fn hash(w: &FsWriter, id: InodeId, size: u64, stats: &mut DedupeStats, progress:
             (p.0)(stats);
         }
     }
-    Ok(h.finalize().into())
+    Ok(h.digest128())
 }
 
 /// The disk extents of `id` (file offset, bytenr, extent offset, length).
@@ -115,10 +113,11 @@ pub fn dedupe(w: &mut FsWriter, paths: &[&str], progress: Option<&Progress>) -> 
     }
     by_size.retain(|_, v| v.len() > 1);
     stats.candidate_bytes = by_size.iter().map(|(s, v)| s * v.len() as u64).sum();
+    let mut buf = vec![0u8; 1 << 20];
     for (size, ids) in by_size {
-        let mut by_hash: BTreeMap<[u8; 32], Vec<InodeId>> = BTreeMap::new();
+        let mut by_hash: BTreeMap<u128, Vec<InodeId>> = BTreeMap::new();
         for id in ids {
-            let h = hash(w, id, size, &mut stats, progress)?;
+            let h = hash(w, id, size, &mut buf, &mut stats, progress)?;
             by_hash.entry(h).or_default().push(id);
         }
         for group in by_hash.into_values().filter(|g| g.len() > 1) {

@@ -169,11 +169,20 @@ impl FsWriter {
         if r.len == 0 {
             return Ok(Dedupe::Same(0));
         }
-        let mut a = vec![0u8; r.len as usize];
-        let mut b = vec![0u8; r.len as usize];
-        self.read_old_data(src.root, src.ino, src_off, &mut a)?;
-        self.read_old_data(dst.root, dst.ino, dst_off, &mut b)?;
-        if a != b {
+        // Two buffers kept per thread (a dedupe tool calls this for every 16 MiB);
+        // every byte of each is read over.
+        thread_local! {
+            static BUFS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        }
+        let same = BUFS.with(|c| -> Result<bool> {
+            let (a, b) = &mut *c.borrow_mut();
+            a.resize(r.len as usize, 0);
+            b.resize(r.len as usize, 0);
+            self.read_old_data(src.root, src.ino, src_off, a)?;
+            self.read_old_data(dst.root, dst.ino, dst_off, b)?;
+            Ok(a == b)
+        })?;
+        if !same {
             return Ok(Dedupe::Differs);
         }
         self.remap(r, false)?;
