@@ -25,7 +25,7 @@ pub struct DedupeStats {
     pub files: u64,
     /// Bytes of the files with a same-size partner, which are hashed.
     pub candidate_bytes: u64,
-    /// Bytes hashed so far.
+    /// Bytes hashed (or, for a size shared by two files only, compared) so far.
     pub hashed_bytes: u64,
     /// Groups of two or more files with equal contents.
     pub groups: u64,
@@ -115,17 +115,29 @@ pub fn dedupe(w: &mut FsWriter, paths: &[&str], progress: Option<&Progress>) -> 
     stats.candidate_bytes = by_size.iter().map(|(s, v)| s * v.len() as u64).sum();
     let mut buf = vec![0u8; 1 << 20];
     for (size, ids) in by_size {
-        let mut by_hash: BTreeMap<u128, Vec<InodeId>> = BTreeMap::new();
-        for id in ids {
-            let h = hash(w, id, size, &mut buf, &mut stats, progress)?;
-            by_hash.entry(h).or_default().push(id);
-        }
-        for group in by_hash.into_values().filter(|g| g.len() > 1) {
-            stats.groups += 1;
+        // Two files of a size are compared directly (the dedupe reads both anyway); more
+        // are hashed first, so each is read once before the comparisons.
+        let groups: Vec<Vec<InodeId>> = if ids.len() == 2 {
+            stats.hashed_bytes += 2 * size;
+            vec![ids]
+        } else {
+            let mut by_hash: BTreeMap<u128, Vec<InodeId>> = BTreeMap::new();
+            for id in ids {
+                let h = hash(w, id, size, &mut buf, &mut stats, progress)?;
+                by_hash.entry(h).or_default().push(id);
+            }
+            by_hash.into_values().filter(|g| g.len() > 1).collect()
+        };
+        for group in groups {
+            let mut counted = false;
             let src = group[0];
             let src_layout = layout(w, src)?;
             for &dst in &group[1..] {
                 if layout(w, dst)? == src_layout {
+                    if !counted {
+                        stats.groups += 1;
+                        counted = true;
+                    }
                     stats.already_shared += 1;
                     continue;
                 }
@@ -136,6 +148,8 @@ pub fn dedupe(w: &mut FsWriter, paths: &[&str], progress: Option<&Progress>) -> 
                         break true;
                     }
                     match w.dedupe_range(src, off, (size - off).min(MAX_DEDUPE_LEN), dst, off) {
+                        // An unhashed pair that differs from its first piece is no pair.
+                        Ok(Dedupe::Differs) if off == 0 && group.len() == 2 => break true,
                         Ok(Dedupe::Same(0)) | Ok(Dedupe::Differs) => break false,
                         Ok(Dedupe::Same(n)) => {
                             off += n;
@@ -146,10 +160,18 @@ pub fn dedupe(w: &mut FsWriter, paths: &[&str], progress: Option<&Progress>) -> 
                     }
                 };
                 stats.deduped_bytes += done;
-                if ok {
-                    stats.deduped_files += 1;
+                if ok && done == 0 {
+                    // The unhashed pair that was no pair.
                 } else {
-                    stats.refused += 1;
+                    if !counted {
+                        stats.groups += 1;
+                        counted = true;
+                    }
+                    if ok {
+                        stats.deduped_files += 1;
+                    } else {
+                        stats.refused += 1;
+                    }
                 }
                 if let Some(p) = progress {
                     (p.0)(&stats);
