@@ -51,6 +51,8 @@ pub enum Dedupe {
 /// extent's start, wrapping as the kernel's does), and the bytes nbytes counts.
 struct Piece {
     at: u64,
+    /// Where it ends in the destination.
+    end: u64,
     item: Vec<u8>,
     shares: Option<(u64, u64, u64, u64)>,
 }
@@ -216,7 +218,7 @@ impl FsWriter {
         let hole_item = |w: &FsWriter, at: u64, to: u64| -> Option<Piece> {
             // Without no-holes every gap inside the new size is an explicit hole.
             let to = to.min(new_size.div_ceil(bs) * bs);
-            (!no_holes && at < to).then(|| Piece { at, item: crate::inode::write::reg_extent_item(w.transid, 0, to - at), shares: None })
+            (!no_holes && at < to).then(|| Piece { at, end: to, item: crate::inode::write::reg_extent_item(w.transid, 0, to - at), shares: None })
         };
         for f in &recs {
             let (s, t) = (f.file_offset.max(src_off), f.end().min(src_off + span));
@@ -244,7 +246,7 @@ impl FsWriter {
                         &FileExtentBody { disk_bytenr: (*disk_bytenr).into(), disk_num_bytes: (*disk_num_bytes).into(), offset: (offset + (s - f.file_offset)).into(), num_bytes: (t - s).into() },
                     );
                     let ext_off = offset + (s - f.file_offset);
-                    pieces.push(Piece { at: d, item, shares: Some((*disk_bytenr, *disk_num_bytes, d.wrapping_sub(ext_off), t - s)) });
+                    pieces.push(Piece { at: d, end: d + (t - s), item, shares: Some((*disk_bytenr, *disk_num_bytes, d.wrapping_sub(ext_off), t - s)) });
                 }
             }
         }
@@ -272,14 +274,15 @@ impl FsWriter {
                 }
                 w.update_inode(dst.root, dst.ino, |ii| {
                     ii.nbytes = (ii.nbytes.get() - removed.min(ii.nbytes.get()) + added).into();
-                    if i == last {
-                        if ii.size.get() < new_size {
-                            ii.size = new_size.into();
-                        }
-                        if times {
-                            ii.mtime = t;
-                            ii.ctime = t;
-                        }
+                    // The size grows with each batch (never past the clone's end), so a
+                    // clone cut short by an error leaves no extent past EOF.
+                    let reach = if i == last { new_size } else { batch.last().map_or(0, |p| p.end).min(new_size) };
+                    if ii.size.get() < reach {
+                        ii.size = reach.into();
+                    }
+                    if i == last && times {
+                        ii.mtime = t;
+                        ii.ctime = t;
                     }
                 })
             })?;
