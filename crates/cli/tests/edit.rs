@@ -81,6 +81,14 @@ impl Drop for Mnt {
     }
 }
 
+/// A fresh 256 MiB `mkfs.btrfs` image in `work`.
+fn fresh_image(work: &Path) -> PathBuf {
+    let img = work.join("img");
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    assert!(Command::new("mkfs.btrfs").arg("-q").arg(&img).status().unwrap().success());
+    img
+}
+
 fn generation(img: &Path) -> u64 {
     let o = bin().arg("dump-super").arg(img).output().expect("dump-super");
     let t = String::from_utf8_lossy(&o.stdout);
@@ -95,9 +103,7 @@ fn editing_commands_round_trip_through_the_kernel() {
     let work = std::env::temp_dir().join(format!("ubtrfs-edit-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
-    let img = work.join("img");
-    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    assert!(Command::new("mkfs.btrfs").arg("-q").arg(&img).status().unwrap().success());
+    let img = fresh_image(&work);
     ok(&["mkdir", "-p", "IMG", "/a/b/c"], &img);
     ok(&["mkdir", "-p", "IMG", "/a/b"], &img);
     ok(&["mkdir", "-m", "700", "IMG", "/a/private"], &img);
@@ -237,9 +243,7 @@ fn reflink_copies_share_extents() {
     let work = std::env::temp_dir().join(format!("ubtrfs-reflink-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
-    let img = work.join("img");
-    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    assert!(Command::new("mkfs.btrfs").arg("-q").arg(&img).status().unwrap().success());
+    let img = fresh_image(&work);
     let src = work.join("src");
     let data: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
     std::fs::write(&src, &data).unwrap();
@@ -255,10 +259,8 @@ fn reflink_copies_share_extents() {
     for f in ["a", "b", "d/a"] {
         assert!(std::fs::read(m.0.join(f)).unwrap() == data, "/{f} reads differently");
     }
-    let o = Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(&m.0).output().unwrap();
-    let t = String::from_utf8_lossy(&o.stdout).into_owned();
-    let shared: u64 = t.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("du: {t}"));
-    assert!(shared >= data.len() as u64, "btrfs filesystem du counts {shared} bytes shared: {t}");
+    let shared = kernel::du_shared_bytes(&m.0);
+    assert!(shared >= data.len() as u64, "btrfs filesystem du counts {shared} bytes shared");
     drop(m);
     let _ = std::fs::remove_dir_all(&work);
 }
@@ -283,9 +285,7 @@ fn dedupe_shares_identical_files() {
         std::fs::write(&p, &data).unwrap();
         files.push((p.strip_prefix(&tree).unwrap().to_path_buf(), data));
     }
-    let img = work.join("img");
-    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    assert!(Command::new("mkfs.btrfs").arg("-q").arg(&img).status().unwrap().success());
+    let img = fresh_image(&work);
     ok(&["put", "-r", "IMG", tree.to_str().unwrap(), "/a"], &img);
     ok(&["put", "-r", "IMG", tree.to_str().unwrap(), "/b"], &img);
     let mut odd = files[3].1.clone();
@@ -316,10 +316,8 @@ fn dedupe_shares_identical_files() {
         }
     }
     assert!(std::fs::read(m.0.join("odd")).unwrap() == odd, "/odd changed");
-    let o = Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(&m.0).output().unwrap();
-    let t = String::from_utf8_lossy(&o.stdout).into_owned();
-    let shared: u64 = t.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("du: {t}"));
-    assert!(shared >= data_bytes, "btrfs filesystem du counts {shared} bytes shared of {data_bytes}: {t}");
+    let shared = kernel::du_shared_bytes(&m.0);
+    assert!(shared >= data_bytes, "btrfs filesystem du counts {shared} bytes shared of {data_bytes}");
     drop(m);
     let _ = std::fs::remove_dir_all(&work);
 }

@@ -579,10 +579,8 @@ fn cp_through_the_mount_makes_reflink_copies() {
     m.stop(Stop::Fusermount);
     assert_check(&img, "after cp --reflink=auto");
     let k = KernelMount::new(&img, &s.join("kmnt"));
-    let out = Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(&k.dir).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let shared: u64 = text.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("btrfs filesystem du: {text}"));
-    assert!(shared >= data.len() as u64, "btrfs filesystem du counts {shared} bytes shared: {text}");
+    let shared = kernel::du_shared_bytes(&k.dir);
+    assert!(shared >= data.len() as u64, "btrfs filesystem du counts {shared} bytes shared");
     assert!(std::fs::read(k.dir.join("b")).unwrap() == data, "the kernel reads the copy differently");
     {
         use std::os::unix::fs::FileExt;

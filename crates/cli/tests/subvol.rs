@@ -21,6 +21,14 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A copy of the kernel-made default fixture in `dir`.
+fn fixture_copy(dir: &Path) -> PathBuf {
+    let img = dir.join("img");
+    let fx = repo().join("tests/fixtures/default.0.img.zst");
+    std::io::copy(&mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(), &mut std::fs::File::create(&img).unwrap()).unwrap();
+    img
+}
+
 fn root_with_kernel() -> bool {
     let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
     let progs = Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
@@ -37,9 +45,7 @@ fn root_with_kernel() -> bool {
 fn create_list_and_set_default() {
     let dir = std::env::temp_dir().join(format!("ubtrfs-subvol-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let img = dir.join("img");
-    let fx = repo().join("tests/fixtures/default.0.img.zst");
-    std::io::copy(&mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(), &mut std::fs::File::create(&img).unwrap()).unwrap();
+    let img = fixture_copy(&dir);
     let i = img.to_str().unwrap();
     ok(&["mkdir", i, "/vols"]);
     assert!(ok(&["subvolume", "create", i, "/vols/a"]).contains("created subvolume"));
@@ -85,9 +91,7 @@ fn create_list_and_set_default() {
 fn snapshot_of_the_top_level_and_of_a_snapshot() {
     let dir = std::env::temp_dir().join(format!("ubtrfs-snapshot-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let img = dir.join("img");
-    let fx = repo().join("tests/fixtures/default.0.img.zst");
-    std::io::copy(&mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(), &mut std::fs::File::create(&img).unwrap()).unwrap();
+    let img = fixture_copy(&dir);
     let i = img.to_str().unwrap();
     let src = dir.join("data");
     let data: Vec<u8> = (0..300_000u32).map(|x| (x * 7 % 251) as u8).collect();

@@ -30,32 +30,9 @@ use ubtrfs_core::inode::writeback::{extent_writepage, BioCtrl, SubmitMode};
 use ubtrfs_core::{FsRead, OpenOptions};
 use write_common::*;
 
-fn tools(test: &str) -> bool {
-    let mkfs = std::process::Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    if mkfs && have_btrfs_check() {
-        return true;
-    }
-    let why = format!("{test}: skipped: needs mkfs.btrfs ({mkfs}) and btrfs-progs");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}, and CI=true forbids skipping");
-    }
-    eprintln!("{why}");
-    false
-}
-
 fn create(e: &Engine, name: &str) -> InodeId {
     let ino = e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).expect("create file");
     InodeId { root: 5, ino }
-}
-
-/// Every byte of `id` as a fresh reader of the image shows it.
-fn read_image(img: &std::path::Path, id: InodeId) -> Vec<u8> {
-    let fs = ubtrfs_core::Filesystem::open(&OpenOptions::new(img)).expect("open image");
-    let v = fs.load_inode(id, Load { extents: true, ..Load::ITEM }).expect("load inode");
-    let mut buf = vec![0u8; v.size() as usize];
-    let n = fs.read_at(&v, 0, &mut buf).expect("read file");
-    assert_eq!(n, buf.len(), "{id}: short read of the image");
-    buf
 }
 
 fn buffered_contents(e: &Engine, id: InodeId) -> Vec<u8> {
@@ -181,7 +158,7 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
 
 #[test]
 fn random_buffered_ops_match_the_model_on_disk() {
-    if !tools("random_buffered_ops_match_the_model_on_disk") {
+    if !mkfs_tools("random_buffered_ops_match_the_model_on_disk") {
         return;
     }
     // Knobs for longer runs: UBTRFS_PC_SEEDS (seeds 1..=N, default 3), UBTRFS_PC_OPS.
@@ -197,7 +174,7 @@ fn random_buffered_ops_match_the_model_on_disk() {
 /// truncated (none becomes a file extent item), and the one crossing it cut there.
 #[test]
 fn dirty_blocks_past_eof_truncate_every_ordered_extent() {
-    if !tools("dirty_blocks_past_eof_truncate_every_ordered_extent") {
+    if !mkfs_tools("dirty_blocks_past_eof_truncate_every_ordered_extent") {
         return;
     }
     let s = Scratch::mkfs("pc-eof", 256 << 20, &[]);
@@ -234,7 +211,7 @@ fn dirty_blocks_past_eof_truncate_every_ordered_extent() {
 
 #[test]
 fn dirty_limit_makes_writers_write_back() {
-    if !tools("dirty_limit_makes_writers_write_back") {
+    if !mkfs_tools("dirty_limit_makes_writers_write_back") {
         return;
     }
     let s = Scratch::mkfs("pc-dirty", 256 << 20, &[]);
@@ -262,7 +239,7 @@ fn dirty_limit_makes_writers_write_back() {
 
 #[test]
 fn cache_limit_evicts_clean_folios() {
-    if !tools("cache_limit_evicts_clean_folios") {
+    if !mkfs_tools("cache_limit_evicts_clean_folios") {
         return;
     }
     let s = Scratch::mkfs("pc-evict", 256 << 20, &[]);
@@ -286,7 +263,7 @@ fn cache_limit_evicts_clean_folios() {
 /// free their folios, and every file reads back whole from the image.
 #[test]
 fn small_dirty_files_beyond_the_cache_limit() {
-    if !tools("small_dirty_files_beyond_the_cache_limit") {
+    if !mkfs_tools("small_dirty_files_beyond_the_cache_limit") {
         return;
     }
     let s = Scratch::mkfs("pc-small", 256 << 20, &[]);
@@ -315,7 +292,7 @@ fn small_dirty_files_beyond_the_cache_limit() {
 /// full size, and what was written reads back, from the cache and from the image.
 #[test]
 fn folios_grow_with_the_file() {
-    if !tools("folios_grow_with_the_file") {
+    if !mkfs_tools("folios_grow_with_the_file") {
         return;
     }
     let s = Scratch::mkfs("pc-grow", 256 << 20, &[]);
@@ -351,7 +328,7 @@ fn folios_grow_with_the_file() {
 
 #[test]
 fn threads_on_different_files() {
-    if !tools("threads_on_different_files") {
+    if !mkfs_tools("threads_on_different_files") {
         return;
     }
     let s = Scratch::mkfs("pc-threads", 512 << 20, &[]);
@@ -446,7 +423,7 @@ fn block_and_extent_submission_agree() {
 /// written back into a removed inode.
 #[test]
 fn unlink_discards_dirty_pages() {
-    if !tools("unlink_discards_dirty_pages") {
+    if !mkfs_tools("unlink_discards_dirty_pages") {
         return;
     }
     let s = Scratch::mkfs("pc-unlink", 256 << 20, &[]);
@@ -472,7 +449,7 @@ fn unlink_discards_dirty_pages() {
 #[test]
 fn seek_data_hole_sees_dirty_pages() {
     use ubtrfs_core::inode::falloc::{SEEK_DATA, SEEK_HOLE};
-    if !tools("seek_data_hole_sees_dirty_pages") {
+    if !mkfs_tools("seek_data_hole_sees_dirty_pages") {
         return;
     }
     let s = Scratch::mkfs("pc-seek", 256 << 20, &[]);
@@ -493,7 +470,7 @@ fn seek_data_hole_sees_dirty_pages() {
 /// truncation that drops dirty new blocks all show the nbytes that writeback leaves.
 #[test]
 fn nbytes_counts_dirty_blocks_over_holes_at_once() {
-    if !tools("nbytes_counts_dirty_blocks_over_holes_at_once") {
+    if !mkfs_tools("nbytes_counts_dirty_blocks_over_holes_at_once") {
         return;
     }
     let s = Scratch::mkfs("pc-nbytes", 256 << 20, &["-O", "no-holes"]);
@@ -553,7 +530,7 @@ fn nbytes_counts_dirty_blocks_over_holes_at_once() {
 /// data all come through.
 #[test]
 fn many_small_runs_write_back_in_batches() {
-    if !tools("many_small_runs_write_back_in_batches") {
+    if !mkfs_tools("many_small_runs_write_back_in_batches") {
         return;
     }
     let s = Scratch::mkfs("pc-runs", 512 << 20, &[]);
@@ -593,7 +570,7 @@ fn many_small_runs_write_back_in_batches() {
 /// back and committed to find room).
 #[test]
 fn a_write_the_data_space_cannot_hold_fails_at_write_time() {
-    if !tools("a_write_the_data_space_cannot_hold_fails_at_write_time") {
+    if !mkfs_tools("a_write_the_data_space_cannot_hold_fails_at_write_time") {
         return;
     }
     let s = Scratch::mkfs("pc-nospace", 300 << 20, &[]);
@@ -636,7 +613,7 @@ fn a_write_the_data_space_cannot_hold_fails_at_write_time() {
 /// data stays dirty; an engine dropped unsynced loses only that.
 #[test]
 fn fsync_makes_one_file_durable() {
-    if !tools("fsync_makes_one_file_durable") {
+    if !mkfs_tools("fsync_makes_one_file_durable") {
         return;
     }
     let s = Scratch::mkfs("pc-fsync", 256 << 20, &[]);
@@ -659,7 +636,7 @@ fn fsync_makes_one_file_durable() {
 /// the handle's inode still work and write back); the last close discards it.
 #[test]
 fn orphan_keeps_its_pages_until_the_last_close() {
-    if !tools("orphan_keeps_its_pages_until_the_last_close") {
+    if !mkfs_tools("orphan_keeps_its_pages_until_the_last_close") {
         return;
     }
     let s = Scratch::mkfs("pc-orphan", 256 << 20, &[]);
@@ -688,7 +665,7 @@ fn orphan_keeps_its_pages_until_the_last_close() {
 /// write wins over the later writeback too.
 #[test]
 fn write_times_are_the_writes_not_the_writebacks() {
-    if !tools("write_times_are_the_writes_not_the_writebacks") {
+    if !mkfs_tools("write_times_are_the_writes_not_the_writebacks") {
         return;
     }
     let s = Scratch::mkfs("pc-times", 256 << 20, &[]);
@@ -762,7 +739,7 @@ impl ubtrfs_core::sources::Clock for TickClock {
 /// change shows, even inside the same tick. The image keeps the last write's times.
 #[test]
 fn writes_take_coarse_times_until_someone_looks() {
-    if !tools("writes_take_coarse_times_until_someone_looks") {
+    if !mkfs_tools("writes_take_coarse_times_until_someone_looks") {
         return;
     }
     let s = Scratch::mkfs("pc-multigrain", 256 << 20, &[]);

@@ -13,41 +13,17 @@ mod common;
 mod write_common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::PosixKind;
-use ubtrfs_core::inode::filesystem::{ExtentKind, InodeId, Load};
+use ubtrfs_core::inode::filesystem::{ExtentKind, InodeId};
 use ubtrfs_core::inode::reflink::Dedupe;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::{FsRead, OpenOptions};
 use write_common::*;
 
-fn tools(test: &str) -> bool {
-    let mkfs = std::process::Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    if mkfs && have_btrfs_check() {
-        return true;
-    }
-    let why = format!("{test}: skipped: needs mkfs.btrfs ({mkfs}) and btrfs-progs");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}, and CI=true forbids skipping");
-    }
-    eprintln!("{why}");
-    false
-}
-
 fn create(e: &Engine, root: u64, name: &str) -> InodeId {
     let ino = e.write(|w| w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644))).expect("create file");
     InodeId { root, ino }
-}
-
-/// Every byte of `id` as a fresh reader of the image shows it.
-fn read_image(img: &Path, id: InodeId) -> Vec<u8> {
-    let fs = ubtrfs_core::Filesystem::open(&OpenOptions::new(img)).expect("open image");
-    let v = fs.load_inode(id, Load { extents: true, ..Load::ITEM }).expect("load inode");
-    let mut buf = vec![0u8; v.size() as usize];
-    let n = fs.read_at(&v, 0, &mut buf).expect("read file");
-    assert_eq!(n, buf.len(), "{id}: short read of the image");
-    buf
 }
 
 /// The disk extents file `id` references, as (bytenr, file offset) pairs.
@@ -71,15 +47,6 @@ fn put(model: &mut Vec<u8>, at: usize, src: &[u8]) {
         model.resize(at + src.len(), 0);
     }
     model[at..at + src.len()].copy_from_slice(src);
-}
-
-/// The "Set shared" total of `btrfs filesystem du -s --raw DIR` on a kernel mount.
-fn kernel_shared_bytes(dir: &Path) -> u64 {
-    let out = std::process::Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(dir).output().expect("btrfs filesystem du");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "btrfs filesystem du: {text}{}", String::from_utf8_lossy(&out.stderr));
-    let line = text.lines().last().expect("a total line");
-    line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no shared bytes in {text:?}"))
 }
 
 fn kernel_reads(m: &Mount, files: &BTreeMap<String, Vec<u8>>, what: &str) {
@@ -199,7 +166,7 @@ fn clone_scenario(tag: &str, mkfs_args: &[&str]) {
     // shared data.
     let m = Mount::new(&s.path, true);
     kernel_reads(&m, &files, "kernel after the clones");
-    let shared_bytes = kernel_shared_bytes(&m.path(""));
+    let shared_bytes = common::du_shared_bytes(&m.path(""));
     assert!(shared_bytes >= 3 << 20, "btrfs filesystem du counts {shared_bytes} shared bytes");
     {
         use std::os::unix::fs::FileExt;
@@ -220,7 +187,7 @@ fn clone_scenario(tag: &str, mkfs_args: &[&str]) {
 
 #[test]
 fn dedupe_shares_equal_ranges_and_leaves_different_ones() {
-    if !tools("dedupe_shares_equal_ranges_and_leaves_different_ones") {
+    if !mkfs_tools("dedupe_shares_equal_ranges_and_leaves_different_ones") {
         return;
     }
     let s = Scratch::mkfs("rl-dedupe", 256 << 20, &[]);
@@ -252,7 +219,7 @@ fn dedupe_shares_equal_ranges_and_leaves_different_ones() {
 
 #[test]
 fn refusals_are_the_kernels() {
-    if !tools("refusals_are_the_kernels") {
+    if !mkfs_tools("refusals_are_the_kernels") {
         return;
     }
     let s = Scratch::mkfs("rl-refuse", 256 << 20, &[]);
@@ -323,7 +290,7 @@ fn ten_thousand_extents_clone_in_one_call() {
 /// UBTRFS_RL_SEEDS and UBTRFS_RL_OPS lengthen the run.
 #[test]
 fn random_clones_against_a_model() {
-    if !tools("random_clones_against_a_model") {
+    if !mkfs_tools("random_clones_against_a_model") {
         return;
     }
     let seeds: u64 = std::env::var("UBTRFS_RL_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);

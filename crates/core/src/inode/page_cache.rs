@@ -492,22 +492,8 @@ impl PageCacheInner {
     /// cached and uptodate; false (`buf` then unspecified) if any is not.
     pub(crate) fn copy_uptodate(&self, start: u64, buf: &mut [u8]) -> bool {
         let end = start + buf.len() as u64;
-        let mut cur = start;
-        while cur < end {
-            let Some(f) = self.folios.get(&(cur / FOLIO_SIZE * FOLIO_SIZE)) else { return false };
-            let bsz = u64::from(f.blocksize);
-            let fend = (f.start + f.size()).min(end);
-            if cur >= fend {
-                return false;
-            }
-            let (b0, b1) = ((cur - f.start) / bsz, (fend - f.start).div_ceil(bsz));
-            if (b0..b1).any(|b| !f.uptodate.test(b as u32)) {
-                return false;
-            }
-            buf[(cur - start) as usize..(fend - start) as usize].copy_from_slice(&f.data[(cur - f.start) as usize..(fend - f.start) as usize]);
-            cur = fend;
-        }
-        true
+        let uptodate = self.blocks_of(start, end).into_iter().all(|(k, b, n)| self.folios[&k].uptodate.count_range(b, n) == n);
+        uptodate && self.copy_out(start, buf) == buf.len() as u64
     }
 
     /// Bytes of `new` blocks in [start, start + len).
@@ -666,7 +652,6 @@ pub struct PageCacheGlobal {
     pub(crate) cache_limit: AtomicU64,
     pub(crate) dirty_limit: AtomicU64,
     pub(crate) cached: AtomicU64,
-    pub(crate) dirty: AtomicU64,
     /// Inodes with folios, held (so the inode cache keeps them) with the tick of
     /// their last use.
     pub(crate) inodes: Mutex<HashMap<InodeId, (Arc<Inode>, u64)>>,
@@ -685,7 +670,6 @@ impl Default for PageCacheGlobal {
             cache_limit: AtomicU64::new(DEFAULT_CACHE_BYTES),
             dirty_limit: AtomicU64::new(DEFAULT_DIRTY_BYTES),
             cached: AtomicU64::new(0),
-            dirty: AtomicU64::new(0),
             inodes: Mutex::new(HashMap::new()),
             tick: AtomicU64::new(1),
             evicted_folios: AtomicU64::new(0),
@@ -707,8 +691,8 @@ impl PageCacheGlobal {
     }
 
     /// Apply a change of one inode's usage from `before` to `after` (cached, dirty).
-    /// The dirty change goes to the data reservations too (`rsv`): dirty bytes hold
-    /// data space until writeback allocates it.
+    /// The dirty total is kept by the data reservations (`rsv`): dirty bytes hold data
+    /// space until writeback allocates it, so the one counter serves both.
     pub(crate) fn account(&self, rsv: &crate::space::data_rsv::DataReservations, before: (u64, u64), after: (u64, u64)) {
         rsv.dirty_moved(before.1, after.1);
         if after.0 >= before.0 {
@@ -716,12 +700,6 @@ impl PageCacheGlobal {
         } else {
             let prev = self.cached.fetch_sub(before.0 - after.0, Ordering::AcqRel);
             assert!(prev >= before.0 - after.0, "page cache: cached total {prev} below a release of {}", before.0 - after.0);
-        }
-        if after.1 >= before.1 {
-            self.dirty.fetch_add(after.1 - before.1, Ordering::AcqRel);
-        } else {
-            let prev = self.dirty.fetch_sub(before.1 - after.1, Ordering::AcqRel);
-            assert!(prev >= before.1 - after.1, "page cache: dirty total {prev} below a release of {}", before.1 - after.1);
         }
     }
 }
@@ -817,7 +795,7 @@ impl Engine {
         let g = &self.pages;
         PageCacheStats {
             cached_bytes: g.cached.load(Ordering::Acquire),
-            dirty_bytes: g.dirty.load(Ordering::Acquire),
+            dirty_bytes: self.info().data_rsv.dirty(),
             cache_limit: g.cache_limit.load(Ordering::Acquire),
             dirty_limit: g.dirty_limit.load(Ordering::Acquire),
             inodes: g.registry().len() as u64,
@@ -865,8 +843,7 @@ impl Engine {
             dirty += pc.dirty_bytes(bs);
         }
         assert_eq!(cached, self.pages.cached.load(Ordering::Acquire), "page cache: cached total differs from the inodes' sum");
-        assert_eq!(dirty, self.pages.dirty.load(Ordering::Acquire), "page cache: dirty total differs from the inodes' sum");
-        assert_eq!(dirty, self.info().data_rsv.dirty(), "page cache: the data reservations count other dirty bytes");
+        assert_eq!(dirty, self.info().data_rsv.dirty(), "page cache: dirty total differs from the inodes' sum");
     }
 
     /// The INODE_ITEM of regular file `id` for a buffered operation (`Posix(IsDir)` /
@@ -1087,33 +1064,32 @@ impl Engine {
     /// errors of the writeback and commit.
     pub(crate) fn reserve_data_space(&self, id: InodeId, a: u64, z: u64) -> Result<crate::space::data_rsv::DataReservation<'_>> {
         let rsv = &self.info().data_rsv;
-        let held = rsv.hold(z - a);
-        if held.fits() {
+        let what = format!("write to {id} at {a}..{z}");
+        // Held, it fits; or new chunks make it fit, if the devices have room
+        // (reserve_data makes them until the data groups hold everything promised).
+        let try_hold = |bytes: u64| -> Result<std::result::Result<crate::space::data_rsv::DataReservation<'_>, crate::space::data_rsv::DataReservation<'_>>> {
+            let held = rsv.hold(bytes);
+            if held.fits() {
+                return Ok(Ok(held));
+            }
+            match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what)) {
+                Ok(()) if held.fits() => Ok(Ok(held)),
+                Ok(()) => Ok(Err(held)),
+                Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => Ok(Err(held)),
+                Err(e) => Err(e),
+            }
+        };
+        if let Ok(held) = try_hold(z - a)? {
             return Ok(held);
         }
-        let what = format!("write to {id} at {a}..{z}");
-        // New chunks, if the devices have room: reserve_data makes them until the data
-        // groups hold everything promised.
-        match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what)) {
-            Ok(()) if held.fits() => return Ok(held),
-            Ok(()) => {}
-            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {}
-            Err(e) => return Err(e),
-        }
-        drop(held);
-        // Dirty data to extents, and the running transaction's frees back.
+        // Dirty data to extents, and the running transaction's frees back (the refused
+        // reservation dropped first: it would count against itself).
         self.writeback_all()?;
         self.commit()?;
-        let held = rsv.hold(z - a);
-        if held.fits() {
-            return Ok(held);
-        }
-        match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what)) {
-            Ok(()) if held.fits() => return Ok(held),
-            Ok(()) => {}
-            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {}
-            Err(e) => return Err(e),
-        }
+        let held = match try_hold(z - a)? {
+            Ok(held) => return Ok(held),
+            Err(held) => held,
+        };
         // What goes in place takes no new space.
         let flags = self.read(|l| Ok(l.load_inode(id, Load::ITEM)?.item.flags.get()))?;
         let in_place = if crate::inode::nocow::nocow_capable(flags) { self.write_retrying(|w| w.in_place_bytes(id.root, id.ino, flags, a, z))? } else { 0 };
@@ -1167,7 +1143,7 @@ impl Engine {
     /// The caller holds no inode lock.
     fn balance_dirty_pages(&self) -> Result<()> {
         let limit = self.pages.dirty_limit.load(Ordering::Acquire);
-        if self.pages.dirty.load(Ordering::Acquire) <= limit {
+        if self.info().data_rsv.dirty() <= limit {
             return Ok(());
         }
         // One look at the registry, most dirty first, then write back in that order:
@@ -1184,7 +1160,7 @@ impl Engine {
             .collect();
         victims.sort_unstable_by_key(|(d, _)| std::cmp::Reverse(*d));
         for (_, inode) in victims {
-            if self.pages.dirty.load(Ordering::Acquire) <= limit / 2 {
+            if self.info().data_rsv.dirty() <= limit / 2 {
                 break;
             }
             self.pages.throttle_writebacks.fetch_add(1, Ordering::Relaxed);

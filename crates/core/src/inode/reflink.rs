@@ -135,9 +135,6 @@ impl FsWriter {
                 return Err(invalid(what(), "the length must be a multiple of the block size unless the range ends at both files' end"));
             }
         }
-        if dedupe && dst_off + len > dsize {
-            return Err(invalid(what(), "the destination range ends past its end"));
-        }
         let span = len.div_ceil(bs) * bs;
         if src == dst && src_off < dst_off + span && dst_off < src_off + span {
             return Err(invalid(what(), "the ranges overlap in one file"));
@@ -391,16 +388,16 @@ impl Engine {
     /// after writing both back; then drop the destination's cached `changed` range
     /// (offset, length; 0 to EOF) if its content changed.
     fn remap_locked<T>(&self, src: InodeId, dst: InodeId, f: impl FnOnce(&Engine) -> Result<T>, changed: Option<(u64, u64)>) -> Result<T> {
-        let (a, b) = (self.info().inodes.get(src.min(dst)), self.info().inodes.get(src.max(dst)));
-        let _g = crate::inode::file::write_lock_two(&a, Some(&b));
-        let dst_inode = if dst == a.id { &a } else { &b };
-        let cached_src = self.before_extent_change(&a)?;
-        let cached_dst = if src != dst { self.before_extent_change(&b)? } else { cached_src };
-        let cached = if dst == a.id { cached_src } else { cached_dst };
+        let (s, d) = (self.info().inodes.get(src), self.info().inodes.get(dst));
+        let _g = crate::inode::file::write_lock_two(&s, Some(&d));
+        if src != dst {
+            self.before_extent_change(&s)?;
+        }
+        let cached = self.before_extent_change(&d)?;
         let r = f(self);
         if let (true, Some((dst_off, len))) = (cached, changed) {
             let end = if len == 0 { u64::MAX } else { dst_off.saturating_add(len) };
-            self.after_extent_change(dst_inode, dst_off, end)?;
+            self.after_extent_change(&d, dst_off, end)?;
         }
         r
     }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
 pub struct DataReservations {
-    /// Dirty page-cache bytes (the page cache's dirty total, kept beside it).
+    /// Dirty page-cache bytes: the page cache's dirty total (its one counter).
     delalloc: AtomicU64,
     /// Bytes held by writes under way (`DataReservation`).
     inflight: AtomicU64,
@@ -53,6 +53,7 @@ impl DataReservations {
         }
     }
 
+    /// Dirty page-cache bytes.
     pub(crate) fn dirty(&self) -> u64 {
         self.delalloc.load(Ordering::Acquire)
     }

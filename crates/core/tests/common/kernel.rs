@@ -29,6 +29,14 @@ pub fn kernel_available_with(test: &str, tools: &[&str]) -> bool {
     false
 }
 
+/// The "Set shared" total of `btrfs filesystem du -s --raw DIR` (a kernel mount).
+pub fn du_shared_bytes(dir: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(dir).output().expect("btrfs filesystem du");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "btrfs filesystem du: {text}{}", String::from_utf8_lossy(&out.stderr));
+    text.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no shared bytes in {text:?}"))
+}
+
 extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;

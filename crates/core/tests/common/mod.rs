@@ -96,4 +96,4 @@ pub fn manifest(name: &str) -> std::collections::BTreeMap<String, serde_json::Va
 
 mod kernel;
 #[allow(unused_imports)]
-pub use kernel::{kernel_available, kernel_available_with};
+pub use kernel::{du_shared_bytes, kernel_available, kernel_available_with};

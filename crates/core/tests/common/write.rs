@@ -155,6 +155,31 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// True when mkfs.btrfs and btrfs-progs are here; otherwise print why and return false,
+/// except under CI=true, where skipping is a failure.
+pub fn mkfs_tools(test: &str) -> bool {
+    let mkfs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    if mkfs && have_btrfs_check() {
+        return true;
+    }
+    let why = format!("{test}: skipped: needs mkfs.btrfs ({mkfs}) and btrfs-progs");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why}, and CI=true forbids skipping");
+    }
+    eprintln!("{why}");
+    false
+}
+
+/// Every byte of file `id` as a fresh reader of the image shows it.
+pub fn read_image(img: &Path, id: InodeId) -> Vec<u8> {
+    let fs = Filesystem::open(&OpenOptions::new(img)).expect("open image");
+    let v = fs.load_inode(id, Load { extents: true, ..Load::ITEM }).expect("load inode");
+    let mut buf = vec![0u8; v.size() as usize];
+    let n = fs.read_at(&v, 0, &mut buf).expect("read file");
+    assert_eq!(n, buf.len(), "{id}: short read of the image");
+    buf
+}
+
 pub fn have_btrfs_check() -> bool {
     Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
 }
