@@ -176,9 +176,19 @@ impl FsWriter {
     /// # Errors
     /// `Corrupt` when a file extent names the block as data in this transaction.
     pub(crate) fn free_tree_block(&mut self, root_id: u64, bytenr: u64, level: u8) -> Result<()> {
+        self.drop_tree_ref(bytenr, level, RefKind::TreeBlock { root: root_id })
+    }
+
+    /// Drop reference `kind` (keyed by a tree, or naming a parent block) to tree block
+    /// `bytenr` (`btrfs_free_tree_block`); the last reference frees it, as in
+    /// `free_tree_block`.
+    ///
+    /// # Errors
+    /// As `free_tree_block`.
+    pub(crate) fn drop_tree_ref(&mut self, bytenr: u64, level: u8, kind: RefKind) -> Result<()> {
         let was = self.forget_dirty(bytenr);
         let ns = u64::from(self.nodesize());
-        self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, -1, None)?;
+        self.delayed.add_tree_ref(bytenr, ns, level, kind, -1, None)?;
         // A block of this transaction (never committed, maybe written early) freed again:
         // nothing committed refers to it, so its space is free now rather than at commit;
         // under writeback, paths COWed again and again would otherwise fill the disk. One

@@ -127,8 +127,11 @@ pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
 fn rescan_counted(w: &mut FsWriter) -> Result<(Counts, u64)> {
     let mut reads = 0u64;
     let mut subvols = Vec::new();
-    for (k, _) in w.items_in_range(ROOT_TREE_OBJECTID, &Key::MIN, &Key::MAX)? {
-        if k.type_ == ROOT_ITEM_KEY && is_subvolume_tree(k.objectid) && subvols.last() != Some(&k.objectid) {
+    for (k, d) in w.items_in_range(ROOT_TREE_OBJECTID, &Key::MIN, &Key::MAX)? {
+        // A deleted subvolume (refs 0) counts for nothing, as in the kernel's backref
+        // walks; its tree may be half dropped.
+        let dead = k.type_ == ROOT_ITEM_KEY && items::root_item(&d).is_ok_and(|v| v.item.refs.get() == 0);
+        if k.type_ == ROOT_ITEM_KEY && is_subvolume_tree(k.objectid) && !dead && subvols.last() != Some(&k.objectid) {
             subvols.push(k.objectid);
         }
     }

@@ -128,8 +128,12 @@ impl FsWriter {
         let dflags = self.dir_item(root, dir)?.flags.get();
         let v = self.lookup_victim(root, dir, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, name_of(name)))?;
         self.may_delete(root, dir, dflags, name, &v, want_dir)?;
+        if want_dir && v.item.size.get() != 0 {
+            return Err(Error::posix(PosixKind::NotEmpty, name_of(name)));
+        }
+        // rmdir(2) of an empty subvolume deletes it, as the kernel's `btrfs_rmdir`.
         if v.entry.is_subvol {
-            return Err(Error::posix_detail(PosixKind::NotSupported, name_of(name), "it is a subvolume; deleting subvolumes is not supported yet"));
+            return self.delete_subvol(root, dir, name).map(|_| ());
         }
         if want_dir && v.item.size.get() != 0 {
             return Err(Error::posix(PosixKind::NotEmpty, name_of(name)));

@@ -12,13 +12,13 @@
 //! made in a `chattr +C` directory with compression=zstd has neither).
 
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::filesystem::InodeId;
+use crate::inode::filesystem::{FsRead, InodeId};
 use crate::inode::write::InodeAttrs;
 use crate::transaction::FsWriter;
 use crate::tree::search::TreeView;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::Key;
+use ubtrfs_format::{items, Corrupt, CorruptWhere, Key};
 use zerocopy::{FromZeros, IntoBytes};
 
 /// Items a subvolume creation changes (the tree, its root item, the two refs, the
@@ -229,6 +229,89 @@ impl FsWriter {
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root), &rr)?;
         self.add_uuid_item(&uuid, UUID_KEY_SUBVOL, id)?;
         Ok(id)
+    }
+
+    /// Delete subvolume `name` of directory `dir` in tree `root` (`btrfs subvolume
+    /// delete`, the kernel's `btrfs_delete_subvolume`): its name, its ROOT_REF and
+    /// ROOT_BACKREF and its UUID-tree entries go, its ROOT_ITEM keeps refs 0 and the
+    /// SUBVOL_DEAD flag, and an ORPHAN_ITEM marks it for the cleaner, which drops its
+    /// tree later across transactions (`drop_subvol_step`, `Engine::clean_dead_roots`;
+    /// the kernel's cleaner does the same with what we leave). Returns its id.
+    ///
+    /// # Errors
+    /// `Posix`: NotFound for the name; Invalid for a name that is not a subvolume;
+    /// NotPermitted for the default subvolume (as the kernel); NotEmpty when
+    /// subvolumes are nested in it; ReadOnly for a read-only parent; NotSupported with
+    /// quotas on (the qgroup accounting of a drop is not done yet); tree failures.
+    pub fn delete_subvol(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
+        self.check_root_writable(root)?;
+        let entry = self.live().lookup(InodeId { root, ino: dir }, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
+        if !entry.is_subvol {
+            return Err(Error::posix_detail(PosixKind::Invalid, crate::quote::name(name), "not a subvolume"));
+        }
+        let id = entry.target.root;
+        let what = || format!("subvolume {} (id {id})", crate::quote::name(name));
+        if id == self.default_subvol {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, what(), "it is the default subvolume; set another default first"));
+        }
+        if self.quotas {
+            return Err(Error::posix_detail(PosixKind::NotSupported, what(), "deleting subvolumes with quotas enabled is not supported yet (the qgroup accounting of the drop)"));
+        }
+        let nested = self.items_in_range(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_REF_KEY, 0), &Key::new(id, ROOT_REF_KEY, u64::MAX))?;
+        if let Some((k, _)) = nested.first() {
+            return Err(Error::posix_detail(PosixKind::NotEmpty, what(), format!("subvolume {} is nested in it; delete that first", k.offset)));
+        }
+        let rkey = Key::new(root, ROOT_REF_KEY, id);
+        let rr = self.items_in_range(ROOT_TREE_OBJECTID, &rkey, &rkey)?.pop().map(|(_, d)| d);
+        let index = match rr.as_deref().map(items::root_ref) {
+            Some(Ok(r)) if r.dirid == dir && r.name == name => r.sequence,
+            _ => return Err(Corrupt::new(CorruptWhere::Item, format!("{}: no ROOT_REF {rkey} naming it in directory {dir}", what())).root(ROOT_TREE_OBJECTID).into()),
+        };
+        self.root(id)?;
+        self.transaction("delete_subvol", SNAPSHOT_ITEMS, |w| w.delete_subvol_inner(root, dir, name, id, index))?;
+        Ok(id)
+    }
+
+    fn delete_subvol_inner(&mut self, root: u64, dir: u64, name: &[u8], id: u64, index: u64) -> Result<()> {
+        self.del_dir_item_entry(root, dir, name)?;
+        self.del_dir_index(root, dir, name, index)?;
+        self.delete_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id))?;
+        self.delete_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root))?;
+        let item = {
+            let st = self.roots.get_mut(&id).expect("loaded by delete_subvol");
+            let it = st.item.as_mut().expect("a subvolume has its ROOT_ITEM");
+            it.refs = 0.into();
+            it.flags = (it.flags.get() | ROOT_SUBVOL_DEAD).into();
+            it.drop_progress = Key::MIN.to_disk();
+            it.drop_level = 0;
+            st.dirty = true;
+            *it
+        };
+        self.insert_item(ROOT_TREE_OBJECTID, &crate::extent::drop_snapshot::dead_root_key(id), &[])?;
+        self.del_uuid_item(&item.uuid, UUID_KEY_SUBVOL, id)?;
+        if item.received_uuid != [0; 16] {
+            self.del_uuid_item(&item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
+        }
+        Ok(())
+    }
+
+    /// Drop `id` from the UUID-tree item of `uuid` (`btrfs_uuid_tree_remove`); the item
+    /// goes with its last id. A missing entry is not an error (the kernel's neither).
+    fn del_uuid_item(&mut self, uuid: &[u8; 16], ty: u8, id: u64) -> Result<()> {
+        if self.root(UUID_TREE_OBJECTID).is_err() {
+            return Ok(());
+        }
+        let key = uuid_key(uuid, ty);
+        let Some((_, d)) = self.items_in_range(UUID_TREE_OBJECTID, &key, &key)?.pop() else { return Ok(()) };
+        let rest: Vec<u8> = d.chunks_exact(8).filter(|c| *c != id.to_le_bytes()).flatten().copied().collect();
+        if rest.len() == d.len() {
+            return Ok(());
+        }
+        self.delete_item(UUID_TREE_OBJECTID, &key)?;
+        if !rest.is_empty() {
+            self.insert_item(UUID_TREE_OBJECTID, &key, &rest)?;
+        }
+        Ok(())
     }
 
     /// Record `id` under `uuid` in the UUID tree (`btrfs_uuid_tree_add`), making the

@@ -885,7 +885,27 @@ impl FsWriter {
     /// `ino`'s back reference) and update the directory's size and times; the inode's
     /// link count is the caller's (`__btrfs_unlink_inode`).
     pub(super) fn del_name(&mut self, root: u64, dir: u64, name: &[u8], ino: u64) -> Result<()> {
-        // DIR_ITEM: drop our entry from the (possibly shared) item.
+        self.del_dir_item_entry(root, dir, name)?;
+        // INODE_REF or INODE_EXTREF: find the index and drop the name.
+        let index = self.remove_inode_ref(root, ino, dir, name)?;
+        self.del_dir_index(root, dir, name, index)
+    }
+
+    /// Drop the DIR_INDEX `index` of `name` from directory `dir`, whose size and times
+    /// change with it (the last step of removing a name).
+    pub(super) fn del_dir_index(&mut self, root: u64, dir: u64, name: &[u8], index: u64) -> Result<()> {
+        self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
+        let t = self.now();
+        let nl = name.len() as u64;
+        self.update_inode(root, dir, |d| {
+            d.size = (d.size.get().saturating_sub(2 * nl)).into();
+            d.mtime = t;
+            d.ctime = t;
+        })
+    }
+
+    /// Drop `name`'s entry from directory `dir`'s (possibly shared) DIR_ITEM.
+    pub(super) fn del_dir_item_entry(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
         let d = self.items_in_range(root, &dkey, &dkey)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
         let mut rest = Vec::new();
@@ -902,16 +922,7 @@ impl FsWriter {
         if !rest.is_empty() {
             self.insert_item(root, &dkey, &rest)?;
         }
-        // INODE_REF or INODE_EXTREF: find the index and drop the name.
-        let index = self.remove_inode_ref(root, ino, dir, name)?;
-        self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
-        let t = self.now();
-        let nl = name.len() as u64;
-        self.update_inode(root, dir, |d| {
-            d.size = (d.size.get().saturating_sub(2 * nl)).into();
-            d.mtime = t;
-            d.ctime = t;
-        })
+        Ok(())
     }
 
     pub(super) fn remove_inode_ref(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<u64> {

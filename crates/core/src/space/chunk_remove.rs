@@ -54,6 +54,9 @@ pub fn relocate_root_leaves(w: &mut FsWriter, start: u64) -> Result<usize> {
         if r.level != 0 {
             return Err(Error::Incompatible(format!("cannot move tree {id} out of chunk {start}: its root {} is at level {}, only root leaves are moved", r.bytenr, r.level)));
         }
+        if w.roots.get(&id).and_then(|s| s.item).is_some_and(|i| i.refs.get() == 0) {
+            return Err(Error::posix_detail(PosixKind::Busy, format!("tree {id}"), format!("it is a deleted subvolume rooted in chunk {start}, not yet dropped (`ubtrfs subvolume sync` drops it)")));
+        }
         w.search_slot(id, &Key::MIN, 0)?;
         let now = w.root(id)?;
         assert_ne!(now.bytenr, r.bytenr, "tree {id}: COW of root {} kept it in place", r.bytenr);

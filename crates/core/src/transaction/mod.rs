@@ -560,6 +560,9 @@ impl FsWriter {
     pub fn check_root_writable(&mut self, root: u64) -> Result<()> {
         self.check_writable()?;
         if self.root_is_readonly(root)? {
+            if self.roots.get(&root).and_then(|s| s.item).is_some_and(|i| i.refs.get() == 0) {
+                return Err(Error::posix_detail(PosixKind::NotFound, format!("subvolume id {root}"), "the subvolume is deleted"));
+            }
             return Err(Error::posix_detail(PosixKind::ReadOnly, self.subvol_desc(root), "the subvolume is flagged read-only"));
         }
         Ok(())
@@ -586,7 +589,8 @@ impl FsWriter {
         Ok(())
     }
 
-    /// Whether `root` is a subvolume flagged read-only.
+    /// Whether `root` is a subvolume flagged read-only, or a deleted one (refs 0,
+    /// whose tree only the cleaner touches, and only to free it).
     ///
     /// # Errors
     /// Read failures loading the root.
@@ -596,7 +600,7 @@ impl FsWriter {
         }
         self.root(root)?;
         let st = self.roots.get(&root).expect("loaded just above");
-        Ok(st.item.as_ref().is_some_and(|i| i.flags.get() & ROOT_SUBVOL_RDONLY != 0))
+        Ok(st.item.as_ref().is_some_and(|i| i.flags.get() & ROOT_SUBVOL_RDONLY != 0 || i.refs.get() == 0))
     }
 
     /// "subvolume NAME (id N)", with the name from its ROOT_BACKREF when
