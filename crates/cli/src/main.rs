@@ -149,7 +149,7 @@ enum Cmd {
     /// Link `mount.fuse.ubtrfs` to this executable, so `mount -t fuse.ubtrfs` and fstab
     /// lines work.
     InstallHelper(mount_cmd::InstallHelperArgs),
-    /// Subvolumes: create, list, set-default, get-default.
+    /// Subvolumes: create, snapshot, delete, sync, list, set-default, get-default.
     #[command(subcommand)]
     Subvolume(subvol_cmds::SubvolCmd),
     #[command(flatten)]

@@ -1,4 +1,4 @@
-//! `ubtrfs subvolume create|snapshot|list|set-default|get-default`: subvolumes of an image, as
+//! `ubtrfs subvolume create|snapshot|delete|sync|list|set-default|get-default`: subvolumes of an image, as
 //! `btrfs subvolume` shows and changes them on a mount. Paths inside the image are
 //! absolute and start at the default subvolume, as a mount without subvol= does.
 
@@ -18,8 +18,16 @@ pub enum SubvolCmd {
     /// Snapshot the subvolume at SRC as DST (its parent directory must exist), as
     /// `btrfs subvolume snapshot [-r]` does: DST shares every block of SRC.
     Snapshot(SubvolSnapshotArgs),
+    /// Delete the subvolumes at PATH..., as `btrfs subvolume delete` does, then drop
+    /// their trees (the kernel's cleaner does that after the command returns; here it
+    /// runs before the command ends, unless --no-clean leaves it to the next `sync`
+    /// or mount, by us or by the kernel).
+    Delete(SubvolDeleteArgs),
+    /// Drop the trees of every deleted subvolume still waiting for it (`btrfs
+    /// subvolume sync` waits for the kernel's cleaner to do this).
+    Sync(WriteImageArgs),
     /// List every subvolume: id, parent id and path from the top-level subvolume.
-    List(ImageArgs),
+    List(SubvolListArgs),
     /// Make the subvolume at PATH (or with that numeric ID) the one a mount shows.
     SetDefault(SubvolSetDefaultArgs),
     /// Print the default subvolume's id and path.
@@ -51,6 +59,29 @@ pub struct SubvolSnapshotArgs {
 }
 
 #[derive(Args)]
+pub struct SubvolDeleteArgs {
+    /// Only mark them deleted; leave the dropping of their trees to the next
+    /// `subvolume sync` or mount.
+    #[arg(long)]
+    pub no_clean: bool,
+    #[command(flatten)]
+    pub image: WriteImageArgs,
+    /// Absolute paths of the subvolumes inside the image.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct SubvolListArgs {
+    /// List the deleted subvolumes whose trees are not dropped yet instead (as `btrfs
+    /// subvolume list -d`).
+    #[arg(short = 'd')]
+    pub deleted: bool,
+    #[command(flatten)]
+    pub image: ImageArgs,
+}
+
+#[derive(Args)]
 pub struct SubvolSetDefaultArgs {
     #[command(flatten)]
     pub image: WriteImageArgs,
@@ -63,6 +94,8 @@ impl SubvolCmd {
         match self {
             SubvolCmd::Create(a) => create(a),
             SubvolCmd::Snapshot(a) => snapshot(a),
+            SubvolCmd::Delete(a) => delete(a),
+            SubvolCmd::Sync(a) => sync(a),
             SubvolCmd::List(a) => list(a),
             SubvolCmd::SetDefault(a) => set_default(a),
             SubvolCmd::GetDefault(a) => get_default(a),
@@ -95,6 +128,61 @@ fn snapshot(a: &SubvolSnapshotArgs) -> Result<()> {
     Ok(())
 }
 
+fn delete(a: &SubvolDeleteArgs) -> Result<()> {
+    let paths: Vec<&str> = a.paths.iter().map(|p| ubtrfs_tools::edit::absolute(p)).collect::<Result<_>>()?;
+    let e = ubtrfs_core::engine::Engine::from_writer(a.image.open_writer()?);
+    for path in paths {
+        let (parent, name) = e.write(|w| w.resolve_parent(path))?;
+        let id = e.delete_subvol(parent.root, parent.ino, &name)?;
+        println!("deleted subvolume {id} at {path}");
+    }
+    e.commit()?;
+    if !a.no_clean {
+        clean(&e)?;
+    }
+    Ok(())
+}
+
+fn sync(a: &WriteImageArgs) -> Result<()> {
+    let e = ubtrfs_core::engine::Engine::from_writer(a.open_writer()?);
+    let st = clean(&e)?;
+    if st.tree_refs_dropped == 0 {
+        println!("no deleted subvolume waits for its tree to be dropped");
+    }
+    Ok(())
+}
+
+/// Drop every deleted subvolume's tree, with a spinner on a terminal.
+fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_snapshot::DropStats> {
+    use std::io::IsTerminal;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_style(indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("static template"));
+        b
+    });
+    let mut cur = 0;
+    let st = e.clean_dead_roots(&mut |id, st| {
+        if id != cur {
+            if cur != 0 {
+                println!("dropped the tree of subvolume {cur}");
+            }
+            cur = id;
+        }
+        if let Some(b) = &bar {
+            b.set_message(format!("dropping subvolume {id}: {} tree blocks read, {} references dropped", st.blocks_read, st.tree_refs_dropped));
+            b.tick();
+        }
+        true
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if cur != 0 {
+        println!("dropped the tree of subvolume {cur}");
+    }
+    Ok(st)
+}
+
 fn open(a: &ImageArgs) -> Result<Filesystem> {
     let mut devices = vec![a.image.clone()];
     devices.extend(a.devices.iter().cloned());
@@ -124,8 +212,19 @@ fn subvol_path(fs: &Filesystem, subvols: &[ubtrfs_core::inode::filesystem::Subvo
     Err(Error::posix_detail(PosixKind::Invalid, format!("subvolume {id}"), "its parents loop"))
 }
 
-fn list(a: &ImageArgs) -> Result<()> {
-    let fs = open(a)?;
+fn list(a: &SubvolListArgs) -> Result<()> {
+    if a.deleted {
+        let mut devices = vec![a.image.image.clone()];
+        devices.extend(a.image.devices.iter().cloned());
+        let opts = OpenOptions { devices, cache_bytes: a.image.cache_mib << 20, writable: false, sources: Default::default(), degraded: false };
+        let mut w = ubtrfs_core::transaction::FsWriter::open_read_only(&opts)?;
+        crate::print_warnings(&w.info);
+        for id in w.dead_roots()? {
+            println!("ID {id} gen {} top level 0 path <deleted>", w.root(id)?.generation);
+        }
+        return Ok(());
+    }
+    let fs = open(&a.image)?;
     let subvols = fs.subvolumes()?;
     for s in &subvols {
         println!("ID {} parent {} path {}", s.id, s.parent, subvol_path(&fs, &subvols, s.id)?);

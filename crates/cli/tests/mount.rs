@@ -594,6 +594,58 @@ fn cp_through_the_mount_makes_reflink_copies() {
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// The mount's cleaner drops deleted subvolumes: one deleted offline and left for it,
+/// and one removed through the mount with rmdir(2) (empty subvolumes only, as the
+/// kernel's rmdir); rmdir of a full one is ENOTEMPTY. Afterwards nothing waits, the
+/// image checks clean and the kernel shows the snapshot of the deleted subvolume whole.
+#[test]
+fn the_mount_cleaner_drops_deleted_subvolumes() {
+    if !fuse_available("the_mount_cleaner_drops_deleted_subvolumes") {
+        return;
+    }
+    let s = scratch("cleaner");
+    let img = s.join("img");
+    mkfs(&img, "512M");
+    {
+        let k = KernelMount::new(&img, &s.join("kmnt"));
+        run(Command::new("btrfs").args(["subvolume", "create"]).arg(k.dir.join("big")));
+        run(Command::new("btrfs").args(["subvolume", "create"]).arg(k.dir.join("empty")));
+        for i in 0..3000 {
+            std::fs::write(k.dir.join(format!("big/f{i}")), format!("file {i} ").repeat(i % 50 + 1)).unwrap();
+        }
+        run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(k.dir.join("big")).arg(k.dir.join("big-snap")));
+    }
+    let i = img.to_str().unwrap();
+    run(bin().args(["subvolume", "delete", "--no-clean", i, "/big"]));
+    assert!(run(bin().args(["subvolume", "list", "-d", i])).contains("<deleted>"));
+    let m = FuseMount::start(&img, &s.join("mnt"), "commit=1");
+    std::fs::remove_dir(s.join("mnt/empty")).expect("rmdir of an empty subvolume through the mount");
+    let e = std::fs::remove_dir(s.join("mnt/big-snap")).expect_err("rmdir of a full subvolume");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+    assert!(!s.join("mnt/empty").exists());
+    std::thread::sleep(Duration::from_secs(2));
+    m.stop(Stop::Fusermount);
+    // Only the mount's cleaner drops them: mount again until it has.
+    for _ in 0..10 {
+        if run(bin().args(["subvolume", "list", "-d", i])).trim().is_empty() {
+            break;
+        }
+        let m = FuseMount::start(&img, &s.join("mnt"), "commit=1");
+        std::thread::sleep(Duration::from_secs(2));
+        m.stop(Stop::Fusermount);
+    }
+    let left = run(bin().args(["subvolume", "list", "-d", i]));
+    assert!(left.trim().is_empty(), "still waiting for the cleaner: {left}");
+    assert_check(&img, "after the mount's cleaner");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    assert!(!k.dir.join("big").exists() && !k.dir.join("empty").exists());
+    for i in (0..3000).step_by(37) {
+        assert_eq!(std::fs::read_to_string(k.dir.join(format!("big-snap/f{i}"))).unwrap(), format!("file {i} ").repeat(i % 50 + 1));
+    }
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// statfs through the mount agrees with the kernel's statfs of the same image (the
 /// numbers `df` shows), within the global reserve's difference.
 #[test]

@@ -133,3 +133,64 @@ fn snapshot_of_the_top_level_and_of_a_snapshot() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn delete_sync_and_list_deleted() {
+    let dir = std::env::temp_dir().join(format!("ubtrfs-subvol-delete-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = fixture_copy(&dir);
+    let i = img.to_str().unwrap();
+    let src = dir.join("data");
+    let data: Vec<u8> = (0..300_000u32).map(|x| (x * 13 % 251) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    ok(&["subvolume", "create", i, "/a"]);
+    ok(&["put", i, src.to_str().unwrap(), "/a/f"]);
+    ok(&["subvolume", "snapshot", i, "/a", "/a-snap"]);
+    ok(&["subvolume", "create", i, "/b"]);
+    ok(&["subvolume", "create", i, "/b/nested"]);
+    let used = |img: &Path| -> u64 {
+        let o = ok(&["info", img.to_str().unwrap()]);
+        o.lines().find_map(|l| l.trim().strip_prefix("bytes used:").and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok())).unwrap_or_else(|| panic!("no bytes used in {o}"))
+    };
+    // A subvolume with one nested in it is refused, with the image unchanged.
+    let before = std::fs::read(&img).unwrap();
+    let o = ubtrfs(&["subvolume", "delete", i, "/b"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("nested"), "{o:?}");
+    assert!(std::fs::read(&img).unwrap() == before, "a refused delete changed the image");
+    // Marked only: the list of deleted ones shows it, `sync` drops it.
+    assert!(ok(&["subvolume", "delete", "--no-clean", i, "/a"]).contains("deleted subvolume"));
+    let dead = ok(&["subvolume", "list", "-d", i]);
+    assert!(dead.lines().count() == 1 && dead.contains("<deleted>"), "{dead}");
+    assert!(!ok(&["subvolume", "list", i]).lines().any(|l| l.ends_with(" path a")), "a is not listed once deleted");
+    let o = ubtrfs(&["cat", i, "/a/f"]);
+    assert!(!o.status.success(), "a's file is gone from the namespace");
+    assert!(ok(&["subvolume", "sync", i]).contains("dropped the tree of subvolume"));
+    assert!(ok(&["subvolume", "list", "-d", i]).trim().is_empty());
+    assert!(ok(&["subvolume", "sync", i]).contains("no deleted subvolume"));
+    assert!(ubtrfs(&["cat", i, "/a-snap/f"]).stdout == data, "the snapshot keeps the file of its deleted source");
+    // Deleting nested, then parent, cleaned at once; the snapshot's data is freed too.
+    let u0 = used(&img);
+    ok(&["subvolume", "delete", i, "/b/nested", "/b", "/a-snap"]);
+    assert!(ok(&["subvolume", "list", "-d", i]).trim().is_empty());
+    let u1 = used(&img);
+    assert!(u1 + 300_000 <= u0, "the snapshot's data is freed: {u0} -> {u1}");
+    if root_with_kernel() {
+        let c = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img).output().unwrap();
+        assert!(c.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        assert!(Command::new("mount").args(["-o", "loop,ro"]).arg(&img).arg(&mnt).status().unwrap().success());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for p in ["a", "a-snap", "b"] {
+                assert!(!mnt.join(p).exists(), "the kernel still shows {p}");
+            }
+            let l = Command::new("btrfs").args(["subvolume", "list", "-d"]).arg(&mnt).output().unwrap();
+            assert!(String::from_utf8_lossy(&l.stdout).trim().is_empty(), "the kernel sees deletions pending: {}", String::from_utf8_lossy(&l.stdout));
+        }));
+        let _ = Command::new("umount").arg(&mnt).status();
+        if let Err(p) = r {
+            std::panic::resume_unwind(p);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -26,8 +26,8 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use ubtrfs_core::engine::Engine;
-use ubtrfs_core::extent::drop_snapshot::DropStats;
 use ubtrfs_core::error::PosixKind;
+use ubtrfs_core::extent::drop_snapshot::DropStats;
 use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
@@ -44,7 +44,13 @@ fn fill(w: &mut FsWriter, root: u64, n: usize, seed: u64) -> Model {
     let mut rng = Rng::new(seed);
     let mut m = Model::new();
     for i in 0..n {
-        let len = if i % 400 == 0 { 256 << 10 } else if i % 3 == 0 { 4096 * (1 + i % 4) } else { i % 900 };
+        let len = if i % 400 == 0 {
+            256 << 10
+        } else if i % 3 == 0 {
+            4096 * (1 + i % 4)
+        } else {
+            i % 900
+        };
         let data = rng.bytes(len);
         let name = format!("f{i:05}");
         let ino = w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");

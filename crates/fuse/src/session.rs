@@ -162,6 +162,33 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
             .map_err(|e| Error::io("start the commit thread", e))?
     };
 
+    // The cleaner (none on a read-only mount): drops the trees of deleted subvolumes,
+    // those pending at mount (ours or the kernel's, half dropped or not) and those
+    // deleted since, a few steps between commits, as the kernel's cleaner thread does.
+    let stop_cleaning = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (clean_tx, clean_rx) = mpsc::channel::<()>();
+    let cleaner = if read_only {
+        None
+    } else {
+        let engine = engine.clone();
+        let stop = stop_cleaning.clone();
+        Some(
+            std::thread::Builder::new()
+                .name("ubtrfs-cleaner".into())
+                .spawn(move || loop {
+                    let keep_going = &mut |_: u64, _: &ubtrfs_core::extent::drop_snapshot::DropStats| !stop.load(std::sync::atomic::Ordering::Relaxed);
+                    if let Err(e) = engine.clean_dead_roots(keep_going) {
+                        crate::log::log(&format!("cleaner: {e}"));
+                    }
+                    match clean_rx.recv_timeout(commit_every) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                })
+                .map_err(|e| Error::io("start the cleaner thread", e))?,
+        )
+    };
+
     // Signals unmount; the session loop then ends as for any unmount.
     let mp = mountpoint.to_path_buf();
     std::thread::Builder::new()
@@ -180,6 +207,17 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     let served = session.run();
     let _ = stop_tx.send(());
     let _ = committer.join();
+    stop_cleaning.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(clean_tx);
+    if let Some(c) = cleaner {
+        let _ = c.join();
+        // What the cleaner did since the unmount's commit (it stops between steps).
+        if engine.info().aborted().is_none() {
+            if let Err(e) = engine.commit() {
+                crate::log::log(&format!("commit after the cleaner: {e}"));
+            }
+        }
+    }
     served.map_err(|e| Error::io(format!("serve {}", mountpoint.display()), e))?;
     // destroy() committed; a failure there left the engine aborted, and this says so.
     if let Some(why) = engine.info().aborted() {

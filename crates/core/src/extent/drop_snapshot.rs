@@ -537,8 +537,7 @@ impl crate::engine::Engine {
     pub fn clean_dead_roots(&self, keep_going: &mut dyn FnMut(u64, &DropStats) -> bool) -> Result<DropStats> {
         let mut total = DropStats::default();
         let mut since_commit = 0u32;
-        loop {
-            let Some(id) = self.write(|w| w.dead_roots())?.first().copied() else { break };
+        while let Some(id) = self.write(|w| w.dead_roots())?.first().copied() {
             let mut busy = 0;
             loop {
                 if !keep_going(id, &total) {
