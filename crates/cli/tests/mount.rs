@@ -646,6 +646,63 @@ fn the_mount_cleaner_drops_deleted_subvolumes() {
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// kill -9 of the mount while its cleaner drops a large deleted subvolume: every time,
+/// the image checks clean (the last commit, with the drop's progress so far), and the
+/// next drop resumes there and ends with exact references.
+#[test]
+fn kill9_during_the_cleaner_resumes_exactly() {
+    if !fuse_available("kill9_during_the_cleaner_resumes_exactly") {
+        return;
+    }
+    let s = scratch("cleaner-kill9");
+    let img = s.join("img");
+    run(Command::new("truncate").args(["-s", "1G"]).arg(&img));
+    run(Command::new("mkfs.btrfs").args(["-q", "-f", "-n", "4096"]).arg(&img));
+    {
+        let k = KernelMount::new(&img, &s.join("kmnt"));
+        run(Command::new("btrfs").args(["subvolume", "create"]).arg(k.dir.join("big")));
+        for d in 0..40 {
+            std::fs::create_dir(k.dir.join(format!("big/d{d}"))).unwrap();
+            for i in 0..1000 {
+                std::fs::write(k.dir.join(format!("big/d{d}/f{i}")), format!("{d}/{i} ").repeat(i % 30 + 1)).unwrap();
+            }
+        }
+        run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(k.dir.join("big")).arg(k.dir.join("snap")));
+        // The source changes after the snapshot: its own blocks and shared ones mix.
+        for d in (0..40).step_by(3) {
+            std::fs::write(k.dir.join(format!("big/d{d}/f7")), b"changed").unwrap();
+        }
+    }
+    let i = img.to_str().unwrap();
+    run(bin().args(["subvolume", "delete", "--no-clean", i, "/big"]));
+    let mut mid_drop = 0;
+    for delay_ms in [100u64, 200, 300, 400, 600, 900, 1400, 2000] {
+        if run(bin().args(["subvolume", "list", "-d", i])).trim().is_empty() {
+            break;
+        }
+        let m = FuseMount::start(&img, &s.join("mnt"), "commit=1");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        m.kill9();
+        wait_unlocked(&img);
+        assert_check(&img, &format!("after kill -9 {delay_ms} ms into the cleaner"));
+        mid_drop += usize::from(!run(bin().args(["subvolume", "list", "-d", i])).trim().is_empty());
+    }
+    assert!(mid_drop > 0, "every kill came after the cleaner had finished");
+    eprintln!("kill9_during_the_cleaner_resumes_exactly: {mid_drop} kills landed before the drop's end");
+    run(bin().args(["subvolume", "sync", i]));
+    assert!(run(bin().args(["subvolume", "list", "-d", i])).trim().is_empty());
+    assert_check(&img, "after the resumed drop");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    assert!(!k.dir.join("big").exists());
+    for d in (0..40).step_by(7) {
+        for i in (0..1000).step_by(97) {
+            assert_eq!(std::fs::read_to_string(k.dir.join(format!("snap/d{d}/f{i}"))).unwrap(), format!("{d}/{i} ").repeat(i % 30 + 1));
+        }
+    }
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// statfs through the mount agrees with the kernel's statfs of the same image (the
 /// numbers `df` shows), within the global reserve's difference.
 #[test]
