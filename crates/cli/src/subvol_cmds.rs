@@ -13,7 +13,8 @@ use ubtrfs_format::key::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID};
 #[derive(Subcommand)]
 pub enum SubvolCmd {
     /// Make a subvolume at PATH (its parent directory must exist), as
-    /// `btrfs subvolume create` does.
+    /// `btrfs subvolume create` does. IMAGE may be the mount point of a running
+    /// `ubtrfs mount` (the same for snapshot, delete and set-default).
     Create(SubvolCreateArgs),
     /// Snapshot the subvolume at SRC as DST (its parent directory must exist), as
     /// `btrfs subvolume snapshot [-r]` does: DST shares every block of SRC.
@@ -103,7 +104,66 @@ impl SubvolCmd {
     }
 }
 
+/// The mount point, when IMAGE names a directory (a running `ubtrfs mount`): the
+/// command then goes through the mount's btrfs ioctls (`ubtrfs_fuse::subvol_ioctl`).
+fn mount_of(image: &WriteImageArgs) -> Option<&std::path::Path> {
+    image.image.is_dir().then_some(image.image.as_path())
+}
+
+/// Open directory `p` (on a mount) for an ioctl.
+fn open_dir(p: &std::path::Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(p).map_err(|e| Error::io(p.display().to_string(), e))
+}
+
+/// The host path of in-filesystem path `path` on mount `mnt`, split into its parent
+/// directory and name.
+fn on_mount(mnt: &std::path::Path, path: &str) -> Result<(std::path::PathBuf, Vec<u8>)> {
+    use std::os::unix::ffi::OsStrExt;
+    let host = mnt.join(path.trim_start_matches('/'));
+    let name = host.file_name().ok_or_else(|| Error::posix_detail(PosixKind::Invalid, path.to_string(), "no name to make or remove"))?.as_bytes().to_vec();
+    Ok((host.parent().expect("a path with a name has a parent").to_path_buf(), name))
+}
+
+/// Issue btrfs ioctl `cmd` on `f` with the 4096-byte argument `arg` (in and out).
+fn btrfs_ioctl(f: &std::fs::File, cmd: u32, arg: &mut [u8], what: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `arg` is as large as the size the command encodes (checked by the
+    // callers' buffers of 4096 or 8 bytes), and lives across the call.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, arg.as_mut_ptr()) };
+    if r < 0 {
+        return Err(Error::io(what.to_string(), std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// A `btrfs_ioctl_vol_args_v2` with `fd`, `flags` and `name`.
+fn vol_args_v2(fd: i64, flags: u64, name: &[u8]) -> Result<Vec<u8>> {
+    let mut a = vec![0u8; 4096];
+    if name.len() >= 4040 {
+        return Err(Error::posix(PosixKind::NameTooLong, ubtrfs_core::quote::name(name)));
+    }
+    a[..8].copy_from_slice(&fd.to_le_bytes());
+    a[16..24].copy_from_slice(&flags.to_le_bytes());
+    a[56..56 + name.len()].copy_from_slice(name);
+    Ok(a)
+}
+
 fn create(a: &SubvolCreateArgs) -> Result<()> {
+    if let Some(mnt) = mount_of(&a.image) {
+        let path = ubtrfs_tools::edit::absolute(&a.path)?;
+        let (parent, name) = on_mount(mnt, path)?;
+        let mut arg = vol_args_v2(0, 0, &name)?;
+        btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SUBVOL_CREATE_V2, &mut arg, &format!("create subvolume {path}"))?;
+        if a.mode != "755" {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
+            let host = mnt.join(path.trim_start_matches('/'));
+            std::fs::set_permissions(&host, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io(host.display().to_string(), e))?;
+        }
+        println!("created subvolume at {path} through the mount");
+        return Ok(());
+    }
     let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
     let path = ubtrfs_tools::edit::absolute(&a.path)?;
     let mut w = a.image.open_writer()?;
@@ -116,6 +176,16 @@ fn create(a: &SubvolCreateArgs) -> Result<()> {
 
 fn snapshot(a: &SubvolSnapshotArgs) -> Result<()> {
     let (src, dst) = (ubtrfs_tools::edit::absolute(&a.src)?, ubtrfs_tools::edit::absolute(&a.dst)?);
+    if let Some(mnt) = mount_of(&a.image) {
+        use std::os::fd::AsRawFd;
+        let s = open_dir(&mnt.join(src.trim_start_matches('/')))?;
+        let (parent, name) = on_mount(mnt, dst)?;
+        let flags = if a.readonly { ubtrfs_fuse::subvol_ioctl::BTRFS_SUBVOL_RDONLY } else { 0 };
+        let mut arg = vol_args_v2(i64::from(s.as_raw_fd()), flags, &name)?;
+        btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SNAP_CREATE_V2, &mut arg, &format!("snapshot {src} as {dst}"))?;
+        println!("created {}snapshot of {src} at {dst} through the mount", if a.readonly { "read-only " } else { "" });
+        return Ok(());
+    }
     let mut w = a.image.open_writer()?;
     let id = w.live().resolve_id(src, true)?;
     if id.ino != FIRST_FREE_OBJECTID || w.live().load_inode(id, Load::ITEM)?.kind() != ubtrfs_core::inode::filesystem::FileKind::Dir {
@@ -130,6 +200,16 @@ fn snapshot(a: &SubvolSnapshotArgs) -> Result<()> {
 
 fn delete(a: &SubvolDeleteArgs) -> Result<()> {
     let paths: Vec<&str> = a.paths.iter().map(|p| ubtrfs_tools::edit::absolute(p)).collect::<Result<_>>()?;
+    if let Some(mnt) = mount_of(&a.image) {
+        // The mount's cleaner drops the trees.
+        for path in paths {
+            let (parent, name) = on_mount(mnt, path)?;
+            let mut arg = vol_args_v2(0, 0, &name)?;
+            btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SNAP_DESTROY_V2, &mut arg, &format!("delete subvolume {path}"))?;
+            println!("deleted subvolume at {path} through the mount");
+        }
+        return Ok(());
+    }
     let e = ubtrfs_core::engine::Engine::from_writer(a.image.open_writer()?);
     for path in paths {
         let (parent, name) = e.write(|w| w.resolve_parent(path))?;
@@ -233,6 +313,23 @@ fn list(a: &SubvolListArgs) -> Result<()> {
 }
 
 fn set_default(a: &SubvolSetDefaultArgs) -> Result<()> {
+    if let Some(mnt) = mount_of(&a.image) {
+        use ubtrfs_fuse::subvol_ioctl::{BTRFS_IOC_DEFAULT_SUBVOL, BTRFS_IOC_INO_LOOKUP};
+        let id = match a.subvol.parse::<u64>() {
+            Ok(id) => id,
+            Err(_) => {
+                // The tree of the path's top directory (`btrfs inspect-internal rootid`).
+                let path = ubtrfs_tools::edit::absolute(&a.subvol)?;
+                let mut arg = vec![0u8; 4096];
+                arg[8..16].copy_from_slice(&FIRST_FREE_OBJECTID.to_le_bytes());
+                btrfs_ioctl(&open_dir(&mnt.join(path.trim_start_matches('/')))?, BTRFS_IOC_INO_LOOKUP, &mut arg, &format!("the subvolume of {path}"))?;
+                u64::from_le_bytes(arg[..8].try_into().expect("eight bytes"))
+            }
+        };
+        let mut arg = id.to_le_bytes().to_vec();
+        btrfs_ioctl(&open_dir(mnt)?, BTRFS_IOC_DEFAULT_SUBVOL, &mut arg, &format!("set subvolume {id} as the default"))?;
+        return Ok(());
+    }
     let mut w = a.image.open_writer()?;
     let id = match a.subvol.parse::<u64>() {
         Ok(id) => id,

@@ -703,6 +703,53 @@ fn kill9_during_the_cleaner_resumes_exactly() {
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// `ubtrfs subvolume create|snapshot|delete|set-default` with the mount point in
+/// place of the image go through the mount's btrfs ioctls: the mount shows each change
+/// at once, a read-only snapshot refuses writes, deleting needs root, and afterwards
+/// the image checks clean and the kernel shows the same subvolumes and default.
+#[test]
+fn subvolume_commands_through_the_mount() {
+    if !fuse_available("subvolume_commands_through_the_mount") {
+        return;
+    }
+    let s = scratch("subvol-ioctl");
+    let img = s.join("img");
+    mkfs(&img, "512M");
+    let mnt = s.join("mnt");
+    let m = FuseMount::start(&img, &mnt, "allow_other");
+    let mp = mnt.to_str().unwrap();
+    assert!(run(bin().args(["subvolume", "create", mp, "/sv"])).contains("through the mount"));
+    for i in 0..200 {
+        std::fs::write(mnt.join(format!("sv/f{i}")), format!("{i}").repeat(i + 1)).unwrap();
+    }
+    run(bin().args(["subvolume", "snapshot", "-r", mp, "/sv", "/sv-ro"]));
+    run(bin().args(["subvolume", "snapshot", mp, "/sv", "/sv-rw"]));
+    std::fs::write(mnt.join("sv-rw/f1"), b"changed in the snapshot").unwrap();
+    assert_eq!(std::fs::read_to_string(mnt.join("sv-ro/f199")).unwrap(), "199".repeat(200));
+    let e = std::fs::write(mnt.join("sv-ro/new"), b"x").expect_err("a write into the read-only snapshot");
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    // Deleting is for root (CAP_SYS_ADMIN), as on the kernel without user_subvol_rm_allowed.
+    let o = Command::new("setpriv").args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]).arg(env!("CARGO_BIN_EXE_ubtrfs")).args(["subvolume", "delete", mp, "/sv-rw"]).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not permitted"), "{}", String::from_utf8_lossy(&o.stderr));
+    run(bin().args(["subvolume", "delete", mp, "/sv"]));
+    assert!(!mnt.join("sv").exists(), "the mount still shows the deleted subvolume");
+    assert_eq!(std::fs::read_to_string(mnt.join("sv-rw/f1")).unwrap(), "changed in the snapshot");
+    let o = bin().args(["subvolume", "snapshot", mp, "/sv-ro/f1", "/x"]).output().unwrap();
+    assert!(!o.status.success(), "a snapshot of a plain file");
+    run(bin().args(["subvolume", "set-default", mp, "/sv-rw"]));
+    m.stop(Stop::Fusermount);
+    run(bin().args(["subvolume", "sync", img.to_str().unwrap()]));
+    assert_check(&img, "after subvolume commands through the mount");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    // The default is sv-rw: a plain mount shows its files.
+    assert_eq!(std::fs::read_to_string(k.dir.join("f1")).unwrap(), "changed in the snapshot");
+    assert_eq!(std::fs::read_to_string(k.dir.join("f7")).unwrap(), "7".repeat(8));
+    let list = run(Command::new("btrfs").args(["subvolume", "list", "-r"]).arg(&k.dir));
+    assert!(list.lines().any(|l| l.ends_with("path sv-ro")) && !list.contains("path sv\n"), "{list}");
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
 /// statfs through the mount agrees with the kernel's statfs of the same image (the
 /// numbers `df` shows), within the global reserve's difference.
 #[test]

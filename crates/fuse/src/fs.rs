@@ -85,12 +85,17 @@ fn dirents(list: &[DirEntry], offset: u64) -> impl Iterator<Item = (u64, Option<
 
 /// The filesystem the FUSE session serves.
 pub struct UbtrfsFs {
-    engine: Arc<Engine>,
-    map: InoMap,
-    opts: MountOptions,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) map: InoMap,
+    pub(crate) opts: MountOptions,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     sectorsize: u32,
+    /// Where the mount is (the btrfs ioctls check a caller's descriptor against it).
+    pub(crate) mountpoint: std::path::PathBuf,
+    /// The session's notifier once it runs: entries changed by an ioctl are
+    /// invalidated in the kernel's dentry cache.
+    pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 fn now_or(t: TimeOrNow) -> TimeSet {
@@ -169,9 +174,10 @@ fn name_of(n: &OsStr) -> &[u8] {
 
 impl UbtrfsFs {
     /// Serve `engine` with its directory `top` as the mount's root.
-    pub fn new(engine: Arc<Engine>, top: InodeId, opts: MountOptions) -> UbtrfsFs {
+    pub fn new(engine: Arc<Engine>, top: InodeId, opts: MountOptions, mountpoint: &Path, notifier: Arc<std::sync::OnceLock<fuser::Notifier>>) -> UbtrfsFs {
         let sectorsize = engine.info().super_copy().sectorsize.get();
-        UbtrfsFs { engine, map: InoMap { top }, opts, handles: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), sectorsize }
+        let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+        UbtrfsFs { engine, map: InoMap { top }, opts, handles: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), sectorsize, mountpoint, notifier }
     }
 
     /// The engine served.
@@ -271,6 +277,8 @@ impl UbtrfsFs {
     /// umask to us, which applies only where the directory has no default ACL; a
     /// default ACL is inherited instead (`posix_acl_create`), in the same handle.
     fn make_with_acls(w: &mut FsWriter, dir: InodeId, mut a: InodeAttrs, umask: u32, create: impl FnOnce(&mut FsWriter, &InodeAttrs) -> Result<u64>) -> Result<u64> {
+        // Refusals first: a failure inside the handle below aborts the filesystem.
+        w.check_root_writable(dir.root)?;
         let acls = w.acl_for_new_inode(dir, a.mode, umask)?;
         a.mode = acls.mode;
         w.transaction("create with ACLs", 0, |w| {
@@ -309,7 +317,7 @@ impl UbtrfsFs {
         }
     }
 
-    fn writable(&self) -> Result<()> {
+    pub(crate) fn writable(&self) -> Result<()> {
         if self.opts.read_only {
             return Err(Error::posix(PosixKind::ReadOnly, "the mount is read-only"));
         }
@@ -862,8 +870,15 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn ioctl(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _flags: fuser::IoctlFlags, cmd: u32, in_data: &[u8], out_size: u32, reply: ReplyIoctl) {
-        match self.id(ino).and_then(|id| self.flags_ioctl(id, cmd, in_data, out_size)) {
+    fn ioctl(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: fuser::IoctlFlags, cmd: u32, in_data: &[u8], out_size: u32, reply: ReplyIoctl) {
+        let r = self.id(ino).and_then(|id| {
+            if (cmd >> 8) & 0xff == crate::subvol_ioctl::BTRFS_IOCTL_MAGIC {
+                self.btrfs_ioctl(req, id, cmd, in_data, out_size)
+            } else {
+                self.flags_ioctl(id, cmd, in_data, out_size)
+            }
+        });
+        match r {
             Ok(out) => reply.ioctl(0, &out),
             Err(e) => reply.error(self.fail("ioctl", &e)),
         }

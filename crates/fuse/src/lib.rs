@@ -1,7 +1,7 @@
 //! The FUSE adapter of ubtrfs: the kernel's FUSE requests onto the engine's operations
 //! (`fs`), FUSE node ids for btrfs inodes (`ino`), the errno of each engine error
-//! (`errno`), the mount's options (`options`) and a mount's life from open to the
-//! last commit (`session`). It holds no filesystem logic: the engine in ubtrfs-core
+//! (`errno`), the mount's options (`options`), a mount's life from open to the
+//! last commit (`session`) and the btrfs subvolume ioctls (`subvol_ioctl`). It holds no filesystem logic: the engine in ubtrfs-core
 //! decides what every operation does.
 
 pub mod errno;
@@ -10,6 +10,7 @@ pub mod ino;
 pub mod log;
 pub mod options;
 pub mod session;
+pub mod subvol_ioctl;
 
 pub use options::MountOptions;
 pub use session::{find_top, open_engine, serve};

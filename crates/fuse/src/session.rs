@@ -135,8 +135,10 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     let config = fuse_config(source, &opts);
     let commit_every = Duration::from_secs(opts.commit_secs);
     let opts_read_only = opts.read_only;
-    let fs = UbtrfsFs::new(engine.clone(), top, opts);
+    let notifier = Arc::new(std::sync::OnceLock::new());
+    let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone());
     let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
+    let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     ready();
 
