@@ -452,3 +452,240 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
     assert!(half_dropped > points / 4, "only {half_dropped} crash points fell in the middle of the drop");
     eprintln!("crashes_during_the_drop_resume_with_exact_refs: {} points of {total} ops ({half_dropped} half dropped), {with_btrfs_check} also through btrfs check", points + 1);
 }
+
+/// Subvolume name -> its files.
+type Subvols = BTreeMap<String, Model>;
+
+/// Every subvolume named in the top directory and its files, through `l`.
+fn read_subvols<V: FsRead>(l: &V) -> ubtrfs_core::Result<Subvols> {
+    let mut out = Subvols::new();
+    for e in l.readdir(InodeId { root: 5, ino: 256 })? {
+        if e.is_subvol {
+            out.insert(String::from_utf8(e.name.clone()).unwrap(), try_read_model(l, e.target.root)?);
+        }
+    }
+    Ok(out)
+}
+
+/// A commit of the model run: its generation, the device ops before it began and
+/// after it ended, and what it holds.
+struct CommitRec {
+    generation: u64,
+    start: u64,
+    end: u64,
+    subvols: Subvols,
+}
+
+/// Random writes, unlinks, cross-subvolume clones, snapshots (of snapshots too,
+/// read-only or not), deletions and drop steps interleaved with them in the same
+/// transactions, commits and reopenings (which resume the drops), on the
+/// fault-injecting device, against a model of every subvolume. Then every subvolume
+/// as modelled, no dead root left, `ubtrfs check` and `btrfs check` clean; and a
+/// sweep of crash points over the run, each image showing one acceptable commit
+/// exactly, clean before and after its cleaner finishes.
+/// UBTRFS_SV_SEEDS / UBTRFS_SV_OPS lengthen it.
+#[test]
+fn random_snapshots_and_deletes_against_a_model() {
+    if !mkfs_tools("random_snapshots_and_deletes_against_a_model") {
+        return;
+    }
+    let seeds: u64 = std::env::var("UBTRFS_SV_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let ops: usize = std::env::var("UBTRFS_SV_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    for seed in 0..seeds {
+        sv_model_run(seed, ops);
+    }
+}
+
+fn open_engine(dev: &Arc<FaultyDevice>) -> Engine {
+    Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], 64 << 20).expect("open")).expect("writer"))
+}
+
+fn sv_model_run(seed: u64, nops: usize) {
+    let s = Scratch::mkfs(&format!("sv-model-{seed}"), 512 << 20, &["-n", "4096"]);
+    let base = std::fs::read(&s.path).expect("read image");
+    let dev = Arc::new(FaultyDevice::new(base.clone(), format!("sv-model-{seed}")));
+    let mut e = open_engine(&dev);
+    let mut rng = Rng::new(seed * 104_729 + 3);
+    let mut model = Subvols::new();
+    let mut ids: BTreeMap<String, u64> = BTreeMap::new();
+    let mut ro: Vec<String> = Vec::new();
+    let first = e.write(|w| w.create_subvol(5, 256, b"s0", &InodeAttrs::new(0o755))).expect("create");
+    ids.insert("s0".into(), first);
+    model.insert("s0".into(), Model::new());
+    let mut next = 1;
+    let mut commits = vec![CommitRec { generation: dev_generation(&e), start: 0, end: 0, subvols: Subvols::new() }];
+    let lookup = |e: &Engine, root: u64, name: &str| e.read(|l| l.lookup(InodeId { root, ino: 256 }, name.as_bytes())).expect("lookup").map(|x| x.target);
+    for op in 0..nops {
+        let what = format!("seed {seed} op {op}");
+        let live: Vec<String> = model.keys().cloned().collect();
+        let rw: Vec<String> = live.iter().filter(|n| !ro.contains(n)).cloned().collect();
+        match rng.below(100) {
+            // Create or overwrite a file (a few sizes: inline, sectors, a larger extent).
+            0..=34 if !rw.is_empty() => {
+                let sv = rng.pick(&rw).clone();
+                let root = ids[&sv];
+                let name = format!("f{}", rng.below(60));
+                let len = match rng.below(4) {
+                    0 => rng.below(2000) as usize,
+                    1 => 4096 * rng.range(1, 5) as usize,
+                    _ => rng.range(1, 300_000) as usize,
+                };
+                let data = rng.bytes(len);
+                let id = match lookup(&e, root, &name) {
+                    Some(id) => id,
+                    None => InodeId { root, ino: e.write(|w| w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644))).unwrap_or_else(|err| panic!("{what}: create: {err}")) },
+                };
+                e.setattr(id, &ubtrfs_core::inode::attr::SetAttr { size: Some(0), ..Default::default() }).unwrap_or_else(|err| panic!("{what}: truncate: {err}"));
+                e.write_file(id, 0, &data).unwrap_or_else(|err| panic!("{what}: write: {err}"));
+                model.get_mut(&sv).unwrap().insert(name, data);
+            }
+            35..=44 if !rw.is_empty() => {
+                let sv = rng.pick(&rw).clone();
+                let names: Vec<String> = model[&sv].keys().cloned().collect();
+                if names.is_empty() {
+                    continue;
+                }
+                let name = rng.pick(&names).clone();
+                e.unlink(ids[&sv], 256, name.as_bytes()).unwrap_or_else(|err| panic!("{what}: unlink: {err}"));
+                model.get_mut(&sv).unwrap().remove(&name);
+            }
+            // A whole-file clone into another subvolume (a new name there).
+            45..=54 if !rw.is_empty() => {
+                let from = rng.pick(&live).clone();
+                let to = rng.pick(&rw).clone();
+                let names: Vec<String> = model[&from].keys().cloned().collect();
+                if names.is_empty() {
+                    continue;
+                }
+                let name = rng.pick(&names).clone();
+                let src = lookup(&e, ids[&from], &name).unwrap();
+                let new = format!("c{}", rng.below(1000));
+                if model[&to].contains_key(&new) {
+                    continue;
+                }
+                let dst = InodeId { root: ids[&to], ino: e.write(|w| w.create_file(ids[&to], 256, new.as_bytes(), &InodeAttrs::new(0o644))).unwrap() };
+                e.clone_range(src, 0, 0, dst, 0).unwrap_or_else(|err| panic!("{what}: clone {from}/{name} to {to}/{new}: {err}"));
+                let data = model[&from][&name].clone();
+                model.get_mut(&to).unwrap().insert(new, data);
+            }
+            55..=64 if live.len() < 8 => {
+                let src = rng.pick(&live).clone();
+                let name = format!("s{next}");
+                next += 1;
+                let readonly = rng.chance(30);
+                // It commits what came before, snapshots, and commits again.
+                let (g0, start) = (dev_generation(&e), dev.op_count());
+                let id = e.create_snapshot(ids[&src], 5, 256, name.as_bytes(), readonly).unwrap_or_else(|err| panic!("{what}: snapshot {src}: {err}"));
+                let g = dev_generation(&e);
+                if g == g0 + 2 {
+                    commits.push(CommitRec { generation: g0 + 1, start, end: dev.op_count(), subvols: model.clone() });
+                }
+                ids.insert(name.clone(), id);
+                let m = model[&src].clone();
+                model.insert(name.clone(), m);
+                commits.push(CommitRec { generation: g, start, end: dev.op_count(), subvols: model.clone() });
+                if readonly {
+                    ro.push(name);
+                }
+            }
+            65..=72 if live.len() > 1 => {
+                let victim = rng.pick(&live).clone();
+                e.delete_subvol(5, 256, victim.as_bytes()).unwrap_or_else(|err| panic!("{what}: delete {victim}: {err}"));
+                model.remove(&victim);
+                ids.remove(&victim);
+                ro.retain(|n| *n != victim);
+            }
+            // Drop steps in the running transaction, among the other changes.
+            73..=84 => {
+                let dead = e.write(|w| w.dead_roots()).unwrap();
+                for id in dead {
+                    for _ in 0..rng.range(1, 4) {
+                        match e.write(|w| w.drop_subvol_step(id, rng.range(4, 200) as u32)) {
+                            Ok(st) if st.done => break,
+                            Ok(_) => {}
+                            Err(err) if err.posix_kind() == Some(PosixKind::Busy) => break,
+                            Err(err) => panic!("{what}: drop step of {id}: {err}"),
+                        }
+                    }
+                }
+            }
+            85..=94 => {
+                let start = dev.op_count();
+                e.commit().unwrap_or_else(|err| panic!("{what}: commit: {err}"));
+                commits.push(CommitRec { generation: dev_generation(&e), start, end: dev.op_count(), subvols: model.clone() });
+            }
+            95..=99 => {
+                let start = dev.op_count();
+                e.commit().unwrap_or_else(|err| panic!("{what}: commit: {err}"));
+                commits.push(CommitRec { generation: dev_generation(&e), start, end: dev.op_count(), subvols: model.clone() });
+                drop(e);
+                e = open_engine(&dev);
+            }
+            _ => {}
+        }
+        if op % 60 == 59 {
+            let got = e.read(|l| read_subvols(l)).unwrap();
+            assert!(got == model, "{what}: the subvolumes differ from the model: {:?} vs {:?}", got.keys().collect::<Vec<_>>(), model.keys().collect::<Vec<_>>());
+        }
+    }
+    e.clean_dead_roots(&mut |_, _| true).expect("clean");
+    let start = dev.op_count();
+    e.commit().expect("commit");
+    commits.push(CommitRec { generation: dev_generation(&e), start, end: dev.op_count(), subvols: model.clone() });
+    assert!(e.read(|l| read_subvols(l)).unwrap() == model, "seed {seed}: the subvolumes differ at the end");
+    drop(e);
+    let f = ubtrfs_check(dev.clone());
+    assert!(f.is_empty(), "seed {seed}: {f:#?}");
+    if have_btrfs_check() {
+        let p = std::env::temp_dir().join(format!("ubtrfs-sv-model-{}-{seed}.img", std::process::id()));
+        std::fs::write(&p, dev.durable_image()).unwrap();
+        let r = btrfs_check(&p);
+        let _ = std::fs::remove_file(&p);
+        if let Err(t) = r {
+            panic!("seed {seed}: btrfs check: {t}");
+        }
+    }
+    // Crash points over the whole run.
+    let log = dev.log();
+    let total = log.len() as u64;
+    let points: u64 = std::env::var("UBTRFS_SV_CRASH_POINTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let mut sweep = CrashSweep::new(base, log, 4096);
+    let mut buf = Vec::new();
+    let mut failures = Vec::new();
+    for n in 1..=points {
+        let k = total * n / points;
+        let loss = sweep.image_at(k, mix_seed(seed, k), &mut buf);
+        let img = std::mem::take(&mut buf);
+        let r = (|| -> Result<(), String> {
+            let mdev: Arc<MemDevice> = Arc::new(MemDevice::new(img, "crash"));
+            let f = ubtrfs_check(mdev.clone());
+            if !f.is_empty() {
+                return Err(format!("{f:?}"));
+            }
+            let e = Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![mdev.clone() as Arc<dyn BlockDevice>], 64 << 20).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?);
+            let g = e.info().super_copy().generation.get();
+            let last_done = commits.iter().rposition(|c| c.end <= k).expect("the first state");
+            let ok: Vec<&CommitRec> = commits[last_done..].iter().filter(|c| c.generation == g && (c.end <= k || c.start < k)).collect();
+            let Some(want) = ok.first() else { return Err(format!("generation {g} is not one this point may show")) };
+            let got = e.read(|l| read_subvols(l)).map_err(|e| e.to_string())?;
+            if got != want.subvols {
+                return Err(format!("generation {g}: subvolumes {:?}, the model {:?}", got.keys().collect::<Vec<_>>(), want.subvols.keys().collect::<Vec<_>>()));
+            }
+            e.clean_dead_roots(&mut |_, _| true).map_err(|e| format!("clean: {e}"))?;
+            drop(e);
+            let f = ubtrfs_check(mdev.clone());
+            if !f.is_empty() {
+                return Err(format!("after the cleaner: {f:?}"));
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            failures.push(format!("seed {seed} point {k}/{total} ({loss}): {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn dev_generation(e: &Engine) -> u64 {
+    e.info().super_copy().generation.get()
+}
