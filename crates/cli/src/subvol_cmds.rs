@@ -157,7 +157,8 @@ fn create(a: &SubvolCreateArgs) -> Result<()> {
         btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SUBVOL_CREATE_V2, &mut arg, &format!("create subvolume {path}"))?;
         if a.mode != "755" {
             use std::os::unix::fs::PermissionsExt;
-            let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
+            let mode =
+                u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
             let host = mnt.join(path.trim_start_matches('/'));
             std::fs::set_permissions(&host, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io(host.display().to_string(), e))?;
         }

@@ -141,11 +141,8 @@ impl UbtrfsFs {
             BTRFS_IOC_SNAP_CREATE | BTRFS_IOC_SNAP_CREATE_V2 => {
                 self.writable()?;
                 let fd = u64_at(in_data, 0)? as i64;
-                let (name, flags) = if cmd == BTRFS_IOC_SNAP_CREATE {
-                    (name_in(in_data.get(8..).unwrap_or_default())?, 0)
-                } else {
-                    (name_in(in_data.get(V2_NAME_AT..).unwrap_or_default())?, u64_at(in_data, 16)?)
-                };
+                let (name, flags) =
+                    if cmd == BTRFS_IOC_SNAP_CREATE { (name_in(in_data.get(8..).unwrap_or_default())?, 0) } else { (name_in(in_data.get(V2_NAME_AT..).unwrap_or_default())?, u64_at(in_data, 16)?) };
                 if flags & BTRFS_SUBVOL_QGROUP_INHERIT != 0 {
                     return Err(Error::posix_detail(PosixKind::NotSupported, "snapshot", "qgroup inheritance is not supported yet"));
                 }

@@ -269,6 +269,25 @@ pub struct TestHooks {
     /// Test and benchmark switch: with quotas on, every commit recounts every qgroup
     /// (`qgroup::rescan`) instead of accounting the changed extents.
     pub qgroup_full_recount: bool,
+    /// Benchmark switch: memory pressure at every restart of a search (a split or
+    /// merge made it start over): background writeback runs there, as the kernel's
+    /// flusher may between a search's release of its path and its retry.
+    pub writeback_on_restart: bool,
+    /// Benchmark hook: when Some, the blocks each search COWed (the COW amplification
+    /// the inhibition bounds, seed 002).
+    pub cow_stats: Option<CowStats>,
+}
+
+/// Blocks COWed per search (`TestHooks::cow_stats`).
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Default, Clone)]
+pub struct CowStats {
+    pub searches: u64,
+    pub cows: u64,
+    pub max_per_search: u64,
+    /// Searches that restarted, and restarts in all.
+    pub restarted: u64,
+    pub restarts: u64,
 }
 
 /// The writable filesystem.

@@ -188,10 +188,33 @@ impl FsWriter {
     /// # Errors
     /// `Io`/`Corrupt` reading blocks, allocation failures.
     pub(crate) fn search_slot(&mut self, root_id: u64, key: &Key, ins_len: i32) -> Result<(WPath, bool)> {
+        #[cfg(feature = "test-hooks")]
+        if self.hooks.cow_stats.is_some() {
+            let before = self.cowed;
+            let mut restarts = 0;
+            let r = self.search_slot_counted(root_id, key, ins_len, &mut restarts);
+            let d = self.cowed - before;
+            let s = self.hooks.cow_stats.as_mut().expect("checked above");
+            s.searches += 1;
+            s.cows += d;
+            s.max_per_search = s.max_per_search.max(d);
+            s.restarted += u64::from(restarts > 1);
+            s.restarts += u64::from(restarts.saturating_sub(1));
+            return r;
+        }
         let mut restarts = 0;
+        self.search_slot_counted(root_id, key, ins_len, &mut restarts)
+    }
+
+    fn search_slot_counted(&mut self, root_id: u64, key: &Key, ins_len: i32, restarts: &mut u32) -> Result<(WPath, bool)> {
         'again: loop {
-            restarts += 1;
+            *restarts += 1;
+            let restarts = *restarts;
             assert!(restarts < 64, "search_slot restarted {restarts} times for {key} in tree {root_id}");
+            #[cfg(feature = "test-hooks")]
+            if restarts > 1 && self.hooks.writeback_on_restart {
+                self.balance_dirty_metadata()?;
+            }
             let root = self.read_root_blk(root_id)?;
             let mut b = self.cow_block(root_id, root, None)?;
             let levels = usize::from(self.node(&b).level()) + 1;
