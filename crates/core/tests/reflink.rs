@@ -247,14 +247,14 @@ fn refusals_are_the_kernels() {
     assert_check(&s.path, "after the refusals");
 }
 
-/// 10,000 extents in one clone: the destination's items span many leaves, and the
-/// refs all land.
+/// 10,000 extents in one clone: with 4 KiB nodes the file's items make a tree of
+/// three levels, the destination's items span many leaves, and the refs all land.
 #[test]
 fn ten_thousand_extents_clone_in_one_call() {
     if !common::kernel_available("ten_thousand_extents_clone_in_one_call") {
         return;
     }
-    let s = Scratch::mkfs("rl-10k", 512 << 20, &[]);
+    let s = Scratch::mkfs("rl-10k", 512 << 20, &["-n", "4096"]);
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
     let a = create(&e, 5, "a");
     let mut model = Vec::new();
@@ -268,6 +268,9 @@ fn ten_thousand_extents_clone_in_one_call() {
     }
     drop(w);
     assert_eq!(disk_extents(&e, a).len() as u64, n);
+    e.sync().expect("sync");
+    let levels = e.write(|w| Ok(w.root(5)?.level)).expect("root") + 1;
+    assert!(levels >= 3, "the tree has {levels} levels");
     let b = create(&e, 5, "b");
     e.clone_range(a, 0, 0, b, 0).expect("clone 10k extents");
     assert_eq!(disk_extents(&e, b).len() as u64, n, "b has every extent");
