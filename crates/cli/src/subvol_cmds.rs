@@ -227,7 +227,7 @@ fn delete(a: &SubvolDeleteArgs) -> Result<()> {
 fn sync(a: &WriteImageArgs) -> Result<()> {
     let e = ubtrfs_core::engine::Engine::from_writer(a.open_writer()?);
     let st = clean(&e)?;
-    if st.tree_refs_dropped == 0 {
+    if st.tree_refs_dropped == 0 && e.write(|w| w.dead_roots())?.is_empty() {
         println!("no deleted subvolume waits for its tree to be dropped");
     }
     Ok(())
@@ -260,6 +260,10 @@ fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_sn
     }
     if cur != 0 {
         println!("dropped the tree of subvolume {cur}");
+    }
+    let left = e.write(|w| w.dead_roots())?;
+    if !left.is_empty() {
+        eprintln!("warning: deleted subvolumes {left:?} wait for their trees to be dropped: with quotas on, a kernel mount drops them");
     }
     Ok(st)
 }

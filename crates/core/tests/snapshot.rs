@@ -173,3 +173,55 @@ fn snapshot_refusals() {
     m.umount();
     let _ = id;
 }
+
+/// With quotas on, a snapshot gets its level-0 qgroup and the commit recounts: right
+/// after it the two share everything but their root blocks, and after changes on both
+/// sides every qgroup is what `btrfs check` computes (in debug builds each incremental
+/// commit is also compared with the full recount). Deleting a subvolume with quotas on
+/// is refused, with nothing changed.
+#[test]
+fn snapshots_with_quotas_keep_the_qgroups_exact() {
+    if !common::kernel_available("snapshots_with_quotas_keep_the_qgroups_exact") {
+        return;
+    }
+    let s = Scratch::mkfs("snap-quota", 512 << 20, &["-R", "quota", "-n", "4096"]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let sv = e.write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755))).expect("subvolume");
+    let mut rng = Rng::new(11);
+    for i in 0..1500 {
+        create(&e, sv, &format!("f{i:04}"), &rng.bytes((i % 5) * 3000));
+    }
+    let snap = e.create_snapshot(sv, 5, 256, b"snap", false).expect("snapshot with quotas");
+    // (referenced, exclusive) of every qgroup as the QGROUP_INFO items store them.
+    let counts = |e: &Engine| -> BTreeMap<u64, (u64, u64)> {
+        use ubtrfs_format::key::{QGROUP_INFO_KEY, QUOTA_TREE_OBJECTID};
+        use zerocopy::FromBytes;
+        let (from, to) = (ubtrfs_format::Key::new(0, QGROUP_INFO_KEY, 0), ubtrfs_format::Key::new(0, QGROUP_INFO_KEY, u64::MAX));
+        let items = e.write(|w| w.items_in_range(QUOTA_TREE_OBJECTID, &from, &to)).expect("quota tree");
+        items
+            .into_iter()
+            .map(|(k, d)| {
+                let i = ubtrfs_format::structs::QgroupInfoItem::read_from_bytes(&d).expect("qgroup info");
+                (k.offset, (i.rfer.get(), i.excl.get()))
+            })
+            .collect()
+    };
+    let c = counts(&e);
+    let ns = 4096;
+    assert_eq!(c[&sv].0, c[&snap].0, "the snapshot references what its source does: {c:?}");
+    assert_eq!((c[&sv].1, c[&snap].1), (ns, ns), "each owns only its root block: {c:?}");
+    for i in (0..1500).step_by(9) {
+        e.unlink(sv, 256, format!("f{i:04}").as_bytes()).expect("unlink in the source");
+    }
+    for i in (1..1500).step_by(13) {
+        let id = lookup(&e, snap, &format!("f{i:04}"));
+        e.buffered_write(InodeId { root: snap, ino: id }, 0, &rng.bytes(8000)).expect("overwrite in the snapshot");
+    }
+    e.sync().expect("sync");
+    let c2 = counts(&e);
+    assert!(c2[&snap].1 > ns && c2[&sv].1 > ns, "both own blocks of their own now: {c2:?}");
+    let err = e.delete_subvol(5, 256, b"snap").expect_err("delete with quotas");
+    assert_eq!(err.posix_kind(), Some(PosixKind::NotSupported), "{err}");
+    drop(e);
+    assert_check(&s.path, "after a snapshot with quotas and changes on both sides");
+}

@@ -94,9 +94,7 @@ impl FsWriter {
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root), &rr)?;
         self.add_uuid_item(&uuid, UUID_KEY_SUBVOL, id)?;
         if self.quotas {
-            let info = QgroupInfoItem { generation: self.transid.into(), rfer: 0.into(), rfer_cmpr: 0.into(), excl: 0.into(), excl_cmpr: 0.into() };
-            self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_INFO_KEY, id), info.as_bytes())?;
-            self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_LIMIT_KEY, id), QgroupLimitItem::new_zeroed().as_bytes())?;
+            self.add_subvol_qgroup(id)?;
         }
         Ok(id)
     }
@@ -140,16 +138,13 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(Invalid)` for a tree that is not a subvolume; `Posix(NotFound)`; the name
-    /// errors of `mkdir`; `Posix(NotSupported)` with quotas on (the snapshot's qgroup
-    /// inheritance is not done yet); tree failures.
+    /// errors of `mkdir`; tree failures. With quotas on, the snapshot gets its qgroup
+    /// and the commit recounts every qgroup (a full walk of the subvolume trees).
     pub fn create_snapshot_of_committed(&mut self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<Option<u64>> {
         if src != FS_TREE_OBJECTID && !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&src) {
             return Err(Error::posix_detail(PosixKind::Invalid, format!("tree {src}"), "only subvolumes are snapshotted"));
         }
         self.root(src).map_err(|e| if e.posix_kind() == Some(PosixKind::NotFound) { Error::posix_detail(PosixKind::NotFound, format!("subvolume {src}"), "no such subvolume") } else { e })?;
-        if self.quotas {
-            return Err(Error::posix_detail(PosixKind::NotSupported, format!("snapshot of subvolume {src}"), "snapshots with quotas enabled are not supported yet (their qgroup inheritance)"));
-        }
         self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
         if self.snapshot_needs_commit(src)? {
@@ -228,7 +223,21 @@ impl FsWriter {
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id), &rr)?;
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root), &rr)?;
         self.add_uuid_item(&uuid, UUID_KEY_SUBVOL, id)?;
+        if self.quotas {
+            // Its level-0 qgroup; the new tree reaches every extent of the source
+            // without a reference of its own changing, so the commit recounts (the
+            // kernel's `btrfs_qgroup_inherit` sets the same numbers directly).
+            self.add_subvol_qgroup(id)?;
+            self.qgroup.needs_rescan("a snapshot shares a whole tree");
+        }
         Ok(id)
+    }
+
+    /// The QGROUP_INFO and QGROUP_LIMIT items of new subvolume `id`'s qgroup 0/id.
+    fn add_subvol_qgroup(&mut self, id: u64) -> Result<()> {
+        let info = QgroupInfoItem { generation: self.transid.into(), rfer: 0.into(), rfer_cmpr: 0.into(), excl: 0.into(), excl_cmpr: 0.into() };
+        self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_INFO_KEY, id), info.as_bytes())?;
+        self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_LIMIT_KEY, id), QgroupLimitItem::new_zeroed().as_bytes())
     }
 
     /// Delete subvolume `name` of directory `dir` in tree `root` (`btrfs subvolume
