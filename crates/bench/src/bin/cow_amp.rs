@@ -6,11 +6,10 @@
 //! Workload: `--handles` handles, each creating `--ops` files with fs_mark-style
 //! 40-byte names in one directory (four items each; the leaves split often, and a
 //! split makes its search start over). The memory pressure is injected: a dirty limit
-//! of two blocks, background writeback after every create inside the handle, and at
-//! every restart of a search (`TestHooks::writeback_on_restart`), where the kernel's
-//! flusher may run between a search's release of its path and its retry. Without
-//! inhibition that writeback seals the blocks the handle just COWed, and the next
-//! search (or the restarted one) COWs them again. Printed per variant: searches, COWs,
+//! of two blocks, and background writeback before every search of the handle
+//! (`TestHooks::writeback_before_search`), where the kernel's flusher may run between
+//! two searches of one handle. Without inhibition that writeback seals the blocks the
+//! handle just COWed, and the next search COWs them again. Printed per variant: searches, COWs,
 //! mean and max COWs per search, restarted searches, blocks written before their commit,
 //! and creates per second; medians over `--runs` alternating rounds on fresh images.
 //! Each round ends with a commit, and the first of each variant is checked with
@@ -64,7 +63,7 @@ pub fn round(a: &Args, inhibit: bool, check: bool) -> Result<Round, String> {
     w.commit().map_err(|e| e.to_string())?;
     w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
     w.hooks.no_writeback_inhibition = !inhibit;
-    w.hooks.writeback_on_restart = true;
+    w.hooks.writeback_before_search = true;
     w.hooks.cow_stats = Some(CowStats::default());
     let early = w.blocks_written_early();
     let mut names = Names::new(7);

@@ -221,6 +221,13 @@ impl FsWriter {
         }
     }
 
+    /// Whether a handle of a change (not a commit's, not one ending) is live: where
+    /// background writeback may come between its searches.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn in_change_handle(&self) -> bool {
+        self.handle.as_ref().is_some_and(|h| !h.commit && !h.ending)
+    }
+
     /// Whether a handle is live (tree mutators assert it).
     pub(crate) fn in_handle(&self) -> bool {
         self.handle.is_some()

@@ -269,10 +269,12 @@ pub struct TestHooks {
     /// Test and benchmark switch: with quotas on, every commit recounts every qgroup
     /// (`qgroup::rescan`) instead of accounting the changed extents.
     pub qgroup_full_recount: bool,
-    /// Benchmark switch: memory pressure at every restart of a search (a split or
-    /// merge made it start over): background writeback runs there, as the kernel's
-    /// flusher may between a search's release of its path and its retry.
-    pub writeback_on_restart: bool,
+    /// Benchmark switch: memory pressure before every search of a change: background
+    /// writeback runs there, as the kernel's flusher may between two searches of one
+    /// handle. (Not at a search's own restarts: a split may leave an empty leaf
+    /// there for the insert that follows, a state the kernel's tree locks keep from
+    /// its flusher.)
+    pub writeback_before_search: bool,
     /// Benchmark hook: when Some, the blocks each search COWed (the COW amplification
     /// the inhibition bounds, seed 002).
     pub cow_stats: Option<CowStats>,
@@ -345,7 +347,7 @@ pub struct FsWriter {
     /// The last ended handle's state, kept for the next so its set's memory is reused.
     spare_handle: handle::HandleState,
     /// Delayed refs are being run by writeback (which they call back into).
-    running_refs: bool,
+    pub(crate) running_refs: bool,
     pub(crate) roots: BTreeMap<u64, RootState>,
     pub(crate) delayed: crate::extent::delayed_ref::DelayedRefs,
     pub(crate) alloc: crate::space::allocator::Allocator,

@@ -189,6 +189,10 @@ impl FsWriter {
     /// `Io`/`Corrupt` reading blocks, allocation failures.
     pub(crate) fn search_slot(&mut self, root_id: u64, key: &Key, ins_len: i32) -> Result<(WPath, bool)> {
         #[cfg(feature = "test-hooks")]
+        if self.hooks.writeback_before_search && !self.running_refs && self.in_change_handle() {
+            self.balance_dirty_metadata()?;
+        }
+        #[cfg(feature = "test-hooks")]
         if self.hooks.cow_stats.is_some() {
             let before = self.cowed;
             let mut restarts = 0;
@@ -211,10 +215,7 @@ impl FsWriter {
             *restarts += 1;
             let restarts = *restarts;
             assert!(restarts < 64, "search_slot restarted {restarts} times for {key} in tree {root_id}");
-            #[cfg(feature = "test-hooks")]
-            if restarts > 1 && self.hooks.writeback_on_restart {
-                self.balance_dirty_metadata()?;
-            }
+
             let root = self.read_root_blk(root_id)?;
             let mut b = self.cow_block(root_id, root, None)?;
             let levels = usize::from(self.node(&b).level()) + 1;
