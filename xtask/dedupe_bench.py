@@ -7,11 +7,12 @@ contents (sizes from 4 KiB to 4 MiB, a fixed seed), and a second copy of every o
 of them under another directory, so half the bytes are duplicates.
 
 Each round, on fresh images of --image-gib:
-  kernel  mkfs.btrfs, mount -o loop, cp -a the tree, sync; timed: `duperemove -dr
-          --dedupe-options=same` of the mount (whole-file and extent matching, its
+  kernel  mkfs.btrfs, mount -o loop, cp -a the tree, sync, drop caches; timed:
+          `duperemove -dr` of the mount (whole-file and extent matching, its
           defaults otherwise; hashes kept in memory), then sync.
-  ubtrfs  mkfs.btrfs, `ubtrfs put -r` the tree; timed: `ubtrfs dedupe IMAGE /`
-          (which commits).
+  ubtrfs  mkfs.btrfs, `ubtrfs put -r` the tree, sync, drop caches; timed: `ubtrfs
+          dedupe IMAGE /` (which commits).
+Both start cold (nothing of the tree in the page cache).
 Bytes saved: the data bytes used before minus after (`btrfs filesystem usage -b` on the
 kernel's mount after a sync; `ubtrfs info` for ours). After each ubtrfs round the
 image passes `btrfs check --readonly --check-data-csum` and a kernel mount reads every
@@ -104,6 +105,15 @@ def ubtrfs_data_used(binary, img):
     return int(float(m.group(1)) * unit)
 
 
+def drop_caches():
+    """Both sides start cold: written, synced, and nothing of it in the page cache
+    (`ubtrfs put` writes its data with O_DIRECT, `cp -a` onto the mount leaves it
+    cached; without this the kernel's side would read from memory and ours from disk)."""
+    run(["sync"])
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
 def kernel_round(a, tree):
     img, mnt = os.path.join(a.workdir, "k.img"), os.path.join(a.workdir, "kmnt")
     os.makedirs(mnt, exist_ok=True)
@@ -112,6 +122,7 @@ def kernel_round(a, tree):
     try:
         run(["cp", "-a", os.path.join(tree, "one"), os.path.join(tree, "two"), mnt])
         before = kernel_data_used(mnt)
+        drop_caches()
         t = time.monotonic()
         run(["duperemove", "-dr", "-q", mnt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         run(["sync"])
@@ -127,6 +138,7 @@ def ubtrfs_round(a, tree, want, verify):
     fresh(img, a.image_gib)
     run([a.binary, "put", "-r", img, os.path.join(tree, "one"), os.path.join(tree, "two"), "/"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     before = ubtrfs_data_used(a.binary, img)
+    drop_caches()
     t = time.monotonic()
     run([a.binary, "dedupe", img, "/"], stdout=subprocess.DEVNULL)
     secs = time.monotonic() - t
