@@ -261,10 +261,6 @@ fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_sn
     if cur != 0 {
         println!("dropped the tree of subvolume {cur}");
     }
-    let left = e.write(|w| w.dead_roots())?;
-    if !left.is_empty() {
-        eprintln!("warning: deleted subvolumes {left:?} wait for their trees to be dropped: with quotas on, a kernel mount drops them");
-    }
     Ok(st)
 }
 

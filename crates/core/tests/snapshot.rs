@@ -177,8 +177,9 @@ fn snapshot_refusals() {
 /// With quotas on, a snapshot gets its level-0 qgroup and the commit recounts: right
 /// after it the two share everything but their root blocks, and after changes on both
 /// sides every qgroup is what `btrfs check` computes (in debug builds each incremental
-/// commit is also compared with the full recount). Deleting a subvolume with quotas on
-/// is refused, with nothing changed.
+/// commit is also compared with the full recount). Then the source is deleted and
+/// dropped: its qgroup counts its tree until the drop ends, then nothing, and the
+/// snapshot's exclusive is all it references.
 #[test]
 fn snapshots_with_quotas_keep_the_qgroups_exact() {
     if !common::kernel_available("snapshots_with_quotas_keep_the_qgroups_exact") {
@@ -220,8 +221,19 @@ fn snapshots_with_quotas_keep_the_qgroups_exact() {
     e.sync().expect("sync");
     let c2 = counts(&e);
     assert!(c2[&snap].1 > ns && c2[&sv].1 > ns, "both own blocks of their own now: {c2:?}");
-    let err = e.delete_subvol(5, 256, b"snap").expect_err("delete with quotas");
-    assert_eq!(err.posix_kind(), Some(PosixKind::NotSupported), "{err}");
     drop(e);
     assert_check(&s.path, "after a snapshot with quotas and changes on both sides");
+    // Deleting the source: its qgroup counts its tree until the drop, then nothing;
+    // the snapshot then owns what they shared.
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    e.delete_subvol(5, 256, b"sv").expect("delete with quotas");
+    e.commit().expect("commit");
+    assert_eq!(counts(&e)[&sv], c2[&sv], "a deleted subvolume counts its tree until it is dropped");
+    let st = e.clean_dead_roots(&mut |_, _| true).expect("drop with quotas");
+    assert!(st.done && st.tree_refs_dropped > 0, "{st:?}");
+    let c3 = counts(&e);
+    assert_eq!(c3[&sv], (0, 0), "the dropped subvolume's qgroup: {c3:?}");
+    assert_eq!(c3[&snap].0, c3[&snap].1, "the snapshot owns everything it references now: {c3:?}");
+    drop(e);
+    assert_check(&s.path, "after deleting and dropping the source with quotas");
 }

@@ -10,7 +10,7 @@
 //! - crashes anywhere in the deletion and the drop (the fault-injecting device) leave
 //!   an image that checks clean, and the next open's cleaner ends with exact refs;
 //! - the refusals: the default subvolume, nested subvolumes, names that are not
-//!   subvolumes, quotas; rmdir(2) deletes an empty subvolume and refuses a full one.
+//!   subvolumes; rmdir(2) deletes an empty subvolume and refuses a full one.
 //!
 //! Needs root, the kernel btrfs driver and btrfs-progs for the kernel parts; without
 //! them those tests print why and pass, except under CI=true.
@@ -358,12 +358,6 @@ fn delete_refusals_and_rmdir() {
     if have_btrfs_check() {
         assert_check(&s.path, "after rmdir and deletes");
     }
-    // Quotas: refused for now, with nothing changed.
-    let q = Scratch::mkfs("sv-del-quota", 256 << 20, &["-R", "quota"]);
-    let mut w = q.writer();
-    w.create_subvol(5, 256, b"s", &a).expect("create");
-    w.commit().expect("commit");
-    assert_eq!(kind(w.delete_subvol(5, 256, b"s")), Some(PosixKind::NotSupported));
 }
 
 /// Crash points of the deletion and the drop: each image checks clean, shows the

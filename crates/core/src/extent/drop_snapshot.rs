@@ -169,11 +169,11 @@ impl FsWriter {
             Err(e) => return Err(e),
         };
         if self.quotas {
-            return Err(Error::posix_detail(
-                PosixKind::NotSupported,
-                format!("subvolume {id}"),
-                "dropping a deleted subvolume with quotas enabled is not supported yet (the qgroup accounting of the drop); a kernel mount drops it",
-            ));
+            // A step drops references to shared subtrees without touching what is below
+            // them, whose extents are then reached by one tree less although their own
+            // references did not change: the commit recounts (the kernel traces those
+            // subtrees instead).
+            self.qgroup.needs_rescan("a deleted subvolume's tree is being dropped");
         }
         let st = self.roots.get(&id).expect("loaded above");
         let item = st.item.expect("a subvolume has its ROOT_ITEM");
@@ -538,17 +538,17 @@ impl crate::engine::Engine {
     /// committing every few steps and when a tree is gone, until none is left or
     /// `keep_going(id, totals)` (asked before each step) says stop. A deletion of the
     /// running transaction is committed first. Returns the totals (`done` once no
-    /// dead root is left). With quotas on nothing is dropped (`drop_subvol_step`).
+    /// dead root is left). With quotas on, each tree is dropped in one transaction
+    /// (its commit recounts the qgroups, see `drop_subvol_step`).
     ///
     /// # Errors
     /// Step and commit errors (a step's failure has aborted the filesystem).
     pub fn clean_dead_roots(&self, keep_going: &mut dyn FnMut(u64, &DropStats) -> bool) -> Result<DropStats> {
         let mut total = DropStats::default();
         let mut since_commit = 0u32;
-        if self.write(|w| Ok(w.quotas))? {
-            // Left to a kernel mount (see `drop_subvol_step`).
-            return Ok(total);
-        }
+        // With quotas on each commit of a drop recounts every qgroup: the tree is
+        // dropped in one transaction, one recount for it.
+        let steps_per_commit = if self.write(|w| Ok(w.quotas))? { u32::MAX } else { STEPS_PER_COMMIT };
         while let Some(id) = self.write(|w| w.dead_roots())?.first().copied() {
             let mut busy = 0;
             loop {
@@ -562,7 +562,7 @@ impl crate::engine::Engine {
                     Ok(s) => {
                         total.add(&s);
                         since_commit += 1;
-                        if s.done || since_commit >= STEPS_PER_COMMIT {
+                        if s.done || since_commit >= steps_per_commit {
                             self.commit()?;
                             since_commit = 0;
                         }

@@ -250,8 +250,9 @@ impl FsWriter {
     /// # Errors
     /// `Posix`: NotFound for the name; Invalid for a name that is not a subvolume;
     /// NotPermitted for the default subvolume (as the kernel); NotEmpty when
-    /// subvolumes are nested in it; ReadOnly for a read-only parent; NotSupported with
-    /// quotas on (the qgroup accounting of a drop is not done yet); tree failures.
+    /// subvolumes are nested in it; ReadOnly for a read-only parent; tree failures.
+    /// With quotas on, its qgroup keeps counting what its tree holds until the drop
+    /// (the kernel's accounting); the drop's commits recount.
     pub fn delete_subvol(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         self.check_root_writable(root)?;
         let entry = self.live().lookup(InodeId { root, ino: dir }, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
@@ -262,9 +263,6 @@ impl FsWriter {
         let what = || format!("subvolume {} (id {id})", crate::quote::name(name));
         if id == self.default_subvol {
             return Err(Error::posix_detail(PosixKind::NotPermitted, what(), "it is the default subvolume; set another default first"));
-        }
-        if self.quotas {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what(), "deleting subvolumes with quotas enabled is not supported yet (the qgroup accounting of the drop)"));
         }
         let nested = self.items_in_range(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_REF_KEY, 0), &Key::new(id, ROOT_REF_KEY, u64::MAX))?;
         if let Some((k, _)) = nested.first() {
