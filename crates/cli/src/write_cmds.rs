@@ -138,5 +138,8 @@ pub fn dedupe(a: &DedupeArgs) -> Result<()> {
         if s.already_shared > 0 { format!(", {} already did", s.already_shared) } else { String::new() },
         if s.refused > 0 { format!(", {} refused (checksummed and not, immutable, append-only or read-only)", s.refused) } else { String::new() },
     );
+    if s.block_hashed_bytes > 0 {
+        println!("blocks of the other files: {} bytes hashed, {} ranges now share {} bytes", s.block_hashed_bytes, s.block_ranges, s.block_bytes);
+    }
     Ok(())
 }

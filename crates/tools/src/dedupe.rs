@@ -1,8 +1,7 @@
-//! `ubtrfs dedupe IMAGE PATH...`: find regular files with identical contents under the
-//! paths and make them share their extents, as duperemove does on a kernel mount (whole
-//! files here: a file whose bytes equal another file's bytes shares all of them; parts
-//! of files are not matched yet).
+//! `ubtrfs dedupe IMAGE PATH...`: find identical data under the paths and make it share
+//! extents, as duperemove does on a kernel mount: whole files first, then blocks.
 //!
+//! Whole files:
 //! Files are grouped by size (files smaller than a block are left alone: they are
 //! inline or nearly), then the candidates of each size are hashed (XXH3-128 of the
 //! contents: not a cryptographic hash, and it need not be one), and each group of equal hashes is deduplicated against its first file in
@@ -11,6 +10,12 @@
 //! already share every extent with the first are counted and skipped. A file the
 //! kernel's rules refuse (one checksummed and one not, an immutable or append-only
 //! one, a read-only subvolume) is counted as skipped, and the rest goes on.
+//!
+//! Blocks: the files not shared whole are hashed in aligned `DEDUPE_BLOCK` pieces
+//! (duperemove's default block size); each piece whose hash another piece has (in any
+//! file, or elsewhere in the same one) is deduplicated against the first of them, runs
+//! of consecutive pieces matching consecutive pieces as one range. Pieces already
+//! sharing their extent with the first are left.
 //!
 //! It runs on the engine (`Engine::dedupe_range`, which compares under both inodes'
 //! locks and shares under the writer's), so the sizes are spread over worker threads,
@@ -43,7 +48,14 @@ pub struct DedupeStats {
     pub already_shared: u64,
     /// Files the kernel's rules refused to share.
     pub refused: u64,
+    /// The block pass: bytes hashed, ranges shared and their bytes.
+    pub block_hashed_bytes: u64,
+    pub block_ranges: u64,
+    pub block_bytes: u64,
 }
+
+/// The piece size of the block pass.
+pub const DEDUPE_BLOCK: u64 = 128 << 10;
 
 /// A progress callback.
 pub struct Progress(pub std::sync::Arc<dyn Fn(&DedupeStats) + Send + Sync>);
@@ -109,7 +121,7 @@ fn layout(e: &Engine, id: InodeId) -> Result<Vec<(u64, u64, u64, u64)>> {
 
 /// The files of one size: hash them if more than two, then share each group of equal
 /// contents with its first file.
-fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Tally<'_>) -> Result<()> {
+fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Tally<'_>, whole: &Mutex<Vec<InodeId>>) -> Result<()> {
     // Two files of a size are compared directly (the dedupe reads both anyway); more
     // are hashed first, so each is read once before the comparisons.
     let groups: Vec<Vec<InodeId>> = if ids.len() == 2 {
@@ -134,6 +146,7 @@ fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Ta
                     s.already_shared += 1;
                 });
                 counted = true;
+                whole.lock().unwrap_or_else(|p| p.into_inner()).extend([src, dst]);
                 continue;
             }
             let mut off = 0u64;
@@ -156,6 +169,9 @@ fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Ta
             };
             // (ok with nothing done: the unhashed pair that was no pair.)
             let pair = !(ok && done == 0);
+            if ok && done == size {
+                whole.lock().unwrap_or_else(|p| p.into_inner()).extend([src, dst]);
+            }
             tally.add(|s| {
                 s.deduped_bytes += done;
                 if pair {
@@ -193,6 +209,7 @@ pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Prog
     }
     files.sort();
     files.dedup();
+    let all = files.clone();
     let bs = u64::from(e.info().sectorsize);
     let mut by_size: BTreeMap<u64, Vec<InodeId>> = BTreeMap::new();
     let nfiles = files.len() as u64;
@@ -204,6 +221,7 @@ pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Prog
     by_size.retain(|_, v| v.len() > 1);
     let candidate_bytes = by_size.iter().map(|(s, v)| s * v.len() as u64).sum();
     let tally = Tally { stats: Mutex::new(DedupeStats { files: nfiles, candidate_bytes, ..Default::default() }), progress };
+    let whole: Mutex<Vec<InodeId>> = Mutex::new(Vec::new());
     // Largest sizes first: the longest jobs start early and the threads end together.
     let jobs: Vec<(u64, Vec<InodeId>)> = by_size.into_iter().rev().collect();
     let next = AtomicUsize::new(0);
@@ -219,7 +237,7 @@ pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Prog
                     }
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some((size, ids)) = jobs.get(i) else { return };
-                    if let Err(err) = one_size(e, *size, ids.clone(), &mut buf, &tally) {
+                    if let Err(err) = one_size(e, *size, ids.clone(), &mut buf, &tally, &whole) {
                         first_err.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
                         return;
                     }
@@ -230,5 +248,126 @@ pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Prog
     if let Some(err) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(err);
     }
+    let mut whole = whole.into_inner().unwrap_or_else(|p| p.into_inner());
+    whole.sort();
+    whole.dedup();
+    let rest: Vec<(InodeId, u64)> = files_left(&all, &whole);
+    blocks(e, &rest, threads, &tally)?;
     Ok(tally.stats.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// The files (and sizes) the whole-file pass did not share, of at least one piece.
+fn files_left(all: &[(InodeId, u64)], whole: &[InodeId]) -> Vec<(InodeId, u64)> {
+    all.iter().filter(|(id, size)| *size >= DEDUPE_BLOCK && whole.binary_search(id).is_err()).copied().collect()
+}
+
+/// The block pass (see the module): hash every piece of `files` on `threads` threads,
+/// then share runs of pieces equal to earlier pieces, one file at a time.
+fn blocks(e: &Engine, files: &[(InodeId, u64)], threads: usize, tally: &Tally<'_>) -> Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    // (hash, file index, piece index) for every piece.
+    let next = AtomicUsize::new(0);
+    let hashed: Mutex<Vec<(u128, usize, u64)>> = Mutex::new(Vec::new());
+    let first_err: Mutex<Option<ubtrfs_core::Error>> = Mutex::new(None);
+    std::thread::scope(|sc| {
+        for _ in 0..threads.min(files.len()).max(1) {
+            sc.spawn(|| {
+                let mut buf = vec![0u8; DEDUPE_BLOCK as usize];
+                let mut mine = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(id, size)) = files.get(i) else { break };
+                    for piece in 0..size / DEDUPE_BLOCK {
+                        match e.read_file(id, piece * DEDUPE_BLOCK, &mut buf) {
+                            Ok(n) if n == buf.len() => mine.push((xxhash_rust::xxh3::xxh3_128(&buf), i, piece)),
+                            Ok(_) => break,
+                            Err(err) => {
+                                first_err.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
+                                return;
+                            }
+                        }
+                        tally.add(|s| s.block_hashed_bytes += DEDUPE_BLOCK);
+                    }
+                }
+                hashed.lock().unwrap_or_else(|p| p.into_inner()).extend(mine);
+            });
+        }
+    });
+    if let Some(err) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(err);
+    }
+    let mut hashed = hashed.into_inner().unwrap_or_else(|p| p.into_inner());
+    // The first piece of each hash (lowest file, then piece) is the source of the rest.
+    hashed.sort_unstable();
+    let mut src_of: BTreeMap<(usize, u64), (usize, u64)> = BTreeMap::new();
+    for run in hashed.chunk_by(|a, b| a.0 == b.0) {
+        let (_, fi, pi) = run[0];
+        for &(_, f, p) in &run[1..] {
+            src_of.insert((f, p), (fi, pi));
+        }
+    }
+    // Consecutive pieces of a file matching consecutive pieces of one source: one range.
+    let mut runs: Vec<((usize, u64), (usize, u64), u64)> = Vec::new();
+    for (&(f, p), &(sf, sp)) in &src_of {
+        if let Some(last) = runs.last_mut() {
+            let ((lf, lp), (lsf, lsp), n) = *last;
+            if lf == f && lp + n == p && lsf == sf && lsp + n == sp {
+                last.2 += 1;
+                continue;
+            }
+        }
+        runs.push(((f, p), (sf, sp), 1));
+    }
+    for ((f, p), (sf, sp), n) in runs {
+        let (dst, src) = (files[f].0, files[sf].0);
+        let (doff, soff) = (p * DEDUPE_BLOCK, sp * DEDUPE_BLOCK);
+        let len = n * DEDUPE_BLOCK;
+        // Overlapping ranges of one file cannot be deduplicated (the kernel's rule).
+        if src == dst && soff < doff + len && doff < soff + len {
+            continue;
+        }
+        if same_extents(e, src, soff, dst, doff, len)? {
+            continue;
+        }
+        let mut done = 0u64;
+        while done < len {
+            match e.dedupe_range(src, soff + done, (len - done).min(MAX_DEDUPE_LEN), dst, doff + done) {
+                Ok(Dedupe::Same(0)) | Ok(Dedupe::Differs) => break,
+                Ok(Dedupe::Same(k)) => done += k,
+                Err(err) if matches!(err.posix_kind(), Some(PosixKind::Invalid | PosixKind::NotPermitted | PosixKind::ReadOnly)) => break,
+                Err(err) => return Err(err),
+            }
+        }
+        if done > 0 {
+            tally.add(|s| {
+                s.block_ranges += 1;
+                s.block_bytes += done;
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `len` bytes of `dst` at `doff` already sit on the same disk bytes as `src`
+/// at `soff` (or both are holes).
+fn same_extents(e: &Engine, src: InodeId, soff: u64, dst: InodeId, doff: u64, len: u64) -> Result<bool> {
+    let map = |id: InodeId, off: u64| -> Result<Vec<(u64, u64, u64)>> {
+        let all = e.read(|l| l.file_extents(id, off, off + len))?;
+        Ok(all
+            .iter()
+            .filter_map(|x| match x.kind {
+                ExtentKind::Regular { disk_bytenr, offset, num_bytes, .. } if disk_bytenr != 0 => {
+                    // Clipped to the range, relative to its start.
+                    let a = x.file_offset.max(off);
+                    let z = (x.file_offset + num_bytes).min(off + len);
+                    (a < z).then(|| (a - off, disk_bytenr, offset + (a - x.file_offset)))
+                }
+                _ => None,
+            })
+            .collect())
+    };
+    let (a, b) = (map(src, soff)?, map(dst, doff)?);
+    Ok(a == b)
 }
