@@ -54,6 +54,9 @@ pub struct DedupeStats {
     pub block_bytes: u64,
 }
 
+/// A piece of the block pass: (index into the files, piece number).
+type Piece = (usize, u64);
+
 /// The piece size of the block pass.
 pub const DEDUPE_BLOCK: u64 = 128 << 10;
 
@@ -301,7 +304,7 @@ fn blocks(e: &Engine, files: &[(InodeId, u64)], threads: usize, tally: &Tally<'_
     let mut hashed = hashed.into_inner().unwrap_or_else(|p| p.into_inner());
     // The first piece of each hash (lowest file, then piece) is the source of the rest.
     hashed.sort_unstable();
-    let mut src_of: BTreeMap<(usize, u64), (usize, u64)> = BTreeMap::new();
+    let mut src_of: BTreeMap<Piece, Piece> = BTreeMap::new();
     for run in hashed.chunk_by(|a, b| a.0 == b.0) {
         let (_, fi, pi) = run[0];
         for &(_, f, p) in &run[1..] {
@@ -309,7 +312,7 @@ fn blocks(e: &Engine, files: &[(InodeId, u64)], threads: usize, tally: &Tally<'_
         }
     }
     // Consecutive pieces of a file matching consecutive pieces of one source: one range.
-    let mut runs: Vec<((usize, u64), (usize, u64), u64)> = Vec::new();
+    let mut runs: Vec<(Piece, Piece, u64)> = Vec::new();
     for (&(f, p), &(sf, sp)) in &src_of {
         if let Some(last) = runs.last_mut() {
             let ((lf, lp), (lsf, lsp), n) = *last;
