@@ -618,7 +618,9 @@ fn the_mount_cleaner_drops_deleted_subvolumes() {
     let i = img.to_str().unwrap();
     run(bin().args(["subvolume", "delete", "--no-clean", i, "/big"]));
     assert!(run(bin().args(["subvolume", "list", "-d", i])).contains("<deleted>"));
-    let m = FuseMount::start(&img, &s.join("mnt"), "commit=1");
+    // The default commit interval (30 s): the cleaner runs at mount and when a deletion
+    // wakes it.
+    let m = FuseMount::start(&img, &s.join("mnt"), "");
     std::fs::remove_dir(s.join("mnt/empty")).expect("rmdir of an empty subvolume through the mount");
     let e = std::fs::remove_dir(s.join("mnt/big-snap")).expect_err("rmdir of a full subvolume");
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
@@ -630,7 +632,7 @@ fn the_mount_cleaner_drops_deleted_subvolumes() {
         if run(bin().args(["subvolume", "list", "-d", i])).trim().is_empty() {
             break;
         }
-        let m = FuseMount::start(&img, &s.join("mnt"), "commit=1");
+        let m = FuseMount::start(&img, &s.join("mnt"), "");
         std::thread::sleep(Duration::from_secs(2));
         m.stop(Stop::Fusermount);
     }

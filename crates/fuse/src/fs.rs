@@ -96,6 +96,8 @@ pub struct UbtrfsFs {
     /// The session's notifier once it runs: entries changed by an ioctl are
     /// invalidated in the kernel's dentry cache.
     pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// Wakes the mount's cleaner (a subvolume was deleted).
+    cleaner: std::sync::mpsc::Sender<()>,
 }
 
 fn now_or(t: TimeOrNow) -> TimeSet {
@@ -174,10 +176,15 @@ fn name_of(n: &OsStr) -> &[u8] {
 
 impl UbtrfsFs {
     /// Serve `engine` with its directory `top` as the mount's root.
-    pub fn new(engine: Arc<Engine>, top: InodeId, opts: MountOptions, mountpoint: &Path, notifier: Arc<std::sync::OnceLock<fuser::Notifier>>) -> UbtrfsFs {
+    pub fn new(engine: Arc<Engine>, top: InodeId, opts: MountOptions, mountpoint: &Path, notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, cleaner: std::sync::mpsc::Sender<()>) -> UbtrfsFs {
         let sectorsize = engine.info().super_copy().sectorsize.get();
         let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-        UbtrfsFs { engine, map: InoMap { top }, opts, handles: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), sectorsize, mountpoint, notifier }
+        UbtrfsFs { engine, map: InoMap { top }, opts, handles: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), sectorsize, mountpoint, notifier, cleaner }
+    }
+
+    /// Wake the cleaner: a subvolume was deleted.
+    pub(crate) fn kick_cleaner(&self) {
+        let _ = self.cleaner.send(());
     }
 
     /// The engine served.
@@ -578,6 +585,8 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.remove("rmdir", parent, name, reply, Engine::rmdir);
+        // (It may have been an empty subvolume's.)
+        self.kick_cleaner();
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {

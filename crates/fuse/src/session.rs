@@ -136,7 +136,9 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     let commit_every = Duration::from_secs(opts.commit_secs);
     let opts_read_only = opts.read_only;
     let notifier = Arc::new(std::sync::OnceLock::new());
-    let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone());
+    // Wakes the cleaner (below) when a subvolume is deleted through the mount.
+    let (clean_tx, clean_rx) = mpsc::channel::<()>();
+    let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone(), clean_tx.clone());
     let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
     let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
@@ -167,8 +169,8 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     // The cleaner (none on a read-only mount): drops the trees of deleted subvolumes,
     // those pending at mount (ours or the kernel's, half dropped or not) and those
     // deleted since, a few steps between commits, as the kernel's cleaner thread does.
+    // It wakes at each commit interval, and at once after a deletion.
     let stop_cleaning = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (clean_tx, clean_rx) = mpsc::channel::<()>();
     let cleaner = if read_only {
         None
     } else {
@@ -178,13 +180,15 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
             std::thread::Builder::new()
                 .name("ubtrfs-cleaner".into())
                 .spawn(move || loop {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
                     let keep_going = &mut |_: u64, _: &ubtrfs_core::extent::drop_snapshot::DropStats| !stop.load(std::sync::atomic::Ordering::Relaxed);
                     if let Err(e) = engine.clean_dead_roots(keep_going) {
                         crate::log::log(&format!("cleaner: {e}"));
                     }
-                    match clean_rx.recv_timeout(commit_every) {
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        _ => return,
+                    if let Err(mpsc::RecvTimeoutError::Disconnected) = clean_rx.recv_timeout(commit_every) {
+                        return;
                     }
                 })
                 .map_err(|e| Error::io("start the cleaner thread", e))?,
@@ -210,7 +214,7 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     let _ = stop_tx.send(());
     let _ = committer.join();
     stop_cleaning.store(true, std::sync::atomic::Ordering::Relaxed);
-    drop(clean_tx);
+    let _ = clean_tx.send(());
     if let Some(c) = cleaner {
         let _ = c.join();
         // What the cleaner did since the unmount's commit (it stops between steps).

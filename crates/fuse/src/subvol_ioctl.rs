@@ -176,6 +176,7 @@ impl UbtrfsFs {
                 }
                 self.engine.delete_subvol(id.root, id.ino, name)?;
                 self.invalidate_entry(id, name);
+                self.kick_cleaner();
                 Ok(Vec::new())
             }
             BTRFS_IOC_DEFAULT_SUBVOL => {
