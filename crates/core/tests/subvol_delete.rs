@@ -82,6 +82,22 @@ fn read_model<V: FsRead>(fs: &V, root: u64) -> Model {
     try_read_model(fs, root).expect("read the subvolume")
 }
 
+/// Subvolume `name` with `n` files, committed; a snapshot of it (read-only if `ro`),
+/// committed; then every `unlink_step`-th file unlinked from the source, committed.
+/// Returns the source's id, the files the snapshot holds, and the snapshot's id.
+fn subvol_with_snapshot(w: &mut FsWriter, name: &str, n: usize, seed: u64, ro: bool, unlink_step: usize) -> (u64, Model, u64) {
+    let id = w.create_subvol(5, 256, name.as_bytes(), &InodeAttrs::new(0o755)).expect("create");
+    let m = fill(w, id, n, seed);
+    w.commit().expect("commit");
+    let snap = w.create_snapshot(id, 5, 256, format!("{name}-snap").as_bytes(), ro).expect("snapshot");
+    w.commit().expect("commit");
+    for i in (0..n).step_by(unlink_step) {
+        w.unlink(id, 256, format!("f{i:05}").as_bytes()).expect("unlink");
+    }
+    w.commit().expect("commit");
+    (id, m, snap)
+}
+
 /// Our checker's findings on the image in `dev` (empty when clean).
 fn ubtrfs_check(dev: Arc<dyn BlockDevice>) -> Vec<String> {
     let info = match FsInfo::open_devices(vec![dev], 64 << 20) {
@@ -232,15 +248,7 @@ fn the_kernel_resumes_a_drop_we_started() {
     }
     let s = Scratch::mkfs("sv-del-kresume", 512 << 20, &["-n", "4096"]);
     let mut w = s.writer();
-    let c = w.create_subvol(5, 256, b"c", &InodeAttrs::new(0o755)).expect("create c");
-    let mc = fill(&mut w, c, 3000, 3);
-    w.commit().expect("commit");
-    let snap = w.create_snapshot(c, 5, 256, b"c-snap", true).expect("snapshot");
-    w.commit().expect("commit");
-    for i in (0..3000).step_by(50) {
-        w.unlink(c, 256, format!("f{i:05}").as_bytes()).expect("unlink");
-    }
-    w.commit().expect("commit");
+    let (c, mc, snap) = subvol_with_snapshot(&mut w, "c", 3000, 3, true, 50);
     drop(w);
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
     e.delete_subvol(5, 256, b"c").expect("delete");
@@ -382,15 +390,7 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
     }
     let s = Scratch::mkfs("sv-del-crash", 256 << 20, &["-n", "4096"]);
     let mut w = s.writer();
-    let v = w.create_subvol(5, 256, b"v", &InodeAttrs::new(0o755)).expect("create");
-    let mv = fill(&mut w, v, 1200, 5);
-    w.commit().expect("commit");
-    let snap = w.create_snapshot(v, 5, 256, b"v-snap", false).expect("snapshot");
-    w.commit().expect("commit");
-    for i in (0..1200).step_by(31) {
-        w.unlink(v, 256, format!("f{i:05}").as_bytes()).expect("unlink");
-    }
-    w.commit().expect("commit");
+    let (v, mv, snap) = subvol_with_snapshot(&mut w, "v", 1200, 5, false, 31);
     drop(w);
     let base = std::fs::read(&s.path).expect("read image");
     // The recorded run: delete, then drop in small steps with a commit after each.

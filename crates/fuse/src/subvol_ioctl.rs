@@ -77,6 +77,14 @@ fn name_in(field: &[u8]) -> Result<&[u8]> {
     Ok(name)
 }
 
+/// The name and flags of a `vol_args` (`v1`: flags 0) or `vol_args_v2` argument.
+fn vol_name(in_data: &[u8], v1: bool) -> Result<(&[u8], u64)> {
+    if v1 {
+        return Ok((name_in(in_data.get(8..).unwrap_or_default())?, 0));
+    }
+    Ok((name_in(in_data.get(V2_NAME_AT..).unwrap_or_default())?, u64_at(in_data, 16)?))
+}
+
 fn u64_at(d: &[u8], at: usize) -> Result<u64> {
     d.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes"))).ok_or_else(|| invalid("ioctl argument", "too short"))
 }
@@ -122,14 +130,10 @@ impl UbtrfsFs {
         match cmd {
             BTRFS_IOC_SUBVOL_CREATE | BTRFS_IOC_SUBVOL_CREATE_V2 => {
                 self.writable()?;
-                let name = if cmd == BTRFS_IOC_SUBVOL_CREATE {
-                    name_in(in_data.get(8..).unwrap_or_default())?
-                } else {
-                    if u64_at(in_data, 16)? & BTRFS_SUBVOL_QGROUP_INHERIT != 0 {
-                        return Err(Error::posix_detail(PosixKind::NotSupported, "subvolume create", "qgroup inheritance is not supported yet"));
-                    }
-                    name_in(in_data.get(V2_NAME_AT..).unwrap_or_default())?
-                };
+                let (name, flags) = vol_name(in_data, cmd == BTRFS_IOC_SUBVOL_CREATE)?;
+                if flags & BTRFS_SUBVOL_QGROUP_INHERIT != 0 {
+                    return Err(Error::posix_detail(PosixKind::NotSupported, "subvolume create", "qgroup inheritance is not supported yet"));
+                }
                 self.may_create_in(req, id, name)?;
                 let mut a = InodeAttrs::new(0o755);
                 a.uid = IdMap::store(self.opts.uid, req.uid());
@@ -141,8 +145,7 @@ impl UbtrfsFs {
             BTRFS_IOC_SNAP_CREATE | BTRFS_IOC_SNAP_CREATE_V2 => {
                 self.writable()?;
                 let fd = u64_at(in_data, 0)? as i64;
-                let (name, flags) =
-                    if cmd == BTRFS_IOC_SNAP_CREATE { (name_in(in_data.get(8..).unwrap_or_default())?, 0) } else { (name_in(in_data.get(V2_NAME_AT..).unwrap_or_default())?, u64_at(in_data, 16)?) };
+                let (name, flags) = vol_name(in_data, cmd == BTRFS_IOC_SNAP_CREATE)?;
                 if flags & BTRFS_SUBVOL_QGROUP_INHERIT != 0 {
                     return Err(Error::posix_detail(PosixKind::NotSupported, "snapshot", "qgroup inheritance is not supported yet"));
                 }
@@ -162,14 +165,10 @@ impl UbtrfsFs {
             }
             BTRFS_IOC_SNAP_DESTROY | BTRFS_IOC_SNAP_DESTROY_V2 => {
                 self.writable()?;
-                let name = if cmd == BTRFS_IOC_SNAP_DESTROY {
-                    name_in(in_data.get(8..).unwrap_or_default())?
-                } else {
-                    if u64_at(in_data, 16)? & BTRFS_SUBVOL_SPEC_BY_ID != 0 {
-                        return Err(Error::posix_detail(PosixKind::NotSupported, "subvolume delete", "by id: give the name in its directory"));
-                    }
-                    name_in(in_data.get(V2_NAME_AT..).unwrap_or_default())?
-                };
+                if cmd == BTRFS_IOC_SNAP_DESTROY_V2 && u64_at(in_data, 16)? & BTRFS_SUBVOL_SPEC_BY_ID != 0 {
+                    return Err(Error::posix_detail(PosixKind::NotSupported, "subvolume delete", "by id: give the name in its directory"));
+                }
+                let (name, _) = vol_name(in_data, cmd == BTRFS_IOC_SNAP_DESTROY)?;
                 // The kernel lets others delete only with user_subvol_rm_allowed.
                 if req.uid() != 0 {
                     return Err(Error::posix_detail(PosixKind::NotPermitted, String::from_utf8_lossy(name).into_owned(), "deleting a subvolume needs CAP_SYS_ADMIN"));
