@@ -150,23 +150,21 @@ fn vol_args_v2(fd: i64, flags: u64, name: &[u8]) -> Result<Vec<u8>> {
 }
 
 fn create(a: &SubvolCreateArgs) -> Result<()> {
+    let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
+    let path = ubtrfs_tools::edit::absolute(&a.path)?;
     if let Some(mnt) = mount_of(&a.image) {
-        let path = ubtrfs_tools::edit::absolute(&a.path)?;
         let (parent, name) = on_mount(mnt, path)?;
         let mut arg = vol_args_v2(0, 0, &name)?;
         btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SUBVOL_CREATE_V2, &mut arg, &format!("create subvolume {path}"))?;
-        if a.mode != "755" {
+        // The ioctl makes it 0755, as the kernel's.
+        if mode != 0o755 {
             use std::os::unix::fs::PermissionsExt;
-            let mode =
-                u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
             let host = mnt.join(path.trim_start_matches('/'));
             std::fs::set_permissions(&host, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io(host.display().to_string(), e))?;
         }
         println!("created subvolume at {path} through the mount");
         return Ok(());
     }
-    let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
-    let path = ubtrfs_tools::edit::absolute(&a.path)?;
     let mut w = a.image.open_writer()?;
     let (parent, name) = w.resolve_parent(path)?;
     let id = w.create_subvol(parent.root, parent.ino, &name, &InodeAttrs::new(mode))?;

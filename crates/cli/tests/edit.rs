@@ -3,6 +3,8 @@
 //! with `btrfs check`; a batch is one commit, and a batch that fails anywhere (even on
 //! its last line, or in parsing) leaves the image byte for byte as it was.
 
+#[path = "common/cmd.rs"]
+mod cmd;
 #[path = "../../core/tests/common/kernel.rs"]
 mod kernel;
 
@@ -333,17 +335,7 @@ fn dedupe_shares_identical_blocks_of_different_files() {
     let work = std::env::temp_dir().join(format!("ubtrfs-dedupe-blocks-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
-    let bytes = |seed: u64, n: usize| -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    };
+    let bytes = cmd::pseudo_random;
     let common = bytes(7, 1 << 20);
     let p1 = [bytes(1, 1 << 20), common.clone()].concat();
     let p2 = [bytes(2, 256 << 10), common.clone(), bytes(3, 100_000)].concat();

@@ -10,7 +10,6 @@ mod common;
 #[path = "common/write.rs"]
 mod write_common;
 
-use std::collections::BTreeMap;
 use ubtrfs_core::inode::attr::SetAttr;
 use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::write::InodeAttrs;
@@ -18,26 +17,9 @@ use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::TreeView;
 use ubtrfs_format::key::*;
-use ubtrfs_format::structs::*;
-use ubtrfs_format::Key;
 use write_common::*;
-use zerocopy::FromBytes;
 
 const LEVEL1: u64 = 1 << 48 | 1;
-
-/// (referenced, exclusive) of every qgroup as the QGROUP_INFO items store them.
-fn stored(w: &mut FsWriter) -> BTreeMap<u64, (u64, u64)> {
-    let from = Key::new(0, QGROUP_INFO_KEY, 0);
-    let to = Key::new(0, QGROUP_INFO_KEY, u64::MAX);
-    w.items_in_range(QUOTA_TREE_OBJECTID, &from, &to)
-        .expect("quota tree")
-        .into_iter()
-        .map(|(k, d)| {
-            let i = QgroupInfoItem::read_from_bytes(&d).expect("qgroup info");
-            (k.offset, (i.rfer.get(), i.excl.get()))
-        })
-        .collect()
-}
 
 /// `ubtrfs check` (which counts the qgroups its own way) finds the image clean.
 fn ubtrfs_check(img: &Scratch, what: &str) {
@@ -88,14 +70,14 @@ fn run_model(seed: u64, ops: usize) {
     w.commit().expect("commit subvolumes");
     let st = w.qgroup_stats().expect("quotas are on");
     assert_eq!(st.recount, None, "{what}: new subvolumes are accounted incrementally");
-    assert!(stored(&mut w).contains_key(&a) && stored(&mut w).contains_key(&b), "{what}: new subvolumes get qgroups");
-    assert_eq!(stored(&mut w)[&a], (4096, 4096), "{what}: a new subvolume's root leaf counts for its qgroup");
+    assert!(qgroup_counts(&mut w).contains_key(&a) && qgroup_counts(&mut w).contains_key(&b), "{what}: new subvolumes get qgroups");
+    assert_eq!(qgroup_counts(&mut w)[&a], (4096, 4096), "{what}: a new subvolume's root leaf counts for its qgroup");
     w.qgroup_create(LEVEL1).expect("qgroup 1/1");
     w.qgroup_assign(a, LEVEL1).expect("assign a");
     w.qgroup_assign(b, LEVEL1).expect("assign b");
     w.commit().expect("commit relations");
     assert!(w.qgroup_stats().unwrap().recount.is_some_and(|r| r.contains("assigned")), "{what}: a relation change recounts");
-    let s = stored(&mut w);
+    let s = qgroup_counts(&mut w);
     assert_eq!(s[&LEVEL1], (s[&a].0 + s[&b].0, s[&a].1 + s[&b].1), "{what}: 1/1 holds a and b, which share nothing");
 
     let mut rng = Rng::new(seed);
@@ -153,7 +135,7 @@ fn run_model(seed: u64, ops: usize) {
             commits += 1;
             let st = w.qgroup_stats().unwrap();
             assert_eq!(st.recount, None, "{what}: commit after op {op} recounted");
-            let s = stored(&mut w);
+            let s = qgroup_counts(&mut w);
             assert_eq!(s[&LEVEL1].0, s[&a].0 + s[&b].0, "{what}: op {op}: 1/1 references what a and b do");
             assert_eq!(s[&LEVEL1].1, s[&a].1 + s[&b].1, "{what}: op {op}: 1/1 holds exclusively what a and b do");
             for &r in &roots {
@@ -264,7 +246,7 @@ fn shared_snapshots_are_accounted_incrementally() {
         w.commit().unwrap_or_else(|e| panic!("round {round}: commit: {e}"));
         let st = w.qgroup_stats().expect("quotas are on");
         assert_eq!(st.recount, None, "round {round}: shared blocks are accounted incrementally");
-        let s = stored(&mut w);
+        let s = qgroup_counts(&mut w);
         let level1 = 1 << 48 | 100;
         assert!(s[&level1].0 >= s[&ids[0]].0, "round {round}: 1/100 references at least what sv does: {s:?}");
     }
@@ -289,7 +271,7 @@ fn too_many_changed_extents_recount() {
     w.commit().expect("commit");
     let st = w.qgroup_stats().expect("quotas are on");
     assert!(st.recount.as_deref().is_some_and(|r| r.contains("more extents changed")), "{st:?}");
-    let after_recount = stored(&mut w)[&FS_TREE_OBJECTID];
+    let after_recount = qgroup_counts(&mut w)[&FS_TREE_OBJECTID];
     assert!(after_recount.0 >= 20 * 8192, "the recount counts the new files: {after_recount:?}");
     w.set_qgroup_record_limit(ubtrfs_core::extent::delayed_ref::MAX_QGROUP_RECORDS);
     w.create_file(top.root, top.ino, b"one-more", &InodeAttrs::new(0o644)).expect("create");

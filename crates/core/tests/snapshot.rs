@@ -193,20 +193,7 @@ fn snapshots_with_quotas_keep_the_qgroups_exact() {
         create(&e, sv, &format!("f{i:04}"), &rng.bytes((i % 5) * 3000));
     }
     let snap = e.create_snapshot(sv, 5, 256, b"snap", false).expect("snapshot with quotas");
-    // (referenced, exclusive) of every qgroup as the QGROUP_INFO items store them.
-    let counts = |e: &Engine| -> BTreeMap<u64, (u64, u64)> {
-        use ubtrfs_format::key::{QGROUP_INFO_KEY, QUOTA_TREE_OBJECTID};
-        use zerocopy::FromBytes;
-        let (from, to) = (ubtrfs_format::Key::new(0, QGROUP_INFO_KEY, 0), ubtrfs_format::Key::new(0, QGROUP_INFO_KEY, u64::MAX));
-        let items = e.write(|w| w.items_in_range(QUOTA_TREE_OBJECTID, &from, &to)).expect("quota tree");
-        items
-            .into_iter()
-            .map(|(k, d)| {
-                let i = ubtrfs_format::structs::QgroupInfoItem::read_from_bytes(&d).expect("qgroup info");
-                (k.offset, (i.rfer.get(), i.excl.get()))
-            })
-            .collect()
-    };
+    let counts = |e: &Engine| e.write(|w| Ok(qgroup_counts(w))).expect("qgroup counts");
     let c = counts(&e);
     let ns = 4096;
     assert_eq!(c[&sv].0, c[&snap].0, "the snapshot references what its source does: {c:?}");

@@ -373,6 +373,15 @@ fn delete_refusals_and_rmdir() {
     let st = e.clean_dead_roots(&mut |_, _| true).expect("clean");
     assert!(st.done);
     assert!(e.write(|w| w.dead_roots()).unwrap().is_empty());
+    // The engine refuses a subvolume with an open file (a file looked up only is no
+    // obstacle), and deletes it once the file is closed.
+    let x = e.read(|l| l.lookup(InodeId { root: full, ino: 256 }, b"x")).unwrap().expect("x").target;
+    let h = e.open_file(x).expect("open x");
+    let err = e.delete_subvol(5, 256, b"full").expect_err("delete with an open file");
+    assert_eq!(err.posix_kind(), Some(PosixKind::Busy), "{err}");
+    drop(h);
+    e.delete_subvol(5, 256, b"full").expect("delete once closed");
+    e.clean_dead_roots(&mut |_, _| true).expect("clean");
     drop(e);
     let f = ubtrfs_check_path(&s.path);
     assert!(f.is_empty(), "{f:#?}");

@@ -968,7 +968,7 @@ impl fuser::Filesystem for UbtrfsFs {
 /// (`capable(CAP_FSETID)`), and its supplementary groups. A process gone or unreadable
 /// holds nothing: its set-user-ID bits are taken, as for any caller the kernel cannot
 /// vouch for.
-fn caller_creds(pid: u32) -> (bool, Vec<u32>) {
+pub(crate) fn caller_creds(pid: u32) -> (bool, Vec<u32>) {
     const CAP_FSETID: u32 = 4;
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return (false, Vec::new());

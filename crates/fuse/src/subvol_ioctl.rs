@@ -92,7 +92,8 @@ fn u64_at(d: &[u8], at: usize) -> Result<u64> {
 impl UbtrfsFs {
     /// The caller as a credential for the kernel's permission checks.
     fn cred_of(&self, req: &Request) -> Cred {
-        Cred { uid: IdMap::store(self.opts.uid, req.uid()), gid: IdMap::store(self.opts.gid, req.gid()), groups: Vec::new(), privileged: req.uid() == 0 }
+        let groups = crate::fs::caller_creds(req.pid()).1.into_iter().map(|g| IdMap::store(self.opts.gid, g)).collect();
+        Cred { uid: IdMap::store(self.opts.uid, req.uid()), gid: IdMap::store(self.opts.gid, req.gid()), groups, privileged: req.uid() == 0 }
     }
 
     /// `may_create` of a new entry in `dir`: write and search permission.

@@ -237,7 +237,7 @@ impl FsWriter {
                 if refs != 1 {
                     return Err(corrupt(id, b.bytenr(), format!("block at level {l} above the drop point has {refs} references, not 1")));
                 }
-                let child = self.drop_read_child(&b, slot, id)?;
+                let child = self.read_child(&b, slot, id)?;
                 wc.stats.blocks_read += 1;
                 b = child;
                 l -= 1;
@@ -273,12 +273,6 @@ impl FsWriter {
         self.roots.remove(&id);
         wc.stats.done = true;
         Ok(wc.stats)
-    }
-
-    fn drop_read_child(&self, parent: &Blk, slot: usize, id: u64) -> Result<Blk> {
-        let n = self.node(parent);
-        let e = Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(id), first_key: Some(n.key(slot)) };
-        self.read_block(n.blockptr(slot), &e)
     }
 
     /// Whether tree block `bytenr` still holds reference `kind` (committed, with this
@@ -419,7 +413,7 @@ impl FsWriter {
             }
             return Ok(Down::Skip);
         }
-        let child = self.drop_read_child(wc.nodes[level].as_ref().expect("on the path"), wc.slots[level], wc.id)?;
+        let child = self.read_child(wc.nodes[level].as_ref().expect("on the path"), wc.slots[level], wc.id)?;
         wc.stats.blocks_read += 1;
         wc.nodes[cl] = Some(child);
         wc.slots[cl] = 0;
@@ -523,7 +517,7 @@ impl crate::engine::Engine {
         let entry = self.read(|l| crate::inode::filesystem::FsRead::lookup(l, dir_id, name))?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
         if entry.is_subvol {
             let id = entry.target.root;
-            if let Some(busy) = self.info().inodes.in_use_in_root(id).filter(|i| self.info().inodes.lookup(*i).is_some_and(|n| n.open_count() > 0)) {
+            if let Some(busy) = self.info().inodes.open_in_root(id) {
                 return Err(Error::posix_detail(PosixKind::Busy, format!("subvolume {} (id {id})", crate::quote::name(name)), format!("inode {} of it is open", busy.ino)));
             }
             self.writeback_all()?;

@@ -294,10 +294,10 @@ impl InodeCache {
         self.lock().map.get(&id).map(|(i, _)| Arc::clone(i))
     }
 
-    /// An inode of tree `root` that is in use (open, or looked up and not forgotten),
-    /// if there is one: a subvolume with one cannot be deleted.
-    pub fn in_use_in_root(&self, root: u64) -> Option<InodeId> {
-        self.lock().map.iter().find(|(id, (i, _))| id.root == root && i.in_use()).map(|(id, _)| *id)
+    /// An open inode of tree `root`, if there is one: a subvolume with one is not
+    /// deleted.
+    pub fn open_in_root(&self, root: u64) -> Option<InodeId> {
+        self.lock().map.iter().find(|(id, (i, _))| id.root == root && i.open_count() > 0).map(|(id, _)| *id)
     }
 
     /// Drop `id` from the cache if nobody holds it (after its removal from disk).

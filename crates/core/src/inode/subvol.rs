@@ -85,18 +85,25 @@ impl FsWriter {
         let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
         r.extend_from_slice(b"..");
         self.insert_item(id, &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID), &r)?;
-        // The name in the parent, pointing at the ROOT_ITEM, and the refs both ways.
+        self.link_subvol(root, dir, name, id, 0, &uuid)?;
+        Ok(id)
+    }
+
+    /// Name new subvolume `id` in directory `dir` of tree `root`: the entries pointing
+    /// at its ROOT_ITEM (key offset `location_offset`), ROOT_REF and ROOT_BACKREF, its
+    /// UUID-tree item and, with quotas on, its qgroup.
+    fn link_subvol(&mut self, root: u64, dir: u64, name: &[u8], id: u64, location_offset: u64, uuid: &[u8; 16]) -> Result<()> {
         let index = self.next_dir_index(root, dir)?;
-        self.add_dir_entries_to(root, dir, name, Key::new(id, ROOT_ITEM_KEY, 0), FT_DIR, index)?;
+        self.add_dir_entries_to(root, dir, name, Key::new(id, ROOT_ITEM_KEY, location_offset), FT_DIR, index)?;
         let mut rr = RootRef { dirid: dir.into(), sequence: index.into(), name_len: (name.len() as u16).into() }.as_bytes().to_vec();
         rr.extend_from_slice(name);
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id), &rr)?;
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root), &rr)?;
-        self.add_uuid_item(&uuid, UUID_KEY_SUBVOL, id)?;
+        self.add_uuid_item(uuid, UUID_KEY_SUBVOL, id)?;
         if self.quotas {
             self.add_subvol_qgroup(id)?;
         }
-        Ok(id)
+        Ok(())
     }
 
     /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`
@@ -215,19 +222,11 @@ impl FsWriter {
             id,
             crate::transaction::RootState { info: crate::tree::search::RootInfo { id, bytenr: new, level: si.level, generation: transid }, item: Some(item), item_offset: transid, dirty: true },
         );
-        // The name in the parent, pointing at the ROOT_ITEM, and the refs both ways.
-        let index = self.next_dir_index(root, dir)?;
-        self.add_dir_entries_to(root, dir, name, Key::new(id, ROOT_ITEM_KEY, u64::MAX), FT_DIR, index)?;
-        let mut rr = RootRef { dirid: dir.into(), sequence: index.into(), name_len: (name.len() as u16).into() }.as_bytes().to_vec();
-        rr.extend_from_slice(name);
-        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id), &rr)?;
-        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root), &rr)?;
-        self.add_uuid_item(&uuid, UUID_KEY_SUBVOL, id)?;
+        self.link_subvol(root, dir, name, id, u64::MAX, &uuid)?;
         if self.quotas {
-            // Its level-0 qgroup; the new tree reaches every extent of the source
-            // without a reference of its own changing, so the commit recounts (the
-            // kernel's `btrfs_qgroup_inherit` sets the same numbers directly).
-            self.add_subvol_qgroup(id)?;
+            // The new tree reaches every extent of the source without a reference of
+            // its own changing, so the commit recounts (the kernel's
+            // `btrfs_qgroup_inherit` sets the same numbers directly).
             self.qgroup.needs_rescan("a snapshot shares a whole tree");
         }
         Ok(id)

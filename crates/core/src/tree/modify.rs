@@ -72,7 +72,7 @@ impl FsWriter {
         (n.blockptr(slot), Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(root_id), first_key: Some(n.key(slot)) })
     }
 
-    fn read_child(&self, parent: &Blk, slot: usize, root_id: u64) -> Result<Blk> {
+    pub(crate) fn read_child(&self, parent: &Blk, slot: usize, root_id: u64) -> Result<Blk> {
         let (bytenr, e) = self.child_expect(parent, slot, root_id);
         self.read_block(bytenr, &e)
     }

@@ -1290,3 +1290,18 @@ pub fn verify_all(img: &Path, m: &Model, kernel: bool, what: &str) {
     }
     verify_ubtrfs(img, m, what);
 }
+
+/// (referenced, exclusive) of every qgroup as the QGROUP_INFO items store them.
+pub fn qgroup_counts(w: &mut FsWriter) -> BTreeMap<u64, (u64, u64)> {
+    use zerocopy::FromBytes;
+    let from = ubtrfs_format::Key::new(0, QGROUP_INFO_KEY, 0);
+    let to = ubtrfs_format::Key::new(0, QGROUP_INFO_KEY, u64::MAX);
+    w.items_in_range(QUOTA_TREE_OBJECTID, &from, &to)
+        .expect("quota tree")
+        .into_iter()
+        .map(|(k, d)| {
+            let i = QgroupInfoItem::read_from_bytes(&d).expect("qgroup info");
+            (k.offset, (i.rfer.get(), i.excl.get()))
+        })
+        .collect()
+}
