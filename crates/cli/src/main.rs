@@ -122,7 +122,8 @@ enum Cmd {
     Truncate(edit_cmds::WithImage<edit_cmds::TruncateOpts>),
     /// Copy a file by sharing its extents (`cp --reflink=always`): no data is written.
     Reflink(edit_cmds::WithImage<edit_cmds::ReflinkOpts>),
-    /// Make identical files share their extents, as duperemove does on a mount.
+    /// Make identical files, and identical 128 KiB blocks of other files, share their
+    /// extents, as duperemove does on a mount.
     Dedupe(write_cmds::DedupeArgs),
     /// Preallocate (or with -p punch, -z zero) a range of a file, as fallocate(1) does
     /// (a missing file is made, mode 0644, when neither -k, -p nor -z is given).
