@@ -1500,3 +1500,61 @@ impl Drop for AlignedBuf {
 
 // SAFETY: the buffer is plain bytes owned by one thread at a time.
 unsafe impl Send for AlignedBuf {}
+
+/// Subvolume placeholders through the mount, on the kernel's image of snapshots that
+/// hold nested subvolumes (`xtask/nested_snapshot.sh`): each is an empty, read-only
+/// directory of its own (two in one snapshot do not share a FUSE node), nothing below
+/// it exists or can be made, and `rm -rf` of it removes only the entry, never the real
+/// subvolume's files (it removed them before).
+#[test]
+fn subvolume_placeholders_through_the_mount() {
+    if !fuse_available("subvolume_placeholders_through_the_mount") {
+        return;
+    }
+    let s = scratch("placeholders");
+    let img = s.join("img");
+    run(Command::new("bash").arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../xtask/nested_snapshot.sh")).arg(&img));
+    let mnt = s.join("mnt");
+    let m = FuseMount::start(&img, &mnt, "");
+    let (sv, home) = (std::fs::metadata(mnt.join("snap/sv")).unwrap(), std::fs::metadata(mnt.join("snap/home")).unwrap());
+    for (md, what) in [(&sv, "snap/sv"), (&home, "snap/home")] {
+        assert!(md.is_dir(), "{what}");
+        assert_eq!((md.mode(), md.nlink(), md.size(), md.uid()), (0o40755, 1, 0, 0), "{what}");
+        assert_eq!(std::fs::read_dir(mnt.join(what)).unwrap().count(), 0, "{what} is not empty");
+    }
+    assert_ne!(sv.ino(), home.ino(), "two placeholders share a node");
+    let errno = |r: std::io::Result<()>| r.expect_err("refused").raw_os_error();
+    assert_eq!(errno(std::fs::read(mnt.join("snap/sv/f")).map(drop)), Some(libc::ENOENT));
+    assert_eq!(errno(std::fs::write(mnt.join("snap/sv/new"), b"x")), Some(libc::EACCES));
+    assert_eq!(errno(std::fs::create_dir(mnt.join("snap/sv/d"))), Some(libc::EPERM));
+    assert_eq!(errno(std::fs::rename(mnt.join("snap/sv"), mnt.join("snap/sv2"))), Some(libc::ENOTEMPTY));
+    // Still writable after the refusals.
+    std::fs::write(mnt.join("snap/after"), b"after").unwrap();
+    run(Command::new("rm").arg("-rf").arg(mnt.join("snap/sv")).arg(mnt.join("svsnap/inner")));
+    assert!(!mnt.join("snap/sv").exists() && !mnt.join("svsnap/inner").exists());
+    assert_eq!(std::fs::read(mnt.join("sv/f")).unwrap(), b"in-sv\n");
+    assert_eq!(std::fs::read(mnt.join("sv/inner/g")).unwrap(), b"in-inner\n");
+    m.stop(Stop::Fusermount);
+    assert_check(&img, "after rm -rf of placeholders through the mount");
+    // extract copies placeholders as empty directories, with no loss reported (four
+    // of them in one read-only snapshot).
+    let out = s.join("out");
+    let o = bin().arg("extract").arg(&img).arg(&out).output().unwrap();
+    assert!(o.status.success(), "extract: {}", String::from_utf8_lossy(&o.stderr));
+    for p in ["snap-ro/sv", "snap-ro/home", "snap-ro/snap", "snap-ro/svsnap", "snap/home"] {
+        assert_eq!(std::fs::read_dir(out.join(p)).unwrap_or_else(|e| panic!("{p}: {e}")).count(), 0, "{p}");
+    }
+    assert_eq!(std::fs::read(out.join("sv/inner/g")).unwrap(), b"in-inner\n");
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    let names = |d: &str| {
+        let mut v: Vec<String> = std::fs::read_dir(k.dir.join(d)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("snap"), ["after", "home", "topfile"]);
+    assert_eq!(names("svsnap"), ["d", "f"]);
+    assert_eq!(std::fs::read(k.dir.join("sv/f")).unwrap(), b"in-sv\n");
+    assert_eq!(std::fs::read(k.dir.join("sv/inner/g")).unwrap(), b"in-inner\n");
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}

@@ -20,7 +20,7 @@
 //! rewind (offset 0).
 
 use crate::errno::{errno_of, loggable};
-use crate::ino::{FuseIno, InoMap};
+use crate::ino::{FuseIno, InoMap, Placeholders};
 use crate::options::{IdMap, MountOptions};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
@@ -87,6 +87,8 @@ fn dirents(list: &[DirEntry], offset: u64) -> impl Iterator<Item = (u64, Option<
 pub struct UbtrfsFs {
     pub(crate) engine: Arc<Engine>,
     pub(crate) map: InoMap,
+    /// Node ids of subvolume placeholders (see `Placeholders`).
+    placeholders: Placeholders,
     pub(crate) opts: MountOptions,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
@@ -179,7 +181,18 @@ impl UbtrfsFs {
     pub fn new(engine: Arc<Engine>, top: InodeId, opts: MountOptions, mountpoint: &Path, notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, cleaner: std::sync::mpsc::Sender<()>) -> UbtrfsFs {
         let sectorsize = engine.info().super_copy().sectorsize.get();
         let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-        UbtrfsFs { engine, map: InoMap { top }, opts, handles: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), sectorsize, mountpoint, notifier, cleaner }
+        UbtrfsFs {
+            engine,
+            map: InoMap { top },
+            placeholders: Placeholders::default(),
+            opts,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            sectorsize,
+            mountpoint,
+            notifier,
+            cleaner,
+        }
     }
 
     /// Wake the cleaner: a subvolume was deleted.
@@ -193,7 +206,18 @@ impl UbtrfsFs {
     }
 
     fn id(&self, n: INodeNo) -> Result<InodeId> {
+        if Placeholders::is_placeholder_number(n.0) {
+            return self.placeholders.id(FuseIno(n.0));
+        }
         self.map.from_fuse(FuseIno(n.0))
+    }
+
+    /// The node id of entry `e` of directory `dir`: its inode's, or a placeholder's own.
+    fn node_of(&self, dir: InodeId, e: &DirEntry) -> Result<u64> {
+        match e.placeholder_of {
+            Some(subvol) => Ok(self.placeholders.node(dir, subvol)?.0),
+            None => Ok(self.map.to_fuse(e.target)?.0),
+        }
     }
 
     /// Reply with `e`'s errno, logging what is not a plain POSIX answer.
@@ -205,9 +229,14 @@ impl UbtrfsFs {
     }
 
     fn attr_of(&self, id: InodeId, ii: &InodeItem) -> Result<FileAttr> {
-        let mode = ii.mode.get();
         let n = if id == self.map.top { InoMap::encode(id)? } else { self.map.to_fuse(id)?.0 };
-        Ok(FileAttr {
+        Ok(self.attr_with_number(n, ii))
+    }
+
+    /// The attributes of node id `n` (also its `st_ino`), whose item is `ii`.
+    fn attr_with_number(&self, n: u64, ii: &InodeItem) -> FileAttr {
+        let mode = ii.mode.get();
+        FileAttr {
             ino: INodeNo(n),
             size: ii.size.get(),
             // btrfs_getattr: the bytes rounded up to the block size, in 512-byte units.
@@ -224,12 +253,31 @@ impl UbtrfsFs {
             rdev: rdev_to_fuse(ii.rdev.get()),
             blksize: self.sectorsize,
             flags: 0,
-        })
+        }
     }
 
     fn getattr_of(&self, id: InodeId) -> Result<(FileAttr, u64)> {
         let ii = self.engine.getattr(id)?;
         Ok((self.attr_of(id, &ii)?, ii.generation.get()))
+    }
+
+    /// `getattr_of` for the inode the kernel knows as node id `n` (a placeholder's
+    /// number is its own, not its inode's).
+    fn getattr_node(&self, n: INodeNo, id: InodeId) -> Result<(FileAttr, u64)> {
+        if !id.is_placeholder() {
+            return self.getattr_of(id);
+        }
+        let ii = self.engine.getattr(id)?;
+        Ok((self.attr_with_number(n.0, &ii), ii.generation.get()))
+    }
+
+    /// `getattr_node` for entry `e` of directory `dir`.
+    fn getattr_entry(&self, dir: InodeId, e: &DirEntry) -> Result<(FileAttr, u64)> {
+        if !e.is_placeholder() {
+            return self.getattr_of(e.target);
+        }
+        let n = self.node_of(dir, e)?;
+        self.getattr_node(INodeNo(n), e.target)
     }
 
     /// Reply to an entry-making request for `id`, counting the lookup the kernel now
@@ -284,15 +332,19 @@ impl UbtrfsFs {
     /// umask to us, which applies only where the directory has no default ACL; a
     /// default ACL is inherited instead (`posix_acl_create`), in the same handle.
     fn make_with_acls(w: &mut FsWriter, dir: InodeId, mut a: InodeAttrs, umask: u32, create: impl FnOnce(&mut FsWriter, &InodeAttrs) -> Result<u64>) -> Result<u64> {
-        // Refusals first: a failure inside the handle below aborts the filesystem.
         w.check_root_writable(dir.root)?;
         let acls = w.acl_for_new_inode(dir, a.mode, umask)?;
         a.mode = acls.mode;
-        w.transaction("create with ACLs", 0, |w| {
-            let ino = create(w, &a)?;
-            w.acl_init(InodeId { root: dir.root, ino }, &acls)?;
-            Ok(ino)
-        })
+        // The create makes every check before it begins its own handle, so a refusal
+        // (EEXIST, an immutable directory, a long name) changes nothing and aborts
+        // nothing; it must not run inside a handle of ours, whose failure would abort.
+        // The ACLs follow in a handle of their own, in the same transaction: a failure
+        // there comes after the inode was made, and aborts.
+        let ino = create(w, &a)?;
+        if acls.access.is_some() || acls.default.is_some() {
+            w.transaction("inherit ACLs", 2, |w| w.acl_init(InodeId { root: dir.root, ino }, &acls))?;
+        }
+        Ok(ino)
     }
 
     /// Make an inode in `parent` with `make` (given the writer, the directory's item),
@@ -399,6 +451,11 @@ impl UbtrfsFs {
     /// number encodes; the reply is as long as `out_size` asks, at most 8 bytes.
     fn flags_ioctl(&self, id: InodeId, cmd: u32, in_data: &[u8], out_size: u32) -> Result<Vec<u8>> {
         match cmd {
+            // A placeholder has no fileattr operations (EOPNOTSUPP, as chattr reports
+            // on the kernel's).
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS | FS_IOC_FSGETXATTR if id.is_placeholder() => {
+                Err(Error::posix_detail(PosixKind::NotSupported, id.to_string(), "an empty subvolume placeholder has no flags"))
+            }
             FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
                 let ii = self.engine.getattr(id)?;
                 let f = ubtrfs_core::inode::attr::fsflags_of(ii.flags.get());
@@ -474,9 +531,9 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self.id(parent).and_then(|dir| self.engine.lookup(dir, name_of(name)));
+        let r = self.id(parent).and_then(|dir| Ok((dir, self.engine.lookup(dir, name_of(name))?)));
         match r {
-            Ok(Some(e)) => match self.getattr_of(e.target) {
+            Ok((dir, Some(e))) => match self.getattr_entry(dir, &e) {
                 // Engine::lookup counted the lookup.
                 Ok((attr, generation)) => reply.entry(&TTL, &attr, Generation(generation)),
                 Err(err) => {
@@ -484,7 +541,7 @@ impl fuser::Filesystem for UbtrfsFs {
                     reply.error(self.fail("lookup", &err))
                 }
             },
-            Ok(None) => reply.error(Errno::ENOENT),
+            Ok((_, None)) => reply.error(Errno::ENOENT),
             Err(e) => reply.error(self.fail("lookup", &e)),
         }
     }
@@ -501,7 +558,7 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.id(ino).and_then(|id| self.getattr_of(id)) {
+        match self.id(ino).and_then(|id| self.getattr_node(ino, id)) {
             Ok((attr, _)) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(self.fail("getattr", &e)),
         }
@@ -547,7 +604,7 @@ impl fuser::Filesystem for UbtrfsFs {
             // (the kernel's FATTR_KILL_SUIDGID, which fuser does not pass on).
             let a = if size.is_some() && mode.is_none() { SetAttr { mode: self.mode_without_privs(req, id)?, ..a } } else { a };
             self.engine.setattr(id, &a)?;
-            self.getattr_of(id)
+            self.getattr_node(ino, id)
         });
         match r {
             Ok((attr, _)) => reply.attr(&TTL, &attr),
@@ -641,6 +698,15 @@ impl fuser::Filesystem for UbtrfsFs {
             let acc = flags.0 & libc::O_ACCMODE;
             if acc != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
                 self.writable()?;
+                // may_open and inode_permission's MAY_WRITE: the kernel checks the
+                // inode flags, which a FUSE inode does not carry, so they are ours.
+                let fl = self.engine.getattr(id)?.flags.get();
+                if fl & INODE_IMMUTABLE != 0 {
+                    return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "the file is immutable"));
+                }
+                if fl & INODE_APPEND != 0 && (flags.0 & libc::O_APPEND == 0 || flags.0 & libc::O_TRUNC != 0) {
+                    return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "the file is append-only: open it with O_APPEND and without O_TRUNC"));
+                }
             }
             // No FUSE_ATOMIC_O_TRUNC: with it the truncation would come here, before the
             // kernel's own checks that follow the open (a running executable's
@@ -733,8 +799,8 @@ impl fuser::Filesystem for UbtrfsFs {
                 for (off, e) in dirents(&list, offset) {
                     let (n, kind, name): (u64, FileType, &[u8]) = match e {
                         None => (ino.0, FileType::Directory, if off == 1 { b"." } else { b".." }),
-                        Some(e) => match self.map.to_fuse(e.target) {
-                            Ok(f) => (f.0, ft_type(e.ftype), &e.name),
+                        Some(e) => match self.node_of(id, e) {
+                            Ok(f) => (f, ft_type(e.ftype), &e.name),
                             Err(err) => {
                                 let _ = self.fail("readdir", &err);
                                 continue;
@@ -759,7 +825,7 @@ impl fuser::Filesystem for UbtrfsFs {
                     let Some(e) = e else {
                         // `.` and `..` carry no attributes the kernel keeps: it looks
                         // them up itself.
-                        let attr = match self.getattr_of(id) {
+                        let attr = match self.getattr_node(ino, id) {
                             Ok((a, _)) => a,
                             Err(err) => {
                                 reply.error(self.fail("readdirplus", &err));
@@ -772,7 +838,7 @@ impl fuser::Filesystem for UbtrfsFs {
                         }
                         continue;
                     };
-                    let (attr, generation) = match self.getattr_of(e.target) {
+                    let (attr, generation) = match self.getattr_entry(id, e) {
                         Ok(x) => x,
                         Err(err) => {
                             let _ = self.fail("readdirplus", &err);

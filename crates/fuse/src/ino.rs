@@ -91,6 +91,66 @@ impl InoMap {
     }
 }
 
+/// Node ids for placeholders: the empty directories the kernel shows where a snapshot
+/// holds the entry of a subvolume it does not contain. They all are inode
+/// `InodeId::placeholder(tree)` of their tree (the kernel too gives each objectid 2),
+/// but the kernel's dentry cache allows a directory inode one name only, so each
+/// placeholder entry (tree, directory, subvolume) gets a node id of its own. These come
+/// from the objectids 3 to 255 of each tree slot, which no inode has (inodes start at
+/// BTRFS_FIRST_FREE_OBJECTID, 256), so they never meet `InoMap::encode`'s numbers; they
+/// are handed out in order and kept for the mount's life (an entry keeps its number).
+#[derive(Default)]
+pub struct Placeholders {
+    inner: std::sync::Mutex<PlaceholderTable>,
+}
+
+#[derive(Default)]
+struct PlaceholderTable {
+    by_entry: std::collections::HashMap<(u64, u64, u64), u64>,
+    tree_of: std::collections::HashMap<u64, u64>,
+}
+
+/// Node ids per tree slot for placeholders: objectids 3..=255.
+const PLACEHOLDERS_PER_SLOT: u64 = 253;
+
+impl Placeholders {
+    /// Whether node id `n` is one `node` hands out.
+    pub fn is_placeholder_number(n: u64) -> bool {
+        let ino = n & ((1 << INO_BITS) - 1);
+        (3..FIRST_SUBVOL).contains(&ino)
+    }
+
+    /// The node id of the placeholder entry in directory `dir` for subvolume `subvol`.
+    ///
+    /// # Errors
+    /// `Posix(Range)` once every number is taken (2^20 x 253 placeholders).
+    pub fn node(&self, dir: InodeId, subvol: u64) -> Result<FuseIno> {
+        let mut t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&n) = t.by_entry.get(&(dir.root, dir.ino, subvol)) {
+            return Ok(FuseIno(n));
+        }
+        let k = t.by_entry.len() as u64;
+        let slot = k / PLACEHOLDERS_PER_SLOT;
+        if slot > MAX_TREE_SLOT {
+            return Err(Error::posix_detail(PosixKind::Range, format!("{dir} subvolume {subvol}"), "no FUSE number left for another subvolume placeholder"));
+        }
+        let n = (slot << INO_BITS) | (3 + k % PLACEHOLDERS_PER_SLOT);
+        debug_assert!(Self::is_placeholder_number(n), "{n:#x}");
+        t.by_entry.insert((dir.root, dir.ino, subvol), n);
+        t.tree_of.insert(n, dir.root);
+        Ok(FuseIno(n))
+    }
+
+    /// The placeholder inode node id `n` names.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for a number never handed out.
+    pub fn id(&self, n: FuseIno) -> Result<InodeId> {
+        let t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        t.tree_of.get(&n.0).map(|&root| InodeId::placeholder(root)).ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no placeholder has this FUSE number"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +178,33 @@ mod tests {
         // The top's own st_ino is its encoded number, not 1.
         assert_eq!(InoMap::encode(m.top).unwrap(), 256);
         assert_eq!(InoMap::encode(InodeId { root: 257, ino: 256 }).unwrap(), (2 << 44) | 256);
+    }
+
+    #[test]
+    fn placeholders_get_numbers_of_their_own() {
+        let p = Placeholders::default();
+        let m = InoMap { top: InodeId { root: 5, ino: 256 } };
+        let a = p.node(InodeId { root: 258, ino: 256 }, 256).unwrap();
+        let b = p.node(InodeId { root: 258, ino: 256 }, 257).unwrap();
+        let c = p.node(InodeId { root: 259, ino: 300 }, 256).unwrap();
+        assert_eq!(p.node(InodeId { root: 258, ino: 256 }, 256).unwrap(), a, "an entry keeps its number");
+        assert!(a != b && b != c && a != c);
+        for n in [a, b, c] {
+            assert!(Placeholders::is_placeholder_number(n.0));
+            assert_ne!(n, FuseIno::ROOT);
+        }
+        assert_eq!(p.id(a).unwrap(), InodeId::placeholder(258));
+        assert_eq!(p.id(c).unwrap(), InodeId::placeholder(259));
+        // No inode's number is a placeholder's.
+        for id in [InodeId { root: 5, ino: 256 }, InodeId { root: 258, ino: 257 }, InodeId { root: 300, ino: (1 << 44) - 1 }] {
+            assert!(!Placeholders::is_placeholder_number(m.to_fuse(id).unwrap().0), "{id}");
+        }
+        // Past the first slot's 253 numbers, the next slot's.
+        for d in 0..300 {
+            let n = p.node(InodeId { root: 5, ino: 1000 + d }, 256).unwrap();
+            assert!(Placeholders::is_placeholder_number(n.0));
+        }
+        assert!(p.id(FuseIno(3 + 252 + (5 << 44))).is_err());
     }
 
     #[test]

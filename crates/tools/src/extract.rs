@@ -468,7 +468,9 @@ fn extract_one(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, name: &[u8], ino: &In
 /// Returns whether the directory was created.
 #[allow(clippy::too_many_arguments)]
 fn extract_dir(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeView, damage: &mut LoadDamage, rel: &Path, depth: usize, host: &str) -> Result<bool> {
-    if !ctx.visited_dirs.insert(ino.id) {
+    // Placeholders of subvolumes a snapshot does not hold share one number per tree,
+    // as on the kernel, and are always empty: no loop can pass through them.
+    if !ino.id.is_placeholder() && !ctx.visited_dirs.insert(ino.id) {
         let mut c = Corrupt::new(CorruptWhere::Item, "directory reached twice (loop or extra hard link)").root(ino.id.root);
         c.ino = Some(ino.id.ino);
         ctx.not_extracted(true, host, c.into())?;

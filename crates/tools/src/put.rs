@@ -506,7 +506,7 @@ pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     let (parent, name) = w.resolve_parent(path)?;
     let entry = w.live().lookup(parent, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes())))?;
     let (ino, ftype) = (entry.target.ino, entry.ftype);
-    if entry.is_subvol {
+    if entry.is_subvol && !entry.is_placeholder() {
         return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", ubtrfs_core::quote::name(path.as_bytes()))));
     }
     if ftype == FT_DIR && !recursive && w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
@@ -527,7 +527,7 @@ fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64
     let mut count = 0;
     for e in entries {
         let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&e.name));
-        if e.is_subvol {
+        if e.is_subvol && !e.is_placeholder() {
             return Err(Error::posix(PosixKind::Invalid, format!("{child_path} is a subvolume; deleting subvolumes is not supported yet")));
         }
         if e.ftype == FT_DIR {

@@ -515,7 +515,7 @@ impl crate::engine::Engine {
     pub fn delete_subvol(&self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         let dir_id = crate::inode::filesystem::InodeId { root, ino: dir };
         let entry = self.read(|l| crate::inode::filesystem::FsRead::lookup(l, dir_id, name))?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
-        if entry.is_subvol {
+        if entry.is_subvol && !entry.is_placeholder() {
             let id = entry.target.root;
             if let Some(busy) = self.info().inodes.open_in_root(id) {
                 return Err(Error::posix_detail(PosixKind::Busy, format!("subvolume {} (id {id})", crate::quote::name(name)), format!("inode {} of it is open", busy.ino)));

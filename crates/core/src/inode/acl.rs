@@ -103,6 +103,10 @@ impl FsWriter {
         if mode & S_IFMT == S_IFLNK {
             return Ok(NewAcls { mode, access: None, default: None });
         }
+        // A placeholder has no ACLs (nor takes new names: the create refuses).
+        if dir.is_placeholder() {
+            return Ok(no_acl);
+        }
         let Some(default) = read_acl(&self.live(), dir, XATTR_POSIX_ACL_DEFAULT)? else { return Ok(no_acl) };
         let mut access = default.clone();
         let mut m = mode;

@@ -67,7 +67,7 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NotFound)` for no such inode; tree failures.
     pub fn file_accessed(&mut self, root: u64, ino: u64, opts: AtimeOpts) -> Result<bool> {
-        if self.check_root_writable(root).is_err() {
+        if self.check_root_writable(root).is_err() || (InodeId { root, ino }).is_placeholder() {
             return Ok(false);
         }
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;

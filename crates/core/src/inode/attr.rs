@@ -99,6 +99,11 @@ impl FsWriter {
     /// non-regular file, FileTooBig past `MAX_FILE_SIZE`, NoSpace; tree failures.
     pub fn setattr(&mut self, root: u64, ino: u64, a: &SetAttr) -> Result<()> {
         self.check_root_writable(root)?;
+        // A placeholder's attributes are the kernel's in-memory inode's: its
+        // `simple_setattr` succeeds and stores nothing. So do we.
+        if (InodeId { root, ino }).is_placeholder() {
+            return if a.size.is_some() { Err(Error::posix_detail(PosixKind::IsDir, id_of(root, ino), "a directory has no size to set")) } else { Ok(()) };
+        }
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let flags = ii.flags.get();
         if a.touches_protected() && flags & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
@@ -306,6 +311,9 @@ impl FsWriter {
             return Err(Error::posix_detail(PosixKind::Invalid, what, "compress and no-compress exclude each other"));
         }
         self.check_root_writable(root)?;
+        if (InodeId { root, ino }).is_placeholder() {
+            return Err(Error::posix_detail(PosixKind::NotSupported, what, "an empty subvolume placeholder has no flags"));
+        }
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let mut f = ii.flags.get();
         for (b, fsb) in PLAIN_FLAGS {

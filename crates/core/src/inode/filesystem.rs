@@ -127,6 +127,19 @@ pub struct DirEntry {
     pub index: u64,
     /// True if the entry is a subvolume (location is a ROOT_ITEM).
     pub is_subvol: bool,
+    /// `Some(id)` when the entry names subvolume `id` but this tree does not hold it:
+    /// a snapshot's copy of the entry of a subvolume nested in its source, or the entry
+    /// of a deleted subvolume. The kernel shows it as an empty, read-only directory
+    /// (`btrfs_lookup_dentry` finds no ROOT_REF of this tree, directory and name, and
+    /// calls `new_simple_dir`); `target` is then `InodeId::placeholder(tree)`.
+    pub placeholder_of: Option<u64>,
+}
+
+impl DirEntry {
+    /// Whether the entry leads to a placeholder (see `placeholder_of`).
+    pub fn is_placeholder(&self) -> bool {
+        self.placeholder_of.is_some()
+    }
 }
 
 /// An inode with the items a caller asked for.
@@ -592,7 +605,27 @@ pub fn find_default_subvol<V: TreeView>(fs: &V) -> Result<u64> {
     Ok(FS_TREE_OBJECTID)
 }
 
+/// The inode the kernel shows for a placeholder (`new_simple_dir`): a directory, mode
+/// 0755, owned by root, one link, empty, no xattrs and no flags. The kernel stamps it
+/// with the time of the lookup; we give it the time its tree was made (the snapshot's
+/// otime, else its ctime), which is the same on every read.
+fn placeholder_view<V: FsRead>(fs: &V, id: InodeId) -> Result<InodeView> {
+    let (_, ri) = fs.read_root(id.root)?;
+    let t = if ri.otime.sec.get() != 0 { ri.otime } else { ri.ctime };
+    let mut ii = <InodeItem as zerocopy::FromZeros>::new_zeroed();
+    ii.mode = (S_IFDIR | 0o755).into();
+    ii.nlink = 1.into();
+    ii.atime = t;
+    ii.mtime = t;
+    ii.ctime = t;
+    ii.otime = t;
+    Ok(InodeView { id, item: ii, xattrs: Vec::new(), extents: Vec::new(), entries: Vec::new() })
+}
+
 fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Option<&mut LoadDamage>) -> Result<InodeView> {
+    if id.is_placeholder() {
+        return placeholder_view(fs, id);
+    }
     let root = fs.fs_root(id.root)?;
     let mut it = fs.iter(&root, Key::new(id.ino, INODE_ITEM_KEY, 0))?;
     let mut view: Option<InodeView> = None;
@@ -676,21 +709,45 @@ fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Optio
 }
 
 fn dir_entry<V: FsRead>(fs: &V, dir: InodeId, e: &items::DirEntry<'_>, index: u64) -> Result<DirEntry> {
-    let (target, is_subvol) = match e.location.type_ {
-        INODE_ITEM_KEY => (InodeId { root: dir.root, ino: e.location.objectid }, false),
+    let (target, is_subvol, placeholder_of) = match e.location.type_ {
+        INODE_ITEM_KEY => (InodeId { root: dir.root, ino: e.location.objectid }, false, None),
         ROOT_ITEM_KEY => {
-            let (_, v) = match fs.read_root(e.location.objectid) {
-                Ok(x) => x,
-                Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
-                    return Err(corrupt_inode(dir, format!("dir entry {:?} names subvolume {} which has no root item", String::from_utf8_lossy(e.name), e.location.objectid)));
-                }
-                Err(err) => return Err(err),
-            };
-            (InodeId { root: e.location.objectid, ino: v.root_dirid.get() }, true)
+            let id = e.location.objectid;
+            match subvol_root_dir(fs, dir, e.name, id)? {
+                Some(ino) => (InodeId { root: id, ino }, true, None),
+                None => (InodeId::placeholder(dir.root), true, Some(id)),
+            }
         }
         _ => return Err(corrupt_inode(dir, format!("dir entry location {}", e.location))),
     };
-    Ok(DirEntry { name: e.name.to_vec(), target, ftype: e.type_, index, is_subvol })
+    Ok(DirEntry { name: e.name.to_vec(), target, ftype: e.type_, index, is_subvol, placeholder_of })
+}
+
+/// The root directory of subvolume `id` when entry `name` of directory `dir` really
+/// holds it, or None for a placeholder, as `btrfs_lookup_dentry` decides
+/// (`fixup_tree_root_location`): the root tree must have the ROOT_REF of `dir`'s tree
+/// to `id` naming this directory and name, and the subvolume's ROOT_ITEM must exist.
+/// A snapshot copies its source's entries of nested subvolumes but gets no ROOT_REF
+/// for them; a deleted subvolume's ROOT_REF goes with it.
+///
+/// # Errors
+/// Read failures of the root tree.
+fn subvol_root_dir<V: FsRead>(fs: &V, dir: InodeId, name: &[u8], id: u64) -> Result<Option<u64>> {
+    let key = Key::new(dir.root, ROOT_REF_KEY, id);
+    let (path, found) = fs.search_slot(&fs.tree_root(), &key)?;
+    if !found {
+        return Ok(None);
+    }
+    let item = path.item().expect("found slot is in the leaf");
+    let r = items::root_ref(item.data()).expect("validated by the tree checker");
+    if r.dirid != dir.ino || r.name != name {
+        return Ok(None);
+    }
+    match fs.read_root(id) {
+        Ok((_, v)) => Ok(Some(v.root_dirid.get())),
+        Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// A subvolume's place in the tree (from its ROOT_BACKREF).

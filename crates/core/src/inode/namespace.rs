@@ -16,7 +16,7 @@ use crate::inode::write::{iflags_allow, inherited_flags, IflagOp, InodeAttrs, LI
 use crate::transaction::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::Key;
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 
 /// `renameat2` flags (the libc values).
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -46,6 +46,16 @@ fn check_component(name: &[u8]) -> Result<()> {
     }
     if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
         return Err(Error::posix_detail(PosixKind::Invalid, name_of(name), "not a single name inside a directory"));
+    }
+    Ok(())
+}
+
+/// Refuse a new name in directory `dir` when it is a placeholder (EPERM: the kernel's
+/// `simple_dir_inode_operations` have no mkdir, mknod, symlink or link; create is
+/// EACCES, refused by `create_file`'s caller path the same way).
+pub(crate) fn refuse_placeholder_dir(root: u64, dir: u64, name: &[u8]) -> Result<()> {
+    if (InodeId { root, ino: dir }).is_placeholder() {
+        return Err(Error::posix_detail(PosixKind::NotPermitted, name_of(name), "the directory is the empty placeholder of a subvolume this snapshot does not hold; nothing can be made in it"));
     }
     Ok(())
 }
@@ -131,6 +141,12 @@ impl FsWriter {
         if want_dir && v.item.size.get() != 0 {
             return Err(Error::posix(PosixKind::NotEmpty, name_of(name)));
         }
+        // rmdir(2) of a placeholder removes only its entry (`btrfs_rmdir` on
+        // BTRFS_EMPTY_SUBVOL_DIR_OBJECTID: `btrfs_unlink_subvol`); no ROOT_REF names
+        // it, and the subvolume it stands for is another tree's.
+        if let Some(id) = v.entry.placeholder_of {
+            return self.remove_placeholder(root, dir, name, id);
+        }
         // rmdir(2) of an empty subvolume deletes it, as the kernel's `btrfs_rmdir`.
         if v.entry.is_subvol {
             return self.delete_subvol(root, dir, name).map(|_| ());
@@ -141,6 +157,34 @@ impl FsWriter {
         let in_use = self.in_use(v.entry.target);
         let ino = v.entry.target.ino;
         self.transaction(if want_dir { "rmdir" } else { "unlink" }, 0, |w| w.unlink_inner(root, dir, name, ino, v.entry.ftype, &v.item, in_use))
+    }
+
+    /// Remove the entry `name` of directory `dir` that is the placeholder of subvolume
+    /// `id` (its DIR_ITEM and DIR_INDEX; the directory's size and times change), as
+    /// the kernel's `btrfs_unlink_subvol` does when the tree holds no ROOT_REF for it.
+    fn remove_placeholder(&mut self, root: u64, dir: u64, name: &[u8], id: u64) -> Result<()> {
+        // The DIR_INDEX is found by name (`btrfs_search_dir_index_item`): no back
+        // reference records it.
+        let from = Key::new(dir, DIR_INDEX_KEY, 0);
+        let to = Key::new(dir, DIR_INDEX_KEY, u64::MAX);
+        let mut index = None;
+        for (k, d) in self.items_in_range(root, &from, &to)? {
+            let found = ubtrfs_format::items::dir_entries(&d).any(|e| {
+                let e = e.expect("validated by the tree checker");
+                e.name == name && e.location.type_ == ROOT_ITEM_KEY && e.location.objectid == id
+            });
+            if found {
+                index = Some(k.offset);
+                break;
+            }
+        }
+        let Some(index) = index else {
+            return Err(Corrupt::new(CorruptWhere::Item, format!("directory {dir}: no DIR_INDEX for the entry {} of subvolume {id}", name_of(name))).root(root).into());
+        };
+        self.transaction("rmdir placeholder", 0, |w| {
+            w.del_dir_item_entry(root, dir, name)?;
+            w.del_dir_index(root, dir, name, index)
+        })
     }
 
     /// Create the symbolic link `name` in `dir` pointing at `target`, kept inline as the
@@ -266,6 +310,7 @@ impl FsWriter {
         // Both parents are resolved before either name is looked up.
         let odflags = self.dir_item(root, old_dir)?.flags.get();
         let ndflags = self.dir_item(root, new_dir)?.flags.get();
+        refuse_placeholder_dir(root, new_dir, new_name)?;
         let src = self.lookup_victim(root, old_dir, old_name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, name_of(old_name)))?;
         let dst = self.lookup_victim(root, new_dir, new_name)?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
@@ -295,6 +340,10 @@ impl FsWriter {
         match &dst {
             None => iflags_allow(root, new_dir, ndflags, IflagOp::AddName, new_name)?,
             Some(d) => self.may_delete(root, new_dir, ndflags, new_name, d, if exchange { d.is_dir() } else { src.is_dir() })?,
+        }
+        // btrfs_rename: a placeholder does not move (ENOTEMPTY, the kernel's answer).
+        if src.entry.is_placeholder() {
+            return Err(Error::posix_detail(PosixKind::NotEmpty, what(), "the placeholder of a subvolume this snapshot does not hold cannot be renamed"));
         }
         if src.entry.is_subvol || dst.as_ref().is_some_and(|d| d.entry.is_subvol) {
             return Err(Error::posix_detail(PosixKind::NotSupported, what(), "renaming onto or from a subvolume's entry is not supported yet"));

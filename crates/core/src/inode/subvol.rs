@@ -258,6 +258,13 @@ impl FsWriter {
         if !entry.is_subvol {
             return Err(Error::posix_detail(PosixKind::Invalid, crate::quote::name(name), "not a subvolume"));
         }
+        if let Some(id) = entry.placeholder_of {
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                crate::quote::name(name),
+                format!("not a subvolume: the empty placeholder of subvolume {id}, which this tree does not hold (rmdir removes it)"),
+            ));
+        }
         let id = entry.target.root;
         let what = || format!("subvolume {} (id {id})", crate::quote::name(name));
         if id == self.default_subvol {

@@ -159,6 +159,11 @@ pub(crate) fn timespec(t: crate::sources::Time) -> Timespec {
     Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() }
 }
 
+/// How errors name a placeholder directory.
+pub(crate) fn id_of_placeholder(root: u64) -> String {
+    format!("root={root} ino={} (the empty placeholder of a subvolume)", EMPTY_SUBVOL_DIR_OBJECTID)
+}
+
 pub(super) fn ino_err(root: u64, ino: u64, r: String) -> Error {
     let mut c = Corrupt::new(CorruptWhere::Item, r).root(root);
     c.ino = Some(ino);
@@ -178,6 +183,10 @@ impl FsWriter {
     /// inode's new delalloc bytes (`Inode::set_attrs_settling`).
     fn update_inode_settling(&mut self, root: u64, ino: u64, settled: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
         self.check_root_writable(root)?;
+        // A placeholder has no item; its callers refuse or skip it before they begin.
+        if (InodeId { root, ino }).is_placeholder() {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, id_of_placeholder(root), "an empty subvolume placeholder has no inode to change"));
+        }
         self.transaction("update_inode", 0, |w| {
             let key = Key::new(ino, INODE_ITEM_KEY, 0);
             let (leaf, slot) = w.lookup_for_update(root, &key, 0)?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}")))?;
@@ -313,6 +322,7 @@ impl FsWriter {
         if d.mode.get() & S_IFMT != S_IFDIR {
             return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
         }
+        crate::inode::namespace::refuse_placeholder_dir(root, dir, name)?;
         if self.live().lookup(InodeId { root, ino: dir }, name)?.is_some() {
             return Err(Error::posix(PosixKind::Exists, crate::quote::name(name)));
         }
@@ -474,6 +484,14 @@ impl FsWriter {
         let mut a = *a;
         a.mode = S_IFREG | (a.mode & 0o7777);
         self.check_root_writable(root)?;
+        // vfs_create: a directory without a create operation is EACCES.
+        if (InodeId { root, ino: dir }).is_placeholder() {
+            return Err(Error::posix_detail(
+                PosixKind::PermissionDenied,
+                crate::quote::name(name),
+                "the directory is the empty placeholder of a subvolume this snapshot does not hold; nothing can be made in it",
+            ));
+        }
         let dflags = self.check_new_name(root, dir, name)?;
         a.flags |= inherited_flags(dflags, true);
         self.transaction("create_file", LINK_ITEMS + 3, |w| {

@@ -368,6 +368,14 @@ fn xattr_entry(transid: u64, name: &[u8], value: &[u8]) -> Vec<u8> {
     e
 }
 
+/// A placeholder takes no xattrs: the kernel clears IOP_XATTR on it (EOPNOTSUPP).
+fn refuse_placeholder(id: InodeId, name: &[u8]) -> Result<()> {
+    if id.is_placeholder() {
+        return Err(Error::posix_detail(PosixKind::NotSupported, what(id, name), "an empty subvolume placeholder takes no extended attributes"));
+    }
+    Ok(())
+}
+
 impl FsWriter {
     /// Set xattr `name` of inode `ino` in tree `root` to `value` (setxattr(2)):
     /// `XATTR_CREATE` fails if it exists, `XATTR_REPLACE` if it does not. ACL names
@@ -398,6 +406,7 @@ impl FsWriter {
             check_caps(id, name, value)?;
         }
         self.check_root_writable(root)?;
+        refuse_placeholder(id, name)?;
         let change = match acl_kind(name) {
             Some(kind) => {
                 let acl = if value.is_empty() { None } else { acl_from_xattr(id, name, value)? };
@@ -418,6 +427,7 @@ impl FsWriter {
         let id = InodeId { root, ino };
         check_name(id, name)?;
         self.check_root_writable(root)?;
+        refuse_placeholder(id, name)?;
         let change = match acl_kind(name) {
             Some(kind) => self.plan_set_acl(id, name, kind, None)?,
             None => self.plan_setxattr(id, name, None, XATTR_REPLACE)?,
@@ -689,6 +699,7 @@ pub trait XattrRead: FsRead {
     /// ENOENT; read failures.
     fn getxattr(&self, id: InodeId, name: &[u8]) -> Result<Vec<u8>> {
         check_name(id, name)?;
+        refuse_placeholder(id, name)?;
         let ii = self.load_inode(id, Load::ITEM)?.item;
         let mode = ii.mode.get();
         if acl_kind(name).is_some() {
@@ -710,6 +721,10 @@ pub trait XattrRead: FsRead {
     /// ENOENT; read failures.
     fn listxattr(&self, id: InodeId) -> Result<Vec<Vec<u8>>> {
         self.load_inode(id, Load::ITEM)?;
+        // A placeholder lists none (the kernel's listxattr without IOP_XATTR).
+        if id.is_placeholder() {
+            return Ok(Vec::new());
+        }
         let root = self.fs_root(id.root)?;
         let mut out = Vec::new();
         let mut it = self.iter(&root, Key::new(id.ino, XATTR_ITEM_KEY, 0))?;
