@@ -161,7 +161,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 /// Run `seeds` on `THREADS` threads; panic with every failing seed's first disagreement.
-fn run_seeds(seeds: Vec<u64>, ops: u64) -> Stats {
+fn run_seeds(seeds: Vec<u64>, ops: u64, avail: &[OpKind]) -> Stats {
     // The kernel applies the umask to new modes; ubtrfs's callers pass modes as given.
     // SAFETY: umask has no preconditions (it is process-wide; this binary only runs
     // these tests).
@@ -181,7 +181,7 @@ fn run_seeds(seeds: Vec<u64>, ops: u64) -> Stats {
                         continue;
                     }
                 }
-                let run = Run { seed, ops, check_every, avail: AVAILABLE, known: KNOWN, keep_going, dir: scratch_dir() };
+                let run = Run { seed, ops, check_every, avail, known: KNOWN, keep_going, dir: scratch_dir() };
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.run())) {
                     Ok(Ok(st)) => total.lock().unwrap().add(&st),
                     Ok(Err(m)) => failures.lock().unwrap().push(m),
@@ -228,7 +228,7 @@ fn posix_diff_ci() {
         return;
     }
     let t = Instant::now();
-    let st = run_seeds((0..CI_SEEDS).collect(), CI_OPS);
+    let st = run_seeds((0..CI_SEEDS).collect(), CI_OPS, AVAILABLE);
     report("posix_diff_ci", &st, t.elapsed());
     assert!(st.ops >= 100_000 - st.skipped.values().sum::<u64>(), "CI runs at least 100k operations");
 }
@@ -246,6 +246,34 @@ fn soak() {
     };
     let ops = env_u64("UBTRFS_SOAK_OPS", 10_000);
     let t = Instant::now();
-    let st = run_seeds(seeds, ops);
+    let avail = if std::env::var_os("UBTRFS_SOAK_CHATTR").is_some() { with_chattr() } else { AVAILABLE.to_vec() };
+    let st = run_seeds(seeds, ops, &avail);
     report("soak", &st, t.elapsed());
+}
+
+/// The operations with `chattr +i`, `+a`, `-i` and `-a` among them: what the flags
+/// refuse (writes, truncations, names added or removed, renames, links, attribute and
+/// xattr changes) meets every other operation.
+fn with_chattr() -> Vec<OpKind> {
+    let mut v = AVAILABLE.to_vec();
+    v.push(OpKind::Chattr);
+    v
+}
+
+/// Refusals never abort: the same runs with immutable and append-only inodes, whose
+/// refusals (EPERM) come mixed with the generator's own (EEXIST, ENOENT, ENOTEMPTY,
+/// ENAMETOOLONG, EISDIR, ENOTDIR, EMLINK...). Each one's errno is the kernel's, and
+/// everything after it still agrees: a refusal that aborted would turn every later
+/// change into EROFS, and the final trees (committed, reopened, btrfs check) differ.
+#[test]
+fn refusals_with_flags_diff_ci() {
+    if !common::kernel_available("refusals_with_flags_diff_ci") {
+        return;
+    }
+    let t = Instant::now();
+    let st = run_seeds((500..516).collect(), 2000, &with_chattr());
+    report("refusals_with_flags_diff_ci", &st, t.elapsed());
+    let flag_refusals: u64 = st.by_errno.iter().filter(|((k, e), _)| *e == libc::EPERM && *k != OpKind::Link && *k != OpKind::LinkMany).map(|(_, n)| n).sum();
+    assert!(flag_refusals >= 200, "only {flag_refusals} EPERM refusals: the flags refused too little to test anything");
+    assert!(st.ok.get(&OpKind::Chattr).copied().unwrap_or(0) >= 200, "too few chattr calls succeeded: {:?}", st.ok.get(&OpKind::Chattr));
 }

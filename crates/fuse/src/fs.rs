@@ -106,25 +106,23 @@ fn now_or(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
         TimeOrNow::SpecificTime(t) => {
-            let (s, n) = timespec(t);
+            let (s, n) = sent_timespec(t);
             TimeSet::At(s, n)
         }
     }
 }
 
-/// (seconds, nanoseconds) since the epoch; before 1970, negative seconds with the
-/// nanoseconds counted forward.
-fn timespec(t: SystemTime) -> (i64, u32) {
+/// The (seconds, nanoseconds) the kernel sent in a SETATTR, from the `SystemTime`
+/// fuser 0.18 made of them. For a time before 1970 the kernel's nanoseconds count
+/// forward from its (negative) seconds, but fuser's `system_time_from_time` subtracts
+/// them too (-5 s and 300 ns become 5.0000003 s before the epoch instead of
+/// 4.9999997), so a touch -d 1960-... stored a time off by up to two seconds. Undone
+/// here: the duration before the epoch holds the sent seconds and nanoseconds as they
+/// came.
+fn sent_timespec(t: SystemTime) -> (i64, u32) {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            if d.subsec_nanos() == 0 {
-                (-(d.as_secs() as i64), 0)
-            } else {
-                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
-            }
-        }
+        Err(e) => (-(e.duration().as_secs() as i64), e.duration().subsec_nanos()),
     }
 }
 
@@ -592,13 +590,16 @@ impl fuser::Filesystem for UbtrfsFs {
                 atime: atime.map(now_or),
                 mtime: mtime.map(now_or),
                 // An explicit ctime, when the kernel sends one.
-                ctime: ctime.map(timespec),
+                ctime: ctime.map(sent_timespec),
                 // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves the set-user-ID bits
                 // to us (its FATTR_KILL_SUIDGID, which fuser does not pass on): a
-                // chown, with ids or without (chown(path, -1, -1) arrives as a
-                // SETATTR of ctime alone), and a truncation by a caller without
-                // CAP_FSETID (`should_remove_suid`) take them.
-                kill_privs: uid.is_some() || gid.is_some() || (ctime.is_some() && mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none()),
+                // chown, with ids or without, and a truncation by a caller without
+                // CAP_FSETID (`should_remove_suid`) take them. chown(path, -1, -1)
+                // arrives as a SETATTR of ctime alone, or (kernel 6.18 without the
+                // writeback cache, which sends no FATTR_CTIME) of nothing at all; no
+                // other call makes an empty one (utimensat with two UTIME_OMITs stops
+                // in the VFS).
+                kill_privs: uid.is_some() || gid.is_some() || (mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none()),
             };
             // A truncation by a caller without CAP_FSETID: `should_remove_suid`'s mode
             // (the kernel's FATTR_KILL_SUIDGID, which fuser does not pass on).
@@ -1043,4 +1044,20 @@ pub(crate) fn caller_creds(pid: u32) -> (bool, Vec<u32>) {
     let fsetid = field("CapEff:").and_then(|v| u64::from_str_radix(v, 16).ok()).is_some_and(|caps| caps & (1 << CAP_FSETID) != 0);
     let groups = field("Groups:").map(|v| v.split_whitespace().filter_map(|g| g.parse().ok()).collect()).unwrap_or_default();
     (fsetid, groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_before_1970_keep_the_kernels_seconds_and_nanoseconds() {
+        // What fuser 0.18 makes of a SETATTR time of -5 s and 300 ns.
+        let from_fuser = UNIX_EPOCH - Duration::new(5, 300);
+        assert_eq!(sent_timespec(from_fuser), (-5, 300));
+        assert_eq!(sent_timespec(UNIX_EPOCH + Duration::new(7, 9)), (7, 9));
+        // And the reply: -5 s + 300 ns is 4.9999997 s before the epoch.
+        let t = Timespec { sec: ((-5i64) as u64).into(), nsec: 300.into() };
+        assert_eq!(UNIX_EPOCH.duration_since(system_time(&t)).unwrap(), Duration::new(4, 999_999_700));
+    }
 }

@@ -74,9 +74,14 @@ impl SetAttr {
     }
 
     /// Whether the call changes anything the immutable and append-only flags protect
-    /// (`notify_change`: mode, owner, or explicitly given times).
+    /// (`notify_change`: mode, owner, or times given to utimensat, ATTR_TIMES_SET).
+    /// `vfs_utimes` turns a call whose two times are both UTIME_NOW into a plain touch
+    /// (ATTR_TOUCH, which only immutability refuses); any other set of times, "now"
+    /// ones included (UTIME_OMIT for one of them), is ATTR_TIMES_SET.
     fn touches_protected(&self) -> bool {
-        self.mode.is_some() || self.uid.is_some() || self.gid.is_some() || matches!(self.atime, Some(TimeSet::At(..))) || matches!(self.mtime, Some(TimeSet::At(..)))
+        let touch = matches!((self.atime, self.mtime), (Some(TimeSet::Now), Some(TimeSet::Now)));
+        let times_set = (self.atime.is_some() || self.mtime.is_some()) && !touch && self.size.is_none();
+        self.mode.is_some() || self.uid.is_some() || self.gid.is_some() || matches!(self.atime, Some(TimeSet::At(..))) || matches!(self.mtime, Some(TimeSet::At(..))) || times_set
     }
 }
 

@@ -1005,6 +1005,14 @@ impl Engine {
                 return Err(e);
             }
         }
+        // btrfs_cont_expand (btrfs_write_check, then btrfs_truncate_block): a write that
+        // starts past EOF in a later block first zeroes the old last block from the old
+        // EOF on and dirties it, whatever it held, so it is written as data (a hole
+        // there becomes a block of zeros, as SEEK_DATA then finds on the kernel). Its
+        // space is held here, under the lock (no flush may run): on a filesystem too
+        // full for one more block, the block is left as it is.
+        let eof_block = size / bsz * bsz;
+        let eof_rsv = (offset > size && !size.is_multiple_of(bsz) && eof_block + bsz <= offset / bsz * bsz).then(|| self.info().data_rsv.hold(bsz)).filter(|r| r.fits());
         with_cache(self, &inode, |pc| -> Result<()> {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());
@@ -1012,6 +1020,9 @@ impl Engine {
                 pc.new_from = ii.size.get();
             }
             debug_assert_eq!(pc.i_size, Some(size), "{id}: the size moved under the inode's lock");
+            if let Some(_held) = eof_rsv.as_ref() {
+                self.dirty_eof_block(id, &inode, pc, ii.flags.get(), size)?;
+            }
             if end > size {
                 self.size_grew(&inode, pc, ii.flags.get(), size, end);
             }
@@ -1374,6 +1385,25 @@ impl Engine {
     /// old EOF are inside the file again, and their writeback will write them, so
     /// those over holes become new. (A failed lookup leaves them uncounted until
     /// writeback: only st_blocks is off meanwhile.)
+    /// Zero the block holding EOF `size` (not block-aligned) from `size` on and make it
+    /// dirty, with its old bytes below `size` (`btrfs_truncate_block` of a write past
+    /// EOF; see `buffered_write_opts`).
+    fn dirty_eof_block(&self, id: InodeId, inode: &Arc<Inode>, pc: &mut PageCacheInner, flags: u64, size: u64) -> Result<()> {
+        let bs = self.info().sectorsize;
+        let bsz = u64::from(bs);
+        let b = size / bsz * bsz;
+        debug_assert_ne!(b, size, "{id}: EOF {size} is block-aligned");
+        let fstart = b / FOLIO_SIZE * FOLIO_SIZE;
+        pc.folios.slot_folio(fstart, b + bsz, bs);
+        self.fill_folio(id, pc, fstart, b, size)?;
+        let holes = if pc.has_clean_block(fstart, b, b + bsz) { self.holes_in(inode, pc, flags, b, b + bsz)? } else { Vec::new() };
+        let f = pc.folios.get_mut(&fstart).expect("inserted above");
+        f.data[(size - fstart) as usize..(b + bsz - fstart) as usize].fill(0);
+        pc.mark_dirty(fstart, b, bsz);
+        pc.mark_new(&holes);
+        Ok(())
+    }
+
     fn size_grew(&self, inode: &Arc<Inode>, pc: &mut PageCacheInner, flags: u64, old: u64, size: u64) {
         let bs = u64::from(self.info().sectorsize);
         let (a, z) = (old.div_ceil(bs) * bs, size.div_ceil(bs) * bs);

@@ -213,11 +213,23 @@ pub enum Op {
         off: u64,
         len: usize,
     },
+    /// open(O_RDONLY|O_NONBLOCK|O_NOFOLLOW), FS_IOC_GETFLAGS, FS_IOC_SETFLAGS with `flag`
+    /// (FS_IMMUTABLE_FL or FS_APPEND_FL) set or cleared, close: `chattr +i`, `-a`...
+    /// What the flags refuse afterwards is where refusals meet the engine.
+    Chattr {
+        path: P,
+        flag: u32,
+        set: bool,
+    },
     /// ubtrfs only: commit the running transaction.
     Commit,
     /// ubtrfs only: commit, drop the engine, open the image again.
     Reopen,
 }
+
+/// FS_IMMUTABLE_FL and FS_APPEND_FL (linux/fs.h).
+pub const FS_IMMUTABLE_FL: u32 = 0x10;
+pub const FS_APPEND_FL: u32 = 0x20;
 
 /// Which operation, for weights and for gating operations the engine lacks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -248,6 +260,7 @@ pub enum OpKind {
     Listxattr,
     Stat,
     Read,
+    Chattr,
     Commit,
     Reopen,
 }
@@ -279,6 +292,7 @@ pub const WEIGHTS: &[(OpKind, u32)] = &[
     (OpKind::Listxattr, 15),
     (OpKind::Stat, 30),
     (OpKind::Read, 20),
+    (OpKind::Chattr, 30),
     (OpKind::Commit, 8),
     (OpKind::Reopen, 2),
 ];
@@ -311,6 +325,7 @@ impl Op {
             Op::Listxattr { .. } => OpKind::Listxattr,
             Op::Stat { .. } => OpKind::Stat,
             Op::Read { .. } => OpKind::Read,
+            Op::Chattr { .. } => OpKind::Chattr,
             Op::Commit => OpKind::Commit,
             Op::Reopen => OpKind::Reopen,
         }
@@ -338,6 +353,7 @@ impl Op {
             | Op::Utimens { path, .. }
             | Op::Setxattr { path, .. }
             | Op::Removexattr { path, .. }
+            | Op::Chattr { path, .. }
             | Op::Getxattr { path, .. }
             | Op::Listxattr { path }
             | Op::Stat { path }
@@ -387,6 +403,7 @@ impl std::fmt::Display for Op {
             Op::Listxattr { path } => write!(f, "listxattr {}", show(path)),
             Op::Stat { path } => write!(f, "lstat {}", show(path)),
             Op::Read { path, off, len } => write!(f, "read {} off={off} len={len}", show(path)),
+            Op::Chattr { path, flag, set } => write!(f, "chattr {}{} {}", if *set { '+' } else { '-' }, if *flag == FS_IMMUTABLE_FL { 'i' } else { 'a' }, show(path)),
             Op::Commit => write!(f, "commit (ubtrfs)"),
             Op::Reopen => write!(f, "reopen (ubtrfs)"),
         }
@@ -764,6 +781,11 @@ impl Gen {
                 let len = self.rng.range(1, 100_000) as usize;
                 Op::Read { path: self.file(), off, len }
             }
+            OpKind::Chattr => {
+                let flag = if self.rng.chance(50) { FS_IMMUTABLE_FL } else { FS_APPEND_FL };
+                // Cleared more often than set, so most of the namespace stays changeable.
+                Op::Chattr { path: self.existing(Pool::Any), flag, set: self.rng.chance(40) }
+            }
             OpKind::Commit => Op::Commit,
             OpKind::Reopen => Op::Reopen,
         }
@@ -920,6 +942,28 @@ impl Kernel {
         }
     }
 
+    /// FS_IOC_GETFLAGS of `p` (not followed); 0 when it cannot be opened or asked.
+    pub fn fsflags(&self, p: &P) -> u32 {
+        const GET: libc::c_ulong = 0x8008_6601;
+        let c = self.c(p);
+        // SAFETY: a NUL-terminated path; the flags are written by the ioctl into a
+        // long; the descriptor is closed once.
+        unsafe {
+            let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+            if fd < 0 {
+                return 0;
+            }
+            let mut fl: libc::c_long = 0;
+            let r = libc::ioctl(fd, GET, &mut fl as *mut libc::c_long);
+            libc::close(fd);
+            if r == 0 {
+                fl as u32
+            } else {
+                0
+            }
+        }
+    }
+
     /// The length of xattr `name` of `p` (not followed), None when it has none.
     pub fn xattr_len(&self, p: &P, name: &[u8]) -> Option<usize> {
         let c = self.c(p);
@@ -1035,6 +1079,28 @@ impl Kernel {
                     let mut names: Vec<Vec<u8>> = buf.split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| n.to_vec()).collect();
                     names.sort();
                     Ok(Out::Names(names))
+                }
+                Op::Chattr { path, flag, set } => {
+                    /// FS_IOC_GETFLAGS / FS_IOC_SETFLAGS (the `long` ioctls).
+                    const GET: libc::c_ulong = 0x8008_6601;
+                    const SET: libc::c_ulong = 0x4008_6602;
+                    let fd = libc::open(self.c(path).as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(errno());
+                    }
+                    let mut fl: libc::c_long = 0;
+                    let mut r = libc::ioctl(fd, GET, &mut fl as *mut libc::c_long);
+                    if r == 0 {
+                        fl = if *set { fl | *flag as libc::c_long } else { fl & !(*flag as libc::c_long) };
+                        r = libc::ioctl(fd, SET, &fl as *const libc::c_long);
+                    }
+                    let e = errno();
+                    libc::close(fd);
+                    if r < 0 {
+                        Err(e)
+                    } else {
+                        Ok(Out::Done)
+                    }
                 }
                 Op::Stat { path } => {
                     let c = self.c(path);
@@ -1526,6 +1592,22 @@ impl Ubtrfs {
                 Ok(Out::Names(names))
             }),
             Op::Stat { path } => self.look(|l| Ok(Out::Stat(stat_of(&resolve(l, top, path, false)?)))),
+            Op::Chattr { path, flag, set } => {
+                // open(O_NOFOLLOW): a symlink is ELOOP; the open's own checks; a fifo's
+                // ioctl is the pipe's (ENOTTY).
+                let v = self.look(|l| resolve(l, top, path, false))?;
+                if v.kind() == FileKind::Symlink {
+                    return Err(en(libc::ELOOP));
+                }
+                open_check(&v, false)?;
+                if v.kind() == FileKind::Fifo {
+                    return Err(en(libc::ENOTTY));
+                }
+                let cur = ubtrfs_core::inode::attr::fsflags_of(v.flags());
+                let new = if *set { cur | flag } else { cur & !flag };
+                self.change(|w| Ok(w.set_fsflags(v.id.root, v.id.ino, new)?))?;
+                Ok(Out::Done)
+            }
             Op::Read { path, off, len } => {
                 let v = self.look(|l| resolve(l, top, path, true))?;
                 open_check(&v, false)?;
@@ -1608,14 +1690,24 @@ fn may_create_in_sticky(d: &InodeView, v: &InodeView) -> UResult<()> {
     Ok(())
 }
 
-/// `may_open` and the open of special files, on the `nodev` mount, with O_NONBLOCK.
+/// `may_open` and the open of special files, on the `nodev` mount, with O_NONBLOCK
+/// and without O_APPEND: the type first, then MAY_WRITE's EPERM for an immutable inode
+/// and may_open's for an append-only one, then (in the fifo's own open) a writer
+/// without a reader.
 fn open_check(v: &InodeView, write: bool) -> UResult<()> {
     match v.kind() {
-        FileKind::Dir if write => Err(en(libc::EISDIR)),
-        FileKind::CharDev | FileKind::BlockDev => Err(en(libc::EACCES)),
-        // A fifo opened to write with no reader, and any socket.
+        FileKind::Dir if write => return Err(en(libc::EISDIR)),
+        FileKind::CharDev | FileKind::BlockDev => return Err(en(libc::EACCES)),
+        FileKind::Socket => return Err(en(libc::ENXIO)),
+        _ => {}
+    }
+    use ubtrfs_format::structs::{INODE_APPEND, INODE_IMMUTABLE};
+    if write && v.flags() & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
+        return Err(en(libc::EPERM));
+    }
+    match v.kind() {
+        // A fifo opened to write with no reader.
         FileKind::Fifo if write => Err(en(libc::ENXIO)),
-        FileKind::Socket => Err(en(libc::ENXIO)),
         _ => Ok(()),
     }
 }
