@@ -101,7 +101,8 @@ fn assert_reads_as_the_kernel(devs: &[&PathBuf], what: &str) {
 
 /// The DEV_REPLACE item's fields as ubtrfs dump-tree prints them.
 struct Item {
-    src_devid: u64,
+    /// -1 once the replace is over (the kernel then has no source device).
+    src_devid: i64,
     cursor_left: u64,
     state: String,
 }
@@ -305,4 +306,60 @@ fn sprout_filesystems_are_refused_by_name() {
     let e = String::from_utf8_lossy(&out_of(&mut cmd(&["mkdir"], &[seed], &["/x"])).stderr).into_owned();
     assert!(e.contains("SEEDING"), "{e}");
     assert_eq!(w.imgs.iter().map(|p| sha256_file(p)).collect::<Vec<_>>(), before, "an image changed");
+}
+
+/// A replace the kernel finished leaves its item, FINISHED: that is no reason to refuse.
+/// ubtrfs writes the filesystem, `btrfs check` finds it clean and the kernel mounts it
+/// with the file.
+#[test]
+fn finished_replace_is_written() {
+    if !common::kernel_available_with("finished_replace_is_written", &["/usr/sbin/losetup"]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ubtrfs-replace-finished-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("mnt")).expect("scratch dir");
+    let imgs: Vec<PathBuf> = ["a", "b"].iter().map(|n| dir.join(format!("{n}.img"))).collect();
+    for i in &imgs {
+        std::fs::File::create(i).and_then(|f| f.set_len(300 << 20)).expect("image");
+    }
+    let loops: Vec<String> = imgs.iter().map(|i| String::from_utf8_lossy(&run(Command::new("losetup").args(["-f", "--show"]).arg(i)).stdout).trim().to_string()).collect();
+    let mnt = dir.join("mnt");
+    let kernel = (|| -> Result<(), String> {
+        let ok = |c: &mut Command| -> Result<(), String> {
+            let o = out_of(c);
+            o.status.success().then_some(()).ok_or_else(|| format!("{c:?}: {}", String::from_utf8_lossy(&o.stderr)))
+        };
+        ok(Command::new("mkfs.btrfs").args(["-q", "-f", &loops[0]]))?;
+        ok(Command::new("mount").arg(&loops[0]).arg(&mnt))?;
+        std::fs::write(mnt.join("before"), vec![7u8; 3 << 20]).map_err(|e| e.to_string())?;
+        ok(Command::new("btrfs").args(["replace", "start", "-B", &loops[0], &loops[1]]).arg(&mnt))?;
+        ok(Command::new("umount").arg(&mnt))
+    })();
+    let _ = Command::new("umount").arg(&mnt).output();
+    for l in &loops {
+        let _ = Command::new("btrfs").args(["device", "scan", "--forget", l]).output();
+        let _ = Command::new("losetup").args(["-d", l]).status();
+    }
+    kernel.expect("the kernel's replace");
+    let img = &imgs[1];
+    let (_, item) = dump_item(&[img]);
+    assert_eq!((item.state.as_str(), item.src_devid), ("FINISHED", -1));
+    let host = dir.join("host");
+    std::fs::write(&host, b"written after the replace\n").expect("host file");
+    run(&mut cmd(&["put"], &[img], &[host.to_str().expect("utf8"), "/after"]));
+    let c = out_of(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img));
+    assert!(c.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
+    let l = String::from_utf8_lossy(&run(Command::new("losetup").args(["-f", "--show"]).arg(img)).stdout).trim().to_string();
+    let m = out_of(Command::new("mount").args(["-o", "ro"]).arg(&l).arg(&mnt));
+    let read = m.status.success().then(|| (std::fs::read(mnt.join("after")), std::fs::read(mnt.join("before"))));
+    let _ = Command::new("umount").arg(&mnt).output();
+    let _ = Command::new("btrfs").args(["device", "scan", "--forget", &l]).output();
+    let _ = Command::new("losetup").args(["-d", &l]).status();
+    let (after, before) = read.unwrap_or_else(|| panic!("mount: {}", String::from_utf8_lossy(&m.stderr)));
+    assert_eq!(after.expect("after"), b"written after the replace\n");
+    assert_eq!(before.expect("before"), vec![7u8; 3 << 20]);
+    if std::env::var_os("KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
