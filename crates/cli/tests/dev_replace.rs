@@ -143,6 +143,9 @@ fn interrupted_replace_is_read_and_dumped() {
         assert!(o.status.success() && !e.contains("were given (devids [1, 2])"), "{devs:?}: {o:?}");
         assert!(!e.contains("3 were given"), "{devs:?}: {e}");
     }
+    let info = String::from_utf8(run(&mut cmd(&["info"], &[d0, d1, target], &[])).stdout).expect("utf8");
+    let line = info.lines().find(|l| l.starts_with("device replace:")).unwrap_or_else(|| panic!("no replace in info:\n{info}"));
+    assert!(line.contains("a device replace of devid 2 is ") && line.ends_with(&format!("target devid 0 path {}", target.display())), "{line}");
     assert_reads_as_the_kernel(&[d0, d1, target], "all three devices");
     assert_reads_as_the_kernel(&[d0, target], "source missing");
 }
