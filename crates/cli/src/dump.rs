@@ -135,10 +135,21 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 /// `SEC.NSEC (YYYY-MM-DD HH:MM:SS UTC)`; seconds are signed on disk.
 fn time_str(ts: &Timespec) -> String {
     let sec = ts.sec.get() as i64;
+    format!("{sec}.{:09} ({})", ts.nsec.get(), civil_str(sec))
+}
+
+/// `SEC (YYYY-MM-DD HH:MM:SS UTC)` for a bare count of seconds (the replace item's
+/// times, unsigned on disk: progs prints them through a signed time_t).
+fn seconds_str(sec: u64) -> String {
+    format!("{sec} ({})", civil_str(sec as i64))
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC.
+fn civil_str(sec: i64) -> String {
     let days = sec.div_euclid(86_400);
     let rem = sec.rem_euclid(86_400);
     let (y, mo, d) = civil_from_days(days);
-    format!("{sec}.{:09} ({y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02})", ts.nsec.get(), rem / 3600, rem / 60 % 60, rem % 60)
+    format!("{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 /// A key as `dump-tree` prints it; uuid-tree keys show both halves of the uuid in hex.
@@ -871,10 +882,19 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
             }
         }
         DEV_REPLACE_KEY => {
+            // btrfs-progs' print_dev_replace_item, except that the stop time is the
+            // item's time_stopped (progs prints time_started twice).
             let r: &DevReplaceItem = parse!(read_prefix(data, "dev replace item"));
-            writeln!(o, "\t\tdev replace src_devid {} state {} cont_reading_from_srcdev_mode {}", r.src_devid.get(), r.replace_state.get(), r.cont_reading_from_srcdev_mode.get())?;
-            writeln!(o, "\t\tcursor_left {} cursor_right {} time_started {} time_stopped {}", r.cursor_left.get(), r.cursor_right.get(), r.time_started.get(), r.time_stopped.get())?;
-            writeln!(o, "\t\tnum_write_errors {} num_uncorrectable_read_errors {}", r.num_write_errors.get(), r.num_uncorrectable_read_errors.get())?;
+            let mode = match r.cont_reading_from_srcdev_mode.get() {
+                DEV_REPLACE_ITEM_CONT_READING_FROM_SRCDEV_MODE_ALWAYS => "ALWAYS".to_string(),
+                DEV_REPLACE_ITEM_CONT_READING_FROM_SRCDEV_MODE_AVOID => "AVOID".to_string(),
+                m => format!("unknown value({m})"),
+            };
+            let state = dev_replace_state_name(r.replace_state.get()).map(str::to_string).unwrap_or_else(|| format!("unknown value({})", r.replace_state.get()));
+            writeln!(o, "\t\tsrc devid {} cursor left {} cursor right {} mode {mode}", r.src_devid.get() as i64, r.cursor_left.get(), r.cursor_right.get())?;
+            writeln!(o, "\t\tstate {state} write errors {} uncorrectable read errors {}", r.num_write_errors.get(), r.num_uncorrectable_read_errors.get())?;
+            writeln!(o, "\t\tstart time {}", seconds_str(r.time_started.get()))?;
+            writeln!(o, "\t\tstop time {}", seconds_str(r.time_stopped.get()))?;
         }
         VERITY_DESC_ITEM_KEY if key.offset == 0 => {
             let v: &VerityDescriptorItem = parse!(read_prefix(data, "verity descriptor item"));

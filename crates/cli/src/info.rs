@@ -92,6 +92,10 @@ fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
     if let Some(why) = &fs.read_only_reason {
         w(o, "read-only", why.clone())?;
     }
+    if let Some(r) = fs.dev_replace.as_ref().filter(|r| r.is_ongoing()) {
+        let target = fs.devices.replace_target.as_ref().map(|t| t.dev.name().to_string()).unwrap_or_else(|| "<not given>".to_string());
+        w(o, "device replace", format!("{}; target devid 0 path {target}", r.refusal()))?;
+    }
     w(o, "devices", sb.num_devices.get().to_string())?;
     match dev_items(fs) {
         Ok(devs) => {

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::sources::Sources;
 use crate::tree::node_cache::NodeCache;
 use crate::tree::search::{RootInfo, TreeView};
+use crate::volumes::dev_replace::{read_dev_replace, DevReplace};
 use crate::volumes::device::{BlockDevice, FileDevice};
 use crate::volumes::device_lock::InUse;
 use crate::volumes::{num_copies, read_logical, ChunkMap, Device, Devices, MapLookup};
@@ -66,6 +67,8 @@ pub struct FsInfo {
     pub read_only_reason: Option<String>,
     /// Opened with `OpenOptions::degraded`.
     pub degraded: bool,
+    /// The dev tree's DEV_REPLACE item, if it has one (`volumes::dev_replace`).
+    pub dev_replace: Option<DevReplace>,
     /// Who else was using the devices when they were opened for reading: another ubtrfs
     /// process writing, the kernel's mount (each also a warning). Empty for writers,
     /// which are refused instead, and for devices opened by the caller.
@@ -145,13 +148,29 @@ impl FsInfo {
         let mut devices = Devices::default();
         for (d, s) in devs.iter().zip(&sbs) {
             if s.fsid != first_fsid {
+                // A seed device under a sprout has its own fsid: say what it is
+                // rather than that it belongs elsewhere.
+                let seeding = |s: &Superblock| s.flags.get() & features::SUPER_FLAG_SEEDING != 0;
+                if let Some((sd, ss)) = devs.iter().zip(&sbs).find(|(_, s)| seeding(s)) {
+                    return Err(seed_refusal(format!("{} is a seed device (filesystem {})", crate::quote::name(sd.name().as_bytes()), items::uuid_str(&ss.fsid))));
+                }
                 return Err(Error::Incompatible(format!("{} belongs to filesystem {}, not {}", d.name(), items::uuid_str(&s.fsid), items::uuid_str(&first_fsid))));
             }
             let devid = s.dev_item.devid.get();
+            let dev = Device { devid, uuid: s.dev_item.uuid, dev: d.clone(), sb_generation: s.generation.get() };
+            if devid == DEV_REPLACE_DEVID {
+                // The target of a device replace: not a member (no DEV_ITEM, not in
+                // num_devices); whether it is used depends on the DEV_REPLACE item.
+                if devices.replace_target.is_some() {
+                    return Err(Error::Incompatible(format!("{}: a second device replace target (devid 0)", d.name())));
+                }
+                devices.replace_target = Some(dev);
+                continue;
+            }
             if devices.by_id.contains_key(&devid) {
                 return Err(Error::Incompatible(format!("{}: device id {devid} given twice", d.name())));
             }
-            devices.by_id.insert(devid, Device { devid, uuid: s.dev_item.uuid, dev: d.clone(), sb_generation: s.generation.get() });
+            devices.by_id.insert(devid, dev);
         }
         let mut read_only_reason: Option<String> = None;
         // A device shorter than its dev_item says was cut short (a partial download or
@@ -198,6 +217,7 @@ impl FsInfo {
             cache: NodeCache::new(cache_bytes),
             read_only_reason,
             degraded: false,
+            dev_replace: None,
             in_use: Vec::new(),
             sources: Sources::default(),
             views: Default::default(),
@@ -208,6 +228,7 @@ impl FsInfo {
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;
+        fs.load_dev_replace();
         if fs.devices.by_id.len() as u64 != sb.num_devices.get() {
             let have: Vec<u64> = fs.devices.by_id.keys().copied().collect();
             fs.warn(format!("filesystem has {} devices but {} were given (devids {:?}); reads needing a missing device use another copy or fail", sb.num_devices.get(), have.len(), have));
@@ -230,6 +251,19 @@ impl FsInfo {
         self.chunk_tree_uuid = eb.node().header().chunk_tree_uuid;
         self.cache.clear();
         let mut chunks = Vec::new();
+        // DEV_ITEMs first: one carrying another fsid is a seed device's (the kernel's
+        // read_one_dev opens the seed filesystem there).
+        let mut it = self.iter(&root, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 0))?;
+        while let Some(item) = it.next_item()? {
+            let k = item.key();
+            if k.objectid != DEV_ITEMS_OBJECTID || k.type_ != DEV_ITEM_KEY {
+                break;
+            }
+            let Ok((d, _)) = <DevItem as zerocopy::FromBytes>::ref_from_prefix(item.data()) else { continue };
+            if d.fsid != self.meta_fsid {
+                return Err(seed_refusal(format!("devid {} belongs to seed filesystem {} under this sprout filesystem {}", k.offset, items::uuid_str(&d.fsid), items::uuid_str(&sb.fsid))));
+            }
+        }
         let mut it = self.iter(&root, Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, 0))?;
         while let Some(item) = it.next_item()? {
             let k = item.key();
@@ -253,6 +287,33 @@ impl FsInfo {
             self.chunk_map.insert(c)?;
         }
         Ok(())
+    }
+
+    /// Read the DEV_REPLACE item: with a replace in progress, reads of a missing
+    /// source may use the target below the cursor, and writing is refused. A dev tree
+    /// that cannot be read leaves the filesystem readable but not writable, since a
+    /// replace might be in progress.
+    fn load_dev_replace(&mut self) {
+        let mut warnings = Vec::new();
+        match read_dev_replace(&*self, &mut warnings) {
+            Ok(r) => self.dev_replace = r,
+            Err(e) => {
+                let msg = format!("the dev tree's device replace item cannot be read ({e}); whether a replace is in progress is unknown");
+                self.read_only_reason.get_or_insert_with(|| msg.clone());
+                warnings.push(msg);
+            }
+        }
+        match (&self.dev_replace, &self.devices.replace_target) {
+            (Some(r), Some(_)) if r.is_ongoing() => self.devices.replace_copied = Some((r.src_devid, r.cursor_left)),
+            (_, Some(t)) => {
+                warnings.push(format!("{} is a device replace target (devid 0), but no replace is in progress: not used", crate::quote::name(t.dev.name().as_bytes())));
+                self.devices.replace_target = None;
+            }
+            _ => {}
+        }
+        for w in warnings {
+            self.warn(w);
+        }
     }
 
     /// Record a warning for the user (printed by the CLI).
@@ -381,6 +442,11 @@ impl FsInfo {
         let b = sb.log_root.get();
         (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: sb.log_root_level, generation: sb.generation.get().saturating_add(1) })
     }
+}
+
+/// The refusal of a sprout filesystem, `what` naming the seed device.
+fn seed_refusal(what: String) -> Error {
+    Error::Incompatible(format!("seed devices are not supported: {what}"))
 }
 
 /// Read the primary superblock, falling back to the best valid copy.

@@ -139,7 +139,9 @@ fixture_tests! {
 
 #[test]
 fn every_fixture_has_a_test() {
-    let listed = ["default", "nodesize4k-xxhash", "sha256-64k", "blake2", "zlib", "lzo", "zstd", "dup-data", "raid0", "raid1", "raid10", "raid1c3", "mixed", "logtree", "snapshots"];
+    // replace and sprout: crates/cli/tests/dev_replace.rs.
+    let listed =
+        ["default", "nodesize4k-xxhash", "sha256-64k", "blake2", "zlib", "lzo", "zstd", "dup-data", "raid0", "raid1", "raid10", "raid1c3", "mixed", "logtree", "snapshots", "replace", "sprout"];
     for n in common::fixture_names() {
         assert!(listed.contains(&n.as_str()), "fixture {n} has no test");
     }

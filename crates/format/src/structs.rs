@@ -456,19 +456,47 @@ ondisk! {
 }
 
 ondisk! {
-    /// `btrfs_dev_replace_item`.
-    pub struct DevReplaceItem (80) {
+    /// `btrfs_dev_replace_item`, the one item (0 DEV_REPLACE 0) of the dev tree: the
+    /// state of a device replace. The cursors are physical offsets on the source
+    /// device: below `cursor_left` the target (devid 0) holds a copy of the source.
+    pub struct DevReplaceItem (72) {
         pub src_devid: U64,
         pub cursor_left: U64,
         pub cursor_right: U64,
+        /// `DEV_REPLACE_ITEM_CONT_READING_FROM_SRCDEV_MODE_*`.
         pub cont_reading_from_srcdev_mode: U64,
+        /// `DEV_REPLACE_STATE_*`.
         pub replace_state: U64,
+        /// Seconds since the epoch.
         pub time_started: U64,
         pub time_stopped: U64,
         pub num_write_errors: U64,
         pub num_uncorrectable_read_errors: U64,
-        pub unused: [u8; 8],
     }
+}
+
+/// Read from the source device of a replace whenever it has the data.
+pub const DEV_REPLACE_ITEM_CONT_READING_FROM_SRCDEV_MODE_ALWAYS: u64 = 0;
+/// Read from the source device only when no other copy has the data.
+pub const DEV_REPLACE_ITEM_CONT_READING_FROM_SRCDEV_MODE_AVOID: u64 = 1;
+
+/// `DevReplaceItem::replace_state` (the kernel's `BTRFS_IOCTL_DEV_REPLACE_STATE_*`).
+pub const DEV_REPLACE_STATE_NEVER_STARTED: u64 = 0;
+pub const DEV_REPLACE_STATE_STARTED: u64 = 1;
+pub const DEV_REPLACE_STATE_FINISHED: u64 = 2;
+pub const DEV_REPLACE_STATE_CANCELED: u64 = 3;
+pub const DEV_REPLACE_STATE_SUSPENDED: u64 = 4;
+
+/// The name btrfs-progs prints for a replace state.
+pub fn dev_replace_state_name(state: u64) -> Option<&'static str> {
+    Some(match state {
+        DEV_REPLACE_STATE_NEVER_STARTED => "NEVER_STARTED",
+        DEV_REPLACE_STATE_STARTED => "STARTED",
+        DEV_REPLACE_STATE_FINISHED => "FINISHED",
+        DEV_REPLACE_STATE_CANCELED => "CANCELED",
+        DEV_REPLACE_STATE_SUSPENDED => "SUSPENDED",
+        _ => return None,
+    })
 }
 
 ondisk! {

@@ -417,6 +417,11 @@ impl FsWriter {
         if let Some(r) = &info.read_only_reason {
             return Err(Error::Incompatible(format!("cannot write: {r}")));
         }
+        // Before anything is written: with a replace in progress every write below the
+        // cursor would have to reach the target too (the kernel's dev-replace).
+        if let Some(r) = info.dev_replace.as_ref().filter(|r| r.is_ongoing()) {
+            return Err(Error::Incompatible(format!("cannot write: {}", r.refusal())));
+        }
         if sb.log_root.get() != 0 {
             return Err(Error::Incompatible("cannot write: the superblock carries a log tree that needs replay (mount it with the kernel once, or wait for ubtrfs log replay)".into()));
         }

@@ -5,6 +5,7 @@
 //! Invariants: chunks never overlap in logical space; every chunk's stripe count is
 //! valid for its profile (checked by the tree checker before insertion).
 
+pub mod dev_replace;
 pub mod device;
 pub mod device_lock;
 #[cfg(feature = "test-hooks")]
@@ -149,7 +150,13 @@ pub struct Device {
 /// The devices of one filesystem, by devid.
 #[derive(Default)]
 pub struct Devices {
+    /// The members: one per DEV_ITEM of the chunk tree given (num_devices counts them).
     pub by_id: BTreeMap<u64, Device>,
+    /// The target of a device replace (devid 0), when given: not a member.
+    pub replace_target: Option<Device>,
+    /// While a replace is in progress, the source devid and its `cursor_left`: below
+    /// it the target holds the source's stripes at the same physical offsets.
+    pub replace_copied: Option<(u64, u64)>,
 }
 
 impl Devices {
@@ -159,6 +166,22 @@ impl Devices {
     /// `Io` (NotFound) naming the missing devid: the caller may try another copy.
     pub fn get(&self, devid: u64) -> Result<&Device> {
         self.by_id.get(&devid).ok_or_else(|| Error::io(format!("device {devid} is missing (pass it with --device)"), std::io::Error::from(std::io::ErrorKind::NotFound)))
+    }
+
+    /// The device to read `len` bytes at `phys` of member `devid` from: the member,
+    /// or, when it is missing and is the source of a replace in progress, the replace
+    /// target if the range lies below the cursor (btrfs_map_block's extra mirror from
+    /// the replace target).
+    ///
+    /// # Errors
+    /// As `get`.
+    pub fn reader(&self, devid: u64, phys: u64, len: u64) -> Result<&Device> {
+        if let (None, Some((src, left)), Some(t)) = (self.by_id.get(&devid), self.replace_copied, &self.replace_target) {
+            if src == devid && phys.checked_add(len).is_some_and(|end| end <= left) {
+                return Ok(t);
+            }
+        }
+        self.get(devid)
     }
 }
 
@@ -175,7 +198,7 @@ pub fn read_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &mut [u8]
         let (index, phys, contig) = chunk.map(cur, m);
         let n = ((buf.len() - done) as u64).min(contig) as usize;
         let (devid, _, _) = chunk.stripes[index];
-        devs.get(devid)?.dev.read_at(&mut buf[done..done + n], phys)?;
+        devs.reader(devid, phys, n as u64)?.dev.read_at(&mut buf[done..done + n], phys)?;
         done += n;
     }
     Ok(())
@@ -194,6 +217,9 @@ pub enum WriteKind {
 /// # Errors
 /// `Corrupt` for unmapped addresses, `Io` for device failures or missing devices.
 pub fn write_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &[u8], kind: WriteKind) -> Result<()> {
+    // The writer refuses a filesystem with a replace in progress: a write here would
+    // miss the target's copy below the cursor.
+    assert!(devs.replace_copied.is_none(), "write at logical {logical} with a device replace in progress ({:?})", devs.replace_copied);
     let chunk = map.lookup(logical)?.clone();
     for mirror in 0..chunk.num_copies() {
         let mut done = 0usize;
