@@ -409,3 +409,44 @@ fn truncation_cuts_compressed_and_shared_extents() {
     m.umount();
     assert_check(&img.path, "after the kernel's overwrites");
 }
+
+/// An fs-verity file (INODE_RO_VERITY, which the kernel sets when `fsverity enable`
+/// seals a file) keeps its data: writes, truncations, fallocate and clones into it are
+/// EPERM (`fsverity_file_open` refuses writers, `fsverity_prepare_setattr` a new
+/// size), nothing changes and the filesystem stays writable; chmod and renames go on.
+/// (The kernel here is built without fs-verity, so the flag is set through the engine.)
+#[test]
+fn fs_verity_files_refuse_data_changes() {
+    if !mkfs_tools("fs_verity_files_refuse_data_changes") {
+        return;
+    }
+    let s = Scratch::mkfs("verity", 256 << 20, &[]);
+    let mut w = s.writer();
+    let ino = w.create_file(5, 256, b"sealed", &InodeAttrs::new(0o644)).unwrap();
+    w.write_file(5, ino, 0, &vec![7u8; 10_000]).unwrap();
+    let src = w.create_file(5, 256, b"src", &InodeAttrs::new(0o644)).unwrap();
+    w.write_file(5, src, 0, &vec![9u8; 8192]).unwrap();
+    w.update_inode(5, ino, |i| i.flags = (i.flags.get() | INODE_RO_VERITY).into()).unwrap();
+    w.commit().unwrap();
+    let before = item(&w, "sealed");
+    let refused = |r: ubtrfs_core::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{what}: {e}");
+    };
+    refused(w.write_file(5, ino, 0, b"x").map(drop), "write");
+    refused(w.write_file(5, ino, 10_000, b"x").map(drop), "append");
+    refused(setattr(&mut w, "sealed", SetAttr { size: Some(0), ..SetAttr::default() }), "truncate");
+    refused(w.fallocate(5, ino, 0, 0, 1 << 20), "fallocate");
+    refused(w.clone_range(InodeId { root: 5, ino: src }, 0, 4096, InodeId { root: 5, ino }, 0).map(drop), "clone into it");
+    assert_eq!(read_all(&w, "sealed"), vec![7u8; 10_000]);
+    assert_eq!(item(&w, "sealed").size.get(), before.size.get());
+    // What fs-verity does not protect.
+    setattr(&mut w, "sealed", SetAttr { mode: Some(0o600), ..SetAttr::default() }).expect("chmod of a verity file");
+    w.rename(5, 256, b"sealed", 256, b"sealed2", 0).expect("rename of a verity file");
+    w.commit().unwrap();
+    drop(w);
+    let e = ubtrfs_core::engine::Engine::open(&ubtrfs_core::OpenOptions::new(&s.path)).unwrap();
+    let vid = e.read(|l| l.resolve_id("/sealed2", false)).unwrap();
+    let r = e.buffered_write(vid, 0, b"y").expect_err("a buffered write");
+    assert_eq!(r.posix_kind(), Some(PosixKind::NotPermitted), "{r}");
+}

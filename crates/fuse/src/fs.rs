@@ -705,6 +705,10 @@ impl fuser::Filesystem for UbtrfsFs {
                 if fl & INODE_IMMUTABLE != 0 {
                     return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "the file is immutable"));
                 }
+                // fsverity_file_open.
+                if fl & INODE_RO_VERITY != 0 {
+                    return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "an fs-verity file is read-only"));
+                }
                 if fl & INODE_APPEND != 0 && (flags.0 & libc::O_APPEND == 0 || flags.0 & libc::O_TRUNC != 0) {
                     return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "the file is append-only: open it with O_APPEND and without O_TRUNC"));
                 }

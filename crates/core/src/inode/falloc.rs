@@ -95,6 +95,10 @@ impl FsWriter {
         if flags & INODE_IMMUTABLE != 0 {
             return Err(Error::posix_detail(PosixKind::NotPermitted, what, "the file is immutable"));
         }
+        // An fs-verity file opens for reading only (fsverity_file_open).
+        if flags & INODE_RO_VERITY != 0 {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, what, "an fs-verity file's data cannot change"));
+        }
         if mode & !FALLOC_FL_KEEP_SIZE != 0 && flags & INODE_APPEND != 0 {
             return Err(Error::posix_detail(PosixKind::NotPermitted, what, "the file is append-only"));
         }

@@ -54,6 +54,9 @@ pub(super) fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name:
         IflagOp::RemoveName => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only directory"),
         // A name of this inode is added or removed.
         IflagOp::Relink => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only inode"),
+        // fs-verity: fsverity_file_open refuses writers and fsverity_prepare_setattr a
+        // new size (EPERM); the Merkle tree would go stale.
+        IflagOp::Write if flags & INODE_RO_VERITY != 0 => (INODE_RO_VERITY, "fs-verity file, whose data cannot change"),
         IflagOp::Write => (INODE_IMMUTABLE, "immutable file"),
     };
     if flags & forbid != 0 {
