@@ -450,3 +450,44 @@ fn fs_verity_files_refuse_data_changes() {
     let r = e.buffered_write(vid, 0, b"y").expect_err("a buffered write");
     assert_eq!(r.posix_kind(), Some(PosixKind::NotPermitted), "{r}");
 }
+
+/// Data written before `chattr +i` or `+a` reaches the disk: the page cache's writeback
+/// does not look at the flags (it was refused for a flag set after the write, so the
+/// data of a small, inline, preallocated or compressed file stayed dirty forever and was
+/// lost at unmount). Small and large files, immutable and append-only, written back
+/// after the flag is set; what the kernel reads back is what was written.
+#[test]
+fn writeback_ignores_flags_set_after_the_write() {
+    if !common::kernel_available("writeback_ignores_flags_set_after_the_write") {
+        return;
+    }
+    let s = Scratch::mkfs("flags-writeback", 256 << 20, &[]);
+    let e = ubtrfs_core::engine::Engine::open(&ubtrfs_core::OpenOptions::new(&s.path)).unwrap();
+    let mut want = Vec::new();
+    for (i, (len, flag)) in [(100usize, 0x10u32), (100, 0x20), (3000, 0x10), (200_000, 0x10), (200_000, 0x20), (5000, 0x20)].into_iter().enumerate() {
+        let name = format!("f{i}");
+        let ino = e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).unwrap();
+        let id = InodeId { root: 5, ino };
+        if i == 5 {
+            // Preallocated: written back through the direct path.
+            e.fallocate(id, 0, 0, 8192).unwrap();
+        }
+        let data: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
+        e.buffered_write(id, 0, &data).unwrap();
+        e.write(|w| w.set_fsflags(5, ino, flag)).unwrap();
+        let mut data = data;
+        if i == 5 {
+            // The preallocation set the size.
+            data.resize(8192, 0);
+        }
+        want.push((name, data));
+    }
+    e.sync().expect("writeback and commit with the flags set");
+    drop(e);
+    assert_check(&s.path, "after the writeback of flagged files");
+    let m = Mount::new(&s.path, false);
+    for (name, data) in &want {
+        assert!(std::fs::read(m.path(name)).unwrap() == *data, "{name}: the kernel reads other data");
+    }
+    m.umount();
+}

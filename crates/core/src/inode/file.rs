@@ -116,7 +116,7 @@ impl Engine {
     fn write_file_locked(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
         let inode = self.info().inodes.get(id);
         let cached = self.before_extent_change(&inode)?;
-        let r = self.write_file_raw(id, offset, data);
+        let r = self.write_file_raw(id, offset, data, false);
         if cached {
             self.after_extent_change(&inode, offset, offset.saturating_add(data.len() as u64))?;
         }
@@ -124,11 +124,19 @@ impl Engine {
     }
 
     /// The direct write itself (the inode's lock held, the page cache not looked at).
-    pub(crate) fn write_file_raw(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn write_file_raw(&self, id: InodeId, offset: u64, data: &[u8], writing_back: bool) -> Result<()> {
+        // A writeback's data was allowed when it was written: no flag set since
+        // refuses it (`FsWriter::writing_back`).
+        fn as_writeback<T>(w: &mut crate::transaction::FsWriter, on: bool, f: impl FnOnce(&mut crate::transaction::FsWriter) -> Result<T>) -> Result<T> {
+            w.writing_back = on;
+            let r = f(w);
+            w.writing_back = false;
+            r
+        }
         // Both runs read what they miss without the lock until they begin a change.
-        let plan = self.write_retrying(|w| w.begin_write(id.root, id.ino, offset, data.len() as u64))?;
+        let plan = self.write_retrying(|w| as_writeback(w, writing_back, |w| w.begin_write(id.root, id.ino, offset, data.len() as u64)))?;
         let mut dw = match plan {
-            WritePlan::Locked => return self.write_retrying(|w| w.write_file(id.root, id.ino, offset, data)),
+            WritePlan::Locked => return self.write_retrying(|w| as_writeback(w, writing_back, |w| w.write_file(id.root, id.ino, offset, data))),
             WritePlan::Direct(dw) => dw,
         };
         // Neither side of the engine's lock is held here; the inode's lock is.

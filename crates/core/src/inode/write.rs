@@ -678,8 +678,10 @@ impl FsWriter {
         if ii.mode.get() & S_IFMT != S_IFREG {
             return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
         }
-        iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
-        if ii.flags.get() & INODE_APPEND != 0 && offset != ii.size.get() {
+        if !self.writing_back {
+            iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
+        }
+        if ii.flags.get() & INODE_APPEND != 0 && offset != ii.size.get() && !self.writing_back {
             return Err(Error::posix(PosixKind::NotPermitted, format!("root={root} ino={ino} is append-only: writes must start at its size {}, not {offset}", ii.size.get())));
         }
         let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
@@ -1152,7 +1154,9 @@ impl FsWriter {
         if ii.mode.get() & S_IFMT != S_IFREG {
             return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
         }
-        iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
+        if !self.writing_back {
+            iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
+        }
         let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let ss = u64::from(self.sectorsize());
         let old_size = ii.size.get();

@@ -661,7 +661,7 @@ impl Engine {
                         pc.clear_new(s, l);
                     });
                     if n > 0 {
-                        self.write_file_raw(id, s, data)?;
+                        self.write_file_raw(id, s, data, true)?;
                     }
                     Ok(())
                 })?;

@@ -338,6 +338,12 @@ pub struct FsWriter {
     pub(crate) probe: Option<Arc<ReadMisses>>,
     /// The probed run has begun a change: from now on misses are read under the lock.
     probe_spoiled: bool,
+    /// The write under way is the page cache's writeback of data written earlier
+    /// (`Engine::write_file_raw` from `writeback_direct`): the flags that refuse a
+    /// write (immutable, append-only, fs-verity) were checked when that data was
+    /// written, and a flag set since must not keep it from disk (the kernel's
+    /// writeback does not look at them).
+    pub(crate) writing_back: bool,
     /// Metadata bytes reserved by direct writes between `begin_write` and
     /// `finish_write`/`cancel_write` (the part of `alloc.meta_may_use` no handle holds).
     pub(crate) write_rsv: u64,
@@ -499,6 +505,7 @@ impl FsWriter {
             write_rsv: 0,
             probe: None,
             probe_spoiled: false,
+            writing_back: false,
             handle: None,
             spare_handle: Default::default(),
             running_refs: false,
