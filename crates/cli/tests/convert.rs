@@ -222,7 +222,7 @@ fn convert_write_refused_without_a_free_space_tree() {
         let o = o.as_ref().expect("run ubtrfs");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "a write to an image without a free space tree succeeded");
-        assert!(err.contains("incompatible filesystem") && err.contains("free-space tree"), "{err}");
+        assert!(err.contains("incompatible filesystem") && err.contains("free-space tree") && err.contains("-o space_cache=v2 creates it"), "{err}");
     }
     assert_eq!(sha256_file(&img), before, "a refused write changed the image");
 }
