@@ -14,11 +14,17 @@
 //! struct its type names); no kernel-written item can fail them, and each says why it
 //! is kept. Checks only the writer needs (the chunk tree uuid it stamps) run only when
 //! the caller asks for them, as the write-time check does.
+//!
+//! Kernel rules not here yet (so we are laxer there, never stricter): check_prev_ino
+//! (an fs tree item whose inode's INODE_ITEM is not before it in the leaf), the rules
+//! that need the incompat flags (a METADATA_ITEM without skinny-metadata, a
+//! DATA|METADATA chunk without mixed-bg), and unknown inode ro_flags, which the kernel
+//! refuses only on a writable mount and we refuse always.
 
 use crate::csum::CsumType;
 use crate::error::{Corrupt, CorruptWhere, Result};
-use crate::hash::name_hash;
-use crate::items::{self, ChunkView, FileExtent};
+use crate::hash::{hash_extent_data_ref, name_hash};
+use crate::items::{self, ChunkView, FileExtent, InlineRef};
 use crate::key::*;
 use crate::node::{header, max_leaf_items, max_node_ptrs, NodeRef, HEADER_SIZE, ITEM_SIZE};
 use crate::structs::*;
@@ -109,6 +115,10 @@ pub fn check_tree_block(buf: &[u8], ctx: &CheckCtx) -> Result<()> {
             return Err(blk(format!("owner mismatch, want {o} have {owner}")));
         }
     }
+    // As __btrfs_check_leaf and __btrfs_check_node.
+    if h.flags.get() & HEADER_FLAG_WRITTEN == 0 {
+        return Err(blk(format!("invalid flag for {}, WRITTEN not set", if h.level == 0 { "leaf" } else { "node" })));
+    }
     let node = NodeRef::new_checked(buf);
     let n = h.nritems.get() as usize;
     if h.level == 0 {
@@ -161,9 +171,17 @@ fn check_node(node: &NodeRef<'_>, n: usize, ctx: &CheckCtx, owner: u64) -> Resul
 fn check_leaf(node: &NodeRef<'_>, n: usize, ctx: &CheckCtx, owner: u64) -> Result<()> {
     let err = |r: String| Corrupt::new(CorruptWhere::Leaf, r).block(ctx.bytenr).root(owner);
     if n == 0 {
-        // These trees are never empty, so an empty leaf owned by them is damage.
-        if matches!(owner, ROOT_TREE_OBJECTID | CHUNK_TREE_OBJECTID | DEV_TREE_OBJECTID | EXTENT_TREE_OBJECTID) {
-            return Err(err(format!("unexpected empty leaf for tree {owner}")));
+        // As __btrfs_check_leaf: these trees are never empty, and no tree has id 0. A
+        // relocation tree's blocks carry their subvolume's owner, so they are not
+        // checked.
+        if node.header().flags.get() & HEADER_FLAG_RELOC != 0 {
+            return Ok(());
+        }
+        if matches!(owner, ROOT_TREE_OBJECTID | CHUNK_TREE_OBJECTID | DEV_TREE_OBJECTID | FS_TREE_OBJECTID | DATA_RELOC_TREE_OBJECTID | EXTENT_TREE_OBJECTID) {
+            return Err(err(format!("invalid root, root {owner} must never be empty")));
+        }
+        if owner == 0 {
+            return Err(err("invalid owner, root 0 is not defined".into()));
         }
         return Ok(());
     }
@@ -171,17 +189,16 @@ fn check_leaf(node: &NodeRef<'_>, n: usize, ctx: &CheckCtx, owner: u64) -> Resul
         return Err(err(format!("invalid nritems {n}, max {}", max_leaf_items(ctx.nodesize))));
     }
     let data_area = ctx.nodesize as usize - HEADER_SIZE;
-    let mut prev: Option<Key> = None;
+    // No valid key type is 0, so every key is above (0, 0, 0).
+    let mut prev = Key::new(0, 0, 0);
     for slot in 0..n {
         let it = node.item(slot);
         let key = Key::from(&it.key);
         let e = |r: String| err(r).slot(slot as u32, key);
-        if let Some(p) = prev {
-            if p >= key {
-                return Err(e(format!("bad key order, prev {p} current {key}")));
-            }
+        if prev >= key {
+            return Err(e(format!("bad key order, prev {prev} current {key}")));
         }
-        prev = Some(key);
+        prev = key;
         let expect_end = if slot == 0 { data_area } else { node.item(slot - 1).offset.get() as usize };
         let off = it.offset.get() as usize;
         let size = it.size.get() as usize;
@@ -195,6 +212,53 @@ fn check_leaf(node: &NodeRef<'_>, n: usize, ctx: &CheckCtx, owner: u64) -> Resul
     for slot in 0..n {
         let key = node.key(slot);
         check_item(&key, node.item_data(slot), ctx).map_err(|r| err(r).slot(slot as u32, key))?;
+        if slot > 0 {
+            check_against_prev(node, slot, ctx).map_err(|(at, r)| err(r).slot(at as u32, node.key(at)))?;
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's rules between an item and the one before it in the same leaf (items
+/// already checked one by one): file extents, csums, dev extents and extents must not
+/// overlap. Returns the slot to blame with the reason.
+fn check_against_prev(node: &NodeRef<'_>, slot: usize, ctx: &CheckCtx) -> core::result::Result<(), (usize, String)> {
+    let (prev, key) = (node.key(slot - 1), node.key(slot));
+    let (pdata, ss) = (node.item_data(slot - 1), u64::from(ctx.sectorsize));
+    match (prev.type_, key.type_) {
+        // check_extent_data_item; the end of an inline extent is rounded up to a sector.
+        (EXTENT_DATA_KEY, EXTENT_DATA_KEY) if prev.objectid == key.objectid && items::file_extent(node.item_data(slot)).is_ok_and(|f| matches!(f, FileExtent::Regular { .. })) => {
+            let prev_end = match items::file_extent(pdata) {
+                Ok(FileExtent::Inline { ram_bytes, .. }) => prev.offset.wrapping_add(ram_bytes).wrapping_add(ss - 1) / ss * ss,
+                Ok(FileExtent::Regular { num_bytes, .. }) => prev.offset.wrapping_add(num_bytes),
+                Err(r) => return Err((slot - 1, r)),
+            };
+            if prev_end > key.offset {
+                return Err((slot - 1, format!("file extent end range ({prev_end}) goes beyond start offset ({}) of the next file extent", key.offset)));
+            }
+        }
+        // check_csum_item
+        (EXTENT_CSUM_KEY, EXTENT_CSUM_KEY) => {
+            let prev_end = prev.offset.wrapping_add((pdata.len() / ctx.csum_type.size()) as u64 * ss);
+            if prev_end > key.offset {
+                return Err((slot - 1, format!("csum end range ({prev_end}) goes beyond the start range ({}) of the next csum item", key.offset)));
+            }
+        }
+        // check_dev_extent_item
+        (DEV_EXTENT_KEY, DEV_EXTENT_KEY) if prev.objectid == key.objectid => {
+            let len = items::read_prefix::<DevExtent>(pdata, "dev extent").map_err(|r| (slot - 1, r))?.length.get();
+            if prev.offset.wrapping_add(len) > key.offset {
+                return Err((slot, format!("dev extent overlap, prev offset {} len {len} current offset {}", prev.offset, key.offset)));
+            }
+        }
+        // check_extent_item
+        (EXTENT_ITEM_KEY | METADATA_ITEM_KEY, EXTENT_ITEM_KEY | METADATA_ITEM_KEY) => {
+            let prev_end = prev.objectid.wrapping_add(if prev.type_ == METADATA_ITEM_KEY { u64::from(ctx.nodesize) } else { prev.offset });
+            if prev_end > key.objectid {
+                return Err((slot, format!("previous extent {prev} overlaps current extent {key}")));
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -237,6 +301,9 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
             gen_ok(ii.generation.get(), "inode")?;
             gen_ok(ii.transid.get(), "inode transid")?;
             let mode = ii.mode.get();
+            if mode & !(S_IFMT | 0o7777) != 0 {
+                return Err(format!("unknown mode bit detected: {:#x}", mode & !(S_IFMT | 0o7777)));
+            }
             if ft_from_mode(mode) == FT_UNKNOWN {
                 return Err(format!("invalid inode mode {mode:#o}"));
             }
@@ -344,14 +411,30 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
                 return Err(format!("unaligned item size for csum item, have {} should be aligned to {}", data.len(), ctx.csum_type.size()));
             }
         }
+        // As check_root_item with check_root_key.
         ROOT_ITEM_KEY => {
-            let v = items::root_item(data)?;
-            gen_ok(v.item.generation.get(), "root item")?;
-            if v.item.level >= MAX_LEVEL {
-                return Err(format!("invalid root level {}", v.item.level));
+            if key.objectid == TREE_RELOC_OBJECTID && !btrfs_is_fstree(key.offset) {
+                return Err(format!("invalid reloc tree for root {}, root id is not a subvolume tree", key.offset as i64));
             }
+            if key.objectid == 0 {
+                return Err("invalid root id 0".into());
+            }
+            let v = items::root_item(data)?;
+            gen_ok(v.item.generation.get(), "root")?;
+            gen_ok(v.item.generation_v2.get(), "root v2")?;
+            gen_ok(v.item.last_snapshot.get(), "root last_snapshot")?;
             if !aligned(v.item.bytenr.get(), ctx.sectorsize) {
-                return Err(format!("invalid root bytenr {}", v.item.bytenr.get()));
+                return Err(format!("invalid root bytenr, have {} expect to be aligned to {}", v.item.bytenr.get(), ctx.sectorsize));
+            }
+            if v.item.level >= MAX_LEVEL {
+                return Err(format!("invalid root level, have {} expect [0, {}]", v.item.level, MAX_LEVEL - 1));
+            }
+            if v.item.drop_level >= MAX_LEVEL {
+                return Err(format!("invalid root drop_level, have {} expect [0, {}]", v.item.drop_level, MAX_LEVEL - 1));
+            }
+            let valid = ROOT_SUBVOL_RDONLY | ROOT_SUBVOL_DEAD;
+            if v.item.flags.get() & !valid != 0 {
+                return Err(format!("invalid root flags, have {:#x} expect mask {valid:#x}", v.item.flags.get()));
             }
         }
         // The kernel has no rule for these; kept: the item holds its header and name
@@ -367,6 +450,9 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
             check_chunk(&c, key.offset, ctx.sectorsize)?;
         }
         DEV_ITEM_KEY => {
+            if key.objectid != DEV_ITEMS_OBJECTID {
+                return Err(format!("invalid objectid: has={} expect={DEV_ITEMS_OBJECTID}", key.objectid));
+            }
             exact::<DevItem>(data, "dev")?;
             let d: &DevItem = items::read_prefix(data, "dev")?;
             if d.devid.get() != key.offset {
@@ -376,9 +462,22 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
                 return Err(format!("invalid bytes used {} > total {}", d.bytes_used.get(), d.total_bytes.get()));
             }
         }
-        // Kept beyond check_dev_extent_item: the item size (readers take the struct).
+        // As check_dev_extent_item; kept beyond it: the item size (readers take the
+        // struct).
         DEV_EXTENT_KEY => {
             exact::<DevExtent>(data, "dev extent")?;
+            let d: &DevExtent = items::read_prefix(data, "dev extent")?;
+            if d.chunk_tree.get() != CHUNK_TREE_OBJECTID {
+                return Err(format!("invalid dev extent chunk tree id, has {} expect {CHUNK_TREE_OBJECTID}", d.chunk_tree.get()));
+            }
+            if d.chunk_objectid.get() != FIRST_CHUNK_TREE_OBJECTID {
+                return Err(format!("invalid dev extent chunk objectid, has {} expect {FIRST_CHUNK_TREE_OBJECTID}", d.chunk_objectid.get()));
+            }
+            for (what, v) in [("key.offset", key.offset), ("chunk offset", d.chunk_offset.get()), ("length", d.length.get())] {
+                if !aligned(v, ctx.sectorsize) {
+                    return Err(format!("invalid dev extent {what}, has {v} not aligned to {}", ctx.sectorsize));
+                }
+            }
         }
         BLOCK_GROUP_ITEM_KEY => {
             exact::<BlockGroupItem>(data, "block group")?;
@@ -416,32 +515,92 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
             if is_data && v.flags & BLOCK_FLAG_FULL_BACKREF != 0 {
                 return Err("data extent with FULL_BACKREF".into());
             }
+            if is_tree && !skinny && key.offset != u64::from(ctx.nodesize) {
+                return Err(format!("invalid extent length, have {} expect {}", key.offset, ctx.nodesize));
+            }
+            if is_data && !aligned(key.offset, ctx.sectorsize) {
+                return Err(format!("invalid extent length, have {} expect aligned to {}", key.offset, ctx.sectorsize));
+            }
+            if let Some((_, level)) = v.tree_block_info {
+                if level >= MAX_LEVEL {
+                    return Err(format!("invalid tree block info level, have {level} expect [0, {}]", MAX_LEVEL - 1));
+                }
+            }
             gen_ok(v.generation, "extent")?;
-            // The kernel does not match ref kinds to the extent's (a data ref on a tree
-            // block is left to the backref code and btrfs check).
+            // As check_extent_item: types ascending, and within a type the sequence
+            // (the offset, or for EXTENT_DATA_REF its hash) descending. The kernel does
+            // not match ref kinds to the extent's (a data ref on a tree block is left to
+            // the backref code and btrfs check).
             let mut total = 0u64;
-            let mut prev_type = 0u8;
+            let (mut prev_type, mut prev_seq) = (0u8, u64::MAX);
             for r in &v.inline_refs {
+                check_ref_values(r, ctx.sectorsize)?;
                 let t = r.type_();
                 if t < prev_type {
                     return Err(format!("inline ref out-of-order: has type {t}, prev type {prev_type}"));
                 }
-                prev_type = t;
+                if t > prev_type {
+                    prev_seq = u64::MAX;
+                }
+                let seq = match *r {
+                    InlineRef::TreeBlock { root } | InlineRef::Owner { root } => root,
+                    InlineRef::SharedBlock { parent } | InlineRef::SharedData { parent, .. } => parent,
+                    InlineRef::ExtentData { root, objectid, offset, .. } => hash_extent_data_ref(root, objectid, offset),
+                };
+                if seq > prev_seq {
+                    return Err(format!("inline ref out-of-order: has type {t} seq {seq:#x}, prev type {prev_type} seq {prev_seq:#x}"));
+                }
+                (prev_type, prev_seq) = (t, seq);
                 total = total.saturating_add(r.count());
             }
             if total > v.refs {
                 return Err(format!("invalid extent refs, have {} expect >= inline {total}", v.refs));
             }
         }
-        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY if !data.is_empty() => {
-            return Err(format!("invalid tree block ref item size {}", data.len()));
+        // As check_simple_keyed_refs.
+        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY | SHARED_DATA_REF_KEY => {
+            let want = if key.type_ == SHARED_DATA_REF_KEY { core::mem::size_of::<SharedDataRef>() } else { 0 };
+            if data.len() != want {
+                return Err(format!("invalid item size, have {} expect {want} for key type {}", data.len(), key.type_));
+            }
+            if !aligned(key.objectid, ctx.sectorsize) {
+                return Err(format!("invalid key objectid for shared block ref, have {} expect aligned to {}", key.objectid, ctx.sectorsize));
+            }
+            if key.type_ != TREE_BLOCK_REF_KEY && !aligned(key.offset, ctx.sectorsize) {
+                return Err(format!("invalid tree parent bytenr, have {} expect aligned to {}", key.offset, ctx.sectorsize));
+            }
+            if key.type_ == SHARED_DATA_REF_KEY {
+                let r: &SharedDataRef = items::read_prefix(data, "shared data ref")?;
+                check_ref_values(&InlineRef::SharedData { parent: key.offset, count: r.count.get() }, ctx.sectorsize)?;
+            }
         }
-        // Kept: exactly one ref. check_extent_data_ref allows several (hash
-        // collisions), but no kernel writes them: insert_extent_data_ref moves to the
-        // next key offset on a collision, and our readers take one ref per item.
-        EXTENT_DATA_REF_KEY => exact::<ExtentDataRef>(data, "extent data ref")?,
-        SHARED_DATA_REF_KEY => exact::<SharedDataRef>(data, "shared data ref")?,
-        FREE_SPACE_INFO_KEY => exact::<FreeSpaceInfo>(data, "free space info")?,
+        // As check_extent_data_ref. Kept beyond it: exactly one ref per item. The
+        // kernel allows several (hash collisions), but no kernel writes them:
+        // insert_extent_data_ref moves to the next key offset on a collision, and our
+        // readers take one ref per item.
+        EXTENT_DATA_REF_KEY => {
+            exact::<ExtentDataRef>(data, "extent data ref")?;
+            if !aligned(key.objectid, ctx.sectorsize) {
+                return Err(format!("invalid key objectid for shared block ref, have {} expect aligned to {}", key.objectid, ctx.sectorsize));
+            }
+            let d: &ExtentDataRef = items::read_prefix(data, "extent data ref")?;
+            check_ref_values(&InlineRef::ExtentData { root: d.root.get(), objectid: d.objectid.get(), offset: d.offset.get(), count: d.count.get() }, ctx.sectorsize)?;
+        }
+        // As check_free_space_info.
+        FREE_SPACE_INFO_KEY => {
+            if !aligned(key.objectid, ctx.sectorsize) || !aligned(key.offset, ctx.sectorsize) {
+                return Err(format!("free space info key is not aligned to {}, has {key}", ctx.sectorsize));
+            }
+            exact::<FreeSpaceInfo>(data, "free space info")?;
+            let f: &FreeSpaceInfo = items::read_prefix(data, "free space info")?;
+            if f.flags.get() & !FREE_SPACE_USING_BITMAPS != 0 {
+                return Err(format!("unknown flags for free space info, has {:#x} valid mask {FREE_SPACE_USING_BITMAPS:#x}", f.flags.get()));
+            }
+            let max = key.offset / u64::from(ctx.sectorsize);
+            if u64::from(f.extent_count.get()) > max {
+                return Err(format!("suspicious extent count, has {} max valid {max}", f.extent_count.get()));
+            }
+        }
         // The kernel has no rule for the free space tree's extents and bitmaps; kept:
         // a bitmap holds one bit per sector of its range (what the readers index).
         FREE_SPACE_BITMAP_KEY => {
@@ -466,6 +625,39 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &CheckCtx) -> core::result::Resul
         _ => {}
     }
     Ok(())
+}
+
+/// Is `root` allowed to hold a data backref (is_valid_dref_root): a subvolume tree,
+/// the data relocation tree, or the root tree (v1 space cache inodes)?
+fn is_valid_dref_root(root: u64) -> bool {
+    btrfs_is_fstree(root) || root == DATA_RELOC_TREE_OBJECTID || root == ROOT_TREE_OBJECTID
+}
+
+/// The values of one backref, inline or keyed (check_extent_item and its keyed
+/// counterparts): parent bytenrs aligned, data refs naming a valid root, inode and
+/// offset, counts not zero.
+fn check_ref_values(r: &InlineRef, sectorsize: u32) -> core::result::Result<(), String> {
+    match *r {
+        InlineRef::SharedBlock { parent } if !aligned(parent, sectorsize) => Err(format!("invalid tree parent bytenr, have {parent} expect aligned to {sectorsize}")),
+        InlineRef::SharedData { parent, .. } if !aligned(parent, sectorsize) => Err(format!("invalid data parent bytenr, have {parent} expect aligned to {sectorsize}")),
+        InlineRef::SharedData { count: 0, .. } => Err("invalid shared data ref count, should have non-zero value".into()),
+        InlineRef::ExtentData { root, objectid, offset, count } => {
+            if !is_valid_dref_root(root) {
+                return Err(format!("invalid data ref root value {root}"));
+            }
+            if !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&objectid) {
+                return Err(format!("invalid data ref objectid value {objectid}"));
+            }
+            if !aligned(offset, sectorsize) {
+                return Err(format!("invalid data ref offset, have {offset} expect aligned to {sectorsize}"));
+            }
+            if count == 0 {
+                return Err("invalid data ref count, should have non-zero value".into());
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A dir item entry's location key (check_dir_item with check_root_key and
@@ -531,6 +723,13 @@ pub fn check_chunk(c: &ChunkView, logical: u64, sectorsize: u32) -> core::result
     if c.stripe_len != STRIPE_LEN {
         return Err(format!("invalid chunk stripe length {}", c.stripe_len));
     }
+    if c.sector_size != sectorsize {
+        return Err(format!("invalid chunk sectorsize, have {} expect {sectorsize}", c.sector_size));
+    }
+    // Stripe numbers must fit in 32 bits (btrfs_stripe_nr_to_offset(U32_MAX)).
+    if c.length >= u64::from(u32::MAX) * STRIPE_LEN {
+        return Err(format!("chunk length too large: have {} limit {}", c.length, u64::from(u32::MAX) * STRIPE_LEN));
+    }
     if c.type_ & !(BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK) != 0 {
         return Err(format!("unrecognized chunk type: {:#x}", c.type_ & !(BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK)));
     }
@@ -570,7 +769,7 @@ pub fn check_chunk(c: &ChunkView, logical: u64, sectorsize: u32) -> core::result
 mod tests {
     use super::*;
     use crate::node::NodeMut;
-    use zerocopy::IntoBytes;
+    use zerocopy::{FromZeros, IntoBytes};
 
     const NODESIZE: u32 = 4096;
     const BYTENR: u64 = 1 << 20;
@@ -772,6 +971,57 @@ mod tests {
         NodeMut::new(&mut buf).set_ptr(0, &Key::new(256, INODE_ITEM_KEY, 0), 0, 5);
         seal(&mut buf);
         refused(check_tree_block(&buf, &c), "invalid block pointer");
+    }
+
+    #[test]
+    fn leaf_rules_as_the_kernel() {
+        let name = b"a";
+        let item = (Key::new(256, DIR_ITEM_KEY, name_hash(name)), dir_entry(file_loc(), 1, FT_REG_FILE, name, b""));
+        let mut unwritten = leaf(FS_TREE_OBJECTID, std::slice::from_ref(&item));
+        NodeMut::new(&mut unwritten).header_mut().flags = 0.into();
+        let c = CsumType::Crc32c.compute(&unwritten[CSUM_SIZE..]);
+        unwritten[..CSUM_SIZE].copy_from_slice(&c);
+        refused(check_tree_block(&unwritten, &ctx()), "WRITTEN not set");
+        // Empty leaves: never of these trees (unless relocation's), nor of tree 0.
+        refused(check_tree_block(&leaf(FS_TREE_OBJECTID, &[]), &ctx()), "must never be empty");
+        refused(check_tree_block(&leaf(DATA_RELOC_TREE_OBJECTID, &[]), &ctx()), "must never be empty");
+        refused(check_tree_block(&leaf(0, &[]), &ctx()), "root 0 is not defined");
+        check_tree_block(&leaf(257, &[]), &ctx()).expect("an empty subvolume leaf");
+        check_tree_block(&leaf(CSUM_TREE_OBJECTID, &[]), &ctx()).expect("an empty csum tree");
+        let mut reloc = leaf(FS_TREE_OBJECTID, &[]);
+        NodeMut::new(&mut reloc).header_mut().flags = (HEADER_FLAG_WRITTEN | HEADER_FLAG_RELOC).into();
+        let c = CsumType::Crc32c.compute(&reloc[CSUM_SIZE..]);
+        reloc[..CSUM_SIZE].copy_from_slice(&c);
+        check_tree_block(&reloc, &ctx()).expect("an empty relocation leaf");
+        refused(check_tree_block(&leaf(257, &[(Key::new(0, 0, 0), Vec::new())]), &ctx()), "bad key order");
+        // Overlapping file extents in one leaf.
+        let fe = |off: u64, len: u64| (Key::new(257, EXTENT_DATA_KEY, off), file_extent(FILE_EXTENT_REG, 1, 8192, 0, [1 << 20, 8192, 0, len]));
+        check_tree_block(&leaf(257, &[fe(0, 4096), fe(4096, 4096)]), &ctx()).expect("adjacent extents");
+        refused(check_tree_block(&leaf(257, &[fe(0, 8192), fe(4096, 4096)]), &ctx()), "goes beyond start offset");
+        let mut inline = file_extent(FILE_EXTENT_INLINE, 1, 100, 0, [0; 4]);
+        inline.truncate(FILE_EXTENT_INLINE_DATA_START + 100);
+        refused(check_tree_block(&leaf(257, &[(Key::new(257, EXTENT_DATA_KEY, 0), inline), fe(0, 4096)]), &ctx()), "key order");
+    }
+
+    #[test]
+    fn item_rules_the_kernel_has() {
+        let mut ii = InodeItem::new_zeroed();
+        ii.mode = (S_IFREG | 0o644 | 0x10000).into();
+        refused(check_one(Key::new(257, INODE_ITEM_KEY, 0), ii.as_bytes().to_vec()), "unknown mode bit");
+        // Inline refs of one type in descending order of their offsets.
+        let extent = |roots: &[u64]| {
+            let mut v = ExtentItem { refs: (roots.len() as u64).into(), generation: 1.into(), flags: EXTENT_FLAG_TREE_BLOCK.into() }.as_bytes().to_vec();
+            for r in roots {
+                v.push(TREE_BLOCK_REF_KEY);
+                v.extend_from_slice(&r.to_le_bytes());
+            }
+            v
+        };
+        let tree = |data| check_tree_block(&leaf(EXTENT_TREE_OBJECTID, &[(Key::new(1 << 20, METADATA_ITEM_KEY, 0), data)]), &ctx());
+        tree(extent(&[258, 257])).expect("descending");
+        refused(tree(extent(&[257, 258])), "inline ref out-of-order");
+        let de = DevExtent { chunk_tree: 4.into(), chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(), chunk_offset: (1 << 20).into(), length: 4096.into(), chunk_tree_uuid: [9; 16] };
+        refused(check_tree_block(&leaf(DEV_TREE_OBJECTID, &[(Key::new(1, DEV_EXTENT_KEY, 1 << 20), de.as_bytes().to_vec())]), &ctx()), "chunk tree id");
     }
 
     #[test]
