@@ -5,9 +5,11 @@ Subcommands:
 
   build [--out DIR] [--work DIR] [--keep-work] [NAME...]
       Build the named fixtures (default: all) with mkfs.btrfs and a kernel
-      loop mount. Writes NAME.N.img.zst, NAME.manifest.jsonl, NAME.meta.json
-      into DIR (default: tests/fixtures). Needs root, mkfs.btrfs, btrfs,
-      losetup, mount, zstd (and xfs_io for the partial reflink).
+      loop mount (`convert`: mkfs.ext4, an ext4 loop mount, btrfs-convert).
+      Writes NAME.N.img.zst, NAME.manifest.jsonl, NAME.meta.json into DIR
+      (default: tests/fixtures). Needs root, mkfs.btrfs, btrfs, losetup,
+      mount, zstd (and xfs_io for the partial reflink; mkfs.ext4 and
+      btrfs-convert for `convert`).
 
   manifest [--out FILE] DIR
       Print the manifest (JSON lines) of any directory tree: a mounted btrfs
@@ -306,13 +308,13 @@ class Resources:
         if dev in self.loops:
             self.loops.remove(dev)
 
-    def mount(self, devs, mnt, opts, quiet=False):
+    def mount(self, devs, mnt, opts, quiet=False, fstype="btrfs"):
         o = [x for x in opts.split(",") if x]
         o += ["device=" + d for d in devs[1:]]
-        for d in devs:
+        for d in devs if fstype == "btrfs" else []:
             subprocess.run(["btrfs", "device", "scan", d],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cmd = ["mount", "-t", "btrfs"]
+        cmd = ["mount", "-t", fstype]
         if o:
             cmd += ["-o", ",".join(o)]
         cmd += [devs[0], mnt]
@@ -360,9 +362,9 @@ def attached(res, imgs, readonly=False):
 
 
 @contextlib.contextmanager
-def mounted(res, devs, mnt, opts):
+def mounted(res, devs, mnt, opts, fstype="btrfs"):
     os.makedirs(mnt, exist_ok=True)
-    res.mount(devs, mnt, opts)
+    res.mount(devs, mnt, opts, fstype=fstype)
     try:
         yield mnt
     finally:
@@ -1040,6 +1042,71 @@ def make_sprout(name, spec, imgs, fdir, res, size, seed):
     return ["seed device 1 (btrfstune -S 1), sprout device 0 added and written"]
 
 
+def pop_convert(c):
+    """Content written to an ext4 filesystem that btrfs-convert then converts."""
+    c.mkdir("files")
+    for s in [0, 1, 100, 2047, 2048, 3000, 4095, 4096, 4097, 65537]:
+        c.write("files/size-%d" % s, c.rand(s))
+    c.write("files/text-300k", texty(c.rng, 300 * KiB))
+    c.write("files/tagged-1m+3", tagged("convert-1m", MiB + 3))
+    # Nested and empty directories, a directory large enough for an ext4 htree.
+    c.write("dirs/a/b/c/d/deep", b"deep file\n")
+    c.mkdir("dirs/empty")
+    c.mkdir("dirs/sticky", 0o1777)
+    pop_bigdir(c, "dirs/big", 300)
+    # Symlinks: fast (in the ext4 inode), slow (a data block), dangling, absolute.
+    c.mkdir("symlinks")
+    c.symlink("../files/size-100", "symlinks/short")
+    c.symlink("/".join(["d%02d" % (i % 100) for i in range(70)])[:200], "symlinks/long-200")
+    c.symlink("does/not/exist", "symlinks/dangling")
+    c.symlink("/etc/passwd", "symlinks/absolute")
+    # Hard links: three names in three directories, two in one.
+    c.write("links/a/three", b"three links\n")
+    c.link("links/a/three", "links/b/three-link")
+    c.link("links/a/three", "links/c/three-link-2")
+    c.write("links/c/pair-1", b"two links, same dir\n")
+    c.link("links/c/pair-1", "links/c/pair-2")
+    # Xattrs: in the ext4 inode and in an xattr block.
+    c.write("xattrs/file", b"xattr carrier\n")
+    c.xattr("xattrs/file", "user.alpha", b"one")
+    c.xattr("xattrs/file", "user.empty", b"")
+    c.xattr("xattrs/file", "user.binary", bytes(range(256)))
+    c.xattr("xattrs/file", "user.large", c.rand(3000))
+    c.mkdir("xattrs/dir")
+    c.xattr("xattrs/dir", "user.on-dir", b"directory value")
+    # Sparse and preallocated files.
+    c.write("sparse/holes-12m", b"")
+    c.pwrite("sparse/holes-12m", 0, tagged("sparse-0", 4096))
+    c.pwrite("sparse/holes-12m", 10 * MiB, tagged("sparse-10m", 8192))
+    c.truncate("sparse/holes-12m", 12 * MiB)
+    c.write("sparse/hole-at-start", b"")
+    c.pwrite("sparse/hole-at-start", 1 * MiB, tagged("hole-start", 4096))
+    c.write("sparse/unaligned", b"")
+    c.pwrite("sparse/unaligned", 70000, b"x" * 5000)
+    c.write("sparse/only-hole", b"")
+    c.truncate("sparse/only-hole", 5 * MiB)
+    c.write("sparse/falloc-256k", b"")
+    fd = os.open(c.p("sparse/falloc-256k"), os.O_RDWR)
+    try:
+        fallocate(fd, 0, 0, 256 * KiB)
+        os.pwrite(fd, tagged("falloc", 8192), 64 * KiB)
+    finally:
+        os.close(fd)
+    # Special files, names, modes and owners.
+    c.mkdir("special")
+    os.mkfifo(c.p("special/fifo"), 0o644)
+    os.mknod(c.p("special/null"), stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mknod(c.p("special/loop0"), stat.S_IFBLK | 0o660, os.makedev(7, 0))
+    for name in ["L" * 255, "h\u00e9llo w\u00f6rld \u2713", "\u65e5\u672c\u8a9e",
+                 "with space", ".hidden"]:
+        c.write("names/" + name, ("name %s\n" % name).encode())
+    c.write("modes/m0600", b"secret\n", 0o600)
+    c.chown("modes/m0600", 1000, 1000)
+    c.write("modes/m4755", b"#!/bin/sh\n", 0o4755)
+    c.chown("modes/m4755", 0, 100)
+    c.set_time("files/size-1", 1_000_000_000 * 10**9, 1_234_567_890_123_456_789)
+
+
 # --------------------------------------------------------------------------
 # Fixture definitions
 # --------------------------------------------------------------------------
@@ -1120,6 +1187,15 @@ FIXTURES = {
         mkfs=[], devices=2, make=make_sprout, size=128 * MiB,
         notes="sprout filesystem (device 0) over a seed device (device 1, SEEDING "
               "flag, its own fsid)"),
+    "convert": dict(
+        convert="ext4", mkfs=["-b", "4096", "-J", "size=4"], populate=pop_convert,
+        size=192 * MiB,
+        notes="btrfs-convert of an ext4 filesystem (mkfs.ext4 -b 4096 -J size=4, filled "
+              "through an ext4 loop mount): the ext2_saved subvolume with its image "
+              "file, DIR_ITEMs with garbage transids (progs 6.2), no free space tree; "
+              "files of many sizes (inline and regular), nested/empty/300-entry dirs, "
+              "fast and slow symlinks, hard links, xattrs in the inode and in an xattr "
+              "block, sparse and preallocated files, special files, names, modes, owners"),
 }
 
 
@@ -1148,10 +1224,26 @@ def mkfs(imgs, args, size, label):
     raise RuntimeError("mkfs kept failing")
 
 
-def btrfs_check(res, imgs):
+# A fixed uuid and hash seed, so the ext4 side is built the same way each time.
+EXT4_UUID = "2d5f6c1e-7d0a-4c7b-9a52-6b1f0e0c4a11"
+
+
+def mkfs_ext4(img, args, size, label):
+    if os.path.exists(img):
+        os.unlink(img)
+    with open(img, "wb") as f:
+        f.truncate(size)
+    run(["mkfs.ext4", "-q", "-F", "-L", label, "-U", EXT4_UUID,
+         "-E", "hash_seed=%s,lazy_itable_init=0,lazy_journal_init=0" % EXT4_UUID]
+        + args + [img], capture=True)
+    return size
+
+
+def btrfs_check(res, imgs, data_csum=False):
     """btrfs check --readonly; returns its output, raises on errors."""
     if len(imgs) == 1:
-        r = run(["btrfs", "check", "--readonly", imgs[0]], check=False, capture=True)
+        r = run(["btrfs", "check", "--readonly"] + (["--check-data-csum"] if data_csum else [])
+                + [imgs[0]], check=False, capture=True)
     else:
         with attached(res, imgs, readonly=True) as devs:
             for d in devs:
@@ -1176,19 +1268,24 @@ def build_one(name, spec, out_dir, work, res):
     imgs = [os.path.join(fdir, "%s.%d.img" % (name, i)) for i in range(ndev)]
     mnt = os.path.join(fdir, "mnt")
     os.makedirs(mnt, exist_ok=True)
+    source = spec.get("convert", "btrfs")
     mount_opts = spec.get("mount_opts", "")
     notes = [spec.get("notes", "")]
     meta_extra = {}
     seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
 
-    # 1. populate (or a builder of its own for scenarios a plain mount cannot make)
+    # 1. populate (or a builder of its own for scenarios a plain mount cannot make;
+    # an ext4 source is converted in place afterwards)
     if spec.get("make"):
         size = spec["size"]
         notes += spec["make"](name, spec, imgs, fdir, res, size, seed)
     else:
-        size = mkfs(imgs, spec["mkfs"], spec["size"], name[:200])
+        if source == "btrfs":
+            size = mkfs(imgs, spec["mkfs"], spec["size"], name[:200])
+        else:
+            size = mkfs_ext4(imgs[0], spec["mkfs"], spec["size"], name[:200])
         with attached(res, imgs) as devs:
-            with mounted(res, devs, mnt, mount_opts):
+            with mounted(res, devs, mnt, mount_opts, fstype=source):
                 c = Ctx(mnt, seed, res)
                 spec["populate"](c)
                 if not getattr(c, "fixed", False):
@@ -1209,11 +1306,17 @@ def build_one(name, spec, out_dir, work, res):
         if spec.get("logged"):
             for src, dst in zip(imgs, copies):
                 os.replace(dst, src)
+        if source != "btrfs":
+            # -L: the btrfs label is the ext4 one (the fixture's name).
+            run(["btrfs-convert", "--no-progress", "-L", imgs[0]], capture=True)
+            meta_extra["source_fs"] = source
+            meta_extra["convert_args"] = ["-L"]
+            meta_extra["btrfs_progs"] = out_of(["btrfs", "--version"]).strip()
 
     # 2. fsck
     # btrfs-progs counts a replace target's size into the filesystem's and calls
     # that an error: the replace fixture checks without it.
-    check_txt = btrfs_check(res, imgs[:spec.get("check_devices", ndev)])
+    check_txt = btrfs_check(res, imgs[:spec.get("check_devices", ndev)], data_csum=source != "btrfs")
     log("btrfs check ok for", name)
 
     # 3. the kernel's view of what is on disk (read-only loops, ro mount)
@@ -1283,7 +1386,8 @@ def build_one(name, spec, out_dir, work, res):
 
     meta = {
         "devices": ndev,
-        "mkfs_args": ["-L", name[:200]] + spec["mkfs"],
+        "mkfs_args": (["-L", name[:200]] if source == "btrfs" else
+                      ["-L", name[:200], "-U", EXT4_UUID]) + spec["mkfs"],
         "mount_opts": mount_opts,
         "notes": "; ".join(n for n in notes if n),
         "has_log_tree": has_log,

@@ -131,7 +131,9 @@ pub fn exercise_node(n: NodeRef<'_>, ctx: &CheckCtx) {
             let kp = n.key_ptr(slot);
             assert_eq!(kp.blockptr.get(), n.blockptr(slot));
             assert_eq!(kp.generation.get(), n.ptr_generation(slot));
-            assert!(n.blockptr(slot) != 0);
+            // As the kernel's __btrfs_check_node, the checker leaves the last pointer to
+            // fail when its child is read.
+            assert!(n.blockptr(slot) != 0 || slot + 1 == nr);
         }
     }
     let _ = n.search(&Key::MIN);

@@ -331,7 +331,8 @@ impl FsInfo {
             sectorsize: self.sectorsize,
             csum_type: self.csum_type,
             fsid: self.meta_fsid,
-            chunk_tree_uuid: if self.chunk_tree_uuid == [0; 16] { None } else { Some(self.chunk_tree_uuid) },
+            // The kernel does not check a header's chunk tree uuid at read.
+            chunk_tree_uuid: None,
             super_generation: self.super_copy().generation.get(),
             bytenr,
             level: expect.level,

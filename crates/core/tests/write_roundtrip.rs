@@ -1376,7 +1376,12 @@ fn interrupted_balance_is_refused() {
     let img = Scratch::fixture("blake2", "reloc-refused");
     let m = Model::load(&img.path);
     let mut w = img.writer();
-    w.create_tree(TREE_RELOC_OBJECTID).expect("a relocation tree root");
+    // A relocation tree's root item names the subvolume it relocates in its key offset
+    // (the kernel's tree checker refuses any other): one sharing tree 5's root.
+    let fs_root = Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, 0);
+    let (leaf, slot) = w.raw_tree().lookup_for_update(ROOT_TREE_OBJECTID, &fs_root, 0).expect("lookup").expect("tree 5's root item");
+    let item = w.raw_tree().item_data_mut(leaf, slot).to_vec();
+    w.raw_tree().insert_item(ROOT_TREE_OBJECTID, &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, FS_TREE_OBJECTID), &item).expect("a relocation tree root");
     w.commit().expect("commit");
     drop(w);
     let before = img.sha256();

@@ -231,8 +231,9 @@ pub fn qgroup_status_flags(data: &[u8]) -> ParseResult<u64> {
 
 pub fn file_extent(data: &[u8]) -> ParseResult<FileExtent<'_>> {
     let h: &FileExtentHeader = read_prefix(data, "file extent")?;
-    if h.encryption != 0 || h.other_encoding.get() != 0 {
-        return Err(format!("invalid file extent encryption {} other_encoding {}", h.encryption, h.other_encoding.get()));
+    // As check_extent_data_item: encryption must be 0; other_encoding is never read.
+    if h.encryption != 0 {
+        return Err(format!("invalid encryption for file extent, have {} expect 0", h.encryption));
     }
     match h.type_ {
         FILE_EXTENT_INLINE => Ok(FileExtent::Inline { generation: h.generation.get(), ram_bytes: h.ram_bytes.get(), compression: h.compression, data: &data[FILE_EXTENT_INLINE_DATA_START..] }),

@@ -445,7 +445,9 @@ impl FsWriter {
             return Err(Error::Incompatible("cannot write: filesystems without skinny-metadata are not supported for writing yet".into()));
         }
         if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0 || compat_ro & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
-            return Err(Error::Incompatible("cannot write: only filesystems with a valid free-space tree are supported for writing (space_cache=v2)".into()));
+            return Err(Error::Incompatible(
+                "cannot write: only filesystems with a valid free-space tree are supported for writing (space_cache=v2); btrfs-convert and older mkfs.btrfs make none: one read-write kernel mount with -o space_cache=v2 creates it".into(),
+            ));
         }
         let unwritable = incompat & (INCOMPAT_ZONED | INCOMPAT_EXTENT_TREE_V2 | INCOMPAT_RAID_STRIPE_TREE | INCOMPAT_SIMPLE_QUOTA);
         if unwritable != 0 {
