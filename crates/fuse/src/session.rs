@@ -3,10 +3,17 @@
 //! (`fusermount3 -u`, `umount`, SIGINT, SIGTERM or SIGHUP) commit and let the image go.
 //!
 //! Order at the end: the session loop stops (the kernel unmounted, or a signal made us
-//! unmount), `UbtrfsFs::destroy` closes the handles left and commits, the commit
-//! thread is stopped, and the engine is dropped, which releases the image lock. An
-//! error in that last commit makes `mount` fail, so the command exits non-zero and
-//! says what was lost.
+//! unmount), `UbtrfsFs::destroy` closes the handles left and makes the last commit
+//! (`last_commit`), the commit thread is stopped, and the engine is dropped, which
+//! releases the image lock. An error in that last commit makes `mount` fail, so the
+//! command exits non-zero and says what was lost.
+//!
+//! The kernel's unmount of a FUSE mount returns before that commit (nothing in the
+//! kernel waits for a `fuse` daemon), so the end is made visible to others: the
+//! process is marked as unmounting (a new open of the image waits for it, see
+//! `device_lock`), its image files are held against new opens until it exits (a
+//! `mount -o loop` waits in the kernel), and the commit is not written at all if the
+//! kernel has mounted the image meanwhile. `ubtrfs umount` waits for the process.
 
 use crate::fs::UbtrfsFs;
 use crate::options::MountOptions;
@@ -109,6 +116,37 @@ fn fuse_config(source: &Path, opts: &MountOptions) -> fuser::Config {
     c
 }
 
+/// The unmount's last commit, from `UbtrfsFs::destroy` in the main thread once the
+/// session has ended: mark the process as unmounting, hold each image file against new
+/// opens, and commit, unless the kernel now has an image mounted (a `mount -o loop`
+/// that ran before the hold): then nothing is written, the engine aborts and the mount
+/// fails saying so, which keeps the kernel's writes and loses ours since the last
+/// commit, never both sides' at once.
+pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
+    ubtrfs_core::volumes::device_lock::mark_unmounting();
+    if read_only {
+        return;
+    }
+    for d in engine.info().devices.by_id.values() {
+        let claim = d.dev.claim_for_last_commit();
+        if let Some(why) = claim.not_held {
+            crate::log::log(&format!("{}: a new open does not wait for the last commit ({why})", d.dev.name()));
+        }
+        if let Some(u) = claim.kernel.first() {
+            let why = format!("{u}; the changes since the last commit are not written, so as not to overwrite the kernel's");
+            crate::log::log_error(&format!("unmount: {why}"));
+            let _ = engine.write(|w| {
+                w.abort("unmount", &Error::posix(PosixKind::Busy, why.clone()));
+                Ok(())
+            });
+            return;
+        }
+    }
+    if let Err(e) = engine.sync() {
+        crate::log::log(&format!("sync at unmount: {e}"));
+    }
+}
+
 /// Block the signals that end a mount in this thread and the threads it starts; a
 /// thread of their own waits for them (`sigwait`).
 fn block_signals() -> libc::sigset_t {
@@ -132,7 +170,10 @@ fn block_signals() -> libc::sigset_t {
 /// error.
 pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path, opts: MountOptions, ready: impl FnOnce()) -> Result<()> {
     let sigs = block_signals();
-    let config = fuse_config(source, &opts);
+    // The mount's source is the image's absolute path: `ubtrfs umount` finds the
+    // daemon through the image's lock holder.
+    let source = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
+    let config = fuse_config(&source, &opts);
     let commit_every = Duration::from_secs(opts.commit_secs);
     let opts_read_only = opts.read_only;
     let notifier = Arc::new(std::sync::OnceLock::new());
