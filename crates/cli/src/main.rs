@@ -147,6 +147,9 @@ enum Cmd {
     /// Mount the filesystem with FUSE, read-write, until unmounted (fusermount3 -u,
     /// umount, SIGINT or SIGTERM commit first).
     Mount(mount_cmd::MountArgs),
+    /// Unmount a ubtrfs mount and wait until its process has written the last commit
+    /// and let the image go (`fusermount3 -u` and umount return before that).
+    Umount(mount_cmd::UmountArgs),
     /// Link `mount.fuse.ubtrfs` to this executable, so `mount -t fuse.ubtrfs` and fstab
     /// lines work.
     InstallHelper(mount_cmd::InstallHelperArgs),
@@ -192,6 +195,7 @@ fn main() -> ExitCode {
         Cmd::Xattr(c) => c.run(),
         Cmd::Subvolume(c) => c.run(),
         Cmd::Mount(a) => mount_cmd::run(&a),
+        Cmd::Umount(a) => mount_cmd::umount(&a),
         Cmd::InstallHelper(a) => mount_cmd::install_helper(&a),
     };
     match r {

@@ -1,6 +1,8 @@
 //! `ubtrfs mount`, the `mount.fuse.ubtrfs` helper that mount(8) runs for
-//! `mount -t fuse.ubtrfs` and fstab lines, and `ubtrfs install-helper`, which puts the
-//! helper where mount(8) looks for it.
+//! `mount -t fuse.ubtrfs` and fstab lines, `ubtrfs install-helper`, which puts the
+//! helper where mount(8) looks for it, and `ubtrfs umount`, which unmounts and waits
+//! for the mount's process to write its last commit and exit (the kernel's umount of a
+//! FUSE mount returns before that).
 //!
 //! `--daemon` (and the helper, unless given `-f`) forks before anything else runs, so
 //! the child that serves the mount is the only process with threads; the parent waits
@@ -12,7 +14,8 @@ use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use ubtrfs_core::error::{Error, Result};
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::volumes::{device_lock, mountinfo};
 use ubtrfs_fuse::MountOptions;
 
 /// The helper's name: mount(8) runs `/sbin/mount.fuse.ubtrfs` for `-t fuse.ubtrfs`.
@@ -38,6 +41,12 @@ pub struct MountArgs {
     /// unmounted).
     #[arg(long)]
     pub daemon: bool,
+}
+
+#[derive(clap::Args)]
+pub struct UmountArgs {
+    /// The mount point of a ubtrfs mount.
+    pub mountpoint: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -138,6 +147,115 @@ pub fn run(a: &MountArgs) -> Result<()> {
         return daemonize(|ready| mount(&a.image, &a.devices, &a.mountpoint, opts, ready));
     }
     mount(&a.image, &a.devices, &a.mountpoint, opts, || {})
+}
+
+/// `ubtrfs umount`: unmount a ubtrfs mount, then wait until the process that served it
+/// has written its last commit and exited, so that the image is complete and free for
+/// the next user (another mount, the kernel) when this returns.
+///
+/// The process is the FUSE daemon holding the image's lock (the mount's source is the
+/// image's absolute path). As root the unmount is umount(2); otherwise `fusermount3 -u`.
+///
+/// # Errors
+/// `Posix(Invalid)` for a directory that is not a ubtrfs mount point; `Io` or
+/// `Posix(Busy)` when the unmount fails (nothing is waited for then).
+pub fn umount(a: &UmountArgs) -> Result<()> {
+    let mnt = absolute(&a.mountpoint)?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+    let shown = mnt.display().to_string();
+    let Some(m) = mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mnt) else {
+        return Err(Error::posix_detail(PosixKind::Invalid, shown, "not a mount point"));
+    };
+    if m.fstype != "fuse.ubtrfs" {
+        return Err(Error::posix_detail(PosixKind::Invalid, shown, format!("not a ubtrfs mount (its type is {})", m.fstype)));
+    }
+    let mut pids: Vec<u32> = device_lock::lock_holders(&m.source).unwrap_or_default().iter().filter_map(|h| h.pid).filter(|&p| device_lock::is_fuse_daemon(p)).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    // Taken before the unmount: a pid reused after the daemon's exit is not waited for.
+    let waits: Vec<(u32, Option<OwnedFd>)> = pids.iter().map(|&p| (p, pidfd(p))).collect();
+    unmount(&mnt)?;
+    if waits.is_empty() {
+        eprintln!("warning: no process serving {shown} was found (holding {}); not waiting for its last commit", m.source.display());
+    }
+    for (pid, fd) in waits {
+        wait_exit(pid, fd, &m.source);
+    }
+    Ok(())
+}
+
+/// `p` made absolute without looking at its last component, which may be the root of a
+/// mount whose daemon no longer answers.
+fn absolute(p: &Path) -> Result<PathBuf> {
+    let cannot = |e| Error::io(format!("cannot find {}", p.display()), e);
+    let name = p.file_name().filter(|n| *n != ".." && *n != ".");
+    match (p.parent(), name) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+            Ok(std::fs::canonicalize(dir).map_err(cannot)?.join(name))
+        }
+        _ => std::fs::canonicalize(p).map_err(cannot),
+    }
+}
+
+fn unmount(mnt: &Path) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let out = std::process::Command::new("fusermount3").arg("-u").arg(mnt).output().map_err(|e| Error::io("run fusermount3", e))?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return Err(Error::io(format!("unmount {}", mnt.display()), std::io::Error::other(why)));
+        }
+        return Ok(());
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mnt.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", mnt.display())))?;
+    // SAFETY: umount2 reads a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EBUSY) {
+            return Err(Error::posix_detail(PosixKind::Busy, mnt.display().to_string(), "in use (an open file or a process inside it)"));
+        }
+        return Err(Error::io(format!("unmount {}", mnt.display()), e));
+    }
+    Ok(())
+}
+
+/// A pidfd for `pid` (Linux 5.3 and later), None where there is none.
+fn pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a fresh descriptor the call returned, owned from here on.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Wait for process `pid` to exit (its pidfd turns readable), saying so after a second.
+fn wait_exit(pid: u32, fd: Option<OwnedFd>, image: &Path) {
+    use std::os::fd::AsRawFd;
+    let start = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        let gone = match &fd {
+            Some(fd) => {
+                let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one pollfd for a descriptor we own.
+                let n = unsafe { libc::poll(&mut p, 1, 100) };
+                n > 0
+            }
+            None => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                // SAFETY: signal 0 only checks that the process exists.
+                unsafe { libc::kill(pid as libc::pid_t, 0) != 0 }
+            }
+        };
+        if gone {
+            return;
+        }
+        if !told && start.elapsed() >= std::time::Duration::from_secs(1) {
+            eprintln!("waiting for the ubtrfs process {pid} to write its last commit to {} and exit", image.display());
+            told = true;
+        }
+    }
 }
 
 /// `ubtrfs install-helper`: a `mount.fuse.ubtrfs` link to this executable in `dir`.
