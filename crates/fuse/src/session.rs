@@ -25,6 +25,8 @@ use ubtrfs_core::disk_io::OpenOptions;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId};
+use ubtrfs_core::volumes::device_lock;
+use ubtrfs_core::volumes::mountinfo::{self, DevNum};
 
 /// The first inode of every subvolume tree: its top directory.
 const SUBVOL_TOP: u64 = 256;
@@ -123,10 +125,12 @@ fn fuse_config(source: &Path, opts: &MountOptions) -> fuser::Config {
 /// fails saying so, which keeps the kernel's writes and loses ours since the last
 /// commit, never both sides' at once.
 pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
-    ubtrfs_core::volumes::device_lock::mark_unmounting();
+    device_lock::mark_unmounting();
     if read_only {
         return;
     }
+    // The commit checks once more just before its superblocks.
+    engine.info().set_last_commit();
     for d in engine.info().devices.by_id.values() {
         let claim = d.dev.claim_for_last_commit();
         if let Some(why) = claim.not_held {
@@ -144,6 +148,46 @@ pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
     }
     if let Err(e) = engine.sync() {
         crate::log::log(&format!("sync at unmount: {e}"));
+    }
+}
+
+/// The device number of the FUSE mount at `mountpoint` (absolute), from mountinfo.
+fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mountpoint && m.fstype.starts_with("fuse")).map(|m| m.dev)
+}
+
+/// Watch the mount table until the mount `dev` leaves it (an unmount), then mark the
+/// process as unmounting and hold its image files against new opens at once: the
+/// kernel's unmount returns before our session loop sees its end, and a `mount -o
+/// loop` or `ubtrfs mount` started right after it must already find them held.
+/// /proc/self/mountinfo polls readable (POLLPRI) at each change of the mount table, so
+/// this wakes for mounts and unmounts only, never per request. Returns when `stop`
+/// closes.
+fn watch_unmount(engine: &Engine, dev: DevNum, stop: &std::os::unix::net::UnixStream, read_only: bool) {
+    use std::os::fd::AsRawFd;
+    let Ok(table) = std::fs::File::open("/proc/self/mountinfo") else { return };
+    loop {
+        let now = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if !now.is_empty() && !mountinfo::parse_mountinfo(&now).iter().any(|m| m.dev == dev) {
+            device_lock::mark_unmounting();
+            if !read_only {
+                for d in engine.info().devices.by_id.values() {
+                    // `last_commit` claims again and reports what this found.
+                    let _ = d.dev.claim_for_last_commit();
+                }
+            }
+            return;
+        }
+        let mut fds = [libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 }, libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        // SAFETY: two pollfds for descriptors held open above.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
     }
 }
 
@@ -180,9 +224,26 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     // Wakes the cleaner (below) when a subvolume is deleted through the mount.
     let (clean_tx, clean_rx) = mpsc::channel::<()>();
     let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone(), clean_tx.clone());
+    // Absolute before the mount: afterwards a look at it would be a request to ourselves.
+    let mount_abs = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
     let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
+
+    // The unmount watcher (none when the mount is not visible in our mount table).
+    let (stop_watching, watch_stop) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("make the unmount watcher's socket", e))?;
+    let watcher = match mount_dev(&mount_abs) {
+        Some(dev) => {
+            let engine = engine.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("ubtrfs-watch".into())
+                    .spawn(move || watch_unmount(&engine, dev, &watch_stop, opts_read_only))
+                    .map_err(|e| Error::io("start the unmount watcher", e))?,
+            )
+        }
+        None => None,
+    };
     ready();
 
     // Periodic commits (none on a read-only mount).
@@ -252,6 +313,10 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
         .map_err(|e| Error::io("start the signal thread", e))?;
 
     let served = session.run();
+    drop(stop_watching);
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
     let _ = stop_tx.send(());
     let _ = committer.join();
     stop_cleaning.store(true, std::sync::atomic::Ordering::Relaxed);
