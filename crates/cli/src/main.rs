@@ -150,8 +150,8 @@ enum Cmd {
     /// Unmount a ubtrfs mount and wait until its process has written the last commit
     /// and let the image go (`fusermount3 -u` and umount return before that).
     Umount(mount_cmd::UmountArgs),
-    /// Link `mount.fuse.ubtrfs` to this executable, so `mount -t fuse.ubtrfs` and fstab
-    /// lines work.
+    /// Link `mount.fuse.ubtrfs` and `umount.fuse.ubtrfs` to this executable, so `mount -t
+    /// fuse.ubtrfs` and fstab lines work, and `umount` waits for the last commit.
     InstallHelper(mount_cmd::InstallHelperArgs),
     /// Subvolumes: create, snapshot, delete, sync, list, set-default, get-default.
     #[command(subcommand)]
@@ -164,6 +164,9 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == mount_cmd::HELPER_NAME) {
         return mount_cmd::helper_main(args);
+    }
+    if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == mount_cmd::UMOUNT_HELPER_NAME) {
+        return mount_cmd::umount_helper_main(args);
     }
     let cli = Cli::parse_from(args);
     let r = match cli.cmd {

@@ -20,6 +20,9 @@ use ubtrfs_fuse::MountOptions;
 
 /// The helper's name: mount(8) runs `/sbin/mount.fuse.ubtrfs` for `-t fuse.ubtrfs`.
 pub const HELPER_NAME: &str = "mount.fuse.ubtrfs";
+/// The unmount helper's name: umount(8) runs `/sbin/umount.fuse.ubtrfs` for a mount of
+/// type `fuse.ubtrfs`, which makes a plain `umount` wait as `ubtrfs umount` does.
+pub const UMOUNT_HELPER_NAME: &str = "umount.fuse.ubtrfs";
 
 #[derive(clap::Args)]
 pub struct MountArgs {
@@ -160,7 +163,14 @@ pub fn run(a: &MountArgs) -> Result<()> {
 /// `Posix(Invalid)` for a directory that is not a ubtrfs mount point; `Io` or
 /// `Posix(Busy)` when the unmount fails (nothing is waited for then).
 pub fn umount(a: &UmountArgs) -> Result<()> {
-    let mnt = absolute(&a.mountpoint)?;
+    unmount_and_wait(&a.mountpoint, 0)
+}
+
+/// Unmount `mountpoint` with umount2 `flags` (as root) and wait for its process, as
+/// `umount` says; a lazy unmount (MNT_DETACH) waits for nothing, since the mount lives
+/// on while it is in use.
+fn unmount_and_wait(mountpoint: &Path, flags: libc::c_int) -> Result<()> {
+    let mnt = absolute(mountpoint)?;
     let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
     let shown = mnt.display().to_string();
     let Some(m) = mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mnt) else {
@@ -174,7 +184,10 @@ pub fn umount(a: &UmountArgs) -> Result<()> {
     pids.dedup();
     // Taken before the unmount: a pid reused after the daemon's exit is not waited for.
     let waits: Vec<(u32, Option<OwnedFd>)> = pids.iter().map(|&p| (p, pidfd(p))).collect();
-    unmount(&mnt)?;
+    unmount(&mnt, flags)?;
+    if flags & libc::MNT_DETACH != 0 {
+        return Ok(());
+    }
     if waits.is_empty() {
         eprintln!("warning: no process serving {shown} was found (holding {}); not waiting for its last commit", m.source.display());
     }
@@ -198,10 +211,15 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     }
 }
 
-fn unmount(mnt: &Path) -> Result<()> {
+fn unmount(mnt: &Path, flags: libc::c_int) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        let out = std::process::Command::new("fusermount3").arg("-u").arg(mnt).output().map_err(|e| Error::io("run fusermount3", e))?;
+        let mut cmd = std::process::Command::new("fusermount3");
+        cmd.arg("-u");
+        if flags & libc::MNT_DETACH != 0 {
+            cmd.arg("-z");
+        }
+        let out = cmd.arg(mnt).output().map_err(|e| Error::io("run fusermount3", e))?;
         if !out.status.success() {
             let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
             return Err(Error::io(format!("unmount {}", mnt.display()), std::io::Error::other(why)));
@@ -211,7 +229,7 @@ fn unmount(mnt: &Path) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(mnt.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", mnt.display())))?;
     // SAFETY: umount2 reads a NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EBUSY) {
             return Err(Error::posix_detail(PosixKind::Busy, mnt.display().to_string(), "in use (an open file or a process inside it)"));
@@ -258,21 +276,63 @@ fn wait_exit(pid: u32, fd: Option<OwnedFd>, image: &Path) {
     }
 }
 
-/// `ubtrfs install-helper`: a `mount.fuse.ubtrfs` link to this executable in `dir`.
+/// `ubtrfs install-helper`: `mount.fuse.ubtrfs` and `umount.fuse.ubtrfs` links to this
+/// executable in `dir`.
 ///
 /// # Errors
-/// `Io` when the link cannot be made.
+/// `Io` when a link cannot be made.
 pub fn install_helper(a: &InstallHelperArgs) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| Error::io("find this executable", e))?;
-    let link = a.dir.join(HELPER_NAME);
-    match std::fs::symlink_metadata(&link) {
-        Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link).map_err(|e| Error::io(format!("replace {}", link.display()), e))?,
-        Ok(_) => return Err(Error::io(format!("install {}", link.display()), std::io::Error::from(std::io::ErrorKind::AlreadyExists))),
-        Err(_) => {}
+    for name in [HELPER_NAME, UMOUNT_HELPER_NAME] {
+        let link = a.dir.join(name);
+        match std::fs::symlink_metadata(&link) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link).map_err(|e| Error::io(format!("replace {}", link.display()), e))?,
+            Ok(_) => return Err(Error::io(format!("install {}", link.display()), std::io::Error::from(std::io::ErrorKind::AlreadyExists))),
+            Err(_) => {}
+        }
+        std::os::unix::fs::symlink(&exe, &link).map_err(|e| Error::io(format!("link {} to {}", link.display(), exe.display()), e))?;
+        println!("{} -> {}", link.display(), exe.display());
     }
-    std::os::unix::fs::symlink(&exe, &link).map_err(|e| Error::io(format!("link {} to {}", link.display(), exe.display()), e))?;
-    println!("{} -> {}", link.display(), exe.display());
     Ok(())
+}
+
+/// Run as the `umount.fuse.ubtrfs` helper: `MOUNTPOINT [-flnrv] [-N NS] [-t TYPE]`, as
+/// umount(8) calls it. `-l` unmounts lazily without waiting, `-f` forces; `-n`, `-r`,
+/// `-v` and `-t` mean nothing here; `-N` (another mount namespace) is refused.
+pub fn umount_helper_main(args: Vec<OsString>) -> ExitCode {
+    let r = (|| {
+        let mut pos: Vec<PathBuf> = Vec::new();
+        let mut flags = 0;
+        let mut it = args.into_iter().skip(1);
+        while let Some(a) = it.next() {
+            match a.to_str() {
+                Some("-t") => {
+                    it.next();
+                }
+                Some("-N") => return Err(Error::posix_detail(PosixKind::NotSupported, UMOUNT_HELPER_NAME, "-N: another mount namespace")),
+                Some(s) if s.starts_with('-') && s.len() > 1 => {
+                    for c in s[1..].chars() {
+                        match c {
+                            'l' => flags |= libc::MNT_DETACH,
+                            'f' => flags |= libc::MNT_FORCE,
+                            'n' | 'r' | 'v' => {}
+                            _ => return Err(Error::posix_detail(PosixKind::Invalid, UMOUNT_HELPER_NAME, format!("unknown option -{c}"))),
+                        }
+                    }
+                }
+                _ => pos.push(PathBuf::from(a)),
+            }
+        }
+        let [mountpoint] = <[PathBuf; 1]>::try_from(pos).map_err(|_| Error::posix_detail(PosixKind::Invalid, UMOUNT_HELPER_NAME, "usage: umount.fuse.ubtrfs MOUNTPOINT [-flnrv]"))?;
+        unmount_and_wait(&mountpoint, flags)
+    })();
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{UMOUNT_HELPER_NAME}: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Run as the `mount.fuse.ubtrfs` helper: `SOURCE MOUNTPOINT [-o OPTIONS] [-f] [-n]

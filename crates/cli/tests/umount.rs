@@ -174,8 +174,9 @@ fn kernel_mount_at_once_after_unmount_keeps_both_sides() {
     run(Command::new("umount").arg(&k));
 }
 
-/// `ubtrfs umount` returns once the daemon has exited: its pid is gone, the image is
-/// unlocked and holds what was written. It refuses what is not a ubtrfs mount.
+/// `ubtrfs umount`, and the `umount.fuse.ubtrfs` helper umount(8) runs for our mounts,
+/// return once the daemon has exited: its pid is gone, the image is unlocked and holds
+/// what was written. They refuse what is not a ubtrfs mount.
 #[test]
 fn ubtrfs_umount_returns_after_the_daemon_exits() {
     if !fuse_available("ubtrfs_umount_returns_after_the_daemon_exits") {
@@ -187,14 +188,23 @@ fn ubtrfs_umount_returns_after_the_daemon_exits() {
     std::fs::create_dir_all(&mnt).unwrap();
     mkfs(&img, "512M");
     let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![] };
+    // The helpers as install-helper links them (umount(8) finds them in /sbin).
+    let helpers = d.join("sbin");
+    std::fs::create_dir_all(&helpers).unwrap();
+    run(bin().arg("install-helper").arg("--dir").arg(&helpers));
+    let umount_helper = || Command::new(helpers.join("umount.fuse.ubtrfs"));
     for round in 0..3u64 {
         mount_daemon(&img, &mnt, round as usize);
         let pids = lock_holders(&img);
         assert_eq!(pids.len(), 1, "one daemon holds the image: {pids:?}");
         // Enough dirty data that the last commit takes a while.
         std::fs::write(mnt.join(format!("big{round}")), data(round, 48 << 20)).unwrap();
-        run(bin().arg("umount").arg(&mnt));
-        assert!(!alive(pids[0]), "round {round}: ubtrfs umount returned while the daemon {} runs", pids[0]);
+        match round {
+            // As umount(8) calls it.
+            1 => run(umount_helper().arg(&mnt).args(["-t", "fuse.ubtrfs"])),
+            _ => run(bin().arg("umount").arg(&mnt)),
+        };
+        assert!(!alive(pids[0]), "round {round}: the unmount returned while the daemon {} runs", pids[0]);
         assert!(lock_holders(&img).is_empty(), "round {round}: the image is still locked");
         assert!(!is_mountpoint(&mnt));
     }
@@ -205,6 +215,8 @@ fn ubtrfs_umount_returns_after_the_daemon_exits() {
     assert!(e.contains("not a mount point"), "{e}");
     let e = cmd::fails(bin().arg("umount").arg("/proc"));
     assert!(e.contains("not a ubtrfs mount (its type is proc)"), "{e}");
+    let e = cmd::fails(umount_helper().arg("/proc"));
+    assert!(e.starts_with("umount.fuse.ubtrfs: error: /proc: invalid argument (not a ubtrfs mount"), "{e}");
 }
 
 /// A kernel mount made (through a loop device) while our mount still serves: at the
