@@ -163,7 +163,9 @@ fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
 /// loop` or `ubtrfs mount` started right after it must already find them held.
 /// /proc/self/mountinfo polls readable (POLLPRI) at each change of the mount table, so
 /// this wakes for mounts and unmounts only, never per request. Returns when `stop`
-/// closes.
+/// closes. After a lazy unmount (`umount -l`) the session may serve open files for a
+/// while longer: the image stays held meanwhile, and others' opens of it wait (at most
+/// the kernel's lease-break-time, 45 s by default).
 fn watch_unmount(engine: &Engine, dev: DevNum, stop: &std::os::unix::net::UnixStream, read_only: bool) {
     use std::os::fd::AsRawFd;
     let Ok(table) = std::fs::File::open("/proc/self/mountinfo") else { return };

@@ -19,16 +19,15 @@
 //!   that another thread forks shares every descriptor until its exec, so a lock just
 //!   let go may linger for milliseconds under our own pid; writers wait briefly for
 //!   that case only.
-//!
 //! - The one wait: a holder that is a ubtrfs mount in its unmount (it names its main
-//!   thread `UNMOUNTING_COMM` from the moment the kernel lets the mount go until it
-//!   exits) is committing its last changes and letting go. `umount; ubtrfs mount` is
+//!   thread `UNMOUNTING_COMM` from the moment its mount leaves the mount table until
+//!   it exits) is committing its last changes and letting go. `umount; ubtrfs mount` is
 //!   what scripts do, so an open waits for it (at most `UNMOUNT_PATIENCE`, saying so
 //!   on stderr) instead of failing. A FUSE daemon that holds the lock but is not yet
 //!   marked may be between the kernel's unmount and its own notice of it: a writer
 //!   looks again for `UNMOUNT_NOTICE` before it is refused.
-//! - At its unmount a mount also holds its image file against new opens until it has
-//!   committed and closed it (`hold_opens`, a write lease): `mount -o loop IMG` right
+//! - From that moment a mount also holds its image file against new opens until it
+//!   has committed and closed it (`hold_opens`, a write lease): `mount -o loop IMG` right
 //!   after an unmount then waits in the kernel for our last commit instead of mounting
 //!   the state before it (the kernel ignores flock). Just before that commit it looks
 //!   for a kernel mount of the file once more (`kernel_use_of_file`) and writes nothing
@@ -38,8 +37,9 @@
 //! lock for days, and a reader that waited would hang `ubtrfs ls` without a word. A
 //! reader therefore goes on without the lock and is told, in a warning, that it shows
 //! the last committed state, which may change while it is read; the same treatment as
-//! reading an image the kernel has mounted. Writers do not wait either: a second writer
-//! is told who holds the image (the pid, from /proc/locks) and can retry.
+//! reading an image the kernel has mounted. Writers do not wait either, but for a mount
+//! in its unmount (above): a second writer is told who holds the image (the pid, from
+//! /proc/locks) and can retry.
 //!
 //! Neighbours: `device` (the open path), `mountinfo` (the kernel's view).
 
@@ -59,8 +59,8 @@ const OWN_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(
 /// syncs, seconds on a slow disk; past this the open is refused as for any holder.
 pub const UNMOUNT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long a writer looks again at a FUSE daemon holding the lock before refusing:
-/// the kernel's unmount returns before the daemon's threads have seen it end (their
-/// next read of /dev/fuse fails), and the daemon marks itself only then.
+/// the kernel's unmount may return before the daemon has seen the mount table change,
+/// and the daemon marks itself only then.
 const UNMOUNT_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
 /// The name (`/proc/PID/comm`) a ubtrfs mount gives its main thread from the end of its
 /// session to its exit: the final commit, and the release of the image.
