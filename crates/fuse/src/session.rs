@@ -169,17 +169,26 @@ fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
 fn watch_unmount(engine: &Engine, dev: DevNum, stop: &std::os::unix::net::UnixStream, read_only: bool) {
     use std::os::fd::AsRawFd;
     let Ok(table) = std::fs::File::open("/proc/self/mountinfo") else { return };
+    let devices = || engine.info().devices.by_id.values();
     loop {
+        // Hold first and look after: the caller of the unmount runs on meanwhile, and an
+        // open it makes before the hold would beat our last commit. While the mount is
+        // still there the hold goes again at once (a mount table event is rare).
+        if !read_only {
+            for d in devices() {
+                // `last_commit` claims again and reports what this found.
+                let _ = d.dev.claim_for_last_commit();
+            }
+        }
         let now = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         if !now.is_empty() && !mountinfo::parse_mountinfo(&now).iter().any(|m| m.dev == dev) {
             device_lock::mark_unmounting();
-            if !read_only {
-                for d in engine.info().devices.by_id.values() {
-                    // `last_commit` claims again and reports what this found.
-                    let _ = d.dev.claim_for_last_commit();
-                }
-            }
             return;
+        }
+        if !read_only {
+            for d in devices() {
+                d.dev.release_claim();
+            }
         }
         let mut fds = [libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 }, libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         // SAFETY: two pollfds for descriptors held open above.

@@ -61,6 +61,9 @@ pub trait BlockDevice: Send + Sync {
     fn claim_for_last_commit(&self) -> LastCommitClaim {
         LastCommitClaim::default()
     }
+    /// Give up the hold `claim_for_last_commit` took, when it was not the last commit
+    /// after all (the mount is still there): others' opens go on at once again.
+    fn release_claim(&self) {}
 }
 
 /// What `BlockDevice::claim_for_last_commit` found.
@@ -133,6 +136,8 @@ pub struct FileDevice {
     /// the host filesystem refuses it (tmpfs), which falls back to buffered writes, or
     /// once `claim_for_last_commit` closed it (a lease wants a single open).
     direct: RwLock<Option<Option<File>>>,
+    /// `claim_for_last_commit` holds a lease on `file`.
+    leased: std::sync::atomic::AtomicBool,
     /// Buffered data written since writeback was last started, and the range it
     /// spans: writeback starts once a batch has gathered (`WRITEBACK_BATCH`).
     unstarted: std::sync::Mutex<(u64, u64, u64)>,
@@ -165,6 +170,7 @@ impl FileDevice {
             name: path.display().to_string(),
             writable,
             direct: RwLock::new(None),
+            leased: std::sync::atomic::AtomicBool::new(false),
             unstarted: std::sync::Mutex::new((0, u64::MAX, 0)),
             _lock_files: c.lock_files,
             in_use: c.in_use,
@@ -270,17 +276,29 @@ impl BlockDevice for FileDevice {
             }
         };
         // The lease wants our descriptor to be the file's only open; bulk data goes
-        // through the buffered one from here on.
+        // through the buffered one while it is held. (Taken again over a lease that an
+        // opener is breaking, it would fail: the opener counts as an open already.)
         *self.direct.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(None);
-        if let Err(e) = crate::volumes::device_lock::hold_opens(&self.file) {
-            let why = match e.raw_os_error() {
-                Some(libc::EAGAIN) => "another process has it open".to_string(),
-                _ => e.to_string(),
-            };
-            c.not_held = Some(why);
+        if !self.leased.load(std::sync::atomic::Ordering::Acquire) {
+            match crate::volumes::device_lock::hold_opens(&self.file) {
+                Ok(()) => self.leased.store(true, std::sync::atomic::Ordering::Release),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => c.not_held = Some("another process has it open".into()),
+                Err(e) => c.not_held = Some(e.to_string()),
+            }
         }
         c.kernel = crate::volumes::device_lock::kernel_use_of_file(&self.name, &md, true);
         c
+    }
+
+    fn release_claim(&self) {
+        if self.leased.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            crate::volumes::device_lock::release_opens(&self.file);
+        }
+        let mut d = self.direct.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if matches!(*d, Some(None)) {
+            // Opened again on the next bulk write (None there: not tried yet).
+            *d = None;
+        }
     }
 
     fn start_writeback(&self, _offset: u64, _len: u64) {

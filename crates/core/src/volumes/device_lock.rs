@@ -306,6 +306,12 @@ pub(crate) fn hold_opens(file: &File) -> std::result::Result<(), std::io::Error>
     Ok(())
 }
 
+/// Give up the lease `hold_opens` took on `file`: waiting opens go on.
+pub(crate) fn release_opens(file: &File) {
+    // SAFETY: fcntl on a descriptor `file` keeps open; F_UNLCK only drops our lease.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+}
+
 /// Take the flock lock on `other` (or the main file), whose metadata is `md`; `through`
 /// names `other` in messages.
 fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<String>, md: &std::fs::Metadata, writable: bool) -> Result<()> {
