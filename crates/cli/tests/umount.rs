@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 const CI_ROUNDS: usize = 200;
 /// Kernel-mount rounds.
 const KERNEL_ROUNDS: usize = 20;
+/// Block-device remount rounds.
+const BLOCK_ROUNDS: usize = 50;
 
 fn fuse_available(test: &str) -> bool {
     kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3", "/usr/sbin/losetup"])
@@ -153,6 +155,38 @@ fn mount_again_at_once_after_unmount() {
     unmount(bin().arg("umount").arg(&mnt));
     assert!(lock_holders(&img).is_empty(), "the image is still locked after ubtrfs umount: {:?}", lock_holders(&img));
     assert_check(&img, "after the rounds");
+}
+
+/// The same through a loop device (a block device, opened O_EXCL): the next mount's
+/// exclusive open meets the unmounting process first, and waits for it too.
+#[test]
+fn block_device_mount_again_at_once() {
+    if !fuse_available("block_device_mount_again_at_once") {
+        return;
+    }
+    let d = scratch_in("umount", "blockdev");
+    let img = d.join("img");
+    let mnt = d.join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    mkfs(&img, "512M");
+    let lo = run(Command::new("losetup").args(["-f", "--show"]).arg(&img)).trim().to_string();
+    let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![lo.clone()] };
+    let dev = Path::new(&lo);
+    let rounds = BLOCK_ROUNDS;
+    for i in 0..rounds {
+        mount_daemon(dev, &mnt, i);
+        std::fs::write(mnt.join(format!("f{i}")), data(i as u64, round_len(i))).unwrap();
+        match i % 2 {
+            0 => unmount(Command::new("fusermount3").arg("-u").arg(&mnt)),
+            _ => unmount(Command::new("umount").arg(&mnt)),
+        };
+    }
+    mount_daemon(dev, &mnt, rounds);
+    for i in 0..rounds {
+        assert!(std::fs::read(mnt.join(format!("f{i}"))).is_ok_and(|g| g == data(i as u64, round_len(i))), "f{i} lost or different");
+    }
+    unmount(bin().arg("umount").arg(&mnt));
+    assert_check(&img, "after the block device rounds");
 }
 
 /// An unmount then at once `mount -o loop`: what the kernel writes and syncs stays, our

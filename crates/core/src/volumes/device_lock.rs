@@ -23,7 +23,8 @@
 //!   thread `UNMOUNTING_COMM` from the moment its mount leaves the mount table until
 //!   it exits) is committing its last changes and letting go. `umount; ubtrfs mount` is
 //!   what scripts do, so an open waits for it (at most `UNMOUNT_PATIENCE`, saying so
-//!   on stderr) instead of failing. A FUSE daemon that holds the lock but is not yet
+//!   on stderr) instead of failing, at its lock or, for a block device, at its O_EXCL
+//!   open, which meets the mount first. A FUSE daemon that holds the lock but is not yet
 //!   marked may be between the kernel's unmount and its own notice of it: a writer
 //!   looks again for `UNMOUNT_NOTICE` before it is refused.
 //! - From that moment a mount also holds its image file against new opens until it
@@ -223,10 +224,30 @@ pub(crate) fn open(path: &Path, writable: bool) -> Result<Claimed> {
     if writable && block {
         opts.custom_flags(libc::O_EXCL);
     }
-    let file = match opts.open(path) {
-        Ok(f) => f,
-        Err(e) if writable && block && e.raw_os_error() == Some(libc::EBUSY) => return Err(exclusive_holder(&name, &md).refusal()),
-        Err(e) => return Err(Error::io(format!("cannot open {name}"), e)),
+    // A block device's O_EXCL open meets an unmounting mount before its lock does.
+    let start = std::time::Instant::now();
+    let mut told = None;
+    let mut retried_gone = false;
+    let file = loop {
+        match opts.open(path) {
+            Ok(f) => break f,
+            Err(e) if writable && block && e.raw_os_error() == Some(libc::EBUSY) => {
+                let u = exclusive_holder(&name, &md);
+                let pids = match &u.by {
+                    User::Ubtrfs { pids, .. } => pids.clone(),
+                    User::Kernel(_) => Vec::new(),
+                };
+                // No holder listed: a ubtrfs process may have let go of its lock just
+                // before its O_EXCL descriptor; look once more.
+                let gone = pids.is_empty() && !std::mem::replace(&mut retried_gone, true);
+                if gone || wait_for(&pids, &name, true, start, &mut told) {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                return Err(u.refusal());
+            }
+            Err(e) => return Err(Error::io(format!("cannot open {name}"), e)),
+        }
     };
     let fmd = file.metadata().map_err(|e| Error::io(format!("cannot open {name}"), e))?;
     if fmd.file_type().is_block_device() != block {
@@ -348,23 +369,8 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
             pause = (pause * 2).min(std::time::Duration::from_millis(50));
             continue;
         }
-        // A mount that is unmounting lets go once its last commit is written: wait for it
-        // (readers too, so they see that commit). A writer also gives a FUSE daemon
-        // that holds the image the time to notice its unmount. Any other holder is
-        // reported at once.
         let others: Vec<u32> = holders.iter().filter_map(|h| h.pid).filter(|&p| p != me).collect();
-        if let Some(&p) = others.iter().find(|&&p| is_unmounting(p)) {
-            if start.elapsed() < UNMOUNT_PATIENCE {
-                if told != Some(p) {
-                    // The open has no other channel while it waits, and a silent wait of
-                    // seconds looks like a hang.
-                    eprintln!("waiting for the ubtrfs process {p} that is unmounting {}", through.as_deref().unwrap_or(name));
-                    told = Some(p);
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                continue;
-            }
-        } else if writable && start.elapsed() < UNMOUNT_NOTICE && others.iter().any(|&p| is_fuse_daemon(p)) {
+        if wait_for(&others, through.as_deref().unwrap_or(name), writable, start, &mut told) {
             std::thread::sleep(std::time::Duration::from_millis(10));
             continue;
         }
@@ -379,6 +385,28 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
     }
     c.in_use.push(u);
     Ok(())
+}
+
+/// Whether an open of `name` that met the other processes `pids` holding it should look
+/// again (after a pause) rather than give up: a mount that is unmounting lets go once its
+/// last commit is written, so it is waited for (readers too, so they see that commit),
+/// at most `UNMOUNT_PATIENCE` since `start`, saying so once per process in `told`. A
+/// writer also gives a FUSE daemon that holds the image `UNMOUNT_NOTICE` to notice its
+/// unmount. Any other holder is reported at once.
+fn wait_for(pids: &[u32], name: &str, writable: bool, start: std::time::Instant, told: &mut Option<u32>) -> bool {
+    if let Some(&p) = pids.iter().find(|&&p| is_unmounting(p)) {
+        if start.elapsed() >= UNMOUNT_PATIENCE {
+            return false;
+        }
+        if *told != Some(p) {
+            // The open has no other channel while it waits, and a silent wait of seconds
+            // looks like a hang.
+            eprintln!("waiting for the ubtrfs process {p} that is unmounting {name}");
+            *told = Some(p);
+        }
+        return true;
+    }
+    writable && start.elapsed() < UNMOUNT_NOTICE && pids.iter().any(|&p| is_fuse_daemon(p))
 }
 
 /// Why a writer's O_EXCL open of a block device got EBUSY.
