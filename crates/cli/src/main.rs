@@ -147,8 +147,11 @@ enum Cmd {
     /// Mount the filesystem with FUSE, read-write, until unmounted (fusermount3 -u,
     /// umount, SIGINT or SIGTERM commit first).
     Mount(mount_cmd::MountArgs),
-    /// Link `mount.fuse.ubtrfs` to this executable, so `mount -t fuse.ubtrfs` and fstab
-    /// lines work.
+    /// Unmount a ubtrfs mount and wait until its process has written the last commit
+    /// and let the image go (`fusermount3 -u` and umount return before that).
+    Umount(mount_cmd::UmountArgs),
+    /// Link `mount.fuse.ubtrfs` and `umount.fuse.ubtrfs` to this executable, so `mount -t
+    /// fuse.ubtrfs` and fstab lines work, and `umount` waits for the last commit.
     InstallHelper(mount_cmd::InstallHelperArgs),
     /// Subvolumes: create, snapshot, delete, sync, list, set-default, get-default.
     #[command(subcommand)]
@@ -161,6 +164,9 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == mount_cmd::HELPER_NAME) {
         return mount_cmd::helper_main(args);
+    }
+    if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == mount_cmd::UMOUNT_HELPER_NAME) {
+        return mount_cmd::umount_helper_main(args);
     }
     let cli = Cli::parse_from(args);
     let r = match cli.cmd {
@@ -192,6 +198,7 @@ fn main() -> ExitCode {
         Cmd::Xattr(c) => c.run(),
         Cmd::Subvolume(c) => c.run(),
         Cmd::Mount(a) => mount_cmd::run(&a),
+        Cmd::Umount(a) => mount_cmd::umount(&a),
         Cmd::InstallHelper(a) => mount_cmd::install_helper(&a),
     };
     match r {

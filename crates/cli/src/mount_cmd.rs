@@ -1,6 +1,8 @@
 //! `ubtrfs mount`, the `mount.fuse.ubtrfs` helper that mount(8) runs for
-//! `mount -t fuse.ubtrfs` and fstab lines, and `ubtrfs install-helper`, which puts the
-//! helper where mount(8) looks for it.
+//! `mount -t fuse.ubtrfs` and fstab lines, `ubtrfs install-helper`, which puts the
+//! helper where mount(8) looks for it, and `ubtrfs umount`, which unmounts and waits
+//! for the mount's process to write its last commit and exit (the kernel's umount of a
+//! FUSE mount returns before that).
 //!
 //! `--daemon` (and the helper, unless given `-f`) forks before anything else runs, so
 //! the child that serves the mount is the only process with threads; the parent waits
@@ -12,11 +14,15 @@ use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use ubtrfs_core::error::{Error, Result};
+use ubtrfs_core::error::{Error, PosixKind, Result};
+use ubtrfs_core::volumes::{device_lock, mountinfo};
 use ubtrfs_fuse::MountOptions;
 
 /// The helper's name: mount(8) runs `/sbin/mount.fuse.ubtrfs` for `-t fuse.ubtrfs`.
 pub const HELPER_NAME: &str = "mount.fuse.ubtrfs";
+/// The unmount helper's name: umount(8) runs `/sbin/umount.fuse.ubtrfs` for a mount of
+/// type `fuse.ubtrfs`, which makes a plain `umount` wait as `ubtrfs umount` does.
+pub const UMOUNT_HELPER_NAME: &str = "umount.fuse.ubtrfs";
 
 #[derive(clap::Args)]
 pub struct MountArgs {
@@ -38,6 +44,12 @@ pub struct MountArgs {
     /// unmounted).
     #[arg(long)]
     pub daemon: bool,
+}
+
+#[derive(clap::Args)]
+pub struct UmountArgs {
+    /// The mount point of a ubtrfs mount.
+    pub mountpoint: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -140,21 +152,187 @@ pub fn run(a: &MountArgs) -> Result<()> {
     mount(&a.image, &a.devices, &a.mountpoint, opts, || {})
 }
 
-/// `ubtrfs install-helper`: a `mount.fuse.ubtrfs` link to this executable in `dir`.
+/// `ubtrfs umount`: unmount a ubtrfs mount, then wait until the process that served it
+/// has written its last commit and exited, so that the image is complete and free for
+/// the next user (another mount, the kernel) when this returns.
+///
+/// The process is the FUSE daemon holding the image's lock (the mount's source is the
+/// image's absolute path). As root the unmount is umount(2); otherwise `fusermount3 -u`.
 ///
 /// # Errors
-/// `Io` when the link cannot be made.
+/// `Posix(Invalid)` for a directory that is not a ubtrfs mount point; `Io` or
+/// `Posix(Busy)` when the unmount fails (nothing is waited for then).
+pub fn umount(a: &UmountArgs) -> Result<()> {
+    unmount_and_wait(&a.mountpoint, 0)
+}
+
+/// Unmount `mountpoint` with umount2 `flags` (as root) and wait for its process, as
+/// `umount` says; a lazy unmount (MNT_DETACH) waits for nothing, since the mount lives
+/// on while it is in use.
+fn unmount_and_wait(mountpoint: &Path, flags: libc::c_int) -> Result<()> {
+    let mnt = absolute(mountpoint)?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+    let shown = mnt.display().to_string();
+    let Some(m) = mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mnt) else {
+        return Err(Error::posix_detail(PosixKind::Invalid, shown, "not a mount point"));
+    };
+    if m.fstype != "fuse.ubtrfs" {
+        return Err(Error::posix_detail(PosixKind::Invalid, shown, format!("not a ubtrfs mount (its type is {})", m.fstype)));
+    }
+    let mut pids: Vec<u32> = device_lock::lock_holders(&m.source).unwrap_or_default().iter().filter_map(|h| h.pid).filter(|&p| device_lock::is_fuse_daemon(p)).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    // Taken before the unmount: a pid reused after the daemon's exit is not waited for.
+    let waits: Vec<(u32, Option<OwnedFd>)> = pids.iter().map(|&p| (p, pidfd(p))).collect();
+    unmount(&mnt, flags)?;
+    if flags & libc::MNT_DETACH != 0 {
+        return Ok(());
+    }
+    if waits.is_empty() {
+        eprintln!("warning: no process serving {shown} was found (holding {}); not waiting for its last commit", m.source.display());
+    }
+    for (pid, fd) in waits {
+        wait_exit(pid, fd, &m.source);
+    }
+    Ok(())
+}
+
+/// `p` made absolute without looking at its last component, which may be the root of a
+/// mount whose daemon no longer answers.
+fn absolute(p: &Path) -> Result<PathBuf> {
+    let cannot = |e| Error::io(format!("cannot find {}", p.display()), e);
+    let name = p.file_name().filter(|n| *n != ".." && *n != ".");
+    match (p.parent(), name) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+            Ok(std::fs::canonicalize(dir).map_err(cannot)?.join(name))
+        }
+        _ => std::fs::canonicalize(p).map_err(cannot),
+    }
+}
+
+fn unmount(mnt: &Path, flags: libc::c_int) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let mut cmd = std::process::Command::new("fusermount3");
+        cmd.arg("-u");
+        if flags & libc::MNT_DETACH != 0 {
+            cmd.arg("-z");
+        }
+        let out = cmd.arg(mnt).output().map_err(|e| Error::io("run fusermount3", e))?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return Err(Error::io(format!("unmount {}", mnt.display()), std::io::Error::other(why)));
+        }
+        return Ok(());
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mnt.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", mnt.display())))?;
+    // SAFETY: umount2 reads a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EBUSY) {
+            return Err(Error::posix_detail(PosixKind::Busy, mnt.display().to_string(), "in use (an open file or a process inside it)"));
+        }
+        return Err(Error::io(format!("unmount {}", mnt.display()), e));
+    }
+    Ok(())
+}
+
+/// A pidfd for `pid` (Linux 5.3 and later), None where there is none.
+fn pidfd(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a fresh descriptor the call returned, owned from here on.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Wait for process `pid` to exit (its pidfd turns readable), saying so after a second.
+fn wait_exit(pid: u32, fd: Option<OwnedFd>, image: &Path) {
+    use std::os::fd::AsRawFd;
+    let start = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        let gone = match &fd {
+            Some(fd) => {
+                let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one pollfd for a descriptor we own.
+                let n = unsafe { libc::poll(&mut p, 1, 100) };
+                n > 0
+            }
+            None => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                // SAFETY: signal 0 only checks that the process exists.
+                unsafe { libc::kill(pid as libc::pid_t, 0) != 0 }
+            }
+        };
+        if gone {
+            return;
+        }
+        if !told && start.elapsed() >= std::time::Duration::from_secs(1) {
+            eprintln!("waiting for the ubtrfs process {pid} to write its last commit to {} and exit", image.display());
+            told = true;
+        }
+    }
+}
+
+/// `ubtrfs install-helper`: `mount.fuse.ubtrfs` and `umount.fuse.ubtrfs` links to this
+/// executable in `dir`.
+///
+/// # Errors
+/// `Io` when a link cannot be made.
 pub fn install_helper(a: &InstallHelperArgs) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| Error::io("find this executable", e))?;
-    let link = a.dir.join(HELPER_NAME);
-    match std::fs::symlink_metadata(&link) {
-        Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link).map_err(|e| Error::io(format!("replace {}", link.display()), e))?,
-        Ok(_) => return Err(Error::io(format!("install {}", link.display()), std::io::Error::from(std::io::ErrorKind::AlreadyExists))),
-        Err(_) => {}
+    for name in [HELPER_NAME, UMOUNT_HELPER_NAME] {
+        let link = a.dir.join(name);
+        match std::fs::symlink_metadata(&link) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link).map_err(|e| Error::io(format!("replace {}", link.display()), e))?,
+            Ok(_) => return Err(Error::io(format!("install {}", link.display()), std::io::Error::from(std::io::ErrorKind::AlreadyExists))),
+            Err(_) => {}
+        }
+        std::os::unix::fs::symlink(&exe, &link).map_err(|e| Error::io(format!("link {} to {}", link.display(), exe.display()), e))?;
+        println!("{} -> {}", link.display(), exe.display());
     }
-    std::os::unix::fs::symlink(&exe, &link).map_err(|e| Error::io(format!("link {} to {}", link.display(), exe.display()), e))?;
-    println!("{} -> {}", link.display(), exe.display());
     Ok(())
+}
+
+/// Run as the `umount.fuse.ubtrfs` helper: `MOUNTPOINT [-flnrv] [-N NS] [-t TYPE]`, as
+/// umount(8) calls it. `-l` unmounts lazily without waiting, `-f` forces; `-n`, `-r`,
+/// `-v` and `-t` mean nothing here; `-N` (another mount namespace) is refused.
+pub fn umount_helper_main(args: Vec<OsString>) -> ExitCode {
+    let r = (|| {
+        let mut pos: Vec<PathBuf> = Vec::new();
+        let mut flags = 0;
+        let mut it = args.into_iter().skip(1);
+        while let Some(a) = it.next() {
+            match a.to_str() {
+                Some("-t") => {
+                    it.next();
+                }
+                Some("-N") => return Err(Error::posix_detail(PosixKind::NotSupported, UMOUNT_HELPER_NAME, "-N: another mount namespace")),
+                Some(s) if s.starts_with('-') && s.len() > 1 => {
+                    for c in s[1..].chars() {
+                        match c {
+                            'l' => flags |= libc::MNT_DETACH,
+                            'f' => flags |= libc::MNT_FORCE,
+                            'n' | 'r' | 'v' => {}
+                            _ => return Err(Error::posix_detail(PosixKind::Invalid, UMOUNT_HELPER_NAME, format!("unknown option -{c}"))),
+                        }
+                    }
+                }
+                _ => pos.push(PathBuf::from(a)),
+            }
+        }
+        let [mountpoint] = <[PathBuf; 1]>::try_from(pos).map_err(|_| Error::posix_detail(PosixKind::Invalid, UMOUNT_HELPER_NAME, "usage: umount.fuse.ubtrfs MOUNTPOINT [-flnrv]"))?;
+        unmount_and_wait(&mountpoint, flags)
+    })();
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{UMOUNT_HELPER_NAME}: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Run as the `mount.fuse.ubtrfs` helper: `SOURCE MOUNTPOINT [-o OPTIONS] [-f] [-n]

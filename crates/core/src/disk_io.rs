@@ -81,6 +81,8 @@ pub struct FsInfo {
     /// BTRFS_FS_STATE_TRANS_ABORTED with its message): the first failure wins, and the
     /// filesystem takes no more changes until it is opened again.
     aborted: std::sync::OnceLock<String>,
+    /// The commits from here on are a long-lived holder's last (`set_last_commit`).
+    last_commit: std::sync::atomic::AtomicBool,
     /// The in-memory inodes (open and lookup counts, locks; `inode::inode_cache`),
     /// shared by every view: an unlink through any of them sees which are in use.
     pub inodes: crate::inode::inode_cache::InodeCache,
@@ -96,6 +98,19 @@ impl FsInfo {
     /// Why the filesystem was aborted to read-only, if it was.
     pub fn aborted(&self) -> Option<&str> {
         self.aborted.get().map(String::as_str)
+    }
+
+    /// Make the commits from here on check each device before its superblocks are
+    /// written (`BlockDevice::claim_for_last_commit`): a commit that finds the kernel
+    /// using a device writes no superblock and fails, and the filesystem aborts. A
+    /// mount sets it at its unmount, when the kernel may mount the image at any moment.
+    pub fn set_last_commit(&self) {
+        self.last_commit.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether `set_last_commit` was called.
+    pub fn is_last_commit(&self) -> bool {
+        self.last_commit.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Record an abort (the first one wins).
@@ -222,6 +237,7 @@ impl FsInfo {
             sources: Sources::default(),
             views: Default::default(),
             aborted: Default::default(),
+            last_commit: Default::default(),
             inodes: Default::default(),
             extent_maps: Default::default(),
             data_rsv: Default::default(),

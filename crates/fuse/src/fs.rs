@@ -523,9 +523,7 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn destroy(&mut self) {
         self.close_all();
-        if let Err(e) = self.sync() {
-            crate::log::log(&format!("sync at unmount: {e}"));
-        }
+        crate::session::last_commit(&self.engine, self.opts.read_only);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

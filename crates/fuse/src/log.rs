@@ -15,11 +15,20 @@ pub fn to_syslog() {
 
 /// Report `msg` (one line, lowercase, naming the object).
 pub fn log(msg: &str) {
+    say(libc::LOG_WARNING, "", msg);
+}
+
+/// Report `msg` as an error: data was lost or refused (syslog's LOG_ERR).
+pub fn log_error(msg: &str) {
+    say(libc::LOG_ERR, "error: ", msg);
+}
+
+fn say(priority: libc::c_int, prefix: &str, msg: &str) {
     if SYSLOG.load(Ordering::Acquire) {
-        let Ok(c) = std::ffi::CString::new(msg.replace('\0', "\\0")) else { return };
+        let Ok(c) = std::ffi::CString::new(format!("{prefix}{msg}").replace('\0', "\\0")) else { return };
         // SAFETY: "%s" with one NUL-terminated string argument.
-        unsafe { libc::syslog(libc::LOG_WARNING, c"%s".as_ptr(), c.as_ptr()) };
+        unsafe { libc::syslog(priority, c"%s".as_ptr(), c.as_ptr()) };
     } else {
-        eprintln!("ubtrfs: {msg}");
+        eprintln!("ubtrfs: {prefix}{msg}");
     }
 }

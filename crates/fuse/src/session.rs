@@ -3,10 +3,17 @@
 //! (`fusermount3 -u`, `umount`, SIGINT, SIGTERM or SIGHUP) commit and let the image go.
 //!
 //! Order at the end: the session loop stops (the kernel unmounted, or a signal made us
-//! unmount), `UbtrfsFs::destroy` closes the handles left and commits, the commit
-//! thread is stopped, and the engine is dropped, which releases the image lock. An
-//! error in that last commit makes `mount` fail, so the command exits non-zero and
-//! says what was lost.
+//! unmount), `UbtrfsFs::destroy` closes the handles left and makes the last commit
+//! (`last_commit`), the commit thread is stopped, and the engine is dropped, which
+//! releases the image lock. An error in that last commit makes `mount` fail, so the
+//! command exits non-zero and says what was lost.
+//!
+//! The kernel's unmount of a FUSE mount returns before that commit (nothing in the
+//! kernel waits for a `fuse` daemon), so the end is made visible to others: the
+//! process is marked as unmounting (a new open of the image waits for it, see
+//! `device_lock`), its image files are held against new opens until it exits (a
+//! `mount -o loop` waits in the kernel), and the commit is not written at all if the
+//! kernel has mounted the image meanwhile. `ubtrfs umount` waits for the process.
 
 use crate::fs::UbtrfsFs;
 use crate::options::MountOptions;
@@ -18,6 +25,8 @@ use ubtrfs_core::disk_io::OpenOptions;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId};
+use ubtrfs_core::volumes::device_lock;
+use ubtrfs_core::volumes::mountinfo::{self, DevNum};
 
 /// The first inode of every subvolume tree: its top directory.
 const SUBVOL_TOP: u64 = 256;
@@ -109,6 +118,90 @@ fn fuse_config(source: &Path, opts: &MountOptions) -> fuser::Config {
     c
 }
 
+/// The unmount's last commit, from `UbtrfsFs::destroy` in the main thread once the
+/// session has ended: mark the process as unmounting, hold each image file against new
+/// opens, and commit, unless the kernel now has an image mounted (a `mount -o loop`
+/// that ran before the hold): then nothing is written, the engine aborts and the mount
+/// fails saying so, which keeps the kernel's writes and loses ours since the last
+/// commit, never both sides' at once.
+pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
+    device_lock::mark_unmounting();
+    if read_only {
+        return;
+    }
+    // The commit checks once more just before its superblocks.
+    engine.info().set_last_commit();
+    for d in engine.info().devices.by_id.values() {
+        let claim = d.dev.claim_for_last_commit();
+        if let Some(why) = claim.not_held {
+            crate::log::log(&format!("{}: a new open does not wait for the last commit ({why})", d.dev.name()));
+        }
+        if let Some(u) = claim.kernel.first() {
+            let why = format!("{u}; the changes since the last commit are not written, so as not to overwrite the kernel's");
+            crate::log::log_error(&format!("unmount: {why}"));
+            let _ = engine.write(|w| {
+                w.abort("unmount", &Error::posix(PosixKind::Busy, why.clone()));
+                Ok(())
+            });
+            return;
+        }
+    }
+    if let Err(e) = engine.sync() {
+        crate::log::log(&format!("sync at unmount: {e}"));
+    }
+}
+
+/// The device number of the FUSE mount at `mountpoint` (absolute), from mountinfo.
+fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mountpoint && m.fstype.starts_with("fuse")).map(|m| m.dev)
+}
+
+/// Watch the mount table until the mount `dev` leaves it (an unmount), then mark the
+/// process as unmounting and hold its image files against new opens at once: the
+/// kernel's unmount returns before our session loop sees its end, and a `mount -o
+/// loop` or `ubtrfs mount` started right after it must already find them held.
+/// /proc/self/mountinfo polls readable (POLLPRI) at each change of the mount table, so
+/// this wakes for mounts and unmounts only, never per request. Returns when `stop`
+/// closes. After a lazy unmount (`umount -l`) the session may serve open files for a
+/// while longer: the image stays held meanwhile, and others' opens of it wait (at most
+/// the kernel's lease-break-time, 45 s by default).
+fn watch_unmount(engine: &Engine, dev: DevNum, stop: &std::os::unix::net::UnixStream, read_only: bool) {
+    use std::os::fd::AsRawFd;
+    let Ok(table) = std::fs::File::open("/proc/self/mountinfo") else { return };
+    let devices = || engine.info().devices.by_id.values();
+    loop {
+        // Hold first and look after: the caller of the unmount runs on meanwhile, and an
+        // open it makes before the hold would beat our last commit. While the mount is
+        // still there the hold goes again at once (a mount table event is rare).
+        if !read_only {
+            for d in devices() {
+                // `last_commit` claims again and reports what this found.
+                let _ = d.dev.claim_for_last_commit();
+            }
+        }
+        let now = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if !now.is_empty() && !mountinfo::parse_mountinfo(&now).iter().any(|m| m.dev == dev) {
+            device_lock::mark_unmounting();
+            return;
+        }
+        if !read_only {
+            for d in devices() {
+                d.dev.release_claim();
+            }
+        }
+        let mut fds = [libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 }, libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        // SAFETY: two pollfds for descriptors held open above.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+    }
+}
+
 /// Block the signals that end a mount in this thread and the threads it starts; a
 /// thread of their own waits for them (`sigwait`).
 fn block_signals() -> libc::sigset_t {
@@ -132,16 +225,36 @@ fn block_signals() -> libc::sigset_t {
 /// error.
 pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path, opts: MountOptions, ready: impl FnOnce()) -> Result<()> {
     let sigs = block_signals();
-    let config = fuse_config(source, &opts);
+    // The mount's source is the image's absolute path: `ubtrfs umount` finds the
+    // daemon through the image's lock holder.
+    let source = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
+    let config = fuse_config(&source, &opts);
     let commit_every = Duration::from_secs(opts.commit_secs);
     let opts_read_only = opts.read_only;
     let notifier = Arc::new(std::sync::OnceLock::new());
     // Wakes the cleaner (below) when a subvolume is deleted through the mount.
     let (clean_tx, clean_rx) = mpsc::channel::<()>();
     let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone(), clean_tx.clone());
+    // Absolute before the mount: afterwards a look at it would be a request to ourselves.
+    let mount_abs = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
     let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
+
+    // The unmount watcher (none when the mount is not visible in our mount table).
+    let (stop_watching, watch_stop) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("make the unmount watcher's socket", e))?;
+    let watcher = match mount_dev(&mount_abs) {
+        Some(dev) => {
+            let engine = engine.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("ubtrfs-watch".into())
+                    .spawn(move || watch_unmount(&engine, dev, &watch_stop, opts_read_only))
+                    .map_err(|e| Error::io("start the unmount watcher", e))?,
+            )
+        }
+        None => None,
+    };
     ready();
 
     // Periodic commits (none on a read-only mount).
@@ -211,6 +324,10 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
         .map_err(|e| Error::io("start the signal thread", e))?;
 
     let served = session.run();
+    drop(stop_watching);
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
     let _ = stop_tx.send(());
     let _ = committer.join();
     stop_cleaning.store(true, std::sync::atomic::Ordering::Relaxed);

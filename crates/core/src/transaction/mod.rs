@@ -1342,6 +1342,17 @@ impl CommitIo {
         for d in info.devices.by_id.values() {
             d.dev.flush()?;
         }
+        if info.is_last_commit() {
+            // The kernel may have mounted the image since the unmount began (it ignores
+            // our lock): a mount that read the previous superblock must not find ours
+            // under its own writes. Its O_EXCL claim on the loop device comes before it
+            // reads the superblock, so a mount under way is seen too.
+            for d in info.devices.by_id.values() {
+                if let Some(u) = d.dev.claim_for_last_commit().kernel.first() {
+                    return Err(Error::posix_detail(PosixKind::Busy, u.to_string(), "the last commit is not written, so as not to overwrite the kernel's"));
+                }
+            }
+        }
         for (devid, sb) in &self.supers {
             let d = info.devices.by_id.get(devid).expect("supers made from these devices");
             let mut sb = **sb;

@@ -54,6 +54,25 @@ pub trait BlockDevice: Send + Sync {
     fn zero_range(&self, offset: u64, len: u64) -> Result<()> {
         write_zeros(self, offset, len)
     }
+    /// Settle the device before a long-lived holder's last commit (a mount's, at its
+    /// unmount): hold it against new opens until it is dropped where it can, and say
+    /// whether the kernel uses it now (then nothing may be written). The default, for
+    /// devices nobody else can open, finds nothing.
+    fn claim_for_last_commit(&self) -> LastCommitClaim {
+        LastCommitClaim::default()
+    }
+    /// Give up the hold `claim_for_last_commit` took, when it was not the last commit
+    /// after all (the mount is still there): others' opens go on at once again.
+    fn release_claim(&self) {}
+}
+
+/// What `BlockDevice::claim_for_last_commit` found.
+#[derive(Debug, Default)]
+pub struct LastCommitClaim {
+    /// Why new opens of the device do not wait for its release (None: they do).
+    pub not_held: Option<String>,
+    /// The kernel's uses of the device now (a loop device over the image, mounted).
+    pub kernel: Vec<InUse>,
 }
 
 /// Write zeros over `[offset, offset + len)`, a MiB at a time.
@@ -114,8 +133,11 @@ pub struct FileDevice {
     name: String,
     writable: bool,
     /// A second descriptor with O_DIRECT for bulk data, opened on first use; None when
-    /// the host filesystem refuses it (tmpfs), which falls back to buffered writes.
-    direct: std::sync::OnceLock<Option<File>>,
+    /// the host filesystem refuses it (tmpfs), which falls back to buffered writes, or
+    /// once `claim_for_last_commit` closed it (a lease wants a single open).
+    direct: RwLock<Option<Option<File>>>,
+    /// `claim_for_last_commit` holds a lease on `file`.
+    leased: std::sync::atomic::AtomicBool,
     /// Buffered data written since writeback was last started, and the range it
     /// spans: writeback starts once a batch has gathered (`WRITEBACK_BATCH`).
     unstarted: std::sync::Mutex<(u64, u64, u64)>,
@@ -147,7 +169,8 @@ impl FileDevice {
             size,
             name: path.display().to_string(),
             writable,
-            direct: std::sync::OnceLock::new(),
+            direct: RwLock::new(None),
+            leased: std::sync::atomic::AtomicBool::new(false),
             unstarted: std::sync::Mutex::new((0, u64::MAX, 0)),
             _lock_files: c.lock_files,
             in_use: c.in_use,
@@ -215,11 +238,15 @@ impl BlockDevice for FileDevice {
         // per 4 KiB block costs a device round trip each, and the commit's flush makes
         // buffered data durable all the same.
         if aligned && self.writable && buf.len() >= DIRECT_IO_MIN {
-            let direct = self.direct.get_or_init(|| {
-                use std::os::unix::fs::OpenOptionsExt;
-                std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&self.name).ok()
-            });
-            if let Some(f) = direct {
+            if self.direct.read().unwrap_or_else(std::sync::PoisonError::into_inner).is_none() {
+                let mut d = self.direct.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if d.is_none() {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    *d = Some(std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&self.name).ok());
+                }
+            }
+            let direct = self.direct.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(Some(f)) = direct.as_ref() {
                 match f.write_all_at(buf, offset) {
                     // Nothing of it waits in the page cache.
                     Ok(()) => return Ok(()),
@@ -235,6 +262,43 @@ impl BlockDevice for FileDevice {
         u.1 = u.1.min(offset);
         u.2 = u.2.max(offset + buf.len() as u64);
         Ok(())
+    }
+
+    fn claim_for_last_commit(&self) -> LastCommitClaim {
+        let mut c = LastCommitClaim::default();
+        // A block device is opened O_EXCL by a writer: the kernel cannot mount it.
+        let md = match self.file.metadata() {
+            Ok(md) if md.is_file() && self.writable => md,
+            Ok(_) => return c,
+            Err(e) => {
+                c.not_held = Some(format!("cannot look at {}: {e}", self.name));
+                return c;
+            }
+        };
+        // The lease wants our descriptor to be the file's only open; bulk data goes
+        // through the buffered one while it is held. (Taken again over a lease that an
+        // opener is breaking, it would fail: the opener counts as an open already.)
+        *self.direct.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(None);
+        if !self.leased.load(std::sync::atomic::Ordering::Acquire) {
+            match crate::volumes::device_lock::hold_opens(&self.file) {
+                Ok(()) => self.leased.store(true, std::sync::atomic::Ordering::Release),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => c.not_held = Some("another process has it open".into()),
+                Err(e) => c.not_held = Some(e.to_string()),
+            }
+        }
+        c.kernel = crate::volumes::device_lock::kernel_use_of_file(&self.name, &md, true);
+        c
+    }
+
+    fn release_claim(&self) {
+        if self.leased.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            crate::volumes::device_lock::release_opens(&self.file);
+        }
+        let mut d = self.direct.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if matches!(*d, Some(None)) {
+            // Opened again on the next bulk write (None there: not tried yet).
+            *d = None;
+        }
     }
 
     fn start_writeback(&self, _offset: u64, _len: u64) {

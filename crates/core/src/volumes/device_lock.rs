@@ -19,13 +19,28 @@
 //!   that another thread forks shares every descriptor until its exec, so a lock just
 //!   let go may linger for milliseconds under our own pid; writers wait briefly for
 //!   that case only.
+//! - The one wait: a holder that is a ubtrfs mount in its unmount (it names its main
+//!   thread `UNMOUNTING_COMM` from the moment its mount leaves the mount table until
+//!   it exits) is committing its last changes and letting go. `umount; ubtrfs mount` is
+//!   what scripts do, so an open waits for it (at most `UNMOUNT_PATIENCE`, saying so
+//!   on stderr) instead of failing, at its lock or, for a block device, at its O_EXCL
+//!   open, which meets the mount first. A FUSE daemon that holds the lock but is not yet
+//!   marked may be between the kernel's unmount and its own notice of it: a writer
+//!   looks again for `UNMOUNT_NOTICE` before it is refused.
+//! - From that moment a mount also holds its image file against new opens until it
+//!   has committed and closed it (`hold_opens`, a write lease): `mount -o loop IMG` right
+//!   after an unmount then waits in the kernel for our last commit instead of mounting
+//!   the state before it (the kernel ignores flock). Just before that commit it looks
+//!   for a kernel mount of the file once more (`kernel_use_of_file`) and writes nothing
+//!   if there is one.
 //!
 //! Why readers do not wait for a writer: the writer may be a FUSE mount holding its
 //! lock for days, and a reader that waited would hang `ubtrfs ls` without a word. A
 //! reader therefore goes on without the lock and is told, in a warning, that it shows
 //! the last committed state, which may change while it is read; the same treatment as
-//! reading an image the kernel has mounted. Writers do not wait either: a second writer
-//! is told who holds the image (the pid, from /proc/locks) and can retry.
+//! reading an image the kernel has mounted. Writers do not wait either, but for a mount
+//! in its unmount (above): a second writer is told who holds the image (the pid, from
+//! /proc/locks) and can retry.
 //!
 //! Neighbours: `device` (the open path), `mountinfo` (the kernel's view).
 
@@ -40,6 +55,17 @@ use std::path::Path;
 
 /// How long a writer waits for a lock held under its own pid (see `lock`).
 const OWN_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long an open waits for a ubtrfs mount that is unmounting: its last commit
+/// writes what the mount held dirty (up to the dirty limit, 128 MiB by default) and
+/// syncs, seconds on a slow disk; past this the open is refused as for any holder.
+pub const UNMOUNT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a writer looks again at a FUSE daemon holding the lock before refusing:
+/// the kernel's unmount may return before the daemon has seen the mount table change,
+/// and the daemon marks itself only then.
+const UNMOUNT_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
+/// The name (`/proc/PID/comm`) a ubtrfs mount gives its main thread from the end of its
+/// session to its exit: the final commit, and the release of the image.
+pub const UNMOUNTING_COMM: &str = "ubtrfs-unmount";
 
 /// One flock lock listed in /proc/locks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +107,35 @@ pub fn parse_proc_locks(text: &str, dev: DevNum, ino: u64) -> Vec<FlockHolder> {
 fn flock_holders(md: &std::fs::Metadata) -> Vec<FlockHolder> {
     let text = mountinfo::read_small(Path::new("/proc/locks")).unwrap_or_default();
     parse_proc_locks(&text, mountinfo::dev_num(md.dev()), md.ino())
+}
+
+/// The flock locks held on `path` (a ubtrfs image or device), from /proc/locks.
+///
+/// # Errors
+/// `Io` when `path` cannot be looked up.
+pub fn lock_holders(path: &Path) -> Result<Vec<FlockHolder>> {
+    let md = std::fs::metadata(path).map_err(|e| Error::io(format!("cannot look up {}", path.display()), e))?;
+    Ok(flock_holders(&md))
+}
+
+/// Mark this process as a ubtrfs mount in its unmount (`UNMOUNTING_COMM`), from any of
+/// its threads: /proc/self/comm is the main thread's name, which /proc/PID/comm shows.
+pub fn mark_unmounting() {
+    // Only a name for others to see: nothing depends on the write succeeding here.
+    let _ = std::fs::write("/proc/self/comm", UNMOUNTING_COMM);
+}
+
+/// Whether process `pid` is a ubtrfs mount in its unmount (`mark_unmounting`).
+pub fn is_unmounting(pid: u32) -> bool {
+    mountinfo::read_small(Path::new(&format!("/proc/{pid}/comm"))).is_some_and(|c| c.trim_end() == UNMOUNTING_COMM)
+}
+
+/// Whether process `pid` has /dev/fuse open: a FUSE daemon. False when its descriptors
+/// cannot be listed (another user's process, without privilege).
+pub fn is_fuse_daemon(pid: u32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    // A daemon has a few dozen descriptors; the bound keeps a huge table from stalling us.
+    fds.flatten().take(4096).any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
 }
 
 /// Another user of a device, found when it was opened.
@@ -169,10 +224,30 @@ pub(crate) fn open(path: &Path, writable: bool) -> Result<Claimed> {
     if writable && block {
         opts.custom_flags(libc::O_EXCL);
     }
-    let file = match opts.open(path) {
-        Ok(f) => f,
-        Err(e) if writable && block && e.raw_os_error() == Some(libc::EBUSY) => return Err(exclusive_holder(&name, &md).refusal()),
-        Err(e) => return Err(Error::io(format!("cannot open {name}"), e)),
+    // A block device's O_EXCL open meets an unmounting mount before its lock does.
+    let start = std::time::Instant::now();
+    let mut told = None;
+    let mut retried_gone = false;
+    let file = loop {
+        match opts.open(path) {
+            Ok(f) => break f,
+            Err(e) if writable && block && e.raw_os_error() == Some(libc::EBUSY) => {
+                let u = exclusive_holder(&name, &md);
+                let pids = match &u.by {
+                    User::Ubtrfs { pids, .. } => pids.clone(),
+                    User::Kernel(_) => Vec::new(),
+                };
+                // No holder listed: a ubtrfs process may have let go of its lock just
+                // before its O_EXCL descriptor; look once more.
+                let gone = pids.is_empty() && !std::mem::replace(&mut retried_gone, true);
+                if gone || wait_for(&pids, &name, true, start, &mut told) {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                return Err(u.refusal());
+            }
+            Err(e) => return Err(Error::io(format!("cannot open {name}"), e)),
+        }
     };
     let fmd = file.metadata().map_err(|e| Error::io(format!("cannot open {name}"), e))?;
     if fmd.file_type().is_block_device() != block {
@@ -197,15 +272,9 @@ pub(crate) fn open(path: &Path, writable: bool) -> Result<Claimed> {
             }
         }
     } else {
-        for lp in mountinfo::loops_backed_by(fmd.dev(), fmd.ino()) {
-            let how = match mountinfo::mounted(&lp) {
-                Some(how) => how,
-                // Probing with O_EXCL briefly claims the loop device, so only writers,
-                // which need the answer, do it.
-                None if writable && mountinfo::held_exclusively(&lp) == Some(true) => KernelUse::HeldExclusively,
-                None => continue,
-            };
-            let u = InUse { device: name.clone(), by: User::Kernel(how), through: Some(lp.dev_path()) };
+        // Probing with O_EXCL briefly claims the loop device, so only writers, which
+        // need the answer, do it.
+        for u in kernel_use_of_file(&name, &fmd, writable) {
             if writable {
                 return Err(u.refusal());
             }
@@ -213,6 +282,55 @@ pub(crate) fn open(path: &Path, writable: bool) -> Result<Claimed> {
         }
     }
     Ok(c)
+}
+
+/// How the kernel uses the image file `name` (metadata `md`) now: loop devices reading
+/// it that are mounted, or (with `probe`) held exclusively by someone.
+pub(crate) fn kernel_use_of_file(name: &str, md: &std::fs::Metadata, probe: bool) -> Vec<InUse> {
+    let mut out = Vec::new();
+    for lp in mountinfo::loops_backed_by(md.dev(), md.ino()) {
+        let how = match mountinfo::mounted(&lp) {
+            Some(how) => how,
+            None if probe && mountinfo::held_exclusively(&lp) == Some(true) => KernelUse::HeldExclusively,
+            None => continue,
+        };
+        out.push(InUse { device: name.to_string(), by: User::Kernel(how), through: Some(lp.dev_path()) });
+    }
+    out
+}
+
+/// Make every later open(2) of the regular file behind `file` wait until `file` is
+/// closed: a write lease (F_SETLEASE F_WRLCK), which the kernel breaks for any open by
+/// anyone, making the opener wait for the holder to give it up (at most the kernel's
+/// lease-break-time, 45 s by default). The loop driver takes its backing file from
+/// an open(2) (losetup's, mount's), so `mount -o loop IMG` waits too.
+///
+/// The kernel asks for the lease back with SIGIO, whose default action ends the process:
+/// SIGIO is ignored from here on (nothing else in ubtrfs uses it), and the lease goes
+/// only when `file` is closed, once the holder's last write is done.
+///
+/// # Errors
+/// Why the lease was not granted: `file` is not the only open of the file (a reader,
+/// a loop device, a second descriptor of ours), a host filesystem without leases, or
+/// an owner who is not us (without CAP_LEASE).
+pub(crate) fn hold_opens(file: &File) -> std::result::Result<(), std::io::Error> {
+    // SAFETY: sigaction with a zeroed struct and SIG_IGN installs no handler code; the
+    // fcntl acts on a descriptor `file` keeps open.
+    unsafe {
+        let mut ign: libc::sigaction = std::mem::zeroed();
+        ign.sa_sigaction = libc::SIG_IGN;
+        libc::sigaction(libc::SIGIO, &ign, std::ptr::null_mut());
+        if libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Give up the lease `hold_opens` took on `file`: waiting opens go on.
+pub(crate) fn release_opens(file: &File) {
+    // SAFETY: fcntl on a descriptor `file` keeps open; F_UNLCK only drops our lease.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
 }
 
 /// Take the flock lock on `other` (or the main file), whose metadata is `md`; `through`
@@ -224,6 +342,7 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
     let start = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(1);
     let mut retried_gone = false;
+    let mut told = None;
     let holders = loop {
         // SAFETY: flock on a descriptor that `c` or `other` keeps open.
         if unsafe { libc::flock(fd, op) } == 0 {
@@ -243,12 +362,16 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
         }
         // A lock listed under our own pid may be a descriptor this process has closed
         // but a child forked by another thread still shares until its exec, which
-        // takes milliseconds. A writer gives that a bounded wait; anything else, and
-        // any other process's lock, is reported at once.
+        // takes milliseconds. A writer gives that a bounded wait.
         let own = !holders.is_empty() && holders.iter().all(|h| h.pid == Some(me));
         if writable && own && start.elapsed() < OWN_LOCK_PATIENCE {
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            continue;
+        }
+        let others: Vec<u32> = holders.iter().filter_map(|h| h.pid).filter(|&p| p != me).collect();
+        if wait_for(&others, through.as_deref().unwrap_or(name), writable, start, &mut told) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
             continue;
         }
         break holders;
@@ -262,6 +385,28 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
     }
     c.in_use.push(u);
     Ok(())
+}
+
+/// Whether an open of `name` that met the other processes `pids` holding it should look
+/// again (after a pause) rather than give up: a mount that is unmounting lets go once its
+/// last commit is written, so it is waited for (readers too, so they see that commit),
+/// at most `UNMOUNT_PATIENCE` since `start`, saying so once per process in `told`. A
+/// writer also gives a FUSE daemon that holds the image `UNMOUNT_NOTICE` to notice its
+/// unmount. Any other holder is reported at once.
+fn wait_for(pids: &[u32], name: &str, writable: bool, start: std::time::Instant, told: &mut Option<u32>) -> bool {
+    if let Some(&p) = pids.iter().find(|&&p| is_unmounting(p)) {
+        if start.elapsed() >= UNMOUNT_PATIENCE {
+            return false;
+        }
+        if *told != Some(p) {
+            // The open has no other channel while it waits, and a silent wait of seconds
+            // looks like a hang.
+            eprintln!("waiting for the ubtrfs process {p} that is unmounting {name}");
+            *told = Some(p);
+        }
+        return true;
+    }
+    writable && start.elapsed() < UNMOUNT_NOTICE && pids.iter().any(|&p| is_fuse_daemon(p))
 }
 
 /// Why a writer's O_EXCL open of a block device got EBUSY.
