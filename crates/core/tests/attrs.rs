@@ -266,8 +266,11 @@ fn setattr_refusals() {
         assert_eq!(e.posix_kind(), Some(kind), "{path} {a:?}: {e}");
         assert_eq!(before, format!("{:?}", item(&w, path).as_bytes_dbg()), "{path}: a refused setattr changed the inode");
     }
-    // Now-times on an append-only file are allowed (only explicit ones are not).
-    setattr(&mut w, "append", SetAttr { mtime: Some(TimeSet::Now), ..Default::default() }).expect("touch an append-only file");
+    // A touch (both times now, utimensat(NULL): ATTR_TOUCH) of an append-only file is
+    // allowed; any other set of times, one "now" included, is ATTR_TIMES_SET: EPERM.
+    setattr(&mut w, "append", SetAttr { mtime: Some(TimeSet::Now), atime: Some(TimeSet::Now), ..Default::default() }).expect("touch an append-only file");
+    let e = setattr(&mut w, "append", SetAttr { mtime: Some(TimeSet::Now), ..Default::default() }).expect_err("mtime now alone");
+    assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{e}");
     let e = setattr(&mut w, "append", SetAttr { size: Some(u64::MAX), ..Default::default() }).expect_err("too big");
     assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{e}");
     w.check_writable().expect("refusals do not abort");
@@ -285,6 +288,8 @@ fn setattr_refusals() {
         let t = [libc::timespec { tv_sec: 5, tv_nsec: 5 }, libc::timespec { tv_sec: 5, tv_nsec: 5 }];
         assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), t.as_ptr(), 0)), libc::EPERM);
         assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), std::ptr::null(), 0)), 0);
+        let omit_now = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW }];
+        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), omit_now.as_ptr(), 0)), libc::EPERM);
     }
     m.umount();
 }

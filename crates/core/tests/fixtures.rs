@@ -142,7 +142,24 @@ fixture_tests! {
 fn every_fixture_has_a_test() {
     // replace and sprout: crates/cli/tests/dev_replace.rs.
     let listed = [
-        "default", "nodesize4k-xxhash", "sha256-64k", "blake2", "zlib", "lzo", "zstd", "dup-data", "raid0", "raid1", "raid10", "raid1c3", "mixed", "logtree", "snapshots", "replace", "sprout", "convert",
+        "default",
+        "nodesize4k-xxhash",
+        "sha256-64k",
+        "blake2",
+        "zlib",
+        "lzo",
+        "zstd",
+        "dup-data",
+        "raid0",
+        "raid1",
+        "raid10",
+        "raid1c3",
+        "mixed",
+        "logtree",
+        "snapshots",
+        "replace",
+        "sprout",
+        "convert",
     ];
     for n in common::fixture_names() {
         assert!(listed.contains(&n.as_str()), "fixture {n} has no test");
