@@ -70,6 +70,14 @@ fn options(lists: &[String]) -> Result<MountOptions> {
 
 /// Open, mount and serve; `ready` runs once the kernel has the mount.
 fn mount(image: &Path, devices: &[PathBuf], mountpoint: &Path, opts: MountOptions, ready: impl FnOnce()) -> Result<()> {
+    // A directory, as mount(2) wants for a directory tree (ENOTDIR otherwise): FUSE
+    // would mount over a regular file and every access would then fail with EIO.
+    // Checked before the image is opened, so a wrong mount point locks nothing.
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if !m.is_dir() => return Err(Error::posix_detail(PosixKind::NotDir, mountpoint.display().to_string(), "the mount point must be a directory")),
+        Ok(_) => {}
+        Err(e) => return Err(Error::io(&format!("mount point {}", mountpoint.display()), e)),
+    }
     let mut all = vec![image.to_path_buf()];
     all.extend(devices.iter().cloned());
     let engine = ubtrfs_fuse::open_engine(&all, &opts)?;

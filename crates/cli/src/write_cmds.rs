@@ -2,6 +2,7 @@
 
 use crate::WriteImageArgs;
 use std::path::PathBuf;
+use ubtrfs_core::error::Error;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::Result;
 
@@ -36,7 +37,7 @@ pub fn put(a: &PutArgs) -> Result<()> {
         (None, Some(c)) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, true)?),
         (None, None) => None,
     };
-    let mut w = open_writer(&a.image)?;
+    let mut w = open_writer(&a.image).map_err(|e| swapped_put_arguments(a, e))?;
     if let Some(p) = policy {
         w.set_compress(p);
     }
@@ -52,6 +53,27 @@ pub fn put(a: &PutArgs) -> Result<()> {
         stats.files, stats.dirs, stats.symlinks, stats.special, stats.hardlinks, stats.bytes
     );
     Ok(())
+}
+
+/// The error of a `put` whose IMAGE is no btrfs filesystem while one of its sources is
+/// one (`ubtrfs put SRC IMAGE DEST`, the order of cp's arguments): say which argument
+/// the image is.
+fn swapped_put_arguments(a: &PutArgs, e: Error) -> Error {
+    let Error::Incompatible(why) = &e else { return e };
+    let Some(img) = a.srcs.iter().find(|p| is_btrfs_image(p)) else { return e };
+    Error::Incompatible(format!(
+        "{why}; the image comes first: `ubtrfs put IMAGE SRC... DEST` ({} looks like the btrfs image, {} is given as IMAGE)",
+        ubtrfs_core::quote::name(img.as_os_str().as_encoded_bytes()),
+        ubtrfs_core::quote::name(a.image.image.as_os_str().as_encoded_bytes())
+    ))
+}
+
+/// Whether `p` holds a btrfs superblock's magic at the primary copy's place.
+fn is_btrfs_image(p: &std::path::Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut magic = [0u8; 8];
+    let Ok(mut f) = std::fs::File::open(p) else { return false };
+    f.seek(SeekFrom::Start(ubtrfs_format::structs::SUPER_INFO_OFFSET + 64)).is_ok() && f.read_exact(&mut magic).is_ok() && u64::from_le_bytes(magic) == ubtrfs_format::structs::MAGIC
 }
 
 /// A progress bar for a copy into the image, on stderr when it is a terminal: the

@@ -112,3 +112,19 @@ fn write_commands_offer_device_and_degraded() {
     let text = String::from_utf8_lossy(&h.stdout);
     assert!(text.contains("--device") && !text.contains("--degraded"), "readers take --device and need no --degraded:\n{text}");
 }
+
+/// `ubtrfs put SRC IMAGE DEST` (cp's order) says which argument is the image instead
+/// of only that SRC is too small for a superblock; nothing is written.
+#[test]
+fn put_with_swapped_arguments_names_the_image() {
+    let work = workdir("put-swapped");
+    let img = fixture_copy("default", &work);
+    let src = work.join("src.txt");
+    std::fs::write(&src, b"hello").unwrap();
+    let before = std::fs::read(&img).unwrap();
+    let o = bin().arg("put").arg(&src).arg(&img).arg("/x").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("the image comes first") && err.contains(&img.display().to_string()), "{err}");
+    assert!(std::fs::read(&img).unwrap() == before, "the image changed");
+}

@@ -875,6 +875,12 @@ fn bad_input_is_refused_by_name() {
     assert!(err.contains("junk"), "{err}");
     let err = fails(bin().arg("mount").arg(&img).arg(s.join("nowhere")));
     assert!(err.contains("nowhere"), "{err}");
+    // A regular file is no mount point (FUSE took it, and every access was EIO).
+    let file = s.join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let err = fails(bin().arg("mount").arg(&img).arg(&file));
+    assert!(err.contains("not a directory") && err.contains("file"), "{err}");
+    assert!(!is_mountpoint(&file));
     assert_check(&img, "after the refusals");
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -1556,5 +1562,43 @@ fn subvolume_placeholders_through_the_mount() {
     assert_eq!(std::fs::read(k.dir.join("sv/f")).unwrap(), b"in-sv\n");
     assert_eq!(std::fs::read(k.dir.join("sv/inner/g")).unwrap(), b"in-inner\n");
     drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// SEEK_DATA and SEEK_HOLE at a negative offset seek from 0, as the kernel's btrfs
+/// does (they were EINVAL through the mount).
+#[test]
+fn seek_at_a_negative_offset_seeks_from_zero() {
+    if !fuse_available("seek_at_a_negative_offset_seeks_from_zero") {
+        return;
+    }
+    let s = scratch("seekneg");
+    let img = s.join("img");
+    mkfs(&img, "300M");
+    let seek = |dir: &Path| -> Vec<i64> {
+        std::fs::write(dir.join("f"), b"data").unwrap();
+        let f = std::fs::File::open(dir.join("f")).unwrap();
+        [libc::SEEK_DATA, libc::SEEK_HOLE]
+            .iter()
+            .map(|&w| {
+                // SAFETY: lseek on an open descriptor.
+                let r = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), -1, w) };
+                if r < 0 {
+                    -i64::from(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+                } else {
+                    r
+                }
+            })
+            .collect()
+    };
+    let k = KernelMount::new(&img, &s.join("kmnt"));
+    let kernel = seek(&k.dir);
+    drop(k);
+    let m = FuseMount::start(&img, &s.join("umnt"), "");
+    let ours = seek(&s.join("umnt"));
+    m.stop(Stop::Fusermount);
+    // Data at 0, the hole at EOF (the position, or minus the errno).
+    assert_eq!(kernel, [0, 4]);
+    assert_eq!(ours, kernel);
     let _ = std::fs::remove_dir_all(&s);
 }
