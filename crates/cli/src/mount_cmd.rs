@@ -76,7 +76,7 @@ fn mount(image: &Path, devices: &[PathBuf], mountpoint: &Path, opts: MountOption
     match std::fs::metadata(mountpoint) {
         Ok(m) if !m.is_dir() => return Err(Error::posix_detail(PosixKind::NotDir, mountpoint.display().to_string(), "the mount point must be a directory")),
         Ok(_) => {}
-        Err(e) => return Err(Error::io(&format!("mount point {}", mountpoint.display()), e)),
+        Err(e) => return Err(Error::io(format!("mount point {}", mountpoint.display()), e)),
     }
     let mut all = vec![image.to_path_buf()];
     all.extend(devices.iter().cloned());
