@@ -29,8 +29,8 @@ pub struct MountArgs {
     /// Mount options, comma-separated (repeatable): ro, rw, compress=ALG[:LEVEL],
     /// compress-force=ALG[:LEVEL], commit=SECONDS, subvol=PATH, subvolid=N,
     /// allow_other, default_permissions, uid=N, gid=N, noatime, relatime,
-    /// strictatime, nodiratime, cache_mib=N, threads=N, dev, suid, noexec, degraded,
-    /// device=PATH.
+    /// strictatime, nodiratime, cache_mib=N, page_cache_mib=N, dirty_mib=N, threads=N,
+    /// dev, suid, noexec, degraded, device=PATH.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// The image file or block device (for multi-device filesystems, any one member).

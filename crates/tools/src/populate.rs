@@ -14,8 +14,10 @@
 //! - the filesystem's own UUIDs come from `derive_uuid`, a hash of the tree's digest,
 //!   the label and what the UUID is for;
 //! - the tree's digest (`tree_digest`) covers what the image will hold (each path in
-//!   byte order, its type, mode, mapped owner, size, mtime, link target and xattr
-//!   names) and nothing of the host's inode numbers or readdir order;
+//!   byte order, its type, mode, mapped owner, a file's size, mtime, a device's rdev,
+//!   link target, and xattr names and values) and nothing of the host's inode numbers,
+//!   readdir order or directory sizes (which are the host filesystem's: 4096 on ext4,
+//!   the entries' count on tmpfs);
 //! - entries are copied in byte order of their names, not the host's readdir order.
 
 use crate::put::{put_contents, OwnerMap, PutOptions, PutStats};
@@ -71,7 +73,21 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
         let (uid, gid) = owners.map(md.uid(), md.gid());
         h.update(rel.as_os_str().as_encoded_bytes());
         h.update([0]);
-        h.update(format!("{:o} {uid} {gid} {} {} {} {}", md.mode(), md.len(), md.mtime(), md.mtime_nsec(), md.rdev()).as_bytes());
+        // A directory's st_size is the host filesystem's (4096 on ext4, the entries'
+        // count on tmpfs), not what the image holds (its names, hashed below); an
+        // rdev counts only for device nodes.
+        let ft = md.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        let size = if md.is_dir() { 0 } else { md.len() };
+        let rdev = if ft.is_char_device() || ft.is_block_device() { md.rdev() } else { 0 };
+        h.update(format!("{:o} {uid} {gid} {size} {} {} {rdev}", md.mode(), md.mtime(), md.mtime_nsec()).as_bytes());
+        for (name, value) in xattrs_of(&p)? {
+            h.update([1]);
+            h.update(&name);
+            h.update([0]);
+            h.update((value.len() as u64).to_le_bytes());
+            h.update(&value);
+        }
         if md.file_type().is_symlink() {
             let t = std::fs::read_link(&p).map_err(|e| Error::io(format!("cannot read the link {}", ubtrfs_core::quote::path(&p)), e))?;
             h.update(t.as_os_str().as_encoded_bytes());
@@ -91,6 +107,59 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
         }
     }
     Ok(h.finalize().into())
+}
+
+/// The extended attributes of `p` (not followed), sorted by name; none where the host
+/// filesystem keeps none.
+///
+/// # Errors
+/// `Io` naming `p` when they cannot be listed or read.
+fn xattrs_of(p: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(p).into_owned()))?;
+    let fail = || Error::io(format!("cannot read the xattrs of {}", ubtrfs_core::quote::path(p)), std::io::Error::last_os_error());
+    let unsupported = || matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOTSUP));
+    // A list that grows between the size query and the read is asked again.
+    let names = loop {
+        // SAFETY: a size query (NULL buffer, size 0) of a NUL-terminated path.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+        if n < 0 {
+            return if unsupported() { Ok(Vec::new()) } else { Err(fail()) };
+        }
+        let mut buf = vec![0u8; n as usize];
+        // SAFETY: `buf` has room for `buf.len()` bytes.
+        let m = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if m >= 0 {
+            buf.truncate(m as usize);
+            break buf;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) {
+            return Err(fail());
+        }
+    };
+    let mut out = Vec::new();
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cn = std::ffi::CString::new(name).expect("split at NULs");
+        let value = loop {
+            // SAFETY: as above, for one name.
+            let n = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), std::ptr::null_mut(), 0) };
+            if n < 0 {
+                return Err(fail());
+            }
+            let mut v = vec![0u8; n as usize];
+            // SAFETY: `v` has room for `v.len()` bytes.
+            let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+            if m >= 0 {
+                v.truncate(m as usize);
+                break v;
+            }
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) {
+                return Err(fail());
+            }
+        };
+        out.push((name.to_vec(), value));
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// The SHA-256 of `bytes` (a digest of what else shapes the image, next to the tree's).
