@@ -19,16 +19,19 @@
 mod cmd;
 #[path = "../../core/tests/common/mod.rs"]
 mod common;
+#[path = "common/fuse.rs"]
+mod fuse;
 #[path = "../../core/tests/common/posix.rs"]
 mod posix;
 #[path = "../../core/tests/common/write.rs"]
 mod write_common;
 
-use cmd::{bin, run, scratch_in};
+use cmd::{run, scratch_in};
+use fuse::{FuseMount, Stop};
 use posix::{diff_xtrees, xwalk_kernel, Gen, Kernel, Known, Op, OpKind};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use std::process::Command;
+use std::time::Instant;
 
 /// Every operation the kernel side can run through a mount (the engine-only Commit and
 /// Reopen aside).
@@ -61,9 +64,9 @@ const AVAILABLE: &[OpKind] = &[
     OpKind::Chattr,
 ];
 
-/// What differs between the two mounts for reasons that are not the filesystem's. The
-/// engine-level test's entries (posix_diff.rs) hold here too, for the same reasons.
-const KNOWN: &[Known] = &[
+/// What differs between the two mounts for reasons that are not the filesystem's,
+/// besides the kernel's own (`posix::KNOWN`, which hold here too).
+const KNOWN_FUSE: &[Known] = &[
     // The VFS's may_delete refuses an immutable or append-only victim or directory
     // (EPERM) before it looks at the victim's type (EISDIR for unlink of a directory,
     // ENOTDIR for rmdir of anything else); it reads the flags from the inode's i_flags,
@@ -82,22 +85,6 @@ const KNOWN: &[Known] = &[
             _ => false,
         },
     },
-    Known {
-        name: "xattr-replace-growth-needs-leaf-room (kernel: ENOSPC when the value grows past its leaf's free space)",
-        matches: |op, k| match op {
-            Op::Setxattr { path, name, len, .. } => k.xattr_len(path, name).is_some_and(|old| *len > old && (*len > 1024 || *len > old + 512)),
-            _ => false,
-        },
-    },
-    Known {
-        name: "punch-hole-in-a-hole-depends-on-the-extent-map-cache (kernel: a cached hole map decides between an early return and a zeroed block with new times)",
-        matches: |op, k| match op {
-            Op::Fallocate { path, mode, off, len } if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 => {
-                k.lstat(path).is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) && !k.has_extent_in(path, off / 4096 * 4096, off.saturating_add(*len))
-            }
-            _ => false,
-        },
-    },
 ];
 
 /// Whether `p` or its directory is immutable or append-only (as the kernel's mount
@@ -109,55 +96,6 @@ fn flagged(k: &Kernel, p: &posix::P) -> bool {
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number"))).unwrap_or(default)
-}
-
-fn is_mountpoint(dir: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let want = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    mounts.lines().any(|l| l.split(' ').nth(1).map(|m| Path::new(m) == want).unwrap_or(false))
-}
-
-/// `ubtrfs mount` in the foreground; `stop` unmounts and waits for the process, which
-/// commits and releases the image before it exits.
-struct FuseMount {
-    child: Option<Child>,
-    dir: PathBuf,
-}
-
-impl FuseMount {
-    fn start(img: &Path, dir: &Path, opts: &str) -> FuseMount {
-        std::fs::create_dir_all(dir).unwrap();
-        let child = bin().args(["mount", "-o", opts]).arg(img).arg(dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn ubtrfs mount");
-        let mut m = FuseMount { child: Some(child), dir: dir.to_path_buf() };
-        let t = Instant::now();
-        while !is_mountpoint(dir) {
-            if m.child.as_mut().unwrap().try_wait().unwrap().is_some() {
-                let out = m.child.take().unwrap().wait_with_output().unwrap();
-                panic!("ubtrfs mount exited before mounting: {}", String::from_utf8_lossy(&out.stderr));
-            }
-            assert!(t.elapsed() < Duration::from_secs(30), "ubtrfs mount did not mount {} within 30 s", dir.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    fn stop(mut self) -> String {
-        run(Command::new("fusermount3").arg("-u").arg(&self.dir));
-        let out = self.child.take().unwrap().wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "ubtrfs mount exited with {}: {err}", out.status);
-        err
-    }
-}
-
-impl Drop for FuseMount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-        }
-    }
 }
 
 /// One seed: returns (operations run, refusals seen) or the first disagreement.
@@ -173,12 +111,13 @@ fn run_seed(seed: u64, ops: u64, check_every: u64) -> Result<(u64, u64), String>
     let m = FuseMount::start(&uimg, &s.join("umnt"), "noatime");
     let k = Kernel { dir: kdir.clone(), mkfs: posix::mkfs_args(seed), compress: false };
     let u = Kernel { dir: m.dir.clone(), mkfs: posix::mkfs_args(seed), compress: false };
+    let known = [posix::KNOWN, KNOWN_FUSE].concat();
     let mut g = Gen::new(seed, AVAILABLE);
     let (mut n, mut refused) = (0, 0);
     let mut result = Ok(());
     for i in 0..ops {
         let op = g.next_op();
-        if KNOWN.iter().any(|kn| (kn.matches)(&op, &k)) {
+        if known.iter().any(|kn| (kn.matches)(&op, &k)) {
             continue;
         }
         let (kr, ur) = (k.apply(&op), u.apply(&op));
@@ -201,7 +140,7 @@ fn run_seed(seed: u64, ops: u64, check_every: u64) -> Result<(u64, u64), String>
     }
     let kernel_tree = xwalk_kernel(&kdir);
     let _ = write_common::umount_retrying(&kdir);
-    let log = m.stop();
+    let log = m.stop(Stop::Fusermount);
     result?;
     assert!(!log.contains("aborted"), "seed {seed}: the mount aborted: {log}");
     write_common::assert_check(&uimg, &format!("seed {seed}: the mount's image"));

@@ -12,10 +12,13 @@
 
 #[path = "common/cmd.rs"]
 mod cmd;
+#[path = "common/fuse.rs"]
+mod fuse;
 #[path = "../../core/tests/common/kernel.rs"]
 mod kernel;
 
 use cmd::{bin, pseudo_random as data, run, scratch_in};
+use fuse::{assert_check, is_mountpoint, mkfs};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,23 +32,6 @@ const BLOCK_ROUNDS: usize = 50;
 
 fn fuse_available(test: &str) -> bool {
     kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3", "/usr/sbin/losetup"])
-}
-
-fn mkfs(img: &Path, size: &str) {
-    run(Command::new("truncate").args(["-s", size]).arg(img));
-    run(Command::new("mkfs.btrfs").arg("-q").arg("-f").arg(img));
-}
-
-fn assert_check(img: &Path, what: &str) {
-    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().expect("run btrfs check");
-    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("no error found") && !text.contains("ERROR"), "{what}: btrfs check failed on {}:\n{text}", img.display());
-}
-
-fn is_mountpoint(dir: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let want = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    mounts.lines().any(|l| l.split(' ').nth(1).map(|m| Path::new(m) == want).unwrap_or(false))
 }
 
 /// Mount points and loop devices of one test, cleared on drop (also after a failure).
