@@ -33,36 +33,11 @@ use posix::{diff_xtrees, xwalk_kernel, Gen, Kernel, Known, Op, OpKind};
 use std::process::Command;
 use std::time::Instant;
 
-/// Every operation the kernel side can run through a mount (the engine-only Commit and
-/// Reopen aside).
-const AVAILABLE: &[OpKind] = &[
-    OpKind::Create,
-    OpKind::Creat,
-    OpKind::Mkdir,
-    OpKind::Mknod,
-    OpKind::Symlink,
-    OpKind::Link,
-    OpKind::LinkMany,
-    OpKind::Unlink,
-    OpKind::UnlinkMany,
-    OpKind::Rmdir,
-    OpKind::Rename,
-    OpKind::RenameWhiteout,
-    OpKind::Write,
-    OpKind::Truncate,
-    OpKind::Fallocate,
-    OpKind::Seek,
-    OpKind::Chmod,
-    OpKind::Chown,
-    OpKind::Utimens,
-    OpKind::Setxattr,
-    OpKind::Removexattr,
-    OpKind::Getxattr,
-    OpKind::Listxattr,
-    OpKind::Stat,
-    OpKind::Read,
-    OpKind::Chattr,
-];
+/// Every operation the kernel side can run through a mount: all but the engine-only
+/// Commit and Reopen.
+fn available() -> Vec<OpKind> {
+    posix::WEIGHTS.iter().map(|w| w.0).filter(|k| !matches!(k, OpKind::Commit | OpKind::Reopen)).collect()
+}
 
 /// What differs between the two mounts for reasons that are not the filesystem's,
 /// besides the kernel's own (`posix::KNOWN`, which hold here too).
@@ -112,7 +87,7 @@ fn run_seed(seed: u64, ops: u64, check_every: u64) -> Result<(u64, u64), String>
     let k = Kernel { dir: kdir.clone(), mkfs: posix::mkfs_args(seed), compress: false };
     let u = Kernel { dir: m.dir.clone(), mkfs: posix::mkfs_args(seed), compress: false };
     let known = [posix::KNOWN, KNOWN_FUSE].concat();
-    let mut g = Gen::new(seed, AVAILABLE);
+    let mut g = Gen::new(seed, &available());
     let (mut n, mut refused) = (0, 0);
     let mut result = Ok(());
     for i in 0..ops {
