@@ -9,25 +9,21 @@
 //! original files. (The file-by-file read against the manifest without root is in
 //! crates/core/tests/fixtures.rs.)
 
+#[path = "common/cmd.rs"]
+mod cmd;
 #[path = "../../core/tests/common/mod.rs"]
 mod common;
 
+use cmd::{bin, out_of, pseudo_random};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Mutex;
 
 /// Copies of one fixture share its fsid: the kernel must see one of them at a time.
 static KERNEL: Mutex<()> = Mutex::new(());
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-}
-
-fn out_of(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
-}
-
+/// Run `cmd`, which must succeed; its stdout and stderr.
 fn run(cmd: &mut Command) -> String {
     let o = out_of(cmd);
     assert!(o.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
@@ -243,7 +239,7 @@ fn convert_written_after_a_kernel_mount_made_a_free_space_tree() {
     assert!(sup.contains("FREE_SPACE_TREE"), "the kernel made no free space tree:\n{sup}");
 
     // Writes next to, into and instead of converted files.
-    let data = common_data(300_000);
+    let data = pseudo_random(0x2545_f491, 300_000);
     std::fs::write(w.path("host.bin"), &data).expect("host file");
     std::fs::create_dir_all(w.path("hostdir/sub")).expect("host dir");
     std::fs::write(w.path("hostdir/sub/small"), b"small\n").expect("host file");
@@ -292,17 +288,4 @@ fn convert_written_after_a_kernel_mount_made_a_free_space_tree() {
         &["--ignore-keys", "ino,blocks,subvol", "--ignore-dir-keys", "size,nlink,mtime_ns", "--ignore-paths", "^ext2_saved"],
     );
     assert!(d.is_empty(), "the rolled-back ext4 differs from the converted files:\n{d}");
-}
-
-/// Deterministic bytes for a host file.
-fn common_data(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }

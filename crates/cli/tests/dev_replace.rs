@@ -11,28 +11,17 @@
 //! prints on a kernel mount), and changes no byte. The sprout is refused by name,
 //! whichever devices are given.
 
+#[path = "common/cmd.rs"]
+mod cmd;
 #[path = "../../core/tests/common/mod.rs"]
 mod common;
 
+use cmd::{bin, out_of, run_output as run};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, Filesystem, FsRead};
 use ubtrfs_core::OpenOptions;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-}
-
-fn out_of(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = out_of(cmd);
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    out
-}
 
 /// A scratch directory with private copies of fixture `name`'s devices.
 struct Work {

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
 
 pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
@@ -16,11 +16,21 @@ pub fn scratch_in(prefix: &str, name: &str) -> PathBuf {
     d
 }
 
+/// Run `cmd` (whatever its exit status); its output.
+pub fn out_of(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+/// Run `cmd`, which must succeed; its output.
+pub fn run_output(cmd: &mut Command) -> Output {
+    let out = out_of(cmd);
+    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    out
+}
+
 /// Run `cmd`, which must succeed; its stdout.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&run_output(cmd).stdout).into_owned()
 }
 
 /// Run `cmd`, which must fail; its stderr.
