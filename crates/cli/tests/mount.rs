@@ -1472,3 +1472,54 @@ fn seek_at_a_negative_offset_seeks_from_zero() {
     assert_eq!(ours, kernel);
     let _ = std::fs::remove_dir_all(&s);
 }
+
+/// What the daemon changes on its own shows in the very next `stat`, as on the
+/// kernel: the set-user-ID bits a direct write, fallocate, punch-hole and zero-range by
+/// a caller without CAP_FSETID take; the ctime of `chattr`; the set-group-ID bit a
+/// `setfacl` by the owner outside the file's group takes (as chmod does); the atime a
+/// read or a listing moves (relatime). Each `stat`
+/// follows its operation at once, well inside the attribute timeout, so a cached
+/// attribute the kernel was not told about shows as a difference.
+#[test]
+fn attributes_the_daemon_changes_show_at_once() {
+    if !fuse_available("attributes_the_daemon_changes_show_at_once") {
+        return;
+    }
+    const SCRIPT: &str = r#"set -e
+cd "$1"
+as_daemon() { setpriv --reuid=daemon --regid=daemon --clear-groups "$@"; }
+for f in dio falloc punch zero; do xfs_io -f -c "pwrite -q 0 64k" $f; chmod 6777 $f; stat -c "$f %a" $f; done
+as_daemon xfs_io -d -c "pwrite -q 0 4k" dio; stat -c "dio after a direct write: %a" dio
+as_daemon xfs_io -c "falloc 64k 64k" falloc; stat -c "falloc after fallocate: %a %s" falloc
+as_daemon xfs_io -c "fpunch 0 4k" punch; stat -c "punch after punch-hole: %a" punch
+as_daemon xfs_io -c "fzero 0 4k" zero; stat -c "zero after zero-range: %a" zero
+touch c; before=$(stat -c %z c); sleep 0.05; chattr +a c; after=$(stat -c %z c)
+[ "$before" != "$after" ] && echo "chattr moved ctime" || echo "chattr left ctime"
+chattr -a c; c2=$(stat -c %z c); [ "$after" != "$c2" ] && echo "chattr -a moved ctime" || echo "chattr -a left ctime"
+touch g; chown daemon:root g; chmod 2755 g; stat -c "g %a" g
+as_daemon setfacl -m u::rwx,g::rwx,o::rwx g; stat -c "g after setfacl outside the group: %a" g
+as_daemon chmod 2777 g; stat -c "g after chmod outside the group: %a" g
+printf data > r; touch -d 2000-01-01 r; cat r > /dev/null
+[ "$(stat -c %X r)" -gt 946771200 ] && echo "a read moved atime" || echo "a read left atime"
+mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
+[ "$(stat -c %X dr)" -gt 946771200 ] && echo "a listing moved atime" || echo "a listing left atime"
+"#;
+    let (s, _, uimg, ours, kernel) = same_script_on_both("attrs", "daemon-made attribute", SCRIPT, "allow_other,default_permissions");
+    assert_eq!(ours, kernel, "stat after a daemon-made change differs from the kernel's");
+    for want in [
+        "dio after a direct write: 777",
+        "falloc after fallocate: 777 131072",
+        "punch after punch-hole: 777",
+        "zero after zero-range: 777",
+        "chattr moved ctime",
+        "chattr -a moved ctime",
+        "g after setfacl outside the group: 777",
+        "g after chmod outside the group: 777",
+        "a read moved atime",
+        "a listing moved atime",
+    ] {
+        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
+    }
+    assert_check(&uimg, "after the attribute script");
+    let _ = std::fs::remove_dir_all(&s);
+}

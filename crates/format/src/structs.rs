@@ -633,6 +633,9 @@ pub const S_IFBLK: u32 = 0o060000;
 pub const S_IFDIR: u32 = 0o040000;
 pub const S_IFCHR: u32 = 0o020000;
 pub const S_IFIFO: u32 = 0o010000;
+// The set-id bits of `mode`.
+pub const S_ISUID: u32 = 0o4000;
+pub const S_ISGID: u32 = 0o2000;
 
 /// The dir-entry file type that matches an inode mode.
 pub fn ft_from_mode(mode: u32) -> u8 {

@@ -319,6 +319,23 @@ impl UbtrfsFs {
         Ok(Some(m & 0o7777).filter(|_| m != mode))
     }
 
+    /// Whether setting access ACL `value` on `id` by the caller of `req` takes the
+    /// set-group-ID bit: `posix_acl_update_mode` clears it when the caller is neither
+    /// in the file's group nor has CAP_FSETID. The kernel's FUSE sends that decision as
+    /// FUSE_SETXATTR_ACL_KILL_SGID only with FUSE_SETXATTR_EXT, which fuser does not
+    /// speak, so the daemon makes it from the caller's credentials.
+    fn acl_kills_sgid(&self, req: &Request, id: InodeId, name: &[u8], value: &[u8]) -> Result<bool> {
+        if name != b"system.posix_acl_access" || value.is_empty() {
+            return Ok(false);
+        }
+        let item = self.engine.read(|l| l.load_inode(id, Load::ITEM))?.item;
+        if item.mode.get() & S_ISGID == 0 {
+            return Ok(false);
+        }
+        let (fsetid, groups) = caller_creds(req.pid());
+        Ok(!fsetid && !self.caller_in_group(req, &groups, item.gid.get()))
+    }
+
     fn new_attrs(&self, req: &Request, dir: &InodeItem, mode: u32) -> InodeAttrs {
         let uid = IdMap::store(self.opts.uid, req.uid());
         let gid = IdMap::store(self.opts.gid, req.gid());
@@ -427,6 +444,8 @@ impl UbtrfsFs {
         Ok((id, l.clone()))
     }
 
+    /// Move `id`'s atime after a read or a listing. The kernel's FUSE drops its cached
+    /// atime after each (`fuse_invalidate_atime`), so the next `stat` asks us.
     fn atime(&self, id: InodeId) {
         if self.opts.read_only {
             return;
@@ -442,6 +461,17 @@ impl UbtrfsFs {
         }
         // Buffered data first: a commit writes only what the trees hold.
         self.engine.sync().map(|_| ())
+    }
+
+    /// Tell the kernel that inode `id`'s attributes changed in a way its own FUSE
+    /// code does not expect after the request it sent (the next `stat` asks us). The
+    /// kernel handles this without the inode's lock or its pages (attributes only), so
+    /// it may be sent from inside a request on that inode. An inode the kernel does not
+    /// hold is no error.
+    pub(crate) fn invalidate_attrs(&self, id: InodeId) {
+        if let (Some(n), Ok(ino)) = (self.notifier.get(), self.map.to_fuse(id)) {
+            let _ = n.inval_inode(INodeNo(ino.0), -1, 0);
+        }
     }
 
     /// The flags ioctls. The kernel's FUSE fileattr code sends FS_IOC_GETFLAGS and
@@ -464,6 +494,9 @@ impl UbtrfsFs {
                 let f = in_data.get(..4).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, id.to_string(), "FS_IOC_SETFLAGS without its flags"))?;
                 let f = u32::from_le_bytes(f.try_into().expect("four bytes"));
                 self.engine.write_retrying(|w| w.set_fsflags(id.root, id.ino, f))?;
+                // The kernel's FUSE fileattr_set keeps its cached attributes, and the
+                // ctime moved (S_IMMUTABLE and S_APPEND are not FUSE inode flags).
+                self.invalidate_attrs(id);
                 Ok(Vec::new())
             }
             FS_IOC_FSGETXATTR => {
@@ -884,10 +917,11 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
         let r = self.id(ino).and_then(|id| {
             self.writable()?;
-            self.engine.write_retrying(|w| w.setxattr(id.root, id.ino, name_of(name), value, flags as u32))
+            let kill_sgid = self.acl_kills_sgid(req, id, name_of(name), value)?;
+            self.engine.write_retrying(|w| w.setxattr_opts(id.root, id.ino, name_of(name), value, flags as u32, kill_sgid))
         });
         match r {
             Ok(()) => reply.ok(),

@@ -394,6 +394,17 @@ impl FsWriter {
     /// change a read-only snapshot's mode; read-only snapshots stay unchanged here, as
     /// send/receive need); tree failures (which abort).
     pub fn setxattr(&mut self, root: u64, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        self.setxattr_opts(root, ino, name, value, flags, false)
+    }
+
+    /// `setxattr`, for a caller that may not keep a set-group-ID bit: with `kill_sgid`,
+    /// an access ACL takes the bit from the mode it sets, as `posix_acl_update_mode`
+    /// does for a caller neither in the file's group nor holding CAP_FSETID (the
+    /// kernel's FUSE_SETXATTR_ACL_KILL_SGID). Other names ignore it.
+    ///
+    /// # Errors
+    /// As `setxattr`.
+    pub fn setxattr_opts(&mut self, root: u64, ino: u64, name: &[u8], value: &[u8], flags: u32, kill_sgid: bool) -> Result<()> {
         let id = InodeId { root, ino };
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
             return Err(Error::posix_detail(PosixKind::Invalid, what(id, name), format!("unknown setxattr flags {flags:#x}")));
@@ -410,7 +421,13 @@ impl FsWriter {
         let change = match acl_kind(name) {
             Some(kind) => {
                 let acl = if value.is_empty() { None } else { acl_from_xattr(id, name, value)? };
-                self.plan_set_acl(id, name, kind, acl)?
+                let mut change = self.plan_set_acl(id, name, kind, acl)?;
+                if let Some(XattrChange { mode: Some(m), .. }) = &mut change {
+                    if kill_sgid {
+                        *m &= !S_ISGID;
+                    }
+                }
+                change
             }
             None => self.plan_setxattr(id, name, Some(value), flags)?,
         };
