@@ -1474,8 +1474,9 @@ fn seek_at_a_negative_offset_seeks_from_zero() {
 }
 
 /// What the daemon changes on its own shows in the very next `stat`, as on the
-/// kernel: the set-user-ID bits a direct write, fallocate, punch-hole and zero-range by
-/// a caller without CAP_FSETID take; the ctime of `chattr`; the set-group-ID bit a
+/// kernel: the set-user-ID bits a buffered or direct write, fallocate, punch-hole,
+/// zero-range and copy_file_range by a caller without CAP_FSETID take (fstests
+/// generic/683-685's modes: set-group-ID with and without group execute); the ctime of `chattr`; the set-group-ID bit a
 /// `setfacl` by the owner outside the file's group takes (as chmod does); the atime a
 /// read or a listing moves (relatime). Each `stat`
 /// follows its operation at once, well inside the attribute timeout, so a cached
@@ -1488,11 +1489,14 @@ fn attributes_the_daemon_changes_show_at_once() {
     const SCRIPT: &str = r#"set -e
 cd "$1"
 as_daemon() { setpriv --reuid=daemon --regid=daemon --clear-groups "$@"; }
-for f in dio falloc punch zero; do xfs_io -f -c "pwrite -q 0 64k" $f; chmod 6777 $f; stat -c "$f %a" $f; done
-as_daemon xfs_io -d -c "pwrite -q 0 4k" dio; stat -c "dio after a direct write: %a" dio
-as_daemon xfs_io -c "falloc 64k 64k" falloc; stat -c "falloc after fallocate: %a %s" falloc
-as_daemon xfs_io -c "fpunch 0 4k" punch; stat -c "punch after punch-hole: %a" punch
-as_daemon xfs_io -c "fzero 0 4k" zero; stat -c "zero after zero-range: %a" zero
+mkdir j; chmod a+rw j
+for op in "falloc 64k 64k" "fpunch 64k 64k" "fzero 64k 64k" "pwrite -q 64k 4k" "-d pwrite -q 64k 4k" "copy_range -s 0 -d 64k -l 4k src"; do
+  for m in a+rws g+x,a+rws a+rw,g+rwxs a+rw,g+rws; do
+    rm -f j/a; xfs_io -f -c "pwrite -q -S 0x58 0 192k" j/a j/src; chmod 666 j/src; chmod 0 j/a; chmod $m j/a; before=$(stat -c %a j/a)
+    case "$op" in -d*) as_daemon xfs_io -d -c "${op#-d }" j/a;; copy*) (cd j && as_daemon xfs_io -c "$op" a);; *) as_daemon xfs_io -c "$op" j/a;; esac
+    echo "$op on $m: $before -> $(stat -c '%a %A' j/a)"
+  done
+done
 touch c; before=$(stat -c %z c); sleep 0.05; chattr +a c; after=$(stat -c %z c)
 [ "$before" != "$after" ] && echo "chattr moved ctime" || echo "chattr left ctime"
 chattr -a c; c2=$(stat -c %z c); [ "$after" != "$c2" ] && echo "chattr -a moved ctime" || echo "chattr -a left ctime"
@@ -1507,10 +1511,12 @@ mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
     let (s, _, uimg, ours, kernel) = same_script_on_both("attrs", "daemon-made attribute", SCRIPT, "allow_other,default_permissions");
     assert_eq!(ours, kernel, "stat after a daemon-made change differs from the kernel's");
     for want in [
-        "dio after a direct write: 777",
-        "falloc after fallocate: 777 131072",
-        "punch after punch-hole: 777",
-        "zero after zero-range: 777",
+        "falloc 64k 64k on a+rws: 6666 -> 666 ",
+        "fpunch 64k 64k on g+x,a+rws: 6676 -> 676 ",
+        "fzero 64k 64k on a+rw,g+rws: 2666 -> 666 ",
+        "-d pwrite -q 64k 4k on a+rws: 6666 -> 666 ",
+        "pwrite -q 64k 4k on a+rw,g+rws: 2666 -> 666 ",
+        "copy_range -s 0 -d 64k -l 4k src on a+rws: 6666 -> 666 ",
         "chattr moved ctime",
         "chattr -a moved ctime",
         "g after setfacl outside the group: 777",

@@ -336,6 +336,18 @@ impl UbtrfsFs {
         Ok(!fsetid && !self.caller_in_group(req, &groups, item.gid.get()))
     }
 
+    /// `file_modified` for a request that changes `id`'s data without carrying the
+    /// kernel's decision on the set-user-ID bits (fallocate, copy_file_range): a caller
+    /// without CAP_FSETID takes them (ours to take under FUSE_HANDLE_KILLPRIV_V2). The
+    /// kernel's cached mode is told: it keeps set-group-ID, or both bits, otherwise.
+    fn file_modified(&self, req: &Request, id: InodeId) -> Result<()> {
+        if let Some(m) = self.mode_without_privs(req, id)? {
+            self.engine.setattr(id, &SetAttr { mode: Some(m), ..SetAttr::default() })?;
+            self.invalidate_attrs(id);
+        }
+        Ok(())
+    }
+
     fn new_attrs(&self, req: &Request, dir: &InodeItem, mode: u32) -> InodeAttrs {
         let uid = IdMap::store(self.opts.uid, req.uid());
         let gid = IdMap::store(self.opts.gid, req.gid());
@@ -790,9 +802,16 @@ impl fuser::Filesystem for UbtrfsFs {
         // Asked only for a set-group-ID file without group execute.
         let in_group = |g: u32| self.caller_in_group(req, &caller_creds(req.pid()).1, g);
         let opts = WriteOpts { kill_suidgid: write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID), in_group: Some(&in_group) };
-        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| self.engine.buffered_write_opts(h.file.id(), offset, data, opts));
+        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| self.engine.buffered_write_opts(h.file.id(), offset, data, opts).map(|()| h.file.id()));
         match r {
-            Ok(()) => reply.written(data.len() as u32),
+            Ok(id) => {
+                // The kernel's cached mode keeps what it thinks stays (set-group-ID
+                // without group execute): tell it what the write took.
+                if opts.kill_suidgid {
+                    self.invalidate_attrs(id);
+                }
+                reply.written(data.len() as u32)
+            }
             Err(e) => reply.error(self.fail("write", &e)),
         }
     }
@@ -999,11 +1018,7 @@ impl fuser::Filesystem for UbtrfsFs {
     fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         let r = self.id(ino).and_then(|id| {
             self.writable()?;
-            // file_modified: a caller without CAP_FSETID takes the set-user-ID bits
-            // (ours to take under FUSE_HANDLE_KILLPRIV_V2).
-            if let Some(m) = self.mode_without_privs(req, id)? {
-                self.engine.setattr(id, &SetAttr { mode: Some(m), ..SetAttr::default() })?;
-            }
+            self.file_modified(req, id)?;
             self.engine.fallocate(id, mode as u32, offset, length)
         });
         match r {
@@ -1028,7 +1043,7 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1044,6 +1059,7 @@ impl fuser::Filesystem for UbtrfsFs {
         let r = (|| {
             self.writable()?;
             let (src, dst) = (self.handle(fh_in)?, self.handle(fh_out)?);
+            self.file_modified(req, dst.file.id())?;
             // One reply carries at most u32::MAX bytes; the caller loops for more.
             let len = len.min(u64::from(u32::MAX) / MAX_WRITE as u64 * MAX_WRITE as u64);
             if let Some(n) = self.engine.clone_for_copy(src.file.id(), offset_in, len, dst.file.id(), offset_out)? {
