@@ -1497,6 +1497,8 @@ for op in "falloc 64k 64k" "fpunch 64k 64k" "fzero 64k 64k" "pwrite -q 64k 4k" "
     echo "$op on $m: $before -> $(stat -c '%a %A' j/a)"
   done
 done
+echo data > o; chmod 644 o; chown daemon:daemon o
+for x in "" u+x "g+x,u-x" u+x; do chmod ug+s o; [ -n "$x" ] && chmod $x o; b=$(stat -c %A o); as_daemon xfs_io -d -c "pwrite -q 0 4k" o; echo "owner's direct write: $b -> $(stat -c %A o)"; done
 touch c; before=$(stat -c %z c); sleep 0.05; chattr +a c; after=$(stat -c %z c)
 [ "$before" != "$after" ] && echo "chattr moved ctime" || echo "chattr left ctime"
 chattr -a c; c2=$(stat -c %z c); [ "$after" != "$c2" ] && echo "chattr -a moved ctime" || echo "chattr -a left ctime"
@@ -1517,6 +1519,8 @@ mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
         "-d pwrite -q 64k 4k on a+rws: 6666 -> 666 ",
         "pwrite -q 64k 4k on a+rw,g+rws: 2666 -> 666 ",
         "copy_range -s 0 -d 64k -l 4k src on a+rws: 6666 -> 666 ",
+        "owner's direct write: -rwSr-Sr-- -> -rw-r-Sr--",
+        "owner's direct write: -rwSr-sr-- -> -rw-r-xr--",
         "chattr moved ctime",
         "chattr -a moved ctime",
         "g after setfacl outside the group: 777",
