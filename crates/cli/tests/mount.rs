@@ -1505,6 +1505,11 @@ chattr -a c; c2=$(stat -c %z c); [ "$after" != "$c2" ] && echo "chattr -a moved 
 touch g; chown daemon:root g; chmod 2755 g; stat -c "g %a" g
 as_daemon setfacl -m u::rwx,g::rwx,o::rwx g; stat -c "g after setfacl outside the group: %a" g
 as_daemon chmod 2777 g; stat -c "g after chmod outside the group: %a" g
+touch e; touch -d 2000-01-01 e; : > e
+[ "$(stat -c %Y e)" -gt 946771200 ] && echo "open(O_TRUNC) of an empty file moved mtime" || echo "open(O_TRUNC) of an empty file left mtime"
+printf abcd > t; touch -d 2000-01-01 t; python3 -c 'import os; os.truncate("t", 4)'
+[ "$(stat -c %Y t)" -gt 946771200 ] && echo "truncate(2) to its size moved mtime" || echo "truncate(2) to its size left mtime"
+python3 -c 'import os; os.truncate("e", 0)'; stat -c "truncate(2) of an empty file: %s" e
 printf data > r; touch -d 2000-01-01 r; cat r > /dev/null
 [ "$(stat -c %X r)" -gt 946771200 ] && echo "a read moved atime" || echo "a read left atime"
 mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
@@ -1526,6 +1531,8 @@ mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
         "g after setfacl outside the group: 777",
         "g after chmod outside the group: 777",
         "a read moved atime",
+        "open(O_TRUNC) of an empty file moved mtime",
+        "truncate(2) to its size left mtime",
         "a listing moved atime",
     ] {
         assert!(ours.contains(want), "missing {want:?} in:\n{ours}");

@@ -100,7 +100,14 @@ pub struct UbtrfsFs {
     pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// Wakes the mount's cleaner (a subvolume was deleted).
     cleaner: std::sync::mpsc::Sender<()>,
+    /// The last opens of regular files, as (caller's pid, inode), newest last, at most
+    /// `RECENT_OPENS`: see `truncating_open`.
+    recent_opens: Mutex<std::collections::VecDeque<(u32, InodeId)>>,
 }
+
+/// How many opens `recent_opens` remembers: an open(O_TRUNC)'s SETATTR follows its OPEN
+/// at once, from the same thread; 64 covers as many opens in flight in between.
+const RECENT_OPENS: usize = 64;
 
 fn now_or(t: TimeOrNow) -> TimeSet {
     match t {
@@ -190,6 +197,7 @@ impl UbtrfsFs {
             mountpoint,
             notifier,
             cleaner,
+            recent_opens: Mutex::new(std::collections::VecDeque::with_capacity(RECENT_OPENS)),
         }
     }
 
@@ -346,6 +354,27 @@ impl UbtrfsFs {
             self.invalidate_attrs(id);
         }
         Ok(())
+    }
+
+    /// Whether a SETATTR of size 0 alone, by the caller of `req`, on `id`, is the
+    /// truncation of an open(O_TRUNC). The kernel's btrfs moves mtime and ctime for one
+    /// also when the file is already empty (the VFS's handle_truncate asks for
+    /// ATTR_MTIME and ATTR_CTIME), where truncate(2) to the size a file has changes
+    /// nothing. Without the writeback cache the kernel's FUSE sends neither time, and
+    /// without FUSE_ATOMIC_O_TRUNC (see `open`) neither O_TRUNC, nor a file handle
+    /// (fuse_do_setattr drops it for ATTR_OPEN), so the two look alike; what tells
+    /// them apart is the OPEN of that inode by that caller just before. A truncate(2)
+    /// to 0 of an empty file by a process that has just opened it moves the times
+    /// too, which is the one difference left.
+    fn truncating_open(&self, req: &Request, id: InodeId) -> bool {
+        let mut opens = self.recent_opens.lock().expect("no panic while held");
+        match opens.iter().rposition(|&o| o == (req.pid(), id)) {
+            Some(i) => {
+                opens.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     fn new_attrs(&self, req: &Request, dir: &InodeItem, mode: u32) -> InodeAttrs {
@@ -647,6 +676,7 @@ impl fuser::Filesystem for UbtrfsFs {
             // A truncation by a caller without CAP_FSETID: `should_remove_suid`'s mode
             // (the kernel's FATTR_KILL_SUIDGID, which fuser does not pass on).
             let a = if size.is_some() && mode.is_none() { SetAttr { mode: self.mode_without_privs(req, id)?, ..a } } else { a };
+            let a = if size == Some(0) && _fh.is_none() && a.mtime.is_none() && self.truncating_open(req, id) { SetAttr { mtime: Some(TimeSet::Now), ..a } } else { a };
             self.engine.setattr(id, &a)?;
             self.getattr_node(ino, id)
         });
@@ -737,7 +767,7 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let r = self.id(ino).and_then(|id| {
             let acc = flags.0 & libc::O_ACCMODE;
             if acc != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
@@ -761,6 +791,13 @@ impl fuser::Filesystem for UbtrfsFs {
             // ETXTBSY), and a refused open(O_TRUNC) would still have emptied the file.
             // The kernel truncates through setattr once those checks pass.
             let f = self.engine.open_file_shared(id)?;
+            if acc != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+                let mut opens = self.recent_opens.lock().expect("no panic while held");
+                if opens.len() == RECENT_OPENS {
+                    opens.pop_front();
+                }
+                opens.push_back((req.pid(), id));
+            }
             Ok(self.add_handle(f, false))
         });
         match r {

@@ -280,11 +280,20 @@ impl Engine {
         // The size the file has is the page cache's when it knows one: a new size
         // moves mtime (btrfs_setsize), also when the trees' size already is the new
         // one (an open(O_TRUNC) of a file whose data is all dirty).
+        // The size it already has changes nothing, not even the times, also when the
+        // trees do not have it yet (data written and not yet written back): the size
+        // is left to writeback, and a truncate(2) asking nothing else is done.
         let mut a = *a;
         let cached = inode.mapping.pages.lock().i_size;
         if let (Some(new), Some(cur)) = (a.size, cached) {
             if new != cur && a.mtime.is_none() {
                 a.mtime = Some(crate::inode::attr::TimeSet::Now);
+            }
+            if new == cur {
+                a.size = None;
+                if a == crate::inode::attr::SetAttr::default() {
+                    return Ok(());
+                }
             }
         }
         let a = &a;
