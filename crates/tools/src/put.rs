@@ -542,25 +542,29 @@ fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64>
 }
 
 /// Remove `path` from the image (`ubtrfs rm`); directories need `recursive` unless empty.
+/// As `rm -r` on a kernel mount: the contents go first, depth first in directory
+/// order, then each directory's rmdir(2), which for a subvolume (now empty) deletes it
+/// as the kernel's `btrfs_rmdir` does (`FsWriter::rmdir`, `delete_subvol`): subvolumes
+/// nested anywhere below go the same way, an empty read-only snapshot goes, one with
+/// contents is EROFS at its first entry, and the default subvolume is EPERM. Unlike
+/// rm on a mount, a refusal part way leaves nothing removed: the caller commits
+/// nothing.
 ///
 /// # Errors
-/// `Posix` NotFound / IsDir / NotEmpty; engine errors.
+/// `Posix` NotFound / IsDir / NotEmpty / ReadOnly / NotPermitted; engine errors.
 pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     let (parent, name) = w.resolve_parent(path)?;
     let entry = w.live().lookup(parent, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes())))?;
-    let (ino, ftype) = (entry.target.ino, entry.ftype);
-    if entry.is_subvol && !entry.is_placeholder() {
-        return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", ubtrfs_core::quote::name(path.as_bytes()))));
-    }
+    let ftype = entry.ftype;
     if ftype == FT_DIR && !recursive && w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
         return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::name(path.as_bytes()), "use -r"));
     }
     let mut count = 0;
     if ftype == FT_DIR {
-        count += remove_dir_contents(w, InodeId { root: parent.root, ino }, path)?;
-        w.rmdir(parent.root, parent.ino, &name)?;
+        count += remove_dir_contents(w, entry.target, path)?;
+        w.rmdir(parent.root, parent.ino, &name).map_err(|e| removing(e, &name, path))?;
     } else {
-        w.unlink(parent.root, parent.ino, &name)?;
+        w.unlink(parent.root, parent.ino, &name).map_err(|e| removing(e, &name, path))?;
     }
     Ok(count + 1)
 }
@@ -570,18 +574,28 @@ fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64
     let mut count = 0;
     for e in entries {
         let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&e.name));
-        if e.is_subvol && !e.is_placeholder() {
-            return Err(Error::posix(PosixKind::Invalid, format!("{child_path} is a subvolume; deleting subvolumes is not supported yet")));
-        }
         if e.ftype == FT_DIR {
             count += remove_dir_contents(w, e.target, &child_path)?;
-            w.rmdir(dir.root, dir.ino, &e.name)?;
+            w.rmdir(dir.root, dir.ino, &e.name).map_err(|err| removing(err, &e.name, &child_path))?;
         } else {
-            w.unlink(dir.root, dir.ino, &e.name)?;
+            w.unlink(dir.root, dir.ino, &e.name).map_err(|err| removing(err, &e.name, &child_path))?;
         }
         count += 1;
     }
     Ok(count)
+}
+
+/// A refused unlink or rmdir of entry `name`, said of its image path `path` (as rm
+/// says "cannot remove 'k/ro/s': Read-only file system"): an error naming the entry
+/// names the path instead; any other (one naming the read-only subvolume, say) is
+/// said at the path. The path given on the command line names itself already.
+fn removing(e: Error, name: &[u8], path: &str) -> Error {
+    let shown = ubtrfs_core::quote::name(path.as_bytes()).into_owned();
+    match e {
+        Error::Posix { kind, path: p, detail } if p == ubtrfs_core::quote::name(name) => Error::Posix { kind, path: shown, detail },
+        Error::Posix { ref path, .. } if *path == shown => e,
+        e => e.at(shown),
+    }
 }
 
 #[cfg(test)]
