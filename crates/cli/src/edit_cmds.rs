@@ -287,9 +287,13 @@ pub fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
     a.open_writer()
 }
 
-/// Run the edits in one transaction: all land in one commit, or none does.
+/// Run the edits in one transaction: all land in one commit, or none does. Subvolumes
+/// an `rm` deleted (rmdir of an empty subvolume deletes it, as on the kernel) then
+/// have their trees dropped before the command returns, as `subvolume delete` does:
+/// the kernel's cleaner would do it soon after the rmdir.
 fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Result<()> {
     let mut w = open_writer(image)?;
+    let dead_before = if edits.iter().any(|(_, e)| matches!(e, Edit::Rm { .. })) { Some(w.dead_roots()?.len()) } else { None };
     let mut said = Vec::new();
     for (at, e) in edits {
         match edit::apply(&mut w, e) {
@@ -306,6 +310,10 @@ fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Re
         eprintln!("{s}");
     }
     eprintln!("{what}: {} change{} committed (generation {gen})", edits.len(), if edits.len() == 1 { "" } else { "s" });
+    if dead_before.is_some_and(|n| n < w.dead_roots().map(|d| d.len()).unwrap_or(0)) {
+        let e = ubtrfs_core::engine::Engine::from_writer(w);
+        crate::subvol_cmds::clean_saying(&e, &|line| eprintln!("{what}: {line}"))?;
+    }
     Ok(())
 }
 

@@ -231,8 +231,14 @@ fn sync(a: &WriteImageArgs) -> Result<()> {
     Ok(())
 }
 
-/// Drop every deleted subvolume's tree, with a spinner on a terminal.
+/// Drop every deleted subvolume's tree, with a spinner on a terminal; a line on stdout
+/// for each tree dropped.
 fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_snapshot::DropStats> {
+    clean_saying(e, &|line| println!("{line}"))
+}
+
+/// `clean`, saying each tree dropped through `say`.
+pub(crate) fn clean_saying(e: &ubtrfs_core::engine::Engine, say: &dyn Fn(&str)) -> Result<ubtrfs_core::extent::drop_snapshot::DropStats> {
     use std::io::IsTerminal;
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new_spinner();
@@ -243,7 +249,7 @@ fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_sn
     let st = e.clean_dead_roots(&mut |id, st| {
         if id != cur {
             if cur != 0 {
-                println!("dropped the tree of subvolume {cur}");
+                say(&format!("dropped the tree of subvolume {cur}"));
             }
             cur = id;
         }
@@ -257,7 +263,7 @@ fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_sn
         b.finish_and_clear();
     }
     if cur != 0 {
-        println!("dropped the tree of subvolume {cur}");
+        say(&format!("dropped the tree of subvolume {cur}"));
     }
     Ok(st)
 }

@@ -633,3 +633,61 @@ fn root_keeps_capabilities_acls_and_trusted_xattrs() {
     assert!(warnings.iter().any(|l| l.contains(&many) && l.contains(" of 40 xattrs not kept") && l.ends_with(" more")), "{err}");
     assert!(!err.contains("No space left"), "{err}");
 }
+
+/// A btrfs file larger than the destination allows (btrfs files reach 8 EiB; ext4 with
+/// 4 KiB blocks stops at 16 TiB) is skipped with a warning naming it and the host's
+/// EFBIG, the rest of the tree arrives intact, and the exit status is 2, as for any
+/// other loss. Measured with the kernel (6.18): `truncate -s 17T` on a btrfs mount
+/// makes the sparse file; `cp -a` of that mount onto ext4 says "failed to extend ...:
+/// File too large", leaves an empty file and goes on with the other files (exit 1).
+/// Nothing of the big files' data is read or written (the summary's byte count is
+/// the other files' bytes): the size is set before any data, and refused there.
+#[test]
+fn file_larger_than_the_destination_is_skipped() {
+    if !common::kernel_available("file_larger_than_the_destination_is_skipped") || !have_tools("file_larger_than_the_destination_is_skipped", &["mkfs.ext4"]) {
+        return;
+    }
+    let w = Work::new("efbig", Path::new("/dev/shm"));
+    let img = w.path("src.img");
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
+    let src = w.path("src");
+    let random: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    {
+        let m = Mounted::new(&["-t", "btrfs", "-o", "loop"], &img, &src);
+        let p = |s: &str| m.0.join(s);
+        std::fs::write(p("a"), b"hello\n").unwrap();
+        std::fs::create_dir(p("d")).unwrap();
+        std::fs::write(p("d/r"), &random).unwrap();
+        std::fs::hard_link(p("d/r"), p("r2")).unwrap();
+        std::fs::write(p("z"), b"world\n").unwrap();
+        run(Command::new("truncate").args(["-s", "17T"]).arg(p("huge")));
+        // Data at its start, then the same size: its 1 MiB must not be copied either.
+        std::fs::write(p("d/huge-data"), vec![7u8; 1 << 20]).unwrap();
+        run(Command::new("truncate").args(["-s", "17T"]).arg(p("d/huge-data")));
+    }
+    let e4 = w.path("e4.img");
+    std::fs::File::create(&e4).unwrap().set_len(64 << 20).unwrap();
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&e4));
+    let m4 = Mounted::new(&["-t", "ext4", "-o", "loop"], &e4, &w.path("e4"));
+    let dest = m4.0.join("out");
+    let o = out_of(bin().arg("extract").arg(&img).arg(&dest));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for rel in ["huge", "d/huge-data"] {
+        let line = format!("ubtrfs: warning: {}/{rel}: not created (file too large: its size, 18691697672192 bytes, is more than the destination holds in one file)", dest.display());
+        assert_eq!(err.lines().filter(|l| *l == line).count(), 1, "{rel}: want {line:?} in:\n{err}");
+        assert!(std::fs::symlink_metadata(dest.join(rel)).is_err(), "{rel} was left on the destination");
+    }
+    assert!(err.contains("extract: 2 files not created; see the warnings above"), "{err}");
+    let other_bytes = 6 + 300_000 + 6;
+    assert!(err.contains(&format!("extracted 3 files, 2 directories, 0 symlinks, 1 hard links, 0 special files, {other_bytes} bytes")), "{err}");
+    assert_eq!(std::fs::read(dest.join("a")).unwrap(), b"hello\n");
+    assert_eq!(std::fs::read(dest.join("d/r")).unwrap(), random);
+    assert_eq!(std::fs::read(dest.join("z")).unwrap(), b"world\n");
+    let (r, r2) = (std::fs::metadata(dest.join("d/r")).unwrap(), std::fs::metadata(dest.join("r2")).unwrap());
+    assert_eq!((r.ino(), r.nlink()), (r2.ino(), 2), "the hard link stays one");
+    // Only the small files' blocks are in use on the 64 MiB destination.
+    let used = String::from_utf8_lossy(&run(Command::new("du").args(["-s", "-B1"]).arg(&dest)).stdout).split_whitespace().next().unwrap().parse::<u64>().unwrap();
+    assert!(used < 1 << 20, "{used} bytes used under {}", dest.display());
+}

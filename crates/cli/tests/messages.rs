@@ -127,4 +127,5 @@ fn put_with_swapped_arguments_names_the_image() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("the image comes first") && err.contains(&img.display().to_string()), "{err}");
     assert!(std::fs::read(&img).unwrap() == before, "the image changed");
+    let _ = std::fs::remove_dir_all(&work);
 }

@@ -325,3 +325,204 @@ fn put_on_a_raid1_image_needs_every_device() {
     }
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// A put that does not fit (100 MiB of data onto a 128 MiB image with some 47 MiB of
+/// data space) is refused with ENOSPC naming the image path the user gave (`/big`,
+/// `/dir/big`, `/dir/tree/big` inside a recursive copy), not an inode number, with the
+/// bytes needed and free; the image stays byte-identical, `btrfs check` finds it clean,
+/// the kernel mounts it with the earlier files intact, and a put that fits still
+/// works. Measured on the kernel (6.18), same image size: `cp` of a 200 MiB file
+/// writes 46 MiB, then "cp: error writing 'k/big': No space left on device"; nothing
+/// goes to the kernel log, and the partial file stays. Ours is one transaction:
+/// refused before anything of it is committed.
+#[test]
+fn put_that_does_not_fit_names_the_path_and_changes_nothing() {
+    if !root_with_kernel() {
+        return;
+    }
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let work = base.join(format!("ubtrfs-enospc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(work.join("mnt")).unwrap();
+    let img = work.join("img");
+    std::fs::File::create(&img).unwrap().set_len(128 << 20).unwrap();
+    run(Command::new("mkfs.btrfs").arg("-q").arg("-f").arg(&img));
+    let small = cmd::pseudo_random(1, 1 << 20);
+    std::fs::write(work.join("small"), &small).unwrap();
+    std::fs::create_dir_all(work.join("d")).unwrap();
+    std::fs::write(work.join("d/a"), b"in the directory\n").unwrap();
+    run(bin().arg("put").arg(&img).arg(work.join("small")).arg("/small"));
+    run(bin().arg("put").arg("-r").arg(&img).arg(work.join("d")).arg("/dir"));
+    std::fs::write(work.join("big"), cmd::pseudo_random(2, 100 << 20)).unwrap();
+    std::fs::create_dir_all(work.join("tree")).unwrap();
+    std::fs::write(work.join("tree/first"), b"fits\n").unwrap();
+    std::fs::hard_link(work.join("big"), work.join("tree/big")).unwrap();
+    let before = sha256(&img);
+    let refused: [(&[&str], &str); 3] = [(&["BIG", "/big"], "/big"), (&["BIG", "/dir"], "/dir/big"), (&["-r", "TREE", "/dir"], "/dir/tree/big")];
+    for (args, named) in refused {
+        let mut c = bin();
+        c.arg("put").arg(&img);
+        for a in args {
+            match *a {
+                "BIG" => c.arg(work.join("big")),
+                "TREE" => c.arg(work.join("tree")),
+                a => c.arg(a),
+            };
+        }
+        let err = cmd::fails(&mut c);
+        let want = format!("ubtrfs: error: {named}: no space left on device (104857600 bytes of data space are needed, ");
+        assert!(err.starts_with(&want) && err.contains(" are free") && err.lines().count() == 1, "{args:?}: want {want:?}...: {err}");
+        assert!(!err.contains("root=") && !err.contains("ino="), "{args:?}: {err}");
+        assert_eq!(sha256(&img), before, "{args:?}: a refused put changed the image");
+    }
+    run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
+    run(bin().arg("put").arg(&img).arg(work.join("tree/first")).arg("/after"));
+    run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
+    let mnt = work.join("mnt");
+    run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
+    let seen = (std::fs::read(mnt.join("small")), std::fs::read(mnt.join("dir/a")), std::fs::read(mnt.join("after")));
+    let names: Vec<String> = std::fs::read_dir(&mnt).unwrap().chain(std::fs::read_dir(mnt.join("dir")).unwrap()).map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    umount(&mnt);
+    assert_eq!(seen.0.unwrap(), small);
+    assert_eq!(seen.1.unwrap(), b"in the directory\n");
+    assert_eq!(seen.2.unwrap(), b"fits\n");
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["a", "after", "dir", "small"], "nothing of the refused puts is there");
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The layout of `rm_r_of_subvolumes_matches_the_kernel`, made by the kernel on a
+/// fresh loop mount at `mnt`: subvolumes with nested ones (directly and below a
+/// directory), a directory holding one, a writable snapshot holding the placeholders
+/// of the subvolumes nested in its source, an empty read-only subvolume, read-only
+/// snapshots (one alone, one nested in a subvolume), and `top`, which becomes the
+/// default subvolume afterwards and holds `inner`.
+const SUBVOL_LAYOUT: &str = "
+    btrfs -q subvolume create sub; mkdir -p sub/d; head -c 200000 /dev/zero | tr '\\0' 'q' > sub/d/f
+    echo b > sub/g; ln -s g sub/l; ln sub/g sub/d/hard
+    btrfs -q subvolume create sub/nested; echo n > sub/nested/x
+    mkdir sub/e; btrfs -q subvolume create sub/e/deep; echo y > sub/e/deep/y
+    mkdir outer; btrfs -q subvolume create outer/in; echo o > outer/in/o; echo z > outer/z
+    btrfs -q subvolume snapshot sub subsnap
+    btrfs -q subvolume create emptyro; btrfs property set emptyro ro true
+    btrfs -q subvolume create src; echo s > src/s; btrfs -q subvolume snapshot -r src ro
+    btrfs -q subvolume create box; btrfs -q subvolume snapshot -r src box/snap
+    btrfs -q subvolume create top; echo t > top/t; btrfs -q subvolume create top/inner; mkdir top/inner/d; echo i > top/inner/d/i
+    mkdir keep; echo k > keep/k
+";
+
+/// Every path under `dir` with its type, mode, size, and contents or link target.
+fn tree_listing(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(dir.join(&rel)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        for n in names {
+            let r = rel.join(&n);
+            let p = dir.join(&r);
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let what = if md.is_dir() {
+                stack.push(r.clone());
+                String::new()
+            } else if md.file_type().is_symlink() {
+                std::fs::read_link(&p).unwrap().display().to_string()
+            } else {
+                format!("{:?}", std::fs::read(&p).unwrap().iter().fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b))))
+            };
+            out.push(format!("{} {:o} {} nlink={} {what}", r.display(), md.mode(), if md.is_dir() { 0 } else { md.len() }, if md.is_dir() { 0 } else { md.nlink() }));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `ubtrfs rm -r` of subvolumes does what `rm -r` does on a kernel mount, checked on
+/// two copies of one kernel-made layout, one changed by the kernel and one by ubtrfs,
+/// then both read by the kernel. Measured on the kernel (6.18), as root: rm -r
+/// removes a subvolume's contents depth first, and its rmdir(2) of each subvolume,
+/// empty by then, deletes it (`btrfs_rmdir` -> `btrfs_delete_subvolume`), so nested
+/// subvolumes go too, and the subvolumes below a plain directory; the placeholders in
+/// a snapshot of a subvolume that held others go as entries; an empty read-only
+/// subvolume is deleted by its rmdir; a read-only snapshot with contents refuses its
+/// first unlink with EROFS, and rm then leaves its parents alone; rmdir of the default
+/// subvolume is EPERM (its contents gone first; our paths start at the default
+/// subvolume, so no path names it). Where the kernel's rm stops part way it keeps what
+/// it removed; ubtrfs refuses the whole command, and the image stays as it was. Then
+/// `btrfs check` is clean, the deleted trees are dropped, and the kernel sees the same
+/// tree and subvolume list in both.
+#[test]
+fn rm_r_of_subvolumes_matches_the_kernel() {
+    if !root_with_kernel() {
+        return;
+    }
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let work = base.join(format!("ubtrfs-rmsubvol-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let mnt = work.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let (kimg, uimg) = (work.join("kernel.img"), work.join("ubtrfs.img"));
+    for img in [&kimg, &uimg] {
+        std::fs::File::create(img).unwrap().set_len(256 << 20).unwrap();
+        run(Command::new("mkfs.btrfs").args(["-q", "-f", "-U", "4d8e2f51-1b3a-4c7e-9a65-2f0b6c1d3e70"]).arg(img));
+        run(Command::new("mount").arg("-o").arg("loop").arg(img).arg(&mnt));
+        run(Command::new("sh").arg("-ec").arg(SUBVOL_LAYOUT).current_dir(&mnt));
+        umount(&mnt);
+    }
+    // (path, the error both give, or None). Paths are from the top-level subvolume.
+    let cases: [(&str, Option<&str>); 7] =
+        [("/sub", None), ("/outer", None), ("/subsnap", None), ("/emptyro", None), ("/ro", Some("read-only file system")), ("/box", Some("read-only file system")), ("/keep", None)];
+    run(Command::new("mount").arg("-o").arg("loop").arg(&kimg).arg(&mnt));
+    let mut kernel_said = Vec::new();
+    for (path, _) in cases {
+        let o = Command::new("rm").arg("-r").arg(mnt.join(&path[1..])).output().unwrap();
+        kernel_said.push((o.status.success(), String::from_utf8_lossy(&o.stderr).to_lowercase()));
+    }
+    umount(&mnt);
+    for ((path, want), (k_ok, k_err)) in cases.iter().zip(&kernel_said) {
+        let before = sha256(&uimg);
+        let o = bin().arg("rm").arg("-r").arg(&uimg).arg(path).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        match want {
+            None => {
+                assert!(*k_ok, "kernel rm -r {path}: {k_err}");
+                assert!(o.status.success(), "ubtrfs rm -r {path}: {err}");
+            }
+            Some(w) => {
+                assert!(!*k_ok && k_err.contains(w), "kernel rm -r {path}: want {w}: {k_err}");
+                assert!(!o.status.success() && err.contains(w), "ubtrfs rm -r {path}: want {w}: {err}");
+                assert!(err.starts_with(&format!("ubtrfs: error: {path}/")), "the error names the entry: {err}");
+                assert_eq!(sha256(&uimg), before, "a refused rm -r {path} changed the image");
+            }
+        }
+    }
+    // The default subvolume: paths start there, as a kernel mount without subvol=.
+    for img in [&kimg, &uimg] {
+        run(Command::new("mount").arg("-o").arg("loop").arg(img).arg(&mnt));
+        run(Command::new("btrfs").args(["subvolume", "set-default"]).arg(mnt.join("top")));
+        umount(&mnt);
+    }
+    run(Command::new("mount").arg("-o").arg("loop").arg(&kimg).arg(&mnt));
+    run(Command::new("rm").arg("-r").arg(mnt.join("inner")));
+    umount(&mnt);
+    let o = run(bin().arg("rm").arg("-r").arg(&uimg).arg("/inner"));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("dropped the tree of subvolume"), "the deleted trees are dropped before rm returns: {said}");
+    run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&uimg));
+    let deleted = run(bin().arg("subvolume").arg("list").arg("-d").arg(&uimg));
+    assert!(deleted.stdout.is_empty(), "trees left to drop: {}", String::from_utf8_lossy(&deleted.stdout));
+    let mut seen = Vec::new();
+    for img in [&kimg, &uimg] {
+        run(Command::new("mount").arg("-o").arg("loop,ro,subvolid=5").arg(img).arg(&mnt));
+        let list = String::from_utf8_lossy(&run(Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt)).stdout).into_owned();
+        let list: Vec<String> = list.lines().map(|l| l.split_whitespace().filter(|w| !w.chars().all(|c| c.is_ascii_digit())).collect::<Vec<_>>().join(" ")).collect();
+        seen.push((tree_listing(&mnt), list));
+        umount(&mnt);
+    }
+    assert_eq!(seen[0].1, seen[1].1, "subvolume lists differ (kernel, then ubtrfs)");
+    assert_eq!(seen[0].0, seen[1].0, "trees differ (kernel, then ubtrfs)");
+    assert!(seen[1].0.iter().any(|l| l.starts_with("top/t ")) && seen[1].0.iter().any(|l| l.starts_with("ro/s ")), "{:#?}", seen[1].0);
+    let _ = std::fs::remove_dir_all(&work);
+}

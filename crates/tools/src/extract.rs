@@ -17,9 +17,11 @@
 //! while its siblings go on. Every loss is a `Warning` naming the host path, counted in
 //! `ExtractStats`. `ExtractOptions::strict` instead stops at the first such error. What
 //! the *destination* cannot hold (owners when not root, xattrs it refuses) is a
-//! metadata warning, one line per object, and not a failure of the extraction. Errors
-//! of the destination itself (a full disk, an existing name) stop the extraction;
-//! a file left half-written by one is removed first.
+//! metadata warning, one line per object, and not a failure of the extraction. What it
+//! cannot create (a name it cannot hold, a file larger than it allows: EFBIG, found
+//! from the size before any data is written) is a loss, counted in `not_created`, and
+//! the rest goes on. Errors of the destination itself (a full disk, an existing name)
+//! stop the extraction; a file left half-written by one is removed first.
 //!
 //! Order of the metadata of one object, each step for a reason: create (private
 //! mode), data, the plain xattrs (while the file is still ours and writable: user.*
@@ -76,7 +78,7 @@ pub struct ExtractStats {
     /// Other objects not extracted because they could not be read.
     pub files_unreadable: u64,
     /// Objects the destination would not let us create (device nodes when not root,
-    /// names it cannot hold).
+    /// names it cannot hold, files larger than it allows).
     pub not_created: u64,
     /// Objects whose owner could not be given (usually: not root).
     pub owners_not_kept: u64,
@@ -546,15 +548,30 @@ fn extract_file(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &Inode
         }
     };
     let fd = f.as_ref().map(|f| f.as_raw_fd());
-    let copied = copy_data(ctx, fd, ino, damage, host).and_then(|bad| {
-        if let Some(fd) = fd {
-            // SAFETY: fd is open for writing.
-            if unsafe { libc::ftruncate(fd, ino.size() as libc::off_t) } != 0 {
-                return Err(Error::io(format!("cannot truncate {host}"), last_os_error()));
+    // The size first: a file larger than the destination takes (btrfs files reach
+    // 8 EiB, ext4's 16 TiB with 4 KiB blocks) is EFBIG here, before any data is read
+    // or written, and the rest of the tree goes on, as cp -a goes on past it ("failed
+    // to extend"). The data then goes below the size, into a sparse file.
+    let sized = match fd {
+        // SAFETY: fd is open for writing.
+        Some(fd) if unsafe { libc::ftruncate(fd, i64::try_from(ino.size()).unwrap_or(i64::MAX)) } != 0 => Err(last_os_error()),
+        _ => Ok(()),
+    };
+    let copied = match sized {
+        Err(err) if errno(&err) == libc::EFBIG => {
+            if let (Some(dfd), Some(f)) = (dfd, f) {
+                drop(f);
+                // SAFETY: valid fd and C string.
+                if unsafe { libc::unlinkat(dfd, cname.as_ptr(), 0) } != 0 {
+                    return Err(Error::io(format!("cannot remove the empty {host} after the destination refused its size"), last_os_error()));
+                }
             }
+            ctx.not_created(host, &format!("{}: its size, {} bytes, is more than the destination holds in one file", os_words(&err), ino.size()));
+            return Ok(false);
         }
-        Ok(bad)
-    });
+        Err(err) => Err(Error::io(format!("cannot truncate {host}"), err)),
+        Ok(()) => copy_data(ctx, fd, ino, damage, host),
+    };
     let bad = match copied {
         Ok(bad) => bad,
         Err(e) => {

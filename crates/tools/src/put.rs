@@ -233,7 +233,7 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
         Some(dir) => {
             for s in srcs {
                 let name = base_name(s)?;
-                put_one(w, s, dir, &name, &mut ctx)?;
+                put_one(w, s, dir, &name, &child_path(dest.as_bytes(), &name), &mut ctx)?;
             }
         }
         None => {
@@ -244,7 +244,7 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
                 return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()), "a trailing / names a directory, and the source is not one"));
             }
             let (parent, name) = w.resolve_parent(dest)?;
-            put_one(w, srcs[0], parent, &name, &mut ctx)?;
+            put_one(w, srcs[0], parent, &name, dest.trim_end_matches('/').as_bytes(), &mut ctx)?;
         }
     }
     Ok(ctx.stats)
@@ -266,13 +266,50 @@ pub fn put_contents(w: &mut FsWriter, src: &Path, dir: InodeId, opts: &PutOption
     }
     let md = seen.get(src).cloned().expect("prescan recorded the source directory");
     let mut ctx = Ctx { opts, stats: PutStats { expected_bytes: expected, ..PutStats::default() }, links: HashMap::new(), seen };
-    copy_dir_into(w, src, dir, &md, true, &mut ctx)?;
+    copy_dir_into(w, src, dir, &md, true, b"/", &mut ctx).map_err(|e| said_of(e, None, b"/"))?;
     Ok(ctx.stats)
 }
 
+/// The image path of entry `name` of the directory at image path `dir`.
+fn child_path(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = dir.to_vec();
+    if !p.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// An engine error met while `put` made the object at image path `at`, said of that
+/// path, which the user knows, rather than of an inode number they never saw: an error
+/// whose object is an inode (`root=5 ino=258`) other than the directory `parent` it
+/// goes into names `at` instead, and a refusal for want of space or quota that names
+/// no image path (metadata space, a chunk) is said `at` it. Errors of the objects
+/// inside a directory are said of their own paths already (the engine never names an
+/// image path: one starting with `/` was named here). (The kernel's write(2) says only
+/// ENOSPC, and cp names the file it was writing: "/big: no space left on device (N
+/// bytes of data space are needed, M are free, ...)".)
+fn said_of(e: Error, parent: Option<InodeId>, at: &[u8]) -> Error {
+    let here = ubtrfs_core::quote::name(at).into_owned();
+    match e {
+        Error::Posix { kind, path, detail } if inode_named(&path).is_some_and(|id| Some(id) != parent) => Error::Posix { kind, path: here, detail },
+        Error::Posix { kind: PosixKind::NoSpace | PosixKind::QuotaExceeded, ref path, .. } if !path.starts_with('/') => e.at(here),
+        e => e,
+    }
+}
+
+/// The inode `p` names when it is an inode's ids and nothing more (`root=R ino=I`, as
+/// `InodeId` prints).
+fn inode_named(p: &str) -> Option<InodeId> {
+    let (root, ino) = p.strip_prefix("root=")?.split_once(" ino=")?;
+    let number = |s: &str| s.bytes().all(|b| b.is_ascii_digit()).then(|| s.parse::<u64>().ok()).flatten();
+    Some(InodeId { root: number(root)?, ino: number(ino)? })
+}
+
 /// Copy the entries of host directory `src` (whose metadata is `md`) into `here`, then
-/// give `here` the source's owner, xattrs, mode and times.
-fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Metadata, set_mode: bool, ctx: &mut Ctx<'_>) -> Result<()> {
+/// give `here` the source's owner, xattrs, mode and times. `at` is `here`'s image path.
+#[allow(clippy::too_many_arguments)]
+fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Metadata, set_mode: bool, at: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
     let a = attrs(md, ctx.opts);
     let mut entries: Vec<_> = std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))?.collect::<std::result::Result<_, _>>().map_err(|e| io(src, "cannot read", e))?;
     // Byte order of the names, not the host's readdir order: the same tree gives the
@@ -280,7 +317,7 @@ fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Meta
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let n = e.file_name();
-        put_one(w, &e.path(), here, n.as_encoded_bytes(), ctx)?;
+        put_one(w, &e.path(), here, n.as_encoded_bytes(), &child_path(at, n.as_encoded_bytes()), ctx)?;
     }
     let chowned = set_owner(w, here, &a)?;
     copy_xattrs(w, src, here)?;
@@ -290,7 +327,13 @@ fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Meta
     Ok(())
 }
 
-fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
+/// Copy `src` as entry `name` of `parent`, whose image path is `at`; errors are said
+/// of `at`.
+fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
+    put_one_inner(w, src, parent, name, at, ctx).map_err(|e| said_of(e, Some(parent), at))
+}
+
+fn put_one_inner(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
     let md = match ctx.seen.get(src) {
         Some(m) => m.clone(),
         None => {
@@ -322,7 +365,7 @@ fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], ctx: &mut
                 (InodeId { root: parent.root, ino }, false)
             }
         };
-        return copy_dir_into(w, src, here, &md, set_mode, ctx);
+        return copy_dir_into(w, src, here, &md, set_mode, at, ctx);
     }
     if md.nlink() > 1 {
         // A hard link to an inode of another tree (across a subvolume boundary)
@@ -499,25 +542,29 @@ fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64>
 }
 
 /// Remove `path` from the image (`ubtrfs rm`); directories need `recursive` unless empty.
+/// As `rm -r` on a kernel mount: the contents go first, depth first in directory
+/// order, then each directory's rmdir(2), which for a subvolume (now empty) deletes it
+/// as the kernel's `btrfs_rmdir` does (`FsWriter::rmdir`, `delete_subvol`): subvolumes
+/// nested anywhere below go the same way, an empty read-only snapshot goes, one with
+/// contents is EROFS at its first entry, and the default subvolume is EPERM. Unlike
+/// rm on a mount, a refusal part way leaves nothing removed: the caller commits
+/// nothing.
 ///
 /// # Errors
-/// `Posix` NotFound / IsDir / NotEmpty; engine errors.
+/// `Posix` NotFound / IsDir / NotEmpty / ReadOnly / NotPermitted; engine errors.
 pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     let (parent, name) = w.resolve_parent(path)?;
     let entry = w.live().lookup(parent, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes())))?;
-    let (ino, ftype) = (entry.target.ino, entry.ftype);
-    if entry.is_subvol && !entry.is_placeholder() {
-        return Err(Error::posix(PosixKind::Invalid, format!("{} is a subvolume; deleting subvolumes is not supported yet", ubtrfs_core::quote::name(path.as_bytes()))));
-    }
+    let ftype = entry.ftype;
     if ftype == FT_DIR && !recursive && w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
         return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::name(path.as_bytes()), "use -r"));
     }
     let mut count = 0;
     if ftype == FT_DIR {
-        count += remove_dir_contents(w, InodeId { root: parent.root, ino }, path)?;
-        w.rmdir(parent.root, parent.ino, &name)?;
+        count += remove_dir_contents(w, entry.target, path)?;
+        w.rmdir(parent.root, parent.ino, &name).map_err(|e| removing(e, &name, path))?;
     } else {
-        w.unlink(parent.root, parent.ino, &name)?;
+        w.unlink(parent.root, parent.ino, &name).map_err(|e| removing(e, &name, path))?;
     }
     Ok(count + 1)
 }
@@ -527,18 +574,28 @@ fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64
     let mut count = 0;
     for e in entries {
         let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&e.name));
-        if e.is_subvol && !e.is_placeholder() {
-            return Err(Error::posix(PosixKind::Invalid, format!("{child_path} is a subvolume; deleting subvolumes is not supported yet")));
-        }
         if e.ftype == FT_DIR {
             count += remove_dir_contents(w, e.target, &child_path)?;
-            w.rmdir(dir.root, dir.ino, &e.name)?;
+            w.rmdir(dir.root, dir.ino, &e.name).map_err(|err| removing(err, &e.name, &child_path))?;
         } else {
-            w.unlink(dir.root, dir.ino, &e.name)?;
+            w.unlink(dir.root, dir.ino, &e.name).map_err(|err| removing(err, &e.name, &child_path))?;
         }
         count += 1;
     }
     Ok(count)
+}
+
+/// A refused unlink or rmdir of entry `name`, said of its image path `path` (as rm
+/// says "cannot remove 'k/ro/s': Read-only file system"): an error naming the entry
+/// names the path instead; any other (one naming the read-only subvolume, say) is
+/// said at the path. The path given on the command line names itself already.
+fn removing(e: Error, name: &[u8], path: &str) -> Error {
+    let shown = ubtrfs_core::quote::name(path.as_bytes()).into_owned();
+    match e {
+        Error::Posix { kind, path: p, detail } if p == ubtrfs_core::quote::name(name) => Error::Posix { kind, path: shown, detail },
+        Error::Posix { ref path, .. } if *path == shown => e,
+        e => e.at(shown),
+    }
 }
 
 #[cfg(test)]
