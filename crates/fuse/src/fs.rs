@@ -100,13 +100,14 @@ pub struct UbtrfsFs {
     pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// Wakes the mount's cleaner (a subvolume was deleted).
     cleaner: std::sync::mpsc::Sender<()>,
-    /// The last opens of regular files, as (caller's pid, inode), newest last, at most
-    /// `RECENT_OPENS`: see `truncating_open`.
-    recent_opens: Mutex<std::collections::VecDeque<(u32, InodeId)>>,
+    /// Writable opens not yet released, as (caller's pid, inode, file handle), newest
+    /// last, at most `RECENT_OPENS`: see `truncating_open`.
+    recent_opens: Mutex<std::collections::VecDeque<(u32, InodeId, u64)>>,
 }
 
 /// How many opens `recent_opens` remembers: an open(O_TRUNC)'s SETATTR follows its OPEN
-/// at once, from the same thread; 64 covers as many opens in flight in between.
+/// at once, from the same thread, before any release; 64 covers as many other opens in
+/// between.
 const RECENT_OPENS: usize = 64;
 
 fn now_or(t: TimeOrNow) -> TimeSet {
@@ -363,12 +364,13 @@ impl UbtrfsFs {
     /// nothing. Without the writeback cache the kernel's FUSE sends neither time, and
     /// without FUSE_ATOMIC_O_TRUNC (see `open`) neither O_TRUNC, nor a file handle
     /// (fuse_do_setattr drops it for ATTR_OPEN), so the two look alike; what tells
-    /// them apart is the OPEN of that inode by that caller just before. A truncate(2)
-    /// to 0 of an empty file by a process that has just opened it moves the times
-    /// too, which is the one difference left.
+    /// them apart is the OPEN of that inode by that caller just before, not yet
+    /// released. A truncate(2) to 0 of an empty file by a process that holds it open
+    /// for writing, from an open that truncated nothing yet, moves the times too:
+    /// the one difference left.
     fn truncating_open(&self, req: &Request, id: InodeId) -> bool {
         let mut opens = self.recent_opens.lock().expect("no panic while held");
-        match opens.iter().rposition(|&o| o == (req.pid(), id)) {
+        match opens.iter().rposition(|&(pid, i, _)| (pid, i) == (req.pid(), id)) {
             Some(i) => {
                 opens.remove(i);
                 true
@@ -453,6 +455,7 @@ impl UbtrfsFs {
     fn release_handle(&self, fh: FileHandle) -> Result<()> {
         let h = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
         let Some(h) = h else { return Ok(()) };
+        self.recent_opens.lock().expect("no panic while held").retain(|&(_, _, f)| f != fh.0);
         match Arc::try_unwrap(h) {
             Ok(h) => h.file.close(),
             // A request still using it: its drop closes it (errors are kept by the
@@ -791,14 +794,15 @@ impl fuser::Filesystem for UbtrfsFs {
             // ETXTBSY), and a refused open(O_TRUNC) would still have emptied the file.
             // The kernel truncates through setattr once those checks pass.
             let f = self.engine.open_file_shared(id)?;
-            if acc != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            let fh = self.add_handle(f, false);
+            if acc != libc::O_RDONLY {
                 let mut opens = self.recent_opens.lock().expect("no panic while held");
                 if opens.len() == RECENT_OPENS {
                     opens.pop_front();
                 }
-                opens.push_back((req.pid(), id));
+                opens.push_back((req.pid(), id, fh));
             }
-            Ok(self.add_handle(f, false))
+            Ok(fh)
         });
         match r {
             Ok(fh) => reply.opened(FileHandle(fh), FILE_OPEN),
