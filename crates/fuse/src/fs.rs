@@ -301,6 +301,95 @@ impl UbtrfsFs {
         }
     }
 
+    /// Reply to a lookup of `.` or `..` that leads to the mount's root: node id 1,
+    /// generation 0 (the kernel made its root inode with generation 0, checks a
+    /// handle's generation against that, and warns of any other). fuser takes the node
+    /// id from the attributes' `ino`, so this reply says 1 where the root's `st_ino`
+    /// is the top directory's own number; the attributes come with no validity, so the
+    /// next stat asks again (getattr) and shows the right one.
+    fn reply_root(&self, reply: ReplyEntry) {
+        match self.engine.getattr(self.map.top) {
+            Ok(ii) => reply.entry_with_ttls(&Duration::ZERO, &TTL, &self.attr_with_number(FuseIno::ROOT.0, &ii), Generation(0)),
+            Err(e) => reply.error(self.fail("lookup", &e)),
+        }
+    }
+
+    /// FUSE_LOOKUP of `.` in node `n`: the kernel's `fuse_get_dentry` decoding a file
+    /// handle (node id, generation) of an inode it does not hold. The reply is the
+    /// inode itself, counted as a lookup; the kernel then compares the generation we
+    /// give with the handle's and answers ESTALE when they differ (an inode number
+    /// used again), and turns our ENOENT for an inode that is gone into ESTALE.
+    /// Measured on a 6.18 kernel btrfs: open_by_handle_at after drop_caches opens a
+    /// file, a hard link, a directory, files in a subvolume and in a snapshot, and an
+    /// unlinked file still open (nlink 0); it is ESTALE for a file or directory
+    /// removed and no longer open, for a reused inode number (new generation), for
+    /// an inode of a deleted snapshot, and for a snapshot's subvolume placeholder.
+    fn lookup_dot(&self, n: INodeNo, reply: ReplyEntry) {
+        if n.0 == FuseIno::ROOT.0 {
+            return self.reply_root(reply);
+        }
+        let r = self.id(n).and_then(|id| {
+            // A placeholder is not found, as on the kernel's btrfs, whose handle of
+            // one names objectid 2, which has no inode item (measured: ESTALE). Its
+            // number is only this mount's, too: after a remount it may be another
+            // entry's. The root is node id 1 alone, so its encoded number is not one.
+            if id == self.map.top || id.is_placeholder() {
+                return Err(Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no inode a file handle can name has this FUSE number"));
+            }
+            self.engine.lookup_inode(id)?;
+            self.getattr_of(id).inspect_err(|_| {
+                let _ = self.engine.forget(id, 1);
+            })
+        });
+        match r {
+            Ok((attr, generation)) => reply.entry(&TTL, &attr, Generation(generation)),
+            Err(e) => reply.error(self.fail("lookup", &e)),
+        }
+    }
+
+    /// FUSE_LOOKUP of `..` in directory node `n`: the kernel's `fuse_get_parent`,
+    /// walking a decoded directory up to the mount's root (`reconnect_path`). The
+    /// reply is the directory holding it, as `btrfs_get_parent` finds it: its
+    /// INODE_REF's parent, or for a subvolume's top directory the directory that
+    /// names it (ROOT_BACKREF); a placeholder's is the directory its entry is in. The
+    /// mount's root is its own parent: the walk ends there. ENOENT (the kernel's
+    /// ESTALE) where nothing holds the directory: the top-level tree's top when the
+    /// mount shows a subvolume, a deleted subvolume.
+    fn lookup_dotdot(&self, n: INodeNo, reply: ReplyEntry) {
+        let r = self.id(n).and_then(|id| {
+            if n.0 == FuseIno::ROOT.0 || id == self.map.top {
+                return Ok(None);
+            }
+            let parent = if Placeholders::is_placeholder_number(n.0) {
+                self.placeholders.parent(FuseIno(n.0))?
+            } else {
+                if self.engine.getattr(id)?.mode.get() & S_IFMT != S_IFDIR {
+                    return Err(Error::posix(PosixKind::NotDir, id.to_string()));
+                }
+                // A directory's parent cannot go while it holds the directory; a
+                // rename racing with this may move `id` away and let the old parent
+                // go, and then getattr below fails (ENOENT: ESTALE) or the kernel's
+                // reconnect finds no name for `id` there (ESTALE), as it would race on
+                // any filesystem.
+                self.engine.read(|v| v.lookup_parent(id))?.ok_or_else(|| Error::posix_detail(PosixKind::NotFound, id.to_string(), "no directory holds it"))?
+            };
+            if parent == self.map.top {
+                return Ok(None);
+            }
+            self.engine.count_lookups(parent, 1);
+            self.getattr_of(parent)
+                .inspect_err(|_| {
+                    let _ = self.engine.forget(parent, 1);
+                })
+                .map(Some)
+        });
+        match r {
+            Ok(None) => self.reply_root(reply),
+            Ok(Some((attr, generation))) => reply.entry(&TTL, &attr, Generation(generation)),
+            Err(e) => reply.error(self.fail("lookup", &e)),
+        }
+    }
+
     /// The attributes a new inode made by `req` in `dir` gets.
     /// Whether the caller of `req`, with supplementary groups `groups`, is in stored
     /// group `gid` (`in_group_p`: its group or a supplementary one, through the gid=
@@ -585,6 +674,11 @@ impl fuser::Filesystem for UbtrfsFs {
         // and chown (see write and setattr), and in exchange the kernel stops asking
         // for security.capability before every write (it marks inodes S_NOSEC): one
         // request per write instead of two.
+        // FUSE_EXPORT_SUPPORT: file handles (name_to_handle_at, open_by_handle_at, an
+        // NFS export) decode also when the kernel no longer holds the inode: it asks
+        // us with lookups of `.` and `..` (see `lookup_dot`). Without it the kernel
+        // answers ESTALE for every inode it has evicted. Node ids are fixed by (tree,
+        // objectid), so handles stay valid across remounts, as btrfs's own do.
         for cap in [
             fuser::InitFlags::FUSE_DO_READDIRPLUS,
             fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
@@ -592,6 +686,7 @@ impl fuser::Filesystem for UbtrfsFs {
             fuser::InitFlags::FUSE_POSIX_ACL,
             fuser::InitFlags::FUSE_DONT_MASK,
             fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            fuser::InitFlags::FUSE_EXPORT_SUPPORT,
         ] {
             let _ = config.add_capabilities(cap);
         }
@@ -604,6 +699,13 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // The VFS resolves `.` and `..` itself; the kernel sends them only to decode
+        // file handles (no btrfs directory holds such names).
+        match name.as_bytes() {
+            b"." => return self.lookup_dot(parent, reply),
+            b".." => return self.lookup_dotdot(parent, reply),
+            _ => {}
+        }
         let r = self.id(parent).and_then(|dir| Ok((dir, self.engine.lookup(dir, name_of(name))?)));
         match r {
             Ok((dir, Some(e))) => match self.getattr_entry(dir, &e) {

@@ -107,7 +107,8 @@ pub struct Placeholders {
 #[derive(Default)]
 struct PlaceholderTable {
     by_entry: std::collections::HashMap<(u64, u64, u64), u64>,
-    tree_of: std::collections::HashMap<u64, u64>,
+    /// The directory each number's entry is in.
+    dir_of: std::collections::HashMap<u64, InodeId>,
 }
 
 /// Node ids per tree slot for placeholders: objectids 3..=255.
@@ -137,7 +138,7 @@ impl Placeholders {
         let n = (slot << INO_BITS) | (3 + k % PLACEHOLDERS_PER_SLOT);
         debug_assert!(Self::is_placeholder_number(n), "{n:#x}");
         t.by_entry.insert((dir.root, dir.ino, subvol), n);
-        t.tree_of.insert(n, dir.root);
+        t.dir_of.insert(n, dir);
         Ok(FuseIno(n))
     }
 
@@ -146,8 +147,17 @@ impl Placeholders {
     /// # Errors
     /// `Posix(NotFound)` for a number never handed out.
     pub fn id(&self, n: FuseIno) -> Result<InodeId> {
+        Ok(InodeId::placeholder(self.parent(n)?.root))
+    }
+
+    /// The directory holding the placeholder entry node id `n` names (its `..`).
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for a number never handed out: also every placeholder's
+    /// number from before a remount, as the numbers are handed out anew.
+    pub fn parent(&self, n: FuseIno) -> Result<InodeId> {
         let t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        t.tree_of.get(&n.0).map(|&root| InodeId::placeholder(root)).ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no placeholder has this FUSE number"))
+        t.dir_of.get(&n.0).copied().ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no placeholder has this FUSE number"))
     }
 }
 
@@ -195,6 +205,8 @@ mod tests {
         }
         assert_eq!(p.id(a).unwrap(), InodeId::placeholder(258));
         assert_eq!(p.id(c).unwrap(), InodeId::placeholder(259));
+        assert_eq!(p.parent(b).unwrap(), InodeId { root: 258, ino: 256 });
+        assert_eq!(p.parent(c).unwrap(), InodeId { root: 259, ino: 300 });
         // No inode's number is a placeholder's.
         for id in [InodeId { root: 5, ino: 256 }, InodeId { root: 258, ino: 257 }, InodeId { root: 300, ino: (1 << 44) - 1 }] {
             assert!(!Placeholders::is_placeholder_number(m.to_fuse(id).unwrap().0), "{id}");
@@ -205,6 +217,7 @@ mod tests {
             assert!(Placeholders::is_placeholder_number(n.0));
         }
         assert!(p.id(FuseIno(3 + 252 + (5 << 44))).is_err());
+        assert!(p.parent(FuseIno(3 + 252 + (5 << 44))).is_err());
     }
 
     #[test]

@@ -378,6 +378,27 @@ impl Engine {
         Ok(e)
     }
 
+    /// Look inode `id` itself up (FUSE's lookup of `.`, which the kernel sends to
+    /// decode a file handle of an inode it no longer holds) and count one lookup. What
+    /// `btrfs_get_dentry` would not find is gone: no INODE_ITEM, an inode with no name
+    /// left that is not in use (an orphan waiting for its removal), or an inode of a
+    /// deleted subvolume (ROOT_ITEM refs 0, which `btrfs_get_fs_root` refuses).
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for an inode that is gone; read failures.
+    pub fn lookup_inode(&self, id: InodeId) -> Result<()> {
+        let inode = self.info().inodes.get(id);
+        // Under the inode's lock, as `open_inode`: an unlink of its last name comes
+        // wholly before (and then it is gone unless in use) or after (and sees it in use).
+        let _g = read_lock(&inode);
+        let (refs, nlink) = self.read(|live| Ok((crate::tree::search::TreeView::read_root(live, id.root)?.1.refs.get(), live.load_inode(id, Load::ITEM)?.nlink())))?;
+        if refs == 0 || (nlink == 0 && !inode.in_use()) {
+            return Err(Error::posix_detail(PosixKind::NotFound, id.to_string(), "the inode is unlinked or its subvolume deleted"));
+        }
+        inode.get_lookups(1);
+        Ok(())
+    }
+
     /// Inode `id`'s attributes (its INODE_ITEM) as the live view shows them. The first
     /// call reads the item and keeps it in the in-memory inode; later calls read no tree
     /// while the inode stays cached (the writer keeps the copy current).

@@ -394,6 +394,36 @@ pub trait FsRead: TreeView + Sized {
         Ok(None)
     }
 
+    /// The directory that holds directory `dir`, as `btrfs_get_parent` finds it: the
+    /// parent its INODE_REF names, or, for a subvolume's top directory, the directory
+    /// its ROOT_BACKREF names in the parent tree. None for the top-level tree's top
+    /// directory (nothing holds it) and for a subvolume whose back reference is gone
+    /// (deleted); a directory has one INODE_REF, the last one is taken as the kernel
+    /// takes it.
+    ///
+    /// # Errors
+    /// `Posix(NotFound)` for an unknown tree; `Corrupt`/`Io` from the searches.
+    fn lookup_parent(&self, dir: InodeId) -> Result<Option<InodeId>> {
+        let (tree, key) = if dir.ino == FIRST_FREE_OBJECTID {
+            if dir.root == FS_TREE_OBJECTID {
+                return Ok(None);
+            }
+            (self.tree_root(), Key::new(dir.root, ROOT_BACKREF_KEY, u64::MAX))
+        } else {
+            (self.fs_root(dir.root)?, Key::new(dir.ino, INODE_REF_KEY, u64::MAX))
+        };
+        let Some(item) = self.search_le(&tree, &key)? else { return Ok(None) };
+        let k = item.key();
+        if k.objectid != key.objectid || k.type_ != key.type_ {
+            return Ok(None);
+        }
+        if k.type_ == ROOT_BACKREF_KEY {
+            let r = items::root_ref(item.data()).expect("validated by the tree checker");
+            return Ok(Some(InodeId { root: k.offset, ino: r.dirid }));
+        }
+        Ok(Some(InodeId { root: dir.root, ino: k.offset }))
+    }
+
     /// Read a symlink's target.
     ///
     /// # Errors
