@@ -65,7 +65,9 @@ fn open_handle(mount: &Path, h: &Handle, flags: i32) -> Result<OwnedFd, i32> {
     let m = std::fs::File::open(mount).unwrap();
     let mut h = h.clone();
     // SAFETY: as in `encode`; the mount's descriptor is open for the call.
-    let fd = unsafe { libc::open_by_handle_at(std::os::fd::AsRawFd::as_raw_fd(&m), (&raw mut h).cast(), flags) };
+    // O_CLOEXEC: the tests run in parallel, and a descriptor inherited by another
+    // test's child (a mount daemon, umount) would keep this mount busy.
+    let fd = unsafe { libc::open_by_handle_at(std::os::fd::AsRawFd::as_raw_fd(&m), (&raw mut h).cast(), flags | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
     }
