@@ -209,6 +209,45 @@ fn dirty_blocks_past_eof_truncate_every_ordered_extent() {
     assert_check(&s.path, "eof truncation");
 }
 
+/// Dirty blocks a truncation leaves past EOF in the straddling folio, and the size
+/// grown back over them before any writeback: they are a hole again, not blocks of
+/// zeros written as data. The kernel (6.18, 4 KiB folios) on the same calls (write
+/// 4 KiB at 18524, truncate to 3237, truncate to 227897, then sync) has one data
+/// extent, the block its truncation zeroed at 0, and holes after it. The through-the-
+/// mount differential soak found ours writing 16384..24576 as zeros.
+#[test]
+fn size_grown_over_truncated_dirty_blocks_is_a_hole() {
+    if !mkfs_tools("size_grown_over_truncated_dirty_blocks_is_a_hole") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-regrow", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    // Both ways of growing: truncate up, and a write past EOF.
+    let (f, g) = (create(&e, "truncated-up"), create(&e, "written-past"));
+    for &x in &[f, g] {
+        e.buffered_write(x, 18524, &[7u8; 4096]).expect("write");
+        e.setattr(x, &SetAttr { size: Some(3237), ..Default::default() }).expect("truncate down");
+    }
+    e.setattr(f, &SetAttr { size: Some(227_897), ..Default::default() }).expect("truncate up");
+    e.buffered_write(g, 200_000, b"tail").expect("write past EOF");
+    e.check_page_cache_invariants();
+    e.sync().expect("sync");
+    let layout = |x: InodeId| -> Vec<(u64, u64)> {
+        let ext = e.read(|l| l.file_extents(x, 0, u64::MAX)).expect("extents");
+        ext.iter().filter(|x| matches!(x.kind, ExtentKind::Regular { disk_bytenr, .. } if disk_bytenr != 0)).map(|x| (x.file_offset, x.end())).collect()
+    };
+    assert_eq!(layout(f), [(0, 4096)], "truncated up: data only in the block the truncation zeroed");
+    assert_eq!(layout(g), [(0, 4096), (196_608, 200_704)], "written past EOF: the zeroed block and the written one");
+    assert_eq!(e.getattr(f).expect("getattr").nbytes.get(), 4096, "st_blocks counts one block");
+    let mut want = vec![0u8; 200_004];
+    want[200_000..].copy_from_slice(b"tail");
+    assert!(buffered_contents(&e, f) == vec![0u8; 227_897]);
+    assert!(buffered_contents(&e, g) == want);
+    drop(e);
+    assert!(read_image(&s.path, g) == want, "bytes on disk");
+    assert_check(&s.path, "size grown over truncated dirty blocks");
+}
+
 #[test]
 fn dirty_limit_makes_writers_write_back() {
     if !mkfs_tools("dirty_limit_makes_writers_write_back") {

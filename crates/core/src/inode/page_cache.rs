@@ -18,7 +18,8 @@
 //! - A truncation drops the folios wholly past the new size and zeroes the straddling
 //!   folio past it, keeping its dirty bits (a folio is not split, as in the kernel):
 //!   writeback then meets dirty blocks past EOF and truncates their ordered extents
-//!   (`writeback`, invariant 4 of the reference's §5.4).
+//!   (`writeback`: no ordered extent past round_up(i_size) becomes a file extent
+//!   item). If the size grows back first, those blocks are clean again (a hole).
 //! - Every other change to a file's extents through the engine (direct writes,
 //!   fallocate, punch, zero range) first writes the inode back and then drops the
 //!   cached folios of the range it changes (`Engine::invalidate_for_change`), so the
@@ -1024,7 +1025,7 @@ impl Engine {
                 self.dirty_eof_block(id, &inode, pc, ii.flags.get(), size)?;
             }
             if end > size {
-                self.size_grew(&inode, pc, ii.flags.get(), size, end);
+                self.size_grew(pc, size, end);
             }
             let mut cur = offset;
             while cur < end {
@@ -1042,8 +1043,8 @@ impl Engine {
                 // Blocks about to become dirty over a hole are new (st_blocks counts
                 // them now): past the allocated end every block is a hole, below it the
                 // extent maps tell (`btrfs_find_new_delalloc_bytes`). A block dirty
-                // already has its state (blocks a truncation left dirty past EOF got
-                // theirs from `size_grew` above).
+                // already has its state (blocks a truncation left dirty past EOF are
+                // clean again after `size_grew` above).
                 let holes = if pc.has_clean_block(fstart, a, z) { self.holes_in(&inode, pc, ii.flags.get(), a, z)? } else { Vec::new() };
                 let f = pc.folios.get_mut(&fstart).expect("inserted above");
                 f.last_use = self.pages.next_tick();
@@ -1361,7 +1362,6 @@ impl Engine {
         if !self.pages.registry().contains_key(&inode.id) {
             return;
         }
-        let flags = inode.attrs().map_or(0, |a| a.flags.get());
         with_cache(self, inode, |pc| {
             let old = pc.i_size.unwrap_or(0);
             // Growing, the trees wrote the block holding their old end (zeros past
@@ -1377,14 +1377,32 @@ impl Engine {
             pc.i_size = Some(size);
             pc.disk_i_size = size;
             pc.new_from = pc.new_from.min(size);
-            self.size_grew(inode, pc, flags, old, size);
+            self.size_grew(pc, old, size);
         });
     }
 
     /// The size went from `old` up to `size`: blocks a truncation left dirty past the
-    /// old EOF are inside the file again, and their writeback will write them, so
-    /// those over holes become new. (A failed lookup leaves them uncounted until
-    /// writeback: only st_blocks is off meanwhile.)
+    /// old EOF (zeros, see `truncate`) are inside the file again. The trees hold a hole
+    /// there, which reads the same zeros, so they are clean again rather than written
+    /// as data: the kernel here (4 KiB folios, which truncation drops whole) leaves a
+    /// hole too, as SEEK_DATA and st_blocks show. A writeback between the truncation
+    /// and the growth has already ended them (their ordered extents truncated).
+    fn size_grew(&self, pc: &mut PageCacheInner, old: u64, size: u64) {
+        let bs = u64::from(self.info().sectorsize);
+        let (a, z) = (old.div_ceil(bs) * bs, size.div_ceil(bs) * bs);
+        if a >= z {
+            return;
+        }
+        // Only the folio that straddled the old EOF can hold such blocks.
+        let Some((_, f)) = pc.folios.range_mut(..a).next_back() else { return };
+        if f.end() <= a {
+            return;
+        }
+        let (b0, b1) = (f.block_of(a), ((z.min(f.end()) - f.start) / bs) as u32);
+        debug_assert!(f.new.find_next(b0, true) >= b1, "blocks past the old EOF {old} are not new");
+        pc.dirty_blocks -= u64::from(f.dirty.clear_range(b0, b1 - b0));
+    }
+
     /// Zero the block holding EOF `size` (not block-aligned) from `size` on and make it
     /// dirty, with its old bytes below `size` (`btrfs_truncate_block` of a write past
     /// EOF; see `buffered_write_opts`).
@@ -1402,22 +1420,5 @@ impl Engine {
         pc.mark_dirty(fstart, b, bsz);
         pc.mark_new(&holes);
         Ok(())
-    }
-
-    fn size_grew(&self, inode: &Arc<Inode>, pc: &mut PageCacheInner, flags: u64, old: u64, size: u64) {
-        let bs = u64::from(self.info().sectorsize);
-        let (a, z) = (old.div_ceil(bs) * bs, size.div_ceil(bs) * bs);
-        if a >= z {
-            return;
-        }
-        // Only the folio that straddled the old EOF can hold such blocks.
-        let Some((_, f)) = pc.folios.range(..a).next_back() else { return };
-        if f.end() <= a || f.dirty.find_next(f.block_of(a), true) >= f.nblocks() {
-            return;
-        }
-        let z = z.min(f.end());
-        if let Ok(holes) = self.holes_in(inode, pc, flags, a, z) {
-            pc.mark_new(&holes);
-        }
     }
 }
