@@ -248,6 +248,34 @@ fn size_grown_over_truncated_dirty_blocks_is_a_hole() {
     assert_check(&s.path, "size grown over truncated dirty blocks");
 }
 
+/// Space freed in the running transaction serves the next fallocate: the kernel
+/// flushes and commits before its ENOSPC (6.18 on a 2 GiB image: fallocate 1 GiB,
+/// truncate the file to 100 bytes and remove it, four times over: every one
+/// succeeds; fstests generic/213). Ours refused the second one until the next commit.
+#[test]
+fn fallocate_after_a_removal_uses_the_space_it_freed() {
+    if !mkfs_tools("fallocate_after_a_removal_uses_the_space_it_freed") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-falloc-again", 512 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let free = e.statfs().expect("statfs");
+    let big = free.bavail * u64::from(free.bsize) * 6 / 10 / 4096 * 4096;
+    for round in 0..4 {
+        let f = create(&e, "ouch");
+        e.fallocate(f, 0, 0, big).unwrap_or_else(|err| panic!("round {round}: fallocate {big}: {err}"));
+        e.setattr(f, &SetAttr { size: Some(100), ..Default::default() }).expect("truncate");
+        e.unlink(5, 256, b"ouch").expect("unlink");
+    }
+    // Past what the filesystem holds it is still ENOSPC, naming the file.
+    let f = create(&e, "too-big");
+    let err = e.fallocate(f, 0, 0, free.blocks * u64::from(free.bsize) * 2).expect_err("fallocate of twice the filesystem");
+    assert_eq!(err.posix_kind(), Some(ubtrfs_core::error::PosixKind::NoSpace), "{err}");
+    e.commit().expect("commit");
+    drop(e);
+    assert_check(&s.path, "fallocate after removals");
+}
+
 #[test]
 fn dirty_limit_makes_writers_write_back() {
     if !mkfs_tools("dirty_limit_makes_writers_write_back") {
