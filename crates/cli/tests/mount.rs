@@ -1540,3 +1540,32 @@ mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
     assert_check(&uimg, "after the attribute script");
     let _ = std::fs::remove_dir_all(&s);
 }
+
+/// The XFS-style attribute ioctls (FS_IOC_FSGETXATTR, FS_IOC_FSSETXATTR, which
+/// `xfs_io chattr` and `lsattr` of xfs_io use) as on the kernel's btrfs: the common
+/// flags (immutable, append, sync, nodump, noatime) set and clear, the flags they
+/// cannot say stay, and what btrfs does not keep (filestream, DAX, project inherit, an
+/// extent size) is EOPNOTSUPP. Before, FSSETXATTR was EOPNOTSUPP for everything and
+/// FSGETXATTR showed nodump as noatime.
+#[test]
+fn fsxattr_ioctls_as_on_the_kernel() {
+    if !fuse_available("fsxattr_ioctls_as_on_the_kernel") {
+        return;
+    }
+    const SCRIPT: &str = r#"set -e
+cd "$1"
+touch z; chattr +C z
+for f in +a -a +i -i +d +S +A -d -S -A +e +x +s -s; do
+  out=$(xfs_io -r -c "chattr $f" z 2>&1) && rc=0 || rc=$?
+  echo "$f rc=$rc ${out#*: } $(lsattr z | cut -c1-22) $(xfs_io -r -c lsattr z | cut -c1-17)"
+done
+mkdir dd; out=$(xfs_io -r -c "chattr +P" dd 2>&1) || true; echo "dir +P ${out#*: } $(xfs_io -r -c lsattr dd | cut -c1-17)"
+"#;
+    let (s, _, uimg, ours, kernel) = same_script_on_both("fsxattr", "fsxattr", SCRIPT, "");
+    assert_eq!(ours, kernel, "xfs_io chattr/lsattr through the mount differ from the kernel's");
+    for want in ["+a rc=0  -----a---------C------ ---a-------------", "+d rc=0  ------d--------C------ ------d----------", "+x rc=1 cannot set flags on z: Operation not supported"] {
+        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
+    }
+    assert_check(&uimg, "after xfs_io chattr");
+    let _ = std::fs::remove_dir_all(&s);
+}

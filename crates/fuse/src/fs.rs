@@ -68,6 +68,7 @@ const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 /// FS_IOC_FSGETXATTR: `struct fsxattr` (28 bytes), which the kernel's fileattr code
 /// may ask for instead of the flags.
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 
 /// An open file or directory.
 struct Handle {
@@ -632,6 +633,26 @@ impl UbtrfsFs {
                 self.invalidate_attrs(id);
                 Ok(Vec::new())
             }
+            FS_IOC_FSSETXATTR => {
+                self.writable()?;
+                let x = in_data.get(..28).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, id.to_string(), "FS_IOC_FSSETXATTR without its struct fsxattr"))?;
+                let word = |i: usize| u32::from_le_bytes(x[i * 4..i * 4 + 4].try_into().expect("four bytes"));
+                // struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid,
+                // fsx_cowextsize. btrfs takes only the flags FS_IOC_SETFLAGS knows
+                // (btrfs_fileattr_set: EOPNOTSUPP for anything `fileattr_has_fsx`
+                // finds: other xflags, an extent size, a project id).
+                let (xflags, extsize, projid, cowextsize) = (word(0), word(1), word(3), word(4));
+                if xflags & !FS_XFLAG_COMMON != 0 || extsize != 0 || projid != 0 || cowextsize != 0 {
+                    return Err(Error::posix_detail(PosixKind::NotSupported, id.to_string(), "btrfs keeps no XFS attributes beyond the common inode flags"));
+                }
+                // vfs_fileattr_set: the flags fsxattr cannot say (nocow, compression,
+                // dirsync...) stay as they are.
+                let old = ubtrfs_core::inode::attr::fsflags_of(self.engine.getattr(id)?.flags.get());
+                let f = (old & !FS_COMMON_FL) | fs_flags_of_xflags(xflags);
+                self.engine.write_retrying(|w| w.set_fsflags(id.root, id.ino, f))?;
+                self.invalidate_attrs(id);
+                Ok(Vec::new())
+            }
             FS_IOC_FSGETXATTR => {
                 // struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid,
                 // fsx_cowextsize, 8 bytes of padding.
@@ -647,18 +668,22 @@ impl UbtrfsFs {
     }
 }
 
+/// (FS_*_FL, FS_XFLAG_*) pairs the kernel converts (`fileattr_fill_flags`,
+/// `fileattr_fill_xflags`): immutable, append, sync, nodump, noatime, DAX,
+/// project inherit.
+const FL_XFLAG_PAIRS: [(u32, u32); 7] = [(0x10, 0x8), (0x20, 0x10), (0x8, 0x20), (0x40, 0x80), (0x80, 0x40), (0x0200_0000, 0x8000), (0x2000_0000, 0x200)];
+/// FS_COMMON_FL and FS_XFLAG_COMMON: the flags both ioctls can say.
+const FS_COMMON_FL: u32 = 0x10 | 0x20 | 0x8 | 0x40 | 0x80 | 0x0200_0000 | 0x2000_0000;
+const FS_XFLAG_COMMON: u32 = 0x8 | 0x10 | 0x20 | 0x80 | 0x40 | 0x8000 | 0x200;
+
 /// FS_XFLAG_* for FS_*_FL flags (the kernel's `fileattr_fill_flags`).
 fn fs_xflags(fl: u32) -> u32 {
-    const PAIRS: [(u32, u32); 6] = [(0x10, 0x8), (0x20, 0x10), (0x8, 0x20), (0x40, 0x40), (0x80, 0x80), (0x4000_0000, 0x8000)];
-    // (FS_IMMUTABLE_FL, XFLAG_IMMUTABLE), (APPEND, APPEND), (SYNC, SYNC), (NODUMP,
-    // NODUMP), (NOATIME, NOATIME), (PROJINHERIT, PROJINHERIT).
-    let mut x = 0;
-    for (f, xf) in PAIRS {
-        if fl & f != 0 {
-            x |= xf;
-        }
-    }
-    x
+    FL_XFLAG_PAIRS.iter().filter(|(f, _)| fl & f != 0).fold(0, |x, (_, xf)| x | xf)
+}
+
+/// FS_*_FL flags for FS_XFLAG_* flags (the kernel's `fileattr_fill_xflags`).
+fn fs_flags_of_xflags(x: u32) -> u32 {
+    FL_XFLAG_PAIRS.iter().filter(|(_, xf)| x & xf != 0).fold(0, |f, (fl, _)| f | fl)
 }
 
 impl fuser::Filesystem for UbtrfsFs {
