@@ -375,7 +375,7 @@ impl UbtrfsFs {
     }
 
     pub(crate) fn writable(&self) -> Result<()> {
-        if self.opts.read_only {
+        if self.opts.is_read_only() {
             return Err(Error::posix(PosixKind::ReadOnly, "the mount is read-only"));
         }
         Ok(())
@@ -428,7 +428,7 @@ impl UbtrfsFs {
     }
 
     fn atime(&self, id: InodeId) {
-        if self.opts.read_only {
+        if self.opts.read_only || self.opts.state.remounted_ro() {
             return;
         }
         if let Err(e) = self.engine.file_accessed(id, self.opts.atime) {
