@@ -34,6 +34,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The tests of this file run one at a time: a namespace made while another test has
+/// a kernel mount would hold it for a moment after that test unmounts it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn available(test: &str) -> bool {
     kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3", "/usr/bin/unshare", "/usr/bin/nsenter", "/usr/bin/setpriv"])
 }
@@ -52,8 +60,12 @@ impl Ns {
         std::fs::create_dir_all(&up).unwrap();
         std::fs::create_dir_all(&work).unwrap();
         let exe = env!("CARGO_BIN_EXE_ubtrfs");
+        // The namespace starts with a copy of every mount there is, other tests' kernel
+        // and FUSE mounts too, which would then stay mounted after their own unmounts
+        // (a loop device held, a daemon kept): those are detached here at once.
+        let detach = r#"awk '{for(i=7;i<=NF;i++) if($i=="-"){t=$(i+1); s=$(i+2); break}; if (t ~ /^(btrfs|fuse)/ || s ~ /^\/dev\/loop/) print $5}' /proc/self/mountinfo | while read m; do umount -l "$m" 2>/dev/null || true; done"#;
         let mut script = format!(
-            "set -e; mount --make-rprivate /; mount -t overlay overlay -o lowerdir=/usr/sbin,upperdir={},workdir={} /usr/sbin; ln -sf {exe} /usr/sbin/mount.fuse.ubtrfs; ln -sf {exe} /usr/sbin/umount.fuse.ubtrfs; ",
+            "set -e; mount --make-rprivate /; {detach}; mount -t overlay overlay -o lowerdir=/usr/sbin,upperdir={},workdir={} /usr/sbin; ln -sf {exe} /usr/sbin/mount.fuse.ubtrfs; ln -sf {exe} /usr/sbin/umount.fuse.ubtrfs; ",
             up.display(),
             work.display()
         );
@@ -176,6 +188,7 @@ fn remount_read_only_and_back_through_mount8() {
     if !available("remount_read_only_and_back_through_mount8") {
         return;
     }
+    let _serial = serial();
     let d = scratch_in("mountopts", "remount");
     let img = d.join("img");
     let mnt = d.join("m");
@@ -272,6 +285,7 @@ fn dev_and_suid_as_mount_fuse3_makes_them() {
     if !available("dev_and_suid_as_mount_fuse3_makes_them") {
         return;
     }
+    let _serial = serial();
     let d = scratch_in("mountopts", "devsuid");
     let img = d.join("img");
     let mnt = d.join("m");
@@ -322,6 +336,7 @@ fn second_mount_shares_the_first_ones_daemon() {
     if !available("second_mount_shares_the_first_ones_daemon") {
         return;
     }
+    let _serial = serial();
     let d = scratch_in("mountopts", "twice");
     let img = d.join("img");
     let (m1, m2, m3) = (d.join("m1"), d.join("m2"), d.join("m3"));
@@ -408,6 +423,7 @@ fn rootless_mount_and_the_causes_of_its_refusals() {
     if !available("rootless_mount_and_the_causes_of_its_refusals") {
         return;
     }
+    let _serial = serial();
     let Some(uid) = rootless_user("rootless_mount_and_the_causes_of_its_refusals") else { return };
     let d = scratch_in("mountopts", "rootless");
     let home = d.join("home");
@@ -490,6 +506,7 @@ fn atime_moves_at_reads_as_the_kernel_moves_it() {
     if !available("atime_moves_at_reads_as_the_kernel_moves_it") {
         return;
     }
+    let _serial = serial();
     let d = scratch_in("mountopts", "atime");
     let img = d.join("img");
     let (mnt, k) = (d.join("m"), d.join("k"));
