@@ -8,6 +8,14 @@
 //! the child that serves the mount is the only process with threads; the parent waits
 //! for the child to say the mount is ready (or why it failed) on a pipe, and exits
 //! with that outcome, as mount(8) expects of a helper.
+//!
+//! Two things do not start a daemon. `-o remount,...` (mount(8) runs the helper for a
+//! remount of a `fuse.ubtrfs` mount, with the mount's options merged in) changes the
+//! running mount with mount(2) `MS_REMOUNT`, as root only. And a mount of an image a
+//! ubtrfs daemon already serves is, as root, a bind mount of its mount: the kernel
+//! mounts one btrfs twice as two mounts of one superblock, and so do we, with one
+//! daemon and one engine behind both; the daemon's last commit waits for the last of
+//! them to go. A user's second mount is refused, naming the first and its daemon.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -16,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::volumes::{device_lock, mountinfo};
-use ubtrfs_fuse::MountOptions;
+use ubtrfs_fuse::{kernel_mount, MountOptions};
 
 /// The helper's name: mount(8) runs `/sbin/mount.fuse.ubtrfs` for `-t fuse.ubtrfs`.
 pub const HELPER_NAME: &str = "mount.fuse.ubtrfs";
@@ -59,25 +67,187 @@ pub struct InstallHelperArgs {
     pub dir: PathBuf,
 }
 
-/// Parse every `-o` list.
-fn options(lists: &[String]) -> Result<MountOptions> {
-    let mut o = MountOptions::default();
+/// Parse every `-o` list over `base`.
+fn options(base: MountOptions, lists: &[String]) -> Result<MountOptions> {
+    let mut o = base;
     for l in lists {
         o.apply(l)?;
     }
     Ok(o)
 }
 
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The mount point must be a directory, as mount(2) wants for a directory tree
+/// (ENOTDIR otherwise): FUSE would mount over a regular file and every access would
+/// then fail with EIO. Checked before the image is opened, so a wrong mount point
+/// locks nothing.
+fn check_mountpoint(mountpoint: &Path) -> Result<()> {
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if !m.is_dir() => Err(Error::posix_detail(PosixKind::NotDir, mountpoint.display().to_string(), "the mount point must be a directory")),
+        Ok(_) => Ok(()),
+        Err(e) => Err(Error::io(format!("mount point {}", mountpoint.display()), e)),
+    }
+}
+
+fn cstr(p: &Path) -> Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", p.display())))
+}
+
+/// mount(2) with no type and no data (a bind mount or a remount).
+fn mount2(source: Option<&Path>, target: &Path, flags: libc::c_ulong) -> std::io::Result<()> {
+    let src = source.map(cstr).transpose().map_err(|e| std::io::Error::other(e.to_string()))?;
+    let dst = cstr(target).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let src_ptr = src.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: NUL-terminated strings (or NULL) that outlive the call.
+    if unsafe { libc::mount(src_ptr, dst.as_ptr(), std::ptr::null(), flags, std::ptr::null()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The mount table's entry for `mnt` (absolute): the last one mounted there.
+fn mount_entry(mnt: &Path) -> Result<mountinfo::MountEntry> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+    mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mnt).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, mnt.display().to_string(), "not a mount point"))
+}
+
+/// The ubtrfs daemons holding `image` (pids), as `ubtrfs umount` finds them.
+fn daemons(image: &Path) -> Vec<device_lock::FlockHolder> {
+    device_lock::lock_holders(image).unwrap_or_default().into_iter().filter(|h| h.pid.is_some_and(device_lock::is_fuse_daemon)).collect()
+}
+
+/// A ubtrfs daemon serving `image` in this mount namespace: its mount point and pid.
+struct Served {
+    mount_point: PathBuf,
+    pid: u32,
+}
+
+/// The ubtrfs mount of `image` (the same file, whatever its name) whose daemon still
+/// serves it; None when there is none, or its daemon is unmounting (a new mount then
+/// waits for it, see `device_lock`).
+fn served(image: &Path) -> Option<Served> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(image).ok()?;
+    let pid = device_lock::lock_holders(image).ok()?.into_iter().filter_map(|h| h.pid).find(|&p| !device_lock::is_unmounting(p))?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let same = |m: &mountinfo::MountEntry| std::fs::metadata(&m.source).is_ok_and(|s| s.dev() == md.dev() && s.ino() == md.ino());
+    let m = mountinfo::parse_mountinfo(&text).into_iter().filter(|m| m.fstype == kernel_mount::FSTYPE && m.root == Path::new("/")).find(same)?;
+    Some(Served { mount_point: m.mount_point, pid })
+}
+
+/// A second mount of an image a ubtrfs daemon serves: a bind mount of the first, with
+/// this mount's own flags (`ro`, `nodev`, ...), as the kernel's second mount of a
+/// btrfs shares the superblock and keeps its own flags (measured on 6.18: `mount -o
+/// loop,ro` of a mounted image makes a read-only mount of the read-write superblock,
+/// and the btrfs options of a second mount, `commit=7`, change nothing).
+fn bind_second(s: &Served, image: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<()> {
+    let shown = image.display().to_string();
+    if !is_root() {
+        let why = format!(
+            "already mounted by ubtrfs at {} (process {}); a second mount of it is a bind mount, which needs root: use {}, or unmount it first",
+            s.mount_point.display(),
+            s.pid,
+            s.mount_point.display()
+        );
+        return Err(Error::posix_detail(PosixKind::Busy, shown, why));
+    }
+    if opts.subvol.is_some() || opts.subvolid.is_some() {
+        let why = format!(
+            "already mounted by ubtrfs at {} (process {}); a second mount of another subvolume is not supported: bind-mount its directory under {}",
+            s.mount_point.display(),
+            s.pid,
+            s.mount_point.display()
+        );
+        return Err(Error::posix_detail(PosixKind::Busy, shown, why));
+    }
+    check_mountpoint(mountpoint)?;
+    let at = |e| Error::io(format!("mount {}", mountpoint.display()), e);
+    mount2(Some(&s.mount_point), mountpoint, libc::MS_BIND).map_err(at)?;
+    if let Err(e) = mount2(None, mountpoint, libc::MS_REMOUNT | libc::MS_BIND | kernel_mount::ms_flags(opts)) {
+        let _ = unmount(mountpoint, 0);
+        return Err(at(e));
+    }
+    Ok(())
+}
+
+/// The BTRFS_IOC_SYNC ioctl: the daemon writes back and commits everything.
+const BTRFS_IOC_SYNC: libc::c_ulong = 0x9408;
+
+/// `-o remount,...`: change the running mount at `mountpoint` with mount(2)
+/// `MS_REMOUNT`, its flags not named in `lists` kept (mount(8) passes the merged
+/// list, `rw,nosuid,nodev,relatime,remount,user_id=0,group_id=0,default_permissions`,
+/// unless given `-t` and the source, then only what was asked). `ro` makes the
+/// superblock read-only (every mount of it; with `bind`, this mount point only):
+/// the VFS refuses writes with EROFS from then on, and before this returns the daemon
+/// has committed what was written before (BTRFS_IOC_SYNC), as the kernel's remount
+/// syncs. `rw` makes it writable again. The btrfs and FUSE options in the list are
+/// ignored, as the kernel's FUSE driver ignores a remount's options.
+fn remount(mountpoint: &Path, lists: &[String]) -> Result<()> {
+    let mnt = absolute(mountpoint)?;
+    let shown = mnt.display().to_string();
+    let m = mount_entry(&mnt)?;
+    if m.fstype != kernel_mount::FSTYPE {
+        return Err(Error::posix_detail(PosixKind::Invalid, shown, format!("not a ubtrfs mount (its type is {})", m.fstype)));
+    }
+    if !is_root() {
+        return Err(Error::posix_detail(PosixKind::NotPermitted, shown, "a remount needs root (fusermount3 has no remount): unmount it and mount it again with the options"));
+    }
+    // The mount's flags now, under what was asked: an absent nodev or nosuid is dev or suid.
+    let mut o = MountOptions::for_helper();
+    let known = ["ro", "rw", "nodev", "nosuid", "noexec", "noatime", "relatime", "nodiratime"];
+    o.apply(&m.mount_options.split(',').filter(|f| known.contains(f)).collect::<Vec<_>>().join(","))?;
+    let o = options(o, lists)?;
+    let going_ro = o.read_only && !o.bind;
+    if !o.read_only && !o.bind && m.super_read_only() && daemons(&m.source).iter().any(|h| !h.exclusive) {
+        return Err(Error::posix_detail(PosixKind::ReadOnly, shown, "mounted with -o ro, so the image is open read-only: unmount it and mount it read-write"));
+    }
+    let mut flags = libc::MS_REMOUNT | kernel_mount::ms_flags(&o);
+    if o.bind {
+        flags |= libc::MS_BIND;
+    }
+    if let Err(e) = mount2(None, &mnt, flags) {
+        if e.raw_os_error() == Some(libc::EBUSY) && going_ro {
+            return Err(Error::posix_detail(PosixKind::Busy, shown, "a file is open for writing there"));
+        }
+        return Err(Error::io(format!("remount {shown}"), e));
+    }
+    if going_ro {
+        use std::os::fd::AsRawFd;
+        let dir = std::fs::File::open(&mnt).map_err(|e| Error::io(format!("open {shown}"), e))?;
+        // SAFETY: an ioctl without an argument on a descriptor we own.
+        if unsafe { libc::ioctl(dir.as_raw_fd(), BTRFS_IOC_SYNC as _, 0) } != 0 {
+            return Err(Error::io(format!("commit {shown} at the remount"), std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// Mount, remount or bind as `opts` say; `daemon` detaches a new mount's process.
+fn mount_or_change(image: &Path, devices: &[PathBuf], mountpoint: &Path, lists: &[String], base: MountOptions, daemon: bool) -> Result<()> {
+    let opts = options(base, lists)?;
+    if opts.remount {
+        return remount(mountpoint, lists);
+    }
+    if let Some(o) = opts.fuse_shown.first() {
+        return Err(Error::posix_detail(PosixKind::Invalid, format!("mount option {o:?}"), "the FUSE driver's own, meaningful only in a remount"));
+    }
+    if let Some(s) = served(image) {
+        return bind_second(&s, image, mountpoint, &opts);
+    }
+    if daemon {
+        return daemonize(|ready| mount(image, devices, mountpoint, opts, ready));
+    }
+    mount(image, devices, mountpoint, opts, || {})
+}
+
 /// Open, mount and serve; `ready` runs once the kernel has the mount.
 fn mount(image: &Path, devices: &[PathBuf], mountpoint: &Path, opts: MountOptions, ready: impl FnOnce()) -> Result<()> {
-    // A directory, as mount(2) wants for a directory tree (ENOTDIR otherwise): FUSE
-    // would mount over a regular file and every access would then fail with EIO.
-    // Checked before the image is opened, so a wrong mount point locks nothing.
-    match std::fs::metadata(mountpoint) {
-        Ok(m) if !m.is_dir() => return Err(Error::posix_detail(PosixKind::NotDir, mountpoint.display().to_string(), "the mount point must be a directory")),
-        Ok(_) => {}
-        Err(e) => return Err(Error::io(format!("mount point {}", mountpoint.display()), e)),
-    }
+    check_mountpoint(mountpoint)?;
     let mut all = vec![image.to_path_buf()];
     all.extend(devices.iter().cloned());
     let engine = ubtrfs_fuse::open_engine(&all, &opts)?;
@@ -153,11 +323,8 @@ fn daemonize(run: impl FnOnce(Box<dyn FnOnce()>) -> Result<()>) -> Result<()> {
 /// A bad option, an image that does not open for writing, a mount that fails, or a
 /// last commit that fails.
 pub fn run(a: &MountArgs) -> Result<()> {
-    let opts = options(&a.options)?;
-    if a.daemon {
-        return daemonize(|ready| mount(&a.image, &a.devices, &a.mountpoint, opts, ready));
-    }
-    mount(&a.image, &a.devices, &a.mountpoint, opts, || {})
+    // As a program using libfuse mounts when run by itself: nodev,nosuid unless asked.
+    mount_or_change(&a.image, &a.devices, &a.mountpoint, &a.options, MountOptions::default(), a.daemon)
 }
 
 /// `ubtrfs umount`: unmount a ubtrfs mount, then wait until the process that served it
@@ -179,12 +346,9 @@ pub fn umount(a: &UmountArgs) -> Result<()> {
 /// on while it is in use.
 fn unmount_and_wait(mountpoint: &Path, flags: libc::c_int) -> Result<()> {
     let mnt = absolute(mountpoint)?;
-    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
     let shown = mnt.display().to_string();
-    let Some(m) = mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mnt) else {
-        return Err(Error::posix_detail(PosixKind::Invalid, shown, "not a mount point"));
-    };
-    if m.fstype != "fuse.ubtrfs" {
+    let m = mount_entry(&mnt)?;
+    if m.fstype != kernel_mount::FSTYPE {
         return Err(Error::posix_detail(PosixKind::Invalid, shown, format!("not a ubtrfs mount (its type is {})", m.fstype)));
     }
     let mut pids: Vec<u32> = device_lock::lock_holders(&m.source).unwrap_or_default().iter().filter_map(|h| h.pid).filter(|&p| device_lock::is_fuse_daemon(p)).collect();
@@ -193,7 +357,9 @@ fn unmount_and_wait(mountpoint: &Path, flags: libc::c_int) -> Result<()> {
     // Taken before the unmount: a pid reused after the daemon's exit is not waited for.
     let waits: Vec<(u32, Option<OwnedFd>)> = pids.iter().map(|&p| (p, pidfd(p))).collect();
     unmount(&mnt, flags)?;
-    if flags & libc::MNT_DETACH != 0 {
+    // A lazy unmount leaves the mount alive while it is in use; another mount point of
+    // the mount (a second mount, bound to the first) keeps the daemon serving.
+    if flags & libc::MNT_DETACH != 0 || !kernel_mount::mount_points(m.dev).is_empty() {
         return Ok(());
     }
     if waits.is_empty() {
@@ -363,12 +529,8 @@ pub fn helper_main(args: Vec<OsString>) -> ExitCode {
         }
         let [image, mountpoint] =
             <[PathBuf; 2]>::try_from(pos).map_err(|_| Error::posix_detail(ubtrfs_core::PosixKind::Invalid, HELPER_NAME, "usage: mount.fuse.ubtrfs IMAGE MOUNTPOINT [-o OPTIONS]"))?;
-        let opts = options(&lists)?;
-        if foreground {
-            mount(&image, &[], &mountpoint, opts, || {})
-        } else {
-            daemonize(|ready| mount(&image, &[], &mountpoint, opts, ready))
-        }
+        // As mount.fuse3: dev and suid unless the options say nodev or nosuid.
+        mount_or_change(&image, &[], &mountpoint, &lists, MountOptions::for_helper(), !foreground)
     })();
     match r {
         Ok(()) => ExitCode::SUCCESS,

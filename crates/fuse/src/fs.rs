@@ -525,7 +525,7 @@ impl UbtrfsFs {
     }
 
     pub(crate) fn writable(&self) -> Result<()> {
-        if self.opts.read_only {
+        if self.opts.is_read_only() {
             return Err(Error::posix(PosixKind::ReadOnly, "the mount is read-only"));
         }
         Ok(())
@@ -581,11 +581,27 @@ impl UbtrfsFs {
     /// Move `id`'s atime after a read or a listing. The kernel's FUSE drops its cached
     /// atime after each (`fuse_invalidate_atime`), so the next `stat` asks us.
     fn atime(&self, id: InodeId) {
-        if self.opts.read_only {
+        if self.opts.read_only || self.opts.state.remounted_ro() {
             return;
         }
         if let Err(e) = self.engine.file_accessed(id, self.opts.atime) {
             let _ = self.fail("atime update", &e);
+        }
+    }
+
+    /// How file `ino` opens: its pages stay cached (FOPEN_KEEP_CACHE) unless a read
+    /// now would move its atime; then the kernel drops them at this open and the reads
+    /// reach us and move it, as `touch_atime` does on a kernel mount. Under relatime
+    /// that is the first open after a change, under strictatime every open.
+    fn open_flags(&self, ino: INodeNo) -> FopenFlags {
+        let t = self.engine.info().sources.clock.now();
+        let now = Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() };
+        let moves = |ii: InodeItem| ubtrfs_core::inode::atime::atime_needs_update(&ii, now, self.opts.atime);
+        let stale = !self.opts.read_only && !self.opts.state.remounted_ro() && self.id(ino).and_then(|id| self.engine.getattr(id)).is_ok_and(moves);
+        if stale {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FILE_OPEN
         }
     }
 
@@ -932,7 +948,7 @@ impl fuser::Filesystem for UbtrfsFs {
             Ok(fh)
         });
         match r {
-            Ok(fh) => reply.opened(FileHandle(fh), FILE_OPEN),
+            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags(ino)),
             Err(e) => reply.error(self.fail("open", &e)),
         }
     }
@@ -946,8 +962,10 @@ impl fuser::Filesystem for UbtrfsFs {
         });
         match r {
             Ok((id, buf)) => {
-                reply.data(&buf);
+                // Before the reply, as touch_atime runs inside read(2): a stat right
+                // after the read sees the new atime.
                 self.atime(id);
+                reply.data(&buf);
             }
             Err(e) => reply.error(self.fail("read", &e)),
         }

@@ -1,12 +1,13 @@
 //! The FUSE adapter of ubtrfs: the kernel's FUSE requests onto the engine's operations
 //! (`fs`), FUSE node ids for btrfs inodes (`ino`), the errno of each engine error
-//! (`errno`), the mount's options (`options`), a mount's life from open to the
-//! last commit (`session`) and the btrfs subvolume ioctls (`subvol_ioctl`). It holds no filesystem logic: the engine in ubtrfs-core
+//! (`errno`), the mount's options (`options`), the mount(2) or fusermount3 that makes
+//! the mount (`kernel_mount`), a mount's life from open to the last commit (`session`) and the btrfs subvolume ioctls (`subvol_ioctl`). It holds no filesystem logic: the engine in ubtrfs-core
 //! decides what every operation does.
 
 pub mod errno;
 pub mod fs;
 pub mod ino;
+pub mod kernel_mount;
 pub mod log;
 pub mod options;
 pub mod session;

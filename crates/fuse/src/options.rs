@@ -7,10 +7,19 @@
 //! helper (`dev`, `suid`, `exec`, `auto`, `nofail`, `_netdev`, ...) are accepted and
 //! passed on or ignored as the kernel FUSE driver does. Anything else is an error
 //! naming the option: an option that is silently dropped is a surprise waiting.
+//!
+//! `remount` (with `ro`, `rw` and the per-mount flags) changes a running mount; the
+//! FUSE driver's own options that mountinfo shows (`user_id=`, `group_id=`, ...) and
+//! that mount(8) passes back on a remount are accepted there and nowhere else.
+//! `MountState` is what changes while the mount runs: whether its superblock is
+//! read-only now (a `mount -o remount,ro`), shared by the session and the requests.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::atime::{AtimeMode, AtimeOpts};
 use ubtrfs_core::inode::compress_write::CompressPolicy;
+use ubtrfs_core::volumes::mountinfo::{self, DevNum};
 
 /// The kernel's default commit interval, in seconds.
 pub const DEFAULT_COMMIT_SECS: u64 = 30;
@@ -75,6 +84,56 @@ pub struct MountOptions {
     pub degraded: bool,
     /// Extra devices (`device=PATH`, repeatable, as the kernel's option).
     pub devices: Vec<String>,
+    /// Change a running mount (`-o remount,...`) instead of mounting.
+    pub remount: bool,
+    /// With `remount`: only this mount point's flags (`remount,bind,ro`).
+    pub bind: bool,
+    /// The FUSE driver's options that mountinfo shows (`user_id=0`), which mount(8)
+    /// passes back with a remount; refused in a new mount.
+    pub fuse_shown: Vec<String>,
+    /// What changes while the mount runs (shared by every clone).
+    pub state: Arc<MountState>,
+}
+
+/// A running mount's state that a remount changes.
+#[derive(Debug, Default)]
+pub struct MountState {
+    /// The superblock is read-only now (`mount -o remount,ro`), while the image stays
+    /// open for writing.
+    remounted_ro: AtomicBool,
+    /// The mount's device number, once it is mounted.
+    dev: OnceLock<DevNum>,
+}
+
+impl MountState {
+    /// Note the device number of the mount (once).
+    pub fn set_dev(&self, dev: DevNum) {
+        let _ = self.dev.set(dev);
+    }
+
+    /// The mount's device number, once known.
+    pub fn dev(&self) -> Option<DevNum> {
+        self.dev.get().copied()
+    }
+
+    /// Note whether the superblock is read-only; returns the previous state.
+    pub fn set_remounted_ro(&self, ro: bool) -> bool {
+        self.remounted_ro.swap(ro, Ordering::SeqCst)
+    }
+
+    /// Whether the superblock was read-only when last seen. A read-write remount is
+    /// seen by the session's watcher a moment after the remount returns; a change
+    /// refused meanwhile looks again (`MountOptions::is_read_only`).
+    pub fn remounted_ro(&self) -> bool {
+        self.remounted_ro.load(Ordering::SeqCst)
+    }
+
+    /// Read the superblock's state from the mount table now (None: not found).
+    pub fn look(&self) -> Option<bool> {
+        let dev = self.dev()?;
+        let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        mountinfo::parse_mountinfo(&text).iter().find(|m| m.dev == dev).map(|m| m.super_read_only())
+    }
 }
 
 impl Default for MountOptions {
@@ -99,6 +158,10 @@ impl Default for MountOptions {
             exec: true,
             degraded: false,
             devices: Vec::new(),
+            remount: false,
+            bind: false,
+            fuse_shown: Vec::new(),
+            state: Arc::default(),
         }
     }
 }
@@ -124,6 +187,34 @@ fn id_map(opt: &str, v: &str) -> Result<IdMap> {
 }
 
 impl MountOptions {
+    /// The defaults of the `mount.fuse.ubtrfs` helper: `dev` and `suid`, as
+    /// mount.fuse3 adds them unless told `nodev` or `nosuid` (mount(8) passes neither
+    /// `dev` nor `suid` on, they are the absence of a flag; it passes `nodev,nosuid`
+    /// itself for an fstab line with `user`). A mount by a user through fusermount3
+    /// stays `nodev,nosuid` whatever is asked.
+    pub fn for_helper() -> MountOptions {
+        MountOptions { dev: true, suid: true, ..MountOptions::default() }
+    }
+
+    /// Whether changes are refused: opened read-only, or remounted read-only. A
+    /// remount back to read-write may not have reached the session's watcher yet, so
+    /// a refusal looks at the mount table first.
+    pub fn is_read_only(&self) -> bool {
+        if self.read_only {
+            return true;
+        }
+        if !self.state.remounted_ro() {
+            return false;
+        }
+        match self.state.look() {
+            Some(false) => {
+                self.state.set_remounted_ro(false);
+                false
+            }
+            _ => true,
+        }
+    }
+
     /// Apply one comma-separated `-o` list (later options win, as in mount(8)).
     ///
     /// # Errors
@@ -201,6 +292,20 @@ impl MountOptions {
                 "exec" => self.exec = true,
                 "noexec" => self.exec = false,
                 "degraded" => self.degraded = true,
+                "remount" => {
+                    none()?;
+                    self.remount = true
+                }
+                "bind" => {
+                    none()?;
+                    self.bind = true
+                }
+                // The FUSE driver's options as mountinfo shows them: mount(8) merges them
+                // into a remount's options.
+                "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" => {
+                    need()?;
+                    self.fuse_shown.push(opt.to_string())
+                }
                 "device" => self.devices.push(need()?.to_string()),
                 // mount(8) and fstab pass these to every helper; they mean nothing here.
                 "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser" | "users" | "defaults" | "async" | "x-systemd.automount" => {}
@@ -276,6 +381,21 @@ mod tests {
             let e = MountOptions::parse(list).unwrap_err().to_string();
             assert!(e.contains(what), "{list}: {e}");
         }
+    }
+
+    #[test]
+    fn remount_lists_as_mount8_passes_them() {
+        // util-linux 2.38's argv for `mount -o remount,ro MNT` of a fuse.ubtrfs mount.
+        let o = MountOptions::parse("ro,nosuid,nodev,relatime,remount,user_id=0,group_id=0,default_permissions").unwrap();
+        assert!(o.remount && o.read_only && !o.bind && !o.dev && !o.suid);
+        assert_eq!(o.fuse_shown, ["user_id=0", "group_id=0"]);
+        assert!(MountOptions::parse("remount,bind,ro").unwrap().bind);
+        assert!(MountOptions::parse("user_id").is_err());
+        let h = MountOptions::for_helper();
+        assert!(h.dev && h.suid && !h.remount);
+        // Opened read-only stays read-only, whatever the mount table says.
+        assert!(MountOptions::parse("ro").unwrap().is_read_only());
+        assert!(!MountOptions::default().is_read_only());
     }
 
     #[test]

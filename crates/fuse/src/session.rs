@@ -16,6 +16,7 @@
 //! kernel has mounted the image meanwhile. `ubtrfs umount` waits for the process.
 
 use crate::fs::UbtrfsFs;
+use crate::kernel_mount;
 use crate::options::MountOptions;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -95,22 +96,10 @@ pub fn find_top(engine: &Engine, opts: &MountOptions) -> Result<InodeId> {
     }
 }
 
-/// The kernel-side options of the FUSE mount.
-fn fuse_config(source: &Path, opts: &MountOptions) -> fuser::Config {
-    use fuser::MountOption as M;
+/// The session's settings (the mount itself is `kernel_mount`'s).
+fn fuse_config(opts: &MountOptions) -> fuser::Config {
     let mut c = fuser::Config::default();
-    // The type shows as `fuse.ubtrfs` (mount, findmnt -t, umount -t). fusermount3
-    // turns a Subtype into that type; a direct mount(2), which fuser makes as root,
-    // passes the kernel's own `subtype=` option instead (fuser leaves Subtype out).
-    // SAFETY: geteuid has no preconditions.
-    let subtype = if unsafe { libc::geteuid() } == 0 { M::CUSTOM("subtype=ubtrfs".into()) } else { M::Subtype("ubtrfs".into()) };
-    c.mount_options = vec![M::FSName(source.display().to_string()), subtype, M::DefaultPermissions];
-    c.mount_options.push(if opts.dev { M::Dev } else { M::NoDev });
-    c.mount_options.push(if opts.suid { M::Suid } else { M::NoSuid });
-    c.mount_options.push(if opts.exec { M::Exec } else { M::NoExec });
-    c.mount_options.push(if opts.read_only { M::RO } else { M::RW });
     if opts.allow_other {
-        c.mount_options.push(M::CUSTOM("allow_other".into()));
         c.acl = fuser::SessionACL::All;
     }
     c.n_threads = Some(opts.threads);
@@ -162,12 +151,20 @@ fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
 /// kernel's unmount returns before our session loop sees its end, and a `mount -o
 /// loop` or `ubtrfs mount` started right after it must already find them held.
 /// /proc/self/mountinfo polls readable (POLLPRI) at each change of the mount table, so
-/// this wakes for mounts and unmounts only, never per request. Returns when `stop`
-/// closes. After a lazy unmount (`umount -l`) the session may serve open files for a
-/// while longer: the image stays held meanwhile, and others' opens of it wait (at most
-/// the kernel's lease-break-time, 45 s by default).
-fn watch_unmount(engine: &Engine, dev: DevNum, stop: &std::os::unix::net::UnixStream, read_only: bool) {
+/// this wakes for mounts, remounts and unmounts only, never per request. Returns when
+/// `stop` closes. After a lazy unmount (`umount -l`) the session may serve open files
+/// for a while longer: the image stays held meanwhile, and others' opens of it wait
+/// (at most the kernel's lease-break-time, 45 s by default). The mount leaves the
+/// table when its last mount point goes (bind mounts share its `dev`).
+///
+/// A remount read-only (the superblock's `ro`) is followed here: changes are refused
+/// from then on (`MountOptions::is_read_only`; the VFS already refuses writes, this
+/// covers the ioctls, atime updates, the cleaner and the periodic commits), and what
+/// was written before is committed, as the kernel's `btrfs_remount_ro` commits
+/// (`mount.fuse.ubtrfs` also asks for that commit before the remount returns).
+fn watch_unmount(engine: &Engine, opts: &MountOptions, dev: DevNum, stop: &std::os::unix::net::UnixStream) {
     use std::os::fd::AsRawFd;
+    let read_only = opts.read_only;
     let Ok(table) = std::fs::File::open("/proc/self/mountinfo") else { return };
     let devices = || engine.info().devices.by_id.values();
     loop {
@@ -181,13 +178,17 @@ fn watch_unmount(engine: &Engine, dev: DevNum, stop: &std::os::unix::net::UnixSt
             }
         }
         let now = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        if !now.is_empty() && !mountinfo::parse_mountinfo(&now).iter().any(|m| m.dev == dev) {
+        let ours = mountinfo::parse_mountinfo(&now).into_iter().find(|m| m.dev == dev);
+        if !now.is_empty() && ours.is_none() {
             device_lock::mark_unmounting();
             return;
         }
         if !read_only {
             for d in devices() {
                 d.dev.release_claim();
+            }
+            if let Some(m) = ours {
+                remounted(engine, opts, m.super_read_only());
             }
         }
         let mut fds = [libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 }, libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
@@ -198,6 +199,17 @@ fn watch_unmount(engine: &Engine, dev: DevNum, stop: &std::os::unix::net::UnixSt
         }
         if fds[1].revents != 0 {
             return;
+        }
+    }
+}
+
+/// The superblock is `ro` (or not) now: on the switch to read-only, refuse changes
+/// first, then commit what came before.
+fn remounted(engine: &Engine, opts: &MountOptions, ro: bool) {
+    let was = opts.state.set_remounted_ro(ro);
+    if ro && !was {
+        if let Err(e) = engine.sync() {
+            crate::log::log(&format!("commit at the remount read-only: {e}"));
         }
     }
 }
@@ -228,45 +240,51 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     // The mount's source is the image's absolute path: `ubtrfs umount` finds the
     // daemon through the image's lock holder.
     let source = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
-    let config = fuse_config(&source, &opts);
+    let config = fuse_config(&opts);
     let commit_every = Duration::from_secs(opts.commit_secs);
-    let opts_read_only = opts.read_only;
+    let state = opts.state.clone();
+    let read_only = opts.read_only;
+    let watch_opts = opts.clone();
     let notifier = Arc::new(std::sync::OnceLock::new());
     // Wakes the cleaner (below) when a subvolume is deleted through the mount.
     let (clean_tx, clean_rx) = mpsc::channel::<()>();
-    let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone(), clean_tx.clone());
     // Absolute before the mount: afterwards a look at it would be a request to ourselves.
     let mount_abs = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    let mut session = fuser::Session::new(fs, mountpoint, &config).map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
+    let (fd, mounter) = kernel_mount::mount(&source, &mount_abs, &opts)?;
+    let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone(), clean_tx.clone());
+    let dev = mount_dev(&mount_abs);
+    let session = fuser::Session::from_fd(fs, fd, config.acl, config);
+    let session = match session {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = kernel_mount::unmount(&mount_abs, mounter);
+            return Err(Error::io(format!("mount {}", mountpoint.display()), e));
+        }
+    };
     let _ = notifier.set(session.notifier());
-    let mut unmounter = session.unmount_callable();
 
     // The unmount watcher (none when the mount is not visible in our mount table).
     let (stop_watching, watch_stop) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("make the unmount watcher's socket", e))?;
-    let watcher = match mount_dev(&mount_abs) {
+    let watcher = match dev {
         Some(dev) => {
+            state.set_dev(dev);
             let engine = engine.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("ubtrfs-watch".into())
-                    .spawn(move || watch_unmount(&engine, dev, &watch_stop, opts_read_only))
-                    .map_err(|e| Error::io("start the unmount watcher", e))?,
-            )
+            Some(std::thread::Builder::new().name("ubtrfs-watch".into()).spawn(move || watch_unmount(&engine, &watch_opts, dev, &watch_stop)).map_err(|e| Error::io("start the unmount watcher", e))?)
         }
         None => None,
     };
     ready();
 
-    // Periodic commits (none on a read-only mount).
-    let read_only = opts_read_only;
+    // Periodic commits (none on a read-only mount, or while remounted read-only).
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let committer = {
         let engine = engine.clone();
+        let state = state.clone();
         std::thread::Builder::new()
             .name("ubtrfs-commit".into())
             .spawn(move || loop {
                 match stop_rx.recv_timeout(commit_every) {
-                    Err(mpsc::RecvTimeoutError::Timeout) if read_only => {}
+                    Err(mpsc::RecvTimeoutError::Timeout) if read_only || state.remounted_ro() => {}
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         // Dirty pages first: a commit writes only what the trees hold.
                         if let Err(e) = engine.sync() {
@@ -279,16 +297,18 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
             .map_err(|e| Error::io("start the commit thread", e))?
     };
 
-    // The cleaner (none on a read-only mount): drops the trees of deleted subvolumes,
-    // those pending at mount (ours or the kernel's, half dropped or not) and those
-    // deleted since, a few steps between commits, as the kernel's cleaner thread does.
-    // It wakes at each commit interval, and at once after a deletion.
+    // The cleaner (none on a read-only mount; idle while remounted read-only, as the
+    // kernel's cleaner sleeps on a read-only superblock): drops the trees of deleted
+    // subvolumes, those pending at mount (ours or the kernel's, half dropped or not)
+    // and those deleted since, a few steps between commits, as the kernel's cleaner
+    // thread does. It wakes at each commit interval, and at once after a deletion.
     let stop_cleaning = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let cleaner = if read_only {
         None
     } else {
         let engine = engine.clone();
         let stop = stop_cleaning.clone();
+        let state = state.clone();
         Some(
             std::thread::Builder::new()
                 .name("ubtrfs-cleaner".into())
@@ -296,9 +316,11 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         return;
                     }
-                    let keep_going = &mut |_: u64, _: &ubtrfs_core::extent::drop_snapshot::DropStats| !stop.load(std::sync::atomic::Ordering::Relaxed);
-                    if let Err(e) = engine.clean_dead_roots(keep_going) {
-                        crate::log::log(&format!("cleaner: {e}"));
+                    let keep_going = &mut |_: u64, _: &ubtrfs_core::extent::drop_snapshot::DropStats| !stop.load(std::sync::atomic::Ordering::Relaxed) && !state.remounted_ro();
+                    if !state.remounted_ro() {
+                        if let Err(e) = engine.clean_dead_roots(keep_going) {
+                            crate::log::log(&format!("cleaner: {e}"));
+                        }
                     }
                     if let Err(mpsc::RecvTimeoutError::Disconnected) = clean_rx.recv_timeout(commit_every) {
                         return;
@@ -308,8 +330,9 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
         )
     };
 
-    // Signals unmount; the session loop then ends as for any unmount.
-    let mp = mountpoint.to_path_buf();
+    // Signals unmount every mount point of the mount (bind mounts too); the session
+    // loop then ends as for any unmount.
+    let mp = mount_abs.clone();
     std::thread::Builder::new()
         .name("ubtrfs-signals".into())
         .spawn(move || {
@@ -317,8 +340,14 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
             // SAFETY: `sigs` is the initialised set blocked above.
             unsafe { libc::sigwait(&sigs, &mut sig) };
             crate::log::log(&format!("signal {sig}: unmounting {}", mp.display()));
-            if let Err(e) = unmounter.unmount() {
-                crate::log::log(&format!("unmount {}: {e}", mp.display()));
+            let mut points = dev.map(kernel_mount::mount_points).unwrap_or_default();
+            if points.is_empty() {
+                points.push(mp);
+            }
+            for p in points.iter().rev() {
+                if let Err(e) = kernel_mount::unmount(p, mounter) {
+                    crate::log::log(&e.to_string());
+                }
             }
         })
         .map_err(|e| Error::io("start the signal thread", e))?;

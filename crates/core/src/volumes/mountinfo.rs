@@ -45,6 +45,26 @@ pub struct MountEntry {
     pub fstype: String,
     /// The device (or pseudo-name) that was mounted.
     pub source: PathBuf,
+    /// The directory of the filesystem this mount shows (`/` for its root; a bind mount
+    /// of a subdirectory, or a btrfs subvolume, shows that path).
+    pub root: PathBuf,
+    /// The mount's own flags (`rw,nosuid,nodev,relatime`): one mount point's view.
+    pub mount_options: String,
+    /// The superblock's options (`ro` or `rw` first), shared by every mount of it.
+    pub super_options: String,
+}
+
+impl MountEntry {
+    /// Whether the superblock is read-only (`mount -o remount,ro` makes it so for
+    /// every mount of it; a read-only bind mount alone leaves it `rw`).
+    pub fn super_read_only(&self) -> bool {
+        self.super_options.split(',').any(|o| o == "ro")
+    }
+
+    /// Whether this mount point is read-only (its own flag, or its superblock's).
+    pub fn read_only(&self) -> bool {
+        self.mount_options.split(',').any(|o| o == "ro") || self.super_read_only()
+    }
 }
 
 /// Undo mountinfo's octal escapes (`\040` space, `\011` tab, `\012` newline, `\134`
@@ -89,7 +109,15 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
         // The separator comes after the six fixed fields and any optional ones.
         let Some(sep) = fields.iter().skip(6).position(|f| *f == "-").map(|p| p + 6) else { continue };
         let (Some(dev), Some(fstype), Some(source)) = (parse_dev_num(fields[2]), fields.get(sep + 1), fields.get(sep + 2)) else { continue };
-        out.push(MountEntry { dev, mount_point: path_of(unescape(fields[4])), fstype: String::from_utf8_lossy(&unescape(fstype)).into_owned(), source: path_of(unescape(source)) });
+        out.push(MountEntry {
+            dev,
+            mount_point: path_of(unescape(fields[4])),
+            fstype: String::from_utf8_lossy(&unescape(fstype)).into_owned(),
+            source: path_of(unescape(source)),
+            root: path_of(unescape(fields[3])),
+            mount_options: fields[5].to_string(),
+            super_options: fields.get(sep + 3).map(|o| o.to_string()).unwrap_or_default(),
+        });
     }
     out
 }
@@ -266,7 +294,10 @@ this line is garbage
         let m = parse_mountinfo(MOUNTINFO);
         let points: Vec<&Path> = m.iter().map(|e| e.mount_point.as_path()).collect();
         assert_eq!(points, [Path::new("/proc"), Path::new("/"), Path::new("/tmp/mx"), Path::new("/mnt/with space\ttab"), Path::new("/odd\\1")]);
-        assert_eq!(m[2], MountEntry { dev: (0, 39), mount_point: "/tmp/mx".into(), fstype: "btrfs".into(), source: "/dev/loop0".into() });
+        assert_eq!(m[2].dev, (0, 39));
+        assert_eq!((m[2].mount_point.as_path(), m[2].fstype.as_str(), m[2].source.as_path()), (Path::new("/tmp/mx"), "btrfs", Path::new("/dev/loop0")));
+        assert_eq!((m[3].root.as_path(), m[3].mount_options.as_str(), m[3].super_options.as_str()), (Path::new("/sub"), "rw", "rw"));
+        assert!(!m[3].read_only());
         assert_eq!(m[3].source, Path::new("/dev/loop1"));
         assert_eq!(m[1].dev, (254, 0));
         assert_eq!(m[4].fstype, "fuse.sshfs");
