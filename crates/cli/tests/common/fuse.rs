@@ -95,8 +95,22 @@ impl FuseMount {
         let child = self.child.as_mut().unwrap();
         while child.try_wait().unwrap().is_none() {
             if t.elapsed() > limit {
+                // What each thread waits in, then what the process said: enough to
+                // tell a hang in the kernel's unmount from one of ours.
+                let pid = child.id();
+                let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .map(|d| {
+                        d.flatten()
+                            .map(|t| {
+                                let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default().trim().to_string();
+                                format!("{} {} in {}", read("comm"), t.file_name().to_string_lossy(), read("wchan"))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 let _ = child.kill();
-                panic!("ubtrfs mount did not exit within {limit:?}");
+                let out = self.child.take().unwrap().wait_with_output().unwrap();
+                panic!("ubtrfs mount did not exit within {limit:?}; its threads: {threads:?}; it said: {}", String::from_utf8_lossy(&out.stderr));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
