@@ -795,6 +795,14 @@ fn refused_truncating_open_of_a_running_program_truncates_nothing() {
     let _ = std::fs::remove_dir_all(&s);
 }
 
+/// Every line of `wants` is in a script's output `out`: the script shows what it is
+/// for, not only agreement with the kernel.
+fn assert_shows(out: &str, wants: &[&str]) {
+    for want in wants {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+}
+
 /// `script` (bash, the directory as $1) run on a kernel mount of a fresh image and
 /// then through `ubtrfs mount -o OPTS` of another: the scratch directory, the mount's
 /// image (unmounted again), and the script's output on the mount and on the kernel.
@@ -850,9 +858,7 @@ as_daemon 'touch d/sub/new' create-in-d/sub
     let (s, kimg, uimg, ours, kernel) = same_script_on_both("acl", "ACL", SCRIPT, "allow_other");
     assert_eq!(ours, kernel, "getfacl, modes and access through the mount differ from the kernel's");
     // The script shows inheritance and enforcement, not only agreement.
-    for want in ["== d/sub drwxrwx---", "default:user:daemon:rwx", "== d/f -rw-rw----", "== e/f -rw-r--r--", "read-g ok", "write-d/f ok", "write-e/f denied", "create-in-d/sub ok"] {
-        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
-    }
+    assert_shows(&ours, &["== d/sub drwxrwx---", "default:user:daemon:rwx", "== d/f -rw-rw----", "== e/f -rw-r--r--", "read-g ok", "write-d/f ok", "write-e/f denied", "create-in-d/sub ok"]);
     assert_check(&uimg, "after the ACL script");
     // What the mount stored reads the same in the kernel.
     let k = KernelMount::new(&uimg, &s.join("kmnt"));
@@ -895,9 +901,7 @@ for f in w t a r c n cap; do echo "$f $(stat -c '%a %s' $f) $(cksum < $f)"; done
     let (s, _, uimg, ours, kernel) = same_script_on_both("suid", "set-user-ID", SCRIPT, "allow_other,default_permissions");
     assert_eq!(ours, kernel, "modes or capabilities through the mount differ from the kernel's");
     // The script shows the bits going, not only agreement.
-    for want in ["\nw 777 11 ", "\nt 777 4 ", "\na 777 65536 ", "\nr 6777 11 ", "\nc 777 10 ", "\nn 767 11 ", "cap before: cap cap_net_raw=ep", "cap after write: \n"] {
-        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
-    }
+    assert_shows(&ours, &["\nw 777 11 ", "\nt 777 4 ", "\na 777 65536 ", "\nr 6777 11 ", "\nc 777 10 ", "\nn 767 11 ", "cap before: cap cap_net_raw=ep", "cap after write: \n"]);
     assert_check(&uimg, "after the set-user-ID script");
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -929,15 +933,16 @@ sync a; show "written back"
 "#;
     let (s, _, uimg, ours, kernel) = same_script_on_both("blocks", "st_blocks", SCRIPT, "");
     assert_eq!(ours, kernel, "st_blocks through the mount differs from the kernel's");
-    for want in [
-        "head and tail: 1179648 256\n",
-        "579 bytes into the hole: 1179648 272\n",
-        "a block into the hole: 1179648 280\n",
-        "into the grown size: 2097152 312\n",
-        "into the preallocation: 3245728 824\n",
-    ] {
-        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
-    }
+    assert_shows(
+        &ours,
+        &[
+            "head and tail: 1179648 256\n",
+            "579 bytes into the hole: 1179648 272\n",
+            "a block into the hole: 1179648 280\n",
+            "into the grown size: 2097152 312\n",
+            "into the preallocation: 3245728 824\n",
+        ],
+    );
     assert_check(&uimg, "after the st_blocks script");
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -1515,26 +1520,27 @@ mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
 "#;
     let (s, _, uimg, ours, kernel) = same_script_on_both("attrs", "daemon-made attribute", SCRIPT, "allow_other,default_permissions");
     assert_eq!(ours, kernel, "stat after a daemon-made change differs from the kernel's");
-    for want in [
-        "falloc 64k 64k on a+rws: 6666 -> 666 ",
-        "fpunch 64k 64k on g+x,a+rws: 6676 -> 676 ",
-        "fzero 64k 64k on a+rw,g+rws: 2666 -> 666 ",
-        "-d pwrite -q 64k 4k on a+rws: 6666 -> 666 ",
-        "pwrite -q 64k 4k on a+rw,g+rws: 2666 -> 666 ",
-        "copy_range -s 0 -d 64k -l 4k src on a+rws: 6666 -> 666 ",
-        "owner's direct write: -rwSr-Sr-- -> -rw-r-Sr--",
-        "owner's direct write: -rwSr-sr-- -> -rw-r-xr--",
-        "chattr moved ctime",
-        "chattr -a moved ctime",
-        "g after setfacl outside the group: 777",
-        "g after chmod outside the group: 777",
-        "a read moved atime",
-        "open(O_TRUNC) of an empty file moved mtime",
-        "truncate(2) to its size left mtime",
-        "a listing moved atime",
-    ] {
-        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
-    }
+    assert_shows(
+        &ours,
+        &[
+            "falloc 64k 64k on a+rws: 6666 -> 666 ",
+            "fpunch 64k 64k on g+x,a+rws: 6676 -> 676 ",
+            "fzero 64k 64k on a+rw,g+rws: 2666 -> 666 ",
+            "-d pwrite -q 64k 4k on a+rws: 6666 -> 666 ",
+            "pwrite -q 64k 4k on a+rw,g+rws: 2666 -> 666 ",
+            "copy_range -s 0 -d 64k -l 4k src on a+rws: 6666 -> 666 ",
+            "owner's direct write: -rwSr-Sr-- -> -rw-r-Sr--",
+            "owner's direct write: -rwSr-sr-- -> -rw-r-xr--",
+            "chattr moved ctime",
+            "chattr -a moved ctime",
+            "g after setfacl outside the group: 777",
+            "g after chmod outside the group: 777",
+            "a read moved atime",
+            "open(O_TRUNC) of an empty file moved mtime",
+            "truncate(2) to its size left mtime",
+            "a listing moved atime",
+        ],
+    );
     assert_check(&uimg, "after the attribute script");
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -1561,9 +1567,7 @@ mkdir dd; out=$(xfs_io -r -c "chattr +P" dd 2>&1) || true; echo "dir +P ${out#*:
 "#;
     let (s, _, uimg, ours, kernel) = same_script_on_both("fsxattr", "fsxattr", SCRIPT, "");
     assert_eq!(ours, kernel, "xfs_io chattr/lsattr through the mount differ from the kernel's");
-    for want in ["+a rc=0  -----a---------C------ ---a-------------", "+d rc=0  ------d--------C------ ------d----------", "+x rc=1 cannot set flags on z: Operation not supported"] {
-        assert!(ours.contains(want), "missing {want:?} in:\n{ours}");
-    }
+    assert_shows(&ours, &["+a rc=0  -----a---------C------ ---a-------------", "+d rc=0  ------d--------C------ ------d----------", "+x rc=1 cannot set flags on z: Operation not supported"]);
     assert_check(&uimg, "after xfs_io chattr");
     let _ = std::fs::remove_dir_all(&s);
 }

@@ -312,13 +312,10 @@ impl Engine {
     /// As `FsWriter::fallocate`.
     pub fn fallocate(&self, id: InodeId, mode: u32, offset: u64, len: u64) -> Result<()> {
         match self.fallocate_once(id, mode, offset, len) {
-            // The kernel's data flush before it gives up (btrfs_reserve_data_bytes:
-            // delalloc, then a commit): dirty data to extents, and the space the running
-            // transaction freed (an rm of a big file just before), pinned until its
-            // commit, back to the allocator. A refused fallocate changed nothing.
+            // As a buffered write does (an rm of a big file just before frees what
+            // only a commit gives back). A refused fallocate changed nothing.
             Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {
-                self.writeback_all()?;
-                self.commit()?;
+                self.flush_data_space()?;
                 self.fallocate_once(id, mode, offset, len)
             }
             r => r,

@@ -1094,10 +1094,7 @@ impl Engine {
         if let Ok(held) = try_hold(z - a)? {
             return Ok(held);
         }
-        // Dirty data to extents, and the running transaction's frees back (the refused
-        // reservation dropped first: it would count against itself).
-        self.writeback_all()?;
-        self.commit()?;
+        self.flush_data_space()?;
         let held = match try_hold(z - a)? {
             Ok(held) => return Ok(held),
             Err(held) => held,
@@ -1117,6 +1114,18 @@ impl Engine {
         };
         let (free, others) = (rsv.free(), rsv.outstanding().saturating_sub(held.bytes()));
         Err(Error::posix_detail(PosixKind::NoSpace, what, format!("{} bytes of data space are needed, {free} are free, and {others} of them are promised to data not yet written back", held.bytes())))
+    }
+
+    /// The kernel's data flush before an ENOSPC (`btrfs_reserve_data_bytes`: delalloc,
+    /// then a commit): dirty data to extents, and the space the running transaction
+    /// freed, pinned until its commit, back to the allocator. The caller holds no inode
+    /// lock, and no reservation that would count against itself.
+    ///
+    /// # Errors
+    /// Errors of the writeback and the commit.
+    pub(crate) fn flush_data_space(&self) -> Result<()> {
+        self.writeback_all()?;
+        self.commit().map(|_| ())
     }
 
     /// The holes of file `inode` (inode flags `flags`) in the block-aligned [a, z),
