@@ -8,6 +8,8 @@
 //! cargo run -p xtask -- fixtures list
 //! ```
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 

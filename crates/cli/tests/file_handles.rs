@@ -182,6 +182,7 @@ impl Mounted {
         }
         if let Some(k) = self.kernel.take() {
             run(Command::new("umount").arg(&k.dir));
+            #[allow(clippy::mem_forget)] // unmounted above: the guard's drop must not unmount again
             std::mem::forget(k);
         }
     }

@@ -135,6 +135,7 @@ fn refusals_through_the_mount_are_the_kernels() {
     if !common::kernel_available_with("refusals_through_the_mount_are_the_kernels", &["/dev/fuse", "/usr/bin/fusermount3"]) {
         return;
     }
+    // SAFETY: umask only sets this process's file creation mask.
     unsafe { libc::umask(0) };
     let spec = std::env::var("UBTRFS_MOUNT_DIFF_SEEDS").unwrap_or_else(|_| "700..704".into());
     let (a, b) = spec.split_once("..").unwrap_or((&spec, ""));

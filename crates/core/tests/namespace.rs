@@ -52,7 +52,7 @@ fn errno_of(r: libc::c_int) -> i32 {
 
 /// Run `op` on the kernel mount; 0 or the errno.
 fn kernel_op(m: &Mount, op: &Op) -> i32 {
-    // SAFETY (every call below): plain syscalls on NUL-terminated paths that live
+    // SAFETY: (every call below) plain syscalls on NUL-terminated paths that live
     // across the call.
     unsafe {
         match op {

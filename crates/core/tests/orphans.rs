@@ -162,6 +162,7 @@ fn crash_with_an_orphan(tag: &str) -> Crashed {
     assert!(!extents.is_empty());
     e.commit().expect("commit with the orphan");
     // The crash: the handle is never closed and the engine goes away.
+    #[allow(clippy::mem_forget)] // the crash: the handle is never closed
     std::mem::forget(f);
     drop(e);
     assert_eq!(committed_orphans(&img.path, victim.root), vec![victim.ino], "the crash leaves the orphan item");
@@ -624,6 +625,7 @@ fn orphans_in_a_subvolume_are_cleaned_unless_it_is_read_only() {
     // Read-only, the subvolume keeps its orphan (send relies on it never changing).
     e.write(|w| w.set_subvol_readonly(sub.root, true)).expect("flag read-only");
     e.commit().expect("commit");
+    #[allow(clippy::mem_forget)] // the crash: the handle is never closed
     std::mem::forget(f);
     drop(e);
     assert_eq!(committed_orphans(&img.path, sub.root), vec![id.ino]);

@@ -2,6 +2,8 @@
 //! item parsers and the tree checker. No I/O lives here, so every parser can be fuzzed
 //! alone; `ubtrfs-core` reads bytes from devices and hands them to this crate.
 
+// Parsers of untrusted bytes: safe code only, so a bad image can at worst be refused.
+#![forbid(unsafe_code)]
 // Corrupt carries the object it names (block, root, slot, key, inode); errors are the
 // cold path, so its size is accepted rather than boxed at every call.
 #![allow(clippy::result_large_err)]

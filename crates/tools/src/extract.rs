@@ -940,9 +940,11 @@ enum Target<'a> {
 impl Target<'_> {
     fn chown(&self, uid: u32, gid: u32) -> std::io::Result<()> {
         // SAFETY: valid fds and C strings.
-        let rc = match self {
-            Target::Fd(fd) => unsafe { libc::fchown(*fd, uid, gid) },
-            Target::At { dirfd, name } => unsafe { libc::fchownat(*dirfd, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) },
+        let rc = unsafe {
+            match self {
+                Target::Fd(fd) => libc::fchown(*fd, uid, gid),
+                Target::At { dirfd, name } => libc::fchownat(*dirfd, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW),
+            }
         };
         if rc == 0 {
             Ok(())
@@ -954,9 +956,11 @@ impl Target<'_> {
     fn chmod(&self, mode: u32) -> std::io::Result<()> {
         // SAFETY: valid fds and C strings. Never called for symlinks, so following
         // `name` cannot leave the directory.
-        let rc = match self {
-            Target::Fd(fd) => unsafe { libc::fchmod(*fd, mode) },
-            Target::At { dirfd, name } => unsafe { libc::fchmodat(*dirfd, name.as_ptr(), mode, 0) },
+        let rc = unsafe {
+            match self {
+                Target::Fd(fd) => libc::fchmod(*fd, mode),
+                Target::At { dirfd, name } => libc::fchmodat(*dirfd, name.as_ptr(), mode, 0),
+            }
         };
         if rc == 0 {
             Ok(())
@@ -970,10 +974,12 @@ impl Target<'_> {
     /// the name is still looked up in the directory extract holds open.
     fn set_xattr(&self, at_path: Option<&CStr>, name: &CStr, value: &[u8]) -> std::io::Result<()> {
         // SAFETY: valid fds, C strings and a value buffer of value.len() bytes.
-        let rc = match (self, at_path) {
-            (Target::Fd(fd), _) => unsafe { libc::fsetxattr(*fd, name.as_ptr(), value.as_ptr().cast(), value.len(), 0) },
-            (Target::At { .. }, Some(p)) => unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) },
-            (Target::At { .. }, None) => return Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+        let rc = unsafe {
+            match (self, at_path) {
+                (Target::Fd(fd), _) => libc::fsetxattr(*fd, name.as_ptr(), value.as_ptr().cast(), value.len(), 0),
+                (Target::At { .. }, Some(p)) => libc::lsetxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0),
+                (Target::At { .. }, None) => return Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+            }
         };
         if rc == 0 {
             Ok(())
@@ -984,9 +990,11 @@ impl Target<'_> {
 
     fn set_times(&self, times: &[libc::timespec; 2]) -> std::io::Result<()> {
         // SAFETY: valid fds, C strings and a two-element array.
-        let rc = match self {
-            Target::Fd(fd) => unsafe { libc::futimens(*fd, times.as_ptr()) },
-            Target::At { dirfd, name } => unsafe { libc::utimensat(*dirfd, name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) },
+        let rc = unsafe {
+            match self {
+                Target::Fd(fd) => libc::futimens(*fd, times.as_ptr()),
+                Target::At { dirfd, name } => libc::utimensat(*dirfd, name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW),
+            }
         };
         if rc == 0 {
             Ok(())

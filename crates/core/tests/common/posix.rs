@@ -896,6 +896,7 @@ impl Kernel {
         let c = self.c(p);
         // SAFETY: `st` is written by lstat before it is read; `c` is NUL-terminated.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         (unsafe { libc::lstat(c.as_ptr(), &mut st) } == 0).then(|| kind_of_mode(st.st_mode))
     }
 
@@ -904,6 +905,7 @@ impl Kernel {
         let c = self.c(p);
         // SAFETY: as in `kind`.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         (unsafe { libc::lstat(c.as_ptr(), &mut st) } == 0).then_some(st)
     }
 
@@ -982,7 +984,7 @@ impl Kernel {
             let rs: Vec<Outcome> = unlink_many(op).iter().map(|u| self.apply(u)).collect();
             return Ok(Out::Data(many_summary(rs.iter().filter(|r| r.is_ok()).count(), rs.iter().find_map(|r| r.clone().err())).into_bytes()));
         }
-        // SAFETY (every call below): the paths are NUL-terminated CStrings that outlive
+        // SAFETY: (every call below) the paths are NUL-terminated CStrings that outlive
         // the call; buffers are passed with their true lengths; descriptors are closed
         // once.
         unsafe {
