@@ -107,7 +107,7 @@ pub fn all_roots(info: &FsInfo) -> Result<Vec<RootInfo>> {
         let bytenr = v.item.bytenr.get();
         // A deleted subvolume (no references left) is being dropped: its blocks may
         // already be freed and reused, so the kernel never reads it as a tree.
-        if ubtrfs_format::tree_checker::is_fstree(k.objectid) && v.item.refs.get() == 0 {
+        if ubtrfs_format::key::is_fstree(k.objectid) && v.item.refs.get() == 0 {
             continue;
         }
         if seen.insert((k.objectid, bytenr)) {

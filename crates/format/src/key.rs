@@ -94,6 +94,18 @@ pub const MULTIPLE_OBJECTIDS: u64 = (-255i64) as u64;
 pub const FIRST_FREE_OBJECTID: u64 = 256;
 pub const LAST_FREE_OBJECTID: u64 = (-256i64) as u64;
 
+/// Is `id` a subvolume-like tree (fs tree, subvolumes, snapshots, data-reloc, reloc)?
+pub fn is_fstree(id: u64) -> bool {
+    id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id) || id == DATA_RELOC_TREE_OBJECTID || id == TREE_RELOC_OBJECTID
+}
+
+/// The kernel's `btrfs_is_fstree`, which the tree checker's rules use: tree 5, or an id
+/// from 256 that is a level-0 qgroup id (below 2^48). Unlike [`is_fstree`], neither
+/// relocation tree counts.
+pub(crate) fn btrfs_is_fstree(id: u64) -> bool {
+    id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..1 << 48).contains(&id)
+}
+
 /// Tree 5 or a subvolume/snapshot tree: the trees snapshots share and quotas account
 /// (not the relocation or data-relocation trees).
 pub fn is_subvolume_tree(id: u64) -> bool {

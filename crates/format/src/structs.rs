@@ -1,6 +1,6 @@
 //! Every on-disk structure, declared once: packed, little-endian, kernel field names,
 //! with a compile-time size assertion. Variable-length items (dir entries, refs, chunk
-//! stripes, inline extents) are parsed by the item iterators in `items.rs`.
+//! stripes, inline extents) are parsed by the item iterators in `items`.
 
 use crate::key::DiskKey;
 use zerocopy::little_endian::{U16, U32, U64};

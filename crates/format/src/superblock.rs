@@ -100,7 +100,7 @@ pub fn sys_chunk_array(sb: &Superblock) -> Result<Vec<(Key, ChunkView)>> {
         }
         pos += core::mem::size_of::<DiskKey>();
         let (c, used) = chunk(&arr[pos..]).map_err(&bad)?;
-        crate::tree_checker::check_chunk(&c, key.offset, sb.sectorsize.get()).map_err(&bad)?;
+        crate::items::check_chunk(&c, key.offset, sb.sectorsize.get()).map_err(&bad)?;
         if c.type_ & BLOCK_GROUP_SYSTEM == 0 {
             return Err(bad(format!("chunk {} in the system array is not SYSTEM (type {:#x})", key.offset, c.type_)));
         }

@@ -2,6 +2,7 @@
 //! `extent_buffer`), shared by the node cache, paths and readers through `Arc`, and
 //! what a parent pointer or root item expects of the block it names.
 
+use ubtrfs_format::key::is_fstree;
 use ubtrfs_format::{Key, NodeRef};
 
 /// A validated tree block and the state the write path keeps on it (the kernel's
@@ -78,7 +79,7 @@ impl ExtentBuffer {
         e.level.is_none_or(|l| l == n.level())
             && e.generation.is_none_or(|g| g == n.generation())
             && e.first_key.is_none_or(|k| n.nritems() == 0 || n.key(0) == k)
-            && e.owner.is_none_or(|o| if ubtrfs_format::tree_checker::is_fstree(o) { ubtrfs_format::tree_checker::is_fstree(n.owner()) } else { n.owner() == o })
+            && e.owner.is_none_or(|o| if is_fstree(o) { is_fstree(n.owner()) } else { n.owner() == o })
     }
 }
 

@@ -24,7 +24,6 @@ use ubtrfs_format::hash::extref_hash;
 use ubtrfs_format::items::{self, FileExtent};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::tree_checker::is_fstree;
 use ubtrfs_format::Key;
 
 #[derive(Default)]

@@ -25,7 +25,6 @@ use ubtrfs_format::hash::hash_extent_data_ref;
 use ubtrfs_format::items::{self, FileExtent, InlineRef};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::tree_checker::is_fstree;
 use ubtrfs_format::Key;
 
 /// How far past its hash a keyed EXTENT_DATA_REF's key offset may be (collisions).
