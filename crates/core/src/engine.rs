@@ -1,7 +1,7 @@
 //! The engine as threads share it: one filesystem, opened once, used by many threads
 //! at the same time (a mount's request workers, the tools' worker threads).
 //!
-//! Shape (see issue "One engine"):
+//! Shape:
 //! - Shared by every thread: `FsInfo` (`Arc`): devices, chunk map, committed
 //!   superblock, node cache, the registry of readers' views, the abort state, and the
 //!   in-memory inodes (`inode::inode_cache`), each with its lock (the role of

@@ -195,8 +195,8 @@ pub struct ExtentMapTree {
     maps: RwLock<BTreeMap<u64, ExtentMap>>,
     /// Set at the first add through the engine: the shrinker that counts these maps.
     owner: OnceLock<Owner>,
-    /// The number of maps as of the last write guard's release, for the unlocked peek
-    /// of seed 001 (`len_unlocked`).
+    /// The number of maps as of the last write guard's release, for the shrinker's
+    /// unlocked peek (`len_unlocked`).
     nr: AtomicUsize,
 }
 
@@ -270,8 +270,8 @@ impl ExtentMapTree {
         Some(MapsGuard { maps, owner: self.owner.get(), nr: &self.nr, before })
     }
 
-    /// The number of maps without taking the tree's lock (seed 001's unlocked emptiness
-    /// test): it changes only when a write guard is released, so a reader may see the
+    /// The number of maps without taking the tree's lock (the shrinker's unlocked
+    /// emptiness test): it changes only when a write guard is released, so a reader may see the
     /// count from just before a concurrent change. Good for a hint (a false "empty"
     /// defers the inode to a later scan), never for a decision that needs the truth.
     pub fn len_unlocked(&self) -> usize {

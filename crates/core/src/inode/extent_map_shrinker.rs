@@ -4,7 +4,7 @@
 //! does not have).
 //!
 //! The kernel walks every in-memory inode of a root under the root's inode-map lock and
-//! write-trylocks each inode's tree only to find most of them empty (seed 001: stat'ed
+//! write-trylocks each inode's tree only to find most of them empty (stat'ed
 //! files and directories). Here the empty ones are never visited: a registry holds
 //! exactly the inodes whose tree has maps, entered at the tree's first map and left at
 //! its last (`Owner::settle`, called by the tree's write guard). A run:

@@ -296,7 +296,7 @@ impl FsWriter {
             crate::space::allocator::release_metadata(self, rsv);
             return Ok(Finished { disk_i_size: old_size, inserted: 0, settled: 0 });
         }
-        // Invariant 4 of §5.4: nothing at or past round_up(i_size) becomes an extent.
+        // Writeback invariant (4) (writeback.rs): nothing at or past round_up(i_size) becomes an extent.
         assert!(oe.file_offset + len <= i_size.div_ceil(ss) * ss, "ordered extent {}+{len} reaches past EOF {i_size}", oe.file_offset);
         if len < oe.disk_num_bytes {
             crate::space::allocator::unreserve(self, oe.disk_bytenr + len, oe.disk_num_bytes - len, false);

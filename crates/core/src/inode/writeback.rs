@@ -15,24 +15,27 @@
 //!    extent size (`FsWriter::run_delalloc`), each an ordered extent (`ordered`).
 //!    The runs are what writes dirtied, EOF or not: a truncation leaves the straddling
 //!    folio's blocks past EOF dirty (`page_cache`).
-//! 2. `extent_writepage` per folio with dirty blocks, extent by extent (seed 004): each
+//! 2. `extent_writepage` per folio with dirty blocks, extent by extent (the kernel's successor of `submit_one_sector`): each
 //!    run of dirty blocks is cut at `round_up(i_size)` and at the end of its ordered
 //!    extent, and submitted as one piece; a run past `round_up(i_size)` truncates
 //!    *every* ordered extent in it and finishes its blocks without I/O; a block with no
 //!    ordered extent is finished with an error alone and the walk goes on at the next
 //!    block. `SubmitMode::BlockByBlock` is the pre-change kernel (one lookup and one
-//!    submission per block), kept for the bench (`seed004`) and to test that both give
+//!    submission per block), kept for the writeback benchmark and to test that both give
 //!    the same bios.
 //! 3. Bios (`BioCtrl`) grow while a piece is contiguous in file offset and on disk and
 //!    inside the same ordered extent; they are written (and checksummed) when they
 //!    close, and their completion clears writeback and counts down the ordered extent.
 //! 4. Ordered extents with nothing left complete in file order (`finish_ordered`).
 //!
-//! The five invariants of the reference's §5.4 are asserted: (1) every dirty block
+//! Five invariants of writeback are asserted: (1) every dirty block
 //! ends submitted, truncated or in error (`WritepageResult` sums, and no ordered
 //! extent is left with bytes at the end); (2) dirty is cleared before writeback is set
-//! (`Folio` never has both, `page_cache` checks); (3) `BioCtrl::add`; (4) and (5)
-//! `finish_ordered`.
+//! (`Folio` never has both, `page_cache` checks); (3) bios split at ordered-extent
+//! boundaries and grow only while contiguous in file offset and on disk
+//! (`BioCtrl::add`); (4) nothing at or past `round_up(i_size)` becomes a file extent
+//! item and (5) every file extent item written has checksums for all its sectors
+//! (`finish_ordered`).
 //!
 //! Inodes whose data does not go through plain COW extents are written back through
 //! the direct path (`Engine::write_file`'s, no ordered extents): NOCOW or PREALLOC
@@ -53,9 +56,10 @@ use std::sync::Arc;
 /// How `extent_writepage` walks a folio's dirty blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SubmitMode {
-    /// One ordered-extent lookup and one submission per block (the kernel before seed 004).
+    /// One ordered-extent lookup and one submission per block (the kernel's
+    /// writeback before it went extent by extent).
     BlockByBlock,
-    /// One lookup and one submission per contiguous piece (seed 004).
+    /// One lookup and one submission per contiguous piece.
     ExtentByExtent,
 }
 

@@ -1,5 +1,5 @@
 //! Block groups and the allocator: the in-memory block-group cache with one free-space
-//! cache (seed 000, `free_space_cache`) per group, loaded from the free-space tree the
+//! cache (`free_space_cache`) per group, loaded from the free-space tree the
 //! first time the group is used (the kernel's caching, `cache_block_group`), extent
 //! allocation by type, the exact `used` accounting written back to BLOCK_GROUP_ITEMs at
 //! commit, pinning of freed extents until the commit, and chunk allocation when space
@@ -69,7 +69,8 @@ pub struct BlockGroup {
     pub new: bool,
     /// The free-space tree has no INFO for it yet (`BLOCK_GROUP_FLAG_NEEDS_FREE_SPACE`).
     pub needs_free_space: bool,
-    /// Cached free-space-tree format (seed 003): filled from INFO when the group is
+    /// Cached free-space-tree format (the INFO item's USING_BITMAPS flag, so an
+    /// update need not search for it): filled from INFO when the group is
     /// cached, kept current by the conversions; None before.
     pub fst_bitmaps: Option<bool>,
     /// Bytes of superblock stripes inside the group (the kernel's `bytes_super`): never

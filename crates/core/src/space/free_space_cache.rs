@@ -1,7 +1,7 @@
 //! In-memory free-space cache of one block group: the kernel's `btrfs_free_space_ctl`
 //! (fs/btrfs/free-space-cache.c). The allocator asks it for space
 //! (`find_space_for_alloc`), freed extents are pinned until commit (`pin`) and then come
-//! back through `unpin_all`, the hot path that seed 000 is about.
+//! back through `unpin_all`, where stealing from bitmaps is the hot path.
 //!
 //! Free space lives in two kinds of entries. An *extent entry* is one free range
 //! `[offset, offset + bytes)`. A *bitmap entry* owns `bits_per_bitmap` bits (one kernel
@@ -21,7 +21,7 @@
 //! free space.
 //!
 //! Choices where ubtrfs differs from, or narrows, the kernel (each says why):
-//! - Stealing to the front scans backwards a word at a time (seed 000): cost follows the
+//! - Stealing to the front scans backwards a word at a time: cost follows the
 //!   run of free sectors below the entry, not the number of allocated sectors below it.
 //!   The result equals the kernel's forward walk for every input (tests below).
 //! - Caller input is validated before anything changes: adding space that is already free
@@ -49,7 +49,7 @@ use std::time::Instant;
 
 /// Bits per bitmap with 4 KiB pages (`PAGE_SIZE × 8`, x86_64).
 pub const BITS_PER_BITMAP_4K_PAGE: u32 = 4096 * 8;
-/// Bits per bitmap with 16 KiB pages (arm64 16K, the seed 000 machine).
+/// Bits per bitmap with 16 KiB pages (arm64 with 16K pages).
 pub const BITS_PER_BITMAP_16K_PAGE: u32 = 16384 * 8;
 /// Memory budget for cache entries per GiB of block group (`MAX_CACHE_BYTES_PER_GIG`).
 pub const MAX_CACHE_BYTES_PER_GIG: u64 = 64 * 1024;
@@ -469,7 +469,7 @@ impl FreeSpaceCtl {
         self.debug_checks = on;
     }
 
-    /// Replace the front-steal scan. Only the seed 000 benchmark uses this, to measure
+    /// Replace the front-steal scan. Only the front-steal benchmark uses this, to measure
     /// the kernel's old forward walk; production code always runs the word scan.
     #[doc(hidden)]
     pub fn set_front_scan_override(&mut self, scan: Option<FrontScanFn>) {
@@ -1577,7 +1577,7 @@ fn get_max_extent_size_bitmap(b: &BitmapEntry) -> u64 {
 // -------------------------------------------------------------------- bit operations
 
 /// Highest clear bit at or below `bit`, or `None` when bits `0..=bit` are all set: the
-/// seed 000 backward word scan. Mask off the bits above `bit` in its word and take the
+/// backward word scan of front stealing. Mask off the bits above `bit` in its word and take the
 /// highest zero; if there is none, step back one word at a time. Cost O(1 + run / 64) where
 /// run is the length of the run of set bits ending at `bit`. `bit` is clamped to the last
 /// bit; an empty slice gives `None`.
@@ -1617,7 +1617,7 @@ fn find_last_set_bit_upto(words: &[u64], bit: usize) -> Option<usize> {
 }
 
 /// First clear bit at or after `from`, or `nbits` (`find_next_zero_bit`). Public for
-/// the seed 000 benchmark's baseline, which walks clear bits with it.
+/// the front-steal benchmark's baseline, which walks clear bits with it.
 pub fn find_next_zero_bit(words: &[u64], nbits: usize, from: usize) -> usize {
     if from >= nbits {
         return nbits;
@@ -2294,8 +2294,8 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
-        /// The word scan equals the linear definition on bitmaps of the sizes seed 000
-        /// tested (256, 32768, 131072 bits): empty, full, random, long runs, word edges.
+        /// The word scan equals the linear definition on bitmaps of the sizes that
+        /// matter (256, 32768, 131072 bits): empty, full, random, long runs, word edges.
         #[test]
         fn backward_scan_matches_linear(size in 0usize..3, pattern in 0u8..6, seed: u64, density in 1u32..64) {
             let n = [256usize, 32768, 131072][size];

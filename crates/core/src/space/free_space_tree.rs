@@ -1,4 +1,4 @@
-//! The free-space tree (tree 10, seed 003): FREE_SPACE_INFO per block group plus
+//! The free-space tree (tree 10): FREE_SPACE_INFO per block group plus
 //! FREE_SPACE_EXTENT or FREE_SPACE_BITMAP items describing its free space, updated on
 //! every allocation and free, converted between formats at the kernel's thresholds.
 //!

@@ -10,7 +10,7 @@
 //!   come out of the global reserve (`allocator::metadata_reserve`), as the kernel's
 //!   handles fall back to the global block reserve. What is left returns at the end.
 //! - The handle records the tree blocks it COWed, or found dirty and reused, and
-//!   inhibits them from background writeback while it lives (seed 002): writing one
+//!   inhibits them from background writeback while it lives: writing one
 //!   out would make the handle's next search COW it again. The record is a small
 //!   fixed buffer inside the handle (`INHIBIT_SLOTS`), so a handle allocates nothing
 //!   for it and ends by walking the slots it used; past the bound blocks are simply not
@@ -46,8 +46,8 @@ pub(crate) struct HandleState {
     ending: bool,
 }
 
-/// Slots of a handle's inline inhibition buffer. Measured (docs/benchmarks.md, seed
-/// 002, `seed002`): the handle of a 4 KiB clone or dedupe inhibits 3 blocks at the
+/// Slots of a handle's inline inhibition buffer. Measured (docs/benchmarks.md,
+/// the clone and dedupe benchmark): the handle of a 4 KiB clone or dedupe inhibits 3 blocks at the
 /// median, 4 at p99 and 6 at most (the leaf and path it COWs in the subvolume tree;
 /// extent and checksum tree changes wait for the commit's delayed refs); creates,
 /// small writes, renames and unlinks in a directory of thousands of files 4 at the

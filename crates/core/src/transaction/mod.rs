@@ -247,20 +247,20 @@ pub struct RootState {
 #[derive(Debug, Default)]
 pub struct TestHooks {
     /// Benchmark switch: look the free-space-tree format up in the INFO item on every
-    /// update instead of using the flag cached in the block group (seed 003 baseline).
+    /// update instead of using the flag cached in the block group (the kernel's way before the flag was cached).
     pub fst_force_info_lookup: bool,
     /// Test switch: free-space-tree conversion thresholds (low, high) for every group.
     pub fst_thresholds_override: Option<(u32, u32)>,
     /// Benchmark hook: when Some, the duration in ns of every add/remove on the
-    /// free-space tree is appended (seed 003 measures the cost per update).
+    /// free-space tree is appended (the cost per update).
     pub fst_timings: Option<Vec<u32>>,
     /// Test switch: every chunk allocation fails as on a full device.
     pub refuse_chunk_alloc: bool,
     /// Test and benchmark switch: handles inhibit no block from writeback (the COW
-    /// amplification the inhibition prevents, seed 002).
+    /// amplification the inhibition prevents).
     pub no_writeback_inhibition: bool,
     /// Benchmark switch: handles record their inhibited blocks in a set made for
-    /// each handle (the kernel's xarray, seed 002's baseline) instead of the inline
+    /// each handle (as the kernel's xarray) instead of the inline
     /// buffer, unbounded.
     pub inhibit_with_map: bool,
     /// Benchmark hook: when Some, the blocks each handle inhibited, and the
@@ -276,7 +276,7 @@ pub struct TestHooks {
     /// its flusher.)
     pub writeback_before_search: bool,
     /// Benchmark hook: when Some, the blocks each search COWed (the COW amplification
-    /// the inhibition bounds, seed 002).
+    /// the inhibition bounds).
     pub cow_stats: Option<CowStats>,
 }
 

@@ -24,7 +24,8 @@ pub struct ExtentBuffer {
     /// writes the blocks changed longest ago first).
     pub(crate) touched: u64,
     /// Transaction handles that COWed this dirty block, or reused it, and still live:
-    /// background writeback leaves it alone while any does (seed 002), a commit never.
+    /// background writeback leaves it alone while any does (writing it out would make the
+    /// handle COW it again at its next search), a commit never.
     pub(crate) writeback_inhibitors: u32,
 }
 
