@@ -235,11 +235,16 @@ fn trim_block_group(w: &mut FsWriter, bg_start: u64, start: u64, end: u64, minle
     if ctl.free_space() < minlen {
         return Step { bytes: 0, error: None };
     }
+    let unit = ctl.unit();
     let runs = free_runs(ctl, start, end, minlen);
     let mut bytes = 0;
     for (s, l) in runs {
-        // The allocator cannot run while the lock is held: the run is still free.
-        debug_assert!(w.alloc.group(bg_start).and_then(|g| g.ctl()).is_some_and(|c| c.is_free(s, l)), "trimming {s} +{l}, which is not free in block group {bg_start}");
+        // The allocator cannot run while the lock is held: the run is still free,
+        // to the whole sectors around it (the range may cut runs off-sector).
+        debug_assert!(
+            w.alloc.group(bg_start).and_then(|g| g.ctl()).is_some_and(|c| c.is_free(s / unit * unit, (s + l).next_multiple_of(unit) - s / unit * unit)),
+            "trimming {s} +{l}, which is not free in block group {bg_start}"
+        );
         match discard_logical(w, s, l) {
             Ok(n) => bytes += n,
             Err(e) => return Step { bytes, error: Some(e) },
