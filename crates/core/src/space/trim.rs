@@ -71,24 +71,6 @@ struct Step {
     error: Option<Error>,
 }
 
-/// Where the trim's steps run: each under the engine's writer lock, or on a writer
-/// the caller holds.
-trait Writer {
-    fn with<T>(&mut self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T>;
-}
-
-impl Writer for &Engine {
-    fn with<T>(&mut self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-        self.write(f)
-    }
-}
-
-impl Writer for &mut FsWriter {
-    fn with<T>(&mut self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-        f(self)
-    }
-}
-
 /// Run FITRIM on the engine's filesystem (`btrfs_ioctl_fitrim` after its permission
 /// check, then `btrfs_trim_fs`). Returns the range as the kernel copies it back: `len`
 /// the bytes discarded, `minlen` raised to the devices' discard granularity.
@@ -100,24 +82,10 @@ impl Writer for &mut FsWriter {
 /// the first error of a block group's discards (or of its caching), else of a
 /// device's (the others are still trimmed; each failure is also a warning).
 pub fn fitrim(engine: &Engine, range: FstrimRange) -> Result<FstrimRange> {
-    trim_fs(engine, range)
-}
-
-/// `fitrim` on a writer the caller holds (an offline command): the same steps, the
-/// same errors.
-///
-/// # Errors
-/// As `fitrim`.
-pub fn fitrim_writer(w: &mut FsWriter, range: FstrimRange) -> Result<FstrimRange> {
-    trim_fs(w, range)
-}
-
-fn trim_fs(mut wr: impl Writer, range: FstrimRange) -> Result<FstrimRange> {
-    let (granularity, sectorsize) = wr.with(|w| {
-        let g = w.info.devices.by_id.values().filter_map(|d| d.dev.discard_granularity()).min();
-        Ok((g, u64::from(w.info.sectorsize)))
-    })?;
+    let info = engine.info();
+    let sectorsize = u64::from(info.sectorsize);
     let what = "FITRIM";
+    let granularity = info.devices.by_id.values().filter_map(|d| d.dev.discard_granularity()).min();
     let granularity = granularity.ok_or_else(|| Error::posix_detail(PosixKind::NotSupported, what, "no device of the filesystem takes discards"))?;
     if range.len < sectorsize {
         return Err(Error::posix_detail(PosixKind::Invalid, what, format!("length {} is below the sector size {sectorsize}", range.len)));
@@ -132,7 +100,7 @@ fn trim_fs(mut wr: impl Writer, range: FstrimRange) -> Result<FstrimRange> {
         len => range.start.checked_add(len).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, what, format!("start {} + length {len} overflows", range.start)))?,
     };
     let out = |len| FstrimRange { start: range.start, len, minlen };
-    let groups = wr.with(|w| {
+    let groups = engine.write(|w| {
         if w.read_only.is_some() {
             return Ok(None);
         }
@@ -154,17 +122,16 @@ fn trim_fs(mut wr: impl Writer, range: FstrimRange) -> Result<FstrimRange> {
         if end - start < minlen {
             continue;
         }
-        let step = wr.with(|w| Ok(trim_block_group(w, bg_start, start, end, minlen)))?;
+        let step = engine.write(|w| Ok(trim_block_group(w, bg_start, start, end, minlen)))?;
         trimmed += step.bytes;
         if let Some(e) = step.error {
             bg_failed += 1;
             bg_error = Some(e);
         }
     }
-    let devids: Vec<u64> = wr.with(|w| Ok(w.info.devices.by_id.keys().copied().collect()))?;
     let (mut dev_failed, mut dev_error) = (0u64, None);
-    for devid in devids {
-        let step = wr.with(|w| Ok(trim_free_dev_extents(w, devid)))?;
+    for &devid in info.devices.by_id.keys() {
+        let step = engine.write(|w| Ok(trim_free_dev_extents(w, devid)))?;
         trimmed += step.bytes;
         if let Some(e) = step.error {
             // The kernel stops at the first device that fails.
@@ -173,15 +140,12 @@ fn trim_fs(mut wr: impl Writer, range: FstrimRange) -> Result<FstrimRange> {
             break;
         }
     }
-    wr.with(|w| {
-        if let Some(e) = &bg_error {
-            w.info.warn(format!("failed to trim {bg_failed} block group(s), last error: {e}"));
-        }
-        if let Some(e) = &dev_error {
-            w.info.warn(format!("failed to trim {dev_failed} device(s), last error: {e}"));
-        }
-        Ok(())
-    })?;
+    if let Some(e) = &bg_error {
+        info.warn(format!("failed to trim {bg_failed} block group(s), last error: {e}"));
+    }
+    if let Some(e) = &dev_error {
+        info.warn(format!("failed to trim {dev_failed} device(s), last error: {e}"));
+    }
     match bg_error.or(dev_error) {
         Some(e) => Err(e),
         None => Ok(out(trimmed)),
