@@ -91,6 +91,8 @@ pub struct FsInfo {
     pub extent_maps: Arc<crate::inode::extent_map_shrinker::ExtentMapShrinker>,
     /// Data space promised to dirty page-cache data (`space::data_rsv`).
     pub data_rsv: crate::space::data_rsv::DataReservations,
+    /// Unallocated device space FITRIM discarded since the open (`space::trim`).
+    pub trimmed: crate::space::trim::TrimmedDevSpace,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -241,6 +243,7 @@ impl FsInfo {
             inodes: Default::default(),
             extent_maps: Default::default(),
             data_rsv: Default::default(),
+            trimmed: Default::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;

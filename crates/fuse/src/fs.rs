@@ -1191,6 +1191,8 @@ impl fuser::Filesystem for UbtrfsFs {
         let r = self.id(ino).and_then(|id| {
             if (cmd >> 8) & 0xff == crate::subvol_ioctl::BTRFS_IOCTL_MAGIC {
                 self.btrfs_ioctl(req, id, cmd, in_data, out_size)
+            } else if cmd == crate::trim_ioctl::FITRIM {
+                self.fitrim_ioctl(req, in_data, out_size)
             } else {
                 self.flags_ioctl(id, cmd, in_data, out_size)
             }

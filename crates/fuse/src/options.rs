@@ -82,6 +82,10 @@ pub struct MountOptions {
     pub exec: bool,
     /// Mount with member devices missing (as `-o degraded`).
     pub degraded: bool,
+    /// `rescue=nologreplay` (or its old name `norecovery`), read-only mounts only, as
+    /// on the kernel: a log tree is not replayed (ubtrfs never replays one), and FITRIM
+    /// is refused with EROFS, since the log's extents are not in the free space.
+    pub nologreplay: bool,
     /// Extra devices (`device=PATH`, repeatable, as the kernel's option).
     pub devices: Vec<String>,
     /// Change a running mount (`-o remount,...`) instead of mounting.
@@ -157,6 +161,7 @@ impl Default for MountOptions {
             suid: false,
             exec: true,
             degraded: false,
+            nologreplay: false,
             devices: Vec::new(),
             remount: false,
             bind: false,
@@ -292,6 +297,11 @@ impl MountOptions {
                 "exec" => self.exec = true,
                 "noexec" => self.exec = false,
                 "degraded" => self.degraded = true,
+                "norecovery" => {
+                    none()?;
+                    self.nologreplay = true
+                }
+                "rescue" if v == Some("nologreplay") => self.nologreplay = true,
                 "remount" => {
                     none()?;
                     self.remount = true
@@ -314,6 +324,9 @@ impl MountOptions {
                 _ if k.starts_with("x-") || k.starts_with("comment=") => {}
                 _ => return Err(bad(opt, "unknown option")),
             }
+        }
+        if self.nologreplay && !self.read_only && !self.remount {
+            return Err(bad("rescue=nologreplay", "must be used with ro, as on the kernel"));
         }
         if self.dirty_mib > self.page_cache_mib {
             return Err(bad(&format!("dirty_mib={}", self.dirty_mib), format!("the dirty limit cannot pass the page cache (page_cache_mib={})", self.page_cache_mib)));

@@ -1,8 +1,8 @@
 //! Space management: block groups and their accounting (`block_group`), the
 //! allocator and reservations (`allocator`), the in-memory free-space cache
 //! (`free_space_cache`), the on-disk free-space tree (`free_space_tree`) and chunk
-//! allocation (`chunk_alloc`), and the data space promised to buffered writes
-//! (`data_rsv`).
+//! allocation (`chunk_alloc`), the data space promised to buffered writes
+//! (`data_rsv`), and FITRIM's discards of free space (`trim`).
 
 pub mod allocator;
 pub mod block_group;
@@ -12,3 +12,4 @@ pub mod data_rsv;
 pub mod free_space_cache;
 pub mod free_space_tree;
 pub mod statfs;
+pub mod trim;

@@ -7,7 +7,7 @@
 //! ubtrfs process or the kernel uses it; a reader holds a shared lock, or goes on
 //! without one and reports why (`in_use`). `MemDevice` needs no lock.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PosixKind, Result};
 use crate::volumes::device_lock::InUse;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -64,6 +64,26 @@ pub trait BlockDevice: Send + Sync {
     /// Give up the hold `claim_for_last_commit` took, when it was not the last commit
     /// after all (the mount is still there): others' opens go on at once again.
     fn release_claim(&self) {}
+    /// Whether the device takes discards, and the smallest range one frees (the
+    /// kernel's `bdev_max_discard_sectors` and `bdev_discard_granularity`); None when
+    /// it takes none. The default takes none.
+    fn discard_granularity(&self) -> Option<u64> {
+        None
+    }
+    /// Tell the device that nothing in `[offset, offset + len)` will be read again
+    /// before it is written (the kernel's `blkdev_issue_discard`): an image file
+    /// punches a hole there, so the host takes the space back, and a block device gets
+    /// BLKDISCARD. What the range reads afterwards is the device's choice (zeros, or
+    /// the old bytes). The caller (`space::trim`) discards only free space, never a
+    /// superblock copy.
+    ///
+    /// # Errors
+    /// `Posix(NotSupported)` when the device takes no discards; `Posix(ReadOnly)` for
+    /// a device opened read-only; I/O errors, including ranges past the end.
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let _ = (offset, len);
+        Err(Error::posix_detail(PosixKind::NotSupported, self.name().to_string(), "the device takes no discards"))
+    }
 }
 
 /// What `BlockDevice::claim_for_last_commit` found.
@@ -213,6 +233,68 @@ impl BlockDevice for FileDevice {
         }
         write_zeros(self, offset, len)
     }
+    fn discard_granularity(&self) -> Option<u64> {
+        use std::os::unix::fs::FileTypeExt;
+        let md = self.file.metadata().ok()?;
+        if md.file_type().is_block_device() {
+            return blockdev_discard_granularity(&md);
+        }
+        if !md.is_file() {
+            return None;
+        }
+        // A regular file discards by punching holes, as the kernel's loop driver
+        // does; its granularity is the host filesystem's block (loop's
+        // `loop_config_discard`). Whether the host punches holes at all is asked
+        // with a punch past the end of the file, which frees nothing; a device
+        // opened read-only cannot ask, and discards nothing anyway.
+        use std::os::unix::io::AsRawFd;
+        let fd = self.file.as_raw_fd();
+        if self.writable {
+            // SAFETY: fallocate on a descriptor this device owns, past its end, with
+            // KEEP_SIZE: no byte of the file changes.
+            let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, md.len() as libc::off_t, 4096) };
+            if r != 0 {
+                return None;
+            }
+        }
+        // SAFETY: fstatfs fills the struct it is given, on a descriptor we own.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let bsize = if unsafe { libc::fstatfs(fd, &mut st) } == 0 { st.f_bsize as u64 } else { 4096 };
+        Some(bsize.max(512))
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        use std::os::unix::fs::FileTypeExt;
+        use std::os::unix::io::AsRawFd;
+        let l = usize::try_from(len).map_err(|_| Error::posix_detail(PosixKind::Invalid, self.name.clone(), format!("discard of {len} bytes at {offset}")))?;
+        check_range(&self.name, offset, l, self.size)?;
+        if !self.writable {
+            return Err(Error::posix_detail(PosixKind::ReadOnly, self.name.clone(), "opened read-only"));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let md = self.file.metadata().map_err(|e| Error::io(format!("{}: discard", self.name), e))?;
+        let fd = self.file.as_raw_fd();
+        let r = if md.file_type().is_block_device() {
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64 (start, length) from the pointer given.
+            unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
+        } else if md.is_file() {
+            // SAFETY: fallocate on a descriptor this device owns, within its size.
+            unsafe { libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset as libc::off_t, len as libc::off_t) }
+        } else {
+            return Err(Error::posix_detail(PosixKind::NotSupported, self.name.clone(), "the device takes no discards"));
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => Err(Error::posix_detail(PosixKind::NotSupported, self.name.clone(), "the device takes no discards")),
+            _ => Err(Error::io(format!("{}: discard of {len} bytes at {offset}", self.name), e)),
+        }
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(&self.name, offset, buf.len(), self.size)?;
         self.file.read_exact_at(buf, offset).map_err(|e| Error::io(format!("{}: read of {} bytes at {offset}", self.name, buf.len()), e))
@@ -319,15 +401,41 @@ impl BlockDevice for FileDevice {
     }
 }
 
-/// An in-memory device (tests, fuzzing).
+/// BLKDISCARD, `_IO(0x12, 119)`: discard a byte range (start, length) of a block
+/// device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
+/// A block device's discard granularity from sysfs (`queue/discard_granularity`), or
+/// None when its `queue/discard_max_bytes` is 0 (no discard). A partition's queue is
+/// its disk's, one directory up.
+fn blockdev_discard_granularity(md: &std::fs::Metadata) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = md.rdev();
+    let dir = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
+    let read =
+        |name: &str| -> Option<u64> { [format!("{dir}/queue/{name}"), format!("{dir}/../queue/{name}")].iter().find_map(|p| std::fs::read_to_string(p).ok()).and_then(|s| s.trim().parse().ok()) };
+    match read("discard_max_bytes")? {
+        0 => None,
+        _ => Some(read("discard_granularity").unwrap_or(512).max(512)),
+    }
+}
+
+/// An in-memory device (tests, fuzzing). It takes discards (granularity 4 KiB, as a
+/// loop device over a file on a 4 KiB-block filesystem): the range reads as zeros
+/// afterwards, and the device keeps the list of ranges discarded (`discarded`).
 pub struct MemDevice {
     data: RwLock<Vec<u8>>,
     name: String,
+    discards: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 impl MemDevice {
     pub fn new(data: Vec<u8>, name: impl Into<String>) -> MemDevice {
-        MemDevice { data: RwLock::new(data), name: name.into() }
+        MemDevice { data: RwLock::new(data), name: name.into(), discards: std::sync::Mutex::new(Vec::new()) }
+    }
+    /// Every range discarded so far (offset, length), in the order discarded.
+    pub fn discarded(&self) -> Vec<(u64, u64)> {
+        self.discards.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
     pub fn into_inner(self) -> Vec<u8> {
         self.data.into_inner().unwrap_or_else(|p| p.into_inner())
@@ -338,6 +446,18 @@ impl MemDevice {
 }
 
 impl BlockDevice for MemDevice {
+    fn discard_granularity(&self) -> Option<u64> {
+        Some(4096)
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
+        let l = usize::try_from(len).map_err(|_| Error::posix_detail(PosixKind::Invalid, self.name.clone(), format!("discard of {len} bytes at {offset}")))?;
+        check_range(&self.name, offset, l, d.len() as u64)?;
+        let o = offset as usize;
+        d[o..o + l].fill(0);
+        self.discards.lock().unwrap_or_else(|p| p.into_inner()).push((offset, len));
+        Ok(())
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let d = self.data.read().unwrap_or_else(|p| p.into_inner());
         check_range(&self.name, offset, buf.len(), d.len() as u64)?;

@@ -36,6 +36,10 @@
 //!   `1/one_in`, returns its buffer with one bit flipped; the stored bytes stay intact
 //!   (a transient media or transfer error).
 //!
+//! Discards are not operations: the device takes them (granularity 4 KiB) and keeps
+//! the list of ranges discarded (`discarded`), and the bytes stay as they were, as on
+//! a disk that ignores the hint. `refuse_discards` makes it a device that takes none.
+//!
 //! # Invariants
 //! - The durable state changes only at a successful flush, and only by the pending
 //!   writes, applied in issue order.
@@ -282,6 +286,8 @@ struct State {
     reads: u64,
     flips: u64,
     atomic_unit: u64,
+    /// Ranges discarded (offset, length), in order; None once discards are refused.
+    discards: Option<Vec<(u64, u64)>>,
 }
 
 /// The fault-injecting in-memory device (see the module documentation for the model).
@@ -335,6 +341,7 @@ impl FaultyDevice {
                 reads: 0,
                 flips: 0,
                 atomic_unit: 4096,
+                discards: Some(Vec::new()),
             }),
             gate: Mutex::new(Gate::default()),
             gate_cv: Condvar::new(),
@@ -441,6 +448,15 @@ impl FaultyDevice {
     }
     pub fn atomic_unit(&self) -> u64 {
         self.st().atomic_unit
+    }
+
+    /// Take no discards from now on (`discard_granularity` says None).
+    pub fn refuse_discards(&self) {
+        self.st().discards = None;
+    }
+    /// Every range discarded so far (offset, length), in the order discarded.
+    pub fn discarded(&self) -> Vec<(u64, u64)> {
+        self.st().discards.clone().unwrap_or_default()
     }
 
     /// Operations issued so far (writes and flushes, the crash operation included).
@@ -629,6 +645,26 @@ impl BlockDevice for FaultyDevice {
 
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn discard_granularity(&self) -> Option<u64> {
+        self.st().discards.is_some().then_some(4096)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let mut st = self.st();
+        if st.crashed {
+            return Err(self.dead(&format!("discard of {len} bytes at {offset}"), None));
+        }
+        let l = usize::try_from(len).map_err(|_| Error::posix_detail(crate::error::PosixKind::Invalid, self.name.clone(), format!("discard of {len} bytes at {offset}")))?;
+        self.check_range(offset, l)?;
+        match st.discards.as_mut() {
+            Some(d) => {
+                d.push((offset, len));
+                Ok(())
+            }
+            None => Err(Error::posix_detail(crate::error::PosixKind::NotSupported, self.name.clone(), "the device takes no discards")),
+        }
     }
 }
 
