@@ -71,6 +71,7 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
@@ -202,6 +203,17 @@ pub struct FileAttr {
     pub blksize: u32,
     /// Flags (macOS only, see chflags(2))
     pub flags: u32,
+}
+
+/// What a `statx` reply carries beyond a [`FileAttr`] (`struct fuse_statx`).
+///
+/// The basic stats (`STATX_BASIC_STATS`) always come from the [`FileAttr`]; each field
+/// here adds its `STATX_*` bit to the reply's mask only when it is given.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+#[cfg_attr(feature = "serializable", derive(Serialize, Deserialize))]
+pub struct StatxExtra {
+    /// Time of creation (`stx_btime`, `STATX_BTIME`), if the filesystem keeps one.
+    pub btime: Option<SystemTime>,
 }
 
 /// Configuration of the fuse kernel module connection
@@ -855,6 +867,29 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open an unnamed regular file in directory `parent` (`open(2)` with
+    /// `O_TMPFILE`).
+    /// It has no name (its link count is 0) until a `link()` of it gives it one, which
+    /// the kernel allows unless it was opened with `O_EXCL`; the last `release()` of a
+    /// file that never got a name should free it. Mode, umask, flags and the reply are
+    /// those of `create()`. If this method is not implemented, `open(O_TMPFILE)` fails
+    /// with `EOPNOTSUPP`.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,
@@ -1001,6 +1036,27 @@ pub trait Filesystem: Send + Sync + 'static {
             "[Not Implemented] copy_file_range(ino_in: {ino_in:#x?}, fh_in: {fh_in}, \
             offset_in: {offset_in}, ino_out: {ino_out:#x?}, fh_out: {fh_out}, \
             offset_out: {offset_out}, len: {len}, flags: {flags:?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Get file attributes with `statx(2)`'s fields beyond `getattr()`'s: the kernel
+    /// asks this when a caller wants more than the basic stats (the birth time).
+    /// `fh` is set if the caller named an open file; `flags` are its `AT_STATX_*`
+    /// flags and `mask` the `STATX_*` fields the kernel wants. If this method is not
+    /// implemented, the kernel uses `getattr()` from then on and reports no birth time.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        flags: u32,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!(
+            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:?}, flags: {flags:#x?}, \
+            mask: {mask:#x?})"
         );
         reply.error(Errno::ENOSYS);
     }

@@ -21,6 +21,7 @@ use crate::Errno;
 use crate::FileAttr;
 use crate::FileType;
 use crate::PollEvents;
+use crate::StatxExtra;
 use crate::channel::ChannelSender;
 use crate::ll::Generation;
 use crate::ll::INodeNo;
@@ -297,6 +298,35 @@ impl ReplyAttr {
     pub fn attr(self, ttl: &Duration, attr: &FileAttr) {
         self.reply
             .send_ll(&ll::ResponseStruct::new_attr(ttl, &attr.into()));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
+///
+/// Statx Reply
+///
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Reply to a request with the given attributes and what `extra` adds to them
+    pub fn statx(self, ttl: &Duration, attr: &FileAttr, extra: &StatxExtra) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, &attr.into(), extra));
     }
 
     /// Reply to a request with the given error code
@@ -1007,6 +1037,67 @@ mod test {
             blksize: 0xbb,
         };
         reply.entry(&ttl, &attr, ll::Generation(0xaa));
+    }
+
+    #[test]
+    fn reply_statx() {
+        // The layout of include/uapi/linux/fuse.h, field by field.
+        let mut e: Vec<u8> = vec![];
+        let (time, nsec) = (0x1234u64, 0x5678u32);
+        e.extend_from_slice(&304u32.to_le_bytes()); // out header: len
+        e.extend_from_slice(&0u32.to_le_bytes()); // error
+        e.extend_from_slice(&0xdeadbeefu64.to_le_bytes()); // unique
+        e.extend_from_slice(&0x8765u64.to_le_bytes()); // attr_valid
+        e.extend_from_slice(&0x4321u32.to_le_bytes()); // attr_valid_nsec
+        e.extend_from_slice(&[0; 4 + 16]); // flags, spare
+        e.extend_from_slice(&0xfffu32.to_le_bytes()); // mask: basic stats and btime
+        e.extend_from_slice(&0xbbu32.to_le_bytes()); // blksize
+        e.extend_from_slice(&0u64.to_le_bytes()); // attributes
+        e.extend_from_slice(&0x55u32.to_le_bytes()); // nlink
+        e.extend_from_slice(&0x66u32.to_le_bytes()); // uid
+        e.extend_from_slice(&0x77u32.to_le_bytes()); // gid
+        e.extend_from_slice(&0o20644u16.to_le_bytes()); // mode (a character device)
+        e.extend_from_slice(&[0; 2]);
+        e.extend_from_slice(&0x11u64.to_le_bytes()); // ino
+        e.extend_from_slice(&0x22u64.to_le_bytes()); // size
+        e.extend_from_slice(&0x33u64.to_le_bytes()); // blocks
+        e.extend_from_slice(&0u64.to_le_bytes()); // attributes_mask
+        for t in [time, 0x9999, time, time] {
+            // atime, btime, ctime, mtime
+            e.extend_from_slice(&t.to_le_bytes());
+            e.extend_from_slice(&nsec.to_le_bytes());
+            e.extend_from_slice(&[0; 4]);
+        }
+        e.extend_from_slice(&0x123u32.to_le_bytes()); // rdev_major
+        e.extend_from_slice(&0x45678u32.to_le_bytes()); // rdev_minor
+        e.extend_from_slice(&[0; 8 + 14 * 8]); // dev_major, dev_minor, spare
+        assert_eq!(e.len(), 304);
+
+        let sender = ReplySender::Assert(AssertSender { expected: e });
+        let reply: ReplyStatx = Reply::new(ll::RequestId(0xdeadbeef), sender);
+        let time = UNIX_EPOCH + Duration::new(time, nsec);
+        let attr = FileAttr {
+            ino: INodeNo(0x11),
+            size: 0x22,
+            blocks: 0x33,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            crtime: time,
+            kind: FileType::CharDevice,
+            perm: 0o644,
+            nlink: 0x55,
+            uid: 0x66,
+            gid: 0x77,
+            // Major 0x123, minor 0x45678 as the kernel's new_encode_dev lays them out.
+            rdev: 0x78 | (0x123 << 8) | (0x456 << 20),
+            flags: 0x99,
+            blksize: 0xbb,
+        };
+        let extra = StatxExtra {
+            btime: Some(UNIX_EPOCH + Duration::new(0x9999, nsec)),
+        };
+        reply.statx(&Duration::new(0x8765, 0x4321), &attr, &extra);
     }
 
     #[test]

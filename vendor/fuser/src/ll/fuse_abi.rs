@@ -110,6 +110,10 @@ pub mod consts {
 
     // The read buffer is required to be at least 8k, but may be much larger
     pub const FUSE_MIN_READ_BUFFER: usize = 8192;
+
+    // statx(2) mask bits a FUSE_STATX reply may set (include/uapi/linux/stat.h)
+    pub(crate) const STATX_BASIC_STATS: u32 = 0x0000_07ff;
+    pub(crate) const STATX_BTIME: u32 = 0x0000_0800;
 }
 
 #[repr(u32)]
@@ -161,6 +165,8 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    FUSE_TMPFILE = 51,
+    FUSE_STATX = 52,
 
     #[cfg(target_os = "macos")]
     FUSE_SETVOLNAME = 61,
@@ -232,6 +238,70 @@ pub(crate) struct fuse_attr_out {
     pub(crate) dummy: u32,
     pub(crate) attr: fuse_attr,
 }
+
+/// `statx` timestamp (`struct statx_timestamp` with its reserved word). Used since ABI 7.39.
+#[repr(C)]
+#[derive(Debug, IntoBytes, Clone, Copy, KnownLayout, Immutable)]
+pub(crate) struct fuse_sx_time {
+    pub(crate) tv_sec: i64,
+    pub(crate) tv_nsec: u32,
+    pub(crate) reserved: i32,
+}
+
+/// The attributes of a `FUSE_STATX` reply (a `struct statx` subset). Used since ABI 7.39.
+#[repr(C)]
+#[derive(Debug, IntoBytes, Clone, Copy, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx {
+    pub(crate) mask: u32,
+    pub(crate) blksize: u32,
+    pub(crate) attributes: u64,
+    pub(crate) nlink: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mode: u16,
+    pub(crate) spare0: u16,
+    pub(crate) ino: u64,
+    pub(crate) size: u64,
+    pub(crate) blocks: u64,
+    pub(crate) attributes_mask: u64,
+    pub(crate) atime: fuse_sx_time,
+    pub(crate) btime: fuse_sx_time,
+    pub(crate) ctime: fuse_sx_time,
+    pub(crate) mtime: fuse_sx_time,
+    pub(crate) rdev_major: u32,
+    pub(crate) rdev_minor: u32,
+    pub(crate) dev_major: u32,
+    pub(crate) dev_minor: u32,
+    pub(crate) spare2: [u64; 14],
+}
+
+/// Used since ABI 7.39.
+#[repr(C)]
+#[derive(Debug, FromBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_in {
+    pub(crate) getattr_flags: u32,
+    pub(crate) reserved: u32,
+    pub(crate) fh: u64,
+    pub(crate) sx_flags: u32,
+    pub(crate) sx_mask: u32,
+}
+
+/// Used since ABI 7.39.
+#[repr(C)]
+#[derive(Debug, IntoBytes, KnownLayout, Immutable)]
+pub(crate) struct fuse_statx_out {
+    pub(crate) attr_valid: u64,
+    pub(crate) attr_valid_nsec: u32,
+    pub(crate) flags: u32,
+    pub(crate) spare: [u64; 2],
+    pub(crate) stat: fuse_statx,
+}
+
+// The sizes of include/uapi/linux/fuse.h: the kernel rejects a reply of any other size.
+const _: () = assert!(size_of::<fuse_sx_time>() == 16);
+const _: () = assert!(size_of::<fuse_statx>() == 256);
+const _: () = assert!(size_of::<fuse_statx_in>() == 24);
+const _: () = assert!(size_of::<fuse_statx_out>() == 288);
 
 #[cfg(target_os = "macos")]
 #[repr(C)]

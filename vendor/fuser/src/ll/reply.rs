@@ -13,6 +13,7 @@ use zerocopy::IntoBytes;
 
 use crate::FileType;
 use crate::PollEvents;
+use crate::StatxExtra;
 use crate::ll::Errno;
 use crate::ll::FileHandle;
 use crate::ll::Generation;
@@ -116,6 +117,60 @@ impl ResponseStruct<abi::fuse_attr_out> {
             attr_valid_nsec: ttl.subsec_nanos(),
             dummy: 0,
             attr: attr.attr,
+        })
+    }
+}
+
+impl ResponseStruct<abi::fuse_statx_out> {
+    pub(crate) fn new_statx(ttl: &Duration, attr: &Attr, extra: &StatxExtra) -> Self {
+        let a = &attr.attr;
+        let time = |sec: i64, nsec: u32| abi::fuse_sx_time {
+            tv_sec: sec,
+            tv_nsec: nsec,
+            reserved: 0,
+        };
+        let mut mask = abi::consts::STATX_BASIC_STATS;
+        let btime = match extra.btime {
+            Some(t) => {
+                mask |= abi::consts::STATX_BTIME;
+                let (sec, nsec) = time_from_system_time(&t);
+                time(sec, nsec)
+            }
+            None => time(0, 0),
+        };
+        // fuse_attr.rdev is a device number in the kernel's new_encode_dev layout
+        // (minor bits 0-7 and 20-31, major bits 8-19); statx splits it.
+        let rdev_major = (a.rdev >> 8) & 0xfff;
+        let rdev_minor = (a.rdev & 0xff) | ((a.rdev >> 12) & 0xf_ff00);
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                mask,
+                blksize: a.blksize,
+                attributes: 0,
+                nlink: a.nlink,
+                uid: a.uid,
+                gid: a.gid,
+                // S_IFMT and the permission bits all fit in statx's 16-bit mode.
+                mode: a.mode as u16,
+                spare0: 0,
+                ino: a.ino,
+                size: a.size,
+                blocks: a.blocks,
+                attributes_mask: 0,
+                atime: time(a.atime, a.atimensec),
+                btime,
+                ctime: time(a.ctime, a.ctimensec),
+                mtime: time(a.mtime, a.mtimensec),
+                rdev_major,
+                rdev_minor,
+                dev_major: 0,
+                dev_minor: 0,
+                spare2: [0; 14],
+            },
         })
     }
 }

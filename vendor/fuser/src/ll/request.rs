@@ -1566,6 +1566,63 @@ mod op {
 
     /// `MacOS` only: Rename the volume. Set `fuse_init_out.flags` during init to
     /// `FUSE_VOL_RENAME` to enable
+    /// Create and open an unnamed regular file in a directory (`open(2)` with `O_TMPFILE`).
+    ///
+    /// The arguments are those of [`Create`]; the name the kernel sends is always "/", the
+    /// dentry it has not instantiated yet, and is not passed on. The file has no name until
+    /// a [`Link`] gives it one. Used since ABI 7.37.
+    #[derive(Debug)]
+    pub(crate) struct TmpFile<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_create_in,
+        #[expect(dead_code)]
+        name: &'a Path,
+    }
+    impl TmpFile<'_> {
+        pub(crate) fn mode(&self) -> u32 {
+            self.arg.mode
+        }
+        /// Flags as passed to the `open()` call
+        pub(crate) fn flags(&self) -> i32 {
+            self.arg.flags
+        }
+        pub(crate) fn umask(&self) -> u32 {
+            self.arg.umask
+        }
+    }
+
+    /// Get file attributes with `statx(2)`'s fields beyond [`GetAttr`]'s (the birth time).
+    ///
+    /// The kernel sends this instead of [`GetAttr`] when a caller asks for more than the
+    /// basic stats; if it is answered with `ENOSYS` the kernel falls back to [`GetAttr`] for
+    /// good. Used since ABI 7.39.
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+    impl Statx<'_> {
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            if GetattrFlags::from_bits_retain(self.arg.getattr_flags)
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+            {
+                Some(FileHandle(self.arg.fh))
+            } else {
+                None
+            }
+        }
+        /// The `AT_STATX_*` synchronisation flags of the caller.
+        pub(crate) fn flags(&self) -> u32 {
+            self.arg.sx_flags
+        }
+        /// The `STATX_*` fields the kernel asks for.
+        pub(crate) fn mask(&self) -> u32 {
+            self.arg.sx_mask
+        }
+    }
+
     #[cfg(target_os = "macos")]
     #[derive(Debug)]
     pub(crate) struct SetVolName<'a> {
@@ -1852,6 +1909,15 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(TmpFile {
+                header,
+                arg: data.fetch()?,
+                name: data.fetch_str()?.as_ref(),
+            }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +1992,8 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    TmpFile(TmpFile<'a>),
+    Statx(Statx<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2101,6 +2169,16 @@ impl fmt::Display for Operation<'_> {
                 x.src(),
                 x.dest(),
                 x.len()
+            ),
+            Operation::TmpFile(x) => {
+                write!(f, "TMPFILE mode {:#05o}, flags {:#x}", x.mode(), x.flags())
+            }
+            Operation::Statx(x) => write!(
+                f,
+                "STATX fh {:?}, flags {:#x}, mask {:#x}",
+                x.file_handle(),
+                x.flags(),
+                x.mask()
             ),
 
             #[cfg(target_os = "macos")]
@@ -2279,6 +2357,30 @@ mod tests {
         0x66, 0x6f, 0x6f, 0x2e, 0x74, 0x78, 0x74, 0x00, // name
     ]);
 
+    #[cfg(target_endian = "little")]
+    const TMPFILE_REQUEST: AlignedData<[u8; 64]> = AlignedData([
+        0x3a, 0x00, 0x00, 0x00, 0x33, 0x00, 0x00, 0x00, // len 58, opcode 51
+        0x0d, 0xf0, 0xad, 0xba, 0xef, 0xbe, 0xad, 0xde, // unique
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // nodeid
+        0x0d, 0xd0, 0x01, 0xc0, 0xfe, 0xca, 0x01, 0xc0, // uid, gid
+        0x5e, 0xba, 0xde, 0xc0, 0x00, 0x00, 0x00, 0x00, // pid, padding
+        0x02, 0x00, 0x41, 0x00, 0xa4, 0x81, 0x00, 0x00, // flags O_RDWR | O_TMPFILE, mode
+        0x12, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // umask, open_flags
+        0x2f, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // name "/" (and what follows it)
+    ]);
+
+    #[cfg(target_endian = "little")]
+    const STATX_REQUEST: AlignedData<[u8; 64]> = AlignedData([
+        0x40, 0x00, 0x00, 0x00, 0x34, 0x00, 0x00, 0x00, // len 64, opcode 52
+        0x0d, 0xf0, 0xad, 0xba, 0xef, 0xbe, 0xad, 0xde, // unique
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // nodeid
+        0x0d, 0xd0, 0x01, 0xc0, 0xfe, 0xca, 0x01, 0xc0, // uid, gid
+        0x5e, 0xba, 0xde, 0xc0, 0x00, 0x00, 0x00, 0x00, // pid, padding
+        0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // getattr_flags (FH), reserved
+        0x07, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // fh
+        0x00, 0x00, 0x00, 0x00, 0xff, 0x0f, 0x00, 0x00, // sx_flags, sx_mask
+    ]);
+
     #[test]
     fn short_read_header() {
         match AnyRequest::try_from(&INIT_REQUEST[..20]) {
@@ -2332,5 +2434,62 @@ mod tests {
             }
             _ => panic!("Unexpected request operation"),
         }
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn tmpfile() {
+        let req = AnyRequest::try_from(&TMPFILE_REQUEST[..58]).unwrap();
+        assert_eq!(req.header.opcode, 51);
+        assert_eq!(req.nodeid(), INodeNo(0x1122_3344_5566_7788));
+        match req.operation().unwrap() {
+            Operation::TmpFile(x) => {
+                assert_eq!(x.flags(), libc::O_RDWR | libc::O_TMPFILE);
+                assert_eq!(x.mode(), 0o100_644);
+                assert_eq!(x.umask(), 0o022);
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn tmpfile_without_its_name_is_refused() {
+        // A request that ends after fuse_create_in: no name, no NUL.
+        let mut data = TMPFILE_REQUEST;
+        data[0] = 56;
+        let req = AnyRequest::try_from(&data[..56]).unwrap();
+        assert!(matches!(
+            req.operation(),
+            Err(RequestError::InsufficientData)
+        ));
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn statx() {
+        let req = AnyRequest::try_from(&STATX_REQUEST[..]).unwrap();
+        assert_eq!(req.header.opcode, 52);
+        match req.operation().unwrap() {
+            Operation::Statx(x) => {
+                assert_eq!(x.file_handle(), Some(FileHandle(7)));
+                assert_eq!(x.flags(), 0);
+                assert_eq!(x.mask(), 0xfff);
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn statx_short_argument_is_refused() {
+        // fuse_statx_in is 24 bytes; 16 came.
+        let mut data = STATX_REQUEST;
+        data[0] = 56;
+        let req = AnyRequest::try_from(&data[..56]).unwrap();
+        assert!(matches!(
+            req.operation(),
+            Err(RequestError::InsufficientData)
+        ));
     }
 }
