@@ -24,7 +24,7 @@ use crate::ino::{FuseIno, InoMap, Placeholders};
 use crate::options::{IdMap, MountOptions};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, StatxExtra, TimeOrNow,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -1184,6 +1184,17 @@ impl fuser::Filesystem for UbtrfsFs {
         match r {
             Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN),
             Err(e) => reply.error(self.fail("create", &e)),
+        }
+    }
+
+    /// statx(2) beyond the basic stats: GETATTR's attributes and the birth time, the
+    /// inode item's otime (`btrfs_getattr`'s STATX_BTIME). The kernel's btrfs also
+    /// reports stx_attributes and STATX_SUBVOL, which the kernel's FUSE (6.18) does not
+    /// carry; it fills STATX_MNT_ID itself.
+    fn statx(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, _flags: u32, _mask: u32, reply: ReplyStatx) {
+        match self.id(ino).and_then(|id| self.getattr_node(ino, id)) {
+            Ok((attr, _)) => reply.statx(&TTL, &attr, &StatxExtra { btime: Some(attr.crtime) }),
+            Err(e) => reply.error(self.fail("statx", &e)),
         }
     }
 

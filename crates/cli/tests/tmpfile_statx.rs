@@ -1,0 +1,246 @@
+//! open(O_TMPFILE) and statx's birth time through `ubtrfs mount`, each scenario run
+//! the same way on a kernel btrfs loop mount of its own `mkfs.btrfs` image: what the
+//! script prints (bytes read back, nlink, modes, owners, errnos) must be the same on
+//! both, and the images both pass `btrfs check --readonly --check-data-csum` and hold
+//! the same items afterwards (`btrfs inspect-internal dump-tree`): a file that never
+//! got a name leaves nothing, one linked later is an ordinary file.
+//!
+//! Measured on the kernel's btrfs (6.18), and asserted here: an O_TMPFILE file has
+//! nlink 0, its mode and owner as a created file's (umask, set-group-ID directories,
+//! default ACLs), and its directory does not change; linkat (through /proc/self/fd or
+//! AT_EMPTY_PATH) gives it nlink 1 and a new ctime; one opened with O_EXCL cannot be
+//! linked (ENOENT); O_RDONLY is EINVAL, a non-directory ENOTDIR, a directory the
+//! caller may not write EACCES, a read-only mount EROFS. statx reports the inode's
+//! otime as stx_btime, which the kernel and the mount show alike for the same image.
+//!
+//! Needs root, the kernel btrfs driver, python3, /dev/fuse and fusermount3 (the tests
+//! say why they skip without them; under CI=true they must run).
+
+#[path = "common/cmd.rs"]
+mod cmd;
+#[path = "common/fuse.rs"]
+mod fuse;
+#[path = "../../core/tests/common/kernel.rs"]
+mod kernel;
+
+use cmd::{run, scratch_in};
+use fuse::{assert_check, mkfs, FuseMount, KernelMount, Stop};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The scenarios, one subcommand each; every line printed is compared.
+const SCRIPT: &str = r#"
+import ctypes, errno, os, struct, sys, time
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.linkat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]
+AT_FDCWD, AT_SYMLINK_NOFOLLOW, AT_SYMLINK_FOLLOW, AT_EMPTY_PATH = -100, 0x100, 0x400, 0x1000
+STATX_BTIME = 0x800
+DATA = bytes(range(256)) * 40
+
+def tmpfile(d, flags=os.O_RDWR, mode=0o666):
+    try:
+        return os.open(d, os.O_TMPFILE | flags, mode)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+
+def link_fd(fd, dst, empty_path=False):
+    # os.link would link the /proc symlink itself: linkat follows it, or takes the fd.
+    if empty_path:
+        r = libc.linkat(fd, b"", AT_FDCWD, dst.encode(), AT_EMPTY_PATH)
+    else:
+        r = libc.linkat(AT_FDCWD, b"/proc/self/fd/%d" % fd, AT_FDCWD, dst.encode(), AT_SYMLINK_FOLLOW)
+    return "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
+
+def statx(path, fd=AT_FDCWD, flags=0):
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(fd, path.encode(), flags, 0xfff, buf) != 0:
+        return errno.errorcode[ctypes.get_errno()]
+    mask, = struct.unpack_from("<I", buf.raw, 0)
+    nlink, = struct.unpack_from("<I", buf.raw, 0x10)
+    sec, nsec = struct.unpack_from("<qI", buf.raw, 0x50)
+    return mask, nlink, sec, nsec
+
+def describe(st):
+    return "nlink %d mode %o uid %d gid %d size %d" % (st.st_nlink, st.st_mode, st.st_uid, st.st_gid, st.st_size)
+
+def basic(m):
+    os.umask(0o022)
+    d = m + "/d"
+    os.mkdir(d)
+    before = os.stat(d)
+    fd = tmpfile(d)
+    os.write(fd, DATA)
+    os.lseek(fd, 0, 0)
+    print("read back", os.read(fd, len(DATA) + 1) == DATA)
+    st = os.fstat(fd)
+    print("fstat", describe(st))
+    sx = statx("", fd, AT_EMPTY_PATH)
+    print("statx nlink", sx[1], "btime", sx[0] & STATX_BTIME != 0)
+    after = os.stat(d)
+    print("directory unchanged", (after.st_mtime_ns, after.st_ctime_ns, after.st_size) == (before.st_mtime_ns, before.st_ctime_ns, before.st_size))
+    time.sleep(0.05)
+    print("link", link_fd(fd, d + "/named"))
+    st2 = os.fstat(fd)
+    print("after link", describe(st2), "ctime moved", st2.st_ctime_ns > st.st_ctime_ns)
+    print("second link", link_fd(fd, d + "/second"), os.fstat(fd).st_nlink)
+    os.close(fd)
+    fd = tmpfile(d, os.O_WRONLY, 0o640)
+    os.write(fd, b"linked by AT_EMPTY_PATH")
+    print("link AT_EMPTY_PATH", link_fd(fd, d + "/empty", True), describe(os.fstat(fd)))
+    os.close(fd)
+    fd = tmpfile(d, os.O_RDWR | os.O_EXCL, 0o600)
+    print("O_EXCL", link_fd(fd, d + "/excl"), link_fd(fd, d + "/excl", True), describe(os.fstat(fd)))
+    os.close(fd)
+    print("O_RDONLY", tmpfile(d, os.O_RDONLY))
+    print("on a file", tmpfile(d + "/named"))
+    print("names", sorted(os.listdir(d)))
+    print("named", open(d + "/named", "rb").read() == DATA, describe(os.stat(d + "/named")))
+
+def gone(m):
+    d = m + "/g"
+    os.mkdir(d)
+    fd = tmpfile(d)
+    os.write(fd, os.urandom(1 << 20))
+    os.fsync(fd)
+    print("fstat", describe(os.fstat(fd)))
+    os.close(fd)
+    fd = tmpfile(d, os.O_RDWR | os.O_EXCL)
+    os.write(fd, b"x" * 5000)
+    os.close(fd)
+    print("names", sorted(os.listdir(d)))
+
+def hold(m, ready):
+    fd = tmpfile(m)
+    os.write(fd, os.urandom(200000))
+    os.fsync(fd)
+    open(ready, "w").close()
+    time.sleep(600)
+
+def owner_prepare(m):
+    os.umask(0)
+    for name, mode, gid in [("sgid", 0o2777, 4242), ("plain", 0o777, 4242), ("closed", 0o755, 0), ("acl", 0o777, 0)]:
+        os.mkdir(m + "/" + name)
+        os.chown(m + "/" + name, 0, gid)
+        os.chmod(m + "/" + name, mode)
+    os.system("setfacl -d -m u::rw,g::r,o::- " + m + "/acl")
+    os.umask(0o022)
+    fd = tmpfile(m + "/sgid", os.O_RDWR, 0o2775)
+    print("root in sgid", describe(os.fstat(fd)))
+    os.close(fd)
+
+def owner(m):
+    os.umask(0o022)
+    for name in ["sgid", "plain", "closed", "acl"]:
+        fd = tmpfile(m + "/" + name, os.O_RDWR, 0o2775)
+        if isinstance(fd, str):
+            print(name, fd)
+            continue
+        print(name, describe(os.fstat(fd)), "link", link_fd(fd, m + "/" + name + "/named"))
+        os.close(fd)
+
+def read_only(m):
+    print("O_TMPFILE", tmpfile(m))
+    print("O_TMPFILE|O_WRONLY", tmpfile(m, os.O_WRONLY))
+
+def btime(m, *names):
+    for n in names:
+        sx = statx(m + "/" + n, flags=AT_SYMLINK_NOFOLLOW)
+        print(n, "btime" if sx[0] & STATX_BTIME else "no btime", sx[2], sx[3])
+
+def make(m):
+    os.mkdir(m + "/dir")
+    time.sleep(0.05)
+    open(m + "/file", "w").write("file")
+    os.symlink("file", m + "/sym")
+
+{"basic": basic, "gone": gone, "hold": hold, "owner_prepare": owner_prepare, "owner": owner, "read_only": read_only, "btime": btime, "make": make}[sys.argv[1]](*sys.argv[2:])
+"#;
+
+fn available(test: &str) -> bool {
+    kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3", "/usr/bin/setpriv", "/usr/bin/setfacl", "/usr/bin/python3"])
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let s = scratch_in("tmpfile", name);
+    std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(s.join("t.py"), SCRIPT).unwrap();
+    s
+}
+
+/// Run scenario `args` of the script (in scratch `s`), as root or, with `as_daemon`, as
+/// the unprivileged user daemon without supplementary groups; what it printed.
+fn py(s: &Path, as_daemon: bool, args: &[&str]) -> String {
+    let mut c = if as_daemon {
+        let mut c = Command::new("setpriv");
+        // The system's python3: one under root's home (pyenv) is out of daemon's reach.
+        c.args(["--reuid=daemon", "--regid=daemon", "--clear-groups", "/usr/bin/python3"]);
+        c
+    } else {
+        Command::new("python3")
+    };
+    let out = c.arg(s.join("t.py")).args(args).output().expect("run python3");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "python3 t.py {args:?} failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn arg(p: &Path) -> &str {
+    p.to_str().expect("scratch paths are UTF-8")
+}
+
+/// statx's stx_btime is the inode's otime, the same through the mount and the kernel
+/// for the same image, both ways: files made on the mount show the kernel the btime
+/// the mount showed, and files the kernel made show through the mount the btime the
+/// kernel showed. coreutils' `stat -c %W` (statx) shows it too.
+#[test]
+fn statx_btime_is_the_kernels_both_ways() {
+    if !available("statx_btime_is_the_kernels_both_ways") {
+        return;
+    }
+    let s = scratch("btime");
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    mkfs(&kimg, "300M");
+    mkfs(&uimg, "300M");
+    let names = ["btime", "", "dir", "file", "sym"];
+    let show = |m: &Path| {
+        let mut args = names.to_vec();
+        args[1] = arg(m);
+        let text = py(&s, false, &args);
+        let w = run(Command::new("stat").args(["-c", "%W"]).arg(m.join("file")));
+        (text, w.trim().to_string())
+    };
+    let umnt = s.join("umnt");
+
+    // Made on the mount, read by the kernel.
+    let m = FuseMount::start(&uimg, &umnt, "");
+    py(&s, false, &["make", arg(&umnt)]);
+    let ours = show(&umnt);
+    m.stop(Stop::Sigterm);
+    let k = KernelMount::new(&uimg, &s.join("kmnt"));
+    let kernel = show(&k.dir);
+    drop(k);
+    assert_eq!(ours, kernel, "the kernel shows other birth times than the mount that made the files");
+    for n in &names[2..] {
+        let line = ours.0.lines().find(|l| l.starts_with(&format!("{n} "))).unwrap_or_else(|| panic!("no line for {n}: {}", ours.0));
+        assert!(line.starts_with(&format!("{n} btime ")) && !line.ends_with(" 0 0"), "{n}: the mount reports no birth time: {line}");
+    }
+    let sec = |text: &str, n: &str| -> i64 { text.lines().find(|l| l.starts_with(&format!("{n} "))).and_then(|l| l.split(' ').nth(2)).and_then(|v| v.parse().ok()).unwrap() };
+    assert_eq!(ours.1, sec(&ours.0, "file").to_string(), "stat -c %W shows statx's btime");
+    assert!(sec(&ours.0, "file") >= sec(&ours.0, "dir"), "the file was born after the directory");
+
+    // Made by the kernel, read through the mount.
+    let k = KernelMount::new(&kimg, &s.join("kmnt"));
+    py(&s, false, &["make", arg(&k.dir)]);
+    let kernel = show(&k.dir);
+    drop(k);
+    let m = FuseMount::start(&kimg, &umnt, "");
+    let ours = show(&umnt);
+    m.stop(Stop::Sigterm);
+    assert_eq!(ours, kernel, "the mount shows other birth times than the kernel that made the files");
+    assert_check(&uimg, "after the birth-time scenario");
+    assert_check(&kimg, "after the birth-time scenario on the kernel's image");
+    let _ = std::fs::remove_dir_all(&s);
+}
