@@ -27,7 +27,8 @@ use cmd::{run, scratch_in};
 use fuse::{assert_check, mkfs, FuseMount, KernelMount, Stop};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The scenarios, one subcommand each; every line printed is compared.
 const SCRIPT: &str = r#"
@@ -189,6 +190,244 @@ fn py(s: &Path, as_daemon: bool, args: &[&str]) -> String {
 
 fn arg(p: &Path) -> &str {
     p.to_str().expect("scratch paths are UTF-8")
+}
+
+/// Every line of `want` is in `text`: the scenario shows what it is for, not only that
+/// both sides agree.
+fn assert_shows(text: &str, want: &[&str]) {
+    for w in want {
+        assert!(text.lines().any(|l| l == *w), "expected the line {w:?} in:\n{text}");
+    }
+}
+
+/// The keys of the fs tree's items, as btrfs-progs prints them: `(256 INODE_ITEM 0)`.
+fn fs_tree_keys(img: &Path) -> Vec<String> {
+    let out = run(Command::new("btrfs").args(["inspect-internal", "dump-tree", "-t", "5"]).arg(img));
+    out.lines().filter_map(|l| l.trim().strip_prefix("item ")).filter_map(|l| Some(l[l.find("key (")? + 4..=l.find(')')?].to_string())).collect()
+}
+
+/// The inode numbers of the fs tree's INODE_ITEMs and ORPHAN_ITEMs.
+fn inodes_and_orphans(keys: &[String]) -> (Vec<u64>, Vec<u64>) {
+    let field = |k: &String, i: usize| k.trim_matches(|c| c == '(' || c == ')').split(' ').nth(i).map(str::to_string);
+    let num = |k: &String, i: usize| field(k, i).and_then(|v| v.parse().ok());
+    let inodes = keys.iter().filter(|k| field(k, 1).as_deref() == Some("INODE_ITEM")).filter_map(|k| num(k, 0)).collect();
+    let orphans = keys.iter().filter(|k| field(k, 1).as_deref() == Some("ORPHAN_ITEM")).filter_map(|k| num(k, 2)).collect();
+    (inodes, orphans)
+}
+
+/// Scenario `args` on a kernel mount of a fresh `kimg` and on `ubtrfs mount -o opts` of a
+/// fresh `uimg`, each unmounted after: (ours, the kernel's).
+fn on_both(s: &Path, opts: &str, run_it: impl Fn(&Path) -> String) -> (String, String) {
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    mkfs(&kimg, "300M");
+    mkfs(&uimg, "300M");
+    let k = KernelMount::new(&kimg, &s.join("kmnt"));
+    std::fs::set_permissions(&k.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kernel = run_it(&k.dir);
+    drop(k);
+    let m = FuseMount::start(&uimg, &s.join("umnt"), opts);
+    let ours = run_it(&s.join("umnt"));
+    let err = m.stop(Stop::Sigterm);
+    assert!(!err.contains("error"), "the mount reported errors: {err}");
+    (ours, kernel)
+}
+
+/// An O_TMPFILE file through the mount: written and read back, nlink 0 until linkat
+/// names it (then 1, and its ctime moves), its directory untouched; O_EXCL forbids the
+/// link, O_RDONLY and a non-directory are refused. After the unmount the names hold
+/// the bytes (read by the kernel), and the image has the same items as the kernel's.
+#[test]
+fn tmpfile_writes_reads_and_links_as_on_the_kernel() {
+    if !available("tmpfile_writes_reads_and_links_as_on_the_kernel") {
+        return;
+    }
+    let s = scratch("basic");
+    let (ours, kernel) = on_both(&s, "", |m| py(&s, false, &["basic", arg(m)]));
+    assert_eq!(ours, kernel, "O_TMPFILE through the mount differs from the kernel's");
+    assert_shows(
+        &ours,
+        &[
+            "read back True",
+            "fstat nlink 0 mode 100644 uid 0 gid 0 size 10240",
+            "statx nlink 0 btime True",
+            "directory unchanged True",
+            "link ok",
+            "after link nlink 1 mode 100644 uid 0 gid 0 size 10240 ctime moved True",
+            "second link ok 2",
+            "link AT_EMPTY_PATH ok nlink 1 mode 100640 uid 0 gid 0 size 23",
+            "O_EXCL ENOENT ENOENT nlink 0 mode 100600 uid 0 gid 0 size 0",
+            "O_RDONLY EINVAL",
+            "on a file ENOTDIR",
+            "names ['empty', 'named', 'second']",
+            "named True nlink 2 mode 100644 uid 0 gid 0 size 10240",
+        ],
+    );
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    assert_check(&uimg, "after O_TMPFILE files were linked");
+    assert_check(&kimg, "the kernel's image");
+    let ukeys = fs_tree_keys(&uimg);
+    assert_eq!(ukeys, fs_tree_keys(&kimg), "the mount's image holds other items than the kernel's");
+    assert!(inodes_and_orphans(&ukeys).1.is_empty(), "orphan items left: {ukeys:?}");
+    // The bytes, as the kernel reads them from the mount's image.
+    let k = KernelMount::new(&uimg, &s.join("kmnt"));
+    assert_eq!(std::fs::read(k.dir.join("d/named")).unwrap(), (0..40).flat_map(|_| 0..=255u8).collect::<Vec<u8>>());
+    assert_eq!(std::fs::read(k.dir.join("d/empty")).unwrap(), b"linked by AT_EMPTY_PATH");
+    drop(k);
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// An O_TMPFILE file closed without a name (one of 1 MiB, fsynced, so its data and
+/// orphan item were committed; one opened O_EXCL) is freed at its close: the image
+/// checks clean, and holds no inode and no orphan item but the directory's, as the
+/// kernel's does.
+#[test]
+fn tmpfile_closed_without_a_name_leaves_no_trace() {
+    if !available("tmpfile_closed_without_a_name_leaves_no_trace") {
+        return;
+    }
+    let s = scratch("gone");
+    let (ours, kernel) = on_both(&s, "", |m| py(&s, false, &["gone", arg(m)]));
+    assert_eq!(ours, kernel, "unnamed O_TMPFILE files through the mount differ from the kernel's");
+    assert_shows(&ours, &["fstat nlink 0 mode 100644 uid 0 gid 0 size 1048576", "names []"]);
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    assert_check(&uimg, "after O_TMPFILE files were closed unnamed");
+    let ukeys = fs_tree_keys(&uimg);
+    assert_eq!(ukeys, fs_tree_keys(&kimg), "the mount's image holds other items than the kernel's");
+    assert_eq!(inodes_and_orphans(&ukeys), (vec![256, 257], vec![]), "an unnamed file left items: {ukeys:?}");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// Start scenario `hold` on mount `m`: an O_TMPFILE file of 200000 bytes, fsynced, held
+/// open until the process is killed. Returns once it is fsynced.
+fn hold(s: &Path, m: &Path) -> std::process::Child {
+    let ready = s.join("ready");
+    let _ = std::fs::remove_file(&ready);
+    let mut child = Command::new("python3").arg(s.join("t.py")).args(["hold", arg(m), arg(&ready)]).stdout(Stdio::null()).spawn().expect("spawn python3");
+    let t = Instant::now();
+    while !ready.exists() {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("the O_TMPFILE holder exited ({st}) before it was ready");
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the O_TMPFILE holder did not get ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn kill(mut c: std::process::Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// An O_TMPFILE file still open when its mount goes: a lazy unmount (`umount -l`)
+/// waits for its last close, which frees it (on the kernel too); a crash (kill -9 of
+/// the mount after an fsync committed it) leaves it an orphan (nlink 0 and an orphan
+/// item), which btrfs check accepts and the next writable mount removes.
+#[test]
+fn tmpfile_open_at_unmount_or_crash_is_freed() {
+    if !available("tmpfile_open_at_unmount_or_crash_is_freed") {
+        return;
+    }
+    let s = scratch("held");
+    let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
+    mkfs(&kimg, "300M");
+    mkfs(&uimg, "300M");
+    let no_trace = |img: &Path, what: &str| {
+        assert_check(img, what);
+        let keys = fs_tree_keys(img);
+        assert_eq!(inodes_and_orphans(&keys), (vec![256], vec![]), "{what}: {keys:?}");
+    };
+
+    // The kernel: lazily unmounted while held; the superblock goes at the last close.
+    let kmnt = s.join("kmnt");
+    std::fs::create_dir_all(&kmnt).unwrap();
+    run(Command::new("mount").args(["-o", "loop"]).arg(&kimg).arg(&kmnt));
+    let holder = hold(&s, &kmnt);
+    run(Command::new("umount").arg("-l").arg(&kmnt));
+    kill(holder);
+    let t = Instant::now();
+    while !run(Command::new("losetup").arg("-j").arg(&kimg)).trim().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the kernel's lazily unmounted loop device stayed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    no_trace(&kimg, "the kernel's image after a lazy unmount while an O_TMPFILE file was open");
+
+    // Ours, the same way: the daemon serves the open file until its release.
+    let umnt = s.join("umnt");
+    let mut m = FuseMount::start(&uimg, &umnt, "");
+    let holder = hold(&s, &umnt);
+    run(Command::new("umount").arg("-l").arg(&umnt));
+    kill(holder);
+    let out = m.wait(Duration::from_secs(120));
+    assert!(out.status.success(), "ubtrfs mount exited with {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    no_trace(&uimg, "after a lazy unmount while an O_TMPFILE file was open");
+
+    // A crash: the committed unnamed file is an orphan on disk, valid as it is.
+    let m = FuseMount::start(&uimg, &umnt, "");
+    let holder = hold(&s, &umnt);
+    m.kill9();
+    kill(holder);
+    assert_check(&uimg, "after a crash with an O_TMPFILE file open");
+    let keys = fs_tree_keys(&uimg);
+    let (inodes, orphans) = inodes_and_orphans(&keys);
+    assert_eq!(inodes.len(), 2, "the unnamed file's inode is on disk: {keys:?}");
+    assert_eq!(orphans, inodes[1..].to_vec(), "its orphan item marks it: {keys:?}");
+    // The next writable mount removes it, as a kernel mount would.
+    let m = FuseMount::start(&uimg, &umnt, "");
+    m.stop(Stop::Sigterm);
+    no_trace(&uimg, "after the mount that followed the crash");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// Owner and mode of O_TMPFILE files made by an unprivileged user, as on the kernel: in
+/// a set-group-ID directory the file takes the directory's group and loses its own
+/// set-group-ID bit (the user is not in that group); elsewhere the user's group and the
+/// bit kept; a directory's default ACL gives the mode; one the user may not write is
+/// EACCES. Root keeps the bit in the set-group-ID directory.
+#[test]
+fn tmpfile_owner_and_mode_as_create_gives_them() {
+    if !available("tmpfile_owner_and_mode_as_create_gives_them") {
+        return;
+    }
+    let s = scratch("owner");
+    let (ours, kernel) = on_both(&s, "allow_other,default_permissions", |m| py(&s, false, &["owner_prepare", arg(m)]) + &py(&s, true, &["owner", arg(m)]));
+    assert_eq!(ours, kernel, "owners or modes of O_TMPFILE files through the mount differ from the kernel's");
+    let daemon = run(Command::new("id").args(["-u", "daemon"]));
+    let daemon = daemon.trim();
+    assert_shows(
+        &ours,
+        &[
+            "root in sgid nlink 0 mode 102755 uid 0 gid 4242 size 0",
+            &format!("sgid nlink 0 mode 100755 uid {daemon} gid 4242 size 0 link ok"),
+            &format!("plain nlink 0 mode 102755 uid {daemon} gid {daemon} size 0 link ok"),
+            "closed EACCES",
+            &format!("acl nlink 0 mode 102640 uid {daemon} gid {daemon} size 0 link ok"),
+        ],
+    );
+    assert_check(&s.join("u.img"), "after O_TMPFILE files of an unprivileged user");
+    let _ = std::fs::remove_dir_all(&s);
+}
+
+/// O_TMPFILE on a read-only mount is EROFS, as on a read-only kernel mount.
+#[test]
+fn tmpfile_on_a_read_only_mount_is_erofs() {
+    if !available("tmpfile_on_a_read_only_mount_is_erofs") {
+        return;
+    }
+    let s = scratch("ro");
+    let img = s.join("img");
+    mkfs(&img, "300M");
+    let kmnt = s.join("kmnt");
+    std::fs::create_dir_all(&kmnt).unwrap();
+    run(Command::new("mount").args(["-o", "loop,ro"]).arg(&img).arg(&kmnt));
+    let kernel = py(&s, false, &["read_only", arg(&kmnt)]);
+    run(Command::new("umount").arg(&kmnt));
+    let m = FuseMount::start(&img, &s.join("umnt"), "ro");
+    let ours = py(&s, false, &["read_only", arg(&s.join("umnt"))]);
+    m.stop(Stop::Sigterm);
+    assert_eq!(ours, kernel);
+    assert_shows(&ours, &["O_TMPFILE EROFS", "O_TMPFILE|O_WRONLY EROFS"]);
+    let _ = std::fs::remove_dir_all(&s);
 }
 
 /// statx's stx_btime is the inode's otime, the same through the mount and the kernel

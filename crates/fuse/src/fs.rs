@@ -736,6 +736,13 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn destroy(&mut self) {
         self.close_all();
+        // The kernel holds no inode any more, whatever FORGETs it sent: an unlinked one
+        // it held goes now, not at the next mount's orphan cleanup.
+        if !self.opts.read_only {
+            if let Err(e) = self.engine.forget_all() {
+                crate::log::log(&format!("forget at unmount: {e}"));
+            }
+        }
         crate::session::last_commit(&self.engine, self.opts.read_only);
     }
 
@@ -1184,6 +1191,40 @@ impl fuser::Filesystem for UbtrfsFs {
         match r {
             Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN),
             Err(e) => reply.error(self.fail("create", &e)),
+        }
+    }
+
+    /// open(O_TMPFILE): `FsWriter::tmpfile` (nlink 0 and an orphan item until a link
+    /// names it), owned, moded and given ACLs as `create` makes a file, and opened. The
+    /// reply's nlink 0 is what the kernel's FUSE keeps (it instantiates the inode as it
+    /// is, where btrfs's own `d_tmpfile` takes the count from 1 to 0), and its VFS then
+    /// allows a linkat of it unless it was opened with O_EXCL (ENOENT, as on btrfs).
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+        let r = (|| {
+            self.writable()?;
+            let dir = self.id(parent)?;
+            let ino = self.engine.write_retrying(|w| {
+                let d = w.live().load_inode(dir, Load::ITEM)?.item;
+                let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
+                Self::make_with_acls(w, dir, a, umask, |w, a| w.tmpfile(dir.root, dir.ino, a))
+            })?;
+            let id = InodeId { root: dir.root, ino };
+            // Counted before the open: an inode with no name that nobody holds cannot be
+            // opened (it waits for its removal).
+            self.engine.count_lookups(id, 1);
+            let opened = self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
+            match opened {
+                Ok(((attr, generation), f)) => Ok((attr, generation, self.add_handle(f, false))),
+                Err(e) => {
+                    // The kernel never hears of it: drop the count, and with it the inode.
+                    let _ = self.engine.forget(id, 1);
+                    Err(e)
+                }
+            }
+        })();
+        match r {
+            Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN),
+            Err(e) => reply.error(self.fail("tmpfile", &e)),
         }
     }
 
