@@ -515,9 +515,10 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix`: NotDir, NotPermitted for an immutable directory (the kernel's
-    /// `inode_permission` of `dir` for writing), NotSupported in a subvolume placeholder
-    /// (its directory has no `tmpfile` operation, so `vfs_tmpfile` refuses), ReadOnly in
-    /// a read-only subvolume; tree failures.
+    /// `inode_permission` of `dir` for writing; an append-only one is allowed),
+    /// NotSupported in a subvolume placeholder (its directory has no `tmpfile`
+    /// operation, so `vfs_tmpfile` refuses), all three as measured on kernel 6.18;
+    /// ReadOnly in a read-only subvolume; tree failures.
     pub fn tmpfile(&mut self, root: u64, dir: u64, a: &InodeAttrs) -> Result<u64> {
         let mut a = *a;
         a.mode = S_IFREG | (a.mode & 0o7777);
