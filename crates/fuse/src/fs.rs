@@ -24,7 +24,7 @@ use crate::ino::{FuseIno, InoMap, Placeholders};
 use crate::options::{IdMap, MountOptions};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, StatxExtra, TimeOrNow,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -736,6 +736,13 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn destroy(&mut self) {
         self.close_all();
+        // The kernel holds no inode any more, whatever FORGETs it sent: an unlinked one
+        // it held goes now, not at the next mount's orphan cleanup.
+        if !self.opts.read_only {
+            if let Err(e) = self.engine.forget_all() {
+                crate::log::log(&format!("forget at unmount: {e}"));
+            }
+        }
         crate::session::last_commit(&self.engine, self.opts.read_only);
     }
 
@@ -1184,6 +1191,51 @@ impl fuser::Filesystem for UbtrfsFs {
         match r {
             Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN),
             Err(e) => reply.error(self.fail("create", &e)),
+        }
+    }
+
+    /// open(O_TMPFILE): `FsWriter::tmpfile` (nlink 0 and an orphan item until a link
+    /// names it), owned, moded and given ACLs as `create` makes a file, and opened. The
+    /// reply's nlink 0 is what the kernel's FUSE keeps (it instantiates the inode as it
+    /// is, where btrfs's own `d_tmpfile` takes the count from 1 to 0), and its VFS then
+    /// allows a linkat of it unless it was opened with O_EXCL (ENOENT, as on btrfs).
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+        let r = (|| {
+            self.writable()?;
+            let dir = self.id(parent)?;
+            let ino = self.engine.write_retrying(|w| {
+                let d = w.live().load_inode(dir, Load::ITEM)?.item;
+                let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
+                Self::make_with_acls(w, dir, a, umask, |w, a| w.tmpfile(dir.root, dir.ino, a))
+            })?;
+            let id = InodeId { root: dir.root, ino };
+            // Counted before the open: an inode with no name that nobody holds cannot be
+            // opened (it waits for its removal).
+            self.engine.count_lookups(id, 1);
+            let opened = self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
+            match opened {
+                Ok(((attr, generation), f)) => Ok((attr, generation, self.add_handle(f, false))),
+                Err(e) => {
+                    // The kernel never hears of it: drop the count, and with it the inode.
+                    let _ = self.engine.forget(id, 1);
+                    Err(e)
+                }
+            }
+        })();
+        match r {
+            Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN),
+            Err(e) => reply.error(self.fail("tmpfile", &e)),
+        }
+    }
+
+    /// statx(2) beyond the basic stats: GETATTR's attributes and the birth time, the
+    /// inode item's otime (`btrfs_getattr`'s STATX_BTIME). The kernel's btrfs also
+    /// reports stx_attributes and STATX_SUBVOL, which the kernel's FUSE (6.18) does not
+    /// carry; it fills STATX_MNT_ID itself.
+    fn statx(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, _flags: u32, _mask: u32, reply: ReplyStatx) {
+        match self.id(ino).and_then(|id| self.getattr_node(ino, id)) {
+            Ok((attr, _)) => reply.statx(&TTL, &attr, &StatxExtra { btime: Some(attr.crtime) }),
+            Err(e) => reply.error(self.fail("statx", &e)),
         }
     }
 

@@ -475,6 +475,28 @@ impl Engine {
         Ok(())
     }
 
+    /// Drop every lookup the FUSE kernel holds, as `forget` does for each: at the end
+    /// of a mount's session the kernel holds nothing, and it does not always say so (a
+    /// FUSE superblock that goes without DESTROY, after a lazy unmount, aborts the
+    /// connection with its last FORGETs unsent). An inode with no name left that is not
+    /// open either (an O_TMPFILE file never linked, a file unlinked while open) is then
+    /// dropped, as the kernel's btrfs drops it at its last iput. Every inode is tried;
+    /// the first error is returned.
+    ///
+    /// # Errors
+    /// As `forget`.
+    pub fn forget_all(&self) -> Result<()> {
+        let mut first = Ok(());
+        for (id, n) in self.info().inodes.looked_up() {
+            if let Err(e) = self.forget(id, n) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+
     /// Errors of handles dropped without `close`, oldest first, and how many more were
     /// not kept; clears them.
     pub fn take_close_errors(&self) -> (Vec<String>, u64) {

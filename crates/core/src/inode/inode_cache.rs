@@ -300,6 +300,11 @@ impl InodeCache {
         self.lock().map.iter().find(|(id, (i, _))| id.root == root && i.open_count() > 0).map(|(id, _)| *id)
     }
 
+    /// The inodes the FUSE kernel holds lookups of, with their counts.
+    pub fn looked_up(&self) -> Vec<(InodeId, u64)> {
+        self.lock().map.iter().map(|(id, (i, _))| (*id, i.lookup_count())).filter(|&(_, n)| n > 0).collect()
+    }
+
     /// Drop `id` from the cache if nobody holds it (after its removal from disk).
     pub fn forget_unused(&self, id: InodeId) {
         let mut c = self.lock();

@@ -505,6 +505,47 @@ impl FsWriter {
         })
     }
 
+    /// Create an unnamed regular file for directory `dir`, as `open(O_TMPFILE)` does
+    /// (`btrfs_tmpfile`): a new inode with nlink 0 and an orphan item, its flags and
+    /// compression property inherited from `dir` as a created file's are, and `dir`
+    /// itself unchanged (no entry, no new times; measured on kernel 6.18). `link` gives
+    /// it its first name and deletes the orphan item; its last close without one drops
+    /// it (`evict_if_unlinked`), and a crash before either leaves the orphan for the next
+    /// mount.
+    ///
+    /// # Errors
+    /// `Posix`: NotDir, NotPermitted for an immutable directory (the kernel's
+    /// `inode_permission` of `dir` for writing; an append-only one is allowed),
+    /// NotSupported in a subvolume placeholder (its directory has no `tmpfile`
+    /// operation, so `vfs_tmpfile` refuses), all three as measured on kernel 6.18;
+    /// ReadOnly in a read-only subvolume; tree failures.
+    pub fn tmpfile(&mut self, root: u64, dir: u64, a: &InodeAttrs) -> Result<u64> {
+        let mut a = *a;
+        a.mode = S_IFREG | (a.mode & 0o7777);
+        self.check_root_writable(root)?;
+        if (InodeId { root, ino: dir }).is_placeholder() {
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                format!("root={root} ino={dir}"),
+                "the directory is the empty placeholder of a subvolume this snapshot does not hold; it makes no unnamed files",
+            ));
+        }
+        let d = self.live().load_inode(InodeId { root, ino: dir }, Load::ITEM)?.item;
+        if d.mode.get() & S_IFMT != S_IFDIR {
+            return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
+        }
+        if d.flags.get() & INODE_IMMUTABLE != 0 {
+            return Err(Error::posix_detail(PosixKind::NotPermitted, format!("root={root} ino={dir}"), "the directory is immutable"));
+        }
+        a.flags |= inherited_flags(d.flags.get(), true);
+        self.transaction("tmpfile", 3, |w| {
+            let ino = w.create_inode_inner(root, &a)?;
+            w.orphan_add(root, ino)?;
+            w.inherit_props(root, dir, ino)?;
+            Ok(ino)
+        })
+    }
+
     /// Remove file extents in [start, end), trimming and splitting items at the edges
     /// (`btrfs_drop_extents`). Returns the nbytes removed.
     ///
