@@ -9,4 +9,7 @@ use ubtrfs_fuzz::targets::{engine_ops, ImageBase};
 
 static BASE: OnceLock<ImageBase> = OnceLock::new();
 
-fuzz_target!(|data: &[u8]| engine_ops(BASE.get_or_init(|| ImageBase::from_fixture("blake2")), data));
+fuzz_target!(|data: &[u8]| engine_ops(
+    BASE.get_or_init(|| ImageBase::from_fixture("blake2")),
+    data
+));

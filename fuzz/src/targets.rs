@@ -36,7 +36,8 @@ pub fn superblock(data: &[u8]) {
     // Parsing the chunk array of an unvalidated superblock must not panic either.
     let _ = superblock::sys_chunk_array(&raw);
     if let Ok(sb) = superblock::check_super(&buf, at) {
-        let chunks = superblock::sys_chunk_array(&sb).expect("check_super accepted the sys_chunk_array");
+        let chunks =
+            superblock::sys_chunk_array(&sb).expect("check_super accepted the sys_chunk_array");
         assert!(!chunks.is_empty(), "check_super accepted an empty sys_chunk_array");
         let _ = features::check_features(sb.incompat_flags.get(), sb.compat_ro_flags.get());
         let _ = features::flag_names(sb.incompat_flags.get(), features::INCOMPAT_NAMES);
@@ -156,7 +157,8 @@ pub fn parse_everything(k: &Key, d: &[u8], strict: bool) {
     let ei = items::extent_item(d, false).map(|_| ());
     let mi = items::extent_item(d, true).map(|_| ());
     let uuid = items::uuid_item_ids(d).map(|_| ());
-    let inode = InodeItem::read_from_bytes(d).map(|_| ()).map_err(|_| "inode item size".to_string());
+    let inode =
+        InodeItem::read_from_bytes(d).map(|_| ()).map_err(|_| "inode item size".to_string());
     let _ = ubtrfs_format::hash::name_hash(d);
     if !strict {
         return;
@@ -201,8 +203,17 @@ impl ImageBase {
         let img = Arc::new(img);
         let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(OverlayDevice::new(img.clone(), name))];
         let info = FsInfo::open_devices(devs, 8 << 20)?;
-        let blocks = tree_blocks(&info)?.into_iter().flat_map(|b| b.copies.into_iter().map(|c| c.1)).collect();
-        Ok(ImageBase { img, name: name.to_string(), csum: info.csum_type, nodesize: info.nodesize, blocks })
+        let blocks = tree_blocks(&info)?
+            .into_iter()
+            .flat_map(|b| b.copies.into_iter().map(|c| c.1))
+            .collect();
+        Ok(ImageBase {
+            img,
+            name: name.to_string(),
+            csum: info.csum_type,
+            nodesize: info.nodesize,
+            blocks,
+        })
     }
 
     /// The base of fixture `name` (`tests/fixtures/NAME.0.img.zst`), for a fuzz target's
@@ -247,14 +258,24 @@ impl ImageBase {
             let (at, targets): (u64, Vec<usize>) = if ctl & 2 != 0 {
                 let at = ((index as u64) << 12 | offset & 0xfff) % self.img.len() as u64;
                 let end = at + bytes.len() as u64;
-                let mut t: Vec<usize> = self.blocks.iter().enumerate().filter(|(_, &b)| b < end && at < b + ns).map(|(i, _)| i).collect();
+                let mut t: Vec<usize> = self
+                    .blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b < end && at < b + ns)
+                    .map(|(i, _)| i)
+                    .collect();
                 if SUPER_INFO_OFFSET < end && at < SUPER_INFO_OFFSET + SUPER_INFO_SIZE as u64 {
                     t.push(sb_target);
                 }
                 (at, t)
             } else {
                 let t = index % (self.blocks.len() + 1);
-                let (start, size) = if t == sb_target { (SUPER_INFO_OFFSET, SUPER_INFO_SIZE as u64) } else { (self.blocks[t], ns) };
+                let (start, size) = if t == sb_target {
+                    (SUPER_INFO_OFFSET, SUPER_INFO_SIZE as u64)
+                } else {
+                    (self.blocks[t], ns)
+                };
                 let off = offset % size;
                 let keep = (size - off) as usize;
                 dev.patch(start + off, bytes[..bytes.len().min(keep)].to_vec());
@@ -323,7 +344,8 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
     let (patches, ops) = data[2..].split_at(plen);
     let dev: Arc<dyn BlockDevice> = Arc::new(WritableOverlay::new(base.patched(patches)));
     let open = |dev: &Arc<dyn BlockDevice>| {
-        let mut w = FsInfo::open_devices(vec![dev.clone()], 4 << 20).and_then(FsWriter::from_info)?;
+        let mut w =
+            FsInfo::open_devices(vec![dev.clone()], 4 << 20).and_then(FsWriter::from_info)?;
         w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
         Ok::<_, ubtrfs_core::Error>(Engine::from_writer(w))
     };
@@ -338,19 +360,34 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
         let kind = if matches!(kind, 2 | 3 | 7) && files.is_empty() { 6 } else { kind };
         let dir = dirs[usize::from(a) % dirs.len()];
         let r: ubtrfs_core::Result<()> = match kind {
-            0 => engine.write(|w| w.mkdir(dir.root, dir.ino, format!("d{a}-{b}").as_bytes(), &InodeAttrs::new(0o755))).map(|ino| dirs.push(InodeId { root: dir.root, ino })),
+            0 => engine
+                .write(|w| {
+                    w.mkdir(
+                        dir.root,
+                        dir.ino,
+                        format!("d{a}-{b}").as_bytes(),
+                        &InodeAttrs::new(0o755),
+                    )
+                })
+                .map(|ino| dirs.push(InodeId { root: dir.root, ino })),
             1 => {
                 let name = format!("f{a}-{b}").into_bytes();
-                engine.write(|w| w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644))).and_then(|ino| {
-                    let id = InodeId { root: dir.root, ino };
-                    files.push((dir, id, name));
-                    engine.write_file(id, 0, &vec![a; usize::from(b) * 7])
-                })
+                engine
+                    .write(|w| w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644)))
+                    .and_then(|ino| {
+                        let id = InodeId { root: dir.root, ino };
+                        files.push((dir, id, name));
+                        engine.write_file(id, 0, &vec![a; usize::from(b) * 7])
+                    })
             }
             2 => {
                 // Odd `a`: whole sectors, written without the engine's lock.
                 let (_, f, _) = &files[usize::from(a) % files.len()];
-                let (off, len) = if a % 2 == 1 { (u64::from(b) * 4096, usize::from(a) * 4096) } else { (u64::from(b) * 512, usize::from(a) * 97) };
+                let (off, len) = if a % 2 == 1 {
+                    (u64::from(b) * 4096, usize::from(a) * 4096)
+                } else {
+                    (u64::from(b) * 512, usize::from(a) * 97)
+                };
                 engine.write_file(*f, off, &vec![b as u8; len])
             }
             3 => {
@@ -370,7 +407,10 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
                 // Unlinked while open: written and read through the handle, then closed.
                 let (d, f, name) = files.swap_remove(usize::from(a) % files.len());
                 engine.open_file(f).and_then(|h| {
-                    let r = engine.unlink(d.root, d.ino, &name).and_then(|()| h.write_at(u64::from(b), &[a; 5000])).and_then(|()| h.read_at(0, &mut [0u8; 8192]).map(drop));
+                    let r = engine
+                        .unlink(d.root, d.ino, &name)
+                        .and_then(|()| h.write_at(u64::from(b), &[a; 5000]))
+                        .and_then(|()| h.read_at(0, &mut [0u8; 8192]).map(drop));
                     let c = h.close();
                     r.and(c)
                 })

@@ -103,7 +103,9 @@ pub fn all_roots(info: &FsInfo) -> Result<Vec<RootInfo>> {
         }
         // Validated by the tree checker when the leaf was read; an error here would be
         // a checker gap, reported as such rather than unwrapped.
-        let v = items::root_item(item.data()).map_err(|e| Error::Incompatible(format!("tree checker passed a bad root item {k}: {e}")))?;
+        let v = items::root_item(item.data()).map_err(|e| {
+            Error::Incompatible(format!("tree checker passed a bad root item {k}: {e}"))
+        })?;
         let bytenr = v.item.bytenr.get();
         // A deleted subvolume (no references left) is being dropped: its blocks may
         // already be freed and reused, so the kernel never reads it as a tree.
@@ -111,7 +113,12 @@ pub fn all_roots(info: &FsInfo) -> Result<Vec<RootInfo>> {
             continue;
         }
         if seen.insert((k.objectid, bytenr)) {
-            roots.push(RootInfo { id: k.objectid, bytenr, level: v.item.level, generation: v.item.generation.get() });
+            roots.push(RootInfo {
+                id: k.objectid,
+                bytenr,
+                level: v.item.level,
+                generation: v.item.generation.get(),
+            });
         }
     }
     if let Some(l) = info.log_root() {
@@ -166,7 +173,14 @@ fn walk_dirs(fs: &Filesystem, s: &mut WalkSummary, d: &mut Digest) -> Result<()>
     Ok(())
 }
 
-fn visit(fs: &Filesystem, v: &InodeView, s: &mut WalkSummary, d: &mut Digest, read_files: &mut HashSet<InodeId>, budget: &mut u64) -> Result<()> {
+fn visit(
+    fs: &Filesystem,
+    v: &InodeView,
+    s: &mut WalkSummary,
+    d: &mut Digest,
+    read_files: &mut HashSet<InodeId>,
+    budget: &mut u64,
+) -> Result<()> {
     d.u64(u64::from(v.mode()));
     d.u64(v.size());
     d.u64(u64::from(v.nlink()));
@@ -197,9 +211,20 @@ fn visit(fs: &Filesystem, v: &InodeView, s: &mut WalkSummary, d: &mut Digest, re
 
 /// Read the ranges the file's extents cover (clamped to its size), plus its first and
 /// last bytes, within `budget`.
-fn read_file(fs: &Filesystem, v: &InodeView, s: &mut WalkSummary, d: &mut Digest, budget: &mut u64) -> Result<()> {
+fn read_file(
+    fs: &Filesystem,
+    v: &InodeView,
+    s: &mut WalkSummary,
+    d: &mut Digest,
+    budget: &mut u64,
+) -> Result<()> {
     let size = v.size();
-    let mut ranges: Vec<(u64, u64)> = v.extents.iter().filter(|e| !e.is_hole_like()).map(|e| (e.file_offset.min(size), e.end().min(size))).collect();
+    let mut ranges: Vec<(u64, u64)> = v
+        .extents
+        .iter()
+        .filter(|e| !e.is_hole_like())
+        .map(|e| (e.file_offset.min(size), e.end().min(size)))
+        .collect();
     ranges.push((0, size.min(4096)));
     ranges.push((size.saturating_sub(4096), size));
     let mut buf = vec![0u8; READ_CHUNK];
@@ -243,7 +268,16 @@ pub struct TreeBlock {
 pub fn tree_blocks(info: &FsInfo) -> Result<Vec<TreeBlock>> {
     let mut out: BTreeMap<u64, TreeBlock> = BTreeMap::new();
     for root in all_roots(info)? {
-        let mut stack = vec![(root.bytenr, Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(root.id), first_key: None }, None)];
+        let mut stack = vec![(
+            root.bytenr,
+            Expect {
+                level: Some(root.level),
+                generation: Some(root.generation),
+                owner: Some(root.id),
+                first_key: None,
+            },
+            None,
+        )];
         while let Some((bytenr, expect, parent)) = stack.pop() {
             if out.contains_key(&bytenr) {
                 continue;
@@ -257,10 +291,25 @@ pub fn tree_blocks(info: &FsInfo) -> Result<Vec<TreeBlock>> {
                     (chunk.stripes[idx].0, phys)
                 })
                 .collect();
-            out.insert(bytenr, TreeBlock { bytenr, level: n.level(), owner: n.owner(), root: root.id, parent, copies });
+            out.insert(
+                bytenr,
+                TreeBlock {
+                    bytenr,
+                    level: n.level(),
+                    owner: n.owner(),
+                    root: root.id,
+                    parent,
+                    copies,
+                },
+            );
             if !n.is_leaf() {
                 for slot in 0..n.nritems() {
-                    let e = Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(root.id), first_key: Some(n.key(slot)) };
+                    let e = Expect {
+                        level: Some(n.level() - 1),
+                        generation: Some(n.ptr_generation(slot)),
+                        owner: Some(root.id),
+                        first_key: Some(n.key(slot)),
+                    };
                     stack.push((n.blockptr(slot), e, Some(bytenr)));
                 }
             }
@@ -316,7 +365,8 @@ fn apply_patches(buf: &mut [u8], offset: u64, patches: &[(u64, Vec<u8>)]) {
         let (ps, pe) = (*po, *po + pb.len() as u64);
         let (s, e) = (ps.max(start), pe.min(stop));
         if s < e {
-            buf[(s - start) as usize..(e - start) as usize].copy_from_slice(&pb[(s - ps) as usize..(e - ps) as usize]);
+            buf[(s - start) as usize..(e - start) as usize]
+                .copy_from_slice(&pb[(s - ps) as usize..(e - ps) as usize]);
         }
     }
 }
@@ -325,13 +375,26 @@ impl BlockDevice for OverlayDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         match offset.checked_add(buf.len() as u64) {
             Some(end) if end <= self.len => {}
-            _ => return Err(Error::io(format!("{}: access [{offset}, +{}) beyond end of device ({} bytes)", self.name, buf.len(), self.len), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
+            _ => {
+                return Err(Error::io(
+                    format!(
+                        "{}: access [{offset}, +{}) beyond end of device ({} bytes)",
+                        self.name,
+                        buf.len(),
+                        self.len
+                    ),
+                    std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                ))
+            }
         }
         self.fill(buf, offset);
         Ok(())
     }
     fn write_at(&self, _buf: &[u8], offset: u64) -> Result<()> {
-        Err(Error::io(format!("{}: write at {offset} to a read-only overlay", self.name), std::io::Error::from(std::io::ErrorKind::PermissionDenied)))
+        Err(Error::io(
+            format!("{}: write at {offset} to a read-only overlay", self.name),
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        ))
     }
     fn flush(&self) -> Result<()> {
         Ok(())
@@ -382,7 +445,16 @@ impl BlockDevice for WritableOverlay {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         match offset.checked_add(buf.len() as u64) {
             Some(end) if end <= self.inner.size() => {}
-            _ => return Err(Error::io(format!("{}: write [{offset}, +{}) beyond end of device", self.inner.name(), buf.len()), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
+            _ => {
+                return Err(Error::io(
+                    format!(
+                        "{}: write [{offset}, +{}) beyond end of device",
+                        self.inner.name(),
+                        buf.len()
+                    ),
+                    std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+                ))
+            }
         }
         self.writes.lock().unwrap_or_else(|p| p.into_inner()).push((offset, buf.to_vec()));
         Ok(())

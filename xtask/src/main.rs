@@ -49,7 +49,8 @@ fn fixtures(rest: Vec<String>) -> ExitCode {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures.py");
     let mut cmd = Command::new("python3");
     cmd.arg(&script);
-    let explicit = matches!(rest.first().map(String::as_str), Some("build" | "manifest" | "diff" | "list"));
+    let explicit =
+        matches!(rest.first().map(String::as_str), Some("build" | "manifest" | "diff" | "list"));
     if !explicit {
         cmd.arg("build");
     }

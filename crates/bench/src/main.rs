@@ -6,7 +6,10 @@ use clap::{Parser, Subcommand};
 use ubtrfs_bench::seed000;
 
 #[derive(Parser)]
-#[command(name = "ubtrfs-bench", about = "reproducible ubtrfs measurements against their baselines")]
+#[command(
+    name = "ubtrfs-bench",
+    about = "reproducible ubtrfs measurements against their baselines"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -44,9 +47,22 @@ fn main() {
                 c.seed = seed;
                 c
             };
-            let main = tune(if tiny { seed000::Config::tiny(bits) } else { seed000::Config::full(bits) });
-            let percall: Vec<seed000::Config> =
-                if no_per_call { Vec::new() } else { [32768, 131072].into_iter().map(|b| tune(if tiny { seed000::Config::tiny(b) } else { seed000::Config::per_call(b) })).collect() };
+            let main =
+                tune(if tiny { seed000::Config::tiny(bits) } else { seed000::Config::full(bits) });
+            let percall: Vec<seed000::Config> = if no_per_call {
+                Vec::new()
+            } else {
+                [32768, 131072]
+                    .into_iter()
+                    .map(|b| {
+                        tune(if tiny {
+                            seed000::Config::tiny(b)
+                        } else {
+                            seed000::Config::per_call(b)
+                        })
+                    })
+                    .collect()
+            };
             seed000::report(&main, &percall)
         }
     };

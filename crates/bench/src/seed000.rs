@@ -31,7 +31,9 @@
 //! bitmaps, free ranges, allocation results) must be identical.
 
 use crate::stats::{CallStats, Stopwatch, Timing};
-use ubtrfs_core::space::free_space_cache::{find_next_zero_bit, EntryInfo, EntryKind, FreeSpaceCtl, Unpinned};
+use ubtrfs_core::space::free_space_cache::{
+    find_next_zero_bit, EntryInfo, EntryKind, FreeSpaceCtl, Unpinned,
+};
 use ubtrfs_core::volumes::fault::Rng;
 
 pub const SECTOR: u64 = 4096;
@@ -122,7 +124,13 @@ impl Config {
     /// The same layout on a group of at least 256 MiB, 1024 file extents per span.
     pub fn tiny(bits: u32) -> Config {
         let n = u64::from(bits);
-        Config { spans: ((256u64 << 20) / (n * SECTOR)).max(1), file_extents_per_span: 1024, commit_every: 4096, write_bytes: 8 << 20, ..Config::full(bits) }
+        Config {
+            spans: ((256u64 << 20) / (n * SECTOR)).max(1),
+            file_extents_per_span: 1024,
+            commit_every: 4096,
+            write_bytes: 8 << 20,
+            ..Config::full(bits)
+        }
     }
 
     pub fn group_length(&self) -> u64 {
@@ -138,7 +146,10 @@ impl Config {
         if self.low_sectors + self.hole_sectors + 2 * self.file_extents_per_span > n {
             return Err(format!("seed000: layout does not fit a {n}-sector span"));
         }
-        if self.write_request == 0 || self.write_request & (SECTOR - 1) != 0 || self.commit_every == 0 {
+        if self.write_request == 0
+            || self.write_request & (SECTOR - 1) != 0
+            || self.commit_every == 0
+        {
             return Err("seed000: write request must be a positive multiple of 4096".into());
         }
         Ok(())
@@ -191,8 +202,14 @@ pub struct Counts {
 
 impl Counts {
     fn of(ctl: &FreeSpaceCtl) -> Counts {
-        let bitmap_bytes = ctl.entries().iter().filter(|e| e.kind == EntryKind::Bitmap).map(|e| e.bytes).sum();
-        Counts { free_extents: ctl.free_extents(), total_bitmaps: ctl.total_bitmaps(), free_space: ctl.free_space(), bitmap_bytes }
+        let bitmap_bytes =
+            ctl.entries().iter().filter(|e| e.kind == EntryKind::Bitmap).map(|e| e.bytes).sum();
+        Counts {
+            free_extents: ctl.free_extents(),
+            total_bitmaps: ctl.total_bitmaps(),
+            free_space: ctl.free_space(),
+            bitmap_bytes,
+        }
     }
 }
 
@@ -259,7 +276,8 @@ fn fnv(h: &mut u64, x: u64) {
 pub fn run(cfg: &Config, strategy: Strategy, opts: RunOptions) -> Result<Run, String> {
     cfg.check()?;
     let length = cfg.group_length();
-    let mut ctl = FreeSpaceCtl::new(cfg.start, length, SECTOR as u32, cfg.bits).map_err(|e| e.to_string())?;
+    let mut ctl =
+        FreeSpaceCtl::new(cfg.start, length, SECTOR as u32, cfg.bits).map_err(|e| e.to_string())?;
     // Invariants are checked between phases, outside the timed sections.
     ctl.set_debug_checks(false);
     if strategy == Strategy::ForwardWalk {
@@ -335,8 +353,26 @@ pub fn run(cfg: &Config, strategy: Strategy, opts: RunOptions) -> Result<Run, St
             fnv(&mut bitmap_digest, w);
         }
     }
-    let state = FinalState { free_ranges: ctl.free_ranges(), counts: Counts::of(&ctl), entries, bitmap_digest, write_digest };
-    Ok(Run { strategy, fragment, delete, commit, write, frees_while_fragmenting: frees.len() as u64, after_fragment, unpinned, writes, state, front_steal_ns })
+    let state = FinalState {
+        free_ranges: ctl.free_ranges(),
+        counts: Counts::of(&ctl),
+        entries,
+        bitmap_digest,
+        write_digest,
+    };
+    Ok(Run {
+        strategy,
+        fragment,
+        delete,
+        commit,
+        write,
+        frees_while_fragmenting: frees.len() as u64,
+        after_fragment,
+        unpinned,
+        writes,
+        state,
+        front_steal_ns,
+    })
 }
 
 /// Per-call front-steal cost of one strategy at one bitmap size.
@@ -398,8 +434,17 @@ fn size(bytes: u64) -> String {
 pub fn report(cfg: &Config, percall: &[Config]) -> Result<(), String> {
     use crate::stats::{ratio, ratio_opt, secs, secs_opt};
     let n = u64::from(cfg.bits);
-    println!("seed000: steal_from_bitmap_to_front, kernel forward walk vs ubtrfs backward word scan");
-    println!("group: {} at {}, sectorsize 4096, {}-bit bitmaps ({} each, {} of them)", size(cfg.group_length()), size(cfg.start), cfg.bits, size(n * SECTOR), cfg.spans);
+    println!(
+        "seed000: steal_from_bitmap_to_front, kernel forward walk vs ubtrfs backward word scan"
+    );
+    println!(
+        "group: {} at {}, sectorsize 4096, {}-bit bitmaps ({} each, {} of them)",
+        size(cfg.group_length()),
+        size(cfg.start),
+        cfg.bits,
+        size(n * SECTOR),
+        cfg.spans
+    );
     println!(
         "file: {} extents of 4 KiB, every other sector, {} per bitmap above {} sectors of other data ({}% free)",
         cfg.file_extents(),
@@ -418,17 +463,37 @@ pub fn report(cfg: &Config, percall: &[Config]) -> Result<(), String> {
         (a.bitmap_bytes * 100).checked_div(a.free_space).unwrap_or(0)
     );
     println!();
-    println!("{:<42} {:>12} {:>10} {:>8}   {:>12} {:>10} {:>8}", "phase", "walk wall s", "scan wall", "speedup", "walk cpu s", "scan cpu", "speedup");
+    println!(
+        "{:<42} {:>12} {:>10} {:>8}   {:>12} {:>10} {:>8}",
+        "phase", "walk wall s", "scan wall", "speedup", "walk cpu s", "scan cpu", "speedup"
+    );
     let rows: [(String, Timing, Timing); 6] = [
-        (format!("fragment: fill, free {} ranges", word.frees_while_fragmenting), walk.fragment, word.fragment),
+        (
+            format!("fragment: fill, free {} ranges", word.frees_while_fragmenting),
+            walk.fragment,
+            word.fragment,
+        ),
         (format!("delete: pin {} extents", cfg.file_extents()), walk.delete, word.delete),
         (format!("commit: unpin_all, {} adds", word.unpinned.ranges), walk.commit, word.commit),
-        (format!("write: {} in {} allocs", size(cfg.write_bytes), word.writes), walk.write, word.write),
+        (
+            format!("write: {} in {} allocs", size(cfg.write_bytes), word.writes),
+            walk.write,
+            word.write,
+        ),
         ("delete + commit + write (the seed's stall)".to_string(), walk.stall(), word.stall()),
         ("all phases, with the fragment setup".to_string(), walk.total(), word.total()),
     ];
     for (name, w, s) in &rows {
-        println!("{:<42} {:>12} {:>10} {:>8}   {:>12} {:>10} {:>8}", name, secs(w.wall), secs(s.wall), ratio(w.wall, s.wall), secs_opt(w.cpu), secs_opt(s.cpu), ratio_opt(w.cpu, s.cpu));
+        println!(
+            "{:<42} {:>12} {:>10} {:>8}   {:>12} {:>10} {:>8}",
+            name,
+            secs(w.wall),
+            secs(s.wall),
+            ratio(w.wall, s.wall),
+            secs_opt(w.cpu),
+            secs_opt(s.cpu),
+            ratio_opt(w.cpu, s.cpu)
+        );
     }
     if walk.state != word.state || walk.unpinned != word.unpinned {
         return Err("the two strategies ended in different free-space states".into());
@@ -447,12 +512,20 @@ pub fn report(cfg: &Config, percall: &[Config]) -> Result<(), String> {
     }
     println!();
     let overhead = crate::stats::timer_overhead_ns();
-    println!("per-call steal_from_bitmap_to_front during the commit, same layout on a smaller group");
+    println!(
+        "per-call steal_from_bitmap_to_front during the commit, same layout on a smaller group"
+    );
     println!("(wall time per call, including ~{overhead} ns of timer; the mean includes preemption on a busy machine,");
     println!(" the last column does not: thread CPU time of the whole commit / number of adds)");
-    println!("{:<8} {:<8} {:<14} {:>9} {:>11} {:>11} {:>10} {:>10} {:>12}", "bits", "group", "scan", "calls", "median ns", "mean ns", "p99 ns", "max ns", "cpu ns/add");
+    println!(
+        "{:<8} {:<8} {:<14} {:>9} {:>11} {:>11} {:>10} {:>10} {:>12}",
+        "bits", "group", "scan", "calls", "median ns", "mean ns", "p99 ns", "max ns", "cpu ns/add"
+    );
     for p in per_call(percall)? {
-        let cpu = p.commit_cpu_ns_per_add.map_or_else(|| "-".to_string(), |x| if x == 0.0 { "<tick".to_string() } else { format!("{x:.0}") });
+        let cpu = p.commit_cpu_ns_per_add.map_or_else(
+            || "-".to_string(),
+            |x| if x == 0.0 { "<tick".to_string() } else { format!("{x:.0}") },
+        );
         println!(
             "{:<8} {:<8} {:<14} {:>9} {:>11} {:>11.0} {:>10} {:>10} {:>12}",
             p.bits,
@@ -481,7 +554,10 @@ mod tests {
             for i in 0..512 {
                 let want = (0..=i).rfind(|&j| words[j / 64] >> (j % 64) & 1 == 0);
                 assert_eq!(forward_walk_last_clear(&words, i), want);
-                assert_eq!(ubtrfs_core::space::free_space_cache::find_last_clear_bit_upto(&words, i), want);
+                assert_eq!(
+                    ubtrfs_core::space::free_space_cache::find_last_clear_bit_upto(&words, i),
+                    want
+                );
             }
         }
     }

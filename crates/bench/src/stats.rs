@@ -21,7 +21,13 @@ impl CallStats {
         ns.sort_unstable();
         let n = ns.len();
         let sum: u64 = ns.iter().map(|&x| u64::from(x)).sum();
-        CallStats { calls: n, median_ns: u64::from(ns[n / 2]), mean_ns: sum as f64 / n as f64, p99_ns: u64::from(ns[(n * 99 / 100).min(n - 1)]), max_ns: u64::from(ns[n - 1]) }
+        CallStats {
+            calls: n,
+            median_ns: u64::from(ns[n / 2]),
+            mean_ns: sum as f64 / n as f64,
+            p99_ns: u64::from(ns[(n * 99 / 100).min(n - 1)]),
+            max_ns: u64::from(ns[n - 1]),
+        }
     }
 }
 

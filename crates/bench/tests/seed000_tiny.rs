@@ -30,7 +30,10 @@ fn tiny_forward_walk_and_word_scan_end_in_the_same_state() {
 
 #[test]
 fn tiny_binary_runs() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ubtrfs-bench")).args(["seed000", "--tiny"]).output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ubtrfs-bench"))
+        .args(["seed000", "--tiny"])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("final state identical: yes"), "{stdout}");

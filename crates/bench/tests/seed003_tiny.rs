@@ -18,14 +18,19 @@ fn seed003_tiny_variants_agree() {
     }
     let dir = std::env::temp_dir().join(format!("ubtrfs-seed003-tiny-{}", std::process::id()));
     let wl = seed003::workload(2000, 2, 500, 30);
-    let (cached, forced) = seed003::run_both(&dir, 1 << 30, 1, &wl, |m| eprintln!("{m}")).expect("both variants run and agree");
+    let (cached, forced) = seed003::run_both(&dir, 1 << 30, 1, &wl, |m| eprintln!("{m}"))
+        .expect("both variants run and agree");
     let (c, f) = (&cached[0], &forced[0]);
     assert!(!c.timings.is_empty(), "the cached variant timed no free-space-tree updates");
     assert_eq!(c.timings.len(), f.timings.len(), "both variants make the same number of updates");
     assert_eq!(c.commits, f.commits, "both variants commit the same number of times");
     // run_both already compared the trees; check the kept one is a real free-space tree.
     let infos = c.fst.iter().filter(|(k, _)| k.type_ == FREE_SPACE_INFO_KEY).count();
-    let free = c.fst.iter().filter(|(k, _)| k.type_ == FREE_SPACE_EXTENT_KEY || k.type_ == FREE_SPACE_BITMAP_KEY).count();
+    let free = c
+        .fst
+        .iter()
+        .filter(|(k, _)| k.type_ == FREE_SPACE_EXTENT_KEY || k.type_ == FREE_SPACE_BITMAP_KEY)
+        .count();
     assert!(infos >= 3, "at least system, metadata and data groups: {infos} INFO items");
     assert!(free >= infos, "free space items: {free}");
     // The same workload on a fresh image must also satisfy btrfs check.

@@ -30,7 +30,11 @@ pub fn run(a: &CheckArgs) -> ubtrfs_core::Result<()> {
     // Like `btrfs check`, refuse an image that changes under the checker unless forced
     // (then the in-use warnings are printed with the others).
     if let Some(u) = fs.in_use.first().filter(|_| !a.force) {
-        return Err(Error::posix_detail(PosixKind::Busy, u.to_string(), "its check may report false problems; use --force to check anyway"));
+        return Err(Error::posix_detail(
+            PosixKind::Busy,
+            u.to_string(),
+            "its check may report false problems; use --force to check anyway",
+        ));
     }
     crate::print_warnings(&fs);
     let opts = CheckOptions { check_data_csum: a.check_data_csum, max_findings: a.max_findings };
@@ -51,6 +55,14 @@ pub fn run(a: &CheckArgs) -> ubtrfs_core::Result<()> {
         Ok(())
     } else {
         let n = report.problems();
-        Err(Corrupt::new(CorruptWhere::Item, format!("{}: {n} problem{} found", a.image.image.display(), if n == 1 { "" } else { "s" })).into())
+        Err(Corrupt::new(
+            CorruptWhere::Item,
+            format!(
+                "{}: {n} problem{} found",
+                a.image.image.display(),
+                if n == 1 { "" } else { "s" }
+            ),
+        )
+        .into())
     }
 }

@@ -60,7 +60,8 @@ fn out_err(e: io::Error) -> Error {
 // Shared formatting
 // ---------------------------------------------------------------------------------
 
-const HEADER_FLAG_NAMES: &[(u64, &str)] = &[(HEADER_FLAG_WRITTEN, "WRITTEN"), (HEADER_FLAG_RELOC, "RELOC")];
+const HEADER_FLAG_NAMES: &[(u64, &str)] =
+    &[(HEADER_FLAG_WRITTEN, "WRITTEN"), (HEADER_FLAG_RELOC, "RELOC")];
 
 const INODE_FLAG_NAMES: &[(u64, &str)] = &[
     (INODE_NODATASUM, "NODATASUM"),
@@ -79,11 +80,17 @@ const INODE_FLAG_NAMES: &[(u64, &str)] = &[
     (INODE_RO_VERITY, "VERITY"),
 ];
 
-const ROOT_FLAG_NAMES: &[(u64, &str)] = &[(ROOT_SUBVOL_RDONLY, "RDONLY"), (ROOT_SUBVOL_DEAD, "DEAD")];
+const ROOT_FLAG_NAMES: &[(u64, &str)] =
+    &[(ROOT_SUBVOL_RDONLY, "RDONLY"), (ROOT_SUBVOL_DEAD, "DEAD")];
 
-const EXTENT_FLAG_NAMES: &[(u64, &str)] = &[(EXTENT_FLAG_DATA, "DATA"), (EXTENT_FLAG_TREE_BLOCK, "TREE_BLOCK"), (BLOCK_FLAG_FULL_BACKREF, "FULL_BACKREF")];
+const EXTENT_FLAG_NAMES: &[(u64, &str)] = &[
+    (EXTENT_FLAG_DATA, "DATA"),
+    (EXTENT_FLAG_TREE_BLOCK, "TREE_BLOCK"),
+    (BLOCK_FLAG_FULL_BACKREF, "FULL_BACKREF"),
+];
 
-const DEV_STAT_NAMES: [&str; DEV_STAT_VALUES_MAX] = ["write_errs", "read_errs", "flush_errs", "corruption_errs", "generation_errs"];
+const DEV_STAT_NAMES: [&str; DEV_STAT_VALUES_MAX] =
+    ["write_errs", "read_errs", "flush_errs", "corruption_errs", "generation_errs"];
 
 /// `0x361(MIXED_BACKREF|...)`, `0x0(none)`.
 fn flags_str(bits: u64, table: &[(u64, &str)]) -> String {
@@ -94,7 +101,11 @@ fn flags_str(bits: u64, table: &[(u64, &str)]) -> String {
 /// A block group / chunk type with its profile: `DATA|single`, `METADATA|DUP`.
 fn bg_flags_str(flags: u64) -> String {
     let mut parts = Vec::new();
-    for (bit, name) in [(BLOCK_GROUP_DATA, "DATA"), (BLOCK_GROUP_SYSTEM, "SYSTEM"), (BLOCK_GROUP_METADATA, "METADATA")] {
+    for (bit, name) in [
+        (BLOCK_GROUP_DATA, "DATA"),
+        (BLOCK_GROUP_SYSTEM, "SYSTEM"),
+        (BLOCK_GROUP_METADATA, "METADATA"),
+    ] {
         if flags & bit != 0 {
             parts.push(name.to_string());
         }
@@ -205,8 +216,19 @@ fn qgroup_str(q: u64) -> String {
 /// Print a chunk's header and stripes at `indent` tabs.
 fn print_chunk(o: &mut dyn Write, c: &ChunkView, indent: usize) -> io::Result<()> {
     let t = "\t".repeat(indent);
-    writeln!(o, "{t}length {} owner {} stripe_len {} type {}", c.length, c.owner, c.stripe_len, bg_flags_str(c.type_))?;
-    writeln!(o, "{t}io_align {} io_width {} sector_size {}", c.io_align, c.io_width, c.sector_size)?;
+    writeln!(
+        o,
+        "{t}length {} owner {} stripe_len {} type {}",
+        c.length,
+        c.owner,
+        c.stripe_len,
+        bg_flags_str(c.type_)
+    )?;
+    writeln!(
+        o,
+        "{t}io_align {} io_width {} sector_size {}",
+        c.io_align, c.io_width, c.sector_size
+    )?;
     writeln!(o, "{t}num_stripes {} sub_stripes {}", c.stripes.len(), c.sub_stripes)?;
     for (i, (devid, offset, uuid)) in c.stripes.iter().enumerate() {
         writeln!(o, "{t}\tstripe {i} devid {devid} offset {offset}")?;
@@ -252,9 +274,14 @@ pub fn run_super(a: &DumpSuperArgs) -> Result<()> {
 fn super_of_device(o: &mut dyn Write, path: &std::path::Path, all: bool) -> Result<()> {
     let dev = FileDevice::open(path, false)?;
     let name = dev.name().to_string();
-    let mirrors: Vec<usize> = (0..SUPER_MIRROR_MAX).filter(|&m| sb_offset(m) + SUPER_INFO_SIZE as u64 <= dev.size()).collect();
+    let mirrors: Vec<usize> = (0..SUPER_MIRROR_MAX)
+        .filter(|&m| sb_offset(m) + SUPER_INFO_SIZE as u64 <= dev.size())
+        .collect();
     if mirrors.is_empty() {
-        return Err(Error::Incompatible(format!("{name}: too small for a btrfs superblock ({} bytes)", dev.size())));
+        return Err(Error::Incompatible(format!(
+            "{name}: too small for a btrfs superblock ({} bytes)",
+            dev.size()
+        )));
     }
     let wanted: &[usize] = if all { &mirrors } else { &mirrors[..1] };
     let mut first_err: Option<Error> = None;
@@ -267,13 +294,17 @@ fn super_of_device(o: &mut dyn Write, path: &std::path::Path, all: bool) -> Resu
         let off = sb_offset(m);
         let mut buf = vec![0u8; SUPER_INFO_SIZE];
         dev.read_at(&mut buf, off)?;
-        let sb: Superblock = *read_prefix::<Superblock>(&buf, "superblock").expect("buffer is exactly SUPER_INFO_SIZE bytes");
+        let sb: Superblock = *read_prefix::<Superblock>(&buf, "superblock")
+            .expect("buffer is exactly SUPER_INFO_SIZE bytes");
         if !all && sb.magic.get() != MAGIC {
-            return Err(Error::Incompatible(format!("{name}: not a btrfs filesystem (no btrfs magic at {off})")));
+            return Err(Error::Incompatible(format!(
+                "{name}: not a btrfs filesystem (no btrfs magic at {off})"
+            )));
         }
         magic_seen |= sb.magic.get() == MAGIC;
         writeln!(o, "superblock copy {m} at bytenr {off} on {name}").map_err(out_err)?;
-        writeln!(o, "---------------------------------------------------------").map_err(out_err)?;
+        writeln!(o, "---------------------------------------------------------")
+            .map_err(out_err)?;
         match check_super(&buf, off) {
             Ok(_) => good += 1,
             Err(c) => {
@@ -293,7 +324,9 @@ fn super_of_device(o: &mut dyn Write, path: &std::path::Path, all: bool) -> Resu
     match first_err {
         // With --all, one good copy is enough: the damaged ones were reported above.
         Some(_) if all && good > 0 => Ok(()),
-        Some(_) if !magic_seen => Err(Error::Incompatible(format!("{name}: not a btrfs filesystem (no copy has the btrfs magic)"))),
+        Some(_) if !magic_seen => Err(Error::Incompatible(format!(
+            "{name}: not a btrfs filesystem (no copy has the btrfs magic)"
+        ))),
         Some(e) => {
             o.flush().map_err(out_err)?;
             if !all {
@@ -317,7 +350,12 @@ fn print_super(o: &mut dyn Write, sb: &Superblock, raw: &[u8]) -> io::Result<()>
             field!("csum_type", "{} ({})", sb.csum_type.get(), t.name());
             field!("csum_size", "{}", t.size());
             let ok = t.verify(&raw[CSUM_SIZE..SUPER_INFO_SIZE], &sb.csum);
-            field!("csum", "{} [{}]", hex(&sb.csum[..t.size()]), if ok { "match" } else { "mismatch" });
+            field!(
+                "csum",
+                "{} [{}]",
+                hex(&sb.csum[..t.size()]),
+                if ok { "match" } else { "mismatch" }
+            );
         }
         None => {
             field!("csum_type", "{} (unknown)", sb.csum_type.get());
@@ -368,7 +406,12 @@ fn print_super(o: &mut dyn Write, sb: &Superblock, raw: &[u8]) -> io::Result<()>
     }
     let d = &sb.dev_item;
     field!("dev_item.uuid", "{}", uuid_str(&d.uuid));
-    field!("dev_item.fsid", "{} [{}]", uuid_str(&d.fsid), if d.fsid == meta_fsid { "match" } else { "mismatch" });
+    field!(
+        "dev_item.fsid",
+        "{} [{}]",
+        uuid_str(&d.fsid),
+        if d.fsid == meta_fsid { "match" } else { "mismatch" }
+    );
     field!("dev_item.type", "{}", d.type_.get());
     field!("dev_item.total_bytes", "{}", d.total_bytes.get());
     field!("dev_item.bytes_used", "{}", d.bytes_used.get());
@@ -457,8 +500,20 @@ pub fn run_tree(a: &DumpTreeArgs) -> Result<()> {
         }
     }
     let fs = a.image.open()?;
-    let mut d = Dumper { fs: &fs, o: BufWriter::new(io::stdout().lock()), first_err: None, nerr: 0, roots: Vec::new(), csum_size: fs.csum_type.size(), sectorsize: fs.sectorsize };
-    let r = if a.trees.is_empty() && a.blocks.is_empty() { d.dump_all() } else { d.dump_selected(&wanted, &a.blocks, a.follow) };
+    let mut d = Dumper {
+        fs: &fs,
+        o: BufWriter::new(io::stdout().lock()),
+        first_err: None,
+        nerr: 0,
+        roots: Vec::new(),
+        csum_size: fs.csum_type.size(),
+        sectorsize: fs.sectorsize,
+    };
+    let r = if a.trees.is_empty() && a.blocks.is_empty() {
+        d.dump_all()
+    } else {
+        d.dump_selected(&wanted, &a.blocks, a.follow)
+    };
     r.and_then(|()| d.o.flush()).map_err(out_err)?;
     let Dumper { first_err, nerr, .. } = d;
     crate::print_warnings(&fs);
@@ -544,7 +599,10 @@ impl<W: Write> Dumper<'_, W> {
                 TREE_LOG_OBJECTID => {
                     if self.fs.log_root().is_none() {
                         writeln!(self.o, "error: no log tree (superblock log_root is 0)")?;
-                        self.record(Error::posix(PosixKind::NotFound, "log tree (superblock log_root is 0)"));
+                        self.record(Error::posix(
+                            PosixKind::NotFound,
+                            "log tree (superblock log_root is 0)",
+                        ));
                     }
                     let logs = self.dump_log_root()?;
                     self.dump_logs(logs)?;
@@ -573,7 +631,11 @@ impl<W: Write> Dumper<'_, W> {
         let fallback = Key::new(id, ROOT_ITEM_KEY, 0);
         match self.fs.iter(&self.fs.tree_root(), fallback) {
             Ok(mut it) => match it.next_item() {
-                Ok(Some(item)) if item.key().objectid == id && item.key().type_ == ROOT_ITEM_KEY => item.key(),
+                Ok(Some(item))
+                    if item.key().objectid == id && item.key().type_ == ROOT_ITEM_KEY =>
+                {
+                    item.key()
+                }
                 _ => fallback,
             },
             Err(_) => fallback,
@@ -582,23 +644,42 @@ impl<W: Write> Dumper<'_, W> {
 
     fn dump_tree(&mut self, root: &RootInfo) -> io::Result<()> {
         if root.level >= MAX_LEVEL {
-            let e = ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Block, format!("root level {} too big", root.level)).block(root.bytenr).root(root.id);
+            let e = ubtrfs_format::Corrupt::new(
+                ubtrfs_format::CorruptWhere::Block,
+                format!("root level {} too big", root.level),
+            )
+            .block(root.bytenr)
+            .root(root.id);
             writeln!(self.o, "error: tree {} root block {}: {e}", root_name(root.id), root.bytenr)?;
             self.record(e.into());
             return Ok(());
         }
-        let expect = Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(root.id), first_key: None };
+        let expect = Expect {
+            level: Some(root.level),
+            generation: Some(root.generation),
+            owner: Some(root.id),
+            first_key: None,
+        };
         self.dump_block(root.bytenr, &expect, None, true)
     }
 
     /// Print one block and, when `follow`, its children depth-first. `parent` is
     /// (node bytenr, slot) for the error line of a child that cannot be read.
-    fn dump_block(&mut self, bytenr: u64, expect: &Expect, parent: Option<(u64, usize)>, follow: bool) -> io::Result<()> {
+    fn dump_block(
+        &mut self,
+        bytenr: u64,
+        expect: &Expect,
+        parent: Option<(u64, usize)>,
+        follow: bool,
+    ) -> io::Result<()> {
         let eb = match self.fs.read_tree_block(bytenr, expect) {
             Ok(eb) => eb,
             Err(e) => {
                 match parent {
-                    Some((p, slot)) => writeln!(self.o, "error: tree block {bytenr} (slot {slot} of node {p}): {e}")?,
+                    Some((p, slot)) => writeln!(
+                        self.o,
+                        "error: tree block {bytenr} (slot {slot} of node {p}): {e}"
+                    )?,
                     None => writeln!(self.o, "error: tree block {bytenr}: {e}")?,
                 }
                 self.record(e);
@@ -611,7 +692,13 @@ impl<W: Write> Dumper<'_, W> {
             return self.print_leaf(&eb);
         }
         for slot in 0..n.nritems() {
-            writeln!(self.o, "\tkey {} block {} gen {}", key_str(&n.key(slot)), n.blockptr(slot), n.ptr_generation(slot))?;
+            writeln!(
+                self.o,
+                "\tkey {} block {} gen {}",
+                key_str(&n.key(slot)),
+                n.blockptr(slot),
+                n.ptr_generation(slot)
+            )?;
         }
         if !follow {
             return Ok(());
@@ -620,7 +707,12 @@ impl<W: Write> Dumper<'_, W> {
         for slot in 0..n.nritems() {
             // The tree checker accepted this node, so its level is in 1..MAX_LEVEL and
             // the child's expected level is one lower: recursion depth is bounded.
-            let child = Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(owner), first_key: Some(n.key(slot)) };
+            let child = Expect {
+                level: Some(n.level() - 1),
+                generation: Some(n.ptr_generation(slot)),
+                owner: Some(owner),
+                first_key: Some(n.key(slot)),
+            };
             self.dump_block(n.blockptr(slot), &child, Some((eb.bytenr, slot)), true)?;
         }
         Ok(())
@@ -631,14 +723,34 @@ impl<W: Write> Dumper<'_, W> {
         let h = n.header();
         let owner = root_name(n.owner());
         if n.is_leaf() {
-            writeln!(self.o, "leaf {} items {} free space {} generation {} owner {owner}", eb.bytenr, n.nritems(), n.leaf_free_space(), n.generation())?;
+            writeln!(
+                self.o,
+                "leaf {} items {} free space {} generation {} owner {owner}",
+                eb.bytenr,
+                n.nritems(),
+                n.leaf_free_space(),
+                n.generation()
+            )?;
         } else {
             let free = max_node_ptrs(self.fs.nodesize).saturating_sub(n.nritems());
-            writeln!(self.o, "node {} level {} items {} free {free} generation {} owner {owner}", eb.bytenr, n.level(), n.nritems(), n.generation())?;
+            writeln!(
+                self.o,
+                "node {} level {} items {} free {free} generation {} owner {owner}",
+                eb.bytenr,
+                n.level(),
+                n.nritems(),
+                n.generation()
+            )?;
         }
         let flags = h.flags.get();
         let rev = flags >> BACKREF_REV_SHIFT;
-        writeln!(self.o, "{} {} flags {} backref revision {rev}", if n.is_leaf() { "leaf" } else { "node" }, eb.bytenr, flags_str(flags & ((1 << BACKREF_REV_SHIFT) - 1), HEADER_FLAG_NAMES))?;
+        writeln!(
+            self.o,
+            "{} {} flags {} backref revision {rev}",
+            if n.is_leaf() { "leaf" } else { "node" },
+            eb.bytenr,
+            flags_str(flags & ((1 << BACKREF_REV_SHIFT) - 1), HEADER_FLAG_NAMES)
+        )?;
         writeln!(self.o, "fs uuid {}", uuid_str(&h.fsid))?;
         writeln!(self.o, "chunk uuid {}", uuid_str(&h.chunk_tree_uuid))
     }
@@ -648,13 +760,29 @@ impl<W: Write> Dumper<'_, W> {
         for slot in 0..n.nritems() {
             let it = n.item(slot);
             let key = n.key(slot);
-            writeln!(self.o, "\titem {slot} key {} itemoff {} itemsize {}", key_str(&key), it.offset.get(), it.size.get())?;
+            writeln!(
+                self.o,
+                "\titem {slot} key {} itemoff {} itemsize {}",
+                key_str(&key),
+                it.offset.get(),
+                it.size.get()
+            )?;
             let data = n.item_data(slot);
             let cx = BodyCtx { csum_size: self.csum_size, sectorsize: self.sectorsize };
             print_body(&mut self.o, &key, data, &cx)?;
-            if key.type_ == ROOT_ITEM_KEY && (n.owner() == ROOT_TREE_OBJECTID || n.owner() == TREE_LOG_OBJECTID) {
+            if key.type_ == ROOT_ITEM_KEY
+                && (n.owner() == ROOT_TREE_OBJECTID || n.owner() == TREE_LOG_OBJECTID)
+            {
                 if let Ok(v) = items::root_item(data) {
-                    self.roots.push((key, RootInfo { id: key.objectid, bytenr: v.item.bytenr.get(), level: v.item.level, generation: v.item.generation.get() }));
+                    self.roots.push((
+                        key,
+                        RootInfo {
+                            id: key.objectid,
+                            bytenr: v.item.bytenr.get(),
+                            level: v.item.level,
+                            generation: v.item.generation.get(),
+                        },
+                    ));
                 }
             }
         }
@@ -724,20 +852,44 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         INODE_REF_KEY => {
             for r in items::inode_refs(data, key.offset) {
                 let r = parse!(r);
-                writeln!(o, "\t\tindex {} namelen {} name: {}", r.index, r.name.len(), quote::name(r.name))?;
+                writeln!(
+                    o,
+                    "\t\tindex {} namelen {} name: {}",
+                    r.index,
+                    r.name.len(),
+                    quote::name(r.name)
+                )?;
             }
         }
         INODE_EXTREF_KEY => {
             for r in items::inode_extrefs(data) {
                 let r = parse!(r);
-                writeln!(o, "\t\tindex {} parent {} namelen {} name: {}", r.index, r.parent, r.name.len(), quote::name(r.name))?;
+                writeln!(
+                    o,
+                    "\t\tindex {} parent {} namelen {} name: {}",
+                    r.index,
+                    r.parent,
+                    r.name.len(),
+                    quote::name(r.name)
+                )?;
             }
         }
         DIR_ITEM_KEY | DIR_INDEX_KEY | XATTR_ITEM_KEY => {
             for e in items::dir_entries(data) {
                 let e = parse!(e);
-                writeln!(o, "\t\tlocation key {} type {}", key_str(&e.location), dir_type_name(e.type_))?;
-                writeln!(o, "\t\ttransid {} data_len {} name_len {}", e.transid, e.data.len(), e.name.len())?;
+                writeln!(
+                    o,
+                    "\t\tlocation key {} type {}",
+                    key_str(&e.location),
+                    dir_type_name(e.type_)
+                )?;
+                writeln!(
+                    o,
+                    "\t\ttransid {} data_len {} name_len {}",
+                    e.transid,
+                    e.data.len(),
+                    e.name.len()
+                )?;
                 writeln!(o, "\t\tname: {}", quote::name(e.name))?;
                 if !e.data.is_empty() {
                     writeln!(o, "\t\tdata {}", quote::name(e.data))?;
@@ -753,18 +905,36 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         EXTENT_CSUM_KEY | CSUM_ITEM_KEY => {
             let n = data.len() / cx.csum_size.max(1);
             let len = (n as u64).saturating_mul(u64::from(cx.sectorsize));
-            writeln!(o, "\t\trange start {} end {} length {len} ({n} csums of {} bytes)", key.offset, key.offset.saturating_add(len), cx.csum_size)?;
+            writeln!(
+                o,
+                "\t\trange start {} end {} length {len} ({n} csums of {} bytes)",
+                key.offset,
+                key.offset.saturating_add(len),
+                cx.csum_size
+            )?;
         }
         ROOT_ITEM_KEY => print_root_item(o, data)?,
         ROOT_REF_KEY | ROOT_BACKREF_KEY => {
             let r = parse!(items::root_ref(data));
             let what = if key.type_ == ROOT_REF_KEY { "root ref" } else { "root backref" };
-            writeln!(o, "\t\t{what} dirid {} sequence {} name {}", r.dirid, r.sequence, quote::name(r.name))?;
+            writeln!(
+                o,
+                "\t\t{what} dirid {} sequence {} name {}",
+                r.dirid,
+                r.sequence,
+                quote::name(r.name)
+            )?;
         }
         EXTENT_ITEM_KEY | METADATA_ITEM_KEY => {
             let skinny = key.type_ == METADATA_ITEM_KEY;
             let v = parse!(items::extent_item(data, skinny));
-            writeln!(o, "\t\trefs {} gen {} flags {}", v.refs, v.generation, flag_names(v.flags, EXTENT_FLAG_NAMES))?;
+            writeln!(
+                o,
+                "\t\trefs {} gen {} flags {}",
+                v.refs,
+                v.generation,
+                flag_names(v.flags, EXTENT_FLAG_NAMES)
+            )?;
             if skinny {
                 writeln!(o, "\t\ttree block skinny level {}", key.offset)?;
             } else if let Some((k, level)) = v.tree_block_info {
@@ -778,7 +948,14 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         SHARED_BLOCK_REF_KEY => writeln!(o, "\t\tshared block backref parent {}", key.offset)?,
         EXTENT_DATA_REF_KEY => {
             let r: &ExtentDataRef = parse!(read_prefix(data, "extent data ref"));
-            writeln!(o, "\t\textent data backref root {} objectid {} offset {} count {}", root_name(r.root.get()), r.objectid.get(), r.offset.get(), r.count.get())?;
+            writeln!(
+                o,
+                "\t\textent data backref root {} objectid {} offset {} count {}",
+                root_name(r.root.get()),
+                r.objectid.get(),
+                r.offset.get(),
+                r.count.get()
+            )?;
         }
         SHARED_DATA_REF_KEY => {
             let r: &SharedDataRef = parse!(read_prefix(data, "shared data ref"));
@@ -786,18 +963,41 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         }
         EXTENT_REF_V0_KEY => {
             let r: &ExtentRefV0 = parse!(read_prefix(data, "extent ref v0"));
-            writeln!(o, "\t\textent ref v0 root {} generation {} objectid {} count {}", root_name(r.root.get()), r.generation.get(), r.objectid.get(), r.count.get())?;
+            writeln!(
+                o,
+                "\t\textent ref v0 root {} generation {} objectid {} count {}",
+                root_name(r.root.get()),
+                r.generation.get(),
+                r.objectid.get(),
+                r.count.get()
+            )?;
         }
         BLOCK_GROUP_ITEM_KEY => {
             let b: &BlockGroupItem = parse!(read_prefix(data, "block group item"));
-            writeln!(o, "\t\tblock group used {} chunk_objectid {} flags {}", b.used.get(), b.chunk_objectid.get(), bg_flags_str(b.flags.get()))?;
+            writeln!(
+                o,
+                "\t\tblock group used {} chunk_objectid {} flags {}",
+                b.used.get(),
+                b.chunk_objectid.get(),
+                bg_flags_str(b.flags.get())
+            )?;
         }
         FREE_SPACE_INFO_KEY => {
             let f: &FreeSpaceInfo = parse!(read_prefix(data, "free space info"));
             let flags = u64::from(f.flags.get());
-            writeln!(o, "\t\tfree space info extent count {} flags {}", f.extent_count.get(), flags_str(flags, &[(u64::from(FREE_SPACE_USING_BITMAPS), "USING_BITMAPS")]))?;
+            writeln!(
+                o,
+                "\t\tfree space info extent count {} flags {}",
+                f.extent_count.get(),
+                flags_str(flags, &[(u64::from(FREE_SPACE_USING_BITMAPS), "USING_BITMAPS")])
+            )?;
         }
-        FREE_SPACE_EXTENT_KEY => writeln!(o, "\t\tfree space extent start {} end {}", key.objectid, key.objectid.saturating_add(key.offset))?,
+        FREE_SPACE_EXTENT_KEY => writeln!(
+            o,
+            "\t\tfree space extent start {} end {}",
+            key.objectid,
+            key.objectid.saturating_add(key.offset)
+        )?,
         FREE_SPACE_BITMAP_KEY => {
             let sectors = key.offset / u64::from(cx.sectorsize.max(1));
             let mut free = 0u64;
@@ -810,14 +1010,40 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         }
         DEV_EXTENT_KEY => {
             let d: &DevExtent = parse!(read_prefix(data, "dev extent"));
-            writeln!(o, "\t\tdev extent chunk_tree {} chunk_objectid {} chunk_offset {} length {}", d.chunk_tree.get(), d.chunk_objectid.get(), d.chunk_offset.get(), d.length.get())?;
+            writeln!(
+                o,
+                "\t\tdev extent chunk_tree {} chunk_objectid {} chunk_offset {} length {}",
+                d.chunk_tree.get(),
+                d.chunk_objectid.get(),
+                d.chunk_offset.get(),
+                d.length.get()
+            )?;
             writeln!(o, "\t\tchunk_tree_uuid {}", uuid_str(&d.chunk_tree_uuid))?;
         }
         DEV_ITEM_KEY => {
             let d: &DevItem = parse!(read_prefix(data, "dev item"));
-            writeln!(o, "\t\tdevid {} total_bytes {} bytes_used {}", d.devid.get(), d.total_bytes.get(), d.bytes_used.get())?;
-            writeln!(o, "\t\tio_align {} io_width {} sector_size {} type {}", d.io_align.get(), d.io_width.get(), d.sector_size.get(), d.type_.get())?;
-            writeln!(o, "\t\tgeneration {} start_offset {} dev_group {}", d.generation.get(), d.start_offset.get(), d.dev_group.get())?;
+            writeln!(
+                o,
+                "\t\tdevid {} total_bytes {} bytes_used {}",
+                d.devid.get(),
+                d.total_bytes.get(),
+                d.bytes_used.get()
+            )?;
+            writeln!(
+                o,
+                "\t\tio_align {} io_width {} sector_size {} type {}",
+                d.io_align.get(),
+                d.io_width.get(),
+                d.sector_size.get(),
+                d.type_.get()
+            )?;
+            writeln!(
+                o,
+                "\t\tgeneration {} start_offset {} dev_group {}",
+                d.generation.get(),
+                d.start_offset.get(),
+                d.dev_group.get()
+            )?;
             writeln!(o, "\t\tseek_speed {} bandwidth {}", d.seek_speed, d.bandwidth)?;
             writeln!(o, "\t\tuuid {}", uuid_str(&d.uuid))?;
             writeln!(o, "\t\tfsid {}", uuid_str(&d.fsid))?;
@@ -831,36 +1057,87 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
             let strides = if data.len() % 16 == 8 { &data[8..] } else { data };
             for (i, s) in strides.chunks_exact(16).enumerate() {
                 let s: &RaidStride = parse!(read_prefix(s, "raid stride"));
-                writeln!(o, "\t\tstride {i} devid {} physical {}", s.devid.get(), s.physical.get())?;
+                writeln!(
+                    o,
+                    "\t\tstride {i} devid {} physical {}",
+                    s.devid.get(),
+                    s.physical.get()
+                )?;
             }
         }
         UUID_KEY_SUBVOL | UUID_KEY_RECEIVED_SUBVOL => {
-            let what = if key.type_ == UUID_KEY_SUBVOL { "subvol_id" } else { "received_subvol_id" };
+            let what =
+                if key.type_ == UUID_KEY_SUBVOL { "subvol_id" } else { "received_subvol_id" };
             for id in parse!(items::uuid_item_ids(data)) {
                 writeln!(o, "\t\t{what} {id}")?;
             }
         }
         QGROUP_STATUS_KEY => {
             let s: &QgroupStatusItem = parse!(read_prefix(data, "qgroup status"));
-            writeln!(o, "\t\tqgroup status version {} generation {} flags {}", s.version.get(), s.generation.get(), flags_str(s.flags.get(), QGROUP_STATUS_FLAG_NAMES))?;
+            writeln!(
+                o,
+                "\t\tqgroup status version {} generation {} flags {}",
+                s.version.get(),
+                s.generation.get(),
+                flags_str(s.flags.get(), QGROUP_STATUS_FLAG_NAMES)
+            )?;
             writeln!(o, "\t\trescan {} enable_gen {}", s.rescan.get(), s.enable_gen.get())?;
         }
         QGROUP_INFO_KEY => {
             let q: &QgroupInfoItem = parse!(read_prefix(data, "qgroup info"));
-            writeln!(o, "\t\tqgroup info {} generation {}", qgroup_str(key.offset), q.generation.get())?;
-            writeln!(o, "\t\treferenced {} referenced_compressed {}", q.rfer.get(), q.rfer_cmpr.get())?;
-            writeln!(o, "\t\texclusive {} exclusive_compressed {}", q.excl.get(), q.excl_cmpr.get())?;
+            writeln!(
+                o,
+                "\t\tqgroup info {} generation {}",
+                qgroup_str(key.offset),
+                q.generation.get()
+            )?;
+            writeln!(
+                o,
+                "\t\treferenced {} referenced_compressed {}",
+                q.rfer.get(),
+                q.rfer_cmpr.get()
+            )?;
+            writeln!(
+                o,
+                "\t\texclusive {} exclusive_compressed {}",
+                q.excl.get(),
+                q.excl_cmpr.get()
+            )?;
         }
         QGROUP_LIMIT_KEY => {
             let q: &QgroupLimitItem = parse!(read_prefix(data, "qgroup limit"));
             writeln!(o, "\t\tqgroup limit {} flags {:#x}", qgroup_str(key.offset), q.flags.get())?;
-            writeln!(o, "\t\tmax_referenced {} max_exclusive {}", q.max_rfer.get(), q.max_excl.get())?;
-            writeln!(o, "\t\trsv_referenced {} rsv_exclusive {}", q.rsv_rfer.get(), q.rsv_excl.get())?;
+            writeln!(
+                o,
+                "\t\tmax_referenced {} max_exclusive {}",
+                q.max_rfer.get(),
+                q.max_excl.get()
+            )?;
+            writeln!(
+                o,
+                "\t\trsv_referenced {} rsv_exclusive {}",
+                q.rsv_rfer.get(),
+                q.rsv_excl.get()
+            )?;
         }
-        QGROUP_RELATION_KEY => writeln!(o, "\t\tqgroup relation {} -> {}", qgroup_str(key.objectid), qgroup_str(key.offset))?,
+        QGROUP_RELATION_KEY => writeln!(
+            o,
+            "\t\tqgroup relation {} -> {}",
+            qgroup_str(key.objectid),
+            qgroup_str(key.offset)
+        )?,
         PERSISTENT_ITEM_KEY if key.objectid == DEV_STATS_OBJECTID => {
             writeln!(o, "\t\tdevice stats of devid {}", key.offset)?;
-            let vals: Vec<String> = data.chunks_exact(8).zip(DEV_STAT_NAMES).map(|(c, name)| format!("{name} {}", u64::from_le_bytes(c.try_into().expect("chunks_exact gives 8 bytes")))).collect();
+            let vals: Vec<String> = data
+                .chunks_exact(8)
+                .zip(DEV_STAT_NAMES)
+                .map(|(c, name)| {
+                    format!(
+                        "{name} {}",
+                        u64::from_le_bytes(c.try_into().expect("chunks_exact gives 8 bytes"))
+                    )
+                })
+                .collect();
             writeln!(o, "\t\t{}", vals.join(" "))?;
         }
         TEMPORARY_ITEM_KEY if key.objectid == BALANCE_OBJECTID => {
@@ -878,7 +1155,15 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
                     a.vstart.get(),
                     a.vend.get()
                 )?;
-                writeln!(o, "\t\t{name}: target {:#x} flags {:#x} limit {} stripes_min {} stripes_max {}", a.target.get(), a.flags.get(), a.limit.get(), a.stripes_min.get(), a.stripes_max.get())?;
+                writeln!(
+                    o,
+                    "\t\t{name}: target {:#x} flags {:#x} limit {} stripes_min {} stripes_max {}",
+                    a.target.get(),
+                    a.flags.get(),
+                    a.limit.get(),
+                    a.stripes_min.get(),
+                    a.stripes_max.get()
+                )?;
             }
         }
         DEV_REPLACE_KEY => {
@@ -890,9 +1175,22 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
                 DEV_REPLACE_ITEM_CONT_READING_FROM_SRCDEV_MODE_AVOID => "AVOID".to_string(),
                 m => format!("unknown value({m})"),
             };
-            let state = dev_replace_state_name(r.replace_state.get()).map(str::to_string).unwrap_or_else(|| format!("unknown value({})", r.replace_state.get()));
-            writeln!(o, "\t\tsrc devid {} cursor left {} cursor right {} mode {mode}", r.src_devid.get() as i64, r.cursor_left.get(), r.cursor_right.get())?;
-            writeln!(o, "\t\tstate {state} write errors {} uncorrectable read errors {}", r.num_write_errors.get(), r.num_uncorrectable_read_errors.get())?;
+            let state = dev_replace_state_name(r.replace_state.get())
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("unknown value({})", r.replace_state.get()));
+            writeln!(
+                o,
+                "\t\tsrc devid {} cursor left {} cursor right {} mode {mode}",
+                r.src_devid.get() as i64,
+                r.cursor_left.get(),
+                r.cursor_right.get()
+            )?;
+            writeln!(
+                o,
+                "\t\tstate {state} write errors {} uncorrectable read errors {}",
+                r.num_write_errors.get(),
+                r.num_uncorrectable_read_errors.get()
+            )?;
             writeln!(o, "\t\tstart time {}", seconds_str(r.time_started.get()))?;
             writeln!(o, "\t\tstop time {}", seconds_str(r.time_stopped.get()))?;
         }
@@ -904,7 +1202,13 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
         0 if key.objectid == FREE_SPACE_OBJECTID => {
             let h: &FreeSpaceHeader = parse!(read_prefix(data, "free space header"));
             writeln!(o, "\t\tlocation key {}", key_str(&Key::from(&h.location)))?;
-            writeln!(o, "\t\tcache generation {} entries {} bitmaps {}", h.generation.get(), h.num_entries.get(), h.num_bitmaps.get())?;
+            writeln!(
+                o,
+                "\t\tcache generation {} entries {} bitmaps {}",
+                h.generation.get(),
+                h.num_entries.get(),
+                h.num_bitmaps.get()
+            )?;
         }
         _ => writeln!(o, "\t\titem data {} bytes", data.len())?,
     }
@@ -912,7 +1216,14 @@ fn body(o: &mut dyn Write, key: &Key, data: &[u8], cx: &BodyCtx) -> BodyResult {
 }
 
 fn print_inode(o: &mut dyn Write, ii: &InodeItem) -> io::Result<()> {
-    writeln!(o, "\t\tgeneration {} transid {} size {} nbytes {}", ii.generation.get(), ii.transid.get(), ii.size.get(), ii.nbytes.get())?;
+    writeln!(
+        o,
+        "\t\tgeneration {} transid {} size {} nbytes {}",
+        ii.generation.get(),
+        ii.transid.get(),
+        ii.size.get(),
+        ii.nbytes.get()
+    )?;
     let rdev = ii.rdev.get();
     let rdev_s = if rdev == 0 {
         "0".to_string()
@@ -920,9 +1231,24 @@ fn print_inode(o: &mut dyn Write, ii: &InodeItem) -> io::Result<()> {
         let (maj, min) = rdev_decode(rdev);
         format!("{rdev} ({maj}:{min})")
     };
-    writeln!(o, "\t\tblock group {} mode {:o} links {} uid {} gid {} rdev {rdev_s}", ii.block_group.get(), ii.mode.get(), ii.nlink.get(), ii.uid.get(), ii.gid.get())?;
-    writeln!(o, "\t\tsequence {} flags {}", ii.sequence.get(), flags_str(ii.flags.get(), INODE_FLAG_NAMES))?;
-    for (name, t) in [("atime", &ii.atime), ("ctime", &ii.ctime), ("mtime", &ii.mtime), ("otime", &ii.otime)] {
+    writeln!(
+        o,
+        "\t\tblock group {} mode {:o} links {} uid {} gid {} rdev {rdev_s}",
+        ii.block_group.get(),
+        ii.mode.get(),
+        ii.nlink.get(),
+        ii.uid.get(),
+        ii.gid.get()
+    )?;
+    writeln!(
+        o,
+        "\t\tsequence {} flags {}",
+        ii.sequence.get(),
+        flags_str(ii.flags.get(), INODE_FLAG_NAMES)
+    )?;
+    for (name, t) in
+        [("atime", &ii.atime), ("ctime", &ii.ctime), ("mtime", &ii.mtime), ("otime", &ii.otime)]
+    {
         writeln!(o, "\t\t{name} {}", time_str(t))?;
     }
     Ok(())
@@ -934,12 +1260,33 @@ fn print_file_extent(o: &mut dyn Write, fe: FileExtent<'_>) -> io::Result<()> {
             writeln!(o, "\t\tgeneration {generation} type {FILE_EXTENT_INLINE} (inline)")?;
             writeln!(o, "\t\tinline extent data size {} ram_bytes {ram_bytes} compression {compression} ({})", data.len(), compression_name(compression))?;
         }
-        FileExtent::Regular { generation, ram_bytes, compression, prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes } => {
-            let (t, name) = if prealloc { (FILE_EXTENT_PREALLOC, "prealloc") } else { (FILE_EXTENT_REG, "regular") };
+        FileExtent::Regular {
+            generation,
+            ram_bytes,
+            compression,
+            prealloc,
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        } => {
+            let (t, name) = if prealloc {
+                (FILE_EXTENT_PREALLOC, "prealloc")
+            } else {
+                (FILE_EXTENT_REG, "regular")
+            };
             writeln!(o, "\t\tgeneration {generation} type {t} ({name})")?;
-            writeln!(o, "\t\textent data disk byte {disk_bytenr} nr {disk_num_bytes}{}", if disk_bytenr == 0 { " (hole)" } else { "" })?;
+            writeln!(
+                o,
+                "\t\textent data disk byte {disk_bytenr} nr {disk_num_bytes}{}",
+                if disk_bytenr == 0 { " (hole)" } else { "" }
+            )?;
             writeln!(o, "\t\textent data offset {offset} nr {num_bytes} ram {ram_bytes}")?;
-            writeln!(o, "\t\textent compression {compression} ({})", compression_name(compression))?;
+            writeln!(
+                o,
+                "\t\textent compression {compression} ({})",
+                compression_name(compression)
+            )?;
         }
     }
     Ok(())
@@ -951,9 +1298,28 @@ fn print_root_item(o: &mut dyn Write, data: &[u8]) -> io::Result<()> {
         Err(r) => return writeln!(o, "\t\tinvalid item: {r}"),
     };
     let r = &v.item;
-    writeln!(o, "\t\tgeneration {} root_dirid {} bytenr {} byte_limit {} bytes_used {}", r.generation.get(), r.root_dirid.get(), r.bytenr.get(), r.byte_limit.get(), r.bytes_used.get())?;
-    writeln!(o, "\t\tlast_snapshot {} flags {} refs {}", r.last_snapshot.get(), flags_str(r.flags.get(), ROOT_FLAG_NAMES), r.refs.get())?;
-    writeln!(o, "\t\tdrop_progress key {} drop_level {}", key_str(&Key::from(&r.drop_progress)), r.drop_level)?;
+    writeln!(
+        o,
+        "\t\tgeneration {} root_dirid {} bytenr {} byte_limit {} bytes_used {}",
+        r.generation.get(),
+        r.root_dirid.get(),
+        r.bytenr.get(),
+        r.byte_limit.get(),
+        r.bytes_used.get()
+    )?;
+    writeln!(
+        o,
+        "\t\tlast_snapshot {} flags {} refs {}",
+        r.last_snapshot.get(),
+        flags_str(r.flags.get(), ROOT_FLAG_NAMES),
+        r.refs.get()
+    )?;
+    writeln!(
+        o,
+        "\t\tdrop_progress key {} drop_level {}",
+        key_str(&Key::from(&r.drop_progress)),
+        r.drop_level
+    )?;
     writeln!(o, "\t\tlevel {} generation_v2 {}", r.level, r.generation_v2.get())?;
     if data.len() == ROOT_ITEM_V1_SIZE {
         return writeln!(o, "\t\t(old root item without uuids and times)");
@@ -961,8 +1327,17 @@ fn print_root_item(o: &mut dyn Write, data: &[u8]) -> io::Result<()> {
     writeln!(o, "\t\tuuid {}", uuid_str(&r.uuid))?;
     writeln!(o, "\t\tparent_uuid {}", uuid_str(&r.parent_uuid))?;
     writeln!(o, "\t\treceived_uuid {}", uuid_str(&r.received_uuid))?;
-    writeln!(o, "\t\tctransid {} otransid {} stransid {} rtransid {}", r.ctransid.get(), r.otransid.get(), r.stransid.get(), r.rtransid.get())?;
-    for (name, t) in [("ctime", &r.ctime), ("otime", &r.otime), ("stime", &r.stime), ("rtime", &r.rtime)] {
+    writeln!(
+        o,
+        "\t\tctransid {} otransid {} stransid {} rtransid {}",
+        r.ctransid.get(),
+        r.otransid.get(),
+        r.stransid.get(),
+        r.rtransid.get()
+    )?;
+    for (name, t) in
+        [("ctime", &r.ctime), ("otime", &r.otime), ("stime", &r.stime), ("rtime", &r.rtime)]
+    {
         writeln!(o, "\t\t{name} {}", time_str(t))?;
     }
     Ok(())
@@ -970,10 +1345,20 @@ fn print_root_item(o: &mut dyn Write, data: &[u8]) -> io::Result<()> {
 
 fn print_inline_ref(o: &mut dyn Write, r: &InlineRef) -> io::Result<()> {
     match *r {
-        InlineRef::TreeBlock { root } => writeln!(o, "\t\ttree block backref root {}", root_name(root)),
-        InlineRef::SharedBlock { parent } => writeln!(o, "\t\tshared block backref parent {parent}"),
-        InlineRef::ExtentData { root, objectid, offset, count } => writeln!(o, "\t\textent data backref root {} objectid {objectid} offset {offset} count {count}", root_name(root)),
-        InlineRef::SharedData { parent, count } => writeln!(o, "\t\tshared data backref parent {parent} count {count}"),
+        InlineRef::TreeBlock { root } => {
+            writeln!(o, "\t\ttree block backref root {}", root_name(root))
+        }
+        InlineRef::SharedBlock { parent } => {
+            writeln!(o, "\t\tshared block backref parent {parent}")
+        }
+        InlineRef::ExtentData { root, objectid, offset, count } => writeln!(
+            o,
+            "\t\textent data backref root {} objectid {objectid} offset {offset} count {count}",
+            root_name(root)
+        ),
+        InlineRef::SharedData { parent, count } => {
+            writeln!(o, "\t\tshared data backref parent {parent} count {count}")
+        }
         InlineRef::Owner { root } => writeln!(o, "\t\textent owner root {}", root_name(root)),
     }
 }

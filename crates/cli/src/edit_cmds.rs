@@ -168,7 +168,9 @@ pub enum EditCmd {
 fn octal(s: &str) -> Result<u32> {
     match edit::parse_mode(s)? {
         edit::Mode::Octal(m) => Ok(m),
-        edit::Mode::Symbolic(_) => Err(Error::posix_detail(PosixKind::Invalid, s.to_string(), "give an octal mode here")),
+        edit::Mode::Symbolic(_) => {
+            Err(Error::posix_detail(PosixKind::Invalid, s.to_string(), "give an octal mode here"))
+        }
     }
 }
 
@@ -196,20 +198,42 @@ impl MvOpts {
 }
 impl LnOpts {
     fn edit(&self) -> Result<Edit> {
-        Ok(Edit::Ln { target: self.target.clone(), link: self.link.clone(), symbolic: self.symbolic })
+        Ok(Edit::Ln {
+            target: self.target.clone(),
+            link: self.link.clone(),
+            symbolic: self.symbolic,
+        })
     }
 }
 impl MknodOpts {
     fn edit(&self) -> Result<Edit> {
         let kind = match self.kind.as_str() {
             "p" | "c" | "u" | "b" | "s" => self.kind.chars().next().expect("one letter"),
-            k => return Err(Error::posix_detail(PosixKind::Invalid, k.to_string(), "TYPE is p, c, b or s")),
+            k => {
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    k.to_string(),
+                    "TYPE is p, c, b or s",
+                ))
+            }
         };
         let (major, minor) = match (kind, self.major, self.minor) {
             ('c' | 'u' | 'b', Some(a), Some(b)) => (a, b),
-            ('c' | 'u' | 'b', _, _) => return Err(Error::posix_detail(PosixKind::Invalid, self.path.clone(), "a device needs MAJOR and MINOR")),
+            ('c' | 'u' | 'b', _, _) => {
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    self.path.clone(),
+                    "a device needs MAJOR and MINOR",
+                ))
+            }
             (_, None, None) => (0, 0),
-            _ => return Err(Error::posix_detail(PosixKind::Invalid, self.path.clone(), "only devices (c, b) take MAJOR and MINOR")),
+            _ => {
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    self.path.clone(),
+                    "only devices (c, b) take MAJOR and MINOR",
+                ))
+            }
         };
         Ok(Edit::Mknod { path: self.path.clone(), kind, major, minor, mode: octal(&self.mode)? })
     }
@@ -238,7 +262,12 @@ impl FallocateOpts {
         if self.zero {
             mode |= FALLOC_FL_ZERO_RANGE;
         }
-        Ok(Edit::Fallocate { path: self.path.clone(), mode, offset: edit::parse_size(&self.offset)?, len: edit::parse_size(&self.len)? })
+        Ok(Edit::Fallocate {
+            path: self.path.clone(),
+            mode,
+            offset: edit::parse_size(&self.offset)?,
+            len: edit::parse_size(&self.len)?,
+        })
     }
 }
 impl ChmodOpts {
@@ -260,7 +289,10 @@ impl ChownOpts {
 }
 impl TouchOpts {
     fn edit(&self) -> Result<Edit> {
-        Ok(Edit::Touch { path: self.path.clone(), time: self.date.as_deref().map(edit::parse_time).transpose()? })
+        Ok(Edit::Touch {
+            path: self.path.clone(),
+            time: self.date.as_deref().map(edit::parse_time).transpose()?,
+        })
     }
 }
 
@@ -293,7 +325,11 @@ pub fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
 /// the kernel's cleaner would do it soon after the rmdir.
 fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Result<()> {
     let mut w = open_writer(image)?;
-    let dead_before = if edits.iter().any(|(_, e)| matches!(e, Edit::Rm { .. })) { Some(w.dead_roots()?.len()) } else { None };
+    let dead_before = if edits.iter().any(|(_, e)| matches!(e, Edit::Rm { .. })) {
+        Some(w.dead_roots()?.len())
+    } else {
+        None
+    };
     let mut said = Vec::new();
     for (at, e) in edits {
         match edit::apply(&mut w, e) {
@@ -309,7 +345,11 @@ fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Re
     for s in &said {
         eprintln!("{s}");
     }
-    eprintln!("{what}: {} change{} committed (generation {gen})", edits.len(), if edits.len() == 1 { "" } else { "s" });
+    eprintln!(
+        "{what}: {} change{} committed (generation {gen})",
+        edits.len(),
+        if edits.len() == 1 { "" } else { "s" }
+    );
     if dead_before.is_some_and(|n| n < w.dead_roots().map(|d| d.len()).unwrap_or(0)) {
         let e = ubtrfs_core::engine::Engine::from_writer(w);
         crate::subvol_cmds::clean_saying(&e, &|line| eprintln!("{what}: {line}"))?;
@@ -318,7 +358,11 @@ fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Re
 }
 
 /// One editing command on its own.
-pub fn run_one<T: Args>(a: &WithImage<T>, what: &str, edit: impl Fn(&T) -> Result<Edit>) -> Result<()> {
+pub fn run_one<T: Args>(
+    a: &WithImage<T>,
+    what: &str,
+    edit: impl Fn(&T) -> Result<Edit>,
+) -> Result<()> {
     run_edits(&a.image, what, &[(String::new(), edit(&a.op)?)])
 }
 
@@ -370,7 +414,11 @@ pub fn lsattr(a: &LsattrArgs) -> Result<()> {
     for p in &a.paths {
         let v = fs.resolve(edit::absolute(p)?, false)?;
         let _ = Load::ITEM;
-        println!("{} {}", edit::lsattr_string(ubtrfs_core::inode::attr::fsflags_of(v.item.flags.get())), ubtrfs_core::quote::name(p.as_bytes()));
+        println!(
+            "{} {}",
+            edit::lsattr_string(ubtrfs_core::inode::attr::fsflags_of(v.item.flags.get())),
+            ubtrfs_core::quote::name(p.as_bytes())
+        );
     }
     Ok(())
 }
@@ -410,10 +458,17 @@ fn parse_script(name: &str, text: impl BufRead) -> Result<Vec<(String, Edit)>> {
         if t.is_empty() || t.starts_with('#') {
             continue;
         }
-        let words = shlex::split(t).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, at.clone(), "unbalanced quotes"))?;
+        let words = shlex::split(t).ok_or_else(|| {
+            Error::posix_detail(PosixKind::Invalid, at.clone(), "unbalanced quotes")
+        })?;
         let parsed = BatchLine::try_parse_from(&words).map_err(|e| {
             let msg = e.render().to_string();
-            let first = msg.lines().find(|l| !l.trim().is_empty()).unwrap_or("cannot parse").trim_start_matches("error: ").to_string();
+            let first = msg
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("cannot parse")
+                .trim_start_matches("error: ")
+                .to_string();
             Error::posix_detail(PosixKind::Invalid, at.clone(), first)
         })?;
         edits.push((at.clone(), parsed.cmd.edit().map_err(|e| e.at(at))?));
@@ -426,7 +481,9 @@ pub fn batch(a: &BatchArgs) -> Result<()> {
         None => parse_script("stdin", std::io::stdin().lock())?,
         Some(p) if p.as_os_str() == "-" => parse_script("stdin", std::io::stdin().lock())?,
         Some(p) => {
-            let f = std::fs::File::open(p).map_err(|e| Error::io(format!("cannot open {}", ubtrfs_core::quote::path(p)), e))?;
+            let f = std::fs::File::open(p).map_err(|e| {
+                Error::io(format!("cannot open {}", ubtrfs_core::quote::path(p)), e)
+            })?;
             parse_script(&p.display().to_string(), std::io::BufReader::new(f))?
         }
     };

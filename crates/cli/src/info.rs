@@ -9,7 +9,9 @@ use crate::ImageArgs;
 use std::io::{self, BufWriter, Write};
 use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, FsInfo, Result};
-use ubtrfs_format::features::{flag_names, COMPAT_RO_NAMES, INCOMPAT_METADATA_UUID, INCOMPAT_NAMES};
+use ubtrfs_format::features::{
+    flag_names, COMPAT_RO_NAMES, INCOMPAT_METADATA_UUID, INCOMPAT_NAMES,
+};
 use ubtrfs_format::hash::name_hash;
 use ubtrfs_format::items::{self, read_prefix, uuid_str};
 use ubtrfs_format::key::*;
@@ -59,7 +61,9 @@ fn feature_line(bits: u64, table: &[(u64, &str)]) -> String {
 fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
     let mut first_err: Option<Error> = None;
     let sb = fs.super_copy();
-    let w = |o: &mut dyn Write, name: &str, value: String| writeln!(o, "{:<20}{value}", format!("{name}:")).map_err(out_err);
+    let w = |o: &mut dyn Write, name: &str, value: String| {
+        writeln!(o, "{:<20}{value}", format!("{name}:")).map_err(out_err)
+    };
     let label_len = sb.label.iter().position(|&b| b == 0).unwrap_or(LABEL_SIZE);
     w(o, "label", ubtrfs_core::quote::name(&sb.label[..label_len]).into_owned())?;
     w(o, "fsid", uuid_str(&sb.fsid))?;
@@ -85,7 +89,10 @@ fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
         }
     }
     let log = match fs.log_root() {
-        Some(r) => format!("present (log_root {} level {}), not replayed: showing the last commit", r.bytenr, r.level),
+        Some(r) => format!(
+            "present (log_root {} level {}), not replayed: showing the last commit",
+            r.bytenr, r.level
+        ),
         None => "none".to_string(),
     };
     w(o, "log tree", log)?;
@@ -93,7 +100,12 @@ fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
         w(o, "read-only", why.clone())?;
     }
     if let Some(r) = fs.dev_replace.as_ref().filter(|r| r.is_ongoing()) {
-        let target = fs.devices.replace_target.as_ref().map(|t| t.dev.name().to_string()).unwrap_or_else(|| "<not given>".to_string());
+        let target = fs
+            .devices
+            .replace_target
+            .as_ref()
+            .map(|t| t.dev.name().to_string())
+            .unwrap_or_else(|| "<not given>".to_string());
         w(o, "device replace", format!("{}; target devid 0 path {target}", r.refusal()))?;
     }
     w(o, "devices", sb.num_devices.get().to_string())?;
@@ -101,8 +113,19 @@ fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
         Ok(devs) => {
             for d in devs {
                 let devid = d.devid.get();
-                let path = fs.devices.by_id.get(&devid).map(|dev| dev.dev.name().to_string()).unwrap_or_else(|| "<missing>".to_string());
-                writeln!(o, "\tdevid {devid} size {} used {} path {path}", human(d.total_bytes.get()), human(d.bytes_used.get())).map_err(out_err)?;
+                let path = fs
+                    .devices
+                    .by_id
+                    .get(&devid)
+                    .map(|dev| dev.dev.name().to_string())
+                    .unwrap_or_else(|| "<missing>".to_string());
+                writeln!(
+                    o,
+                    "\tdevid {devid} size {} used {} path {path}",
+                    human(d.total_bytes.get()),
+                    human(d.bytes_used.get())
+                )
+                .map_err(out_err)?;
             }
         }
         Err(e) => {
@@ -114,7 +137,14 @@ fn print_info(fs: &FsInfo, o: &mut dyn Write) -> Result<()> {
     match fs.space_info() {
         Ok(spaces) => {
             for s in spaces {
-                writeln!(o, "{}: total={}, used={}", block_group_flags_str(s.flags), human(s.total), human(s.used)).map_err(out_err)?;
+                writeln!(
+                    o,
+                    "{}: total={}, used={}",
+                    block_group_flags_str(s.flags),
+                    human(s.total),
+                    human(s.used)
+                )
+                .map_err(out_err)?;
             }
         }
         Err(e) => {
@@ -137,8 +167,12 @@ fn dev_items(fs: &FsInfo) -> Result<Vec<DevItem>> {
         if k.objectid != DEV_ITEMS_OBJECTID || k.type_ != DEV_ITEM_KEY {
             break;
         }
-        let d: &DevItem = read_prefix(item.data(), "dev item")
-            .map_err(|r| ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, r).root(CHUNK_TREE_OBJECTID).block(item.eb.bytenr).slot(item.slot as u32, k))?;
+        let d: &DevItem = read_prefix(item.data(), "dev item").map_err(|r| {
+            ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, r)
+                .root(CHUNK_TREE_OBJECTID)
+                .block(item.eb.bytenr)
+                .slot(item.slot as u32, k)
+        })?;
         out.push(*d);
     }
     Ok(out)

@@ -19,7 +19,11 @@ use std::process::ExitCode;
 use ubtrfs_core::{FsInfo, OpenOptions};
 
 #[derive(Parser)]
-#[command(name = "ubtrfs", version, about = "Read, inspect, change and check btrfs images in userspace, without the kernel driver or root")]
+#[command(
+    name = "ubtrfs",
+    version,
+    about = "Read, inspect, change and check btrfs images in userspace, without the kernel driver or root"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -62,7 +66,13 @@ impl WriteImageArgs {
     pub fn open_writer(&self) -> ubtrfs_core::Result<ubtrfs_core::transaction::FsWriter> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: true, sources: Default::default(), degraded: self.degraded })?;
+        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions {
+            devices,
+            cache_bytes: self.cache_mib << 20,
+            writable: true,
+            sources: Default::default(),
+            degraded: self.degraded,
+        })?;
         print_warnings(&w.info);
         Ok(w)
     }
@@ -80,7 +90,13 @@ impl ImageArgs {
     pub fn open_quiet(&self) -> ubtrfs_core::Result<FsInfo> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        FsInfo::open(&OpenOptions { devices, cache_bytes: self.cache_mib << 20, writable: false, sources: Default::default(), degraded: false })
+        FsInfo::open(&OpenOptions {
+            devices,
+            cache_bytes: self.cache_mib << 20,
+            writable: false,
+            sources: Default::default(),
+            degraded: false,
+        })
     }
 }
 
@@ -162,10 +178,18 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == mount_cmd::HELPER_NAME) {
+    if args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == mount_cmd::HELPER_NAME)
+    {
         return mount_cmd::helper_main(args);
     }
-    if args.first().and_then(|a| std::path::Path::new(a).file_name()).is_some_and(|n| n == mount_cmd::UMOUNT_HELPER_NAME) {
+    if args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == mount_cmd::UMOUNT_HELPER_NAME)
+    {
         return mount_cmd::umount_helper_main(args);
     }
     let cli = Cli::parse_from(args);

@@ -100,9 +100,12 @@ pub struct MkfsArgs {
 fn options_from(a: &MkfsArgs, ndevs: usize) -> Result<MkfsOptions> {
     let num = |what: &str, s: &str| -> Result<u32> {
         let v = options::parse_size(what, s)?;
-        u32::try_from(v).map_err(|_| Error::posix_detail(PosixKind::Invalid, format!("{what} {s}"), "too large"))
+        u32::try_from(v).map_err(|_| {
+            Error::posix_detail(PosixKind::Invalid, format!("{what} {s}"), "too large")
+        })
     };
-    let mut features = a.features.as_deref().map(options::Features::parse).transpose()?.unwrap_or_default();
+    let mut features =
+        a.features.as_deref().map(options::Features::parse).transpose()?.unwrap_or_default();
     features.mixed |= a.mixed;
     let sectorsize = num("sectorsize", &a.sectorsize)?;
     let nodesize = match &a.nodesize {
@@ -142,26 +145,46 @@ struct Fill {
 
 fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
     let Some(dir) = &a.rootdir else { return Ok(None) };
-    let md = std::fs::metadata(dir).map_err(|e| Error::io(format!("--rootdir {}", ubtrfs_core::quote::path(dir)), e))?;
+    let md = std::fs::metadata(dir)
+        .map_err(|e| Error::io(format!("--rootdir {}", ubtrfs_core::quote::path(dir)), e))?;
     if !md.is_dir() {
-        return Err(Error::posix_detail(PosixKind::NotDir, format!("--rootdir {}", ubtrfs_core::quote::path(dir)), "not a directory"));
+        return Err(Error::posix_detail(
+            PosixKind::NotDir,
+            format!("--rootdir {}", ubtrfs_core::quote::path(dir)),
+            "not a directory",
+        ));
     }
     let owners = match (&a.owner_map, &a.force_owner) {
         (Some(f), _) => {
-            let text = std::fs::read_to_string(f).map_err(|e| Error::io(format!("--owner-map {}", ubtrfs_core::quote::path(f)), e))?;
+            let text = std::fs::read_to_string(f).map_err(|e| {
+                Error::io(format!("--owner-map {}", ubtrfs_core::quote::path(f)), e)
+            })?;
             ubtrfs_tools::put::OwnerMap::parse(&text)?
         }
         (None, Some(o)) => {
-            let bad = || Error::posix_detail(PosixKind::Invalid, format!("--force-owner {o:?}"), "expected UID:GID");
+            let bad = || {
+                Error::posix_detail(
+                    PosixKind::Invalid,
+                    format!("--force-owner {o:?}"),
+                    "expected UID:GID",
+                )
+            };
             let (u, g) = o.split_once(':').ok_or_else(bad)?;
-            ubtrfs_tools::put::OwnerMap::force(u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?)
+            ubtrfs_tools::put::OwnerMap::force(
+                u.parse().map_err(|_| bad())?,
+                g.parse().map_err(|_| bad())?,
+            )
         }
         (None, None) => Default::default(),
     };
     let rel = |what: &str, p: &str| -> Result<PathBuf> {
         let t = p.trim_matches('/');
         if t.is_empty() || t.split('/').any(|c| c == ".." || c == ".") {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("{what} {p:?}"), "a path inside --rootdir, without . or .."));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("{what} {p:?}"),
+                "a path inside --rootdir, without . or ..",
+            ));
         }
         Ok(dir.join(t))
     };
@@ -169,7 +192,11 @@ fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
     for p in &a.subvol {
         let full = rel("--subvol", p)?;
         if !std::fs::symlink_metadata(&full).is_ok_and(|m| m.is_dir()) {
-            return Err(Error::posix_detail(PosixKind::NotDir, format!("--subvol {p}"), format!("{} is not a directory of --rootdir", ubtrfs_core::quote::path(&full))));
+            return Err(Error::posix_detail(
+                PosixKind::NotDir,
+                format!("--subvol {p}"),
+                format!("{} is not a directory of --rootdir", ubtrfs_core::quote::path(&full)),
+            ));
         }
         subvols.push(full);
     }
@@ -177,16 +204,34 @@ fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
         Some(p) => {
             let full = rel("--default-subvol", p)?;
             if !subvols.contains(&full) {
-                return Err(Error::posix_detail(PosixKind::Invalid, format!("--default-subvol {p}"), "not one of the --subvol paths"));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    format!("--default-subvol {p}"),
+                    "not one of the --subvol paths",
+                ));
             }
             Some(format!("/{}", p.trim_matches('/')))
         }
         None => None,
     };
-    let compress = a.compress.as_deref().map(|c| ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false)).transpose()?;
+    let compress = a
+        .compress
+        .as_deref()
+        .map(|c| ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false))
+        .transpose()?;
     let reproducible = a.reproducible || std::env::var_os("SOURCE_DATE_EPOCH").is_some();
-    let put = ubtrfs_tools::put::PutOptions { recursive: true, owners, subvols, progress: None, atime_from_mtime: reproducible };
-    Ok(Some(Fill { rootdir: dir.clone(), opts: ubtrfs_tools::populate::PopulateOptions { put, default_subvol }, compress }))
+    let put = ubtrfs_tools::put::PutOptions {
+        recursive: true,
+        owners,
+        subvols,
+        progress: None,
+        atime_from_mtime: reproducible,
+    };
+    Ok(Some(Fill {
+        rootdir: dir.clone(),
+        opts: ubtrfs_tools::populate::PopulateOptions { put, default_subvol },
+        compress,
+    }))
 }
 
 /// How the target exists before mkfs.
@@ -206,9 +251,15 @@ fn target(path: &Path, name: &str) -> Result<Target> {
     match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Target::Missing),
         Err(e) => Err(Error::io(name.to_string(), e)),
-        Ok(m) if m.file_type().is_block_device() => Ok(Target::Block { len: device_len(path, name)? }),
+        Ok(m) if m.file_type().is_block_device() => {
+            Ok(Target::Block { len: device_len(path, name)? })
+        }
         Ok(m) if m.is_file() => Ok(Target::File { len: m.len() }),
-        Ok(_) => Err(Error::posix_detail(PosixKind::Invalid, name.to_string(), "neither a regular file nor a block device")),
+        Ok(_) => Err(Error::posix_detail(
+            PosixKind::Invalid,
+            name.to_string(),
+            "neither a regular file nor a block device",
+        )),
     }
 }
 
@@ -251,15 +302,23 @@ impl Planned {
         let (name, size) = (&self.name, self.size);
         match self.target {
             Target::Missing => {
-                let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&self.path).map_err(|e| Error::io(format!("{name}: creating"), e))?;
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&self.path)
+                    .map_err(|e| Error::io(format!("{name}: creating"), e))?;
                 f.set_len(size).map_err(|e| {
                     let _ = std::fs::remove_file(&self.path);
                     Error::io(format!("{name}: sizing to {size} bytes"), e)
                 })
             }
             Target::File { len } if size > len => {
-                let f = std::fs::OpenOptions::new().write(true).open(&self.path).map_err(|e| Error::io(format!("{name}: opening for writing"), e))?;
-                f.set_len(size).map_err(|e| Error::io(format!("{name}: growing to {size} bytes"), e))
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&self.path)
+                    .map_err(|e| Error::io(format!("{name}: opening for writing"), e))?;
+                f.set_len(size)
+                    .map_err(|e| Error::io(format!("{name}: growing to {size} bytes"), e))
             }
             _ => Ok(()),
         }
@@ -275,11 +334,21 @@ fn plan(path: &Path, want: Option<u64>) -> Result<Planned> {
     let name = path.display().to_string();
     let t = target(path, &name)?;
     let size = match (&t, want) {
-        (Target::Missing, None) => return Err(Error::posix_detail(PosixKind::NotFound, name, "give --size to create the image")),
+        (Target::Missing, None) => {
+            return Err(Error::posix_detail(
+                PosixKind::NotFound,
+                name,
+                "give --size to create the image",
+            ))
+        }
         (Target::Missing, Some(s)) => s,
         (Target::File { len }, s) => s.unwrap_or(*len),
         (Target::Block { len }, Some(s)) if s > *len => {
-            return Err(Error::posix_detail(PosixKind::NoSpace, name, format!("--size {s} is larger than the device ({len} bytes)")));
+            return Err(Error::posix_detail(
+                PosixKind::NoSpace,
+                name,
+                format!("--size {s} is larger than the device ({len} bytes)"),
+            ));
         }
         (Target::Block { len }, s) => s.unwrap_or(*len),
     };
@@ -303,8 +372,19 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         };
         let mut seed = tree.to_vec();
         seed.extend_from_slice(
-            format!("{} {} {} {} {} {:?} {:?} {:?} {:?}", opts.nodesize, opts.sectorsize, opts.csum.name(), opts.data_profile, opts.metadata_profile, a.size, a.subvol, a.default_subvol, a.compress)
-                .as_bytes(),
+            format!(
+                "{} {} {} {} {} {:?} {:?} {:?} {:?}",
+                opts.nodesize,
+                opts.sectorsize,
+                opts.csum.name(),
+                opts.data_profile,
+                opts.metadata_profile,
+                a.size,
+                a.subvol,
+                a.default_subvol,
+                a.compress
+            )
+            .as_bytes(),
         );
         if ndevs > 1 {
             // Not for one device, whose seed (and so its image) stays what it was.
@@ -319,7 +399,8 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
     }
     let want = a.size.as_deref().map(|s| options::parse_size("size", s)).transpose()?;
     let planned: Vec<Planned> = a.images.iter().map(|p| plan(p, want)).collect::<Result<_>>()?;
-    let devices: Vec<MkfsDevice> = planned.iter().map(|p| MkfsDevice { path: p.path.clone(), size: p.size }).collect();
+    let devices: Vec<MkfsDevice> =
+        planned.iter().map(|p| MkfsDevice { path: p.path.clone(), size: p.size }).collect();
     // Everything that can be refused is refused before any target is touched.
     ubtrfs_tools::mkfs::check_distinct(&devices)?;
     for p in &planned {
@@ -330,10 +411,15 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         // Refused while mounted or in use before anything changes (growing included);
         // mkfs takes the same lock again to write.
         drop(FileDevice::open(&p.path, true)?);
-        let f = std::fs::File::open(&p.path).map_err(|e| Error::io(format!("{}: opening", p.name), e))?;
+        let f = std::fs::File::open(&p.path)
+            .map_err(|e| Error::io(format!("{}: opening", p.name), e))?;
         if let Some(found) = signature::probe(&f, &p.name, len)? {
             if !a.force {
-                return Err(Error::posix_detail(PosixKind::Exists, p.name.clone(), format!("appears to contain {found}; use --force to overwrite it")));
+                return Err(Error::posix_detail(
+                    PosixKind::Exists,
+                    p.name.clone(),
+                    format!("appears to contain {found}; use --force to overwrite it"),
+                ));
             }
             if !a.quiet {
                 eprintln!("ubtrfs: {}: overwriting {found} (--force)", p.name);
@@ -373,10 +459,20 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
             for p in &created {
                 let _ = std::fs::remove_file(p);
             }
-            let kept: Vec<&str> = planned.iter().filter(|p| !matches!(p.target, Target::Missing)).map(|p| p.name.as_str()).collect();
+            let kept: Vec<&str> = planned
+                .iter()
+                .filter(|p| !matches!(p.target, Target::Missing))
+                .map(|p| p.name.as_str())
+                .collect();
             if f.began_writing && !kept.is_empty() {
-                let what = if kept.len() == 1 { format!("{} is", kept[0]) } else { format!("{} are", kept.join(", ")) };
-                return Err(f.error.at(format!("{what} not usable, mkfs failed after it began writing")));
+                let what = if kept.len() == 1 {
+                    format!("{} is", kept[0])
+                } else {
+                    format!("{} are", kept.join(", "))
+                };
+                return Err(f
+                    .error
+                    .at(format!("{what} not usable, mkfs failed after it began writing")));
             }
             return Err(f.error);
         }
@@ -387,8 +483,12 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
                 continue;
             }
             let name = &p.name;
-            let f = std::fs::OpenOptions::new().write(true).open(&p.path).map_err(|e| Error::io(format!("{name}: opening to shrink"), e))?;
-            f.set_len(size).map_err(|e| Error::io(format!("{name}: shrinking to {size} bytes"), e))?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p.path)
+                .map_err(|e| Error::io(format!("{name}: opening to shrink"), e))?;
+            f.set_len(size)
+                .map_err(|e| Error::io(format!("{name}: shrinking to {size} bytes"), e))?;
         }
     }
     let name = planned.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(" ");

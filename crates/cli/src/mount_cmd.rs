@@ -87,7 +87,11 @@ fn is_root() -> bool {
 /// locks nothing.
 fn check_mountpoint(mountpoint: &Path) -> Result<()> {
     match std::fs::metadata(mountpoint) {
-        Ok(m) if !m.is_dir() => Err(Error::posix_detail(PosixKind::NotDir, mountpoint.display().to_string(), "the mount point must be a directory")),
+        Ok(m) if !m.is_dir() => Err(Error::posix_detail(
+            PosixKind::NotDir,
+            mountpoint.display().to_string(),
+            "the mount point must be a directory",
+        )),
         Ok(_) => Ok(()),
         Err(e) => Err(Error::io(format!("mount point {}", mountpoint.display()), e)),
     }
@@ -95,7 +99,9 @@ fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 
 fn cstr(p: &Path) -> Result<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", p.display())))
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", p.display()))
+    })
 }
 
 /// mount(2) with no type and no data (a bind mount or a remount).
@@ -104,7 +110,8 @@ fn mount2(source: Option<&Path>, target: &Path, flags: libc::c_ulong) -> std::io
     let dst = cstr(target).map_err(|e| std::io::Error::other(e.to_string()))?;
     let src_ptr = src.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: NUL-terminated strings (or NULL) that outlive the call.
-    if unsafe { libc::mount(src_ptr, dst.as_ptr(), std::ptr::null(), flags, std::ptr::null()) } != 0 {
+    if unsafe { libc::mount(src_ptr, dst.as_ptr(), std::ptr::null(), flags, std::ptr::null()) } != 0
+    {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
@@ -112,13 +119,20 @@ fn mount2(source: Option<&Path>, target: &Path, flags: libc::c_ulong) -> std::io
 
 /// The mount table's entry for `mnt` (absolute): the last one mounted there.
 fn mount_entry(mnt: &Path) -> Result<mountinfo::MountEntry> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
-    mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mnt).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, mnt.display().to_string(), "not a mount point"))
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+    mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mnt).ok_or_else(
+        || Error::posix_detail(PosixKind::Invalid, mnt.display().to_string(), "not a mount point"),
+    )
 }
 
 /// The ubtrfs daemons holding `image` (pids), as `ubtrfs umount` finds them.
 fn daemons(image: &Path) -> Vec<device_lock::FlockHolder> {
-    device_lock::lock_holders(image).unwrap_or_default().into_iter().filter(|h| h.pid.is_some_and(device_lock::is_fuse_daemon)).collect()
+    device_lock::lock_holders(image)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|h| h.pid.is_some_and(device_lock::is_fuse_daemon))
+        .collect()
 }
 
 /// A ubtrfs daemon serving `image` in this mount namespace: its mount point and pid.
@@ -133,10 +147,19 @@ struct Served {
 fn served(image: &Path) -> Option<Served> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(image).ok()?;
-    let pid = device_lock::lock_holders(image).ok()?.into_iter().filter_map(|h| h.pid).find(|&p| !device_lock::is_unmounting(p))?;
+    let pid = device_lock::lock_holders(image)
+        .ok()?
+        .into_iter()
+        .filter_map(|h| h.pid)
+        .find(|&p| !device_lock::is_unmounting(p))?;
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let same = |m: &mountinfo::MountEntry| std::fs::metadata(&m.source).is_ok_and(|s| s.dev() == md.dev() && s.ino() == md.ino());
-    let m = mountinfo::parse_mountinfo(&text).into_iter().filter(|m| m.fstype == kernel_mount::FSTYPE && m.root == Path::new("/")).find(same)?;
+    let same = |m: &mountinfo::MountEntry| {
+        std::fs::metadata(&m.source).is_ok_and(|s| s.dev() == md.dev() && s.ino() == md.ino())
+    };
+    let m = mountinfo::parse_mountinfo(&text)
+        .into_iter()
+        .filter(|m| m.fstype == kernel_mount::FSTYPE && m.root == Path::new("/"))
+        .find(same)?;
     Some(Served { mount_point: m.mount_point, pid })
 }
 
@@ -168,7 +191,9 @@ fn bind_second(s: &Served, image: &Path, mountpoint: &Path, opts: &MountOptions)
     check_mountpoint(mountpoint)?;
     let at = |e| Error::io(format!("mount {}", mountpoint.display()), e);
     mount2(Some(&s.mount_point), mountpoint, libc::MS_BIND).map_err(at)?;
-    if let Err(e) = mount2(None, mountpoint, libc::MS_REMOUNT | libc::MS_BIND | kernel_mount::ms_flags(opts)) {
+    if let Err(e) =
+        mount2(None, mountpoint, libc::MS_REMOUNT | libc::MS_BIND | kernel_mount::ms_flags(opts))
+    {
         let _ = unmount(mountpoint, 0);
         return Err(at(e));
     }
@@ -192,7 +217,11 @@ fn remount(mountpoint: &Path, lists: &[String]) -> Result<()> {
     let shown = mnt.display().to_string();
     let m = mount_entry(&mnt)?;
     if m.fstype != kernel_mount::FSTYPE {
-        return Err(Error::posix_detail(PosixKind::Invalid, shown, format!("not a ubtrfs mount (its type is {})", m.fstype)));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            shown,
+            format!("not a ubtrfs mount (its type is {})", m.fstype),
+        ));
     }
     if !is_root() {
         return Err(Error::posix_detail(PosixKind::NotPermitted, shown, "a remount needs root (fusermount3 has no remount): unmount it and mount it again with the options"));
@@ -200,10 +229,16 @@ fn remount(mountpoint: &Path, lists: &[String]) -> Result<()> {
     // The mount's flags now, under what was asked: an absent nodev or nosuid is dev or suid.
     let mut o = MountOptions::for_helper();
     let known = ["ro", "rw", "nodev", "nosuid", "noexec", "noatime", "relatime", "nodiratime"];
-    o.apply(&m.mount_options.split(',').filter(|f| known.contains(f)).collect::<Vec<_>>().join(","))?;
+    o.apply(
+        &m.mount_options.split(',').filter(|f| known.contains(f)).collect::<Vec<_>>().join(","),
+    )?;
     let o = options(o, lists)?;
     let going_ro = o.read_only && !o.bind;
-    if !o.read_only && !o.bind && m.super_read_only() && daemons(&m.source).iter().any(|h| !h.exclusive) {
+    if !o.read_only
+        && !o.bind
+        && m.super_read_only()
+        && daemons(&m.source).iter().any(|h| !h.exclusive)
+    {
         return Err(Error::posix_detail(PosixKind::ReadOnly, shown, "mounted with -o ro, so the image is open read-only: unmount it and mount it read-write"));
     }
     let mut flags = libc::MS_REMOUNT | kernel_mount::ms_flags(&o);
@@ -212,7 +247,11 @@ fn remount(mountpoint: &Path, lists: &[String]) -> Result<()> {
     }
     if let Err(e) = mount2(None, &mnt, flags) {
         if e.raw_os_error() == Some(libc::EBUSY) && going_ro {
-            return Err(Error::posix_detail(PosixKind::Busy, shown, "a file is open for writing there"));
+            return Err(Error::posix_detail(
+                PosixKind::Busy,
+                shown,
+                "a file is open for writing there",
+            ));
         }
         return Err(Error::io(format!("remount {shown}"), e));
     }
@@ -221,20 +260,34 @@ fn remount(mountpoint: &Path, lists: &[String]) -> Result<()> {
         let dir = std::fs::File::open(&mnt).map_err(|e| Error::io(format!("open {shown}"), e))?;
         // SAFETY: an ioctl without an argument on a descriptor we own.
         if unsafe { libc::ioctl(dir.as_raw_fd(), BTRFS_IOC_SYNC as _, 0) } != 0 {
-            return Err(Error::io(format!("commit {shown} at the remount"), std::io::Error::last_os_error()));
+            return Err(Error::io(
+                format!("commit {shown} at the remount"),
+                std::io::Error::last_os_error(),
+            ));
         }
     }
     Ok(())
 }
 
 /// Mount, remount or bind as `opts` say; `daemon` detaches a new mount's process.
-fn mount_or_change(image: &Path, devices: &[PathBuf], mountpoint: &Path, lists: &[String], base: MountOptions, daemon: bool) -> Result<()> {
+fn mount_or_change(
+    image: &Path,
+    devices: &[PathBuf],
+    mountpoint: &Path,
+    lists: &[String],
+    base: MountOptions,
+    daemon: bool,
+) -> Result<()> {
     let opts = options(base, lists)?;
     if opts.remount {
         return remount(mountpoint, lists);
     }
     if let Some(o) = opts.fuse_shown.first() {
-        return Err(Error::posix_detail(PosixKind::Invalid, format!("mount option {o:?}"), "the FUSE driver's own, meaningful only in a remount"));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            format!("mount option {o:?}"),
+            "the FUSE driver's own, meaningful only in a remount",
+        ));
     }
     if let Some(s) = served(image) {
         return bind_second(&s, image, mountpoint, &opts);
@@ -246,7 +299,13 @@ fn mount_or_change(image: &Path, devices: &[PathBuf], mountpoint: &Path, lists: 
 }
 
 /// Open, mount and serve; `ready` runs once the kernel has the mount.
-fn mount(image: &Path, devices: &[PathBuf], mountpoint: &Path, opts: MountOptions, ready: impl FnOnce()) -> Result<()> {
+fn mount(
+    image: &Path,
+    devices: &[PathBuf],
+    mountpoint: &Path,
+    opts: MountOptions,
+    ready: impl FnOnce(),
+) -> Result<()> {
     check_mountpoint(mountpoint)?;
     let mut all = vec![image.to_path_buf()];
     all.extend(devices.iter().cloned());
@@ -276,8 +335,14 @@ fn daemonize(run: impl FnOnce(Box<dyn FnOnce()>) -> Result<()>) -> Result<()> {
         let _ = std::fs::File::from(rd).read_to_string(&mut msg);
         return match msg.strip_prefix("ok") {
             Some(_) => Ok(()),
-            None if msg.is_empty() => Err(Error::io("mount", std::io::Error::other("the mount process exited before the mount was ready"))),
-            None => Err(Error::io("mount", std::io::Error::other(msg.trim_start_matches("error: ").to_string()))),
+            None if msg.is_empty() => Err(Error::io(
+                "mount",
+                std::io::Error::other("the mount process exited before the mount was ready"),
+            )),
+            None => Err(Error::io(
+                "mount",
+                std::io::Error::other(msg.trim_start_matches("error: ").to_string()),
+            )),
         };
     }
     drop(rd);
@@ -324,7 +389,14 @@ fn daemonize(run: impl FnOnce(Box<dyn FnOnce()>) -> Result<()>) -> Result<()> {
 /// last commit that fails.
 pub fn run(a: &MountArgs) -> Result<()> {
     // As a program using libfuse mounts when run by itself: nodev,nosuid unless asked.
-    mount_or_change(&a.image, &a.devices, &a.mountpoint, &a.options, MountOptions::default(), a.daemon)
+    mount_or_change(
+        &a.image,
+        &a.devices,
+        &a.mountpoint,
+        &a.options,
+        MountOptions::default(),
+        a.daemon,
+    )
 }
 
 /// `ubtrfs umount`: unmount a ubtrfs mount, then wait until the process that served it
@@ -349,9 +421,18 @@ fn unmount_and_wait(mountpoint: &Path, flags: libc::c_int) -> Result<()> {
     let shown = mnt.display().to_string();
     let m = mount_entry(&mnt)?;
     if m.fstype != kernel_mount::FSTYPE {
-        return Err(Error::posix_detail(PosixKind::Invalid, shown, format!("not a ubtrfs mount (its type is {})", m.fstype)));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            shown,
+            format!("not a ubtrfs mount (its type is {})", m.fstype),
+        ));
     }
-    let mut pids: Vec<u32> = device_lock::lock_holders(&m.source).unwrap_or_default().iter().filter_map(|h| h.pid).filter(|&p| device_lock::is_fuse_daemon(p)).collect();
+    let mut pids: Vec<u32> = device_lock::lock_holders(&m.source)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|h| h.pid)
+        .filter(|&p| device_lock::is_fuse_daemon(p))
+        .collect();
     pids.sort_unstable();
     pids.dedup();
     // Taken before the unmount: a pid reused after the daemon's exit is not waited for.
@@ -396,17 +477,26 @@ fn unmount(mnt: &Path, flags: libc::c_int) -> Result<()> {
         let out = cmd.arg(mnt).output().map_err(|e| Error::io("run fusermount3", e))?;
         if !out.status.success() {
             let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            return Err(Error::io(format!("unmount {}", mnt.display()), std::io::Error::other(why)));
+            return Err(Error::io(
+                format!("unmount {}", mnt.display()),
+                std::io::Error::other(why),
+            ));
         }
         return Ok(());
     }
     use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(mnt.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", mnt.display())))?;
+    let c = std::ffi::CString::new(mnt.as_os_str().as_bytes()).map_err(|_| {
+        Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", mnt.display()))
+    })?;
     // SAFETY: umount2 reads a NUL-terminated path.
     if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EBUSY) {
-            return Err(Error::posix_detail(PosixKind::Busy, mnt.display().to_string(), "in use (an open file or a process inside it)"));
+            return Err(Error::posix_detail(
+                PosixKind::Busy,
+                mnt.display().to_string(),
+                "in use (an open file or a process inside it)",
+            ));
         }
         return Err(Error::io(format!("unmount {}", mnt.display()), e));
     }
@@ -444,7 +534,10 @@ fn wait_exit(pid: u32, fd: Option<OwnedFd>, image: &Path) {
             return;
         }
         if !told && start.elapsed() >= std::time::Duration::from_secs(1) {
-            eprintln!("waiting for the ubtrfs process {pid} to write its last commit to {} and exit", image.display());
+            eprintln!(
+                "waiting for the ubtrfs process {pid} to write its last commit to {} and exit",
+                image.display()
+            );
             told = true;
         }
     }
@@ -460,11 +553,18 @@ pub fn install_helper(a: &InstallHelperArgs) -> Result<()> {
     for name in [HELPER_NAME, UMOUNT_HELPER_NAME] {
         let link = a.dir.join(name);
         match std::fs::symlink_metadata(&link) {
-            Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link).map_err(|e| Error::io(format!("replace {}", link.display()), e))?,
-            Ok(_) => return Err(Error::io(format!("install {}", link.display()), std::io::Error::from(std::io::ErrorKind::AlreadyExists))),
+            Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link)
+                .map_err(|e| Error::io(format!("replace {}", link.display()), e))?,
+            Ok(_) => {
+                return Err(Error::io(
+                    format!("install {}", link.display()),
+                    std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                ))
+            }
             Err(_) => {}
         }
-        std::os::unix::fs::symlink(&exe, &link).map_err(|e| Error::io(format!("link {} to {}", link.display(), exe.display()), e))?;
+        std::os::unix::fs::symlink(&exe, &link)
+            .map_err(|e| Error::io(format!("link {} to {}", link.display(), exe.display()), e))?;
         println!("{} -> {}", link.display(), exe.display());
     }
     Ok(())
@@ -483,21 +583,39 @@ pub fn umount_helper_main(args: Vec<OsString>) -> ExitCode {
                 Some("-t") => {
                     it.next();
                 }
-                Some("-N") => return Err(Error::posix_detail(PosixKind::NotSupported, UMOUNT_HELPER_NAME, "-N: another mount namespace")),
+                Some("-N") => {
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        UMOUNT_HELPER_NAME,
+                        "-N: another mount namespace",
+                    ))
+                }
                 Some(s) if s.starts_with('-') && s.len() > 1 => {
                     for c in s[1..].chars() {
                         match c {
                             'l' => flags |= libc::MNT_DETACH,
                             'f' => flags |= libc::MNT_FORCE,
                             'n' | 'r' | 'v' => {}
-                            _ => return Err(Error::posix_detail(PosixKind::Invalid, UMOUNT_HELPER_NAME, format!("unknown option -{c}"))),
+                            _ => {
+                                return Err(Error::posix_detail(
+                                    PosixKind::Invalid,
+                                    UMOUNT_HELPER_NAME,
+                                    format!("unknown option -{c}"),
+                                ))
+                            }
                         }
                     }
                 }
                 _ => pos.push(PathBuf::from(a)),
             }
         }
-        let [mountpoint] = <[PathBuf; 1]>::try_from(pos).map_err(|_| Error::posix_detail(PosixKind::Invalid, UMOUNT_HELPER_NAME, "usage: umount.fuse.ubtrfs MOUNTPOINT [-flnrv]"))?;
+        let [mountpoint] = <[PathBuf; 1]>::try_from(pos).map_err(|_| {
+            Error::posix_detail(
+                PosixKind::Invalid,
+                UMOUNT_HELPER_NAME,
+                "usage: umount.fuse.ubtrfs MOUNTPOINT [-flnrv]",
+            )
+        })?;
         unmount_and_wait(&mountpoint, flags)
     })();
     match r {
@@ -520,15 +638,24 @@ pub fn helper_main(args: Vec<OsString>) -> ExitCode {
         let mut it = args.into_iter().skip(1);
         while let Some(a) = it.next() {
             match a.to_str() {
-                Some("-o") => lists.push(it.next().and_then(|v| v.into_string().ok()).ok_or_else(|| Error::posix(ubtrfs_core::PosixKind::Invalid, "-o needs options"))?),
+                Some("-o") => {
+                    lists.push(it.next().and_then(|v| v.into_string().ok()).ok_or_else(|| {
+                        Error::posix(ubtrfs_core::PosixKind::Invalid, "-o needs options")
+                    })?)
+                }
                 Some(s) if s.starts_with("-o") => lists.push(s[2..].to_string()),
                 Some("-f") => foreground = true,
                 Some("-n" | "-s" | "-v") => {}
                 _ => pos.push(PathBuf::from(a)),
             }
         }
-        let [image, mountpoint] =
-            <[PathBuf; 2]>::try_from(pos).map_err(|_| Error::posix_detail(ubtrfs_core::PosixKind::Invalid, HELPER_NAME, "usage: mount.fuse.ubtrfs IMAGE MOUNTPOINT [-o OPTIONS]"))?;
+        let [image, mountpoint] = <[PathBuf; 2]>::try_from(pos).map_err(|_| {
+            Error::posix_detail(
+                ubtrfs_core::PosixKind::Invalid,
+                HELPER_NAME,
+                "usage: mount.fuse.ubtrfs IMAGE MOUNTPOINT [-o OPTIONS]",
+            )
+        })?;
         // As mount.fuse3: dev and suid unless the options say nodev or nosuid.
         mount_or_change(&image, &[], &mountpoint, &lists, MountOptions::for_helper(), !foreground)
     })();

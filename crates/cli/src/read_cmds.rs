@@ -82,7 +82,13 @@ fn fmt_time(t: &Timespec) -> String {
     let days = secs.div_euclid(86400);
     let rem = secs.rem_euclid(86400);
     let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:09}", rem / 3600, rem % 3600 / 60, rem % 60, t.nsec.get())
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:09}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        t.nsec.get()
+    )
 }
 
 /// Convert days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's method).
@@ -103,7 +109,17 @@ fn mode_str(v: &InodeView) -> String {
     let mode = v.mode();
     let mut s = String::new();
     s.push(v.kind().letter());
-    let bits = [(0o400, 'r'), (0o200, 'w'), (0o100, 'x'), (0o40, 'r'), (0o20, 'w'), (0o10, 'x'), (0o4, 'r'), (0o2, 'w'), (0o1, 'x')];
+    let bits = [
+        (0o400, 'r'),
+        (0o200, 'w'),
+        (0o100, 'x'),
+        (0o40, 'r'),
+        (0o20, 'w'),
+        (0o10, 'x'),
+        (0o4, 'r'),
+        (0o2, 'w'),
+        (0o1, 'x'),
+    ];
     for (i, (b, c)) in bits.iter().enumerate() {
         let set = mode & b != 0;
         let ch = match i {
@@ -158,7 +174,10 @@ pub fn ls(a: &LsArgs) -> Result<()> {
         let mut entries: Vec<_> = dir.entries.iter().collect();
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         for e in entries {
-            let child = fs.load_inode(e.target, if a.recursive { Load { entries: true, ..Load::ITEM } } else { Load::ITEM })?;
+            let child = fs.load_inode(
+                e.target,
+                if a.recursive { Load { entries: true, ..Load::ITEM } } else { Load::ITEM },
+            )?;
             print_entry(&fs, &mut out, &child, &e.name, a.long)?;
             if a.recursive && child.kind() == FileKind::Dir {
                 subdirs.push((format!("{path}/{}", quote::name(&e.name)), child));
@@ -171,7 +190,13 @@ pub fn ls(a: &LsArgs) -> Result<()> {
     out.flush().map_err(stdout_err)
 }
 
-fn print_entry(fs: &Filesystem, out: &mut impl Write, v: &InodeView, name: &[u8], long: bool) -> Result<()> {
+fn print_entry(
+    fs: &Filesystem,
+    out: &mut impl Write,
+    v: &InodeView,
+    name: &[u8],
+    long: bool,
+) -> Result<()> {
     let name = quote::name(name);
     if !long {
         return writeln!(out, "{name}").map_err(stdout_err);
@@ -183,8 +208,22 @@ fn print_entry(fs: &Filesystem, out: &mut impl Write, v: &InodeView, name: &[u8]
         }
         _ => v.size().to_string(),
     };
-    let link = if v.kind() == FileKind::Symlink { format!(" -> {}", quote::name(&fs.readlink(v.id)?)) } else { String::new() };
-    writeln!(out, "{} {:>3} {:>5} {:>5} {:>10} {} {name}{link}", mode_str(v), v.nlink(), v.item.uid.get(), v.item.gid.get(), size, fmt_time(&v.item.mtime)).map_err(stdout_err)
+    let link = if v.kind() == FileKind::Symlink {
+        format!(" -> {}", quote::name(&fs.readlink(v.id)?))
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "{} {:>3} {:>5} {:>5} {:>10} {} {name}{link}",
+        mode_str(v),
+        v.nlink(),
+        v.item.uid.get(),
+        v.item.gid.get(),
+        size,
+        fmt_time(&v.item.mtime)
+    )
+    .map_err(stdout_err)
 }
 
 pub fn stat(a: &StatArgs) -> Result<()> {
@@ -207,9 +246,29 @@ pub fn stat(a: &StatArgs) -> Result<()> {
         let _ = writeln!(out, "  Link: {}", quote::name(&fs.readlink(v.id)?));
     }
     let _ = writeln!(out, "  Type: {kind}");
-    let _ = writeln!(out, "  Size: {}  Bytes on disk (nbytes): {}  Links: {}", i.size.get(), i.nbytes.get(), i.nlink.get());
-    let _ = writeln!(out, "Subvol: {}  Inode: {}  Generation: {}  Transid: {}", v.id.root, v.id.ino, i.generation.get(), i.transid.get());
-    let _ = writeln!(out, "Access: ({:04o}/{})  Uid: {}  Gid: {}", v.mode() & 0o7777, mode_str(&v), i.uid.get(), i.gid.get());
+    let _ = writeln!(
+        out,
+        "  Size: {}  Bytes on disk (nbytes): {}  Links: {}",
+        i.size.get(),
+        i.nbytes.get(),
+        i.nlink.get()
+    );
+    let _ = writeln!(
+        out,
+        "Subvol: {}  Inode: {}  Generation: {}  Transid: {}",
+        v.id.root,
+        v.id.ino,
+        i.generation.get(),
+        i.transid.get()
+    );
+    let _ = writeln!(
+        out,
+        "Access: ({:04o}/{})  Uid: {}  Gid: {}",
+        v.mode() & 0o7777,
+        mode_str(&v),
+        i.uid.get(),
+        i.gid.get()
+    );
     if matches!(v.kind(), FileKind::CharDev | FileKind::BlockDev) {
         let (ma, mi) = rdev_decode(i.rdev.get());
         let _ = writeln!(out, "Device: {ma},{mi}");
@@ -228,11 +287,26 @@ pub fn stat(a: &StatArgs) -> Result<()> {
     }
     if v.kind() == FileKind::File {
         for e in &v.extents {
-            let _ = writeln!(out, "Extent: {:?} at file offset {} len {}", e.kind_summary(), e.file_offset, e.len());
+            let _ = writeln!(
+                out,
+                "Extent: {:?} at file offset {} len {}",
+                e.kind_summary(),
+                e.file_offset,
+                e.len()
+            );
         }
         // As FIEMAP reports them (filefrag -v): holes left out, physical bytes where the
         // range's data starts, and the FIEMAP flags.
-        let data: Vec<_> = v.extents.iter().filter(|e| !matches!(e.kind, ubtrfs_core::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })).collect();
+        let data: Vec<_> = v
+            .extents
+            .iter()
+            .filter(|e| {
+                !matches!(
+                    e.kind,
+                    ubtrfs_core::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. }
+                )
+            })
+            .collect();
         if !data.is_empty() {
             let _ = writeln!(out, "FIEMAP:   logical         physical         length  flags");
         }
@@ -262,7 +336,14 @@ pub fn stat(a: &StatArgs) -> Result<()> {
             if i + 1 == data.len() {
                 flags.push("last");
             }
-            let _ = writeln!(out, "  {:>15} {:>16} {:>14}  {}", e.file_offset, physical, e.len(), flags.join(","));
+            let _ = writeln!(
+                out,
+                "  {:>15} {:>16} {:>14}  {}",
+                e.file_offset,
+                physical,
+                e.len(),
+                flags.join(",")
+            );
         }
     }
     std::io::stdout().write_all(out.as_bytes()).map_err(stdout_err)
@@ -275,9 +356,20 @@ impl Summary for ubtrfs_core::inode::filesystem::FileExtentRec {
     fn kind_summary(&self) -> String {
         use ubtrfs_core::inode::filesystem::ExtentKind;
         match &self.kind {
-            ExtentKind::Inline { ram_bytes, compression, data } => format!("inline ram_bytes={ram_bytes} compression={compression} stored={}", data.len()),
+            ExtentKind::Inline { ram_bytes, compression, data } => format!(
+                "inline ram_bytes={ram_bytes} compression={compression} stored={}",
+                data.len()
+            ),
             ExtentKind::Regular { disk_bytenr: 0, .. } => "hole".to_string(),
-            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, prealloc, .. } => {
+            ExtentKind::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                ram_bytes,
+                compression,
+                prealloc,
+                ..
+            } => {
                 format!("{} disk_bytenr={disk_bytenr} disk_num_bytes={disk_num_bytes} offset={offset} ram_bytes={ram_bytes} compression={compression}", if *prealloc { "prealloc" } else { "regular" })
             }
         }
@@ -291,12 +383,17 @@ pub fn cat(a: &CatArgs) -> Result<()> {
         return Err(Error::posix(ubtrfs_core::PosixKind::IsDir, a.path.clone()));
     }
     if v.kind() != FileKind::File {
-        return Err(Error::posix(ubtrfs_core::PosixKind::Invalid, format!("{}: not a regular file", a.path)));
+        return Err(Error::posix(
+            ubtrfs_core::PosixKind::Invalid,
+            format!("{}: not a regular file", a.path),
+        ));
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(4);
-    fs.stream_file(&v, threads, 2 << 20, &mut |data: &[u8]| out.write_all(data).map_err(stdout_err))?;
+    fs.stream_file(&v, threads, 2 << 20, &mut |data: &[u8]| {
+        out.write_all(data).map_err(stdout_err)
+    })?;
     out.flush().map_err(stdout_err)?;
     crate::print_warnings(&fs.info);
     Ok(())
@@ -307,10 +404,17 @@ pub fn extract(a: &ExtractArgs) -> Result<()> {
     let fs = open_fs(&a.image)?;
     // Only the path is resolved here: extract reads the inode itself, so damage in it
     // is salvaged like anywhere else.
-    let src = if a.path.trim_matches('/').is_empty() { fs.root_dir() } else { fs.resolve_id(&a.path, true)? };
+    let src = if a.path.trim_matches('/').is_empty() {
+        fs.root_dir()
+    } else {
+        fs.resolve_id(&a.path, true)?
+    };
     let bar = if std::io::stderr().is_terminal() && !a.dry_run {
         let b = indicatif::ProgressBar::new_spinner();
-        b.set_style(indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("static template"));
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+                .expect("static template"),
+        );
         Some(b)
     } else {
         None
@@ -357,7 +461,13 @@ pub fn extract(a: &ExtractArgs) -> Result<()> {
             self.eprint(&format!("ubtrfs: warning: {}", w.text));
         }
     }
-    let mut cli = Cli { fs: &fs, bar, out: std::io::BufWriter::new(std::io::stdout().lock()), out_err: None, list: a.dry_run };
+    let mut cli = Cli {
+        fs: &fs,
+        bar,
+        out: std::io::BufWriter::new(std::io::stdout().lock()),
+        out_err: None,
+        list: a.dry_run,
+    };
     let opts = ExtractOptions { strict: a.strict, dry_run: a.dry_run };
     let r = do_extract(&fs, src, &a.dest, &opts, &mut cli);
     if let Some(b) = cli.bar.take() {
@@ -376,13 +486,19 @@ pub fn extract(a: &ExtractArgs) -> Result<()> {
             if a.dry_run {
                 eprintln!("extract: stopped (a dry run: nothing was written)");
             } else {
-                eprintln!("extract: stopped; {} holds only what was extracted before this error", ubtrfs_core::quote::path(&a.dest));
+                eprintln!(
+                    "extract: stopped; {} holds only what was extracted before this error",
+                    ubtrfs_core::quote::path(&a.dest)
+                );
             }
             std::process::exit(1);
         }
     };
     let verb = if a.dry_run { "would extract" } else { "extracted" };
-    eprintln!("{verb} {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes", stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes);
+    eprintln!(
+        "{verb} {} files, {} directories, {} symlinks, {} hard links, {} special files, {} bytes",
+        stats.files, stats.dirs, stats.symlinks, stats.hardlinks, stats.specials, stats.bytes
+    );
     if let Some(losses) = stats.losses() {
         eprintln!("extract: {losses}; see the warnings above");
         // Finished, but not everything was copied: distinct from 1 (stopped by an error).

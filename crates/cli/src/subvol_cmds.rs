@@ -113,7 +113,11 @@ fn mount_of(image: &WriteImageArgs) -> Option<&std::path::Path> {
 /// Open directory `p` (on a mount) for an ioctl.
 fn open_dir(p: &std::path::Path) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(p).map_err(|e| Error::io(p.display().to_string(), e))
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(p)
+        .map_err(|e| Error::io(p.display().to_string(), e))
 }
 
 /// The host path of in-filesystem path `path` on mount `mnt`, split into its parent
@@ -121,7 +125,13 @@ fn open_dir(p: &std::path::Path) -> Result<std::fs::File> {
 fn on_mount(mnt: &std::path::Path, path: &str) -> Result<(std::path::PathBuf, Vec<u8>)> {
     use std::os::unix::ffi::OsStrExt;
     let host = mnt.join(path.trim_start_matches('/'));
-    let name = host.file_name().ok_or_else(|| Error::posix_detail(PosixKind::Invalid, path.to_string(), "no name to make or remove"))?.as_bytes().to_vec();
+    let name = host
+        .file_name()
+        .ok_or_else(|| {
+            Error::posix_detail(PosixKind::Invalid, path.to_string(), "no name to make or remove")
+        })?
+        .as_bytes()
+        .to_vec();
     Ok((host.parent().expect("a path with a name has a parent").to_path_buf(), name))
 }
 
@@ -150,17 +160,29 @@ fn vol_args_v2(fd: i64, flags: u64, name: &[u8]) -> Result<Vec<u8>> {
 }
 
 fn create(a: &SubvolCreateArgs) -> Result<()> {
-    let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("mode {:?}", a.mode), "not octal permission bits"))?;
+    let mode = u32::from_str_radix(&a.mode, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| {
+        Error::posix_detail(
+            PosixKind::Invalid,
+            format!("mode {:?}", a.mode),
+            "not octal permission bits",
+        )
+    })?;
     let path = ubtrfs_tools::edit::absolute(&a.path)?;
     if let Some(mnt) = mount_of(&a.image) {
         let (parent, name) = on_mount(mnt, path)?;
         let mut arg = vol_args_v2(0, 0, &name)?;
-        btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SUBVOL_CREATE_V2, &mut arg, &format!("create subvolume {path}"))?;
+        btrfs_ioctl(
+            &open_dir(&parent)?,
+            ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SUBVOL_CREATE_V2,
+            &mut arg,
+            &format!("create subvolume {path}"),
+        )?;
         // The ioctl makes it 0755, as the kernel's.
         if mode != 0o755 {
             use std::os::unix::fs::PermissionsExt;
             let host = mnt.join(path.trim_start_matches('/'));
-            std::fs::set_permissions(&host, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io(host.display().to_string(), e))?;
+            std::fs::set_permissions(&host, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io(host.display().to_string(), e))?;
         }
         println!("created subvolume at {path} through the mount");
         return Ok(());
@@ -181,30 +203,54 @@ fn snapshot(a: &SubvolSnapshotArgs) -> Result<()> {
         let (parent, name) = on_mount(mnt, dst)?;
         let flags = if a.readonly { ubtrfs_fuse::subvol_ioctl::BTRFS_SUBVOL_RDONLY } else { 0 };
         let mut arg = vol_args_v2(i64::from(s.as_raw_fd()), flags, &name)?;
-        btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SNAP_CREATE_V2, &mut arg, &format!("snapshot {src} as {dst}"))?;
-        println!("created {}snapshot of {src} at {dst} through the mount", if a.readonly { "read-only " } else { "" });
+        btrfs_ioctl(
+            &open_dir(&parent)?,
+            ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SNAP_CREATE_V2,
+            &mut arg,
+            &format!("snapshot {src} as {dst}"),
+        )?;
+        println!(
+            "created {}snapshot of {src} at {dst} through the mount",
+            if a.readonly { "read-only " } else { "" }
+        );
         return Ok(());
     }
     let mut w = a.image.open_writer()?;
     let id = w.live().resolve_id(src, true)?;
-    if id.ino != FIRST_FREE_OBJECTID || w.live().load_inode(id, Load::ITEM)?.kind() != ubtrfs_core::inode::filesystem::FileKind::Dir {
-        return Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::name(src.as_bytes()), "not a subvolume"));
+    if id.ino != FIRST_FREE_OBJECTID
+        || w.live().load_inode(id, Load::ITEM)?.kind()
+            != ubtrfs_core::inode::filesystem::FileKind::Dir
+    {
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            ubtrfs_core::quote::name(src.as_bytes()),
+            "not a subvolume",
+        ));
     }
     let (parent, name) = w.resolve_parent(dst)?;
     let new = w.create_snapshot(id.root, parent.root, parent.ino, &name, a.readonly)?;
     w.commit()?;
-    println!("created {}snapshot {new} of {src} at {dst}", if a.readonly { "read-only " } else { "" });
+    println!(
+        "created {}snapshot {new} of {src} at {dst}",
+        if a.readonly { "read-only " } else { "" }
+    );
     Ok(())
 }
 
 fn delete(a: &SubvolDeleteArgs) -> Result<()> {
-    let paths: Vec<&str> = a.paths.iter().map(|p| ubtrfs_tools::edit::absolute(p)).collect::<Result<_>>()?;
+    let paths: Vec<&str> =
+        a.paths.iter().map(|p| ubtrfs_tools::edit::absolute(p)).collect::<Result<_>>()?;
     if let Some(mnt) = mount_of(&a.image) {
         // The mount's cleaner drops the trees.
         for path in paths {
             let (parent, name) = on_mount(mnt, path)?;
             let mut arg = vol_args_v2(0, 0, &name)?;
-            btrfs_ioctl(&open_dir(&parent)?, ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SNAP_DESTROY_V2, &mut arg, &format!("delete subvolume {path}"))?;
+            btrfs_ioctl(
+                &open_dir(&parent)?,
+                ubtrfs_fuse::subvol_ioctl::BTRFS_IOC_SNAP_DESTROY_V2,
+                &mut arg,
+                &format!("delete subvolume {path}"),
+            )?;
             println!("deleted subvolume at {path} through the mount");
         }
         return Ok(());
@@ -238,11 +284,17 @@ fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_sn
 }
 
 /// `clean`, saying each tree dropped through `say`.
-pub(crate) fn clean_saying(e: &ubtrfs_core::engine::Engine, say: &dyn Fn(&str)) -> Result<ubtrfs_core::extent::drop_snapshot::DropStats> {
+pub(crate) fn clean_saying(
+    e: &ubtrfs_core::engine::Engine,
+    say: &dyn Fn(&str),
+) -> Result<ubtrfs_core::extent::drop_snapshot::DropStats> {
     use std::io::IsTerminal;
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new_spinner();
-        b.set_style(indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("static template"));
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+                .expect("static template"),
+        );
         b
     });
     let mut cur = 0;
@@ -254,7 +306,10 @@ pub(crate) fn clean_saying(e: &ubtrfs_core::engine::Engine, say: &dyn Fn(&str)) 
             cur = id;
         }
         if let Some(b) = &bar {
-            b.set_message(format!("dropping subvolume {id}: {} tree blocks read, {} references dropped", st.blocks_read, st.tree_refs_dropped));
+            b.set_message(format!(
+                "dropping subvolume {id}: {} tree blocks read, {} references dropped",
+                st.blocks_read, st.tree_refs_dropped
+            ));
             b.tick();
         }
         true
@@ -271,13 +326,23 @@ pub(crate) fn clean_saying(e: &ubtrfs_core::engine::Engine, say: &dyn Fn(&str)) 
 fn open(a: &ImageArgs) -> Result<Filesystem> {
     let mut devices = vec![a.image.clone()];
     devices.extend(a.devices.iter().cloned());
-    let fs = Filesystem::open(&OpenOptions { devices, cache_bytes: a.cache_mib << 20, writable: false, sources: Default::default(), degraded: false })?;
+    let fs = Filesystem::open(&OpenOptions {
+        devices,
+        cache_bytes: a.cache_mib << 20,
+        writable: false,
+        sources: Default::default(),
+        degraded: false,
+    })?;
     crate::print_warnings(fs.info());
     Ok(fs)
 }
 
 /// Path of subvolume `id` from the top-level subvolume.
-fn subvol_path(fs: &Filesystem, subvols: &[ubtrfs_core::inode::filesystem::SubvolInfo], id: u64) -> Result<String> {
+fn subvol_path(
+    fs: &Filesystem,
+    subvols: &[ubtrfs_core::inode::filesystem::SubvolInfo],
+    id: u64,
+) -> Result<String> {
     let mut parts: Vec<String> = Vec::new();
     let mut cur = id;
     for _ in 0..=subvols.len() {
@@ -285,7 +350,13 @@ fn subvol_path(fs: &Filesystem, subvols: &[ubtrfs_core::inode::filesystem::Subvo
             parts.reverse();
             return Ok(parts.join("/"));
         }
-        let s = subvols.iter().find(|s| s.id == cur).ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("subvolume {cur}"), "no ROOT_BACKREF names it"))?;
+        let s = subvols.iter().find(|s| s.id == cur).ok_or_else(|| {
+            Error::posix_detail(
+                PosixKind::NotFound,
+                format!("subvolume {cur}"),
+                "no ROOT_BACKREF names it",
+            )
+        })?;
         let mut p = String::from_utf8_lossy(&s.name).into_owned();
         let dir = fs.dir_path(s.parent, s.dirid)?;
         if !dir.is_empty() {
@@ -301,7 +372,13 @@ fn list(a: &SubvolListArgs) -> Result<()> {
     if a.deleted {
         let mut devices = vec![a.image.image.clone()];
         devices.extend(a.image.devices.iter().cloned());
-        let opts = OpenOptions { devices, cache_bytes: a.image.cache_mib << 20, writable: false, sources: Default::default(), degraded: false };
+        let opts = OpenOptions {
+            devices,
+            cache_bytes: a.image.cache_mib << 20,
+            writable: false,
+            sources: Default::default(),
+            degraded: false,
+        };
         let mut w = ubtrfs_core::transaction::FsWriter::open_read_only(&opts)?;
         crate::print_warnings(&w.info);
         for id in w.dead_roots()? {
@@ -327,12 +404,22 @@ fn set_default(a: &SubvolSetDefaultArgs) -> Result<()> {
                 let path = ubtrfs_tools::edit::absolute(&a.subvol)?;
                 let mut arg = vec![0u8; 4096];
                 arg[8..16].copy_from_slice(&FIRST_FREE_OBJECTID.to_le_bytes());
-                btrfs_ioctl(&open_dir(&mnt.join(path.trim_start_matches('/')))?, BTRFS_IOC_INO_LOOKUP, &mut arg, &format!("the subvolume of {path}"))?;
+                btrfs_ioctl(
+                    &open_dir(&mnt.join(path.trim_start_matches('/')))?,
+                    BTRFS_IOC_INO_LOOKUP,
+                    &mut arg,
+                    &format!("the subvolume of {path}"),
+                )?;
                 u64::from_le_bytes(arg[..8].try_into().expect("eight bytes"))
             }
         };
         let mut arg = id.to_le_bytes().to_vec();
-        btrfs_ioctl(&open_dir(mnt)?, BTRFS_IOC_DEFAULT_SUBVOL, &mut arg, &format!("set subvolume {id} as the default"))?;
+        btrfs_ioctl(
+            &open_dir(mnt)?,
+            BTRFS_IOC_DEFAULT_SUBVOL,
+            &mut arg,
+            &format!("set subvolume {id} as the default"),
+        )?;
         return Ok(());
     }
     let mut w = a.image.open_writer()?;
@@ -342,8 +429,14 @@ fn set_default(a: &SubvolSetDefaultArgs) -> Result<()> {
             let path = ubtrfs_tools::edit::absolute(&a.subvol)?;
             let id = w.live().resolve_id(path, true)?;
             let top = w.live().load_inode(id, Load::ITEM)?;
-            if id.ino != FIRST_FREE_OBJECTID || top.kind() != ubtrfs_core::inode::filesystem::FileKind::Dir {
-                return Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::name(path.as_bytes()), "not a subvolume"));
+            if id.ino != FIRST_FREE_OBJECTID
+                || top.kind() != ubtrfs_core::inode::filesystem::FileKind::Dir
+            {
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    ubtrfs_core::quote::name(path.as_bytes()),
+                    "not a subvolume",
+                ));
             }
             id.root
         }

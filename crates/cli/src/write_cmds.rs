@@ -34,7 +34,9 @@ fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
 pub fn put(a: &PutArgs) -> Result<()> {
     let policy = match (&a.compress, &a.compress_force) {
         (Some(c), _) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false)?),
-        (None, Some(c)) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, true)?),
+        (None, Some(c)) => {
+            Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, true)?)
+        }
         (None, None) => None,
     };
     let mut w = open_writer(&a.image).map_err(|e| swapped_put_arguments(a, e))?;
@@ -44,8 +46,13 @@ pub fn put(a: &PutArgs) -> Result<()> {
     // A failure part way leaves the transaction half done: abort it, nothing is committed.
     let srcs: Vec<&std::path::Path> = a.srcs.iter().map(|p| p.as_path()).collect();
     let bar = copy_progress();
-    let opts = ubtrfs_tools::put::PutOptions { recursive: a.recursive, progress: bar.as_ref().map(|b| b.callback()), ..Default::default() };
-    let stats = ubtrfs_tools::put::put(&mut w, &srcs, &a.dest, &opts).inspect_err(|e| w.abort("put", e))?;
+    let opts = ubtrfs_tools::put::PutOptions {
+        recursive: a.recursive,
+        progress: bar.as_ref().map(|b| b.callback()),
+        ..Default::default()
+    };
+    let stats =
+        ubtrfs_tools::put::put(&mut w, &srcs, &a.dest, &opts).inspect_err(|e| w.abort("put", e))?;
     drop(bar);
     let gen = w.commit()?;
     eprintln!(
@@ -73,7 +80,9 @@ fn is_btrfs_image(p: &std::path::Path) -> bool {
     use std::io::{Read, Seek, SeekFrom};
     let mut magic = [0u8; 8];
     let Ok(mut f) = std::fs::File::open(p) else { return false };
-    f.seek(SeekFrom::Start(ubtrfs_format::structs::SUPER_INFO_OFFSET + 64)).is_ok() && f.read_exact(&mut magic).is_ok() && u64::from_le_bytes(magic) == ubtrfs_format::structs::MAGIC
+    f.seek(SeekFrom::Start(ubtrfs_format::structs::SUPER_INFO_OFFSET + 64)).is_ok()
+        && f.read_exact(&mut magic).is_ok()
+        && u64::from_le_bytes(magic) == ubtrfs_format::structs::MAGIC
 }
 
 /// A progress bar for a copy into the image, on stderr when it is a terminal: the
@@ -91,7 +100,12 @@ pub fn copy_progress() -> Option<CopyProgress> {
         return None;
     }
     let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}").expect("static template"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+        )
+        .expect("static template"),
+    );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     Some(CopyProgress { bar })
 }
@@ -134,16 +148,23 @@ pub fn dedupe(a: &DedupeArgs) -> Result<()> {
     let e = ubtrfs_core::engine::Engine::from_writer(open_writer(&a.image)?);
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
-        b.set_style(indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} hashed {bytes_per_sec} {msg}").expect("static template"));
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:30} {bytes}/{total_bytes} hashed {bytes_per_sec} {msg}",
+            )
+            .expect("static template"),
+        );
         b.enable_steady_tick(std::time::Duration::from_millis(120));
         b
     });
     let progress = bar.clone().map(|b| {
-        ubtrfs_tools::dedupe::Progress(std::sync::Arc::new(move |s: &ubtrfs_tools::dedupe::DedupeStats| {
-            b.set_length(s.candidate_bytes);
-            b.set_position(s.hashed_bytes);
-            b.set_message(format!("{} files shared", s.deduped_files));
-        }))
+        ubtrfs_tools::dedupe::Progress(std::sync::Arc::new(
+            move |s: &ubtrfs_tools::dedupe::DedupeStats| {
+                b.set_length(s.candidate_bytes);
+                b.set_position(s.hashed_bytes);
+                b.set_message(format!("{} files shared", s.deduped_files));
+            },
+        ))
     });
     let paths: Vec<&str> = a.paths.iter().map(String::as_str).collect();
     let s = ubtrfs_tools::dedupe::dedupe(&e, &paths, a.threads, progress.as_ref())?;
@@ -161,7 +182,10 @@ pub fn dedupe(a: &DedupeArgs) -> Result<()> {
         if s.refused > 0 { format!(", {} refused (checksummed and not, immutable, append-only or read-only)", s.refused) } else { String::new() },
     );
     if s.block_hashed_bytes > 0 {
-        println!("blocks of the other files: {} bytes hashed, {} ranges now share {} bytes", s.block_hashed_bytes, s.block_ranges, s.block_bytes);
+        println!(
+            "blocks of the other files: {} bytes hashed, {} ranges now share {} bytes",
+            s.block_hashed_bytes, s.block_ranges, s.block_bytes
+        );
     }
     Ok(())
 }

@@ -43,7 +43,13 @@ pub struct SetfattrArgs {
     #[arg(short = 'n', long = "name", value_name = "NAME")]
     pub name: Option<OsString>,
     /// The new value (see below for its encodings).
-    #[arg(short = 'v', long = "value", value_name = "VALUE", requires = "name", allow_hyphen_values = true)]
+    #[arg(
+        short = 'v',
+        long = "value",
+        value_name = "VALUE",
+        requires = "name",
+        allow_hyphen_values = true
+    )]
     pub value: Option<OsString>,
     /// Remove the attribute NAME.
     #[arg(short = 'x', long = "remove", value_name = "NAME", conflicts_with = "name")]
@@ -112,7 +118,12 @@ fn absolute(p: &str) -> Result<()> {
 pub fn setfattr(a: &SetfattrArgs) -> Result<()> {
     let (name, value) = match (&a.name, &a.remove) {
         (Some(n), None) => {
-            let v = a.value.as_ref().map(|v| decode_value(v.as_bytes())).transpose()?.unwrap_or_default();
+            let v = a
+                .value
+                .as_ref()
+                .map(|v| decode_value(v.as_bytes()))
+                .transpose()?
+                .unwrap_or_default();
             (n.as_bytes(), Some(v))
         }
         (None, Some(n)) => (n.as_bytes(), None),
@@ -153,7 +164,9 @@ pub fn getfattr(a: &GetfattrArgs) -> Result<()> {
         if lines.is_empty() {
             continue;
         }
-        let mut text = format!("# file: {}\n", ubtrfs_core::quote::name(p.trim_start_matches('/').as_bytes())).into_bytes();
+        let mut text =
+            format!("# file: {}\n", ubtrfs_core::quote::name(p.trim_start_matches('/').as_bytes()))
+                .into_bytes();
         for l in lines {
             text.extend_from_slice(&l);
             text.push(b'\n');
@@ -166,14 +179,23 @@ pub fn getfattr(a: &GetfattrArgs) -> Result<()> {
 
 /// The lines getfattr prints for one inode (values as bytes: text encoding writes
 /// them raw, as getfattr does; names go through `quote::name`).
-fn file_lines(fs: &Filesystem, id: InodeId, a: &GetfattrArgs, pattern: Option<&Pattern>) -> Result<Vec<Vec<u8>>> {
-    let show = |n: &[u8], v: &[u8]| [format!("{}=", ubtrfs_core::quote::name(n)).into_bytes(), encode_value(v, a.encoding)].concat();
+fn file_lines(
+    fs: &Filesystem,
+    id: InodeId,
+    a: &GetfattrArgs,
+    pattern: Option<&Pattern>,
+) -> Result<Vec<Vec<u8>>> {
+    let show = |n: &[u8], v: &[u8]| {
+        [format!("{}=", ubtrfs_core::quote::name(n)).into_bytes(), encode_value(v, a.encoding)]
+            .concat()
+    };
     if let Some(n) = &a.name {
         let v = fs.getxattr(id, n.as_bytes())?;
         return Ok(vec![show(n.as_bytes(), &v)]);
     }
     let pattern = pattern.expect("a pattern without -n");
-    let mut names: Vec<Vec<u8>> = fs.listxattr(id)?.into_iter().filter(|n| pattern.matches(n)).collect();
+    let mut names: Vec<Vec<u8>> =
+        fs.listxattr(id)?.into_iter().filter(|n| pattern.matches(n)).collect();
     names.sort();
     let mut lines = Vec::with_capacity(names.len());
     for n in names {
@@ -181,7 +203,11 @@ fn file_lines(fs: &Filesystem, id: InodeId, a: &GetfattrArgs, pattern: Option<&P
             // Read as getxattr(2) would: a name the VFS hides from this inode is left out.
             match fs.getxattr(id, &n) {
                 Ok(v) => lines.push(show(&n, &v)),
-                Err(e) if matches!(e.posix_kind(), Some(PosixKind::NoData | PosixKind::NotSupported)) => {}
+                Err(e)
+                    if matches!(
+                        e.posix_kind(),
+                        Some(PosixKind::NoData | PosixKind::NotSupported)
+                    ) => {}
                 Err(e) => return Err(e),
             }
         } else {
@@ -197,7 +223,11 @@ fn file_lines(fs: &Filesystem, id: InodeId, a: &GetfattrArgs, pattern: Option<&P
 pub fn encode_value(v: &[u8], enc: Option<Encoding>) -> Vec<u8> {
     let body = v.strip_suffix(b"\0").unwrap_or(v);
     let unprintable = body.iter().filter(|b| !(0x20..0x7f).contains(*b)).count();
-    let enc = enc.unwrap_or(if body.len() >= unprintable * 8 { Encoding::Text } else { Encoding::Base64 });
+    let enc = enc.unwrap_or(if body.len() >= unprintable * 8 {
+        Encoding::Text
+    } else {
+        Encoding::Base64
+    });
     match enc {
         Encoding::Text => {
             let mut s = b"\"".to_vec();
@@ -229,17 +259,28 @@ pub fn encode_value(v: &[u8], enc: Option<Encoding>) -> Vec<u8> {
 /// # Errors
 /// `Posix(Invalid)` for a malformed hex or base64 value.
 pub fn decode_value(s: &[u8]) -> Result<Vec<u8>> {
-    let bad = |why: &str| Error::posix_detail(PosixKind::Invalid, format!("value {}", ubtrfs_core::quote::name(s)), why.to_string());
+    let bad = |why: &str| {
+        Error::posix_detail(
+            PosixKind::Invalid,
+            format!("value {}", ubtrfs_core::quote::name(s)),
+            why.to_string(),
+        )
+    };
     match s {
         [b'0', b'x' | b'X', rest @ ..] => {
-            let digits: Vec<u8> = rest.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
+            let digits: Vec<u8> =
+                rest.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
             if !digits.len().is_multiple_of(2) {
                 return Err(bad("an odd number of hex digits"));
             }
             digits
                 .chunks(2)
                 .map(|p| {
-                    let h = |c: u8| (c as char).to_digit(16).ok_or_else(|| bad("a character that is not a hex digit"));
+                    let h = |c: u8| {
+                        (c as char)
+                            .to_digit(16)
+                            .ok_or_else(|| bad("a character that is not a hex digit"))
+                    };
                     Ok((h(p[0])? * 16 + h(p[1])?) as u8)
                 })
                 .collect()
@@ -250,7 +291,12 @@ pub fn decode_value(s: &[u8]) -> Result<Vec<u8>> {
             let mut i = 0;
             while i < rest.len() && rest[i] != b'"' {
                 if rest[i] == b'\\' && i + 1 < rest.len() {
-                    let oct: Vec<u8> = rest[i + 1..].iter().take(3).take_while(|c| (b'0'..=b'7').contains(c)).copied().collect();
+                    let oct: Vec<u8> = rest[i + 1..]
+                        .iter()
+                        .take(3)
+                        .take_while(|c| (b'0'..=b'7').contains(c))
+                        .copied()
+                        .collect();
                     if oct.is_empty() {
                         out.push(rest[i + 1]);
                         i += 2;
@@ -274,7 +320,9 @@ const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 fn base64_encode(v: &[u8]) -> String {
     let mut s = String::with_capacity(v.len().div_ceil(3) * 4);
     for c in v.chunks(3) {
-        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
         for i in 0..4 {
             if i <= c.len() {
                 s.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -346,15 +394,32 @@ impl Pattern {
                 }
                 b'.' => Atom::Any,
                 b'*' => {
-                    let prev = atoms.pop().ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("pattern {p}"), "* without an atom before it"))?;
+                    let prev = atoms.pop().ok_or_else(|| {
+                        Error::posix_detail(
+                            PosixKind::Invalid,
+                            format!("pattern {p}"),
+                            "* without an atom before it",
+                        )
+                    })?;
                     match prev {
                         Atom::Any => Atom::Star(None),
                         Atom::Byte(c) => Atom::Star(Some(c)),
-                        Atom::Star(_) => return Err(Error::posix_detail(PosixKind::Invalid, format!("pattern {p}"), "** is not supported")),
+                        Atom::Star(_) => {
+                            return Err(Error::posix_detail(
+                                PosixKind::Invalid,
+                                format!("pattern {p}"),
+                                "** is not supported",
+                            ))
+                        }
                     }
                 }
-                b'[' | b']' | b'(' | b')' | b'|' | b'+' | b'?' | b'{' | b'}' | b'^' | b'$' | b'\\' => {
-                    return Err(Error::posix_detail(PosixKind::Invalid, format!("pattern {p}"), "only ^, $, ., * and backslash escapes are supported"));
+                b'[' | b']' | b'(' | b')' | b'|' | b'+' | b'?' | b'{' | b'}' | b'^' | b'$'
+                | b'\\' => {
+                    return Err(Error::posix_detail(
+                        PosixKind::Invalid,
+                        format!("pattern {p}"),
+                        "only ^, $, ., * and backslash escapes are supported",
+                    ));
                 }
                 c => Atom::Byte(c),
             };
@@ -433,7 +498,9 @@ mod tests {
     #[test]
     fn patterns() {
         let m = |p: &str, n: &str| Pattern::new(p).unwrap().matches(n.as_bytes());
-        assert!(m(r"^user\.", "user.a") && !m(r"^user\.", "trusted.user.a") && !m(r"^user\.", "userXa"));
+        assert!(
+            m(r"^user\.", "user.a") && !m(r"^user\.", "trusted.user.a") && !m(r"^user\.", "userXa")
+        );
         assert!(m("-", "security.selinux") && m("", "x"));
         assert!(m("z.$", "user.z3") && !m("z.$", "user.z34"));
         assert!(m("^b.*n$", "btrfs.compression") && m("comp", "btrfs.compression"));

@@ -29,7 +29,15 @@ fn bench_tiny_runs_and_reports_ratios() {
         .arg(repo.join("xtask/bench.py"))
         // The test's own (debug) binary: the tiny form checks the pipeline, not speed,
         // and a release build would add minutes to every test run.
-        .args(["--tiny", "--runs", "1", "--out", "/dev/null", "--binary", env!("CARGO_BIN_EXE_ubtrfs")])
+        .args([
+            "--tiny",
+            "--runs",
+            "1",
+            "--out",
+            "/dev/null",
+            "--binary",
+            env!("CARGO_BIN_EXE_ubtrfs"),
+        ])
         .current_dir(&repo)
         .output()
         .expect("run python3 xtask/bench.py");
@@ -39,12 +47,21 @@ fn bench_tiny_runs_and_reports_ratios() {
     for name in ["cat-uncompressed", "cat-zstd", "extract"] {
         let prefix = format!("ratio {name}: kernel/ubtrfs = ");
         let line = stdout.lines().find(|l| l.starts_with(&prefix));
-        let Some(line) = line else { panic!("no ratio line for {name} in the output:\n{stdout}\n{stderr}") };
-        let ratio: f64 = line[prefix.len()..].split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("unparsable ratio line {line:?}"));
+        let Some(line) = line else {
+            panic!("no ratio line for {name} in the output:\n{stdout}\n{stderr}")
+        };
+        let ratio: f64 = line[prefix.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("unparsable ratio line {line:?}"));
         assert!(ratio.is_finite() && ratio > 0.0, "bad ratio in {line:?}");
     }
     for what in ["peak-rss cat uncompressed", "peak-rss cat zstd"] {
-        assert!(stdout.lines().any(|l| l.starts_with(what)), "no {what:?} line in the output:\n{stdout}");
+        assert!(
+            stdout.lines().any(|l| l.starts_with(what)),
+            "no {what:?} line in the output:\n{stdout}"
+        );
     }
     eprintln!("{stdout}");
 }

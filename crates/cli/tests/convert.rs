@@ -26,7 +26,12 @@ static KERNEL: Mutex<()> = Mutex::new(());
 /// Run `cmd`, which must succeed; its stdout and stderr.
 fn run(cmd: &mut Command) -> String {
     let o = out_of(cmd);
-    assert!(o.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
 }
 
@@ -89,18 +94,36 @@ fn sha256_file(p: &Path) -> String {
 /// `btrfs check --readonly --check-data-csum` must find nothing. Needs btrfs-progs
 /// only; without them the check is skipped, except under CI=true.
 fn btrfs_check_clean(img: &Path) {
-    let Ok(o) = Command::new("btrfs").arg("check").arg("--readonly").arg("--check-data-csum").arg(img).output() else {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "btrfs-progs missing and CI=true forbids skipping btrfs check");
+    let Ok(o) = Command::new("btrfs")
+        .arg("check")
+        .arg("--readonly")
+        .arg("--check-data-csum")
+        .arg(img)
+        .output()
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "btrfs-progs missing and CI=true forbids skipping btrfs check"
+        );
         eprintln!("btrfs check skipped: no btrfs-progs");
         return;
     };
-    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && text.contains("no error found"), "btrfs check {}:\n{text}", img.display());
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && text.contains("no error found"),
+        "btrfs check {}:\n{text}",
+        img.display()
+    );
 }
 
 fn ubtrfs_check_clean(img: &Path) {
     let out = run(bin().arg("check").arg("--check-data-csum").arg(img));
-    assert!(out.contains("no problems found") && out.contains("data bytes verified"), "ubtrfs check {}:\n{out}", img.display());
+    assert!(
+        out.contains("no problems found") && out.contains("data bytes verified"),
+        "ubtrfs check {}:\n{out}",
+        img.display()
+    );
 }
 
 /// The image as a loop device, attached (read-only when `ro`) and detached with the
@@ -122,7 +145,12 @@ impl Drop for Loop {
     fn drop(&mut self) {
         let _ = Command::new("btrfs").args(["device", "scan", "--forget", &self.0]).output();
         for _ in 0..50 {
-            if Command::new("losetup").args(["-d", &self.0]).output().map(|o| o.status.success()).unwrap_or(false) {
+            if Command::new("losetup")
+                .args(["-d", &self.0])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+            {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -155,21 +183,31 @@ fn manifest_of(dir: &Path, out: &Path) {
 fn diff(a: &Path, b: &Path, extra: &[&str]) -> String {
     let o = out_of(Command::new("python3").arg(script()).arg("diff").arg(a).arg(b).args(extra));
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success() || !text.is_empty(), "fixtures.py diff failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success() || !text.is_empty(),
+        "fixtures.py diff failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     text
 }
 
 /// The keys two views of one btrfs image agree on (inode numbers, block counts and the
 /// subvolume mark differ by construction in an extract; directory sizes and link
 /// counts are the host filesystem's).
-const SAME_VIEW: [&str; 4] = ["--ignore-keys", "ino,blocks,subvol", "--ignore-dir-keys", "size,nlink"];
+const SAME_VIEW: [&str; 4] =
+    ["--ignore-keys", "ino,blocks,subvol", "--ignore-dir-keys", "size,nlink"];
 
 /// Extract `img` with ubtrfs into `dest` and compare with `kernel_manifest`.
 fn extract_matches(img: &Path, dest: &Path, kernel_manifest: &Path, ours: &Path) {
     run(bin().arg("extract").arg(img).arg(dest));
     manifest_of(dest, ours);
     let d = diff(kernel_manifest, ours, &SAME_VIEW);
-    assert!(d.is_empty(), "{}: ubtrfs extract differs from the kernel's view:\n{}", img.display(), d.lines().take(40).collect::<Vec<_>>().join("\n"));
+    assert!(
+        d.is_empty(),
+        "{}: ubtrfs extract differs from the kernel's view:\n{}",
+        img.display(),
+        d.lines().take(40).collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[test]
@@ -180,7 +218,10 @@ fn convert_checks_clean() {
     btrfs_check_clean(&img);
     let ls = run(bin().arg("ls").arg(&img).arg("/"));
     for name in ["ext2_saved", "files", "dirs", "lost+found"] {
-        assert!(ls.lines().any(|l| l.split_whitespace().last() == Some(name)), "ls / has no {name}:\n{ls}");
+        assert!(
+            ls.lines().any(|l| l.split_whitespace().last() == Some(name)),
+            "ls / has no {name}:\n{ls}"
+        );
     }
     let listed = run(bin().arg("subvolume").arg("list").arg(&img));
     assert!(listed.contains("ext2_saved"), "no ext2_saved subvolume in:\n{listed}");
@@ -197,11 +238,14 @@ fn convert_matches_a_kernel_mount() {
     {
         let _k = KERNEL.lock().unwrap_or_else(|p| p.into_inner());
         let dev = Loop::new(&img, true);
-        with_mount(&dev.0, "btrfs", "ro", &w.path("mnt"), || manifest_of(&w.path("mnt"), &w.path("kernel.jsonl")));
+        with_mount(&dev.0, "btrfs", "ro", &w.path("mnt"), || {
+            manifest_of(&w.path("mnt"), &w.path("kernel.jsonl"))
+        });
     }
     assert_eq!(sha256_file(&img), before, "the read-only mount changed the image");
     // The kernel sees what it saw when the fixture was made.
-    let d = diff(&common::fixtures_dir().join("convert.manifest.jsonl"), &w.path("kernel.jsonl"), &[]);
+    let d =
+        diff(&common::fixtures_dir().join("convert.manifest.jsonl"), &w.path("kernel.jsonl"), &[]);
     assert!(d.is_empty(), "the kernel's view differs from the stored manifest:\n{d}");
     extract_matches(&img, &w.path("out"), &w.path("kernel.jsonl"), &w.path("ours.jsonl"));
 }
@@ -212,20 +256,31 @@ fn convert_write_refused_without_a_free_space_tree() {
     let img = w.image("convert.img");
     let before = sha256_file(&img);
     std::fs::write(w.path("host"), b"host file\n").expect("host file");
-    let mut cmds =
-        [bin().arg("put").arg(&img).arg(w.path("host")).arg("/files/host").output(), bin().arg("rm").arg(&img).arg("/files/size-100").output(), bin().arg("mkdir").arg(&img).arg("/new").output()];
+    let mut cmds = [
+        bin().arg("put").arg(&img).arg(w.path("host")).arg("/files/host").output(),
+        bin().arg("rm").arg(&img).arg("/files/size-100").output(),
+        bin().arg("mkdir").arg(&img).arg("/new").output(),
+    ];
     for o in &mut cmds {
         let o = o.as_ref().expect("run ubtrfs");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "a write to an image without a free space tree succeeded");
-        assert!(err.contains("incompatible filesystem") && err.contains("free-space tree") && err.contains("-o space_cache=v2 creates it"), "{err}");
+        assert!(
+            err.contains("incompatible filesystem")
+                && err.contains("free-space tree")
+                && err.contains("-o space_cache=v2 creates it"),
+            "{err}"
+        );
     }
     assert_eq!(sha256_file(&img), before, "a refused write changed the image");
 }
 
 #[test]
 fn convert_written_after_a_kernel_mount_made_a_free_space_tree() {
-    if !common::kernel_available_with("convert_written_after_a_kernel_mount_made_a_free_space_tree", &["/usr/bin/btrfs-convert", "/usr/sbin/fsck.ext4"]) {
+    if !common::kernel_available_with(
+        "convert_written_after_a_kernel_mount_made_a_free_space_tree",
+        &["/usr/bin/btrfs-convert", "/usr/sbin/fsck.ext4"],
+    ) {
         return;
     }
     let w = Work::with_tmpfs("write");
@@ -256,36 +311,75 @@ fn convert_written_after_a_kernel_mount_made_a_free_space_tree() {
     // The kernel's view of the result is ours.
     {
         let dev = Loop::new(&img, true);
-        with_mount(&dev.0, "btrfs", "ro", &w.path("mnt"), || manifest_of(&w.path("mnt"), &w.path("kernel.jsonl")));
+        with_mount(&dev.0, "btrfs", "ro", &w.path("mnt"), || {
+            manifest_of(&w.path("mnt"), &w.path("kernel.jsonl"))
+        });
     }
     extract_matches(&img, &w.path("out"), &w.path("kernel.jsonl"), &w.path("ours.jsonl"));
     let kernel = std::fs::read_to_string(w.path("kernel.jsonl")).expect("manifest");
-    let line = |p: &str| kernel.lines().find(|l| l.starts_with(&format!("{{\"path\": \"{p}\","))).map(str::to_string);
-    assert!(line("files/host.bin").is_some_and(|l| l.contains(&host_sha)), "files/host.bin: {:?}", line("files/host.bin"));
+    let line = |p: &str| {
+        kernel.lines().find(|l| l.starts_with(&format!("{{\"path\": \"{p}\","))).map(str::to_string)
+    };
+    assert!(
+        line("files/host.bin").is_some_and(|l| l.contains(&host_sha)),
+        "files/host.bin: {:?}",
+        line("files/host.bin")
+    );
     assert!(line("dirs/hostdir/sub/small").is_some());
-    assert!(line("files/size-100").is_none() && line("dirs/big").is_none() && line("dirs/big/entry-00000").is_none());
+    assert!(
+        line("files/size-100").is_none()
+            && line("dirs/big").is_none()
+            && line("dirs/big/entry-00000").is_none()
+    );
     assert!(line("dirs/a/new/tagged-link").is_some_and(|l| l.contains("\"nlink\": 2")));
     // Untouched converted files are as they were.
-    let stored = std::fs::read_to_string(common::fixtures_dir().join("convert.manifest.jsonl")).expect("manifest");
-    for p in ["files/size-65537", "files/text-300k", "sparse/holes-12m", "xattrs/file", "links/a/three"] {
-        let sha = |m: &str| m.lines().find(|l| l.starts_with(&format!("{{\"path\": \"{p}\","))).and_then(|l| l.split("\"sha256\": ").nth(1)).map(|s| s[..66].to_string());
+    let stored = std::fs::read_to_string(common::fixtures_dir().join("convert.manifest.jsonl"))
+        .expect("manifest");
+    for p in
+        ["files/size-65537", "files/text-300k", "sparse/holes-12m", "xattrs/file", "links/a/three"]
+    {
+        let sha = |m: &str| {
+            m.lines()
+                .find(|l| l.starts_with(&format!("{{\"path\": \"{p}\",")))
+                .and_then(|l| l.split("\"sha256\": ").nth(1))
+                .map(|s| s[..66].to_string())
+        };
         assert_eq!(sha(&kernel), sha(&stored), "{p}");
     }
 
     // btrfs-convert can still roll back: the ext4 it restores is clean and holds the
     // files as they were before the conversion.
     let rb = out_of(Command::new("btrfs-convert").arg("-r").arg(&img));
-    assert!(rb.status.success(), "rollback failed: {}{}", String::from_utf8_lossy(&rb.stdout), String::from_utf8_lossy(&rb.stderr));
+    assert!(
+        rb.status.success(),
+        "rollback failed: {}{}",
+        String::from_utf8_lossy(&rb.stdout),
+        String::from_utf8_lossy(&rb.stderr)
+    );
     let fsck = out_of(Command::new("fsck.ext4").arg("-fn").arg(&img));
-    assert!(fsck.status.success(), "fsck.ext4 after rollback: {}{}", String::from_utf8_lossy(&fsck.stdout), String::from_utf8_lossy(&fsck.stderr));
+    assert!(
+        fsck.status.success(),
+        "fsck.ext4 after rollback: {}{}",
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
     {
         let dev = Loop::new(&img, true);
-        with_mount(&dev.0, "ext4", "ro", &w.path("mnt"), || manifest_of(&w.path("mnt"), &w.path("ext4.jsonl")));
+        with_mount(&dev.0, "ext4", "ro", &w.path("mnt"), || {
+            manifest_of(&w.path("mnt"), &w.path("ext4.jsonl"))
+        });
     }
     let d = diff(
         &common::fixtures_dir().join("convert.manifest.jsonl"),
         &w.path("ext4.jsonl"),
-        &["--ignore-keys", "ino,blocks,subvol", "--ignore-dir-keys", "size,nlink,mtime_ns", "--ignore-paths", "^ext2_saved"],
+        &[
+            "--ignore-keys",
+            "ino,blocks,subvol",
+            "--ignore-dir-keys",
+            "size,nlink,mtime_ns",
+            "--ignore-paths",
+            "^ext2_saved",
+        ],
     );
     assert!(d.is_empty(), "the rolled-back ext4 differs from the converted files:\n{d}");
 }

@@ -39,7 +39,13 @@ impl Work {
             .enumerate()
             .map(|(i, src)| {
                 let dst = dir.join(format!("{name}.{i}.img"));
-                let ok = Command::new("cp").arg("--sparse=always").arg(src).arg(&dst).status().map(|s| s.success()).unwrap_or(false);
+                let ok = Command::new("cp")
+                    .arg("--sparse=always")
+                    .arg(src)
+                    .arg(&dst)
+                    .status()
+                    .map(|s| s.success())
+                    .unwrap_or(false);
                 assert!(ok, "cp {} {}", src.display(), dst.display());
                 dst
             })
@@ -75,7 +81,11 @@ fn cmd(sub: &[&str], devs: &[&PathBuf], args: &[&str]) -> Command {
 
 /// The kernel's files (path, sha256) from the fixture's manifest.
 fn kernel_files(name: &str) -> Vec<(String, String)> {
-    common::manifest(name).into_iter().filter(|(_, v)| v["type"] == "file").map(|(p, v)| (p, v["sha256"].as_str().expect("sha256").to_string())).collect()
+    common::manifest(name)
+        .into_iter()
+        .filter(|(_, v)| v["type"] == "file")
+        .map(|(p, v)| (p, v["sha256"].as_str().expect("sha256").to_string()))
+        .collect()
 }
 
 fn assert_reads_as_the_kernel(devs: &[&PathBuf], what: &str) {
@@ -99,14 +109,24 @@ struct Item {
 fn dump_item(devs: &[&PathBuf]) -> (String, Item) {
     let o = run(&mut cmd(&["dump-tree", "-t", "dev"], devs, &[]));
     let text = String::from_utf8(o.stdout).expect("utf8");
-    let at = text.find("key (0 DEV_REPLACE 0)").unwrap_or_else(|| panic!("no DEV_REPLACE item:\n{text}"));
+    let at = text
+        .find("key (0 DEV_REPLACE 0)")
+        .unwrap_or_else(|| panic!("no DEV_REPLACE item:\n{text}"));
     let lines: Vec<&str> = text[at..].lines().take(5).collect();
     let block = lines.join("\n");
     let w: Vec<&str> = lines[1].split_whitespace().collect();
     // "src devid N cursor left N cursor right N mode M"
-    assert_eq!((w[0], w[1], w[3], w[4], w[6], w[7], w[9]), ("src", "devid", "cursor", "left", "cursor", "right", "mode"), "{block}");
+    assert_eq!(
+        (w[0], w[1], w[3], w[4], w[6], w[7], w[9]),
+        ("src", "devid", "cursor", "left", "cursor", "right", "mode"),
+        "{block}"
+    );
     let s: Vec<&str> = lines[2].split_whitespace().collect();
-    let item = Item { src_devid: w[2].parse().expect("devid"), cursor_left: w[5].parse().expect("cursor"), state: s[1].to_string() };
+    let item = Item {
+        src_devid: w[2].parse().expect("devid"),
+        cursor_left: w[5].parse().expect("cursor"),
+        state: s[1].to_string(),
+    };
     (block, item)
 }
 
@@ -118,7 +138,10 @@ fn interrupted_replace_is_read_and_dumped() {
     // btrfs-progs' print_dev_replace_item layout, the item 72 bytes.
     assert!(block.contains("itemsize 72"), "{block}");
     let l: Vec<&str> = block.lines().collect();
-    assert!(l[1].starts_with("\t\tsrc devid 2 cursor left ") && l[1].ends_with(" mode ALWAYS"), "{block}");
+    assert!(
+        l[1].starts_with("\t\tsrc devid 2 cursor left ") && l[1].ends_with(" mode ALWAYS"),
+        "{block}"
+    );
     assert_eq!(l[2], "\t\tstate STARTED write errors 0 uncorrectable read errors 0", "{block}");
     assert!(l[3].starts_with("\t\tstart time ") && l[3].ends_with(')'), "{block}");
     assert!(l[4].starts_with("\t\tstop time 0 (1970-01-01 00:00:00)"), "{block}");
@@ -126,15 +149,25 @@ fn interrupted_replace_is_read_and_dumped() {
     assert!(item.cursor_left > 0 && item.cursor_left < 512 << 20, "cursor {}", item.cursor_left);
 
     // The target among the devices is no extra member.
-    for devs in [&[d0, d1, target][..], &[target, d0, d1], &[d0, target], &[d1, target], &[d0, d1], &[d0]] {
+    for devs in
+        [&[d0, d1, target][..], &[target, d0, d1], &[d0, target], &[d1, target], &[d0, d1], &[d0]]
+    {
         let o = out_of(&mut cmd(&["ls"], devs, &["/data"]));
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success() && !e.contains("were given (devids [1, 2])"), "{devs:?}: {o:?}");
         assert!(!e.contains("3 were given"), "{devs:?}: {e}");
     }
-    let info = String::from_utf8(run(&mut cmd(&["info"], &[d0, d1, target], &[])).stdout).expect("utf8");
-    let line = info.lines().find(|l| l.starts_with("device replace:")).unwrap_or_else(|| panic!("no replace in info:\n{info}"));
-    assert!(line.contains("a device replace of devid 2 is ") && line.ends_with(&format!("target devid 0 path {}", target.display())), "{line}");
+    let info =
+        String::from_utf8(run(&mut cmd(&["info"], &[d0, d1, target], &[])).stdout).expect("utf8");
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("device replace:"))
+        .unwrap_or_else(|| panic!("no replace in info:\n{info}"));
+    assert!(
+        line.contains("a device replace of devid 2 is ")
+            && line.ends_with(&format!("target devid 0 path {}", target.display())),
+        "{line}"
+    );
     assert_reads_as_the_kernel(&[d0, d1, target], "all three devices");
     assert_reads_as_the_kernel(&[d0, target], "source missing");
 }
@@ -147,16 +180,28 @@ fn missing_source_reads_the_target_below_the_cursor() {
     let w = Work::new("replace", "target");
     let [d0, d1, target] = [&w.imgs[0], &w.imgs[1], &w.imgs[2]];
     let (_, item) = dump_item(&[d0, d1, target]);
-    let fs = Filesystem::open(&OpenOptions { devices: vec![d0.clone(), d1.clone()], ..OpenOptions::new(d0) }).expect("open");
+    let fs = Filesystem::open(&OpenOptions {
+        devices: vec![d0.clone(), d1.clone()],
+        ..OpenOptions::new(d0)
+    })
+    .expect("open");
     let mut below = Vec::new();
     let mut above = Vec::new();
     for name in ["data/tagged-0", "data/tagged-1", "data/tagged-2", "data/tagged-3"] {
         let v = fs.resolve(&format!("/{name}"), false).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(v.kind(), FileKind::File);
         for e in &v.extents {
-            let ExtentKind::Regular { disk_bytenr, disk_num_bytes, compression: 0, .. } = e.kind else { continue };
+            let ExtentKind::Regular { disk_bytenr, disk_num_bytes, compression: 0, .. } = e.kind
+            else {
+                continue;
+            };
             let chunk = fs.info.chunk_map.lookup(disk_bytenr).expect("mapped").clone();
-            let copy = |devid: u64| (0..chunk.num_copies()).map(|m| chunk.map(disk_bytenr, m)).find(|(i, _, _)| chunk.stripes[*i].0 == devid).expect("a copy on the device");
+            let copy = |devid: u64| {
+                (0..chunk.num_copies())
+                    .map(|m| chunk.map(disk_bytenr, m))
+                    .find(|(i, _, _)| chunk.stripes[*i].0 == devid)
+                    .expect("a copy on the device")
+            };
             let (_, p1, _) = copy(1);
             let (_, p2, _) = copy(2);
             if p2 + disk_num_bytes <= item.cursor_left {
@@ -167,7 +212,10 @@ fn missing_source_reads_the_target_below_the_cursor() {
         }
     }
     drop(fs);
-    assert!(!below.is_empty() && !above.is_empty(), "extents below the cursor {below:?}, above {above:?}");
+    assert!(
+        !below.is_empty() && !above.is_empty(),
+        "extents below the cursor {below:?}, above {above:?}"
+    );
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().read(true).write(true).open(d0).expect("open device 0");
     let damage = |phys: u64, len: u64| {
@@ -185,7 +233,10 @@ fn missing_source_reads_the_target_below_the_cursor() {
     damage(p, n);
     let o = out_of(&mut cmd(&["cat"], &[d0, target], &[&format!("/{name}")]));
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("device 2 is missing"), "{name} above the cursor: {e}");
+    assert!(
+        !o.status.success() && e.contains("device 2 is missing"),
+        "{name} above the cursor: {e}"
+    );
     // With the source back, the same file reads from it.
     run(&mut cmd(&["cat"], &[d0, d1, target], &[&format!("/{name}")]));
 }
@@ -228,7 +279,12 @@ fn interrupted_replace_refuses_every_write() {
             let o = out_of(&mut cmd(sub, devs, args));
             let e = String::from_utf8_lossy(&o.stderr);
             assert!(!o.status.success(), "{sub:?} {args:?} with {devs:?} succeeded");
-            assert!(e.contains("a device replace of devid 2 is ") && e.contains("% done") && e.contains("finish it with a kernel mount"), "{sub:?} {args:?}: {e}");
+            assert!(
+                e.contains("a device replace of devid 2 is ")
+                    && e.contains("% done")
+                    && e.contains("finish it with a kernel mount"),
+                "{sub:?} {args:?}: {e}"
+            );
             assert!(!e.contains("were given"), "{sub:?}: {e}");
         }
     }
@@ -236,15 +292,31 @@ fn interrupted_replace_refuses_every_write() {
     assert_eq!(before, after, "a refused write changed an image");
 
     // The percent is the one `btrfs replace status` prints on a kernel mount.
-    if !common::kernel_available_with("interrupted_replace_refuses_every_write", &["/usr/sbin/losetup"]) {
+    if !common::kernel_available_with(
+        "interrupted_replace_refuses_every_write",
+        &["/usr/sbin/losetup"],
+    ) {
         return;
     }
     let o = out_of(&mut cmd(&["mkdir"], &[d0, d1, target], &["/x"]));
     let e = String::from_utf8_lossy(&o.stderr).into_owned();
-    let ours = e.split("is ").nth(1).and_then(|r| r.split("% done").next()).unwrap_or_else(|| panic!("no percent in {e}")).to_string();
+    let ours = e
+        .split("is ")
+        .nth(1)
+        .and_then(|r| r.split("% done").next())
+        .unwrap_or_else(|| panic!("no percent in {e}"))
+        .to_string();
     let status = kernel_replace_status(&w, &[d0, d1, target]);
-    assert!(status.starts_with(&format!("{ours}% done")), "kernel: {status:?}, ubtrfs: {ours}% (cursor {})", item.cursor_left);
-    assert_eq!(w.imgs.iter().map(|p| sha256_file(p)).collect::<Vec<_>>(), before, "the read-only kernel mount changed an image");
+    assert!(
+        status.starts_with(&format!("{ours}% done")),
+        "kernel: {status:?}, ubtrfs: {ours}% (cursor {})",
+        item.cursor_left
+    );
+    assert_eq!(
+        w.imgs.iter().map(|p| sha256_file(p)).collect::<Vec<_>>(),
+        before,
+        "the read-only kernel mount changed an image"
+    );
 }
 
 /// `btrfs replace status -1` on a read-only kernel mount of read-only loop devices.
@@ -256,8 +328,12 @@ fn kernel_replace_status(w: &Work, imgs: &[&PathBuf]) -> String {
     }
     let mnt = w.dir.join("mnt");
     std::fs::create_dir_all(&mnt).expect("mnt");
-    let opts = format!("ro,{}", loops[1..].iter().map(|l| format!("device={l}")).collect::<Vec<_>>().join(","));
-    let m = out_of(Command::new("mount").args(["-t", "btrfs", "-o", &opts]).arg(&loops[0]).arg(&mnt));
+    let opts = format!(
+        "ro,{}",
+        loops[1..].iter().map(|l| format!("device={l}")).collect::<Vec<_>>().join(",")
+    );
+    let m =
+        out_of(Command::new("mount").args(["-t", "btrfs", "-o", &opts]).arg(&loops[0]).arg(&mnt));
     let status = if m.status.success() {
         let s = out_of(Command::new("btrfs").args(["replace", "status", "-1"]).arg(&mnt));
         let _ = Command::new("umount").arg(&mnt).status();
@@ -281,23 +357,38 @@ fn sprout_filesystems_are_refused_by_name() {
     let [sprout, seed] = [&w.imgs[0], &w.imgs[1]];
     let before: Vec<String> = w.imgs.iter().map(|p| sha256_file(p)).collect();
     for devs in [&[sprout, seed][..], &[seed, sprout], &[sprout]] {
-        for (sub, args) in [(&["ls"][..], &["/"][..]), (&["cat"], &["/sprouted/tagged"]), (&["mkdir"], &["/x"]), (&["dump-tree", "-t", "fs"], &[])] {
+        for (sub, args) in [
+            (&["ls"][..], &["/"][..]),
+            (&["cat"], &["/sprouted/tagged"]),
+            (&["mkdir"], &["/x"]),
+            (&["dump-tree", "-t", "fs"], &[]),
+        ] {
             let o = out_of(&mut cmd(sub, devs, args));
             let e = String::from_utf8_lossy(&o.stderr);
-            assert!(!o.status.success() && e.contains("seed devices are not supported"), "{sub:?} with {devs:?}: {e}");
+            assert!(
+                !o.status.success() && e.contains("seed devices are not supported"),
+                "{sub:?} with {devs:?}: {e}"
+            );
             assert!(!e.contains("belongs to filesystem"), "{sub:?} with {devs:?}: {e}");
         }
     }
-    let e = String::from_utf8_lossy(&out_of(&mut cmd(&["ls"], &[sprout, seed], &["/"])).stderr).into_owned();
+    let e = String::from_utf8_lossy(&out_of(&mut cmd(&["ls"], &[sprout, seed], &["/"])).stderr)
+        .into_owned();
     assert!(e.contains("sprout.1.img is a seed device"), "{e}");
-    let e = String::from_utf8_lossy(&out_of(&mut cmd(&["ls"], &[sprout], &["/"])).stderr).into_owned();
+    let e =
+        String::from_utf8_lossy(&out_of(&mut cmd(&["ls"], &[sprout], &["/"])).stderr).into_owned();
     assert!(e.contains("devid 1 belongs to seed filesystem"), "{e}");
     // The seed alone is the filesystem it was when seeded: readable, not writable.
     let o = run(&mut cmd(&["ls"], &[seed], &["/seeded"]));
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().collect::<Vec<_>>(), ["small", "tagged"]);
-    let e = String::from_utf8_lossy(&out_of(&mut cmd(&["mkdir"], &[seed], &["/x"])).stderr).into_owned();
+    let e = String::from_utf8_lossy(&out_of(&mut cmd(&["mkdir"], &[seed], &["/x"])).stderr)
+        .into_owned();
     assert!(e.contains("SEEDING"), "{e}");
-    assert_eq!(w.imgs.iter().map(|p| sha256_file(p)).collect::<Vec<_>>(), before, "an image changed");
+    assert_eq!(
+        w.imgs.iter().map(|p| sha256_file(p)).collect::<Vec<_>>(),
+        before,
+        "an image changed"
+    );
 }
 
 /// A replace the kernel finished leaves its item, FINISHED: that is no reason to refuse.
@@ -315,12 +406,24 @@ fn finished_replace_is_written() {
     for i in &imgs {
         std::fs::File::create(i).and_then(|f| f.set_len(300 << 20)).expect("image");
     }
-    let loops: Vec<String> = imgs.iter().map(|i| String::from_utf8_lossy(&run(Command::new("losetup").args(["-f", "--show"]).arg(i)).stdout).trim().to_string()).collect();
+    let loops: Vec<String> = imgs
+        .iter()
+        .map(|i| {
+            String::from_utf8_lossy(
+                &run(Command::new("losetup").args(["-f", "--show"]).arg(i)).stdout,
+            )
+            .trim()
+            .to_string()
+        })
+        .collect();
     let mnt = dir.join("mnt");
     let kernel = (|| -> Result<(), String> {
         let ok = |c: &mut Command| -> Result<(), String> {
             let o = out_of(c);
-            o.status.success().then_some(()).ok_or_else(|| format!("{c:?}: {}", String::from_utf8_lossy(&o.stderr)))
+            o.status
+                .success()
+                .then_some(())
+                .ok_or_else(|| format!("{c:?}: {}", String::from_utf8_lossy(&o.stderr)))
         };
         ok(Command::new("mkfs.btrfs").args(["-q", "-f", &loops[0]]))?;
         ok(Command::new("mount").arg(&loops[0]).arg(&mnt))?;
@@ -340,15 +443,29 @@ fn finished_replace_is_written() {
     let host = dir.join("host");
     std::fs::write(&host, b"written after the replace\n").expect("host file");
     run(&mut cmd(&["put"], &[img], &[host.to_str().expect("utf8"), "/after"]));
-    let c = out_of(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img));
-    assert!(c.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
-    let l = String::from_utf8_lossy(&run(Command::new("losetup").args(["-f", "--show"]).arg(img)).stdout).trim().to_string();
+    let c =
+        out_of(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img));
+    assert!(
+        c.status.success(),
+        "btrfs check: {}{}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    let l = String::from_utf8_lossy(
+        &run(Command::new("losetup").args(["-f", "--show"]).arg(img)).stdout,
+    )
+    .trim()
+    .to_string();
     let m = out_of(Command::new("mount").args(["-o", "ro"]).arg(&l).arg(&mnt));
-    let read = m.status.success().then(|| (std::fs::read(mnt.join("after")), std::fs::read(mnt.join("before"))));
+    let read = m
+        .status
+        .success()
+        .then(|| (std::fs::read(mnt.join("after")), std::fs::read(mnt.join("before"))));
     let _ = Command::new("umount").arg(&mnt).output();
     let _ = Command::new("btrfs").args(["device", "scan", "--forget", &l]).output();
     let _ = Command::new("losetup").args(["-d", &l]).status();
-    let (after, before) = read.unwrap_or_else(|| panic!("mount: {}", String::from_utf8_lossy(&m.stderr)));
+    let (after, before) =
+        read.unwrap_or_else(|| panic!("mount: {}", String::from_utf8_lossy(&m.stderr)));
     assert_eq!(after.expect("after"), b"written after the replace\n");
     assert_eq!(before.expect("before"), vec![7u8; 3 << 20]);
     if std::env::var_os("KEEP").is_none() {

@@ -64,7 +64,11 @@ fn image(name: &str, dev: usize) -> PathBuf {
     let dst = dir.join(format!("{name}.{dev}.{size}.img"));
     if !dst.exists() {
         // Decompress beside it and rename, so parallel tests never see half an image.
-        let tmp = dir.join(format!("{name}.{dev}.{size}.{}.{:?}.tmp", std::process::id(), std::thread::current().id()));
+        let tmp = dir.join(format!(
+            "{name}.{dev}.{size}.{}.{:?}.tmp",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         decompress_sparse(&src, &tmp);
         std::fs::rename(&tmp, &dst).expect("rename cached image");
     }
@@ -76,7 +80,8 @@ struct ScratchImage(PathBuf);
 
 impl ScratchImage {
     fn new(name: &str, dev: usize, test: &str) -> ScratchImage {
-        let dst = std::env::temp_dir().join(format!("ubtrfs-dump-info-{test}-{}.img", std::process::id()));
+        let dst = std::env::temp_dir()
+            .join(format!("ubtrfs-dump-info-{test}-{}.img", std::process::id()));
         decompress_sparse(&image_src(name, dev), &dst);
         ScratchImage(dst)
     }
@@ -85,7 +90,11 @@ impl ScratchImage {
     }
     /// Flip every bit of the byte at `offset`.
     fn flip(&self, offset: u64) {
-        let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&self.0).expect("open scratch image");
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.0)
+            .expect("open scratch image");
         let mut b = [0u8; 1];
         f.seek(SeekFrom::Start(offset)).expect("seek");
         f.read_exact(&mut b).expect("read byte");
@@ -121,7 +130,14 @@ fn assert_ok(o: &Output, what: &str) {
 
 /// `item N key (...)` lines, as both ubtrfs and btrfs-progs print them.
 fn item_lines(text: &str) -> usize {
-    text.lines().filter(|l| l.strip_prefix("\titem ").and_then(|r| r.split(' ').next()).is_some_and(|n| n.parse::<u32>().is_ok()) && l.contains(" key (")).count()
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix("\titem ")
+                .and_then(|r| r.split(' ').next())
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+                && l.contains(" key (")
+        })
+        .count()
 }
 
 /// The value after `name` on a `name   value` line of dump-super output.
@@ -139,7 +155,8 @@ fn chunks_from_dump(text: &str) -> Vec<(u64, u64, Vec<u64>)> {
     for l in text.lines() {
         let t = l.trim();
         if let Some(rest) = t.split_once("CHUNK_ITEM ").map(|(_, r)| r) {
-            let logical = rest.split(')').next().and_then(|n| n.parse().ok()).expect("chunk key offset");
+            let logical =
+                rest.split(')').next().and_then(|n| n.parse().ok()).expect("chunk key offset");
             out.push((logical, 0, Vec::new()));
         } else if let Some(rest) = t.strip_prefix("length ") {
             if let Some(c) = out.last_mut() {
@@ -147,7 +164,12 @@ fn chunks_from_dump(text: &str) -> Vec<(u64, u64, Vec<u64>)> {
             }
         } else if t.starts_with("stripe ") {
             let w: Vec<&str> = t.split_whitespace().collect();
-            let off = w.iter().position(|&x| x == "offset").and_then(|i| w.get(i + 1)).and_then(|n| n.parse().ok()).expect("stripe offset");
+            let off = w
+                .iter()
+                .position(|&x| x == "offset")
+                .and_then(|i| w.get(i + 1))
+                .and_then(|n| n.parse().ok())
+                .expect("stripe offset");
             out.last_mut().expect("stripe after a chunk").2.push(off);
         }
     }
@@ -156,7 +178,10 @@ fn chunks_from_dump(text: &str) -> Vec<(u64, u64, Vec<u64>)> {
 
 /// Physical offsets of every copy of logical `bytenr` (single/DUP/RAID1 chunks only).
 fn physical_copies(chunks: &[(u64, u64, Vec<u64>)], bytenr: u64) -> Vec<u64> {
-    let (logical, _, stripes) = chunks.iter().find(|(l, len, _)| (*l..l + len).contains(&bytenr)).unwrap_or_else(|| panic!("no chunk maps {bytenr}"));
+    let (logical, _, stripes) = chunks
+        .iter()
+        .find(|(l, len, _)| (*l..l + len).contains(&bytenr))
+        .unwrap_or_else(|| panic!("no chunk maps {bytenr}"));
     stripes.iter().map(|p| p + (bytenr - logical)).collect()
 }
 
@@ -168,7 +193,12 @@ fn node_children(text: &str, node: u64) -> Vec<u64> {
     for l in lines.by_ref() {
         if let Some(rest) = l.strip_prefix("\tkey (") {
             let w: Vec<&str> = rest.split_whitespace().collect();
-            let b = w.iter().position(|&x| x == "block").and_then(|i| w.get(i + 1)).and_then(|n| n.parse().ok()).expect("child block");
+            let b = w
+                .iter()
+                .position(|&x| x == "block")
+                .and_then(|i| w.get(i + 1))
+                .and_then(|n| n.parse().ok())
+                .expect("child block");
             out.push(b);
         } else if l.starts_with("leaf ") || l.starts_with("node ") && !l.contains("flags") {
             break;
@@ -190,8 +220,12 @@ fn dump_super_default_matches_meta() {
     assert_eq!(super_field(&text, "generation"), Some(m["generation"].to_string()));
     assert_eq!(super_field(&text, "label").as_deref(), m["label"].as_str());
     assert!(text.contains("[match]"), "checksum and magic should match:\n{text}");
-    assert!(super_field(&text, "incompat_flags").is_some_and(|v| v.starts_with(m["incompat_flags"].as_str().expect("incompat_flags"))));
-    assert!(text.contains("SKINNY_METADATA") && text.contains("FREE_SPACE_TREE"), "feature names:\n{text}");
+    assert!(super_field(&text, "incompat_flags")
+        .is_some_and(|v| v.starts_with(m["incompat_flags"].as_str().expect("incompat_flags"))));
+    assert!(
+        text.contains("SKINNY_METADATA") && text.contains("FREE_SPACE_TREE"),
+        "feature names:\n{text}"
+    );
     assert!(text.contains("CHUNK_ITEM") && text.contains("SYSTEM|DUP"), "sys_chunk_array:\n{text}");
     assert_eq!(text.matches("\tbackup ").count(), 4, "four backup roots:\n{text}");
 
@@ -199,9 +233,16 @@ fn dump_super_default_matches_meta() {
     let o = ubtrfs([OsStr::new("dump-super"), OsStr::new("--all"), img.as_os_str()]);
     assert_ok(&o, "dump-super --all default");
     let text = stdout(&o);
-    assert!(text.contains("copy 0 at bytenr 65536") && text.contains("copy 1 at bytenr 67108864"), "{text}");
+    assert!(
+        text.contains("copy 0 at bytenr 65536") && text.contains("copy 1 at bytenr 67108864"),
+        "{text}"
+    );
     assert!(!text.contains("copy 2"), "256 GiB copy is beyond the device:\n{text}");
-    assert_eq!(text.matches(m["fsid"].as_str().expect("fsid")).count(), 3 * 2, "fsid, metadata_uuid and dev_item.fsid per copy:\n{text}");
+    assert_eq!(
+        text.matches(m["fsid"].as_str().expect("fsid")).count(),
+        3 * 2,
+        "fsid, metadata_uuid and dev_item.fsid per copy:\n{text}"
+    );
 }
 
 #[test]
@@ -213,10 +254,17 @@ fn info_raid1_shows_profiles_and_devices() {
     for group in ["Data, RAID1: total=", "Metadata, RAID1: total=", "System, RAID1: total="] {
         assert!(text.contains(group), "missing {group:?} in:\n{text}");
     }
-    assert!(text.lines().any(|l| l.starts_with("devices:") && l.split_whitespace().nth(1) == Some("2")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("devices:") && l.split_whitespace().nth(1) == Some("2")),
+        "{text}"
+    );
     let devids: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("devid ")).collect();
     assert_eq!(devids.len(), 2, "{text}");
-    assert!(devids[0].contains(a.to_str().expect("utf-8 path")) && devids[1].contains(b.to_str().expect("utf-8 path")), "{text}");
+    assert!(
+        devids[0].contains(a.to_str().expect("utf-8 path"))
+            && devids[1].contains(b.to_str().expect("utf-8 path")),
+        "{text}"
+    );
     assert!(text.contains(meta("raid1")["fsid"].as_str().expect("fsid")));
 }
 
@@ -226,10 +274,21 @@ fn info_mixed_shows_mixed_group() {
     let o = ubtrfs([OsStr::new("info"), img.as_os_str()]);
     assert_ok(&o, "info mixed");
     let text = stdout(&o);
-    assert!(text.lines().any(|l| l.starts_with("Data+Metadata, ") && l.contains("total=") && l.contains("used=")), "{text}");
-    assert!(!text.lines().any(|l| l.starts_with("Data, ") || l.starts_with("Metadata, ")), "mixed groups only:\n{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("Data+Metadata, ")
+            && l.contains("total=")
+            && l.contains("used=")),
+        "{text}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("Data, ") || l.starts_with("Metadata, ")),
+        "mixed groups only:\n{text}"
+    );
     assert!(text.contains("MIXED_GROUPS"), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("default subvolume:") && l.ends_with(" 5")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("default subvolume:") && l.ends_with(" 5")),
+        "{text}"
+    );
     assert!(text.lines().any(|l| l.starts_with("log tree:") && l.ends_with("none")), "{text}");
 }
 
@@ -238,7 +297,11 @@ fn info_logtree_reports_log() {
     let img = image("logtree", 0);
     let o = ubtrfs([OsStr::new("info"), img.as_os_str()]);
     assert_ok(&o, "info logtree");
-    assert!(stdout(&o).lines().any(|l| l.starts_with("log tree:") && l.contains("present")), "{}", stdout(&o));
+    assert!(
+        stdout(&o).lines().any(|l| l.starts_with("log tree:") && l.contains("present")),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]
@@ -246,23 +309,42 @@ fn dump_tree_fs_nodesize4k_has_level2_and_names_files() {
     let name = "nodesize4k-xxhash";
     assert_eq!(meta(name)["fs_tree_level"], 2);
     let img = image(name, 0);
-    let o = ubtrfs([OsStr::new("dump-tree"), OsStr::new("--tree"), OsStr::new("fs"), img.as_os_str()]);
+    let o =
+        ubtrfs([OsStr::new("dump-tree"), OsStr::new("--tree"), OsStr::new("fs"), img.as_os_str()]);
     assert_ok(&o, "dump-tree --tree fs");
     let text = stdout(&o);
-    assert!(text.starts_with("fs tree key (FS_TREE ROOT_ITEM 0)"), "{}", &text[..text.len().min(300)]);
+    assert!(
+        text.starts_with("fs tree key (FS_TREE ROOT_ITEM 0)"),
+        "{}",
+        &text[..text.len().min(300)]
+    );
     let first = text.lines().nth(1).expect("root block line");
-    assert!(first.starts_with("node ") && first.contains(" level 2 ") && first.ends_with("owner FS_TREE"), "{first}");
-    assert!(text.lines().any(|l| l.starts_with("node ") && l.contains(" level 1 ")), "level 1 nodes below the root");
+    assert!(
+        first.starts_with("node ")
+            && first.contains(" level 2 ")
+            && first.ends_with("owner FS_TREE"),
+        "{first}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("node ") && l.contains(" level 1 ")),
+        "level 1 nodes below the root"
+    );
     assert!(item_lines(&text) > 10_000, "every leaf is printed");
     // Names from the kernel's manifest appear in the dir items.
-    let manifest = std::fs::read_to_string(fixtures_dir().join(format!("{name}.manifest.jsonl"))).expect("manifest");
+    let manifest = std::fs::read_to_string(fixtures_dir().join(format!("{name}.manifest.jsonl")))
+        .expect("manifest");
     let mut checked = 0;
     for line in manifest.lines() {
         let e: serde_json::Value = serde_json::from_str(line).expect("manifest line");
         let path = e["path"].as_str().expect("path");
         let base = path.rsplit('/').next().expect("basename");
-        if e["type"] == "file" && base.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-            assert!(text.contains(&format!("name: {base}\n")), "file {path} not named in the fs tree dump");
+        if e["type"] == "file"
+            && base.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            assert!(
+                text.contains(&format!("name: {base}\n")),
+                "file {path} not named in the fs tree dump"
+            );
             checked += 1;
             if checked == 20 {
                 break;
@@ -282,7 +364,10 @@ fn btrfs_progs(test: &str) -> bool {
                 Ok(o) => format!("`btrfs --version` failed ({})", o.status),
                 Err(e) => format!("`btrfs` (btrfs-progs) is not runnable: {e}"),
             };
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "{test}: {why}, and CI=true forbids skipping");
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{test}: {why}, and CI=true forbids skipping"
+            );
             eprintln!("{test}: skipping the btrfs-progs comparison: {why}");
             false
         }
@@ -295,9 +380,18 @@ fn dump_tree_item_counts_match_btrfs_progs() {
         return;
     }
     let img = image("default", 0);
-    let ours = ubtrfs([OsStr::new("dump-tree"), OsStr::new("--tree"), OsStr::new("root"), img.as_os_str()]);
+    let ours = ubtrfs([
+        OsStr::new("dump-tree"),
+        OsStr::new("--tree"),
+        OsStr::new("root"),
+        img.as_os_str(),
+    ]);
     assert_ok(&ours, "dump-tree --tree root");
-    let progs = Command::new("btrfs").args(["inspect-internal", "dump-tree", "-t", "root"]).arg(&img).output().expect("btrfs inspect-internal dump-tree");
+    let progs = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "root"])
+        .arg(&img)
+        .output()
+        .expect("btrfs inspect-internal dump-tree");
     assert!(progs.status.success(), "btrfs dump-tree failed: {}", stderr(&progs));
     let (a, b) = (item_lines(&stdout(&ours)), item_lines(&stdout(&progs)));
     assert!(a > 0);
@@ -306,25 +400,39 @@ fn dump_tree_item_counts_match_btrfs_progs() {
     // The default dump (every tree) agrees too, block by block.
     let ours = ubtrfs([OsStr::new("dump-tree"), img.as_os_str()]);
     assert_ok(&ours, "dump-tree default");
-    let progs = Command::new("btrfs").args(["inspect-internal", "dump-tree"]).arg(&img).output().expect("btrfs inspect-internal dump-tree");
+    let progs = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree"])
+        .arg(&img)
+        .output()
+        .expect("btrfs inspect-internal dump-tree");
     assert!(progs.status.success(), "btrfs dump-tree failed: {}", stderr(&progs));
     let (ours, progs) = (stdout(&ours), stdout(&progs));
     assert_eq!(item_lines(&ours), item_lines(&progs));
     let blocks = |t: &str| -> Vec<String> {
-        t.lines().filter(|l| (l.starts_with("leaf ") || l.starts_with("node ")) && !l.contains(" flags ")).map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" ")).collect()
+        t.lines()
+            .filter(|l| {
+                (l.starts_with("leaf ") || l.starts_with("node ")) && !l.contains(" flags ")
+            })
+            .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+            .collect()
     };
     assert_eq!(blocks(&ours), blocks(&progs), "same blocks in the same order");
 }
 
 #[test]
 fn dump_tree_rejects_non_btrfs_file() {
-    let path = std::env::temp_dir().join(format!("ubtrfs-dump-info-not-btrfs-{}.bin", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("ubtrfs-dump-info-not-btrfs-{}.bin", std::process::id()));
     std::fs::write(&path, vec![0xabu8; 1 << 20]).expect("write junk file");
     for cmd in [&["dump-tree"][..], &["dump-super"], &["dump-super", "--all"], &["info"]] {
         let o = ubtrfs(cmd.iter().map(OsStr::new).chain([path.as_os_str()]));
         assert!(!o.status.success(), "{cmd:?} on junk succeeded:\n{}", stdout(&o));
         let err = stderr(&o);
-        assert!(err.contains(path.to_str().expect("utf-8 path")) && err.contains("not a btrfs filesystem"), "{cmd:?}: {err}");
+        assert!(
+            err.contains(path.to_str().expect("utf-8 path"))
+                && err.contains("not a btrfs filesystem"),
+            "{cmd:?}: {err}"
+        );
     }
     let _ = std::fs::remove_file(&path);
     let o = ubtrfs(["dump-tree", "--tree", "no-such-tree", "/nonexistent"]);
@@ -336,24 +444,52 @@ fn dump_tree_rejects_non_btrfs_file() {
 fn dump_tree_reports_bad_child_and_continues() {
     let scratch = ScratchImage::new("default", 0, "bad-child");
     let img = scratch.path();
-    let fs = stdout(&ubtrfs([OsStr::new("dump-tree"), OsStr::new("--tree"), OsStr::new("fs"), img.as_os_str()]));
-    let root: u64 = fs.lines().nth(1).and_then(|l| l.strip_prefix("node ")).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).expect("fs tree root is a node");
+    let fs = stdout(&ubtrfs([
+        OsStr::new("dump-tree"),
+        OsStr::new("--tree"),
+        OsStr::new("fs"),
+        img.as_os_str(),
+    ]));
+    let root: u64 = fs
+        .lines()
+        .nth(1)
+        .and_then(|l| l.strip_prefix("node "))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("fs tree root is a node");
     let children = node_children(&fs, root);
     assert!(children.len() > 3, "{children:?}");
     let (bad, next) = (children[1], children[2]);
-    let chunks = chunks_from_dump(&stdout(&ubtrfs([OsStr::new("dump-tree"), OsStr::new("--tree"), OsStr::new("chunk"), img.as_os_str()])));
+    let chunks = chunks_from_dump(&stdout(&ubtrfs([
+        OsStr::new("dump-tree"),
+        OsStr::new("--tree"),
+        OsStr::new("chunk"),
+        img.as_os_str(),
+    ])));
     let copies = physical_copies(&chunks, bad);
     assert_eq!(copies.len(), 2, "metadata is DUP in `default`");
     for p in copies {
         scratch.flip(p + 300);
     }
-    let o = ubtrfs([OsStr::new("dump-tree"), OsStr::new("--tree"), OsStr::new("fs"), img.as_os_str()]);
+    let o =
+        ubtrfs([OsStr::new("dump-tree"), OsStr::new("--tree"), OsStr::new("fs"), img.as_os_str()]);
     assert!(!o.status.success(), "a bad child must fail the command");
     let text = stdout(&o);
     let err_line = format!("error: tree block {bad} (slot 1 of node {root}): ");
-    assert!(text.lines().any(|l| l.starts_with(&err_line) && l.contains("checksum mismatch")), "no error line for {bad}:\n{}", &text[..text.len().min(4000)]);
-    assert!(text.lines().any(|l| l.starts_with(&format!("leaf {next} items "))), "sibling {next} was not printed after the bad child");
-    assert!(text.lines().any(|l| l.starts_with(&format!("leaf {} items ", children[children.len() - 1]))), "last child was not printed");
+    assert!(
+        text.lines().any(|l| l.starts_with(&err_line) && l.contains("checksum mismatch")),
+        "no error line for {bad}:\n{}",
+        &text[..text.len().min(4000)]
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with(&format!("leaf {next} items "))),
+        "sibling {next} was not printed after the bad child"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("leaf {} items ", children[children.len() - 1]))),
+        "last child was not printed"
+    );
     assert!(stderr(&o).contains(&format!("block={bad}")), "{}", stderr(&o));
 }
 
@@ -363,7 +499,8 @@ fn dump_super_works_when_chunk_tree_is_damaged() {
     let scratch = ScratchImage::new("default", 0, "bad-chunk-root");
     let img = scratch.path();
     let text = stdout(&ubtrfs([OsStr::new("dump-super"), img.as_os_str()]));
-    let chunk_root: u64 = super_field(&text, "chunk_root").and_then(|v| v.parse().ok()).expect("chunk_root");
+    let chunk_root: u64 =
+        super_field(&text, "chunk_root").and_then(|v| v.parse().ok()).expect("chunk_root");
     let copies = physical_copies(&chunks_from_dump(&text), chunk_root);
     assert_eq!(copies.len(), 2, "system chunk is DUP");
     for p in copies {
@@ -382,11 +519,21 @@ fn dump_super_works_when_chunk_tree_is_damaged() {
     scratch.flip(65536 + 0x100);
     let o = ubtrfs([OsStr::new("dump-super"), img.as_os_str()]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("checksum mismatch") && stderr(&o).contains(img.to_str().expect("utf-8 path")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("checksum mismatch")
+            && stderr(&o).contains(img.to_str().expect("utf-8 path")),
+        "{}",
+        stderr(&o)
+    );
     let o = ubtrfs([OsStr::new("dump-super"), OsStr::new("--all"), img.as_os_str()]);
     assert_ok(&o, "dump-super --all with a bad primary");
     let text = stdout(&o);
-    assert!(text.lines().any(|l| l.starts_with("error: ") && l.contains("block=65536") && l.contains("checksum mismatch")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("error: ")
+            && l.contains("block=65536")
+            && l.contains("checksum mismatch")),
+        "{text}"
+    );
     let copy1 = text.split("copy 1 at bytenr 67108864").nth(1).expect("copy 1 printed");
     assert!(copy1.contains("[match]") && !copy1.contains("error:"), "{copy1}");
 }
@@ -394,7 +541,13 @@ fn dump_super_works_when_chunk_tree_is_damaged() {
 #[test]
 fn dump_tree_closed_pipe_is_quiet() {
     let img = image("default", 0);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ubtrfs")).arg("dump-tree").arg(&img).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn ubtrfs");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+        .arg("dump-tree")
+        .arg(&img)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ubtrfs");
     let mut head = [0u8; 64];
     child.stdout.take().expect("stdout").read_exact(&mut head).expect("first bytes");
     // stdout is now closed; the next writes fail with EPIPE.

@@ -59,8 +59,17 @@ fn sha(p: &Path) -> String {
 }
 
 fn check(img: &Path) {
-    let o = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().expect("btrfs check");
-    assert!(o.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(img)
+        .output()
+        .expect("btrfs check");
+    assert!(
+        o.status.success(),
+        "btrfs check: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 struct Mnt(PathBuf);
@@ -94,7 +103,12 @@ fn fresh_image(work: &Path) -> PathBuf {
 fn generation(img: &Path) -> u64 {
     let o = bin().arg("dump-super").arg(img).output().expect("dump-super");
     let t = String::from_utf8_lossy(&o.stdout);
-    t.lines().find_map(|l| l.strip_prefix("generation").map(|v| v.trim().parse::<u64>().expect("generation number"))).expect("a generation line")
+    t.lines()
+        .find_map(|l| {
+            l.strip_prefix("generation")
+                .map(|v| v.trim().parse::<u64>().expect("generation number"))
+        })
+        .expect("a generation line")
 }
 
 #[test]
@@ -148,7 +162,11 @@ fn editing_commands_round_trip_through_the_kernel() {
     assert!(fails(&["chown", "IMG", "root", "/a/f"], &img).contains("numeric"));
     assert!(fails(&["truncate", "IMG", "/a/b", "0"], &img).contains("is a directory"));
     for mode in ["-k", "-p", "-z"] {
-        assert!(fails(&["fallocate", mode, "-l", "4K", "IMG", "/a/missing"], &img).contains("no such file"), "fallocate {mode} of a missing file");
+        assert!(
+            fails(&["fallocate", mode, "-l", "4K", "IMG", "/a/missing"], &img)
+                .contains("no such file"),
+            "fallocate {mode} of a missing file"
+        );
     }
     assert!(fails(&["fallocate", "-l", "0", "IMG", "/a/zero-length"], &img).contains("invalid"));
     assert!(fails(&["touch", "-d", "yesterday", "IMG", "/a/f"], &img).contains("not a time"));
@@ -156,10 +174,17 @@ fn editing_commands_round_trip_through_the_kernel() {
     assert!(fails(&["ln", "-s", "IMG", "", "/a/empty-link"], &img).contains("empty"));
     check(&img);
     let m = Mnt::new(&img, &work.join("mnt"));
-    let st = |p: &str| std::fs::symlink_metadata(m.0.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
-    assert!(st("a/b/c").is_dir() && st("a/b/c").mode() & 0o7777 == 0o700 && st("a/b/c").gid() == 7, "exchanged private dir");
+    let st =
+        |p: &str| std::fs::symlink_metadata(m.0.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    assert!(
+        st("a/b/c").is_dir() && st("a/b/c").mode() & 0o7777 == 0o700 && st("a/b/c").gid() == 7,
+        "exchanged private dir"
+    );
     assert!(st("a/private").is_dir() && st("a/private").mode() & 0o7777 == 0o755);
-    assert_eq!((st("a/f").mode() & 0o7777, st("a/f").mtime(), st("a/f").mtime_nsec(), st("a/f").nlink()), (0o704, 1_580_637_600, 500_000_000, 1));
+    assert_eq!(
+        (st("a/f").mode() & 0o7777, st("a/f").mtime(), st("a/f").mtime_nsec(), st("a/f").nlink()),
+        (0o704, 1_580_637_600, 500_000_000, 1)
+    );
     let g2 = st("a/b/g2");
     // chown after chmod 4750 clears set-user-ID, as chown(2) does.
     assert_eq!((g2.len(), g2.mode() & 0o7777, g2.uid(), g2.gid()), (3000, 0o750, 1000, 100));
@@ -168,29 +193,57 @@ fn editing_commands_round_trip_through_the_kernel() {
     assert!(st("a/fifo").file_type().is_fifo());
     assert!(st("a/sock2").file_type().is_socket() && !m.0.join("a/sock").exists());
     let null = st("a/null");
-    assert!(null.file_type().is_char_device() && null.rdev() == libc::makedev(1, 3) && null.mode() & 0o7777 == 0o600);
+    assert!(
+        null.file_type().is_char_device()
+            && null.rdev() == libc::makedev(1, 3)
+            && null.mode() & 0o7777 == 0o600
+    );
     assert!(!m.0.join("a/hard").exists());
     // The files fallocate made: 0644 and root's, preallocated (allocated, read as
     // zeros, a hole to SEEK_DATA), -k's range past EOF allocated too.
-    for (p, size, blocks) in [("a/prealloc", 65536, (65536 + 8192) / 512), ("a/prealloc-at", 9096, 8192 / 512)] {
+    for (p, size, blocks) in
+        [("a/prealloc", 65536, (65536 + 8192) / 512), ("a/prealloc-at", 9096, 8192 / 512)]
+    {
         let s = st(p);
-        assert_eq!((s.mode(), s.uid(), s.gid(), s.len(), s.blocks()), (0o100644, 0, 0, size, blocks), "/{p}: (mode, uid, gid, size, blocks)");
+        assert_eq!(
+            (s.mode(), s.uid(), s.gid(), s.len(), s.blocks()),
+            (0o100644, 0, 0, size, blocks),
+            "/{p}: (mode, uid, gid, size, blocks)"
+        );
         assert!(std::fs::read(m.0.join(p)).unwrap().iter().all(|&b| b == 0), "/{p} reads zeros");
         let f = std::fs::File::open(m.0.join(p)).unwrap();
         // SAFETY: lseek on an open descriptor.
-        let r = unsafe { libc::lseek(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0, libc::SEEK_DATA) };
-        assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENXIO)), "/{p}: SEEK_DATA finds no data");
+        let r =
+            unsafe { libc::lseek(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0, libc::SEEK_DATA) };
+        assert_eq!(
+            (r, std::io::Error::last_os_error().raw_os_error()),
+            (-1, Some(libc::ENXIO)),
+            "/{p}: SEEK_DATA finds no data"
+        );
     }
     // lsattr through the kernel shows what ubtrfs lsattr shows; chattr +c set the
     // compression property, and +C on a non-empty file changed nothing (as the kernel).
     for p in ["a/f", "a/b/g2", "a/empty-nocow", "a/b/c"] {
         let k = Command::new("lsattr").arg("-d").arg(m.0.join(p)).output().expect("lsattr");
-        let kflags = String::from_utf8_lossy(&k.stdout).split_whitespace().next().unwrap_or_default().to_string();
+        let kflags = String::from_utf8_lossy(&k.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
         let u = bin().arg("lsattr").arg(&img).arg(format!("/{p}")).output().expect("ubtrfs lsattr");
-        let uflags = String::from_utf8_lossy(&u.stdout).split_whitespace().next().unwrap_or_default().to_string();
+        let uflags = String::from_utf8_lossy(&u.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
         assert_eq!(uflags, kflags, "/{p}: ubtrfs lsattr vs the kernel's");
     }
-    let prop = Command::new("btrfs").args(["property", "get"]).arg(m.0.join("a/b/g2")).arg("compression").output().expect("btrfs property");
+    let prop = Command::new("btrfs")
+        .args(["property", "get"])
+        .arg(m.0.join("a/b/g2"))
+        .arg("compression")
+        .output()
+        .expect("btrfs property");
     assert_eq!(String::from_utf8_lossy(&prop.stdout).trim(), "compression=zlib");
     drop(m);
 
@@ -200,7 +253,9 @@ fn editing_commands_round_trip_through_the_kernel() {
     for i in 0..30 {
         script.push_str(&format!("touch -d @{} /batch/f{i}\nchmod 6{}{} /batch/f{i}\nmv /batch/f{i} \"/batch/deep/file {i}\"\n", 1_600_000_000 + i, (i / 8) % 8, i % 8));
     }
-    script.push_str("ln -s 'file 0' '/batch/deep/it'\"'\"'s a link'\n\ntruncate /batch/deep/er/t 1M\n");
+    script.push_str(
+        "ln -s 'file 0' '/batch/deep/it'\"'\"'s a link'\n\ntruncate /batch/deep/er/t 1M\n",
+    );
     let path = work.join("script");
     std::fs::write(&path, &script).unwrap();
     ok(&["batch", "IMG", path.to_str().unwrap()], &img);
@@ -209,14 +264,25 @@ fn editing_commands_round_trip_through_the_kernel() {
     let m = Mnt::new(&img, &work.join("mnt"));
     for i in 0..30 {
         let s = std::fs::metadata(m.0.join(format!("batch/deep/file {i}"))).unwrap();
-        assert_eq!((s.mode() & 0o7777, s.mtime()), (0o600 + ((i as u32 / 8) % 8) * 8 + (i as u32 % 8), 1_600_000_000 + i), "file {i}");
+        assert_eq!(
+            (s.mode() & 0o7777, s.mtime()),
+            (0o600 + ((i as u32 / 8) % 8) * 8 + (i as u32 % 8), 1_600_000_000 + i),
+            "file {i}"
+        );
     }
-    assert_eq!(std::fs::read_link(m.0.join("batch/deep/it's a link")).unwrap(), Path::new("file 0"));
+    assert_eq!(
+        std::fs::read_link(m.0.join("batch/deep/it's a link")).unwrap(),
+        Path::new("file 0")
+    );
     assert_eq!(std::fs::metadata(m.0.join("batch/deep/er/t")).unwrap().len(), 1 << 20);
     drop(m);
     // A batch that fails on its last line, or on a parse error anywhere, or on a
     // missing script, changes nothing.
-    for (name, text, want) in [("late", "mkdir /x\ntouch /x/y\nrm /x/missing\n", "late:3"), ("parse", "mkdir /x\nfrobnicate /x\n", "parse:2"), ("quote", "mkdir /x\nmkdir '/y\n", "quote:2")] {
+    for (name, text, want) in [
+        ("late", "mkdir /x\ntouch /x/y\nrm /x/missing\n", "late:3"),
+        ("parse", "mkdir /x\nfrobnicate /x\n", "parse:2"),
+        ("quote", "mkdir /x\nmkdir '/y\n", "quote:2"),
+    ] {
         let p = work.join(name);
         std::fs::write(&p, text).unwrap();
         let e = fails(&["batch", "IMG", p.to_str().unwrap()], &img);
@@ -224,7 +290,11 @@ fn editing_commands_round_trip_through_the_kernel() {
     }
     fails(&["batch", "IMG", work.join("no-such-script").to_str().unwrap()], &img);
     let mut c = bin();
-    c.arg("batch").arg(&img).arg("-").stdin(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    c.arg("batch")
+        .arg(&img)
+        .arg("-")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();
     use std::io::Write;
     child.stdin.take().unwrap().write_all(b"mkdir /from-stdin\n").unwrap();
@@ -282,8 +352,11 @@ fn dedupe_shares_identical_files() {
     std::fs::create_dir_all(tree.join("sub")).unwrap();
     let mut files = Vec::new();
     for i in 0..20u32 {
-        let data: Vec<u8> = (0..(i + 1) * 37_000).map(|x| (x.wrapping_mul(2_654_435_761).wrapping_add(i) >> 11) as u8).collect();
-        let p = if i % 2 == 0 { tree.join(format!("f{i}")) } else { tree.join(format!("sub/f{i}")) };
+        let data: Vec<u8> = (0..(i + 1) * 37_000)
+            .map(|x| (x.wrapping_mul(2_654_435_761).wrapping_add(i) >> 11) as u8)
+            .collect();
+        let p =
+            if i % 2 == 0 { tree.join(format!("f{i}")) } else { tree.join(format!("sub/f{i}")) };
         std::fs::write(&p, &data).unwrap();
         files.push((p.strip_prefix(&tree).unwrap().to_path_buf(), data));
     }
@@ -297,8 +370,13 @@ fn dedupe_shares_identical_files() {
     let used = |img: &Path| -> u64 {
         let o = bin().arg("info").arg(img).output().unwrap();
         let t = String::from_utf8_lossy(&o.stdout).into_owned();
-        let line = t.lines().find(|l| l.starts_with("bytes used:")).unwrap_or_else(|| panic!("no bytes used in {t}"));
-        line.split_whitespace().find_map(|w| w.parse::<u64>().ok()).unwrap_or_else(|| panic!("{line}"))
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("bytes used:"))
+            .unwrap_or_else(|| panic!("no bytes used in {t}"));
+        line.split_whitespace()
+            .find_map(|w| w.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{line}"))
     };
     let before = used(&img);
     let data_bytes: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
@@ -307,19 +385,33 @@ fn dedupe_shares_identical_files() {
     assert!(o.status.success(), "dedupe: {out}{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("20 groups") && out.contains("20 files now share"), "{out}");
     let after = used(&img);
-    assert!(before - after >= data_bytes * 9 / 10, "bytes used went from {before} to {after}; one copy is {data_bytes}");
+    assert!(
+        before - after >= data_bytes * 9 / 10,
+        "bytes used went from {before} to {after}; one copy is {data_bytes}"
+    );
     check(&img);
     let o = bin().args(["dedupe"]).arg(&img).arg("/a").arg("/b").output().unwrap();
-    assert!(String::from_utf8_lossy(&o.stdout).contains("20 already did"), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("20 already did"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     let m = Mnt::new(&img, &work.join("mnt"));
     for (rel, data) in &files {
         for top in ["a", "b"] {
-            assert!(std::fs::read(m.0.join(top).join(rel)).unwrap() == *data, "/{top}/{} reads differently", rel.display());
+            assert!(
+                std::fs::read(m.0.join(top).join(rel)).unwrap() == *data,
+                "/{top}/{} reads differently",
+                rel.display()
+            );
         }
     }
     assert!(std::fs::read(m.0.join("odd")).unwrap() == odd, "/odd changed");
     let shared = kernel::du_shared_bytes(&m.0);
-    assert!(shared >= data_bytes, "btrfs filesystem du counts {shared} bytes shared of {data_bytes}");
+    assert!(
+        shared >= data_bytes,
+        "btrfs filesystem du counts {shared} bytes shared of {data_bytes}"
+    );
     drop(m);
     let _ = std::fs::remove_dir_all(&work);
 }
@@ -350,7 +442,11 @@ fn dedupe_shares_identical_blocks_of_different_files() {
     assert!(out.contains("ranges now share 1048576 bytes"), "{out}");
     check(&img);
     let m = Mnt::new(&img, &work.join("mnt"));
-    assert!(std::fs::read(m.0.join("p1")).unwrap() == p1 && std::fs::read(m.0.join("p2")).unwrap() == p2, "the files read differently");
+    assert!(
+        std::fs::read(m.0.join("p1")).unwrap() == p1
+            && std::fs::read(m.0.join("p2")).unwrap() == p2,
+        "the files read differently"
+    );
     let shared = kernel::du_shared_bytes(&m.0);
     assert!(shared >= 1 << 20, "btrfs filesystem du counts {shared} bytes shared");
     drop(m);

@@ -26,7 +26,12 @@ fn bin() -> Command {
 }
 
 fn text(o: &Output) -> String {
-    format!("status {}\nstdout:\n{}\nstderr:\n{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -65,12 +70,17 @@ struct Work {
 }
 
 fn have_mkfs() -> bool {
-    Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("mkfs.btrfs")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 impl Work {
     fn new(tag: &str, kernel: bool) -> Work {
-        let dir = std::env::temp_dir().join(format!("ubtrfs-exclusive-{tag}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ubtrfs-exclusive-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let img = dir.join("img");
@@ -79,7 +89,8 @@ impl Work {
             run(Command::new("mkfs.btrfs").arg("-q").arg("-f").arg(&img));
             256 << 20
         } else {
-            let input = std::fs::File::open(repo().join("tests/fixtures/blake2.0.img.zst")).unwrap();
+            let input =
+                std::fs::File::open(repo().join("tests/fixtures/blake2.0.img.zst")).unwrap();
             let mut out = std::fs::File::create(&img).unwrap();
             std::io::copy(&mut zstd::stream::read::Decoder::new(input).unwrap(), &mut out).unwrap();
             16 << 20
@@ -108,20 +119,29 @@ impl Work {
         if !self.kernel {
             return;
         }
-        let o = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&self.img).output().expect("run btrfs check");
+        let o = Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&self.img)
+            .output()
+            .expect("run btrfs check");
         assert!(o.status.success(), "{what}: btrfs check failed: {}", text(&o));
     }
 
     /// The names `ubtrfs ls` lists in `path`, sorted.
     fn ls(&self, path: &str) -> Vec<String> {
-        let mut v: Vec<String> = String::from_utf8_lossy(&run(bin().arg("ls").arg(&self.img).arg(path)).stdout).lines().map(str::to_string).collect();
+        let mut v: Vec<String> =
+            String::from_utf8_lossy(&run(bin().arg("ls").arg(&self.img).arg(path)).stdout)
+                .lines()
+                .map(str::to_string)
+                .collect();
         v.sort();
         v
     }
 
     /// The root listing plus `names`, sorted.
     fn root_with(&self, base: &[String], names: &[&str]) -> Vec<String> {
-        let mut v: Vec<String> = base.iter().cloned().chain(names.iter().map(|n| n.to_string())).collect();
+        let mut v: Vec<String> =
+            base.iter().cloned().chain(names.iter().map(|n| n.to_string())).collect();
         v.sort();
         v
     }
@@ -142,8 +162,16 @@ fn wait_unlocked(p: &Path) {
     let (major, minor) = ubtrfs_core::volumes::mountinfo::dev_num(md.dev());
     let me = format!("{major:02x}:{minor:02x}:{}", md.ino());
     let start = std::time::Instant::now();
-    while std::fs::read_to_string("/proc/locks").unwrap_or_default().lines().any(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == me)) {
-        assert!(start.elapsed() < std::time::Duration::from_secs(5), "{} stays locked after its last open was dropped", p.display());
+    while std::fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == me))
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "{} stays locked after its last open was dropped",
+            p.display()
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
@@ -159,20 +187,35 @@ fn writer_in_this_process_refuses_put_and_rm_and_warns_readers() {
     let base = w.ls("/");
     run(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/first"));
     let before = sha256(&w.img);
-    let writer = FsWriter::open(&OpenOptions::new(&w.img)).expect("open writer in the test process");
+    let writer =
+        FsWriter::open(&OpenOptions::new(&w.img)).expect("open writer in the test process");
     let me = format!("in use by another ubtrfs process (pid {})", std::process::id());
-    refused(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/second"), &[&me, "device or resource busy"]);
+    refused(
+        bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/second"),
+        &[&me, "device or resource busy"],
+    );
     refused(bin().arg("rm").arg("-r").arg(&w.img).arg("/first"), &[&me]);
     assert_eq!(sha256(&w.img), before, "a refused writer changed the image");
     // A reader does not wait: it reads the committed state and says so.
     let ls = run(bin().arg("ls").arg(&w.img).arg("/first"));
     assert_eq!(String::from_utf8_lossy(&ls.stdout).trim(), "data");
     let warn = format!("ubtrfs: warning: {} is being changed by another ubtrfs process (pid {}); showing its last committed state", w.img.display(), std::process::id());
-    assert!(String::from_utf8_lossy(&ls.stderr).contains(&warn), "ls lacks the warning: {}", text(&ls));
+    assert!(
+        String::from_utf8_lossy(&ls.stderr).contains(&warn),
+        "ls lacks the warning: {}",
+        text(&ls)
+    );
     // check refuses an image under change unless forced, like btrfs check.
-    refused(bin().arg("check").arg(&w.img), &["is being changed by another ubtrfs process", "use --force"]);
+    refused(
+        bin().arg("check").arg(&w.img),
+        &["is being changed by another ubtrfs process", "use --force"],
+    );
     let forced = run(bin().arg("check").arg("--force").arg(&w.img));
-    assert!(String::from_utf8_lossy(&forced.stderr).contains(&warn), "check --force lacks the warning: {}", text(&forced));
+    assert!(
+        String::from_utf8_lossy(&forced.stderr).contains(&warn),
+        "check --force lacks the warning: {}",
+        text(&forced)
+    );
     drop(writer);
     wait_unlocked(&w.img);
     assert_eq!(sha256(&w.img), before, "an uncommitted writer changed the image");
@@ -188,14 +231,22 @@ fn reader_in_this_process_refuses_writers() {
     let src = w.source("src", 5000, 2);
     let before = sha256(&w.img);
     let reader = FsInfo::open(&OpenOptions::new(&w.img)).expect("open reader");
-    assert!(reader.in_use.is_empty() && reader.take_warnings().is_empty(), "a lone reader found another user");
+    assert!(
+        reader.in_use.is_empty() && reader.take_warnings().is_empty(),
+        "a lone reader found another user"
+    );
     // A long extract is protected from changes: the writer is refused, not the reader.
-    refused(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/x"), &[&format!("in use by another ubtrfs process (pid {})", std::process::id())]);
+    refused(
+        bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/x"),
+        &[&format!("in use by another ubtrfs process (pid {})", std::process::id())],
+    );
     // Readers share: another reader runs without a warning.
     let ls = run(bin().arg("ls").arg(&w.img).arg("/"));
     assert!(!String::from_utf8_lossy(&ls.stderr).contains("warning"), "{}", text(&ls));
     // So does a writer opened in this process: flock locks of two opens conflict.
-    let e = FsWriter::open(&OpenOptions::new(&w.img)).err().expect("writer beside a reader in one process");
+    let e = FsWriter::open(&OpenOptions::new(&w.img))
+        .err()
+        .expect("writer beside a reader in one process");
     assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::Busy), "{e}");
     drop(reader);
     wait_unlocked(&w.img);
@@ -213,29 +264,61 @@ fn two_racing_puts_one_wins() {
     let a = w.source("a", size, 3);
     let b = w.source("b", size, 4);
     let base = w.ls("/");
-    let pa = bin().arg("put").arg("-r").arg(&w.img).arg(&a).arg("/a").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let pb = bin().arg("put").arg("-r").arg(&w.img).arg(&b).arg("/b").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let pa = bin()
+        .arg("put")
+        .arg("-r")
+        .arg(&w.img)
+        .arg(&a)
+        .arg("/a")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pb = bin()
+        .arg("put")
+        .arg("-r")
+        .arg(&w.img)
+        .arg(&b)
+        .arg("/b")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let (ida, idb) = (pa.id(), pb.id());
     let (oa, ob) = (pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap());
-    let (winner, loser, win_src, lose_out, win_pid) = match (oa.status.success(), ob.status.success()) {
-        (true, false) => ("a", "b", &a, &ob, ida),
-        (false, true) => ("b", "a", &b, &oa, idb),
-        _ => panic!("exactly one put must succeed:\nput a: {}\nput b: {}", text(&oa), text(&ob)),
-    };
+    let (winner, loser, win_src, lose_out, win_pid) =
+        match (oa.status.success(), ob.status.success()) {
+            (true, false) => ("a", "b", &a, &ob, ida),
+            (false, true) => ("b", "a", &b, &oa, idb),
+            _ => {
+                panic!("exactly one put must succeed:\nput a: {}\nput b: {}", text(&oa), text(&ob))
+            }
+        };
     let err = String::from_utf8_lossy(&lose_out.stderr);
-    assert!(err.contains(&format!("in use by another ubtrfs process (pid {win_pid})")), "put {loser} was refused for another reason: {}", text(lose_out));
+    assert!(
+        err.contains(&format!("in use by another ubtrfs process (pid {win_pid})")),
+        "put {loser} was refused for another reason: {}",
+        text(lose_out)
+    );
     // The image holds exactly the winner's change.
     assert_eq!(w.ls("/"), w.root_with(&base, &[winner]));
     let cat = run(bin().arg("cat").arg(&w.img).arg(format!("/{winner}/data")));
-    assert!(cat.stdout == std::fs::read(win_src.join("data")).unwrap(), "/{winner}/data differs from its source");
+    assert!(
+        cat.stdout == std::fs::read(win_src.join("data")).unwrap(),
+        "/{winner}/data differs from its source"
+    );
     w.check("after the race");
     if kernel {
         let mnt = w.dir.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
         run(Command::new("mount").args(["-o", "ro,loop"]).arg(&w.img).arg(&mnt));
-        let mut names: Vec<String> = std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut names: Vec<String> = std::fs::read_dir(&mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         names.sort();
-        let same = std::fs::read(mnt.join(winner).join("data")).map(|d| d == std::fs::read(win_src.join("data")).unwrap());
+        let same = std::fs::read(mnt.join(winner).join("data"))
+            .map(|d| d == std::fs::read(win_src.join("data")).unwrap());
         let _ = Command::new("umount").arg(&mnt).status();
         assert_eq!(names, w.root_with(&base, &[winner]), "the kernel sees other names");
         assert!(same.expect("read through the kernel"), "the kernel reads other data");
@@ -252,7 +335,10 @@ impl KernelMount {
     /// `mount -o loop[,ro] IMG DIR`.
     fn image(img: &Path, dir: &Path, ro: bool) -> KernelMount {
         std::fs::create_dir_all(dir).unwrap();
-        run(Command::new("mount").args(["-o", if ro { "ro,loop" } else { "loop" }]).arg(img).arg(dir));
+        run(Command::new("mount")
+            .args(["-o", if ro { "ro,loop" } else { "loop" }])
+            .arg(img)
+            .arg(dir));
         KernelMount { dir: dir.to_path_buf(), loopdev: None }
     }
     /// `losetup -f --show IMG`, then mount that device.
@@ -311,7 +397,10 @@ fn put_and_rm_refuse_a_kernel_mounted_image() {
             "{}",
             text(&ls)
         );
-        refused(bin().arg("check").arg(&w.img), &[&format!("is mounted by the kernel at {mnt_s}"), "use --force"]);
+        refused(
+            bin().arg("check").arg(&w.img),
+            &[&format!("is mounted by the kernel at {mnt_s}"), "use --force"],
+        );
         run(bin().arg("check").arg("--force").arg(&w.img));
     }
     {
@@ -323,7 +412,9 @@ fn put_and_rm_refuse_a_kernel_mounted_image() {
         refused(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/new"), &[&at]);
         refused(bin().arg("rm").arg("-r").arg(&w.img).arg("/keep"), &[&at]);
         // A writer in this process is refused the same way, through the library.
-        let e = FsWriter::open(&OpenOptions::new(&w.img)).err().expect("library writer on a mounted image");
+        let e = FsWriter::open(&OpenOptions::new(&w.img))
+            .err()
+            .expect("library writer on a mounted image");
         assert!(e.to_string().contains(&at), "{e}");
         assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::Busy));
     }
@@ -347,19 +438,35 @@ fn block_device_of_a_mounted_image_is_refused() {
     let mnt_s = mnt.display().to_string();
     std::fs::write(mnt.join("by-kernel"), b"k").unwrap();
     // The device itself: O_EXCL fails because the kernel holds it.
-    refused(bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"), &[&format!("{dev} is mounted by the kernel at {mnt_s}: device or resource busy (unmount it first)")]);
+    refused(
+        bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"),
+        &[&format!(
+            "{dev} is mounted by the kernel at {mnt_s}: device or resource busy (unmount it first)"
+        )],
+    );
     // The image file behind it: found through the loop device's backing file.
-    refused(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/x"), &[&format!("is mounted by the kernel at {mnt_s} (through {dev})")]);
+    refused(
+        bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/x"),
+        &[&format!("is mounted by the kernel at {mnt_s} (through {dev})")],
+    );
     for target in [dev.as_str(), w.img.to_str().unwrap()] {
         let ls = run(bin().arg("ls").arg(target).arg("/"));
-        assert!(String::from_utf8_lossy(&ls.stderr).contains(&format!("warning: {target} is mounted by the kernel at {mnt_s}")), "{}", text(&ls));
+        assert!(
+            String::from_utf8_lossy(&ls.stderr)
+                .contains(&format!("warning: {target} is mounted by the kernel at {mnt_s}")),
+            "{}",
+            text(&ls)
+        );
     }
     m.umount();
     // Attached but unmounted: ubtrfs writes through the device, and the device and its
     // backing file are one image to the lock.
     let writer = FsWriter::open(&OpenOptions::new(&w.img)).expect("writer on the image file");
     let before = sha256(&w.img);
-    refused(bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"), &[&format!("{dev} is in use by another ubtrfs process (pid {})", std::process::id())]);
+    refused(
+        bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"),
+        &[&format!("{dev} is in use by another ubtrfs process (pid {})", std::process::id())],
+    );
     assert_eq!(sha256(&w.img), before);
     drop(writer);
     wait_unlocked(&w.img);
@@ -378,7 +485,10 @@ fn second_member_of_a_mounted_multi_device_btrfs_is_refused() {
     let w = Work::new("multi", true);
     let img2 = w.dir.join("img2");
     std::fs::File::create(&img2).unwrap().set_len(512 << 20).unwrap();
-    run(Command::new("mkfs.btrfs").args(["-q", "-f", "-d", "single", "-m", "raid1"]).arg(&w.img).arg(&img2));
+    run(Command::new("mkfs.btrfs")
+        .args(["-q", "-f", "-d", "single", "-m", "raid1"])
+        .arg(&w.img)
+        .arg(&img2));
     let loops = Loops(vec![losetup(&w.img), losetup(&img2)]);
     let (d1, d2) = (loops.0[0].clone(), loops.0[1].clone());
     let mnt = w.dir.join("mnt");
@@ -389,7 +499,10 @@ fn second_member_of_a_mounted_multi_device_btrfs_is_refused() {
     let src = w.source("src", 1000, 7);
     let before = sha256(&img2);
     let at = format!("is mounted by the kernel at {}", mnt.display());
-    refused(bin().arg("put").arg(&img2).arg(src.join("data")).arg("/x"), &[&format!("{} {at} (through {d2})", img2.display())]);
+    refused(
+        bin().arg("put").arg(&img2).arg(src.join("data")).arg("/x"),
+        &[&format!("{} {at} (through {d2})", img2.display())],
+    );
     refused(bin().arg("put").arg(&d2).arg(src.join("data")).arg("/x"), &[&format!("{d2} {at}")]);
     assert_eq!(sha256(&img2), before, "a refused writer changed the second member");
     drop(m);
@@ -398,7 +511,9 @@ fn second_member_of_a_mounted_multi_device_btrfs_is_refused() {
 
 /// `losetup -f --show IMG`: the new loop device.
 fn losetup(img: &Path) -> String {
-    String::from_utf8_lossy(&run(Command::new("losetup").args(["-f", "--show"]).arg(img)).stdout).trim().to_string()
+    String::from_utf8_lossy(&run(Command::new("losetup").args(["-f", "--show"]).arg(img)).stdout)
+        .trim()
+        .to_string()
 }
 
 /// Loop devices detached on drop.

@@ -36,7 +36,12 @@ fn out_of(cmd: &mut Command) -> Output {
 
 fn run(cmd: &mut Command) -> Output {
     let out = out_of(cmd);
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -76,8 +81,15 @@ fn clean_extract(img: &Path, dest: &Path) -> String {
     let err = stderr(&o);
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc_geteuid() } == 0;
-    let only_devices = !root && err.lines().filter(|l| l.starts_with("extract: ")).all(|l| l.ends_with(" files not created; see the warnings above") && !l.contains(','));
-    assert!(o.status.success() || o.status.code() == Some(2) && only_devices, "clean extract failed:\n{err}");
+    let only_devices = !root
+        && err
+            .lines()
+            .filter(|l| l.starts_with("extract: "))
+            .all(|l| l.ends_with(" files not created; see the warnings above") && !l.contains(','));
+    assert!(
+        o.status.success() || o.status.code() == Some(2) && only_devices,
+        "clean extract failed:\n{err}"
+    );
     assert!(!err.contains("unreadable"), "{err}");
     err
 }
@@ -85,7 +97,13 @@ fn clean_extract(img: &Path, dest: &Path) -> String {
 /// A copy of fixture `name`'s (single) device image.
 fn fixture_copy(name: &str, dst: &Path) {
     let src = &common::fixture_images(name)[0];
-    let ok = Command::new("cp").arg("--sparse=always").arg(src).arg(dst).status().map(|s| s.success()).unwrap_or(false);
+    let ok = Command::new("cp")
+        .arg("--sparse=always")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
     if !ok {
         std::fs::copy(src, dst).expect("copy fixture");
     }
@@ -143,7 +161,12 @@ fn manifest(dir: &Path) -> BTreeMap<String, Value> {
     }
     let script = common::repo_root().join("xtask/fixtures.py");
     let o = run(Command::new("python3").arg(script).arg("manifest").arg(dir));
-    String::from_utf8(o.stdout).expect("utf8 manifest").lines().map(|l| serde_json::from_str::<Value>(l).expect("json")).map(|v| (v["path"].as_str().expect("path").to_string(), v)).collect()
+    String::from_utf8(o.stdout)
+        .expect("utf8 manifest")
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json"))
+        .map(|v| (v["path"].as_str().expect("path").to_string(), v))
+        .collect()
 }
 
 /// What must agree between two extracts of the same tree (directory sizes and link
@@ -151,16 +174,33 @@ fn manifest(dir: &Path) -> BTreeMap<String, Value> {
 /// and listing a directory, as `manifest` does without root, moves its atime).
 fn same_object(a: &Value, b: &Value) -> bool {
     let dir = a["type"] == "dir" && b["type"] == "dir";
-    ["type", "mode", "uid", "gid", "size", "mtime_ns", "atime_ns", "rdev_major", "rdev_minor", "sha256", "target", "xattrs"]
-        .iter()
-        .all(|k| (dir && matches!(*k, "size" | "atime_ns")) || a[*k] == b[*k])
+    [
+        "type",
+        "mode",
+        "uid",
+        "gid",
+        "size",
+        "mtime_ns",
+        "atime_ns",
+        "rdev_major",
+        "rdev_minor",
+        "sha256",
+        "target",
+        "xattrs",
+    ]
+    .iter()
+    .all(|k| (dir && matches!(*k, "size" | "atime_ns")) || a[*k] == b[*k])
 }
 
 /// True if a warning line names `host` or a directory above it.
 fn named_in(warnings: &[&str], dest: &Path, rel: &str) -> bool {
     let mut p = rel;
     loop {
-        let host = if p.is_empty() { quote::path(dest).into_owned() } else { format!("{}/{}", quote::path(dest), quote::name(p.as_bytes())) };
+        let host = if p.is_empty() {
+            quote::path(dest).into_owned()
+        } else {
+            format!("{}/{}", quote::path(dest), quote::name(p.as_bytes()))
+        };
         if warnings.iter().any(|w| w.starts_with(&format!("ubtrfs: warning: {host}: "))) {
             return true;
         }
@@ -178,13 +218,15 @@ fn compare_salvaged(clean: &Path, bad: &Path, err: &str) -> Vec<String> {
     let (a, b) = (manifest(clean), manifest(bad));
     let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("ubtrfs: warning: ")).collect();
     // Other names of a damaged file are the same host inode.
-    let named_inodes: std::collections::HashSet<&Value> = b.iter().filter(|(p, _)| named_in(&warnings, bad, p)).map(|(_, v)| &v["ino"]).collect();
+    let named_inodes: std::collections::HashSet<&Value> =
+        b.iter().filter(|(p, _)| named_in(&warnings, bad, p)).map(|(_, v)| &v["ino"]).collect();
     let mut differ = Vec::new();
     for (p, va) in &a {
         if b.get(p).is_some_and(|vb| same_object(va, vb)) {
             continue;
         }
-        let link_of_named = b.get(p).is_some_and(|vb| vb["type"] == "file" && named_inodes.contains(&vb["ino"]));
+        let link_of_named =
+            b.get(p).is_some_and(|vb| vb["type"] == "file" && named_inodes.contains(&vb["ino"]));
         assert!(link_of_named || named_in(&warnings, bad, p), "{p:?} is missing or differs, and no warning names it or a directory above it\nclean: {va}\nsalvaged: {:?}\nstderr:\n{err}", b.get(p));
         differ.push(p.clone());
     }
@@ -200,11 +242,23 @@ fn compare_salvaged(clean: &Path, bad: &Path, err: &str) -> Vec<String> {
 fn three_sector_file(fs: &Filesystem, want: Option<&[u8]>, exclude: &[u8]) -> (Vec<u8>, u64, u64) {
     let ss = u64::from(fs.info.sectorsize);
     for (path, v) in walk(fs) {
-        if v.kind() != FileKind::File || v.nlink() != 1 || path == exclude || want.is_some_and(|w| w != path) {
+        if v.kind() != FileKind::File
+            || v.nlink() != 1
+            || path == exclude
+            || want.is_some_and(|w| w != path)
+        {
             continue;
         }
         for e in &v.extents {
-            if let ExtentKind::Regular { disk_bytenr, offset, num_bytes, compression: 0, prealloc: false, .. } = e.kind {
+            if let ExtentKind::Regular {
+                disk_bytenr,
+                offset,
+                num_bytes,
+                compression: 0,
+                prealloc: false,
+                ..
+            } = e.kind
+            {
                 if disk_bytenr != 0 && num_bytes >= 3 * ss && e.file_offset + 3 * ss <= v.size() {
                     return (path, e.file_offset + ss, disk_bytenr + offset + ss);
                 }
@@ -267,7 +321,10 @@ fn bad_data_sector_is_left_as_a_hole() {
         assert_eq!(&got[..s], &good[..s], "{rel:?}: bytes before the bad sector");
         assert_eq!(&got[e..], &good[e..], "{rel:?}: bytes after the bad sector");
         assert!(got[s..e].iter().all(|&b| b == 0), "{rel:?}: the bad sector reads as zeros");
-        let (gb, cb) = (std::fs::metadata(bad.join(&rel)).unwrap().blocks(), std::fs::metadata(clean.join(&rel)).unwrap().blocks());
+        let (gb, cb) = (
+            std::fs::metadata(bad.join(&rel)).unwrap().blocks(),
+            std::fs::metadata(clean.join(&rel)).unwrap().blocks(),
+        );
         assert!(gb < cb, "{rel:?}: the bad sector is a hole ({gb} blocks, clean copy {cb})");
     }
     assert_eq!(std::fs::read(bad.join("new\nline-data")).unwrap()[..4096], content[..4096]);
@@ -277,7 +334,14 @@ fn bad_data_sector_is_left_as_a_hole() {
     let o = out_of(bin().arg("extract").arg("--dry-run").arg(&img).arg(&dry));
     let derr = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{derr}");
-    assert!(derr.contains(&format!("{}: bytes {off}..{} unreadable", quote::path(&dry.join(String::from_utf8(path.clone()).unwrap())), off + ss)), "{derr}");
+    assert!(
+        derr.contains(&format!(
+            "{}: bytes {off}..{} unreadable",
+            quote::path(&dry.join(String::from_utf8(path.clone()).unwrap())),
+            off + ss
+        )),
+        "{derr}"
+    );
     assert!(!w.path("dry").exists(), "a dry run created its destination's parent");
 
     // Strict: stop at the first error, naming the file, without a partial copy.
@@ -285,9 +349,14 @@ fn bad_data_sector_is_left_as_a_hole() {
     let o = out_of(bin().arg("extract").arg("--strict").arg(&img).arg(&strict));
     let serr = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{serr}");
-    let error = serr.lines().find(|l| l.starts_with("ubtrfs: error: ")).unwrap_or_else(|| panic!("no error line in {serr}"));
-    let first =
-        [&path, &nl_path].into_iter().find(|p| error.contains(&format!("{}/{}: ", strict.display(), quote::name(p)))).unwrap_or_else(|| panic!("the error names neither damaged file: {error}"));
+    let error = serr
+        .lines()
+        .find(|l| l.starts_with("ubtrfs: error: "))
+        .unwrap_or_else(|| panic!("no error line in {serr}"));
+    let first = [&path, &nl_path]
+        .into_iter()
+        .find(|p| error.contains(&format!("{}/{}: ", strict.display(), quote::name(p))))
+        .unwrap_or_else(|| panic!("the error names neither damaged file: {error}"));
     assert!(error.contains("csum mismatch"), "{error}");
     let rel = String::from_utf8(first.clone()).unwrap();
     assert!(!strict.join(&rel).exists(), "strict left a partial copy of {rel:?}");
@@ -322,7 +391,13 @@ fn bad_compressed_extent_is_left_as_a_hole() {
         .filter(|(_, v)| v.kind() == FileKind::File && v.nlink() == 1)
         .find_map(|(p, v)| {
             let n = v.extents.len();
-            v.extents.iter().enumerate().find(|(i, x)| *i > 0 && *i + 1 < n && compressed(x) && unshared(x) && x.end() <= v.size()).map(|(_, x)| (p.clone(), v.clone(), x.clone()))
+            v.extents
+                .iter()
+                .enumerate()
+                .find(|(i, x)| {
+                    *i > 0 && *i + 1 < n && compressed(x) && unshared(x) && x.end() <= v.size()
+                })
+                .map(|(_, x)| (p.clone(), v.clone(), x.clone()))
         })
         .expect("an unshared compressed extent inside a file");
     let ExtentKind::Regular { disk_bytenr, .. } = e.kind else { unreachable!() };
@@ -338,7 +413,8 @@ fn bad_compressed_extent_is_left_as_a_hole() {
     let differ = compare_salvaged(&clean, &bad, &err);
     assert_eq!(differ, vec![String::from_utf8(path.clone()).unwrap()]);
     let rel = String::from_utf8(path).unwrap();
-    let (good, got) = (std::fs::read(clean.join(&rel)).unwrap(), std::fs::read(bad.join(&rel)).unwrap());
+    let (good, got) =
+        (std::fs::read(clean.join(&rel)).unwrap(), std::fs::read(bad.join(&rel)).unwrap());
     let (s, t) = (s as usize, t as usize);
     assert_eq!((&got[..s], &got[t..]), (&good[..s], &good[t..]), "outside the bad extent");
     assert!(got[s..t].iter().all(|&b| b == 0));
@@ -358,19 +434,38 @@ fn unreadable_leaf_skips_only_what_it_held() {
     clean_extract(&orig, &clean);
     let fs = open(&orig);
     let tree = walk(&fs);
-    let (big_path, big) = tree.iter().filter(|(_, v)| v.kind() == FileKind::Dir && v.id.root == FS_TREE_OBJECTID).max_by_key(|(_, v)| v.entries.len()).expect("a directory");
+    let (big_path, big) = tree
+        .iter()
+        .filter(|(_, v)| v.kind() == FileKind::Dir && v.id.root == FS_TREE_OBJECTID)
+        .max_by_key(|(_, v)| v.entries.len())
+        .expect("a directory");
     assert!(big.entries.len() > 1000, "{} entries", big.entries.len());
     let root = fs.fs_root(FS_TREE_OBJECTID).unwrap();
     let leaf_of = |k: Key| fs.info.search_slot(&root, &k).expect("search").0.leaf().bytenr;
-    let mid = leaf_of(Key::new(big.id.ino, DIR_INDEX_KEY, big.entries[big.entries.len() / 2].index));
-    assert_ne!(mid, leaf_of(Key::new(big.id.ino, INODE_ITEM_KEY, 0)), "the big directory's inode is in another leaf");
+    let mid =
+        leaf_of(Key::new(big.id.ino, DIR_INDEX_KEY, big.entries[big.entries.len() / 2].index));
+    assert_ne!(
+        mid,
+        leaf_of(Key::new(big.id.ino, INODE_ITEM_KEY, 0)),
+        "the big directory's inode is in another leaf"
+    );
     let (names_path, names) = tree.iter().find(|(p, _)| p == b"names").expect("names dir");
     let names_leaf = leaf_of(Key::new(names.id.ino, INODE_ITEM_KEY, 0));
     let nodesize = fs.info.nodesize as u64;
     drop(fs);
     let cases = [
-        (mid, big_path.clone(), "directory incomplete: some entries unreadable (", "1 directory incomplete"),
-        (names_leaf, names_path.clone(), "directory not extracted, nor anything under it (", " directories unreadable"),
+        (
+            mid,
+            big_path.clone(),
+            "directory incomplete: some entries unreadable (",
+            "1 directory incomplete",
+        ),
+        (
+            names_leaf,
+            names_path.clone(),
+            "directory not extracted, nor anything under it (",
+            " directories unreadable",
+        ),
     ];
     for (i, (leaf, dir, says, summary)) in cases.into_iter().enumerate() {
         let img = w.path(&format!("img{i}"));
@@ -385,7 +480,11 @@ fn unreadable_leaf_skips_only_what_it_held() {
         assert!(err.contains(summary), "no {summary:?} in the summary:\n{err}");
         let differ = compare_salvaged(&clean, &bad, &err);
         assert!(!differ.is_empty(), "nothing was lost with leaf {leaf} bad");
-        eprintln!("leaf {leaf} bad: {} paths lost or changed, warnings:\n{}", differ.len(), err.lines().filter(|l| l.contains("warning")).take(10).collect::<Vec<_>>().join("\n"));
+        eprintln!(
+            "leaf {leaf} bad: {} paths lost or changed, warnings:\n{}",
+            differ.len(),
+            err.lines().filter(|l| l.contains("warning")).take(10).collect::<Vec<_>>().join("\n")
+        );
     }
 }
 
@@ -403,8 +502,12 @@ fn dry_run_lists_every_path_and_writes_nothing() {
     let mut got = BTreeMap::new();
     for l in listing.lines() {
         let (kind, path) = l.split_once(' ').unwrap_or_else(|| panic!("bad line {l:?}"));
-        let rel = path.strip_prefix(&prefix).unwrap_or_else(|| panic!("{path:?} is not under {prefix}"));
-        assert!(got.insert(rel.trim_start_matches('/').to_string(), kind.to_string()).is_none(), "{rel:?} listed twice");
+        let rel =
+            path.strip_prefix(&prefix).unwrap_or_else(|| panic!("{path:?} is not under {prefix}"));
+        assert!(
+            got.insert(rel.trim_start_matches('/').to_string(), kind.to_string()).is_none(),
+            "{rel:?} listed twice"
+        );
     }
     let want = common::manifest("default");
     assert_eq!(got.len(), want.len(), "one line per path");
@@ -425,7 +528,10 @@ fn dry_run_lists_every_path_and_writes_nothing() {
         // 'h': another name of a file listed before (the fixture's 151-link file, ...).
         let is_link = kind == "h" && v["nlink"].as_u64() > Some(1);
         links += usize::from(is_link);
-        assert!(kind == letter || is_link && letter == "-", "{shown:?}: listed as {kind}, is {letter}");
+        assert!(
+            kind == letter || is_link && letter == "-",
+            "{shown:?}: listed as {kind}, is {letter}"
+        );
     }
     assert!(links > 150, "{links} hard links listed");
     assert!(got.contains_key("names/new\\nline"), "the newline name is escaped");
@@ -444,7 +550,11 @@ fn preallocated_extents_stay_preallocated() {
     for name in ["falloc-1m", "falloc-keep-size", "falloc-written-64k"] {
         let md = std::fs::metadata(dest.join(name)).unwrap();
         let kernel_blocks = want[&format!("prealloc/{name}")]["blocks"].as_u64().unwrap();
-        assert!(md.blocks() >= kernel_blocks, "{name}: {} blocks, the kernel's {kernel_blocks}", md.blocks());
+        assert!(
+            md.blocks() >= kernel_blocks,
+            "{name}: {} blocks, the kernel's {kernel_blocks}",
+            md.blocks()
+        );
         assert_eq!(md.len(), want[&format!("prealloc/{name}")]["size"].as_u64().unwrap());
     }
     // A second run into the same place replaces nothing and says why it stopped.
@@ -452,7 +562,11 @@ fn preallocated_extents_stay_preallocated() {
     let o = out_of(bin().arg("extract").arg(img).arg("--path").arg("/prealloc").arg(&dest));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("(extract never replaces what exists): ") && err.contains("extract: stopped; "), "{err}");
+    assert!(
+        err.contains("(extract never replaces what exists): ")
+            && err.contains("extract: stopped; "),
+        "{err}"
+    );
     assert_eq!(std::fs::read(dest.join("falloc-written-64k")).unwrap(), before);
 }
 
@@ -464,14 +578,25 @@ fn preallocated_extents_stay_preallocated() {
 fn non_root_clears_setuid_and_says_so() {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc_geteuid() };
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     let w = Work::new("nonroot", &base);
     let img = w.path("img");
     fixture_copy("default", &img);
     let mut cmd = if uid == 0 {
-        let have = Command::new("setpriv").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+        let have = Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
         if !have {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "setpriv missing, and CI=true forbids skipping");
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "setpriv missing, and CI=true forbids skipping"
+            );
             eprintln!("non_root_clears_setuid_and_says_so: skipped: root without setpriv");
             return;
         }
@@ -492,15 +617,28 @@ fn non_root_clears_setuid_and_says_so() {
     let md = std::fs::symlink_metadata(&setuid).unwrap();
     if uid != 1000 {
         assert_eq!(md.mode() & 0o7777, 0o755, "setuid bit cleared");
-        let line = format!("ubtrfs: warning: {}: setuid bit cleared (owner 1000 not kept: not root)", setuid.display());
+        let line = format!(
+            "ubtrfs: warning: {}: setuid bit cleared (owner 1000 not kept: not root)",
+            setuid.display()
+        );
         assert_eq!(err.lines().filter(|l| l.starts_with(&line)).count(), 1, "{err}");
     }
-    assert!(err.lines().any(|l| l.contains(": owner not kept on ") && l.contains("(not root)")), "{err}");
-    assert_eq!(err.lines().filter(|l| l.contains("owner")).count(), 2, "one line about owners, one for the setuid file:\n{err}");
+    assert!(
+        err.lines().any(|l| l.contains(": owner not kept on ") && l.contains("(not root)")),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.contains("owner")).count(),
+        2,
+        "one line about owners, one for the setuid file:\n{err}"
+    );
     assert!(err.contains(": not created (a device node needs root)"), "{err}");
     assert!(err.contains("extract: 3 files not created; see the warnings above"), "{err}");
     // Everything else arrived.
-    assert_eq!(std::fs::read(dest.join("modes/m0755")).unwrap().len() as u64, common::manifest("default")["modes/m0755"]["size"].as_u64().unwrap());
+    assert_eq!(
+        std::fs::read(dest.join("modes/m0755")).unwrap().len() as u64,
+        common::manifest("default")["modes/m0755"]["size"].as_u64().unwrap()
+    );
 }
 
 extern "C" {
@@ -509,11 +647,25 @@ extern "C" {
 }
 
 fn have_tools(test: &str, tools: &[&str]) -> bool {
-    let missing: Vec<&str> = tools.iter().copied().filter(|t| Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().map(|o| !o.status.success()).unwrap_or(true)).collect();
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {t}"))
+                .output()
+                .map(|o| !o.status.success())
+                .unwrap_or(true)
+        })
+        .collect();
     if missing.is_empty() {
         return true;
     }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{test}: needs {missing:?}, and CI=true forbids skipping");
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test}: needs {missing:?}, and CI=true forbids skipping"
+    );
     eprintln!("{test}: skipped: needs {missing:?}");
     false
 }
@@ -539,12 +691,28 @@ impl Drop for Mounted {
 fn xattr_view(p: &Path) -> String {
     let dump = |cmd: &mut Command| {
         let o = out_of(cmd);
-        String::from_utf8_lossy(&o.stdout).lines().filter(|l| !l.starts_with("# file:")).collect::<Vec<_>>().join("\n")
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| !l.starts_with("# file:"))
+            .collect::<Vec<_>>()
+            .join("\n")
     };
-    let attrs = dump(Command::new("getfattr").args(["-h", "-d", "-m", "-", "-e", "hex", "--absolute-names"]).arg(p));
+    let attrs = dump(
+        Command::new("getfattr")
+            .args(["-h", "-d", "-m", "-", "-e", "hex", "--absolute-names"])
+            .arg(p),
+    );
     let is_link = std::fs::symlink_metadata(p).unwrap().file_type().is_symlink();
-    let acl = if is_link { String::new() } else { dump(Command::new("getfacl").args(["-n", "-p", "--absolute-names"]).arg(p)) };
-    let cap = if is_link { String::new() } else { dump(Command::new("getcap").arg(p)).replace(&p.display().to_string(), "") };
+    let acl = if is_link {
+        String::new()
+    } else {
+        dump(Command::new("getfacl").args(["-n", "-p", "--absolute-names"]).arg(p))
+    };
+    let cap = if is_link {
+        String::new()
+    } else {
+        dump(Command::new("getcap").arg(p)).replace(&p.display().to_string(), "")
+    };
     format!("{attrs}\n{acl}\n{cap}")
 }
 
@@ -557,7 +725,10 @@ fn xattr_view(p: &Path) -> String {
 #[test]
 fn root_keeps_capabilities_acls_and_trusted_xattrs() {
     if !common::kernel_available("root_keeps_capabilities_acls_and_trusted_xattrs")
-        || !have_tools("root_keeps_capabilities_acls_and_trusted_xattrs", &["setcap", "getcap", "setfacl", "getfacl", "setfattr", "getfattr", "mkfs.ext4"])
+        || !have_tools(
+            "root_keeps_capabilities_acls_and_trusted_xattrs",
+            &["setcap", "getcap", "setfacl", "getfacl", "setfattr", "getfattr", "mkfs.ext4"],
+        )
     {
         return;
     }
@@ -588,7 +759,17 @@ fn root_keeps_capabilities_acls_and_trusted_xattrs() {
             setfattr -n user.ro -v r readonly; chown 1234:1234 readonly; chmod 0444 readonly
             setfattr -n trusted.nl -v n \"$(printf 'new\\nline')\"");
     }
-    let paths = ["cap", "capsuid", "acl", "dir", "dir/inherited", "trusted", "link", "readonly", "new\nline"];
+    let paths = [
+        "cap",
+        "capsuid",
+        "acl",
+        "dir",
+        "dir/inherited",
+        "trusted",
+        "link",
+        "readonly",
+        "new\nline",
+    ];
     let dest_mnt = w.path("dest");
     let dest_m = Mounted::new(&["-t", "tmpfs", "-o", "size=64m"], Path::new("tmpfs"), &dest_mnt);
     let dest = dest_m.0.join("out");
@@ -600,17 +781,31 @@ fn root_keeps_capabilities_acls_and_trusted_xattrs() {
         for rel in paths {
             let (a, b) = (xattr_view(&m.0.join(rel)), xattr_view(&dest.join(rel)));
             assert_eq!(a, b, "{rel:?}: xattrs, ACLs or capabilities differ (source, then extract)");
-            let (ma, mb) = (std::fs::symlink_metadata(m.0.join(rel)).unwrap(), std::fs::symlink_metadata(dest.join(rel)).unwrap());
-            assert_eq!((ma.mode(), ma.uid(), ma.gid()), (mb.mode(), mb.uid(), mb.gid()), "{rel:?}: mode/owner");
+            let (ma, mb) = (
+                std::fs::symlink_metadata(m.0.join(rel)).unwrap(),
+                std::fs::symlink_metadata(dest.join(rel)).unwrap(),
+            );
+            assert_eq!(
+                (ma.mode(), ma.uid(), ma.gid()),
+                (mb.mode(), mb.uid(), mb.gid()),
+                "{rel:?}: mode/owner"
+            );
         }
     }
     // And spelled out, so a failure of the tools themselves cannot hide one.
-    let cap = String::from_utf8_lossy(&run(Command::new("getcap").arg(dest.join("capsuid"))).stdout).into_owned();
+    let cap =
+        String::from_utf8_lossy(&run(Command::new("getcap").arg(dest.join("capsuid"))).stdout)
+            .into_owned();
     assert!(cap.contains("cap_net_admin,cap_sys_time=eip"), "{cap}");
     assert_eq!(std::fs::metadata(dest.join("capsuid")).unwrap().mode() & 0o7777, 0o6755);
-    let acl = String::from_utf8_lossy(&run(Command::new("getfacl").arg("-n").arg(dest.join("dir"))).stdout).into_owned();
+    let acl = String::from_utf8_lossy(
+        &run(Command::new("getfacl").arg("-n").arg(dest.join("dir"))).stdout,
+    )
+    .into_owned();
     assert!(acl.contains("default:user:1234:rwx") && acl.contains("user:1234:r-x"), "{acl}");
-    let t = run(Command::new("getfattr").args(["-h", "-n", "trusted.onlink", "--only-values"]).arg(dest.join("link")));
+    let t = run(Command::new("getfattr")
+        .args(["-h", "-n", "trusted.onlink", "--only-values"])
+        .arg(dest.join("link")));
     assert_eq!(t.stdout, b"v");
     drop(dest_m);
 
@@ -630,7 +825,12 @@ fn root_keeps_capabilities_acls_and_trusted_xattrs() {
         assert!(l.contains(" xattrs not kept (the destination filesystem cannot store more xattrs on this file): "), "{l}");
     }
     let many = format!("{}/xattrs/many: ", dest.display());
-    assert!(warnings.iter().any(|l| l.contains(&many) && l.contains(" of 40 xattrs not kept") && l.ends_with(" more")), "{err}");
+    assert!(
+        warnings.iter().any(|l| l.contains(&many)
+            && l.contains(" of 40 xattrs not kept")
+            && l.ends_with(" more")),
+        "{err}"
+    );
     assert!(!err.contains("No space left"), "{err}");
 }
 
@@ -644,7 +844,9 @@ fn root_keeps_capabilities_acls_and_trusted_xattrs() {
 /// the other files' bytes): the size is set before any data, and refused there.
 #[test]
 fn file_larger_than_the_destination_is_skipped() {
-    if !common::kernel_available("file_larger_than_the_destination_is_skipped") || !have_tools("file_larger_than_the_destination_is_skipped", &["mkfs.ext4"]) {
+    if !common::kernel_available("file_larger_than_the_destination_is_skipped")
+        || !have_tools("file_larger_than_the_destination_is_skipped", &["mkfs.ext4"])
+    {
         return;
     }
     let w = Work::new("efbig", Path::new("/dev/shm"));
@@ -652,7 +854,8 @@ fn file_larger_than_the_destination_is_skipped() {
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
     let src = w.path("src");
-    let random: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let random: Vec<u8> =
+        (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     {
         let m = Mounted::new(&["-t", "btrfs", "-o", "loop"], &img, &src);
         let p = |s: &str| m.0.join(s);
@@ -676,8 +879,15 @@ fn file_larger_than_the_destination_is_skipped() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     for rel in ["huge", "d/huge-data"] {
         let line = format!("ubtrfs: warning: {}/{rel}: not created (file too large: its size, 18691697672192 bytes, is more than the destination holds in one file)", dest.display());
-        assert_eq!(err.lines().filter(|l| *l == line).count(), 1, "{rel}: want {line:?} in:\n{err}");
-        assert!(std::fs::symlink_metadata(dest.join(rel)).is_err(), "{rel} was left on the destination");
+        assert_eq!(
+            err.lines().filter(|l| *l == line).count(),
+            1,
+            "{rel}: want {line:?} in:\n{err}"
+        );
+        assert!(
+            std::fs::symlink_metadata(dest.join(rel)).is_err(),
+            "{rel} was left on the destination"
+        );
     }
     assert!(err.contains("extract: 2 files not created; see the warnings above"), "{err}");
     let other_bytes = 6 + 300_000 + 6;
@@ -685,9 +895,16 @@ fn file_larger_than_the_destination_is_skipped() {
     assert_eq!(std::fs::read(dest.join("a")).unwrap(), b"hello\n");
     assert_eq!(std::fs::read(dest.join("d/r")).unwrap(), random);
     assert_eq!(std::fs::read(dest.join("z")).unwrap(), b"world\n");
-    let (r, r2) = (std::fs::metadata(dest.join("d/r")).unwrap(), std::fs::metadata(dest.join("r2")).unwrap());
+    let (r, r2) =
+        (std::fs::metadata(dest.join("d/r")).unwrap(), std::fs::metadata(dest.join("r2")).unwrap());
     assert_eq!((r.ino(), r.nlink()), (r2.ino(), 2), "the hard link stays one");
     // Only the small files' blocks are in use on the 64 MiB destination.
-    let used = String::from_utf8_lossy(&run(Command::new("du").args(["-s", "-B1"]).arg(&dest)).stdout).split_whitespace().next().unwrap().parse::<u64>().unwrap();
+    let used =
+        String::from_utf8_lossy(&run(Command::new("du").args(["-s", "-B1"]).arg(&dest)).stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
     assert!(used < 1 << 20, "{used} bytes used under {}", dest.display());
 }

@@ -55,7 +55,15 @@ fn encode(p: &Path, flags: i32) -> Handle {
     let c = cpath(p);
     // SAFETY: `h` is a file_handle followed by its 128 bytes, as handle_bytes says;
     // `c` is NUL-terminated.
-    let r = unsafe { libc::name_to_handle_at(libc::AT_FDCWD, c.as_ptr(), (&raw mut h).cast(), &mut mount_id, flags) };
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            (&raw mut h).cast(),
+            &mut mount_id,
+            flags,
+        )
+    };
     assert_eq!(r, 0, "name_to_handle_at {}: {}", p.display(), std::io::Error::last_os_error());
     h
 }
@@ -67,7 +75,13 @@ fn open_handle(mount: &Path, h: &Handle, flags: i32) -> Result<OwnedFd, i32> {
     // SAFETY: as in `encode`; the mount's descriptor is open for the call.
     // O_CLOEXEC: the tests run in parallel, and a descriptor inherited by another
     // test's child (a mount daemon, umount) would keep this mount busy.
-    let fd = unsafe { libc::open_by_handle_at(std::os::fd::AsRawFd::as_raw_fd(&m), (&raw mut h).cast(), flags | libc::O_CLOEXEC) };
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            std::os::fd::AsRawFd::as_raw_fd(&m),
+            (&raw mut h).cast(),
+            flags | libc::O_CLOEXEC,
+        )
+    };
     if fd < 0 {
         return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
     }
@@ -135,7 +149,14 @@ fn decode(mount: &Path, m: &Made) -> Got {
         Ok(rel) => format!("/{}", rel.display()),
         Err(_) => "disconnected".to_string(),
     };
-    let mut names: Vec<String> = if st.is_dir() { std::fs::read_dir(&proc).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect() } else { Vec::new() };
+    let mut names: Vec<String> = if st.is_dir() {
+        std::fs::read_dir(&proc)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    } else {
+        Vec::new()
+    };
     names.sort();
     Got::Connected { path, names, data, same_inode }
 }
@@ -161,11 +182,21 @@ impl Side {
             Side::Kernel => {
                 let opts = subvol.map_or("loop".to_string(), |s| format!("loop,subvol={s}"));
                 run(Command::new("mount").args(["-o", &opts]).arg(img).arg(dir));
-                Mounted { side: self, dir: dir.to_path_buf(), fuse: None, kernel: Some(KernelMount { dir: dir.to_path_buf() }) }
+                Mounted {
+                    side: self,
+                    dir: dir.to_path_buf(),
+                    fuse: None,
+                    kernel: Some(KernelMount { dir: dir.to_path_buf() }),
+                }
             }
             Side::Fuse => {
                 let opts = subvol.map_or(String::new(), |s| format!("subvol={s}"));
-                Mounted { side: self, dir: dir.to_path_buf(), fuse: Some(FuseMount::start(img, dir, &opts)), kernel: None }
+                Mounted {
+                    side: self,
+                    dir: dir.to_path_buf(),
+                    fuse: Some(FuseMount::start(img, dir, &opts)),
+                    kernel: None,
+                }
             }
         }
     }
@@ -182,7 +213,8 @@ impl Mounted {
         }
         if let Some(k) = self.kernel.take() {
             run(Command::new("umount").arg(&k.dir));
-            #[allow(clippy::mem_forget)] // unmounted above: the guard's drop must not unmount again
+            #[allow(clippy::mem_forget)]
+            // unmounted above: the guard's drop must not unmount again
             std::mem::forget(k);
         }
     }
@@ -201,7 +233,10 @@ impl Mounted {
                 run(c.args(paths.iter().map(|p| self.p(p))));
             }
             Side::Fuse => {
-                run(bin().args(["subvolume", op]).arg(&self.dir).args(paths.iter().map(|p| format!("/{p}"))));
+                run(bin()
+                    .args(["subvolume", op])
+                    .arg(&self.dir)
+                    .args(paths.iter().map(|p| format!("/{p}"))));
             }
         }
     }
@@ -218,7 +253,12 @@ fn mkdir(m: &Mounted, rel: &str) {
 fn made(m: &Mounted, label: &'static str, rel: &str, kind: Kind) -> Made {
     let p = m.p(rel);
     let flags = if kind == Kind::Connectable { AT_HANDLE_CONNECTABLE } else { 0 };
-    Made { label, handle: encode(&p, flags), kind, ino: std::fs::symlink_metadata(&p).unwrap().ino() }
+    Made {
+        label,
+        handle: encode(&p, flags),
+        kind,
+        ino: std::fs::symlink_metadata(&p).unwrap().ino(),
+    }
 }
 
 /// Every handle's outcome: the step it was decoded in, its label, what it gave.
@@ -280,7 +320,9 @@ fn scenario(side: Side, base: &Path) -> Outcomes {
 
     // The kernel still holds everything: the FUSE kernel decodes without asking us.
     let all: Vec<&Made> = handles.iter().collect();
-    let pick = |labels: &[&str]| -> Vec<&Made> { all.iter().copied().filter(|h| labels.contains(&h.label)).collect() };
+    let pick = |labels: &[&str]| -> Vec<&Made> {
+        all.iter().copied().filter(|h| labels.contains(&h.label)).collect()
+    };
     decode_all(&m, "cached", &pick(&["file"]), &mut out);
 
     let open = std::fs::File::open(m.p("d/kept")).unwrap();
@@ -310,7 +352,12 @@ fn scenario(side: Side, base: &Path) -> Outcomes {
 
     m.subvolume("delete", &["snap"]);
     drop_caches();
-    decode_all(&m, "snapshot deleted", &pick(&["snapshot file", "snapshot top", "snapshot dir"]), &mut out);
+    decode_all(
+        &m,
+        "snapshot deleted",
+        &pick(&["snapshot file", "snapshot top", "snapshot dir"]),
+        &mut out,
+    );
     m.unmount();
     if side == Side::Fuse {
         assert_check(&img, "after the file handle scenario");
@@ -323,11 +370,21 @@ fn file(nlink: u64, data: &str) -> Got {
 }
 
 fn dir(path: &str, names: &[&str]) -> Got {
-    Got::Connected { path: path.to_string(), names: names.iter().map(|s| s.to_string()).collect(), data: Vec::new(), same_inode: true }
+    Got::Connected {
+        path: path.to_string(),
+        names: names.iter().map(|s| s.to_string()).collect(),
+        data: Vec::new(),
+        same_inode: true,
+    }
 }
 
 fn connected(path: &str, data: &str) -> Got {
-    Got::Connected { path: path.to_string(), names: Vec::new(), data: data.as_bytes().to_vec(), same_inode: true }
+    Got::Connected {
+        path: path.to_string(),
+        names: Vec::new(),
+        data: data.as_bytes().to_vec(),
+        same_inode: true,
+    }
 }
 
 #[test]
@@ -388,7 +445,11 @@ fn renames(side: Side, base: &Path) -> Outcomes {
     for i in 0..3 {
         write(&m, &format!("r/t/file{i}"), "aaaa");
     }
-    let handles = [made(&m, "file", "r/t/file0", Kind::File), made(&m, "connectable file", "r/t/file1", Kind::Connectable), made(&m, "dir", "r/t", Kind::Dir)];
+    let handles = [
+        made(&m, "file", "r/t/file0", Kind::File),
+        made(&m, "connectable file", "r/t/file1", Kind::Connectable),
+        made(&m, "dir", "r/t", Kind::Dir),
+    ];
     let all: Vec<&Made> = handles.iter().collect();
     let mut out = Outcomes::new();
     let steps: [(&'static str, &Change); 4] = [
@@ -398,7 +459,11 @@ fn renames(side: Side, base: &Path) -> Outcomes {
         ("moved to a new parent", &|m| {
             mkdir(m, "r.renamed/new");
             for i in 0..3 {
-                std::fs::rename(m.p(&format!("r.renamed/t.renamed/file{i}")), m.p(&format!("r.renamed/new/file{i}"))).unwrap();
+                std::fs::rename(
+                    m.p(&format!("r.renamed/t.renamed/file{i}")),
+                    m.p(&format!("r.renamed/new/file{i}")),
+                )
+                .unwrap();
             }
         }),
     ];
@@ -463,7 +528,12 @@ fn compare(kernel: &Outcomes, ours: &Outcomes, want: impl Fn(&str, &str) -> Got)
 /// decoded in it reconnects up to that root, which is its own parent there.
 fn under_subvol_mount(side: Side, img: &Path, base: &Path) -> Outcomes {
     let m = side.mount(img, &base.join(format!("{side:?}-sub")), Some("sv"));
-    let handles = [made(&m, "dir", "sd", Kind::Dir), made(&m, "dir in dir", "sd/deeper", Kind::Dir), made(&m, "connectable file", "sd/y", Kind::Connectable), made(&m, "mount root", "", Kind::Dir)];
+    let handles = [
+        made(&m, "dir", "sd", Kind::Dir),
+        made(&m, "dir in dir", "sd/deeper", Kind::Dir),
+        made(&m, "connectable file", "sd/y", Kind::Connectable),
+        made(&m, "mount root", "", Kind::Dir),
+    ];
     let mut out = Outcomes::new();
     drop_caches();
     decode_all(&m, "evicted", &handles.iter().collect::<Vec<_>>(), &mut out);
@@ -523,8 +593,13 @@ fn made_up_handles_are_stale() {
     mkdir(&m, "d");
     write(&m, "d/f", "hello");
     let f = made(&m, "file", "d/f", Kind::File);
-    assert_eq!((f.handle.handle_type, f.handle.handle_bytes), (0x81, 12), "FILEID_INO64_GEN of 3 words");
-    let word = |i: usize| u32::from_ne_bytes(f.handle.f_handle[i * 4..i * 4 + 4].try_into().unwrap());
+    assert_eq!(
+        (f.handle.handle_type, f.handle.handle_bytes),
+        (0x81, 12),
+        "FILEID_INO64_GEN of 3 words"
+    );
+    let word =
+        |i: usize| u32::from_ne_bytes(f.handle.f_handle[i * 4..i * 4 + 4].try_into().unwrap());
     let (nodeid, generation) = ((u64::from(word(0)) << 32) | u64::from(word(1)), word(2));
     assert_eq!(nodeid, f.ino, "the node id is the st_ino");
     drop_caches();
@@ -541,11 +616,16 @@ fn made_up_handles_are_stale() {
         assert_eq!(r.err(), Some(libc::ESTALE), "{what}: {nodeid:#x} generation {generation}");
     }
     // The real one opens the file, for writing too, and the root is node id 1.
-    let fd = open_handle(&m.dir, &fuse_handle(nodeid, generation), libc::O_RDWR).expect("the file's own handle");
+    let fd = open_handle(&m.dir, &fuse_handle(nodeid, generation), libc::O_RDWR)
+        .expect("the file's own handle");
     std::io::Write::write_all(&mut std::fs::File::from(fd), b"HE").unwrap();
     assert_eq!(std::fs::read(m.p("d/f")).unwrap(), b"HEllo");
-    let root = open_handle(&m.dir, &fuse_handle(1, 0), libc::O_RDONLY | libc::O_DIRECTORY).expect("the root's handle");
-    assert_eq!(std::fs::File::from(root).metadata().unwrap().ino(), std::fs::metadata(&m.dir).unwrap().ino());
+    let root = open_handle(&m.dir, &fuse_handle(1, 0), libc::O_RDONLY | libc::O_DIRECTORY)
+        .expect("the root's handle");
+    assert_eq!(
+        std::fs::File::from(root).metadata().unwrap().ino(),
+        std::fs::metadata(&m.dir).unwrap().ino()
+    );
     m.unmount();
     assert_check(&img, "after made-up handles");
     let _ = std::fs::remove_dir_all(&base);
@@ -563,21 +643,38 @@ fn dead_subvolume(side: Side, base: &Path) -> Outcomes {
     m.subvolume("create", &["sv"]);
     mkdir(&m, "sv/sd");
     write(&m, "sv/g", "insv");
-    let handles = [made(&m, "subvolume file", "sv/g", Kind::File), made(&m, "subvolume dir", "sv/sd", Kind::Dir), made(&m, "subvolume top", "sv", Kind::Dir)];
+    let handles = [
+        made(&m, "subvolume file", "sv/g", Kind::File),
+        made(&m, "subvolume dir", "sv/sd", Kind::Dir),
+        made(&m, "subvolume top", "sv", Kind::Dir),
+    ];
     m.unmount();
     run(bin().args(["subvolume", "delete", "--no-clean"]).arg(&img).arg("/sv"));
     let ro = match side {
         Side::Kernel => {
             run(Command::new("mount").args(["-o", "loop,ro"]).arg(&img).arg(&mnt));
-            Mounted { side, dir: mnt.clone(), fuse: None, kernel: Some(KernelMount { dir: mnt.clone() }) }
+            Mounted {
+                side,
+                dir: mnt.clone(),
+                fuse: None,
+                kernel: Some(KernelMount { dir: mnt.clone() }),
+            }
         }
-        Side::Fuse => Mounted { side, dir: mnt.clone(), fuse: Some(FuseMount::start(&img, &mnt, "ro")), kernel: None },
+        Side::Fuse => Mounted {
+            side,
+            dir: mnt.clone(),
+            fuse: Some(FuseMount::start(&img, &mnt, "ro")),
+            kernel: None,
+        },
     };
     let mut out = Outcomes::new();
     decode_all(&ro, "deleted, not dropped", &handles.iter().collect::<Vec<_>>(), &mut out);
     ro.unmount();
     let list = run(bin().args(["subvolume", "list", "-d"]).arg(&img));
-    assert!(list.lines().count() == 1, "{side:?}: the deleted subvolume waits to be dropped:\n{list}");
+    assert!(
+        list.lines().count() == 1,
+        "{side:?}: the deleted subvolume waits to be dropped:\n{list}"
+    );
     out
 }
 

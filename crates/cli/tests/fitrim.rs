@@ -84,7 +84,11 @@ fn kernel_mount(img: &Path, dir: &Path, opts: &str) -> KernelMount {
 fn fstrim_v(dir: &Path) -> u64 {
     let out = run(Command::new("fstrim").arg("-v").arg(dir));
     // "DIR: 1022.6 MiB (1072267264 bytes) trimmed"
-    out.split('(').nth(1).and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("fstrim -v said {out:?}"))
+    out.split('(')
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("fstrim -v said {out:?}"))
 }
 
 /// The scenario both sides run: files written and committed, half of them deleted
@@ -110,7 +114,12 @@ fn write_and_delete(dir: &Path) -> (BTreeMap<String, Vec<u8>>, u64) {
 fn assert_files(dir: &Path, files: &BTreeMap<String, Vec<u8>>, what: &str) {
     for (n, body) in files {
         let got = std::fs::read(dir.join(n)).unwrap_or_else(|e| panic!("{what}: read {n}: {e}"));
-        assert!(got == *body, "{what}: {n} reads {} bytes, not its {} bytes", got.len(), body.len());
+        assert!(
+            got == *body,
+            "{what}: {n} reads {} bytes, not its {} bytes",
+            got.len(),
+            body.len()
+        );
     }
 }
 
@@ -151,11 +160,24 @@ fn fstrim_gives_the_freed_space_back_as_the_kernel_does() {
     // Kernel: the deleted files' bytes, and the rest of the never-written space,
     // come back to the host.
     for (who, s) in [("kernel", &k), ("ubtrfs", &u)] {
-        assert!(s.freed >= deleted * 9 / 10, "{who}: the image gave back {} bytes after deleting {deleted}", s.freed);
-        assert!(s.trimmed >= deleted, "{who}: fstrim reported {} bytes after deleting {deleted}", s.trimmed);
+        assert!(
+            s.freed >= deleted * 9 / 10,
+            "{who}: the image gave back {} bytes after deleting {deleted}",
+            s.freed
+        );
+        assert!(
+            s.trimmed >= deleted,
+            "{who}: fstrim reported {} bytes after deleting {deleted}",
+            s.trimmed
+        );
     }
     // Both images end with about what their files and trees take.
-    assert!(u.after.abs_diff(k.after) <= 8 * MIB, "the ubtrfs image keeps {} bytes, the kernel's {}", u.after, k.after);
+    assert!(
+        u.after.abs_diff(k.after) <= 8 * MIB,
+        "the ubtrfs image keeps {} bytes, the kernel's {}",
+        u.after,
+        k.after
+    );
     // The kernel's count in that mount misses the data chunk the deletes emptied (its
     // cleaner is removing it, and a trim skips a group being removed while its device
     // space is still allocated): about 101 MiB less, measured. A fresh kernel mount of
@@ -166,7 +188,11 @@ fn fstrim_gives_the_freed_space_back_as_the_kernel_does() {
         fstrim_v(&d.join("km"))
     };
     assert!(u.trimmed >= k.trimmed, "ubtrfs trimmed {} bytes, the kernel {}", u.trimmed, k.trimmed);
-    assert!(u.trimmed.abs_diff(k_fresh) <= 8 * MIB, "ubtrfs trimmed {} bytes, the kernel {k_fresh} after a fresh mount", u.trimmed);
+    assert!(
+        u.trimmed.abs_diff(k_fresh) <= 8 * MIB,
+        "ubtrfs trimmed {} bytes, the kernel {k_fresh} after a fresh mount",
+        u.trimmed
+    );
     let img = d.join("u.img");
     assert_check(&img, "after fstrim on the mount");
     {
@@ -223,7 +249,11 @@ fn fitrim_answers_as_the_kernel_does() {
         a
     };
     assert_eq!(ours, kernel, "FITRIM answers differ (left: ubtrfs, right: the kernel)");
-    assert_eq!(kernel[0].unwrap()[1], 1_072_267_264, "the kernel's first full trim of a fresh 1 GiB image");
+    assert_eq!(
+        kernel[0].unwrap()[1],
+        1_072_267_264,
+        "the kernel's first full trim of a fresh 1 GiB image"
+    );
     assert_check(&ui, "after the FITRIM calls");
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -235,7 +265,10 @@ fn as_nobody(cmd: &mut Command) -> String {
     // credentials.
     unsafe {
         cmd.pre_exec(|| {
-            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -275,7 +308,10 @@ fn fitrim_needs_cap_sys_admin_trims_nothing_read_only_and_refuses_nologreplay() 
             let km = (who == "kernel").then(|| kernel_mount(img, &dir, ""));
             let before = allocated(img);
             let err = as_nobody(Command::new("fstrim").arg(&dir));
-            assert!(err.contains("Operation not permitted"), "{who}: fstrim as nobody said {err:?}");
+            assert!(
+                err.contains("Operation not permitted"),
+                "{who}: fstrim as nobody said {err:?}"
+            );
             assert_eq!(allocated(img), before, "{who}: a refused FITRIM gave space back");
             if let Some(m) = fm {
                 m.stop(Stop::Umount);
@@ -289,7 +325,11 @@ fn fitrim_needs_cap_sys_admin_trims_nothing_read_only_and_refuses_nologreplay() 
             let before = allocated(img);
             let r = fitrim(&dir, 0, u64::MAX, 0);
             assert_eq!(r, Ok([0, 0, 4096]), "{who}: FITRIM on a read-only mount");
-            assert_eq!(allocated(img), before, "{who}: FITRIM on a read-only mount gave space back");
+            assert_eq!(
+                allocated(img),
+                before,
+                "{who}: FITRIM on a read-only mount gave space back"
+            );
             if let Some(m) = fm {
                 m.stop(Stop::Umount);
             }
@@ -298,13 +338,25 @@ fn fitrim_needs_cap_sys_admin_trims_nothing_read_only_and_refuses_nologreplay() 
         // rescue=nologreplay (norecovery): read-only only, and FITRIM is EROFS.
         {
             let refused = match who {
-                "ubtrfs" => bin().args(["mount", "-o", "norecovery"]).arg(img).arg(&dir).output().unwrap(),
-                _ => Command::new("mount").args(["-o", "loop,norecovery"]).arg(img).arg(&dir).output().unwrap(),
+                "ubtrfs" => {
+                    bin().args(["mount", "-o", "norecovery"]).arg(img).arg(&dir).output().unwrap()
+                }
+                _ => Command::new("mount")
+                    .args(["-o", "loop,norecovery"])
+                    .arg(img)
+                    .arg(&dir)
+                    .output()
+                    .unwrap(),
             };
             assert!(!refused.status.success(), "{who}: a read-write norecovery mount was made");
-            let fm = (who == "ubtrfs").then(|| FuseMount::start(img, &dir, "ro,rescue=nologreplay"));
+            let fm =
+                (who == "ubtrfs").then(|| FuseMount::start(img, &dir, "ro,rescue=nologreplay"));
             let km = (who == "kernel").then(|| kernel_mount(img, &dir, ",ro,rescue=nologreplay"));
-            assert_eq!(fitrim(&dir, 0, u64::MAX, 0), Err(libc::EROFS), "{who}: FITRIM with rescue=nologreplay");
+            assert_eq!(
+                fitrim(&dir, 0, u64::MAX, 0),
+                Err(libc::EROFS),
+                "{who}: FITRIM with rescue=nologreplay"
+            );
             if let Some(m) = fm {
                 m.stop(Stop::Umount);
             }
@@ -411,7 +463,8 @@ fn random_work_with_trims_keeps_every_byte() {
     let mut snaps = 0;
     let mut trims = 0u64;
     for step in 0..160u64 {
-        let names: Vec<PathBuf> = model.keys().filter(|p| p.parent() == Some(Path::new(""))).cloned().collect();
+        let names: Vec<PathBuf> =
+            model.keys().filter(|p| p.parent() == Some(Path::new(""))).cloned().collect();
         match rnd(10) {
             0..=3 => {
                 let p = PathBuf::from(format!("f{}", rnd(40)));
@@ -440,7 +493,9 @@ fn random_work_with_trims_keeps_every_byte() {
                 // A snapshot of the top: it shares every extent the top has now.
                 let s = format!("s{snaps}");
                 run(bin().args(["subvolume", "snapshot"]).arg(&dir).arg("/").arg(format!("/{s}")));
-                for (p, b) in model.clone().into_iter().filter(|(p, _)| p.parent() == Some(Path::new(""))) {
+                for (p, b) in
+                    model.clone().into_iter().filter(|(p, _)| p.parent() == Some(Path::new("")))
+                {
                     model.insert(Path::new(&s).join(p), b);
                 }
                 snaps += 1;
@@ -463,11 +518,16 @@ fn random_work_with_trims_keeps_every_byte() {
             }
         }
         if step % 40 == 39 {
-            assert_files(&dir, &model.iter().map(|(p, b)| (p.to_string_lossy().into_owned(), b.clone())).collect(), &format!("step {step}"));
+            assert_files(
+                &dir,
+                &model.iter().map(|(p, b)| (p.to_string_lossy().into_owned(), b.clone())).collect(),
+                &format!("step {step}"),
+            );
         }
     }
     assert!(trims > 0, "no FITRIM trimmed anything");
-    let files: BTreeMap<String, Vec<u8>> = model.iter().map(|(p, b)| (p.to_string_lossy().into_owned(), b.clone())).collect();
+    let files: BTreeMap<String, Vec<u8>> =
+        model.iter().map(|(p, b)| (p.to_string_lossy().into_owned(), b.clone())).collect();
     assert_files(&dir, &files, "at the end, through the mount");
     m.stop(Stop::Umount);
     assert_check(&img, "after random work with trims");

@@ -18,7 +18,12 @@ use kernel::kernel_available;
 
 fn run(cmd: &mut Command) -> std::process::Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -39,12 +44,25 @@ fn diff_walk(name: &str) {
     std::fs::create_dir_all(&work).expect("work dir");
     let script = repo().join("xtask/fixtures.py");
     run(Command::new("python3").arg(&script).arg("build").arg("--out").arg(&work).arg(name));
-    let meta: String = std::fs::read_to_string(work.join(format!("{name}.meta.json"))).expect("meta");
-    let ndev: usize = meta.split("\"devices\":").nth(1).and_then(|s| s.trim_start().split(|c: char| !c.is_ascii_digit()).next()).and_then(|s| s.parse().ok()).expect("devices in meta");
+    let meta: String =
+        std::fs::read_to_string(work.join(format!("{name}.meta.json"))).expect("meta");
+    let ndev: usize = meta
+        .split("\"devices\":")
+        .nth(1)
+        .and_then(|s| s.trim_start().split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse().ok())
+        .expect("devices in meta");
     let mut imgs = Vec::new();
     for i in 0..ndev {
         let raw = work.join(format!("{name}.{i}.img"));
-        run(Command::new("zstd").arg("-q").arg("-d").arg("--long=31").arg("-f").arg(work.join(format!("{name}.{i}.img.zst"))).arg("-o").arg(&raw));
+        run(Command::new("zstd")
+            .arg("-q")
+            .arg("-d")
+            .arg("--long=31")
+            .arg("-f")
+            .arg(work.join(format!("{name}.{i}.img.zst")))
+            .arg("-o")
+            .arg(&raw));
         imgs.push(raw);
     }
     // tmpfs keeps every xattr the image can hold (ext4 caps them at one block).
@@ -71,7 +89,11 @@ fn diff_walk(name: &str) {
         .args(["--ignore-keys", "ino,blocks,subvol", "--ignore-dir-keys", "size,nlink"])
         .output()
         .expect("diff");
-    assert!(d.status.success(), "{name}: extract differs from the kernel's view:\n{}", String::from_utf8_lossy(&d.stdout).lines().take(40).collect::<Vec<_>>().join("\n"));
+    assert!(
+        d.status.success(),
+        "{name}: extract differs from the kernel's view:\n{}",
+        String::from_utf8_lossy(&d.stdout).lines().take(40).collect::<Vec<_>>().join("\n")
+    );
     let lines = String::from_utf8_lossy(&ours.stdout).lines().count();
     assert!(lines > 10, "{name}: only {lines} entries extracted");
     drop(mnt);

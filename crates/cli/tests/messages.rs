@@ -16,14 +16,20 @@ fn bin() -> Command {
 
 fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
 /// A private copy of fixture `name`'s first device.
 fn fixture_copy(name: &str, work: &Path) -> PathBuf {
     let img = work.join(format!("{name}.img"));
-    let input = std::fs::File::open(repo().join(format!("tests/fixtures/{name}.0.img.zst"))).unwrap();
+    let input =
+        std::fs::File::open(repo().join(format!("tests/fixtures/{name}.0.img.zst"))).unwrap();
     let mut out = std::fs::File::create(&img).unwrap();
     std::io::copy(&mut zstd::stream::read::Decoder::new(input).unwrap(), &mut out).unwrap();
     img
@@ -47,7 +53,10 @@ fn control_characters_in_names_are_escaped() {
     std::fs::write(src.join("plain"), b"z").unwrap();
     let put = run(bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/odd"));
     assert!(put.stdout.is_empty(), "put prints its summary to stderr, not stdout: {put:?}");
-    assert!(String::from_utf8_lossy(&put.stderr).starts_with("put 3 files, 1 directories"), "{put:?}");
+    assert!(
+        String::from_utf8_lossy(&put.stderr).starts_with("put 3 files, 1 directories"),
+        "{put:?}"
+    );
 
     let ls = run(bin().arg("ls").arg(&img).arg("/odd"));
     assert_eq!(String::from_utf8_lossy(&ls.stdout), "esc\\x1b[2Jape\nnew\\nline\nplain\n");
@@ -72,7 +81,10 @@ fn control_characters_in_names_are_escaped() {
     assert!(!o.status.success());
     assert_eq!(String::from_utf8_lossy(&o.stderr), "ubtrfs: error: /odd/new\\nline: file exists\n");
     let o = bin().arg("rm").arg(&img).arg("/odd").output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&o.stderr), "ubtrfs: error: /odd: is a directory (use -r)\n");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "ubtrfs: error: /odd: is a directory (use -r)\n"
+    );
     let _ = std::fs::remove_dir_all(&work);
 }
 
@@ -83,7 +95,9 @@ fn truncated_image_says_so_and_is_not_written() {
     let full = std::fs::metadata(&img).unwrap().len();
     let cut = full - (8 << 20);
     std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(cut).unwrap();
-    let want = format!("is truncated: its superblock says the device holds {full} bytes, but it has {cut}");
+    let want = format!(
+        "is truncated: its superblock says the device holds {full} bytes, but it has {cut}"
+    );
     // Reading what is there works, with the warning.
     let ls = run(bin().arg("ls").arg(&img).arg("/"));
     assert!(!ls.stdout.is_empty());
@@ -106,11 +120,17 @@ fn write_commands_offer_device_and_degraded() {
         c.args(cmd.split(' ')).arg("--help");
         let h = run(&mut c);
         let text = String::from_utf8_lossy(&h.stdout);
-        assert!(text.contains("--device") && text.contains("--degraded"), "{cmd} --help lacks --device or --degraded:\n{text}");
+        assert!(
+            text.contains("--device") && text.contains("--degraded"),
+            "{cmd} --help lacks --device or --degraded:\n{text}"
+        );
     }
     let h = run(bin().arg("ls").arg("--help"));
     let text = String::from_utf8_lossy(&h.stdout);
-    assert!(text.contains("--device") && !text.contains("--degraded"), "readers take --device and need no --degraded:\n{text}");
+    assert!(
+        text.contains("--device") && !text.contains("--degraded"),
+        "readers take --device and need no --degraded:\n{text}"
+    );
 }
 
 /// `ubtrfs put SRC IMAGE DEST` (cp's order) says which argument is the image instead
@@ -125,7 +145,10 @@ fn put_with_swapped_arguments_names_the_image() {
     let o = bin().arg("put").arg(&src).arg(&img).arg("/x").output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(err.contains("the image comes first") && err.contains(&img.display().to_string()), "{err}");
+    assert!(
+        err.contains("the image comes first") && err.contains(&img.display().to_string()),
+        "{err}"
+    );
     assert!(std::fs::read(&img).unwrap() == before, "the image changed");
     let _ = std::fs::remove_dir_all(&work);
 }

@@ -25,8 +25,16 @@ fn scratch(name: &str) -> PathBuf {
 /// over a loop device another test is detaching (not this image's damage).
 fn assert_check(img: &Path, what: &str) {
     for attempt in 0.. {
-        let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().expect("run btrfs check");
-        let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(img)
+            .output()
+            .expect("run btrfs check");
+        let text = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         if out.status.success() && text.contains("no error found") && !text.contains("ERROR") {
             return;
         }
@@ -65,7 +73,12 @@ fn mount(img: &Path, dir: &Path) -> Mounted {
     std::fs::create_dir_all(dir).unwrap();
     let opts = if img.starts_with("/dev") { "defaults" } else { "loop" };
     for _ in 0..20 {
-        let out = Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(dir).output().expect("run mount");
+        let out = Command::new("mount")
+            .args(["-t", "btrfs", "-o", opts])
+            .arg(img)
+            .arg(dir)
+            .output()
+            .expect("run mount");
         if out.status.success() {
             return Mounted { dir: dir.to_path_buf(), done: false };
         }
@@ -82,7 +95,12 @@ fn umount(dir: &Path) {
         if out.status.success() {
             return;
         }
-        assert!(String::from_utf8_lossy(&out.stderr).contains("busy"), "umount {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("busy"),
+            "umount {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     panic!("umount {}: still busy", dir.display());
@@ -104,16 +122,23 @@ fn tree_shape(img: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut shape: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut cur = String::new();
     for line in text.lines() {
-        if !line.starts_with(['\t', ' ']) && (line.ends_with(" tree") || line.contains(" tree key (")) {
+        if !line.starts_with(['\t', ' '])
+            && (line.ends_with(" tree") || line.contains(" tree key ("))
+        {
             cur = line.split(" key (").next().unwrap().trim().to_string();
             shape.entry(cur.clone()).or_default();
             continue;
         }
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("item ") {
-            let key = rest.split(" key (").nth(1).and_then(|k| k.split(')').next()).unwrap_or_default();
+            let key =
+                rest.split(" key (").nth(1).and_then(|k| k.split(')').next()).unwrap_or_default();
             let parts: Vec<&str> = key.split(' ').collect();
-            let what = if cur == "root tree" { format!("{} {}", parts[0], parts[1]) } else { parts.get(1).unwrap_or(&"?").to_string() };
+            let what = if cur == "root tree" {
+                format!("{} {}", parts[0], parts[1])
+            } else {
+                parts.get(1).unwrap_or(&"?").to_string()
+            };
             shape.get_mut(&cur).unwrap().insert(what);
         } else if let Some(ty) = t.strip_prefix("length ").and_then(|r| r.split(" type ").nth(1)) {
             shape.get_mut(&cur).unwrap().insert(format!("chunk {ty}"));
@@ -141,8 +166,30 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case { name: "default", nodesize: "16K", csum: "crc32c", data: "single", metadata: "dup", features: "", bg_tree: false, label: None, uuid: None, mixed: false },
-    Case { name: "n4k-xxhash", nodesize: "4K", csum: "xxhash", data: "dup", metadata: "single", features: "", bg_tree: false, label: Some("small nodes"), uuid: None, mixed: false },
+    Case {
+        name: "default",
+        nodesize: "16K",
+        csum: "crc32c",
+        data: "single",
+        metadata: "dup",
+        features: "",
+        bg_tree: false,
+        label: None,
+        uuid: None,
+        mixed: false,
+    },
+    Case {
+        name: "n4k-xxhash",
+        nodesize: "4K",
+        csum: "xxhash",
+        data: "dup",
+        metadata: "single",
+        features: "",
+        bg_tree: false,
+        label: Some("small nodes"),
+        uuid: None,
+        mixed: false,
+    },
     Case {
         name: "n64k-sha256-bgt",
         nodesize: "64K",
@@ -179,7 +226,18 @@ const CASES: &[Case] = &[
         uuid: Some("5d1e9c3a77f04b8e9a3f3c2b1a0e9d8c"),
         mixed: false,
     },
-    Case { name: "mixed-dup", nodesize: "4K", csum: "xxhash", data: "dup", metadata: "dup", features: "", bg_tree: false, label: Some("mixed"), uuid: None, mixed: true },
+    Case {
+        name: "mixed-dup",
+        nodesize: "4K",
+        csum: "xxhash",
+        data: "dup",
+        metadata: "dup",
+        features: "",
+        bg_tree: false,
+        label: Some("mixed"),
+        uuid: None,
+        mixed: true,
+    },
 ];
 
 fn profile_df(p: &str) -> &'static str {
@@ -194,7 +252,20 @@ fn run_case(c: &Case) {
     let d = scratch(c.name);
     let img = d.join("fs.img");
     let mut cmd = bin();
-    cmd.args(["mkfs", "-q", "--size", "256M", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
+    cmd.args([
+        "mkfs",
+        "-q",
+        "--size",
+        "256M",
+        "--nodesize",
+        c.nodesize,
+        "--csum",
+        c.csum,
+        "-d",
+        c.data,
+        "-m",
+        c.metadata,
+    ]);
     if !c.features.is_empty() {
         cmd.args(["--features", c.features]);
     }
@@ -212,14 +283,30 @@ fn run_case(c: &Case) {
     let sb = superblock(&img);
     let nodesize = ubtrfs_tools::mkfs::options::parse_size("n", c.nodesize).unwrap() as u32;
     assert_eq!(sb.nodesize.get(), nodesize, "{}", c.name);
-    assert_eq!(ubtrfs_format::CsumType::from_raw(sb.csum_type.get()), Some(ubtrfs_tools::mkfs::options::parse_csum(c.csum).unwrap()), "{}", c.name);
+    assert_eq!(
+        ubtrfs_format::CsumType::from_raw(sb.csum_type.get()),
+        Some(ubtrfs_tools::mkfs::options::parse_csum(c.csum).unwrap()),
+        "{}",
+        c.name
+    );
     let label_len = sb.label.iter().position(|&b| b == 0).unwrap();
     assert_eq!(&sb.label[..label_len], c.label.unwrap_or("").as_bytes(), "{}: label", c.name);
     if let Some(u) = c.uuid {
-        assert_eq!(sb.fsid, ubtrfs_tools::mkfs::options::parse_uuid(u).unwrap(), "{}: fsid", c.name);
+        assert_eq!(
+            sb.fsid,
+            ubtrfs_tools::mkfs::options::parse_uuid(u).unwrap(),
+            "{}: fsid",
+            c.name
+        );
         assert_eq!(sb.dev_item.fsid, sb.fsid, "{}: dev item fsid", c.name);
     }
-    assert_eq!(sb.compat_ro_flags.get() & ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE != 0, c.bg_tree, "{}: compat_ro {:#x}", c.name, sb.compat_ro_flags.get());
+    assert_eq!(
+        sb.compat_ro_flags.get() & ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE != 0,
+        c.bg_tree,
+        "{}: compat_ro {:#x}",
+        c.name,
+        sb.compat_ro_flags.get()
+    );
     // ubtrfs's own checker and writer take it.
     run(bin().arg("check").arg(&img));
     run(bin().args(["put"]).arg(&img).arg("/etc/hostname").arg("/hostname"));
@@ -230,7 +317,20 @@ fn run_case(c: &Case) {
     // The same trees, item kinds and chunk kinds as mkfs.btrfs's (before the put).
     let ours_img = d.join("fresh.img");
     let mut cmd = bin();
-    cmd.args(["mkfs", "-q", "--size", "256M", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
+    cmd.args([
+        "mkfs",
+        "-q",
+        "--size",
+        "256M",
+        "--nodesize",
+        c.nodesize,
+        "--csum",
+        c.csum,
+        "-d",
+        c.data,
+        "-m",
+        c.metadata,
+    ]);
     if !c.features.is_empty() {
         cmd.args(["--features", c.features]);
     }
@@ -240,9 +340,21 @@ fn run_case(c: &Case) {
     run(cmd.arg(&ours_img));
     let theirs = d.join("progs.img");
     std::fs::File::create(&theirs).unwrap().set_len(256 << 20).unwrap();
-    let progs_features: Vec<&str> = c.features.split(',').filter(|f| !f.is_empty() && *f != "block-group-tree").collect();
+    let progs_features: Vec<&str> =
+        c.features.split(',').filter(|f| !f.is_empty() && *f != "block-group-tree").collect();
     let mut mk = Command::new("mkfs.btrfs");
-    mk.args(["-q", "-f", "--nodesize", c.nodesize, "--csum", c.csum, "-d", c.data, "-m", c.metadata]);
+    mk.args([
+        "-q",
+        "-f",
+        "--nodesize",
+        c.nodesize,
+        "--csum",
+        c.csum,
+        "-d",
+        c.data,
+        "-m",
+        c.metadata,
+    ]);
     if !progs_features.is_empty() {
         mk.args(["-O", &progs_features.join(",")]);
     }
@@ -277,27 +389,49 @@ fn run_case(c: &Case) {
         assert!(has(tree, what), "{}: {tree} lacks {what}: {got:?}", c.name);
     }
     assert!(got.contains_key("checksum tree"), "{}: no csum tree: {got:?}", c.name);
-    let chunks: BTreeSet<&String> = got["chunk tree"].iter().filter(|s| s.starts_with("chunk ")).collect();
-    assert_eq!(chunks.len(), if c.mixed { 2 } else { 3 }, "{}: one chunk kind per type: {chunks:?}", c.name);
+    let chunks: BTreeSet<&String> =
+        got["chunk tree"].iter().filter(|s| s.starts_with("chunk ")).collect();
+    assert_eq!(
+        chunks.len(),
+        if c.mixed { 2 } else { 3 },
+        "{}: one chunk kind per type: {chunks:?}",
+        c.name
+    );
     assert_eq!(got, want, "{}: trees of ubtrfs mkfs vs mkfs.btrfs", c.name);
     // The kernel writes a file tree into it.
     let mnt = d.join("mnt");
     let m = mount(&img, &mnt);
-    let copied = Command::new("cp").arg("-a").arg("/usr/include/linux").arg(&mnt).status().unwrap().success();
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg("/usr/include/linux")
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
     let df = Command::new("btrfs").args(["filesystem", "df"]).arg(&mnt).output().unwrap();
     let synced = Command::new("sync").arg("-f").arg(&mnt).status().unwrap().success();
     m.umount();
     assert!(copied && synced, "{}: cp -a into the mount", c.name);
     let df = String::from_utf8_lossy(&df.stdout).into_owned();
     let want: Vec<String> = if c.mixed {
-        vec![format!("Data+Metadata, {}:", profile_df(c.data)), format!("System, {}:", profile_df(c.metadata))]
+        vec![
+            format!("Data+Metadata, {}:", profile_df(c.data)),
+            format!("System, {}:", profile_df(c.metadata)),
+        ]
     } else {
-        vec![format!("Data, {}:", profile_df(c.data)), format!("Metadata, {}:", profile_df(c.metadata)), format!("System, {}:", profile_df(c.metadata))]
+        vec![
+            format!("Data, {}:", profile_df(c.data)),
+            format!("Metadata, {}:", profile_df(c.metadata)),
+            format!("System, {}:", profile_df(c.metadata)),
+        ]
     };
     for line in &want {
         assert!(df.contains(line.as_str()), "{}: btrfs filesystem df lacks {line}:\n{df}", c.name);
     }
-    let rows = df.lines().filter(|l| l.starts_with("Data") || l.starts_with("Metadata") || l.starts_with("System")).count();
+    let rows = df
+        .lines()
+        .filter(|l| l.starts_with("Data") || l.starts_with("Metadata") || l.starts_with("System"))
+        .count();
     assert_eq!(rows, want.len(), "{}: one profile per type:\n{df}", c.name);
     assert_check(&img, &format!("{} after the kernel's writes", c.name));
     // And ubtrfs writes after the kernel.
@@ -384,13 +518,21 @@ fn existing_signatures_refused_without_force() {
         f.set_len(128 << 20).unwrap();
         f.write_all_at(magic, off).unwrap();
     };
-    for (off, magic, name) in
-        [(1080u64, &[0x53u8, 0xef][..], "ext2"), (0, b"XFSB", "xfs"), (4086, b"SWAPSPACE2", "swap"), (0, b"LUKS\xba\xbe", "crypto_LUKS"), (512, b"EFI PART", "GPT"), (32769, b"CD001", "iso9660")]
-    {
+    for (off, magic, name) in [
+        (1080u64, &[0x53u8, 0xef][..], "ext2"),
+        (0, b"XFSB", "xfs"),
+        (4086, b"SWAPSPACE2", "swap"),
+        (0, b"LUKS\xba\xbe", "crypto_LUKS"),
+        (512, b"EFI PART", "GPT"),
+        (32769, b"CD001", "iso9660"),
+    ] {
         plant(off, magic);
         let before = sha(&img);
         let err = fails(bin().arg("mkfs").arg(&img));
-        assert!(err.contains("appears to contain") && err.contains(name) && err.contains("--force"), "{name}: {err}");
+        assert!(
+            err.contains("appears to contain") && err.contains(name) && err.contains("--force"),
+            "{name}: {err}"
+        );
         assert_eq!(sha(&img), before, "{name}: the refused image changed");
     }
     // --force overwrites a GPT's primary and backup headers (the last sector).
@@ -466,7 +608,11 @@ fn block_device_whole_and_in_use() {
         let err = fails(bin().args(["mkfs", "--force", "--size", "250M"]).arg(&backing));
         m.umount();
         assert!(err.contains("busy"), "{err}");
-        assert_eq!(std::fs::metadata(&backing).unwrap().len(), 200 << 20, "a refused mkfs grew the mounted image");
+        assert_eq!(
+            std::fs::metadata(&backing).unwrap().len(),
+            200 << 20,
+            "a refused mkfs grew the mounted image"
+        );
         assert_check(&backing, "after a refused mkfs of the mounted image");
     }));
     detach();
@@ -494,7 +640,11 @@ fn failure_after_writing_began() {
         assert!(!img.exists(), "the half-written image it created was left behind");
         std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
         let err = fails(bin().arg("mkfs").arg(&img));
-        assert!(err.contains("is not usable, mkfs failed after it began writing") && err.contains("No space left on device"), "{err}");
+        assert!(
+            err.contains("is not usable, mkfs failed after it began writing")
+                && err.contains("No space left on device"),
+            "{err}"
+        );
         assert!(img.exists(), "an existing image is not removed");
     });
     umount(&small);
@@ -511,7 +661,10 @@ fn failure_after_writing_began() {
         std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
         let err = fails(bin().arg("mkfs").arg(&img));
         assert!(err.contains("is not usable") && err.contains("No space left on device"), "{err}");
-        assert!(err.contains("write of 16384 bytes"), "the failure is the engine's tree block write, after the bootstrap: {err}");
+        assert!(
+            err.contains("write of 16384 bytes"),
+            "the failure is the engine's tree block write, after the bootstrap: {err}"
+        );
         let f = std::fs::File::open(&img).unwrap();
         for off in [65536u64, 64 << 20] {
             let mut magic = [0u8; 8];
@@ -559,11 +712,19 @@ fn rootdir_source(dir: &Path) {
     std::fs::write(dir.join("@home/user/.config/rc"), b"set -o vi\n").unwrap();
     run(Command::new("mkfifo").arg(dir.join("fifo")));
     run(Command::new("mknod").arg(dir.join("null")).args(["c", "1", "3"]));
-    run(Command::new("setfattr").args(["-n", "user.note", "-v", "kept"]).arg(dir.join("etc/hostname")));
-    run(Command::new("setfattr").args(["-n", "security.test", "-v", "secret"]).arg(dir.join("usr/share/doc/big")));
+    run(Command::new("setfattr")
+        .args(["-n", "user.note", "-v", "kept"])
+        .arg(dir.join("etc/hostname")));
+    run(Command::new("setfattr")
+        .args(["-n", "security.test", "-v", "secret"])
+        .arg(dir.join("usr/share/doc/big")));
     std::os::unix::fs::chown(dir.join("@home/user"), Some(1000), Some(1000)).unwrap();
     std::os::unix::fs::chown(dir.join("@home/user/.config/rc"), Some(1000), Some(100)).unwrap();
-    std::fs::set_permissions(dir.join("etc/hostname"), std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    std::fs::set_permissions(
+        dir.join("etc/hostname"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o640),
+    )
+    .unwrap();
 }
 
 fn manifest(dir: &Path) -> String {
@@ -584,23 +745,43 @@ fn rootdir_with_subvolumes() {
     rootdir_source(&src);
     let want = manifest(&src);
     let img = d.join("img");
-    let out = run(bin().args(["mkfs", "--size", "512M", "--rootdir"]).arg(&src).args(["--subvol", "@home", "--default-subvol", "@home", "--compress", "zstd"]).arg(&img));
+    let out = run(bin()
+        .args(["mkfs", "--size", "512M", "--rootdir"])
+        .arg(&src)
+        .args(["--subvol", "@home", "--default-subvol", "@home", "--compress", "zstd"])
+        .arg(&img));
     assert!(out.contains("Copied:"), "{out}");
     assert_check(&img, "after mkfs --rootdir");
     let mnt = d.join("mnt");
     // The default subvolume first (read-only mounts: reads leave the atimes alone).
     std::fs::create_dir_all(&mnt).unwrap();
-    let out = Command::new("mount").args(["-t", "btrfs", "-o", "loop,ro"]).arg(&img).arg(&mnt).output().unwrap();
+    let out = Command::new("mount")
+        .args(["-t", "btrfs", "-o", "loop,ro"])
+        .arg(&img)
+        .arg(&mnt)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let m = Mounted { dir: mnt.clone(), done: false };
-    assert_eq!(std::fs::read(mnt.join("user/.config/rc")).unwrap(), b"set -o vi\n", "a plain mount shows @home");
+    assert_eq!(
+        std::fs::read(mnt.join("user/.config/rc")).unwrap(),
+        b"set -o vi\n",
+        "a plain mount shows @home"
+    );
     m.umount();
-    let out = Command::new("mount").args(["-t", "btrfs", "-o", "loop,ro,subvolid=5"]).arg(&img).arg(&mnt).output().unwrap();
+    let out = Command::new("mount")
+        .args(["-t", "btrfs", "-o", "loop,ro,subvolid=5"])
+        .arg(&img)
+        .arg(&mnt)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let m = Mounted { dir: mnt.clone(), done: false };
     let got = manifest(&mnt);
     let list = run(Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt));
-    let sparse_blocks = std::fs::metadata(mnt.join("usr/sparse")).map(|m| std::os::unix::fs::MetadataExt::blocks(&m)).unwrap();
+    let sparse_blocks = std::fs::metadata(mnt.join("usr/sparse"))
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m))
+        .unwrap();
     m.umount();
     let (w, g) = (d.join("want.jsonl"), d.join("got.jsonl"));
     std::fs::write(&w, &want).unwrap();
@@ -609,12 +790,25 @@ fn rootdir_with_subvolumes() {
     // is a subvolume on one side only. (ctime: the copy's.)
     let diff = Command::new("python3")
         .arg(repo().join("xtask/fixtures.py"))
-        .args(["diff", "--ignore-keys", "ino,blocks,subvol,ctime_ns", "--ignore-dir-keys", "size,nlink", "--ignore-paths", "^(/|\\.)?$"])
+        .args([
+            "diff",
+            "--ignore-keys",
+            "ino,blocks,subvol,ctime_ns",
+            "--ignore-dir-keys",
+            "size,nlink",
+            "--ignore-paths",
+            "^(/|\\.)?$",
+        ])
         .arg(&w)
         .arg(&g)
         .output()
         .unwrap();
-    assert!(diff.status.success(), "the kernel's view differs from the source:\n{}{}", String::from_utf8_lossy(&diff.stdout), String::from_utf8_lossy(&diff.stderr));
+    assert!(
+        diff.status.success(),
+        "the kernel's view differs from the source:\n{}{}",
+        String::from_utf8_lossy(&diff.stdout),
+        String::from_utf8_lossy(&diff.stderr)
+    );
     assert!(list.lines().any(|l| l.ends_with("path @home")), "{list}");
     assert!(sparse_blocks * 512 < 1 << 20, "the sparse file takes {} bytes", sparse_blocks * 512);
     let _ = std::fs::remove_dir_all(&d);
@@ -634,17 +828,37 @@ fn reproducible_from_two_copies() {
     // The copy on another host filesystem where there is one (tmpfs): other directory
     // sizes (tmpfs counts entries, ext4 says 4096), which the image does not hold.
     let shm = Path::new("/dev/shm");
-    let b = if shm.is_dir() { shm.join(format!("ubtrfs-repro-b-{}", std::process::id())) } else { d.join("b") };
+    let b = if shm.is_dir() {
+        shm.join(format!("ubtrfs-repro-b-{}", std::process::id()))
+    } else {
+        d.join("b")
+    };
     rootdir_source(&a);
     let _ = std::fs::remove_dir_all(&b);
     std::fs::create_dir_all(&b).unwrap();
     // A copy has other inode numbers and, depending on the host filesystem, another
     // readdir order (crates/tools/tests/put_contents.rs builds two orders on purpose).
     run(Command::new("cp").arg("-a").arg(format!("{}/.", a.display())).arg(&b));
-    let sum = |p: &Path| -> String { run(Command::new("sha256sum").arg(p)).split_whitespace().next().unwrap().to_string() };
+    let sum = |p: &Path| -> String {
+        run(Command::new("sha256sum").arg(p)).split_whitespace().next().unwrap().to_string()
+    };
     let mk = |src: &Path, img: &Path, label: &str, env: bool| {
         let mut c = bin();
-        c.args(["mkfs", "-q", "--size", "400M", "--label", label, "--force-owner", "0:0", "--subvol", "@home", "--rootdir"]).arg(src).arg(img);
+        c.args([
+            "mkfs",
+            "-q",
+            "--size",
+            "400M",
+            "--label",
+            label,
+            "--force-owner",
+            "0:0",
+            "--subvol",
+            "@home",
+            "--rootdir",
+        ])
+        .arg(src)
+        .arg(img);
         if env {
             c.env("SOURCE_DATE_EPOCH", "1700000000");
         } else {
@@ -665,7 +879,16 @@ fn reproducible_from_two_copies() {
     let m = mount(&imgs[0], &mnt);
     let owners: Vec<(u32, u32)> = ["@home/user", "@home/user/.config/rc", "etc/hostname"]
         .iter()
-        .map(|p| std::fs::symlink_metadata(mnt.join(p)).map(|m| (std::os::unix::fs::MetadataExt::uid(&m), std::os::unix::fs::MetadataExt::gid(&m))).unwrap())
+        .map(|p| {
+            std::fs::symlink_metadata(mnt.join(p))
+                .map(|m| {
+                    (
+                        std::os::unix::fs::MetadataExt::uid(&m),
+                        std::os::unix::fs::MetadataExt::gid(&m),
+                    )
+                })
+                .unwrap()
+        })
         .collect();
     m.umount();
     assert!(owners.iter().all(|&o| o == (0, 0)), "--force-owner 0:0: {owners:?}");
@@ -686,7 +909,10 @@ fn rootdir_bad_input() {
         (vec!["--rootdir", src.join("file").to_str().unwrap()], "not a directory"),
         (vec!["--rootdir", src.to_str().unwrap(), "--subvol", "missing"], "--subvol missing"),
         (vec!["--rootdir", src.to_str().unwrap(), "--subvol", "../x"], "without . or .."),
-        (vec!["--rootdir", src.to_str().unwrap(), "--subvol", "sub", "--default-subvol", "file"], "--default-subvol"),
+        (
+            vec!["--rootdir", src.to_str().unwrap(), "--subvol", "sub", "--default-subvol", "file"],
+            "--default-subvol",
+        ),
         (vec!["--rootdir", src.to_str().unwrap(), "--force-owner", "root"], "UID:GID"),
         (vec!["--rootdir", src.to_str().unwrap(), "--compress", "gzip"], "compression"),
         (vec!["--subvol", "sub"], "--rootdir"),
@@ -747,7 +973,8 @@ fn the_kernel_writes_a_gib_on_top() {
     {
         use std::io::Write;
         let mut f = std::fs::File::create(mnt.join("gib")).unwrap();
-        let block: Vec<u8> = (0..1 << 20).map(|i: u32| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+        let block: Vec<u8> =
+            (0..1 << 20).map(|i: u32| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
         for i in 0..1024u32 {
             let mut b = block.clone();
             b[..4].copy_from_slice(&i.to_le_bytes());
@@ -766,7 +993,8 @@ fn the_kernel_writes_a_gib_on_top() {
 
 /// Chunk lengths per block-group type ("DATA|single" -> bytes), from dump-tree.
 fn chunk_space(img: &Path) -> BTreeMap<String, u64> {
-    let out = run(Command::new("btrfs").args(["inspect-internal", "dump-tree", "-t", "chunk"]).arg(img));
+    let out =
+        run(Command::new("btrfs").args(["inspect-internal", "dump-tree", "-t", "chunk"]).arg(img));
     let mut m = BTreeMap::new();
     for l in out.lines().filter(|l| l.contains(" length ") && l.contains(" type ")) {
         let f: Vec<&str> = l.split_whitespace().collect();
@@ -790,7 +1018,11 @@ fn no_more_chunk_space_than_mkfs_btrfs() {
         std::fs::File::create(&theirs).unwrap().set_len(options_size(size)).unwrap();
         run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&theirs));
         let (o, t) = (chunk_space(&ours), chunk_space(&theirs));
-        assert_eq!(o.keys().collect::<Vec<_>>(), t.keys().collect::<Vec<_>>(), "{size}: chunk types");
+        assert_eq!(
+            o.keys().collect::<Vec<_>>(),
+            t.keys().collect::<Vec<_>>(),
+            "{size}: chunk types"
+        );
         for (ty, bytes) in &o {
             assert!(*bytes <= t[ty], "{size}: {ty}: ubtrfs {bytes} bytes, mkfs.btrfs {}", t[ty]);
         }
@@ -808,7 +1040,10 @@ fn options_size(s: &str) -> u64 {
 /// and the image it was creating is gone.
 #[test]
 fn unreadable_rootdir_entry_is_named() {
-    if !kernel::kernel_available_with("mkfs unreadable_rootdir_entry_is_named", &["/usr/bin/setpriv"]) {
+    if !kernel::kernel_available_with(
+        "mkfs unreadable_rootdir_entry_is_named",
+        &["/usr/bin/setpriv"],
+    ) {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
@@ -823,10 +1058,21 @@ fn unreadable_rootdir_entry_is_named() {
     let exe = d.join("ubtrfs");
     std::fs::copy(env!("CARGO_BIN_EXE_ubtrfs"), &exe).unwrap();
     let img = d.join("img");
-    let out = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe).args(["mkfs", "-q", "--size", "256M", "--rootdir"]).arg(&src).arg(&img).output().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["mkfs", "-q", "--size", "256M", "--rootdir"])
+        .arg(&src)
+        .arg(&img)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "mkfs over an unreadable entry succeeded");
-    assert!(err.contains(&format!("{}", src.join("locked").display())) && err.contains("Permission denied"), "{err}");
+    assert!(
+        err.contains(&format!("{}", src.join("locked").display()))
+            && err.contains("Permission denied"),
+        "{err}"
+    );
     assert!(!img.exists(), "the image mkfs was creating is left behind");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -46,8 +46,17 @@ impl Loops {
     fn new(imgs: &[PathBuf]) -> Loops {
         let mut l = Loops { devs: Vec::new() };
         for p in imgs {
-            let out = Command::new("losetup").args(["-f", "--show"]).arg(p).output().expect("run losetup");
-            assert!(out.status.success(), "losetup {}: {}", p.display(), String::from_utf8_lossy(&out.stderr));
+            let out = Command::new("losetup")
+                .args(["-f", "--show"])
+                .arg(p)
+                .output()
+                .expect("run losetup");
+            assert!(
+                out.status.success(),
+                "losetup {}: {}",
+                p.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
             l.devs.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
         }
         l
@@ -57,19 +66,36 @@ impl Loops {
     /// others by scanning; `btrfs device scan` registers them first).
     fn check(&self, what: &str) {
         let _ = Command::new("btrfs").args(["device", "scan"]).args(&self.devs).output();
-        let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&self.devs[0]).output().expect("run btrfs check");
-        let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&self.devs[0])
+            .output()
+            .expect("run btrfs check");
+        let text = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         // progs' scan of every block device trips over loop devices other tests are
         // detaching; that is not this filesystem's finding.
-        let findings = text.lines().filter(|l| l.contains("ERROR") && !l.contains("cannot scan")).count();
-        assert!(out.status.success() && text.contains("no error found") && findings == 0, "{what}: btrfs check failed:\n{text}");
+        let findings =
+            text.lines().filter(|l| l.contains("ERROR") && !l.contains("cannot scan")).count();
+        assert!(
+            out.status.success() && text.contains("no error found") && findings == 0,
+            "{what}: btrfs check failed:\n{text}"
+        );
     }
 
     /// A kernel mount of all members at `dir`, unmounted on drop.
     fn mount(&self, dir: &Path) -> Mounted {
         std::fs::create_dir_all(dir).unwrap();
         let o: Vec<String> = self.devs.iter().map(|d| format!("device={d}")).collect();
-        let out = Command::new("mount").args(["-t", "btrfs", "-o", &o.join(",")]).arg(&self.devs[0]).arg(dir).output().expect("run mount");
+        let out = Command::new("mount")
+            .args(["-t", "btrfs", "-o", &o.join(",")])
+            .arg(&self.devs[0])
+            .arg(dir)
+            .output()
+            .expect("run mount");
         assert!(out.status.success(), "mount {o:?}: {}", String::from_utf8_lossy(&out.stderr));
         Mounted { dir: dir.to_path_buf(), done: false }
     }
@@ -98,7 +124,12 @@ impl Mounted {
             if out.status.success() {
                 return;
             }
-            assert!(String::from_utf8_lossy(&out.stderr).contains("busy"), "umount {}: {}", self.dir.display(), String::from_utf8_lossy(&out.stderr));
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("busy"),
+                "umount {}: {}",
+                self.dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         panic!("umount {}: still busy", self.dir.display());
@@ -125,7 +156,12 @@ fn superblock(img: &Path) -> ubtrfs_format::structs::Superblock {
 /// `btrfs filesystem df`'s rows without GlobalReserve: "Data, RAID1" and so on, sorted.
 fn df_profiles(mnt: &Path) -> Vec<String> {
     let out = run(Command::new("btrfs").args(["filesystem", "df"]).arg(mnt));
-    let mut v: Vec<String> = out.lines().filter(|l| !l.starts_with("GlobalReserve")).filter_map(|l| l.split(':').next()).map(str::to_string).collect();
+    let mut v: Vec<String> = out
+        .lines()
+        .filter(|l| !l.starts_with("GlobalReserve"))
+        .filter_map(|l| l.split(':').next())
+        .map(str::to_string)
+        .collect();
     v.sort();
     v
 }
@@ -160,13 +196,21 @@ fn run_case(tag: &str, sizes: &[u64], args: &[&str], data: &str, meta: &str) {
         assert_eq!(sb.num_devices.get(), sizes.len() as u64, "{tag}: member {i} num_devices");
         assert_eq!(sb.total_bytes.get(), total, "{tag}: member {i} total_bytes");
         assert_eq!(sb.dev_item.devid.get(), i as u64 + 1, "{tag}: member {i} devid");
-        assert_eq!(sb.dev_item.total_bytes.get(), sizes[i], "{tag}: member {i} dev_item.total_bytes");
+        assert_eq!(
+            sb.dev_item.total_bytes.get(),
+            sizes[i],
+            "{tag}: member {i} dev_item.total_bytes"
+        );
     }
     let want = {
         let mut v = if args.contains(&"--mixed") {
             vec![format!("Data+Metadata, {}", df_name(data)), format!("System, {}", df_name(meta))]
         } else {
-            vec![format!("Data, {}", df_name(data)), format!("Metadata, {}", df_name(meta)), format!("System, {}", df_name(meta))]
+            vec![
+                format!("Data, {}", df_name(data)),
+                format!("Metadata, {}", df_name(meta)),
+                format!("System, {}", df_name(meta)),
+            ]
         };
         v.sort();
         v
@@ -195,8 +239,17 @@ fn run_case(tag: &str, sizes: &[u64], args: &[&str], data: &str, meta: &str) {
         loops.check(&format!("{tag}: after ubtrfs put"));
         let mnt = d.join("mnt");
         let m = loops.mount(&mnt);
-        let diff = Command::new("diff").arg("-r").arg("/usr/include/asm-generic").arg(mnt.join("asm-generic")).output().unwrap();
-        assert!(diff.status.success(), "{tag}: the kernel reads the put back differently: {}", String::from_utf8_lossy(&diff.stdout));
+        let diff = Command::new("diff")
+            .arg("-r")
+            .arg("/usr/include/asm-generic")
+            .arg(mnt.join("asm-generic"))
+            .output()
+            .unwrap();
+        assert!(
+            diff.status.success(),
+            "{tag}: the kernel reads the put back differently: {}",
+            String::from_utf8_lossy(&diff.stdout)
+        );
         assert_eq!(df_profiles(&mnt), want, "{tag}: profiles after ubtrfs put");
         m.umount();
     }
@@ -267,7 +320,13 @@ fn data_raid0_metadata_raid1c3() {
         return;
     }
     let _g = serial();
-    run_case("raid0-raid1c3", &[256 * MIB, 300 * MIB, 256 * MIB], &["-d", "raid0", "-m", "raid1c3"], "raid0", "raid1c3");
+    run_case(
+        "raid0-raid1c3",
+        &[256 * MIB, 300 * MIB, 256 * MIB],
+        &["-d", "raid0", "-m", "raid1c3"],
+        "raid0",
+        "raid1c3",
+    );
 }
 
 #[test]
@@ -384,13 +443,21 @@ fn rootdir_on_a_raid1_pair() {
     std::fs::File::create(src.join("sparse")).unwrap().set_len(10 * MIB).unwrap();
     std::os::unix::fs::symlink("sub/linux", src.join("link")).unwrap();
     let imgs = images(&d, 2);
-    run(bin().args(["mkfs", "-q", "--size", "256M", "-d", "raid1", "-m", "raid1", "--rootdir"]).arg(&src).args(&imgs));
+    run(bin()
+        .args(["mkfs", "-q", "--size", "256M", "-d", "raid1", "-m", "raid1", "--rootdir"])
+        .arg(&src)
+        .args(&imgs));
     let loops = Loops::new(&imgs);
     loops.check("rootdir raid1");
     let mnt = d.join("mnt");
     let m = loops.mount(&mnt);
-    let diff = Command::new("diff").args(["-r", "--no-dereference"]).arg(&src).arg(&mnt).output().unwrap();
-    assert!(diff.status.success(), "the kernel reads the rootdir back differently: {}", String::from_utf8_lossy(&diff.stdout));
+    let diff =
+        Command::new("diff").args(["-r", "--no-dereference"]).arg(&src).arg(&mnt).output().unwrap();
+    assert!(
+        diff.status.success(),
+        "the kernel reads the rootdir back differently: {}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
     assert_eq!(df_profiles(&mnt), ["Data, RAID1", "Metadata, RAID1", "System, RAID1"]);
     m.umount();
     drop(loops);
@@ -411,22 +478,39 @@ fn shrink_over_a_raid1_pair() {
     std::fs::create_dir_all(&src).unwrap();
     run(Command::new("cp").arg("-a").arg("/usr/include/linux").arg(&src));
     let imgs = images(&d, 2);
-    run(bin().args(["mkfs", "-q", "--size", "2G", "-d", "raid1", "--shrink", "--rootdir"]).arg(&src).args(&imgs));
+    run(bin()
+        .args(["mkfs", "-q", "--size", "2G", "-d", "raid1", "--shrink", "--rootdir"])
+        .arg(&src)
+        .args(&imgs));
     let mut sum = 0;
     for p in &imgs {
         let len = std::fs::metadata(p).unwrap().len();
         let sb = superblock(p);
-        assert_eq!(sb.dev_item.total_bytes.get(), len, "{}: the file is cut to its device's size", p.display());
+        assert_eq!(
+            sb.dev_item.total_bytes.get(),
+            len,
+            "{}: the file is cut to its device's size",
+            p.display()
+        );
         assert!(len < 512 * MIB, "{}: {len} bytes after --shrink", p.display());
         sum += len;
     }
-    assert_eq!(superblock(&imgs[0]).total_bytes.get(), sum, "the superblock's total is the members' sum");
+    assert_eq!(
+        superblock(&imgs[0]).total_bytes.get(),
+        sum,
+        "the superblock's total is the members' sum"
+    );
     let loops = Loops::new(&imgs);
     loops.check("shrink raid1");
     let mnt = d.join("mnt");
     let m = loops.mount(&mnt);
-    let diff = Command::new("diff").args(["-r", "--no-dereference"]).arg(&src).arg(&mnt).output().unwrap();
-    assert!(diff.status.success(), "the kernel reads the shrunk tree back differently: {}", String::from_utf8_lossy(&diff.stdout));
+    let diff =
+        Command::new("diff").args(["-r", "--no-dereference"]).arg(&src).arg(&mnt).output().unwrap();
+    assert!(
+        diff.status.success(),
+        "the kernel reads the shrunk tree back differently: {}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
     assert_eq!(df_profiles(&mnt), ["Data, RAID1", "Metadata, RAID1", "System, RAID1"]);
     m.umount();
     drop(loops);
@@ -467,10 +551,15 @@ fn block_devices_as_members() {
 #[test]
 fn reproducible_over_several_devices() {
     let d = scratch("repro");
-    let sha = |p: &Path| run(Command::new("sha256sum").arg(p)).split_whitespace().next().unwrap().to_string();
+    let sha = |p: &Path| {
+        run(Command::new("sha256sum").arg(p)).split_whitespace().next().unwrap().to_string()
+    };
     let build = |tag: &str, n: usize| -> Vec<PathBuf> {
         let imgs: Vec<PathBuf> = (0..n).map(|i| d.join(format!("{tag}{i}.img"))).collect();
-        run(bin().env("SOURCE_DATE_EPOCH", "1700000000").args(["mkfs", "-q", "--size", "128M", "-d", "raid1", "-m", "raid1"]).args(&imgs));
+        run(bin()
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .args(["mkfs", "-q", "--size", "128M", "-d", "raid1", "-m", "raid1"])
+            .args(&imgs));
         imgs
     };
     let a = build("a", 2);
@@ -478,8 +567,16 @@ fn reproducible_over_several_devices() {
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(sha(x), sha(y), "{} and {} differ", x.display(), y.display());
     }
-    assert_ne!(superblock(&a[0]).dev_item.uuid, superblock(&a[1]).dev_item.uuid, "members share a device UUID");
+    assert_ne!(
+        superblock(&a[0]).dev_item.uuid,
+        superblock(&a[1]).dev_item.uuid,
+        "members share a device UUID"
+    );
     let c = build("c", 3);
-    assert_ne!(superblock(&a[0]).fsid, superblock(&c[0]).fsid, "two and three devices gave one fsid");
+    assert_ne!(
+        superblock(&a[0]).fsid,
+        superblock(&c[0]).fsid,
+        "two and three devices gave one fsid"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

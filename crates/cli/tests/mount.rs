@@ -67,7 +67,13 @@ fn xattrs(p: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
         let mut v = vec![0u8; 65536];
         // SAFETY: as above.
         let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-        assert!(m >= 0, "lgetxattr {} {:?}: {}", p.display(), String::from_utf8_lossy(name), std::io::Error::last_os_error());
+        assert!(
+            m >= 0,
+            "lgetxattr {} {:?}: {}",
+            p.display(),
+            String::from_utf8_lossy(name),
+            std::io::Error::last_os_error()
+        );
         v.truncate(m as usize);
         out.insert(name.to_vec(), v);
     }
@@ -92,7 +98,8 @@ fn walk(root: &Path) -> BTreeMap<String, Rec> {
     let mut out = BTreeMap::new();
     let mut stack = vec![(root.to_path_buf(), String::new())];
     while let Some((p, rel)) = stack.pop() {
-        let md = std::fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
+        let md =
+            std::fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("lstat {}: {e}", p.display()));
         let ft = md.file_type();
         let kind = if ft.is_dir() {
             'd'
@@ -121,7 +128,8 @@ fn walk(root: &Path) -> BTreeMap<String, Rec> {
             mtime: (md.mtime(), md.mtime_nsec()),
             rdev: if kind == 'c' || kind == 'b' { md.rdev() } else { 0 },
             sha: (kind == 'f').then(|| sha_file(&p)),
-            target: (kind == 'l').then(|| std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec()),
+            target: (kind == 'l')
+                .then(|| std::fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec()),
             xattrs: xattrs(&p),
         };
         if kind == 'd' {
@@ -166,9 +174,14 @@ fn seek(f: &std::fs::File, off: i64, whence: i32) -> i64 {
 
 fn set_times(p: &Path, sec: i64, nsec: i64) {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let ts = [libc::timespec { tv_sec: sec, tv_nsec: nsec }, libc::timespec { tv_sec: sec, tv_nsec: nsec }];
+    let ts = [
+        libc::timespec { tv_sec: sec, tv_nsec: nsec },
+        libc::timespec { tv_sec: sec, tv_nsec: nsec },
+    ];
     // SAFETY: c is NUL-terminated, ts two timespecs.
-    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    let r = unsafe {
+        libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+    };
     assert_eq!(r, 0, "utimensat {}: {}", p.display(), std::io::Error::last_os_error());
 }
 
@@ -176,7 +189,8 @@ fn setxattr(p: &Path, name: &str, value: &[u8]) {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let n = CString::new(name).unwrap();
     // SAFETY: valid strings and buffer.
-    let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    let r =
+        unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
     assert_eq!(r, 0, "setxattr {} {name}: {}", p.display(), std::io::Error::last_os_error());
 }
 
@@ -209,7 +223,12 @@ fn workload(m: &Path) {
         assert_eq!(seek(&f, 32 << 20, libc::SEEK_HOLE), (32 << 20) + 8192, "SEEK_HOLE after it");
         // Preallocate, punch.
         fallocate(&f, 0, 1 << 20, 1 << 20);
-        fallocate(&f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, (32 << 20) + 4096, 4096);
+        fallocate(
+            &f,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            (32 << 20) + 4096,
+            4096,
+        );
     }
     // Truncate down and up.
     {
@@ -225,8 +244,13 @@ fn workload(m: &Path) {
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
     let dev = CString::new(m.join("deep/null").as_os_str().as_bytes()).unwrap();
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) }, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(
+        // SAFETY: as above.
+        unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) },
+        0,
+        "{}",
+        std::io::Error::last_os_error()
+    );
     // Renames: plain, over an existing file, a directory, an exchange.
     std::fs::write(m.join("r1"), b"one").unwrap();
     std::fs::write(m.join("r2"), b"two").unwrap();
@@ -234,9 +258,20 @@ fn workload(m: &Path) {
     std::fs::rename(m.join("deep/a/b"), m.join("moved-b")).unwrap();
     std::fs::write(m.join("x1"), b"x1").unwrap();
     std::fs::create_dir(m.join("x2")).unwrap();
-    let (a, b) = (CString::new(m.join("x1").as_os_str().as_bytes()).unwrap(), CString::new(m.join("x2").as_os_str().as_bytes()).unwrap());
+    let (a, b) = (
+        CString::new(m.join("x1").as_os_str().as_bytes()).unwrap(),
+        CString::new(m.join("x2").as_os_str().as_bytes()).unwrap(),
+    );
     // SAFETY: NUL-terminated paths.
-    let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
     assert_eq!(r, 0, "RENAME_EXCHANGE: {}", std::io::Error::last_os_error());
     // An unlinked file stays readable while open.
     {
@@ -253,7 +288,10 @@ fn workload(m: &Path) {
     std::fs::remove_file(m.join("deep/a/victim")).unwrap();
     std::fs::create_dir(m.join("deep/empty")).unwrap();
     std::fs::remove_dir(m.join("deep/empty")).unwrap();
-    assert_eq!(std::fs::remove_dir(m.join("deep/a")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    assert_eq!(
+        std::fs::remove_dir(m.join("deep/a")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
     // Attributes.
     std::fs::set_permissions(d.join("odd"), std::fs::Permissions::from_mode(0o4751)).unwrap();
     std::os::unix::fs::lchown(d.join("small"), Some(1234), Some(5678)).unwrap();
@@ -272,11 +310,17 @@ fn workload(m: &Path) {
         let mut f = std::fs::OpenOptions::new().append(true).open(d.join("small")).unwrap();
         f.write_all(b"appended\n").unwrap();
         std::fs::write(m.join("trunc"), data(7, 9000)).unwrap();
-        let mut t = std::fs::OpenOptions::new().write(true).truncate(true).open(m.join("trunc")).unwrap();
+        let mut t =
+            std::fs::OpenOptions::new().write(true).truncate(true).open(m.join("trunc")).unwrap();
         t.write_all(b"short").unwrap();
     }
     // An O_EXCL create of an existing name fails.
-    let e = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(d.join("small")).unwrap_err();
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(d.join("small"))
+        .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
     assert_eq!(std::fs::read(d.join("small")).unwrap(), b"hello, fuse\nappended\n");
 }
@@ -306,7 +350,11 @@ fn workload_through_the_mount_is_what_the_kernel_sees() {
     let k = KernelMount::new(&img, &s.join("kmnt"));
     let kernel = walk(&k.dir);
     let la = run(Command::new("lsattr").arg("-d").arg(k.dir.join("flagged")));
-    assert_eq!(la.split_whitespace().next(), Some(fuse_flags.as_str()), "the kernel sees the flags lsattr showed through the mount");
+    assert_eq!(
+        la.split_whitespace().next(),
+        Some(fuse_flags.as_str()),
+        "the kernel sees the flags lsattr showed through the mount"
+    );
     drop(k);
     // While data is dirty st_blocks is an estimate (the kernel's counts delalloc
     // bytes too, and settles at writeback); everything else must agree at once.
@@ -333,14 +381,19 @@ fn every_unmount_commits_and_releases_the_image() {
     let s = scratch("unmounts");
     let img = s.join("img");
     mkfs(&img, "300M");
-    for (i, how) in [Stop::Sigint, Stop::Sigterm, Stop::Fusermount, Stop::Umount].into_iter().enumerate() {
+    for (i, how) in
+        [Stop::Sigint, Stop::Sigterm, Stop::Fusermount, Stop::Umount].into_iter().enumerate()
+    {
         // A long commit interval: only the unmount commits.
         let m = FuseMount::start(&img, &s.join("mnt"), "commit=300");
         if i == 0 {
             // The mount table names the image and the type `fuse.ubtrfs`.
             let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
             let mnt = s.join("mnt").display().to_string();
-            let line = mounts.lines().find(|l| l.split(' ').nth(1) == Some(mnt.as_str())).expect("the mount is in /proc/self/mounts");
+            let line = mounts
+                .lines()
+                .find(|l| l.split(' ').nth(1) == Some(mnt.as_str()))
+                .expect("the mount is in /proc/self/mounts");
             let f: Vec<&str> = line.split(' ').collect();
             assert_eq!((f[0], f[2]), (img.display().to_string().as_str(), "fuse.ubtrfs"), "{line}");
         }
@@ -348,7 +401,11 @@ fn every_unmount_commits_and_releases_the_image() {
         std::fs::write(s.join("mnt").join(&name), data(i as u64, 200_000)).unwrap();
         m.stop(how);
         let out = bin().arg("cat").arg(&img).arg(format!("/{name}")).output().unwrap();
-        assert!(out.status.success(), "unmount {i}: ubtrfs cat: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "unmount {i}: ubtrfs cat: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(out.stdout, data(i as u64, 200_000), "unmount {i}: the file is on disk");
         assert_check(&img, &format!("unmount {i}"));
     }
@@ -381,7 +438,9 @@ fn kill9_keeps_every_fsynced_byte() {
         let dir = s.join("mnt");
         let writer = std::thread::spawn(move || {
             for k in 0..1000u64 {
-                if std::fs::write(dir.join(format!("unsynced-{round}-{k}")), data(k, 10_000)).is_err() {
+                if std::fs::write(dir.join(format!("unsynced-{round}-{k}")), data(k, 10_000))
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -392,7 +451,8 @@ fn kill9_keeps_every_fsynced_byte() {
         assert_check(&img, &format!("after kill -9 in round {round}"));
         let k = KernelMount::new(&img, &s.join("kmnt"));
         for (name, body) in &synced {
-            let got = std::fs::read(k.dir.join(name)).unwrap_or_else(|e| panic!("round {round}: fsynced {name} lost: {e}"));
+            let got = std::fs::read(k.dir.join(name))
+                .unwrap_or_else(|e| panic!("round {round}: fsynced {name} lost: {e}"));
             assert_eq!(&got, body, "round {round}: fsynced {name} changed");
         }
         drop(k);
@@ -409,7 +469,9 @@ fn copy_of_usr_include_round_trips() {
     }
     let src = Path::new("/usr/include/linux");
     if !src.is_dir() {
-        eprintln!("copy_of_usr_include_round_trips: skipped: no /usr/include/linux on this machine");
+        eprintln!(
+            "copy_of_usr_include_round_trips: skipped: no /usr/include/linux on this machine"
+        );
         return;
     }
     let s = scratch("usrinclude");
@@ -417,8 +479,18 @@ fn copy_of_usr_include_round_trips() {
     mkfs(&img, "1G");
     let m = FuseMount::start(&img, &s.join("mnt"), "compress=zstd");
     run(Command::new("cp").arg("-a").arg(src).arg(s.join("mnt/linux")));
-    let diff = Command::new("diff").arg("-r").arg("--no-dereference").arg(src).arg(s.join("mnt/linux")).output().unwrap();
-    assert!(diff.status.success(), "diff -r of the copy: {}", String::from_utf8_lossy(&diff.stdout));
+    let diff = Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(src)
+        .arg(s.join("mnt/linux"))
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "diff -r of the copy: {}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
     let fuse = walk(&s.join("mnt"));
     m.stop(Stop::Fusermount);
     assert_check(&img, "after cp -a");
@@ -441,24 +513,34 @@ fn cp_through_the_mount_makes_reflink_copies() {
     let s = scratch("reflinkcp");
     let img = s.join("img");
     mkfs(&img, "512M");
-    let data: Vec<u8> = (0..(8u32 << 20) + 777).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data: Vec<u8> =
+        (0..(8u32 << 20) + 777).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let m = FuseMount::start(&img, &s.join("mnt"), "");
     std::fs::write(s.join("mnt/a"), &data).unwrap();
     run(Command::new("cp").arg("--reflink=auto").arg(s.join("mnt/a")).arg(s.join("mnt/b")));
-    assert!(std::fs::read(s.join("mnt/b")).unwrap() == data, "the copy reads differently through the mount");
+    assert!(
+        std::fs::read(s.join("mnt/b")).unwrap() == data,
+        "the copy reads differently through the mount"
+    );
     m.stop(Stop::Fusermount);
     assert_check(&img, "after cp --reflink=auto");
     let k = KernelMount::new(&img, &s.join("kmnt"));
     let shared = kernel::du_shared_bytes(&k.dir);
     assert!(shared >= data.len() as u64, "btrfs filesystem du counts {shared} bytes shared");
-    assert!(std::fs::read(k.dir.join("b")).unwrap() == data, "the kernel reads the copy differently");
+    assert!(
+        std::fs::read(k.dir.join("b")).unwrap() == data,
+        "the kernel reads the copy differently"
+    );
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new().write(true).open(k.dir.join("b")).unwrap();
         f.write_all_at(&[0xeeu8; 65536], 1 << 20).unwrap();
         f.sync_all().unwrap();
     }
-    assert!(std::fs::read(k.dir.join("a")).unwrap() == data, "overwriting the copy changed the source");
+    assert!(
+        std::fs::read(k.dir.join("a")).unwrap() == data,
+        "overwriting the copy changed the source"
+    );
     drop(k);
     assert_check(&img, "after the kernel overwrote the shared copy");
     let _ = std::fs::remove_dir_all(&s);
@@ -481,9 +563,16 @@ fn the_mount_cleaner_drops_deleted_subvolumes() {
         run(Command::new("btrfs").args(["subvolume", "create"]).arg(k.dir.join("big")));
         run(Command::new("btrfs").args(["subvolume", "create"]).arg(k.dir.join("empty")));
         for i in 0..3000 {
-            std::fs::write(k.dir.join(format!("big/f{i}")), format!("file {i} ").repeat(i % 50 + 1)).unwrap();
+            std::fs::write(
+                k.dir.join(format!("big/f{i}")),
+                format!("file {i} ").repeat(i % 50 + 1),
+            )
+            .unwrap();
         }
-        run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(k.dir.join("big")).arg(k.dir.join("big-snap")));
+        run(Command::new("btrfs")
+            .args(["subvolume", "snapshot", "-r"])
+            .arg(k.dir.join("big"))
+            .arg(k.dir.join("big-snap")));
     }
     let i = img.to_str().unwrap();
     run(bin().args(["subvolume", "delete", "--no-clean", i, "/big"]));
@@ -491,7 +580,8 @@ fn the_mount_cleaner_drops_deleted_subvolumes() {
     // The default commit interval (30 s): the cleaner runs at mount and when a deletion
     // wakes it.
     let m = FuseMount::start(&img, &s.join("mnt"), "");
-    std::fs::remove_dir(s.join("mnt/empty")).expect("rmdir of an empty subvolume through the mount");
+    std::fs::remove_dir(s.join("mnt/empty"))
+        .expect("rmdir of an empty subvolume through the mount");
     let e = std::fs::remove_dir(s.join("mnt/big-snap")).expect_err("rmdir of a full subvolume");
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
     assert!(!s.join("mnt/empty").exists());
@@ -512,7 +602,10 @@ fn the_mount_cleaner_drops_deleted_subvolumes() {
     let k = KernelMount::new(&img, &s.join("kmnt"));
     assert!(!k.dir.join("big").exists() && !k.dir.join("empty").exists());
     for i in (0..3000).step_by(37) {
-        assert_eq!(std::fs::read_to_string(k.dir.join(format!("big-snap/f{i}"))).unwrap(), format!("file {i} ").repeat(i % 50 + 1));
+        assert_eq!(
+            std::fs::read_to_string(k.dir.join(format!("big-snap/f{i}"))).unwrap(),
+            format!("file {i} ").repeat(i % 50 + 1)
+        );
     }
     drop(k);
     let _ = std::fs::remove_dir_all(&s);
@@ -536,10 +629,17 @@ fn kill9_during_the_cleaner_resumes_exactly() {
         for d in 0..40 {
             std::fs::create_dir(k.dir.join(format!("big/d{d}"))).unwrap();
             for i in 0..1000 {
-                std::fs::write(k.dir.join(format!("big/d{d}/f{i}")), format!("{d}/{i} ").repeat(i % 30 + 1)).unwrap();
+                std::fs::write(
+                    k.dir.join(format!("big/d{d}/f{i}")),
+                    format!("{d}/{i} ").repeat(i % 30 + 1),
+                )
+                .unwrap();
             }
         }
-        run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(k.dir.join("big")).arg(k.dir.join("snap")));
+        run(Command::new("btrfs")
+            .args(["subvolume", "snapshot", "-r"])
+            .arg(k.dir.join("big"))
+            .arg(k.dir.join("snap")));
         // The source changes after the snapshot: its own blocks and shared ones mix.
         for d in (0..40).step_by(3) {
             std::fs::write(k.dir.join(format!("big/d{d}/f7")), b"changed").unwrap();
@@ -560,7 +660,9 @@ fn kill9_during_the_cleaner_resumes_exactly() {
         mid_drop += usize::from(!run(bin().args(["subvolume", "list", "-d", i])).trim().is_empty());
     }
     assert!(mid_drop > 0, "every kill came after the cleaner had finished");
-    eprintln!("kill9_during_the_cleaner_resumes_exactly: {mid_drop} kills landed before the drop's end");
+    eprintln!(
+        "kill9_during_the_cleaner_resumes_exactly: {mid_drop} kills landed before the drop's end"
+    );
     run(bin().args(["subvolume", "sync", i]));
     assert!(run(bin().args(["subvolume", "list", "-d", i])).trim().is_empty());
     assert_check(&img, "after the resumed drop");
@@ -568,7 +670,10 @@ fn kill9_during_the_cleaner_resumes_exactly() {
     assert!(!k.dir.join("big").exists());
     for d in (0..40).step_by(7) {
         for i in (0..1000).step_by(97) {
-            assert_eq!(std::fs::read_to_string(k.dir.join(format!("snap/d{d}/f{i}"))).unwrap(), format!("{d}/{i} ").repeat(i % 30 + 1));
+            assert_eq!(
+                std::fs::read_to_string(k.dir.join(format!("snap/d{d}/f{i}"))).unwrap(),
+                format!("{d}/{i} ").repeat(i % 30 + 1)
+            );
         }
     }
     drop(k);
@@ -598,11 +703,21 @@ fn subvolume_commands_through_the_mount() {
     run(bin().args(["subvolume", "snapshot", mp, "/sv", "/sv-rw"]));
     std::fs::write(mnt.join("sv-rw/f1"), b"changed in the snapshot").unwrap();
     assert_eq!(std::fs::read_to_string(mnt.join("sv-ro/f199")).unwrap(), "199".repeat(200));
-    let e = std::fs::write(mnt.join("sv-ro/new"), b"x").expect_err("a write into the read-only snapshot");
+    let e = std::fs::write(mnt.join("sv-ro/new"), b"x")
+        .expect_err("a write into the read-only snapshot");
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     // Deleting is for root (CAP_SYS_ADMIN), as on the kernel without user_subvol_rm_allowed.
-    let o = Command::new("setpriv").args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]).arg(env!("CARGO_BIN_EXE_ubtrfs")).args(["subvolume", "delete", mp, "/sv-rw"]).output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not permitted"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_ubtrfs"))
+        .args(["subvolume", "delete", mp, "/sv-rw"])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not permitted"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     run(bin().args(["subvolume", "delete", mp, "/sv"]));
     assert!(!mnt.join("sv").exists(), "the mount still shows the deleted subvolume");
     assert_eq!(std::fs::read_to_string(mnt.join("sv-rw/f1")).unwrap(), "changed in the snapshot");
@@ -617,7 +732,10 @@ fn subvolume_commands_through_the_mount() {
     assert_eq!(std::fs::read_to_string(k.dir.join("f1")).unwrap(), "changed in the snapshot");
     assert_eq!(std::fs::read_to_string(k.dir.join("f7")).unwrap(), "7".repeat(8));
     let list = run(Command::new("btrfs").args(["subvolume", "list", "-r"]).arg(&k.dir));
-    assert!(list.lines().any(|l| l.ends_with("path sv-ro")) && !list.contains("path sv\n"), "{list}");
+    assert!(
+        list.lines().any(|l| l.ends_with("path sv-ro")) && !list.contains("path sv\n"),
+        "{list}"
+    );
     drop(k);
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -646,7 +764,10 @@ fn statfs_agrees_with_the_kernel() {
     assert_eq!(ours.1, theirs.1, "total blocks");
     let slack = (32u64 << 20) / ours.0;
     for (what, a, b) in [("free", ours.2, theirs.2), ("available", ours.3, theirs.3)] {
-        assert!(a.abs_diff(b) <= slack, "{what} blocks: ours {a}, the kernel's {b} (allowed {slack} apart)");
+        assert!(
+            a.abs_diff(b) <= slack,
+            "{what} blocks: ours {a}, the kernel's {b} (allowed {slack} apart)"
+        );
     }
     assert_eq!(ours.4, 255, "name length");
     let _ = std::fs::remove_dir_all(&s);
@@ -713,7 +834,12 @@ fn wait_unlocked(img: &Path) {
         if out.status.success() {
             return;
         }
-        assert!(t.elapsed() < Duration::from_secs(60), "the daemon still holds {}: {}", img.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the daemon still holds {}: {}",
+            img.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -735,7 +861,10 @@ fn bad_input_is_refused_by_name() {
     let m = FuseMount::start(&img, &mnt, "");
     // (A second mount of it is a bind mount as root: mount_options.rs.)
     let err = fails(bin().args(["mkdir"]).arg(&img).arg("/x"));
-    assert!(err.contains(&img.display().to_string()), "a second writer is refused naming the image: {err}");
+    assert!(
+        err.contains(&img.display().to_string()),
+        "a second writer is refused naming the image: {err}"
+    );
     m.stop(Stop::Sigterm);
     let junk = s.join("junk");
     std::fs::write(&junk, vec![0u8; 1 << 20]).unwrap();
@@ -769,10 +898,16 @@ fn refused_truncating_open_of_a_running_program_truncates_nothing() {
     let want = std::fs::read("/bin/sleep").unwrap();
     std::fs::write(&prog, &want).unwrap();
     std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut child = Command::new(&prog).arg("30").spawn().expect("run the copy of sleep on the mount");
+    let mut child =
+        Command::new(&prog).arg("30").spawn().expect("run the copy of sleep on the mount");
     // Let it settle into its sleep, as a long-running program would be.
     std::thread::sleep(Duration::from_millis(300));
-    for (what, flags) in [("O_WRONLY", libc::O_WRONLY), ("O_RDWR", libc::O_RDWR), ("O_RDONLY|O_TRUNC", libc::O_RDONLY | libc::O_TRUNC), ("O_WRONLY|O_TRUNC", libc::O_WRONLY | libc::O_TRUNC)] {
+    for (what, flags) in [
+        ("O_WRONLY", libc::O_WRONLY),
+        ("O_RDWR", libc::O_RDWR),
+        ("O_RDONLY|O_TRUNC", libc::O_RDONLY | libc::O_TRUNC),
+        ("O_WRONLY|O_TRUNC", libc::O_WRONLY | libc::O_TRUNC),
+    ] {
         let err = std::fs::OpenOptions::new()
             .read(flags & libc::O_ACCMODE != libc::O_WRONLY)
             .write(flags & libc::O_ACCMODE != libc::O_RDONLY)
@@ -780,8 +915,16 @@ fn refused_truncating_open_of_a_running_program_truncates_nothing() {
             .open(&prog)
             .map(|_| ())
             .expect_err(what);
-        assert_eq!(err.raw_os_error(), Some(libc::ETXTBSY), "open({what}) of a running program: {err}");
-        assert_eq!(std::fs::metadata(&prog).unwrap().len(), want.len() as u64, "open({what}) was refused but changed the size");
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::ETXTBSY),
+            "open({what}) of a running program: {err}"
+        );
+        assert_eq!(
+            std::fs::metadata(&prog).unwrap().len(),
+            want.len() as u64,
+            "open({what}) was refused but changed the size"
+        );
     }
     assert!(child.try_wait().unwrap().is_none(), "the program died under the refused opens");
     assert!(std::fs::read(&prog).unwrap() == want, "the program's bytes changed");
@@ -807,7 +950,12 @@ fn assert_shows(out: &str, wants: &[&str]) {
 /// then through `ubtrfs mount -o OPTS` of another: the scratch directory, the mount's
 /// image (unmounted again), and the script's output on the mount and on the kernel.
 /// A failing script fails the test, naming `what`.
-fn same_script_on_both(tag: &str, what: &str, script: &str, opts: &str) -> (PathBuf, PathBuf, PathBuf, String, String) {
+fn same_script_on_both(
+    tag: &str,
+    what: &str,
+    script: &str,
+    opts: &str,
+) -> (PathBuf, PathBuf, PathBuf, String, String) {
     let s = scratch(tag);
     std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
     let (kimg, uimg) = (s.join("k.img"), s.join("u.img"));
@@ -819,7 +967,12 @@ fn same_script_on_both(tag: &str, what: &str, script: &str, opts: &str) -> (Path
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let out = Command::new("bash").arg(&path).arg(dir).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "the {what} script failed in {}: {text}{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "the {what} script failed in {}: {text}{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         text
     };
     let k = KernelMount::new(&kimg, &s.join("kmnt"));
@@ -856,17 +1009,47 @@ as_daemon 'touch e/f' write-e/f
 as_daemon 'touch d/sub/new' create-in-d/sub
 "#;
     let (s, kimg, uimg, ours, kernel) = same_script_on_both("acl", "ACL", SCRIPT, "allow_other");
-    assert_eq!(ours, kernel, "getfacl, modes and access through the mount differ from the kernel's");
+    assert_eq!(
+        ours, kernel,
+        "getfacl, modes and access through the mount differ from the kernel's"
+    );
     // The script shows inheritance and enforcement, not only agreement.
-    assert_shows(&ours, &["== d/sub drwxrwx---", "default:user:daemon:rwx", "== d/f -rw-rw----", "== e/f -rw-r--r--", "read-g ok", "write-d/f ok", "write-e/f denied", "create-in-d/sub ok"]);
+    assert_shows(
+        &ours,
+        &[
+            "== d/sub drwxrwx---",
+            "default:user:daemon:rwx",
+            "== d/f -rw-rw----",
+            "== e/f -rw-r--r--",
+            "read-g ok",
+            "write-d/f ok",
+            "write-e/f denied",
+            "create-in-d/sub ok",
+        ],
+    );
     assert_check(&uimg, "after the ACL script");
     // What the mount stored reads the same in the kernel.
     let k = KernelMount::new(&uimg, &s.join("kmnt"));
-    let facl = |p: &Path| String::from_utf8_lossy(&Command::new("getfacl").args(["-p", "-R", "--omit-header"]).arg(p).current_dir(p).output().unwrap().stdout).into_owned();
+    let facl = |p: &Path| {
+        String::from_utf8_lossy(
+            &Command::new("getfacl")
+                .args(["-p", "-R", "--omit-header"])
+                .arg(p)
+                .current_dir(p)
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .into_owned()
+    };
     let in_kernel = facl(&k.dir);
     drop(k);
     let k = KernelMount::new(&kimg, &s.join("kmnt"));
-    assert_eq!(in_kernel, facl(&k.dir), "the kernel reads other ACLs from the mount's image than from its own");
+    assert_eq!(
+        in_kernel,
+        facl(&k.dir),
+        "the kernel reads other ACLs from the mount's image than from its own"
+    );
     drop(k);
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -898,10 +1081,23 @@ printf y >> cap; echo "cap after write: $(getcap cap)"
 setcap cap_net_raw+ep cap; printf y >> cap; echo "cap after a second setcap and write: $(getcap cap)"
 for f in w t a r c n cap; do echo "$f $(stat -c '%a %s' $f) $(cksum < $f)"; done
 "#;
-    let (s, _, uimg, ours, kernel) = same_script_on_both("suid", "set-user-ID", SCRIPT, "allow_other,default_permissions");
+    let (s, _, uimg, ours, kernel) =
+        same_script_on_both("suid", "set-user-ID", SCRIPT, "allow_other,default_permissions");
     assert_eq!(ours, kernel, "modes or capabilities through the mount differ from the kernel's");
     // The script shows the bits going, not only agreement.
-    assert_shows(&ours, &["\nw 777 11 ", "\nt 777 4 ", "\na 777 65536 ", "\nr 6777 11 ", "\nc 777 10 ", "\nn 767 11 ", "cap before: cap cap_net_raw=ep", "cap after write: \n"]);
+    assert_shows(
+        &ours,
+        &[
+            "\nw 777 11 ",
+            "\nt 777 4 ",
+            "\na 777 65536 ",
+            "\nr 6777 11 ",
+            "\nc 777 10 ",
+            "\nn 767 11 ",
+            "cap before: cap cap_net_raw=ep",
+            "cap after write: \n",
+        ],
+    );
     assert_check(&uimg, "after the set-user-ID script");
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -962,7 +1158,12 @@ fn a_full_image_refuses_the_write_as_the_kernel_does() {
 echo "size $(stat -c %s big)"
 "#;
     let (s, _, uimg, ours, kernel) = same_script_on_both("full", "full image", SCRIPT, "");
-    let size = |out: &str| -> u64 { out.lines().find_map(|l| l.strip_prefix("size ")).and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("no size in {out:?}")) };
+    let size = |out: &str| -> u64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix("size "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no size in {out:?}"))
+    };
     assert!(kernel.contains("ENOSPC\n") && !kernel.contains("fit"), "the kernel's dd: {kernel}");
     assert!(ours.contains("ENOSPC\n") && !ours.contains("fit"), "our dd: {ours}");
     let (k, u) = (size(&kernel), size(&ours));
@@ -1001,13 +1202,26 @@ fn memory_stays_bounded_under_a_large_write() {
         f.sync_all().unwrap();
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", m.pid())).unwrap();
-    let hwm_kib: u64 = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).expect("VmHWM");
+    let hwm_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
     eprintln!("peak RSS of the mount after a 1 GiB write: {} MiB", hwm_kib >> 10);
-    assert!(hwm_kib < (32 + 32 + 160) << 10, "peak RSS {} MiB past the caches (64 MiB) and the allowance", hwm_kib >> 10);
+    assert!(
+        hwm_kib < (32 + 32 + 160) << 10,
+        "peak RSS {} MiB past the caches (64 MiB) and the allowance",
+        hwm_kib >> 10
+    );
     m.stop(Stop::Sigterm);
     assert_check(&img, "after the large write");
     let k = KernelMount::new(&img, &s.join("kmnt"));
-    assert_eq!(sha_file(&k.dir.join("big")), format!("{:x}", sha.finalize()), "the kernel reads other bytes");
+    assert_eq!(
+        sha_file(&k.dir.join("big")),
+        format!("{:x}", sha.finalize()),
+        "the kernel reads other bytes"
+    );
     drop(k);
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -1015,7 +1229,8 @@ fn memory_stays_bounded_under_a_large_write() {
 /// A test tool installed with `cargo install NAME` (in PATH or ~/.cargo/bin); None,
 /// after saying why, when it is missing outside CI.
 fn cargo_tool(test: &str, name: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     if let Some(h) = std::env::var_os("HOME") {
         dirs.push(PathBuf::from(h).join(".cargo/bin"));
     }
@@ -1061,8 +1276,12 @@ fn fsx_through_the_mount() {
         return;
     }
     let Some(fsx) = cargo_tool("fsx_through_the_mount", "fsx") else { return };
-    let ops: u64 = std::env::var("UBTRFS_FSX_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
-    let seeds: Vec<u64> = match std::env::var("UBTRFS_FSX_SEEDS").ok().and_then(|v| v.split_once("..").map(|(a, b)| (a.parse().ok(), b.parse().ok()))) {
+    let ops: u64 =
+        std::env::var("UBTRFS_FSX_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let seeds: Vec<u64> = match std::env::var("UBTRFS_FSX_SEEDS")
+        .ok()
+        .and_then(|v| v.split_once("..").map(|(a, b)| (a.parse().ok(), b.parse().ok())))
+    {
         Some((Some(a), Some(b))) => (a..b).collect(),
         _ => (1..5).collect(),
     };
@@ -1091,19 +1310,37 @@ fn fsx_through_the_mount() {
         .collect();
     for (seed, c) in runs {
         let out = c.wait_with_output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(
             out.status.success() && text.contains("All operations completed A-OK!"),
             "fsx seed {seed} ({ops} operations) failed:\n{}",
-            text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            text.lines()
+                .rev()
+                .take(40)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
-    let shas: Vec<(u64, String)> = seeds.iter().map(|&seed| (seed, sha_file(&s.join("mnt").join(format!("fsx{seed}"))))).collect();
+    let shas: Vec<(u64, String)> = seeds
+        .iter()
+        .map(|&seed| (seed, sha_file(&s.join("mnt").join(format!("fsx{seed}")))))
+        .collect();
     m.stop(Stop::Sigterm);
     assert_check(&img, "after fsx");
     let k = KernelMount::new(&img, &s.join("kmnt"));
     for (seed, sha) in shas {
-        assert_eq!(sha_file(&k.dir.join(format!("fsx{seed}"))), sha, "fsx seed {seed}: the kernel reads other bytes");
+        assert_eq!(
+            sha_file(&k.dir.join(format!("fsx{seed}"))),
+            sha,
+            "fsx seed {seed}: the kernel reads other bytes"
+        );
     }
     drop(k);
     let _ = std::fs::remove_dir_all(&s);
@@ -1127,13 +1364,23 @@ entries = [
 /// pjdfstest's results: test name to ok / FAILED / skipped (a failure with the
 /// message pjdfstest printed under it), and its summary line.
 fn pjdfstest(tool: &Path, config: &Path, dir: &Path) -> (BTreeMap<String, String>, String) {
-    let out = Command::new(tool).arg("-c").arg(config).arg("-p").arg(dir).output().expect("run pjdfstest");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let out = Command::new(tool)
+        .arg("-c")
+        .arg(config)
+        .arg("-p")
+        .arg(dir)
+        .output()
+        .expect("run pjdfstest");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let mut res = BTreeMap::new();
     let mut failing: Option<String> = None;
     for l in text.lines() {
         let w: Vec<&str> = l.split_whitespace().collect();
-        if w.len() >= 2 && w[0].contains("::") && matches!(w[w.len() - 1], "ok" | "FAILED" | "skipped") {
+        if w.len() >= 2
+            && w[0].contains("::")
+            && matches!(w[w.len() - 1], "ok" | "FAILED" | "skipped")
+        {
             res.insert(w[0].to_string(), w[w.len() - 1].to_string());
             failing = (w[w.len() - 1] == "FAILED").then(|| w[0].to_string());
         } else if l.starts_with("Backtrace") {
@@ -1144,7 +1391,8 @@ fn pjdfstest(tool: &Path, config: &Path, dir: &Path) -> (BTreeMap<String, String
             r.push_str(l.trim());
         }
     }
-    let summary = text.lines().find(|l| l.starts_with("Summary:")).unwrap_or("no summary").to_string();
+    let summary =
+        text.lines().find(|l| l.starts_with("Summary:")).unwrap_or("no summary").to_string();
     assert!(res.len() > 300, "pjdfstest on {} ran {} tests: {text}", dir.display(), res.len());
     (res, summary)
 }
@@ -1157,7 +1405,9 @@ fn pjdfstest_passes_what_the_kernel_passes() {
     if !fuse_available("pjdfstest_passes_what_the_kernel_passes") {
         return;
     }
-    let Some(tool) = cargo_tool("pjdfstest_passes_what_the_kernel_passes", "pjdfstest") else { return };
+    let Some(tool) = cargo_tool("pjdfstest_passes_what_the_kernel_passes", "pjdfstest") else {
+        return;
+    };
     let s = scratch("pjdfstest");
     // pjdfstest switches to these users: the scratch tree must be theirs to walk.
     std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -1175,10 +1425,22 @@ fn pjdfstest_passes_what_the_kernel_passes() {
     assert!(!err.contains("error"), "the mount reported errors: {err}");
     eprintln!("pjdfstest: kernel btrfs: {ksum}\npjdfstest: ubtrfs mount: {usum}");
     let passed = |r: &BTreeMap<String, String>| r.values().filter(|v| *v == "ok").count();
-    let regressions: Vec<String> =
-        kernel.iter().filter(|(t, v)| *v == "ok" && ours.get(*t).map(String::as_str) != Some("ok")).map(|(t, _)| format!("{t}: {}", ours.get(t).map_or("not run", String::as_str))).collect();
-    assert!(regressions.is_empty(), "tests the kernel passes and the mount does not:\n{}", regressions.join("\n"));
-    assert!(passed(&ours) >= passed(&kernel), "the mount passes {} tests, the kernel {}", passed(&ours), passed(&kernel));
+    let regressions: Vec<String> = kernel
+        .iter()
+        .filter(|(t, v)| *v == "ok" && ours.get(*t).map(String::as_str) != Some("ok"))
+        .map(|(t, _)| format!("{t}: {}", ours.get(t).map_or("not run", String::as_str)))
+        .collect();
+    assert!(
+        regressions.is_empty(),
+        "tests the kernel passes and the mount does not:\n{}",
+        regressions.join("\n")
+    );
+    assert!(
+        passed(&ours) >= passed(&kernel),
+        "the mount passes {} tests, the kernel {}",
+        passed(&ours),
+        passed(&kernel)
+    );
     assert_check(&uimg, "after pjdfstest");
     let _ = std::fs::remove_dir_all(&s);
 }
@@ -1191,9 +1453,14 @@ fn fio_verify_jobs() {
     if !fuse_available("fio_verify_jobs") {
         return;
     }
-    let Some(fio) = ["/usr/bin/fio", "/usr/local/bin/fio"].iter().map(PathBuf::from).find(|p| p.is_file()) else {
+    let Some(fio) =
+        ["/usr/bin/fio", "/usr/local/bin/fio"].iter().map(PathBuf::from).find(|p| p.is_file())
+    else {
         let why = "fio_verify_jobs: skipped: needs fio (apt-get install fio)";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}, and CI=true forbids skipping");
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{why}, and CI=true forbids skipping"
+        );
         eprintln!("{why}");
         return;
     };
@@ -1213,15 +1480,34 @@ fn fio_verify_jobs() {
             .args(["--name", name, "--directory"])
             .arg(&mnt)
             .args(args)
-            .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0", "--end_fsync=1", "--ioengine=psync", "--group_reporting"])
+            .args([
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--verify_state_save=0",
+                "--end_fsync=1",
+                "--ioengine=psync",
+                "--group_reporting",
+            ])
             // fio leaves nothing in the working directory (its state files would).
             .current_dir(&s)
             .output()
             .unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success() && !text.contains("verify: bad"), "fio {name} failed:\n{text}");
-        let errs: Vec<&str> = text.lines().filter(|l| l.contains("err=") && !l.contains("err= 0")).collect();
-        assert!(text.contains("err= 0") && errs.is_empty(), "fio {name} reported errors: {errs:?}\n{text}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && !text.contains("verify: bad"),
+            "fio {name} failed:\n{text}"
+        );
+        let errs: Vec<&str> =
+            text.lines().filter(|l| l.contains("err=") && !l.contains("err= 0")).collect();
+        assert!(
+            text.contains("err= 0") && errs.is_empty(),
+            "fio {name} reported errors: {errs:?}\n{text}"
+        );
     }
     let fuse = walk(&mnt);
     m.stop(Stop::Sigterm);
@@ -1266,7 +1552,10 @@ fn read_only_mount_changes_nothing() {
     let err = m.stop(Stop::Fusermount);
     // Reads, closes and forgets of a read-only mount report nothing (no eviction is
     // tried: there is nothing to write, and nothing may be written).
-    assert!(!err.to_lowercase().contains("error") && !err.contains("read-only"), "the read-only mount reported: {err}");
+    assert!(
+        !err.to_lowercase().contains("error") && !err.contains("read-only"),
+        "the read-only mount reported: {err}"
+    );
     run(Command::new("chattr").arg("-i").arg(&img));
     assert_eq!(sha_file(&img), before, "a read-only mount changed the image");
     // The kernel's view and ours agree; atimes are not compared (ro moves none).
@@ -1300,9 +1589,14 @@ fn readers_stream_through_a_large_write_and_commit() {
     let bytes = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = (0..2)
         .map(|i| {
-            let (stop, log, bytes, p) = (stop.clone(), log.clone(), bytes.clone(), mnt.join(format!("r{i}")));
+            let (stop, log, bytes, p) =
+                (stop.clone(), log.clone(), bytes.clone(), mnt.join(format!("r{i}")));
             std::thread::spawn(move || {
-                let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&p).unwrap();
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&p)
+                    .unwrap();
                 let mut buf = AlignedBuf::new(1 << 20);
                 let mut off = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -1331,8 +1625,13 @@ fn readers_stream_through_a_large_write_and_commit() {
             r.join().unwrap();
         }
         let log = log.lock().unwrap();
-        let during: Vec<Duration> = log.iter().filter(|(end, lat)| *end >= sync_start && *end - *lat <= sync_end).map(|(_, l)| *l).collect();
-        let worst = log.iter().filter(|(end, _)| *end >= t0).map(|(_, l)| *l).max().unwrap_or_default();
+        let during: Vec<Duration> = log
+            .iter()
+            .filter(|(end, lat)| *end >= sync_start && *end - *lat <= sync_end)
+            .map(|(_, l)| *l)
+            .collect();
+        let worst =
+            log.iter().filter(|(end, _)| *end >= t0).map(|(_, l)| *l).max().unwrap_or_default();
         let fsync = sync_end - sync_start;
         eprintln!(
             "stall: 256 MiB write {:?}, fsync {fsync:?}; readers: {} reads during the fsync, longest wait {worst:?}, {} MiB read in all",
@@ -1340,7 +1639,10 @@ fn readers_stream_through_a_large_write_and_commit() {
             during.len(),
             bytes.load(Ordering::Relaxed) >> 20
         );
-        assert!(!during.is_empty() || fsync < Duration::from_millis(50), "no read finished during a {fsync:?} fsync");
+        assert!(
+            !during.is_empty() || fsync < Duration::from_millis(50),
+            "no read finished during a {fsync:?} fsync"
+        );
         let bound = Duration::from_millis(500).max(fsync / 2);
         assert!(worst < bound, "a reader waited {worst:?} (fsync {fsync:?}, bound {bound:?})");
     }
@@ -1373,7 +1675,12 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align(self.len, 4096).unwrap()) };
+        unsafe {
+            std::alloc::dealloc(
+                self.ptr,
+                std::alloc::Layout::from_size_align(self.len, 4096).unwrap(),
+            )
+        };
     }
 }
 
@@ -1392,10 +1699,15 @@ fn subvolume_placeholders_through_the_mount() {
     }
     let s = scratch("placeholders");
     let img = s.join("img");
-    run(Command::new("bash").arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../xtask/nested_snapshot.sh")).arg(&img));
+    run(Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../xtask/nested_snapshot.sh"))
+        .arg(&img));
     let mnt = s.join("mnt");
     let m = FuseMount::start(&img, &mnt, "");
-    let (sv, home) = (std::fs::metadata(mnt.join("snap/sv")).unwrap(), std::fs::metadata(mnt.join("snap/home")).unwrap());
+    let (sv, home) = (
+        std::fs::metadata(mnt.join("snap/sv")).unwrap(),
+        std::fs::metadata(mnt.join("snap/home")).unwrap(),
+    );
     for (md, what) in [(&sv, "snap/sv"), (&home, "snap/home")] {
         assert!(md.is_dir(), "{what}");
         assert_eq!((md.mode(), md.nlink(), md.size(), md.uid()), (0o40755, 1, 0, 0), "{what}");
@@ -1406,7 +1718,10 @@ fn subvolume_placeholders_through_the_mount() {
     assert_eq!(errno(std::fs::read(mnt.join("snap/sv/f")).map(drop)), Some(libc::ENOENT));
     assert_eq!(errno(std::fs::write(mnt.join("snap/sv/new"), b"x")), Some(libc::EACCES));
     assert_eq!(errno(std::fs::create_dir(mnt.join("snap/sv/d"))), Some(libc::EPERM));
-    assert_eq!(errno(std::fs::rename(mnt.join("snap/sv"), mnt.join("snap/sv2"))), Some(libc::ENOTEMPTY));
+    assert_eq!(
+        errno(std::fs::rename(mnt.join("snap/sv"), mnt.join("snap/sv2"))),
+        Some(libc::ENOTEMPTY)
+    );
     // Still writable after the refusals.
     std::fs::write(mnt.join("snap/after"), b"after").unwrap();
     run(Command::new("rm").arg("-rf").arg(mnt.join("snap/sv")).arg(mnt.join("svsnap/inner")));
@@ -1421,12 +1736,19 @@ fn subvolume_placeholders_through_the_mount() {
     let o = bin().arg("extract").arg(&img).arg(&out).output().unwrap();
     assert!(o.status.success(), "extract: {}", String::from_utf8_lossy(&o.stderr));
     for p in ["snap-ro/sv", "snap-ro/home", "snap-ro/snap", "snap-ro/svsnap", "snap/home"] {
-        assert_eq!(std::fs::read_dir(out.join(p)).unwrap_or_else(|e| panic!("{p}: {e}")).count(), 0, "{p}");
+        assert_eq!(
+            std::fs::read_dir(out.join(p)).unwrap_or_else(|e| panic!("{p}: {e}")).count(),
+            0,
+            "{p}"
+        );
     }
     assert_eq!(std::fs::read(out.join("sv/inner/g")).unwrap(), b"in-inner\n");
     let k = KernelMount::new(&img, &s.join("kmnt"));
     let names = |d: &str| {
-        let mut v: Vec<String> = std::fs::read_dir(k.dir.join(d)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(k.dir.join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     };
@@ -1518,7 +1840,12 @@ printf data > r; touch -d 2000-01-01 r; cat r > /dev/null
 mkdir dr; touch -d 2000-01-01 dr; ls dr > /dev/null
 [ "$(stat -c %X dr)" -gt 946771200 ] && echo "a listing moved atime" || echo "a listing left atime"
 "#;
-    let (s, _, uimg, ours, kernel) = same_script_on_both("attrs", "daemon-made attribute", SCRIPT, "allow_other,default_permissions");
+    let (s, _, uimg, ours, kernel) = same_script_on_both(
+        "attrs",
+        "daemon-made attribute",
+        SCRIPT,
+        "allow_other,default_permissions",
+    );
     assert_eq!(ours, kernel, "stat after a daemon-made change differs from the kernel's");
     assert_shows(
         &ours,
@@ -1567,7 +1894,14 @@ mkdir dd; out=$(xfs_io -r -c "chattr +P" dd 2>&1) || true; echo "dir +P ${out#*:
 "#;
     let (s, _, uimg, ours, kernel) = same_script_on_both("fsxattr", "fsxattr", SCRIPT, "");
     assert_eq!(ours, kernel, "xfs_io chattr/lsattr through the mount differ from the kernel's");
-    assert_shows(&ours, &["+a rc=0  -----a---------C------ ---a-------------", "+d rc=0  ------d--------C------ ------d----------", "+x rc=1 cannot set flags on z: Operation not supported"]);
+    assert_shows(
+        &ours,
+        &[
+            "+a rc=0  -----a---------C------ ---a-------------",
+            "+d rc=0  ------d--------C------ ------d----------",
+            "+x rc=1 cannot set flags on z: Operation not supported",
+        ],
+    );
     assert_check(&uimg, "after xfs_io chattr");
     let _ = std::fs::remove_dir_all(&s);
 }

@@ -36,7 +36,11 @@ use std::time::Instant;
 /// Every operation the kernel side can run through a mount: all but the engine-only
 /// Commit and Reopen.
 fn available() -> Vec<OpKind> {
-    posix::WEIGHTS.iter().map(|w| w.0).filter(|k| !matches!(k, OpKind::Commit | OpKind::Reopen)).collect()
+    posix::WEIGHTS
+        .iter()
+        .map(|w| w.0)
+        .filter(|k| !matches!(k, OpKind::Commit | OpKind::Reopen))
+        .collect()
 }
 
 /// What differs between the two mounts for reasons that are not the filesystem's,
@@ -70,7 +74,10 @@ fn flagged(k: &Kernel, p: &posix::P) -> bool {
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number"))).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")))
+        .unwrap_or(default)
 }
 
 /// One seed: returns (operations run, refusals seen) or the first disagreement.
@@ -102,13 +109,19 @@ fn run_seed(seed: u64, ops: u64, check_every: u64) -> Result<(u64, u64), String>
         n += 1;
         refused += u64::from(kr.is_err());
         if kr != ur {
-            result = Err(format!("seed {seed} (mkfs {:?}) op {i}: {op}\n    kernel: {kr:?}\n    mount:  {ur:?}", posix::mkfs_args(seed)));
+            result = Err(format!(
+                "seed {seed} (mkfs {:?}) op {i}: {op}\n    kernel: {kr:?}\n    mount:  {ur:?}",
+                posix::mkfs_args(seed)
+            ));
             break;
         }
         if (i + 1) % check_every == 0 {
             let d = diff_xtrees(&xwalk_kernel(&kdir), &xwalk_kernel(&m.dir), 10);
             if !d.is_empty() {
-                result = Err(format!("seed {seed} after op {i}: the trees differ:\n    {}", d.join("\n    ")));
+                result = Err(format!(
+                    "seed {seed} after op {i}: the trees differ:\n    {}",
+                    d.join("\n    ")
+                ));
                 break;
             }
         }
@@ -124,7 +137,10 @@ fn run_seed(seed: u64, ops: u64, check_every: u64) -> Result<(u64, u64), String>
     let d = diff_xtrees(&kernel_tree, &xwalk_kernel(&kdir), 10);
     let _ = write_common::umount_retrying(&kdir);
     if !d.is_empty() {
-        return Err(format!("seed {seed}: the kernel reads the mount's image otherwise:\n    {}", d.join("\n    ")));
+        return Err(format!(
+            "seed {seed}: the kernel reads the mount's image otherwise:\n    {}",
+            d.join("\n    ")
+        ));
     }
     let _ = std::fs::remove_dir_all(&s);
     Ok((n, refused))
@@ -132,7 +148,10 @@ fn run_seed(seed: u64, ops: u64, check_every: u64) -> Result<(u64, u64), String>
 
 #[test]
 fn refusals_through_the_mount_are_the_kernels() {
-    if !common::kernel_available_with("refusals_through_the_mount_are_the_kernels", &["/dev/fuse", "/usr/bin/fusermount3"]) {
+    if !common::kernel_available_with(
+        "refusals_through_the_mount_are_the_kernels",
+        &["/dev/fuse", "/usr/bin/fusermount3"],
+    ) {
         return;
     }
     // SAFETY: umask only sets this process's file creation mask.
@@ -140,7 +159,11 @@ fn refusals_through_the_mount_are_the_kernels() {
     let spec = std::env::var("UBTRFS_MOUNT_DIFF_SEEDS").unwrap_or_else(|_| "700..704".into());
     let (a, b) = spec.split_once("..").unwrap_or((&spec, ""));
     let first: u64 = a.parse().expect("seed");
-    let seeds: Vec<u64> = if b.is_empty() { vec![first] } else { (first..b.parse().expect("seed range end")).collect() };
+    let seeds: Vec<u64> = if b.is_empty() {
+        vec![first]
+    } else {
+        (first..b.parse().expect("seed range end")).collect()
+    };
     let ops = env_u64("UBTRFS_MOUNT_DIFF_OPS", 1500);
     let t = Instant::now();
     let (mut total, mut refused) = (0, 0);
@@ -157,7 +180,10 @@ fn refusals_through_the_mount_are_the_kernels() {
             }
         }
     }
-    eprintln!("mount_diff: {total} operations, {refused} refused as the kernel refused them, in {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "mount_diff: {total} operations, {refused} refused as the kernel refused them, in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     assert!(failures.is_empty(), "{} seeds disagree:\n{}", failures.len(), failures.join("\n\n"));
     assert!(refused * 4 > total, "only {refused} of {total} operations were refusals");
 }

@@ -43,7 +43,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn available(test: &str) -> bool {
-    kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3", "/usr/bin/unshare", "/usr/bin/nsenter", "/usr/bin/setpriv"])
+    kernel::kernel_available_with(
+        test,
+        &[
+            "/dev/fuse",
+            "/usr/bin/fusermount3",
+            "/usr/bin/unshare",
+            "/usr/bin/nsenter",
+            "/usr/bin/setpriv",
+        ],
+    )
 }
 
 /// A private mount namespace for one test: /usr/sbin overlaid with the ubtrfs helpers,
@@ -75,7 +84,11 @@ impl Ns {
             script.push_str(&format!("mount --bind {} /dev/fuse; ", node.display()));
         }
         script.push_str("echo ready; exec sleep 100000");
-        let mut holder = Command::new("unshare").args(["-m", "sh", "-c", &script]).stdout(Stdio::piped()).spawn().expect("unshare");
+        let mut holder = Command::new("unshare")
+            .args(["-m", "sh", "-c", &script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare");
         let mut line = String::new();
         BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "ready", "the namespace did not start");
@@ -96,7 +109,16 @@ impl Ns {
     /// `sh -c script` inside the namespace as user `uid` (with its groups).
     fn user_sh(&self, uid: u32, home: &Path, script: &str) -> Command {
         let mut c = self.cmd("setpriv");
-        c.args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--init-groups", "sh", "-c", script]);
+        c.args([
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &uid.to_string(),
+            "--init-groups",
+            "sh",
+            "-c",
+            script,
+        ]);
         let dir = Path::new(env!("CARGO_BIN_EXE_ubtrfs")).parent().unwrap();
         c.env("HOME", home).env("PATH", format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", dir.display()));
         c
@@ -107,7 +129,11 @@ impl Ns {
     /// only, and then runs no `umount.fuse.ubtrfs`.
     fn umount(&self, mnt: &Path) -> Command {
         let mut c = self.cmd("sh");
-        c.arg("-c").arg(format!("cd '{}' && umount '{}'", mnt.parent().unwrap().display(), mnt.file_name().unwrap().to_str().unwrap()));
+        c.arg("-c").arg(format!(
+            "cd '{}' && umount '{}'",
+            mnt.parent().unwrap().display(),
+            mnt.file_name().unwrap().to_str().unwrap()
+        ));
         c
     }
 
@@ -119,7 +145,9 @@ impl Ns {
     /// The namespace's mount table line for `mnt`, if mounted.
     fn mountinfo(&self, mnt: &Path) -> Option<String> {
         let text = std::fs::read_to_string(format!("/proc/{}/mountinfo", self.pid())).unwrap();
-        text.lines().rfind(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap())).map(str::to_string)
+        text.lines()
+            .rfind(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
+            .map(str::to_string)
     }
 }
 
@@ -127,8 +155,13 @@ impl Drop for Ns {
     fn drop(&mut self) {
         // A daemon started in the namespace keeps it alive, and it its mounts: detach
         // them first (after a failure; a passing test has unmounted them).
-        let text = std::fs::read_to_string(format!("/proc/{}/mountinfo", self.pid())).unwrap_or_default();
-        for m in text.lines().filter(|l| l.contains(" - fuse.ubtrfs ")).filter_map(|l| l.split(' ').nth(4).map(str::to_string)) {
+        let text =
+            std::fs::read_to_string(format!("/proc/{}/mountinfo", self.pid())).unwrap_or_default();
+        for m in text
+            .lines()
+            .filter(|l| l.contains(" - fuse.ubtrfs "))
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        {
             let _ = self.cmd("umount").arg("-l").arg(&m).output();
         }
         let _ = self.holder.kill();
@@ -158,7 +191,11 @@ fn lock_holders(img: &Path) -> Vec<u32> {
     let md = std::fs::metadata(img).unwrap();
     let id = format!("{:02x}:{:02x}:{}", libc::major(md.dev()), libc::minor(md.dev()), md.ino());
     let locks = std::fs::read_to_string("/proc/locks").unwrap();
-    locks.lines().filter(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == id)).filter_map(|l| l.split_whitespace().nth(4)?.parse().ok()).collect()
+    locks
+        .lines()
+        .filter(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == id))
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect()
 }
 
 /// Whether `pid` runs (a zombie has exited; whoever inherits it reaps it later).
@@ -172,7 +209,12 @@ fn alive(pid: u32) -> bool {
 fn wait_unlocked(img: &Path) {
     let t = Instant::now();
     while !lock_holders(img).is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(5), "{} still locked by {:?}", img.display(), lock_holders(img));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} still locked by {:?}",
+            img.display(),
+            lock_holders(img)
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -211,13 +253,21 @@ fn remount_read_only_and_back_through_mount8() {
     let (mount_opts, super_opts) = options_of(&ns.mountinfo(&mnt).unwrap());
     assert_eq!((mount_opts[0].as_str(), super_opts[0].as_str()), ("ro", "ro"));
     // Committed before the remount returned: the image's last commit has it.
-    assert!(run_output(bin().arg("cat").arg(&img).arg("/before")).stdout == before, "the remount returned before its commit");
+    assert!(
+        run_output(bin().arg("cat").arg(&img).arg("/before")).stdout == before,
+        "the remount returned before its commit"
+    );
     assert_eq!(errno_of(std::fs::write(m.join("new"), b"x")), Some(libc::EROFS));
-    assert_eq!(errno_of(std::fs::OpenOptions::new().append(true).open(m.join("before"))), Some(libc::EROFS));
+    assert_eq!(
+        errno_of(std::fs::OpenOptions::new().append(true).open(m.join("before"))),
+        Some(libc::EROFS)
+    );
     assert_eq!(errno_of(std::fs::create_dir(m.join("dir"))), Some(libc::EROFS));
     // The daemon's own changes: an ioctl and the atime (relatime would move this one:
     // it was written after its last access).
-    let err = fails(ns.cmd(env!("CARGO_BIN_EXE_ubtrfs")).args(["subvolume", "create"]).arg(&mnt).arg("/sub"));
+    let err = fails(
+        ns.cmd(env!("CARGO_BIN_EXE_ubtrfs")).args(["subvolume", "create"]).arg(&mnt).arg("/sub"),
+    );
     assert!(err.contains("Read-only file system"), "a subvolume made on a read-only mount: {err}");
     let a = atime(&m.join("before"));
     assert!(std::fs::read(m.join("before")).unwrap() == before);
@@ -300,7 +350,12 @@ fn dev_and_suid_as_mount_fuse3_makes_them() {
     drop(km);
 
     let ns = Ns::new(&d, false);
-    let cases: [(&str, bool, &str); 4] = [("", true, "65534"), ("nodev", false, "65534"), ("nosuid", true, "0"), ("nodev,nosuid,noexec", false, "")];
+    let cases: [(&str, bool, &str); 4] = [
+        ("", true, "65534"),
+        ("nodev", false, "65534"),
+        ("nosuid", true, "0"),
+        ("nodev,nosuid,noexec", false, ""),
+    ];
     for (opts, null_ok, euid) in cases {
         let mut c = ns.cmd("mount");
         c.args(["-t", "fuse.ubtrfs"]);
@@ -310,7 +365,11 @@ fn dev_and_suid_as_mount_fuse3_makes_them() {
         run(c.arg(&img).arg(&mnt));
         let (flags, _) = options_of(&ns.mountinfo(&mnt).unwrap());
         for f in ["nodev", "nosuid", "noexec"] {
-            assert_eq!(flags.iter().any(|x| x == f), opts.contains(f), "-o {opts:?}: {f} in {flags:?}");
+            assert_eq!(
+                flags.iter().any(|x| x == f),
+                opts.contains(f),
+                "-o {opts:?}: {f} in {flags:?}"
+            );
         }
         assert_eq!(dev_and_suid_seen(Some(&ns), &mnt), (null_ok, euid.to_string()), "-o {opts:?}");
         run(&mut ns.umount(&mnt));
@@ -318,7 +377,11 @@ fn dev_and_suid_as_mount_fuse3_makes_them() {
     // `ubtrfs mount`: nodev,nosuid by default, dev,suid when asked.
     for (opts, want) in [("", (false, "0")), ("dev,suid", (true, "65534"))] {
         let m = FuseMount::start(&img, &mnt, opts);
-        assert_eq!(dev_and_suid_seen(None, &mnt), (want.0, want.1.to_string()), "ubtrfs mount -o {opts:?}");
+        assert_eq!(
+            dev_and_suid_seen(None, &mnt),
+            (want.0, want.1.to_string()),
+            "ubtrfs mount -o {opts:?}"
+        );
         m.stop(Stop::Sigterm);
     }
     assert_check(&img, "after the dev and suid mounts");
@@ -354,7 +417,10 @@ fn second_mount_shares_the_first_ones_daemon() {
     assert_eq!(holders.len(), 1, "one daemon: {holders:?}");
     let (p1, p2, p3) = (ns.path(&m1), ns.path(&m2), ns.path(&m3));
     let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
-    assert!(dev(&p1) == dev(&p2) && dev(&p2) == dev(&p3), "one superblock behind the three mount points");
+    assert!(
+        dev(&p1) == dev(&p2) && dev(&p2) == dev(&p3),
+        "one superblock behind the three mount points"
+    );
     // generic/732's renames.
     std::fs::create_dir(p1.join("A")).unwrap();
     std::fs::create_dir(p1.join("B")).unwrap();
@@ -372,7 +438,10 @@ fn second_mount_shares_the_first_ones_daemon() {
     // Unmounting the first leaves the daemon serving the others.
     run(ns.cmd("umount").arg(&m1));
     run(ns.cmd(env!("CARGO_BIN_EXE_ubtrfs")).arg("umount").arg(&m3));
-    assert!(Path::new(&format!("/proc/{}", holders[0])).exists(), "the daemon left with a mount point still there");
+    assert!(
+        Path::new(&format!("/proc/{}", holders[0])).exists(),
+        "the daemon left with a mount point still there"
+    );
     let big = data(7, 5 << 20);
     std::fs::write(p2.join("through-m2"), &big).unwrap();
     run(&mut ns.umount(&m2));
@@ -395,9 +464,18 @@ const ROOTLESS_USER: &str = "ubtrfs-rootless";
 /// The uid of the test's unprivileged user, made (as root) if missing; None, with
 /// the reason printed, if it cannot be made (a failure under CI=true).
 fn rootless_user(test: &str) -> Option<u32> {
-    let id = || Command::new("id").args(["-u", ROOTLESS_USER]).output().ok().filter(|o| o.status.success()).and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok());
+    let id = || {
+        Command::new("id")
+            .args(["-u", ROOTLESS_USER])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+    };
     if id().is_none() {
-        let out = Command::new("useradd").args(["--no-create-home", "--shell", "/bin/sh", ROOTLESS_USER]).output();
+        let out = Command::new("useradd")
+            .args(["--no-create-home", "--shell", "/bin/sh", ROOTLESS_USER])
+            .output();
         if let Ok(o) = &out {
             if !o.status.success() {
                 eprintln!("useradd: {}", String::from_utf8_lossy(&o.stderr));
@@ -406,8 +484,12 @@ fn rootless_user(test: &str) -> Option<u32> {
     }
     let uid = id();
     if uid.is_none() {
-        let why = format!("{test}: skipped: no user {ROOTLESS_USER} and useradd could not make one");
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}, and CI=true forbids skipping");
+        let why =
+            format!("{test}: skipped: no user {ROOTLESS_USER} and useradd could not make one");
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{why}, and CI=true forbids skipping"
+        );
         eprintln!("{why}");
     }
     uid
@@ -433,9 +515,15 @@ fn rootless_mount_and_the_causes_of_its_refusals() {
     let ns = Ns::new(&d, true);
 
     // The README's example, as a user, as written there.
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    let after = readme.split_once("to themselves with `uid=` and `gid=`:\n\n").expect("the rootless example in the README").1;
-    let example: Vec<&str> = after.lines().take_while(|l| l.starts_with("    ")).map(str::trim).collect();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let after = readme
+        .split_once("to themselves with `uid=` and `gid=`:\n\n")
+        .expect("the rootless example in the README")
+        .1;
+    let example: Vec<&str> =
+        after.lines().take_while(|l| l.starts_with("    ")).map(str::trim).collect();
     assert_eq!(example.len(), 3, "{example:?}");
     let example = example.join("\n");
     let out = run(&mut ns.user_sh(uid, &home, &format!("set -e\n{example}")));
@@ -447,10 +535,17 @@ fn rootless_mount_and_the_causes_of_its_refusals() {
     // Mounted by the user: a second mount and a remount are refused by name.
     let mnt = home.join("mnt");
     let m2 = home.join("m2");
-    run(&mut ns.user_sh(uid, &home, "mkdir -p ~/m2 && ubtrfs mount --daemon -o uid=$(id -u) ~/fs.img ~/mnt"));
+    run(&mut ns.user_sh(
+        uid,
+        &home,
+        "mkdir -p ~/m2 && ubtrfs mount --daemon -o uid=$(id -u) ~/fs.img ~/mnt",
+    ));
     let pid = lock_holders(&img)[0];
     let err = fails(&mut ns.user_sh(uid, &home, "ubtrfs mount ~/fs.img ~/m2"));
-    assert!(err.contains(&format!("already mounted by ubtrfs at {} (process {pid})", mnt.display())), "{err}");
+    assert!(
+        err.contains(&format!("already mounted by ubtrfs at {} (process {pid})", mnt.display())),
+        "{err}"
+    );
     let err = fails(&mut ns.user_sh(uid, &home, "ubtrfs mount -o remount,ro ~/fs.img ~/mnt"));
     assert!(err.contains("a remount needs root"), "{err}");
     run(&mut ns.user_sh(uid, &home, "ubtrfs umount ~/mnt"));
@@ -468,7 +563,11 @@ fn rootless_mount_and_the_causes_of_its_refusals() {
     let fake = home.join("bin");
     std::fs::create_dir_all(&fake).unwrap();
     std::fs::copy("/usr/bin/fusermount3", fake.join("fusermount3")).unwrap();
-    std::fs::set_permissions(fake.join("fusermount3"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        fake.join("fusermount3"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let err = fails(&mut ns.user_sh(uid, &home, "PATH=~/bin:$PATH ubtrfs mount ~/fs.img ~/mnt"));
     assert!(err.contains("fusermount3 is not set-user-ID root"), "{err}");
     drop(ns);
@@ -476,9 +575,24 @@ fn rootless_mount_and_the_causes_of_its_refusals() {
     // Outside the namespace /dev/fuse is as the host has it.
     if fuse_mode & 0o006 != 0o006 {
         let mut c = Command::new("setpriv");
-        c.args(["--reuid", &uid.to_string(), "--regid", &uid.to_string(), "--init-groups", env!("CARGO_BIN_EXE_ubtrfs"), "mount"]).arg(&img).arg(&mnt);
+        c.args([
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &uid.to_string(),
+            "--init-groups",
+            env!("CARGO_BIN_EXE_ubtrfs"),
+            "mount",
+        ])
+        .arg(&img)
+        .arg(&mnt);
         let err = fails(&mut c);
-        assert!(err.contains(&format!("cannot open /dev/fuse: Permission denied (os error 13) (mode {fuse_mode:04o}")) && err.contains("this user may not use FUSE"), "{err}");
+        assert!(
+            err.contains(&format!(
+                "cannot open /dev/fuse: Permission denied (os error 13) (mode {fuse_mode:04o}"
+            )) && err.contains("this user may not use FUSE"),
+            "{err}"
+        );
     }
     wait_unlocked(&img);
     let _ = std::fs::remove_dir_all(&d);
@@ -534,7 +648,11 @@ fn atime_moves_at_reads_as_the_kernel_moves_it() {
     }
     let (kernel, ours): (Vec<_>, Vec<_>) = seen.into_iter().partition(|s| s.0 == "kernel");
     for (k, o) in kernel.iter().zip(&ours) {
-        assert_eq!((k.1, k.2, k.3), (o.1, o.2, o.3), "ubtrfs moved the atime differently from the kernel (first read, second read)");
+        assert_eq!(
+            (k.1, k.2, k.3),
+            (o.1, o.2, o.3),
+            "ubtrfs moved the atime differently from the kernel (first read, second read)"
+        );
     }
     assert!(ours.iter().all(|o| o.3 == (o.1 != "noatime", o.1 == "strictatime")), "{ours:?}");
     assert_check(&img, "after the atime mounts");

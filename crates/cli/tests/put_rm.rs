@@ -18,7 +18,12 @@ fn bin() -> Command {
 
 fn run(cmd: &mut Command) -> std::process::Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
@@ -30,20 +35,37 @@ fn umount(mnt: &Path) {
         if o.status.success() {
             return;
         }
-        assert!(String::from_utf8_lossy(&o.stderr).contains("busy"), "umount {}: {}", mnt.display(), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("busy"),
+            "umount {}: {}",
+            mnt.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     panic!("umount {}: still busy", mnt.display());
 }
 
 fn root_with_kernel() -> bool {
-    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
-    let progs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let progs = Command::new("mkfs.btrfs")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let fs =
+        std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
     if root && progs && fs {
         return true;
     }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "put_rm: needs root, btrfs-progs and the kernel driver, and CI=true forbids skipping");
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "put_rm: needs root, btrfs-progs and the kernel driver, and CI=true forbids skipping"
+    );
     eprintln!("put_rm: kernel checks skipped: needs root ({root}), btrfs-progs ({progs}) and the kernel btrfs driver ({fs})");
     false
 }
@@ -58,7 +80,15 @@ fn make_source(dir: &Path) {
         seed += 1;
         cmd::pseudo_random(seed, n)
     };
-    for (p, n) in [("zero", 0), ("one", 1), ("inline", 2047), ("edge", 4096), ("a/mid", 100_000), ("a/b/big", 3_000_000), ("a/b/c/deep", 5000)] {
+    for (p, n) in [
+        ("zero", 0),
+        ("one", 1),
+        ("inline", 2047),
+        ("edge", 4096),
+        ("a/mid", 100_000),
+        ("a/b/big", 3_000_000),
+        ("a/b/c/deep", 5000),
+    ] {
         std::fs::write(dir.join(p), bytes(n)).unwrap();
     }
     for i in 0..300 {
@@ -76,11 +106,37 @@ fn make_source(dir: &Path) {
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: plain syscalls on NUL-terminated paths.
     unsafe {
-        assert_eq!(libc::linkat(libc::AT_FDCWD, c(&dir.join("links/rel")).as_ptr(), libc::AT_FDCWD, c(&dir.join("links/rel-hard")).as_ptr(), 0), 0, "link a symlink");
+        assert_eq!(
+            libc::linkat(
+                libc::AT_FDCWD,
+                c(&dir.join("links/rel")).as_ptr(),
+                libc::AT_FDCWD,
+                c(&dir.join("links/rel-hard")).as_ptr(),
+                0
+            ),
+            0,
+            "link a symlink"
+        );
         assert_eq!(libc::mkfifo(c(&dir.join("fifo")).as_ptr(), 0o640), 0, "mkfifo");
         if libc::geteuid() == 0 {
-            assert_eq!(libc::mknod(c(&dir.join("null")).as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)), 0, "mknod");
-            assert_eq!(libc::mknod(c(&dir.join("disk")).as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(259, 70000)), 0, "mknod");
+            assert_eq!(
+                libc::mknod(
+                    c(&dir.join("null")).as_ptr(),
+                    libc::S_IFCHR | 0o666,
+                    libc::makedev(1, 3)
+                ),
+                0,
+                "mknod"
+            );
+            assert_eq!(
+                libc::mknod(
+                    c(&dir.join("disk")).as_ptr(),
+                    libc::S_IFBLK | 0o600,
+                    libc::makedev(259, 70000)
+                ),
+                0,
+                "mknod"
+            );
         }
     }
     // Extended attributes of several namespaces (trusted.* needs root).
@@ -133,7 +189,11 @@ fn put_then_rm_round_trip() {
     // The source's view before put: reading it for the copy updates its atimes, and
     // put keeps the atimes it saw (like cp -a).
     let script = repo().join("xtask/fixtures.py");
-    let src_manifest = if kernel { Some(run(Command::new("python3").arg(&script).arg("manifest").arg(&src)).stdout) } else { None };
+    let src_manifest = if kernel {
+        Some(run(Command::new("python3").arg(&script).arg("manifest").arg(&src)).stdout)
+    } else {
+        None
+    };
     run(bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/copy"));
     // put refuses to overwrite and a directory without -r.
     let o = bin().arg("put").arg(&img).arg(&src).arg("/other").output().unwrap();
@@ -143,14 +203,34 @@ fn put_then_rm_round_trip() {
     assert_eq!(e.lines().count(), 1, "one line: {e}");
     // A name taken by another type is refused, naming it; an existing directory takes
     // the copy inside it, as cp -a does.
-    let o = bin().arg("put").arg(&img).arg(src.join("links/rel")).arg("/copy/one").output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("one: file exists"), "{o:?}");
+    let o =
+        bin().arg("put").arg(&img).arg(src.join("links/rel")).arg("/copy/one").output().unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("one: file exists"),
+        "{o:?}"
+    );
     let o = bin().arg("put").arg("-r").arg(&img).arg(&src).arg("/copy/zero").output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a directory"), "{o:?}");
-    let o = bin().arg("put").arg(&img).arg(src.join("one")).arg(src.join("zero")).arg("/copy/inline").output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("several sources"), "{o:?}");
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a directory"),
+        "{o:?}"
+    );
+    let o = bin()
+        .arg("put")
+        .arg(&img)
+        .arg(src.join("one"))
+        .arg(src.join("zero"))
+        .arg("/copy/inline")
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("several sources"),
+        "{o:?}"
+    );
     let o = bin().arg("put").arg(&img).arg(src.join("one")).arg("/copy/new-dir/").output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a directory"), "{o:?}");
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a directory"),
+        "{o:?}"
+    );
     run(bin().arg("mkdir").arg(&img).arg("/into"));
     run(bin().arg("put").arg("-r").arg(&img).arg(src.join("a")).arg(src.join("one")).arg("/into"));
     let ls = run(bin().arg("ls").arg(&img).arg("/into"));
@@ -160,7 +240,10 @@ fn put_then_rm_round_trip() {
     let cat = run(bin().arg("cat").arg(&img).arg("/copy/a/b/big"));
     assert_eq!(cat.stdout, std::fs::read(src.join("a/b/big")).unwrap());
     let ls = run(bin().arg("ls").arg(&img).arg("/copy/a"));
-    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().filter(|l| l.starts_with("many-")).count(), 300);
+    assert_eq!(
+        String::from_utf8_lossy(&ls.stdout).lines().filter(|l| l.starts_with("many-")).count(),
+        300
+    );
     if kernel {
         run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
         let mnt = work.join("mnt");
@@ -168,7 +251,8 @@ fn put_then_rm_round_trip() {
         run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
         let b = run(Command::new("python3").arg(&script).arg("manifest").arg(mnt.join("copy")));
         umount(&mnt);
-        std::fs::write(work.join("a.jsonl"), src_manifest.as_ref().expect("taken when kernel")).unwrap();
+        std::fs::write(work.join("a.jsonl"), src_manifest.as_ref().expect("taken when kernel"))
+            .unwrap();
         std::fs::write(work.join("b.jsonl"), &b.stdout).unwrap();
         let d = Command::new("python3")
             .arg(&script)
@@ -178,7 +262,11 @@ fn put_then_rm_round_trip() {
             .args(["--ignore-keys", "ino,blocks,subvol", "--ignore-dir-keys", "size,nlink"])
             .output()
             .unwrap();
-        assert!(d.status.success(), "kernel view differs from the source:\n{}", String::from_utf8_lossy(&d.stdout));
+        assert!(
+            d.status.success(),
+            "kernel view differs from the source:\n{}",
+            String::from_utf8_lossy(&d.stdout)
+        );
         // Sparse stays sparse: 300 MiB holding two bytes takes two blocks (plus slack).
         run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
         use std::os::unix::fs::MetadataExt;
@@ -193,10 +281,17 @@ fn put_then_rm_round_trip() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("use -r"), "{o:?}");
     run(bin().arg("rm").arg(&img).arg("/copy/edge"));
     let ls = run(bin().arg("ls").arg(&img).arg("/copy"));
-    let names: Vec<String> = String::from_utf8_lossy(&ls.stdout).lines().map(str::to_string).collect();
+    let names: Vec<String> =
+        String::from_utf8_lossy(&ls.stdout).lines().map(str::to_string).collect();
     assert_eq!(
         names,
-        vec!["a", "disk", "empty", "fifo", "holey", "inline", "links", "null", "one", "sock", "sparse", "zero"].into_iter().filter(|n| kernel || !["disk", "null"].contains(n)).collect::<Vec<_>>()
+        vec![
+            "a", "disk", "empty", "fifo", "holey", "inline", "links", "null", "one", "sock",
+            "sparse", "zero"
+        ]
+        .into_iter()
+        .filter(|n| kernel || !["disk", "null"].contains(n))
+        .collect::<Vec<_>>()
     );
     let o = bin().arg("cat").arg(&img).arg("/copy/a/b/big").output().unwrap();
     assert!(!o.status.success());
@@ -245,7 +340,10 @@ fn kernel_readonly_snapshot_is_refused() {
     run(Command::new("btrfs").args(["subvolume", "create"]).arg(mnt.join("sv")));
     run(Command::new("cp").arg("-a").arg(src.join("a")).arg(mnt.join("sv/a")));
     std::fs::write(mnt.join("sv/file"), b"in the snapshot").unwrap();
-    run(Command::new("btrfs").args(["subvolume", "snapshot", "-r"]).arg(mnt.join("sv")).arg(mnt.join("snap-ro")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "snapshot", "-r"])
+        .arg(mnt.join("sv"))
+        .arg(mnt.join("snap-ro")));
     umount(&mnt);
     let before = sha256(&img);
     let refused: [&[&str]; 6] = [
@@ -268,7 +366,10 @@ fn kernel_readonly_snapshot_is_refused() {
         let o = c.output().unwrap();
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{args:?} succeeded on a read-only snapshot");
-        assert!(e.contains("subvolume snap-ro (id 257)") || e.contains("subvolume snap-ro (id 258)"), "{args:?}: error does not name the subvolume: {e}");
+        assert!(
+            e.contains("subvolume snap-ro (id 257)") || e.contains("subvolume snap-ro (id 258)"),
+            "{args:?}: error does not name the subvolume: {e}"
+        );
         assert!(e.contains("read-only file system"), "{args:?}: not EROFS: {e}");
         assert_eq!(sha256(&img), before, "{args:?} changed the image");
     }
@@ -276,7 +377,10 @@ fn kernel_readonly_snapshot_is_refused() {
     run(bin().arg("put").arg(&img).arg("/etc/hostname").arg("/sv/x"));
     run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
     run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
-    let ro = run(Command::new("btrfs").args(["property", "get", "-ts"]).arg(mnt.join("snap-ro")).arg("ro"));
+    let ro = run(Command::new("btrfs")
+        .args(["property", "get", "-ts"])
+        .arg(mnt.join("snap-ro"))
+        .arg("ro"));
     let snap_file = std::fs::read(mnt.join("snap-ro/file"));
     let sv_x = std::fs::read(mnt.join("sv/x"));
     let leaked = mnt.join("snap-ro/x").exists();
@@ -300,7 +404,11 @@ fn put_on_a_raid1_image_needs_every_device() {
             let fx = repo().join(format!("tests/fixtures/raid1.{i}.img.zst"));
             let dst = work.join(format!("raid1.{i}.img"));
             let mut out = std::fs::File::create(&dst).unwrap();
-            std::io::copy(&mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(), &mut out).unwrap();
+            std::io::copy(
+                &mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(),
+                &mut out,
+            )
+            .unwrap();
             dst
         })
         .collect();
@@ -309,7 +417,10 @@ fn put_on_a_raid1_image_needs_every_device() {
     let before = std::fs::read(&devs[0]).unwrap();
     let o = bin().arg("put").arg(&devs[0]).arg(&src).arg("/hello.txt").output().unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("2 devices and 1 were given") && e.contains("--device"), "{o:?}");
+    assert!(
+        !o.status.success() && e.contains("2 devices and 1 were given") && e.contains("--device"),
+        "{o:?}"
+    );
     assert!(std::fs::read(&devs[0]).unwrap() == before, "a refused put changed the image");
     run(bin().arg("put").arg("--device").arg(&devs[1]).arg(&devs[0]).arg(&src).arg("/hello.txt"));
     let want = std::fs::read(&src).unwrap();
@@ -340,7 +451,11 @@ fn put_that_does_not_fit_names_the_path_and_changes_nothing() {
     if !root_with_kernel() {
         return;
     }
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     let work = base.join(format!("ubtrfs-enospc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(work.join("mnt")).unwrap();
@@ -358,7 +473,11 @@ fn put_that_does_not_fit_names_the_path_and_changes_nothing() {
     std::fs::write(work.join("tree/first"), b"fits\n").unwrap();
     std::fs::hard_link(work.join("big"), work.join("tree/big")).unwrap();
     let before = sha256(&img);
-    let refused: [(&[&str], &str); 3] = [(&["BIG", "/big"], "/big"), (&["BIG", "/dir"], "/dir/big"), (&["-r", "TREE", "/dir"], "/dir/tree/big")];
+    let refused: [(&[&str], &str); 3] = [
+        (&["BIG", "/big"], "/big"),
+        (&["BIG", "/dir"], "/dir/big"),
+        (&["-r", "TREE", "/dir"], "/dir/tree/big"),
+    ];
     for (args, named) in refused {
         let mut c = bin();
         c.arg("put").arg(&img);
@@ -371,7 +490,10 @@ fn put_that_does_not_fit_names_the_path_and_changes_nothing() {
         }
         let err = cmd::fails(&mut c);
         let want = format!("ubtrfs: error: {named}: no space left on device (104857600 bytes of data space are needed, ");
-        assert!(err.starts_with(&want) && err.contains(" are free") && err.lines().count() == 1, "{args:?}: want {want:?}...: {err}");
+        assert!(
+            err.starts_with(&want) && err.contains(" are free") && err.lines().count() == 1,
+            "{args:?}: want {want:?}...: {err}"
+        );
         assert!(!err.contains("root=") && !err.contains("ino="), "{args:?}: {err}");
         assert_eq!(sha256(&img), before, "{args:?}: a refused put changed the image");
     }
@@ -380,8 +502,16 @@ fn put_that_does_not_fit_names_the_path_and_changes_nothing() {
     run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img));
     let mnt = work.join("mnt");
     run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
-    let seen = (std::fs::read(mnt.join("small")), std::fs::read(mnt.join("dir/a")), std::fs::read(mnt.join("after")));
-    let names: Vec<String> = std::fs::read_dir(&mnt).unwrap().chain(std::fs::read_dir(mnt.join("dir")).unwrap()).map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let seen = (
+        std::fs::read(mnt.join("small")),
+        std::fs::read(mnt.join("dir/a")),
+        std::fs::read(mnt.join("after")),
+    );
+    let names: Vec<String> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .chain(std::fs::read_dir(mnt.join("dir")).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     umount(&mnt);
     assert_eq!(seen.0.unwrap(), small);
     assert_eq!(seen.1.unwrap(), b"in the directory\n");
@@ -418,7 +548,8 @@ fn tree_listing(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
-        let mut names: Vec<_> = std::fs::read_dir(dir.join(&rel)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let mut names: Vec<_> =
+            std::fs::read_dir(dir.join(&rel)).unwrap().map(|e| e.unwrap().file_name()).collect();
         names.sort();
         for n in names {
             let r = rel.join(&n);
@@ -430,9 +561,21 @@ fn tree_listing(dir: &Path) -> Vec<String> {
             } else if md.file_type().is_symlink() {
                 std::fs::read_link(&p).unwrap().display().to_string()
             } else {
-                format!("{:?}", std::fs::read(&p).unwrap().iter().fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b))))
+                format!(
+                    "{:?}",
+                    std::fs::read(&p)
+                        .unwrap()
+                        .iter()
+                        .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+                )
             };
-            out.push(format!("{} {:o} {} nlink={} {what}", r.display(), md.mode(), if md.is_dir() { 0 } else { md.len() }, if md.is_dir() { 0 } else { md.nlink() }));
+            out.push(format!(
+                "{} {:o} {} nlink={} {what}",
+                r.display(),
+                md.mode(),
+                if md.is_dir() { 0 } else { md.len() },
+                if md.is_dir() { 0 } else { md.nlink() }
+            ));
         }
     }
     out.sort();
@@ -458,7 +601,11 @@ fn rm_r_of_subvolumes_matches_the_kernel() {
     if !root_with_kernel() {
         return;
     }
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     let work = base.join(format!("ubtrfs-rmsubvol-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     let mnt = work.join("mnt");
@@ -466,14 +613,23 @@ fn rm_r_of_subvolumes_matches_the_kernel() {
     let (kimg, uimg) = (work.join("kernel.img"), work.join("ubtrfs.img"));
     for img in [&kimg, &uimg] {
         std::fs::File::create(img).unwrap().set_len(256 << 20).unwrap();
-        run(Command::new("mkfs.btrfs").args(["-q", "-f", "-U", "4d8e2f51-1b3a-4c7e-9a65-2f0b6c1d3e70"]).arg(img));
+        run(Command::new("mkfs.btrfs")
+            .args(["-q", "-f", "-U", "4d8e2f51-1b3a-4c7e-9a65-2f0b6c1d3e70"])
+            .arg(img));
         run(Command::new("mount").arg("-o").arg("loop").arg(img).arg(&mnt));
         run(Command::new("sh").arg("-ec").arg(SUBVOL_LAYOUT).current_dir(&mnt));
         umount(&mnt);
     }
     // (path, the error both give, or None). Paths are from the top-level subvolume.
-    let cases: [(&str, Option<&str>); 7] =
-        [("/sub", None), ("/outer", None), ("/subsnap", None), ("/emptyro", None), ("/ro", Some("read-only file system")), ("/box", Some("read-only file system")), ("/keep", None)];
+    let cases: [(&str, Option<&str>); 7] = [
+        ("/sub", None),
+        ("/outer", None),
+        ("/subsnap", None),
+        ("/emptyro", None),
+        ("/ro", Some("read-only file system")),
+        ("/box", Some("read-only file system")),
+        ("/keep", None),
+    ];
     run(Command::new("mount").arg("-o").arg("loop").arg(&kimg).arg(&mnt));
     let mut kernel_said = Vec::new();
     for (path, _) in cases {
@@ -492,8 +648,14 @@ fn rm_r_of_subvolumes_matches_the_kernel() {
             }
             Some(w) => {
                 assert!(!*k_ok && k_err.contains(w), "kernel rm -r {path}: want {w}: {k_err}");
-                assert!(!o.status.success() && err.contains(w), "ubtrfs rm -r {path}: want {w}: {err}");
-                assert!(err.starts_with(&format!("ubtrfs: error: {path}/")), "the error names the entry: {err}");
+                assert!(
+                    !o.status.success() && err.contains(w),
+                    "ubtrfs rm -r {path}: want {w}: {err}"
+                );
+                assert!(
+                    err.starts_with(&format!("ubtrfs: error: {path}/")),
+                    "the error names the entry: {err}"
+                );
                 assert_eq!(sha256(&uimg), before, "a refused rm -r {path} changed the image");
             }
         }
@@ -509,20 +671,43 @@ fn rm_r_of_subvolumes_matches_the_kernel() {
     umount(&mnt);
     let o = run(bin().arg("rm").arg("-r").arg(&uimg).arg("/inner"));
     let said = String::from_utf8_lossy(&o.stderr);
-    assert!(said.contains("dropped the tree of subvolume"), "the deleted trees are dropped before rm returns: {said}");
+    assert!(
+        said.contains("dropped the tree of subvolume"),
+        "the deleted trees are dropped before rm returns: {said}"
+    );
     run(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&uimg));
     let deleted = run(bin().arg("subvolume").arg("list").arg("-d").arg(&uimg));
-    assert!(deleted.stdout.is_empty(), "trees left to drop: {}", String::from_utf8_lossy(&deleted.stdout));
+    assert!(
+        deleted.stdout.is_empty(),
+        "trees left to drop: {}",
+        String::from_utf8_lossy(&deleted.stdout)
+    );
     let mut seen = Vec::new();
     for img in [&kimg, &uimg] {
         run(Command::new("mount").arg("-o").arg("loop,ro,subvolid=5").arg(img).arg(&mnt));
-        let list = String::from_utf8_lossy(&run(Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt)).stdout).into_owned();
-        let list: Vec<String> = list.lines().map(|l| l.split_whitespace().filter(|w| !w.chars().all(|c| c.is_ascii_digit())).collect::<Vec<_>>().join(" ")).collect();
+        let list = String::from_utf8_lossy(
+            &run(Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt)).stdout,
+        )
+        .into_owned();
+        let list: Vec<String> = list
+            .lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .filter(|w| !w.chars().all(|c| c.is_ascii_digit()))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
         seen.push((tree_listing(&mnt), list));
         umount(&mnt);
     }
     assert_eq!(seen[0].1, seen[1].1, "subvolume lists differ (kernel, then ubtrfs)");
     assert_eq!(seen[0].0, seen[1].0, "trees differ (kernel, then ubtrfs)");
-    assert!(seen[1].0.iter().any(|l| l.starts_with("top/t ")) && seen[1].0.iter().any(|l| l.starts_with("ro/s ")), "{:#?}", seen[1].0);
+    assert!(
+        seen[1].0.iter().any(|l| l.starts_with("top/t "))
+            && seen[1].0.iter().any(|l| l.starts_with("ro/s ")),
+        "{:#?}",
+        seen[1].0
+    );
     let _ = std::fs::remove_dir_all(&work);
 }

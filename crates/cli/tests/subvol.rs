@@ -25,18 +25,34 @@ fn ok(args: &[&str]) -> String {
 fn fixture_copy(dir: &Path) -> PathBuf {
     let img = dir.join("img");
     let fx = repo().join("tests/fixtures/default.0.img.zst");
-    std::io::copy(&mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(), &mut std::fs::File::create(&img).unwrap()).unwrap();
+    std::io::copy(
+        &mut zstd::stream::read::Decoder::new(std::fs::File::open(fx).unwrap()).unwrap(),
+        &mut std::fs::File::create(&img).unwrap(),
+    )
+    .unwrap();
     img
 }
 
 fn root_with_kernel() -> bool {
-    let root = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false);
-    let progs = Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let progs = Command::new("btrfs")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let fs =
+        std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
     if root && progs && fs {
         return true;
     }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "subvol: needs root, btrfs-progs and the kernel driver, and CI=true forbids skipping");
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "subvol: needs root, btrfs-progs and the kernel driver, and CI=true forbids skipping"
+    );
     eprintln!("subvol: kernel checks skipped: needs root ({root}), btrfs-progs ({progs}) and the kernel btrfs driver ({fs})");
     false
 }
@@ -57,9 +73,17 @@ fn create_list_and_set_default() {
     let list = ok(&["subvolume", "list", i]);
     let ours: Vec<&str> = list.lines().filter(|l| l.contains("vols/")).collect();
     assert_eq!(ours.len(), 2, "{list}");
-    let a_id: u64 = ours.iter().find(|l| l.ends_with(" path vols/a")).and_then(|l| l.split_whitespace().nth(1)).and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("{list}"));
+    let a_id: u64 = ours
+        .iter()
+        .find(|l| l.ends_with(" path vols/a"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("{list}"));
     assert!(ours.iter().any(|l| l.ends_with(&format!("parent {a_id} path vols/a/b"))), "{list}");
-    assert!(ok(&["ls", "-l", i, "/vols/a"]).contains("b"), "the new subvolume's top lists its child");
+    assert!(
+        ok(&["ls", "-l", i, "/vols/a"]).contains("b"),
+        "the new subvolume's top lists its child"
+    );
     ok(&["subvolume", "set-default", i, "/vols/a"]);
     assert_eq!(ok(&["subvolume", "get-default", i]).trim(), format!("ID {a_id} path vols/a"));
     // Paths now start at the default subvolume.
@@ -69,15 +93,24 @@ fn create_list_and_set_default() {
         assert!(c.status.success(), "btrfs check: {}", String::from_utf8_lossy(&c.stderr));
         let mnt = dir.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
-        let m = Command::new("mount").args(["-o", "loop,ro,subvolid=5", i]).arg(&mnt).output().unwrap();
+        let m =
+            Command::new("mount").args(["-o", "loop,ro,subvolid=5", i]).arg(&mnt).output().unwrap();
         assert!(m.status.success(), "mount: {}", String::from_utf8_lossy(&m.stderr));
         let l = Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt).output().unwrap();
-        let d = Command::new("btrfs").args(["subvolume", "get-default"]).arg(&mnt).output().unwrap();
+        let d =
+            Command::new("btrfs").args(["subvolume", "get-default"]).arg(&mnt).output().unwrap();
         let _ = Command::new("umount").arg(&mnt).status();
         let l = String::from_utf8_lossy(&l.stdout);
-        assert!(l.lines().any(|x| x.starts_with(&format!("ID {a_id} ")) && x.ends_with("path vols/a")), "{l}");
+        assert!(
+            l.lines().any(|x| x.starts_with(&format!("ID {a_id} ")) && x.ends_with("path vols/a")),
+            "{l}"
+        );
         assert!(l.lines().any(|x| x.ends_with("path vols/a/b")), "{l}");
-        assert!(String::from_utf8_lossy(&d.stdout).starts_with(&format!("ID {a_id} ")), "{}", String::from_utf8_lossy(&d.stdout));
+        assert!(
+            String::from_utf8_lossy(&d.stdout).starts_with(&format!("ID {a_id} ")),
+            "{}",
+            String::from_utf8_lossy(&d.stdout)
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -102,29 +135,59 @@ fn snapshot_of_the_top_level_and_of_a_snapshot() {
     assert!(ok(&["subvolume", "snapshot", "-r", i, "/", "/s1-ro"]).contains("read-only snapshot"));
     ok(&["subvolume", "snapshot", i, "/s1", "/s1/inner"]);
     let o = ubtrfs(&["subvolume", "snapshot", i, "/d", "/x"]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a subvolume"), "{o:?}");
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not a subvolume"),
+        "{o:?}"
+    );
     ok(&["rm", i, "/d/f"]);
-    assert!(ubtrfs(&["cat", i, "/s1/d/f"]).stdout == data, "the snapshot keeps the file removed from the source");
+    assert!(
+        ubtrfs(&["cat", i, "/s1/d/f"]).stdout == data,
+        "the snapshot keeps the file removed from the source"
+    );
     let list = ok(&["subvolume", "list", i]);
     for p in ["path s1", "path s1-ro", "path s1/inner"] {
         assert!(list.lines().any(|l| l.ends_with(p)), "{p} in {list}");
     }
     if root_with_kernel() {
-        let c = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img).output().unwrap();
-        assert!(c.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
+        let c = Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(
+            c.status.success(),
+            "btrfs check: {}{}",
+            String::from_utf8_lossy(&c.stdout),
+            String::from_utf8_lossy(&c.stderr)
+        );
         let mnt = dir.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
-        assert!(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt).status().unwrap().success());
+        assert!(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success());
         // Unmounted whatever the asserts say.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             assert!(!mnt.join("d/f").exists(), "the source lost the file");
             for p in ["s1/d/f", "s1-ro/d/f", "s1/inner/d/f"] {
                 assert!(std::fs::read(mnt.join(p)).unwrap() == data, "{p} reads differently");
             }
-            let l = Command::new("btrfs").args(["subvolume", "list", "-q"]).arg(&mnt).output().unwrap();
+            let l =
+                Command::new("btrfs").args(["subvolume", "list", "-q"]).arg(&mnt).output().unwrap();
             let l = String::from_utf8_lossy(&l.stdout).into_owned();
-            assert!(["s1", "s1-ro", "s1/inner"].iter().all(|p| l.lines().any(|x| x.ends_with(&format!("path {p}")) && !x.contains("parent_uuid -"))), "the snapshots with parent uuids: {l}");
-            assert!(std::fs::write(mnt.join("s1-ro/new"), b"x").is_err(), "the kernel writes into the read-only snapshot");
+            assert!(
+                ["s1", "s1-ro", "s1/inner"].iter().all(|p| l
+                    .lines()
+                    .any(|x| x.ends_with(&format!("path {p}")) && !x.contains("parent_uuid -"))),
+                "the snapshots with parent uuids: {l}"
+            );
+            assert!(
+                std::fs::write(mnt.join("s1-ro/new"), b"x").is_err(),
+                "the kernel writes into the read-only snapshot"
+            );
         }));
         let _ = Command::new("umount").arg(&mnt).status();
         if let Err(p) = r {
@@ -150,7 +213,14 @@ fn delete_sync_and_list_deleted() {
     ok(&["subvolume", "create", i, "/b/nested"]);
     let used = |img: &Path| -> u64 {
         let o = ok(&["info", img.to_str().unwrap()]);
-        o.lines().find_map(|l| l.trim().strip_prefix("bytes used:").and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok())).unwrap_or_else(|| panic!("no bytes used in {o}"))
+        o.lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("bytes used:")
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse().ok())
+            })
+            .unwrap_or_else(|| panic!("no bytes used in {o}"))
     };
     // A subvolume with one nested in it is refused, with the image unchanged.
     let before = std::fs::read(&img).unwrap();
@@ -161,13 +231,19 @@ fn delete_sync_and_list_deleted() {
     assert!(ok(&["subvolume", "delete", "--no-clean", i, "/a"]).contains("deleted subvolume"));
     let dead = ok(&["subvolume", "list", "-d", i]);
     assert!(dead.lines().count() == 1 && dead.contains("<deleted>"), "{dead}");
-    assert!(!ok(&["subvolume", "list", i]).lines().any(|l| l.ends_with(" path a")), "a is not listed once deleted");
+    assert!(
+        !ok(&["subvolume", "list", i]).lines().any(|l| l.ends_with(" path a")),
+        "a is not listed once deleted"
+    );
     let o = ubtrfs(&["cat", i, "/a/f"]);
     assert!(!o.status.success(), "a's file is gone from the namespace");
     assert!(ok(&["subvolume", "sync", i]).contains("dropped the tree of subvolume"));
     assert!(ok(&["subvolume", "list", "-d", i]).trim().is_empty());
     assert!(ok(&["subvolume", "sync", i]).contains("no deleted subvolume"));
-    assert!(ubtrfs(&["cat", i, "/a-snap/f"]).stdout == data, "the snapshot keeps the file of its deleted source");
+    assert!(
+        ubtrfs(&["cat", i, "/a-snap/f"]).stdout == data,
+        "the snapshot keeps the file of its deleted source"
+    );
     // Deleting nested, then parent, cleaned at once; the snapshot's data is freed too.
     let u0 = used(&img);
     ok(&["subvolume", "delete", i, "/b/nested", "/b", "/a-snap"]);
@@ -175,17 +251,37 @@ fn delete_sync_and_list_deleted() {
     let u1 = used(&img);
     assert!(u1 + 300_000 <= u0, "the snapshot's data is freed: {u0} -> {u1}");
     if root_with_kernel() {
-        let c = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img).output().unwrap();
-        assert!(c.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
+        let c = Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(
+            c.status.success(),
+            "btrfs check: {}{}",
+            String::from_utf8_lossy(&c.stdout),
+            String::from_utf8_lossy(&c.stderr)
+        );
         let mnt = dir.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
-        assert!(Command::new("mount").args(["-o", "loop,ro"]).arg(&img).arg(&mnt).status().unwrap().success());
+        assert!(Command::new("mount")
+            .args(["-o", "loop,ro"])
+            .arg(&img)
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success());
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             for p in ["a", "a-snap", "b"] {
                 assert!(!mnt.join(p).exists(), "the kernel still shows {p}");
             }
-            let l = Command::new("btrfs").args(["subvolume", "list", "-d"]).arg(&mnt).output().unwrap();
-            assert!(String::from_utf8_lossy(&l.stdout).trim().is_empty(), "the kernel sees deletions pending: {}", String::from_utf8_lossy(&l.stdout));
+            let l =
+                Command::new("btrfs").args(["subvolume", "list", "-d"]).arg(&mnt).output().unwrap();
+            assert!(
+                String::from_utf8_lossy(&l.stdout).trim().is_empty(),
+                "the kernel sees deletions pending: {}",
+                String::from_utf8_lossy(&l.stdout)
+            );
         }));
         let _ = Command::new("umount").arg(&mnt).status();
         if let Err(p) = r {

@@ -171,7 +171,17 @@ def make(m):
 "#;
 
 fn available(test: &str) -> bool {
-    kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3", "/usr/bin/setpriv", "/usr/bin/setfacl", "/usr/bin/chattr", "/usr/bin/python3"])
+    kernel::kernel_available_with(
+        test,
+        &[
+            "/dev/fuse",
+            "/usr/bin/fusermount3",
+            "/usr/bin/setpriv",
+            "/usr/bin/setfacl",
+            "/usr/bin/chattr",
+            "/usr/bin/python3",
+        ],
+    )
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -194,7 +204,11 @@ fn py(s: &Path, as_daemon: bool, args: &[&str]) -> String {
     };
     let out = c.arg(s.join("t.py")).args(args).output().expect("run python3");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "python3 t.py {args:?} failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "python3 t.py {args:?} failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     text
 }
 
@@ -212,16 +226,30 @@ fn assert_shows(text: &str, want: &[&str]) {
 
 /// The keys of the fs tree's items, as btrfs-progs prints them: `(256 INODE_ITEM 0)`.
 fn fs_tree_keys(img: &Path) -> Vec<String> {
-    let out = run(Command::new("btrfs").args(["inspect-internal", "dump-tree", "-t", "5"]).arg(img));
-    out.lines().filter_map(|l| l.trim().strip_prefix("item ")).filter_map(|l| Some(l[l.find("key (")? + 4..=l.find(')')?].to_string())).collect()
+    let out =
+        run(Command::new("btrfs").args(["inspect-internal", "dump-tree", "-t", "5"]).arg(img));
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix("item "))
+        .filter_map(|l| Some(l[l.find("key (")? + 4..=l.find(')')?].to_string()))
+        .collect()
 }
 
 /// The inode numbers of the fs tree's INODE_ITEMs and ORPHAN_ITEMs.
 fn inodes_and_orphans(keys: &[String]) -> (Vec<u64>, Vec<u64>) {
-    let field = |k: &String, i: usize| k.trim_matches(|c| c == '(' || c == ')').split(' ').nth(i).map(str::to_string);
+    let field = |k: &String, i: usize| {
+        k.trim_matches(|c| c == '(' || c == ')').split(' ').nth(i).map(str::to_string)
+    };
     let num = |k: &String, i: usize| field(k, i).and_then(|v| v.parse().ok());
-    let inodes = keys.iter().filter(|k| field(k, 1).as_deref() == Some("INODE_ITEM")).filter_map(|k| num(k, 0)).collect();
-    let orphans = keys.iter().filter(|k| field(k, 1).as_deref() == Some("ORPHAN_ITEM")).filter_map(|k| num(k, 2)).collect();
+    let inodes = keys
+        .iter()
+        .filter(|k| field(k, 1).as_deref() == Some("INODE_ITEM"))
+        .filter_map(|k| num(k, 0))
+        .collect();
+    let orphans = keys
+        .iter()
+        .filter(|k| field(k, 1).as_deref() == Some("ORPHAN_ITEM"))
+        .filter_map(|k| num(k, 2))
+        .collect();
     (inodes, orphans)
 }
 
@@ -283,7 +311,10 @@ fn tmpfile_writes_reads_and_links_as_on_the_kernel() {
     assert!(inodes_and_orphans(&ukeys).1.is_empty(), "orphan items left: {ukeys:?}");
     // The bytes, as the kernel reads them from the mount's image.
     let k = KernelMount::new(&uimg, &s.join("kmnt"));
-    assert_eq!(std::fs::read(k.dir.join("d/named")).unwrap(), (0..40).flat_map(|_| 0..=255u8).collect::<Vec<u8>>());
+    assert_eq!(
+        std::fs::read(k.dir.join("d/named")).unwrap(),
+        (0..40).flat_map(|_| 0..=255u8).collect::<Vec<u8>>()
+    );
     assert_eq!(std::fs::read(k.dir.join("d/empty")).unwrap(), b"linked by AT_EMPTY_PATH");
     drop(k);
     let _ = std::fs::remove_dir_all(&s);
@@ -306,7 +337,11 @@ fn tmpfile_closed_without_a_name_leaves_no_trace() {
     assert_check(&uimg, "after O_TMPFILE files were closed unnamed");
     let ukeys = fs_tree_keys(&uimg);
     assert_eq!(ukeys, fs_tree_keys(&kimg), "the mount's image holds other items than the kernel's");
-    assert_eq!(inodes_and_orphans(&ukeys), (vec![256, 257], vec![]), "an unnamed file left items: {ukeys:?}");
+    assert_eq!(
+        inodes_and_orphans(&ukeys),
+        (vec![256, 257], vec![]),
+        "an unnamed file left items: {ukeys:?}"
+    );
     let _ = std::fs::remove_dir_all(&s);
 }
 
@@ -315,7 +350,12 @@ fn tmpfile_closed_without_a_name_leaves_no_trace() {
 fn hold(s: &Path, m: &Path) -> std::process::Child {
     let ready = s.join("ready");
     let _ = std::fs::remove_file(&ready);
-    let mut child = Command::new("python3").arg(s.join("t.py")).args(["hold", arg(m), arg(&ready)]).stdout(Stdio::null()).spawn().expect("spawn python3");
+    let mut child = Command::new("python3")
+        .arg(s.join("t.py"))
+        .args(["hold", arg(m), arg(&ready)])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn python3");
     let t = Instant::now();
     while !ready.exists() {
         if let Some(st) = child.try_wait().unwrap() {
@@ -360,7 +400,10 @@ fn tmpfile_open_at_unmount_or_crash_is_freed() {
     kill(holder);
     let t = Instant::now();
     while !run(Command::new("losetup").arg("-j").arg(&kimg)).trim().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(60), "the kernel's lazily unmounted loop device stayed");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the kernel's lazily unmounted loop device stayed"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     no_trace(&kimg, "the kernel's image after a lazy unmount while an O_TMPFILE file was open");
@@ -372,7 +415,12 @@ fn tmpfile_open_at_unmount_or_crash_is_freed() {
     run(Command::new("umount").arg("-l").arg(&umnt));
     kill(holder);
     let out = m.wait(Duration::from_secs(120));
-    assert!(out.status.success(), "ubtrfs mount exited with {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ubtrfs mount exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     no_trace(&uimg, "after a lazy unmount while an O_TMPFILE file was open");
 
     // A crash: the committed unnamed file is an orphan on disk, valid as it is.
@@ -403,8 +451,13 @@ fn tmpfile_owner_and_mode_as_create_gives_them() {
         return;
     }
     let s = scratch("owner");
-    let (ours, kernel) = on_both(&s, "allow_other,default_permissions", |m| py(&s, false, &["owner_prepare", arg(m)]) + &py(&s, true, &["owner", arg(m)]));
-    assert_eq!(ours, kernel, "owners or modes of O_TMPFILE files through the mount differ from the kernel's");
+    let (ours, kernel) = on_both(&s, "allow_other,default_permissions", |m| {
+        py(&s, false, &["owner_prepare", arg(m)]) + &py(&s, true, &["owner", arg(m)])
+    });
+    assert_eq!(
+        ours, kernel,
+        "owners or modes of O_TMPFILE files through the mount differ from the kernel's"
+    );
     let daemon = run(Command::new("id").args(["-u", "daemon"]));
     let daemon = daemon.trim();
     assert_shows(
@@ -474,12 +527,28 @@ fn statx_btime_is_the_kernels_both_ways() {
     let k = KernelMount::new(&uimg, &s.join("kmnt"));
     let kernel = show(&k.dir);
     drop(k);
-    assert_eq!(ours, kernel, "the kernel shows other birth times than the mount that made the files");
+    assert_eq!(
+        ours, kernel,
+        "the kernel shows other birth times than the mount that made the files"
+    );
     for n in &names[2..] {
-        let line = ours.0.lines().find(|l| l.starts_with(&format!("{n} "))).unwrap_or_else(|| panic!("no line for {n}: {}", ours.0));
-        assert!(line.starts_with(&format!("{n} btime ")) && !line.ends_with(" 0 0"), "{n}: the mount reports no birth time: {line}");
+        let line = ours
+            .0
+            .lines()
+            .find(|l| l.starts_with(&format!("{n} ")))
+            .unwrap_or_else(|| panic!("no line for {n}: {}", ours.0));
+        assert!(
+            line.starts_with(&format!("{n} btime ")) && !line.ends_with(" 0 0"),
+            "{n}: the mount reports no birth time: {line}"
+        );
     }
-    let sec = |text: &str, n: &str| -> i64 { text.lines().find(|l| l.starts_with(&format!("{n} "))).and_then(|l| l.split(' ').nth(2)).and_then(|v| v.parse().ok()).unwrap() };
+    let sec = |text: &str, n: &str| -> i64 {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{n} ")))
+            .and_then(|l| l.split(' ').nth(2))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
     assert_eq!(ours.1, sec(&ours.0, "file").to_string(), "stat -c %W shows statx's btime");
     assert!(sec(&ours.0, "file") >= sec(&ours.0, "dir"), "the file was born after the directory");
 
@@ -491,7 +560,10 @@ fn statx_btime_is_the_kernels_both_ways() {
     let m = FuseMount::start(&kimg, &umnt, "");
     let ours = show(&umnt);
     m.stop(Stop::Sigterm);
-    assert_eq!(ours, kernel, "the mount shows other birth times than the kernel that made the files");
+    assert_eq!(
+        ours, kernel,
+        "the mount shows other birth times than the kernel that made the files"
+    );
     assert_check(&uimg, "after the birth-time scenario");
     assert_check(&kimg, "after the birth-time scenario on the kernel's image");
     let _ = std::fs::remove_dir_all(&s);

@@ -59,7 +59,11 @@ impl Drop for Cleanup {
 /// must succeed at once, whatever was unmounted just before.
 fn mount_daemon(img: &Path, dir: &Path, round: usize) {
     let out = bin().args(["mount", "--daemon"]).arg(img).arg(dir).output().unwrap();
-    assert!(out.status.success(), "round {round}: ubtrfs mount failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "round {round}: ubtrfs mount failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(is_mountpoint(dir), "round {round}: {} not mounted", dir.display());
 }
 
@@ -75,7 +79,10 @@ fn unmount(cmd: &mut Command) {
             return;
         }
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("busy") && t.elapsed() < Duration::from_secs(5), "{cmd:?} failed: {err}");
+        assert!(
+            err.contains("busy") && t.elapsed() < Duration::from_secs(5),
+            "{cmd:?} failed: {err}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -87,7 +94,11 @@ fn lock_holders(img: &Path) -> Vec<u32> {
     let (maj, min) = (libc::major(md.dev()), libc::minor(md.dev()));
     let id = format!("{maj:02x}:{min:02x}:{}", md.ino());
     let locks = std::fs::read_to_string("/proc/locks").unwrap();
-    locks.lines().filter(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == id)).filter_map(|l| l.split_whitespace().nth(4)?.parse().ok()).collect()
+    locks
+        .lines()
+        .filter(|l| l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == id))
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect()
 }
 
 /// Whether `pid` runs (a zombie has exited: a daemon's parent is gone, and whoever
@@ -114,7 +125,10 @@ fn mount_again_at_once_after_unmount() {
     if !fuse_available("mount_again_at_once_after_unmount") {
         return;
     }
-    let rounds: usize = std::env::var("UBTRFS_UMOUNT_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(CI_ROUNDS);
+    let rounds: usize = std::env::var("UBTRFS_UMOUNT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CI_ROUNDS);
     let d = scratch_in("umount", "again");
     let img = d.join("img");
     let mnt = d.join("m");
@@ -139,7 +153,11 @@ fn mount_again_at_once_after_unmount() {
         assert!(got == data(i as u64, round_len(i)), "f{i} differs");
     }
     unmount(bin().arg("umount").arg(&mnt));
-    assert!(lock_holders(&img).is_empty(), "the image is still locked after ubtrfs umount: {:?}", lock_holders(&img));
+    assert!(
+        lock_holders(&img).is_empty(),
+        "the image is still locked after ubtrfs umount: {:?}",
+        lock_holders(&img)
+    );
     assert_check(&img, "after the rounds");
 }
 
@@ -169,7 +187,11 @@ fn block_device_mount_again_at_once() {
     }
     mount_daemon(dev, &mnt, rounds);
     for i in 0..rounds {
-        assert!(std::fs::read(mnt.join(format!("f{i}"))).is_ok_and(|g| g == data(i as u64, round_len(i))), "f{i} lost or different");
+        assert!(
+            std::fs::read(mnt.join(format!("f{i}")))
+                .is_ok_and(|g| g == data(i as u64, round_len(i))),
+            "f{i} lost or different"
+        );
     }
     unmount(bin().arg("umount").arg(&mnt));
     assert_check(&img, "after the block device rounds");
@@ -201,7 +223,14 @@ fn kernel_mount_at_once_after_unmount_keeps_both_sides() {
     let mut dropped = Vec::new();
     for i in 0..KERNEL_ROUNDS {
         // In the foreground, for its messages and exit status.
-        let child = bin().arg("mount").arg(&img).arg(&mnt).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let child = bin()
+            .arg("mount")
+            .arg(&img)
+            .arg(&mnt)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         let t = Instant::now();
         while !is_mountpoint(&mnt) {
             assert!(t.elapsed() < Duration::from_secs(30), "round {i}: no mount");
@@ -233,13 +262,24 @@ fn kernel_mount_at_once_after_unmount_keeps_both_sides() {
         unmount(Command::new("umount").arg(&k));
     }
     eprintln!("{} of {KERNEL_ROUNDS} rounds: the kernel mounted before our last commit after fusermount3 -u, which was then not written: {dropped:?}", dropped.len());
-    assert!(lock_holders(&img).is_empty(), "a ubtrfs process still holds the image: {:?}", lock_holders(&img));
+    assert!(
+        lock_holders(&img).is_empty(),
+        "a ubtrfs process still holds the image: {:?}",
+        lock_holders(&img)
+    );
     assert_check(&img, "after the kernel's rounds");
     run(Command::new("mount").args(["-o", "loop,ro"]).arg(&img).arg(&k));
     for i in 0..KERNEL_ROUNDS {
         let ok = std::fs::read(k.join(format!("ours{i}"))).is_ok_and(|g| g == ours(i));
-        assert!(ok != dropped.contains(&i), "ours{i}: {}", if ok { "there though refused" } else { "lost" });
-        assert!(std::fs::read(k.join(format!("kern{i}"))).is_ok_and(|g| g == kern(i)), "the kernel's kern{i} lost");
+        assert!(
+            ok != dropped.contains(&i),
+            "ours{i}: {}",
+            if ok { "there though refused" } else { "lost" }
+        );
+        assert!(
+            std::fs::read(k.join(format!("kern{i}"))).is_ok_and(|g| g == kern(i)),
+            "the kernel's kern{i} lost"
+        );
     }
     unmount(Command::new("umount").arg(&k));
 }
@@ -274,7 +314,11 @@ fn ubtrfs_umount_returns_after_the_daemon_exits() {
             1 => unmount(umount_helper().arg(&mnt).args(["-t", "fuse.ubtrfs"])),
             _ => unmount(bin().arg("umount").arg(&mnt)),
         };
-        assert!(!alive(pids[0]), "round {round}: the unmount returned while the daemon {} runs", pids[0]);
+        assert!(
+            !alive(pids[0]),
+            "round {round}: the unmount returned while the daemon {} runs",
+            pids[0]
+        );
         assert!(lock_holders(&img).is_empty(), "round {round}: the image is still locked");
         assert!(!is_mountpoint(&mnt));
     }
@@ -286,7 +330,10 @@ fn ubtrfs_umount_returns_after_the_daemon_exits() {
     let e = cmd::fails(bin().arg("umount").arg("/proc"));
     assert!(e.contains("not a ubtrfs mount (its type is proc)"), "{e}");
     let e = cmd::fails(umount_helper().arg("/proc"));
-    assert!(e.starts_with("umount.fuse.ubtrfs: error: /proc: invalid argument (not a ubtrfs mount"), "{e}");
+    assert!(
+        e.starts_with("umount.fuse.ubtrfs: error: /proc: invalid argument (not a ubtrfs mount"),
+        "{e}"
+    );
 }
 
 /// A kernel mount made (through a loop device) while our mount still serves: at the
@@ -306,7 +353,14 @@ fn kernel_mount_under_a_live_mount_is_not_written_over() {
     std::fs::write(d.join("base"), b"base\n").unwrap();
     run(bin().arg("put").arg(&img).arg(d.join("base")).arg("/base"));
     let mut c = Cleanup { dirs: vec![mnt.clone(), k.clone()], loops: vec![] };
-    let child = bin().arg("mount").arg(&img).arg(&mnt).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = bin()
+        .arg("mount")
+        .arg(&img)
+        .arg(&mnt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let t = Instant::now();
     while !is_mountpoint(&mnt) {
         assert!(t.elapsed() < Duration::from_secs(30), "no mount");
@@ -322,14 +376,20 @@ fn kernel_mount_under_a_live_mount_is_not_written_over() {
     unmount(Command::new("fusermount3").arg("-u").arg(&mnt));
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the mount must fail when it cannot write its last commit: {err}");
+    assert!(
+        !out.status.success(),
+        "the mount must fail when it cannot write its last commit: {err}"
+    );
     assert!(err.contains("is mounted by the kernel at") && err.contains("not written"), "{err}");
     assert!(std::fs::read(k.join("kern")).is_ok_and(|g| g == b"kernel\n"));
     assert!(!k.join("ours").exists(), "the kernel mounted the state before our write");
     unmount(Command::new("umount").arg(&k));
     assert_check(&img, "after the refused last commit");
     run(Command::new("mount").arg(&lo).arg(&k));
-    assert!(std::fs::read(k.join("kern")).is_ok_and(|g| g == b"kernel\n"), "the kernel's file was written over");
+    assert!(
+        std::fs::read(k.join("kern")).is_ok_and(|g| g == b"kernel\n"),
+        "the kernel's file was written over"
+    );
     assert!(std::fs::read(k.join("base")).is_ok_and(|g| g == b"base\n"));
     unmount(Command::new("umount").arg(&k));
 }

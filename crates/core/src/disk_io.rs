@@ -42,7 +42,13 @@ pub struct OpenOptions {
 
 impl OpenOptions {
     pub fn new(image: impl Into<PathBuf>) -> OpenOptions {
-        OpenOptions { devices: vec![image.into()], cache_bytes: 64 << 20, writable: false, sources: Sources::default(), degraded: false }
+        OpenOptions {
+            devices: vec![image.into()],
+            cache_bytes: 64 << 20,
+            writable: false,
+            sources: Sources::default(),
+            degraded: false,
+        }
     }
 }
 
@@ -169,23 +175,43 @@ impl FsInfo {
                 // rather than that it belongs elsewhere.
                 let seeding = |s: &Superblock| s.flags.get() & features::SUPER_FLAG_SEEDING != 0;
                 if let Some((sd, ss)) = devs.iter().zip(&sbs).find(|(_, s)| seeding(s)) {
-                    return Err(seed_refusal(format!("{} is a seed device (filesystem {})", crate::quote::name(sd.name().as_bytes()), items::uuid_str(&ss.fsid))));
+                    return Err(seed_refusal(format!(
+                        "{} is a seed device (filesystem {})",
+                        crate::quote::name(sd.name().as_bytes()),
+                        items::uuid_str(&ss.fsid)
+                    )));
                 }
-                return Err(Error::Incompatible(format!("{} belongs to filesystem {}, not {}", d.name(), items::uuid_str(&s.fsid), items::uuid_str(&first_fsid))));
+                return Err(Error::Incompatible(format!(
+                    "{} belongs to filesystem {}, not {}",
+                    d.name(),
+                    items::uuid_str(&s.fsid),
+                    items::uuid_str(&first_fsid)
+                )));
             }
             let devid = s.dev_item.devid.get();
-            let dev = Device { devid, uuid: s.dev_item.uuid, dev: d.clone(), sb_generation: s.generation.get() };
+            let dev = Device {
+                devid,
+                uuid: s.dev_item.uuid,
+                dev: d.clone(),
+                sb_generation: s.generation.get(),
+            };
             if devid == DEV_REPLACE_DEVID {
                 // The target of a device replace: not a member (no DEV_ITEM, not in
                 // num_devices); whether it is used depends on the DEV_REPLACE item.
                 if devices.replace_target.is_some() {
-                    return Err(Error::Incompatible(format!("{}: a second device replace target (devid 0)", d.name())));
+                    return Err(Error::Incompatible(format!(
+                        "{}: a second device replace target (devid 0)",
+                        d.name()
+                    )));
                 }
                 devices.replace_target = Some(dev);
                 continue;
             }
             if devices.by_id.contains_key(&devid) {
-                return Err(Error::Incompatible(format!("{}: device id {devid} given twice", d.name())));
+                return Err(Error::Incompatible(format!(
+                    "{}: device id {devid} given twice",
+                    d.name()
+                )));
             }
             devices.by_id.insert(devid, dev);
         }
@@ -210,14 +236,24 @@ impl FsInfo {
         match features::check_features(incompat, compat_ro) {
             FeatureVerdict::ReadWrite => {}
             FeatureVerdict::ReadOnly { unknown_compat_ro } => {
-                read_only_reason = Some(format!("unknown compat_ro features {}", features::flag_names(unknown_compat_ro, features::COMPAT_RO_NAMES)));
+                read_only_reason = Some(format!(
+                    "unknown compat_ro features {}",
+                    features::flag_names(unknown_compat_ro, features::COMPAT_RO_NAMES)
+                ));
                 warnings.push(format!("filesystem has unknown compat_ro features {unknown_compat_ro:#x}; read-only access only"));
             }
             FeatureVerdict::Refuse { unsupported_incompat } => {
-                return Err(Error::Incompatible(format!("unsupported incompat features {} ({unsupported_incompat:#x})", features::flag_names(unsupported_incompat, features::INCOMPAT_NAMES))));
+                return Err(Error::Incompatible(format!(
+                    "unsupported incompat features {} ({unsupported_incompat:#x})",
+                    features::flag_names(unsupported_incompat, features::INCOMPAT_NAMES)
+                )));
             }
         }
-        let meta_fsid = if incompat & features::INCOMPAT_METADATA_UUID != 0 { sb.metadata_uuid } else { sb.fsid };
+        let meta_fsid = if incompat & features::INCOMPAT_METADATA_UUID != 0 {
+            sb.metadata_uuid
+        } else {
+            sb.fsid
+        };
         let chunk_map = ChunkMap::default();
         for (key, c) in sys_chunk_array(&sb)? {
             chunk_map.insert(MapLookup::from_view(key.offset, &c))?;
@@ -264,9 +300,22 @@ impl FsInfo {
     }
 
     fn read_chunk_tree(&mut self, sb: &Superblock) -> Result<()> {
-        let root = RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: sb.chunk_root.get(), level: sb.chunk_root_level, generation: sb.chunk_root_generation.get() };
+        let root = RootInfo {
+            id: CHUNK_TREE_OBJECTID,
+            bytenr: sb.chunk_root.get(),
+            level: sb.chunk_root_level,
+            generation: sb.chunk_root_generation.get(),
+        };
         // The chunk root tells us the chunk tree uuid every other block must carry.
-        let eb = self.read_tree_block(root.bytenr, &Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(CHUNK_TREE_OBJECTID), first_key: None })?;
+        let eb = self.read_tree_block(
+            root.bytenr,
+            &Expect {
+                level: Some(root.level),
+                generation: Some(root.generation),
+                owner: Some(CHUNK_TREE_OBJECTID),
+                first_key: None,
+            },
+        )?;
         self.chunk_tree_uuid = eb.node().header().chunk_tree_uuid;
         self.cache.clear();
         let mut chunks = Vec::new();
@@ -278,9 +327,16 @@ impl FsInfo {
             if k.objectid != DEV_ITEMS_OBJECTID || k.type_ != DEV_ITEM_KEY {
                 break;
             }
-            let Ok((d, _)) = <DevItem as zerocopy::FromBytes>::ref_from_prefix(item.data()) else { continue };
+            let Ok((d, _)) = <DevItem as zerocopy::FromBytes>::ref_from_prefix(item.data()) else {
+                continue;
+            };
             if d.fsid != self.meta_fsid {
-                return Err(seed_refusal(format!("devid {} belongs to seed filesystem {} under this sprout filesystem {}", k.offset, items::uuid_str(&d.fsid), items::uuid_str(&sb.fsid))));
+                return Err(seed_refusal(format!(
+                    "devid {} belongs to seed filesystem {} under this sprout filesystem {}",
+                    k.offset,
+                    items::uuid_str(&d.fsid),
+                    items::uuid_str(&sb.fsid)
+                )));
             }
         }
         let mut it = self.iter(&root, Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, 0))?;
@@ -323,7 +379,9 @@ impl FsInfo {
             }
         }
         match (&self.dev_replace, &self.devices.replace_target) {
-            (Some(r), Some(_)) if r.is_ongoing() => self.devices.replace_copied = Some((r.src_devid, r.cursor_left)),
+            (Some(r), Some(_)) if r.is_ongoing() => {
+                self.devices.replace_copied = Some((r.src_devid, r.cursor_left))
+            }
             (_, Some(t)) => {
                 warnings.push(format!("{} is a device replace target (devid 0), but no replace is in progress: not used", crate::quote::name(t.dev.name().as_bytes())));
                 self.devices.replace_target = None;
@@ -372,7 +430,12 @@ impl FsInfo {
             }
         }
         if !bytenr.is_multiple_of(u64::from(self.sectorsize)) {
-            return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Block, format!("unaligned tree block address, sectorsize {}", self.sectorsize)).block(bytenr).into());
+            return Err(ubtrfs_format::Corrupt::new(
+                ubtrfs_format::CorruptWhere::Block,
+                format!("unaligned tree block address, sectorsize {}", self.sectorsize),
+            )
+            .block(bytenr)
+            .into());
         }
         let copies = num_copies(&self.chunk_map, bytenr);
         let ctx = self.check_ctx(bytenr, expect);
@@ -380,13 +443,17 @@ impl FsInfo {
         let mut bad = Vec::new();
         for mirror in 0..copies {
             let mut buf = vec![0u8; self.nodesize as usize].into_boxed_slice();
-            let r = read_logical(&self.chunk_map, &self.devices, bytenr, &mut buf, mirror).and_then(|()| check_tree_block(&buf, &ctx).map_err(Error::from));
+            let r = read_logical(&self.chunk_map, &self.devices, bytenr, &mut buf, mirror)
+                .and_then(|()| check_tree_block(&buf, &ctx).map_err(Error::from));
             match r {
                 Ok(()) => {
                     if !bad.is_empty() {
                         self.warn(format!(
                             "tree block {bytenr}: copy {} of {copies} is bad ({}); read copy {}",
-                            bad.iter().map(|m: &usize| (m + 1).to_string()).collect::<Vec<_>>().join(","),
+                            bad.iter()
+                                .map(|m: &usize| (m + 1).to_string())
+                                .collect::<Vec<_>>()
+                                .join(","),
                             first_err.as_ref().map(|e| e.to_string()).unwrap_or_default(),
                             mirror + 1
                         ));
@@ -435,12 +502,22 @@ impl TreeView for FsInfo {
 
 /// The root tree's root as superblock `sb` points at it.
 pub fn super_tree_root(sb: &Superblock) -> RootInfo {
-    RootInfo { id: ROOT_TREE_OBJECTID, bytenr: sb.root.get(), level: sb.root_level, generation: sb.generation.get() }
+    RootInfo {
+        id: ROOT_TREE_OBJECTID,
+        bytenr: sb.root.get(),
+        level: sb.root_level,
+        generation: sb.generation.get(),
+    }
 }
 
 /// The chunk tree's root as superblock `sb` points at it.
 pub fn super_chunk_root(sb: &Superblock) -> RootInfo {
-    RootInfo { id: CHUNK_TREE_OBJECTID, bytenr: sb.chunk_root.get(), level: sb.chunk_root_level, generation: sb.chunk_root_generation.get() }
+    RootInfo {
+        id: CHUNK_TREE_OBJECTID,
+        bytenr: sb.chunk_root.get(),
+        level: sb.chunk_root_level,
+        generation: sb.chunk_root_generation.get(),
+    }
 }
 
 impl FsInfo {
@@ -452,7 +529,12 @@ impl FsInfo {
     /// Make `sb` the committed superblock: its commit is on disk.
     pub(crate) fn set_super_copy(&self, sb: Arc<Superblock>) {
         let mut g = self.super_copy.write().unwrap_or_else(|p| p.into_inner());
-        assert!(sb.generation.get() >= g.generation.get(), "committed generation went back from {} to {}", g.generation.get(), sb.generation.get());
+        assert!(
+            sb.generation.get() >= g.generation.get(),
+            "committed generation went back from {} to {}",
+            g.generation.get(),
+            sb.generation.get()
+        );
         *g = sb;
     }
 
@@ -460,7 +542,12 @@ impl FsInfo {
     pub fn log_root(&self) -> Option<RootInfo> {
         let sb = self.super_copy();
         let b = sb.log_root.get();
-        (b != 0).then(|| RootInfo { id: TREE_LOG_OBJECTID, bytenr: b, level: sb.log_root_level, generation: sb.generation.get().saturating_add(1) })
+        (b != 0).then(|| RootInfo {
+            id: TREE_LOG_OBJECTID,
+            bytenr: b,
+            level: sb.log_root_level,
+            generation: sb.generation.get().saturating_add(1),
+        })
     }
 }
 
@@ -479,7 +566,8 @@ fn read_super(dev: &dyn BlockDevice, warnings: &mut Vec<String>) -> Result<Super
             break;
         }
         let mut buf = vec![0u8; SUPER_INFO_SIZE];
-        let r = dev.read_at(&mut buf, off).and_then(|()| check_super(&buf, off).map_err(Error::from));
+        let r =
+            dev.read_at(&mut buf, off).and_then(|()| check_super(&buf, off).map_err(Error::from));
         match r {
             Ok(sb) => {
                 if mirror == 0 {
@@ -496,15 +584,32 @@ fn read_super(dev: &dyn BlockDevice, warnings: &mut Vec<String>) -> Result<Super
             }
         }
     }
-    let err = first_err.unwrap_or_else(|| Error::Incompatible(format!("{}: too small for a btrfs superblock ({} bytes)", dev.name(), dev.size())));
+    let err = first_err.unwrap_or_else(|| {
+        Error::Incompatible(format!(
+            "{}: too small for a btrfs superblock ({} bytes)",
+            dev.name(),
+            dev.size()
+        ))
+    });
     match best {
         Some((m, sb)) => {
-            warnings.push(format!("{}: primary superblock is bad ({err}); using copy {m} at {}", dev.name(), sb_offset(m)));
+            warnings.push(format!(
+                "{}: primary superblock is bad ({err}); using copy {m} at {}",
+                dev.name(),
+                sb_offset(m)
+            ));
             Ok(sb)
         }
         None => Err(match err {
-            Error::Corrupt(c) if c.what == ubtrfs_format::CorruptWhere::Super && c.reason.starts_with("bad magic") => {
-                Error::Incompatible(format!("{}: not a btrfs filesystem ({})", dev.name(), c.reason))
+            Error::Corrupt(c)
+                if c.what == ubtrfs_format::CorruptWhere::Super
+                    && c.reason.starts_with("bad magic") =>
+            {
+                Error::Incompatible(format!(
+                    "{}: not a btrfs filesystem ({})",
+                    dev.name(),
+                    c.reason
+                ))
             }
             e => e,
         }),

@@ -102,7 +102,11 @@ pub struct Engine {
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
-    Error::posix_detail(PosixKind::ReadOnly, "engine", "a thread panicked while changing the filesystem; its state is not trusted")
+    Error::posix_detail(
+        PosixKind::ReadOnly,
+        "engine",
+        "a thread panicked while changing the filesystem; its state is not trusted",
+    )
 }
 
 impl Engine {
@@ -126,7 +130,13 @@ impl Engine {
     /// Share an opened writer.
     pub fn from_writer(mut w: FsWriter) -> Engine {
         w.defer_writeback = true;
-        Engine { info: w.info.clone(), state: RwLock::new(w), commit_lock: Mutex::new(()), writeback_io: RwLock::new(()), pages: Default::default() }
+        Engine {
+            info: w.info.clone(),
+            state: RwLock::new(w),
+            commit_lock: Mutex::new(()),
+            writeback_io: RwLock::new(()),
+            pages: Default::default(),
+        }
     }
 
     /// The shared filesystem.
@@ -180,11 +190,23 @@ impl Engine {
             match v.kind() {
                 FileKind::File => {}
                 FileKind::Dir => return Err(Error::posix(PosixKind::IsDir, id.to_string())),
-                _ => return Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
+                _ => {
+                    return Err(Error::posix(
+                        PosixKind::Invalid,
+                        format!("{id} is not a regular file"),
+                    ))
+                }
             }
             let end = offset.saturating_add(len).min(v.size());
             // From the extent maps, or the EXTENT_DATA items (then cached in the maps).
-            v.extents = crate::inode::extent_map::get_file_extents(l, &self.info.extent_maps, &mem, offset, end)?.0;
+            v.extents = crate::inode::extent_map::get_file_extents(
+                l,
+                &self.info.extent_maps,
+                &mem,
+                offset,
+                end,
+            )?
+            .0;
             let csums = crate::inode::read::prefetch_csums(l, &v, offset, end)?;
             // A view of the running transaction: what it frees from now on is held.
             let view = self.info.views.register(l.transid() - 1);
@@ -250,7 +272,9 @@ impl Engine {
         crate::space::allocator::publish_data_free(&mut g);
         // Taken before `state` is dropped, so no commit can finish between the sealing
         // of these blocks and their write.
-        let wb = g.take_writeback().map(|wb| (wb, self.writeback_io.read().unwrap_or_else(|p| p.into_inner())));
+        let wb = g
+            .take_writeback()
+            .map(|wb| (wb, self.writeback_io.read().unwrap_or_else(|p| p.into_inner())));
         drop(g);
         if let Some((wb, writing)) = wb {
             // Neither side of `state` is held here.

@@ -190,7 +190,11 @@ impl Error {
         Error::Posix { kind, path: path.into(), detail: None }
     }
     /// A POSIX error on `path` with a hint or reason shown after the kind.
-    pub fn posix_detail(kind: PosixKind, path: impl Into<String>, detail: impl Into<String>) -> Error {
+    pub fn posix_detail(
+        kind: PosixKind,
+        path: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Error {
         Error::Posix { kind, path: path.into(), detail: Some(detail.into()) }
     }
     /// Say which object `self` happened to.
@@ -257,7 +261,11 @@ mod tests {
             (PosixKind::NotSeekable, libc::ESPIPE),
             (PosixKind::TooBig, libc::E2BIG),
         ];
-        assert_eq!(want.map(|(k, _)| k), PosixKind::ALL, "the table above lists every kind, in order");
+        assert_eq!(
+            want.map(|(k, _)| k),
+            PosixKind::ALL,
+            "the table above lists every kind, in order"
+        );
         for (kind, errno) in want {
             assert_eq!(kind.errno(), errno, "{kind:?}");
             assert_eq!(kind.to_string(), strerror_lower(errno), "{kind:?} (errno {errno})");

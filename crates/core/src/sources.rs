@@ -50,7 +50,9 @@ fn epoch_ns(t: Time) -> Option<u64> {
 impl Clock for SystemClock {
     fn now(&self) -> Time {
         let t = match SystemTime::now().duration_since(UNIX_EPOCH) {
-            Ok(d) => Time { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() },
+            Ok(d) => {
+                Time { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
+            }
             // A clock set before 1970: btrfs stores signed seconds.
             Err(e) => {
                 let d = e.duration();
@@ -99,7 +101,8 @@ impl Clock for FixedClock {
     fn now(&self) -> Time {
         let n = self.readings.fetch_add(1, Ordering::Relaxed);
         let total = u64::from(self.start.nsec).saturating_add(n.saturating_mul(self.step_ns));
-        let sec = self.start.sec.saturating_add(i64::try_from(total / 1_000_000_000).unwrap_or(i64::MAX));
+        let sec =
+            self.start.sec.saturating_add(i64::try_from(total / 1_000_000_000).unwrap_or(i64::MAX));
         Time { sec, nsec: (total % 1_000_000_000) as u32 }
     }
 }
@@ -127,7 +130,8 @@ impl UuidSource for RandomUuids {
                 // No random source at all: fall back to the clock and pid, still unique
                 // enough for one machine, never a crash.
                 let t = SystemClock::default().now();
-                let seed = (t.sec as u64) ^ (u64::from(t.nsec) << 32) ^ u64::from(std::process::id());
+                let seed =
+                    (t.sec as u64) ^ (u64::from(t.nsec) << 32) ^ u64::from(std::process::id());
                 return SeededUuids::new(seed).new_uuid();
             }
         }
@@ -190,7 +194,10 @@ impl Sources {
     /// Fixed sources for reproducible results: time starts at `start` and advances 1 µs
     /// per reading; UUIDs follow `seed`.
     pub fn deterministic(start: Time, seed: u64) -> Sources {
-        Sources { clock: Arc::new(FixedClock::new(start, 1_000)), uuids: Arc::new(SeededUuids::new(seed)) }
+        Sources {
+            clock: Arc::new(FixedClock::new(start, 1_000)),
+            uuids: Arc::new(SeededUuids::new(seed)),
+        }
     }
 }
 

@@ -59,7 +59,8 @@ const STEPS: &[Step] = &[
 const TWO_DAYS: i64 = 2 * 24 * 3600;
 
 fn now_secs() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() as i64
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+        as i64
 }
 
 /// (atime, ctime) of a path on the kernel mount, without following a symlink.
@@ -83,17 +84,26 @@ fn kernel_side(img: &Path, opts: &str) -> Vec<(bool, bool)> {
                 continue;
             }
             Step::OldAtime(n) => {
-                let out = Command::new("touch").args(["-a", "-h", "-d", &format!("@{}", now_secs() - TWO_DAYS)]).arg(m.path(n)).output().expect("touch");
+                let out = Command::new("touch")
+                    .args(["-a", "-h", "-d", &format!("@{}", now_secs() - TWO_DAYS)])
+                    .arg(m.path(n))
+                    .output()
+                    .expect("touch");
                 assert!(out.status.success(), "touch: {}", String::from_utf8_lossy(&out.stderr));
                 continue;
             }
             Step::AtimeNow(n) => {
-                let out = Command::new("touch").args(["-a", "-h"]).arg(m.path(n)).output().expect("touch");
+                let out = Command::new("touch")
+                    .args(["-a", "-h"])
+                    .arg(m.path(n))
+                    .output()
+                    .expect("touch");
                 assert!(out.status.success(), "touch: {}", String::from_utf8_lossy(&out.stderr));
                 continue;
             }
             Step::NoatimeFlag => {
-                let out = Command::new("chattr").arg("+A").arg(m.path("f")).output().expect("chattr");
+                let out =
+                    Command::new("chattr").arg("+A").arg(m.path("f")).output().expect("chattr");
                 assert!(out.status.success(), "chattr: {}", String::from_utf8_lossy(&out.stderr));
                 continue;
             }
@@ -122,29 +132,50 @@ fn ubtrfs_side(img: &Path, opts: AtimeOpts) -> Vec<(bool, bool)> {
     let (mut f, mut d, mut l) = (0, 0, 0);
     let mut out = Vec::new();
     let t = |w: &FsWriter, ino: u64| {
-        let i = w.live().load_inode(ubtrfs_core::inode::filesystem::InodeId { root: top.root, ino }, Load::ITEM).expect("inode").item;
+        let i = w
+            .live()
+            .load_inode(ubtrfs_core::inode::filesystem::InodeId { root: top.root, ino }, Load::ITEM)
+            .expect("inode")
+            .item;
         ((i.atime.sec.get(), i.atime.nsec.get()), (i.ctime.sec.get(), i.ctime.nsec.get()))
     };
     for &s in STEPS {
         std::thread::sleep(Duration::from_millis(15));
         let ino = match s {
             Step::Make => {
-                f = w.create_file(top.root, top.ino, b"f", &InodeAttrs::new(0o644)).expect("create");
+                f = w
+                    .create_file(top.root, top.ino, b"f", &InodeAttrs::new(0o644))
+                    .expect("create");
                 w.write_file(top.root, f, 0, b"some bytes").expect("write");
                 d = w.mkdir(top.root, top.ino, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
                 let x = w.create_file(top.root, d, b"x", &InodeAttrs::new(0o644)).expect("create");
                 w.write_file(top.root, x, 0, b"x").expect("write");
-                l = w.symlink(top.root, top.ino, b"l", b"f", &InodeAttrs::new(0o777)).expect("symlink");
+                l = w
+                    .symlink(top.root, top.ino, b"l", b"f", &InodeAttrs::new(0o777))
+                    .expect("symlink");
                 continue;
             }
             Step::OldAtime(n) => {
                 let ino = if n == "f" { f } else { d };
-                w.setattr(top.root, ino, &SetAttr { atime: Some(TimeSet::At(now_secs() - TWO_DAYS, 0)), ..Default::default() }).expect("utimens");
+                w.setattr(
+                    top.root,
+                    ino,
+                    &SetAttr {
+                        atime: Some(TimeSet::At(now_secs() - TWO_DAYS, 0)),
+                        ..Default::default()
+                    },
+                )
+                .expect("utimens");
                 continue;
             }
             Step::AtimeNow(n) => {
                 let ino = if n == "f" { f } else { d };
-                w.setattr(top.root, ino, &SetAttr { atime: Some(TimeSet::Now), ..Default::default() }).expect("utimens");
+                w.setattr(
+                    top.root,
+                    ino,
+                    &SetAttr { atime: Some(TimeSet::Now), ..Default::default() },
+                )
+                .expect("utimens");
                 continue;
             }
             Step::NoatimeFlag => {
@@ -182,11 +213,26 @@ fn atime_moves_as_the_kernels() {
         let u = Scratch::mkfs("atime-u", 256 << 20, &[]);
         let want = kernel_side(&k.path, mount_opts);
         let got = ubtrfs_side(&u.path, opts);
-        let reads: Vec<&Step> = STEPS.iter().filter(|s| matches!(s, Step::ReadFile | Step::ReadDir | Step::ReadLink)).collect();
-        let bad: Vec<String> =
-            reads.iter().zip(want.iter().zip(&got)).enumerate().filter(|(_, (_, (a, b)))| a != b).map(|(i, (s, (a, b)))| format!("read {i} ({s:?}): kernel {a:?}, ubtrfs {b:?}")).collect();
-        assert!(bad.is_empty(), "{mount_opts}: (atime moved, ctime moved) differ:\n{}", bad.join("\n"));
-        assert!(want.iter().any(|m| m.0) || mount_opts == "noatime", "{mount_opts}: the kernel moved no atime at all: {want:?}");
+        let reads: Vec<&Step> = STEPS
+            .iter()
+            .filter(|s| matches!(s, Step::ReadFile | Step::ReadDir | Step::ReadLink))
+            .collect();
+        let bad: Vec<String> = reads
+            .iter()
+            .zip(want.iter().zip(&got))
+            .enumerate()
+            .filter(|(_, (_, (a, b)))| a != b)
+            .map(|(i, (s, (a, b)))| format!("read {i} ({s:?}): kernel {a:?}, ubtrfs {b:?}"))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{mount_opts}: (atime moved, ctime moved) differ:\n{}",
+            bad.join("\n")
+        );
+        assert!(
+            want.iter().any(|m| m.0) || mount_opts == "noatime",
+            "{mount_opts}: the kernel moved no atime at all: {want:?}"
+        );
         assert_check(&u.path, mount_opts);
     }
 }

@@ -45,7 +45,11 @@ fn read_all(w: &FsWriter, path: &str) -> Vec<u8> {
 fn same_bytes(got: &[u8], want: &[u8], what: &str) {
     if got != want {
         let at = got.iter().zip(want).position(|(a, b)| a != b);
-        panic!("{what}: {} bytes read, {} expected; first difference at {at:?}", got.len(), want.len());
+        panic!(
+            "{what}: {} bytes read, {} expected; first difference at {at:?}",
+            got.len(),
+            want.len()
+        );
     }
 }
 
@@ -87,8 +91,15 @@ fn chmod_chown_and_times_follow_the_kernel() {
         unsafe {
             assert_eq!(libc::chmod(c(&p).as_ptr(), mode), 0, "chmod {name}");
             assert_eq!(libc::chown(c(&p).as_ptr(), uid, gid), 0, "chown {name}");
-            let times = [libc::timespec { tv_sec: 1_000_000_007, tv_nsec: 123 }, libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 999_999_999 }];
-            assert_eq!(libc::utimensat(libc::AT_FDCWD, c(&p).as_ptr(), times.as_ptr(), 0), 0, "utimens {name}");
+            let times = [
+                libc::timespec { tv_sec: 1_000_000_007, tv_nsec: 123 },
+                libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 999_999_999 },
+            ];
+            assert_eq!(
+                libc::utimensat(libc::AT_FDCWD, c(&p).as_ptr(), times.as_ptr(), 0),
+                0,
+                "utimens {name}"
+            );
         }
     }
     mnt.umount();
@@ -98,21 +109,39 @@ fn chmod_chown_and_times_follow_the_kernel() {
         let ino = if dir {
             w.mkdir(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir")
         } else {
-            let ino = w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            let ino = w
+                .create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644))
+                .expect("create");
             w.write_file(top.root, ino, 0, b"x").expect("write");
             ino
         };
-        w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() }).expect("chmod");
-        w.setattr(top.root, ino, &SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() }).expect("chown");
-        w.setattr(top.root, ino, &SetAttr { atime: Some(TimeSet::At(1_000_000_007, 123)), mtime: Some(TimeSet::At(1_600_000_000, 999_999_999)), ..Default::default() }).expect("utimens");
+        w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() })
+            .expect("chmod");
+        w.setattr(top.root, ino, &SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() })
+            .expect("chown");
+        w.setattr(
+            top.root,
+            ino,
+            &SetAttr {
+                atime: Some(TimeSet::At(1_000_000_007, 123)),
+                mtime: Some(TimeSet::At(1_600_000_000, 999_999_999)),
+                ..Default::default()
+            },
+        )
+        .expect("utimens");
     }
     w.commit().expect("commit");
     drop(w);
     assert_check(&u.path, "attributes");
     let (km, um) = (Mount::new(&k.path, false), Mount::new(&u.path, false));
     for (name, ..) in cases {
-        let (a, b) = (std::fs::metadata(km.path(name)).expect("stat"), std::fs::metadata(um.path(name)).expect("stat"));
-        let f = |m: &std::fs::Metadata| (m.mode(), m.uid(), m.gid(), m.atime(), m.atime_nsec(), m.mtime(), m.mtime_nsec());
+        let (a, b) = (
+            std::fs::metadata(km.path(name)).expect("stat"),
+            std::fs::metadata(um.path(name)).expect("stat"),
+        );
+        let f = |m: &std::fs::Metadata| {
+            (m.mode(), m.uid(), m.gid(), m.atime(), m.atime_nsec(), m.mtime(), m.mtime_nsec())
+        };
         assert_eq!(f(&b), f(&a), "{name}: (mode, uid, gid, atime, mtime) ubtrfs vs kernel");
     }
     km.umount();
@@ -166,27 +195,63 @@ fn chown_without_ids_follows_the_kernel() {
             }
             if caps {
                 let n = CString::new(CAP_NAME).expect("name");
-                assert_eq!(libc::setxattr(cp.as_ptr(), n.as_ptr(), CAPS.as_ptr().cast(), CAPS.len(), 0), 0, "setcap {name}: {}", std::io::Error::last_os_error());
+                assert_eq!(
+                    libc::setxattr(cp.as_ptr(), n.as_ptr(), CAPS.as_ptr().cast(), CAPS.len(), 0),
+                    0,
+                    "setcap {name}: {}",
+                    std::io::Error::last_os_error()
+                );
             }
-            let times = [libc::timespec { tv_sec: 1_000_000_007, tv_nsec: 123 }, libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 5 }];
-            assert_eq!(libc::utimensat(libc::AT_FDCWD, cp.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW), 0, "utimens {name}");
+            let times = [
+                libc::timespec { tv_sec: 1_000_000_007, tv_nsec: 123 },
+                libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 5 },
+            ];
+            assert_eq!(
+                libc::utimensat(
+                    libc::AT_FDCWD,
+                    cp.as_ptr(),
+                    times.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW
+                ),
+                0,
+                "utimens {name}"
+            );
             if flags != 0 {
                 let f = std::fs::File::open(&p).expect("open");
                 let v: libc::c_int = flags as libc::c_int;
                 // FS_IOC_SETFLAGS.
-                assert_eq!(libc::ioctl(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0x4008_6602, &v), 0, "chattr {name}: {}", std::io::Error::last_os_error());
+                assert_eq!(
+                    libc::ioctl(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0x4008_6602, &v),
+                    0,
+                    "chattr {name}: {}",
+                    std::io::Error::last_os_error()
+                );
             }
             let before = std::fs::symlink_metadata(&p).expect("lstat");
             std::thread::sleep(std::time::Duration::from_millis(2));
-            assert_eq!(libc::lchown(cp.as_ptr(), u32::MAX, u32::MAX), 0, "lchown {name} -1 -1: {}", std::io::Error::last_os_error());
+            assert_eq!(
+                libc::lchown(cp.as_ptr(), u32::MAX, u32::MAX),
+                0,
+                "lchown {name} -1 -1: {}",
+                std::io::Error::last_os_error()
+            );
             let after = std::fs::symlink_metadata(&p).expect("lstat");
             let n = CString::new(CAP_NAME).expect("name");
             let has_caps = libc::lgetxattr(cp.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) >= 0;
-            kernel.push((after.mode(), (after.ctime(), after.ctime_nsec()) != (before.ctime(), before.ctime_nsec()), (after.mtime(), after.mtime_nsec(), after.atime(), after.atime_nsec()), has_caps));
+            kernel.push((
+                after.mode(),
+                (after.ctime(), after.ctime_nsec()) != (before.ctime(), before.ctime_nsec()),
+                (after.mtime(), after.mtime_nsec(), after.atime(), after.atime_nsec()),
+                has_caps,
+            ));
             if flags != 0 {
                 let f = std::fs::File::open(&p).expect("open");
                 let v: libc::c_int = 0;
-                assert_eq!(libc::ioctl(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0x4008_6602, &v), 0, "chattr {name} back");
+                assert_eq!(
+                    libc::ioctl(std::os::unix::io::AsRawFd::as_raw_fd(&f), 0x4008_6602, &v),
+                    0,
+                    "chattr {name} back"
+                );
             }
         }
     }
@@ -197,32 +262,54 @@ fn chown_without_ids_follows_the_kernel() {
         let n = name.as_bytes();
         let ino = match kind {
             'f' => {
-                let ino = w.create_file(top.root, top.ino, n, &InodeAttrs::new(0o644)).expect("create");
+                let ino =
+                    w.create_file(top.root, top.ino, n, &InodeAttrs::new(0o644)).expect("create");
                 w.write_file(top.root, ino, 0, b"x").expect("write");
                 ino
             }
             'd' => w.mkdir(top.root, top.ino, n, &InodeAttrs::new(0o755)).expect("mkdir"),
-            _ => w.symlink(top.root, top.ino, n, b"target", &InodeAttrs::new(S_IFLNK | 0o777)).expect("symlink"),
+            _ => w
+                .symlink(top.root, top.ino, n, b"target", &InodeAttrs::new(S_IFLNK | 0o777))
+                .expect("symlink"),
         };
         if kind != 'l' {
-            w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() }).expect("chmod");
+            w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() })
+                .expect("chmod");
         }
         if caps {
             w.setxattr(top.root, ino, CAP_NAME, &CAPS, 0).expect("setcap");
         }
-        w.setattr(top.root, ino, &SetAttr { atime: Some(TimeSet::At(1_000_000_007, 123)), mtime: Some(TimeSet::At(1_600_000_000, 5)), ..Default::default() }).expect("utimens");
+        w.setattr(
+            top.root,
+            ino,
+            &SetAttr {
+                atime: Some(TimeSet::At(1_000_000_007, 123)),
+                mtime: Some(TimeSet::At(1_600_000_000, 5)),
+                ..Default::default()
+            },
+        )
+        .expect("utimens");
         if flags != 0 {
             w.set_fsflags(top.root, ino, flags).expect("chattr");
         }
         let before = item(&w, name);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        w.setattr(top.root, ino, &SetAttr::chown(None, None)).unwrap_or_else(|e| panic!("chown {name} -1 -1: {e}"));
+        w.setattr(top.root, ino, &SetAttr::chown(None, None))
+            .unwrap_or_else(|e| panic!("chown {name} -1 -1: {e}"));
         let after = item(&w, name);
         let has_caps = w.live().getxattr(InodeId { root: top.root, ino }, CAP_NAME).is_ok();
         let t = |t: Timespec| (t.sec.get() as i64, i64::from(t.nsec.get()));
         let (mt, at) = (t(after.mtime), t(after.atime));
-        let got = (after.mode.get(), t(after.ctime) != t(before.ctime), (mt.0, mt.1, at.0, at.1), has_caps);
-        assert_eq!(got, kernel[i], "{name}: (mode, ctime moved, (mtime, atime), has caps) ubtrfs vs kernel");
+        let got = (
+            after.mode.get(),
+            t(after.ctime) != t(before.ctime),
+            (mt.0, mt.1, at.0, at.1),
+            has_caps,
+        );
+        assert_eq!(
+            got, kernel[i],
+            "{name}: (mode, ctime moved, (mtime, atime), has caps) ubtrfs vs kernel"
+        );
         if flags != 0 {
             w.set_fsflags(top.root, ino, 0).expect("chattr back");
         }
@@ -235,11 +322,17 @@ fn chown_without_ids_follows_the_kernel() {
 /// The refusals of setattr, with the kernel's errno, changing nothing.
 #[test]
 fn setattr_refusals() {
-    let img = if common::kernel_available("setattr_refusals") { Scratch::mkfs("attr-refuse", 256 << 20, &[]) } else { return };
+    let img = if common::kernel_available("setattr_refusals") {
+        Scratch::mkfs("attr-refuse", 256 << 20, &[])
+    } else {
+        return;
+    };
     let mut w = img.writer();
     let top = w.live().root_dir();
     let mk = |w: &mut FsWriter, n: &str, flags: u64| {
-        let ino = w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino = w
+            .create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644))
+            .expect("create");
         w.write_file(top.root, ino, 0, b"data").expect("write");
         w.update_inode(top.root, ino, |i| i.flags = flags.into()).expect("flags");
     };
@@ -252,7 +345,11 @@ fn setattr_refusals() {
     let cases: [(&str, SetAttr, PosixKind); 9] = [
         ("immutable", SetAttr { mode: Some(0o600), ..Default::default() }, PosixKind::NotPermitted),
         ("immutable", SetAttr { uid: Some(1), ..Default::default() }, PosixKind::NotPermitted),
-        ("immutable", SetAttr { mtime: Some(TimeSet::Now), atime: Some(TimeSet::Now), ..Default::default() }, PosixKind::NotPermitted),
+        (
+            "immutable",
+            SetAttr { mtime: Some(TimeSet::Now), atime: Some(TimeSet::Now), ..Default::default() },
+            PosixKind::NotPermitted,
+        ),
         ("immutable", SetAttr { size: Some(0), ..Default::default() }, PosixKind::NotPermitted),
         ("append", SetAttr { mtime: at, ..Default::default() }, PosixKind::NotPermitted),
         ("append", SetAttr { size: Some(1), ..Default::default() }, PosixKind::NotPermitted),
@@ -264,32 +361,80 @@ fn setattr_refusals() {
         let before = format!("{:?}", item(&w, path).as_bytes_dbg());
         let e = setattr(&mut w, path, a).expect_err("refused");
         assert_eq!(e.posix_kind(), Some(kind), "{path} {a:?}: {e}");
-        assert_eq!(before, format!("{:?}", item(&w, path).as_bytes_dbg()), "{path}: a refused setattr changed the inode");
+        assert_eq!(
+            before,
+            format!("{:?}", item(&w, path).as_bytes_dbg()),
+            "{path}: a refused setattr changed the inode"
+        );
     }
     // A touch (both times now, utimensat(NULL): ATTR_TOUCH) of an append-only file is
     // allowed; any other set of times, one "now" included, is ATTR_TIMES_SET: EPERM.
-    setattr(&mut w, "append", SetAttr { mtime: Some(TimeSet::Now), atime: Some(TimeSet::Now), ..Default::default() }).expect("touch an append-only file");
-    let e = setattr(&mut w, "append", SetAttr { mtime: Some(TimeSet::Now), ..Default::default() }).expect_err("mtime now alone");
+    setattr(
+        &mut w,
+        "append",
+        SetAttr { mtime: Some(TimeSet::Now), atime: Some(TimeSet::Now), ..Default::default() },
+    )
+    .expect("touch an append-only file");
+    let e = setattr(&mut w, "append", SetAttr { mtime: Some(TimeSet::Now), ..Default::default() })
+        .expect_err("mtime now alone");
     assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{e}");
-    let e = setattr(&mut w, "append", SetAttr { size: Some(u64::MAX), ..Default::default() }).expect_err("too big");
+    let e = setattr(&mut w, "append", SetAttr { size: Some(u64::MAX), ..Default::default() })
+        .expect_err("too big");
     assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{e}");
     w.check_writable().expect("refusals do not abort");
     // The kernel agrees on each (as root, through syscalls).
     let m = Mount::new(&img.path, true);
     drop(w);
-    let errno = |r: i32| if r == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(0) };
+    let errno = |r: i32| {
+        if r == 0 {
+            0
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+        }
+    };
     // SAFETY: plain syscalls on NUL-terminated paths.
     unsafe {
         assert_eq!(errno(libc::chmod(c(&m.path("immutable")).as_ptr(), 0o600)), libc::EPERM);
         assert_eq!(errno(libc::truncate(c(&m.path("immutable")).as_ptr(), 0)), libc::EPERM);
         assert_eq!(errno(libc::truncate(c(&m.path("append")).as_ptr(), 1)), libc::EPERM);
         assert_eq!(errno(libc::truncate(c(&m.path("dir")).as_ptr(), 0)), libc::EISDIR);
-        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("immutable")).as_ptr(), std::ptr::null(), 0)), libc::EPERM);
-        let t = [libc::timespec { tv_sec: 5, tv_nsec: 5 }, libc::timespec { tv_sec: 5, tv_nsec: 5 }];
-        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), t.as_ptr(), 0)), libc::EPERM);
-        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), std::ptr::null(), 0)), 0);
-        let omit_now = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW }];
-        assert_eq!(errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), omit_now.as_ptr(), 0)), libc::EPERM);
+        assert_eq!(
+            errno(libc::utimensat(
+                libc::AT_FDCWD,
+                c(&m.path("immutable")).as_ptr(),
+                std::ptr::null(),
+                0
+            )),
+            libc::EPERM
+        );
+        let t =
+            [libc::timespec { tv_sec: 5, tv_nsec: 5 }, libc::timespec { tv_sec: 5, tv_nsec: 5 }];
+        assert_eq!(
+            errno(libc::utimensat(libc::AT_FDCWD, c(&m.path("append")).as_ptr(), t.as_ptr(), 0)),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno(libc::utimensat(
+                libc::AT_FDCWD,
+                c(&m.path("append")).as_ptr(),
+                std::ptr::null(),
+                0
+            )),
+            0
+        );
+        let omit_now = [
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        ];
+        assert_eq!(
+            errno(libc::utimensat(
+                libc::AT_FDCWD,
+                c(&m.path("append")).as_ptr(),
+                omit_now.as_ptr(),
+                0
+            )),
+            libc::EPERM
+        );
     }
     m.umount();
 }
@@ -319,27 +464,41 @@ fn truncation_keeps_every_byte() {
         let names = ["a", "b", "c", "d"];
         let mut model: Vec<Vec<u8>> = Vec::new();
         for n in names {
-            w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644))
+                .expect("create");
             model.push(Vec::new());
         }
-        let sizes = [0u64, 1, 100, 2047, 2048, 4095, 4096, 4097, 8191, 12288, 65535, 300_000, 1 << 20];
+        let sizes =
+            [0u64, 1, 100, 2047, 2048, 4095, 4096, 4097, 8191, 12288, 65535, 300_000, 1 << 20];
         for step in 0..240 {
             let f = rng.below(names.len() as u64) as usize;
             let path = names[f];
             if rng.chance(45) {
                 let size = if rng.chance(50) { *rng.pick(&sizes) } else { rng.below(1 << 20) };
-                setattr(&mut w, path, SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|e| panic!("{tag} step {step}: truncate /{path} to {size}: {e}"));
+                setattr(&mut w, path, SetAttr { size: Some(size), ..Default::default() })
+                    .unwrap_or_else(|e| {
+                        panic!("{tag} step {step}: truncate /{path} to {size}: {e}")
+                    });
                 model[f].resize(size as usize, 0);
             } else {
-                let off = if rng.chance(30) { model[f].len() as u64 + rng.below(10_000) } else { rng.below(model[f].len() as u64 + 1) };
+                let off = if rng.chance(30) {
+                    model[f].len() as u64 + rng.below(10_000)
+                } else {
+                    rng.below(model[f].len() as u64 + 1)
+                };
                 let len = if rng.chance(30) { rng.range(1, 3000) } else { rng.range(1, 200_000) };
                 let data = rng.bytes(len as usize);
                 let i = id(&w, path);
-                w.write_file(i.root, i.ino, off, &data).unwrap_or_else(|e| panic!("{tag} step {step}: write /{path}: {e}"));
+                w.write_file(i.root, i.ino, off, &data)
+                    .unwrap_or_else(|e| panic!("{tag} step {step}: write /{path}: {e}"));
                 model_write(&mut model[f], off, &data);
             }
             same_bytes(&read_all(&w, path), &model[f], &format!("{tag} step {step}: /{path}"));
-            assert_eq!(item(&w, path).size.get(), model[f].len() as u64, "{tag} step {step}: /{path} size");
+            assert_eq!(
+                item(&w, path).size.get(),
+                model[f].len() as u64,
+                "{tag} step {step}: /{path} size"
+            );
             if rng.chance(10) {
                 w.commit().expect("commit");
             }
@@ -349,7 +508,10 @@ fn truncation_keeps_every_byte() {
         assert_check(&img.path, tag);
         let m = Mount::new(&img.path, false);
         for (i, n) in names.iter().enumerate() {
-            assert!(std::fs::read(m.path(n)).expect("kernel read") == model[i], "{tag}: /{n} as the kernel reads it");
+            assert!(
+                std::fs::read(m.path(n)).expect("kernel read") == model[i],
+                "{tag}: /{n} as the kernel reads it"
+            );
         }
         m.umount();
     }
@@ -367,7 +529,11 @@ fn truncation_cuts_compressed_and_shared_extents() {
     let img = Scratch::mkfs("attr-trunc-comp", 512 << 20, &[]);
     let mut rng = Rng::new(11);
     // Compressible: text-like bytes.
-    let text: Vec<u8> = (0..1_000_000u32).map(|i| b"btrfs ubtrfs truncate compressed extents\n"[(i as usize * 7 + (i as usize / 97)) % 41]).collect();
+    let text: Vec<u8> = (0..1_000_000u32)
+        .map(|i| {
+            b"btrfs ubtrfs truncate compressed extents\n"[(i as usize * 7 + (i as usize / 97)) % 41]
+        })
+        .collect();
     let mut expect = std::collections::BTreeMap::new();
     for alg in ["zstd", "zlib", "lzo"] {
         let m = Mount::new_with(&img.path, &format!("loop,compress-force={alg}"));
@@ -379,21 +545,31 @@ fn truncation_cuts_compressed_and_shared_extents() {
         let m = Mount::new(&img.path, true);
         let random = rng.bytes(700_000);
         std::fs::write(m.path("orig"), &random).expect("write");
-        let ok = std::process::Command::new("cp").arg("--reflink=always").arg(m.path("orig")).arg(m.path("copy")).status().expect("cp").success();
+        let ok = std::process::Command::new("cp")
+            .arg("--reflink=always")
+            .arg(m.path("orig"))
+            .arg(m.path("copy"))
+            .status()
+            .expect("cp")
+            .success();
         assert!(ok, "cp --reflink");
         m.umount();
         expect.insert("orig".into(), random.clone());
         expect.insert("copy".into(), random);
     }
     let mut w = img.writer();
-    for (name, size) in [("zstd", 200_001u64), ("zlib", 131_072 + 5), ("lzo", 4097), ("orig", 300_333)] {
-        setattr(&mut w, name, SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|e| panic!("truncate {name}: {e}"));
+    for (name, size) in
+        [("zstd", 200_001u64), ("zlib", 131_072 + 5), ("lzo", 4097), ("orig", 300_333)]
+    {
+        setattr(&mut w, name, SetAttr { size: Some(size), ..Default::default() })
+            .unwrap_or_else(|e| panic!("truncate {name}: {e}"));
         let e = expect.get_mut(name).expect("name");
         e.truncate(size as usize);
         same_bytes(&read_all(&w, name), e, &format!("{name} after the cut"));
     }
     for (name, size) in [("zstd", 400_000u64), ("lzo", 10_000), ("orig", 800_000)] {
-        setattr(&mut w, name, SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|e| panic!("grow {name}: {e}"));
+        setattr(&mut w, name, SetAttr { size: Some(size), ..Default::default() })
+            .unwrap_or_else(|e| panic!("grow {name}: {e}"));
         let e = expect.get_mut(name).expect("name");
         e.resize(size as usize, 0);
         same_bytes(&read_all(&w, name), e, &format!("{name} grown again"));
@@ -403,7 +579,10 @@ fn truncation_cuts_compressed_and_shared_extents() {
     assert_check(&img.path, "after the cuts");
     let m = Mount::new(&img.path, true);
     for (name, e) in &expect {
-        assert!(&std::fs::read(m.path(name)).expect("kernel read") == e, "/{name} as the kernel reads it");
+        assert!(
+            &std::fs::read(m.path(name)).expect("kernel read") == e,
+            "/{name} as the kernel reads it"
+        );
     }
     // The kernel overwrites the cut files' ends and the shared copy.
     for name in expect.keys() {
@@ -442,11 +621,16 @@ fn fs_verity_files_refuse_data_changes() {
     refused(w.write_file(5, ino, 10_000, b"x").map(drop), "append");
     refused(setattr(&mut w, "sealed", SetAttr { size: Some(0), ..SetAttr::default() }), "truncate");
     refused(w.fallocate(5, ino, 0, 0, 1 << 20), "fallocate");
-    refused(w.clone_range(InodeId { root: 5, ino: src }, 0, 4096, InodeId { root: 5, ino }, 0).map(drop), "clone into it");
+    refused(
+        w.clone_range(InodeId { root: 5, ino: src }, 0, 4096, InodeId { root: 5, ino }, 0)
+            .map(drop),
+        "clone into it",
+    );
     assert_eq!(read_all(&w, "sealed"), vec![7u8; 10_000]);
     assert_eq!(item(&w, "sealed").size.get(), before.size.get());
     // What fs-verity does not protect.
-    setattr(&mut w, "sealed", SetAttr { mode: Some(0o600), ..SetAttr::default() }).expect("chmod of a verity file");
+    setattr(&mut w, "sealed", SetAttr { mode: Some(0o600), ..SetAttr::default() })
+        .expect("chmod of a verity file");
     w.rename(5, 256, b"sealed", 256, b"sealed2", 0).expect("rename of a verity file");
     w.commit().unwrap();
     drop(w);
@@ -469,9 +653,20 @@ fn writeback_ignores_flags_set_after_the_write() {
     let s = Scratch::mkfs("flags-writeback", 256 << 20, &[]);
     let e = ubtrfs_core::engine::Engine::open(&ubtrfs_core::OpenOptions::new(&s.path)).unwrap();
     let mut want = Vec::new();
-    for (i, (len, flag)) in [(100usize, 0x10u32), (100, 0x20), (3000, 0x10), (200_000, 0x10), (200_000, 0x20), (5000, 0x20)].into_iter().enumerate() {
+    for (i, (len, flag)) in [
+        (100usize, 0x10u32),
+        (100, 0x20),
+        (3000, 0x10),
+        (200_000, 0x10),
+        (200_000, 0x20),
+        (5000, 0x20),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let name = format!("f{i}");
-        let ino = e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).unwrap();
+        let ino =
+            e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).unwrap();
         let id = InodeId { root: 5, ino };
         if i == 5 {
             // Preallocated: written back through the direct path.
@@ -492,7 +687,10 @@ fn writeback_ignores_flags_set_after_the_write() {
     assert_check(&s.path, "after the writeback of flagged files");
     let m = Mount::new(&s.path, false);
     for (name, data) in &want {
-        assert!(std::fs::read(m.path(name)).unwrap() == *data, "{name}: the kernel reads other data");
+        assert!(
+            std::fs::read(m.path(name)).unwrap() == *data,
+            "{name}: the kernel reads other data"
+        );
     }
     m.umount();
 }

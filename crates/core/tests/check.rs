@@ -38,7 +38,8 @@ fn fixtures_are_clean() {
             continue;
         }
         let fs = open_files(&paths);
-        let r = check(&fs, &CheckOptions { check_data_csum: true, ..CheckOptions::default() }).expect("check runs");
+        let r = check(&fs, &CheckOptions { check_data_csum: true, ..CheckOptions::default() })
+            .expect("check runs");
         for n in &r.notes {
             eprintln!("{name}: note: {n}");
         }
@@ -49,10 +50,16 @@ fn fixtures_are_clean() {
         // What mkfs.btrfs itself leaves (stale free-space-tree items below the first
         // block group) is no note either; only the log tree gets one, and a missing
         // free space tree (btrfs-convert makes none).
-        let no_fst = fs.super_copy().compat_ro_flags.get() & ubtrfs_format::features::COMPAT_RO_FREE_SPACE_TREE == 0;
+        let no_fst = fs.super_copy().compat_ro_flags.get()
+            & ubtrfs_format::features::COMPAT_RO_FREE_SPACE_TREE
+            == 0;
         let expected_notes = usize::from(fs.super_copy().log_root.get() != 0) + usize::from(no_fst);
         assert_eq!(r.notes.len(), expected_notes, "{name}: unexpected notes {:?}", r.notes);
-        assert!(r.stats.tree_blocks > 0 && r.stats.inodes > 0, "{name}: nothing checked: {}", r.summary());
+        assert!(
+            r.stats.tree_blocks > 0 && r.stats.inodes > 0,
+            "{name}: nothing checked: {}",
+            r.summary()
+        );
         assert!(r.stats.data_bytes_verified > 0, "{name}: no data verified");
     }
 }
@@ -83,7 +90,14 @@ impl Img {
     }
 
     fn open(&self) -> FsInfo {
-        let devs: Vec<Arc<dyn BlockDevice>> = self.devs.iter().enumerate().map(|(i, d)| Arc::new(MemDevice::new(d.clone(), i.to_string())) as Arc<dyn BlockDevice>).collect();
+        let devs: Vec<Arc<dyn BlockDevice>> = self
+            .devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Arc::new(MemDevice::new(d.clone(), i.to_string())) as Arc<dyn BlockDevice>
+            })
+            .collect();
         FsInfo::open_devices(devs, 64 << 20).expect("open edited image")
     }
 
@@ -126,7 +140,13 @@ impl Img {
     }
 
     /// Rebuild the leaf holding `key` from its (key, body) list after `f` edits it.
-    fn repack_leaf(&mut self, fs: &FsInfo, tree: u64, key: Key, f: impl FnOnce(&mut Vec<(Key, Vec<u8>)>)) {
+    fn repack_leaf(
+        &mut self,
+        fs: &FsInfo,
+        tree: u64,
+        key: Key,
+        f: impl FnOnce(&mut Vec<(Key, Vec<u8>)>),
+    ) {
         let (leaf, _) = self.find(fs, tree, key);
         self.edit_block(fs, leaf, |buf| {
             let n = nritems(buf);
@@ -139,7 +159,8 @@ impl Img {
             f(&mut items);
             let ns = buf.len();
             buf[HEADER_SIZE..].fill(0);
-            buf[HEADER_SIZE - 5..HEADER_SIZE - 1].copy_from_slice(&(items.len() as u32).to_le_bytes());
+            buf[HEADER_SIZE - 5..HEADER_SIZE - 1]
+                .copy_from_slice(&(items.len() as u32).to_le_bytes());
             let mut end = ns - HEADER_SIZE;
             for (i, (k, d)) in items.iter().enumerate() {
                 end -= d.len();
@@ -199,12 +220,19 @@ fn nritems(buf: &[u8]) -> usize {
 
 fn item_key(buf: &[u8], slot: usize) -> Key {
     let h = HEADER_SIZE + slot * ITEM_SIZE;
-    Key::new(u64::from_le_bytes(buf[h..h + 8].try_into().unwrap()), buf[h + 8], u64::from_le_bytes(buf[h + 9..h + 17].try_into().unwrap()))
+    Key::new(
+        u64::from_le_bytes(buf[h..h + 8].try_into().unwrap()),
+        buf[h + 8],
+        u64::from_le_bytes(buf[h + 9..h + 17].try_into().unwrap()),
+    )
 }
 
 fn item_loc(buf: &[u8], slot: usize) -> (usize, usize) {
     let h = HEADER_SIZE + slot * ITEM_SIZE;
-    (u32::from_le_bytes(buf[h + 17..h + 21].try_into().unwrap()) as usize, u32::from_le_bytes(buf[h + 21..h + 25].try_into().unwrap()) as usize)
+    (
+        u32::from_le_bytes(buf[h + 17..h + 21].try_into().unwrap()) as usize,
+        u32::from_le_bytes(buf[h + 21..h + 25].try_into().unwrap()) as usize,
+    )
 }
 
 fn le64(b: &[u8], off: usize) -> u64 {
@@ -242,11 +270,16 @@ fn inode_mode(b: &[u8]) -> u32 {
 fn progs_available() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { geteuid() } == 0;
-    let progs = Command::new("btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    let progs = Command::new("btrfs")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     if root && progs {
         return true;
     }
-    let why = format!("btrfs check agreement skipped: needs root ({root}) and btrfs-progs ({progs})");
+    let why =
+        format!("btrfs check agreement skipped: needs root ({root}) and btrfs-progs ({progs})");
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("{why}, and CI=true forbids skipping");
     }
@@ -260,8 +293,15 @@ extern "C" {
 
 /// Run `btrfs check --readonly` on the first device; (exit success, output).
 fn progs_check(paths: &[PathBuf]) -> (bool, String) {
-    let out = Command::new("btrfs").args(["check", "--readonly"]).arg(&paths[0]).output().expect("run btrfs check");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(&paths[0])
+        .output()
+        .expect("run btrfs check");
+    (
+        out.status.success(),
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+    )
 }
 
 /// Assert the edited image reports `code`, and that btrfs check also calls it damaged
@@ -271,9 +311,17 @@ fn expect_finding(img: &Img, tag: &str, code: Code, progs_sees: bool) {
     for f in &r.findings {
         eprintln!("{}/{tag}: {f}", img.name);
     }
-    assert!(r.has(code), "{}/{tag}: expected {code}, got: {}", img.name, r.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    assert!(
+        r.has(code),
+        "{}/{tag}: expected {code}, got: {}",
+        img.name,
+        r.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n")
+    );
     if !progs_sees {
-        eprintln!("{}/{tag}: btrfs-progs 6.2 does not check this rule; agreement not asserted", img.name);
+        eprintln!(
+            "{}/{tag}: btrfs-progs 6.2 does not check this rule; agreement not asserted",
+            img.name
+        );
         return;
     }
     if progs_available() {
@@ -288,15 +336,25 @@ fn expect_finding(img: &Img, tag: &str, code: Code, progs_sees: bool) {
 
 /// The first fs-tree (5) inode whose INODE_ITEM satisfies `pred`.
 fn find_inode(fs: &FsInfo, pred: impl Fn(Key, &[u8]) -> bool) -> Key {
-    items(fs, FS_TREE_OBJECTID).into_iter().find(|(k, d)| k.type_ == INODE_ITEM_KEY && k.objectid >= 257 && pred(*k, d)).expect("matching inode").0
+    items(fs, FS_TREE_OBJECTID)
+        .into_iter()
+        .find(|(k, d)| k.type_ == INODE_ITEM_KEY && k.objectid >= 257 && pred(*k, d))
+        .expect("matching inode")
+        .0
 }
 
 #[test]
 fn corrupt_block_group_used() {
     let mut img = Img::load("default");
     let fs = img.open();
-    let (k, _) =
-        items(&fs, EXTENT_TREE_OBJECTID).into_iter().find(|(k, d)| k.type_ == BLOCK_GROUP_ITEM_KEY && le64(d, 16) & BLOCK_GROUP_DATA != 0 && le64(d, 0) + 4096 <= k.offset).expect("data block group");
+    let (k, _) = items(&fs, EXTENT_TREE_OBJECTID)
+        .into_iter()
+        .find(|(k, d)| {
+            k.type_ == BLOCK_GROUP_ITEM_KEY
+                && le64(d, 16) & BLOCK_GROUP_DATA != 0
+                && le64(d, 0) + 4096 <= k.offset
+        })
+        .expect("data block group");
     img.edit_item(&fs, EXTENT_TREE_OBJECTID, k, |b| put64(b, 0, le64(b, 0) + 4096));
     expect_finding(&img, "bg-used", codes::BG_USED_MISMATCH, true);
 }
@@ -305,7 +363,12 @@ fn corrupt_block_group_used() {
 fn corrupt_extent_refs() {
     let mut img = Img::load("default");
     let fs = img.open();
-    let (k, _) = items(&fs, EXTENT_TREE_OBJECTID).into_iter().find(|(k, d)| k.type_ == EXTENT_ITEM_KEY && le64(d, 16) & EXTENT_FLAG_DATA != 0 && le64(d, 0) == 1).expect("data extent with refs 1");
+    let (k, _) = items(&fs, EXTENT_TREE_OBJECTID)
+        .into_iter()
+        .find(|(k, d)| {
+            k.type_ == EXTENT_ITEM_KEY && le64(d, 16) & EXTENT_FLAG_DATA != 0 && le64(d, 0) == 1
+        })
+        .expect("data extent with refs 1");
     img.edit_item(&fs, EXTENT_TREE_OBJECTID, k, |b| put64(b, 0, 2));
     expect_finding(&img, "extent-refs", codes::EXTENT_REFS_MISMATCH, true);
 }
@@ -317,7 +380,13 @@ fn corrupt_data_ref_count() {
     // refs 1 with one inline EXTENT_DATA_REF (24-byte header, type byte, 28-byte ref).
     let (k, _) = items(&fs, EXTENT_TREE_OBJECTID)
         .into_iter()
-        .find(|(k, d)| k.type_ == EXTENT_ITEM_KEY && le64(d, 16) & EXTENT_FLAG_DATA != 0 && le64(d, 0) == 1 && d.len() == 24 + 29 && d[24] == EXTENT_DATA_REF_KEY)
+        .find(|(k, d)| {
+            k.type_ == EXTENT_ITEM_KEY
+                && le64(d, 16) & EXTENT_FLAG_DATA != 0
+                && le64(d, 0) == 1
+                && d.len() == 24 + 29
+                && d[24] == EXTENT_DATA_REF_KEY
+        })
         .expect("data extent with one inline ref");
     img.edit_item(&fs, EXTENT_TREE_OBJECTID, k, |b| {
         put64(b, 0, 2);
@@ -333,7 +402,12 @@ fn corrupt_inline_ref_order() {
     // A reflinked extent with two inline EXTENT_DATA_REFs: swap them.
     let (k, _) = items(&fs, EXTENT_TREE_OBJECTID)
         .into_iter()
-        .find(|(k, d)| k.type_ == EXTENT_ITEM_KEY && d.len() == 24 + 2 * 29 && d[24] == EXTENT_DATA_REF_KEY && d[24 + 29] == EXTENT_DATA_REF_KEY)
+        .find(|(k, d)| {
+            k.type_ == EXTENT_ITEM_KEY
+                && d.len() == 24 + 2 * 29
+                && d[24] == EXTENT_DATA_REF_KEY
+                && d[24 + 29] == EXTENT_DATA_REF_KEY
+        })
         .expect("extent with two inline data refs");
     img.edit_item(&fs, EXTENT_TREE_OBJECTID, k, |b| {
         let (a, c) = (b[24..53].to_vec(), b[53..82].to_vec());
@@ -345,14 +419,20 @@ fn corrupt_inline_ref_order() {
     // order (6.6+ does: fsck test 061).
     expect_finding(&img, "inline-order", codes::TREE_BLOCK_INVALID, false);
     let r = img.check();
-    assert!(r.findings.iter().any(|f| f.to_string().contains("inline ref out-of-order")), "no finding names the order");
+    assert!(
+        r.findings.iter().any(|f| f.to_string().contains("inline ref out-of-order")),
+        "no finding names the order"
+    );
 }
 
 #[test]
 fn corrupt_nlink() {
     let mut img = Img::load("default");
     let fs = img.open();
-    let k = find_inode(&fs, |_, d| inode_mode(d) & S_IFMT == S_IFREG && u32::from_le_bytes(d[II_NLINK..II_NLINK + 4].try_into().unwrap()) == 1);
+    let k = find_inode(&fs, |_, d| {
+        inode_mode(d) & S_IFMT == S_IFREG
+            && u32::from_le_bytes(d[II_NLINK..II_NLINK + 4].try_into().unwrap()) == 1
+    });
     img.edit_item(&fs, FS_TREE_OBJECTID, k, |b| put32(b, II_NLINK, 2));
     expect_finding(&img, "nlink", codes::NLINK_MISMATCH, true);
 }
@@ -381,7 +461,10 @@ fn corrupt_missing_csum() {
     let fs = img.open();
     // Drop the last csum of an item that covers more than one sector.
     let csize = fs.csum_type.size();
-    let (k, _) = items(&fs, CSUM_TREE_OBJECTID).into_iter().find(|(k, d)| k.type_ == EXTENT_CSUM_KEY && d.len() > csize).expect("csum item");
+    let (k, _) = items(&fs, CSUM_TREE_OBJECTID)
+        .into_iter()
+        .find(|(k, d)| k.type_ == EXTENT_CSUM_KEY && d.len() > csize)
+        .expect("csum item");
     img.repack_leaf(&fs, CSUM_TREE_OBJECTID, k, |items| {
         let it = items.iter_mut().find(|(ik, _)| *ik == k).expect("item in leaf");
         let n = it.1.len() - csize;
@@ -396,7 +479,14 @@ fn corrupt_free_space_extent() {
     let fs = img.open();
     let fst = items(&fs, FREE_SPACE_TREE_OBJECTID);
     // A free extent not first in its leaf (so no parent key changes), >= 2 sectors.
-    let (k, _) = fst.iter().skip(1).find(|(k, _)| k.type_ == FREE_SPACE_EXTENT_KEY && k.offset >= 8192 && k.objectid >= 13631488).cloned().expect("free extent");
+    let (k, _) = fst
+        .iter()
+        .skip(1)
+        .find(|(k, _)| {
+            k.type_ == FREE_SPACE_EXTENT_KEY && k.offset >= 8192 && k.objectid >= 13631488
+        })
+        .cloned()
+        .expect("free extent");
     img.repack_leaf(&fs, FREE_SPACE_TREE_OBJECTID, k, |items| {
         let it = items.iter_mut().find(|(ik, _)| *ik == k).expect("item in leaf");
         it.0.offset -= 4096;
@@ -408,8 +498,13 @@ fn corrupt_free_space_extent() {
 fn corrupt_free_space_info_count() {
     let mut img = Img::load("default");
     let fs = img.open();
-    let (k, _) = items(&fs, FREE_SPACE_TREE_OBJECTID).into_iter().find(|(k, _)| k.type_ == FREE_SPACE_INFO_KEY && k.objectid >= 13631488).expect("free space info");
-    img.edit_item(&fs, FREE_SPACE_TREE_OBJECTID, k, |b| put32(b, 0, u32::from_le_bytes(b[0..4].try_into().unwrap()) + 1));
+    let (k, _) = items(&fs, FREE_SPACE_TREE_OBJECTID)
+        .into_iter()
+        .find(|(k, _)| k.type_ == FREE_SPACE_INFO_KEY && k.objectid >= 13631488)
+        .expect("free space info");
+    img.edit_item(&fs, FREE_SPACE_TREE_OBJECTID, k, |b| {
+        put32(b, 0, u32::from_le_bytes(b[0..4].try_into().unwrap()) + 1)
+    });
     expect_finding(&img, "fst-count", codes::FST_EXTENT_COUNT, true);
 }
 
@@ -479,7 +574,11 @@ fn corrupt_key_order_across_leaves() {
     while let Some(i) = it.next_item().unwrap() {
         let k = i.key();
         if let Some((pk, pleaf, pslot)) = prev {
-            if pleaf != i.eb.bytenr && pk.type_ == DIR_INDEX_KEY && k.type_ == DIR_INDEX_KEY && pk.objectid == k.objectid {
+            if pleaf != i.eb.bytenr
+                && pk.type_ == DIR_INDEX_KEY
+                && k.type_ == DIR_INDEX_KEY
+                && pk.objectid == k.objectid
+            {
                 target = Some((pleaf, pslot, k.offset));
                 break;
             }
@@ -500,12 +599,20 @@ fn corrupt_unreferenced_extent() {
     let fs_items = items(&fs, FS_TREE_OBJECTID);
     let refs1: std::collections::BTreeMap<u64, u64> = items(&fs, EXTENT_TREE_OBJECTID)
         .into_iter()
-        .filter(|(k, d)| k.type_ == EXTENT_ITEM_KEY && le64(d, 16) & EXTENT_FLAG_DATA != 0 && le64(d, 0) == 1)
+        .filter(|(k, d)| {
+            k.type_ == EXTENT_ITEM_KEY && le64(d, 16) & EXTENT_FLAG_DATA != 0 && le64(d, 0) == 1
+        })
         .map(|(k, _)| (k.objectid, k.offset))
         .collect();
     let (k, _) = fs_items
         .iter()
-        .find(|(k, d)| k.type_ == EXTENT_DATA_KEY && d.len() == 53 && d[20] == FILE_EXTENT_REG && le64(d, 21) != 0 && refs1.get(&le64(d, 21)).is_some_and(|&l| l > 4096))
+        .find(|(k, d)| {
+            k.type_ == EXTENT_DATA_KEY
+                && d.len() == 53
+                && d[20] == FILE_EXTENT_REG
+                && le64(d, 21) != 0
+                && refs1.get(&le64(d, 21)).is_some_and(|&l| l > 4096)
+        })
         .cloned()
         .expect("file extent of a multi-sector extent with one reference");
     img.edit_item(&fs, FS_TREE_OBJECTID, k, |b| {
@@ -524,8 +631,14 @@ fn random_damage_never_panics() {
     let base = Img::load("blake2");
     let fs = base.open();
     let nodesize = fs.nodesize as usize;
-    let blocks: Vec<u64> =
-        items(&fs, EXTENT_TREE_OBJECTID).into_iter().filter(|(k, _)| k.type_ == METADATA_ITEM_KEY || k.type_ == EXTENT_ITEM_KEY && k.offset == nodesize as u64).map(|(k, _)| k.objectid).collect();
+    let blocks: Vec<u64> = items(&fs, EXTENT_TREE_OBJECTID)
+        .into_iter()
+        .filter(|(k, _)| {
+            k.type_ == METADATA_ITEM_KEY
+                || k.type_ == EXTENT_ITEM_KEY && k.offset == nodesize as u64
+        })
+        .map(|(k, _)| k.objectid)
+        .collect();
     drop(fs);
     let mut rng = 0x2545f4914f6cdd1du64;
     let mut next = move || {
@@ -535,14 +648,16 @@ fn random_damage_never_panics() {
         rng
     };
     // UBTRFS_CHECK_FUZZ_ROUNDS raises the count for a longer local run.
-    let rounds: usize = std::env::var("UBTRFS_CHECK_FUZZ_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
+    let rounds: usize =
+        std::env::var("UBTRFS_CHECK_FUZZ_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
     let mut damaged = 0;
     for round in 0..rounds {
         let mut img = Img { name: format!("blake2-r{round}"), devs: base.devs.clone() };
         let fs = img.open();
         let b = blocks[(next() % blocks.len() as u64) as usize];
         let n = 1 + next() % 4;
-        let picks: Vec<(usize, u8)> = (0..n).map(|_| (32 + 16 + (next() as usize % (nodesize - 48)), next() as u8)).collect();
+        let picks: Vec<(usize, u8)> =
+            (0..n).map(|_| (32 + 16 + (next() as usize % (nodesize - 48)), next() as u8)).collect();
         img.edit_block(&fs, b, |buf| {
             for &(off, v) in &picks {
                 buf[off] = v;
@@ -554,9 +669,18 @@ fn random_damage_never_panics() {
         std::thread::spawn(move || {
             let r = std::panic::catch_unwind(move || {
                 let img = Img { name: String::new(), devs };
-                let devs: Vec<Arc<dyn BlockDevice>> = img.devs.iter().enumerate().map(|(i, d)| Arc::new(MemDevice::new(d.clone(), i.to_string())) as Arc<dyn BlockDevice>).collect();
+                let devs: Vec<Arc<dyn BlockDevice>> = img
+                    .devs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        Arc::new(MemDevice::new(d.clone(), i.to_string())) as Arc<dyn BlockDevice>
+                    })
+                    .collect();
                 match FsInfo::open_devices(devs, 64 << 20) {
-                    Ok(fs) => check(&fs, &CheckOptions::default()).map(|r| r.problems()).unwrap_or(1),
+                    Ok(fs) => {
+                        check(&fs, &CheckOptions::default()).map(|r| r.problems()).unwrap_or(1)
+                    }
                     Err(_) => 1,
                 }
             });
@@ -577,7 +701,13 @@ struct LoopMount(PathBuf);
 impl LoopMount {
     fn new(img: &Path, dir: &Path) -> LoopMount {
         std::fs::create_dir_all(dir).expect("mount dir");
-        let ok = Command::new("mount").args(["-o", "loop"]).arg(img).arg(dir).status().expect("run mount").success();
+        let ok = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(img)
+            .arg(dir)
+            .status()
+            .expect("run mount")
+            .success();
         assert!(ok, "mount {} failed", img.display());
         LoopMount(dir.to_path_buf())
     }
@@ -600,7 +730,13 @@ fn kernel_free_space_bitmaps() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let img = dir.join("bitmaps.img");
     std::fs::File::create(&img).and_then(|f| f.set_len(1 << 30)).expect("image file");
-    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img).output().expect("mkfs").status.success());
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .expect("mkfs")
+        .status
+        .success());
     {
         let m = LoopMount::new(&img, &dir.join("mnt"));
         let d = m.0.join("frag");
@@ -629,12 +765,18 @@ fn kernel_free_space_bitmaps() {
     }
     assert!(r.is_clean(), "kernel-made bitmap image: {}", r.summary());
     let fst = items(&fs, FREE_SPACE_TREE_OBJECTID);
-    let (bk, bits) = fst.iter().find(|(k, d)| k.type_ == FREE_SPACE_BITMAP_KEY && d.iter().any(|&b| b != 0 && b != 0xff)).cloned().expect("the kernel made a mixed bitmap");
+    let (bk, bits) = fst
+        .iter()
+        .find(|(k, d)| k.type_ == FREE_SPACE_BITMAP_KEY && d.iter().any(|&b| b != 0 && b != 0xff))
+        .cloned()
+        .expect("the kernel made a mixed bitmap");
     let mut edited = Img::from_files("bitmaps", std::slice::from_ref(&img));
     drop(fs);
     let fs = edited.open();
     let byte = bits.iter().position(|&b| b != 0 && b != 0xff).unwrap();
-    edited.edit_item(&fs, FREE_SPACE_TREE_OBJECTID, bk, |b| b[byte] ^= 1 << (b[byte].trailing_zeros().min(7)));
+    edited.edit_item(&fs, FREE_SPACE_TREE_OBJECTID, bk, |b| {
+        b[byte] ^= 1 << (b[byte].trailing_zeros().min(7))
+    });
     expect_finding(&edited, "bitmap-bit", codes::FST_FREE_MISMATCH, true);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -650,7 +792,13 @@ fn kernel_quota_groups() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let img = dir.join("quota.img");
     std::fs::File::create(&img).and_then(|f| f.set_len(512 << 20)).expect("image file");
-    assert!(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img).output().expect("mkfs").status.success());
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .expect("mkfs")
+        .status
+        .success());
     let run = |args: &[&str], m: &Path| {
         let out = Command::new("btrfs").args(args).arg(m).output().expect("run btrfs");
         assert!(out.status.success(), "btrfs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -660,14 +808,23 @@ fn kernel_quota_groups() {
         run(&["quota", "enable"], &m.0);
         run(&["subvolume", "create"], &m.0.join("sv"));
         for i in 0..200usize {
-            std::fs::write(m.0.join("sv").join(format!("f{i}")), vec![i as u8; i * 97 % 9000 + 1]).unwrap();
+            std::fs::write(m.0.join("sv").join(format!("f{i}")), vec![i as u8; i * 97 % 9000 + 1])
+                .unwrap();
         }
         assert!(Command::new("sync").status().unwrap().success());
-        let out = Command::new("btrfs").args(["subvolume", "snapshot"]).arg(m.0.join("sv")).arg(m.0.join("snap")).output().unwrap();
+        let out = Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(m.0.join("sv"))
+            .arg(m.0.join("snap"))
+            .output()
+            .unwrap();
         assert!(out.status.success());
         run(&["qgroup", "create", "1/100"], &m.0);
         for q in ["0/256", "0/257"] {
-            let _ = Command::new("btrfs").args(["qgroup", "assign", "--no-rescan", q, "1/100"]).arg(&m.0).output();
+            let _ = Command::new("btrfs")
+                .args(["qgroup", "assign", "--no-rescan", q, "1/100"])
+                .arg(&m.0)
+                .output();
         }
         run(&["quota", "rescan", "-w"], &m.0);
         for i in (0..200usize).step_by(7) {
@@ -681,7 +838,10 @@ fn kernel_quota_groups() {
         eprintln!("quota: {f}");
     }
     assert!(r.is_clean(), "kernel-made quota image: {}", r.summary());
-    let (k, _) = items(&fs, QUOTA_TREE_OBJECTID).into_iter().find(|(k, _)| k.type_ == QGROUP_INFO_KEY && k.offset == 256).expect("qgroup 0/256");
+    let (k, _) = items(&fs, QUOTA_TREE_OBJECTID)
+        .into_iter()
+        .find(|(k, _)| k.type_ == QGROUP_INFO_KEY && k.offset == 256)
+        .expect("qgroup 0/256");
     let mut edited = Img::from_files("quota", std::slice::from_ref(&img));
     drop(fs);
     let fs = edited.open();
@@ -703,7 +863,15 @@ fn corpus_image(src: &Path, dst: &Path) -> Option<()> {
     } else if name.ends_with(".img.xz") {
         let img = dst.with_extension("meta");
         let out = std::fs::File::create(&img).ok()?;
-        let ok = Command::new("xz").arg("-dc").arg(src).stdout(out).status().ok()?.success() && Command::new("btrfs-image").arg("-r").arg(&img).arg(&tmp).output().ok()?.status.success();
+        let ok = Command::new("xz").arg("-dc").arg(src).stdout(out).status().ok()?.success()
+            && Command::new("btrfs-image")
+                .arg("-r")
+                .arg(&img)
+                .arg(&tmp)
+                .output()
+                .ok()?
+                .status
+                .success();
         let _ = std::fs::remove_file(&img);
         ok
     } else if name.ends_with(".img") {
@@ -748,19 +916,26 @@ fn progs_corpus_no_panic() {
         let raw = cache.join(format!("{stem}.raw"));
         if corpus_image(&src, &raw).is_none() {
             unusable += 1;
-            lines.push(format!("  ?   ?  {stem} (cannot decompress/restore: needs xz and btrfs-image)"));
+            lines.push(format!(
+                "  ?   ?  {stem} (cannot decompress/restore: needs xz and btrfs-image)"
+            ));
             continue;
         }
         // Run the checker on a thread so a hang is caught by a deadline.
         let (tx, rx) = std::sync::mpsc::channel();
         let p = raw.clone();
         std::thread::spawn(move || {
-            let r = std::panic::catch_unwind(|| match FsInfo::open(&ubtrfs_core::OpenOptions::new(&p)) {
-                Ok(fs) => match check(&fs, &CheckOptions::default()) {
-                    Ok(r) => (r.problems() > 0, r.findings.first().map(|f| f.to_string()).unwrap_or_default()),
-                    Err(e) => (true, format!("check error: {e}")),
-                },
-                Err(e) => (true, format!("open error: {e}")),
+            let r = std::panic::catch_unwind(|| {
+                match FsInfo::open(&ubtrfs_core::OpenOptions::new(&p)) {
+                    Ok(fs) => match check(&fs, &CheckOptions::default()) {
+                        Ok(r) => (
+                            r.problems() > 0,
+                            r.findings.first().map(|f| f.to_string()).unwrap_or_default(),
+                        ),
+                        Err(e) => (true, format!("check error: {e}")),
+                    },
+                    Err(e) => (true, format!("open error: {e}")),
+                }
             });
             let _ = tx.send(r);
         });
@@ -782,7 +957,11 @@ fn progs_corpus_no_panic() {
             Some(false) => "ok ",
             None => " ? ",
         };
-        lines.push(format!("{t} {} {stem} {}", if ours.0 { "bad" } else { "ok " }, ours.1.chars().take(110).collect::<String>()));
+        lines.push(format!(
+            "{t} {} {stem} {}",
+            if ours.0 { "bad" } else { "ok " },
+            ours.1.chars().take(110).collect::<String>()
+        ));
     }
     eprintln!("btrfs check | ubtrfs check | image | first finding");
     for l in &lines {

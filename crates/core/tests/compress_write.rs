@@ -20,7 +20,23 @@ use write_common::*;
 
 /// Text-like data that compresses about 3:1 (varied enough not to collapse).
 fn text(n: usize, seed: u64) -> Vec<u8> {
-    let words = ["btrfs", "extent", "checksum", "subvolume", "transaction", "the", "of", "and", "compress", "zstd", "inode", "leaf", "node", "chunk", "device"];
+    let words = [
+        "btrfs",
+        "extent",
+        "checksum",
+        "subvolume",
+        "transaction",
+        "the",
+        "of",
+        "and",
+        "compress",
+        "zstd",
+        "inode",
+        "leaf",
+        "node",
+        "chunk",
+        "device",
+    ];
     let mut rng = Rng::new(seed);
     let mut v = Vec::with_capacity(n + 16);
     while v.len() < n {
@@ -44,8 +60,15 @@ fn layout(w: &FsWriter, path: &str) -> (Vec<(u8, u64, u64, bool)>, u64) {
         .extents
         .iter()
         .map(|f| match &f.kind {
-            ExtentKind::Regular { disk_bytenr, disk_num_bytes, compression, num_bytes, .. } => (*compression, *num_bytes, if *disk_bytenr == 0 { 0 } else { *disk_num_bytes }, false),
-            ExtentKind::Inline { compression, ram_bytes, .. } => (*compression, *ram_bytes, 0, true),
+            ExtentKind::Regular { disk_bytenr, disk_num_bytes, compression, num_bytes, .. } => (
+                *compression,
+                *num_bytes,
+                if *disk_bytenr == 0 { 0 } else { *disk_num_bytes },
+                false,
+            ),
+            ExtentKind::Inline { compression, ram_bytes, .. } => {
+                (*compression, *ram_bytes, 0, true)
+            }
         })
         .collect();
     (ext, v.item.flags.get())
@@ -53,7 +76,8 @@ fn layout(w: &FsWriter, path: &str) -> (Vec<(u8, u64, u64, bool)>, u64) {
 
 fn create(w: &mut FsWriter, name: &str, data: &[u8]) -> InodeId {
     let top = w.live().root_dir();
-    let ino = w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+    let ino =
+        w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
     if !data.is_empty() {
         w.write_file(top.root, ino, 0, data).expect("write");
     }
@@ -63,8 +87,15 @@ fn create(w: &mut FsWriter, name: &str, data: &[u8]) -> InodeId {
 fn kernel_reads(img: &std::path::Path, want: &BTreeMap<String, Vec<u8>>, what: &str) {
     let m = Mount::new(img, false);
     for (name, data) in want {
-        let got = std::fs::read(m.path(name)).unwrap_or_else(|e| panic!("{what}: kernel read {name}: {e}"));
-        assert!(got == *data, "{what}: /{name}: the kernel reads {} bytes, {} written; first difference at {:?}", got.len(), data.len(), got.iter().zip(data).position(|(a, b)| a != b));
+        let got = std::fs::read(m.path(name))
+            .unwrap_or_else(|e| panic!("{what}: kernel read {name}: {e}"));
+        assert!(
+            got == *data,
+            "{what}: /{name}: the kernel reads {} bytes, {} written; first difference at {:?}",
+            got.len(),
+            data.len(),
+            got.iter().zip(data).position(|(a, b)| a != b)
+        );
     }
     m.umount();
 }
@@ -78,7 +109,16 @@ fn every_algorithm_and_level_reads_back_through_the_kernel() {
     let mut want = BTreeMap::new();
     let mut rng = Rng::new(1);
     let random = rng.bytes(600_000);
-    let cases: [(&str, bool); 8] = [("zlib", false), ("zlib:9", false), ("lzo", false), ("zstd", false), ("zstd:1", false), ("zstd:15", false), ("zstd:-5", false), ("zstd", true)];
+    let cases: [(&str, bool); 8] = [
+        ("zlib", false),
+        ("zlib:9", false),
+        ("lzo", false),
+        ("zstd", false),
+        ("zstd:1", false),
+        ("zstd:15", false),
+        ("zstd:-5", false),
+        ("zstd", true),
+    ];
     let mut w = img.writer();
     for (i, (spec, force)) in cases.iter().enumerate() {
         w.set_compress(CompressPolicy::parse(spec, *force).expect("policy"));
@@ -88,8 +128,15 @@ fn every_algorithm_and_level_reads_back_through_the_kernel() {
         // A large text file: 128 KiB compressed pieces, the last one short.
         create(&mut w, &format!("{tag}-text"), &t);
         let (ext, flags) = layout(&w, &format!("/{tag}-text"));
-        assert!(ext.iter().all(|e| e.0 == kind && e.1 <= 128 << 10 && !e.3), "{tag}: text extents {ext:?}");
-        assert_eq!(ext.iter().map(|e| e.1).sum::<u64>(), 1_000_003u64.div_ceil(4096) * 4096, "{tag}: extents cover the file");
+        assert!(
+            ext.iter().all(|e| e.0 == kind && e.1 <= 128 << 10 && !e.3),
+            "{tag}: text extents {ext:?}"
+        );
+        assert_eq!(
+            ext.iter().map(|e| e.1).sum::<u64>(),
+            1_000_003u64.div_ceil(4096) * 4096,
+            "{tag}: extents cover the file"
+        );
         assert_eq!(flags & INODE_NOCOMPRESS, 0, "{tag}: text is compressible");
         want.insert(format!("{tag}-text"), t);
         // Random data: compress's heuristic turns it down (one plain extent, the file
@@ -101,14 +148,22 @@ fn every_algorithm_and_level_reads_back_through_the_kernel() {
         if !*force {
             assert_eq!(ext.len(), 1, "{tag}: one plain extent: {ext:?}");
         }
-        assert_eq!(flags & INODE_NOCOMPRESS, 0, "{tag}: random data turned down by the heuristic does not mark the file");
+        assert_eq!(
+            flags & INODE_NOCOMPRESS,
+            0,
+            "{tag}: random data turned down by the heuristic does not mark the file"
+        );
         // 3000 random bytes: the heuristic sees the zero-padded sector, says yes, the
         // compression fails, and compress marks the file NOCOMPRESS (the kernel's `m`).
         let odd = rng.bytes(3000);
         create(&mut w, &format!("{tag}-odd"), &odd);
         let (ext, flags) = layout(&w, &format!("/{tag}-odd"));
         assert!(ext.iter().all(|e| e.0 == 0), "{tag}: {ext:?}");
-        assert_eq!(flags & INODE_NOCOMPRESS != 0, !*force, "{tag}: NOCOMPRESS after a range that did not shrink");
+        assert_eq!(
+            flags & INODE_NOCOMPRESS != 0,
+            !*force,
+            "{tag}: NOCOMPRESS after a range that did not shrink"
+        );
         want.insert(format!("{tag}-odd"), odd);
         want.insert(format!("{tag}-random"), random.clone());
         // Small files: compressed inline; one that does not fit inline but compresses.
@@ -120,7 +175,11 @@ fn every_algorithm_and_level_reads_back_through_the_kernel() {
         let tiny_random = rng.bytes(100);
         create(&mut w, &format!("{tag}-tiny"), &tiny_random);
         let (ext, _) = layout(&w, &format!("/{tag}-tiny"));
-        assert_eq!(ext, vec![(0, 100, 0, true)], "{tag}: tiny incompressible file stays plain inline");
+        assert_eq!(
+            ext,
+            vec![(0, 100, 0, true)],
+            "{tag}: tiny incompressible file stays plain inline"
+        );
         want.insert(format!("{tag}-tiny"), tiny_random);
         // Mixed: text, then random, then text, written in pieces and overwritten in
         // the middle (read-modify-write through compressed extents).
@@ -177,8 +236,22 @@ fn property_and_flags_choose_compression() {
             let o = std::process::Command::new(args[0]).args(&args[1..]).output().expect("run");
             assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
         };
-        run(&["btrfs", "property", "set", m.path("prop-zstd").to_str().unwrap(), "compression", "zstd"]);
-        run(&["btrfs", "property", "set", m.path("prop-lzo").to_str().unwrap(), "compression", "lzo"]);
+        run(&[
+            "btrfs",
+            "property",
+            "set",
+            m.path("prop-zstd").to_str().unwrap(),
+            "compression",
+            "zstd",
+        ]);
+        run(&[
+            "btrfs",
+            "property",
+            "set",
+            m.path("prop-lzo").to_str().unwrap(),
+            "compression",
+            "lzo",
+        ]);
         run(&["chattr", "+c", m.path("flag-c").to_str().unwrap()]);
         run(&["chattr", "+m", m.path("flag-m").to_str().unwrap()]);
         run(&["chattr", "+C", m.path("nocow").to_str().unwrap()]);
@@ -208,7 +281,10 @@ fn property_and_flags_choose_compression() {
     w.commit().expect("commit");
     drop(w);
     assert_check(&img.path, "property and flags");
-    let want: BTreeMap<String, Vec<u8>> = ["prop-zstd", "prop-lzo", "flag-c", "flag-m", "nocow"].iter().map(|n| (n.to_string(), t.clone())).collect();
+    let want: BTreeMap<String, Vec<u8>> = ["prop-zstd", "prop-lzo", "flag-c", "flag-m", "nocow"]
+        .iter()
+        .map(|n| (n.to_string(), t.clone()))
+        .collect();
     kernel_reads(&img.path, &want, "property and flags");
 }
 
@@ -267,7 +343,9 @@ fn fill_delete_fill_with_compression() {
         let mut refused = None;
         for i in 0..400 {
             let name = format!("r{round}-{i}");
-            let ino = w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            let ino = w
+                .create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644))
+                .expect("create");
             // Half compressible, half not.
             let data = if i % 2 == 0 { text(3 << 20, i) } else { rng.bytes(3 << 20) };
             match w.write_file(top.root, ino, 0, &data) {
@@ -299,17 +377,36 @@ fn fill_delete_fill_with_compression() {
 
 /// Data block groups of the committed image: (start, length, used).
 fn data_groups(img: &Scratch) -> Vec<(u64, u64, u64)> {
-    let info = ubtrfs_core::disk_io::FsInfo::open(&ubtrfs_core::disk_io::OpenOptions::new(&img.path)).expect("open");
-    info.block_groups().expect("block groups").into_iter().filter(|g| g.flags & BLOCK_GROUP_DATA != 0).map(|g| (g.start, g.length, g.used)).collect()
+    let info =
+        ubtrfs_core::disk_io::FsInfo::open(&ubtrfs_core::disk_io::OpenOptions::new(&img.path))
+            .expect("open");
+    info.block_groups()
+        .expect("block groups")
+        .into_iter()
+        .filter(|g| g.flags & BLOCK_GROUP_DATA != 0)
+        .map(|g| (g.start, g.length, g.used))
+        .collect()
 }
 
 /// `n` files of one sector of random data each, named `{prefix}{i}`, committed.
-fn small_files(img: &Scratch, prefix: &str, n: u64, rng: &mut Rng) -> Result<u64, ubtrfs_core::Error> {
+fn small_files(
+    img: &Scratch,
+    prefix: &str,
+    n: u64,
+    rng: &mut Rng,
+) -> Result<u64, ubtrfs_core::Error> {
     let mut w = img.writer();
     let top = w.live().root_dir();
     let mut made = 0;
     for i in 0..n {
-        let ino = w.create_file(top.root, top.ino, format!("{prefix}{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino = w
+            .create_file(
+                top.root,
+                top.ino,
+                format!("{prefix}{i}").as_bytes(),
+                &InodeAttrs::new(0o644),
+            )
+            .expect("create");
         if let Err(e) = w.write_file(top.root, ino, 0, &rng.bytes(4096)) {
             w.commit().expect("commit what fit");
             return Err(e);
@@ -358,7 +455,10 @@ fn compressed_extent_on_fragmented_space_gets_a_new_chunk() {
     let (ext, _) = layout(&w, "/big");
     w.commit().expect("commit");
     drop(w);
-    assert!(ext.iter().all(|e| e.0 == CompressionType::Zstd as u8), "every piece compressed: {ext:?}");
+    assert!(
+        ext.iter().all(|e| e.0 == CompressionType::Zstd as u8),
+        "every piece compressed: {ext:?}"
+    );
     assert_eq!(ext.len(), 8, "128 KiB pieces: {ext:?}");
     let after = data_groups(&img);
     assert_eq!(after.len(), 2, "a new data group: {after:?}");
@@ -381,7 +481,9 @@ fn compressed_write_on_fragmented_full_device_goes_plain() {
         let mut w = img.writer();
         let top = w.live().root_dir();
         for i in 0.. {
-            let ino = w.create_file(top.root, top.ino, format!("m{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            let ino = w
+                .create_file(top.root, top.ino, format!("m{i}").as_bytes(), &InodeAttrs::new(0o644))
+                .expect("create");
             if let Err(e) = w.write_file(top.root, ino, 0, &rng.bytes(1 << 20)) {
                 assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::NoSpace), "{e}");
                 break;
@@ -403,7 +505,11 @@ fn compressed_write_on_fragmented_full_device_goes_plain() {
         let live = w.live();
         (0..).take_while(|i| live.resolve_id(&format!("/s{i}"), false).is_ok()).count() as u64
     };
-    assert!(n >= 64, "{n} small files fit after the big ones, then: {e}; groups {:?}", data_groups(&img));
+    assert!(
+        n >= 64,
+        "{n} small files fit after the big ones, then: {e}; groups {:?}",
+        data_groups(&img)
+    );
     delete_every_other(&img, "s", n);
     let groups = data_groups(&img);
     let data = text(256 << 10, 4);

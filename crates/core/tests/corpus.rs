@@ -43,7 +43,11 @@ fn have(tool: &str, arg: &str) -> bool {
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let out = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
@@ -60,7 +64,8 @@ fn unxz(src: &Path, out: &Path) -> Result<(), String> {
     std::fs::copy(src, &tmp_xz).map_err(|e| format!("copy {}: {e}", src.display()))?;
     // CI's copy of shared/ is read-only, and copies keep the mode.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&tmp_xz, std::fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod {}: {e}", tmp_xz.display()))?;
+    std::fs::set_permissions(&tmp_xz, std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| format!("chmod {}: {e}", tmp_xz.display()))?;
     // `xz -d` writes sparse files and strips the .xz suffix.
     run(Command::new("xz").arg("-d").arg("-f").arg("-T1").arg(&tmp_xz))?;
     std::fs::rename(tmp_xz.with_extension(""), out).map_err(|e| format!("rename: {e}"))
@@ -81,7 +86,8 @@ fn restore(src: &Path, out: &Path) -> Result<(), String> {
 fn is_raw(p: &Path) -> bool {
     use std::os::unix::fs::FileExt;
     let mut m = [0u8; 8];
-    std::fs::File::open(p).and_then(|f| f.read_exact_at(&mut m, 65536 + 64)).is_ok() && &m == b"_BHRfS_M"
+    std::fs::File::open(p).and_then(|f| f.read_exact_at(&mut m, 65536 + 64)).is_ok()
+        && &m == b"_BHRfS_M"
 }
 
 /// Every image of the corpus as (label, raw image or why it could not be made).
@@ -101,16 +107,29 @@ fn prepare(corpus: &Path) -> Vec<(String, Result<PathBuf, String>)> {
             let label = format!("{sub}/{n}");
             let dst = work.join(format!("{sub}--{n}"));
             if let Some(stem) = n.strip_suffix(".raw.xz") {
-                let r = if xz { unxz(&src, &work.join(format!("{sub}--{stem}.raw"))).map(|()| work.join(format!("{sub}--{stem}.raw"))) } else { Err("skipped: no xz".into()) };
+                let r = if xz {
+                    unxz(&src, &work.join(format!("{sub}--{stem}.raw")))
+                        .map(|()| work.join(format!("{sub}--{stem}.raw")))
+                } else {
+                    Err("skipped: no xz".into())
+                };
                 out.push((label, r));
             } else if let Some(stem) = n.strip_suffix(".img.xz") {
                 let dump = work.join(format!("{sub}--{stem}.img"));
                 let raw = work.join(format!("{sub}--{stem}.img.raw"));
-                let r = if !xz || !image_tool { Err("skipped: needs xz and btrfs-image".to_string()) } else { unxz(&src, &dump).and_then(|()| restore(&dump, &raw)).map(|()| raw) };
+                let r = if !xz || !image_tool {
+                    Err("skipped: needs xz and btrfs-image".to_string())
+                } else {
+                    unxz(&src, &dump).and_then(|()| restore(&dump, &raw)).map(|()| raw)
+                };
                 out.push((label, r));
             } else if n.ends_with(".img") {
                 let raw = PathBuf::from(format!("{}.raw", dst.display()));
-                let r = if image_tool { restore(&src, &raw).map(|()| raw) } else { Err("skipped: no btrfs-image".into()) };
+                let r = if image_tool {
+                    restore(&src, &raw).map(|()| raw)
+                } else {
+                    Err("skipped: no btrfs-image".into())
+                };
                 out.push((label, r));
             } else if let Some(stem) = n.strip_suffix(".tar.xz") {
                 let dir = work.join(format!("{sub}--{stem}.d"));
@@ -119,22 +138,36 @@ fn prepare(corpus: &Path) -> Vec<(String, Result<PathBuf, String>)> {
                     let _ = std::fs::remove_dir_all(&tmp);
                     let r = std::fs::create_dir_all(&tmp)
                         .map_err(|e| e.to_string())
-                        .and_then(|()| run(Command::new("tar").arg("-xJf").arg(&src).arg("-C").arg(&tmp)))
+                        .and_then(|()| {
+                            run(Command::new("tar").arg("-xJf").arg(&src).arg("-C").arg(&tmp))
+                        })
                         .and_then(|()| std::fs::rename(&tmp, &dir).map_err(|e| e.to_string()));
                     if let Err(e) = r {
                         out.push((label, Err(e)));
                         continue;
                     }
                 }
-                let mut inner: Vec<PathBuf> = std::fs::read_dir(&dir).map(|rd| rd.filter_map(|e| Some(e.ok()?.path())).collect()).unwrap_or_default();
+                let mut inner: Vec<PathBuf> = std::fs::read_dir(&dir)
+                    .map(|rd| rd.filter_map(|e| Some(e.ok()?.path())).collect())
+                    .unwrap_or_default();
                 inner.sort();
                 for p in inner.into_iter().filter(|p| !p.to_string_lossy().ends_with(".raw")) {
-                    let l = format!("{label}:{}", p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
+                    let l = format!(
+                        "{label}:{}",
+                        p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+                    );
                     if is_raw(&p) {
                         out.push((l, Ok(p)));
                     } else {
                         let raw = PathBuf::from(format!("{}.raw", p.display()));
-                        out.push((l, if image_tool { restore(&p, &raw).map(|()| raw) } else { Err("skipped: no btrfs-image".into()) }));
+                        out.push((
+                            l,
+                            if image_tool {
+                                restore(&p, &raw).map(|()| raw)
+                            } else {
+                                Err("skipped: no btrfs-image".into())
+                            },
+                        ));
                     }
                 }
             }
@@ -178,7 +211,12 @@ fn open_and_walk(img: &Path) -> (Outcome, Duration) {
     let o = match rx.recv_timeout(DEADLINE) {
         Ok(Ok(Ok(s))) => Outcome::Ok(s),
         Ok(Ok(Err(e))) => Outcome::Err(e.to_string()),
-        Ok(Err(p)) => Outcome::Panic(p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()),
+        Ok(Err(p)) => Outcome::Panic(
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default(),
+        ),
         Err(_) => Outcome::Hang,
     };
     (o, start.elapsed())
@@ -189,13 +227,23 @@ fn btrfs_check(img: &Path, available: bool) -> String {
     if !available {
         return "n/a".into();
     }
-    let child = Command::new("btrfs").args(["check", "--readonly"]).arg(img).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+    let child = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
     let Ok(mut child) = child else { return "n/a".into() };
     let start = Instant::now();
     loop {
         match child.try_wait() {
             Ok(Some(st)) if st.success() => return "clean".into(),
-            Ok(Some(st)) => return st.code().map(|c| format!("errors (rc {c})")).unwrap_or_else(|| format!("crashed ({st})")),
+            Ok(Some(st)) => {
+                return st
+                    .code()
+                    .map(|c| format!("errors (rc {c})"))
+                    .unwrap_or_else(|| format!("crashed ({st})"))
+            }
             Ok(None) if start.elapsed() > Duration::from_secs(60) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -248,7 +296,13 @@ fn corpus_images_never_panic_or_hang() {
         let outcome = match &o {
             Outcome::Ok(s) => {
                 n_ok += 1;
-                format!("ok: {} entries, {} trees, {} items, {} data bytes", s.entries(), s.trees, s.items, s.data_bytes)
+                format!(
+                    "ok: {} entries, {} trees, {} items, {} data bytes",
+                    s.entries(),
+                    s.trees,
+                    s.items,
+                    s.data_bytes
+                )
             }
             Outcome::Err(e) => {
                 n_err += 1;
@@ -272,9 +326,16 @@ fn corpus_images_never_panic_or_hang() {
             failures.push(format!("{label}: peak RSS {} MiB", rss >> 20));
         }
         let chk = btrfs_check(img, check);
-        rows.push(format!("{label:<100} | {:>6} ms | {:>4} MiB | check: {chk:<14} | {outcome}", t.as_millis(), rss >> 20));
+        rows.push(format!(
+            "{label:<100} | {:>6} ms | {:>4} MiB | check: {chk:<14} | {outcome}",
+            t.as_millis(),
+            rss >> 20
+        ));
     }
-    let summary = format!("{} images: {n_ok} ok, {n_err} error, {n_panic} panic, {n_hang} hang, {n_skip} not run", images.len());
+    let summary = format!(
+        "{} images: {n_ok} ok, {n_err} error, {n_panic} panic, {n_hang} hang, {n_skip} not run",
+        images.len()
+    );
     let table = format!("{}\n{summary}\n", rows.join("\n"));
     println!("{table}");
     let report = Path::new(env!("CARGO_TARGET_TMPDIR")).join("corpus-report.txt");

@@ -28,7 +28,10 @@ use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
 use ubtrfs_format::structs::{sb_offset, DirItem, Superblock, SUPER_INFO_OFFSET, SUPER_INFO_SIZE};
 use ubtrfs_format::CsumType;
-use walk::{fix_block_csum, fix_super_csum, tree_blocks, walk_summary, OverlayDevice, TreeBlock, WalkSummary};
+use walk::{
+    fix_block_csum, fix_super_csum, tree_blocks, walk_summary, OverlayDevice, TreeBlock,
+    WalkSummary,
+};
 
 /// Longest any single case may take (debug build, 2 cores, other builds running).
 const CASE_LIMIT: Duration = Duration::from_secs(10);
@@ -54,18 +57,25 @@ fn run_case(dev: OverlayDevice) -> (Outcome, Duration) {
     let (tx, rx) = mpsc::channel();
     let start = Instant::now();
     std::thread::spawn(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || -> Result<(WalkSummary, Vec<String>), Error> {
-            let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(dev)];
-            let fs = Filesystem::from_info(FsInfo::open_devices(devs, CACHE)?)?;
-            let s = walk_summary(&fs)?;
-            Ok((s, fs.info.take_warnings()))
-        }));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            move || -> Result<(WalkSummary, Vec<String>), Error> {
+                let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(dev)];
+                let fs = Filesystem::from_info(FsInfo::open_devices(devs, CACHE)?)?;
+                let s = walk_summary(&fs)?;
+                Ok((s, fs.info.take_warnings()))
+            },
+        ));
         let _ = tx.send(r);
     });
     let out = match rx.recv_timeout(CASE_LIMIT) {
         Ok(Ok(Ok((summary, warnings)))) => Outcome::Ok { summary, warnings },
         Ok(Ok(Err(e))) => Outcome::Err(e.to_string()),
-        Ok(Err(p)) => Outcome::Panic(p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()),
+        Ok(Err(p)) => Outcome::Panic(
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default(),
+        ),
         Err(_) => Outcome::Hang,
     };
     (out, start.elapsed())
@@ -84,7 +94,9 @@ fn clean(label: &str, dev: OverlayDevice) -> Outcome {
 
 fn baseline(name: &str, img: &Arc<Vec<u8>>) -> (WalkSummary, Vec<TreeBlock>, CsumType, u32) {
     let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(OverlayDevice::new(img.clone(), name))];
-    let fs = Filesystem::from_info(FsInfo::open_devices(devs, CACHE).expect("open pristine fixture")).expect("pristine fixture");
+    let fs =
+        Filesystem::from_info(FsInfo::open_devices(devs, CACHE).expect("open pristine fixture"))
+            .expect("pristine fixture");
     let s = walk_summary(&fs).unwrap_or_else(|e| panic!("{name}: pristine walk failed: {e}"));
     let blocks = tree_blocks(&fs.info).expect("enumerate tree blocks");
     let w = fs.info.take_warnings();
@@ -130,7 +142,10 @@ fn bitflip_every_block(name: &str, want_dup: bool) {
     let mut seed = 0x5eed_0000 ^ u64::from(nodesize);
     for b in &blocks {
         let (byte, bit) = pick_bit(&mut seed, csum, nodesize);
-        let label = format!("{name}: block {} (root {} level {}) byte {byte} bit {bit}", b.bytenr, b.root, b.level);
+        let label = format!(
+            "{name}: block {} (root {} level {}) byte {byte} bit {bit}",
+            b.bytenr, b.root, b.level
+        );
         assert!(b.copies.iter().all(|c| c.0 == 1), "{label}: single-device fixture expected");
         if b.copies.len() > 1 {
             let mut dev = OverlayDevice::new(img.clone(), name);
@@ -138,9 +153,15 @@ fn bitflip_every_block(name: &str, want_dup: bool) {
             dev.patch(at, v);
             match clean(&format!("{label}, copy 1 of {}", b.copies.len()), dev) {
                 Outcome::Ok { summary, warnings } => {
-                    assert_eq!(summary, base, "{label}: the walk with copy 1 damaged differs from the pristine walk");
+                    assert_eq!(
+                        summary, base,
+                        "{label}: the walk with copy 1 damaged differs from the pristine walk"
+                    );
                     let needle = format!("tree block {}", b.bytenr);
-                    assert!(warnings.iter().any(|w| w.contains(&needle)), "{label}: no warning naming the block in {warnings:?}");
+                    assert!(
+                        warnings.iter().any(|w| w.contains(&needle)),
+                        "{label}: no warning naming the block in {warnings:?}"
+                    );
                 }
                 o => panic!("{label}: copy 1 damaged, copy 2 intact, yet: {o:?}"),
             }
@@ -151,12 +172,19 @@ fn bitflip_every_block(name: &str, want_dup: bool) {
             dev.patch(at, v);
         }
         match clean(&format!("{label}, every copy"), dev) {
-            Outcome::Err(e) => assert!(e.contains(&b.bytenr.to_string()), "{label}: error does not name the block: {e}"),
+            Outcome::Err(e) => assert!(
+                e.contains(&b.bytenr.to_string()),
+                "{label}: error does not name the block: {e}"
+            ),
             o => panic!("{label}: every copy damaged, yet: {o:?}"),
         }
     }
     eprintln!("{name}: {base:?}");
-    eprintln!("{name}: {} tree blocks ({dup} with two copies) flipped in {:?}", blocks.len(), t0.elapsed());
+    eprintln!(
+        "{name}: {} tree blocks ({dup} with two copies) flipped in {:?}",
+        blocks.len(),
+        t0.elapsed()
+    );
 }
 
 #[test]
@@ -192,7 +220,10 @@ fn bitflip_fixed_csum(name: &str, flips_per_block: usize, max_blocks: usize) -> 
             let span = if r & 3 == 0 { nodesize as u64 - 32 } else { 512 - 32 };
             let byte = 32 + ((r >> 8) % span) as usize;
             let bit = ((r >> 40) % 8) as u8;
-            let label = format!("{name}: block {} (root {} level {}) byte {byte} bit {bit}, csum fixed", b.bytenr, b.root, b.level);
+            let label = format!(
+                "{name}: block {} (root {} level {}) byte {byte} bit {bit}, csum fixed",
+                b.bytenr, b.root, b.level
+            );
             let mut dev = OverlayDevice::new(img.clone(), name);
             for c in &b.copies {
                 let mut blk = dev.read_vec(c.1, nodesize as usize);
@@ -206,7 +237,11 @@ fn bitflip_fixed_csum(name: &str, flips_per_block: usize, max_blocks: usize) -> 
             }
         }
     }
-    eprintln!("{name}: {ok} ok, {err} errors from {} flips with fixed checksums in {:?}", ok + err, t0.elapsed());
+    eprintln!(
+        "{name}: {ok} ok, {err} errors from {} flips with fixed checksums in {:?}",
+        ok + err,
+        t0.elapsed()
+    );
     (ok, err)
 }
 
@@ -235,7 +270,10 @@ fn truncated_images() {
         let o = clean(&format!("mixed truncated to {len}"), dev);
         if len < SUPER_INFO_OFFSET + SUPER_INFO_SIZE as u64 {
             match o {
-                Outcome::Err(e) => assert!(e.contains("too small") || e.contains("superblock"), "truncated to {len}: {e}"),
+                Outcome::Err(e) => assert!(
+                    e.contains("too small") || e.contains("superblock"),
+                    "truncated to {len}: {e}"
+                ),
                 o => panic!("truncated to {len} (no superblock left): {o:?}"),
             }
         }
@@ -284,7 +322,12 @@ fn bad_super_csum_uses_backup_or_fails() {
     let mut dev = OverlayDevice::new(img.clone(), "blake2");
     patch_super(&mut dev, SUPER_INFO_OFFSET, |sb| sb[100] ^= 1, false);
     match clean("blake2, bad primary superblock csum", dev) {
-        Outcome::Ok { warnings, .. } => assert!(warnings.iter().any(|w| w.contains("primary superblock is bad") && w.contains("checksum")), "{warnings:?}"),
+        Outcome::Ok { warnings, .. } => assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("primary superblock is bad") && w.contains("checksum")),
+            "{warnings:?}"
+        ),
         o => panic!("no fallback to the backup superblock: {o:?}"),
     }
     let img = image("mixed");
@@ -292,7 +335,9 @@ fn bad_super_csum_uses_backup_or_fails() {
     let mut dev = OverlayDevice::new(img.clone(), "mixed");
     patch_super(&mut dev, SUPER_INFO_OFFSET, |sb| sb[100] ^= 1, false);
     match clean("mixed, bad superblock csum", dev) {
-        Outcome::Err(e) => assert!(e.contains("checksum mismatch") && e.contains("superblock"), "{e}"),
+        Outcome::Err(e) => {
+            assert!(e.contains("checksum mismatch") && e.contains("superblock"), "{e}")
+        }
         o => panic!("bad superblock csum opened: {o:?}"),
     }
 }
@@ -306,13 +351,16 @@ fn unknown_incompat_bit_refuses() {
             &mut dev,
             SUPER_INFO_OFFSET,
             |sb| {
-                let v = u64::from_le_bytes(sb[INCOMPAT_AT..INCOMPAT_AT + 8].try_into().unwrap()) | bit;
+                let v =
+                    u64::from_le_bytes(sb[INCOMPAT_AT..INCOMPAT_AT + 8].try_into().unwrap()) | bit;
                 sb[INCOMPAT_AT..INCOMPAT_AT + 8].copy_from_slice(&v.to_le_bytes());
             },
             true,
         );
         match clean(&format!("incompat bit {bit:#x}"), dev) {
-            Outcome::Err(e) => assert!(e.starts_with("incompatible filesystem") && e.contains(name), "{e}"),
+            Outcome::Err(e) => {
+                assert!(e.starts_with("incompatible filesystem") && e.contains(name), "{e}")
+            }
             o => panic!("incompat bit {bit:#x} opened: {o:?}"),
         }
     }
@@ -326,14 +374,19 @@ fn unknown_compat_ro_bit_opens_read_only() {
         &mut dev,
         SUPER_INFO_OFFSET,
         |sb| {
-            let v = u64::from_le_bytes(sb[COMPAT_RO_AT..COMPAT_RO_AT + 8].try_into().unwrap()) | 1 << 33;
+            let v = u64::from_le_bytes(sb[COMPAT_RO_AT..COMPAT_RO_AT + 8].try_into().unwrap())
+                | 1 << 33;
             sb[COMPAT_RO_AT..COMPAT_RO_AT + 8].copy_from_slice(&v.to_le_bytes());
         },
         true,
     );
     let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(dev)];
     let info = FsInfo::open_devices(devs, CACHE).expect("unknown compat_ro bit must open");
-    assert!(info.read_only_reason.as_deref().is_some_and(|r| r.contains("compat_ro")), "{:?}", info.read_only_reason);
+    assert!(
+        info.read_only_reason.as_deref().is_some_and(|r| r.contains("compat_ro")),
+        "{:?}",
+        info.read_only_reason
+    );
     let fs = Filesystem::from_info(info).expect("from_info");
     walk::walk_all(&fs).expect("walk a filesystem with an unknown compat_ro bit");
     let w = fs.info.take_warnings();
@@ -367,9 +420,12 @@ fn node_pointer_loops() {
                 fix_block_csum(&mut blk, csum);
                 dev.patch(phys, blk);
             }
-            let label = format!("{name}: node {} slot {slot} pointing at {what} ({target})", mid.bytenr);
+            let label =
+                format!("{name}: node {} slot {slot} pointing at {what} ({target})", mid.bytenr);
             match clean(&label, dev) {
-                Outcome::Err(e) => assert!(e.contains("level mismatch") || e.contains("transid"), "{label}: {e}"),
+                Outcome::Err(e) => {
+                    assert!(e.contains("level mismatch") || e.contains("transid"), "{label}: {e}")
+                }
                 o => panic!("{label}: {o:?}"),
             }
         }
@@ -387,7 +443,8 @@ fn unsafe_names_refused_by_extract() {
     let blocks = tree_blocks(&fs.info).expect("blocks");
     let csum = fs.info.csum_type;
     // (old name, new name of the same length)
-    let cases: [(&[u8], &[u8]); 3] = [(b"dir", b"../"), (b"a", b"."), (b"entry-00003", b"../../../x.")];
+    let cases: [(&[u8], &[u8]); 3] =
+        [(b"dir", b"../"), (b"a", b"."), (b"entry-00003", b"../../../x.")];
     let mut found = 0;
     for (old, new) in cases {
         assert_eq!(old.len(), new.len());
@@ -401,7 +458,8 @@ fn unsafe_names_refused_by_extract() {
                     continue;
                 }
                 let item = n.item(slot);
-                let name_at = HEADER_SIZE + item.offset.get() as usize + core::mem::size_of::<DirItem>();
+                let name_at =
+                    HEADER_SIZE + item.offset.get() as usize + core::mem::size_of::<DirItem>();
                 let data = n.item_data(slot);
                 if &data[core::mem::size_of::<DirItem>()..] != old {
                     continue;
@@ -419,13 +477,18 @@ fn unsafe_names_refused_by_extract() {
         assert!(hit, "no DIR_INDEX named {:?}", String::from_utf8_lossy(old));
         found += 1;
         let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(dev)];
-        let bad = Filesystem::from_info(FsInfo::open_devices(devs, CACHE).expect("open patched")).expect("fs");
-        let parent = std::env::temp_dir().join(format!("ubtrfs-corrupt-extract-{}-{found}", std::process::id()));
+        let bad = Filesystem::from_info(FsInfo::open_devices(devs, CACHE).expect("open patched"))
+            .expect("fs");
+        let parent = std::env::temp_dir()
+            .join(format!("ubtrfs-corrupt-extract-{}-{found}", std::process::id()));
         let _ = std::fs::remove_dir_all(&parent);
         std::fs::create_dir_all(&parent).expect("temp parent");
         let dest = parent.join("dest");
         let listing = |p: &std::path::Path| {
-            let mut v: Vec<String> = std::fs::read_dir(p).expect("list").map(|e| e.expect("entry").file_name().to_string_lossy().into_owned()).collect();
+            let mut v: Vec<String> = std::fs::read_dir(p)
+                .expect("list")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
             v.sort();
             v
         };
@@ -435,20 +498,39 @@ fn unsafe_names_refused_by_extract() {
         // Strict: the first unsafe name stops the extraction, named.
         let strict = ExtractOptions { strict: true, ..Default::default() };
         match extract(&bad, bad.root_dir(), &dest, &strict, &mut CollectReport::default()) {
-            Err(e) => assert!(e.to_string().contains(&shown), "extract error does not name {shown}: {e}"),
+            Err(e) => {
+                assert!(e.to_string().contains(&shown), "extract error does not name {shown}: {e}")
+            }
             Ok(s) => panic!("extract accepted the unsafe name {shown}: {s:?}"),
         }
-        assert_eq!(listing(&parent), vec!["dest".to_string()], "something was created beside the destination");
+        assert_eq!(
+            listing(&parent),
+            vec!["dest".to_string()],
+            "something was created beside the destination"
+        );
         // Salvage: the entry is skipped with a warning naming it, the rest extracted.
         std::fs::remove_dir_all(&dest).expect("clean up");
         let mut report = CollectReport::default();
-        let stats = extract(&bad, bad.root_dir(), &dest, &ExtractOptions::default(), &mut report).expect("salvage goes on");
+        let stats = extract(&bad, bad.root_dir(), &dest, &ExtractOptions::default(), &mut report)
+            .expect("salvage goes on");
         assert!(!stats.complete(), "{stats:?}");
-        assert!(report.warnings.iter().any(|w| w.text.contains(&shown) && w.text.contains("not extracted")), "no warning names {shown}: {:?}", report.warnings);
+        assert!(
+            report
+                .warnings
+                .iter()
+                .any(|w| w.text.contains(&shown) && w.text.contains("not extracted")),
+            "no warning names {shown}: {:?}",
+            report.warnings
+        );
         assert!(stats.files > 10, "{stats:?}");
-        assert_eq!(listing(&parent), vec!["dest".to_string()], "something was created beside the destination");
+        assert_eq!(
+            listing(&parent),
+            vec!["dest".to_string()],
+            "something was created beside the destination"
+        );
         let after_tmp = listing(&std::env::temp_dir());
-        let new_in_tmp: Vec<&String> = after_tmp.iter().filter(|n| !before_tmp.contains(n) && n.starts_with('x')).collect();
+        let new_in_tmp: Vec<&String> =
+            after_tmp.iter().filter(|n| !before_tmp.contains(n) && n.starts_with('x')).collect();
         assert!(new_in_tmp.is_empty(), "created in the temp dir: {new_in_tmp:?}");
         std::fs::remove_dir_all(&parent).expect("clean up");
     }
@@ -477,7 +559,8 @@ fn iteration_steps_over_an_unreadable_leaf() {
             match it.next_item() {
                 Ok(Some(item)) => seen.push(item.key()),
                 Ok(None) => break,
-                Err(e) => skipped.push(it.skip_unreadable().unwrap_or_else(|| panic!("cannot step over {e}"))),
+                Err(e) => skipped
+                    .push(it.skip_unreadable().unwrap_or_else(|| panic!("cannot step over {e}"))),
             }
         }
         (seen, skipped)
@@ -485,7 +568,10 @@ fn iteration_steps_over_an_unreadable_leaf() {
     let (all, none) = keys(&fs);
     assert!(none.is_empty());
     let blocks = tree_blocks(&fs.info).expect("blocks");
-    let leaves: Vec<&TreeBlock> = blocks.iter().filter(|b| b.level == 0 && b.root == FS_TREE_OBJECTID && b.owner == FS_TREE_OBJECTID).collect();
+    let leaves: Vec<&TreeBlock> = blocks
+        .iter()
+        .filter(|b| b.level == 0 && b.root == FS_TREE_OBJECTID && b.owner == FS_TREE_OBJECTID)
+        .collect();
     assert!(leaves.len() > 4, "{} fs tree leaves", leaves.len());
     // A dozen leaves spread over the tree (not the first: it holds the root directory).
     let step = (leaves.len() / 12).max(1);
@@ -516,13 +602,19 @@ fn iteration_steps_over_an_unreadable_leaf() {
                 assert!(strict.is_err());
                 assert_eq!(damage.lost.len(), 1, "{damage:?}");
                 assert_eq!(damage.lost[0].from, lost[0]);
-                assert!(damage.lost[0].to.is_none_or(|t| t > *lost.last().expect("leaf has items")), "{damage:?}");
+                assert!(
+                    damage.lost[0].to.is_none_or(|t| t > *lost.last().expect("leaf has items")),
+                    "{damage:?}"
+                );
             }
             Ok((v, damage)) => {
                 clean_end += 1;
                 assert!(damage.is_empty(), "ino {} ends before the bad leaf: {damage:?}", id.ino);
                 let clean = fs.load_inode(id, Load::ALL).expect("clean load");
-                assert_eq!((v.xattrs, v.entries.len(), v.extents), (clean.xattrs, clean.entries.len(), clean.extents));
+                assert_eq!(
+                    (v.xattrs, v.entries.len(), v.extents),
+                    (clean.xattrs, clean.entries.len(), clean.extents)
+                );
             }
             // Objectids below the first inode (e.g. the free-ino cache) have no INODE_ITEM.
             Err(e) => assert!(before.objectid < 256, "{e}"),
@@ -538,9 +630,14 @@ fn iteration_steps_over_an_unreadable_leaf() {
 #[test]
 fn fuzz_regressions() {
     let dir = common::repo_root().join("fuzz/regressions");
-    let base = Arc::new(targets::ImageBase::new(image("mixed").to_vec(), "mixed").expect("image target base"));
+    let base = Arc::new(
+        targets::ImageBase::new(image("mixed").to_vec(), "mixed").expect("image target base"),
+    );
     let mut n = 0;
-    let ops_base = Arc::new(targets::ImageBase::new(image("blake2").to_vec(), "blake2").expect("engine_ops target base"));
+    let ops_base = Arc::new(
+        targets::ImageBase::new(image("blake2").to_vec(), "blake2")
+            .expect("engine_ops target base"),
+    );
     for target in ["superblock", "tree_block", "image", "engine_ops"] {
         let Ok(rd) = std::fs::read_dir(dir.join(target)) else { continue };
         let mut files: Vec<_> = rd.map(|e| e.expect("entry").path()).collect();
@@ -577,12 +674,26 @@ fn fuzz_regressions() {
 /// that nothing changes after an abort.
 #[test]
 fn engine_ops_target_on_fixed_inputs() {
-    let base = targets::ImageBase::new(image("blake2").to_vec(), "blake2").expect("engine_ops target base");
+    let base = targets::ImageBase::new(image("blake2").to_vec(), "blake2")
+        .expect("engine_ops target base");
     // mkdir, create+write, write, whole-sector write, readback, commit, unlink, reopen,
     // create, readback, create, unlink while open (and write and read it), commit
-    let ops: Vec<u8> =
-        [[0u8, 1, 3, 0], [1, 0, 40, 0], [2, 0, 9, 0], [2, 1, 3, 0], [6, 0, 0, 0], [4, 0, 0, 0], [3, 0, 0, 0], [5, 0, 0, 0], [1, 2, 200, 1], [6, 1, 0, 0], [1, 3, 20, 0], [7, 0, 10, 0], [4, 0, 0, 0]]
-            .concat();
+    let ops: Vec<u8> = [
+        [0u8, 1, 3, 0],
+        [1, 0, 40, 0],
+        [2, 0, 9, 0],
+        [2, 1, 3, 0],
+        [6, 0, 0, 0],
+        [4, 0, 0, 0],
+        [3, 0, 0, 0],
+        [5, 0, 0, 0],
+        [1, 2, 200, 1],
+        [6, 1, 0, 0],
+        [1, 3, 20, 0],
+        [7, 0, 10, 0],
+        [4, 0, 0, 0],
+    ]
+    .concat();
     let mut inputs = vec![[vec![0u8, 0], ops.clone()].concat()];
     let mut x: u64 = 0x1234_5678;
     for _ in 0..40 {
@@ -598,7 +709,9 @@ fn engine_ops_target_on_fixed_inputs() {
         inputs.push([(patch.len() as u16).to_le_bytes().to_vec(), patch, ops.clone()].concat());
     }
     for (i, input) in inputs.iter().enumerate() {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| targets::engine_ops(&base, input)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            targets::engine_ops(&base, input)
+        }));
         assert!(r.is_ok(), "engine_ops input {i} panicked");
     }
 }
@@ -608,7 +721,11 @@ type Edits = Vec<(usize, Vec<u8>)>;
 /// Find the first regular file extent item of fixture `name` (in the fs tree) whose
 /// body satisfies `pred`, apply each case's edits to its body (checksum fixed), and
 /// open + walk; print each outcome. Panics and hangs fail the test.
-fn crafted_extent_cases(name: &str, pred: impl Fn(&[u8]) -> bool, cases: Vec<(&str, Edits)>) -> Vec<Outcome> {
+fn crafted_extent_cases(
+    name: &str,
+    pred: impl Fn(&[u8]) -> bool,
+    cases: Vec<(&str, Edits)>,
+) -> Vec<Outcome> {
     use ubtrfs_format::structs::{FILE_EXTENT_REG, FILE_EXTENT_REG_SIZE};
     let img = image(name);
     let devs: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(OverlayDevice::new(img.clone(), name))];
@@ -621,13 +738,23 @@ fn crafted_extent_cases(name: &str, pred: impl Fn(&[u8]) -> bool, cases: Vec<(&s
         let n = eb.node();
         for slot in 0..n.nritems() {
             let d = n.item_data(slot);
-            if n.key(slot).type_ == EXTENT_DATA_KEY && d.len() == FILE_EXTENT_REG_SIZE && d[20] == FILE_EXTENT_REG && d[21..29] != [0; 8] && pred(d) {
-                target = Some((b.clone(), HEADER_SIZE + n.item(slot).offset.get() as usize, n.key(slot)));
+            if n.key(slot).type_ == EXTENT_DATA_KEY
+                && d.len() == FILE_EXTENT_REG_SIZE
+                && d[20] == FILE_EXTENT_REG
+                && d[21..29] != [0; 8]
+                && pred(d)
+            {
+                target = Some((
+                    b.clone(),
+                    HEADER_SIZE + n.item(slot).offset.get() as usize,
+                    n.key(slot),
+                ));
                 break 'find;
             }
         }
     }
-    let (b, body, key) = target.unwrap_or_else(|| panic!("{name}: no matching regular file extent"));
+    let (b, body, key) =
+        target.unwrap_or_else(|| panic!("{name}: no matching regular file extent"));
     let mut out = Vec::new();
     for (what, edits) in cases {
         let label = format!("{name}: extent {key} in block {}: {what}", b.bytenr);
@@ -670,8 +797,20 @@ fn crafted_file_extents() {
             ("zlib, disk_num_bytes 2^62", vec![(16, vec![1]), (AT + 8, le(1 << 62))]),
             ("zlib, disk_num_bytes 2^63", vec![(16, vec![1]), (AT + 8, le(1 << 63))]),
             ("lzo, offset 2^63", vec![(16, vec![2]), (AT + 16, le(1 << 63))]),
-            ("uncompressed, disk_bytenr + offset overflows", vec![(8, le((1 << 63) + (1 << 20))), (AT, le(1 << 63)), (AT + 8, le(1 << 20)), (AT + 16, le(1 << 63)), (AT + 24, le(4096))]),
-            ("uncompressed, disk_bytenr near the top", vec![(AT, le(u64::MAX - 4095 - (1 << 20))), (AT + 8, le(1 << 20))]),
+            (
+                "uncompressed, disk_bytenr + offset overflows",
+                vec![
+                    (8, le((1 << 63) + (1 << 20))),
+                    (AT, le(1 << 63)),
+                    (AT + 8, le(1 << 20)),
+                    (AT + 16, le(1 << 63)),
+                    (AT + 24, le(4096)),
+                ],
+            ),
+            (
+                "uncompressed, disk_bytenr near the top",
+                vec![(AT, le(u64::MAX - 4095 - (1 << 20))), (AT + 8, le(1 << 20))],
+            ),
         ],
     );
     assert!(outcomes.iter().all(|o| matches!(o, Outcome::Err(_))), "{outcomes:?}");
@@ -679,11 +818,17 @@ fn crafted_file_extents() {
     let outcomes = crafted_extent_cases(
         "zstd",
         |d| d[16] == 3,
-        vec![("zstd, offset 2^40", vec![(AT + 16, le(1 << 40))]), ("zstd, offset 2^63", vec![(AT + 16, le(1 << 63))]), ("zstd, offset 1 MiB", vec![(AT + 16, le(1 << 20))])],
+        vec![
+            ("zstd, offset 2^40", vec![(AT + 16, le(1 << 40))]),
+            ("zstd, offset 2^63", vec![(AT + 16, le(1 << 63))]),
+            ("zstd, offset 1 MiB", vec![(AT + 16, le(1 << 20))]),
+        ],
     );
     for o in &outcomes {
         match o {
-            Outcome::Err(e) => assert!(e.contains("beyond its") && e.contains("EXTENT_DATA"), "{e}"),
+            Outcome::Err(e) => {
+                assert!(e.contains("beyond its") && e.contains("EXTENT_DATA"), "{e}")
+            }
             o => panic!("offset past the data read fine: {o:?}"),
         }
     }

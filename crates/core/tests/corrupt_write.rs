@@ -32,7 +32,10 @@ use ubtrfs_format::Key;
 use write_common::{Scratch, MIB};
 
 /// Run one change in a transaction handle of its own.
-fn in_handle<T>(w: &mut ubtrfs_core::transaction::FsWriter, f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>) -> ubtrfs_core::Result<T> {
+fn in_handle<T>(
+    w: &mut ubtrfs_core::transaction::FsWriter,
+    f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>,
+) -> ubtrfs_core::Result<T> {
     let mut h = w.join_transaction("free-space tree test")?;
     let r = f(&mut h);
     h.end_with(r)
@@ -59,13 +62,24 @@ struct Found {
 fn find_items(img: &Path, root: u64, pred: impl Fn(&Key) -> bool) -> Vec<Found> {
     let info = FsInfo::open(&OpenOptions::new(img)).expect("open image");
     let mut out = Vec::new();
-    for b in walk::tree_blocks(&info).expect("tree blocks").into_iter().filter(|b| b.level == 0 && b.root == root) {
+    for b in walk::tree_blocks(&info)
+        .expect("tree blocks")
+        .into_iter()
+        .filter(|b| b.level == 0 && b.root == root)
+    {
         let eb = info.read_tree_block(b.bytenr, &Default::default()).expect("leaf");
         let n = eb.node();
         for slot in 0..n.nritems() {
             let key = n.key(slot);
             if pred(&key) {
-                out.push(Found { leaf: b.bytenr, slot, key, data: n.item_data(slot).to_vec(), copies: b.copies.clone(), leaf_is_root: b.parent.is_none() });
+                out.push(Found {
+                    leaf: b.bytenr,
+                    slot,
+                    key,
+                    data: n.item_data(slot).to_vec(),
+                    copies: b.copies.clone(),
+                    leaf_is_root: b.parent.is_none(),
+                });
             }
         }
     }
@@ -74,7 +88,9 @@ fn find_items(img: &Path, root: u64, pred: impl Fn(&Key) -> bool) -> Vec<Found> 
 }
 
 fn find_item(img: &Path, root: u64, key: Key) -> Found {
-    find_items(img, root, |k| *k == key).pop().unwrap_or_else(|| panic!("tree {root} has no item {key}"))
+    find_items(img, root, |k| *k == key)
+        .pop()
+        .unwrap_or_else(|| panic!("tree {root} has no item {key}"))
 }
 
 /// Rewrite the leaf holding `f` on every copy: `edit(block, slot)` changes its bytes,
@@ -84,11 +100,14 @@ fn patch_leaf(img: &Path, f: &Found, edit: impl Fn(&mut [u8], usize)) {
         let info = FsInfo::open(&OpenOptions::new(img)).expect("open image");
         (info.csum_type, info.nodesize as usize)
     };
-    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open image file");
+    let mut file =
+        std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open image file");
     for &(devid, phys) in &f.copies {
         assert_eq!(devid, 1, "single-device images only");
         let mut blk = vec![0u8; nodesize];
-        file.seek(SeekFrom::Start(phys)).and_then(|_| file.read_exact(&mut blk)).expect("read leaf");
+        file.seek(SeekFrom::Start(phys))
+            .and_then(|_| file.read_exact(&mut blk))
+            .expect("read leaf");
         edit(&mut blk, f.slot);
         walk::fix_block_csum(&mut blk, csum);
         file.seek(SeekFrom::Start(phys)).and_then(|_| file.write_all(&blk)).expect("write leaf");
@@ -112,7 +131,10 @@ fn patch_body(img: &Path, f: &Found, off: usize, bytes: &[u8]) {
 
 /// Give `f`'s item the key (objectid, its type, offset); the caller keeps keys sorted.
 fn patch_key(img: &Path, f: &Found, objectid: u64, offset: u64) {
-    assert!(f.leaf_is_root || f.slot > 0, "changing a first key would need the parent's key changed too");
+    assert!(
+        f.leaf_is_root || f.slot > 0,
+        "changing a first key would need the parent's key changed too"
+    );
     patch_leaf(img, f, |blk, slot| {
         let at = HEADER_SIZE + slot * ITEM_SIZE;
         blk[at..at + 8].copy_from_slice(&objectid.to_le_bytes());
@@ -126,7 +148,8 @@ fn le64(d: &[u8], at: usize) -> u64 {
 
 /// A regular file of `len` bytes in the top directory, committed; returns its ino.
 fn file_with_data(w: &mut FsWriter, name: &str, len: usize, seed: u8) -> u64 {
-    let ino = w.create_file(FS, ROOT_DIR, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create file");
+    let ino =
+        w.create_file(FS, ROOT_DIR, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create file");
     let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
     w.write_file(FS, ino, 0, &data).expect("write file");
     ino
@@ -160,8 +183,13 @@ fn assert_aborted(what: &str, w: &mut FsWriter, original: &str) {
     let e = w.check_writable().expect_err("aborted writer still writable");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{what}: {e}");
     let msg = e.to_string();
-    assert!(msg.contains(original), "{what}: the read-only error does not name the original failure {original:?}: {msg}");
-    let e = w.mkdir(FS, ROOT_DIR, b"after-the-abort", &InodeAttrs::new(0o755)).expect_err("a change after the abort");
+    assert!(
+        msg.contains(original),
+        "{what}: the read-only error does not name the original failure {original:?}: {msg}"
+    );
+    let e = w
+        .mkdir(FS, ROOT_DIR, b"after-the-abort", &InodeAttrs::new(0o755))
+        .expect_err("a change after the abort");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{what}: a change after the abort: {e}");
     let e = w.commit().expect_err("a commit after the abort");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{what}: a commit after the abort: {e}");
@@ -194,7 +222,11 @@ fn one_extent_with_two_lengths() {
     let mut w = img.writer();
     w.drop_extents(FS, a, 0, 8192).expect("drop the first reference");
     let r = w.drop_extents(FS, b, 0, 4096);
-    let msg = assert_corrupt("drop the second reference", r, &[&format!("root=5 ino={b}"), &format!("extent {bytenr} ")]);
+    let msg = assert_corrupt(
+        "drop the second reference",
+        r,
+        &[&format!("root=5 ino={b}"), &format!("extent {bytenr} ")],
+    );
     assert!(msg.contains("4096") && msg.contains("8192"), "the two lengths: {msg}");
     assert_aborted("two lengths", &mut w, &msg);
     drop(w);
@@ -215,7 +247,11 @@ fn file_extent_aimed_at_a_tree_block() {
     let before = img.sha256();
     let mut w = img.writer();
     let r = w.drop_extents(FS, b, 0, 4096);
-    let msg = assert_corrupt("drop the file extent", r, &[&format!("root=5 ino={b}"), &format!("extent {leaf} "), "tree block"]);
+    let msg = assert_corrupt(
+        "drop the file extent",
+        r,
+        &[&format!("root=5 ino={b}"), &format!("extent {leaf} "), "tree block"],
+    );
     assert_aborted("file extent at a tree block", &mut w, &msg);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
@@ -228,7 +264,10 @@ fn file_extent_aimed_at_a_tree_block() {
 fn block_group_fuller_than_its_length() {
     let img = fresh("bg-full", &[]);
     let items = find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
-    let bg = items.iter().find(|f| le64(&f.data, 16) & BLOCK_GROUP_METADATA != 0).expect("a metadata block group item");
+    let bg = items
+        .iter()
+        .find(|f| le64(&f.data, 16) & BLOCK_GROUP_METADATA != 0)
+        .expect("a metadata block group item");
     let (start, length) = (bg.key.objectid, bg.key.offset);
     patch_body(&img.path, bg, 0, &length.to_le_bytes());
     let before = img.sha256();
@@ -236,10 +275,15 @@ fn block_group_fuller_than_its_length() {
     // Enough new directories that the fs tree grows by several leaves: the commit
     // allocates more tree blocks than it frees.
     for i in 0..300 {
-        w.mkdir(FS, ROOT_DIR, format!("d{i:04}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
+        w.mkdir(FS, ROOT_DIR, format!("d{i:04}").as_bytes(), &InodeAttrs::new(0o755))
+            .expect("mkdir");
     }
     let r = w.commit();
-    let msg = assert_corrupt("commit", r, &[&format!("block group {start} "), &format!("length {length}"), "BLOCK_GROUP_ITEM"]);
+    let msg = assert_corrupt(
+        "commit",
+        r,
+        &[&format!("block group {start} "), &format!("length {length}"), "BLOCK_GROUP_ITEM"],
+    );
     assert_aborted("block group full", &mut w, &msg);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
@@ -252,15 +296,21 @@ fn block_group_fuller_than_its_length() {
 #[test]
 fn write_time_check_refuses_a_device_item_past_its_device() {
     let img = fresh("dev-item-full", &[]);
-    let dev = find_item(&img.path, CHUNK_TREE_OBJECTID, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1));
+    let dev =
+        find_item(&img.path, CHUNK_TREE_OBJECTID, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1));
     let total = le64(&dev.data, 8);
     patch_body(&img.path, &dev, 16, &total.to_le_bytes());
     let before = img.sha256();
     let mut w = img.writer();
     w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
-    in_handle(&mut w, |h| ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA)).expect("allocate a chunk");
+    in_handle(&mut w, |h| ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA))
+        .expect("allocate a chunk");
     let r = w.commit();
-    let msg = assert_corrupt("commit", r, &["write time tree block corruption detected", "root=3", "DEV_ITEM", "bytes used"]);
+    let msg = assert_corrupt(
+        "commit",
+        r,
+        &["write time tree block corruption detected", "root=3", "DEV_ITEM", "bytes used"],
+    );
     assert_aborted("device item past its device", &mut w, &msg);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed: a block or a superblock was written");
@@ -275,9 +325,15 @@ fn write_time_check_refuses_a_bad_item_from_the_tree_api() {
     let before = img.sha256();
     let mut w = img.writer();
     w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");
-    w.raw_tree().insert_item(FS, &Key::new(100_000, INODE_ITEM_KEY, 0), &[0u8; 10]).expect("insert a short inode item");
+    w.raw_tree()
+        .insert_item(FS, &Key::new(100_000, INODE_ITEM_KEY, 0), &[0u8; 10])
+        .expect("insert a short inode item");
     let r = w.commit();
-    let msg = assert_corrupt("commit", r, &["write time tree block corruption detected", "root=5", "(100000 INODE_ITEM 0)", "inode"]);
+    let msg = assert_corrupt(
+        "commit",
+        r,
+        &["write time tree block corruption detected", "root=5", "(100000 INODE_ITEM 0)", "inode"],
+    );
     assert_aborted("bad item", &mut w, &msg);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed: a block or a superblock was written");
@@ -292,15 +348,26 @@ fn free_space_extent_count_disagrees_with_the_tree() {
     for to_bitmaps in [false, true] {
         let what = if to_bitmaps { "convert to bitmaps" } else { "convert to extents" };
         let img = fresh(if to_bitmaps { "fst-count-bitmaps" } else { "fst-count-extents" }, &[]);
-        let items = find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
-        let bg = items.iter().find(|f| le64(&f.data, 16) & BLOCK_GROUP_METADATA != 0).expect("a metadata block group item");
+        let items =
+            find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
+        let bg = items
+            .iter()
+            .find(|f| le64(&f.data, 16) & BLOCK_GROUP_METADATA != 0)
+            .expect("a metadata block group item");
         let (start, length) = (bg.key.objectid, bg.key.offset);
         if !to_bitmaps {
             let mut w = img.writer();
-            in_handle(&mut w, |h| ubtrfs_core::space::free_space_tree::convert_to_bitmaps(h, start, length)).expect("convert to bitmaps");
+            in_handle(&mut w, |h| {
+                ubtrfs_core::space::free_space_tree::convert_to_bitmaps(h, start, length)
+            })
+            .expect("convert to bitmaps");
             w.commit().expect("commit");
         }
-        let info = find_item(&img.path, FREE_SPACE_TREE_OBJECTID, Key::new(start, FREE_SPACE_INFO_KEY, length));
+        let info = find_item(
+            &img.path,
+            FREE_SPACE_TREE_OBJECTID,
+            Key::new(start, FREE_SPACE_INFO_KEY, length),
+        );
         let count = u32::from_le_bytes(info.data[0..4].try_into().unwrap());
         let flags = u32::from_le_bytes(info.data[4..8].try_into().unwrap());
         assert_eq!(flags & FREE_SPACE_USING_BITMAPS != 0, !to_bitmaps, "{what}: format before");
@@ -308,12 +375,23 @@ fn free_space_extent_count_disagrees_with_the_tree() {
         let before = img.sha256();
         let mut w = img.writer();
         // Convert at the next change of the group's extent count.
-        w.hooks.fst_thresholds_override = Some(if to_bitmaps { (0, 0) } else { (u32::MAX, u32::MAX) });
+        w.hooks.fst_thresholds_override =
+            Some(if to_bitmaps { (0, 0) } else { (u32::MAX, u32::MAX) });
         for i in 0..50 {
-            w.mkdir(FS, ROOT_DIR, format!("d{i}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
+            w.mkdir(FS, ROOT_DIR, format!("d{i}").as_bytes(), &InodeAttrs::new(0o755))
+                .expect("mkdir");
         }
         let r = w.commit();
-        let msg = assert_corrupt(what, r, &[&format!("block group {start}"), "root=10", "incorrect extent count", "FREE_SPACE_INFO"]);
+        let msg = assert_corrupt(
+            what,
+            r,
+            &[
+                &format!("block group {start}"),
+                "root=10",
+                "incorrect extent count",
+                "FREE_SPACE_INFO",
+            ],
+        );
         assert_aborted(what, &mut w, &msg);
         drop(w);
         assert_eq!(img.sha256(), before, "{what}: the image changed");
@@ -327,15 +405,30 @@ fn free_space_extent_count_disagrees_with_the_tree() {
 fn caching_refuses_a_wrong_free_space_extent_count() {
     let img = fresh("fst-count-caching", &[]);
     let items = find_items(&img.path, EXTENT_TREE_OBJECTID, |k| k.type_ == BLOCK_GROUP_ITEM_KEY);
-    let bg = items.iter().find(|f| le64(&f.data, 16) & BLOCK_GROUP_DATA != 0).expect("a data block group item");
+    let bg = items
+        .iter()
+        .find(|f| le64(&f.data, 16) & BLOCK_GROUP_DATA != 0)
+        .expect("a data block group item");
     let (start, length) = (bg.key.objectid, bg.key.offset);
-    let info = find_item(&img.path, FREE_SPACE_TREE_OBJECTID, Key::new(start, FREE_SPACE_INFO_KEY, length));
+    let info = find_item(
+        &img.path,
+        FREE_SPACE_TREE_OBJECTID,
+        Key::new(start, FREE_SPACE_INFO_KEY, length),
+    );
     let count = u32::from_le_bytes(info.data[0..4].try_into().unwrap());
     patch_body(&img.path, &info, 0, &(count + 1).to_le_bytes());
     let before = img.sha256();
     let mut w = img.writer();
     let r = ubtrfs_core::space::allocator::cache_block_group(&mut w, start);
-    assert_corrupt("caching", r, &[&format!("incorrect extent count for block group {start}"), &format!("counted {count}, expected {}", count + 1), "FREE_SPACE_INFO"]);
+    assert_corrupt(
+        "caching",
+        r,
+        &[
+            &format!("incorrect extent count for block group {start}"),
+            &format!("counted {count}, expected {}", count + 1),
+            "FREE_SPACE_INFO",
+        ],
+    );
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
 }
@@ -352,10 +445,17 @@ fn mark_block_free(img: &Path, y: u64) {
     }
     let f = &free[i];
     let (b, l) = (f.key.objectid, f.key.offset);
-    let infos = find_items(img, FREE_SPACE_TREE_OBJECTID, |k| k.type_ == FREE_SPACE_INFO_KEY && k.objectid <= y && y < k.objectid + k.offset);
+    let infos = find_items(img, FREE_SPACE_TREE_OBJECTID, |k| {
+        k.type_ == FREE_SPACE_INFO_KEY && k.objectid <= y && y < k.objectid + k.offset
+    });
     let g = infos.first().expect("the block's group").key;
     assert!(b < g.objectid + g.offset, "free extent {} is in the block's group", f.key);
-    let largest = free.iter().filter(|e| e.key.objectid >= g.objectid && e.key.objectid < g.objectid + g.offset).map(|e| e.key.offset).max().unwrap_or(0);
+    let largest = free
+        .iter()
+        .filter(|e| e.key.objectid >= g.objectid && e.key.objectid < g.objectid + g.offset)
+        .map(|e| e.key.offset)
+        .max()
+        .unwrap_or(0);
     assert_eq!(largest, l, "the free extent after block {y} is the group's largest");
     patch_key(img, f, y, l + (b - y));
 }
@@ -373,7 +473,8 @@ fn cow_handed_the_block_it_copies() {
     let mut w = img.writer();
     w.set_subvol_readonly(FS, true).expect("flag the top subvolume read-only");
     let r = w.commit();
-    let msg = assert_corrupt("commit", r, &[&format!("block={root_leaf}"), "root=1", "free space tree"]);
+    let msg =
+        assert_corrupt("commit", r, &[&format!("block={root_leaf}"), "root=1", "free space tree"]);
     assert_aborted("cow onto itself", &mut w, &msg);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
@@ -426,14 +527,20 @@ fn block_of_an_untouched_tree_allocated_again() {
 #[test]
 fn free_space_extent_past_the_address_space() {
     let img = fresh("fst-overflow", &[]);
-    let free = find_items(&img.path, FREE_SPACE_TREE_OBJECTID, |k| k.type_ == FREE_SPACE_EXTENT_KEY);
+    let free =
+        find_items(&img.path, FREE_SPACE_TREE_OBJECTID, |k| k.type_ == FREE_SPACE_EXTENT_KEY);
     let f = free.last().expect("a free extent");
     patch_key(&img.path, f, f.key.objectid, u64::MAX - 4095);
     let before = img.sha256();
-    let mut w = FsWriter::open(&OpenOptions::new(&img.path)).expect("open for writing: no group is cached yet");
+    let mut w = FsWriter::open(&OpenOptions::new(&img.path))
+        .expect("open for writing: no group is cached yet");
     w.hooks.refuse_chunk_alloc = true;
     let r = w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755));
-    let msg = assert_corrupt("first metadata allocation", r, &["root=10", &format!("free space {}", f.key.objectid), "caching block group"]);
+    let msg = assert_corrupt(
+        "first metadata allocation",
+        r,
+        &["root=10", &format!("free space {}", f.key.objectid), "caching block group"],
+    );
     assert_aborted("first metadata allocation", &mut w, &msg);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
@@ -449,7 +556,9 @@ fn dev_extent_past_the_address_space() {
     patch_body(&img.path, f, 24, &(u64::MAX - 4095).to_le_bytes());
     let before = img.sha256();
     let mut w = img.writer();
-    let r = in_handle(&mut w, |h| ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA));
+    let r = in_handle(&mut w, |h| {
+        ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA)
+    });
     assert_corrupt("allocate a chunk", r, &["root=4", "DEV_EXTENT", &format!("{}", f.key.offset)]);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
@@ -460,12 +569,15 @@ fn dev_extent_past_the_address_space() {
 #[test]
 fn device_bytes_used_overflow() {
     let img = fresh("dev-used-overflow", &[]);
-    let dev = find_item(&img.path, CHUNK_TREE_OBJECTID, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1));
+    let dev =
+        find_item(&img.path, CHUNK_TREE_OBJECTID, Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1));
     let huge = u64::MAX - 4095;
     patch_body(&img.path, &dev, 8, &[huge.to_le_bytes(), huge.to_le_bytes()].concat());
     let before = img.sha256();
     let mut w = img.writer();
-    let r = in_handle(&mut w, |h| ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA));
+    let r = in_handle(&mut w, |h| {
+        ubtrfs_core::space::chunk_alloc::alloc_chunk(h, BLOCK_GROUP_METADATA)
+    });
     assert_corrupt("allocate a chunk", r, &["root=3", "DEV_ITEM", "bytes used"]);
     drop(w);
     assert_eq!(img.sha256(), before, "the image changed");
@@ -523,7 +635,8 @@ fn qgroup_count_overflow() {
 /// Set the generation of every superblock copy of `img` (checksums recomputed).
 fn patch_super_generation(img: &Path, generation: u64) {
     let at = core::mem::offset_of!(Superblock, generation);
-    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open image file");
+    let mut file =
+        std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open image file");
     let size = file.metadata().expect("image size").len();
     for m in 0..SUPER_MIRROR_MAX {
         let off = sb_offset(m);
@@ -531,10 +644,14 @@ fn patch_super_generation(img: &Path, generation: u64) {
             break;
         }
         let mut sb = vec![0u8; SUPER_INFO_SIZE];
-        file.seek(SeekFrom::Start(off)).and_then(|_| file.read_exact(&mut sb)).expect("read superblock");
+        file.seek(SeekFrom::Start(off))
+            .and_then(|_| file.read_exact(&mut sb))
+            .expect("read superblock");
         sb[at..at + 8].copy_from_slice(&generation.to_le_bytes());
         walk::fix_super_csum(&mut sb);
-        file.seek(SeekFrom::Start(off)).and_then(|_| file.write_all(&sb)).expect("write superblock");
+        file.seek(SeekFrom::Start(off))
+            .and_then(|_| file.write_all(&sb))
+            .expect("write superblock");
     }
     file.sync_all().expect("sync image");
 }
@@ -551,10 +668,13 @@ fn generation_at_the_end_of_the_counter() {
     assert!(e.to_string().contains(&u64::MAX.to_string()), "names the generation: {e}");
     // The root tree's leaf carries the superblock's generation: both move.
     let img = fresh("next-to-last-generation", &[]);
-    let root_leaf = find_items(&img.path, ROOT_TREE_OBJECTID, |_| true).pop().expect("a root tree item");
+    let root_leaf =
+        find_items(&img.path, ROOT_TREE_OBJECTID, |_| true).pop().expect("a root tree item");
     assert!(root_leaf.leaf_is_root, "a fresh image's root tree is one leaf");
     let at = core::mem::offset_of!(Header, generation);
-    patch_leaf(&img.path, &root_leaf, |blk, _| blk[at..at + 8].copy_from_slice(&(u64::MAX - 1).to_le_bytes()));
+    patch_leaf(&img.path, &root_leaf, |blk, _| {
+        blk[at..at + 8].copy_from_slice(&(u64::MAX - 1).to_le_bytes())
+    });
     patch_super_generation(&img.path, u64::MAX - 1);
     let mut w = img.writer();
     w.mkdir(FS, ROOT_DIR, b"d", &InodeAttrs::new(0o755)).expect("mkdir");

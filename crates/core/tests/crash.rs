@@ -59,12 +59,16 @@ use ubtrfs_core::inode::attr::{fsflags, SetAttr};
 use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, Filesystem, InodeId, Load};
-use ubtrfs_core::inode::namespace::{max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
+use ubtrfs_core::inode::namespace::{
+    max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
+};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::{XATTR_CREATE, XATTR_REPLACE};
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
-use ubtrfs_core::volumes::fault::{mix_seed, CrashSweep, FaultyDevice, OpKind, OpOutcome, OpRecord, Rng};
+use ubtrfs_core::volumes::fault::{
+    mix_seed, CrashSweep, FaultyDevice, OpKind, OpOutcome, OpRecord, Rng,
+};
 use ubtrfs_core::FsRead;
 use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, FsInfo, PosixKind};
@@ -72,7 +76,10 @@ use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
 use ubtrfs_tools::check::{check, CheckOptions};
-use write_common::{check_refused, inherited_compression, model_fallocate, model_set_fsflags, model_setxattr, try_kernel_fsflags, try_kernel_xattrs, COMPRESSION_PROP};
+use write_common::{
+    check_refused, inherited_compression, model_fallocate, model_set_fsflags, model_setxattr,
+    try_kernel_fsflags, try_kernel_xattrs, COMPRESSION_PROP,
+};
 
 /// Single device, SINGLE data and DUP metadata, skinny metadata, free-space tree: a
 /// layout `FsWriter` accepts (`mixed` is refused: mixed block groups).
@@ -85,7 +92,10 @@ const CACHE: usize = 16 << 20;
 
 fn base_image() -> Arc<Vec<u8>> {
     static BASE: OnceLock<Arc<Vec<u8>>> = OnceLock::new();
-    BASE.get_or_init(|| Arc::new(std::fs::read(&common::fixture_images(FIXTURE)[0]).expect("read fixture image"))).clone()
+    BASE.get_or_init(|| {
+        Arc::new(std::fs::read(&common::fixture_images(FIXTURE)[0]).expect("read fixture image"))
+    })
+    .clone()
 }
 
 fn open_info(dev: Arc<dyn BlockDevice>) -> ubtrfs_core::Result<FsInfo> {
@@ -97,7 +107,10 @@ fn open_writer(dev: Arc<dyn BlockDevice>) -> ubtrfs_core::Result<FsWriter> {
 }
 
 /// Run `f` on a read engine over `img`, then give the image back.
-fn with_image<T>(img: Vec<u8>, f: impl FnOnce(ubtrfs_core::Result<Filesystem>) -> T) -> (T, Vec<u8>) {
+fn with_image<T>(
+    img: Vec<u8>,
+    f: impl FnOnce(ubtrfs_core::Result<Filesystem>) -> T,
+) -> (T, Vec<u8>) {
     let dev = Arc::new(MemDevice::new(img, "crash-image"));
     let r = f(open_info(dev.clone()).and_then(Filesystem::from_info));
     let img = Arc::try_unwrap(dev).ok().expect("the filesystem was dropped").into_inner();
@@ -106,7 +119,9 @@ fn with_image<T>(img: Vec<u8>, f: impl FnOnce(ubtrfs_core::Result<Filesystem>) -
 
 fn is_super_write(r: &OpRecord) -> bool {
     match r.kind {
-        OpKind::Write { offset, len } => len == SUPER_INFO_SIZE as u64 && (0..SUPER_MIRROR_MAX).any(|m| sb_offset(m) == offset),
+        OpKind::Write { offset, len } => {
+            len == SUPER_INFO_SIZE as u64 && (0..SUPER_MIRROR_MAX).any(|m| sb_offset(m) == offset)
+        }
         OpKind::Flush => false,
     }
 }
@@ -213,7 +228,9 @@ impl Model {
             match (self.entries.get(p), got.entries.get(p)) {
                 (Some(e), None) => out.push(format!("{} missing (expected {e:?})", show(p))),
                 (None, Some(g)) => out.push(format!("{} unexpected ({g:?})", show(p))),
-                (Some(e), Some(g)) if e != g => out.push(format!("{}: expected {e:?}, found {g:?}", show(p))),
+                (Some(e), Some(g)) if e != g => {
+                    out.push(format!("{}: expected {e:?}, found {g:?}", show(p)))
+                }
                 (Some(e), Some(_)) => {
                     let id = e.id();
                     if !seen.insert(id) {
@@ -221,14 +238,23 @@ impl Model {
                     }
                     let (em, gm) = (self.meta.get(&id), got.meta.get(&id));
                     if em != gm {
-                        out.push(format!("{}: metadata differs:\n      expected {}\n      found    {}", show(p), show_meta(em), show_meta(gm)));
+                        out.push(format!(
+                            "{}: metadata differs:\n      expected {}\n      found    {}",
+                            show(p),
+                            show_meta(em),
+                            show_meta(gm)
+                        ));
                         continue;
                     }
                     if let Node::File { .. } = e {
                         let (a, b) = (&self.files[&id], &got.files[&id]);
                         let nocow = em.is_some_and(|m| m.nocow);
                         if a.len() != b.len() || (!nocow && a != b) {
-                            let first = a.iter().zip(b.iter()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+                            let first = a
+                                .iter()
+                                .zip(b.iter())
+                                .position(|(x, y)| x != y)
+                                .unwrap_or(a.len().min(b.len()));
                             out.push(format!("{}: content differs: expected {} bytes, found {}; first difference at byte {first}", show(p), a.len(), b.len()));
                         }
                     }
@@ -245,7 +271,12 @@ impl Model {
     fn new_meta(&self, parent: &[u8], mode: u32) -> Meta {
         let pm = &self.meta[&self.entries[parent].id()];
         let mut xattrs = BTreeMap::new();
-        if let Some(alg) = pm.xattrs.get(COMPRESSION_PROP).and_then(|v| inherited_compression(v)).filter(|_| !pm.nocow) {
+        if let Some(alg) = pm
+            .xattrs
+            .get(COMPRESSION_PROP)
+            .and_then(|v| inherited_compression(v))
+            .filter(|_| !pm.nocow)
+        {
             xattrs.insert(COMPRESSION_PROP.to_vec(), alg.to_vec());
         }
         Meta { mode, nocow: pm.nocow, xattrs, ..Meta::default() }
@@ -259,14 +290,38 @@ impl Model {
 
 fn show_meta(m: Option<&Meta>) -> String {
     let Some(m) = m else { return "nothing".into() };
-    let x: Vec<String> = m.xattrs.iter().map(|(n, v)| format!("{}=<{} bytes>", String::from_utf8_lossy(n), v.len())).collect();
-    format!("mode {:o} uid {} gid {} rdev {:?} nocow {} xattrs {{{}}}", m.mode, m.uid, m.gid, m.rdev, m.nocow, x.join(", "))
+    let x: Vec<String> = m
+        .xattrs
+        .iter()
+        .map(|(n, v)| format!("{}=<{} bytes>", String::from_utf8_lossy(n), v.len()))
+        .collect();
+    format!(
+        "mode {:o} uid {} gid {} rdev {:?} nocow {} xattrs {{{}}}",
+        m.mode,
+        m.uid,
+        m.gid,
+        m.rdev,
+        m.nocow,
+        x.join(", ")
+    )
 }
 
 fn meta_of_view(iv: &ubtrfs_core::inode::filesystem::InodeView) -> Meta {
-    let rdev = if matches!(iv.kind(), FileKind::CharDev | FileKind::BlockDev) { rdev_decode(iv.item.rdev.get()) } else { (0, 0) };
-    let nocow = matches!(iv.kind(), FileKind::File | FileKind::Dir) && iv.flags() & INODE_NODATACOW != 0;
-    Meta { mode: iv.mode(), uid: iv.item.uid.get(), gid: iv.item.gid.get(), rdev, nocow, xattrs: iv.xattrs.iter().cloned().collect() }
+    let rdev = if matches!(iv.kind(), FileKind::CharDev | FileKind::BlockDev) {
+        rdev_decode(iv.item.rdev.get())
+    } else {
+        (0, 0)
+    };
+    let nocow =
+        matches!(iv.kind(), FileKind::File | FileKind::Dir) && iv.flags() & INODE_NODATACOW != 0;
+    Meta {
+        mode: iv.mode(),
+        uid: iv.item.uid.get(),
+        gid: iv.item.gid.get(),
+        rdev,
+        nocow,
+        xattrs: iv.xattrs.iter().cloned().collect(),
+    }
 }
 
 /// Read the whole tree through the read engine, checking as it goes that the image
@@ -294,9 +349,18 @@ fn walk(fs: &Filesystem) -> Result<Model, String> {
             let p = join(&path, &de.name);
             match fs.lookup(dir, &de.name).map_err(e(format!("{} lookup", show(&p))))? {
                 Some(l) if l.target == de.target => {}
-                other => return Err(format!("{}: DIR_INDEX says {:?}, DIR_ITEM lookup says {:?}", show(&p), de.target, other.map(|l| l.target))),
+                other => {
+                    return Err(format!(
+                        "{}: DIR_INDEX says {:?}, DIR_ITEM lookup says {:?}",
+                        show(&p),
+                        de.target,
+                        other.map(|l| l.target)
+                    ))
+                }
             }
-            let iv = fs.load_inode(de.target, Load { extents: true, xattrs: true, ..Load::ITEM }).map_err(e(format!("{} stat", show(&p))))?;
+            let iv = fs
+                .load_inode(de.target, Load { extents: true, xattrs: true, ..Load::ITEM })
+                .map_err(e(format!("{} stat", show(&p))))?;
             let want_ft = match iv.kind() {
                 FileKind::File => FT_REG_FILE,
                 FileKind::Dir => FT_DIR,
@@ -307,7 +371,12 @@ fn walk(fs: &Filesystem) -> Result<Model, String> {
                 FileKind::Socket => FT_SOCK,
             };
             if de.ftype != want_ft {
-                return Err(format!("{}: dir entry type {} but inode mode {:o}", show(&p), de.ftype, iv.mode()));
+                return Err(format!(
+                    "{}: dir entry type {} but inode mode {:o}",
+                    show(&p),
+                    de.ftype,
+                    iv.mode()
+                ));
             }
             let id = de.target;
             m.meta.entry((id.root, id.ino)).or_insert_with(|| meta_of_view(&iv));
@@ -319,13 +388,18 @@ fn walk(fs: &Filesystem) -> Result<Model, String> {
                 FileKind::File => {
                     let n = nlinks.entry((id.root, id.ino)).or_insert((iv.nlink(), 0));
                     n.1 += 1;
-                    if let std::collections::btree_map::Entry::Vacant(slot) = m.files.entry((id.root, id.ino)) {
-                        let size = usize::try_from(iv.size()).map_err(|_| format!("{}: size {}", show(&p), iv.size()))?;
+                    if let std::collections::btree_map::Entry::Vacant(slot) =
+                        m.files.entry((id.root, id.ino))
+                    {
+                        let size = usize::try_from(iv.size())
+                            .map_err(|_| format!("{}: size {}", show(&p), iv.size()))?;
                         if size > 256 << 20 {
                             return Err(format!("{}: implausible size {size}", show(&p)));
                         }
                         let mut buf = vec![0u8; size];
-                        let got = fs.read_at(&iv, 0, &mut buf).map_err(e(format!("{} read", show(&p))))?;
+                        let got = fs
+                            .read_at(&iv, 0, &mut buf)
+                            .map_err(e(format!("{} read", show(&p))))?;
                         if got != size {
                             return Err(format!("{}: read {got} of {size} bytes", show(&p)));
                         }
@@ -333,13 +407,20 @@ fn walk(fs: &Filesystem) -> Result<Model, String> {
                     }
                     Node::File { root: id.root, ino: id.ino }
                 }
-                FileKind::Symlink => Node::Symlink { ino: id.ino, target: fs.readlink(id).map_err(e(format!("{} readlink", show(&p))))? },
+                FileKind::Symlink => Node::Symlink {
+                    ino: id.ino,
+                    target: fs.readlink(id).map_err(e(format!("{} readlink", show(&p))))?,
+                },
                 k => Node::Special { ino: id.ino, kind: k },
             };
             m.entries.insert(p, node);
         }
         if dv.size() != name_bytes {
-            return Err(format!("{}: directory size {} but its entries' names sum to {name_bytes} (x2)", show(&path), dv.size()));
+            return Err(format!(
+                "{}: directory size {} but its entries' names sum to {name_bytes} (x2)",
+                show(&path),
+                dv.size()
+            ));
         }
     }
     for ((root, ino), (nlink, seen)) in nlinks {
@@ -355,7 +436,9 @@ fn walk(fs: &Filesystem) -> Result<Model, String> {
 fn base_model() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| {
-        let (m, _) = with_image(base_image().to_vec(), |fs| walk(&fs.expect("open fixture")).expect("walk fixture"));
+        let (m, _) = with_image(base_image().to_vec(), |fs| {
+            walk(&fs.expect("open fixture")).expect("walk fixture")
+        });
         Arc::new(m)
     })
     .clone()
@@ -445,7 +528,15 @@ fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
 impl Workload {
     fn new(seed: u64, model: Model, prefix: &'static str) -> Workload {
         let fixture_paths = base_model().entries.keys().cloned().collect();
-        Workload { flavour: Flavour::of(seed), compress: compress_of(seed), rng: Rng::new(seed), model, prefix, next_name: 0, fixture_paths }
+        Workload {
+            flavour: Flavour::of(seed),
+            compress: compress_of(seed),
+            rng: Rng::new(seed),
+            model,
+            prefix,
+            next_name: 0,
+            fixture_paths,
+        }
     }
 
     /// Give a new writer the seed's settings.
@@ -475,7 +566,8 @@ impl Workload {
                 _ => None,
             })
             .collect();
-        let new: Vec<(Vec<u8>, u64)> = all.iter().filter(|(p, _)| !self.fixture_paths.contains(p)).cloned().collect();
+        let new: Vec<(Vec<u8>, u64)> =
+            all.iter().filter(|(p, _)| !self.fixture_paths.contains(p)).cloned().collect();
         let from = if !new.is_empty() && self.rng.chance(3, 4) { new } else { all };
         (!from.is_empty()).then(|| from[self.rng.below(from.len() as u64) as usize].clone())
     }
@@ -502,7 +594,9 @@ impl Workload {
                     let name = self.name("s");
                     let size = self.rng.range(0, 300) as usize;
                     let data = random_bytes(&mut self.rng, size);
-                    let ino = w.create_file(FS_TREE, dino, &name, &InodeAttrs::new(0o600)).map_err(|e| (what.clone(), e))?;
+                    let ino = w
+                        .create_file(FS_TREE, dino, &name, &InodeAttrs::new(0o600))
+                        .map_err(|e| (what.clone(), e))?;
                     let meta = self.model.new_meta(&dir, S_IFREG | 0o600);
                     self.model.meta.insert((FS_TREE, ino), meta);
                     self.model.entries.insert(join(&dir, &name), Node::File { root: FS_TREE, ino });
@@ -516,7 +610,9 @@ impl Workload {
                 let (dir, dino) = self.pick_dir();
                 let name = self.name("d");
                 let what = format!("mkdir {}", show(&join(&dir, &name)));
-                let ino = w.mkdir(FS_TREE, dino, &name, &InodeAttrs::new(0o755)).map_err(|e| (what.clone(), e))?;
+                let ino = w
+                    .mkdir(FS_TREE, dino, &name, &InodeAttrs::new(0o755))
+                    .map_err(|e| (what.clone(), e))?;
                 let meta = self.model.new_meta(&dir, S_IFDIR | 0o755);
                 self.model.meta.insert((FS_TREE, ino), meta);
                 self.model.entries.insert(join(&dir, &name), Node::Dir { root: FS_TREE, ino });
@@ -533,7 +629,9 @@ impl Workload {
                 Ok(what)
             }
             34..=49 => {
-                let Some((path, ino)) = self.pick_file() else { return Ok("overwrite: no file".into()) };
+                let Some((path, ino)) = self.pick_file() else {
+                    return Ok("overwrite: no file".into());
+                };
                 let size = self.model.files[&(FS_TREE, ino)].len() as u64;
                 let off = match self.rng.below(4) {
                     0 => 0,
@@ -549,7 +647,9 @@ impl Workload {
                 let data = random_bytes(&mut self.rng, len);
                 let what = format!("overwrite {} [{off}, +{len}) of {size}", show(&path));
                 w.write_file(FS_TREE, ino, off, &data).map_err(|e| (what.clone(), e))?;
-                let f = Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model"));
+                let f = Arc::make_mut(
+                    self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model"),
+                );
                 let end = off as usize + len;
                 if f.len() < end {
                     f.resize(end, 0);
@@ -565,13 +665,21 @@ impl Workload {
                     .model
                     .entries
                     .iter()
-                    .filter(|(p, n)| !p.is_empty() && split_parent(p).0 == dir.as_slice() && !matches!(n, Node::Dir { .. } if self.model.children(p) > 0))
+                    .filter(|(p, n)| {
+                        !p.is_empty()
+                            && split_parent(p).0 == dir.as_slice()
+                            && !matches!(n, Node::Dir { .. } if self.model.children(p) > 0)
+                    })
                     .map(|(p, _)| p.clone())
                     .collect();
                 let what = format!("empty {} ({} entries)", show(&dir), victims.len());
                 for path in victims {
                     let (_, name) = split_parent(&path);
-                    let r = if matches!(self.model.entries.get(&path), Some(Node::Dir { .. })) { w.rmdir(FS_TREE, dino, name) } else { w.unlink(FS_TREE, dino, name) };
+                    let r = if matches!(self.model.entries.get(&path), Some(Node::Dir { .. })) {
+                        w.rmdir(FS_TREE, dino, name)
+                    } else {
+                        w.unlink(FS_TREE, dino, name)
+                    };
                     r.map_err(|e| (format!("{what}: unlink {}", show(&path)), e))?;
                     self.forget(&path);
                 }
@@ -603,7 +711,8 @@ impl Workload {
                     })
                     .map(|(p, _)| p.clone())
                     .collect();
-                let new: Vec<Vec<u8>> = cands.iter().filter(|p| !self.fixture_paths.contains(*p)).cloned().collect();
+                let new: Vec<Vec<u8>> =
+                    cands.iter().filter(|p| !self.fixture_paths.contains(*p)).cloned().collect();
                 let from = if !new.is_empty() && self.rng.chance(3, 4) { new } else { cands };
                 if from.is_empty() {
                     return Ok("unlink: nothing".into());
@@ -612,7 +721,11 @@ impl Workload {
                 let (dir, name) = split_parent(&path);
                 let dino = self.model.dir_ino(dir);
                 let what = format!("unlink {}", show(&path));
-                let r = if matches!(self.model.entries.get(&path), Some(Node::Dir { .. })) { w.rmdir(FS_TREE, dino, name) } else { w.unlink(FS_TREE, dino, name) };
+                let r = if matches!(self.model.entries.get(&path), Some(Node::Dir { .. })) {
+                    w.rmdir(FS_TREE, dino, name)
+                } else {
+                    w.unlink(FS_TREE, dino, name)
+                };
                 r.map_err(|e| (what.clone(), e))?;
                 self.forget(&path);
                 Ok(what)
@@ -643,7 +756,12 @@ type StepResult = Result<String, (String, Error)>;
 /// kernel's errno and to change nothing.
 impl Workload {
     /// `op` one to `max` times (cheap metadata operations, several to a step).
-    fn several(&mut self, w: &mut FsWriter, max: u64, op: fn(&mut Workload, &mut FsWriter) -> StepResult) -> StepResult {
+    fn several(
+        &mut self,
+        w: &mut FsWriter,
+        max: u64,
+        op: fn(&mut Workload, &mut FsWriter) -> StepResult,
+    ) -> StepResult {
         let n = self.rng.range(1, max);
         let mut done = Vec::new();
         for _ in 0..n {
@@ -653,12 +771,20 @@ impl Workload {
     }
 
     /// Create an empty file in `dir`, with what it inherits from `dir`.
-    fn create(&mut self, w: &mut FsWriter, dir: &[u8], kind: &str, note: &str) -> Result<(Vec<u8>, String), (String, Error)> {
+    fn create(
+        &mut self,
+        w: &mut FsWriter,
+        dir: &[u8],
+        kind: &str,
+        note: &str,
+    ) -> Result<(Vec<u8>, String), (String, Error)> {
         let dino = self.model.dir_ino(dir);
         let name = self.name(kind);
         let path = join(dir, &name);
         let what = format!("create {} {note}", show(&path));
-        let ino = w.create_file(FS_TREE, dino, &name, &InodeAttrs::new(0o644)).map_err(|e| (what.clone(), e))?;
+        let ino = w
+            .create_file(FS_TREE, dino, &name, &InodeAttrs::new(0o644))
+            .map_err(|e| (what.clone(), e))?;
         let meta = self.model.new_meta(dir, S_IFREG | 0o644);
         self.model.meta.insert((FS_TREE, ino), meta);
         self.model.entries.insert(path.clone(), Node::File { root: FS_TREE, ino });
@@ -669,16 +795,34 @@ impl Workload {
     /// Every name in the top subvolume but the top (new ones three times in four when
     /// `new_first`).
     fn pick_name(&mut self, new_first: bool) -> Option<Vec<u8>> {
-        let all: Vec<Vec<u8>> = self.model.entries.iter().filter(|(p, n)| !p.is_empty() && n.id().0 == FS_TREE).map(|(p, _)| p.clone()).collect();
-        let new: Vec<Vec<u8>> = all.iter().filter(|p| !self.fixture_paths.contains(*p)).cloned().collect();
+        let all: Vec<Vec<u8>> = self
+            .model
+            .entries
+            .iter()
+            .filter(|(p, n)| !p.is_empty() && n.id().0 == FS_TREE)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let new: Vec<Vec<u8>> =
+            all.iter().filter(|p| !self.fixture_paths.contains(*p)).cloned().collect();
         let from = if new_first && !new.is_empty() && self.rng.chance(3, 4) { new } else { all };
         (!from.is_empty()).then(|| from[self.rng.below(from.len() as u64) as usize].clone())
     }
 
     /// Files and directories (not the top), for flags and the compression property.
     fn pick_file_or_dir(&mut self) -> Option<Vec<u8>> {
-        let c: Vec<Vec<u8>> =
-            self.model.entries.iter().filter(|(p, n)| !p.is_empty() && matches!(n, Node::File { root: FS_TREE, .. } | Node::Dir { root: FS_TREE, .. })).map(|(p, _)| p.clone()).collect();
+        let c: Vec<Vec<u8>> = self
+            .model
+            .entries
+            .iter()
+            .filter(|(p, n)| {
+                !p.is_empty()
+                    && matches!(
+                        n,
+                        Node::File { root: FS_TREE, .. } | Node::Dir { root: FS_TREE, .. }
+                    )
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
         (!c.is_empty()).then(|| c[self.rng.below(c.len() as u64) as usize].clone())
     }
 
@@ -698,7 +842,14 @@ impl Workload {
     }
 
     /// Make a call the model says fails with `want`: it must, and change nothing.
-    fn refuse(&mut self, w: &mut FsWriter, what: String, want: PosixKind, paths: &[&[u8]], f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) -> StepResult {
+    fn refuse(
+        &mut self,
+        w: &mut FsWriter,
+        what: String,
+        want: PosixKind,
+        paths: &[&[u8]],
+        f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>,
+    ) -> StepResult {
         let ids = self.ids_of(paths);
         check_refused(w, &what, want, &ids, f).map_err(|e| (what.clone(), e))?;
         Ok(format!("{what}: {want:?} as expected"))
@@ -746,8 +897,18 @@ impl Workload {
     /// Take `path` and everything below it out of the model's names (suffixes after
     /// `path`, "" for itself).
     fn take_subtree(&mut self, path: &[u8]) -> Vec<(Vec<u8>, Node)> {
-        let keys: Vec<Vec<u8>> = self.model.entries.keys().filter(|k| k.as_slice() == path || (k.starts_with(path) && k.get(path.len()) == Some(&b'/'))).cloned().collect();
-        keys.into_iter().map(|k| (k[path.len()..].to_vec(), self.model.entries.remove(&k).expect("listed"))).collect()
+        let keys: Vec<Vec<u8>> = self
+            .model
+            .entries
+            .keys()
+            .filter(|k| {
+                k.as_slice() == path || (k.starts_with(path) && k.get(path.len()) == Some(&b'/'))
+            })
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .map(|k| (k[path.len()..].to_vec(), self.model.entries.remove(&k).expect("listed")))
+            .collect()
     }
 
     fn put_subtree(&mut self, path: &[u8], items: Vec<(Vec<u8>, Node)>) {
@@ -775,7 +936,9 @@ impl Workload {
             self.put_subtree(to, a);
         }
         if let Some(ino) = whiteout {
-            self.model.entries.insert(from.to_vec(), Node::Special { ino, kind: FileKind::CharDev });
+            self.model
+                .entries
+                .insert(from.to_vec(), Node::Special { ino, kind: FileKind::CharDev });
             self.model.meta.insert((FS_TREE, ino), Meta { mode: S_IFCHR, ..Meta::default() });
         }
     }
@@ -785,7 +948,8 @@ impl Workload {
     /// themselves.
     fn op_rename(&mut self, w: &mut FsWriter) -> StepResult {
         // A directory a third of the time (whole subtrees move, or must not).
-        let dirs: Vec<Vec<u8>> = self.model.dirs().into_iter().map(|d| d.0).filter(|d| !d.is_empty()).collect();
+        let dirs: Vec<Vec<u8>> =
+            self.model.dirs().into_iter().map(|d| d.0).filter(|d| !d.is_empty()).collect();
         let from = if !dirs.is_empty() && self.rng.chance(1, 3) {
             dirs[self.rng.below(dirs.len() as u64) as usize].clone()
         } else {
@@ -800,12 +964,28 @@ impl Workload {
         };
         let src_dir = self.model.entries[&from].is_dir();
         let to = if src_dir && self.rng.chance(1, 4) {
-            let under: Vec<Vec<u8>> = self.model.dirs().into_iter().map(|d| d.0).filter(|d| is_ancestor_or_self(&from, d)).collect();
+            let under: Vec<Vec<u8>> = self
+                .model
+                .dirs()
+                .into_iter()
+                .map(|d| d.0)
+                .filter(|d| is_ancestor_or_self(&from, d))
+                .collect();
             let d = under[self.rng.below(under.len() as u64) as usize].clone();
             join(&d, &self.name("m"))
         } else if flags == RENAME_EXCHANGE || self.rng.chance(2, 5) {
-            let all: Vec<Vec<u8>> = self.model.entries.iter().filter(|(p, n)| !p.is_empty() && n.id().0 == FS_TREE).map(|(p, _)| p.clone()).collect();
-            let same: Vec<Vec<u8>> = all.iter().filter(|p| self.model.entries[*p].is_dir() == src_dir).cloned().collect();
+            let all: Vec<Vec<u8>> = self
+                .model
+                .entries
+                .iter()
+                .filter(|(p, n)| !p.is_empty() && n.id().0 == FS_TREE)
+                .map(|(p, _)| p.clone())
+                .collect();
+            let same: Vec<Vec<u8>> = all
+                .iter()
+                .filter(|p| self.model.entries[*p].is_dir() == src_dir)
+                .cloned()
+                .collect();
             let from_set = if !same.is_empty() && self.rng.chance(1, 2) { same } else { all };
             from_set[self.rng.below(from_set.len() as u64) as usize].clone()
         } else {
@@ -813,22 +993,39 @@ impl Workload {
             join(&d, &self.name("m"))
         };
         let what = format!("rename {} -> {} flags {flags}", show(&from), show(&to));
-        let ((odir, oname), (ndir, nname)) = ((split_parent(&from).0.to_vec(), split_parent(&from).1.to_vec()), (split_parent(&to).0.to_vec(), split_parent(&to).1.to_vec()));
+        let ((odir, oname), (ndir, nname)) = (
+            (split_parent(&from).0.to_vec(), split_parent(&from).1.to_vec()),
+            (split_parent(&to).0.to_vec(), split_parent(&to).1.to_vec()),
+        );
         let (oino, nino) = (self.model.dir_ino(&odir), self.model.dir_ino(&ndir));
         match self.rename_outcome(&from, &to, flags) {
             Ok(()) => {
-                let same = self.model.entries.get(&to).is_some_and(|d| d.id() == self.model.entries[&from].id());
-                w.rename(FS_TREE, oino, &oname, nino, &nname, flags).map_err(|e| (what.clone(), e))?;
+                let same = self
+                    .model
+                    .entries
+                    .get(&to)
+                    .is_some_and(|d| d.id() == self.model.entries[&from].id());
+                w.rename(FS_TREE, oino, &oname, nino, &nname, flags)
+                    .map_err(|e| (what.clone(), e))?;
                 let whiteout = if flags & RENAME_WHITEOUT != 0 && !same {
-                    let e = w.live().lookup(InodeId { root: FS_TREE, ino: oino }, &oname).map_err(|e| (what.clone(), e))?;
-                    Some(e.unwrap_or_else(|| panic!("{what}: no whiteout at the old name")).target.ino)
+                    let e = w
+                        .live()
+                        .lookup(InodeId { root: FS_TREE, ino: oino }, &oname)
+                        .map_err(|e| (what.clone(), e))?;
+                    Some(
+                        e.unwrap_or_else(|| panic!("{what}: no whiteout at the old name"))
+                            .target
+                            .ino,
+                    )
                 } else {
                     None
                 };
                 self.apply_rename(&from, &to, flags, whiteout);
                 Ok(what)
             }
-            Err(want) => self.refuse(w, what, want, &[&from, &to], |w| w.rename(FS_TREE, oino, &oname, nino, &nname, flags)),
+            Err(want) => self.refuse(w, what, want, &[&from, &to], |w| {
+                w.rename(FS_TREE, oino, &oname, nino, &nname, flags)
+            }),
         }
     }
 
@@ -842,8 +1039,10 @@ impl Workload {
             _ => size + self.rng.range(1, 256 << 10),
         };
         let what = format!("truncate {} from {size} to {new}", show(&path));
-        w.setattr(FS_TREE, ino, &SetAttr { size: Some(new), ..SetAttr::default() }).map_err(|e| (what.clone(), e))?;
-        Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model")).resize(new as usize, 0);
+        w.setattr(FS_TREE, ino, &SetAttr { size: Some(new), ..SetAttr::default() })
+            .map_err(|e| (what.clone(), e))?;
+        Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model"))
+            .resize(new as usize, 0);
         Ok(what)
     }
 
@@ -852,7 +1051,13 @@ impl Workload {
     fn op_fallocate(&mut self, w: &mut FsWriter) -> StepResult {
         let Some((path, ino)) = self.pick_file() else { return Ok("fallocate: no file".into()) };
         let size = self.model.files[&(FS_TREE, ino)].len() as u64;
-        let modes = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE];
+        let modes = [
+            0,
+            FALLOC_FL_KEEP_SIZE,
+            FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+            FALLOC_FL_ZERO_RANGE,
+            FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+        ];
         let mode = modes[self.rng.below(modes.len() as u64) as usize];
         let mut off = self.rng.below(size + (64 << 10));
         if self.rng.chance(1, 3) {
@@ -863,9 +1068,15 @@ impl Workload {
             1 => self.rng.range(1, 64 << 10),
             _ => self.rng.range(1, 1 << 20),
         };
-        let what = format!("fallocate {} (size {size}) mode {mode:#x} [{off}, +{len})", show(&path));
+        let what =
+            format!("fallocate {} (size {size}) mode {mode:#x} [{off}, +{len})", show(&path));
         w.fallocate(FS_TREE, ino, mode, off, len).map_err(|e| (what.clone(), e))?;
-        model_fallocate(Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model")), mode, off, len);
+        model_fallocate(
+            Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model")),
+            mode,
+            off,
+            len,
+        );
         Ok(what)
     }
 
@@ -886,7 +1097,13 @@ impl Workload {
         if a.mode.is_none() || self.rng.chance(1, 2) {
             a.gid = Some(IDS[self.rng.below(4) as usize]);
         }
-        let what = format!("setattr {} mode {:?} uid {:?} gid {:?}", show(&path), a.mode.map(|m| format!("{m:o}")), a.uid, a.gid);
+        let what = format!(
+            "setattr {} mode {:?} uid {:?} gid {:?}",
+            show(&path),
+            a.mode.map(|m| format!("{m:o}")),
+            a.uid,
+            a.gid
+        );
         let (root, ino) = node.id();
         w.setattr(root, ino, &a).map_err(|e| (what.clone(), e))?;
         let m = self.model.meta_of(&path);
@@ -919,21 +1136,29 @@ impl Workload {
         if self.rng.chance(1, 4) {
             let what = format!("removexattr {shown}");
             if !exists {
-                return self.refuse(w, what, PosixKind::NoData, &[&path], |w| w.removexattr(root, ino, &name));
+                return self.refuse(w, what, PosixKind::NoData, &[&path], |w| {
+                    w.removexattr(root, ino, &name)
+                });
             }
             w.removexattr(root, ino, &name).map_err(|e| (what.clone(), e))?;
             self.model.meta_of(&path).xattrs.remove(&name);
             return Ok(what);
         }
-        let len = if self.rng.chance(1, 10) { self.rng.range(500, 3000) } else { self.rng.below(100) } as usize;
+        let len =
+            if self.rng.chance(1, 10) { self.rng.range(500, 3000) } else { self.rng.below(100) }
+                as usize;
         let value = random_bytes(&mut self.rng, len);
         let flags = [0, 0, XATTR_CREATE, XATTR_REPLACE][self.rng.below(4) as usize];
         let what = format!("setxattr {shown} ({len} bytes) flags {flags}");
         if flags == XATTR_CREATE && exists {
-            return self.refuse(w, what, PosixKind::Exists, &[&path], |w| w.setxattr(root, ino, &name, &value, flags));
+            return self.refuse(w, what, PosixKind::Exists, &[&path], |w| {
+                w.setxattr(root, ino, &name, &value, flags)
+            });
         }
         if flags == XATTR_REPLACE && !exists {
-            return self.refuse(w, what, PosixKind::NoData, &[&path], |w| w.setxattr(root, ino, &name, &value, flags));
+            return self.refuse(w, what, PosixKind::NoData, &[&path], |w| {
+                w.setxattr(root, ino, &name, &value, flags)
+            });
         }
         w.setxattr(root, ino, &name, &value, flags).map_err(|e| (what.clone(), e))?;
         self.model.meta_of(&path).xattrs.insert(name, value);
@@ -947,20 +1172,45 @@ impl Workload {
         if self.rng.chance(1, 2) {
             let name = self.name("y");
             let max = max_symlink_len(w.nodesize()) as u64;
-            let len = if self.rng.chance(1, 10) { self.rng.range(max - 10, max) } else { self.rng.range(1, 300) };
-            let target: Vec<u8> = (0..len).map(|_| b"abcdefghij/._-XYZ"[self.rng.below(17) as usize]).collect();
+            let len = if self.rng.chance(1, 10) {
+                self.rng.range(max - 10, max)
+            } else {
+                self.rng.range(1, 300)
+            };
+            let target: Vec<u8> =
+                (0..len).map(|_| b"abcdefghij/._-XYZ"[self.rng.below(17) as usize]).collect();
             let what = format!("symlink {} -> {len} bytes", show(&join(&dir, &name)));
-            let ino = w.symlink(FS_TREE, dino, &name, &target, &InodeAttrs::new(0o777)).map_err(|e| (what.clone(), e))?;
-            self.model.meta.insert((FS_TREE, ino), Meta { mode: S_IFLNK | 0o777, ..Meta::default() });
+            let ino = w
+                .symlink(FS_TREE, dino, &name, &target, &InodeAttrs::new(0o777))
+                .map_err(|e| (what.clone(), e))?;
+            self.model
+                .meta
+                .insert((FS_TREE, ino), Meta { mode: S_IFLNK | 0o777, ..Meta::default() });
             self.model.entries.insert(join(&dir, &name), Node::Symlink { ino, target });
             return Ok(what);
         }
         let name = self.name("n");
-        let (t, kind) = [(S_IFIFO, FileKind::Fifo), (S_IFSOCK, FileKind::Socket), (S_IFCHR, FileKind::CharDev), (S_IFBLK, FileKind::BlockDev)][self.rng.below(4) as usize];
-        let dev = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) { (self.rng.below(4096) as u32, self.rng.below(1 << 20) as u32) } else { (0, 0) };
+        let (t, kind) = [
+            (S_IFIFO, FileKind::Fifo),
+            (S_IFSOCK, FileKind::Socket),
+            (S_IFCHR, FileKind::CharDev),
+            (S_IFBLK, FileKind::BlockDev),
+        ][self.rng.below(4) as usize];
+        let dev = if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
+            (self.rng.below(4096) as u32, self.rng.below(1 << 20) as u32)
+        } else {
+            (0, 0)
+        };
         let mode = t | 0o640;
         let what = format!("mknod {} mode {mode:o} rdev {dev:?}", show(&join(&dir, &name)));
-        let ino = w.mknod(FS_TREE, dino, &name, &InodeAttrs { rdev: rdev_encode(dev.0, dev.1), ..InodeAttrs::new(mode) }).map_err(|e| (what.clone(), e))?;
+        let ino = w
+            .mknod(
+                FS_TREE,
+                dino,
+                &name,
+                &InodeAttrs { rdev: rdev_encode(dev.0, dev.1), ..InodeAttrs::new(mode) },
+            )
+            .map_err(|e| (what.clone(), e))?;
         self.model.meta.insert((FS_TREE, ino), Meta { mode, rdev: dev, ..Meta::default() });
         self.model.entries.insert(join(&dir, &name), Node::Special { ino, kind });
         Ok(what)
@@ -996,17 +1246,27 @@ impl Workload {
     /// files only), COMPR and NOCOMP (the compression property), flags without a model.
     fn op_fsflags(&mut self, w: &mut FsWriter) -> StepResult {
         let Some(path) = self.pick_file_or_dir() else { return Ok("set_fsflags: nothing".into()) };
-        let fs = [fsflags::NOCOW, 0, fsflags::NODUMP, fsflags::COMPR, fsflags::NOCOMP, fsflags::NOATIME][self.rng.below(6) as usize];
+        let fs =
+            [fsflags::NOCOW, 0, fsflags::NODUMP, fsflags::COMPR, fsflags::NOCOMP, fsflags::NOATIME]
+                [self.rng.below(6) as usize];
         let node = self.model.entries[&path].clone();
         let (root, ino) = node.id();
         let alg = self.mount_alg();
         let m = self.model.meta_of(&path).clone();
         let what = format!("set_fsflags {} {fs:#x}", show(&path));
-        if fs & fsflags::COMPR != 0 && m.nocow && m.xattrs.get(COMPRESSION_PROP).map(Vec::as_slice) != Some(alg) {
-            return self.refuse(w, what, PosixKind::Invalid, &[&path], |w| w.set_fsflags(root, ino, fs));
+        if fs & fsflags::COMPR != 0
+            && m.nocow
+            && m.xattrs.get(COMPRESSION_PROP).map(Vec::as_slice) != Some(alg)
+        {
+            return self
+                .refuse(w, what, PosixKind::Invalid, &[&path], |w| w.set_fsflags(root, ino, fs));
         }
         w.set_fsflags(root, ino, fs).map_err(|e| (what.clone(), e))?;
-        let (kind, empty) = if node.is_dir() { ('d', false) } else { ('f', self.model.files[&(root, ino)].is_empty()) };
+        let (kind, empty) = if node.is_dir() {
+            ('d', false)
+        } else {
+            ('f', self.model.files[&(root, ino)].is_empty())
+        };
         let m = self.model.meta_of(&path);
         model_set_fsflags(kind, empty, &mut m.nocow, &mut m.xattrs, fs, alg);
         Ok(what)
@@ -1019,9 +1279,15 @@ impl Workload {
         const VALUES: [&[u8]; 6] = [b"zlib", b"lzo", b"zstd", b"zstd:3", b"no", b""];
         let value = VALUES[self.rng.below(VALUES.len() as u64) as usize];
         let (root, ino) = self.model.entries[&path].id();
-        let what = format!("setxattr {} btrfs.compression {:?}", show(&path), String::from_utf8_lossy(value));
+        let what = format!(
+            "setxattr {} btrfs.compression {:?}",
+            show(&path),
+            String::from_utf8_lossy(value)
+        );
         if self.model.meta_of(&path).nocow && !value.is_empty() {
-            return self.refuse(w, what, PosixKind::Invalid, &[&path], |w| w.setxattr(root, ino, COMPRESSION_PROP, value, 0));
+            return self.refuse(w, what, PosixKind::Invalid, &[&path], |w| {
+                w.setxattr(root, ino, COMPRESSION_PROP, value, 0)
+            });
         }
         w.setxattr(root, ino, COMPRESSION_PROP, value, 0).map_err(|e| (what.clone(), e))?;
         let kind = if self.model.entries[&path].is_dir() { 'd' } else { 'f' };
@@ -1038,32 +1304,90 @@ impl Workload {
         let pino = self.model.dir_ino(&parent);
         let p = show(&path);
         match (self.rng.below(7), &node) {
-            (0, Node::Dir { .. }) => self.refuse(w, format!("unlink {p}"), PosixKind::IsDir, &[&path], |w| w.unlink(FS_TREE, pino, &name)),
-            (0, _) => self.refuse(w, format!("rmdir {p}"), PosixKind::NotDir, &[&path], |w| w.rmdir(FS_TREE, pino, &name)),
-            (1, Node::Dir { .. }) if self.model.children(&path) > 0 => self.refuse(w, format!("rmdir {p} (not empty)"), PosixKind::NotEmpty, &[&path], |w| w.rmdir(FS_TREE, pino, &name)),
-            (1, _) => self.refuse(w, format!("create {p} (exists)"), PosixKind::Exists, &[&path], |w| w.create_file(FS_TREE, pino, &name, &InodeAttrs::new(0o644)).map(drop)),
-            (2, Node::Dir { .. }) => self.refuse(w, format!("truncate {p} (a directory)"), PosixKind::IsDir, &[&path], |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() })),
-            (2, Node::Symlink { .. } | Node::Special { .. }) => {
-                self.refuse(w, format!("truncate {p} (not a file)"), PosixKind::Invalid, &[&path], |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() }))
-            }
-            (3, Node::Dir { .. }) => self.refuse(w, format!("fallocate {p} (a directory)"), PosixKind::IsDir, &[&path], |w| w.fallocate(root, ino, 0, 0, 4096)),
-            (3, Node::File { .. }) => {
-                self.refuse(w, format!("fallocate {p} PUNCH_HOLE without KEEP_SIZE"), PosixKind::NotSupported, &[&path], |w| w.fallocate(root, ino, FALLOC_FL_PUNCH_HOLE, 0, 4096))
-            }
-            (4, Node::Symlink { .. } | Node::Special { .. }) => {
-                self.refuse(w, format!("setxattr {p} user.c0 (not a file or directory)"), PosixKind::NotPermitted, &[&path], |w| w.setxattr(root, ino, b"user.c0", b"v", 0))
-            }
-            (5, Node::Dir { .. }) => {
-                // Into its own subtree with EXCHANGE onto a name below: EINVAL.
-                let below: Vec<Vec<u8>> = self.model.entries.keys().filter(|k| k.len() > path.len() && is_ancestor_or_self(&path, k)).cloned().collect();
-                let Some(t) = below.first().cloned() else { return Ok(format!("refused: {p} has nothing below")) };
-                let (tp, tn) = (split_parent(&t).0.to_vec(), split_parent(&t).1.to_vec());
-                let tino = self.model.dir_ino(&tp);
-                self.refuse(w, format!("rename {p} <-> {} (exchange with its own descendant)", show(&t)), PosixKind::Invalid, &[&path, &t], |w| {
-                    w.rename(FS_TREE, pino, &name, tino, &tn, RENAME_EXCHANGE)
+            (0, Node::Dir { .. }) => {
+                self.refuse(w, format!("unlink {p}"), PosixKind::IsDir, &[&path], |w| {
+                    w.unlink(FS_TREE, pino, &name)
                 })
             }
-            _ => self.refuse(w, format!("rename {p} flags EXCHANGE|NOREPLACE"), PosixKind::Invalid, &[&path], |w| w.rename(FS_TREE, pino, &name, pino, b"zz", RENAME_EXCHANGE | RENAME_NOREPLACE)),
+            (0, _) => self.refuse(w, format!("rmdir {p}"), PosixKind::NotDir, &[&path], |w| {
+                w.rmdir(FS_TREE, pino, &name)
+            }),
+            (1, Node::Dir { .. }) if self.model.children(&path) > 0 => self.refuse(
+                w,
+                format!("rmdir {p} (not empty)"),
+                PosixKind::NotEmpty,
+                &[&path],
+                |w| w.rmdir(FS_TREE, pino, &name),
+            ),
+            (1, _) => {
+                self.refuse(w, format!("create {p} (exists)"), PosixKind::Exists, &[&path], |w| {
+                    w.create_file(FS_TREE, pino, &name, &InodeAttrs::new(0o644)).map(drop)
+                })
+            }
+            (2, Node::Dir { .. }) => self.refuse(
+                w,
+                format!("truncate {p} (a directory)"),
+                PosixKind::IsDir,
+                &[&path],
+                |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() }),
+            ),
+            (2, Node::Symlink { .. } | Node::Special { .. }) => self.refuse(
+                w,
+                format!("truncate {p} (not a file)"),
+                PosixKind::Invalid,
+                &[&path],
+                |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() }),
+            ),
+            (3, Node::Dir { .. }) => self.refuse(
+                w,
+                format!("fallocate {p} (a directory)"),
+                PosixKind::IsDir,
+                &[&path],
+                |w| w.fallocate(root, ino, 0, 0, 4096),
+            ),
+            (3, Node::File { .. }) => self.refuse(
+                w,
+                format!("fallocate {p} PUNCH_HOLE without KEEP_SIZE"),
+                PosixKind::NotSupported,
+                &[&path],
+                |w| w.fallocate(root, ino, FALLOC_FL_PUNCH_HOLE, 0, 4096),
+            ),
+            (4, Node::Symlink { .. } | Node::Special { .. }) => self.refuse(
+                w,
+                format!("setxattr {p} user.c0 (not a file or directory)"),
+                PosixKind::NotPermitted,
+                &[&path],
+                |w| w.setxattr(root, ino, b"user.c0", b"v", 0),
+            ),
+            (5, Node::Dir { .. }) => {
+                // Into its own subtree with EXCHANGE onto a name below: EINVAL.
+                let below: Vec<Vec<u8>> = self
+                    .model
+                    .entries
+                    .keys()
+                    .filter(|k| k.len() > path.len() && is_ancestor_or_self(&path, k))
+                    .cloned()
+                    .collect();
+                let Some(t) = below.first().cloned() else {
+                    return Ok(format!("refused: {p} has nothing below"));
+                };
+                let (tp, tn) = (split_parent(&t).0.to_vec(), split_parent(&t).1.to_vec());
+                let tino = self.model.dir_ino(&tp);
+                self.refuse(
+                    w,
+                    format!("rename {p} <-> {} (exchange with its own descendant)", show(&t)),
+                    PosixKind::Invalid,
+                    &[&path, &t],
+                    |w| w.rename(FS_TREE, pino, &name, tino, &tn, RENAME_EXCHANGE),
+                )
+            }
+            _ => self.refuse(
+                w,
+                format!("rename {p} flags EXCHANGE|NOREPLACE"),
+                PosixKind::Invalid,
+                &[&path],
+                |w| w.rename(FS_TREE, pino, &name, pino, b"zz", RENAME_EXCHANGE | RENAME_NOREPLACE),
+            ),
         }
     }
 }
@@ -1109,7 +1433,11 @@ impl Run {
     }
     /// Indices into `commits` acceptable after a power loss at op `k`.
     fn acceptable(&self, k: u64) -> Vec<usize> {
-        let j = self.commits.iter().rposition(|c| c.done.is_none_or(|d| d < k)).expect("the fixture state is always committed");
+        let j = self
+            .commits
+            .iter()
+            .rposition(|c| c.done.is_none_or(|d| d < k))
+            .expect("the fixture state is always committed");
         let mut v = vec![j];
         if let Some(n) = self.commits.get(j + 1) {
             if n.sb_first.is_some_and(|s| s <= k) {
@@ -1127,7 +1455,12 @@ impl Run {
 }
 
 /// Add the physical byte ranges (single device, every copy) of logical `[l, l + len)`.
-fn push_physical(info: &FsInfo, l: u64, len: u64, out: &mut Vec<(u64, u64)>) -> ubtrfs_core::Result<()> {
+fn push_physical(
+    info: &FsInfo,
+    l: u64,
+    len: u64,
+    out: &mut Vec<(u64, u64)>,
+) -> ubtrfs_core::Result<()> {
     let c = info.chunk_map.lookup(l)?.clone();
     for m in 0..c.num_copies() {
         let mut done = 0;
@@ -1230,7 +1563,14 @@ fn overlaps(ranges: &[(u64, u64)], s: u64, e: u64) -> Option<(u64, u64)> {
 /// Check the two ordering rules on `log[from..to]`, given the ranges the committed
 /// state at `from` references: no non-superblock write may land in them, and no
 /// superblock may be written while a non-superblock write is unflushed.
-fn check_ordering(log: &[OpRecord], from: usize, to: usize, referenced: &[(u64, u64)], what: &str, problems: &mut Vec<String>) {
+fn check_ordering(
+    log: &[OpRecord],
+    from: usize,
+    to: usize,
+    referenced: &[(u64, u64)],
+    what: &str,
+    problems: &mut Vec<String>,
+) {
     let mut unflushed: Option<u64> = None;
     for (i, r) in log.iter().enumerate().take(to).skip(from) {
         match r.kind {
@@ -1239,7 +1579,9 @@ fn check_ordering(log: &[OpRecord], from: usize, to: usize, referenced: &[(u64, 
             OpKind::Write { offset, len } => {
                 if is_super_write(r) {
                     if let Some(w) = unflushed {
-                        problems.push(format!("{what}: superblock write at op {i} while write op {w} is not flushed"));
+                        problems.push(format!(
+                            "{what}: superblock write at op {i} while write op {w} is not flushed"
+                        ));
                     }
                 } else {
                     if let Some((s, e)) = overlaps(referenced, offset, offset + len) {
@@ -1265,9 +1607,24 @@ fn record(seed: u64, nops: usize) -> Run {
     if seed % 2 == 1 {
         w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
     }
-    let mut run = Run { seed, log: Vec::new(), commits: Vec::new(), steps: Vec::new(), problems: Vec::new(), flavour: wl.flavour, chunks: (w.info.chunk_map.len(), 0), enospc: None };
-    run.commits.push(CommitRec { generation: w.info.super_copy().generation.get(), sb_first: None, done: None, model: base_model() });
-    let mut referenced = ordering_ranges(open_info(dev.clone()).expect("open fixture"), &wl.model).expect("fixture extents");
+    let mut run = Run {
+        seed,
+        log: Vec::new(),
+        commits: Vec::new(),
+        steps: Vec::new(),
+        problems: Vec::new(),
+        flavour: wl.flavour,
+        chunks: (w.info.chunk_map.len(), 0),
+        enospc: None,
+    };
+    run.commits.push(CommitRec {
+        generation: w.info.super_copy().generation.get(),
+        sb_first: None,
+        done: None,
+        model: base_model(),
+    });
+    let mut referenced = ordering_ranges(open_info(dev.clone()).expect("open fixture"), &wl.model)
+        .expect("fixture extents");
     let mut interval_start = 0usize;
     let mut until_commit = wl.rng.range(1, 5);
     for i in 0..nops {
@@ -1277,7 +1634,10 @@ fn record(seed: u64, nops: usize) -> Run {
             Err((what, e)) if e.posix_kind() == Some(PosixKind::NoSpace) => {
                 // A full filesystem is a legitimate end of the run; what was committed
                 // so far is swept as usual, the rest is an uncommitted tail.
-                run.enospc = Some(format!("step {i} {what}: {e} (writer aborted: {})", w.check_writable().is_err()));
+                run.enospc = Some(format!(
+                    "step {i} {what}: {e} (writer aborted: {})",
+                    w.check_writable().is_err()
+                ));
                 break;
             }
             Err((what, e)) => panic!("seed {seed}: step {i} {what}: {e}"),
@@ -1288,22 +1648,47 @@ fn record(seed: u64, nops: usize) -> Run {
         if until_commit == 0 || (last && seed.is_multiple_of(2)) {
             until_commit = wl.rng.range(1, 5);
             let before = dev.op_count();
-            let generation = w.commit().unwrap_or_else(|e| panic!("seed {seed}: commit after step {i}: {e}"));
+            let generation =
+                w.commit().unwrap_or_else(|e| panic!("seed {seed}: commit after step {i}: {e}"));
             let log = dev.log();
             let after = log.len();
             if after == before as usize {
                 continue;
             }
-            let sb_first = (before as usize..after).find(|&o| is_super_write(&log[o])).unwrap_or_else(|| panic!("seed {seed}: commit {generation} wrote no superblock"));
-            assert!(log[after - 1].is_flush(), "seed {seed}: commit {generation} does not end with a flush");
-            if let Some(o) = (sb_first..after).find(|&o| !is_super_write(&log[o]) && log[o].is_write()) {
-                run.problems.push(format!("commit {generation}: write op {o} after the first superblock write {sb_first}"));
+            let sb_first = (before as usize..after)
+                .find(|&o| is_super_write(&log[o]))
+                .unwrap_or_else(|| panic!("seed {seed}: commit {generation} wrote no superblock"));
+            assert!(
+                log[after - 1].is_flush(),
+                "seed {seed}: commit {generation} does not end with a flush"
+            );
+            if let Some(o) =
+                (sb_first..after).find(|&o| !is_super_write(&log[o]) && log[o].is_write())
+            {
+                run.problems.push(format!(
+                    "commit {generation}: write op {o} after the first superblock write {sb_first}"
+                ));
             }
-            check_ordering(&log, interval_start, after, &referenced, &format!("transaction {generation}"), &mut run.problems);
+            check_ordering(
+                &log,
+                interval_start,
+                after,
+                &referenced,
+                &format!("transaction {generation}"),
+                &mut run.problems,
+            );
             run.steps.push((before, format!("commit {generation}")));
-            run.commits.push(CommitRec { generation, sb_first: Some(sb_first as u64), done: Some(after as u64 - 1), model: Arc::new(wl.model.clone()) });
+            run.commits.push(CommitRec {
+                generation,
+                sb_first: Some(sb_first as u64),
+                done: Some(after as u64 - 1),
+                model: Arc::new(wl.model.clone()),
+            });
             // Reads see the durable state now (nothing is pending after the flush).
-            assert!(dev.pending_ops().is_empty(), "seed {seed}: writes pending after commit {generation}");
+            assert!(
+                dev.pending_ops().is_empty(),
+                "seed {seed}: writes pending after commit {generation}"
+            );
             let info = open_info(dev.clone()).expect("open after commit");
             referenced = ordering_ranges(info, &wl.model).expect("extents after commit");
             interval_start = after;
@@ -1311,7 +1696,14 @@ fn record(seed: u64, nops: usize) -> Run {
     }
     // Uncommitted tail: its writes must not touch committed space either.
     let log = dev.log();
-    check_ordering(&log, interval_start, log.len(), &referenced, "uncommitted tail", &mut run.problems);
+    check_ordering(
+        &log,
+        interval_start,
+        log.len(),
+        &referenced,
+        "uncommitted tail",
+        &mut run.problems,
+    );
     run.log = log;
     run.chunks.1 = w.info.chunk_map.len();
     if seed % 2 == 1 && w.blocks_written_early() == 0 && run.commits.len() > 1 {
@@ -1329,16 +1721,26 @@ fn record(seed: u64, nops: usize) -> Run {
 }
 
 /// Verify that `fs` shows one of `want` and is clean. Returns the generation seen.
-fn verify_state(fs: ubtrfs_core::Result<Filesystem>, want: &[CommitRec], run_check: bool) -> Result<u64, String> {
+fn verify_state(
+    fs: ubtrfs_core::Result<Filesystem>,
+    want: &[CommitRec],
+    run_check: bool,
+) -> Result<u64, String> {
     let fs = fs.map_err(|e| format!("open: {e}"))?;
     let generation = fs.info.super_copy().generation.get();
     let Some(rec) = want.iter().find(|c| c.generation == generation) else {
-        return Err(format!("shows generation {generation}, expected {:?}", want.iter().map(|c| c.generation).collect::<Vec<_>>()));
+        return Err(format!(
+            "shows generation {generation}, expected {:?}",
+            want.iter().map(|c| c.generation).collect::<Vec<_>>()
+        ));
     };
     let got = walk(&fs)?;
     let d = rec.model.diff(&got, 8);
     if !d.is_empty() {
-        return Err(format!("generation {generation} differs from its commit:\n    {}", d.join("\n    ")));
+        return Err(format!(
+            "generation {generation} differs from its commit:\n    {}",
+            d.join("\n    ")
+        ));
     }
     if run_check {
         let rep = check(&fs.info, &CheckOptions::default()).map_err(|e| format!("check: {e}"))?;
@@ -1359,12 +1761,17 @@ fn kernel_oracle() -> bool {
 fn btrfs_check(img: &[u8], tag: &str) -> Result<(), String> {
     let path = std::env::temp_dir().join(format!("ubtrfs-crash-{tag}-{}.img", std::process::id()));
     std::fs::write(&path, img).map_err(|e| format!("write {}: {e}", path.display()))?;
-    let o = std::process::Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&path).output().map_err(|e| format!("run btrfs check: {e}"))?;
+    let o = std::process::Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(&path)
+        .output()
+        .map_err(|e| format!("run btrfs check: {e}"))?;
     std::fs::remove_file(&path).ok();
     if o.status.success() {
         Ok(())
     } else {
-        let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let out =
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).take(20).collect();
         Err(format!("btrfs check --readonly failed:\n    {}", lines.join("\n    ")))
     }
@@ -1378,11 +1785,17 @@ fn kernel_walk(img: &[u8], tag: &str) -> Result<Model, String> {
     // Every image of a run has the same fsid: one mount at a time in this process.
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let base = std::env::temp_dir().join(format!("ubtrfs-crash-kernel-{tag}-{}", std::process::id()));
+    let base =
+        std::env::temp_dir().join(format!("ubtrfs-crash-kernel-{tag}-{}", std::process::id()));
     let (file, mnt) = (base.with_extension("img"), base.with_extension("mnt"));
     std::fs::write(&file, img).map_err(|e| format!("write {}: {e}", file.display()))?;
     std::fs::create_dir_all(&mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
-    let out = std::process::Command::new("mount").args(["-t", "btrfs", "-o", "ro,loop"]).arg(&file).arg(&mnt).output().map_err(|e| format!("run mount: {e}"))?;
+    let out = std::process::Command::new("mount")
+        .args(["-t", "btrfs", "-o", "ro,loop"])
+        .arg(&file)
+        .arg(&mnt)
+        .output()
+        .map_err(|e| format!("run mount: {e}"))?;
     let r = if !out.status.success() {
         Err(format!("kernel mount failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
     } else {
@@ -1391,9 +1804,21 @@ fn kernel_walk(img: &[u8], tag: &str) -> Result<Model, String> {
         // and xattrs (llistxattr, lgetxattr), as the kernel reports them.
         let kmeta = |path: &std::path::Path, md: &std::fs::Metadata| -> std::io::Result<Meta> {
             let ft = md.file_type();
-            let rdev = if ft.is_char_device() || ft.is_block_device() { (libc::major(md.rdev()), libc::minor(md.rdev())) } else { (0, 0) };
-            let nocow = (ft.is_file() || ft.is_dir()) && try_kernel_fsflags(path)? & fsflags::NOCOW != 0;
-            Ok(Meta { mode: md.mode(), uid: md.uid(), gid: md.gid(), rdev, nocow, xattrs: try_kernel_xattrs(path)? })
+            let rdev = if ft.is_char_device() || ft.is_block_device() {
+                (libc::major(md.rdev()), libc::minor(md.rdev()))
+            } else {
+                (0, 0)
+            };
+            let nocow =
+                (ft.is_file() || ft.is_dir()) && try_kernel_fsflags(path)? & fsflags::NOCOW != 0;
+            Ok(Meta {
+                mode: md.mode(),
+                uid: md.uid(),
+                gid: md.gid(),
+                rdev,
+                nocow,
+                xattrs: try_kernel_xattrs(path)?,
+            })
         };
         let walked = (|| -> std::io::Result<()> {
             let top = std::fs::symlink_metadata(&mnt)?;
@@ -1406,19 +1831,26 @@ fn kernel_walk(img: &[u8], tag: &str) -> Result<Model, String> {
                     let p = join(&rel, e.file_name().as_bytes());
                     let md = e.path().symlink_metadata()?;
                     let ft = md.file_type();
-                    if let std::collections::btree_map::Entry::Vacant(v) = m.meta.entry((FS_TREE, md.ino())) {
+                    if let std::collections::btree_map::Entry::Vacant(v) =
+                        m.meta.entry((FS_TREE, md.ino()))
+                    {
                         v.insert(kmeta(&e.path(), &md)?);
                     }
                     let node = if ft.is_dir() {
                         stack.push((p.clone(), e.path()));
                         Node::Dir { root: FS_TREE, ino: md.ino() }
                     } else if ft.is_file() {
-                        if let std::collections::btree_map::Entry::Vacant(v) = m.files.entry((FS_TREE, md.ino())) {
+                        if let std::collections::btree_map::Entry::Vacant(v) =
+                            m.files.entry((FS_TREE, md.ino()))
+                        {
                             v.insert(Arc::new(std::fs::read(e.path())?));
                         }
                         Node::File { root: FS_TREE, ino: md.ino() }
                     } else if ft.is_symlink() {
-                        Node::Symlink { ino: md.ino(), target: std::fs::read_link(e.path())?.as_os_str().as_bytes().to_vec() }
+                        Node::Symlink {
+                            ino: md.ino(),
+                            target: std::fs::read_link(e.path())?.as_os_str().as_bytes().to_vec(),
+                        }
                     } else {
                         let kind = if ft.is_fifo() {
                             FileKind::Fifo
@@ -1468,7 +1900,9 @@ enum Recovery {
 fn recover(img: Vec<u8>, state: &CommitRec, seed: u64) -> Result<Recovery, String> {
     let before = img.clone();
     let dev = Arc::new(FaultyDevice::new(img, "recovered"));
-    let referenced = ordering_ranges(open_info(dev.clone()).map_err(|e| format!("open: {e}"))?, &state.model).map_err(|e| format!("extents: {e}"))?;
+    let referenced =
+        ordering_ranges(open_info(dev.clone()).map_err(|e| format!("open: {e}"))?, &state.model)
+            .map_err(|e| format!("extents: {e}"))?;
     let mut w = open_writer(dev.clone()).map_err(|e| format!("open for writing: {e}"))?;
     let mut wl = Workload::new(seed, (*state.model).clone(), "r");
     wl.setup(&mut w);
@@ -1480,8 +1914,12 @@ fn recover(img: Vec<u8>, state: &CommitRec, seed: u64) -> Result<Recovery, Strin
                 // committed state.
                 drop(w);
                 let dev = Arc::try_unwrap(dev).ok().expect("writer dropped");
-                let (r, _) = with_image(dev.into_durable(), |fs| verify_state(fs, std::slice::from_ref(state), false));
-                return r.map(|_| Recovery::NoSpace).map_err(|e| format!("after running out of space: {e}"));
+                let (r, _) = with_image(dev.into_durable(), |fs| {
+                    verify_state(fs, std::slice::from_ref(state), false)
+                });
+                return r
+                    .map(|_| Recovery::NoSpace)
+                    .map_err(|e| format!("after running out of space: {e}"));
             }
             Err((what, e)) => return Err(format!("{what}: {e}")),
         }
@@ -1497,17 +1935,25 @@ fn recover(img: Vec<u8>, state: &CommitRec, seed: u64) -> Result<Recovery, Strin
         return Err(problems.join("; "));
     }
     drop(w);
-    let want = CommitRec { generation, sb_first: None, done: None, model: Arc::new(wl.model.clone()) };
+    let want =
+        CommitRec { generation, sb_first: None, done: None, model: Arc::new(wl.model.clone()) };
     let dev = Arc::try_unwrap(dev).ok().expect("writer dropped");
-    let (r, _) = with_image(dev.into_durable(), |fs| verify_state(fs, std::slice::from_ref(&want), true));
+    let (r, _) =
+        with_image(dev.into_durable(), |fs| verify_state(fs, std::slice::from_ref(&want), true));
     r.map_err(|e| format!("after its commit: {e}"))?;
     // A second power loss, during the recovery: at a random op and at the recovery's
     // first superblock write.
-    let sb = log.iter().position(is_super_write).expect("the recovery commit wrote a superblock") as u64;
+    let sb =
+        log.iter().position(is_super_write).expect("the recovery commit wrote a superblock") as u64;
     let mut rng = Rng::new(mix_seed(seed, 2));
     let mut points = [rng.below(log.len() as u64 + 1), sb];
     points.sort_unstable();
-    let pre = CommitRec { generation: state.generation, sb_first: None, done: None, model: state.model.clone() };
+    let pre = CommitRec {
+        generation: state.generation,
+        sb_first: None,
+        done: None,
+        model: state.model.clone(),
+    };
     let mut sw = CrashSweep::new(before, log.clone(), 4096);
     let mut buf = Vec::new();
     for k in points {
@@ -1564,7 +2010,13 @@ struct SweepOpts {
 
 impl SweepOpts {
     fn ci() -> SweepOpts {
-        SweepOpts { max_points: Some(250), btrfs_every: 50, recover_every: 25, unit: 4096, only_super: false }
+        SweepOpts {
+            max_points: Some(250),
+            btrfs_every: 50,
+            recover_every: 25,
+            unit: 4096,
+            only_super: false,
+        }
     }
 }
 
@@ -1612,15 +2064,32 @@ fn sweep(run: &Run, opts: &SweepOpts) -> SweepStats {
             Some(_) => st.flush_points += 1,
             None => st.end_points += 1,
         }
-        let ok: Vec<CommitRec> = run.acceptable(k).into_iter().map(|i| run.commits[i].clone()).collect();
+        let ok: Vec<CommitRec> =
+            run.acceptable(k).into_iter().map(|i| run.commits[i].clone()).collect();
         let img = std::mem::take(&mut buf);
         let (r, img) = with_image(img, |fs| {
             catch(|| {
-                let fallback = fs.as_ref().map(|f| f.info.take_warnings().iter().any(|w| w.contains("primary superblock is bad"))).unwrap_or(false);
+                let fallback = fs
+                    .as_ref()
+                    .map(|f| {
+                        f.info
+                            .take_warnings()
+                            .iter()
+                            .any(|w| w.contains("primary superblock is bad"))
+                    })
+                    .unwrap_or(false);
                 verify_state(fs, &ok, true).map(|g| (g, fallback))
             })
         });
-        let what = || format!("seed {} point {k}/{} ({}; {}; {loss})", run.seed, run.op_count(), op_name(run, k), run.step_at(k));
+        let what = || {
+            format!(
+                "seed {} point {k}/{} ({}; {}; {loss})",
+                run.seed,
+                run.op_count(),
+                op_name(run, k),
+                run.step_at(k)
+            )
+        };
         let mut torn_primary = false;
         let shown = match r {
             Ok((g, fallback)) => {
@@ -1654,7 +2123,11 @@ fn sweep(run: &Run, opts: &SweepOpts) -> SweepStats {
                     if d.is_empty() {
                         Ok(())
                     } else {
-                        Err(format!("the kernel's view differs from generation {}:\n    {}", state.generation, d.join("\n    ")))
+                        Err(format!(
+                            "the kernel's view differs from generation {}:\n    {}",
+                            state.generation,
+                            d.join("\n    ")
+                        ))
                     }
                 });
                 if let Err(e) = r {
@@ -1670,7 +2143,9 @@ fn sweep(run: &Run, opts: &SweepOpts) -> SweepStats {
                 match catch(|| recover(img.clone(), state, mix_seed(seed, 7))) {
                     Ok(Recovery::Committed) => {}
                     Ok(Recovery::NoSpace) => st.recoveries_enospc += 1,
-                    Err(e) => st.failures.push(format!("{}: writing on after the crash (recovery): {e}", what())),
+                    Err(e) => st
+                        .failures
+                        .push(format!("{}: writing on after the crash (recovery): {e}", what())),
                 }
             }
         }
@@ -1684,7 +2159,11 @@ fn catch<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "non-string panic".into());
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "non-string panic".into());
             Err(format!("panicked: {msg}"))
         }
     }
@@ -1703,7 +2182,12 @@ fn crash_seed(seed: u64, nops: usize, opts: &SweepOpts) -> SweepStats {
     let t = Instant::now();
     let run = match catch(|| Ok(record(seed, nops))) {
         Ok(r) => r,
-        Err(e) => return SweepStats { failures: vec![format!("seed {seed}: the recording run (no faults) failed: {e}")], ..Default::default() },
+        Err(e) => {
+            return SweepStats {
+                failures: vec![format!("seed {seed}: the recording run (no faults) failed: {e}")],
+                ..Default::default()
+            }
+        }
     };
     let rec_time = t.elapsed();
     let mut st = sweep(&run, opts);
@@ -1774,7 +2258,13 @@ fn crash_sweep_ci() {
 /// super-recover` first, so `btrfs check` sees only the images with an intact one.)
 #[test]
 fn crash_torn_superblocks() {
-    let opts = SweepOpts { max_points: None, btrfs_every: 6, recover_every: 4, unit: 512, only_super: true };
+    let opts = SweepOpts {
+        max_points: None,
+        btrfs_every: 6,
+        recover_every: 4,
+        unit: 512,
+        only_super: true,
+    };
     let mut failures = Vec::new();
     let mut fallbacks = 0;
     for seed in [6, 7] {
@@ -1783,7 +2273,10 @@ fn crash_torn_superblocks() {
         failures.extend(st.failures);
     }
     report(failures);
-    assert!(fallbacks > 0, "no image had a torn primary superblock: the fallback path went untested");
+    assert!(
+        fallbacks > 0,
+        "no image had a torn primary superblock: the fallback path went untested"
+    );
 }
 
 /// Long runs: `UBTRFS_CRASH_SEEDS=N` (or `A-B`, or `a,b,c`), every point of every seed.
@@ -1794,13 +2287,15 @@ fn crash_sweep_env() {
         return;
     };
     let seeds: Vec<u64> = if let Some((a, b)) = spec.split_once('-') {
-        (a.trim().parse().expect("seed range start")..b.trim().parse().expect("seed range end")).collect()
+        (a.trim().parse().expect("seed range start")..b.trim().parse().expect("seed range end"))
+            .collect()
     } else if spec.contains(',') {
         spec.split(',').map(|s| s.trim().parse().expect("seed")).collect()
     } else {
         (0..spec.trim().parse().expect("seed count")).collect()
     };
-    let nops: usize = std::env::var("UBTRFS_CRASH_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let nops: usize =
+        std::env::var("UBTRFS_CRASH_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
     if std::env::var_os("UBTRFS_CRASH_RECORD_ONLY").is_some() {
         for seed in seeds {
             let run = record(seed, nops);
@@ -1812,7 +2307,13 @@ fn crash_sweep_env() {
                     if part.contains(" +C ") {
                         k.push_str(" +C");
                     }
-                    *kinds.entry(if part.contains(" as expected") { format!("{k} (refused)") } else { k }).or_default() += 1;
+                    *kinds
+                        .entry(if part.contains(" as expected") {
+                            format!("{k} (refused)")
+                        } else {
+                            k
+                        })
+                        .or_default() += 1;
                 }
             }
             eprintln!(
@@ -1830,7 +2331,8 @@ fn crash_sweep_env() {
         return;
     }
     let unit = std::env::var("UBTRFS_CRASH_UNIT").ok().and_then(|s| s.parse().ok()).unwrap_or(4096);
-    let opts = SweepOpts { max_points: None, btrfs_every: 50, recover_every: 10, unit, only_super: false };
+    let opts =
+        SweepOpts { max_points: None, btrfs_every: 50, recover_every: 10, unit, only_super: false };
     let t = Instant::now();
     let mut failures = Vec::new();
     for seed in seeds {
@@ -1873,14 +2375,24 @@ fn live_crash(seed: u64, nops: usize, k: u64) -> Result<(), String> {
             match w.commit() {
                 Ok(g) => {
                     if dev.op_count() > before_ops {
-                        last_ok = CommitRec { generation: g, sb_first: None, done: None, model: Arc::new(wl.model.clone()) };
+                        last_ok = CommitRec {
+                            generation: g,
+                            sb_first: None,
+                            done: None,
+                            model: Arc::new(wl.model.clone()),
+                        };
                     }
                 }
                 Err(e) => {
                     // The failed commit's state counts if a superblock write was issued.
                     let log = dev.log();
                     if log[before_ops as usize..].iter().any(is_super_write) {
-                        failed_commit = Some(CommitRec { generation: committing, sb_first: None, done: None, model: Arc::new(wl.model.clone()) });
+                        failed_commit = Some(CommitRec {
+                            generation: committing,
+                            sb_first: None,
+                            done: None,
+                            model: Arc::new(wl.model.clone()),
+                        });
                     }
                     if w.check_writable().is_ok() {
                         return Err(format!("commit failed ({e}) but the writer is not aborted"));
@@ -1901,7 +2413,9 @@ fn live_crash(seed: u64, nops: usize, k: u64) -> Result<(), String> {
         }
         // Everything after fails; nothing panics.
         let top = wl.model.dir_ino(b"");
-        if w.mkdir(FS_TREE, top, b"after-crash", &InodeAttrs::new(0o755)).is_ok() && w.commit().is_ok() {
+        if w.mkdir(FS_TREE, top, b"after-crash", &InodeAttrs::new(0o755)).is_ok()
+            && w.commit().is_ok()
+        {
             return Err("a commit succeeded after the power loss".into());
         }
     } else if let Some((what, e)) = first_err {
@@ -1936,7 +2450,11 @@ fn crash_live_points() {
     let n = pts.len();
     for k in pts {
         if let Err(e) = catch(|| live_crash(seed, nops, k)) {
-            failures.push(format!("seed {seed} live crash at op {k} ({}; {}): {e}", op_name(&run, k), run.step_at(k)));
+            failures.push(format!(
+                "seed {seed} live crash at op {k} ({}; {}): {e}",
+                op_name(&run, k),
+                run.step_at(k)
+            ));
         }
     }
     eprintln!("live crashes: seed {seed}, {n} points, {} failures", failures.len());
@@ -1957,7 +2475,8 @@ fn setup_a_then_b(seed: u64) -> (Arc<FaultyDevice>, FsWriter, CommitRec, Workloa
         wl.step(&mut w).map_err(|(what, e)| format!("{what}: {e}")).expect("step");
     }
     let g = w.commit().expect("commit A");
-    let a = CommitRec { generation: g, sb_first: None, done: None, model: Arc::new(wl.model.clone()) };
+    let a =
+        CommitRec { generation: g, sb_first: None, done: None, model: Arc::new(wl.model.clone()) };
     // Make sure B changes something that must reach disk.
     let top = wl.model.dir_ino(b"");
     let ino = w.create_file(FS_TREE, top, b"in-b", &InodeAttrs::new(0o644)).expect("create");
@@ -1980,7 +2499,9 @@ fn assert_aborted_naming(w: &mut FsWriter, needle: &str) {
     let e = w.mkdir(FS_TREE, top, b"late", &InodeAttrs::new(0o755)).expect_err("mkdir after abort");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
     assert!(e.to_string().contains(needle), "{e}");
-    let e = w.create_file(FS_TREE, top, b"late", &InodeAttrs::new(0o644)).expect_err("create after abort");
+    let e = w
+        .create_file(FS_TREE, top, b"late", &InodeAttrs::new(0o644))
+        .expect_err("create after abort");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
     let e = w.write_file(FS_TREE, top, 0, b"x").expect_err("write after abort");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
@@ -2013,12 +2534,20 @@ fn failing_flush_before_superblocks() {
     assert!(e.to_string().contains("injected flush failure"), "{e}");
     assert_aborted_naming(&mut w, "injected flush failure");
     let log = dev.log();
-    assert!(!log[before..].iter().any(is_super_write), "a superblock was written after the flush failed");
-    assert_eq!(log.last().map(|r| r.outcome), Some(OpOutcome::Failed), "nothing is issued after the failed flush");
+    assert!(
+        !log[before..].iter().any(is_super_write),
+        "a superblock was written after the flush failed"
+    );
+    assert_eq!(
+        log.last().map(|r| r.outcome),
+        Some(OpOutcome::Failed),
+        "nothing is issued after the failed flush"
+    );
     drop(w);
     verify_images(&dev, std::slice::from_ref(&a), "flush before superblocks failed");
     // A new writer (a remount) on the surviving disk works and commits.
-    let r = recover(dev.crash_image(9), &a, 99).unwrap_or_else(|e| panic!("recovery after a failed flush: {e}"));
+    let r = recover(dev.crash_image(9), &a, 99)
+        .unwrap_or_else(|e| panic!("recovery after a failed flush: {e}"));
     assert_eq!(r, Recovery::Committed);
 }
 
@@ -2032,10 +2561,18 @@ fn failing_flush_after_superblocks() {
     dev.fail_next_flush(1);
     let e = w.commit().expect_err("commit with a failing superblock flush");
     assert!(e.to_string().contains("injected flush failure"), "{e}");
-    let b = CommitRec { generation: a.generation + 1, sb_first: None, done: None, model: Arc::new(wl.model.clone()) };
+    let b = CommitRec {
+        generation: a.generation + 1,
+        sb_first: None,
+        done: None,
+        model: Arc::new(wl.model.clone()),
+    };
     assert_aborted_naming(&mut w, "injected flush failure");
     let log = dev.log();
-    assert!(log[before..].iter().any(is_super_write), "the superblocks were written before the failing flush");
+    assert!(
+        log[before..].iter().any(is_super_write),
+        "the superblocks were written before the failing flush"
+    );
     drop(w);
     verify_images(&dev, &[a, b], "flush after superblocks failed");
 }
@@ -2054,7 +2591,12 @@ fn failing_superblock_write() {
         drop(w);
         let mut want = vec![a.clone()];
         if mirror > 0 {
-            want.push(CommitRec { generation: a.generation + 1, sb_first: None, done: None, model: Arc::new(wl.model.clone()) });
+            want.push(CommitRec {
+                generation: a.generation + 1,
+                sb_first: None,
+                done: None,
+                model: Arc::new(wl.model.clone()),
+            });
         }
         verify_images(&dev, &want, &format!("superblock copy {mirror} write failed"));
     }
@@ -2068,7 +2610,9 @@ fn failing_data_write_guarded() {
     let top = FIRST_FREE_OBJECTID;
     let ino = w.create_file(FS_TREE, top, b"big-one", &InodeAttrs::new(0o644)).expect("create");
     dev.fail_next_write(0);
-    let e = w.transaction("write_file", 0, |w| w.write_file(FS_TREE, ino, 0, &vec![7u8; 300_000])).expect_err("failing data write");
+    let e = w
+        .transaction("write_file", 0, |w| w.write_file(FS_TREE, ino, 0, &vec![7u8; 300_000]))
+        .expect_err("failing data write");
     assert!(e.to_string().contains("injected write failure"), "{e}");
     assert_aborted_naming(&mut w, "injected write failure");
     drop(w);
@@ -2093,19 +2637,29 @@ fn read_bit_flips_never_return_wrong_data() {
         let dev = Arc::new(FaultyDevice::new(img.clone(), "flips"));
         dev.flip_read_bits(seed, 6);
         let r = catch(|| {
-            let fs = open_info(dev.clone()).and_then(Filesystem::from_info).map_err(|e| format!("open: {e}"))?;
+            let fs = open_info(dev.clone())
+                .and_then(Filesystem::from_info)
+                .map_err(|e| format!("open: {e}"))?;
             walk(&fs)
         });
         match r {
             Ok(m) => {
                 let d = clean.diff(&m, 8);
-                assert!(d.is_empty(), "seed {seed}: a walk with bit flips returned wrong data ({} flips):\n  {}", dev.flips(), d.join("\n  "));
+                assert!(
+                    d.is_empty(),
+                    "seed {seed}: a walk with bit flips returned wrong data ({} flips):\n  {}",
+                    dev.flips(),
+                    d.join("\n  ")
+                );
                 ok += 1;
             }
             Err(e) => {
                 assert!(!e.contains("panicked"), "seed {seed}: {e}");
                 // Only when both copies of something were hit (1 in 36 per pair).
-                assert!(e.contains("checksum mismatch") || e.contains("csum"), "seed {seed}: unexpected error kind: {e}");
+                assert!(
+                    e.contains("checksum mismatch") || e.contains("csum"),
+                    "seed {seed}: unexpected error kind: {e}"
+                );
                 errs += 1;
             }
         }
@@ -2171,7 +2725,8 @@ fn failing_data_write_unguarded() {
             w.create_file(FS_TREE, top, b"big-one", &InodeAttrs::new(0o644)).expect("create")
         };
         dev.fail_next_write(0);
-        let e = w.write_file(FS_TREE, ino, 4096, &vec![7u8; 300_000]).expect_err("failing data write");
+        let e =
+            w.write_file(FS_TREE, ino, 4096, &vec![7u8; 300_000]).expect_err("failing data write");
         assert!(e.to_string().contains("injected write failure"), "{e}");
         let aborted = w.check_writable().is_err();
         let committed = if aborted { None } else { Some(w.commit()) };
@@ -2179,7 +2734,8 @@ fn failing_data_write_unguarded() {
         if let Some(c) = committed {
             let (r, _) = with_image(dev.current_image(), |fs| {
                 let fs = fs.expect("open");
-                check(&fs.info, &CheckOptions::default()).map(|r| r.findings.iter().take(6).map(|f| f.to_string()).collect::<Vec<_>>())
+                check(&fs.info, &CheckOptions::default())
+                    .map(|r| r.findings.iter().take(6).map(|f| f.to_string()).collect::<Vec<_>>())
             });
             panic!("seed {seed}: write_file failed but the writer was not aborted; the commit after it returned {c:?}; check of the result: {r:?}");
         }
@@ -2196,5 +2752,8 @@ fn recording_is_deterministic() {
     let b = record(8, 10);
     let kinds = |r: &Run| r.log.iter().map(|o| o.kind).collect::<Vec<_>>();
     assert_eq!(kinds(&a), kinds(&b), "seed 8 issued different operations in two runs");
-    assert_eq!(a.commits.iter().map(|c| (c.generation, c.sb_first, c.done)).collect::<Vec<_>>(), b.commits.iter().map(|c| (c.generation, c.sb_first, c.done)).collect::<Vec<_>>());
+    assert_eq!(
+        a.commits.iter().map(|c| (c.generation, c.sb_first, c.done)).collect::<Vec<_>>(),
+        b.commits.iter().map(|c| (c.generation, c.sb_first, c.done)).collect::<Vec<_>>()
+    );
 }

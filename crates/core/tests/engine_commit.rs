@@ -29,11 +29,15 @@ fn fixture() -> Vec<u8> {
 
 fn engine_on(dev: &Arc<FaultyDevice>) -> Engine {
     let d: Arc<dyn BlockDevice> = dev.clone();
-    Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![d], CACHE).expect("open")).expect("writer"))
+    Engine::from_writer(
+        FsWriter::from_info(FsInfo::open_devices(vec![d], CACHE).expect("open")).expect("writer"),
+    )
 }
 
 fn read_file(live: &impl FsRead, name: &[u8]) -> ubtrfs_core::Result<Option<Vec<u8>>> {
-    let Some(e) = live.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, name)? else { return Ok(None) };
+    let Some(e) = live.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, name)? else {
+        return Ok(None);
+    };
     let v = live.load_inode(e.target, Load { extents: true, ..Load::ITEM })?;
     let mut buf = vec![0u8; v.size() as usize];
     let n = live.read_at(&v, 0, &mut buf)?;
@@ -44,7 +48,8 @@ fn read_file(live: &impl FsRead, name: &[u8]) -> ubtrfs_core::Result<Option<Vec<
 /// What a fresh open of `img` shows: (generation, contents of `names`).
 fn reopen(img: Vec<u8>, names: &[&[u8]]) -> (u64, Vec<Option<Vec<u8>>>) {
     let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(img, "reopened"));
-    let fs = Filesystem::from_info(FsInfo::open_devices(vec![dev], CACHE).expect("open")).expect("reader");
+    let fs = Filesystem::from_info(FsInfo::open_devices(vec![dev], CACHE).expect("open"))
+        .expect("reader");
     let got = names.iter().map(|n| read_file(&fs, n).expect("read")).collect();
     (fs.sb.generation.get(), got)
 }
@@ -80,16 +85,28 @@ fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
     std::thread::scope(|s| {
         let _release = ReleaseOnDrop(&dev);
         let committer = s.spawn(|| engine.commit());
-        assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the commit never reached its flush");
+        assert!(
+            dev.wait_for_held_op(Duration::from_secs(60)),
+            "the commit never reached its flush"
+        );
         // The commit is in its I/O, holding no lock readers or writers need.
-        assert_eq!(engine.read(|l| read_file(l, b"a")).unwrap().as_deref(), Some(&a[..]), "a reader during the commit's I/O");
+        assert_eq!(
+            engine.read(|l| read_file(l, b"a")).unwrap().as_deref(),
+            Some(&a[..]),
+            "a reader during the commit's I/O"
+        );
         engine
             .write(|w| {
                 // A tiny dirty limit: the next transaction writes blocks out early,
                 // beside the committing one's.
                 w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
                 for i in 0..300 {
-                    w.create_file(ROOT, ROOT_DIR, format!("many-{i:03}").as_bytes(), &InodeAttrs::new(0o644))?;
+                    w.create_file(
+                        ROOT,
+                        ROOT_DIR,
+                        format!("many-{i:03}").as_bytes(),
+                        &InodeAttrs::new(0o644),
+                    )?;
                 }
                 let ino = w.create_file(ROOT, ROOT_DIR, b"b", &InodeAttrs::new(0o644))?;
                 w.write_file(ROOT, ino, 0, &b)?;
@@ -100,20 +117,39 @@ fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
             .unwrap();
         let mut a2 = a.clone();
         a2[..4096].copy_from_slice(&b[..4096]);
-        assert_eq!(engine.read(|l| read_file(l, b"a")).unwrap().as_deref(), Some(&a2[..]), "a after the next transaction's overwrite");
-        assert_eq!(engine.read(|l| read_file(l, b"b")).unwrap().as_deref(), Some(&b[..]), "b, made while the commit writes");
+        assert_eq!(
+            engine.read(|l| read_file(l, b"a")).unwrap().as_deref(),
+            Some(&a2[..]),
+            "a after the next transaction's overwrite"
+        );
+        assert_eq!(
+            engine.read(|l| read_file(l, b"b")).unwrap().as_deref(),
+            Some(&b[..]),
+            "b, made while the commit writes"
+        );
         assert!(!committer.is_finished(), "the commit finished with its flush held");
-        assert!(engine.read(|l| Ok(l.blocks_written_early())).unwrap() > 0, "the next transaction wrote no block early");
+        assert!(
+            engine.read(|l| Ok(l.blocks_written_early())).unwrap() > 0,
+            "the next transaction wrote no block early"
+        );
         // What the committing generation freed is held out of the allocator.
         let held = engine.write(|w| Ok(w.space_held_by_commit())).unwrap();
-        assert!(!held.is_empty(), "the committing transaction freed nothing (COW frees the blocks it copied)");
+        assert!(
+            !held.is_empty(),
+            "the committing transaction freed nothing (COW frees the blocks it copied)"
+        );
         for &(s, l) in &held {
-            assert!(!engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "{s} +{l}, freed by the committing generation, is allocatable during its I/O");
+            assert!(
+                !engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(),
+                "{s} +{l}, freed by the committing generation, is allocatable during its I/O"
+            );
         }
         // The devices still show the generation before, both as flushed and with every
         // write issued so far: neither the commit's blocks nor the next transaction's
         // early ones landed on space that generation uses.
-        for (what, img) in [("durable", dev.durable_image()), ("every write issued", dev.current_image())] {
+        for (what, img) in
+            [("durable", dev.durable_image()), ("every write issued", dev.current_image())]
+        {
             assert_clean(img.clone(), what);
             let (gen, got) = reopen(img, &[b"a", b"b"]);
             assert_eq!((gen, got), (g0, vec![None, None]), "{what} while the commit is held");
@@ -122,11 +158,22 @@ fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
         let g1 = committer.join().expect("committer").expect("commit");
         assert_eq!(g1, g0 + 1);
         assert!(engine.write(|w| Ok(w.space_held_by_commit())).unwrap().is_empty());
-        let back = held.iter().filter(|&&(s, l)| engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap()).count();
-        assert_eq!(back, held.len(), "space freed by generation {g1} is allocatable once it is committed");
+        let back = held
+            .iter()
+            .filter(|&&(s, l)| engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap())
+            .count();
+        assert_eq!(
+            back,
+            held.len(),
+            "space freed by generation {g1} is allocatable once it is committed"
+        );
     });
     let (gen, got) = reopen(dev.durable_image(), &[b"a", b"b"]);
-    assert_eq!((gen, got), (g0 + 1, vec![Some(a.clone()), None]), "after the first commit: a as it was committed, no b");
+    assert_eq!(
+        (gen, got),
+        (g0 + 1, vec![Some(a.clone()), None]),
+        "after the first commit: a as it was committed, no b"
+    );
     let g2 = engine.commit().unwrap();
     assert_eq!(g2, g0 + 2);
     let mut a2 = a.clone();
@@ -141,7 +188,11 @@ fn assert_clean(img: Vec<u8>, what: &str) {
     let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(img, "checked"));
     let fs = FsInfo::open_devices(vec![mem], CACHE).unwrap();
     let report = check(&fs, &CheckOptions { check_data_csum: true, ..Default::default() }).unwrap();
-    assert!(report.findings.is_empty(), "{what}: check findings: {:?}", report.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+    assert!(
+        report.findings.is_empty(),
+        "{what}: check findings: {:?}",
+        report.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -149,13 +200,17 @@ fn a_second_commit_waits_for_the_first() {
     let dev = Arc::new(FaultyDevice::new(fixture(), "two-commits"));
     let engine = engine_on(&dev);
     let g0 = engine.read(|l| Ok(l.committed_generation())).unwrap();
-    engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"x", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+    engine
+        .write(|w| w.create_file(ROOT, ROOT_DIR, b"x", &InodeAttrs::new(0o644)).map(drop))
+        .unwrap();
     dev.hold_flushes();
     std::thread::scope(|s| {
         let _release = ReleaseOnDrop(&dev);
         let first = s.spawn(|| engine.commit());
         assert!(dev.wait_for_held_op(Duration::from_secs(60)));
-        engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"y", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+        engine
+            .write(|w| w.create_file(ROOT, ROOT_DIR, b"y", &InodeAttrs::new(0o644)).map(drop))
+            .unwrap();
         let second = s.spawn(|| engine.commit());
         std::thread::sleep(Duration::from_millis(200));
         assert!(!second.is_finished(), "a second commit ran while the first was writing");
@@ -190,7 +245,9 @@ fn a_committed_view_reads_its_generation_while_the_engine_moves_on() {
             .unwrap()
             .iter()
             .filter_map(|x| match x.kind {
-                ExtentKind::Regular { disk_bytenr, disk_num_bytes, .. } if disk_bytenr != 0 => Some((disk_bytenr, disk_num_bytes)),
+                ExtentKind::Regular { disk_bytenr, disk_num_bytes, .. } if disk_bytenr != 0 => {
+                    Some((disk_bytenr, disk_num_bytes))
+                }
                 _ => None,
             })
             .collect()
@@ -205,7 +262,12 @@ fn a_committed_view_reads_its_generation_while_the_engine_moves_on() {
             .write(|w| {
                 let e = w.live().lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f");
                 w.write_file(ROOT, e.target.ino, 0, &new)?;
-                let ino = w.create_file(ROOT, ROOT_DIR, format!("filler-{round}").as_bytes(), &InodeAttrs::new(0o644))?;
+                let ino = w.create_file(
+                    ROOT,
+                    ROOT_DIR,
+                    format!("filler-{round}").as_bytes(),
+                    &InodeAttrs::new(0o644),
+                )?;
                 w.write_file(ROOT, ino, 0, &new)
             })
             .unwrap();
@@ -213,15 +275,27 @@ fn a_committed_view_reads_its_generation_while_the_engine_moves_on() {
         for &(s, l) in &old_extents {
             assert!(!engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "round {round}: f's old extent {s} +{l} is allocatable while a view of generation {g} reads it");
         }
-        assert_eq!(read_file(&*snap, b"f").unwrap().as_deref(), Some(&old[..]), "round {round}: the view's f");
+        assert_eq!(
+            read_file(&*snap, b"f").unwrap().as_deref(),
+            Some(&old[..]),
+            "round {round}: the view's f"
+        );
     }
     assert!(!engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty());
     drop(snap);
     // The next change returns what only the view needed.
-    engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"after", &InodeAttrs::new(0o644)).map(drop)).unwrap();
-    assert!(engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(), "space still held after the view ended");
+    engine
+        .write(|w| w.create_file(ROOT, ROOT_DIR, b"after", &InodeAttrs::new(0o644)).map(drop))
+        .unwrap();
+    assert!(
+        engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(),
+        "space still held after the view ended"
+    );
     for &(s, l) in &old_extents {
-        assert!(engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "f's old extent {s} +{l} not free after the view ended");
+        assert!(
+            engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(),
+            "f's old extent {s} +{l} not free after the view ended"
+        );
     }
     engine.commit().unwrap();
     assert_clean(dev.durable_image(), "after the view ended");
@@ -245,7 +319,9 @@ fn a_reader_that_misses_the_cache_reads_without_the_lock() {
     // A cold cache: big's leaves must come from the device. One change in the root
     // directory reads what changes there need, so the next one reads nothing.
     engine.info().cache.clear();
-    engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"warm", &InodeAttrs::new(0o644)).map(drop)).unwrap();
+    engine
+        .write(|w| w.create_file(ROOT, ROOT_DIR, b"warm", &InodeAttrs::new(0o644)).map(drop))
+        .unwrap();
     dev.hold_reads();
     std::thread::scope(|s| {
         let _release = ReleaseOnDrop(&dev);
@@ -261,7 +337,12 @@ fn a_reader_that_misses_the_cache_reads_without_the_lock() {
         });
         assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the reader never read the device");
         // The reader waits for the device, holding no lock: a change goes through.
-        let writer = s.spawn(|| engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"made-during-the-read", &InodeAttrs::new(0o644)).map(drop)));
+        let writer = s.spawn(|| {
+            engine.write(|w| {
+                w.create_file(ROOT, ROOT_DIR, b"made-during-the-read", &InodeAttrs::new(0o644))
+                    .map(drop)
+            })
+        });
         let t = std::time::Instant::now();
         while !writer.is_finished() && t.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(10));
@@ -274,7 +355,12 @@ fn a_reader_that_misses_the_cache_reads_without_the_lock() {
         assert!(runs > 1, "the reader was not run again after its miss");
         assert_eq!(listed, names.len());
     });
-    let got: Vec<Vec<u8>> = engine.read(|l| l.readdir(InodeId { root: ROOT, ino: ROOT_DIR })).unwrap().into_iter().map(|e| e.name).collect();
+    let got: Vec<Vec<u8>> = engine
+        .read(|l| l.readdir(InodeId { root: ROOT, ino: ROOT_DIR }))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert!(got.iter().any(|n| n == b"made-during-the-read"));
 }
 
@@ -286,7 +372,9 @@ fn live_extents(engine: &Engine, name: &[u8]) -> Vec<(u64, u64)> {
             Ok(l.file_extents(e.target, 0, u64::MAX)?
                 .iter()
                 .filter_map(|x| match x.kind {
-                    ExtentKind::Regular { disk_bytenr, disk_num_bytes, .. } if disk_bytenr != 0 => Some((disk_bytenr, disk_num_bytes)),
+                    ExtentKind::Regular { disk_bytenr, disk_num_bytes, .. } if disk_bytenr != 0 => {
+                        Some((disk_bytenr, disk_num_bytes))
+                    }
                     _ => None,
                 })
                 .collect())
@@ -321,7 +409,9 @@ fn read_file_reads_data_without_the_lock_and_keeps_its_extents() {
     // would give the space back at once, but for the reader.
     let v1 = data(1, MIB);
     overwrite(&engine, b"f", &v1);
-    let f = engine.read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target)).unwrap();
+    let f = engine
+        .read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target))
+        .unwrap();
     let v1_extents = live_extents(&engine, b"f");
     dev.hold_reads();
     std::thread::scope(|s| {
@@ -348,10 +438,17 @@ fn read_file_reads_data_without_the_lock_and_keeps_its_extents() {
         }
         assert!(changes.is_finished(), "changes waited for a reader's data read");
         changes.join().expect("changes");
-        let now: Vec<(u64, u64)> = [&b"f"[..], b"h"].iter().flat_map(|n| live_extents(&engine, n)).collect();
+        let now: Vec<(u64, u64)> =
+            [&b"f"[..], b"h"].iter().flat_map(|n| live_extents(&engine, n)).collect();
         for &(s, l) in &v1_extents {
-            assert!(!engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(), "f's first extent {s} +{l} is allocatable while a reader reads it");
-            assert!(now.iter().all(|&(a, b)| a + b <= s || s + l <= a), "f's first extent {s} +{l} was handed out again: {now:?}");
+            assert!(
+                !engine.write(|w| Ok(w.space_is_allocatable(s, l))).unwrap(),
+                "f's first extent {s} +{l} is allocatable while a reader reads it"
+            );
+            assert!(
+                now.iter().all(|&(a, b)| a + b <= s || s + l <= a),
+                "f's first extent {s} +{l} was handed out again: {now:?}"
+            );
         }
         assert!(!reader.is_finished());
         dev.release_held();
@@ -360,12 +457,18 @@ fn read_file_reads_data_without_the_lock_and_keeps_its_extents() {
     });
     // The reader is gone: the next change returns the space (and may take some of it).
     overwrite(&engine, b"after", &data(5, 4096));
-    assert!(engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(), "space still held after the reader ended");
+    assert!(
+        engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(),
+        "space still held after the reader ended"
+    );
     let after = live_extents(&engine, b"after");
     for &(s, l) in &v1_extents {
         let taken: Vec<_> = after.iter().filter(|&&(a, b)| a < s + l && s < a + b).collect();
         let free_from = taken.iter().map(|&&(a, b)| a + b).max().unwrap_or(s);
-        assert!(engine.write(|w| Ok(w.space_is_allocatable(free_from, s + l - free_from))).unwrap(), "f's first extent {s} +{l} not free after the reader ended (after: {after:?})");
+        assert!(
+            engine.write(|w| Ok(w.space_is_allocatable(free_from, s + l - free_from))).unwrap(),
+            "f's first extent {s} +{l} not free after the reader ended (after: {after:?})"
+        );
     }
     let mut buf = vec![0u8; MIB];
     assert_eq!(engine.read_file(f, 0, &mut buf).unwrap(), MIB);
@@ -408,9 +511,13 @@ fn a_changes_writeback_runs_without_the_lock() {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(reader.is_finished(), "a reader waited for a change's writeback");
-        let listed: Vec<Vec<u8>> = reader.join().expect("reader").expect("readdir").into_iter().map(|e| e.name).collect();
+        let listed: Vec<Vec<u8>> =
+            reader.join().expect("reader").expect("readdir").into_iter().map(|e| e.name).collect();
         for n in &names {
-            assert!(listed.iter().any(|l| l == n.as_bytes()), "{n} missing while its blocks are written back");
+            assert!(
+                listed.iter().any(|l| l == n.as_bytes()),
+                "{n} missing while its blocks are written back"
+            );
         }
         assert!(!writer.is_finished(), "the writeback finished with writes held");
         dev.release_held();
@@ -452,7 +559,10 @@ fn read_file_reads_what_the_live_view_reads_on_kernel_made_images() {
     for fixture in ["default", "zlib", "lzo", "zstd", "snapshots", "sha256-64k"] {
         let img = std::fs::read(&common::fixture_images(fixture)[0]).expect("fixture");
         let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(img, fixture));
-        let engine = Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![dev], CACHE).expect("open")).expect("writer"));
+        let engine = Engine::from_writer(
+            FsWriter::from_info(FsInfo::open_devices(vec![dev], CACHE).expect("open"))
+                .expect("writer"),
+        );
         let root = engine.read(|l| Ok(l.root_dir())).unwrap();
         let mut files = Vec::new();
         engine
@@ -474,15 +584,27 @@ fn read_file_reads_what_the_live_view_reads_on_kernel_made_images() {
                 })
                 .unwrap_or_else(|e| panic!("{fixture} {id:?}: live read: {e}"));
             let mut got = vec![0u8; want.len() + 100];
-            let n = engine.read_file(id, 0, &mut got).unwrap_or_else(|e| panic!("{fixture} {id:?}: read_file: {e}"));
-            assert!(n == want.len() && got[..n] == want[..], "{fixture} {id:?}: read_file of the whole file");
+            let n = engine
+                .read_file(id, 0, &mut got)
+                .unwrap_or_else(|e| panic!("{fixture} {id:?}: read_file: {e}"));
+            assert!(
+                n == want.len() && got[..n] == want[..],
+                "{fixture} {id:?}: read_file of the whole file"
+            );
             // Pieces that start and end inside sectors and extents.
-            for (off, len) in [(1u64, 4095usize), (want.len() as u64 / 3, 70_001), (want.len() as u64 / 2 + 7, 200_000)] {
+            for (off, len) in [
+                (1u64, 4095usize),
+                (want.len() as u64 / 3, 70_001),
+                (want.len() as u64 / 2 + 7, 200_000),
+            ] {
                 let mut piece = vec![0u8; len];
                 let n = engine.read_file(id, off, &mut piece).unwrap();
                 let from = (off as usize).min(want.len());
                 let end = (from + len).min(want.len());
-                assert!(n == end - from && piece[..n] == want[from..end], "{fixture} {id:?}: read_file at {off} +{len}");
+                assert!(
+                    n == end - from && piece[..n] == want[from..end],
+                    "{fixture} {id:?}: read_file at {off} +{len}"
+                );
             }
             bytes += want.len();
         }
@@ -498,19 +620,26 @@ fn write_file_writes_data_without_the_lock() {
     let v1 = data(1, MIB);
     overwrite(&engine, b"f", &v1);
     engine.commit().unwrap();
-    let f = engine.read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target)).unwrap();
+    let f = engine
+        .read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target))
+        .unwrap();
     let v2 = data(2, 2 * MIB);
     dev.hold_writes();
     std::thread::scope(|s| {
         let _release = ReleaseOnDrop(&dev);
         let writer = s.spawn(|| engine.write_file(f, 0, &v2));
-        assert!(dev.wait_for_held_op(Duration::from_secs(60)), "the write never reached the device");
+        assert!(
+            dev.wait_for_held_op(Duration::from_secs(60)),
+            "the write never reached the device"
+        );
         // The data write is under way, holding only f's lock: f reads as it was, and
         // another inode changes.
         let others = s.spawn(|| {
             let mut buf = vec![0u8; 2 * MIB];
             let n = engine.read_file(f, 0, &mut buf)?;
-            engine.write(|w| w.create_file(ROOT, ROOT_DIR, b"beside", &InodeAttrs::new(0o644)).map(drop))?;
+            engine.write(|w| {
+                w.create_file(ROOT, ROOT_DIR, b"beside", &InodeAttrs::new(0o644)).map(drop)
+            })?;
             Ok::<_, ubtrfs_core::Error>(buf[..n].to_vec())
         });
         let t = std::time::Instant::now();
@@ -518,7 +647,10 @@ fn write_file_writes_data_without_the_lock() {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(others.is_finished(), "a reader or another change waited for a file's data write");
-        assert!(others.join().expect("others").expect("read and change") == v1, "f read other bytes than before the write while its data was written");
+        assert!(
+            others.join().expect("others").expect("read and change") == v1,
+            "f read other bytes than before the write while its data was written"
+        );
         assert!(!writer.is_finished());
         dev.release_held();
         writer.join().expect("writer").expect("write_file");
@@ -539,7 +671,9 @@ fn a_failed_data_write_leaves_the_file_and_its_space_as_they_were() {
     let v1 = data(1, 256 << 10);
     overwrite(&engine, b"f", &v1);
     engine.commit().unwrap();
-    let f = engine.read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target)).unwrap();
+    let f = engine
+        .read(|l| Ok(l.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, b"f")?.expect("f").target))
+        .unwrap();
     dev.fail_next_write(0);
     let e = engine.write_file(f, 0, &data(2, 512 << 10)).unwrap_err();
     assert!(e.to_string().contains("injected"), "{e}");
@@ -567,7 +701,12 @@ fn a_writers_cache_miss_is_read_without_the_lock() {
         .write(|w| {
             let mut last = 0;
             for i in 0..300 {
-                last = w.create_file(ROOT, ROOT_DIR, format!("f{i:03}").as_bytes(), &InodeAttrs::new(0o644))?;
+                last = w.create_file(
+                    ROOT,
+                    ROOT_DIR,
+                    format!("f{i:03}").as_bytes(),
+                    &InodeAttrs::new(0o644),
+                )?;
             }
             Ok(InodeId { root: ROOT, ino: last })
         })

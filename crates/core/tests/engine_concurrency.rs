@@ -50,7 +50,14 @@ fn seed() -> u64 {
     std::env::var("UBTRFS_ENGINE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
 }
 
-fn writer_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize, ops: u64, commits: &AtomicU64) {
+fn writer_thread(
+    engine: &Engine,
+    model: &Mutex<Model>,
+    rng: &mut Rng,
+    t: usize,
+    ops: u64,
+    commits: &AtomicU64,
+) {
     for i in 0..ops {
         let d = rng.below(DIRS as u64) as usize;
         let roll = rng.below(100);
@@ -67,9 +74,11 @@ fn writer_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize,
                 let dir = *dir;
                 match (entries.get(&name).cloned(), roll) {
                     (None, _) => {
-                        let ino = w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644))?;
+                        let ino =
+                            w.create_file(dir.root, dir.ino, &name, &InodeAttrs::new(0o644))?;
                         w.write_file(dir.root, ino, 0, &data)?;
-                        entries.insert(name.clone(), (InodeId { root: dir.root, ino }, data.clone()));
+                        entries
+                            .insert(name.clone(), (InodeId { root: dir.root, ino }, data.clone()));
                         *versions.entry(InodeId { root: dir.root, ino }).or_default() += 1;
                     }
                     (Some((id, _)), 0..25) => {
@@ -110,7 +119,14 @@ fn writer_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize,
 /// Read a file with `Engine::read_file` (data read without the engine's lock) and
 /// compare it with the model when the file did not change meanwhile. Returns the bytes
 /// compared.
-fn read_file_outside_the_lock(engine: &Engine, model: &Mutex<Model>, d: usize, pick: u64, t: usize, i: u64) -> Option<u64> {
+fn read_file_outside_the_lock(
+    engine: &Engine,
+    model: &Mutex<Model>,
+    d: usize,
+    pick: u64,
+    t: usize,
+    i: u64,
+) -> Option<u64> {
     let (id, data, version) = {
         let m = model.lock().unwrap();
         let entries = &m.dirs[d].1;
@@ -125,11 +141,21 @@ fn read_file_outside_the_lock(engine: &Engine, model: &Mutex<Model>, d: usize, p
         return None;
     }
     let n = r.unwrap_or_else(|e| panic!("reader {t} op {i}: read_file of {id:?}: {e}"));
-    assert!(n == data.len() && buf[..n] == data[..], "reader {t} op {i}: read_file of {id:?}: {n} bytes, differ from the model's {}", data.len());
+    assert!(
+        n == data.len() && buf[..n] == data[..],
+        "reader {t} op {i}: read_file of {id:?}: {n} bytes, differ from the model's {}",
+        data.len()
+    );
     Some(n as u64)
 }
 
-fn reader_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize, ops: u64) -> (u64, u64) {
+fn reader_thread(
+    engine: &Engine,
+    model: &Mutex<Model>,
+    rng: &mut Rng,
+    t: usize,
+    ops: u64,
+) -> (u64, u64) {
     let mut bytes = 0;
     let mut outside = 0;
     for i in 0..ops {
@@ -150,24 +176,47 @@ fn reader_thread(engine: &Engine, model: &Mutex<Model>, rng: &mut Rng, t: usize,
                 match what {
                     0 => {
                         // The whole directory, as one consistent state.
-                        let got: Vec<Vec<u8>> = live.readdir(*dir)?.into_iter().map(|e| e.name).collect();
+                        let got: Vec<Vec<u8>> =
+                            live.readdir(*dir)?.into_iter().map(|e| e.name).collect();
                         let want: Vec<Vec<u8>> = entries.keys().cloned().collect();
                         let mut got_sorted = got.clone();
                         got_sorted.sort();
                         assert_eq!(got_sorted, want, "reader {t} op {i}: listing of dir {d}");
                     }
                     _ if entries.is_empty() => {
-                        assert!(live.lookup(*dir, b"w0-none")?.is_none(), "reader {t} op {i}: a name that was never made");
+                        assert!(
+                            live.lookup(*dir, b"w0-none")?.is_none(),
+                            "reader {t} op {i}: a name that was never made"
+                        );
                     }
                     _ => {
-                        let (name, (id, data)) = entries.iter().nth((pick % entries.len() as u64) as usize).expect("non-empty");
-                        let e = live.lookup(*dir, name)?.unwrap_or_else(|| panic!("reader {t} op {i}: {} missing", String::from_utf8_lossy(name)));
-                        assert_eq!(e.target, *id, "reader {t} op {i}: {} names another inode", String::from_utf8_lossy(name));
+                        let (name, (id, data)) = entries
+                            .iter()
+                            .nth((pick % entries.len() as u64) as usize)
+                            .expect("non-empty");
+                        let e = live.lookup(*dir, name)?.unwrap_or_else(|| {
+                            panic!("reader {t} op {i}: {} missing", String::from_utf8_lossy(name))
+                        });
+                        assert_eq!(
+                            e.target,
+                            *id,
+                            "reader {t} op {i}: {} names another inode",
+                            String::from_utf8_lossy(name)
+                        );
                         let v = live.load_inode(*id, Load { extents: true, ..Load::ITEM })?;
-                        assert_eq!(v.size(), data.len() as u64, "reader {t} op {i}: size of {}", String::from_utf8_lossy(name));
+                        assert_eq!(
+                            v.size(),
+                            data.len() as u64,
+                            "reader {t} op {i}: size of {}",
+                            String::from_utf8_lossy(name)
+                        );
                         let mut buf = vec![0u8; data.len()];
                         let n = live.read_at(&v, 0, &mut buf)?;
-                        assert!(n == data.len() && buf == *data, "reader {t} op {i}: contents of {} differ", String::from_utf8_lossy(name));
+                        assert!(
+                            n == data.len() && buf == *data,
+                            "reader {t} op {i}: contents of {} differ",
+                            String::from_utf8_lossy(name)
+                        );
                         bytes += n as u64;
                     }
                 }
@@ -185,7 +234,8 @@ fn readers_and_writers_share_one_engine() {
     w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
     let mut dirs = Vec::new();
     for d in 0..DIRS {
-        let ino = w.mkdir(5, 256, format!("cc{d}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
+        let ino =
+            w.mkdir(5, 256, format!("cc{d}").as_bytes(), &InodeAttrs::new(0o755)).expect("mkdir");
         dirs.push((InodeId { root: 5, ino }, BTreeMap::new()));
     }
     let engine = Engine::from_writer(w);
@@ -197,15 +247,35 @@ fn readers_and_writers_share_one_engine() {
     let (read_bytes, outside): (u64, u64) = std::thread::scope(|s| {
         for t in 0..WRITERS {
             let (engine, model, commits) = (&engine, &model, &commits);
-            s.spawn(move || writer_thread(engine, model, &mut Rng::new(seed * 1000 + t as u64), t, wops, commits));
+            s.spawn(move || {
+                writer_thread(
+                    engine,
+                    model,
+                    &mut Rng::new(seed * 1000 + t as u64),
+                    t,
+                    wops,
+                    commits,
+                )
+            });
         }
         let readers: Vec<_> = (0..READERS)
             .map(|t| {
                 let (engine, model) = (&engine, &model);
-                s.spawn(move || reader_thread(engine, model, &mut Rng::new(seed * 1000 + 100 + t as u64), t, rops))
+                s.spawn(move || {
+                    reader_thread(
+                        engine,
+                        model,
+                        &mut Rng::new(seed * 1000 + 100 + t as u64),
+                        t,
+                        rops,
+                    )
+                })
             })
             .collect();
-        readers.into_iter().map(|h| h.join().expect("reader thread")).fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+        readers
+            .into_iter()
+            .map(|h| h.join().expect("reader thread"))
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
     });
     engine.commit().expect("final commit");
     let mut w = engine.into_writer().expect("engine intact");
@@ -220,37 +290,60 @@ fn readers_and_writers_share_one_engine() {
         READERS as u64 * rops,
         commits.load(Ordering::Relaxed)
     );
-    assert!(early > 0, "the dirty limit never wrote a block early: writeback under readers went untested");
+    assert!(
+        early > 0,
+        "the dirty limit never wrote a block early: writeback under readers went untested"
+    );
     assert!(commits.load(Ordering::Relaxed) > 0, "no commit happened while readers ran");
     assert!(outside > 100, "only {outside} reads without the lock could be compared");
 
     // A fresh open shows the committed state, which is the model.
     let fs = img.reader();
     for (d, (dir, entries)) in model.dirs.iter().enumerate() {
-        let got: BTreeMap<Vec<u8>, InodeId> = fs.readdir(*dir).expect("readdir").into_iter().map(|e| (e.name, e.target)).collect();
+        let got: BTreeMap<Vec<u8>, InodeId> =
+            fs.readdir(*dir).expect("readdir").into_iter().map(|e| (e.name, e.target)).collect();
         assert_eq!(got.len(), entries.len(), "dir {d} after reopen");
         for (name, (id, data)) in entries {
-            assert_eq!(got.get(name), Some(id), "dir {d}: {} after reopen", String::from_utf8_lossy(name));
+            assert_eq!(
+                got.get(name),
+                Some(id),
+                "dir {d}: {} after reopen",
+                String::from_utf8_lossy(name)
+            );
             let v = fs.load_inode(*id, Load::ALL).expect("inode");
             let mut buf = vec![0u8; data.len()];
             fs.read_at(&v, 0, &mut buf).expect("read");
-            assert!(buf == *data, "dir {d}: contents of {} after reopen", String::from_utf8_lossy(name));
+            assert!(
+                buf == *data,
+                "dir {d}: contents of {} after reopen",
+                String::from_utf8_lossy(name)
+            );
         }
     }
     drop(fs);
-    if !common::kernel_available("readers_and_writers_share_one_engine: btrfs check and kernel mount") {
+    if !common::kernel_available(
+        "readers_and_writers_share_one_engine: btrfs check and kernel mount",
+    ) {
         return;
     }
     assert_check(&img.path, "after the concurrent run");
     let mnt = Mount::new(&img.path, false);
     for (d, (_, entries)) in model.dirs.iter().enumerate() {
         let dir = mnt.path(&format!("cc{d}"));
-        let mut names: Vec<Vec<u8>> = std::fs::read_dir(&dir).expect("kernel readdir").map(|e| e.expect("entry").file_name().into_encoded_bytes()).collect();
+        let mut names: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+            .expect("kernel readdir")
+            .map(|e| e.expect("entry").file_name().into_encoded_bytes())
+            .collect();
         names.sort();
         assert_eq!(names, entries.keys().cloned().collect::<Vec<_>>(), "kernel listing of cc{d}");
         for (name, (_, data)) in entries {
-            let got = std::fs::read(dir.join(String::from_utf8_lossy(name).as_ref())).expect("kernel read");
-            assert!(got == *data, "kernel: contents of cc{d}/{} differ", String::from_utf8_lossy(name));
+            let got = std::fs::read(dir.join(String::from_utf8_lossy(name).as_ref()))
+                .expect("kernel read");
+            assert!(
+                got == *data,
+                "kernel: contents of cc{d}/{} differ",
+                String::from_utf8_lossy(name)
+            );
         }
     }
     mnt.umount();
@@ -275,7 +368,9 @@ fn direct_writes_share_one_engine() {
     let side = w.mkdir(5, 256, b"side", &InodeAttrs::new(0o755)).expect("mkdir");
     let mut files = Vec::new();
     for i in 0..WRITERS * FILES_PER_WRITER {
-        let ino = w.create_file(5, dir, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino = w
+            .create_file(5, dir, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644))
+            .expect("create");
         files.push(Mutex::new(Owned { id: InodeId { root: 5, ino }, data: Vec::new(), seq: 0 }));
     }
     let engine = Engine::from_writer(w);
@@ -289,16 +384,23 @@ fn direct_writes_share_one_engine() {
             s.spawn(move || {
                 let mut rng = Rng::new(seed * 1000 + 500 + t as u64);
                 for i in 0..400 * scale {
-                    let f = &files[t * FILES_PER_WRITER + rng.below(FILES_PER_WRITER as u64) as usize];
+                    let f =
+                        &files[t * FILES_PER_WRITER + rng.below(FILES_PER_WRITER as u64) as usize];
                     let (id, cur_len) = {
                         let mut o = f.lock().unwrap();
                         o.seq += 1;
                         (o.id, o.data.len() as u64)
                     };
                     // Whole sectors (written without the lock) or any bytes (old data needed).
-                    let (off, len) = if rng.chance(60) { (rng.below(cur_len / ss + 2) * ss, rng.range(1, 24) * ss) } else { (rng.below(cur_len + 1), rng.range(1, 100_000)) };
+                    let (off, len) = if rng.chance(60) {
+                        (rng.below(cur_len / ss + 2) * ss, rng.range(1, 24) * ss)
+                    } else {
+                        (rng.below(cur_len + 1), rng.range(1, 100_000))
+                    };
                     let data = rng.bytes(len as usize);
-                    engine.write_file(id, off, &data).unwrap_or_else(|e| panic!("writer {t} op {i}: write_file {id:?} at {off} +{len}: {e}"));
+                    engine.write_file(id, off, &data).unwrap_or_else(|e| {
+                        panic!("writer {t} op {i}: write_file {id:?} at {off} +{len}: {e}")
+                    });
                     let mut o = f.lock().unwrap();
                     let end = (off + len) as usize;
                     if o.data.len() < end {
@@ -344,8 +446,13 @@ fn direct_writes_share_one_engine() {
                     if f.lock().unwrap().seq != seq {
                         continue;
                     }
-                    let n = r.unwrap_or_else(|e| panic!("reader {t} op {i}: read_file {id:?}: {e}"));
-                    assert!(n == want.len() && buf[..n] == want[..], "reader {t} op {i}: {id:?} reads {n} bytes other than the model's {}", want.len());
+                    let n =
+                        r.unwrap_or_else(|e| panic!("reader {t} op {i}: read_file {id:?}: {e}"));
+                    assert!(
+                        n == want.len() && buf[..n] == want[..],
+                        "reader {t} op {i}: {id:?} reads {n} bytes other than the model's {}",
+                        want.len()
+                    );
                     compared.fetch_add(1, Ordering::Relaxed);
                 }
             });
@@ -353,8 +460,13 @@ fn direct_writes_share_one_engine() {
     });
     engine.commit().expect("final commit");
     // No reader is left: nothing may still be held for one.
-    engine.write(|w| w.create_file(5, side, b"last", &InodeAttrs::new(0o644)).map(drop)).expect("last change");
-    assert!(engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(), "space held for readers after they all ended");
+    engine
+        .write(|w| w.create_file(5, side, b"last", &InodeAttrs::new(0o644)).map(drop))
+        .expect("last change");
+    assert!(
+        engine.write(|w| Ok(w.space_held_for_views())).unwrap().is_empty(),
+        "space held for readers after they all ended"
+    );
     engine.commit().expect("final commit");
     let compared = compared.load(Ordering::Relaxed);
     eprintln!("{} direct-write ops, {compared} reads compared", WRITERS as u64 * 400 * scale);

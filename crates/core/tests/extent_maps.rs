@@ -24,7 +24,9 @@ fn engine(tag: &str, args: &[&str]) -> (Scratch, Engine) {
 }
 
 fn create(e: &Engine, name: &str) -> InodeId {
-    let ino = e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).expect("create");
+    let ino = e
+        .write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644)))
+        .expect("create");
     InodeId { root: 5, ino }
 }
 
@@ -42,7 +44,12 @@ fn check_range(e: &Engine, id: InodeId, model: &[u8], off: u64, len: u64, what: 
     assert_eq!(n, want.len(), "{what}: read of [{off}, +{len}) returned {n} bytes");
     if buf[..n] != *want {
         let at = buf.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
-        panic!("{what}: bytes differ at file offset {} (got {:#x}, want {:#x})", off + at as u64, buf[at], want[at]);
+        panic!(
+            "{what}: bytes differ at file offset {} (got {:#x}, want {:#x})",
+            off + at as u64,
+            buf[at],
+            want[at]
+        );
     }
 }
 
@@ -70,12 +77,14 @@ fn model_run(args: &[&str], seed: u64) {
             }
             45..55 => {
                 let size = rng.below(max / SS) * SS + rng.below(2) * rng.below(SS);
-                e.setattr(id, &SetAttr { size: Some(size), ..Default::default() }).expect("truncate");
+                e.setattr(id, &SetAttr { size: Some(size), ..Default::default() })
+                    .expect("truncate");
                 model.resize(size as usize, 0);
                 format!("step {step}: truncate to {size}")
             }
             55..70 => {
-                e.fallocate(id, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len).expect("punch");
+                e.fallocate(id, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len)
+                    .expect("punch");
                 let end = ((off + len) as usize).min(model.len());
                 if (off as usize) < end {
                     model[off as usize..end].fill(0);
@@ -149,15 +158,27 @@ fn the_maps_serve_repeated_reads_and_a_write_drops_them() {
         assert_eq!(read_all(&e, id, (32 * SS) as usize), a);
     }
     let s2 = e.extent_map_stats();
-    assert_eq!((s2.misses - s1.misses, s2.hits - s1.hits), (0, 10), "repeated reads come from the maps");
+    assert_eq!(
+        (s2.misses - s1.misses, s2.hits - s1.hits),
+        (0, 10),
+        "repeated reads come from the maps"
+    );
     // An overwrite in the middle drops the range it changed and the split extent's
     // tail (a new item): the maps before and after stay, and the split extent's head.
     e.write_file(id, 12 * SS, &[0xaa; SS as usize]).expect("overwrite");
     let em = &inode.mapping.extent_map;
     assert!(em.lookup(0, 8 * SS).is_some(), "the map before the change stays");
     assert!(em.lookup(12 * SS, SS).is_none(), "the changed range was dropped");
-    assert_eq!(em.lookup(8 * SS, 4 * SS).map(|m| (m.start, m.len)), Some((8 * SS, 4 * SS)), "the split extent's head stays");
-    assert_eq!(em.lookup(16 * SS, 16 * SS).map(|m| m.start), Some(16 * SS), "the maps after the change stay");
+    assert_eq!(
+        em.lookup(8 * SS, 4 * SS).map(|m| (m.start, m.len)),
+        Some((8 * SS, 4 * SS)),
+        "the split extent's head stays"
+    );
+    assert_eq!(
+        em.lookup(16 * SS, 16 * SS).map(|m| m.start),
+        Some(16 * SS),
+        "the maps after the change stay"
+    );
     assert!(em.lookup(24 * SS, 8 * SS).is_some(), "the last extent's map stays");
     let mut want = a.clone();
     want[(12 * SS) as usize..(13 * SS) as usize].fill(0xaa);
@@ -188,7 +209,9 @@ fn the_budget_bounds_the_maps_and_reads_stay_right() {
     // Inodes without maps: stat'ed only.
     let mut dirs = Vec::new();
     for d in 0..200u64 {
-        let ino = e.write(|w| w.mkdir(5, 256, format!("d{d}").as_bytes(), &InodeAttrs::new(0o755))).expect("mkdir");
+        let ino = e
+            .write(|w| w.mkdir(5, 256, format!("d{d}").as_bytes(), &InodeAttrs::new(0o755)))
+            .expect("mkdir");
         e.getattr(InodeId { root: 5, ino }).expect("stat");
         dirs.push(ino);
     }
@@ -201,12 +224,20 @@ fn the_budget_bounds_the_maps_and_reads_stay_right() {
     e.set_extent_map_limit(100);
     let after = e.extent_map_stats();
     assert!(after.evictable <= 100, "{} maps over the budget of 100", after.evictable);
-    assert!(after.visited - before.visited <= 40, "visited {} registry entries, 40 inodes have maps", after.visited - before.visited);
+    assert!(
+        after.visited - before.visited <= 40,
+        "visited {} registry entries, 40 inodes have maps",
+        after.visited - before.visited
+    );
     e.info().extent_maps.check_invariants();
     // Reads past the budget shrink as they go.
     for (id, data) in &files {
         assert_eq!(&read_all(&e, *id, data.len() + 100), data);
-        assert!(e.extent_map_stats().evictable <= 100 + 12, "{} maps", e.extent_map_stats().evictable);
+        assert!(
+            e.extent_map_stats().evictable <= 100 + 12,
+            "{} maps",
+            e.extent_map_stats().evictable
+        );
     }
     e.info().extent_maps.check_invariants();
 }
@@ -248,7 +279,10 @@ fn readers_read_right_while_the_shrinker_frees() {
         // at most 20 s.
         let t0 = std::time::Instant::now();
         let mut round = 0u64;
-        while round < 200 || (e.extent_map_stats().freed == 0 && t0.elapsed() < std::time::Duration::from_secs(20)) {
+        while round < 200
+            || (e.extent_map_stats().freed == 0
+                && t0.elapsed() < std::time::Duration::from_secs(20))
+        {
             e.set_extent_map_limit(if round.is_multiple_of(2) { 0 } else { 1000 });
             e.info().extent_maps.free_extent_maps(50);
             round += 1;

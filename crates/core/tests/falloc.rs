@@ -57,7 +57,13 @@ fn kernel_snap(f: &std::fs::File) -> Snap {
             seeks.push(if r < 0 { None } else { Some(r as u64) });
         }
     }
-    Snap { size: md.len(), blocks: md.blocks(), mtime: (md.mtime(), md.mtime_nsec()), ctime: (md.ctime(), md.ctime_nsec()), seeks }
+    Snap {
+        size: md.len(),
+        blocks: md.blocks(),
+        mtime: (md.mtime(), md.mtime_nsec()),
+        ctime: (md.ctime(), md.ctime_nsec()),
+        seeks,
+    }
 }
 
 fn ubtrfs_snap(w: &FsWriter, id: InodeId) -> Snap {
@@ -72,7 +78,13 @@ fn ubtrfs_snap(w: &FsWriter, id: InodeId) -> Snap {
         }
     }
     let t = |ts: ubtrfs_format::structs::Timespec| (ts.sec.get() as i64, i64::from(ts.nsec.get()));
-    Snap { size, blocks: v.item.nbytes.get() / 512, mtime: t(v.item.mtime), ctime: t(v.item.ctime), seeks }
+    Snap {
+        size,
+        blocks: v.item.nbytes.get() / 512,
+        mtime: t(v.item.mtime),
+        ctime: t(v.item.ctime),
+        seeks,
+    }
 }
 
 fn read_ubtrfs(w: &FsWriter, id: InodeId) -> Vec<u8> {
@@ -90,7 +102,13 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
     std::fs::copy(&k.path, &u.path).expect("copy");
     let m = Mount::new(&k.path, true);
     let kpath = m.path("f");
-    let kf = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&kpath).expect("create");
+    let kf = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&kpath)
+        .expect("create");
     let mut w = u.writer();
     let top = w.live().root_dir();
     let ino = w.create_file(top.root, top.ino, b"f", &InodeAttrs::new(0o644)).expect("create");
@@ -109,7 +127,8 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
     let mut bad = Vec::new();
     let mut history: Vec<String> = Vec::new();
     for step in 0..steps {
-        let off = if rng.chance(50) { rng.below(400_000) / 4096 * 4096 } else { rng.below(400_000) };
+        let off =
+            if rng.chance(50) { rng.below(400_000) / 4096 * 4096 } else { rng.below(400_000) };
         let len = if rng.chance(20) {
             rng.range(1, 200)
         } else if rng.chance(50) {
@@ -119,7 +138,12 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
         };
         let op = match rng.below(10) {
             0..=2 => Op::Write(off, len),
-            3..=8 => Op::Fallocate(modes[if rng.chance(90) { rng.below(5) as usize } else { rng.range(5, 8) as usize }], off, if rng.chance(3) { 0 } else { len }),
+            3..=8 => Op::Fallocate(
+                modes
+                    [if rng.chance(90) { rng.below(5) as usize } else { rng.range(5, 8) as usize }],
+                off,
+                if rng.chance(3) { 0 } else { len },
+            ),
             _ => Op::Truncate(if rng.chance(50) { off } else { off / 4096 * 4096 }),
         };
         // Times move only when the operation changes them: take a step in time first.
@@ -131,12 +155,15 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
         // depends on the extent maps it has cached (find_first_non_hole looks at one),
         // so the times are not compared then.
         let punch_in_hole = match op {
-            Op::Fallocate(m, o, l) if m & FALLOC_FL_PUNCH_HOLE != 0 && l > 0 => w
-                .live()
-                .file_extents(id, o, o + l)
-                .expect("extents")
-                .iter()
-                .all(|f| matches!(f.kind, ubtrfs_core::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. }) || f.end() <= o || f.file_offset >= o + l),
+            Op::Fallocate(m, o, l) if m & FALLOC_FL_PUNCH_HOLE != 0 && l > 0 => {
+                w.live().file_extents(id, o, o + l).expect("extents").iter().all(|f| {
+                    matches!(
+                        f.kind,
+                        ubtrfs_core::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. }
+                    ) || f.end() <= o
+                        || f.file_offset >= o + l
+                })
+            }
             _ => false,
         };
         let data = rng.bytes(len as usize);
@@ -150,16 +177,22 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
             }
             Op::Fallocate(mode, o, l) => {
                 // SAFETY: fallocate on an open descriptor.
-                let ke = errno(i64::from(unsafe { libc::fallocate(kf.as_raw_fd(), mode as i32, o as libc::off_t, l as libc::off_t) }));
+                let ke = errno(i64::from(unsafe {
+                    libc::fallocate(kf.as_raw_fd(), mode as i32, o as libc::off_t, l as libc::off_t)
+                }));
                 let ue = match w.fallocate(id.root, id.ino, mode, o, l) {
                     Ok(()) => 0,
-                    Err(e) => e.posix_kind().unwrap_or_else(|| panic!("{tag} step {step}: {op:?}: {e}")).errno(),
+                    Err(e) => e
+                        .posix_kind()
+                        .unwrap_or_else(|| panic!("{tag} step {step}: {op:?}: {e}"))
+                        .errno(),
                 };
                 (ke, ue)
             }
             Op::Truncate(s) => {
                 kf.set_len(s).expect("kernel truncate");
-                w.setattr(id.root, id.ino, &SetAttr { size: Some(s), ..Default::default() }).expect("ubtrfs truncate");
+                w.setattr(id.root, id.ino, &SetAttr { size: Some(s), ..Default::default() })
+                    .expect("ubtrfs truncate");
                 (0, 0)
             }
         };
@@ -178,21 +211,47 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
             diffs.push(format!("seeks kernel {:?}\n      ubtrfs {:?}", ka.seeks, ua.seeks));
         }
         if !punch_in_hole && (ka.mtime != kb.mtime) != (ua.mtime != ub.mtime) {
-            diffs.push(format!("mtime moved: kernel {} ubtrfs {}", ka.mtime != kb.mtime, ua.mtime != ub.mtime));
+            diffs.push(format!(
+                "mtime moved: kernel {} ubtrfs {}",
+                ka.mtime != kb.mtime,
+                ua.mtime != ub.mtime
+            ));
         }
         if !punch_in_hole && (ka.ctime != kb.ctime) != (ua.ctime != ub.ctime) {
-            diffs.push(format!("ctime moved: kernel {} ubtrfs {}", ka.ctime != kb.ctime, ua.ctime != ub.ctime));
+            diffs.push(format!(
+                "ctime moved: kernel {} ubtrfs {}",
+                ka.ctime != kb.ctime,
+                ua.ctime != ub.ctime
+            ));
         }
         let kd = std::fs::read(&kpath).expect("kernel read");
         let ud = read_ubtrfs(&w, id);
         if kd != ud {
-            diffs.push(format!("contents differ from byte {:?}", kd.iter().zip(&ud).position(|(a, b)| a != b)));
+            diffs.push(format!(
+                "contents differ from byte {:?}",
+                kd.iter().zip(&ud).position(|(a, b)| a != b)
+            ));
         }
         if !diffs.is_empty() {
-            let ext: Vec<String> = w.live().file_extents(id, 0, u64::MAX).expect("extents").iter().map(|f| format!("{}+{} {:?}", f.file_offset, f.len(), f.kind).chars().take(160).collect()).collect();
+            let ext: Vec<String> = w
+                .live()
+                .file_extents(id, 0, u64::MAX)
+                .expect("extents")
+                .iter()
+                .map(|f| {
+                    format!("{}+{} {:?}", f.file_offset, f.len(), f.kind)
+                        .chars()
+                        .take(160)
+                        .collect()
+                })
+                .collect();
             diffs.push(format!("ubtrfs extents now:\n      {}", ext.join("\n      ")));
             diffs.push(format!("ops so far: {}", history.join(", ")));
-            bad.push(format!("{tag} seed {seed} step {step}: {op:?} (size before {}):\n    {}", kb.size, diffs.join("\n    ")));
+            bad.push(format!(
+                "{tag} seed {seed} step {step}: {op:?} (size before {}):\n    {}",
+                kb.size,
+                diffs.join("\n    ")
+            ));
             break;
         }
         if rng.chance(8) {
@@ -213,7 +272,10 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
         km.umount();
         d
     };
-    assert!(std::fs::read(m.path("f")).expect("kernel reads ubtrfs's file") == kd, "{tag}: the kernel reads other bytes from ubtrfs's image");
+    assert!(
+        std::fs::read(m.path("f")).expect("kernel reads ubtrfs's file") == kd,
+        "{tag}: the kernel reads other bytes from ubtrfs's image"
+    );
     m.umount();
 }
 
@@ -248,24 +310,39 @@ fn inline_files_grow_out_of_their_extent() {
     }
     let img = Scratch::mkfs("falloc-inline", 256 << 20, &[]);
     let mut w = img.writer();
-    w.set_compress(ubtrfs_core::inode::compress_write::CompressPolicy::parse("zstd", false).unwrap());
+    w.set_compress(
+        ubtrfs_core::inode::compress_write::CompressPolicy::parse("zstd", false).unwrap(),
+    );
     let top = w.live().root_dir();
-    let text: Vec<u8> = b"inline text that compresses well ".iter().cycle().take(1500).copied().collect();
+    let text: Vec<u8> =
+        b"inline text that compresses well ".iter().cycle().take(1500).copied().collect();
     let mut want = std::collections::BTreeMap::new();
-    for (i, (name, data)) in [("plain", b"small file".to_vec()), ("comp", text.clone())].into_iter().enumerate() {
+    for (i, (name, data)) in
+        [("plain", b"small file".to_vec()), ("comp", text.clone())].into_iter().enumerate()
+    {
         for (j, step) in ["keep", "grow", "truncate", "write"].iter().enumerate() {
             let n = format!("{name}-{step}");
-            let ino = w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+            let ino = w
+                .create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644))
+                .expect("create");
             w.write_file(top.root, ino, 0, &data).expect("write");
             let mut d = data.clone();
             match *step {
-                "keep" => w.fallocate(top.root, ino, FALLOC_FL_KEEP_SIZE, 0, 1 << 20).expect("fallocate keep"),
+                "keep" => w
+                    .fallocate(top.root, ino, FALLOC_FL_KEEP_SIZE, 0, 1 << 20)
+                    .expect("fallocate keep"),
                 "grow" => {
-                    w.fallocate(top.root, ino, 0, 0, 300_000 + i as u64 + j as u64).expect("fallocate");
+                    w.fallocate(top.root, ino, 0, 0, 300_000 + i as u64 + j as u64)
+                        .expect("fallocate");
                     d.resize(300_000 + i + j, 0);
                 }
                 "truncate" => {
-                    w.setattr(top.root, ino, &SetAttr { size: Some(100_000), ..Default::default() }).expect("truncate up");
+                    w.setattr(
+                        top.root,
+                        ino,
+                        &SetAttr { size: Some(100_000), ..Default::default() },
+                    )
+                    .expect("truncate up");
                     d.resize(100_000, 0);
                 }
                 _ => {
@@ -326,10 +403,17 @@ fn seek_scenario(tag: &str, mkfs: &[&str], mount: &str, steps: &[Step]) {
     let u = Scratch::mkfs(&format!("{tag}-u"), 256 << 20, mkfs);
     std::fs::copy(&k.path, &u.path).expect("copy");
     let m = Mount::new_with(&k.path, &format!("loop{mount}"));
-    let kf = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.path("f")).expect("create");
+    let kf = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("f"))
+        .expect("create");
     let e = ubtrfs_core::engine::Engine::from_writer(u.writer());
     if let Some(alg) = mount.strip_prefix(",compress=") {
-        let p = ubtrfs_core::inode::compress_write::CompressPolicy::parse(alg, false).expect("compress policy");
+        let p = ubtrfs_core::inode::compress_write::CompressPolicy::parse(alg, false)
+            .expect("compress policy");
         e.write(|w| {
             w.set_compress(p);
             Ok(())
@@ -339,29 +423,42 @@ fn seek_scenario(tag: &str, mkfs: &[&str], mount: &str, steps: &[Step]) {
     let id = e
         .write(|w| {
             let top = w.live().root_dir();
-            Ok(InodeId { root: top.root, ino: w.create_file(top.root, top.ino, b"f", &InodeAttrs::new(0o644))? })
+            Ok(InodeId {
+                root: top.root,
+                ino: w.create_file(top.root, top.ino, b"f", &InodeAttrs::new(0o644))?,
+            })
         })
         .expect("create");
     let mut rng = Rng::new(steps.len() as u64);
     for (i, step) in steps.iter().enumerate() {
-        let fail = |side: &str, e: &dyn std::fmt::Display| panic!("{tag} step {i}: {side} {step:?}: {e}");
+        let fail =
+            |side: &str, e: &dyn std::fmt::Display| panic!("{tag} step {i}: {side} {step:?}: {e}");
         match *step {
             Step::Write(o, l) | Step::Text(o, l) => {
                 use std::os::unix::fs::FileExt;
-                let data = if matches!(step, Step::Text(..)) { b"seek text ".iter().cycle().take(l as usize).copied().collect() } else { rng.bytes(l as usize) };
+                let data = if matches!(step, Step::Text(..)) {
+                    b"seek text ".iter().cycle().take(l as usize).copied().collect()
+                } else {
+                    rng.bytes(l as usize)
+                };
                 kf.write_all_at(&data, o).unwrap_or_else(|e| fail("kernel", &e));
                 e.write_file(id, o, &data).unwrap_or_else(|e| fail("ubtrfs", &e));
             }
             Step::Fallocate(mode, o, l) => {
                 // SAFETY: fallocate on an open descriptor.
-                if unsafe { libc::fallocate(kf.as_raw_fd(), mode as i32, o as libc::off_t, l as libc::off_t) } != 0 {
+                if unsafe {
+                    libc::fallocate(kf.as_raw_fd(), mode as i32, o as libc::off_t, l as libc::off_t)
+                } != 0
+                {
                     fail("kernel", &std::io::Error::last_os_error());
                 }
-                e.write(|w| w.fallocate(id.root, id.ino, mode, o, l)).unwrap_or_else(|e| fail("ubtrfs", &e));
+                e.write(|w| w.fallocate(id.root, id.ino, mode, o, l))
+                    .unwrap_or_else(|e| fail("ubtrfs", &e));
             }
             Step::Truncate(s) => {
                 kf.set_len(s).unwrap_or_else(|e| fail("kernel", &e));
-                e.setattr(id, &SetAttr { size: Some(s), ..Default::default() }).unwrap_or_else(|e| fail("ubtrfs", &e));
+                e.setattr(id, &SetAttr { size: Some(s), ..Default::default() })
+                    .unwrap_or_else(|e| fail("ubtrfs", &e));
             }
             Step::Sync => {
                 kf.sync_all().unwrap_or_else(|e| fail("kernel", &e));
@@ -369,7 +466,9 @@ fn seek_scenario(tag: &str, mkfs: &[&str], mount: &str, steps: &[Step]) {
             }
         }
         let size = kf.metadata().expect("stat").len();
-        let (ii, ext) = e.read(|l| Ok((l.load_inode(id, Load::ITEM)?.item, l.file_extents(id, 0, u64::MAX)?))).expect("extents");
+        let (ii, ext) = e
+            .read(|l| Ok((l.load_inode(id, Load::ITEM)?.item, l.file_extents(id, 0, u64::MAX)?)))
+            .expect("extents");
         assert_eq!(size, ii.size.get(), "{tag} after step {i} ({step:?}): sizes");
         for p in seek_offsets(size) {
             for whence in [SEEK_DATA, SEEK_HOLE] {
@@ -378,7 +477,15 @@ fn seek_scenario(tag: &str, mkfs: &[&str], mount: &str, steps: &[Step]) {
                 let kr = (r >= 0).then_some(r as u64);
                 let ur = seek_data_hole(&ii, 4096, &ext, p, whence);
                 if kr != ur {
-                    let ext: Vec<String> = ext.iter().map(|f| format!("{}+{} {:?}", f.file_offset, f.len(), f.kind).chars().take(120).collect()).collect();
+                    let ext: Vec<String> = ext
+                        .iter()
+                        .map(|f| {
+                            format!("{}+{} {:?}", f.file_offset, f.len(), f.kind)
+                                .chars()
+                                .take(120)
+                                .collect()
+                        })
+                        .collect();
                     panic!(
                         "{tag} after step {i} ({step:?}) of {steps:?}: lseek {p} {}: kernel {kr:?}, ubtrfs {ur:?}; ubtrfs's extents:\n  {}",
                         if whence == SEEK_DATA { "SEEK_DATA" } else { "SEEK_HOLE" },
@@ -425,7 +532,12 @@ fn seek_holes_between_extents() {
     for (i, mkfs) in HOLE_KINDS.iter().enumerate() {
         seek_scenario(&format!("seek-holes-{i}"), mkfs, "", &steps);
     }
-    seek_scenario("seek-holes-zstd", &[], ",compress=zstd", &[Text(0, 300_000), Truncate(500_000), Text(409_600, 20_000), Write(450_000, 5000), Sync]);
+    seek_scenario(
+        "seek-holes-zstd",
+        &[],
+        ",compress=zstd",
+        &[Text(0, 300_000), Truncate(500_000), Text(409_600, 20_000), Write(450_000, 5000), Sync],
+    );
 }
 
 /// Preallocated extents read as holes, with and without KEEP_SIZE, inside and past
@@ -466,11 +578,27 @@ fn seek_inline_files() {
         return;
     }
     use Step::*;
-    let steps = [Write(0, 100), Sync, Write(200, 50), Sync, Truncate(3000), Sync, Truncate(20), Sync, Write(10_000, 5), Sync];
+    let steps = [
+        Write(0, 100),
+        Sync,
+        Write(200, 50),
+        Sync,
+        Truncate(3000),
+        Sync,
+        Truncate(20),
+        Sync,
+        Write(10_000, 5),
+        Sync,
+    ];
     for (i, mkfs) in HOLE_KINDS.iter().enumerate() {
         seek_scenario(&format!("seek-inline-{i}"), mkfs, "", &steps);
     }
-    seek_scenario("seek-inline-zstd", &[], ",compress=zstd", &[Text(0, 3000), Sync, Truncate(1000), Sync, Text(1000, 1500), Sync, Truncate(8000), Sync]);
+    seek_scenario(
+        "seek-inline-zstd",
+        &[],
+        ",compress=zstd",
+        &[Text(0, 3000), Sync, Truncate(1000), Sync, Text(1000, 1500), Sync, Truncate(8000), Sync],
+    );
 }
 
 /// What the kernel's rules give for files no kernel operation makes, so made by hand:
@@ -484,7 +612,11 @@ fn seek_inline_extent_covers_its_sector() {
     let mut ii = ubtrfs_format::structs::InodeItem::new_zeroed();
     ii.size = 5000.into();
     ii.nbytes = 100.into();
-    let ext = [FileExtentRec { file_offset: 0, generation: 1, kind: ExtentKind::Inline { ram_bytes: 100, compression: 0, data: vec![1; 100] } }];
+    let ext = [FileExtentRec {
+        file_offset: 0,
+        generation: 1,
+        kind: ExtentKind::Inline { ram_bytes: 100, compression: 0, data: vec![1; 100] },
+    }];
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 0, SEEK_HOLE), Some(4096));
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 200, SEEK_DATA), Some(200));
     assert_eq!(seek_data_hole(&ii, 4096, &ext, 4096, SEEK_DATA), None);
@@ -493,7 +625,15 @@ fn seek_inline_extent_covers_its_sector() {
     let far = [FileExtentRec {
         file_offset: 8192,
         generation: 1,
-        kind: ExtentKind::Regular { disk_bytenr: 1 << 20, disk_num_bytes: 4096, offset: 0, num_bytes: 4096, ram_bytes: 4096, compression: 0, prealloc: false },
+        kind: ExtentKind::Regular {
+            disk_bytenr: 1 << 20,
+            disk_num_bytes: 4096,
+            offset: 0,
+            num_bytes: 4096,
+            ram_bytes: 4096,
+            compression: 0,
+            prealloc: false,
+        },
     }];
     assert_eq!(seek_data_hole(&ii, 4096, &far, 100, SEEK_DATA), None);
     assert_eq!(seek_data_hole(&ii, 4096, &far, 100, SEEK_HOLE), Some(100));
@@ -528,7 +668,11 @@ fn seek_small_files() {
         &[Fallocate(FALLOC_FL_KEEP_SIZE, 0, 8192), Truncate(1000), Fallocate(p, 1500, 100)],
         &[Truncate(389), Fallocate(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 3823, 28_672)],
         &[Truncate(389), Fallocate(FALLOC_FL_ZERO_RANGE, 3823, 28_672), Sync],
-        &[Truncate(5000), Fallocate(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 6000, 10_000), Sync],
+        &[
+            Truncate(5000),
+            Fallocate(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 6000, 10_000),
+            Sync,
+        ],
     ];
     for (i, mkfs) in HOLE_KINDS.iter().enumerate() {
         for (j, steps) in cases.iter().enumerate() {

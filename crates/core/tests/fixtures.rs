@@ -15,7 +15,14 @@ use ubtrfs_format::structs::rdev_decode;
 
 fn open(name: &str) -> Filesystem {
     let imgs = common::fixture_images(name);
-    Filesystem::open(&OpenOptions { devices: imgs, cache_bytes: 16 << 20, writable: false, sources: Default::default(), degraded: false }).unwrap_or_else(|e| panic!("{name}: open failed: {e}"))
+    Filesystem::open(&OpenOptions {
+        devices: imgs,
+        cache_bytes: 16 << 20,
+        writable: false,
+        sources: Default::default(),
+        degraded: false,
+    })
+    .unwrap_or_else(|e| panic!("{name}: open failed: {e}"))
 }
 
 fn ts_ns(t: &ubtrfs_format::structs::Timespec) -> i128 {
@@ -38,7 +45,9 @@ fn entry(fs: &Filesystem, path: &str, v: &InodeView, top: bool, parent_root: u64
         let mut pos = 0;
         let mut cache = DecompressCache::default();
         loop {
-            let n = fs.read_at_cached(v, pos, &mut buf, &mut cache).unwrap_or_else(|e| panic!("{path}: read failed: {e}"));
+            let n = fs
+                .read_at_cached(v, pos, &mut buf, &mut cache)
+                .unwrap_or_else(|e| panic!("{path}: read failed: {e}"));
             if n == 0 {
                 break;
             }
@@ -50,11 +59,22 @@ fn entry(fs: &Filesystem, path: &str, v: &InodeView, top: bool, parent_root: u64
     } else {
         Value::Null
     };
-    let target = if v.kind() == FileKind::Symlink { Value::String(String::from_utf8(fs.readlink(v.id).expect("readlink")).expect("utf8 target")) } else { Value::Null };
-    let (ma, mi) = if matches!(v.kind(), FileKind::CharDev | FileKind::BlockDev) { rdev_decode(v.item.rdev.get()) } else { (0, 0) };
+    let target = if v.kind() == FileKind::Symlink {
+        Value::String(String::from_utf8(fs.readlink(v.id).expect("readlink")).expect("utf8 target"))
+    } else {
+        Value::Null
+    };
+    let (ma, mi) = if matches!(v.kind(), FileKind::CharDev | FileKind::BlockDev) {
+        rdev_decode(v.item.rdev.get())
+    } else {
+        (0, 0)
+    };
     let mut x = serde_json::Map::new();
     for (k, val) in &v.xattrs {
-        x.insert(String::from_utf8(k.clone()).expect("utf8 xattr name"), Value::String(val.iter().map(|b| format!("{b:02x}")).collect()));
+        x.insert(
+            String::from_utf8(k.clone()).expect("utf8 xattr name"),
+            Value::String(val.iter().map(|b| format!("{b:02x}")).collect()),
+        );
     }
     json!({
         "path": path, "type": kind, "mode": v.mode() & 0o7777, "uid": v.item.uid.get(), "gid": v.item.gid.get(),
@@ -75,7 +95,8 @@ fn walk(fs: &Filesystem) -> BTreeMap<String, Value> {
         for e in &dir.entries {
             let name = String::from_utf8(e.name.clone()).expect("utf8 name");
             let p = if path.is_empty() { name } else { format!("{path}/{name}") };
-            let child = fs.load_inode(e.target, Load::ALL).unwrap_or_else(|err| panic!("{p}: {err}"));
+            let child =
+                fs.load_inode(e.target, Load::ALL).unwrap_or_else(|err| panic!("{p}: {err}"));
             out.insert(p.clone(), entry(fs, &p, &child, false, dir.id.root));
             if child.kind() == FileKind::Dir {
                 stack.push((p, child));
@@ -95,7 +116,21 @@ fn compare(name: &str) {
             diffs.push(format!("missing {p:?}"));
             continue;
         };
-        for key in ["type", "mode", "uid", "gid", "size", "nlink", "ino", "rdev_major", "rdev_minor", "sha256", "target", "xattrs", "subvol"] {
+        for key in [
+            "type",
+            "mode",
+            "uid",
+            "gid",
+            "size",
+            "nlink",
+            "ino",
+            "rdev_major",
+            "rdev_minor",
+            "sha256",
+            "target",
+            "xattrs",
+            "subvol",
+        ] {
             if g[key] != w[key] {
                 diffs.push(format!("{p:?}: {key}: ubtrfs {} kernel {}", g[key], w[key]));
             }
@@ -111,7 +146,12 @@ fn compare(name: &str) {
             diffs.push(format!("extra {p:?}"));
         }
     }
-    assert!(diffs.is_empty(), "{name}: {} differences from the kernel's view:\n{}", diffs.len(), diffs.iter().take(40).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{name}: {} differences from the kernel's view:\n{}",
+        diffs.len(),
+        diffs.iter().take(40).cloned().collect::<Vec<_>>().join("\n")
+    );
     assert!(got.len() > 10, "{name}: suspiciously few entries");
 }
 
@@ -186,12 +226,22 @@ fn nodesize4k_fs_tree_has_three_levels() {
 fn raid1_degraded_reads_everything() {
     let imgs = common::fixture_images("raid1");
     for (keep, img) in imgs.iter().enumerate().take(2) {
-        let fs = Filesystem::open(&OpenOptions { devices: vec![img.clone()], cache_bytes: 16 << 20, writable: false, sources: Default::default(), degraded: false })
-            .unwrap_or_else(|e| panic!("degraded open of device {keep}: {e}"));
+        let fs = Filesystem::open(&OpenOptions {
+            devices: vec![img.clone()],
+            cache_bytes: 16 << 20,
+            writable: false,
+            sources: Default::default(),
+            degraded: false,
+        })
+        .unwrap_or_else(|e| panic!("degraded open of device {keep}: {e}"));
         let got = walk(&fs);
         let want = common::manifest("raid1");
         for (p, w) in &want {
-            assert_eq!(got.get(p).map(|g| &g["sha256"]), Some(&w["sha256"]), "device {keep} only: {p}");
+            assert_eq!(
+                got.get(p).map(|g| &g["sha256"]),
+                Some(&w["sha256"]),
+                "device {keep} only: {p}"
+            );
         }
         let warnings = fs.info.take_warnings();
         assert!(warnings.iter().any(|w| w.contains("2 devices but 1")), "{warnings:?}");
@@ -202,7 +252,13 @@ fn raid1_degraded_reads_everything() {
 #[test]
 fn raid0_missing_device_is_a_clear_error() {
     let imgs = common::fixture_images("raid0");
-    let fs = Filesystem::open(&OpenOptions { devices: vec![imgs[0].clone()], cache_bytes: 16 << 20, writable: false, sources: Default::default(), degraded: false });
+    let fs = Filesystem::open(&OpenOptions {
+        devices: vec![imgs[0].clone()],
+        cache_bytes: 16 << 20,
+        writable: false,
+        sources: Default::default(),
+        degraded: false,
+    });
     let err = match fs {
         Err(e) => e.to_string(),
         Ok(fs) => {
@@ -274,9 +330,18 @@ fn dup_data_csum_mismatch_uses_other_copy() {
     };
     let (r, warnings) = corrupt(&[0]);
     r.expect("one bad copy is repaired around");
-    assert!(warnings.iter().any(|w| w.contains(&format!("logical {logical}")) && w.contains("copy 1 is bad, read copy 2")), "{warnings:?}");
+    assert!(
+        warnings.iter().any(|w| w.contains(&format!("logical {logical}"))
+            && w.contains("copy 1 is bad, read copy 2")),
+        "{warnings:?}"
+    );
     let (r, _) = corrupt(&[0, 1]);
     let msg = r.expect_err("both copies bad").to_string();
-    assert!(msg.contains(&format!("ino={}", id.ino)) && msg.contains(&format!("offset={}", ext.file_offset)) && msg.contains(&format!("logical={logical}")), "{msg}");
+    assert!(
+        msg.contains(&format!("ino={}", id.ino))
+            && msg.contains(&format!("offset={}", ext.file_offset))
+            && msg.contains(&format!("logical={logical}")),
+        "{msg}"
+    );
     assert!(msg.contains("csum mismatch"), "{msg}");
 }

@@ -14,15 +14,24 @@
 
 mod common;
 
-use ubtrfs_core::space::free_space_tree::{add_block_group_free_space, add_to_free_space_tree, convert_to_bitmaps, convert_to_extents, free_runs, remove_from_free_space_tree, thresholds};
+use ubtrfs_core::space::free_space_tree::{
+    add_block_group_free_space, add_to_free_space_tree, convert_to_bitmaps, convert_to_extents,
+    free_runs, remove_from_free_space_tree, thresholds,
+};
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
-use ubtrfs_format::key::{FREE_SPACE_BITMAP_KEY, FREE_SPACE_EXTENT_KEY, FREE_SPACE_INFO_KEY, FREE_SPACE_TREE_OBJECTID as FST};
+use ubtrfs_format::key::{
+    FREE_SPACE_BITMAP_KEY, FREE_SPACE_EXTENT_KEY, FREE_SPACE_INFO_KEY,
+    FREE_SPACE_TREE_OBJECTID as FST,
+};
 use ubtrfs_format::structs::{BLOCK_GROUP_DATA, FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
 use ubtrfs_format::Key;
 
 /// Run one free-space-tree change in a transaction handle of its own.
-fn in_handle<T>(w: &mut ubtrfs_core::transaction::FsWriter, f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>) -> ubtrfs_core::Result<T> {
+fn in_handle<T>(
+    w: &mut ubtrfs_core::transaction::FsWriter,
+    f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>,
+) -> ubtrfs_core::Result<T> {
     let mut h = w.join_transaction("free-space tree test")?;
     let r = f(&mut h);
     h.end_with(r)
@@ -34,7 +43,8 @@ struct Image(std::path::PathBuf);
 impl Image {
     fn new(tag: &str) -> Image {
         let src = &common::fixture_images("blake2")[0];
-        let dst = std::env::temp_dir().join(format!("ubtrfs-fst-selftest-{tag}-{}.img", std::process::id()));
+        let dst = std::env::temp_dir()
+            .join(format!("ubtrfs-fst-selftest-{tag}-{}.img", std::process::id()));
         std::fs::copy(src, &dst).expect("copy fixture");
         Image(dst)
     }
@@ -47,8 +57,17 @@ impl Image {
         w.check_invariants(FST).expect("free-space tree invariants before commit");
         w.commit().expect("commit");
         drop(w);
-        if let Ok(o) = std::process::Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&self.0).output() {
-            assert!(o.status.success(), "btrfs check failed:\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        if let Ok(o) = std::process::Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&self.0)
+            .output()
+        {
+            assert!(
+                o.status.success(),
+                "btrfs check failed:\n{}\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
     }
 }
@@ -71,7 +90,8 @@ fn test_group_base(w: &FsWriter) -> u64 {
 
 /// Every free-space-tree item whose objectid lies in [start, start+len).
 fn group_items(w: &mut FsWriter, start: u64, len: u64) -> Vec<(Key, Vec<u8>)> {
-    w.items_in_range(FST, &Key::new(start, 0, 0), &Key::new(start + len - 1, u8::MAX, u64::MAX)).expect("read free-space tree")
+    w.items_in_range(FST, &Key::new(start, 0, 0), &Key::new(start + len - 1, u8::MAX, u64::MAX))
+        .expect("read free-space tree")
 }
 
 /// (extent_count, flags) of the group's INFO item, which must be the first item.
@@ -80,7 +100,10 @@ fn info(w: &mut FsWriter, start: u64, len: u64) -> (u32, u32) {
     let (k, d) = items.first().unwrap_or_else(|| panic!("group {start}: no items, INFO expected"));
     assert_eq!(*k, Key::new(start, FREE_SPACE_INFO_KEY, len), "group {start}: first item");
     assert_eq!(d.len(), 8, "INFO size");
-    (u32::from_le_bytes(d[0..4].try_into().unwrap()), u32::from_le_bytes(d[4..8].try_into().unwrap()))
+    (
+        u32::from_le_bytes(d[0..4].try_into().unwrap()),
+        u32::from_le_bytes(d[4..8].try_into().unwrap()),
+    )
 }
 
 /// Walk the group's BITMAP items bit by bit (independently of `free_runs`), checking
@@ -121,7 +144,11 @@ fn bitmap_runs(w: &mut FsWriter, start: u64, len: u64) -> Vec<(u64, u64)> {
 fn check_current(w: &mut FsWriter, start: u64, len: u64, e: &[(u64, u64)], what: &str) {
     let (count, flags) = info(w, start, len);
     let bitmaps = flags & FREE_SPACE_USING_BITMAPS != 0;
-    assert_eq!(w.fst_cached_bitmaps(start), Some(bitmaps), "{what}: cached format vs INFO flags {flags:#x}");
+    assert_eq!(
+        w.fst_cached_bitmaps(start),
+        Some(bitmaps),
+        "{what}: cached format vs INFO flags {flags:#x}"
+    );
     assert_eq!(count as usize, e.len(), "{what}: INFO extent_count");
     if bitmaps {
         assert_eq!(bitmap_runs(w, start, len), e, "{what}: bitmap runs");
@@ -131,7 +158,10 @@ fn check_current(w: &mut FsWriter, start: u64, len: u64, e: &[(u64, u64)], what:
         want.extend(e.iter().map(|&(s, l)| Key::new(s, FREE_SPACE_EXTENT_KEY, l)));
         let got: Vec<Key> = items.iter().map(|(k, _)| *k).collect();
         assert_eq!(got, want, "{what}: items (INFO + one EXTENT per expected extent)");
-        assert!(items.iter().all(|(_, d)| d.is_empty() || d.len() == 8), "{what}: EXTENT items carry no data");
+        assert!(
+            items.iter().all(|(_, d)| d.is_empty() || d.len() == 8),
+            "{what}: EXTENT items carry no data"
+        );
     }
     assert_eq!(free_runs(w, start, len).unwrap(), e, "{what}: free_runs");
     w.check_invariants(FST).unwrap_or_else(|err| panic!("{what}: tree invariants: {err}"));
@@ -154,13 +184,17 @@ fn check_free_space_extents(w: &mut FsWriter, start: u64, len: u64, e: &[(u64, u
 /// removal, bitmaps may (all clear), and after the group removal nothing remains.
 fn teardown(w: &mut FsWriter, start: u64, len: u64, what: &str) {
     for (s, l) in free_runs(w, start, len).unwrap() {
-        in_handle(w, |h| remove_from_free_space_tree(h, s, l)).unwrap_or_else(|e| panic!("{what}: removing {s} +{l}: {e}"));
+        in_handle(w, |h| remove_from_free_space_tree(h, s, l))
+            .unwrap_or_else(|e| panic!("{what}: removing {s} +{l}: {e}"));
     }
     let (count, flags) = info(w, start, len);
     assert_eq!(count, 0, "{what}: extent_count after removing everything");
     let items = group_items(w, start, len);
     for (k, d) in items.iter().skip(1) {
-        assert_eq!(k.type_, FREE_SPACE_BITMAP_KEY, "{what}: {k} left after removing all free space");
+        assert_eq!(
+            k.type_, FREE_SPACE_BITMAP_KEY,
+            "{what}: {k} left after removing all free space"
+        );
         assert!(flags & FREE_SPACE_USING_BITMAPS != 0, "{what}: bitmap {k} in extent format");
         assert!(d.iter().all(|&b| b == 0), "{what}: bitmap {k} still has free bits");
     }
@@ -200,10 +234,12 @@ fn run(name: &str, ops: Ops) {
 }
 
 fn rm(w: &mut FsWriter, s: u64, l: u64) {
-    in_handle(w, |h| remove_from_free_space_tree(h, s, l)).unwrap_or_else(|e| panic!("remove {s} +{l}: {e}"));
+    in_handle(w, |h| remove_from_free_space_tree(h, s, l))
+        .unwrap_or_else(|e| panic!("remove {s} +{l}: {e}"));
 }
 fn add(w: &mut FsWriter, s: u64, l: u64) {
-    in_handle(w, |h| add_to_free_space_tree(h, s, l)).unwrap_or_else(|e| panic!("add {s} +{l}: {e}"));
+    in_handle(w, |h| add_to_free_space_tree(h, s, l))
+        .unwrap_or_else(|e| panic!("add {s} +{l}: {e}"));
 }
 
 #[test]
@@ -338,7 +374,11 @@ fn auto_convert(w: &mut FsWriter, s: u64, len: u64) -> Vec<(usize, bool)> {
         }
         let (c, flags) = info(w, s, len);
         assert_eq!(c, count, "step {step}: extent_count");
-        assert_eq!(flags & FREE_SPACE_USING_BITMAPS != 0, bitmaps, "step {step}: format after count {count} (low {low}, high {high})");
+        assert_eq!(
+            flags & FREE_SPACE_USING_BITMAPS != 0,
+            bitmaps,
+            "step {step}: format after count {count} (low {low}, high {high})"
+        );
         assert_eq!(w.fst_cached_bitmaps(s), Some(bitmaps), "step {step}: cached format vs INFO");
         let kinds: Vec<u8> = group_items(w, s, len).iter().skip(1).map(|(k, _)| k.type_).collect();
         let kind = if bitmaps { FREE_SPACE_BITMAP_KEY } else { FREE_SPACE_EXTENT_KEY };
@@ -375,7 +415,11 @@ fn automatic_conversion_at_real_thresholds() {
         // step 360 + (361 - 258) = 463.
         assert_eq!(thresholds(256 << 20, 4096), (259, 359));
         let seen = auto_convert(&mut w, base, 256 << 20);
-        assert_eq!(seen, vec![(359, true), (463, false)], "256 MiB group conversions (force_info_lookup={force})");
+        assert_eq!(
+            seen,
+            vec![(359, true), (463, false)],
+            "256 MiB group conversions (force_info_lookup={force})"
+        );
     }
     w.hooks.fst_force_info_lookup = false;
     img.commit_and_check(w);
@@ -391,9 +435,16 @@ fn cached_format_loaded_from_disk() {
     // must learn the format from INFO (no cache yet) and keep the tree consistent.
     let (start, len) = {
         let mut groups: Vec<(u64, u64)> = Vec::new();
-        let items = w.items_in_range(FST, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX)).unwrap();
+        let items = w
+            .items_in_range(FST, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX))
+            .unwrap();
         for (k, _) in items {
-            if k.type_ == FREE_SPACE_INFO_KEY && w.info.chunk_map.iter().any(|c| c.logical == k.objectid && c.type_ & BLOCK_GROUP_DATA != 0) {
+            if k.type_ == FREE_SPACE_INFO_KEY
+                && w.info
+                    .chunk_map
+                    .iter()
+                    .any(|c| c.logical == k.objectid && c.type_ & BLOCK_GROUP_DATA != 0)
+            {
                 groups.push((k.objectid, k.offset));
             }
         }

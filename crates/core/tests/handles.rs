@@ -23,14 +23,22 @@ fn a_handle_dropped_unended_aborts() {
     {
         let mut h = w.start_transaction("the dropped change", 3).expect("start");
         assert!(h.handle_reserved_bytes() > 0, "a start with items reserves metadata");
-        assert_eq!(h.metadata_reserved(), h.handle_reserved_bytes(), "the handle's reservation is all that is reserved");
-        h.create_file(ROOT, ROOT_DIR, b"half-done", &InodeAttrs::new(0o644)).expect("create inside the handle");
+        assert_eq!(
+            h.metadata_reserved(),
+            h.handle_reserved_bytes(),
+            "the handle's reservation is all that is reserved"
+        );
+        h.create_file(ROOT, ROOT_DIR, b"half-done", &InodeAttrs::new(0o644))
+            .expect("create inside the handle");
         // Dropped here without `end`, as an early return after an error would.
     }
     let e = w.check_writable().expect_err("a dropped handle aborts");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly));
     let msg = e.to_string();
-    assert!(msg.contains("the dropped change") && msg.contains("dropped before it ended"), "abort names the handle: {msg}");
+    assert!(
+        msg.contains("the dropped change") && msg.contains("dropped before it ended"),
+        "abort names the handle: {msg}"
+    );
     assert_eq!(w.metadata_reserved(), 0, "the dropped handle's reservation returned");
     assert!(w.commit().is_err(), "an aborted transaction does not commit");
     drop(w);
@@ -62,7 +70,9 @@ fn an_ended_handle_returns_its_reservation_and_keeps_its_changes() {
     assert_eq!(fs.lookup(root, b"a").expect("lookup").map(|e| e.target.ino), Some(ino));
     assert!(fs.lookup(root, b"b").expect("lookup").is_some());
     drop(fs);
-    if common::kernel_available("an_ended_handle_returns_its_reservation_and_keeps_its_changes: btrfs check") {
+    if common::kernel_available(
+        "an_ended_handle_returns_its_reservation_and_keeps_its_changes: btrfs check",
+    ) {
         assert_check(&img.path, "after a handle of two creates");
     }
 }
@@ -73,12 +83,16 @@ fn a_reservation_that_cannot_be_met_fails_before_anything_changes() {
     let mut w = img.writer();
     w.hooks.refuse_chunk_alloc = true;
     let dirty = w.dirty_blocks();
-    let e = w.start_transaction("too big", 1 << 30).map(|_| ()).expect_err("a billion items do not fit");
+    let e = w
+        .start_transaction("too big", 1 << 30)
+        .map(|_| ())
+        .expect_err("a billion items do not fit");
     assert_eq!(e.posix_kind(), Some(PosixKind::NoSpace), "{e}");
     assert_eq!(w.dirty_blocks(), dirty, "nothing changed");
     assert_eq!(w.metadata_reserved(), 0);
     w.check_writable().expect("a refused start does not abort");
-    w.create_file(ROOT, ROOT_DIR, b"after", &InodeAttrs::new(0o644)).expect("a small change still fits");
+    w.create_file(ROOT, ROOT_DIR, b"after", &InodeAttrs::new(0o644))
+        .expect("a small change still fits");
     w.commit().expect("commit");
 }
 
@@ -91,7 +105,10 @@ fn a_direct_write_holds_its_reservation_until_it_ends() {
     let ino = w.create_file(ROOT, ROOT_DIR, b"direct", &InodeAttrs::new(0o644)).expect("create");
     assert_eq!(w.metadata_reserved(), 0);
     let data = vec![0x5au8; 256 << 10];
-    let WritePlan::Direct(dw) = w.begin_write(ROOT, ino, 0, data.len() as u64).expect("begin") else { panic!("an aligned write into an empty file goes direct") };
+    let WritePlan::Direct(dw) = w.begin_write(ROOT, ino, 0, data.len() as u64).expect("begin")
+    else {
+        panic!("an aligned write into an empty file goes direct")
+    };
     let held = w.metadata_reserved();
     assert!(held > 0, "begin_write reserved metadata");
     // A change in between leaves the direct write's reservation in place.
@@ -99,7 +116,11 @@ fn a_direct_write_holds_its_reservation_until_it_ends() {
     assert_eq!(w.metadata_reserved(), held, "the direct write's reservation is still held");
     w.cancel_write(dw);
     assert_eq!(w.metadata_reserved(), 0, "cancel_write gave it back");
-    let WritePlan::Direct(mut dw) = w.begin_write(ROOT, ino, 0, data.len() as u64).expect("begin again") else { panic!("direct") };
+    let WritePlan::Direct(mut dw) =
+        w.begin_write(ROOT, ino, 0, data.len() as u64).expect("begin again")
+    else {
+        panic!("direct")
+    };
     assert_eq!(w.metadata_reserved(), held);
     dw.write_data(&w.info, &data).expect("data");
     w.finish_write(dw).expect("finish");
@@ -120,21 +141,38 @@ fn a_direct_write_holds_its_reservation_until_it_ends() {
 #[test]
 fn writeback_inside_a_handle_leaves_its_blocks_alone() {
     let run = |inhibit: bool| -> (u64, u64) {
-        let img = Scratch::fixture("blake2", if inhibit { "handle-inhibit" } else { "handle-no-inhibit" });
+        let img = Scratch::fixture(
+            "blake2",
+            if inhibit { "handle-inhibit" } else { "handle-no-inhibit" },
+        );
         let mut w = img.writer();
         let mut inos = Vec::new();
         for i in 0..600 {
-            inos.push(w.create_file(ROOT, ROOT_DIR, format!("f{i:04}").as_bytes(), &InodeAttrs::new(0o644)).expect("create"));
+            inos.push(
+                w.create_file(
+                    ROOT,
+                    ROOT_DIR,
+                    format!("f{i:04}").as_bytes(),
+                    &InodeAttrs::new(0o644),
+                )
+                .expect("create"),
+            );
         }
         w.commit().expect("commit the files");
         w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
         let early0 = w.blocks_written_early();
         let (second_cows, written) = {
             let mut h = w.join_transaction("amplification").expect("start");
-            let touch = |h: &mut ubtrfs_core::transaction::FsWriter, ino: u64| h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into()).expect("update inode");
+            let touch = |h: &mut ubtrfs_core::transaction::FsWriter, ino: u64| {
+                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into())
+                    .expect("update inode")
+            };
             h.hooks.no_writeback_inhibition = !inhibit;
             touch(&mut h, inos[0]);
-            assert!(!inhibit || h.handle_inhibited_blocks() > 0, "the handle inhibits the path it COWed");
+            assert!(
+                !inhibit || h.handle_inhibited_blocks() > 0,
+                "the handle inhibits the path it COWed"
+            );
             // Other changes in the same handle, not inhibited, fill the dirty set past the
             // limit.
             h.hooks.no_writeback_inhibition = true;
@@ -145,7 +183,10 @@ fn writeback_inside_a_handle_leaves_its_blocks_alone() {
             let over = h.dirty_blocks();
             h.background_writeback().expect("writeback inside the handle");
             let written = h.blocks_written_early() - early0;
-            assert!(written > 0, "writeback wrote nothing ({over} dirty blocks): the test would prove nothing");
+            assert!(
+                written > 0,
+                "writeback wrote nothing ({over} dirty blocks): the test would prove nothing"
+            );
             let before = h.blocks_cowed();
             touch(&mut h, inos[0]);
             let cows = h.blocks_cowed() - before;
@@ -158,7 +199,11 @@ fn writeback_inside_a_handle_leaves_its_blocks_alone() {
         let v = fs.load_inode(InodeId { root: ROOT, ino: inos[0] }, Load::ITEM).expect("inode");
         assert_eq!(v.item.mode.get() & 0o7777, 0o644, "touched twice: the mode is back");
         drop(fs);
-        if inhibit && common::kernel_available("writeback_inside_a_handle_leaves_its_blocks_alone: btrfs check") {
+        if inhibit
+            && common::kernel_available(
+                "writeback_inside_a_handle_leaves_its_blocks_alone: btrfs check",
+            )
+        {
             assert_check(&img.path, "after writeback inside a handle");
         }
         (second_cows, written)
@@ -180,11 +225,20 @@ fn writeback_inside_a_handle_leaves_its_blocks_alone() {
 fn a_full_inhibition_buffer_stops_inhibiting_gracefully() {
     use ubtrfs_core::transaction::handle::INHIBIT_SLOTS;
     let run = |map: bool| -> usize {
-        let img = Scratch::fixture("blake2", if map { "handle-full-map" } else { "handle-full-inline" });
+        let img =
+            Scratch::fixture("blake2", if map { "handle-full-map" } else { "handle-full-inline" });
         let mut w = img.writer();
         let mut inos = Vec::new();
         for i in 0..3000 {
-            inos.push(w.create_file(ROOT, ROOT_DIR, format!("g{i:05}").as_bytes(), &InodeAttrs::new(0o644)).expect("create"));
+            inos.push(
+                w.create_file(
+                    ROOT,
+                    ROOT_DIR,
+                    format!("g{i:05}").as_bytes(),
+                    &InodeAttrs::new(0o644),
+                )
+                .expect("create"),
+            );
         }
         w.commit().expect("commit the files");
         w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
@@ -193,12 +247,14 @@ fn a_full_inhibition_buffer_stops_inhibiting_gracefully() {
             let mut h = w.join_transaction("many leaves").expect("start");
             // One inode in every 40: a different leaf each time.
             for &ino in inos.iter().step_by(40) {
-                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into()).expect("update inode");
+                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into())
+                    .expect("update inode");
             }
             let n = h.handle_inhibited_blocks();
             h.background_writeback().expect("writeback inside the handle");
             for &ino in inos.iter().step_by(40) {
-                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into()).expect("update inode again");
+                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into())
+                    .expect("update inode again");
             }
             h.end().expect("end");
             n
@@ -208,10 +264,21 @@ fn a_full_inhibition_buffer_stops_inhibiting_gracefully() {
         drop(w);
         let fs = img.reader();
         for &ino in inos.iter().step_by(40) {
-            assert_eq!(fs.load_inode(InodeId { root: ROOT, ino }, Load::ITEM).expect("inode").item.mode.get() & 0o7777, 0o644, "ino {ino}: touched twice");
+            assert_eq!(
+                fs.load_inode(InodeId { root: ROOT, ino }, Load::ITEM)
+                    .expect("inode")
+                    .item
+                    .mode
+                    .get()
+                    & 0o7777,
+                0o644,
+                "ino {ino}: touched twice"
+            );
         }
         drop(fs);
-        if common::kernel_available("a_full_inhibition_buffer_stops_inhibiting_gracefully: btrfs check") {
+        if common::kernel_available(
+            "a_full_inhibition_buffer_stops_inhibiting_gracefully: btrfs check",
+        ) {
             assert_check(&img.path, "after a handle that filled its inhibition buffer");
         }
         inhibited

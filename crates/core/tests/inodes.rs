@@ -21,20 +21,30 @@ const ROOT_DIR: u64 = 256;
 fn getattr_is_cached_and_follows_every_change() {
     let img = Scratch::fixture("blake2", "inode-attrs");
     let e = Engine::from_writer(img.writer());
-    let id = e.write(|w| w.create_file(ROOT, ROOT_DIR, b"f", &InodeAttrs::new(0o600)).map(|ino| InodeId { root: ROOT, ino })).expect("create");
+    let id = e
+        .write(|w| {
+            w.create_file(ROOT, ROOT_DIR, b"f", &InodeAttrs::new(0o600))
+                .map(|ino| InodeId { root: ROOT, ino })
+        })
+        .expect("create");
     let live = |e: &Engine| e.read(|l| Ok(l.load_inode(id, Load::ITEM)?.item)).expect("live inode");
     let a = e.getattr(id).expect("getattr");
     assert_eq!(a.mode.get() & 0o7777, 0o600);
-    assert!(e.inodes().lookup(id).and_then(|i| i.attrs()).is_some(), "the first getattr keeps the item in the inode");
+    assert!(
+        e.inodes().lookup(id).and_then(|i| i.attrs()).is_some(),
+        "the first getattr keeps the item in the inode"
+    );
     // A write changes size, nbytes and times through the writer: the copy follows.
     e.write_file(id, 0, &vec![3u8; 10_000]).expect("write");
     let b = e.getattr(id).expect("getattr after the write");
     assert_eq!(b.size.get(), 10_000, "getattr shows the write's size");
     assert_eq!(b.as_bytes(), live(&e).as_bytes(), "the cached attributes equal the live item");
-    e.write(|w| w.update_inode(ROOT, id.ino, |i| i.mode = (i.mode.get() & !0o7777 | 0o640).into())).expect("chmod");
+    e.write(|w| w.update_inode(ROOT, id.ino, |i| i.mode = (i.mode.get() & !0o7777 | 0o640).into()))
+        .expect("chmod");
     assert_eq!(e.getattr(id).expect("getattr").mode.get() & 0o7777, 0o640, "a chmod shows");
     // A second name and its removal change nlink.
-    e.write(|w| w.link(ROOT, ROOT_DIR, b"g", id.ino, ubtrfs_format::structs::FT_REG_FILE)).expect("link");
+    e.write(|w| w.link(ROOT, ROOT_DIR, b"g", id.ino, ubtrfs_format::structs::FT_REG_FILE))
+        .expect("link");
     assert_eq!(e.getattr(id).expect("getattr").nlink.get(), 2);
     e.unlink(ROOT, ROOT_DIR, b"g").expect("unlink g");
     assert_eq!(e.getattr(id).expect("getattr").nlink.get(), 1);
@@ -62,13 +72,25 @@ fn dir_index_survives_eviction_of_the_directory() {
             assert!(e.inodes().lookup(d).is_none(), "the directory was evicted");
             e.set_inode_cache_capacity(1024);
         }
-        e.write(|w| w.create_file(ROOT, dir, format!("f{i:02}").as_bytes(), &InodeAttrs::new(0o644))).expect("create");
+        e.write(|w| {
+            w.create_file(ROOT, dir, format!("f{i:02}").as_bytes(), &InodeAttrs::new(0o644))
+        })
+        .expect("create");
     }
     e.commit().expect("commit");
     drop(e);
     let fs = Filesystem::open(&OpenOptions::new(&img.path)).expect("reader");
     let root = fs.read_root(ROOT).expect("fs tree").0;
-    let idx: Vec<u64> = fs.items_in_range(&root, &Key::new(dir, DIR_INDEX_KEY, 0), &Key::new(dir, DIR_INDEX_KEY, u64::MAX)).expect("index items").into_iter().map(|i| i.key().offset).collect();
+    let idx: Vec<u64> = fs
+        .items_in_range(
+            &root,
+            &Key::new(dir, DIR_INDEX_KEY, 0),
+            &Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+        )
+        .expect("index items")
+        .into_iter()
+        .map(|i| i.key().offset)
+        .collect();
     assert_eq!(idx, (2..42).collect::<Vec<u64>>(), "DIR_INDEX numbering across the eviction");
     drop(fs);
     if common::kernel_available("dir_index_survives_eviction_of_the_directory: btrfs check") {

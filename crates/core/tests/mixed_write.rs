@@ -21,14 +21,24 @@ const MIB: u64 = 1 << 20;
 
 fn group_types(img: &std::path::Path) -> Vec<u64> {
     let info = FsInfo::open(&ubtrfs_core::OpenOptions::new(img)).expect("open");
-    info.block_groups().expect("block groups").into_iter().map(|g| g.flags & BLOCK_GROUP_TYPE_MASK).collect()
+    info.block_groups()
+        .expect("block groups")
+        .into_iter()
+        .map(|g| g.flags & BLOCK_GROUP_TYPE_MASK)
+        .collect()
 }
 
 fn kernel_reads(img: &std::path::Path, files: &BTreeMap<String, Vec<u8>>, what: &str) {
     let m = Mount::new(img, false);
     for (p, data) in files {
-        let got = std::fs::read(m.path(p)).unwrap_or_else(|e| panic!("{what}: kernel read /{p}: {e}"));
-        assert!(got == *data, "{what}: kernel reads /{p}: {} bytes, {} written", got.len(), data.len());
+        let got =
+            std::fs::read(m.path(p)).unwrap_or_else(|e| panic!("{what}: kernel read /{p}: {e}"));
+        assert!(
+            got == *data,
+            "{what}: kernel reads /{p}: {} bytes, {} written",
+            got.len(),
+            data.len()
+        );
     }
     m.umount();
 }
@@ -55,17 +65,28 @@ fn the_mixed_fixture_takes_writes() {
     for i in 0..120 {
         let n = [100, 3000, 70_000, 400_000][i % 4] + rng.below(1000) as usize;
         let data = rng.bytes(n);
-        let ino = w.create_file(top.root, d, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino = w
+            .create_file(top.root, d, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644))
+            .expect("create");
         w.write_file(top.root, ino, 0, &data).expect("write");
         files.insert(format!("ours/f{i}"), data);
     }
     w.commit().expect("commit");
     drop(w);
-    assert!(group_types(&img.path).iter().all(|&t| t == BLOCK_GROUP_SYSTEM || t == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA), "{:?}", group_types(&img.path));
+    assert!(
+        group_types(&img.path)
+            .iter()
+            .all(|&t| t == BLOCK_GROUP_SYSTEM || t == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA),
+        "{:?}",
+        group_types(&img.path)
+    );
     assert_check(&img.path, "mixed fixture after ubtrfs wrote");
     kernel_reads(&img.path, &files, "mixed fixture");
     let m = Mount::new(&img.path, false);
-    let now: Tree = walk_kernel(&m.path("")).into_iter().filter(|(p, _)| !p.is_empty() && p != "ours" && !p.starts_with("ours/")).collect();
+    let now: Tree = walk_kernel(&m.path(""))
+        .into_iter()
+        .filter(|(p, _)| !p.is_empty() && p != "ours" && !p.starts_with("ours/"))
+        .collect();
     m.umount();
     let was: Tree = theirs.into_iter().filter(|(p, _)| !p.is_empty()).collect();
     assert_same(&was, &now, "the fixture's own files");
@@ -91,13 +112,14 @@ fn mixed_fill_delete_fill() {
             // Mostly data, with bursts of small files (metadata in the same groups).
             let n = if i % 5 == 0 { 2 << 20 } else { rng.below(8000) as usize };
             let data = rng.bytes(n);
-            let ino = match w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)) {
-                Ok(ino) => ino,
-                Err(e) => {
-                    refused = Some(e);
-                    break;
-                }
-            };
+            let ino =
+                match w.create_file(top.root, top.ino, name.as_bytes(), &InodeAttrs::new(0o644)) {
+                    Ok(ino) => ino,
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                };
             if let Err(e) = w.write_file(top.root, ino, 0, &data) {
                 w.unlink(top.root, top.ino, name.as_bytes()).expect("unlink the empty file");
                 refused = Some(e);
@@ -124,6 +146,11 @@ fn mixed_fill_delete_fill() {
     }
     let types = group_types(&img.path);
     assert!(types.len() > groups_before, "no new chunk: {types:?}");
-    assert!(types.iter().all(|&t| t == BLOCK_GROUP_SYSTEM || t == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA), "a group that is not mixed: {types:?}");
+    assert!(
+        types
+            .iter()
+            .all(|&t| t == BLOCK_GROUP_SYSTEM || t == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA),
+        "a group that is not mixed: {types:?}"
+    );
     let _ = FsWriter::open(&ubtrfs_core::OpenOptions::new(&img.path)).expect("still opens");
 }

@@ -58,7 +58,11 @@ fn kernel_op(m: &Mount, op: &Op) -> i32 {
         match op {
             Op::Mkdir(p) => errno_of(libc::mkdir(c(&m.path(p)).as_ptr(), 0o755)),
             Op::Create(p) => {
-                let fd = libc::open(c(&m.path(p)).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
+                let fd = libc::open(
+                    c(&m.path(p)).as_ptr(),
+                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                    0o644,
+                );
                 if fd < 0 {
                     errno_of(-1)
                 } else {
@@ -68,13 +72,32 @@ fn kernel_op(m: &Mount, op: &Op) -> i32 {
             }
             Op::Unlink(p) => errno_of(libc::unlink(c(&m.path(p)).as_ptr())),
             Op::Rmdir(p) => errno_of(libc::rmdir(c(&m.path(p)).as_ptr())),
-            Op::Symlink(p, t) => errno_of(libc::symlink(CString::new(t.clone()).expect("target").as_ptr(), c(&m.path(p)).as_ptr())),
-            Op::Mknod(p, mode, ma, mi) => errno_of(libc::mknod(c(&m.path(p)).as_ptr(), *mode, libc::makedev(*ma, *mi))),
-            Op::Link(from, to) => errno_of(libc::link(c(&m.path(from)).as_ptr(), c(&m.path(to)).as_ptr())),
-            Op::Rename(from, to, flags) => errno_of(libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, c(&m.path(from)).as_ptr(), libc::AT_FDCWD, c(&m.path(to)).as_ptr(), *flags) as libc::c_int),
+            Op::Symlink(p, t) => errno_of(libc::symlink(
+                CString::new(t.clone()).expect("target").as_ptr(),
+                c(&m.path(p)).as_ptr(),
+            )),
+            Op::Mknod(p, mode, ma, mi) => {
+                errno_of(libc::mknod(c(&m.path(p)).as_ptr(), *mode, libc::makedev(*ma, *mi)))
+            }
+            Op::Link(from, to) => {
+                errno_of(libc::link(c(&m.path(from)).as_ptr(), c(&m.path(to)).as_ptr()))
+            }
+            Op::Rename(from, to, flags) => errno_of(libc::syscall(
+                libc::SYS_renameat2,
+                libc::AT_FDCWD,
+                c(&m.path(from)).as_ptr(),
+                libc::AT_FDCWD,
+                c(&m.path(to)).as_ptr(),
+                *flags,
+            ) as libc::c_int),
             Op::Flags(p, f) => {
                 let arg = if *f & INODE_IMMUTABLE != 0 { "+i" } else { "+a" };
-                let ok = std::process::Command::new("chattr").arg(arg).arg(m.path(p)).status().expect("chattr").success();
+                let ok = std::process::Command::new("chattr")
+                    .arg(arg)
+                    .arg(m.path(p))
+                    .status()
+                    .expect("chattr")
+                    .success();
                 assert!(ok, "chattr {arg} {p}");
                 0
             }
@@ -130,13 +153,21 @@ fn ubtrfs_op(w: &mut FsWriter, op: &Op) -> i32 {
             Op::Mknod(p, mode, ma, mi) => {
                 let (d, n) = split(p);
                 let d = dir_of(w, d)?;
-                w.mknod(d.root, d.ino, n, &InodeAttrs { rdev: rdev_encode(*ma, *mi), ..InodeAttrs::new(*mode) }).map(drop)
+                w.mknod(
+                    d.root,
+                    d.ino,
+                    n,
+                    &InodeAttrs { rdev: rdev_encode(*ma, *mi), ..InodeAttrs::new(*mode) },
+                )
+                .map(drop)
             }
             Op::Link(from, to) => {
                 let id = w.live().resolve_id(&format!("/{from}"), false)?;
                 let (d, n) = split(to);
                 let d = dir_of(w, d)?;
-                let ft = ubtrfs_format::structs::ft_from_mode(w.live().load_inode(id, Load::ITEM)?.item.mode.get());
+                let ft = ubtrfs_format::structs::ft_from_mode(
+                    w.live().load_inode(id, Load::ITEM)?.item.mode.get(),
+                );
                 w.link(d.root, d.ino, n, id.ino, ft)
             }
             Op::Rename(from, to, flags) => {
@@ -152,7 +183,9 @@ fn ubtrfs_op(w: &mut FsWriter, op: &Op) -> i32 {
     })();
     match r {
         Ok(()) => 0,
-        Err(e) => e.posix_kind().unwrap_or_else(|| panic!("{op:?}: not a POSIX error: {e}")).errno(),
+        Err(e) => {
+            e.posix_kind().unwrap_or_else(|| panic!("{op:?}: not a POSIX error: {e}")).errno()
+        }
     }
 }
 
@@ -263,7 +296,11 @@ fn run_both(kimg: &std::path::Path, uimg: &Scratch, ops: &[Op], what: &str) {
         let before = fs_items(&mut w);
         let u = ubtrfs_op(&mut w, op);
         if u != 0 {
-            assert!(before == fs_items(&mut w), "{what}: {op:?} failed ({}) but changed the tree", errname(u));
+            assert!(
+                before == fs_items(&mut w),
+                "{what}: {op:?} failed ({}) but changed the tree",
+                errname(u)
+            );
         }
         if k != u {
             bad.push(format!("{op:?}: kernel {}, ubtrfs {}", errname(k), errname(u)));
@@ -272,13 +309,19 @@ fn run_both(kimg: &std::path::Path, uimg: &Scratch, ops: &[Op], what: &str) {
     w.commit().expect("commit");
     drop(w);
     mnt.umount();
-    assert!(bad.is_empty(), "{what}: {} results differ from the kernel's:\n{}", bad.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{what}: {} results differ from the kernel's:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
 }
 
 /// Every fs-tree item with its data, less what differs between equal trees made at
 /// other times: inode items (times, transids) are compared as the fields that matter.
 fn fs_items(w: &mut FsWriter) -> Vec<(Key, Vec<u8>)> {
-    w.items_in_range(FS_TREE_OBJECTID, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX)).expect("fs tree")
+    w.items_in_range(FS_TREE_OBJECTID, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX))
+        .expect("fs tree")
 }
 
 /// What two trees made by the same operations must share: for each item, its key
@@ -291,7 +334,8 @@ fn comparable(img: &std::path::Path) -> BTreeMap<(u64, u8, u64), String> {
     for (k, d) in fs_items(&mut w) {
         let v = match k.type_ {
             INODE_ITEM_KEY => {
-                let (ii, _) = <InodeItem as zerocopy::FromBytes>::read_from_prefix(&d).expect("inode item");
+                let (ii, _) =
+                    <InodeItem as zerocopy::FromBytes>::read_from_prefix(&d).expect("inode item");
                 format!(
                     "mode {:o} uid {} gid {} size {} nbytes {} nlink {} rdev {:#x} flags {:#x}",
                     ii.mode.get(),
@@ -308,11 +352,18 @@ fn comparable(img: &std::path::Path) -> BTreeMap<(u64, u8, u64), String> {
                 let mut v = Vec::new();
                 for e in ubtrfs_format::items::dir_entries(&d) {
                     let e = e.expect("dir entry");
-                    v.push(format!("{} -> {} type {}", String::from_utf8_lossy(e.name), e.location.objectid, e.type_));
+                    v.push(format!(
+                        "{} -> {} type {}",
+                        String::from_utf8_lossy(e.name),
+                        e.location.objectid,
+                        e.type_
+                    ));
                 }
                 v.join(", ")
             }
-            EXTENT_DATA_KEY if d.get(20) == Some(&FILE_EXTENT_INLINE) => format!("inline {}", hex(&d[21..])),
+            EXTENT_DATA_KEY if d.get(20) == Some(&FILE_EXTENT_INLINE) => {
+                format!("inline {}", hex(&d[21..]))
+            }
             EXTENT_DATA_KEY => format!("extent {}", hex(&d[8..])),
             _ => hex(&d),
         };
@@ -336,7 +387,12 @@ fn assert_same_items(kimg: &std::path::Path, uimg: &std::path::Path, what: &str)
             d.push(format!("only ubtrfs has {key:?}: {uv}"));
         }
     }
-    assert!(d.is_empty(), "{what}: {} differences:\n{}", d.len(), d.iter().take(30).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        d.is_empty(),
+        "{what}: {} differences:\n{}",
+        d.len(),
+        d.iter().take(30).cloned().collect::<Vec<_>>().join("\n")
+    );
 }
 
 /// The kernel's and ubtrfs's images after the same operations, both from one mkfs.
@@ -429,13 +485,21 @@ fn inode_ref_room_is_the_kernels() {
     // the count: after the first name's 11 bytes, 4 KiB leaves take 15 entries of 263
     // bytes (3945 of 3959; 14 with 25 bytes less), 16 KiB leaves 62 of 262 (16244 of
     // 16247).
-    for (tag, args, len, nodesize) in [("ns-ref-room", &["-O", "^extref", "-n", "4096"][..], 253usize, 4096usize), ("ns-ref-room-16k", &["-O", "^extref", "-n", "16384"][..], 252, 16384)] {
+    for (tag, args, len, nodesize) in [
+        ("ns-ref-room", &["-O", "^extref", "-n", "4096"][..], 253usize, 4096usize),
+        ("ns-ref-room-16k", &["-O", "^extref", "-n", "16384"][..], 252, 16384),
+    ] {
         let (k, u) = twin_images(tag, args, &[Op::Create("f")]);
         let entry = 10 + len;
         let room = nodesize - 101 - 25 - 11;
-        assert_ne!(room / entry, (room - 25) / entry, "{tag}: the name length makes one header count");
+        assert_ne!(
+            room / entry,
+            (room - 25) / entry,
+            "{tag}: the name length makes one header count"
+        );
         // One op list, run on both: links until EMLINK.
-        let names: Vec<String> = (0..80).map(|i| format!("{i:03}{}", "l".repeat(len - 3))).collect();
+        let names: Vec<String> =
+            (0..80).map(|i| format!("{i:03}{}", "l".repeat(len - 3))).collect();
         let ops: Vec<Op> = names.iter().map(|n| Op::Link("f", n.clone())).collect();
         let mnt = Mount::new(&k.path, true);
         let kres: Vec<i32> = ops.iter().map(|o| kernel_op(&mnt, o)).collect();
@@ -456,33 +520,55 @@ fn inode_ref_room_is_the_kernels() {
         use std::os::unix::fs::MetadataExt;
         assert_eq!(std::fs::metadata(mnt.path("f")).expect("stat").nlink(), 1 + ufit as u64);
         for n in &names[..ufit] {
-            std::fs::remove_file(mnt.path(n)).unwrap_or_else(|e| panic!("{tag}: kernel unlink {n}: {e}"));
+            std::fs::remove_file(mnt.path(n))
+                .unwrap_or_else(|e| panic!("{tag}: kernel unlink {n}: {e}"));
         }
         mnt.umount();
         assert_check(&u.path, &format!("{tag}: after the kernel's unlinks"));
     }
     // With extref, the same names all go in: the overflow lands in INODE_EXTREFs.
     let (k, u) = twin_images("ns-extref", &["-n", "4096"], &[Op::Create("f"), Op::Mkdir("d")]);
-    let ops: Vec<Op> = (0..40).flat_map(|i| [Op::Link("f", format!("{i:03}{}", "e".repeat(252))), Op::Link("f", format!("d/{i:03}{}", "e".repeat(252)))]).collect();
+    let ops: Vec<Op> = (0..40)
+        .flat_map(|i| {
+            [
+                Op::Link("f", format!("{i:03}{}", "e".repeat(252))),
+                Op::Link("f", format!("d/{i:03}{}", "e".repeat(252))),
+            ]
+        })
+        .collect();
     run_both(&k.path, &u, &ops, "extref links");
-    let ops: Vec<Op> = (0..40).step_by(3).map(|i| Op::Unlink(Box::leak(format!("{i:03}{}", "e".repeat(252)).into_boxed_str()))).collect();
+    let ops: Vec<Op> = (0..40)
+        .step_by(3)
+        .map(|i| Op::Unlink(Box::leak(format!("{i:03}{}", "e".repeat(252)).into_boxed_str())))
+        .collect();
     run_both(&k.path, &u, &ops, "extref unlinks");
     assert_check(&u.path, "extref links");
     assert_same_items(&k.path, &u.path, "extref links");
     let mut w = u.writer();
     let f = w.live().resolve_id("/f", false).expect("f");
-    let extrefs = w.items_in_range(5, &Key::new(f.ino, INODE_EXTREF_KEY, 0), &Key::new(f.ino, INODE_EXTREF_KEY, u64::MAX)).expect("extrefs");
+    let extrefs = w
+        .items_in_range(
+            5,
+            &Key::new(f.ino, INODE_EXTREF_KEY, 0),
+            &Key::new(f.ino, INODE_EXTREF_KEY, u64::MAX),
+        )
+        .expect("extrefs");
     assert!(!extrefs.is_empty(), "the overflow went to INODE_EXTREF");
 }
 
 /// At the kernel's link limit, one more link is EMLINK and changes nothing.
 #[test]
 fn link_limit_is_emlink() {
-    let img = if common::kernel_available("link_limit_is_emlink") { Scratch::mkfs("ns-emlink", 256 * MIB, &[]) } else { Scratch::fixture("plain", "ns-emlink") };
+    let img = if common::kernel_available("link_limit_is_emlink") {
+        Scratch::mkfs("ns-emlink", 256 * MIB, &[])
+    } else {
+        Scratch::fixture("plain", "ns-emlink")
+    };
     let mut w = img.writer();
     let top = w.live().root_dir();
     let ino = w.create_file(top.root, top.ino, b"many", &InodeAttrs::new(0o644)).expect("create");
-    w.update_inode(top.root, ino, |i| i.nlink = (ubtrfs_core::inode::write::LINK_MAX - 1).into()).expect("set nlink");
+    w.update_inode(top.root, ino, |i| i.nlink = (ubtrfs_core::inode::write::LINK_MAX - 1).into())
+        .expect("set nlink");
     w.link(top.root, top.ino, b"one-more", ino, FT_REG_FILE).expect("the last link that fits");
     let before = fs_items(&mut w);
     let e = w.link(top.root, top.ino, b"too-many", ino, FT_REG_FILE).expect_err("past LINK_MAX");
@@ -507,7 +593,9 @@ fn symlinks_special_files_and_renames_round_trip() {
     m.w_symlink(&mut w, "d/short", b"f");
     m.w_symlink(&mut w, "d/longest", &vec![b'z'; longest]);
     let top = w.live().root_dir();
-    let e = w.symlink(top.root, top.ino, b"too-long", &vec![b'z'; longest + 1], &InodeAttrs::new(0o777)).expect_err("past the inline room");
+    let e = w
+        .symlink(top.root, top.ino, b"too-long", &vec![b'z'; longest + 1], &InodeAttrs::new(0o777))
+        .expect_err("past the inline room");
     assert_eq!(e.posix_kind(), Some(PosixKind::NameTooLong), "{e}");
     m.w_mknod(&mut w, "d/fifo", S_IFIFO | 0o644, 0);
     m.w_mknod(&mut w, "d/null", S_IFCHR | 0o666, rdev_encode(1, 3));

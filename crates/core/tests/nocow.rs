@@ -42,7 +42,12 @@ enum Step {
 
 fn data_of(step: usize, len: u64, text: bool) -> Vec<u8> {
     if text {
-        return b"a line of text that compresses very well indeed\n".iter().cycle().take(len as usize).copied().collect();
+        return b"a line of text that compresses very well indeed\n"
+            .iter()
+            .cycle()
+            .take(len as usize)
+            .copied()
+            .collect();
     }
     Rng::new(0x5eed ^ step as u64).bytes(len as usize)
 }
@@ -52,16 +57,30 @@ fn data_of(step: usize, len: u64, text: bool) -> Vec<u8> {
 type Item = (u64, char, usize, u64, u64, u8);
 
 fn layout<V: FsRead>(v: &V, name: &str, names: &mut HashMap<u64, usize>) -> Vec<Item> {
-    let id = v.resolve_id(&format!("/{name}"), false).unwrap_or_else(|e| panic!("resolve {name}: {e}"));
+    let id =
+        v.resolve_id(&format!("/{name}"), false).unwrap_or_else(|e| panic!("resolve {name}: {e}"));
     let mut out = Vec::new();
     for f in v.file_extents(id, 0, u64::MAX).expect("file extents") {
         out.push(match f.kind {
-            ExtentKind::Inline { ram_bytes, compression, .. } => (f.file_offset, 'i', 0, 0, ram_bytes, compression),
-            ExtentKind::Regular { disk_bytenr: 0, num_bytes, .. } => (f.file_offset, 'h', 0, 0, num_bytes, 0),
-            ExtentKind::Regular { disk_bytenr, offset, num_bytes, compression, prealloc, .. } => {
+            ExtentKind::Inline { ram_bytes, compression, .. } => {
+                (f.file_offset, 'i', 0, 0, ram_bytes, compression)
+            }
+            ExtentKind::Regular { disk_bytenr: 0, num_bytes, .. } => {
+                (f.file_offset, 'h', 0, 0, num_bytes, 0)
+            }
+            ExtentKind::Regular {
+                disk_bytenr, offset, num_bytes, compression, prealloc, ..
+            } => {
                 let n = names.len();
                 let idx = *names.entry(disk_bytenr).or_insert(n);
-                (f.file_offset, if prealloc { 'p' } else { 'r' }, idx, offset, num_bytes, compression)
+                (
+                    f.file_offset,
+                    if prealloc { 'p' } else { 'r' },
+                    idx,
+                    offset,
+                    num_bytes,
+                    compression,
+                )
             }
         });
     }
@@ -100,19 +119,32 @@ fn kernel_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
             }
             Step::Write(n, off, len) | Step::WriteText(n, off, len) => {
                 let f = std::fs::OpenOptions::new().write(true).open(m.path(n)).expect("open");
-                f.write_all_at(&data_of(i, len, matches!(s, Step::WriteText(..))), off).expect("write");
+                f.write_all_at(&data_of(i, len, matches!(s, Step::WriteText(..))), off)
+                    .expect("write");
                 f.sync_all().expect("fsync");
                 n
             }
             Step::Falloc(n, mode, off, len) => {
                 let f = std::fs::OpenOptions::new().write(true).open(m.path(n)).expect("open");
                 // SAFETY: fallocate on an open descriptor.
-                let r = unsafe { libc::fallocate(std::os::unix::io::AsRawFd::as_raw_fd(&f), mode as i32, off as i64, len as i64) };
+                let r = unsafe {
+                    libc::fallocate(
+                        std::os::unix::io::AsRawFd::as_raw_fd(&f),
+                        mode as i32,
+                        off as i64,
+                        len as i64,
+                    )
+                };
                 assert_eq!(r, 0, "kernel fallocate {s:?}: {}", std::io::Error::last_os_error());
                 n
             }
             Step::Truncate(n, size) => {
-                std::fs::OpenOptions::new().write(true).open(m.path(n)).expect("open").set_len(size).expect("truncate");
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(m.path(n))
+                    .expect("open")
+                    .set_len(size)
+                    .expect("truncate");
                 n
             }
             Step::Compress => {
@@ -136,11 +168,14 @@ fn ubtrfs_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
     let mut names = HashMap::new();
     let mut layouts = Vec::new();
     let mut files = HashMap::new();
-    let ino_of = |w: &FsWriter, n: &str| w.live().resolve_id(&format!("/{n}"), false).expect("resolve").ino;
+    let ino_of =
+        |w: &FsWriter, n: &str| w.live().resolve_id(&format!("/{n}"), false).expect("resolve").ino;
     for (i, &s) in steps.iter().enumerate() {
         let name = match s {
             Step::Create(n, nocow) => {
-                let ino = w.create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+                let ino = w
+                    .create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644))
+                    .expect("create");
                 if nocow {
                     w.set_fsflags(top.root, ino, fsflags::NOCOW).expect("chattr +C");
                 }
@@ -148,21 +183,36 @@ fn ubtrfs_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
             }
             Step::Write(n, off, len) | Step::WriteText(n, off, len) => {
                 let ino = ino_of(&w, n);
-                w.write_file(top.root, ino, off, &data_of(i, len, matches!(s, Step::WriteText(..)))).unwrap_or_else(|e| panic!("ubtrfs {s:?}: {e}"));
+                w.write_file(
+                    top.root,
+                    ino,
+                    off,
+                    &data_of(i, len, matches!(s, Step::WriteText(..))),
+                )
+                .unwrap_or_else(|e| panic!("ubtrfs {s:?}: {e}"));
                 n
             }
             Step::Falloc(n, mode, off, len) => {
                 let ino = ino_of(&w, n);
-                w.fallocate(top.root, ino, mode, off, len).unwrap_or_else(|e| panic!("ubtrfs {s:?}: {e}"));
+                w.fallocate(top.root, ino, mode, off, len)
+                    .unwrap_or_else(|e| panic!("ubtrfs {s:?}: {e}"));
                 n
             }
             Step::Truncate(n, size) => {
                 let ino = ino_of(&w, n);
-                w.setattr(top.root, ino, &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() }).expect("truncate");
+                w.setattr(
+                    top.root,
+                    ino,
+                    &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() },
+                )
+                .expect("truncate");
                 n
             }
             Step::Compress => {
-                w.set_compress(ubtrfs_core::inode::compress_write::CompressPolicy::parse("zstd", false).expect("policy"));
+                w.set_compress(
+                    ubtrfs_core::inode::compress_write::CompressPolicy::parse("zstd", false)
+                        .expect("policy"),
+                );
                 continue;
             }
         };
@@ -190,19 +240,30 @@ fn scenario(tag: &str, prefix: &dyn Fn(&Path), steps: &[Step]) {
     let mut bad = Vec::new();
     for (i, (a, b)) in kl.iter().zip(&ul).enumerate() {
         if a != b {
-            bad.push(format!("after step {i} {:?}:\n  kernel {a:?}\n  ubtrfs {b:?}", steps.iter().filter(|s| !matches!(s, Step::Compress)).nth(i)));
+            bad.push(format!(
+                "after step {i} {:?}:\n  kernel {a:?}\n  ubtrfs {b:?}",
+                steps.iter().filter(|s| !matches!(s, Step::Compress)).nth(i)
+            ));
         }
     }
     for (n, want) in &kf {
         if uf.get(n) != Some(want) {
-            bad.push(format!("{n}: contents differ from the kernel's ({} vs {:?} bytes)", want.len(), uf.get(n).map(Vec::len)));
+            bad.push(format!(
+                "{n}: contents differ from the kernel's ({} vs {:?} bytes)",
+                want.len(),
+                uf.get(n).map(Vec::len)
+            ));
         }
     }
     assert!(bad.is_empty(), "{tag}:\n{}", bad.join("\n"));
     assert_check(&u.path, tag);
     let m = Mount::new(&u.path, false);
     for (n, want) in &kf {
-        assert_eq!(&std::fs::read(m.path(n)).expect("kernel read"), want, "{tag}: {n} as the kernel reads ubtrfs's image");
+        assert_eq!(
+            &std::fs::read(m.path(n)).expect("kernel read"),
+            want,
+            "{tag}: {n} as the kernel reads ubtrfs's image"
+        );
     }
     m.umount();
 }
@@ -215,7 +276,11 @@ fn check_available(test: &str) -> bool {
     if have_btrfs_check() {
         return true;
     }
-    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: btrfs check missing under CI=true");
+    assert_ne!(
+        std::env::var("CI").as_deref(),
+        Ok("true"),
+        "{test}: btrfs check missing under CI=true"
+    );
     eprintln!("{test}: skipped: needs btrfs check");
     false
 }
@@ -289,9 +354,17 @@ fn shared_prefix(top: &Path, reflink: bool, snapshot: bool) {
     for n in ["r", "s"] {
         std::fs::File::create(top.join(n)).expect("create");
         run_cmd(Command::new("chattr").arg("+C").arg(top.join(n)));
-        run_cmd(Command::new("xfs_io").args(["-c", "pwrite -S 0x61 0 256k", "-c", "fsync"]).arg(top.join(n)));
+        run_cmd(
+            Command::new("xfs_io")
+                .args(["-c", "pwrite -S 0x61 0 256k", "-c", "fsync"])
+                .arg(top.join(n)),
+        );
     }
-    run_cmd(Command::new("xfs_io").args(["-f", "-c", "falloc 0 256k", "-c", "fsync"]).arg(top.join("q")));
+    run_cmd(
+        Command::new("xfs_io")
+            .args(["-f", "-c", "falloc 0 256k", "-c", "fsync"])
+            .arg(top.join("q")),
+    );
     if reflink {
         // Clones need the same NODATACOW on both sides.
         std::fs::File::create(top.join("r2")).expect("create");
@@ -311,7 +384,9 @@ fn shared_prefix(top: &Path, reflink: bool, snapshot: bool) {
         run_cmd(&mut Command::new("sync"));
         // Nothing changes the subvolume after it: its leaves stay shared, and only the
         // last-snapshot generation tells that the extents may be.
-        run_cmd(Command::new("btrfs").args(["subvolume", "snapshot"]).arg(top).arg(top.join("snap")));
+        run_cmd(
+            Command::new("btrfs").args(["subvolume", "snapshot"]).arg(top).arg(top.join("snap")),
+        );
     }
 }
 
@@ -428,13 +503,16 @@ fn in_place_writes_need_no_data_space() {
     for round in 0..4u64 {
         let d = Rng::new(100 + round).bytes(2 << 20);
         let at = round * (1 << 20);
-        w.write_file(top.root, c, at, &d).unwrap_or_else(|e| panic!("in-place overwrite {round} on a full disk: {e}"));
+        w.write_file(top.root, c, at, &d)
+            .unwrap_or_else(|e| panic!("in-place overwrite {round} on a full disk: {e}"));
         want[at as usize..at as usize + d.len()].copy_from_slice(&d);
-        w.write_file(top.root, p, at, &d[..1 << 20]).unwrap_or_else(|e| panic!("write into preallocation {round} on a full disk: {e}"));
+        w.write_file(top.root, p, at, &d[..1 << 20])
+            .unwrap_or_else(|e| panic!("write into preallocation {round} on a full disk: {e}"));
         w.commit().expect("commit");
     }
     assert_eq!(contents(&w.live(), "c"), want);
-    let pw: Vec<u8> = (0..4u64).flat_map(|r| Rng::new(100 + r).bytes(2 << 20)[..1 << 20].to_vec()).collect();
+    let pw: Vec<u8> =
+        (0..4u64).flat_map(|r| Rng::new(100 + r).bytes(2 << 20)[..1 << 20].to_vec()).collect();
     assert_eq!(contents(&w.live(), "p"), pw);
     assert_eq!(contents(&w.live(), "fill"), before);
     drop(w);
@@ -480,10 +558,20 @@ fn engine_direct_writes_go_in_place() {
     // Into the preallocation: split, then merged.
     let d1 = Rng::new(3).bytes(64 << 10);
     e.write_file(id(p), 128 << 10, &d1).expect("write p");
-    assert_eq!(items("p"), vec![(0, 'p', 0, 0, 128 << 10, 0), (128 << 10, 'r', 0, 128 << 10, 64 << 10, 0), (192 << 10, 'p', 0, 192 << 10, 832 << 10, 0)]);
+    assert_eq!(
+        items("p"),
+        vec![
+            (0, 'p', 0, 0, 128 << 10, 0),
+            (128 << 10, 'r', 0, 128 << 10, 64 << 10, 0),
+            (192 << 10, 'p', 0, 192 << 10, 832 << 10, 0)
+        ]
+    );
     let d2 = Rng::new(4).bytes(128 << 10);
     e.write_file(id(p), 0, &d2).expect("write p");
-    assert_eq!(items("p"), vec![(0, 'r', 0, 0, 192 << 10, 0), (192 << 10, 'p', 0, 192 << 10, 832 << 10, 0)]);
+    assert_eq!(
+        items("p"),
+        vec![(0, 'r', 0, 0, 192 << 10, 0), (192 << 10, 'p', 0, 192 << 10, 832 << 10, 0)]
+    );
     e.commit().expect("commit");
     let mut want_p = vec![0u8; 1 << 20];
     want_p[..128 << 10].copy_from_slice(&d2);

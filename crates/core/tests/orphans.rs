@@ -35,45 +35,75 @@ fn image(tag: &str) -> (Scratch, bool) {
 /// A sparse copy of `img` (deleted on drop like any scratch image).
 fn copy_image(img: &Path, tag: &str) -> Scratch {
     let copy = Scratch { path: img.with_file_name(format!("{tag}-{}.img", std::process::id())) };
-    let ok = Command::new("cp").arg("--sparse=always").arg(img).arg(&copy.path).status().map(|s| s.success()).unwrap_or(false);
+    let ok = Command::new("cp")
+        .arg("--sparse=always")
+        .arg(img)
+        .arg(&copy.path)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
     assert!(ok, "copy {} to {}", img.display(), copy.path.display());
     copy
 }
 
 fn engine(img: &Scratch) -> Engine {
-    Engine::open(&OpenOptions::new(&img.path)).unwrap_or_else(|e| panic!("{}: Engine::open: {e}", img.path.display()))
+    Engine::open(&OpenOptions::new(&img.path))
+        .unwrap_or_else(|e| panic!("{}: Engine::open: {e}", img.path.display()))
 }
 
 /// Items of tree `tree` with keys in [from, to], as committed in `img`.
 fn committed_items(img: &Path, tree: u64, from: Key, to: Key) -> Vec<(Key, Vec<u8>)> {
     let fs = Filesystem::open(&OpenOptions::new(img)).expect("open reader");
     let root = fs.read_root(tree).unwrap_or_else(|e| panic!("tree {tree}: {e}")).0;
-    fs.items_in_range(&root, &from, &to).expect("items").into_iter().map(|i| (i.key(), i.data().to_vec())).collect()
+    fs.items_in_range(&root, &from, &to)
+        .expect("items")
+        .into_iter()
+        .map(|i| (i.key(), i.data().to_vec()))
+        .collect()
 }
 
 /// Every item of inode `id` (INODE_ITEM, refs, xattrs, EXTENT_DATA), as committed.
 fn inode_items(img: &Path, id: InodeId) -> Vec<Key> {
-    committed_items(img, id.root, Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX)).into_iter().map(|(k, _)| k).collect()
+    committed_items(img, id.root, Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX))
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
 }
 
 /// The committed INODE_ITEM of `id`, if any.
 fn inode_item(img: &Path, id: InodeId) -> Option<InodeItem> {
     let k = Key::new(id.ino, INODE_ITEM_KEY, 0);
-    committed_items(img, id.root, k, k).first().map(|(_, d)| InodeItem::read_from_bytes(d).expect("inode item size"))
+    committed_items(img, id.root, k, k)
+        .first()
+        .map(|(_, d)| InodeItem::read_from_bytes(d).expect("inode item size"))
 }
 
 /// Inode numbers with an orphan item in tree `root`, as committed.
 fn committed_orphans(img: &Path, root: u64) -> Vec<u64> {
-    committed_items(img, root, orphan_key(0), orphan_key(u64::MAX)).into_iter().map(|(k, _)| k.offset).collect()
+    committed_items(img, root, orphan_key(0), orphan_key(u64::MAX))
+        .into_iter()
+        .map(|(k, _)| k.offset)
+        .collect()
 }
 
 /// Bytes used in data block groups, as committed.
 fn data_used(img: &Path) -> u64 {
     let fs = Filesystem::open(&OpenOptions::new(img)).expect("open reader");
-    let tree = if fs.read_root(BLOCK_GROUP_TREE_OBJECTID).is_ok() { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
+    let tree = if fs.read_root(BLOCK_GROUP_TREE_OBJECTID).is_ok() {
+        BLOCK_GROUP_TREE_OBJECTID
+    } else {
+        EXTENT_TREE_OBJECTID
+    };
     let root = fs.read_root(tree).expect("block group tree").0;
     let mut used = 0;
-    for i in fs.items_in_range(&root, &Key::new(0, BLOCK_GROUP_ITEM_KEY, 0), &Key::new(u64::MAX, BLOCK_GROUP_ITEM_KEY, u64::MAX)).expect("block groups") {
+    for i in fs
+        .items_in_range(
+            &root,
+            &Key::new(0, BLOCK_GROUP_ITEM_KEY, 0),
+            &Key::new(u64::MAX, BLOCK_GROUP_ITEM_KEY, u64::MAX),
+        )
+        .expect("block groups")
+    {
         if i.key().type_ != BLOCK_GROUP_ITEM_KEY {
             continue;
         }
@@ -87,12 +117,22 @@ fn data_used(img: &Path) -> u64 {
 
 /// EXTENT_ITEMs at data extent `bytenr`, as committed.
 fn extent_items_at(img: &Path, bytenr: u64) -> Vec<Key> {
-    committed_items(img, EXTENT_TREE_OBJECTID, Key::new(bytenr, EXTENT_ITEM_KEY, 0), Key::new(bytenr, EXTENT_ITEM_KEY, u64::MAX)).into_iter().map(|(k, _)| k).collect()
+    committed_items(
+        img,
+        EXTENT_TREE_OBJECTID,
+        Key::new(bytenr, EXTENT_ITEM_KEY, 0),
+        Key::new(bytenr, EXTENT_ITEM_KEY, u64::MAX),
+    )
+    .into_iter()
+    .map(|(k, _)| k)
+    .collect()
 }
 
 /// The data extents inode `id` references in the live view.
 fn disk_extents(e: &Engine, id: InodeId) -> Vec<u64> {
-    let v = e.read(|live| live.load_inode(id, Load { extents: true, ..Load::ITEM })).expect("load inode");
+    let v = e
+        .read(|live| live.load_inode(id, Load { extents: true, ..Load::ITEM }))
+        .expect("load inode");
     let mut out: Vec<u64> = v
         .extents
         .iter()
@@ -117,9 +157,15 @@ fn read_all(f: &ubtrfs_core::inode::file::OpenFile<'_>, len: usize) -> Vec<u8> {
 /// without an orphan item).
 fn assert_ubtrfs_check(img: &Path, what: &str) {
     let fs = Filesystem::open(&OpenOptions::new(img)).expect("open for check");
-    let rep = ubtrfs_tools::check::check(&fs.info, &ubtrfs_tools::check::CheckOptions::default()).unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
+    let rep = ubtrfs_tools::check::check(&fs.info, &ubtrfs_tools::check::CheckOptions::default())
+        .unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
     let problems: Vec<String> = rep.findings.iter().take(10).map(|f| f.to_string()).collect();
-    assert!(rep.is_clean(), "{what}: ubtrfs check found {} problems:\n{}", rep.problems(), problems.join("\n"));
+    assert!(
+        rep.is_clean(),
+        "{what}: ubtrfs check found {} problems:\n{}",
+        rep.problems(),
+        problems.join("\n")
+    );
 }
 
 /// The state a crash leaves: a file with data unlinked while open, committed, then
@@ -165,8 +211,16 @@ fn crash_with_an_orphan(tag: &str) -> Crashed {
     #[allow(clippy::mem_forget)] // the crash: the handle is never closed
     std::mem::forget(f);
     drop(e);
-    assert_eq!(committed_orphans(&img.path, victim.root), vec![victim.ino], "the crash leaves the orphan item");
-    assert_eq!(inode_item(&img.path, victim).map(|i| i.nlink.get()), Some(0), "and the inode with nlink 0");
+    assert_eq!(
+        committed_orphans(&img.path, victim.root),
+        vec![victim.ino],
+        "the crash leaves the orphan item"
+    );
+    assert_eq!(
+        inode_item(&img.path, victim).map(|i| i.nlink.get()),
+        Some(0),
+        "and the inode with nlink 0"
+    );
     assert_ubtrfs_check(&img.path, "crashed with an orphan");
     if kernel {
         assert_check(&img.path, "crashed with an orphan");
@@ -177,7 +231,11 @@ fn crash_with_an_orphan(tag: &str) -> Crashed {
 /// The orphan `victim` is gone from `img` with everything it owned.
 fn assert_orphan_gone(img: &Path, victim: InodeId, extents: &[u64], data_without: u64, what: &str) {
     assert_eq!(inode_items(img, victim), Vec::<Key>::new(), "{what}: the inode's items are gone");
-    assert_eq!(committed_orphans(img, victim.root), Vec::<u64>::new(), "{what}: the orphan item is gone");
+    assert_eq!(
+        committed_orphans(img, victim.root),
+        Vec::<u64>::new(),
+        "{what}: the orphan item is gone"
+    );
     for &b in extents {
         assert_eq!(extent_items_at(img, b), Vec::<Key>::new(), "{what}: data extent {b} is freed");
     }
@@ -233,9 +291,21 @@ fn unlinked_open_file_reads_back_its_writes_and_is_freed_at_last_close() {
     let item = inode_item(&img.path, victim).expect("the orphan's inode item is committed");
     assert_eq!(item.nlink.get(), 0);
     assert_eq!(item.size.get(), content.len() as u64);
-    assert_eq!(committed_orphans(&img.path, victim.root), vec![victim.ino], "the orphan item is committed");
-    assert!(inode_items(&img.path, victim).iter().any(|k| k.type_ == EXTENT_DATA_KEY), "its extents stay");
-    assert!(inode_items(&img.path, victim).iter().all(|k| k.type_ != INODE_REF_KEY && k.type_ != INODE_EXTREF_KEY), "no name refers to it");
+    assert_eq!(
+        committed_orphans(&img.path, victim.root),
+        vec![victim.ino],
+        "the orphan item is committed"
+    );
+    assert!(
+        inode_items(&img.path, victim).iter().any(|k| k.type_ == EXTENT_DATA_KEY),
+        "its extents stay"
+    );
+    assert!(
+        inode_items(&img.path, victim)
+            .iter()
+            .all(|k| k.type_ != INODE_REF_KEY && k.type_ != INODE_EXTREF_KEY),
+        "no name refers to it"
+    );
     for &b in &extents {
         assert_eq!(extent_items_at(&img.path, b).len(), 1, "data extent {b} is still referenced");
     }
@@ -267,10 +337,18 @@ fn crash_before_close_leaves_an_orphan_our_next_open_cleans() {
     let mut w = c.img.writer();
     // Cleaned at open, in the running transaction.
     assert_eq!(w.orphans(c.victim.root).expect("orphans"), Vec::<u64>::new());
-    let err = w.live().load_inode(c.victim, Load::ITEM).err().expect("the orphan's inode is gone from the live view");
+    let err = w
+        .live()
+        .load_inode(c.victim, Load::ITEM)
+        .err()
+        .expect("the orphan's inode is gone from the live view");
     assert_eq!(err.posix_kind(), Some(PosixKind::NotFound));
     // Nothing reaches the image before the commit.
-    assert_eq!(committed_orphans(&c.img.path, c.victim.root), vec![c.victim.ino], "the cleanup lands with the next commit, not at open");
+    assert_eq!(
+        committed_orphans(&c.img.path, c.victim.root),
+        vec![c.victim.ino],
+        "the cleanup lands with the next commit, not at open"
+    );
     w.commit().expect("commit the cleanup");
     check_trees(&mut w, &[c.victim.root], "after our cleanup");
     drop(w);
@@ -295,8 +373,17 @@ fn crash_before_close_leaves_an_orphan_a_kernel_mount_cleans() {
 
 /// `fsfreeze` on a mount: the kernel commits and holds every further write.
 fn fsfreeze(dir: &Path, freeze: bool) {
-    let out = Command::new("fsfreeze").arg(if freeze { "-f" } else { "-u" }).arg(dir).output().expect("run fsfreeze");
-    assert!(out.status.success(), "fsfreeze {freeze} {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("fsfreeze")
+        .arg(if freeze { "-f" } else { "-u" })
+        .arg(dir)
+        .output()
+        .expect("run fsfreeze");
+    assert!(
+        out.status.success(),
+        "fsfreeze {freeze} {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -316,7 +403,11 @@ fn kernel_made_orphan_is_cleaned_by_our_writable_open() {
         let sync = Command::new("sync").arg("-f").arg(mnt.path("keep")).status().expect("sync");
         assert!(sync.success());
         // Hold the file open (as a process would), unlink it, keep writing to it.
-        let held = std::fs::OpenOptions::new().read(true).write(true).open(mnt.path("victim")).expect("open victim");
+        let held = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(mnt.path("victim"))
+            .expect("open victim");
         std::fs::remove_file(mnt.path("victim")).expect("unlink victim");
         model.record_unlink("victim");
         {
@@ -327,8 +418,10 @@ fn kernel_made_orphan_is_cleaned_by_our_writable_open() {
         // image is copied.
         fsfreeze(&mnt.dir, true);
         // Nothing may panic while frozen (the umount on the way out would wait forever).
-        let copy_path = img.path.with_file_name(format!("orphan-kernel-made-copy-{}.img", std::process::id()));
-        let copied = Command::new("cp").arg("--sparse=always").arg(&img.path).arg(&copy_path).status();
+        let copy_path =
+            img.path.with_file_name(format!("orphan-kernel-made-copy-{}.img", std::process::id()));
+        let copied =
+            Command::new("cp").arg("--sparse=always").arg(&img.path).arg(&copy_path).status();
         fsfreeze(&mnt.dir, false);
         copy = Scratch { path: copy_path };
         assert!(copied.map(|s| s.success()).unwrap_or(false), "copy the frozen image");
@@ -342,12 +435,17 @@ fn kernel_made_orphan_is_cleaned_by_our_writable_open() {
     let item = inode_item(&copy.path, victim).expect("the kernel's orphan inode");
     assert_eq!(item.nlink.get(), 0);
     assert!(item.size.get() >= 2 << 20);
-    assert!(inode_items(&copy.path, victim).iter().any(|k| k.type_ == EXTENT_DATA_KEY), "the kernel's orphan keeps its extents");
+    assert!(
+        inode_items(&copy.path, victim).iter().any(|k| k.type_ == EXTENT_DATA_KEY),
+        "the kernel's orphan keeps its extents"
+    );
     assert_check(&copy.path, "the kernel's orphan");
     assert_ubtrfs_check(&copy.path, "the kernel's orphan");
     let extents: Vec<u64> = {
         let fs = copy.reader();
-        let v = fs.load_inode(victim, Load { extents: true, ..Load::ITEM }).expect("load the kernel's orphan");
+        let v = fs
+            .load_inode(victim, Load { extents: true, ..Load::ITEM })
+            .expect("load the kernel's orphan");
         v.extents
             .iter()
             .filter_map(|x| match x.kind {
@@ -359,7 +457,11 @@ fn kernel_made_orphan_is_cleaned_by_our_writable_open() {
     assert!(!extents.is_empty());
 
     let mut w = copy.writer();
-    assert_eq!(w.orphans(FS_TREE_OBJECTID).expect("orphans"), Vec::<u64>::new(), "our writable open cleaned it");
+    assert_eq!(
+        w.orphans(FS_TREE_OBJECTID).expect("orphans"),
+        Vec::<u64>::new(),
+        "our writable open cleaned it"
+    );
     w.commit().expect("commit the cleanup");
     drop(w);
     assert_eq!(inode_items(&copy.path, victim), Vec::<Key>::new(), "the kernel's orphan is gone");
@@ -380,8 +482,12 @@ fn orphan_items_of_linked_or_missing_inodes_lose_only_the_item() {
     model.w_create(&mut w, "linked", 0o644, &rng.bytes(50_000));
     let linked = model.id("linked");
     let missing = 0x7_0000;
-    w.raw_tree().insert_item(linked.root, &orphan_key(linked.ino), &[]).expect("orphan item for a linked inode");
-    w.raw_tree().insert_item(linked.root, &orphan_key(missing), &[]).expect("orphan item for no inode");
+    w.raw_tree()
+        .insert_item(linked.root, &orphan_key(linked.ino), &[])
+        .expect("orphan item for a linked inode");
+    w.raw_tree()
+        .insert_item(linked.root, &orphan_key(missing), &[])
+        .expect("orphan item for no inode");
     w.commit().expect("commit");
     drop(w);
     assert_eq!(committed_orphans(&img.path, linked.root), vec![linked.ino, missing]);
@@ -391,14 +497,26 @@ fn orphan_items_of_linked_or_missing_inodes_lose_only_the_item() {
     let mut w = img.writer();
     w.commit().expect("commit the cleanup");
     drop(w);
-    assert_eq!(committed_orphans(&img.path, linked.root), Vec::<u64>::new(), "both orphan items are gone");
+    assert_eq!(
+        committed_orphans(&img.path, linked.root),
+        Vec::<u64>::new(),
+        "both orphan items are gone"
+    );
     assert_eq!(inode_items(&img.path, linked), before, "the linked inode keeps every item");
     verify_all(&img.path, &model, kernel, "after our cleanup");
     if kernel {
         // The kernel does the same with the same image.
         Mount::new(&copy.path, true).umount();
-        assert_eq!(committed_orphans(&copy.path, linked.root), Vec::<u64>::new(), "the kernel deletes both orphan items too");
-        assert_eq!(inode_items(&copy.path, linked).len(), before.len(), "the kernel keeps the linked inode's items too");
+        assert_eq!(
+            committed_orphans(&copy.path, linked.root),
+            Vec::<u64>::new(),
+            "the kernel deletes both orphan items too"
+        );
+        assert_eq!(
+            inode_items(&copy.path, linked).len(),
+            before.len(),
+            "the kernel keeps the linked inode's items too"
+        );
         verify_all(&copy.path, &model, kernel, "after the kernel's cleanup");
     }
 }
@@ -415,20 +533,32 @@ fn an_unnamed_inode_is_an_orphan_until_its_first_link() {
     let named = w.create_inode(top.root, &InodeAttrs::new(S_IFREG | 0o640)).expect("create_inode");
     let lost = w.create_inode(top.root, &InodeAttrs::new(S_IFREG | 0o600)).expect("create_inode");
     w.commit().expect("commit");
-    assert_eq!(committed_orphans(&img.path, top.root), vec![named, lost], "both unnamed inodes are orphans");
+    assert_eq!(
+        committed_orphans(&img.path, top.root),
+        vec![named, lost],
+        "both unnamed inodes are orphans"
+    );
     assert_ubtrfs_check(&img.path, "with two unnamed inodes");
     if kernel {
         assert_check(&img.path, "with two unnamed inodes");
     }
     w.link(top.root, top.ino, b"named", named, FT_REG_FILE).expect("link");
     w.commit().expect("commit");
-    assert_eq!(committed_orphans(&img.path, top.root), vec![lost], "the first link ended the orphan");
+    assert_eq!(
+        committed_orphans(&img.path, top.root),
+        vec![lost],
+        "the first link ended the orphan"
+    );
     drop(w);
     // The next writable open frees the one that never got a name.
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).expect("writer");
     w.commit().expect("commit the cleanup");
     drop(w);
-    assert_eq!(inode_items(&img.path, InodeId { root: top.root, ino: lost }), Vec::<Key>::new(), "the unnamed inode was freed");
+    assert_eq!(
+        inode_items(&img.path, InodeId { root: top.root, ino: lost }),
+        Vec::<Key>::new(),
+        "the unnamed inode was freed"
+    );
     assert_eq!(committed_orphans(&img.path, top.root), Vec::<u64>::new());
     model.record_file("named", 0o640, Vec::new(), InodeId { root: top.root, ino: named });
     verify_all(&img.path, &model, kernel, "after the link and the cleanup");
@@ -454,7 +584,11 @@ fn an_unlink_inside_a_change_keeps_an_open_file() {
     e.write(|w| w.unlink(top.root, top.ino, b"held")).expect("unlink inside a change");
     assert!(read_all(&f, data.len()) == data, "the open file still reads after its unlink");
     e.commit().expect("commit");
-    assert_eq!(committed_orphans(&img.path, id.root), vec![id.ino], "an orphan item while it is open");
+    assert_eq!(
+        committed_orphans(&img.path, id.root),
+        vec![id.ino],
+        "an orphan item while it is open"
+    );
     f.close().expect("close");
     e.commit().expect("commit");
     assert_eq!(inode_items(&img.path, id), Vec::<Key>::new(), "freed at the close");
@@ -520,7 +654,11 @@ fn a_dropped_handle_closes_and_its_error_is_recorded() {
     drop(f);
     assert_eq!(e.take_close_errors(), (Vec::new(), 0));
     e.read(|live| {
-        assert_eq!(live.load_inode(first, Load::ITEM).err().and_then(|e| e.posix_kind()), Some(PosixKind::NotFound), "freed by the drop");
+        assert_eq!(
+            live.load_inode(first, Load::ITEM).err().and_then(|e| e.posix_kind()),
+            Some(PosixKind::NotFound),
+            "freed by the drop"
+        );
         Ok(())
     })
     .expect("live view");
@@ -537,8 +675,15 @@ fn a_dropped_handle_closes_and_its_error_is_recorded() {
     let (errors, more) = e.take_close_errors();
     assert_eq!(more, 0);
     assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(errors[0].contains(&format!("close {second}")) && errors[0].contains("read-only"), "{errors:?}");
-    assert_eq!(e.inodes().lookup(second).map_or(0, |i| i.open_count()), 0, "closed although the removal failed");
+    assert!(
+        errors[0].contains(&format!("close {second}")) && errors[0].contains("read-only"),
+        "{errors:?}"
+    );
+    assert_eq!(
+        e.inodes().lookup(second).map_or(0, |i| i.open_count()),
+        0,
+        "closed although the removal failed"
+    );
     e.inodes().check_invariants();
 }
 
@@ -572,7 +717,11 @@ fn a_looked_up_inode_outlives_its_unlink_until_forget() {
     .expect("live view");
     e.forget(id, 1).expect("forget the last");
     e.read(|live| {
-        assert_eq!(live.load_inode(id, Load::ITEM).err().and_then(|e| e.posix_kind()), Some(PosixKind::NotFound), "freed at the last forget");
+        assert_eq!(
+            live.load_inode(id, Load::ITEM).err().and_then(|e| e.posix_kind()),
+            Some(PosixKind::NotFound),
+            "freed at the last forget"
+        );
         Ok(())
     })
     .expect("live view");
@@ -605,7 +754,11 @@ fn orphans_in_a_subvolume_are_cleaned_unless_it_is_read_only() {
     let img = Scratch::mkfs("orphan-subvol", 256 * MIB, &[]);
     {
         let mnt = Mount::new(&img.path, true);
-        let out = Command::new("btrfs").args(["subvolume", "create"]).arg(mnt.path("sub")).output().expect("btrfs subvolume create");
+        let out = Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(mnt.path("sub"))
+            .output()
+            .expect("btrfs subvolume create");
         assert!(out.status.success(), "subvolume create: {}", String::from_utf8_lossy(&out.stderr));
         mnt.umount();
     }
@@ -631,7 +784,11 @@ fn orphans_in_a_subvolume_are_cleaned_unless_it_is_read_only() {
     assert_eq!(committed_orphans(&img.path, sub.root), vec![id.ino]);
     assert_check(&img.path, "orphan in a read-only subvolume");
     let mut w = img.writer();
-    assert_eq!(w.orphans(sub.root).expect("orphans"), vec![id.ino], "a read-only subvolume is not cleaned");
+    assert_eq!(
+        w.orphans(sub.root).expect("orphans"),
+        vec![id.ino],
+        "a read-only subvolume is not cleaned"
+    );
     w.set_subvol_readonly(sub.root, false).expect("flag writable");
     w.commit().expect("commit");
     drop(w);
@@ -726,21 +883,34 @@ fn concurrent_opens_reads_closes_and_unlinks_leave_no_orphan_behind() {
                     let (_, id, data) = &files[rng.below(FILES as u64) as usize];
                     match e.open_file(*id) {
                         Ok(f) => {
-                            assert!(read_all(&f, data.len()) == *data, "reader {t} op {op}: {id} reads back its data");
+                            assert!(
+                                read_all(&f, data.len()) == *data,
+                                "reader {t} op {op}: {id} reads back its data"
+                            );
                             if held.len() < 8 && rng.chance(60) {
                                 held.push((f, data));
                             }
                         }
-                        Err(err) => assert_eq!(err.posix_kind(), Some(PosixKind::NotFound), "reader {t} op {op}: {id}: {err}"),
+                        Err(err) => assert_eq!(
+                            err.posix_kind(),
+                            Some(PosixKind::NotFound),
+                            "reader {t} op {op}: {id}: {err}"
+                        ),
                     }
                     if rng.chance(30) && !held.is_empty() {
                         let (f, data) = held.swap_remove(rng.below(held.len() as u64) as usize);
-                        assert!(read_all(&f, data.len()) == *data, "reader {t} op {op}: a held handle reads back its data");
+                        assert!(
+                            read_all(&f, data.len()) == *data,
+                            "reader {t} op {op}: a held handle reads back its data"
+                        );
                         f.close().unwrap_or_else(|err| panic!("reader {t} op {op}: close: {err}"));
                     }
                 }
                 for (f, data) in held {
-                    assert!(read_all(&f, data.len()) == *data, "reader {t}: a held handle reads back its data at the end");
+                    assert!(
+                        read_all(&f, data.len()) == *data,
+                        "reader {t}: a held handle reads back its data at the end"
+                    );
                     f.close().expect("close");
                 }
             });
@@ -767,7 +937,11 @@ fn concurrent_opens_reads_closes_and_unlinks_leave_no_orphan_behind() {
     e.inodes().check_invariants();
     assert_eq!(e.take_close_errors(), (Vec::new(), 0));
     e.write(|w| {
-        assert_eq!(w.orphans(top.root)?, Vec::<u64>::new(), "every orphan went with its last close");
+        assert_eq!(
+            w.orphans(top.root)?,
+            Vec::<u64>::new(),
+            "every orphan went with its last close"
+        );
         Ok(())
     })
     .expect("orphans");

@@ -31,7 +31,9 @@ use ubtrfs_core::{FsRead, OpenOptions};
 use write_common::*;
 
 fn create(e: &Engine, name: &str) -> InodeId {
-    let ino = e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).expect("create file");
+    let ino = e
+        .write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644)))
+        .expect("create file");
     InodeId { root: 5, ino }
 }
 
@@ -60,9 +62,12 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
         match rng.below(100) {
             0..=44 => {
                 let off = if rng.chance(30) { m.len() as u64 } else { rng.below(max) };
-                let len = if rng.chance(20) { rng.range(1, 300 << 10) } else { rng.range(1, 20 << 10) } as usize;
+                let len =
+                    if rng.chance(20) { rng.range(1, 300 << 10) } else { rng.range(1, 20 << 10) }
+                        as usize;
                 let data = rng.bytes(len);
-                e.buffered_write(f, off, &data).unwrap_or_else(|err| panic!("op {op}: buffered_write {f} {off}+{len}: {err}"));
+                e.buffered_write(f, off, &data)
+                    .unwrap_or_else(|err| panic!("op {op}: buffered_write {f} {off}+{len}: {err}"));
                 let end = off as usize + len;
                 if m.len() < end {
                     m.resize(end, 0);
@@ -73,15 +78,22 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
                 let off = rng.below(m.len() as u64 + 1);
                 let len = rng.range(1, 200 << 10) as usize;
                 let mut buf = vec![0u8; len];
-                let n = e.buffered_read(f, off, &mut buf).unwrap_or_else(|err| panic!("op {op}: buffered_read: {err}"));
+                let n = e
+                    .buffered_read(f, off, &mut buf)
+                    .unwrap_or_else(|err| panic!("op {op}: buffered_read: {err}"));
                 let want = &m[off as usize..(off as usize + len).min(m.len())];
                 assert_eq!(n, want.len(), "op {op}: {f} read {off}+{len}: length");
-                assert!(buf[..n] == *want, "op {op}: {f} read {off}+{len}: bytes differ from the model");
+                assert!(
+                    buf[..n] == *want,
+                    "op {op}: {f} read {off}+{len}: bytes differ from the model"
+                );
             }
             60..=71 => {
-                let size = if rng.chance(50) { rng.below(m.len() as u64 + 1) } else { rng.below(max) };
+                let size =
+                    if rng.chance(50) { rng.below(m.len() as u64 + 1) } else { rng.below(max) };
                 let a = SetAttr { size: Some(size), ..Default::default() };
-                e.setattr(f, &a).unwrap_or_else(|err| panic!("op {op}: truncate {f} to {size}: {err}"));
+                e.setattr(f, &a)
+                    .unwrap_or_else(|err| panic!("op {op}: truncate {f} to {size}: {err}"));
                 m.resize(size as usize, 0);
             }
             // fallocate sets PREALLOC, which sends the file's writeback through the
@@ -89,8 +101,14 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
             72..=77 if f == files[0] => {
                 let off = rng.below(m.len() as u64 + 1);
                 let len = rng.range(1, 100 << 10);
-                let mode = if rng.chance(50) { FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE } else { FALLOC_FL_ZERO_RANGE };
-                e.fallocate(f, mode, off, len).unwrap_or_else(|err| panic!("op {op}: fallocate {mode:#x} {f} {off}+{len}: {err}"));
+                let mode = if rng.chance(50) {
+                    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+                } else {
+                    FALLOC_FL_ZERO_RANGE
+                };
+                e.fallocate(f, mode, off, len).unwrap_or_else(|err| {
+                    panic!("op {op}: fallocate {mode:#x} {f} {off}+{len}: {err}")
+                });
                 let end = (off + len) as usize;
                 if mode & FALLOC_FL_KEEP_SIZE == 0 && m.len() < end {
                     m.resize(end, 0);
@@ -102,7 +120,8 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
                 let off = rng.below(max);
                 let len = rng.range(1, 64 << 10) as usize;
                 let data = rng.bytes(len);
-                e.write_file(f, off, &data).unwrap_or_else(|err| panic!("op {op}: write_file {f} {off}+{len}: {err}"));
+                e.write_file(f, off, &data)
+                    .unwrap_or_else(|err| panic!("op {op}: write_file {f} {off}+{len}: {err}"));
                 let end = off as usize + len;
                 if m.len() < end {
                     m.resize(end, 0);
@@ -120,7 +139,12 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
                 e.writeback_inode(f).unwrap_or_else(|err| panic!("op {op}: writeback {f}: {err}"));
                 if f != files[0] && m.len() > 4096 {
                     let after = e.getattr(f).expect("getattr").nbytes.get();
-                    assert_eq!(before, after, "op {op}: {f} (size {}): nbytes before writeback {before}, after {after}", m.len());
+                    assert_eq!(
+                        before,
+                        after,
+                        "op {op}: {f} (size {}): nbytes before writeback {before}, after {after}",
+                        m.len()
+                    );
                 }
             }
             91..=95 => {
@@ -137,21 +161,34 @@ fn model_run(seed: u64, ops: usize, no_holes: bool) {
         }
     }
     for &f in &files {
-        assert!(buffered_contents(&e, f) == model[&f], "{f}: buffered contents differ from the model before sync");
+        assert!(
+            buffered_contents(&e, f) == model[&f],
+            "{f}: buffered contents differ from the model before sync"
+        );
     }
     e.sync().expect("final sync");
     let st = e.page_cache_stats();
     eprintln!("seed {seed}: {st:?}");
     assert_eq!(st.dirty_bytes, 0, "dirty data left after sync");
     // The run went through the paths it is for.
-    assert!(st.ordered_finished > 0 && st.ordered_truncated > 0, "seed {seed}: no (truncated) ordered extents: {st:?}");
-    assert!(st.throttle_writebacks > 0 && st.evicted_folios > 0, "seed {seed}: neither throttling nor eviction: {st:?}");
+    assert!(
+        st.ordered_finished > 0 && st.ordered_truncated > 0,
+        "seed {seed}: no (truncated) ordered extents: {st:?}"
+    );
+    assert!(
+        st.throttle_writebacks > 0 && st.evicted_folios > 0,
+        "seed {seed}: neither throttling nor eviction: {st:?}"
+    );
     e.check_page_cache_invariants();
     drop(e);
     for &f in &files {
         let got = read_image(&s.path, f);
         assert_eq!(got.len(), model[&f].len(), "{f}: size on disk");
-        assert!(got == model[&f], "{f}: bytes on disk differ from the model (first at {:?})", got.iter().zip(&model[&f]).position(|(a, b)| a != b));
+        assert!(
+            got == model[&f],
+            "{f}: bytes on disk differ from the model (first at {:?})",
+            got.iter().zip(&model[&f]).position(|(a, b)| a != b)
+        );
     }
     assert_check(&s.path, &tag);
 }
@@ -162,8 +199,10 @@ fn random_buffered_ops_match_the_model_on_disk() {
         return;
     }
     // Knobs for longer runs: UBTRFS_PC_SEEDS (seeds 1..=N, default 3), UBTRFS_PC_OPS.
-    let seeds: u64 = std::env::var("UBTRFS_PC_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let ops: usize = std::env::var("UBTRFS_PC_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
+    let seeds: u64 =
+        std::env::var("UBTRFS_PC_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let ops: usize =
+        std::env::var("UBTRFS_PC_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
     for seed in 1..=seeds {
         model_run(seed, ops, seed % 3 != 2);
     }
@@ -187,16 +226,29 @@ fn dirty_blocks_past_eof_truncate_every_ordered_extent() {
     // Mid-ordered-extent: 10 KiB, so round_up(i_size) = 12 KiB sits inside the second.
     e.setattr(f, &SetAttr { size: Some(10 << 10), ..Default::default() }).expect("truncate");
     let before = e.page_cache_stats();
-    assert_eq!(before.dirty_bytes, 64 << 10, "the straddling folio keeps its dirty blocks past EOF");
+    assert_eq!(
+        before.dirty_bytes,
+        64 << 10,
+        "the straddling folio keeps its dirty blocks past EOF"
+    );
     e.writeback_inode(f).expect("writeback");
     let st = e.page_cache_stats();
     assert_eq!(st.ordered_finished - before.ordered_finished, 8, "eight ordered extents completed");
-    assert_eq!(st.ordered_truncated - before.ordered_truncated, 7, "the one crossing EOF and the six past it were truncated");
+    assert_eq!(
+        st.ordered_truncated - before.ordered_truncated,
+        7,
+        "the one crossing EOF and the six past it were truncated"
+    );
     e.commit().expect("commit");
     let ext = e.read(|l| l.file_extents(f, 0, u64::MAX)).expect("extents");
     let mut covered = 0;
     for x in &ext {
-        assert!(x.end() <= 12 << 10, "file extent {}+{} past round_up(EOF) = 12 KiB", x.file_offset, x.len());
+        assert!(
+            x.end() <= 12 << 10,
+            "file extent {}+{} past round_up(EOF) = 12 KiB",
+            x.file_offset,
+            x.len()
+        );
         if let ExtentKind::Regular { disk_bytenr, .. } = x.kind {
             assert_ne!(disk_bytenr, 0, "a hole where data was written");
             covered += x.len();
@@ -234,10 +286,23 @@ fn size_grown_over_truncated_dirty_blocks_is_a_hole() {
     e.sync().expect("sync");
     let layout = |x: InodeId| -> Vec<(u64, u64)> {
         let ext = e.read(|l| l.file_extents(x, 0, u64::MAX)).expect("extents");
-        ext.iter().filter(|x| matches!(x.kind, ExtentKind::Regular { disk_bytenr, .. } if disk_bytenr != 0)).map(|x| (x.file_offset, x.end())).collect()
+        ext.iter()
+            .filter(
+                |x| matches!(x.kind, ExtentKind::Regular { disk_bytenr, .. } if disk_bytenr != 0),
+            )
+            .map(|x| (x.file_offset, x.end()))
+            .collect()
     };
-    assert_eq!(layout(f), [(0, 4096)], "truncated up: data only in the block the truncation zeroed");
-    assert_eq!(layout(g), [(0, 4096), (196_608, 200_704)], "written past EOF: the zeroed block and the written one");
+    assert_eq!(
+        layout(f),
+        [(0, 4096)],
+        "truncated up: data only in the block the truncation zeroed"
+    );
+    assert_eq!(
+        layout(g),
+        [(0, 4096), (196_608, 200_704)],
+        "written past EOF: the zeroed block and the written one"
+    );
     assert_eq!(e.getattr(f).expect("getattr").nbytes.get(), 4096, "st_blocks counts one block");
     let mut want = vec![0u8; 200_004];
     want[200_000..].copy_from_slice(b"tail");
@@ -263,13 +328,16 @@ fn fallocate_after_a_removal_uses_the_space_it_freed() {
     let big = free.bavail * u64::from(free.bsize) * 6 / 10 / 4096 * 4096;
     for round in 0..4 {
         let f = create(&e, "ouch");
-        e.fallocate(f, 0, 0, big).unwrap_or_else(|err| panic!("round {round}: fallocate {big}: {err}"));
+        e.fallocate(f, 0, 0, big)
+            .unwrap_or_else(|err| panic!("round {round}: fallocate {big}: {err}"));
         e.setattr(f, &SetAttr { size: Some(100), ..Default::default() }).expect("truncate");
         e.unlink(5, 256, b"ouch").expect("unlink");
     }
     // Past what the filesystem holds it is still ENOSPC, naming the file.
     let f = create(&e, "too-big");
-    let err = e.fallocate(f, 0, 0, free.blocks * u64::from(free.bsize) * 2).expect_err("fallocate of twice the filesystem");
+    let err = e
+        .fallocate(f, 0, 0, free.blocks * u64::from(free.bsize) * 2)
+        .expect_err("fallocate of twice the filesystem");
     assert_eq!(err.posix_kind(), Some(ubtrfs_core::error::PosixKind::NoSpace), "{err}");
     e.commit().expect("commit");
     drop(e);
@@ -289,7 +357,11 @@ fn dirty_limit_makes_writers_write_back() {
     for (i, c) in data.chunks(64 << 10).enumerate() {
         e.buffered_write(f, (i as u64) << 16, c).expect("write");
         let st = e.page_cache_stats();
-        assert!(st.dirty_bytes <= (256 << 10) + (64 << 10), "dirty {} over the limit after a write", st.dirty_bytes);
+        assert!(
+            st.dirty_bytes <= (256 << 10) + (64 << 10),
+            "dirty {} over the limit after a write",
+            st.dirty_bytes
+        );
     }
     let st = e.page_cache_stats();
     assert!(st.throttle_writebacks > 0, "no writer wrote back: {st:?}");
@@ -377,10 +449,16 @@ fn folios_grow_with_the_file() {
         let chunk: Vec<u8> = (0..3000u32).map(|i| (i.wrapping_mul(7919) ^ k) as u8).collect();
         e.buffered_write(f, model.len() as u64, &chunk).expect("append");
         model.extend_from_slice(&chunk);
-        let want = |end: u64| if end >= 64 << 10 { 64 << 10 } else { end.next_power_of_two().max(4096) };
+        let want =
+            |end: u64| if end >= 64 << 10 { 64 << 10 } else { end.next_power_of_two().max(4096) };
         let len = model.len() as u64;
-        let slots: u64 = (0..len.div_ceil(64 << 10)).map(|s| want((len - s * (64 << 10)).min(64 << 10))).sum();
-        assert_eq!(e.page_cache_stats().cached_bytes, 100 * 4096 + slots, "after append {k} ({len} bytes)");
+        let slots: u64 =
+            (0..len.div_ceil(64 << 10)).map(|s| want((len - s * (64 << 10)).min(64 << 10))).sum();
+        assert_eq!(
+            e.page_cache_stats().cached_bytes,
+            100 * 4096 + slots,
+            "after append {k} ({len} bytes)"
+        );
         e.check_page_cache_invariants();
     }
     assert!(buffered_contents(&e, f) == model, "appends read back from the cache");
@@ -450,7 +528,12 @@ fn threads_on_different_files() {
 #[test]
 fn block_and_extent_submission_agree() {
     let bs = 4096u32;
-    for (folio_size, oe_len, i_size) in [(64u64 << 10, 64u64 << 10, 64u64 << 10), (64 << 10, 8 << 10, 10 << 10), (2 << 20, 128 << 10, 2 << 20), (2 << 20, 4 << 10, (1 << 20) + 1)] {
+    for (folio_size, oe_len, i_size) in [
+        (64u64 << 10, 64u64 << 10, 64u64 << 10),
+        (64 << 10, 8 << 10, 10 << 10),
+        (2 << 20, 128 << 10, 2 << 20),
+        (2 << 20, 4 << 10, (1 << 20) + 1),
+    ] {
         let mut runs = Vec::new();
         for mode in [SubmitMode::BlockByBlock, SubmitMode::ExtentByExtent] {
             let mut f = Folio::new(0, folio_size, bs);
@@ -466,7 +549,8 @@ fn block_and_extent_submission_agree() {
                 off += oe_len;
             }
             // A block with no ordered extent.
-            let hole_oe = t.iter().find(|o| o.file_offset <= 40960 && 40960 < o.end()).map(|o| o.file_offset);
+            let hole_oe =
+                t.iter().find(|o| o.file_offset <= 40960 && 40960 < o.end()).map(|o| o.file_offset);
             let mut ctrl = BioCtrl::new(mode);
             if let Some(h) = hole_oe.filter(|_| oe_len == 4096) {
                 t.remove(h);
@@ -474,14 +558,27 @@ fn block_and_extent_submission_agree() {
             let r = extent_writepage(&mut f, &mut t, i_size, &mut ctrl);
             ctrl.submit();
             assert!(f.dirty.is_empty());
-            runs.push((r, ctrl.ready.clone(), f.writeback.clone(), t.iter().map(|o| (o.file_offset, o.bytes_left, o.truncated, o.truncated_len)).collect::<Vec<_>>()));
+            runs.push((
+                r,
+                ctrl.ready.clone(),
+                f.writeback.clone(),
+                t.iter()
+                    .map(|o| (o.file_offset, o.bytes_left, o.truncated, o.truncated_len))
+                    .collect::<Vec<_>>(),
+            ));
         }
-        assert_eq!(runs[0].0, runs[1].0, "results for folio {folio_size} oe {oe_len} i_size {i_size}");
+        assert_eq!(
+            runs[0].0, runs[1].0,
+            "results for folio {folio_size} oe {oe_len} i_size {i_size}"
+        );
         assert_eq!(runs[0].1, runs[1].1, "bios for folio {folio_size} oe {oe_len} i_size {i_size}");
         assert_eq!(runs[0].2, runs[1].2, "writeback bits");
         assert_eq!(runs[0].3, runs[1].3, "ordered extents");
         for b in &runs[1].1 {
-            assert!(b.file_offset + b.len <= b.oe_start + oe_len, "bio {b:?} spans two ordered extents");
+            assert!(
+                b.file_offset + b.len <= b.oe_start + oe_len,
+                "bio {b:?} spans two ordered extents"
+            );
         }
     }
 }
@@ -526,7 +623,10 @@ fn seek_data_hole_sees_dirty_pages() {
     assert_eq!(e.page_cache_stats().dirty_bytes, 64 << 10, "dirty, not written back yet");
     assert_eq!(e.seek_data_hole(f, 0, SEEK_DATA).expect("seek"), Some(1 << 20));
     assert_eq!(e.seek_data_hole(f, 0, SEEK_HOLE).expect("seek"), Some(0));
-    assert_eq!(e.seek_data_hole(f, 1 << 20, SEEK_HOLE).expect("seek"), Some((1 << 20) + (64 << 10)));
+    assert_eq!(
+        e.seek_data_hole(f, 1 << 20, SEEK_HOLE).expect("seek"),
+        Some((1 << 20) + (64 << 10))
+    );
     assert_eq!(e.seek_data_hole(f, (1 << 20) + (64 << 10), SEEK_DATA).expect("seek"), None);
     e.sync().expect("sync");
 }
@@ -569,7 +669,11 @@ fn nbytes_counts_dirty_blocks_over_holes_at_once() {
     assert_eq!(nbytes(f), (160 << 10) + 3 * 4096);
     let a = SetAttr { size: Some(size + (256 << 10) + 5000), ..Default::default() };
     e.setattr(f, &a).expect("truncate into the dirty run");
-    assert_eq!(nbytes(f), (128 << 10) + 3 * 4096 + 8192, "two blocks of the dirty run stay below the size");
+    assert_eq!(
+        nbytes(f),
+        (128 << 10) + 3 * 4096 + 8192,
+        "two blocks of the dirty run stay below the size"
+    );
     e.check_page_cache_invariants();
     e.sync().expect("sync");
     assert_eq!(nbytes(f), (128 << 10) + 5 * 4096);
@@ -658,13 +762,17 @@ fn a_write_the_data_space_cannot_hold_fails_at_write_time() {
         assert!(admitted < 400, "400 MiB of dirty data admitted into a 300 MiB image");
     };
     assert_eq!(err.posix_kind(), Some(ubtrfs_core::error::PosixKind::NoSpace), "{err}");
-    assert!(err.to_string().contains(&big.to_string()), "the error names the file after {admitted} MiB: {err}");
+    assert!(
+        err.to_string().contains(&big.to_string()),
+        "the error names the file after {admitted} MiB: {err}"
+    );
     assert!(admitted > 150, "only {admitted} MiB fit in a 300 MiB image");
     // Everything admitted is promised space: nothing dirty is left unwritable.
     e.check_page_cache_invariants();
     e.sync().expect("sync after the refused write");
     // The space left takes a small write still (the last data block groups' tail).
-    e.buffered_write(small, want.len() as u64, b"tail").expect("a small write after the refused one");
+    e.buffered_write(small, want.len() as u64, b"tail")
+        .expect("a small write after the refused one");
     e.sync().expect("sync");
     drop(e);
     let mut small_want = want.clone();
@@ -720,7 +828,11 @@ fn orphan_keeps_its_pages_until_the_last_close() {
     e.buffered_write(f, 0, &[8u8; 4096]).expect("dirty again");
     h.close().expect("close");
     let st = e.page_cache_stats();
-    assert_eq!((st.dirty_bytes, st.inodes), (0, 0), "the last close discarded the orphan's pages: {st:?}");
+    assert_eq!(
+        (st.dirty_bytes, st.inodes),
+        (0, 0),
+        "the last close discarded the orphan's pages: {st:?}"
+    );
     e.sync().expect("sync");
     drop(e);
     assert_check(&s.path, "orphan");
@@ -752,7 +864,14 @@ fn write_times_are_the_writes_not_the_writebacks() {
     };
     let (bw, sw) = (stamp(big), stamp(small));
     assert!(bw.0 > (created.sec.get(), created.nsec.get()), "the write moved mtime at once");
-    e.setattr(set, &SetAttr { mtime: Some(ubtrfs_core::inode::attr::TimeSet::At(1_000_000, 5)), ..SetAttr::default() }).expect("utimes");
+    e.setattr(
+        set,
+        &SetAttr {
+            mtime: Some(ubtrfs_core::inode::attr::TimeSet::At(1_000_000, 5)),
+            ..SetAttr::default()
+        },
+    )
+    .expect("utimes");
     let set_times = stamp(set);
     assert_eq!(set_times.0, (1_000_000, 5));
     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -777,7 +896,10 @@ const T0: u64 = 1_700_000_000_000_000_000;
 impl TickClock {
     fn at(ns: u64) -> ubtrfs_core::sources::Time {
         let ns = T0 + ns;
-        ubtrfs_core::sources::Time { sec: (ns / 1_000_000_000) as i64, nsec: (ns % 1_000_000_000) as u32 }
+        ubtrfs_core::sources::Time {
+            sec: (ns / 1_000_000_000) as i64,
+            nsec: (ns % 1_000_000_000) as u32,
+        }
     }
     /// The coarse clock moves on to just past every fine reading so far.
     fn tick(&self) -> ubtrfs_core::sources::Time {
@@ -791,7 +913,8 @@ impl ubtrfs_core::sources::Clock for TickClock {
     fn now(&self) -> ubtrfs_core::sources::Time {
         use std::sync::atomic::Ordering::SeqCst;
         let tick = self.tick.load(SeqCst);
-        let prev = self.fine.fetch_update(SeqCst, SeqCst, |f| Some(f.max(tick) + 1_000)).expect("update");
+        let prev =
+            self.fine.fetch_update(SeqCst, SeqCst, |f| Some(f.max(tick) + 1_000)).expect("update");
         TickClock::at(prev.max(tick) + 1_000)
     }
     fn coarse_now(&self) -> ubtrfs_core::sources::Time {
@@ -819,7 +942,11 @@ fn writes_take_coarse_times_until_someone_looks() {
     e.commit().expect("commit the name");
     let times = |what: &str| {
         let a = e.getattr(f).unwrap_or_else(|err| panic!("getattr after {what}: {err}"));
-        assert_eq!((a.mtime.sec.get(), a.mtime.nsec.get()), (a.ctime.sec.get(), a.ctime.nsec.get()), "{what}: mtime and ctime differ");
+        assert_eq!(
+            (a.mtime.sec.get(), a.mtime.nsec.get()),
+            (a.ctime.sec.get(), a.ctime.nsec.get()),
+            "{what}: mtime and ctime differ"
+        );
         ubtrfs_core::sources::Time { sec: a.mtime.sec.get() as i64, nsec: a.mtime.nsec.get() }
     };
     let created = times("create");
@@ -836,7 +963,10 @@ fn writes_take_coarse_times_until_someone_looks() {
     // Looked at (the getattr above), inside the same tick: a fine time, past the tick.
     e.buffered_write(f, 11, b"four").expect("write 4");
     let fine = times("write 4");
-    assert!(fine > coarse, "a write after a getattr changed the times inside one tick: {coarse:?} -> {fine:?}");
+    assert!(
+        fine > coarse,
+        "a write after a getattr changed the times inside one tick: {coarse:?} -> {fine:?}"
+    );
     // Looked at again: the next write moves them on, and the one after it in the same
     // tick (its coarse reading not below that fine time) leaves them there.
     e.buffered_write(f, 15, b"five").expect("write 5");
@@ -850,7 +980,11 @@ fn writes_take_coarse_times_until_someone_looks() {
     drop(e);
     let fs = ubtrfs_core::Filesystem::open(&OpenOptions::new(&s.path)).expect("reopen");
     let ii = fs.load_inode(f, Load::ITEM).expect("load").item;
-    assert_eq!((ii.mtime.sec.get() as i64, ii.mtime.nsec.get()), (last.sec, last.nsec), "the image keeps the last write's times");
+    assert_eq!(
+        (ii.mtime.sec.get() as i64, ii.mtime.nsec.get()),
+        (last.sec, last.nsec),
+        "the image keeps the last write's times"
+    );
     drop(fs);
     assert_check(&s.path, "multigrain");
 }

@@ -14,12 +14,23 @@ use write_common::*;
 
 #[test]
 fn access_matches_the_kernel() {
-    if !common::kernel_available_with("access_matches_the_kernel", &["/usr/bin/setpriv", "/usr/bin/setfacl"]) {
+    if !common::kernel_available_with(
+        "access_matches_the_kernel",
+        &["/usr/bin/setpriv", "/usr/bin/setfacl"],
+    ) {
         return;
     }
     let img = Scratch::mkfs("perm", 256 << 20, &[]);
-    let files: [(&str, u32, bool); 8] =
-        [("m640", 0o640, false), ("m007", 0o007, false), ("m750", 0o750, false), ("m000", 0o000, false), ("m111", 0o111, false), ("acl", 0o640, false), ("d711", 0o711, true), ("d070", 0o070, true)];
+    let files: [(&str, u32, bool); 8] = [
+        ("m640", 0o640, false),
+        ("m007", 0o007, false),
+        ("m750", 0o750, false),
+        ("m000", 0o000, false),
+        ("m111", 0o111, false),
+        ("acl", 0o640, false),
+        ("d711", 0o711, true),
+        ("d070", 0o070, true),
+    ];
     {
         let m = Mount::new(&img.path, true);
         for (n, mode, dir) in files {
@@ -33,11 +44,21 @@ fn access_matches_the_kernel() {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
             std::os::unix::fs::chown(&p, Some(1000), Some(100)).unwrap();
         }
-        let o = Command::new("setfacl").args(["-m", "u:3000:rw,g:300:r,m::r"]).arg(m.path("acl")).output().unwrap();
+        let o = Command::new("setfacl")
+            .args(["-m", "u:3000:rw,g:300:r,m::r"])
+            .arg(m.path("acl"))
+            .output()
+            .unwrap();
         assert!(o.status.success(), "setfacl: {}", String::from_utf8_lossy(&o.stderr));
         m.umount();
     }
-    let creds = [Cred::user(1000, 1000, &[]), Cred::user(2000, 2000, &[100]), Cred::user(3000, 3000, &[]), Cred::user(4000, 4000, &[300]), Cred::root()];
+    let creds = [
+        Cred::user(1000, 1000, &[]),
+        Cred::user(2000, 2000, &[100]),
+        Cred::user(3000, 3000, &[]),
+        Cred::user(4000, 4000, &[300]),
+        Cred::root(),
+    ];
     let m = Mount::new(&img.path, false);
     let fs = img.reader();
     let mut bad = Vec::new();
@@ -54,7 +75,10 @@ fn access_matches_the_kernel() {
                     if c.groups.is_empty() {
                         cmd.arg("--clear-groups");
                     } else {
-                        cmd.arg(format!("--groups={}", c.groups.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")));
+                        cmd.arg(format!(
+                            "--groups={}",
+                            c.groups.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")
+                        ));
                     }
                 }
                 // A read-only mount refuses writes with EROFS; ask the kernel on a
@@ -88,14 +112,22 @@ fn access_matches_the_kernel() {
                 if c.groups.is_empty() {
                     cmd.arg("--clear-groups");
                 } else {
-                    cmd.arg(format!("--groups={}", c.groups.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")));
+                    cmd.arg(format!(
+                        "--groups={}",
+                        c.groups.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(",")
+                    ));
                 }
             }
             let k = cmd.arg("test").arg("-w").arg(m.path(name)).status().unwrap().success();
             let u = check_access(c, &ii, acl.as_deref(), MAY_WRITE, name).is_ok();
             n += 1;
             if k != u {
-                bad.push(format!("{name} (mode {:o}) uid {} groups {:?} -w: kernel {k}, ubtrfs {u}", ii.mode.get(), c.uid, c.groups));
+                bad.push(format!(
+                    "{name} (mode {:o}) uid {} groups {:?} -w: kernel {k}, ubtrfs {u}",
+                    ii.mode.get(),
+                    c.uid,
+                    c.groups
+                ));
             }
         }
     }

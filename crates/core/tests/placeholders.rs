@@ -48,13 +48,17 @@ fn kernel_image(tag: &str, delete: bool) -> Scratch {
 
 fn names<V: FsRead>(v: &V, path: &str) -> Vec<String> {
     let d = v.resolve(path, true).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let mut n: Vec<String> = d.entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+    let mut n: Vec<String> =
+        d.entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
     n.sort();
     n
 }
 
 fn kernel_names(dir: &Path) -> Vec<String> {
-    let mut n: Vec<String> = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     n.sort();
     n
 }
@@ -70,12 +74,19 @@ fn placeholders_read_as_the_kernel_shows_them() {
     let fs = s.reader();
     let m = Mount::new(&s.path, false);
     // (path, subvolume the entry names, tree holding the entry)
-    let cases =
-        [("/snap/sv", SV, SNAP), ("/snap/home", HOME, SNAP), ("/svsnap/inner", INNER, SVSNAP), ("/snap-ro/sv", SV, SNAP_RO), ("/snap-ro/snap", SNAP, SNAP_RO), ("/snap-ro/svsnap", SVSNAP, SNAP_RO)];
+    let cases = [
+        ("/snap/sv", SV, SNAP),
+        ("/snap/home", HOME, SNAP),
+        ("/svsnap/inner", INNER, SVSNAP),
+        ("/snap-ro/sv", SV, SNAP_RO),
+        ("/snap-ro/snap", SNAP, SNAP_RO),
+        ("/snap-ro/svsnap", SVSNAP, SNAP_RO),
+    ];
     for (path, subvol, tree) in cases {
         let (parent, name) = path.rsplit_once('/').unwrap();
         let dir = fs.resolve_id(if parent.is_empty() { "/" } else { parent }, true).unwrap();
-        let e = fs.lookup(dir, name.as_bytes()).unwrap().unwrap_or_else(|| panic!("{path}: no entry"));
+        let e =
+            fs.lookup(dir, name.as_bytes()).unwrap().unwrap_or_else(|| panic!("{path}: no entry"));
         assert_eq!(e.placeholder_of, Some(subvol), "{path}");
         assert!(e.is_subvol, "{path}");
         assert_eq!(e.target, InodeId::placeholder(tree), "{path}");
@@ -96,11 +107,17 @@ fn placeholders_read_as_the_kernel_shows_them() {
     }
     // The real subvolumes read as before, and every listing is the kernel's.
     assert_eq!(fs.read_at(&fs.resolve("/sv/f", true).unwrap(), 0, &mut [0u8; 16]).unwrap(), 6);
-    for dir in ["/", "/snap", "/snap-ro", "/sv", "/svsnap", "/sv/inner", "/snap/sv", "/svsnap/inner"] {
+    for dir in
+        ["/", "/snap", "/snap-ro", "/sv", "/svsnap", "/sv/inner", "/snap/sv", "/svsnap/inner"]
+    {
         assert_eq!(names(&fs, dir), kernel_names(&m.path(&dir[1..])), "{dir}");
     }
     let e = fs.lookup(fs.resolve_id("/sv", true).unwrap(), b"inner").unwrap().unwrap();
-    assert_eq!((e.placeholder_of, e.target), (None, InodeId { root: INNER, ino: 256 }), "the real nested subvolume");
+    assert_eq!(
+        (e.placeholder_of, e.target),
+        (None, InodeId { root: INNER, ino: 256 }),
+        "the real nested subvolume"
+    );
     m.umount();
 }
 
@@ -138,24 +155,55 @@ fn placeholders_refuse_changes_and_rmdir_removes_only_the_entry() {
     let ph = InodeId::placeholder(SNAP);
     let snap_top = 256;
     let a = InodeAttrs::new(0o644);
-    let kind = |r: ubtrfs_core::Result<()>| r.map_err(|e| e.posix_kind().unwrap_or_else(|| panic!("not a POSIX refusal: {e}")));
+    let kind = |r: ubtrfs_core::Result<()>| {
+        r.map_err(|e| e.posix_kind().unwrap_or_else(|| panic!("not a POSIX refusal: {e}")))
+    };
     let refusals: Vec<(&str, Result<(), PosixKind>, PosixKind)> = vec![
-        ("create in it", kind(e.write(|w| w.create_file(SNAP, ph.ino, b"x", &a).map(drop))), PosixKind::PermissionDenied),
-        ("mkdir in it", kind(e.write(|w| w.mkdir(SNAP, ph.ino, b"d", &InodeAttrs::new(0o755)).map(drop))), PosixKind::NotPermitted),
-        ("symlink in it", kind(e.write(|w| w.symlink(SNAP, ph.ino, b"l", b"t", &a).map(drop))), PosixKind::NotPermitted),
+        (
+            "create in it",
+            kind(e.write(|w| w.create_file(SNAP, ph.ino, b"x", &a).map(drop))),
+            PosixKind::PermissionDenied,
+        ),
+        (
+            "mkdir in it",
+            kind(e.write(|w| w.mkdir(SNAP, ph.ino, b"d", &InodeAttrs::new(0o755)).map(drop))),
+            PosixKind::NotPermitted,
+        ),
+        (
+            "symlink in it",
+            kind(e.write(|w| w.symlink(SNAP, ph.ino, b"l", b"t", &a).map(drop))),
+            PosixKind::NotPermitted,
+        ),
         ("unlink below it", kind(e.unlink(SNAP, ph.ino, b"f")), PosixKind::NotFound),
         ("unlink of it", kind(e.unlink(SNAP, snap_top, b"sv")), PosixKind::IsDir),
-        ("rename of it", kind(e.rename(SNAP, snap_top, b"sv", snap_top, b"sv2", 0)), PosixKind::NotEmpty),
-        ("rename into it", kind(e.rename(SNAP, snap_top, b"topfile", ph.ino, b"topfile", 0)), PosixKind::NotPermitted),
-        ("setxattr", kind(e.write(|w| w.setxattr(SNAP, ph.ino, b"user.a", b"1", 0))), PosixKind::NotSupported),
+        (
+            "rename of it",
+            kind(e.rename(SNAP, snap_top, b"sv", snap_top, b"sv2", 0)),
+            PosixKind::NotEmpty,
+        ),
+        (
+            "rename into it",
+            kind(e.rename(SNAP, snap_top, b"topfile", ph.ino, b"topfile", 0)),
+            PosixKind::NotPermitted,
+        ),
+        (
+            "setxattr",
+            kind(e.write(|w| w.setxattr(SNAP, ph.ino, b"user.a", b"1", 0))),
+            PosixKind::NotSupported,
+        ),
         ("chattr", kind(e.write(|w| w.set_fsflags(SNAP, ph.ino, 0x10))), PosixKind::NotSupported),
-        ("subvolume delete", kind(e.delete_subvol(SNAP, snap_top, b"sv").map(drop)), PosixKind::Invalid),
+        (
+            "subvolume delete",
+            kind(e.delete_subvol(SNAP, snap_top, b"sv").map(drop)),
+            PosixKind::Invalid,
+        ),
     ];
     for (what, got, want) in refusals {
         assert_eq!(got, Err(want), "{what}");
     }
     // chmod succeeds and stores nothing.
-    e.setattr(ph, &SetAttr { mode: Some(0o700), ..SetAttr::default() }).expect("chmod of a placeholder");
+    e.setattr(ph, &SetAttr { mode: Some(0o700), ..SetAttr::default() })
+        .expect("chmod of a placeholder");
     assert_eq!(e.read(|l| l.load_inode(ph, Load::ITEM)).unwrap().mode(), 0o40755);
     // Nothing changed: the commit has nothing to write.
     e.commit().unwrap();
@@ -176,7 +224,8 @@ fn placeholders_refuse_changes_and_rmdir_removes_only_the_entry() {
     e.rmdir(SNAP, snap_top, b"sv").expect("rmdir /snap/sv");
     e.rmdir(SNAP, snap_top, b"home").expect("rmdir /snap/home");
     e.rmdir(SVSNAP, 256, b"inner").expect("rmdir /svsnap/inner");
-    e.write(|w| w.create_file(SNAP, snap_top, b"after", &a).map(drop)).expect("a create after the refusals");
+    e.write(|w| w.create_file(SNAP, snap_top, b"after", &a).map(drop))
+        .expect("a create after the refusals");
     e.commit().unwrap();
     drop(e);
     assert_check(&s.path, "after the placeholders' rmdir");

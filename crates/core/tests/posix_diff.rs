@@ -78,7 +78,10 @@ fn scratch_dir() -> PathBuf {
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number"))).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")))
+        .unwrap_or(default)
 }
 
 /// Run `seeds` on `THREADS` threads; panic with every failing seed's first disagreement.
@@ -136,7 +139,11 @@ fn report(what: &str, st: &Stats, wall: std::time::Duration) {
     for (k, n) in &st.skipped {
         eprintln!("{what}: skipped {n} ops: known disagreement {k}");
     }
-    let mut errs: Vec<String> = st.by_errno.iter().map(|((k, e), n)| format!("{k:?}:{}={n}", posix::errno_name(*e))).collect();
+    let mut errs: Vec<String> = st
+        .by_errno
+        .iter()
+        .map(|((k, e), n)| format!("{k:?}:{}={n}", posix::errno_name(*e)))
+        .collect();
     errs.sort();
     eprintln!("{what}: failures by op and errno: {}", errs.join(" "));
     let ok: Vec<String> = st.ok.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
@@ -151,7 +158,10 @@ fn posix_diff_ci() {
     let t = Instant::now();
     let st = run_seeds((0..CI_SEEDS).collect(), CI_OPS, &available());
     report("posix_diff_ci", &st, t.elapsed());
-    assert!(st.ops >= 100_000 - st.skipped.values().sum::<u64>(), "CI runs at least 100k operations");
+    assert!(
+        st.ops >= 100_000 - st.skipped.values().sum::<u64>(),
+        "CI runs at least 100k operations"
+    );
 }
 
 #[test]
@@ -162,12 +172,15 @@ fn soak() {
     }
     let spec = std::env::var("UBTRFS_SOAK_SEEDS").unwrap_or_else(|_| "1000..1100".into());
     let seeds: Vec<u64> = match spec.split_once("..") {
-        Some((a, b)) => (a.parse().expect("seed range start")..b.parse().expect("seed range end")).collect(),
+        Some((a, b)) => {
+            (a.parse().expect("seed range start")..b.parse().expect("seed range end")).collect()
+        }
         None => vec![spec.parse().expect("a seed")],
     };
     let ops = env_u64("UBTRFS_SOAK_OPS", 10_000);
     let t = Instant::now();
-    let avail = if std::env::var_os("UBTRFS_SOAK_CHATTR").is_some() { with_chattr() } else { available() };
+    let avail =
+        if std::env::var_os("UBTRFS_SOAK_CHATTR").is_some() { with_chattr() } else { available() };
     let st = run_seeds(seeds, ops, &avail);
     report("soak", &st, t.elapsed());
 }
@@ -194,7 +207,19 @@ fn refusals_with_flags_diff_ci() {
     let t = Instant::now();
     let st = run_seeds((500..516).collect(), 2000, &with_chattr());
     report("refusals_with_flags_diff_ci", &st, t.elapsed());
-    let flag_refusals: u64 = st.by_errno.iter().filter(|((k, e), _)| *e == libc::EPERM && *k != OpKind::Link && *k != OpKind::LinkMany).map(|(_, n)| n).sum();
-    assert!(flag_refusals >= 200, "only {flag_refusals} EPERM refusals: the flags refused too little to test anything");
-    assert!(st.ok.get(&OpKind::Chattr).copied().unwrap_or(0) >= 200, "too few chattr calls succeeded: {:?}", st.ok.get(&OpKind::Chattr));
+    let flag_refusals: u64 = st
+        .by_errno
+        .iter()
+        .filter(|((k, e), _)| *e == libc::EPERM && *k != OpKind::Link && *k != OpKind::LinkMany)
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        flag_refusals >= 200,
+        "only {flag_refusals} EPERM refusals: the flags refused too little to test anything"
+    );
+    assert!(
+        st.ok.get(&OpKind::Chattr).copied().unwrap_or(0) >= 200,
+        "too few chattr calls succeeded: {:?}",
+        st.ok.get(&OpKind::Chattr)
+    );
 }

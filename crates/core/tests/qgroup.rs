@@ -24,9 +24,15 @@ const LEVEL1: u64 = 1 << 48 | 1;
 /// `ubtrfs check` (which counts the qgroups its own way) finds the image clean.
 fn ubtrfs_check(img: &Scratch, what: &str) {
     let fs = img.reader();
-    let rep = ubtrfs_tools::check::check(&fs.info, &ubtrfs_tools::check::CheckOptions::default()).unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
+    let rep = ubtrfs_tools::check::check(&fs.info, &ubtrfs_tools::check::CheckOptions::default())
+        .unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
     let problems: Vec<String> = rep.findings.iter().take(10).map(|f| f.to_string()).collect();
-    assert!(rep.is_clean(), "{what}: ubtrfs check found {} problems:\n{}", rep.problems(), problems.join("\n"));
+    assert!(
+        rep.is_clean(),
+        "{what}: ubtrfs check found {} problems:\n{}",
+        rep.problems(),
+        problems.join("\n")
+    );
 }
 
 /// `btrfs check --readonly --check-data-csum` (which verifies the qgroup numbers), or a
@@ -35,7 +41,10 @@ fn progs_check(img: &Scratch, what: &str) {
     if have_btrfs_check() {
         assert_check(&img.path, what);
     } else {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{what}: btrfs-progs is required under CI");
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{what}: btrfs-progs is required under CI"
+        );
         eprintln!("{what}: btrfs check skipped: btrfs-progs is not installed");
     }
 }
@@ -61,7 +70,8 @@ fn random_operations_match_the_recount() {
 
 fn run_model(seed: u64, ops: usize) {
     let what = format!("seed {seed}");
-    let img = Scratch::mkfs(&format!("qgroup-model-{seed}"), 256 * MIB, &["-R", "quota", "-n", "4096"]);
+    let img =
+        Scratch::mkfs(&format!("qgroup-model-{seed}"), 256 * MIB, &["-R", "quota", "-n", "4096"]);
     let mut w = img.writer();
     w.set_qgroup_verify(true);
     let top = w.live().root_dir();
@@ -70,15 +80,29 @@ fn run_model(seed: u64, ops: usize) {
     w.commit().expect("commit subvolumes");
     let st = w.qgroup_stats().expect("quotas are on");
     assert_eq!(st.recount, None, "{what}: new subvolumes are accounted incrementally");
-    assert!(qgroup_counts(&mut w).contains_key(&a) && qgroup_counts(&mut w).contains_key(&b), "{what}: new subvolumes get qgroups");
-    assert_eq!(qgroup_counts(&mut w)[&a], (4096, 4096), "{what}: a new subvolume's root leaf counts for its qgroup");
+    assert!(
+        qgroup_counts(&mut w).contains_key(&a) && qgroup_counts(&mut w).contains_key(&b),
+        "{what}: new subvolumes get qgroups"
+    );
+    assert_eq!(
+        qgroup_counts(&mut w)[&a],
+        (4096, 4096),
+        "{what}: a new subvolume's root leaf counts for its qgroup"
+    );
     w.qgroup_create(LEVEL1).expect("qgroup 1/1");
     w.qgroup_assign(a, LEVEL1).expect("assign a");
     w.qgroup_assign(b, LEVEL1).expect("assign b");
     w.commit().expect("commit relations");
-    assert!(w.qgroup_stats().unwrap().recount.is_some_and(|r| r.contains("assigned")), "{what}: a relation change recounts");
+    assert!(
+        w.qgroup_stats().unwrap().recount.is_some_and(|r| r.contains("assigned")),
+        "{what}: a relation change recounts"
+    );
     let s = qgroup_counts(&mut w);
-    assert_eq!(s[&LEVEL1], (s[&a].0 + s[&b].0, s[&a].1 + s[&b].1), "{what}: 1/1 holds a and b, which share nothing");
+    assert_eq!(
+        s[&LEVEL1],
+        (s[&a].0 + s[&b].0, s[&a].1 + s[&b].1),
+        "{what}: 1/1 holds a and b, which share nothing"
+    );
 
     let mut rng = Rng::new(seed);
     let mut files: Vec<File> = Vec::new();
@@ -91,7 +115,9 @@ fn run_model(seed: u64, ops: usize) {
         if choice < 30 || files.is_empty() {
             names += 1;
             let name = format!("f{names}").into_bytes();
-            let ino = w.create_file(root, FIRST_FREE_OBJECTID, &name, &InodeAttrs::new(0o644)).expect("create");
+            let ino = w
+                .create_file(root, FIRST_FREE_OBJECTID, &name, &InodeAttrs::new(0o644))
+                .expect("create");
             let size = *rng.pick(&[0, 100, 3000, 4096, 5000, 70_000, 300_000]);
             if size > 0 {
                 w.write_file(root, ino, 0, &rng.bytes(size as usize)).expect("write");
@@ -120,14 +146,22 @@ fn run_model(seed: u64, ops: usize) {
             let i = rng.below(files.len() as u64) as usize;
             let f = &mut files[i];
             let size = rng.below(f.size + 1);
-            w.setattr(f.root, f.ino, &SetAttr { size: Some(size), ..Default::default() }).expect("truncate");
+            w.setattr(f.root, f.ino, &SetAttr { size: Some(size), ..Default::default() })
+                .expect("truncate");
             f.size = size;
         } else if choice < 95 {
             let f = files.swap_remove(rng.below(files.len() as u64) as usize);
             w.unlink(f.root, FIRST_FREE_OBJECTID, &f.name).expect("unlink");
         } else if roots.len() < 5 {
             names += 1;
-            let id = w.create_subvol(top.root, top.ino, format!("s{names}").as_bytes(), &InodeAttrs::new(0o755)).expect("subvol");
+            let id = w
+                .create_subvol(
+                    top.root,
+                    top.ino,
+                    format!("s{names}").as_bytes(),
+                    &InodeAttrs::new(0o755),
+                )
+                .expect("subvol");
             roots.push(id);
         }
         if rng.chance(12) || op + 1 == ops {
@@ -136,10 +170,22 @@ fn run_model(seed: u64, ops: usize) {
             let st = w.qgroup_stats().unwrap();
             assert_eq!(st.recount, None, "{what}: commit after op {op} recounted");
             let s = qgroup_counts(&mut w);
-            assert_eq!(s[&LEVEL1].0, s[&a].0 + s[&b].0, "{what}: op {op}: 1/1 references what a and b do");
-            assert_eq!(s[&LEVEL1].1, s[&a].1 + s[&b].1, "{what}: op {op}: 1/1 holds exclusively what a and b do");
+            assert_eq!(
+                s[&LEVEL1].0,
+                s[&a].0 + s[&b].0,
+                "{what}: op {op}: 1/1 references what a and b do"
+            );
+            assert_eq!(
+                s[&LEVEL1].1,
+                s[&a].1 + s[&b].1,
+                "{what}: op {op}: 1/1 holds exclusively what a and b do"
+            );
             for &r in &roots {
-                assert!(s[&r].0 >= s[&r].1 && s[&r].1 >= 4096, "{what}: op {op}: qgroup 0/{r} {:?}", s[&r]);
+                assert!(
+                    s[&r].0 >= s[&r].1 && s[&r].1 >= 4096,
+                    "{what}: op {op}: qgroup 0/{r} {:?}",
+                    s[&r]
+                );
             }
             if commits % 8 == 0 {
                 drop(w);
@@ -160,14 +206,21 @@ fn run_model(seed: u64, ops: usize) {
 #[test]
 fn a_small_commit_reads_few_blocks() {
     // UBTRFS_QGROUP_FILES makes the image bigger for a measurement.
-    let files: u32 = std::env::var("UBTRFS_QGROUP_FILES").map_or(20_000, |v| v.parse().expect("UBTRFS_QGROUP_FILES is a number"));
-    let img = Scratch::mkfs("qgroup-bounded", (256 * MIB).max(u64::from(files) * 16 * KIB + 128 * MIB), &["-R", "quota", "-n", "4096"]);
+    let files: u32 = std::env::var("UBTRFS_QGROUP_FILES")
+        .map_or(20_000, |v| v.parse().expect("UBTRFS_QGROUP_FILES is a number"));
+    let img = Scratch::mkfs(
+        "qgroup-bounded",
+        (256 * MIB).max(u64::from(files) * 16 * KIB + 128 * MIB),
+        &["-R", "quota", "-n", "4096"],
+    );
     let mut w = img.writer();
     w.set_qgroup_verify(false);
     let top = w.live().root_dir();
     let mut inos = Vec::new();
     for i in 0..files {
-        let ino = w.create_file(top.root, top.ino, format!("file-{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino = w
+            .create_file(top.root, top.ino, format!("file-{i}").as_bytes(), &InodeAttrs::new(0o644))
+            .expect("create");
         w.write_file(top.root, ino, 0, &[i as u8; 5000]).expect("write");
         inos.push(ino);
         if i % 4000 == 3999 {
@@ -188,17 +241,25 @@ fn a_small_commit_reads_few_blocks() {
     let incr = change(&mut w, inos[inos.len() * 3 / 4], 2);
     assert_eq!(incr.recount, None, "a one-file change is accounted incrementally");
     let levels = u64::from(w.live().read_root(FS_TREE_OBJECTID).expect("fs tree").0.level) + 1;
-    let extent_levels = u64::from(w.live().read_root(EXTENT_TREE_OBJECTID).expect("extent tree").0.level) + 1;
+    let extent_levels =
+        u64::from(w.live().read_root(EXTENT_TREE_OBJECTID).expect("extent tree").0.level) + 1;
     eprintln!(
         "blocks read by the qgroup accounting of a one-file commit: full recount {} (dirty extents {}), incremental {} (dirty extents {}); fs tree {levels} levels, extent tree {extent_levels}",
         full.blocks_read, full.dirty_extents, incr.blocks_read, incr.dirty_extents
     );
     assert!(full.blocks_read > 2000, "the recount walks every block: {full:?}");
-    assert!(incr.dirty_extents > 0 && incr.dirty_extents < 20, "a one-file change dirties a few extents: {incr:?}");
+    assert!(
+        incr.dirty_extents > 0 && incr.dirty_extents < 20,
+        "a one-file change dirties a few extents: {incr:?}"
+    );
     // Per dirty extent and state: its extent item (a search of the extent tree), a
     // search of its subvolume tree, then the same for each block above it.
     let bound = incr.dirty_extents * 2 * levels * (levels + extent_levels) + 4;
-    assert!(incr.blocks_read <= bound, "incremental accounting read {} blocks, more than {bound}: {incr:?}", incr.blocks_read);
+    assert!(
+        incr.blocks_read <= bound,
+        "incremental accounting read {} blocks, more than {bound}: {incr:?}",
+        incr.blocks_read
+    );
     assert!(incr.blocks_read * 10 < full.blocks_read, "incremental {incr:?} vs recount {full:?}");
     drop(w);
     ubtrfs_check(&img, "bounded");
@@ -214,7 +275,10 @@ fn shared_snapshots_are_accounted_incrementally() {
     let mut w = img.writer();
     w.set_qgroup_verify(true);
     let subvols = ["sv", "snap", "snap2"];
-    let ids: Vec<u64> = subvols.iter().map(|p| w.live().resolve_id(p, false).unwrap_or_else(|e| panic!("{p}: {e}")).root).collect();
+    let ids: Vec<u64> = subvols
+        .iter()
+        .map(|p| w.live().resolve_id(p, false).unwrap_or_else(|e| panic!("{p}: {e}")).root)
+        .collect();
     let mut rng = Rng::new(7);
     let mut names = 0;
     for round in 0..10 {
@@ -223,21 +287,36 @@ fn shared_snapshots_are_accounted_incrementally() {
             let (sub, root) = (subvols[k], ids[k]);
             match rng.below(4) {
                 0 | 1 => {
-                    let id = w.live().resolve_id(&format!("{sub}/big-{}", rng.below(12)), false).expect("big file");
+                    let id = w
+                        .live()
+                        .resolve_id(&format!("{sub}/big-{}", rng.below(12)), false)
+                        .expect("big file");
                     let (off, len) = (rng.below(120_000), rng.range(1, 60_000) as usize);
                     if rng.chance(50) {
                         w.write_file(root, id.ino, off, &rng.bytes(len)).expect("overwrite");
                     } else {
-                        w.setattr(root, id.ino, &SetAttr { size: Some(off), ..Default::default() }).expect("truncate");
+                        w.setattr(root, id.ino, &SetAttr { size: Some(off), ..Default::default() })
+                            .expect("truncate");
                     }
                 }
-                2 => match w.unlink(root, FIRST_FREE_OBJECTID, format!("file-{:04}", rng.below(2500)).as_bytes()) {
+                2 => match w.unlink(
+                    root,
+                    FIRST_FREE_OBJECTID,
+                    format!("file-{:04}", rng.below(2500)).as_bytes(),
+                ) {
                     Err(e) if e.posix_kind() == Some(ubtrfs_core::PosixKind::NotFound) => {}
                     r => r.expect("unlink"),
                 },
                 _ => {
                     names += 1;
-                    let ino = w.create_file(root, FIRST_FREE_OBJECTID, format!("new-{names}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+                    let ino = w
+                        .create_file(
+                            root,
+                            FIRST_FREE_OBJECTID,
+                            format!("new-{names}").as_bytes(),
+                            &InodeAttrs::new(0o644),
+                        )
+                        .expect("create");
                     let len = rng.range(1, 50_000) as usize;
                     w.write_file(root, ino, 0, &rng.bytes(len)).expect("write");
                 }
@@ -248,7 +327,10 @@ fn shared_snapshots_are_accounted_incrementally() {
         assert_eq!(st.recount, None, "round {round}: shared blocks are accounted incrementally");
         let s = qgroup_counts(&mut w);
         let level1 = 1 << 48 | 100;
-        assert!(s[&level1].0 >= s[&ids[0]].0, "round {round}: 1/100 references at least what sv does: {s:?}");
+        assert!(
+            s[&level1].0 >= s[&ids[0]].0,
+            "round {round}: 1/100 references at least what sv does: {s:?}"
+        );
     }
     drop(w);
     ubtrfs_check(&img, "snapshots");
@@ -265,7 +347,9 @@ fn too_many_changed_extents_recount() {
     let top = w.live().root_dir();
     w.set_qgroup_record_limit(4);
     for i in 0..20u8 {
-        let ino = w.create_file(top.root, top.ino, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino = w
+            .create_file(top.root, top.ino, format!("f{i}").as_bytes(), &InodeAttrs::new(0o644))
+            .expect("create");
         w.write_file(top.root, ino, 0, &[i; 8192]).expect("write");
     }
     w.commit().expect("commit");

@@ -22,7 +22,10 @@ fn assert_erofs<T: std::fmt::Debug>(r: Result<T, Error>, what: &str) {
         Err(e) => {
             assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{what}: wrong error {e}");
             let msg = e.to_string();
-            assert!(msg.contains("subvolume snap (id "), "{what}: error does not name the subvolume: {msg}");
+            assert!(
+                msg.contains("subvolume snap (id "),
+                "{what}: error does not name the subvolume: {msg}"
+            );
             assert_eq!(msg.matches("read-only").count(), 2, "{what}: {msg}");
         }
         Ok(v) => panic!("{what}: a change to a read-only subvolume succeeded: {v:?}"),
@@ -48,8 +51,17 @@ fn readonly_snapshot_refuses_every_change() {
     if kernel {
         assert_check(&img.path, "after set_subvol_readonly");
         let m = Mount::new(&img.path, false);
-        let out = Command::new("btrfs").args(["property", "get", "-ts"]).arg(m.path("snap")).arg("ro").output().expect("run btrfs property");
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ro=true", "kernel view of the flag: {out:?}");
+        let out = Command::new("btrfs")
+            .args(["property", "get", "-ts"])
+            .arg(m.path("snap"))
+            .arg("ro")
+            .output()
+            .expect("run btrfs property");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "ro=true",
+            "kernel view of the flag: {out:?}"
+        );
         m.umount();
     }
     let before = snap_view(&img.path);
@@ -74,17 +86,41 @@ fn readonly_snapshot_refuses_every_change() {
     let src = std::env::temp_dir().join(format!("ubtrfs-ro-src-{}", std::process::id()));
     std::fs::create_dir_all(src.join("sub")).expect("source dir");
     std::fs::write(src.join("sub/f"), b"data").expect("source file");
-    assert_erofs(ubtrfs_tools::put::put(&mut w, &[&src.join("sub/f")], "/snap/x", &Default::default()), "put file");
-    assert_erofs(ubtrfs_tools::put::put(&mut w, &[&src], "/snap/tree", &ubtrfs_tools::put::PutOptions { recursive: true, ..Default::default() }), "put -r");
+    assert_erofs(
+        ubtrfs_tools::put::put(&mut w, &[&src.join("sub/f")], "/snap/x", &Default::default()),
+        "put file",
+    );
+    assert_erofs(
+        ubtrfs_tools::put::put(
+            &mut w,
+            &[&src],
+            "/snap/tree",
+            &ubtrfs_tools::put::PutOptions { recursive: true, ..Default::default() },
+        ),
+        "put -r",
+    );
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/file-0002", false), "rm file");
     assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/big-3", false), "rm big file");
     // The raw tree operations (a test hook) refuse the read-only tree up front too.
-    let e = w.raw_tree().insert_item(snap, &ubtrfs_format::Key::new(file.ino, ubtrfs_format::key::XATTR_ITEM_KEY, 1), b"x").expect_err("raw insert into a read-only tree");
+    let e = w
+        .raw_tree()
+        .insert_item(
+            snap,
+            &ubtrfs_format::Key::new(file.ino, ubtrfs_format::key::XATTR_ITEM_KEY, 1),
+            b"x",
+        )
+        .expect_err("raw insert into a read-only tree");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
     // None of the refusals aborted the transaction: the writable subvolume still
     // takes a change, and the commit carries only that.
     w.check_writable().expect("a refused change must not abort the writer");
-    ubtrfs_tools::put::put(&mut w, &[&src.join("sub/f")], "/sv/after-refusals", &Default::default()).expect("write to the writable subvolume");
+    ubtrfs_tools::put::put(
+        &mut w,
+        &[&src.join("sub/f")],
+        "/sv/after-refusals",
+        &Default::default(),
+    )
+    .expect("write to the writable subvolume");
     w.commit().expect("commit");
     drop(w);
     let _ = std::fs::remove_dir_all(&src);
@@ -103,14 +139,18 @@ fn readonly_snapshot_refuses_every_change() {
     let mut w = img.writer();
     w.set_subvol_readonly(snap, false).expect("set rw");
     let top = w.live().resolve_id("/snap", false).expect("resolve snap");
-    w.create_file(snap, top.ino, b"now-writable", &InodeAttrs::new(0o644)).expect("create in a writable snapshot");
+    w.create_file(snap, top.ino, b"now-writable", &InodeAttrs::new(0o644))
+        .expect("create in a writable snapshot");
     w.commit().expect("commit");
     drop(w);
     assert!(img.reader().resolve("/snap/now-writable", true).is_ok());
     if kernel {
         assert_check(&img.path, "after the refused changes and the rw round");
         let m = Mount::new(&img.path, false);
-        assert!(m.path("snap/now-writable").exists(), "kernel sees the file created after ro was cleared");
+        assert!(
+            m.path("snap/now-writable").exists(),
+            "kernel sees the file created after ro was cleared"
+        );
         assert!(m.path("sv/after-refusals").exists(), "kernel sees the change to sv");
         m.umount();
     }
@@ -125,7 +165,9 @@ fn set_subvol_readonly_refuses_non_subvolumes() {
     // The top-level subvolume can be flagged too (the kernel allows it).
     w.set_subvol_readonly(5, true).expect("fs tree ro");
     let top = w.live().resolve_id("/", false).expect("top");
-    let e = w.create_file(5, top.ino, b"x", &InodeAttrs::new(0o644)).expect_err("top-level is read-only now");
+    let e = w
+        .create_file(5, top.ino, b"x", &InodeAttrs::new(0o644))
+        .expect_err("top-level is read-only now");
     assert_eq!(e.posix_kind(), Some(PosixKind::ReadOnly), "{e}");
     assert!(e.to_string().contains("subvolume id 5"), "{e}");
 }

@@ -22,7 +22,9 @@ use ubtrfs_core::{FsRead, OpenOptions};
 use write_common::*;
 
 fn create(e: &Engine, root: u64, name: &str) -> InodeId {
-    let ino = e.write(|w| w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644))).expect("create file");
+    let ino = e
+        .write(|w| w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644)))
+        .expect("create file");
     InodeId { root, ino }
 }
 
@@ -32,7 +34,9 @@ fn disk_extents(e: &Engine, id: InodeId) -> Vec<(u64, u64)> {
         .expect("file extents")
         .iter()
         .filter_map(|f| match f.kind {
-            ExtentKind::Regular { disk_bytenr, .. } if disk_bytenr != 0 => Some((disk_bytenr, f.file_offset)),
+            ExtentKind::Regular { disk_bytenr, .. } if disk_bytenr != 0 => {
+                Some((disk_bytenr, f.file_offset))
+            }
             _ => None,
         })
         .collect()
@@ -51,8 +55,15 @@ fn put(model: &mut Vec<u8>, at: usize, src: &[u8]) {
 
 fn kernel_reads(m: &Mount, files: &BTreeMap<String, Vec<u8>>, what: &str) {
     for (name, data) in files {
-        let got = std::fs::read(m.path(name)).unwrap_or_else(|e| panic!("{what}: kernel read {name}: {e}"));
-        assert!(got == *data, "{what}: /{name}: the kernel reads {} bytes, {} expected; first difference at {:?}", got.len(), data.len(), got.iter().zip(data).position(|(a, b)| a != b));
+        let got = std::fs::read(m.path(name))
+            .unwrap_or_else(|e| panic!("{what}: kernel read {name}: {e}"));
+        assert!(
+            got == *data,
+            "{what}: /{name}: the kernel reads {} bytes, {} expected; first difference at {:?}",
+            got.len(),
+            data.len(),
+            got.iter().zip(data).position(|(a, b)| a != b)
+        );
     }
 }
 
@@ -97,7 +108,11 @@ fn clone_scenario(tag: &str, mkfs_args: &[&str]) {
     let b = new("b", 5);
     assert_eq!(e.clone_range(a, 0, 0, b, 0).expect("clone a to b"), da.len() as u64);
     files.insert("b".into(), da.clone());
-    assert_eq!(disk_extents(&e, a), disk_extents(&e, b), "b points at a's extents, at the same offsets");
+    assert_eq!(
+        disk_extents(&e, a),
+        disk_extents(&e, b),
+        "b points at a's extents, at the same offsets"
+    );
     // 2. A piece from inside two extents over c's own data.
     let c = new("c", 5);
     let mut dc = rng.bytes(64 << 10);
@@ -113,7 +128,9 @@ fn clone_scenario(tag: &str, mkfs_args: &[&str]) {
     put(&mut da2, 5 << 20, &da[..1 << 20]);
     files.insert("a".into(), da2.clone());
     // 4. Across subvolumes.
-    let sv = e.write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755))).expect("create subvolume");
+    let sv = e
+        .write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755)))
+        .expect("create subvolume");
     let d = new("sv/d", sv);
     e.clone_range(a, 0, 2 << 20, d, 0).expect("clone across subvolumes");
     files.insert("sv/d".into(), da[..2 << 20].to_vec());
@@ -147,14 +164,22 @@ fn clone_scenario(tag: &str, mkfs_args: &[&str]) {
     files.insert("f".into(), df.clone());
     files.insert("g".into(), df);
     // The clones point at the source's disk extents.
-    let shared = |x: InodeId, y: InodeId| disk_extents(&e, x).iter().filter(|(bn, _)| disk_extents(&e, y).iter().any(|(b2, _)| b2 == bn)).count();
+    let shared = |x: InodeId, y: InodeId| {
+        disk_extents(&e, x)
+            .iter()
+            .filter(|(bn, _)| disk_extents(&e, y).iter().any(|(b2, _)| b2 == bn))
+            .count()
+    };
     assert!(shared(a, c) > 0, "c shares a's extents");
     assert!(shared(f, g) > 0, "g shares f's extents");
     assert!(shared(a, d) > 0, "d (another subvolume) shares a's extents");
     for (name, want) in &files {
         let mut buf = vec![0u8; want.len() + 10];
         let n = e.read_file(ids[name], 0, &mut buf).expect("read");
-        assert!(n == want.len() && buf[..n] == want[..], "{name} reads back wrong before the commit");
+        assert!(
+            n == want.len() && buf[..n] == want[..],
+            "{name} reads back wrong before the commit"
+        );
     }
     e.commit().expect("commit");
     drop(e);
@@ -202,18 +227,31 @@ fn dedupe_shares_equal_ranges_and_leaves_different_ones() {
     e.write_file(z, 0, &dz).expect("write z");
     e.commit().expect("commit");
     let before = e.getattr(y).expect("getattr y");
-    assert_eq!(e.dedupe_range(x, 0, data.len() as u64, y, 0).expect("dedupe x y"), Dedupe::Same(data.len() as u64));
+    assert_eq!(
+        e.dedupe_range(x, 0, data.len() as u64, y, 0).expect("dedupe x y"),
+        Dedupe::Same(data.len() as u64)
+    );
     let after = e.getattr(y).expect("getattr y");
     assert_eq!(disk_extents(&e, x), disk_extents(&e, y), "y shares x's extents");
-    assert_eq!((before.mtime.sec.get(), before.mtime.nsec.get()), (after.mtime.sec.get(), after.mtime.nsec.get()), "a dedupe changes no times");
+    assert_eq!(
+        (before.mtime.sec.get(), before.mtime.nsec.get()),
+        (after.mtime.sec.get(), after.mtime.nsec.get()),
+        "a dedupe changes no times"
+    );
     let zext = disk_extents(&e, z);
     assert_eq!(e.dedupe_range(x, 0, data.len() as u64, z, 0).expect("dedupe x z"), Dedupe::Differs);
     assert_eq!(disk_extents(&e, z), zext, "a dedupe of different bytes changes nothing");
     // Shortened to whole blocks where the range does not reach both ends.
-    assert_eq!(e.dedupe_range(x, 0, (1 << 20) + 100, z, 0).expect("dedupe the equal first MiB"), Dedupe::Same(1 << 20));
+    assert_eq!(
+        e.dedupe_range(x, 0, (1 << 20) + 100, z, 0).expect("dedupe the equal first MiB"),
+        Dedupe::Same(1 << 20)
+    );
     e.commit().expect("commit");
     drop(e);
-    assert!(read_image(&s.path, y) == data && read_image(&s.path, z) == dz, "bytes changed on the image");
+    assert!(
+        read_image(&s.path, y) == data && read_image(&s.path, z) == dz,
+        "bytes changed on the image"
+    );
     assert_check(&s.path, "after the dedupes");
 }
 
@@ -228,12 +266,36 @@ fn refusals_are_the_kernels() {
     e.write_file(a, 0, &vec![1u8; (1 << 20) + 10]).expect("write a");
     e.write_file(b, 0, &vec![2u8; 1 << 20]).expect("write b");
     let kind = |r: ubtrfs_core::Result<u64>| r.expect_err("refused").posix_kind();
-    assert_eq!(kind(e.clone_range(a, 100, 4096, b, 0)), Some(PosixKind::Invalid), "unaligned source offset");
-    assert_eq!(kind(e.clone_range(a, 0, 4096, b, 100)), Some(PosixKind::Invalid), "unaligned destination offset");
-    assert_eq!(kind(e.clone_range(a, 0, 5000, b, 0)), Some(PosixKind::Invalid), "unaligned length inside the source");
-    assert_eq!(kind(e.clone_range(a, 1 << 20, 10, b, 0)), Some(PosixKind::Invalid), "a partial block into the destination's data");
-    assert_eq!(kind(e.clone_range(a, 0, 2 << 20, b, 0)), Some(PosixKind::Invalid), "past the source's end");
-    assert_eq!(kind(e.clone_range(a, 0, 8192, a, 4096)), Some(PosixKind::Invalid), "overlap in one file");
+    assert_eq!(
+        kind(e.clone_range(a, 100, 4096, b, 0)),
+        Some(PosixKind::Invalid),
+        "unaligned source offset"
+    );
+    assert_eq!(
+        kind(e.clone_range(a, 0, 4096, b, 100)),
+        Some(PosixKind::Invalid),
+        "unaligned destination offset"
+    );
+    assert_eq!(
+        kind(e.clone_range(a, 0, 5000, b, 0)),
+        Some(PosixKind::Invalid),
+        "unaligned length inside the source"
+    );
+    assert_eq!(
+        kind(e.clone_range(a, 1 << 20, 10, b, 0)),
+        Some(PosixKind::Invalid),
+        "a partial block into the destination's data"
+    );
+    assert_eq!(
+        kind(e.clone_range(a, 0, 2 << 20, b, 0)),
+        Some(PosixKind::Invalid),
+        "past the source's end"
+    );
+    assert_eq!(
+        kind(e.clone_range(a, 0, 8192, a, 4096)),
+        Some(PosixKind::Invalid),
+        "overlap in one file"
+    );
     let dir = InodeId { root: 5, ino: 256 };
     assert_eq!(kind(e.clone_range(a, 0, 4096, dir, 0)), Some(PosixKind::IsDir), "a directory");
     // The EOF case is allowed: the unaligned tail of a to b's end (b grows).
@@ -279,7 +341,8 @@ fn ten_thousand_extents_clone_in_one_call() {
     assert!(read_image(&s.path, b) == model, "b differs on the image");
     assert_check(&s.path, "after cloning 10k extents");
     let m = Mount::new(&s.path, true);
-    let files: BTreeMap<String, Vec<u8>> = [("a".to_string(), model.clone()), ("b".to_string(), model)].into();
+    let files: BTreeMap<String, Vec<u8>> =
+        [("a".to_string(), model.clone()), ("b".to_string(), model)].into();
     kernel_reads(&m, &files, "kernel after the 10k clone");
     std::fs::remove_file(m.path("a")).expect("remove a");
     m.umount();
@@ -296,8 +359,10 @@ fn random_clones_against_a_model() {
     if !mkfs_tools("random_clones_against_a_model") {
         return;
     }
-    let seeds: u64 = std::env::var("UBTRFS_RL_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let ops: usize = std::env::var("UBTRFS_RL_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
+    let seeds: u64 =
+        std::env::var("UBTRFS_RL_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let ops: usize =
+        std::env::var("UBTRFS_RL_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(250);
     for seed in 0..seeds {
         model_run(seed, ops);
     }
@@ -305,10 +370,16 @@ fn random_clones_against_a_model() {
 
 fn model_run(seed: u64, ops: usize) {
     const BS: u64 = 4096;
-    let s = Scratch::mkfs(&format!("rl-model-{seed}"), 512 << 20, if seed % 2 == 1 { &["-O", "^no-holes"] } else { &[] });
+    let s = Scratch::mkfs(
+        &format!("rl-model-{seed}"),
+        512 << 20,
+        if seed % 2 == 1 { &["-O", "^no-holes"] } else { &[] },
+    );
     let mut e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
-    let sv = e.write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755))).expect("subvolume");
-    let ids: Vec<InodeId> = (0..4).map(|i| create(&e, if i == 3 { sv } else { 5 }, &format!("f{i}"))).collect();
+    let sv =
+        e.write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755))).expect("subvolume");
+    let ids: Vec<InodeId> =
+        (0..4).map(|i| create(&e, if i == 3 { sv } else { 5 }, &format!("f{i}"))).collect();
     let mut model: Vec<Vec<u8>> = vec![Vec::new(); ids.len()];
     let mut rng = Rng::new(seed * 7919 + 1);
     let aligned = |rng: &mut Rng, max: u64| rng.below(max / BS + 1) * BS;
@@ -317,7 +388,10 @@ fn model_run(seed: u64, ops: usize) {
         let what = format!("seed {seed} op {op}");
         let pick = rng.below(100);
         if std::env::var("UBTRFS_RL_TRACE").is_ok() {
-            eprintln!("{what}: f{f} kind {pick} sizes {:?}", model.iter().map(Vec::len).collect::<Vec<_>>());
+            eprintln!(
+                "{what}: f{f} kind {pick} sizes {:?}",
+                model.iter().map(Vec::len).collect::<Vec<_>>()
+            );
         }
         match pick {
             0..=24 => {
@@ -325,20 +399,33 @@ fn model_run(seed: u64, ops: usize) {
                 let n = rng.range(1, 200_000) as usize;
                 let data = rng.bytes(n);
                 if rng.chance(50) {
-                    e.write_file(ids[f], off, &data).unwrap_or_else(|err| panic!("{what}: write: {err}"));
+                    e.write_file(ids[f], off, &data)
+                        .unwrap_or_else(|err| panic!("{what}: write: {err}"));
                 } else {
-                    e.buffered_write(ids[f], off, &data).unwrap_or_else(|err| panic!("{what}: buffered write: {err}"));
+                    e.buffered_write(ids[f], off, &data)
+                        .unwrap_or_else(|err| panic!("{what}: buffered write: {err}"));
                 }
                 put(&mut model[f], off as usize, &data);
             }
             25..=29 => {
                 let size = rng.below(4 << 20);
-                e.setattr(ids[f], &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() }).unwrap_or_else(|err| panic!("{what}: truncate: {err}"));
+                e.setattr(
+                    ids[f],
+                    &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() },
+                )
+                .unwrap_or_else(|err| panic!("{what}: truncate: {err}"));
                 model[f].resize(size as usize, 0);
             }
             30..=34 => {
                 let (off, len) = (rng.below(3 << 20), rng.range(1, 1 << 20));
-                e.fallocate(ids[f], ubtrfs_core::inode::falloc::FALLOC_FL_PUNCH_HOLE | ubtrfs_core::inode::falloc::FALLOC_FL_KEEP_SIZE, off, len).unwrap_or_else(|err| panic!("{what}: punch: {err}"));
+                e.fallocate(
+                    ids[f],
+                    ubtrfs_core::inode::falloc::FALLOC_FL_PUNCH_HOLE
+                        | ubtrfs_core::inode::falloc::FALLOC_FL_KEEP_SIZE,
+                    off,
+                    len,
+                )
+                .unwrap_or_else(|err| panic!("{what}: punch: {err}"));
                 let m = &mut model[f];
                 let (a, z) = ((off as usize).min(m.len()), ((off + len) as usize).min(m.len()));
                 m[a..z].fill(0);
@@ -352,7 +439,10 @@ fn model_run(seed: u64, ops: usize) {
                 let dst_off = aligned(&mut rng, dsize + (1 << 20));
                 let n = if to_eof { ssize.saturating_sub(src_off) } else { len };
                 let span = n.div_ceil(BS) * BS;
-                let valid = src_off <= ssize && src_off + n <= ssize && (n.is_multiple_of(BS) || dst_off + n >= dsize) && !(f == g && src_off < dst_off + span && dst_off < src_off + span);
+                let valid = src_off <= ssize
+                    && src_off + n <= ssize
+                    && (n.is_multiple_of(BS) || dst_off + n >= dsize)
+                    && !(f == g && src_off < dst_off + span && dst_off < src_off + span);
                 let dedupe = rng.chance(20) && dst_off + n <= dsize;
                 if dedupe {
                     // A dedupe of n bytes: Same when they are equal (nothing changes
@@ -360,10 +450,18 @@ fn model_run(seed: u64, ops: usize) {
                     let r = e.dedupe_range(ids[f], src_off, n, ids[g], dst_off);
                     match r {
                         Ok(Dedupe::Same(k)) => {
-                            assert!(model[f][src_off as usize..(src_off + k) as usize] == model[g][dst_off as usize..(dst_off + k) as usize], "{what}: dedupe called different bytes the same");
+                            assert!(
+                                model[f][src_off as usize..(src_off + k) as usize]
+                                    == model[g][dst_off as usize..(dst_off + k) as usize],
+                                "{what}: dedupe called different bytes the same"
+                            );
                         }
                         Ok(Dedupe::Differs) => {}
-                        Err(err) => assert_eq!(err.posix_kind(), Some(PosixKind::Invalid), "{what}: dedupe: {err}"),
+                        Err(err) => assert_eq!(
+                            err.posix_kind(),
+                            Some(PosixKind::Invalid),
+                            "{what}: dedupe: {err}"
+                        ),
                     }
                     continue;
                 }
@@ -375,8 +473,14 @@ fn model_run(seed: u64, ops: usize) {
                         put(&mut model[g], dst_off as usize, &piece);
                     }
                     Err(err) => {
-                        assert!(!valid || n == 0, "{what}: clone of {f}@{src_off}+{len} to {g}@{dst_off} refused: {err}");
-                        assert!(n == 0 || err.posix_kind() == Some(PosixKind::Invalid), "{what}: {err}");
+                        assert!(
+                            !valid || n == 0,
+                            "{what}: clone of {f}@{src_off}+{len} to {g}@{dst_off} refused: {err}"
+                        );
+                        assert!(
+                            n == 0 || err.posix_kind() == Some(PosixKind::Invalid),
+                            "{what}: {err}"
+                        );
                     }
                 }
             }
@@ -391,7 +495,11 @@ fn model_run(seed: u64, ops: usize) {
             for (i, id) in ids.iter().enumerate() {
                 let mut buf = vec![0u8; model[i].len() + 1];
                 let n = e.buffered_read(*id, 0, &mut buf).expect("read");
-                assert!(n == model[i].len() && buf[..n] == model[i][..], "{what}: f{i} reads wrong ({n} bytes, {} in the model)", model[i].len());
+                assert!(
+                    n == model[i].len() && buf[..n] == model[i][..],
+                    "{what}: f{i} reads wrong ({n} bytes, {} in the model)",
+                    model[i].len()
+                );
             }
         }
     }

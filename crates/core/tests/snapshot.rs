@@ -25,7 +25,9 @@ use write_common::*;
 type Model = BTreeMap<String, Vec<u8>>;
 
 fn create(e: &Engine, root: u64, name: &str, data: &[u8]) -> InodeId {
-    let ino = e.write(|w| w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644))).expect("create file");
+    let ino = e
+        .write(|w| w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644)))
+        .expect("create file");
     let id = InodeId { root, ino };
     if !data.is_empty() {
         e.buffered_write(id, 0, data).expect("write");
@@ -34,7 +36,12 @@ fn create(e: &Engine, root: u64, name: &str, data: &[u8]) -> InodeId {
 }
 
 fn lookup(e: &Engine, root: u64, name: &str) -> u64 {
-    let ino = e.read(|l| l.lookup(InodeId { root, ino: 256 }, name.as_bytes())).expect("lookup").unwrap_or_else(|| panic!("{name} missing in {root}")).target.ino;
+    let ino = e
+        .read(|l| l.lookup(InodeId { root, ino: 256 }, name.as_bytes()))
+        .expect("lookup")
+        .unwrap_or_else(|| panic!("{name} missing in {root}"))
+        .target
+        .ino;
     ino
 }
 
@@ -42,16 +49,33 @@ fn lookup(e: &Engine, root: u64, name: &str) -> u64 {
 /// show as directories) equals the model, and nothing else is there.
 fn kernel_matches(dir: &Path, model: &Model, what: &str) {
     let mut seen = Model::new();
-    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{what}: read_dir {}: {e}", dir.display())) {
+    for e in
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{what}: read_dir {}: {e}", dir.display()))
+    {
         let e = e.unwrap();
         if e.file_type().unwrap().is_file() {
-            seen.insert(e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap());
+            seen.insert(
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            );
         }
     }
-    assert_eq!(seen.len(), model.len(), "{what}: the kernel shows {} files, the model {}", seen.len(), model.len());
+    assert_eq!(
+        seen.len(),
+        model.len(),
+        "{what}: the kernel shows {} files, the model {}",
+        seen.len(),
+        model.len()
+    );
     for (name, want) in model {
-        let got = seen.get(name).unwrap_or_else(|| panic!("{what}: {name} missing on the kernel's side"));
-        assert!(got == want, "{what}: {name} differs ({} bytes, {} in the model)", got.len(), want.len());
+        let got =
+            seen.get(name).unwrap_or_else(|| panic!("{what}: {name} missing on the kernel's side"));
+        assert!(
+            got == want,
+            "{what}: {name} differs ({} bytes, {} in the model)",
+            got.len(),
+            want.len()
+        );
     }
 }
 
@@ -79,7 +103,9 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
     let snap_ro = top.clone();
     // The read-only snapshot refuses changes.
     let f = lookup(&e, ro, "f00001");
-    let err = e.buffered_write(InodeId { root: ro, ino: f }, 0, b"x").expect_err("write into a read-only snapshot");
+    let err = e
+        .buffered_write(InodeId { root: ro, ino: f }, 0, b"x")
+        .expect_err("write into a read-only snapshot");
     assert_eq!(err.posix_kind(), Some(PosixKind::ReadOnly), "{err}");
     // Changes on both sides.
     for i in (2..2500).step_by(5) {
@@ -91,7 +117,8 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
         let name = format!("f{i:05}");
         let data = rng.bytes(5000);
         let id = lookup(&e, rw, &name);
-        e.buffered_write(InodeId { root: rw, ino: id }, 0, &data).expect("overwrite in the snapshot");
+        e.buffered_write(InodeId { root: rw, ino: id }, 0, &data)
+            .expect("overwrite in the snapshot");
         let m = snap.get_mut(&name).unwrap();
         if m.len() < data.len() {
             m.resize(data.len(), 0);
@@ -108,10 +135,12 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
     top.insert("new-in-source".into(), big);
     let id = lookup(&e, 5, "f00500");
     let over = rng.bytes(100_000);
-    e.buffered_write(InodeId { root: 5, ino: id }, 4096, &over).expect("overwrite a large source file");
+    e.buffered_write(InodeId { root: 5, ino: id }, 4096, &over)
+        .expect("overwrite a large source file");
     top.get_mut("f00500").unwrap()[4096..4096 + over.len()].copy_from_slice(&over);
     // A snapshot of the snapshot.
-    let rw2 = e.create_snapshot(rw, rw, 256, b"snap-of-snap", false).expect("snapshot of a snapshot");
+    let rw2 =
+        e.create_snapshot(rw, rw, 256, b"snap-of-snap", false).expect("snapshot of a snapshot");
     let snap2 = snap.clone();
     e.sync().expect("sync");
     drop(e);
@@ -121,27 +150,63 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
     kernel_matches(&m.path("snap"), &snap, "snapshot");
     kernel_matches(&m.path("snap-ro"), &snap_ro, "read-only snapshot");
     kernel_matches(&m.path("snap/snap-of-snap"), &snap2, "snapshot of the snapshot");
-    let out = std::process::Command::new("btrfs").args(["subvolume", "list", "-uq"]).arg(m.path("")).output().expect("btrfs subvolume list");
+    let out = std::process::Command::new("btrfs")
+        .args(["subvolume", "list", "-uq"])
+        .arg(m.path(""))
+        .output()
+        .expect("btrfs subvolume list");
     let list = String::from_utf8_lossy(&out.stdout).into_owned();
     for id in [rw, ro, rw2] {
-        assert!(list.lines().any(|l| l.starts_with(&format!("ID {id} ")) && !l.contains("parent_uuid -")), "subvolume {id} with a parent uuid: {list}");
+        assert!(
+            list.lines()
+                .any(|l| l.starts_with(&format!("ID {id} ")) && !l.contains("parent_uuid -")),
+            "subvolume {id} with a parent uuid: {list}"
+        );
     }
-    let show = std::process::Command::new("btrfs").args(["property", "get", "-ts"]).arg(m.path("snap-ro")).arg("ro").output().expect("btrfs property get");
-    assert!(String::from_utf8_lossy(&show.stdout).contains("ro=true"), "snap-ro is read-only for the kernel: {}{}", String::from_utf8_lossy(&show.stdout), String::from_utf8_lossy(&show.stderr));
+    let show = std::process::Command::new("btrfs")
+        .args(["property", "get", "-ts"])
+        .arg(m.path("snap-ro"))
+        .arg("ro")
+        .output()
+        .expect("btrfs property get");
+    assert!(
+        String::from_utf8_lossy(&show.stdout).contains("ro=true"),
+        "snap-ro is read-only for the kernel: {}{}",
+        String::from_utf8_lossy(&show.stdout),
+        String::from_utf8_lossy(&show.stderr)
+    );
     // The kernel deletes the snapshot of the snapshot and the read-only one, and changes
     // shared files on both sides.
     for p in ["snap/snap-of-snap", "snap-ro"] {
         if p == "snap-ro" {
-            assert!(std::process::Command::new("btrfs").args(["property", "set", "-ts"]).arg(m.path(p)).args(["ro", "false"]).status().unwrap().success());
+            assert!(std::process::Command::new("btrfs")
+                .args(["property", "set", "-ts"])
+                .arg(m.path(p))
+                .args(["ro", "false"])
+                .status()
+                .unwrap()
+                .success());
         }
-        let o = std::process::Command::new("btrfs").args(["subvolume", "delete"]).arg(m.path(p)).output().expect("btrfs subvolume delete");
-        assert!(o.status.success(), "btrfs subvolume delete {p}: {}", String::from_utf8_lossy(&o.stderr));
+        let o = std::process::Command::new("btrfs")
+            .args(["subvolume", "delete"])
+            .arg(m.path(p))
+            .output()
+            .expect("btrfs subvolume delete");
+        assert!(
+            o.status.success(),
+            "btrfs subvolume delete {p}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     std::fs::write(m.path("f00001"), b"kernel was here").unwrap();
     std::fs::write(m.path("snap/f00002"), b"and here").unwrap();
     top.insert("f00001".into(), b"kernel was here".to_vec());
     snap.insert("f00002".into(), b"and here".to_vec());
-    let o = std::process::Command::new("btrfs").args(["subvolume", "sync"]).arg(m.path("")).output().expect("btrfs subvolume sync");
+    let o = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(m.path(""))
+        .output()
+        .expect("btrfs subvolume sync");
     assert!(o.status.success(), "btrfs subvolume sync: {}", String::from_utf8_lossy(&o.stderr));
     m.umount();
     assert_check(&s.path, "after the kernel deleted snapshots and changed shared files");
@@ -160,9 +225,21 @@ fn snapshot_refusals() {
     let mut w = s.writer();
     w.create_file(5, 256, b"a", &InodeAttrs::new(0o644)).expect("create");
     let kind = |r: ubtrfs_core::Result<u64>| r.expect_err("refused").posix_kind();
-    assert_eq!(kind(w.create_snapshot(5, 5, 256, b"a", false)), Some(PosixKind::Exists), "a taken name");
-    assert_eq!(kind(w.create_snapshot(2, 5, 256, b"x", false)), Some(PosixKind::Invalid), "the extent tree is no subvolume");
-    assert_eq!(kind(w.create_snapshot(300, 5, 256, b"x", false)), Some(PosixKind::NotFound), "no such subvolume");
+    assert_eq!(
+        kind(w.create_snapshot(5, 5, 256, b"a", false)),
+        Some(PosixKind::Exists),
+        "a taken name"
+    );
+    assert_eq!(
+        kind(w.create_snapshot(2, 5, 256, b"x", false)),
+        Some(PosixKind::Invalid),
+        "the extent tree is no subvolume"
+    );
+    assert_eq!(
+        kind(w.create_snapshot(300, 5, 256, b"x", false)),
+        Some(PosixKind::NotFound),
+        "no such subvolume"
+    );
     // The offline writer commits the source's changes first, then snapshots.
     let id = w.create_snapshot(5, 5, 256, b"snap", true).expect("snapshot");
     w.commit().expect("commit");
@@ -187,7 +264,8 @@ fn snapshots_with_quotas_keep_the_qgroups_exact() {
     }
     let s = Scratch::mkfs("snap-quota", 512 << 20, &["-R", "quota", "-n", "4096"]);
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
-    let sv = e.write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755))).expect("subvolume");
+    let sv =
+        e.write(|w| w.create_subvol(5, 256, b"sv", &InodeAttrs::new(0o755))).expect("subvolume");
     let mut rng = Rng::new(11);
     for i in 0..1500 {
         create(&e, sv, &format!("f{i:04}"), &rng.bytes((i % 5) * 3000));
@@ -203,7 +281,8 @@ fn snapshots_with_quotas_keep_the_qgroups_exact() {
     }
     for i in (1..1500).step_by(13) {
         let id = lookup(&e, snap, &format!("f{i:04}"));
-        e.buffered_write(InodeId { root: snap, ino: id }, 0, &rng.bytes(8000)).expect("overwrite in the snapshot");
+        e.buffered_write(InodeId { root: snap, ino: id }, 0, &rng.bytes(8000))
+            .expect("overwrite in the snapshot");
     }
     e.sync().expect("sync");
     let c2 = counts(&e);

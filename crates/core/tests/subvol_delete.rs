@@ -53,7 +53,8 @@ fn fill(w: &mut FsWriter, root: u64, n: usize, seed: u64) -> Model {
         };
         let data = rng.bytes(len);
         let name = format!("f{i:05}");
-        let ino = w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino =
+            w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644)).expect("create");
         if !data.is_empty() {
             w.write_file(root, ino, 0, &data).expect("write");
         }
@@ -85,11 +86,19 @@ fn read_model<V: FsRead>(fs: &V, root: u64) -> Model {
 /// Subvolume `name` with `n` files, committed; a snapshot of it (read-only if `ro`),
 /// committed; then every `unlink_step`-th file unlinked from the source, committed.
 /// Returns the source's id, the files the snapshot holds, and the snapshot's id.
-fn subvol_with_snapshot(w: &mut FsWriter, name: &str, n: usize, seed: u64, ro: bool, unlink_step: usize) -> (u64, Model, u64) {
+fn subvol_with_snapshot(
+    w: &mut FsWriter,
+    name: &str,
+    n: usize,
+    seed: u64,
+    ro: bool,
+    unlink_step: usize,
+) -> (u64, Model, u64) {
     let id = w.create_subvol(5, 256, name.as_bytes(), &InodeAttrs::new(0o755)).expect("create");
     let m = fill(w, id, n, seed);
     w.commit().expect("commit");
-    let snap = w.create_snapshot(id, 5, 256, format!("{name}-snap").as_bytes(), ro).expect("snapshot");
+    let snap =
+        w.create_snapshot(id, 5, 256, format!("{name}-snap").as_bytes(), ro).expect("snapshot");
     w.commit().expect("commit");
     for i in (0..n).step_by(unlink_step) {
         w.unlink(id, 256, format!("f{i:05}").as_bytes()).expect("unlink");
@@ -127,7 +136,10 @@ fn kernel_model(dir: &Path) -> Model {
     for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display())) {
         let e = e.unwrap();
         if e.file_type().unwrap().is_file() {
-            m.insert(e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap());
+            m.insert(
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            );
         }
     }
     m
@@ -142,7 +154,12 @@ fn same(a: &Model, b: &Model, what: &str) {
 
 fn btrfs(args: &[&str], at: &Path) -> String {
     let o = Command::new("btrfs").args(args).arg(at).output().expect("run btrfs");
-    assert!(o.status.success(), "btrfs {args:?} {}: {}", at.display(), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "btrfs {args:?} {}: {}",
+        at.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -181,7 +198,11 @@ fn deleting_subvolumes_frees_their_trees_and_the_kernel_agrees() {
     let a = w.create_subvol(5, 256, b"a", &InodeAttrs::new(0o755)).expect("create a");
     let ma = fill(&mut w, a, 3000, 1);
     w.commit().expect("commit");
-    assert!(w.root(a).expect("root").level >= 2, "subvolume a is {} levels deep", w.root(a).unwrap().level + 1);
+    assert!(
+        w.root(a).expect("root").level >= 2,
+        "subvolume a is {} levels deep",
+        w.root(a).unwrap().level + 1
+    );
     let snap = w.create_snapshot(a, 5, 256, b"a-snap", false).expect("snapshot");
     w.commit().expect("commit");
     // Both sides change: some shared blocks are COWed, most stay shared.
@@ -192,7 +213,13 @@ fn deleting_subvolumes_frees_their_trees_and_the_kernel_agrees() {
     }
     for i in (5..3000).step_by(113) {
         let name = format!("f{i:05}");
-        let ino = w.live().lookup(InodeId { root: snap, ino: 256 }, name.as_bytes()).unwrap().unwrap().target.ino;
+        let ino = w
+            .live()
+            .lookup(InodeId { root: snap, ino: 256 }, name.as_bytes())
+            .unwrap()
+            .unwrap()
+            .target
+            .ino;
         w.write_file(snap, ino, 0, b"changed in the snapshot").expect("write");
         let d = msnap.get_mut(&name).unwrap();
         if d.len() < 23 {
@@ -212,22 +239,39 @@ fn deleting_subvolumes_frees_their_trees_and_the_kernel_agrees() {
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
     assert_eq!(e.delete_subvol(5, 256, b"a").expect("delete a"), a);
     assert_eq!(e.delete_subvol(5, 256, b"b").expect("delete b"), b);
-    assert!(e.read(|l| l.lookup(InodeId { root: 5, ino: 256 }, b"a")).unwrap().is_none(), "a's name is gone");
+    assert!(
+        e.read(|l| l.lookup(InodeId { root: 5, ino: 256 }, b"a")).unwrap().is_none(),
+        "a's name is gone"
+    );
     assert_eq!(e.write(|w| w.dead_roots()).unwrap(), vec![a, b], "both wait for the cleaner");
     e.commit().expect("commit");
     // Deleted but not yet dropped: a valid image (the kernel would resume the drop).
-    assert!(ubtrfs_check_path(&s.path).is_empty(), "after the deletion: {:?}", ubtrfs_check_path(&s.path));
+    assert!(
+        ubtrfs_check_path(&s.path).is_empty(),
+        "after the deletion: {:?}",
+        ubtrfs_check_path(&s.path)
+    );
     let (steps, st) = drop_all_in_steps(&e, 64);
     assert!(steps > 10, "the drop took {steps} steps (many commits in between)");
     // a's blocks shared with the snapshot: references dropped without reading them,
     // a's own ones among them turned FULL_BACKREF first; b's leaves all emptied.
-    assert!(st.blocks_converted > 100 && st.tree_refs_dropped > 500 && st.leaves_emptied > 100, "{st:?}");
+    assert!(
+        st.blocks_converted > 100 && st.tree_refs_dropped > 500 && st.leaves_emptied > 100,
+        "{st:?}"
+    );
     assert!(e.write(|w| w.dead_roots()).unwrap().is_empty());
-    same(&msnap, &e.read(|l| try_read_model(l, snap)).unwrap(), "the snapshot after its source's drop");
+    same(
+        &msnap,
+        &e.read(|l| try_read_model(l, snap)).unwrap(),
+        "the snapshot after its source's drop",
+    );
     drop(e);
     assert_clean(&s.path, "after dropping a (shared with a snapshot) and b");
     let after = bytes_used(&s.path);
-    assert!(after <= before_b + (256 << 10), "space back: {after} bytes used, {before_b} before b (b's data and a's own blocks freed)");
+    assert!(
+        after <= before_b + (256 << 10),
+        "space back: {after} bytes used, {before_b} before b (b's data and a's own blocks freed)"
+    );
     let m = Mount::new(&s.path, true);
     assert!(!m.path("a").exists() && !m.path("b").exists(), "the kernel shows no a or b");
     same(&msnap, &kernel_model(&m.path("a-snap")), "the kernel's a-snap");
@@ -259,7 +303,11 @@ fn the_kernel_resumes_a_drop_we_started() {
         e.commit().expect("commit");
     }
     drop(e);
-    assert!(ubtrfs_check_path(&s.path).is_empty(), "half dropped: {:?}", ubtrfs_check_path(&s.path));
+    assert!(
+        ubtrfs_check_path(&s.path).is_empty(),
+        "half dropped: {:?}",
+        ubtrfs_check_path(&s.path)
+    );
     let m = Mount::new(&s.path, true);
     btrfs(&["subvolume", "sync"], &m.path(""));
     same(&mc, &kernel_model(&m.path("c-snap")), "the kernel's c-snap");
@@ -309,7 +357,11 @@ fn kernel_started_drop(tag: &str, mkfs_args: &[&str]) {
     let progress_of = |img: &Path| {
         let mut w = FsWriter::open(&OpenOptions::new(img)).expect("open");
         let dead = w.dead_roots().expect("dead roots");
-        let p = w.live().read_root(d).ok().map(|(_, it)| (ubtrfs_format::Key::from(&it.drop_progress), it.drop_level));
+        let p = w
+            .live()
+            .read_root(d)
+            .ok()
+            .map(|(_, it)| (ubtrfs_format::Key::from(&it.drop_progress), it.drop_level));
         (dead, p)
     };
     let (mut dead, mut progress) = progress_of(&s.path);
@@ -354,18 +406,41 @@ fn delete_refusals_and_rmdir() {
     w.mkdir(5, 256, b"dir", &a).expect("mkdir");
     w.commit().expect("commit");
     let kind = |r: ubtrfs_core::Result<u64>| r.expect_err("refused").posix_kind();
-    assert_eq!(kind(w.delete_subvol(5, 256, b"outer")), Some(PosixKind::NotEmpty), "a subvolume with one nested");
-    assert_eq!(kind(w.delete_subvol(5, 256, b"dir")), Some(PosixKind::Invalid), "a plain directory");
+    assert_eq!(
+        kind(w.delete_subvol(5, 256, b"outer")),
+        Some(PosixKind::NotEmpty),
+        "a subvolume with one nested"
+    );
+    assert_eq!(
+        kind(w.delete_subvol(5, 256, b"dir")),
+        Some(PosixKind::Invalid),
+        "a plain directory"
+    );
     assert_eq!(kind(w.delete_subvol(5, 256, b"nope")), Some(PosixKind::NotFound), "no such name");
     w.set_default_subvol(full).expect("set default");
-    assert_eq!(kind(w.delete_subvol(5, 256, b"full")), Some(PosixKind::NotPermitted), "the default subvolume");
+    assert_eq!(
+        kind(w.delete_subvol(5, 256, b"full")),
+        Some(PosixKind::NotPermitted),
+        "the default subvolume"
+    );
     w.set_default_subvol(5).expect("set default back");
-    assert_eq!(w.rmdir(5, 256, b"full").expect_err("rmdir of a full subvolume").posix_kind(), Some(PosixKind::NotEmpty));
-    assert_eq!(w.unlink(5, 256, b"empty").expect_err("unlink of a subvolume").posix_kind(), Some(PosixKind::IsDir));
+    assert_eq!(
+        w.rmdir(5, 256, b"full").expect_err("rmdir of a full subvolume").posix_kind(),
+        Some(PosixKind::NotEmpty)
+    );
+    assert_eq!(
+        w.unlink(5, 256, b"empty").expect_err("unlink of a subvolume").posix_kind(),
+        Some(PosixKind::IsDir)
+    );
     w.rmdir(5, 256, b"empty").expect("rmdir of an empty subvolume");
     assert_eq!(w.dead_roots().unwrap(), vec![empty]);
     // The deleted tree refuses changes; the cleaner needs the deletion committed.
-    assert_eq!(w.create_file(empty, 256, b"y", &InodeAttrs::new(0o644)).expect_err("create in a deleted subvolume").posix_kind(), Some(PosixKind::NotFound));
+    assert_eq!(
+        w.create_file(empty, 256, b"y", &InodeAttrs::new(0o644))
+            .expect_err("create in a deleted subvolume")
+            .posix_kind(),
+        Some(PosixKind::NotFound)
+    );
     w.delete_subvol(outer, 256, b"inner").expect("delete inner");
     w.delete_subvol(5, 256, b"outer").expect("delete outer, now empty of subvolumes");
     w.commit().expect("commit");
@@ -375,7 +450,8 @@ fn delete_refusals_and_rmdir() {
     assert!(e.write(|w| w.dead_roots()).unwrap().is_empty());
     // The engine refuses a subvolume with an open file (a file looked up only is no
     // obstacle), and deletes it once the file is closed.
-    let x = e.read(|l| l.lookup(InodeId { root: full, ino: 256 }, b"x")).unwrap().expect("x").target;
+    let x =
+        e.read(|l| l.lookup(InodeId { root: full, ino: 256 }, b"x")).unwrap().expect("x").target;
     let h = e.open_file(x).expect("open x");
     let err = e.delete_subvol(5, 256, b"full").expect_err("delete with an open file");
     assert_eq!(err.posix_kind(), Some(PosixKind::Busy), "{err}");
@@ -404,14 +480,17 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
     let base = std::fs::read(&s.path).expect("read image");
     // The recorded run: delete, then drop in small steps with a commit after each.
     let dev = Arc::new(FaultyDevice::new(base.clone(), "drop-crash"));
-    let e = Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![dev.clone()], 64 << 20).unwrap()).unwrap());
+    let e = Engine::from_writer(
+        FsWriter::from_info(FsInfo::open_devices(vec![dev.clone()], 64 << 20).unwrap()).unwrap(),
+    );
     e.delete_subvol(5, 256, b"v").expect("delete");
     e.commit().expect("commit");
     let (steps, st) = drop_all_in_steps(&e, 24);
     assert!(steps > 5 && st.blocks_converted > 0, "{steps} steps: {st:?}");
     drop(e);
     let log = dev.log();
-    let points: u64 = std::env::var("UBTRFS_DROP_CRASH_POINTS").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
+    let points: u64 =
+        std::env::var("UBTRFS_DROP_CRASH_POINTS").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
     let total = log.len() as u64;
     let mut sweep = CrashSweep::new(base, log, 4096);
     let mut failures = Vec::new();
@@ -428,9 +507,22 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
             if !f.is_empty() {
                 return Err(format!("before resuming: {f:?}"));
             }
-            let e = Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], 64 << 20).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?);
-            let deleted = e.read(|l| l.lookup(InodeId { root: 5, ino: 256 }, b"v")).map_err(|e| e.to_string())?.is_none();
-            if e.read(|l| Ok(l.read_root(v).is_ok_and(|(_, it)| it.drop_progress.objectid.get() != 0))).map_err(|e| e.to_string())? {
+            let e = Engine::from_writer(
+                FsWriter::from_info(
+                    FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], 64 << 20)
+                        .map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?,
+            );
+            let deleted = e
+                .read(|l| l.lookup(InodeId { root: 5, ino: 256 }, b"v"))
+                .map_err(|e| e.to_string())?
+                .is_none();
+            if e.read(|l| {
+                Ok(l.read_root(v).is_ok_and(|(_, it)| it.drop_progress.objectid.get() != 0))
+            })
+            .map_err(|e| e.to_string())?
+            {
                 half_dropped += 1;
             }
             e.clean_dead_roots(&mut |_, _| true).map_err(|e| format!("resume: {e}"))?;
@@ -441,7 +533,10 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
             if got != mv {
                 return Err("the snapshot's files changed".into());
             }
-            if !deleted && e.read(|l| Ok(try_read_model(l, v)?.len())).map_err(|e| e.to_string())? != mv.len() - 1200_usize.div_ceil(31) {
+            if !deleted
+                && e.read(|l| Ok(try_read_model(l, v)?.len())).map_err(|e| e.to_string())?
+                    != mv.len() - 1200_usize.div_ceil(31)
+            {
                 return Err("the undeleted subvolume lost files".into());
             }
             drop(e);
@@ -450,7 +545,8 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
                 return Err(format!("after resuming: {f:?}"));
             }
             if n % 8 == 0 && have_btrfs_check() {
-                let p = std::env::temp_dir().join(format!("ubtrfs-drop-crash-{}-{k}.img", std::process::id()));
+                let p = std::env::temp_dir()
+                    .join(format!("ubtrfs-drop-crash-{}-{k}.img", std::process::id()));
                 let img = Arc::try_unwrap(dev).ok().expect("engine dropped").into_inner();
                 std::fs::write(&p, &img).map_err(|e| e.to_string())?;
                 let r = btrfs_check(&p);
@@ -464,8 +560,17 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
             failures.push(format!("point {k}/{total} ({loss}): {e}"));
         }
     }
-    assert!(failures.is_empty(), "{} of {} crash points failed:\n{}", failures.len(), points + 1, failures.join("\n"));
-    assert!(half_dropped > points / 4, "only {half_dropped} crash points fell in the middle of the drop");
+    assert!(
+        failures.is_empty(),
+        "{} of {} crash points failed:\n{}",
+        failures.len(),
+        points + 1,
+        failures.join("\n")
+    );
+    assert!(
+        half_dropped > points / 4,
+        "only {half_dropped} crash points fell in the middle of the drop"
+    );
     eprintln!("crashes_during_the_drop_resume_with_exact_refs: {} points of {total} ops ({half_dropped} half dropped), {with_btrfs_check} also through btrfs check", points + 1);
 }
 
@@ -477,7 +582,10 @@ fn read_subvols<V: FsRead>(l: &V) -> ubtrfs_core::Result<Subvols> {
     let mut out = Subvols::new();
     for e in l.readdir(InodeId { root: 5, ino: 256 })? {
         if e.is_subvol {
-            out.insert(String::from_utf8(e.name.clone()).unwrap(), try_read_model(l, e.target.root)?);
+            out.insert(
+                String::from_utf8(e.name.clone()).unwrap(),
+                try_read_model(l, e.target.root)?,
+            );
         }
     }
     Ok(out)
@@ -505,15 +613,23 @@ fn random_snapshots_and_deletes_against_a_model() {
     if !mkfs_tools("random_snapshots_and_deletes_against_a_model") {
         return;
     }
-    let seeds: u64 = std::env::var("UBTRFS_SV_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let ops: usize = std::env::var("UBTRFS_SV_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let seeds: u64 =
+        std::env::var("UBTRFS_SV_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let ops: usize =
+        std::env::var("UBTRFS_SV_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
     for seed in 0..seeds {
         sv_model_run(seed, ops);
     }
 }
 
 fn open_engine(dev: &Arc<FaultyDevice>) -> Engine {
-    Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], 64 << 20).expect("open")).expect("writer"))
+    Engine::from_writer(
+        FsWriter::from_info(
+            FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], 64 << 20)
+                .expect("open"),
+        )
+        .expect("writer"),
+    )
 }
 
 fn sv_model_run(seed: u64, nops: usize) {
@@ -525,12 +641,22 @@ fn sv_model_run(seed: u64, nops: usize) {
     let mut model = Subvols::new();
     let mut ids: BTreeMap<String, u64> = BTreeMap::new();
     let mut ro: Vec<String> = Vec::new();
-    let first = e.write(|w| w.create_subvol(5, 256, b"s0", &InodeAttrs::new(0o755))).expect("create");
+    let first =
+        e.write(|w| w.create_subvol(5, 256, b"s0", &InodeAttrs::new(0o755))).expect("create");
     ids.insert("s0".into(), first);
     model.insert("s0".into(), Model::new());
     let mut next = 1;
-    let mut commits = vec![CommitRec { generation: dev_generation(&e), start: 0, end: 0, subvols: Subvols::new() }];
-    let lookup = |e: &Engine, root: u64, name: &str| e.read(|l| l.lookup(InodeId { root, ino: 256 }, name.as_bytes())).expect("lookup").map(|x| x.target);
+    let mut commits = vec![CommitRec {
+        generation: dev_generation(&e),
+        start: 0,
+        end: 0,
+        subvols: Subvols::new(),
+    }];
+    let lookup = |e: &Engine, root: u64, name: &str| {
+        e.read(|l| l.lookup(InodeId { root, ino: 256 }, name.as_bytes()))
+            .expect("lookup")
+            .map(|x| x.target)
+    };
     for op in 0..nops {
         let what = format!("seed {seed} op {op}");
         let live: Vec<String> = model.keys().cloned().collect();
@@ -549,9 +675,20 @@ fn sv_model_run(seed: u64, nops: usize) {
                 let data = rng.bytes(len);
                 let id = match lookup(&e, root, &name) {
                     Some(id) => id,
-                    None => InodeId { root, ino: e.write(|w| w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644))).unwrap_or_else(|err| panic!("{what}: create: {err}")) },
+                    None => InodeId {
+                        root,
+                        ino: e
+                            .write(|w| {
+                                w.create_file(root, 256, name.as_bytes(), &InodeAttrs::new(0o644))
+                            })
+                            .unwrap_or_else(|err| panic!("{what}: create: {err}")),
+                    },
                 };
-                e.setattr(id, &ubtrfs_core::inode::attr::SetAttr { size: Some(0), ..Default::default() }).unwrap_or_else(|err| panic!("{what}: truncate: {err}"));
+                e.setattr(
+                    id,
+                    &ubtrfs_core::inode::attr::SetAttr { size: Some(0), ..Default::default() },
+                )
+                .unwrap_or_else(|err| panic!("{what}: truncate: {err}"));
                 e.write_file(id, 0, &data).unwrap_or_else(|err| panic!("{what}: write: {err}"));
                 model.get_mut(&sv).unwrap().insert(name, data);
             }
@@ -562,7 +699,8 @@ fn sv_model_run(seed: u64, nops: usize) {
                     continue;
                 }
                 let name = rng.pick(&names).clone();
-                e.unlink(ids[&sv], 256, name.as_bytes()).unwrap_or_else(|err| panic!("{what}: unlink: {err}"));
+                e.unlink(ids[&sv], 256, name.as_bytes())
+                    .unwrap_or_else(|err| panic!("{what}: unlink: {err}"));
                 model.get_mut(&sv).unwrap().remove(&name);
             }
             // A whole-file clone into another subvolume (a new name there).
@@ -579,8 +717,17 @@ fn sv_model_run(seed: u64, nops: usize) {
                 if model[&to].contains_key(&new) {
                     continue;
                 }
-                let dst = InodeId { root: ids[&to], ino: e.write(|w| w.create_file(ids[&to], 256, new.as_bytes(), &InodeAttrs::new(0o644))).unwrap() };
-                e.clone_range(src, 0, 0, dst, 0).unwrap_or_else(|err| panic!("{what}: clone {from}/{name} to {to}/{new}: {err}"));
+                let dst = InodeId {
+                    root: ids[&to],
+                    ino: e
+                        .write(|w| {
+                            w.create_file(ids[&to], 256, new.as_bytes(), &InodeAttrs::new(0o644))
+                        })
+                        .unwrap(),
+                };
+                e.clone_range(src, 0, 0, dst, 0).unwrap_or_else(|err| {
+                    panic!("{what}: clone {from}/{name} to {to}/{new}: {err}")
+                });
                 let data = model[&from][&name].clone();
                 model.get_mut(&to).unwrap().insert(new, data);
             }
@@ -591,22 +738,35 @@ fn sv_model_run(seed: u64, nops: usize) {
                 let readonly = rng.chance(30);
                 // It commits what came before, snapshots, and commits again.
                 let (g0, start) = (dev_generation(&e), dev.op_count());
-                let id = e.create_snapshot(ids[&src], 5, 256, name.as_bytes(), readonly).unwrap_or_else(|err| panic!("{what}: snapshot {src}: {err}"));
+                let id = e
+                    .create_snapshot(ids[&src], 5, 256, name.as_bytes(), readonly)
+                    .unwrap_or_else(|err| panic!("{what}: snapshot {src}: {err}"));
                 let g = dev_generation(&e);
                 if g == g0 + 2 {
-                    commits.push(CommitRec { generation: g0 + 1, start, end: dev.op_count(), subvols: model.clone() });
+                    commits.push(CommitRec {
+                        generation: g0 + 1,
+                        start,
+                        end: dev.op_count(),
+                        subvols: model.clone(),
+                    });
                 }
                 ids.insert(name.clone(), id);
                 let m = model[&src].clone();
                 model.insert(name.clone(), m);
-                commits.push(CommitRec { generation: g, start, end: dev.op_count(), subvols: model.clone() });
+                commits.push(CommitRec {
+                    generation: g,
+                    start,
+                    end: dev.op_count(),
+                    subvols: model.clone(),
+                });
                 if readonly {
                     ro.push(name);
                 }
             }
             65..=72 if live.len() > 1 => {
                 let victim = rng.pick(&live).clone();
-                e.delete_subvol(5, 256, victim.as_bytes()).unwrap_or_else(|err| panic!("{what}: delete {victim}: {err}"));
+                e.delete_subvol(5, 256, victim.as_bytes())
+                    .unwrap_or_else(|err| panic!("{what}: delete {victim}: {err}"));
                 model.remove(&victim);
                 ids.remove(&victim);
                 ro.retain(|n| *n != victim);
@@ -628,12 +788,22 @@ fn sv_model_run(seed: u64, nops: usize) {
             85..=94 => {
                 let start = dev.op_count();
                 e.commit().unwrap_or_else(|err| panic!("{what}: commit: {err}"));
-                commits.push(CommitRec { generation: dev_generation(&e), start, end: dev.op_count(), subvols: model.clone() });
+                commits.push(CommitRec {
+                    generation: dev_generation(&e),
+                    start,
+                    end: dev.op_count(),
+                    subvols: model.clone(),
+                });
             }
             95..=99 => {
                 let start = dev.op_count();
                 e.commit().unwrap_or_else(|err| panic!("{what}: commit: {err}"));
-                commits.push(CommitRec { generation: dev_generation(&e), start, end: dev.op_count(), subvols: model.clone() });
+                commits.push(CommitRec {
+                    generation: dev_generation(&e),
+                    start,
+                    end: dev.op_count(),
+                    subvols: model.clone(),
+                });
                 drop(e);
                 e = open_engine(&dev);
             }
@@ -641,19 +811,33 @@ fn sv_model_run(seed: u64, nops: usize) {
         }
         if op % 60 == 59 {
             let got = e.read(|l| read_subvols(l)).unwrap();
-            assert!(got == model, "{what}: the subvolumes differ from the model: {:?} vs {:?}", got.keys().collect::<Vec<_>>(), model.keys().collect::<Vec<_>>());
+            assert!(
+                got == model,
+                "{what}: the subvolumes differ from the model: {:?} vs {:?}",
+                got.keys().collect::<Vec<_>>(),
+                model.keys().collect::<Vec<_>>()
+            );
         }
     }
     e.clean_dead_roots(&mut |_, _| true).expect("clean");
     let start = dev.op_count();
     e.commit().expect("commit");
-    commits.push(CommitRec { generation: dev_generation(&e), start, end: dev.op_count(), subvols: model.clone() });
-    assert!(e.read(|l| read_subvols(l)).unwrap() == model, "seed {seed}: the subvolumes differ at the end");
+    commits.push(CommitRec {
+        generation: dev_generation(&e),
+        start,
+        end: dev.op_count(),
+        subvols: model.clone(),
+    });
+    assert!(
+        e.read(|l| read_subvols(l)).unwrap() == model,
+        "seed {seed}: the subvolumes differ at the end"
+    );
     drop(e);
     let f = ubtrfs_check(dev.clone());
     assert!(f.is_empty(), "seed {seed}: {f:#?}");
     if have_btrfs_check() {
-        let p = std::env::temp_dir().join(format!("ubtrfs-sv-model-{}-{seed}.img", std::process::id()));
+        let p =
+            std::env::temp_dir().join(format!("ubtrfs-sv-model-{}-{seed}.img", std::process::id()));
         std::fs::write(&p, dev.durable_image()).unwrap();
         let r = btrfs_check(&p);
         let _ = std::fs::remove_file(&p);
@@ -664,7 +848,8 @@ fn sv_model_run(seed: u64, nops: usize) {
     // Crash points over the whole run.
     let log = dev.log();
     let total = log.len() as u64;
-    let points: u64 = std::env::var("UBTRFS_SV_CRASH_POINTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+    let points: u64 =
+        std::env::var("UBTRFS_SV_CRASH_POINTS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
     let mut sweep = CrashSweep::new(base, log, 4096);
     let mut buf = Vec::new();
     let mut failures = Vec::new();
@@ -678,14 +863,29 @@ fn sv_model_run(seed: u64, nops: usize) {
             if !f.is_empty() {
                 return Err(format!("{f:?}"));
             }
-            let e = Engine::from_writer(FsWriter::from_info(FsInfo::open_devices(vec![mdev.clone() as Arc<dyn BlockDevice>], 64 << 20).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?);
+            let e = Engine::from_writer(
+                FsWriter::from_info(
+                    FsInfo::open_devices(vec![mdev.clone() as Arc<dyn BlockDevice>], 64 << 20)
+                        .map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?,
+            );
             let g = e.info().super_copy().generation.get();
             let last_done = commits.iter().rposition(|c| c.end <= k).expect("the first state");
-            let ok: Vec<&CommitRec> = commits[last_done..].iter().filter(|c| c.generation == g && (c.end <= k || c.start < k)).collect();
-            let Some(want) = ok.first() else { return Err(format!("generation {g} is not one this point may show")) };
+            let ok: Vec<&CommitRec> = commits[last_done..]
+                .iter()
+                .filter(|c| c.generation == g && (c.end <= k || c.start < k))
+                .collect();
+            let Some(want) = ok.first() else {
+                return Err(format!("generation {g} is not one this point may show"));
+            };
             let got = e.read(|l| read_subvols(l)).map_err(|e| e.to_string())?;
             if got != want.subvols {
-                return Err(format!("generation {g}: subvolumes {:?}, the model {:?}", got.keys().collect::<Vec<_>>(), want.subvols.keys().collect::<Vec<_>>()));
+                return Err(format!(
+                    "generation {g}: subvolumes {:?}, the model {:?}",
+                    got.keys().collect::<Vec<_>>(),
+                    want.subvols.keys().collect::<Vec<_>>()
+                ));
             }
             e.clean_dead_roots(&mut |_, _| true).map_err(|e| format!("clean: {e}"))?;
             drop(e);

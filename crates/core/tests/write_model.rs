@@ -39,7 +39,9 @@ use ubtrfs_core::inode::attr::{fsflags, SetAttr};
 use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
-use ubtrfs_core::inode::namespace::{max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
+use ubtrfs_core::inode::namespace::{
+    max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
+};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::{max_xattr_size, XATTR_CREATE, XATTR_REPLACE};
 use ubtrfs_core::transaction::FsWriter;
@@ -100,7 +102,8 @@ const CRC_16K: Config = Config {
 };
 /// CRC_16K with a dirty limit of four blocks: writeback between operations, and
 /// compress-force.
-const CRC_16K_WRITEBACK: Config = Config { dirty_limit: Some(4 * 16384), compress: Some(("zstd", true)), ..CRC_16K };
+const CRC_16K_WRITEBACK: Config =
+    Config { dirty_limit: Some(4 * 16384), compress: Some(("zstd", true)), ..CRC_16K };
 const XX_4K: Config = Config {
     csum: "xxhash",
     nodesize: 4096,
@@ -170,7 +173,13 @@ const CRC_16K_FULL: Config = Config {
 /// The `snapshots` fixture (quotas on): everything happens inside `sv`, whose tree
 /// blocks and extents `snap` and `snap2` share, so COW of shared blocks, the
 /// FULL_BACKREF hand-over and the quota recount run at every step and commit.
-const SNAPSHOTS_4K: Config = Config { csum: "crc32c", size: 114 * MIB, fixture: "snapshots", shared_base: Some("sv"), ..XX_4K };
+const SNAPSHOTS_4K: Config = Config {
+    csum: "crc32c",
+    size: 114 * MIB,
+    fixture: "snapshots",
+    shared_base: Some("sv"),
+    ..XX_4K
+};
 const CRC_4K_HOLES: Config = Config {
     csum: "crc32c",
     nodesize: 4096,
@@ -196,7 +205,8 @@ fn default_ops() -> usize {
 }
 
 /// Sizes that sit on the edges the write path cares about (inline limit, sectors).
-const EDGE_SIZES: [u64; 14] = [1, 100, 2047, 2048, 2049, 3000, 4095, 4096, 4097, 8191, 8192, 8193, 12288, 65536];
+const EDGE_SIZES: [u64; 14] =
+    [1, 100, 2047, 2048, 2049, 3000, 4095, 4096, 4097, 8191, 8192, 8193, 12288, 65536];
 
 struct Sim {
     seed: u64,
@@ -280,7 +290,11 @@ impl Sim {
             (Scratch::fixture(cfg.fixture, &format!("{tag}-{seed}")), "m".to_string())
         };
         // The fixtures are small (about 114 MiB, some of it used): stay well clear of ENOSPC.
-        let cfg = if kernel && cfg.shared_base.is_none() { cfg } else { Config { data_budget: cfg.data_budget.min(10 * MIB), ..cfg } };
+        let cfg = if kernel && cfg.shared_base.is_none() {
+            cfg
+        } else {
+            Config { data_budget: cfg.data_budget.min(10 * MIB), ..cfg }
+        };
         let model = Model::load(&img.path);
         let mut s = Sim {
             seed,
@@ -357,7 +371,13 @@ impl Sim {
     }
 
     fn live_bytes(&self) -> u64 {
-        self.model.inodes.iter().flatten().filter(|n| n.kind == 'f').map(|n| n.data.len() as u64).sum()
+        self.model
+            .inodes
+            .iter()
+            .flatten()
+            .filter(|n| n.kind == 'f')
+            .map(|n| n.data.len() as u64)
+            .sum()
     }
 
     fn new_name(&mut self) -> String {
@@ -411,7 +431,11 @@ impl Sim {
     }
 
     fn op_create(&mut self, dirs: &[String]) {
-        let d = if self.cfg.flat && self.rng.chance(50) { self.base.clone() } else { self.rng.pick(dirs).clone() };
+        let d = if self.cfg.flat && self.rng.chance(50) {
+            self.base.clone()
+        } else {
+            self.rng.pick(dirs).clone()
+        };
         let name = self.new_name();
         let path = if d.is_empty() { name } else { format!("{d}/{name}") };
         let size = self.file_size();
@@ -451,7 +475,8 @@ impl Sim {
     fn op_append(&mut self, files: &[String]) {
         let path = self.rng.pick(files).clone();
         let size = self.model.data(&path).len() as u64;
-        let len = if self.rng.chance(50) { self.rng.range(1, 3000) } else { self.rng.range(1, 40 * KIB) };
+        let len =
+            if self.rng.chance(50) { self.rng.range(1, 3000) } else { self.rng.range(1, 40 * KIB) };
         self.write_at(&path, size, len, "append");
     }
 
@@ -482,7 +507,12 @@ impl Sim {
     }
 
     fn op_rmdir(&mut self, dirs: &[String]) {
-        let empty: Vec<&String> = dirs.iter().filter(|d| **d != self.base && self.model.node(self.model.handle(d)).children.is_empty()).collect();
+        let empty: Vec<&String> = dirs
+            .iter()
+            .filter(|d| {
+                **d != self.base && self.model.node(self.model.handle(d)).children.is_empty()
+            })
+            .collect();
         if empty.is_empty() {
             return;
         }
@@ -519,7 +549,8 @@ impl Sim {
     /// the no-COW path).
     fn pick_maybe_nocow(&mut self, files: &[String]) -> String {
         if self.cfg.posix && self.rng.chance(33) {
-            let nocow: Vec<&String> = files.iter().filter(|p| self.model.node(self.model.handle(p)).nocow).collect();
+            let nocow: Vec<&String> =
+                files.iter().filter(|p| self.model.node(self.model.handle(p)).nocow).collect();
             if !nocow.is_empty() {
                 return (*self.rng.pick(&nocow)).clone();
             }
@@ -541,7 +572,16 @@ impl Sim {
     /// chmod, xattrs), without subvolume entries.
     fn names(&self) -> Vec<String> {
         let base_root = self.model.id(&self.base).root;
-        self.model.paths().into_iter().filter(|(p, h)| *p != self.base && self.under_base(p) && self.model.node(*h).id.is_some_and(|id| id.root == base_root)).map(|(p, _)| p).collect()
+        self.model
+            .paths()
+            .into_iter()
+            .filter(|(p, h)| {
+                *p != self.base
+                    && self.under_base(p)
+                    && self.model.node(*h).id.is_some_and(|id| id.root == base_root)
+            })
+            .map(|(p, _)| p)
+            .collect()
     }
 
     fn kind(&self, path: &str) -> char {
@@ -562,11 +602,23 @@ impl Sim {
     }
 
     /// Make a call the model says fails with `want`; it must, and change nothing.
-    fn refuse(&mut self, what: String, want: PosixKind, paths: &[&str], f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) {
+    fn refuse(
+        &mut self,
+        what: String,
+        want: PosixKind,
+        paths: &[&str],
+        f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>,
+    ) {
         self.note(format!("{what} (refused: {want:?})"));
         let ids = self.ids_of(paths);
         let w = self.w.as_mut().expect("writer open");
-        expect_refused(w, &format!("seed {} op {}: {what}", self.seed, self.stats.ops), want, &ids, f);
+        expect_refused(
+            w,
+            &format!("seed {} op {}: {what}", self.seed, self.stats.ops),
+            want,
+            &ids,
+            f,
+        );
         self.stats.refused += 1;
     }
 
@@ -599,7 +651,11 @@ impl Sim {
         }
         // A directory a third of the time (whole subtrees move, or must not).
         let subdirs: Vec<&String> = dirs.iter().filter(|d| **d != self.base).collect();
-        let from = if !subdirs.is_empty() && self.rng.chance(33) { (*self.rng.pick(&subdirs)).clone() } else { self.rng.pick(&names).clone() };
+        let from = if !subdirs.is_empty() && self.rng.chance(33) {
+            (*self.rng.pick(&subdirs)).clone()
+        } else {
+            self.rng.pick(&names).clone()
+        };
         let flags = match self.rng.below(10) {
             0..=4 => 0,
             5 | 6 => RENAME_NOREPLACE,
@@ -609,11 +665,13 @@ impl Sim {
         let src_dir = self.kind(&from) == 'd';
         let to = if src_dir && self.rng.chance(25) {
             // Under itself: EINVAL (or ENOENT first for EXCHANGE onto a fresh name).
-            let under: Vec<String> = dirs.iter().filter(|d| Model::is_ancestor_or_self(&from, d)).cloned().collect();
+            let under: Vec<String> =
+                dirs.iter().filter(|d| Model::is_ancestor_or_self(&from, d)).cloned().collect();
             self.fresh_path(&under)
         } else if flags == RENAME_EXCHANGE || self.rng.chance(40) {
             // An existing name, of the source's kind half of the time.
-            let same: Vec<String> = names.iter().filter(|p| (self.kind(p) == 'd') == src_dir).cloned().collect();
+            let same: Vec<String> =
+                names.iter().filter(|p| (self.kind(p) == 'd') == src_dir).cloned().collect();
             if !same.is_empty() && self.rng.chance(50) {
                 self.rng.pick(&same).clone()
             } else {
@@ -631,9 +689,17 @@ impl Sim {
                 self.stats.renames += 1;
             }
             Err(want) => {
-                let (op, np) = (self.model.id(from.rsplit_once('/').map_or("", |p| p.0)), self.model.id(to.rsplit_once('/').map_or("", |p| p.0)));
-                let (on, nn) = (from.rsplit('/').next().unwrap_or(&from).to_string(), to.rsplit('/').next().unwrap_or(&to).to_string());
-                self.refuse(what, want, &[&from, &to], |w| w.rename(op.root, op.ino, on.as_bytes(), np.ino, nn.as_bytes(), flags));
+                let (op, np) = (
+                    self.model.id(from.rsplit_once('/').map_or("", |p| p.0)),
+                    self.model.id(to.rsplit_once('/').map_or("", |p| p.0)),
+                );
+                let (on, nn) = (
+                    from.rsplit('/').next().unwrap_or(&from).to_string(),
+                    to.rsplit('/').next().unwrap_or(&to).to_string(),
+                );
+                self.refuse(what, want, &[&from, &to], |w| {
+                    w.rename(op.root, op.ino, on.as_bytes(), np.ino, nn.as_bytes(), flags)
+                });
             }
         }
     }
@@ -664,7 +730,8 @@ impl Sim {
             return;
         }
         let path = self.rng.pick(&names).clone();
-        const MODES: [u32; 9] = [0o644, 0o600, 0o755, 0o4755, 0o2755, 0o2745, 0o6711, 0o1777, 0o000];
+        const MODES: [u32; 9] =
+            [0o644, 0o600, 0o755, 0o4755, 0o2755, 0o2745, 0o6711, 0o1777, 0o000];
         const IDS: [u32; 4] = [0, 1000, 65534, 123_456];
         let mut a = SetAttr::default();
         // A symlink's mode is 0777 for good (lchmod does not exist).
@@ -688,9 +755,16 @@ impl Sim {
     fn op_fallocate(&mut self, files: &[String], over: bool) {
         let path = self.pick_maybe_nocow(files);
         let size = self.model.data(&path).len() as u64;
-        let modes = [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE];
+        let modes = [
+            0,
+            FALLOC_FL_KEEP_SIZE,
+            FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+            FALLOC_FL_ZERO_RANGE,
+            FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+        ];
         // Over the budget only holes are punched (preallocation takes space).
-        let mode = if over { FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE } else { *self.rng.pick(&modes) };
+        let mode =
+            if over { FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE } else { *self.rng.pick(&modes) };
         let mut off = self.rng.below(size + 64 * KIB);
         if self.rng.chance(30) {
             off = off / 4096 * 4096;
@@ -715,7 +789,11 @@ impl Sim {
     /// An xattr name for `path` from a small pool (so CREATE and REPLACE meet names
     /// that exist): user.* on files and directories, trusted.* on the rest.
     fn xattr_name(&mut self, path: &str) -> Vec<u8> {
-        let ns = if matches!(self.kind(path), 'f' | 'd') && self.rng.chance(80) { "user" } else { "trusted" };
+        let ns = if matches!(self.kind(path), 'f' | 'd') && self.rng.chance(80) {
+            "user"
+        } else {
+            "trusted"
+        };
         format!("{ns}.x{}", self.rng.below(6)).into_bytes()
     }
 
@@ -732,7 +810,10 @@ impl Sim {
         let value = self.rng.bytes(len as usize);
         let flags = *self.rng.pick(&[0, 0, XATTR_CREATE, XATTR_REPLACE]);
         let exists = self.model.node(self.model.handle(&path)).xattrs.contains_key(&name);
-        let what = format!("setxattr /{path} {} ({len} bytes) flags {flags}", String::from_utf8_lossy(&name));
+        let what = format!(
+            "setxattr /{path} {} ({len} bytes) flags {flags}",
+            String::from_utf8_lossy(&name)
+        );
         let want = if flags == XATTR_CREATE && exists {
             Some(PosixKind::Exists)
         } else if flags == XATTR_REPLACE && !exists {
@@ -749,7 +830,9 @@ impl Sim {
             }
             Some(want) => {
                 let id = self.model.id(&path);
-                self.refuse(what, want, &[&path], |w| w.setxattr(id.root, id.ino, &name, &value, flags));
+                self.refuse(what, want, &[&path], |w| {
+                    w.setxattr(id.root, id.ino, &name, &value, flags)
+                });
             }
         }
     }
@@ -757,10 +840,27 @@ impl Sim {
     /// removexattr(2) of a name the inode has, or (ENODATA) one it has not.
     fn op_removexattr(&mut self) {
         let names = self.names();
-        let with: Vec<String> = names.iter().filter(|p| self.model.node(self.model.handle(p)).xattrs.keys().any(|n| n.as_slice() != COMPRESSION_PROP)).cloned().collect();
+        let with: Vec<String> = names
+            .iter()
+            .filter(|p| {
+                self.model
+                    .node(self.model.handle(p))
+                    .xattrs
+                    .keys()
+                    .any(|n| n.as_slice() != COMPRESSION_PROP)
+            })
+            .cloned()
+            .collect();
         if !with.is_empty() && self.rng.chance(85) {
             let path = self.rng.pick(&with).clone();
-            let have: Vec<Vec<u8>> = self.model.node(self.model.handle(&path)).xattrs.keys().filter(|n| n.as_slice() != COMPRESSION_PROP).cloned().collect();
+            let have: Vec<Vec<u8>> = self
+                .model
+                .node(self.model.handle(&path))
+                .xattrs
+                .keys()
+                .filter(|n| n.as_slice() != COMPRESSION_PROP)
+                .cloned()
+                .collect();
             let name = self.rng.pick(&have).clone();
             self.note(format!("removexattr /{path} {}", String::from_utf8_lossy(&name)));
             let w = self.w.as_mut().expect("writer open");
@@ -773,7 +873,12 @@ impl Sim {
                 return;
             }
             let id = self.model.id(&path);
-            self.refuse(format!("removexattr /{path} {}", String::from_utf8_lossy(&name)), PosixKind::NoData, &[&path], |w| w.removexattr(id.root, id.ino, &name));
+            self.refuse(
+                format!("removexattr /{path} {}", String::from_utf8_lossy(&name)),
+                PosixKind::NoData,
+                &[&path],
+                |w| w.removexattr(id.root, id.ino, &name),
+            );
         }
     }
 
@@ -781,8 +886,13 @@ impl Sim {
     fn op_symlink(&mut self, dirs: &[String]) {
         let path = self.fresh_path(dirs);
         let max = max_symlink_len(self.cfg.nodesize) as u64;
-        let len = if self.rng.chance(5) { self.rng.range(max - 10, max + 1) } else { self.rng.range(1, 200) };
-        let target: Vec<u8> = (0..len).map(|_| b"abcdefghij/._-XYZ"[self.rng.below(17) as usize]).collect();
+        let len = if self.rng.chance(5) {
+            self.rng.range(max - 10, max + 1)
+        } else {
+            self.rng.range(1, 200)
+        };
+        let target: Vec<u8> =
+            (0..len).map(|_| b"abcdefghij/._-XYZ"[self.rng.below(17) as usize]).collect();
         self.note(format!("symlink /{path} -> {len} bytes"));
         let w = self.w.as_mut().expect("writer open");
         self.model.w_symlink(w, &path, &target);
@@ -793,7 +903,11 @@ impl Sim {
     fn op_mknod(&mut self, dirs: &[String]) {
         let path = self.fresh_path(dirs);
         let t = *self.rng.pick(&[S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK]);
-        let rdev = if matches!(t, S_IFCHR | S_IFBLK) { rdev_encode(self.rng.below(4096) as u32, self.rng.below(1 << 20) as u32) } else { 0 };
+        let rdev = if matches!(t, S_IFCHR | S_IFBLK) {
+            rdev_encode(self.rng.below(4096) as u32, self.rng.below(1 << 20) as u32)
+        } else {
+            0
+        };
         let mode = t | *self.rng.pick(&[0o600, 0o644, 0o660]);
         self.note(format!("mknod /{path} mode {mode:o} rdev {rdev:#x}"));
         let w = self.w.as_mut().expect("writer open");
@@ -811,7 +925,10 @@ impl Sim {
         let w = self.w.as_mut().expect("writer open");
         self.model.w_create(w, &path, 0o644, &[]);
         self.model.w_set_fsflags(w, &path, fsflags::NOCOW, mount_alg_name(w));
-        assert!(self.model.node(self.model.handle(&path)).nocow, "model: /{path} is not NOCOW after chattr +C");
+        assert!(
+            self.model.node(self.model.handle(&path)).nocow,
+            "model: /{path} is not NOCOW after chattr +C"
+        );
         if !data.is_empty() {
             self.model.w_write(w, &path, 0, &data);
         }
@@ -822,19 +939,33 @@ impl Sim {
     /// directories and empty files), COMPR and NOCOMP (the compression property), and
     /// flags without a model (NODUMP, NOATIME).
     fn op_fsflags(&mut self, files: &[String], dirs: &[String]) {
-        let cands: Vec<String> = files.iter().chain(dirs.iter().filter(|d| **d != self.base)).cloned().collect();
+        let cands: Vec<String> =
+            files.iter().chain(dirs.iter().filter(|d| **d != self.base)).cloned().collect();
         if cands.is_empty() {
             return;
         }
         let path = self.rng.pick(&cands).clone();
-        let fs = *self.rng.pick(&[fsflags::NOCOW, 0, fsflags::NODUMP, fsflags::NOATIME | fsflags::NODUMP, fsflags::COMPR, fsflags::NOCOMP, fsflags::NOCOW | fsflags::NODUMP]);
+        let fs = *self.rng.pick(&[
+            fsflags::NOCOW,
+            0,
+            fsflags::NODUMP,
+            fsflags::NOATIME | fsflags::NODUMP,
+            fsflags::COMPR,
+            fsflags::NOCOMP,
+            fsflags::NOCOW | fsflags::NODUMP,
+        ]);
         let alg = mount_alg_name(self.w());
         let n = self.model.node(self.model.handle(&path));
         let what = format!("set_fsflags /{path} {fs:#x}");
         // COMPR sets the property, which a NOCOW inode refuses (EINVAL, before the flags).
-        if fs & fsflags::COMPR != 0 && n.nocow && n.xattrs.get(COMPRESSION_PROP).map(Vec::as_slice) != Some(alg) {
+        if fs & fsflags::COMPR != 0
+            && n.nocow
+            && n.xattrs.get(COMPRESSION_PROP).map(Vec::as_slice) != Some(alg)
+        {
             let id = self.model.id(&path);
-            return self.refuse(what, PosixKind::Invalid, &[&path], |w| w.set_fsflags(id.root, id.ino, fs));
+            return self.refuse(what, PosixKind::Invalid, &[&path], |w| {
+                w.set_fsflags(id.root, id.ino, fs)
+            });
         }
         self.note(what);
         let w = self.w.as_mut().expect("writer open");
@@ -852,10 +983,13 @@ impl Sim {
         let path = self.rng.pick(&cands).clone();
         const VALUES: [&[u8]; 7] = [b"zlib", b"lzo", b"zstd", b"zstd:3", b"zlib:9", b"no", b""];
         let value = *self.rng.pick(&VALUES);
-        let what = format!("setxattr /{path} btrfs.compression {:?}", String::from_utf8_lossy(value));
+        let what =
+            format!("setxattr /{path} btrfs.compression {:?}", String::from_utf8_lossy(value));
         if self.model.node(self.model.handle(&path)).nocow && !value.is_empty() {
             let id = self.model.id(&path);
-            return self.refuse(what, PosixKind::Invalid, &[&path], |w| w.setxattr(id.root, id.ino, COMPRESSION_PROP, value, 0));
+            return self.refuse(what, PosixKind::Invalid, &[&path], |w| {
+                w.setxattr(id.root, id.ino, COMPRESSION_PROP, value, 0)
+            });
         }
         self.note(what);
         let w = self.w.as_mut().expect("writer open");
@@ -865,7 +999,8 @@ impl Sim {
 
     /// unlink(2) of a symlink or a special file.
     fn op_unlink_other(&mut self) {
-        let others: Vec<String> = self.names().into_iter().filter(|p| !matches!(self.kind(p), 'f' | 'd')).collect();
+        let others: Vec<String> =
+            self.names().into_iter().filter(|p| !matches!(self.kind(p), 'f' | 'd')).collect();
         if others.is_empty() {
             return;
         }
@@ -888,38 +1023,76 @@ impl Sim {
         let (parent, name) = path.rsplit_once('/').map_or(("", path.as_str()), |(a, b)| (a, b));
         let (parent, name) = (parent.to_string(), name.as_bytes().to_vec());
         let pid = self.model.id(&parent);
-        let nonempty: Vec<&String> = dirs.iter().filter(|d| **d != self.base && !self.model.node(self.model.handle(d)).children.is_empty()).collect();
+        let nonempty: Vec<&String> = dirs
+            .iter()
+            .filter(|d| {
+                **d != self.base && !self.model.node(self.model.handle(d)).children.is_empty()
+            })
+            .collect();
         let p = path.as_str();
         match self.rng.below(12) {
-            0 if kind == 'd' => self.refuse(format!("unlink /{p}"), PosixKind::IsDir, &[p], |w| w.unlink(pid.root, pid.ino, &name)),
-            1 if kind != 'd' => self.refuse(format!("rmdir /{p}"), PosixKind::NotDir, &[p], |w| w.rmdir(pid.root, pid.ino, &name)),
+            0 if kind == 'd' => self.refuse(format!("unlink /{p}"), PosixKind::IsDir, &[p], |w| {
+                w.unlink(pid.root, pid.ino, &name)
+            }),
+            1 if kind != 'd' => self.refuse(format!("rmdir /{p}"), PosixKind::NotDir, &[p], |w| {
+                w.rmdir(pid.root, pid.ino, &name)
+            }),
             2 if !nonempty.is_empty() => {
                 let d = (*self.rng.pick(&nonempty)).clone();
                 let (dp, dn) = d.rsplit_once('/').map_or(("", d.as_str()), |(a, b)| (a, b));
                 let dpid = self.model.id(dp);
                 let dn = dn.as_bytes().to_vec();
-                self.refuse(format!("rmdir /{d}"), PosixKind::NotEmpty, &[&d], |w| w.rmdir(dpid.root, dpid.ino, &dn));
+                self.refuse(format!("rmdir /{d}"), PosixKind::NotEmpty, &[&d], |w| {
+                    w.rmdir(dpid.root, dpid.ino, &dn)
+                });
             }
             3 => match self.rng.below(4) {
-                0 => self.refuse(format!("mkdir /{p} (exists)"), PosixKind::Exists, &[p], |w| w.mkdir(pid.root, pid.ino, &name, &InodeAttrs::new(0o755)).map(drop)),
-                1 => self.refuse(format!("create /{p} (exists)"), PosixKind::Exists, &[p], |w| w.create_file(pid.root, pid.ino, &name, &InodeAttrs::new(0o644)).map(drop)),
-                2 => self.refuse(format!("symlink /{p} (exists)"), PosixKind::Exists, &[p], |w| w.symlink(pid.root, pid.ino, &name, b"t", &InodeAttrs::new(0o777)).map(drop)),
-                _ => self.refuse(format!("mknod /{p} (exists)"), PosixKind::Exists, &[p], |w| w.mknod(pid.root, pid.ino, &name, &InodeAttrs::new(S_IFIFO | 0o644)).map(drop)),
+                0 => self.refuse(format!("mkdir /{p} (exists)"), PosixKind::Exists, &[p], |w| {
+                    w.mkdir(pid.root, pid.ino, &name, &InodeAttrs::new(0o755)).map(drop)
+                }),
+                1 => self.refuse(format!("create /{p} (exists)"), PosixKind::Exists, &[p], |w| {
+                    w.create_file(pid.root, pid.ino, &name, &InodeAttrs::new(0o644)).map(drop)
+                }),
+                2 => self.refuse(format!("symlink /{p} (exists)"), PosixKind::Exists, &[p], |w| {
+                    w.symlink(pid.root, pid.ino, &name, b"t", &InodeAttrs::new(0o777)).map(drop)
+                }),
+                _ => self.refuse(format!("mknod /{p} (exists)"), PosixKind::Exists, &[p], |w| {
+                    w.mknod(pid.root, pid.ino, &name, &InodeAttrs::new(S_IFIFO | 0o644)).map(drop)
+                }),
             },
             4 => {
                 let fresh = self.fresh_path(dirs);
-                let (fp, fname) = fresh.rsplit_once('/').map_or(("", fresh.as_str()), |(a, b)| (a, b));
+                let (fp, fname) =
+                    fresh.rsplit_once('/').map_or(("", fresh.as_str()), |(a, b)| (a, b));
                 let fpid = self.model.id(fp);
                 let fname = fname.as_bytes().to_vec();
                 if self.rng.chance(50) {
-                    self.refuse(format!("mknod /{fresh} S_IFDIR"), PosixKind::NotPermitted, &[fp], |w| w.mknod(fpid.root, fpid.ino, &fname, &InodeAttrs::new(S_IFDIR | 0o755)).map(drop));
+                    self.refuse(
+                        format!("mknod /{fresh} S_IFDIR"),
+                        PosixKind::NotPermitted,
+                        &[fp],
+                        |w| {
+                            w.mknod(fpid.root, fpid.ino, &fname, &InodeAttrs::new(S_IFDIR | 0o755))
+                                .map(drop)
+                        },
+                    );
                 } else {
-                    self.refuse(format!("symlink /{fresh} to an empty target"), PosixKind::NotFound, &[fp], |w| w.symlink(fpid.root, fpid.ino, &fname, b"", &InodeAttrs::new(0o777)).map(drop));
+                    self.refuse(
+                        format!("symlink /{fresh} to an empty target"),
+                        PosixKind::NotFound,
+                        &[fp],
+                        |w| {
+                            w.symlink(fpid.root, fpid.ino, &fname, b"", &InodeAttrs::new(0o777))
+                                .map(drop)
+                        },
+                    );
                 }
             }
             5 if kind != 'f' => {
                 let want = if kind == 'd' { PosixKind::IsDir } else { PosixKind::Invalid };
-                self.refuse(format!("truncate /{p} (kind {kind})"), want, &[p], |w| w.setattr(id.root, id.ino, &SetAttr { size: Some(0), ..SetAttr::default() }));
+                self.refuse(format!("truncate /{p} (kind {kind})"), want, &[p], |w| {
+                    w.setattr(id.root, id.ino, &SetAttr { size: Some(0), ..SetAttr::default() })
+                });
             }
             6 if kind != 'f' => {
                 let want = match kind {
@@ -927,7 +1100,9 @@ impl Sim {
                     'p' => PosixKind::NotSeekable,
                     _ => PosixKind::NoDevice,
                 };
-                self.refuse(format!("fallocate /{p} (kind {kind})"), want, &[p], |w| w.fallocate(id.root, id.ino, 0, 0, 4096));
+                self.refuse(format!("fallocate /{p} (kind {kind})"), want, &[p], |w| {
+                    w.fallocate(id.root, id.ino, 0, 0, 4096)
+                });
             }
             7 if !files.is_empty() => {
                 let f = self.rng.pick(files).clone();
@@ -935,9 +1110,15 @@ impl Sim {
                 let (mode, len, want) = match self.rng.below(3) {
                     0 => (FALLOC_FL_PUNCH_HOLE, 4096, PosixKind::NotSupported),
                     1 => (0, 0, PosixKind::Invalid),
-                    _ => (FALLOC_FL_ZERO_RANGE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, PosixKind::NotSupported),
+                    _ => (
+                        FALLOC_FL_ZERO_RANGE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        4096,
+                        PosixKind::NotSupported,
+                    ),
                 };
-                self.refuse(format!("fallocate /{f} mode {mode:#x} len {len}"), want, &[&f], |w| w.fallocate(fid.root, fid.ino, mode, 0, len));
+                self.refuse(format!("fallocate /{f} mode {mode:#x} len {len}"), want, &[&f], |w| {
+                    w.fallocate(fid.root, fid.ino, mode, 0, len)
+                });
             }
             8 => {
                 // xattr_permission (user.* only on files and directories) comes before
@@ -949,27 +1130,49 @@ impl Sim {
                     1 => (b"user.", PosixKind::Invalid),
                     _ => (b"other.x0", PosixKind::NotSupported),
                 };
-                self.refuse(format!("setxattr /{p} {}", String::from_utf8_lossy(xname)), want, &[p], |w| w.setxattr(id.root, id.ino, xname, b"v", 0));
+                self.refuse(
+                    format!("setxattr /{p} {}", String::from_utf8_lossy(xname)),
+                    want,
+                    &[p],
+                    |w| w.setxattr(id.root, id.ino, xname, b"v", 0),
+                );
             }
             9 if matches!(kind, 'f' | 'd') => {
                 // Name and value past what one leaf item holds: ENOSPC before any change.
                 let value = vec![7u8; max_xattr_size(self.cfg.nodesize).min(65536) - 7 + 1];
-                self.refuse(format!("setxattr /{p} user.x0 ({} bytes)", value.len()), PosixKind::NoSpace, &[p], |w| w.setxattr(id.root, id.ino, b"user.x0", &value, 0));
+                self.refuse(
+                    format!("setxattr /{p} user.x0 ({} bytes)", value.len()),
+                    PosixKind::NoSpace,
+                    &[p],
+                    |w| w.setxattr(id.root, id.ino, b"user.x0", &value, 0),
+                );
             }
             10 => {
                 // FS_SECRM_FL and FS_UNRM_FL, which btrfs does not keep (EOPNOTSUPP);
                 // COMPR with NOCOMP (EINVAL).
                 let fs = *self.rng.pick(&[0x1u32, 0x2, fsflags::COMPR | fsflags::NOCOMP]);
-                let want = if fs == fsflags::COMPR | fsflags::NOCOMP { PosixKind::Invalid } else { PosixKind::NotSupported };
-                self.refuse(format!("set_fsflags /{p} {fs:#x}"), want, &[p], |w| w.set_fsflags(id.root, id.ino, fs));
+                let want = if fs == fsflags::COMPR | fsflags::NOCOMP {
+                    PosixKind::Invalid
+                } else {
+                    PosixKind::NotSupported
+                };
+                self.refuse(format!("set_fsflags /{p} {fs:#x}"), want, &[p], |w| {
+                    w.set_fsflags(id.root, id.ino, fs)
+                });
             }
             _ => {
-                let (flags, want) = *self.rng.pick(&[(RENAME_EXCHANGE | RENAME_NOREPLACE, PosixKind::Invalid), (RENAME_EXCHANGE | RENAME_WHITEOUT, PosixKind::Invalid), (8, PosixKind::Invalid)]);
+                let (flags, want) = *self.rng.pick(&[
+                    (RENAME_EXCHANGE | RENAME_NOREPLACE, PosixKind::Invalid),
+                    (RENAME_EXCHANGE | RENAME_WHITEOUT, PosixKind::Invalid),
+                    (8, PosixKind::Invalid),
+                ]);
                 let to = self.fresh_path(dirs);
                 let (tp, tn) = to.rsplit_once('/').map_or(("", to.as_str()), |(a, b)| (a, b));
                 let tpid = self.model.id(tp);
                 let tn = tn.as_bytes().to_vec();
-                self.refuse(format!("rename /{p} -> /{to} flags {flags}"), want, &[p, &to], |w| w.rename(pid.root, pid.ino, &name, tpid.ino, &tn, flags));
+                self.refuse(format!("rename /{p} -> /{to} flags {flags}"), want, &[p, &to], |w| {
+                    w.rename(pid.root, pid.ino, &name, tpid.ino, &tn, flags)
+                });
             }
         }
     }
@@ -1002,12 +1205,23 @@ impl Sim {
                 continue;
             }
             let id = n.id.expect("committed inode has an id");
-            let v = fs.load_inode(id, Load { extents: true, ..Load::ITEM }).unwrap_or_else(|e| panic!("seed {}: rollback: {id}: {e}", self.seed));
-            assert_eq!(v.size(), n.data.len() as u64, "seed {} op {}: rollback: {id}: size is not the committed one", self.seed, self.stats.ops);
+            let v = fs
+                .load_inode(id, Load { extents: true, ..Load::ITEM })
+                .unwrap_or_else(|e| panic!("seed {}: rollback: {id}: {e}", self.seed));
+            assert_eq!(
+                v.size(),
+                n.data.len() as u64,
+                "seed {} op {}: rollback: {id}: size is not the committed one",
+                self.seed,
+                self.stats.ops
+            );
             let mut got = vec![0u8; n.data.len()];
-            fs.read_at(&v, 0, &mut got).unwrap_or_else(|e| panic!("seed {}: rollback: read {id}: {e}", self.seed));
+            fs.read_at(&v, 0, &mut got)
+                .unwrap_or_else(|e| panic!("seed {}: rollback: read {id}: {e}", self.seed));
             for (i, (&g, &c)) in got.iter().zip(&n.data).enumerate() {
-                let written = ws.iter().any(|(o, d)| (i as u64).checked_sub(*o).is_some_and(|k| d.get(k as usize) == Some(&g)));
+                let written = ws.iter().any(|(o, d)| {
+                    (i as u64).checked_sub(*o).is_some_and(|k| d.get(k as usize) == Some(&g))
+                });
                 assert!(
                     g == c || g == 0 || written,
                     "seed {} op {}: rollback: {id} byte {i} is {g:#x}: neither the committed {c:#x}, nor zero, nor written since the commit",
@@ -1065,7 +1279,10 @@ impl Sim {
                     let off = self.rng.below(size + 4096);
                     let len = self.rng.range(1, 20_000) as usize;
                     let data = self.rng.bytes(len);
-                    self.note(format!("kernel write /{f} (size {size}) at {off} len {}", data.len()));
+                    self.note(format!(
+                        "kernel write /{f} (size {size}) at {off} len {}",
+                        data.len()
+                    ));
                     self.model.k_write(&mnt, &f, off, &data);
                 }
                 3 if !files.is_empty() => {
@@ -1149,9 +1366,17 @@ fn run(seed: u64, ops: usize, cfg: Config, tag: &str) {
     verify_ubtrfs(&sim.img.path, &sim.model, &what);
     verify_meta_ubtrfs(&sim.img.path, &sim.model, &what);
     if cfg.dirty_limit.is_some() {
-        assert!(sim.stats.early_blocks > 0, "seed {seed}: the dirty limit never wrote a block before its commit");
+        assert!(
+            sim.stats.early_blocks > 0,
+            "seed {seed}: the dirty limit never wrote a block before its commit"
+        );
     }
-    eprintln!("{tag} seed {seed} ({cfg:?}): {:?}, {} live bytes, {:.1}s", sim.stats, sim.live_bytes(), t.elapsed().as_secs_f64());
+    eprintln!(
+        "{tag} seed {seed} ({cfg:?}): {:?}, {} live bytes, {:.1}s",
+        sim.stats,
+        sim.live_bytes(),
+        t.elapsed().as_secs_f64()
+    );
 }
 
 #[test]
@@ -1204,13 +1429,23 @@ fn model_crc32c_4k_holes() {
 /// ("free space ... crosses the end of block group"; fixed in `Allocator::load`).
 #[test]
 fn regression_seed2_fst_bitmap_reload() {
-    run(2, 4000, Config { interludes: false, posix: false, compress: None, ..XX_4K }, "model-regression-2");
+    run(
+        2,
+        4000,
+        Config { interludes: false, posix: false, compress: None, ..XX_4K },
+        "model-regression-2",
+    );
 }
 
 /// Seed 4 with forced bitmap conversions, as first found: the same failure at reopen.
 #[test]
 fn regression_seed4_fst_bitmap_reload() {
-    run(4, 4000, Config { interludes: false, posix: false, compress: None, ..BLAKE_16K_BITMAPS }, "model-regression-4");
+    run(
+        4,
+        4000,
+        Config { interludes: false, posix: false, compress: None, ..BLAKE_16K_BITMAPS },
+        "model-regression-4",
+    );
 }
 
 /// Found by `model_soak` seed 15 (as root, on a fresh mkfs): with compress-force=zstd,
@@ -1234,7 +1469,16 @@ fn model_soak() {
     };
     let (a, b) = spec.split_once("..").expect("UBTRFS_MODEL_SEEDS=first..last");
     let (a, b): (u64, u64) = (a.parse().expect("first seed"), b.parse().expect("last seed"));
-    let configs = [CRC_16K, XX_4K, SHA_64K, BLAKE_16K_BITMAPS, CRC_4K_HOLES, CRC_16K_FULL, SNAPSHOTS_4K, CRC_16K_WRITEBACK];
+    let configs = [
+        CRC_16K,
+        XX_4K,
+        SHA_64K,
+        BLAKE_16K_BITMAPS,
+        CRC_4K_HOLES,
+        CRC_16K_FULL,
+        SNAPSHOTS_4K,
+        CRC_16K_WRITEBACK,
+    ];
     let mut failed = Vec::new();
     for seed in a..=b {
         let cfg = configs[(seed % configs.len() as u64) as usize];
@@ -1262,7 +1506,11 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
     const TREE: u64 = 200;
     const TYPE: u8 = 250;
     let tag = format!("ctree-{nodesize}");
-    let img = if common::kernel_available(&tag) { Scratch::mkfs(&format!("{tag}-{seed}"), 256 * MIB, &["-n", &nodesize.to_string()]) } else { Scratch::fixture(fixture, &format!("{tag}-{seed}")) };
+    let img = if common::kernel_available(&tag) {
+        Scratch::mkfs(&format!("{tag}-{seed}"), 256 * MIB, &["-n", &nodesize.to_string()])
+    } else {
+        Scratch::fixture(fixture, &format!("{tag}-{seed}"))
+    };
     let leaf = nodesize as usize - HEADER_SIZE;
     let max_insert = leaf - ITEM_SIZE;
     let max_grow = leaf / 2;
@@ -1292,7 +1540,15 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
         } else if !grow && model.is_empty() {
             grow = true;
         }
-        let keys: Vec<Key> = if model.is_empty() { Vec::new() } else { (0..3).map(|_| *model.keys().nth(rng.below(model.len() as u64) as usize).expect("nonempty")).collect() };
+        let keys: Vec<Key> = if model.is_empty() {
+            Vec::new()
+        } else {
+            (0..3)
+                .map(|_| {
+                    *model.keys().nth(rng.below(model.len() as u64) as usize).expect("nonempty")
+                })
+                .collect()
+        };
         let r = rng.below(100);
         let what = format!("seed {seed} nodesize {nodesize} op {op}");
         if model.is_empty() || (grow && r < 60) || (!grow && r < 15) {
@@ -1308,12 +1564,19 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
             } as usize;
             let data = rng.bytes(size);
             log.push(format!("insert {key} size {size}"));
-            w.raw_tree().insert_item(TREE, &key, &data).unwrap_or_else(|e| panic!("{what}: insert {key} size {size}: {e}"));
+            w.raw_tree()
+                .insert_item(TREE, &key, &data)
+                .unwrap_or_else(|e| panic!("{what}: insert {key} size {size}: {e}"));
             model.insert(key, data);
         } else if r < 75 || !grow && r < 85 {
             let key = keys[0];
             log.push(format!("delete {key}"));
-            assert!(w.raw_tree().delete_item(TREE, &key).unwrap_or_else(|e| panic!("{what}: delete {key}: {e}")), "{what}: {key} missing");
+            assert!(
+                w.raw_tree()
+                    .delete_item(TREE, &key)
+                    .unwrap_or_else(|e| panic!("{what}: delete {key}: {e}")),
+                "{what}: {key} missing"
+            );
             model.remove(&key);
         } else if r < 90 {
             let key = keys[1];
@@ -1324,7 +1587,10 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
             let by = rng.range(1, (max_grow - cur) as u64 + 1) as usize;
             let add = rng.bytes(by);
             log.push(format!("extend {key} size {cur} by {by}"));
-            let (l, s) = w.raw_tree().extend_item(TREE, &key, by).unwrap_or_else(|e| panic!("{what}: extend {key} by {by}: {e}"));
+            let (l, s) = w
+                .raw_tree()
+                .extend_item(TREE, &key, by)
+                .unwrap_or_else(|e| panic!("{what}: extend {key} by {by}: {e}"));
             let d = w.raw_tree().item_data_mut(l, s);
             let n = d.len();
             assert_eq!(n, cur + by, "{what}: extended size");
@@ -1335,11 +1601,17 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
             let cur = model[&key].len();
             let new = rng.below(cur as u64 + 1) as usize;
             log.push(format!("truncate {key} size {cur} to {new}"));
-            w.raw_tree().truncate_item(TREE, &key, new).unwrap_or_else(|e| panic!("{what}: truncate {key}: {e}"));
+            w.raw_tree()
+                .truncate_item(TREE, &key, new)
+                .unwrap_or_else(|e| panic!("{what}: truncate {key}: {e}"));
             model.get_mut(&key).expect("present").truncate(new);
         } else {
             let key = keys[0];
-            let (l, s) = w.raw_tree().lookup_for_update(TREE, &key, 0).expect("lookup").unwrap_or_else(|| panic!("{what}: {key} missing"));
+            let (l, s) = w
+                .raw_tree()
+                .lookup_for_update(TREE, &key, 0)
+                .expect("lookup")
+                .unwrap_or_else(|| panic!("{what}: {key} missing"));
             let d = w.raw_tree().item_data_mut(l, s);
             for b in d.iter_mut() {
                 *b = b.wrapping_add(1);
@@ -1356,7 +1628,9 @@ fn ctree_model(seed: u64, nodesize: u32, fixture: &str, ops: usize) {
             eprintln!("{what}: {}", log.last().expect("logged"));
         }
         if op % 50 == 49 || trace {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compare(&mut w, &model, &what)));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                compare(&mut w, &model, &what)
+            }));
             if let Err(e) = r {
                 eprintln!("{what}: recent ops:\n  {}", log.join("\n  "));
                 std::panic::resume_unwind(e);

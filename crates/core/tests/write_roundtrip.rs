@@ -31,7 +31,14 @@ use write_common::*;
 
 /// One ubtrfs round: open, change, commit, check tree invariants, close, then compare
 /// ubtrfs's reader (and as root `btrfs check` and a kernel mount) with the model.
-fn ubtrfs_round(img: &Scratch, m: &mut Model, kernel: bool, trees: &[u64], what: &str, f: impl FnOnce(&mut Model, &mut FsWriter)) {
+fn ubtrfs_round(
+    img: &Scratch,
+    m: &mut Model,
+    kernel: bool,
+    trees: &[u64],
+    what: &str,
+    f: impl FnOnce(&mut Model, &mut FsWriter),
+) {
     let mut w = img.writer();
     f(m, &mut w);
     w.commit().unwrap_or_else(|e| panic!("{what}: commit: {e}"));
@@ -177,7 +184,10 @@ matrix! {
 /// Without no-holes every gap is an explicit hole extent that `btrfs check` verifies.
 #[test]
 fn without_no_holes() {
-    let Some((img, kernel)) = image("without_no_holes", 256 * MIB, &["-O", "^no-holes"], None) else { return };
+    let Some((img, kernel)) = image("without_no_holes", 256 * MIB, &["-O", "^no-holes"], None)
+    else {
+        return;
+    };
     standard_scenario(&img, kernel, "", 11);
 }
 
@@ -186,7 +196,9 @@ fn without_no_holes() {
 #[test]
 fn fixtures_take_the_standard_workload() {
     let kernel = common::kernel_available("fixtures_take_the_standard_workload");
-    for (i, f) in ["blake2", "nodesize4k-xxhash", "sha256-64k", "zstd", "lzo", "dup-data"].iter().enumerate() {
+    for (i, f) in
+        ["blake2", "nodesize4k-xxhash", "sha256-64k", "zstd", "lzo", "dup-data"].iter().enumerate()
+    {
         let img = Scratch::fixture(f, &format!("fixture-std-{f}"));
         standard_scenario(&img, kernel, "ubtrfs", 100 + i as u64);
     }
@@ -202,27 +214,41 @@ fn compressed_fixtures() {
         let img = Scratch::fixture(f, &format!("compressed-{f}"));
         let mut m = Model::load(&img.path);
         let mut rng = Rng::new(90 + i as u64);
-        ubtrfs_round(&img, &mut m, kernel, &[5], &format!("{f}: compressed files changed"), |m, w| {
-            m.w_write(w, "c/text-1.5m", 700_001, &rng.bytes(5000));
-            m.w_write(w, "c/text-1.5m", 0, &rng.bytes(100));
-            m.w_write(w, "c/inline-3000", 0, b"x");
-            m.w_write(w, "c/inline-1000", 1000, &rng.bytes(500));
-            m.w_write(w, "c/small-uncompressible", 10, &rng.bytes(10));
-            m.w_unlink(w, "c/text-300k-clone");
-            m.w_write(w, "c/partial-clone", 100_000, &rng.bytes(30_000));
-            m.w_write(w, "c/sparse", 3 * MIB + 5, &rng.bytes(70_000));
-            m.w_write(w, "c/overwritten", MIB - 10, &rng.bytes(20));
-            m.w_unlink(w, "c/repetitive-5m");
-        });
+        ubtrfs_round(
+            &img,
+            &mut m,
+            kernel,
+            &[5],
+            &format!("{f}: compressed files changed"),
+            |m, w| {
+                m.w_write(w, "c/text-1.5m", 700_001, &rng.bytes(5000));
+                m.w_write(w, "c/text-1.5m", 0, &rng.bytes(100));
+                m.w_write(w, "c/inline-3000", 0, b"x");
+                m.w_write(w, "c/inline-1000", 1000, &rng.bytes(500));
+                m.w_write(w, "c/small-uncompressible", 10, &rng.bytes(10));
+                m.w_unlink(w, "c/text-300k-clone");
+                m.w_write(w, "c/partial-clone", 100_000, &rng.bytes(30_000));
+                m.w_write(w, "c/sparse", 3 * MIB + 5, &rng.bytes(70_000));
+                m.w_write(w, "c/overwritten", MIB - 10, &rng.bytes(20));
+                m.w_unlink(w, "c/repetitive-5m");
+            },
+        );
         if kernel {
             kernel_round(&img, &mut m, &format!("{f}: kernel changes"), |m, k| {
                 m.k_write(k, "c/text-1.5m", 702_000, &rng.bytes(3000));
                 m.k_unlink(k, "c/mixed");
             });
-            ubtrfs_round(&img, &mut m, kernel, &[5], &format!("{f}: ubtrfs after the kernel"), |m, w| {
-                m.w_write(w, "c/text-1.5m", 701_000, &rng.bytes(3000));
-                m.w_unlink(w, "c/text-300k");
-            });
+            ubtrfs_round(
+                &img,
+                &mut m,
+                kernel,
+                &[5],
+                &format!("{f}: ubtrfs after the kernel"),
+                |m, w| {
+                    m.w_write(w, "c/text-1.5m", 701_000, &rng.bytes(3000));
+                    m.w_unlink(w, "c/text-300k");
+                },
+            );
         }
     }
 }
@@ -258,7 +284,12 @@ fn default_fixture_outside_snapshots() {
         m.w_unlink(w, "sparse/punched");
         // Names: extrefs and links made by the kernel, symlinks, specials, xattrs.
         m.w_link(w, "hardlinks/a/three", "hardlinks/b/four");
-        let extref = m.paths().into_iter().map(|(p, _)| p).find(|p| p.starts_with("hardlinks/extref/nnn") && p.ends_with("-005")).expect("extref name");
+        let extref = m
+            .paths()
+            .into_iter()
+            .map(|(p, _)| p)
+            .find(|p| p.starts_with("hardlinks/extref/nnn") && p.ends_with("-005"))
+            .expect("extref name");
         m.w_unlink(w, &extref);
         m.w_unlink(w, "hardlinks/c/pair-1");
         m.w_unlink(w, "symlinks/long-1000");
@@ -271,7 +302,8 @@ fn default_fixture_outside_snapshots() {
         m.w_create(w, "names/new ✓", 0o600, &rng.bytes(3000));
     });
     ubtrfs_round(&img, &mut m, kernel, &[5], "default: bigdir shrinks and grows", |m, w| {
-        let names: Vec<String> = m.paths().into_iter().map(|(p, _)| p).filter(|p| p.starts_with("bigdir/")).collect();
+        let names: Vec<String> =
+            m.paths().into_iter().map(|(p, _)| p).filter(|p| p.starts_with("bigdir/")).collect();
         for (i, p) in names.iter().enumerate() {
             if i % 7 != 0 {
                 m.w_unlink(w, p);
@@ -306,37 +338,70 @@ fn default_fixture_snapshot_leaf_trees() {
     let mut m = Model::load(&img.path);
     for p in ["subvol", "snap", "subvol/inner"] {
         let id = m.id(p);
-        assert_eq!(fs_tree_level(&img, id.root), 0, "{p}: the fixture's tree is expected to be a single leaf");
+        assert_eq!(
+            fs_tree_level(&img, id.root),
+            0,
+            "{p}: the fixture's tree is expected to be a single leaf"
+        );
     }
     let trees = [m.id("subvol").root, m.id("snap").root, m.id("subvol/inner").root];
     let mut rng = Rng::new(22);
-    ubtrfs_round(&img, &mut m, kernel, &trees, "default: writes into leaf-rooted subvolume trees", |m, w| {
-        m.w_create(w, "subvol/new", 0o644, &rng.bytes(40_000));
-        m.w_write(w, "subvol/file2", 10, &rng.bytes(10));
-        m.w_write(w, "snap/file2", 70_000, &rng.bytes(5000));
-        m.w_unlink(w, "snap/added-after");
-        m.w_create(w, "subvol/inner/x", 0o644, b"x");
-    });
+    ubtrfs_round(
+        &img,
+        &mut m,
+        kernel,
+        &trees,
+        "default: writes into leaf-rooted subvolume trees",
+        |m, w| {
+            m.w_create(w, "subvol/new", 0o644, &rng.bytes(40_000));
+            m.w_write(w, "subvol/file2", 10, &rng.bytes(10));
+            m.w_write(w, "snap/file2", 70_000, &rng.bytes(5000));
+            m.w_unlink(w, "snap/added-after");
+            m.w_create(w, "subvol/inner/x", 0o644, b"x");
+        },
+    );
 }
 
 fn btrfs_cmd(args: &[&str], dir: &std::path::Path) {
     let o = std::process::Command::new("btrfs").args(args).arg(dir).output().expect("run btrfs");
-    assert!(o.status.success(), "btrfs {args:?} {}: {}", dir.display(), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "btrfs {args:?} {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// `btrfs subvolume snapshot` of `src` as `dst` on a kernel mount.
 fn kernel_snapshot(mnt: &Mount, src: &str, dst: &str) {
-    let o = std::process::Command::new("btrfs").args(["subvolume", "snapshot"]).arg(mnt.path(src)).arg(mnt.path(dst)).output().expect("btrfs");
+    let o = std::process::Command::new("btrfs")
+        .args(["subvolume", "snapshot"])
+        .arg(mnt.path(src))
+        .arg(mnt.path(dst))
+        .output()
+        .expect("btrfs");
     assert!(o.status.success(), "snapshot {src} {dst}: {}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// Random changes spread over several trees that share blocks: overwrites (splitting
 /// shared data extents), appends, creates, unlinks and mkdirs, all in one transaction.
-fn random_shared_changes(m: &mut Model, w: &mut FsWriter, rng: &mut Rng, dirs: &[&str], n: usize, tag: &str) {
+fn random_shared_changes(
+    m: &mut Model,
+    w: &mut FsWriter,
+    rng: &mut Rng,
+    dirs: &[&str],
+    n: usize,
+    tag: &str,
+) {
     for i in 0..n {
         let dir = *rng.pick(dirs);
         let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
-        let files: Vec<String> = m.paths().into_iter().filter(|(p, h)| p.starts_with(&prefix) && m.node(*h).kind == 'f').map(|(p, _)| p).collect();
+        let files: Vec<String> = m
+            .paths()
+            .into_iter()
+            .filter(|(p, h)| p.starts_with(&prefix) && m.node(*h).kind == 'f')
+            .map(|(p, _)| p)
+            .collect();
         match rng.below(10) {
             0..=3 if !files.is_empty() => {
                 let f = rng.pick(&files).clone();
@@ -400,7 +465,11 @@ fn snapshot_image(tag: &str, files: usize, quota: bool) -> Scratch {
     }
     btrfs_cmd(&["subvolume", "create"], &mnt.path("sv"));
     for i in 0..files {
-        std::fs::write(mnt.path(&format!("sv/file-{i:04}")), format!("content {i}\n").repeat(i % 7 + 1)).expect("write");
+        std::fs::write(
+            mnt.path(&format!("sv/file-{i:04}")),
+            format!("content {i}\n").repeat(i % 7 + 1),
+        )
+        .expect("write");
     }
     let mut rng = Rng::new(5);
     for i in 0..12 {
@@ -411,7 +480,11 @@ fn snapshot_image(tag: &str, files: usize, quota: bool) -> Scratch {
     if quota {
         btrfs_cmd(&["qgroup", "create", "1/100"], &mnt.dir);
         for q in ["0/256", "0/257", "0/258"] {
-            let _ = std::process::Command::new("btrfs").args(["qgroup", "assign", "--no-rescan", q, "1/100"]).arg(&mnt.dir).output().expect("btrfs");
+            let _ = std::process::Command::new("btrfs")
+                .args(["qgroup", "assign", "--no-rescan", q, "1/100"])
+                .arg(&mnt.dir)
+                .output()
+                .expect("btrfs");
         }
         btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
     }
@@ -427,13 +500,16 @@ fn snapshot_image(tag: &str, files: usize, quota: bool) -> Scratch {
 /// writes too; at the end the kernel deletes `snap` and the image must stay clean.
 #[test]
 fn snapshot_soak() {
-    let Some(seeds) = std::env::var("UBTRFS_SNAPSHOT_SOAK").ok().and_then(|v| v.parse::<u64>().ok()) else {
+    let Some(seeds) =
+        std::env::var("UBTRFS_SNAPSHOT_SOAK").ok().and_then(|v| v.parse::<u64>().ok())
+    else {
         return;
     };
     if !common::kernel_available("snapshot_soak") {
         return;
     }
-    let rounds: usize = std::env::var("UBTRFS_SNAPSHOT_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
+    let rounds: usize =
+        std::env::var("UBTRFS_SNAPSHOT_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
     for seed in 0..seeds {
         let quota = seed % 2 == 1;
         let img = snapshot_image(&format!("snapshot-soak-{seed}"), 1500, quota);
@@ -444,11 +520,23 @@ fn snapshot_soak() {
             let what = format!("soak seed {seed} (quota {quota}) round {round}");
             ubtrfs_round(&img, &mut m, true, &trees, &what, |m, w| {
                 let n = rng.range(50, 400) as usize;
-                random_shared_changes(m, w, &mut rng, &["sv", "snap", "snap2", ""], n, &format!("s{seed}r{round}"));
+                random_shared_changes(
+                    m,
+                    w,
+                    &mut rng,
+                    &["sv", "snap", "snap2", ""],
+                    n,
+                    &format!("s{seed}r{round}"),
+                );
             });
             if round % 4 == 3 {
                 kernel_round(&img, &mut m, &format!("{what}: kernel"), |m, k| {
-                    let files: Vec<String> = m.paths().into_iter().filter(|(_, h)| m.node(*h).kind == 'f').map(|(p, _)| p).collect();
+                    let files: Vec<String> = m
+                        .paths()
+                        .into_iter()
+                        .filter(|(_, h)| m.node(*h).kind == 'f')
+                        .map(|(p, _)| p)
+                        .collect();
                     for _ in 0..30 {
                         let f = rng.pick(&files).clone();
                         let len = m.data(&f).len() as u64;
@@ -465,7 +553,12 @@ fn snapshot_soak() {
             mnt.umount();
         }
         m.record_unlink("snap");
-        verify_all(&img.path, &m, true, &format!("soak seed {seed}: after the kernel dropped snap"));
+        verify_all(
+            &img.path,
+            &m,
+            true,
+            &format!("soak seed {seed}: after the kernel dropped snap"),
+        );
         eprintln!("snapshot_soak: seed {seed} (quota {quota}): {rounds} rounds clean");
     }
 }
@@ -484,7 +577,10 @@ fn snapshot_shared_trees_are_written() {
     let img = snapshot_image("snapshot-shared", 3000, false);
     let mut m = Model::load(&img.path);
     let (sv, snap, snap2) = (m.id("sv").root, m.id("snap").root, m.id("snap2").root);
-    assert!(fs_tree_level(&img, sv) >= 2, "the subvolume needs two levels of interior nodes for this test");
+    assert!(
+        fs_tree_level(&img, sv) >= 2,
+        "the subvolume needs two levels of interior nodes for this test"
+    );
     let trees = [5, sv, snap, snap2];
     let mut rng = Rng::new(23);
     // Each tree changes a different part of the shared tree, so blocks stay shared
@@ -499,11 +595,28 @@ fn snapshot_shared_trees_are_written() {
     });
     let (full, sblock, sdata) = shared_backrefs(&img);
     eprintln!("after the first writes: {full} FULL_BACKREF blocks, {sblock} shared block refs, {sdata} shared data refs");
-    assert!(full > 0 && sblock > 0 && sdata > 0, "COW of shared blocks should have left FULL_BACKREF blocks with shared refs");
+    assert!(
+        full > 0 && sblock > 0 && sdata > 0,
+        "COW of shared blocks should have left FULL_BACKREF blocks with shared refs"
+    );
     for round in 0..3 {
-        ubtrfs_round(&img, &mut m, true, &trees, &format!("snapshots: random round {round}"), |m, w| {
-            random_shared_changes(m, w, &mut rng, &["sv", "snap", "snap2"], 400, &format!("r{round}"));
-        });
+        ubtrfs_round(
+            &img,
+            &mut m,
+            true,
+            &trees,
+            &format!("snapshots: random round {round}"),
+            |m, w| {
+                random_shared_changes(
+                    m,
+                    w,
+                    &mut rng,
+                    &["sv", "snap", "snap2"],
+                    400,
+                    &format!("r{round}"),
+                );
+            },
+        );
     }
     kernel_round(&img, &mut m, "snapshots: the kernel writes on top", |m, k| {
         for i in (1..3000).step_by(41) {
@@ -529,9 +642,16 @@ fn snapshot_shared_trees_are_written() {
     m.record_unlink("snap");
     assert_check(&img.path, "snapshots: after the kernel deleted one");
     verify_all(&img.path, &m, true, "snapshots: after the kernel deleted one");
-    ubtrfs_round(&img, &mut m, true, &[5, sv, snap2], "snapshots: writes after the drop", |m, w| {
-        random_shared_changes(m, w, &mut rng, &["sv", "snap2"], 300, "last");
-    });
+    ubtrfs_round(
+        &img,
+        &mut m,
+        true,
+        &[5, sv, snap2],
+        "snapshots: writes after the drop",
+        |m, w| {
+            random_shared_changes(m, w, &mut rng, &["sv", "snap2"], 300, "last");
+        },
+    );
 }
 
 /// The `snapshots` fixture (kernel-made, quotas on): `sv` with two levels of interior
@@ -544,21 +664,48 @@ fn snapshot_fixture_writes() {
     let img = Scratch::fixture("snapshots", "snapshot-fixture");
     let mut m = Model::load(&img.path);
     let trees = [5, m.id("sv").root, m.id("snap").root, m.id("snap2").root];
-    assert!(fs_tree_level(&img, trees[1]) >= 2, "the fixture's sv needs two levels of interior nodes");
+    assert!(
+        fs_tree_level(&img, trees[1]) >= 2,
+        "the fixture's sv needs two levels of interior nodes"
+    );
     let mut rng = Rng::new(51);
-    ubtrfs_round(&img, &mut m, kernel, &trees, "snapshot fixture: separate corners of the shared trees", |m, w| {
-        m.w_write(w, "sv/file-0100", 0, b"changed in sv");
-        m.w_write(w, "sv/big-5", 4096, &rng.bytes(100));
-        m.w_write(w, "snap/file-2400", 5, b"changed in snap");
-        m.w_write(w, "snap/big-3", 50_000, &rng.bytes(8192));
-        m.w_unlink(w, "snap2/file-1200");
-    });
+    ubtrfs_round(
+        &img,
+        &mut m,
+        kernel,
+        &trees,
+        "snapshot fixture: separate corners of the shared trees",
+        |m, w| {
+            m.w_write(w, "sv/file-0100", 0, b"changed in sv");
+            m.w_write(w, "sv/big-5", 4096, &rng.bytes(100));
+            m.w_write(w, "snap/file-2400", 5, b"changed in snap");
+            m.w_write(w, "snap/big-3", 50_000, &rng.bytes(8192));
+            m.w_unlink(w, "snap2/file-1200");
+        },
+    );
     let (full, sblock, sdata) = shared_backrefs(&img);
-    assert!(full > 0 && sblock > 0 && sdata > 0, "expected FULL_BACKREF blocks with shared refs: {full} {sblock} {sdata}");
+    assert!(
+        full > 0 && sblock > 0 && sdata > 0,
+        "expected FULL_BACKREF blocks with shared refs: {full} {sblock} {sdata}"
+    );
     for round in 0..3 {
-        ubtrfs_round(&img, &mut m, kernel, &trees, &format!("snapshot fixture: random round {round}"), |m, w| {
-            random_shared_changes(m, w, &mut rng, &["sv", "snap", "snap2", ""], 250, &format!("f{round}"));
-        });
+        ubtrfs_round(
+            &img,
+            &mut m,
+            kernel,
+            &trees,
+            &format!("snapshot fixture: random round {round}"),
+            |m, w| {
+                random_shared_changes(
+                    m,
+                    w,
+                    &mut rng,
+                    &["sv", "snap", "snap2", ""],
+                    250,
+                    &format!("f{round}"),
+                );
+            },
+        );
     }
     if kernel {
         kernel_rescan_agrees(&img);
@@ -567,7 +714,11 @@ fn snapshot_fixture_writes() {
 
 /// `btrfs qgroup show --raw` as (qgroupid, referenced, exclusive) rows.
 fn kernel_qgroups(dir: &std::path::Path) -> Vec<(String, u64, u64)> {
-    let o = std::process::Command::new("btrfs").args(["qgroup", "show", "--raw"]).arg(dir).output().expect("btrfs qgroup show");
+    let o = std::process::Command::new("btrfs")
+        .args(["qgroup", "show", "--raw"])
+        .arg(dir)
+        .output()
+        .expect("btrfs qgroup show");
     assert!(o.status.success(), "qgroup show: {}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8_lossy(&o.stdout);
     let rows: Vec<(String, u64, u64)> = text
@@ -575,7 +726,9 @@ fn kernel_qgroups(dir: &std::path::Path) -> Vec<(String, u64, u64)> {
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             match f.as_slice() {
-                [id, r, e, ..] if id.contains('/') => Some((id.to_string(), r.parse().ok()?, e.parse().ok()?)),
+                [id, r, e, ..] if id.contains('/') => {
+                    Some((id.to_string(), r.parse().ok()?, e.parse().ok()?))
+                }
                 _ => None,
             }
         })
@@ -612,13 +765,22 @@ fn quota_groups_stay_exact() {
         btrfs_cmd(&["subvolume", "create"], &mnt.path("sv"));
         let mut rng = Rng::new(31);
         for i in 0..800 {
-            std::fs::write(mnt.path(&format!("sv/f{i}")), rng.bytes(i * 131 % 20_000)).expect("write");
+            std::fs::write(mnt.path(&format!("sv/f{i}")), rng.bytes(i * 131 % 20_000))
+                .expect("write");
         }
         kernel_snapshot(&mnt, "sv", "snap");
         btrfs_cmd(&["qgroup", "create", "1/100"], &mnt.dir);
         for q in ["0/256", "0/257"] {
-            let o = std::process::Command::new("btrfs").args(["qgroup", "assign", "--no-rescan", q, "1/100"]).arg(&mnt.dir).output().expect("btrfs");
-            assert!(o.status.success() || o.status.code() == Some(1), "qgroup assign: {}", String::from_utf8_lossy(&o.stderr));
+            let o = std::process::Command::new("btrfs")
+                .args(["qgroup", "assign", "--no-rescan", q, "1/100"])
+                .arg(&mnt.dir)
+                .output()
+                .expect("btrfs");
+            assert!(
+                o.status.success() || o.status.code() == Some(1),
+                "qgroup assign: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         btrfs_cmd(&["quota", "rescan", "-w"], &mnt.dir);
         mnt.umount();
@@ -628,12 +790,29 @@ fn quota_groups_stay_exact() {
     let (sv, snap) = (m.id("sv").root, m.id("snap").root);
     let mut rng = Rng::new(32);
     for round in 0..3 {
-        ubtrfs_round(&img, &mut m, true, &[5, sv, snap], &format!("quota: round {round}"), |m, w| {
-            random_shared_changes(m, w, &mut rng, &["sv", "snap", ""], 150, &format!("q{round}"));
-        });
+        ubtrfs_round(
+            &img,
+            &mut m,
+            true,
+            &[5, sv, snap],
+            &format!("quota: round {round}"),
+            |m, w| {
+                random_shared_changes(
+                    m,
+                    w,
+                    &mut rng,
+                    &["sv", "snap", ""],
+                    150,
+                    &format!("q{round}"),
+                );
+            },
+        );
     }
     let ours = kernel_rescan_agrees(&img);
-    assert!(ours.iter().any(|(id, r, e)| id == "0/256" && r > e && *e > 0), "sv should share with snap and own some: {ours:?}");
+    assert!(
+        ours.iter().any(|(id, r, e)| id == "0/256" && r > e && *e > 0),
+        "sv should share with snap and own some: {ours:?}"
+    );
 }
 
 /// After `btrfs balance` the kernel's relocation marks tree 5 as snapshotted
@@ -649,7 +828,11 @@ fn balanced_filesystem() {
     {
         let mnt = Mount::new(&img.path, true);
         for i in 0..600 {
-            std::fs::write(mnt.path(&format!("file-{i:04}")), format!("content {i}\n").repeat(i % 9 + 1)).expect("write");
+            std::fs::write(
+                mnt.path(&format!("file-{i:04}")),
+                format!("content {i}\n").repeat(i % 9 + 1),
+            )
+            .expect("write");
         }
         std::fs::write(mnt.path("big"), vec![7u8; 3 << 20]).expect("write");
         btrfs_cmd(&["balance", "start", "--full-balance"], &mnt.dir);
@@ -707,7 +890,12 @@ fn enospc_is_an_error() {
         for i in 0..4 {
             let name = p(&format!("fill-{round}-{i}"));
             let dir = m2.id(base);
-            let ino = match w.create_file(dir.root, dir.ino, split_name(&name).as_bytes(), &InodeAttrs::new(0o644)) {
+            let ino = match w.create_file(
+                dir.root,
+                dir.ino,
+                split_name(&name).as_bytes(),
+                &InodeAttrs::new(0o644),
+            ) {
                 Ok(ino) => ino,
                 Err(e) => {
                     err = Some((e, w));
@@ -717,12 +905,22 @@ fn enospc_is_an_error() {
             let data = rng.bytes(4 * MIB as usize);
             if let Err(e) = w.write_file(dir.root, ino, 0, &data) {
                 // The file was made; its data did not fit and was not written.
-                m2.record_file(&name, 0o644, Vec::new(), ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino });
+                m2.record_file(
+                    &name,
+                    0o644,
+                    Vec::new(),
+                    ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino },
+                );
                 m = m2;
                 err = Some((e, w));
                 break 'fill;
             }
-            m2.record_file(&name, 0o644, data, ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino });
+            m2.record_file(
+                &name,
+                0o644,
+                data,
+                ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino },
+            );
         }
         match w.commit() {
             Ok(_) => m = m2,
@@ -744,7 +942,8 @@ fn enospc_is_an_error() {
     // Free space, and once the deletion is committed (freed extents stay pinned until
     // then, as in the kernel), write again.
     ubtrfs_round(&img, &mut m, kernel, &[5], "enospc: free", |m, w| {
-        let fills: Vec<String> = m.paths().into_iter().map(|(q, _)| q).filter(|q| q.contains("fill-")).collect();
+        let fills: Vec<String> =
+            m.paths().into_iter().map(|(q, _)| q).filter(|q| q.contains("fill-")).collect();
         for q in &fills[..fills.len() / 2] {
             m.w_unlink(w, q);
         }
@@ -758,7 +957,14 @@ fn enospc_is_an_error() {
     let dir = m.id(base);
     let mut filled = false;
     for i in 0..20 {
-        let Ok(ino) = w.create_file(dir.root, dir.ino, format!("data-{i}").as_bytes(), &InodeAttrs::new(0o644)) else { break };
+        let Ok(ino) = w.create_file(
+            dir.root,
+            dir.ino,
+            format!("data-{i}").as_bytes(),
+            &InodeAttrs::new(0o644),
+        ) else {
+            break;
+        };
         if w.write_file(dir.root, ino, 0, &rng.bytes(8 * MIB as usize)).is_err() {
             filled = true;
             break;
@@ -771,14 +977,24 @@ fn enospc_is_an_error() {
         let mut w = img.writer();
         for i in 0..500 {
             let name = p(&format!("meta-{round}-{i}"));
-            let ino = match w.create_file(dir.root, dir.ino, split_name(&name).as_bytes(), &InodeAttrs::new(0o644)) {
+            let ino = match w.create_file(
+                dir.root,
+                dir.ino,
+                split_name(&name).as_bytes(),
+                &InodeAttrs::new(0o644),
+            ) {
                 Ok(ino) => ino,
                 Err(e) => {
                     refused = Some((e, w));
                     break 'meta;
                 }
             };
-            let h = m.record_file(&name, 0o644, Vec::new(), ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino });
+            let h = m.record_file(
+                &name,
+                0o644,
+                Vec::new(),
+                ubtrfs_core::inode::filesystem::InodeId { root: dir.root, ino },
+            );
             let data = rng.bytes(2048);
             if let Err(e) = w.write_file(dir.root, ino, 0, &data) {
                 refused = Some((e, w));
@@ -786,7 +1002,8 @@ fn enospc_is_an_error() {
             }
             m.node_mut(h).data = data;
         }
-        w.commit().unwrap_or_else(|e| panic!("round {round}: commit with metadata nearly full: {e}"));
+        w.commit()
+            .unwrap_or_else(|e| panic!("round {round}: commit with metadata nearly full: {e}"));
     }
     let (e, mut w) = refused.expect("metadata filled up");
     eprintln!("enospc (metadata): {e}");
@@ -799,13 +1016,21 @@ fn enospc_is_an_error() {
     verify_all(&img.path, &m, kernel, "enospc: after metadata ran out");
     // Deleting still works (it COWs paths, from the reserve), in transactions small
     // enough for it; once committed, the freed space takes new files again.
-    let metas: Vec<String> = m.paths().into_iter().map(|(q, _)| q).filter(|q| q.contains("meta-")).collect();
+    let metas: Vec<String> =
+        m.paths().into_iter().map(|(q, _)| q).filter(|q| q.contains("meta-")).collect();
     for (n, batch) in metas.chunks(60).take(4).enumerate() {
-        ubtrfs_round(&img, &mut m, kernel, &[5], &format!("enospc: delete batch {n} with metadata full"), |m, w| {
-            for q in batch {
-                m.w_unlink(w, q);
-            }
-        });
+        ubtrfs_round(
+            &img,
+            &mut m,
+            kernel,
+            &[5],
+            &format!("enospc: delete batch {n} with metadata full"),
+            |m, w| {
+                for q in batch {
+                    m.w_unlink(w, q);
+                }
+            },
+        );
     }
     ubtrfs_round(&img, &mut m, kernel, &[5], "enospc: create after deleting", |m, w| {
         m.w_create(w, &p("after-meta"), 0o644, b"fits again\n");
@@ -833,7 +1058,9 @@ fn chunk_counts(img: &Scratch) -> HashMap<u64, usize> {
 #[test]
 fn new_data_and_metadata_chunks() {
     use ubtrfs_format::structs::{BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA};
-    let Some((img, kernel)) = image("new_chunks", 1024 * MIB, &["-n", "4096"], None) else { return };
+    let Some((img, kernel)) = image("new_chunks", 1024 * MIB, &["-n", "4096"], None) else {
+        return;
+    };
     let before = chunk_counts(&img);
     let mut m = Model::load(&img.path);
     let mut rng = Rng::new(31);
@@ -850,8 +1077,14 @@ fn new_data_and_metadata_chunks() {
         }
     });
     let after = chunk_counts(&img);
-    assert!(after[&BLOCK_GROUP_DATA] > before[&BLOCK_GROUP_DATA] + 1, "data chunks before {before:?} after {after:?}");
-    assert!(after[&BLOCK_GROUP_METADATA] > before[&BLOCK_GROUP_METADATA], "metadata chunks before {before:?} after {after:?}");
+    assert!(
+        after[&BLOCK_GROUP_DATA] > before[&BLOCK_GROUP_DATA] + 1,
+        "data chunks before {before:?} after {after:?}"
+    );
+    assert!(
+        after[&BLOCK_GROUP_METADATA] > before[&BLOCK_GROUP_METADATA],
+        "metadata chunks before {before:?} after {after:?}"
+    );
     if kernel {
         kernel_round(&img, &mut m, "chunks: kernel frees and adds", |m, k| {
             m.k_unlink(k, "huge");
@@ -876,7 +1109,11 @@ fn regular_extents(fs: &Filesystem, p: &str) -> Vec<(u64, u64, u64, u64, u64)> {
     v.extents
         .iter()
         .filter_map(|e| match e.kind {
-            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. } if disk_bytenr != 0 => Some((e.file_offset, disk_bytenr, disk_num_bytes, offset, num_bytes)),
+            ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. }
+                if disk_bytenr != 0 =>
+            {
+                Some((e.file_offset, disk_bytenr, disk_num_bytes, offset, num_bytes))
+            }
             _ => None,
         })
         .collect()
@@ -924,7 +1161,9 @@ fn fill_data_space(img: &Scratch, m: &mut Model, w: &mut FsWriter, dir: &str, rn
 /// Does some regular extent of a file under `dir` overlap [bytenr, +len)?
 fn dir_reuses(img: &Scratch, m: &Model, dir: &str, bytenr: u64, len: u64) -> bool {
     let fs = img.reader();
-    m.paths().into_iter().filter(|(p, _)| p.starts_with(&format!("{dir}/"))).any(|(p, _)| regular_extents(&fs, &p).iter().any(|e| e.1 < bytenr + len && bytenr < e.1 + e.2))
+    m.paths().into_iter().filter(|(p, _)| p.starts_with(&format!("{dir}/"))).any(|(p, _)| {
+        regular_extents(&fs, &p).iter().any(|e| e.1 < bytenr + len && bytenr < e.1 + e.2)
+    })
 }
 
 /// A write into the middle of a big file splits its extent into two references of the
@@ -957,19 +1196,29 @@ fn split_extent_then_free_and_reuse() {
     let ext = regular_extents(&fs, &p("big"));
     assert_eq!(ext.len(), 3, "head, new, tail: {ext:?}");
     assert_eq!((ext[0].1, ext[0].3, ext[0].4), (bytenr, 0, 400 * KIB));
-    assert_eq!((ext[2].0, ext[2].1, ext[2].3, ext[2].4), (408 * KIB, bytenr, 408 * KIB, len - 408 * KIB));
+    assert_eq!(
+        (ext[2].0, ext[2].1, ext[2].3, ext[2].4),
+        (408 * KIB, bytenr, 408 * KIB, len - 408 * KIB)
+    );
     drop(fs);
     let mut w = img.writer();
     let (refs, inline) = extent_refs(&mut w, bytenr, len).expect("split extent still allocated");
     assert_eq!(refs, 2, "two file extents point into it");
-    assert!(matches!(inline.as_slice(), [items::InlineRef::ExtentData { count: 2, offset: 0, .. }]), "one data backref with count 2: {inline:?}");
+    assert!(
+        matches!(inline.as_slice(), [items::InlineRef::ExtentData { count: 2, offset: 0, .. }]),
+        "one data backref with count 2: {inline:?}"
+    );
     drop(w);
     ubtrfs_round(&img, &mut m, kernel, &[5], "split: trim both pieces", |m, w| {
         m.w_write(w, &p("big"), 0, &rng.bytes(4096));
         m.w_write(w, &p("big"), MIB - 8192, &rng.bytes(8192));
     });
     let mut w = img.writer();
-    assert_eq!(extent_refs(&mut w, bytenr, len).map(|r| r.0), Some(2), "trims keep both references");
+    assert_eq!(
+        extent_refs(&mut w, bytenr, len).map(|r| r.0),
+        Some(2),
+        "trims keep both references"
+    );
     drop(w);
     ubtrfs_round(&img, &mut m, kernel, &[5], "split: unlink", |m, w| {
         m.w_unlink(w, &p("big"));
@@ -981,12 +1230,19 @@ fn split_extent_then_free_and_reuse() {
     assert_eq!(csum_covered(&fs, bytenr, len).0, 0, "its csums are gone too");
     drop(fs);
     let used1 = data_space(&img).0;
-    assert_eq!(used1, used0 - len, "data block groups account the freed extent (and every piece written over it)");
+    assert_eq!(
+        used1,
+        used0 - len,
+        "data block groups account the freed extent (and every piece written over it)"
+    );
     // A later transaction reuses the space: fill every free range of the data groups.
     ubtrfs_round(&img, &mut m, kernel, &[5], "split: reuse", |m, w| {
         fill_data_space(&img, m, w, &p("fill"), &mut rng);
     });
-    assert!(dir_reuses(&img, &m, &p("fill"), bytenr, len), "freed range [{bytenr}, +{len}) not reused");
+    assert!(
+        dir_reuses(&img, &m, &p("fill"), bytenr, len),
+        "freed range [{bytenr}, +{len}) not reused"
+    );
     let fs = img.reader();
     let (have, all) = csum_covered(&fs, bytenr, len);
     assert_eq!(have, all, "csums of the reused range");
@@ -997,7 +1253,9 @@ fn split_extent_then_free_and_reuse() {
 /// reusable by the next transaction (the model found this).
 #[test]
 fn rewrite_in_same_transaction_drops_csums() {
-    let Some((img, kernel)) = image("rewrite_same_txn", 256 * MIB, &[], Some("blake2")) else { return };
+    let Some((img, kernel)) = image("rewrite_same_txn", 256 * MIB, &[], Some("blake2")) else {
+        return;
+    };
     let base = if kernel { "" } else { "u" };
     let p = |r: &str| path(base, r);
     let mut m = Model::load(&img.path);
@@ -1015,22 +1273,37 @@ fn rewrite_in_same_transaction_drops_csums() {
         m.w_write(w, &p("b"), 4096, &rng.bytes(8192));
     });
     let fs = img.reader();
-    assert_eq!(csum_covered(&fs, first.0, first.1).0, 0, "csums of the extent dropped in its own transaction");
+    assert_eq!(
+        csum_covered(&fs, first.0, first.1).0,
+        0,
+        "csums of the extent dropped in its own transaction"
+    );
     drop(fs);
     // The next transaction allocates the dropped extent's space again: inserting its
     // new csums used to hit the stale ones.
     ubtrfs_round(&img, &mut m, kernel, &[5], "same txn: reuse", |m, w| {
         fill_data_space(&img, m, w, &p("fill"), &mut rng);
     });
-    assert!(dir_reuses(&img, &m, &p("fill"), first.0, first.1), "space of the dropped extent reused");
+    assert!(
+        dir_reuses(&img, &m, &p("fill"), first.0, first.1),
+        "space of the dropped extent reused"
+    );
 }
 
 /// (disk_bytenr, disk_num_bytes) of the first regular extent of an inode, as the
 /// running transaction sees it.
 fn regular_extent_of(w: &mut FsWriter, root: u64, ino: u64) -> (u64, u64) {
-    let items = w.items_in_range(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &Key::new(ino, EXTENT_DATA_KEY, u64::MAX)).expect("extents");
+    let items = w
+        .items_in_range(
+            root,
+            &Key::new(ino, EXTENT_DATA_KEY, 0),
+            &Key::new(ino, EXTENT_DATA_KEY, u64::MAX),
+        )
+        .expect("extents");
     for (_, d) in items {
-        if let Ok(items::FileExtent::Regular { disk_bytenr, disk_num_bytes, .. }) = items::file_extent(&d) {
+        if let Ok(items::FileExtent::Regular { disk_bytenr, disk_num_bytes, .. }) =
+            items::file_extent(&d)
+        {
             if disk_bytenr != 0 {
                 return (disk_bytenr, disk_num_bytes);
             }
@@ -1044,7 +1317,9 @@ fn regular_extent_of(w: &mut FsWriter, root: u64, ino: u64) -> (u64, u64) {
 /// chunks as needed, instead of failing with NoSpace while space is free.
 #[test]
 fn file_larger_than_a_chunk() {
-    let Some((img, kernel)) = image("larger_than_chunk", 1024 * MIB, &[], Some("blake2")) else { return };
+    let Some((img, kernel)) = image("larger_than_chunk", 1024 * MIB, &[], Some("blake2")) else {
+        return;
+    };
     let base = if kernel { "" } else { "u" };
     let p = |r: &str| path(base, r);
     let size = if kernel { 140 * MIB } else { 40 * MIB };
@@ -1067,7 +1342,11 @@ fn file_larger_than_a_chunk() {
 /// boundary, and every later open failed; seeds 2 and 4 of the model found it).
 #[test]
 fn free_space_bitmaps_reload() {
-    let Some((img, kernel)) = image("fst_bitmaps_reload", 256 * MIB, &["-n", "4096"], Some("nodesize4k-xxhash")) else { return };
+    let Some((img, kernel)) =
+        image("fst_bitmaps_reload", 256 * MIB, &["-n", "4096"], Some("nodesize4k-xxhash"))
+    else {
+        return;
+    };
     let base = if kernel { "" } else { "u" };
     let p = |r: &str| path(base, r);
     let mut m = Model::load(&img.path);
@@ -1096,7 +1375,8 @@ fn free_space_bitmaps_reload() {
     // Some group must really be in bitmaps with its first sector free for this to test
     // anything; count the bitmap items at least.
     let mut w = img.writer();
-    let items = w.items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::MIN, &Key::MAX).expect("free space tree");
+    let items =
+        w.items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::MIN, &Key::MAX).expect("free space tree");
     assert!(items.iter().any(|(k, _)| k.type_ == FREE_SPACE_BITMAP_KEY), "no bitmaps were written");
 }
 
@@ -1104,7 +1384,11 @@ fn free_space_bitmaps_reload() {
 /// growing past it rewrites the file as a regular extent from offset 0.
 #[test]
 fn inline_limit_and_growth() {
-    let Some((img, kernel)) = image("inline_limit", 256 * MIB, &["-n", "4096"], Some("nodesize4k-xxhash")) else { return };
+    let Some((img, kernel)) =
+        image("inline_limit", 256 * MIB, &["-n", "4096"], Some("nodesize4k-xxhash"))
+    else {
+        return;
+    };
     let base = if kernel { "" } else { "u" };
     let p = |r: &str| path(base, r);
     let mut m = Model::load(&img.path);
@@ -1144,7 +1428,11 @@ fn inline_limit_and_growth() {
 /// and root collapse. Invariants and the oracle after each commit.
 #[test]
 fn big_directory_grows_and_shrinks() {
-    let Some((img, kernel)) = image("big_directory", 256 * MIB, &["-n", "4096"], Some("nodesize4k-xxhash")) else { return };
+    let Some((img, kernel)) =
+        image("big_directory", 256 * MIB, &["-n", "4096"], Some("nodesize4k-xxhash"))
+    else {
+        return;
+    };
     let base = if kernel { "dir" } else { "u" };
     let mut m = Model::load(&img.path);
     let mut rng = Rng::new(71);
@@ -1154,23 +1442,40 @@ fn big_directory_grows_and_shrinks() {
         m.w_mkdir(w, base, 0o755);
         for i in 0..n {
             let size = [0usize, 10, 200, 3000][i % 4];
-            m.w_create(w, &format!("{base}/entry-{i:05}-{}", "x".repeat(i % 40)), 0o644, &rng.bytes(size));
+            m.w_create(
+                w,
+                &format!("{base}/entry-{i:05}-{}", "x".repeat(i % 40)),
+                0o644,
+                &rng.bytes(size),
+            );
         }
     });
     let level1 = fs_tree_level(&img, 5);
     assert!(level1 >= 2 && level1 > level0, "the fs tree grew to level {level1} (from {level0})");
-    let mut names: Vec<String> = m.paths().into_iter().map(|(p, _)| p).filter(|p| p.starts_with(&format!("{base}/"))).collect();
+    let mut names: Vec<String> = m
+        .paths()
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.starts_with(&format!("{base}/")))
+        .collect();
     for i in (1..names.len()).rev() {
         let j = rng.below(i as u64 + 1) as usize;
         names.swap(i, j);
     }
     let keep = 40;
     for (round, chunk) in names[..names.len() - keep].chunks(1200).enumerate() {
-        ubtrfs_round(&img, &mut m, kernel, &[5], &format!("bigdir: delete round {round}"), |m, w| {
-            for p in chunk {
-                m.w_unlink(w, p);
-            }
-        });
+        ubtrfs_round(
+            &img,
+            &mut m,
+            kernel,
+            &[5],
+            &format!("bigdir: delete round {round}"),
+            |m, w| {
+                for p in chunk {
+                    m.w_unlink(w, p);
+                }
+            },
+        );
     }
     let level2 = fs_tree_level(&img, 5);
     assert!(level2 < level1, "the fs tree shrank back (level {level1} -> {level2})");
@@ -1182,7 +1487,12 @@ fn big_directory_grows_and_shrinks() {
         });
     }
     ubtrfs_round(&img, &mut m, kernel, &[5], "bigdir: delete the rest", |m, w| {
-        let rest: Vec<String> = m.paths().into_iter().map(|(p, _)| p).filter(|p| p.starts_with(&format!("{base}/"))).collect();
+        let rest: Vec<String> = m
+            .paths()
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| p.starts_with(&format!("{base}/")))
+            .collect();
         for p in rest {
             m.w_unlink(w, &p);
         }
@@ -1193,7 +1503,9 @@ fn big_directory_grows_and_shrinks() {
 /// Names whose DIR_ITEM keys collide share one item: add both, remove one, re-add.
 #[test]
 fn dir_item_hash_collision() {
-    let Some((img, kernel)) = image("hash_collision", 256 * MIB, &[], Some("blake2")) else { return };
+    let Some((img, kernel)) = image("hash_collision", 256 * MIB, &[], Some("blake2")) else {
+        return;
+    };
     let base = if kernel { "" } else { "u" };
     let p = |r: &str| path(base, r);
     // Birthday search for two names with the same crc32c name hash.
@@ -1230,21 +1542,31 @@ fn dir_item_hash_collision() {
 /// inode is left behind and the writer stays usable.
 #[test]
 fn refused_names_leave_nothing_behind() {
-    let Some((img, kernel)) = image("refused_names", 256 * MIB, &[], Some("blake2")) else { return };
+    let Some((img, kernel)) = image("refused_names", 256 * MIB, &[], Some("blake2")) else {
+        return;
+    };
     let mut m = Model::load(&img.path);
     ubtrfs_round(&img, &mut m, kernel, &[5], "refused names", |m, w| {
         m.w_create(w, "exists", 0o644, b"x");
         let root = m.id("");
         let f = m.id("exists");
-        let err = w.create_file(root.root, root.ino, b"exists", &InodeAttrs::new(0o644)).expect_err("duplicate name");
+        let err = w
+            .create_file(root.root, root.ino, b"exists", &InodeAttrs::new(0o644))
+            .expect_err("duplicate name");
         assert_eq!(err.posix_kind(), Some(PosixKind::Exists));
-        let err = w.mkdir(root.root, root.ino, b"exists", &InodeAttrs::new(0o755)).expect_err("duplicate name");
+        let err = w
+            .mkdir(root.root, root.ino, b"exists", &InodeAttrs::new(0o755))
+            .expect_err("duplicate name");
         assert_eq!(err.posix_kind(), Some(PosixKind::Exists));
         let err = w.mkdir(root.root, root.ino, b"a/b", &InodeAttrs::new(0o755)).expect_err("slash");
         assert_eq!(err.posix_kind(), Some(PosixKind::Invalid));
-        let err = w.create_file(root.root, root.ino, &[b'n'; 256], &InodeAttrs::new(0o644)).expect_err("too long");
+        let err = w
+            .create_file(root.root, root.ino, &[b'n'; 256], &InodeAttrs::new(0o644))
+            .expect_err("too long");
         assert_eq!(err.posix_kind(), Some(PosixKind::NameTooLong));
-        let err = w.create_file(f.root, f.ino, b"inside-a-file", &InodeAttrs::new(0o644)).expect_err("not a directory");
+        let err = w
+            .create_file(f.root, f.ino, b"inside-a-file", &InodeAttrs::new(0o644))
+            .expect_err("not a directory");
         assert_eq!(err.posix_kind(), Some(PosixKind::NotDir));
         let err = w.unlink(root.root, root.ino, b"missing").expect_err("missing");
         assert_eq!(err.posix_kind(), Some(PosixKind::NotFound));
@@ -1256,12 +1578,29 @@ fn refused_names_leave_nothing_behind() {
 
 /// Every INODE_ITEM of tree `root` belongs to an inode the model can reach.
 fn assert_no_orphans(img: &Scratch, m: &Model, root: u64) {
-    let reachable: std::collections::HashSet<u64> = m.inodes.iter().flatten().filter_map(|n| n.id).filter(|id| id.root == root).map(|id| id.ino).collect();
+    let reachable: std::collections::HashSet<u64> = m
+        .inodes
+        .iter()
+        .flatten()
+        .filter_map(|n| n.id)
+        .filter(|id| id.root == root)
+        .map(|id| id.ino)
+        .collect();
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).expect("open");
-    let items = w.items_in_range(root, &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0), &Key::new(LAST_FREE_OBJECTID, INODE_ITEM_KEY, 0)).expect("fs tree");
+    let items = w
+        .items_in_range(
+            root,
+            &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0),
+            &Key::new(LAST_FREE_OBJECTID, INODE_ITEM_KEY, 0),
+        )
+        .expect("fs tree");
     for (k, _) in items {
         if k.type_ == INODE_ITEM_KEY {
-            assert!(reachable.contains(&k.objectid), "tree {root}: inode {} has no name", k.objectid);
+            assert!(
+                reachable.contains(&k.objectid),
+                "tree {root}: inode {} has no name",
+                k.objectid
+            );
         }
     }
 }
@@ -1273,14 +1612,30 @@ fn assert_no_orphans(img: &Scratch, m: &Model, root: u64) {
 fn unsupported_images_are_refused() {
     for (f, given) in [("logtree", 1), ("raid1", 1), ("raid10", 3)] {
         let imgs = common::fixture_images(f);
-        let copies: Vec<Scratch> = imgs.iter().enumerate().map(|(i, _)| Scratch::fixture_device(f, i, &format!("refuse-{f}-{i}"))).collect();
+        let copies: Vec<Scratch> = imgs
+            .iter()
+            .enumerate()
+            .map(|(i, _)| Scratch::fixture_device(f, i, &format!("refuse-{f}-{i}")))
+            .collect();
         let before: Vec<String> = copies.iter().map(|c| c.sha256()).collect();
-        let opts = OpenOptions { devices: copies.iter().take(given).map(|c| c.path.clone()).collect(), cache_bytes: 16 << 20, writable: true, sources: Default::default(), degraded: false };
+        let opts = OpenOptions {
+            devices: copies.iter().take(given).map(|c| c.path.clone()).collect(),
+            cache_bytes: 16 << 20,
+            writable: true,
+            sources: Default::default(),
+            degraded: false,
+        };
         match FsWriter::open(&opts) {
             Err(Error::Incompatible(msg)) => {
                 eprintln!("{f}: refused: {msg}");
                 if given < copies.len() {
-                    assert!(msg.contains(&format!("has {} devices and {given} were given", copies.len())), "{f}: {msg}");
+                    assert!(
+                        msg.contains(&format!(
+                            "has {} devices and {given} were given",
+                            copies.len()
+                        )),
+                        "{f}: {msg}"
+                    );
                 }
             }
             Err(e) => panic!("{f}: expected Incompatible, got {e}"),
@@ -1297,13 +1652,21 @@ fn unsupported_images_are_refused() {
 /// writes anywhere but at the end; each refusal is EPERM with the image unchanged.
 #[test]
 fn inode_flags_are_honoured() {
-    if !common::kernel_available_with("inode_flags_are_honoured", &["/usr/bin/chattr", "/usr/bin/lsattr"]) {
+    if !common::kernel_available_with(
+        "inode_flags_are_honoured",
+        &["/usr/bin/chattr", "/usr/bin/lsattr"],
+    ) {
         return;
     }
     let img = Scratch::mkfs("iflags", 256 * MIB, &[]);
     let chattr = |flag: &str, p: &std::path::Path| {
         let o = std::process::Command::new("chattr").arg(flag).arg(p).output().expect("chattr");
-        assert!(o.status.success(), "chattr {flag} {}: {}", p.display(), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "chattr {flag} {}: {}",
+            p.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
     };
     {
         let mnt = Mount::new(&img.path, true);
@@ -1323,35 +1686,83 @@ fn inode_flags_are_honoured() {
     let mut m = Model::load(&img.path);
     let mut rng = Rng::new(41);
     let data = rng.bytes(200_000);
-    ubtrfs_round(&img, &mut m, true, &[5], "iflags: file in a NODATACOW directory, append to an append-only file", |m, w| {
-        m.w_create(w, "nocow/vm.img", 0o644, &data);
-        m.w_write(w, "logs/log", 7, b"line 2\n");
-        m.w_create(w, "logs/new", 0o644, b"appended name\n");
-    });
+    ubtrfs_round(
+        &img,
+        &mut m,
+        true,
+        &[5],
+        "iflags: file in a NODATACOW directory, append to an append-only file",
+        |m, w| {
+            m.w_create(w, "nocow/vm.img", 0o644, &data);
+            m.w_write(w, "logs/log", 7, b"line 2\n");
+            m.w_create(w, "logs/new", 0o644, b"appended name\n");
+        },
+    );
     let mut w = img.writer();
     let f = m.id("nocow/vm.img");
     let ii = w.live().load_inode(f, Load::ITEM).expect("inode").item;
     use ubtrfs_format::structs::{INODE_NODATACOW, INODE_NODATASUM};
-    assert_eq!(ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM), INODE_NODATACOW | INODE_NODATASUM, "flags {:#x}", ii.flags.get());
+    assert_eq!(
+        ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM),
+        INODE_NODATACOW | INODE_NODATASUM,
+        "flags {:#x}",
+        ii.flags.get()
+    );
     let (bytenr, len) = regular_extent_of(&mut w, f.root, f.ino);
-    let csums = w.items_in_range(CSUM_TREE_OBJECTID, &Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, 0), &Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, u64::MAX)).expect("csum tree");
-    assert!(!csums.iter().any(|(k, d)| k.offset < bytenr + len && k.offset + (d.len() as u64 / 4) * 4096 > bytenr), "NODATASUM data got checksums");
+    let csums = w
+        .items_in_range(
+            CSUM_TREE_OBJECTID,
+            &Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, 0),
+            &Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, u64::MAX),
+        )
+        .expect("csum tree");
+    assert!(
+        !csums.iter().any(
+            |(k, d)| k.offset < bytenr + len && k.offset + (d.len() as u64 / 4) * 4096 > bytenr
+        ),
+        "NODATASUM data got checksums"
+    );
     drop(w);
     {
         let mnt = Mount::new(&img.path, false);
-        let o = std::process::Command::new("lsattr").arg("-d").arg(mnt.path("nocow/vm.img")).output().expect("lsattr");
-        let attrs = String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or_default().to_string();
+        let o = std::process::Command::new("lsattr")
+            .arg("-d")
+            .arg(mnt.path("nocow/vm.img"))
+            .output()
+            .expect("lsattr");
+        let attrs = String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
         assert!(attrs.contains('C'), "the kernel does not see NODATACOW: {attrs}");
         mnt.umount();
     }
     type Attempt = Box<dyn Fn(&mut FsWriter, &Model) -> ubtrfs_core::Result<()>>;
     let refusals: [(&str, Attempt); 6] = [
         ("unlink an immutable file", Box::new(|w, m| w.unlink(5, m.id("").ino, b"immutable"))),
-        ("write an immutable file", Box::new(|w, m| w.write_file(5, m.id("immutable").ino, 0, b"x"))),
-        ("create in an immutable directory", Box::new(|w, m| w.create_file(5, m.id("frozen").ino, b"new", &InodeAttrs::new(0o644)).map(|_| ()))),
-        ("unlink in an immutable directory", Box::new(|w, m| w.unlink(5, m.id("frozen").ino, b"f"))),
-        ("unlink in an append-only directory", Box::new(|w, m| w.unlink(5, m.id("logs").ino, b"new"))),
-        ("overwrite inside an append-only file", Box::new(|w, m| w.write_file(5, m.id("logs/log").ino, 0, b"LINE"))),
+        (
+            "write an immutable file",
+            Box::new(|w, m| w.write_file(5, m.id("immutable").ino, 0, b"x")),
+        ),
+        (
+            "create in an immutable directory",
+            Box::new(|w, m| {
+                w.create_file(5, m.id("frozen").ino, b"new", &InodeAttrs::new(0o644)).map(|_| ())
+            }),
+        ),
+        (
+            "unlink in an immutable directory",
+            Box::new(|w, m| w.unlink(5, m.id("frozen").ino, b"f")),
+        ),
+        (
+            "unlink in an append-only directory",
+            Box::new(|w, m| w.unlink(5, m.id("logs").ino, b"new")),
+        ),
+        (
+            "overwrite inside an append-only file",
+            Box::new(|w, m| w.write_file(5, m.id("logs/log").ino, 0, b"LINE")),
+        ),
     ];
     for (what, f) in &refusals {
         let before = img.sha256();
@@ -1360,7 +1771,8 @@ fn inode_flags_are_honoured() {
             Err(e) => assert_eq!(e.posix_kind(), Some(PosixKind::NotPermitted), "{what}: {e}"),
             Ok(()) => panic!("{what}: allowed"),
         }
-        w.commit().unwrap_or_else(|e| panic!("{what}: the writer stays usable after a refusal: {e}"));
+        w.commit()
+            .unwrap_or_else(|e| panic!("{what}: the writer stays usable after a refusal: {e}"));
         drop(w);
         assert_eq!(before, img.sha256(), "{what}: the image changed");
     }
@@ -1379,14 +1791,32 @@ fn interrupted_balance_is_refused() {
     // A relocation tree's root item names the subvolume it relocates in its key offset
     // (the kernel's tree checker refuses any other): one sharing tree 5's root.
     let fs_root = Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, 0);
-    let (leaf, slot) = w.raw_tree().lookup_for_update(ROOT_TREE_OBJECTID, &fs_root, 0).expect("lookup").expect("tree 5's root item");
+    let (leaf, slot) = w
+        .raw_tree()
+        .lookup_for_update(ROOT_TREE_OBJECTID, &fs_root, 0)
+        .expect("lookup")
+        .expect("tree 5's root item");
     let item = w.raw_tree().item_data_mut(leaf, slot).to_vec();
-    w.raw_tree().insert_item(ROOT_TREE_OBJECTID, &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, FS_TREE_OBJECTID), &item).expect("a relocation tree root");
+    w.raw_tree()
+        .insert_item(
+            ROOT_TREE_OBJECTID,
+            &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, FS_TREE_OBJECTID),
+            &item,
+        )
+        .expect("a relocation tree root");
     w.commit().expect("commit");
     drop(w);
     let before = img.sha256();
-    match FsWriter::open(&OpenOptions { devices: vec![img.path.clone()], cache_bytes: 16 << 20, writable: true, sources: Default::default(), degraded: false }) {
-        Err(Error::Incompatible(msg)) => assert!(msg.contains("interrupted balance"), "unclear refusal: {msg}"),
+    match FsWriter::open(&OpenOptions {
+        devices: vec![img.path.clone()],
+        cache_bytes: 16 << 20,
+        writable: true,
+        sources: Default::default(),
+        degraded: false,
+    }) {
+        Err(Error::Incompatible(msg)) => {
+            assert!(msg.contains("interrupted balance"), "unclear refusal: {msg}")
+        }
         Err(e) => panic!("expected Incompatible, got {e}"),
         Ok(_) => panic!("opened for writing with relocation trees present"),
     }
@@ -1400,15 +1830,28 @@ fn interrupted_balance_is_refused() {
 fn seed_device_is_refused() {
     let have = std::process::Command::new("btrfstune").arg("--help").output().is_ok();
     if !have {
-        assert!(std::env::var_os("CI").is_none(), "seed_device_is_refused: btrfstune is missing in CI");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "seed_device_is_refused: btrfstune is missing in CI"
+        );
         eprintln!("seed_device_is_refused: skipped: btrfstune (btrfs-progs) is not installed");
         return;
     }
     let img = Scratch::fixture("blake2", "seed-refused");
-    let o = std::process::Command::new("btrfstune").args(["-S", "1"]).arg(&img.path).output().expect("btrfstune");
+    let o = std::process::Command::new("btrfstune")
+        .args(["-S", "1"])
+        .arg(&img.path)
+        .output()
+        .expect("btrfstune");
     assert!(o.status.success(), "btrfstune -S 1: {}", String::from_utf8_lossy(&o.stderr));
     let before = img.sha256();
-    match FsWriter::open(&OpenOptions { devices: vec![img.path.clone()], cache_bytes: 16 << 20, writable: true, sources: Default::default(), degraded: false }) {
+    match FsWriter::open(&OpenOptions {
+        devices: vec![img.path.clone()],
+        cache_bytes: 16 << 20,
+        writable: true,
+        sources: Default::default(),
+        degraded: false,
+    }) {
         Err(Error::Incompatible(msg)) => assert!(msg.contains("SEEDING"), "unclear refusal: {msg}"),
         Err(e) => panic!("expected Incompatible, got {e}"),
         Ok(_) => panic!("a seed device opened for writing"),
@@ -1420,7 +1863,9 @@ fn seed_device_is_refused() {
 /// and ubtrfs's verified read, and a model that differs from the image is reported.
 #[test]
 fn oracle_detects_damage() {
-    let Some((img, kernel)) = image("oracle_damage", 256 * MIB, &[], Some("blake2")) else { return };
+    let Some((img, kernel)) = image("oracle_damage", 256 * MIB, &[], Some("blake2")) else {
+        return;
+    };
     let base = if kernel { "" } else { "u" };
     let p = |r: &str| path(base, r);
     let mut m = Model::load(&img.path);
@@ -1434,7 +1879,10 @@ fn oracle_detects_damage() {
     let mut other = m.clone();
     let h = other.handle(&p("data"));
     other.node_mut(h).data[5] ^= 1;
-    assert!(!diff_trees(&other.expect(), &walk_ubtrfs(&img.path), 5).is_empty(), "a changed byte in the model is a difference");
+    assert!(
+        !diff_trees(&other.expect(), &walk_ubtrfs(&img.path), 5).is_empty(),
+        "a changed byte in the model is a difference"
+    );
     let fs = img.reader();
     let (_, bytenr, _, _, _) = regular_extents(&fs, &p("data"))[0];
     let chunk = fs.info.chunk_map.lookup(bytenr).expect("chunk").clone();
@@ -1442,7 +1890,8 @@ fn oracle_detects_damage() {
     for mirror in 0..chunk.num_copies() {
         let (_, phys, _) = chunk.map(bytenr + 8192, mirror);
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&img.path).expect("open image");
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).open(&img.path).expect("open image");
         let mut b = [0u8; 1];
         f.read_exact_at(&mut b, phys).expect("read");
         b[0] ^= 0x40;
@@ -1453,7 +1902,10 @@ fn oracle_detects_damage() {
     let mut buf = vec![0u8; 100_000];
     assert!(fs.read_at(&v, 0, &mut buf).is_err(), "ubtrfs reads verify data csums");
     if kernel {
-        assert!(btrfs_check(&img.path).is_err(), "btrfs check --check-data-csum sees the flipped byte");
+        assert!(
+            btrfs_check(&img.path).is_err(),
+            "btrfs check --check-data-csum sees the flipped byte"
+        );
     }
 }
 

@@ -25,7 +25,10 @@ fn smoke_mkdir_write_commit() {
         w.write_file(5, g, 0, &data).unwrap();
         w.commit().unwrap();
     }
-    let out = std::process::Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img).output();
+    let out = std::process::Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(&img)
+        .output();
     if let Ok(o) = out {
         eprintln!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         assert!(o.status.success(), "btrfs check failed");
@@ -62,7 +65,9 @@ fn injected_sources_make_writes_reproducible() {
         let d = w.mkdir(5, 256, b"repro", &InodeAttrs::new(0o755)).unwrap();
         let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 % 241) as u8).collect();
         for i in 0..50u32 {
-            let f = w.create_file(5, d, format!("f{i:03}").as_bytes(), &InodeAttrs::new(0o644)).unwrap();
+            let f = w
+                .create_file(5, d, format!("f{i:03}").as_bytes(), &InodeAttrs::new(0o644))
+                .unwrap();
             w.write_file(5, f, 0, &data[..(i as usize * 3001) % data.len()]).unwrap();
         }
         w.commit().unwrap();
@@ -75,9 +80,17 @@ fn injected_sources_make_writes_reproducible() {
     let fs = Filesystem::open(&OpenOptions::new(&img_a)).unwrap();
     let dir = fs.resolve("/repro", false).unwrap();
     let file = fs.resolve("/repro/f000", false).unwrap();
-    for (what, t) in [("dir otime", dir.item.otime), ("dir mtime", dir.item.mtime), ("file ctime", file.item.ctime), ("file mtime", file.item.mtime)] {
+    for (what, t) in [
+        ("dir otime", dir.item.otime),
+        ("dir mtime", dir.item.mtime),
+        ("file ctime", file.item.ctime),
+        ("file mtime", file.item.mtime),
+    ] {
         let sec = t.sec.get();
-        assert!((1_700_000_000..1_700_000_001).contains(&sec), "{what} {sec} is not from the injected clock");
+        assert!(
+            (1_700_000_000..1_700_000_001).contains(&sec),
+            "{what} {sec} is not from the injected clock"
+        );
     }
     // The directory was created first: its birth time is the clock's first reading.
     assert_eq!((dir.item.otime.sec.get(), dir.item.otime.nsec.get()), (1_700_000_000, 5));

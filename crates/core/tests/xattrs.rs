@@ -18,7 +18,9 @@ use std::process::Command;
 use ubtrfs_core::compression::CompressionType;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
-use ubtrfs_core::inode::xattr::{max_xattr_size, CompressionProperty, XattrReply, XATTR_CREATE, XATTR_REPLACE};
+use ubtrfs_core::inode::xattr::{
+    max_xattr_size, CompressionProperty, XattrReply, XATTR_CREATE, XATTR_REPLACE,
+};
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::{FsRead, OpenOptions, PosixKind, TreeView, XattrRead};
 use ubtrfs_format::features::{INCOMPAT_COMPRESS_LZO, INCOMPAT_COMPRESS_ZSTD};
@@ -47,7 +49,8 @@ fn colliding_pair(prefix: &str) -> (Vec<u8>, Vec<u8>) {
 
 /// Every item of fs tree 5 as the running transaction sees it.
 fn fs_items(w: &mut FsWriter) -> Vec<(Key, Vec<u8>)> {
-    w.items_in_range(FS_TREE_OBJECTID, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX)).expect("fs tree items")
+    w.items_in_range(FS_TREE_OBJECTID, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX))
+        .expect("fs tree items")
 }
 
 fn id_of(w: &FsWriter, path: &str) -> InodeId {
@@ -96,7 +99,11 @@ impl Op {
     }
     fn describe(&self) -> String {
         match self {
-            Op::Set { path, name, value, flags } => format!("set {path} {} ({} bytes, flags {flags})", String::from_utf8_lossy(name), value.len()),
+            Op::Set { path, name, value, flags } => format!(
+                "set {path} {} ({} bytes, flags {flags})",
+                String::from_utf8_lossy(name),
+                value.len()
+            ),
             Op::Remove { path, name } => format!("remove {path} {}", String::from_utf8_lossy(name)),
         }
     }
@@ -115,7 +122,15 @@ impl Op {
                 let n = CString::new(name.clone()).expect("name");
                 // SAFETY: both strings are NUL-terminated and live across the call; the
                 // value pointer and length describe one live buffer.
-                unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), *flags as i32) }
+                unsafe {
+                    libc::lsetxattr(
+                        p.as_ptr(),
+                        n.as_ptr(),
+                        value.as_ptr().cast(),
+                        value.len(),
+                        *flags as i32,
+                    )
+                }
             }
             Op::Remove { name, .. } => {
                 let n = CString::new(name.clone()).expect("name");
@@ -138,26 +153,36 @@ const PATHS: [&str; 10] = ["/f", "/g", "/h", "/i", "/a", "/c", "/d", "/l", "/p",
 /// `mkfs.btrfs --rootdir`, no kernel needed), then through ubtrfs: `user.x` on /i, and
 /// the flags immutable (/i), append-only (/a), nodatacow + nodatasum (/c).
 fn objects_image(tag: &str) -> Scratch {
-    let host = std::env::temp_dir().join(format!("ubtrfs-xattr-rootdir-{tag}-{}", std::process::id()));
+    let host =
+        std::env::temp_dir().join(format!("ubtrfs-xattr-rootdir-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&host);
     std::fs::create_dir_all(host.join("d")).expect("rootdir");
     std::fs::create_dir_all(host.join("e")).expect("rootdir");
     for f in ["f", "g", "h", "i", "a", "c"] {
         std::fs::write(host.join(f), b"data").expect("rootdir file");
-        std::fs::set_permissions(host.join(f), std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
+        std::fs::set_permissions(host.join(f), std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .expect("chmod");
     }
     std::os::unix::fs::symlink("f", host.join("l")).expect("symlink");
     let fifo = CString::new(host.join("p").as_os_str().as_bytes()).expect("path");
-    // SAFETY: a NUL-terminated path that lives across the call.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        // SAFETY: a NUL-terminated path that lives across the call.
+        unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) },
+        0,
+        "mkfifo: {}",
+        std::io::Error::last_os_error()
+    );
     let s = Scratch::mkfs(tag, 256 * MIB, &["--rootdir", host.to_str().expect("utf-8 temp dir")]);
     std::fs::remove_dir_all(&host).expect("remove rootdir");
     let mut w = s.writer();
     let i = id_of(&w, "/i");
     w.setxattr(i.root, i.ino, b"user.x", b"1", 0).expect("user.x on /i");
-    for (p, fl) in [("/i", INODE_IMMUTABLE), ("/a", INODE_APPEND), ("/c", INODE_NODATACOW | INODE_NODATASUM)] {
+    for (p, fl) in
+        [("/i", INODE_IMMUTABLE), ("/a", INODE_APPEND), ("/c", INODE_NODATACOW | INODE_NODATASUM)]
+    {
         let id = id_of(&w, p);
-        w.update_inode(id.root, id.ino, |ii| ii.flags = (ii.flags.get() | fl).into()).expect("flags");
+        w.update_inode(id.root, id.ino, |ii| ii.flags = (ii.flags.get() | fl).into())
+            .expect("flags");
     }
     w.commit().expect("commit");
     drop(w);
@@ -168,7 +193,12 @@ fn objects_image(tag: &str) -> Scratch {
 /// applied in order. The values and flags before each step are what earlier steps
 /// left, on both sides.
 fn op_table(nodesize: u32) -> Vec<(Op, i32)> {
-    let set = |path, name: &[u8], value: &[u8], flags| Op::Set { path, name: name.to_vec(), value: value.to_vec(), flags };
+    let set = |path, name: &[u8], value: &[u8], flags| Op::Set {
+        path,
+        name: name.to_vec(),
+        value: value.to_vec(),
+        flags,
+    };
     let rm = |path, name: &[u8]| Op::Remove { path, name: name.to_vec() };
     let (n1, n2) = colliding_pair("user.c");
     let max = max_xattr_size(nodesize);
@@ -176,7 +206,8 @@ fn op_table(nodesize: u32) -> Vec<(Op, i32)> {
     let long255 = [b"user.".as_slice(), &[b'a'; 250]].concat();
     let long256 = [b"user.".as_slice(), &[b'a'; 251]].concat();
     let acl_equiv = acl(&[(1, 7, NOID), (4, 4, NOID), (0x20, 0, NOID)]);
-    let acl_named = acl(&[(1, 6, NOID), (2, 6, 1000), (4, 4, NOID), (0x10, 6, NOID), (0x20, 4, NOID)]);
+    let acl_named =
+        acl(&[(1, 6, NOID), (2, 6, 1000), (4, 4, NOID), (0x10, 6, NOID), (0x20, 4, NOID)]);
     let acl_no_mask = acl(&[(1, 6, NOID), (2, 6, 1000), (4, 4, NOID), (0x20, 4, NOID)]);
     let acl_bad_tag = acl(&[(1, 6, NOID), (0x40, 4, NOID), (0x20, 4, NOID)]);
     let acl_bad_perm = acl(&[(1, 8, NOID), (4, 4, NOID), (0x20, 4, NOID)]);
@@ -209,12 +240,39 @@ fn op_table(nodesize: u32) -> Vec<(Op, i32)> {
         (set("/f", b"user.empty", b"", 0), ok),
         // File capabilities: the header is checked, before the inode's flags.
         (set("/f", b"security.capability", &[1], 0), libc::EINVAL),
-        (set("/f", b"security.capability", &[[0, 0, 0, 2].as_slice(), &[0; 17]].concat(), 0), libc::EINVAL),
+        (
+            set("/f", b"security.capability", &[[0, 0, 0, 2].as_slice(), &[0; 17]].concat(), 0),
+            libc::EINVAL,
+        ),
         (set("/i", b"security.capability", &[1], 0), libc::EINVAL),
-        (set("/f", b"security.capability", &[[1, 0, 0, 3].as_slice(), &[0xff; 16], &[0xff; 4]].concat(), 0), libc::EINVAL),
+        (
+            set(
+                "/f",
+                b"security.capability",
+                &[[1, 0, 0, 3].as_slice(), &[0xff; 16], &[0xff; 4]].concat(),
+                0,
+            ),
+            libc::EINVAL,
+        ),
         (set("/f", b"security.capability", &[[1, 0, 0, 2].as_slice(), &[7; 16]].concat(), 0), ok),
-        (set("/g", b"security.capability", &[[0x81, 0, 0, 3].as_slice(), &[9; 16], &[0xe8, 3, 0, 0]].concat(), 0), libc::EINVAL),
-        (set("/g", b"security.capability", &[[1, 0, 0, 3].as_slice(), &[9; 16], &[0xe8, 3, 0, 0]].concat(), 0), ok),
+        (
+            set(
+                "/g",
+                b"security.capability",
+                &[[0x81, 0, 0, 3].as_slice(), &[9; 16], &[0xe8, 3, 0, 0]].concat(),
+                0,
+            ),
+            libc::EINVAL,
+        ),
+        (
+            set(
+                "/g",
+                b"security.capability",
+                &[[1, 0, 0, 3].as_slice(), &[9; 16], &[0xe8, 3, 0, 0]].concat(),
+                0,
+            ),
+            ok,
+        ),
         (set("/p", b"user.a", b"1", 0), libc::EPERM),
         (set("/l", b"user.a", b"1", 0), libc::EPERM),
         (set("/l", b"trusted.t", b"1", 0), ok),
@@ -296,11 +354,17 @@ fn op_table(nodesize: u32) -> Vec<(Op, i32)> {
 type State = Vec<(&'static str, u32, u64, Vec<(Vec<u8>, Vec<u8>)>)>;
 
 fn state_of(img: &Path) -> (State, u64) {
-    let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: {e}", img.display()));
+    let fs = Filesystem::open(&OpenOptions::new(img))
+        .unwrap_or_else(|e| panic!("{}: {e}", img.display()));
     let st = PATHS
         .iter()
         .map(|&p| {
-            let v = fs.load_inode(fs.resolve_id(p, false).expect("resolve"), Load { xattrs: true, ..Load::ITEM }).expect("load");
+            let v = fs
+                .load_inode(
+                    fs.resolve_id(p, false).expect("resolve"),
+                    Load { xattrs: true, ..Load::ITEM },
+                )
+                .expect("load");
             (p, v.mode(), v.flags(), v.xattrs)
         })
         .collect();
@@ -311,7 +375,14 @@ fn state_of(img: &Path) -> (State, u64) {
 /// each value's first bytes.
 fn summary(x: &[(Vec<u8>, Vec<u8>)]) -> String {
     x.iter()
-        .map(|(n, v)| format!("{}={:?}{}", String::from_utf8_lossy(n), String::from_utf8_lossy(&v[..v.len().min(24)]), if v.len() > 24 { format!("..({} bytes)", v.len()) } else { String::new() }))
+        .map(|(n, v)| {
+            format!(
+                "{}={:?}{}",
+                String::from_utf8_lossy(n),
+                String::from_utf8_lossy(&v[..v.len().min(24)]),
+                if v.len() > 24 { format!("..({} bytes)", v.len()) } else { String::new() }
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -329,7 +400,12 @@ fn kernel_xattrs(mnt: &Path, rel: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut v = vec![0u8; 1 << 17];
         // SAFETY: NUL-terminated path and name; v is a live buffer of the length passed.
         let m = unsafe { libc::lgetxattr(p.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-        assert!(m >= 0, "lgetxattr {rel} {}: {}", String::from_utf8_lossy(name), std::io::Error::last_os_error());
+        assert!(
+            m >= 0,
+            "lgetxattr {rel} {}: {}",
+            String::from_utf8_lossy(name),
+            std::io::Error::last_os_error()
+        );
         v.truncate(m as usize);
         out.push((name.to_vec(), v));
     }
@@ -347,7 +423,9 @@ fn every_errno_and_the_state_match_the_kernel() {
     let ops = op_table(16384);
     let kernel = common::kernel_available("every_errno_and_the_state_match_the_kernel");
     let ks = kernel.then(|| {
-        let k = Scratch { path: s.path.with_file_name(format!("xattr-ops-kernel-{}.img", std::process::id())) };
+        let k = Scratch {
+            path: s.path.with_file_name(format!("xattr-ops-kernel-{}.img", std::process::id())),
+        };
         std::fs::copy(&s.path, &k.path).expect("copy image");
         k
     });
@@ -360,14 +438,29 @@ fn every_errno_and_the_state_match_the_kernel() {
         let r = op.ubtrfs(&mut w);
         let got = errno_of(&r);
         if got != *want {
-            wrong.push(format!("{}: ubtrfs {} ({:?}), kernel {}", op.describe(), errno_name(got), r.err().map(|e| e.to_string()), errno_name(*want)));
+            wrong.push(format!(
+                "{}: ubtrfs {} ({:?}), kernel {}",
+                op.describe(),
+                errno_name(got),
+                r.err().map(|e| e.to_string()),
+                errno_name(*want)
+            ));
         }
         if got != 0 {
             assert_eq!(w.blocks_cowed(), cowed, "{}: a refused change COWed blocks", op.describe());
-            assert!(fs_items(&mut w) == before, "{}: a refused change changed the fs tree", op.describe());
+            assert!(
+                fs_items(&mut w) == before,
+                "{}: a refused change changed the fs tree",
+                op.describe()
+            );
         }
     }
-    assert!(wrong.is_empty(), "{} operations differ from the kernel:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} operations differ from the kernel:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
     w.commit().expect("commit");
     drop(w);
     assert_check(&s.path, "after the operation table");
@@ -375,18 +468,46 @@ fn every_errno_and_the_state_match_the_kernel() {
     // What the table must have left, independent of the kernel.
     let find = |p: &str| ours.iter().find(|x| x.0 == p).expect("object").clone();
     let f = find("/f");
-    assert_eq!(f.2 & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_COMPRESS, "/f: lzo property sets COMPRESS");
+    assert_eq!(
+        f.2 & (INODE_COMPRESS | INODE_NOCOMPRESS),
+        INODE_COMPRESS,
+        "/f: lzo property sets COMPRESS"
+    );
     assert!(f.3.iter().any(|(n, v)| n == b"btrfs.compression" && v == b"lzo"), "/f: {:?}", f.3);
-    assert_eq!(find("/h").2 & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_NOCOMPRESS, "/h: none sets NOCOMPRESS");
+    assert_eq!(
+        find("/h").2 & (INODE_COMPRESS | INODE_NOCOMPRESS),
+        INODE_NOCOMPRESS,
+        "/h: none sets NOCOMPRESS"
+    );
     assert_eq!(find("/h").1 & 0o777, 0o740, "/h: an ACL the mode expresses becomes the mode");
-    assert!(!find("/h").3.iter().any(|(n, _)| n == b"system.posix_acl_access"), "/h keeps no ACL: {}", summary(&find("/h").3));
+    assert!(
+        !find("/h").3.iter().any(|(n, _)| n == b"system.posix_acl_access"),
+        "/h keeps no ACL: {}",
+        summary(&find("/h").3)
+    );
     assert_eq!(find("/g").1 & 0o777, 0o664, "/g: the mask is the group bits");
-    assert_eq!(find("/e").2 & (INODE_COMPRESS | INODE_NOCOMPRESS), 0, "/e: removing the property resets the flags");
-    assert_eq!(find("/p").3, vec![(b"trusted.t".to_vec(), b"1".to_vec())], "/p: trusted.t and no property on a fifo");
-    assert_ne!(our_incompat & INCOMPAT_COMPRESS_LZO, 0, "an lzo property sets the LZO incompat bit");
+    assert_eq!(
+        find("/e").2 & (INODE_COMPRESS | INODE_NOCOMPRESS),
+        0,
+        "/e: removing the property resets the flags"
+    );
+    assert_eq!(
+        find("/p").3,
+        vec![(b"trusted.t".to_vec(), b"1".to_vec())],
+        "/p: trusted.t and no property on a fifo"
+    );
+    assert_ne!(
+        our_incompat & INCOMPAT_COMPRESS_LZO,
+        0,
+        "an lzo property sets the LZO incompat bit"
+    );
     let d = find("/d");
     let odd = d.3.iter().find(|(n, _)| n == b"system.posix_acl_access").expect("/d access ACL");
-    assert_eq!(odd.1, acl(&[(1, 7, NOID), (2, 6, 1000), (4, 5, NOID), (0x10, 7, NOID), (0x20, 1, NOID)]), "unnamed ACL entries are stored with id -1");
+    assert_eq!(
+        odd.1,
+        acl(&[(1, 7, NOID), (2, 6, 1000), (4, 5, NOID), (0x10, 7, NOID), (0x20, 1, NOID)]),
+        "unnamed ACL entries are stored with id -1"
+    );
     let Some(k) = ks else { return };
     {
         let m = Mount::new(&k.path, true);
@@ -394,10 +515,20 @@ fn every_errno_and_the_state_match_the_kernel() {
         for (op, want) in &ops {
             let got = op.kernel(&m.dir);
             if got != *want {
-                wrong.push(format!("{}: kernel {}, the table says {}", op.describe(), errno_name(got), errno_name(*want)));
+                wrong.push(format!(
+                    "{}: kernel {}, the table says {}",
+                    op.describe(),
+                    errno_name(got),
+                    errno_name(*want)
+                ));
             }
         }
-        assert!(wrong.is_empty(), "the kernel disagrees with the table on {}:\n{}", wrong.len(), wrong.join("\n"));
+        assert!(
+            wrong.is_empty(),
+            "the kernel disagrees with the table on {}:\n{}",
+            wrong.len(),
+            wrong.join("\n")
+        );
         m.umount();
     }
     assert_check(&k.path, "kernel copy after the operation table");
@@ -412,7 +543,12 @@ fn every_errno_and_the_state_match_the_kernel() {
     let m = Mount::new(&s.path, false);
     for (p, _, _, x) in &ours {
         let k = kernel_xattrs(&m.dir, &p[1..]);
-        assert!(&k == x, "{p}: the kernel reads [{}] where ubtrfs wrote [{}]", summary(&k), summary(x));
+        assert!(
+            &k == x,
+            "{p}: the kernel reads [{}] where ubtrfs wrote [{}]",
+            summary(&k),
+            summary(x)
+        );
     }
     m.umount();
 }
@@ -425,7 +561,9 @@ fn the_largest_value_fits_and_one_more_byte_does_not() {
     let s = Scratch::mkfs("xattr-limit", 256 * MIB, &["-n", "4096"]);
     let mut w = s.writer();
     let root = w.live().root_dir();
-    let f = w.create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    let f = w
+        .create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
+        .expect("create");
     let name = b"user.max";
     let max = max_xattr_size(4096);
     assert_eq!(max, 3940);
@@ -460,9 +598,18 @@ fn many_xattrs_split_leaves_and_read_back() {
     let s = Scratch::mkfs("xattr-many", 256 * MIB, &[]);
     let mut w = s.writer();
     let root = w.live().root_dir();
-    let f = w.create_file(root.root, root.ino, b"many", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    let f = w
+        .create_file(
+            root.root,
+            root.ino,
+            b"many",
+            &ubtrfs_core::inode::write::InodeAttrs::new(0o644),
+        )
+        .expect("create");
     let id = InodeId { root: root.root, ino: f };
-    let val = |i: usize, gen: usize| format!("value {i} generation {gen} {}", "x".repeat((i * 7) % 90)).into_bytes();
+    let val = |i: usize, gen: usize| {
+        format!("value {i} generation {gen} {}", "x".repeat((i * 7) % 90)).into_bytes()
+    };
     let mut want: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = Default::default();
     for i in 0..2000 {
         let n = format!("user.attr{i:05}").into_bytes();
@@ -470,7 +617,13 @@ fn many_xattrs_split_leaves_and_read_back() {
         want.insert(n, val(i, 0));
     }
     // The items (with their 25-byte headers) fill more than ten 16 KiB leaves.
-    let items = w.items_in_range(root.root, &Key::new(f, XATTR_ITEM_KEY, 0), &Key::new(f, XATTR_ITEM_KEY, u64::MAX)).expect("items");
+    let items = w
+        .items_in_range(
+            root.root,
+            &Key::new(f, XATTR_ITEM_KEY, 0),
+            &Key::new(f, XATTR_ITEM_KEY, u64::MAX),
+        )
+        .expect("items");
     assert!(items.len() >= 1990, "{} xattr items for 2000 names", items.len());
     let bytes: usize = items.iter().map(|(_, d)| d.len() + 25).sum();
     assert!(bytes > 16384 * 10, "the xattrs take {bytes} bytes, fewer than ten leaves");
@@ -493,14 +646,20 @@ fn many_xattrs_split_leaves_and_read_back() {
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(sorted, want.keys().cloned().collect::<Vec<_>>(), "listxattr names");
-    let ours: Vec<(Vec<u8>, Vec<u8>)> = names.iter().map(|n| (n.clone(), fs.getxattr(id, n).expect("get"))).collect();
+    let ours: Vec<(Vec<u8>, Vec<u8>)> =
+        names.iter().map(|n| (n.clone(), fs.getxattr(id, n).expect("get"))).collect();
     for (n, v) in &ours {
         assert_eq!(Some(v), want.get(n), "{}", String::from_utf8_lossy(n));
     }
     if common::kernel_available("many_xattrs_split_leaves_and_read_back") {
         let m = Mount::new(&s.path, false);
         let k = kernel_xattrs(&m.dir, "many");
-        assert!(k == ours, "the kernel lists and reads [{}], ubtrfs [{}]", summary(&k), summary(&ours));
+        assert!(
+            k == ours,
+            "the kernel lists and reads [{}], ubtrfs [{}]",
+            summary(&k),
+            summary(&ours)
+        );
         m.umount();
     }
 }
@@ -515,7 +674,9 @@ fn ctime_and_the_read_views() {
     opts.sources = Sources::deterministic(Time { sec: 1_800_000_000, nsec: 0 }, 7);
     let mut w = FsWriter::open(&opts).expect("open");
     let root = w.live().root_dir();
-    let f = w.create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    let f = w
+        .create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
+        .expect("create");
     let id = InodeId { root: root.root, ino: f };
     let ctime = |w: &FsWriter| {
         let t = w.live().load_inode(id, Load::ITEM).expect("inode").item.ctime;
@@ -533,24 +694,55 @@ fn ctime_and_the_read_views() {
     w.setxattr(id.root, id.ino, b"user.a", b"hello", 0).expect("set");
     w.setxattr(id.root, id.ino, b"user.b", b"", 0).expect("set");
     assert_eq!(w.live().getxattr_sized(id, b"user.a", 0).expect("size"), XattrReply::Size(5));
-    assert_eq!(w.live().getxattr_sized(id, b"user.a", 5).expect("data"), XattrReply::Data(b"hello".to_vec()));
-    assert_eq!(w.live().getxattr_sized(id, b"user.a", 4).map_err(|e| e.posix_kind()), Err(Some(PosixKind::Range)));
+    assert_eq!(
+        w.live().getxattr_sized(id, b"user.a", 5).expect("data"),
+        XattrReply::Data(b"hello".to_vec())
+    );
+    assert_eq!(
+        w.live().getxattr_sized(id, b"user.a", 4).map_err(|e| e.posix_kind()),
+        Err(Some(PosixKind::Range))
+    );
     assert_eq!(w.live().listxattr_sized(id, 0).expect("list size"), XattrReply::Size(14));
-    assert_eq!(w.live().listxattr_sized(id, 13).map_err(|e| e.posix_kind()), Err(Some(PosixKind::Range)));
-    assert_eq!(w.live().getxattr(id, b"user.nope").map_err(|e| e.posix_kind()), Err(Some(PosixKind::NoData)));
-    assert_eq!(w.live().getxattr(id, b"foo.bar").map_err(|e| e.posix_kind()), Err(Some(PosixKind::NotSupported)));
+    assert_eq!(
+        w.live().listxattr_sized(id, 13).map_err(|e| e.posix_kind()),
+        Err(Some(PosixKind::Range))
+    );
+    assert_eq!(
+        w.live().getxattr(id, b"user.nope").map_err(|e| e.posix_kind()),
+        Err(Some(PosixKind::NoData))
+    );
+    assert_eq!(
+        w.live().getxattr(id, b"foo.bar").map_err(|e| e.posix_kind()),
+        Err(Some(PosixKind::NotSupported))
+    );
     w.setxattr(id.root, id.ino, b"btrfs.compression", b"zstd:7", 0).expect("property");
-    assert_eq!(w.live().compression_property(id).expect("prop"), Some(CompressionProperty { kind: CompressionType::Zstd, level: Some(7) }));
+    assert_eq!(
+        w.live().compression_property(id).expect("prop"),
+        Some(CompressionProperty { kind: CompressionType::Zstd, level: Some(7) })
+    );
     w.commit().expect("commit");
     let engine = Engine::from_writer(w);
     assert_eq!(engine.read(|l| l.getxattr(id, b"user.a")).expect("engine read"), b"hello");
-    engine.write(|w| w.setxattr(id.root, id.ino, b"user.c", b"through the engine", 0)).expect("engine write");
+    engine
+        .write(|w| w.setxattr(id.root, id.ino, b"user.c", b"through the engine", 0))
+        .expect("engine write");
     let mut names = engine.read(|l| l.listxattr(id)).expect("engine list");
     names.sort();
-    assert_eq!(names, vec![b"btrfs.compression".to_vec(), b"user.a".to_vec(), b"user.b".to_vec(), b"user.c".to_vec()]);
+    assert_eq!(
+        names,
+        vec![
+            b"btrfs.compression".to_vec(),
+            b"user.a".to_vec(),
+            b"user.b".to_vec(),
+            b"user.c".to_vec()
+        ]
+    );
     // The committed view does not see the uncommitted change.
     let committed = engine.committed().expect("committed");
-    assert_eq!(committed.getxattr(id, b"user.c").map_err(|e| e.posix_kind()), Err(Some(PosixKind::NoData)));
+    assert_eq!(
+        committed.getxattr(id, b"user.c").map_err(|e| e.posix_kind()),
+        Err(Some(PosixKind::NoData))
+    );
     drop(committed);
     engine.commit().expect("commit");
     drop(engine);
@@ -563,7 +755,10 @@ fn ctime_and_the_read_views() {
 /// back by ubtrfs exactly as the kernel lists and reads them.
 #[test]
 fn xattrs_the_kernel_set_read_back() {
-    if !common::kernel_available_with("xattrs_the_kernel_set_read_back", &["/usr/bin/setfattr", "/usr/bin/setfacl"]) {
+    if !common::kernel_available_with(
+        "xattrs_the_kernel_set_read_back",
+        &["/usr/bin/setfattr", "/usr/bin/setfacl"],
+    ) {
         return;
     }
     let s = Scratch::mkfs("xattr-kernel-set", 256 * MIB, &[]);
@@ -572,7 +767,8 @@ fn xattrs_the_kernel_set_read_back() {
     {
         let m = Mount::new(&s.path, true);
         let run = |args: &[&str]| {
-            let o = Command::new(args[0]).args(&args[1..]).current_dir(&m.dir).output().expect("run");
+            let o =
+                Command::new(args[0]).args(&args[1..]).current_dir(&m.dir).output().expect("run");
             assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
         };
         std::fs::write(m.path("f"), b"data").expect("write");
@@ -596,17 +792,35 @@ fn xattrs_the_kernel_set_read_back() {
     for (p, want) in &expect {
         let id = fs.resolve_id(&format!("/{p}"), false).expect("resolve");
         let names = fs.listxattr(id).expect("list");
-        let got: Vec<(Vec<u8>, Vec<u8>)> = names.iter().map(|n| (n.clone(), fs.getxattr(id, n).expect("get"))).collect();
-        assert!(&got == want, "/{p}: ubtrfs reads [{}], the kernel [{}]", summary(&got), summary(want));
+        let got: Vec<(Vec<u8>, Vec<u8>)> =
+            names.iter().map(|n| (n.clone(), fs.getxattr(id, n).expect("get"))).collect();
+        assert!(
+            &got == want,
+            "/{p}: ubtrfs reads [{}], the kernel [{}]",
+            summary(&got),
+            summary(want)
+        );
         let v = fs.load_inode(id, Load::ITEM).expect("inode");
         assert_ne!(v.flags() & INODE_COMPRESS, 0, "/{p}: the property's flag");
         if *p == "f" {
-            assert_eq!(fs.compression_property(id).expect("prop"), Some(CompressionProperty { kind: CompressionType::Zstd, level: None }));
+            assert_eq!(
+                fs.compression_property(id).expect("prop"),
+                Some(CompressionProperty { kind: CompressionType::Zstd, level: None })
+            );
             let root = fs.fs_root(id.root).expect("root");
-            let items = fs.items_in_range(&root, &Key::new(id.ino, key.type_, key.offset), &Key::new(id.ino, key.type_, key.offset)).expect("items");
+            let items = fs
+                .items_in_range(
+                    &root,
+                    &Key::new(id.ino, key.type_, key.offset),
+                    &Key::new(id.ino, key.type_, key.offset),
+                )
+                .expect("items");
             assert_eq!(items.len(), 1, "the colliding names share one item");
         } else {
-            assert_eq!(fs.compression_property(id).expect("prop").map(|c| c.kind), Some(CompressionType::Lzo));
+            assert_eq!(
+                fs.compression_property(id).expect("prop").map(|c| c.kind),
+                Some(CompressionType::Lzo)
+            );
         }
     }
     assert_ne!(fs.sb.incompat_flags.get() & (INCOMPAT_COMPRESS_LZO | INCOMPAT_COMPRESS_ZSTD), 0);
@@ -624,7 +838,11 @@ fn xattrs_the_kernel_set_read_back() {
     assert!(!names.contains(&n1) && names.contains(&n2), "{names:?}");
     assert!(!names.iter().any(|n| n == b"btrfs.compression"), "{names:?}");
     let o = Command::new("lsattr").arg("-d").arg(m.path("f")).output().expect("lsattr");
-    let attrs = String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or_default().to_string();
+    let attrs = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
     assert!(!attrs.contains('c') && !attrs.contains('m'), "lsattr after the reset: {attrs}");
     m.umount();
 }
@@ -633,13 +851,19 @@ fn xattrs_the_kernel_set_read_back() {
 /// with the flag lsattr shows.
 #[test]
 fn btrfs_property_get_sees_what_ubtrfs_set() {
-    if !common::kernel_available_with("btrfs_property_get_sees_what_ubtrfs_set", &["/usr/bin/lsattr"]) {
+    if !common::kernel_available_with(
+        "btrfs_property_get_sees_what_ubtrfs_set",
+        &["/usr/bin/lsattr"],
+    ) {
         return;
     }
     let s = Scratch::mkfs("xattr-propget", 256 * MIB, &[]);
     let mut w = s.writer();
     let root = w.live().root_dir();
-    let mk = |w: &mut FsWriter, n: &[u8]| w.create_file(root.root, root.ino, n, &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    let mk = |w: &mut FsWriter, n: &[u8]| {
+        w.create_file(root.root, root.ino, n, &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
+            .expect("create")
+    };
     let z = mk(&mut w, b"z");
     let n = mk(&mut w, b"n");
     w.setxattr(root.root, z, b"btrfs.compression", b"zstd", 0).expect("zstd");
@@ -649,7 +873,12 @@ fn btrfs_property_get_sees_what_ubtrfs_set() {
     assert_check(&s.path, "after setting properties");
     let m = Mount::new(&s.path, false);
     let prop = |f: &str| {
-        let o = Command::new("btrfs").args(["property", "get"]).arg(m.path(f)).arg("compression").output().expect("btrfs property get");
+        let o = Command::new("btrfs")
+            .args(["property", "get"])
+            .arg(m.path(f))
+            .arg("compression")
+            .output()
+            .expect("btrfs property get");
         String::from_utf8_lossy(&o.stdout).trim().to_string()
     };
     let lsattr = |f: &str| {
@@ -670,15 +899,24 @@ fn a_read_only_subvolume_refuses_xattr_changes() {
     let s = Scratch::mkfs("xattr-rosubvol", 256 * MIB, &[]);
     let mut w = s.writer();
     let root = w.live().root_dir();
-    let f = w.create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    let f = w
+        .create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
+        .expect("create");
     w.setxattr(root.root, f, b"user.a", b"1", 0).expect("set");
     w.set_subvol_readonly(root.root, true).expect("read-only");
     let before = fs_items(&mut w);
-    for r in [w.setxattr(root.root, f, b"user.b", b"1", 0), w.removexattr(root.root, f, b"user.a"), w.setxattr(root.root, f, b"btrfs.compression", b"zstd", 0)] {
+    for r in [
+        w.setxattr(root.root, f, b"user.b", b"1", 0),
+        w.removexattr(root.root, f, b"user.a"),
+        w.setxattr(root.root, f, b"btrfs.compression", b"zstd", 0),
+    ] {
         assert_eq!(r.as_ref().map_err(|e| e.posix_kind()), Err(Some(PosixKind::ReadOnly)), "{r:?}");
     }
     assert!(fs_items(&mut w) == before, "a refused change changed the tree");
-    assert_eq!(w.live().getxattr(InodeId { root: root.root, ino: f }, b"user.a").expect("read"), b"1");
+    assert_eq!(
+        w.live().getxattr(InodeId { root: root.root, ino: f }, b"user.a").expect("read"),
+        b"1"
+    );
 }
 
 /// New inodes take their directory's compression property as the kernel's
@@ -697,11 +935,22 @@ fn new_inodes_inherit_the_compression_property() {
     w.setxattr(r, pn, b"btrfs.compression", b"no", 0).expect("property");
     let mut made = Vec::new();
     for (dir, name, is_dir) in [(pd, &b"x"[..], false), (pd, b"y", true), (pn, b"x", false)] {
-        let ino = if is_dir { w.mkdir(r, dir, name, &InodeAttrs::new(0o755)) } else { w.create_file(r, dir, name, &InodeAttrs::new(0o644)) }.expect("create");
-        let ctime = w.live().load_inode(InodeId { root: r, ino }, Load::ITEM).expect("inode").item.ctime;
+        let ino = if is_dir {
+            w.mkdir(r, dir, name, &InodeAttrs::new(0o755))
+        } else {
+            w.create_file(r, dir, name, &InodeAttrs::new(0o644))
+        }
+        .expect("create");
+        let ctime =
+            w.live().load_inode(InodeId { root: r, ino }, Load::ITEM).expect("inode").item.ctime;
         w.inherit_props(r, dir, ino).expect("inherit");
-        let after = w.live().load_inode(InodeId { root: r, ino }, Load::ITEM).expect("inode").item.ctime;
-        assert_eq!((ctime.sec.get(), ctime.nsec.get()), (after.sec.get(), after.nsec.get()), "inheriting leaves the new inode's times");
+        let after =
+            w.live().load_inode(InodeId { root: r, ino }, Load::ITEM).expect("inode").item.ctime;
+        assert_eq!(
+            (ctime.sec.get(), ctime.nsec.get()),
+            (after.sec.get(), after.nsec.get()),
+            "inheriting leaves the new inode's times"
+        );
         made.push(ino);
     }
     // mknod of a regular file inherits as create does; a fifo takes no property.
@@ -712,19 +961,33 @@ fn new_inodes_inherit_the_compression_property() {
     drop(w);
     assert_check(&s.path, "after inheriting properties");
     let fs = s.reader();
-    let xattrs = |ino| fs.load_inode(InodeId { root: r, ino }, Load { xattrs: true, ..Load::ITEM }).expect("inode");
+    let xattrs = |ino| {
+        fs.load_inode(InodeId { root: r, ino }, Load { xattrs: true, ..Load::ITEM }).expect("inode")
+    };
     for &ino in &made[..2] {
         let v = xattrs(ino);
-        assert_eq!(v.xattrs, vec![(b"btrfs.compression".to_vec(), b"zstd".to_vec())], "ino {ino}: what the kernel gives pd/x and pd/y");
+        assert_eq!(
+            v.xattrs,
+            vec![(b"btrfs.compression".to_vec(), b"zstd".to_vec())],
+            "ino {ino}: what the kernel gives pd/x and pd/y"
+        );
         assert_eq!(v.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_COMPRESS, "ino {ino}");
     }
     let m = xattrs(made[3]);
-    assert_eq!(m.xattrs, vec![(b"btrfs.compression".to_vec(), b"zstd".to_vec())], "pd/m (mknod S_IFREG) inherits");
+    assert_eq!(
+        m.xattrs,
+        vec![(b"btrfs.compression".to_vec(), b"zstd".to_vec())],
+        "pd/m (mknod S_IFREG) inherits"
+    );
     assert_eq!(m.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_COMPRESS, "pd/m");
     assert!(xattrs(made[4]).xattrs.is_empty(), "pd/f (a fifo) takes no property");
     let v = xattrs(made[2]);
     assert!(v.xattrs.is_empty(), "pn/x: {}", summary(&v.xattrs));
-    assert_eq!(v.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS), INODE_NOCOMPRESS, "pn/x: the flag comes from the directory's flags");
+    assert_eq!(
+        v.flags() & (INODE_COMPRESS | INODE_NOCOMPRESS),
+        INODE_NOCOMPRESS,
+        "pn/x: the flag comes from the directory's flags"
+    );
     if common::kernel_available("new_inodes_inherit_the_compression_property") {
         // The kernel, doing the same on a mount, ends with the same xattrs and flags.
         let k = Scratch::mkfs("xattr-inherit-kernel", 256 * MIB, &[]);
@@ -732,24 +995,44 @@ fn new_inodes_inherit_the_compression_property() {
             let m = Mount::new(&k.path, true);
             for (d, v) in [("pd", "zstd:3"), ("pn", "no")] {
                 std::fs::create_dir(m.path(d)).expect("mkdir");
-                let o = Command::new("setfattr").args(["-n", "btrfs.compression", "-v", v]).arg(m.path(d)).output().expect("setfattr");
+                let o = Command::new("setfattr")
+                    .args(["-n", "btrfs.compression", "-v", v])
+                    .arg(m.path(d))
+                    .output()
+                    .expect("setfattr");
                 assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             }
             std::fs::write(m.path("pd/x"), b"").expect("create");
             std::fs::create_dir(m.path("pd/y")).expect("mkdir");
             std::fs::write(m.path("pn/x"), b"").expect("create");
             for (name, mode) in [("pd/m", libc::S_IFREG | 0o644), ("pd/f", libc::S_IFIFO | 0o644)] {
-                let c = std::ffi::CString::new(m.path(name).as_os_str().as_encoded_bytes()).expect("path");
-                // SAFETY: a valid NUL-terminated path; mknod reads nothing else.
-                assert_eq!(unsafe { libc::mknod(c.as_ptr(), mode, 0) }, 0, "mknod {name}: {}", std::io::Error::last_os_error());
+                let c = std::ffi::CString::new(m.path(name).as_os_str().as_encoded_bytes())
+                    .expect("path");
+                assert_eq!(
+                    // SAFETY: a valid NUL-terminated path; mknod reads nothing else.
+                    unsafe { libc::mknod(c.as_ptr(), mode, 0) },
+                    0,
+                    "mknod {name}: {}",
+                    std::io::Error::last_os_error()
+                );
             }
             m.umount();
         }
         let kfs = k.reader();
         for (p, &ino) in ["/pd/x", "/pd/y", "/pn/x", "/pd/m", "/pd/f"].iter().zip(&made) {
-            let kv = kfs.load_inode(kfs.resolve_id(p, false).expect("resolve"), Load { xattrs: true, ..Load::ITEM }).expect("inode");
+            let kv = kfs
+                .load_inode(
+                    kfs.resolve_id(p, false).expect("resolve"),
+                    Load { xattrs: true, ..Load::ITEM },
+                )
+                .expect("inode");
             let ov = xattrs(ino);
-            assert!(kv.xattrs == ov.xattrs, "{p}: kernel [{}], ubtrfs [{}]", summary(&kv.xattrs), summary(&ov.xattrs));
+            assert!(
+                kv.xattrs == ov.xattrs,
+                "{p}: kernel [{}], ubtrfs [{}]",
+                summary(&kv.xattrs),
+                summary(&ov.xattrs)
+            );
             assert_eq!(kv.flags(), ov.flags(), "{p}: inode flags");
         }
     }
@@ -764,7 +1047,9 @@ fn random_operations_against_a_model() {
     let s = Scratch::mkfs("xattr-model", 256 * MIB, &[]);
     let mut w = s.writer();
     let top = w.live().root_dir();
-    let f = w.create_file(top.root, top.ino, b"m", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).expect("create");
+    let f = w
+        .create_file(top.root, top.ino, b"m", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
+        .expect("create");
     let id = InodeId { root: top.root, ino: f };
     let mut names: Vec<Vec<u8>> = (0..10).map(|i| format!("user.n{i}").into_bytes()).collect();
     for p in ["user.p", "user.q", "user.r"] {
@@ -780,7 +1065,12 @@ fn random_operations_against_a_model() {
         if rng.chance(30) {
             let r = w.removexattr(id.root, id.ino, &name);
             let want = if exists { 0 } else { libc::ENODATA };
-            assert_eq!(errno_of(&r), want, "step {step}: remove {}: {r:?}", String::from_utf8_lossy(&name));
+            assert_eq!(
+                errno_of(&r),
+                want,
+                "step {step}: remove {}: {r:?}",
+                String::from_utf8_lossy(&name)
+            );
             model.remove(&name);
         } else {
             let len = if rng.chance(5) { rng.range(1000, 3000) } else { rng.below(200) } as usize;
@@ -792,7 +1082,12 @@ fn random_operations_against_a_model() {
                 (XATTR_REPLACE, false) => libc::ENODATA,
                 _ => 0,
             };
-            assert_eq!(errno_of(&r), want, "step {step}: set {} flags {flags}: {r:?}", String::from_utf8_lossy(&name));
+            assert_eq!(
+                errno_of(&r),
+                want,
+                "step {step}: set {} flags {flags}: {r:?}",
+                String::from_utf8_lossy(&name)
+            );
             if want == 0 {
                 model.insert(name, value);
             }
@@ -803,7 +1098,11 @@ fn random_operations_against_a_model() {
             listed.sort();
             assert_eq!(listed, model.keys().cloned().collect::<Vec<_>>(), "step {step}: names");
             for (n, v) in &model {
-                assert!(&w.live().getxattr(id, n).expect("get") == v, "step {step}: {}", String::from_utf8_lossy(n));
+                assert!(
+                    &w.live().getxattr(id, n).expect("get") == v,
+                    "step {step}: {}",
+                    String::from_utf8_lossy(n)
+                );
             }
             if step % 1000 == 999 {
                 w.commit().expect("commit");
@@ -814,10 +1113,18 @@ fn random_operations_against_a_model() {
     drop(w);
     assert_check(&s.path, "after random xattr operations");
     let fs = s.reader();
-    let ours: Vec<(Vec<u8>, Vec<u8>)> = fs.listxattr(id).expect("list").into_iter().map(|n| (n.clone(), fs.getxattr(id, &n).expect("get"))).collect();
+    let ours: Vec<(Vec<u8>, Vec<u8>)> = fs
+        .listxattr(id)
+        .expect("list")
+        .into_iter()
+        .map(|n| (n.clone(), fs.getxattr(id, &n).expect("get")))
+        .collect();
     let mut sorted = ours.clone();
     sorted.sort();
-    assert!(sorted == model.clone().into_iter().collect::<Vec<_>>(), "the committed image holds the model");
+    assert!(
+        sorted == model.clone().into_iter().collect::<Vec<_>>(),
+        "the committed image holds the model"
+    );
     if common::kernel_available("random_operations_against_a_model") {
         let m = Mount::new(&s.path, false);
         let k = kernel_xattrs(&m.dir, "m");

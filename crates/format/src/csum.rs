@@ -60,7 +60,9 @@ impl CsumType {
         let mut out = [0u8; CSUM_SIZE_MAX];
         match self {
             CsumType::Crc32c => out[..4].copy_from_slice(&crc32c::crc32c(data).to_le_bytes()),
-            CsumType::Xxhash64 => out[..8].copy_from_slice(&xxhash_rust::xxh64::xxh64(data, 0).to_le_bytes()),
+            CsumType::Xxhash64 => {
+                out[..8].copy_from_slice(&xxhash_rust::xxh64::xxh64(data, 0).to_le_bytes())
+            }
             CsumType::Sha256 => out.copy_from_slice(&sha2::Sha256::digest(data)),
             CsumType::Blake2b => out.copy_from_slice(&Blake2b::<U32>::digest(data)),
         }

@@ -47,7 +47,17 @@ pub struct Corrupt {
 
 impl Corrupt {
     pub fn new(what: CorruptWhere, reason: impl Into<String>) -> Corrupt {
-        Corrupt { what, root: None, block: None, slot: None, key: None, ino: None, file_offset: None, logical: None, reason: reason.into() }
+        Corrupt {
+            what,
+            root: None,
+            block: None,
+            slot: None,
+            key: None,
+            ino: None,
+            file_offset: None,
+            logical: None,
+            reason: reason.into(),
+        }
     }
     pub fn block(mut self, bytenr: u64) -> Self {
         self.block = Some(bytenr);
@@ -105,7 +115,12 @@ impl fmt::Display for Corrupt {
         if let Some(l) = self.logical {
             write!(f, "{sep}logical={l}")?;
         }
-        if self.root.is_some() || self.block.is_some() || self.slot.is_some() || self.key.is_some() || self.ino.is_some() {
+        if self.root.is_some()
+            || self.block.is_some()
+            || self.slot.is_some()
+            || self.key.is_some()
+            || self.ino.is_some()
+        {
             write!(f, ",")?;
         }
         write!(f, " {}", self.reason)

@@ -25,8 +25,12 @@ pub const INCOMPAT_EXTENT_TREE_V2: u64 = 1 << 13;
 pub const INCOMPAT_RAID_STRIPE_TREE: u64 = 1 << 14;
 pub const INCOMPAT_SIMPLE_QUOTA: u64 = 1 << 16;
 
-pub const COMPAT_RO_NAMES: &[(u64, &str)] =
-    &[(COMPAT_RO_FREE_SPACE_TREE, "FREE_SPACE_TREE"), (COMPAT_RO_FREE_SPACE_TREE_VALID, "FREE_SPACE_TREE_VALID"), (COMPAT_RO_VERITY, "VERITY"), (COMPAT_RO_BLOCK_GROUP_TREE, "BLOCK_GROUP_TREE")];
+pub const COMPAT_RO_NAMES: &[(u64, &str)] = &[
+    (COMPAT_RO_FREE_SPACE_TREE, "FREE_SPACE_TREE"),
+    (COMPAT_RO_FREE_SPACE_TREE_VALID, "FREE_SPACE_TREE_VALID"),
+    (COMPAT_RO_VERITY, "VERITY"),
+    (COMPAT_RO_BLOCK_GROUP_TREE, "BLOCK_GROUP_TREE"),
+];
 
 pub const INCOMPAT_NAMES: &[(u64, &str)] = &[
     (INCOMPAT_MIXED_BACKREF, "MIXED_BACKREF"),
@@ -63,7 +67,10 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_BACKREF
     | INCOMPAT_RAID1C34
     | INCOMPAT_SIMPLE_QUOTA;
 
-pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_FREE_SPACE_TREE | COMPAT_RO_FREE_SPACE_TREE_VALID | COMPAT_RO_VERITY | COMPAT_RO_BLOCK_GROUP_TREE;
+pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_FREE_SPACE_TREE
+    | COMPAT_RO_FREE_SPACE_TREE_VALID
+    | COMPAT_RO_VERITY
+    | COMPAT_RO_BLOCK_GROUP_TREE;
 
 /// Superblock `flags` bits.
 pub const SUPER_FLAG_ERROR: u64 = 1 << 2;
@@ -151,9 +158,21 @@ mod tests {
     #[test]
     fn verdicts() {
         assert_eq!(check_features(0x361, 0x3), FeatureVerdict::ReadWrite);
-        assert_eq!(check_features(1 << 40, 0), FeatureVerdict::Refuse { unsupported_incompat: 1 << 40 });
-        assert_eq!(check_features(INCOMPAT_RAID56, 0), FeatureVerdict::Refuse { unsupported_incompat: INCOMPAT_RAID56 });
-        assert_eq!(check_features(0, 1 << 20), FeatureVerdict::ReadOnly { unknown_compat_ro: 1 << 20 });
-        assert_eq!(flag_names(0x301 | (1 << 40), INCOMPAT_NAMES), "MIXED_BACKREF|SKINNY_METADATA|NO_HOLES|unknown(0x10000000000)");
+        assert_eq!(
+            check_features(1 << 40, 0),
+            FeatureVerdict::Refuse { unsupported_incompat: 1 << 40 }
+        );
+        assert_eq!(
+            check_features(INCOMPAT_RAID56, 0),
+            FeatureVerdict::Refuse { unsupported_incompat: INCOMPAT_RAID56 }
+        );
+        assert_eq!(
+            check_features(0, 1 << 20),
+            FeatureVerdict::ReadOnly { unknown_compat_ro: 1 << 20 }
+        );
+        assert_eq!(
+            flag_names(0x301 | (1 << 40), INCOMPAT_NAMES),
+            "MIXED_BACKREF|SKINNY_METADATA|NO_HOLES|unknown(0x10000000000)"
+        );
     }
 }

@@ -54,7 +54,13 @@ impl From<DiskKey> for Key {
 impl fmt::Display for Key {
     /// Print like `btrfs inspect-internal dump-tree`: `(256 INODE_ITEM 0)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "({} {} {})", objectid_name(self.objectid, self.type_), item_type_name(self.type_), offset_str(self.type_, self.offset))
+        write!(
+            f,
+            "({} {} {})",
+            objectid_name(self.objectid, self.type_),
+            item_type_name(self.type_),
+            offset_str(self.type_, self.offset)
+        )
     }
 }
 
@@ -96,7 +102,10 @@ pub const LAST_FREE_OBJECTID: u64 = (-256i64) as u64;
 
 /// Is `id` a subvolume-like tree (fs tree, subvolumes, snapshots, data-reloc, reloc)?
 pub fn is_fstree(id: u64) -> bool {
-    id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id) || id == DATA_RELOC_TREE_OBJECTID || id == TREE_RELOC_OBJECTID
+    id == FS_TREE_OBJECTID
+        || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id)
+        || id == DATA_RELOC_TREE_OBJECTID
+        || id == TREE_RELOC_OBJECTID
 }
 
 /// The kernel's `btrfs_is_fstree`, which the tree checker's rules use: tree 5, or an id
@@ -224,7 +233,13 @@ pub fn objectid_name(objectid: u64, type_: u8) -> String {
     if type_ == PERSISTENT_ITEM_KEY && objectid == DEV_STATS_OBJECTID {
         return "DEV_STATS".to_string();
     }
-    if type_ == DEV_EXTENT_KEY || type_ == QGROUP_RELATION_KEY || type_ == QGROUP_INFO_KEY || type_ == QGROUP_LIMIT_KEY || type_ == UUID_KEY_SUBVOL || type_ == UUID_KEY_RECEIVED_SUBVOL {
+    if type_ == DEV_EXTENT_KEY
+        || type_ == QGROUP_RELATION_KEY
+        || type_ == QGROUP_INFO_KEY
+        || type_ == QGROUP_LIMIT_KEY
+        || type_ == UUID_KEY_SUBVOL
+        || type_ == UUID_KEY_RECEIVED_SUBVOL
+    {
         return objectid.to_string();
     }
     if type_ == DEV_ITEM_KEY && objectid == DEV_ITEMS_OBJECTID {

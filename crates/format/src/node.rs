@@ -66,7 +66,8 @@ impl<'a> NodeRef<'a> {
     /// The item header of leaf slot `slot`.
     pub fn item(&self, slot: usize) -> &'a Item {
         let off = HEADER_SIZE + slot * ITEM_SIZE;
-        Item::ref_from_bytes(&self.buf[off..off + ITEM_SIZE]).expect("item header is unaligned 25 bytes")
+        Item::ref_from_bytes(&self.buf[off..off + ITEM_SIZE])
+            .expect("item header is unaligned 25 bytes")
     }
 
     /// The key of slot `slot` (leaf item or node pointer).
@@ -95,7 +96,8 @@ impl<'a> NodeRef<'a> {
 
     pub fn key_ptr(&self, slot: usize) -> &'a KeyPtr {
         let off = HEADER_SIZE + slot * KEY_PTR_SIZE;
-        KeyPtr::ref_from_bytes(&self.buf[off..off + KEY_PTR_SIZE]).expect("key ptr is unaligned 33 bytes")
+        KeyPtr::ref_from_bytes(&self.buf[off..off + KEY_PTR_SIZE])
+            .expect("key ptr is unaligned 33 bytes")
     }
 
     pub fn blockptr(&self, slot: usize) -> u64 {
@@ -122,7 +124,11 @@ impl<'a> NodeRef<'a> {
     /// Bytes free in a leaf (between the item array and the packed data).
     pub fn leaf_free_space(&self) -> usize {
         let n = self.nritems();
-        let data_start = if n == 0 { self.buf.len() - HEADER_SIZE } else { self.item(n - 1).offset.get() as usize };
+        let data_start = if n == 0 {
+            self.buf.len() - HEADER_SIZE
+        } else {
+            self.item(n - 1).offset.get() as usize
+        };
         data_start - n * ITEM_SIZE
     }
 }
@@ -225,7 +231,10 @@ impl<'a> NodeMut<'a> {
         };
         if slot < n {
             // Shift the data of items slot.. down by `size`, then their headers right.
-            self.buf.copy_within(HEADER_SIZE + data_end..HEADER_SIZE + old_data, HEADER_SIZE + data_end - size);
+            self.buf.copy_within(
+                HEADER_SIZE + data_end..HEADER_SIZE + old_data,
+                HEADER_SIZE + data_end - size,
+            );
             for i in slot..n {
                 let it = self.item_mut(i);
                 it.offset = (it.offset.get() - size as u32).into();
@@ -249,9 +258,13 @@ impl<'a> NodeMut<'a> {
         assert!(nr > 0 && slot + nr <= n, "delete {nr} items at {slot} of {n}");
         let data_end = self.leaf_data_end();
         let last_off = self.as_ref().item(slot + nr - 1).offset.get() as usize;
-        let dsize: usize = (slot..slot + nr).map(|i| self.as_ref().item(i).size.get() as usize).sum();
+        let dsize: usize =
+            (slot..slot + nr).map(|i| self.as_ref().item(i).size.get() as usize).sum();
         if slot + nr < n {
-            self.buf.copy_within(HEADER_SIZE + data_end..HEADER_SIZE + last_off, HEADER_SIZE + data_end + dsize);
+            self.buf.copy_within(
+                HEADER_SIZE + data_end..HEADER_SIZE + last_off,
+                HEADER_SIZE + data_end + dsize,
+            );
             for i in slot + nr..n {
                 let it = self.item_mut(i);
                 it.offset = (it.offset.get() + dsize as u32).into();
@@ -272,7 +285,10 @@ impl<'a> NodeMut<'a> {
             let it = self.as_ref().item(slot);
             (it.offset.get() as usize, it.size.get() as usize)
         };
-        self.buf.copy_within(HEADER_SIZE + data_end..HEADER_SIZE + off + size, HEADER_SIZE + data_end - by);
+        self.buf.copy_within(
+            HEADER_SIZE + data_end..HEADER_SIZE + off + size,
+            HEADER_SIZE + data_end - by,
+        );
         for i in slot..n {
             let it = self.item_mut(i);
             it.offset = (it.offset.get() - by as u32).into();
@@ -297,7 +313,10 @@ impl<'a> NodeMut<'a> {
         if delta == 0 {
             return;
         }
-        self.buf.copy_within(HEADER_SIZE + data_end..HEADER_SIZE + off + new_size, HEADER_SIZE + data_end + delta);
+        self.buf.copy_within(
+            HEADER_SIZE + data_end..HEADER_SIZE + off + new_size,
+            HEADER_SIZE + data_end + delta,
+        );
         for i in slot..n {
             let it = self.item_mut(i);
             it.offset = (it.offset.get() + delta as u32).into();
@@ -308,7 +327,10 @@ impl<'a> NodeMut<'a> {
     /// Insert a node pointer at `slot`.
     pub fn insert_ptr(&mut self, slot: usize, key: &Key, blockptr: u64, generation: u64) {
         let n = self.as_ref().nritems();
-        assert!(slot <= n && n < max_node_ptrs(self.buf.len() as u32), "insert ptr at {slot} of {n}");
+        assert!(
+            slot <= n && n < max_node_ptrs(self.buf.len() as u32),
+            "insert ptr at {slot} of {n}"
+        );
         let src = HEADER_SIZE + slot * KEY_PTR_SIZE;
         self.buf.copy_within(src..HEADER_SIZE + n * KEY_PTR_SIZE, src + KEY_PTR_SIZE);
         self.set_ptr(slot, key, blockptr, generation);

@@ -28,12 +28,16 @@ pub fn check_super(buf: &[u8], expect_bytenr: u64) -> Result<Superblock> {
     if sb.magic.get() != MAGIC {
         return Err(sb_err(format!("bad magic {:#018x}, expect {:#018x}", sb.magic.get(), MAGIC)));
     }
-    let csum_type = CsumType::from_raw(sb.csum_type.get()).ok_or_else(|| sb_err(format!("unsupported checksum algorithm {}", sb.csum_type.get())))?;
+    let csum_type = CsumType::from_raw(sb.csum_type.get())
+        .ok_or_else(|| sb_err(format!("unsupported checksum algorithm {}", sb.csum_type.get())))?;
     if !csum_type.verify(&buf[CSUM_SIZE..SUPER_INFO_SIZE], &sb.csum) {
         return Err(sb_err(format!("superblock checksum mismatch ({})", csum_type.name())));
     }
     if sb.bytenr.get() != expect_bytenr {
-        return Err(sb_err(format!("superblock bytenr {} does not match its location {expect_bytenr}", sb.bytenr.get())));
+        return Err(sb_err(format!(
+            "superblock bytenr {} does not match its location {expect_bytenr}",
+            sb.bytenr.get()
+        )));
     }
     let ss = sb.sectorsize.get();
     let ns = sb.nodesize.get();
@@ -47,19 +51,29 @@ pub fn check_super(buf: &[u8], expect_bytenr: u64) -> Result<Superblock> {
         return Err(sb_err(format!("leafsize {} != nodesize {ns}", sb.leafsize.get())));
     }
     // As btrfs_validate_super: alignment only (a root at 0 fails when it is read).
-    for (name, v) in [("tree_root", sb.root.get()), ("chunk_root", sb.chunk_root.get()), ("log_root", sb.log_root.get())] {
+    for (name, v) in [
+        ("tree_root", sb.root.get()),
+        ("chunk_root", sb.chunk_root.get()),
+        ("log_root", sb.log_root.get()),
+    ] {
         if v % u64::from(ss) != 0 {
             return Err(sb_err(format!("{name} block unaligned: {v}")));
         }
     }
-    for (name, l) in [("root_level", sb.root_level), ("chunk_root_level", sb.chunk_root_level), ("log_root_level", sb.log_root_level)] {
+    for (name, l) in [
+        ("root_level", sb.root_level),
+        ("chunk_root_level", sb.chunk_root_level),
+        ("log_root_level", sb.log_root_level),
+    ] {
         if l >= MAX_LEVEL {
             return Err(sb_err(format!("{name} too big: {l} >= {MAX_LEVEL}")));
         }
     }
     let arr = sb.sys_chunk_array_size.get() as usize;
     if arr > SYSTEM_CHUNK_ARRAY_SIZE {
-        return Err(sb_err(format!("system chunk array too big {arr} > {SYSTEM_CHUNK_ARRAY_SIZE}")));
+        return Err(sb_err(format!(
+            "system chunk array too big {arr} > {SYSTEM_CHUNK_ARRAY_SIZE}"
+        )));
     }
     if arr < core::mem::size_of::<DiskKey>() + chunk_item_min() {
         return Err(sb_err(format!("system chunk array too small {arr}")));
@@ -91,8 +105,10 @@ pub fn sys_chunk_array(sb: &Superblock) -> Result<Vec<(Key, ChunkView)>> {
     let mut pos = 0usize;
     while pos < arr.len() {
         let at = pos;
-        let bad = |r: String| Corrupt::new(CorruptWhere::SysChunkArray, format!("{r} at offset {at}"));
-        let (dk, _) = DiskKey::ref_from_prefix(&arr[pos..]).map_err(|_| bad("truncated key".into()))?;
+        let bad =
+            |r: String| Corrupt::new(CorruptWhere::SysChunkArray, format!("{r} at offset {at}"));
+        let (dk, _) =
+            DiskKey::ref_from_prefix(&arr[pos..]).map_err(|_| bad("truncated key".into()))?;
         let key = Key::from(dk);
         // validate_sys_chunk_array checks the key type only.
         if key.type_ != CHUNK_ITEM_KEY {
@@ -102,7 +118,10 @@ pub fn sys_chunk_array(sb: &Superblock) -> Result<Vec<(Key, ChunkView)>> {
         let (c, used) = chunk(&arr[pos..]).map_err(&bad)?;
         crate::items::check_chunk(&c, key.offset, sb.sectorsize.get()).map_err(&bad)?;
         if c.type_ & BLOCK_GROUP_SYSTEM == 0 {
-            return Err(bad(format!("chunk {} in the system array is not SYSTEM (type {:#x})", key.offset, c.type_)));
+            return Err(bad(format!(
+                "chunk {} in the system array is not SYSTEM (type {:#x})",
+                key.offset, c.type_
+            )));
         }
         pos += used;
         out.push((key, c));
@@ -157,9 +176,11 @@ mod tests {
     fn as_strict_as_btrfs_validate_super() {
         check_super(&sb(|_| {}), AT).expect("valid superblock");
         // What the kernel only warns about or never reads.
-        check_super(&sb(|s| s.num_devices = (1u64 << 40).into()), AT).expect("a suspicious number of devices");
+        check_super(&sb(|s| s.num_devices = (1u64 << 40).into()), AT)
+            .expect("a suspicious number of devices");
         check_super(&sb(|s| s.root_dir_objectid = 0.into()), AT).expect("root_dir objectid");
-        check_super(&sb(|s| s.chunk_root_generation = 9.into()), AT).expect("generation older than the chunk root's");
+        check_super(&sb(|s| s.chunk_root_generation = 9.into()), AT)
+            .expect("generation older than the chunk root's");
         check_super(&sb(|s| s.root = 0.into()), AT).expect("tree root at 0 (fails when read)");
         check_super(&sb(|s| s.sys_chunk_array[0] = 7), AT).expect("sys array key objectid");
         // The kernel's rules.

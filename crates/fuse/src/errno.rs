@@ -18,7 +18,10 @@ pub fn errno_of(e: &Error) -> Errno {
 pub fn raw_errno(e: &Error) -> i32 {
     match e.inner() {
         Error::Posix { kind, .. } => kind.errno(),
-        Error::Io { source, .. } => source.raw_os_error().filter(|&n| n == libc::ENOSPC || n == libc::EDQUOT).unwrap_or(libc::EIO),
+        Error::Io { source, .. } => source
+            .raw_os_error()
+            .filter(|&n| n == libc::ENOSPC || n == libc::EDQUOT)
+            .unwrap_or(libc::EIO),
         Error::Corrupt(_) => libc::EUCLEAN,
         Error::Incompatible(_) => libc::EROFS,
         Error::At { .. } => unreachable!("inner() looks through At"),
@@ -43,8 +46,14 @@ mod tests {
     fn each_family_has_its_errno() {
         assert_eq!(raw_errno(&Error::posix(PosixKind::NotEmpty, "/d")), libc::ENOTEMPTY);
         assert_eq!(raw_errno(&Error::posix(PosixKind::NotFound, "/x").at("lookup")), libc::ENOENT);
-        assert_eq!(raw_errno(&Error::io("read", std::io::Error::from_raw_os_error(libc::EBADF))), libc::EIO);
-        assert_eq!(raw_errno(&Error::io("write", std::io::Error::from_raw_os_error(libc::ENOSPC))), libc::ENOSPC);
+        assert_eq!(
+            raw_errno(&Error::io("read", std::io::Error::from_raw_os_error(libc::EBADF))),
+            libc::EIO
+        );
+        assert_eq!(
+            raw_errno(&Error::io("write", std::io::Error::from_raw_os_error(libc::ENOSPC))),
+            libc::ENOSPC
+        );
         assert_eq!(raw_errno(&Error::Incompatible("x".into())), libc::EROFS);
         let c = ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, "bad");
         assert_eq!(raw_errno(&Error::from(c)), libc::EUCLEAN);

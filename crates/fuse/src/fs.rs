@@ -23,8 +23,10 @@ use crate::errno::{errno_of, loggable};
 use crate::ino::{FuseIno, InoMap, Placeholders};
 use crate::options::{IdMap, MountOptions};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite, ReplyXattr, Request, StatxExtra, TimeOrNow,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyStatx, ReplyWrite,
+    ReplyXattr, Request, StatxExtra, TimeOrNow,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -81,7 +83,11 @@ struct Handle {
 /// The stream entries of `list` after `offset`: (offset, entry), None for `.` and `..`.
 fn dirents(list: &[DirEntry], offset: u64) -> impl Iterator<Item = (u64, Option<&DirEntry>)> {
     let start = list.partition_point(|e| e.index + 2 <= offset);
-    [1u64, 2].into_iter().filter(move |&o| o > offset).map(|o| (o, None)).chain(list[start..].iter().map(|e| (e.index + 2, Some(e))))
+    [1u64, 2]
+        .into_iter()
+        .filter(move |&o| o > offset)
+        .map(|o| (o, None))
+        .chain(list[start..].iter().map(|e| (e.index + 2, Some(e))))
 }
 
 /// The filesystem the FUSE session serves.
@@ -185,9 +191,17 @@ fn name_of(n: &OsStr) -> &[u8] {
 
 impl UbtrfsFs {
     /// Serve `engine` with its directory `top` as the mount's root.
-    pub fn new(engine: Arc<Engine>, top: InodeId, opts: MountOptions, mountpoint: &Path, notifier: Arc<std::sync::OnceLock<fuser::Notifier>>, cleaner: std::sync::mpsc::Sender<()>) -> UbtrfsFs {
+    pub fn new(
+        engine: Arc<Engine>,
+        top: InodeId,
+        opts: MountOptions,
+        mountpoint: &Path,
+        notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+        cleaner: std::sync::mpsc::Sender<()>,
+    ) -> UbtrfsFs {
         let sectorsize = engine.info().super_copy().sectorsize.get();
-        let mountpoint = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+        let mountpoint =
+            std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
         UbtrfsFs {
             engine,
             map: InoMap { top },
@@ -248,7 +262,9 @@ impl UbtrfsFs {
             ino: INodeNo(n),
             size: ii.size.get(),
             // btrfs_getattr: the bytes rounded up to the block size, in 512-byte units.
-            blocks: ii.nbytes.get().div_ceil(u64::from(self.sectorsize)) * u64::from(self.sectorsize) / 512,
+            blocks: ii.nbytes.get().div_ceil(u64::from(self.sectorsize))
+                * u64::from(self.sectorsize)
+                / 512,
             atime: system_time(&ii.atime),
             mtime: system_time(&ii.mtime),
             ctime: system_time(&ii.ctime),
@@ -310,7 +326,12 @@ impl UbtrfsFs {
     /// next stat asks again (getattr) and shows the right one.
     fn reply_root(&self, reply: ReplyEntry) {
         match self.engine.getattr(self.map.top) {
-            Ok(ii) => reply.entry_with_ttls(&Duration::ZERO, &TTL, &self.attr_with_number(FuseIno::ROOT.0, &ii), Generation(0)),
+            Ok(ii) => reply.entry_with_ttls(
+                &Duration::ZERO,
+                &TTL,
+                &self.attr_with_number(FuseIno::ROOT.0, &ii),
+                Generation(0),
+            ),
             Err(e) => reply.error(self.fail("lookup", &e)),
         }
     }
@@ -335,7 +356,11 @@ impl UbtrfsFs {
             // number is only this mount's, too: after a remount it may be another
             // entry's. The root is node id 1 alone, so its encoded number is not one.
             if id == self.map.top || id.is_placeholder() {
-                return Err(Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no inode a file handle can name has this FUSE number"));
+                return Err(Error::posix_detail(
+                    PosixKind::NotFound,
+                    format!("node id {}", n.0),
+                    "no inode a file handle can name has this FUSE number",
+                ));
             }
             self.engine.lookup_inode(id)?;
             self.getattr_of(id).inspect_err(|_| {
@@ -372,7 +397,13 @@ impl UbtrfsFs {
                 // go, and then getattr below fails (ENOENT: ESTALE) or the kernel's
                 // reconnect finds no name for `id` there (ESTALE), as it would race on
                 // any filesystem.
-                self.engine.read(|v| v.lookup_parent(id))?.ok_or_else(|| Error::posix_detail(PosixKind::NotFound, id.to_string(), "no directory holds it"))?
+                self.engine.read(|v| v.lookup_parent(id))?.ok_or_else(|| {
+                    Error::posix_detail(
+                        PosixKind::NotFound,
+                        id.to_string(),
+                        "no directory holds it",
+                    )
+                })?
             };
             if parent == self.map.top {
                 return Ok(None);
@@ -414,7 +445,9 @@ impl UbtrfsFs {
         if fsetid {
             return Ok(None);
         }
-        let m = ubtrfs_core::inode::write::mode_without_privs(mode, item.gid.get(), &|g| self.caller_in_group(req, &groups, g));
+        let m = ubtrfs_core::inode::write::mode_without_privs(mode, item.gid.get(), &|g| {
+            self.caller_in_group(req, &groups, g)
+        });
         Ok(Some(m & 0o7777).filter(|_| m != mode))
     }
 
@@ -423,7 +456,13 @@ impl UbtrfsFs {
     /// in the file's group nor has CAP_FSETID. The kernel's FUSE sends that decision as
     /// FUSE_SETXATTR_ACL_KILL_SGID only with FUSE_SETXATTR_EXT, which fuser does not
     /// speak, so the daemon makes it from the caller's credentials.
-    fn acl_kills_sgid(&self, req: &Request, id: InodeId, name: &[u8], value: &[u8]) -> Result<bool> {
+    fn acl_kills_sgid(
+        &self,
+        req: &Request,
+        id: InodeId,
+        name: &[u8],
+        value: &[u8],
+    ) -> Result<bool> {
         if name != b"system.posix_acl_access" || value.is_empty() {
             return Ok(false);
         }
@@ -479,7 +518,13 @@ impl UbtrfsFs {
     /// the ACL rules: with FUSE_POSIX_ACL and FUSE_DONT_MASK the kernel leaves the
     /// umask to us, which applies only where the directory has no default ACL; a
     /// default ACL is inherited instead (`posix_acl_create`), in the same handle.
-    fn make_with_acls(w: &mut FsWriter, dir: InodeId, mut a: InodeAttrs, umask: u32, create: impl FnOnce(&mut FsWriter, &InodeAttrs) -> Result<u64>) -> Result<u64> {
+    fn make_with_acls(
+        w: &mut FsWriter,
+        dir: InodeId,
+        mut a: InodeAttrs,
+        umask: u32,
+        create: impl FnOnce(&mut FsWriter, &InodeAttrs) -> Result<u64>,
+    ) -> Result<u64> {
         w.check_root_writable(dir.root)?;
         let acls = w.acl_for_new_inode(dir, a.mode, umask)?;
         a.mode = acls.mode;
@@ -490,14 +535,22 @@ impl UbtrfsFs {
         // there comes after the inode was made, and aborts.
         let ino = create(w, &a)?;
         if acls.access.is_some() || acls.default.is_some() {
-            w.transaction("inherit ACLs", 2, |w| w.acl_init(InodeId { root: dir.root, ino }, &acls))?;
+            w.transaction("inherit ACLs", 2, |w| {
+                w.acl_init(InodeId { root: dir.root, ino }, &acls)
+            })?;
         }
         Ok(ino)
     }
 
     /// Make an inode in `parent` with `make` (given the writer, the directory's item),
     /// and reply with its entry.
-    fn make(&self, what: &str, parent: INodeNo, reply: ReplyEntry, make: impl Fn(&mut ubtrfs_core::transaction::FsWriter, InodeId, &InodeItem) -> Result<u64>) {
+    fn make(
+        &self,
+        what: &str,
+        parent: INodeNo,
+        reply: ReplyEntry,
+        make: impl Fn(&mut ubtrfs_core::transaction::FsWriter, InodeId, &InodeItem) -> Result<u64>,
+    ) {
         let r = self.id(parent).and_then(|dir| {
             self.writable()?;
             let ino = self.engine.write_retrying(|w| {
@@ -513,7 +566,14 @@ impl UbtrfsFs {
     }
 
     /// unlink and rmdir: `remove` (the engine's) of `name` in `parent`.
-    fn remove(&self, what: &str, parent: INodeNo, name: &OsStr, reply: ReplyEmpty, remove: fn(&Engine, u64, u64, &[u8]) -> Result<()>) {
+    fn remove(
+        &self,
+        what: &str,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: ReplyEmpty,
+        remove: fn(&Engine, u64, u64, &[u8]) -> Result<()>,
+    ) {
         let r = self.id(parent).and_then(|dir| {
             self.writable()?;
             remove(&self.engine, dir.root, dir.ino, name_of(name))
@@ -539,7 +599,9 @@ impl UbtrfsFs {
     }
 
     fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>> {
-        self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned().ok_or_else(|| Error::posix_detail(PosixKind::Invalid, format!("file handle {}", fh.0), "not open"))
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned().ok_or_else(
+            || Error::posix_detail(PosixKind::Invalid, format!("file handle {}", fh.0), "not open"),
+        )
     }
 
     fn release_handle(&self, fh: FileHandle) -> Result<()> {
@@ -556,7 +618,13 @@ impl UbtrfsFs {
 
     /// Close every handle still open (at unmount).
     pub fn close_all(&self) {
-        let all: Vec<Arc<Handle>> = self.handles.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, h)| h).collect();
+        let all: Vec<Arc<Handle>> = self
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, h)| h)
+            .collect();
         for h in all {
             if let Ok(h) = Arc::try_unwrap(h) {
                 if let Err(e) = h.file.close() {
@@ -567,10 +635,17 @@ impl UbtrfsFs {
     }
 
     /// The listing of directory handle `fh`, read afresh at offset 0.
-    fn listing(&self, ino: INodeNo, fh: FileHandle, offset: u64) -> Result<(InodeId, Arc<Vec<DirEntry>>)> {
+    fn listing(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+    ) -> Result<(InodeId, Arc<Vec<DirEntry>>)> {
         let id = self.id(ino)?;
         let h = self.handle(fh)?;
-        let Some(listing) = &h.listing else { return Err(Error::posix(PosixKind::NotDir, id.to_string())) };
+        let Some(listing) = &h.listing else {
+            return Err(Error::posix(PosixKind::NotDir, id.to_string()));
+        };
         let mut l = listing.lock().unwrap_or_else(|p| p.into_inner());
         if offset == 0 {
             *l = Arc::new(self.engine.read(|v| v.readdir(id))?);
@@ -596,8 +671,12 @@ impl UbtrfsFs {
     fn open_flags(&self, ino: INodeNo) -> FopenFlags {
         let t = self.engine.info().sources.clock.now();
         let now = Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() };
-        let moves = |ii: InodeItem| ubtrfs_core::inode::atime::atime_needs_update(&ii, now, self.opts.atime);
-        let stale = !self.opts.read_only && !self.opts.state.remounted_ro() && self.id(ino).and_then(|id| self.engine.getattr(id)).is_ok_and(moves);
+        let moves = |ii: InodeItem| {
+            ubtrfs_core::inode::atime::atime_needs_update(&ii, now, self.opts.atime)
+        };
+        let stale = !self.opts.read_only
+            && !self.opts.state.remounted_ro()
+            && self.id(ino).and_then(|id| self.engine.getattr(id)).is_ok_and(moves);
         if stale {
             FopenFlags::FOPEN_NOFLUSH
         } else {
@@ -632,7 +711,11 @@ impl UbtrfsFs {
             // A placeholder has no fileattr operations (EOPNOTSUPP, as chattr reports
             // on the kernel's).
             FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS | FS_IOC_FSGETXATTR if id.is_placeholder() => {
-                Err(Error::posix_detail(PosixKind::NotSupported, id.to_string(), "an empty subvolume placeholder has no flags"))
+                Err(Error::posix_detail(
+                    PosixKind::NotSupported,
+                    id.to_string(),
+                    "an empty subvolume placeholder has no flags",
+                ))
             }
             FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
                 let ii = self.engine.getattr(id)?;
@@ -641,7 +724,13 @@ impl UbtrfsFs {
             }
             FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
                 self.writable()?;
-                let f = in_data.get(..4).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, id.to_string(), "FS_IOC_SETFLAGS without its flags"))?;
+                let f = in_data.get(..4).ok_or_else(|| {
+                    Error::posix_detail(
+                        PosixKind::Invalid,
+                        id.to_string(),
+                        "FS_IOC_SETFLAGS without its flags",
+                    )
+                })?;
                 let f = u32::from_le_bytes(f.try_into().expect("four bytes"));
                 self.engine.write_retrying(|w| w.set_fsflags(id.root, id.ino, f))?;
                 // The kernel's FUSE fileattr_set keeps its cached attributes, and the
@@ -651,19 +740,33 @@ impl UbtrfsFs {
             }
             FS_IOC_FSSETXATTR => {
                 self.writable()?;
-                let x = in_data.get(..28).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, id.to_string(), "FS_IOC_FSSETXATTR without its struct fsxattr"))?;
-                let word = |i: usize| u32::from_le_bytes(x[i * 4..i * 4 + 4].try_into().expect("four bytes"));
+                let x = in_data.get(..28).ok_or_else(|| {
+                    Error::posix_detail(
+                        PosixKind::Invalid,
+                        id.to_string(),
+                        "FS_IOC_FSSETXATTR without its struct fsxattr",
+                    )
+                })?;
+                let word = |i: usize| {
+                    u32::from_le_bytes(x[i * 4..i * 4 + 4].try_into().expect("four bytes"))
+                };
                 // struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid,
                 // fsx_cowextsize. btrfs takes only the flags FS_IOC_SETFLAGS knows
                 // (btrfs_fileattr_set: EOPNOTSUPP for anything `fileattr_has_fsx`
                 // finds: other xflags, an extent size, a project id).
                 let (xflags, extsize, projid, cowextsize) = (word(0), word(1), word(3), word(4));
-                if xflags & !FS_XFLAG_COMMON != 0 || extsize != 0 || projid != 0 || cowextsize != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotSupported, id.to_string(), "btrfs keeps no XFS attributes beyond the common inode flags"));
+                if xflags & !FS_XFLAG_COMMON != 0 || extsize != 0 || projid != 0 || cowextsize != 0
+                {
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        id.to_string(),
+                        "btrfs keeps no XFS attributes beyond the common inode flags",
+                    ));
                 }
                 // vfs_fileattr_set: the flags fsxattr cannot say (nocow, compression,
                 // dirsync...) stay as they are.
-                let old = ubtrfs_core::inode::attr::fsflags_of(self.engine.getattr(id)?.flags.get());
+                let old =
+                    ubtrfs_core::inode::attr::fsflags_of(self.engine.getattr(id)?.flags.get());
                 let f = (old & !FS_COMMON_FL) | fs_flags_of_xflags(xflags);
                 self.engine.write_retrying(|w| w.set_fsflags(id.root, id.ino, f))?;
                 self.invalidate_attrs(id);
@@ -679,7 +782,11 @@ impl UbtrfsFs {
                 out.truncate(out_size as usize);
                 Ok(out)
             }
-            _ => Err(Error::posix_detail(PosixKind::NotSupported, id.to_string(), format!("ioctl {cmd:#x}"))),
+            _ => Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                id.to_string(),
+                format!("ioctl {cmd:#x}"),
+            )),
         }
     }
 }
@@ -687,7 +794,15 @@ impl UbtrfsFs {
 /// (FS_*_FL, FS_XFLAG_*) pairs the kernel converts (`fileattr_fill_flags`,
 /// `fileattr_fill_xflags`): immutable, append, sync, nodump, noatime, DAX,
 /// project inherit.
-const FL_XFLAG_PAIRS: [(u32, u32); 7] = [(0x10, 0x8), (0x20, 0x10), (0x8, 0x20), (0x40, 0x80), (0x80, 0x40), (0x0200_0000, 0x8000), (0x2000_0000, 0x200)];
+const FL_XFLAG_PAIRS: [(u32, u32); 7] = [
+    (0x10, 0x8),
+    (0x20, 0x10),
+    (0x8, 0x20),
+    (0x40, 0x80),
+    (0x80, 0x40),
+    (0x0200_0000, 0x8000),
+    (0x2000_0000, 0x200),
+];
 /// FS_COMMON_FL and FS_XFLAG_COMMON: the flags both ioctls can say.
 const FS_COMMON_FL: u32 = 0x10 | 0x20 | 0x8 | 0x40 | 0x80 | 0x0200_0000 | 0x2000_0000;
 const FS_XFLAG_COMMON: u32 = 0x8 | 0x10 | 0x20 | 0x80 | 0x40 | 0x8000 | 0x200;
@@ -824,12 +939,26 @@ impl fuser::Filesystem for UbtrfsFs {
                 // writeback cache, which sends no FATTR_CTIME) of nothing at all; no
                 // other call makes an empty one (utimensat with two UTIME_OMITs stops
                 // in the VFS).
-                kill_privs: uid.is_some() || gid.is_some() || (mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none()),
+                kill_privs: uid.is_some()
+                    || gid.is_some()
+                    || (mode.is_none() && size.is_none() && atime.is_none() && mtime.is_none()),
             };
             // A truncation by a caller without CAP_FSETID: `should_remove_suid`'s mode
             // (the kernel's FATTR_KILL_SUIDGID, which fuser does not pass on).
-            let a = if size.is_some() && mode.is_none() { SetAttr { mode: self.mode_without_privs(req, id)?, ..a } } else { a };
-            let a = if size == Some(0) && _fh.is_none() && a.mtime.is_none() && self.truncating_open(req, id) { SetAttr { mtime: Some(TimeSet::Now), ..a } } else { a };
+            let a = if size.is_some() && mode.is_none() {
+                SetAttr { mode: self.mode_without_privs(req, id)?, ..a }
+            } else {
+                a
+            };
+            let a = if size == Some(0)
+                && _fh.is_none()
+                && a.mtime.is_none()
+                && self.truncating_open(req, id)
+            {
+                SetAttr { mtime: Some(TimeSet::Now), ..a }
+            } else {
+                a
+            };
             self.engine.setattr(id, &a)?;
             self.getattr_node(ino, id)
         });
@@ -846,16 +975,39 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         let name = name_of(name);
         self.make("mknod", parent, reply, |w, dir, d| {
             let mut a = self.new_attrs(req, d, mode);
             a.rdev = rdev_from_fuse(rdev);
-            Self::make_with_acls(w, dir, a, umask, |w, a| if mode & S_IFMT == S_IFREG { w.create_file(dir.root, dir.ino, name, a) } else { w.mknod(dir.root, dir.ino, name, a) })
+            Self::make_with_acls(w, dir, a, umask, |w, a| {
+                if mode & S_IFMT == S_IFREG {
+                    w.create_file(dir.root, dir.ino, name, a)
+                } else {
+                    w.mknod(dir.root, dir.ino, name, a)
+                }
+            })
         });
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         let name = name_of(name);
         self.make("mkdir", parent, reply, |w, dir, d| {
             let a = self.new_attrs(req, d, S_IFDIR | (mode & 0o7777));
@@ -873,7 +1025,14 @@ impl fuser::Filesystem for UbtrfsFs {
         self.kick_cleaner();
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         let name = name_of(link_name);
         let target = target.as_os_str().as_bytes();
         self.make("symlink", parent, reply, |w, dir, d| {
@@ -882,7 +1041,16 @@ impl fuser::Filesystem for UbtrfsFs {
         });
     }
 
-    fn rename(&self, req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         let r = (|| {
             self.writable()?;
             let (od, nd) = (self.id(parent)?, self.id(newparent)?);
@@ -891,8 +1059,21 @@ impl fuser::Filesystem for UbtrfsFs {
             }
             let flags = flags.bits();
             if flags & libc::RENAME_WHITEOUT != 0 {
-                let owner = (IdMap::store(self.opts.uid, req.uid()), IdMap::store(self.opts.gid, req.gid()));
-                self.engine.write_retrying(|w| w.rename_with_owner(od.root, od.ino, name_of(name), nd.ino, name_of(newname), flags, owner))
+                let owner = (
+                    IdMap::store(self.opts.uid, req.uid()),
+                    IdMap::store(self.opts.gid, req.gid()),
+                );
+                self.engine.write_retrying(|w| {
+                    w.rename_with_owner(
+                        od.root,
+                        od.ino,
+                        name_of(name),
+                        nd.ino,
+                        name_of(newname),
+                        flags,
+                        owner,
+                    )
+                })
             } else {
                 self.engine.rename(od.root, od.ino, name_of(name), nd.ino, name_of(newname), flags)
             }
@@ -903,7 +1084,14 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         let r = (|| {
             self.writable()?;
             let (id, dir) = (self.id(ino)?, self.id(newparent)?);
@@ -911,7 +1099,8 @@ impl fuser::Filesystem for UbtrfsFs {
                 return Err(Error::posix(PosixKind::CrossDevice, "link across subvolumes"));
             }
             let ft = ft_from_mode(self.engine.getattr(id)?.mode.get());
-            self.engine.write_retrying(|w| w.link(dir.root, dir.ino, name_of(newname), id.ino, ft))?;
+            self.engine
+                .write_retrying(|w| w.link(dir.root, dir.ino, name_of(newname), id.ino, ft))?;
             Ok(id)
         })();
         match r {
@@ -929,14 +1118,28 @@ impl fuser::Filesystem for UbtrfsFs {
                 // inode flags, which a FUSE inode does not carry, so they are ours.
                 let fl = self.engine.getattr(id)?.flags.get();
                 if fl & INODE_IMMUTABLE != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "the file is immutable"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotPermitted,
+                        id.to_string(),
+                        "the file is immutable",
+                    ));
                 }
                 // fsverity_file_open.
                 if fl & INODE_RO_VERITY != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "an fs-verity file is read-only"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotPermitted,
+                        id.to_string(),
+                        "an fs-verity file is read-only",
+                    ));
                 }
-                if fl & INODE_APPEND != 0 && (flags.0 & libc::O_APPEND == 0 || flags.0 & libc::O_TRUNC != 0) {
-                    return Err(Error::posix_detail(PosixKind::NotPermitted, id.to_string(), "the file is append-only: open it with O_APPEND and without O_TRUNC"));
+                if fl & INODE_APPEND != 0
+                    && (flags.0 & libc::O_APPEND == 0 || flags.0 & libc::O_TRUNC != 0)
+                {
+                    return Err(Error::posix_detail(
+                        PosixKind::NotPermitted,
+                        id.to_string(),
+                        "the file is append-only: open it with O_APPEND and without O_TRUNC",
+                    ));
                 }
             }
             // No FUSE_ATOMIC_O_TRUNC: with it the truncation would come here, before the
@@ -960,7 +1163,17 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn read(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<fuser::LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
         let r = self.handle(fh).and_then(|h| {
             let mut buf = vec![0u8; size as usize];
             let n = self.engine.buffered_read(h.file.id(), offset, &mut buf)?;
@@ -994,8 +1207,13 @@ impl fuser::Filesystem for UbtrfsFs {
         // CAP_FSETID, and the set-user-ID bits are ours to take.
         // Asked only for a set-group-ID file without group execute.
         let in_group = |g: u32| self.caller_in_group(req, &caller_creds(req.pid()).1, g);
-        let opts = WriteOpts { kill_suidgid: write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID), in_group: Some(&in_group) };
-        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| self.engine.buffered_write_opts(h.file.id(), offset, data, opts).map(|()| h.file.id()));
+        let opts = WriteOpts {
+            kill_suidgid: write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+            in_group: Some(&in_group),
+        };
+        let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| {
+            self.engine.buffered_write_opts(h.file.id(), offset, data, opts).map(|()| h.file.id())
+        });
         match r {
             Ok(id) => {
                 // The kernel's cached mode keeps what it thinks stays (set-group-ID
@@ -1009,20 +1227,47 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
-    fn release(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, _lock_owner: Option<fuser::LockOwner>, _flush: bool, reply: ReplyEmpty) {
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.release_handle(fh) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("release", &e)),
         }
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         // The file's dirty pages, then a commit (the log tree is a later step).
-        let r = if self.opts.read_only { Ok(()) } else { self.id(ino).and_then(|id| self.engine.fsync(id).map(|_| ())) };
+        let r = if self.opts.read_only {
+            Ok(())
+        } else {
+            self.id(ino).and_then(|id| self.engine.fsync(id).map(|_| ()))
+        };
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("fsync", &e)),
@@ -1036,12 +1281,20 @@ impl fuser::Filesystem for UbtrfsFs {
             Ok(self.add_handle(f, true))
         });
         match r {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
+            Ok(fh) => reply
+                .opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
             Err(e) => reply.error(self.fail("opendir", &e)),
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         match self.listing(ino, fh, offset) {
             Ok((id, list)) => {
                 for (off, e) in dirents(&list, offset) {
@@ -1066,7 +1319,14 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
         match self.listing(ino, fh, offset) {
             Ok((id, list)) => {
                 for (off, e) in dirents(&list, offset) {
@@ -1081,7 +1341,14 @@ impl fuser::Filesystem for UbtrfsFs {
                             }
                         };
                         let zero = Duration::ZERO;
-                        if reply.add(INodeNo(0), off, if off == 1 { "." } else { ".." }, &zero, &attr, Generation(0)) {
+                        if reply.add(
+                            INodeNo(0),
+                            off,
+                            if off == 1 { "." } else { ".." },
+                            &zero,
+                            &attr,
+                            Generation(0),
+                        ) {
                             break;
                         }
                         continue;
@@ -1095,7 +1362,14 @@ impl fuser::Filesystem for UbtrfsFs {
                     };
                     // The kernel holds a lookup for every entry it takes.
                     self.engine.count_lookups(e.target, 1);
-                    if reply.add(attr.ino, off, OsStr::from_bytes(&e.name), &TTL, &attr, Generation(generation)) {
+                    if reply.add(
+                        attr.ino,
+                        off,
+                        OsStr::from_bytes(&e.name),
+                        &TTL,
+                        &attr,
+                        Generation(generation),
+                    ) {
                         // Not sent: the kernel never saw it.
                         let _ = self.engine.forget(e.target, 1);
                         break;
@@ -1108,14 +1382,28 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         match self.release_handle(fh) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("releasedir", &e)),
         }
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.sync() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("fsyncdir", &e)),
@@ -1124,16 +1412,28 @@ impl fuser::Filesystem for UbtrfsFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.engine.statfs() {
-            Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
+            Ok(s) => reply
+                .statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize),
             Err(e) => reply.error(self.fail("statfs", &e)),
         }
     }
 
-    fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         let r = self.id(ino).and_then(|id| {
             self.writable()?;
             let kill_sgid = self.acl_kills_sgid(req, id, name_of(name), value)?;
-            self.engine.write_retrying(|w| w.setxattr_opts(id.root, id.ino, name_of(name), value, flags as u32, kill_sgid))
+            self.engine.write_retrying(|w| {
+                w.setxattr_opts(id.root, id.ino, name_of(name), value, flags as u32, kill_sgid)
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -1142,7 +1442,10 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.id(ino).and_then(|id| self.engine.read(|l| l.getxattr_sized(id, name_of(name), size as usize))) {
+        match self
+            .id(ino)
+            .and_then(|id| self.engine.read(|l| l.getxattr_sized(id, name_of(name), size as usize)))
+        {
             Ok(XattrReply::Size(n)) => reply.size(n as u32),
             Ok(XattrReply::Data(d)) => reply.data(&d),
             Err(e) => reply.error(self.fail("getxattr", &e)),
@@ -1150,7 +1453,8 @@ impl fuser::Filesystem for UbtrfsFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.id(ino).and_then(|id| self.engine.read(|l| l.listxattr_sized(id, size as usize))) {
+        match self.id(ino).and_then(|id| self.engine.read(|l| l.listxattr_sized(id, size as usize)))
+        {
             Ok(XattrReply::Size(n)) => reply.size(n as u32),
             Ok(XattrReply::Data(d)) => reply.data(&d),
             Err(e) => reply.error(self.fail("listxattr", &e)),
@@ -1173,14 +1477,25 @@ impl fuser::Filesystem for UbtrfsFs {
         reply.ok();
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         let r = (|| {
             self.writable()?;
             let dir = self.id(parent)?;
             let ino = self.engine.write_retrying(|w| {
                 let d = w.live().load_inode(dir, Load::ITEM)?.item;
                 let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
-                Self::make_with_acls(w, dir, a, umask, |w, a| w.create_file(dir.root, dir.ino, name_of(name), a))
+                Self::make_with_acls(w, dir, a, umask, |w, a| {
+                    w.create_file(dir.root, dir.ino, name_of(name), a)
+                })
             })?;
             let id = InodeId { root: dir.root, ino };
             let f = self.engine.open_file_shared(id)?;
@@ -1189,7 +1504,9 @@ impl fuser::Filesystem for UbtrfsFs {
             Ok((attr, generation, self.add_handle(f, false)))
         })();
         match r {
-            Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN),
+            Ok((attr, generation, fh)) => {
+                reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN)
+            }
             Err(e) => reply.error(self.fail("create", &e)),
         }
     }
@@ -1199,7 +1516,15 @@ impl fuser::Filesystem for UbtrfsFs {
     /// reply's nlink 0 is what the kernel's FUSE keeps (it instantiates the inode as it
     /// is, where btrfs's own `d_tmpfile` takes the count from 1 to 0), and its VFS then
     /// allows a linkat of it unless it was opened with O_EXCL (ENOENT, as on btrfs).
-    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         let r = (|| {
             self.writable()?;
             let dir = self.id(parent)?;
@@ -1212,7 +1537,8 @@ impl fuser::Filesystem for UbtrfsFs {
             // Counted before the open: an inode with no name that nobody holds cannot be
             // opened (it waits for its removal).
             self.engine.count_lookups(id, 1);
-            let opened = self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
+            let opened =
+                self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
             match opened {
                 Ok(((attr, generation), f)) => Ok((attr, generation, self.add_handle(f, false))),
                 Err(e) => {
@@ -1223,7 +1549,9 @@ impl fuser::Filesystem for UbtrfsFs {
             }
         })();
         match r {
-            Ok((attr, generation, fh)) => reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN),
+            Ok((attr, generation, fh)) => {
+                reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN)
+            }
             Err(e) => reply.error(self.fail("tmpfile", &e)),
         }
     }
@@ -1232,14 +1560,32 @@ impl fuser::Filesystem for UbtrfsFs {
     /// inode item's otime (`btrfs_getattr`'s STATX_BTIME). The kernel's btrfs also
     /// reports stx_attributes and STATX_SUBVOL, which the kernel's FUSE (6.18) does not
     /// carry; it fills STATX_MNT_ID itself.
-    fn statx(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, _flags: u32, _mask: u32, reply: ReplyStatx) {
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
         match self.id(ino).and_then(|id| self.getattr_node(ino, id)) {
             Ok((attr, _)) => reply.statx(&TTL, &attr, &StatxExtra { btime: Some(attr.crtime) }),
             Err(e) => reply.error(self.fail("statx", &e)),
         }
     }
 
-    fn ioctl(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _flags: fuser::IoctlFlags, cmd: u32, in_data: &[u8], out_size: u32, reply: ReplyIoctl) {
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
         let r = self.id(ino).and_then(|id| {
             if (cmd >> 8) & 0xff == crate::subvol_ioctl::BTRFS_IOCTL_MAGIC {
                 self.btrfs_ioctl(req, id, cmd, in_data, out_size)
@@ -1255,7 +1601,16 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn fallocate(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let r = self.id(ino).and_then(|id| {
             self.writable()?;
             self.file_modified(req, id)?;
@@ -1267,7 +1622,15 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         let r = self.id(ino).and_then(|id| {
             // Only SEEK_DATA and SEEK_HOLE reach us; the kernel's btrfs (6.18, measured)
             // seeks from 0 for a negative offset: SEEK_DATA finds the first data,
@@ -1302,14 +1665,21 @@ impl fuser::Filesystem for UbtrfsFs {
             self.file_modified(req, dst.file.id())?;
             // One reply carries at most u32::MAX bytes; the caller loops for more.
             let len = len.min(u64::from(u32::MAX) / MAX_WRITE as u64 * MAX_WRITE as u64);
-            if let Some(n) = self.engine.clone_for_copy(src.file.id(), offset_in, len, dst.file.id(), offset_out)? {
+            if let Some(n) = self.engine.clone_for_copy(
+                src.file.id(),
+                offset_in,
+                len,
+                dst.file.id(),
+                offset_out,
+            )? {
                 return Ok(n as u32);
             }
             let mut buf = vec![0u8; len.min(u64::from(MAX_WRITE)) as usize];
             let mut done = 0u64;
             while done < len {
                 let want = (len - done).min(buf.len() as u64) as usize;
-                let n = self.engine.buffered_read(src.file.id(), offset_in + done, &mut buf[..want])?;
+                let n =
+                    self.engine.buffered_read(src.file.id(), offset_in + done, &mut buf[..want])?;
                 if n == 0 {
                     break;
                 }
@@ -1335,8 +1705,12 @@ pub(crate) fn caller_creds(pid: u32) -> (bool, Vec<u32>) {
         return (false, Vec::new());
     };
     let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
-    let fsetid = field("CapEff:").and_then(|v| u64::from_str_radix(v, 16).ok()).is_some_and(|caps| caps & (1 << CAP_FSETID) != 0);
-    let groups = field("Groups:").map(|v| v.split_whitespace().filter_map(|g| g.parse().ok()).collect()).unwrap_or_default();
+    let fsetid = field("CapEff:")
+        .and_then(|v| u64::from_str_radix(v, 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0);
+    let groups = field("Groups:")
+        .map(|v| v.split_whitespace().filter_map(|g| g.parse().ok()).collect())
+        .unwrap_or_default();
     (fsetid, groups)
 }
 
@@ -1352,6 +1726,9 @@ mod tests {
         assert_eq!(sent_timespec(UNIX_EPOCH + Duration::new(7, 9)), (7, 9));
         // And the reply: -5 s + 300 ns is 4.9999997 s before the epoch.
         let t = Timespec { sec: ((-5i64) as u64).into(), nsec: 300.into() };
-        assert_eq!(UNIX_EPOCH.duration_since(system_time(&t)).unwrap(), Duration::new(4, 999_999_700));
+        assert_eq!(
+            UNIX_EPOCH.duration_since(system_time(&t)).unwrap(),
+            Duration::new(4, 999_999_700)
+        );
     }
 }

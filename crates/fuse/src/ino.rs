@@ -47,11 +47,23 @@ impl InoMap {
     pub fn encode(id: InodeId) -> Result<u64> {
         let slot = match id.root {
             FS_TREE => 0,
-            r if r >= FIRST_SUBVOL && r - (FIRST_SUBVOL - 1) <= MAX_TREE_SLOT => r - (FIRST_SUBVOL - 1),
-            _ => return Err(Error::posix_detail(PosixKind::Range, id.to_string(), "tree id past what FUSE inode numbers can carry")),
+            r if r >= FIRST_SUBVOL && r - (FIRST_SUBVOL - 1) <= MAX_TREE_SLOT => {
+                r - (FIRST_SUBVOL - 1)
+            }
+            _ => {
+                return Err(Error::posix_detail(
+                    PosixKind::Range,
+                    id.to_string(),
+                    "tree id past what FUSE inode numbers can carry",
+                ))
+            }
         };
         if id.ino >> INO_BITS != 0 || id.ino < 2 {
-            return Err(Error::posix_detail(PosixKind::Range, id.to_string(), "objectid past what FUSE inode numbers can carry"));
+            return Err(Error::posix_detail(
+                PosixKind::Range,
+                id.to_string(),
+                "objectid past what FUSE inode numbers can carry",
+            ));
         }
         Ok((slot << INO_BITS) | id.ino)
     }
@@ -87,7 +99,13 @@ impl InoMap {
         if n == FuseIno::ROOT {
             return Ok(self.top);
         }
-        Self::decode(n.0).ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no inode has this FUSE number"))
+        Self::decode(n.0).ok_or_else(|| {
+            Error::posix_detail(
+                PosixKind::NotFound,
+                format!("node id {}", n.0),
+                "no inode has this FUSE number",
+            )
+        })
     }
 }
 
@@ -133,7 +151,11 @@ impl Placeholders {
         let k = t.by_entry.len() as u64;
         let slot = k / PLACEHOLDERS_PER_SLOT;
         if slot > MAX_TREE_SLOT {
-            return Err(Error::posix_detail(PosixKind::Range, format!("{dir} subvolume {subvol}"), "no FUSE number left for another subvolume placeholder"));
+            return Err(Error::posix_detail(
+                PosixKind::Range,
+                format!("{dir} subvolume {subvol}"),
+                "no FUSE number left for another subvolume placeholder",
+            ));
         }
         let n = (slot << INO_BITS) | (3 + k % PLACEHOLDERS_PER_SLOT);
         debug_assert!(Self::is_placeholder_number(n), "{n:#x}");
@@ -157,7 +179,13 @@ impl Placeholders {
     /// number from before a remount, as the numbers are handed out anew.
     pub fn parent(&self, n: FuseIno) -> Result<InodeId> {
         let t = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        t.dir_of.get(&n.0).copied().ok_or_else(|| Error::posix_detail(PosixKind::NotFound, format!("node id {}", n.0), "no placeholder has this FUSE number"))
+        t.dir_of.get(&n.0).copied().ok_or_else(|| {
+            Error::posix_detail(
+                PosixKind::NotFound,
+                format!("node id {}", n.0),
+                "no placeholder has this FUSE number",
+            )
+        })
     }
 }
 
@@ -197,7 +225,11 @@ mod tests {
         let a = p.node(InodeId { root: 258, ino: 256 }, 256).unwrap();
         let b = p.node(InodeId { root: 258, ino: 256 }, 257).unwrap();
         let c = p.node(InodeId { root: 259, ino: 300 }, 256).unwrap();
-        assert_eq!(p.node(InodeId { root: 258, ino: 256 }, 256).unwrap(), a, "an entry keeps its number");
+        assert_eq!(
+            p.node(InodeId { root: 258, ino: 256 }, 256).unwrap(),
+            a,
+            "an entry keeps its number"
+        );
         assert!(a != b && b != c && a != c);
         for n in [a, b, c] {
             assert!(Placeholders::is_placeholder_number(n.0));
@@ -208,7 +240,11 @@ mod tests {
         assert_eq!(p.parent(b).unwrap(), InodeId { root: 258, ino: 256 });
         assert_eq!(p.parent(c).unwrap(), InodeId { root: 259, ino: 300 });
         // No inode's number is a placeholder's.
-        for id in [InodeId { root: 5, ino: 256 }, InodeId { root: 258, ino: 257 }, InodeId { root: 300, ino: (1 << 44) - 1 }] {
+        for id in [
+            InodeId { root: 5, ino: 256 },
+            InodeId { root: 258, ino: 257 },
+            InodeId { root: 300, ino: (1 << 44) - 1 },
+        ] {
             assert!(!Placeholders::is_placeholder_number(m.to_fuse(id).unwrap().0), "{id}");
         }
         // Past the first slot's 253 numbers, the next slot's.
@@ -223,7 +259,11 @@ mod tests {
     #[test]
     fn numbers_past_the_bits_are_refused() {
         let m = InoMap { top: InodeId { root: 5, ino: 256 } };
-        for id in [InodeId { root: 5, ino: 1 << 44 }, InodeId { root: 7, ino: 256 }, InodeId { root: 256 + (1 << 20) - 1, ino: 256 }] {
+        for id in [
+            InodeId { root: 5, ino: 1 << 44 },
+            InodeId { root: 7, ino: 256 },
+            InodeId { root: 256 + (1 << 20) - 1, ino: 256 },
+        ] {
             let e = m.to_fuse(id).unwrap_err();
             assert_eq!(e.posix_kind(), Some(PosixKind::Range), "{id}: {e}");
         }

@@ -46,7 +46,9 @@ fn is_root() -> bool {
 }
 
 fn cstr(p: &Path) -> Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", p.display())))
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        Error::posix(PosixKind::Invalid, format!("{}: a NUL in the path", p.display()))
+    })
 }
 
 /// mount(2)'s flags for `opts`: `MS_NODEV`, `MS_NOSUID`, `MS_NOEXEC`, `MS_RDONLY`,
@@ -91,13 +93,29 @@ pub fn mount(source: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(O
             let fd = OwnedFd::from(f);
             // SAFETY: getuid and getgid have no preconditions.
             let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-            let mut data = format!("fd={},rootmode={rootmode:o},user_id={uid},group_id={gid},default_permissions", fd.as_raw_fd());
+            let mut data = format!(
+                "fd={},rootmode={rootmode:o},user_id={uid},group_id={gid},default_permissions",
+                fd.as_raw_fd()
+            );
             if opts.allow_other {
                 data.push_str(",allow_other");
             }
-            let (src, mnt, ty, data) = (cstr(source)?, cstr(mountpoint)?, CString::new(FSTYPE).expect("no NUL"), CString::new(data).expect("no NUL"));
+            let (src, mnt, ty, data) = (
+                cstr(source)?,
+                cstr(mountpoint)?,
+                CString::new(FSTYPE).expect("no NUL"),
+                CString::new(data).expect("no NUL"),
+            );
             // SAFETY: NUL-terminated strings for mount(2), which copies them.
-            let r = unsafe { libc::mount(src.as_ptr(), mnt.as_ptr(), ty.as_ptr(), ms_flags(opts), data.as_ptr().cast()) };
+            let r = unsafe {
+                libc::mount(
+                    src.as_ptr(),
+                    mnt.as_ptr(),
+                    ty.as_ptr(),
+                    ms_flags(opts),
+                    data.as_ptr().cast(),
+                )
+            };
             if r == 0 {
                 return Ok((fd, Mounter::Direct));
             }
@@ -119,7 +137,10 @@ pub fn mount(source: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<(O
         }
         Err(e) => format!("{why_not_direct}, and fusermount3: {e}"),
     };
-    Err(Error::io(format!("mount {}", mountpoint.display()), std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)))
+    Err(Error::io(
+        format!("mount {}", mountpoint.display()),
+        std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
+    ))
 }
 
 /// " (mode 0600, owner root)" for /dev/fuse, to say why a user cannot open it.
@@ -132,14 +153,24 @@ fn dev_fuse_mode() -> String {
 
 /// The fusermount3 executable: on PATH, else where the fuse3 package puts it.
 fn fusermount_bin() -> std::result::Result<PathBuf, String> {
-    let on_path = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).map(|d| d.join("fusermount3")).collect::<Vec<_>>()).unwrap_or_default();
-    let found = on_path.into_iter().chain(["/usr/bin/fusermount3", "/bin/fusermount3"].map(PathBuf::from)).find(|p| p.is_file());
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("fusermount3")).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let found = on_path
+        .into_iter()
+        .chain(["/usr/bin/fusermount3", "/bin/fusermount3"].map(PathBuf::from))
+        .find(|p| p.is_file());
     let Some(bin) = found else {
         return Err("fusermount3 is not installed (the fuse3 package has it)".to_string());
     };
     let md = std::fs::metadata(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
     if md.uid() != 0 || md.permissions().mode() & 0o4000 == 0 {
-        return Err(format!("{} is not set-user-ID root (mode {:04o}, owner uid {}): chown root and chmod u+s it", bin.display(), md.permissions().mode() & 0o7777, md.uid()));
+        return Err(format!(
+            "{} is not set-user-ID root (mode {:04o}, owner uid {}): chown root and chmod u+s it",
+            bin.display(),
+            md.permissions().mode() & 0o7777,
+            md.uid()
+        ));
     }
     Ok(bin)
 }
@@ -152,13 +183,18 @@ fn escaped(v: &str) -> String {
 
 /// Mount through fusermount3: it mounts and passes the /dev/fuse descriptor back on
 /// the socket named by `_FUSE_COMMFD`.
-fn fusermount(source: &Path, mountpoint: &Path, opts: &MountOptions) -> std::result::Result<OwnedFd, String> {
+fn fusermount(
+    source: &Path,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> std::result::Result<OwnedFd, String> {
     let bin = fusermount_bin()?;
     if opts.dev || opts.suid {
         // fusermount3 says "unsafe option ... ignored" and mounts nodev,nosuid.
         crate::log::log("dev and suid need root; the mount is nodev,nosuid");
     }
-    let mut o = vec![if opts.read_only { "ro" } else { "rw" }.to_string(), "nodev".into(), "nosuid".into()];
+    let mut o =
+        vec![if opts.read_only { "ro" } else { "rw" }.to_string(), "nodev".into(), "nosuid".into()];
     if !opts.exec {
         o.push("noexec".into());
     }
@@ -171,7 +207,8 @@ fn fusermount(source: &Path, mountpoint: &Path, opts: &MountOptions) -> std::res
     }
     o.push(format!("fsname={}", escaped(&source.display().to_string())));
     o.push(format!("subtype={SUBTYPE}"));
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    let (ours, theirs) =
+        std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
     // The child's end must survive the exec: a duplicate without CLOEXEC.
     // SAFETY: dup of a descriptor we own; the result is owned below.
     let raw = unsafe { libc::dup(theirs.as_raw_fd()) };
@@ -232,7 +269,8 @@ fn receive_fd(sock: &std::os::unix::net::UnixStream) -> Option<OwnedFd> {
     // msg_controllen.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
-        if c.is_null() || (*c).cmsg_level != libc::SOL_SOCKET || (*c).cmsg_type != libc::SCM_RIGHTS {
+        if c.is_null() || (*c).cmsg_level != libc::SOL_SOCKET || (*c).cmsg_type != libc::SCM_RIGHTS
+        {
             return None;
         }
         let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
@@ -244,7 +282,11 @@ fn receive_fd(sock: &std::os::unix::net::UnixStream) -> Option<OwnedFd> {
 /// bind mounts of it), deepest last.
 pub fn mount_points(dev: DevNum) -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mountinfo::parse_mountinfo(&text).into_iter().filter(|m| m.dev == dev).map(|m| m.mount_point).collect()
+    mountinfo::parse_mountinfo(&text)
+        .into_iter()
+        .filter(|m| m.dev == dev)
+        .map(|m| m.mount_point)
+        .collect()
 }
 
 /// Unmount `mountpoint` as `by` mounted it (umount(2), or `fusermount3 -u`).
@@ -262,9 +304,15 @@ pub fn unmount(mountpoint: &Path, by: Mounter) -> Result<()> {
         return Ok(());
     }
     let bin = fusermount_bin().map_err(|e| at(std::io::Error::other(e)))?;
-    let out = std::process::Command::new(&bin).args(["-u", "-q", "-z", "--"]).arg(mountpoint).output().map_err(at)?;
+    let out = std::process::Command::new(&bin)
+        .args(["-u", "-q", "-z", "--"])
+        .arg(mountpoint)
+        .output()
+        .map_err(at)?;
     if !out.status.success() {
-        return Err(at(std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string())));
+        return Err(at(std::io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        )));
     }
     Ok(())
 }
@@ -280,7 +328,14 @@ mod tests {
         let h = MountOptions::for_helper();
         assert_eq!(ms_flags(&h), libc::MS_RELATIME);
         let o = MountOptions::parse("ro,noexec,dev,noatime,nodiratime").unwrap();
-        assert_eq!(ms_flags(&o), libc::MS_NOATIME | libc::MS_NODIRATIME | libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_RDONLY);
+        assert_eq!(
+            ms_flags(&o),
+            libc::MS_NOATIME
+                | libc::MS_NODIRATIME
+                | libc::MS_NOSUID
+                | libc::MS_NOEXEC
+                | libc::MS_RDONLY
+        );
         let o = MountOptions::parse("strictatime").unwrap();
         assert_eq!(ms_flags(&o) & libc::MS_STRICTATIME, libc::MS_STRICTATIME);
     }

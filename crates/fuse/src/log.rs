@@ -25,7 +25,9 @@ pub fn log_error(msg: &str) {
 
 fn say(priority: libc::c_int, prefix: &str, msg: &str) {
     if SYSLOG.load(Ordering::Acquire) {
-        let Ok(c) = std::ffi::CString::new(format!("{prefix}{msg}").replace('\0', "\\0")) else { return };
+        let Ok(c) = std::ffi::CString::new(format!("{prefix}{msg}").replace('\0', "\\0")) else {
+            return;
+        };
         // SAFETY: "%s" with one NUL-terminated string argument.
         unsafe { libc::syslog(priority, c"%s".as_ptr(), c.as_ptr()) };
     } else {

@@ -243,7 +243,8 @@ impl MountOptions {
                 }
                 "compress" | "compress-force" => {
                     let v = v.unwrap_or("zlib");
-                    let p = CompressPolicy::parse(v, k == "compress-force").map_err(|e| bad(opt, e.to_string()))?;
+                    let p = CompressPolicy::parse(v, k == "compress-force")
+                        .map_err(|e| bad(opt, e.to_string()))?;
                     self.compress = p.alg.is_some().then_some(p);
                 }
                 "commit" => {
@@ -318,9 +319,19 @@ impl MountOptions {
                 }
                 "device" => self.devices.push(need()?.to_string()),
                 // mount(8) and fstab pass these to every helper; they mean nothing here.
-                "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser" | "users" | "defaults" | "async" | "x-systemd.automount" => {}
+                "auto"
+                | "noauto"
+                | "nofail"
+                | "_netdev"
+                | "user"
+                | "nouser"
+                | "users"
+                | "defaults"
+                | "async"
+                | "x-systemd.automount" => {}
                 // btrfs options with nothing to do in a single-process mount.
-                "space_cache" | "ssd" | "nossd" | "discard" | "nodiscard" | "autodefrag" | "noautodefrag" => {}
+                "space_cache" | "ssd" | "nossd" | "discard" | "nodiscard" | "autodefrag"
+                | "noautodefrag" => {}
                 _ if k.starts_with("x-") || k.starts_with("comment=") => {}
                 _ => return Err(bad(opt, "unknown option")),
             }
@@ -329,7 +340,13 @@ impl MountOptions {
             return Err(bad("rescue=nologreplay", "must be used with ro, as on the kernel"));
         }
         if self.dirty_mib > self.page_cache_mib {
-            return Err(bad(&format!("dirty_mib={}", self.dirty_mib), format!("the dirty limit cannot pass the page cache (page_cache_mib={})", self.page_cache_mib)));
+            return Err(bad(
+                &format!("dirty_mib={}", self.dirty_mib),
+                format!(
+                    "the dirty limit cannot pass the page cache (page_cache_mib={})",
+                    self.page_cache_mib
+                ),
+            ));
         }
         if self.commit_secs > MAX_COMMIT_SECS {
             eprintln!("warning: commit={} is past the kernel's {MAX_COMMIT_SECS}-second maximum age; a crash loses up to that much", self.commit_secs);
@@ -399,7 +416,10 @@ mod tests {
     #[test]
     fn remount_lists_as_mount8_passes_them() {
         // util-linux 2.38's argv for `mount -o remount,ro MNT` of a fuse.ubtrfs mount.
-        let o = MountOptions::parse("ro,nosuid,nodev,relatime,remount,user_id=0,group_id=0,default_permissions").unwrap();
+        let o = MountOptions::parse(
+            "ro,nosuid,nodev,relatime,remount,user_id=0,group_id=0,default_permissions",
+        )
+        .unwrap();
         assert!(o.remount && o.read_only && !o.bind && !o.dev && !o.suid);
         assert_eq!(o.fuse_shown, ["user_id=0", "group_id=0"]);
         assert!(MountOptions::parse("remount,bind,ro").unwrap().bind);

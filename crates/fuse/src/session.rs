@@ -43,7 +43,13 @@ const FS_TREE: u64 = 5;
 pub fn open_engine(devices: &[PathBuf], opts: &MountOptions) -> Result<Arc<Engine>> {
     let mut all: Vec<PathBuf> = devices.to_vec();
     all.extend(opts.devices.iter().map(PathBuf::from));
-    let o = OpenOptions { devices: all, cache_bytes: opts.cache_mib << 20, writable: !opts.read_only, sources: Default::default(), degraded: opts.degraded };
+    let o = OpenOptions {
+        devices: all,
+        cache_bytes: opts.cache_mib << 20,
+        writable: !opts.read_only,
+        sources: Default::default(),
+        degraded: opts.degraded,
+    };
     if opts.read_only {
         let engine = Engine::open_read_only(&o)?;
         engine.set_page_cache_limits(opts.page_cache_mib << 20, opts.dirty_mib << 20);
@@ -72,11 +78,17 @@ pub fn find_top(engine: &Engine, opts: &MountOptions) -> Result<InodeId> {
         Some(p) => Some(engine.read(|l| {
             let mut at = InodeId { root: FS_TREE, ino: SUBVOL_TOP };
             for c in p.split('/').filter(|c| !c.is_empty() && *c != ".") {
-                let e = l.lookup(at, c.as_bytes())?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("subvol={p}")))?;
+                let e = l
+                    .lookup(at, c.as_bytes())?
+                    .ok_or_else(|| Error::posix(PosixKind::NotFound, format!("subvol={p}")))?;
                 at = e.target;
             }
             if at.ino != SUBVOL_TOP {
-                return Err(Error::posix_detail(PosixKind::Invalid, format!("subvol={p}"), "not a subvolume"));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    format!("subvol={p}"),
+                    "not a subvolume",
+                ));
             }
             Ok(at)
         })?),
@@ -90,7 +102,11 @@ pub fn find_top(engine: &Engine, opts: &MountOptions) -> Result<InodeId> {
         }
     };
     match (by_path, by_id) {
-        (Some(a), Some(b)) if a != b => Err(Error::posix_detail(PosixKind::Invalid, "subvol= and subvolid=", format!("they name different subvolumes ({} and {})", a.root, b.root))),
+        (Some(a), Some(b)) if a != b => Err(Error::posix_detail(
+            PosixKind::Invalid,
+            "subvol= and subvolid=",
+            format!("they name different subvolumes ({} and {})", a.root, b.root),
+        )),
         (Some(a), _) | (None, Some(a)) => Ok(a),
         (None, None) => engine.read(|l| Ok(l.root_dir())),
     }
@@ -123,7 +139,10 @@ pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
     for d in engine.info().devices.by_id.values() {
         let claim = d.dev.claim_for_last_commit();
         if let Some(why) = claim.not_held {
-            crate::log::log(&format!("{}: a new open does not wait for the last commit ({why})", d.dev.name()));
+            crate::log::log(&format!(
+                "{}: a new open does not wait for the last commit ({why})",
+                d.dev.name()
+            ));
         }
         if let Some(u) = claim.kernel.first() {
             let why = format!("{u}; the changes since the last commit are not written, so as not to overwrite the kernel's");
@@ -143,7 +162,11 @@ pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
 /// The device number of the FUSE mount at `mountpoint` (absolute), from mountinfo.
 fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo::parse_mountinfo(&text).into_iter().rev().find(|m| m.mount_point == mountpoint && m.fstype.starts_with("fuse")).map(|m| m.dev)
+    mountinfo::parse_mountinfo(&text)
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == mountpoint && m.fstype.starts_with("fuse"))
+        .map(|m| m.dev)
 }
 
 /// Watch the mount table until the mount `dev` leaves it (an unmount), then mark the
@@ -162,7 +185,12 @@ fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
 /// covers the ioctls, atime updates, the cleaner and the periodic commits), and what
 /// was written before is committed, as the kernel's `btrfs_remount_ro` commits
 /// (`mount.fuse.ubtrfs` also asks for that commit before the remount returns).
-fn watch_unmount(engine: &Engine, opts: &MountOptions, dev: DevNum, stop: &std::os::unix::net::UnixStream) {
+fn watch_unmount(
+    engine: &Engine,
+    opts: &MountOptions,
+    dev: DevNum,
+    stop: &std::os::unix::net::UnixStream,
+) {
     use std::os::fd::AsRawFd;
     let read_only = opts.read_only;
     let Ok(table) = std::fs::File::open("/proc/self/mountinfo") else { return };
@@ -191,7 +219,10 @@ fn watch_unmount(engine: &Engine, opts: &MountOptions, dev: DevNum, stop: &std::
                 remounted(engine, opts, m.super_read_only());
             }
         }
-        let mut fds = [libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 }, libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let mut fds = [
+            libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 },
+            libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
         // SAFETY: two pollfds for descriptors held open above.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
         if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
@@ -235,7 +266,14 @@ fn block_signals() -> libc::sigset_t {
 /// # Errors
 /// `Io` when the mount fails or the session ends with an error; the last commit's
 /// error.
-pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path, opts: MountOptions, ready: impl FnOnce()) -> Result<()> {
+pub fn serve(
+    engine: Arc<Engine>,
+    top: InodeId,
+    source: &Path,
+    mountpoint: &Path,
+    opts: MountOptions,
+    ready: impl FnOnce(),
+) -> Result<()> {
     let sigs = block_signals();
     // The mount's source is the image's absolute path: `ubtrfs umount` finds the
     // daemon through the image's lock holder.
@@ -251,7 +289,8 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     // Absolute before the mount: afterwards a look at it would be a request to ourselves.
     let mount_abs = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let (fd, mounter) = kernel_mount::mount(&source, &mount_abs, &opts)?;
-    let fs = UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone(), clean_tx.clone());
+    let fs =
+        UbtrfsFs::new(engine.clone(), top, opts, mountpoint, notifier.clone(), clean_tx.clone());
     let dev = mount_dev(&mount_abs);
     let session = fuser::Session::from_fd(fs, fd, config.acl, config);
     let session = match session {
@@ -264,12 +303,18 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     let _ = notifier.set(session.notifier());
 
     // The unmount watcher (none when the mount is not visible in our mount table).
-    let (stop_watching, watch_stop) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("make the unmount watcher's socket", e))?;
+    let (stop_watching, watch_stop) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| Error::io("make the unmount watcher's socket", e))?;
     let watcher = match dev {
         Some(dev) => {
             state.set_dev(dev);
             let engine = engine.clone();
-            Some(std::thread::Builder::new().name("ubtrfs-watch".into()).spawn(move || watch_unmount(&engine, &watch_opts, dev, &watch_stop)).map_err(|e| Error::io("start the unmount watcher", e))?)
+            Some(
+                std::thread::Builder::new()
+                    .name("ubtrfs-watch".into())
+                    .spawn(move || watch_unmount(&engine, &watch_opts, dev, &watch_stop))
+                    .map_err(|e| Error::io("start the unmount watcher", e))?,
+            )
         }
         None => None,
     };
@@ -316,13 +361,19 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         return;
                     }
-                    let keep_going = &mut |_: u64, _: &ubtrfs_core::extent::drop_snapshot::DropStats| !stop.load(std::sync::atomic::Ordering::Relaxed) && !state.remounted_ro();
+                    let keep_going =
+                        &mut |_: u64, _: &ubtrfs_core::extent::drop_snapshot::DropStats| {
+                            !stop.load(std::sync::atomic::Ordering::Relaxed)
+                                && !state.remounted_ro()
+                        };
                     if !state.remounted_ro() {
                         if let Err(e) = engine.clean_dead_roots(keep_going) {
                             crate::log::log(&format!("cleaner: {e}"));
                         }
                     }
-                    if let Err(mpsc::RecvTimeoutError::Disconnected) = clean_rx.recv_timeout(commit_every) {
+                    if let Err(mpsc::RecvTimeoutError::Disconnected) =
+                        clean_rx.recv_timeout(commit_every)
+                    {
                         return;
                     }
                 })
@@ -373,7 +424,11 @@ pub fn serve(engine: Arc<Engine>, top: InodeId, source: &Path, mountpoint: &Path
     served.map_err(|e| Error::io(format!("serve {}", mountpoint.display()), e))?;
     // destroy() committed; a failure there left the engine aborted, and this says so.
     if let Some(why) = engine.info().aborted() {
-        return Err(Error::posix_detail(PosixKind::ReadOnly, "the filesystem", format!("aborted: {why}; changes since the last commit are lost")));
+        return Err(Error::posix_detail(
+            PosixKind::ReadOnly,
+            "the filesystem",
+            format!("aborted: {why}; changes since the last commit are lost"),
+        ));
     }
     let (errs, more) = engine.take_close_errors();
     for e in errs {

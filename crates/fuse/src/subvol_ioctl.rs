@@ -69,7 +69,10 @@ fn invalid(what: &str, why: &str) -> Error {
 /// The NUL-terminated name in `field` (the kernel's checks: not empty, no `/`, not
 /// `.` or `..`).
 fn name_in(field: &[u8]) -> Result<&[u8]> {
-    let n = field.iter().position(|&b| b == 0).ok_or_else(|| invalid("subvolume name", "not NUL-terminated"))?;
+    let n = field
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| invalid("subvolume name", "not NUL-terminated"))?;
     let name = &field[..n];
     if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
         return Err(invalid(&String::from_utf8_lossy(name), "not a valid subvolume name"));
@@ -86,20 +89,38 @@ fn vol_name(in_data: &[u8], v1: bool) -> Result<(&[u8], u64)> {
 }
 
 fn u64_at(d: &[u8], at: usize) -> Result<u64> {
-    d.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes"))).ok_or_else(|| invalid("ioctl argument", "too short"))
+    d.get(at..at + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes")))
+        .ok_or_else(|| invalid("ioctl argument", "too short"))
 }
 
 impl UbtrfsFs {
     /// The caller as a credential for the kernel's permission checks.
     fn cred_of(&self, req: &Request) -> Cred {
-        let groups = crate::fs::caller_creds(req.pid()).1.into_iter().map(|g| IdMap::store(self.opts.gid, g)).collect();
-        Cred { uid: IdMap::store(self.opts.uid, req.uid()), gid: IdMap::store(self.opts.gid, req.gid()), groups, privileged: req.uid() == 0 }
+        let groups = crate::fs::caller_creds(req.pid())
+            .1
+            .into_iter()
+            .map(|g| IdMap::store(self.opts.gid, g))
+            .collect();
+        Cred {
+            uid: IdMap::store(self.opts.uid, req.uid()),
+            gid: IdMap::store(self.opts.gid, req.gid()),
+            groups,
+            privileged: req.uid() == 0,
+        }
     }
 
     /// `may_create` of a new entry in `dir`: write and search permission.
     fn may_create_in(&self, req: &Request, dir: InodeId, name: &[u8]) -> Result<()> {
-        let (ii, acl) = self.engine.read(|l| Ok((l.load_inode(dir, Load::ITEM)?.item, access_acl(l, dir)?)))?;
-        check_access(&self.cred_of(req), &ii, acl.as_deref(), MAY_WRITE | MAY_EXEC, &String::from_utf8_lossy(name))
+        let (ii, acl) =
+            self.engine.read(|l| Ok((l.load_inode(dir, Load::ITEM)?.item, access_acl(l, dir)?)))?;
+        check_access(
+            &self.cred_of(req),
+            &ii,
+            acl.as_deref(),
+            MAY_WRITE | MAY_EXEC,
+            &String::from_utf8_lossy(name),
+        )
     }
 
     /// The subvolume a caller's file descriptor `fd` names: its top directory, on this
@@ -108,9 +129,14 @@ impl UbtrfsFs {
         let what = format!("source descriptor {fd} of process {}", req.pid());
         let link = format!("/proc/{}/fd/{fd}", req.pid());
         let m = std::fs::metadata(&link).map_err(|e| Error::io(what.clone(), e))?;
-        let ours = std::fs::metadata(&self.mountpoint).map_err(|e| Error::io(format!("the mount point {}", self.mountpoint.display()), e))?;
+        let ours = std::fs::metadata(&self.mountpoint)
+            .map_err(|e| Error::io(format!("the mount point {}", self.mountpoint.display()), e))?;
         if m.dev() != ours.dev() {
-            return Err(Error::posix_detail(PosixKind::CrossDevice, what, "it is not on this mount"));
+            return Err(Error::posix_detail(
+                PosixKind::CrossDevice,
+                what,
+                "it is not on this mount",
+            ));
         }
         let id = self.map.from_fuse(FuseIno(m.ino()))?;
         if id.ino != FIRST_FREE_OBJECTID || !m.is_dir() {
@@ -122,18 +148,32 @@ impl UbtrfsFs {
     /// Tell the kernel that `name` in `dir` changed (its dentry, or a negative one).
     fn invalidate_entry(&self, dir: InodeId, name: &[u8]) {
         if let (Some(n), Ok(ino)) = (self.notifier.get(), self.map.to_fuse(dir)) {
-            let _ = n.inval_entry(fuser::INodeNo(ino.0), <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name));
+            let _ = n.inval_entry(
+                fuser::INodeNo(ino.0),
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name),
+            );
         }
     }
 
     /// A btrfs ioctl on inode `id`. Returns what goes back to the caller's argument.
-    pub(crate) fn btrfs_ioctl(&self, req: &Request, id: InodeId, cmd: u32, in_data: &[u8], out_size: u32) -> Result<Vec<u8>> {
+    pub(crate) fn btrfs_ioctl(
+        &self,
+        req: &Request,
+        id: InodeId,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+    ) -> Result<Vec<u8>> {
         match cmd {
             BTRFS_IOC_SUBVOL_CREATE | BTRFS_IOC_SUBVOL_CREATE_V2 => {
                 self.writable()?;
                 let (name, flags) = vol_name(in_data, cmd == BTRFS_IOC_SUBVOL_CREATE)?;
                 if flags & BTRFS_SUBVOL_QGROUP_INHERIT != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotSupported, "subvolume create", "qgroup inheritance is not supported yet"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        "subvolume create",
+                        "qgroup inheritance is not supported yet",
+                    ));
                 }
                 self.may_create_in(req, id, name)?;
                 let mut a = InodeAttrs::new(0o755);
@@ -148,31 +188,59 @@ impl UbtrfsFs {
                 let fd = u64_at(in_data, 0)? as i64;
                 let (name, flags) = vol_name(in_data, cmd == BTRFS_IOC_SNAP_CREATE)?;
                 if flags & BTRFS_SUBVOL_QGROUP_INHERIT != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotSupported, "snapshot", "qgroup inheritance is not supported yet"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        "snapshot",
+                        "qgroup inheritance is not supported yet",
+                    ));
                 }
                 if flags & !(BTRFS_SUBVOL_RDONLY | BTRFS_SUBVOL_QGROUP_INHERIT) != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotSupported, "snapshot", format!("flags {flags:#x}")));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        "snapshot",
+                        format!("flags {flags:#x}"),
+                    ));
                 }
                 self.may_create_in(req, id, name)?;
                 let src = self.subvol_of_fd(req, fd)?;
                 // Snapshots are limited to one's own subvolumes (`inode_owner_or_capable`).
                 let owner = self.engine.getattr(src)?.uid.get();
                 if req.uid() != 0 && owner != IdMap::store(self.opts.uid, req.uid()) {
-                    return Err(Error::posix_detail(PosixKind::NotPermitted, format!("subvolume {}", src.root), "only its owner snapshots it"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotPermitted,
+                        format!("subvolume {}", src.root),
+                        "only its owner snapshots it",
+                    ));
                 }
-                self.engine.create_snapshot(src.root, id.root, id.ino, name, flags & BTRFS_SUBVOL_RDONLY != 0)?;
+                self.engine.create_snapshot(
+                    src.root,
+                    id.root,
+                    id.ino,
+                    name,
+                    flags & BTRFS_SUBVOL_RDONLY != 0,
+                )?;
                 self.invalidate_entry(id, name);
                 Ok(Vec::new())
             }
             BTRFS_IOC_SNAP_DESTROY | BTRFS_IOC_SNAP_DESTROY_V2 => {
                 self.writable()?;
-                if cmd == BTRFS_IOC_SNAP_DESTROY_V2 && u64_at(in_data, 16)? & BTRFS_SUBVOL_SPEC_BY_ID != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotSupported, "subvolume delete", "by id: give the name in its directory"));
+                if cmd == BTRFS_IOC_SNAP_DESTROY_V2
+                    && u64_at(in_data, 16)? & BTRFS_SUBVOL_SPEC_BY_ID != 0
+                {
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        "subvolume delete",
+                        "by id: give the name in its directory",
+                    ));
                 }
                 let (name, _) = vol_name(in_data, cmd == BTRFS_IOC_SNAP_DESTROY)?;
                 // The kernel lets others delete only with user_subvol_rm_allowed.
                 if req.uid() != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotPermitted, String::from_utf8_lossy(name).into_owned(), "deleting a subvolume needs CAP_SYS_ADMIN"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotPermitted,
+                        String::from_utf8_lossy(name).into_owned(),
+                        "deleting a subvolume needs CAP_SYS_ADMIN",
+                    ));
                 }
                 self.engine.delete_subvol(id.root, id.ino, name)?;
                 self.invalidate_entry(id, name);
@@ -182,14 +250,28 @@ impl UbtrfsFs {
             BTRFS_IOC_DEFAULT_SUBVOL => {
                 self.writable()?;
                 if req.uid() != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotPermitted, "default subvolume", "setting it needs CAP_SYS_ADMIN"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotPermitted,
+                        "default subvolume",
+                        "setting it needs CAP_SYS_ADMIN",
+                    ));
                 }
                 let sub = u64_at(in_data, 0)?;
-                self.engine.write_retrying(|w| w.set_default_subvol(if sub == 0 { ubtrfs_format::key::FS_TREE_OBJECTID } else { sub }))?;
+                self.engine.write_retrying(|w| {
+                    w.set_default_subvol(if sub == 0 {
+                        ubtrfs_format::key::FS_TREE_OBJECTID
+                    } else {
+                        sub
+                    })
+                })?;
                 Ok(Vec::new())
             }
             BTRFS_IOC_SUBVOL_GETFLAGS => {
-                let ro = self.engine.read(|l| Ok(ubtrfs_core::TreeView::read_root(l, id.root)?.1.flags.get() & ubtrfs_format::structs::ROOT_SUBVOL_RDONLY != 0))?;
+                let ro = self.engine.read(|l| {
+                    Ok(ubtrfs_core::TreeView::read_root(l, id.root)?.1.flags.get()
+                        & ubtrfs_format::structs::ROOT_SUBVOL_RDONLY
+                        != 0)
+                })?;
                 let f: u64 = if ro { BTRFS_SUBVOL_RDONLY } else { 0 };
                 Ok(f.to_le_bytes()[..(out_size as usize).min(8)].to_vec())
             }
@@ -197,16 +279,25 @@ impl UbtrfsFs {
                 self.writable()?;
                 let f = u64_at(in_data, 0)?;
                 if f & !BTRFS_SUBVOL_RDONLY != 0 {
-                    return Err(Error::posix_detail(PosixKind::NotSupported, "subvolume flags", format!("{f:#x}")));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        "subvolume flags",
+                        format!("{f:#x}"),
+                    ));
                 }
                 if id.ino != FIRST_FREE_OBJECTID {
                     return Err(invalid(&id.to_string(), "not the top directory of a subvolume"));
                 }
                 let owner = self.engine.getattr(id)?.uid.get();
                 if req.uid() != 0 && owner != IdMap::store(self.opts.uid, req.uid()) {
-                    return Err(Error::posix_detail(PosixKind::NotPermitted, format!("subvolume {}", id.root), "only its owner changes its flags"));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotPermitted,
+                        format!("subvolume {}", id.root),
+                        "only its owner changes its flags",
+                    ));
                 }
-                self.engine.write(|w| w.set_subvol_readonly(id.root, f & BTRFS_SUBVOL_RDONLY != 0))?;
+                self.engine
+                    .write(|w| w.set_subvol_readonly(id.root, f & BTRFS_SUBVOL_RDONLY != 0))?;
                 self.engine.commit()?;
                 Ok(Vec::new())
             }
@@ -217,11 +308,16 @@ impl UbtrfsFs {
                 let tree = u64_at(in_data, 0)?;
                 let objectid = u64_at(in_data, 8)?;
                 if objectid != FIRST_FREE_OBJECTID {
-                    return Err(Error::posix_detail(PosixKind::NotSupported, "ino lookup", format!("the path of objectid {objectid}")));
+                    return Err(Error::posix_detail(
+                        PosixKind::NotSupported,
+                        "ino lookup",
+                        format!("the path of objectid {objectid}"),
+                    ));
                 }
                 let mut out = vec![0u8; (out_size as usize).min(4096)];
                 if out.len() >= 16 {
-                    out[..8].copy_from_slice(&(if tree == 0 { id.root } else { tree }).to_le_bytes());
+                    out[..8]
+                        .copy_from_slice(&(if tree == 0 { id.root } else { tree }).to_le_bytes());
                     out[8..16].copy_from_slice(&objectid.to_le_bytes());
                 }
                 Ok(out)
@@ -230,7 +326,11 @@ impl UbtrfsFs {
                 self.engine.sync()?;
                 Ok(Vec::new())
             }
-            _ => Err(Error::posix_detail(PosixKind::NotSupported, id.to_string(), format!("btrfs ioctl {cmd:#x}"))),
+            _ => Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                id.to_string(),
+                format!("btrfs ioctl {cmd:#x}"),
+            )),
         }
     }
 }

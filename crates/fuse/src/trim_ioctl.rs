@@ -31,13 +31,20 @@ fn caller_is_admin(pid: u32, uid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return uid == 0;
     };
-    let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
+    let caps = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
     if caps & (1 << CAP_SYS_ADMIN) == 0 {
         return false;
     }
     // A capability inside a user namespace of its own (`unshare -r`) is not one in
     // the initial namespace; where init's namespace cannot be read, it is not asked.
-    match (std::fs::read_link(format!("/proc/{pid}/ns/user")), std::fs::read_link("/proc/1/ns/user")) {
+    match (
+        std::fs::read_link(format!("/proc/{pid}/ns/user")),
+        std::fs::read_link("/proc/1/ns/user"),
+    ) {
         (Ok(a), Ok(b)) => a == b,
         _ => true,
     }
@@ -56,15 +63,34 @@ impl UbtrfsFs {
     /// argument is read); `Posix(ReadOnly)` on a `rescue=nologreplay` mount;
     /// `Posix(Invalid)` for an argument shorter than `struct
     /// fstrim_range`; as `space::trim::fitrim`.
-    pub(crate) fn fitrim_ioctl(&self, req: &Request, in_data: &[u8], out_size: u32) -> Result<Vec<u8>> {
+    pub(crate) fn fitrim_ioctl(
+        &self,
+        req: &Request,
+        in_data: &[u8],
+        out_size: u32,
+    ) -> Result<Vec<u8>> {
         if !caller_is_admin(req.pid(), req.uid()) {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, "FITRIM", "the caller lacks CAP_SYS_ADMIN"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                "FITRIM",
+                "the caller lacks CAP_SYS_ADMIN",
+            ));
         }
         // The log tree's extents are not in the free space until it is replayed.
         if self.opts.nologreplay {
-            return Err(Error::posix_detail(PosixKind::ReadOnly, "FITRIM", "mounted with rescue=nologreplay"));
+            return Err(Error::posix_detail(
+                PosixKind::ReadOnly,
+                "FITRIM",
+                "mounted with rescue=nologreplay",
+            ));
         }
-        let d = in_data.get(..FSTRIM_RANGE_SIZE).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, "FITRIM", "argument shorter than struct fstrim_range"))?;
+        let d = in_data.get(..FSTRIM_RANGE_SIZE).ok_or_else(|| {
+            Error::posix_detail(
+                PosixKind::Invalid,
+                "FITRIM",
+                "argument shorter than struct fstrim_range",
+            )
+        })?;
         let range = FstrimRange { start: u64_at(d, 0), len: u64_at(d, 1), minlen: u64_at(d, 2) };
         let r = fitrim(&self.engine, range)?;
         let mut out = Vec::with_capacity(FSTRIM_RANGE_SIZE);

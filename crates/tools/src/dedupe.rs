@@ -64,7 +64,12 @@ pub const DEDUPE_BLOCK: u64 = 128 << 10;
 pub struct Progress(pub std::sync::Arc<dyn Fn(&DedupeStats) + Send + Sync>);
 
 /// The regular files at or under `id` (following into subvolumes), with their sizes.
-fn collect<V: FsRead>(live: &V, id: InodeId, out: &mut Vec<(InodeId, u64)>, depth: u32) -> Result<()> {
+fn collect<V: FsRead>(
+    live: &V,
+    id: InodeId,
+    out: &mut Vec<(InodeId, u64)>,
+    depth: u32,
+) -> Result<()> {
     let v = live.load_inode(id, Load::ITEM)?;
     match v.kind() {
         FileKind::File => out.push((id, v.size())),
@@ -116,7 +121,9 @@ fn layout(e: &Engine, id: InodeId) -> Result<Vec<(u64, u64, u64, u64)>> {
     Ok(all
         .iter()
         .filter_map(|f| match f.kind {
-            ExtentKind::Regular { disk_bytenr, offset, num_bytes, .. } if disk_bytenr != 0 => Some((f.file_offset, disk_bytenr, offset, num_bytes)),
+            ExtentKind::Regular { disk_bytenr, offset, num_bytes, .. } if disk_bytenr != 0 => {
+                Some((f.file_offset, disk_bytenr, offset, num_bytes))
+            }
             _ => None,
         })
         .collect())
@@ -124,7 +131,14 @@ fn layout(e: &Engine, id: InodeId) -> Result<Vec<(u64, u64, u64, u64)>> {
 
 /// The files of one size: hash them if more than two, then share each group of equal
 /// contents with its first file.
-fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Tally<'_>, whole: &Mutex<Vec<InodeId>>) -> Result<()> {
+fn one_size(
+    e: &Engine,
+    size: u64,
+    ids: Vec<InodeId>,
+    buf: &mut [u8],
+    tally: &Tally<'_>,
+    whole: &Mutex<Vec<InodeId>>,
+) -> Result<()> {
     // Two files of a size are compared directly (the dedupe reads both anyway); more
     // are hashed first, so each is read once before the comparisons.
     let groups: Vec<Vec<InodeId>> = if ids.len() == 2 {
@@ -166,7 +180,16 @@ fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Ta
                         off += n;
                         done += n;
                     }
-                    Err(err) if matches!(err.posix_kind(), Some(PosixKind::Invalid | PosixKind::NotPermitted | PosixKind::ReadOnly)) => break false,
+                    Err(err)
+                        if matches!(
+                            err.posix_kind(),
+                            Some(
+                                PosixKind::Invalid | PosixKind::NotPermitted | PosixKind::ReadOnly
+                            )
+                        ) =>
+                    {
+                        break false
+                    }
                     Err(err) => return Err(err),
                 }
             };
@@ -198,7 +221,12 @@ fn one_size(e: &Engine, size: u64, ids: Vec<InodeId>, buf: &mut [u8], tally: &Ta
 ///
 /// # Errors
 /// A path that does not resolve; read and tree failures (which abort).
-pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Progress>) -> Result<DedupeStats> {
+pub fn dedupe(
+    e: &Engine,
+    paths: &[&str],
+    threads: usize,
+    progress: Option<&Progress>,
+) -> Result<DedupeStats> {
     let mut files = Vec::new();
     for p in paths {
         let p = crate::edit::absolute(p)?;
@@ -223,12 +251,20 @@ pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Prog
     }
     by_size.retain(|_, v| v.len() > 1);
     let candidate_bytes = by_size.iter().map(|(s, v)| s * v.len() as u64).sum();
-    let tally = Tally { stats: Mutex::new(DedupeStats { files: nfiles, candidate_bytes, ..Default::default() }), progress };
+    let tally = Tally {
+        stats: Mutex::new(DedupeStats { files: nfiles, candidate_bytes, ..Default::default() }),
+        progress,
+    };
     let whole: Mutex<Vec<InodeId>> = Mutex::new(Vec::new());
     // Largest sizes first: the longest jobs start early and the threads end together.
     let jobs: Vec<(u64, Vec<InodeId>)> = by_size.into_iter().rev().collect();
     let next = AtomicUsize::new(0);
-    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads }.min(jobs.len().max(1));
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    }
+    .min(jobs.len().max(1));
     let first_err: Mutex<Option<ubtrfs_core::Error>> = Mutex::new(None);
     std::thread::scope(|sc| {
         for _ in 0..threads {
@@ -261,7 +297,10 @@ pub fn dedupe(e: &Engine, paths: &[&str], threads: usize, progress: Option<&Prog
 
 /// The files (and sizes) the whole-file pass did not share, of at least one piece.
 fn files_left(all: &[(InodeId, u64)], whole: &[InodeId]) -> Vec<(InodeId, u64)> {
-    all.iter().filter(|(id, size)| *size >= DEDUPE_BLOCK && whole.binary_search(id).is_err()).copied().collect()
+    all.iter()
+        .filter(|(id, size)| *size >= DEDUPE_BLOCK && whole.binary_search(id).is_err())
+        .copied()
+        .collect()
 }
 
 /// The block pass (see the module): hash every piece of `files` on `threads` threads,
@@ -284,10 +323,15 @@ fn blocks(e: &Engine, files: &[(InodeId, u64)], threads: usize, tally: &Tally<'_
                     let Some(&(id, size)) = files.get(i) else { break };
                     for piece in 0..size / DEDUPE_BLOCK {
                         match e.read_file(id, piece * DEDUPE_BLOCK, &mut buf) {
-                            Ok(n) if n == buf.len() => mine.push((xxhash_rust::xxh3::xxh3_128(&buf), i, piece)),
+                            Ok(n) if n == buf.len() => {
+                                mine.push((xxhash_rust::xxh3::xxh3_128(&buf), i, piece))
+                            }
                             Ok(_) => break,
                             Err(err) => {
-                                first_err.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
+                                first_err
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .get_or_insert(err);
                                 return;
                             }
                         }
@@ -336,10 +380,23 @@ fn blocks(e: &Engine, files: &[(InodeId, u64)], threads: usize, tally: &Tally<'_
         }
         let mut done = 0u64;
         while done < len {
-            match e.dedupe_range(src, soff + done, (len - done).min(MAX_DEDUPE_LEN), dst, doff + done) {
+            match e.dedupe_range(
+                src,
+                soff + done,
+                (len - done).min(MAX_DEDUPE_LEN),
+                dst,
+                doff + done,
+            ) {
                 Ok(Dedupe::Same(0)) | Ok(Dedupe::Differs) => break,
                 Ok(Dedupe::Same(k)) => done += k,
-                Err(err) if matches!(err.posix_kind(), Some(PosixKind::Invalid | PosixKind::NotPermitted | PosixKind::ReadOnly)) => break,
+                Err(err)
+                    if matches!(
+                        err.posix_kind(),
+                        Some(PosixKind::Invalid | PosixKind::NotPermitted | PosixKind::ReadOnly)
+                    ) =>
+                {
+                    break
+                }
                 Err(err) => return Err(err),
             }
         }
@@ -355,7 +412,14 @@ fn blocks(e: &Engine, files: &[(InodeId, u64)], threads: usize, tally: &Tally<'_
 
 /// Whether `len` bytes of `dst` at `doff` already sit on the same disk bytes as `src`
 /// at `soff` (or both are holes).
-fn same_extents(e: &Engine, src: InodeId, soff: u64, dst: InodeId, doff: u64, len: u64) -> Result<bool> {
+fn same_extents(
+    e: &Engine,
+    src: InodeId,
+    soff: u64,
+    dst: InodeId,
+    doff: u64,
+    len: u64,
+) -> Result<bool> {
     let map = |id: InodeId, off: u64| -> Result<Vec<(u64, u64, u64)>> {
         let all = e.read(|l| l.file_extents(id, off, off + len))?;
         Ok(all

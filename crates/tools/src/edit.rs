@@ -103,7 +103,10 @@ pub fn absolute(path: &str) -> Result<&str> {
     if path.starts_with('/') {
         Ok(path)
     } else {
-        Err(invalid(ubtrfs_core::quote::name(path.as_bytes()), "paths inside the image are absolute (start with /)"))
+        Err(invalid(
+            ubtrfs_core::quote::name(path.as_bytes()),
+            "paths inside the image are absolute (start with /)",
+        ))
     }
 }
 
@@ -113,7 +116,8 @@ pub fn absolute(path: &str) -> Result<&str> {
 /// `Posix(Invalid)` naming the mode.
 pub fn parse_mode(s: &str) -> Result<Mode> {
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        let m = u32::from_str_radix(s, 8).map_err(|_| invalid(s, "not an octal mode (digits 0 to 7)"))?;
+        let m = u32::from_str_radix(s, 8)
+            .map_err(|_| invalid(s, "not an octal mode (digits 0 to 7)"))?;
         if m > 0o7777 {
             return Err(invalid(s, "an octal mode is at most 7777"));
         }
@@ -149,7 +153,10 @@ fn apply_symbolic(s: &str, mut mode: u32, is_dir: bool) -> Result<u32> {
         while i < b.len() {
             let op = b[i];
             if !b"+-=".contains(&op) {
-                return Err(invalid(s, format!("unexpected {:?} in clause {clause:?}", op as char)));
+                return Err(invalid(
+                    s,
+                    format!("unexpected {:?} in clause {clause:?}", op as char),
+                ));
             }
             i += 1;
             let mut perm = 0u32;
@@ -162,7 +169,12 @@ fn apply_symbolic(s: &str, mut mode: u32, is_dir: bool) -> Result<u32> {
                     b'X' => 0,
                     b's' => 0o6000,
                     b't' => 0o1000,
-                    c => return Err(invalid(s, format!("unknown permission {:?} in clause {clause:?}", c as char))),
+                    c => {
+                        return Err(invalid(
+                            s,
+                            format!("unknown permission {:?} in clause {clause:?}", c as char),
+                        ))
+                    }
                 };
                 i += 1;
             }
@@ -226,7 +238,11 @@ pub fn apply_chattr(spec: &str, cur: u32) -> Result<u32> {
                 }
             }
             c => {
-                let bit = ATTR_LETTERS.iter().find(|(l, _)| *l == c).map(|&(_, b)| b).ok_or_else(|| invalid(spec, format!("unknown attribute {c:?}")))?;
+                let bit = ATTR_LETTERS
+                    .iter()
+                    .find(|(l, _)| *l == c)
+                    .map(|&(_, b)| b)
+                    .ok_or_else(|| invalid(spec, format!("unknown attribute {c:?}")))?;
                 match op {
                     Some('+') => out |= bit,
                     Some('-') => out &= !bit,
@@ -251,7 +267,9 @@ pub fn parse_owner(s: &str) -> Result<(Option<u32>, Option<u32>)> {
         if p.is_empty() {
             Ok(None)
         } else {
-            p.parse::<u32>().map(Some).map_err(|_| invalid(s, format!("{p:?} is not a numeric id (the image has no user database)")))
+            p.parse::<u32>().map(Some).map_err(|_| {
+                invalid(s, format!("{p:?} is not a numeric id (the image has no user database)"))
+            })
         }
     };
     let (u, g) = match s.split_once(':') {
@@ -272,7 +290,9 @@ pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, suffix) = t.split_at(split);
-    let n: u64 = n.parse().map_err(|_| invalid(s, "not a size (a number with an optional K, M, G... suffix)"))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| invalid(s, "not a size (a number with an optional K, M, G... suffix)"))?;
     let (unit, rest) = match suffix.chars().next() {
         None => (1u64, ""),
         Some(c) => {
@@ -302,7 +322,12 @@ pub fn parse_size(s: &str) -> Result<u64> {
 /// # Errors
 /// `Posix(Invalid)` naming the time.
 pub fn parse_time(s: &str) -> Result<(i64, u32)> {
-    let bad = || invalid(s, "not a time: use @SECONDS[.FRACTION] or YYYY-MM-DD[ HH:MM[:SS[.FRACTION]]] (UTC)");
+    let bad = || {
+        invalid(
+            s,
+            "not a time: use @SECONDS[.FRACTION] or YYYY-MM-DD[ HH:MM[:SS[.FRACTION]]] (UTC)",
+        )
+    };
     let frac = |f: &str| -> Result<u32> {
         if f.is_empty() || f.len() > 9 || !f.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());
@@ -323,18 +348,28 @@ pub fn parse_time(s: &str) -> Result<(i64, u32)> {
     };
     let d: Vec<&str> = date.split('-').collect();
     let [y, mo, da] = d[..] else { return Err(bad()) };
-    let (y, mo, da): (i64, i64, i64) = (y.parse().map_err(|_| bad())?, mo.parse().map_err(|_| bad())?, da.parse().map_err(|_| bad())?);
+    let (y, mo, da): (i64, i64, i64) = (
+        y.parse().map_err(|_| bad())?,
+        mo.parse().map_err(|_| bad())?,
+        da.parse().map_err(|_| bad())?,
+    );
     let (hms, ns) = match time.split_once('.') {
         Some((a, b)) => (a, frac(b)?),
         None => (time, 0),
     };
-    let t: Vec<i64> = hms.split(':').map(|p| p.parse::<i64>().map_err(|_| bad())).collect::<Result<_>>()?;
+    let t: Vec<i64> =
+        hms.split(':').map(|p| p.parse::<i64>().map_err(|_| bad())).collect::<Result<_>>()?;
     let (h, mi, se) = match t[..] {
         [h, m] => (h, m, 0),
         [h, m, s] => (h, m, s),
         _ => return Err(bad()),
     };
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&da) || !(0..24).contains(&h) || !(0..60).contains(&mi) || !(0..61).contains(&se) {
+    if !(1..=12).contains(&mo)
+        || !(1..=31).contains(&da)
+        || !(0..24).contains(&h)
+        || !(0..60).contains(&mi)
+        || !(0..61).contains(&se)
+    {
         return Err(bad());
     }
     Ok((days_from_civil(y, mo, da) * 86400 + h * 3600 + mi * 60 + se, ns))
@@ -357,7 +392,8 @@ fn reflink(w: &mut FsWriter, src: &str, dst: &str) -> Result<String> {
     let s = lookup(w, src)?;
     let si = w.live().load_inode(s, Load::ITEM)?.item;
     if si.mode.get() & S_IFMT != S_IFREG {
-        let kind = if si.mode.get() & S_IFMT == S_IFDIR { PosixKind::IsDir } else { PosixKind::Invalid };
+        let kind =
+            if si.mode.get() & S_IFMT == S_IFDIR { PosixKind::IsDir } else { PosixKind::Invalid };
         return Err(Error::posix_detail(kind, quoted(src), "only regular files are cloned"));
     }
     // A directory DST takes SRC's name, as cp does.
@@ -371,17 +407,22 @@ fn reflink(w: &mut FsWriter, src: &str, dst: &str) -> Result<String> {
     let d = match lookup(w, &dst_path) {
         Ok(d) if d == s => return Err(invalid(what, "SRC and DST are the same file".to_string())),
         Ok(d) => {
-            w.setattr(d.root, d.ino, &SetAttr { size: Some(0), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), &dst_path)], what.clone()))?;
+            w.setattr(d.root, d.ino, &SetAttr { size: Some(0), ..Default::default() })
+                .map_err(|e| in_image(e, &[(String::new(), &dst_path)], what.clone()))?;
             d
         }
         Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
             let (p, n) = w.resolve_parent(absolute(&dst_path)?)?;
-            let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(S_IFREG | (si.mode.get() & 0o777))).map_err(|e| in_image(e, &[(q(&n), &dst_path)], what.clone()))?;
+            let ino = w
+                .create_file(p.root, p.ino, &n, &InodeAttrs::new(S_IFREG | (si.mode.get() & 0o777)))
+                .map_err(|e| in_image(e, &[(q(&n), &dst_path)], what.clone()))?;
             InodeId { root: p.root, ino }
         }
         Err(e) => return Err(e),
     };
-    let n = w.clone_range(s, 0, 0, d, 0).map_err(|e| in_image(e, &[(String::new(), src)], what.clone()))?;
+    let n = w
+        .clone_range(s, 0, 0, d, 0)
+        .map_err(|e| in_image(e, &[(String::new(), src)], what.clone()))?;
     Ok(format!("{} shares {n} bytes of {}", quoted(&dst_path), quoted(src)))
 }
 
@@ -427,26 +468,50 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
             let (op, on) = w.resolve_parent(absolute(from)?)?;
             let (np, nn) = w.resolve_parent(absolute(to)?)?;
             if op.root != np.root {
-                return Err(Error::posix_detail(PosixKind::CrossDevice, format!("{} -> {}", quoted(from), quoted(to)), "they are in different subvolumes"));
+                return Err(Error::posix_detail(
+                    PosixKind::CrossDevice,
+                    format!("{} -> {}", quoted(from), quoted(to)),
+                    "they are in different subvolumes",
+                ));
             }
             w.rename(op.root, op.ino, &on, np.ino, &nn, *flags).map_err(|e| {
                 let both = format!("{} -> {}", quoted(from), quoted(to));
-                in_image(e, &[(q(&on), from), (q(&nn), to), (format!("{} -> {}", q(&on), q(&nn)), both.as_str())], format!("mv {} {}", quoted(from), quoted(to)))
+                in_image(
+                    e,
+                    &[
+                        (q(&on), from),
+                        (q(&nn), to),
+                        (format!("{} -> {}", q(&on), q(&nn)), both.as_str()),
+                    ],
+                    format!("mv {} {}", quoted(from), quoted(to)),
+                )
             })?;
             Ok(format!("renamed {} to {}", quoted(from), quoted(to)))
         }
         Edit::Ln { target, link, symbolic } => {
             let (p, n) = w.resolve_parent(absolute(link)?)?;
             if *symbolic {
-                w.symlink(p.root, p.ino, &n, target.as_bytes(), &InodeAttrs::new(0o777)).map_err(|e| in_image(e, &[(q(&n), link)], format!("ln -s {}", quoted(link))))?;
+                w.symlink(p.root, p.ino, &n, target.as_bytes(), &InodeAttrs::new(0o777)).map_err(
+                    |e| in_image(e, &[(q(&n), link)], format!("ln -s {}", quoted(link))),
+                )?;
                 return Ok(format!("{} -> {}", quoted(link), quoted(target)));
             }
             let t = lookup(w, target)?;
             if t.root != p.root {
-                return Err(Error::posix_detail(PosixKind::CrossDevice, format!("{} -> {}", quoted(link), quoted(target)), "hard links stay inside one subvolume"));
+                return Err(Error::posix_detail(
+                    PosixKind::CrossDevice,
+                    format!("{} -> {}", quoted(link), quoted(target)),
+                    "hard links stay inside one subvolume",
+                ));
             }
             let ft = ft_from_mode(w.live().load_inode(t, Load::ITEM)?.item.mode.get());
-            w.link(p.root, p.ino, &n, t.ino, ft).map_err(|e| in_image(e, &[(q(&n), link), (String::new(), target)], format!("ln {}", quoted(link))))?;
+            w.link(p.root, p.ino, &n, t.ino, ft).map_err(|e| {
+                in_image(
+                    e,
+                    &[(q(&n), link), (String::new(), target)],
+                    format!("ln {}", quoted(link)),
+                )
+            })?;
             Ok(format!("linked {} to {}", quoted(link), quoted(target)))
         }
         Edit::Mknod { path, kind, major, minor, mode } => {
@@ -455,11 +520,20 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                 'c' | 'u' => S_IFCHR,
                 'b' => S_IFBLK,
                 's' => S_IFSOCK,
-                k => return Err(invalid(quoted(path), format!("unknown node type {k:?} (p, c, b or s)"))),
+                k => {
+                    return Err(invalid(
+                        quoted(path),
+                        format!("unknown node type {k:?} (p, c, b or s)"),
+                    ))
+                }
             };
             let (p, n) = w.resolve_parent(absolute(path)?)?;
-            let a = InodeAttrs { rdev: rdev_encode(*major, *minor), ..InodeAttrs::new(t | (mode & 0o7777)) };
-            w.mknod(p.root, p.ino, &n, &a).map_err(|e| in_image(e, &[(q(&n), path)], format!("mknod {}", quoted(path))))?;
+            let a = InodeAttrs {
+                rdev: rdev_encode(*major, *minor),
+                ..InodeAttrs::new(t | (mode & 0o7777))
+            };
+            w.mknod(p.root, p.ino, &n, &a)
+                .map_err(|e| in_image(e, &[(q(&n), path)], format!("mknod {}", quoted(path))))?;
             Ok(format!("made {}", quoted(path)))
         }
         Edit::Reflink { src, dst } => reflink(w, src, dst),
@@ -474,7 +548,10 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                 }
                 Err(e) => return Err(e),
             };
-            w.setattr(id.root, id.ino, &SetAttr { size: Some(*size), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("truncate {}", quoted(path))))?;
+            w.setattr(id.root, id.ino, &SetAttr { size: Some(*size), ..Default::default() })
+                .map_err(|e| {
+                    in_image(e, &[(String::new(), path)], format!("truncate {}", quoted(path)))
+                })?;
             Ok(format!("{} is {size} bytes", quoted(path)))
         }
         Edit::Fallocate { path, mode, offset, len } => {
@@ -489,14 +566,18 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                 }
                 Err(e) => return Err(e),
             };
-            w.fallocate(id.root, id.ino, *mode, *offset, *len).map_err(|e| in_image(e, &[(String::new(), path)], format!("fallocate {}", quoted(path))))?;
+            w.fallocate(id.root, id.ino, *mode, *offset, *len).map_err(|e| {
+                in_image(e, &[(String::new(), path)], format!("fallocate {}", quoted(path)))
+            })?;
             Ok(format!("{} fallocated {len} bytes at {offset}", quoted(path)))
         }
         Edit::Chattr { spec, path } => {
             let id = lookup(w, path)?;
             let cur = fsflags_of(w.live().load_inode(id, Load::ITEM)?.item.flags.get());
             let new = apply_chattr(spec, cur)?;
-            w.set_fsflags(id.root, id.ino, new).map_err(|e| in_image(e, &[(String::new(), path)], format!("chattr {}", quoted(path))))?;
+            w.set_fsflags(id.root, id.ino, new).map_err(|e| {
+                in_image(e, &[(String::new(), path)], format!("chattr {}", quoted(path)))
+            })?;
             Ok(format!("{} {}", lsattr_string(new), quoted(path)))
         }
         Edit::Chmod { mode, path } => {
@@ -506,13 +587,22 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                 Mode::Octal(m) => *m,
                 Mode::Symbolic(s) => apply_symbolic(s, cur & 0o7777, cur & S_IFMT == S_IFDIR)?,
             };
-            w.setattr(id.root, id.ino, &SetAttr { mode: Some(m), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("chmod {}", quoted(path))))?;
+            w.setattr(id.root, id.ino, &SetAttr { mode: Some(m), ..Default::default() }).map_err(
+                |e| in_image(e, &[(String::new(), path)], format!("chmod {}", quoted(path))),
+            )?;
             Ok(format!("{} mode {m:04o}", quoted(path)))
         }
         Edit::Chown { uid, gid, path } => {
             let id = lookup(w, path)?;
-            w.setattr(id.root, id.ino, &SetAttr::chown(*uid, *gid)).map_err(|e| in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path))))?;
-            Ok(format!("{} owner {}:{}", quoted(path), uid.map_or("-".into(), |u| u.to_string()), gid.map_or("-".into(), |g| g.to_string())))
+            w.setattr(id.root, id.ino, &SetAttr::chown(*uid, *gid)).map_err(|e| {
+                in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path)))
+            })?;
+            Ok(format!(
+                "{} owner {}:{}",
+                quoted(path),
+                uid.map_or("-".into(), |u| u.to_string()),
+                gid.map_or("-".into(), |g| g.to_string())
+            ))
         }
         Edit::Touch { path, time } => {
             let t = time.map_or(TimeSet::Now, |(s, n)| TimeSet::At(s, n));
@@ -525,7 +615,14 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                 }
                 Err(e) => return Err(e),
             };
-            w.setattr(id.root, id.ino, &SetAttr { atime: Some(t), mtime: Some(t), ..Default::default() }).map_err(|e| in_image(e, &[(String::new(), path)], format!("touch {}", quoted(path))))?;
+            w.setattr(
+                id.root,
+                id.ino,
+                &SetAttr { atime: Some(t), mtime: Some(t), ..Default::default() },
+            )
+            .map_err(|e| {
+                in_image(e, &[(String::new(), path)], format!("touch {}", quoted(path)))
+            })?;
             Ok(format!("touched {}", quoted(path)))
         }
     }
@@ -534,7 +631,8 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
 fn mkdir(w: &mut FsWriter, path: &str, parents: bool, mode: u32) -> Result<String> {
     if !parents {
         let (p, n) = w.resolve_parent(path)?;
-        w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)).map_err(|e| in_image(e, &[(q(&n), path)], format!("mkdir {}", quoted(path))))?;
+        w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode))
+            .map_err(|e| in_image(e, &[(q(&n), path)], format!("mkdir {}", quoted(path))))?;
         return Ok(format!("made {}", quoted(path)));
     }
     // -p: every missing component, in turn; existing directories are fine.
@@ -551,7 +649,9 @@ fn mkdir(w: &mut FsWriter, path: &str, parents: bool, mode: u32) -> Result<Strin
             }
             Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
                 let (p, n) = w.resolve_parent(&cur)?;
-                w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)).map_err(|e| in_image(e, &[(q(&n), &cur)], format!("mkdir {}", quoted(&cur))))?;
+                w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)).map_err(|e| {
+                    in_image(e, &[(q(&n), &cur)], format!("mkdir {}", quoted(&cur)))
+                })?;
                 made += 1;
             }
             Err(e) => return Err(e),
@@ -568,7 +668,12 @@ mod tests {
     fn modes() {
         assert_eq!(parse_mode("755").unwrap(), Mode::Octal(0o755));
         assert_eq!(parse_mode("04755").unwrap(), Mode::Octal(0o4755));
-        assert!(parse_mode("8").is_err() && parse_mode("77777").is_err() && parse_mode("u+q").is_err() && parse_mode("u").is_err());
+        assert!(
+            parse_mode("8").is_err()
+                && parse_mode("77777").is_err()
+                && parse_mode("u+q").is_err()
+                && parse_mode("u").is_err()
+        );
         assert_eq!(apply_symbolic("u+x", 0o644, false).unwrap(), 0o744);
         assert_eq!(apply_symbolic("go-rwx", 0o777, false).unwrap(), 0o700);
         assert_eq!(apply_symbolic("a=r", 0o777, false).unwrap(), 0o444);
@@ -601,12 +706,20 @@ mod tests {
         assert_eq!(parse_size("3MiB").unwrap(), 3 << 20);
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
         assert_eq!(parse_size("1KB").unwrap(), 1000);
-        assert!(parse_size("1Q").is_err() && parse_size("x").is_err() && parse_size("99999999999E").is_err());
+        assert!(
+            parse_size("1Q").is_err()
+                && parse_size("x").is_err()
+                && parse_size("99999999999E").is_err()
+        );
         assert_eq!(parse_time("@1700000000").unwrap(), (1_700_000_000, 0));
         assert_eq!(parse_time("@1.5").unwrap(), (1, 500_000_000));
         assert_eq!(parse_time("1970-01-01").unwrap(), (0, 0));
         assert_eq!(parse_time("2000-03-01 00:00:00").unwrap(), (951_868_800, 0));
         assert_eq!(parse_time("2023-11-14T22:13:20.25Z").unwrap(), (1_700_000_000, 250_000_000));
-        assert!(parse_time("2023-13-01").is_err() && parse_time("yesterday").is_err() && parse_time("@1.1234567890").is_err());
+        assert!(
+            parse_time("2023-13-01").is_err()
+                && parse_time("yesterday").is_err()
+                && parse_time("@1.1234567890").is_err()
+        );
     }
 }

@@ -40,7 +40,9 @@ use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::filesystem::{DirEntry, ExtentKind, FileExtentRec, FileKind, Filesystem, InodeId, InodeView, Load, LoadDamage};
+use ubtrfs_core::inode::filesystem::{
+    DirEntry, ExtentKind, FileExtentRec, FileKind, Filesystem, InodeId, InodeView, Load, LoadDamage,
+};
 use ubtrfs_core::inode::read::DecompressCache;
 use ubtrfs_core::quote;
 use ubtrfs_core::FsRead;
@@ -91,13 +93,19 @@ impl ExtractStats {
     /// True if every object was extracted with all its data and entries (metadata the
     /// destination cannot hold does not count).
     pub fn complete(&self) -> bool {
-        self.files_incomplete == 0 && self.dirs_incomplete == 0 && self.dirs_unreadable == 0 && self.files_unreadable == 0 && self.not_created == 0
+        self.files_incomplete == 0
+            && self.dirs_incomplete == 0
+            && self.dirs_unreadable == 0
+            && self.files_unreadable == 0
+            && self.not_created == 0
     }
 
     /// What was lost, in words ("3 files incomplete, 1 directory unreadable"); None if
     /// nothing was.
     pub fn losses(&self) -> Option<String> {
-        let count = |n: u64, one: &str, many: &str, what: &str| (n > 0).then(|| format!("{n} {} {what}", if n == 1 { one } else { many }));
+        let count = |n: u64, one: &str, many: &str, what: &str| {
+            (n > 0).then(|| format!("{n} {} {what}", if n == 1 { one } else { many }))
+        };
         let parts: Vec<String> = [
             count(self.files_incomplete, "file", "files", "incomplete"),
             count(self.dirs_incomplete, "directory", "directories", "incomplete"),
@@ -188,7 +196,8 @@ struct Ctx<'a> {
 }
 
 fn cstr(b: &[u8], what: &str) -> Result<CString> {
-    CString::new(b).map_err(|_| Error::posix(PosixKind::Invalid, format!("{what}: name contains NUL")))
+    CString::new(b)
+        .map_err(|_| Error::posix(PosixKind::Invalid, format!("{what}: name contains NUL")))
 }
 
 fn last_os_error() -> std::io::Error {
@@ -211,8 +220,13 @@ fn os_words(e: &std::io::Error) -> String {
 }
 
 fn check_name(dir: InodeId, name: &[u8]) -> Result<()> {
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
-        let mut c = Corrupt::new(CorruptWhere::Item, format!("refusing unsafe directory entry name \"{}\"", quote::name(name))).root(dir.root);
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        let mut c = Corrupt::new(
+            CorruptWhere::Item,
+            format!("refusing unsafe directory entry name \"{}\"", quote::name(name)),
+        )
+        .root(dir.root);
         c.ino = Some(dir.ino);
         return Err(c.into());
     }
@@ -227,7 +241,13 @@ fn check_name(dir: InodeId, name: &[u8]) -> Result<()> {
 /// `Io` naming the host path when the destination fails; in `strict` mode, the first
 /// unreadable object or data range (`At` the host path). Unreadable parts of the image
 /// otherwise become warnings.
-pub fn extract(fs: &Filesystem, src: InodeId, dest: &Path, opts: &ExtractOptions, report: &mut dyn ExtractReport) -> Result<ExtractStats> {
+pub fn extract(
+    fs: &Filesystem,
+    src: InodeId,
+    dest: &Path,
+    opts: &ExtractOptions,
+    report: &mut dyn ExtractReport,
+) -> Result<ExtractStats> {
     raise_fd_limit();
     // SAFETY: geteuid has no preconditions.
     let is_root = unsafe { libc::geteuid() } == 0;
@@ -247,15 +267,20 @@ pub fn extract(fs: &Filesystem, src: InodeId, dest: &Path, opts: &ExtractOptions
     };
     let host = quote::path(dest).into_owned();
     // The top must be readable: without it there is nothing to salvage.
-    let (top, mut damage) = fs.load_inode_salvage(src, Load::ALL).map_err(|e| e.at(format!("{host}: cannot read the source ({src})")))?;
+    let (top, mut damage) = fs
+        .load_inode_salvage(src, Load::ALL)
+        .map_err(|e| e.at(format!("{host}: cannot read the source ({src})")))?;
     if top.kind() == FileKind::Dir {
         let dirfd = if opts.dry_run {
             None
         } else {
-            std::fs::create_dir_all(dest).map_err(|e| Error::io(format!("cannot create {host}"), e))?;
+            std::fs::create_dir_all(dest)
+                .map_err(|e| Error::io(format!("cannot create {host}"), e))?;
             let d = cstr(dest.as_os_str().as_encoded_bytes(), &host)?;
             // SAFETY: d is a valid C string; the returned fd is owned below.
-            let fd = unsafe { libc::open(d.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+            let fd = unsafe {
+                libc::open(d.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            };
             if fd < 0 {
                 return Err(Error::io(format!("cannot open {host}"), last_os_error()));
             }
@@ -268,7 +293,15 @@ pub fn extract(fs: &Filesystem, src: InodeId, dest: &Path, opts: &ExtractOptions
         ctx.visited_dirs.insert(top.id);
         ctx.stats.dirs += 1;
         ctx.report.listed('d', &host);
-        let entries_lost = extract_dir_contents(&mut ctx, dirfd.as_ref(), &top, &mut damage, Path::new(""), 0, &host)?;
+        let entries_lost = extract_dir_contents(
+            &mut ctx,
+            dirfd.as_ref(),
+            &top,
+            &mut damage,
+            Path::new(""),
+            0,
+            &host,
+        )?;
         if xattrs_lost(&mut ctx, &top, &mut damage, &host)? && !entries_lost {
             ctx.stats.dirs_incomplete += 1;
         }
@@ -277,15 +310,21 @@ pub fn extract(fs: &Filesystem, src: InodeId, dest: &Path, opts: &ExtractOptions
         }
     } else {
         let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let name = dest.file_name().ok_or_else(|| Error::posix(PosixKind::Invalid, host.clone()))?;
+        let name =
+            dest.file_name().ok_or_else(|| Error::posix(PosixKind::Invalid, host.clone()))?;
         let dirfd = if opts.dry_run {
             None
         } else {
             let p = cstr(parent.as_os_str().as_encoded_bytes(), &host)?;
             // SAFETY: p is a valid C string.
-            let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+            let fd = unsafe {
+                libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            };
             if fd < 0 {
-                return Err(Error::io(format!("cannot open {}", quote::path(parent)), last_os_error()));
+                return Err(Error::io(
+                    format!("cannot open {}", quote::path(parent)),
+                    last_os_error(),
+                ));
             }
             // SAFETY: fd was just opened.
             Some(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -293,7 +332,16 @@ pub fn extract(fs: &Filesystem, src: InodeId, dest: &Path, opts: &ExtractOptions
         if let Some(d) = &dirfd {
             ctx.root_fd = d.as_raw_fd();
         }
-        extract_one(&mut ctx, dirfd.as_ref(), name.as_encoded_bytes(), &top, &mut damage, Path::new(name), 0, &host)?;
+        extract_one(
+            &mut ctx,
+            dirfd.as_ref(),
+            name.as_encoded_bytes(),
+            &top,
+            &mut damage,
+            Path::new(name),
+            0,
+            &host,
+        )?;
     }
     if ctx.stats.owners_not_kept > 0 {
         // One line for the whole tree: as non-root this is every object, and expected.
@@ -301,7 +349,10 @@ pub fn extract(fs: &Filesystem, src: InodeId, dest: &Path, opts: &ExtractOptions
         let (u, g) = unsafe { (libc::geteuid(), libc::getegid()) };
         let n = ctx.stats.owners_not_kept;
         let why = ctx.owner_reason.take().unwrap_or_default();
-        let text = format!("{host}: owner not kept on {n} object{} ({why}); they belong to {u}:{g}", if n == 1 { "" } else { "s" });
+        let text = format!(
+            "{host}: owner not kept on {n} object{} ({why}); they belong to {u}:{g}",
+            if n == 1 { "" } else { "s" }
+        );
         ctx.report.warning(&Warning { kind: WarningKind::Metadata, text });
     }
     ctx.report.progress(&ctx.stats);
@@ -331,7 +382,10 @@ impl Ctx<'_> {
         }
         if is_dir {
             self.stats.dirs_unreadable += 1;
-            self.warn(WarningKind::NotExtracted, format!("{host}: directory not extracted, nor anything under it ({err})"));
+            self.warn(
+                WarningKind::NotExtracted,
+                format!("{host}: directory not extracted, nor anything under it ({err})"),
+            );
         } else {
             self.stats.files_unreadable += 1;
             self.warn(WarningKind::NotExtracted, format!("{host}: not extracted ({err})"));
@@ -362,20 +416,38 @@ fn name_refused(e: &std::io::Error) -> bool {
 /// The error for a failed create of `host`.
 fn create_error(what: &str, host: &str, e: std::io::Error) -> Error {
     if errno(&e) == libc::EEXIST {
-        return Error::io(format!("cannot create {what}{host} (extract never replaces what exists)"), e);
+        return Error::io(
+            format!("cannot create {what}{host} (extract never replaces what exists)"),
+            e,
+        );
     }
     Error::io(format!("cannot create {what}{host}"), e)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn extract_dir_contents(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, dir: &InodeView, damage: &mut LoadDamage, rel: &Path, depth: usize, host: &str) -> Result<bool> {
-    let lost = damage.lost.iter().position(|l| l.overlaps(dir.id.ino, DIR_INDEX_KEY)).filter(|_| !entries_complete(dir, damage));
+fn extract_dir_contents(
+    ctx: &mut Ctx<'_>,
+    dirfd: Option<&OwnedFd>,
+    dir: &InodeView,
+    damage: &mut LoadDamage,
+    rel: &Path,
+    depth: usize,
+    host: &str,
+) -> Result<bool> {
+    let lost = damage
+        .lost
+        .iter()
+        .position(|l| l.overlaps(dir.id.ino, DIR_INDEX_KEY))
+        .filter(|_| !entries_complete(dir, damage));
     if let Some(i) = lost {
         if ctx.opts.strict {
             return Err(damage.lost.swap_remove(i).error.at(format!("{host}: directory entries")));
         }
         ctx.stats.dirs_incomplete += 1;
-        let text = format!("{host}: directory incomplete: some entries unreadable ({}); the rest are extracted", damage.lost[i].error);
+        let text = format!(
+            "{host}: directory incomplete: some entries unreadable ({}); the rest are extracted",
+            damage.lost[i].error
+        );
         ctx.warn(WarningKind::Incomplete, text);
     }
     for b in std::mem::take(&mut damage.bad_entries) {
@@ -392,7 +464,12 @@ fn extract_dir_contents(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, dir: &InodeV
 /// each name twice, for its DIR_ITEM and its DIR_INDEX): then an unreadable block next
 /// to its items held none of them.
 fn entries_complete(dir: &InodeView, damage: &LoadDamage) -> bool {
-    let names = dir.entries.iter().map(|e| e.name.len() as u64).chain(damage.bad_entries.iter().map(|b| b.name.len() as u64)).fold(0u64, u64::saturating_add);
+    let names = dir
+        .entries
+        .iter()
+        .map(|e| e.name.len() as u64)
+        .chain(damage.bad_entries.iter().map(|b| b.name.len() as u64))
+        .fold(0u64, u64::saturating_add);
     names.checked_mul(2) == Some(dir.size())
 }
 
@@ -412,7 +489,15 @@ fn extents_complete(ino: &InodeView) -> bool {
     bytes == ino.item.nbytes.get()
 }
 
-fn extract_entry(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, parent: InodeId, e: &DirEntry, rel: &Path, depth: usize, parent_host: &str) -> Result<()> {
+fn extract_entry(
+    ctx: &mut Ctx<'_>,
+    dirfd: Option<&OwnedFd>,
+    parent: InodeId,
+    e: &DirEntry,
+    rel: &Path,
+    depth: usize,
+    parent_host: &str,
+) -> Result<()> {
     let host = format!("{parent_host}/{}", quote::name(&e.name));
     let is_dir = e.ftype == FT_DIR;
     if let Err(err) = check_name(parent, &e.name) {
@@ -429,7 +514,16 @@ fn extract_entry(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, parent: InodeId, e:
 
 /// Extract one object as `dirfd/name` (`dirfd` None: a dry run).
 #[allow(clippy::too_many_arguments)]
-fn extract_one(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, name: &[u8], ino: &InodeView, damage: &mut LoadDamage, rel: &Path, depth: usize, host: &str) -> Result<()> {
+fn extract_one(
+    ctx: &mut Ctx<'_>,
+    dirfd: Option<&OwnedFd>,
+    name: &[u8],
+    ino: &InodeView,
+    damage: &mut LoadDamage,
+    rel: &Path,
+    depth: usize,
+    host: &str,
+) -> Result<()> {
     let cname = cstr(name, host)?;
     let dfd = dirfd.map(|d| d.as_raw_fd());
     let kind = ino.kind();
@@ -438,7 +532,8 @@ fn extract_one(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, name: &[u8], ino: &In
             if let Some(dfd) = dfd {
                 let cfirst = cstr(first.as_os_str().as_encoded_bytes(), host)?;
                 // SAFETY: valid fds and C strings; flags 0 means do not follow symlinks.
-                let rc = unsafe { libc::linkat(ctx.root_fd, cfirst.as_ptr(), dfd, cname.as_ptr(), 0) };
+                let rc =
+                    unsafe { libc::linkat(ctx.root_fd, cfirst.as_ptr(), dfd, cname.as_ptr(), 0) };
                 if rc != 0 {
                     let err = last_os_error();
                     if name_refused(&err) {
@@ -458,7 +553,9 @@ fn extract_one(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, name: &[u8], ino: &In
         FileKind::Dir => extract_dir(ctx, dfd, &cname, ino, damage, rel, depth, host)?,
         FileKind::File => extract_file(ctx, dfd, &cname, ino, damage, host)?,
         FileKind::Symlink => extract_symlink(ctx, dfd, &cname, ino, damage, host)?,
-        FileKind::Fifo | FileKind::CharDev | FileKind::BlockDev | FileKind::Socket => extract_special(ctx, dfd, &cname, ino, host)?,
+        FileKind::Fifo | FileKind::CharDev | FileKind::BlockDev | FileKind::Socket => {
+            extract_special(ctx, dfd, &cname, ino, host)?
+        }
     };
     if created && kind != FileKind::Dir && ino.nlink() > 1 {
         ctx.links.insert(ino.id, rel.to_path_buf());
@@ -469,17 +566,35 @@ fn extract_one(ctx: &mut Ctx<'_>, dirfd: Option<&OwnedFd>, name: &[u8], ino: &In
 
 /// Returns whether the directory was created.
 #[allow(clippy::too_many_arguments)]
-fn extract_dir(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeView, damage: &mut LoadDamage, rel: &Path, depth: usize, host: &str) -> Result<bool> {
+fn extract_dir(
+    ctx: &mut Ctx<'_>,
+    dfd: Option<RawFd>,
+    cname: &CStr,
+    ino: &InodeView,
+    damage: &mut LoadDamage,
+    rel: &Path,
+    depth: usize,
+    host: &str,
+) -> Result<bool> {
     // Placeholders of subvolumes a snapshot does not hold share one number per tree,
     // as on the kernel, and are always empty: no loop can pass through them.
     if !ino.id.is_placeholder() && !ctx.visited_dirs.insert(ino.id) {
-        let mut c = Corrupt::new(CorruptWhere::Item, "directory reached twice (loop or extra hard link)").root(ino.id.root);
+        let mut c =
+            Corrupt::new(CorruptWhere::Item, "directory reached twice (loop or extra hard link)")
+                .root(ino.id.root);
         c.ino = Some(ino.id.ino);
         ctx.not_extracted(true, host, c.into())?;
         return Ok(false);
     }
     if depth >= MAX_DEPTH {
-        ctx.not_extracted(true, host, Error::posix(PosixKind::NameTooLong, format!("directories nest deeper than {MAX_DEPTH}")))?;
+        ctx.not_extracted(
+            true,
+            host,
+            Error::posix(
+                PosixKind::NameTooLong,
+                format!("directories nest deeper than {MAX_DEPTH}"),
+            ),
+        )?;
         return Ok(false);
     }
     let sub = match dfd {
@@ -495,7 +610,13 @@ fn extract_dir(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeV
                 return Err(create_error("directory ", host, err));
             }
             // SAFETY: valid fd and C string; O_NOFOLLOW refuses a symlink swapped in.
-            let fd = unsafe { libc::openat(dfd, cname.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+            let fd = unsafe {
+                libc::openat(
+                    dfd,
+                    cname.as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                )
+            };
             if fd < 0 {
                 return Err(Error::io(format!("cannot open directory {host}"), last_os_error()));
             }
@@ -518,23 +639,51 @@ fn extract_dir(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeV
 
 /// Report xattrs of `ino` lost to unreadable blocks (a loss of the source: strict
 /// mode stops).
-fn xattrs_lost(ctx: &mut Ctx<'_>, ino: &InodeView, damage: &mut LoadDamage, host: &str) -> Result<bool> {
-    let Some(i) = damage.lost.iter().position(|l| l.overlaps(ino.id.ino, XATTR_ITEM_KEY)) else { return Ok(false) };
+fn xattrs_lost(
+    ctx: &mut Ctx<'_>,
+    ino: &InodeView,
+    damage: &mut LoadDamage,
+    host: &str,
+) -> Result<bool> {
+    let Some(i) = damage.lost.iter().position(|l| l.overlaps(ino.id.ino, XATTR_ITEM_KEY)) else {
+        return Ok(false);
+    };
     if ctx.opts.strict {
         return Err(damage.lost.swap_remove(i).error.at(format!("{host}: xattrs")));
     }
-    let text = format!("{host}: xattrs may be incomplete: some of its items are unreadable ({})", damage.lost[i].error);
+    let text = format!(
+        "{host}: xattrs may be incomplete: some of its items are unreadable ({})",
+        damage.lost[i].error
+    );
     ctx.warn(WarningKind::Incomplete, text);
     Ok(true)
 }
 
 /// Returns whether the file was created.
-fn extract_file(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeView, damage: &mut LoadDamage, host: &str) -> Result<bool> {
+fn extract_file(
+    ctx: &mut Ctx<'_>,
+    dfd: Option<RawFd>,
+    cname: &CStr,
+    ino: &InodeView,
+    damage: &mut LoadDamage,
+    host: &str,
+) -> Result<bool> {
     let f = match dfd {
         None => None,
         Some(dfd) => {
             // SAFETY: valid fd and C string.
-            let fd = unsafe { libc::openat(dfd, cname.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600) };
+            let fd = unsafe {
+                libc::openat(
+                    dfd,
+                    cname.as_ptr(),
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_NOFOLLOW
+                        | libc::O_CLOEXEC,
+                    0o600,
+                )
+            };
             if fd < 0 {
                 let err = last_os_error();
                 if name_refused(&err) {
@@ -552,9 +701,10 @@ fn extract_file(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &Inode
     // 8 EiB, ext4's 16 TiB with 4 KiB blocks) is EFBIG here, before any data is read
     // or written, and the rest of the tree goes on, as cp -a goes on past it ("failed
     // to extend"). The data then goes below the size, into a sparse file.
+    let size = i64::try_from(ino.size()).unwrap_or(i64::MAX);
     let sized = match fd {
         // SAFETY: fd is open for writing.
-        Some(fd) if unsafe { libc::ftruncate(fd, i64::try_from(ino.size()).unwrap_or(i64::MAX)) } != 0 => Err(last_os_error()),
+        Some(fd) if unsafe { libc::ftruncate(fd, size) } != 0 => Err(last_os_error()),
         _ => Ok(()),
     };
     let copied = match sized {
@@ -563,10 +713,22 @@ fn extract_file(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &Inode
                 drop(f);
                 // SAFETY: valid fd and C string.
                 if unsafe { libc::unlinkat(dfd, cname.as_ptr(), 0) } != 0 {
-                    return Err(Error::io(format!("cannot remove the empty {host} after the destination refused its size"), last_os_error()));
+                    return Err(Error::io(
+                        format!(
+                            "cannot remove the empty {host} after the destination refused its size"
+                        ),
+                        last_os_error(),
+                    ));
                 }
             }
-            ctx.not_created(host, &format!("{}: its size, {} bytes, is more than the destination holds in one file", os_words(&err), ino.size()));
+            ctx.not_created(
+                host,
+                &format!(
+                    "{}: its size, {} bytes, is more than the destination holds in one file",
+                    os_words(&err),
+                    ino.size()
+                ),
+            );
             return Ok(false);
         }
         Err(err) => Err(Error::io(format!("cannot truncate {host}"), err)),
@@ -580,7 +742,14 @@ fn extract_file(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &Inode
                 drop(f);
                 // SAFETY: valid fd and C string.
                 let removed = unsafe { libc::unlinkat(dfd, cname.as_ptr(), 0) } == 0;
-                let text = if removed { format!("{host}: removed the partial copy") } else { format!("{host}: the partial copy is left incomplete ({})", os_words(&last_os_error())) };
+                let text = if removed {
+                    format!("{host}: removed the partial copy")
+                } else {
+                    format!(
+                        "{host}: the partial copy is left incomplete ({})",
+                        os_words(&last_os_error())
+                    )
+                };
                 ctx.warn(WarningKind::NotExtracted, text);
             }
             return Err(e);
@@ -604,7 +773,14 @@ fn extract_file(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &Inode
 }
 
 /// Returns whether the symlink was created.
-fn extract_symlink(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeView, damage: &mut LoadDamage, host: &str) -> Result<bool> {
+fn extract_symlink(
+    ctx: &mut Ctx<'_>,
+    dfd: Option<RawFd>,
+    cname: &CStr,
+    ino: &InodeView,
+    damage: &mut LoadDamage,
+    host: &str,
+) -> Result<bool> {
     let lost = damage.lost.iter().position(|l| l.overlaps(ino.id.ino, EXTENT_DATA_KEY));
     if let Some(i) = lost.filter(|_| !extents_complete(ino)) {
         let err = damage.lost.swap_remove(i).error;
@@ -622,7 +798,8 @@ fn extract_symlink(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &In
     let ct = match CString::new(target) {
         Ok(c) => c,
         Err(_) => {
-            let mut c = Corrupt::new(CorruptWhere::Item, "symlink target contains NUL").root(ino.id.root);
+            let mut c =
+                Corrupt::new(CorruptWhere::Item, "symlink target contains NUL").root(ino.id.root);
             c.ino = Some(ino.id.ino);
             ctx.not_extracted(false, host, c.into())?;
             return Ok(false);
@@ -651,7 +828,13 @@ fn extract_symlink(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &In
 }
 
 /// Returns whether the fifo, socket or device node was created.
-fn extract_special(ctx: &mut Ctx<'_>, dfd: Option<RawFd>, cname: &CStr, ino: &InodeView, host: &str) -> Result<bool> {
+fn extract_special(
+    ctx: &mut Ctx<'_>,
+    dfd: Option<RawFd>,
+    cname: &CStr,
+    ino: &InodeView,
+    host: &str,
+) -> Result<bool> {
     let kind = ino.kind();
     if let Some(dfd) = dfd {
         let (maj, min) = rdev_decode(ino.item.rdev.get());
@@ -720,7 +903,9 @@ fn push_bad(bad: &mut Vec<BadRange>, r: BadRange) {
     if let Some(last) = bad.last_mut() {
         if last.end == r.start {
             let merge = match (&last.why, &r.why) {
-                (Why::Csum { logical: a, copies: ca }, Why::Csum { logical: b, copies: cb }) => ca == cb && a + (last.end - last.start) == *b,
+                (Why::Csum { logical: a, copies: ca }, Why::Csum { logical: b, copies: cb }) => {
+                    ca == cb && a + (last.end - last.start) == *b
+                }
                 (Why::Other(a), Why::Other(b)) => a == b,
                 _ => false,
             };
@@ -755,13 +940,20 @@ fn write_all_at(fd: RawFd, mut data: &[u8], mut off: u64) -> std::io::Result<()>
 
 /// Copy the file's data into `fd` (None: read only, for a dry run). Returns the ranges
 /// that could not be read (left as holes); in strict mode the first is an error.
-fn copy_data(ctx: &mut Ctx<'_>, fd: Option<RawFd>, ino: &InodeView, damage: &mut LoadDamage, host: &str) -> Result<Vec<BadRange>> {
+fn copy_data(
+    ctx: &mut Ctx<'_>,
+    fd: Option<RawFd>,
+    ino: &InodeView,
+    damage: &mut LoadDamage,
+    host: &str,
+) -> Result<Vec<BadRange>> {
     let size = ino.size();
     let mut cache = DecompressCache::default();
     let mut bad = Vec::new();
     let write = |data: &[u8], off: u64| -> Result<()> {
         match fd {
-            Some(fd) => write_all_at(fd, data, off).map_err(|e| Error::io(format!("cannot write {host}"), e)),
+            Some(fd) => write_all_at(fd, data, off)
+                .map_err(|e| Error::io(format!("cannot write {host}"), e)),
             None => Ok(()),
         }
     };
@@ -798,8 +990,13 @@ fn copy_data(ctx: &mut Ctx<'_>, fd: Option<RawFd>, ino: &InodeView, damage: &mut
             return Err(damage.lost.swap_remove(i).error.at(format!("{host}: file extents")));
         }
     }
-    for l in damage.lost.iter().filter(|l| lost_extents && l.overlaps(ino.id.ino, EXTENT_DATA_KEY)) {
-        let lo = if l.from.objectid == ino.id.ino && l.from.type_ == EXTENT_DATA_KEY { l.from.offset } else { 0 };
+    for l in damage.lost.iter().filter(|l| lost_extents && l.overlaps(ino.id.ino, EXTENT_DATA_KEY))
+    {
+        let lo = if l.from.objectid == ino.id.ino && l.from.type_ == EXTENT_DATA_KEY {
+            l.from.offset
+        } else {
+            0
+        };
         let hi = match l.to {
             Some(t) if t.objectid == ino.id.ino && t.type_ == EXTENT_DATA_KEY => t.offset,
             _ => u64::MAX,
@@ -879,7 +1076,10 @@ fn salvage_piece(
         info.warn(w);
     }
     if extra > 0 {
-        info.warn(format!("ino {} root {}: {extra} more read warnings for file offsets {pos}..{end}", ino.id.ino, ino.id.root));
+        info.warn(format!(
+            "ino {} root {}: {extra} more read warnings for file offsets {pos}..{end}",
+            ino.id.ino, ino.id.root
+        ));
     }
     Ok(())
 }
@@ -887,16 +1087,26 @@ fn salvage_piece(
 fn report_bad_ranges(ctx: &mut Ctx<'_>, bad: &[BadRange], host: &str) {
     for r in bad.iter().take(MAX_RANGES_LISTED) {
         let why = match &r.why {
-            Why::Csum { logical, copies: 1 } => format!("data checksum mismatch at logical {logical}, the only copy"),
-            Why::Csum { logical, .. } => format!("data checksum mismatch at logical {logical} in every copy"),
+            Why::Csum { logical, copies: 1 } => {
+                format!("data checksum mismatch at logical {logical}, the only copy")
+            }
+            Why::Csum { logical, .. } => {
+                format!("data checksum mismatch at logical {logical} in every copy")
+            }
             Why::Other(s) => s.clone(),
         };
-        ctx.warn(WarningKind::Incomplete, format!("{host}: bytes {}..{} unreadable ({why}); left as a hole", r.start, r.end));
+        ctx.warn(
+            WarningKind::Incomplete,
+            format!("{host}: bytes {}..{} unreadable ({why}); left as a hole", r.start, r.end),
+        );
     }
     if bad.len() > MAX_RANGES_LISTED {
         let rest = &bad[MAX_RANGES_LISTED..];
         let bytes: u64 = rest.iter().map(|r| r.end - r.start).sum();
-        ctx.warn(WarningKind::Incomplete, format!("{host}: {} more unreadable ranges ({bytes} bytes); left as holes", rest.len()));
+        ctx.warn(
+            WarningKind::Incomplete,
+            format!("{host}: {} more unreadable ranges ({bytes} bytes); left as holes", rest.len()),
+        );
     }
 }
 
@@ -916,7 +1126,10 @@ fn preallocate(ctx: &mut Ctx<'_>, fd: RawFd, ino: &InodeView, notes: &mut Vec<St
         let inside = (s < size).then(|| (s, t.min(size), 0));
         let beyond = (t > size).then(|| (s.max(size), t, libc::FALLOC_FL_KEEP_SIZE));
         for (a, b, mode) in [inside, beyond].into_iter().flatten() {
-            let (Ok(off), Ok(len)) = (libc::off_t::try_from(a), libc::off_t::try_from(b - a)) else { continue };
+            let (Ok(off), Ok(len)) = (libc::off_t::try_from(a), libc::off_t::try_from(b - a))
+            else {
+                continue;
+            };
             // SAFETY: fd is open for writing; plain integers.
             if unsafe { libc::fallocate(fd, mode, off, len) } != 0 {
                 let err = last_os_error();
@@ -943,7 +1156,9 @@ impl Target<'_> {
         let rc = unsafe {
             match self {
                 Target::Fd(fd) => libc::fchown(*fd, uid, gid),
-                Target::At { dirfd, name } => libc::fchownat(*dirfd, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW),
+                Target::At { dirfd, name } => {
+                    libc::fchownat(*dirfd, name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW)
+                }
             }
         };
         if rc == 0 {
@@ -976,9 +1191,19 @@ impl Target<'_> {
         // SAFETY: valid fds, C strings and a value buffer of value.len() bytes.
         let rc = unsafe {
             match (self, at_path) {
-                (Target::Fd(fd), _) => libc::fsetxattr(*fd, name.as_ptr(), value.as_ptr().cast(), value.len(), 0),
-                (Target::At { .. }, Some(p)) => libc::lsetxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0),
-                (Target::At { .. }, None) => return Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+                (Target::Fd(fd), _) => {
+                    libc::fsetxattr(*fd, name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+                }
+                (Target::At { .. }, Some(p)) => libc::lsetxattr(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    value.as_ptr().cast(),
+                    value.len(),
+                    0,
+                ),
+                (Target::At { .. }, None) => {
+                    return Err(std::io::Error::from_raw_os_error(libc::EBADF))
+                }
             }
         };
         if rc == 0 {
@@ -993,7 +1218,12 @@ impl Target<'_> {
         let rc = unsafe {
             match self {
                 Target::Fd(fd) => libc::futimens(*fd, times.as_ptr()),
-                Target::At { dirfd, name } => libc::utimensat(*dirfd, name.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW),
+                Target::At { dirfd, name } => libc::utimensat(
+                    *dirfd,
+                    name.as_ptr(),
+                    times.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                ),
             }
         };
         if rc == 0 {
@@ -1028,15 +1258,23 @@ fn xattr_stage(name: &[u8]) -> XattrStage {
 fn xattr_refusal(err: &std::io::Error, name: &[u8], kind: FileKind, is_root: bool) -> String {
     let privileged = name.starts_with(b"trusted.") || name.starts_with(b"security.");
     match errno(err) {
-        libc::ENOSPC | libc::E2BIG | libc::EDQUOT => "the destination filesystem cannot store more xattrs on this file".into(),
+        libc::ENOSPC | libc::E2BIG | libc::EDQUOT => {
+            "the destination filesystem cannot store more xattrs on this file".into()
+        }
         libc::ERANGE => "the destination filesystem cannot store values this large".into(),
-        libc::EOPNOTSUPP if xattr_stage(name) == XattrStage::Acl => "the destination filesystem does not support ACLs here".into(),
+        libc::EOPNOTSUPP if xattr_stage(name) == XattrStage::Acl => {
+            "the destination filesystem does not support ACLs here".into()
+        }
         libc::EOPNOTSUPP => {
             let ns = name.split(|&b| b == b'.').next().unwrap_or_default();
             format!("the destination filesystem does not support {} xattrs", quote::name(ns))
         }
         libc::EPERM if privileged && !is_root => "needs root".into(),
-        libc::EPERM if name.starts_with(b"user.") && !matches!(kind, FileKind::File | FileKind::Dir) => "user xattrs are only allowed on regular files and directories".into(),
+        libc::EPERM
+            if name.starts_with(b"user.") && !matches!(kind, FileKind::File | FileKind::Dir) =>
+        {
+            "user xattrs are only allowed on regular files and directories".into()
+        }
         libc::EINVAL => "the destination refused the value as invalid".into(),
         _ => os_words(err),
     }
@@ -1057,7 +1295,12 @@ fn xattr_note(failed: &[(String, Vec<u8>)], total: usize) -> String {
         names.sort_unstable();
     }
     let list = |names: &[&[u8]]| {
-        let mut s = names.iter().take(MAX_XATTR_NAMES).map(|n| quote::name(n).into_owned()).collect::<Vec<_>>().join(", ");
+        let mut s = names
+            .iter()
+            .take(MAX_XATTR_NAMES)
+            .map(|n| quote::name(n).into_owned())
+            .collect::<Vec<_>>()
+            .join(", ");
         if names.len() > MAX_XATTR_NAMES {
             s.push_str(&format!(" and {} more", names.len() - MAX_XATTR_NAMES));
         }
@@ -1067,13 +1310,20 @@ fn xattr_note(failed: &[(String, Vec<u8>)], total: usize) -> String {
     if let [(why, names)] = reasons.as_slice() {
         return format!("{n} of {total} xattrs not kept ({why}): {}", list(names));
     }
-    let parts: Vec<String> = reasons.iter().map(|(why, names)| format!("{why}: {}", list(names))).collect();
+    let parts: Vec<String> =
+        reasons.iter().map(|(why, names)| format!("{why}: {}", list(names))).collect();
     format!("{n} of {total} xattrs not kept ({})", parts.join("; "))
 }
 
 /// Apply xattrs, owner, mode and times (in the order the module docs give), and say in
 /// one warning what the destination did not keep. Failures here are never errors.
-fn finish_meta(ctx: &mut Ctx<'_>, t: &Target<'_>, ino: &InodeView, host: &str, mut notes: Vec<String>) {
+fn finish_meta(
+    ctx: &mut Ctx<'_>,
+    t: &Target<'_>,
+    ino: &InodeView,
+    host: &str,
+    mut notes: Vec<String>,
+) {
     let kind = ino.kind();
     let at_path = match t {
         Target::At { dirfd, name } => {
@@ -1105,7 +1355,11 @@ fn finish_meta(ctx: &mut Ctx<'_>, t: &Target<'_>, ino: &InodeView, host: &str, m
         // Like cp -a: keep at least the group if we are in it.
         let group_kept = t.chown(u32::MAX, gid).is_ok();
         ctx.stats.owners_not_kept += 1;
-        let why = if errno(&e) == libc::EPERM && !ctx.is_root { "not root".to_string() } else { os_words(&e) };
+        let why = if errno(&e) == libc::EPERM && !ctx.is_root {
+            "not root".to_string()
+        } else {
+            os_words(&e)
+        };
         ctx.owner_reason.get_or_insert_with(|| why.clone());
         // A setuid/setgid file must not end up privileged for whoever extracted it.
         if kind != FileKind::Dir {
@@ -1132,7 +1386,10 @@ fn finish_meta(ctx: &mut Ctx<'_>, t: &Target<'_>, ino: &InodeView, host: &str, m
         notes.push(xattr_note(&failed, ino.xattrs.len()));
     }
 
-    let ts = |t: &ubtrfs_format::structs::Timespec| libc::timespec { tv_sec: t.sec.get() as i64 as libc::time_t, tv_nsec: i64::from(t.nsec.get()) as libc::c_long };
+    let ts = |t: &ubtrfs_format::structs::Timespec| libc::timespec {
+        tv_sec: t.sec.get() as i64 as libc::time_t,
+        tv_nsec: i64::from(t.nsec.get()) as libc::c_long,
+    };
     if let Err(e) = t.set_times(&[ts(&ino.item.atime), ts(&ino.item.mtime)]) {
         notes.push(format!("times not kept ({})", os_words(&e)));
     }
@@ -1149,10 +1406,22 @@ mod tests {
     #[test]
     fn xattr_note_collapses_by_reason() {
         let f = |w: &str, n: &str| (w.to_string(), n.as_bytes().to_vec());
-        let one = [f("r", "user.a"), f("r", "user.b"), f("r", "user.c"), f("r", "user.d"), f("r", "user.e")];
-        assert_eq!(xattr_note(&one, 30), "5 of 30 xattrs not kept (r): user.a, user.b, user.c and 2 more");
+        let one = [
+            f("r", "user.a"),
+            f("r", "user.b"),
+            f("r", "user.c"),
+            f("r", "user.d"),
+            f("r", "user.e"),
+        ];
+        assert_eq!(
+            xattr_note(&one, 30),
+            "5 of 30 xattrs not kept (r): user.a, user.b, user.c and 2 more"
+        );
         let two = [f("full", "user.a"), f("needs root", "trusted.x"), f("full", "user.b\n")];
-        assert_eq!(xattr_note(&two, 3), "3 of 3 xattrs not kept (full: user.a, user.b\\n; needs root: trusted.x)");
+        assert_eq!(
+            xattr_note(&two, 3),
+            "3 of 3 xattrs not kept (full: user.a, user.b\\n; needs root: trusted.x)"
+        );
     }
 
     #[test]
@@ -1173,7 +1442,15 @@ mod tests {
         let ext = |o, n| FileExtentRec {
             file_offset: o,
             generation: 1,
-            kind: ExtentKind::Regular { disk_bytenr: 1, disk_num_bytes: n, offset: 0, num_bytes: n, ram_bytes: n, compression: 0, prealloc: false },
+            kind: ExtentKind::Regular {
+                disk_bytenr: 1,
+                disk_num_bytes: n,
+                offset: 0,
+                num_bytes: n,
+                ram_bytes: n,
+                compression: 0,
+                prealloc: false,
+            },
         };
         let exts = [ext(0, 4096), ext(8192, 4096)];
         assert_eq!(uncovered(&exts, 0, 16384), vec![(4096, 8192), (12288, 16384)]);
@@ -1186,6 +1463,10 @@ mod tests {
         let s = ExtractStats { files_incomplete: 3, dirs_unreadable: 1, ..Default::default() };
         assert_eq!(s.losses().as_deref(), Some("3 files incomplete, 1 directory unreadable"));
         assert!(!s.complete());
-        assert_eq!(ExtractStats { owners_not_kept: 5, metadata_warnings: 2, ..Default::default() }.losses(), None);
+        assert_eq!(
+            ExtractStats { owners_not_kept: 5, metadata_warnings: 2, ..Default::default() }
+                .losses(),
+            None
+        );
     }
 }

@@ -51,8 +51,15 @@ pub fn populate(w: &mut FsWriter, rootdir: &Path, opts: &PopulateOptions) -> Res
         let path = crate::edit::absolute(p)?;
         let id = w.live().resolve_id(path, true)?;
         let v = w.live().load_inode(id, Load::ITEM)?;
-        if id.ino != ubtrfs_format::key::FIRST_FREE_OBJECTID || v.kind() != FileKind::Dir || id.root == top.root {
-            return Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::name(path.as_bytes()), "the default subvolume must be one of the subvolumes made (--subvol)"));
+        if id.ino != ubtrfs_format::key::FIRST_FREE_OBJECTID
+            || v.kind() != FileKind::Dir
+            || id.root == top.root
+        {
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                ubtrfs_core::quote::name(path.as_bytes()),
+                "the default subvolume must be one of the subvolumes made (--subvol)",
+            ));
         }
         w.set_default_subvol(id.root)?;
     }
@@ -69,7 +76,8 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
     let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let p = root.join(&rel);
-        let md = std::fs::symlink_metadata(&p).map_err(|e| Error::io(format!("cannot stat {}", ubtrfs_core::quote::path(&p)), e))?;
+        let md = std::fs::symlink_metadata(&p)
+            .map_err(|e| Error::io(format!("cannot stat {}", ubtrfs_core::quote::path(&p)), e))?;
         let (uid, gid) = owners.map(md.uid(), md.gid());
         h.update(rel.as_os_str().as_encoded_bytes());
         h.update([0]);
@@ -80,7 +88,10 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
         use std::os::unix::fs::FileTypeExt;
         let size = if md.is_dir() { 0 } else { md.len() };
         let rdev = if ft.is_char_device() || ft.is_block_device() { md.rdev() } else { 0 };
-        h.update(format!("{:o} {uid} {gid} {size} {} {} {rdev}", md.mode(), md.mtime(), md.mtime_nsec()).as_bytes());
+        h.update(
+            format!("{:o} {uid} {gid} {size} {} {} {rdev}", md.mode(), md.mtime(), md.mtime_nsec())
+                .as_bytes(),
+        );
         for (name, value) in xattrs_of(&p)? {
             h.update([1]);
             h.update(&name);
@@ -89,7 +100,9 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
             h.update(&value);
         }
         if md.file_type().is_symlink() {
-            let t = std::fs::read_link(&p).map_err(|e| Error::io(format!("cannot read the link {}", ubtrfs_core::quote::path(&p)), e))?;
+            let t = std::fs::read_link(&p).map_err(|e| {
+                Error::io(format!("cannot read the link {}", ubtrfs_core::quote::path(&p)), e)
+            })?;
             h.update(t.as_os_str().as_encoded_bytes());
         }
         h.update([0]);
@@ -98,7 +111,9 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
                 .map_err(|e| Error::io(format!("cannot read {}", ubtrfs_core::quote::path(&p)), e))?
                 .map(|e| e.map(|e| e.file_name()))
                 .collect::<std::io::Result<_>>()
-                .map_err(|e| Error::io(format!("cannot read {}", ubtrfs_core::quote::path(&p)), e))?;
+                .map_err(|e| {
+                    Error::io(format!("cannot read {}", ubtrfs_core::quote::path(&p)), e)
+                })?;
             // Reverse byte order onto the stack: popped in byte order.
             names.sort();
             for n in names.into_iter().rev() {
@@ -115,9 +130,16 @@ pub fn tree_digest(root: &Path, owners: &OwnerMap) -> Result<[u8; 32]> {
 /// # Errors
 /// `Io` naming `p` when they cannot be listed or read.
 fn xattrs_of(p: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(p).into_owned()))?;
-    let fail = || Error::io(format!("cannot read the xattrs of {}", ubtrfs_core::quote::path(p)), std::io::Error::last_os_error());
-    let unsupported = || matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOTSUP));
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(p).into_owned()))?;
+    let fail = || {
+        Error::io(
+            format!("cannot read the xattrs of {}", ubtrfs_core::quote::path(p)),
+            std::io::Error::last_os_error(),
+        )
+    };
+    let unsupported =
+        || matches!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOTSUP));
     // A list that grows between the size query and the read is asked again.
     let names = loop {
         // SAFETY: a size query (NULL buffer, size 0) of a NUL-terminated path.
@@ -147,7 +169,8 @@ fn xattrs_of(p: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
             }
             let mut v = vec![0u8; n as usize];
             // SAFETY: `v` has room for `v.len()` bytes.
-            let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+            let m =
+                unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
             if m >= 0 {
                 v.truncate(m as usize);
                 break v;
@@ -198,7 +221,13 @@ pub fn reproducible_sources(epoch: i64, digest: &[u8; 32]) -> Sources {
 /// `Posix(Invalid)` when it is set but not a decimal number of seconds.
 pub fn source_date_epoch() -> Result<Option<i64>> {
     match std::env::var("SOURCE_DATE_EPOCH") {
-        Ok(v) => v.trim().parse::<i64>().map(Some).map_err(|_| Error::posix_detail(PosixKind::Invalid, format!("SOURCE_DATE_EPOCH={v:?}"), "not a number of seconds")),
+        Ok(v) => v.trim().parse::<i64>().map(Some).map_err(|_| {
+            Error::posix_detail(
+                PosixKind::Invalid,
+                format!("SOURCE_DATE_EPOCH={v:?}"),
+                "not a number of seconds",
+            )
+        }),
         Err(_) => Ok(None),
     }
 }

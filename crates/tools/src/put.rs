@@ -101,7 +101,13 @@ impl OwnerMap {
             if line.is_empty() {
                 continue;
             }
-            let bad = |why: &str| Error::posix_detail(PosixKind::Invalid, format!("owner map line {}", n + 1), format!("{why}: {line:?}"));
+            let bad = |why: &str| {
+                Error::posix_detail(
+                    PosixKind::Invalid,
+                    format!("owner map line {}", n + 1),
+                    format!("{why}: {line:?}"),
+                )
+            };
             let f: Vec<&str> = line.split_whitespace().collect();
             if !(3..=4).contains(&f.len()) {
                 return Err(bad("expected `u|g HOST IMAGE [COUNT]`"));
@@ -109,7 +115,10 @@ impl OwnerMap {
             let num = |s: &str| s.parse::<u32>().map_err(|_| bad("not an id"));
             let (host, image) = (num(f[1])?, num(f[2])?);
             let count = if f.len() == 4 { num(f[3])? } else { 1 };
-            if count == 0 || host.checked_add(count - 1).is_none() || image.checked_add(count - 1).is_none() {
+            if count == 0
+                || host.checked_add(count - 1).is_none()
+                || image.checked_add(count - 1).is_none()
+            {
                 return Err(bad("the range is empty or runs past the largest id"));
             }
             let v = match f[0] {
@@ -130,7 +139,12 @@ impl OwnerMap {
         if let Some(f) = self.force {
             return f;
         }
-        let one = |v: &[(u32, u32, u32)], id: u32| v.iter().find(|&&(h, _, c)| id >= h && id - h < c).map(|&(h, i, _)| i + (id - h)).unwrap_or(id);
+        let one = |v: &[(u32, u32, u32)], id: u32| {
+            v.iter()
+                .find(|&&(h, _, c)| id >= h && id - h < c)
+                .map(|&(h, i, _)| i + (id - h))
+                .unwrap_or(id)
+        };
         (one(&self.uids, uid), one(&self.gids, gid))
     }
 }
@@ -164,9 +178,21 @@ fn attrs(md: &std::fs::Metadata, opts: &PutOptions) -> InodeAttrs {
 }
 
 fn attrs_of(md: &std::fs::Metadata, owners: &OwnerMap) -> InodeAttrs {
-    let rdev = if md.file_type().is_char_device() || md.file_type().is_block_device() { rdev_encode(libc::major(md.rdev()), libc::minor(md.rdev())) } else { 0 };
+    let rdev = if md.file_type().is_char_device() || md.file_type().is_block_device() {
+        rdev_encode(libc::major(md.rdev()), libc::minor(md.rdev()))
+    } else {
+        0
+    };
     let (uid, gid) = owners.map(md.uid(), md.gid());
-    InodeAttrs { mode: md.mode(), uid, gid, rdev, atime: Some((md.atime(), md.atime_nsec() as u32)), mtime: Some((md.mtime(), md.mtime_nsec() as u32)), flags: 0 }
+    InodeAttrs {
+        mode: md.mode(),
+        uid,
+        gid,
+        rdev,
+        atime: Some((md.atime(), md.atime_nsec() as u32)),
+        mtime: Some((md.mtime(), md.mtime_nsec() as u32)),
+        flags: 0,
+    }
 }
 
 /// Record every directory's metadata before this scan reads it (reading a directory
@@ -175,12 +201,20 @@ fn attrs_of(md: &std::fs::Metadata, owners: &OwnerMap) -> InodeAttrs {
 /// memory stays bounded by the number of directories.
 /// Returns the data bytes the copy will write (each regular file's length, or its
 /// allocated bytes when fewer: holes are not written), for a progress bar.
-fn prescan(src: &Path, recursive: bool, seen: &mut HashMap<PathBuf, std::fs::Metadata>) -> Result<u64> {
+fn prescan(
+    src: &Path,
+    recursive: bool,
+    seen: &mut HashMap<PathBuf, std::fs::Metadata>,
+) -> Result<u64> {
     let md = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
     if md.is_dir() {
         seen.insert(src.to_path_buf(), md);
         if !recursive {
-            return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::path(src), "use -r"));
+            return Err(Error::posix_detail(
+                PosixKind::IsDir,
+                ubtrfs_core::quote::path(src),
+                "use -r",
+            ));
         }
         let mut total = 0u64;
         for e in std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))? {
@@ -197,7 +231,11 @@ fn base_name(p: &Path) -> Result<Vec<u8>> {
     use std::os::unix::ffi::OsStrExt;
     match p.file_name() {
         Some(n) => Ok(n.as_bytes().to_vec()),
-        None => Err(Error::posix_detail(PosixKind::Invalid, ubtrfs_core::quote::path(p), "the source has no name to copy it under")),
+        None => Err(Error::posix_detail(
+            PosixKind::Invalid,
+            ubtrfs_core::quote::path(p),
+            "the source has no name to copy it under",
+        )),
     }
 }
 
@@ -218,17 +256,30 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
     }
     for s in &opts.subvols {
         if !seen.get(s).is_some_and(|m| m.is_dir()) {
-            return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::path(s), "a subvolume must be a directory of the source"));
+            return Err(Error::posix_detail(
+                PosixKind::NotDir,
+                ubtrfs_core::quote::path(s),
+                "a subvolume must be a directory of the source",
+            ));
         }
     }
     let dest_dir = match w.live().resolve_id(dest, true) {
-        Ok(id) if w.live().load_inode(id, Load::ITEM)?.item.mode.get() & S_IFMT == S_IFDIR => Some(id),
-        Ok(_) if dest.ends_with('/') => return Err(Error::posix(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()))),
+        Ok(id) if w.live().load_inode(id, Load::ITEM)?.item.mode.get() & S_IFMT == S_IFDIR => {
+            Some(id)
+        }
+        Ok(_) if dest.ends_with('/') => {
+            return Err(Error::posix(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes())))
+        }
         Ok(_) => None,
         Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => None,
         Err(e) => return Err(e),
     };
-    let mut ctx = Ctx { opts, stats: PutStats { expected_bytes: expected, ..PutStats::default() }, links: HashMap::new(), seen };
+    let mut ctx = Ctx {
+        opts,
+        stats: PutStats { expected_bytes: expected, ..PutStats::default() },
+        links: HashMap::new(),
+        seen,
+    };
     match dest_dir {
         Some(dir) => {
             for s in srcs {
@@ -238,10 +289,18 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
         }
         None => {
             if srcs.len() > 1 {
-                return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()), "several sources need an existing directory to copy into"));
+                return Err(Error::posix_detail(
+                    PosixKind::NotDir,
+                    ubtrfs_core::quote::name(dest.as_bytes()),
+                    "several sources need an existing directory to copy into",
+                ));
             }
             if dest.ends_with('/') && !ctx.seen.contains_key(srcs[0]) {
-                return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(dest.as_bytes()), "a trailing / names a directory, and the source is not one"));
+                return Err(Error::posix_detail(
+                    PosixKind::NotDir,
+                    ubtrfs_core::quote::name(dest.as_bytes()),
+                    "a trailing / names a directory, and the source is not one",
+                ));
             }
             let (parent, name) = w.resolve_parent(dest)?;
             put_one(w, srcs[0], parent, &name, dest.trim_end_matches('/').as_bytes(), &mut ctx)?;
@@ -256,16 +315,30 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
 ///
 /// # Errors
 /// As `put`.
-pub fn put_contents(w: &mut FsWriter, src: &Path, dir: InodeId, opts: &PutOptions) -> Result<PutStats> {
+pub fn put_contents(
+    w: &mut FsWriter,
+    src: &Path,
+    dir: InodeId,
+    opts: &PutOptions,
+) -> Result<PutStats> {
     let mut seen = HashMap::new();
     let expected = prescan(src, true, &mut seen)?;
     for s in &opts.subvols {
         if !seen.get(s).is_some_and(|m| m.is_dir()) || s == src {
-            return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::path(s), "a subvolume must be a directory inside the source"));
+            return Err(Error::posix_detail(
+                PosixKind::NotDir,
+                ubtrfs_core::quote::path(s),
+                "a subvolume must be a directory inside the source",
+            ));
         }
     }
     let md = seen.get(src).cloned().expect("prescan recorded the source directory");
-    let mut ctx = Ctx { opts, stats: PutStats { expected_bytes: expected, ..PutStats::default() }, links: HashMap::new(), seen };
+    let mut ctx = Ctx {
+        opts,
+        stats: PutStats { expected_bytes: expected, ..PutStats::default() },
+        links: HashMap::new(),
+        seen,
+    };
     copy_dir_into(w, src, dir, &md, true, b"/", &mut ctx).map_err(|e| said_of(e, None, b"/"))?;
     Ok(ctx.stats)
 }
@@ -292,8 +365,16 @@ fn child_path(dir: &[u8], name: &[u8]) -> Vec<u8> {
 fn said_of(e: Error, parent: Option<InodeId>, at: &[u8]) -> Error {
     let here = ubtrfs_core::quote::name(at).into_owned();
     match e {
-        Error::Posix { kind, path, detail } if inode_named(&path).is_some_and(|id| Some(id) != parent) => Error::Posix { kind, path: here, detail },
-        Error::Posix { kind: PosixKind::NoSpace | PosixKind::QuotaExceeded, ref path, .. } if !path.starts_with('/') => e.at(here),
+        Error::Posix { kind, path, detail }
+            if inode_named(&path).is_some_and(|id| Some(id) != parent) =>
+        {
+            Error::Posix { kind, path: here, detail }
+        }
+        Error::Posix { kind: PosixKind::NoSpace | PosixKind::QuotaExceeded, ref path, .. }
+            if !path.starts_with('/') =>
+        {
+            e.at(here)
+        }
         e => e,
     }
 }
@@ -302,22 +383,41 @@ fn said_of(e: Error, parent: Option<InodeId>, at: &[u8]) -> Error {
 /// `InodeId` prints).
 fn inode_named(p: &str) -> Option<InodeId> {
     let (root, ino) = p.strip_prefix("root=")?.split_once(" ino=")?;
-    let number = |s: &str| s.bytes().all(|b| b.is_ascii_digit()).then(|| s.parse::<u64>().ok()).flatten();
+    let number =
+        |s: &str| s.bytes().all(|b| b.is_ascii_digit()).then(|| s.parse::<u64>().ok()).flatten();
     Some(InodeId { root: number(root)?, ino: number(ino)? })
 }
 
 /// Copy the entries of host directory `src` (whose metadata is `md`) into `here`, then
 /// give `here` the source's owner, xattrs, mode and times. `at` is `here`'s image path.
 #[allow(clippy::too_many_arguments)]
-fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Metadata, set_mode: bool, at: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
+fn copy_dir_into(
+    w: &mut FsWriter,
+    src: &Path,
+    here: InodeId,
+    md: &std::fs::Metadata,
+    set_mode: bool,
+    at: &[u8],
+    ctx: &mut Ctx<'_>,
+) -> Result<()> {
     let a = attrs(md, ctx.opts);
-    let mut entries: Vec<_> = std::fs::read_dir(src).map_err(|e| io(src, "cannot read", e))?.collect::<std::result::Result<_, _>>().map_err(|e| io(src, "cannot read", e))?;
+    let mut entries: Vec<_> = std::fs::read_dir(src)
+        .map_err(|e| io(src, "cannot read", e))?
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| io(src, "cannot read", e))?;
     // Byte order of the names, not the host's readdir order: the same tree gives the
     // same image.
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let n = e.file_name();
-        put_one(w, &e.path(), here, n.as_encoded_bytes(), &child_path(at, n.as_encoded_bytes()), ctx)?;
+        put_one(
+            w,
+            &e.path(),
+            here,
+            n.as_encoded_bytes(),
+            &child_path(at, n.as_encoded_bytes()),
+            ctx,
+        )?;
     }
     let chowned = set_owner(w, here, &a)?;
     copy_xattrs(w, src, here)?;
@@ -329,17 +429,37 @@ fn copy_dir_into(w: &mut FsWriter, src: &Path, here: InodeId, md: &std::fs::Meta
 
 /// Copy `src` as entry `name` of `parent`, whose image path is `at`; errors are said
 /// of `at`.
-fn put_one(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
+fn put_one(
+    w: &mut FsWriter,
+    src: &Path,
+    parent: InodeId,
+    name: &[u8],
+    at: &[u8],
+    ctx: &mut Ctx<'_>,
+) -> Result<()> {
     put_one_inner(w, src, parent, name, at, ctx).map_err(|e| said_of(e, Some(parent), at))
 }
 
-fn put_one_inner(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at: &[u8], ctx: &mut Ctx<'_>) -> Result<()> {
+fn put_one_inner(
+    w: &mut FsWriter,
+    src: &Path,
+    parent: InodeId,
+    name: &[u8],
+    at: &[u8],
+    ctx: &mut Ctx<'_>,
+) -> Result<()> {
     let md = match ctx.seen.get(src) {
         Some(m) => m.clone(),
         None => {
             let m = std::fs::symlink_metadata(src).map_err(|e| io(src, "cannot stat", e))?;
             if m.is_dir() {
-                return Err(Error::posix(PosixKind::Invalid, format!("{} changed while copying (it became a directory)", ubtrfs_core::quote::path(src))));
+                return Err(Error::posix(
+                    PosixKind::Invalid,
+                    format!(
+                        "{} changed while copying (it became a directory)",
+                        ubtrfs_core::quote::path(src)
+                    ),
+                ));
             }
             m
         }
@@ -352,8 +472,20 @@ fn put_one_inner(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at:
         let (here, set_mode) = match &existing {
             // cp -a merges into a directory of the same name.
             Some(e) if e.ftype == FT_DIR && !subvol => (e.target, true),
-            Some(_) if subvol => return Err(Error::posix_detail(PosixKind::Exists, ubtrfs_core::quote::name(name), "cannot make a subvolume over an existing name")),
-            Some(_) => return Err(Error::posix_detail(PosixKind::NotDir, ubtrfs_core::quote::name(name), "cannot put a directory over a non-directory")),
+            Some(_) if subvol => {
+                return Err(Error::posix_detail(
+                    PosixKind::Exists,
+                    ubtrfs_core::quote::name(name),
+                    "cannot make a subvolume over an existing name",
+                ))
+            }
+            Some(_) => {
+                return Err(Error::posix_detail(
+                    PosixKind::NotDir,
+                    ubtrfs_core::quote::name(name),
+                    "cannot put a directory over a non-directory",
+                ))
+            }
             None if subvol => {
                 let id = w.create_subvol(parent.root, parent.ino, name, &a)?;
                 ctx.stats.dirs += 1;
@@ -370,7 +502,8 @@ fn put_one_inner(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at:
     if md.nlink() > 1 {
         // A hard link to an inode of another tree (across a subvolume boundary)
         // cannot be: that name becomes a copy of its own.
-        if let Some(first) = ctx.links.get(&(md.dev(), md.ino())).filter(|f| f.root == parent.root) {
+        if let Some(first) = ctx.links.get(&(md.dev(), md.ino())).filter(|f| f.root == parent.root)
+        {
             if existing.is_some() {
                 return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name)));
             }
@@ -385,11 +518,18 @@ fn put_one_inner(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at:
         let id = match &existing {
             // cp overwrites a regular file in place (the inode stays).
             Some(e) if e.ftype == FT_REG_FILE => {
-                w.setattr(e.target.root, e.target.ino, &SetAttr { size: Some(0), ..Default::default() })?;
+                w.setattr(
+                    e.target.root,
+                    e.target.ino,
+                    &SetAttr { size: Some(0), ..Default::default() },
+                )?;
                 e.target
             }
             Some(_) => return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name))),
-            None => InodeId { root: parent.root, ino: w.create_file(parent.root, parent.ino, name, &a)? },
+            None => InodeId {
+                root: parent.root,
+                ino: w.create_file(parent.root, parent.ino, name, &a)?,
+            },
         };
         ctx.stats.bytes += copy_data(w, src, id, md.len())?;
         let chowned = set_owner(w, id, &a)?;
@@ -428,7 +568,8 @@ fn put_one_inner(w: &mut FsWriter, src: &Path, parent: InodeId, name: &[u8], at:
 /// system.posix_acl_*), as cp -a does.
 fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(src.as_os_str().as_bytes()).map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(src)))?;
+    let c = std::ffi::CString::new(src.as_os_str().as_bytes())
+        .map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(src)))?;
     let list = |buf: &mut [u8]| -> std::io::Result<usize> {
         // SAFETY: llistxattr writes at most buf.len() bytes into buf.
         let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -452,7 +593,9 @@ fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
         let cn = std::ffi::CString::new(name).expect("no NUL inside a listed name");
         let get = |buf: &mut [u8]| -> std::io::Result<usize> {
             // SAFETY: lgetxattr writes at most buf.len() bytes into buf.
-            let r = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            let r = unsafe {
+                libc::lgetxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            };
             if r < 0 {
                 Err(std::io::Error::last_os_error())
             } else {
@@ -463,12 +606,26 @@ fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
             Ok(l) => l,
             // Gone since the listing (or not readable by us): nothing to copy.
             Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
-            Err(e) => return Err(io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e)),
+            Err(e) => {
+                return Err(io(
+                    src,
+                    &format!("cannot read xattr {} of", String::from_utf8_lossy(name)),
+                    e,
+                ))
+            }
         };
         let mut v = vec![0u8; len];
-        let got = get(&mut v).map_err(|e| io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e))?;
+        let got = get(&mut v).map_err(|e| {
+            io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e)
+        })?;
         v.truncate(got);
-        w.setxattr(id.root, id.ino, name, &v, 0).map_err(|e| e.at(format!("{}: xattr {}", ubtrfs_core::quote::path(src), String::from_utf8_lossy(name))))?;
+        w.setxattr(id.root, id.ino, name, &v, 0).map_err(|e| {
+            e.at(format!(
+                "{}: xattr {}",
+                ubtrfs_core::quote::path(src),
+                String::from_utf8_lossy(name)
+            ))
+        })?;
     }
     Ok(())
 }
@@ -493,7 +650,11 @@ fn set_owner(w: &mut FsWriter, id: InodeId, a: &InodeAttrs) -> Result<bool> {
 /// then the source's times, last.
 fn finish_attrs(w: &mut FsWriter, id: InodeId, a: &InodeAttrs, mode: bool) -> Result<()> {
     let (Some(at), Some(mt)) = (a.atime, a.mtime) else { return Ok(()) };
-    let mut s = SetAttr { atime: Some(TimeSet::At(at.0, at.1)), mtime: Some(TimeSet::At(mt.0, mt.1)), ..Default::default() };
+    let mut s = SetAttr {
+        atime: Some(TimeSet::At(at.0, at.1)),
+        mtime: Some(TimeSet::At(mt.0, mt.1)),
+        ..Default::default()
+    };
     let cur = w.live().load_inode(id, Load::ITEM)?.item;
     if mode && cur.mode.get() & S_IFMT != S_IFLNK {
         s.mode = Some(a.mode & 0o7777);
@@ -519,11 +680,18 @@ fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64>
     let mut ranges = Vec::new();
     let mut pos = 0u64;
     while pos < len {
-        let Some(start) = seek(pos, libc::SEEK_DATA).map_err(|e| io(src, "cannot find data in", e))? else { break };
+        let Some(start) =
+            seek(pos, libc::SEEK_DATA).map_err(|e| io(src, "cannot find data in", e))?
+        else {
+            break;
+        };
         if start >= len {
             break;
         }
-        let end = seek(start, libc::SEEK_HOLE).map_err(|e| io(src, "cannot find holes in", e))?.unwrap_or(len).min(len);
+        let end = seek(start, libc::SEEK_HOLE)
+            .map_err(|e| io(src, "cannot find holes in", e))?
+            .unwrap_or(len)
+            .min(len);
         ranges.push((start, end));
         pos = end;
     }
@@ -531,7 +699,9 @@ fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64>
     for (start, end) in ranges {
         use std::io::Seek;
         f.seek(std::io::SeekFrom::Start(start)).map_err(|e| io(src, "cannot seek", e))?;
-        w.write_file_with(id.root, id.ino, start, end - start, &mut |buf: &mut [u8]| f.read_exact(buf).map_err(|e| io(src, "cannot read (did it change while copying?)", e)))?;
+        w.write_file_with(id.root, id.ino, start, end - start, &mut |buf: &mut [u8]| {
+            f.read_exact(buf).map_err(|e| io(src, "cannot read (did it change while copying?)", e))
+        })?;
         written += end - start;
     }
     let size = w.live().load_inode(id, Load::ITEM)?.item.size.get();
@@ -554,10 +724,16 @@ fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64>
 /// `Posix` NotFound / IsDir / NotEmpty / ReadOnly / NotPermitted; engine errors.
 pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     let (parent, name) = w.resolve_parent(path)?;
-    let entry = w.live().lookup(parent, &name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes())))?;
+    let entry = w.live().lookup(parent, &name)?.ok_or_else(|| {
+        Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes()))
+    })?;
     let ftype = entry.ftype;
     if ftype == FT_DIR && !recursive && w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
-        return Err(Error::posix_detail(PosixKind::IsDir, ubtrfs_core::quote::name(path.as_bytes()), "use -r"));
+        return Err(Error::posix_detail(
+            PosixKind::IsDir,
+            ubtrfs_core::quote::name(path.as_bytes()),
+            "use -r",
+        ));
     }
     let mut count = 0;
     if ftype == FT_DIR {
@@ -576,9 +752,11 @@ fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64
         let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&e.name));
         if e.ftype == FT_DIR {
             count += remove_dir_contents(w, e.target, &child_path)?;
-            w.rmdir(dir.root, dir.ino, &e.name).map_err(|err| removing(err, &e.name, &child_path))?;
+            w.rmdir(dir.root, dir.ino, &e.name)
+                .map_err(|err| removing(err, &e.name, &child_path))?;
         } else {
-            w.unlink(dir.root, dir.ino, &e.name).map_err(|err| removing(err, &e.name, &child_path))?;
+            w.unlink(dir.root, dir.ino, &e.name)
+                .map_err(|err| removing(err, &e.name, &child_path))?;
         }
         count += 1;
     }
@@ -592,7 +770,9 @@ fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64
 fn removing(e: Error, name: &[u8], path: &str) -> Error {
     let shown = ubtrfs_core::quote::name(path.as_bytes()).into_owned();
     match e {
-        Error::Posix { kind, path: p, detail } if p == ubtrfs_core::quote::name(name) => Error::Posix { kind, path: shown, detail },
+        Error::Posix { kind, path: p, detail } if p == ubtrfs_core::quote::name(name) => {
+            Error::Posix { kind, path: shown, detail }
+        }
         Error::Posix { ref path, .. } if *path == shown => e,
         e => e.at(shown),
     }
@@ -604,13 +784,24 @@ mod tests {
 
     #[test]
     fn owner_maps() {
-        let m = OwnerMap::parse("# rootless build\nu 1000 0\ng 1000 0\nu 100000 1 65536 # the rest\n\n").unwrap();
+        let m = OwnerMap::parse(
+            "# rootless build\nu 1000 0\ng 1000 0\nu 100000 1 65536 # the rest\n\n",
+        )
+        .unwrap();
         assert_eq!(m.map(1000, 1000), (0, 0));
         assert_eq!(m.map(100000, 1000), (1, 0));
         assert_eq!(m.map(165535, 5), (65536, 5));
         assert_eq!(m.map(165536, 5), (165536, 5), "outside every range: unchanged");
         assert_eq!(OwnerMap::force(0, 0).map(1234, 99), (0, 0));
-        for bad in ["x 1 2", "u 1", "u a 2", "u 1 2 0", "u 4294967295 0 2", "u 10 0 5\nu 12 100", "u 1 2 3 4"] {
+        for bad in [
+            "x 1 2",
+            "u 1",
+            "u a 2",
+            "u 1 2 0",
+            "u 4294967295 0 2",
+            "u 10 0 5\nu 12 100",
+            "u 1 2 3 4",
+        ] {
             let e = OwnerMap::parse(bad).expect_err(bad);
             assert!(e.to_string().contains("owner map line"), "{bad}: {e}");
         }

@@ -30,7 +30,8 @@ fn scratch(name: &str) -> PathBuf {
 
 fn made(path: &Path, opts: &MkfsOptions) {
     std::fs::File::create(path).unwrap().set_len(SIZE).unwrap();
-    let r = make_filesystem(path, SIZE, opts).unwrap_or_else(|f| panic!("mkfs {}: {f}", path.display()));
+    let r = make_filesystem(path, SIZE, opts)
+        .unwrap_or_else(|f| panic!("mkfs {}: {f}", path.display()));
     assert_eq!(r.total_bytes, SIZE);
 }
 
@@ -47,13 +48,25 @@ fn writer(path: &Path) -> FsWriter {
 fn tools_check(path: &Path) {
     let fs = open(path);
     let r = ubtrfs_tools::check::check(&fs, &ubtrfs_tools::check::CheckOptions::default()).unwrap();
-    assert!(r.is_clean(), "ubtrfs check: {:?}", r.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+    assert!(
+        r.is_clean(),
+        "ubtrfs check: {:?}",
+        r.findings.iter().map(|f| f.to_string()).collect::<Vec<_>>()
+    );
 }
 
 fn progs_check(path: &Path, what: &str) {
-    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(path).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("no error found"), "{what}: btrfs check:\n{text}");
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.contains("no error found"),
+        "{what}: btrfs check:\n{text}"
+    );
 }
 
 /// Dev extents of device 1: (physical offset, length, chunk).
@@ -63,7 +76,11 @@ fn dev_extents(fs: &FsInfo) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     while let Some(i) = it.next_item().unwrap() {
         let d = i.data();
-        out.push((i.key().offset, u64::from_le_bytes(d[24..32].try_into().unwrap()), u64::from_le_bytes(d[16..24].try_into().unwrap())));
+        out.push((
+            i.key().offset,
+            u64::from_le_bytes(d[24..32].try_into().unwrap()),
+            u64::from_le_bytes(d[16..24].try_into().unwrap()),
+        ));
     }
     out
 }
@@ -78,10 +95,17 @@ fn bootstrap_chunk_is_gone() {
     let chunks: Vec<_> = fs.chunk_map.iter().collect();
     let kinds: Vec<u64> = chunks.iter().map(|c| c.type_).collect();
     assert_eq!(kinds.len(), 3, "three chunks: {kinds:x?}");
-    for want in [BLOCK_GROUP_SYSTEM | BLOCK_GROUP_DUP, BLOCK_GROUP_METADATA | BLOCK_GROUP_DUP, BLOCK_GROUP_DATA] {
+    for want in [
+        BLOCK_GROUP_SYSTEM | BLOCK_GROUP_DUP,
+        BLOCK_GROUP_METADATA | BLOCK_GROUP_DUP,
+        BLOCK_GROUP_DATA,
+    ] {
         assert!(kinds.contains(&want), "a {} chunk: {kinds:x?}", block_group_flags_str(want));
     }
-    assert!(chunks.iter().all(|c| c.logical >= TEMP_CHUNK_START + TEMP_CHUNK_LEN), "a chunk left in the bootstrap range: {chunks:?}");
+    assert!(
+        chunks.iter().all(|c| c.logical >= TEMP_CHUNK_START + TEMP_CHUNK_LEN),
+        "a chunk left in the bootstrap range: {chunks:?}"
+    );
     // The device's usage is the sum of its dev extents, none in the bootstrap range.
     let de = dev_extents(&fs);
     assert_eq!(de.len(), 5, "DUP system and metadata, single data: {de:?}");
@@ -95,7 +119,10 @@ fn bootstrap_chunk_is_gone() {
     let (fst, _) = fs.read_root(FREE_SPACE_TREE_OBJECTID).unwrap();
     let mut it = fs.iter(&fst, Key::MIN).unwrap();
     let first = it.next_item().unwrap().unwrap().key();
-    assert!(first.objectid >= TEMP_CHUNK_START + TEMP_CHUNK_LEN, "free space item {first} of the bootstrap group");
+    assert!(
+        first.objectid >= TEMP_CHUNK_START + TEMP_CHUNK_LEN,
+        "free space item {first} of the bootstrap group"
+    );
     // Block groups: one per chunk, the bootstrap one gone, usage all tree blocks.
     let bgs = fs.block_groups().unwrap();
     assert_eq!(bgs.len(), 3);
@@ -111,11 +138,17 @@ fn bootstrap_chunk_is_gone() {
 #[test]
 fn same_sources_same_bytes() {
     let d = scratch("repro");
-    let opts = || MkfsOptions { sources: Sources::deterministic(Time { sec: 1_700_000_000, nsec: 0 }, 42), ..MkfsOptions::default() };
+    let opts = || MkfsOptions {
+        sources: Sources::deterministic(Time { sec: 1_700_000_000, nsec: 0 }, 42),
+        ..MkfsOptions::default()
+    };
     let (a, b) = (d.join("a.img"), d.join("b.img"));
     made(&a, &opts());
     made(&b, &opts());
-    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "two mkfs runs from the same sources differ");
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "two mkfs runs from the same sources differ"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -127,7 +160,8 @@ fn remove_chunk_refuses_a_used_chunk_and_removes_an_empty_one() {
         made(&img, &MkfsOptions { data_profile: data, ..MkfsOptions::default() });
         let before = std::fs::read(&img).unwrap();
         let fs = open(&img);
-        let meta = fs.chunk_map.iter().find(|c| c.type_ & BLOCK_GROUP_METADATA != 0).unwrap().logical;
+        let meta =
+            fs.chunk_map.iter().find(|c| c.type_ & BLOCK_GROUP_METADATA != 0).unwrap().logical;
         let data_chunk = fs.chunk_map.iter().find(|c| c.type_ & BLOCK_GROUP_DATA != 0).unwrap();
         drop(fs);
         let mut w = writer(&img);
@@ -143,7 +177,10 @@ fn remove_chunk_refuses_a_used_chunk_and_removes_an_empty_one() {
         // Refusals changed nothing.
         assert_eq!(w.commit().unwrap(), 3);
         drop(w);
-        assert!(std::fs::read(&img).unwrap() == before, "{name}: a refused removal changed the image");
+        assert!(
+            std::fs::read(&img).unwrap() == before,
+            "{name}: a refused removal changed the image"
+        );
         // The empty data chunk goes, with both dev extents of a DUP one.
         let mut w = writer(&img);
         {
@@ -154,10 +191,17 @@ fn remove_chunk_refuses_a_used_chunk_and_removes_an_empty_one() {
         w.commit().unwrap();
         drop(w);
         let fs = open(&img);
-        assert!(fs.chunk_map.iter().all(|c| c.type_ & BLOCK_GROUP_DATA == 0), "{name}: the data chunk is still there");
+        assert!(
+            fs.chunk_map.iter().all(|c| c.type_ & BLOCK_GROUP_DATA == 0),
+            "{name}: the data chunk is still there"
+        );
         let de = dev_extents(&fs);
         assert!(de.iter().all(|e| e.2 != data_chunk.logical), "{name}: {de:?}");
-        assert_eq!(fs.super_copy().dev_item.bytes_used.get(), de.iter().map(|e| e.1).sum::<u64>(), "{name}: device usage");
+        assert_eq!(
+            fs.super_copy().dev_item.bytes_used.get(),
+            de.iter().map(|e| e.1).sum::<u64>(),
+            "{name}: device usage"
+        );
         drop(fs);
         tools_check(&img);
         if kernel::kernel_available("mkfs remove_chunk") {
@@ -188,11 +232,28 @@ fn source_tree(dir: &Path) {
     std::fs::hard_link(dir.join("etc/hostname"), dir.join("usr/share/doc/hostname")).unwrap();
     // Fixed times; the access times in the future, so that reading the tree (the
     // first build) does not move them under relatime before the second reads them.
-    for p in ["", "etc", "etc/conf.d", "usr", "usr/share", "usr/share/doc", "etc/hostname", "etc/conf.d/big", "usr/share/doc/noise", "usr/hostname-link"] {
-        let path = std::ffi::CString::new(dir.join(p).into_os_string().into_encoded_bytes()).unwrap();
-        let ts = [libc::timespec { tv_sec: 2_100_000_000, tv_nsec: 0 }, libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 0 }];
+    for p in [
+        "",
+        "etc",
+        "etc/conf.d",
+        "usr",
+        "usr/share",
+        "usr/share/doc",
+        "etc/hostname",
+        "etc/conf.d/big",
+        "usr/share/doc/noise",
+        "usr/hostname-link",
+    ] {
+        let path =
+            std::ffi::CString::new(dir.join(p).into_os_string().into_encoded_bytes()).unwrap();
+        let ts = [
+            libc::timespec { tv_sec: 2_100_000_000, tv_nsec: 0 },
+            libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 0 },
+        ];
         // SAFETY: a NUL-terminated path and two timespecs, as utimensat(2) takes.
-        let r = unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+        let r = unsafe {
+            libc::utimensat(libc::AT_FDCWD, path.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        };
         assert_eq!(r, 0, "utimensat {p}: {}", std::io::Error::last_os_error());
     }
 }
@@ -201,27 +262,49 @@ fn source_tree(dir: &Path) {
 /// the same tree gives the same bytes, checks clean, and the kernel reads the files.
 #[test]
 fn filled_and_reproducible() {
-    use ubtrfs_tools::populate::{derive_uuid, populate, reproducible_sources, tree_digest, PopulateOptions};
+    use ubtrfs_tools::populate::{
+        derive_uuid, populate, reproducible_sources, tree_digest, PopulateOptions,
+    };
     let d = scratch("filled");
     let src = d.join("src");
     source_tree(&src);
     let digest = tree_digest(&src, &Default::default()).unwrap();
-    let opts = || MkfsOptions { fsid: Some(derive_uuid(&digest, "", "fsid")), sources: reproducible_sources(1_700_000_000, &digest), ..MkfsOptions::default() };
+    let opts = || MkfsOptions {
+        fsid: Some(derive_uuid(&digest, "", "fsid")),
+        sources: reproducible_sources(1_700_000_000, &digest),
+        ..MkfsOptions::default()
+    };
     let mut images = Vec::new();
     for name in ["a.img", "b.img"] {
         let img = d.join(name);
         std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-        ubtrfs_tools::mkfs::make_filesystem_with(&img, SIZE, &opts(), |w| populate(w, &src, &PopulateOptions::default()).map(|_| ())).unwrap_or_else(|f| panic!("mkfs: {f}"));
+        ubtrfs_tools::mkfs::make_filesystem_with(&img, SIZE, &opts(), |w| {
+            populate(w, &src, &PopulateOptions::default()).map(|_| ())
+        })
+        .unwrap_or_else(|f| panic!("mkfs: {f}"));
         images.push(img);
     }
-    assert!(std::fs::read(&images[0]).unwrap() == std::fs::read(&images[1]).unwrap(), "two mkfs of one tree from the same sources differ");
+    assert!(
+        std::fs::read(&images[0]).unwrap() == std::fs::read(&images[1]).unwrap(),
+        "two mkfs of one tree from the same sources differ"
+    );
     assert_eq!(open(&images[0]).super_copy().fsid, derive_uuid(&digest, "", "fsid"));
     if kernel::kernel_available("mkfs filled_and_reproducible") {
         progs_check(&images[0], "filled");
         let mnt = d.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
-        assert!(Command::new("mount").args(["-t", "btrfs", "-o", "loop,ro"]).arg(&images[0]).arg(&mnt).status().unwrap().success());
-        let got = (std::fs::read(mnt.join("usr/share/doc/noise")), std::fs::read(mnt.join("etc/conf.d/big")), std::fs::read_link(mnt.join("usr/hostname-link")));
+        assert!(Command::new("mount")
+            .args(["-t", "btrfs", "-o", "loop,ro"])
+            .arg(&images[0])
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success());
+        let got = (
+            std::fs::read(mnt.join("usr/share/doc/noise")),
+            std::fs::read(mnt.join("etc/conf.d/big")),
+            std::fs::read_link(mnt.join("usr/hostname-link")),
+        );
         let _ = Command::new("umount").arg(&mnt).status();
         assert_eq!(got.0.unwrap(), std::fs::read(src.join("usr/share/doc/noise")).unwrap());
         assert_eq!(got.1.unwrap(), vec![0x5a; 300 * 1024]);

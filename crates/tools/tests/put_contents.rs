@@ -16,12 +16,20 @@ use ubtrfs_tools::put::{put_contents, OwnerMap, PutOptions};
 fn kernel() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let progs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
+    let progs = Command::new("mkfs.btrfs")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let fs =
+        std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
     if root && progs && fs {
         return true;
     }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "put_contents: needs root, btrfs-progs and the kernel driver, and CI=true forbids skipping");
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "put_contents: needs root, btrfs-progs and the kernel driver, and CI=true forbids skipping"
+    );
     eprintln!("put_contents: skipped: needs root ({root}), btrfs-progs ({progs}) and the kernel btrfs driver ({fs})");
     false
 }
@@ -54,7 +62,17 @@ fn rootdir_with_owner_map_and_subvolumes() {
     std::fs::hard_link(src.join("var/lib/db"), src.join("var/db-link")).unwrap();
     std::fs::hard_link(src.join("etc-file"), src.join("home/user/etc-link")).unwrap();
     std::os::unix::fs::symlink("../etc-file", src.join("var/cfg")).unwrap();
-    for p in ["", "home", "home/user", "home/user/notes", "var", "var/lib", "var/lib/db", "var/cfg", "etc-file"] {
+    for p in [
+        "",
+        "home",
+        "home/user",
+        "home/user/notes",
+        "var",
+        "var/lib",
+        "var/lib/db",
+        "var/cfg",
+        "etc-file",
+    ] {
         chown(&src.join(p), 1000, 1000);
     }
     chown(&src.join("home/user/notes"), 100005, 1000);
@@ -64,7 +82,13 @@ fn rootdir_with_owner_map_and_subvolumes() {
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
     let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
     let top = w.live().root_dir();
-    let opts = PutOptions { recursive: true, owners: OwnerMap::parse("u 1000 0\ng 1000 0\nu 100000 1 65536").unwrap(), subvols: vec![src.join("home")], progress: None, atime_from_mtime: false };
+    let opts = PutOptions {
+        recursive: true,
+        owners: OwnerMap::parse("u 1000 0\ng 1000 0\nu 100000 1 65536").unwrap(),
+        subvols: vec![src.join("home")],
+        progress: None,
+        atime_from_mtime: false,
+    };
     let stats = put_contents(&mut w, &src, top, &opts).unwrap();
     assert_eq!(stats.hardlinks, 1, "{stats:?}");
     // The scan's estimate counts each name of the linked file: every byte written, and
@@ -76,8 +100,17 @@ fn rootdir_with_owner_map_and_subvolumes() {
     assert!(put_contents(&mut w, &src, top, &bad).is_err());
     w.commit().unwrap();
     drop(w);
-    let c = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img).output().unwrap();
-    assert!(c.status.success(), "btrfs check: {}{}", String::from_utf8_lossy(&c.stdout), String::from_utf8_lossy(&c.stderr));
+    let c = Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        c.status.success(),
+        "btrfs check: {}{}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
     let mnt = work.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));
@@ -85,9 +118,15 @@ fn rootdir_with_owner_map_and_subvolumes() {
         let md = |p: &str| std::fs::symlink_metadata(mnt.join(p)).map_err(|e| format!("{p}: {e}"));
         let top = md("")?;
         if (top.uid(), top.gid(), top.mode() & 0o7777) != (0, 0, 0o750) {
-            return Err(format!("top directory: uid {} gid {} mode {:o}", top.uid(), top.gid(), top.mode() & 0o7777));
+            return Err(format!(
+                "top directory: uid {} gid {} mode {:o}",
+                top.uid(),
+                top.gid(),
+                top.mode() & 0o7777
+            ));
         }
-        for (p, uid) in [("etc-file", 0), ("home/user/notes", 6), ("var/lib/db", 0), ("var/cfg", 0)] {
+        for (p, uid) in [("etc-file", 0), ("home/user/notes", 6), ("var/lib/db", 0), ("var/cfg", 0)]
+        {
             let m = md(p)?;
             if (m.uid(), m.gid()) != (uid, 0) {
                 return Err(format!("{p}: owner {}:{}, expected {uid}:0", m.uid(), m.gid()));
@@ -99,13 +138,17 @@ fn rootdir_with_owner_map_and_subvolumes() {
         if md("home/user/etc-link")?.nlink() != 1 || md("etc-file")?.nlink() != 1 {
             return Err("the link across the subvolume is not two files".into());
         }
-        if std::fs::read(mnt.join("home/user/etc-link")).map_err(|e| e.to_string())? != b"config\n" {
+        if std::fs::read(mnt.join("home/user/etc-link")).map_err(|e| e.to_string())? != b"config\n"
+        {
             return Err("the split link lost its contents".into());
         }
         if md("home")?.ino() != 256 {
             return Err(format!("home is not a subvolume top (inode {})", md("home")?.ino()));
         }
-        let list = String::from_utf8_lossy(&Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt).output().unwrap().stdout).into_owned();
+        let list = String::from_utf8_lossy(
+            &Command::new("btrfs").args(["subvolume", "list"]).arg(&mnt).output().unwrap().stdout,
+        )
+        .into_owned();
         if !list.lines().any(|l| l.ends_with("path home")) {
             return Err(format!("btrfs subvolume list: {list}"));
         }
@@ -134,14 +177,19 @@ fn build_tree(root: &Path, reverse: bool) {
     }
     for n in &names {
         let k: usize = n[1..].parse().unwrap();
-        std::fs::write(root.join(["a", "b", "c"][k % 3]).join(n), vec![k as u8; k * 1000 + 1]).unwrap();
+        std::fs::write(root.join(["a", "b", "c"][k % 3]).join(n), vec![k as u8; k * 1000 + 1])
+            .unwrap();
     }
     std::fs::hard_link(root.join("a/f00"), root.join("b/link")).unwrap();
     std::os::unix::fs::symlink("a/f03", root.join("sym")).unwrap();
     // Fixed times everywhere, deepest first so a directory's own times come last.
     let out = Command::new("find").arg(root).arg("-depth").output().unwrap();
     for p in String::from_utf8_lossy(&out.stdout).lines() {
-        let o = Command::new("touch").args(["-h", "-d", "2024-01-02 03:04:05.678"]).arg(p).output().unwrap();
+        let o = Command::new("touch")
+            .args(["-h", "-d", "2024-01-02 03:04:05.678"])
+            .arg(p)
+            .output()
+            .unwrap();
         assert!(o.status.success());
     }
 }
@@ -160,17 +208,24 @@ fn the_same_tree_gives_the_same_image() {
     let base = work.join("base.img");
     std::fs::File::create(&base).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&base));
-    let base_sum = run(Command::new("sha256sum").arg(&base)).split_whitespace().next().unwrap().to_string();
+    let base_sum =
+        run(Command::new("sha256sum").arg(&base)).split_whitespace().next().unwrap().to_string();
     let mut sums = Vec::new();
     for (i, reverse) in [false, true].into_iter().enumerate() {
         let src = work.join(format!("src{i}"));
         build_tree(&src, reverse);
         let img = work.join(format!("img{i}"));
         std::fs::copy(&base, &img).unwrap();
-        let sources = ubtrfs_core::sources::Sources::deterministic(ubtrfs_core::sources::Time { sec: 1_700_000_000, nsec: 0 }, 42);
-        let mut w = FsWriter::open(&OpenOptions { writable: true, sources, ..OpenOptions::new(&img) }).unwrap();
+        let sources = ubtrfs_core::sources::Sources::deterministic(
+            ubtrfs_core::sources::Time { sec: 1_700_000_000, nsec: 0 },
+            42,
+        );
+        let mut w =
+            FsWriter::open(&OpenOptions { writable: true, sources, ..OpenOptions::new(&img) })
+                .unwrap();
         let top = w.live().root_dir();
-        let opts = PutOptions { recursive: true, subvols: vec![src.join("c")], ..Default::default() };
+        let opts =
+            PutOptions { recursive: true, subvols: vec![src.join("c")], ..Default::default() };
         put_contents(&mut w, &src, top, &opts).unwrap();
         w.commit().unwrap();
         drop(w);
@@ -180,11 +235,26 @@ fn the_same_tree_gives_the_same_image() {
         eprintln!("build {i}: {} (host inode of a/f00 {})", sums[i], ino("a/f00"));
     }
     let owners = OwnerMap::default();
-    let (d0, d1) = (tree_digest(&work.join("src0"), &owners).unwrap(), tree_digest(&work.join("src1"), &owners).unwrap());
+    let (d0, d1) = (
+        tree_digest(&work.join("src0"), &owners).unwrap(),
+        tree_digest(&work.join("src1"), &owners).unwrap(),
+    );
     assert_eq!(d0, d1, "the digest of two copies of one tree");
-    std::fs::set_permissions(work.join("src1/a/f00"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    assert_ne!(d0, tree_digest(&work.join("src1"), &owners).unwrap(), "a mode change changes the digest");
-    assert_ne!(d0, tree_digest(&work.join("src0"), &OwnerMap::force(5, 5)).unwrap(), "the owner map is part of it");
+    std::fs::set_permissions(
+        work.join("src1/a/f00"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    assert_ne!(
+        d0,
+        tree_digest(&work.join("src1"), &owners).unwrap(),
+        "a mode change changes the digest"
+    );
+    assert_ne!(
+        d0,
+        tree_digest(&work.join("src0"), &OwnerMap::force(5, 5)).unwrap(),
+        "the owner map is part of it"
+    );
     let _ = std::fs::remove_dir_all(&work);
     assert_ne!(sums[0], base_sum, "the build changed nothing");
     assert_eq!(sums[0], sums[1], "two builds of one tree differ");
@@ -208,13 +278,15 @@ fn populate_sets_the_default_subvolume() {
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
     let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
-    let put = PutOptions { recursive: true, subvols: vec![src.join("@root")], ..Default::default() };
+    let put =
+        PutOptions { recursive: true, subvols: vec![src.join("@root")], ..Default::default() };
     let bad = PopulateOptions { put: put.clone(), default_subvol: Some("/plain".into()) };
     let e = populate(&mut w, &src, &bad).expect_err("a directory is not a subvolume");
     assert!(e.to_string().contains("must be one of the subvolumes"), "{e}");
     drop(w);
     let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
-    populate(&mut w, &src, &PopulateOptions { put, default_subvol: Some("/@root".into()) }).unwrap();
+    populate(&mut w, &src, &PopulateOptions { put, default_subvol: Some("/@root".into()) })
+        .unwrap();
     w.commit().unwrap();
     drop(w);
     let mnt = work.join("mnt");

@@ -29,7 +29,9 @@ use ubtrfs_core::transaction::{CowStats, FsWriter};
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
-#[command(about = "seed 002: COWs per search under background writeback, with and without writeback inhibition")]
+#[command(
+    about = "seed 002: COWs per search under background writeback, with and without writeback inhibition"
+)]
 pub struct Args {
     /// Handles per round.
     #[arg(long, default_value_t = 200)]
@@ -96,7 +98,8 @@ fn main() {
     for r in 0..a.runs {
         let order = if r % 2 == 0 { [true, false] } else { [false, true] };
         for inhibit in order {
-            let x = round(&a, inhibit, r < 2).unwrap_or_else(|e| panic!("round {r} (inhibit {inhibit}): {e}"));
+            let x = round(&a, inhibit, r < 2)
+                .unwrap_or_else(|e| panic!("round {r} (inhibit {inhibit}): {e}"));
             eprintln!(
                 "round {r} {}: {} searches, {} COWs, max {} per search, {} written early, {:.0} creates/s",
                 if inhibit { "inhibit" } else { "none" },
@@ -124,8 +127,21 @@ fn main() {
             format!("{:.0}", med(v, &|r| r.creates_per_sec)),
         ]);
     }
-    print_table(&["variant", "searches", "COWs", "COWs/search", "max COWs/search", "restarted searches", "written early", "creates/s"], &rows);
+    print_table(
+        &[
+            "variant",
+            "searches",
+            "COWs",
+            "COWs/search",
+            "max COWs/search",
+            "restarted searches",
+            "written early",
+            "creates/s",
+        ],
+        &rows,
+    );
     let ratio = med(&by[0], &|r| r.creates_per_sec) / med(&by[1], &|r| r.creates_per_sec);
-    let cow_ratio = med(&by[1], &|r| r.stats.cows as f64) / med(&by[0], &|r| r.stats.cows as f64).max(1.0);
+    let cow_ratio =
+        med(&by[1], &|r| r.stats.cows as f64) / med(&by[0], &|r| r.stats.cows as f64).max(1.0);
     println!("creates/s with inhibition / without: {ratio:.2}x; COWs without / with: {cow_ratio:.2}x ({} rounds, medians)", a.runs);
 }

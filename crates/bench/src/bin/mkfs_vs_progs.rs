@@ -28,7 +28,9 @@ use std::process::Command;
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
-#[command(about = "ubtrfs mkfs vs mkfs.btrfs: --rootdir of a mixed 1 GiB tree and of 100k small files, and an empty 100 GiB image")]
+#[command(
+    about = "ubtrfs mkfs vs mkfs.btrfs: --rootdir of a mixed 1 GiB tree and of 100k small files, and an empty 100 GiB image"
+)]
 struct Args {
     #[arg(long, default_value_t = 3)]
     runs: u32,
@@ -66,7 +68,11 @@ impl Rng {
 fn make_tree(dir: &Path, shape: &str) -> Result<u64, String> {
     let stamp = dir.join(".complete");
     if stamp.exists() {
-        return std::fs::read_to_string(&stamp).map_err(|e| e.to_string())?.trim().parse().map_err(|e| format!("{e}"));
+        return std::fs::read_to_string(&stamp)
+            .map_err(|e| e.to_string())?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{e}"));
     }
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -120,7 +126,9 @@ fn make_tree(dir: &Path, shape: &str) -> Result<u64, String> {
 
 fn sparse(path: &Path, size: u64) -> Result<(), String> {
     let _ = std::fs::remove_file(path);
-    std::fs::File::create(path).and_then(|f| f.set_len(size)).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::File::create(path)
+        .and_then(|f| f.set_len(size))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn allocated(path: &Path) -> Result<u64, String> {
@@ -153,8 +161,16 @@ fn ours(img: &Path, size: u64, rootdir: Option<&Path>, check: bool) -> Result<(f
     let t = Instant::now();
     make_filesystem(img, size, &MkfsOptions::default()).map_err(|e| format!("mkfs: {e}"))?;
     if let Some(r) = rootdir {
-        let mut w = ubtrfs_core::transaction::FsWriter::open(&ubtrfs_core::OpenOptions { writable: true, cache_bytes: 256 << 20, ..ubtrfs_core::OpenOptions::new(img) }).map_err(|e| e.to_string())?;
-        let opts = PopulateOptions { put: ubtrfs_tools::put::PutOptions { recursive: true, ..Default::default() }, default_subvol: None };
+        let mut w = ubtrfs_core::transaction::FsWriter::open(&ubtrfs_core::OpenOptions {
+            writable: true,
+            cache_bytes: 256 << 20,
+            ..ubtrfs_core::OpenOptions::new(img)
+        })
+        .map_err(|e| e.to_string())?;
+        let opts = PopulateOptions {
+            put: ubtrfs_tools::put::PutOptions { recursive: true, ..Default::default() },
+            default_subvol: None,
+        };
         populate(&mut w, r, &opts).map_err(|e| e.to_string())?;
         w.commit().map_err(|e| e.to_string())?;
     }
@@ -175,7 +191,10 @@ fn main() {
         println!("mkfs_vs_progs: {}: {e}", a.workdir.display());
         std::process::exit(2);
     }
-    let shapes: Vec<&str> = ["mixed", "small", "empty"].into_iter().filter(|s| a.only.as_deref().is_none_or(|o| o == *s)).collect();
+    let shapes: Vec<&str> = ["mixed", "small", "empty"]
+        .into_iter()
+        .filter(|s| a.only.as_deref().is_none_or(|o| o == *s))
+        .collect();
     let mut rows = Vec::new();
     let mut failed = false;
     for shape in shapes {
@@ -202,10 +221,19 @@ fn main() {
             let check = r == 0;
             let order: [bool; 2] = if r % 2 == 0 { [true, false] } else { [false, true] };
             for progs_side in order {
-                let res = if progs_side { progs(&img_p, size, src.as_deref(), check) } else { ours(&img_u, size, src.as_deref(), check) };
+                let res = if progs_side {
+                    progs(&img_p, size, src.as_deref(), check)
+                } else {
+                    ours(&img_u, size, src.as_deref(), check)
+                };
                 match res {
                     Ok((s, b)) => {
-                        eprintln!("mkfs_vs_progs: {shape} run {} {}: {s:.2} s, {} bytes allocated", r + 1, if progs_side { "mkfs.btrfs" } else { "ubtrfs" }, b);
+                        eprintln!(
+                            "mkfs_vs_progs: {shape} run {} {}: {s:.2} s, {} bytes allocated",
+                            r + 1,
+                            if progs_side { "mkfs.btrfs" } else { "ubtrfs" },
+                            b
+                        );
                         if progs_side {
                             tp.push(s);
                             bp.push(b as f64);
@@ -215,7 +243,10 @@ fn main() {
                         }
                     }
                     Err(e) => {
-                        eprintln!("mkfs_vs_progs: {shape} {}: {e}", if progs_side { "mkfs.btrfs" } else { "ubtrfs" });
+                        eprintln!(
+                            "mkfs_vs_progs: {shape} {}: {e}",
+                            if progs_side { "mkfs.btrfs" } else { "ubtrfs" }
+                        );
                         failed = true;
                     }
                 }
@@ -239,7 +270,18 @@ fn main() {
         ]);
     }
     println!("## mkfs: ubtrfs vs mkfs.btrfs ({} run(s) per side, medians)\n", a.runs);
-    print_table(&["benchmark", "mkfs.btrfs", "ubtrfs", "ubtrfs speed-up", "mkfs.btrfs image", "ubtrfs image", "bytes (ubtrfs / mkfs.btrfs)"], &rows);
+    print_table(
+        &[
+            "benchmark",
+            "mkfs.btrfs",
+            "ubtrfs",
+            "ubtrfs speed-up",
+            "mkfs.btrfs image",
+            "ubtrfs image",
+            "bytes (ubtrfs / mkfs.btrfs)",
+        ],
+        &rows,
+    );
     if failed {
         std::process::exit(1);
     }

@@ -15,7 +15,9 @@
 pub mod common;
 
 use clap::Parser;
-use common::{create_files, make_dirs, median, print_table, run_cmd, CommitPolicy, Image, Workload};
+use common::{
+    create_files, make_dirs, median, print_table, run_cmd, CommitPolicy, Image, Workload,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,7 +27,9 @@ use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
-#[command(about = "open and mount time of a 1 TiB image with 1M files: library open, FUSE mount, kernel mount")]
+#[command(
+    about = "open and mount time of a 1 TiB image with 1M files: library open, FUSE mount, kernel mount"
+)]
 pub struct Args {
     #[arg(long, default_value_t = 1024)]
     pub size_gib: u64,
@@ -44,16 +48,28 @@ pub struct Args {
 
 fn mounted(dir: &Path) -> bool {
     let want = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    std::fs::read_to_string("/proc/self/mounts").unwrap_or_default().lines().any(|l| l.split(' ').nth(1).is_some_and(|m| Path::new(m) == want))
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1).is_some_and(|m| Path::new(m) == want))
 }
 
 fn build(img: &Path, a: &Args) -> Result<String, String> {
-    let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(img) }).map_err(|e| e.to_string())?;
+    let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(img) })
+        .map_err(|e| e.to_string())?;
     let top = w.live().root_dir().ino;
     let dirs = make_dirs(&mut w, top, a.dirs)?;
-    let wl = Workload { files: a.files, dirs: a.dirs, round_robin: false, policy: CommitPolicy { every_files: 100_000, every: Duration::from_secs(3600) }, seed: 7 };
+    let wl = Workload {
+        files: a.files,
+        dirs: a.dirs,
+        round_robin: false,
+        policy: CommitPolicy { every_files: 100_000, every: Duration::from_secs(3600) },
+        seed: 7,
+    };
     create_files(&mut w, &dirs, &wl)?;
-    let big = w.create_file(5, top, b"prealloc", &ubtrfs_core::inode::write::InodeAttrs::new(0o644)).map_err(|e| e.to_string())?;
+    let big = w
+        .create_file(5, top, b"prealloc", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
+        .map_err(|e| e.to_string())?;
     for i in 0..a.prealloc_gib {
         w.fallocate(5, big, 0, i << 30, 1 << 30).map_err(|e| format!("fallocate: {e}"))?;
         if i % 16 == 15 {
@@ -62,7 +78,10 @@ fn build(img: &Path, a: &Args) -> Result<String, String> {
     }
     w.commit().map_err(|e| e.to_string())?;
     // A file deep in the last directory, to stat.
-    let last = w.live().readdir(ubtrfs_core::inode::filesystem::InodeId { root: 5, ino: dirs[dirs.len() - 1] }).map_err(|e| e.to_string())?;
+    let last = w
+        .live()
+        .readdir(ubtrfs_core::inode::filesystem::InodeId { root: 5, ino: dirs[dirs.len() - 1] })
+        .map_err(|e| e.to_string())?;
     let name = String::from_utf8_lossy(&last[last.len() - 1].name).into_owned();
     Ok(format!("{:02}/{name}", a.dirs - 1))
 }
@@ -74,11 +93,21 @@ fn main() {
         std::process::exit(2);
     }
     let exe = std::env::current_exe().expect("this executable").with_file_name("ubtrfs");
-    assert!(exe.is_file(), "build the ubtrfs binary too: cargo build --release -p ubtrfs ({})", exe.display());
-    let img = Image::mkfs(&a.dir.join("ubtrfs-mount-scale"), "img", a.size_gib << 30).unwrap_or_else(|e| panic!("mkfs: {e}"));
+    assert!(
+        exe.is_file(),
+        "build the ubtrfs binary too: cargo build --release -p ubtrfs ({})",
+        exe.display()
+    );
+    let img = Image::mkfs(&a.dir.join("ubtrfs-mount-scale"), "img", a.size_gib << 30)
+        .unwrap_or_else(|e| panic!("mkfs: {e}"));
     let t = Instant::now();
     let probe = build(&img.path, &a).unwrap_or_else(|e| panic!("build: {e}"));
-    eprintln!("built {} files and {} GiB preallocated in {:.1?}", a.files, a.prealloc_gib, t.elapsed());
+    eprintln!(
+        "built {} files and {} GiB preallocated in {:.1?}",
+        a.files,
+        a.prealloc_gib,
+        t.elapsed()
+    );
     img.check().unwrap_or_else(|e| panic!("btrfs check: {e}"));
     let groups = {
         let fs = ubtrfs_core::FsInfo::open(&OpenOptions::new(&img.path)).expect("open");
@@ -89,13 +118,20 @@ fn main() {
     let (mut lib, mut fuse, mut kernel) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..=a.runs {
         let t = Instant::now();
-        let e = Engine::open(&OpenOptions { writable: true, ..OpenOptions::new(&img.path) }).expect("Engine::open");
+        let e = Engine::open(&OpenOptions { writable: true, ..OpenOptions::new(&img.path) })
+            .expect("Engine::open");
         e.read(|l| l.resolve(&probe, false)).expect("resolve");
         let tl = t.elapsed();
         drop(e);
 
         let t = Instant::now();
-        let mut child = Command::new(&exe).arg("mount").arg(&img.path).arg(&mnt).stderr(Stdio::inherit()).spawn().expect("spawn ubtrfs mount");
+        let mut child = Command::new(&exe)
+            .arg("mount")
+            .arg(&img.path)
+            .arg(&mnt)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ubtrfs mount");
         while !mounted(&mnt) {
             assert!(child.try_wait().unwrap().is_none(), "ubtrfs mount exited");
             std::thread::sleep(Duration::from_millis(2));
@@ -106,7 +142,8 @@ fn main() {
         let _ = child.wait();
 
         let t = Instant::now();
-        run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(&mnt)).expect("kernel mount");
+        run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(&mnt))
+            .expect("kernel mount");
         std::fs::metadata(mnt.join(&probe)).expect("stat through the kernel");
         let tk = t.elapsed();
         run_cmd(Command::new("umount").arg(&mnt)).expect("umount");
@@ -119,7 +156,19 @@ fn main() {
     println!("{} GiB image, {} files, {groups} block groups; medians of {} rounds (one warm-up round dropped):", a.size_gib, a.files, a.runs);
     let ms = |v: &[f64]| format!("{:.1} ms", median(v) * 1e3);
     print_table(
-        &["", "library open + lookup", "ubtrfs mount to first stat", "kernel mount to first stat", "fuse / kernel"],
-        &[vec!["time".into(), ms(&lib), ms(&fuse), ms(&kernel), format!("{:.2}x", median(&fuse) / median(&kernel))]],
+        &[
+            "",
+            "library open + lookup",
+            "ubtrfs mount to first stat",
+            "kernel mount to first stat",
+            "fuse / kernel",
+        ],
+        &[vec![
+            "time".into(),
+            ms(&lib),
+            ms(&fuse),
+            ms(&kernel),
+            format!("{:.2}x", median(&fuse) / median(&kernel)),
+        ]],
     );
 }

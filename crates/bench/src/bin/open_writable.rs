@@ -29,7 +29,9 @@ use ubtrfs_format::structs::BLOCK_GROUP_DATA;
 use ubtrfs_format::Key;
 
 #[derive(Parser, Debug)]
-#[command(about = "writable open on many block groups: free space cached per group on first use vs loaded for every group at open")]
+#[command(
+    about = "writable open on many block groups: free space cached per group on first use vs loaded for every group at open"
+)]
 pub struct Args {
     /// Image size in GiB (sparse file).
     #[arg(long, default_value_t = 64)]
@@ -61,15 +63,25 @@ pub struct Layout {
 ///
 /// # Errors
 /// mkfs, mount, xfs_io, the library or `btrfs check` failing.
-pub fn make_image(dir: &Path, size: u64, extents: u64, bitmap_every: usize) -> Result<(Image, Layout), String> {
+pub fn make_image(
+    dir: &Path,
+    size: u64,
+    extents: u64,
+    bitmap_every: usize,
+) -> Result<(Image, Layout), String> {
     let img = Image::mkfs(dir, "many-groups.img", size)?;
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
     run_cmd(Command::new("mount").args(["-t", "btrfs", "-o", "loop"]).arg(&img.path).arg(&mnt))?;
     let file = mnt.join("prealloc");
-    let falloc: Vec<String> = (0..extents).flat_map(|i| ["-c".to_string(), format!("falloc {i}m 1m")]).collect();
-    let punch: Vec<String> = (0..extents).step_by(2).flat_map(|i| ["-c".to_string(), format!("fpunch {i}m 1m")]).collect();
-    let r = run_cmd(Command::new("xfs_io").arg("-f").args(&falloc).arg(&file)).and_then(|_| run_cmd(Command::new("xfs_io").args(&punch).arg(&file)));
+    let falloc: Vec<String> =
+        (0..extents).flat_map(|i| ["-c".to_string(), format!("falloc {i}m 1m")]).collect();
+    let punch: Vec<String> = (0..extents)
+        .step_by(2)
+        .flat_map(|i| ["-c".to_string(), format!("fpunch {i}m 1m")])
+        .collect();
+    let r = run_cmd(Command::new("xfs_io").arg("-f").args(&falloc).arg(&file))
+        .and_then(|_| run_cmd(Command::new("xfs_io").args(&punch).arg(&file)));
     let u = run_cmd(Command::new("umount").arg(&mnt));
     r?;
     u?;
@@ -78,15 +90,19 @@ pub fn make_image(dir: &Path, size: u64, extents: u64, bitmap_every: usize) -> R
     let data: Vec<_> = all.iter().filter(|g| g.flags & BLOCK_GROUP_DATA != 0).collect();
     let mut bitmap_groups = 0;
     if bitmap_every > 0 {
-        let mut h = w.join_transaction("convert to bitmaps").map_err(|e| format!("start a handle: {e}"))?;
+        let mut h =
+            w.join_transaction("convert to bitmaps").map_err(|e| format!("start a handle: {e}"))?;
         for g in data.iter().skip(1).step_by(bitmap_every) {
-            ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut h, g.start, g.length).map_err(|e| format!("convert group {}: {e}", g.start))?;
+            ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut h, g.start, g.length)
+                .map_err(|e| format!("convert group {}: {e}", g.start))?;
             bitmap_groups += 1;
         }
         h.end().map_err(|e| format!("end the handle: {e}"))?;
     }
     w.commit().map_err(|e| format!("commit: {e}"))?;
-    let items = w.items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::MIN, &Key::MAX).map_err(|e| format!("free-space tree: {e}"))?;
+    let items = w
+        .items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::MIN, &Key::MAX)
+        .map_err(|e| format!("free-space tree: {e}"))?;
     let layout = Layout {
         groups: all.len(),
         data_groups: data.len(),
@@ -130,7 +146,10 @@ pub fn run_both(path: &Path, groups: usize, runs: u32) -> Result<(Vec<f64>, Vec<
             let (s, cached) = time_open(path, e)?;
             let want = if e { groups } else { 0 };
             if cached != want {
-                return Err(format!("{} open cached {cached} groups, {want} expected", if e { "eager" } else { "lazy" }));
+                return Err(format!(
+                    "{} open cached {cached} groups, {want} expected",
+                    if e { "eager" } else { "lazy" }
+                ));
             }
             if e { &mut eager } else { &mut lazy }.push(s);
         }
@@ -162,11 +181,20 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let fmt = |v: &[f64]| v.iter().map(|s| format!("{:.2}", s * 1e3)).collect::<Vec<_>>().join(", ");
+    let fmt =
+        |v: &[f64]| v.iter().map(|s| format!("{:.2}", s * 1e3)).collect::<Vec<_>>().join(", ");
     let row = |name: &str, v: &[f64]| {
         let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-        vec![name.to_string(), format!("{:.2}", median(v) * 1e3), format!("{:.2}", min * 1e3), fmt(v)]
+        vec![
+            name.to_string(),
+            format!("{:.2}", median(v) * 1e3),
+            format!("{:.2}", min * 1e3),
+            fmt(v),
+        ]
     };
-    print_table(&["variant", "median ms", "min ms", "runs (ms)"], &[row("cached per group on first use", &lazy), row("every group loaded at open", &eager)]);
+    print_table(
+        &["variant", "median ms", "min ms", "runs (ms)"],
+        &[row("cached per group on first use", &lazy), row("every group loaded at open", &eager)],
+    );
     println!("\nratio (eager / lazy, medians): {:.2}", median(&eager) / median(&lazy));
 }

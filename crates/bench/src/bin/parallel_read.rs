@@ -25,7 +25,9 @@ use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::{FsRead, OpenOptions};
 
 #[derive(Parser, Debug)]
-#[command(about = "reads of several files through one engine: one thread against one thread per file")]
+#[command(
+    about = "reads of several files through one engine: one thread against one thread per file"
+)]
 struct Args {
     #[arg(long, default_value_t = 4)]
     files: usize,
@@ -43,7 +45,8 @@ const CHUNK: usize = 1 << 20;
 /// The data of file `i`: a xorshift stream (incompressible, cheap to make again).
 fn fill(i: usize, off: u64, buf: &mut [u8]) {
     for (k, c) in buf.chunks_mut(8).enumerate() {
-        let mut x = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (off / 8 + k as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let mut x = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ (off / 8 + k as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         x ^= x >> 31;
         let b = x.to_le_bytes();
         c.copy_from_slice(&b[..c.len()]);
@@ -51,7 +54,8 @@ fn fill(i: usize, off: u64, buf: &mut [u8]) {
 }
 
 fn digest(acc: u64, buf: &[u8]) -> u64 {
-    buf.chunks(8).fold(acc, |a, c| a.rotate_left(5) ^ c.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)))
+    buf.chunks(8)
+        .fold(acc, |a, c| a.rotate_left(5) ^ c.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)))
 }
 
 fn read_whole(engine: &Engine, v: &InodeView) -> u64 {
@@ -69,12 +73,19 @@ fn read_whole(engine: &Engine, v: &InodeView) -> u64 {
 fn main() {
     let a = Args::parse();
     let bytes = a.file_mib << 20;
-    let img = Image::mkfs(&a.dir, "ubtrfs-parallel-read.img", (a.files as u64 * bytes) * 3 / 2 + (512 << 20)).unwrap_or_else(|e| panic!("mkfs: {e}"));
+    let img = Image::mkfs(
+        &a.dir,
+        "ubtrfs-parallel-read.img",
+        (a.files as u64 * bytes) * 3 / 2 + (512 << 20),
+    )
+    .unwrap_or_else(|e| panic!("mkfs: {e}"));
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).expect("open");
     let mut ids = Vec::new();
     let mut want = Vec::new();
     for i in 0..a.files {
-        let ino = w.create_file(5, 256, format!("file{i}").as_bytes(), &InodeAttrs::new(0o644)).expect("create");
+        let ino = w
+            .create_file(5, 256, format!("file{i}").as_bytes(), &InodeAttrs::new(0o644))
+            .expect("create");
         let mut off = 0u64;
         let mut acc = 0;
         w.write_file_with(5, ino, 0, bytes, &mut |buf: &mut [u8]| {
@@ -91,7 +102,14 @@ fn main() {
     }
     w.commit().expect("commit");
     let engine = Engine::from_writer(w);
-    let views: Vec<InodeView> = ids.iter().map(|&id| engine.read(|live| live.load_inode(id, Load { extents: true, ..Load::ITEM })).expect("load")).collect();
+    let views: Vec<InodeView> = ids
+        .iter()
+        .map(|&id| {
+            engine
+                .read(|live| live.load_inode(id, Load { extents: true, ..Load::ITEM }))
+                .expect("load")
+        })
+        .collect();
     let total = (a.files as u64 * bytes) as f64 / (1 << 20) as f64;
     let (mut one, mut many): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
     // One untimed pass: the image's pages and the node cache are warm for both sides.
@@ -112,7 +130,13 @@ fn main() {
             }
         });
         many.push(t.elapsed().as_secs_f64());
-        eprintln!("round {}: 1 thread {:.3} s, {} threads {:.3} s", round + 1, one[round], a.files, many[round]);
+        eprintln!(
+            "round {}: 1 thread {:.3} s, {} threads {:.3} s",
+            round + 1,
+            one[round],
+            a.files,
+            many[round]
+        );
     }
     let (m1, mn) = (median(&one), median(&many));
     println!("| side | median (s) | throughput (MiB/s) |");

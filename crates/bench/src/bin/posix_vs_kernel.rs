@@ -32,7 +32,9 @@ use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
-#[command(about = "ubtrfs POSIX operations vs the kernel: create/rename/unlink, 4 KiB random overwrites, a zstd-compressed write")]
+#[command(
+    about = "ubtrfs POSIX operations vs the kernel: create/rename/unlink, 4 KiB random overwrites, a zstd-compressed write"
+)]
 struct Args {
     #[arg(long, default_value_t = 3)]
     runs: u32,
@@ -96,20 +98,25 @@ fn kernel_names(a: &Args, img: &Image) -> Result<[f64; 3], String> {
     let mut out = [0.0; 3];
     let t = Instant::now();
     for i in 0..a.files {
-        std::fs::File::create(dirs[(i % a.dirs) as usize].join(name(i))).map_err(|e| format!("create: {e}"))?;
+        std::fs::File::create(dirs[(i % a.dirs) as usize].join(name(i)))
+            .map_err(|e| format!("create: {e}"))?;
     }
     sync_fs(&m.0)?;
     out[0] = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for i in 0..a.files {
-        let (from, to) = (dirs[(i % a.dirs) as usize].join(name(i)), dirs[((i + 1) % a.dirs) as usize].join(format!("r{}", name(i))));
+        let (from, to) = (
+            dirs[(i % a.dirs) as usize].join(name(i)),
+            dirs[((i + 1) % a.dirs) as usize].join(format!("r{}", name(i))),
+        );
         std::fs::rename(&from, &to).map_err(|e| format!("rename: {e}"))?;
     }
     sync_fs(&m.0)?;
     out[1] = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for i in 0..a.files {
-        std::fs::remove_file(dirs[((i + 1) % a.dirs) as usize].join(format!("r{}", name(i)))).map_err(|e| format!("unlink: {e}"))?;
+        std::fs::remove_file(dirs[((i + 1) % a.dirs) as usize].join(format!("r{}", name(i))))
+            .map_err(|e| format!("unlink: {e}"))?;
     }
     sync_fs(&m.0)?;
     out[2] = t.elapsed().as_secs_f64();
@@ -119,12 +126,21 @@ fn kernel_names(a: &Args, img: &Image) -> Result<[f64; 3], String> {
 fn ubtrfs_names(a: &Args, img: &Image) -> Result<[f64; 3], String> {
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).map_err(|e| format!("open: {e}"))?;
     let e = |e: ubtrfs_core::Error| e.to_string();
-    let dirs: Vec<u64> = (0..a.dirs).map(|d| w.mkdir(FS_TREE, ROOT_DIR, format!("d{d:03}").as_bytes(), &InodeAttrs::new(0o755))).collect::<Result<_, _>>().map_err(e)?;
+    let dirs: Vec<u64> = (0..a.dirs)
+        .map(|d| w.mkdir(FS_TREE, ROOT_DIR, format!("d{d:03}").as_bytes(), &InodeAttrs::new(0o755)))
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
     w.commit().map_err(e)?;
     let mut out = [0.0; 3];
     let t = Instant::now();
     for i in 0..a.files {
-        w.create_file(FS_TREE, dirs[(i % a.dirs) as usize], name(i).as_bytes(), &InodeAttrs::new(0o644)).map_err(e)?;
+        w.create_file(
+            FS_TREE,
+            dirs[(i % a.dirs) as usize],
+            name(i).as_bytes(),
+            &InodeAttrs::new(0o644),
+        )
+        .map_err(e)?;
         if (i + 1) % a.commit_every == 0 {
             w.commit().map_err(e)?;
         }
@@ -134,7 +150,8 @@ fn ubtrfs_names(a: &Args, img: &Image) -> Result<[f64; 3], String> {
     let t = Instant::now();
     for i in 0..a.files {
         let (from, to) = (dirs[(i % a.dirs) as usize], dirs[((i + 1) % a.dirs) as usize]);
-        w.rename(FS_TREE, from, name(i).as_bytes(), to, format!("r{}", name(i)).as_bytes(), 0).map_err(e)?;
+        w.rename(FS_TREE, from, name(i).as_bytes(), to, format!("r{}", name(i)).as_bytes(), 0)
+            .map_err(e)?;
         if (i + 1) % a.commit_every == 0 {
             w.commit().map_err(e)?;
         }
@@ -143,7 +160,8 @@ fn ubtrfs_names(a: &Args, img: &Image) -> Result<[f64; 3], String> {
     out[1] = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for i in 0..a.files {
-        w.unlink(FS_TREE, dirs[((i + 1) % a.dirs) as usize], format!("r{}", name(i)).as_bytes()).map_err(e)?;
+        w.unlink(FS_TREE, dirs[((i + 1) % a.dirs) as usize], format!("r{}", name(i)).as_bytes())
+            .map_err(e)?;
         if (i + 1) % a.commit_every == 0 {
             w.commit().map_err(e)?;
         }
@@ -175,7 +193,12 @@ fn kernel_randwrite(a: &Args, img: &Image, nocow: bool) -> Result<f64, String> {
         std::fs::File::create(&p).map_err(|e| e.to_string())?;
         run_cmd(Command::new("chattr").arg("+C").arg(&p))?;
     }
-    run_cmd(Command::new("xfs_io").arg("-f").args(["-c", &format!("pwrite -b 4m 0 {}m", a.file_mib), "-c", "fsync"]).arg(&p))?;
+    run_cmd(
+        Command::new("xfs_io")
+            .arg("-f")
+            .args(["-c", &format!("pwrite -b 4m 0 {}m", a.file_mib), "-c", "fsync"])
+            .arg(&p),
+    )?;
     let f = std::fs::OpenOptions::new().write(true).open(&p).map_err(|e| e.to_string())?;
     let buf = vec![0x5au8; 4096];
     let offs = offsets(a);
@@ -186,7 +209,11 @@ fn kernel_randwrite(a: &Args, img: &Image, nocow: bool) -> Result<f64, String> {
     let writes = t.elapsed().as_secs_f64();
     f.sync_all().map_err(|e| e.to_string())?;
     let secs = t.elapsed().as_secs_f64();
-    eprintln!("posix_vs_kernel: randwrite{} kernel: writes {writes:.2} s, fsync {:.2} s", if nocow { " nocow" } else { "" }, secs - writes);
+    eprintln!(
+        "posix_vs_kernel: randwrite{} kernel: writes {writes:.2} s, fsync {:.2} s",
+        if nocow { " nocow" } else { "" },
+        secs - writes
+    );
     Ok(secs)
 }
 
@@ -218,7 +245,11 @@ fn ubtrfs_randwrite(a: &Args, img: &Image, nocow: bool) -> Result<f64, String> {
     let writes = t.elapsed().as_secs_f64();
     w.commit().map_err(e)?;
     let secs = t.elapsed().as_secs_f64();
-    eprintln!("posix_vs_kernel: randwrite{} ubtrfs: writes {writes:.2} s, commit {:.2} s", if nocow { " nocow" } else { "" }, secs - writes);
+    eprintln!(
+        "posix_vs_kernel: randwrite{} ubtrfs: writes {writes:.2} s, commit {:.2} s",
+        if nocow { " nocow" } else { "" },
+        secs - writes
+    );
     drop(w);
     img.check()?;
     Ok(secs)
@@ -226,7 +257,24 @@ fn ubtrfs_randwrite(a: &Args, img: &Image, nocow: bool) -> Result<f64, String> {
 
 /// Text-like bytes, about 3:1 under zstd.
 fn text(n: usize) -> Vec<u8> {
-    let words: [&[u8]; 16] = [b"btrfs", b"extent", b"checksum", b"subvolume", b"transaction", b"the", b"of", b"and", b"compress", b"zstd", b"inode", b"leaf", b"node", b"chunk", b"device", b"tree"];
+    let words: [&[u8]; 16] = [
+        b"btrfs",
+        b"extent",
+        b"checksum",
+        b"subvolume",
+        b"transaction",
+        b"the",
+        b"of",
+        b"and",
+        b"compress",
+        b"zstd",
+        b"inode",
+        b"leaf",
+        b"node",
+        b"chunk",
+        b"device",
+        b"tree",
+    ];
     let mut x = 0x1234_5678_9abc_def1u64;
     let mut v = Vec::with_capacity(n + 32);
     while v.len() < n {
@@ -247,7 +295,10 @@ fn text(n: usize) -> Vec<u8> {
 fn disk_usage(img: &Path, at: &Path) -> Result<u64, String> {
     let m = Mount::new(img, at, "loop,ro")?;
     let out = run_cmd(Command::new("compsize").arg("-b").arg(&m.0))?;
-    let line = out.lines().find(|l| l.starts_with("TOTAL")).ok_or_else(|| format!("compsize said: {out}"))?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("TOTAL"))
+        .ok_or_else(|| format!("compsize said: {out}"))?;
     let f: Vec<&str> = line.split_whitespace().collect();
     f.get(2).and_then(|v| v.parse().ok()).ok_or_else(|| format!("compsize line: {line}"))
 }
@@ -305,8 +356,10 @@ fn main() {
         let (mut k, mut u) = (Vec::new(), Vec::new());
         for r in 0..a.runs {
             for side in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
-                let img = Image::mkfs(&a.workdir, "names.img", size).unwrap_or_else(|e| fail("mkfs", e));
-                let s = if side == 0 { kernel_names(&a, &img) } else { ubtrfs_names(&a, &img) }.unwrap_or_else(|e| fail("names", e));
+                let img =
+                    Image::mkfs(&a.workdir, "names.img", size).unwrap_or_else(|e| fail("mkfs", e));
+                let s = if side == 0 { kernel_names(&a, &img) } else { ubtrfs_names(&a, &img) }
+                    .unwrap_or_else(|e| fail("names", e));
                 eprintln!("posix_vs_kernel: names run {} {}: create {:.2} s, rename {:.2} s, unlink {:.2} s", r + 1, ["kernel", "ubtrfs"][side], s[0], s[1], s[2]);
                 if side == 0 { &mut k } else { &mut u }.push(s);
             }
@@ -314,7 +367,12 @@ fn main() {
         for (i, phase) in ["create", "rename", "unlink"].iter().enumerate() {
             let km = median(&k.iter().map(|s| s[i]).collect::<Vec<_>>());
             let um = median(&u.iter().map(|s| s[i]).collect::<Vec<_>>());
-            rows.push(vec![format!("{phase} {} files", a.files), format!("{:.0} ops/s", a.files as f64 / km), format!("{:.0} ops/s", a.files as f64 / um), format!("{:.2}x", km / um)]);
+            rows.push(vec![
+                format!("{phase} {} files", a.files),
+                format!("{:.0} ops/s", a.files as f64 / km),
+                format!("{:.0} ops/s", a.files as f64 / um),
+                format!("{:.2}x", km / um),
+            ]);
         }
     }
     for (nocow, label) in [(false, "randwrite"), (true, "randwrite-nocow")] {
@@ -324,15 +382,31 @@ fn main() {
         let (mut k, mut u) = (Vec::new(), Vec::new());
         for r in 0..a.runs {
             for side in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
-                let img = Image::mkfs(&a.workdir, "rand.img", size).unwrap_or_else(|e| fail("mkfs", e));
-                let s = if side == 0 { kernel_randwrite(&a, &img, nocow) } else { ubtrfs_randwrite(&a, &img, nocow) }.unwrap_or_else(|e| fail(label, e));
-                eprintln!("posix_vs_kernel: {label} run {} {}: {:.2} s", r + 1, ["kernel", "ubtrfs"][side], s);
+                let img =
+                    Image::mkfs(&a.workdir, "rand.img", size).unwrap_or_else(|e| fail("mkfs", e));
+                let s = if side == 0 {
+                    kernel_randwrite(&a, &img, nocow)
+                } else {
+                    ubtrfs_randwrite(&a, &img, nocow)
+                }
+                .unwrap_or_else(|e| fail(label, e));
+                eprintln!(
+                    "posix_vs_kernel: {label} run {} {}: {:.2} s",
+                    r + 1,
+                    ["kernel", "ubtrfs"][side],
+                    s
+                );
                 if side == 0 { &mut k } else { &mut u }.push(s);
             }
         }
         let (km, um) = (median(&k), median(&u));
         rows.push(vec![
-            format!("{} x 4 KiB random overwrites of {} MiB{} + fsync/commit", a.overwrites, a.file_mib, if nocow { " (nodatacow: in place)" } else { "" }),
+            format!(
+                "{} x 4 KiB random overwrites of {} MiB{} + fsync/commit",
+                a.overwrites,
+                a.file_mib,
+                if nocow { " (nodatacow: in place)" } else { "" }
+            ),
             format!("{:.0} ops/s", a.overwrites as f64 / km),
             format!("{:.0} ops/s", a.overwrites as f64 / um),
             format!("{:.2}x", km / um),
@@ -343,17 +417,45 @@ fn main() {
         let (mut k, mut u) = (Vec::new(), Vec::new());
         for r in 0..a.runs {
             for side in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
-                let img = Image::mkfs(&a.workdir, "zstd.img", size).unwrap_or_else(|e| fail("mkfs", e));
-                let s = if side == 0 { kernel_zstd(&a, &img, &data) } else { ubtrfs_zstd(&a, &img, &data) }.unwrap_or_else(|e| fail("zstd", e));
-                eprintln!("posix_vs_kernel: zstd run {} {}: {:.2} s, {} bytes on disk", r + 1, ["kernel", "ubtrfs"][side], s.0, s.1);
+                let img =
+                    Image::mkfs(&a.workdir, "zstd.img", size).unwrap_or_else(|e| fail("mkfs", e));
+                let s = if side == 0 {
+                    kernel_zstd(&a, &img, &data)
+                } else {
+                    ubtrfs_zstd(&a, &img, &data)
+                }
+                .unwrap_or_else(|e| fail("zstd", e));
+                eprintln!(
+                    "posix_vs_kernel: zstd run {} {}: {:.2} s, {} bytes on disk",
+                    r + 1,
+                    ["kernel", "ubtrfs"][side],
+                    s.0,
+                    s.1
+                );
                 if side == 0 { &mut k } else { &mut u }.push(s);
             }
         }
         let mb = data.len() as f64 / 1e6;
-        let (km, um) = (median(&k.iter().map(|s| s.0).collect::<Vec<_>>()), median(&u.iter().map(|s| s.0).collect::<Vec<_>>()));
-        let (kd, ud) = (median(&k.iter().map(|s| s.1 as f64).collect::<Vec<_>>()), median(&u.iter().map(|s| s.1 as f64).collect::<Vec<_>>()));
-        rows.push(vec![format!("{} MiB sequential write, compress=zstd", a.zstd_mib), format!("{:.0} MB/s", mb / km), format!("{:.0} MB/s", mb / um), format!("{:.2}x", km / um)]);
-        rows.push(vec!["  on disk (compsize)".into(), format!("{:.1} MiB", kd / 1048576.0), format!("{:.1} MiB", ud / 1048576.0), format!("{:.3} (ubtrfs / kernel)", ud / kd)]);
+        let (km, um) = (
+            median(&k.iter().map(|s| s.0).collect::<Vec<_>>()),
+            median(&u.iter().map(|s| s.0).collect::<Vec<_>>()),
+        );
+        let (kd, ud) = (
+            median(&k.iter().map(|s| s.1 as f64).collect::<Vec<_>>()),
+            median(&u.iter().map(|s| s.1 as f64).collect::<Vec<_>>()),
+        );
+        rows.push(vec![
+            format!("{} MiB sequential write, compress=zstd", a.zstd_mib),
+            format!("{:.0} MB/s", mb / km),
+            format!("{:.0} MB/s", mb / um),
+            format!("{:.2}x", km / um),
+        ]);
+        rows.push(vec![
+            "  on disk (compsize)".into(),
+            format!("{:.1} MiB", kd / 1048576.0),
+            format!("{:.1} MiB", ud / 1048576.0),
+            format!("{:.3} (ubtrfs / kernel)", ud / kd),
+        ]);
     }
     println!("## POSIX operations: ubtrfs vs kernel btrfs ({} run(s) per side, medians)\n", a.runs);
     print_table(&["benchmark", "kernel", "ubtrfs", "ubtrfs speed-up"], &rows);

@@ -44,7 +44,9 @@ use ubtrfs_core::inode::id::InodeId;
 use ubtrfs_core::inode::inode_cache::{Inode, InodeCache};
 
 #[derive(Parser, Debug)]
-#[command(about = "seed 001: extent-map shrinker search, kernel scan of every inode vs registry of inodes with maps")]
+#[command(
+    about = "seed 001: extent-map shrinker search, kernel scan of every inode vs registry of inodes with maps"
+)]
 pub struct Args {
     /// In-memory inodes without extent maps.
     #[arg(long, default_value_t = 100_000)]
@@ -102,7 +104,14 @@ impl Setup {
             let mut g = inode.mapping.extent_map.write();
             for i in 0..self.maps {
                 // Every other disk block: adjacent in the file, not on disk, so no merge.
-                g.add(ExtentMap::plain(i * BLOCK, BLOCK, (inode.id.ino * self.maps * 2 + 2 * i) * BLOCK, BLOCK, 0)).expect("a fresh range");
+                g.add(ExtentMap::plain(
+                    i * BLOCK,
+                    BLOCK,
+                    (inode.id.ino * self.maps * 2 + 2 * i) * BLOCK,
+                    BLOCK,
+                    0,
+                ))
+                .expect("a fresh range");
             }
         }
     }
@@ -137,7 +146,12 @@ impl RunStats {
 /// is not busy and has maps, walking every in-memory inode under the inode-map lock.
 /// With `peek` (the seed's patch), an inode whose tree looks empty without its lock is
 /// skipped before the trylock.
-fn kernel_find_first(root: &Mutex<BTreeMap<u64, Arc<Inode>>>, min_ino: u64, peek: bool, st: &mut RunStats) -> Option<Arc<Inode>> {
+fn kernel_find_first(
+    root: &Mutex<BTreeMap<u64, Arc<Inode>>>,
+    min_ino: u64,
+    peek: bool,
+    st: &mut RunStats,
+) -> Option<Arc<Inode>> {
     let xa = root.lock().unwrap_or_else(|p| p.into_inner());
     for (_, inode) in xa.range(min_ino..) {
         st.walked += 1;
@@ -162,7 +176,9 @@ pub fn kernel_run(s: &Setup, target: u64, peek: bool, last_ino: &mut u64) -> Run
     let mut scanned = 0;
     let mut wrapped = false;
     while scanned < target {
-        let Some(inode) = kernel_find_first(&s.root_inodes, last_ino.saturating_add(1), peek, &mut st) else {
+        let Some(inode) =
+            kernel_find_first(&s.root_inodes, last_ino.saturating_add(1), peek, &mut st)
+        else {
             if wrapped || *last_ino == 0 {
                 *last_ino = 0;
                 break;
@@ -193,7 +209,13 @@ pub fn ubtrfs_run(s: &Setup, target: u64) -> RunStats {
     let ns = t.elapsed().as_nanos() as u64;
     let after = s.shrinker.stats();
     let visited = after.visited - before.visited;
-    RunStats { ns, walked: visited, trylocks: visited, freed: after.freed - before.freed, free_ns: after.free_ns - before.free_ns }
+    RunStats {
+        ns,
+        walked: visited,
+        trylocks: visited,
+        freed: after.freed - before.freed,
+        free_ns: after.free_ns - before.free_ns,
+    }
 }
 
 /// Per-variant results of one reader setting.
@@ -223,7 +245,9 @@ pub fn compare(s: &Setup, rounds: u32, readers: usize) -> Compared {
                     x ^= x >> 7;
                     x ^= x << 17;
                     let inode = &all[(x % all.len() as u64) as usize];
-                    std::hint::black_box(inode.mapping.extent_map.lookup((x >> 32) % (256 * BLOCK), BLOCK));
+                    std::hint::black_box(
+                        inode.mapping.extent_map.lookup((x >> 32) % (256 * BLOCK), BLOCK),
+                    );
                     // Bursts with pauses, as readers between their I/Os: spinning
                     // readers would only starve the shrinker on a small machine.
                     if lookups.fetch_add(1, Ordering::Relaxed) % 64 == 63 {
@@ -284,9 +308,14 @@ fn main() {
     let mut rows = Vec::new();
     for readers in [0, a.readers] {
         let c = compare(&s, a.rounds, readers);
-        let setting = if readers == 0 { "idle".to_string() } else { format!("{readers} concurrent readers") };
+        let setting =
+            if readers == 0 { "idle".to_string() } else { format!("{readers} concurrent readers") };
         let row = |name: &str, v: &[RunStats]| -> Vec<String> {
-            let (t, f, w) = (med(v, |r| r.ns as f64), med(v, |r| r.search_ns() as f64), med(v, |r| r.walked as f64));
+            let (t, f, w) = (
+                med(v, |r| r.ns as f64),
+                med(v, |r| r.search_ns() as f64),
+                med(v, |r| r.walked as f64),
+            );
             vec![
                 setting.clone(),
                 name.into(),
@@ -301,7 +330,9 @@ fn main() {
         rows.push(row("kernel scan (baseline)", &c.kernel));
         rows.push(row("kernel scan + seed patch (unlocked peek)", &c.patched));
         rows.push(row("ubtrfs registry", &c.ubtrfs));
-        let ratio = |f: &dyn Fn(&RunStats) -> f64| format!("{:.1}", med(&c.kernel, f) / med(&c.ubtrfs, f).max(1.0));
+        let ratio = |f: &dyn Fn(&RunStats) -> f64| {
+            format!("{:.1}", med(&c.kernel, f) / med(&c.ubtrfs, f).max(1.0))
+        };
         rows.push(vec![
             setting.clone(),
             "ratio baseline/ubtrfs".into(),
@@ -312,7 +343,9 @@ fn main() {
             ratio(&|r| r.trylocks as f64),
             String::new(),
         ]);
-        let pr = |f: &dyn Fn(&RunStats) -> f64| format!("{:.1}", med(&c.patched, f) / med(&c.ubtrfs, f).max(1.0));
+        let pr = |f: &dyn Fn(&RunStats) -> f64| {
+            format!("{:.1}", med(&c.patched, f) / med(&c.ubtrfs, f).max(1.0))
+        };
         rows.push(vec![
             setting,
             "ratio seed patch/ubtrfs".into(),
@@ -324,6 +357,18 @@ fn main() {
             String::new(),
         ]);
     }
-    print_table(&["setting", "variant", "ms per run", "ms searching", "inodes walked", "search ns per inode walked", "tree trylocks", "maps freed"], &rows);
+    print_table(
+        &[
+            "setting",
+            "variant",
+            "ms per run",
+            "ms searching",
+            "inodes walked",
+            "search ns per inode walked",
+            "tree trylocks",
+            "maps freed",
+        ],
+        &rows,
+    );
     println!("\nsearching = each run's time less the time it spent freeing maps (measured inside the run; the same work in every variant)");
 }

@@ -33,7 +33,9 @@ use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
-#[command(about = "seed 002: 4 KiB clone and dedupe, inline inhibition buffer vs per-handle set vs the kernel's ioctls")]
+#[command(
+    about = "seed 002: 4 KiB clone and dedupe, inline inhibition buffer vs per-handle set vs the kernel's ioctls"
+)]
 pub struct Args {
     /// Operations of each kind per round.
     #[arg(long, default_value_t = 10_000)]
@@ -78,18 +80,30 @@ fn ns(t: Instant) -> u32 {
 
 /// One library round on a fresh image; `map`: the per-handle set. Returns the
 /// timings and the blocks inhibited per handle.
-pub fn library_round(a: &Args, bytes: &[u8], map: bool, check: bool) -> Result<(Round, Vec<u16>, u64), String> {
-    let img = Image::mkfs(&a.workdir, if map { "lib-map.img" } else { "lib-inline.img" }, a.size_gib << 30)?;
+pub fn library_round(
+    a: &Args,
+    bytes: &[u8],
+    map: bool,
+    check: bool,
+) -> Result<(Round, Vec<u16>, u64), String> {
+    let img = Image::mkfs(
+        &a.workdir,
+        if map { "lib-map.img" } else { "lib-inline.img" },
+        a.size_gib << 30,
+    )?;
     let e = Engine::open(&OpenOptions::new(&img.path)).map_err(|e| format!("open: {e}"))?;
     let file = |name: &str| -> Result<InodeId, String> {
-        let ino = e.write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644))).map_err(|e| format!("create {name}: {e}"))?;
+        let ino = e
+            .write(|w| w.create_file(5, 256, name.as_bytes(), &InodeAttrs::new(0o644)))
+            .map_err(|e| format!("create {name}: {e}"))?;
         Ok(InodeId { root: 5, ino })
     };
     let (fa, fb, fc) = (file("a")?, file("b")?, file("c")?);
     // Through the page cache, as the kernel side writes them: both keep their pages.
     for (f, name) in [(fa, "a"), (fc, "c")] {
         for (i, piece) in bytes.chunks(1 << 20).enumerate() {
-            e.buffered_write(f, (i as u64) << 20, piece).map_err(|e| format!("write {name}: {e}"))?;
+            e.buffered_write(f, (i as u64) << 20, piece)
+                .map_err(|e| format!("write {name}: {e}"))?;
         }
     }
     e.sync().map_err(|e| format!("sync: {e}"))?;
@@ -103,27 +117,44 @@ pub fn library_round(a: &Args, bytes: &[u8], map: bool, check: bool) -> Result<(
     // for the buffer's size: handles of other changes (creates, small writes,
     // renames, unlinks) in a directory of a few thousand files.
     let other = {
-        let dir = e.write(|w| w.mkdir(5, 256, b"d", &InodeAttrs::new(0o755))).map_err(|e| e.to_string())?;
+        let dir = e
+            .write(|w| w.mkdir(5, 256, b"d", &InodeAttrs::new(0o755)))
+            .map_err(|e| e.to_string())?;
         for i in 0..3000u64 {
             let name = format!("file-{:08x}", i.wrapping_mul(0x9e37_79b9));
-            let ino = e.write(|w| w.create_file(5, dir, name.as_bytes(), &InodeAttrs::new(0o644))).map_err(|e| e.to_string())?;
-            e.write_file(InodeId { root: 5, ino }, 0, &bytes[..4096 + (i as usize % 3) * 5000]).map_err(|e| e.to_string())?;
+            let ino = e
+                .write(|w| w.create_file(5, dir, name.as_bytes(), &InodeAttrs::new(0o644)))
+                .map_err(|e| e.to_string())?;
+            e.write_file(InodeId { root: 5, ino }, 0, &bytes[..4096 + (i as usize % 3) * 5000])
+                .map_err(|e| e.to_string())?;
             if i % 3 == 0 {
-                e.rename(5, dir, name.as_bytes(), dir, format!("{name}-r").as_bytes(), 0).map_err(|e| e.to_string())?;
+                e.rename(5, dir, name.as_bytes(), dir, format!("{name}-r").as_bytes(), 0)
+                    .map_err(|e| e.to_string())?;
             }
             if i % 5 == 0 {
-                e.unlink(5, dir, if i % 3 == 0 { format!("{name}-r") } else { name.clone() }.as_bytes()).map_err(|e| e.to_string())?;
+                e.unlink(
+                    5,
+                    dir,
+                    if i % 3 == 0 { format!("{name}-r") } else { name.clone() }.as_bytes(),
+                )
+                .map_err(|e| e.to_string())?;
             }
         }
         e.commit().map_err(|e| format!("commit: {e}"))?;
-        let o = e.write(|w| Ok(w.hooks.inhibit_stats.replace(Default::default()).unwrap_or_default())).map_err(|e| e.to_string())?.per_handle;
+        let o = e
+            .write(|w| Ok(w.hooks.inhibit_stats.replace(Default::default()).unwrap_or_default()))
+            .map_err(|e| e.to_string())?
+            .per_handle;
         if map {
             Vec::new()
         } else {
             o
         }
     };
-    let mut r = Round { clone: Vec::with_capacity(a.ops as usize), dedupe: Vec::with_capacity(a.ops as usize) };
+    let mut r = Round {
+        clone: Vec::with_capacity(a.ops as usize),
+        dedupe: Vec::with_capacity(a.ops as usize),
+    };
     for i in 0..a.ops {
         let t = Instant::now();
         e.clone_range(fa, i * BS, BS, fb, i * BS).map_err(|e| format!("clone {i}: {e}"))?;
@@ -131,13 +162,16 @@ pub fn library_round(a: &Args, bytes: &[u8], map: bool, check: bool) -> Result<(
     }
     for i in 0..a.ops {
         let t = Instant::now();
-        let d = e.dedupe_range(fa, i * BS, BS, fc, i * BS).map_err(|e| format!("dedupe {i}: {e}"))?;
+        let d =
+            e.dedupe_range(fa, i * BS, BS, fc, i * BS).map_err(|e| format!("dedupe {i}: {e}"))?;
         r.dedupe.push(ns(t));
         if d != Dedupe::Same(BS) {
             return Err(format!("dedupe {i}: {d:?}, not the block's bytes"));
         }
     }
-    let stats = e.write(|w| Ok(w.hooks.inhibit_stats.take().unwrap_or_default())).map_err(|e| e.to_string())?;
+    let stats = e
+        .write(|w| Ok(w.hooks.inhibit_stats.take().unwrap_or_default()))
+        .map_err(|e| e.to_string())?;
     e.commit().map_err(|e| format!("commit: {e}"))?;
     let mut back = vec![0u8; bytes.len()];
     let n = e.read_file(fb, 0, &mut back).map_err(|e| format!("read b: {e}"))?;
@@ -146,9 +180,17 @@ pub fn library_round(a: &Args, bytes: &[u8], map: bool, check: bool) -> Result<(
     }
     drop(e);
     if check {
-        let o = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&img.path).output().map_err(|e| format!("btrfs check: {e}"))?;
+        let o = Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&img.path)
+            .output()
+            .map_err(|e| format!("btrfs check: {e}"))?;
         if !o.status.success() {
-            return Err(format!("btrfs check:\n{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+            return Err(format!(
+                "btrfs check:\n{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ));
         }
     }
     OTHER.with(|o| o.borrow_mut().extend(other));
@@ -192,16 +234,33 @@ pub fn kernel_round(a: &Args, bytes: &[u8]) -> Result<Round, String> {
     std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
     run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(&mnt))?;
     let r = (|| -> Result<Round, String> {
-        let open = |p: &Path, write: bool| std::fs::OpenOptions::new().read(true).write(write).create(write).truncate(false).open(p).map_err(|e| format!("{}: {e}", p.display()));
+        let open = |p: &Path, write: bool| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(write)
+                .create(write)
+                .truncate(false)
+                .open(p)
+                .map_err(|e| format!("{}: {e}", p.display()))
+        };
         std::fs::write(mnt.join("a"), bytes).map_err(|e| e.to_string())?;
         std::fs::write(mnt.join("c"), bytes).map_err(|e| e.to_string())?;
-        let (fa, fb, fc) = (open(&mnt.join("a"), true)?, open(&mnt.join("b"), true)?, open(&mnt.join("c"), true)?);
+        let (fa, fb, fc) =
+            (open(&mnt.join("a"), true)?, open(&mnt.join("b"), true)?, open(&mnt.join("c"), true)?);
         fa.sync_all().map_err(|e| e.to_string())?;
         fc.sync_all().map_err(|e| e.to_string())?;
         run_cmd(&mut Command::new("sync"))?;
-        let mut r = Round { clone: Vec::with_capacity(a.ops as usize), dedupe: Vec::with_capacity(a.ops as usize) };
+        let mut r = Round {
+            clone: Vec::with_capacity(a.ops as usize),
+            dedupe: Vec::with_capacity(a.ops as usize),
+        };
         for i in 0..a.ops {
-            let arg = FileCloneRange { src_fd: i64::from(fa.as_raw_fd()), src_offset: i * BS, src_length: BS, dest_offset: i * BS };
+            let arg = FileCloneRange {
+                src_fd: i64::from(fa.as_raw_fd()),
+                src_offset: i * BS,
+                src_length: BS,
+                dest_offset: i * BS,
+            };
             let t = Instant::now();
             // SAFETY: FICLONERANGE with a valid file_clone_range that outlives the call.
             let rc = unsafe { libc::ioctl(fb.as_raw_fd(), FICLONERANGE, &arg) };
@@ -228,7 +287,12 @@ pub fn kernel_round(a: &Args, bytes: &[u8]) -> Result<Round, String> {
             let rc = unsafe { libc::ioctl(fa.as_raw_fd(), FIDEDUPERANGE, &mut arg) };
             r.dedupe.push(ns(t));
             if rc != 0 || arg.status != 0 || arg.bytes_deduped != BS {
-                return Err(format!("FIDEDUPERANGE {i}: rc {rc} status {} bytes {} ({})", arg.status, arg.bytes_deduped, std::io::Error::last_os_error()));
+                return Err(format!(
+                    "FIDEDUPERANGE {i}: rc {rc} status {} bytes {} ({})",
+                    arg.status,
+                    arg.bytes_deduped,
+                    std::io::Error::last_os_error()
+                ));
             }
         }
         Ok(r)
@@ -284,23 +348,50 @@ fn run(a: &Args) -> Result<(), String> {
     let mut rows = Vec::new();
     let n = if kernel { 3 } else { 2 };
     for v in 0..n {
-        rows.push(vec![names[v].to_string(), format!("{:.0} ({:.0})", median(&med[v].0), median(&mean[v].0)), format!("{:.0} ({:.0})", median(&med[v].1), median(&mean[v].1))]);
+        rows.push(vec![
+            names[v].to_string(),
+            format!("{:.0} ({:.0})", median(&med[v].0), median(&mean[v].0)),
+            format!("{:.0} ({:.0})", median(&med[v].1), median(&mean[v].1)),
+        ]);
     }
     print_table(&["variant", "clone ns/op", "dedupe ns/op"], &rows);
-    let ratio = |v: usize, k: usize| if k == 0 { median(&med[v].0) / median(&med[0].0) } else { median(&med[v].1) / median(&med[0].1) };
-    println!("\nper-handle set / inline buffer: clone {:.2}x, dedupe {:.2}x", ratio(1, 0), ratio(1, 1));
+    let ratio = |v: usize, k: usize| {
+        if k == 0 {
+            median(&med[v].0) / median(&med[0].0)
+        } else {
+            median(&med[v].1) / median(&med[0].1)
+        }
+    };
+    println!(
+        "\nper-handle set / inline buffer: clone {:.2}x, dedupe {:.2}x",
+        ratio(1, 0),
+        ratio(1, 1)
+    );
     if kernel {
-        println!("kernel ioctl / inline buffer: clone {:.2}x, dedupe {:.2}x", ratio(2, 0), ratio(2, 1));
+        println!(
+            "kernel ioctl / inline buffer: clone {:.2}x, dedupe {:.2}x",
+            ratio(2, 0),
+            ratio(2, 1)
+        );
     }
     let show = |what: &str, mut v: Vec<u16>| {
         v.sort_unstable();
         if let Some(&max) = v.last() {
             let q = |p: f64| v[((p * v.len() as f64) as usize).min(v.len() - 1)];
-            println!("blocks inhibited per handle, {what} ({} handles): median {}, p99 {}, max {}", v.len(), q(0.5), q(0.99), max);
+            println!(
+                "blocks inhibited per handle, {what} ({} handles): median {}, p99 {}, max {}",
+                v.len(),
+                q(0.5),
+                q(0.99),
+                max
+            );
         }
     };
     show("clones and dedupes", per_handle);
     show("creates, small writes, renames, unlinks and their commits", OTHER.with(|o| o.take()));
-    println!("inhibitions refused for a full buffer ({} slots) during the clones and dedupes: {full}", ubtrfs_core::transaction::handle::INHIBIT_SLOTS);
+    println!(
+        "inhibitions refused for a full buffer ({} slots) during the clones and dedupes: {full}",
+        ubtrfs_core::transaction::handle::INHIBIT_SLOTS
+    );
     Ok(())
 }

@@ -21,7 +21,9 @@
 pub mod common;
 
 use clap::Parser;
-use common::{create_files, print_table, summarize, CommitPolicy, Image, Workload, FS_TREE, ROOT_DIR};
+use common::{
+    create_files, print_table, summarize, CommitPolicy, Image, Workload, FS_TREE, ROOT_DIR,
+};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use ubtrfs_core::inode::write::InodeAttrs;
@@ -67,7 +69,13 @@ pub struct VariantRun {
 }
 
 pub fn workload(files: u64, dirs: u64, commit_every: u64, commit_secs: u64) -> Workload {
-    Workload { files, dirs, round_robin: true, policy: CommitPolicy { every_files: commit_every, every: Duration::from_secs(commit_secs) }, seed: 0x5eed_0003 }
+    Workload {
+        files,
+        dirs,
+        round_robin: true,
+        policy: CommitPolicy { every_files: commit_every, every: Duration::from_secs(commit_secs) },
+        seed: 0x5eed_0003,
+    }
 }
 
 /// Run the workload on `image` with the cached flag (`force_info_lookup = false`) or
@@ -75,16 +83,32 @@ pub fn workload(files: u64, dirs: u64, commit_every: u64, commit_secs: u64) -> W
 ///
 /// # Errors
 /// Library errors, as text.
-pub fn run_variant(image: &Path, force_info_lookup: bool, wl: &Workload) -> Result<VariantRun, String> {
+pub fn run_variant(
+    image: &Path,
+    force_info_lookup: bool,
+    wl: &Workload,
+) -> Result<VariantRun, String> {
     let t = Instant::now();
-    let mut w = FsWriter::open(&OpenOptions::new(image)).map_err(|e| format!("open {}: {e}", image.display()))?;
+    let mut w = FsWriter::open(&OpenOptions::new(image))
+        .map_err(|e| format!("open {}: {e}", image.display()))?;
     w.hooks.fst_force_info_lookup = force_info_lookup;
     w.hooks.fst_timings = Some(Vec::with_capacity(1 << 20));
-    let dirs: Vec<u64> = (0..wl.dirs).map(|i| w.mkdir(FS_TREE, ROOT_DIR, format!("d{}", i + 1).as_bytes(), &InodeAttrs::new(0o755)).map_err(|e| format!("mkdir: {e}"))).collect::<Result<_, _>>()?;
+    let dirs: Vec<u64> = (0..wl.dirs)
+        .map(|i| {
+            w.mkdir(FS_TREE, ROOT_DIR, format!("d{}", i + 1).as_bytes(), &InodeAttrs::new(0o755))
+                .map_err(|e| format!("mkdir: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
     let st = create_files(&mut w, &dirs, wl)?;
     let wall = t.elapsed();
     let timings = w.hooks.fst_timings.take().unwrap_or_default();
-    let fst = w.items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::new(0, 0, 0), &Key::new(u64::MAX, u8::MAX, u64::MAX)).map_err(|e| format!("read free-space tree: {e}"))?;
+    let fst = w
+        .items_in_range(
+            FREE_SPACE_TREE_OBJECTID,
+            &Key::new(0, 0, 0),
+            &Key::new(u64::MAX, u8::MAX, u64::MAX),
+        )
+        .map_err(|e| format!("read free-space tree: {e}"))?;
     Ok(VariantRun { timings, wall, commits: st.commits, fst })
 }
 
@@ -92,16 +116,33 @@ pub fn run_variant(image: &Path, force_info_lookup: bool, wl: &Workload) -> Resu
 ///
 /// # Errors
 /// Image creation or library errors, or variants whose free-space trees differ.
-pub fn run_both(workdir: &Path, size: u64, runs: u32, wl: &Workload, mut progress: impl FnMut(&str)) -> Result<(Vec<VariantRun>, Vec<VariantRun>), String> {
+pub fn run_both(
+    workdir: &Path,
+    size: u64,
+    runs: u32,
+    wl: &Workload,
+    mut progress: impl FnMut(&str),
+) -> Result<(Vec<VariantRun>, Vec<VariantRun>), String> {
     let mut cached = Vec::new();
     let mut forced = Vec::new();
     for r in 0..runs {
         let order = if r % 2 == 0 { [false, true] } else { [true, false] };
         let mut fsts: Vec<Vec<(Key, Vec<u8>)>> = Vec::new();
         for force in order {
-            let img = Image::mkfs(workdir, &format!("seed003-{}.img", if force { "forced" } else { "cached" }), size)?;
+            let img = Image::mkfs(
+                workdir,
+                &format!("seed003-{}.img", if force { "forced" } else { "cached" }),
+                size,
+            )?;
             let mut v = run_variant(&img.path, force, wl)?;
-            progress(&format!("round {} {}: {} updates, {:.2} s, {} commits", r + 1, if force { "forced INFO lookup" } else { "cached flag" }, v.timings.len(), v.wall.as_secs_f64(), v.commits));
+            progress(&format!(
+                "round {} {}: {} updates, {:.2} s, {} commits",
+                r + 1,
+                if force { "forced INFO lookup" } else { "cached flag" },
+                v.timings.len(),
+                v.wall.as_secs_f64(),
+                v.commits
+            ));
             fsts.push(std::mem::take(&mut v.fst));
             if force {
                 forced.push(v);
@@ -110,7 +151,11 @@ pub fn run_both(workdir: &Path, size: u64, runs: u32, wl: &Workload, mut progres
             }
         }
         if fsts[0] != fsts[1] {
-            let diff = fsts[0].iter().zip(&fsts[1]).position(|(a, b)| a != b).unwrap_or(fsts[0].len().min(fsts[1].len()));
+            let diff = fsts[0]
+                .iter()
+                .zip(&fsts[1])
+                .position(|(a, b)| a != b)
+                .unwrap_or(fsts[0].len().min(fsts[1].len()));
             return Err(format!("round {}: the variants left different free-space trees ({} vs {} items, first difference at item {diff})", r + 1, fsts[0].len(), fsts[1].len()));
         }
         // Keep the last round's tree for the caller to inspect.
@@ -130,7 +175,9 @@ pub fn min_over_rounds(v: &[VariantRun]) -> Option<Vec<u32>> {
     if v.iter().any(|r| r.timings.len() != n) {
         return None;
     }
-    Some((0..n).map(|i| v.iter().map(|r| r.timings[i]).min().expect("at least one round")).collect())
+    Some(
+        (0..n).map(|i| v.iter().map(|r| r.timings[i]).min().expect("at least one round")).collect(),
+    )
 }
 
 fn main() {
@@ -148,8 +195,12 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let pool = |v: &[VariantRun]| -> Vec<u32> { v.iter().flat_map(|r| r.timings.iter().copied()).collect() };
-    let wall = |v: &[VariantRun]| common::median(&v.iter().map(|r| r.wall.as_secs_f64()).collect::<Vec<_>>());
+    let pool = |v: &[VariantRun]| -> Vec<u32> {
+        v.iter().flat_map(|r| r.timings.iter().copied()).collect()
+    };
+    let wall = |v: &[VariantRun]| {
+        common::median(&v.iter().map(|r| r.wall.as_secs_f64()).collect::<Vec<_>>())
+    };
     println!("## seed 003: free-space-tree update cost per delayed ref (ns)\n");
     println!(
         "{} empty files in {} dirs, commit every {} files or {} s; {} round(s) per variant, each on a fresh {} GiB mkfs.btrfs image, variants alternating; identical free-space trees in every round: yes; {} updates per round\n",
@@ -165,13 +216,26 @@ fn main() {
     let mut rows = Vec::new();
     let mut gains = Vec::new();
     type Pair = Option<(Vec<u32>, Vec<u32>)>;
-    let estimators: [(&str, Pair); 2] = [("all samples pooled", Some((pool(&cached), pool(&forced)))), ("per-update min over rounds", min_over_rounds(&cached).zip(min_over_rounds(&forced)))];
+    let estimators: [(&str, Pair); 2] = [
+        ("all samples pooled", Some((pool(&cached), pool(&forced)))),
+        ("per-update min over rounds", min_over_rounds(&cached).zip(min_over_rounds(&forced))),
+    ];
     for (est, samples) in estimators {
         let Some((cs, fs)) = samples else { continue };
         let (c, f) = (summarize(&cs), summarize(&fs));
         let slow = |v: &[u32]| v.iter().filter(|&&x| x > 100_000).count().to_string();
         let row = |name: &str, s: &common::Summary, v: &[u32]| -> Vec<String> {
-            vec![est.into(), name.into(), s.n.to_string(), format!("{:.0}", s.mean), format!("{:.0}", s.median), format!("{:.0}", s.p90), format!("{:.0}", s.p99), format!("{:.0}", s.max), slow(v)]
+            vec![
+                est.into(),
+                name.into(),
+                s.n.to_string(),
+                format!("{:.0}", s.mean),
+                format!("{:.0}", s.median),
+                format!("{:.0}", s.p90),
+                format!("{:.0}", s.p99),
+                format!("{:.0}", s.max),
+                slow(v),
+            ]
         };
         rows.push(row("cached flag", &c, &cs));
         rows.push(row("INFO lookup (baseline)", &f, &fs));
@@ -188,8 +252,15 @@ fn main() {
         ]);
         gains.push((est, 1.0 - c.mean / f.mean, 1.0 - c.median / f.median));
     }
-    print_table(&["samples", "variant", "updates", "mean", "median", "p90", "p99", "max", "> 100 us"], &rows);
-    println!("\nwall time per round (median): cached {:.2} s, baseline {:.2} s", wall(&cached), wall(&forced));
+    print_table(
+        &["samples", "variant", "updates", "mean", "median", "p90", "p99", "max", "> 100 us"],
+        &rows,
+    );
+    println!(
+        "\nwall time per round (median): cached {:.2} s, baseline {:.2} s",
+        wall(&cached),
+        wall(&forced)
+    );
     for (est, g_mean, g_median) in gains {
         println!("{est}: cached flag mean {:.1}% below the baseline, median {:.1}% below (target: at least 10%)", g_mean * 100.0, g_median * 100.0);
     }

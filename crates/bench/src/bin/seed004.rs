@@ -97,7 +97,11 @@ pub fn run_case(case: Case, file: u64, rounds: u32) -> Result<CaseRun, String> {
     }
     let mut run = CaseRun { extent: Vec::new(), block: Vec::new(), bios: 0 };
     for r in 0..rounds {
-        let order = if r % 2 == 0 { [SubmitMode::ExtentByExtent, SubmitMode::BlockByBlock] } else { [SubmitMode::BlockByBlock, SubmitMode::ExtentByExtent] };
+        let order = if r % 2 == 0 {
+            [SubmitMode::ExtentByExtent, SubmitMode::BlockByBlock]
+        } else {
+            [SubmitMode::BlockByBlock, SubmitMode::ExtentByExtent]
+        };
         let mut bios: Vec<Vec<Bio>> = Vec::new();
         for mode in order {
             let mut ctrl = BioCtrl::new(mode);
@@ -108,7 +112,13 @@ pub fn run_case(case: Case, file: u64, rounds: u32) -> Result<CaseRun, String> {
                 let res = extent_writepage(f, &mut tree, file, &mut ctrl);
                 let ns = t.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32;
                 if res.submitted != f.size() {
-                    return Err(format!("{}: folio {} submitted {} of {} bytes", case.name, f.start, res.submitted, f.size()));
+                    return Err(format!(
+                        "{}: folio {} submitted {} of {} bytes",
+                        case.name,
+                        f.start,
+                        res.submitted,
+                        f.size()
+                    ));
                 }
                 match mode {
                     SubmitMode::ExtentByExtent => run.extent.push(ns),
@@ -126,7 +136,12 @@ pub fn run_case(case: Case, file: u64, rounds: u32) -> Result<CaseRun, String> {
         }
         if r == 0 {
             if bios[0] != bios[1] {
-                return Err(format!("{}: the modes built different bios ({} vs {})", case.name, bios[0].len(), bios[1].len()));
+                return Err(format!(
+                    "{}: the modes built different bios ({} vs {})",
+                    case.name,
+                    bios[0].len(),
+                    bios[1].len()
+                ));
             }
             run.bios = bios[0].len();
         }
@@ -149,7 +164,15 @@ fn main() {
         };
         let (e, b) = (summarize(&r.extent), summarize(&r.block));
         let row = |mode: &str, s: &common::Summary| {
-            vec![case.name.to_string(), mode.to_string(), s.n.to_string(), format!("{:.0}", s.median), format!("{:.0}", s.p90), format!("{:.0}", s.mean), r.bios.to_string()]
+            vec![
+                case.name.to_string(),
+                mode.to_string(),
+                s.n.to_string(),
+                format!("{:.0}", s.median),
+                format!("{:.0}", s.p90),
+                format!("{:.0}", s.mean),
+                r.bios.to_string(),
+            ]
         };
         rows.push(row("extent by extent", &e));
         rows.push(row("block by block (baseline)", &b));

@@ -22,7 +22,10 @@
 mod common;
 
 use clap::Parser;
-use common::{create_files, have, make_dirs, median, print_table, run_cmd, CommitPolicy, Image, Workload, FS_TREE, ROOT_DIR};
+use common::{
+    create_files, have, make_dirs, median, print_table, run_cmd, CommitPolicy, Image, Workload,
+    FS_TREE, ROOT_DIR,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -31,7 +34,9 @@ use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
-#[command(about = "ubtrfs write engine vs the kernel: file creation (fs_mark) and a 1 GiB sequential write")]
+#[command(
+    about = "ubtrfs write engine vs the kernel: file creation (fs_mark) and a 1 GiB sequential write"
+)]
 struct Args {
     /// Runs per side; medians are reported.
     #[arg(long, default_value_t = 3)]
@@ -85,7 +90,10 @@ impl Mount {
             run_cmd(Command::new("mount").args(["-o", "loop"]).arg(img).arg(at))?;
             return Ok(Mount { at: at.to_path_buf(), loopdev: None });
         }
-        let dev = run_cmd(Command::new("losetup").args(["-f", "--show", "--direct-io=on"]).arg(img))?.trim().to_string();
+        let dev =
+            run_cmd(Command::new("losetup").args(["-f", "--show", "--direct-io=on"]).arg(img))?
+                .trim()
+                .to_string();
         if let Err(e) = run_cmd(Command::new("mount").arg(&dev).arg(at)) {
             let _ = run_cmd(Command::new("losetup").args(["-d", &dev]));
             return Err(e);
@@ -126,7 +134,14 @@ fn kernel_create(a: &Args, img: &Image, mnt: &Path, dio: bool) -> Result<Sample,
     run_cmd(
         Command::new("fs_mark")
             .args(["-S", "0", "-s", "0", "-t", "1", "-L", "1", "-k"])
-            .args(["-n", &a.files.to_string(), "-D", &a.dirs.to_string(), "-N", &per_dir.to_string()])
+            .args([
+                "-n",
+                &a.files.to_string(),
+                "-D",
+                &a.dirs.to_string(),
+                "-N",
+                &per_dir.to_string(),
+            ])
             .arg("-d")
             .arg(&dir)
             // fs_mark writes fs_log.txt into its working directory; keep it out of the repo.
@@ -139,17 +154,33 @@ fn kernel_create(a: &Args, img: &Image, mnt: &Path, dio: bool) -> Result<Sample,
 
 fn ubtrfs_create(a: &Args, img: &Image) -> Result<Sample, String> {
     sync_all();
-    let wl = Workload { files: a.files, dirs: a.dirs, round_robin: false, policy: CommitPolicy { every_files: a.commit_every, every: Duration::from_secs(a.commit_secs) }, seed: 0x00f5_3a4b };
+    let wl = Workload {
+        files: a.files,
+        dirs: a.dirs,
+        round_robin: false,
+        policy: CommitPolicy {
+            every_files: a.commit_every,
+            every: Duration::from_secs(a.commit_secs),
+        },
+        seed: 0x00f5_3a4b,
+    };
     let t = Instant::now();
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).map_err(|e| format!("open: {e}"))?;
     let t_open = t.elapsed();
-    let bench = w.mkdir(FS_TREE, ROOT_DIR, b"bench", &InodeAttrs::new(0o755)).map_err(|e| format!("mkdir bench: {e}"))?;
+    let bench = w
+        .mkdir(FS_TREE, ROOT_DIR, b"bench", &InodeAttrs::new(0o755))
+        .map_err(|e| format!("mkdir bench: {e}"))?;
     let dirs = make_dirs(&mut w, bench, a.dirs)?;
     let st = create_files(&mut w, &dirs, &wl)?;
     drop(w);
     let secs = t.elapsed().as_secs_f64();
-    let breakdown =
-        format!("open {:.3} s, creates {:.3} s, {} commits {:.3} s", t_open.as_secs_f64(), secs - t_open.as_secs_f64() - st.commit_time.as_secs_f64(), st.commits, st.commit_time.as_secs_f64());
+    let breakdown = format!(
+        "open {:.3} s, creates {:.3} s, {} commits {:.3} s",
+        t_open.as_secs_f64(),
+        secs - t_open.as_secs_f64() - st.commit_time.as_secs_f64(),
+        st.commits,
+        st.commit_time.as_secs_f64()
+    );
     Ok(Sample { secs, check: Some(img.check()), breakdown })
 }
 
@@ -157,7 +188,12 @@ fn kernel_write(a: &Args, img: &Image, mnt: &Path, dio: bool) -> Result<Sample, 
     let m = Mount::new(&img.path, mnt, dio)?;
     sync_all();
     let t = Instant::now();
-    run_cmd(Command::new("xfs_io").arg("-f").args(["-c", &format!("pwrite -b 4m 0 {}g", a.write_gib), "-c", "fsync"]).arg(m.at.join("big")))?;
+    run_cmd(
+        Command::new("xfs_io")
+            .arg("-f")
+            .args(["-c", &format!("pwrite -b 4m 0 {}g", a.write_gib), "-c", "fsync"])
+            .arg(m.at.join("big")),
+    )?;
     let secs = t.elapsed().as_secs_f64();
     Ok(Sample { secs, check: None, breakdown: String::new() })
 }
@@ -169,7 +205,9 @@ fn ubtrfs_write(a: &Args, img: &Image) -> Result<Sample, String> {
     let t = Instant::now();
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).map_err(|e| format!("open: {e}"))?;
     let t_open = t.elapsed();
-    let ino = w.create_file(FS_TREE, ROOT_DIR, b"big", &InodeAttrs::new(0o644)).map_err(|e| format!("create big: {e}"))?;
+    let ino = w
+        .create_file(FS_TREE, ROOT_DIR, b"big", &InodeAttrs::new(0o644))
+        .map_err(|e| format!("create big: {e}"))?;
     let mut off = 0;
     while off < total {
         let n = piece.min(total - off);
@@ -184,7 +222,12 @@ fn ubtrfs_write(a: &Args, img: &Image) -> Result<Sample, String> {
     w.commit().map_err(|e| format!("commit: {e}"))?;
     drop(w);
     let secs = t.elapsed().as_secs_f64();
-    let breakdown = format!("open {:.3} s, write {:.3} s, commit {:.3} s", t_open.as_secs_f64(), (t_written - t_open).as_secs_f64(), secs - t_written.as_secs_f64());
+    let breakdown = format!(
+        "open {:.3} s, write {:.3} s, commit {:.3} s",
+        t_open.as_secs_f64(),
+        (t_written - t_open).as_secs_f64(),
+        secs - t_written.as_secs_f64()
+    );
     Ok(Sample { secs, check: Some(img.check()), breakdown })
 }
 
@@ -229,7 +272,11 @@ fn main() {
     }
     let size = a.size_gib << 30;
     let mnt = a.mnt.clone();
-    let sides: Vec<Side> = if a.ubtrfs_only { vec![Side::Ubtrfs] } else { vec![Side::KernelLoop, Side::KernelLoopDio, Side::Ubtrfs] };
+    let sides: Vec<Side> = if a.ubtrfs_only {
+        vec![Side::Ubtrfs]
+    } else {
+        vec![Side::KernelLoop, Side::KernelLoopDio, Side::Ubtrfs]
+    };
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     let mut failed = false;
@@ -240,21 +287,37 @@ fn main() {
             for k in 0..sides.len() {
                 let si = (k + r as usize) % sides.len();
                 let side = sides[si];
-                let img = Image::mkfs(&a.workdir, &format!("{name}.img"), size).unwrap_or_else(|e| {
-                    eprintln!("write_vs_kernel: {e}");
-                    std::process::exit(1)
-                });
+                let img =
+                    Image::mkfs(&a.workdir, &format!("{name}.img"), size).unwrap_or_else(|e| {
+                        eprintln!("write_vs_kernel: {e}");
+                        std::process::exit(1)
+                    });
                 let s = run(side, &img).unwrap_or_else(|e| {
                     eprintln!("write_vs_kernel: {name} {}: {e}", side.name());
                     std::process::exit(1)
                 });
-                eprintln!("write_vs_kernel: {name} run {} {}: {:.3} s {}", r + 1, side.name(), s.secs, s.breakdown);
+                eprintln!(
+                    "write_vs_kernel: {name} run {} {}: {:.3} s {}",
+                    r + 1,
+                    side.name(),
+                    s.secs,
+                    s.breakdown
+                );
                 if let Some(c) = &s.check {
                     if let Err(e) = c {
-                        eprintln!("write_vs_kernel: {name} run {}: btrfs check failed:\n{e}", r + 1);
+                        eprintln!(
+                            "write_vs_kernel: {name} run {}: btrfs check failed:\n{e}",
+                            r + 1
+                        );
                         failed = true;
                     }
-                    notes.push(format!("{name} run {}: ubtrfs {:.2} s = {}; btrfs check --readonly: {}", r + 1, s.secs, s.breakdown, if c.is_ok() { "ok" } else { "FAILED" }));
+                    notes.push(format!(
+                        "{name} run {}: ubtrfs {:.2} s = {}; btrfs check --readonly: {}",
+                        r + 1,
+                        s.secs,
+                        s.breakdown,
+                        if c.is_ok() { "ok" } else { "FAILED" }
+                    ));
                 }
                 secs[si].push(s.secs);
             }
@@ -263,8 +326,17 @@ fn main() {
         for (si, side) in sides.iter().enumerate() {
             let m = median(&secs[si]);
             let runs = secs[si].iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join(", ");
-            let ratio = if *side == Side::Ubtrfs { String::new() } else { format!("{:.2}x", m / u) };
-            rows.push(vec![name.to_string(), side.name().to_string(), format!("{:.0}", amount / m), unit.to_string(), format!("{m:.3}"), runs, ratio]);
+            let ratio =
+                if *side == Side::Ubtrfs { String::new() } else { format!("{:.2}x", m / u) };
+            rows.push(vec![
+                name.to_string(),
+                side.name().to_string(),
+                format!("{:.0}", amount / m),
+                unit.to_string(),
+                format!("{m:.3}"),
+                runs,
+                ratio,
+            ]);
         }
     };
     if do_create {
@@ -283,7 +355,18 @@ fn main() {
         });
     }
     println!("## ubtrfs write engine vs kernel btrfs ({} run(s) per side, medians)\n", a.runs);
-    print_table(&["benchmark", "side", "rate (median)", "unit", "median s", "runs (s)", "ubtrfs speed-up (kernel s / ubtrfs s)"], &rows);
+    print_table(
+        &[
+            "benchmark",
+            "side",
+            "rate (median)",
+            "unit",
+            "median s",
+            "runs (s)",
+            "ubtrfs speed-up (kernel s / ubtrfs s)",
+        ],
+        &rows,
+    );
     println!();
     println!("- create: kernel `fs_mark -S 0 -s 0 -t 1 -L 1 -k -n {} -D {} -N {} -d MNT/bench` then `sync -f MNT`, timed together; ubtrfs (in process): open + mkdir bench/00..{:02} + {} creates of empty files (fs_mark-style 40-byte names, {} per directory in turn) + commit every {} files or {} s + final commit", a.files, a.dirs, a.files.div_ceil(a.dirs), a.dirs - 1, a.files, a.files.div_ceil(a.dirs), a.commit_every, a.commit_secs);
     println!(

@@ -24,7 +24,12 @@ pub fn out_of(cmd: &mut Command) -> Output {
 /// Run `cmd`, which must succeed; its output.
 pub fn run_output(cmd: &mut Command) -> Output {
     let out = out_of(cmd);
-    assert!(out.status.success(), "{cmd:?} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 

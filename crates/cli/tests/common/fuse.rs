@@ -15,9 +15,21 @@ pub fn mkfs(img: &Path, size: &str) {
 }
 
 pub fn assert_check(img: &Path, what: &str) {
-    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().expect("run btrfs check");
-    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("no error found") && !text.contains("ERROR"), "{what}: btrfs check failed on {}:\n{text}", img.display());
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(img)
+        .output()
+        .expect("run btrfs check");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("no error found") && !text.contains("ERROR"),
+        "{what}: btrfs check failed on {}:\n{text}",
+        img.display()
+    );
 }
 
 pub fn is_mountpoint(dir: &Path) -> bool {
@@ -47,15 +59,28 @@ impl FuseMount {
         if !opts.is_empty() {
             c.args(["-o", opts]);
         }
-        let child = c.arg(img).arg(dir).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn ubtrfs mount");
+        let child = c
+            .arg(img)
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ubtrfs mount");
         let mut m = FuseMount { child: Some(child), dir: dir.to_path_buf() };
         let t = Instant::now();
         while !is_mountpoint(dir) {
             if let Some(st) = m.child.as_mut().unwrap().try_wait().unwrap() {
                 let out = m.child.take().unwrap().wait_with_output().unwrap();
-                panic!("ubtrfs mount exited ({st}) before mounting: {}", String::from_utf8_lossy(&out.stderr));
+                panic!(
+                    "ubtrfs mount exited ({st}) before mounting: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
-            assert!(t.elapsed() < Duration::from_secs(30), "ubtrfs mount did not mount {} within 30 s", dir.display());
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "ubtrfs mount did not mount {} within 30 s",
+                dir.display()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         m
@@ -102,8 +127,18 @@ impl FuseMount {
                     .map(|d| {
                         d.flatten()
                             .map(|t| {
-                                let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default().trim().to_string();
-                                format!("{} {} in {}", read("comm"), t.file_name().to_string_lossy(), read("wchan"))
+                                let read = |f: &str| {
+                                    std::fs::read_to_string(t.path().join(f))
+                                        .unwrap_or_default()
+                                        .trim()
+                                        .to_string()
+                                };
+                                format!(
+                                    "{} {} in {}",
+                                    read("comm"),
+                                    t.file_name().to_string_lossy(),
+                                    read("wchan")
+                                )
                             })
                             .collect()
                     })

@@ -28,7 +28,9 @@ const ENTROPY_LVL_HIGH: u32 = 80;
 /// offset inside the page, up to the range's end.
 fn sample(data: &[u8]) -> Vec<u8> {
     let data = &data[..data.len().min(MAX_SAMPLED)];
-    let mut out = Vec::with_capacity(data.len() / SAMPLING_INTERVAL * SAMPLING_READ_SIZE + SAMPLING_READ_SIZE);
+    let mut out = Vec::with_capacity(
+        data.len() / SAMPLING_INTERVAL * SAMPLING_READ_SIZE + SAMPLING_READ_SIZE,
+    );
     for page in data.chunks(4096) {
         // Whole 16-byte reads only: nothing is sampled past the range's end.
         let mut i = 0;

@@ -188,7 +188,9 @@ pub enum DecompressError {
     #[error("lzo: segment length {len} at offset {offset} overruns total length {total}")]
     LzoSegmentOverrun { offset: usize, len: usize, total: usize },
     /// A segment decodes to more than one sector.
-    #[error("lzo: segment at offset {offset} decompresses to more than one {sectorsize}-byte sector")]
+    #[error(
+        "lzo: segment at offset {offset} decompresses to more than one {sectorsize}-byte sector"
+    )]
     LzoSegmentOutputTooLarge { offset: usize, sectorsize: usize },
     /// The LZO1X decoder rejected a segment.
     #[error("lzo: segment at offset {offset} is corrupt: {reason}")]
@@ -243,7 +245,13 @@ fn lower_first(s: &str) -> String {
 ///
 /// Use [`decompress_into`] to decode into an existing buffer and learn how
 /// many bytes the stream itself produced.
-pub fn decompress(kind: CompressionType, input: &[u8], ram_bytes: usize, sectorsize: usize, out: &mut Vec<u8>) -> Result<(), DecompressError> {
+pub fn decompress(
+    kind: CompressionType,
+    input: &[u8],
+    ram_bytes: usize,
+    sectorsize: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), DecompressError> {
     out.clear();
     if ram_bytes > MAX_RAM_BYTES {
         return Err(DecompressError::RamBytesTooLarge { ram_bytes, max: MAX_RAM_BYTES });
@@ -265,7 +273,12 @@ pub fn decompress(kind: CompressionType, input: &[u8], ram_bytes: usize, sectors
 /// `ram_bytes`, and returns how many bytes the stream itself produced (at
 /// most `dst.len()`); the bytes of `dst` after that are set to zero. On error
 /// the contents of `dst` are unspecified.
-pub fn decompress_into(kind: CompressionType, input: &[u8], dst: &mut [u8], sectorsize: usize) -> Result<usize, DecompressError> {
+pub fn decompress_into(
+    kind: CompressionType,
+    input: &[u8],
+    dst: &mut [u8],
+    sectorsize: usize,
+) -> Result<usize, DecompressError> {
     if dst.len() > MAX_RAM_BYTES {
         return Err(DecompressError::RamBytesTooLarge { ram_bytes: dst.len(), max: MAX_RAM_BYTES });
     }
@@ -295,7 +308,12 @@ fn zlib_decompress(input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressErro
     use flate2::{Decompress, FlushDecompress, Status};
     let algo = CompressionType::Zlib;
     if input.len() < 2 {
-        return Err(DecompressError::Truncated { algo, consumed: input.len(), produced: 0, ram_bytes: dst.len() });
+        return Err(DecompressError::Truncated {
+            algo,
+            consumed: input.len(),
+            produced: 0,
+            ram_bytes: dst.len(),
+        });
     }
     let header = u16::from_be_bytes([input[0], input[1]]);
     let reason = if input[0] & 0x0f != 8 {
@@ -319,15 +337,25 @@ fn zlib_decompress(input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressErro
         // and slicing below stay in bounds.
         let in_pos = inflater.total_in() as usize;
         let out_pos = inflater.total_out() as usize;
-        let status =
-            inflater.decompress(&body[in_pos..], &mut dst[out_pos..], FlushDecompress::None).map_err(|e| DecompressError::Corrupt { algo, produced: out_pos, detail: lower_first(&e.to_string()) })?;
+        let status = inflater
+            .decompress(&body[in_pos..], &mut dst[out_pos..], FlushDecompress::None)
+            .map_err(|e| DecompressError::Corrupt {
+                algo,
+                produced: out_pos,
+                detail: lower_first(&e.to_string()),
+            })?;
         let new_in = inflater.total_in() as usize;
         let new_out = inflater.total_out() as usize;
         if status == Status::StreamEnd || new_out == dst.len() {
             return Ok(new_out);
         }
         if new_in == in_pos && new_out == out_pos {
-            return Err(DecompressError::Truncated { algo, consumed: 2 + new_in, produced: new_out, ram_bytes: dst.len() });
+            return Err(DecompressError::Truncated {
+                algo,
+                consumed: 2 + new_in,
+                produced: new_out,
+                ram_bytes: dst.len(),
+            });
         }
     }
 }
@@ -338,7 +366,10 @@ fn zstd_decompress(input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressErro
     use zstd::stream::raw::{Decoder, Operation};
     let algo = CompressionType::Zstd;
     let _ = dst.len();
-    let setup = |e: std::io::Error| DecompressError::DecoderSetup { algo, detail: lower_first(&e.to_string()) };
+    let setup = |e: std::io::Error| DecompressError::DecoderSetup {
+        algo,
+        detail: lower_first(&e.to_string()),
+    };
     thread_local! {
         // Creating a decompression context costs more than decoding a 128 KiB extent,
         // so each thread keeps one and resets it per frame.
@@ -357,11 +388,18 @@ fn zstd_decompress(input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressErro
     })
 }
 
-fn zstd_run(decoder: &mut zstd::stream::raw::Decoder<'static>, input: &[u8], dst: &mut [u8]) -> Result<usize, DecompressError> {
+fn zstd_run(
+    decoder: &mut zstd::stream::raw::Decoder<'static>,
+    input: &[u8],
+    dst: &mut [u8],
+) -> Result<usize, DecompressError> {
     use zstd::stream::raw::{DParameter, InBuffer, Operation, OutBuffer};
     let algo = CompressionType::Zstd;
     let ram_bytes = dst.len();
-    let setup = |e: std::io::Error| DecompressError::DecoderSetup { algo, detail: lower_first(&e.to_string()) };
+    let setup = |e: std::io::Error| DecompressError::DecoderSetup {
+        algo,
+        detail: lower_first(&e.to_string()),
+    };
     // A window never needs to be larger than the whole output.
     let window_log = ZSTD_BTRFS_MAX_WINDOWLOG.max(ram_bytes.next_power_of_two().trailing_zeros());
     decoder.set_parameter(DParameter::WindowLogMax(window_log)).map_err(setup)?;
@@ -369,13 +407,22 @@ fn zstd_run(decoder: &mut zstd::stream::raw::Decoder<'static>, input: &[u8], dst
     let mut outbuf = OutBuffer::around(dst);
     loop {
         let (in_pos, out_pos) = (inbuf.pos(), outbuf.pos());
-        let hint = decoder.run(&mut inbuf, &mut outbuf).map_err(|e| DecompressError::Corrupt { algo, produced: out_pos, detail: lower_first(&e.to_string()) })?;
+        let hint = decoder.run(&mut inbuf, &mut outbuf).map_err(|e| DecompressError::Corrupt {
+            algo,
+            produced: out_pos,
+            detail: lower_first(&e.to_string()),
+        })?;
         // hint 0: the frame is complete and fully flushed.
         if hint == 0 || outbuf.pos() == ram_bytes {
             return Ok(outbuf.pos());
         }
         if inbuf.pos() == in_pos && outbuf.pos() == out_pos {
-            return Err(DecompressError::Truncated { algo, consumed: inbuf.pos(), produced: outbuf.pos(), ram_bytes });
+            return Err(DecompressError::Truncated {
+                algo,
+                consumed: inbuf.pos(),
+                produced: outbuf.pos(),
+                ram_bytes,
+            });
         }
     }
 }
@@ -397,15 +444,27 @@ fn lzokay_reason(e: lzokay::Error) -> &'static str {
 
 /// Walks btrfs lzo framing (module docs) and decodes each segment into `dst`;
 /// returns the number of bytes produced.
-fn lzo_decompress(input: &[u8], dst: &mut [u8], sectorsize: usize) -> Result<usize, DecompressError> {
+fn lzo_decompress(
+    input: &[u8],
+    dst: &mut [u8],
+    sectorsize: usize,
+) -> Result<usize, DecompressError> {
     let algo = CompressionType::Lzo;
     if input.len() < LZO_LEN {
-        return Err(DecompressError::Truncated { algo, consumed: input.len(), produced: 0, ram_bytes: dst.len() });
+        return Err(DecompressError::Truncated {
+            algo,
+            consumed: input.len(),
+            produced: 0,
+            ram_bytes: dst.len(),
+        });
     }
     let total_raw = read_le32(input, 0);
     let total = total_raw as usize;
     if total > input.len() {
-        return Err(DecompressError::LzoTotalLengthTooLarge { total: total_raw, available: input.len() });
+        return Err(DecompressError::LzoTotalLengthTooLarge {
+            total: total_raw,
+            available: input.len(),
+        });
     }
     if total < LZO_LEN {
         return Err(DecompressError::LzoTotalLengthTooSmall { total: total_raw });
@@ -431,15 +490,28 @@ fn lzo_decompress(input: &[u8], dst: &mut [u8], sectorsize: usize) -> Result<usi
             return Err(DecompressError::LzoSegmentEmpty { offset: pos });
         }
         if len > max_seg {
-            return Err(DecompressError::LzoSegmentTooLong { offset: pos, len, max: max_seg, sectorsize });
+            return Err(DecompressError::LzoSegmentTooLong {
+                offset: pos,
+                len,
+                max: max_seg,
+                sectorsize,
+            });
         }
         if len > total - data {
             return Err(DecompressError::LzoSegmentOverrun { offset: pos, len, total });
         }
-        let n = lzokay::decompress::decompress(&input[data..data + len], &mut sector).map_err(|e| match e {
-            lzokay::Error::OutputOverrun => DecompressError::LzoSegmentOutputTooLarge { offset: pos, sectorsize },
-            other => DecompressError::LzoSegmentCorrupt { offset: pos, reason: lzokay_reason(other) },
-        })?;
+        let n =
+            lzokay::decompress::decompress(&input[data..data + len], &mut sector).map_err(|e| {
+                match e {
+                    lzokay::Error::OutputOverrun => {
+                        DecompressError::LzoSegmentOutputTooLarge { offset: pos, sectorsize }
+                    }
+                    other => DecompressError::LzoSegmentCorrupt {
+                        offset: pos,
+                        reason: lzokay_reason(other),
+                    },
+                }
+            })?;
         let take = n.min(dst.len() - produced);
         dst[produced..produced + take].copy_from_slice(&sector[..take]);
         produced += take;
@@ -459,14 +531,23 @@ fn lzo_decompress(input: &[u8], dst: &mut [u8], sectorsize: usize) -> Result<usi
 /// one sector once rounded up. The returned bytes are what goes on disk (for
 /// a regular extent, padded to a sector by the caller); its `ram_bytes` is
 /// `input.len()`.
-pub fn compress(kind: CompressionType, input: &[u8], sectorsize: usize) -> Result<Option<Vec<u8>>, CompressError> {
+pub fn compress(
+    kind: CompressionType,
+    input: &[u8],
+    sectorsize: usize,
+) -> Result<Option<Vec<u8>>, CompressError> {
     compress_with_level(kind, input, sectorsize, None)
 }
 
 /// [`compress`] with an explicit level: `None` is the kernel default (3 for
 /// zlib and zstd); zlib takes 1..=9, zstd -15..=15 except 0; lzo takes no
 /// level (LZO1X has one speed here).
-pub fn compress_with_level(kind: CompressionType, input: &[u8], sectorsize: usize, level: Option<i32>) -> Result<Option<Vec<u8>>, CompressError> {
+pub fn compress_with_level(
+    kind: CompressionType,
+    input: &[u8],
+    sectorsize: usize,
+    level: Option<i32>,
+) -> Result<Option<Vec<u8>>, CompressError> {
     if kind == CompressionType::None {
         return Ok(None);
     }
@@ -475,14 +556,24 @@ pub fn compress_with_level(kind: CompressionType, input: &[u8], sectorsize: usiz
 }
 
 /// Produces the framed stream whether or not it is smaller than `input`.
-fn compress_stream(kind: CompressionType, input: &[u8], sectorsize: usize, level: Option<i32>) -> Result<Vec<u8>, CompressError> {
+fn compress_stream(
+    kind: CompressionType,
+    input: &[u8],
+    sectorsize: usize,
+    level: Option<i32>,
+) -> Result<Vec<u8>, CompressError> {
     if !sectorsize_ok(sectorsize) {
         return Err(CompressError::InvalidSectorsize { sectorsize });
     }
     if input.len() > BTRFS_MAX_UNCOMPRESSED {
         return Err(CompressError::InputTooLarge { len: input.len(), max: BTRFS_MAX_UNCOMPRESSED });
     }
-    let backend = |algo: CompressionType| move |e: std::io::Error| CompressError::Backend { algo, detail: lower_first(&e.to_string()) };
+    let backend = |algo: CompressionType| {
+        move |e: std::io::Error| CompressError::Backend {
+            algo,
+            detail: lower_first(&e.to_string()),
+        }
+    };
     match kind {
         CompressionType::None => Ok(input.to_vec()),
         CompressionType::Zlib => {
@@ -490,7 +581,8 @@ fn compress_stream(kind: CompressionType, input: &[u8], sectorsize: usize, level
             if !(1..=9).contains(&level) {
                 return Err(CompressError::InvalidLevel { algo: kind, level });
             }
-            let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(level as u32));
+            let mut enc =
+                flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(level as u32));
             enc.write_all(input).map_err(backend(kind))?;
             enc.finish().map_err(backend(kind))
         }
@@ -500,7 +592,8 @@ fn compress_stream(kind: CompressionType, input: &[u8], sectorsize: usize, level
                 return Err(CompressError::InvalidLevel { algo: kind, level });
             }
             let mut enc = zstd::bulk::Compressor::new(level).map_err(backend(kind))?;
-            enc.set_parameter(zstd::zstd_safe::CParameter::WindowLog(ZSTD_BTRFS_MAX_WINDOWLOG)).map_err(backend(kind))?;
+            enc.set_parameter(zstd::zstd_safe::CParameter::WindowLog(ZSTD_BTRFS_MAX_WINDOWLOG))
+                .map_err(backend(kind))?;
             enc.compress(input).map_err(backend(kind))
         }
         CompressionType::Lzo => {
@@ -521,7 +614,8 @@ fn lzo_compress(input: &[u8], sectorsize: usize) -> Result<Vec<u8>, CompressErro
     let mut dict = lzokay::compress::Dict::new();
     let mut out = vec![0u8; LZO_LEN];
     for chunk in input.chunks(sectorsize) {
-        let seg = lzokay::compress::compress_with_dict(chunk, &mut dict).map_err(|e| fail(lower_first(&e.to_string())))?;
+        let seg = lzokay::compress::compress_with_dict(chunk, &mut dict)
+            .map_err(|e| fail(lower_first(&e.to_string())))?;
         if seg.len() > lzo1x_worst_compress(sectorsize) {
             return Err(fail(format!("segment of {} bytes exceeds the worst case", seg.len())));
         }
@@ -546,7 +640,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const ALL: [CompressionType; 3] = [CompressionType::Zlib, CompressionType::Lzo, CompressionType::Zstd];
+    const ALL: [CompressionType; 3] =
+        [CompressionType::Zlib, CompressionType::Lzo, CompressionType::Zstd];
 
     /// Deterministic, moderately compressible text; the real-kernel test
     /// vectors below were made from files with exactly this content.
@@ -574,7 +669,12 @@ mod tests {
             .collect()
     }
 
-    fn dec(kind: CompressionType, input: &[u8], ram: usize, ss: usize) -> Result<Vec<u8>, DecompressError> {
+    fn dec(
+        kind: CompressionType,
+        input: &[u8],
+        ram: usize,
+        ss: usize,
+    ) -> Result<Vec<u8>, DecompressError> {
         let mut out = vec![0xAA; 3];
         let r = decompress(kind, input, ram, ss, &mut out);
         match r {
@@ -616,7 +716,12 @@ mod tests {
 
     #[test]
     fn compression_type_raw_and_names() {
-        for (v, t, n) in [(0, CompressionType::None, "none"), (1, CompressionType::Zlib, "zlib"), (2, CompressionType::Lzo, "lzo"), (3, CompressionType::Zstd, "zstd")] {
+        for (v, t, n) in [
+            (0, CompressionType::None, "none"),
+            (1, CompressionType::Zlib, "zlib"),
+            (2, CompressionType::Lzo, "lzo"),
+            (3, CompressionType::Zstd, "zstd"),
+        ] {
             assert_eq!(CompressionType::from_raw(v), Some(t));
             assert_eq!(t as u8, v);
             assert_eq!(t.name(), n);
@@ -629,12 +734,18 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let sizes = [0usize, 1, 100, 4095, 4096, 4097, 3 * 4096 + 17, 65536, BTRFS_MAX_UNCOMPRESSED];
+        let sizes =
+            [0usize, 1, 100, 4095, 4096, 4097, 3 * 4096 + 17, 65536, BTRFS_MAX_UNCOMPRESSED];
         for kind in ALL {
             for &size in &sizes {
-                for (label, data) in [("text", pattern(size, 5)), ("random", random(size, size as u64 + 1)), ("zeros", vec![0u8; size])] {
+                for (label, data) in [
+                    ("text", pattern(size, 5)),
+                    ("random", random(size, size as u64 + 1)),
+                    ("zeros", vec![0u8; size]),
+                ] {
                     let stream = compress_stream(kind, &data, 4096, None).unwrap();
-                    let got = dec(kind, &stream, size, 4096).unwrap_or_else(|e| panic!("{kind} {label} {size}: {e}"));
+                    let got = dec(kind, &stream, size, 4096)
+                        .unwrap_or_else(|e| panic!("{kind} {label} {size}: {e}"));
                     assert!(got == data, "{kind} {label} {size}: mismatch");
                     // With disk padding up to the next sector.
                     let mut padded = stream.clone();
@@ -757,7 +868,11 @@ mod tests {
             let total = ext.len() as u32;
             ext[..4].copy_from_slice(&total.to_le_bytes());
             let mut want = [a, b, c].concat();
-            assert_eq!(dec(CompressionType::Lzo, &ext, want.len(), 4096).unwrap(), want, "end {end}");
+            assert_eq!(
+                dec(CompressionType::Lzo, &ext, want.len(), 4096).unwrap(),
+                want,
+                "end {end}"
+            );
             // Zero-filled when ram_bytes is larger; cut off when smaller.
             let ram = want.len() + 1000;
             want.resize(ram, 0);
@@ -789,7 +904,10 @@ mod tests {
         let total = ext.len() as u32;
         ext[..4].copy_from_slice(&total.to_le_bytes());
         assert_eq!(dec(CompressionType::Lzo, &ext, 4096, 4096).unwrap(), a);
-        assert!(matches!(dec(CompressionType::Lzo, &ext, 4097, 4096), Err(DecompressError::LzoSegmentCorrupt { offset: 4124, .. })));
+        assert!(matches!(
+            dec(CompressionType::Lzo, &ext, 4097, 4096),
+            Err(DecompressError::LzoSegmentCorrupt { offset: 4124, .. })
+        ));
     }
 
     #[test]
@@ -807,11 +925,20 @@ mod tests {
             e
         };
         assert!(matches!(dec(lzo, &[1, 0], 10, 4096), Err(Truncated { .. })));
-        assert_eq!(dec(lzo, &build(Some(u32::MAX), &[&seg]), 100, 4096), Err(LzoTotalLengthTooLarge { total: u32::MAX, available: 4 + 4 + seg.len() }));
-        assert_eq!(dec(lzo, &build(Some(3), &[&seg]), 100, 4096), Err(LzoTotalLengthTooSmall { total: 3 }));
+        assert_eq!(
+            dec(lzo, &build(Some(u32::MAX), &[&seg]), 100, 4096),
+            Err(LzoTotalLengthTooLarge { total: u32::MAX, available: 4 + 4 + seg.len() })
+        );
+        assert_eq!(
+            dec(lzo, &build(Some(3), &[&seg]), 100, 4096),
+            Err(LzoTotalLengthTooSmall { total: 3 })
+        );
         // Total exactly the field: no segments, all zeros.
         assert_eq!(dec(lzo, &build(Some(4), &[&seg]), 100, 4096).unwrap(), vec![0; 100]);
-        assert_eq!(dec(lzo, &build(Some(6), &[&seg]), 100, 4096), Err(LzoSegmentHeaderTruncated { offset: 4, total: 6 }));
+        assert_eq!(
+            dec(lzo, &build(Some(6), &[&seg]), 100, 4096),
+            Err(LzoSegmentHeaderTruncated { offset: 4, total: 6 })
+        );
         assert_eq!(dec(lzo, &build(None, &[&[]]), 100, 4096), Err(LzoSegmentEmpty { offset: 4 }));
         let mut huge = build(None, &[&seg]);
         huge[4..8].copy_from_slice(&70000u32.to_le_bytes());
@@ -824,41 +951,84 @@ mod tests {
         );
         let mut over = build(None, &[&seg]);
         over[4..8].copy_from_slice(&((seg.len() + 1) as u32).to_le_bytes());
-        assert_eq!(dec(lzo, &over, 100, 4096), Err(LzoSegmentOverrun { offset: 4, len: seg.len() + 1, total: over.len() }));
+        assert_eq!(
+            dec(lzo, &over, 100, 4096),
+            Err(LzoSegmentOverrun { offset: 4, len: seg.len() + 1, total: over.len() })
+        );
         // A segment decoding to more than one sector.
         let big = build(None, &[&lzo_literal_stream(&pattern(2100, 1))]);
-        assert_eq!(dec(lzo, &big, 4096, 2048), Err(LzoSegmentOutputTooLarge { offset: 4, sectorsize: 2048 }));
+        assert_eq!(
+            dec(lzo, &big, 4096, 2048),
+            Err(LzoSegmentOutputTooLarge { offset: 4, sectorsize: 2048 })
+        );
         // Trailing bytes inside a segment after the end marker.
         let mut trailing = seg.clone();
         trailing.push(0);
-        assert!(matches!(dec(lzo, &build(None, &[&trailing]), 100, 4096), Err(LzoSegmentCorrupt { .. })));
+        assert!(matches!(
+            dec(lzo, &build(None, &[&trailing]), 100, 4096),
+            Err(LzoSegmentCorrupt { .. })
+        ));
         // A match that reaches before the segment start.
         let bad_match = [18u8, b'x', 0x40, 0x10, 0x11, 0, 0];
-        assert!(matches!(dec(lzo, &build(None, &[&bad_match]), 100, 4096), Err(LzoSegmentCorrupt { .. })));
+        assert!(matches!(
+            dec(lzo, &build(None, &[&bad_match]), 100, 4096),
+            Err(LzoSegmentCorrupt { .. })
+        ));
     }
 
     #[test]
     fn argument_errors() {
-        for kind in [CompressionType::None, CompressionType::Zlib, CompressionType::Lzo, CompressionType::Zstd] {
-            assert_eq!(dec(kind, &[], MAX_RAM_BYTES + 1, 4096), Err(DecompressError::RamBytesTooLarge { ram_bytes: MAX_RAM_BYTES + 1, max: MAX_RAM_BYTES }));
+        for kind in [
+            CompressionType::None,
+            CompressionType::Zlib,
+            CompressionType::Lzo,
+            CompressionType::Zstd,
+        ] {
+            assert_eq!(
+                dec(kind, &[], MAX_RAM_BYTES + 1, 4096),
+                Err(DecompressError::RamBytesTooLarge {
+                    ram_bytes: MAX_RAM_BYTES + 1,
+                    max: MAX_RAM_BYTES
+                })
+            );
             for ss in [0usize, 256, 4095, 128 * 1024] {
-                assert_eq!(dec(kind, &[], 10, ss), Err(DecompressError::InvalidSectorsize { sectorsize: ss }));
-                assert_eq!(compress_stream(kind, &[1, 2, 3], ss, None), Err(CompressError::InvalidSectorsize { sectorsize: ss }));
+                assert_eq!(
+                    dec(kind, &[], 10, ss),
+                    Err(DecompressError::InvalidSectorsize { sectorsize: ss })
+                );
+                assert_eq!(
+                    compress_stream(kind, &[1, 2, 3], ss, None),
+                    Err(CompressError::InvalidSectorsize { sectorsize: ss })
+                );
             }
             // ram_bytes 0 never looks at the input.
             assert_eq!(dec(kind, &[0xFF; 7], 0, 4096).unwrap(), Vec::<u8>::new());
             assert_eq!(
                 compress(kind, &vec![0; BTRFS_MAX_UNCOMPRESSED + 1], 4096).err(),
-                (kind != CompressionType::None).then_some(CompressError::InputTooLarge { len: BTRFS_MAX_UNCOMPRESSED + 1, max: BTRFS_MAX_UNCOMPRESSED })
+                (kind != CompressionType::None).then_some(CompressError::InputTooLarge {
+                    len: BTRFS_MAX_UNCOMPRESSED + 1,
+                    max: BTRFS_MAX_UNCOMPRESSED
+                })
             );
         }
         let zeros = vec![0u8; 8192];
         assert_eq!(compress(CompressionType::None, &zeros, 4096), Ok(None));
-        for (kind, level) in [(CompressionType::Zlib, 0), (CompressionType::Zlib, 10), (CompressionType::Zstd, 0), (CompressionType::Zstd, 16), (CompressionType::Zstd, -16), (CompressionType::Lzo, 1)]
-        {
-            assert_eq!(compress_with_level(kind, &zeros, 4096, Some(level)), Err(CompressError::InvalidLevel { algo: kind, level }));
+        for (kind, level) in [
+            (CompressionType::Zlib, 0),
+            (CompressionType::Zlib, 10),
+            (CompressionType::Zstd, 0),
+            (CompressionType::Zstd, 16),
+            (CompressionType::Zstd, -16),
+            (CompressionType::Lzo, 1),
+        ] {
+            assert_eq!(
+                compress_with_level(kind, &zeros, 4096, Some(level)),
+                Err(CompressError::InvalidLevel { algo: kind, level })
+            );
         }
-        for (kind, level) in [(CompressionType::Zlib, 9), (CompressionType::Zstd, 15), (CompressionType::Zstd, -3)] {
+        for (kind, level) in
+            [(CompressionType::Zlib, 9), (CompressionType::Zstd, 15), (CompressionType::Zstd, -3)]
+        {
             let s = compress_with_level(kind, &zeros, 4096, Some(level)).unwrap().unwrap();
             assert_eq!(dec(kind, &s, 8192, 4096).unwrap(), zeros);
         }
@@ -904,7 +1074,10 @@ mod tests {
             if reason == "stream needs a preset dictionary" {
                 assert_eq!(header % 31, 0);
             }
-            assert_eq!(dec(zlib, &s, 300, 4096), Err(DecompressError::ZlibHeader { header, reason }));
+            assert_eq!(
+                dec(zlib, &s, 300, 4096),
+                Err(DecompressError::ZlibHeader { header, reason })
+            );
         }
     }
 
@@ -925,7 +1098,10 @@ mod tests {
         while enc.finish(&mut out, true).unwrap() != 0 {}
         let n = out.pos();
         let frame = &buf[..n];
-        assert!(matches!(dec(CompressionType::Zstd, frame, data.len(), 4096), Err(DecompressError::Corrupt { .. })));
+        assert!(matches!(
+            dec(CompressionType::Zstd, frame, data.len(), 4096),
+            Err(DecompressError::Corrupt { .. })
+        ));
     }
 
     /// Every strict prefix of a small stream must fail or, where the prefix
@@ -966,7 +1142,9 @@ mod tests {
     #[test]
     fn huge_and_garbage_inputs() {
         for kind in ALL {
-            for input in [vec![], vec![0xFF; 4], vec![0xFF; 100_000], vec![0u8; 100_000], random(70_000, 4)] {
+            for input in
+                [vec![], vec![0xFF; 4], vec![0xFF; 100_000], vec![0u8; 100_000], random(70_000, 4)]
+            {
                 for ram in [1usize, 4096, BTRFS_MAX_UNCOMPRESSED, MAX_RAM_BYTES] {
                     if let Ok(got) = dec(kind, &input, ram, 4096) {
                         assert_eq!(got.len(), ram);
@@ -983,9 +1161,24 @@ mod tests {
     /// (algorithm, 128 KiB extent, 8 KiB tail extent, inline extent)
     type RealExtents = (CompressionType, &'static [u8], &'static [u8], &'static [u8]);
     const REAL: [RealExtents; 3] = [
-        (CompressionType::Lzo, include_bytes!("testdata/lzo_regular_0.bin"), include_bytes!("testdata/lzo_regular_131072.bin"), include_bytes!("testdata/lzo_inline.bin")),
-        (CompressionType::Zlib, include_bytes!("testdata/zlib_regular_0.bin"), include_bytes!("testdata/zlib_regular_131072.bin"), include_bytes!("testdata/zlib_inline.bin")),
-        (CompressionType::Zstd, include_bytes!("testdata/zstd_regular_0.bin"), include_bytes!("testdata/zstd_regular_131072.bin"), include_bytes!("testdata/zstd_inline.bin")),
+        (
+            CompressionType::Lzo,
+            include_bytes!("testdata/lzo_regular_0.bin"),
+            include_bytes!("testdata/lzo_regular_131072.bin"),
+            include_bytes!("testdata/lzo_inline.bin"),
+        ),
+        (
+            CompressionType::Zlib,
+            include_bytes!("testdata/zlib_regular_0.bin"),
+            include_bytes!("testdata/zlib_regular_131072.bin"),
+            include_bytes!("testdata/zlib_inline.bin"),
+        ),
+        (
+            CompressionType::Zstd,
+            include_bytes!("testdata/zstd_regular_0.bin"),
+            include_bytes!("testdata/zstd_regular_131072.bin"),
+            include_bytes!("testdata/zstd_inline.bin"),
+        ),
     ];
 
     #[test]
@@ -1014,8 +1207,11 @@ mod tests {
     // first sector boundary, so the kernel padded and put the second header
     // at offset 4096. File content: n zero bytes short of a sector, then
     // random(n, 77), then 7 sectors of zeros (32 KiB, compress-force=lzo).
-    const REAL_LZO_PADDED: [(usize, usize, &[u8]); 3] =
-        [(3, 4055, include_bytes!("testdata/lzo_pad3_4055.bin")), (2, 4056, include_bytes!("testdata/lzo_pad2_4056.bin")), (1, 4057, include_bytes!("testdata/lzo_pad1_4057.bin"))];
+    const REAL_LZO_PADDED: [(usize, usize, &[u8]); 3] = [
+        (3, 4055, include_bytes!("testdata/lzo_pad3_4055.bin")),
+        (2, 4056, include_bytes!("testdata/lzo_pad2_4056.bin")),
+        (1, 4057, include_bytes!("testdata/lzo_pad1_4057.bin")),
+    ];
 
     #[test]
     fn real_kernel_lzo_sector_padding() {

@@ -103,14 +103,24 @@ pub(crate) struct RootFinder<'a, V: TreeView> {
 
 impl<'a, V: TreeView> RootFinder<'a, V> {
     pub fn new(view: &'a V, nodesize: u32) -> RootFinder<'a, V> {
-        RootFinder { view, nodesize: u64::from(nodesize), extents: HashMap::new(), blocks: HashMap::new(), trees: HashMap::new() }
+        RootFinder {
+            view,
+            nodesize: u64::from(nodesize),
+            extents: HashMap::new(),
+            blocks: HashMap::new(),
+            trees: HashMap::new(),
+        }
     }
 
     /// The bytes and roots (sorted, each once) of the extent at `bytenr`, or None when
     /// this state has no extent there.
     pub fn extent_roots(&mut self, bytenr: u64) -> Walk<Option<(u64, Vec<u64>)>> {
         let Some(ext) = self.extent(bytenr)? else { return Ok(None) };
-        let roots = if ext.is_data { self.data_roots(bytenr, &ext)? } else { self.block_roots(bytenr, None)? };
+        let roots = if ext.is_data {
+            self.data_roots(bytenr, &ext)?
+        } else {
+            self.block_roots(bytenr, None)?
+        };
         Ok(Some((ext.bytes, roots)))
     }
 
@@ -153,35 +163,62 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
                         return inconsistent(format!("extent {bytenr} has two extent items"));
                     }
                     let skinny = k.type_ == METADATA_ITEM_KEY;
-                    let ei = items::extent_item(d, skinny).map_err(|e| WalkErr::Inconsistent(format!("extent item {k}: {e}")))?;
+                    let ei = items::extent_item(d, skinny)
+                        .map_err(|e| WalkErr::Inconsistent(format!("extent item {k}: {e}")))?;
                     let is_data = ei.flags & EXTENT_FLAG_DATA != 0;
-                    let level = if skinny { u8::try_from(k.offset).unwrap_or(u8::MAX) } else { ei.tree_block_info.map_or(0, |(_, l)| l) };
+                    let level = if skinny {
+                        u8::try_from(k.offset).unwrap_or(u8::MAX)
+                    } else {
+                        ei.tree_block_info.map_or(0, |(_, l)| l)
+                    };
                     let bytes = if is_data { k.offset } else { self.nodesize };
                     let mut refs = Vec::with_capacity(ei.inline_refs.len());
                     for r in &ei.inline_refs {
                         refs.push(match *r {
                             InlineRef::TreeBlock { root } => (RefKind::TreeBlock { root }, 1),
-                            InlineRef::SharedBlock { parent } => (RefKind::SharedBlock { parent }, 1),
-                            InlineRef::ExtentData { root, objectid, offset, count } => (RefKind::Data { root, ino: objectid, offset }, u64::from(count)),
-                            InlineRef::SharedData { parent, count } => (RefKind::SharedData { parent }, u64::from(count)),
+                            InlineRef::SharedBlock { parent } => {
+                                (RefKind::SharedBlock { parent }, 1)
+                            }
+                            InlineRef::ExtentData { root, objectid, offset, count } => {
+                                (RefKind::Data { root, ino: objectid, offset }, u64::from(count))
+                            }
+                            InlineRef::SharedData { parent, count } => {
+                                (RefKind::SharedData { parent }, u64::from(count))
+                            }
                             InlineRef::Owner { .. } => continue,
                         });
                     }
                     found = Some(ExtentRefs { is_data, bytes, level, refs });
                 }
                 _ => {
-                    let Some(f) = found.as_mut() else { return inconsistent(format!("keyed backref {k} without an extent item")) };
-                    let short = || WalkErr::Inconsistent(format!("keyed backref {k} of {} bytes", d.len()));
-                    let le32 = |at: usize| d.get(at..at + 4).map(|b| u64::from(u32::from_le_bytes(b.try_into().expect("4 bytes"))));
-                    let le64 = |at: usize| d.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+                    let Some(f) = found.as_mut() else {
+                        return inconsistent(format!("keyed backref {k} without an extent item"));
+                    };
+                    let short =
+                        || WalkErr::Inconsistent(format!("keyed backref {k} of {} bytes", d.len()));
+                    let le32 = |at: usize| {
+                        d.get(at..at + 4)
+                            .map(|b| u64::from(u32::from_le_bytes(b.try_into().expect("4 bytes"))))
+                    };
+                    let le64 = |at: usize| {
+                        d.get(at..at + 8)
+                            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    };
                     f.refs.push(match k.type_ {
                         TREE_BLOCK_REF_KEY => (RefKind::TreeBlock { root: k.offset }, 1),
                         SHARED_BLOCK_REF_KEY => (RefKind::SharedBlock { parent: k.offset }, 1),
                         EXTENT_DATA_REF_KEY => {
-                            let (root, ino, offset, count) = (le64(0).ok_or_else(short)?, le64(8).ok_or_else(short)?, le64(16).ok_or_else(short)?, le32(24).ok_or_else(short)?);
+                            let (root, ino, offset, count) = (
+                                le64(0).ok_or_else(short)?,
+                                le64(8).ok_or_else(short)?,
+                                le64(16).ok_or_else(short)?,
+                                le32(24).ok_or_else(short)?,
+                            );
                             (RefKind::Data { root, ino, offset }, count)
                         }
-                        SHARED_DATA_REF_KEY => (RefKind::SharedData { parent: k.offset }, le32(0).ok_or_else(short)?),
+                        SHARED_DATA_REF_KEY => {
+                            (RefKind::SharedData { parent: k.offset }, le32(0).ok_or_else(short)?)
+                        }
                         _ => continue,
                     });
                 }
@@ -196,12 +233,19 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
         if let Some(r) = self.blocks.get(&bytenr) {
             return Ok(r.clone());
         }
-        let Some(ext) = self.extent(bytenr)? else { return inconsistent(format!("tree block {bytenr} is referenced but has no extent item")) };
+        let Some(ext) = self.extent(bytenr)? else {
+            return inconsistent(format!(
+                "tree block {bytenr} is referenced but has no extent item"
+            ));
+        };
         if ext.is_data {
             return inconsistent(format!("tree block {bytenr} is a data extent"));
         }
         if level.is_some_and(|l| l != ext.level) || ext.level >= MAX_LEVEL {
-            return inconsistent(format!("tree block {bytenr} at level {} is referenced as level {level:?}", ext.level));
+            return inconsistent(format!(
+                "tree block {bytenr} at level {} is referenced as level {level:?}",
+                ext.level
+            ));
         }
         let mut roots: Vec<u64> = Vec::new();
         let mut first_key: Option<Key> = None;
@@ -222,7 +266,10 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
                     let key = match first_key {
                         Some(k) => k,
                         None => {
-                            let eb = self.view.read_node(bytenr, &Expect { level: Some(ext.level), ..Default::default() })?;
+                            let eb = self.view.read_node(
+                                bytenr,
+                                &Expect { level: Some(ext.level), ..Default::default() },
+                            )?;
                             let n = eb.node();
                             if n.nritems() == 0 {
                                 return inconsistent(format!("empty tree block {bytenr} is not a root but has a backref from tree {root}"));
@@ -235,8 +282,12 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
                     };
                     roots.extend(self.block_roots(parent, Some(ext.level + 1))?);
                 }
-                RefKind::SharedBlock { parent } => roots.extend(self.block_roots(parent, Some(ext.level + 1))?),
-                RefKind::Data { .. } | RefKind::SharedData { .. } => return inconsistent(format!("tree block {bytenr} has data backref {kind:?}")),
+                RefKind::SharedBlock { parent } => {
+                    roots.extend(self.block_roots(parent, Some(ext.level + 1))?)
+                }
+                RefKind::Data { .. } | RefKind::SharedData { .. } => {
+                    return inconsistent(format!("tree block {bytenr} has data backref {kind:?}"))
+                }
             }
         }
         roots.sort_unstable();
@@ -247,8 +298,22 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
 
     /// The node of tree `r` at level `level + 1` whose pointer for `key` names
     /// `bytenr`, if any.
-    fn find_parent(&mut self, r: &RootInfo, key: &Key, level: u8, bytenr: u64) -> Walk<Option<u64>> {
-        let mut cur = self.view.read_node(r.bytenr, &Expect { level: Some(r.level), generation: Some(r.generation), owner: Some(r.id), first_key: None })?;
+    fn find_parent(
+        &mut self,
+        r: &RootInfo,
+        key: &Key,
+        level: u8,
+        bytenr: u64,
+    ) -> Walk<Option<u64>> {
+        let mut cur = self.view.read_node(
+            r.bytenr,
+            &Expect {
+                level: Some(r.level),
+                generation: Some(r.generation),
+                owner: Some(r.id),
+                first_key: None,
+            },
+        )?;
         loop {
             let next = {
                 let n = cur.node();
@@ -262,7 +327,15 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
                 if n.level() == level + 1 {
                     return Ok((n.blockptr(slot) == bytenr).then(|| cur.bytenr()));
                 }
-                (n.blockptr(slot), Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(r.id), first_key: Some(n.key(slot)) })
+                (
+                    n.blockptr(slot),
+                    Expect {
+                        level: Some(n.level() - 1),
+                        generation: Some(n.ptr_generation(slot)),
+                        owner: Some(r.id),
+                        first_key: Some(n.key(slot)),
+                    },
+                )
             };
             cur = self.view.read_node(next.0, &next.1)?;
         }
@@ -287,7 +360,9 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
                         if k.objectid != ino || k.type_ != EXTENT_DATA_KEY {
                             break;
                         }
-                        let fe = items::file_extent(item.data()).map_err(|e| WalkErr::Inconsistent(format!("tree {root} file extent {k}: {e}")))?;
+                        let fe = items::file_extent(item.data()).map_err(|e| {
+                            WalkErr::Inconsistent(format!("tree {root} file extent {k}: {e}"))
+                        })?;
                         if let FileExtent::Regular { disk_bytenr, offset: fo, .. } = fe {
                             if disk_bytenr == bytenr && k.offset.wrapping_sub(fo) == offset {
                                 seen += 1;
@@ -306,7 +381,9 @@ impl<'a, V: TreeView> RootFinder<'a, V> {
                     }
                 }
                 RefKind::SharedData { parent } => roots.extend(self.block_roots(parent, Some(0))?),
-                RefKind::TreeBlock { .. } | RefKind::SharedBlock { .. } => return inconsistent(format!("data extent {bytenr} has tree backref {kind:?}")),
+                RefKind::TreeBlock { .. } | RefKind::SharedBlock { .. } => {
+                    return inconsistent(format!("data extent {bytenr} has tree backref {kind:?}"))
+                }
             }
         }
         roots.sort_unstable();

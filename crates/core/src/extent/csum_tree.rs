@@ -28,7 +28,12 @@ fn key(logical: u64) -> Key {
 /// Existing checksums where new ones go: the csum tree covers space the allocator
 /// believed free, which only a damaged image can cause.
 fn overlap(k: &Key, logical: u64) -> crate::error::Error {
-    ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("csum item {k} overlaps new checksums at logical {logical}")).root(CSUM).into()
+    ubtrfs_format::Corrupt::new(
+        ubtrfs_format::CorruptWhere::Item,
+        format!("csum item {k} overlaps new checksums at logical {logical}"),
+    )
+    .root(CSUM)
+    .into()
 }
 
 /// Add checksums for the sectors starting at `logical` (`csums` = packed, csum_size each).

@@ -99,7 +99,10 @@ impl DelayedRefs {
 
     /// Record at most `limit` extents (tests of the overflow).
     pub fn set_qgroup_record_limit(&mut self, limit: usize) {
-        assert!(limit <= MAX_QGROUP_RECORDS, "qgroup record limit {limit} above {MAX_QGROUP_RECORDS}");
+        assert!(
+            limit <= MAX_QGROUP_RECORDS,
+            "qgroup record limit {limit} above {MAX_QGROUP_RECORDS}"
+        );
         self.qgroup_limit = limit;
     }
 
@@ -125,13 +128,39 @@ impl DelayedRefs {
     /// # Errors
     /// `Corrupt` naming the referrer (`kind`) when `bytenr` is already referenced in
     /// this transaction with another length, or as the other kind of extent.
-    fn head(&mut self, bytenr: u64, num_bytes: u64, is_data: bool, level: u8, kind: RefKind) -> Result<&mut RefHead> {
-        let h = self.heads.entry(bytenr).or_insert_with(|| RefHead { bytenr, num_bytes, is_data, level, refs: BTreeMap::new(), must_insert: None, set_flags: 0 });
+    fn head(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        is_data: bool,
+        level: u8,
+        kind: RefKind,
+    ) -> Result<&mut RefHead> {
+        let h = self.heads.entry(bytenr).or_insert_with(|| RefHead {
+            bytenr,
+            num_bytes,
+            is_data,
+            level,
+            refs: BTreeMap::new(),
+            must_insert: None,
+            set_flags: 0,
+        });
         if h.is_data != is_data {
-            return Err(referrer(kind, format!("extent {bytenr} is referenced both as a data extent and as a tree block")).into());
+            return Err(referrer(
+                kind,
+                format!("extent {bytenr} is referenced both as a data extent and as a tree block"),
+            )
+            .into());
         }
         if h.num_bytes != num_bytes {
-            return Err(referrer(kind, format!("extent {bytenr} is referenced with length {num_bytes} and with length {}", h.num_bytes)).into());
+            return Err(referrer(
+                kind,
+                format!(
+                    "extent {bytenr} is referenced with length {num_bytes} and with length {}",
+                    h.num_bytes
+                ),
+            )
+            .into());
         }
         Ok(h)
     }
@@ -140,7 +169,15 @@ impl DelayedRefs {
     ///
     /// # Errors
     /// `Corrupt` when `bytenr` is referenced as data too (see `head`).
-    pub fn add_tree_ref(&mut self, bytenr: u64, num_bytes: u64, level: u8, kind: RefKind, delta: i64, new: Option<Key>) -> Result<()> {
+    pub fn add_tree_ref(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        level: u8,
+        kind: RefKind,
+        delta: i64,
+        new: Option<Key>,
+    ) -> Result<()> {
         self.record_qgroup(bytenr, kind);
         let h = self.head(bytenr, num_bytes, false, level, kind)?;
         if let Some(first_key) = new {
@@ -157,7 +194,14 @@ impl DelayedRefs {
     /// # Errors
     /// `Corrupt` when `bytenr` is referenced with another length or as a tree block
     /// (see `head`).
-    pub fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, kind: RefKind, delta: i64, new: bool) -> Result<()> {
+    pub fn add_data_ref(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        kind: RefKind,
+        delta: i64,
+        new: bool,
+    ) -> Result<()> {
         self.record_qgroup(bytenr, kind);
         let h = self.head(bytenr, num_bytes, true, 0, kind)?;
         if new {
@@ -184,7 +228,14 @@ impl DelayedRefs {
     ///
     /// # Errors
     /// `Corrupt` when `bytenr` is referenced as data too (see `head`).
-    pub fn set_tree_block_flags(&mut self, bytenr: u64, num_bytes: u64, level: u8, root: u64, flags: u64) -> Result<()> {
+    pub fn set_tree_block_flags(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        level: u8,
+        root: u64,
+        flags: u64,
+    ) -> Result<()> {
         self.head(bytenr, num_bytes, false, level, RefKind::TreeBlock { root })?.set_flags |= flags;
         Ok(())
     }
@@ -208,7 +259,10 @@ impl DelayedRefs {
     /// references now cancel out: it was freed before its commit, and its space may be
     /// used again at once. Returns whether it was dropped.
     pub fn drop_if_cancelled(&mut self, bytenr: u64) -> bool {
-        let cancelled = self.heads.get(&bytenr).is_some_and(|h| h.must_insert.is_some() && h.refs.values().all(|&d| d == 0));
+        let cancelled = self
+            .heads
+            .get(&bytenr)
+            .is_some_and(|h| h.must_insert.is_some() && h.refs.values().all(|&d| d == 0));
         if cancelled {
             self.heads.remove(&bytenr);
         }

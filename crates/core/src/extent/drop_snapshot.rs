@@ -124,7 +124,8 @@ impl FsWriter {
     /// # Errors
     /// Read failures in the root tree.
     pub fn dead_roots(&mut self) -> Result<Vec<u64>> {
-        let orphans = self.items_in_range(ROOT_TREE_OBJECTID, &dead_root_key(0), &dead_root_key(u64::MAX))?;
+        let orphans =
+            self.items_in_range(ROOT_TREE_OBJECTID, &dead_root_key(0), &dead_root_key(u64::MAX))?;
         let mut out = Vec::new();
         for (k, _) in orphans {
             match self.root(k.offset) {
@@ -152,14 +153,25 @@ impl FsWriter {
     pub fn drop_subvol_step(&mut self, id: u64, budget: u32) -> Result<DropStats> {
         self.check_writable()?;
         if !is_subvolume_tree(id) || id == FS_TREE_OBJECTID {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("tree {id}"), "only deleted subvolumes are dropped"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("tree {id}"),
+                "only deleted subvolumes are dropped",
+            ));
         }
         let info = match self.root(id) {
             Ok(i) => i,
             // Dropped already: at most a stale ORPHAN_ITEM is left.
             Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
-                if self.items_in_range(ROOT_TREE_OBJECTID, &dead_root_key(id), &dead_root_key(id))?.is_empty() {
-                    return Err(Error::posix_detail(PosixKind::Invalid, format!("subvolume {id}"), "no such subvolume, and no deletion pending"));
+                if self
+                    .items_in_range(ROOT_TREE_OBJECTID, &dead_root_key(id), &dead_root_key(id))?
+                    .is_empty()
+                {
+                    return Err(Error::posix_detail(
+                        PosixKind::Invalid,
+                        format!("subvolume {id}"),
+                        "no such subvolume, and no deletion pending",
+                    ));
                 }
                 return self.transaction("drop_snapshot", DROP_STEP_ITEMS, |w| {
                     w.delete_item(ROOT_TREE_OBJECTID, &dead_root_key(id))?;
@@ -179,12 +191,22 @@ impl FsWriter {
         let item = st.item.expect("a subvolume has its ROOT_ITEM");
         let origin = st.item_offset;
         if item.refs.get() != 0 {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("subvolume {id}"), "it is not deleted"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("subvolume {id}"),
+                "it is not deleted",
+            ));
         }
         if info.generation >= self.transid {
-            return Err(Error::posix_detail(PosixKind::Busy, format!("subvolume {id}"), "its tree changed in the running transaction; commit before dropping it"));
+            return Err(Error::posix_detail(
+                PosixKind::Busy,
+                format!("subvolume {id}"),
+                "its tree changed in the running transaction; commit before dropping it",
+            ));
         }
-        self.transaction("drop_snapshot", DROP_STEP_ITEMS, |w| w.drop_step_inner(id, origin, budget.max(1)))
+        self.transaction("drop_snapshot", DROP_STEP_ITEMS, |w| {
+            w.drop_step_inner(id, origin, budget.max(1))
+        })
     }
 
     fn drop_step_inner(&mut self, id: u64, origin: u64, budget: u32) -> Result<DropStats> {
@@ -192,7 +214,11 @@ impl FsWriter {
         let item = self.roots.get(&id).and_then(|s| s.item).expect("checked by drop_subvol_step");
         let top = usize::from(info.level);
         if top >= MAX_LEVEL {
-            return Err(corrupt(id, info.bytenr, format!("root level {top} is past the deepest level {}", MAX_LEVEL - 1)));
+            return Err(corrupt(
+                id,
+                info.bytenr,
+                format!("root level {top} is past the deepest level {}", MAX_LEVEL - 1),
+            ));
         }
         let mut wc = Walk {
             id,
@@ -208,7 +234,15 @@ impl FsWriter {
             restarted: false,
             stats: DropStats::default(),
         };
-        let root = self.read_block(info.bytenr, &Expect { level: Some(info.level), generation: Some(info.generation), owner: Some(id), first_key: None })?;
+        let root = self.read_block(
+            info.bytenr,
+            &Expect {
+                level: Some(info.level),
+                generation: Some(info.generation),
+                owner: Some(id),
+                first_key: None,
+            },
+        )?;
         wc.stats.blocks_read += 1;
         let progress = Key::from(&item.drop_progress);
         if progress.objectid == 0 {
@@ -217,7 +251,11 @@ impl FsWriter {
             // Back down to the saved point: the blocks above it are still ours.
             let dl = usize::from(item.drop_level);
             if dl == 0 || dl > top {
-                return Err(corrupt(id, info.bytenr, format!("drop level {dl} is outside the tree's levels 1..={top}")));
+                return Err(corrupt(
+                    id,
+                    info.bytenr,
+                    format!("drop level {dl} is outside the tree's levels 1..={top}"),
+                ));
             }
             let mut b = root;
             let mut l = top;
@@ -235,7 +273,13 @@ impl FsWriter {
                     break;
                 }
                 if refs != 1 {
-                    return Err(corrupt(id, b.bytenr(), format!("block at level {l} above the drop point has {refs} references, not 1")));
+                    return Err(corrupt(
+                        id,
+                        b.bytenr(),
+                        format!(
+                            "block at level {l} above the drop point has {refs} references, not 1"
+                        ),
+                    ));
                 }
                 let child = self.read_child(&b, slot, id)?;
                 wc.stats.blocks_read += 1;
@@ -267,7 +311,12 @@ impl FsWriter {
         // The whole tree is done: its ROOT_ITEM and ORPHAN_ITEM go.
         let off = self.roots.get(&id).map_or(0, |s| s.item_offset);
         if !self.delete_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_ITEM_KEY, off))? {
-            return Err(Corrupt::new(CorruptWhere::Item, format!("root item of dropped subvolume {id} vanished")).root(ROOT_TREE_OBJECTID).into());
+            return Err(Corrupt::new(
+                CorruptWhere::Item,
+                format!("root item of dropped subvolume {id} vanished"),
+            )
+            .root(ROOT_TREE_OBJECTID)
+            .into());
         }
         self.delete_item(ROOT_TREE_OBJECTID, &dead_root_key(id))?;
         self.roots.remove(&id);
@@ -278,17 +327,24 @@ impl FsWriter {
     /// Whether tree block `bytenr` still holds reference `kind` (committed, with this
     /// transaction's pending changes).
     fn tree_ref_exists(&mut self, bytenr: u64, level: u8, kind: RefKind) -> Result<bool> {
-        let pending = self.delayed.head_of(bytenr).and_then(|h| h.refs.get(&kind).copied()).unwrap_or(0);
+        let pending =
+            self.delayed.head_of(bytenr).and_then(|h| h.refs.get(&kind).copied()).unwrap_or(0);
         let key = Key::new(bytenr, METADATA_ITEM_KEY, u64::from(level));
         let (inline, keyed) = match kind {
-            RefKind::TreeBlock { root } => (items::InlineRef::TreeBlock { root }, Key::new(bytenr, TREE_BLOCK_REF_KEY, root)),
-            RefKind::SharedBlock { parent } => (items::InlineRef::SharedBlock { parent }, Key::new(bytenr, SHARED_BLOCK_REF_KEY, parent)),
+            RefKind::TreeBlock { root } => {
+                (items::InlineRef::TreeBlock { root }, Key::new(bytenr, TREE_BLOCK_REF_KEY, root))
+            }
+            RefKind::SharedBlock { parent } => (
+                items::InlineRef::SharedBlock { parent },
+                Key::new(bytenr, SHARED_BLOCK_REF_KEY, parent),
+            ),
             _ => unreachable!("tree block references only"),
         };
         let mut have = 0i64;
         let found = self.items_in_range(EXTENT_TREE_OBJECTID, &key, &key)?;
         if let Some((_, d)) = found.first() {
-            let v = items::extent_item(d, true).map_err(|e| Corrupt::new(CorruptWhere::Item, e).root(EXTENT_TREE_OBJECTID))?;
+            let v = items::extent_item(d, true)
+                .map_err(|e| Corrupt::new(CorruptWhere::Item, e).root(EXTENT_TREE_OBJECTID))?;
             have += i64::from(v.inline_refs.contains(&inline));
         }
         have += self.items_in_range(EXTENT_TREE_OBJECTID, &keyed, &keyed)?.len() as i64;
@@ -343,10 +399,16 @@ impl FsWriter {
             return Ok(false);
         }
         let full = wc.flags[level] & BLOCK_FLAG_FULL_BACKREF != 0;
-        if (wc.stage == Stage::DropReference && wc.refs[level] != 1) || (wc.stage == Stage::UpdateBackref && !full) {
+        if (wc.stage == Stage::DropReference && wc.refs[level] != 1)
+            || (wc.stage == Stage::UpdateBackref && !full)
+        {
             let (refs, flags) = self.lookup_tree_block_info(bytenr, level as u8)?;
             if refs == 0 {
-                return Err(corrupt(wc.id, bytenr, format!("tree block at level {level} has no references")));
+                return Err(corrupt(
+                    wc.id,
+                    bytenr,
+                    format!("tree block at level {level} has no references"),
+                ));
             }
             wc.refs[level] = refs;
             wc.flags[level] = flags;
@@ -360,7 +422,13 @@ impl FsWriter {
             self.mod_refs(&b, wc.id, true, 1)?;
             self.mod_refs(&b, wc.id, false, -1)?;
             let ns = u64::from(self.nodesize());
-            self.delayed.set_tree_block_flags(bytenr, ns, level as u8, wc.id, BLOCK_FLAG_FULL_BACKREF)?;
+            self.delayed.set_tree_block_flags(
+                bytenr,
+                ns,
+                level as u8,
+                wc.id,
+                BLOCK_FLAG_FULL_BACKREF,
+            )?;
             wc.flags[level] |= BLOCK_FLAG_FULL_BACKREF;
             wc.stats.blocks_converted += 1;
         }
@@ -381,7 +449,11 @@ impl FsWriter {
         }
         let (refs, flags) = self.lookup_tree_block_info(bytenr, cl as u8)?;
         if refs == 0 {
-            return Err(corrupt(wc.id, bytenr, format!("tree block at level {cl} has no references")));
+            return Err(corrupt(
+                wc.id,
+                bytenr,
+                format!("tree block at level {cl} has no references"),
+            ));
         }
         if wc.restarted {
             // Resumed: the kernel may have dropped this reference in work committed
@@ -413,7 +485,11 @@ impl FsWriter {
             }
             return Ok(Down::Skip);
         }
-        let child = self.read_child(wc.nodes[level].as_ref().expect("on the path"), wc.slots[level], wc.id)?;
+        let child = self.read_child(
+            wc.nodes[level].as_ref().expect("on the path"),
+            wc.slots[level],
+            wc.id,
+        )?;
         wc.stats.blocks_read += 1;
         wc.nodes[cl] = Some(child);
         wc.slots[cl] = 0;
@@ -483,7 +559,14 @@ impl FsWriter {
             } else {
                 let owner = self.node(&b).owner();
                 if owner != wc.id {
-                    return Err(corrupt(wc.id, b.bytenr(), format!("unexpected tree owner {owner} of the root block of tree {}", wc.id)));
+                    return Err(corrupt(
+                        wc.id,
+                        b.bytenr(),
+                        format!(
+                            "unexpected tree owner {owner} of the root block of tree {}",
+                            wc.id
+                        ),
+                    ));
                 }
                 RefKind::TreeBlock { root: wc.id }
             }
@@ -514,11 +597,17 @@ impl crate::engine::Engine {
     /// writeback errors.
     pub fn delete_subvol(&self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         let dir_id = crate::inode::filesystem::InodeId { root, ino: dir };
-        let entry = self.read(|l| crate::inode::filesystem::FsRead::lookup(l, dir_id, name))?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
+        let entry = self
+            .read(|l| crate::inode::filesystem::FsRead::lookup(l, dir_id, name))?
+            .ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
         if entry.is_subvol && !entry.is_placeholder() {
             let id = entry.target.root;
             if let Some(busy) = self.info().inodes.open_in_root(id) {
-                return Err(Error::posix_detail(PosixKind::Busy, format!("subvolume {} (id {id})", crate::quote::name(name)), format!("inode {} of it is open", busy.ino)));
+                return Err(Error::posix_detail(
+                    PosixKind::Busy,
+                    format!("subvolume {} (id {id})", crate::quote::name(name)),
+                    format!("inode {} of it is open", busy.ino),
+                ));
             }
             self.writeback_all()?;
         }
@@ -537,12 +626,16 @@ impl crate::engine::Engine {
     ///
     /// # Errors
     /// Step and commit errors (a step's failure has aborted the filesystem).
-    pub fn clean_dead_roots(&self, keep_going: &mut dyn FnMut(u64, &DropStats) -> bool) -> Result<DropStats> {
+    pub fn clean_dead_roots(
+        &self,
+        keep_going: &mut dyn FnMut(u64, &DropStats) -> bool,
+    ) -> Result<DropStats> {
         let mut total = DropStats::default();
         let mut since_commit = 0u32;
         // With quotas on each commit of a drop recounts every qgroup: the tree is
         // dropped in one transaction, one recount for it.
-        let steps_per_commit = if self.write(|w| Ok(w.quotas))? { u32::MAX } else { STEPS_PER_COMMIT };
+        let steps_per_commit =
+            if self.write(|w| Ok(w.quotas))? { u32::MAX } else { STEPS_PER_COMMIT };
         while let Some(id) = self.write(|w| w.dead_roots())?.first().copied() {
             let mut busy = 0;
             loop {

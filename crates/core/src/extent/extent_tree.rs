@@ -42,7 +42,10 @@ fn at_referrer(e: Error, root: u64, block: u64, level: u8, slot: usize, key: Key
 fn count_fits(key: Key, kind: RefKind, count: i64) -> Result<()> {
     let counted = matches!(kind, RefKind::Data { .. } | RefKind::SharedData { .. });
     if counted && count > i64::from(u32::MAX) {
-        return Err(corrupt(key, format!("reference {kind:?} count {count} overflows its 32-bit counter")));
+        return Err(corrupt(
+            key,
+            format!("reference {kind:?} count {count} overflows its 32-bit counter"),
+        ));
     }
     Ok(())
 }
@@ -51,7 +54,9 @@ fn to_inline(kind: RefKind, count: i64) -> InlineRef {
     match kind {
         RefKind::TreeBlock { root } => InlineRef::TreeBlock { root },
         RefKind::SharedBlock { parent } => InlineRef::SharedBlock { parent },
-        RefKind::Data { root, ino, offset } => InlineRef::ExtentData { root, objectid: ino, offset, count: count as u32 },
+        RefKind::Data { root, ino, offset } => {
+            InlineRef::ExtentData { root, objectid: ino, offset, count: count as u32 }
+        }
         RefKind::SharedData { parent } => InlineRef::SharedData { parent, count: count as u32 },
     }
 }
@@ -60,8 +65,12 @@ fn from_inline(r: &InlineRef) -> Option<(RefKind, i64)> {
     Some(match *r {
         InlineRef::TreeBlock { root } => (RefKind::TreeBlock { root }, 1),
         InlineRef::SharedBlock { parent } => (RefKind::SharedBlock { parent }, 1),
-        InlineRef::ExtentData { root, objectid, offset, count } => (RefKind::Data { root, ino: objectid, offset }, i64::from(count)),
-        InlineRef::SharedData { parent, count } => (RefKind::SharedData { parent }, i64::from(count)),
+        InlineRef::ExtentData { root, objectid, offset, count } => {
+            (RefKind::Data { root, ino: objectid, offset }, i64::from(count))
+        }
+        InlineRef::SharedData { parent, count } => {
+            (RefKind::SharedData { parent }, i64::from(count))
+        }
         InlineRef::Owner { .. } => return None,
     })
 }
@@ -79,7 +88,9 @@ fn inline_order(r: &InlineRef) -> (u8, std::cmp::Reverse<u64>) {
     let seq = match *r {
         InlineRef::TreeBlock { root } => root,
         InlineRef::SharedBlock { parent } => parent,
-        InlineRef::ExtentData { root, objectid, offset, .. } => hash_extent_data_ref(root, objectid, offset),
+        InlineRef::ExtentData { root, objectid, offset, .. } => {
+            hash_extent_data_ref(root, objectid, offset)
+        }
         InlineRef::SharedData { parent, .. } => parent,
         InlineRef::Owner { root } => root,
     };
@@ -87,7 +98,12 @@ fn inline_order(r: &InlineRef) -> (u8, std::cmp::Reverse<u64>) {
 }
 
 /// Serialize an extent item body (skinny form for tree blocks).
-pub fn serialize_extent_item(refs: u64, generation: u64, flags: u64, inline: &[InlineRef]) -> Vec<u8> {
+pub fn serialize_extent_item(
+    refs: u64,
+    generation: u64,
+    flags: u64,
+    inline: &[InlineRef],
+) -> Vec<u8> {
     let mut v = Vec::with_capacity(24 + inline.len() * 29);
     v.extend_from_slice(&refs.to_le_bytes());
     v.extend_from_slice(&generation.to_le_bytes());
@@ -97,7 +113,9 @@ pub fn serialize_extent_item(refs: u64, generation: u64, flags: u64, inline: &[I
     for r in &sorted {
         v.push(r.type_());
         match *r {
-            InlineRef::TreeBlock { root } | InlineRef::Owner { root } => v.extend_from_slice(&root.to_le_bytes()),
+            InlineRef::TreeBlock { root } | InlineRef::Owner { root } => {
+                v.extend_from_slice(&root.to_le_bytes())
+            }
             InlineRef::SharedBlock { parent } => v.extend_from_slice(&parent.to_le_bytes()),
             InlineRef::ExtentData { root, objectid, offset, count } => {
                 v.extend_from_slice(&root.to_le_bytes());
@@ -118,7 +136,9 @@ fn keyed_key(bytenr: u64, kind: RefKind) -> Key {
     match kind {
         RefKind::TreeBlock { root } => Key::new(bytenr, TREE_BLOCK_REF_KEY, root),
         RefKind::SharedBlock { parent } => Key::new(bytenr, SHARED_BLOCK_REF_KEY, parent),
-        RefKind::Data { root, ino, offset } => Key::new(bytenr, EXTENT_DATA_REF_KEY, hash_extent_data_ref(root, ino, offset)),
+        RefKind::Data { root, ino, offset } => {
+            Key::new(bytenr, EXTENT_DATA_REF_KEY, hash_extent_data_ref(root, ino, offset))
+        }
         RefKind::SharedData { parent } => Key::new(bytenr, SHARED_DATA_REF_KEY, parent),
     }
 }
@@ -141,8 +161,12 @@ fn keyed_body(kind: RefKind, count: i64) -> Vec<u8> {
 fn keyed_count(kind: RefKind, data: &[u8]) -> i64 {
     match kind {
         RefKind::TreeBlock { .. } | RefKind::SharedBlock { .. } => 1,
-        RefKind::Data { .. } => i64::from(u32::from_le_bytes(data[24..28].try_into().expect("size checked by the tree checker"))),
-        RefKind::SharedData { .. } => i64::from(u32::from_le_bytes(data[0..4].try_into().expect("size checked by the tree checker"))),
+        RefKind::Data { .. } => i64::from(u32::from_le_bytes(
+            data[24..28].try_into().expect("size checked by the tree checker"),
+        )),
+        RefKind::SharedData { .. } => i64::from(u32::from_le_bytes(
+            data[0..4].try_into().expect("size checked by the tree checker"),
+        )),
     }
 }
 
@@ -157,15 +181,28 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(NoSpace)` when no metadata space can be found or made.
-    pub(crate) fn alloc_tree_block(&mut self, root_id: u64, level: u8, first_key: Key) -> Result<u64> {
-        let ty = if root_id == CHUNK_TREE_OBJECTID { BLOCK_GROUP_SYSTEM } else { BLOCK_GROUP_METADATA };
+    pub(crate) fn alloc_tree_block(
+        &mut self,
+        root_id: u64,
+        level: u8,
+        first_key: Key,
+    ) -> Result<u64> {
+        let ty =
+            if root_id == CHUNK_TREE_OBJECTID { BLOCK_GROUP_SYSTEM } else { BLOCK_GROUP_METADATA };
         let ns = u64::from(self.nodesize());
         self.assert_in_handle("tree block allocation");
         let bytenr = crate::space::allocator::alloc_extent(self, ty, ns)?;
         if ty == BLOCK_GROUP_METADATA {
             self.charge_tree_block();
         }
-        self.delayed.add_tree_ref(bytenr, ns, level, RefKind::TreeBlock { root: root_id }, 1, Some(first_key))?;
+        self.delayed.add_tree_ref(
+            bytenr,
+            ns,
+            level,
+            RefKind::TreeBlock { root: root_id },
+            1,
+            Some(first_key),
+        )?;
         Ok(bytenr)
     }
 
@@ -195,7 +232,12 @@ impl FsWriter {
         // whose writeback may still be writing it is held until the commit instead, so
         // that write cannot land on the block allocated there next.
         if self.delayed.drop_if_cancelled(bytenr) {
-            crate::space::allocator::unreserve(self, bytenr, ns, was == crate::transaction::Forgot::Writing);
+            crate::space::allocator::unreserve(
+                self,
+                bytenr,
+                ns,
+                was == crate::transaction::Forgot::Writing,
+            );
         }
         Ok(())
     }
@@ -207,9 +249,16 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NoSpace)` when not even a sector can be found or made; `Corrupt` as for
     /// `alloc_data_extent`.
-    pub fn alloc_data_extent_upto(&mut self, num_bytes: u64, root: u64, ino: u64, offset: u64) -> Result<(u64, u64)> {
+    pub fn alloc_data_extent_upto(
+        &mut self,
+        num_bytes: u64,
+        root: u64,
+        ino: u64,
+        offset: u64,
+    ) -> Result<(u64, u64)> {
         let ss = u64::from(self.sectorsize());
-        let (bytenr, len) = crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, num_bytes, ss)?;
+        let (bytenr, len) =
+            crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, num_bytes, ss)?;
         self.delayed.add_data_ref(bytenr, len, RefKind::Data { root, ino, offset }, 1, true)?;
         Ok((bytenr, len))
     }
@@ -223,11 +272,24 @@ impl FsWriter {
         let key = Key::new(bytenr, METADATA_ITEM_KEY, u64::from(level));
         let root = self.root(EXTENT_TREE_OBJECTID)?;
         let cur = match self.first_item_ge(&root, &key)? {
-            Some((k, data)) if k == key => items::extent_item(&data, true).map_err(|e| corrupt(key, e))?,
-            _ => return Err(corrupt(key, format!("tree block {bytenr} level {level} has no extent item {key}"))),
+            Some((k, data)) if k == key => {
+                items::extent_item(&data, true).map_err(|e| corrupt(key, e))?
+            }
+            _ => {
+                return Err(corrupt(
+                    key,
+                    format!("tree block {bytenr} level {level} has no extent item {key}"),
+                ))
+            }
         };
         let (delta, flags) = self.delayed.pending(bytenr);
-        let refs = i64::try_from(cur.refs).ok().and_then(|r| r.checked_add(delta)).ok_or_else(|| corrupt(key, format!("tree block {bytenr} reference count {} + {delta} overflows", cur.refs)))?;
+        let refs =
+            i64::try_from(cur.refs).ok().and_then(|r| r.checked_add(delta)).ok_or_else(|| {
+                corrupt(
+                    key,
+                    format!("tree block {bytenr} reference count {} + {delta} overflows", cur.refs),
+                )
+            })?;
         if refs < 0 {
             return Err(corrupt(key, format!("tree block {bytenr} would have {refs} references")));
         }
@@ -244,7 +306,13 @@ impl FsWriter {
     /// the block, so this means memory and disk disagree), or for a reference that
     /// contradicts another one of this transaction (another length, another kind),
     /// naming the item that makes it.
-    pub(crate) fn mod_refs(&mut self, blk: &crate::transaction::Blk, root_id: u64, full_backref: bool, delta: i64) -> Result<()> {
+    pub(crate) fn mod_refs(
+        &mut self,
+        blk: &crate::transaction::Blk,
+        root_id: u64,
+        full_backref: bool,
+        delta: i64,
+    ) -> Result<()> {
         let ns = u64::from(self.nodesize());
         let n = self.node(blk);
         let parent = n.bytenr();
@@ -260,20 +328,44 @@ impl FsWriter {
             if key.type_ != EXTENT_DATA_KEY {
                 continue;
             }
-            let fe = items::file_extent(n.item_data(slot)).map_err(|e| Corrupt::new(CorruptWhere::Item, e).root(n.owner()).block(parent).slot(slot as u32, key))?;
+            let fe = items::file_extent(n.item_data(slot)).map_err(|e| {
+                Corrupt::new(CorruptWhere::Item, e)
+                    .root(n.owner())
+                    .block(parent)
+                    .slot(slot as u32, key)
+            })?;
             if let items::FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, .. } = fe {
                 if disk_bytenr != 0 {
-                    data.push((disk_bytenr, disk_num_bytes, key.objectid, key.offset.wrapping_sub(offset), slot, key));
+                    data.push((
+                        disk_bytenr,
+                        disk_num_bytes,
+                        key.objectid,
+                        key.offset.wrapping_sub(offset),
+                        slot,
+                        key,
+                    ));
                 }
             }
         }
         for (child, slot, key) in tree {
-            let kind = if full_backref { RefKind::SharedBlock { parent } } else { RefKind::TreeBlock { root: root_id } };
-            self.delayed.add_tree_ref(child, ns, level - 1, kind, delta, None).map_err(|e| at_referrer(e, root_id, parent, level, slot, key))?;
+            let kind = if full_backref {
+                RefKind::SharedBlock { parent }
+            } else {
+                RefKind::TreeBlock { root: root_id }
+            };
+            self.delayed
+                .add_tree_ref(child, ns, level - 1, kind, delta, None)
+                .map_err(|e| at_referrer(e, root_id, parent, level, slot, key))?;
         }
         for (bytenr, len, ino, offset, slot, key) in data {
-            let kind = if full_backref { RefKind::SharedData { parent } } else { RefKind::Data { root: root_id, ino, offset } };
-            self.delayed.add_data_ref(bytenr, len, kind, delta, false).map_err(|e| at_referrer(e, root_id, parent, level, slot, key))?;
+            let kind = if full_backref {
+                RefKind::SharedData { parent }
+            } else {
+                RefKind::Data { root: root_id, ino, offset }
+            };
+            self.delayed
+                .add_data_ref(bytenr, len, kind, delta, false)
+                .map_err(|e| at_referrer(e, root_id, parent, level, slot, key))?;
         }
         Ok(())
     }
@@ -283,8 +375,22 @@ impl FsWriter {
     /// # Errors
     /// `Corrupt` naming (root, ino) when this transaction already references `bytenr`
     /// with another length or as a tree block: the file extent contradicts another.
-    pub(crate) fn data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) -> Result<()> {
-        self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, delta, false)
+    pub(crate) fn data_ref(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        delta: i64,
+    ) -> Result<()> {
+        self.delayed.add_data_ref(
+            bytenr,
+            num_bytes,
+            RefKind::Data { root, ino, offset },
+            delta,
+            false,
+        )
     }
 }
 
@@ -324,7 +430,10 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
         }
         for (k, d) in &h.refs {
             if *d < 0 {
-                return Err(corrupt(extent_key(&h), format!("new extent {} has negative reference {k:?} {d}", h.bytenr)));
+                return Err(corrupt(
+                    extent_key(&h),
+                    format!("new extent {} has negative reference {k:?} {d}", h.bytenr),
+                ));
             }
         }
         return insert_new_extent(w, &h, new);
@@ -338,7 +447,10 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
 fn insert_new_extent(w: &mut FsWriter, h: &RefHead, new: NewExtent) -> Result<()> {
     let total: i64 = h.total();
     let (key, flags) = match new {
-        NewExtent::Tree { level, .. } => (Key::new(h.bytenr, METADATA_ITEM_KEY, u64::from(level)), EXTENT_FLAG_TREE_BLOCK | h.set_flags),
+        NewExtent::Tree { level, .. } => (
+            Key::new(h.bytenr, METADATA_ITEM_KEY, u64::from(level)),
+            EXTENT_FLAG_TREE_BLOCK | h.set_flags,
+        ),
         NewExtent::Data => (Key::new(h.bytenr, EXTENT_ITEM_KEY, h.num_bytes), EXTENT_FLAG_DATA),
     };
     let max = w.max_extent_item_size();
@@ -383,8 +495,13 @@ fn read_extent(w: &mut FsWriter, h: &RefHead) -> Result<items::ExtentItemView> {
     let key = extent_key(h);
     let root = w.root(EXTENT_TREE_OBJECTID)?;
     match w.first_item_ge(&root, &key)? {
-        Some((k, data)) if k == key => items::extent_item(&data, !h.is_data).map_err(|e| corrupt(key, e)),
-        _ => Err(corrupt(key, format!("extent item {key} missing while dropping or adding references"))),
+        Some((k, data)) if k == key => {
+            items::extent_item(&data, !h.is_data).map_err(|e| corrupt(key, e))
+        }
+        _ => Err(corrupt(
+            key,
+            format!("extent item {key} missing while dropping or adding references"),
+        )),
     }
 }
 
@@ -392,11 +509,16 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
     let cur = read_extent(w, h)?;
     let key = extent_key(h);
     let mut inline: Vec<(RefKind, i64)> = cur.inline_refs.iter().filter_map(from_inline).collect();
-    let owners: Vec<InlineRef> = cur.inline_refs.iter().filter(|r| matches!(r, InlineRef::Owner { .. })).copied().collect();
-    let mut refs = i64::try_from(cur.refs).map_err(|_| corrupt(key, format!("extent {} reference count {} is out of range", h.bytenr, cur.refs)))?;
+    let owners: Vec<InlineRef> =
+        cur.inline_refs.iter().filter(|r| matches!(r, InlineRef::Owner { .. })).copied().collect();
+    let mut refs = i64::try_from(cur.refs).map_err(|_| {
+        corrupt(key, format!("extent {} reference count {} is out of range", h.bytenr, cur.refs))
+    })?;
     let max = w.max_extent_item_size();
     for (&kind, &delta) in &h.refs {
-        refs = refs.checked_add(delta).ok_or_else(|| corrupt(key, format!("extent {} reference count {refs} + {delta} overflows", h.bytenr)))?;
+        refs = refs.checked_add(delta).ok_or_else(|| {
+            corrupt(key, format!("extent {} reference count {refs} + {delta} overflows", h.bytenr))
+        })?;
         if let Some(pos) = inline.iter().position(|(k, _)| *k == kind) {
             inline[pos].1 += delta;
             if inline[pos].1 < 0 {
@@ -418,7 +540,10 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
             Some(c) => {
                 let n = c + delta;
                 if n < 0 {
-                    return Err(corrupt(key, format!("keyed reference {kind:?} would drop below zero")));
+                    return Err(corrupt(
+                        key,
+                        format!("keyed reference {kind:?} would drop below zero"),
+                    ));
                 }
                 count_fits(key, kind, n)?;
                 w.delete_item(EXTENT_TREE_OBJECTID, &kk)?;
@@ -428,14 +553,21 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
             }
             None if delta > 0 => {
                 count_fits(key, kind, delta)?;
-                let cur_size: usize = 24 + inline.iter().map(|(k, c)| inline_size(&to_inline(*k, *c))).sum::<usize>() + owners.len() * 9;
+                let cur_size: usize = 24
+                    + inline.iter().map(|(k, c)| inline_size(&to_inline(*k, *c))).sum::<usize>()
+                    + owners.len() * 9;
                 if cur_size + inline_size(&to_inline(kind, delta)) <= max {
                     inline.push((kind, delta));
                 } else {
                     w.insert_item(EXTENT_TREE_OBJECTID, &kk, &keyed_body(kind, delta))?;
                 }
             }
-            None => return Err(corrupt(key, format!("dropping reference {kind:?} that does not exist"))),
+            None => {
+                return Err(corrupt(
+                    key,
+                    format!("dropping reference {kind:?} that does not exist"),
+                ))
+            }
         }
     }
     if refs < 0 {
@@ -454,14 +586,18 @@ fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
     let mut all: Vec<InlineRef> = inline.iter().map(|(k, c)| to_inline(*k, *c)).collect();
     all.extend(owners);
     let body = serialize_extent_item(refs as u64, cur.generation, cur.flags | h.set_flags, &all);
-    let (leaf, slot) = w.lookup_for_update(EXTENT_TREE_OBJECTID, &key, body.len())?.ok_or_else(|| corrupt(key, format!("extent item {key} vanished")))?;
+    let (leaf, slot) = w
+        .lookup_for_update(EXTENT_TREE_OBJECTID, &key, body.len())?
+        .ok_or_else(|| corrupt(key, format!("extent item {key} vanished")))?;
     let old_len = w.item_data_mut(leaf, slot).len();
     if body.len() > old_len {
         w.extend_item(EXTENT_TREE_OBJECTID, &key, body.len() - old_len)?;
     } else if body.len() < old_len {
         w.truncate_item(EXTENT_TREE_OBJECTID, &key, body.len())?;
     }
-    let (leaf, slot) = w.lookup_for_update(EXTENT_TREE_OBJECTID, &key, 0)?.ok_or_else(|| corrupt(key, format!("extent item {key} vanished")))?;
+    let (leaf, slot) = w
+        .lookup_for_update(EXTENT_TREE_OBJECTID, &key, 0)?
+        .ok_or_else(|| corrupt(key, format!("extent item {key} vanished")))?;
     w.item_data_mut(leaf, slot).copy_from_slice(&body);
     Ok(())
 }
@@ -472,10 +608,21 @@ mod tests {
 
     #[test]
     fn inline_order_type_then_seq_descending() {
-        let refs = [InlineRef::TreeBlock { root: 5 }, InlineRef::SharedBlock { parent: 100 }, InlineRef::TreeBlock { root: 7 }];
+        let refs = [
+            InlineRef::TreeBlock { root: 5 },
+            InlineRef::SharedBlock { parent: 100 },
+            InlineRef::TreeBlock { root: 7 },
+        ];
         let v = serialize_extent_item(3, 9, EXTENT_FLAG_TREE_BLOCK, &refs);
         let p = items::extent_item(&v, true).unwrap();
-        assert_eq!(p.inline_refs, vec![InlineRef::TreeBlock { root: 7 }, InlineRef::TreeBlock { root: 5 }, InlineRef::SharedBlock { parent: 100 }]);
+        assert_eq!(
+            p.inline_refs,
+            vec![
+                InlineRef::TreeBlock { root: 7 },
+                InlineRef::TreeBlock { root: 5 },
+                InlineRef::SharedBlock { parent: 100 }
+            ]
+        );
         assert_eq!(v.len(), 24 + 27);
     }
 }

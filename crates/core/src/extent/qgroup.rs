@@ -49,8 +49,13 @@ use crate::transaction::FsWriter;
 use crate::tree::search::TreeView;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use ubtrfs_format::items::{self, qgroup_status_flags, FileExtent};
-use ubtrfs_format::key::{is_subvolume_tree, EXTENT_DATA_KEY, QGROUP_INFO_KEY, QGROUP_RELATION_KEY, QGROUP_STATUS_KEY, QUOTA_TREE_OBJECTID, ROOT_ITEM_KEY, ROOT_TREE_OBJECTID};
-use ubtrfs_format::structs::{QgroupInfoItem, QGROUP_STATUS_FLAG_INCONSISTENT, QGROUP_STATUS_FLAG_RESCAN};
+use ubtrfs_format::key::{
+    is_subvolume_tree, EXTENT_DATA_KEY, QGROUP_INFO_KEY, QGROUP_RELATION_KEY, QGROUP_STATUS_KEY,
+    QUOTA_TREE_OBJECTID, ROOT_ITEM_KEY, ROOT_TREE_OBJECTID,
+};
+use ubtrfs_format::structs::{
+    QgroupInfoItem, QGROUP_STATUS_FLAG_INCONSISTENT, QGROUP_STATUS_FLAG_RESCAN,
+};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -77,7 +82,12 @@ pub fn status(w: &mut FsWriter) -> Result<Option<(u64, u64)>> {
     match w.first_item_ge(&root, &STATUS_KEY)? {
         Some((k, d)) if k == STATUS_KEY => {
             let flags = qgroup_status_flags(&d).map_err(|e| corrupt(k, e))?;
-            Ok(Some((flags, u64::from_le_bytes(d[8..16].try_into().expect("the status item is at least 32 bytes")))))
+            Ok(Some((
+                flags,
+                u64::from_le_bytes(
+                    d[8..16].try_into().expect("the status item is at least 32 bytes"),
+                ),
+            )))
         }
         _ => Ok(None),
     }
@@ -95,20 +105,34 @@ pub(crate) fn store_counts(w: &mut FsWriter, counts: &BTreeMap<u64, (u64, u64)>)
     let to = Key::new(0, QGROUP_INFO_KEY, u64::MAX);
     let mut changed = 0;
     for (key, data) in w.items_in_range(QUOTA_TREE_OBJECTID, &from, &to)? {
-        let cur = QgroupInfoItem::read_from_bytes(&data).map_err(|_| corrupt(key, format!("qgroup info item of {} bytes", data.len())))?;
+        let cur = QgroupInfoItem::read_from_bytes(&data)
+            .map_err(|_| corrupt(key, format!("qgroup info item of {} bytes", data.len())))?;
         let (rfer, excl) = counts.get(&key.offset).copied().unwrap_or((0, 0));
-        if (cur.rfer.get(), cur.excl.get(), cur.rfer_cmpr.get(), cur.excl_cmpr.get()) == (rfer, excl, rfer, excl) {
+        if (cur.rfer.get(), cur.excl.get(), cur.rfer_cmpr.get(), cur.excl_cmpr.get())
+            == (rfer, excl, rfer, excl)
+        {
             continue;
         }
-        let new = QgroupInfoItem { generation: transid.into(), rfer: rfer.into(), rfer_cmpr: rfer.into(), excl: excl.into(), excl_cmpr: excl.into() };
-        let (leaf, slot) = w.lookup_for_update(QUOTA_TREE_OBJECTID, &key, 0)?.ok_or_else(|| corrupt(key, "qgroup info item vanished".into()))?;
+        let new = QgroupInfoItem {
+            generation: transid.into(),
+            rfer: rfer.into(),
+            rfer_cmpr: rfer.into(),
+            excl: excl.into(),
+            excl_cmpr: excl.into(),
+        };
+        let (leaf, slot) = w
+            .lookup_for_update(QUOTA_TREE_OBJECTID, &key, 0)?
+            .ok_or_else(|| corrupt(key, "qgroup info item vanished".into()))?;
         w.item_data_mut(leaf, slot).copy_from_slice(new.as_bytes());
         changed += 1;
     }
-    let (leaf, slot) = w.lookup_for_update(QUOTA_TREE_OBJECTID, &STATUS_KEY, 0)?.ok_or_else(|| corrupt(STATUS_KEY, "qgroup status item vanished".into()))?;
+    let (leaf, slot) = w
+        .lookup_for_update(QUOTA_TREE_OBJECTID, &STATUS_KEY, 0)?
+        .ok_or_else(|| corrupt(STATUS_KEY, "qgroup status item vanished".into()))?;
     // version, generation, flags, rescan (+ enable_gen in simple mode).
     let d = w.item_data_mut(leaf, slot);
-    let flags = qgroup_status_flags(d).map_err(|e| corrupt(STATUS_KEY, e))? & !(QGROUP_STATUS_FLAG_INCONSISTENT | QGROUP_STATUS_FLAG_RESCAN);
+    let flags = qgroup_status_flags(d).map_err(|e| corrupt(STATUS_KEY, e))?
+        & !(QGROUP_STATUS_FLAG_INCONSISTENT | QGROUP_STATUS_FLAG_RESCAN);
     d[8..16].copy_from_slice(&transid.to_le_bytes());
     d[16..24].copy_from_slice(&flags.to_le_bytes());
     Ok(changed)
@@ -137,7 +161,10 @@ fn rescan_counted(w: &mut FsWriter) -> Result<(Counts, u64)> {
     // point is walked, the rest is freed.
     let mut drops: HashMap<u64, (Key, u8)> = HashMap::new();
     for (k, d) in w.items_in_range(ROOT_TREE_OBJECTID, &Key::MIN, &Key::MAX)? {
-        if k.type_ == ROOT_ITEM_KEY && is_subvolume_tree(k.objectid) && subvols.last() != Some(&k.objectid) {
+        if k.type_ == ROOT_ITEM_KEY
+            && is_subvolume_tree(k.objectid)
+            && subvols.last() != Some(&k.objectid)
+        {
             subvols.push(k.objectid);
             if let Ok(v) = items::root_item(&d) {
                 let dk = Key::from(&v.item.drop_progress);
@@ -154,7 +181,15 @@ fn rescan_counted(w: &mut FsWriter) -> Result<(Counts, u64)> {
         let r = w.root(id)?;
         let mut seen: HashSet<u64> = HashSet::new();
         let mut seen_data: HashSet<u64> = HashSet::new();
-        let mut stack = vec![(r.bytenr, Expect { level: Some(r.level), generation: Some(r.generation), owner: Some(id), first_key: None })];
+        let mut stack = vec![(
+            r.bytenr,
+            Expect {
+                level: Some(r.level),
+                generation: Some(r.generation),
+                owner: Some(id),
+                first_key: None,
+            },
+        )];
         while let Some((bytenr, expect)) = stack.pop() {
             // A block shared inside one tree is impossible, but a crafted image may try:
             // visiting each block once per subvolume bounds the walk.
@@ -171,11 +206,18 @@ fn rescan_counted(w: &mut FsWriter) -> Result<(Counts, u64)> {
                         Ok(s) => s,
                         Err(s) => s.saturating_sub(1),
                     },
-                    Some(&(dk, dl)) if n.level() == dl => (0..n.nritems()).find(|&s| n.key(s) >= dk).unwrap_or(n.nritems()),
+                    Some(&(dk, dl)) if n.level() == dl => {
+                        (0..n.nritems()).find(|&s| n.key(s) >= dk).unwrap_or(n.nritems())
+                    }
                     _ => 0,
                 };
                 for slot in first..n.nritems() {
-                    let e = Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(id), first_key: Some(n.key(slot)) };
+                    let e = Expect {
+                        level: Some(n.level() - 1),
+                        generation: Some(n.ptr_generation(slot)),
+                        owner: Some(id),
+                        first_key: Some(n.key(slot)),
+                    };
                     stack.push((n.blockptr(slot), e));
                 }
                 continue;
@@ -185,10 +227,21 @@ fn rescan_counted(w: &mut FsWriter) -> Result<(Counts, u64)> {
                 if k.type_ != EXTENT_DATA_KEY {
                     continue;
                 }
-                let fe = items::file_extent(n.item_data(slot)).map_err(|e| crate::error::Error::from(Corrupt::new(CorruptWhere::Item, e).root(id).block(bytenr).slot(slot as u32, k)))?;
+                let fe = items::file_extent(n.item_data(slot)).map_err(|e| {
+                    crate::error::Error::from(
+                        Corrupt::new(CorruptWhere::Item, e)
+                            .root(id)
+                            .block(bytenr)
+                            .slot(slot as u32, k),
+                    )
+                })?;
                 if let FileExtent::Regular { disk_bytenr, disk_num_bytes, .. } = fe {
                     if disk_bytenr != 0 && seen_data.insert(disk_bytenr) {
-                        reach.entry(disk_bytenr).or_insert_with(|| (disk_num_bytes, Vec::new())).1.push(id);
+                        reach
+                            .entry(disk_bytenr)
+                            .or_insert_with(|| (disk_num_bytes, Vec::new()))
+                            .1
+                            .push(id);
                     }
                 }
             }
@@ -272,7 +325,9 @@ impl QgroupState {
         } else if flags & QGROUP_STATUS_FLAG_RESCAN != 0 {
             st.needs_rescan("a quota rescan was under way");
         } else if status_gen != generation {
-            st.needs_rescan(format!("the quota status is of generation {status_gen}, the filesystem of {generation}"));
+            st.needs_rescan(format!(
+                "the quota status is of generation {status_gen}, the filesystem of {generation}"
+            ));
         }
         st
     }
@@ -308,8 +363,10 @@ fn verify_default() -> bool {
 /// Read and allocation failures; `Corrupt` from the recount or for malformed quota
 /// items.
 pub(crate) fn commit_qgroups(w: &mut FsWriter) -> Result<()> {
-    let records = w.delayed.take_qgroup_records().expect("with quotas on the delayed refs record extents");
-    let mut stats = QgroupStats { dirty_extents: records.extents.len() as u64, ..Default::default() };
+    let records =
+        w.delayed.take_qgroup_records().expect("with quotas on the delayed refs record extents");
+    let mut stats =
+        QgroupStats { dirty_extents: records.extents.len() as u64, ..Default::default() };
     let mut why = w.qgroup.needs_rescan.take();
     if records.overflowed && why.is_none() {
         why = Some("more extents changed than are recorded".to_string());
@@ -355,11 +412,21 @@ pub(crate) fn commit_qgroups(w: &mut FsWriter) -> Result<()> {
 /// After the refs settled again: storing the numbers changed only trees no qgroup
 /// counts, so nothing was recorded that the numbers miss.
 pub(crate) fn after_settle(w: &mut FsWriter) {
-    let late = w.delayed.take_qgroup_records().expect("with quotas on the delayed refs record extents");
-    assert!(!late.overflowed && late.extents.is_empty(), "transaction {}: extents {:?} changed after the qgroups were accounted", w.transid, late.extents.iter().take(8).collect::<Vec<_>>());
+    let late =
+        w.delayed.take_qgroup_records().expect("with quotas on the delayed refs record extents");
+    assert!(
+        !late.overflowed && late.extents.is_empty(),
+        "transaction {}: extents {:?} changed after the qgroups were accounted",
+        w.transid,
+        late.extents.iter().take(8).collect::<Vec<_>>()
+    );
 }
 
-fn assert_same_counts(incremental: &BTreeMap<u64, (u64, u64)>, full: &BTreeMap<u64, (u64, u64)>, transid: u64) {
+fn assert_same_counts(
+    incremental: &BTreeMap<u64, (u64, u64)>,
+    full: &BTreeMap<u64, (u64, u64)>,
+    transid: u64,
+) {
     if incremental == full {
         return;
     }
@@ -367,19 +434,33 @@ fn assert_same_counts(incremental: &BTreeMap<u64, (u64, u64)>, full: &BTreeMap<u
     for (g, f) in full {
         let i = incremental.get(g);
         if i != Some(f) {
-            diff.push(format!("qgroup {}/{}: incremental {i:?}, recount {f:?}", g >> 48, g & ((1 << 48) - 1)));
+            diff.push(format!(
+                "qgroup {}/{}: incremental {i:?}, recount {f:?}",
+                g >> 48,
+                g & ((1 << 48) - 1)
+            ));
         }
     }
     for g in incremental.keys().filter(|g| !full.contains_key(g)) {
-        diff.push(format!("qgroup {}/{}: only in the incremental result", g >> 48, g & ((1 << 48) - 1)));
+        diff.push(format!(
+            "qgroup {}/{}: only in the incremental result",
+            g >> 48,
+            g & ((1 << 48) - 1)
+        ));
     }
-    panic!("transaction {transid}: incremental qgroup accounting disagrees with the full recount:\n{}", diff.join("\n"));
+    panic!(
+        "transaction {transid}: incremental qgroup accounting disagrees with the full recount:\n{}",
+        diff.join("\n")
+    );
 }
 
 /// The stored numbers with the dirty extents' changes applied, and the blocks read;
 /// `Err(reason)` when the backrefs disagree with the trees or a number would leave
 /// its range (the caller recounts).
-fn account(w: &FsWriter, dirty: &std::collections::BTreeSet<u64>) -> Result<std::result::Result<(Counts, u64), String>> {
+fn account(
+    w: &FsWriter,
+    dirty: &std::collections::BTreeSet<u64>,
+) -> Result<std::result::Result<(Counts, u64), String>> {
     let live = w.live();
     let new_view = Counted::new(&live);
     let old_view = Counted::new(&*w.info);
@@ -390,7 +471,9 @@ fn account(w: &FsWriter, dirty: &std::collections::BTreeSet<u64>) -> Result<std:
         let k = item.key();
         match k.type_ {
             QGROUP_INFO_KEY => {
-                let cur = QgroupInfoItem::read_from_bytes(item.data()).map_err(|_| corrupt(k, format!("qgroup info item of {} bytes", item.data().len())))?;
+                let cur = QgroupInfoItem::read_from_bytes(item.data()).map_err(|_| {
+                    corrupt(k, format!("qgroup info item of {} bytes", item.data().len()))
+                })?;
                 counts.insert(k.offset, (cur.rfer.get(), cur.excl.get()));
             }
             QGROUP_RELATION_KEY if k.objectid < k.offset => parents.push((k.objectid, k.offset)),
@@ -432,7 +515,9 @@ fn account(w: &FsWriter, dirty: &std::collections::BTreeSet<u64>) -> Result<std:
         let n = match new.extent_roots(bytenr) {
             Ok(n) => n,
             Err(WalkErr::Fs(e)) => return Err(e),
-            Err(WalkErr::Inconsistent(r)) => return Ok(Err(format!("transaction {}: {r}", w.transid))),
+            Err(WalkErr::Inconsistent(r)) => {
+                return Ok(Err(format!("transaction {}: {r}", w.transid)))
+            }
         };
         if let (Some((ob, _)), Some((nb, _))) = (&o, &n) {
             if ob != nb {
@@ -451,7 +536,15 @@ fn account(w: &FsWriter, dirty: &std::collections::BTreeSet<u64>) -> Result<std:
         let apply = |cur: u64, d: i128| u64::try_from(i128::from(cur) + d).ok();
         match (apply(c.0, dr), apply(c.1, de)) {
             (Some(r), Some(e)) => *c = (r, e),
-            _ => return Ok(Err(format!("qgroup {}/{} ({} referenced, {} exclusive) cannot change by ({dr}, {de})", g >> 48, g & ((1 << 48) - 1), c.0, c.1))),
+            _ => {
+                return Ok(Err(format!(
+                    "qgroup {}/{} ({} referenced, {} exclusive) cannot change by ({dr}, {de})",
+                    g >> 48,
+                    g & ((1 << 48) - 1),
+                    c.0,
+                    c.1
+                )))
+            }
         }
     }
     Ok(Ok((counts, old_view.reads.get() + new_view.reads.get())))
@@ -506,22 +599,35 @@ impl FsWriter {
     pub fn qgroup_create(&mut self, id: u64) -> Result<()> {
         self.check_writable()?;
         if !self.quotas {
-            return Err(crate::error::Error::posix_detail(crate::error::PosixKind::NotSupported, qgroup_name(id), "quotas are off"));
+            return Err(crate::error::Error::posix_detail(
+                crate::error::PosixKind::NotSupported,
+                qgroup_name(id),
+                "quotas are off",
+            ));
         }
         let key = Key::new(0, QGROUP_INFO_KEY, id);
         if !self.items_in_range(QUOTA_TREE_OBJECTID, &key, &key)?.is_empty() {
-            return Err(crate::error::Error::posix(crate::error::PosixKind::Exists, qgroup_name(id)));
+            return Err(crate::error::Error::posix(
+                crate::error::PosixKind::Exists,
+                qgroup_name(id),
+            ));
         }
         let existing_subvol = id >> 48 == 0 && self.live().read_root(id).is_ok();
         self.transaction("qgroup_create", QGROUP_ITEMS, |w| {
             use zerocopy::FromZeros;
-            let info = QgroupInfoItem { generation: w.transid.into(), ..QgroupInfoItem::new_zeroed() };
+            let info =
+                QgroupInfoItem { generation: w.transid.into(), ..QgroupInfoItem::new_zeroed() };
             w.insert_item(QUOTA_TREE_OBJECTID, &key, info.as_bytes())?;
-            w.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, ubtrfs_format::key::QGROUP_LIMIT_KEY, id), ubtrfs_format::structs::QgroupLimitItem::new_zeroed().as_bytes())?;
+            w.insert_item(
+                QUOTA_TREE_OBJECTID,
+                &Key::new(0, ubtrfs_format::key::QGROUP_LIMIT_KEY, id),
+                ubtrfs_format::structs::QgroupLimitItem::new_zeroed().as_bytes(),
+            )?;
             Ok(())
         })?;
         if existing_subvol {
-            self.qgroup.needs_rescan(format!("{} was made for an existing subvolume", qgroup_name(id)));
+            self.qgroup
+                .needs_rescan(format!("{} was made for an existing subvolume", qgroup_name(id)));
         }
         Ok(())
     }
@@ -539,10 +645,18 @@ impl FsWriter {
         use crate::error::{Error, PosixKind};
         self.check_writable()?;
         if !self.quotas {
-            return Err(Error::posix_detail(PosixKind::NotSupported, qgroup_name(parent), "quotas are off"));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                qgroup_name(parent),
+                "quotas are off",
+            ));
         }
         if member >> 48 >= parent >> 48 {
-            return Err(Error::posix_detail(PosixKind::Invalid, qgroup_name(parent), format!("not of a higher level than {}", qgroup_name(member))));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                qgroup_name(parent),
+                format!("not of a higher level than {}", qgroup_name(member)),
+            ));
         }
         for q in [member, parent] {
             let k = Key::new(0, QGROUP_INFO_KEY, q);
@@ -552,13 +666,21 @@ impl FsWriter {
         }
         let up = Key::new(member, QGROUP_RELATION_KEY, parent);
         if !self.items_in_range(QUOTA_TREE_OBJECTID, &up, &up)?.is_empty() {
-            return Err(Error::posix_detail(PosixKind::Exists, qgroup_name(member), format!("already in {}", qgroup_name(parent))));
+            return Err(Error::posix_detail(
+                PosixKind::Exists,
+                qgroup_name(member),
+                format!("already in {}", qgroup_name(parent)),
+            ));
         }
         self.transaction("qgroup_assign", QGROUP_ITEMS, |w| {
             w.insert_item(QUOTA_TREE_OBJECTID, &up, &[])?;
             w.insert_item(QUOTA_TREE_OBJECTID, &Key::new(parent, QGROUP_RELATION_KEY, member), &[])
         })?;
-        self.qgroup.needs_rescan(format!("{} was assigned to {}", qgroup_name(member), qgroup_name(parent)));
+        self.qgroup.needs_rescan(format!(
+            "{} was assigned to {}",
+            qgroup_name(member),
+            qgroup_name(parent)
+        ));
         Ok(())
     }
 }

@@ -19,7 +19,10 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
 use crate::inode::perm::read_acl;
-use crate::inode::xattr::{acl_to_xattr, AclEntry, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ, XATTR_POSIX_ACL_ACCESS, XATTR_POSIX_ACL_DEFAULT};
+use crate::inode::xattr::{
+    acl_to_xattr, AclEntry, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ,
+    XATTR_POSIX_ACL_ACCESS, XATTR_POSIX_ACL_DEFAULT,
+};
 use crate::transaction::FsWriter;
 use ubtrfs_format::structs::{S_IFDIR, S_IFLNK, S_IFMT};
 
@@ -63,11 +66,21 @@ pub fn create_masq(acl: &mut [AclEntry], mode: &mut u32) -> Result<bool> {
                 mask_obj = Some(i);
                 not_equiv = true;
             }
-            _ => return Err(Error::posix_detail(PosixKind::Invalid, "default ACL", format!("entry tag {:#x}", e.tag))),
+            _ => {
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    "default ACL",
+                    format!("entry tag {:#x}", e.tag),
+                ))
+            }
         }
     }
     let Some(class) = mask_obj.or(group_obj) else {
-        return Err(Error::posix_detail(PosixKind::Invalid, "default ACL", "neither a mask nor an owning-group entry"));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            "default ACL",
+            "neither a mask nor an owning-group entry",
+        ));
     };
     let e = &mut acl[class];
     let np = u32::from(e.perm) & ((m >> 3) | !0o7);
@@ -107,11 +120,17 @@ impl FsWriter {
         if dir.is_placeholder() {
             return Ok(no_acl);
         }
-        let Some(default) = read_acl(&self.live(), dir, XATTR_POSIX_ACL_DEFAULT)? else { return Ok(no_acl) };
+        let Some(default) = read_acl(&self.live(), dir, XATTR_POSIX_ACL_DEFAULT)? else {
+            return Ok(no_acl);
+        };
         let mut access = default.clone();
         let mut m = mode;
         let store = create_masq(&mut access, &mut m)?;
-        Ok(NewAcls { mode: m, access: store.then(|| acl_to_xattr(&access)), default: (mode & S_IFMT == S_IFDIR).then(|| acl_to_xattr(&default)) })
+        Ok(NewAcls {
+            mode: m,
+            access: store.then(|| acl_to_xattr(&access)),
+            default: (mode & S_IFMT == S_IFDIR).then(|| acl_to_xattr(&default)),
+        })
     }
 
     /// Store a new inode's inherited ACLs (`btrfs_init_acl`), in the creating
@@ -139,7 +158,9 @@ impl FsWriter {
         if mode & S_IFMT == S_IFLNK {
             return Ok(());
         }
-        let Some(mut acl) = read_acl(&self.live(), id, XATTR_POSIX_ACL_ACCESS)? else { return Ok(()) };
+        let Some(mut acl) = read_acl(&self.live(), id, XATTR_POSIX_ACL_ACCESS)? else {
+            return Ok(());
+        };
         chmod_acl(&mut acl, mode);
         self.setxattr(id.root, id.ino, XATTR_POSIX_ACL_ACCESS, &acl_to_xattr(&acl), 0)
     }
@@ -156,13 +177,23 @@ mod tests {
     #[test]
     fn create_masq_folds_the_mode_in() {
         // Base entries only: equivalent to a mode, nothing to store.
-        let mut acl = vec![e(ACL_USER_OBJ, 7, u32::MAX), e(ACL_GROUP_OBJ, 5, u32::MAX), e(ACL_OTHER, 5, u32::MAX)];
+        let mut acl = vec![
+            e(ACL_USER_OBJ, 7, u32::MAX),
+            e(ACL_GROUP_OBJ, 5, u32::MAX),
+            e(ACL_OTHER, 5, u32::MAX),
+        ];
         let mut mode = 0o100_666;
         assert!(!create_masq(&mut acl, &mut mode).unwrap());
         assert_eq!(mode, 0o100_644);
         assert_eq!(acl.iter().map(|e| e.perm).collect::<Vec<_>>(), [6, 4, 4]);
         // A named user and a mask: stored; the mask takes the group class of the mode.
-        let mut acl = vec![e(ACL_USER_OBJ, 7, u32::MAX), e(ACL_USER, 7, 1000), e(ACL_GROUP_OBJ, 7, u32::MAX), e(ACL_MASK, 7, u32::MAX), e(ACL_OTHER, 0, u32::MAX)];
+        let mut acl = vec![
+            e(ACL_USER_OBJ, 7, u32::MAX),
+            e(ACL_USER, 7, 1000),
+            e(ACL_GROUP_OBJ, 7, u32::MAX),
+            e(ACL_MASK, 7, u32::MAX),
+            e(ACL_OTHER, 0, u32::MAX),
+        ];
         let mut mode = 0o040_750;
         assert!(create_masq(&mut acl, &mut mode).unwrap());
         assert_eq!(mode, 0o040_750);
@@ -175,10 +206,20 @@ mod tests {
 
     #[test]
     fn chmod_rewrites_owner_class_other() {
-        let mut acl = vec![e(ACL_USER_OBJ, 7, u32::MAX), e(ACL_USER, 7, 1000), e(ACL_GROUP_OBJ, 7, u32::MAX), e(ACL_MASK, 7, u32::MAX), e(ACL_OTHER, 7, u32::MAX)];
+        let mut acl = vec![
+            e(ACL_USER_OBJ, 7, u32::MAX),
+            e(ACL_USER, 7, 1000),
+            e(ACL_GROUP_OBJ, 7, u32::MAX),
+            e(ACL_MASK, 7, u32::MAX),
+            e(ACL_OTHER, 7, u32::MAX),
+        ];
         chmod_acl(&mut acl, 0o640);
         assert_eq!(acl.iter().map(|e| e.perm).collect::<Vec<_>>(), [6, 7, 7, 4, 0]);
-        let mut acl = vec![e(ACL_USER_OBJ, 7, u32::MAX), e(ACL_GROUP_OBJ, 7, u32::MAX), e(ACL_OTHER, 7, u32::MAX)];
+        let mut acl = vec![
+            e(ACL_USER_OBJ, 7, u32::MAX),
+            e(ACL_GROUP_OBJ, 7, u32::MAX),
+            e(ACL_OTHER, 7, u32::MAX),
+        ];
         chmod_acl(&mut acl, 0o751);
         assert_eq!(acl.iter().map(|e| e.perm).collect::<Vec<_>>(), [7, 5, 1]);
     }

@@ -51,7 +51,9 @@ pub fn atime_needs_update(ii: &InodeItem, now: Timespec, opts: AtimeOpts) -> boo
     }
     let (atime, now) = (key(&ii.atime), key(&now));
     if opts.mode == AtimeMode::Relatime {
-        let stale = key(&ii.mtime) >= atime || key(&ii.ctime) >= atime || now.0.saturating_sub(atime.0) >= RELATIME_MAX_AGE;
+        let stale = key(&ii.mtime) >= atime
+            || key(&ii.ctime) >= atime
+            || now.0.saturating_sub(atime.0) >= RELATIME_MAX_AGE;
         if !stale {
             return false;
         }
@@ -124,7 +126,15 @@ mod tests {
         assert!(!atime_needs_update(&flagged, at(200), strict));
         let mut dir = inode(100, 100, 100);
         dir.mode = (S_IFDIR | 0o755).into();
-        assert!(!atime_needs_update(&dir, at(200), AtimeOpts { mode: AtimeMode::Strict, nodiratime: true }));
-        assert!(atime_needs_update(&dir, at(200), AtimeOpts { mode: AtimeMode::Strict, nodiratime: false }));
+        assert!(!atime_needs_update(
+            &dir,
+            at(200),
+            AtimeOpts { mode: AtimeMode::Strict, nodiratime: true }
+        ));
+        assert!(atime_needs_update(
+            &dir,
+            at(200),
+            AtimeOpts { mode: AtimeMode::Strict, nodiratime: false }
+        ));
     }
 }

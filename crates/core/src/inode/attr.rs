@@ -80,8 +80,14 @@ impl SetAttr {
     /// ones included (UTIME_OMIT for one of them), is ATTR_TIMES_SET.
     fn touches_protected(&self) -> bool {
         let touch = matches!((self.atime, self.mtime), (Some(TimeSet::Now), Some(TimeSet::Now)));
-        let times_set = (self.atime.is_some() || self.mtime.is_some()) && !touch && self.size.is_none();
-        self.mode.is_some() || self.uid.is_some() || self.gid.is_some() || matches!(self.atime, Some(TimeSet::At(..))) || matches!(self.mtime, Some(TimeSet::At(..))) || times_set
+        let times_set =
+            (self.atime.is_some() || self.mtime.is_some()) && !touch && self.size.is_none();
+        self.mode.is_some()
+            || self.uid.is_some()
+            || self.gid.is_some()
+            || matches!(self.atime, Some(TimeSet::At(..)))
+            || matches!(self.mtime, Some(TimeSet::At(..)))
+            || times_set
     }
 }
 
@@ -107,29 +113,65 @@ impl FsWriter {
         // A placeholder's attributes are the kernel's in-memory inode's: its
         // `simple_setattr` succeeds and stores nothing. So do we.
         if (InodeId { root, ino }).is_placeholder() {
-            return if a.size.is_some() { Err(Error::posix_detail(PosixKind::IsDir, id_of(root, ino), "a directory has no size to set")) } else { Ok(()) };
+            return if a.size.is_some() {
+                Err(Error::posix_detail(
+                    PosixKind::IsDir,
+                    id_of(root, ino),
+                    "a directory has no size to set",
+                ))
+            } else {
+                Ok(())
+            };
         }
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let flags = ii.flags.get();
         if a.touches_protected() && flags & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, id_of(root, ino), "the inode is immutable or append-only"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                id_of(root, ino),
+                "the inode is immutable or append-only",
+            ));
         }
         if (a.atime.is_some() || a.mtime.is_some()) && flags & INODE_IMMUTABLE != 0 {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, id_of(root, ino), "the inode is immutable"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                id_of(root, ino),
+                "the inode is immutable",
+            ));
         }
         if let Some(size) = a.size {
             match ii.mode.get() & S_IFMT {
                 S_IFREG => {}
-                S_IFDIR => return Err(Error::posix_detail(PosixKind::IsDir, id_of(root, ino), "a directory has no size to set")),
-                _ => return Err(Error::posix_detail(PosixKind::Invalid, id_of(root, ino), "only a regular file's size can be set")),
+                S_IFDIR => {
+                    return Err(Error::posix_detail(
+                        PosixKind::IsDir,
+                        id_of(root, ino),
+                        "a directory has no size to set",
+                    ))
+                }
+                _ => {
+                    return Err(Error::posix_detail(
+                        PosixKind::Invalid,
+                        id_of(root, ino),
+                        "only a regular file's size can be set",
+                    ))
+                }
             }
             // vfs_truncate refuses these before the size is looked at.
             iflags_allow(root, ino, flags, IflagOp::Write, b"")?;
             if flags & INODE_APPEND != 0 {
-                return Err(Error::posix_detail(PosixKind::NotPermitted, id_of(root, ino), "an append-only file cannot be truncated"));
+                return Err(Error::posix_detail(
+                    PosixKind::NotPermitted,
+                    id_of(root, ino),
+                    "an append-only file cannot be truncated",
+                ));
             }
             if size > MAX_FILE_SIZE {
-                return Err(Error::posix_detail(PosixKind::FileTooBig, id_of(root, ino), format!("{size} is past the largest file size {MAX_FILE_SIZE}")));
+                return Err(Error::posix_detail(
+                    PosixKind::FileTooBig,
+                    id_of(root, ino),
+                    format!("{size} is past the largest file size {MAX_FILE_SIZE}"),
+                ));
             }
         }
         // truncate(2) to the size the file has: nothing changes, not even the times
@@ -153,7 +195,9 @@ impl FsWriter {
                 }
             }
             let now = w.now();
-            let pick = |t: Option<TimeSet>| t.map(|t| if let TimeSet::At(s, n) = t { ts(s, n) } else { now });
+            let pick = |t: Option<TimeSet>| {
+                t.map(|t| if let TimeSet::At(s, n) = t { ts(s, n) } else { now })
+            };
             let (atime, mut mtime) = (pick(a.atime), pick(a.mtime));
             if a.size.is_some_and(|s| s != ii.size.get()) && mtime.is_none() {
                 mtime = Some(now);
@@ -221,7 +265,13 @@ impl FsWriter {
             // The block holding the new end keeps zeros past it (btrfs_truncate_block).
             // (Only a block with data: the kernel leaves a hole or a preallocated
             // block alone here.)
-            if !size.is_multiple_of(ss) && self.live().file_extents(id, size / ss * ss, size / ss * ss + ss)?.iter().any(|f| !f.is_hole_like()) {
+            if !size.is_multiple_of(ss)
+                && self
+                    .live()
+                    .file_extents(id, size / ss * ss, size / ss * ss + ss)?
+                    .iter()
+                    .any(|f| !f.is_hole_like())
+            {
                 let end = (size.div_ceil(ss) * ss).min(old);
                 self.write_file_inner(root, ino, size, end, &ii, size, &mut |b: &mut [u8]| {
                     b.fill(0);
@@ -247,7 +297,14 @@ impl FsWriter {
         self.set_size_and_bytes(root, ino, size, 0, 0)
     }
 
-    fn set_size_and_bytes(&mut self, root: u64, ino: u64, size: u64, removed: u64, added: u64) -> Result<()> {
+    fn set_size_and_bytes(
+        &mut self,
+        root: u64,
+        ino: u64,
+        size: u64,
+        removed: u64,
+        added: u64,
+    ) -> Result<()> {
         self.update_inode(root, ino, |i| {
             i.size = size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
@@ -267,7 +324,8 @@ pub mod fsflags {
     pub const DIRSYNC: u32 = 0x0001_0000;
     pub const NOCOW: u32 = 0x0080_0000;
     /// What btrfs_fileattr_set takes; anything else is EOPNOTSUPP.
-    pub const SETTABLE: u32 = SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | COMPR | NOCOMP | DIRSYNC | NOCOW;
+    pub const SETTABLE: u32 =
+        SYNC | IMMUTABLE | APPEND | NODUMP | NOATIME | COMPR | NOCOMP | DIRSYNC | NOCOW;
 }
 
 /// The inode flags that map one to one onto FS_IOC_GETFLAGS bits (NOCOW and the
@@ -310,14 +368,26 @@ impl FsWriter {
     pub fn set_fsflags(&mut self, root: u64, ino: u64, fs: u32) -> Result<()> {
         let what = id_of(root, ino);
         if fs & !fsflags::SETTABLE != 0 {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what, format!("btrfs does not keep flags {:#x}", fs & !fsflags::SETTABLE)));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                what,
+                format!("btrfs does not keep flags {:#x}", fs & !fsflags::SETTABLE),
+            ));
         }
         if fs & fsflags::COMPR != 0 && fs & fsflags::NOCOMP != 0 {
-            return Err(Error::posix_detail(PosixKind::Invalid, what, "compress and no-compress exclude each other"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                what,
+                "compress and no-compress exclude each other",
+            ));
         }
         self.check_root_writable(root)?;
         if (InodeId { root, ino }).is_placeholder() {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what, "an empty subvolume placeholder has no flags"));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                what,
+                "an empty subvolume placeholder has no flags",
+            ));
         }
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let mut f = ii.flags.get();
@@ -360,7 +430,9 @@ impl FsWriter {
         use crate::inode::xattr::{XattrRead, XATTR_BTRFS_COMPRESSION};
         let cur = self.live().getxattr(InodeId { root, ino }, XATTR_BTRFS_COMPRESSION).ok();
         match comp {
-            Some(v) if cur.as_deref() != Some(v) => self.setxattr(root, ino, XATTR_BTRFS_COMPRESSION, v, 0)?,
+            Some(v) if cur.as_deref() != Some(v) => {
+                self.setxattr(root, ino, XATTR_BTRFS_COMPRESSION, v, 0)?
+            }
             None if cur.is_some() => self.removexattr(root, ino, XATTR_BTRFS_COMPRESSION)?,
             _ => {}
         }

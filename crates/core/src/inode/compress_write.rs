@@ -48,9 +48,12 @@ impl CompressPolicy {
     /// # Errors
     /// `Posix(Invalid)` naming the value.
     pub fn parse(s: &str, force: bool) -> Result<CompressPolicy> {
-        let bad = |d: String| Error::posix_detail(PosixKind::Invalid, format!("compression {s:?}"), d);
+        let bad =
+            |d: String| Error::posix_detail(PosixKind::Invalid, format!("compression {s:?}"), d);
         let (name, level) = match s.split_once(':') {
-            Some((n, l)) => (n, Some(l.parse::<i32>().map_err(|_| bad(format!("{l:?} is not a level")))?)),
+            Some((n, l)) => {
+                (n, Some(l.parse::<i32>().map_err(|_| bad(format!("{l:?} is not a level")))?))
+            }
             None => (s, None),
         };
         let alg = match name {
@@ -122,7 +125,13 @@ enum Verdict {
 
 /// Judge and compress `pieces` (file offset, bytes) on every core; the first piece of
 /// the range (`start`) passed the heuristic already.
-fn judge_pieces(c: &Choice, ss: usize, start: u64, old_size: u64, pieces: &[(u64, Vec<u8>)]) -> Result<Vec<Verdict>> {
+fn judge_pieces(
+    c: &Choice,
+    ss: usize,
+    start: u64,
+    old_size: u64,
+    pieces: &[(u64, Vec<u8>)],
+) -> Result<Vec<Verdict>> {
     let judge = |(at, piece): &(u64, Vec<u8>)| -> Result<Verdict> {
         let n = piece.len();
         if n <= ss && (*at > 0 || *at + (n as u64) < old_size) {
@@ -131,10 +140,13 @@ fn judge_pieces(c: &Choice, ss: usize, start: u64, old_size: u64, pieces: &[(u64
         if c.heuristic && *at != start && !heuristic::worth_compressing(piece) {
             return Ok(Verdict::TurnedDown);
         }
-        let z = compress_with_level(c.kind, piece, ss, c.level).map_err(|e| Error::Incompatible(format!("cannot compress with {}: {e}", c.kind)))?;
+        let z = compress_with_level(c.kind, piece, ss, c.level)
+            .map_err(|e| Error::Incompatible(format!("cannot compress with {}: {e}", c.kind)))?;
         Ok(match z {
             // It must save at least one sector once rounded up.
-            Some(z) if z.len().div_ceil(ss) * ss + ss <= n.div_ceil(ss) * ss => Verdict::Compressed(z),
+            Some(z) if z.len().div_ceil(ss) * ss + ss <= n.div_ceil(ss) * ss => {
+                Verdict::Compressed(z)
+            }
             _ => Verdict::NoWin,
         })
     };
@@ -145,7 +157,10 @@ fn judge_pieces(c: &Choice, ss: usize, start: u64, old_size: u64, pieces: &[(u64
     let mut out: Vec<Option<Result<Verdict>>> = (0..pieces.len()).map(|_| None).collect();
     std::thread::scope(|s| {
         let per = pieces.len().div_ceil(threads);
-        let handles: Vec<_> = pieces.chunks(per).map(|chunk| s.spawn(move || chunk.iter().map(judge).collect::<Vec<_>>())).collect();
+        let handles: Vec<_> = pieces
+            .chunks(per)
+            .map(|chunk| s.spawn(move || chunk.iter().map(judge).collect::<Vec<_>>()))
+            .collect();
         let mut i = 0;
         for h in handles {
             for v in h.join().expect("a compression thread panicked") {
@@ -170,7 +185,11 @@ impl FsWriter {
 
     /// How a write to a file with inode item `ii` and compression property `prop` is
     /// compressed (see the module documentation), or None.
-    pub(crate) fn compress_choice(&self, ii: &InodeItem, prop: Option<(CompressionType, Option<i32>)>) -> Option<Choice> {
+    pub(crate) fn compress_choice(
+        &self,
+        ii: &InodeItem,
+        prop: Option<(CompressionType, Option<i32>)>,
+    ) -> Option<Choice> {
         let flags = ii.flags.get();
         // NODATACOW and NODATASUM files cannot compress (`btrfs_inode_can_compress`);
         // a PREALLOC file's writeback goes the NOCOW way, whose COW parts are plain.
@@ -180,19 +199,34 @@ impl FsWriter {
         let p = self.compress;
         if p.force {
             let (kind, level) = prop.unwrap_or((p.alg?, p.level));
-            return Some(Choice { kind, level: level.or(if Some(kind) == p.alg { p.level } else { None }), heuristic: false, mark: false });
+            return Some(Choice {
+                kind,
+                level: level.or(if Some(kind) == p.alg { p.level } else { None }),
+                heuristic: false,
+                mark: false,
+            });
         }
         if flags & INODE_NOCOMPRESS != 0 {
             return None;
         }
         if let Some((kind, level)) = prop {
-            return Some(Choice { kind, level: level.or(if Some(kind) == p.alg { p.level } else { None }), heuristic: true, mark: false });
+            return Some(Choice {
+                kind,
+                level: level.or(if Some(kind) == p.alg { p.level } else { None }),
+                heuristic: true,
+                mark: false,
+            });
         }
         if let Some(kind) = p.alg {
             return Some(Choice { kind, level: p.level, heuristic: true, mark: true });
         }
         if flags & INODE_COMPRESS != 0 {
-            return Some(Choice { kind: CompressionType::Zlib, level: None, heuristic: true, mark: true });
+            return Some(Choice {
+                kind: CompressionType::Zlib,
+                level: None,
+                heuristic: true,
+                mark: true,
+            });
         }
         None
     }
@@ -200,7 +234,8 @@ impl FsWriter {
     /// Compress `data` for an extent; None when it is not worth it or does not shrink.
     fn try_compress(&self, c: &Choice, data: &[u8]) -> Result<Option<Vec<u8>>> {
         let ss = self.sectorsize() as usize;
-        compress_with_level(c.kind, data, ss, c.level).map_err(|e| Error::Incompatible(format!("cannot compress with {}: {e}", c.kind)))
+        compress_with_level(c.kind, data, ss, c.level)
+            .map_err(|e| Error::Incompatible(format!("cannot compress with {}: {e}", c.kind)))
     }
 
     /// Set the incompat bit a `kind` extent needs.
@@ -224,9 +259,16 @@ impl FsWriter {
     /// The whole file `content` (at most a sector) as a compressed inline extent, if
     /// the compression decides so and the result fits. A compression that was tried
     /// and did not shrink marks the file as the choice says.
-    pub(super) fn try_compressed_inline(&mut self, root: u64, ino: u64, c: &Choice, content: &[u8]) -> Result<InlineTry> {
+    pub(super) fn try_compressed_inline(
+        &mut self,
+        root: u64,
+        ino: u64,
+        c: &Choice,
+        content: &[u8],
+    ) -> Result<InlineTry> {
         let ss = self.sectorsize() as usize;
-        let max_inline = (crate::inode::write::MAX_INLINE as usize).min(self.nodesize() as usize / 2);
+        let max_inline =
+            (crate::inode::write::MAX_INLINE as usize).min(self.nodesize() as usize / 2);
         if content.is_empty() || content.len() > ss {
             return Ok(InlineTry::Plain);
         }
@@ -243,7 +285,9 @@ impl FsWriter {
                 self.note_compression(c.kind);
                 Ok(InlineTry::Done)
             }
-            Some(z) if z.len().div_ceil(ss) * ss + ss <= content.len().div_ceil(ss) * ss => Ok(InlineTry::Regular),
+            Some(z) if z.len().div_ceil(ss) * ss + ss <= content.len().div_ceil(ss) * ss => {
+                Ok(InlineTry::Regular)
+            }
             _ => {
                 // Not a win: the kernel's mark_incompressible.
                 if c.mark {
@@ -257,14 +301,20 @@ impl FsWriter {
     /// The file's `btrfs.compression` property as the write path uses it: the
     /// algorithm (the kernel keeps no level from it), None when absent or "no"/"none"
     /// (which set NOCOMPRESS instead).
-    pub(crate) fn compression_prop(&mut self, root: u64, ino: u64, ii: &InodeItem) -> Result<Option<(CompressionType, Option<i32>)>> {
+    pub(crate) fn compression_prop(
+        &mut self,
+        root: u64,
+        ino: u64,
+        ii: &InodeItem,
+    ) -> Result<Option<(CompressionType, Option<i32>)>> {
         use crate::inode::xattr::XattrRead;
         // Setting the property sets the COMPRESS flag (props.c does the same), so a file
         // without the flag has no property to look up.
         if ii.flags.get() & INODE_COMPRESS == 0 {
             return Ok(None);
         }
-        let p = self.live().compression_property(crate::inode::filesystem::InodeId { root, ino })?;
+        let p =
+            self.live().compression_property(crate::inode::filesystem::InodeId { root, ino })?;
         Ok(p.filter(|p| p.kind != CompressionType::None).map(|p| (p.kind, None)))
     }
 
@@ -279,7 +329,16 @@ impl FsWriter {
     /// that does not shrink marks the file NOCOMPRESS (as the choice says) and sends
     /// the rest of the range plain. Consecutive plain pieces become one extent.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn write_extents_compressed(&mut self, root: u64, ino: u64, start: u64, total: u64, old_size: u64, c: &Choice, src: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+    pub(super) fn write_extents_compressed(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        total: u64,
+        old_size: u64,
+        c: &Choice,
+        src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
         const CHUNK: u64 = 512 * 1024;
         let ss = u64::from(self.sectorsize());
         let end = start + total;
@@ -368,7 +427,8 @@ impl FsWriter {
                             plain_at = at;
                         }
                         plain.extend_from_slice(&piece);
-                        if plain.len() as u64 >= crate::inode::write::MAX_EXTENT_SIZE.min(32 << 20) {
+                        if plain.len() as u64 >= crate::inode::write::MAX_EXTENT_SIZE.min(32 << 20)
+                        {
                             added += self.flush_plain(root, ino, plain_at, &mut plain)?;
                             plain_at = at + n;
                         }
@@ -399,7 +459,15 @@ impl FsWriter {
 
     /// [at, at + n) written plain (`write_new_extent` in extents of at most
     /// MAX_EXTENT_SIZE).
-    pub(super) fn write_plain(&mut self, root: u64, ino: u64, at: u64, n: u64, nodatasum: bool, src: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+    pub(super) fn write_plain(
+        &mut self,
+        root: u64,
+        ino: u64,
+        at: u64,
+        n: u64,
+        nodatasum: bool,
+        src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
         let mut cur = at;
         let end = at + n;
         let mut added = 0;
@@ -415,28 +483,70 @@ impl FsWriter {
     /// One compressed extent of `n` file bytes at `file_off`, holding stream `z`; `None`
     /// (nothing changed) when the data space has no run of its size, even after a new
     /// chunk, so the caller writes the range plain.
-    fn write_compressed_extent(&mut self, root: u64, ino: u64, file_off: u64, n: u64, kind: CompressionType, z: &[u8]) -> Result<Option<u64>> {
+    fn write_compressed_extent(
+        &mut self,
+        root: u64,
+        ino: u64,
+        file_off: u64,
+        n: u64,
+        kind: CompressionType,
+        z: &[u8],
+    ) -> Result<Option<u64>> {
         let ss = u64::from(self.sectorsize());
         let disk = (z.len() as u64).div_ceil(ss) * ss;
-        let (bytenr, got) = match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, disk, disk) {
-            Ok(r) => r,
-            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => return Ok(None),
-            Err(e) => return Err(e),
-        };
+        let (bytenr, got) =
+            match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, disk, disk) {
+                Ok(r) => r,
+                Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => return Ok(None),
+                Err(e) => return Err(e),
+            };
         debug_assert_eq!(got, disk, "a compressed extent is allocated whole");
-        self.delayed.add_data_ref(bytenr, disk, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off }, 1, true)?;
+        self.delayed.add_data_ref(
+            bytenr,
+            disk,
+            crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off },
+            1,
+            true,
+        )?;
         let mut padded = vec![0u8; disk as usize];
         padded[..z.len()].copy_from_slice(z);
         let cs = self.info.csum_type.size();
         let mut csums = Vec::with_capacity((disk / ss) as usize * cs);
-        crate::extent::csum_tree::append_sector_csums(self.info.csum_type, ss as usize, &padded, &mut csums);
-        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &padded, crate::volumes::WriteKind::Data)?;
+        crate::extent::csum_tree::append_sector_csums(
+            self.info.csum_type,
+            ss as usize,
+            &padded,
+            &mut csums,
+        );
+        crate::volumes::write_logical(
+            &self.info.chunk_map,
+            &self.info.devices,
+            bytenr,
+            &padded,
+            crate::volumes::WriteKind::Data,
+        )?;
         crate::extent::csum_tree::insert_csums(self, bytenr, &csums)?;
         let mut fe = Vec::with_capacity(FILE_EXTENT_REG_SIZE);
         fe.extend_from_slice(
-            FileExtentHeader { generation: self.transid.into(), ram_bytes: n.into(), compression: kind as u8, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_REG }.as_bytes(),
+            FileExtentHeader {
+                generation: self.transid.into(),
+                ram_bytes: n.into(),
+                compression: kind as u8,
+                encryption: 0,
+                other_encoding: 0.into(),
+                type_: FILE_EXTENT_REG,
+            }
+            .as_bytes(),
         );
-        fe.extend_from_slice(FileExtentBody { disk_bytenr: bytenr.into(), disk_num_bytes: disk.into(), offset: 0.into(), num_bytes: n.into() }.as_bytes());
+        fe.extend_from_slice(
+            FileExtentBody {
+                disk_bytenr: bytenr.into(),
+                disk_num_bytes: disk.into(),
+                offset: 0.into(),
+                num_bytes: n.into(),
+            }
+            .as_bytes(),
+        );
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
         self.note_compression(kind);
         Ok(Some(n))
@@ -449,8 +559,14 @@ mod tests {
 
     #[test]
     fn policy_parsing() {
-        assert_eq!(CompressPolicy::parse("zstd", false).unwrap(), CompressPolicy { alg: Some(CompressionType::Zstd), level: None, force: false });
-        assert_eq!(CompressPolicy::parse("zstd:-5", true).unwrap(), CompressPolicy { alg: Some(CompressionType::Zstd), level: Some(-5), force: true });
+        assert_eq!(
+            CompressPolicy::parse("zstd", false).unwrap(),
+            CompressPolicy { alg: Some(CompressionType::Zstd), level: None, force: false }
+        );
+        assert_eq!(
+            CompressPolicy::parse("zstd:-5", true).unwrap(),
+            CompressPolicy { alg: Some(CompressionType::Zstd), level: Some(-5), force: true }
+        );
         assert_eq!(CompressPolicy::parse("zlib:9", false).unwrap().level, Some(9));
         assert_eq!(CompressPolicy::parse("no", false).unwrap(), CompressPolicy::default());
         for bad in ["zlib:0", "zlib:10", "zstd:0", "zstd:16", "lzo:1", "gzip", "zstd:x", ""] {

@@ -55,7 +55,8 @@ pub const EXTENT_FLAG_PREALLOC: u32 = 1 << 4;
 pub const EXTENT_FLAG_LOGGING: u32 = 1 << 5;
 /// The result of a merge.
 pub const EXTENT_FLAG_MERGED: u32 = 1 << 6;
-const COMPRESS_MASK: u32 = EXTENT_FLAG_COMPRESS_ZLIB | EXTENT_FLAG_COMPRESS_LZO | EXTENT_FLAG_COMPRESS_ZSTD;
+const COMPRESS_MASK: u32 =
+    EXTENT_FLAG_COMPRESS_ZLIB | EXTENT_FLAG_COMPRESS_LZO | EXTENT_FLAG_COMPRESS_ZSTD;
 
 /// One cached mapping of a file range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,13 +73,37 @@ pub struct ExtentMap {
 
 impl ExtentMap {
     /// A plain (uncompressed, written) map.
-    pub fn plain(start: u64, len: u64, disk_bytenr: u64, disk_num_bytes: u64, offset: u64) -> ExtentMap {
-        ExtentMap { start, len, disk_bytenr, disk_num_bytes, offset, ram_bytes: disk_num_bytes, generation: 0, flags: 0 }
+    pub fn plain(
+        start: u64,
+        len: u64,
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        offset: u64,
+    ) -> ExtentMap {
+        ExtentMap {
+            start,
+            len,
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            ram_bytes: disk_num_bytes,
+            generation: 0,
+            flags: 0,
+        }
     }
 
     /// A hole.
     pub fn hole(start: u64, len: u64) -> ExtentMap {
-        ExtentMap { start, len, disk_bytenr: EXTENT_MAP_HOLE, disk_num_bytes: 0, offset: 0, ram_bytes: len, generation: 0, flags: 0 }
+        ExtentMap {
+            start,
+            len,
+            disk_bytenr: EXTENT_MAP_HOLE,
+            disk_num_bytes: 0,
+            offset: 0,
+            ram_bytes: len,
+            generation: 0,
+            flags: 0,
+        }
     }
 
     pub fn end(&self) -> u64 {
@@ -92,7 +117,11 @@ impl ExtentMap {
             EXTENT_FLAG_COMPRESS_ZLIB => 1,
             EXTENT_FLAG_COMPRESS_LZO => 2,
             EXTENT_FLAG_COMPRESS_ZSTD => 3,
-            f => panic!("extent map [{}, {}) has several compression flags {f:#x}", self.start, self.end()),
+            f => panic!(
+                "extent map [{}, {}) has several compression flags {f:#x}",
+                self.start,
+                self.end()
+            ),
         }
     }
 
@@ -135,9 +164,19 @@ impl ExtentMap {
 
     /// The piece `[from, to)` of this map, its `offset` moved (disk range kept).
     fn piece(&self, from: u64, to: u64) -> ExtentMap {
-        assert!(self.start <= from, "piece [{from}, {to}) starts before map [{}, {})", self.start, self.end());
+        assert!(
+            self.start <= from,
+            "piece [{from}, {to}) starts before map [{}, {})",
+            self.start,
+            self.end()
+        );
         assert!(from < to, "empty piece [{from}, {to})");
-        assert!(to <= self.end(), "piece [{from}, {to}) ends after map [{}, {})", self.start, self.end());
+        assert!(
+            to <= self.end(),
+            "piece [{from}, {to}) ends after map [{}, {})",
+            self.start,
+            self.end()
+        );
         let mut p = *self;
         p.start = from;
         p.len = to - from;
@@ -150,7 +189,9 @@ impl ExtentMap {
 
 /// Adjacent in the file, equal flags but MERGED, adjacent on disk (`mergeable_maps`).
 fn mergeable(prev: &ExtentMap, next: &ExtentMap) -> bool {
-    if prev.end() != next.start || (prev.flags & !EXTENT_FLAG_MERGED) != (next.flags & !EXTENT_FLAG_MERGED) {
+    if prev.end() != next.start
+        || (prev.flags & !EXTENT_FLAG_MERGED) != (next.flags & !EXTENT_FLAG_MERGED)
+    {
         return false;
     }
     if next.is_marker() {
@@ -170,7 +211,8 @@ fn merge(prev: &ExtentMap, next: &ExtentMap) -> ExtentMap {
     if !prev.is_marker() {
         // merge_ondisk_extents: one disk range covering both, read from prev's start.
         let lo = prev.disk_bytenr.min(next.disk_bytenr);
-        let hi = (prev.disk_bytenr + prev.disk_num_bytes).max(next.disk_bytenr + next.disk_num_bytes);
+        let hi =
+            (prev.disk_bytenr + prev.disk_num_bytes).max(next.disk_bytenr + next.disk_num_bytes);
         m.disk_bytenr = lo;
         m.disk_num_bytes = hi - lo;
         m.offset = prev.block_start() - lo;
@@ -178,7 +220,13 @@ fn merge(prev: &ExtentMap, next: &ExtentMap) -> ExtentMap {
     } else {
         m.ram_bytes = m.len;
     }
-    assert_eq!(m.block_start(), prev.block_start(), "merge moved the block start of [{}, {})", m.start, m.end());
+    assert_eq!(
+        m.block_start(),
+        prev.block_start(),
+        "merge moved the block start of [{}, {})",
+        m.start,
+        m.end()
+    );
     m
 }
 
@@ -313,7 +361,12 @@ impl ExtentMapTree {
     ///
     /// # Errors
     /// `Exists` when `search_start` is outside `em` and overlaps nothing.
-    pub fn add_with_search(&self, em: ExtentMap, search_start: u64, search_len: u64) -> std::result::Result<ExtentMap, Exists> {
+    pub fn add_with_search(
+        &self,
+        em: ExtentMap,
+        search_start: u64,
+        search_len: u64,
+    ) -> std::result::Result<ExtentMap, Exists> {
         self.write().add_with_search(em, search_start, search_len)
     }
 
@@ -346,8 +399,17 @@ fn check_maps(maps: &BTreeMap<u64, ExtentMap>) {
     for (k, m) in maps {
         assert_eq!(*k, m.start, "extent map keyed {k} starts at {}", m.start);
         assert!(m.len > 0, "extent map at {} is empty", m.start);
-        assert!(m.start.checked_add(m.len).is_some(), "extent map at {} len {} overflows", m.start, m.len);
-        assert!(m.start >= prev_end, "extent map at {} overlaps the previous one ending at {prev_end}", m.start);
+        assert!(
+            m.start.checked_add(m.len).is_some(),
+            "extent map at {} len {} overflows",
+            m.start,
+            m.len
+        );
+        assert!(
+            m.start >= prev_end,
+            "extent map at {} overlaps the previous one ending at {prev_end}",
+            m.start
+        );
         prev_end = m.end();
     }
 }
@@ -376,7 +438,12 @@ impl MapsGuard<'_> {
     /// `Exists` on overlap.
     pub fn add(&mut self, em: ExtentMap) -> std::result::Result<(), Exists> {
         assert!(em.len > 0, "adding an empty extent map at {}", em.start);
-        assert!(em.start.checked_add(em.len).is_some(), "extent map at {} len {} overflows", em.start, em.len);
+        assert!(
+            em.start.checked_add(em.len).is_some(),
+            "extent map at {} len {} overflows",
+            em.start,
+            em.len
+        );
         if lookup_in(&self.maps, em.start, em.end()).is_some() {
             return Err(Exists { start: em.start, len: em.len });
         }
@@ -403,9 +470,17 @@ impl MapsGuard<'_> {
     ///
     /// # Errors
     /// As there.
-    pub fn add_with_search(&mut self, em: ExtentMap, search_start: u64, search_len: u64) -> std::result::Result<ExtentMap, Exists> {
+    pub fn add_with_search(
+        &mut self,
+        em: ExtentMap,
+        search_start: u64,
+        search_len: u64,
+    ) -> std::result::Result<ExtentMap, Exists> {
         let err = match self.add(em) {
-            Ok(()) => return Ok(lookup_in(&self.maps, search_start, search_start + 1).expect("just added over the search start")),
+            Ok(()) => {
+                return Ok(lookup_in(&self.maps, search_start, search_start + 1)
+                    .expect("just added over the search start"))
+            }
             Err(e) => e,
         };
         // The map nearest the search range: overlapping it, else the one before, else after.
@@ -433,7 +508,8 @@ impl MapsGuard<'_> {
         }
         let piece = em.piece(start, end);
         self.add(piece)?;
-        Ok(lookup_in(&self.maps, search_start, search_start + 1).expect("the piece covers the search start"))
+        Ok(lookup_in(&self.maps, search_start, search_start + 1)
+            .expect("the piece covers the search start"))
     }
 
     /// See `ExtentMapTree::drop_extent_map_range`.
@@ -497,7 +573,13 @@ impl MapsGuard<'_> {
 ///
 /// # Errors
 /// As `FsRead::file_extents`.
-pub fn get_file_extents<V: FsRead>(fs: &V, shrinker: &Arc<ExtentMapShrinker>, inode: &Arc<Inode>, from: u64, to: u64) -> Result<(Vec<FileExtentRec>, bool)> {
+pub fn get_file_extents<V: FsRead>(
+    fs: &V,
+    shrinker: &Arc<ExtentMapShrinker>,
+    inode: &Arc<Inode>,
+    from: u64,
+    to: u64,
+) -> Result<(Vec<FileExtentRec>, bool)> {
     let id = inode.id;
     let tree = &inode.mapping.extent_map;
     if from >= to {
@@ -553,19 +635,47 @@ fn from_maps(maps: &BTreeMap<u64, ExtentMap>, from: u64, to: u64) -> Option<Vec<
 fn map_of(rec: &FileExtentRec, sectorsize: u32) -> Option<ExtentMap> {
     let start = rec.file_offset;
     let em = match rec.kind {
-        ExtentKind::Inline { .. } => {
-            ExtentMap { start, len: u64::from(sectorsize), disk_bytenr: EXTENT_MAP_INLINE, disk_num_bytes: 0, offset: 0, ram_bytes: rec.len(), generation: rec.generation, flags: 0 }
+        ExtentKind::Inline { .. } => ExtentMap {
+            start,
+            len: u64::from(sectorsize),
+            disk_bytenr: EXTENT_MAP_INLINE,
+            disk_num_bytes: 0,
+            offset: 0,
+            ram_bytes: rec.len(),
+            generation: rec.generation,
+            flags: 0,
+        },
+        ExtentKind::Regular { disk_bytenr: 0, num_bytes, .. } => {
+            ExtentMap { generation: rec.generation, ..ExtentMap::hole(start, num_bytes) }
         }
-        ExtentKind::Regular { disk_bytenr: 0, num_bytes, .. } => ExtentMap { generation: rec.generation, ..ExtentMap::hole(start, num_bytes) },
-        ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc } => {
+        ExtentKind::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+            ram_bytes,
+            compression,
+            prealloc,
+        } => {
             let mut flags = ExtentMap::compress_flag(compression);
             if prealloc {
                 flags |= EXTENT_FLAG_PREALLOC;
             }
-            if disk_bytenr >= EXTENT_MAP_LAST_BYTE || disk_bytenr.checked_add(disk_num_bytes).is_none() {
+            if disk_bytenr >= EXTENT_MAP_LAST_BYTE
+                || disk_bytenr.checked_add(disk_num_bytes).is_none()
+            {
                 return None;
             }
-            ExtentMap { start, len: num_bytes, disk_bytenr, disk_num_bytes, offset, ram_bytes, generation: rec.generation, flags }
+            ExtentMap {
+                start,
+                len: num_bytes,
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                ram_bytes,
+                generation: rec.generation,
+                flags,
+            }
         }
     };
     (em.len > 0 && em.start.checked_add(em.len).is_some()).then_some(em)
@@ -588,7 +698,10 @@ fn fill(tree: &ExtentMapTree, sectorsize: u32, recs: &[FileExtentRec], from: u64
     if pos < to {
         maps.push(ExtentMap::hole(pos, to - pos));
     }
-    let (Some(lo), Some(hi)) = (maps.first().map(|m| m.start), maps.iter().map(|m| m.end()).max()) else { return };
+    let (Some(lo), Some(hi)) = (maps.first().map(|m| m.start), maps.iter().map(|m| m.end()).max())
+    else {
+        return;
+    };
     let mut g = tree.write();
     // What is there mirrors the same items; replace it rather than merge into it.
     g.drop_range(lo, hi, false);
@@ -602,7 +715,12 @@ fn fill(tree: &ExtentMapTree, sectorsize: u32, recs: &[FileExtentRec], from: u64
 
 /// Drop the maps an EXTENT_DATA item change at file offset `offset` of `id` may have
 /// made stale, `[offset, end)`, if the inode is in memory.
-pub(crate) fn drop_for_item_change(inodes: &crate::inode::inode_cache::InodeCache, id: InodeId, offset: u64, end: u64) {
+pub(crate) fn drop_for_item_change(
+    inodes: &crate::inode::inode_cache::InodeCache,
+    id: InodeId,
+    offset: u64,
+    end: u64,
+) {
     if let Some(inode) = inodes.lookup(id) {
         let tree = &inode.mapping.extent_map;
         // The engine attaches a tree before its first map: a tree never attached has
@@ -619,7 +737,16 @@ mod tests {
     const K: u64 = 1024;
 
     fn compressed(start: u64, len: u64, disk: u64) -> ExtentMap {
-        ExtentMap { start, len, disk_bytenr: disk, disk_num_bytes: len, offset: 0, ram_bytes: len, generation: 0, flags: EXTENT_FLAG_COMPRESS_ZLIB }
+        ExtentMap {
+            start,
+            len,
+            disk_bytenr: disk,
+            disk_num_bytes: len,
+            offset: 0,
+            ram_bytes: len,
+            generation: 0,
+            flags: EXTENT_FLAG_COMPRESS_ZLIB,
+        }
     }
 
     fn ranges(t: &ExtentMapTree) -> Vec<(u64, u64)> {
@@ -629,12 +756,25 @@ mod tests {
     #[test]
     fn adjacent_plain_maps_merge_and_recompute_the_disk_range() {
         let t = ExtentMapTree::default();
-        t.add(ExtentMap { generation: 7, ..ExtentMap::plain(0, 4 * K, 100 * K, 4 * K, 0) }).unwrap();
-        t.add(ExtentMap { generation: 9, ..ExtentMap::plain(4 * K, 8 * K, 104 * K, 8 * K, 0) }).unwrap();
+        t.add(ExtentMap { generation: 7, ..ExtentMap::plain(0, 4 * K, 100 * K, 4 * K, 0) })
+            .unwrap();
+        t.add(ExtentMap { generation: 9, ..ExtentMap::plain(4 * K, 8 * K, 104 * K, 8 * K, 0) })
+            .unwrap();
         let m = t.maps();
         assert_eq!(m.len(), 1, "{m:?}");
         let m = m[0];
-        assert_eq!((m.start, m.len, m.block_start(), m.disk_bytenr, m.disk_num_bytes, m.offset, m.ram_bytes), (0, 12 * K, 100 * K, 100 * K, 12 * K, 0, 12 * K));
+        assert_eq!(
+            (
+                m.start,
+                m.len,
+                m.block_start(),
+                m.disk_bytenr,
+                m.disk_num_bytes,
+                m.offset,
+                m.ram_bytes
+            ),
+            (0, 12 * K, 100 * K, 100 * K, 12 * K, 0, 12 * K)
+        );
         assert_eq!(m.generation, 9);
         assert_ne!(m.flags & EXTENT_FLAG_MERGED, 0);
         // Not adjacent on disk: no merge.
@@ -644,7 +784,10 @@ mod tests {
         t.add(ExtentMap::hole(20 * K, 4 * K)).unwrap();
         assert_eq!(ranges(&t), vec![(0, 12), (12, 16), (16, 24)]);
         assert_eq!(t.len_unlocked(), 3, "the unlocked count follows each released guard");
-        assert_eq!(t.add(ExtentMap::hole(22 * K, 4 * K)), Err(Exists { start: 22 * K, len: 4 * K }));
+        assert_eq!(
+            t.add(ExtentMap::hole(22 * K, 4 * K)),
+            Err(Exists { start: 22 * K, len: 4 * K })
+        );
         // A split merged map keeps reading the same disk bytes.
         t.drop_extent_map_range(4 * K, 8 * K, false);
         let m = t.maps();
@@ -667,7 +810,16 @@ mod tests {
     #[test]
     fn case2_inline_readd_returns_the_inline_map() {
         let t = ExtentMapTree::default();
-        let inline = ExtentMap { start: 0, len: 4 * K, disk_bytenr: EXTENT_MAP_INLINE, disk_num_bytes: 0, offset: 0, ram_bytes: K, generation: 0, flags: 0 };
+        let inline = ExtentMap {
+            start: 0,
+            len: 4 * K,
+            disk_bytenr: EXTENT_MAP_INLINE,
+            disk_num_bytes: 0,
+            offset: 0,
+            ram_bytes: K,
+            generation: 0,
+            flags: 0,
+        };
         t.add(inline).unwrap();
         t.add(ExtentMap::plain(4 * K, 4 * K, 4 * K, 4 * K, 0)).unwrap();
         assert_eq!(t.len(), 2);
@@ -680,7 +832,8 @@ mod tests {
         for s in [0, 8 * K, 12 * K] {
             let t = ExtentMapTree::default();
             t.add(ExtentMap::plain(4 * K, 4 * K, 4 * K, 4 * K, 0)).unwrap();
-            let em = t.add_with_search(ExtentMap::plain(0, 16 * K, 0, 16 * K, 0), s, 4 * K).unwrap();
+            let em =
+                t.add_with_search(ExtentMap::plain(0, 16 * K, 0, 16 * K, 0), s, 4 * K).unwrap();
             assert!(em.start <= s && em.end() >= s + 4 * K, "search {s}: {em:?}");
             assert_eq!(em.start, em.block_start(), "search {s}: {em:?}");
             t.check_invariants();
@@ -716,7 +869,10 @@ mod tests {
         assert_eq!(ranges(&t), vec![(0, 8), (20, 24), (24, 28)]);
         // The pieces keep the whole compressed extent and move their offset.
         let m = t.lookup(20 * K, 4 * K).unwrap();
-        assert_eq!((m.disk_bytenr, m.disk_num_bytes, m.offset, m.block_start()), (1036 * K, 12 * K, 8 * K, 1036 * K));
+        assert_eq!(
+            (m.disk_bytenr, m.disk_num_bytes, m.offset, m.block_start()),
+            (1036 * K, 12 * K, 8 * K, 1036 * K)
+        );
         t.check_invariants();
     }
 
@@ -733,7 +889,11 @@ mod tests {
     #[test]
     fn case7_drop_skips_pinned_and_splits_the_rest() {
         let t = ExtentMapTree::default();
-        t.add(ExtentMap { flags: EXTENT_FLAG_PINNED | EXTENT_FLAG_COMPRESS_ZLIB, ..compressed(0, 16 * K, 0) }).unwrap();
+        t.add(ExtentMap {
+            flags: EXTENT_FLAG_PINNED | EXTENT_FLAG_COMPRESS_ZLIB,
+            ..compressed(0, 16 * K, 0)
+        })
+        .unwrap();
         t.add(ExtentMap::plain(32 * K, 16 * K, 32 * K, 16 * K, 0)).unwrap();
         t.drop_extent_map_range(0, 36 * K, true);
         let m = t.lookup(0, 16 * K).unwrap();

@@ -132,7 +132,11 @@ impl std::fmt::Debug for Owner {
 impl Owner {
     pub(crate) fn new(shrinker: &Arc<ExtentMapShrinker>, inode: &Arc<Inode>) -> Owner {
         let serial = shrinker.next_serial.fetch_add(1, Ordering::Relaxed);
-        Owner { shrinker: Arc::clone(shrinker), key: (inode.id, serial), inode: Arc::downgrade(inode) }
+        Owner {
+            shrinker: Arc::clone(shrinker),
+            key: (inode.id, serial),
+            inode: Arc::downgrade(inode),
+        }
     }
 
     /// Account a change of the tree from `before` to `after` maps (the tree's write
@@ -144,14 +148,28 @@ impl Owner {
         } else if before > after {
             let d = (before - after) as u64;
             let prev = s.evictable.fetch_sub(d, Ordering::AcqRel);
-            assert!(prev >= d, "extent maps: {} frees {d} maps but only {prev} are counted", self.key.0);
+            assert!(
+                prev >= d,
+                "extent maps: {} frees {d} maps but only {prev} are counted",
+                self.key.0
+            );
         }
         if before == 0 && after > 0 {
             let old = s.lock_registry().insert(self.key, self.inode.clone());
-            assert!(old.is_none(), "extent maps: {} serial {} registered twice", self.key.0, self.key.1);
+            assert!(
+                old.is_none(),
+                "extent maps: {} serial {} registered twice",
+                self.key.0,
+                self.key.1
+            );
         } else if before > 0 && after == 0 {
             let old = s.lock_registry().remove(&self.key);
-            assert!(old.is_some(), "extent maps: {} serial {} had maps but was not registered", self.key.0, self.key.1);
+            assert!(
+                old.is_some(),
+                "extent maps: {} serial {} had maps but was not registered",
+                self.key.0,
+                self.key.1
+            );
         }
     }
 }
@@ -247,7 +265,12 @@ impl ExtentMapShrinker {
         let mut scanned = 0u64;
         'walk: while scanned < target && !self.closing.load(Ordering::Acquire) {
             std::thread::yield_now();
-            let batch: Vec<(InodeId, Weak<Inode>)> = self.lock_registry().range((pos, 0)..).take(BATCH).map(|(k, w)| (k.0, w.clone())).collect();
+            let batch: Vec<(InodeId, Weak<Inode>)> = self
+                .lock_registry()
+                .range((pos, 0)..)
+                .take(BATCH)
+                .map(|(k, w)| (k.0, w.clone()))
+                .collect();
             if batch.is_empty() {
                 if wrapped || first == (InodeId { root: 0, ino: 0 }) {
                     break;
@@ -301,17 +324,25 @@ impl ExtentMapShrinker {
     /// Check the invariants (module notes) while nobody changes maps; panics naming the
     /// first that fails.
     pub fn check_invariants(&self) {
-        let entries: Vec<(RegKey, Weak<Inode>)> = self.lock_registry().iter().map(|(k, w)| (*k, w.clone())).collect();
+        let entries: Vec<(RegKey, Weak<Inode>)> =
+            self.lock_registry().iter().map(|(k, w)| (*k, w.clone())).collect();
         let mut sum = 0u64;
         for ((id, serial), w) in entries {
-            let inode = w.upgrade().unwrap_or_else(|| panic!("extent maps: registered {id} serial {serial} is gone"));
+            let inode = w
+                .upgrade()
+                .unwrap_or_else(|| panic!("extent maps: registered {id} serial {serial} is gone"));
             assert_eq!(inode.id, id, "extent maps: registry entry {id} holds inode {}", inode.id);
             let n = inode.mapping.extent_map.len() as u64;
             assert!(n >= 1, "extent maps: {id} serial {serial} is registered with no maps");
             inode.mapping.extent_map.check_invariants();
             sum += n;
         }
-        assert_eq!(sum, self.evictable(), "extent maps: registered inodes hold {sum} maps, the count says {}", self.evictable());
+        assert_eq!(
+            sum,
+            self.evictable(),
+            "extent maps: registered inodes hold {sum} maps, the count says {}",
+            self.evictable()
+        );
     }
 }
 
@@ -324,12 +355,22 @@ mod tests {
     const K: u64 = 4096;
 
     /// An inode of `cache` with `n` unmergeable 4K maps.
-    fn with_maps(s: &Arc<ExtentMapShrinker>, cache: &InodeCache, root: u64, ino: u64, n: u64) -> Arc<Inode> {
+    fn with_maps(
+        s: &Arc<ExtentMapShrinker>,
+        cache: &InodeCache,
+        root: u64,
+        ino: u64,
+        n: u64,
+    ) -> Arc<Inode> {
         let inode = cache.get(InodeId { root, ino });
         inode.mapping.extent_map.attach(s, &inode);
         for i in 0..n {
             // Every other disk block: never adjacent on disk, so never merged.
-            inode.mapping.extent_map.add(ExtentMap::plain(i * K, K, (2 * i + 1) * K * 16, K, 0)).unwrap();
+            inode
+                .mapping
+                .extent_map
+                .add(ExtentMap::plain(i * K, K, (2 * i + 1) * K * 16, K, 0))
+                .unwrap();
         }
         inode
     }
@@ -406,14 +447,23 @@ mod tests {
         }
         // Two maps per run: each run frees half an inode, and the next resumes past it.
         assert!(s.free_extent_maps(2));
-        assert_eq!(held.iter().map(|i| i.mapping.extent_map.len()).collect::<Vec<_>>(), vec![2, 4, 4, 4]);
+        assert_eq!(
+            held.iter().map(|i| i.mapping.extent_map.len()).collect::<Vec<_>>(),
+            vec![2, 4, 4, 4]
+        );
         assert_eq!(s.cursor(), InodeId { root: 5, ino: 301 });
         assert!(s.free_extent_maps(6));
-        assert_eq!(held.iter().map(|i| i.mapping.extent_map.len()).collect::<Vec<_>>(), vec![2, 0, 2, 4]);
+        assert_eq!(
+            held.iter().map(|i| i.mapping.extent_map.len()).collect::<Vec<_>>(),
+            vec![2, 0, 2, 4]
+        );
         assert_eq!(s.cursor(), InodeId { root: 256, ino: 258 });
         // Past root 256 into 257, then wrapped to root 5.
         assert!(s.free_extent_maps(5));
-        assert_eq!(held.iter().map(|i| i.mapping.extent_map.len()).collect::<Vec<_>>(), vec![1, 0, 2, 0]);
+        assert_eq!(
+            held.iter().map(|i| i.mapping.extent_map.len()).collect::<Vec<_>>(),
+            vec![1, 0, 2, 0]
+        );
         assert_eq!(s.cursor(), InodeId { root: 5, ino: 301 });
         s.check_invariants();
         // A full circle at most: more than there is frees everything once and stops.

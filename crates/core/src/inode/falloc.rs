@@ -36,7 +36,13 @@ pub const FALLOC_FL_INSERT_RANGE: u32 = 0x20;
 pub const FALLOC_FL_UNSHARE_RANGE: u32 = 0x40;
 pub const FALLOC_FL_WRITE_ZEROES: u32 = 0x80;
 /// What the VFS knows (others are EOPNOTSUPP there).
-const VFS_MODES: u32 = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_ZERO_RANGE | FALLOC_FL_INSERT_RANGE | FALLOC_FL_UNSHARE_RANGE | FALLOC_FL_WRITE_ZEROES;
+const VFS_MODES: u32 = FALLOC_FL_KEEP_SIZE
+    | FALLOC_FL_PUNCH_HOLE
+    | FALLOC_FL_COLLAPSE_RANGE
+    | FALLOC_FL_ZERO_RANGE
+    | FALLOC_FL_INSERT_RANGE
+    | FALLOC_FL_UNSHARE_RANGE
+    | FALLOC_FL_WRITE_ZEROES;
 /// What btrfs does.
 const BTRFS_MODES: u32 = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
 /// Largest preallocated extent (the kernel asks for at most 256 MiB at a time).
@@ -70,68 +76,135 @@ impl FsWriter {
     /// for an immutable file, or an append-only one for anything but preallocation;
     /// NotSeekable for a fifo, IsDir, NoDevice for other non-regular files;
     /// FileTooBig past the largest file size; NoSpace.
-    pub fn fallocate(&mut self, root: u64, ino: u64, mode: u32, offset: u64, len: u64) -> Result<()> {
+    pub fn fallocate(
+        &mut self,
+        root: u64,
+        ino: u64,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
         let what = id_of(root, ino);
-        if len == 0 || offset > crate::inode::attr::MAX_FILE_SIZE || len > crate::inode::attr::MAX_FILE_SIZE {
-            return Err(Error::posix_detail(PosixKind::Invalid, what, "fallocate needs a length and an offset within the largest file size"));
+        if len == 0
+            || offset > crate::inode::attr::MAX_FILE_SIZE
+            || len > crate::inode::attr::MAX_FILE_SIZE
+        {
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                what,
+                "fallocate needs a length and an offset within the largest file size",
+            ));
         }
         if mode & !VFS_MODES != 0 {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what, format!("unknown fallocate mode {mode:#x}")));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                what,
+                format!("unknown fallocate mode {mode:#x}"),
+            ));
         }
         // vfs_fallocate: one mode at a time; PUNCH_HOLE only with KEEP_SIZE; COLLAPSE,
         // INSERT and WRITE_ZEROES never with it.
         let ok = match mode & !FALLOC_FL_KEEP_SIZE {
             0 | FALLOC_FL_UNSHARE_RANGE | FALLOC_FL_ZERO_RANGE => true,
             FALLOC_FL_PUNCH_HOLE => mode & FALLOC_FL_KEEP_SIZE != 0,
-            FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE | FALLOC_FL_WRITE_ZEROES => mode & FALLOC_FL_KEEP_SIZE == 0,
+            FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE | FALLOC_FL_WRITE_ZEROES => {
+                mode & FALLOC_FL_KEEP_SIZE == 0
+            }
             _ => false,
         };
         if !ok {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what, format!("fallocate mode {mode:#x} is not one the kernel takes")));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                what,
+                format!("fallocate mode {mode:#x} is not one the kernel takes"),
+            ));
         }
         self.check_root_writable(root)?;
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let flags = ii.flags.get();
         if flags & INODE_IMMUTABLE != 0 {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, what, "the file is immutable"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                what,
+                "the file is immutable",
+            ));
         }
         // An fs-verity file opens for reading only (fsverity_file_open).
         if flags & INODE_RO_VERITY != 0 {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, what, "an fs-verity file's data cannot change"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                what,
+                "an fs-verity file's data cannot change",
+            ));
         }
         if mode & !FALLOC_FL_KEEP_SIZE != 0 && flags & INODE_APPEND != 0 {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, what, "the file is append-only"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                what,
+                "the file is append-only",
+            ));
         }
         match ii.mode.get() & S_IFMT {
             S_IFREG => {}
             S_IFIFO => return Err(Error::posix(PosixKind::NotSeekable, what)),
             S_IFDIR => return Err(Error::posix(PosixKind::IsDir, what)),
-            _ => return Err(Error::posix_detail(PosixKind::NoDevice, what, "only regular files take fallocate")),
+            _ => {
+                return Err(Error::posix_detail(
+                    PosixKind::NoDevice,
+                    what,
+                    "only regular files take fallocate",
+                ))
+            }
         }
-        let end = offset.checked_add(len).filter(|&e| e <= crate::inode::attr::MAX_FILE_SIZE).ok_or_else(|| Error::posix(PosixKind::FileTooBig, id_of(root, ino)))?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= crate::inode::attr::MAX_FILE_SIZE)
+            .ok_or_else(|| Error::posix(PosixKind::FileTooBig, id_of(root, ino)))?;
         if mode & !BTRFS_MODES != 0 {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what, "btrfs has no collapse, insert, unshare or write-zeroes fallocate"));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                what,
+                "btrfs has no collapse, insert, unshare or write-zeroes fallocate",
+            ));
         }
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         if mode & FALLOC_FL_PUNCH_HOLE != 0 {
-            return self.transaction("punch_hole", 8, |w| w.punch_hole_inner(root, ino, offset, end));
+            return self
+                .transaction("punch_hole", 8, |w| w.punch_hole_inner(root, ino, offset, end));
         }
         let ss = u64::from(self.sectorsize());
         let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
         // The space first: the ranges to preallocate and the edge blocks rewritten.
         let size = ii.size.get();
         let id = InodeId { root, ino };
-        let ranges = if zero { self.zero_range_plan(id, offset, end)?.1.into_iter().collect() } else { self.prealloc_ranges(root, ino, offset, end, size)? };
+        let ranges = if zero {
+            self.zero_range_plan(id, offset, end)?.1.into_iter().collect()
+        } else {
+            self.prealloc_ranges(root, ino, offset, end, size)?
+        };
         let need: u64 = ranges.iter().map(|r| r.1 - r.0).sum::<u64>() + 2 * ss;
         // Beside the data space promised to dirty data (`space::data_rsv`).
-        crate::space::allocator::reserve_data(self, need + self.info.data_rsv.outstanding(), &what)?;
+        crate::space::allocator::reserve_data(
+            self,
+            need + self.info.data_rsv.outstanding(),
+            &what,
+        )?;
         let items = 6 + 2 * ranges.len() as u64 + need.div_ceil(MAX_PREALLOC);
-        self.transaction(if zero { "zero_range" } else { "fallocate" }, items, |w| w.falloc_inner(root, ino, offset, end, keep, zero))
+        self.transaction(if zero { "zero_range" } else { "fallocate" }, items, |w| {
+            w.falloc_inner(root, ino, offset, end, keep, zero)
+        })
     }
 
     /// The sector-aligned ranges of [offset, end) that preallocation fills: holes (and
     /// explicit hole extents), and past EOF anything but PREALLOC extents.
-    fn prealloc_ranges(&mut self, root: u64, ino: u64, offset: u64, end: u64, size: u64) -> Result<Vec<(u64, u64)>> {
+    fn prealloc_ranges(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        end: u64,
+        size: u64,
+    ) -> Result<Vec<(u64, u64)>> {
         let ss = u64::from(self.sectorsize());
         let (a, b) = (offset / ss * ss, end.div_ceil(ss) * ss);
         let eof = size.div_ceil(ss) * ss;
@@ -147,7 +220,11 @@ impl FsWriter {
         let mut cur = a;
         for f in self.live().file_extents(InodeId { root, ino }, a, b)? {
             // An inline extent's extent map covers its whole block.
-            let f_end = if matches!(f.kind, ExtentKind::Inline { .. }) { f.end().div_ceil(ss) * ss } else { f.end() };
+            let f_end = if matches!(f.kind, ExtentKind::Inline { .. }) {
+                f.end().div_ceil(ss) * ss
+            } else {
+                f.end()
+            };
             let (fs, fe) = (f.file_offset.max(a), f_end.min(b));
             if fs >= fe {
                 continue;
@@ -211,7 +288,15 @@ impl FsWriter {
         Ok((edges, (a < b).then_some((a, b))))
     }
 
-    fn falloc_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, keep: bool, zero: bool) -> Result<()> {
+    fn falloc_inner(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        end: u64,
+        keep: bool,
+        zero: bool,
+    ) -> Result<()> {
         let ss = u64::from(self.sectorsize());
         let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
@@ -241,16 +326,36 @@ impl FsWriter {
             zero_alloc = alloc;
         }
         let cur_size = self.live().load_inode(id, Load::ITEM)?.item.size.get();
-        let ranges = if zero { zero_alloc.into_iter().collect() } else { self.prealloc_ranges(root, ino, offset, end, cur_size)? };
+        let ranges = if zero {
+            zero_alloc.into_iter().collect()
+        } else {
+            self.prealloc_ranges(root, ino, offset, end, cur_size)?
+        };
         let mut removed = 0;
         let mut added = 0;
         for &(s, e) in &ranges {
             removed += self.drop_extents_inner(root, ino, s, e)?;
             let mut cur = s;
             while cur < e {
-                let (bytenr, got) = crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, (e - cur).min(MAX_PREALLOC), ss)?;
-                self.delayed.add_data_ref(bytenr, got, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: cur }, 1, true)?;
-                let fe = crate::inode::write::extent_item(self.transid, FILE_EXTENT_PREALLOC, bytenr, got);
+                let (bytenr, got) = crate::space::allocator::alloc_extent_upto(
+                    self,
+                    BLOCK_GROUP_DATA,
+                    (e - cur).min(MAX_PREALLOC),
+                    ss,
+                )?;
+                self.delayed.add_data_ref(
+                    bytenr,
+                    got,
+                    crate::extent::delayed_ref::RefKind::Data { root, ino, offset: cur },
+                    1,
+                    true,
+                )?;
+                let fe = crate::inode::write::extent_item(
+                    self.transid,
+                    FILE_EXTENT_PREALLOC,
+                    bytenr,
+                    got,
+                );
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, cur), &fe)?;
                 added += got;
                 cur += got;
@@ -306,20 +411,39 @@ impl FsWriter {
     /// Rewrite the block holding EOF with zeros past EOF, the size staying
     /// (`btrfs_truncate_block` at i_size). An inline file keeps its extent when its
     /// size stays (`final_size`), and becomes a regular first block when it grows.
-    pub(super) fn zero_eof_block(&mut self, root: u64, ino: u64, ii: &InodeItem, final_size: u64) -> Result<()> {
+    pub(super) fn zero_eof_block(
+        &mut self,
+        root: u64,
+        ino: u64,
+        ii: &InodeItem,
+        final_size: u64,
+    ) -> Result<()> {
         let ss = u64::from(self.sectorsize());
         let size = ii.size.get();
         let id = InodeId { root, ino };
-        if self.live().file_extents(id, 0, 1)?.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. })) {
+        if self
+            .live()
+            .file_extents(id, 0, 1)?
+            .first()
+            .is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }))
+        {
             if final_size == size {
                 return Ok(());
             }
             return self.inline_to_regular(root, ino, ii);
         }
-        self.write_file_inner(root, ino, size, size.div_ceil(ss) * ss, ii, size, &mut |b: &mut [u8]| {
-            b.fill(0);
-            Ok(())
-        })?;
+        self.write_file_inner(
+            root,
+            ino,
+            size,
+            size.div_ceil(ss) * ss,
+            ii,
+            size,
+            &mut |b: &mut [u8]| {
+                b.fill(0);
+                Ok(())
+            },
+        )?;
         self.update_inode(root, ino, |i| i.size = size.into())
     }
 
@@ -339,7 +463,9 @@ impl FsWriter {
         let limit = pos.saturating_add(len.div_ceil(ss) * ss);
         let ext = self.live().file_extents(id, pos, u64::MAX)?;
         match ext.iter().find(|f| f.end() > pos) {
-            Some(f) if f.file_offset <= pos => Ok(matches!(f.kind, ExtentKind::Regular { disk_bytenr: 0, .. }).then(|| f.end())),
+            Some(f) if f.file_offset <= pos => {
+                Ok(matches!(f.kind, ExtentKind::Regular { disk_bytenr: 0, .. }).then(|| f.end()))
+            }
             Some(f) => Ok(Some(f.file_offset.min(limit))),
             None => Ok(Some(limit)),
         }
@@ -389,7 +515,10 @@ impl FsWriter {
             }
         }
         // The last block's part before `end`, when that block is not a hole.
-        if !end.is_multiple_of(ss) && lockend < ino_size && self.hole_at(id, lockend, end - lockend)?.is_none_or(|h| h < end) {
+        if !end.is_multiple_of(ss)
+            && lockend < ino_size
+            && self.hole_at(id, lockend, end - lockend)?.is_none_or(|h| h < end)
+        {
             self.zero_in_file(root, ino, lockend, end.min(size))?;
         }
         if lockend <= lockstart {
@@ -400,11 +529,15 @@ impl FsWriter {
         let removed = self.drop_extents_inner(root, ino, lockstart, lockend)?;
         // Without no-holes, hole extents cover what was dropped inside the file.
         let hole_end = lockend.min(ino_size);
-        if lockstart < hole_end && self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0 {
+        if lockstart < hole_end
+            && self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0
+        {
             let fe = crate::inode::write::reg_extent_item(self.transid, 0, hole_end - lockstart);
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, lockstart), &fe)?;
         }
-        self.update_inode(root, ino, |i| i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get())).into())
+        self.update_inode(root, ino, |i| {
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get())).into()
+        })
     }
 }
 
@@ -426,7 +559,13 @@ impl FsWriter {
 ///
 /// None is ENXIO: an empty file, `offset` at or past EOF, or SEEK_DATA with no data
 /// from `offset` to EOF. `sectorsize` is the filesystem's.
-pub fn seek_data_hole(ii: &InodeItem, sectorsize: u32, ext: &[FileExtentRec], offset: u64, whence: i32) -> Option<u64> {
+pub fn seek_data_hole(
+    ii: &InodeItem,
+    sectorsize: u32,
+    ext: &[FileExtentRec],
+    offset: u64,
+    whence: i32,
+) -> Option<u64> {
     let size = ii.size.get();
     if offset >= size {
         return None;
@@ -472,9 +611,18 @@ pub fn seek_data_hole(ii: &InodeItem, sectorsize: u32, ext: &[FileExtentRec], of
 ///
 /// # Errors
 /// `Posix(Invalid)` for another `whence`; read failures.
-pub fn seek_in_file<V: FsRead>(v: &V, id: InodeId, offset: u64, whence: i32) -> Result<Option<u64>> {
+pub fn seek_in_file<V: FsRead>(
+    v: &V,
+    id: InodeId,
+    offset: u64,
+    whence: i32,
+) -> Result<Option<u64>> {
     if whence != SEEK_DATA && whence != SEEK_HOLE {
-        return Err(Error::posix_detail(PosixKind::Invalid, id.to_string(), format!("lseek whence {whence} is neither SEEK_DATA nor SEEK_HOLE")));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            id.to_string(),
+            format!("lseek whence {whence} is neither SEEK_DATA nor SEEK_HOLE"),
+        ));
     }
     let ii = v.load_inode(id, Load::ITEM)?.item;
     if offset >= ii.size.get() {

@@ -35,7 +35,10 @@ fn write_lock(i: &Inode) -> RwLockWriteGuard<'_, ()> {
 }
 
 /// Lock `a` and `b` exclusively in `InodeId` order (one lock if they are the same).
-pub(crate) fn write_lock_two<'a>(a: &'a Inode, b: Option<&'a Inode>) -> (RwLockWriteGuard<'a, ()>, Option<RwLockWriteGuard<'a, ()>>) {
+pub(crate) fn write_lock_two<'a>(
+    a: &'a Inode,
+    b: Option<&'a Inode>,
+) -> (RwLockWriteGuard<'a, ()>, Option<RwLockWriteGuard<'a, ()>>) {
     match b {
         None => (write_lock(a), None),
         Some(b) if b.id == a.id => (write_lock(a), None),
@@ -102,10 +105,17 @@ impl Engine {
 
     /// A direct write's data space, held beside what dirty data was promised (the
     /// write itself checks only that its own bytes are free).
-    fn reserve_direct_write(&self, id: InodeId, offset: u64, len: usize) -> Result<Option<crate::space::data_rsv::DataReservation<'_>>> {
+    fn reserve_direct_write(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<crate::space::data_rsv::DataReservation<'_>>> {
         let bs = u64::from(self.info().sectorsize);
         match offset.checked_add(len as u64) {
-            Some(end) if len > 0 => Ok(Some(self.reserve_data_space(id, offset / bs * bs, end.div_ceil(bs) * bs)?)),
+            Some(end) if len > 0 => {
+                Ok(Some(self.reserve_data_space(id, offset / bs * bs, end.div_ceil(bs) * bs)?))
+            }
             // Nothing to hold; the write reports a bad range itself.
             _ => Ok(None),
         }
@@ -124,19 +134,37 @@ impl Engine {
     }
 
     /// The direct write itself (the inode's lock held, the page cache not looked at).
-    pub(crate) fn write_file_raw(&self, id: InodeId, offset: u64, data: &[u8], writing_back: bool) -> Result<()> {
+    pub(crate) fn write_file_raw(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        writing_back: bool,
+    ) -> Result<()> {
         // A writeback's data was allowed when it was written: no flag set since
         // refuses it (`FsWriter::writing_back`).
-        fn as_writeback<T>(w: &mut crate::transaction::FsWriter, on: bool, f: impl FnOnce(&mut crate::transaction::FsWriter) -> Result<T>) -> Result<T> {
+        fn as_writeback<T>(
+            w: &mut crate::transaction::FsWriter,
+            on: bool,
+            f: impl FnOnce(&mut crate::transaction::FsWriter) -> Result<T>,
+        ) -> Result<T> {
             w.writing_back = on;
             let r = f(w);
             w.writing_back = false;
             r
         }
         // Both runs read what they miss without the lock until they begin a change.
-        let plan = self.write_retrying(|w| as_writeback(w, writing_back, |w| w.begin_write(id.root, id.ino, offset, data.len() as u64)))?;
+        let plan = self.write_retrying(|w| {
+            as_writeback(w, writing_back, |w| {
+                w.begin_write(id.root, id.ino, offset, data.len() as u64)
+            })
+        })?;
         let mut dw = match plan {
-            WritePlan::Locked => return self.write_retrying(|w| as_writeback(w, writing_back, |w| w.write_file(id.root, id.ino, offset, data))),
+            WritePlan::Locked => {
+                return self.write_retrying(|w| {
+                    as_writeback(w, writing_back, |w| w.write_file(id.root, id.ino, offset, data))
+                })
+            }
             WritePlan::Direct(dw) => dw,
         };
         // Neither side of the engine's lock is held here; the inode's lock is.
@@ -184,7 +212,11 @@ impl Engine {
             let _g = read_lock(&inode);
             let nlink = self.read(|live| Ok(live.load_inode(id, Load::ITEM)?.nlink()))?;
             if nlink == 0 && !inode.in_use() {
-                return Err(Error::posix_detail(PosixKind::NotFound, id.to_string(), "the inode is unlinked and waits for its removal"));
+                return Err(Error::posix_detail(
+                    PosixKind::NotFound,
+                    id.to_string(),
+                    "the inode is unlinked and waits for its removal",
+                ));
             }
             inode.get_open();
         }
@@ -251,7 +283,11 @@ impl Engine {
                 return Ok(());
             }
         }
-        Err(Error::posix_detail(PosixKind::Busy, crate::quote::name(name), "the name kept changing while it was being removed"))
+        Err(Error::posix_detail(
+            PosixKind::Busy,
+            crate::quote::name(name),
+            "the name kept changing while it was being removed",
+        ))
     }
 
     /// Inode `id` was read (data, entries, link target): move its atime as `opts`
@@ -262,8 +298,15 @@ impl Engine {
     /// As `FsWriter::file_accessed`.
     pub fn file_accessed(&self, id: InodeId, opts: crate::inode::atime::AtimeOpts) -> Result<bool> {
         let t = self.info().sources.clock.now();
-        let now = ubtrfs_format::structs::Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() };
-        if !self.read(|live| Ok(crate::inode::atime::atime_needs_update(&live.load_inode(id, Load::ITEM)?.item, now, opts)))? {
+        let now =
+            ubtrfs_format::structs::Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() };
+        if !self.read(|live| {
+            Ok(crate::inode::atime::atime_needs_update(
+                &live.load_inode(id, Load::ITEM)?.item,
+                now,
+                opts,
+            ))
+        })? {
             return Ok(false);
         }
         self.write_retrying(|w| w.file_accessed(id.root, id.ino, opts))
@@ -339,19 +382,32 @@ impl Engine {
     ///
     /// # Errors
     /// As `FsWriter::rename`; `Posix(Busy)` if the names kept changing under us.
-    pub fn rename(&self, root: u64, old_dir: u64, old_name: &[u8], new_dir: u64, new_name: &[u8], flags: u32) -> Result<()> {
+    pub fn rename(
+        &self,
+        root: u64,
+        old_dir: u64,
+        old_name: &[u8],
+        new_dir: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
         let (od, nd) = (InodeId { root, ino: old_dir }, InodeId { root, ino: new_dir });
         for _ in 0..UNLINK_ATTEMPTS {
-            let (src, dst) = self.read(|live| Ok((live.lookup(od, old_name)?, live.lookup(nd, new_name)?)))?;
+            let (src, dst) =
+                self.read(|live| Ok((live.lookup(od, old_name)?, live.lookup(nd, new_name)?)))?;
             let mut ids = vec![od, nd];
             ids.extend(src.iter().chain(dst.iter()).filter(|e| !e.is_subvol).map(|e| e.target));
             ids.sort();
             ids.dedup();
-            let inodes: Vec<Arc<Inode>> = ids.iter().map(|&id| self.info().inodes.get(id)).collect();
+            let inodes: Vec<Arc<Inode>> =
+                ids.iter().map(|&id| self.info().inodes.get(id)).collect();
             let done = {
                 let _locks: Vec<_> = inodes.iter().map(|i| write_lock(i)).collect();
                 self.write_retrying(|w| {
-                    let now = (w.live().lookup(od, old_name)?.map(|e| e.target), w.live().lookup(nd, new_name)?.map(|e| e.target));
+                    let now = (
+                        w.live().lookup(od, old_name)?.map(|e| e.target),
+                        w.live().lookup(nd, new_name)?.map(|e| e.target),
+                    );
                     if now != (src.as_ref().map(|e| e.target), dst.as_ref().map(|e| e.target)) {
                         return Ok(false);
                     }
@@ -368,7 +424,11 @@ impl Engine {
                 return Ok(());
             }
         }
-        Err(Error::posix_detail(PosixKind::Busy, crate::quote::name(old_name), "the names kept changing while it was being renamed"))
+        Err(Error::posix_detail(
+            PosixKind::Busy,
+            crate::quote::name(old_name),
+            "the names kept changing while it was being renamed",
+        ))
     }
 
     /// Look `name` up in directory `dir` and count one lookup of the inode found, as the
@@ -403,9 +463,18 @@ impl Engine {
         // Under the inode's lock, as `open_inode`: an unlink of its last name comes
         // wholly before (and then it is gone unless in use) or after (and sees it in use).
         let _g = read_lock(&inode);
-        let (refs, nlink) = self.read(|live| Ok((crate::tree::search::TreeView::read_root(live, id.root)?.1.refs.get(), live.load_inode(id, Load::ITEM)?.nlink())))?;
+        let (refs, nlink) = self.read(|live| {
+            Ok((
+                crate::tree::search::TreeView::read_root(live, id.root)?.1.refs.get(),
+                live.load_inode(id, Load::ITEM)?.nlink(),
+            ))
+        })?;
         if refs == 0 || (nlink == 0 && !inode.in_use()) {
-            return Err(Error::posix_detail(PosixKind::NotFound, id.to_string(), "the inode is unlinked or its subvolume deleted"));
+            return Err(Error::posix_detail(
+                PosixKind::NotFound,
+                id.to_string(),
+                "the inode is unlinked or its subvolume deleted",
+            ));
         }
         inode.get_lookups(1);
         Ok(())

@@ -91,10 +91,30 @@ impl FileExtentRec {
     /// The record of a parsed EXTENT_DATA item at file offset `file_offset`.
     pub fn new(file_offset: u64, fe: &FileExtent<'_>) -> FileExtentRec {
         let (generation, kind) = match *fe {
-            FileExtent::Inline { generation, ram_bytes, compression, data } => (generation, ExtentKind::Inline { ram_bytes, compression, data: data.to_vec() }),
-            FileExtent::Regular { generation, disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc } => {
-                (generation, ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression, prealloc })
+            FileExtent::Inline { generation, ram_bytes, compression, data } => {
+                (generation, ExtentKind::Inline { ram_bytes, compression, data: data.to_vec() })
             }
+            FileExtent::Regular {
+                generation,
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+                ram_bytes,
+                compression,
+                prealloc,
+            } => (
+                generation,
+                ExtentKind::Regular {
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset,
+                    num_bytes,
+                    ram_bytes,
+                    compression,
+                    prealloc,
+                },
+            ),
         };
         FileExtentRec { file_offset, generation, kind }
     }
@@ -113,7 +133,10 @@ impl FileExtentRec {
     }
     /// True if reading it yields zeros without touching the disk.
     pub fn is_hole_like(&self) -> bool {
-        matches!(self.kind, ExtentKind::Regular { disk_bytenr: 0, .. } | ExtentKind::Regular { prealloc: true, .. })
+        matches!(
+            self.kind,
+            ExtentKind::Regular { disk_bytenr: 0, .. } | ExtentKind::Regular { prealloc: true, .. }
+        )
     }
 }
 
@@ -278,7 +301,12 @@ impl Filesystem {
     /// # Errors
     /// As `from_info`.
     pub fn at(info: Arc<FsInfo>, sb: Arc<Superblock>) -> Result<Filesystem> {
-        let mut fs = Filesystem { info, sb, roots: Mutex::new(HashMap::new()), default_subvol: FS_TREE_OBJECTID };
+        let mut fs = Filesystem {
+            info,
+            sb,
+            roots: Mutex::new(HashMap::new()),
+            default_subvol: FS_TREE_OBJECTID,
+        };
         fs.default_subvol = find_default_subvol(&fs)?;
         Ok(fs)
     }
@@ -513,15 +541,30 @@ pub trait FsRead: TreeView + Sized {
                 return Ok(parts.join(&b'/'));
             }
             let item = self.iter(&tree, Key::new(cur, INODE_REF_KEY, 0))?.next_item()?;
-            let Some(item) = item.filter(|i| i.key().objectid == cur && i.key().type_ == INODE_REF_KEY) else {
-                return Err(Corrupt::new(CorruptWhere::Item, format!("directory {cur} has no INODE_REF")).root(root).into());
+            let Some(item) =
+                item.filter(|i| i.key().objectid == cur && i.key().type_ == INODE_REF_KEY)
+            else {
+                return Err(Corrupt::new(
+                    CorruptWhere::Item,
+                    format!("directory {cur} has no INODE_REF"),
+                )
+                .root(root)
+                .into());
             };
             let parent = item.key().offset;
-            let first = items::inode_refs(item.data(), parent).next().expect("validated by the tree checker: at least one ref").expect("validated by the tree checker");
+            let first = items::inode_refs(item.data(), parent)
+                .next()
+                .expect("validated by the tree checker: at least one ref")
+                .expect("validated by the tree checker");
             parts.push(first.name.to_vec());
             cur = parent;
         }
-        Err(Corrupt::new(CorruptWhere::Item, format!("directory {ino}: its INODE_REF chain does not reach the top")).root(root).into())
+        Err(Corrupt::new(
+            CorruptWhere::Item,
+            format!("directory {ino}: its INODE_REF chain does not reach the top"),
+        )
+        .root(root)
+        .into())
     }
 
     /// Every subvolume: (id, parent id, dirid in parent, name, path from the top).
@@ -539,7 +582,12 @@ pub trait FsRead: TreeView + Sized {
             }
             if k.type_ == ROOT_BACKREF_KEY {
                 let r = items::root_ref(item.data()).expect("validated by the tree checker");
-                out.push(SubvolInfo { id: k.objectid, parent: k.offset, dirid: r.dirid, name: r.name.to_vec() });
+                out.push(SubvolInfo {
+                    id: k.objectid,
+                    parent: k.offset,
+                    dirid: r.dirid,
+                    name: r.name.to_vec(),
+                });
             }
         }
         Ok(out)
@@ -570,7 +618,14 @@ pub trait FsRead: TreeView + Sized {
             let rec = FileExtentRec::new(k.offset, &fe);
             if let Some(prev) = out.last() {
                 if prev.end() > rec.file_offset {
-                    return Err(corrupt_inode(id, format!("file extent at {} overlaps the previous one ending at {}", rec.file_offset, prev.end())));
+                    return Err(corrupt_inode(
+                        id,
+                        format!(
+                            "file extent at {} overlaps the previous one ending at {}",
+                            rec.file_offset,
+                            prev.end()
+                        ),
+                    ));
                 }
             }
             if rec.end() > from {
@@ -593,7 +648,13 @@ pub trait FsRead: TreeView + Sized {
     ///
     /// # Errors
     /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
-    fn read_verified(&self, inode: &InodeView, file_offset: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
+    fn read_verified(
+        &self,
+        inode: &InodeView,
+        file_offset: u64,
+        logical: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
         crate::inode::read::read_verified(self, inode, file_offset, logical, buf)
     }
 
@@ -610,7 +671,13 @@ pub trait FsRead: TreeView + Sized {
     ///
     /// # Errors
     /// As `read_at`.
-    fn read_at_cached(&self, inode: &InodeView, offset: u64, buf: &mut [u8], cache: &mut crate::inode::read::DecompressCache) -> Result<usize> {
+    fn read_at_cached(
+        &self,
+        inode: &InodeView,
+        offset: u64,
+        buf: &mut [u8],
+        cache: &mut crate::inode::read::DecompressCache,
+    ) -> Result<usize> {
         crate::inode::read::read_at_cached(self, inode, offset, buf, cache)
     }
 }
@@ -621,7 +688,8 @@ pub trait FsRead: TreeView + Sized {
 /// Read failures.
 pub fn find_default_subvol<V: TreeView>(fs: &V) -> Result<u64> {
     let root = fs.tree_root();
-    let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
+    let key =
+        Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
     let (path, found) = fs.search_slot(&root, &key)?;
     if found {
         let item = path.item().expect("found slot is in the leaf");
@@ -652,7 +720,12 @@ fn placeholder_view<V: FsRead>(fs: &V, id: InodeId) -> Result<InodeView> {
     Ok(InodeView { id, item: ii, xattrs: Vec::new(), extents: Vec::new(), entries: Vec::new() })
 }
 
-fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Option<&mut LoadDamage>) -> Result<InodeView> {
+fn load_inode_with<V: FsRead>(
+    fs: &V,
+    id: InodeId,
+    load: Load,
+    mut damage: Option<&mut LoadDamage>,
+) -> Result<InodeView> {
     if id.is_placeholder() {
         return placeholder_view(fs, id);
     }
@@ -665,7 +738,9 @@ fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Optio
             Ok(None) => break,
             Err(e) => {
                 // Without the INODE_ITEM there is nothing to salvage.
-                let (Some(d), Some(_)) = (damage.as_deref_mut(), view.as_ref()) else { return Err(e) };
+                let (Some(d), Some(_)) = (damage.as_deref_mut(), view.as_ref()) else {
+                    return Err(e);
+                };
                 match it.skip_unreadable() {
                     // The block starts past this inode: nothing of it was lost.
                     Some(from) if from.objectid > id.ino => break,
@@ -696,8 +771,15 @@ fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Optio
             if k.type_ != INODE_ITEM_KEY {
                 break;
             }
-            let ii = InodeItem::read_from_bytes(item.data()).expect("size validated by the tree checker");
-            view = Some(InodeView { id, item: ii, xattrs: Vec::new(), extents: Vec::new(), entries: Vec::new() });
+            let ii = InodeItem::read_from_bytes(item.data())
+                .expect("size validated by the tree checker");
+            view = Some(InodeView {
+                id,
+                item: ii,
+                xattrs: Vec::new(),
+                extents: Vec::new(),
+                entries: Vec::new(),
+            });
             if !(load.xattrs || load.extents || load.entries) {
                 break;
             }
@@ -715,7 +797,11 @@ fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Optio
                     let e = e.expect("validated by the tree checker");
                     match (dir_entry(fs, id, &e, k.offset), damage.as_deref_mut()) {
                         (Ok(de), _) => v.entries.push(de),
-                        (Err(error), Some(d)) => d.bad_entries.push(BadEntry { name: e.name.to_vec(), ftype: e.type_, error }),
+                        (Err(error), Some(d)) => d.bad_entries.push(BadEntry {
+                            name: e.name.to_vec(),
+                            ftype: e.type_,
+                            error,
+                        }),
                         (Err(err), None) => return Err(err),
                     }
                 }
@@ -725,7 +811,14 @@ fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Optio
                 let rec = FileExtentRec::new(k.offset, &fe);
                 if let Some(prev) = v.extents.last() {
                     if prev.end() > rec.file_offset {
-                        return Err(corrupt_inode(id, format!("file extent at {} overlaps the previous one ending at {}", rec.file_offset, prev.end())));
+                        return Err(corrupt_inode(
+                            id,
+                            format!(
+                                "file extent at {} overlaps the previous one ending at {}",
+                                rec.file_offset,
+                                prev.end()
+                            ),
+                        ));
                     }
                 }
                 v.extents.push(rec);
@@ -738,7 +831,12 @@ fn load_inode_with<V: FsRead>(fs: &V, id: InodeId, load: Load, mut damage: Optio
     view.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("inode {id}")))
 }
 
-fn dir_entry<V: FsRead>(fs: &V, dir: InodeId, e: &items::DirEntry<'_>, index: u64) -> Result<DirEntry> {
+fn dir_entry<V: FsRead>(
+    fs: &V,
+    dir: InodeId,
+    e: &items::DirEntry<'_>,
+    index: u64,
+) -> Result<DirEntry> {
     let (target, is_subvol, placeholder_of) = match e.location.type_ {
         INODE_ITEM_KEY => (InodeId { root: dir.root, ino: e.location.objectid }, false, None),
         ROOT_ITEM_KEY => {

@@ -253,7 +253,16 @@ const MAX_CLOSE_ERRORS: usize = 64;
 impl InodeCache {
     /// A cache of at most `capacity` inodes not in use (at least 1).
     pub fn new(capacity: usize) -> InodeCache {
-        let inner = CacheInner { capacity: capacity.max(1), map: HashMap::new(), lru: BTreeMap::new(), pinned: 0, visits: 0, next_tick: 0, kept_over: 0, evictions: 0 };
+        let inner = CacheInner {
+            capacity: capacity.max(1),
+            map: HashMap::new(),
+            lru: BTreeMap::new(),
+            pinned: 0,
+            visits: 0,
+            next_tick: 0,
+            kept_over: 0,
+            evictions: 0,
+        };
         InodeCache { inner: Mutex::new(inner), close_errors: CloseErrors::default() }
     }
 
@@ -274,7 +283,11 @@ impl InodeCache {
             }
             let old = std::mem::replace(age, tick);
             let inode = Arc::clone(inode);
-            assert_eq!(c.lru.get(&old), Some(&id), "inode cache: age {old} of {id} missing from the LRU order");
+            assert_eq!(
+                c.lru.get(&old),
+                Some(&id),
+                "inode cache: age {old} of {id} missing from the LRU order"
+            );
             c.lru.remove(&old);
             c.lru.insert(tick, id);
             return inode;
@@ -297,12 +310,21 @@ impl InodeCache {
     /// An open inode of tree `root`, if there is one: a subvolume with one is not
     /// deleted.
     pub fn open_in_root(&self, root: u64) -> Option<InodeId> {
-        self.lock().map.iter().find(|(id, (i, _))| id.root == root && i.open_count() > 0).map(|(id, _)| *id)
+        self.lock()
+            .map
+            .iter()
+            .find(|(id, (i, _))| id.root == root && i.open_count() > 0)
+            .map(|(id, _)| *id)
     }
 
     /// The inodes the FUSE kernel holds lookups of, with their counts.
     pub fn looked_up(&self) -> Vec<(InodeId, u64)> {
-        self.lock().map.iter().map(|(id, (i, _))| (*id, i.lookup_count())).filter(|&(_, n)| n > 0).collect()
+        self.lock()
+            .map
+            .iter()
+            .map(|(id, (i, _))| (*id, i.lookup_count()))
+            .filter(|&(_, n)| n > 0)
+            .collect()
     }
 
     /// Drop `id` from the cache if nobody holds it (after its removal from disk).
@@ -380,16 +402,40 @@ const DEBUG_CHECK_MAX: usize = 256;
 impl CacheInner {
     fn check(&self) {
         let c = self;
-        assert_eq!(c.map.len(), c.lru.len() + c.pinned, "inode cache: the map holds other than the LRU order plus the pinned");
-        assert_eq!(c.map.values().filter(|(_, a)| *a == PINNED).count(), c.pinned, "inode cache: pinned count");
+        assert_eq!(
+            c.map.len(),
+            c.lru.len() + c.pinned,
+            "inode cache: the map holds other than the LRU order plus the pinned"
+        );
+        assert_eq!(
+            c.map.values().filter(|(_, a)| *a == PINNED).count(),
+            c.pinned,
+            "inode cache: pinned count"
+        );
         for (age, id) in &c.lru {
-            let (inode, a) = c.map.get(id).unwrap_or_else(|| panic!("inode cache: LRU names {id}, which the map lacks"));
-            assert_eq!(a, age, "inode cache: {id} has age {a} in the map and {age} in the LRU order");
+            let (inode, a) = c
+                .map
+                .get(id)
+                .unwrap_or_else(|| panic!("inode cache: LRU names {id}, which the map lacks"));
+            assert_eq!(
+                a, age,
+                "inode cache: {id} has age {a} in the map and {age} in the LRU order"
+            );
             assert_eq!(inode.id, *id, "inode cache: entry {id} holds inode {}", inode.id);
-            assert!(*age < c.next_tick, "inode cache: {id} has age {age} from the future (next tick {})", c.next_tick);
+            assert!(
+                *age < c.next_tick,
+                "inode cache: {id} has age {age} from the future (next tick {})",
+                c.next_tick
+            );
         }
         let over = c.map.len().saturating_sub(c.capacity);
-        assert!(over <= c.kept_over, "inode cache: {} inodes for capacity {}, but the last shrink kept only {} in use", c.map.len(), c.capacity, c.kept_over);
+        assert!(
+            over <= c.kept_over,
+            "inode cache: {} inodes for capacity {}, but the last shrink kept only {} in use",
+            c.map.len(),
+            c.capacity,
+            c.kept_over
+        );
     }
 }
 
@@ -513,7 +559,10 @@ mod tests {
         }
         assert!(c.lookup(id(256)).is_some_and(|i| i.open_count() == 1));
         assert!(c.lookup(id(257)).is_some_and(|i| i.lookup_count() == 2));
-        assert!(c.lookup(id(258)).is_some_and(|i| Arc::ptr_eq(&i, &held)), "a held inode keeps its one lock");
+        assert!(
+            c.lookup(id(258)).is_some_and(|i| Arc::ptr_eq(&i, &held)),
+            "a held inode keeps its one lock"
+        );
         // Over capacity only by the inodes in use.
         assert!(c.len() <= 2 + 3, "{} cached", c.len());
         // Released, they go at the next shrink.
@@ -527,7 +576,10 @@ mod tests {
         // Pinned while in use, they come back to the LRU order when released (the
         // engine's close and forget say so).
         c.set_capacity(1);
-        assert!(c.lookup(id(256)).is_some() && c.lookup(id(257)).is_some(), "pinned inodes are not evicted before unpin");
+        assert!(
+            c.lookup(id(256)).is_some() && c.lookup(id(257)).is_some(),
+            "pinned inodes are not evicted before unpin"
+        );
         c.unpin(id(256));
         c.unpin(id(257));
         c.set_capacity(1);
@@ -545,7 +597,10 @@ mod tests {
             i.get_lookups(1);
         }
         let visits = c.lock().visits;
-        assert!(visits < 20_000 * (1 + SHRINK_SLACK as u64), "{visits} shrink visits for 20,000 inodes in use");
+        assert!(
+            visits < 20_000 * (1 + SHRINK_SLACK as u64),
+            "{visits} shrink visits for 20,000 inodes in use"
+        );
         assert_eq!(c.len(), 20_000, "every inode in use stays");
         c.check_invariants();
         // Forgotten, they are evicted down to the capacity again.

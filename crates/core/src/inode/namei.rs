@@ -20,7 +20,10 @@ impl FsWriter {
             None => ("", trimmed),
         };
         if name.is_empty() || name == "." || name == ".." {
-            return Err(Error::posix(PosixKind::Invalid, format!("{}: needs a name inside a directory", crate::quote::name(path.as_bytes()))));
+            return Err(Error::posix(
+                PosixKind::Invalid,
+                format!("{}: needs a name inside a directory", crate::quote::name(path.as_bytes())),
+            ));
         }
         let live = self.live();
         let parent = live.resolve_id(dir, true)?;

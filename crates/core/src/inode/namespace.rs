@@ -30,7 +30,10 @@ pub const PATH_MAX: usize = 4096;
 /// The largest symlink target: what fits inline in a leaf (BTRFS_MAX_INLINE_DATA_SIZE),
 /// and never more than a path.
 pub fn max_symlink_len(nodesize: u32) -> usize {
-    let inline = nodesize as usize - ubtrfs_format::node::HEADER_SIZE - ubtrfs_format::node::ITEM_SIZE - FILE_EXTENT_INLINE_DATA_START;
+    let inline = nodesize as usize
+        - ubtrfs_format::node::HEADER_SIZE
+        - ubtrfs_format::node::ITEM_SIZE
+        - FILE_EXTENT_INLINE_DATA_START;
     inline.min(PATH_MAX - 1)
 }
 
@@ -42,10 +45,18 @@ fn name_of(name: &[u8]) -> String {
 /// (`btrfs_lookup`), the rest EINVAL.
 fn check_component(name: &[u8]) -> Result<()> {
     if name.len() > NAME_LEN {
-        return Err(Error::posix_detail(PosixKind::NameTooLong, name_of(name), format!("a name holds at most {NAME_LEN} bytes, this one {}", name.len())));
+        return Err(Error::posix_detail(
+            PosixKind::NameTooLong,
+            name_of(name),
+            format!("a name holds at most {NAME_LEN} bytes, this one {}", name.len()),
+        ));
     }
     if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
-        return Err(Error::posix_detail(PosixKind::Invalid, name_of(name), "not a single name inside a directory"));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            name_of(name),
+            "not a single name inside a directory",
+        ));
     }
     Ok(())
 }
@@ -86,7 +97,9 @@ impl FsWriter {
     /// errors.
     fn lookup_victim(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<Option<Victim>> {
         check_component(name)?;
-        let Some(entry) = self.live().lookup(InodeId { root, ino: dir }, name)? else { return Ok(None) };
+        let Some(entry) = self.live().lookup(InodeId { root, ino: dir }, name)? else {
+            return Ok(None);
+        };
         // A subvolume's entry leads to its root directory, in another tree.
         let item = self.live().load_inode(entry.target, Load::ITEM)?.item;
         Ok(Some(Victim { entry, item }))
@@ -95,7 +108,15 @@ impl FsWriter {
     /// The VFS's `may_delete` of `v` from directory `dir` (flags `dflags`): EPERM for an
     /// immutable or append-only directory or victim, then the type: ENOTDIR when a
     /// directory is wanted and `v` is not, EISDIR when `v` is one and is not wanted.
-    fn may_delete(&self, root: u64, dir: u64, dflags: u64, name: &[u8], v: &Victim, want_dir: bool) -> Result<()> {
+    fn may_delete(
+        &self,
+        root: u64,
+        dir: u64,
+        dflags: u64,
+        name: &[u8],
+        v: &Victim,
+        want_dir: bool,
+    ) -> Result<()> {
         iflags_allow(root, dir, dflags, IflagOp::RemoveName, name)?;
         iflags_allow(root, v.entry.target.ino, v.item.flags.get(), IflagOp::Relink, name)?;
         if want_dir && !v.is_dir() {
@@ -136,7 +157,9 @@ impl FsWriter {
     fn remove_name(&mut self, root: u64, dir: u64, name: &[u8], want_dir: bool) -> Result<()> {
         self.check_root_writable(root)?;
         let dflags = self.dir_item(root, dir)?.flags.get();
-        let v = self.lookup_victim(root, dir, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, name_of(name)))?;
+        let v = self
+            .lookup_victim(root, dir, name)?
+            .ok_or_else(|| Error::posix(PosixKind::NotFound, name_of(name)))?;
         self.may_delete(root, dir, dflags, name, &v, want_dir)?;
         if want_dir && v.item.size.get() != 0 {
             return Err(Error::posix(PosixKind::NotEmpty, name_of(name)));
@@ -156,7 +179,9 @@ impl FsWriter {
         }
         let in_use = self.in_use(v.entry.target);
         let ino = v.entry.target.ino;
-        self.transaction(if want_dir { "rmdir" } else { "unlink" }, 0, |w| w.unlink_inner(root, dir, name, ino, v.entry.ftype, &v.item, in_use))
+        self.transaction(if want_dir { "rmdir" } else { "unlink" }, 0, |w| {
+            w.unlink_inner(root, dir, name, ino, v.entry.ftype, &v.item, in_use)
+        })
     }
 
     /// Remove the entry `name` of directory `dir` that is the placeholder of subvolume
@@ -179,7 +204,15 @@ impl FsWriter {
             }
         }
         let Some(index) = index else {
-            return Err(Corrupt::new(CorruptWhere::Item, format!("directory {dir}: no DIR_INDEX for the entry {} of subvolume {id}", name_of(name))).root(root).into());
+            return Err(Corrupt::new(
+                CorruptWhere::Item,
+                format!(
+                    "directory {dir}: no DIR_INDEX for the entry {} of subvolume {id}",
+                    name_of(name)
+                ),
+            )
+            .root(root)
+            .into());
         };
         self.transaction("rmdir placeholder", 0, |w| {
             w.del_dir_item_entry(root, dir, name)?;
@@ -193,25 +226,54 @@ impl FsWriter {
     /// # Errors
     /// `Posix`: NotFound for an empty target, NameTooLong past `max_symlink_len`, and
     /// as `create_file`.
-    pub fn symlink(&mut self, root: u64, dir: u64, name: &[u8], target: &[u8], a: &InodeAttrs) -> Result<u64> {
+    pub fn symlink(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+        a: &InodeAttrs,
+    ) -> Result<u64> {
         self.check_root_writable(root)?;
         if target.is_empty() {
-            return Err(Error::posix_detail(PosixKind::NotFound, name_of(name), "a symlink target cannot be empty"));
+            return Err(Error::posix_detail(
+                PosixKind::NotFound,
+                name_of(name),
+                "a symlink target cannot be empty",
+            ));
         }
         // The target is copied in as a path first (getname), the name looked up
         // next, and the inline room checked last (btrfs_symlink).
         if target.len() >= PATH_MAX {
-            return Err(Error::posix_detail(PosixKind::NameTooLong, name_of(name), format!("a symlink target holds less than {PATH_MAX} bytes, this one {}", target.len())));
+            return Err(Error::posix_detail(
+                PosixKind::NameTooLong,
+                name_of(name),
+                format!(
+                    "a symlink target holds less than {PATH_MAX} bytes, this one {}",
+                    target.len()
+                ),
+            ));
         }
         if target.contains(&0) {
-            return Err(Error::posix_detail(PosixKind::Invalid, name_of(name), "a symlink target cannot hold a NUL byte"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                name_of(name),
+                "a symlink target cannot hold a NUL byte",
+            ));
         }
         let mut a = *a;
         a.mode = S_IFLNK | 0o777;
         let dflags = self.check_new_name(root, dir, name)?;
         let max = max_symlink_len(self.nodesize());
         if target.len() > max {
-            return Err(Error::posix_detail(PosixKind::NameTooLong, name_of(name), format!("a symlink target holds at most {max} bytes with this node size, this one {}", target.len())));
+            return Err(Error::posix_detail(
+                PosixKind::NameTooLong,
+                name_of(name),
+                format!(
+                    "a symlink target holds at most {max} bytes with this node size, this one {}",
+                    target.len()
+                ),
+            ));
         }
         a.flags |= inherited_flags(dflags, false);
         self.transaction("symlink", LINK_ITEMS + 2, |w| {
@@ -243,8 +305,20 @@ impl FsWriter {
                 FT_REG_FILE
             }
             S_IFCHR | S_IFBLK | S_IFIFO | S_IFSOCK => ft_from_mode(a.mode),
-            S_IFDIR => return Err(Error::posix_detail(PosixKind::NotPermitted, name_of(name), "mknod cannot make a directory")),
-            t => return Err(Error::posix_detail(PosixKind::Invalid, name_of(name), format!("mknod cannot make file type {t:#o}"))),
+            S_IFDIR => {
+                return Err(Error::posix_detail(
+                    PosixKind::NotPermitted,
+                    name_of(name),
+                    "mknod cannot make a directory",
+                ))
+            }
+            t => {
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    name_of(name),
+                    format!("mknod cannot make file type {t:#o}"),
+                ))
+            }
         };
         if !matches!(ftype, FT_CHRDEV | FT_BLKDEV) {
             a.rdev = 0;
@@ -271,13 +345,21 @@ impl FsWriter {
             if dir == FIRST_FREE_OBJECTID {
                 return Ok(false);
             }
-            let refs = self.items_in_range(root, &Key::new(dir, INODE_REF_KEY, 0), &Key::new(dir, INODE_REF_KEY, u64::MAX))?;
+            let refs = self.items_in_range(
+                root,
+                &Key::new(dir, INODE_REF_KEY, 0),
+                &Key::new(dir, INODE_REF_KEY, u64::MAX),
+            )?;
             match refs.first() {
                 Some((k, _)) if k.offset != dir => dir = k.offset,
                 _ => return Ok(false),
             }
         }
-        Err(crate::inode::write::ino_err(root, dir, "the directory's parents go round in a loop".into()))
+        Err(crate::inode::write::ino_err(
+            root,
+            dir,
+            "the directory's parents go round in a loop".into(),
+        ))
     }
 
     /// Rename `old_name` in `old_dir` to `new_name` in `new_dir` (`renameat2(2)`): a
@@ -290,20 +372,45 @@ impl FsWriter {
     /// `Posix` as the kernel: Invalid for bad flags or a directory moved under itself,
     /// NotFound, Exists, NotDir, IsDir, NotEmpty (also a target that is an ancestor of
     /// the source), NotPermitted, NameTooLong; NotSupported for a subvolume's entry.
-    pub fn rename(&mut self, root: u64, old_dir: u64, old_name: &[u8], new_dir: u64, new_name: &[u8], flags: u32) -> Result<()> {
+    pub fn rename(
+        &mut self,
+        root: u64,
+        old_dir: u64,
+        old_name: &[u8],
+        new_dir: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
         self.rename_with_owner(root, old_dir, old_name, new_dir, new_name, flags, (0, 0))
     }
 
     /// `rename` with the owner (uid, gid) a RENAME_WHITEOUT's whiteout gets (the
     /// caller's fsuid and fsgid in the kernel).
     #[allow(clippy::too_many_arguments)]
-    pub fn rename_with_owner(&mut self, root: u64, old_dir: u64, old_name: &[u8], new_dir: u64, new_name: &[u8], flags: u32, owner: (u32, u32)) -> Result<()> {
+    pub fn rename_with_owner(
+        &mut self,
+        root: u64,
+        old_dir: u64,
+        old_name: &[u8],
+        new_dir: u64,
+        new_name: &[u8],
+        flags: u32,
+        owner: (u32, u32),
+    ) -> Result<()> {
         let what = || format!("{} -> {}", name_of(old_name), name_of(new_name));
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0 {
-            return Err(Error::posix_detail(PosixKind::Invalid, what(), format!("unknown rename flags {flags:#x}")));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                what(),
+                format!("unknown rename flags {flags:#x}"),
+            ));
         }
         if flags & RENAME_EXCHANGE != 0 && flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 {
-            return Err(Error::posix_detail(PosixKind::Invalid, what(), "RENAME_EXCHANGE goes with neither RENAME_NOREPLACE nor RENAME_WHITEOUT"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                what(),
+                "RENAME_EXCHANGE goes with neither RENAME_NOREPLACE nor RENAME_WHITEOUT",
+            ));
         }
         let exchange = flags & RENAME_EXCHANGE != 0;
         self.check_root_writable(root)?;
@@ -311,7 +418,9 @@ impl FsWriter {
         let odflags = self.dir_item(root, old_dir)?.flags.get();
         let ndflags = self.dir_item(root, new_dir)?.flags.get();
         refuse_placeholder_dir(root, new_dir, new_name)?;
-        let src = self.lookup_victim(root, old_dir, old_name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, name_of(old_name)))?;
+        let src = self
+            .lookup_victim(root, old_dir, old_name)?
+            .ok_or_else(|| Error::posix(PosixKind::NotFound, name_of(old_name)))?;
         let dst = self.lookup_victim(root, new_dir, new_name)?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(Error::posix(PosixKind::Exists, name_of(new_name)));
@@ -322,13 +431,27 @@ impl FsWriter {
         // lock_rename's traps: the source may not be an ancestor of the new directory;
         // the target may not be an ancestor of the old one.
         if old_dir != new_dir {
-            if src.is_dir() && !src.entry.is_subvol && self.is_ancestor_or_self(root, src.entry.target.ino, new_dir)? {
-                return Err(Error::posix_detail(PosixKind::Invalid, what(), "a directory cannot move inside itself"));
+            if src.is_dir()
+                && !src.entry.is_subvol
+                && self.is_ancestor_or_self(root, src.entry.target.ino, new_dir)?
+            {
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    what(),
+                    "a directory cannot move inside itself",
+                ));
             }
             if let Some(d) = &dst {
-                if d.is_dir() && !d.entry.is_subvol && self.is_ancestor_or_self(root, d.entry.target.ino, old_dir)? {
+                if d.is_dir()
+                    && !d.entry.is_subvol
+                    && self.is_ancestor_or_self(root, d.entry.target.ino, old_dir)?
+                {
                     let kind = if exchange { PosixKind::Invalid } else { PosixKind::NotEmpty };
-                    return Err(Error::posix_detail(kind, what(), "the target is a directory above the source"));
+                    return Err(Error::posix_detail(
+                        kind,
+                        what(),
+                        "the target is a directory above the source",
+                    ));
                 }
             }
         }
@@ -339,14 +462,29 @@ impl FsWriter {
         self.may_delete(root, old_dir, odflags, old_name, &src, src.is_dir())?;
         match &dst {
             None => iflags_allow(root, new_dir, ndflags, IflagOp::AddName, new_name)?,
-            Some(d) => self.may_delete(root, new_dir, ndflags, new_name, d, if exchange { d.is_dir() } else { src.is_dir() })?,
+            Some(d) => self.may_delete(
+                root,
+                new_dir,
+                ndflags,
+                new_name,
+                d,
+                if exchange { d.is_dir() } else { src.is_dir() },
+            )?,
         }
         // btrfs_rename: a placeholder does not move (ENOTEMPTY, the kernel's answer).
         if src.entry.is_placeholder() {
-            return Err(Error::posix_detail(PosixKind::NotEmpty, what(), "the placeholder of a subvolume this snapshot does not hold cannot be renamed"));
+            return Err(Error::posix_detail(
+                PosixKind::NotEmpty,
+                what(),
+                "the placeholder of a subvolume this snapshot does not hold cannot be renamed",
+            ));
         }
         if src.entry.is_subvol || dst.as_ref().is_some_and(|d| d.entry.is_subvol) {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what(), "renaming onto or from a subvolume's entry is not supported yet"));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                what(),
+                "renaming onto or from a subvolume's entry is not supported yet",
+            ));
         }
         if !exchange {
             if let Some(d) = &dst {
@@ -369,7 +507,9 @@ impl FsWriter {
         let items = 2 * LINK_ITEMS + 2;
         if exchange {
             let d = dst.expect("checked above");
-            return self.transaction("rename_exchange", items, |w| w.rename_exchange_inner(root, old_dir, old_name, &src, new_dir, new_name, &d));
+            return self.transaction("rename_exchange", items, |w| {
+                w.rename_exchange_inner(root, old_dir, old_name, &src, new_dir, new_name, &d)
+            });
         }
         let victim_in_use = dst.as_ref().is_some_and(|d| self.in_use(d.entry.target));
         self.transaction("rename", items + LINK_ITEMS, |w| {
@@ -380,13 +520,26 @@ impl FsWriter {
             w.add_inode_ref(root, s, new_dir, new_name, index)?;
             w.del_name(root, old_dir, old_name, s)?;
             if let Some(d) = &dst {
-                w.unlink_inner(root, new_dir, new_name, d.entry.target.ino, d.entry.ftype, &d.item, victim_in_use)?;
+                w.unlink_inner(
+                    root,
+                    new_dir,
+                    new_name,
+                    d.entry.target.ino,
+                    d.entry.ftype,
+                    &d.item,
+                    victim_in_use,
+                )?;
             }
             w.add_dir_entries(root, new_dir, new_name, s, src.entry.ftype, index)?;
             let t = w.now();
             w.update_inode(root, s, |i| i.ctime = t)?;
             if flags & RENAME_WHITEOUT != 0 {
-                let a = InodeAttrs { uid: owner.0, gid: owner.1, flags: inherited_flags(odflags, false), ..InodeAttrs::new(S_IFCHR) };
+                let a = InodeAttrs {
+                    uid: owner.0,
+                    gid: owner.1,
+                    flags: inherited_flags(odflags, false),
+                    ..InodeAttrs::new(S_IFCHR)
+                };
                 let ino = w.create_inode_inner(root, &a)?;
                 w.link_new_inner(root, old_dir, old_name, ino, FT_CHRDEV)?;
             }
@@ -395,7 +548,16 @@ impl FsWriter {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn rename_exchange_inner(&mut self, root: u64, old_dir: u64, old_name: &[u8], src: &Victim, new_dir: u64, new_name: &[u8], dst: &Victim) -> Result<()> {
+    fn rename_exchange_inner(
+        &mut self,
+        root: u64,
+        old_dir: u64,
+        old_name: &[u8],
+        src: &Victim,
+        new_dir: u64,
+        new_name: &[u8],
+        dst: &Victim,
+    ) -> Result<()> {
         let (s, d) = (src.entry.target.ino, dst.entry.target.ino);
         // btrfs_rename_exchange takes the source's new index from the new directory
         // first, then the target's from the old one.

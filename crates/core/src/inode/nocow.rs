@@ -79,9 +79,19 @@ impl FsWriter {
     /// Split [start, end) (sector aligned) of inode `ino` with `flags` into parts
     /// written in place and parts COWed. A write covering no extent that qualifies is
     /// one COW part.
-    pub(crate) fn nocow_plan(&mut self, root: u64, ino: u64, flags: u64, start: u64, end: u64) -> Result<Vec<Piece>> {
+    pub(crate) fn nocow_plan(
+        &mut self,
+        root: u64,
+        ino: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Piece>> {
         let ss = u64::from(self.sectorsize());
-        assert!(start.is_multiple_of(ss) && end.is_multiple_of(ss) && start < end, "unaligned NOCOW range [{start}, {end})");
+        assert!(
+            start.is_multiple_of(ss) && end.is_multiple_of(ss) && start < end,
+            "unaligned NOCOW range [{start}, {end})"
+        );
         let mut pieces: Vec<Piece> = Vec::new();
         let push_cow = |pieces: &mut Vec<Piece>, s: u64, e: u64| {
             if s >= e {
@@ -109,7 +119,15 @@ impl FsWriter {
             }
             push_cow(&mut pieces, cur, fs);
             cur = fe;
-            let ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, compression, prealloc, .. } = f.kind else {
+            let ExtentKind::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                compression,
+                prealloc,
+                ..
+            } = f.kind
+            else {
                 push_cow(&mut pieces, fs, fe);
                 continue;
             };
@@ -126,7 +144,14 @@ impl FsWriter {
                 continue;
             }
             let ref_offset = f.file_offset.wrapping_sub(offset);
-            if self.extent_shared(root, ino, ref_offset, disk_bytenr, disk_num_bytes, last_snapshot)? {
+            if self.extent_shared(
+                root,
+                ino,
+                ref_offset,
+                disk_bytenr,
+                disk_num_bytes,
+                last_snapshot,
+            )? {
                 push_cow(&mut pieces, fs, fe);
                 continue;
             }
@@ -136,25 +161,55 @@ impl FsWriter {
                 push_cow(&mut pieces, fs, fe);
                 continue;
             }
-            pieces.push(Piece::InPlace(InPlace { file_off: fs, len: fe - fs, disk, item_off: f.file_offset, disk_bytenr, disk_num_bytes, prealloc }));
+            pieces.push(Piece::InPlace(InPlace {
+                file_off: fs,
+                len: fe - fs,
+                disk,
+                item_off: f.file_offset,
+                disk_bytenr,
+                disk_num_bytes,
+                prealloc,
+            }));
         }
         push_cow(&mut pieces, cur, end);
-        debug_assert!(pieces.windows(2).all(|w| w[0].range().1 == w[1].range().0), "NOCOW plan not contiguous: {pieces:?}");
+        debug_assert!(
+            pieces.windows(2).all(|w| w[0].range().1 == w[1].range().0),
+            "NOCOW plan not contiguous: {pieces:?}"
+        );
         Ok(pieces)
     }
 
     /// How many bytes of [start, end) (sector aligned) a write would put in place.
-    pub(crate) fn in_place_bytes(&mut self, root: u64, ino: u64, flags: u64, start: u64, end: u64) -> Result<u64> {
+    pub(crate) fn in_place_bytes(
+        &mut self,
+        root: u64,
+        ino: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<u64> {
         if !nocow_capable(flags) || start >= end {
             return Ok(0);
         }
-        Ok(self.nocow_plan(root, ino, flags, start, end)?.iter().map(|p| if let Piece::InPlace(p) = p { p.len } else { 0 }).sum())
+        Ok(self
+            .nocow_plan(root, ino, flags, start, end)?
+            .iter()
+            .map(|p| if let Piece::InPlace(p) = p { p.len } else { 0 })
+            .sum())
     }
 
     /// Whether data extent `bytenr` may be referenced by anything but file `ino` of
     /// `root` at extent position `ref_offset` (`btrfs_cross_ref_exist`, with the
     /// last-snapshot heuristic of a buffered write).
-    fn extent_shared(&mut self, root: u64, ino: u64, ref_offset: u64, bytenr: u64, num_bytes: u64, last_snapshot: u64) -> Result<bool> {
+    fn extent_shared(
+        &mut self,
+        root: u64,
+        ino: u64,
+        ref_offset: u64,
+        bytenr: u64,
+        num_bytes: u64,
+        last_snapshot: u64,
+    ) -> Result<bool> {
         let ours = RefKind::Data { root, ino, offset: ref_offset };
         if let Some(h) = self.delayed.head_of(bytenr) {
             if h.refs.iter().any(|(k, &d)| d != 0 && *k != ours) {
@@ -178,7 +233,10 @@ impl FsWriter {
             return Ok(true);
         }
         match ei.inline_refs.as_slice() {
-            [InlineRef::ExtentData { root: r, objectid, offset, count }] => Ok(!(*r == root && *objectid == ino && *offset == ref_offset && u64::from(*count) == ei.refs)),
+            [InlineRef::ExtentData { root: r, objectid, offset, count }] => Ok(!(*r == root
+                && *objectid == ino
+                && *offset == ref_offset
+                && u64::from(*count) == ei.refs)),
             _ => Ok(true),
         }
     }
@@ -186,8 +244,20 @@ impl FsWriter {
     /// Write `data` (a sector multiple) in place at `disk`, with its checksums when
     /// the inode has them (only a preallocated extent's part can: a regular extent
     /// written in place has none, see `nocow_plan`).
-    pub(crate) fn write_in_place(&mut self, disk: u64, data: &[u8], nodatasum: bool, prealloc: bool) -> Result<()> {
-        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, disk, data, crate::volumes::WriteKind::Data)?;
+    pub(crate) fn write_in_place(
+        &mut self,
+        disk: u64,
+        data: &[u8],
+        nodatasum: bool,
+        prealloc: bool,
+    ) -> Result<()> {
+        crate::volumes::write_logical(
+            &self.info.chunk_map,
+            &self.info.devices,
+            disk,
+            data,
+            crate::volumes::WriteKind::Data,
+        )?;
         if nodatasum {
             return Ok(());
         }
@@ -209,27 +279,50 @@ impl FsWriter {
         let (s, e) = (p.file_off, p.file_off + p.len);
         // The regular or preallocated extent item at `at`, if it is one: (extent
         // offset, length, preallocated, ram_bytes, of the same disk extent).
-        let item_at = |w: &mut FsWriter, at: u64, within: u64| -> Result<Option<(u64, u64, bool, u64)>> {
-            Ok(w.live().file_extents(id, within, within + 1)?.into_iter().find(|f| f.file_offset == at).and_then(|f| match f.kind {
-                ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, compression: 0, prealloc } if disk_bytenr == p.disk_bytenr && disk_num_bytes == p.disk_num_bytes => {
-                    Some((offset, num_bytes, prealloc, ram_bytes))
-                }
-                _ => None,
-            }))
-        };
+        let item_at =
+            |w: &mut FsWriter, at: u64, within: u64| -> Result<Option<(u64, u64, bool, u64)>> {
+                Ok(w.live()
+                    .file_extents(id, within, within + 1)?
+                    .into_iter()
+                    .find(|f| f.file_offset == at)
+                    .and_then(|f| match f.kind {
+                        ExtentKind::Regular {
+                            disk_bytenr,
+                            disk_num_bytes,
+                            offset,
+                            num_bytes,
+                            ram_bytes,
+                            compression: 0,
+                            prealloc,
+                        } if disk_bytenr == p.disk_bytenr && disk_num_bytes == p.disk_num_bytes => {
+                            Some((offset, num_bytes, prealloc, ram_bytes))
+                        }
+                        _ => None,
+                    }))
+            };
         let key = Key::new(ino, EXTENT_DATA_KEY, p.item_off);
-        let (off, len, prealloc, ram_bytes) = item_at(self, p.item_off, s)?.ok_or_else(|| err(format!("preallocated extent {key} vanished")))?;
+        let (off, len, prealloc, ram_bytes) = item_at(self, p.item_off, s)?
+            .ok_or_else(|| err(format!("preallocated extent {key} vanished")))?;
         if !prealloc {
             return Err(err(format!("file extent {key} is no longer preallocated")));
         }
         let ke = p.item_off + len;
-        assert!(p.item_off <= s && e <= ke, "written range [{s}, {e}) outside its extent [{}, {ke})", p.item_off);
+        assert!(
+            p.item_off <= s && e <= ke,
+            "written range [{s}, {e}) outside its extent [{}, {ke})",
+            p.item_off
+        );
         // Segments (file offset, type, extent offset, length) replacing the old items.
         let mut old: Vec<Key> = vec![key];
         let mut segs: Vec<(u64, u8, u64, u64)> = Vec::new();
         if s == p.item_off && s > 0 {
             // The regular item ending at `s`, continuing into this part.
-            let prev = self.live().file_extents(id, s - 1, s)?.into_iter().find(|f| f.end() == s && f.file_offset < s).map(|f| f.file_offset);
+            let prev = self
+                .live()
+                .file_extents(id, s - 1, s)?
+                .into_iter()
+                .find(|f| f.end() == s && f.file_offset < s)
+                .map(|f| f.file_offset);
             if let Some(po) = prev {
                 if let Some((eo, n, false, _)) = item_at(self, po, s - 1)? {
                     if eo + n == off {
@@ -255,7 +348,14 @@ impl FsWriter {
         let mut merged: Vec<(u64, u8, u64, u64)> = Vec::with_capacity(segs.len());
         for sg in segs {
             match merged.last_mut() {
-                Some(m) if m.1 == FILE_EXTENT_REG && sg.1 == FILE_EXTENT_REG && m.0 + m.3 == sg.0 && m.2 + m.3 == sg.2 => m.3 += sg.3,
+                Some(m)
+                    if m.1 == FILE_EXTENT_REG
+                        && sg.1 == FILE_EXTENT_REG
+                        && m.0 + m.3 == sg.0
+                        && m.2 + m.3 == sg.2 =>
+                {
+                    m.3 += sg.3
+                }
                 _ => merged.push(sg),
             }
         }
@@ -264,14 +364,33 @@ impl FsWriter {
         }
         for &(fo, type_, eo, n) in &merged {
             let d = ubtrfs_format::items::file_extent_reg_item(
-                &FileExtentHeader { generation: self.transid.into(), ram_bytes: ram_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_ },
-                &FileExtentBody { disk_bytenr: p.disk_bytenr.into(), disk_num_bytes: p.disk_num_bytes.into(), offset: eo.into(), num_bytes: n.into() },
+                &FileExtentHeader {
+                    generation: self.transid.into(),
+                    ram_bytes: ram_bytes.into(),
+                    compression: 0,
+                    encryption: 0,
+                    other_encoding: 0.into(),
+                    type_,
+                },
+                &FileExtentBody {
+                    disk_bytenr: p.disk_bytenr.into(),
+                    disk_num_bytes: p.disk_num_bytes.into(),
+                    offset: eo.into(),
+                    num_bytes: n.into(),
+                },
             );
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &d)?;
         }
         let delta = merged.len() as i64 - old.len() as i64;
         if delta != 0 {
-            self.data_ref(p.disk_bytenr, p.disk_num_bytes, root, ino, p.item_off.wrapping_sub(off), delta)?;
+            self.data_ref(
+                p.disk_bytenr,
+                p.disk_num_bytes,
+                root,
+                ino,
+                p.item_off.wrapping_sub(off),
+                delta,
+            )?;
         }
         Ok(())
     }

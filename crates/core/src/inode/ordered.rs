@@ -47,9 +47,19 @@ pub struct OrderedExtent {
 }
 
 impl OrderedExtent {
-    pub fn new(file_offset: u64, num_bytes: u64, disk_bytenr: u64, blocksize: u32, csum_size: usize, nodatasum: bool) -> OrderedExtent {
+    pub fn new(
+        file_offset: u64,
+        num_bytes: u64,
+        disk_bytenr: u64,
+        blocksize: u32,
+        csum_size: usize,
+        nodatasum: bool,
+    ) -> OrderedExtent {
         let bs = u64::from(blocksize);
-        assert!(num_bytes > 0 && num_bytes.is_multiple_of(bs) && file_offset.is_multiple_of(bs), "ordered extent {file_offset}+{num_bytes} not block aligned");
+        assert!(
+            num_bytes > 0 && num_bytes.is_multiple_of(bs) && file_offset.is_multiple_of(bs),
+            "ordered extent {file_offset}+{num_bytes} not block aligned"
+        );
         let blocks = (num_bytes / bs) as usize;
         OrderedExtent {
             file_offset,
@@ -83,7 +93,12 @@ impl OrderedExtent {
     /// Mark the extent TRUNCATED at `at` (a block past EOF): only what lies before it
     /// goes in the trees (`btrfs_mark_ordered_io_truncated`).
     pub fn truncate_at(&mut self, at: u64) {
-        assert!(at >= self.file_offset && at <= self.end(), "truncating ordered extent {}+{} at {at}", self.file_offset, self.num_bytes);
+        assert!(
+            at >= self.file_offset && at <= self.end(),
+            "truncating ordered extent {}+{} at {at}",
+            self.file_offset,
+            self.num_bytes
+        );
         self.truncated = true;
         self.truncated_len = self.truncated_len.min(at - self.file_offset);
     }
@@ -91,8 +106,18 @@ impl OrderedExtent {
     /// Account `len` bytes from `start` as done (written, or finished without a write);
     /// true when the extent has nothing left.
     pub fn finish_io(&mut self, start: u64, len: u64, uptodate: bool) -> bool {
-        assert!(start >= self.file_offset && start + len <= self.end(), "finishing {start}+{len} of ordered extent {}+{}", self.file_offset, self.num_bytes);
-        assert!(len <= self.bytes_left, "finishing {len} bytes of ordered extent {} with {} left", self.file_offset, self.bytes_left);
+        assert!(
+            start >= self.file_offset && start + len <= self.end(),
+            "finishing {start}+{len} of ordered extent {}+{}",
+            self.file_offset,
+            self.num_bytes
+        );
+        assert!(
+            len <= self.bytes_left,
+            "finishing {len} bytes of ordered extent {} with {} left",
+            self.file_offset,
+            self.bytes_left
+        );
         self.bytes_left -= len;
         if !uptodate {
             self.io_error = true;
@@ -103,14 +128,41 @@ impl OrderedExtent {
     fn check(&self, bs: u64) {
         let at = self.file_offset;
         assert!(self.num_bytes > 0, "ordered extent {at}: empty");
-        assert_eq!(self.num_bytes % bs, 0, "ordered extent {at}: length {} not block aligned", self.num_bytes);
-        assert_eq!(self.disk_num_bytes, self.num_bytes, "ordered extent {at}: disk length {} for {} bytes (uncompressed)", self.disk_num_bytes, self.num_bytes);
-        assert!(self.bytes_left <= self.num_bytes, "ordered extent {at}: {} bytes left of {}", self.bytes_left, self.num_bytes);
-        assert!(self.truncated_len <= self.num_bytes, "ordered extent {at}: truncated to {} of {}", self.truncated_len, self.num_bytes);
+        assert_eq!(
+            self.num_bytes % bs,
+            0,
+            "ordered extent {at}: length {} not block aligned",
+            self.num_bytes
+        );
+        assert_eq!(
+            self.disk_num_bytes, self.num_bytes,
+            "ordered extent {at}: disk length {} for {} bytes (uncompressed)",
+            self.disk_num_bytes, self.num_bytes
+        );
+        assert!(
+            self.bytes_left <= self.num_bytes,
+            "ordered extent {at}: {} bytes left of {}",
+            self.bytes_left,
+            self.num_bytes
+        );
+        assert!(
+            self.truncated_len <= self.num_bytes,
+            "ordered extent {at}: truncated to {} of {}",
+            self.truncated_len,
+            self.num_bytes
+        );
         if !self.truncated {
-            assert_eq!(self.truncated_len, self.num_bytes, "ordered extent {at}: truncated_len {} without TRUNCATED", self.truncated_len);
+            assert_eq!(
+                self.truncated_len, self.num_bytes,
+                "ordered extent {at}: truncated_len {} without TRUNCATED",
+                self.truncated_len
+            );
         }
-        assert!(self.num_bytes <= MAX_EXTENT_SIZE, "ordered extent {at}: {} bytes, over the maximum extent size", self.num_bytes);
+        assert!(
+            self.num_bytes <= MAX_EXTENT_SIZE,
+            "ordered extent {at}: {} bytes, over the maximum extent size",
+            self.num_bytes
+        );
     }
 }
 
@@ -138,7 +190,14 @@ impl OrderedTree {
     pub fn insert(&mut self, oe: OrderedExtent, blocksize: u32) {
         self.blocksize = u64::from(blocksize);
         if let Some((_, prev)) = self.map.range(..oe.end()).next_back() {
-            assert!(prev.end() <= oe.file_offset, "ordered extent {}+{} overlaps {}+{}", oe.file_offset, oe.num_bytes, prev.file_offset, prev.num_bytes);
+            assert!(
+                prev.end() <= oe.file_offset,
+                "ordered extent {}+{} overlaps {}+{}",
+                oe.file_offset,
+                oe.num_bytes,
+                prev.file_offset,
+                prev.num_bytes
+            );
         }
         self.map.insert(oe.file_offset, oe);
     }
@@ -169,7 +228,8 @@ impl OrderedTree {
 
     /// Extents with nothing left, in file order (ready to complete).
     pub fn take_finished(&mut self) -> Vec<OrderedExtent> {
-        let done: Vec<u64> = self.map.values().filter(|o| o.bytes_left == 0).map(|o| o.file_offset).collect();
+        let done: Vec<u64> =
+            self.map.values().filter(|o| o.bytes_left == 0).map(|o| o.file_offset).collect();
         done.iter().map(|s| self.map.remove(s).expect("listed just above")).collect()
     }
 
@@ -180,8 +240,15 @@ impl OrderedTree {
     pub fn check_invariants(&self) {
         let mut prev_end = 0;
         for (&k, o) in &self.map {
-            assert_eq!(k, o.file_offset, "ordered tree: extent keyed {k} starts at {}", o.file_offset);
-            assert!(k >= prev_end, "ordered tree: extent {k} overlaps the one before (ending {prev_end})");
+            assert_eq!(
+                k, o.file_offset,
+                "ordered tree: extent keyed {k} starts at {}",
+                o.file_offset
+            );
+            assert!(
+                k >= prev_end,
+                "ordered tree: extent {k} overlaps the one before (ending {prev_end})"
+            );
             prev_end = o.end();
             if self.blocksize > 0 {
                 o.check(self.blocksize);
@@ -217,11 +284,21 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(NoSpace)` for data or metadata space.
-    pub fn run_delalloc(&mut self, root: u64, ino: u64, start: u64, len: u64, max_extent: u64) -> Result<Vec<OrderedExtent>> {
+    pub fn run_delalloc(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        len: u64,
+        max_extent: u64,
+    ) -> Result<Vec<OrderedExtent>> {
         self.check_root_writable(root)?;
         let bs = self.sectorsize();
         let ss = u64::from(bs);
-        assert!(len > 0 && len.is_multiple_of(ss) && start.is_multiple_of(ss), "delalloc {start}+{len} not block aligned");
+        assert!(
+            len > 0 && len.is_multiple_of(ss) && start.is_multiple_of(ss),
+            "delalloc {start}+{len} not block aligned"
+        );
         assert!(max_extent >= ss && max_extent.is_multiple_of(ss), "max extent {max_extent}");
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let nodatasum = ii.flags.get() & ubtrfs_format::structs::INODE_NODATASUM != 0;
@@ -238,14 +315,20 @@ impl FsWriter {
         };
         while cur < end {
             let want = (end - cur).min(max_extent).min(MAX_EXTENT_SIZE);
-            let (bytenr, got) = match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, want, ss) {
+            let (bytenr, got) = match crate::space::allocator::alloc_extent_upto(
+                self,
+                BLOCK_GROUP_DATA,
+                want,
+                ss,
+            ) {
                 Ok(x) => x,
                 Err(e) => {
                     undo(self, &out);
                     return Err(e);
                 }
             };
-            let mut oe = OrderedExtent::new(cur, got, bytenr, bs, self.info.csum_type.size(), nodatasum);
+            let mut oe =
+                OrderedExtent::new(cur, got, bytenr, bs, self.info.csum_type.size(), nodatasum);
             let items = finish_items(self, got);
             match crate::space::allocator::reserve_metadata(self, items) {
                 Ok(rsv) => {
@@ -275,8 +358,19 @@ impl FsWriter {
     /// # Errors
     /// `Posix(NotFound)` when the inode went away (the space goes back); tree failures
     /// (which abort).
-    pub fn finish_ordered(&mut self, root: u64, ino: u64, mut oe: OrderedExtent, i_size: u64, settle: u64) -> Result<Finished> {
-        assert_eq!(oe.bytes_left, 0, "completing ordered extent {} with {} bytes left", oe.file_offset, oe.bytes_left);
+    pub fn finish_ordered(
+        &mut self,
+        root: u64,
+        ino: u64,
+        mut oe: OrderedExtent,
+        i_size: u64,
+        settle: u64,
+    ) -> Result<Finished> {
+        assert_eq!(
+            oe.bytes_left, 0,
+            "completing ordered extent {} with {} bytes left",
+            oe.file_offset, oe.bytes_left
+        );
         let ss = u64::from(self.sectorsize());
         let rsv = std::mem::take(&mut oe.meta_rsv);
         self.write_rsv -= rsv;
@@ -285,28 +379,48 @@ impl FsWriter {
             _ => {
                 crate::space::allocator::unreserve(self, oe.disk_bytenr, oe.disk_num_bytes, false);
                 crate::space::allocator::release_metadata(self, rsv);
-                return Err(Error::posix(PosixKind::NotFound, format!("root={root} ino={ino} went away while its data was written back")));
+                return Err(Error::posix(
+                    PosixKind::NotFound,
+                    format!("root={root} ino={ino} went away while its data was written back"),
+                ));
             }
         };
         let old_size = ii.size.get();
         let len = if oe.io_error { 0 } else { oe.logical_len() };
-        assert!(len.is_multiple_of(ss), "ordered extent {}: logical length {len} not block aligned", oe.file_offset);
+        assert!(
+            len.is_multiple_of(ss),
+            "ordered extent {}: logical length {len} not block aligned",
+            oe.file_offset
+        );
         if len == 0 {
             crate::space::allocator::unreserve(self, oe.disk_bytenr, oe.disk_num_bytes, false);
             crate::space::allocator::release_metadata(self, rsv);
             return Ok(Finished { disk_i_size: old_size, inserted: 0, settled: 0 });
         }
         // Writeback invariant (4) (writeback.rs): nothing at or past round_up(i_size) becomes an extent.
-        assert!(oe.file_offset + len <= i_size.div_ceil(ss) * ss, "ordered extent {}+{len} reaches past EOF {i_size}", oe.file_offset);
+        assert!(
+            oe.file_offset + len <= i_size.div_ceil(ss) * ss,
+            "ordered extent {}+{len} reaches past EOF {i_size}",
+            oe.file_offset
+        );
         if len < oe.disk_num_bytes {
-            crate::space::allocator::unreserve(self, oe.disk_bytenr + len, oe.disk_num_bytes - len, false);
+            crate::space::allocator::unreserve(
+                self,
+                oe.disk_bytenr + len,
+                oe.disk_num_bytes - len,
+                false,
+            );
         }
         let blocks = (len / ss) as usize;
         let cs = self.info.csum_type.size();
         if !oe.nodatasum {
             // Invariant 5: every block of the item has its checksum.
             let missing = oe.csummed[..blocks].iter().position(|c| !c);
-            assert!(missing.is_none(), "ordered extent {}+{len}: block {missing:?} has no checksum", oe.file_offset);
+            assert!(
+                missing.is_none(),
+                "ordered extent {}+{len}: block {missing:?} has no checksum",
+                oe.file_offset
+            );
         }
         let mut h = self.start_transaction_reserved("finish_ordered", rsv)?;
         let r = (|| -> Result<Finished> {
@@ -315,9 +429,19 @@ impl FsWriter {
                 w.insert_hole_before(root, ino, old_size, oe.file_offset)?;
             }
             let removed = w.drop_extents_inner(root, ino, oe.file_offset, oe.file_offset + len)?;
-            w.delayed.add_data_ref(oe.disk_bytenr, len, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: oe.file_offset }, 1, true)?;
+            w.delayed.add_data_ref(
+                oe.disk_bytenr,
+                len,
+                crate::extent::delayed_ref::RefKind::Data { root, ino, offset: oe.file_offset },
+                1,
+                true,
+            )?;
             if !oe.nodatasum {
-                crate::extent::csum_tree::insert_csums(w, oe.disk_bytenr, &oe.csums[..blocks * cs])?;
+                crate::extent::csum_tree::insert_csums(
+                    w,
+                    oe.disk_bytenr,
+                    &oe.csums[..blocks * cs],
+                )?;
             }
             let fe = reg_extent_item(w.transid, oe.disk_bytenr, len);
             w.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, oe.file_offset), &fe)?;

@@ -87,7 +87,14 @@ impl FsWriter {
     /// snapshot may share. So only a file of at least `ORPHAN_FIRST_BYTES` gets it first,
     /// in the kernel's order, and a drop split over transactions later must use the
     /// same test (`drop_spans_transactions`) to stay crash-safe.
-    pub(super) fn drop_last_link(&mut self, root: u64, ino: u64, child: &InodeItem, t: Timespec, in_use: bool) -> Result<()> {
+    pub(super) fn drop_last_link(
+        &mut self,
+        root: u64,
+        ino: u64,
+        child: &InodeItem,
+        t: Timespec,
+        in_use: bool,
+    ) -> Result<()> {
         if in_use || drop_spans_transactions(child) {
             self.orphan_add(root, ino)?;
         }
@@ -140,7 +147,11 @@ impl FsWriter {
     /// # Errors
     /// Read failures.
     pub fn orphans(&mut self, root: u64) -> Result<Vec<u64>> {
-        Ok(self.items_in_range(root, &orphan_key(0), &orphan_key(u64::MAX))?.into_iter().map(|(k, _)| k.offset).collect())
+        Ok(self
+            .items_in_range(root, &orphan_key(0), &orphan_key(u64::MAX))?
+            .into_iter()
+            .map(|(k, _)| k.offset)
+            .collect())
     }
 
     /// Finish what crashes left (the kernel's `btrfs_orphan_cleanup`), in the default
@@ -171,8 +182,14 @@ impl FsWriter {
     pub fn orphan_cleanup(&mut self) -> Result<OrphanCleanup> {
         let mut done = OrphanCleanup::default();
         let mut trees = vec![FS_TREE_OBJECTID];
-        let roots = self.items_in_range(ROOT_TREE_OBJECTID, &Key::new(FIRST_FREE_OBJECTID, ROOT_ITEM_KEY, 0), &Key::new(LAST_FREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
-        trees.extend(roots.iter().filter(|(k, _)| k.type_ == ROOT_ITEM_KEY).map(|(k, _)| k.objectid));
+        let roots = self.items_in_range(
+            ROOT_TREE_OBJECTID,
+            &Key::new(FIRST_FREE_OBJECTID, ROOT_ITEM_KEY, 0),
+            &Key::new(LAST_FREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
+        )?;
+        trees.extend(
+            roots.iter().filter(|(k, _)| k.type_ == ROOT_ITEM_KEY).map(|(k, _)| k.objectid),
+        );
         trees.dedup();
         for root in trees {
             let orphans = match self.cleanable_orphans(root) {
@@ -195,7 +212,11 @@ impl FsWriter {
     /// The orphans of subvolume `root` if the cleanup may change it.
     fn cleanable_orphans(&mut self, root: u64) -> Result<Vec<u64>> {
         self.root(root)?;
-        let item = self.roots.get(&root).and_then(|s| s.item).ok_or_else(|| Error::posix(PosixKind::NotFound, format!("tree {root}")))?;
+        let item = self
+            .roots
+            .get(&root)
+            .and_then(|s| s.item)
+            .ok_or_else(|| Error::posix(PosixKind::NotFound, format!("tree {root}")))?;
         if item.refs.get() == 0 || self.root_is_readonly(root)? {
             return Ok(Vec::new());
         }
@@ -220,7 +241,11 @@ impl FsWriter {
             }
             Some(_) => {
                 self.transaction("orphan_cleanup", 0, |w| {
-                    let verity = w.items_in_range(root, &Key::new(ino, VERITY_DESC_ITEM_KEY, 0), &Key::new(ino, VERITY_MERKLE_ITEM_KEY, u64::MAX))?;
+                    let verity = w.items_in_range(
+                        root,
+                        &Key::new(ino, VERITY_DESC_ITEM_KEY, 0),
+                        &Key::new(ino, VERITY_MERKLE_ITEM_KEY, u64::MAX),
+                    )?;
                     for (k, _) in verity.iter().rev() {
                         w.delete_item(root, k)?;
                     }

@@ -203,7 +203,11 @@ pub const FOLIO_POOL_BYTES: u64 = 32 << 20;
 /// uptodate blocks are ever read, and a block becomes uptodate by being filled. (Debug
 /// builds fill new buffers with 0xa5, so a read of anything else shows in tests.)
 fn folio_data(size: u64) -> Box<[u8]> {
-    let pooled = if size == FOLIO_SIZE { FOLIO_POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop() } else { None };
+    let pooled = if size == FOLIO_SIZE {
+        FOLIO_POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop()
+    } else {
+        None
+    };
     let mut b = pooled.unwrap_or_else(|| vec![0u8; size as usize].into_boxed_slice());
     if cfg!(debug_assertions) {
         b.fill(0xa5);
@@ -244,10 +248,22 @@ impl Folio {
     /// A folio of `size` bytes (a power-of-two multiple of `blocksize`, aligned at
     /// `start`) with nothing uptodate.
     pub fn new(start: u64, size: u64, blocksize: u32) -> Folio {
-        assert!(size.is_power_of_two() && size >= u64::from(blocksize), "folio size {size} for block size {blocksize}");
+        assert!(
+            size.is_power_of_two() && size >= u64::from(blocksize),
+            "folio size {size} for block size {blocksize}"
+        );
         assert_eq!(start % size, 0, "folio at {start} not aligned to its size {size}");
         let n = (size / u64::from(blocksize)) as u32;
-        Folio { start, blocksize, data: folio_data(size), uptodate: Bitmap::new(n), dirty: Bitmap::new(n), writeback: Bitmap::new(n), new: Bitmap::new(n), last_use: 0 }
+        Folio {
+            start,
+            blocksize,
+            data: folio_data(size),
+            uptodate: Bitmap::new(n),
+            dirty: Bitmap::new(n),
+            writeback: Bitmap::new(n),
+            new: Bitmap::new(n),
+            last_use: 0,
+        }
     }
 
     pub fn size(&self) -> u64 {
@@ -257,7 +273,12 @@ impl Folio {
     /// The folio with `size` bytes (a larger power of two, still aligned at its
     /// start): its bytes and block state stay, the new blocks are not uptodate.
     pub fn grow(&mut self, size: u64) {
-        assert!(size.is_power_of_two() && size > self.size(), "folio {} of {} bytes cannot grow to {size}", self.start, self.size());
+        assert!(
+            size.is_power_of_two() && size > self.size(),
+            "folio {} of {} bytes cannot grow to {size}",
+            self.start,
+            self.size()
+        );
         assert_eq!(self.start % size, 0, "folio at {} not aligned to {size}", self.start);
         let mut data = folio_data(size);
         data[..self.data.len()].copy_from_slice(&self.data);
@@ -279,7 +300,12 @@ impl Folio {
 
     /// Block index of file offset `off` (inside the folio).
     pub fn block_of(&self, off: u64) -> u32 {
-        assert!(off >= self.start && off < self.end(), "offset {off} outside folio {}+{}", self.start, self.size());
+        assert!(
+            off >= self.start && off < self.end(),
+            "offset {off} outside folio {}+{}",
+            self.start,
+            self.size()
+        );
         ((off - self.start) / u64::from(self.blocksize)) as u32
     }
 
@@ -324,7 +350,10 @@ pub struct WriteOpts<'a> {
 
 impl std::fmt::Debug for WriteOpts<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteOpts").field("kill_suidgid", &self.kill_suidgid).field("in_group", &self.in_group.is_some()).finish()
+        f.debug_struct("WriteOpts")
+            .field("kill_suidgid", &self.kill_suidgid)
+            .field("in_group", &self.in_group.is_some())
+            .finish()
     }
 }
 
@@ -353,7 +382,10 @@ impl FolioMap {
     /// not a whole slot), as the kernel sizes a new folio by the write that makes it.
     pub(crate) fn slot_folio(&mut self, start: u64, end: u64, blocksize: u32) -> &mut Folio {
         assert_eq!(start % FOLIO_SIZE, 0, "page cache: folio slot at {start}");
-        assert!(end > start && end - start <= FOLIO_SIZE, "page cache: [{start}, {end}) is not inside one folio slot");
+        assert!(
+            end > start && end - start <= FOLIO_SIZE,
+            "page cache: [{start}, {end}) is not inside one folio slot"
+        );
         let size = (end - start).next_power_of_two().max(u64::from(blocksize));
         let bytes = &mut self.bytes;
         let f = self.map.entry(start).or_insert_with(|| {
@@ -371,7 +403,10 @@ impl FolioMap {
         self.map.get_mut(start)
     }
 
-    pub(crate) fn range_mut<R: std::ops::RangeBounds<u64>>(&mut self, r: R) -> std::collections::btree_map::RangeMut<'_, u64, Folio> {
+    pub(crate) fn range_mut<R: std::ops::RangeBounds<u64>>(
+        &mut self,
+        r: R,
+    ) -> std::collections::btree_map::RangeMut<'_, u64, Folio> {
         self.map.range_mut(r)
     }
 
@@ -400,7 +435,11 @@ impl FolioMap {
     /// The kept total is the folios' sizes.
     fn check_invariants(&self) {
         let sum: u64 = self.map.values().map(Folio::size).sum();
-        assert_eq!(self.bytes, sum, "page cache: folio bytes kept as {} but the folios hold {sum}", self.bytes);
+        assert_eq!(
+            self.bytes, sum,
+            "page cache: folio bytes kept as {} but the folios hold {sum}",
+            self.bytes
+        );
     }
 }
 
@@ -479,11 +518,15 @@ impl PageCacheInner {
         let mut cur = start;
         for (k, b, n) in self.blocks_of(start, end) {
             let f = &self.folios[&k];
-            let (a, z) = ((f.start + u64::from(b) * u64::from(f.blocksize)).max(start), (f.start + u64::from(b + n) * u64::from(f.blocksize)).min(end));
+            let (a, z) = (
+                (f.start + u64::from(b) * u64::from(f.blocksize)).max(start),
+                (f.start + u64::from(b + n) * u64::from(f.blocksize)).min(end),
+            );
             if a != cur {
                 break;
             }
-            buf[(a - start) as usize..(z - start) as usize].copy_from_slice(&f.data[(a - f.start) as usize..(z - f.start) as usize]);
+            buf[(a - start) as usize..(z - start) as usize]
+                .copy_from_slice(&f.data[(a - f.start) as usize..(z - f.start) as usize]);
             cur = z;
         }
         cur - start
@@ -493,13 +536,22 @@ impl PageCacheInner {
     /// cached and uptodate; false (`buf` then unspecified) if any is not.
     pub(crate) fn copy_uptodate(&self, start: u64, buf: &mut [u8]) -> bool {
         let end = start + buf.len() as u64;
-        let uptodate = self.blocks_of(start, end).into_iter().all(|(k, b, n)| self.folios[&k].uptodate.count_range(b, n) == n);
+        let uptodate = self
+            .blocks_of(start, end)
+            .into_iter()
+            .all(|(k, b, n)| self.folios[&k].uptodate.count_range(b, n) == n);
         uptodate && self.copy_out(start, buf) == buf.len() as u64
     }
 
     /// Bytes of `new` blocks in [start, start + len).
     pub(crate) fn new_bytes_in(&self, start: u64, len: u64) -> u64 {
-        self.blocks_of(start, start + len).into_iter().map(|(k, b, n)| u64::from(self.folios[&k].new.count_range(b, n)) * u64::from(self.folios[&k].blocksize)).sum()
+        self.blocks_of(start, start + len)
+            .into_iter()
+            .map(|(k, b, n)| {
+                u64::from(self.folios[&k].new.count_range(b, n))
+                    * u64::from(self.folios[&k].blocksize)
+            })
+            .sum()
     }
 
     pub fn check_invariants(&self) {
@@ -507,23 +559,47 @@ impl PageCacheInner {
         let mut new = 0u64;
         let i_size = self.i_size.unwrap_or(0);
         if self.i_size.is_none() {
-            assert!(self.folios.is_empty(), "page cache: {} folios while the size is unknown", self.folios.len());
+            assert!(
+                self.folios.is_empty(),
+                "page cache: {} folios while the size is unknown",
+                self.folios.len()
+            );
         }
-        assert!(self.disk_i_size <= i_size, "page cache: on-disk size {} above the in-memory size {i_size}", self.disk_i_size);
+        assert!(
+            self.disk_i_size <= i_size,
+            "page cache: on-disk size {} above the in-memory size {i_size}",
+            self.disk_i_size
+        );
         self.folios.check_invariants();
         let mut prev_end = 0;
         for (&start, f) in self.folios.iter() {
             assert_eq!(start, f.start, "page cache: folio keyed {start} starts at {}", f.start);
-            assert!(start >= prev_end, "page cache: folio {start} overlaps the one before (ending {prev_end})");
+            assert!(
+                start >= prev_end,
+                "page cache: folio {start} overlaps the one before (ending {prev_end})"
+            );
             prev_end = f.end();
-            assert!(f.dirty.is_subset_of(&f.uptodate), "page cache: folio {start} has dirty blocks that are not uptodate");
-            assert!(f.writeback.is_subset_of(&f.uptodate), "page cache: folio {start} has blocks under writeback that are not uptodate");
-            assert!(!f.dirty.intersects(&f.writeback), "page cache: folio {start} has blocks both dirty and under writeback");
+            assert!(
+                f.dirty.is_subset_of(&f.uptodate),
+                "page cache: folio {start} has dirty blocks that are not uptodate"
+            );
+            assert!(
+                f.writeback.is_subset_of(&f.uptodate),
+                "page cache: folio {start} has blocks under writeback that are not uptodate"
+            );
+            assert!(
+                !f.dirty.intersects(&f.writeback),
+                "page cache: folio {start} has blocks both dirty and under writeback"
+            );
             dirty += u64::from(f.dirty.count());
             new += u64::from(f.new.count());
             let bs = u64::from(f.blocksize);
-            let past = i_size.div_ceil(bs).saturating_sub(f.start / bs).min(u64::from(f.nblocks())) as u32;
-            assert!(f.new.find_next(past, true) >= f.nblocks(), "page cache: folio {start} has new blocks past i_size {i_size}");
+            let past =
+                i_size.div_ceil(bs).saturating_sub(f.start / bs).min(u64::from(f.nblocks())) as u32;
+            assert!(
+                f.new.find_next(past, true) >= f.nblocks(),
+                "page cache: folio {start} has new blocks past i_size {i_size}"
+            );
             for b in 0..f.nblocks() {
                 let bstart = f.start + u64::from(b) * bs;
                 if !f.uptodate.test(b) || bstart + bs <= i_size {
@@ -532,11 +608,22 @@ impl PageCacheInner {
                 let from = i_size.saturating_sub(bstart) as usize;
                 let off = (bstart - f.start) as usize;
                 let tail = &f.data[off + from..off + bs as usize];
-                assert!(tail.iter().all(|&x| x == 0), "page cache: block at {bstart} holds non-zero bytes past i_size {i_size}");
+                assert!(
+                    tail.iter().all(|&x| x == 0),
+                    "page cache: block at {bstart} holds non-zero bytes past i_size {i_size}"
+                );
             }
         }
-        assert_eq!(dirty, self.dirty_blocks, "page cache: dirty count {} but the bitmaps hold {dirty}", self.dirty_blocks);
-        assert_eq!(new, self.new_blocks, "page cache: new count {} but the bitmaps hold {new}", self.new_blocks);
+        assert_eq!(
+            dirty, self.dirty_blocks,
+            "page cache: dirty count {} but the bitmaps hold {dirty}",
+            self.dirty_blocks
+        );
+        assert_eq!(
+            new, self.new_blocks,
+            "page cache: new count {} but the bitmaps hold {new}",
+            self.new_blocks
+        );
         self.ordered.check_invariants();
     }
 
@@ -580,7 +667,12 @@ impl PageCacheInner {
     /// folio is clean). Returns the bytes dropped.
     pub(crate) fn drop_range(&mut self, start: u64, end: u64) -> u64 {
         let first = start / FOLIO_SIZE * FOLIO_SIZE;
-        let gone: Vec<u64> = self.folios.range(first..end).filter(|(_, f)| f.end() > start && f.is_clean()).map(|(&s, _)| s).collect();
+        let gone: Vec<u64> = self
+            .folios
+            .range(first..end)
+            .filter(|(_, f)| f.end() > start && f.is_clean())
+            .map(|(&s, _)| s)
+            .collect();
         gone.iter().map(|s| self.folios.remove(s).expect("listed just above").size()).sum()
     }
 
@@ -588,7 +680,10 @@ impl PageCacheInner {
     fn has_clean_block(&self, fstart: u64, a: u64, z: u64) -> bool {
         let f = &self.folios[&fstart];
         let bs = u64::from(f.blocksize);
-        let (b0, b1) = (((a.max(f.start) - f.start) / bs) as u32, ((z.min(f.end()) - f.start).div_ceil(bs)) as u32);
+        let (b0, b1) = (
+            ((a.max(f.start) - f.start) / bs) as u32,
+            ((z.min(f.end()) - f.start).div_ceil(bs)) as u32,
+        );
         b0 < b1 && f.dirty.find_next(b0, false) < b1
     }
 
@@ -694,13 +789,22 @@ impl PageCacheGlobal {
     /// Apply a change of one inode's usage from `before` to `after` (cached, dirty).
     /// The dirty total is kept by the data reservations (`rsv`): dirty bytes hold data
     /// space until writeback allocates it, so the one counter serves both.
-    pub(crate) fn account(&self, rsv: &crate::space::data_rsv::DataReservations, before: (u64, u64), after: (u64, u64)) {
+    pub(crate) fn account(
+        &self,
+        rsv: &crate::space::data_rsv::DataReservations,
+        before: (u64, u64),
+        after: (u64, u64),
+    ) {
         rsv.dirty_moved(before.1, after.1);
         if after.0 >= before.0 {
             self.cached.fetch_add(after.0 - before.0, Ordering::AcqRel);
         } else {
             let prev = self.cached.fetch_sub(before.0 - after.0, Ordering::AcqRel);
-            assert!(prev >= before.0 - after.0, "page cache: cached total {prev} below a release of {}", before.0 - after.0);
+            assert!(
+                prev >= before.0 - after.0,
+                "page cache: cached total {prev} below a release of {}",
+                before.0 - after.0
+            );
         }
     }
 }
@@ -708,10 +812,17 @@ impl PageCacheGlobal {
 /// The parts of the block-aligned [a, z) that the file extents `recs` (sorted, as
 /// `FsRead::file_extents` gives them) leave uncovered: the holes, explicit hole
 /// extents included. An inline extent takes its whole block.
-fn holes_between(recs: &[crate::inode::filesystem::FileExtentRec], a: u64, z: u64, bs: u64) -> Vec<(u64, u64)> {
+fn holes_between(
+    recs: &[crate::inode::filesystem::FileExtentRec],
+    a: u64,
+    z: u64,
+    bs: u64,
+) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut pos = a;
-    for r in recs.iter().filter(|r| !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })) {
+    for r in recs.iter().filter(|r| {
+        !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })
+    }) {
         let (s, e) = (r.file_offset / bs * bs, r.end().div_ceil(bs) * bs);
         if s > pos {
             out.push((pos, s.min(z)));
@@ -730,7 +841,11 @@ fn holes_between(recs: &[crate::inode::filesystem::FileExtentRec], a: u64, z: u6
 /// A cache mutation of one inode under its mutex, with the totals kept right: `f`
 /// runs on the inner state, the usage change goes to the engine's totals, and an
 /// inode left without folios leaves the registry (one with folios joins it).
-pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut PageCacheInner) -> T) -> T {
+pub(crate) fn with_cache<T>(
+    e: &Engine,
+    inode: &Arc<Inode>,
+    f: impl FnOnce(&mut PageCacheInner) -> T,
+) -> T {
     let g = &e.pages;
     let bs = e.info().sectorsize;
     let mut pc = inode.mapping.pages.lock();
@@ -743,7 +858,10 @@ pub(crate) fn with_cache<T>(e: &Engine, inode: &Arc<Inode>, f: impl FnOnce(&mut 
     let settled = std::mem::take(&mut pc.settled_new);
     if pc.new_blocks != new_before || settled > 0 {
         let bsz = u64::from(bs);
-        let (add, sub) = (pc.new_blocks.saturating_sub(new_before) * bsz, new_before.saturating_sub(pc.new_blocks) * bsz);
+        let (add, sub) = (
+            pc.new_blocks.saturating_sub(new_before) * bsz,
+            new_before.saturating_sub(pc.new_blocks) * bsz,
+        );
         assert!(settled <= sub, "{}: {settled} settled new bytes but {sub} cleared", inode.id);
         inode.adjust_new_delalloc(add, sub - settled);
     }
@@ -811,22 +929,31 @@ impl Engine {
     /// (callers make sure no buffered operation runs meanwhile).
     pub fn check_page_cache_invariants(&self) {
         let bs = self.info().sectorsize;
-        let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
+        let held: Vec<Arc<Inode>> =
+            self.pages.registry().values().map(|(i, _)| i.clone()).collect();
         let (mut cached, mut dirty) = (0, 0);
         for inode in &held {
             let id = inode.id;
             let pc = inode.mapping.pages.lock();
             pc.check_invariants();
-            assert!(!pc.folios.is_empty() || !pc.ordered.is_empty(), "page cache: registry holds {id} without folios");
+            assert!(
+                !pc.folios.is_empty() || !pc.ordered.is_empty(),
+                "page cache: registry holds {id} without folios"
+            );
             // Outside a writeback (the callers' quiet), new blocks are dirty ones.
             for f in pc.folios.values() {
-                assert!(f.new.is_subset_of(&f.dirty), "page cache: {id}: folio {} has new blocks that are not dirty", f.start);
+                assert!(
+                    f.new.is_subset_of(&f.dirty),
+                    "page cache: {id}: folio {} has new blocks that are not dirty",
+                    f.start
+                );
             }
             // And a dirty block inside the file is new exactly when the trees have no
             // extent under it.
             let bsz = u64::from(bs);
             let end = pc.i_size.unwrap_or(0).div_ceil(bsz) * bsz;
-            let recs = self.read(|l| l.file_extents(id, 0, end)).expect("page cache check: file extents");
+            let recs =
+                self.read(|l| l.file_extents(id, 0, end)).expect("page cache check: file extents");
             let holes = holes_between(&recs, 0, end, bsz);
             for f in pc.folios.values() {
                 for b in 0..f.nblocks() {
@@ -835,16 +962,34 @@ impl Engine {
                         continue;
                     }
                     let hole = holes.iter().any(|&(s, e)| s <= off && off < e);
-                    assert_eq!(f.new.test(b), hole, "page cache: {id}: dirty block {off} is new {} over a hole {hole}", f.new.test(b));
+                    assert_eq!(
+                        f.new.test(b),
+                        hole,
+                        "page cache: {id}: dirty block {off} is new {} over a hole {hole}",
+                        f.new.test(b)
+                    );
                 }
             }
             let nd = inode.new_delalloc();
-            assert_eq!(nd, pc.new_blocks * u64::from(bs), "page cache: {id} counts {nd} new delalloc bytes but has {} new blocks", pc.new_blocks);
+            assert_eq!(
+                nd,
+                pc.new_blocks * u64::from(bs),
+                "page cache: {id} counts {nd} new delalloc bytes but has {} new blocks",
+                pc.new_blocks
+            );
             cached += pc.cached_bytes();
             dirty += pc.dirty_bytes(bs);
         }
-        assert_eq!(cached, self.pages.cached.load(Ordering::Acquire), "page cache: cached total differs from the inodes' sum");
-        assert_eq!(dirty, self.info().data_rsv.dirty(), "page cache: dirty total differs from the inodes' sum");
+        assert_eq!(
+            cached,
+            self.pages.cached.load(Ordering::Acquire),
+            "page cache: cached total differs from the inodes' sum"
+        );
+        assert_eq!(
+            dirty,
+            self.info().data_rsv.dirty(),
+            "page cache: dirty total differs from the inodes' sum"
+        );
     }
 
     /// The INODE_ITEM of regular file `id` for a buffered operation (`Posix(IsDir)` /
@@ -868,7 +1013,14 @@ impl Engine {
 
     /// Make the blocks of [start, end) of folio `fstart` uptodate, reading those that
     /// are not from the trees (bytes past the on-disk size read as zeros).
-    fn fill_folio(&self, id: InodeId, pc: &mut PageCacheInner, fstart: u64, start: u64, end: u64) -> Result<()> {
+    fn fill_folio(
+        &self,
+        id: InodeId,
+        pc: &mut PageCacheInner,
+        fstart: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
         let bs = u64::from(self.info().sectorsize);
         let disk = pc.disk_i_size;
         let f = pc.folios.get_mut(&fstart).expect("folio present");
@@ -922,7 +1074,8 @@ impl Engine {
                 let f = pc.folios.get_mut(&fstart).expect("inserted above");
                 f.last_use = self.pages.next_tick();
                 let from = (cur - fstart) as usize;
-                buf[(cur - offset) as usize..(fend - offset) as usize].copy_from_slice(&f.data[from..from + (fend - cur) as usize]);
+                buf[(cur - offset) as usize..(fend - offset) as usize]
+                    .copy_from_slice(&f.data[from..from + (fend - cur) as usize]);
                 cur = fend;
             }
             Ok((end - offset) as usize)
@@ -954,11 +1107,19 @@ impl Engine {
     ///
     /// # Errors
     /// As `buffered_write`.
-    pub fn buffered_write_opts(&self, id: InodeId, offset: u64, data: &[u8], opts: WriteOpts) -> Result<()> {
+    pub fn buffered_write_opts(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        opts: WriteOpts,
+    ) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
-        let end = offset.checked_add(data.len() as u64).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         // The data space the blocks will take at writeback, before the inode's lock
         // (the slow path writes other inodes back). Blocks dirty already are counted
         // twice until the write is in, which only matters on a full filesystem, where
@@ -968,13 +1129,22 @@ impl Engine {
         let inode = self.inodes().get(id);
         let g = lock_exclusive(&inode);
         let ii = self.regular_item(&inode)?;
-        crate::inode::write::iflags_allow(id.root, id.ino, ii.flags.get(), crate::inode::write::IflagOp::Write, b"")?;
+        crate::inode::write::iflags_allow(
+            id.root,
+            id.ino,
+            ii.flags.get(),
+            crate::inode::write::IflagOp::Write,
+            b"",
+        )?;
         let bs = self.info().sectorsize;
         // The size cannot move while the inode's lock is held (an empty cache reads
         // it from the item, as below).
         let size = with_cache(self, &inode, |pc| pc.i_size).unwrap_or(ii.size.get());
         if ii.flags.get() & ubtrfs_format::structs::INODE_APPEND != 0 && offset != size {
-            return Err(Error::posix(PosixKind::NotPermitted, format!("{id} is append-only: writes must start at its size {size}, not {offset}")));
+            return Err(Error::posix(
+                PosixKind::NotPermitted,
+                format!("{id} is append-only: writes must start at its size {size}, not {offset}"),
+            ));
         }
         // The write's times, as the kernel's file_update_time sets them once the
         // write is allowed and before the data is copied (writeback leaves them
@@ -984,7 +1154,8 @@ impl Engine {
         let mode = ii.mode.get();
         let kill = if opts.kill_suidgid && mode & 0o6000 != 0 {
             let in_group = |g: u32| opts.in_group.is_some_and(|f| f(g));
-            Some(crate::inode::write::mode_without_privs(mode, ii.gid.get(), &in_group)).filter(|&m| m != mode)
+            Some(crate::inode::write::mode_without_privs(mode, ii.gid.get(), &in_group))
+                .filter(|&m| m != mode)
         } else {
             None
         };
@@ -997,7 +1168,9 @@ impl Engine {
         let clock = &self.info().sources.clock;
         let now = if queried { clock.now() } else { clock.coarse_now() };
         let t = crate::inode::write::timespec(now);
-        let same = |a: &ubtrfs_format::structs::Timespec| zerocopy::IntoBytes::as_bytes(a) == zerocopy::IntoBytes::as_bytes(&t);
+        let same = |a: &ubtrfs_format::structs::Timespec| {
+            zerocopy::IntoBytes::as_bytes(a) == zerocopy::IntoBytes::as_bytes(&t)
+        };
         if queried || kill.is_some() || !same(&ii.mtime) || !same(&ii.ctime) {
             if let Err(e) = self.write_retrying(|w| w.file_update_time(id.root, id.ino, kill, t)) {
                 if queried {
@@ -1013,7 +1186,10 @@ impl Engine {
         // space is held here, under the lock (no flush may run): on a filesystem too
         // full for one more block, the block is left as it is.
         let eof_block = size / bsz * bsz;
-        let eof_rsv = (offset > size && !size.is_multiple_of(bsz) && eof_block + bsz <= offset / bsz * bsz).then(|| self.info().data_rsv.hold(bsz)).filter(|r| r.fits());
+        let eof_rsv =
+            (offset > size && !size.is_multiple_of(bsz) && eof_block + bsz <= offset / bsz * bsz)
+                .then(|| self.info().data_rsv.hold(bsz))
+                .filter(|r| r.fits());
         with_cache(self, &inode, |pc| -> Result<()> {
             if pc.i_size.is_none() {
                 pc.i_size = Some(ii.size.get());
@@ -1045,11 +1221,16 @@ impl Engine {
                 // extent maps tell (`btrfs_find_new_delalloc_bytes`). A block dirty
                 // already has its state (blocks a truncation left dirty past EOF are
                 // clean again after `size_grew` above).
-                let holes = if pc.has_clean_block(fstart, a, z) { self.holes_in(&inode, pc, ii.flags.get(), a, z)? } else { Vec::new() };
+                let holes = if pc.has_clean_block(fstart, a, z) {
+                    self.holes_in(&inode, pc, ii.flags.get(), a, z)?
+                } else {
+                    Vec::new()
+                };
                 let f = pc.folios.get_mut(&fstart).expect("inserted above");
                 f.last_use = self.pages.next_tick();
                 let from = (cur - fstart) as usize;
-                f.data[from..from + (fend - cur) as usize].copy_from_slice(&data[(cur - offset) as usize..(fend - offset) as usize]);
+                f.data[from..from + (fend - cur) as usize]
+                    .copy_from_slice(&data[(cur - offset) as usize..(fend - offset) as usize]);
                 pc.mark_dirty(fstart, cur, fend - cur);
                 pc.mark_new(&holes);
                 cur = fend;
@@ -1074,17 +1255,28 @@ impl Engine {
     /// # Errors
     /// `Posix(NoSpace)` naming the file when the data space cannot hold the write;
     /// errors of the writeback and commit.
-    pub(crate) fn reserve_data_space(&self, id: InodeId, a: u64, z: u64) -> Result<crate::space::data_rsv::DataReservation<'_>> {
+    pub(crate) fn reserve_data_space(
+        &self,
+        id: InodeId,
+        a: u64,
+        z: u64,
+    ) -> Result<crate::space::data_rsv::DataReservation<'_>> {
         let rsv = &self.info().data_rsv;
         let what = format!("write to {id} at {a}..{z}");
         // Held, it fits; or new chunks make it fit, if the devices have room
         // (reserve_data makes them until the data groups hold everything promised).
-        let try_hold = |bytes: u64| -> Result<std::result::Result<crate::space::data_rsv::DataReservation<'_>, crate::space::data_rsv::DataReservation<'_>>> {
+        let try_hold = |bytes: u64| -> Result<
+            std::result::Result<
+                crate::space::data_rsv::DataReservation<'_>,
+                crate::space::data_rsv::DataReservation<'_>,
+            >,
+        > {
             let held = rsv.hold(bytes);
             if held.fits() {
                 return Ok(Ok(held));
             }
-            match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what)) {
+            match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what))
+            {
                 Ok(()) if held.fits() => Ok(Ok(held)),
                 Ok(()) => Ok(Err(held)),
                 Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => Ok(Err(held)),
@@ -1101,7 +1293,11 @@ impl Engine {
         };
         // What goes in place takes no new space.
         let flags = self.read(|l| Ok(l.load_inode(id, Load::ITEM)?.item.flags.get()))?;
-        let in_place = if crate::inode::nocow::nocow_capable(flags) { self.write_retrying(|w| w.in_place_bytes(id.root, id.ino, flags, a, z))? } else { 0 };
+        let in_place = if crate::inode::nocow::nocow_capable(flags) {
+            self.write_retrying(|w| w.in_place_bytes(id.root, id.ino, flags, a, z))?
+        } else {
+            0
+        };
         let held = if in_place > 0 {
             drop(held);
             let held = rsv.hold(z - a - in_place);
@@ -1132,13 +1328,34 @@ impl Engine {
     /// sorted: everything past the blocks the trees allocated (`new_from`) unless the
     /// file has preallocated extents, and below that what the extent maps (or items)
     /// do not cover.
-    fn holes_in(&self, inode: &Arc<Inode>, pc: &PageCacheInner, flags: u64, a: u64, z: u64) -> Result<Vec<(u64, u64)>> {
+    fn holes_in(
+        &self,
+        inode: &Arc<Inode>,
+        pc: &PageCacheInner,
+        flags: u64,
+        a: u64,
+        z: u64,
+    ) -> Result<Vec<(u64, u64)>> {
         let bs = u64::from(self.info().sectorsize);
-        let known = if flags & ubtrfs_format::structs::INODE_PREALLOC != 0 { u64::MAX } else { pc.new_from.div_ceil(bs) * bs };
+        let known = if flags & ubtrfs_format::structs::INODE_PREALLOC != 0 {
+            u64::MAX
+        } else {
+            pc.new_from.div_ceil(bs) * bs
+        };
         let look = z.min(known);
         let mut out = Vec::new();
         if a < look {
-            let recs = self.read(|l| crate::inode::extent_map::get_file_extents(l, &self.info().extent_maps, inode, a, look))?.0;
+            let recs = self
+                .read(|l| {
+                    crate::inode::extent_map::get_file_extents(
+                        l,
+                        &self.info().extent_maps,
+                        inode,
+                        a,
+                        look,
+                    )
+                })?
+                .0;
             out = holes_between(&recs, a, look, bs);
         }
         let from = known.max(a);
@@ -1170,7 +1387,8 @@ impl Engine {
         // One look at the registry, most dirty first, then write back in that order:
         // many small dirty files (an untar) must not cost a scan per file.
         let bs = self.info().sectorsize;
-        let held: Vec<Arc<Inode>> = self.pages.registry().values().map(|(i, _)| i.clone()).collect();
+        let held: Vec<Arc<Inode>> =
+            self.pages.registry().values().map(|(i, _)| i.clone()).collect();
         let mut victims: Vec<(u64, Arc<Inode>)> = held
             .into_iter()
             .map(|i| {
@@ -1202,7 +1420,8 @@ impl Engine {
             return Ok(());
         }
         let need = cached - shrink_target(limit);
-        let mut order: Vec<(u64, Arc<Inode>)> = self.pages.registry().values().map(|(i, t)| (*t, i.clone())).collect();
+        let mut order: Vec<(u64, Arc<Inode>)> =
+            self.pages.registry().values().map(|(i, t)| (*t, i.clone())).collect();
         order.sort_unstable_by_key(|(t, _)| *t);
         let mut freed_dirty = 0u64;
         for (_, inode) in order {
@@ -1257,7 +1476,12 @@ impl Engine {
             // A cache busy under its mutex (a reader filling, a writeback) is skipped.
             let Ok(mut pc) = inode.mapping.pages.inner.try_lock() else { continue };
             let before = (pc.cached_bytes(), pc.dirty_bytes(bs));
-            let mut clean: Vec<(u64, u64)> = pc.folios.values().filter(|f| f.is_clean()).map(|f| (f.last_use, f.start)).collect();
+            let mut clean: Vec<(u64, u64)> = pc
+                .folios
+                .values()
+                .filter(|f| f.is_clean())
+                .map(|f| (f.last_use, f.start))
+                .collect();
             clean.sort_unstable();
             let over = self.pages.cached.load(Ordering::Acquire).saturating_sub(limit);
             let mut freed = 0;
@@ -1303,7 +1527,10 @@ impl Engine {
         // A writeback of the inode (`writeback_all` from another thread) finishes first.
         let _g = lock_exclusive(&inode);
         with_cache(self, &inode, |pc| {
-            assert!(pc.ordered.is_empty(), "page cache: discarding {id} with ordered extents alive");
+            assert!(
+                pc.ordered.is_empty(),
+                "page cache: discarding {id} with ordered extents alive"
+            );
             pc.folios.clear();
             pc.dirty_blocks = 0;
             pc.new_blocks = 0;
@@ -1337,7 +1564,12 @@ impl Engine {
 
     /// After such a change: drop the cached folios of [start, end) and read the size
     /// again from the trees at the next use when nothing stays cached.
-    pub(crate) fn after_extent_change(&self, inode: &Arc<Inode>, start: u64, end: u64) -> Result<()> {
+    pub(crate) fn after_extent_change(
+        &self,
+        inode: &Arc<Inode>,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
         let size = self.read(|l| Ok(l.load_inode(inode.id, Load::ITEM)?.item.size.get()));
         with_cache(self, inode, |pc| {
             pc.drop_range(start, end);
@@ -1415,7 +1647,14 @@ impl Engine {
     /// Zero the block holding EOF `size` (not block-aligned) from `size` on and make it
     /// dirty, with its old bytes below `size` (`btrfs_truncate_block` of a write past
     /// EOF; see `buffered_write_opts`).
-    fn dirty_eof_block(&self, id: InodeId, inode: &Arc<Inode>, pc: &mut PageCacheInner, flags: u64, size: u64) -> Result<()> {
+    fn dirty_eof_block(
+        &self,
+        id: InodeId,
+        inode: &Arc<Inode>,
+        pc: &mut PageCacheInner,
+        flags: u64,
+        size: u64,
+    ) -> Result<()> {
         let bs = self.info().sectorsize;
         let bsz = u64::from(bs);
         let b = size / bsz * bsz;
@@ -1423,7 +1662,11 @@ impl Engine {
         let fstart = b / FOLIO_SIZE * FOLIO_SIZE;
         pc.folios.slot_folio(fstart, b + bsz, bs);
         self.fill_folio(id, pc, fstart, b, size)?;
-        let holes = if pc.has_clean_block(fstart, b, b + bsz) { self.holes_in(inode, pc, flags, b, b + bsz)? } else { Vec::new() };
+        let holes = if pc.has_clean_block(fstart, b, b + bsz) {
+            self.holes_in(inode, pc, flags, b, b + bsz)?
+        } else {
+            Vec::new()
+        };
         let f = pc.folios.get_mut(&fstart).expect("inserted above");
         f.data[(size - fstart) as usize..(b + bsz - fstart) as usize].fill(0);
         pc.mark_dirty(fstart, b, bsz);

@@ -9,7 +9,9 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::attr::{SetAttr, TimeSet};
-use crate::inode::xattr::{AclEntry, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ};
+use crate::inode::xattr::{
+    AclEntry, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ,
+};
 use ubtrfs_format::structs::*;
 
 pub const MAY_EXEC: u32 = 1;
@@ -46,7 +48,12 @@ impl Cred {
 /// kernel's `inode_init_owner`): the creator owns it, except that a set-group-ID
 /// directory passes on its group, and to a new directory its set-group-ID bit too.
 /// `mode` is what the VFS passes down: the umask and `mode_strip_sgid` already applied.
-pub fn inode_init_owner(dir: &InodeItem, uid: u32, gid: u32, mode: u32) -> crate::inode::write::InodeAttrs {
+pub fn inode_init_owner(
+    dir: &InodeItem,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+) -> crate::inode::write::InodeAttrs {
     let mut a = crate::inode::write::InodeAttrs::new(mode);
     a.uid = uid;
     a.gid = gid;
@@ -64,7 +71,10 @@ pub fn inode_init_owner(dir: &InodeItem, uid: u32, gid: u32, mode: u32) -> crate
 ///
 /// # Errors
 /// Read failures; `Posix(Invalid)` for an ACL that does not parse.
-pub fn access_acl<V: crate::inode::filesystem::FsRead>(fs: &V, id: crate::inode::filesystem::InodeId) -> Result<Option<Vec<AclEntry>>> {
+pub fn access_acl<V: crate::inode::filesystem::FsRead>(
+    fs: &V,
+    id: crate::inode::filesystem::InodeId,
+) -> Result<Option<Vec<AclEntry>>> {
     read_acl(fs, id, crate::inode::xattr::XATTR_POSIX_ACL_ACCESS)
 }
 
@@ -72,7 +82,11 @@ pub fn access_acl<V: crate::inode::filesystem::FsRead>(fs: &V, id: crate::inode:
 ///
 /// # Errors
 /// Read failures; `Posix(Invalid)` for an ACL that does not parse.
-pub fn read_acl<V: crate::inode::filesystem::FsRead>(fs: &V, id: crate::inode::filesystem::InodeId, name: &[u8]) -> Result<Option<Vec<AclEntry>>> {
+pub fn read_acl<V: crate::inode::filesystem::FsRead>(
+    fs: &V,
+    id: crate::inode::filesystem::InodeId,
+    name: &[u8],
+) -> Result<Option<Vec<AclEntry>>> {
     use crate::inode::xattr::XattrRead;
     match fs.getxattr(id, name) {
         Ok(v) => crate::inode::xattr::acl_from_xattr(id, name, &v),
@@ -87,9 +101,19 @@ pub fn read_acl<V: crate::inode::filesystem::FsRead>(fs: &V, id: crate::inode::f
 ///
 /// # Errors
 /// `Posix` NotPermitted or PermissionDenied, naming `what`.
-pub fn check_access(cred: &Cred, ii: &InodeItem, acl: Option<&[AclEntry]>, mask: u32, what: &str) -> Result<()> {
+pub fn check_access(
+    cred: &Cred,
+    ii: &InodeItem,
+    acl: Option<&[AclEntry]>,
+    mask: u32,
+    what: &str,
+) -> Result<()> {
     if mask & MAY_WRITE != 0 && ii.flags.get() & INODE_IMMUTABLE != 0 {
-        return Err(Error::posix_detail(PosixKind::NotPermitted, what.to_string(), "it is immutable"));
+        return Err(Error::posix_detail(
+            PosixKind::NotPermitted,
+            what.to_string(),
+            "it is immutable",
+        ));
     }
     if dac_allows(cred, ii, acl, mask) || cap_overrides(cred, ii, mask) {
         return Ok(());
@@ -167,16 +191,27 @@ fn cap_overrides(cred: &Cred, ii: &InodeItem, mask: u32) -> bool {
 /// not make, and for a chown without ids by someone else than the owner of a file
 /// that would lose set-user-ID or set-group-ID (the kill bits become a mode change);
 /// `Posix(PermissionDenied)` for times set to now without write access.
-pub fn may_setattr(cred: &Cred, ii: &InodeItem, acl: Option<&[AclEntry]>, a: &SetAttr, what: &str) -> Result<SetAttr> {
+pub fn may_setattr(
+    cred: &Cred,
+    ii: &InodeItem,
+    acl: Option<&[AclEntry]>,
+    a: &SetAttr,
+    what: &str,
+) -> Result<SetAttr> {
     let owner = cred.uid == ii.uid.get() || cred.privileged;
-    let denied = |why: &str| Err(Error::posix_detail(PosixKind::NotPermitted, what.to_string(), why.to_string()));
+    let denied = |why: &str| {
+        Err(Error::posix_detail(PosixKind::NotPermitted, what.to_string(), why.to_string()))
+    };
     if let Some(u) = a.uid {
         if !(cred.privileged || (cred.uid == ii.uid.get() && u == ii.uid.get())) {
             return denied("only root may give a file away");
         }
     }
     if let Some(g) = a.gid {
-        let may = cred.privileged || (cred.uid == ii.uid.get() && (a.uid.is_none() || a.uid == Some(ii.uid.get())) && (g == ii.gid.get() || cred.in_group(g)));
+        let may = cred.privileged
+            || (cred.uid == ii.uid.get()
+                && (a.uid.is_none() || a.uid == Some(ii.uid.get()))
+                && (g == ii.gid.get() || cred.in_group(g)));
         if !may {
             return denied("only the owner may change the group, to one of its own groups");
         }
@@ -195,7 +230,8 @@ pub fn may_setattr(cred: &Cred, ii: &InodeItem, acl: Option<&[AclEntry]>, a: &Se
     if a.kills_privs() && ii.mode.get() & S_IFMT != S_IFDIR {
         // Set-group-ID without group execute marks mandatory locking and stays, unless
         // the caller is outside the group without CAP_FSETID.
-        let outsider_sgid = m & 0o2010 == 0o2000 && !(cred.privileged || cred.in_group(ii.gid.get()));
+        let outsider_sgid =
+            m & 0o2010 == 0o2000 && !(cred.privileged || cred.in_group(ii.gid.get()));
         let kills = m & 0o4000 != 0 || m & 0o2010 == 0o2010 || outsider_sgid;
         if kills && !owner {
             return denied("only the owner may lose a file's set-user-ID or set-group-ID");
@@ -204,7 +240,9 @@ pub fn may_setattr(cred: &Cred, ii: &InodeItem, acl: Option<&[AclEntry]>, a: &Se
             out.mode = Some(m & 0o7777 & !0o2000);
         }
     }
-    let explicit = matches!(a.atime, Some(TimeSet::At(..))) || matches!(a.mtime, Some(TimeSet::At(..))) || a.ctime.is_some();
+    let explicit = matches!(a.atime, Some(TimeSet::At(..)))
+        || matches!(a.mtime, Some(TimeSet::At(..)))
+        || a.ctime.is_some();
     if explicit && !owner {
         return denied("only the owner may set the times");
     }
@@ -239,7 +277,10 @@ mod tests {
         assert!(check_access(&owner, &f, None, MAY_READ | MAY_WRITE, "f").is_ok());
         assert!(check_access(&owner, &f, None, MAY_EXEC, "f").is_err());
         assert!(check_access(&member, &f, None, MAY_READ, "f").is_ok());
-        assert_eq!(check_access(&member, &f, None, MAY_WRITE, "f").unwrap_err().posix_kind(), Some(PosixKind::PermissionDenied));
+        assert_eq!(
+            check_access(&member, &f, None, MAY_WRITE, "f").unwrap_err().posix_kind(),
+            Some(PosixKind::PermissionDenied)
+        );
         assert!(check_access(&other, &f, None, MAY_READ, "f").is_err());
         // The owner's class decides, even when others have more.
         let odd = inode(S_IFREG | 0o007, 1000, 100);
@@ -248,11 +289,23 @@ mod tests {
         // Root reads and writes anything, executes what someone may execute.
         assert!(check_access(&Cred::root(), &f, None, MAY_READ | MAY_WRITE, "f").is_ok());
         assert!(check_access(&Cred::root(), &f, None, MAY_EXEC, "f").is_err());
-        assert!(check_access(&Cred::root(), &inode(S_IFREG | 0o001, 5, 5), None, MAY_EXEC, "f").is_ok());
-        assert!(check_access(&Cred::root(), &inode(S_IFDIR, 5, 5), None, MAY_EXEC | MAY_WRITE, "d").is_ok());
+        assert!(
+            check_access(&Cred::root(), &inode(S_IFREG | 0o001, 5, 5), None, MAY_EXEC, "f").is_ok()
+        );
+        assert!(check_access(
+            &Cred::root(),
+            &inode(S_IFDIR, 5, 5),
+            None,
+            MAY_EXEC | MAY_WRITE,
+            "d"
+        )
+        .is_ok());
         let mut frozen = f;
         frozen.flags = INODE_IMMUTABLE.into();
-        assert_eq!(check_access(&Cred::root(), &frozen, None, MAY_WRITE, "f").unwrap_err().posix_kind(), Some(PosixKind::NotPermitted));
+        assert_eq!(
+            check_access(&Cred::root(), &frozen, None, MAY_WRITE, "f").unwrap_err().posix_kind(),
+            Some(PosixKind::NotPermitted)
+        );
     }
 
     #[test]
@@ -260,14 +313,27 @@ mod tests {
         let f = inode(S_IFREG | 0o640, 1000, 100);
         let e = |tag, perm, id| AclEntry { tag, perm, id };
         // user 3000 gets rw through a named entry, masked to r.
-        let acl = [e(ACL_USER_OBJ, 6, u32::MAX), e(ACL_USER, 6, 3000), e(ACL_GROUP_OBJ, 4, u32::MAX), e(ACL_MASK, 4, u32::MAX), e(ACL_OTHER, 0, u32::MAX)];
+        let acl = [
+            e(ACL_USER_OBJ, 6, u32::MAX),
+            e(ACL_USER, 6, 3000),
+            e(ACL_GROUP_OBJ, 4, u32::MAX),
+            e(ACL_MASK, 4, u32::MAX),
+            e(ACL_OTHER, 0, u32::MAX),
+        ];
         let named = Cred::user(3000, 3000, &[]);
         assert!(check_access(&named, &f, Some(&acl), MAY_READ, "f").is_ok());
         assert!(check_access(&named, &f, Some(&acl), MAY_WRITE, "f").is_err());
         assert!(check_access(&Cred::user(4000, 4000, &[]), &f, Some(&acl), MAY_READ, "f").is_err());
         // A group member whose groups grant nothing wanted is refused, not sent to other.
-        let acl2 = [e(ACL_USER_OBJ, 6, u32::MAX), e(ACL_GROUP_OBJ, 0, u32::MAX), e(ACL_MASK, 7, u32::MAX), e(ACL_OTHER, 4, u32::MAX)];
-        assert!(check_access(&Cred::user(2000, 2000, &[100]), &f, Some(&acl2), MAY_READ, "f").is_err());
+        let acl2 = [
+            e(ACL_USER_OBJ, 6, u32::MAX),
+            e(ACL_GROUP_OBJ, 0, u32::MAX),
+            e(ACL_MASK, 7, u32::MAX),
+            e(ACL_OTHER, 4, u32::MAX),
+        ];
+        assert!(
+            check_access(&Cred::user(2000, 2000, &[100]), &f, Some(&acl2), MAY_READ, "f").is_err()
+        );
     }
 
     #[test]
@@ -276,29 +342,118 @@ mod tests {
         let owner = Cred::user(1000, 1000, &[100, 200]);
         let other = Cred::user(3000, 3000, &[]);
         let s = |a: SetAttr| a;
-        assert!(may_setattr(&owner, &f, None, &s(SetAttr { uid: Some(0), ..Default::default() }), "f").is_err());
-        assert!(may_setattr(&owner, &f, None, &s(SetAttr { gid: Some(200), ..Default::default() }), "f").is_ok());
-        assert!(may_setattr(&owner, &f, None, &s(SetAttr { gid: Some(300), ..Default::default() }), "f").is_err());
-        assert!(may_setattr(&other, &f, None, &s(SetAttr { mode: Some(0o777), ..Default::default() }), "f").is_err());
-        assert!(may_setattr(&other, &f, None, &s(SetAttr { mtime: Some(TimeSet::At(1, 0)), ..Default::default() }), "f").is_err());
+        assert!(may_setattr(
+            &owner,
+            &f,
+            None,
+            &s(SetAttr { uid: Some(0), ..Default::default() }),
+            "f"
+        )
+        .is_err());
+        assert!(may_setattr(
+            &owner,
+            &f,
+            None,
+            &s(SetAttr { gid: Some(200), ..Default::default() }),
+            "f"
+        )
+        .is_ok());
+        assert!(may_setattr(
+            &owner,
+            &f,
+            None,
+            &s(SetAttr { gid: Some(300), ..Default::default() }),
+            "f"
+        )
+        .is_err());
+        assert!(may_setattr(
+            &other,
+            &f,
+            None,
+            &s(SetAttr { mode: Some(0o777), ..Default::default() }),
+            "f"
+        )
+        .is_err());
+        assert!(may_setattr(
+            &other,
+            &f,
+            None,
+            &s(SetAttr { mtime: Some(TimeSet::At(1, 0)), ..Default::default() }),
+            "f"
+        )
+        .is_err());
         // Touch to now needs write access only.
-        assert_eq!(may_setattr(&other, &f, None, &s(SetAttr { mtime: Some(TimeSet::Now), ..Default::default() }), "f").unwrap_err().posix_kind(), Some(PosixKind::PermissionDenied));
+        assert_eq!(
+            may_setattr(
+                &other,
+                &f,
+                None,
+                &s(SetAttr { mtime: Some(TimeSet::Now), ..Default::default() }),
+                "f"
+            )
+            .unwrap_err()
+            .posix_kind(),
+            Some(PosixKind::PermissionDenied)
+        );
         // chmod g+s by an owner outside the group drops set-group-ID.
         let g = inode(S_IFREG | 0o755, 1000, 999);
-        assert_eq!(may_setattr(&owner, &g, None, &s(SetAttr { mode: Some(0o2755), ..Default::default() }), "f").unwrap().mode, Some(0o755));
-        assert_eq!(may_setattr(&Cred::root(), &g, None, &s(SetAttr { mode: Some(0o2755), uid: Some(5), ..Default::default() }), "f").unwrap().mode, Some(0o2755));
+        assert_eq!(
+            may_setattr(
+                &owner,
+                &g,
+                None,
+                &s(SetAttr { mode: Some(0o2755), ..Default::default() }),
+                "f"
+            )
+            .unwrap()
+            .mode,
+            Some(0o755)
+        );
+        assert_eq!(
+            may_setattr(
+                &Cred::root(),
+                &g,
+                None,
+                &s(SetAttr { mode: Some(0o2755), uid: Some(5), ..Default::default() }),
+                "f"
+            )
+            .unwrap()
+            .mode,
+            Some(0o2755)
+        );
         // chown(-1, -1): by anyone when there is nothing to kill; of a set-user-ID
         // file only by its owner; a set-group-ID file whose group may not execute
         // loses the bit when the caller is outside the group.
         let plain = inode(S_IFREG | 0o644, 1000, 100);
-        assert_eq!(may_setattr(&other, &plain, None, &SetAttr::chown(None, None), "f").unwrap(), SetAttr::chown(None, None));
+        assert_eq!(
+            may_setattr(&other, &plain, None, &SetAttr::chown(None, None), "f").unwrap(),
+            SetAttr::chown(None, None)
+        );
         let suid = inode(S_IFREG | 0o4755, 1000, 100);
-        assert_eq!(may_setattr(&other, &suid, None, &SetAttr::chown(None, None), "f").unwrap_err().posix_kind(), Some(PosixKind::NotPermitted));
+        assert_eq!(
+            may_setattr(&other, &suid, None, &SetAttr::chown(None, None), "f")
+                .unwrap_err()
+                .posix_kind(),
+            Some(PosixKind::NotPermitted)
+        );
         assert!(may_setattr(&owner, &suid, None, &SetAttr::chown(None, None), "f").is_ok());
         let sgid_nx = inode(S_IFREG | 0o2745, 1000, 999);
-        assert_eq!(may_setattr(&owner, &sgid_nx, None, &SetAttr::chown(None, None), "f").unwrap().mode, Some(0o745));
-        assert_eq!(may_setattr(&Cred::root(), &sgid_nx, None, &SetAttr::chown(None, None), "f").unwrap().mode, None);
-        assert_eq!(may_setattr(&other, &sgid_nx, None, &SetAttr::chown(None, None), "f").unwrap_err().posix_kind(), Some(PosixKind::NotPermitted));
+        assert_eq!(
+            may_setattr(&owner, &sgid_nx, None, &SetAttr::chown(None, None), "f").unwrap().mode,
+            Some(0o745)
+        );
+        assert_eq!(
+            may_setattr(&Cred::root(), &sgid_nx, None, &SetAttr::chown(None, None), "f")
+                .unwrap()
+                .mode,
+            None
+        );
+        assert_eq!(
+            may_setattr(&other, &sgid_nx, None, &SetAttr::chown(None, None), "f")
+                .unwrap_err()
+                .posix_kind(),
+            Some(PosixKind::NotPermitted)
+        );
         // A directory keeps its bits; nobody's chown without ids is refused.
         let dir = inode(S_IFDIR | 0o6755, 1000, 999);
         assert!(may_setattr(&other, &dir, None, &SetAttr::chown(None, None), "d").is_ok());

@@ -56,13 +56,22 @@ pub(crate) fn verify_sectors<'a>(
         }
         let slog = logical + (i * ss) as u64;
         let mut alt = vec![0u8; sector.len()];
-        let good = (0..copies).filter(|&m| m != first).find(|&m| info.read_data(slog, &mut alt, m).is_ok() && ct.verify(&alt, want));
+        let good = (0..copies)
+            .filter(|&m| m != first)
+            .find(|&m| info.read_data(slog, &mut alt, m).is_ok() && ct.verify(&alt, want));
         match good {
             Some(m) => {
                 sector.copy_from_slice(&alt);
                 repaired(i, m);
             }
-            None => return Err(BadSector { index: i, got: ct.compute(sector)[..want.len()].to_vec(), want: want.to_vec(), copies }),
+            None => {
+                return Err(BadSector {
+                    index: i,
+                    got: ct.compute(sector)[..want.len()].to_vec(),
+                    want: want.to_vec(),
+                    copies,
+                })
+            }
         }
     }
     Ok(missing)
@@ -75,7 +84,10 @@ pub(crate) fn verify_sectors<'a>(
 pub(crate) fn lookup_csums<V: FsRead>(fs: &V, logical: u64, len: u64) -> Result<CsumRun> {
     let ss = u64::from(fs.info().sectorsize);
     let cs = fs.info().csum_type.size();
-    assert!(logical.is_multiple_of(ss) && len.is_multiple_of(ss), "unaligned csum lookup {logical} +{len}");
+    assert!(
+        logical.is_multiple_of(ss) && len.is_multiple_of(ss),
+        "unaligned csum lookup {logical} +{len}"
+    );
     let n = (len / ss) as usize;
     let mut run = CsumRun { csums: vec![0u8; n * cs], present: vec![false; n] };
     let root = fs.fs_root(CSUM_TREE_OBJECTID)?;
@@ -122,7 +134,13 @@ pub(crate) fn lookup_csums<V: FsRead>(fs: &V, logical: u64, len: u64) -> Result<
 ///
 /// # Errors
 /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
-pub(crate) fn read_verified<V: FsRead>(fs: &V, inode: &InodeView, file_offset: u64, logical: u64, buf: &mut [u8]) -> Result<()> {
+pub(crate) fn read_verified<V: FsRead>(
+    fs: &V,
+    inode: &InodeView,
+    file_offset: u64,
+    logical: u64,
+    buf: &mut [u8],
+) -> Result<()> {
     let ss = fs.info().sectorsize as usize;
     let copies = fs.info().num_copies(logical);
     // A copy on a missing or failing device is skipped for the next one.
@@ -153,12 +171,25 @@ pub(crate) fn read_verified<V: FsRead>(fs: &V, inode: &InodeView, file_offset: u
             m + 1
         ))
     };
-    let missing = verify_sectors(fs.info(), logical, buf, first, want, repaired).map_err(|b| -> Error {
-        Corrupt::new(CorruptWhere::Data, format!("csum mismatch: have {} expect {} ({} copies tried)", hex(&b.got), hex(&b.want), b.copies))
+    let missing =
+        verify_sectors(fs.info(), logical, buf, first, want, repaired).map_err(|b| -> Error {
+            Corrupt::new(
+                CorruptWhere::Data,
+                format!(
+                    "csum mismatch: have {} expect {} ({} copies tried)",
+                    hex(&b.got),
+                    hex(&b.want),
+                    b.copies
+                ),
+            )
             .root(inode.id.root)
-            .data(inode.id.ino, file_offset + (b.index * ss) as u64, logical + (b.index * ss) as u64)
+            .data(
+                inode.id.ino,
+                file_offset + (b.index * ss) as u64,
+                logical + (b.index * ss) as u64,
+            )
             .into()
-    })?;
+        })?;
     if missing > 0 {
         fs.info().warn(format!("ino {} root {}: {missing} sectors at logical {logical} have no data checksum; read unverified", inode.id.ino, inode.id.root));
     }
@@ -169,7 +200,12 @@ pub(crate) fn read_verified<V: FsRead>(fs: &V, inode: &InodeView, file_offset: u
 ///
 /// # Errors
 /// `Io`/`Corrupt` from the extent read, decompression or checksum.
-pub(crate) fn read_at<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, buf: &mut [u8]) -> Result<usize> {
+pub(crate) fn read_at<V: FsRead>(
+    fs: &V,
+    inode: &InodeView,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<usize> {
     let mut cache = DecompressCache::default();
     read_at_cached(fs, inode, offset, buf, &mut cache)
 }
@@ -179,7 +215,13 @@ pub(crate) fn read_at<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, buf: &m
 ///
 /// # Errors
 /// As `read_at`.
-pub(crate) fn read_at_cached<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, buf: &mut [u8], cache: &mut DecompressCache) -> Result<usize> {
+pub(crate) fn read_at_cached<V: FsRead>(
+    fs: &V,
+    inode: &InodeView,
+    offset: u64,
+    buf: &mut [u8],
+    cache: &mut DecompressCache,
+) -> Result<usize> {
     let size = inode.size();
     if offset >= size {
         return Ok(0);
@@ -216,13 +258,26 @@ pub(crate) fn read_at_cached<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, 
 /// the extent's `offset` + `within`), as (start rounded down to a sector, exact start,
 /// end rounded up to a sector); `None` when the sum overflows (the tree checker bounds
 /// each field, not their sum, so a hostile extent can).
-fn plain_disk_span(disk_bytenr: u64, offset: u64, within: u64, len: u64, ss: u64) -> Option<(u64, u64, u64)> {
+fn plain_disk_span(
+    disk_bytenr: u64,
+    offset: u64,
+    within: u64,
+    len: u64,
+    ss: u64,
+) -> Option<(u64, u64, u64)> {
     let logical = disk_bytenr.checked_add(offset)?.checked_add(within)?;
     let end = logical.checked_add(len)?.div_ceil(ss).checked_mul(ss)?;
     Some((logical - logical % ss, logical, end))
 }
 
-pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileExtentRec, pos: u64, out: &mut [u8], cache: &mut DecompressCache) -> Result<()> {
+pub(crate) fn read_extent_piece<V: FsRead>(
+    fs: &V,
+    inode: &InodeView,
+    e: &FileExtentRec,
+    pos: u64,
+    out: &mut [u8],
+    cache: &mut DecompressCache,
+) -> Result<()> {
     let within = pos - e.file_offset;
     match &e.kind {
         ExtentKind::Inline { ram_bytes, compression, data } => {
@@ -230,7 +285,16 @@ pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileEx
                 std::borrow::Cow::Borrowed(data)
             } else {
                 let mut v = Vec::new();
-                decompress_for(fs, inode, e.file_offset, 0, *compression, data, *ram_bytes as usize, &mut v)?;
+                decompress_for(
+                    fs,
+                    inode,
+                    e.file_offset,
+                    0,
+                    *compression,
+                    data,
+                    *ram_bytes as usize,
+                    &mut v,
+                )?;
                 std::borrow::Cow::Owned(v)
             };
             let s = within as usize;
@@ -238,14 +302,31 @@ pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileEx
             out[..avail].copy_from_slice(&plain[s..s + avail]);
             out[avail..].fill(0);
         }
-        ExtentKind::Regular { disk_bytenr: 0, .. } | ExtentKind::Regular { prealloc: true, .. } => out.fill(0),
-        ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression: 0, .. } => {
+        ExtentKind::Regular { disk_bytenr: 0, .. } | ExtentKind::Regular { prealloc: true, .. } => {
+            out.fill(0)
+        }
+        ExtentKind::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            ram_bytes,
+            compression: 0,
+            ..
+        } => {
             let _ = (disk_num_bytes, ram_bytes);
             let ss = u64::from(fs.info().sectorsize);
             // The tree checker bounds each field, not their sum: a hostile extent can
             // overflow the address space here.
-            let Some((a_start, logical, a_end)) = plain_disk_span(*disk_bytenr, *offset, within, out.len() as u64, ss) else {
-                return Err(extent_corrupt(inode, e, format!("extent disk_bytenr {disk_bytenr} + offset {offset} + {within} overflows")));
+            let Some((a_start, logical, a_end)) =
+                plain_disk_span(*disk_bytenr, *offset, within, out.len() as u64, ss)
+            else {
+                return Err(extent_corrupt(
+                    inode,
+                    e,
+                    format!(
+                        "extent disk_bytenr {disk_bytenr} + offset {offset} + {within} overflows"
+                    ),
+                ));
             };
             let fo = pos - (logical - a_start);
             if a_start == logical && a_end == logical + out.len() as u64 {
@@ -257,7 +338,9 @@ pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileEx
                 out.copy_from_slice(&tmp[s..s + out.len()]);
             }
         }
-        ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, .. } => {
+        ExtentKind::Regular {
+            disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, ..
+        } => {
             if cache.disk_bytenr != *disk_bytenr || cache.data.is_empty() && *ram_bytes != 0 {
                 // Bound the read before allocating for it: btrfs compresses at most
                 // 128 KiB per extent; allow the decompressor's tolerance.
@@ -268,19 +351,49 @@ pub(crate) fn read_extent_piece<V: FsRead>(fs: &V, inode: &InodeView, e: &FileEx
                 read_verified(fs, inode, e.file_offset, *disk_bytenr, &mut raw)?;
                 // The common case of a sequential reader: the whole extent lands in
                 // `out`, so decode straight into it instead of through the cache.
-                if *offset == 0 && within == 0 && out.len() as u64 == *ram_bytes && e.len() == *ram_bytes {
-                    let kind = CompressionType::from_raw(*compression).ok_or_else(|| extent_corrupt(inode, e, format!("unknown compression type {compression}")))?;
-                    crate::compression::decompress_into(kind, &raw, out, fs.info().sectorsize as usize)
-                        .map_err(|err| extent_corrupt(inode, e, format!("{} decompression failed: {err}", kind.name())))?;
+                if *offset == 0
+                    && within == 0
+                    && out.len() as u64 == *ram_bytes
+                    && e.len() == *ram_bytes
+                {
+                    let kind = CompressionType::from_raw(*compression).ok_or_else(|| {
+                        extent_corrupt(inode, e, format!("unknown compression type {compression}"))
+                    })?;
+                    crate::compression::decompress_into(
+                        kind,
+                        &raw,
+                        out,
+                        fs.info().sectorsize as usize,
+                    )
+                    .map_err(|err| {
+                        extent_corrupt(
+                            inode,
+                            e,
+                            format!("{} decompression failed: {err}", kind.name()),
+                        )
+                    })?;
                     return Ok(());
                 }
                 let mut plain = Vec::new();
-                decompress_for(fs, inode, e.file_offset, *disk_bytenr, *compression, &raw, *ram_bytes as usize, &mut plain)?;
+                decompress_for(
+                    fs,
+                    inode,
+                    e.file_offset,
+                    *disk_bytenr,
+                    *compression,
+                    &raw,
+                    *ram_bytes as usize,
+                    &mut plain,
+                )?;
                 cache.disk_bytenr = *disk_bytenr;
                 cache.data = plain;
             }
             let len = cache.data.len();
-            let Some(s) = offset.checked_add(within).and_then(|s| usize::try_from(s).ok()).filter(|&s| s <= len) else {
+            let Some(s) = offset
+                .checked_add(within)
+                .and_then(|s| usize::try_from(s).ok())
+                .filter(|&s| s <= len)
+            else {
                 return Err(extent_corrupt(inode, e, format!("compressed extent offset {offset} + {within} is beyond its {len} decompressed bytes")));
             };
             let avail = len.saturating_sub(s).min(out.len());
@@ -299,10 +412,26 @@ fn extent_corrupt(inode: &InodeView, e: &FileExtentRec, reason: String) -> Error
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn decompress_for<V: FsRead>(fs: &V, inode: &InodeView, file_offset: u64, logical: u64, compression: u8, input: &[u8], ram_bytes: usize, out: &mut Vec<u8>) -> Result<()> {
-    let corrupt = |r: String| -> Error { Corrupt::new(CorruptWhere::Data, r).root(inode.id.root).data(inode.id.ino, file_offset, logical).into() };
-    let kind = CompressionType::from_raw(compression).ok_or_else(|| corrupt(format!("unknown compression type {compression}")))?;
-    decompress(kind, input, ram_bytes, fs.info().sectorsize as usize, out).map_err(|e| corrupt(format!("{} decompression failed: {e}", kind.name())))
+pub(crate) fn decompress_for<V: FsRead>(
+    fs: &V,
+    inode: &InodeView,
+    file_offset: u64,
+    logical: u64,
+    compression: u8,
+    input: &[u8],
+    ram_bytes: usize,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let corrupt = |r: String| -> Error {
+        Corrupt::new(CorruptWhere::Data, r)
+            .root(inode.id.root)
+            .data(inode.id.ino, file_offset, logical)
+            .into()
+    };
+    let kind = CompressionType::from_raw(compression)
+        .ok_or_else(|| corrupt(format!("unknown compression type {compression}")))?;
+    decompress(kind, input, ram_bytes, fs.info().sectorsize as usize, out)
+        .map_err(|e| corrupt(format!("{} decompression failed: {e}", kind.name())))
 }
 
 /// The last decompressed extent of a sequential reader.
@@ -324,7 +453,12 @@ fn hex(b: &[u8]) -> String {
 ///
 /// # Errors
 /// `Corrupt`/`Io` from the csum tree.
-pub(crate) fn prefetch_csums<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, end: u64) -> Result<Vec<(u64, CsumRun)>> {
+pub(crate) fn prefetch_csums<V: FsRead>(
+    fs: &V,
+    inode: &InodeView,
+    offset: u64,
+    end: u64,
+) -> Result<Vec<(u64, CsumRun)>> {
     let mut out = Vec::new();
     if inode.flags() & INODE_NODATASUM != 0 {
         return Ok(out);
@@ -332,12 +466,24 @@ pub(crate) fn prefetch_csums<V: FsRead>(fs: &V, inode: &InodeView, offset: u64, 
     let ss = u64::from(fs.info().sectorsize);
     let end = end.min(inode.size());
     for e in inode.extents.iter().filter(|e| e.end() > offset && e.file_offset < end) {
-        let ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset: eoff, compression, prealloc: false, .. } = e.kind else { continue };
+        let ExtentKind::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset: eoff,
+            compression,
+            prealloc: false,
+            ..
+        } = e.kind
+        else {
+            continue;
+        };
         if disk_bytenr == 0 {
             continue;
         }
         let range = if compression != 0 {
-            (disk_num_bytes <= MAX_RAM_BYTES as u64).then(|| disk_bytenr.checked_add(disk_num_bytes).map(|b| (disk_bytenr, b))).flatten()
+            (disk_num_bytes <= MAX_RAM_BYTES as u64)
+                .then(|| disk_bytenr.checked_add(disk_num_bytes).map(|b| (disk_bytenr, b)))
+                .flatten()
         } else {
             let lo = offset.max(e.file_offset) - e.file_offset;
             let hi = end.min(e.end()) - e.file_offset;
@@ -362,7 +508,11 @@ pub(crate) struct DataView<'a> {
 }
 
 fn detached(what: String) -> Error {
-    Error::posix_detail(crate::error::PosixKind::Invalid, "data read", format!("{what}: a read without the engine's lock reads no tree blocks"))
+    Error::posix_detail(
+        crate::error::PosixKind::Invalid,
+        "data read",
+        format!("{what}: a read without the engine's lock reads no tree blocks"),
+    )
 }
 
 impl crate::tree::search::TreeView for DataView<'_> {
@@ -388,10 +538,19 @@ impl FsRead for DataView<'_> {
     fn lookup_csums(&self, logical: u64, len: u64) -> Result<CsumRun> {
         let ss = u64::from(self.info.sectorsize);
         let cs = self.info.csum_type.size();
-        let end = logical.checked_add(len).ok_or_else(|| detached(format!("csums of {logical} +{len}")))?;
-        let (start, run) = self.csums.iter().find(|(s, r)| *s <= logical && end <= s + r.present.len() as u64 * ss).ok_or_else(|| detached(format!("csums of {logical} +{len} were not looked up")))?;
+        let end = logical
+            .checked_add(len)
+            .ok_or_else(|| detached(format!("csums of {logical} +{len}")))?;
+        let (start, run) = self
+            .csums
+            .iter()
+            .find(|(s, r)| *s <= logical && end <= s + r.present.len() as u64 * ss)
+            .ok_or_else(|| detached(format!("csums of {logical} +{len} were not looked up")))?;
         let first = ((logical - start) / ss) as usize;
         let n = (len / ss) as usize;
-        Ok(CsumRun { csums: run.csums[first * cs..(first + n) * cs].to_vec(), present: run.present[first..first + n].to_vec() })
+        Ok(CsumRun {
+            csums: run.csums[first * cs..(first + n) * cs].to_vec(),
+            present: run.present[first..first + n].to_vec(),
+        })
     }
 }

@@ -78,23 +78,44 @@ impl FsWriter {
     /// Check a remap of `len` bytes from `src` at `src_off` to `dst` at `dst_off` (len
     /// 0: to the source's EOF, as FICLONERANGE takes it) and return it with its
     /// length settled. `dedupe` takes the dedupe rules for the EOF case.
-    fn check_remap(&mut self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64, dedupe: bool) -> Result<Remap> {
+    fn check_remap(
+        &mut self,
+        src: InodeId,
+        src_off: u64,
+        len: u64,
+        dst: InodeId,
+        dst_off: u64,
+        dedupe: bool,
+    ) -> Result<Remap> {
         // The request, named in a refusal (formatted only then: this runs per 4 KiB
         // dedupe).
-        let what = || format!("{} of {src} at {src_off} +{len} to {dst} at {dst_off}", if dedupe { "dedupe" } else { "clone" });
+        let what = || {
+            format!(
+                "{} of {src} at {src_off} +{len} to {dst} at {dst_off}",
+                if dedupe { "dedupe" } else { "clone" }
+            )
+        };
         self.check_root_writable(dst.root)?;
         let si = self.live().load_inode(src, Load::ITEM)?.item;
         let di = self.live().load_inode(dst, Load::ITEM)?.item;
         for (id, ii) in [(src, &si), (dst, &di)] {
             match ii.mode.get() & S_IFMT {
                 S_IFREG => {}
-                S_IFDIR => return Err(Error::posix(PosixKind::IsDir, format!("{}: {id} is a directory", what()))),
+                S_IFDIR => {
+                    return Err(Error::posix(
+                        PosixKind::IsDir,
+                        format!("{}: {id} is a directory", what()),
+                    ))
+                }
                 _ => return Err(invalid(what(), "both files must be regular files")),
             }
         }
         iflags_allow(dst.root, dst.ino, di.flags.get(), IflagOp::Write, b"")?;
         if di.flags.get() & INODE_APPEND != 0 {
-            return Err(Error::posix(PosixKind::NotPermitted, format!("{}: {dst} is append-only", what())));
+            return Err(Error::posix(
+                PosixKind::NotPermitted,
+                format!("{}: {dst} is append-only", what()),
+            ));
         }
         // Half the destination checksummed would fail the checker (the kernel's rule).
         if (si.flags.get() ^ di.flags.get()) & INODE_NODATASUM != 0 {
@@ -124,7 +145,10 @@ impl FsWriter {
         if end > ssize {
             return Err(invalid(what(), "the source range ends past its end"));
         }
-        dst_off.checked_add(len).filter(|&e| e <= i64::MAX as u64).ok_or_else(|| invalid(what(), "the destination range overflows"))?;
+        dst_off
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| invalid(what(), "the destination range overflows"))?;
         if !len.is_multiple_of(bs) {
             // Only a range to the source's EOF ends inside a block, and then only at or
             // past the destination's EOF (a dedupe: exactly at it): it cannot leave a
@@ -150,7 +174,14 @@ impl FsWriter {
     /// `Posix(Invalid)` for a range the kernel refuses, `Posix(IsDir)`,
     /// `Posix(NotPermitted)` for an immutable or append-only destination,
     /// `Posix(ReadOnly)` for a read-only destination subvolume; tree failures.
-    pub fn clone_range(&mut self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64) -> Result<u64> {
+    pub fn clone_range(
+        &mut self,
+        src: InodeId,
+        src_off: u64,
+        len: u64,
+        dst: InodeId,
+        dst_off: u64,
+    ) -> Result<u64> {
         let r = self.check_remap(src, src_off, len, dst, dst_off, false)?;
         self.remap(r, true)?;
         Ok(r.len)
@@ -163,7 +194,14 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `clone_range`, with the dedupe rules for ranges at EOF; read errors.
-    pub fn dedupe_range(&mut self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64) -> Result<Dedupe> {
+    pub fn dedupe_range(
+        &mut self,
+        src: InodeId,
+        src_off: u64,
+        len: u64,
+        dst: InodeId,
+        dst_off: u64,
+    ) -> Result<Dedupe> {
         let r = self.check_remap(src, src_off, len.min(MAX_DEDUPE_LEN), dst, dst_off, true)?;
         if r.len == 0 {
             return Ok(Dedupe::Same(0));
@@ -204,7 +242,8 @@ impl FsWriter {
         // (After the expansion, which may rewrite the source's last block when both
         // are one file.)
         let recs = self.live().file_extents(src, src_off, src_off + span)?;
-        let no_holes = self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES != 0;
+        let no_holes =
+            self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES != 0;
         let new_size = dsize.max(dst_off + len);
         let bs = u64::from(self.sectorsize());
         // The destination's range is emptied, then filled extent by extent, a few
@@ -215,7 +254,12 @@ impl FsWriter {
         let hole_item = |w: &FsWriter, at: u64, to: u64| -> Option<Piece> {
             // Without no-holes every gap inside the new size is an explicit hole.
             let to = to.min(new_size.div_ceil(bs) * bs);
-            (!no_holes && at < to).then(|| Piece { at, end: to, item: crate::inode::write::reg_extent_item(w.transid, 0, to - at), shares: None })
+            (!no_holes && at < to).then(|| Piece {
+                at,
+                end: to,
+                item: crate::inode::write::reg_extent_item(w.transid, 0, to - at),
+                shares: None,
+            })
         };
         for f in &recs {
             let (s, t) = (f.file_offset.max(src_off), f.end().min(src_off + span));
@@ -229,8 +273,18 @@ impl FsWriter {
             let d = dst_off + (s - src_off);
             match &f.kind {
                 ExtentKind::Inline { .. } => inline.push((s, t.min(src_off + len))),
-                ExtentKind::Regular { disk_bytenr: 0, .. } => pieces.extend(hole_item(self, d, dst_off + (t - src_off))),
-                ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, ram_bytes, compression, prealloc, .. } => {
+                ExtentKind::Regular { disk_bytenr: 0, .. } => {
+                    pieces.extend(hole_item(self, d, dst_off + (t - src_off)))
+                }
+                ExtentKind::Regular {
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset,
+                    ram_bytes,
+                    compression,
+                    prealloc,
+                    ..
+                } => {
                     let item = ubtrfs_format::items::file_extent_reg_item(
                         &FileExtentHeader {
                             generation: self.transid.into(),
@@ -240,10 +294,25 @@ impl FsWriter {
                             other_encoding: 0.into(),
                             type_: if *prealloc { FILE_EXTENT_PREALLOC } else { FILE_EXTENT_REG },
                         },
-                        &FileExtentBody { disk_bytenr: (*disk_bytenr).into(), disk_num_bytes: (*disk_num_bytes).into(), offset: (offset + (s - f.file_offset)).into(), num_bytes: (t - s).into() },
+                        &FileExtentBody {
+                            disk_bytenr: (*disk_bytenr).into(),
+                            disk_num_bytes: (*disk_num_bytes).into(),
+                            offset: (offset + (s - f.file_offset)).into(),
+                            num_bytes: (t - s).into(),
+                        },
                     );
                     let ext_off = offset + (s - f.file_offset);
-                    pieces.push(Piece { at: d, end: d + (t - s), item, shares: Some((*disk_bytenr, *disk_num_bytes, d.wrapping_sub(ext_off), t - s)) });
+                    pieces.push(Piece {
+                        at: d,
+                        end: d + (t - s),
+                        item,
+                        shares: Some((
+                            *disk_bytenr,
+                            *disk_num_bytes,
+                            d.wrapping_sub(ext_off),
+                            t - s,
+                        )),
+                    });
                 }
             }
         }
@@ -255,12 +324,17 @@ impl FsWriter {
         // destination's range, each inserts its items and refs and moves nbytes, the
         // last sets the size and times.
         let t = self.now();
-        let batches: Vec<&[Piece]> = if pieces.is_empty() { vec![&[]] } else { pieces.chunks(EXTENTS_PER_HANDLE).collect() };
+        let batches: Vec<&[Piece]> =
+            if pieces.is_empty() { vec![&[]] } else { pieces.chunks(EXTENTS_PER_HANDLE).collect() };
         let last = batches.len() - 1;
         for (i, batch) in batches.into_iter().enumerate() {
             let items = 3 * batch.len() as u64 + 4;
             self.transaction("clone", items, |w| {
-                let removed = if i == 0 { w.drop_extents_inner(dst.root, dst.ino, dst_off, dst_off + span)? } else { 0 };
+                let removed = if i == 0 {
+                    w.drop_extents_inner(dst.root, dst.ino, dst_off, dst_off + span)?
+                } else {
+                    0
+                };
                 let mut added = 0;
                 for p in batch {
                     w.insert_item(dst.root, &Key::new(dst.ino, EXTENT_DATA_KEY, p.at), &p.item)?;
@@ -273,7 +347,11 @@ impl FsWriter {
                     ii.nbytes = (ii.nbytes.get() - removed.min(ii.nbytes.get()) + added).into();
                     // The size grows with each batch (never past the clone's end), so a
                     // clone cut short by an error leaves no extent past EOF.
-                    let reach = if i == last { new_size } else { batch.last().map_or(0, |p| p.end).min(new_size) };
+                    let reach = if i == last {
+                        new_size
+                    } else {
+                        batch.last().map_or(0, |p| p.end).min(new_size)
+                    };
                     if ii.size.get() < reach {
                         ii.size = reach.into();
                     }
@@ -302,8 +380,20 @@ impl Engine {
     ///
     /// # Errors
     /// As `FsWriter::clone_range`; writeback errors.
-    pub fn clone_range(&self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64) -> Result<u64> {
-        self.remap_locked(src, dst, |e| e.write_retrying(|w| w.clone_range(src, src_off, len, dst, dst_off)), Some((dst_off, len)))
+    pub fn clone_range(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        len: u64,
+        dst: InodeId,
+        dst_off: u64,
+    ) -> Result<u64> {
+        self.remap_locked(
+            src,
+            dst,
+            |e| e.write_retrying(|w| w.clone_range(src, src_off, len, dst, dst_off)),
+            Some((dst_off, len)),
+        )
     }
 
     /// copy_file_range's first try, as the kernel's `vfs_copy_file_range` asks
@@ -315,7 +405,14 @@ impl Engine {
     ///
     /// # Errors
     /// Those of `clone_range` other than its refusals of the range.
-    pub fn clone_for_copy(&self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64) -> Result<Option<u64>> {
+    pub fn clone_for_copy(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        len: u64,
+        dst: InodeId,
+        dst_off: u64,
+    ) -> Result<Option<u64>> {
         let bs = u64::from(self.info().sectorsize);
         let (ssize, dsize) = (self.getattr(src)?.size.get(), self.getattr(dst)?.size.get());
         if !src_off.is_multiple_of(bs) || !dst_off.is_multiple_of(bs) || src_off >= ssize {
@@ -343,13 +440,21 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::clone_range`, with the dedupe rules for ranges at EOF (both must
     /// end at their file's end); read errors.
-    pub fn dedupe_range(&self, src: InodeId, src_off: u64, len: u64, dst: InodeId, dst_off: u64) -> Result<Dedupe> {
+    pub fn dedupe_range(
+        &self,
+        src: InodeId,
+        src_off: u64,
+        len: u64,
+        dst: InodeId,
+        dst_off: u64,
+    ) -> Result<Dedupe> {
         let len = len.min(MAX_DEDUPE_LEN);
         self.remap_locked(
             src,
             dst,
             |e| {
-                let r = e.write_retrying(|w| w.check_remap(src, src_off, len, dst, dst_off, true))?;
+                let r =
+                    e.write_retrying(|w| w.check_remap(src, src_off, len, dst, dst_off, true))?;
                 if !e.same_bytes(src, src_off, dst, dst_off, r.len)? {
                     return Ok(Dedupe::Differs);
                 }
@@ -376,7 +481,10 @@ impl Engine {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(STEP) as usize;
-            if !get(a, ao + done, &mut x[..n])? || !get(b, bo + done, &mut y[..n])? || x[..n] != y[..n] {
+            if !get(a, ao + done, &mut x[..n])?
+                || !get(b, bo + done, &mut y[..n])?
+                || x[..n] != y[..n]
+            {
                 return Ok(false);
             }
             done += n as u64;
@@ -387,7 +495,13 @@ impl Engine {
     /// Run `f` with the locks of `src` and `dst` held exclusively (in inode order),
     /// after writing both back; then drop the destination's cached `changed` range
     /// (offset, length; 0 to EOF) if its content changed.
-    fn remap_locked<T>(&self, src: InodeId, dst: InodeId, f: impl FnOnce(&Engine) -> Result<T>, changed: Option<(u64, u64)>) -> Result<T> {
+    fn remap_locked<T>(
+        &self,
+        src: InodeId,
+        dst: InodeId,
+        f: impl FnOnce(&Engine) -> Result<T>,
+        changed: Option<(u64, u64)>,
+    ) -> Result<T> {
         let (s, d) = (self.info().inodes.get(src), self.info().inodes.get(dst));
         let _g = crate::inode::file::write_lock_two(&s, Some(&d));
         if src != dst {

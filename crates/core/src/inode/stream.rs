@@ -20,7 +20,13 @@ impl Filesystem {
     ///
     /// # Errors
     /// The first read error in file order, or the sink's error.
-    pub fn stream_file(&self, inode: &InodeView, threads: usize, chunk: usize, sink: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+    pub fn stream_file(
+        &self,
+        inode: &InodeView,
+        threads: usize,
+        chunk: usize,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         assert!(chunk > 0, "chunk size 0");
         let size = inode.size();
         let nchunks = size.div_ceil(chunk as u64);
@@ -74,7 +80,8 @@ impl Filesystem {
             }
             for k in 0..nchunks {
                 let t = (k % threads as u64) as usize;
-                let data = rxs[t].recv().expect("worker sends every chunk it owns until an error")?;
+                let data =
+                    rxs[t].recv().expect("worker sends every chunk it owns until an error")?;
                 sink(&data)?;
                 let _ = backs[t].try_send(data);
             }

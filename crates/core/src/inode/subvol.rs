@@ -32,7 +32,11 @@ const SNAPSHOT_ITEMS: u64 = 10;
 
 /// The UUID tree key of subvolume uuid `u` with type `ty` (`btrfs_uuid_to_key`).
 pub fn uuid_key(u: &[u8; 16], ty: u8) -> Key {
-    Key::new(u64::from_le_bytes(u[..8].try_into().expect("8 bytes")), ty, u64::from_le_bytes(u[8..].try_into().expect("8 bytes")))
+    Key::new(
+        u64::from_le_bytes(u[..8].try_into().expect("8 bytes")),
+        ty,
+        u64::from_le_bytes(u[8..].try_into().expect("8 bytes")),
+    )
 }
 
 impl FsWriter {
@@ -42,16 +46,34 @@ impl FsWriter {
     /// # Errors
     /// As `mkdir` for the name (Exists, NameTooLong, NotDir, NotPermitted); `NoSpace`
     /// when the root tree has no free ids; tree failures.
-    pub fn create_subvol(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
+    pub fn create_subvol(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        a: &InodeAttrs,
+    ) -> Result<u64> {
         self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
-        self.transaction("create_subvol", SUBVOL_ITEMS, |w| w.create_subvol_inner(root, dir, name, a))
+        self.transaction("create_subvol", SUBVOL_ITEMS, |w| {
+            w.create_subvol_inner(root, dir, name, a)
+        })
     }
 
-    fn create_subvol_inner(&mut self, root: u64, dir: u64, name: &[u8], a: &InodeAttrs) -> Result<u64> {
+    fn create_subvol_inner(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        a: &InodeAttrs,
+    ) -> Result<u64> {
         let id = self.alloc_objectid(ROOT_TREE_OBJECTID)?;
         if !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id) {
-            return Err(Error::posix_detail(PosixKind::NoSpace, crate::quote::name(name), "the root tree has no free subvolume ids"));
+            return Err(Error::posix_detail(
+                PosixKind::NoSpace,
+                crate::quote::name(name),
+                "the root tree has no free subvolume ids",
+            ));
         }
         let t = self.now();
         let uuid = self.info.sources.uuids.new_uuid();
@@ -84,7 +106,11 @@ impl FsWriter {
         self.insert_item(id, &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0), ii.as_bytes())?;
         let mut r = InodeRef { index: 0.into(), name_len: 2.into() }.as_bytes().to_vec();
         r.extend_from_slice(b"..");
-        self.insert_item(id, &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID), &r)?;
+        self.insert_item(
+            id,
+            &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID),
+            &r,
+        )?;
         self.link_subvol(root, dir, name, id, 0, &uuid)?;
         Ok(id)
     }
@@ -92,10 +118,31 @@ impl FsWriter {
     /// Name new subvolume `id` in directory `dir` of tree `root`: the entries pointing
     /// at its ROOT_ITEM (key offset `location_offset`), ROOT_REF and ROOT_BACKREF, its
     /// UUID-tree item and, with quotas on, its qgroup.
-    fn link_subvol(&mut self, root: u64, dir: u64, name: &[u8], id: u64, location_offset: u64, uuid: &[u8; 16]) -> Result<()> {
+    fn link_subvol(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        id: u64,
+        location_offset: u64,
+        uuid: &[u8; 16],
+    ) -> Result<()> {
         let index = self.next_dir_index(root, dir)?;
-        self.add_dir_entries_to(root, dir, name, Key::new(id, ROOT_ITEM_KEY, location_offset), FT_DIR, index)?;
-        let mut rr = RootRef { dirid: dir.into(), sequence: index.into(), name_len: (name.len() as u16).into() }.as_bytes().to_vec();
+        self.add_dir_entries_to(
+            root,
+            dir,
+            name,
+            Key::new(id, ROOT_ITEM_KEY, location_offset),
+            FT_DIR,
+            index,
+        )?;
+        let mut rr = RootRef {
+            dirid: dir.into(),
+            sequence: index.into(),
+            name_len: (name.len() as u16).into(),
+        }
+        .as_bytes()
+        .to_vec();
         rr.extend_from_slice(name);
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id), &rr)?;
         self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root), &rr)?;
@@ -113,11 +160,24 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `create_snapshot_of_committed`; commit failures.
-    pub fn create_snapshot(&mut self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<u64> {
+    pub fn create_snapshot(
+        &mut self,
+        src: u64,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        readonly: bool,
+    ) -> Result<u64> {
         if self.snapshot_needs_commit(src)? {
             self.commit()?;
         }
-        self.create_snapshot_of_committed(src, root, dir, name, readonly)?.ok_or_else(|| Error::posix_detail(PosixKind::Busy, format!("subvolume {src}"), "it changed again before its snapshot"))
+        self.create_snapshot_of_committed(src, root, dir, name, readonly)?.ok_or_else(|| {
+            Error::posix_detail(
+                PosixKind::Busy,
+                format!("subvolume {src}"),
+                "it changed again before its snapshot",
+            )
+        })
     }
 
     /// Whether subvolume `src` has changes in the running transaction, which a
@@ -147,32 +207,77 @@ impl FsWriter {
     /// `Posix(Invalid)` for a tree that is not a subvolume; `Posix(NotFound)`; the name
     /// errors of `mkdir`; tree failures. With quotas on, the snapshot gets its qgroup
     /// and the commit recounts every qgroup (a full walk of the subvolume trees).
-    pub fn create_snapshot_of_committed(&mut self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<Option<u64>> {
+    pub fn create_snapshot_of_committed(
+        &mut self,
+        src: u64,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        readonly: bool,
+    ) -> Result<Option<u64>> {
         if src != FS_TREE_OBJECTID && !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&src) {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("tree {src}"), "only subvolumes are snapshotted"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("tree {src}"),
+                "only subvolumes are snapshotted",
+            ));
         }
-        self.root(src).map_err(|e| if e.posix_kind() == Some(PosixKind::NotFound) { Error::posix_detail(PosixKind::NotFound, format!("subvolume {src}"), "no such subvolume") } else { e })?;
+        self.root(src).map_err(|e| {
+            if e.posix_kind() == Some(PosixKind::NotFound) {
+                Error::posix_detail(
+                    PosixKind::NotFound,
+                    format!("subvolume {src}"),
+                    "no such subvolume",
+                )
+            } else {
+                e
+            }
+        })?;
         self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
         if self.snapshot_needs_commit(src)? {
             return Ok(None);
         }
-        self.transaction("create_snapshot", SNAPSHOT_ITEMS, |w| w.create_snapshot_inner(src, root, dir, name, readonly)).map(Some)
+        self.transaction("create_snapshot", SNAPSHOT_ITEMS, |w| {
+            w.create_snapshot_inner(src, root, dir, name, readonly)
+        })
+        .map(Some)
     }
 
-    fn create_snapshot_inner(&mut self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<u64> {
+    fn create_snapshot_inner(
+        &mut self,
+        src: u64,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        readonly: bool,
+    ) -> Result<u64> {
         let id = self.alloc_objectid(ROOT_TREE_OBJECTID)?;
         if !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id) {
-            return Err(Error::posix_detail(PosixKind::NoSpace, crate::quote::name(name), "the root tree has no free subvolume ids"));
+            return Err(Error::posix_detail(
+                PosixKind::NoSpace,
+                crate::quote::name(name),
+                "the root tree has no free subvolume ids",
+            ));
         }
         let t = self.now();
         let uuid = self.info.sources.uuids.new_uuid();
         let transid = self.transid;
         let si = self.root(src)?;
-        let src_item = self.roots.get(&src).and_then(|s| s.item).ok_or_else(|| Error::posix(PosixKind::NotFound, format!("subvolume {src}: no root item")))?;
+        let src_item = self.roots.get(&src).and_then(|s| s.item).ok_or_else(|| {
+            Error::posix(PosixKind::NotFound, format!("subvolume {src}: no root item"))
+        })?;
         // The source's root block, copied for the new tree; its children (or, for a
         // one-leaf tree, its file extents) gain the new tree's references.
-        let old = self.read_block(si.bytenr, &crate::tree::extent_buffer::Expect { level: Some(si.level), generation: Some(si.generation), owner: Some(src), first_key: None })?;
+        let old = self.read_block(
+            si.bytenr,
+            &crate::tree::extent_buffer::Expect {
+                level: Some(si.level),
+                generation: Some(si.generation),
+                owner: Some(src),
+                first_key: None,
+            },
+        )?;
         let first_key = {
             let n = self.node(&old);
             if n.nritems() > 0 {
@@ -217,10 +322,24 @@ impl FsWriter {
         item.inode.flags = (item.inode.flags.get() | INODE_ROOT_ITEM_INIT).into();
         let flags = item.flags.get() & !ROOT_SUBVOL_RDONLY;
         item.flags = (if readonly { flags | ROOT_SUBVOL_RDONLY } else { flags }).into();
-        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_ITEM_KEY, transid), item.as_bytes())?;
+        self.insert_item(
+            ROOT_TREE_OBJECTID,
+            &Key::new(id, ROOT_ITEM_KEY, transid),
+            item.as_bytes(),
+        )?;
         self.roots.insert(
             id,
-            crate::transaction::RootState { info: crate::tree::search::RootInfo { id, bytenr: new, level: si.level, generation: transid }, item: Some(item), item_offset: transid, dirty: true },
+            crate::transaction::RootState {
+                info: crate::tree::search::RootInfo {
+                    id,
+                    bytenr: new,
+                    level: si.level,
+                    generation: transid,
+                },
+                item: Some(item),
+                item_offset: transid,
+                dirty: true,
+            },
         );
         self.link_subvol(root, dir, name, id, u64::MAX, &uuid)?;
         if self.quotas {
@@ -234,9 +353,19 @@ impl FsWriter {
 
     /// The QGROUP_INFO and QGROUP_LIMIT items of new subvolume `id`'s qgroup 0/id.
     fn add_subvol_qgroup(&mut self, id: u64) -> Result<()> {
-        let info = QgroupInfoItem { generation: self.transid.into(), rfer: 0.into(), rfer_cmpr: 0.into(), excl: 0.into(), excl_cmpr: 0.into() };
+        let info = QgroupInfoItem {
+            generation: self.transid.into(),
+            rfer: 0.into(),
+            rfer_cmpr: 0.into(),
+            excl: 0.into(),
+            excl_cmpr: 0.into(),
+        };
         self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_INFO_KEY, id), info.as_bytes())?;
-        self.insert_item(QUOTA_TREE_OBJECTID, &Key::new(0, QGROUP_LIMIT_KEY, id), QgroupLimitItem::new_zeroed().as_bytes())
+        self.insert_item(
+            QUOTA_TREE_OBJECTID,
+            &Key::new(0, QGROUP_LIMIT_KEY, id),
+            QgroupLimitItem::new_zeroed().as_bytes(),
+        )
     }
 
     /// Delete subvolume `name` of directory `dir` in tree `root` (`btrfs subvolume
@@ -254,9 +383,16 @@ impl FsWriter {
     /// (the kernel's accounting); the drop's commits recount.
     pub fn delete_subvol(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         self.check_root_writable(root)?;
-        let entry = self.live().lookup(InodeId { root, ino: dir }, name)?.ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
+        let entry = self
+            .live()
+            .lookup(InodeId { root, ino: dir }, name)?
+            .ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
         if !entry.is_subvol {
-            return Err(Error::posix_detail(PosixKind::Invalid, crate::quote::name(name), "not a subvolume"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                crate::quote::name(name),
+                "not a subvolume",
+            ));
         }
         if let Some(id) = entry.placeholder_of {
             return Err(Error::posix_detail(
@@ -268,24 +404,52 @@ impl FsWriter {
         let id = entry.target.root;
         let what = || format!("subvolume {} (id {id})", crate::quote::name(name));
         if id == self.default_subvol {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, what(), "it is the default subvolume; set another default first"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                what(),
+                "it is the default subvolume; set another default first",
+            ));
         }
-        let nested = self.items_in_range(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_REF_KEY, 0), &Key::new(id, ROOT_REF_KEY, u64::MAX))?;
+        let nested = self.items_in_range(
+            ROOT_TREE_OBJECTID,
+            &Key::new(id, ROOT_REF_KEY, 0),
+            &Key::new(id, ROOT_REF_KEY, u64::MAX),
+        )?;
         if let Some((k, _)) = nested.first() {
-            return Err(Error::posix_detail(PosixKind::NotEmpty, what(), format!("subvolume {} is nested in it; delete that first", k.offset)));
+            return Err(Error::posix_detail(
+                PosixKind::NotEmpty,
+                what(),
+                format!("subvolume {} is nested in it; delete that first", k.offset),
+            ));
         }
         let rkey = Key::new(root, ROOT_REF_KEY, id);
         let rr = self.items_in_range(ROOT_TREE_OBJECTID, &rkey, &rkey)?.pop().map(|(_, d)| d);
         let index = match rr.as_deref().map(items::root_ref) {
             Some(Ok(r)) if r.dirid == dir && r.name == name => r.sequence,
-            _ => return Err(Corrupt::new(CorruptWhere::Item, format!("{}: no ROOT_REF {rkey} naming it in directory {dir}", what())).root(ROOT_TREE_OBJECTID).into()),
+            _ => {
+                return Err(Corrupt::new(
+                    CorruptWhere::Item,
+                    format!("{}: no ROOT_REF {rkey} naming it in directory {dir}", what()),
+                )
+                .root(ROOT_TREE_OBJECTID)
+                .into())
+            }
         };
         self.root(id)?;
-        self.transaction("delete_subvol", SNAPSHOT_ITEMS, |w| w.delete_subvol_inner(root, dir, name, id, index))?;
+        self.transaction("delete_subvol", SNAPSHOT_ITEMS, |w| {
+            w.delete_subvol_inner(root, dir, name, id, index)
+        })?;
         Ok(id)
     }
 
-    fn delete_subvol_inner(&mut self, root: u64, dir: u64, name: &[u8], id: u64, index: u64) -> Result<()> {
+    fn delete_subvol_inner(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        id: u64,
+        index: u64,
+    ) -> Result<()> {
         self.del_dir_item_entry(root, dir, name)?;
         self.del_dir_index(root, dir, name, index)?;
         self.delete_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id))?;
@@ -300,7 +464,11 @@ impl FsWriter {
             st.dirty = true;
             *it
         };
-        self.insert_item(ROOT_TREE_OBJECTID, &crate::extent::drop_snapshot::dead_root_key(id), &[])?;
+        self.insert_item(
+            ROOT_TREE_OBJECTID,
+            &crate::extent::drop_snapshot::dead_root_key(id),
+            &[],
+        )?;
         self.del_uuid_item(&item.uuid, UUID_KEY_SUBVOL, id)?;
         if item.received_uuid != [0; 16] {
             self.del_uuid_item(&item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
@@ -315,8 +483,11 @@ impl FsWriter {
             return Ok(());
         }
         let key = uuid_key(uuid, ty);
-        let Some((_, d)) = self.items_in_range(UUID_TREE_OBJECTID, &key, &key)?.pop() else { return Ok(()) };
-        let rest: Vec<u8> = d.chunks_exact(8).filter(|c| *c != id.to_le_bytes()).flatten().copied().collect();
+        let Some((_, d)) = self.items_in_range(UUID_TREE_OBJECTID, &key, &key)?.pop() else {
+            return Ok(());
+        };
+        let rest: Vec<u8> =
+            d.chunks_exact(8).filter(|c| *c != id.to_le_bytes()).flatten().copied().collect();
         if rest.len() == d.len() {
             return Ok(());
         }
@@ -356,20 +527,39 @@ impl FsWriter {
     pub fn set_default_subvol(&mut self, id: u64) -> Result<()> {
         self.check_writable()?;
         if id != FS_TREE_OBJECTID && !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id) {
-            return Err(Error::posix_detail(PosixKind::NotFound, format!("subvolume {id}"), "not a subvolume id"));
+            return Err(Error::posix_detail(
+                PosixKind::NotFound,
+                format!("subvolume {id}"),
+                "not a subvolume id",
+            ));
         }
-        self.live()
-            .read_root(id)
-            .map_err(|e| if e.posix_kind() == Some(PosixKind::NotFound) { Error::posix_detail(PosixKind::NotFound, format!("subvolume {id}"), "no such subvolume") } else { e })?;
+        self.live().read_root(id).map_err(|e| {
+            if e.posix_kind() == Some(PosixKind::NotFound) {
+                Error::posix_detail(
+                    PosixKind::NotFound,
+                    format!("subvolume {id}"),
+                    "no such subvolume",
+                )
+            } else {
+                e
+            }
+        })?;
         self.transaction("set_default_subvol", 1, |w| w.set_default_subvol_inner(id))
     }
 
     fn set_default_subvol_inner(&mut self, id: u64) -> Result<()> {
         let name = b"default";
-        let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(name));
-        let mut entry = DirItem { location: Key::new(id, ROOT_ITEM_KEY, u64::MAX).to_disk(), transid: self.transid.into(), data_len: 0.into(), name_len: (name.len() as u16).into(), type_: FT_DIR }
-            .as_bytes()
-            .to_vec();
+        let key =
+            Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(name));
+        let mut entry = DirItem {
+            location: Key::new(id, ROOT_ITEM_KEY, u64::MAX).to_disk(),
+            transid: self.transid.into(),
+            data_len: 0.into(),
+            name_len: (name.len() as u16).into(),
+            type_: FT_DIR,
+        }
+        .as_bytes()
+        .to_vec();
         entry.extend_from_slice(name);
         if self.items_in_range(ROOT_TREE_OBJECTID, &key, &key)?.is_empty() {
             self.insert_item(ROOT_TREE_OBJECTID, &key, &entry)?;
@@ -394,16 +584,29 @@ impl crate::engine::Engine {
     /// # Errors
     /// As `FsWriter::create_snapshot_of_committed`; writeback and commit errors;
     /// `Posix(Busy)` when the source kept changing between commits.
-    pub fn create_snapshot(&self, src: u64, root: u64, dir: u64, name: &[u8], readonly: bool) -> Result<u64> {
+    pub fn create_snapshot(
+        &self,
+        src: u64,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        readonly: bool,
+    ) -> Result<u64> {
         self.writeback_all()?;
         for _ in 0..8 {
             self.commit()?;
-            if let Some(id) = self.write_retrying(|w| w.create_snapshot_of_committed(src, root, dir, name, readonly))? {
+            if let Some(id) = self.write_retrying(|w| {
+                w.create_snapshot_of_committed(src, root, dir, name, readonly)
+            })? {
                 self.commit()?;
                 return Ok(id);
             }
         }
-        Err(Error::posix_detail(PosixKind::Busy, format!("subvolume {src}"), "it kept changing between commits; no snapshot was made"))
+        Err(Error::posix_detail(
+            PosixKind::Busy,
+            format!("subvolume {src}"),
+            "it kept changing between commits; no snapshot was made",
+        ))
     }
 }
 

@@ -47,22 +47,34 @@ pub(super) enum IflagOp {
 /// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
 /// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
 /// `name` is the entry being changed, for the message.
-pub(super) fn iflags_allow(root: u64, ino: u64, flags: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+pub(super) fn iflags_allow(
+    root: u64,
+    ino: u64,
+    flags: u64,
+    what: IflagOp,
+    name: &[u8],
+) -> Result<()> {
     let (forbid, desc) = match what {
         // Creating or removing a name changes the directory.
         IflagOp::AddName => (INODE_IMMUTABLE, "immutable directory"),
-        IflagOp::RemoveName => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only directory"),
+        IflagOp::RemoveName => {
+            (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only directory")
+        }
         // A name of this inode is added or removed.
         IflagOp::Relink => (INODE_IMMUTABLE | INODE_APPEND, "immutable or append-only inode"),
         // fs-verity: fsverity_file_open refuses writers and fsverity_prepare_setattr a
         // new size (EPERM); the Merkle tree would go stale.
-        IflagOp::Write if flags & INODE_RO_VERITY != 0 => (INODE_RO_VERITY, "fs-verity file, whose data cannot change"),
+        IflagOp::Write if flags & INODE_RO_VERITY != 0 => {
+            (INODE_RO_VERITY, "fs-verity file, whose data cannot change")
+        }
         IflagOp::Write => (INODE_IMMUTABLE, "immutable file"),
     };
     if flags & forbid != 0 {
         let name = crate::quote::name(name);
         let target = match what {
-            IflagOp::AddName | IflagOp::RemoveName => format!("{name}: its directory (root={root} ino={ino}) is an {desc}"),
+            IflagOp::AddName | IflagOp::RemoveName => {
+                format!("{name}: its directory (root={root} ino={ino}) is an {desc}")
+            }
             IflagOp::Relink => format!("{name} (root={root} ino={ino}) is an {desc}"),
             IflagOp::Write => format!("root={root} ino={ino} is an {desc}"),
         };
@@ -178,24 +190,42 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(NotFound)` if absent.
-    pub fn update_inode(&mut self, root: u64, ino: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+    pub fn update_inode(
+        &mut self,
+        root: u64,
+        ino: u64,
+        f: impl FnOnce(&mut InodeItem),
+    ) -> Result<()> {
         self.update_inode_settling(root, ino, 0, f)
     }
 
     /// `update_inode` for a change whose nbytes took `settled` of the in-memory
     /// inode's new delalloc bytes (`Inode::set_attrs_settling`).
-    fn update_inode_settling(&mut self, root: u64, ino: u64, settled: u64, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+    fn update_inode_settling(
+        &mut self,
+        root: u64,
+        ino: u64,
+        settled: u64,
+        f: impl FnOnce(&mut InodeItem),
+    ) -> Result<()> {
         self.check_root_writable(root)?;
         // A placeholder has no item; its callers refuse or skip it before they begin.
         if (InodeId { root, ino }).is_placeholder() {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, id_of_placeholder(root), "an empty subvolume placeholder has no inode to change"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                id_of_placeholder(root),
+                "an empty subvolume placeholder has no inode to change",
+            ));
         }
         self.transaction("update_inode", 0, |w| {
             let key = Key::new(ino, INODE_ITEM_KEY, 0);
-            let (leaf, slot) = w.lookup_for_update(root, &key, 0)?.ok_or_else(|| Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}")))?;
+            let (leaf, slot) = w.lookup_for_update(root, &key, 0)?.ok_or_else(|| {
+                Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}"))
+            })?;
             let transid = w.transid;
             let data = w.item_data_mut(leaf, slot);
-            let mut ii = InodeItem::read_from_bytes(data).expect("inode size checked by the tree checker");
+            let mut ii =
+                InodeItem::read_from_bytes(data).expect("inode size checked by the tree checker");
             f(&mut ii);
             ii.transid = transid.into();
             ii.sequence = (ii.sequence.get() + 1).into();
@@ -218,13 +248,17 @@ impl FsWriter {
             *n += 1;
             return Ok(v);
         }
-        let highest = match self.last_item_le(root, &Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX))? {
-            Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
-            _ => FIRST_FREE_OBJECTID - 1,
-        };
+        let highest =
+            match self.last_item_le(root, &Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX))? {
+                Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
+                _ => FIRST_FREE_OBJECTID - 1,
+            };
         let next = highest + 1;
         if next > LAST_FREE_OBJECTID {
-            return Err(Error::posix(PosixKind::NoSpace, format!("tree {root} has no free inode numbers")));
+            return Err(Error::posix(
+                PosixKind::NoSpace,
+                format!("tree {root} has no free inode numbers"),
+            ));
         }
         self.next_objectid.insert(root, next + 1);
         Ok(next)
@@ -277,7 +311,13 @@ impl FsWriter {
         } else {
             match self.last_item_le(root, &Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
                 Some((k, _)) if k.objectid == dir && k.type_ == DIR_INDEX_KEY => {
-                    k.offset.checked_add(1).ok_or_else(|| ino_err(root, dir, "the directory's last DIR_INDEX is the largest possible".into()))?
+                    k.offset.checked_add(1).ok_or_else(|| {
+                        ino_err(
+                            root,
+                            dir,
+                            "the directory's last DIR_INDEX is the largest possible".into(),
+                        )
+                    })?
                 }
                 _ => 2,
             }
@@ -297,10 +337,21 @@ impl FsWriter {
         self.check_iflags(root, ino, IflagOp::Relink, name)?;
         let item = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         if item.mode.get() & S_IFMT == S_IFDIR {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, crate::quote::name(name), format!("root={root} ino={ino} is a directory, which takes no hard links")));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                crate::quote::name(name),
+                format!("root={root} ino={ino} is a directory, which takes no hard links"),
+            ));
         }
         if item.nlink.get() >= LINK_MAX {
-            return Err(Error::posix_detail(PosixKind::TooManyLinks, crate::quote::name(name), format!("root={root} ino={ino} has {} links, the most an inode can have", item.nlink.get())));
+            return Err(Error::posix_detail(
+                PosixKind::TooManyLinks,
+                crate::quote::name(name),
+                format!(
+                    "root={root} ino={ino} has {} links, the most an inode can have",
+                    item.nlink.get()
+                ),
+            ));
         }
         self.check_ref_room(root, ino, dir, name)?;
         let first_name = item.nlink.get() == 0;
@@ -318,8 +369,16 @@ impl FsWriter {
     /// after the inode or half the entries were inserted would leave them behind.
     /// Returns the directory's inode flags (for inheritance).
     pub(super) fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
-        if name.is_empty() || name.len() > NAME_LEN || name.contains(&b'/') || name == b"." || name == b".." {
-            return Err(Error::posix(if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid }, crate::quote::name(name)));
+        if name.is_empty()
+            || name.len() > NAME_LEN
+            || name.contains(&b'/')
+            || name == b"."
+            || name == b".."
+        {
+            return Err(Error::posix(
+                if name.len() > NAME_LEN { PosixKind::NameTooLong } else { PosixKind::Invalid },
+                crate::quote::name(name),
+            ));
         }
         let d = self.live().load_inode(InodeId { root, ino: dir }, Load::ITEM)?.item;
         if d.mode.get() & S_IFMT != S_IFDIR {
@@ -334,23 +393,51 @@ impl FsWriter {
     }
 
     /// `iflags_allow` for inode `ino`, looked up.
-    pub(super) fn check_iflags(&mut self, root: u64, ino: u64, what: IflagOp, name: &[u8]) -> Result<()> {
+    pub(super) fn check_iflags(
+        &mut self,
+        root: u64,
+        ino: u64,
+        what: IflagOp,
+        name: &[u8],
+    ) -> Result<()> {
         let flags = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item.flags.get();
         iflags_allow(root, ino, flags, what, name)
     }
 
     /// A new name for an existing inode (`btrfs_link`): its ctime becomes now.
-    pub(super) fn link_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
+    pub(super) fn link_inner(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        ino: u64,
+        ftype: u8,
+    ) -> Result<()> {
         self.add_link(root, dir, name, ino, ftype, true)
     }
 
     /// The first name of an inode `create_inode_inner` just made: its times stay the
     /// creation's, all four one reading (as `btrfs_create_new_inode` leaves them).
-    pub(super) fn link_new_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
+    pub(super) fn link_new_inner(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        ino: u64,
+        ftype: u8,
+    ) -> Result<()> {
         self.add_link(root, dir, name, ino, ftype, false)
     }
 
-    fn add_link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, change: bool) -> Result<()> {
+    fn add_link(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        ino: u64,
+        ftype: u8,
+        change: bool,
+    ) -> Result<()> {
         let index = self.next_dir_index(root, dir)?;
         self.add_inode_ref(root, ino, dir, name, index)?;
         self.add_dir_entries(root, dir, name, ino, ftype, index)?;
@@ -365,15 +452,37 @@ impl FsWriter {
 
     /// The DIR_ITEM and DIR_INDEX (at `index`) of `name` in `dir` for inode `ino`, and
     /// the directory's size and times (`btrfs_add_link` without the back reference).
-    pub(super) fn add_dir_entries(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, index: u64) -> Result<()> {
+    pub(super) fn add_dir_entries(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        ino: u64,
+        ftype: u8,
+        index: u64,
+    ) -> Result<()> {
         self.add_dir_entries_to(root, dir, name, Key::new(ino, INODE_ITEM_KEY, 0), ftype, index)
     }
 
     /// As `add_dir_entries`, for an entry whose location is `location`: an inode's
     /// INODE_ITEM key, or a subvolume's ROOT_ITEM key.
-    pub(super) fn add_dir_entries_to(&mut self, root: u64, dir: u64, name: &[u8], location: Key, ftype: u8, index: u64) -> Result<()> {
+    pub(super) fn add_dir_entries_to(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        location: Key,
+        ftype: u8,
+        index: u64,
+    ) -> Result<()> {
         let mut entry = Vec::with_capacity(30 + name.len());
-        let di = DirItem { location: location.to_disk(), transid: self.transid.into(), data_len: 0.into(), name_len: (name.len() as u16).into(), type_: ftype };
+        let di = DirItem {
+            location: location.to_disk(),
+            transid: self.transid.into(),
+            data_len: 0.into(),
+            name_len: (name.len() as u16).into(),
+            type_: ftype,
+        };
         entry.extend_from_slice(di.as_bytes());
         entry.extend_from_slice(name);
         // DIR_ITEM: append to an item holding a colliding hash.
@@ -398,13 +507,25 @@ impl FsWriter {
     }
 
     /// Where a new back reference of `ino` to `name` in `dir` goes.
-    pub(super) fn ref_room(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<RefRoom> {
+    pub(super) fn ref_room(
+        &mut self,
+        root: u64,
+        ino: u64,
+        dir: u64,
+        name: &[u8],
+    ) -> Result<RefRoom> {
         let rkey = Key::new(ino, INODE_REF_KEY, dir);
         let add = std::mem::size_of::<InodeRef>() + name.len();
         Ok(match self.items_in_range(root, &rkey, &rkey)?.first() {
             None => RefRoom::New,
             Some((_, d)) if d.len() + add <= max_ref_item(self.nodesize()) => RefRoom::Extend,
-            Some(_) if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_EXTENDED_IREF == 0 => RefRoom::Full,
+            Some(_)
+                if self.sb.incompat_flags.get()
+                    & ubtrfs_format::features::INCOMPAT_EXTENDED_IREF
+                    == 0 =>
+            {
+                RefRoom::Full
+            }
             Some(_) => RefRoom::Extref,
         })
     }
@@ -412,7 +533,13 @@ impl FsWriter {
     /// Refuse, before anything changes, a new name of `ino` in `dir` that has no room
     /// for its back reference (EMLINK without the extref feature). The kernel finds
     /// this after taking the directory's next index, so the index is used up here too.
-    pub(super) fn check_ref_room(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<()> {
+    pub(super) fn check_ref_room(
+        &mut self,
+        root: u64,
+        ino: u64,
+        dir: u64,
+        name: &[u8],
+    ) -> Result<()> {
         if matches!(self.ref_room(root, ino, dir, name)?, RefRoom::Full) {
             self.next_dir_index(root, dir)?;
             return Err(Error::posix_detail(
@@ -427,9 +554,18 @@ impl FsWriter {
     /// Inode `ino`'s back reference to `name` in `dir` at `index`: appended to its
     /// INODE_REF for `dir`, or, once that item cannot grow (the kernel's EOVERFLOW from
     /// the leaf split), an INODE_EXTREF (`btrfs_insert_inode_ref`).
-    pub(super) fn add_inode_ref(&mut self, root: u64, ino: u64, dir: u64, name: &[u8], index: u64) -> Result<()> {
+    pub(super) fn add_inode_ref(
+        &mut self,
+        root: u64,
+        ino: u64,
+        dir: u64,
+        name: &[u8],
+        index: u64,
+    ) -> Result<()> {
         let mut r = Vec::with_capacity(10 + name.len());
-        r.extend_from_slice(InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+        r.extend_from_slice(
+            InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes(),
+        );
         r.extend_from_slice(name);
         let rkey = Key::new(ino, INODE_REF_KEY, dir);
         match self.ref_room(root, ino, dir, name)? {
@@ -445,7 +581,14 @@ impl FsWriter {
             }
             RefRoom::Extref => {
                 let mut e = Vec::with_capacity(18 + name.len());
-                e.extend_from_slice(InodeExtref { parent_objectid: dir.into(), index: index.into(), name_len: (name.len() as u16).into() }.as_bytes());
+                e.extend_from_slice(
+                    InodeExtref {
+                        parent_objectid: dir.into(),
+                        index: index.into(),
+                        name_len: (name.len() as u16).into(),
+                    }
+                    .as_bytes(),
+                );
                 e.extend_from_slice(name);
                 let ekey = Key::new(ino, INODE_EXTREF_KEY, extref_hash(dir, name));
                 if self.lookup_for_update(root, &ekey, e.len())?.is_some() {
@@ -535,7 +678,11 @@ impl FsWriter {
             return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
         }
         if d.flags.get() & INODE_IMMUTABLE != 0 {
-            return Err(Error::posix_detail(PosixKind::NotPermitted, format!("root={root} ino={dir}"), "the directory is immutable"));
+            return Err(Error::posix_detail(
+                PosixKind::NotPermitted,
+                format!("root={root} ino={dir}"),
+                "the directory is immutable",
+            ));
         }
         a.flags |= inherited_flags(d.flags.get(), true);
         self.transaction("tmpfile", 3, |w| {
@@ -556,11 +703,18 @@ impl FsWriter {
         self.transaction("drop_extents", 0, |w| w.drop_extents_inner(root, ino, start, end))
     }
 
-    pub(super) fn drop_extents_inner(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+    pub(super) fn drop_extents_inner(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<u64> {
         let mut removed = 0;
         for f in self.live().file_extents(InodeId { root, ino }, start, end)? {
             let key = Key::new(ino, EXTENT_DATA_KEY, f.file_offset);
-            let ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. } = f.kind else {
+            let ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. } = f.kind
+            else {
                 self.delete_item(root, &key)?;
                 removed += f.len();
                 continue;
@@ -568,17 +722,29 @@ impl FsWriter {
             let ks = f.file_offset;
             let ke = f.end();
             let counted = disk_bytenr != 0;
-            let item = self.items_in_range(root, &key, &key)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, ino, format!("file extent {key} vanished")))?;
+            let item = self
+                .items_in_range(root, &key, &key)?
+                .pop()
+                .map(|(_, d)| d)
+                .ok_or_else(|| ino_err(root, ino, format!("file extent {key} vanished")))?;
             // Regular items are REG_SIZE long (checked when `file_extents` parsed them).
             let set = |d: &mut Vec<u8>, off: u64, num: u64| {
-                let (_, b) = ubtrfs_format::items::file_extent_reg_mut(d).expect("regular file extent item size");
+                let (_, b) = ubtrfs_format::items::file_extent_reg_mut(d)
+                    .expect("regular file extent item size");
                 b.offset = off.into();
                 b.num_bytes = num.into();
             };
             if start <= ks && ke <= end {
                 self.delete_item(root, &key)?;
                 if counted {
-                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks.wrapping_sub(offset), -1)?;
+                    self.data_ref(
+                        disk_bytenr,
+                        disk_num_bytes,
+                        root,
+                        ino,
+                        ks.wrapping_sub(offset),
+                        -1,
+                    )?;
                     removed += num_bytes;
                 }
             } else if ks < start && ke <= end {
@@ -602,10 +768,20 @@ impl FsWriter {
                 self.replace_item(root, &key, &key, &head)?;
                 let mut tail = item;
                 set(&mut tail, offset + (end - ks), ke - end);
-                ubtrfs_format::items::file_extent_reg_mut(&mut tail).expect("regular file extent item size").0.generation = self.transid.into();
+                ubtrfs_format::items::file_extent_reg_mut(&mut tail)
+                    .expect("regular file extent item size")
+                    .0
+                    .generation = self.transid.into();
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, end), &tail)?;
                 if counted {
-                    self.data_ref(disk_bytenr, disk_num_bytes, root, ino, ks.wrapping_sub(offset), 1)?;
+                    self.data_ref(
+                        disk_bytenr,
+                        disk_num_bytes,
+                        root,
+                        ino,
+                        ks.wrapping_sub(offset),
+                        1,
+                    )?;
                     removed += end - start;
                 }
             }
@@ -614,7 +790,13 @@ impl FsWriter {
     }
 
     /// Replace the item at `old` with `new_key` + `data`.
-    pub(super) fn replace_item(&mut self, root: u64, old: &Key, new_key: &Key, data: &[u8]) -> Result<()> {
+    pub(super) fn replace_item(
+        &mut self,
+        root: u64,
+        old: &Key,
+        new_key: &Key,
+        data: &[u8],
+    ) -> Result<()> {
         if old == new_key && self.overwrite_item(root, old, data)? {
             return Ok(());
         }
@@ -626,13 +808,27 @@ impl FsWriter {
 
     /// Write data to disk at `logical` (every copy).
     fn write_data(&mut self, logical: u64, buf: &[u8]) -> Result<()> {
-        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, logical, buf, crate::volumes::WriteKind::Data)
+        crate::volumes::write_logical(
+            &self.info.chunk_map,
+            &self.info.devices,
+            logical,
+            buf,
+            crate::volumes::WriteKind::Data,
+        )
     }
 
     /// Write a new regular extent of at most `want` bytes (sector multiple) at file
     /// offset `file_off`, its data produced by `fill` in pieces. The extent is shorter
     /// when free space is (fragmentation, chunk size). Returns its length (= nbytes added).
-    pub(super) fn write_new_extent(&mut self, root: u64, ino: u64, file_off: u64, want: u64, nodatasum: bool, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<u64> {
+    pub(super) fn write_new_extent(
+        &mut self,
+        root: u64,
+        ino: u64,
+        file_off: u64,
+        want: u64,
+        nodatasum: bool,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<u64> {
         let ss = u64::from(self.sectorsize());
         assert!(want > 0 && want <= MAX_EXTENT_SIZE, "extent length {want}");
         assert_eq!(want / ss * ss, want, "extent length {want} not a multiple of the sector size");
@@ -647,7 +843,12 @@ impl FsWriter {
                 let n = (len - done).min(buf.len() as u64) as usize;
                 fill(&mut buf[..n])?;
                 if !nodatasum {
-                    crate::extent::csum_tree::append_sector_csums(self.info.csum_type, ss as usize, &buf[..n], &mut csums);
+                    crate::extent::csum_tree::append_sector_csums(
+                        self.info.csum_type,
+                        ss as usize,
+                        &buf[..n],
+                        &mut csums,
+                    );
                 }
                 self.write_data(bytenr + done, &buf[..n])?;
                 done += n as u64;
@@ -679,7 +880,13 @@ impl FsWriter {
     /// sectors, inline-to-regular conversion) through the live view: verified against
     /// the transaction's checksums, other copies tried for a bad sector, so old data
     /// never picks up a bad read under a fresh checksum. Bytes past EOF read as zeros.
-    pub(super) fn read_old_data(&self, root: u64, ino: u64, start: u64, buf: &mut [u8]) -> Result<()> {
+    pub(super) fn read_old_data(
+        &self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -697,10 +904,25 @@ impl FsWriter {
 
     /// An inline extent of `ram_bytes` file bytes stored as `data` (compressed with
     /// `compression`, or plain with 0).
-    pub(super) fn insert_inline_item(&mut self, root: u64, ino: u64, ram_bytes: u64, compression: u8, data: &[u8]) -> Result<()> {
+    pub(super) fn insert_inline_item(
+        &mut self,
+        root: u64,
+        ino: u64,
+        ram_bytes: u64,
+        compression: u8,
+        data: &[u8],
+    ) -> Result<()> {
         let mut fe = Vec::with_capacity(FILE_EXTENT_INLINE_DATA_START + data.len());
         fe.extend_from_slice(
-            FileExtentHeader { generation: self.transid.into(), ram_bytes: ram_bytes.into(), compression, encryption: 0, other_encoding: 0.into(), type_: FILE_EXTENT_INLINE }.as_bytes(),
+            FileExtentHeader {
+                generation: self.transid.into(),
+                ram_bytes: ram_bytes.into(),
+                compression,
+                encryption: 0,
+                other_encoding: 0.into(),
+                type_: FILE_EXTENT_INLINE,
+            }
+            .as_bytes(),
         );
         fe.extend_from_slice(data);
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)
@@ -710,14 +932,24 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `write_file`, plus errors from `fill`.
-    pub fn write_file_with(&mut self, root: u64, ino: u64, offset: u64, len: u64, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+    pub fn write_file_with(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
         self.check_root_writable(root)?;
         if len == 0 {
             return Ok(());
         }
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         if ii.mode.get() & S_IFMT != S_IFREG {
-            return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
+            return Err(Error::posix(
+                PosixKind::Invalid,
+                format!("root={root} ino={ino} is not a regular file"),
+            ));
         }
         if !self.writing_back {
             iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
@@ -725,10 +957,13 @@ impl FsWriter {
         if ii.flags.get() & INODE_APPEND != 0 && offset != ii.size.get() && !self.writing_back {
             return Err(Error::posix(PosixKind::NotPermitted, format!("root={root} ino={ino} is append-only: writes must start at its size {}, not {offset}", ii.size.get())));
         }
-        let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         // The inode, two split edges, the extents and their csums.
         let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
-        let csum_bytes = len.div_ceil(u64::from(self.sectorsize())) * self.info.csum_type.size() as u64;
+        let csum_bytes =
+            len.div_ceil(u64::from(self.sectorsize())) * self.info.csum_type.size() as u64;
         let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
         // The data space first: ENOSPC before anything changes.
         let ss = u64::from(self.sectorsize());
@@ -739,13 +974,20 @@ impl FsWriter {
             // An inline file turning regular is written again from 0: its old bytes
             // need space too (but a write far past a small file's end reserves only
             // what it writes, not the hole before it).
-            let inline_rewrite = if ii.size.get() <= max_inline { ii.size.get().div_ceil(ss) * ss } else { 0 };
+            let inline_rewrite =
+                if ii.size.get() <= max_inline { ii.size.get().div_ceil(ss) * ss } else { 0 };
             let what = format!("root={root} ino={ino}");
-            if let Err(e) = crate::space::allocator::reserve_data(self, a_end - a_start + inline_rewrite.min(a_start), &what) {
+            if let Err(e) = crate::space::allocator::reserve_data(
+                self,
+                a_end - a_start + inline_rewrite.min(a_start),
+                &what,
+            ) {
                 // What goes in place needs no new space (btrfs_check_nocow_lock, only
                 // once the reservation failed, as the kernel asks).
                 let in_place = match e.posix_kind() {
-                    Some(PosixKind::NoSpace) => self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?,
+                    Some(PosixKind::NoSpace) => {
+                        self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?
+                    }
                     _ => 0,
                 };
                 if in_place == 0 {
@@ -754,7 +996,9 @@ impl FsWriter {
                 crate::space::allocator::reserve_data(self, a_end - a_start - in_place, &what)?;
             }
         }
-        self.transaction("write_file", items, |w| w.write_file_inner(root, ino, offset, end, &ii, ii.size.get().max(end), fill))
+        self.transaction("write_file", items, |w| {
+            w.write_file_inner(root, ino, offset, end, &ii, ii.size.get().max(end), fill)
+        })
     }
 
     /// The write itself, inside the caller's handle. `final_size` is the size the file
@@ -762,7 +1006,16 @@ impl FsWriter {
     /// it after this write): an inline extent is made only when it is the whole file
     /// then.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn write_file_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64, ii: &InodeItem, final_size: u64, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+    pub(super) fn write_file_inner(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        end: u64,
+        ii: &InodeItem,
+        final_size: u64,
+        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
         let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
         let old_size = ii.size.get();
         let new_size = old_size.max(end);
@@ -786,7 +1039,9 @@ impl FsWriter {
             let mut next = choice;
             if let Some(c) = &choice {
                 match self.try_compressed_inline(root, ino, c, &content)? {
-                    crate::inode::compress_write::InlineTry::Done => return self.update_written_inode(root, ino, new_size, removed, new_size),
+                    crate::inode::compress_write::InlineTry::Done => {
+                        return self.update_written_inode(root, ino, new_size, removed, new_size)
+                    }
                     crate::inode::compress_write::InlineTry::Regular => {}
                     crate::inode::compress_write::InlineTry::Plain => next = None,
                 }
@@ -797,15 +1052,28 @@ impl FsWriter {
             } else {
                 content.resize(ss as usize, 0);
                 let mut pos = 0usize;
-                added = self.write_range(root, ino, 0, ss, old_size, nodatasum, next.as_ref(), &mut |b: &mut [u8]| {
-                    b.copy_from_slice(&content[pos..pos + b.len()]);
-                    pos += b.len();
-                    Ok(())
-                })?;
+                added = self.write_range(
+                    root,
+                    ino,
+                    0,
+                    ss,
+                    old_size,
+                    nodatasum,
+                    next.as_ref(),
+                    &mut |b: &mut [u8]| {
+                        b.copy_from_slice(&content[pos..pos + b.len()]);
+                        pos += b.len();
+                        Ok(())
+                    },
+                )?;
             }
         } else {
             // An inline extent must become regular: rewrite from 0.
-            let mut has_inline = self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
+            let mut has_inline = self
+                .live()
+                .file_extents(InodeId { root, ino }, 0, 1)?
+                .iter()
+                .any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
             if has_inline && offset >= ss {
                 // The inline extent becomes a regular first block, as btrfs_cont_expand
                 // makes it; the write then starts at its own block.
@@ -824,7 +1092,11 @@ impl FsWriter {
             }
             // A write past EOF first zeroes the old last block past the old end, as
             // btrfs_cont_expand does (the block is written, whatever it held).
-            if offset > old_size && !old_size.is_multiple_of(ss) && old_size / ss * ss < a_start && !has_inline {
+            if offset > old_size
+                && !old_size.is_multiple_of(ss)
+                && old_size / ss * ss < a_start
+                && !has_inline
+            {
                 self.zero_eof_block(root, ino, ii, old_size)?;
             }
             // Stream head + data + tail through the extents.
@@ -854,16 +1126,31 @@ impl FsWriter {
                 }
                 Ok(())
             };
-            let plan = if nocow { self.nocow_plan(root, ino, ii.flags.get(), a_start, a_end)? } else { vec![Piece::Cow { start: a_start, end: a_end }] };
+            let plan = if nocow {
+                self.nocow_plan(root, ino, ii.flags.get(), a_start, a_end)?
+            } else {
+                vec![Piece::Cow { start: a_start, end: a_end }]
+            };
             self.insert_hole_before(root, ino, old_size, a_start)?;
             let (mut r, mut a) = (0, 0);
             for piece in plan {
                 match piece {
                     Piece::Cow { start, end } => {
                         r += self.drop_extents_inner(root, ino, start, end)?;
-                        a += self.write_range(root, ino, start, end - start, old_size, nodatasum, choice.as_ref(), &mut stream)?;
+                        a += self.write_range(
+                            root,
+                            ino,
+                            start,
+                            end - start,
+                            old_size,
+                            nodatasum,
+                            choice.as_ref(),
+                            &mut stream,
+                        )?;
                     }
-                    Piece::InPlace(p) => self.write_piece_in_place(root, ino, &p, nodatasum, &mut stream)?,
+                    Piece::InPlace(p) => {
+                        self.write_piece_in_place(root, ino, &p, nodatasum, &mut stream)?
+                    }
                 }
             }
             (removed, added) = (r, a);
@@ -873,7 +1160,14 @@ impl FsWriter {
 
     /// Write in-place part `p` of a NOCOW write from `src`, in pieces, and mark a
     /// preallocated part written.
-    fn write_piece_in_place(&mut self, root: u64, ino: u64, p: &InPlace, nodatasum: bool, src: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+    fn write_piece_in_place(
+        &mut self,
+        root: u64,
+        ino: u64,
+        p: &InPlace,
+        nodatasum: bool,
+        src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
         let mut buf = vec![0u8; WRITE_CHUNK.min(p.len as usize)];
         let mut done = 0u64;
         while done < p.len {
@@ -901,12 +1195,23 @@ impl FsWriter {
         let choice = self.compress_choice(ii, prop);
         let mut pos = 0usize;
         let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
-        let added = self.write_range(root, ino, 0, ss, size, nodatasum, choice.as_ref(), &mut |b: &mut [u8]| {
-            b.copy_from_slice(&content[pos..pos + b.len()]);
-            pos += b.len();
-            Ok(())
-        })?;
-        self.update_inode(root, ino, |i| i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into())
+        let added = self.write_range(
+            root,
+            ino,
+            0,
+            ss,
+            size,
+            nodatasum,
+            choice.as_ref(),
+            &mut |b: &mut [u8]| {
+                b.copy_from_slice(&content[pos..pos + b.len()]);
+                pos += b.len();
+                Ok(())
+            },
+        )?;
+        self.update_inode(root, ino, |i| {
+            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into()
+        })
     }
 
     /// [start, start + total) of file `ino` (sector aligned) written from `src`,
@@ -930,7 +1235,16 @@ impl FsWriter {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn unlink_inner(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8, child: &InodeItem, in_use: bool) -> Result<()> {
+    pub(super) fn unlink_inner(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        ino: u64,
+        ftype: u8,
+        child: &InodeItem,
+        in_use: bool,
+    ) -> Result<()> {
         self.del_name(root, dir, name, ino)?;
         let t = self.now();
         let nlink = child.nlink.get().saturating_sub(1);
@@ -957,7 +1271,13 @@ impl FsWriter {
 
     /// Drop the DIR_INDEX `index` of `name` from directory `dir`, whose size and times
     /// change with it (the last step of removing a name).
-    pub(super) fn del_dir_index(&mut self, root: u64, dir: u64, name: &[u8], index: u64) -> Result<()> {
+    pub(super) fn del_dir_index(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        index: u64,
+    ) -> Result<()> {
         self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
         let t = self.now();
         let nl = name.len() as u64;
@@ -971,12 +1291,22 @@ impl FsWriter {
     /// Drop `name`'s entry from directory `dir`'s (possibly shared) DIR_ITEM.
     pub(super) fn del_dir_item_entry(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
-        let d = self.items_in_range(root, &dkey, &dkey)?.pop().map(|(_, d)| d).ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
+        let d = self
+            .items_in_range(root, &dkey, &dkey)?
+            .pop()
+            .map(|(_, d)| d)
+            .ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
         let mut rest = Vec::new();
         for e in items::dir_entries(&d) {
             let e = e.expect("validated by the tree checker");
             if e.name != name {
-                let di = DirItem { location: e.location.to_disk(), transid: e.transid.into(), data_len: (e.data.len() as u16).into(), name_len: (e.name.len() as u16).into(), type_: e.type_ };
+                let di = DirItem {
+                    location: e.location.to_disk(),
+                    transid: e.transid.into(),
+                    data_len: (e.data.len() as u16).into(),
+                    name_len: (e.name.len() as u16).into(),
+                    type_: e.type_,
+                };
                 rest.extend_from_slice(di.as_bytes());
                 rest.extend_from_slice(e.name);
                 rest.extend_from_slice(e.data);
@@ -989,7 +1319,13 @@ impl FsWriter {
         Ok(())
     }
 
-    pub(super) fn remove_inode_ref(&mut self, root: u64, ino: u64, dir: u64, name: &[u8]) -> Result<u64> {
+    pub(super) fn remove_inode_ref(
+        &mut self,
+        root: u64,
+        ino: u64,
+        dir: u64,
+        name: &[u8],
+    ) -> Result<u64> {
         let rkey = Key::new(ino, INODE_REF_KEY, dir);
         if let Some((_, d)) = self.items_in_range(root, &rkey, &rkey)?.pop() {
             let mut rest = Vec::new();
@@ -999,7 +1335,10 @@ impl FsWriter {
                 if r.name == name && index.is_none() {
                     index = Some(r.index);
                 } else {
-                    rest.extend_from_slice(InodeRef { index: r.index.into(), name_len: (r.name.len() as u16).into() }.as_bytes());
+                    rest.extend_from_slice(
+                        InodeRef { index: r.index.into(), name_len: (r.name.len() as u16).into() }
+                            .as_bytes(),
+                    );
                     rest.extend_from_slice(r.name);
                 }
             }
@@ -1020,7 +1359,14 @@ impl FsWriter {
                 if r.name == name && r.parent == dir && index.is_none() {
                     index = Some(r.index);
                 } else {
-                    rest.extend_from_slice(InodeExtref { parent_objectid: r.parent.into(), index: r.index.into(), name_len: (r.name.len() as u16).into() }.as_bytes());
+                    rest.extend_from_slice(
+                        InodeExtref {
+                            parent_objectid: r.parent.into(),
+                            index: r.index.into(),
+                            name_len: (r.name.len() as u16).into(),
+                        }
+                        .as_bytes(),
+                    );
                     rest.extend_from_slice(r.name);
                 }
             }
@@ -1032,7 +1378,11 @@ impl FsWriter {
                 return Ok(i);
             }
         }
-        Err(ino_err(root, ino, format!("no inode ref for name {:?} in dir {dir}", String::from_utf8_lossy(name))))
+        Err(ino_err(
+            root,
+            ino,
+            format!("no inode ref for name {:?} in dir {dir}", String::from_utf8_lossy(name)),
+        ))
     }
 
     /// Delete inode `ino` and every item it owns, dropping its data references.
@@ -1049,7 +1399,8 @@ impl FsWriter {
             i.set_attrs(None);
         }
         self.drop_extents_inner(root, ino, 0, u64::MAX)?;
-        let items = self.items_in_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
+        let items =
+            self.items_in_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
         for (k, _) in items.iter().rev() {
             self.delete_item(root, k)?;
         }
@@ -1068,15 +1419,33 @@ pub(super) fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) ->
 pub(super) fn extent_item(transid: u64, type_: u8, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
     let disk_num_bytes = if disk_bytenr == 0 { 0 } else { num_bytes };
     ubtrfs_format::items::file_extent_reg_item(
-        &FileExtentHeader { generation: transid.into(), ram_bytes: num_bytes.into(), compression: 0, encryption: 0, other_encoding: 0.into(), type_ },
-        &FileExtentBody { disk_bytenr: disk_bytenr.into(), disk_num_bytes: disk_num_bytes.into(), offset: 0.into(), num_bytes: num_bytes.into() },
+        &FileExtentHeader {
+            generation: transid.into(),
+            ram_bytes: num_bytes.into(),
+            compression: 0,
+            encryption: 0,
+            other_encoding: 0.into(),
+            type_,
+        },
+        &FileExtentBody {
+            disk_bytenr: disk_bytenr.into(),
+            disk_num_bytes: disk_num_bytes.into(),
+            offset: 0.into(),
+            num_bytes: num_bytes.into(),
+        },
     )
 }
 
 impl FsWriter {
     /// Without no-holes, a write starting past EOF first covers the gap from the old
     /// size (rounded up to a sector) to `start` with a hole extent, as the kernel does.
-    pub(super) fn insert_hole_before(&mut self, root: u64, ino: u64, old_size: u64, start: u64) -> Result<()> {
+    pub(super) fn insert_hole_before(
+        &mut self,
+        root: u64,
+        ino: u64,
+        old_size: u64,
+        start: u64,
+    ) -> Result<()> {
         if self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES != 0 {
             return Ok(());
         }
@@ -1113,7 +1482,14 @@ impl FsWriter {
     }
 
     /// After a write: the new size, nbytes less `removed` plus `added`, mtime and ctime.
-    pub(super) fn update_written_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64) -> Result<()> {
+    pub(super) fn update_written_inode(
+        &mut self,
+        root: u64,
+        ino: u64,
+        new_size: u64,
+        removed: u64,
+        added: u64,
+    ) -> Result<()> {
         let t = self.now();
         self.update_inode(root, ino, |i| {
             i.size = new_size.into();
@@ -1126,7 +1502,15 @@ impl FsWriter {
     /// After writeback of buffered data: the new size and nbytes; the times stay as
     /// the buffered writes (or a later setattr) left them (`btrfs_finish_one_ordered`
     /// updates the inode, `file_update_time` ran at the write).
-    pub(crate) fn update_written_back_inode(&mut self, root: u64, ino: u64, new_size: u64, removed: u64, added: u64, settled: u64) -> Result<()> {
+    pub(crate) fn update_written_back_inode(
+        &mut self,
+        root: u64,
+        ino: u64,
+        new_size: u64,
+        removed: u64,
+        added: u64,
+        settled: u64,
+    ) -> Result<()> {
         self.update_inode_settling(root, ino, settled, |i| {
             i.size = new_size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
@@ -1135,7 +1519,13 @@ impl FsWriter {
 
     /// A write's `file_update_time`: mtime and ctime become `t`; `mode`, when given,
     /// is the mode `file_remove_privs` leaves (`mode_without_privs`).
-    pub(crate) fn file_update_time(&mut self, root: u64, ino: u64, mode: Option<u32>, t: Timespec) -> Result<()> {
+    pub(crate) fn file_update_time(
+        &mut self,
+        root: u64,
+        ino: u64,
+        mode: Option<u32>,
+        t: Timespec,
+    ) -> Result<()> {
         self.update_inode(root, ino, |i| {
             if let Some(m) = mode {
                 i.mode = m.into();
@@ -1193,23 +1583,35 @@ impl FsWriter {
         self.check_root_writable(root)?;
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         if ii.mode.get() & S_IFMT != S_IFREG {
-            return Err(Error::posix(PosixKind::Invalid, format!("root={root} ino={ino} is not a regular file")));
+            return Err(Error::posix(
+                PosixKind::Invalid,
+                format!("root={root} ino={ino} is not a regular file"),
+            ));
         }
         if !self.writing_back {
             iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
         }
-        let end = offset.checked_add(len).ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
         let ss = u64::from(self.sectorsize());
         let old_size = ii.size.get();
         let max_inline = self.max_inline();
         // (A write past an unaligned EOF rewrites the old last block too, as
         // btrfs_cont_expand does: the locked path does that.)
-        let needs_old_data = !offset.is_multiple_of(ss) || (!end.is_multiple_of(ss) && end < old_size) || (offset > old_size && !old_size.is_multiple_of(ss));
+        let needs_old_data = !offset.is_multiple_of(ss)
+            || (!end.is_multiple_of(ss) && end < old_size)
+            || (offset > old_size && !old_size.is_multiple_of(ss));
         let append_only = ii.flags.get() & INODE_APPEND != 0;
         if len == 0 || append_only || needs_old_data || old_size.max(end) <= max_inline {
             return Ok(WritePlan::Locked);
         }
-        if self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. })) {
+        if self
+            .live()
+            .file_extents(InodeId { root, ino }, 0, 1)?
+            .iter()
+            .any(|f| matches!(f.kind, ExtentKind::Inline { .. }))
+        {
             return Ok(WritePlan::Locked);
         }
         // Compressed writes compress under the lock (the stream's size decides the
@@ -1256,7 +1658,16 @@ impl FsWriter {
                 }
             }
         }
-        Ok(WritePlan::Direct(DirectWrite { root, ino, offset, end, nodatasum: ii.flags.get() & INODE_NODATASUM != 0, extents, csums: Vec::new(), meta_rsv }))
+        Ok(WritePlan::Direct(DirectWrite {
+            root,
+            ino,
+            offset,
+            end,
+            nodatasum: ii.flags.get() & INODE_NODATASUM != 0,
+            extents,
+            csums: Vec::new(),
+            meta_rsv,
+        }))
     }
 
     /// Insert a direct write's extents and checksums (its data is on disk) and update
@@ -1271,7 +1682,10 @@ impl FsWriter {
             Ok(v) if v.item.mode.get() & S_IFMT == S_IFREG => v.item,
             Ok(_) | Err(_) => {
                 self.cancel_write(dw);
-                return Err(Error::posix(PosixKind::NotFound, format!("root={root} ino={ino} went away while its data was written")));
+                return Err(Error::posix(
+                    PosixKind::NotFound,
+                    format!("root={root} ino={ino} went away while its data was written"),
+                ));
             }
         };
         let rsv = std::mem::take(&mut dw.meta_rsv);
@@ -1287,7 +1701,11 @@ impl FsWriter {
         let old_size = ii.size.get();
         let new_size = old_size.max(dw.end);
         let a_end = dw.end.div_ceil(ss) * ss;
-        debug_assert_eq!(dw.extents.last().map(|e| e.0 + e.2), Some(a_end), "a direct write's extents end at its aligned end");
+        debug_assert_eq!(
+            dw.extents.last().map(|e| e.0 + e.2),
+            Some(a_end),
+            "a direct write's extents end at its aligned end"
+        );
         self.insert_hole_before(root, ino, old_size, dw.offset)?;
         let (mut removed, mut added) = (0, 0);
         for (i, &(file_off, bytenr, len, how)) in dw.extents.iter().enumerate() {
@@ -1303,7 +1721,13 @@ impl FsWriter {
                 continue;
             }
             removed += self.drop_extents_inner(root, ino, file_off, file_off + len)?;
-            self.delayed.add_data_ref(bytenr, len, crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off }, 1, true)?;
+            self.delayed.add_data_ref(
+                bytenr,
+                len,
+                crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off },
+                1,
+                true,
+            )?;
             if !dw.nodatasum {
                 crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
             }
@@ -1333,7 +1757,11 @@ impl DirectWrite {
     /// # Errors
     /// `Io` from the devices.
     pub fn write_data(&mut self, info: &crate::disk_io::FsInfo, data: &[u8]) -> Result<()> {
-        assert_eq!(data.len() as u64, self.end - self.offset, "write_data with other data than begin_write was given");
+        assert_eq!(
+            data.len() as u64,
+            self.end - self.offset,
+            "write_data with other data than begin_write was given"
+        );
         let ss = info.sectorsize as usize;
         let cs = info.csum_type.size();
         self.csums.clear();
@@ -1350,9 +1778,20 @@ impl DirectWrite {
                 let have = data.len().saturating_sub(from).min(n);
                 let mut put = |piece: &[u8]| -> Result<()> {
                     if !self.nodatasum {
-                        crate::extent::csum_tree::append_sector_csums(info.csum_type, ss, piece, &mut csums);
+                        crate::extent::csum_tree::append_sector_csums(
+                            info.csum_type,
+                            ss,
+                            piece,
+                            &mut csums,
+                        );
                     }
-                    crate::volumes::write_logical(&info.chunk_map, &info.devices, bytenr + done, piece, crate::volumes::WriteKind::Data)
+                    crate::volumes::write_logical(
+                        &info.chunk_map,
+                        &info.devices,
+                        bytenr + done,
+                        piece,
+                        crate::volumes::WriteKind::Data,
+                    )
                 };
                 if have == n && (data[from..].as_ptr() as usize).is_multiple_of(align) {
                     put(&data[from..from + n])?;

@@ -104,11 +104,27 @@ impl BioCtrl {
     /// a bio reaching its ordered extent's end is closed. A bio never spans two.
     pub fn add(&mut self, file_offset: u64, disk: u64, len: u64, oe: &OrderedExtent) {
         self.adds += 1;
-        assert!(file_offset >= oe.file_offset && file_offset + len <= oe.end(), "piece {file_offset}+{len} outside ordered extent {}+{}", oe.file_offset, oe.num_bytes);
-        assert_eq!(disk, oe.disk_bytenr + (file_offset - oe.file_offset), "piece {file_offset}: disk address off its ordered extent's");
+        assert!(
+            file_offset >= oe.file_offset && file_offset + len <= oe.end(),
+            "piece {file_offset}+{len} outside ordered extent {}+{}",
+            oe.file_offset,
+            oe.num_bytes
+        );
+        assert_eq!(
+            disk,
+            oe.disk_bytenr + (file_offset - oe.file_offset),
+            "piece {file_offset}: disk address off its ordered extent's"
+        );
         if let Some(b) = &mut self.cur {
-            if b.file_offset + b.len == file_offset && b.disk_bytenr + b.len == disk && b.oe_start == oe.file_offset {
-                assert!(len <= self.len_to_oe_boundary, "piece {file_offset}+{len} crosses the ordered extent boundary ({} left)", self.len_to_oe_boundary);
+            if b.file_offset + b.len == file_offset
+                && b.disk_bytenr + b.len == disk
+                && b.oe_start == oe.file_offset
+            {
+                assert!(
+                    len <= self.len_to_oe_boundary,
+                    "piece {file_offset}+{len} crosses the ordered extent boundary ({} left)",
+                    self.len_to_oe_boundary
+                );
                 b.len += len;
                 self.len_to_oe_boundary -= len;
                 if self.len_to_oe_boundary == 0 {
@@ -119,7 +135,10 @@ impl BioCtrl {
             self.submit();
         }
         self.len_to_oe_boundary = oe.file_offset + oe.disk_num_bytes - file_offset;
-        assert!(len <= self.len_to_oe_boundary, "piece {file_offset}+{len} crosses the ordered extent boundary");
+        assert!(
+            len <= self.len_to_oe_boundary,
+            "piece {file_offset}+{len} crosses the ordered extent boundary"
+        );
         self.len_to_oe_boundary -= len;
         self.cur = Some(Bio { file_offset, disk_bytenr: disk, len, oe_start: oe.file_offset });
         if self.len_to_oe_boundary == 0 {
@@ -170,7 +189,12 @@ fn truncate_beyond_eof(ordered: &mut OrderedTree, start: u64, len: u64) -> u64 {
 /// Write back the dirty blocks of `folio` (`extent_writepage` + `extent_writepage_io`,
 /// after delalloc made the ordered extents): see the module notes. The submissions go
 /// to `ctrl`; the caller writes its closed bios and completes them (`complete_bio`).
-pub fn extent_writepage(folio: &mut Folio, ordered: &mut OrderedTree, i_size: u64, ctrl: &mut BioCtrl) -> WritepageResult {
+pub fn extent_writepage(
+    folio: &mut Folio,
+    ordered: &mut OrderedTree,
+    i_size: u64,
+    ctrl: &mut BioCtrl,
+) -> WritepageResult {
     let bs = u64::from(folio.blocksize);
     let rounded_isize = i_size.div_ceil(bs) * bs;
     let mut res = WritepageResult::default();
@@ -270,19 +294,41 @@ pub fn extent_writepage(folio: &mut Folio, ordered: &mut OrderedTree, i_size: u6
     // Invariant 1: every dirty block ended exactly one way.
     assert!(folio.dirty.is_empty(), "folio {}: dirty blocks left after writepage", folio.start);
     res.cleared_blocks = dirty_before;
-    assert_eq!(res.submitted + res.truncated + res.errors, dirty_before * bs, "folio {}: {res:?} does not account for {dirty_before} dirty blocks", folio.start);
+    assert_eq!(
+        res.submitted + res.truncated + res.errors,
+        dirty_before * bs,
+        "folio {}: {res:?} does not account for {dirty_before} dirty blocks",
+        folio.start
+    );
     res
 }
 
 /// Complete bio `b` (its I/O done, `ok` or not) on `folio`'s blocks it covers:
 /// writeback cleared, its ordered extent counted down.
-pub fn complete_bio(folio: &mut Folio, ordered: &mut OrderedTree, b: &Bio, start: u64, len: u64, ok: bool) {
+pub fn complete_bio(
+    folio: &mut Folio,
+    ordered: &mut OrderedTree,
+    b: &Bio,
+    start: u64,
+    len: u64,
+    ok: bool,
+) {
     let s = folio.block_of(start);
     let nb = (len / u64::from(folio.blocksize)) as u32;
     let cleared = folio.writeback.clear_range(s, nb);
-    assert_eq!(cleared, nb, "bio {}+{}: blocks of folio {} were not under writeback", b.file_offset, b.len, folio.start);
-    let oe = ordered.lookup_mut(start).expect("a submitted block has its ordered extent until the bio completes");
-    assert_eq!(oe.file_offset, b.oe_start, "bio {} completes in another ordered extent", b.file_offset);
+    assert_eq!(
+        cleared, nb,
+        "bio {}+{}: blocks of folio {} were not under writeback",
+        b.file_offset, b.len, folio.start
+    );
+    let oe = ordered
+        .lookup_mut(start)
+        .expect("a submitted block has its ordered extent until the bio completes");
+    assert_eq!(
+        oe.file_offset, b.oe_start,
+        "bio {} completes in another ordered extent",
+        b.file_offset
+    );
     oe.finish_io(start, len, ok);
 }
 
@@ -298,10 +344,17 @@ pub(crate) fn max_ordered_extent(e: &Engine) -> u64 {
 impl FsWriter {
     /// Whether inode `ino` of size `i_size` is written back through the direct path
     /// (see the module notes).
-    pub fn writeback_through_direct_path(&mut self, root: u64, ino: u64, i_size: u64) -> Result<bool> {
+    pub fn writeback_through_direct_path(
+        &mut self,
+        root: u64,
+        ino: u64,
+        i_size: u64,
+    ) -> Result<bool> {
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let flags = ii.flags.get();
-        if crate::inode::nocow::nocow_capable(flags) || flags & ubtrfs_format::structs::INODE_PREALLOC != 0 {
+        if crate::inode::nocow::nocow_capable(flags)
+            || flags & ubtrfs_format::structs::INODE_PREALLOC != 0
+        {
             return Ok(true);
         }
         if i_size <= self.max_inline() {
@@ -311,7 +364,11 @@ impl FsWriter {
         if self.compress_choice(&ii, prop).is_some() {
             return Ok(true);
         }
-        Ok(self.live().file_extents(InodeId { root, ino }, 0, 1)?.iter().any(|f| matches!(f.kind, ExtentKind::Inline { .. })))
+        Ok(self
+            .live()
+            .file_extents(InodeId { root, ino }, 0, 1)?
+            .iter()
+            .any(|f| matches!(f.kind, ExtentKind::Inline { .. })))
     }
 }
 
@@ -422,7 +479,9 @@ impl Engine {
         // them at once and fail for want of metadata space it never needs together.
         let max = max_ordered_extent(self);
         // Whether run k starts in the folio slot run k - 1 ends in.
-        let shares_folio = |runs: &[(u64, u64)], k: usize| (runs[k].0 / FOLIO_SIZE) == (runs[k - 1].0 + runs[k - 1].1 - 1) / FOLIO_SIZE;
+        let shares_folio = |runs: &[(u64, u64)], k: usize| {
+            (runs[k].0 / FOLIO_SIZE) == (runs[k - 1].0 + runs[k - 1].1 - 1) / FOLIO_SIZE
+        };
         let mut runs = runs;
         let mut first_err: Option<crate::error::Error> = None;
         let mut next = 0;
@@ -478,7 +537,8 @@ impl Engine {
                 // data space in many pieces takes an extent, and its reservation,
                 // each): it goes in two parts, split where a folio slot ends.
                 let (s, l) = runs[next];
-                let mid = ((s + l / 2) / FOLIO_SIZE * FOLIO_SIZE).max((s / FOLIO_SIZE + 1) * FOLIO_SIZE);
+                let mid =
+                    ((s + l / 2) / FOLIO_SIZE * FOLIO_SIZE).max((s / FOLIO_SIZE + 1) * FOLIO_SIZE);
                 if stop.posix_kind() == Some(crate::error::PosixKind::NoSpace) && mid < s + l {
                     runs[next] = (s, mid - s);
                     runs.insert(next + 1, (mid, s + l - mid));
@@ -503,7 +563,14 @@ impl Engine {
     /// Steps 2 to 4 of a writeback for the folios over [lo, hi), whose dirty blocks
     /// the ordered extents `oes` cover: writepage each, write the bios as they close,
     /// then complete the ordered extents in file order.
-    fn writeback_batch(&self, inode: &Arc<Inode>, i_size: u64, oes: Vec<OrderedExtent>, lo: u64, hi: u64) -> Result<()> {
+    fn writeback_batch(
+        &self,
+        inode: &Arc<Inode>,
+        i_size: u64,
+        oes: Vec<OrderedExtent>,
+        lo: u64,
+        hi: u64,
+    ) -> Result<()> {
         let id = inode.id;
         let bs = self.info().sectorsize;
         with_cache(self, inode, |pc| {
@@ -513,18 +580,35 @@ impl Engine {
         });
         // 2 and 3. Writepage each folio, writing bios as they close.
         let first = lo / FOLIO_SIZE * FOLIO_SIZE;
-        let starts: Vec<u64> = inode.mapping.pages.lock().folios.range(first..hi).map(|(_, f)| f).filter(|f| !f.dirty.is_empty()).map(|f| f.start).collect();
+        let starts: Vec<u64> = inode
+            .mapping
+            .pages
+            .lock()
+            .folios
+            .range(first..hi)
+            .map(|(_, f)| f)
+            .filter(|f| !f.dirty.is_empty())
+            .map(|f| f.start)
+            .collect();
         let mut ctrl = BioCtrl::new(SubmitMode::ExtentByExtent);
         let mut first_err: Option<crate::error::Error> = None;
         for (i, fstart) in starts.iter().enumerate() {
             let res = with_cache(self, inode, |pc| {
-                let f = pc.folios.get_mut(fstart).expect("a dirty folio stays while its inode's lock is held");
+                let f = pc
+                    .folios
+                    .get_mut(fstart)
+                    .expect("a dirty folio stays while its inode's lock is held");
                 let r = extent_writepage(f, &mut pc.ordered, i_size, &mut ctrl);
                 pc.dirty_blocks -= r.cleared_blocks;
                 r
             });
             if let Some(at) = res.first_error {
-                first_err.get_or_insert_with(|| crate::error::Error::io(format!("writeback {id}"), std::io::Error::other(format!("no ordered extent for offset {at}"))));
+                first_err.get_or_insert_with(|| {
+                    crate::error::Error::io(
+                        format!("writeback {id}"),
+                        std::io::Error::other(format!("no ordered extent for offset {at}")),
+                    )
+                });
             }
             if i + 1 == starts.len() {
                 ctrl.submit();
@@ -537,8 +621,16 @@ impl Engine {
         }
         // 4. Complete, in file order.
         let done = with_cache(self, inode, |pc| {
-            let left: Vec<(u64, u64)> = pc.ordered.iter().filter(|o| o.bytes_left > 0).map(|o| (o.file_offset, o.bytes_left)).collect();
-            assert!(left.is_empty(), "{id}: ordered extents with bytes left after writeback: {left:?}");
+            let left: Vec<(u64, u64)> = pc
+                .ordered
+                .iter()
+                .filter(|o| o.bytes_left > 0)
+                .map(|o| (o.file_offset, o.bytes_left))
+                .collect();
+            assert!(
+                left.is_empty(),
+                "{id}: ordered extents with bytes left after writeback: {left:?}"
+            );
             let done = pc.ordered.take_finished();
             done.into_iter()
                 .map(|oe| {
@@ -581,30 +673,54 @@ impl Engine {
     /// its ordered extent, write every copy, then complete it on its folios.
     fn write_bio(&self, inode: &Arc<Inode>, b: &Bio) -> Result<()> {
         let ss = self.info().sectorsize as usize;
-        let nodatasum = inode.mapping.pages.lock().ordered.lookup(b.file_offset).expect("a bio's ordered extent is alive").nodatasum;
+        let nodatasum = inode
+            .mapping
+            .pages
+            .lock()
+            .ordered
+            .lookup(b.file_offset)
+            .expect("a bio's ordered extent is alive")
+            .nodatasum;
         let mut csums = Vec::new();
         // In pieces through the thread's I/O buffer: one buffer the size of a large
         // bio would cost a page fault per page.
         let chunk = (crate::volumes::device::IO_BUF_KEEP / ss * ss) as u64;
-        let io = crate::volumes::device::with_io_buf(b.len.min(chunk) as usize, |raw| -> Result<()> {
-            let mut done = 0u64;
-            while done < b.len {
-                let n = (b.len - done).min(chunk);
-                let (start, buf) = (b.file_offset + done, &mut raw[..n as usize]);
-                let got = inode.mapping.pages.lock().copy_out(start, buf);
-                assert_eq!(got, n, "bio {}+{}: folios missing under writeback at {start}", b.file_offset, b.len);
-                if !nodatasum {
-                    crate::extent::csum_tree::append_sector_csums(self.info().csum_type, ss, buf, &mut csums);
+        let io =
+            crate::volumes::device::with_io_buf(b.len.min(chunk) as usize, |raw| -> Result<()> {
+                let mut done = 0u64;
+                while done < b.len {
+                    let n = (b.len - done).min(chunk);
+                    let (start, buf) = (b.file_offset + done, &mut raw[..n as usize]);
+                    let got = inode.mapping.pages.lock().copy_out(start, buf);
+                    assert_eq!(
+                        got, n,
+                        "bio {}+{}: folios missing under writeback at {start}",
+                        b.file_offset, b.len
+                    );
+                    if !nodatasum {
+                        crate::extent::csum_tree::append_sector_csums(
+                            self.info().csum_type,
+                            ss,
+                            buf,
+                            &mut csums,
+                        );
+                    }
+                    crate::volumes::write_logical(
+                        &self.info().chunk_map,
+                        &self.info().devices,
+                        b.disk_bytenr + done,
+                        buf,
+                        crate::volumes::WriteKind::Data,
+                    )?;
+                    done += n;
                 }
-                crate::volumes::write_logical(&self.info().chunk_map, &self.info().devices, b.disk_bytenr + done, buf, crate::volumes::WriteKind::Data)?;
-                done += n;
-            }
-            Ok(())
-        });
+                Ok(())
+            });
         let ok = io.is_ok();
         with_cache(self, inode, |pc| {
             if ok && !nodatasum {
-                let oe = pc.ordered.lookup_mut(b.file_offset).expect("a bio's ordered extent is alive");
+                let oe =
+                    pc.ordered.lookup_mut(b.file_offset).expect("a bio's ordered extent is alive");
                 let cs = self.info().csum_type.size();
                 let first = ((b.file_offset - oe.file_offset) / ss as u64) as usize;
                 oe.csums[first * cs..first * cs + csums.len()].copy_from_slice(&csums);
@@ -612,7 +728,13 @@ impl Engine {
                     *c = true;
                 }
             }
-            let starts: Vec<u64> = pc.folios.range(..b.file_offset + b.len).rev().take_while(|(_, f)| f.end() > b.file_offset).map(|(&s, _)| s).collect();
+            let starts: Vec<u64> = pc
+                .folios
+                .range(..b.file_offset + b.len)
+                .rev()
+                .take_while(|(_, f)| f.end() > b.file_offset)
+                .map(|(&s, _)| s)
+                .collect();
             for s in starts {
                 let f = pc.folios.get_mut(&s).expect("listed above");
                 let (st, e) = (f.start.max(b.file_offset), f.end().min(b.file_offset + b.len));
@@ -640,11 +762,18 @@ impl Engine {
         r
     }
 
-    fn writeback_direct_runs(&self, inode: &Arc<Inode>, i_size: u64, runs: &[(u64, u64)]) -> Result<()> {
+    fn writeback_direct_runs(
+        &self,
+        inode: &Arc<Inode>,
+        i_size: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<()> {
         let id = inode.id;
         // Each run in pieces gathered in the thread's I/O buffer (aligned, so the
         // write goes from it without another copy).
-        let piece = (crate::volumes::device::IO_BUF_KEEP as u64) / u64::from(self.info().sectorsize) * u64::from(self.info().sectorsize);
+        let piece = (crate::volumes::device::IO_BUF_KEEP as u64)
+            / u64::from(self.info().sectorsize)
+            * u64::from(self.info().sectorsize);
         for &(rs, rl) in runs {
             let mut s = rs;
             while s < rs + rl {

@@ -96,10 +96,18 @@ fn what(id: InodeId, name: &[u8]) -> String {
 /// cannot reach the kernel inside a name; here it is refused as EINVAL.
 fn check_name(id: InodeId, name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > XATTR_NAME_MAX {
-        return Err(Error::posix_detail(PosixKind::Range, what(id, name), format!("names are 1 to {XATTR_NAME_MAX} bytes, this one is {}", name.len())));
+        return Err(Error::posix_detail(
+            PosixKind::Range,
+            what(id, name),
+            format!("names are 1 to {XATTR_NAME_MAX} bytes, this one is {}", name.len()),
+        ));
     }
     if name.contains(&0) {
-        return Err(Error::posix_detail(PosixKind::Invalid, what(id, name), "the name holds a NUL byte"));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            what(id, name),
+            "the name holds a NUL byte",
+        ));
     }
     Ok(())
 }
@@ -108,16 +116,29 @@ fn check_name(id: InodeId, name: &[u8]) -> Result<()> {
 /// with an empty rest is EINVAL, an unknown prefix (other `system.*` names among them)
 /// EOPNOTSUPP.
 fn resolve(id: InodeId, name: &[u8]) -> Result<Handler> {
-    let prefixes: [(&[u8], Handler); 4] = [(b"security.", Handler::Security), (b"trusted.", Handler::Trusted), (b"user.", Handler::User), (b"btrfs.", Handler::Btrfs)];
+    let prefixes: [(&[u8], Handler); 4] = [
+        (b"security.", Handler::Security),
+        (b"trusted.", Handler::Trusted),
+        (b"user.", Handler::User),
+        (b"btrfs.", Handler::Btrfs),
+    ];
     for (p, h) in prefixes {
         if let Some(rest) = name.strip_prefix(p) {
             if rest.is_empty() {
-                return Err(Error::posix_detail(PosixKind::Invalid, what(id, name), "a namespace prefix without a name"));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    what(id, name),
+                    "a namespace prefix without a name",
+                ));
             }
             return Ok(h);
         }
     }
-    Err(Error::posix_detail(PosixKind::NotSupported, what(id, name), "btrfs keeps the user., trusted., security., btrfs. namespaces and the POSIX ACLs only"))
+    Err(Error::posix_detail(
+        PosixKind::NotSupported,
+        what(id, name),
+        "btrfs keeps the user., trusted., security., btrfs. namespaces and the POSIX ACLs only",
+    ))
 }
 
 fn is_reg_or_dir(mode: u32) -> bool {
@@ -127,7 +148,11 @@ fn is_reg_or_dir(mode: u32) -> bool {
 /// `may_write_xattr`: no xattr of an immutable or append-only inode changes.
 fn may_write_xattr(id: InodeId, name: &[u8], flags: u64) -> Result<()> {
     if flags & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
-        return Err(Error::posix_detail(PosixKind::NotPermitted, what(id, name), "the inode is immutable or append-only"));
+        return Err(Error::posix_detail(
+            PosixKind::NotPermitted,
+            what(id, name),
+            "the inode is immutable or append-only",
+        ));
     }
     Ok(())
 }
@@ -138,7 +163,11 @@ fn may_write_xattr(id: InodeId, name: &[u8], flags: u64) -> Result<()> {
 fn xattr_permission_write(id: InodeId, name: &[u8], ii: &InodeItem) -> Result<()> {
     may_write_xattr(id, name, ii.flags.get())?;
     if name.starts_with(b"user.") && !is_reg_or_dir(ii.mode.get()) {
-        return Err(Error::posix_detail(PosixKind::NotPermitted, what(id, name), "user.* xattrs belong to regular files and directories only"));
+        return Err(Error::posix_detail(
+            PosixKind::NotPermitted,
+            what(id, name),
+            "user.* xattrs belong to regular files and directories only",
+        ));
     }
     Ok(())
 }
@@ -175,7 +204,11 @@ pub(crate) fn acl_from_xattr(id: InodeId, name: &[u8], v: &[u8]) -> Result<Optio
     }
     let version = u32::from_le_bytes(v[..4].try_into().expect("4 bytes"));
     if version != POSIX_ACL_XATTR_VERSION {
-        return Err(Error::posix_detail(PosixKind::NotSupported, what(id, name), format!("ACL version {version}, not {POSIX_ACL_XATTR_VERSION}")));
+        return Err(Error::posix_detail(
+            PosixKind::NotSupported,
+            what(id, name),
+            format!("ACL version {version}, not {POSIX_ACL_XATTR_VERSION}"),
+        ));
     }
     let body = &v[ACL_HEADER_SIZE..];
     if !body.len().is_multiple_of(ACL_ENTRY_SIZE) {
@@ -190,9 +223,13 @@ pub(crate) fn acl_from_xattr(id: InodeId, name: &[u8], v: &[u8]) -> Result<Optio
         let perm = u16::from_le_bytes([e[2], e[3]]);
         let eid = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
         match tag {
-            ACL_USER_OBJ | ACL_GROUP_OBJ | ACL_MASK | ACL_OTHER => out.push(AclEntry { tag, perm, id: ACL_UNDEFINED_ID }),
+            ACL_USER_OBJ | ACL_GROUP_OBJ | ACL_MASK | ACL_OTHER => {
+                out.push(AclEntry { tag, perm, id: ACL_UNDEFINED_ID })
+            }
             // (uid_t)-1 maps to no kuid.
-            ACL_USER | ACL_GROUP if eid != ACL_UNDEFINED_ID => out.push(AclEntry { tag, perm, id: eid }),
+            ACL_USER | ACL_GROUP if eid != ACL_UNDEFINED_ID => {
+                out.push(AclEntry { tag, perm, id: eid })
+            }
             ACL_USER | ACL_GROUP => return Err(bad("a named ACL entry with id -1")),
             _ => return Err(bad(&format!("ACL entry tag {tag:#x}"))),
         }
@@ -287,7 +324,13 @@ const XATTR_CAPS_SZ_3: usize = 24;
 /// no flag but the effective one (`validheader`, `sansflags`), else EINVAL. A valid
 /// value is stored as given (the conversions there concern other user namespaces).
 fn check_caps(id: InodeId, name: &[u8], v: &[u8]) -> Result<()> {
-    let bad = || Error::posix_detail(PosixKind::Invalid, what(id, name), "not a revision 2 or 3 file capability");
+    let bad = || {
+        Error::posix_detail(
+            PosixKind::Invalid,
+            what(id, name),
+            "not a revision 2 or 3 file capability",
+        )
+    };
     let magic = u32::from_le_bytes(v.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes"));
     match (v.len(), magic & !VFS_CAP_FLAGS_EFFECTIVE) {
         (XATTR_CAPS_SZ_2, VFS_CAP_REVISION_2) => Ok(()),
@@ -324,7 +367,10 @@ fn parse_compression(v: &[u8]) -> Option<CompressionProperty> {
     } else {
         return None;
     };
-    let level = rest.strip_prefix(b":").and_then(|l| std::str::from_utf8(l).ok()).and_then(|l| l.parse::<i32>().ok());
+    let level = rest
+        .strip_prefix(b":")
+        .and_then(|l| std::str::from_utf8(l).ok())
+        .and_then(|l| l.parse::<i32>().ok());
     Some(CompressionProperty { kind, level })
 }
 
@@ -357,7 +403,9 @@ fn xattr_entry(transid: u64, name: &[u8], value: &[u8]) -> Vec<u8> {
     let di = DirItem {
         location: DiskKey::new_zeroed(),
         transid: transid.into(),
-        data_len: u16::try_from(value.len()).expect("value checked against BTRFS_MAX_XATTR_SIZE").into(),
+        data_len: u16::try_from(value.len())
+            .expect("value checked against BTRFS_MAX_XATTR_SIZE")
+            .into(),
         name_len: u16::try_from(name.len()).expect("name checked against XATTR_NAME_MAX").into(),
         type_: FT_XATTR,
     };
@@ -371,7 +419,11 @@ fn xattr_entry(transid: u64, name: &[u8], value: &[u8]) -> Vec<u8> {
 /// A placeholder takes no xattrs: the kernel clears IOP_XATTR on it (EOPNOTSUPP).
 fn refuse_placeholder(id: InodeId, name: &[u8]) -> Result<()> {
     if id.is_placeholder() {
-        return Err(Error::posix_detail(PosixKind::NotSupported, what(id, name), "an empty subvolume placeholder takes no extended attributes"));
+        return Err(Error::posix_detail(
+            PosixKind::NotSupported,
+            what(id, name),
+            "an empty subvolume placeholder takes no extended attributes",
+        ));
     }
     Ok(())
 }
@@ -393,7 +445,14 @@ impl FsWriter {
     /// subvolume: for ACLs too, where the kernel 6.18 on this machine lets setfacl
     /// change a read-only snapshot's mode; read-only snapshots stay unchanged here, as
     /// send/receive need); tree failures (which abort).
-    pub fn setxattr(&mut self, root: u64, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+    pub fn setxattr(
+        &mut self,
+        root: u64,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<()> {
         self.setxattr_opts(root, ino, name, value, flags, false)
     }
 
@@ -404,14 +463,30 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `setxattr`.
-    pub fn setxattr_opts(&mut self, root: u64, ino: u64, name: &[u8], value: &[u8], flags: u32, kill_sgid: bool) -> Result<()> {
+    pub fn setxattr_opts(
+        &mut self,
+        root: u64,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        kill_sgid: bool,
+    ) -> Result<()> {
         let id = InodeId { root, ino };
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
-            return Err(Error::posix_detail(PosixKind::Invalid, what(id, name), format!("unknown setxattr flags {flags:#x}")));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                what(id, name),
+                format!("unknown setxattr flags {flags:#x}"),
+            ));
         }
         check_name(id, name)?;
         if value.len() > XATTR_SIZE_MAX {
-            return Err(Error::posix_detail(PosixKind::TooBig, what(id, name), format!("values are at most {XATTR_SIZE_MAX} bytes, this one is {}", value.len())));
+            return Err(Error::posix_detail(
+                PosixKind::TooBig,
+                what(id, name),
+                format!("values are at most {XATTR_SIZE_MAX} bytes, this one is {}", value.len()),
+            ));
         }
         if name == XATTR_NAME_CAPS && !value.is_empty() {
             check_caps(id, name, value)?;
@@ -461,29 +536,67 @@ impl FsWriter {
         if matches!(edit, ItemEdit::Unchanged) {
             return Ok(());
         }
-        self.apply_xattr_change(Some(XattrChange { id, key, edit, flags_set: 0, flags_clear: 0, mode: None, incompat: 0, ctime: true }), "killpriv")
+        self.apply_xattr_change(
+            Some(XattrChange {
+                id,
+                key,
+                edit,
+                flags_set: 0,
+                flags_clear: 0,
+                mode: None,
+                incompat: 0,
+                ctime: true,
+            }),
+            "killpriv",
+        )
     }
 
     /// The change of a name that is not an ACL (`vfs_setxattr`, `__vfs_removexattr`
     /// for `value` None): the VFS permission, the handler, then the property or plain
     /// xattr rules. None: nothing to do (a property on an inode that ignores it).
-    fn plan_setxattr(&mut self, id: InodeId, name: &[u8], value: Option<&[u8]>, flags: u32) -> Result<Option<XattrChange>> {
+    fn plan_setxattr(
+        &mut self,
+        id: InodeId,
+        name: &[u8],
+        value: Option<&[u8]>,
+        flags: u32,
+    ) -> Result<Option<XattrChange>> {
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         xattr_permission_write(id, name, &ii)?;
         match resolve(id, name)? {
             Handler::Btrfs => self.plan_set_prop(id, name, value, flags, &ii),
             _ => {
                 let edit = self.plan_item_edit(id, name, value, flags)?;
-                Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set: 0, flags_clear: 0, mode: None, incompat: 0, ctime: true }))
+                Ok(Some(XattrChange {
+                    id,
+                    key: xattr_key(id, name),
+                    edit,
+                    flags_set: 0,
+                    flags_clear: 0,
+                    mode: None,
+                    incompat: 0,
+                    ctime: true,
+                }))
             }
         }
     }
 
     /// `btrfs_xattr_handler_set_prop`: `btrfs_validate_prop`, `btrfs_ignore_prop`,
     /// `btrfs_set_prop` with the compression handler's apply.
-    fn plan_set_prop(&mut self, id: InodeId, name: &[u8], value: Option<&[u8]>, flags: u32, ii: &InodeItem) -> Result<Option<XattrChange>> {
+    fn plan_set_prop(
+        &mut self,
+        id: InodeId,
+        name: &[u8],
+        value: Option<&[u8]>,
+        flags: u32,
+        ii: &InodeItem,
+    ) -> Result<Option<XattrChange>> {
         if name != XATTR_BTRFS_COMPRESSION {
-            return Err(Error::posix_detail(PosixKind::Invalid, what(id, name), "the only btrfs property of an inode is btrfs.compression"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                what(id, name),
+                "the only btrfs property of an inode is btrfs.compression",
+            ));
         }
         let v = value.unwrap_or(b"");
         let prop = if v.is_empty() {
@@ -491,9 +604,22 @@ impl FsWriter {
         } else {
             // `btrfs_inode_can_compress`: nodatacow and nodatasum files never compress.
             if ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
-                return Err(Error::posix_detail(PosixKind::Invalid, what(id, name), "the inode is nodatacow or nodatasum and cannot compress"));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    what(id, name),
+                    "the inode is nodatacow or nodatasum and cannot compress",
+                ));
             }
-            let p = parse_compression(v).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, what(id, name), format!("{:?} is none of zlib, lzo, zstd, no, none", String::from_utf8_lossy(v))))?;
+            let p = parse_compression(v).ok_or_else(|| {
+                Error::posix_detail(
+                    PosixKind::Invalid,
+                    what(id, name),
+                    format!(
+                        "{:?} is none of zlib, lzo, zstd, no, none",
+                        String::from_utf8_lossy(v)
+                    ),
+                )
+            })?;
             Some(p)
         };
         // Compression means nothing to symlinks, devices, fifos and sockets: the kernel
@@ -504,33 +630,68 @@ impl FsWriter {
         let edit = self.plan_item_edit(id, name, prop.map(|_| v), flags)?;
         let (flags_set, flags_clear, incompat) = match prop {
             None => (0, INODE_COMPRESS | INODE_NOCOMPRESS, 0),
-            Some(CompressionProperty { kind: CompressionType::None, .. }) => (INODE_NOCOMPRESS, INODE_COMPRESS, 0),
-            Some(CompressionProperty { kind: CompressionType::Lzo, .. }) => (INODE_COMPRESS, INODE_NOCOMPRESS, INCOMPAT_COMPRESS_LZO),
-            Some(CompressionProperty { kind: CompressionType::Zstd, .. }) => (INODE_COMPRESS, INODE_NOCOMPRESS, INCOMPAT_COMPRESS_ZSTD),
-            Some(CompressionProperty { kind: CompressionType::Zlib, .. }) => (INODE_COMPRESS, INODE_NOCOMPRESS, 0),
+            Some(CompressionProperty { kind: CompressionType::None, .. }) => {
+                (INODE_NOCOMPRESS, INODE_COMPRESS, 0)
+            }
+            Some(CompressionProperty { kind: CompressionType::Lzo, .. }) => {
+                (INODE_COMPRESS, INODE_NOCOMPRESS, INCOMPAT_COMPRESS_LZO)
+            }
+            Some(CompressionProperty { kind: CompressionType::Zstd, .. }) => {
+                (INODE_COMPRESS, INODE_NOCOMPRESS, INCOMPAT_COMPRESS_ZSTD)
+            }
+            Some(CompressionProperty { kind: CompressionType::Zlib, .. }) => {
+                (INODE_COMPRESS, INODE_NOCOMPRESS, 0)
+            }
         };
-        Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set, flags_clear, mode: None, incompat, ctime: true }))
+        Ok(Some(XattrChange {
+            id,
+            key: xattr_key(id, name),
+            edit,
+            flags_set,
+            flags_clear,
+            mode: None,
+            incompat,
+            ctime: true,
+        }))
     }
 
     /// `vfs_set_acl` / `vfs_remove_acl` and `btrfs_set_acl` (`acl` None removes, as an
     /// empty value does). None: nothing to do (no default ACL on a non-directory).
-    fn plan_set_acl(&mut self, id: InodeId, name: &[u8], kind: Handler, acl: Option<Vec<AclEntry>>) -> Result<Option<XattrChange>> {
+    fn plan_set_acl(
+        &mut self,
+        id: InodeId,
+        name: &[u8],
+        kind: Handler,
+        acl: Option<Vec<AclEntry>>,
+    ) -> Result<Option<XattrChange>> {
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         may_write_xattr(id, name, ii.flags.get())?;
         let mode = ii.mode.get();
         if mode & S_IFMT == S_IFLNK {
-            return Err(Error::posix_detail(PosixKind::NotSupported, what(id, name), "symlinks carry no ACLs"));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                what(id, name),
+                "symlinks carry no ACLs",
+            ));
         }
         if kind == Handler::AclDefault && mode & S_IFMT != S_IFDIR {
             if acl.is_some() {
-                return Err(Error::posix_detail(PosixKind::PermissionDenied, what(id, name), "only directories have a default ACL"));
+                return Err(Error::posix_detail(
+                    PosixKind::PermissionDenied,
+                    what(id, name),
+                    "only directories have a default ACL",
+                ));
             }
             return Ok(None);
         }
         let mut acl = acl;
         if let Some(a) = &acl {
             if !acl_valid(a) {
-                return Err(Error::posix_detail(PosixKind::Invalid, what(id, name), "the ACL's entries are not in order, or bits beyond rwx"));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    what(id, name),
+                    "the ACL's entries are not in order, or bits beyond rwx",
+                ));
             }
         }
         let mut new_mode = None;
@@ -545,16 +706,38 @@ impl FsWriter {
         }
         let value = acl.as_deref().map(acl_to_xattr);
         let edit = self.plan_item_edit(id, name, value.as_deref(), 0)?;
-        Ok(Some(XattrChange { id, key: xattr_key(id, name), edit, flags_set: 0, flags_clear: 0, mode: new_mode, incompat: 0, ctime: true }))
+        Ok(Some(XattrChange {
+            id,
+            key: xattr_key(id, name),
+            edit,
+            flags_set: 0,
+            flags_clear: 0,
+            mode: new_mode,
+            incompat: 0,
+            ctime: true,
+        }))
     }
 
     /// `btrfs_setxattr`'s decisions on the current item, made before any change: set
     /// `value` (or remove, for None) with `flags`, returning the item's new bytes.
-    fn plan_item_edit(&mut self, id: InodeId, name: &[u8], value: Option<&[u8]>, flags: u32) -> Result<ItemEdit> {
+    fn plan_item_edit(
+        &mut self,
+        id: InodeId,
+        name: &[u8],
+        value: Option<&[u8]>,
+        flags: u32,
+    ) -> Result<ItemEdit> {
         let max = max_xattr_size(self.nodesize());
         let vlen = value.map_or(0, <[u8]>::len);
         if name.len() + vlen > max {
-            return Err(Error::posix_detail(PosixKind::NoSpace, what(id, name), format!("name and value take {} bytes, one xattr holds at most {max}", name.len() + vlen)));
+            return Err(Error::posix_detail(
+                PosixKind::NoSpace,
+                what(id, name),
+                format!(
+                    "name and value take {} bytes, one xattr holds at most {max}",
+                    name.len() + vlen
+                ),
+            ));
         }
         let key = xattr_key(id, name);
         let cur = self.items_in_range(id.root, &key, &key)?.pop().map(|(_, d)| d);
@@ -567,7 +750,13 @@ impl FsWriter {
                     found = true;
                     continue;
                 }
-                let di = DirItem { location: e.location.to_disk(), transid: e.transid.into(), data_len: (e.data.len() as u16).into(), name_len: (e.name.len() as u16).into(), type_: e.type_ };
+                let di = DirItem {
+                    location: e.location.to_disk(),
+                    transid: e.transid.into(),
+                    data_len: (e.data.len() as u16).into(),
+                    name_len: (e.name.len() as u16).into(),
+                    type_: e.type_,
+                };
                 rest.extend_from_slice(di.as_bytes());
                 rest.extend_from_slice(e.name);
                 rest.extend_from_slice(e.data);
@@ -613,7 +802,9 @@ impl FsWriter {
     /// ENOENT; ENOSPC; tree failures.
     pub fn inherit_props(&mut self, root: u64, dir: u64, ino: u64) -> Result<()> {
         let id = InodeId { root, ino };
-        let Some(p) = self.live().compression_property(InodeId { root, ino: dir })? else { return Ok(()) };
+        let Some(p) = self.live().compression_property(InodeId { root, ino: dir })? else {
+            return Ok(());
+        };
         let value: &[u8] = match p.kind {
             CompressionType::Zlib => b"zlib",
             CompressionType::Lzo => b"lzo",
@@ -621,7 +812,9 @@ impl FsWriter {
             CompressionType::None => return Ok(()),
         };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
-        if !is_reg_or_dir(ii.mode.get()) || ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+        if !is_reg_or_dir(ii.mode.get())
+            || ii.flags.get() & (INODE_NODATACOW | INODE_NODATASUM) != 0
+        {
             return Ok(());
         }
         self.check_root_writable(root)?;
@@ -631,7 +824,16 @@ impl FsWriter {
             CompressionType::Zstd => INCOMPAT_COMPRESS_ZSTD,
             _ => 0,
         };
-        let change = XattrChange { id, key: xattr_key(id, XATTR_BTRFS_COMPRESSION), edit, flags_set: INODE_COMPRESS, flags_clear: INODE_NOCOMPRESS, mode: None, incompat, ctime: false };
+        let change = XattrChange {
+            id,
+            key: xattr_key(id, XATTR_BTRFS_COMPRESSION),
+            edit,
+            flags_set: INODE_COMPRESS,
+            flags_clear: INODE_NOCOMPRESS,
+            mode: None,
+            incompat,
+            ctime: false,
+        };
         self.apply_xattr_change(Some(change), "inherit_props")
     }
 
@@ -654,10 +856,20 @@ impl FsWriter {
                         if new.len() < old_len {
                             w.truncate_item(root, &c.key, new.len())?;
                         }
-                        w.lookup_for_update(root, &c.key, 0)?.unwrap_or_else(|| panic!("{}: xattr item {} vanished inside its change", c.id, c.key))
+                        w.lookup_for_update(root, &c.key, 0)?.unwrap_or_else(|| {
+                            panic!("{}: xattr item {} vanished inside its change", c.id, c.key)
+                        })
                     };
                     let d = w.item_data_mut(leaf, slot);
-                    assert_eq!(d.len(), new.len(), "{}: xattr item {} resized to {} bytes, wanted {}", c.id, c.key, d.len(), new.len());
+                    assert_eq!(
+                        d.len(),
+                        new.len(),
+                        "{}: xattr item {} resized to {} bytes, wanted {}",
+                        c.id,
+                        c.key,
+                        d.len(),
+                        new.len()
+                    );
                     d.copy_from_slice(&new);
                 }
             }
@@ -700,7 +912,11 @@ fn sized(what: String, data: Vec<u8>, size: usize, limit: usize) -> Result<Xattr
     }
     if data.len() > size {
         let kind = if size >= limit { PosixKind::TooBig } else { PosixKind::Range };
-        return Err(Error::posix_detail(kind, what, format!("{} bytes do not fit a buffer of {size}", data.len())));
+        return Err(Error::posix_detail(
+            kind,
+            what,
+            format!("{} bytes do not fit a buffer of {size}", data.len()),
+        ));
     }
     Ok(XattrReply::Data(data))
 }
@@ -721,11 +937,19 @@ pub trait XattrRead: FsRead {
         let mode = ii.mode.get();
         if acl_kind(name).is_some() {
             if mode & S_IFMT == S_IFLNK {
-                return Err(Error::posix_detail(PosixKind::NotSupported, what(id, name), "symlinks carry no ACLs"));
+                return Err(Error::posix_detail(
+                    PosixKind::NotSupported,
+                    what(id, name),
+                    "symlinks carry no ACLs",
+                ));
             }
         } else {
             if name.starts_with(b"user.") && !is_reg_or_dir(mode) {
-                return Err(Error::posix_detail(PosixKind::NoData, what(id, name), "user.* xattrs belong to regular files and directories only"));
+                return Err(Error::posix_detail(
+                    PosixKind::NoData,
+                    what(id, name),
+                    "user.* xattrs belong to regular files and directories only",
+                ));
             }
             resolve(id, name)?;
         }
@@ -821,9 +1045,20 @@ mod tests {
     fn acl_order_and_mask_rules() {
         let u = ACL_UNDEFINED_ID;
         assert!(acl_valid(&[e(ACL_USER_OBJ, 6, u), e(ACL_GROUP_OBJ, 4, u), e(ACL_OTHER, 4, u)]));
-        assert!(acl_valid(&[e(ACL_USER_OBJ, 6, u), e(ACL_USER, 6, 1000), e(ACL_GROUP_OBJ, 4, u), e(ACL_MASK, 6, u), e(ACL_OTHER, 4, u)]));
+        assert!(acl_valid(&[
+            e(ACL_USER_OBJ, 6, u),
+            e(ACL_USER, 6, 1000),
+            e(ACL_GROUP_OBJ, 4, u),
+            e(ACL_MASK, 6, u),
+            e(ACL_OTHER, 4, u)
+        ]));
         // A named entry needs a mask; bits beyond rwx; order; OTHER missing.
-        assert!(!acl_valid(&[e(ACL_USER_OBJ, 6, u), e(ACL_USER, 6, 1000), e(ACL_GROUP_OBJ, 4, u), e(ACL_OTHER, 4, u)]));
+        assert!(!acl_valid(&[
+            e(ACL_USER_OBJ, 6, u),
+            e(ACL_USER, 6, 1000),
+            e(ACL_GROUP_OBJ, 4, u),
+            e(ACL_OTHER, 4, u)
+        ]));
         assert!(!acl_valid(&[e(ACL_USER_OBJ, 8, u), e(ACL_GROUP_OBJ, 4, u), e(ACL_OTHER, 4, u)]));
         assert!(!acl_valid(&[e(ACL_GROUP_OBJ, 4, u), e(ACL_USER_OBJ, 6, u), e(ACL_OTHER, 4, u)]));
         assert!(!acl_valid(&[e(ACL_USER_OBJ, 6, u), e(ACL_GROUP_OBJ, 4, u)]));
@@ -832,17 +1067,44 @@ mod tests {
     #[test]
     fn acl_equivalent_mode() {
         let u = ACL_UNDEFINED_ID;
-        assert_eq!(acl_equiv_mode(&[e(ACL_USER_OBJ, 7, u), e(ACL_GROUP_OBJ, 4, u), e(ACL_OTHER, 0, u)], 0o100644), (0o100740, false));
+        assert_eq!(
+            acl_equiv_mode(
+                &[e(ACL_USER_OBJ, 7, u), e(ACL_GROUP_OBJ, 4, u), e(ACL_OTHER, 0, u)],
+                0o100644
+            ),
+            (0o100740, false)
+        );
         // The mask stands for the group bits, and the ACL says more than the mode.
-        assert_eq!(acl_equiv_mode(&[e(ACL_USER_OBJ, 6, u), e(ACL_USER, 6, 1000), e(ACL_GROUP_OBJ, 4, u), e(ACL_MASK, 6, u), e(ACL_OTHER, 4, u)], 0o100644), (0o100664, true));
+        assert_eq!(
+            acl_equiv_mode(
+                &[
+                    e(ACL_USER_OBJ, 6, u),
+                    e(ACL_USER, 6, 1000),
+                    e(ACL_GROUP_OBJ, 4, u),
+                    e(ACL_MASK, 6, u),
+                    e(ACL_OTHER, 4, u)
+                ],
+                0o100644
+            ),
+            (0o100664, true)
+        );
     }
 
     #[test]
     fn compression_values_as_the_kernel_reads_them() {
         let p = |s: &[u8]| parse_compression(s);
-        assert_eq!(p(b"zstd:3"), Some(CompressionProperty { kind: CompressionType::Zstd, level: Some(3) }));
-        assert_eq!(p(b"zlibx"), Some(CompressionProperty { kind: CompressionType::Zlib, level: None }));
-        assert_eq!(p(b"lzo"), Some(CompressionProperty { kind: CompressionType::Lzo, level: None }));
+        assert_eq!(
+            p(b"zstd:3"),
+            Some(CompressionProperty { kind: CompressionType::Zstd, level: Some(3) })
+        );
+        assert_eq!(
+            p(b"zlibx"),
+            Some(CompressionProperty { kind: CompressionType::Zlib, level: None })
+        );
+        assert_eq!(
+            p(b"lzo"),
+            Some(CompressionProperty { kind: CompressionType::Lzo, level: None })
+        );
         assert_eq!(p(b"none").map(|c| c.kind), Some(CompressionType::None));
         assert_eq!(p(b"nonex"), None);
         assert_eq!(p(b"zst"), None);

@@ -136,7 +136,11 @@ impl BlockGroup {
     /// not included.
     pub fn taken(&self) -> u64 {
         match &self.caching {
-            Caching::Finished(c) => self.length.saturating_sub(self.super_bytes).saturating_sub(c.free_space()).max(self.used),
+            Caching::Finished(c) => self
+                .length
+                .saturating_sub(self.super_bytes)
+                .saturating_sub(c.free_space())
+                .max(self.used),
             _ => self.used,
         }
     }
@@ -144,13 +148,29 @@ impl BlockGroup {
     /// Check the group's bookkeeping (debug builds and tests, after caching).
     pub fn check_invariants(&self) {
         assert!(self.length > 0, "block group {}: length 0", self.start);
-        assert!(self.super_bytes <= self.length, "block group {}: super stripes {} > length {}", self.start, self.super_bytes, self.length);
+        assert!(
+            self.super_bytes <= self.length,
+            "block group {}: super stripes {} > length {}",
+            self.start,
+            self.super_bytes,
+            self.length
+        );
         if let Some(c) = self.ctl() {
             assert_eq!(c.start(), self.start, "block group {}: cache start", self.start);
             assert_eq!(c.length(), self.length, "block group {}: cache length", self.start);
-            assert!(c.free_space() <= self.length, "block group {}: free {} > length {}", self.start, c.free_space(), self.length);
+            assert!(
+                c.free_space() <= self.length,
+                "block group {}: free {} > length {}",
+                self.start,
+                c.free_space(),
+                self.length
+            );
         } else {
-            assert!(self.fst_bitmaps.is_none() || self.caching_state() == CachingState::Error, "block group {}: format flag cached before the group", self.start);
+            assert!(
+                self.fst_bitmaps.is_none() || self.caching_state() == CachingState::Error,
+                "block group {}: format flag cached before the group",
+                self.start
+            );
         }
     }
 }
@@ -208,7 +228,14 @@ impl Allocator {
         let stripes = super_stripes(w);
         for bg in w.info.block_groups()? {
             // The geometry a cache of the group will need, checked now as before.
-            new_ctl(bg.start, bg.length, bg.flags, w.info.sectorsize, w.info.nodesize, a.bits_per_bitmap)?;
+            new_ctl(
+                bg.start,
+                bg.length,
+                bg.flags,
+                w.info.sectorsize,
+                w.info.nodesize,
+                a.bits_per_bitmap,
+            )?;
             let super_bytes = super_bytes_in(&stripes, bg.start, bg.length);
             a.groups.insert(
                 bg.start,
@@ -234,7 +261,8 @@ impl Allocator {
             if k.objectid != DEV_ITEMS_OBJECTID || k.type_ != DEV_ITEM_KEY {
                 break;
             }
-            let d = <DevItem as zerocopy::FromBytes>::read_from_bytes(item.data()).expect("size checked by the tree checker");
+            let d = <DevItem as zerocopy::FromBytes>::read_from_bytes(item.data())
+                .expect("size checked by the tree checker");
             a.dev_items.insert(k.offset, d);
         }
         a.space_moved = true;
@@ -242,11 +270,19 @@ impl Allocator {
     }
 
     pub fn group_mut(&mut self, bytenr: u64) -> Option<&mut BlockGroup> {
-        self.groups.range_mut(..=bytenr).next_back().map(|(_, g)| g).filter(|g| bytenr < g.start + g.length)
+        self.groups
+            .range_mut(..=bytenr)
+            .next_back()
+            .map(|(_, g)| g)
+            .filter(|g| bytenr < g.start + g.length)
     }
 
     pub fn group(&self, bytenr: u64) -> Option<&BlockGroup> {
-        self.groups.range(..=bytenr).next_back().map(|(_, g)| g).filter(|g| bytenr < g.start + g.length)
+        self.groups
+            .range(..=bytenr)
+            .next_back()
+            .map(|(_, g)| g)
+            .filter(|g| bytenr < g.start + g.length)
     }
 
     /// (start, length) of the group containing `bytenr`.
@@ -261,13 +297,20 @@ impl Allocator {
     /// read or changed only after caching).
     pub fn set_fst_bitmaps(&mut self, start: u64, v: bool) {
         if let Some(g) = self.groups.get_mut(&start) {
-            assert_eq!(g.caching_state(), CachingState::Finished, "block group {start}: format recorded before caching");
+            assert_eq!(
+                g.caching_state(),
+                CachingState::Finished,
+                "block group {start}: format recorded before caching"
+            );
             g.fst_bitmaps = Some(v);
         }
     }
     /// Clear and return the group's NEEDS_FREE_SPACE flag.
     pub fn take_needs_free_space(&mut self, start: u64) -> bool {
-        self.groups.get_mut(&start).map(|g| std::mem::take(&mut g.needs_free_space)).unwrap_or(false)
+        self.groups
+            .get_mut(&start)
+            .map(|g| std::mem::take(&mut g.needs_free_space))
+            .unwrap_or(false)
     }
 
     pub fn total_used(&self) -> u64 {
@@ -275,7 +318,11 @@ impl Allocator {
     }
 
     pub fn has_changes(&self) -> bool {
-        self.changed || self.groups.values().any(|g| g.dirty || g.new || g.ctl().is_some_and(|c| c.pinned_bytes() > 0))
+        self.changed
+            || self
+                .groups
+                .values()
+                .any(|g| g.dirty || g.new || g.ctl().is_some_and(|c| c.pinned_bytes() > 0))
     }
 
     pub fn dev_item(&self, devid: u64) -> Option<DevItem> {
@@ -301,18 +348,27 @@ impl Allocator {
         self.space_moved = true;
         for &(s, l) in ranges {
             // Taken from this group's pins, and nothing else returns them: a bug if not.
-            let g = self.group_mut(s).unwrap_or_else(|| panic!("released pinned range {s} +{l} outside every block group"));
+            let g = self.group_mut(s).unwrap_or_else(|| {
+                panic!("released pinned range {s} +{l} outside every block group")
+            });
             let start = g.start;
             // A group that pinned was cached, and a cached group stays cached.
-            let c = g.ctl_mut().unwrap_or_else(|| panic!("released pinned range {s} +{l}: block group {start} is not cached"));
-            c.add_free_space(s, l).unwrap_or_else(|e| panic!("releasing pinned range {s} +{l}: {e}"));
+            let c = g.ctl_mut().unwrap_or_else(|| {
+                panic!("released pinned range {s} +{l}: block group {start} is not cached")
+            });
+            c.add_free_space(s, l)
+                .unwrap_or_else(|e| panic!("releasing pinned range {s} +{l}: {e}"));
         }
     }
 
     /// Bytes free (allocatable now) per type flag, cached or not (`BlockGroup::free_space`).
     pub fn free_bytes(&self, ty: u64) -> u64 {
         let ty = self.space_type(ty);
-        self.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty).map(BlockGroup::free_space).sum()
+        self.groups
+            .values()
+            .filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty)
+            .map(BlockGroup::free_space)
+            .sum()
     }
 
     /// How many groups are cached (loaded or created in this session).
@@ -327,7 +383,13 @@ impl Allocator {
             g.check_invariants();
         }
         for (a, b) in self.groups.values().zip(self.groups.values().skip(1)) {
-            assert!(a.start + a.length <= b.start, "block groups {} +{} and {} overlap", a.start, a.length, b.start);
+            assert!(
+                a.start + a.length <= b.start,
+                "block groups {} +{} and {} overlap",
+                a.start,
+                a.length,
+                b.start
+            );
         }
     }
 }
@@ -336,8 +398,20 @@ impl Allocator {
 ///
 /// # Errors
 /// `Corrupt` for impossible group geometry.
-pub fn new_ctl(start: u64, length: u64, flags: u64, sectorsize: u32, nodesize: u32, bits: u32) -> Result<FreeSpaceCtl> {
-    let mut ctl = FreeSpaceCtl::new(start, length, sectorsize, bits).map_err(|e| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("block group {start}: {e}"))))?;
+pub fn new_ctl(
+    start: u64,
+    length: u64,
+    flags: u64,
+    sectorsize: u32,
+    nodesize: u32,
+    bits: u32,
+) -> Result<FreeSpaceCtl> {
+    let mut ctl = FreeSpaceCtl::new(start, length, sectorsize, bits).map_err(|e| {
+        Error::from(ubtrfs_format::Corrupt::new(
+            ubtrfs_format::CorruptWhere::Item,
+            format!("block group {start}: {e}"),
+        ))
+    })?;
     if flags & BLOCK_GROUP_DATA == 0 {
         ctl.set_full_stripe_len(u64::from(nodesize));
     }
@@ -368,7 +442,11 @@ fn exclude_super_stripes(ctl: &mut FreeSpaceCtl, stripes: &[(u64, u64)]) {
 /// chunk's two copies may map the same logical stripe).
 fn super_bytes_in(stripes: &[(u64, u64)], start: u64, length: u64) -> u64 {
     let end = start + length;
-    let mut r: Vec<(u64, u64)> = stripes.iter().filter(|&&(s, _)| s >= start && s < end).map(|&(s, l)| (s, (s + l).min(end))).collect();
+    let mut r: Vec<(u64, u64)> = stripes
+        .iter()
+        .filter(|&&(s, _)| s >= start && s < end)
+        .map(|&(s, l)| (s, (s + l).min(end)))
+        .collect();
     r.sort_unstable();
     let (mut total, mut reach) = (0u64, start);
     for (s, e) in r {
@@ -399,7 +477,15 @@ pub fn super_stripes(w: &FsWriter) -> Vec<(u64, u64)> {
                 };
                 if phys >= off
                     && phys < off + per_stripe
-                    && matches!(c.profile(), 0 | BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4 | BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10)
+                    && matches!(
+                        c.profile(),
+                        0 | BLOCK_GROUP_DUP
+                            | BLOCK_GROUP_RAID1
+                            | BLOCK_GROUP_RAID1C3
+                            | BLOCK_GROUP_RAID1C4
+                            | BLOCK_GROUP_RAID0
+                            | BLOCK_GROUP_RAID10
+                    )
                 {
                     let row = (phys - off) / STRIPE_LEN;
                     let nr = match c.profile() {
@@ -419,8 +505,16 @@ pub fn super_stripes(w: &FsWriter) -> Vec<(u64, u64)> {
 /// Add the free runs of one free-space-tree item to `free`, validated as before: an
 /// extent or bitmap that runs past the end of the address space is damage.
 fn push_item_runs(k: Key, data: &[u8], ss: u64, free: &mut Vec<(u64, u64)>) -> Result<()> {
-    if matches!(k.type_, FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY) && k.objectid.checked_add(k.offset).is_none() {
-        return Err(fst_corrupt(k, format!("free space {} +{} runs past the end of the address space", k.objectid, k.offset)));
+    if matches!(k.type_, FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY)
+        && k.objectid.checked_add(k.offset).is_none()
+    {
+        return Err(fst_corrupt(
+            k,
+            format!(
+                "free space {} +{} runs past the end of the address space",
+                k.objectid, k.offset
+            ),
+        ));
     }
     match k.type_ {
         FREE_SPACE_EXTENT_KEY => free.push((k.objectid, k.offset)),
@@ -450,9 +544,19 @@ fn add_runs(ctl: &mut FreeSpaceCtl, free: &[(u64, u64)]) -> Result<()> {
     for &(s, l) in free {
         // Checked by `push_item_runs`: no free-space item runs past the address space.
         if s + l > end {
-            return Err(Corrupt::new(CorruptWhere::Item, format!("free space {s} +{l} crosses the end of block group {start}")).root(FREE_SPACE_TREE_OBJECTID).into());
+            return Err(Corrupt::new(
+                CorruptWhere::Item,
+                format!("free space {s} +{l} crosses the end of block group {start}"),
+            )
+            .root(FREE_SPACE_TREE_OBJECTID)
+            .into());
         }
-        ctl.add_free_space(s, l).map_err(|e| Error::from(Corrupt::new(CorruptWhere::Item, format!("free space tree: {e}")).root(FREE_SPACE_TREE_OBJECTID)))?;
+        ctl.add_free_space(s, l).map_err(|e| {
+            Error::from(
+                Corrupt::new(CorruptWhere::Item, format!("free space tree: {e}"))
+                    .root(FREE_SPACE_TREE_OBJECTID),
+            )
+        })?;
     }
     Ok(())
 }
@@ -461,8 +565,14 @@ fn add_runs(ctl: &mut FreeSpaceCtl, free: &[(u64, u64)]) -> Result<()> {
 /// sees it (the kernel's `load_free_space_tree`): its INFO item (the format flag) and
 /// the extent and bitmap items in [start, start+length), superblock stripes removed.
 /// Returns the cache and whether the group uses bitmaps.
-fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Result<(FreeSpaceCtl, bool)> {
-    let mut ctl = new_ctl(start, length, flags, w.sectorsize(), w.nodesize(), w.alloc.bits_per_bitmap)?;
+fn load_free_space(
+    w: &mut FsWriter,
+    start: u64,
+    length: u64,
+    flags: u64,
+) -> Result<(FreeSpaceCtl, bool)> {
+    let mut ctl =
+        new_ctl(start, length, flags, w.sectorsize(), w.nodesize(), w.alloc.bits_per_bitmap)?;
     let ss = u64::from(w.sectorsize());
     // Block groups follow chunks, which were checked not to overflow when read.
     let end = start + length;
@@ -481,19 +591,38 @@ fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Res
             }
             if k == info_key {
                 let d = item.data();
-                extent_count = u32::from_le_bytes(d[0..4].try_into().expect("size checked by the tree checker"));
-                let f = u32::from_le_bytes(d[4..8].try_into().expect("size checked by the tree checker"));
+                extent_count = u32::from_le_bytes(
+                    d[0..4].try_into().expect("size checked by the tree checker"),
+                );
+                let f = u32::from_le_bytes(
+                    d[4..8].try_into().expect("size checked by the tree checker"),
+                );
                 bitmaps = Some(f & FREE_SPACE_USING_BITMAPS != 0);
                 continue;
             }
             push_item_runs(k, item.data(), ss, &mut free)?;
         }
     }
-    let bitmaps = bitmaps.ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("free space info for block group {start} missing")).root(FREE_SPACE_TREE_OBJECTID)))?;
+    let bitmaps = bitmaps.ok_or_else(|| {
+        Error::from(
+            Corrupt::new(
+                CorruptWhere::Item,
+                format!("free space info for block group {start} missing"),
+            )
+            .root(FREE_SPACE_TREE_OBJECTID),
+        )
+    })?;
     // The kernel's load refuses a group whose free extents disagree with the INFO
     // count (every later update would keep it wrong): EXTENT items one each, set bits
     // as maximal runs across the bitmap items.
-    let runs = if bitmaps { free.iter().enumerate().filter(|&(i, &(s, _))| i == 0 || free[i - 1].0 + free[i - 1].1 != s).count() } else { free.len() };
+    let runs = if bitmaps {
+        free.iter()
+            .enumerate()
+            .filter(|&(i, &(s, _))| i == 0 || free[i - 1].0 + free[i - 1].1 != s)
+            .count()
+    } else {
+        free.len()
+    };
     if runs != extent_count as usize {
         return Err(Corrupt::new(CorruptWhere::Item, format!("incorrect extent count for block group {start}; counted {runs}, expected {extent_count}"))
             .root(FREE_SPACE_TREE_OBJECTID)
@@ -514,7 +643,11 @@ fn load_free_space(w: &mut FsWriter, start: u64, length: u64, flags: u64) -> Res
 /// the group (an item past the address space or across the group's end, overlapping
 /// free space, no INFO item); read failures (the group stays uncached: they may pass).
 fn load_group(w: &mut FsWriter, start: u64) -> Result<()> {
-    let g = w.alloc.groups.get(&start).unwrap_or_else(|| panic!("caching block group {start}, which does not exist"));
+    let g = w
+        .alloc
+        .groups
+        .get(&start)
+        .unwrap_or_else(|| panic!("caching block group {start}, which does not exist"));
     let (length, flags) = match &g.caching {
         Caching::Finished(_) => return Ok(()),
         Caching::Error(c) => return Err(Error::from((**c).clone())),
@@ -572,9 +705,16 @@ pub fn cache_block_group(w: &mut FsWriter, bytenr: u64) -> Result<()> {
 ///
 /// # Errors
 /// `Corrupt` for impossible geometry; `Posix(Invalid)` if the cache refuses the range.
-pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, flags: u64) -> Result<()> {
-    let mut ctl = new_ctl(logical, length, flags, w.sectorsize(), w.nodesize(), w.alloc.bits_per_bitmap)?;
-    ctl.add_free_space(logical, length).map_err(|e| Error::posix(PosixKind::Invalid, format!("new block group {logical}: {e}")))?;
+pub(super) fn add_new_block_group(
+    w: &mut FsWriter,
+    logical: u64,
+    length: u64,
+    flags: u64,
+) -> Result<()> {
+    let mut ctl =
+        new_ctl(logical, length, flags, w.sectorsize(), w.nodesize(), w.alloc.bits_per_bitmap)?;
+    ctl.add_free_space(logical, length)
+        .map_err(|e| Error::posix(PosixKind::Invalid, format!("new block group {logical}: {e}")))?;
     let stripes = super_stripes(w);
     for &(s, l) in &stripes {
         if s >= logical && s < logical + length {
@@ -586,7 +726,18 @@ pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, f
     w.alloc.space_moved = true;
     w.alloc.groups.insert(
         logical,
-        BlockGroup { start: logical, length, flags, used: 0, dirty: false, new: true, needs_free_space: true, fst_bitmaps: None, super_bytes, caching: Caching::Finished(Box::new(ctl)) },
+        BlockGroup {
+            start: logical,
+            length,
+            flags,
+            used: 0,
+            dirty: false,
+            new: true,
+            needs_free_space: true,
+            fst_bitmaps: None,
+            super_bytes,
+            caching: Caching::Finished(Box::new(ctl)),
+        },
     );
     Ok(())
 }
@@ -595,7 +746,12 @@ pub(super) fn add_new_block_group(w: &mut FsWriter, logical: u64, length: u64, f
 /// walks them: cached groups first, then each uncached one, caching it, until one has
 /// the room. A group whose caching fails is skipped, and the first such error kept for
 /// the caller (the kernel's `cache_block_group_error`).
-fn find_free_extent(w: &mut FsWriter, ty: u64, num_bytes: u64, cache_error: &mut Option<Error>) -> Result<Option<u64>> {
+fn find_free_extent(
+    w: &mut FsWriter,
+    ty: u64,
+    num_bytes: u64,
+    cache_error: &mut Option<Error>,
+) -> Result<Option<u64>> {
     let ty = w.alloc.space_type(ty);
     for g in w.alloc.groups.values_mut().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty) {
         let start = g.start;
@@ -606,7 +762,13 @@ fn find_free_extent(w: &mut FsWriter, ty: u64, num_bytes: u64, cache_error: &mut
             }
         }
     }
-    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && !g.is_cached()).map(|g| g.start).collect();
+    let uncached: Vec<u64> = w
+        .alloc
+        .groups
+        .values()
+        .filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && !g.is_cached())
+        .map(|g| g.start)
+        .collect();
     for s in uncached {
         match cached_ctl(w, s) {
             Ok(c) => {
@@ -644,14 +806,24 @@ pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<
         if attempt == 0 && (ty != BLOCK_GROUP_DATA || w.alloc.free_bytes(ty) < num_bytes) {
             match crate::space::chunk_alloc::alloc_chunk_in(w, ty) {
                 Ok(()) => {}
-                Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => return Err(cache_error.unwrap_or(e)),
+                Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) => {
+                    return Err(cache_error.unwrap_or(e))
+                }
                 Err(e) => return Err(e),
             }
         } else {
             break;
         }
     }
-    Err(cache_error.unwrap_or_else(|| Error::posix(PosixKind::NoSpace, format!("no {} space for {num_bytes} bytes", block_group_flags_str(ty).split(',').next().unwrap_or("?")))))
+    Err(cache_error.unwrap_or_else(|| {
+        Error::posix(
+            PosixKind::NoSpace,
+            format!(
+                "no {} space for {num_bytes} bytes",
+                block_group_flags_str(ty).split(',').next().unwrap_or("?")
+            ),
+        )
+    }))
 }
 
 /// Allocate between `min` and `num_bytes` bytes (multiples of `min`) of type `ty`: the
@@ -660,10 +832,18 @@ pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<
 ///
 /// # Errors
 /// `Posix(NoSpace)` when not even `min` bytes can be found or made.
-pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: u64) -> Result<(u64, u64)> {
+pub(crate) fn alloc_extent_upto(
+    w: &mut FsWriter,
+    ty: u64,
+    num_bytes: u64,
+    min: u64,
+) -> Result<(u64, u64)> {
     w.begin_change()?;
     assert!(min > 0, "alloc_extent_upto: min 0");
-    assert!(num_bytes >= min && num_bytes / min * min == num_bytes, "alloc_extent_upto({num_bytes}, min {min})");
+    assert!(
+        num_bytes >= min && num_bytes / min * min == num_bytes,
+        "alloc_extent_upto({num_bytes}, min {min})"
+    );
     let mut want = num_bytes;
     loop {
         match alloc_extent(w, ty, want) {
@@ -675,7 +855,11 @@ pub(crate) fn alloc_extent_upto(w: &mut FsWriter, ty: u64, num_bytes: u64, min: 
             // pieces (`alloc_extent` leaves that case to us): a new chunk, as the
             // kernel's find_free_extent forces one at LOOP_ALLOC_CHUNK. This is where a
             // compressed extent, which cannot be split, lands on fragmented free space.
-            Err(e) if e.posix_kind() == Some(PosixKind::NoSpace) && ty == BLOCK_GROUP_DATA && w.alloc.free_bytes(ty) >= min => {
+            Err(e)
+                if e.posix_kind() == Some(PosixKind::NoSpace)
+                    && ty == BLOCK_GROUP_DATA
+                    && w.alloc.free_bytes(ty) >= min =>
+            {
                 match crate::space::chunk_alloc::alloc_chunk_in(w, ty) {
                     Ok(()) => {}
                     Err(c) if c.posix_kind() == Some(PosixKind::NoSpace) => return Err(e),
@@ -752,7 +936,13 @@ const MAX_LEVEL: u64 = 8;
 /// a quarter of the metadata block groups.
 pub fn metadata_reserve(w: &FsWriter) -> u64 {
     let meta = w.alloc.space_type(BLOCK_GROUP_METADATA);
-    let total: u64 = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == meta).map(|g| g.length).sum();
+    let total: u64 = w
+        .alloc
+        .groups
+        .values()
+        .filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == meta)
+        .map(|g| g.length)
+        .sum();
     (256 * u64::from(w.nodesize())).min(total / 4)
 }
 
@@ -791,7 +981,15 @@ pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
     // free-space tree: before adding a chunk, ask the caches (a group that fails to
     // load counts as full; the allocation that would need it reports the damage).
     let meta = w.alloc.space_type(BLOCK_GROUP_METADATA);
-    let uncached: Vec<u64> = w.alloc.groups.values().filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == meta && g.caching_state() == CachingState::No).map(|g| g.start).collect();
+    let uncached: Vec<u64> = w
+        .alloc
+        .groups
+        .values()
+        .filter(|g| {
+            g.flags & BLOCK_GROUP_TYPE_MASK == meta && g.caching_state() == CachingState::No
+        })
+        .map(|g| g.start)
+        .collect();
     for s in uncached {
         let _ = cached_ctl(w, s);
     }
@@ -822,7 +1020,11 @@ pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
 /// Give back `bytes` of a metadata reservation (unused, or used up by tree blocks
 /// allocated under it).
 pub(crate) fn release_metadata(w: &mut FsWriter, bytes: u64) {
-    assert!(bytes <= w.alloc.meta_may_use, "releasing {bytes} metadata bytes with {} reserved", w.alloc.meta_may_use);
+    assert!(
+        bytes <= w.alloc.meta_may_use,
+        "releasing {bytes} metadata bytes with {} reserved",
+        w.alloc.meta_may_use
+    );
     w.alloc.meta_may_use -= bytes;
 }
 
@@ -845,13 +1047,19 @@ pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64, still_wri
     w.alloc.space_moved = true;
     if still_written || !w.info.views.may_reuse(w.transid) {
         // Allocated in this transaction and not free: pinning cannot fail but for a bug.
-        pin(w, bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes} while it may still be read or written: {e}"));
+        pin(w, bytenr, num_bytes).unwrap_or_else(|e| {
+            panic!("unreserve {bytenr} +{num_bytes} while it may still be read or written: {e}")
+        });
         return;
     }
-    let g = w.alloc.group_mut(bytenr).unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes} outside every block group"));
+    let g = w
+        .alloc
+        .group_mut(bytenr)
+        .unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes} outside every block group"));
     let start = g.start;
     let c = g.ctl_mut().unwrap_or_else(|| panic!("unreserve {bytenr} +{num_bytes}: block group {start} is not cached, so nothing was reserved in it"));
-    c.add_free_space(bytenr, num_bytes).unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes}: {e}"));
+    c.add_free_space(bytenr, num_bytes)
+        .unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes}: {e}"));
 }
 
 /// Pin a freed committed extent until the commit, caching its group first.
@@ -860,11 +1068,21 @@ pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64, still_wri
 /// `Corrupt` if the range is outside every group, free, or already pinned (the extent
 /// tree said it was allocated); the group's caching errors.
 pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
-    let (start, _) =
-        w.alloc.group_range(bytenr).ok_or_else(|| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freed extent {bytenr} outside every block group"))))?;
-    cached_ctl(w, start)?
-        .pin(bytenr, num_bytes)
-        .map_err(|e| Error::from(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("freeing extent {bytenr} +{num_bytes}: {e}")).root(EXTENT_TREE_OBJECTID)))?;
+    let (start, _) = w.alloc.group_range(bytenr).ok_or_else(|| {
+        Error::from(ubtrfs_format::Corrupt::new(
+            ubtrfs_format::CorruptWhere::Item,
+            format!("freed extent {bytenr} outside every block group"),
+        ))
+    })?;
+    cached_ctl(w, start)?.pin(bytenr, num_bytes).map_err(|e| {
+        Error::from(
+            ubtrfs_format::Corrupt::new(
+                ubtrfs_format::CorruptWhere::Item,
+                format!("freeing extent {bytenr} +{num_bytes}: {e}"),
+            )
+            .root(EXTENT_TREE_OBJECTID),
+        )
+    })?;
     w.alloc.changed = true;
     Ok(())
 }
@@ -880,20 +1098,35 @@ pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
 /// errors.
 pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -> Result<()> {
     let bg_tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
-    let g = w.alloc.group(bytenr).ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("extent {bytenr} outside every block group")).root(EXTENT_TREE_OBJECTID)))?;
+    let g = w.alloc.group(bytenr).ok_or_else(|| {
+        Error::from(
+            Corrupt::new(CorruptWhere::Item, format!("extent {bytenr} outside every block group"))
+                .root(EXTENT_TREE_OBJECTID),
+        )
+    })?;
     let (start, cached) = (g.start, g.is_cached());
     if !cached {
         load_group(w, start)?;
     }
     let g = w.alloc.groups.get_mut(&start).expect("found above");
-    let item = |reason: String| -> Error { Corrupt::new(CorruptWhere::Item, reason).root(bg_tree).key(Key::new(g.start, BLOCK_GROUP_ITEM_KEY, g.length)).into() };
+    let item = |reason: String| -> Error {
+        Corrupt::new(CorruptWhere::Item, reason)
+            .root(bg_tree)
+            .key(Key::new(g.start, BLOCK_GROUP_ITEM_KEY, g.length))
+            .into()
+    };
     let used = if alloc {
         g.used
             .checked_add(num_bytes)
             .filter(|u| *u <= g.length)
             .ok_or_else(|| item(format!("block group {} would have {} + {num_bytes} bytes used adding extent {bytenr}, more than its length {}", g.start, g.used, g.length)))?
     } else {
-        g.used.checked_sub(num_bytes).ok_or_else(|| item(format!("block group {} used {} below zero freeing extent {bytenr} +{num_bytes}", g.start, g.used)))?
+        g.used.checked_sub(num_bytes).ok_or_else(|| {
+            item(format!(
+                "block group {} used {} below zero freeing extent {bytenr} +{num_bytes}",
+                g.start, g.used
+            ))
+        })?
     };
     g.used = used;
     g.dirty = true;
@@ -909,7 +1142,12 @@ pub(crate) fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
     let mut any = crate::space::chunk_alloc::insert_pending_chunks(w)?;
     let tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
     loop {
-        let next = w.alloc.groups.values().find(|g| g.dirty && !g.new).map(|g| (g.start, g.length, g.used, g.flags));
+        let next = w
+            .alloc
+            .groups
+            .values()
+            .find(|g| g.dirty && !g.new)
+            .map(|g| (g.start, g.length, g.used, g.flags));
         let Some((start, length, used, flags)) = next else { break };
         w.alloc.groups.get_mut(&start).expect("found above").dirty = false;
         let key = Key::new(start, BLOCK_GROUP_ITEM_KEY, length);
@@ -919,7 +1157,14 @@ pub(crate) fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
         body.extend_from_slice(&flags.to_le_bytes());
         match w.lookup_for_update(tree, &key, 0)? {
             Some((leaf, slot)) => w.item_data_mut(leaf, slot).copy_from_slice(&body),
-            None => return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("block group item {key} missing")).root(tree).into()),
+            None => {
+                return Err(ubtrfs_format::Corrupt::new(
+                    ubtrfs_format::CorruptWhere::Item,
+                    format!("block group item {key} missing"),
+                )
+                .root(tree)
+                .into())
+            }
         }
         any = true;
     }
@@ -939,13 +1184,36 @@ impl FsWriter {
     /// # Errors
     /// `Corrupt` for impossible geometry; `Posix(Exists)` if it overlaps a group.
     pub fn insert_test_group(&mut self, start: u64, len: u64, flags: u64) -> Result<()> {
-        if self.alloc.group(start).is_some() || self.alloc.groups.range(start..start.saturating_add(len)).next().is_some() {
-            return Err(Error::posix(PosixKind::Exists, format!("test block group {start} +{len} overlaps a block group")));
+        if self.alloc.group(start).is_some()
+            || self.alloc.groups.range(start..start.saturating_add(len)).next().is_some()
+        {
+            return Err(Error::posix(
+                PosixKind::Exists,
+                format!("test block group {start} +{len} overlaps a block group"),
+            ));
         }
-        let ctl = new_ctl(start, len, flags, self.sectorsize(), self.nodesize(), self.alloc.bits_per_bitmap)?;
+        let ctl = new_ctl(
+            start,
+            len,
+            flags,
+            self.sectorsize(),
+            self.nodesize(),
+            self.alloc.bits_per_bitmap,
+        )?;
         self.alloc.groups.insert(
             start,
-            BlockGroup { start, length: len, flags, used: 0, dirty: false, new: false, needs_free_space: true, fst_bitmaps: None, super_bytes: 0, caching: Caching::Finished(Box::new(ctl)) },
+            BlockGroup {
+                start,
+                length: len,
+                flags,
+                used: 0,
+                dirty: false,
+                new: false,
+                needs_free_space: true,
+                fst_bitmaps: None,
+                super_bytes: 0,
+                caching: Caching::Finished(Box::new(ctl)),
+            },
         );
         Ok(())
     }
@@ -986,7 +1254,10 @@ impl FsWriter {
     /// As the old open: read failures and the `Corrupt` errors of `cache_block_group`
     /// (without the group prefix).
     pub fn cache_all_block_groups_eagerly(&mut self) -> Result<()> {
-        assert!(self.dirty.is_empty(), "the eager load reads the committed free-space tree: call it before changing anything");
+        assert!(
+            self.dirty.is_empty(),
+            "the eager load reads the committed free-space tree: call it before changing anything"
+        );
         let ss = u64::from(self.sectorsize());
         let fst = self.info.read_root(FREE_SPACE_TREE_OBJECTID)?.0;
         let mut it = self.info.iter(&fst, Key::MIN)?;
@@ -997,7 +1268,17 @@ impl FsWriter {
         drop(it);
         let mut ctls: BTreeMap<u64, FreeSpaceCtl> = BTreeMap::new();
         for g in self.alloc.groups.values().filter(|g| g.caching_state() == CachingState::No) {
-            ctls.insert(g.start, new_ctl(g.start, g.length, g.flags, self.sectorsize(), self.nodesize(), self.alloc.bits_per_bitmap)?);
+            ctls.insert(
+                g.start,
+                new_ctl(
+                    g.start,
+                    g.length,
+                    g.flags,
+                    self.sectorsize(),
+                    self.nodesize(),
+                    self.alloc.bits_per_bitmap,
+                )?,
+            );
         }
         let mut per_group: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
         for (s, l) in free {
@@ -1015,7 +1296,8 @@ impl FsWriter {
         let stripes = super_stripes(self);
         for (gs, mut c) in ctls {
             exclude_super_stripes(&mut c, &stripes);
-            self.alloc.groups.get_mut(&gs).expect("listed above").caching = Caching::Finished(Box::new(c));
+            self.alloc.groups.get_mut(&gs).expect("listed above").caching =
+                Caching::Finished(Box::new(c));
         }
         Ok(())
     }

@@ -57,8 +57,12 @@ pub fn raw_bytes(logical: u64, profile: u64, num_stripes: usize) -> u64 {
         BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID10 => logical.saturating_mul(2),
         BLOCK_GROUP_RAID1C3 => logical.saturating_mul(3),
         BLOCK_GROUP_RAID1C4 => logical.saturating_mul(4),
-        BLOCK_GROUP_RAID5 if n > 1 => (u128::from(logical) * u128::from(n) / u128::from(n - 1)).try_into().unwrap_or(u64::MAX),
-        BLOCK_GROUP_RAID6 if n > 2 => (u128::from(logical) * u128::from(n) / u128::from(n - 2)).try_into().unwrap_or(u64::MAX),
+        BLOCK_GROUP_RAID5 if n > 1 => {
+            (u128::from(logical) * u128::from(n) / u128::from(n - 1)).try_into().unwrap_or(u64::MAX)
+        }
+        BLOCK_GROUP_RAID6 if n > 2 => {
+            (u128::from(logical) * u128::from(n) / u128::from(n - 2)).try_into().unwrap_or(u64::MAX)
+        }
         _ => logical,
     }
 }
@@ -83,21 +87,40 @@ impl FsInfo {
     /// with the chunk; `Io`/`Corrupt` from reading the tree; `Posix(NotFound)` when the
     /// tree holding the items has no root item.
     pub fn block_groups(&self) -> Result<Vec<BlockGroupInfo>> {
-        let tree_id = if self.super_copy().compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0 { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
+        let tree_id = if self.super_copy().compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+            BLOCK_GROUP_TREE_OBJECTID
+        } else {
+            EXTENT_TREE_OBJECTID
+        };
         let (root, _) = self.read_root(tree_id)?;
         let mut out = Vec::with_capacity(self.chunk_map.len());
         for chunk in self.chunk_map.iter() {
             let key = Key::new(chunk.logical, BLOCK_GROUP_ITEM_KEY, chunk.length);
             let (path, found) = self.search_slot(&root, &key)?;
-            let missing = || Corrupt::new(CorruptWhere::Item, format!("chunk {} length {} has no block group item", chunk.logical, chunk.length)).root(tree_id);
+            let missing = || {
+                Corrupt::new(
+                    CorruptWhere::Item,
+                    format!(
+                        "chunk {} length {} has no block group item",
+                        chunk.logical, chunk.length
+                    ),
+                )
+                .root(tree_id)
+            };
             if !found {
                 return Err(missing().into());
             }
             let item = path.item().ok_or_else(missing)?;
-            let bg: &BlockGroupItem = read_prefix(item.data(), "block group item").map_err(|r| item_corrupt(tree_id, &item, r))?;
+            let bg: &BlockGroupItem = read_prefix(item.data(), "block group item")
+                .map_err(|r| item_corrupt(tree_id, &item, r))?;
             let flags = bg.flags.get();
             check_matches_chunk(&chunk, flags).map_err(|r| item_corrupt(tree_id, &item, r))?;
-            out.push(BlockGroupInfo { start: chunk.logical, length: chunk.length, used: bg.used.get(), flags });
+            out.push(BlockGroupInfo {
+                start: chunk.logical,
+                length: chunk.length,
+                used: bg.used.get(),
+                flags,
+            });
         }
         Ok(out)
     }
@@ -129,15 +152,26 @@ impl FsInfo {
     }
 }
 
-fn item_corrupt(tree_id: u64, item: &crate::tree::search::ItemRef, reason: String) -> crate::error::Error {
-    Corrupt::new(CorruptWhere::Item, reason).root(tree_id).block(item.eb.bytenr).slot(item.slot as u32, item.key()).into()
+fn item_corrupt(
+    tree_id: u64,
+    item: &crate::tree::search::ItemRef,
+    reason: String,
+) -> crate::error::Error {
+    Corrupt::new(CorruptWhere::Item, reason)
+        .root(tree_id)
+        .block(item.eb.bytenr)
+        .slot(item.slot as u32, item.key())
+        .into()
 }
 
 /// The block group must describe the chunk it belongs to (type and profile bits).
 fn check_matches_chunk(chunk: &MapLookup, bg_flags: u64) -> core::result::Result<(), String> {
     let mask = BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK;
     if bg_flags & mask != chunk.type_ & mask {
-        return Err(format!("block group flags {bg_flags:#x} do not match chunk {} type {:#x}", chunk.logical, chunk.type_));
+        return Err(format!(
+            "block group flags {bg_flags:#x} do not match chunk {} type {:#x}",
+            chunk.logical, chunk.type_
+        ));
     }
     Ok(())
 }
@@ -162,8 +196,21 @@ mod tests {
 
     #[test]
     fn df_order() {
-        let mut v = [BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM, BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA, BLOCK_GROUP_DATA];
+        let mut v = [
+            BLOCK_GROUP_METADATA,
+            BLOCK_GROUP_SYSTEM,
+            BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA,
+            BLOCK_GROUP_DATA,
+        ];
         v.sort_by_key(|f| type_rank(*f));
-        assert_eq!(v, [BLOCK_GROUP_DATA, BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA]);
+        assert_eq!(
+            v,
+            [
+                BLOCK_GROUP_DATA,
+                BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA,
+                BLOCK_GROUP_SYSTEM,
+                BLOCK_GROUP_METADATA
+            ]
+        );
     }
 }

@@ -74,10 +74,25 @@ fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>
 /// As `dev_holes`.
 fn dev_extents(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
     let mut used: Vec<(u64, u64)> = Vec::new();
-    for (k, d) in w.items_in_range(DEV_TREE_OBJECTID, &Key::new(devid, DEV_EXTENT_KEY, 0), &Key::new(devid, DEV_EXTENT_KEY, u64::MAX))? {
-        let len = u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"));
+    for (k, d) in w.items_in_range(
+        DEV_TREE_OBJECTID,
+        &Key::new(devid, DEV_EXTENT_KEY, 0),
+        &Key::new(devid, DEV_EXTENT_KEY, u64::MAX),
+    )? {
+        let len = u64::from_le_bytes(
+            d[24..32].try_into().expect("dev extent size checked by the tree checker"),
+        );
         if k.offset.checked_add(len).is_none() {
-            return Err(Corrupt::new(CorruptWhere::Item, format!("dev extent at {} of length {len} runs past the end of the address space", k.offset)).root(DEV_TREE_OBJECTID).key(k).into());
+            return Err(Corrupt::new(
+                CorruptWhere::Item,
+                format!(
+                    "dev extent at {} of length {len} runs past the end of the address space",
+                    k.offset
+                ),
+            )
+            .root(DEV_TREE_OBJECTID)
+            .key(k)
+            .into());
         }
         used.push((k.offset, len));
     }
@@ -122,7 +137,13 @@ pub struct RaidAttr {
 
 /// The attributes of `profile` (profile bits; 0 is SINGLE). RAID5/6 are not written.
 pub fn raid_attr(profile: u64) -> Option<RaidAttr> {
-    let a = |sub_stripes, dev_stripes, devs_max, devs_min, devs_increment, ncopies, tolerated_failures| RaidAttr {
+    let a = |sub_stripes,
+             dev_stripes,
+             devs_max,
+             devs_min,
+             devs_increment,
+             ncopies,
+             tolerated_failures| RaidAttr {
         sub_stripes,
         dev_stripes,
         devs_max,
@@ -156,9 +177,23 @@ pub(crate) fn alloc_profile(w: &FsWriter, ty: u64) -> u64 {
     // Devices that can take stripes: the members present (a degraded writer has fewer).
     let ndevs = writable_devices(w).len();
     // Most redundant first, as the kernel prefers.
-    const ORDER: [u64; 7] = [BLOCK_GROUP_RAID1C4, BLOCK_GROUP_RAID1C3, BLOCK_GROUP_RAID10, BLOCK_GROUP_RAID1, BLOCK_GROUP_DUP, BLOCK_GROUP_RAID0, 0];
-    let present = |p: u64| w.alloc.groups.values().any(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty && g.flags & BLOCK_GROUP_PROFILE_MASK == p);
-    if let Some(p) = ORDER.into_iter().find(|&p| present(p) && raid_attr(p).is_some_and(|a| a.devs_min <= ndevs)) {
+    const ORDER: [u64; 7] = [
+        BLOCK_GROUP_RAID1C4,
+        BLOCK_GROUP_RAID1C3,
+        BLOCK_GROUP_RAID10,
+        BLOCK_GROUP_RAID1,
+        BLOCK_GROUP_DUP,
+        BLOCK_GROUP_RAID0,
+        0,
+    ];
+    let present = |p: u64| {
+        w.alloc.groups.values().any(|g| {
+            g.flags & BLOCK_GROUP_TYPE_MASK == ty && g.flags & BLOCK_GROUP_PROFILE_MASK == p
+        })
+    };
+    if let Some(p) =
+        ORDER.into_iter().find(|&p| present(p) && raid_attr(p).is_some_and(|a| a.devs_min <= ndevs))
+    {
         return p;
     }
     if w.alloc.groups.values().any(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty) {
@@ -183,12 +218,29 @@ impl FsWriter {
     pub fn set_alloc_profile(&mut self, ty: u64, profile: u64) -> Result<()> {
         let name = || block_group_flags_str(ty | profile);
         if ![BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM].contains(&ty) {
-            return Err(Error::posix_detail(PosixKind::Invalid, name(), "not one block group type"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                name(),
+                "not one block group type",
+            ));
         }
-        let attr = raid_attr(profile).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, name(), "this profile is not supported for writing"))?;
+        let attr = raid_attr(profile).ok_or_else(|| {
+            Error::posix_detail(
+                PosixKind::Invalid,
+                name(),
+                "this profile is not supported for writing",
+            )
+        })?;
         let ndevs = writable_devices(self).len();
         if ndevs < attr.devs_min {
-            return Err(Error::posix_detail(PosixKind::Invalid, name(), format!("the profile needs at least {} devices, the filesystem has {ndevs}", attr.devs_min)));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                name(),
+                format!(
+                    "the profile needs at least {} devices, the filesystem has {ndevs}",
+                    attr.devs_min
+                ),
+            ));
         }
         let ty = self.alloc.space_type(ty);
         self.alloc.target_profiles.insert(ty, profile);
@@ -203,8 +255,14 @@ impl FsWriter {
     /// # Errors
     /// `Posix(Invalid)` for another type or less than 1 MiB.
     pub fn set_max_chunk_size(&mut self, ty: u64, bytes: u64) -> Result<()> {
-        if ![BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM].contains(&ty) || bytes < MIB {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("chunk size {bytes} for {}", block_group_flags_str(ty)), "one block group type, at least 1 MiB"));
+        if ![BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM].contains(&ty)
+            || bytes < MIB
+        {
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("chunk size {bytes} for {}", block_group_flags_str(ty)),
+                "one block group type, at least 1 MiB",
+            ));
         }
         let ty = self.alloc.space_type(ty);
         self.alloc.chunk_caps.insert(ty, bytes / STRIPE_LEN * STRIPE_LEN);
@@ -235,20 +293,36 @@ impl FsWriter {
     pub fn set_device_size(&mut self, devid: u64, bytes: u64) -> Result<()> {
         self.check_writable()?;
         let what = || format!("device {devid}");
-        let d = *self.alloc.dev_items.get(&devid).ok_or_else(|| Error::posix(PosixKind::NotFound, what()))?;
+        let d = *self
+            .alloc
+            .dev_items
+            .get(&devid)
+            .ok_or_else(|| Error::posix(PosixKind::NotFound, what()))?;
         let ss = u64::from(self.sectorsize());
         let bytes = bytes / ss * ss;
         if bytes < MIB {
-            return Err(Error::posix_detail(PosixKind::Invalid, what(), format!("{bytes} bytes is below the 1 MiB every device keeps")));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                what(),
+                format!("{bytes} bytes is below the 1 MiB every device keeps"),
+            ));
         }
         if let Ok(dev) = self.info.devices.get(devid) {
             if bytes > dev.dev.size() {
-                return Err(Error::posix_detail(PosixKind::Invalid, what(), format!("{bytes} bytes is more than the device's {}", dev.dev.size())));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    what(),
+                    format!("{bytes} bytes is more than the device's {}", dev.dev.size()),
+                ));
             }
         }
         let end = self.device_used_end(devid)?;
         if end > bytes {
-            return Err(Error::posix_detail(PosixKind::Busy, what(), format!("its chunks reach {end}, past {bytes}")));
+            return Err(Error::posix_detail(
+                PosixKind::Busy,
+                what(),
+                format!("its chunks reach {end}, past {bytes}"),
+            ));
         }
         let old = d.total_bytes.get();
         self.transaction("set_device_size", 1, |w| {
@@ -256,8 +330,17 @@ impl FsWriter {
             item.total_bytes = bytes.into();
             let item = *item;
             let (leaf, slot) = w
-                .lookup_for_update(CHUNK_TREE_OBJECTID, &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid), 0)?
-                .ok_or_else(|| Error::from(Corrupt::new(CorruptWhere::Item, format!("device {devid} has no DEV_ITEM")).root(CHUNK_TREE_OBJECTID)))?;
+                .lookup_for_update(
+                    CHUNK_TREE_OBJECTID,
+                    &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid),
+                    0,
+                )?
+                .ok_or_else(|| {
+                    Error::from(
+                        Corrupt::new(CorruptWhere::Item, format!("device {devid} has no DEV_ITEM"))
+                            .root(CHUNK_TREE_OBJECTID),
+                    )
+                })?;
             w.item_data_mut(leaf, slot).copy_from_slice(item.as_bytes());
             let total = w.sb.total_bytes.get() - old + bytes;
             w.sb.total_bytes = total.into();
@@ -282,7 +365,12 @@ pub(crate) fn check_rw_degradable(w: &FsWriter) -> Result<()> {
         let lost = c.stripes.iter().filter(|s| !w.info.devices.by_id.contains_key(&s.0)).count();
         let tolerated = raid_attr(c.profile()).map(|a| a.tolerated_failures).unwrap_or(0);
         if lost > tolerated {
-            let missing: Vec<u64> = c.stripes.iter().map(|s| s.0).filter(|d| !w.info.devices.by_id.contains_key(d)).collect();
+            let missing: Vec<u64> = c
+                .stripes
+                .iter()
+                .map(|s| s.0)
+                .filter(|d| !w.info.devices.by_id.contains_key(d))
+                .collect();
             return Err(Error::Incompatible(format!(
                 "cannot write degraded: chunk {} ({}) has {lost} stripes on missing devices {missing:?}, and its profile keeps its data through {tolerated}",
                 c.logical,
@@ -307,13 +395,20 @@ struct DevRoom {
 pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     #[cfg(feature = "test-hooks")]
     if w.hooks.refuse_chunk_alloc {
-        return Err(Error::posix(PosixKind::NoSpace, format!("no room for a new {} chunk (test switch)", block_group_flags_str(ty))));
+        return Err(Error::posix(
+            PosixKind::NoSpace,
+            format!("no room for a new {} chunk (test switch)", block_group_flags_str(ty)),
+        ));
     }
     let ty = w.alloc.space_type(ty);
     let profile = alloc_profile(w, ty);
     let flags = ty | profile;
     let what = block_group_flags_str(flags);
-    let attr = raid_attr(profile).ok_or_else(|| Error::Incompatible(format!("cannot allocate a {what} chunk: the profile is not supported for writing")))?;
+    let attr = raid_attr(profile).ok_or_else(|| {
+        Error::Incompatible(format!(
+            "cannot allocate a {what} chunk: the profile is not supported for writing"
+        ))
+    })?;
     let fs_total = w.sb.total_bytes.get();
     // Chunk and stripe size limits (`init_alloc_chunk_ctl_policy_regular`): a chunk is
     // at most a tenth of the filesystem; data stripes at most 1 GiB (chunks 10 GiB),
@@ -331,7 +426,11 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     }
     let max_stripe = max_stripe.min(max_chunk);
     // Every device with a hole of at least one stripe length per device stripe.
-    let devids: Vec<(u64, [u8; 16], u64, u64)> = writable_devices(w).into_iter().map(|id| (id, &w.alloc.dev_items[&id])).map(|(id, d)| (id, d.uuid, d.bytes_used.get(), d.total_bytes.get())).collect();
+    let devids: Vec<(u64, [u8; 16], u64, u64)> = writable_devices(w)
+        .into_iter()
+        .map(|id| (id, &w.alloc.dev_items[&id]))
+        .map(|(id, d)| (id, d.uuid, d.bytes_used.get(), d.total_bytes.get()))
+        .collect();
     let mut rooms: Vec<DevRoom> = Vec::with_capacity(devids.len());
     let mut dup_holes = Vec::new();
     for &(devid, uuid, used, total) in &devids {
@@ -342,18 +441,29 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
             (a, (s + l).saturating_sub(a) / STRIPE_LEN * STRIPE_LEN)
         });
         // The lowest hole that holds the whole want, else the largest.
-        let pick = best.clone().find(|&(_, l)| l >= want).or_else(|| best.max_by_key(|&(a, l)| (l, std::cmp::Reverse(a))));
+        let pick = best
+            .clone()
+            .find(|&(_, l)| l >= want)
+            .or_else(|| best.max_by_key(|&(a, l)| (l, std::cmp::Reverse(a))));
         let Some((start, len)) = pick else { continue };
         if len < STRIPE_LEN * attr.dev_stripes as u64 {
             continue;
         }
-        rooms.push(DevRoom { devid, uuid, max_avail: len.min(want), start, total_avail: total.saturating_sub(used) });
+        rooms.push(DevRoom {
+            devid,
+            uuid,
+            max_avail: len.min(want),
+            start,
+            total_avail: total.saturating_sub(used),
+        });
         if attr.dev_stripes == 2 {
             dup_holes = holes;
         }
     }
     // Most room first (`btrfs_cmp_device_info`), then by devid for a stable order.
-    rooms.sort_by_key(|r| (std::cmp::Reverse(r.max_avail), std::cmp::Reverse(r.total_avail), r.devid));
+    rooms.sort_by_key(|r| {
+        (std::cmp::Reverse(r.max_avail), std::cmp::Reverse(r.total_avail), r.devid)
+    });
     let mut ndevs = rooms.len();
     if attr.devs_max != 0 {
         ndevs = ndevs.min(attr.devs_max);
@@ -366,7 +476,10 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
             if attr.devs_min > 1 {
                 format!("no room for a new {what} chunk: it needs {} devices with free space, {with_room} of {} have any", attr.devs_min, devids.len())
             } else {
-                format!("device {} has no room for a new {what} chunk", devids.first().map(|d| d.0).unwrap_or(0))
+                format!(
+                    "device {} has no room for a new {what} chunk",
+                    devids.first().map(|d| d.0).unwrap_or(0)
+                )
             },
         ));
     }
@@ -379,12 +492,20 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
         // DUP: both stripes on the one device, in one hole or the two largest.
         let r = chosen[0];
         stripe = (max_chunk / data_stripes).min(max_stripe) / STRIPE_LEN * STRIPE_LEN;
-        let mut sorted: Vec<u64> = dup_holes.iter().map(|h| h.1 / STRIPE_LEN * STRIPE_LEN).collect();
+        let mut sorted: Vec<u64> =
+            dup_holes.iter().map(|h| h.1 / STRIPE_LEN * STRIPE_LEN).collect();
         sorted.sort_by_key(|&l| std::cmp::Reverse(l));
-        let best_two = if sorted.len() >= 2 { sorted[1].max(sorted[0] / 2) } else { sorted.first().copied().unwrap_or(0) / 2 };
+        let best_two = if sorted.len() >= 2 {
+            sorted[1].max(sorted[0] / 2)
+        } else {
+            sorted.first().copied().unwrap_or(0) / 2
+        };
         stripe = stripe.min(best_two / STRIPE_LEN * STRIPE_LEN);
         if stripe < MIB {
-            return Err(Error::posix(PosixKind::NoSpace, format!("device {} has no room for a new {what} chunk", r.devid)));
+            return Err(Error::posix(
+                PosixKind::NoSpace,
+                format!("device {} has no room for a new {what} chunk", r.devid),
+            ));
         }
         for &(s, l) in &dup_holes {
             // Holes end at most at the device's total_bytes, which a crafted device
@@ -399,7 +520,10 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
             }
         }
         if offsets.len() < 2 {
-            return Err(Error::posix(PosixKind::NoSpace, format!("device {} has no room for a new {what} chunk", r.devid)));
+            return Err(Error::posix(
+                PosixKind::NoSpace,
+                format!("device {} has no room for a new {what} chunk", r.devid),
+            ));
         }
     } else {
         // The smallest room among the chosen devices (`decide_stripe_size_regular`),
@@ -409,7 +533,10 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
         if stripe < MIB {
             return Err(Error::posix(
                 PosixKind::NoSpace,
-                format!("no room for a new {what} chunk: the devices with the most room have {} bytes", chosen.iter().map(|r| r.max_avail).min().unwrap_or(0)),
+                format!(
+                    "no room for a new {what} chunk: the devices with the most room have {} bytes",
+                    chosen.iter().map(|r| r.max_avail).min().unwrap_or(0)
+                ),
             ));
         }
         for r in chosen {
@@ -418,9 +545,21 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     }
     let length = stripe * data_stripes;
     // Chunks were checked not to overflow when read (`check_chunk`).
-    let logical = w.info.chunk_map.iter().map(|c| c.logical + c.length).max().unwrap_or(MIB).div_ceil(STRIPE_LEN).checked_mul(STRIPE_LEN).filter(|l| l.checked_add(length).is_some());
+    let logical = w
+        .info
+        .chunk_map
+        .iter()
+        .map(|c| c.logical + c.length)
+        .max()
+        .unwrap_or(MIB)
+        .div_ceil(STRIPE_LEN)
+        .checked_mul(STRIPE_LEN)
+        .filter(|l| l.checked_add(length).is_some());
     let Some(logical) = logical else {
-        return Err(Error::posix(PosixKind::NoSpace, format!("no logical address space left for a new {what} chunk")));
+        return Err(Error::posix(
+            PosixKind::NoSpace,
+            format!("no logical address space left for a new {what} chunk"),
+        ));
     };
     // The device items' new usage, before anything changes: a device item whose sizes
     // sit at the top of the address space cannot take another chunk.
@@ -429,16 +568,33 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
         let d = &w.alloc.dev_items[&r.devid];
         let add = stripe * attr.dev_stripes as u64;
         let used = d.bytes_used.get().checked_add(add).ok_or_else(|| {
-            Error::from(Corrupt::new(CorruptWhere::Item, format!("device {} bytes used {} + {add} overflows", r.devid, d.bytes_used.get())).root(CHUNK_TREE_OBJECTID).key(Key::new(
-                DEV_ITEMS_OBJECTID,
-                DEV_ITEM_KEY,
-                r.devid,
-            )))
+            Error::from(
+                Corrupt::new(
+                    CorruptWhere::Item,
+                    format!(
+                        "device {} bytes used {} + {add} overflows",
+                        r.devid,
+                        d.bytes_used.get()
+                    ),
+                )
+                .root(CHUNK_TREE_OBJECTID)
+                .key(Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, r.devid)),
+            )
         })?;
         new_used.push((r.devid, used));
     }
-    let map = MapLookup { logical, length, type_: flags, stripe_len: STRIPE_LEN, sub_stripes: attr.sub_stripes, stripes: offsets };
-    debug_assert!(map.stripes.iter().all(|&(_, o, _)| o >= MIB && o.is_multiple_of(STRIPE_LEN)), "stripes of {map:?}");
+    let map = MapLookup {
+        logical,
+        length,
+        type_: flags,
+        stripe_len: STRIPE_LEN,
+        sub_stripes: attr.sub_stripes,
+        stripes: offsets,
+    };
+    debug_assert!(
+        map.stripes.iter().all(|&(_, o, _)| o >= MIB && o.is_multiple_of(STRIPE_LEN)),
+        "stripes of {map:?}"
+    );
     w.info.chunk_map.insert(map.clone())?;
     crate::space::allocator::add_new_block_group(w, logical, length, flags)?;
     for (devid, used) in new_used {
@@ -446,7 +602,9 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
     }
     if ty == BLOCK_GROUP_SYSTEM {
         let mut arr = w.sb.sys_chunk_array[..w.sb.sys_chunk_array_size.get() as usize].to_vec();
-        arr.extend_from_slice(Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, logical).to_disk().as_bytes());
+        arr.extend_from_slice(
+            Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, logical).to_disk().as_bytes(),
+        );
         arr.extend_from_slice(&chunk_item_bytes(&map, w.sectorsize()));
         if arr.len() > SYSTEM_CHUNK_ARRAY_SIZE {
             return Err(Error::posix(PosixKind::NoSpace, "sys_chunk_array is full"));
@@ -472,7 +630,11 @@ pub(crate) fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
     // `dev_holes` must still see this one's stripes.
     while let Some(p) = w.pending_chunks.first().cloned() {
         let m = &p.map;
-        w.insert_item(CHUNK_TREE_OBJECTID, &Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, m.logical), &chunk_item_bytes(m, ss))?;
+        w.insert_item(
+            CHUNK_TREE_OBJECTID,
+            &Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, m.logical),
+            &chunk_item_bytes(m, ss),
+        )?;
         for &(devid, off, _) in &m.stripes {
             let de = DevExtent {
                 chunk_tree: CHUNK_TREE_OBJECTID.into(),
@@ -487,16 +649,28 @@ pub(crate) fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
         let g = w.alloc.groups.get_mut(&m.logical).expect("pending chunk has a block group");
         g.new = false;
         g.dirty = true;
-        let body = BlockGroupItem { used: g.used.into(), chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(), flags: g.flags.into() };
+        let body = BlockGroupItem {
+            used: g.used.into(),
+            chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(),
+            flags: g.flags.into(),
+        };
         w.insert_item(tree, &Key::new(m.logical, BLOCK_GROUP_ITEM_KEY, m.length), body.as_bytes())?;
         crate::space::free_space_tree::add_block_group_free_space_in(w, m.logical)?;
-        let pos = w.pending_chunks.iter().position(|q| q.map.logical == m.logical).expect("pending chunk still listed");
+        let pos = w
+            .pending_chunks
+            .iter()
+            .position(|q| q.map.logical == m.logical)
+            .expect("pending chunk still listed");
         w.pending_chunks.remove(pos);
     }
     // Device items: bytes_used changed.
     let devs: Vec<(u64, DevItem)> = w.alloc.dev_items.iter().map(|(k, v)| (*k, *v)).collect();
     for (devid, d) in devs {
-        if let Some((leaf, slot)) = w.lookup_for_update(CHUNK_TREE_OBJECTID, &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid), 0)? {
+        if let Some((leaf, slot)) = w.lookup_for_update(
+            CHUNK_TREE_OBJECTID,
+            &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid),
+            0,
+        )? {
             w.item_data_mut(leaf, slot).copy_from_slice(d.as_bytes());
         }
     }

@@ -61,7 +61,14 @@ pub fn relocate_root_leaves(w: &mut FsWriter, start: u64) -> Result<usize> {
         let now = w.root(id)?;
         assert_ne!(now.bytenr, r.bytenr, "tree {id}: COW of root {} kept it in place", r.bytenr);
         if now.bytenr >= start && now.bytenr < end {
-            return Err(Error::posix_detail(PosixKind::NoSpace, format!("tree {id}"), format!("its root moved from {} to {}, still inside chunk {start}", r.bytenr, now.bytenr)));
+            return Err(Error::posix_detail(
+                PosixKind::NoSpace,
+                format!("tree {id}"),
+                format!(
+                    "its root moved from {} to {}, still inside chunk {start}",
+                    r.bytenr, now.bytenr
+                ),
+            ));
         }
         moved += 1;
     }
@@ -81,40 +88,79 @@ pub fn remove_chunk(w: &mut FsWriter, start: u64) -> Result<()> {
     let what = format!("chunk {start}");
     let map = w.info.chunk_map.lookup(start)?;
     if map.logical != start {
-        return Err(Error::posix_detail(PosixKind::Invalid, what, format!("not a chunk start (the chunk there starts at {})", map.logical)));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            what,
+            format!("not a chunk start (the chunk there starts at {})", map.logical),
+        ));
     }
     let (len, flags) = (map.length, map.type_);
     let end = start + len;
     let Some(g) = w.alloc.groups.get(&start) else {
-        return Err(Corrupt::new(CorruptWhere::Item, format!("chunk {start} has no block group")).root(EXTENT_TREE_OBJECTID).into());
+        return Err(Corrupt::new(CorruptWhere::Item, format!("chunk {start} has no block group"))
+            .root(EXTENT_TREE_OBJECTID)
+            .into());
     };
     if g.used != 0 {
-        return Err(Error::posix_detail(PosixKind::NotEmpty, what, format!("its block group still has {} bytes used", g.used)));
+        return Err(Error::posix_detail(
+            PosixKind::NotEmpty,
+            what,
+            format!("its block group still has {} bytes used", g.used),
+        ));
     }
     if g.new || w.pending_chunks.iter().any(|p| p.map.logical == start) {
-        return Err(Error::posix_detail(PosixKind::Busy, what, "created in this transaction (commit first)"));
+        return Err(Error::posix_detail(
+            PosixKind::Busy,
+            what,
+            "created in this transaction (commit first)",
+        ));
     }
     // Space freed in the chunk comes back to its group at the commit, or once no
     // reader's view still reads it (the handle's start gave back what it could).
     let pinned = g.ctl().map_or(0, |c| c.pinned_bytes());
     if pinned != 0 {
-        return Err(Error::posix_detail(PosixKind::Busy, what, format!("{pinned} bytes freed in it are pinned until the commit")));
+        return Err(Error::posix_detail(
+            PosixKind::Busy,
+            what,
+            format!("{pinned} bytes freed in it are pinned until the commit"),
+        ));
     }
     if !w.delayed.is_empty() {
-        return Err(Error::posix_detail(PosixKind::Busy, what, "extent references are pending (commit first)"));
+        return Err(Error::posix_detail(
+            PosixKind::Busy,
+            what,
+            "extent references are pending (commit first)",
+        ));
     }
-    for (k, _) in w.items_in_range(EXTENT_TREE_OBJECTID, &Key::new(start, 0, 0), &Key::new(end - 1, u8::MAX, u64::MAX))? {
+    for (k, _) in w.items_in_range(
+        EXTENT_TREE_OBJECTID,
+        &Key::new(start, 0, 0),
+        &Key::new(end - 1, u8::MAX, u64::MAX),
+    )? {
         if k.type_ == EXTENT_ITEM_KEY || k.type_ == METADATA_ITEM_KEY {
-            return Err(Error::posix_detail(PosixKind::NotEmpty, what, format!("extent {} is still allocated in it", k.objectid)));
+            return Err(Error::posix_detail(
+                PosixKind::NotEmpty,
+                what,
+                format!("extent {} is still allocated in it", k.objectid),
+            ));
         }
     }
     let views = w.info.views.count();
     if views != 0 {
-        return Err(Error::posix_detail(PosixKind::Busy, what, format!("{views} readers' views may still read space freed in it")));
+        return Err(Error::posix_detail(
+            PosixKind::Busy,
+            what,
+            format!("{views} readers' views may still read space freed in it"),
+        ));
     }
     // Items first looked up, so a missing one refuses before anything changes.
     let chunk_key = Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, start);
-    let missing = |root: u64, key: Key| -> Error { Corrupt::new(CorruptWhere::Item, format!("{key} of chunk {start} missing")).root(root).key(key).into() };
+    let missing = |root: u64, key: Key| -> Error {
+        Corrupt::new(CorruptWhere::Item, format!("{key} of chunk {start} missing"))
+            .root(root)
+            .key(key)
+            .into()
+    };
     if w.items_in_range(CHUNK_TREE_OBJECTID, &chunk_key, &chunk_key)?.is_empty() {
         return Err(missing(CHUNK_TREE_OBJECTID, chunk_key));
     }
@@ -123,7 +169,9 @@ pub fn remove_chunk(w: &mut FsWriter, start: u64) -> Result<()> {
         let k = Key::new(devid, DEV_EXTENT_KEY, off);
         let found = w.items_in_range(DEV_TREE_OBJECTID, &k, &k)?;
         let Some((_, d)) = found.first() else { return Err(missing(DEV_TREE_OBJECTID, k)) };
-        let length = u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"));
+        let length = u64::from_le_bytes(
+            d[24..32].try_into().expect("dev extent size checked by the tree checker"),
+        );
         dev_extents.push((devid, k, length));
     }
     let bg_tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
@@ -131,7 +179,15 @@ pub fn remove_chunk(w: &mut FsWriter, start: u64) -> Result<()> {
     if w.items_in_range(bg_tree, &bg_key, &bg_key)?.is_empty() {
         return Err(missing(bg_tree, bg_key));
     }
-    let fst: Vec<Key> = w.items_in_range(FREE_SPACE_TREE_OBJECTID, &Key::new(start, 0, 0), &Key::new(end - 1, u8::MAX, u64::MAX))?.into_iter().map(|(k, _)| k).collect();
+    let fst: Vec<Key> = w
+        .items_in_range(
+            FREE_SPACE_TREE_OBJECTID,
+            &Key::new(start, 0, 0),
+            &Key::new(end - 1, u8::MAX, u64::MAX),
+        )?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
     for &(devid, _, length) in &dev_extents {
         let used = w.alloc.dev_items.get(&devid).map(|d| d.bytes_used.get());
         if used.is_none_or(|u| u < length) {
@@ -179,7 +235,12 @@ fn remove_from_sys_chunk_array(sb: &mut Superblock, start: u64) {
     let mut found = false;
     // The array was checked when the superblock was read and by every append since.
     while pos < n {
-        let k = Key::from(<ubtrfs_format::key::DiskKey as zerocopy::FromBytes>::read_from_bytes(&old[pos..pos + KEY]).expect("17-byte key"));
+        let k = Key::from(
+            <ubtrfs_format::key::DiskKey as zerocopy::FromBytes>::read_from_bytes(
+                &old[pos..pos + KEY],
+            )
+            .expect("17-byte key"),
+        );
         let stripes = u16::from_le_bytes([old[pos + KEY + 44], old[pos + KEY + 45]]) as usize;
         let size = KEY + ubtrfs_format::items::chunk_item_size(stripes);
         if k.offset == start {

@@ -49,7 +49,11 @@ impl DataReservations {
             self.delalloc.fetch_add(after - before, Ordering::AcqRel);
         } else {
             let prev = self.delalloc.fetch_sub(before - after, Ordering::AcqRel);
-            assert!(prev >= before - after, "data reservations: delalloc {prev} below a release of {}", before - after);
+            assert!(
+                prev >= before - after,
+                "data reservations: delalloc {prev} below a release of {}",
+                before - after
+            );
         }
     }
 
@@ -87,6 +91,10 @@ impl DataReservation<'_> {
 impl Drop for DataReservation<'_> {
     fn drop(&mut self) {
         let prev = self.rsv.inflight.fetch_sub(self.bytes, Ordering::AcqRel);
-        assert!(prev >= self.bytes, "data reservations: {prev} in flight below a release of {}", self.bytes);
+        assert!(
+            prev >= self.bytes,
+            "data reservations: {prev} in flight below a release of {}",
+            self.bytes
+        );
     }
 }

@@ -203,7 +203,13 @@ struct BitmapSlots {
 impl BitmapSlots {
     fn new(start: u64, span: u64, max_bitmaps: u64) -> BitmapSlots {
         let n = usize::try_from(max_bitmaps).expect("max_bitmaps fits in memory");
-        BitmapSlots { start, span, slots: std::iter::repeat_with(|| None).take(n).collect(), occupied: vec![0; n.div_ceil(64)], len: 0 }
+        BitmapSlots {
+            start,
+            span,
+            slots: std::iter::repeat_with(|| None).take(n).collect(),
+            occupied: vec![0; n.div_ceil(64)],
+            len: 0,
+        }
     }
 
     /// The slot of a bitmap at exactly `offset`, if `offset` is a bitmap position.
@@ -233,7 +239,9 @@ impl BitmapSlots {
     }
 
     fn insert(&mut self, offset: u64, entry: BitmapEntry) -> Option<BitmapEntry> {
-        let k = self.slot(offset).unwrap_or_else(|| panic!("bitmap offset={offset} is not a bitmap position"));
+        let k = self
+            .slot(offset)
+            .unwrap_or_else(|| panic!("bitmap offset={offset} is not a bitmap position"));
         let old = self.slots[k].replace(entry);
         if old.is_none() {
             self.occupied[k / 64] |= 1 << (k % 64);
@@ -267,7 +275,10 @@ impl BitmapSlots {
     }
 
     fn iter(&self) -> impl Iterator<Item = (u64, &BitmapEntry)> {
-        self.slots.iter().enumerate().filter_map(|(k, s)| s.as_ref().map(|b| (self.offset_of(k), b)))
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(k, s)| s.as_ref().map(|b| (self.offset_of(k), b)))
     }
 
     /// Lowest bitmap offset `>= x`.
@@ -289,7 +300,9 @@ impl BitmapSlots {
     /// Highest bitmap offset `<= x`.
     fn last_le(&self, x: u64) -> Option<u64> {
         let d = x.checked_sub(self.start)?;
-        let k = usize::try_from(d / self.span).unwrap_or(usize::MAX).min(self.slots.len().checked_sub(1)?);
+        let k = usize::try_from(d / self.span)
+            .unwrap_or(usize::MAX)
+            .min(self.slots.len().checked_sub(1)?);
         find_last_set_bit_upto(&self.occupied, k).map(|k| self.offset_of(k))
     }
 
@@ -367,7 +380,12 @@ impl FreeSpaceCtl {
     /// # Errors
     /// [`FreeSpaceError::Geometry`] when `unit` is not a power of two, `bits_per_bitmap` is
     /// not a positive multiple of 64, or the group is empty, unaligned or overflows.
-    pub fn new(start: u64, length: u64, unit: u32, bits_per_bitmap: u32) -> Result<FreeSpaceCtl, FreeSpaceError> {
+    pub fn new(
+        start: u64,
+        length: u64,
+        unit: u32,
+        bits_per_bitmap: u32,
+    ) -> Result<FreeSpaceCtl, FreeSpaceError> {
         let bad = |reason: String| FreeSpaceError::Geometry { bg_start: start, reason };
         let unit = u64::from(unit);
         let bits = u64::from(bits_per_bitmap);
@@ -378,7 +396,9 @@ impl FreeSpaceCtl {
             return Err(bad(format!("bits_per_bitmap {bits} is not a positive multiple of 64")));
         }
         if length == 0 || start & (unit - 1) != 0 || length & (unit - 1) != 0 {
-            return Err(bad(format!("start {start} length {length} not a non-empty multiple of sectorsize {unit}")));
+            return Err(bad(format!(
+                "start {start} length {length} not a non-empty multiple of sectorsize {unit}"
+            )));
         }
         if start.checked_add(length).is_none() {
             return Err(bad(format!("start {start} + length {length} overflows")));
@@ -387,7 +407,9 @@ impl FreeSpaceCtl {
             return Err(bad(format!("bitmap span {bits} x {unit} overflows")));
         };
         if length.div_ceil(bitmap_span) > MAX_BITMAP_SLOTS {
-            return Err(bad(format!("length {length} needs more than {MAX_BITMAP_SLOTS} bitmaps of {bitmap_span} bytes")));
+            return Err(bad(format!(
+                "length {length} needs more than {MAX_BITMAP_SLOTS} bitmaps of {bitmap_span} bytes"
+            )));
         }
         Ok(FreeSpaceCtl {
             start,
@@ -510,7 +532,12 @@ impl FreeSpaceCtl {
     ///
     /// # Errors
     /// As [`FreeSpaceCtl::add_free_space`].
-    pub fn add_free_space_with_trim(&mut self, offset: u64, bytes: u64, trim: TrimState) -> Result<(), FreeSpaceError> {
+    pub fn add_free_space_with_trim(
+        &mut self,
+        offset: u64,
+        bytes: u64,
+        trim: TrimState,
+    ) -> Result<(), FreeSpaceError> {
         let end = self.check_range(offset, bytes)?;
         self.check_not_free(offset, end)?;
         self.check_not_pinned(offset, end)?;
@@ -530,7 +557,13 @@ impl FreeSpaceCtl {
         }
         let end = self.check_range(offset, bytes)?;
         if let Some((hole_offset, hole_bytes)) = self.first_gap_in(offset, end) {
-            return Err(FreeSpaceError::NotFree { bg_start: self.start, offset, bytes, hole_offset, hole_bytes });
+            return Err(FreeSpaceError::NotFree {
+                bg_start: self.start,
+                offset,
+                bytes,
+                hole_offset,
+                hole_bytes,
+            });
         }
         self.remove_inner(offset, bytes);
         self.debug_check();
@@ -578,7 +611,12 @@ impl FreeSpaceCtl {
                 let mut e = self.unlink_extent(entry.0);
                 let gap = e.offset;
                 let gap_len = start - e.offset;
-                assert!(e.bytes >= bytes + gap_len, "alloc: entry offset={} bytes={} too small for start={start} bytes={bytes}", e.offset, e.bytes);
+                assert!(
+                    e.bytes >= bytes + gap_len,
+                    "alloc: entry offset={} bytes={} too small for start={start} bytes={bytes}",
+                    e.offset,
+                    e.bytes
+                );
                 e.offset = start + bytes;
                 e.bytes -= bytes + gap_len;
                 if e.bytes > 0 {
@@ -684,7 +722,8 @@ impl FreeSpaceCtl {
 
     /// All free space as coalesced `(offset, bytes)` ranges, lowest first.
     pub fn free_ranges(&self) -> Vec<(u64, u64)> {
-        let mut runs: Vec<(u64, u64)> = self.extents.iter().map(|(&o, e)| (o, o + e.bytes)).collect();
+        let mut runs: Vec<(u64, u64)> =
+            self.extents.iter().map(|(&o, e)| (o, o + e.bytes)).collect();
         for (bo, bm) in self.bitmaps.iter() {
             let n = self.bits_per_bitmap as usize;
             let mut i = find_next_set_bit(&bm.bits, n, 0);
@@ -738,31 +777,58 @@ impl FreeSpaceCtl {
         let mut prev_end: Option<u64> = None;
         for (&o, e) in &self.extents {
             assert!(e.bytes > 0, "extent entry offset={o} is empty");
-            assert!(o % self.unit == 0 && e.bytes % self.unit == 0, "extent entry offset={o} bytes={} unaligned", e.bytes);
+            assert!(
+                o % self.unit == 0 && e.bytes % self.unit == 0,
+                "extent entry offset={o} bytes={} unaligned",
+                e.bytes
+            );
             assert!(o >= self.start, "extent entry offset={o} below group start {}", self.start);
-            assert!(o + e.bytes <= end, "extent entry offset={o} bytes={} past group end {end}", e.bytes);
+            assert!(
+                o + e.bytes <= end,
+                "extent entry offset={o} bytes={} past group end {end}",
+                e.bytes
+            );
             if let Some(pe) = prev_end {
                 assert!(pe <= o, "extent entry offset={o} overlaps previous ending at {pe}");
             }
             prev_end = Some(o + e.bytes);
             if let Some((lo, hi)) = self.first_bitmap_bit_in(o, o + e.bytes) {
-                panic!("extent entry offset={o} bytes={} also in a bitmap at [{lo}, {hi})", e.bytes);
+                panic!(
+                    "extent entry offset={o} bytes={} also in a bitmap at [{lo}, {hi})",
+                    e.bytes
+                );
             }
             self.check_key((o, EntryKind::Extent), e.key, e.bytes);
             sum += e.bytes;
         }
         for (bo, b) in self.bitmaps.iter() {
-            assert_eq!(bo, self.offset_to_bitmap(bo), "bitmap offset={bo} not at a bitmap position");
-            assert!(bo >= self.start && bo < end, "bitmap offset={bo} outside group [{}, {end})", self.start);
+            assert_eq!(
+                bo,
+                self.offset_to_bitmap(bo),
+                "bitmap offset={bo} not at a bitmap position"
+            );
+            assert!(
+                bo >= self.start && bo < end,
+                "bitmap offset={bo} outside group [{}, {end})",
+                self.start
+            );
             assert_eq!(b.bits.len() * 64, n, "bitmap offset={bo} has the wrong size");
             let pop: u64 = b.bits.iter().map(|w| u64::from(w.count_ones())).sum();
             assert_eq!(pop * self.unit, b.bytes, "bitmap offset={bo}: bytes != popcount x unit");
             assert!(b.bytes > 0, "bitmap offset={bo} is empty");
             let bits_in_group = ((end - bo) / self.unit).min(n as u64) as usize;
-            assert!(find_next_set_bit(&b.bits, n, bits_in_group) >= n, "bitmap offset={bo} has free bits past group end {end}");
+            assert!(
+                find_next_set_bit(&b.bits, n, bits_in_group) >= n,
+                "bitmap offset={bo} has free bits past group end {end}"
+            );
             let (runs, longest) = bitmap_runs(&b.bits, n);
             assert_eq!(runs, u64::from(b.bitmap_extents), "bitmap offset={bo}: bitmap_extents");
-            assert!(b.max_extent_size == 0 || b.max_extent_size >= longest * self.unit, "bitmap offset={bo}: max_extent_size {} below longest run {}", b.max_extent_size, longest * self.unit);
+            assert!(
+                b.max_extent_size == 0 || b.max_extent_size >= longest * self.unit,
+                "bitmap offset={bo}: max_extent_size {} below longest run {}",
+                b.max_extent_size,
+                longest * self.unit
+            );
             self.check_key((bo, EntryKind::Bitmap), b.key, get_max_extent_size_bitmap(b));
             sum += b.bytes;
         }
@@ -770,9 +836,18 @@ impl FreeSpaceCtl {
         let count = (self.extents.len() + self.bitmaps.len()) as u64;
         assert_eq!(count, self.free_extents, "free_extents != number of entries");
         assert_eq!(self.bitmaps.len() as u64, self.total_bitmaps, "total_bitmaps");
-        assert!(self.total_bitmaps <= self.max_bitmaps(), "total_bitmaps {} > max_bitmaps {}", self.total_bitmaps, self.max_bitmaps());
+        assert!(
+            self.total_bitmaps <= self.max_bitmaps(),
+            "total_bitmaps {} > max_bitmaps {}",
+            self.total_bitmaps,
+            self.max_bitmaps()
+        );
         assert_eq!(self.bytes_index.len() as u64, count, "bytes index size");
-        let want_thresh = if self.thresholds_recalculated { self.thresholds_for(self.total_bitmaps) } else { INITIAL_EXTENTS_THRESH };
+        let want_thresh = if self.thresholds_recalculated {
+            self.thresholds_for(self.total_bitmaps)
+        } else {
+            INITIAL_EXTENTS_THRESH
+        };
         assert_eq!(self.extents_thresh, want_thresh, "extents_thresh");
         let mut pinned_sum = 0;
         let mut prev_pin_end: Option<u64> = None;
@@ -814,30 +889,53 @@ impl FreeSpaceCtl {
             return Err(FreeSpaceError::Empty { bg_start: self.start, offset });
         }
         if !self.aligned(offset) || !self.aligned(bytes) {
-            return Err(FreeSpaceError::Unaligned { bg_start: self.start, offset, bytes, unit: self.unit });
+            return Err(FreeSpaceError::Unaligned {
+                bg_start: self.start,
+                offset,
+                bytes,
+                unit: self.unit,
+            });
         }
         match offset.checked_add(bytes) {
             Some(end) if offset >= self.start && end <= self.start + self.length => Ok(end),
-            _ => Err(FreeSpaceError::OutOfRange { bg_start: self.start, bg_length: self.length, offset, bytes }),
+            _ => Err(FreeSpaceError::OutOfRange {
+                bg_start: self.start,
+                bg_length: self.length,
+                offset,
+                bytes,
+            }),
         }
     }
 
     fn check_not_free(&self, offset: u64, end: u64) -> Result<(), FreeSpaceError> {
         // Fast path (every pin and add): the last extent starting before `end`, and the
         // bitmaps' bits. The lowest overlap is only worked out for the error.
-        let extent_overlaps = matches!(self.extents.range(..end).next_back(), Some((&o, e)) if o + e.bytes > offset);
+        let extent_overlaps =
+            matches!(self.extents.range(..end).next_back(), Some((&o, e)) if o + e.bytes > offset);
         if !extent_overlaps && self.first_bitmap_bit_in(offset, end).is_none() {
             return Ok(());
         }
         match self.first_free_in(offset, end) {
             None => Ok(()),
-            Some((free_offset, free_bytes)) => Err(FreeSpaceError::AlreadyFree { bg_start: self.start, offset, bytes: end - offset, free_offset, free_bytes }),
+            Some((free_offset, free_bytes)) => Err(FreeSpaceError::AlreadyFree {
+                bg_start: self.start,
+                offset,
+                bytes: end - offset,
+                free_offset,
+                free_bytes,
+            }),
         }
     }
 
     fn check_not_pinned(&self, offset: u64, end: u64) -> Result<(), FreeSpaceError> {
         match self.pinned.range(..end).next_back() {
-            Some((&s, &e)) if e > offset => Err(FreeSpaceError::Pinned { bg_start: self.start, offset, bytes: end - offset, pinned_offset: s, pinned_bytes: e - s }),
+            Some((&s, &e)) if e > offset => Err(FreeSpaceError::Pinned {
+                bg_start: self.start,
+                offset,
+                bytes: end - offset,
+                pinned_offset: s,
+                pinned_bytes: e - s,
+            }),
             _ => Ok(()),
         }
     }
@@ -970,11 +1068,25 @@ impl FreeSpaceCtl {
         match r.1 {
             EntryKind::Extent => {
                 let e = &self.extents[&r.0];
-                EntryInfo { kind: r.1, offset: r.0, bytes: e.bytes, max_extent_size: 0, bitmap_extents: 0, trim_state: e.trim }
+                EntryInfo {
+                    kind: r.1,
+                    offset: r.0,
+                    bytes: e.bytes,
+                    max_extent_size: 0,
+                    bitmap_extents: 0,
+                    trim_state: e.trim,
+                }
             }
             EntryKind::Bitmap => {
                 let b = &self.bitmaps[&r.0];
-                EntryInfo { kind: r.1, offset: r.0, bytes: b.bytes, max_extent_size: b.max_extent_size, bitmap_extents: b.bitmap_extents, trim_state: b.trim }
+                EntryInfo {
+                    kind: r.1,
+                    offset: r.0,
+                    bytes: b.bytes,
+                    max_extent_size: b.max_extent_size,
+                    bitmap_extents: b.bitmap_extents,
+                    trim_state: b.trim,
+                }
             }
         }
     }
@@ -1027,7 +1139,9 @@ impl FreeSpaceCtl {
     fn link_extent(&mut self, info: Detached) {
         assert!(info.bytes > 0, "link of empty extent entry at offset={}", info.offset);
         let key = self.new_key(info.bytes);
-        let old = self.extents.insert(info.offset, ExtentEntry { bytes: info.bytes, trim: info.trim, key });
+        let old = self
+            .extents
+            .insert(info.offset, ExtentEntry { bytes: info.bytes, trim: info.trim, key });
         assert!(old.is_none(), "two extent entries at offset={}", info.offset);
         self.bytes_index.insert(key, (info.offset, EntryKind::Extent));
         self.free_space += info.bytes;
@@ -1036,7 +1150,10 @@ impl FreeSpaceCtl {
 
     /// `unlink_free_space` for an extent entry.
     fn unlink_extent(&mut self, offset: u64) -> Detached {
-        let e = self.extents.remove(&offset).unwrap_or_else(|| panic!("unlink of missing extent entry at offset={offset}"));
+        let e = self
+            .extents
+            .remove(&offset)
+            .unwrap_or_else(|| panic!("unlink of missing extent entry at offset={offset}"));
         let removed = self.bytes_index.remove(&e.key);
         assert_eq!(removed, Some((offset, EntryKind::Extent)), "bytes index out of step");
         self.free_space -= e.bytes;
@@ -1062,7 +1179,14 @@ impl FreeSpaceCtl {
         let bo = self.offset_to_bitmap(offset);
         let key = self.new_key(0);
         let words = (self.bits_per_bitmap / 64) as usize;
-        let bm = BitmapEntry { bytes: 0, max_extent_size: 0, bitmap_extents: 0, trim: TrimState::Trimmed, key, bits: vec![0u64; words].into_boxed_slice() };
+        let bm = BitmapEntry {
+            bytes: 0,
+            max_extent_size: 0,
+            bitmap_extents: 0,
+            trim: TrimState::Trimmed,
+            key,
+            bits: vec![0u64; words].into_boxed_slice(),
+        };
         let old = self.bitmaps.insert(bo, bm);
         assert!(old.is_none(), "two bitmap entries at offset={bo}");
         self.bytes_index.insert(key, (bo, EntryKind::Bitmap));
@@ -1085,7 +1209,11 @@ impl FreeSpaceCtl {
     }
 
     fn thresholds_for(&self, total_bitmaps: u64) -> u64 {
-        let max_bytes = if self.length < SZ_1G { MAX_CACHE_BYTES_PER_GIG } else { MAX_CACHE_BYTES_PER_GIG * (self.length / SZ_1G) };
+        let max_bytes = if self.length < SZ_1G {
+            MAX_CACHE_BYTES_PER_GIG
+        } else {
+            MAX_CACHE_BYTES_PER_GIG * (self.length / SZ_1G)
+        };
         // The kernel charges each bitmap one unit (sectorsize), not one page: a quirk kept
         // so that thresholds match the kernel's.
         let bitmap_bytes = total_bitmaps * self.unit;
@@ -1095,7 +1223,12 @@ impl FreeSpaceCtl {
 
     /// `recalculate_thresholds`, run when a bitmap is added or freed.
     fn recalculate_thresholds(&mut self) {
-        assert!(self.total_bitmaps <= self.max_bitmaps(), "total_bitmaps {} > max_bitmaps {}", self.total_bitmaps, self.max_bitmaps());
+        assert!(
+            self.total_bitmaps <= self.max_bitmaps(),
+            "total_bitmaps {} > max_bitmaps {}",
+            self.total_bitmaps,
+            self.max_bitmaps()
+        );
         self.extents_thresh = self.thresholds_for(self.total_bitmaps);
         self.thresholds_recalculated = true;
     }
@@ -1167,7 +1300,13 @@ impl FreeSpaceCtl {
     /// `search_bitmap`: the first run at or after `offset` of at least `bytes` (any run
     /// when `for_alloc` and one sector is asked for). On failure the longest run seen is
     /// recorded as `max_extent_size` and returned as the error.
-    fn search_bitmap(&mut self, bo: u64, offset: u64, bytes: u64, for_alloc: bool) -> Result<(u64, u64), u64> {
+    fn search_bitmap(
+        &mut self,
+        bo: u64,
+        offset: u64,
+        bytes: u64,
+        for_alloc: bool,
+    ) -> Result<(u64, u64), u64> {
         let n = self.bits_per_bitmap as usize;
         let unit = self.unit;
         let bm = &self.bitmaps[&bo];
@@ -1407,14 +1546,20 @@ impl FreeSpaceCtl {
                 return;
             }
             let bo = self.offset_to_bitmap(offset);
-            assert!(self.bitmaps.contains_key(&bo), "remove_free_space: no entry holds offset={offset} of a free range");
+            assert!(
+                self.bitmaps.contains_key(&bo),
+                "remove_free_space: no entry holds offset={offset} of a free range"
+            );
             if self.remove_from_bitmap(bo, &mut offset, &mut bytes) {
                 return;
             }
             // The kernel's -EAGAIN: the rest starts in an extent entry or another bitmap.
             self.remove_restarts += 1;
             passes_without_progress = if bytes == before { passes_without_progress + 1 } else { 0 };
-            assert!(passes_without_progress < 2, "remove_free_space: no progress at offset={offset}");
+            assert!(
+                passes_without_progress < 2,
+                "remove_free_space: no progress at offset={offset}"
+            );
         }
     }
 
@@ -1426,7 +1571,9 @@ impl FreeSpaceCtl {
             let found = self.search_bitmap(bo, *offset, self.unit, false);
             let (start, run) = match found {
                 Ok((start, run)) if start == *offset => (start, run),
-                other => panic!("remove_from_bitmap: offset={offset} not free in bitmap {bo}: {other:?}"),
+                other => {
+                    panic!("remove_from_bitmap: offset={offset} not free in bitmap {bo}: {other:?}")
+                }
             };
             let n = min(min(run, *bytes), span_end - start);
             self.bitmap_clear_bits(bo, start, n);
@@ -1438,7 +1585,9 @@ impl FreeSpaceCtl {
                 return true;
             };
             let Some(next) = next else {
-                panic!("remove_from_bitmap: {bytes} bytes left at offset={offset} and no next entry");
+                panic!(
+                    "remove_from_bitmap: {bytes} bytes left at offset={offset} and no next entry"
+                );
             };
             if next.1 == EntryKind::Extent {
                 return false;
@@ -1454,7 +1603,13 @@ impl FreeSpaceCtl {
 
     /// `find_free_space`: the entry and start of a run of at least `bytes`, aligned to
     /// `full_stripe_len`; `max_extent_size` collects the largest usable run seen.
-    fn find_free_space(&mut self, offset: u64, bytes: u64, use_bytes_index: bool, max_extent_size: &mut u64) -> Option<(Ref, u64)> {
+    fn find_free_space(
+        &mut self,
+        offset: u64,
+        bytes: u64,
+        use_bytes_index: bool,
+        max_extent_size: &mut u64,
+    ) -> Option<(Ref, u64)> {
         if self.extents.is_empty() && self.bitmaps.is_empty() {
             return None;
         }
@@ -1501,7 +1656,8 @@ impl FreeSpaceCtl {
                     match self.search_bitmap(entry.0, tmp, bytes, true) {
                         Ok((start, _)) => return Some((entry, start)),
                         Err(_) => {
-                            *max_extent_size = max(*max_extent_size, self.ref_max_extent_size(entry));
+                            *max_extent_size =
+                                max(*max_extent_size, self.ref_max_extent_size(entry));
                         }
                     }
                     if use_bytes_index {
@@ -1525,7 +1681,13 @@ impl FreeSpaceCtl {
         self.bytes_index.range((Excluded(k), Unbounded)).next().map(|(_, &r)| r)
     }
 
-    fn advance(&self, use_bytes_index: bool, entry: Ref, key: &mut Option<IndexKey>, r: &mut Option<Ref>) {
+    fn advance(
+        &self,
+        use_bytes_index: bool,
+        entry: Ref,
+        key: &mut Option<IndexKey>,
+        r: &mut Option<Ref>,
+    ) {
         if use_bytes_index {
             let k = key.expect("bytes-index walk has a cursor");
             *key = self.bytes_index.range((Excluded(k), Unbounded)).next().map(|(&k, _)| k);
@@ -1761,12 +1923,30 @@ mod tests {
 
     #[test]
     fn geometry_errors() {
-        assert!(matches!(FreeSpaceCtl::new(0, 1 << 30, 3000, 32768), Err(FreeSpaceError::Geometry { .. })));
-        assert!(matches!(FreeSpaceCtl::new(0, 1 << 30, 4096, 100), Err(FreeSpaceError::Geometry { .. })));
-        assert!(matches!(FreeSpaceCtl::new(0, 0, 4096, 32768), Err(FreeSpaceError::Geometry { .. })));
-        assert!(matches!(FreeSpaceCtl::new(100, 1 << 30, 4096, 32768), Err(FreeSpaceError::Geometry { .. })));
-        assert!(matches!(FreeSpaceCtl::new(u64::MAX - 4095, 8192, 4096, 32768), Err(FreeSpaceError::Geometry { .. })));
-        assert!(matches!(FreeSpaceCtl::new(0, 1 << 50, 4096, 64), Err(FreeSpaceError::Geometry { .. })));
+        assert!(matches!(
+            FreeSpaceCtl::new(0, 1 << 30, 3000, 32768),
+            Err(FreeSpaceError::Geometry { .. })
+        ));
+        assert!(matches!(
+            FreeSpaceCtl::new(0, 1 << 30, 4096, 100),
+            Err(FreeSpaceError::Geometry { .. })
+        ));
+        assert!(matches!(
+            FreeSpaceCtl::new(0, 0, 4096, 32768),
+            Err(FreeSpaceError::Geometry { .. })
+        ));
+        assert!(matches!(
+            FreeSpaceCtl::new(100, 1 << 30, 4096, 32768),
+            Err(FreeSpaceError::Geometry { .. })
+        ));
+        assert!(matches!(
+            FreeSpaceCtl::new(u64::MAX - 4095, 8192, 4096, 32768),
+            Err(FreeSpaceError::Geometry { .. })
+        ));
+        assert!(matches!(
+            FreeSpaceCtl::new(0, 1 << 50, 4096, 64),
+            Err(FreeSpaceError::Geometry { .. })
+        ));
         assert!(FreeSpaceCtl::new(0, MAX_BITMAP_SLOTS * 256 * 4096, 4096, 256).is_ok());
     }
 
@@ -1853,7 +2033,11 @@ mod tests {
             assert_eq!(a.max_bitmaps(), 2);
             assert_eq!(b.max_bitmaps(), 2);
             for t in 0..=2 {
-                assert_eq!(a.thresholds_for(t), b.thresholds_for(t), "bits={bits} total_bitmaps={t}");
+                assert_eq!(
+                    a.thresholds_for(t),
+                    b.thresholds_for(t),
+                    "bits={bits} total_bitmaps={t}"
+                );
             }
             for bytes in [S, 8 * S, 9 * S, M] {
                 assert_eq!(a.use_bitmap(bytes), b.use_bitmap(bytes));
@@ -1866,7 +2050,11 @@ mod tests {
     }
 
     impl FreeSpaceCtl {
-        fn test_add_entry_checked(&mut self, offset: u64, bytes: u64) -> Result<(), FreeSpaceError> {
+        fn test_add_entry_checked(
+            &mut self,
+            offset: u64,
+            bytes: u64,
+        ) -> Result<(), FreeSpaceError> {
             self.check_range(offset, bytes).map(|_| ())
         }
     }
@@ -1883,7 +2071,14 @@ mod tests {
                 let k = rng.below(slots);
                 let o = start + k * span;
                 if rng.below(2) == 0 {
-                    let e = BitmapEntry { bytes: 0, max_extent_size: 0, bitmap_extents: 0, trim: TrimState::Trimmed, key: IndexKey { size: Reverse(0), seq: 0 }, bits: Box::new([]) };
+                    let e = BitmapEntry {
+                        bytes: 0,
+                        max_extent_size: 0,
+                        bitmap_extents: 0,
+                        trim: TrimState::Trimmed,
+                        key: IndexKey { size: Reverse(0), seq: 0 },
+                        bits: Box::new([]),
+                    };
                     assert_eq!(b.insert(o, e).is_some(), !set.insert(o));
                 } else {
                     assert_eq!(b.remove(&o).is_some(), set.remove(&o));
@@ -1898,13 +2093,20 @@ mod tests {
                     };
                     let ctx = format!("slots={slots} round={round} x={x}");
                     assert_eq!(b.first_ge(x), set.range(x..).next().copied(), "{ctx}");
-                    assert_eq!(b.first_gt(x), set.range((Excluded(x), Unbounded)).next().copied(), "{ctx}");
+                    assert_eq!(
+                        b.first_gt(x),
+                        set.range((Excluded(x), Unbounded)).next().copied(),
+                        "{ctx}"
+                    );
                     assert_eq!(b.last_le(x), set.range(..=x).next_back().copied(), "{ctx}");
                     assert_eq!(b.last_lt(x), set.range(..x).next_back().copied(), "{ctx}");
                     assert_eq!(b.contains_key(&x), set.contains(&x), "{ctx}");
                 }
                 assert_eq!(b.first(), set.first().copied());
-                assert_eq!(b.iter().map(|(o, _)| o).collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>());
+                assert_eq!(
+                    b.iter().map(|(o, _)| o).collect::<Vec<_>>(),
+                    set.iter().copied().collect::<Vec<_>>()
+                );
             }
         }
     }
@@ -1956,7 +2158,11 @@ mod tests {
         c.test_add_entry(4 * M, M, true);
         c.test_add_entry(0, M, false);
         let kinds: Vec<_> = c.entries().iter().map(|e| (e.offset, e.kind)).collect();
-        assert_eq!(kinds, vec![(0, EntryKind::Extent), (0, EntryKind::Bitmap)], "extent sorts first");
+        assert_eq!(
+            kinds,
+            vec![(0, EntryKind::Extent), (0, EntryKind::Bitmap)],
+            "extent sorts first"
+        );
         c.remove_free_space(0, M).unwrap();
         assert!(!c.any_free(0, M), "left remnants after our remove");
         c.test_add_entry(0, M, false);
@@ -2077,7 +2283,11 @@ mod tests {
             c.add_free_space(off, (i + 1) * M).unwrap();
             off += (i + 1) * M + S;
         }
-        let sizes: Vec<u64> = c.bytes_index_order().iter().map(|&(o, _)| c.entries().iter().find(|e| e.offset == o).unwrap().bytes).collect();
+        let sizes: Vec<u64> = c
+            .bytes_index_order()
+            .iter()
+            .map(|&(o, _)| c.entries().iter().find(|e| e.offset == o).unwrap().bytes)
+            .collect();
         assert_eq!(sizes, (1..=10).rev().map(|i| i * M).collect::<Vec<_>>());
         c.remove_free_space_cache();
         c.test_add_entry(0, M, true);
@@ -2230,7 +2440,11 @@ mod tests {
         }
         for w in &patterns {
             for i in 0..n {
-                assert_eq!(find_last_clear_bit_upto(w, i), linear_last_clear(w, i), "i={i} words={w:x?}");
+                assert_eq!(
+                    find_last_clear_bit_upto(w, i),
+                    linear_last_clear(w, i),
+                    "i={i} words={w:x?}"
+                );
             }
         }
     }
@@ -2367,7 +2581,11 @@ mod tests {
         let free_before = c.free_space();
         c.add_free_space(offset, len * S).unwrap();
         let e = c.entries().into_iter().find(|e| e.kind == EntryKind::Extent).unwrap();
-        assert_eq!((e.offset, e.offset + e.bytes), (want_start, want_end), "bits={bits} start={start} at={at}");
+        assert_eq!(
+            (e.offset, e.offset + e.bytes),
+            (want_start, want_end),
+            "bits={bits} start={start} at={at}"
+        );
         assert_eq!(c.free_space(), free_before + len * S);
         c.check_invariants();
         ((offset - e.offset) / S, (e.offset + e.bytes - end) / S)
@@ -2393,7 +2611,10 @@ mod tests {
                 // Bit i clear: nothing to steal.
                 assert_eq!(steal_case(bits, start, &[(0, 4999)], 5000, 1), (0, 0));
                 // A long run over many words, stopping at one clear bit.
-                assert_eq!(steal_case(bits, start, &[(0, 99), (100, n - 10)], n - 10, 2), (n - 110, 0));
+                assert_eq!(
+                    steal_case(bits, start, &[(0, 99), (100, n - 10)], n - 10, 2),
+                    (n - 110, 0)
+                );
                 // On a boundary: the previous bitmap, scanned from its last bit.
                 assert_eq!(steal_case(bits, start, &[(n - 100, n)], n, 1), (100, 0));
                 assert_eq!(steal_case(bits, start, &[(5, 7), (n - 1, n)], n, 1), (1, 0));
@@ -2481,19 +2702,52 @@ mod tests {
         let before = (c.entries(), c.free_ranges());
         // EEXIST in an extent, at the exact same offset, and in a bitmap.
         let e = c.add_free_space(g + M, S).unwrap_err();
-        assert_eq!(e, FreeSpaceError::AlreadyFree { bg_start: g, offset: g + M, bytes: S, free_offset: g + M, free_bytes: S });
+        assert_eq!(
+            e,
+            FreeSpaceError::AlreadyFree {
+                bg_start: g,
+                offset: g + M,
+                bytes: S,
+                free_offset: g + M,
+                free_bytes: S
+            }
+        );
         assert!(matches!(c.add_free_space(g, S), Err(FreeSpaceError::AlreadyFree { .. })));
         let e = c.add_free_space(g + 7 * M, 2 * M).unwrap_err();
-        assert_eq!(e, FreeSpaceError::AlreadyFree { bg_start: g, offset: g + 7 * M, bytes: 2 * M, free_offset: g + 8 * M, free_bytes: M });
+        assert_eq!(
+            e,
+            FreeSpaceError::AlreadyFree {
+                bg_start: g,
+                offset: g + 7 * M,
+                bytes: 2 * M,
+                free_offset: g + 8 * M,
+                free_bytes: M
+            }
+        );
         // Removing space that is not free names the hole.
         let e = c.remove_free_space(g + 3 * M, 2 * M).unwrap_err();
-        assert_eq!(e, FreeSpaceError::NotFree { bg_start: g, offset: g + 3 * M, bytes: 2 * M, hole_offset: g + 4 * M, hole_bytes: M });
+        assert_eq!(
+            e,
+            FreeSpaceError::NotFree {
+                bg_start: g,
+                offset: g + 3 * M,
+                bytes: 2 * M,
+                hole_offset: g + 4 * M,
+                hole_bytes: M
+            }
+        );
         assert_eq!(e.to_string(), "block group 1073741824: range offset=1076887552 bytes=2097152 is not free at offset=1077936128 bytes=1048576");
-        assert!(matches!(c.remove_free_space(g + 8 * M, 2 * M), Err(FreeSpaceError::NotFree { .. })));
+        assert!(matches!(
+            c.remove_free_space(g + 8 * M, 2 * M),
+            Err(FreeSpaceError::NotFree { .. })
+        ));
         // Outside the group, unaligned, empty, overflowing.
         assert!(matches!(c.add_free_space(g - S, S), Err(FreeSpaceError::OutOfRange { .. })));
         assert!(matches!(c.add_free_space(g + 256 * M, S), Err(FreeSpaceError::OutOfRange { .. })));
-        assert!(matches!(c.add_free_space(u64::MAX - S + 1, S), Err(FreeSpaceError::OutOfRange { .. })));
+        assert!(matches!(
+            c.add_free_space(u64::MAX - S + 1, S),
+            Err(FreeSpaceError::OutOfRange { .. })
+        ));
         assert!(matches!(c.add_free_space(g + 100, S), Err(FreeSpaceError::Unaligned { .. })));
         assert!(matches!(c.remove_free_space(g, 100), Err(FreeSpaceError::Unaligned { .. })));
         assert!(matches!(c.add_free_space(g + 20 * M, 0), Err(FreeSpaceError::Empty { .. })));
@@ -2556,7 +2810,10 @@ mod tests {
         c.test_add_entry(3 * b + M, S, true);
         c.test_add_entry(b / 2 + M, 2 * b, false);
         c.remove_free_space(2 * b + M, M).unwrap();
-        assert_eq!(c.free_ranges(), vec![(b / 2, S), (b / 2 + M, 3 * b / 2), (2 * b + 2 * M, b / 2 - M), (3 * b + M, S)]);
+        assert_eq!(
+            c.free_ranges(),
+            vec![(b / 2, S), (b / 2 + M, 3 * b / 2), (2 * b + 2 * M, b / 2 - M), (3 * b + M, S)]
+        );
     }
 
     #[test]
@@ -2688,7 +2945,12 @@ mod tests {
 
     fn op_strategy(total: u64, span_sectors: u64) -> impl Strategy<Value = Op> {
         let total_c = total;
-        let sector = prop_oneof![0..64u64, (span_sectors.saturating_sub(64))..(span_sectors + 64).min(total_c), total_c.saturating_sub(64)..total_c, 0..total_c,];
+        let sector = prop_oneof![
+            0..64u64,
+            (span_sectors.saturating_sub(64))..(span_sectors + 64).min(total_c),
+            total_c.saturating_sub(64)..total_c,
+            0..total_c,
+        ];
         let len = prop_oneof![4 => 1..8u64, 3 => 1..80u64, 1 => 250..300u64, 1 => 1..total_c + 8];
         prop_oneof![
             6 => (sector.clone(), len.clone()).prop_map(|(s, l)| Op::Add(s, l)),
@@ -2712,7 +2974,11 @@ mod tests {
         for op in ops {
             match *op {
                 Op::Add(s, l) | Op::AddTrimmed(s, l) => {
-                    let trim = if matches!(op, Op::Add(..)) { TrimState::Untrimmed } else { TrimState::Trimmed };
+                    let trim = if matches!(op, Op::Add(..)) {
+                        TrimState::Untrimmed
+                    } else {
+                        TrimState::Trimmed
+                    };
                     let r = c.add_free_space_with_trim(start + s * S, l * S, trim);
                     let ok = valid(s, l) && !free.overlaps(s, s + l) && !pinned.overlaps(s, s + l);
                     prop_assert_eq!(r.is_ok(), ok, "{:?} -> {:?}", op, r);
@@ -2734,7 +3000,12 @@ mod tests {
                         Alloc::Found { start: got, .. } => {
                             prop_assert_eq!(got % S, 0);
                             let s = (got - start) / S;
-                            prop_assert!(free.contains(s, s + len), "{:?} returned unfree {}", op, got);
+                            prop_assert!(
+                                free.contains(s, s + len),
+                                "{:?} returned unfree {}",
+                                op,
+                                got
+                            );
                             free.remove(s, s + len);
                         }
                         Alloc::NoSpace { .. } => {
@@ -2743,11 +3014,22 @@ mod tests {
                                 // run of len + empty sectors.
                                 let want = (len + empty) * S;
                                 for e in c.extents.values() {
-                                    prop_assert!(e.bytes < want, "{:?} failed with an extent of {}", op, e.bytes);
+                                    prop_assert!(
+                                        e.bytes < want,
+                                        "{:?} failed with an extent of {}",
+                                        op,
+                                        e.bytes
+                                    );
                                 }
                                 for (bo, b) in c.bitmaps.iter() {
                                     let (_, longest) = bitmap_runs(&b.bits, bits as usize);
-                                    prop_assert!(longest * S < want, "{:?} failed with bitmap {} run {}", op, bo, longest);
+                                    prop_assert!(
+                                        longest * S < want,
+                                        "{:?} failed with bitmap {} run {}",
+                                        op,
+                                        bo,
+                                        longest
+                                    );
                                 }
                             }
                         }
@@ -2768,7 +3050,15 @@ mod tests {
                     }
                     pinned = Intervals::default();
                 }
-                Op::Policy(p) => c.set_policy([BitmapPolicy::Default, BitmapPolicy::Fragment, BitmapPolicy::WhenFreeExtents, BitmapPolicy::Always, BitmapPolicy::Never][p as usize]),
+                Op::Policy(p) => c.set_policy(
+                    [
+                        BitmapPolicy::Default,
+                        BitmapPolicy::Fragment,
+                        BitmapPolicy::WhenFreeExtents,
+                        BitmapPolicy::Always,
+                        BitmapPolicy::Never,
+                    ][p as usize],
+                ),
             }
             prop_assert_eq!(c.free_ranges(), free.ranges(start, S), "after {:?}", op);
             prop_assert_eq!(c.pinned_ranges(), pinned.ranges(start, S));

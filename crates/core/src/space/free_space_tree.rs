@@ -41,7 +41,10 @@ struct Group {
 }
 
 fn group_of(w: &mut FsWriter, bytenr: u64) -> Result<Group> {
-    let g = w.alloc.group(bytenr).ok_or_else(|| corrupt(format!("no block group contains {bytenr}")))?;
+    let g = w
+        .alloc
+        .group(bytenr)
+        .ok_or_else(|| corrupt(format!("no block group contains {bytenr}")))?;
     let (start, len, cached) = (g.start, g.length, g.is_cached());
     if !cached {
         crate::space::allocator::cache_block_group(w, start)?;
@@ -53,7 +56,10 @@ fn group_of(w: &mut FsWriter, bytenr: u64) -> Result<Group> {
 fn exact_group(w: &mut FsWriter, start: u64, len: u64) -> Result<Group> {
     let g = group_of(w, start)?;
     if g.start != start || g.len != len {
-        return Err(crate::error::Error::posix(crate::error::PosixKind::Invalid, format!("block group {start} +{len} (the group there is {} +{})", g.start, g.len)));
+        return Err(crate::error::Error::posix(
+            crate::error::PosixKind::Invalid,
+            format!("block group {start} +{len} (the group there is {} +{})", g.start, g.len),
+        ));
     }
     Ok(g)
 }
@@ -63,16 +69,19 @@ fn read_info(w: &mut FsWriter, g: &Group) -> Result<(u32, u32)> {
     let key = Key::new(g.start, FREE_SPACE_INFO_KEY, g.len);
     let root = w.root(FST)?;
     match w.first_item_ge(&root, &key)? {
-        Some((k, d)) if k == key => {
-            Ok((u32::from_le_bytes(d[0..4].try_into().expect("size checked by the tree checker")), u32::from_le_bytes(d[4..8].try_into().expect("size checked by the tree checker"))))
-        }
+        Some((k, d)) if k == key => Ok((
+            u32::from_le_bytes(d[0..4].try_into().expect("size checked by the tree checker")),
+            u32::from_le_bytes(d[4..8].try_into().expect("size checked by the tree checker")),
+        )),
         _ => Err(corrupt(format!("free space info for block group {} missing", g.start))),
     }
 }
 
 fn write_info(w: &mut FsWriter, g: &Group, count: u32, flags: u32) -> Result<()> {
     let key = Key::new(g.start, FREE_SPACE_INFO_KEY, g.len);
-    let (leaf, slot) = w.lookup_for_update(FST, &key, 0)?.ok_or_else(|| corrupt(format!("free space info for block group {} missing", g.start)))?;
+    let (leaf, slot) = w
+        .lookup_for_update(FST, &key, 0)?
+        .ok_or_else(|| corrupt(format!("free space info for block group {} missing", g.start)))?;
     let d = w.item_data_mut(leaf, slot);
     d[0..4].copy_from_slice(&count.to_le_bytes());
     d[4..8].copy_from_slice(&flags.to_le_bytes());
@@ -202,8 +211,20 @@ fn remove_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i6
     let end = start + len;
     let found = w.last_item_le(FST, &Key::new(start, FREE_SPACE_EXTENT_KEY, u64::MAX))?;
     let (a, l) = match found {
-        Some((k, _)) if k.type_ == FREE_SPACE_EXTENT_KEY && k.objectid >= g.start && k.objectid <= start && k.objectid + k.offset >= end => (k.objectid, k.offset),
-        other => return Err(corrupt(format!("removing [{start}, {end}) which is not free in the free space tree (found {:?})", other.map(|(k, _)| k)))),
+        Some((k, _))
+            if k.type_ == FREE_SPACE_EXTENT_KEY
+                && k.objectid >= g.start
+                && k.objectid <= start
+                && k.objectid + k.offset >= end =>
+        {
+            (k.objectid, k.offset)
+        }
+        other => {
+            return Err(corrupt(format!(
+                "removing [{start}, {end}) which is not free in the free space tree (found {:?})",
+                other.map(|(k, _)| k)
+            )))
+        }
     };
     w.delete_item(FST, &Key::new(a, FREE_SPACE_EXTENT_KEY, l))?;
     let mut delta = -1;
@@ -224,11 +245,15 @@ fn add_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> 
     let mut new_end = end;
     let mut delta = 1;
     if start > g.start {
-        if let Some((k, _)) = w.last_item_le(FST, &Key::new(start - 1, FREE_SPACE_EXTENT_KEY, u64::MAX))? {
+        if let Some((k, _)) =
+            w.last_item_le(FST, &Key::new(start - 1, FREE_SPACE_EXTENT_KEY, u64::MAX))?
+        {
             if k.type_ == FREE_SPACE_EXTENT_KEY && k.objectid >= g.start {
                 let kend = k.objectid + k.offset;
                 if kend > start {
-                    return Err(corrupt(format!("adding [{start}, {end}) overlaps free extent {k}")));
+                    return Err(corrupt(format!(
+                        "adding [{start}, {end}) overlaps free extent {k}"
+                    )));
                 }
                 if kend == start {
                     w.delete_item(FST, &k)?;
@@ -287,7 +312,9 @@ fn modify_bitmaps(w: &mut FsWriter, g: &Group, start: u64, len: u64, free: bool)
     let mut pos = start;
     while pos < end {
         let key = bitmap_key(w, g, pos);
-        let (leaf, slot) = w.lookup_for_update(FST, &key, 0)?.ok_or_else(|| corrupt(format!("free space bitmap {key} missing")))?;
+        let (leaf, slot) = w
+            .lookup_for_update(FST, &key, 0)?
+            .ok_or_else(|| corrupt(format!("free space bitmap {key} missing")))?;
         let item_end = key.objectid + key.offset;
         let stop = end.min(item_end);
         let d = w.item_data_mut(leaf, slot);
@@ -296,7 +323,10 @@ fn modify_bitmaps(w: &mut FsWriter, g: &Group, start: u64, len: u64, free: bool)
             let bit = ((p - key.objectid) / ss) as usize;
             let was = d[bit / 8] & (1 << (bit % 8)) != 0;
             if was == free {
-                return Err(corrupt(format!("free space bitmap bit for {p} already {}", if free { "free" } else { "allocated" })));
+                return Err(corrupt(format!(
+                    "free space bitmap bit for {p} already {}",
+                    if free { "free" } else { "allocated" }
+                )));
             }
             d[bit / 8] ^= 1 << (bit % 8);
             p += ss;
@@ -314,7 +344,10 @@ fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
     let (count, flags) = read_info(w, g)?;
     let new = i64::from(count) + delta;
     if new < 0 {
-        return Err(corrupt(format!("free space extent count of block group {} would become {new}", g.start)));
+        return Err(corrupt(format!(
+            "free space extent count of block group {} would become {new}",
+            g.start
+        )));
     }
     let new = new as u32;
     write_info(w, g, new, flags)?;
@@ -333,7 +366,11 @@ fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
 /// # Errors
 /// Read failures.
 pub fn free_runs(w: &mut FsWriter, start: u64, len: u64) -> Result<Vec<(u64, u64)>> {
-    let items = w.items_in_range(FST, &Key::new(start, FREE_SPACE_INFO_KEY + 1, 0), &Key::new(start + len - 1, u8::MAX, u64::MAX))?;
+    let items = w.items_in_range(
+        FST,
+        &Key::new(start, FREE_SPACE_INFO_KEY + 1, 0),
+        &Key::new(start + len - 1, u8::MAX, u64::MAX),
+    )?;
     let ss = u64::from(w.sectorsize());
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for (k, d) in items {
@@ -373,16 +410,26 @@ pub fn free_runs(w: &mut FsWriter, start: u64, len: u64) -> Result<Vec<(u64, u64
 fn counted_info(w: &mut FsWriter, g: &Group, runs: usize) -> Result<(u32, u32)> {
     let (count, flags) = read_info(w, g)?;
     if count as usize != runs {
-        return Err(Corrupt::new(CorruptWhere::Item, format!("incorrect extent count for block group {}; counted {runs}, expected {count}", g.start))
-            .root(FST)
-            .key(Key::new(g.start, FREE_SPACE_INFO_KEY, g.len))
-            .into());
+        return Err(Corrupt::new(
+            CorruptWhere::Item,
+            format!(
+                "incorrect extent count for block group {}; counted {runs}, expected {count}",
+                g.start
+            ),
+        )
+        .root(FST)
+        .key(Key::new(g.start, FREE_SPACE_INFO_KEY, g.len))
+        .into());
     }
     Ok((count, flags))
 }
 
 fn delete_group_items(w: &mut FsWriter, g: &Group, ty: u8) -> Result<()> {
-    let items = w.items_in_range(FST, &Key::new(g.start, ty, 0), &Key::new(g.start + g.len - 1, ty, u64::MAX))?;
+    let items = w.items_in_range(
+        FST,
+        &Key::new(g.start, ty, 0),
+        &Key::new(g.start + g.len - 1, ty, u64::MAX),
+    )?;
     for (k, _) in items {
         if k.type_ == ty {
             w.delete_item(FST, &k)?;

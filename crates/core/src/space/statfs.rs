@@ -49,7 +49,12 @@ const DEVICE_SKIP: u64 = 1 << 20;
 /// `profile` could take from the devices' unallocated space (`avail`, per device).
 pub fn calc_avail_data_space(mut avail: Vec<u64>, profile: u64) -> u64 {
     let Some(ra) = raid_attr(profile) else { return 0 };
-    avail = avail.into_iter().map(|a| a - a % STRIPE_LEN).filter(|&a| a > DEVICE_SKIP).map(|a| a - DEVICE_SKIP).collect();
+    avail = avail
+        .into_iter()
+        .map(|a| a - a % STRIPE_LEN)
+        .filter(|&a| a > DEVICE_SKIP)
+        .map(|a| a - DEVICE_SKIP)
+        .collect();
     let n = avail.len();
     let mut num_stripes = if profile & BLOCK_GROUP_RAID0 != 0 {
         n
@@ -91,7 +96,8 @@ const META_EXHAUSTED_THRESH: u64 = 4 << 20;
 /// and the free metadata space (raw) is under the threshold, or under it plus the
 /// global reserve.
 fn metadata_exhausted(meta_chunk_room: u64, free_meta: u64, reserve: u64) -> bool {
-    meta_chunk_room == 0 && (free_meta < META_EXHAUSTED_THRESH || free_meta - META_EXHAUSTED_THRESH < reserve)
+    meta_chunk_room == 0
+        && (free_meta < META_EXHAUSTED_THRESH || free_meta - META_EXHAUSTED_THRESH < reserve)
 }
 
 impl FsWriter {
@@ -100,31 +106,53 @@ impl FsWriter {
         let bits = self.sectorsize().trailing_zeros();
         let (mut total_used, mut free_data, mut free_meta, mut factor) = (0u64, 0u64, 0u64, 1u64);
         for g in self.alloc.groups.values() {
-            let copies = raid_attr(g.flags & BLOCK_GROUP_PROFILE_MASK).map_or(1, |a| a.ncopies as u64);
+            let copies =
+                raid_attr(g.flags & BLOCK_GROUP_PROFILE_MASK).map_or(1, |a| a.ncopies as u64);
             let taken = g.taken();
             total_used = total_used.saturating_add(taken.saturating_mul(copies));
             if g.flags & BLOCK_GROUP_DATA != 0 {
-                free_data = free_data.saturating_add(g.length.saturating_sub(taken).saturating_mul(copies));
+                free_data =
+                    free_data.saturating_add(g.length.saturating_sub(taken).saturating_mul(copies));
                 factor = copies;
             }
             if g.flags & BLOCK_GROUP_METADATA != 0 {
-                free_meta = free_meta.saturating_add(g.length.saturating_sub(taken).saturating_mul(copies));
+                free_meta =
+                    free_meta.saturating_add(g.length.saturating_sub(taken).saturating_mul(copies));
             }
         }
         let sb = &self.sb;
         let blocks = (sb.total_bytes.get() / factor) >> bits;
         let rsv = crate::space::allocator::metadata_reserve(self) >> bits;
         let bfree = blocks.saturating_sub((total_used / factor) >> bits).saturating_sub(rsv);
-        let unallocated: Vec<u64> = self.alloc.dev_items.values().map(|d| d.total_bytes.get().saturating_sub(d.bytes_used.get())).collect();
+        let unallocated: Vec<u64> = self
+            .alloc
+            .dev_items
+            .values()
+            .map(|d| d.total_bytes.get().saturating_sub(d.bytes_used.get()))
+            .collect();
         let data_profile = crate::space::chunk_alloc::alloc_profile(self, BLOCK_GROUP_DATA);
-        let mut bavail = (free_data / factor + calc_avail_data_space(unallocated.clone(), data_profile) / factor) >> bits;
+        let mut bavail = (free_data / factor
+            + calc_avail_data_space(unallocated.clone(), data_profile) / factor)
+            >> bits;
         if !self.alloc.mixed {
             let meta_profile = crate::space::chunk_alloc::alloc_profile(self, BLOCK_GROUP_METADATA);
-            if metadata_exhausted(calc_avail_data_space(unallocated, meta_profile), free_meta, rsv << bits) {
+            if metadata_exhausted(
+                calc_avail_data_space(unallocated, meta_profile),
+                free_meta,
+                rsv << bits,
+            ) {
                 bavail = 0;
             }
         }
-        StatFs { blocks, bfree, bavail, files: 0, ffree: 0, bsize: self.sectorsize(), namelen: NAME_LEN as u32 }
+        StatFs {
+            blocks,
+            bfree,
+            bavail,
+            files: 0,
+            ffree: 0,
+            bsize: self.sectorsize(),
+            namelen: NAME_LEN as u32,
+        }
     }
 }
 

@@ -86,18 +86,38 @@ pub fn fitrim(engine: &Engine, range: FstrimRange) -> Result<FstrimRange> {
     let sectorsize = u64::from(info.sectorsize);
     let what = "FITRIM";
     let granularity = info.devices.by_id.values().filter_map(|d| d.dev.discard_granularity()).min();
-    let granularity = granularity.ok_or_else(|| Error::posix_detail(PosixKind::NotSupported, what, "no device of the filesystem takes discards"))?;
+    let granularity = granularity.ok_or_else(|| {
+        Error::posix_detail(
+            PosixKind::NotSupported,
+            what,
+            "no device of the filesystem takes discards",
+        )
+    })?;
     if range.len < sectorsize {
-        return Err(Error::posix_detail(PosixKind::Invalid, what, format!("length {} is below the sector size {sectorsize}", range.len)));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            what,
+            format!("length {} is below the sector size {sectorsize}", range.len),
+        ));
     }
     let minlen = range.minlen.max(granularity);
     if range.start == u64::MAX {
-        return Err(Error::posix_detail(PosixKind::Invalid, what, "start is the last byte of the address space"));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            what,
+            "start is the last byte of the address space",
+        ));
     }
     // A length of U64_MAX means "to the end", whatever the start.
     let range_end = match range.len {
         u64::MAX => u64::MAX,
-        len => range.start.checked_add(len).ok_or_else(|| Error::posix_detail(PosixKind::Invalid, what, format!("start {} + length {len} overflows", range.start)))?,
+        len => range.start.checked_add(len).ok_or_else(|| {
+            Error::posix_detail(
+                PosixKind::Invalid,
+                what,
+                format!("start {} + length {len} overflows", range.start),
+            )
+        })?,
     };
     let out = |len| FstrimRange { start: range.start, len, minlen };
     let groups = engine.write(|w| {
@@ -108,7 +128,9 @@ pub fn fitrim(engine: &Engine, range: FstrimRange) -> Result<FstrimRange> {
         // From the group holding `start` (`btrfs_lookup_first_block_group`) to the
         // last one starting before the end.
         let first = w.alloc.group(range.start).map_or(range.start, |g| g.start);
-        Ok(Some(w.alloc.groups.range(first..range_end).map(|(&s, g)| (s, g.length)).collect::<Vec<_>>()))
+        Ok(Some(
+            w.alloc.groups.range(first..range_end).map(|(&s, g)| (s, g.length)).collect::<Vec<_>>(),
+        ))
     })?;
     let Some(groups) = groups else {
         // Opened read-only: the kernel's `ro` mount discards nothing and says so.
@@ -206,7 +228,11 @@ fn trim_block_group(w: &mut FsWriter, bg_start: u64, start: u64, end: u64, minle
         // The allocator cannot run while the lock is held: the run is still free,
         // to the whole sectors around it (the range may cut runs off-sector).
         debug_assert!(
-            w.alloc.group(bg_start).and_then(|g| g.ctl()).is_some_and(|c| c.is_free(s / unit * unit, (s + l).next_multiple_of(unit) - s / unit * unit)),
+            w.alloc
+                .group(bg_start)
+                .and_then(|g| g.ctl())
+                .is_some_and(|c| c
+                    .is_free(s / unit * unit, (s + l).next_multiple_of(unit) - s / unit * unit)),
             "trimming {s} +{l}, which is not free in block group {bg_start}"
         );
         match discard_logical(w, s, l) {
@@ -233,7 +259,12 @@ fn dev_stripe_len(c: &MapLookup) -> u64 {
 fn discard_logical(w: &FsWriter, logical: u64, len: u64) -> Result<u64> {
     let c = w.info.chunk_map.lookup(logical)?;
     let end = logical + len;
-    assert!(end <= c.logical + c.length, "discard {logical} +{len} crosses the end of chunk {} +{}", c.logical, c.length);
+    assert!(
+        end <= c.logical + c.length,
+        "discard {logical} +{len} crosses the end of chunk {} +{}",
+        c.logical,
+        c.length
+    );
     let mut pieces: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
     for mirror in 0..c.num_copies() {
         let mut cur = logical;
@@ -321,9 +352,15 @@ fn allocated_on(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
         let len = dev_stripe_len(&c);
         used.extend(c.stripes.iter().filter(|s| s.0 == devid).map(|s| (s.1, len)));
     }
-    for (k, d) in w.items_in_range(DEV_TREE_OBJECTID, &Key::new(devid, DEV_EXTENT_KEY, 0), &Key::new(devid, DEV_EXTENT_KEY, u64::MAX))? {
+    for (k, d) in w.items_in_range(
+        DEV_TREE_OBJECTID,
+        &Key::new(devid, DEV_EXTENT_KEY, 0),
+        &Key::new(devid, DEV_EXTENT_KEY, u64::MAX),
+    )? {
         // The tree checker sized the item; a length past the address space is capped.
-        let len = u64::from_le_bytes(d[24..32].try_into().expect("dev extent size checked by the tree checker"));
+        let len = u64::from_le_bytes(
+            d[24..32].try_into().expect("dev extent size checked by the tree checker"),
+        );
         used.push((k.offset, len.min(u64::MAX - k.offset)));
     }
     used.sort_unstable();
@@ -360,7 +397,10 @@ fn trim_free_dev_extents(w: &mut FsWriter, devid: u64) -> Step {
     for (s, l) in busy.into_iter().chain([(limit, 0)]) {
         let gap_end = s.min(limit);
         if gap_end > pos {
-            debug_assert!(allocated.iter().all(|&(a, al)| a + al <= pos || a >= gap_end), "device {devid}: trimming {pos}..{gap_end}, which a chunk holds");
+            debug_assert!(
+                allocated.iter().all(|&(a, al)| a + al <= pos || a >= gap_end),
+                "device {devid}: trimming {pos}..{gap_end}, which a chunk holds"
+            );
             match issue_discard(&*dev, pos, gap_end - pos) {
                 Ok(n) => {
                     // As the kernel marks it: the first `n` bytes of the gap (all of
@@ -398,7 +438,8 @@ fn add_range(set: &mut BTreeMap<u64, u64>, mut s: u64, mut e: u64) {
 
 /// Take `[s, e)` out of a set of ranges (start -> end).
 fn remove_range(set: &mut BTreeMap<u64, u64>, s: u64, e: u64) {
-    let hit: Vec<(u64, u64)> = set.range(..e).filter(|&(_, &re)| re > s).map(|(&rs, &re)| (rs, re)).collect();
+    let hit: Vec<(u64, u64)> =
+        set.range(..e).filter(|&(_, &re)| re > s).map(|(&rs, &re)| (rs, re)).collect();
     for (rs, re) in hit {
         set.remove(&rs);
         if rs < s {

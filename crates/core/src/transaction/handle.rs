@@ -171,7 +171,11 @@ impl FsWriter {
     /// Start a handle with a reservation taken earlier (`reserve_metadata`), which it
     /// takes over (a direct write reserves before its data I/O and changes the trees
     /// after it).
-    pub(crate) fn start_transaction_reserved(&mut self, at: &'static str, bytes: u64) -> Result<TransHandle<'_>> {
+    pub(crate) fn start_transaction_reserved(
+        &mut self,
+        at: &'static str,
+        bytes: u64,
+    ) -> Result<TransHandle<'_>> {
         if let Err(e) = self.check_writable().and_then(|()| self.begin_change()) {
             crate::space::allocator::release_metadata(self, bytes);
             return Err(e);
@@ -191,7 +195,12 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `start_transaction`, then `f`'s error (which aborts).
-    pub fn transaction<T>(&mut self, at: &'static str, items: u64, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+    pub fn transaction<T>(
+        &mut self,
+        at: &'static str,
+        items: u64,
+        f: impl FnOnce(&mut FsWriter) -> Result<T>,
+    ) -> Result<T> {
         let mut h = self.start_transaction(at, items)?;
         let r = f(&mut h);
         h.end_with(r)
@@ -260,7 +269,10 @@ impl FsWriter {
         if h.commit || h.ending {
             return;
         }
-        let eb = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("inhibiting block {bytenr}, which is not dirty"));
+        let eb = self
+            .dirty
+            .get_mut(&bytenr)
+            .unwrap_or_else(|| panic!("inhibiting block {bytenr}, which is not dirty"));
         if eb.writeback_inhibitors == 0 {
             if h.inhibited.push(bytenr) {
                 eb.writeback_inhibitors = 1;
@@ -303,7 +315,10 @@ impl FsWriter {
             // A block the handle freed, or one sealed meanwhile, is no longer dirty; a
             // freed block's address allocated again is listed twice.
             if let Some(eb) = dirty.get_mut(&b) {
-                debug_assert!(eb.writeback_inhibitors <= 1, "block {b} inhibited by another handle");
+                debug_assert!(
+                    eb.writeback_inhibitors <= 1,
+                    "block {b} inhibited by another handle"
+                );
                 eb.writeback_inhibitors = 0;
             }
         });
@@ -384,7 +399,10 @@ impl Drop for TransHandle<'_> {
             return;
         }
         let why = if std::thread::panicking() { "a panic" } else { "an error" };
-        self.w.abort_because(self.at, &format!("the transaction handle was dropped before it ended, after {why}"));
+        self.w.abort_because(
+            self.at,
+            &format!("the transaction handle was dropped before it ended, after {why}"),
+        );
         if self.w.close_handle() {
             self.w.release_handle();
         }

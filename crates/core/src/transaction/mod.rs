@@ -139,12 +139,21 @@ impl ReadMisses {
     /// without the lock: it cannot be reused before the next commit, so a rerun that
     /// still points at it finds what was read. A block this transaction wrote early
     /// could be freed and its address handed out again within the transaction.
-    fn meet(&self, w: &FsWriter, bytenr: u64, expect: &Expect) -> Option<Result<Arc<ExtentBuffer>>> {
+    fn meet(
+        &self,
+        w: &FsWriter,
+        bytenr: u64,
+        expect: &Expect,
+    ) -> Option<Result<Arc<ExtentBuffer>>> {
         if let Some(eb) = self.lock_fetched().get(&bytenr).filter(|eb| eb.matches(expect)) {
             return Some(Ok(eb.clone()));
         }
         let committed = expect.generation.is_some_and(|g| g < w.transid);
-        if committed && !self.under_lock.load(Ordering::Relaxed) && !w.in_flight_has(bytenr) && w.info.cache.get(bytenr).is_none_or(|eb| !eb.matches(expect)) {
+        if committed
+            && !self.under_lock.load(Ordering::Relaxed)
+            && !w.in_flight_has(bytenr)
+            && w.info.cache.get(bytenr).is_none_or(|eb| !eb.matches(expect))
+        {
             *self.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some((bytenr, *expect));
             return Some(Err(miss_error(bytenr)));
         }
@@ -160,7 +169,11 @@ impl ReadMisses {
 /// What a reader run returns when it stopped at a cache miss: never seen by callers
 /// of `Engine::read`, which run the reader again.
 fn miss_error(bytenr: u64) -> Error {
-    Error::posix_detail(PosixKind::Busy, "engine read", format!("tree block {bytenr} is not cached; read it without the lock and run again"))
+    Error::posix_detail(
+        PosixKind::Busy,
+        "engine read",
+        format!("tree block {bytenr} is not cached; read it without the lock and run again"),
+    )
 }
 
 impl Live<'_> {
@@ -444,18 +457,31 @@ impl FsWriter {
         if incompat & INCOMPAT_SKINNY_METADATA == 0 {
             return Err(Error::Incompatible("cannot write: filesystems without skinny-metadata are not supported for writing yet".into()));
         }
-        if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0 || compat_ro & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
+        if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0
+            || compat_ro & COMPAT_RO_FREE_SPACE_TREE_VALID == 0
+        {
             return Err(Error::Incompatible(
                 "cannot write: only filesystems with a valid free-space tree are supported for writing (space_cache=v2); btrfs-convert and older mkfs.btrfs make none: one read-write kernel mount with -o space_cache=v2 creates it".into(),
             ));
         }
-        let unwritable = incompat & (INCOMPAT_ZONED | INCOMPAT_EXTENT_TREE_V2 | INCOMPAT_RAID_STRIPE_TREE | INCOMPAT_SIMPLE_QUOTA);
+        let unwritable = incompat
+            & (INCOMPAT_ZONED
+                | INCOMPAT_EXTENT_TREE_V2
+                | INCOMPAT_RAID_STRIPE_TREE
+                | INCOMPAT_SIMPLE_QUOTA);
         if unwritable != 0 {
-            return Err(Error::Incompatible(format!("cannot write: features {} are not supported for writing yet", flag_names(unwritable, INCOMPAT_NAMES))));
+            return Err(Error::Incompatible(format!(
+                "cannot write: features {} are not supported for writing yet",
+                flag_names(unwritable, INCOMPAT_NAMES)
+            )));
         }
         for c in info.chunk_map.iter() {
             if crate::space::chunk_alloc::raid_attr(c.profile()).is_none() {
-                return Err(Error::Incompatible(format!("cannot write: chunk {} has profile {}, which ubtrfs does not write", c.logical, profile_name(c.type_))));
+                return Err(Error::Incompatible(format!(
+                    "cannot write: chunk {} has profile {}, which ubtrfs does not write",
+                    c.logical,
+                    profile_name(c.type_)
+                )));
             }
         }
         let ndevs = sb.num_devices.get();
@@ -469,7 +495,9 @@ impl FsWriter {
         // Every device must be at the generation the filesystem is: one left behind
         // (missing while the others were written) holds stale copies that new writes
         // would not bring up to date.
-        if let Some(d) = info.devices.by_id.values().find(|d| d.sb_generation != sb.generation.get()) {
+        if let Some(d) =
+            info.devices.by_id.values().find(|d| d.sb_generation != sb.generation.get())
+        {
             return Err(Error::Incompatible(format!(
                 "cannot write: device {} ({}) has superblock generation {}, the filesystem is at {}; let the kernel mount it and run `btrfs scrub` first",
                 d.devid,
@@ -488,7 +516,11 @@ impl FsWriter {
     fn build(info: Arc<FsInfo>, writing: bool) -> Result<FsWriter> {
         let sb = info.super_copy();
         let sb = Box::new(*sb);
-        let transid = sb.generation.get().checked_add(1).ok_or_else(|| last_generation(sb.generation.get()))?;
+        let transid = sb
+            .generation
+            .get()
+            .checked_add(1)
+            .ok_or_else(|| last_generation(sb.generation.get()))?;
         let mut w = FsWriter {
             sb,
             transid,
@@ -529,7 +561,11 @@ impl FsWriter {
             // An interrupted relocation (balance) leaves relocation trees that the kernel
             // merges at its next mount, relying on hooks every COW of the fs trees runs
             // (`btrfs_reloc_cow_block`); ubtrfs has none, so it must not change the trees.
-            let reloc = w.items_in_range(ROOT_TREE_OBJECTID, &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, 0), &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
+            let reloc = w.items_in_range(
+                ROOT_TREE_OBJECTID,
+                &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, 0),
+                &Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
+            )?;
             if !reloc.is_empty() {
                 let of: Vec<String> = reloc.iter().map(|(k, _)| k.offset.to_string()).collect();
                 return Err(Error::Incompatible(format!(
@@ -544,7 +580,11 @@ impl FsWriter {
         }
         if let Some((flags, status_gen)) = crate::extent::qgroup::status(&mut w)? {
             w.quotas = true;
-            w.qgroup = crate::extent::qgroup::QgroupState::at_open(flags, status_gen, w.sb.generation.get());
+            w.qgroup = crate::extent::qgroup::QgroupState::at_open(
+                flags,
+                status_gen,
+                w.sb.generation.get(),
+            );
             w.delayed.trace_qgroup();
         }
         w.default_subvol = crate::inode::filesystem::find_default_subvol(&w.live())?;
@@ -567,7 +607,8 @@ impl FsWriter {
     }
 
     fn in_flight_has(&self, bytenr: u64) -> bool {
-        (!self.writing.is_empty() && self.writing.contains_key(&bytenr)) || self.in_flight.as_ref().is_some_and(|f| f.contains_key(&bytenr))
+        (!self.writing.is_empty() && self.writing.contains_key(&bytenr))
+            || self.in_flight.as_ref().is_some_and(|f| f.contains_key(&bytenr))
     }
 
     /// Fail if the filesystem was aborted to read-only.
@@ -579,7 +620,10 @@ impl FsWriter {
             return Err(Error::posix_detail(PosixKind::ReadOnly, "the filesystem", why.clone()));
         }
         match self.info.aborted() {
-            Some(why) => Err(Error::posix(PosixKind::ReadOnly, format!("filesystem aborted to read-only after: {why}"))),
+            Some(why) => Err(Error::posix(
+                PosixKind::ReadOnly,
+                format!("filesystem aborted to read-only after: {why}"),
+            )),
             None => Ok(()),
         }
     }
@@ -596,9 +640,17 @@ impl FsWriter {
         self.check_writable()?;
         if self.root_is_readonly(root)? {
             if self.roots.get(&root).and_then(|s| s.item).is_some_and(|i| i.refs.get() == 0) {
-                return Err(Error::posix_detail(PosixKind::NotFound, format!("subvolume id {root}"), "the subvolume is deleted"));
+                return Err(Error::posix_detail(
+                    PosixKind::NotFound,
+                    format!("subvolume id {root}"),
+                    "the subvolume is deleted",
+                ));
             }
-            return Err(Error::posix_detail(PosixKind::ReadOnly, self.subvol_desc(root), "the subvolume is flagged read-only"));
+            return Err(Error::posix_detail(
+                PosixKind::ReadOnly,
+                self.subvol_desc(root),
+                "the subvolume is flagged read-only",
+            ));
         }
         Ok(())
     }
@@ -613,13 +665,17 @@ impl FsWriter {
         self.check_writable()?;
         self.begin_change()?;
         if !is_subvolume_tree(root) {
-            return Err(Error::posix(PosixKind::Invalid, format!("tree {root} is not a subvolume")));
+            return Err(Error::posix(
+                PosixKind::Invalid,
+                format!("tree {root} is not a subvolume"),
+            ));
         }
         self.root(root)?;
         let st = self.roots.get_mut(&root).expect("loaded just above");
         let item = st.item.as_mut().expect("subvolume trees have a ROOT_ITEM");
         let flags = item.flags.get();
-        item.flags = if readonly { flags | ROOT_SUBVOL_RDONLY } else { flags & !ROOT_SUBVOL_RDONLY }.into();
+        item.flags =
+            if readonly { flags | ROOT_SUBVOL_RDONLY } else { flags & !ROOT_SUBVOL_RDONLY }.into();
         st.dirty = true;
         Ok(())
     }
@@ -635,17 +691,26 @@ impl FsWriter {
         }
         self.root(root)?;
         let st = self.roots.get(&root).expect("loaded just above");
-        Ok(st.item.as_ref().is_some_and(|i| i.flags.get() & ROOT_SUBVOL_RDONLY != 0 || i.refs.get() == 0))
+        Ok(st
+            .item
+            .as_ref()
+            .is_some_and(|i| i.flags.get() & ROOT_SUBVOL_RDONLY != 0 || i.refs.get() == 0))
     }
 
     /// "subvolume NAME (id N)", with the name from its ROOT_BACKREF when
     /// there is one (the top-level tree has none).
     fn subvol_desc(&mut self, root: u64) -> String {
         let name = self
-            .items_in_range(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_BACKREF_KEY, 0), &Key::new(root, ROOT_BACKREF_KEY, u64::MAX))
+            .items_in_range(
+                ROOT_TREE_OBJECTID,
+                &Key::new(root, ROOT_BACKREF_KEY, 0),
+                &Key::new(root, ROOT_BACKREF_KEY, u64::MAX),
+            )
             .ok()
             .and_then(|v| v.into_iter().next())
-            .and_then(|(_, d)| items::root_ref(&d).ok().map(|r| crate::quote::name(r.name).into_owned()));
+            .and_then(|(_, d)| {
+                items::root_ref(&d).ok().map(|r| crate::quote::name(r.name).into_owned())
+            });
         match name {
             Some(n) => format!("subvolume {n} (id {root})"),
             None => format!("subvolume id {root}"),
@@ -693,8 +758,12 @@ impl FsWriter {
             return Ok(r.info);
         }
         let st = match id {
-            ROOT_TREE_OBJECTID => RootState { info: self.info.tree_root(), item: None, item_offset: 0, dirty: false },
-            CHUNK_TREE_OBJECTID => RootState { info: self.info.chunk_root(), item: None, item_offset: 0, dirty: false },
+            ROOT_TREE_OBJECTID => {
+                RootState { info: self.info.tree_root(), item: None, item_offset: 0, dirty: false }
+            }
+            CHUNK_TREE_OBJECTID => {
+                RootState { info: self.info.chunk_root(), item: None, item_offset: 0, dirty: false }
+            }
             _ => {
                 let root = self.root(ROOT_TREE_OBJECTID)?;
                 let found = self.first_item_ge(&root, &Key::new(id, ROOT_ITEM_KEY, 0))?;
@@ -703,7 +772,17 @@ impl FsWriter {
                     _ => return Err(Error::posix(PosixKind::NotFound, format!("tree {id}"))),
                 };
                 let v = items::root_item(&data).expect("validated by the tree checker");
-                RootState { info: RootInfo { id, bytenr: v.item.bytenr.get(), level: v.item.level, generation: v.item.generation.get() }, item: Some(v.item), item_offset: k.offset, dirty: false }
+                RootState {
+                    info: RootInfo {
+                        id,
+                        bytenr: v.item.bytenr.get(),
+                        level: v.item.level,
+                        generation: v.item.generation.get(),
+                    },
+                    item: Some(v.item),
+                    item_offset: k.offset,
+                    dirty: false,
+                }
             }
         };
         let info = st.info;
@@ -752,7 +831,12 @@ impl FsWriter {
                 return Ok(eb.clone());
             }
         }
-        if let Some(r) = self.probe.as_deref().filter(|_| !self.probe_spoiled).and_then(|m| m.meet(self, bytenr, expect)) {
+        if let Some(r) = self
+            .probe
+            .as_deref()
+            .filter(|_| !self.probe_spoiled)
+            .and_then(|m| m.meet(self, bytenr, expect))
+        {
             return r;
         }
         self.info.read_tree_block(bytenr, expect)
@@ -791,14 +875,19 @@ impl FsWriter {
 
     pub fn node<'a>(&'a self, b: &'a Blk) -> NodeRef<'a> {
         match b {
-            Blk::Dirty(bytenr) => NodeRef::new_checked(&self.dirty.get(bytenr).expect("dirty block present while referenced").data),
+            Blk::Dirty(bytenr) => NodeRef::new_checked(
+                &self.dirty.get(bytenr).expect("dirty block present while referenced").data,
+            ),
             Blk::Clean(eb) => eb.node(),
         }
     }
 
     pub(crate) fn node_mut(&mut self, bytenr: u64) -> ubtrfs_format::node::NodeMut<'_> {
         self.touch_seq += 1;
-        let d = self.dirty.get_mut(&bytenr).unwrap_or_else(|| panic!("block {bytenr} modified without being COWed first"));
+        let d = self
+            .dirty
+            .get_mut(&bytenr)
+            .unwrap_or_else(|| panic!("block {bytenr} modified without being COWed first"));
         d.touched = self.touch_seq;
         ubtrfs_format::node::NodeMut::new(&mut d.data)
     }
@@ -831,7 +920,13 @@ impl FsWriter {
     /// being copied, which a committed tree still uses.
     pub(crate) fn copy_block(&mut self, src: &Blk, bytenr: u64, owner: u64) -> Result<()> {
         if src.bytenr() == bytenr {
-            return Err(in_use_reallocated(bytenr, Some(owner), format!("tree block {bytenr} was allocated for its own copy while tree {owner} uses it")));
+            return Err(in_use_reallocated(
+                bytenr,
+                Some(owner),
+                format!(
+                    "tree block {bytenr} was allocated for its own copy while tree {owner} uses it"
+                ),
+            ));
         }
         let mut buf: Box<[u8]> = self.node(src).bytes().into();
         {
@@ -871,7 +966,8 @@ impl FsWriter {
     /// The blocks sealed by the last change's writeback, to be written without the
     /// engine's lock (`Writeback::write`), then `finish_writeback`.
     pub fn take_writeback(&mut self) -> Option<Writeback> {
-        (!self.pending_writeback.is_empty()).then(|| Writeback { blocks: std::mem::take(&mut self.pending_writeback) })
+        (!self.pending_writeback.is_empty())
+            .then(|| Writeback { blocks: std::mem::take(&mut self.pending_writeback) })
     }
 
     /// End a writeback whose I/O is done: its blocks join the node cache (those not
@@ -970,7 +1066,9 @@ impl FsWriter {
         // Pending references are memory too (a head per extent changed): past a share of
         // the limit they run now, as the kernel runs delayed refs in batches during a
         // transaction; what they dirty is written back below.
-        if self.delayed.len() > (self.dirty_limit / DELAYED_REF_HEAD_BUDGET).max(16) && !self.running_refs {
+        if self.delayed.len() > (self.dirty_limit / DELAYED_REF_HEAD_BUDGET).max(16)
+            && !self.running_refs
+        {
             self.running_refs = true;
             let r = crate::extent::extent_tree::run_delayed_refs(self);
             self.running_refs = false;
@@ -980,9 +1078,14 @@ impl FsWriter {
         if self.dirty.len() * ns <= self.dirty_limit {
             return Ok(());
         }
-        let roots: std::collections::HashSet<u64> = self.roots.values().map(|r| r.info.bytenr).collect();
-        let mut order: Vec<(u8, u64, u64)> =
-            self.dirty.iter().filter(|(b, d)| !roots.contains(b) && d.writeback_inhibitors == 0).map(|(&b, d)| (NodeRef::new_checked(&d.data).level(), d.touched, b)).collect();
+        let roots: std::collections::HashSet<u64> =
+            self.roots.values().map(|r| r.info.bytenr).collect();
+        let mut order: Vec<(u8, u64, u64)> = self
+            .dirty
+            .iter()
+            .filter(|(b, d)| !roots.contains(b) && d.writeback_inhibitors == 0)
+            .map(|(&b, d)| (NodeRef::new_checked(&d.data).level(), d.touched, b))
+            .collect();
         order.sort_unstable();
         let target = self.dirty_limit / 2 / ns;
         let excess = self.dirty.len().saturating_sub(target);
@@ -1012,7 +1115,12 @@ impl FsWriter {
 
     /// Update the ROOT_ITEMs of changed trees (loops: updating the root tree changes it).
     fn update_root_items(&mut self) -> Result<bool> {
-        let ids: Vec<u64> = self.roots.iter().filter(|(_, s)| s.dirty && s.item.is_some()).map(|(&id, _)| id).collect();
+        let ids: Vec<u64> = self
+            .roots
+            .iter()
+            .filter(|(_, s)| s.dirty && s.item.is_some())
+            .map(|(&id, _)| id)
+            .collect();
         if ids.is_empty() {
             return Ok(false);
         }
@@ -1029,7 +1137,12 @@ impl FsWriter {
             let key = Key::new(id, ROOT_ITEM_KEY, off);
             let (path, found) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0)?;
             if !found {
-                return Err(ubtrfs_format::Corrupt::new(ubtrfs_format::CorruptWhere::Item, format!("root item {key} vanished")).root(1).into());
+                return Err(ubtrfs_format::Corrupt::new(
+                    ubtrfs_format::CorruptWhere::Item,
+                    format!("root item {key} vanished"),
+                )
+                .root(1)
+                .into());
             }
             let leaf = path.nodes[0].as_ref().expect("leaf").bytenr();
             let slot = path.slots[0];
@@ -1076,8 +1189,15 @@ impl FsWriter {
     pub fn start_commit(&mut self) -> Result<Option<CommitIo>> {
         self.check_writable()?;
         self.begin_change()?;
-        assert!(self.handle.is_none(), "commit inside a live transaction handle ({})", self.transid);
-        assert_eq!(self.alloc.meta_may_use, self.write_rsv, "metadata reservations left behind by ended handles");
+        assert!(
+            self.handle.is_none(),
+            "commit inside a live transaction handle ({})",
+            self.transid
+        );
+        assert_eq!(
+            self.alloc.meta_may_use, self.write_rsv,
+            "metadata reservations left behind by ended handles"
+        );
         if self.in_flight.is_some() {
             return Err(Error::posix_detail(PosixKind::Busy, "commit", "the previous commit is still writing (commit through the engine, which waits for it)"));
         }
@@ -1091,7 +1211,11 @@ impl FsWriter {
         let next = self.transid.checked_add(1).ok_or_else(|| last_generation(self.transid))?;
         // A root item changed on its own (a subvolume flagged read-only) is a change.
         let root_items_changed = self.roots.values().any(|s| s.dirty && s.item.is_some());
-        if self.dirty.is_empty() && self.delayed.is_empty() && !self.alloc.has_changes() && !root_items_changed {
+        if self.dirty.is_empty()
+            && self.delayed.is_empty()
+            && !self.alloc.has_changes()
+            && !root_items_changed
+        {
             return Ok(None);
         }
         self.converge()?;
@@ -1127,12 +1251,19 @@ impl FsWriter {
     /// cache, its superblock becomes the committed one, and the space it freed returns
     /// to the allocator. Returns the committed generation.
     pub fn finish_commit(&mut self, io: CommitIo) -> u64 {
-        let Some(flying) = self.in_flight.take() else { panic!("finish_commit of generation {} without a commit in flight", io.generation) };
-        assert!(Arc::ptr_eq(&flying, &io.blocks), "finish_commit of generation {} with another commit's blocks", io.generation);
+        let Some(flying) = self.in_flight.take() else {
+            panic!("finish_commit of generation {} without a commit in flight", io.generation)
+        };
+        assert!(
+            Arc::ptr_eq(&flying, &io.blocks),
+            "finish_commit of generation {} with another commit's blocks",
+            io.generation
+        );
         for eb in io.blocks.values() {
             self.info.cache.insert(eb.clone());
         }
-        let sb = io.supers.first().map(|(_, sb)| Arc::new(**sb)).expect("a filesystem has a device");
+        let sb =
+            io.supers.first().map(|(_, sb)| Arc::new(**sb)).expect("a filesystem has a device");
         self.info.set_super_copy(sb);
         let pins = std::mem::take(&mut self.committing_pins);
         self.held_for_views.push((io.generation, pins));
@@ -1160,8 +1291,16 @@ impl FsWriter {
     /// The superblock this commit will write, root pointers included (backup roots
     /// and usage are filled in by `start_commit`).
     fn next_super(&self) -> Box<Superblock> {
-        let root = self.roots.get(&ROOT_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.tree_root());
-        let chunk = self.roots.get(&CHUNK_TREE_OBJECTID).map(|s| s.info).unwrap_or_else(|| self.info.chunk_root());
+        let root = self
+            .roots
+            .get(&ROOT_TREE_OBJECTID)
+            .map(|s| s.info)
+            .unwrap_or_else(|| self.info.tree_root());
+        let chunk = self
+            .roots
+            .get(&CHUNK_TREE_OBJECTID)
+            .map(|s| s.info)
+            .unwrap_or_else(|| self.info.chunk_root());
         let transid = self.transid;
         let mut sb = self.sb.clone();
         sb.generation = transid.into();
@@ -1197,7 +1336,8 @@ impl FsWriter {
         // Blocks whose writeback is still under way are written by the commit too (the
         // same bytes), so they are on disk before its superblocks whatever that
         // writeback's timing.
-        let mut blocks: BTreeMap<u64, Arc<ExtentBuffer>> = self.writing.iter().map(|(&b, eb)| (b, eb.clone())).collect();
+        let mut blocks: BTreeMap<u64, Arc<ExtentBuffer>> =
+            self.writing.iter().map(|(&b, eb)| (b, eb.clone())).collect();
         for (bytenr, mut d) in std::mem::take(&mut self.dirty) {
             self.seal_tree_block(bytenr, &mut d.data)?;
             blocks.insert(bytenr, Arc::new(d.mark_written()));
@@ -1235,7 +1375,8 @@ impl FsWriter {
             owner: None,
             first_key: None,
         };
-        ubtrfs_format::tree_checker::check_tree_block(buf, &ctx).map_err(|e| Error::from(e).at("write time tree block corruption detected"))
+        ubtrfs_format::tree_checker::check_tree_block(buf, &ctx)
+            .map_err(|e| Error::from(e).at("write time tree block corruption detected"))
     }
 
     /// Seal and write block `bytenr` before its commit (writeback). Returns it as a clean
@@ -1246,14 +1387,26 @@ impl FsWriter {
     fn write_tree_block(&self, mut eb: ExtentBuffer) -> Result<Arc<ExtentBuffer>> {
         let bytenr = eb.bytenr;
         self.seal_tree_block(bytenr, &mut eb.data)?;
-        crate::volumes::write_logical(&self.info.chunk_map, &self.info.devices, bytenr, &eb.data, crate::volumes::WriteKind::Metadata)?;
+        crate::volumes::write_logical(
+            &self.info.chunk_map,
+            &self.info.devices,
+            bytenr,
+            &eb.data,
+            crate::volumes::WriteKind::Metadata,
+        )?;
         Ok(Arc::new(eb.mark_written()))
     }
 
     fn fill_backup_root(&mut self) -> Result<()> {
         // The kernel rotates through the four slots; the newest is the one after the
         // slot holding the previous generation.
-        let prev = self.sb.super_roots.iter().position(|b| b.tree_root_gen.get() == transid_prev(self.transid)).map(|i| (i + 1) % NUM_BACKUP_ROOTS).unwrap_or(0);
+        let prev = self
+            .sb
+            .super_roots
+            .iter()
+            .position(|b| b.tree_root_gen.get() == transid_prev(self.transid))
+            .map(|i| (i + 1) % NUM_BACKUP_ROOTS)
+            .unwrap_or(0);
         let mut b = RootBackup::new_zeroed();
         let get = |w: &mut FsWriter, id: u64| -> Result<RootInfo> { w.root(id) };
         let tr = get(self, ROOT_TREE_OBJECTID)?;
@@ -1312,7 +1465,13 @@ impl Writeback {
     /// `Io` from the devices (the caller aborts).
     pub fn write(&self, info: &FsInfo) -> Result<()> {
         for eb in &self.blocks {
-            crate::volumes::write_logical(&info.chunk_map, &info.devices, eb.bytenr, &eb.data, crate::volumes::WriteKind::Metadata)?;
+            crate::volumes::write_logical(
+                &info.chunk_map,
+                &info.devices,
+                eb.bytenr,
+                &eb.data,
+                crate::volumes::WriteKind::Metadata,
+            )?;
         }
         Ok(())
     }
@@ -1337,7 +1496,13 @@ impl CommitIo {
     /// `Io` from writes and flushes (the caller aborts).
     pub fn write(&self, info: &FsInfo) -> Result<()> {
         for (bytenr, eb) in self.blocks.iter() {
-            crate::volumes::write_logical(&info.chunk_map, &info.devices, *bytenr, &eb.data, crate::volumes::WriteKind::Metadata)?;
+            crate::volumes::write_logical(
+                &info.chunk_map,
+                &info.devices,
+                *bytenr,
+                &eb.data,
+                crate::volumes::WriteKind::Metadata,
+            )?;
         }
         for d in info.devices.by_id.values() {
             d.dev.flush()?;
@@ -1349,7 +1514,11 @@ impl CommitIo {
             // reads the superblock, so a mount under way is seen too.
             for d in info.devices.by_id.values() {
                 if let Some(u) = d.dev.claim_for_last_commit().kernel.first() {
-                    return Err(Error::posix_detail(PosixKind::Busy, u.to_string(), "the last commit is not written, so as not to overwrite the kernel's"));
+                    return Err(Error::posix_detail(
+                        PosixKind::Busy,
+                        u.to_string(),
+                        "the last commit is not written, so as not to overwrite the kernel's",
+                    ));
                 }
             }
         }
@@ -1374,14 +1543,22 @@ impl CommitIo {
 
 /// A superblock generation no transaction can follow (only a crafted one gets there).
 fn last_generation(generation: u64) -> Error {
-    Corrupt::new(CorruptWhere::Super, format!("generation {generation} is the last one, no transaction can follow it")).into()
+    Corrupt::new(
+        CorruptWhere::Super,
+        format!("generation {generation} is the last one, no transaction can follow it"),
+    )
+    .into()
 }
 
 /// The allocator handed out tree block `bytenr` while a committed tree uses it: the
 /// free-space tree (the allocator's cache is loaded from it) calls space in use free.
 /// The kernel detects the same in `btrfs_init_new_buffer` ("extent tree corruption").
 fn in_use_reallocated(bytenr: u64, owner: Option<u64>, what: String) -> Error {
-    let c = Corrupt::new(CorruptWhere::Block, format!("{what}: the free space tree marks space in use as free")).block(bytenr);
+    let c = Corrupt::new(
+        CorruptWhere::Block,
+        format!("{what}: the free space tree marks space in use as free"),
+    )
+    .block(bytenr);
     match owner {
         Some(o) => c.root(o).into(),
         None => c.into(),

@@ -80,7 +80,8 @@ impl ExtentBuffer {
         e.level.is_none_or(|l| l == n.level())
             && e.generation.is_none_or(|g| g == n.generation())
             && e.first_key.is_none_or(|k| n.nritems() == 0 || n.key(0) == k)
-            && e.owner.is_none_or(|o| if is_fstree(o) { is_fstree(n.owner()) } else { n.owner() == o })
+            && e.owner
+                .is_none_or(|o| if is_fstree(o) { is_fstree(n.owner()) } else { n.owner() == o })
     }
 }
 

@@ -32,7 +32,9 @@ impl Path<Blk> {
 /// file when the item does not parse or is inline (its map is one block, not its bytes).
 fn extent_item_end(key: &Key, data: &[u8]) -> u64 {
     match ubtrfs_format::items::file_extent(data) {
-        Ok(ubtrfs_format::items::FileExtent::Regular { num_bytes, .. }) => key.offset.saturating_add(num_bytes),
+        Ok(ubtrfs_format::items::FileExtent::Regular { num_bytes, .. }) => {
+            key.offset.saturating_add(num_bytes)
+        }
         _ => u64::MAX,
     }
 }
@@ -43,14 +45,35 @@ fn extent_item_end(key: &Key, data: &[u8]) -> u64 {
 /// and after.
 fn extent_item_change(key: &Key, old: &[u8], new: &[u8]) -> (u64, u64) {
     use ubtrfs_format::items::{file_extent, FileExtent};
-    if let (Ok(FileExtent::Regular { num_bytes: a, .. }), Ok(FileExtent::Regular { num_bytes: b, .. })) = (file_extent(old), file_extent(new)) {
+    if let (
+        Ok(FileExtent::Regular { num_bytes: a, .. }),
+        Ok(FileExtent::Regular { num_bytes: b, .. }),
+    ) = (file_extent(old), file_extent(new))
+    {
         let with_len = |f: FileExtent<'_>| match f {
-            FileExtent::Regular { generation, ram_bytes, compression, prealloc, disk_bytenr, disk_num_bytes, offset, .. } => {
-                Some((generation, ram_bytes, compression, prealloc, disk_bytenr, disk_num_bytes, offset))
-            }
+            FileExtent::Regular {
+                generation,
+                ram_bytes,
+                compression,
+                prealloc,
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                ..
+            } => Some((
+                generation,
+                ram_bytes,
+                compression,
+                prealloc,
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+            )),
             FileExtent::Inline { .. } => None,
         };
-        if with_len(file_extent(old).expect("parsed above")) == with_len(file_extent(new).expect("parsed above")) {
+        if with_len(file_extent(old).expect("parsed above"))
+            == with_len(file_extent(new).expect("parsed above"))
+        {
             return (key.offset.saturating_add(a.min(b)), key.offset.saturating_add(a.max(b)));
         }
     }
@@ -69,7 +92,15 @@ fn leaf_space_used(n: &NodeRef<'_>, from: usize, to: usize) -> usize {
 impl FsWriter {
     fn child_expect(&self, parent: &Blk, slot: usize, root_id: u64) -> (u64, Expect) {
         let n = self.node(parent);
-        (n.blockptr(slot), Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(root_id), first_key: Some(n.key(slot)) })
+        (
+            n.blockptr(slot),
+            Expect {
+                level: Some(n.level() - 1),
+                generation: Some(n.ptr_generation(slot)),
+                owner: Some(root_id),
+                first_key: Some(n.key(slot)),
+            },
+        )
     }
 
     pub(crate) fn read_child(&self, parent: &Blk, slot: usize, root_id: u64) -> Result<Blk> {
@@ -79,7 +110,15 @@ impl FsWriter {
 
     fn read_root_blk(&mut self, root_id: u64) -> Result<Blk> {
         let r = self.root(root_id)?;
-        self.read_block(r.bytenr, &Expect { level: Some(r.level), generation: Some(r.generation), owner: Some(root_id), first_key: None })
+        self.read_block(
+            r.bytenr,
+            &Expect {
+                level: Some(r.level),
+                generation: Some(r.generation),
+                owner: Some(root_id),
+                first_key: None,
+            },
+        )
     }
 
     /// COW `b` unless it already belongs to the running transaction; `parent` is the
@@ -90,7 +129,12 @@ impl FsWriter {
     /// # Errors
     /// Allocation failures; `Corrupt` if the extent tree disagrees with the block;
     /// `Incompatible` for blocks in the pre-mixed-backref format.
-    pub(crate) fn cow_block(&mut self, root_id: u64, b: Blk, parent: Option<(u64, usize)>) -> Result<Blk> {
+    pub(crate) fn cow_block(
+        &mut self,
+        root_id: u64,
+        b: Blk,
+        parent: Option<(u64, usize)>,
+    ) -> Result<Blk> {
         if let Blk::Dirty(bytenr) = b {
             // Reused without COW: the handle inhibits its writeback too, or another
             // handle's end would leave it unprotected.
@@ -102,7 +146,10 @@ impl FsWriter {
         // before it starts (`check_root_writable`), so reaching this is a missing check,
         // and the caller's handle aborts rather than change a read-only snapshot.
         if self.root_is_readonly(root_id)? {
-            return Err(Error::posix(PosixKind::ReadOnly, format!("refusing to COW a block of read-only subvolume id {root_id}")));
+            return Err(Error::posix(
+                PosixKind::ReadOnly,
+                format!("refusing to COW a block of read-only subvolume id {root_id}"),
+            ));
         }
         let (old, level, first_key) = {
             let n = self.node(&b);
@@ -138,9 +185,17 @@ impl FsWriter {
     ///   tree's references for the copy, the parent-named ones dropped.
     ///
     /// Then `free_tree_block` drops this tree's reference to `buf`.
-    fn update_ref_for_cow(&mut self, root_id: u64, buf: &Blk, cow: u64, is_root: bool) -> Result<()> {
+    fn update_ref_for_cow(
+        &mut self,
+        root_id: u64,
+        buf: &Blk,
+        cow: u64,
+        is_root: bool,
+    ) -> Result<()> {
         use ubtrfs_format::key::{is_subvolume_tree, TREE_RELOC_OBJECTID};
-        use ubtrfs_format::structs::{BACKREF_REV_SHIFT, BLOCK_FLAG_FULL_BACKREF, HEADER_FLAG_RELOC, MIXED_BACKREF_REV};
+        use ubtrfs_format::structs::{
+            BACKREF_REV_SHIFT, BLOCK_FLAG_FULL_BACKREF, HEADER_FLAG_RELOC, MIXED_BACKREF_REV,
+        };
         let (bytenr, level, gen, owner, hflags) = {
             let n = self.node(buf);
             (n.bytenr(), n.level(), n.generation(), n.owner(), n.header().flags.get())
@@ -149,10 +204,15 @@ impl FsWriter {
             return Err(Error::Incompatible(format!("tree {root_id}: block {bytenr} uses the old (pre-2.6.31) backref format; changing it is not supported")));
         }
         let shareable = is_subvolume_tree(root_id);
-        let last_snapshot = self.roots.get(&root_id).and_then(|s| s.item).map_or(0, |i| i.last_snapshot.get());
-        let can_be_shared = shareable && !is_root && (gen <= last_snapshot || hflags & HEADER_FLAG_RELOC != 0);
-        let (refs, flags) = if can_be_shared { self.lookup_tree_block_info(bytenr, level)? } else { (1, 0) };
-        let bad = |reason: String| -> Error { Corrupt::new(CorruptWhere::Block, reason).root(root_id).block(bytenr).into() };
+        let last_snapshot =
+            self.roots.get(&root_id).and_then(|s| s.item).map_or(0, |i| i.last_snapshot.get());
+        let can_be_shared =
+            shareable && !is_root && (gen <= last_snapshot || hflags & HEADER_FLAG_RELOC != 0);
+        let (refs, flags) =
+            if can_be_shared { self.lookup_tree_block_info(bytenr, level)? } else { (1, 0) };
+        let bad = |reason: String| -> Error {
+            Corrupt::new(CorruptWhere::Block, reason).root(root_id).block(bytenr).into()
+        };
         if refs == 0 {
             return Err(bad(format!("tree block {bytenr} level {level} has 0 references")));
         }
@@ -160,7 +220,9 @@ impl FsWriter {
             return Err(bad(format!("relocation tree block {bytenr} without FULL_BACKREF")));
         }
         if !shareable && owner != root_id {
-            return Err(bad(format!("tree block {bytenr} of tree {root_id} is owned by tree {owner}")));
+            return Err(bad(format!(
+                "tree block {bytenr} of tree {root_id} is owned by tree {owner}"
+            )));
         }
         let full = flags & BLOCK_FLAG_FULL_BACKREF != 0;
         let cow = Blk::Dirty(cow);
@@ -168,7 +230,13 @@ impl FsWriter {
             if owner == root_id && !full {
                 self.mod_refs(buf, root_id, true, 1)?;
                 let ns = u64::from(self.nodesize());
-                self.delayed.set_tree_block_flags(bytenr, ns, level, root_id, BLOCK_FLAG_FULL_BACKREF)?;
+                self.delayed.set_tree_block_flags(
+                    bytenr,
+                    ns,
+                    level,
+                    root_id,
+                    BLOCK_FLAG_FULL_BACKREF,
+                )?;
             } else {
                 self.mod_refs(&cow, root_id, false, 1)?;
             }
@@ -187,7 +255,12 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Io`/`Corrupt` reading blocks, allocation failures.
-    pub(crate) fn search_slot(&mut self, root_id: u64, key: &Key, ins_len: i32) -> Result<(WPath, bool)> {
+    pub(crate) fn search_slot(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        ins_len: i32,
+    ) -> Result<(WPath, bool)> {
         #[cfg(feature = "test-hooks")]
         if self.hooks.writeback_before_search && !self.running_refs && self.in_change_handle() {
             self.balance_dirty_metadata()?;
@@ -210,11 +283,20 @@ impl FsWriter {
         self.search_slot_counted(root_id, key, ins_len, &mut restarts)
     }
 
-    fn search_slot_counted(&mut self, root_id: u64, key: &Key, ins_len: i32, restarts: &mut u32) -> Result<(WPath, bool)> {
+    fn search_slot_counted(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        ins_len: i32,
+        restarts: &mut u32,
+    ) -> Result<(WPath, bool)> {
         'again: loop {
             *restarts += 1;
             let restarts = *restarts;
-            assert!(restarts < 64, "search_slot restarted {restarts} times for {key} in tree {root_id}");
+            assert!(
+                restarts < 64,
+                "search_slot restarted {restarts} times for {key} in tree {root_id}"
+            );
 
             let root = self.read_root_blk(root_id)?;
             let mut b = self.cow_block(root_id, root, None)?;
@@ -269,7 +351,12 @@ impl FsWriter {
     fn insert_new_root(&mut self, root_id: u64, old_root: &Blk) -> Result<()> {
         let (level, first_key, old_bytenr, old_gen) = {
             let n = self.node(old_root);
-            (n.level(), if n.nritems() > 0 { n.key(0) } else { Key::MIN }, n.bytenr(), n.generation())
+            (
+                n.level(),
+                if n.nritems() > 0 { n.key(0) } else { Key::MIN },
+                n.bytenr(),
+                n.generation(),
+            )
         };
         let new = self.alloc_tree_block(root_id, level + 1, first_key)?;
         self.new_block(new, root_id, level + 1);
@@ -413,7 +500,11 @@ impl FsWriter {
                 if size + need > area {
                     return Err(Error::posix(PosixKind::Invalid, format!("tree {root_id}: item {key} of {size} bytes cannot grow by {need} within a leaf")));
                 }
-                assert!(n >= 2, "tree {root_id}: leaf {} with one item {key} has no room to grow it by {need}", leaf.bytenr());
+                assert!(
+                    n >= 2,
+                    "tree {root_id}: leaf {} with one item {key} has no room to grow it by {need}",
+                    leaf.bytenr()
+                );
                 let fits_left = |m: usize| leaf_space_used(&l, 0, m) + need <= area;
                 let fits_right = |m: usize| leaf_space_used(&l, m, n) + need <= area;
                 let ok = if slot < mid { fits_left(mid) } else { fits_right(mid) };
@@ -563,10 +654,19 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(Exists)` if the key is present; allocation and read failures.
-    fn insert_empty_item_covering(&mut self, root_id: u64, key: &Key, size: usize, end: u64) -> Result<(u64, usize)> {
+    fn insert_empty_item_covering(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        size: usize,
+        end: u64,
+    ) -> Result<(u64, usize)> {
         let max = leaf_data_size(self.nodesize()) - ITEM_SIZE;
         if size > max {
-            return Err(Error::posix(PosixKind::Invalid, format!("item {key} of {size} bytes exceeds the leaf capacity {max}")));
+            return Err(Error::posix(
+                PosixKind::Invalid,
+                format!("item {key} of {size} bytes exceeds the leaf capacity {max}"),
+            ));
         }
         let (path, found) = self.search_slot(root_id, key, (size + ITEM_SIZE) as i32)?;
         if found {
@@ -626,7 +726,12 @@ impl FsWriter {
     ///
     /// # Errors
     /// Read and allocation failures.
-    pub(crate) fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
+    pub(crate) fn lookup_for_update(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        extra: usize,
+    ) -> Result<Option<(u64, usize)>> {
         let (path, found) = self.search_slot(root_id, key, extra as i32)?;
         if found {
             // The caller changes the item through `item_data_mut`, to any length.
@@ -644,7 +749,12 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(NotFound)` when absent.
-    pub(crate) fn extend_item(&mut self, root_id: u64, key: &Key, by: usize) -> Result<(u64, usize)> {
+    pub(crate) fn extend_item(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        by: usize,
+    ) -> Result<(u64, usize)> {
         let (path, found) = self.search_slot(root_id, key, by as i32)?;
         if !found {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
@@ -686,14 +796,27 @@ impl FsWriter {
     ///
     /// # Errors
     /// Allocation and read failures while rebalancing.
-    pub(crate) fn del_items(&mut self, root_id: u64, path: &WPath, slot: usize, nr: usize) -> Result<()> {
+    pub(crate) fn del_items(
+        &mut self,
+        root_id: u64,
+        path: &WPath,
+        slot: usize,
+        nr: usize,
+    ) -> Result<()> {
         let leaf = path.leaf();
         let lb = Blk::Dirty(leaf);
         for i in slot..slot + nr {
             let (key, end) = {
                 let n = self.node(&lb);
                 let key = n.key(i);
-                (key, if key.type_ == EXTENT_DATA_KEY { extent_item_end(&key, n.item_data(i)) } else { 0 })
+                (
+                    key,
+                    if key.type_ == EXTENT_DATA_KEY {
+                        extent_item_end(&key, n.item_data(i))
+                    } else {
+                        0
+                    },
+                )
             };
             self.extent_data_changed(root_id, &key, end);
         }
@@ -724,7 +847,12 @@ impl FsWriter {
     /// changes an item calls this before the change, under the writer's exclusive side,
     /// so no reader fills the maps from the tree between the drop and the change.
     fn extent_data_changed(&self, root_id: u64, key: &Key, end: u64) {
-        self.extent_data_range_changed(root_id, key, key.offset, end.max(key.offset.saturating_add(1)));
+        self.extent_data_range_changed(
+            root_id,
+            key,
+            key.offset,
+            end.max(key.offset.saturating_add(1)),
+        );
     }
 
     /// As `extent_data_changed`, for a change of the bytes `[start, end)` only.
@@ -765,7 +893,9 @@ impl FsWriter {
                 let r = self.node(&right);
                 leaf_space_used(&r, 0, r.nritems())
             };
-            if self.node(&Blk::Dirty(leaf)).leaf_free_space() >= rused + leaf_data_size(self.nodesize()) / 4 {
+            if self.node(&Blk::Dirty(leaf)).leaf_free_space()
+                >= rused + leaf_data_size(self.nodesize()) / 4
+            {
                 let right = self.cow_block(root_id, right, Some((parent.bytenr(), pslot + 1)))?;
                 let rn = self.node(&right).nritems();
                 let n = self.node(&Blk::Dirty(leaf)).nritems();
@@ -838,9 +968,19 @@ impl FsWriter {
     ///
     /// # Errors
     /// Read failures.
-    pub fn items_in_range(&mut self, root_id: u64, from: &Key, to: &Key) -> Result<Vec<(Key, Vec<u8>)>> {
+    pub fn items_in_range(
+        &mut self,
+        root_id: u64,
+        from: &Key,
+        to: &Key,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
         let root = self.root(root_id)?;
-        Ok(self.live().items_in_range(&root, from, to)?.into_iter().map(|i| (i.key(), i.data().to_vec())).collect())
+        Ok(self
+            .live()
+            .items_in_range(&root, from, to)?
+            .into_iter()
+            .map(|i| (i.key(), i.data().to_vec()))
+            .collect())
     }
 
     /// The item with the greatest key <= `key` in tree `root_id`, as the running
@@ -863,7 +1003,9 @@ impl FsWriter {
         let root = self.read_root_blk(root_id)?;
         let mut last: Option<Key> = None;
         let mut stack = vec![(root, true)];
-        let bad = |b: u64, r: String| -> Error { Corrupt::new(CorruptWhere::Block, r).block(b).root(root_id).into() };
+        let bad = |b: u64, r: String| -> Error {
+            Corrupt::new(CorruptWhere::Block, r).block(b).root(root_id).into()
+        };
         while let Some((b, is_root)) = stack.pop() {
             let n = self.node(&b);
             let bytenr = n.bytenr();
@@ -898,13 +1040,22 @@ impl FsWriter {
                 let c = self.read_child(&b, i, root_id)?;
                 let cn = self.node(&c);
                 if cn.level() + 1 != level {
-                    return Err(bad(bytenr, format!("child {i} level {} under level {level}", cn.level())));
+                    return Err(bad(
+                        bytenr,
+                        format!("child {i} level {} under level {level}", cn.level()),
+                    ));
                 }
                 if cn.generation() != g {
-                    return Err(bad(bytenr, format!("child {i} generation {} != ptr generation {g}", cn.generation())));
+                    return Err(bad(
+                        bytenr,
+                        format!("child {i} generation {} != ptr generation {g}", cn.generation()),
+                    ));
                 }
                 if cn.nritems() > 0 && cn.key(0) != k {
-                    return Err(bad(bytenr, format!("child {i} first key {} != ptr key {k}", cn.key(0))));
+                    return Err(bad(
+                        bytenr,
+                        format!("child {i} first key {} != ptr key {k}", cn.key(0)),
+                    ));
                 }
                 kids.push((c, false));
             }
@@ -935,7 +1086,12 @@ impl FsWriter {
 
 #[cfg(feature = "test-hooks")]
 impl<'a> RawTree<'a> {
-    fn run<T>(&mut self, at: &'static str, root_id: u64, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+    fn run<T>(
+        &mut self,
+        at: &'static str,
+        root_id: u64,
+        f: impl FnOnce(&mut FsWriter) -> Result<T>,
+    ) -> Result<T> {
         // Refused before anything changes (a read-only subvolume), as the public
         // mutators do: no abort for that.
         self.w.check_root_writable(root_id)?;
@@ -973,7 +1129,12 @@ impl<'a> RawTree<'a> {
     }
     /// # Errors
     /// As the tree operation; a failure aborts.
-    pub fn lookup_for_update(&mut self, root_id: u64, key: &Key, extra: usize) -> Result<Option<(u64, usize)>> {
+    pub fn lookup_for_update(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        extra: usize,
+    ) -> Result<Option<(u64, usize)>> {
         self.run("lookup_for_update", root_id, |w| w.lookup_for_update(root_id, key, extra))
     }
     /// The data of the item at (leaf, slot), which the previous call COWed.

@@ -27,13 +27,18 @@ pub struct NodeCache {
 
 impl NodeCache {
     pub fn new(budget_bytes: usize) -> NodeCache {
-        NodeCache { inner: Mutex::new(Inner { map: HashMap::new(), slots: Vec::new(), hand: 0 }), budget_bytes: Mutex::new(budget_bytes), capacity: Mutex::new(0) }
+        NodeCache {
+            inner: Mutex::new(Inner { map: HashMap::new(), slots: Vec::new(), hand: 0 }),
+            budget_bytes: Mutex::new(budget_bytes),
+            capacity: Mutex::new(0),
+        }
     }
 
     fn capacity(&self, nodesize: usize) -> usize {
         let mut c = self.capacity.lock().unwrap_or_else(|p| p.into_inner());
         if *c == 0 {
-            *c = (*self.budget_bytes.lock().unwrap_or_else(|p| p.into_inner()) / nodesize.max(1)).max(32);
+            *c = (*self.budget_bytes.lock().unwrap_or_else(|p| p.into_inner()) / nodesize.max(1))
+                .max(32);
         }
         *c
     }

@@ -69,7 +69,8 @@ impl<N: NodeHandle> Path<N> {
     /// The item at the current slot, if the slot is inside the leaf.
     pub fn item(&self) -> Option<ItemRef<N>> {
         let leaf = self.leaf();
-        (self.slot() < leaf.node().nritems()).then(|| ItemRef { eb: leaf.clone(), slot: self.slot() })
+        (self.slot() < leaf.node().nritems())
+            .then(|| ItemRef { eb: leaf.clone(), slot: self.slot() })
     }
 }
 
@@ -122,9 +123,23 @@ pub trait TreeView {
     /// `Io`/`Corrupt` from reading blocks.
     fn search_slot(&self, root: &RootInfo, key: &Key) -> Result<(Path<Self::Node>, bool)> {
         if root.level >= ubtrfs_format::structs::MAX_LEVEL {
-            return Err(Corrupt::new(CorruptWhere::Block, format!("root level {} too big", root.level)).block(root.bytenr).root(root.id).into());
+            return Err(Corrupt::new(
+                CorruptWhere::Block,
+                format!("root level {} too big", root.level),
+            )
+            .block(root.bytenr)
+            .root(root.id)
+            .into());
         }
-        let top = self.read_node(root.bytenr, &Expect { level: Some(root.level), generation: Some(root.generation), owner: Some(root.id), first_key: None })?;
+        let top = self.read_node(
+            root.bytenr,
+            &Expect {
+                level: Some(root.level),
+                generation: Some(root.generation),
+                owner: Some(root.id),
+                first_key: None,
+            },
+        )?;
         let levels = usize::from(top.node().level()) + 1;
         let mut path = Path::with_levels(levels);
         let mut cur = top;
@@ -237,7 +252,12 @@ pub trait TreeView {
     ///
     /// # Errors
     /// `Io`/`Corrupt`, including keys that fail to increase across leaves.
-    fn items_in_range(&self, root: &RootInfo, from: &Key, to: &Key) -> Result<Vec<ItemRef<Self::Node>>>
+    fn items_in_range(
+        &self,
+        root: &RootInfo,
+        from: &Key,
+        to: &Key,
+    ) -> Result<Vec<ItemRef<Self::Node>>>
     where
         Self: Sized,
     {
@@ -267,23 +287,52 @@ pub fn root_from_root_tree<V: TreeView + ?Sized>(v: &V, id: u64) -> Result<(Root
     }
     match v.first_item_ge(&v.tree_root(), &Key::new(id, ROOT_ITEM_KEY, 0))? {
         Some(item) if item.key().objectid == id && item.key().type_ == ROOT_ITEM_KEY => {
-            let bad = |e: String| Error::from(Corrupt::new(CorruptWhere::Item, e).root(ROOT_TREE_OBJECTID).block(item.eb.bytenr()).slot(item.slot as u32, item.key()));
+            let bad = |e: String| {
+                Error::from(
+                    Corrupt::new(CorruptWhere::Item, e)
+                        .root(ROOT_TREE_OBJECTID)
+                        .block(item.eb.bytenr())
+                        .slot(item.slot as u32, item.key()),
+                )
+            };
             let r = items::root_item(item.data()).map_err(bad)?.item;
-            Ok((RootInfo { id, bytenr: r.bytenr.get(), level: r.level, generation: r.generation.get() }, r))
+            Ok((
+                RootInfo {
+                    id,
+                    bytenr: r.bytenr.get(),
+                    level: r.level,
+                    generation: r.generation.get(),
+                },
+                r,
+            ))
         }
         _ => Err(Error::posix(PosixKind::NotFound, format!("tree {id}"))),
     }
 }
 
-fn read_child<V: TreeView + ?Sized>(v: &V, root: &RootInfo, parent: &V::Node, slot: usize) -> Result<V::Node> {
+fn read_child<V: TreeView + ?Sized>(
+    v: &V,
+    root: &RootInfo,
+    parent: &V::Node,
+    slot: usize,
+) -> Result<V::Node> {
     let n = parent.node();
-    let expect = Expect { level: Some(n.level() - 1), generation: Some(n.ptr_generation(slot)), owner: Some(root.id), first_key: Some(n.key(slot)) };
+    let expect = Expect {
+        level: Some(n.level() - 1),
+        generation: Some(n.ptr_generation(slot)),
+        owner: Some(root.id),
+        first_key: Some(n.key(slot)),
+    };
     v.read_node(n.blockptr(slot), &expect)
 }
 
 /// `next_leaf`, telling on failure the level whose pointer at `path.slots[level]`
 /// named the block that could not be read, so an iterator can step over it.
-fn advance_leaf<V: TreeView + ?Sized>(v: &V, root: &RootInfo, path: &mut Path<V::Node>) -> std::result::Result<bool, (Error, usize)> {
+fn advance_leaf<V: TreeView + ?Sized>(
+    v: &V,
+    root: &RootInfo,
+    path: &mut Path<V::Node>,
+) -> std::result::Result<bool, (Error, usize)> {
     let levels = path.nodes.len();
     for level in 1..levels {
         let node = path.nodes[level].as_ref().expect("path filled to the root").clone();
@@ -332,7 +381,13 @@ impl<V: TreeView> TreeIter<'_, V> {
                 if let Some(prev) = self.last {
                     if k <= prev {
                         self.done = true;
-                        return Err(Corrupt::new(CorruptWhere::Leaf, format!("key order across leaves: {k} after {prev}")).block(item.eb.bytenr()).root(self.root.id).into());
+                        return Err(Corrupt::new(
+                            CorruptWhere::Leaf,
+                            format!("key order across leaves: {k} after {prev}"),
+                        )
+                        .block(item.eb.bytenr())
+                        .root(self.root.id)
+                        .into());
                     }
                 }
                 self.last = Some(k);
@@ -359,7 +414,11 @@ impl<V: TreeView> TreeIter<'_, V> {
     /// iterator stays failed: a key-order error means the tree cannot be trusted).
     pub fn skip_unreadable(&mut self) -> Option<Key> {
         let level = self.failed_level.take()?;
-        let from = self.path.nodes[level].as_ref().expect("path filled to the root").node().key(self.path.slots[level]);
+        let from = self.path.nodes[level]
+            .as_ref()
+            .expect("path filled to the root")
+            .node()
+            .key(self.path.slots[level]);
         // Mark every level below as used up, so the next advance resumes at the pointer
         // after the bad one. The nodes below are still the previous leaf's path (or the
         // fresh nodes read on the way down); either way none of their slots is wanted.

@@ -46,7 +46,9 @@ impl DevReplace {
     pub fn progress_permille(&self) -> u64 {
         match self.state {
             DEV_REPLACE_STATE_FINISHED => 1000,
-            DEV_REPLACE_STATE_STARTED | DEV_REPLACE_STATE_SUSPENDED => self.cursor_left.checked_div(self.src_total_bytes / 1000).map_or(0, |p| p.min(1000)),
+            DEV_REPLACE_STATE_STARTED | DEV_REPLACE_STATE_SUSPENDED => {
+                self.cursor_left.checked_div(self.src_total_bytes / 1000).map_or(0, |p| p.min(1000))
+            }
             _ => 0,
         }
     }
@@ -55,7 +57,12 @@ impl DevReplace {
     pub fn refusal(&self) -> String {
         let p = self.progress_permille();
         let state = dev_replace_state_name(self.state).unwrap_or("ongoing").to_ascii_lowercase();
-        format!("a device replace of devid {} is {}.{}% done ({state}): finish it with a kernel mount", self.src_devid, p / 10, p % 10)
+        format!(
+            "a device replace of devid {} is {}.{}% done ({state}): finish it with a kernel mount",
+            self.src_devid,
+            p / 10,
+            p % 10
+        )
     }
 }
 
@@ -64,7 +71,10 @@ impl DevReplace {
 ///
 /// # Errors
 /// `Io`/`Corrupt` reading the root or dev tree.
-pub fn read_dev_replace<V: TreeView + ?Sized>(v: &V, warnings: &mut Vec<String>) -> Result<Option<DevReplace>> {
+pub fn read_dev_replace<V: TreeView + ?Sized>(
+    v: &V,
+    warnings: &mut Vec<String>,
+) -> Result<Option<DevReplace>> {
     let (root, _) = match v.read_root(DEV_TREE_OBJECTID) {
         Ok(r) => r,
         Err(e) if e.posix_kind() == Some(crate::PosixKind::NotFound) => return Ok(None),
@@ -76,16 +86,28 @@ pub fn read_dev_replace<V: TreeView + ?Sized>(v: &V, warnings: &mut Vec<String>)
         return Ok(None);
     }
     let Ok(r) = DevReplaceItem::read_from_bytes(item.data()) else {
-        warnings.push(format!("dev replace item has size {}, not {}: ignored, as the kernel does", item.data().len(), std::mem::size_of::<DevReplaceItem>()));
+        warnings.push(format!(
+            "dev replace item has size {}, not {}: ignored, as the kernel does",
+            item.data().len(),
+            std::mem::size_of::<DevReplaceItem>()
+        ));
         return Ok(None);
     };
     let src_devid = r.src_devid.get();
     let dk = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, src_devid);
     let src_total_bytes = match v.first_item_ge(&v.chunk_root(), &dk)? {
-        Some(it) if it.key() == dk => DevItem::ref_from_prefix(it.data()).map(|(d, _)| d.total_bytes.get()).unwrap_or(0),
+        Some(it) if it.key() == dk => {
+            DevItem::ref_from_prefix(it.data()).map(|(d, _)| d.total_bytes.get()).unwrap_or(0)
+        }
         _ => 0,
     };
-    Ok(Some(DevReplace { src_devid, cursor_left: r.cursor_left.get(), cursor_right: r.cursor_right.get(), state: r.replace_state.get(), src_total_bytes }))
+    Ok(Some(DevReplace {
+        src_devid,
+        cursor_left: r.cursor_left.get(),
+        cursor_right: r.cursor_right.get(),
+        state: r.replace_state.get(),
+        src_total_bytes,
+    }))
 }
 
 #[cfg(test)]
@@ -93,7 +115,13 @@ mod tests {
     use super::*;
 
     fn item(state: u64, left: u64, total: u64) -> DevReplace {
-        DevReplace { src_devid: 2, cursor_left: left, cursor_right: left, state, src_total_bytes: total }
+        DevReplace {
+            src_devid: 2,
+            cursor_left: left,
+            cursor_right: left,
+            state,
+            src_total_bytes: total,
+        }
     }
 
     #[test]
@@ -102,9 +130,16 @@ mod tests {
         let r = item(DEV_REPLACE_STATE_STARTED, 471_859_200, 1 << 30);
         assert_eq!(r.progress_permille(), 439);
         assert!(r.is_ongoing());
-        assert_eq!(r.refusal(), "a device replace of devid 2 is 43.9% done (started): finish it with a kernel mount");
+        assert_eq!(
+            r.refusal(),
+            "a device replace of devid 2 is 43.9% done (started): finish it with a kernel mount"
+        );
         assert!(item(DEV_REPLACE_STATE_SUSPENDED, 0, 1 << 30).is_ongoing());
-        for s in [DEV_REPLACE_STATE_NEVER_STARTED, DEV_REPLACE_STATE_FINISHED, DEV_REPLACE_STATE_CANCELED] {
+        for s in [
+            DEV_REPLACE_STATE_NEVER_STARTED,
+            DEV_REPLACE_STATE_FINISHED,
+            DEV_REPLACE_STATE_CANCELED,
+        ] {
             assert!(!item(s, 5 << 20, 1 << 30).is_ongoing(), "state {s}");
         }
         assert_eq!(item(DEV_REPLACE_STATE_FINISHED, 0, 1 << 30).progress_permille(), 1000);

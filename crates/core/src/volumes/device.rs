@@ -82,7 +82,11 @@ pub trait BlockDevice: Send + Sync {
     /// a device opened read-only; I/O errors, including ranges past the end.
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         let _ = (offset, len);
-        Err(Error::posix_detail(PosixKind::NotSupported, self.name().to_string(), "the device takes no discards"))
+        Err(Error::posix_detail(
+            PosixKind::NotSupported,
+            self.name().to_string(),
+            "the device takes no discards",
+        ))
     }
 }
 
@@ -182,7 +186,8 @@ impl FileDevice {
         let size = {
             use std::io::Seek;
             let mut f = &file;
-            f.seek(std::io::SeekFrom::End(0)).map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?
+            f.seek(std::io::SeekFrom::End(0))
+                .map_err(|e| Error::io(format!("cannot size {}", path.display()), e))?
         };
         Ok(FileDevice {
             file,
@@ -214,7 +219,10 @@ impl FileDevice {
 fn check_range(name: &str, offset: u64, len: usize, size: u64) -> Result<()> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
-        _ => Err(Error::io(format!("{name}: access [{offset}, +{len}) beyond end of device ({size} bytes)"), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
+        _ => Err(Error::io(
+            format!("{name}: access [{offset}, +{len}) beyond end of device ({size} bytes)"),
+            std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+        )),
     }
 }
 
@@ -225,7 +233,14 @@ impl BlockDevice for FileDevice {
         let regular = self.file.metadata().map(|m| m.is_file()).unwrap_or(false);
         if regular {
             // SAFETY: fallocate on a descriptor this device owns, within its size.
-            let r = unsafe { libc::fallocate(self.file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset as libc::off_t, len as libc::off_t) };
+            let r = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            };
             if r == 0 {
                 return Ok(());
             }
@@ -252,7 +267,14 @@ impl BlockDevice for FileDevice {
         if self.writable {
             // SAFETY: fallocate on a descriptor this device owns, past its end, with
             // KEEP_SIZE: no byte of the file changes.
-            let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, md.len() as libc::off_t, 4096) };
+            let r = unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    md.len() as libc::off_t,
+                    4096,
+                )
+            };
             if r != 0 {
                 return None;
             }
@@ -260,21 +282,33 @@ impl BlockDevice for FileDevice {
         // SAFETY: fstatfs fills the struct it is given, on a descriptor we own.
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
-        let bsize = if unsafe { libc::fstatfs(fd, &mut st) } == 0 { st.f_bsize as u64 } else { 4096 };
+        let bsize =
+            if unsafe { libc::fstatfs(fd, &mut st) } == 0 { st.f_bsize as u64 } else { 4096 };
         Some(bsize.max(512))
     }
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         use std::os::unix::fs::FileTypeExt;
         use std::os::unix::io::AsRawFd;
-        let l = usize::try_from(len).map_err(|_| Error::posix_detail(PosixKind::Invalid, self.name.clone(), format!("discard of {len} bytes at {offset}")))?;
+        let l = usize::try_from(len).map_err(|_| {
+            Error::posix_detail(
+                PosixKind::Invalid,
+                self.name.clone(),
+                format!("discard of {len} bytes at {offset}"),
+            )
+        })?;
         check_range(&self.name, offset, l, self.size)?;
         if !self.writable {
-            return Err(Error::posix_detail(PosixKind::ReadOnly, self.name.clone(), "opened read-only"));
+            return Err(Error::posix_detail(
+                PosixKind::ReadOnly,
+                self.name.clone(),
+                "opened read-only",
+            ));
         }
         if len == 0 {
             return Ok(());
         }
-        let md = self.file.metadata().map_err(|e| Error::io(format!("{}: discard", self.name), e))?;
+        let md =
+            self.file.metadata().map_err(|e| Error::io(format!("{}: discard", self.name), e))?;
         let fd = self.file.as_raw_fd();
         let r = if md.file_type().is_block_device() {
             let range: [u64; 2] = [offset, len];
@@ -282,29 +316,49 @@ impl BlockDevice for FileDevice {
             unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
         } else if md.is_file() {
             // SAFETY: fallocate on a descriptor this device owns, within its size.
-            unsafe { libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset as libc::off_t, len as libc::off_t) }
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                )
+            }
         } else {
-            return Err(Error::posix_detail(PosixKind::NotSupported, self.name.clone(), "the device takes no discards"));
+            return Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                self.name.clone(),
+                "the device takes no discards",
+            ));
         };
         if r == 0 {
             return Ok(());
         }
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EOPNOTSUPP) => Err(Error::posix_detail(PosixKind::NotSupported, self.name.clone(), "the device takes no discards")),
+            Some(libc::EOPNOTSUPP) => Err(Error::posix_detail(
+                PosixKind::NotSupported,
+                self.name.clone(),
+                "the device takes no discards",
+            )),
             _ => Err(Error::io(format!("{}: discard of {len} bytes at {offset}", self.name), e)),
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         check_range(&self.name, offset, buf.len(), self.size)?;
-        self.file.read_exact_at(buf, offset).map_err(|e| Error::io(format!("{}: read of {} bytes at {offset}", self.name, buf.len()), e))
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            Error::io(format!("{}: read of {} bytes at {offset}", self.name, buf.len()), e)
+        })
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         check_range(&self.name, offset, buf.len(), self.size)?;
-        self.file.write_all_at(buf, offset).map_err(|e| Error::io(format!("{}: write of {} bytes at {offset}", self.name, buf.len()), e))
+        self.file.write_all_at(buf, offset).map_err(|e| {
+            Error::io(format!("{}: write of {} bytes at {offset}", self.name, buf.len()), e)
+        })
     }
     fn flush(&self) -> Result<()> {
-        *self.unstarted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = (0, u64::MAX, 0);
+        *self.unstarted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            (0, u64::MAX, 0);
         self.file.sync_data().map_err(|e| Error::io(format!("{}: flush", self.name), e))
     }
     fn size(&self) -> u64 {
@@ -315,7 +369,9 @@ impl BlockDevice for FileDevice {
     }
     fn write_data_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         check_range(&self.name, offset, buf.len(), self.size)?;
-        let aligned = (buf.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN) && buf.len().is_multiple_of(DIRECT_IO_ALIGN) && offset.is_multiple_of(DIRECT_IO_ALIGN as u64);
+        let aligned = (buf.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN)
+            && buf.len().is_multiple_of(DIRECT_IO_ALIGN)
+            && offset.is_multiple_of(DIRECT_IO_ALIGN as u64);
         // Small writes go through the host's page cache: a synchronous O_DIRECT write
         // per 4 KiB block costs a device round trip each, and the commit's flush makes
         // buffered data durable all the same.
@@ -324,7 +380,13 @@ impl BlockDevice for FileDevice {
                 let mut d = self.direct.write().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if d.is_none() {
                     use std::os::unix::fs::OpenOptionsExt;
-                    *d = Some(std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&self.name).ok());
+                    *d = Some(
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .custom_flags(libc::O_DIRECT)
+                            .open(&self.name)
+                            .ok(),
+                    );
                 }
             }
             let direct = self.direct.read().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -334,7 +396,16 @@ impl BlockDevice for FileDevice {
                     Ok(()) => return Ok(()),
                     // Some hosts accept O_DIRECT at open and refuse the write.
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                    Err(e) => return Err(Error::io(format!("{}: direct write of {} bytes at {offset}", self.name, buf.len()), e)),
+                    Err(e) => {
+                        return Err(Error::io(
+                            format!(
+                                "{}: direct write of {} bytes at {offset}",
+                                self.name,
+                                buf.len()
+                            ),
+                            e,
+                        ))
+                    }
                 }
             }
         }
@@ -364,7 +435,9 @@ impl BlockDevice for FileDevice {
         if !self.leased.load(std::sync::atomic::Ordering::Acquire) {
             match crate::volumes::device_lock::hold_opens(&self.file) {
                 Ok(()) => self.leased.store(true, std::sync::atomic::Ordering::Release),
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => c.not_held = Some("another process has it open".into()),
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    c.not_held = Some("another process has it open".into())
+                }
                 Err(e) => c.not_held = Some(e.to_string()),
             }
         }
@@ -396,7 +469,12 @@ impl BlockDevice for FileDevice {
         };
         // SAFETY: plain syscall on an open descriptor; failure only loses the hint.
         unsafe {
-            libc::sync_file_range(self.file.as_raw_fd(), from as libc::off64_t, (to - from) as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                from as libc::off64_t,
+                (to - from) as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
         }
     }
 }
@@ -412,8 +490,12 @@ fn blockdev_discard_granularity(md: &std::fs::Metadata) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     let rdev = md.rdev();
     let dir = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
-    let read =
-        |name: &str| -> Option<u64> { [format!("{dir}/queue/{name}"), format!("{dir}/../queue/{name}")].iter().find_map(|p| std::fs::read_to_string(p).ok()).and_then(|s| s.trim().parse().ok()) };
+    let read = |name: &str| -> Option<u64> {
+        [format!("{dir}/queue/{name}"), format!("{dir}/../queue/{name}")]
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| s.trim().parse().ok())
+    };
     match read("discard_max_bytes")? {
         0 => None,
         _ => Some(read("discard_granularity").unwrap_or(512).max(512)),
@@ -431,7 +513,11 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(data: Vec<u8>, name: impl Into<String>) -> MemDevice {
-        MemDevice { data: RwLock::new(data), name: name.into(), discards: std::sync::Mutex::new(Vec::new()) }
+        MemDevice {
+            data: RwLock::new(data),
+            name: name.into(),
+            discards: std::sync::Mutex::new(Vec::new()),
+        }
     }
     /// Every range discarded so far (offset, length), in the order discarded.
     pub fn discarded(&self) -> Vec<(u64, u64)> {
@@ -451,7 +537,13 @@ impl BlockDevice for MemDevice {
     }
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         let mut d = self.data.write().unwrap_or_else(|p| p.into_inner());
-        let l = usize::try_from(len).map_err(|_| Error::posix_detail(PosixKind::Invalid, self.name.clone(), format!("discard of {len} bytes at {offset}")))?;
+        let l = usize::try_from(len).map_err(|_| {
+            Error::posix_detail(
+                PosixKind::Invalid,
+                self.name.clone(),
+                format!("discard of {len} bytes at {offset}"),
+            )
+        })?;
         check_range(&self.name, offset, l, d.len() as u64)?;
         let o = offset as usize;
         d[o..o + l].fill(0);

@@ -88,8 +88,16 @@ pub fn parse_proc_locks(text: &str, dev: DevNum, ino: u64) -> Vec<FlockHolder> {
             continue;
         }
         let mut parts = id.split(':');
-        let (Some(maj), Some(min), Some(i), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else { continue };
-        let (Ok(maj), Ok(min), Ok(i)) = (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16), i.parse::<u64>()) else { continue };
+        let (Some(maj), Some(min), Some(i), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (Ok(maj), Ok(min), Ok(i)) =
+            (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16), i.parse::<u64>())
+        else {
+            continue;
+        };
         if (maj, min) != dev || i != ino {
             continue;
         }
@@ -114,7 +122,8 @@ fn flock_holders(md: &std::fs::Metadata) -> Vec<FlockHolder> {
 /// # Errors
 /// `Io` when `path` cannot be looked up.
 pub fn lock_holders(path: &Path) -> Result<Vec<FlockHolder>> {
-    let md = std::fs::metadata(path).map_err(|e| Error::io(format!("cannot look up {}", path.display()), e))?;
+    let md = std::fs::metadata(path)
+        .map_err(|e| Error::io(format!("cannot look up {}", path.display()), e))?;
     Ok(flock_holders(&md))
 }
 
@@ -127,7 +136,8 @@ pub fn mark_unmounting() {
 
 /// Whether process `pid` is a ubtrfs mount in its unmount (`mark_unmounting`).
 pub fn is_unmounting(pid: u32) -> bool {
-    mountinfo::read_small(Path::new(&format!("/proc/{pid}/comm"))).is_some_and(|c| c.trim_end() == UNMOUNTING_COMM)
+    mountinfo::read_small(Path::new(&format!("/proc/{pid}/comm")))
+        .is_some_and(|c| c.trim_end() == UNMOUNTING_COMM)
 }
 
 /// Whether process `pid` has /dev/fuse open: a FUSE daemon. False when its descriptors
@@ -135,7 +145,9 @@ pub fn is_unmounting(pid: u32) -> bool {
 pub fn is_fuse_daemon(pid: u32) -> bool {
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
     // A daemon has a few dozen descriptors; the bound keeps a huge table from stalling us.
-    fds.flatten().take(4096).any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+    fds.flatten()
+        .take(4096)
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
 }
 
 /// Another user of a device, found when it was opened.
@@ -170,13 +182,25 @@ impl fmt::Display for InUse {
                 let pids = match pids.as_slice() {
                     [] => String::new(),
                     [p] => format!(" (pid {p})"),
-                    ps => format!(" (pids {})", ps.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+                    ps => format!(
+                        " (pids {})",
+                        ps.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                    ),
                 };
                 write!(f, "{dev} {verb} another ubtrfs process{pids}{through}")
             }
-            User::Kernel(KernelUse::Mounted { mount_point: Some(mp) }) => write!(f, "{dev} is mounted by the kernel at {}{through}", crate::quote::name(mp.as_os_str().as_bytes())),
-            User::Kernel(KernelUse::Mounted { mount_point: None }) => write!(f, "{dev} is mounted by the kernel{through}, at a mount point not visible here"),
-            User::Kernel(KernelUse::HeldExclusively) => write!(f, "{dev} is held exclusively by another program{through}"),
+            User::Kernel(KernelUse::Mounted { mount_point: Some(mp) }) => write!(
+                f,
+                "{dev} is mounted by the kernel at {}{through}",
+                crate::quote::name(mp.as_os_str().as_bytes())
+            ),
+            User::Kernel(KernelUse::Mounted { mount_point: None }) => write!(
+                f,
+                "{dev} is mounted by the kernel{through}, at a mount point not visible here"
+            ),
+            User::Kernel(KernelUse::HeldExclusively) => {
+                write!(f, "{dev} is held exclusively by another program{through}")
+            }
         }
     }
 }
@@ -185,7 +209,9 @@ impl InUse {
     /// The error a writer gets.
     pub fn refusal(&self) -> Error {
         match &self.by {
-            User::Kernel(KernelUse::Mounted { .. }) => Error::posix_detail(PosixKind::Busy, self.to_string(), "unmount it first"),
+            User::Kernel(KernelUse::Mounted { .. }) => {
+                Error::posix_detail(PosixKind::Busy, self.to_string(), "unmount it first")
+            }
             _ => Error::posix(PosixKind::Busy, self.to_string()),
         }
     }
@@ -252,7 +278,10 @@ pub(crate) fn open(path: &Path, writable: bool) -> Result<Claimed> {
     let fmd = file.metadata().map_err(|e| Error::io(format!("cannot open {name}"), e))?;
     if fmd.file_type().is_block_device() != block {
         // Renamed over between stat and open: the O_EXCL choice was for another file.
-        return Err(Error::io(format!("cannot open {name}"), std::io::Error::other("it was replaced while being opened")));
+        return Err(Error::io(
+            format!("cannot open {name}"),
+            std::io::Error::other("it was replaced while being opened"),
+        ));
     }
     let mut c = Claimed { file, lock_files: Vec::new(), in_use: Vec::new(), warnings: Vec::new() };
     lock(&mut c, &name, None, None, &fmd, writable)?;
@@ -260,7 +289,9 @@ pub(crate) fn open(path: &Path, writable: bool) -> Result<Claimed> {
         let bd = BlockDev::from_rdev(fmd.rdev());
         if let Some(backing) = mountinfo::loop_backing_file(&bd) {
             if let Ok(f) = File::open(&backing) {
-                let bmd = f.metadata().map_err(|e| Error::io(format!("cannot open {}", backing.display()), e))?;
+                let bmd = f
+                    .metadata()
+                    .map_err(|e| Error::io(format!("cannot open {}", backing.display()), e))?;
                 lock(&mut c, &name, Some(&f), Some(backing.display().to_string()), &bmd, writable)?;
                 c.lock_files.push(f);
             }
@@ -291,10 +322,16 @@ pub(crate) fn kernel_use_of_file(name: &str, md: &std::fs::Metadata, probe: bool
     for lp in mountinfo::loops_backed_by(md.dev(), md.ino()) {
         let how = match mountinfo::mounted(&lp) {
             Some(how) => how,
-            None if probe && mountinfo::held_exclusively(&lp) == Some(true) => KernelUse::HeldExclusively,
+            None if probe && mountinfo::held_exclusively(&lp) == Some(true) => {
+                KernelUse::HeldExclusively
+            }
             None => continue,
         };
-        out.push(InUse { device: name.to_string(), by: User::Kernel(how), through: Some(lp.dev_path()) });
+        out.push(InUse {
+            device: name.to_string(),
+            by: User::Kernel(how),
+            through: Some(lp.dev_path()),
+        });
     }
     out
 }
@@ -335,7 +372,14 @@ pub(crate) fn release_opens(file: &File) {
 
 /// Take the flock lock on `other` (or the main file), whose metadata is `md`; `through`
 /// names `other` in messages.
-fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<String>, md: &std::fs::Metadata, writable: bool) -> Result<()> {
+fn lock(
+    c: &mut Claimed,
+    name: &str,
+    other: Option<&File>,
+    through: Option<String>,
+    md: &std::fs::Metadata,
+    writable: bool,
+) -> Result<()> {
     let fd = other.unwrap_or(&c.file).as_raw_fd();
     let op = if writable { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
     let me = std::process::id();
@@ -350,11 +394,15 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            c.warnings.push(format!("cannot lock {} ({e}); another ubtrfs process could change it at the same time", through.as_deref().unwrap_or(name)));
+            c.warnings.push(format!(
+                "cannot lock {} ({e}); another ubtrfs process could change it at the same time",
+                through.as_deref().unwrap_or(name)
+            ));
             return Ok(());
         }
         // A reader only conflicts with exclusive holders; a writer with any.
-        let holders: Vec<FlockHolder> = flock_holders(md).into_iter().filter(|h| writable || h.exclusive).collect();
+        let holders: Vec<FlockHolder> =
+            flock_holders(md).into_iter().filter(|h| writable || h.exclusive).collect();
         if holders.is_empty() && !retried_gone {
             // The holder let go between our try and the listing: try once more.
             retried_gone = true;
@@ -379,7 +427,8 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
     let mut pids: Vec<u32> = holders.iter().filter_map(|h| h.pid).collect();
     pids.sort_unstable();
     pids.dedup();
-    let u = InUse { device: name.to_string(), by: User::Ubtrfs { pids, writing: !writable }, through };
+    let u =
+        InUse { device: name.to_string(), by: User::Ubtrfs { pids, writing: !writable }, through };
     if writable {
         return Err(u.refusal());
     }
@@ -393,7 +442,13 @@ fn lock(c: &mut Claimed, name: &str, other: Option<&File>, through: Option<Strin
 /// at most `UNMOUNT_PATIENCE` since `start`, saying so once per process in `told`. A
 /// writer also gives a FUSE daemon that holds the image `UNMOUNT_NOTICE` to notice its
 /// unmount. Any other holder is reported at once.
-fn wait_for(pids: &[u32], name: &str, writable: bool, start: std::time::Instant, told: &mut Option<u32>) -> bool {
+fn wait_for(
+    pids: &[u32],
+    name: &str,
+    writable: bool,
+    start: std::time::Instant,
+    told: &mut Option<u32>,
+) -> bool {
     if let Some(&p) = pids.iter().find(|&&p| is_unmounting(p)) {
         if start.elapsed() >= UNMOUNT_PATIENCE {
             return false;
@@ -416,7 +471,8 @@ fn exclusive_holder(name: &str, md: &std::fs::Metadata) -> InUse {
         User::Kernel(how)
     } else {
         // A ubtrfs writer holds O_EXCL and its flock lock together.
-        let pids: Vec<u32> = flock_holders(md).iter().filter(|h| h.exclusive).filter_map(|h| h.pid).collect();
+        let pids: Vec<u32> =
+            flock_holders(md).iter().filter(|h| h.exclusive).filter_map(|h| h.pid).collect();
         if pids.is_empty() {
             User::Kernel(KernelUse::HeldExclusively)
         } else {
@@ -465,18 +521,37 @@ garbage
 
     #[test]
     fn messages_name_the_device_and_the_holder() {
-        let u = |by, through: Option<&str>| InUse { device: "img".into(), by, through: through.map(str::to_string) };
+        let u = |by, through: Option<&str>| InUse {
+            device: "img".into(),
+            by,
+            through: through.map(str::to_string),
+        };
         let e = u(User::Ubtrfs { pids: vec![42], writing: false }, None).refusal();
         assert_eq!(e.posix_kind(), Some(PosixKind::Busy));
-        assert!(e.to_string().starts_with("img is in use by another ubtrfs process (pid 42)"), "{e}");
-        assert_eq!(u(User::Ubtrfs { pids: vec![], writing: false }, None).to_string(), "img is in use by another ubtrfs process");
-        assert_eq!(u(User::Ubtrfs { pids: vec![1, 2], writing: true }, None).to_string(), "img is being changed by another ubtrfs process (pids 1, 2)");
+        assert!(
+            e.to_string().starts_with("img is in use by another ubtrfs process (pid 42)"),
+            "{e}"
+        );
+        assert_eq!(
+            u(User::Ubtrfs { pids: vec![], writing: false }, None).to_string(),
+            "img is in use by another ubtrfs process"
+        );
+        assert_eq!(
+            u(User::Ubtrfs { pids: vec![1, 2], writing: true }, None).to_string(),
+            "img is being changed by another ubtrfs process (pids 1, 2)"
+        );
         assert_eq!(
             u(User::Ubtrfs { pids: vec![7], writing: true }, None).reader_warning(),
             "img is being changed by another ubtrfs process (pid 7); showing its last committed state, which may change while it is read"
         );
-        let m = u(User::Kernel(KernelUse::Mounted { mount_point: Some("/mnt/a b\n".into()) }), Some("/dev/loop3"));
+        let m = u(
+            User::Kernel(KernelUse::Mounted { mount_point: Some("/mnt/a b\n".into()) }),
+            Some("/dev/loop3"),
+        );
         assert!(m.refusal().to_string().starts_with("img is mounted by the kernel at /mnt/a b\\n (through /dev/loop3): device or resource busy (unmount it first)"), "{}", m.refusal());
-        assert_eq!(u(User::Kernel(KernelUse::HeldExclusively), None).to_string(), "img is held exclusively by another program");
+        assert_eq!(
+            u(User::Kernel(KernelUse::HeldExclusively), None).to_string(),
+            "img is held exclusively by another program"
+        );
     }
 }

@@ -190,7 +190,12 @@ impl fmt::Display for PowerLoss {
 ///
 /// Then, half of the time, the last write applied is torn (a random prefix of its
 /// units, or a random unit-by-unit mix), if it spans more than one unit.
-pub fn apply_power_loss(img: &mut [u8], pending: &[(u64, u64, Arc<[u8]>)], seed: u64, atomic_unit: u64) -> PowerLoss {
+pub fn apply_power_loss(
+    img: &mut [u8],
+    pending: &[(u64, u64, Arc<[u8]>)],
+    seed: u64,
+    atomic_unit: u64,
+) -> PowerLoss {
     assert!(atomic_unit > 0, "atomic unit must be positive");
     let mut rng = Rng::new(seed);
     let n = pending.len();
@@ -205,7 +210,10 @@ pub fn apply_power_loss(img: &mut [u8], pending: &[(u64, u64, Arc<[u8]>)], seed:
             v
         }
     };
-    let mut loss = PowerLoss { mode: ["lose-all", "keep-all", "prefix", "subset"][mode as usize], ..Default::default() };
+    let mut loss = PowerLoss {
+        mode: ["lose-all", "keep-all", "prefix", "subset"][mode as usize],
+        ..Default::default()
+    };
     let kept: BTreeSet<usize> = order.iter().copied().collect();
     loss.lost = (0..n).filter(|i| !kept.contains(i)).map(|i| pending[i].0).collect();
     // Decide the tear before applying, so the order of rng draws stays fixed.
@@ -234,7 +242,9 @@ pub fn apply_power_loss(img: &mut [u8], pending: &[(u64, u64, Arc<[u8]>)], seed:
         match tear {
             None => apply(img, *off, data),
             Some(mask) => {
-                for (&(s, e), &on) in unit_spans(*off, data.len() as u64, atomic_unit).iter().zip(&mask) {
+                for (&(s, e), &on) in
+                    unit_spans(*off, data.len() as u64, atomic_unit).iter().zip(&mask)
+                {
                     if on {
                         let a = (s - off) as usize;
                         let b = (e - off) as usize;
@@ -380,7 +390,10 @@ impl FaultyDevice {
     /// most `timeout`. Returns whether one is.
     pub fn wait_for_held_op(&self, timeout: std::time::Duration) -> bool {
         let g = self.gate();
-        let (g, _) = self.gate_cv.wait_timeout_while(g, timeout, |g| g.waiting == 0).unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self
+            .gate_cv
+            .wait_timeout_while(g, timeout, |g| g.waiting == 0)
+            .unwrap_or_else(|p| p.into_inner());
         g.waiting > 0
     }
 
@@ -524,7 +537,11 @@ impl FaultyDevice {
         if let Some(r) = st.log.last() {
             if r.outcome == OpOutcome::Crashed && r.is_write() {
                 let (off, _) = write_of(r);
-                pending.push((st.log.len() as u64 - 1, off, r.data.clone().expect("the crash write keeps its data")));
+                pending.push((
+                    st.log.len() as u64 - 1,
+                    off,
+                    r.data.clone().expect("the crash write keeps its data"),
+                ));
             }
         }
         let loss = apply_power_loss(&mut img, &pending, seed, st.atomic_unit);
@@ -542,7 +559,13 @@ impl FaultyDevice {
     fn check_range(&self, offset: u64, len: usize) -> Result<()> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(()),
-            _ => Err(Error::io(format!("{}: access [{offset}, +{len}) beyond end of device ({} bytes)", self.name, self.size), std::io::Error::from(std::io::ErrorKind::UnexpectedEof))),
+            _ => Err(Error::io(
+                format!(
+                    "{}: access [{offset}, +{len}) beyond end of device ({} bytes)",
+                    self.name, self.size
+                ),
+                std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+            )),
         }
     }
 }
@@ -571,7 +594,8 @@ impl BlockDevice for FaultyDevice {
             let s = woff.max(offset);
             let e = wend.min(end);
             if s < e {
-                buf[(s - offset) as usize..(e - offset) as usize].copy_from_slice(&data[(s - woff) as usize..(e - woff) as usize]);
+                buf[(s - offset) as usize..(e - offset) as usize]
+                    .copy_from_slice(&data[(s - woff) as usize..(e - woff) as usize]);
             }
         }
         st.reads += 1;
@@ -602,9 +626,15 @@ impl BlockDevice for FaultyDevice {
             st.log.push(OpRecord { kind, outcome: OpOutcome::Crashed, data: Some(buf.into()) });
             return Err(self.dead(&format!("write of {} bytes at {offset}", buf.len()), Some(k)));
         }
-        if st.fail_writes.contains(&k) || st.fail_write_ordinals.contains(&ordinal) || st.fail_write_offsets.remove(&offset) {
+        if st.fail_writes.contains(&k)
+            || st.fail_write_ordinals.contains(&ordinal)
+            || st.fail_write_offsets.remove(&offset)
+        {
             st.log.push(OpRecord { kind, outcome: OpOutcome::Failed, data: None });
-            return Err(Error::io(format!("{}: write of {} bytes at {offset}", self.name, buf.len()), std::io::Error::other(format!("injected write failure at op {k}"))));
+            return Err(Error::io(
+                format!("{}: write of {} bytes at {offset}", self.name, buf.len()),
+                std::io::Error::other(format!("injected write failure at op {k}")),
+            ));
         }
         st.log.push(OpRecord { kind, outcome: OpOutcome::Ok, data: Some(buf.into()) });
         st.pending.push(k);
@@ -627,7 +657,10 @@ impl BlockDevice for FaultyDevice {
         }
         if st.fail_flushes.contains(&k) || st.fail_flush_ordinals.contains(&ordinal) {
             st.log.push(OpRecord { kind: OpKind::Flush, outcome: OpOutcome::Failed, data: None });
-            return Err(Error::io(format!("{}: flush", self.name), std::io::Error::other(format!("injected flush failure at op {k}"))));
+            return Err(Error::io(
+                format!("{}: flush", self.name),
+                std::io::Error::other(format!("injected flush failure at op {k}")),
+            ));
         }
         st.log.push(OpRecord { kind: OpKind::Flush, outcome: OpOutcome::Ok, data: None });
         let pending = std::mem::take(&mut st.pending);
@@ -656,14 +689,24 @@ impl BlockDevice for FaultyDevice {
         if st.crashed {
             return Err(self.dead(&format!("discard of {len} bytes at {offset}"), None));
         }
-        let l = usize::try_from(len).map_err(|_| Error::posix_detail(crate::error::PosixKind::Invalid, self.name.clone(), format!("discard of {len} bytes at {offset}")))?;
+        let l = usize::try_from(len).map_err(|_| {
+            Error::posix_detail(
+                crate::error::PosixKind::Invalid,
+                self.name.clone(),
+                format!("discard of {len} bytes at {offset}"),
+            )
+        })?;
         self.check_range(offset, l)?;
         match st.discards.as_mut() {
             Some(d) => {
                 d.push((offset, len));
                 Ok(())
             }
-            None => Err(Error::posix_detail(crate::error::PosixKind::NotSupported, self.name.clone(), "the device takes no discards")),
+            None => Err(Error::posix_detail(
+                crate::error::PosixKind::NotSupported,
+                self.name.clone(),
+                "the device takes no discards",
+            )),
         }
     }
 }
@@ -711,7 +754,9 @@ impl CrashSweep {
                 }
                 // A failed op changed nothing; a crash op cannot be passed.
                 (_, OpOutcome::Failed) => {}
-                (_, OpOutcome::Crashed) => panic!("cannot replay past the recorded crash at op {}", self.folded),
+                (_, OpOutcome::Crashed) => {
+                    panic!("cannot replay past the recorded crash at op {}", self.folded)
+                }
             }
             self.folded += 1;
         }

@@ -34,7 +34,14 @@ pub struct MapLookup {
 
 impl MapLookup {
     pub fn from_view(logical: u64, c: &ChunkView) -> MapLookup {
-        MapLookup { logical, length: c.length, type_: c.type_, stripe_len: c.stripe_len, sub_stripes: c.sub_stripes, stripes: c.stripes.clone() }
+        MapLookup {
+            logical,
+            length: c.length,
+            type_: c.type_,
+            stripe_len: c.stripe_len,
+            sub_stripes: c.sub_stripes,
+            stripes: c.stripes.clone(),
+        }
     }
 
     pub fn profile(&self) -> u64 {
@@ -44,7 +51,9 @@ impl MapLookup {
     /// How many independent copies each byte has.
     pub fn num_copies(&self) -> usize {
         match self.profile() {
-            BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4 => self.stripes.len(),
+            BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4 => {
+                self.stripes.len()
+            }
             BLOCK_GROUP_RAID10 => usize::from(self.sub_stripes.max(1)),
             _ => 1,
         }
@@ -53,7 +62,12 @@ impl MapLookup {
     /// Map `logical` (inside this chunk) for copy `mirror`: returns (stripe index,
     /// physical offset, bytes contiguous from there within this chunk).
     pub fn map(&self, logical: u64, mirror: usize) -> (usize, u64, u64) {
-        assert!(logical >= self.logical && logical < self.logical + self.length, "logical {logical} outside chunk {} +{}", self.logical, self.length);
+        assert!(
+            logical >= self.logical && logical < self.logical + self.length,
+            "logical {logical} outside chunk {} +{}",
+            self.logical,
+            self.length
+        );
         assert!(mirror < self.num_copies(), "mirror {mirror} >= copies {}", self.num_copies());
         let off = logical - self.logical;
         let to_end = self.length - off;
@@ -104,10 +118,23 @@ impl ChunkMap {
         let end = m.logical + m.length;
         if let Some((_, prev)) = chunks.range(..end).next_back() {
             if prev.logical + prev.length > m.logical && prev.logical != m.logical {
-                return Err(Corrupt::new(CorruptWhere::Item, format!("chunk {} +{} overlaps chunk {} +{}", m.logical, m.length, prev.logical, prev.length)).root(3).into());
+                return Err(Corrupt::new(
+                    CorruptWhere::Item,
+                    format!(
+                        "chunk {} +{} overlaps chunk {} +{}",
+                        m.logical, m.length, prev.logical, prev.length
+                    ),
+                )
+                .root(3)
+                .into());
             }
             if prev.logical == m.logical {
-                return Err(Corrupt::new(CorruptWhere::Item, format!("two different chunks at logical {}", m.logical)).root(3).into());
+                return Err(Corrupt::new(
+                    CorruptWhere::Item,
+                    format!("two different chunks at logical {}", m.logical),
+                )
+                .root(3)
+                .into());
             }
         }
         chunks.insert(m.logical, Arc::new(m));
@@ -122,13 +149,23 @@ impl ChunkMap {
         let chunks = self.chunks.read().unwrap_or_else(|p| p.into_inner());
         match chunks.range(..=logical).next_back() {
             Some((_, m)) if logical < m.logical + m.length => Ok(m.clone()),
-            _ => Err(Corrupt::new(CorruptWhere::Item, format!("no chunk maps logical address {logical}")).into()),
+            _ => Err(Corrupt::new(
+                CorruptWhere::Item,
+                format!("no chunk maps logical address {logical}"),
+            )
+            .into()),
         }
     }
 
     /// Every chunk, by start, as the map holds them now.
     pub fn iter(&self) -> std::vec::IntoIter<Arc<MapLookup>> {
-        self.chunks.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect::<Vec<_>>().into_iter()
+        self.chunks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
     }
     pub fn len(&self) -> usize {
         self.chunks.read().unwrap_or_else(|p| p.into_inner()).len()
@@ -165,7 +202,12 @@ impl Devices {
     /// # Errors
     /// `Io` (NotFound) naming the missing devid: the caller may try another copy.
     pub fn get(&self, devid: u64) -> Result<&Device> {
-        self.by_id.get(&devid).ok_or_else(|| Error::io(format!("device {devid} is missing (pass it with --device)"), std::io::Error::from(std::io::ErrorKind::NotFound)))
+        self.by_id.get(&devid).ok_or_else(|| {
+            Error::io(
+                format!("device {devid} is missing (pass it with --device)"),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })
     }
 
     /// The device to read `len` bytes at `phys` of member `devid` from: the member,
@@ -176,7 +218,9 @@ impl Devices {
     /// # Errors
     /// As `get`.
     pub fn reader(&self, devid: u64, phys: u64, len: u64) -> Result<&Device> {
-        if let (None, Some((src, left)), Some(t)) = (self.by_id.get(&devid), self.replace_copied, &self.replace_target) {
+        if let (None, Some((src, left)), Some(t)) =
+            (self.by_id.get(&devid), self.replace_copied, &self.replace_target)
+        {
             if src == devid && phys.checked_add(len).is_some_and(|end| end <= left) {
                 return Ok(t);
             }
@@ -189,7 +233,13 @@ impl Devices {
 ///
 /// # Errors
 /// `Corrupt` for unmapped addresses, `Io` for device failures or missing devices.
-pub fn read_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
+pub fn read_logical(
+    map: &ChunkMap,
+    devs: &Devices,
+    logical: u64,
+    buf: &mut [u8],
+    mirror: usize,
+) -> Result<()> {
     let mut done = 0usize;
     while done < buf.len() {
         let cur = logical + done as u64;
@@ -216,10 +266,20 @@ pub enum WriteKind {
 ///
 /// # Errors
 /// `Corrupt` for unmapped addresses, `Io` for device failures or missing devices.
-pub fn write_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &[u8], kind: WriteKind) -> Result<()> {
+pub fn write_logical(
+    map: &ChunkMap,
+    devs: &Devices,
+    logical: u64,
+    buf: &[u8],
+    kind: WriteKind,
+) -> Result<()> {
     // The writer refuses a filesystem with a replace in progress: a write here would
     // miss the target's copy below the cursor.
-    assert!(devs.replace_copied.is_none(), "write at logical {logical} with a device replace in progress ({:?})", devs.replace_copied);
+    assert!(
+        devs.replace_copied.is_none(),
+        "write at logical {logical} with a device replace in progress ({:?})",
+        devs.replace_copied
+    );
     let chunk = map.lookup(logical)?.clone();
     for mirror in 0..chunk.num_copies() {
         let mut done = 0usize;
@@ -234,7 +294,8 @@ pub fn write_logical(map: &ChunkMap, devs: &Devices, logical: u64, buf: &[u8], k
                 // sure every chunk keeps a whole copy on the devices present
                 // (`check_rw_degradable`); a range no copy of which can be written
                 // is an error.
-                let any = (0..c.num_copies()).any(|m| devs.by_id.contains_key(&c.stripes[c.map(cur, m).0].0));
+                let any = (0..c.num_copies())
+                    .any(|m| devs.by_id.contains_key(&c.stripes[c.map(cur, m).0].0));
                 if !any {
                     devs.get(devid)?;
                 }
@@ -296,7 +357,12 @@ mod tests {
 
     #[test]
     fn mirrored_profiles() {
-        for (p, n) in [(BLOCK_GROUP_DUP, 2), (BLOCK_GROUP_RAID1, 2), (BLOCK_GROUP_RAID1C3, 3), (BLOCK_GROUP_RAID1C4, 4)] {
+        for (p, n) in [
+            (BLOCK_GROUP_DUP, 2),
+            (BLOCK_GROUP_RAID1, 2),
+            (BLOCK_GROUP_RAID1C3, 3),
+            (BLOCK_GROUP_RAID1C4, 4),
+        ] {
             let c = chunk(p, n, 1);
             assert_eq!(c.num_copies(), n);
             for m in 0..n {

@@ -74,8 +74,13 @@ pub fn unescape(field: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = u32::from(b[i + 1] - b'0') * 64 + u32::from(b[i + 2] - b'0') * 8 + u32::from(b[i + 3] - b'0');
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = u32::from(b[i + 1] - b'0') * 64
+                + u32::from(b[i + 2] - b'0') * 8
+                + u32::from(b[i + 3] - b'0');
             // \400 and above do not fit a byte; the kernel never writes them.
             if let Ok(byte) = u8::try_from(v) {
                 out.push(byte);
@@ -107,8 +112,14 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
     for line in text.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         // The separator comes after the six fixed fields and any optional ones.
-        let Some(sep) = fields.iter().skip(6).position(|f| *f == "-").map(|p| p + 6) else { continue };
-        let (Some(dev), Some(fstype), Some(source)) = (parse_dev_num(fields[2]), fields.get(sep + 1), fields.get(sep + 2)) else { continue };
+        let Some(sep) = fields.iter().skip(6).position(|f| *f == "-").map(|p| p + 6) else {
+            continue;
+        };
+        let (Some(dev), Some(fstype), Some(source)) =
+            (parse_dev_num(fields[2]), fields.get(sep + 1), fields.get(sep + 2))
+        else {
+            continue;
+        };
         out.push(MountEntry {
             dev,
             mount_point: path_of(unescape(fields[4])),
@@ -189,7 +200,10 @@ fn btrfs_members() -> Vec<Vec<BlockDev>> {
         let Ok(devs) = std::fs::read_dir(fsid.path().join("devices")) else { continue };
         let mut members = Vec::new();
         for d in devs.flatten().take(MAX_ENTRIES) {
-            let Some(rdev) = read_small(&d.path().join("dev")).as_deref().and_then(parse_dev_num) else { continue };
+            let Some(rdev) = read_small(&d.path().join("dev")).as_deref().and_then(parse_dev_num)
+            else {
+                continue;
+            };
             members.push(BlockDev { rdev, name: d.file_name().to_str().map(str::to_string) });
         }
         if !members.is_empty() {
@@ -201,7 +215,9 @@ fn btrfs_members() -> Vec<Vec<BlockDev>> {
 
 /// Whether the kernel has block device `dev` mounted, and where.
 pub(crate) fn mounted(dev: &BlockDev) -> Option<KernelUse> {
-    let mounts = read_small(Path::new("/proc/self/mountinfo")).map(|t| parse_mountinfo(&t)).unwrap_or_default();
+    let mounts = read_small(Path::new("/proc/self/mountinfo"))
+        .map(|t| parse_mountinfo(&t))
+        .unwrap_or_default();
     find_mount(dev, &mounts, &btrfs_members())
 }
 
@@ -217,7 +233,10 @@ fn find_mount(dev: &BlockDev, mounts: &[MountEntry], btrfs: &[Vec<BlockDev>]) ->
         if !members.iter().any(|m| m.rdev == dev.rdev) {
             continue;
         }
-        let mp = mounts.iter().find(|m| m.fstype == "btrfs" && members.iter().any(|d| is(&m.source, d))).map(|m| m.mount_point.clone());
+        let mp = mounts
+            .iter()
+            .find(|m| m.fstype == "btrfs" && members.iter().any(|d| is(&m.source, d)))
+            .map(|m| m.mount_point.clone());
         return Some(KernelUse::Mounted { mount_point: mp });
     }
     None
@@ -239,7 +258,10 @@ pub(crate) fn loops_backed_by(dev: u64, ino: u64) -> Vec<BlockDev> {
         if md.dev() != dev || md.ino() != ino {
             continue;
         }
-        let Some(rdev) = read_small(&e.path().join("dev")).as_deref().and_then(parse_dev_num) else { continue };
+        let Some(rdev) = read_small(&e.path().join("dev")).as_deref().and_then(parse_dev_num)
+        else {
+            continue;
+        };
         out.push(BlockDev { rdev, name: Some(name.to_string()) });
     }
     out
@@ -293,10 +315,25 @@ this line is garbage
     fn mountinfo_fields_and_escapes() {
         let m = parse_mountinfo(MOUNTINFO);
         let points: Vec<&Path> = m.iter().map(|e| e.mount_point.as_path()).collect();
-        assert_eq!(points, [Path::new("/proc"), Path::new("/"), Path::new("/tmp/mx"), Path::new("/mnt/with space\ttab"), Path::new("/odd\\1")]);
+        assert_eq!(
+            points,
+            [
+                Path::new("/proc"),
+                Path::new("/"),
+                Path::new("/tmp/mx"),
+                Path::new("/mnt/with space\ttab"),
+                Path::new("/odd\\1")
+            ]
+        );
         assert_eq!(m[2].dev, (0, 39));
-        assert_eq!((m[2].mount_point.as_path(), m[2].fstype.as_str(), m[2].source.as_path()), (Path::new("/tmp/mx"), "btrfs", Path::new("/dev/loop0")));
-        assert_eq!((m[3].root.as_path(), m[3].mount_options.as_str(), m[3].super_options.as_str()), (Path::new("/sub"), "rw", "rw"));
+        assert_eq!(
+            (m[2].mount_point.as_path(), m[2].fstype.as_str(), m[2].source.as_path()),
+            (Path::new("/tmp/mx"), "btrfs", Path::new("/dev/loop0"))
+        );
+        assert_eq!(
+            (m[3].root.as_path(), m[3].mount_options.as_str(), m[3].super_options.as_str()),
+            (Path::new("/sub"), "rw", "rw")
+        );
         assert!(!m[3].read_only());
         assert_eq!(m[3].source, Path::new("/dev/loop1"));
         assert_eq!(m[1].dev, (254, 0));
@@ -328,17 +365,30 @@ this line is garbage
     #[test]
     fn mounts_found_by_number_name_and_btrfs_membership() {
         let mounts = parse_mountinfo(MOUNTINFO);
-        let dev = |maj, min, name: &str| BlockDev { rdev: (maj, min), name: Some(name.to_string()) };
+        let dev =
+            |maj, min, name: &str| BlockDev { rdev: (maj, min), name: Some(name.to_string()) };
         // By name: the loop device a btrfs was mounted through.
-        assert_eq!(find_mount(&dev(7, 0, "loop0"), &mounts, &[]), Some(KernelUse::Mounted { mount_point: Some("/tmp/mx".into()) }));
+        assert_eq!(
+            find_mount(&dev(7, 0, "loop0"), &mounts, &[]),
+            Some(KernelUse::Mounted { mount_point: Some("/tmp/mx".into()) })
+        );
         // By superblock number: ext4 mounted from vda.
-        assert_eq!(find_mount(&BlockDev { rdev: (254, 0), name: None }, &mounts, &[]), Some(KernelUse::Mounted { mount_point: Some("/".into()) }));
+        assert_eq!(
+            find_mount(&BlockDev { rdev: (254, 0), name: None }, &mounts, &[]),
+            Some(KernelUse::Mounted { mount_point: Some("/".into()) })
+        );
         // A second member of the btrfs mounted through loop1.
         let members = vec![vec![dev(7, 1, "loop1"), dev(7, 5, "loop5")]];
-        assert_eq!(find_mount(&dev(7, 5, "loop5"), &mounts, &members), Some(KernelUse::Mounted { mount_point: Some("/mnt/with space\ttab".into()) }));
+        assert_eq!(
+            find_mount(&dev(7, 5, "loop5"), &mounts, &members),
+            Some(KernelUse::Mounted { mount_point: Some("/mnt/with space\ttab".into()) })
+        );
         // A member of a btrfs mounted where we cannot see.
         let hidden = vec![vec![dev(7, 6, "loop6"), dev(7, 7, "loop7")]];
-        assert_eq!(find_mount(&dev(7, 7, "loop7"), &mounts, &hidden), Some(KernelUse::Mounted { mount_point: None }));
+        assert_eq!(
+            find_mount(&dev(7, 7, "loop7"), &mounts, &hidden),
+            Some(KernelUse::Mounted { mount_point: None })
+        );
         // Not mounted; garbage lines name loop2 and loop3 but were skipped.
         assert_eq!(find_mount(&dev(7, 2, "loop2"), &mounts, &members), None);
         assert_eq!(find_mount(&dev(7, 3, "loop3"), &mounts, &members), None);

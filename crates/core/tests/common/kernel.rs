@@ -12,9 +12,17 @@ pub fn kernel_available(test: &str) -> bool {
 pub fn kernel_available_with(test: &str, tools: &[&str]) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc_geteuid() } == 0;
-    let progs = ["btrfs", "mkfs.btrfs"].iter().all(|t| std::process::Command::new(t).arg("--version").output().map(|o| o.status.success()).unwrap_or(false));
-    let fs = std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
-    let missing: Vec<&str> = tools.iter().copied().filter(|t| !std::path::Path::new(t).exists()).collect();
+    let progs = ["btrfs", "mkfs.btrfs"].iter().all(|t| {
+        std::process::Command::new(t)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    });
+    let fs =
+        std::fs::read_to_string("/proc/filesystems").map(|s| s.contains("btrfs")).unwrap_or(false);
+    let missing: Vec<&str> =
+        tools.iter().copied().filter(|t| !std::path::Path::new(t).exists()).collect();
     if root && progs && fs && missing.is_empty() {
         return true;
     }
@@ -31,10 +39,22 @@ pub fn kernel_available_with(test: &str, tools: &[&str]) -> bool {
 
 /// The "Set shared" total of `btrfs filesystem du -s --raw DIR` (a kernel mount).
 pub fn du_shared_bytes(dir: &std::path::Path) -> u64 {
-    let out = std::process::Command::new("btrfs").args(["filesystem", "du", "-s", "--raw"]).arg(dir).output().expect("btrfs filesystem du");
+    let out = std::process::Command::new("btrfs")
+        .args(["filesystem", "du", "-s", "--raw"])
+        .arg(dir)
+        .output()
+        .expect("btrfs filesystem du");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "btrfs filesystem du: {text}{}", String::from_utf8_lossy(&out.stderr));
-    text.lines().last().and_then(|l| l.split_whitespace().nth(2)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no shared bytes in {text:?}"))
+    assert!(
+        out.status.success(),
+        "btrfs filesystem du: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .last()
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no shared bytes in {text:?}"))
 }
 
 extern "C" {

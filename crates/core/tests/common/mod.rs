@@ -11,7 +11,11 @@ pub fn repo_root() -> PathBuf {
 /// the repository): $UBTRFS_CORPUS, else beside the checkout, else the workplace's
 /// /work/shared. None (the caller skips with a message) when absent.
 pub fn corpus_dir() -> Option<PathBuf> {
-    let candidates = [std::env::var_os("UBTRFS_CORPUS").map(PathBuf::from), Some(repo_root().join("../shared/corpus/btrfs-progs-tests")), Some(PathBuf::from("/work/shared/corpus/btrfs-progs-tests"))];
+    let candidates = [
+        std::env::var_os("UBTRFS_CORPUS").map(PathBuf::from),
+        Some(repo_root().join("../shared/corpus/btrfs-progs-tests")),
+        Some(PathBuf::from("/work/shared/corpus/btrfs-progs-tests")),
+    ];
     candidates.into_iter().flatten().find(|d| d.is_dir())
 }
 
@@ -21,13 +25,19 @@ pub fn fixtures_dir() -> PathBuf {
 
 /// Every fixture name (from NAME.meta.json).
 pub fn fixture_names() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(fixtures_dir()).expect("fixtures dir").filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".meta.json").map(str::to_string)).collect();
+    let mut v: Vec<String> = std::fs::read_dir(fixtures_dir())
+        .expect("fixtures dir")
+        .filter_map(|e| {
+            e.ok()?.file_name().to_str()?.strip_suffix(".meta.json").map(str::to_string)
+        })
+        .collect();
     v.sort();
     v
 }
 
 pub fn meta(name: &str) -> serde_json::Value {
-    let s = std::fs::read_to_string(fixtures_dir().join(format!("{name}.meta.json"))).expect("meta");
+    let s =
+        std::fs::read_to_string(fixtures_dir().join(format!("{name}.meta.json"))).expect("meta");
     serde_json::from_str(&s).expect("meta json")
 }
 
@@ -41,12 +51,28 @@ pub fn fixture_images(name: &str) -> Vec<PathBuf> {
         .map(|i| {
             let src = fixtures_dir().join(format!("{name}.{i}.img.zst"));
             let md = std::fs::metadata(&src).expect("fixture image");
-            let stamp = format!("{}-{}", md.len(), md.modified().map(|t| t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)).unwrap_or(0));
+            let stamp = format!(
+                "{}-{}",
+                md.len(),
+                md.modified()
+                    .map(|t| t
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0))
+                    .unwrap_or(0)
+            );
             let dst = cache.join(format!("{name}.{i}.{stamp}.img"));
             if !dst.exists() {
                 // Tests run in parallel threads of one process: the temp name must be
                 // unique per thread, and the first finished rename wins.
-                let tmp = cache.join(format!("{name}.{i}.{stamp}.{}.{:?}.tmp", std::process::id(), std::thread::current().id()).replace(['(', ')'], ""));
+                let tmp = cache.join(
+                    format!(
+                        "{name}.{i}.{stamp}.{}.{:?}.tmp",
+                        std::process::id(),
+                        std::thread::current().id()
+                    )
+                    .replace(['(', ')'], ""),
+                );
                 let input = std::fs::File::open(&src).expect("open fixture");
                 let mut dec = zstd::stream::read::Decoder::new(input).expect("zstd");
                 dec.window_log_max(31).expect("window");
@@ -90,8 +116,12 @@ fn sparse_copy(r: &mut impl std::io::Read, w: &mut std::fs::File) {
 
 /// The manifest lines of fixture `name` keyed by path.
 pub fn manifest(name: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
-    let s = std::fs::read_to_string(fixtures_dir().join(format!("{name}.manifest.jsonl"))).expect("manifest");
-    s.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("manifest line")).map(|v| (v["path"].as_str().expect("path").to_string(), v)).collect()
+    let s = std::fs::read_to_string(fixtures_dir().join(format!("{name}.manifest.jsonl")))
+        .expect("manifest");
+    s.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("manifest line"))
+        .map(|v| (v["path"].as_str().expect("path").to_string(), v))
+        .collect()
 }
 
 mod kernel;

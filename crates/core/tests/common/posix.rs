@@ -310,7 +310,9 @@ impl Op {
             Op::Unlink { .. } => OpKind::Unlink,
             Op::UnlinkMany { .. } => OpKind::UnlinkMany,
             Op::Rmdir { .. } => OpKind::Rmdir,
-            Op::Rename { flags, .. } if flags & libc::RENAME_WHITEOUT != 0 => OpKind::RenameWhiteout,
+            Op::Rename { flags, .. } if flags & libc::RENAME_WHITEOUT != 0 => {
+                OpKind::RenameWhiteout
+            }
             Op::Rename { .. } => OpKind::Rename,
             Op::Write { .. } => OpKind::Write,
             Op::Truncate { .. } => OpKind::Truncate,
@@ -382,28 +384,66 @@ impl std::fmt::Display for Op {
             Op::Create { path, mode } => write!(f, "create {} {mode:o}", show(path)),
             Op::Creat { path, mode } => write!(f, "creat {} {mode:o}", show(path)),
             Op::Mkdir { path, mode } => write!(f, "mkdir {} {mode:o}", show(path)),
-            Op::Mknod { path, mode, rdev } => write!(f, "mknod {} {mode:o} {}:{}", show(path), rdev.0, rdev.1),
-            Op::Symlink { target, path } => write!(f, "symlink {} -> {}", show(path), show_name(target)),
+            Op::Mknod { path, mode, rdev } => {
+                write!(f, "mknod {} {mode:o} {}:{}", show(path), rdev.0, rdev.1)
+            }
+            Op::Symlink { target, path } => {
+                write!(f, "symlink {} -> {}", show(path), show_name(target))
+            }
             Op::Link { old, new } => write!(f, "link {} {}", show(old), show(new)),
-            Op::LinkMany { old, dir, tag, count } => write!(f, "link {} {count} times into {}/ as {}NNN...", show(old), show(dir), *tag as char),
+            Op::LinkMany { old, dir, tag, count } => write!(
+                f,
+                "link {} {count} times into {}/ as {}NNN...",
+                show(old),
+                show(dir),
+                *tag as char
+            ),
             Op::Unlink { path } => write!(f, "unlink {}", show(path)),
-            Op::UnlinkMany { dir, tag, count } => write!(f, "unlink {}/{}NNN... 0..{count}", show(dir), *tag as char),
+            Op::UnlinkMany { dir, tag, count } => {
+                write!(f, "unlink {}/{}NNN... 0..{count}", show(dir), *tag as char)
+            }
             Op::Rmdir { path } => write!(f, "rmdir {}", show(path)),
-            Op::Rename { old, new, flags } => write!(f, "rename {} {} flags={flags}", show(old), show(new)),
-            Op::Write { path, off, len, seed } => write!(f, "write {} off={off} len={len} seed={seed}", show(path)),
+            Op::Rename { old, new, flags } => {
+                write!(f, "rename {} {} flags={flags}", show(old), show(new))
+            }
+            Op::Write { path, off, len, seed } => {
+                write!(f, "write {} off={off} len={len} seed={seed}", show(path))
+            }
             Op::Truncate { path, size } => write!(f, "truncate {} {size}", show(path)),
-            Op::Fallocate { path, mode, off, len } => write!(f, "fallocate {} mode={mode:#x} off={off} len={len}", show(path)),
-            Op::Seek { path, off, whence } => write!(f, "lseek {} {off} {}", show(path), if *whence == libc::SEEK_DATA { "SEEK_DATA" } else { "SEEK_HOLE" }),
+            Op::Fallocate { path, mode, off, len } => {
+                write!(f, "fallocate {} mode={mode:#x} off={off} len={len}", show(path))
+            }
+            Op::Seek { path, off, whence } => write!(
+                f,
+                "lseek {} {off} {}",
+                show(path),
+                if *whence == libc::SEEK_DATA { "SEEK_DATA" } else { "SEEK_HOLE" }
+            ),
             Op::Chmod { path, mode } => write!(f, "chmod {} {mode:o}", show(path)),
             Op::Chown { path, uid, gid } => write!(f, "lchown {} {uid:?}:{gid:?}", show(path)),
-            Op::Utimens { path, atime, mtime } => write!(f, "utimens {} atime={atime:?} mtime={mtime:?}", show(path)),
-            Op::Setxattr { path, name, len, seed, flags } => write!(f, "setxattr {} {} len={len} seed={seed} flags={flags}", show(path), show_name(name)),
-            Op::Removexattr { path, name } => write!(f, "removexattr {} {}", show(path), show_name(name)),
+            Op::Utimens { path, atime, mtime } => {
+                write!(f, "utimens {} atime={atime:?} mtime={mtime:?}", show(path))
+            }
+            Op::Setxattr { path, name, len, seed, flags } => write!(
+                f,
+                "setxattr {} {} len={len} seed={seed} flags={flags}",
+                show(path),
+                show_name(name)
+            ),
+            Op::Removexattr { path, name } => {
+                write!(f, "removexattr {} {}", show(path), show_name(name))
+            }
             Op::Getxattr { path, name } => write!(f, "getxattr {} {}", show(path), show_name(name)),
             Op::Listxattr { path } => write!(f, "listxattr {}", show(path)),
             Op::Stat { path } => write!(f, "lstat {}", show(path)),
             Op::Read { path, off, len } => write!(f, "read {} off={off} len={len}", show(path)),
-            Op::Chattr { path, flag, set } => write!(f, "chattr {}{} {}", if *set { '+' } else { '-' }, if *flag == FS_IMMUTABLE_FL { 'i' } else { 'a' }, show(path)),
+            Op::Chattr { path, flag, set } => write!(
+                f,
+                "chattr {}{} {}",
+                if *set { '+' } else { '-' },
+                if *flag == FS_IMMUTABLE_FL { 'i' } else { 'a' },
+                show(path)
+            ),
             Op::Commit => write!(f, "commit (ubtrfs)"),
             Op::Reopen => write!(f, "reopen (ubtrfs)"),
         }
@@ -496,10 +536,17 @@ fn remember(rng: &mut Rng, v: &mut Vec<P>, p: &P) {
 
 impl Gen {
     pub fn new(seed: u64, avail: &[OpKind]) -> Gen {
-        let kinds: Vec<(OpKind, u32)> = WEIGHTS.iter().copied().filter(|(k, _)| avail.contains(k)).collect();
+        let kinds: Vec<(OpKind, u32)> =
+            WEIGHTS.iter().copied().filter(|(k, _)| avail.contains(k)).collect();
         let total = kinds.iter().map(|k| k.1).sum();
         assert!(total > 0, "no operation available");
-        Gen { rng: Rng::new(seed ^ 0x5EED_F905), kinds, total, recent: Vec::new(), recent_files: Vec::new() }
+        Gen {
+            rng: Rng::new(seed ^ 0x5EED_F905),
+            kinds,
+            total,
+            recent: Vec::new(),
+            recent_files: Vec::new(),
+        }
     }
 
     /// A name from `pool`: the pools share `c` and the long names, so a file and a
@@ -529,7 +576,9 @@ impl Gen {
             45..=84 => 2,
             _ => 3,
         };
-        let mut p: P = (1..depth).map(|_| if self.rng.chance(90) { self.name(Pool::Dir) } else { self.name(Pool::File) }).collect();
+        let mut p: P = (1..depth)
+            .map(|_| if self.rng.chance(90) { self.name(Pool::Dir) } else { self.name(Pool::File) })
+            .collect();
         p.push(self.name(pool));
         p
     }
@@ -567,7 +616,10 @@ impl Gen {
     }
 
     fn perm(&mut self) -> u32 {
-        *self.rng.pick(&[0o644, 0o600, 0o755, 0o700, 0o4755, 0o2755, 0o2775, 0o1777, 0o6711, 0, 0o7777]) as u32
+        *self
+            .rng
+            .pick(&[0o644, 0o600, 0o755, 0o700, 0o4755, 0o2755, 0o2775, 0o1777, 0o6711, 0, 0o7777])
+            as u32
     }
 
     fn time(&mut self) -> TimeArg {
@@ -656,8 +708,13 @@ impl Gen {
             }
             OpKind::Mkdir => Op::Mkdir { path: self.made(Pool::Dir), mode: self.perm() },
             OpKind::Mknod => {
-                let t = *self.rng.pick(&[libc::S_IFIFO, libc::S_IFCHR, libc::S_IFBLK, libc::S_IFSOCK]);
-                let rdev = if t == libc::S_IFCHR || t == libc::S_IFBLK { *self.rng.pick(&[(1, 3), (8, 1), (240, 77), (4095, 0xfffff), (0, 0)]) } else { (0, 0) };
+                let t =
+                    *self.rng.pick(&[libc::S_IFIFO, libc::S_IFCHR, libc::S_IFBLK, libc::S_IFSOCK]);
+                let rdev = if t == libc::S_IFCHR || t == libc::S_IFBLK {
+                    *self.rng.pick(&[(1, 3), (8, 1), (240, 77), (4095, 0xfffff), (0, 0)])
+                } else {
+                    (0, 0)
+                };
                 Op::Mknod { path: self.made(Pool::File), mode: t | self.perm(), rdev }
             }
             OpKind::Symlink => Op::Symlink { target: self.target(), path: self.made(Pool::File) },
@@ -736,7 +793,11 @@ impl Gen {
                     90..=94 => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
                     95..=96 => libc::FALLOC_FL_PUNCH_HOLE,
                     97 => libc::FALLOC_FL_COLLAPSE_RANGE,
-                    _ => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                    _ => {
+                        libc::FALLOC_FL_PUNCH_HOLE
+                            | libc::FALLOC_FL_ZERO_RANGE
+                            | libc::FALLOC_FL_KEEP_SIZE
+                    }
                 };
                 let off = match self.rng.below(100) {
                     0..=19 => 0,
@@ -753,16 +814,27 @@ impl Gen {
                 Op::Fallocate { path: self.file(), mode, off, len }
             }
             OpKind::Seek => {
-                let off = if self.rng.chance(30) { self.rng.below(8192) } else { self.rng.below(1536 << 10) };
+                let off = if self.rng.chance(30) {
+                    self.rng.below(8192)
+                } else {
+                    self.rng.below(1536 << 10)
+                };
                 let whence = if self.rng.chance(50) { libc::SEEK_DATA } else { libc::SEEK_HOLE };
                 Op::Seek { path: self.file(), off, whence }
             }
             OpKind::Chmod => {
-                let mode = if self.rng.chance(50) { self.rng.below(0o10000) as u32 } else { self.perm() };
+                let mode =
+                    if self.rng.chance(50) { self.rng.below(0o10000) as u32 } else { self.perm() };
                 Op::Chmod { path: self.existing(Pool::Any), mode }
             }
-            OpKind::Chown => Op::Chown { path: self.existing(Pool::Any), uid: self.id(), gid: self.id() },
-            OpKind::Utimens => Op::Utimens { path: self.existing(Pool::Any), atime: self.time(), mtime: self.time() },
+            OpKind::Chown => {
+                Op::Chown { path: self.existing(Pool::Any), uid: self.id(), gid: self.id() }
+            }
+            OpKind::Utimens => Op::Utimens {
+                path: self.existing(Pool::Any),
+                atime: self.time(),
+                mtime: self.time(),
+            },
             OpKind::Setxattr => {
                 let flags = match self.rng.below(100) {
                     0..=69 => 0,
@@ -770,10 +842,20 @@ impl Gen {
                     82..=93 => libc::XATTR_REPLACE,
                     _ => libc::XATTR_CREATE | libc::XATTR_REPLACE,
                 };
-                Op::Setxattr { path: self.existing(Pool::Any), name: self.xattr_name(), len: self.xattr_len(), seed: self.rng.next_u64(), flags }
+                Op::Setxattr {
+                    path: self.existing(Pool::Any),
+                    name: self.xattr_name(),
+                    len: self.xattr_len(),
+                    seed: self.rng.next_u64(),
+                    flags,
+                }
             }
-            OpKind::Removexattr => Op::Removexattr { path: self.existing(Pool::Any), name: self.xattr_name() },
-            OpKind::Getxattr => Op::Getxattr { path: self.existing(Pool::Any), name: self.xattr_name() },
+            OpKind::Removexattr => {
+                Op::Removexattr { path: self.existing(Pool::Any), name: self.xattr_name() }
+            }
+            OpKind::Getxattr => {
+                Op::Getxattr { path: self.existing(Pool::Any), name: self.xattr_name() }
+            }
             OpKind::Listxattr => Op::Listxattr { path: self.existing(Pool::Any) },
             OpKind::Stat => Op::Stat { path: self.existing(Pool::Any) },
             OpKind::Read => {
@@ -807,7 +889,9 @@ impl std::fmt::Debug for Out {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Out::Done => write!(f, "ok"),
-            Out::Data(d) => write!(f, "{} bytes sha256 {}", d.len(), &hex(&Sha256::digest(d))[..16]),
+            Out::Data(d) => {
+                write!(f, "{} bytes sha256 {}", d.len(), &hex(&Sha256::digest(d))[..16])
+            }
             Out::Names(n) => write!(f, "{:?}", n.iter().map(|n| show_name(n)).collect::<Vec<_>>()),
             Out::Stat(s) => write!(f, "{s:?}"),
             Out::Pos(p) => write!(f, "position {p}"),
@@ -866,7 +950,9 @@ fn cstr(b: &[u8]) -> CString {
 
 fn timespec(t: TimeArg) -> libc::timespec {
     match t {
-        TimeArg::Set(s, n) => libc::timespec { tv_sec: s as libc::time_t, tv_nsec: n as libc::c_long },
+        TimeArg::Set(s, n) => {
+            libc::timespec { tv_sec: s as libc::time_t, tv_nsec: n as libc::c_long }
+        }
         TimeArg::Now => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
         TimeArg::Omit => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
     }
@@ -930,7 +1016,15 @@ impl Kernel {
             return false;
         }
         let c = self.c(p);
-        let mut fm = Fiemap { fm_start: start, fm_length: end - start, fm_flags: 0, fm_mapped_extents: 0, fm_extent_count: 1, fm_reserved: 0, fm_extent: [0; 7] };
+        let mut fm = Fiemap {
+            fm_start: start,
+            fm_length: end - start,
+            fm_flags: 0,
+            fm_mapped_extents: 0,
+            fm_extent_count: 1,
+            fm_reserved: 0,
+            fm_extent: [0; 7],
+        };
         // SAFETY: a NUL-terminated path; `fm` has room for the one extent asked for;
         // the descriptor is closed once.
         unsafe {
@@ -951,7 +1045,10 @@ impl Kernel {
         // SAFETY: a NUL-terminated path; the flags are written by the ioctl into a
         // long; the descriptor is closed once.
         unsafe {
-            let fd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+            let fd = libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            );
             if fd < 0 {
                 return 0;
             }
@@ -970,7 +1067,8 @@ impl Kernel {
     pub fn xattr_len(&self, p: &P, name: &[u8]) -> Option<usize> {
         let c = self.c(p);
         // SAFETY: a size query (NULL buffer, size 0) of NUL-terminated strings.
-        let n = unsafe { libc::lgetxattr(c.as_ptr(), cstr(name).as_ptr(), std::ptr::null_mut(), 0) };
+        let n =
+            unsafe { libc::lgetxattr(c.as_ptr(), cstr(name).as_ptr(), std::ptr::null_mut(), 0) };
         (n >= 0).then_some(n as usize)
     }
 
@@ -982,7 +1080,13 @@ impl Kernel {
         }
         if let Op::UnlinkMany { .. } = op {
             let rs: Vec<Outcome> = unlink_many(op).iter().map(|u| self.apply(u)).collect();
-            return Ok(Out::Data(many_summary(rs.iter().filter(|r| r.is_ok()).count(), rs.iter().find_map(|r| r.clone().err())).into_bytes()));
+            return Ok(Out::Data(
+                many_summary(
+                    rs.iter().filter(|r| r.is_ok()).count(),
+                    rs.iter().find_map(|r| r.clone().err()),
+                )
+                .into_bytes(),
+            ));
         }
         // SAFETY: (every call below) the paths are NUL-terminated CStrings that outlive
         // the call; buffers are passed with their true lengths; descriptors are closed
@@ -990,7 +1094,11 @@ impl Kernel {
         unsafe {
             match op {
                 Op::Create { path, mode } => {
-                    let fd = libc::open(self.c(path).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC, *mode as libc::c_uint);
+                    let fd = libc::open(
+                        self.c(path).as_ptr(),
+                        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
+                        *mode as libc::c_uint,
+                    );
                     if fd < 0 {
                         return Err(errno());
                     }
@@ -998,7 +1106,15 @@ impl Kernel {
                     Ok(Out::Done)
                 }
                 Op::Creat { path, mode } => {
-                    let fd = libc::open(self.c(path).as_ptr(), libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC, *mode as libc::c_uint);
+                    let fd = libc::open(
+                        self.c(path).as_ptr(),
+                        libc::O_CREAT
+                            | libc::O_TRUNC
+                            | libc::O_WRONLY
+                            | libc::O_NONBLOCK
+                            | libc::O_CLOEXEC,
+                        *mode as libc::c_uint,
+                    );
                     if fd < 0 {
                         return Err(errno());
                     }
@@ -1006,14 +1122,33 @@ impl Kernel {
                     Ok(Out::Done)
                 }
                 Op::Mkdir { path, mode } => ck(libc::mkdir(self.c(path).as_ptr(), *mode)),
-                Op::Mknod { path, mode, rdev } => ck(libc::mknod(self.c(path).as_ptr(), *mode, libc::makedev(rdev.0, rdev.1))),
-                Op::Symlink { target, path } => ck(libc::symlink(cstr(target).as_ptr(), self.c(path).as_ptr())),
-                Op::Link { old, new } => ck(libc::linkat(libc::AT_FDCWD, self.c(old).as_ptr(), libc::AT_FDCWD, self.c(new).as_ptr(), 0)),
+                Op::Mknod { path, mode, rdev } => {
+                    ck(libc::mknod(self.c(path).as_ptr(), *mode, libc::makedev(rdev.0, rdev.1)))
+                }
+                Op::Symlink { target, path } => {
+                    ck(libc::symlink(cstr(target).as_ptr(), self.c(path).as_ptr()))
+                }
+                Op::Link { old, new } => ck(libc::linkat(
+                    libc::AT_FDCWD,
+                    self.c(old).as_ptr(),
+                    libc::AT_FDCWD,
+                    self.c(new).as_ptr(),
+                    0,
+                )),
                 Op::Unlink { path } => ck(libc::unlink(self.c(path).as_ptr())),
                 Op::Rmdir { path } => ck(libc::rmdir(self.c(path).as_ptr())),
-                Op::Rename { old, new, flags } => ck(libc::renameat2(libc::AT_FDCWD, self.c(old).as_ptr(), libc::AT_FDCWD, self.c(new).as_ptr(), *flags)),
+                Op::Rename { old, new, flags } => ck(libc::renameat2(
+                    libc::AT_FDCWD,
+                    self.c(old).as_ptr(),
+                    libc::AT_FDCWD,
+                    self.c(new).as_ptr(),
+                    *flags,
+                )),
                 Op::Write { path, off, len, seed } => {
-                    let fd = libc::open(self.c(path).as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+                    let fd = libc::open(
+                        self.c(path).as_ptr(),
+                        libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    );
                     if fd < 0 {
                         return Err(errno());
                     }
@@ -1021,7 +1156,12 @@ impl Kernel {
                     let mut done = 0;
                     let mut r = Ok(Out::Done);
                     while done < data.len() {
-                        let n = libc::pwrite(fd, data[done..].as_ptr().cast(), data.len() - done, (*off + done as u64) as libc::off_t);
+                        let n = libc::pwrite(
+                            fd,
+                            data[done..].as_ptr().cast(),
+                            data.len() - done,
+                            (*off + done as u64) as libc::off_t,
+                        );
                         if n < 0 {
                             r = Err(errno());
                             break;
@@ -1031,18 +1171,27 @@ impl Kernel {
                     libc::close(fd);
                     r
                 }
-                Op::Truncate { path, size } => ck(libc::truncate(self.c(path).as_ptr(), *size as libc::off_t)),
+                Op::Truncate { path, size } => {
+                    ck(libc::truncate(self.c(path).as_ptr(), *size as libc::off_t))
+                }
                 Op::Fallocate { path, mode, off, len } => {
-                    let fd = libc::open(self.c(path).as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+                    let fd = libc::open(
+                        self.c(path).as_ptr(),
+                        libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    );
                     if fd < 0 {
                         return Err(errno());
                     }
-                    let r = ck(libc::fallocate(fd, *mode, *off as libc::off_t, *len as libc::off_t));
+                    let r =
+                        ck(libc::fallocate(fd, *mode, *off as libc::off_t, *len as libc::off_t));
                     libc::close(fd);
                     r
                 }
                 Op::Seek { path, off, whence } => {
-                    let fd = libc::open(self.c(path).as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+                    let fd = libc::open(
+                        self.c(path).as_ptr(),
+                        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    );
                     if fd < 0 {
                         return Err(errno());
                     }
@@ -1052,19 +1201,41 @@ impl Kernel {
                     r
                 }
                 Op::Chmod { path, mode } => ck(libc::chmod(self.c(path).as_ptr(), *mode)),
-                Op::Chown { path, uid, gid } => ck(libc::lchown(self.c(path).as_ptr(), uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))),
+                Op::Chown { path, uid, gid } => ck(libc::lchown(
+                    self.c(path).as_ptr(),
+                    uid.unwrap_or(u32::MAX),
+                    gid.unwrap_or(u32::MAX),
+                )),
                 Op::Utimens { path, atime, mtime } => {
                     let ts = [timespec(*atime), timespec(*mtime)];
-                    ck(libc::utimensat(libc::AT_FDCWD, self.c(path).as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW))
+                    ck(libc::utimensat(
+                        libc::AT_FDCWD,
+                        self.c(path).as_ptr(),
+                        ts.as_ptr(),
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    ))
                 }
                 Op::Setxattr { path, name, len, seed, flags } => {
                     let v = data_of(*seed, *len);
-                    ck(libc::lsetxattr(self.c(path).as_ptr(), cstr(name).as_ptr(), v.as_ptr().cast(), v.len(), *flags))
+                    ck(libc::lsetxattr(
+                        self.c(path).as_ptr(),
+                        cstr(name).as_ptr(),
+                        v.as_ptr().cast(),
+                        v.len(),
+                        *flags,
+                    ))
                 }
-                Op::Removexattr { path, name } => ck(libc::lremovexattr(self.c(path).as_ptr(), cstr(name).as_ptr())),
+                Op::Removexattr { path, name } => {
+                    ck(libc::lremovexattr(self.c(path).as_ptr(), cstr(name).as_ptr()))
+                }
                 Op::Getxattr { path, name } => {
                     let mut buf = vec![0u8; XATTR_SIZE_MAX];
-                    let n = libc::lgetxattr(self.c(path).as_ptr(), cstr(name).as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+                    let n = libc::lgetxattr(
+                        self.c(path).as_ptr(),
+                        cstr(name).as_ptr(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    );
                     if n < 0 {
                         return Err(errno());
                     }
@@ -1073,12 +1244,17 @@ impl Kernel {
                 }
                 Op::Listxattr { path } => {
                     let mut buf = vec![0u8; XATTR_SIZE_MAX];
-                    let n = libc::llistxattr(self.c(path).as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+                    let n =
+                        libc::llistxattr(self.c(path).as_ptr(), buf.as_mut_ptr().cast(), buf.len());
                     if n < 0 {
                         return Err(errno());
                     }
                     buf.truncate(n as usize);
-                    let mut names: Vec<Vec<u8>> = buf.split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| n.to_vec()).collect();
+                    let mut names: Vec<Vec<u8>> = buf
+                        .split(|&b| b == 0)
+                        .filter(|n| !n.is_empty())
+                        .map(|n| n.to_vec())
+                        .collect();
                     names.sort();
                     Ok(Out::Names(names))
                 }
@@ -1086,14 +1262,21 @@ impl Kernel {
                     /// FS_IOC_GETFLAGS / FS_IOC_SETFLAGS (the `long` ioctls).
                     const GET: libc::c_ulong = 0x8008_6601;
                     const SET: libc::c_ulong = 0x4008_6602;
-                    let fd = libc::open(self.c(path).as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+                    let fd = libc::open(
+                        self.c(path).as_ptr(),
+                        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    );
                     if fd < 0 {
                         return Err(errno());
                     }
                     let mut fl: libc::c_long = 0;
                     let mut r = libc::ioctl(fd, GET, &mut fl as *mut libc::c_long);
                     if r == 0 {
-                        fl = if *set { fl | *flag as libc::c_long } else { fl & !(*flag as libc::c_long) };
+                        fl = if *set {
+                            fl | *flag as libc::c_long
+                        } else {
+                            fl & !(*flag as libc::c_long)
+                        };
                         r = libc::ioctl(fd, SET, &fl as *const libc::c_long);
                     }
                     let e = errno();
@@ -1113,7 +1296,10 @@ impl Kernel {
                     Ok(Out::Stat(stat_rec(&st)))
                 }
                 Op::Read { path, off, len } => {
-                    let fd = libc::open(self.c(path).as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+                    let fd = libc::open(
+                        self.c(path).as_ptr(),
+                        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                    );
                     if fd < 0 {
                         return Err(errno());
                     }
@@ -1121,7 +1307,12 @@ impl Kernel {
                     let mut done = 0;
                     let mut r = Ok(());
                     while done < buf.len() {
-                        let n = libc::pread(fd, buf[done..].as_mut_ptr().cast(), buf.len() - done, (*off + done as u64) as libc::off_t);
+                        let n = libc::pread(
+                            fd,
+                            buf[done..].as_mut_ptr().cast(),
+                            buf.len() - done,
+                            (*off + done as u64) as libc::off_t,
+                        );
                         if n < 0 {
                             r = Err(errno());
                             break;
@@ -1145,7 +1336,11 @@ impl Kernel {
 
 fn stat_rec(st: &libc::stat) -> StatRec {
     let kind = kind_of_mode(st.st_mode);
-    let rdev = if kind == 'c' || kind == 'b' { (libc::major(st.st_rdev), libc::minor(st.st_rdev)) } else { (0, 0) };
+    let rdev = if kind == 'c' || kind == 'b' {
+        (libc::major(st.st_rdev), libc::minor(st.st_rdev))
+    } else {
+        (0, 0)
+    };
     StatRec {
         kind,
         perm: st.st_mode & 0o7777,
@@ -1299,7 +1494,14 @@ impl Ubtrfs {
     pub fn open(img: &Path, compress: Option<(&'static str, bool)>) -> Ubtrfs {
         let engine = open_engine(img, compress);
         let top = engine.read(|l| Ok(l.root_dir())).expect("root dir");
-        Ubtrfs { img: img.to_path_buf(), engine: Some(engine), top, compress, commits: 0, reopens: 0 }
+        Ubtrfs {
+            img: img.to_path_buf(),
+            engine: Some(engine),
+            top,
+            compress,
+            commits: 0,
+            reopens: 0,
+        }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -1332,7 +1534,10 @@ impl Ubtrfs {
     }
 
     /// A change under the engine's lock: `f` returns the operation's own result.
-    fn change<T>(&self, f: impl FnOnce(&mut ubtrfs_core::transaction::FsWriter) -> UResult<T>) -> UResult<T> {
+    fn change<T>(
+        &self,
+        f: impl FnOnce(&mut ubtrfs_core::transaction::FsWriter) -> UResult<T>,
+    ) -> UResult<T> {
         let mut inner = None;
         let r = self.engine().write(|w| {
             inner = Some(f(w));
@@ -1343,7 +1548,10 @@ impl Ubtrfs {
     }
 
     /// A lookup-only step: `f` may run more than once (`Engine::read`).
-    fn look<T>(&self, mut f: impl FnMut(&ubtrfs_core::transaction::Live<'_>) -> UResult<T>) -> UResult<T> {
+    fn look<T>(
+        &self,
+        mut f: impl FnMut(&ubtrfs_core::transaction::Live<'_>) -> UResult<T>,
+    ) -> UResult<T> {
         let r = self.engine().read(|l| Ok(f(l)));
         r?
     }
@@ -1354,7 +1562,9 @@ impl Ubtrfs {
             for l in link_many(op) {
                 match self.apply(&l) {
                     Ok(_) => n += 1,
-                    Err(Fail::Errno(e)) => return Ok(Out::Data(many_summary(n, Some(e)).into_bytes())),
+                    Err(Fail::Errno(e)) => {
+                        return Ok(Out::Data(many_summary(n, Some(e)).into_bytes()))
+                    }
                     Err(b) => return Err(b),
                 }
             }
@@ -1390,14 +1600,18 @@ impl Ubtrfs {
                     return self.apply(&Op::Create { path: path.clone(), mode: *mode });
                 };
                 // An existing name: the last symlink is followed (O_CREAT without O_EXCL).
-                let (d, v) = self.look(|l| Ok((l.load_inode(dir, Load::ITEM)?, resolve(l, top, path, true)?)))?;
+                let (d, v) = self
+                    .look(|l| Ok((l.load_inode(dir, Load::ITEM)?, resolve(l, top, path, true)?)))?;
                 if v.kind() == FileKind::Dir {
                     return Err(en(libc::EISDIR));
                 }
                 may_create_in_sticky(&d, &v)?;
                 open_check(&v, true)?;
                 // handle_truncate: ATTR_SIZE with ATTR_MTIME | ATTR_CTIME.
-                self.engine().setattr(v.id, &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() })?;
+                self.engine().setattr(
+                    v.id,
+                    &SetAttr { size: Some(0), mtime: Some(TimeSet::Now), ..SetAttr::default() },
+                )?;
                 Ok(Out::Done)
             }
             Op::Mkdir { path, mode } => self.change(|w| {
@@ -1428,7 +1642,13 @@ impl Ubtrfs {
                     });
                 }
                 lookup_len(last(new))?;
-                w.link(root, dir.ino, last(new), v.id.ino, ubtrfs_format::structs::ft_from_mode(v.mode()))?;
+                w.link(
+                    root,
+                    dir.ino,
+                    last(new),
+                    v.id.ino,
+                    ubtrfs_format::structs::ft_from_mode(v.mode()),
+                )?;
                 Ok(Out::Done)
             }),
             Op::Write { path, off, len, seed } => {
@@ -1482,7 +1702,8 @@ impl Ubtrfs {
             }
             Op::Rename { old, new, flags } => {
                 // do_renameat2 checks the flags before the walks.
-                let (nr, ex, wo) = (libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE, libc::RENAME_WHITEOUT);
+                let (nr, ex, wo) =
+                    (libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE, libc::RENAME_WHITEOUT);
                 if flags & !(nr | ex | wo) != 0 || (flags & (nr | wo) != 0 && flags & ex != 0) {
                     return Err(en(libc::EINVAL));
                 }
@@ -1498,7 +1719,15 @@ impl Ubtrfs {
                     // The whiteout is a new inode in the old directory (inode_init_owner).
                     self.change(|w| {
                         let a = new_attrs(&w.live(), od, libc::S_IFCHR)?;
-                        w.rename_with_owner(root, od.ino, last(old), nd.ino, last(new), *flags, (a.uid, a.gid))?;
+                        w.rename_with_owner(
+                            root,
+                            od.ino,
+                            last(old),
+                            nd.ino,
+                            last(new),
+                            *flags,
+                            (a.uid, a.gid),
+                        )?;
                         Ok(Out::Done)
                     })
                 } else {
@@ -1514,7 +1743,8 @@ impl Ubtrfs {
                     FileKind::File => {}
                     _ => return Err(en(libc::EINVAL)),
                 }
-                self.engine().setattr(v.id, &SetAttr { size: Some(*size), ..SetAttr::default() })?;
+                self.engine()
+                    .setattr(v.id, &SetAttr { size: Some(*size), ..SetAttr::default() })?;
                 Ok(Out::Done)
             }
             Op::Fallocate { path, mode, off, len } => {
@@ -1530,14 +1760,19 @@ impl Ubtrfs {
                 let at = match v.kind() {
                     FileKind::Fifo => return Err(en(libc::ESPIPE)),
                     // generic_file_llseek_size over the directory's i_size.
-                    FileKind::Dir => (*off < size).then_some(if *whence == libc::SEEK_DATA { *off } else { size }),
+                    FileKind::Dir => (*off < size).then_some(if *whence == libc::SEEK_DATA {
+                        *off
+                    } else {
+                        size
+                    }),
                     _ => self.look(|l| Ok(seek_in_file(l, v.id, *off, *whence)?))?,
                 };
                 at.map(Out::Pos).ok_or(en(libc::ENXIO))
             }
             Op::Chmod { path, mode } => {
                 let v = self.look(|l| resolve(l, top, path, true))?;
-                self.engine().setattr(v.id, &SetAttr { mode: Some(mode & 0o7777), ..SetAttr::default() })?;
+                self.engine()
+                    .setattr(v.id, &SetAttr { mode: Some(mode & 0o7777), ..SetAttr::default() })?;
                 Ok(Out::Done)
             }
             Op::Chown { path, uid, gid } => {
@@ -1556,7 +1791,10 @@ impl Ubtrfs {
                     TimeArg::Now => Some(TimeSet::Now),
                     TimeArg::Omit => None,
                 };
-                self.engine().setattr(v.id, &SetAttr { atime: t(*atime), mtime: t(*mtime), ..SetAttr::default() })?;
+                self.engine().setattr(
+                    v.id,
+                    &SetAttr { atime: t(*atime), mtime: t(*mtime), ..SetAttr::default() },
+                )?;
                 Ok(Out::Done)
             }
             Op::Setxattr { path, name, len, seed, flags } => {
@@ -1593,7 +1831,9 @@ impl Ubtrfs {
                 names.sort();
                 Ok(Out::Names(names))
             }),
-            Op::Stat { path } => self.look(|l| Ok(Out::Stat(stat_of(&resolve(l, top, path, false)?)))),
+            Op::Stat { path } => {
+                self.look(|l| Ok(Out::Stat(stat_of(&resolve(l, top, path, false)?))))
+            }
             Op::Chattr { path, flag, set } => {
                 // open(O_NOFOLLOW): a symlink is ELOOP; the open's own checks; a fifo's
                 // ioctl is the pipe's (ENOTTY).
@@ -1665,7 +1905,10 @@ fn lookup_len(name: &[u8]) -> UResult<()> {
 
 /// A `/proc/sys/fs` protection setting (0 when unreadable).
 fn sysctl_fs(name: &str) -> u32 {
-    std::fs::read_to_string(format!("/proc/sys/fs/{name}")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    std::fs::read_to_string(format!("/proc/sys/fs/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// `may_create_in_sticky` for root opening an existing `v` with O_CREAT in directory
@@ -1686,7 +1929,9 @@ fn may_create_in_sticky(d: &InodeView, v: &InodeView) -> UResult<()> {
     if uid == d.item.uid.get() || uid == 0 {
         return Ok(());
     }
-    if dmode & 0o002 != 0 || (dmode & 0o020 != 0 && ((fifo && pfifos >= 2) || (reg && pregular >= 2))) {
+    if dmode & 0o002 != 0
+        || (dmode & 0o020 != 0 && ((fifo && pfifos >= 2) || (reg && pregular >= 2)))
+    {
         return Err(en(libc::EACCES));
     }
     Ok(())
@@ -1732,7 +1977,10 @@ pub struct XRec {
 
 /// The data runs [data, hole) of a file of `size` bytes, found by SEEK_DATA and
 /// SEEK_HOLE (`seek(offset, whence)`, None for ENXIO) from 0 to EOF.
-fn seek_runs<E>(size: u64, mut seek: impl FnMut(u64, i32) -> Result<Option<u64>, E>) -> Result<Vec<(u64, u64)>, E> {
+fn seek_runs<E>(
+    size: u64,
+    mut seek: impl FnMut(u64, i32) -> Result<Option<u64>, E>,
+) -> Result<Vec<(u64, u64)>, E> {
     let mut runs = Vec::new();
     let mut pos = 0;
     while pos < size {
@@ -1757,10 +2005,21 @@ impl std::fmt::Debug for XRec {
             r.gid,
             r.size,
             r.nlink,
-            if r.kind == 'l' { show_name(r.content.as_bytes()) } else { r.content.chars().take(16).collect() }
+            if r.kind == 'l' {
+                show_name(r.content.as_bytes())
+            } else {
+                r.content.chars().take(16).collect()
+            }
         )?;
         if !self.xattrs.is_empty() {
-            write!(f, " xattrs={:?}", self.xattrs.iter().map(|(n, v)| format!("{}={v}", show_name(n))).collect::<Vec<_>>())?;
+            write!(
+                f,
+                " xattrs={:?}",
+                self.xattrs
+                    .iter()
+                    .map(|(n, v)| format!("{}={v}", show_name(n)))
+                    .collect::<Vec<_>>()
+            )?;
         }
         if self.atime.is_some() || self.mtime.is_some() {
             write!(f, " atime={:?} mtime={:?}", self.atime, self.mtime)?;
@@ -1792,7 +2051,12 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
         // SAFETY: as in `Kernel::apply`.
         let (xattrs, st) = unsafe {
             let mut st: libc::stat = std::mem::zeroed();
-            assert!(libc::lstat(c.as_ptr(), &mut st) == 0, "lstat {}: {}", full.display(), std::io::Error::last_os_error());
+            assert!(
+                libc::lstat(c.as_ptr(), &mut st) == 0,
+                "lstat {}: {}",
+                full.display(),
+                std::io::Error::last_os_error()
+            );
             let mut buf = vec![0u8; XATTR_SIZE_MAX];
             let n = libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
             assert!(n >= 0, "llistxattr {}: {}", full.display(), std::io::Error::last_os_error());
@@ -1800,8 +2064,19 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
             let mut x = BTreeMap::new();
             for name in buf.split(|&b| b == 0).filter(|n| !n.is_empty()) {
                 let mut v = vec![0u8; XATTR_SIZE_MAX];
-                let m = libc::lgetxattr(c.as_ptr(), cstr(name).as_ptr(), v.as_mut_ptr().cast(), v.len());
-                assert!(m >= 0, "lgetxattr {} {}: {}", full.display(), show_name(name), std::io::Error::last_os_error());
+                let m = libc::lgetxattr(
+                    c.as_ptr(),
+                    cstr(name).as_ptr(),
+                    v.as_mut_ptr().cast(),
+                    v.len(),
+                );
+                assert!(
+                    m >= 0,
+                    "lgetxattr {} {}: {}",
+                    full.display(),
+                    show_name(name),
+                    std::io::Error::last_os_error()
+                );
                 v.truncate(m as usize);
                 x.insert(name.to_vec(), value_digest(&v));
             }
@@ -1813,25 +2088,38 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
                 .entry(st.st_ino)
                 .or_insert_with(|| {
                     let mut h = Sha256::new();
-                    let mut f = std::fs::File::open(&full).unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", full.display()));
-                    std::io::copy(&mut f, &mut h).unwrap_or_else(|e| panic!("kernel walk: read {}: {e}", full.display()));
+                    let mut f = std::fs::File::open(&full)
+                        .unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", full.display()));
+                    std::io::copy(&mut f, &mut h)
+                        .unwrap_or_else(|e| panic!("kernel walk: read {}: {e}", full.display()));
                     hex(&h.finalize())
                 })
                 .clone(),
-            'l' => String::from_utf8_lossy(std::fs::read_link(&full).expect("readlink").as_os_str().as_bytes()).into_owned(),
+            'l' => String::from_utf8_lossy(
+                std::fs::read_link(&full).expect("readlink").as_os_str().as_bytes(),
+            )
+            .into_owned(),
             'c' | 'b' => format!("{}:{}", s.rdev.0, s.rdev.1),
             _ => String::new(),
         };
         let mut order = Vec::new();
         if s.kind == 'd' {
-            order = std::fs::read_dir(&full).unwrap_or_else(|e| panic!("readdir {}: {e}", full.display())).map(|e| e.expect("dir entry").file_name().as_bytes().to_vec()).collect();
+            order = std::fs::read_dir(&full)
+                .unwrap_or_else(|e| panic!("readdir {}: {e}", full.display()))
+                .map(|e| e.expect("dir entry").file_name().as_bytes().to_vec())
+                .collect();
             for n in &order {
-                let child = if path.is_empty() { String::from_utf8_lossy(n).into_owned() } else { format!("{path}/{}", String::from_utf8_lossy(n)) };
+                let child = if path.is_empty() {
+                    String::from_utf8_lossy(n).into_owned()
+                } else {
+                    format!("{path}/{}", String::from_utf8_lossy(n))
+                };
                 stack.push((child, full.join(std::ffi::OsStr::from_bytes(n))));
             }
         }
         let runs = if s.kind == 'f' {
-            let f = std::fs::File::open(&full).unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", full.display()));
+            let f = std::fs::File::open(&full)
+                .unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", full.display()));
             seek_runs(s.size, |off, whence| {
                 use std::os::unix::io::AsRawFd;
                 // SAFETY: lseek on an open descriptor.
@@ -1848,7 +2136,15 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
         } else {
             Vec::new()
         };
-        let rec = Rec { kind: s.kind, perm: s.perm, uid: s.uid, gid: s.gid, size: s.size, nlink: s.nlink, content };
+        let rec = Rec {
+            kind: s.kind,
+            perm: s.perm,
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+            nlink: s.nlink,
+            content,
+        };
         out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order, runs });
     }
     out
@@ -1858,7 +2154,11 @@ pub fn xwalk_kernel(root: &Path) -> XTree {
 pub fn xwalk_kernel_checked(root: &Path) -> XTree {
     let x = xwalk_kernel(root);
     let recs: BTreeMap<String, Rec> = x.iter().map(|(p, r)| (p.clone(), r.rec.clone())).collect();
-    assert!(recs == walk_kernel(root), "xwalk_kernel and walk_kernel disagree on {}", root.display());
+    assert!(
+        recs == walk_kernel(root),
+        "xwalk_kernel and walk_kernel disagree on {}",
+        root.display()
+    );
     x
 }
 
@@ -1899,16 +2199,32 @@ pub fn xwalk_fs<V: FsRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
             _ => String::new(),
         };
         let s = stat_of(&v);
-        let rec = Rec { kind, perm: s.perm, uid: s.uid, gid: s.gid, size: s.size, nlink: s.nlink, content };
+        let rec = Rec {
+            kind,
+            perm: s.perm,
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+            nlink: s.nlink,
+            content,
+        };
         let xattrs = v.xattrs.iter().map(|(n, val)| (n.clone(), value_digest(val))).collect();
         if v.kind() == FileKind::Dir {
             for e in &v.entries {
-                let child = if path.is_empty() { String::from_utf8_lossy(&e.name).into_owned() } else { format!("{path}/{}", String::from_utf8_lossy(&e.name)) };
+                let child = if path.is_empty() {
+                    String::from_utf8_lossy(&e.name).into_owned()
+                } else {
+                    format!("{path}/{}", String::from_utf8_lossy(&e.name))
+                };
                 stack.push((child, e.target));
             }
         }
         let order = v.entries.iter().map(|e| e.name.clone()).collect();
-        let runs = if v.kind() == FileKind::File { seek_runs(v.size(), |off, whence| seek_in_file(fs, id, off, whence))? } else { Vec::new() };
+        let runs = if v.kind() == FileKind::File {
+            seek_runs(v.size(), |off, whence| seek_in_file(fs, id, off, whence))?
+        } else {
+            Vec::new()
+        };
         out.insert(path, XRec { rec, xattrs, atime: s.atime, mtime: s.mtime, order, runs });
     }
     Ok(out)
@@ -1916,7 +2232,8 @@ pub fn xwalk_fs<V: FsRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
 
 /// `xwalk_fs` of a closed image, and a check that its records are `walk_ubtrfs`'s.
 pub fn xwalk_image(img: &Path) -> XTree {
-    let fs = ubtrfs_core::inode::filesystem::Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: open: {e}", img.display()));
+    let fs = ubtrfs_core::inode::filesystem::Filesystem::open(&OpenOptions::new(img))
+        .unwrap_or_else(|e| panic!("{}: open: {e}", img.display()));
     let x = xwalk_fs(&fs).unwrap_or_else(|e| panic!("{}: walk: {e}", img.display()));
     drop(fs);
     let base = walk_ubtrfs(img);
@@ -1931,7 +2248,10 @@ pub fn diff_xtrees(expected: &XTree, actual: &XTree, max: usize) -> Vec<String> 
     for (p, e) in expected {
         match actual.get(p) {
             None => d.push(format!("missing /{p}: expected {e:?}")),
-            Some(a) if a != e => d.push(format!("differs /{}:\n    expected {e:?}\n    actual   {a:?}", short_path(p))),
+            Some(a) if a != e => d.push(format!(
+                "differs /{}:\n    expected {e:?}\n    actual   {a:?}",
+                short_path(p)
+            )),
             _ => {}
         }
     }
@@ -2092,7 +2412,11 @@ pub fn errno_name(e: Errno) -> String {
         (libc::ENODATA, "ENODATA"),
         (libc::EOPNOTSUPP, "EOPNOTSUPP"),
     ];
-    names.iter().find(|(n, _)| *n == e).map(|(_, s)| s.to_string()).unwrap_or_else(|| format!("errno {e}"))
+    names
+        .iter()
+        .find(|(n, _)| *n == e)
+        .map(|(_, s)| s.to_string())
+        .unwrap_or_else(|| format!("errno {e}"))
 }
 
 /// The image a seed starts from: mkfs's defaults for five seeds in eight, else one of
@@ -2134,25 +2458,56 @@ pub fn mismatch(seed: u64, i: u64, op: &Op, k: &Outcome, u: &Outcome) -> String 
         Ok(o) => format!("{o:?}"),
         Err(e) => errno_name(*e),
     };
-    let said = if u.is_err() { LAST_ERROR.with(|l| format!(" (the engine said: {})", l.borrow())) } else { String::new() };
-    format!("seed {seed} (mkfs {:?}, mount {}) op {i}: {op}\n    kernel: {}\n    ubtrfs: {}{said}", mkfs_args(seed), mount_opts(seed), name(k), name(u))
+    let said = if u.is_err() {
+        LAST_ERROR.with(|l| format!(" (the engine said: {})", l.borrow()))
+    } else {
+        String::new()
+    };
+    format!(
+        "seed {seed} (mkfs {:?}, mount {}) op {i}: {op}\n    kernel: {}\n    ubtrfs: {}{said}",
+        mkfs_args(seed),
+        mount_opts(seed),
+        name(k),
+        name(u)
+    )
 }
 
 impl Run<'_> {
     /// Run the seed; Err with the first disagreement (or all, with `keep_going`).
     pub fn run(&self) -> Result<Stats, String> {
-        let tag = format!("posixdiff-{}-{}-{:?}", self.seed, std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
+        let tag = format!(
+            "posixdiff-{}-{}-{:?}",
+            self.seed,
+            std::process::id(),
+            std::thread::current().id()
+        )
+        .replace(['(', ')'], "");
         let a = self.dir.join(format!("{tag}-kernel.img"));
         let b = self.dir.join(format!("{tag}-ubtrfs.img"));
         let _cleanup = Cleanup(vec![a.clone(), b.clone()]);
         std::fs::File::create(&a).and_then(|f| f.set_len(256 << 20)).expect("create image");
-        let out = Command::new("mkfs.btrfs").args(["-q", "-f"]).args(mkfs_args(self.seed)).arg(&a).output().expect("run mkfs.btrfs");
+        let out = Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .args(mkfs_args(self.seed))
+            .arg(&a)
+            .output()
+            .expect("run mkfs.btrfs");
         assert!(out.status.success(), "mkfs.btrfs: {}", String::from_utf8_lossy(&out.stderr));
-        let ok = Command::new("cp").arg("--sparse=always").arg(&a).arg(&b).status().expect("cp").success();
+        let ok = Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&a)
+            .arg(&b)
+            .status()
+            .expect("cp")
+            .success();
         assert!(ok, "cp image");
 
         let mnt = Mount::new_with(&a, &mount_opts(self.seed));
-        let k = Kernel { dir: mnt.dir.clone(), mkfs: mkfs_args(self.seed), compress: compress_of(self.seed).is_some() };
+        let k = Kernel {
+            dir: mnt.dir.clone(),
+            mkfs: mkfs_args(self.seed),
+            compress: compress_of(self.seed).is_some(),
+        };
         let mut u = Ubtrfs::open(&b, compress_of(self.seed));
         let mut st = Stats::default();
         let mut errors = Vec::new();
@@ -2169,7 +2524,11 @@ impl Run<'_> {
             let ur = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| u.apply(&op))) {
                 Ok(r) => r,
                 Err(p) => {
-                    let m = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    let m = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
                     return Err(format!("seed {} (mkfs {:?}) op {i}: {op}\n    kernel: {kr:?}\n    ubtrfs panicked: {m}", self.seed, mkfs_args(self.seed)));
                 }
             };
@@ -2202,7 +2561,10 @@ impl Run<'_> {
             if self.check_every > 0 && (i + 1) % self.check_every == 0 {
                 st.checks += 1;
                 let kt = xwalk_kernel(&k.dir);
-                let ut = u.engine().read(|l| xwalk_fs(l)).map_err(|e| format!("seed {} after op {i}: live walk: {e}", self.seed))?;
+                let ut = u
+                    .engine()
+                    .read(|l| xwalk_fs(l))
+                    .map_err(|e| format!("seed {} after op {i}: live walk: {e}", self.seed))?;
                 let d = diff_xtrees(&kt, &ut, 20);
                 if !d.is_empty() {
                     let m = format!(
@@ -2228,7 +2590,11 @@ impl Run<'_> {
         let ut = xwalk_image(&b);
         let d = diff_xtrees(&kt, &ut, 20);
         if !d.is_empty() {
-            errors.push(format!("seed {}: the final trees differ (kernel expected, ubtrfs image actual):\n{}", self.seed, d.join("\n")));
+            errors.push(format!(
+                "seed {}: the final trees differ (kernel expected, ubtrfs image actual):\n{}",
+                self.seed,
+                d.join("\n")
+            ));
         }
         if let Err(t) = crate::write_common::btrfs_check(&b) {
             errors.push(format!("seed {}: btrfs check of the ubtrfs image:\n{t}", self.seed));

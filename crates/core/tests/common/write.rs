@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use ubtrfs_core::inode::attr::{fsflags, SetAttr};
 use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
-use ubtrfs_core::inode::filesystem::{DirEntry, FileExtentRec, FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::filesystem::{
+    DirEntry, FileExtentRec, FileKind, Filesystem, InodeId, Load,
+};
 use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
@@ -83,7 +85,13 @@ pub fn keep() -> bool {
 fn scratch_dir() -> PathBuf {
     let base = match std::env::var_os("UBTRFS_SCRATCH") {
         Some(d) => PathBuf::from(d),
-        None if Path::new("/dev/shm").is_dir() && std::fs::metadata("/dev/shm").map(|m| !m.permissions().readonly()).unwrap_or(false) => PathBuf::from("/dev/shm"),
+        None if Path::new("/dev/shm").is_dir()
+            && std::fs::metadata("/dev/shm")
+                .map(|m| !m.permissions().readonly())
+                .unwrap_or(false) =>
+        {
+            PathBuf::from("/dev/shm")
+        }
         None => std::env::temp_dir(),
     };
     let d = base.join("ubtrfs-write-tests");
@@ -102,8 +110,17 @@ impl Scratch {
         let path = scratch_dir().join(format!("{tag}-{}.img", std::process::id()));
         let _ = std::fs::remove_file(&path);
         std::fs::File::create(&path).and_then(|f| f.set_len(size)).expect("create image");
-        let out = Command::new("mkfs.btrfs").args(["-q", "-f"]).args(args).arg(&path).output().expect("run mkfs.btrfs");
-        assert!(out.status.success(), "mkfs.btrfs {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .args(args)
+            .arg(&path)
+            .output()
+            .expect("run mkfs.btrfs");
+        assert!(
+            out.status.success(),
+            "mkfs.btrfs {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Scratch { path }
     }
 
@@ -118,7 +135,13 @@ impl Scratch {
         let path = scratch_dir().join(format!("{tag}-{}.img", std::process::id()));
         let _ = std::fs::remove_file(&path);
         // cp keeps the copy sparse; std::fs::copy would too on most systems, but be sure.
-        let ok = Command::new("cp").arg("--sparse=always").arg(src).arg(&path).status().map(|s| s.success()).unwrap_or(false);
+        let ok = Command::new("cp")
+            .arg("--sparse=always")
+            .arg(src)
+            .arg(&path)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
         if !ok {
             std::fs::copy(src, &path).expect("copy fixture");
         }
@@ -133,11 +156,13 @@ impl Scratch {
     }
 
     pub fn writer(&self) -> FsWriter {
-        FsWriter::open(&OpenOptions::new(&self.path)).unwrap_or_else(|e| panic!("{}: FsWriter::open: {e}", self.path.display()))
+        FsWriter::open(&OpenOptions::new(&self.path))
+            .unwrap_or_else(|e| panic!("{}: FsWriter::open: {e}", self.path.display()))
     }
 
     pub fn reader(&self) -> Filesystem {
-        Filesystem::open(&OpenOptions::new(&self.path)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", self.path.display()))
+        Filesystem::open(&OpenOptions::new(&self.path))
+            .unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", self.path.display()))
     }
 }
 
@@ -158,7 +183,11 @@ pub fn hex(b: &[u8]) -> String {
 /// True when mkfs.btrfs and btrfs-progs are here; otherwise print why and return false,
 /// except under CI=true, where skipping is a failure.
 pub fn mkfs_tools(test: &str) -> bool {
-    let mkfs = Command::new("mkfs.btrfs").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    let mkfs = Command::new("mkfs.btrfs")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     if mkfs && have_btrfs_check() {
         return true;
     }
@@ -192,7 +221,13 @@ pub fn btrfs_check(img: &Path) -> Result<String, String> {
     let mut attempt = 0;
     loop {
         match btrfs_check_once(img) {
-            Err(t) if attempt < 10 && t.lines().filter(|l| l.contains("ERROR")).all(|l| l.contains("cannot scan")) && t.contains("cannot scan") => {
+            Err(t)
+                if attempt < 10
+                    && t.lines()
+                        .filter(|l| l.contains("ERROR"))
+                        .all(|l| l.contains("cannot scan"))
+                    && t.contains("cannot scan") =>
+            {
                 attempt += 1;
                 std::thread::sleep(std::time::Duration::from_millis(300));
             }
@@ -202,10 +237,23 @@ pub fn btrfs_check(img: &Path) -> Result<String, String> {
 }
 
 fn btrfs_check_once(img: &Path) -> Result<String, String> {
-    let out = Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(img).output().map_err(|e| format!("cannot run btrfs check: {e}"))?;
-    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let bad_line =
-        text.lines().any(|l| l.contains("ERROR") || l.contains("error(s) found") || (l.contains("errors found") && !l.contains("no error")) || l.contains("mismatch") || l.contains("missing"));
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(img)
+        .output()
+        .map_err(|e| format!("cannot run btrfs check: {e}"))?;
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad_line = text.lines().any(|l| {
+        l.contains("ERROR")
+            || l.contains("error(s) found")
+            || (l.contains("errors found") && !l.contains("no error"))
+            || l.contains("mismatch")
+            || l.contains("missing")
+    });
     if out.status.success() && !bad_line && text.contains("no error found") {
         Ok(text)
     } else {
@@ -233,22 +281,49 @@ impl Mount {
 
     /// A mount with these `-o` options (which must include `loop`).
     pub fn new_with(img: &Path, opts: &str) -> Mount {
-        let dir = scratch_dir().join(format!("mnt-{}-{}", img.file_stem().unwrap_or_default().to_string_lossy(), std::process::id()));
+        let dir = scratch_dir().join(format!(
+            "mnt-{}-{}",
+            img.file_stem().unwrap_or_default().to_string_lossy(),
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).expect("mount dir");
-        let mount = || Command::new("mount").args(["-t", "btrfs", "-o", opts]).arg(img).arg(&dir).output().expect("run mount");
+        let mount = || {
+            Command::new("mount")
+                .args(["-t", "btrfs", "-o", opts])
+                .arg(img)
+                .arg(&dir)
+                .output()
+                .expect("run mount")
+        };
         let mut out = mount();
         // Two mounts at once (another test thread, another test binary) may race for
         // the same free loop device; the loser fails to set it up and may try again.
         for _ in 0..20 {
-            if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("failed to setup loop device") {
+            if out.status.success()
+                || !String::from_utf8_lossy(&out.stderr).contains("failed to setup loop device")
+            {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
             out = mount();
         }
         if !out.status.success() {
-            let dmesg = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).lines().rev().take(30).collect::<Vec<_>>().join("\n")).unwrap_or_default();
-            panic!("mount {} failed: {}\nrecent dmesg (newest first):\n{dmesg}", img.display(), String::from_utf8_lossy(&out.stderr));
+            let dmesg = Command::new("dmesg")
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .rev()
+                        .take(30)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+                .unwrap_or_default();
+            panic!(
+                "mount {} failed: {}\nrecent dmesg (newest first):\n{dmesg}",
+                img.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Mount { dir, mounted: true }
     }
@@ -275,7 +350,12 @@ impl Mount {
         if self.mounted {
             self.mounted = false;
             let out = umount_retrying(&self.dir);
-            assert!(out.status.success() || std::thread::panicking(), "umount {} failed: {}", self.dir.display(), String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success() || std::thread::panicking(),
+                "umount {} failed: {}",
+                self.dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
             let _ = std::fs::remove_dir(&self.dir);
         }
     }
@@ -337,11 +417,13 @@ fn join(parent: &str, name: &str) -> String {
 
 /// The whole visible namespace as ubtrfs's reader sees it (fresh open, into subvolumes).
 pub fn walk_ubtrfs(img: &Path) -> Tree {
-    let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
+    let fs = Filesystem::open(&OpenOptions::new(img))
+        .unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
     let mut out = Tree::new();
     let mut stack = vec![(String::new(), fs.root_dir())];
     while let Some((path, id)) = stack.pop() {
-        let v = fs.load_inode(id, Load::ALL).unwrap_or_else(|e| panic!("ubtrfs walk: /{path}: {e}"));
+        let v =
+            fs.load_inode(id, Load::ALL).unwrap_or_else(|e| panic!("ubtrfs walk: /{path}: {e}"));
         let kind = kind_char(v.kind());
         let content = match v.kind() {
             FileKind::File => {
@@ -349,7 +431,9 @@ pub fn walk_ubtrfs(img: &Path) -> Tree {
                 let mut buf = vec![0u8; 4 << 20];
                 let mut pos = 0u64;
                 loop {
-                    let n = fs.read_at(&v, pos, &mut buf).unwrap_or_else(|e| panic!("ubtrfs walk: read /{path} at {pos}: {e}"));
+                    let n = fs
+                        .read_at(&v, pos, &mut buf)
+                        .unwrap_or_else(|e| panic!("ubtrfs walk: read /{path} at {pos}: {e}"));
                     if n == 0 {
                         break;
                     }
@@ -359,11 +443,25 @@ pub fn walk_ubtrfs(img: &Path) -> Tree {
                 assert_eq!(pos, v.size(), "ubtrfs walk: /{path}: read length");
                 hex(&h.finalize())
             }
-            FileKind::Symlink => String::from_utf8_lossy(&fs.readlink(id).unwrap_or_else(|e| panic!("readlink /{path}: {e}"))).into_owned(),
+            FileKind::Symlink => String::from_utf8_lossy(
+                &fs.readlink(id).unwrap_or_else(|e| panic!("readlink /{path}: {e}")),
+            )
+            .into_owned(),
             FileKind::CharDev | FileKind::BlockDev => rdev_str(v.item.rdev.get()),
             _ => String::new(),
         };
-        out.insert(path.clone(), Rec { kind, perm: v.mode() & 0o7777, uid: v.item.uid.get(), gid: v.item.gid.get(), size: v.size(), nlink: v.nlink(), content });
+        out.insert(
+            path.clone(),
+            Rec {
+                kind,
+                perm: v.mode() & 0o7777,
+                uid: v.item.uid.get(),
+                gid: v.item.gid.get(),
+                size: v.size(),
+                nlink: v.nlink(),
+                content,
+            },
+        );
         if v.kind() == FileKind::Dir {
             for e in &v.entries {
                 stack.push((join(&path, &String::from_utf8_lossy(&e.name)), e.target));
@@ -392,7 +490,8 @@ pub fn walk_kernel(root: &Path) -> Tree {
     let mut out = Tree::new();
     let mut stack = vec![(String::new(), root.to_path_buf())];
     while let Some((path, p)) = stack.pop() {
-        let md = std::fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("kernel walk: stat {}: {e}", p.display()));
+        let md = std::fs::symlink_metadata(&p)
+            .unwrap_or_else(|e| panic!("kernel walk: stat {}: {e}", p.display()));
         let ft = md.file_type();
         use std::os::unix::fs::FileTypeExt;
         let kind = if ft.is_file() {
@@ -413,17 +512,36 @@ pub fn walk_kernel(root: &Path) -> Tree {
         let content = match kind {
             'f' => {
                 let mut h = Sha256::new();
-                let mut f = std::fs::File::open(&p).unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", p.display()));
-                std::io::copy(&mut f, &mut h).unwrap_or_else(|e| panic!("kernel walk: read {}: {e}", p.display()));
+                let mut f = std::fs::File::open(&p)
+                    .unwrap_or_else(|e| panic!("kernel walk: open {}: {e}", p.display()));
+                std::io::copy(&mut f, &mut h)
+                    .unwrap_or_else(|e| panic!("kernel walk: read {}: {e}", p.display()));
                 hex(&h.finalize())
             }
-            'l' => String::from_utf8_lossy(std::fs::read_link(&p).expect("readlink").as_os_str().as_bytes()).into_owned(),
+            'l' => String::from_utf8_lossy(
+                std::fs::read_link(&p).expect("readlink").as_os_str().as_bytes(),
+            )
+            .into_owned(),
             'c' | 'b' => rdev_of(&md),
             _ => String::new(),
         };
-        out.insert(path.clone(), Rec { kind, perm: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), size: md.size(), nlink: md.nlink() as u32, content });
+        out.insert(
+            path.clone(),
+            Rec {
+                kind,
+                perm: md.mode() & 0o7777,
+                uid: md.uid(),
+                gid: md.gid(),
+                size: md.size(),
+                nlink: md.nlink() as u32,
+                content,
+            },
+        );
         if kind == 'd' {
-            let mut names: Vec<_> = std::fs::read_dir(&p).unwrap_or_else(|e| panic!("kernel walk: readdir {}: {e}", p.display())).map(|e| e.expect("dir entry").file_name()).collect();
+            let mut names: Vec<_> = std::fs::read_dir(&p)
+                .unwrap_or_else(|e| panic!("kernel walk: readdir {}: {e}", p.display()))
+                .map(|e| e.expect("dir entry").file_name())
+                .collect();
             names.sort();
             for n in names {
                 stack.push((join(&path, &String::from_utf8_lossy(n.as_bytes())), p.join(&n)));
@@ -439,7 +557,9 @@ pub fn diff_trees(expected: &Tree, actual: &Tree, max: usize) -> Vec<String> {
     for (p, e) in expected {
         match actual.get(p) {
             None => d.push(format!("missing /{p}: expected {e:?}")),
-            Some(a) if a != e => d.push(format!("differs /{p}:\n    expected {e:?}\n    actual   {a:?}")),
+            Some(a) if a != e => {
+                d.push(format!("differs /{p}:\n    expected {e:?}\n    actual   {a:?}"))
+            }
             _ => {}
         }
     }
@@ -502,14 +622,20 @@ fn mode_kind(mode: u32) -> char {
 impl Model {
     /// Everything ubtrfs's reader sees in `img` (into subvolumes), contents included.
     pub fn load(img: &Path) -> Model {
-        let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
+        let fs = Filesystem::open(&OpenOptions::new(img))
+            .unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
         let mut m = Model { inodes: Vec::new(), top: 0 };
         let mut by_id: HashMap<InodeId, usize> = HashMap::new();
         m.top = m.load_inode(&fs, fs.root_dir(), &mut by_id);
         m
     }
 
-    fn load_inode(&mut self, fs: &Filesystem, id: InodeId, by_id: &mut HashMap<InodeId, usize>) -> usize {
+    fn load_inode(
+        &mut self,
+        fs: &Filesystem,
+        id: InodeId,
+        by_id: &mut HashMap<InodeId, usize>,
+    ) -> usize {
         if let Some(&h) = by_id.get(&id) {
             return h;
         }
@@ -518,7 +644,8 @@ impl Model {
         let data = match v.kind() {
             FileKind::File => {
                 let mut buf = vec![0u8; v.size() as usize];
-                let n = fs.read_at(&v, 0, &mut buf).unwrap_or_else(|e| panic!("model load {id}: {e}"));
+                let n =
+                    fs.read_at(&v, 0, &mut buf).unwrap_or_else(|e| panic!("model load {id}: {e}"));
                 assert_eq!(n as u64, v.size());
                 buf
             }
@@ -569,7 +696,9 @@ impl Model {
     }
 
     pub fn id(&self, path: &str) -> InodeId {
-        self.node(self.handle(path)).id.unwrap_or_else(|| panic!("model: /{path} has no inode id yet (call resolve_ids)"))
+        self.node(self.handle(path))
+            .id
+            .unwrap_or_else(|| panic!("model: /{path} has no inode id yet (call resolve_ids)"))
     }
 
     pub fn data(&self, path: &str) -> &[u8] {
@@ -609,20 +738,25 @@ impl Model {
                 _ => (0, String::new()),
             };
             let nlink = if n.kind == 'd' { 1 } else { names.get(&h).copied().unwrap_or(1) };
-            out.insert(p, Rec { kind: n.kind, perm: n.perm, uid: n.uid, gid: n.gid, size, nlink, content });
+            out.insert(
+                p,
+                Rec { kind: n.kind, perm: n.perm, uid: n.uid, gid: n.gid, size, nlink, content },
+            );
         }
         out
     }
 
     /// Fill in the inode ids of inodes the kernel created, by path, from `img`.
     pub fn resolve_ids(&mut self, img: &Path) {
-        let missing: Vec<(String, usize)> = self.paths().into_iter().filter(|(_, h)| self.node(*h).id.is_none()).collect();
+        let missing: Vec<(String, usize)> =
+            self.paths().into_iter().filter(|(_, h)| self.node(*h).id.is_none()).collect();
         if missing.is_empty() {
             return;
         }
         let fs = Filesystem::open(&OpenOptions::new(img)).expect("open for resolve_ids");
         for (p, h) in missing {
-            let v = fs.resolve(&format!("/{p}"), false).unwrap_or_else(|e| panic!("resolve /{p}: {e}"));
+            let v =
+                fs.resolve(&format!("/{p}"), false).unwrap_or_else(|e| panic!("resolve /{p}: {e}"));
             self.node_mut(h).id = Some(v.id);
         }
     }
@@ -641,7 +775,11 @@ impl Model {
     fn remove_name(&mut self, path: &str) -> usize {
         let (parent, name) = split_path(path);
         let ph = self.handle(parent);
-        let h = self.node_mut(ph).children.remove(name.as_bytes()).unwrap_or_else(|| panic!("model: no /{path}"));
+        let h = self
+            .node_mut(ph)
+            .children
+            .remove(name.as_bytes())
+            .unwrap_or_else(|| panic!("model: no /{path}"));
         let still = self.inodes.iter().flatten().any(|n| n.children.values().any(|&c| c == h));
         if !still {
             self.inodes[h] = None;
@@ -652,7 +790,21 @@ impl Model {
     /// Record a file made outside the helpers below (a test driving `FsWriter` itself).
     pub fn record_file(&mut self, path: &str, perm: u32, data: Vec<u8>, id: InodeId) -> usize {
         let (xattrs, nocow) = self.inherited(split_path(path).0);
-        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data, children: BTreeMap::new(), id: Some(id), xattrs, nocow })
+        self.add_child(
+            path,
+            MInode {
+                kind: 'f',
+                perm,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                data,
+                children: BTreeMap::new(),
+                id: Some(id),
+                xattrs,
+                nocow,
+            },
+        )
     }
 
     /// Record a name removed outside the helpers below.
@@ -666,7 +818,12 @@ impl Model {
     pub fn inherited(&self, parent: &str) -> (BTreeMap<Vec<u8>, Vec<u8>>, bool) {
         let p = self.node(self.handle(parent));
         let mut x = BTreeMap::new();
-        if let Some(alg) = p.xattrs.get(COMPRESSION_PROP).and_then(|v| inherited_compression(v)).filter(|_| !p.nocow) {
+        if let Some(alg) = p
+            .xattrs
+            .get(COMPRESSION_PROP)
+            .and_then(|v| inherited_compression(v))
+            .filter(|_| !p.nocow)
+        {
             x.insert(COMPRESSION_PROP.to_vec(), alg.to_vec());
         }
         (x, p.nocow)
@@ -730,27 +887,60 @@ impl Model {
     pub fn w_mkdir(&mut self, w: &mut FsWriter, path: &str, perm: u32) -> usize {
         let p = self.parent_id(path);
         let name = split_path(path).1;
-        let ino = w.mkdir(p.root, p.ino, name.as_bytes(), &InodeAttrs::new(perm)).unwrap_or_else(|e| panic!("mkdir /{path}: {e}"));
+        let ino = w
+            .mkdir(p.root, p.ino, name.as_bytes(), &InodeAttrs::new(perm))
+            .unwrap_or_else(|e| panic!("mkdir /{path}: {e}"));
         let (xattrs, nocow) = self.inherited(split_path(path).0);
-        self.add_child(path, MInode { kind: 'd', perm, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }), xattrs, nocow })
+        self.add_child(
+            path,
+            MInode {
+                kind: 'd',
+                perm,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                data: Vec::new(),
+                children: BTreeMap::new(),
+                id: Some(InodeId { root: p.root, ino }),
+                xattrs,
+                nocow,
+            },
+        )
     }
 
     /// Create file `path` and write `data` to it (no write for empty data).
     pub fn w_create(&mut self, w: &mut FsWriter, path: &str, perm: u32, data: &[u8]) -> usize {
         let p = self.parent_id(path);
         let name = split_path(path).1;
-        let ino = w.create_file(p.root, p.ino, name.as_bytes(), &InodeAttrs::new(perm)).unwrap_or_else(|e| panic!("create /{path}: {e}"));
+        let ino = w
+            .create_file(p.root, p.ino, name.as_bytes(), &InodeAttrs::new(perm))
+            .unwrap_or_else(|e| panic!("create /{path}: {e}"));
         if !data.is_empty() {
             w.write_file(p.root, ino, 0, data).unwrap_or_else(|e| panic!("write /{path}: {e}"));
         }
         let (xattrs, nocow) = self.inherited(split_path(path).0);
-        self.add_child(path, MInode { kind: 'f', perm, uid: 0, gid: 0, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: Some(InodeId { root: p.root, ino }), xattrs, nocow })
+        self.add_child(
+            path,
+            MInode {
+                kind: 'f',
+                perm,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                data: data.to_vec(),
+                children: BTreeMap::new(),
+                id: Some(InodeId { root: p.root, ino }),
+                xattrs,
+                nocow,
+            },
+        )
     }
 
     /// Write `data` at `off` of file `path`.
     pub fn w_write(&mut self, w: &mut FsWriter, path: &str, off: u64, data: &[u8]) {
         let id = self.id(path);
-        w.write_file(id.root, id.ino, off, data).unwrap_or_else(|e| panic!("write /{path} at {off} len {}: {e}", data.len()));
+        w.write_file(id.root, id.ino, off, data)
+            .unwrap_or_else(|e| panic!("write /{path} at {off} len {}: {e}", data.len()));
         model_write(&mut self.node_mut(self.handle(path)).data, off, data);
     }
 
@@ -758,7 +948,12 @@ impl Model {
     pub fn w_unlink(&mut self, w: &mut FsWriter, path: &str) {
         let p = self.parent_id(path);
         let name = split_path(path).1.as_bytes();
-        let is_dir = w.live().lookup(p, name).ok().flatten().is_some_and(|e| e.ftype == ubtrfs_format::structs::FT_DIR);
+        let is_dir = w
+            .live()
+            .lookup(p, name)
+            .ok()
+            .flatten()
+            .is_some_and(|e| e.ftype == ubtrfs_format::structs::FT_DIR);
         let r = if is_dir { w.rmdir(p.root, p.ino, name) } else { w.unlink(p.root, p.ino, name) };
         r.unwrap_or_else(|e| panic!("unlink /{path}: {e}"));
         self.remove_name(path);
@@ -775,17 +970,23 @@ impl Model {
             'l' => FT_SYMLINK,
             k => panic!("model: cannot hard link kind {k}"),
         };
-        w.link(p.root, p.ino, split_path(path).1.as_bytes(), id.ino, ft).unwrap_or_else(|e| panic!("link /{existing} -> /{path}: {e}"));
+        w.link(p.root, p.ino, split_path(path).1.as_bytes(), id.ino, ft)
+            .unwrap_or_else(|e| panic!("link /{existing} -> /{path}: {e}"));
         let (parent, name) = split_path(path);
         let ph = self.handle(parent);
-        assert!(self.node_mut(ph).children.insert(name.as_bytes().to_vec(), h).is_none(), "model: /{path} exists");
+        assert!(
+            self.node_mut(ph).children.insert(name.as_bytes().to_vec(), h).is_none(),
+            "model: /{path} exists"
+        );
     }
 
     /// Symlink `path` -> `target`.
     pub fn w_symlink(&mut self, w: &mut FsWriter, path: &str, target: &[u8]) -> usize {
         let p = self.parent_id(path);
         let name = split_path(path).1;
-        let ino = w.symlink(p.root, p.ino, name.as_bytes(), target, &InodeAttrs::new(0o777)).unwrap_or_else(|e| panic!("symlink /{path}: {e}"));
+        let ino = w
+            .symlink(p.root, p.ino, name.as_bytes(), target, &InodeAttrs::new(0o777))
+            .unwrap_or_else(|e| panic!("symlink /{path}: {e}"));
         self.add_child(
             path,
             MInode {
@@ -807,7 +1008,9 @@ impl Model {
     pub fn w_mknod(&mut self, w: &mut FsWriter, path: &str, mode: u32, rdev: u64) -> usize {
         let p = self.parent_id(path);
         let name = split_path(path).1;
-        let ino = w.mknod(p.root, p.ino, name.as_bytes(), &InodeAttrs { rdev, ..InodeAttrs::new(mode) }).unwrap_or_else(|e| panic!("mknod /{path}: {e}"));
+        let ino = w
+            .mknod(p.root, p.ino, name.as_bytes(), &InodeAttrs { rdev, ..InodeAttrs::new(mode) })
+            .unwrap_or_else(|e| panic!("mknod /{path}: {e}"));
         self.add_child(
             path,
             MInode {
@@ -830,12 +1033,38 @@ impl Model {
         let (op, np) = (self.parent_id(from), self.parent_id(to));
         // Two names of one inode: vfs_rename does nothing, and leaves no whiteout.
         let same = self.lookup(to).is_some() && self.lookup(to) == self.lookup(from);
-        w.rename(op.root, op.ino, split_path(from).1.as_bytes(), np.ino, split_path(to).1.as_bytes(), flags).unwrap_or_else(|e| panic!("rename /{from} /{to} {flags}: {e}"));
+        w.rename(
+            op.root,
+            op.ino,
+            split_path(from).1.as_bytes(),
+            np.ino,
+            split_path(to).1.as_bytes(),
+            flags,
+        )
+        .unwrap_or_else(|e| panic!("rename /{from} /{to} {flags}: {e}"));
         self.rename(from, to, flags);
         if flags & RENAME_WHITEOUT != 0 && !same {
             let (op, name) = (self.parent_id(from), split_path(from).1);
-            let found = w.live().lookup(op, name.as_bytes()).expect("lookup whiteout").expect("whiteout exists");
-            self.add_child(from, MInode { kind: 'c', perm: 0, uid: 0, gid: 0, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: Some(found.target), xattrs: BTreeMap::new(), nocow: false });
+            let found = w
+                .live()
+                .lookup(op, name.as_bytes())
+                .expect("lookup whiteout")
+                .expect("whiteout exists");
+            self.add_child(
+                from,
+                MInode {
+                    kind: 'c',
+                    perm: 0,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    data: Vec::new(),
+                    children: BTreeMap::new(),
+                    id: Some(found.target),
+                    xattrs: BTreeMap::new(),
+                    nocow: false,
+                },
+            );
         }
     }
 
@@ -846,7 +1075,8 @@ impl Model {
         let (fh, th) = (self.handle(fp), self.handle(tp));
         let src = *self.node(fh).children.get(fname.as_bytes()).expect("model: rename source");
         if flags & 2 != 0 {
-            let dst = *self.node(th).children.get(tname.as_bytes()).expect("model: exchange target");
+            let dst =
+                *self.node(th).children.get(tname.as_bytes()).expect("model: exchange target");
             self.node_mut(fh).children.insert(fname.as_bytes().to_vec(), dst);
             self.node_mut(th).children.insert(tname.as_bytes().to_vec(), src);
             return;
@@ -872,15 +1102,29 @@ impl Model {
     /// fallocate(2) of file `path`, in ubtrfs and the model.
     pub fn w_fallocate(&mut self, w: &mut FsWriter, path: &str, mode: u32, off: u64, len: u64) {
         let id = self.id(path);
-        w.fallocate(id.root, id.ino, mode, off, len).unwrap_or_else(|e| panic!("fallocate /{path} mode {mode:#x} [{off}, +{len}): {e}"));
+        w.fallocate(id.root, id.ino, mode, off, len)
+            .unwrap_or_else(|e| panic!("fallocate /{path} mode {mode:#x} [{off}, +{len}): {e}"));
         model_fallocate(&mut self.node_mut(self.handle(path)).data, mode, off, len);
     }
 
     /// setxattr(2) of `path` (flags XATTR_CREATE / XATTR_REPLACE), in ubtrfs and the
     /// model; the compression property is stored only on files and directories.
-    pub fn w_setxattr(&mut self, w: &mut FsWriter, path: &str, name: &[u8], value: &[u8], flags: u32) {
+    pub fn w_setxattr(
+        &mut self,
+        w: &mut FsWriter,
+        path: &str,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) {
         let id = self.id(path);
-        w.setxattr(id.root, id.ino, name, value, flags).unwrap_or_else(|e| panic!("setxattr /{path} {} ({} bytes, flags {flags}): {e}", String::from_utf8_lossy(name), value.len()));
+        w.setxattr(id.root, id.ino, name, value, flags).unwrap_or_else(|e| {
+            panic!(
+                "setxattr /{path} {} ({} bytes, flags {flags}): {e}",
+                String::from_utf8_lossy(name),
+                value.len()
+            )
+        });
         let n = self.node_mut(self.handle(path));
         model_setxattr(n.kind, &mut n.xattrs, name, value);
     }
@@ -888,7 +1132,9 @@ impl Model {
     /// removexattr(2) of `path`, in ubtrfs and the model.
     pub fn w_removexattr(&mut self, w: &mut FsWriter, path: &str, name: &[u8]) {
         let id = self.id(path);
-        w.removexattr(id.root, id.ino, name).unwrap_or_else(|e| panic!("removexattr /{path} {}: {e}", String::from_utf8_lossy(name)));
+        w.removexattr(id.root, id.ino, name).unwrap_or_else(|e| {
+            panic!("removexattr /{path} {}: {e}", String::from_utf8_lossy(name))
+        });
         self.node_mut(self.handle(path)).xattrs.remove(name);
     }
 
@@ -896,7 +1142,8 @@ impl Model {
     /// is the writer's compression algorithm name, for COMPR).
     pub fn w_set_fsflags(&mut self, w: &mut FsWriter, path: &str, fs: u32, mount_alg: &[u8]) {
         let id = self.id(path);
-        w.set_fsflags(id.root, id.ino, fs).unwrap_or_else(|e| panic!("set_fsflags /{path} {fs:#x}: {e}"));
+        w.set_fsflags(id.root, id.ino, fs)
+            .unwrap_or_else(|e| panic!("set_fsflags /{path} {fs:#x}: {e}"));
         let n = self.node_mut(self.handle(path));
         let empty = n.data.is_empty();
         model_set_fsflags(n.kind, empty, &mut n.nocow, &mut n.xattrs, fs, mount_alg);
@@ -911,7 +1158,21 @@ impl Model {
         let md = std::fs::metadata(m.path(path)).expect("stat");
         let (perm, uid, gid) = (md.mode() & 0o7777, md.uid(), md.gid());
         let (xattrs, nocow) = kernel_inherited(m, path);
-        self.add_child(path, MInode { kind: 'd', perm, uid, gid, rdev: 0, data: Vec::new(), children: BTreeMap::new(), id: None, xattrs, nocow });
+        self.add_child(
+            path,
+            MInode {
+                kind: 'd',
+                perm,
+                uid,
+                gid,
+                rdev: 0,
+                data: Vec::new(),
+                children: BTreeMap::new(),
+                id: None,
+                xattrs,
+                nocow,
+            },
+        );
     }
 
     pub fn k_create(&mut self, m: &Mount, path: &str, data: &[u8]) {
@@ -919,12 +1180,29 @@ impl Model {
         let md = std::fs::metadata(m.path(path)).expect("stat");
         let (perm, uid, gid) = (md.mode() & 0o7777, md.uid(), md.gid());
         let (xattrs, nocow) = kernel_inherited(m, path);
-        self.add_child(path, MInode { kind: 'f', perm, uid, gid, rdev: 0, data: data.to_vec(), children: BTreeMap::new(), id: None, xattrs, nocow });
+        self.add_child(
+            path,
+            MInode {
+                kind: 'f',
+                perm,
+                uid,
+                gid,
+                rdev: 0,
+                data: data.to_vec(),
+                children: BTreeMap::new(),
+                id: None,
+                xattrs,
+                nocow,
+            },
+        );
     }
 
     pub fn k_write(&mut self, m: &Mount, path: &str, off: u64, data: &[u8]) {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(m.path(path)).unwrap_or_else(|e| panic!("kernel open /{path}: {e}"));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path(path))
+            .unwrap_or_else(|e| panic!("kernel open /{path}: {e}"));
         f.write_all_at(data, off).unwrap_or_else(|e| panic!("kernel write /{path}: {e}"));
         model_write(&mut self.node_mut(self.handle(path)).data, off, data);
     }
@@ -932,15 +1210,18 @@ impl Model {
     pub fn k_unlink(&mut self, m: &Mount, path: &str) {
         let h = self.handle(path);
         if self.node(h).kind == 'd' {
-            std::fs::remove_dir(m.path(path)).unwrap_or_else(|e| panic!("kernel rmdir /{path}: {e}"));
+            std::fs::remove_dir(m.path(path))
+                .unwrap_or_else(|e| panic!("kernel rmdir /{path}: {e}"));
         } else {
-            std::fs::remove_file(m.path(path)).unwrap_or_else(|e| panic!("kernel unlink /{path}: {e}"));
+            std::fs::remove_file(m.path(path))
+                .unwrap_or_else(|e| panic!("kernel unlink /{path}: {e}"));
         }
         self.remove_name(path);
     }
 
     pub fn k_link(&mut self, m: &Mount, existing: &str, path: &str) {
-        std::fs::hard_link(m.path(existing), m.path(path)).unwrap_or_else(|e| panic!("kernel link /{existing} /{path}: {e}"));
+        std::fs::hard_link(m.path(existing), m.path(path))
+            .unwrap_or_else(|e| panic!("kernel link /{existing} /{path}: {e}"));
         let h = self.handle(existing);
         let (parent, name) = split_path(path);
         let ph = self.handle(parent);
@@ -1046,7 +1327,14 @@ pub fn model_setxattr(kind: char, x: &mut BTreeMap<Vec<u8>, Vec<u8>>, name: &[u8
 /// FS_IOC_SETFLAGS on a model file or directory, as `set_fsflags` does it: NOCOW is set
 /// or cleared on a directory or an empty file (a non-empty file keeps its state); COMPR
 /// sets the compression property to `mount_alg`, NOCOMP and neither remove it.
-pub fn model_set_fsflags(kind: char, empty: bool, nocow: &mut bool, x: &mut BTreeMap<Vec<u8>, Vec<u8>>, fs: u32, mount_alg: &[u8]) {
+pub fn model_set_fsflags(
+    kind: char,
+    empty: bool,
+    nocow: &mut bool,
+    x: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    fs: u32,
+    mount_alg: &[u8],
+) {
     if kind == 'd' || (kind == 'f' && empty) {
         *nocow = fs & fsflags::NOCOW != 0;
     }
@@ -1077,13 +1365,25 @@ fn inode_states(w: &FsWriter, ids: &[InodeId]) -> ubtrfs_core::Result<Vec<InodeS
 /// Run `f`, which must fail with `want`, and check that it changed nothing: the inodes
 /// `ids` (the parents, source and target of the call) are as they were and the writer
 /// is not aborted. Panics on a wrong outcome.
-pub fn expect_refused(w: &mut FsWriter, what: &str, want: PosixKind, ids: &[InodeId], f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) {
+pub fn expect_refused(
+    w: &mut FsWriter,
+    what: &str,
+    want: PosixKind,
+    ids: &[InodeId],
+    f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>,
+) {
     check_refused(w, what, want, ids, f).unwrap_or_else(|e| panic!("{what}: {e}"));
 }
 
 /// `expect_refused`, except that an error without a POSIX kind (the device's, a
 /// corrupt block) is returned, for a caller whose device may fail.
-pub fn check_refused(w: &mut FsWriter, what: &str, want: PosixKind, ids: &[InodeId], f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>) -> ubtrfs_core::Result<()> {
+pub fn check_refused(
+    w: &mut FsWriter,
+    what: &str,
+    want: PosixKind,
+    ids: &[InodeId],
+    f: impl FnOnce(&mut FsWriter) -> ubtrfs_core::Result<()>,
+) -> ubtrfs_core::Result<()> {
     let before = inode_states(w, ids)?;
     match f(w) {
         Ok(()) => panic!("{what}: succeeded; the model expects {want:?}"),
@@ -1123,18 +1423,27 @@ pub type MetaTree = BTreeMap<String, XMeta>;
 impl Model {
     /// The xattrs and NOCOW flags the walks must see.
     pub fn expect_meta(&self) -> MetaTree {
-        self.paths().into_iter().map(|(p, h)| (p, XMeta { xattrs: self.node(h).xattrs.clone(), nocow: self.node(h).nocow })).collect()
+        self.paths()
+            .into_iter()
+            .map(|(p, h)| {
+                (p, XMeta { xattrs: self.node(h).xattrs.clone(), nocow: self.node(h).nocow })
+            })
+            .collect()
     }
 }
 
 /// Every path's xattrs and NOCOW flag as ubtrfs's reader sees `img`.
 pub fn meta_ubtrfs(img: &Path) -> MetaTree {
-    let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
+    let fs = Filesystem::open(&OpenOptions::new(img))
+        .unwrap_or_else(|e| panic!("{}: Filesystem::open: {e}", img.display()));
     let mut out = MetaTree::new();
     let mut stack = vec![(String::new(), fs.root_dir())];
     while let Some((path, id)) = stack.pop() {
-        let v = fs.load_inode(id, Load { xattrs: true, entries: true, extents: false }).unwrap_or_else(|e| panic!("ubtrfs meta walk: /{path}: {e}"));
-        let nocow = matches!(v.kind(), FileKind::File | FileKind::Dir) && v.flags() & INODE_NODATACOW != 0;
+        let v = fs
+            .load_inode(id, Load { xattrs: true, entries: true, extents: false })
+            .unwrap_or_else(|e| panic!("ubtrfs meta walk: /{path}: {e}"));
+        let nocow =
+            matches!(v.kind(), FileKind::File | FileKind::Dir) && v.flags() & INODE_NODATACOW != 0;
         out.insert(path.clone(), XMeta { xattrs: v.xattrs.iter().cloned().collect(), nocow });
         for e in &v.entries {
             stack.push((join(&path, &String::from_utf8_lossy(&e.name)), e.target));
@@ -1162,7 +1471,9 @@ pub fn try_kernel_xattrs(p: &Path) -> std::io::Result<BTreeMap<Vec<u8>, Vec<u8>>
     for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
         let cn = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
         // SAFETY: as above.
-        let m = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+        let m = unsafe {
+            libc::lgetxattr(c.as_ptr(), cn.as_ptr(), value.as_mut_ptr().cast(), value.len())
+        };
         if m < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -1194,11 +1505,15 @@ pub fn meta_kernel(root: &Path) -> MetaTree {
     let mut out = MetaTree::new();
     let mut stack = vec![(String::new(), root.to_path_buf())];
     while let Some((path, p)) = stack.pop() {
-        let ft = std::fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("kernel meta walk: stat {}: {e}", p.display())).file_type();
+        let ft = std::fs::symlink_metadata(&p)
+            .unwrap_or_else(|e| panic!("kernel meta walk: stat {}: {e}", p.display()))
+            .file_type();
         let nocow = (ft.is_file() || ft.is_dir()) && kernel_fsflags(&p) & fsflags::NOCOW != 0;
         out.insert(path.clone(), XMeta { xattrs: kernel_xattrs(&p), nocow });
         if ft.is_dir() {
-            for e in std::fs::read_dir(&p).unwrap_or_else(|e| panic!("kernel meta walk: readdir {}: {e}", p.display())) {
+            for e in std::fs::read_dir(&p)
+                .unwrap_or_else(|e| panic!("kernel meta walk: readdir {}: {e}", p.display()))
+            {
                 let n = e.expect("dir entry").file_name();
                 stack.push((join(&path, &String::from_utf8_lossy(n.as_bytes())), p.join(&n)));
             }
@@ -1212,7 +1527,15 @@ pub fn diff_meta(expected: &MetaTree, actual: &MetaTree, max: usize) -> Vec<Stri
     let show = |x: &BTreeMap<Vec<u8>, Vec<u8>>| {
         x.iter()
             .map(|(n, v)| {
-                format!("{}={}", String::from_utf8_lossy(n), if v.len() <= 16 { String::from_utf8_lossy(v).into_owned() } else { format!("<{} bytes {}>", v.len(), &hex(&Sha256::digest(v))[..12]) })
+                format!(
+                    "{}={}",
+                    String::from_utf8_lossy(n),
+                    if v.len() <= 16 {
+                        String::from_utf8_lossy(v).into_owned()
+                    } else {
+                        format!("<{} bytes {}>", v.len(), &hex(&Sha256::digest(v))[..12])
+                    }
+                )
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -1221,12 +1544,20 @@ pub fn diff_meta(expected: &MetaTree, actual: &MetaTree, max: usize) -> Vec<Stri
     for (p, e) in expected {
         match actual.get(p) {
             None => d.push(format!("missing /{p}")),
-            Some(a) if a.nocow != e.nocow => d.push(format!("/{p}: NOCOW expected {}, found {}", e.nocow, a.nocow)),
-            Some(a) if a.xattrs != e.xattrs => d.push(format!("/{p}: xattrs differ:\n    expected {{{}}}\n    actual   {{{}}}", show(&e.xattrs), show(&a.xattrs))),
+            Some(a) if a.nocow != e.nocow => {
+                d.push(format!("/{p}: NOCOW expected {}, found {}", e.nocow, a.nocow))
+            }
+            Some(a) if a.xattrs != e.xattrs => d.push(format!(
+                "/{p}: xattrs differ:\n    expected {{{}}}\n    actual   {{{}}}",
+                show(&e.xattrs),
+                show(&a.xattrs)
+            )),
             _ => {}
         }
     }
-    d.extend(actual.keys().filter(|p| !expected.contains_key(*p)).map(|p| format!("unexpected /{p}")));
+    d.extend(
+        actual.keys().filter(|p| !expected.contains_key(*p)).map(|p| format!("unexpected /{p}")),
+    );
     let n = d.len();
     d.truncate(max);
     if n > max {
@@ -1238,7 +1569,12 @@ pub fn diff_meta(expected: &MetaTree, actual: &MetaTree, max: usize) -> Vec<Stri
 /// ubtrfs's reader shows the model's xattrs and NOCOW flags in `img`.
 pub fn verify_meta_ubtrfs(img: &Path, m: &Model, what: &str) {
     let d = diff_meta(&m.expect_meta(), &meta_ubtrfs(img), 20);
-    assert!(d.is_empty(), "{what}: ubtrfs reader vs model (xattrs, NOCOW): {} differences:\n{}", d.len(), d.join("\n"));
+    assert!(
+        d.is_empty(),
+        "{what}: ubtrfs reader vs model (xattrs, NOCOW): {} differences:\n{}",
+        d.len(),
+        d.join("\n")
+    );
 }
 
 /// One read-only kernel mount of `img`: the tree and the xattrs and NOCOW flags are
@@ -1250,26 +1586,45 @@ pub fn verify_kernel_with_meta(img: &Path, m: &Model, what: &str) {
     mnt.umount();
     assert_same(&m.expect(), &got, &format!("{what}: kernel mount vs model"));
     let d = diff_meta(&m.expect_meta(), &meta, 20);
-    assert!(d.is_empty(), "{what}: kernel mount vs model (xattrs, NOCOW): {} differences:\n{}", d.len(), d.join("\n"));
+    assert!(
+        d.is_empty(),
+        "{what}: kernel mount vs model (xattrs, NOCOW): {} differences:\n{}",
+        d.len(),
+        d.join("\n")
+    );
 }
 
 /// The trees a data write touches, checked with `FsWriter::check_invariants`.
-pub const GLOBAL_TREES: [u64; 5] = [ROOT_TREE_OBJECTID, EXTENT_TREE_OBJECTID, CSUM_TREE_OBJECTID, FREE_SPACE_TREE_OBJECTID, DEV_TREE_OBJECTID];
+pub const GLOBAL_TREES: [u64; 5] = [
+    ROOT_TREE_OBJECTID,
+    EXTENT_TREE_OBJECTID,
+    CSUM_TREE_OBJECTID,
+    FREE_SPACE_TREE_OBJECTID,
+    DEV_TREE_OBJECTID,
+];
 
 /// `check_invariants` on the global trees and on `fs_trees`.
 pub fn check_trees(w: &mut FsWriter, fs_trees: &[u64], what: &str) {
     for &t in GLOBAL_TREES.iter().chain(fs_trees) {
         w.check_invariants(t).unwrap_or_else(|e| panic!("{what}: tree {t} invariants: {e}"));
     }
-    w.check_invariants(CHUNK_TREE_OBJECTID).unwrap_or_else(|e| panic!("{what}: chunk tree invariants: {e}"));
+    w.check_invariants(CHUNK_TREE_OBJECTID)
+        .unwrap_or_else(|e| panic!("{what}: chunk tree invariants: {e}"));
 }
 
 /// `ubtrfs check` finds nothing, and ubtrfs's view of `img` matches the model.
 pub fn verify_ubtrfs(img: &Path, m: &Model, what: &str) {
-    let fs = Filesystem::open(&OpenOptions::new(img)).unwrap_or_else(|e| panic!("{what}: open for check: {e}"));
-    let rep = ubtrfs_tools::check::check(&fs.info, &ubtrfs_tools::check::CheckOptions::default()).unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
+    let fs = Filesystem::open(&OpenOptions::new(img))
+        .unwrap_or_else(|e| panic!("{what}: open for check: {e}"));
+    let rep = ubtrfs_tools::check::check(&fs.info, &ubtrfs_tools::check::CheckOptions::default())
+        .unwrap_or_else(|e| panic!("{what}: ubtrfs check: {e}"));
     let problems: Vec<String> = rep.findings.iter().take(10).map(|f| f.to_string()).collect();
-    assert!(rep.is_clean(), "{what}: ubtrfs check found {} problems:\n{}", rep.problems(), problems.join("\n"));
+    assert!(
+        rep.is_clean(),
+        "{what}: ubtrfs check found {} problems:\n{}",
+        rep.problems(),
+        problems.join("\n")
+    );
     drop(fs);
     assert_same(&m.expect(), &walk_ubtrfs(img), &format!("{what}: ubtrfs reader vs model"));
 }

@@ -34,7 +34,13 @@ pub fn dir_entries(data: &[u8]) -> impl Iterator<Item = ParseResult<DirEntry<'_>
             if total > rest.len() {
                 return Err(format!("invalid dir item name or data len, name_len={name_len} data_len={data_len} item left={}", rest.len()));
             }
-            let e = DirEntry { location: Key::from(&di.location), transid: di.transid.get(), type_: di.type_, name: &rest[hdr..hdr + name_len], data: &rest[hdr + name_len..total] };
+            let e = DirEntry {
+                location: Key::from(&di.location),
+                transid: di.transid.get(),
+                type_: di.type_,
+                name: &rest[hdr..hdr + name_len],
+                data: &rest[hdr + name_len..total],
+            };
             rest = &rest[total..];
             Ok(e)
         })();
@@ -56,25 +62,38 @@ pub(crate) fn check_dir_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResu
             return Err(format!("invalid dir item type, have {ftype} expect (0, {FT_MAX})"));
         }
         if is_xattr && ftype != FT_XATTR {
-            return Err(format!("invalid dir item type for XATTR key, have {ftype} expect {FT_XATTR}"));
+            return Err(format!(
+                "invalid dir item type for XATTR key, have {ftype} expect {FT_XATTR}"
+            ));
         }
         if !is_xattr && ftype == FT_XATTR {
             return Err("xattr dir type found for non-XATTR key".into());
         }
         // XATTR_NAME_MAX and BTRFS_NAME_LEN are both 255.
         if e.name.len() > NAME_LEN {
-            return Err(format!("dir item name len too long, have {} max {NAME_LEN}", e.name.len()));
+            return Err(format!(
+                "dir item name len too long, have {} max {NAME_LEN}",
+                e.name.len()
+            ));
         }
         // BTRFS_MAX_XATTR_SIZE: what one item can hold after its dir item header.
-        let max = (ctx.nodesize as usize).saturating_sub(HEADER_SIZE + ITEM_SIZE + core::mem::size_of::<DirItem>());
+        let max = (ctx.nodesize as usize)
+            .saturating_sub(HEADER_SIZE + ITEM_SIZE + core::mem::size_of::<DirItem>());
         if e.name.len() + e.data.len() > max {
-            return Err(format!("dir item name and data len too long, have {} max {max}", e.name.len() + e.data.len()));
+            return Err(format!(
+                "dir item name and data len too long, have {} max {max}",
+                e.name.len() + e.data.len()
+            ));
         }
         if !is_xattr && !e.data.is_empty() {
             return Err(format!("dir item with invalid data len, have {} expect 0", e.data.len()));
         }
         if key.type_ != DIR_INDEX_KEY && name_hash(e.name) != key.offset {
-            return Err(format!("name hash mismatch with key, have {:#018x} expect {:#018x}", name_hash(e.name), key.offset));
+            return Err(format!(
+                "name hash mismatch with key, have {:#018x} expect {:#018x}",
+                name_hash(e.name),
+                key.offset
+            ));
         }
     }
     Ok(())
@@ -90,7 +109,11 @@ fn check_dir_location(is_xattr: bool, loc: &Key) -> core::result::Result<(), Str
                 return Err("invalid location key root id 0".into());
             }
             if !btrfs_is_fstree(loc.objectid) {
-                return Err(format!("invalid location key objectid, have {} expect [{FIRST_FREE_OBJECTID}, {}]", loc.objectid, (1u64 << 48) - 1));
+                return Err(format!(
+                    "invalid location key objectid, have {} expect [{FIRST_FREE_OBJECTID}, {}]",
+                    loc.objectid,
+                    (1u64 << 48) - 1
+                ));
             }
         }
         INODE_ITEM_KEY | 0 if is_xattr => {
@@ -99,7 +122,9 @@ fn check_dir_location(is_xattr: bool, loc: &Key) -> core::result::Result<(), Str
             }
         }
         INODE_ITEM_KEY | 0 => {
-            let ok = (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&loc.objectid) || loc.objectid == ROOT_TREE_DIR_OBJECTID || loc.objectid == FREE_INO_OBJECTID;
+            let ok = (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&loc.objectid)
+                || loc.objectid == ROOT_TREE_DIR_OBJECTID
+                || loc.objectid == FREE_INO_OBJECTID;
             if !ok {
                 return Err(format!("invalid location key objectid: has {}", loc.objectid));
             }
@@ -107,7 +132,11 @@ fn check_dir_location(is_xattr: bool, loc: &Key) -> core::result::Result<(), Str
                 return Err(format!("invalid location key offset: has {} expect 0", loc.offset));
             }
         }
-        t => return Err(format!("invalid location key type, have {t}, expect {ROOT_ITEM_KEY} or {INODE_ITEM_KEY}")),
+        t => {
+            return Err(format!(
+                "invalid location key type, have {t}, expect {ROOT_ITEM_KEY} or {INODE_ITEM_KEY}"
+            ))
+        }
     }
     Ok(())
 }

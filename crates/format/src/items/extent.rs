@@ -30,7 +30,9 @@ impl InlineRef {
     /// The count this ref contributes to `refs`.
     pub fn count(&self) -> u64 {
         match self {
-            InlineRef::ExtentData { count, .. } | InlineRef::SharedData { count, .. } => u64::from(*count),
+            InlineRef::ExtentData { count, .. } | InlineRef::SharedData { count, .. } => {
+                u64::from(*count)
+            }
             InlineRef::Owner { .. } => 0,
             _ => 1,
         }
@@ -65,7 +67,11 @@ pub fn extent_item(data: &[u8], skinny: bool) -> ParseResult<ExtentItemView> {
         let rest = &data[pos..];
         let need = |n: usize| -> ParseResult<()> {
             if rest.len() < n {
-                Err(format!("invalid inline ref type {t} at {}: need {n} bytes, have {}", pos - 1, rest.len()))
+                Err(format!(
+                    "invalid inline ref type {t} at {}: need {n} bytes, have {}",
+                    pos - 1,
+                    rest.len()
+                ))
             } else {
                 Ok(())
             }
@@ -91,25 +97,42 @@ pub fn extent_item(data: &[u8], skinny: bool) -> ParseResult<ExtentItemView> {
                 need(28)?;
                 pos += 28;
                 let d = ExtentDataRef::ref_from_prefix(rest).expect("length checked").0;
-                InlineRef::ExtentData { root: d.root.get(), objectid: d.objectid.get(), offset: d.offset.get(), count: d.count.get() }
+                InlineRef::ExtentData {
+                    root: d.root.get(),
+                    objectid: d.objectid.get(),
+                    offset: d.offset.get(),
+                    count: d.count.get(),
+                }
             }
             SHARED_DATA_REF_KEY => {
                 need(12)?;
                 pos += 12;
-                InlineRef::SharedData { parent: le64(rest), count: u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) }
+                InlineRef::SharedData {
+                    parent: le64(rest),
+                    count: u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")),
+                }
             }
             _ => return Err(format!("invalid inline ref type {t}")),
         };
         refs.push(r);
     }
-    Ok(ExtentItemView { refs: ei.refs.get(), generation: ei.generation.get(), flags, tree_block_info: tbi, inline_refs: refs })
+    Ok(ExtentItemView {
+        refs: ei.refs.get(),
+        generation: ei.generation.get(),
+        flags,
+        tree_block_info: tbi,
+        inline_refs: refs,
+    })
 }
 
 /// As check_extent_item (the item alone; overlaps with the previous item are the leaf's rule).
 pub(crate) fn check_extent_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResult {
     let skinny = key.type_ == METADATA_ITEM_KEY;
     if !aligned(key.objectid, ctx.sectorsize) {
-        return Err(format!("invalid extent bytenr {}, not aligned to {}", key.objectid, ctx.sectorsize));
+        return Err(format!(
+            "invalid extent bytenr {}, not aligned to {}",
+            key.objectid, ctx.sectorsize
+        ));
     }
     if skinny && key.offset >= u64::from(MAX_LEVEL) {
         return Err(format!("invalid tree level {}", key.offset));
@@ -130,11 +153,17 @@ pub(crate) fn check_extent_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckR
         return Err(format!("invalid extent length, have {} expect {}", key.offset, ctx.nodesize));
     }
     if is_data && !aligned(key.offset, ctx.sectorsize) {
-        return Err(format!("invalid extent length, have {} expect aligned to {}", key.offset, ctx.sectorsize));
+        return Err(format!(
+            "invalid extent length, have {} expect aligned to {}",
+            key.offset, ctx.sectorsize
+        ));
     }
     if let Some((_, level)) = v.tree_block_info {
         if level >= MAX_LEVEL {
-            return Err(format!("invalid tree block info level, have {level} expect [0, {}]", MAX_LEVEL - 1));
+            return Err(format!(
+                "invalid tree block info level, have {level} expect [0, {}]",
+                MAX_LEVEL - 1
+            ));
         }
     }
     ctx.gen_ok(v.generation, "extent")?;
@@ -156,7 +185,9 @@ pub(crate) fn check_extent_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckR
         let seq = match *r {
             InlineRef::TreeBlock { root } | InlineRef::Owner { root } => root,
             InlineRef::SharedBlock { parent } | InlineRef::SharedData { parent, .. } => parent,
-            InlineRef::ExtentData { root, objectid, offset, .. } => hash_extent_data_ref(root, objectid, offset),
+            InlineRef::ExtentData { root, objectid, offset, .. } => {
+                hash_extent_data_ref(root, objectid, offset)
+            }
         };
         if seq > prev_seq {
             return Err(format!("inline ref out-of-order: has type {t} seq {seq:#x}, prev type {prev_type} seq {prev_seq:#x}"));
@@ -172,19 +203,33 @@ pub(crate) fn check_extent_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckR
 
 /// As check_simple_keyed_refs: TREE_BLOCK_REF, SHARED_BLOCK_REF and SHARED_DATA_REF.
 pub(crate) fn check_simple_keyed_ref(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResult {
-    let want = if key.type_ == SHARED_DATA_REF_KEY { core::mem::size_of::<SharedDataRef>() } else { 0 };
+    let want =
+        if key.type_ == SHARED_DATA_REF_KEY { core::mem::size_of::<SharedDataRef>() } else { 0 };
     if data.len() != want {
-        return Err(format!("invalid item size, have {} expect {want} for key type {}", data.len(), key.type_));
+        return Err(format!(
+            "invalid item size, have {} expect {want} for key type {}",
+            data.len(),
+            key.type_
+        ));
     }
     if !aligned(key.objectid, ctx.sectorsize) {
-        return Err(format!("invalid key objectid for shared block ref, have {} expect aligned to {}", key.objectid, ctx.sectorsize));
+        return Err(format!(
+            "invalid key objectid for shared block ref, have {} expect aligned to {}",
+            key.objectid, ctx.sectorsize
+        ));
     }
     if key.type_ != TREE_BLOCK_REF_KEY && !aligned(key.offset, ctx.sectorsize) {
-        return Err(format!("invalid tree parent bytenr, have {} expect aligned to {}", key.offset, ctx.sectorsize));
+        return Err(format!(
+            "invalid tree parent bytenr, have {} expect aligned to {}",
+            key.offset, ctx.sectorsize
+        ));
     }
     if key.type_ == SHARED_DATA_REF_KEY {
         let r: &SharedDataRef = read_prefix(data, "shared data ref")?;
-        check_ref_values(&InlineRef::SharedData { parent: key.offset, count: r.count.get() }, ctx.sectorsize)?;
+        check_ref_values(
+            &InlineRef::SharedData { parent: key.offset, count: r.count.get() },
+            ctx.sectorsize,
+        )?;
     }
     Ok(())
 }
@@ -195,10 +240,21 @@ pub(crate) fn check_simple_keyed_ref(key: &Key, data: &[u8], ctx: &ItemCtx) -> C
 pub(crate) fn check_extent_data_ref(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResult {
     exact::<ExtentDataRef>(data, "extent data ref")?;
     if !aligned(key.objectid, ctx.sectorsize) {
-        return Err(format!("invalid key objectid for shared block ref, have {} expect aligned to {}", key.objectid, ctx.sectorsize));
+        return Err(format!(
+            "invalid key objectid for shared block ref, have {} expect aligned to {}",
+            key.objectid, ctx.sectorsize
+        ));
     }
     let d: &ExtentDataRef = read_prefix(data, "extent data ref")?;
-    check_ref_values(&InlineRef::ExtentData { root: d.root.get(), objectid: d.objectid.get(), offset: d.offset.get(), count: d.count.get() }, ctx.sectorsize)?;
+    check_ref_values(
+        &InlineRef::ExtentData {
+            root: d.root.get(),
+            objectid: d.objectid.get(),
+            offset: d.offset.get(),
+            count: d.count.get(),
+        },
+        ctx.sectorsize,
+    )?;
     Ok(())
 }
 
@@ -213,9 +269,15 @@ fn is_valid_dref_root(root: u64) -> bool {
 /// offset, counts not zero.
 fn check_ref_values(r: &InlineRef, sectorsize: u32) -> core::result::Result<(), String> {
     match *r {
-        InlineRef::SharedBlock { parent } if !aligned(parent, sectorsize) => Err(format!("invalid tree parent bytenr, have {parent} expect aligned to {sectorsize}")),
-        InlineRef::SharedData { parent, .. } if !aligned(parent, sectorsize) => Err(format!("invalid data parent bytenr, have {parent} expect aligned to {sectorsize}")),
-        InlineRef::SharedData { count: 0, .. } => Err("invalid shared data ref count, should have non-zero value".into()),
+        InlineRef::SharedBlock { parent } if !aligned(parent, sectorsize) => {
+            Err(format!("invalid tree parent bytenr, have {parent} expect aligned to {sectorsize}"))
+        }
+        InlineRef::SharedData { parent, .. } if !aligned(parent, sectorsize) => {
+            Err(format!("invalid data parent bytenr, have {parent} expect aligned to {sectorsize}"))
+        }
+        InlineRef::SharedData { count: 0, .. } => {
+            Err("invalid shared data ref count, should have non-zero value".into())
+        }
         InlineRef::ExtentData { root, objectid, offset, count } => {
             if !is_valid_dref_root(root) {
                 return Err(format!("invalid data ref root value {root}"));
@@ -224,7 +286,9 @@ fn check_ref_values(r: &InlineRef, sectorsize: u32) -> core::result::Result<(), 
                 return Err(format!("invalid data ref objectid value {objectid}"));
             }
             if !aligned(offset, sectorsize) {
-                return Err(format!("invalid data ref offset, have {offset} expect aligned to {sectorsize}"));
+                return Err(format!(
+                    "invalid data ref offset, have {offset} expect aligned to {sectorsize}"
+                ));
             }
             if count == 0 {
                 return Err("invalid data ref count, should have non-zero value".into());

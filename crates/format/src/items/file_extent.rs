@@ -34,12 +34,22 @@ pub fn file_extent(data: &[u8]) -> ParseResult<FileExtent<'_>> {
         return Err(format!("invalid encryption for file extent, have {} expect 0", h.encryption));
     }
     match h.type_ {
-        FILE_EXTENT_INLINE => Ok(FileExtent::Inline { generation: h.generation.get(), ram_bytes: h.ram_bytes.get(), compression: h.compression, data: &data[FILE_EXTENT_INLINE_DATA_START..] }),
+        FILE_EXTENT_INLINE => Ok(FileExtent::Inline {
+            generation: h.generation.get(),
+            ram_bytes: h.ram_bytes.get(),
+            compression: h.compression,
+            data: &data[FILE_EXTENT_INLINE_DATA_START..],
+        }),
         FILE_EXTENT_REG | FILE_EXTENT_PREALLOC => {
             if data.len() != FILE_EXTENT_REG_SIZE {
-                return Err(format!("invalid file extent item size, have {} expect {}", data.len(), FILE_EXTENT_REG_SIZE));
+                return Err(format!(
+                    "invalid file extent item size, have {} expect {}",
+                    data.len(),
+                    FILE_EXTENT_REG_SIZE
+                ));
             }
-            let b = FileExtentBody::ref_from_bytes(&data[FILE_EXTENT_INLINE_DATA_START..]).expect("size checked");
+            let b = FileExtentBody::ref_from_bytes(&data[FILE_EXTENT_INLINE_DATA_START..])
+                .expect("size checked");
             Ok(FileExtent::Regular {
                 generation: h.generation.get(),
                 ram_bytes: h.ram_bytes.get(),
@@ -57,12 +67,17 @@ pub fn file_extent(data: &[u8]) -> ParseResult<FileExtent<'_>> {
 
 /// The two parts of a REG/PREALLOC file extent item (`FILE_EXTENT_REG_SIZE` bytes), for
 /// editing an item in place; `None` for any other size (an inline extent).
-pub fn file_extent_reg_mut(data: &mut [u8]) -> Option<(&mut FileExtentHeader, &mut FileExtentBody)> {
+pub fn file_extent_reg_mut(
+    data: &mut [u8],
+) -> Option<(&mut FileExtentHeader, &mut FileExtentBody)> {
     if data.len() != FILE_EXTENT_REG_SIZE {
         return None;
     }
     let (h, b) = data.split_at_mut(FILE_EXTENT_INLINE_DATA_START);
-    Some((FileExtentHeader::mut_from_bytes(h).expect("header size"), FileExtentBody::mut_from_bytes(b).expect("body size")))
+    Some((
+        FileExtentHeader::mut_from_bytes(h).expect("header size"),
+        FileExtentBody::mut_from_bytes(b).expect("body size"),
+    ))
 }
 
 /// A REG or PREALLOC file extent item from its parts.
@@ -79,31 +94,64 @@ pub fn file_extent_reg_item(h: &FileExtentHeader, b: &FileExtentBody) -> Vec<u8>
 /// of fields (the readers add them checked).
 pub(crate) fn check_file_extent(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResult {
     if !aligned(key.offset, ctx.sectorsize) {
-        return Err(format!("unaligned file_offset for file extent, have {} should be aligned to {}", key.offset, ctx.sectorsize));
+        return Err(format!(
+            "unaligned file_offset for file extent, have {} should be aligned to {}",
+            key.offset, ctx.sectorsize
+        ));
     }
     match file_extent(data)? {
         FileExtent::Inline { ram_bytes, compression, data: inline, .. } => {
             if compression > 3 {
-                return Err(format!("invalid compression for file extent, have {compression} expect range [0, 3]"));
+                return Err(format!(
+                    "invalid compression for file extent, have {compression} expect range [0, 3]"
+                ));
             }
             if key.offset != 0 {
-                return Err(format!("invalid file_offset for inline file extent, have {} expect 0", key.offset));
+                return Err(format!(
+                    "invalid file_offset for inline file extent, have {} expect 0",
+                    key.offset
+                ));
             }
             if compression == 0 && ram_bytes != inline.len() as u64 {
-                return Err(format!("invalid ram_bytes for uncompressed inline extent, have {} expect {ram_bytes}", inline.len()));
+                return Err(format!(
+                    "invalid ram_bytes for uncompressed inline extent, have {} expect {ram_bytes}",
+                    inline.len()
+                ));
             }
         }
-        FileExtent::Regular { compression, disk_bytenr, disk_num_bytes, offset, num_bytes, ram_bytes, .. } => {
+        FileExtent::Regular {
+            compression,
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+            ram_bytes,
+            ..
+        } => {
             if compression > 3 {
-                return Err(format!("invalid compression for file extent, have {compression} expect range [0, 3]"));
+                return Err(format!(
+                    "invalid compression for file extent, have {compression} expect range [0, 3]"
+                ));
             }
-            for (n, v) in [("ram_bytes", ram_bytes), ("disk_bytenr", disk_bytenr), ("disk_num_bytes", disk_num_bytes), ("offset", offset), ("num_bytes", num_bytes)] {
+            for (n, v) in [
+                ("ram_bytes", ram_bytes),
+                ("disk_bytenr", disk_bytenr),
+                ("disk_num_bytes", disk_num_bytes),
+                ("offset", offset),
+                ("num_bytes", num_bytes),
+            ] {
                 if !aligned(v, ctx.sectorsize) {
-                    return Err(format!("invalid {n} for file extent, have {v}, should be aligned to {}", ctx.sectorsize));
+                    return Err(format!(
+                        "invalid {n} for file extent, have {v}, should be aligned to {}",
+                        ctx.sectorsize
+                    ));
                 }
             }
             if key.offset.checked_add(num_bytes).is_none() {
-                return Err(format!("extent end overflow, have file offset {} extent num bytes {num_bytes}", key.offset));
+                return Err(format!(
+                    "extent end overflow, have file offset {} extent num bytes {num_bytes}",
+                    key.offset
+                ));
             }
         }
     }
@@ -113,13 +161,23 @@ pub(crate) fn check_file_extent(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckR
 /// As check_csum_item (an empty item covers nothing).
 pub(crate) fn check_csum_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResult {
     if key.objectid != EXTENT_CSUM_OBJECTID {
-        return Err(format!("invalid key objectid for csum item, have {} expect {EXTENT_CSUM_OBJECTID}", key.objectid));
+        return Err(format!(
+            "invalid key objectid for csum item, have {} expect {EXTENT_CSUM_OBJECTID}",
+            key.objectid
+        ));
     }
     if !aligned(key.offset, ctx.sectorsize) {
-        return Err(format!("unaligned key offset for csum item, have {} should be aligned to {}", key.offset, ctx.sectorsize));
+        return Err(format!(
+            "unaligned key offset for csum item, have {} should be aligned to {}",
+            key.offset, ctx.sectorsize
+        ));
     }
     if !data.len().is_multiple_of(ctx.csum_type.size()) {
-        return Err(format!("unaligned item size for csum item, have {} should be aligned to {}", data.len(), ctx.csum_type.size()));
+        return Err(format!(
+            "unaligned item size for csum item, have {} should be aligned to {}",
+            data.len(),
+            ctx.csum_type.size()
+        ));
     }
     Ok(())
 }

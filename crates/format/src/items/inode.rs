@@ -10,7 +10,9 @@ pub(crate) fn check_inode_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckRe
     if key.offset != 0 {
         return Err(format!("invalid inode key offset {}", key.offset));
     }
-    let ok_id = key.objectid >= FIRST_FREE_OBJECTID && key.objectid <= LAST_FREE_OBJECTID || key.objectid == ROOT_TREE_DIR_OBJECTID || key.objectid == FREE_INO_OBJECTID;
+    let ok_id = key.objectid >= FIRST_FREE_OBJECTID && key.objectid <= LAST_FREE_OBJECTID
+        || key.objectid == ROOT_TREE_DIR_OBJECTID
+        || key.objectid == FREE_INO_OBJECTID;
     if !ok_id {
         return Err(format!("invalid inode objectid {}", key.objectid));
     }
@@ -80,7 +82,11 @@ pub fn inode_extrefs(data: &[u8]) -> impl Iterator<Item = ParseResult<InodeName<
             if hdr + n > rest.len() {
                 return Err(format!("invalid inode extref name len {n}, item left {}", rest.len()));
             }
-            let e = InodeName { parent: er.parent_objectid.get(), index: er.index.get(), name: &rest[hdr..hdr + n] };
+            let e = InodeName {
+                parent: er.parent_objectid.get(),
+                index: er.index.get(),
+                name: &rest[hdr..hdr + n],
+            };
             rest = &rest[hdr + n..];
             Ok(e)
         })();
@@ -93,7 +99,11 @@ pub fn inode_extrefs(data: &[u8]) -> impl Iterator<Item = ParseResult<InodeName<
 /// checked (the kernel has no rule on their length).
 pub(crate) fn check_inode_ref(key: &Key, data: &[u8]) -> CheckResult {
     if data.len() <= core::mem::size_of::<InodeRef>() {
-        return Err(format!("invalid item size, have {} expect > {}", data.len(), core::mem::size_of::<InodeRef>()));
+        return Err(format!(
+            "invalid item size, have {} expect > {}",
+            data.len(),
+            core::mem::size_of::<InodeRef>()
+        ));
     }
     for r in inode_refs(data, key.offset) {
         r?;

@@ -20,7 +20,9 @@ pub use dir::{dir_entries, DirEntry};
 pub use extent::{extent_item, ExtentItemView, InlineRef};
 pub use file_extent::{file_extent, file_extent_reg_item, file_extent_reg_mut, FileExtent};
 pub use inode::{inode_extrefs, inode_refs, InodeName};
-pub use root::{qgroup_status_flags, root_item, root_ref, uuid_item_ids, RootItemView, RootRefEntry};
+pub use root::{
+    qgroup_status_flags, root_item, root_ref, uuid_item_ids, RootItemView, RootRefEntry,
+};
 pub use volumes::{check_chunk, chunk, chunk_item_size, ChunkView};
 
 use crate::csum::CsumType;
@@ -46,7 +48,10 @@ impl ItemCtx {
     /// A generation may be at most one past the superblock's (the running transaction's).
     fn gen_ok(&self, g: u64, what: &str) -> CheckResult {
         if g > self.super_generation.saturating_add(1) {
-            Err(format!("invalid {what} generation {g}, super generation {}", self.super_generation))
+            Err(format!(
+                "invalid {what} generation {g}, super generation {}",
+                self.super_generation
+            ))
         } else {
             Ok(())
         }
@@ -73,25 +78,45 @@ pub fn check_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResult {
         DEV_EXTENT_KEY => volumes::check_dev_extent(key, data, ctx),
         BLOCK_GROUP_ITEM_KEY => volumes::check_block_group_item(key, data),
         EXTENT_ITEM_KEY | METADATA_ITEM_KEY => extent::check_extent_item(key, data, ctx),
-        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY | SHARED_DATA_REF_KEY => extent::check_simple_keyed_ref(key, data, ctx),
+        TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY | SHARED_DATA_REF_KEY => {
+            extent::check_simple_keyed_ref(key, data, ctx)
+        }
         EXTENT_DATA_REF_KEY => extent::check_extent_data_ref(key, data, ctx),
         FREE_SPACE_INFO_KEY => free_space::check_free_space_info(key, data, ctx),
         FREE_SPACE_BITMAP_KEY => free_space::check_free_space_bitmap(key, data, ctx),
         UUID_KEY_SUBVOL | UUID_KEY_RECEIVED_SUBVOL => root::check_uuid_item(data),
-        QGROUP_STATUS_KEY | QGROUP_INFO_KEY | QGROUP_LIMIT_KEY => root::check_qgroup_item(key, data),
+        QGROUP_STATUS_KEY | QGROUP_INFO_KEY | QGROUP_LIMIT_KEY => {
+            root::check_qgroup_item(key, data)
+        }
         _ => Ok(()),
     }
 }
 
 /// Read a fixed-size struct from the front of `data`.
-pub fn read_prefix<'a, T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutable>(data: &'a [u8], what: &str) -> ParseResult<&'a T> {
-    T::ref_from_prefix(data).map(|(t, _)| t).map_err(|_| format!("invalid {what} size, have {} expect at least {}", data.len(), core::mem::size_of::<T>()))
+pub fn read_prefix<'a, T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutable>(
+    data: &'a [u8],
+    what: &str,
+) -> ParseResult<&'a T> {
+    T::ref_from_prefix(data).map(|(t, _)| t).map_err(|_| {
+        format!(
+            "invalid {what} size, have {} expect at least {}",
+            data.len(),
+            core::mem::size_of::<T>()
+        )
+    })
 }
 
 /// Format a uuid as 8-4-4-4-12 hex.
 pub fn uuid_str(u: &[u8; 16]) -> String {
     let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", h[0..4].concat(), h[4..6].concat(), h[6..8].concat(), h[8..10].concat(), h[10..16].concat())
+    format!(
+        "{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
 }
 
 fn aligned(v: u64, a: u32) -> bool {

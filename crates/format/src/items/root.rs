@@ -35,7 +35,12 @@ pub struct RootItemView {
 pub fn root_item(data: &[u8]) -> ParseResult<RootItemView> {
     let full = core::mem::size_of::<RootItem>();
     if data.len() != full && data.len() != ROOT_ITEM_V1_SIZE {
-        return Err(format!("invalid root item size, have {} expect {} or {}", data.len(), ROOT_ITEM_V1_SIZE, full));
+        return Err(format!(
+            "invalid root item size, have {} expect {} or {}",
+            data.len(),
+            ROOT_ITEM_V1_SIZE,
+            full
+        ));
     }
     let mut buf = [0u8; core::mem::size_of::<RootItem>()];
     buf[..data.len()].copy_from_slice(data);
@@ -47,7 +52,10 @@ pub fn root_item(data: &[u8]) -> ParseResult<RootItemView> {
 /// As check_root_item with check_root_key.
 pub(crate) fn check_root_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckResult {
     if key.objectid == TREE_RELOC_OBJECTID && !btrfs_is_fstree(key.offset) {
-        return Err(format!("invalid reloc tree for root {}, root id is not a subvolume tree", key.offset as i64));
+        return Err(format!(
+            "invalid reloc tree for root {}, root id is not a subvolume tree",
+            key.offset as i64
+        ));
     }
     if key.objectid == 0 {
         return Err("invalid root id 0".into());
@@ -57,17 +65,32 @@ pub(crate) fn check_root_item(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckRes
     ctx.gen_ok(v.item.generation_v2.get(), "root v2")?;
     ctx.gen_ok(v.item.last_snapshot.get(), "root last_snapshot")?;
     if !aligned(v.item.bytenr.get(), ctx.sectorsize) {
-        return Err(format!("invalid root bytenr, have {} expect to be aligned to {}", v.item.bytenr.get(), ctx.sectorsize));
+        return Err(format!(
+            "invalid root bytenr, have {} expect to be aligned to {}",
+            v.item.bytenr.get(),
+            ctx.sectorsize
+        ));
     }
     if v.item.level >= MAX_LEVEL {
-        return Err(format!("invalid root level, have {} expect [0, {}]", v.item.level, MAX_LEVEL - 1));
+        return Err(format!(
+            "invalid root level, have {} expect [0, {}]",
+            v.item.level,
+            MAX_LEVEL - 1
+        ));
     }
     if v.item.drop_level >= MAX_LEVEL {
-        return Err(format!("invalid root drop_level, have {} expect [0, {}]", v.item.drop_level, MAX_LEVEL - 1));
+        return Err(format!(
+            "invalid root drop_level, have {} expect [0, {}]",
+            v.item.drop_level,
+            MAX_LEVEL - 1
+        ));
     }
     let valid = ROOT_SUBVOL_RDONLY | ROOT_SUBVOL_DEAD;
     if v.item.flags.get() & !valid != 0 {
-        return Err(format!("invalid root flags, have {:#x} expect mask {valid:#x}", v.item.flags.get()));
+        return Err(format!(
+            "invalid root flags, have {:#x} expect mask {valid:#x}",
+            v.item.flags.get()
+        ));
     }
     Ok(())
 }
@@ -96,7 +119,10 @@ pub(crate) fn check_uuid_item(data: &[u8]) -> CheckResult {
 /// The `flags` of a QGROUP_STATUS item (32 bytes, or 40 with simple quotas).
 pub fn qgroup_status_flags(data: &[u8]) -> ParseResult<u64> {
     if data.len() < QGROUP_STATUS_SIZE_V1 {
-        return Err(format!("qgroup status item of {} bytes, expect at least {QGROUP_STATUS_SIZE_V1}", data.len()));
+        return Err(format!(
+            "qgroup status item of {} bytes, expect at least {QGROUP_STATUS_SIZE_V1}",
+            data.len()
+        ));
     }
     Ok(u64::from_le_bytes(data[16..24].try_into().expect("8 bytes")))
 }
@@ -105,8 +131,12 @@ pub fn qgroup_status_flags(data: &[u8]) -> ParseResult<u64> {
 /// Kernels before simple quotas wrote a 32-byte status item (no enable_gen).
 pub(crate) fn check_qgroup_item(key: &Key, data: &[u8]) -> CheckResult {
     match key.type_ {
-        QGROUP_STATUS_KEY if data.len() != 40 && data.len() != 32 => Err(format!("invalid qgroup status item size {}", data.len())),
-        QGROUP_INFO_KEY | QGROUP_LIMIT_KEY if data.len() != 40 => Err(format!("invalid qgroup item size {}", data.len())),
+        QGROUP_STATUS_KEY if data.len() != 40 && data.len() != 32 => {
+            Err(format!("invalid qgroup status item size {}", data.len()))
+        }
+        QGROUP_INFO_KEY | QGROUP_LIMIT_KEY if data.len() != 40 => {
+            Err(format!("invalid qgroup item size {}", data.len()))
+        }
         _ => Ok(()),
     }
 }

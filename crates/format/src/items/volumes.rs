@@ -36,7 +36,12 @@ pub fn chunk(data: &[u8]) -> ParseResult<(ChunkView, usize)> {
     // btrfs_chunk embeds the first stripe; its 48-byte header here excludes it.
     let size = core::mem::size_of::<ChunkHeader>() + n * core::mem::size_of::<Stripe>();
     if data.len() < size {
-        return Err(format!("invalid chunk item size, have {} expect {} for {} stripes", data.len(), size, n));
+        return Err(format!(
+            "invalid chunk item size, have {} expect {} for {} stripes",
+            data.len(),
+            size,
+            n
+        ));
     }
     let mut stripes = Vec::with_capacity(n);
     for i in 0..n {
@@ -64,7 +69,11 @@ pub fn chunk(data: &[u8]) -> ParseResult<(ChunkView, usize)> {
 ///
 /// # Errors
 /// A reason string naming the bad field.
-pub fn check_chunk(c: &ChunkView, logical: u64, sectorsize: u32) -> core::result::Result<(), String> {
+pub fn check_chunk(
+    c: &ChunkView,
+    logical: u64,
+    sectorsize: u32,
+) -> core::result::Result<(), String> {
     // The sys_chunk_array is parsed from superblocks not yet validated (fuzz: superblock).
     if !sectorsize.is_power_of_two() {
         return Err(format!("invalid sectorsize {sectorsize} for chunk {logical}"));
@@ -79,14 +88,24 @@ pub fn check_chunk(c: &ChunkView, logical: u64, sectorsize: u32) -> core::result
         return Err(format!("invalid chunk stripe length {}", c.stripe_len));
     }
     if c.sector_size != sectorsize {
-        return Err(format!("invalid chunk sectorsize, have {} expect {sectorsize}", c.sector_size));
+        return Err(format!(
+            "invalid chunk sectorsize, have {} expect {sectorsize}",
+            c.sector_size
+        ));
     }
     // Stripe numbers must fit in 32 bits (btrfs_stripe_nr_to_offset(U32_MAX)).
     if c.length >= u64::from(u32::MAX) * STRIPE_LEN {
-        return Err(format!("chunk length too large: have {} limit {}", c.length, u64::from(u32::MAX) * STRIPE_LEN));
+        return Err(format!(
+            "chunk length too large: have {} limit {}",
+            c.length,
+            u64::from(u32::MAX) * STRIPE_LEN
+        ));
     }
     if c.type_ & !(BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK) != 0 {
-        return Err(format!("unrecognized chunk type: {:#x}", c.type_ & !(BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK)));
+        return Err(format!(
+            "unrecognized chunk type: {:#x}",
+            c.type_ & !(BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK)
+        ));
     }
     check_bg_type(c.type_)?;
     let n = c.stripes.len();
@@ -106,7 +125,11 @@ pub fn check_chunk(c: &ChunkView, logical: u64, sectorsize: u32) -> core::result
         _ => false,
     };
     if !ok {
-        return Err(format!("invalid num_stripes {n} (sub_stripes {}) for profile {}", c.sub_stripes, profile_name(c.type_)));
+        return Err(format!(
+            "invalid num_stripes {n} (sub_stripes {}) for profile {}",
+            c.sub_stripes,
+            profile_name(c.type_)
+        ));
     }
     // A stripe's devid is not checked (a missing device is found when the chunk is
     // mapped). Kept beyond btrfs_check_chunk_valid: the stripe's physical end, which
@@ -141,7 +164,11 @@ pub(crate) fn check_dev_item(key: &Key, data: &[u8]) -> CheckResult {
         return Err(format!("devid mismatch, key has {} item has {}", key.offset, d.devid.get()));
     }
     if d.bytes_used.get() > d.total_bytes.get() {
-        return Err(format!("invalid bytes used {} > total {}", d.bytes_used.get(), d.total_bytes.get()));
+        return Err(format!(
+            "invalid bytes used {} > total {}",
+            d.bytes_used.get(),
+            d.total_bytes.get()
+        ));
     }
     Ok(())
 }
@@ -151,14 +178,27 @@ pub(crate) fn check_dev_extent(key: &Key, data: &[u8], ctx: &ItemCtx) -> CheckRe
     exact::<DevExtent>(data, "dev extent")?;
     let d: &DevExtent = read_prefix(data, "dev extent")?;
     if d.chunk_tree.get() != CHUNK_TREE_OBJECTID {
-        return Err(format!("invalid dev extent chunk tree id, has {} expect {CHUNK_TREE_OBJECTID}", d.chunk_tree.get()));
+        return Err(format!(
+            "invalid dev extent chunk tree id, has {} expect {CHUNK_TREE_OBJECTID}",
+            d.chunk_tree.get()
+        ));
     }
     if d.chunk_objectid.get() != FIRST_CHUNK_TREE_OBJECTID {
-        return Err(format!("invalid dev extent chunk objectid, has {} expect {FIRST_CHUNK_TREE_OBJECTID}", d.chunk_objectid.get()));
+        return Err(format!(
+            "invalid dev extent chunk objectid, has {} expect {FIRST_CHUNK_TREE_OBJECTID}",
+            d.chunk_objectid.get()
+        ));
     }
-    for (what, v) in [("key.offset", key.offset), ("chunk offset", d.chunk_offset.get()), ("length", d.length.get())] {
+    for (what, v) in [
+        ("key.offset", key.offset),
+        ("chunk offset", d.chunk_offset.get()),
+        ("length", d.length.get()),
+    ] {
         if !aligned(v, ctx.sectorsize) {
-            return Err(format!("invalid dev extent {what}, has {v} not aligned to {}", ctx.sectorsize));
+            return Err(format!(
+                "invalid dev extent {what}, has {v} not aligned to {}",
+                ctx.sectorsize
+            ));
         }
     }
     Ok(())
@@ -172,7 +212,11 @@ pub(crate) fn check_block_group_item(key: &Key, data: &[u8]) -> CheckResult {
         return Err("invalid block group size 0".into());
     }
     if b.used.get() > key.offset {
-        return Err(format!("invalid block group used, have {} expect [0, {}]", b.used.get(), key.offset));
+        return Err(format!(
+            "invalid block group used, have {} expect [0, {}]",
+            b.used.get(),
+            key.offset
+        ));
     }
     if b.chunk_objectid.get() != FIRST_CHUNK_TREE_OBJECTID {
         return Err(format!("invalid block group chunk objectid {}", b.chunk_objectid.get()));
@@ -186,7 +230,11 @@ pub(crate) fn check_block_group_item(key: &Key, data: &[u8]) -> CheckResult {
 /// A block group's or chunk's type and profile bits (check_block_group_item).
 fn check_bg_type(flags: u64) -> core::result::Result<(), String> {
     let t = flags & BLOCK_GROUP_TYPE_MASK;
-    if !(t == BLOCK_GROUP_DATA || t == BLOCK_GROUP_SYSTEM || t == BLOCK_GROUP_METADATA || t == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA) {
+    if !(t == BLOCK_GROUP_DATA
+        || t == BLOCK_GROUP_SYSTEM
+        || t == BLOCK_GROUP_METADATA
+        || t == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA)
+    {
         return Err(format!("invalid block group type flags {flags:#x}"));
     }
     let p = flags & BLOCK_GROUP_PROFILE_MASK;

@@ -25,21 +25,44 @@ pub(super) fn check_csum_items(fs: &FsInfo, st: &State, opts: &CheckOptions, sin
     let mut prev_end = 0u64;
     for c in &items {
         if c.start < prev_end {
-            sink.push(Finding::new(CSUM_OVERLAP, format!("csum item [{}, {}) overlaps the previous one ending at {prev_end}", c.start, c.end)).root(ct).bytenr(c.start).key(ubtrfs_format::Key::new(
-                EXTENT_CSUM_OBJECTID,
-                EXTENT_CSUM_KEY,
-                c.start,
-            )));
+            sink.push(
+                Finding::new(
+                    CSUM_OVERLAP,
+                    format!(
+                        "csum item [{}, {}) overlaps the previous one ending at {prev_end}",
+                        c.start, c.end
+                    ),
+                )
+                .root(ct)
+                .bytenr(c.start)
+                .key(ubtrfs_format::Key::new(
+                    EXTENT_CSUM_OBJECTID,
+                    EXTENT_CSUM_KEY,
+                    c.start,
+                )),
+            );
         }
         prev_end = prev_end.max(c.end);
     }
-    let mut data: Vec<(u64, u64)> = st.extents.iter().filter(|(_, r)| !r.is_tree).map(|(&s, r)| (s, s.saturating_add(r.len))).collect();
+    let mut data: Vec<(u64, u64)> = st
+        .extents
+        .iter()
+        .filter(|(_, r)| !r.is_tree)
+        .map(|(&s, r)| (s, s.saturating_add(r.len)))
+        .collect();
     data.extend(st.log_data.iter().map(|&(s, l)| (s, s.saturating_add(l))));
     let data_extents = merge_ranges(data);
     for (s, e) in coverage(st) {
         let orphan = uncovered(&data_extents, s, e);
         if !orphan.is_empty() {
-            sink.push(Finding::new(CSUM_ORPHAN, format!("csums exist for ranges with no data extent: {}", ranges_str(&orphan))).root(ct).bytenr(orphan[0].0));
+            sink.push(
+                Finding::new(
+                    CSUM_ORPHAN,
+                    format!("csums exist for ranges with no data extent: {}", ranges_str(&orphan)),
+                )
+                .root(ct)
+                .bytenr(orphan[0].0),
+            );
         }
     }
     if opts.check_data_csum {
@@ -63,7 +86,14 @@ fn verify_data(fs: &FsInfo, items: &[&super::walk::CsumRec], sink: &mut Sink) {
             let mut buf = vec![0u8; len as usize];
             for mirror in 0..copies {
                 if let Err(e) = fs.read_data(pos, &mut buf, mirror) {
-                    sink.push(Finding::new(DATA_UNREADABLE, format!("copy {} of [{pos}, {}): {e}", mirror + 1, pos + len)).root(ct).bytenr(pos));
+                    sink.push(
+                        Finding::new(
+                            DATA_UNREADABLE,
+                            format!("copy {} of [{pos}, {}): {e}", mirror + 1, pos + len),
+                        )
+                        .root(ct)
+                        .bytenr(pos),
+                    );
                     continue;
                 }
                 for (k, sector) in buf.chunks(s as usize).enumerate() {
@@ -73,7 +103,17 @@ fn verify_data(fs: &FsInfo, items: &[&super::walk::CsumRec], sink: &mut Sink) {
                         break;
                     };
                     if !fs.csum_type.verify(sector, want) {
-                        sink.push(Finding::new(CSUM_MISMATCH, format!("copy {} of the data sector at {at} does not match its csum", mirror + 1)).root(ct).bytenr(at));
+                        sink.push(
+                            Finding::new(
+                                CSUM_MISMATCH,
+                                format!(
+                                    "copy {} of the data sector at {at} does not match its csum",
+                                    mirror + 1
+                                ),
+                            )
+                            .root(ct)
+                            .bytenr(at),
+                        );
                     }
                 }
                 sink.report.stats.data_bytes_verified += len;

@@ -20,7 +20,9 @@ use ubtrfs_format::structs::*;
 pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
     let compat_ro = fs.super_copy().compat_ro_flags.get();
     if compat_ro & COMPAT_RO_FREE_SPACE_TREE == 0 {
-        sink.note("no free space tree (compat_ro FREE_SPACE_TREE not set): free-space checks skipped");
+        sink.note(
+            "no free space tree (compat_ro FREE_SPACE_TREE not set): free-space checks skipped",
+        );
         return;
     }
     if compat_ro & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
@@ -37,11 +39,25 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
     for (&bs, bg) in &st.block_groups {
         let be = bs.saturating_add(bg.len);
         let Some(&(ilen, count, flags)) = st.fst_infos.get(&bs) else {
-            sink.push(Finding::new(FST_INFO_MISSING, format!("block group [{bs}, {be}) has no FREE_SPACE_INFO")).root(fst).bytenr(bs));
+            sink.push(
+                Finding::new(
+                    FST_INFO_MISSING,
+                    format!("block group [{bs}, {be}) has no FREE_SPACE_INFO"),
+                )
+                .root(fst)
+                .bytenr(bs),
+            );
             continue;
         };
         if ilen != bg.len {
-            sink.push(Finding::new(FST_ORPHAN_ITEM, format!("FREE_SPACE_INFO length {ilen}, block group length {}", bg.len)).root(fst).bytenr(bs));
+            sink.push(
+                Finding::new(
+                    FST_ORPHAN_ITEM,
+                    format!("FREE_SPACE_INFO length {ilen}, block group length {}", bg.len),
+                )
+                .root(fst)
+                .bytenr(bs),
+            );
         }
         let lo = items.partition_point(|i| i.key.objectid < bs);
         let hi = items.partition_point(|i| i.key.objectid < be);
@@ -53,10 +69,32 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
             let (start, len) = (it.key.objectid, it.key.offset);
             let end = start.saturating_add(len);
             if end > be {
-                sink.push(Finding::new(FST_ORPHAN_ITEM, format!("{} [{start}, {end}) runs past its block group's end {be}", item_type_name(it.key.type_))).root(fst).bytenr(bs).key(it.key));
+                sink.push(
+                    Finding::new(
+                        FST_ORPHAN_ITEM,
+                        format!(
+                            "{} [{start}, {end}) runs past its block group's end {be}",
+                            item_type_name(it.key.type_)
+                        ),
+                    )
+                    .root(fst)
+                    .bytenr(bs)
+                    .key(it.key),
+                );
             }
             if start < prev_end && idx > 0 {
-                sink.push(Finding::new(FST_OVERLAP, format!("{} [{start}, {end}) overlaps the previous item ending at {prev_end}", item_type_name(it.key.type_))).root(fst).bytenr(bs).key(it.key));
+                sink.push(
+                    Finding::new(
+                        FST_OVERLAP,
+                        format!(
+                            "{} [{start}, {end}) overlaps the previous item ending at {prev_end}",
+                            item_type_name(it.key.type_)
+                        ),
+                    )
+                    .root(fst)
+                    .bytenr(bs)
+                    .key(it.key),
+                );
             }
             prev_end = prev_end.max(end);
             match it.kind {
@@ -85,14 +123,36 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
                 Finding::new(FST_EXTENT_COUNT, format!("FREE_SPACE_INFO extent_count {count}, items describe {found_count} free {}", if n_bmp > 0 { "runs" } else { "extents" })).root(fst).bytenr(bs),
             );
         }
-        let allocated: Vec<(u64, u64)> = merge_ranges(st.extents.range(bs..be).map(|(&s, r)| (s, s.saturating_add(r.len).min(be))).collect());
+        let allocated: Vec<(u64, u64)> = merge_ranges(
+            st.extents.range(bs..be).map(|(&s, r)| (s, s.saturating_add(r.len).min(be))).collect(),
+        );
         let expected = uncovered(&allocated, bs, be);
         let (extra_free, missing_free) = range_diff(&free, &expected);
         if !extra_free.is_empty() {
-            sink.push(Finding::new(FST_FREE_MISMATCH, format!("free space tree marks allocated ranges free: {}", ranges_str(&extra_free))).root(fst).bytenr(bs));
+            sink.push(
+                Finding::new(
+                    FST_FREE_MISMATCH,
+                    format!(
+                        "free space tree marks allocated ranges free: {}",
+                        ranges_str(&extra_free)
+                    ),
+                )
+                .root(fst)
+                .bytenr(bs),
+            );
         }
         if !missing_free.is_empty() {
-            sink.push(Finding::new(FST_FREE_MISMATCH, format!("unallocated ranges are not free in the free space tree: {}", ranges_str(&missing_free))).root(fst).bytenr(bs));
+            sink.push(
+                Finding::new(
+                    FST_FREE_MISMATCH,
+                    format!(
+                        "unallocated ranges are not free in the free space tree: {}",
+                        ranges_str(&missing_free)
+                    ),
+                )
+                .root(fst)
+                .bytenr(bs),
+            );
         }
     }
     // Items wholly below the first block group are what mkfs.btrfs (up to 6.x) leaves
@@ -101,14 +161,31 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
     // silently: every mkfs-made image has them, and a note on each would train users
     // to skip notes. Any other item outside every group is reported.
     let first_bg = st.block_groups.keys().next().copied().unwrap_or(0);
-    let overlaps_bg = |s: u64, e: u64| e > first_bg || st.block_groups.range(..e).next_back().is_some_and(|(&bs, b)| bs.saturating_add(b.len) > s);
+    let overlaps_bg = |s: u64, e: u64| {
+        e > first_bg
+            || st
+                .block_groups
+                .range(..e)
+                .next_back()
+                .is_some_and(|(&bs, b)| bs.saturating_add(b.len) > s)
+    };
     for (i, it) in items.iter().enumerate() {
         if claimed[i] {
             continue;
         }
         let (s, e) = (it.key.objectid, it.key.objectid.saturating_add(it.key.offset));
         if overlaps_bg(s, e) {
-            sink.push(Finding::new(FST_ORPHAN_ITEM, format!("{} [{s}, {e}) is outside every block group", item_type_name(it.key.type_))).root(fst).key(it.key));
+            sink.push(
+                Finding::new(
+                    FST_ORPHAN_ITEM,
+                    format!(
+                        "{} [{s}, {e}) is outside every block group",
+                        item_type_name(it.key.type_)
+                    ),
+                )
+                .root(fst)
+                .key(it.key),
+            );
         }
     }
     for (&start, &(len, _, _)) in &st.fst_infos {
@@ -117,7 +194,14 @@ pub(super) fn check_free_space_tree(fs: &FsInfo, st: &State, sink: &mut Sink) {
         }
         let end = start.saturating_add(len);
         if overlaps_bg(start, end) {
-            sink.push(Finding::new(FST_ORPHAN_ITEM, format!("FREE_SPACE_INFO [{start}, {end}) matches no block group")).root(fst).bytenr(start));
+            sink.push(
+                Finding::new(
+                    FST_ORPHAN_ITEM,
+                    format!("FREE_SPACE_INFO [{start}, {end}) matches no block group"),
+                )
+                .root(fst)
+                .bytenr(start),
+            );
         }
     }
 }

@@ -92,12 +92,23 @@ pub(super) fn check_fs_trees(fs: &FsInfo, st: &State, sink: &mut Sink) {
             sink.note(format!("root {id} has unreadable blocks: inode checks skipped"));
             continue;
         }
-        let mut t =
-            TreeCheck { fs, st, root: id, root_dirid: r.root_dirid, no_holes, coverage: &coverage, inodes: HashMap::new(), dirents: HashMap::new(), orphans: HashSet::new(), findings: Vec::new() };
+        let mut t = TreeCheck {
+            fs,
+            st,
+            root: id,
+            root_dirid: r.root_dirid,
+            no_holes,
+            coverage: &coverage,
+            inodes: HashMap::new(),
+            dirents: HashMap::new(),
+            orphans: HashSet::new(),
+            findings: Vec::new(),
+        };
         match t.scan(r, &mut csum_done) {
             Ok(()) => {
                 t.finish();
-                sink.report.stats.inodes += t.inodes.values().filter(|i| i.item.is_some()).count() as u64;
+                sink.report.stats.inodes +=
+                    t.inodes.values().filter(|i| i.item.is_some()).count() as u64;
                 for f in t.findings {
                     sink.push(f);
                 }
@@ -113,7 +124,11 @@ impl TreeCheck<'_> {
         self.findings.push(f.root(self.root));
     }
 
-    fn scan(&mut self, r: &RootRec, csum_done: &mut HashSet<(u64, u64, u64, bool)>) -> ubtrfs_core::Result<()> {
+    fn scan(
+        &mut self,
+        r: &RootRec,
+        csum_done: &mut HashSet<(u64, u64, u64, bool)>,
+    ) -> ubtrfs_core::Result<()> {
         let mut it = self.fs.iter(&r.info, Key::MIN)?;
         while let Some(item) = it.next_item()? {
             let key = item.key();
@@ -121,7 +136,13 @@ impl TreeCheck<'_> {
             match key.type_ {
                 INODE_ITEM_KEY => {
                     if let Ok(ii) = items::read_prefix::<InodeItem>(data, "inode") {
-                        let sum = InodeSum { mode: ii.mode.get(), nlink: ii.nlink.get(), size: ii.size.get(), nbytes: ii.nbytes.get(), flags: ii.flags.get() };
+                        let sum = InodeSum {
+                            mode: ii.mode.get(),
+                            nlink: ii.nlink.get(),
+                            size: ii.size.get(),
+                            nbytes: ii.nbytes.get(),
+                            flags: ii.flags.get(),
+                        };
                         self.inodes.entry(key.objectid).or_default().item = Some(sum);
                     }
                 }
@@ -181,7 +202,12 @@ impl TreeCheck<'_> {
         self.dirents.entry((parent, name.to_vec())).or_default().refs.push((ino, index));
     }
 
-    fn file_extent(&mut self, key: Key, fe: &FileExtent<'_>, csum_done: &mut HashSet<(u64, u64, u64, bool)>) {
+    fn file_extent(
+        &mut self,
+        key: Key,
+        fe: &FileExtent<'_>,
+        csum_done: &mut HashSet<(u64, u64, u64, bool)>,
+    ) {
         let ino = key.objectid;
         let s = u64::from(self.fs.sectorsize);
         let rec = self.inodes.entry(ino).or_default();
@@ -236,15 +262,37 @@ impl TreeCheck<'_> {
             self.push(Finding::new(FILE_EXTENT_BAD, b).ino(ino).key(key));
         }
         if let Some(pe) = overlap {
-            self.push(Finding::new(FILE_EXTENT_OVERLAP, format!("file extent at {off} starts before the previous one ends at {pe}")).ino(ino).key(key));
+            self.push(
+                Finding::new(
+                    FILE_EXTENT_OVERLAP,
+                    format!("file extent at {off} starts before the previous one ends at {pe}"),
+                )
+                .ino(ino)
+                .key(key),
+            );
         }
         self.csum_coverage(key, fe, nodatasum, csum_done);
     }
 
     /// Every sector a REG extent reads must have a csum (unless NODATASUM), and no
     /// NODATASUM or unwritten preallocated extent may have csums.
-    fn csum_coverage(&mut self, key: Key, fe: &FileExtent<'_>, nodatasum: bool, done: &mut HashSet<(u64, u64, u64, bool)>) {
-        let FileExtent::Regular { compression, prealloc, disk_bytenr, disk_num_bytes, offset, num_bytes, .. } = *fe else {
+    fn csum_coverage(
+        &mut self,
+        key: Key,
+        fe: &FileExtent<'_>,
+        nodatasum: bool,
+        done: &mut HashSet<(u64, u64, u64, bool)>,
+    ) {
+        let FileExtent::Regular {
+            compression,
+            prealloc,
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+            ..
+        } = *fe
+        else {
             return;
         };
         // The data-reloc tree copies csums with the data, and may hold prealloc copies
@@ -252,7 +300,11 @@ impl TreeCheck<'_> {
         if disk_bytenr == 0 || self.root == DATA_RELOC_TREE_OBJECTID {
             return;
         }
-        let (start, len) = if compression != 0 { (disk_bytenr, disk_num_bytes) } else { (disk_bytenr.saturating_add(offset), num_bytes) };
+        let (start, len) = if compression != 0 {
+            (disk_bytenr, disk_num_bytes)
+        } else {
+            (disk_bytenr.saturating_add(offset), num_bytes)
+        };
         if !done.insert((start, len, disk_bytenr, nodatasum || prealloc)) {
             return;
         }
@@ -262,30 +314,73 @@ impl TreeCheck<'_> {
         let ino = key.objectid;
         if prealloc {
             if covered_any {
-                let written = self.st.data_refs.get(&disk_bytenr).is_some_and(|v| v.iter().any(|r| !r.prealloc));
+                let written = self
+                    .st
+                    .data_refs
+                    .get(&disk_bytenr)
+                    .is_some_and(|v| v.iter().any(|r| !r.prealloc));
                 if !written {
                     self.push(Finding::new(CSUM_ON_PREALLOC, format!("preallocated extent [{start}, {end}) has csums but nothing has written it")).ino(ino).key(key).bytenr(disk_bytenr));
                 }
             }
         } else if nodatasum {
             if covered_any {
-                self.push(Finding::new(CSUM_ON_NODATASUM, format!("extent [{start}, {end}) of a NODATASUM inode has csums")).ino(ino).key(key).bytenr(disk_bytenr));
+                self.push(
+                    Finding::new(
+                        CSUM_ON_NODATASUM,
+                        format!("extent [{start}, {end}) of a NODATASUM inode has csums"),
+                    )
+                    .ino(ino)
+                    .key(key)
+                    .bytenr(disk_bytenr),
+                );
             }
         } else if !missing.is_empty() {
             let n: u64 = missing.iter().map(|(a, b)| (b - a) / u64::from(self.fs.sectorsize)).sum();
-            self.push(Finding::new(CSUM_MISSING, format!("{n} sectors of extent [{start}, {end}) have no csum: {}", ranges_str(&missing))).ino(ino).key(key).bytenr(disk_bytenr));
+            self.push(
+                Finding::new(
+                    CSUM_MISSING,
+                    format!(
+                        "{n} sectors of extent [{start}, {end}) have no csum: {}",
+                        ranges_str(&missing)
+                    ),
+                )
+                .ino(ino)
+                .key(key)
+                .bytenr(disk_bytenr),
+            );
         }
     }
 
     fn finish(&mut self) {
         let root_dirid = self.root_dirid;
         match self.inodes.get(&root_dirid).and_then(|i| i.item) {
-            None => self.push(Finding::new(ROOT_DIR_MISSING, format!("root directory inode {root_dirid} has no INODE_ITEM")).ino(root_dirid)),
-            Some(i) if i.mode & S_IFMT != S_IFDIR => self.push(Finding::new(ROOT_DIR_BAD, format!("root directory mode {:#o} is not a directory", i.mode)).ino(root_dirid)),
+            None => self.push(
+                Finding::new(
+                    ROOT_DIR_MISSING,
+                    format!("root directory inode {root_dirid} has no INODE_ITEM"),
+                )
+                .ino(root_dirid),
+            ),
+            Some(i) if i.mode & S_IFMT != S_IFDIR => self.push(
+                Finding::new(
+                    ROOT_DIR_BAD,
+                    format!("root directory mode {:#o} is not a directory", i.mode),
+                )
+                .ino(root_dirid),
+            ),
             Some(_) => {
                 let names = self.inodes[&root_dirid].names;
                 if names != 1 {
-                    self.push(Finding::new(ROOT_DIR_BAD, format!("root directory has {names} names, expected only its \"..\" ref")).ino(root_dirid));
+                    self.push(
+                        Finding::new(
+                            ROOT_DIR_BAD,
+                            format!(
+                                "root directory has {names} names, expected only its \"..\" ref"
+                            ),
+                        )
+                        .ino(root_dirid),
+                    );
                 }
             }
         }
@@ -304,7 +399,13 @@ impl TreeCheck<'_> {
                     "entries naming it"
                 };
                 if (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&ino) {
-                    self.push(Finding::new(INODE_ITEM_MISSING, format!("inode has {what} but no INODE_ITEM")).ino(ino));
+                    self.push(
+                        Finding::new(
+                            INODE_ITEM_MISSING,
+                            format!("inode has {what} but no INODE_ITEM"),
+                        )
+                        .ino(ino),
+                    );
                 }
                 continue;
             };
@@ -316,24 +417,42 @@ impl TreeCheck<'_> {
             // An unlinked inode waiting for orphan cleanup keeps whatever it had.
             let orphan = i.nlink == 0 && self.orphans.contains(&ino);
             if kind == S_IFLNK && i.flags & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
-                out.push(Finding::new(INODE_FLAGS, format!("symlink with flags {:#x} (IMMUTABLE or APPEND)", i.flags)));
+                out.push(Finding::new(
+                    INODE_FLAGS,
+                    format!("symlink with flags {:#x} (IMMUTABLE or APPEND)", i.flags),
+                ));
             }
             if kind == S_IFDIR {
                 if rec.dir_size != i.size && !orphan {
-                    out.push(Finding::new(DIR_SIZE, format!("directory size {}, its entries' names total {}", i.size, rec.dir_size)));
+                    out.push(Finding::new(
+                        DIR_SIZE,
+                        format!(
+                            "directory size {}, its entries' names total {}",
+                            i.size, rec.dir_size
+                        ),
+                    ));
                 }
                 if rec.has_extents {
                     out.push(Finding::new(FILE_EXTENT_ON_DIR, "directory has file extent items"));
                 }
                 if ino != root_dirid && rec.names > 1 {
-                    out.push(Finding::new(DIR_HARDLINK, format!("directory has {} names", rec.names)));
+                    out.push(Finding::new(
+                        DIR_HARDLINK,
+                        format!("directory has {} names", rec.names),
+                    ));
                 }
             } else if rec.has_dirents {
-                out.push(Finding::new(DIR_ITEM_ON_FILE, format!("inode of mode {:#o} has directory entries", i.mode)));
+                out.push(Finding::new(
+                    DIR_ITEM_ON_FILE,
+                    format!("inode of mode {:#o} has directory entries", i.mode),
+                ));
             }
             if (kind == S_IFREG || kind == S_IFLNK) && i.nlink > 0 {
                 if rec.found_nbytes != i.nbytes {
-                    out.push(Finding::new(NBYTES_MISMATCH, format!("nbytes {}, file extents account {}", i.nbytes, rec.found_nbytes)));
+                    out.push(Finding::new(
+                        NBYTES_MISMATCH,
+                        format!("nbytes {}, file extents account {}", i.nbytes, rec.found_nbytes),
+                    ));
                 }
                 if !self.no_holes && i.size > 0 {
                     let gap = match rec.ext_start {
@@ -349,10 +468,16 @@ impl TreeCheck<'_> {
             }
             if ino != root_dirid {
                 if i.nlink == 0 && !self.orphans.contains(&ino) {
-                    out.push(Finding::new(ORPHAN_ITEM_MISSING, format!("inode has nlink 0 and {} names but no orphan item", rec.names)));
+                    out.push(Finding::new(
+                        ORPHAN_ITEM_MISSING,
+                        format!("inode has nlink 0 and {} names but no orphan item", rec.names),
+                    ));
                 }
                 if i.nlink != rec.names && !(i.nlink == 0 && rec.names == 0) {
-                    out.push(Finding::new(NLINK_MISMATCH, format!("nlink {}, found {} names", i.nlink, rec.names)));
+                    out.push(Finding::new(
+                        NLINK_MISMATCH,
+                        format!("nlink {}, found {} names", i.nlink, rec.names),
+                    ));
                 }
             }
             for f in out {
@@ -364,7 +489,8 @@ impl TreeCheck<'_> {
     }
 
     fn is_orphan(&self, ino: u64) -> bool {
-        self.orphans.contains(&ino) && self.inodes.get(&ino).and_then(|i| i.item).is_some_and(|i| i.nlink == 0)
+        self.orphans.contains(&ino)
+            && self.inodes.get(&ino).and_then(|i| i.item).is_some_and(|i| i.nlink == 0)
     }
 
     fn check_dirents(&mut self) {
@@ -385,11 +511,29 @@ impl TreeCheck<'_> {
                 );
             }
             for &(child, index) in &ent.refs {
-                if !ent.items.iter().any(|(loc, _)| loc.type_ == INODE_ITEM_KEY && loc.objectid == child) {
-                    out.push(Finding::new(NAME_NO_DIR_ITEM, format!("name {name:?} in directory {dir} has no DIR_ITEM")).ino(child));
+                if !ent
+                    .items
+                    .iter()
+                    .any(|(loc, _)| loc.type_ == INODE_ITEM_KEY && loc.objectid == child)
+                {
+                    out.push(
+                        Finding::new(
+                            NAME_NO_DIR_ITEM,
+                            format!("name {name:?} in directory {dir} has no DIR_ITEM"),
+                        )
+                        .ino(child),
+                    );
                 }
-                if !ent.indexes.iter().any(|(idx, loc, _)| *idx == index && loc.type_ == INODE_ITEM_KEY && loc.objectid == child) {
-                    out.push(Finding::new(NAME_NO_DIR_INDEX, format!("name {name:?} in directory {dir} has no DIR_INDEX {index}")).ino(child));
+                if !ent.indexes.iter().any(|(idx, loc, _)| {
+                    *idx == index && loc.type_ == INODE_ITEM_KEY && loc.objectid == child
+                }) {
+                    out.push(
+                        Finding::new(
+                            NAME_NO_DIR_INDEX,
+                            format!("name {name:?} in directory {dir} has no DIR_INDEX {index}"),
+                        )
+                        .ino(child),
+                    );
                 }
             }
             let mut children: Vec<(u64, u8, bool, bool)> = Vec::new();
@@ -424,14 +568,29 @@ impl TreeCheck<'_> {
                     _ => "DIR_INDEX",
                 };
                 match self.inodes.get(&child).and_then(|i| i.item) {
-                    None => out.push(Finding::new(DIR_ENTRY_DANGLING, format!("{what} {name:?} names ino {child}, which does not exist")).ino(dir)),
+                    None => out.push(
+                        Finding::new(
+                            DIR_ENTRY_DANGLING,
+                            format!("{what} {name:?} names ino {child}, which does not exist"),
+                        )
+                        .ino(dir),
+                    ),
                     Some(ci) => {
                         let unlinked = ci.nlink == 0 && self.orphans.contains(&child);
                         if !unlinked && !ent.refs.iter().any(|&(c, _)| c == child) {
                             out.push(Finding::new(DIR_ENTRY_NO_NAME, format!("{what} {name:?} names ino {child}, which has no such inode ref")).ino(dir));
                         }
                         if ft_from_mode(ci.mode) != ty & !FT_ENCRYPTED {
-                            out.push(Finding::new(DIR_ENTRY_TYPE, format!("{what} {name:?} has type {ty}, ino {child} has mode {:#o}", ci.mode)).ino(dir));
+                            out.push(
+                                Finding::new(
+                                    DIR_ENTRY_TYPE,
+                                    format!(
+                                        "{what} {name:?} has type {ty}, ino {child} has mode {:#o}",
+                                        ci.mode
+                                    ),
+                                )
+                                .ino(dir),
+                            );
                         }
                     }
                 }
@@ -448,8 +607,14 @@ impl TreeCheck<'_> {
         for l in self.st.root_refs.iter().filter(|l| l.parent == self.root) {
             let name = String::from_utf8_lossy(&l.name);
             let ent = self.dirents.get(&(l.dirid, l.name.clone()));
-            let has_item = ent.is_some_and(|e| e.items.iter().any(|(loc, _)| loc.type_ == ROOT_ITEM_KEY && loc.objectid == l.child));
-            let has_index = ent.is_some_and(|e| e.indexes.iter().any(|(i, loc, _)| *i == l.sequence && loc.type_ == ROOT_ITEM_KEY && loc.objectid == l.child));
+            let has_item = ent.is_some_and(|e| {
+                e.items.iter().any(|(loc, _)| loc.type_ == ROOT_ITEM_KEY && loc.objectid == l.child)
+            });
+            let has_index = ent.is_some_and(|e| {
+                e.indexes.iter().any(|(i, loc, _)| {
+                    *i == l.sequence && loc.type_ == ROOT_ITEM_KEY && loc.objectid == l.child
+                })
+            });
             if !has_item || !has_index {
                 let missing = match (has_item, has_index) {
                     (false, false) => "DIR_ITEM and DIR_INDEX",
@@ -472,18 +637,36 @@ fn check_root_refs(st: &State, sink: &mut Sink) {
     for l in &st.root_refs {
         if !st.root_backrefs.contains(l) {
             sink.push(
-                Finding::new(ROOT_REF_MISMATCH, format!("ROOT_REF {} -> {} ({:?} in dir {}) has no matching ROOT_BACKREF", l.parent, l.child, String::from_utf8_lossy(&l.name), l.dirid))
-                    .root(rt)
-                    .key(Key::new(l.parent, ROOT_REF_KEY, l.child)),
+                Finding::new(
+                    ROOT_REF_MISMATCH,
+                    format!(
+                        "ROOT_REF {} -> {} ({:?} in dir {}) has no matching ROOT_BACKREF",
+                        l.parent,
+                        l.child,
+                        String::from_utf8_lossy(&l.name),
+                        l.dirid
+                    ),
+                )
+                .root(rt)
+                .key(Key::new(l.parent, ROOT_REF_KEY, l.child)),
             );
         }
     }
     for l in &st.root_backrefs {
         if !st.root_refs.contains(l) {
             sink.push(
-                Finding::new(ROOT_REF_MISMATCH, format!("ROOT_BACKREF {} -> {} ({:?} in dir {}) has no matching ROOT_REF", l.child, l.parent, String::from_utf8_lossy(&l.name), l.dirid))
-                    .root(rt)
-                    .key(Key::new(l.child, ROOT_BACKREF_KEY, l.parent)),
+                Finding::new(
+                    ROOT_REF_MISMATCH,
+                    format!(
+                        "ROOT_BACKREF {} -> {} ({:?} in dir {}) has no matching ROOT_REF",
+                        l.child,
+                        l.parent,
+                        String::from_utf8_lossy(&l.name),
+                        l.dirid
+                    ),
+                )
+                .root(rt)
+                .key(Key::new(l.child, ROOT_BACKREF_KEY, l.parent)),
             );
         }
     }
@@ -494,10 +677,22 @@ fn check_root_refs(st: &State, sink: &mut Sink) {
         }
         if r.refs == 0 {
             if !st.root_orphans.contains(&id) {
-                sink.push(Finding::new(DEAD_ROOT_NO_ORPHAN, "deleted subvolume (refs 0) has no orphan item").root(id));
+                sink.push(
+                    Finding::new(
+                        DEAD_ROOT_NO_ORPHAN,
+                        "deleted subvolume (refs 0) has no orphan item",
+                    )
+                    .root(id),
+                );
             }
         } else if !st.root_backrefs.iter().any(|l| l.child == id) {
-            sink.push(Finding::new(SUBVOL_UNREFERENCED, format!("subvolume with refs {} has no ROOT_BACKREF", r.refs)).root(id));
+            sink.push(
+                Finding::new(
+                    SUBVOL_UNREFERENCED,
+                    format!("subvolume with refs {} has no ROOT_BACKREF", r.refs),
+                )
+                .root(id),
+            );
         }
     }
 }

@@ -194,7 +194,15 @@ pub struct Finding {
 
 impl Finding {
     pub fn new(code: Code, message: impl Into<String>) -> Finding {
-        Finding { id: code.id, name: code.name, root: None, bytenr: None, ino: None, key: None, message: message.into() }
+        Finding {
+            id: code.id,
+            name: code.name,
+            root: None,
+            bytenr: None,
+            ino: None,
+            key: None,
+            message: message.into(),
+        }
     }
     pub fn root(mut self, root: u64) -> Finding {
         self.root = Some(root);
@@ -411,7 +419,10 @@ mod tests {
 
     #[test]
     fn ranges() {
-        assert_eq!(merge_ranges(vec![(5, 7), (0, 2), (2, 3), (6, 9), (4, 4)]), vec![(0, 3), (5, 9)]);
+        assert_eq!(
+            merge_ranges(vec![(5, 7), (0, 2), (2, 3), (6, 9), (4, 4)]),
+            vec![(0, 3), (5, 9)]
+        );
         assert_eq!(uncovered(&[(2, 4), (6, 8)], 0, 10), vec![(0, 2), (4, 6), (8, 10)]);
         assert_eq!(uncovered(&[(2, 4), (6, 8)], 3, 7), vec![(4, 6)]);
         assert_eq!(uncovered(&[], 3, 7), vec![(3, 7)]);

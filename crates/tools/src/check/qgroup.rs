@@ -18,7 +18,9 @@ use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::MAX_LEVEL;
 
-use ubtrfs_format::structs::{QGROUP_STATUS_FLAG_INCONSISTENT, QGROUP_STATUS_FLAG_RESCAN, QGROUP_STATUS_FLAG_SIMPLE_MODE};
+use ubtrfs_format::structs::{
+    QGROUP_STATUS_FLAG_INCONSISTENT, QGROUP_STATUS_FLAG_RESCAN, QGROUP_STATUS_FLAG_SIMPLE_MODE,
+};
 
 /// What every qgroup's (referenced, exclusive) should be, from the walk's references.
 fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
@@ -36,7 +38,9 @@ fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
             for f in st.edges.get(&b).map(Vec::as_slice).unwrap_or_default() {
                 match *f {
                     RefFrom::Root(id) if is_subvolume_tree(id) => set.push(id),
-                    RefFrom::Block(p) => set.extend(reach.get(&p).map(Vec::as_slice).unwrap_or_default()),
+                    RefFrom::Block(p) => {
+                        set.extend(reach.get(&p).map(Vec::as_slice).unwrap_or_default())
+                    }
                     _ => {}
                 }
             }
@@ -47,16 +51,26 @@ fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
     }
 
     // Each level-0 qgroup's ancestors (itself included), through the relations.
-    let tree = ubtrfs_core::extent::qgroup::QgroupRelations::new(st.qgroup_relations.iter().copied());
+    let tree =
+        ubtrfs_core::extent::qgroup::QgroupRelations::new(st.qgroup_relations.iter().copied());
     let mut anc_cache: HashMap<u64, Vec<u64>> = HashMap::new();
-    let mut computed: BTreeMap<u64, (u64, u64)> = st.qgroup_info.keys().map(|&q| (q, (0, 0))).collect();
+    let mut computed: BTreeMap<u64, (u64, u64)> =
+        st.qgroup_info.keys().map(|&q| (q, (0, 0))).collect();
     let nodesize = u64::from(fs.nodesize);
     for (&start, rec) in &st.extents {
         let roots: Vec<u64> = if rec.is_tree {
             reach.get(&start).cloned().unwrap_or_default()
         } else {
-            let mut v: Vec<u64> =
-                st.data_refs.get(&start).map(Vec::as_slice).unwrap_or_default().iter().flat_map(|r| reach.get(&r.leaf).map(Vec::as_slice).unwrap_or_default().iter().copied()).collect();
+            let mut v: Vec<u64> = st
+                .data_refs
+                .get(&start)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|r| {
+                    reach.get(&r.leaf).map(Vec::as_slice).unwrap_or_default().iter().copied()
+                })
+                .collect();
             v.sort_unstable();
             v.dedup();
             v

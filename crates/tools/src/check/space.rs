@@ -77,14 +77,29 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
     for (&logical, c) in &st.chunks {
         match st.block_groups.get(&logical) {
             None => sink.push(
-                Finding::new(CHUNK_NO_BLOCK_GROUP, format!("chunk [{logical}, {}) type {} has no block group item", logical.saturating_add(c.length), block_group_flags_str(c.type_)))
-                    .root(CHUNK_TREE_OBJECTID)
-                    .bytenr(logical),
+                Finding::new(
+                    CHUNK_NO_BLOCK_GROUP,
+                    format!(
+                        "chunk [{logical}, {}) type {} has no block group item",
+                        logical.saturating_add(c.length),
+                        block_group_flags_str(c.type_)
+                    ),
+                )
+                .root(CHUNK_TREE_OBJECTID)
+                .bytenr(logical),
             ),
             Some(b) => {
                 if b.len != c.length || b.flags & mask != c.type_ & mask {
                     sink.push(
-                        Finding::new(BLOCK_GROUP_MISMATCH, format!("block group length {} flags {:#x}, chunk length {} type {:#x}", b.len, b.flags, c.length, c.type_)).root(bgt).bytenr(logical),
+                        Finding::new(
+                            BLOCK_GROUP_MISMATCH,
+                            format!(
+                                "block group length {} flags {:#x}, chunk length {} type {:#x}",
+                                b.len, b.flags, c.length, c.type_
+                            ),
+                        )
+                        .root(bgt)
+                        .bytenr(logical),
                     );
                 }
             }
@@ -93,7 +108,16 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
     for (&start, b) in &st.block_groups {
         if !st.chunks.contains_key(&start) {
             sink.push(
-                Finding::new(BLOCK_GROUP_NO_CHUNK, format!("block group [{start}, {}) flags {} has no chunk", start.saturating_add(b.len), block_group_flags_str(b.flags))).root(bgt).bytenr(start),
+                Finding::new(
+                    BLOCK_GROUP_NO_CHUNK,
+                    format!(
+                        "block group [{start}, {}) flags {} has no chunk",
+                        start.saturating_add(b.len),
+                        block_group_flags_str(b.flags)
+                    ),
+                )
+                .root(bgt)
+                .bytenr(start),
             );
         }
     }
@@ -105,16 +129,34 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
         let used: u64 = st.extents.range(start..end).map(|(_, r)| r.len).sum();
         total_used += used;
         if used != b.used {
-            sink.push(Finding::new(BG_USED_MISMATCH, format!("block group [{start}, {end}) used {}, extent items inside use {used}", b.used)).root(bgt).bytenr(start));
+            sink.push(
+                Finding::new(
+                    BG_USED_MISMATCH,
+                    format!(
+                        "block group [{start}, {end}) used {}, extent items inside use {used}",
+                        b.used
+                    ),
+                )
+                .root(bgt)
+                .bytenr(start),
+            );
         }
         if let Some(c) = st.chunks.get(&start) {
             for (s, e) in super_stripes(start, c) {
-                if let Some((&xs, x)) = st.extents.range(..e).next_back().filter(|(xs, x)| xs.saturating_add(x.len) > s) {
+                if let Some((&xs, x)) =
+                    st.extents.range(..e).next_back().filter(|(xs, x)| xs.saturating_add(x.len) > s)
+                {
                     sink.push(
-                        Finding::new(EXTENT_IN_SUPER_STRIPE, format!("extent [{xs}, {}) overlaps superblock stripe [{s}, {e})", xs.saturating_add(x.len)))
-                            .root(EXTENT_TREE_OBJECTID)
-                            .bytenr(xs)
-                            .key(x.key),
+                        Finding::new(
+                            EXTENT_IN_SUPER_STRIPE,
+                            format!(
+                                "extent [{xs}, {}) overlaps superblock stripe [{s}, {e})",
+                                xs.saturating_add(x.len)
+                            ),
+                        )
+                        .root(EXTENT_TREE_OBJECTID)
+                        .bytenr(xs)
+                        .key(x.key),
                     );
                 }
             }
@@ -122,7 +164,10 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
     }
     let sb_used = fs.super_copy().bytes_used.get();
     if sb_used != total_used {
-        sink.push(Finding::new(SUPER_BYTES_USED, format!("superblock bytes_used {sb_used}, block groups use {total_used}")));
+        sink.push(Finding::new(
+            SUPER_BYTES_USED,
+            format!("superblock bytes_used {sb_used}, block groups use {total_used}"),
+        ));
     }
 
     // Chunk stripes <-> dev extents.
@@ -131,7 +176,14 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
         let len = stripe_length(c);
         for &(devid, phys) in &c.stripes {
             if !st.devices.contains_key(&devid) {
-                sink.push(Finding::new(DEV_ITEM_MISSING, format!("chunk stripe on devid {devid} at {phys}, which has no DEV_ITEM")).root(CHUNK_TREE_OBJECTID).bytenr(logical));
+                sink.push(
+                    Finding::new(
+                        DEV_ITEM_MISSING,
+                        format!("chunk stripe on devid {devid} at {phys}, which has no DEV_ITEM"),
+                    )
+                    .root(CHUNK_TREE_OBJECTID)
+                    .bytenr(logical),
+                );
             }
             match st.dev_extents.get(&(devid, phys)) {
                 Some(d) if d.chunk_offset == logical && d.length == len => {
@@ -158,12 +210,25 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
             );
         }
         *per_dev.entry(devid).or_default() += d.length;
-        if phys < DEV_RESERVED && phys == 0 && d.chunk_offset == 0 && st.chunks.get(&0).is_some_and(|c| c.stripes == [(devid, 0)]) {
+        if phys < DEV_RESERVED
+            && phys == 0
+            && d.chunk_offset == 0
+            && st.chunks.get(&0).is_some_and(|c| c.stripes == [(devid, 0)])
+        {
             // mkfs.btrfs before 4.x mapped its first chunk 1:1 at physical 0; the kernel
             // accepts it (the superblock copies inside are excluded from allocation).
-            sink.note(format!("devid {devid} has the legacy first chunk at physical 0 (old mkfs.btrfs layout)"));
+            sink.note(format!(
+                "devid {devid} has the legacy first chunk at physical 0 (old mkfs.btrfs layout)"
+            ));
         } else if phys < DEV_RESERVED {
-            sink.push(Finding::new(DEV_EXTENT_RESERVED, format!("dev extent devid {devid} starts at {phys}, below 1 MiB")).root(DEV_TREE_OBJECTID).key(key));
+            sink.push(
+                Finding::new(
+                    DEV_EXTENT_RESERVED,
+                    format!("dev extent devid {devid} starts at {phys}, below 1 MiB"),
+                )
+                .root(DEV_TREE_OBJECTID)
+                .key(key),
+            );
         }
         if let Some((pd, pe)) = prev {
             if pd == devid && phys < pe {
@@ -186,21 +251,39 @@ pub(super) fn check_space(fs: &FsInfo, st: &State, sink: &mut Sink) {
     for (&devid, dev) in &st.devices {
         let sum = per_dev.get(&devid).copied().unwrap_or(0);
         if sum != dev.bytes_used {
-            sink.push(Finding::new(DEV_BYTES_USED, format!("devid {devid} bytes_used {}, its dev extents total {sum}", dev.bytes_used)).root(CHUNK_TREE_OBJECTID).key(ubtrfs_format::Key::new(
-                DEV_ITEMS_OBJECTID,
-                DEV_ITEM_KEY,
-                devid,
-            )));
+            sink.push(
+                Finding::new(
+                    DEV_BYTES_USED,
+                    format!(
+                        "devid {devid} bytes_used {}, its dev extents total {sum}",
+                        dev.bytes_used
+                    ),
+                )
+                .root(CHUNK_TREE_OBJECTID)
+                .key(ubtrfs_format::Key::new(
+                    DEV_ITEMS_OBJECTID,
+                    DEV_ITEM_KEY,
+                    devid,
+                )),
+            );
         }
     }
     let nd = fs.super_copy().num_devices.get();
     if !st.devices.is_empty() && nd != st.devices.len() as u64 {
-        sink.push(Finding::new(SUPER_NUM_DEVICES, format!("superblock num_devices {nd}, chunk tree has {} DEV_ITEMs", st.devices.len())));
+        sink.push(Finding::new(
+            SUPER_NUM_DEVICES,
+            format!("superblock num_devices {nd}, chunk tree has {} DEV_ITEMs", st.devices.len()),
+        ));
     }
     let dev_total: u64 = st.devices.values().map(|d| d.total_bytes).sum();
     let sb_total = fs.super_copy().total_bytes.get();
     if sb_total < dev_total {
-        sink.push(Finding::new(SUPER_TOTAL_BYTES, format!("superblock total_bytes {sb_total} is smaller than the devices' total {dev_total}")));
+        sink.push(Finding::new(
+            SUPER_TOTAL_BYTES,
+            format!(
+                "superblock total_bytes {sb_total} is smaller than the devices' total {dev_total}"
+            ),
+        ));
     }
 }
 
@@ -211,12 +294,30 @@ mod tests {
     #[test]
     fn dup_super_stripe() {
         // The default fixture's METADATA|DUP chunk: the 64 MiB mirror lies in stripe 0.
-        let c = ChunkRec { length: 33554432, type_: BLOCK_GROUP_METADATA | BLOCK_GROUP_DUP, sub_stripes: 1, stripes: vec![(1, 38797312), (1, 72351744)] };
+        let c = ChunkRec {
+            length: 33554432,
+            type_: BLOCK_GROUP_METADATA | BLOCK_GROUP_DUP,
+            sub_stripes: 1,
+            stripes: vec![(1, 38797312), (1, 72351744)],
+        };
         assert_eq!(super_stripes(30408704, &c), vec![(58720256, 58720256 + 65536)]);
-        let single = ChunkRec { length: 8 << 20, type_: BLOCK_GROUP_DATA, sub_stripes: 1, stripes: vec![(1, 13631488)] };
+        let single = ChunkRec {
+            length: 8 << 20,
+            type_: BLOCK_GROUP_DATA,
+            sub_stripes: 1,
+            stripes: vec![(1, 13631488)],
+        };
         assert!(super_stripes(13631488, &single).is_empty());
-        let raid0 = ChunkRec { length: 4 << 20, type_: BLOCK_GROUP_DATA | BLOCK_GROUP_RAID0, sub_stripes: 1, stripes: vec![(1, 63 << 20), (2, 63 << 20)] };
+        let raid0 = ChunkRec {
+            length: 4 << 20,
+            type_: BLOCK_GROUP_DATA | BLOCK_GROUP_RAID0,
+            sub_stripes: 1,
+            stripes: vec![(1, 63 << 20), (2, 63 << 20)],
+        };
         // Physical 64 MiB is row 16 of each device: stripes 32 (dev 1) and 33 (dev 2).
-        assert_eq!(super_stripes(1 << 30, &raid0), vec![((1 << 30) + 32 * 65536, (1 << 30) + 34 * 65536)]);
+        assert_eq!(
+            super_stripes(1 << 30, &raid0),
+            vec![((1 << 30) + 32 * 65536, (1 << 30) + 34 * 65536)]
+        );
     }
 }

@@ -84,7 +84,9 @@ pub(super) enum DataRef {
 impl std::fmt::Display for DataRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DataRef::Root { root, ino, offset } => write!(f, "extent data ref root {root} ino {ino} offset {offset}"),
+            DataRef::Root { root, ino, offset } => {
+                write!(f, "extent data ref root {root} ino {ino} offset {offset}")
+            }
             DataRef::Shared(p) => write!(f, "shared data ref parent {p}"),
         }
     }
@@ -270,19 +272,46 @@ enum KeyedRef {
 /// Walk every tree and collect pass-1 state.
 pub(super) fn walk(fs: &FsInfo, sink: &mut Sink) -> State {
     let compat_ro = fs.super_copy().compat_ro_flags.get();
-    let bg_tree = if compat_ro & COMPAT_RO_BLOCK_GROUP_TREE != 0 { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
-    let mut w = Walker { fs, st: State { bg_tree, ..State::default() }, sink, keyed: Vec::new(), log_roots: Vec::new() };
+    let bg_tree = if compat_ro & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+        BLOCK_GROUP_TREE_OBJECTID
+    } else {
+        EXTENT_TREE_OBJECTID
+    };
+    let mut w = Walker {
+        fs,
+        st: State { bg_tree, ..State::default() },
+        sink,
+        keyed: Vec::new(),
+        log_roots: Vec::new(),
+    };
 
     let chunk = fs.chunk_root();
-    w.walk_tree(&TreeCtx { id: CHUNK_TREE_OBJECTID, root: chunk, log: false, drop: None, root_from: RefFrom::Root(CHUNK_TREE_OBJECTID) });
+    w.walk_tree(&TreeCtx {
+        id: CHUNK_TREE_OBJECTID,
+        root: chunk,
+        log: false,
+        drop: None,
+        root_from: RefFrom::Root(CHUNK_TREE_OBJECTID),
+    });
     let root = fs.tree_root();
-    w.walk_tree(&TreeCtx { id: ROOT_TREE_OBJECTID, root, log: false, drop: None, root_from: RefFrom::Root(ROOT_TREE_OBJECTID) });
+    w.walk_tree(&TreeCtx {
+        id: ROOT_TREE_OBJECTID,
+        root,
+        log: false,
+        drop: None,
+        root_from: RefFrom::Root(ROOT_TREE_OBJECTID),
+    });
 
     let mut roots = std::mem::take(&mut w.st.roots);
     roots.sort_by_key(|r| (r.key.objectid, r.key.offset));
     for r in &mut roots {
-        let from = if r.key.objectid == TREE_RELOC_OBJECTID { RefFrom::SelfShared } else { RefFrom::Root(r.key.objectid) };
-        let ctx = TreeCtx { id: r.key.objectid, root: r.info, log: false, drop: r.drop, root_from: from };
+        let from = if r.key.objectid == TREE_RELOC_OBJECTID {
+            RefFrom::SelfShared
+        } else {
+            RefFrom::Root(r.key.objectid)
+        };
+        let ctx =
+            TreeCtx { id: r.key.objectid, root: r.info, log: false, drop: r.drop, root_from: from };
         w.walk_tree(&ctx);
         r.damaged = w.st.damaged_trees.contains(&r.key.objectid) || r.drop.is_some();
     }
@@ -290,11 +319,23 @@ pub(super) fn walk(fs: &FsInfo, sink: &mut Sink) -> State {
     w.check_required_roots();
 
     if let Some(log) = fs.log_root() {
-        w.walk_tree(&TreeCtx { id: TREE_LOG_OBJECTID, root: log, log: true, drop: None, root_from: RefFrom::SelfShared });
+        w.walk_tree(&TreeCtx {
+            id: TREE_LOG_OBJECTID,
+            root: log,
+            log: true,
+            drop: None,
+            root_from: RefFrom::SelfShared,
+        });
         let log_roots = std::mem::take(&mut w.log_roots);
         for (key, info) in log_roots {
             let _ = key;
-            w.walk_tree(&TreeCtx { id: TREE_LOG_OBJECTID, root: info, log: true, drop: None, root_from: RefFrom::SelfShared });
+            w.walk_tree(&TreeCtx {
+                id: TREE_LOG_OBJECTID,
+                root: info,
+                log: true,
+                drop: None,
+                root_from: RefFrom::SelfShared,
+            });
         }
         w.sink.note(format!("log tree at {} (generation {}): checked its structure only; it is replayed at the next mount", log.bytenr, log.generation));
     }
@@ -310,7 +351,12 @@ impl Walker<'_> {
     fn check_required_roots(&mut self) {
         let compat_ro = self.fs.super_copy().compat_ro_flags.get();
         let have: HashSet<u64> = self.st.roots.iter().map(|r| r.key.objectid).collect();
-        let mut need = vec![(EXTENT_TREE_OBJECTID, "extent"), (DEV_TREE_OBJECTID, "dev"), (FS_TREE_OBJECTID, "fs"), (CSUM_TREE_OBJECTID, "csum")];
+        let mut need = vec![
+            (EXTENT_TREE_OBJECTID, "extent"),
+            (DEV_TREE_OBJECTID, "dev"),
+            (FS_TREE_OBJECTID, "fs"),
+            (CSUM_TREE_OBJECTID, "csum"),
+        ];
         if compat_ro & COMPAT_RO_FREE_SPACE_TREE != 0 {
             need.push((FREE_SPACE_TREE_OBJECTID, "free space"));
         }
@@ -319,7 +365,10 @@ impl Walker<'_> {
         }
         for (id, name) in need {
             if !have.contains(&id) {
-                self.push(Finding::new(ROOT_MISSING, format!("the {name} tree has no root item")).root(id));
+                self.push(
+                    Finding::new(ROOT_MISSING, format!("the {name} tree has no root item"))
+                        .root(id),
+                );
             }
         }
     }
@@ -329,7 +378,14 @@ impl Walker<'_> {
         self.st.trees_walked += 1;
         let r = t.root;
         if r.level >= MAX_LEVEL {
-            self.push(Finding::new(LEVEL_MISMATCH, format!("root level {} is not below {MAX_LEVEL}", r.level)).root(t.id).bytenr(r.bytenr));
+            self.push(
+                Finding::new(
+                    LEVEL_MISMATCH,
+                    format!("root level {} is not below {MAX_LEVEL}", r.level),
+                )
+                .root(t.id)
+                .bytenr(r.bytenr),
+            );
             self.st.damaged_trees.insert(t.id);
             return;
         }
@@ -337,7 +393,12 @@ impl Walker<'_> {
             self.st.edges.entry(r.bytenr).or_default().push(t.root_from);
         }
         let owner = if t.log { TREE_LOG_OBJECTID } else { t.id };
-        let expect = Expect { level: Some(r.level), generation: Some(r.generation), owner: Some(owner), first_key: None };
+        let expect = Expect {
+            level: Some(r.level),
+            generation: Some(r.generation),
+            owner: Some(owner),
+            first_key: None,
+        };
         let Some(eb) = self.read_block(t, r.bytenr, &expect, None, ExpectFrom::RootItem) else {
             return;
         };
@@ -350,7 +411,8 @@ impl Walker<'_> {
             }
             let slot = top.slot;
             top.slot += 1;
-            let (level, child, gen, key) = (n.level(), n.blockptr(slot), n.ptr_generation(slot), n.key(slot));
+            let (level, child, gen, key) =
+                (n.level(), n.blockptr(slot), n.ptr_generation(slot), n.key(slot));
             if let Some((dkey, dlevel)) = t.drop {
                 // Slots left of the drop point were already freed by the deletion.
                 if level == dlevel && key < dkey {
@@ -362,7 +424,12 @@ impl Walker<'_> {
             if !t.log {
                 self.st.edges.entry(child).or_default().push(RefFrom::Block(parent));
             }
-            let expect = Expect { level: Some(level - 1), generation: Some(gen), owner: Some(owner), first_key: Some(key) };
+            let expect = Expect {
+                level: Some(level - 1),
+                generation: Some(gen),
+                owner: Some(owner),
+                first_key: Some(key),
+            };
             if let Some(ceb) = self.read_block(t, child, &expect, bound, ExpectFrom::Parent) {
                 let f = self.frame(t, ceb, bound);
                 stack.push(f);
@@ -388,7 +455,14 @@ impl Walker<'_> {
     }
 
     /// Read a block once. Returns it only when it is new and good (to be walked).
-    fn read_block(&mut self, t: &TreeCtx, bytenr: u64, expect: &Expect, bound: Option<Key>, from: ExpectFrom) -> Option<Arc<ExtentBuffer>> {
+    fn read_block(
+        &mut self,
+        t: &TreeCtx,
+        bytenr: u64,
+        expect: &Expect,
+        bound: Option<Key>,
+        from: ExpectFrom,
+    ) -> Option<Arc<ExtentBuffer>> {
         let is_root = from == ExpectFrom::RootItem;
         if let Some(info) = self.st.blocks.get(&bytenr).cloned() {
             self.compare_seen(t, bytenr, &info, expect, bound, from);
@@ -415,7 +489,16 @@ impl Walker<'_> {
             Err(e) => {
                 self.st.damaged_trees.insert(t.id);
                 let plain = self.fs.read_tree_block(bytenr, &Expect::default());
-                let mut info = BlockInfo { level: 0, generation: 0, owner: 0, first: None, last: None, hflags: 0, bad: true, log: t.log };
+                let mut info = BlockInfo {
+                    level: 0,
+                    generation: 0,
+                    owner: 0,
+                    first: None,
+                    last: None,
+                    hflags: 0,
+                    bad: true,
+                    log: t.log,
+                };
                 match plain {
                     Ok(eb) => {
                         let n = eb.node();
@@ -426,11 +509,19 @@ impl Walker<'_> {
                         let before = self.sink.report.findings.len() + self.sink.report.dropped;
                         self.compare_seen(t, bytenr, &info, expect, None, from);
                         if self.sink.report.findings.len() + self.sink.report.dropped == before {
-                            self.push(Finding::new(TREE_BLOCK_INVALID, e.to_string()).root(t.id).bytenr(bytenr));
+                            self.push(
+                                Finding::new(TREE_BLOCK_INVALID, e.to_string())
+                                    .root(t.id)
+                                    .bytenr(bytenr),
+                            );
                         }
                     }
                     Err(e2) => {
-                        self.push(Finding::new(TREE_BLOCK_INVALID, e2.to_string()).root(t.id).bytenr(bytenr));
+                        self.push(
+                            Finding::new(TREE_BLOCK_INVALID, e2.to_string())
+                                .root(t.id)
+                                .bytenr(bytenr),
+                        );
                     }
                 }
                 self.st.blocks.insert(bytenr, info);
@@ -440,7 +531,15 @@ impl Walker<'_> {
     }
 
     /// Compare what a parent (or root item) expects with a block already known.
-    fn compare_seen(&mut self, t: &TreeCtx, bytenr: u64, info: &BlockInfo, expect: &Expect, bound: Option<Key>, from: ExpectFrom) {
+    fn compare_seen(
+        &mut self,
+        t: &TreeCtx,
+        bytenr: u64,
+        info: &BlockInfo,
+        expect: &Expect,
+        bound: Option<Key>,
+        from: ExpectFrom,
+    ) {
         let from = match from {
             ExpectFrom::RootItem => "root item",
             ExpectFrom::Parent => "parent",
@@ -450,66 +549,167 @@ impl Walker<'_> {
         }
         if let Some(l) = expect.level {
             if info.level != l {
-                self.push(Finding::new(LEVEL_MISMATCH, format!("block level {}, {from} expects {l}", info.level)).root(t.id).bytenr(bytenr));
+                self.push(
+                    Finding::new(
+                        LEVEL_MISMATCH,
+                        format!("block level {}, {from} expects {l}", info.level),
+                    )
+                    .root(t.id)
+                    .bytenr(bytenr),
+                );
             }
         }
         if let Some(g) = expect.generation {
             if info.generation != g {
-                self.push(Finding::new(GENERATION_MISMATCH, format!("block generation {}, {from} expects {g}", info.generation)).root(t.id).bytenr(bytenr));
+                self.push(
+                    Finding::new(
+                        GENERATION_MISMATCH,
+                        format!("block generation {}, {from} expects {g}", info.generation),
+                    )
+                    .root(t.id)
+                    .bytenr(bytenr),
+                );
             }
         }
         if let Some(k) = expect.first_key {
             if let Some(first) = info.first {
                 if first != k {
-                    self.push(Finding::new(FIRST_KEY_MISMATCH, format!("first key {first}, parent pointer key {k}")).root(t.id).bytenr(bytenr));
+                    self.push(
+                        Finding::new(
+                            FIRST_KEY_MISMATCH,
+                            format!("first key {first}, parent pointer key {k}"),
+                        )
+                        .root(t.id)
+                        .bytenr(bytenr),
+                    );
                 }
             }
         }
         if let Some(o) = expect.owner {
             let ok = if is_fstree(o) { is_fstree(info.owner) } else { info.owner == o };
             if !ok {
-                self.push(Finding::new(OWNER_MISMATCH, format!("block owner {}, referenced from tree {}", info.owner, t.id)).root(t.id).bytenr(bytenr));
+                self.push(
+                    Finding::new(
+                        OWNER_MISMATCH,
+                        format!("block owner {}, referenced from tree {}", info.owner, t.id),
+                    )
+                    .root(t.id)
+                    .bytenr(bytenr),
+                );
             }
         }
         if let (Some(b), Some(last)) = (bound, info.last) {
             if last >= b {
-                self.push(Finding::new(KEY_ORDER, format!("last key {last} is not below the parent's next key {b}")).root(t.id).bytenr(bytenr));
+                self.push(
+                    Finding::new(
+                        KEY_ORDER,
+                        format!("last key {last} is not below the parent's next key {b}"),
+                    )
+                    .root(t.id)
+                    .bytenr(bytenr),
+                );
             }
         }
         if info.log != t.log {
-            self.push(Finding::new(BLOCK_MULTIPLY_REFERENCED, "block is used by both the log tree and a committed tree").root(t.id).bytenr(bytenr));
+            self.push(
+                Finding::new(
+                    BLOCK_MULTIPLY_REFERENCED,
+                    "block is used by both the log tree and a committed tree",
+                )
+                .root(t.id)
+                .bytenr(bytenr),
+            );
         }
     }
 
     /// Checks of a block that passed its read.
-    fn block_checks(&mut self, t: &TreeCtx, bytenr: u64, info: &BlockInfo, bound: Option<Key>, is_root: bool) {
+    fn block_checks(
+        &mut self,
+        t: &TreeCtx,
+        bytenr: u64,
+        info: &BlockInfo,
+        bound: Option<Key>,
+        is_root: bool,
+    ) {
         let sb_gen = self.fs.super_copy().generation.get();
         let nodesize = u64::from(self.fs.nodesize);
         if !t.log && info.generation > sb_gen {
-            self.push(Finding::new(GENERATION_TOO_NEW, format!("block generation {} is newer than the superblock generation {sb_gen}", info.generation)).root(t.id).bytenr(bytenr));
+            self.push(
+                Finding::new(
+                    GENERATION_TOO_NEW,
+                    format!(
+                        "block generation {} is newer than the superblock generation {sb_gen}",
+                        info.generation
+                    ),
+                )
+                .root(t.id)
+                .bytenr(bytenr),
+            );
         }
         let end = bytenr.saturating_add(nodesize);
         if nodesize <= STRIPE_LEN && bytenr / STRIPE_LEN != (end - 1) / STRIPE_LEN {
-            self.push(Finding::new(CROSSING_STRIPE, format!("tree block [{bytenr}, {end}) crosses a 64 KiB stripe boundary")).root(t.id).bytenr(bytenr));
+            self.push(
+                Finding::new(
+                    CROSSING_STRIPE,
+                    format!("tree block [{bytenr}, {end}) crosses a 64 KiB stripe boundary"),
+                )
+                .root(t.id)
+                .bytenr(bytenr),
+            );
         }
         match self.fs.chunk_map.lookup(bytenr) {
             Ok(c) => {
-                let want = if t.id == CHUNK_TREE_OBJECTID { BLOCK_GROUP_SYSTEM } else { BLOCK_GROUP_METADATA };
+                let want = if t.id == CHUNK_TREE_OBJECTID {
+                    BLOCK_GROUP_SYSTEM
+                } else {
+                    BLOCK_GROUP_METADATA
+                };
                 if c.type_ & want == 0 {
                     let what = if want == BLOCK_GROUP_SYSTEM { "SYSTEM" } else { "METADATA" };
-                    self.push(Finding::new(BLOCK_WRONG_CHUNK, format!("tree block is in chunk {} of type {}, expected {what}", c.logical, block_group_flags_str(c.type_))).root(t.id).bytenr(bytenr));
+                    self.push(
+                        Finding::new(
+                            BLOCK_WRONG_CHUNK,
+                            format!(
+                                "tree block is in chunk {} of type {}, expected {what}",
+                                c.logical,
+                                block_group_flags_str(c.type_)
+                            ),
+                        )
+                        .root(t.id)
+                        .bytenr(bytenr),
+                    );
                 } else if end > c.logical.saturating_add(c.length) {
-                    self.push(Finding::new(BLOCK_WRONG_CHUNK, format!("tree block ends past chunk {} +{}", c.logical, c.length)).root(t.id).bytenr(bytenr));
+                    self.push(
+                        Finding::new(
+                            BLOCK_WRONG_CHUNK,
+                            format!("tree block ends past chunk {} +{}", c.logical, c.length),
+                        )
+                        .root(t.id)
+                        .bytenr(bytenr),
+                    );
                 }
             }
-            Err(_) => self.push(Finding::new(BLOCK_WRONG_CHUNK, "tree block is not inside any chunk").root(t.id).bytenr(bytenr)),
+            Err(_) => self.push(
+                Finding::new(BLOCK_WRONG_CHUNK, "tree block is not inside any chunk")
+                    .root(t.id)
+                    .bytenr(bytenr),
+            ),
         }
         if info.level == 0 && info.first.is_none() && !is_root {
-            self.push(Finding::new(EMPTY_LEAF, "empty leaf below a node").root(t.id).bytenr(bytenr));
+            self.push(
+                Finding::new(EMPTY_LEAF, "empty leaf below a node").root(t.id).bytenr(bytenr),
+            );
         }
         if let (Some(b), Some(last)) = (bound, info.last) {
             if last >= b {
-                self.push(Finding::new(KEY_ORDER, format!("last key {last} is not below the parent's next key {b}")).root(t.id).bytenr(bytenr));
+                self.push(
+                    Finding::new(
+                        KEY_ORDER,
+                        format!("last key {last} is not below the parent's next key {b}"),
+                    )
+                    .root(t.id)
+                    .bytenr(bytenr),
+                );
             }
         }
     }
@@ -518,12 +718,17 @@ impl Walker<'_> {
     /// one kind of tree are judged.
     fn item_allowed(&self, tree: u64, ty: u8) -> bool {
         match ty {
-            EXTENT_ITEM_KEY | METADATA_ITEM_KEY | TREE_BLOCK_REF_KEY | EXTENT_DATA_REF_KEY | EXTENT_REF_V0_KEY | SHARED_BLOCK_REF_KEY | SHARED_DATA_REF_KEY => tree == EXTENT_TREE_OBJECTID,
+            EXTENT_ITEM_KEY | METADATA_ITEM_KEY | TREE_BLOCK_REF_KEY | EXTENT_DATA_REF_KEY
+            | EXTENT_REF_V0_KEY | SHARED_BLOCK_REF_KEY | SHARED_DATA_REF_KEY => {
+                tree == EXTENT_TREE_OBJECTID
+            }
             BLOCK_GROUP_ITEM_KEY => tree == self.st.bg_tree,
             CHUNK_ITEM_KEY | DEV_ITEM_KEY => tree == CHUNK_TREE_OBJECTID,
             DEV_EXTENT_KEY => tree == DEV_TREE_OBJECTID,
             EXTENT_CSUM_KEY => tree == CSUM_TREE_OBJECTID,
-            FREE_SPACE_INFO_KEY | FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY => tree == FREE_SPACE_TREE_OBJECTID,
+            FREE_SPACE_INFO_KEY | FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY => {
+                tree == FREE_SPACE_TREE_OBJECTID
+            }
             ROOT_ITEM_KEY | ROOT_REF_KEY | ROOT_BACKREF_KEY => tree == ROOT_TREE_OBJECTID,
             _ => true,
         }
@@ -536,7 +741,9 @@ impl Walker<'_> {
             let data = n.item_data(slot);
             if t.log {
                 if key.type_ == EXTENT_DATA_KEY {
-                    if let Ok(FileExtent::Regular { disk_bytenr, disk_num_bytes, .. }) = items::file_extent(data) {
+                    if let Ok(FileExtent::Regular { disk_bytenr, disk_num_bytes, .. }) =
+                        items::file_extent(data)
+                    {
                         if disk_bytenr != 0 {
                             self.st.log_data.push((disk_bytenr, disk_num_bytes));
                         }
@@ -544,19 +751,39 @@ impl Walker<'_> {
                 }
                 if key.type_ == ROOT_ITEM_KEY && key.objectid == TREE_LOG_OBJECTID {
                     if let Ok(v) = items::root_item(data) {
-                        let info = RootInfo { id: TREE_LOG_OBJECTID, bytenr: v.item.bytenr.get(), level: v.item.level, generation: v.item.generation.get() };
+                        let info = RootInfo {
+                            id: TREE_LOG_OBJECTID,
+                            bytenr: v.item.bytenr.get(),
+                            level: v.item.level,
+                            generation: v.item.generation.get(),
+                        };
                         self.log_roots.push((key, info));
                     }
                 }
                 continue;
             }
             if !self.item_allowed(t.id, key.type_) {
-                self.push(Finding::new(ITEM_WRONG_TREE, format!("{} item in tree {}", item_type_name(key.type_), t.id)).root(t.id).bytenr(eb.bytenr).key(key));
+                self.push(
+                    Finding::new(
+                        ITEM_WRONG_TREE,
+                        format!("{} item in tree {}", item_type_name(key.type_), t.id),
+                    )
+                    .root(t.id)
+                    .bytenr(eb.bytenr)
+                    .key(key),
+                );
                 continue;
             }
             match key.type_ {
                 EXTENT_DATA_KEY => {
-                    if let Ok(FileExtent::Regular { disk_bytenr, disk_num_bytes, offset, prealloc, .. }) = items::file_extent(data) {
+                    if let Ok(FileExtent::Regular {
+                        disk_bytenr,
+                        disk_num_bytes,
+                        offset,
+                        prealloc,
+                        ..
+                    }) = items::file_extent(data)
+                    {
                         if disk_bytenr != 0 {
                             self.st.data_refs.entry(disk_bytenr).or_default().push(RawDataRef {
                                 leaf: eb.bytenr,
@@ -570,9 +797,15 @@ impl Walker<'_> {
                         }
                     }
                 }
-                EXTENT_ITEM_KEY | METADATA_ITEM_KEY => self.collect_extent_item(eb.bytenr, key, data),
-                TREE_BLOCK_REF_KEY => self.keyed.push((key, KeyedRef::Tree(TreeRef::Root(key.offset)))),
-                SHARED_BLOCK_REF_KEY => self.keyed.push((key, KeyedRef::Tree(TreeRef::Shared(key.offset)))),
+                EXTENT_ITEM_KEY | METADATA_ITEM_KEY => {
+                    self.collect_extent_item(eb.bytenr, key, data)
+                }
+                TREE_BLOCK_REF_KEY => {
+                    self.keyed.push((key, KeyedRef::Tree(TreeRef::Root(key.offset))))
+                }
+                SHARED_BLOCK_REF_KEY => {
+                    self.keyed.push((key, KeyedRef::Tree(TreeRef::Shared(key.offset))))
+                }
                 EXTENT_DATA_REF_KEY => {
                     if let Ok(r) = items::read_prefix::<ExtentDataRef>(data, "extent data ref") {
                         let (root, ino, off) = (r.root.get(), r.objectid.get(), r.offset.get());
@@ -587,56 +820,110 @@ impl Walker<'_> {
                                     .key(key),
                             );
                         }
-                        self.keyed.push((key, KeyedRef::Data(DataRef::Root { root, ino, offset: off }, u64::from(r.count.get()))));
+                        self.keyed.push((
+                            key,
+                            KeyedRef::Data(
+                                DataRef::Root { root, ino, offset: off },
+                                u64::from(r.count.get()),
+                            ),
+                        ));
                     }
                 }
                 SHARED_DATA_REF_KEY => {
                     if let Ok(r) = items::read_prefix::<SharedDataRef>(data, "shared data ref") {
-                        self.keyed.push((key, KeyedRef::Data(DataRef::Shared(key.offset), u64::from(r.count.get()))));
+                        self.keyed.push((
+                            key,
+                            KeyedRef::Data(DataRef::Shared(key.offset), u64::from(r.count.get())),
+                        ));
                     }
                 }
                 BLOCK_GROUP_ITEM_KEY => {
                     if let Ok(b) = items::read_prefix::<BlockGroupItem>(data, "block group") {
                         match self.st.block_groups.entry(key.objectid) {
                             std::collections::btree_map::Entry::Occupied(_) => {
-                                self.sink.push(Finding::new(BLOCK_GROUP_MISMATCH, "two block group items start here").root(t.id).bytenr(key.objectid).key(key));
+                                self.sink.push(
+                                    Finding::new(
+                                        BLOCK_GROUP_MISMATCH,
+                                        "two block group items start here",
+                                    )
+                                    .root(t.id)
+                                    .bytenr(key.objectid)
+                                    .key(key),
+                                );
                             }
                             std::collections::btree_map::Entry::Vacant(v) => {
-                                v.insert(BgRec { len: key.offset, used: b.used.get(), flags: b.flags.get() });
+                                v.insert(BgRec {
+                                    len: key.offset,
+                                    used: b.used.get(),
+                                    flags: b.flags.get(),
+                                });
                             }
                         }
                     }
                 }
                 CHUNK_ITEM_KEY => {
                     if let Ok((c, _)) = items::chunk(data) {
-                        self.st.chunks.insert(key.offset, ChunkRec { length: c.length, type_: c.type_, sub_stripes: c.sub_stripes, stripes: c.stripes.iter().map(|s| (s.0, s.1)).collect() });
+                        self.st.chunks.insert(
+                            key.offset,
+                            ChunkRec {
+                                length: c.length,
+                                type_: c.type_,
+                                sub_stripes: c.sub_stripes,
+                                stripes: c.stripes.iter().map(|s| (s.0, s.1)).collect(),
+                            },
+                        );
                     }
                 }
                 DEV_ITEM_KEY => {
                     if let Ok(d) = items::read_prefix::<DevItem>(data, "dev item") {
-                        self.st.devices.insert(key.offset, DevRec { total_bytes: d.total_bytes.get(), bytes_used: d.bytes_used.get() });
+                        self.st.devices.insert(
+                            key.offset,
+                            DevRec {
+                                total_bytes: d.total_bytes.get(),
+                                bytes_used: d.bytes_used.get(),
+                            },
+                        );
                     }
                 }
                 DEV_EXTENT_KEY => {
                     if let Ok(d) = items::read_prefix::<DevExtent>(data, "dev extent") {
-                        self.st.dev_extents.insert((key.objectid, key.offset), DevExtRec { length: d.length.get(), chunk_offset: d.chunk_offset.get() });
+                        self.st.dev_extents.insert(
+                            (key.objectid, key.offset),
+                            DevExtRec {
+                                length: d.length.get(),
+                                chunk_offset: d.chunk_offset.get(),
+                            },
+                        );
                     }
                 }
                 EXTENT_CSUM_KEY => {
                     let csize = self.fs.csum_type.size() as u64;
                     let len = data.len() as u64 / csize * u64::from(self.fs.sectorsize);
-                    self.st.csums.push(CsumRec { start: key.offset, end: key.offset.saturating_add(len), leaf: eb.bytenr, slot });
+                    self.st.csums.push(CsumRec {
+                        start: key.offset,
+                        end: key.offset.saturating_add(len),
+                        leaf: eb.bytenr,
+                        slot,
+                    });
                 }
                 FREE_SPACE_INFO_KEY => {
                     if let Ok(i) = items::read_prefix::<FreeSpaceInfo>(data, "free space info") {
-                        self.st.fst_infos.insert(key.objectid, (key.offset, i.extent_count.get(), i.flags.get()));
+                        self.st.fst_infos.insert(
+                            key.objectid,
+                            (key.offset, i.extent_count.get(), i.flags.get()),
+                        );
                     }
                 }
                 FREE_SPACE_EXTENT_KEY => {
-                    self.st.fst_items.push(FstItem { key, kind: FstKind::Extent, runs: vec![(key.objectid, key.objectid.saturating_add(key.offset))] });
+                    self.st.fst_items.push(FstItem {
+                        key,
+                        kind: FstKind::Extent,
+                        runs: vec![(key.objectid, key.objectid.saturating_add(key.offset))],
+                    });
                 }
                 FREE_SPACE_BITMAP_KEY => {
-                    let runs = bitmap_runs(key.objectid, key.offset, u64::from(self.fs.sectorsize), data);
+                    let runs =
+                        bitmap_runs(key.objectid, key.offset, u64::from(self.fs.sectorsize), data);
                     self.st.fst_items.push(FstItem { key, kind: FstKind::Bitmap, runs });
                 }
                 ROOT_ITEM_KEY => {
@@ -645,7 +932,12 @@ impl Walker<'_> {
                         let dk = Key::from(&it.drop_progress);
                         self.st.roots.push(RootRec {
                             key,
-                            info: RootInfo { id: key.objectid, bytenr: it.bytenr.get(), level: it.level, generation: it.generation.get() },
+                            info: RootInfo {
+                                id: key.objectid,
+                                bytenr: it.bytenr.get(),
+                                level: it.level,
+                                generation: it.generation.get(),
+                            },
                             refs: it.refs.get(),
                             last_snapshot: it.last_snapshot.get(),
                             root_dirid: it.root_dirid.get(),
@@ -656,8 +948,18 @@ impl Walker<'_> {
                 }
                 ROOT_REF_KEY | ROOT_BACKREF_KEY => {
                     if let Ok(r) = items::root_ref(data) {
-                        let (parent, child) = if key.type_ == ROOT_REF_KEY { (key.objectid, key.offset) } else { (key.offset, key.objectid) };
-                        let link = RootLink { parent, child, dirid: r.dirid, sequence: r.sequence, name: r.name.to_vec() };
+                        let (parent, child) = if key.type_ == ROOT_REF_KEY {
+                            (key.objectid, key.offset)
+                        } else {
+                            (key.offset, key.objectid)
+                        };
+                        let link = RootLink {
+                            parent,
+                            child,
+                            dirid: r.dirid,
+                            sequence: r.sequence,
+                            name: r.name.to_vec(),
+                        };
                         if key.type_ == ROOT_REF_KEY {
                             self.st.root_refs.push(link);
                         } else {
@@ -678,7 +980,9 @@ impl Walker<'_> {
                 QGROUP_RELATION_KEY if t.id == QUOTA_TREE_OBJECTID && key.objectid < key.offset => {
                     self.st.qgroup_relations.push((key.objectid, key.offset));
                 }
-                ORPHAN_ITEM_KEY if t.id == ROOT_TREE_OBJECTID && key.objectid == ORPHAN_OBJECTID => {
+                ORPHAN_ITEM_KEY
+                    if t.id == ROOT_TREE_OBJECTID && key.objectid == ORPHAN_OBJECTID =>
+                {
                     self.st.root_orphans.insert(key.offset);
                 }
                 _ => {}
@@ -692,11 +996,23 @@ impl Walker<'_> {
             return;
         };
         if skinny && self.fs.super_copy().incompat_flags.get() & INCOMPAT_SKINNY_METADATA == 0 {
-            self.push(Finding::new(SKINNY_WITHOUT_FEATURE, "METADATA_ITEM without the SKINNY_METADATA feature").root(EXTENT_TREE_OBJECTID).bytenr(key.objectid).key(key));
+            self.push(
+                Finding::new(
+                    SKINNY_WITHOUT_FEATURE,
+                    "METADATA_ITEM without the SKINNY_METADATA feature",
+                )
+                .root(EXTENT_TREE_OBJECTID)
+                .bytenr(key.objectid)
+                .key(key),
+            );
         }
         let is_tree = v.flags & EXTENT_FLAG_TREE_BLOCK != 0;
         let nodesize = u64::from(self.fs.nodesize);
-        let (len, level) = if skinny { (nodesize, key.offset as u8) } else { (key.offset, v.tree_block_info.map(|(_, l)| l).unwrap_or(0)) };
+        let (len, level) = if skinny {
+            (nodesize, key.offset as u8)
+        } else {
+            (key.offset, v.tree_block_info.map(|(_, l)| l).unwrap_or(0))
+        };
         // Inline refs: type ascending (the tree checker enforces it), then sequence
         // descending within a type; equal sequences are tolerated as btrfs does.
         let mut last: Option<(u8, u64)> = None;
@@ -713,7 +1029,8 @@ impl Walker<'_> {
                     parent
                 }
                 InlineRef::ExtentData { root, objectid, offset, count } => {
-                    data_refs.push((DataRef::Root { root, ino: objectid, offset }, u64::from(count)));
+                    data_refs
+                        .push((DataRef::Root { root, ino: objectid, offset }, u64::from(count)));
                     hash_extent_data_ref(root, objectid, offset)
                 }
                 InlineRef::SharedData { parent, count } => {
@@ -725,14 +1042,41 @@ impl Walker<'_> {
             let ty = r.type_();
             if let Some((lt, ls)) = last {
                 if ty == lt && seq > ls {
-                    self.push(Finding::new(INLINE_REF_ORDER, format!("inline ref type {ty} sequence {seq:#x} after sequence {ls:#x}")).root(EXTENT_TREE_OBJECTID).bytenr(key.objectid).key(key));
+                    self.push(
+                        Finding::new(
+                            INLINE_REF_ORDER,
+                            format!(
+                                "inline ref type {ty} sequence {seq:#x} after sequence {ls:#x}"
+                            ),
+                        )
+                        .root(EXTENT_TREE_OBJECTID)
+                        .bytenr(key.objectid)
+                        .key(key),
+                    );
                 }
             }
             last = Some((ty, seq));
         }
-        let rec = ExtentRec { key, len, is_tree, level, refs: v.refs, flags: v.flags, tree_refs, data_refs };
+        let rec = ExtentRec {
+            key,
+            len,
+            is_tree,
+            level,
+            refs: v.refs,
+            flags: v.flags,
+            tree_refs,
+            data_refs,
+        };
         if let Some(prev) = self.st.extents.get(&key.objectid) {
-            self.push(Finding::new(EXTENT_OVERLAP, format!("second extent item {key} for the extent of {}", prev.key)).root(EXTENT_TREE_OBJECTID).bytenr(key.objectid).key(key));
+            self.push(
+                Finding::new(
+                    EXTENT_OVERLAP,
+                    format!("second extent item {key} for the extent of {}", prev.key),
+                )
+                .root(EXTENT_TREE_OBJECTID)
+                .bytenr(key.objectid)
+                .key(key),
+            );
             let _ = leaf;
             return;
         }
@@ -747,7 +1091,15 @@ impl Walker<'_> {
                     KeyedRef::Tree(t) => rec.tree_refs.push(t),
                     KeyedRef::Data(d, c) => rec.data_refs.push((d, c)),
                 },
-                None => self.sink.push(Finding::new(BACKREF_NO_EXTENT, format!("{} item without an extent item", item_type_name(key.type_))).root(EXTENT_TREE_OBJECTID).bytenr(key.objectid).key(key)),
+                None => self.sink.push(
+                    Finding::new(
+                        BACKREF_NO_EXTENT,
+                        format!("{} item without an extent item", item_type_name(key.type_)),
+                    )
+                    .root(EXTENT_TREE_OBJECTID)
+                    .bytenr(key.objectid)
+                    .key(key),
+                ),
             }
         }
     }

@@ -73,7 +73,9 @@ impl Layout {
 
     fn dev(&self, devid: u64) -> &DevLayout {
         let i = usize::try_from(devid).ok().and_then(|d| d.checked_sub(1));
-        i.and_then(|i| self.devices.get(i)).unwrap_or_else(|| panic!("devid {devid} is not one of the {} devices", self.devices.len()))
+        i.and_then(|i| self.devices.get(i)).unwrap_or_else(|| {
+            panic!("devid {devid} is not one of the {} devices", self.devices.len())
+        })
     }
 
     fn bg_tree(&self) -> bool {
@@ -82,7 +84,16 @@ impl Layout {
 
     /// The trees, in the order their leaves sit in the temporary chunk.
     pub fn trees(&self) -> Vec<u64> {
-        let mut t = vec![ROOT_TREE_OBJECTID, EXTENT_TREE_OBJECTID, CHUNK_TREE_OBJECTID, DEV_TREE_OBJECTID, FS_TREE_OBJECTID, CSUM_TREE_OBJECTID, UUID_TREE_OBJECTID, FREE_SPACE_TREE_OBJECTID];
+        let mut t = vec![
+            ROOT_TREE_OBJECTID,
+            EXTENT_TREE_OBJECTID,
+            CHUNK_TREE_OBJECTID,
+            DEV_TREE_OBJECTID,
+            FS_TREE_OBJECTID,
+            CSUM_TREE_OBJECTID,
+            UUID_TREE_OBJECTID,
+            FREE_SPACE_TREE_OBJECTID,
+        ];
         if self.bg_tree() {
             t.push(BLOCK_GROUP_TREE_OBJECTID);
         }
@@ -92,7 +103,11 @@ impl Layout {
 
     /// The logical (= physical) address of tree `id`'s leaf.
     pub fn block_of(&self, id: u64) -> u64 {
-        let i = self.trees().iter().position(|&t| t == id).unwrap_or_else(|| panic!("tree {id} is not bootstrapped"));
+        let i = self
+            .trees()
+            .iter()
+            .position(|&t| t == id)
+            .unwrap_or_else(|| panic!("tree {id} is not bootstrapped"));
         TEMP_CHUNK_START + i as u64 * u64::from(self.nodesize)
     }
 
@@ -123,7 +138,8 @@ fn dir_inode(generation: u64, nbytes: u64, now: Time, otime: bool) -> InodeItem 
 }
 
 fn inode_ref(index: u64, name: &[u8]) -> Vec<u8> {
-    let mut v = InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes().to_vec();
+    let mut v =
+        InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes().to_vec();
     v.extend_from_slice(name);
     v
 }
@@ -163,7 +179,10 @@ fn chunk_item(l: &Layout) -> Vec<u8> {
         sub_stripes: 1.into(),
     };
     let mut v = h.as_bytes().to_vec();
-    v.extend_from_slice(Stripe { devid: 1.into(), offset: TEMP_CHUNK_START.into(), dev_uuid: l.dev(1).uuid }.as_bytes());
+    v.extend_from_slice(
+        Stripe { devid: 1.into(), offset: TEMP_CHUNK_START.into(), dev_uuid: l.dev(1).uuid }
+            .as_bytes(),
+    );
     v
 }
 
@@ -195,7 +214,13 @@ fn tree_items(l: &Layout, id: u64) -> Vec<(Key, Vec<u8>)> {
     let bg_item = || {
         (
             Key::new(TEMP_CHUNK_START, BLOCK_GROUP_ITEM_KEY, TEMP_CHUNK_LEN),
-            BlockGroupItem { used: l.used().into(), chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(), flags: BLOCK_GROUP_SYSTEM.into() }.as_bytes().to_vec(),
+            BlockGroupItem {
+                used: l.used().into(),
+                chunk_objectid: FIRST_CHUNK_TREE_OBJECTID.into(),
+                flags: BLOCK_GROUP_SYSTEM.into(),
+            }
+            .as_bytes()
+            .to_vec(),
         )
     };
     match id {
@@ -209,22 +234,53 @@ fn tree_items(l: &Layout, id: u64) -> Vec<(Key, Vec<u8>)> {
                     DATA_RELOC_TREE_OBJECTID => (FIRST_FREE_OBJECTID, [0; 16], false),
                     _ => (0, [0; 16], false),
                 };
-                items.push((Key::new(t, ROOT_ITEM_KEY, 0), root_item(l, l.block_of(t), dirid, uuid, times).as_bytes().to_vec()));
+                items.push((
+                    Key::new(t, ROOT_ITEM_KEY, 0),
+                    root_item(l, l.block_of(t), dirid, uuid, times).as_bytes().to_vec(),
+                ));
             }
             // The root directory (objectid 6) and its `default` entry, which names the
             // subvolume mounted by default; mkfs.btrfs also gives the fs tree a ref
             // of that name from it.
-            items.push((Key::new(FS_TREE_OBJECTID, INODE_REF_KEY, ROOT_TREE_DIR_OBJECTID), inode_ref(0, b"default")));
-            items.push((Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0), dir_inode(BOOTSTRAP_GENERATION, ns, l.now, true).as_bytes().to_vec()));
-            items.push((Key::new(ROOT_TREE_DIR_OBJECTID, INODE_REF_KEY, ROOT_TREE_DIR_OBJECTID), inode_ref(0, b"..")));
-            let di = DirItem { location: Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX).to_disk(), transid: 0.into(), data_len: 0.into(), name_len: 7.into(), type_: FT_DIR };
+            items.push((
+                Key::new(FS_TREE_OBJECTID, INODE_REF_KEY, ROOT_TREE_DIR_OBJECTID),
+                inode_ref(0, b"default"),
+            ));
+            items.push((
+                Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0),
+                dir_inode(BOOTSTRAP_GENERATION, ns, l.now, true).as_bytes().to_vec(),
+            ));
+            items.push((
+                Key::new(ROOT_TREE_DIR_OBJECTID, INODE_REF_KEY, ROOT_TREE_DIR_OBJECTID),
+                inode_ref(0, b".."),
+            ));
+            let di = DirItem {
+                location: Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX).to_disk(),
+                transid: 0.into(),
+                data_len: 0.into(),
+                name_len: 7.into(),
+                type_: FT_DIR,
+            };
             let mut d = di.as_bytes().to_vec();
             d.extend_from_slice(b"default");
-            items.push((Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default")), d));
+            items.push((
+                Key::new(
+                    ROOT_TREE_DIR_OBJECTID,
+                    DIR_ITEM_KEY,
+                    ubtrfs_format::hash::name_hash(b"default"),
+                ),
+                d,
+            ));
         }
         EXTENT_TREE_OBJECTID => {
             for t in l.trees() {
-                let mut v = ExtentItem { refs: 1.into(), generation: BOOTSTRAP_GENERATION.into(), flags: EXTENT_FLAG_TREE_BLOCK.into() }.as_bytes().to_vec();
+                let mut v = ExtentItem {
+                    refs: 1.into(),
+                    generation: BOOTSTRAP_GENERATION.into(),
+                    flags: EXTENT_FLAG_TREE_BLOCK.into(),
+                }
+                .as_bytes()
+                .to_vec();
                 v.push(TREE_BLOCK_REF_KEY);
                 v.extend_from_slice(&t.to_le_bytes());
                 items.push((Key::new(l.block_of(t), METADATA_ITEM_KEY, 0), v));
@@ -236,9 +292,15 @@ fn tree_items(l: &Layout, id: u64) -> Vec<(Key, Vec<u8>)> {
         BLOCK_GROUP_TREE_OBJECTID => items.push(bg_item()),
         CHUNK_TREE_OBJECTID => {
             for devid in 1..=l.devices.len() as u64 {
-                items.push((Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid), dev_item(l, devid).as_bytes().to_vec()));
+                items.push((
+                    Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid),
+                    dev_item(l, devid).as_bytes().to_vec(),
+                ));
             }
-            items.push((Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, TEMP_CHUNK_START), chunk_item(l)));
+            items.push((
+                Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, TEMP_CHUNK_START),
+                chunk_item(l),
+            ));
         }
         DEV_TREE_OBJECTID => {
             let de = DevExtent {
@@ -255,18 +317,28 @@ fn tree_items(l: &Layout, id: u64) -> Vec<(Key, Vec<u8>)> {
             let fs = id == FS_TREE_OBJECTID;
             let ino = dir_inode(BOOTSTRAP_GENERATION, if fs { ns } else { 0 }, l.now, fs);
             items.push((Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0), ino.as_bytes().to_vec()));
-            items.push((Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID), inode_ref(0, b"..")));
+            items.push((
+                Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID),
+                inode_ref(0, b".."),
+            ));
         }
         UUID_TREE_OBJECTID => {
             let u = l.fs_tree_uuid;
             let lo = u64::from_le_bytes(u[..8].try_into().expect("8 bytes"));
             let hi = u64::from_le_bytes(u[8..].try_into().expect("8 bytes"));
-            items.push((Key::new(lo, UUID_KEY_SUBVOL, hi), FS_TREE_OBJECTID.to_le_bytes().to_vec()));
+            items
+                .push((Key::new(lo, UUID_KEY_SUBVOL, hi), FS_TREE_OBJECTID.to_le_bytes().to_vec()));
         }
         FREE_SPACE_TREE_OBJECTID => {
-            items.push((Key::new(TEMP_CHUNK_START, FREE_SPACE_INFO_KEY, TEMP_CHUNK_LEN), FreeSpaceInfo { extent_count: 1.into(), flags: 0.into() }.as_bytes().to_vec()));
+            items.push((
+                Key::new(TEMP_CHUNK_START, FREE_SPACE_INFO_KEY, TEMP_CHUNK_LEN),
+                FreeSpaceInfo { extent_count: 1.into(), flags: 0.into() }.as_bytes().to_vec(),
+            ));
             let free = TEMP_CHUNK_START + l.used();
-            items.push((Key::new(free, FREE_SPACE_EXTENT_KEY, TEMP_CHUNK_START + TEMP_CHUNK_LEN - free), Vec::new()));
+            items.push((
+                Key::new(free, FREE_SPACE_EXTENT_KEY, TEMP_CHUNK_START + TEMP_CHUNK_LEN - free),
+                Vec::new(),
+            ));
         }
         CSUM_TREE_OBJECTID => {}
         _ => unreachable!("tree {id} is not bootstrapped"),
@@ -316,7 +388,8 @@ pub fn build_leaf(l: &Layout, id: u64) -> Result<Vec<u8>> {
         owner: Some(id),
         first_key: None,
     };
-    check_tree_block(&buf, &ctx).map_err(|e| Error::from(e).at(format!("mkfs bootstrap leaf of tree {id}")))?;
+    check_tree_block(&buf, &ctx)
+        .map_err(|e| Error::from(e).at(format!("mkfs bootstrap leaf of tree {id}")))?;
     debug_assert_eq!(NodeRef::new_checked(&buf).owner(), id);
     Ok(buf)
 }
@@ -338,7 +411,10 @@ pub fn build_super(l: &Layout, devid: u64) -> Superblock {
     sb.nodesize = l.nodesize.into();
     sb.leafsize = l.nodesize.into();
     sb.stripesize = l.sectorsize.into();
-    let mut arr = Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, TEMP_CHUNK_START).to_disk().as_bytes().to_vec();
+    let mut arr = Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, TEMP_CHUNK_START)
+        .to_disk()
+        .as_bytes()
+        .to_vec();
     arr.extend_from_slice(&chunk_item(l));
     sb.sys_chunk_array[..arr.len()].copy_from_slice(&arr);
     sb.sys_chunk_array_size = (arr.len() as u32).into();
@@ -361,13 +437,26 @@ pub fn build_super(l: &Layout, devid: u64) -> Superblock {
 /// is written then).
 pub fn write(devs: &[&dyn BlockDevice], l: &Layout) -> Result<()> {
     assert_eq!(devs.len(), l.devices.len(), "devices given and devices laid out differ");
-    assert!(l.dev(1).total_bytes >= TEMP_CHUNK_START + TEMP_CHUNK_LEN, "device 1 of {} bytes cannot hold the bootstrap chunk", l.dev(1).total_bytes);
-    let leaves: Vec<(u64, Vec<u8>)> = l.trees().into_iter().map(|id| build_leaf(l, id).map(|b| (l.block_of(id), b))).collect::<Result<_>>()?;
+    assert!(
+        l.dev(1).total_bytes >= TEMP_CHUNK_START + TEMP_CHUNK_LEN,
+        "device 1 of {} bytes cannot hold the bootstrap chunk",
+        l.dev(1).total_bytes
+    );
+    let leaves: Vec<(u64, Vec<u8>)> = l
+        .trees()
+        .into_iter()
+        .map(|id| build_leaf(l, id).map(|b| (l.block_of(id), b)))
+        .collect::<Result<_>>()?;
     let mut supers = Vec::new();
     for (i, dev) in devs.iter().enumerate() {
         let devid = i as u64 + 1;
         let total = l.dev(devid).total_bytes;
-        assert!(dev.size() >= total, "device {} of {} bytes is smaller than its part of the filesystem ({total} bytes)", dev.name(), dev.size());
+        assert!(
+            dev.size() >= total,
+            "device {} of {} bytes is smaller than its part of the filesystem ({total} bytes)",
+            dev.name(),
+            dev.size()
+        );
         let mut sb = build_super(l, devid);
         for mirror in 0..SUPER_MIRROR_MAX {
             let off = sb_offset(mirror);
@@ -377,7 +466,10 @@ pub fn write(devs: &[&dyn BlockDevice], l: &Layout) -> Result<()> {
             sb.bytenr = off.into();
             let c = l.csum.compute(&sb.as_bytes()[CSUM_SIZE..]);
             sb.csum.copy_from_slice(&c);
-            ubtrfs_format::superblock::check_super(sb.as_bytes(), off).map_err(|e| Error::from(e).at(format!("mkfs bootstrap superblock of devid {devid} mirror {mirror}")))?;
+            ubtrfs_format::superblock::check_super(sb.as_bytes(), off).map_err(|e| {
+                Error::from(e)
+                    .at(format!("mkfs bootstrap superblock of devid {devid} mirror {mirror}"))
+            })?;
             supers.push((i, off, sb));
         }
     }

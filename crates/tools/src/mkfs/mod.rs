@@ -107,7 +107,11 @@ const MKFS_CACHE_BYTES: usize = 256 << 20;
 /// device; any engine error. The failure says whether writing had begun; then the
 /// superblock slots are zeroed, so no half-made filesystem is found there. A made
 /// filesystem that does not check clean is a bug (an assertion).
-pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> std::result::Result<MkfsResult, MkfsFailure> {
+pub fn make_filesystem(
+    path: &Path,
+    size: u64,
+    opts: &MkfsOptions,
+) -> std::result::Result<MkfsResult, MkfsFailure> {
     make_filesystem_with(path, size, opts, |_| Ok(()))
 }
 
@@ -117,7 +121,12 @@ pub fn make_filesystem(path: &Path, size: u64, opts: &MkfsOptions) -> std::resul
 ///
 /// # Errors
 /// As `make_filesystem`, and `fill`'s error (after writing began).
-pub fn make_filesystem_with(path: &Path, size: u64, opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
+pub fn make_filesystem_with(
+    path: &Path,
+    size: u64,
+    opts: &MkfsOptions,
+    fill: impl FnOnce(&mut FsWriter) -> Result<()>,
+) -> std::result::Result<MkfsResult, MkfsFailure> {
     make_filesystem_on(&[MkfsDevice { path: path.to_path_buf(), size }], opts, fill)
 }
 
@@ -128,7 +137,11 @@ pub fn make_filesystem_with(path: &Path, size: u64, opts: &MkfsOptions, fill: im
 /// As `make_filesystem`; also `Posix(Invalid)` for no device, one given twice, or
 /// fewer devices than a profile needs (before anything is written). After writing
 /// began, every device's superblock slots are zeroed.
-pub fn make_filesystem_on(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
+pub fn make_filesystem_on(
+    devices: &[MkfsDevice],
+    opts: &MkfsOptions,
+    fill: impl FnOnce(&mut FsWriter) -> Result<()>,
+) -> std::result::Result<MkfsResult, MkfsFailure> {
     let r = make_filesystem_inner(devices, opts, fill);
     if let Err(f) = &r {
         if f.began_writing {
@@ -155,28 +168,50 @@ pub fn check_distinct(devices: &[MkfsDevice]) -> Result<()> {
     }
     let mut seen: Vec<(&Path, Option<Identity>)> = Vec::new();
     for d in devices {
-        let id = std::fs::metadata(&d.path).ok().map(|m| if m.file_type().is_block_device() { Identity::Block { rdev: m.rdev() } } else { Identity::File { dev: m.dev(), ino: m.ino() } });
+        let id = std::fs::metadata(&d.path).ok().map(|m| {
+            if m.file_type().is_block_device() {
+                Identity::Block { rdev: m.rdev() }
+            } else {
+                Identity::File { dev: m.dev(), ino: m.ino() }
+            }
+        });
         if seen.iter().any(|(p, i)| *p == d.path || (id.is_some() && *i == id)) {
-            return Err(Error::posix_detail(PosixKind::Invalid, d.path.display().to_string(), "given twice; each device can be one member only"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                d.path.display().to_string(),
+                "given twice; each device can be one member only",
+            ));
         }
         seen.push((&d.path, id));
     }
     Ok(())
 }
 
-fn make_filesystem_inner(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl FnOnce(&mut FsWriter) -> Result<()>) -> std::result::Result<MkfsResult, MkfsFailure> {
+fn make_filesystem_inner(
+    devices: &[MkfsDevice],
+    opts: &MkfsOptions,
+    fill: impl FnOnce(&mut FsWriter) -> Result<()>,
+) -> std::result::Result<MkfsResult, MkfsFailure> {
     if devices.is_empty() {
-        return Err(before_writing(Error::posix_detail(PosixKind::Invalid, "mkfs", "no device given")));
+        return Err(before_writing(Error::posix_detail(
+            PosixKind::Invalid,
+            "mkfs",
+            "no device given",
+        )));
     }
     check_distinct(devices).map_err(before_writing)?;
     for d in devices {
-        opts.validate(&d.path.display().to_string(), d.size, devices.len()).map_err(before_writing)?;
+        opts.validate(&d.path.display().to_string(), d.size, devices.len())
+            .map_err(before_writing)?;
     }
     let uuids = &opts.sources.uuids;
     let ss = u64::from(opts.sectorsize);
     let fsid = opts.fsid.unwrap_or_else(|| uuids.new_uuid());
     let chunk_tree_uuid = uuids.new_uuid();
-    let members: Vec<bootstrap::DevLayout> = devices.iter().map(|d| bootstrap::DevLayout { uuid: uuids.new_uuid(), total_bytes: d.size / ss * ss }).collect();
+    let members: Vec<bootstrap::DevLayout> = devices
+        .iter()
+        .map(|d| bootstrap::DevLayout { uuid: uuids.new_uuid(), total_bytes: d.size / ss * ss })
+        .collect();
     let l = bootstrap::Layout {
         nodesize: opts.nodesize,
         sectorsize: opts.sectorsize,
@@ -198,7 +233,11 @@ fn make_filesystem_inner(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl 
         for d in devices {
             let dev = FileDevice::open(&d.path, true).map_err(before_writing)?;
             if dev.size() < d.size {
-                return Err(before_writing(Error::posix_detail(PosixKind::NoSpace, d.path.display().to_string(), format!("{} bytes, less than the {} asked for", dev.size(), d.size))));
+                return Err(before_writing(Error::posix_detail(
+                    PosixKind::NoSpace,
+                    d.path.display().to_string(),
+                    format!("{} bytes, less than the {} asked for", dev.size(), d.size),
+                )));
             }
             devs.push(dev);
         }
@@ -207,7 +246,13 @@ fn make_filesystem_inner(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl 
     }
     let paths: Vec<PathBuf> = devices.iter().map(|d| d.path.clone()).collect();
     let generation = (|| {
-        let mut w = FsWriter::open(&OpenOptions { devices: paths.clone(), cache_bytes: MKFS_CACHE_BYTES, writable: true, sources: opts.sources.clone(), degraded: false })?;
+        let mut w = FsWriter::open(&OpenOptions {
+            devices: paths.clone(),
+            cache_bytes: MKFS_CACHE_BYTES,
+            writable: true,
+            sources: opts.sources.clone(),
+            degraded: false,
+        })?;
         if opts.shrink {
             shrink::cap_chunks(&mut w)?;
         }
@@ -230,15 +275,35 @@ fn make_filesystem_inner(devices: &[MkfsDevice], opts: &MkfsOptions, fill: impl 
     })()
     .map_err(after_writing)?;
     let (generation, total_bytes, dev_sizes) = generation;
-    let report = FsInfo::open(&OpenOptions { devices: paths.clone(), cache_bytes: MKFS_CACHE_BYTES, writable: false, sources: opts.sources.clone(), degraded: false })
-        .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
-        .map_err(after_writing)?;
+    let report = FsInfo::open(&OpenOptions {
+        devices: paths.clone(),
+        cache_bytes: MKFS_CACHE_BYTES,
+        writable: false,
+        sources: opts.sources.clone(),
+        degraded: false,
+    })
+    .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
+    .map_err(after_writing)?;
     if !report.is_clean() {
         let found: Vec<String> = report.findings.iter().map(|f| f.to_string()).collect();
-        panic!("{}: the filesystem mkfs made does not check clean: {}", devices[0].path.display(), found.join("; "));
+        panic!(
+            "{}: the filesystem mkfs made does not check clean: {}",
+            devices[0].path.display(),
+            found.join("; ")
+        );
     }
-    debug_assert_eq!(dev_sizes.iter().sum::<u64>(), total_bytes, "device sizes and the superblock's total differ");
-    Ok(MkfsResult { fsid: l.fsid, dev_uuids: l.devices.iter().map(|d| d.uuid).collect(), total_bytes, dev_sizes, generation })
+    debug_assert_eq!(
+        dev_sizes.iter().sum::<u64>(),
+        total_bytes,
+        "device sizes and the superblock's total differ"
+    );
+    Ok(MkfsResult {
+        fsid: l.fsid,
+        dev_uuids: l.devices.iter().map(|d| d.uuid).collect(),
+        total_bytes,
+        dev_sizes,
+        generation,
+    })
 }
 
 /// Steps 2 and 3 of the module docs, on the writer of the bootstrap filesystem.
@@ -260,7 +325,11 @@ pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
         w.set_max_chunk_size(BLOCK_GROUP_METADATA, (total / 20).clamp(32 << 20, 256 << 20))?;
     }
     // With mixed block groups one DATA|METADATA chunk serves both.
-    let types: &[u64] = if opts.features.mixed { &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA] } else { &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA, BLOCK_GROUP_DATA] };
+    let types: &[u64] = if opts.features.mixed {
+        &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA]
+    } else {
+        &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA, BLOCK_GROUP_DATA]
+    };
     {
         // No reservation: the metadata chunk this handle makes is where its blocks go.
         let mut h = w.start_transaction("mkfs: chunks", 0)?;
@@ -269,7 +338,10 @@ pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
                 chunk_alloc::alloc_chunk(&mut h, ty)?;
             }
             let moved = chunk_remove::relocate_root_leaves(&mut h, start)?;
-            assert!(moved >= 9, "moved {moved} trees out of the bootstrap chunk, expected every tree");
+            assert!(
+                moved >= 9,
+                "moved {moved} trees out of the bootstrap chunk, expected every tree"
+            );
             Ok(())
         })();
         h.end_with(r)?;

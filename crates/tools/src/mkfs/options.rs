@@ -73,7 +73,9 @@ impl Features {
                 Some(n) => (false, n),
                 None => (true, word),
             };
-            let bad = |why: &str| Error::posix_detail(PosixKind::Invalid, format!("feature {name}"), why.to_string());
+            let bad = |why: &str| {
+                Error::posix_detail(PosixKind::Invalid, format!("feature {name}"), why.to_string())
+            };
             match name.to_ascii_lowercase().replace('_', "-").as_str() {
                 "extref" => f.extref = on,
                 "no-holes" => f.no_holes = on,
@@ -86,7 +88,11 @@ impl Features {
             }
         }
         if f.block_group_tree && !f.no_holes {
-            return Err(Error::posix_detail(PosixKind::Invalid, "feature block-group-tree", "needs no-holes: the kernel refuses to mount it without"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                "feature block-group-tree",
+                "needs no-holes: the kernel refuses to mount it without",
+            ));
         }
         Ok(f)
     }
@@ -105,8 +111,20 @@ pub fn parse_profile(name: &str) -> Result<u64> {
         "raid1c3" => BLOCK_GROUP_RAID1C3,
         "raid1c4" => BLOCK_GROUP_RAID1C4,
         "raid10" => BLOCK_GROUP_RAID10,
-        "raid5" | "raid6" => return Err(Error::posix_detail(PosixKind::Invalid, format!("profile {name}"), "RAID5/6 are not supported for writing")),
-        _ => return Err(Error::posix_detail(PosixKind::Invalid, format!("profile {name}"), "unknown profile; known: single, dup, raid0, raid1, raid1c3, raid1c4, raid10")),
+        "raid5" | "raid6" => {
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("profile {name}"),
+                "RAID5/6 are not supported for writing",
+            ))
+        }
+        _ => {
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("profile {name}"),
+                "unknown profile; known: single, dup, raid0, raid1, raid1c3, raid1c4, raid10",
+            ))
+        }
     })
 }
 
@@ -125,7 +143,13 @@ pub fn parse_csum(name: &str) -> Result<CsumType> {
         "xxhash" | "xxhash64" => CsumType::Xxhash64,
         "sha256" => CsumType::Sha256,
         "blake2" | "blake2b" => CsumType::Blake2b,
-        _ => return Err(Error::posix_detail(PosixKind::Invalid, format!("checksum {name}"), "unknown algorithm; known: crc32c, xxhash, sha256, blake2")),
+        _ => {
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("checksum {name}"),
+                "unknown algorithm; known: crc32c, xxhash, sha256, blake2",
+            ))
+        }
     })
 }
 
@@ -135,7 +159,13 @@ pub fn parse_csum(name: &str) -> Result<CsumType> {
 /// `Posix(Invalid)` naming the text.
 pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
     let hex: String = s.chars().filter(|&c| c != '-').collect();
-    let bad = || Error::posix_detail(PosixKind::Invalid, format!("uuid {s}"), "not a UUID, expected xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx");
+    let bad = || {
+        Error::posix_detail(
+            PosixKind::Invalid,
+            format!("uuid {s}"),
+            "not a UUID, expected xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
+        )
+    };
     if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad());
     }
@@ -144,7 +174,11 @@ pub fn parse_uuid(s: &str) -> Result<[u8; 16]> {
         *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
     }
     if u == [0u8; 16] {
-        return Err(Error::posix_detail(PosixKind::Invalid, format!("uuid {s}"), "the nil UUID cannot name a filesystem"));
+        return Err(Error::posix_detail(
+            PosixKind::Invalid,
+            format!("uuid {s}"),
+            "the nil UUID cannot name a filesystem",
+        ));
     }
     Ok(u)
 }
@@ -216,27 +250,51 @@ impl MkfsOptions {
         let ss = self.sectorsize;
         let page = page_size();
         if ss != 4096 && ss != page {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("sectorsize {ss}"), format!("the kernel mounts sectorsize 4096 or the page size, {page}, only")));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("sectorsize {ss}"),
+                format!("the kernel mounts sectorsize 4096 or the page size, {page}, only"),
+            ));
         }
         let ns = self.nodesize;
         if ns < ss {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("nodesize {ns}"), format!("smaller than the sectorsize {ss}")));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("nodesize {ns}"),
+                format!("smaller than the sectorsize {ss}"),
+            ));
         }
         if !ns.is_power_of_two() || !(4096..=65536).contains(&ns) {
-            return Err(Error::posix_detail(PosixKind::Invalid, format!("nodesize {ns}"), "a power of two from 4096 to 65536"));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                format!("nodesize {ns}"),
+                "a power of two from 4096 to 65536",
+            ));
         }
         if self.label.len() >= LABEL_SIZE {
-            return Err(Error::posix_detail(PosixKind::Invalid, "label", format!("{} bytes, at most {} allowed", self.label.len(), LABEL_SIZE - 1)));
+            return Err(Error::posix_detail(
+                PosixKind::Invalid,
+                "label",
+                format!("{} bytes, at most {} allowed", self.label.len(), LABEL_SIZE - 1),
+            ));
         }
         if self.label.contains(&0) {
             return Err(Error::posix_detail(PosixKind::Invalid, "label", "contains a NUL byte"));
         }
         if self.features.mixed {
             if ns != ss {
-                return Err(Error::posix_detail(PosixKind::Invalid, format!("nodesize {ns}"), format!("mixed block groups need it equal to the sectorsize {ss}")));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    format!("nodesize {ns}"),
+                    format!("mixed block groups need it equal to the sectorsize {ss}"),
+                ));
             }
             if self.data_profile != self.metadata_profile {
-                return Err(Error::posix_detail(PosixKind::Invalid, "profiles", "with mixed block groups data and metadata profiles must be the same"));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    "profiles",
+                    "with mixed block groups data and metadata profiles must be the same",
+                ));
             }
         }
         for (what, p) in [("data", self.data_profile), ("metadata", self.metadata_profile)] {
@@ -244,11 +302,22 @@ impl MkfsOptions {
             if need > ndevs {
                 let name = block_group_flags_str(BLOCK_GROUP_DATA | p);
                 let name = name.split(", ").nth(1).unwrap_or("?").to_ascii_lowercase();
-                return Err(Error::posix_detail(PosixKind::Invalid, format!("{what} profile {name}"), format!("needs at least {need} devices, {ndevs} given")));
+                return Err(Error::posix_detail(
+                    PosixKind::Invalid,
+                    format!("{what} profile {name}"),
+                    format!("needs at least {need} devices, {ndevs} given"),
+                ));
             }
         }
         if size < MIN_DEVICE_SIZE {
-            return Err(Error::posix_detail(PosixKind::NoSpace, image.to_string(), format!("{size} bytes is too small for a filesystem, at least {} MiB are needed", MIN_DEVICE_SIZE >> 20)));
+            return Err(Error::posix_detail(
+                PosixKind::NoSpace,
+                image.to_string(),
+                format!(
+                    "{size} bytes is too small for a filesystem, at least {} MiB are needed",
+                    MIN_DEVICE_SIZE >> 20
+                ),
+            ));
         }
         Ok(())
     }
@@ -260,9 +329,20 @@ impl MkfsOptions {
 /// # Errors
 /// `Posix(Invalid)` naming `what` and the text.
 pub fn parse_size(what: &str, s: &str) -> Result<u64> {
-    let bad = || Error::posix_detail(PosixKind::Invalid, format!("{what} {s}"), "not a size, expected a number with an optional K, M, G, T, P or E suffix");
+    let bad = || {
+        Error::posix_detail(
+            PosixKind::Invalid,
+            format!("{what} {s}"),
+            "not a size, expected a number with an optional K, M, G, T, P or E suffix",
+        )
+    };
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).or_else(|| t.strip_suffix('B')).or_else(|| t.strip_suffix('b')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .or_else(|| t.strip_suffix('B'))
+        .or_else(|| t.strip_suffix('b'))
+        .unwrap_or(t);
     let (num, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let shift = match c.to_ascii_lowercase() {
@@ -301,8 +381,14 @@ mod tests {
         let f = Features::parse("block-group-tree,^extref").unwrap();
         assert!(f.block_group_tree && f.no_holes && !f.extref);
         assert!(Features::parse("nope").unwrap_err().to_string().contains("unknown feature"));
-        assert!(Features::parse("block-group-tree,^no-holes").unwrap_err().to_string().contains("needs no-holes"));
-        assert!(Features::parse("^free-space-tree").unwrap_err().to_string().contains("cannot be turned off"));
+        assert!(Features::parse("block-group-tree,^no-holes")
+            .unwrap_err()
+            .to_string()
+            .contains("needs no-holes"));
+        assert!(Features::parse("^free-space-tree")
+            .unwrap_err()
+            .to_string()
+            .contains("cannot be turned off"));
         assert_eq!(parse_uuid("0f4c5390-03e1-46a1-a376-89233a9a63a8").unwrap()[..2], [0x0f, 0x4c]);
         assert!(parse_uuid("0f4c5390").is_err());
     }
@@ -313,21 +399,49 @@ mod tests {
         o.validate("x", 256 << 20, 1).unwrap();
         assert!(o.validate("x", 16 << 20, 1).unwrap_err().to_string().contains("too small"));
         let o2 = MkfsOptions { nodesize: 4096, sectorsize: 8192, ..MkfsOptions::default() };
-        assert!(o2.validate("x", 256 << 20, 1).unwrap_err().to_string().contains("sectorsize 8192"));
+        assert!(o2
+            .validate("x", 256 << 20, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("sectorsize 8192"));
         let mixed = Features { mixed: true, ..Features::default() };
         let m = MkfsOptions { features: mixed, ..MkfsOptions::default() };
-        assert!(m.validate("x", 256 << 20, 1).unwrap_err().to_string().contains("equal to the sectorsize"));
+        assert!(m
+            .validate("x", 256 << 20, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("equal to the sectorsize"));
         let m = MkfsOptions { features: mixed, nodesize: 4096, ..MkfsOptions::default() };
-        assert!(m.validate("x", 256 << 20, 1).unwrap_err().to_string().contains("must be the same"));
-        MkfsOptions { features: mixed, nodesize: 4096, metadata_profile: 0, ..MkfsOptions::default() }.validate("x", 256 << 20, 1).unwrap();
+        assert!(m
+            .validate("x", 256 << 20, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("must be the same"));
+        MkfsOptions {
+            features: mixed,
+            nodesize: 4096,
+            metadata_profile: 0,
+            ..MkfsOptions::default()
+        }
+        .validate("x", 256 << 20, 1)
+        .unwrap();
         let o3 = MkfsOptions { data_profile: BLOCK_GROUP_RAID1, ..MkfsOptions::default() };
         let e = o3.validate("x", 256 << 20, 1).unwrap_err().to_string();
-        assert!(e.contains("data profile raid1") && e.contains("needs at least 2 devices, 1 given"), "{e}");
+        assert!(
+            e.contains("data profile raid1") && e.contains("needs at least 2 devices, 1 given"),
+            "{e}"
+        );
         o3.validate("x", 256 << 20, 2).unwrap();
         let o4 = MkfsOptions { metadata_profile: BLOCK_GROUP_RAID1C4, ..MkfsOptions::default() };
         let e = o4.validate("x", 256 << 20, 3).unwrap_err().to_string();
-        assert!(e.contains("metadata profile raid1c4") && e.contains("needs at least 4 devices, 3 given"), "{e}");
+        assert!(
+            e.contains("metadata profile raid1c4")
+                && e.contains("needs at least 4 devices, 3 given"),
+            "{e}"
+        );
         // DUP keeps both copies on one device, on any number of them.
-        MkfsOptions { data_profile: BLOCK_GROUP_DUP, ..MkfsOptions::default() }.validate("x", 256 << 20, 3).unwrap();
+        MkfsOptions { data_profile: BLOCK_GROUP_DUP, ..MkfsOptions::default() }
+            .validate("x", 256 << 20, 3)
+            .unwrap();
     }
 }

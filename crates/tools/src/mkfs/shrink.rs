@@ -10,7 +10,8 @@ use ubtrfs_format::structs::*;
 
 /// The largest chunk per type with --shrink: data 64 MiB, metadata 32 MiB, system
 /// 4 MiB (mkfs.btrfs makes 8 MiB system chunks; a shrunk filesystem needs less).
-pub const CHUNK_CAPS: [(u64, u64); 3] = [(BLOCK_GROUP_DATA, 64 << 20), (BLOCK_GROUP_METADATA, 32 << 20), (BLOCK_GROUP_SYSTEM, 4 << 20)];
+pub const CHUNK_CAPS: [(u64, u64); 3] =
+    [(BLOCK_GROUP_DATA, 64 << 20), (BLOCK_GROUP_METADATA, 32 << 20), (BLOCK_GROUP_SYSTEM, 4 << 20)];
 
 /// Cap new chunks (before any real chunk is made).
 ///

@@ -27,8 +27,12 @@ pub fn identify(buf: &[u8]) -> Option<&'static str> {
     }
     if at(buf, 1080, &[0x53, 0xef]) {
         // The ext2/3/4 superblock at 1024; the journal and extents features tell them apart.
-        let compat = buf.get(1024 + 92..1024 + 96).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
-        let incompat = buf.get(1024 + 96..1024 + 100).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        let compat = buf
+            .get(1024 + 92..1024 + 96)
+            .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        let incompat = buf
+            .get(1024 + 96..1024 + 100)
+            .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
         return Some(if incompat & 0x40 != 0 {
             "ext4"
         } else if compat & 0x4 != 0 {
@@ -41,7 +45,10 @@ pub fn identify(buf: &[u8]) -> Option<&'static str> {
         return Some("xfs");
     }
     let page = super::options::page_size() as usize;
-    if at(buf, 4086, b"SWAPSPACE2") || at(buf, 4086, b"SWAP-SPACE") || at(buf, page - 10, b"SWAPSPACE2") {
+    if at(buf, 4086, b"SWAPSPACE2")
+        || at(buf, 4086, b"SWAP-SPACE")
+        || at(buf, page - 10, b"SWAPSPACE2")
+    {
         return Some("swap");
     }
     if at(buf, 0, b"LUKS\xba\xbe") {
@@ -72,7 +79,8 @@ pub fn identify(buf: &[u8]) -> Option<&'static str> {
 pub fn probe(dev: &std::fs::File, name: &str, size: u64) -> Result<Option<&'static str>> {
     let n = PROBE_BYTES.min(usize::try_from(size).unwrap_or(PROBE_BYTES));
     let mut buf = vec![0u8; PROBE_BYTES];
-    dev.read_exact_at(&mut buf[..n], 0).map_err(|e| Error::io(format!("{name}: reading for signatures"), e))?;
+    dev.read_exact_at(&mut buf[..n], 0)
+        .map_err(|e| Error::io(format!("{name}: reading for signatures"), e))?;
     Ok(identify(&buf))
 }
 

@@ -21,18 +21,34 @@ pub const FS_TREE: u64 = 5;
 pub const ROOT_DIR: u64 = 256;
 
 pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").ok().and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))).unwrap_or(false)
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
 }
 
 pub fn have(tool: &str) -> bool {
-    Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 /// Run a command, failing with its output when it fails.
 pub fn run_cmd(cmd: &mut Command) -> Result<String, String> {
     let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !o.status.success() {
-        return Err(format!("{cmd:?} failed ({}):\n{}{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+        return Err(format!(
+            "{cmd:?} failed ({}):\n{}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
     }
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
@@ -62,7 +78,12 @@ impl Image {
     /// # Errors
     /// The checker's complaint.
     pub fn check(&self) -> Result<(), String> {
-        run_cmd(Command::new("btrfs").args(["check", "--readonly", "--check-data-csum"]).arg(&self.path)).map(|_| ())
+        run_cmd(
+            Command::new("btrfs")
+                .args(["check", "--readonly", "--check-data-csum"])
+                .arg(&self.path),
+        )
+        .map(|_| ())
     }
 }
 
@@ -135,7 +156,12 @@ pub struct CreateStats {
 /// # Errors
 /// Library errors, as text.
 pub fn make_dirs(w: &mut FsWriter, parent: u64, n: u64) -> Result<Vec<u64>, String> {
-    (0..n).map(|i| w.mkdir(FS_TREE, parent, format!("{i:02}").as_bytes(), &InodeAttrs::new(0o755)).map_err(|e| format!("mkdir {i:02}: {e}"))).collect()
+    (0..n)
+        .map(|i| {
+            w.mkdir(FS_TREE, parent, format!("{i:02}").as_bytes(), &InodeAttrs::new(0o755))
+                .map_err(|e| format!("mkdir {i:02}: {e}"))
+        })
+        .collect()
 }
 
 /// Create the workload's empty files in `dirs`, committing by `policy` and at the end.
@@ -150,9 +176,14 @@ pub fn create_files(w: &mut FsWriter, dirs: &[u64], wl: &Workload) -> Result<Cre
     let per_dir = wl.files.div_ceil(dirs.len() as u64).max(1);
     let attrs = InodeAttrs::new(0o644);
     for i in 0..wl.files {
-        let dir = if wl.round_robin { dirs[(i % dirs.len() as u64) as usize] } else { dirs[((i / per_dir) as usize).min(dirs.len() - 1)] };
+        let dir = if wl.round_robin {
+            dirs[(i % dirs.len() as u64) as usize]
+        } else {
+            dirs[((i / per_dir) as usize).min(dirs.len() - 1)]
+        };
         let name = names.next_name();
-        w.create_file(FS_TREE, dir, name.as_bytes(), &attrs).map_err(|e| format!("create {name}: {e}"))?;
+        w.create_file(FS_TREE, dir, name.as_bytes(), &attrs)
+            .map_err(|e| format!("create {name}: {e}"))?;
         since_commit += 1;
         if since_commit >= wl.policy.every_files || last_commit.elapsed() >= wl.policy.every {
             let t = Instant::now();
@@ -190,8 +221,18 @@ pub fn summarize(samples: &[u32]) -> Summary {
     v.sort_unstable();
     let total: f64 = v.iter().map(|&x| f64::from(x)).sum();
     // Nearest-rank percentiles.
-    let pct = |p: f64| f64::from(v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]);
-    Summary { n: v.len(), mean: total / v.len() as f64, median: pct(50.0), p90: pct(90.0), p99: pct(99.0), max: f64::from(v[v.len() - 1]), total }
+    let pct = |p: f64| {
+        f64::from(v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1])
+    };
+    Summary {
+        n: v.len(),
+        mean: total / v.len() as f64,
+        median: pct(50.0),
+        p90: pct(90.0),
+        p99: pct(99.0),
+        max: f64::from(v[v.len() - 1]),
+        total,
+    }
 }
 
 pub fn median(v: &[f64]) -> f64 {
@@ -207,7 +248,10 @@ pub fn median(v: &[f64]) -> f64 {
 /// Print a markdown table.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     println!("| {} |", header.join(" | "));
-    println!("|{}", (0..header.len()).map(|i| if i == 0 { ":---|" } else { "---:|" }).collect::<String>());
+    println!(
+        "|{}",
+        (0..header.len()).map(|i| if i == 0 { ":---|" } else { "---:|" }).collect::<String>()
+    );
     for r in rows {
         println!("| {} |", r.join(" | "));
     }
