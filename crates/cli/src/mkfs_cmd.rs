@@ -140,7 +140,7 @@ fn options_from(a: &MkfsArgs, ndevs: usize) -> Result<MkfsOptions> {
 struct Fill {
     rootdir: PathBuf,
     opts: ubtrfs_tools::populate::PopulateOptions,
-    compress: Option<ubtrfs_core::inode::compress_write::CompressPolicy>,
+    compress: Option<ubtrfs_core::compression::CompressPolicy>,
 }
 
 fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
@@ -217,7 +217,7 @@ fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
     let compress = a
         .compress
         .as_deref()
-        .map(|c| ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false))
+        .map(|c| ubtrfs_core::compression::CompressPolicy::parse(c, false))
         .transpose()?;
     let reproducible = a.reproducible || std::env::var_os("SOURCE_DATE_EPOCH").is_some();
     let put = ubtrfs_tools::put::PutOptions {

@@ -33,10 +33,8 @@ fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
 
 pub fn put(a: &PutArgs) -> Result<()> {
     let policy = match (&a.compress, &a.compress_force) {
-        (Some(c), _) => Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, false)?),
-        (None, Some(c)) => {
-            Some(ubtrfs_core::inode::compress_write::CompressPolicy::parse(c, true)?)
-        }
+        (Some(c), _) => Some(ubtrfs_core::compression::CompressPolicy::parse(c, false)?),
+        (None, Some(c)) => Some(ubtrfs_core::compression::CompressPolicy::parse(c, true)?),
         (None, None) => None,
     };
     let mut w = open_writer(&a.image).map_err(|e| swapped_put_arguments(a, e))?;

@@ -10,8 +10,8 @@ mod common;
 mod write_common;
 
 use std::collections::BTreeMap;
+use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::compression::CompressionType;
-use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;

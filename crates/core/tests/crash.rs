@@ -55,8 +55,8 @@ mod write_common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::inode::attr::{fsflags, SetAttr};
-use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::namespace::{

@@ -310,9 +310,7 @@ fn inline_files_grow_out_of_their_extent() {
     }
     let img = Scratch::mkfs("falloc-inline", 256 << 20, &[]);
     let mut w = img.writer();
-    w.set_compress(
-        ubtrfs_core::inode::compress_write::CompressPolicy::parse("zstd", false).unwrap(),
-    );
+    w.set_compress(ubtrfs_core::compression::CompressPolicy::parse("zstd", false).unwrap());
     let top = w.live().root_dir();
     let text: Vec<u8> =
         b"inline text that compresses well ".iter().cycle().take(1500).copied().collect();
@@ -412,8 +410,8 @@ fn seek_scenario(tag: &str, mkfs: &[&str], mount: &str, steps: &[Step]) {
         .expect("create");
     let e = ubtrfs_core::engine::Engine::from_writer(u.writer());
     if let Some(alg) = mount.strip_prefix(",compress=") {
-        let p = ubtrfs_core::inode::compress_write::CompressPolicy::parse(alg, false)
-            .expect("compress policy");
+        let p =
+            ubtrfs_core::compression::CompressPolicy::parse(alg, false).expect("compress policy");
         e.write(|w| {
             w.set_compress(p);
             Ok(())

@@ -210,8 +210,7 @@ fn ubtrfs_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
             }
             Step::Compress => {
                 w.set_compress(
-                    ubtrfs_core::inode::compress_write::CompressPolicy::parse("zstd", false)
-                        .expect("policy"),
+                    ubtrfs_core::compression::CompressPolicy::parse("zstd", false).expect("policy"),
                 );
                 continue;
             }

@@ -10,8 +10,8 @@ mod common;
 #[path = "common/write.rs"]
 mod write_common;
 
+use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::inode::attr::SetAttr;
-use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::FsRead;

@@ -14,7 +14,7 @@ use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::PosixKind;
 use ubtrfs_core::inode::filesystem::{InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::space::trim::{fitrim, FstrimRange};
+use ubtrfs_core::space::trim::FstrimRange;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::FaultyDevice;
@@ -234,7 +234,7 @@ fn trim_discards_only_free_space_on_every_profile() {
             .unwrap();
         let before = extents(&engine, false);
 
-        let r = fitrim(&engine, ALL).unwrap();
+        let r = engine.fitrim(ALL).unwrap();
         let disc = discarded(&engine, &mems);
         let total: u64 = disc.values().flatten().map(|r| r.1).sum();
         assert!(r.len > 0, "{name}: nothing trimmed");
@@ -279,7 +279,7 @@ fn trim_discards_only_free_space_on_every_profile() {
         }
         // A second trim discards block-group free space again, but not the
         // unallocated device space the first one discarded.
-        fitrim(&engine, ALL).unwrap();
+        engine.fitrim(ALL).unwrap();
         let info = engine.info();
         for (devid, ranges) in discarded(&engine, &mems) {
             let mut pieces: Vec<(u64, u64)> = info
@@ -323,7 +323,7 @@ fn fitrim_refuses_as_the_kernel_does() {
         FsWriter::from_info(FsInfo::open_devices(vec![d], CACHE).unwrap()).unwrap(),
     );
     let kind = |start, len, minlen| {
-        fitrim(&engine, FstrimRange { start, len, minlen }).map_err(|e| e.posix_kind())
+        engine.fitrim(FstrimRange { start, len, minlen }).map_err(|e| e.posix_kind())
     };
     let first = kind(0, u64::MAX, 0).unwrap();
     assert!(first.len > 0 && first.minlen == 4096, "{first:?}");

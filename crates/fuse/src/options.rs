@@ -16,9 +16,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::atime::{AtimeMode, AtimeOpts};
-use ubtrfs_core::inode::compress_write::CompressPolicy;
 use ubtrfs_core::volumes::mountinfo::{self, DevNum};
 
 /// The kernel's default commit interval, in seconds.

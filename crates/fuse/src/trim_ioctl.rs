@@ -3,7 +3,7 @@
 //! command number says, on any file or directory of the mount. The caller needs
 //! CAP_SYS_ADMIN, as `btrfs_ioctl_fitrim` asks, and the daemon judges it from the
 //! caller's `/proc/PID/status` (the request carries no capabilities); the rest, in the
-//! kernel's order, is `space::trim::fitrim`'s. As on the kernel's btrfs, a mount made
+//! kernel's order, is `Engine::fitrim`'s. As on the kernel's btrfs, a mount made
 //! read-only (`-o ro`) answers with 0 bytes trimmed and discards nothing, one
 //! remounted read-only still trims (free space is not the filesystem's contents), and
 //! one with `rescue=nologreplay` (`norecovery`) refuses with EROFS.
@@ -11,7 +11,7 @@
 use crate::fs::UbtrfsFs;
 use fuser::Request;
 use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::space::trim::{fitrim, FstrimRange};
+use ubtrfs_core::space::trim::FstrimRange;
 
 /// FITRIM: `_IOWR('X', 121, struct fstrim_range)`.
 pub const FITRIM: u32 = 0xc018_5879;
@@ -62,7 +62,7 @@ impl UbtrfsFs {
     /// `Posix(NotPermitted)` for a caller without CAP_SYS_ADMIN (EPERM, before the
     /// argument is read); `Posix(ReadOnly)` on a `rescue=nologreplay` mount;
     /// `Posix(Invalid)` for an argument shorter than `struct
-    /// fstrim_range`; as `space::trim::fitrim`.
+    /// fstrim_range`; as `Engine::fitrim`.
     pub(crate) fn fitrim_ioctl(
         &self,
         req: &Request,
@@ -92,7 +92,7 @@ impl UbtrfsFs {
             )
         })?;
         let range = FstrimRange { start: u64_at(d, 0), len: u64_at(d, 1), minlen: u64_at(d, 2) };
-        let r = fitrim(&self.engine, range)?;
+        let r = self.engine.fitrim(range)?;
         let mut out = Vec::with_capacity(FSTRIM_RANGE_SIZE);
         for v in [r.start, r.len, r.minlen] {
             out.extend_from_slice(&v.to_ne_bytes());

@@ -26,7 +26,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
-use ubtrfs_core::inode::compress_write::CompressPolicy;
+use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::OpenOptions;

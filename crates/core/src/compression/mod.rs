@@ -66,6 +66,8 @@ pub mod heuristic;
 use std::fmt;
 use std::io::Write;
 
+use crate::error::{Error, PosixKind};
+
 /// Largest `ram_bytes` [`decompress`] accepts. btrfs itself never exceeds
 /// [`BTRFS_MAX_UNCOMPRESSED`] for regular extents and one sector for inline
 /// ones; the extra room is tolerance, not a format feature.
@@ -1277,5 +1279,61 @@ mod tests {
             let s = compress_stream(kind, &data, 4096, None).unwrap();
             prop_assert_eq!(dec(kind, &s, data.len(), 4096).unwrap(), data);
         }
+    }
+}
+
+/// Mount-wide compression (`compress=` / `compress-force=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompressPolicy {
+    /// The algorithm, None for no mount-wide compression.
+    pub alg: Option<CompressionType>,
+    /// The level (zlib 1..=9, zstd -15..=15 but 0); None for the algorithm's default.
+    pub level: Option<i32>,
+    /// compress-force: compress every range that shrinks.
+    pub force: bool,
+}
+
+impl CompressPolicy {
+    /// Parse `ALG[:LEVEL]` (zlib, lzo, zstd; `no` / `none` for none), as the mount option
+    /// and `put --compress` take it.
+    ///
+    /// # Errors
+    /// `Posix(Invalid)` naming the value.
+    pub fn parse(s: &str, force: bool) -> crate::error::Result<CompressPolicy> {
+        let bad =
+            |d: String| Error::posix_detail(PosixKind::Invalid, format!("compression {s:?}"), d);
+        let (name, level) = match s.split_once(':') {
+            Some((n, l)) => {
+                (n, Some(l.parse::<i32>().map_err(|_| bad(format!("{l:?} is not a level")))?))
+            }
+            None => (s, None),
+        };
+        let alg = match name {
+            "zlib" => CompressionType::Zlib,
+            "lzo" => CompressionType::Lzo,
+            "zstd" => CompressionType::Zstd,
+            "no" | "none" if level.is_none() => return Ok(CompressPolicy::default()),
+            _ => return Err(bad("the algorithm is zlib, lzo or zstd".into())),
+        };
+        if let Some(l) = level {
+            let ok = match alg {
+                CompressionType::Zlib => (1..=9).contains(&l),
+                CompressionType::Zstd => l != 0 && (-15..=15).contains(&l),
+                _ => false,
+            };
+            if !ok {
+                return Err(bad(format!(
+                    "{alg} takes {}",
+                    if alg == CompressionType::Lzo {
+                        "no level".to_string()
+                    } else if alg == CompressionType::Zlib {
+                        "levels 1 to 9".into()
+                    } else {
+                        "levels -15 to -1 and 1 to 15".into()
+                    }
+                )));
+            }
+        }
+        Ok(CompressPolicy { alg: Some(alg), level, force })
     }
 }

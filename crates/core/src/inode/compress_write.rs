@@ -22,69 +22,15 @@
 //! The first zstd or lzo extent sets the filesystem's COMPRESS_ZSTD / COMPRESS_LZO
 //! incompat bit, as the kernel does, so older kernels refuse what they cannot read.
 
-use crate::compression::{compress_with_level, heuristic, CompressionType, BTRFS_MAX_UNCOMPRESSED};
+use crate::compression::{
+    compress_with_level, heuristic, CompressPolicy, CompressionType, BTRFS_MAX_UNCOMPRESSED,
+};
 use crate::error::{Error, PosixKind, Result};
 use crate::transaction::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
 use zerocopy::IntoBytes;
-
-/// Mount-wide compression (`compress=` / `compress-force=`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CompressPolicy {
-    /// The algorithm, None for no mount-wide compression.
-    pub alg: Option<CompressionType>,
-    /// The level (zlib 1..=9, zstd -15..=15 but 0); None for the algorithm's default.
-    pub level: Option<i32>,
-    /// compress-force: compress every range that shrinks.
-    pub force: bool,
-}
-
-impl CompressPolicy {
-    /// Parse `ALG[:LEVEL]` (zlib, lzo, zstd; `no` / `none` for none), as the mount option
-    /// and `put --compress` take it.
-    ///
-    /// # Errors
-    /// `Posix(Invalid)` naming the value.
-    pub fn parse(s: &str, force: bool) -> Result<CompressPolicy> {
-        let bad =
-            |d: String| Error::posix_detail(PosixKind::Invalid, format!("compression {s:?}"), d);
-        let (name, level) = match s.split_once(':') {
-            Some((n, l)) => {
-                (n, Some(l.parse::<i32>().map_err(|_| bad(format!("{l:?} is not a level")))?))
-            }
-            None => (s, None),
-        };
-        let alg = match name {
-            "zlib" => CompressionType::Zlib,
-            "lzo" => CompressionType::Lzo,
-            "zstd" => CompressionType::Zstd,
-            "no" | "none" if level.is_none() => return Ok(CompressPolicy::default()),
-            _ => return Err(bad("the algorithm is zlib, lzo or zstd".into())),
-        };
-        if let Some(l) = level {
-            let ok = match alg {
-                CompressionType::Zlib => (1..=9).contains(&l),
-                CompressionType::Zstd => l != 0 && (-15..=15).contains(&l),
-                _ => false,
-            };
-            if !ok {
-                return Err(bad(format!(
-                    "{alg} takes {}",
-                    if alg == CompressionType::Lzo {
-                        "no level".to_string()
-                    } else if alg == CompressionType::Zlib {
-                        "levels 1 to 9".into()
-                    } else {
-                        "levels -15 to -1 and 1 to 15".into()
-                    }
-                )));
-            }
-        }
-        Ok(CompressPolicy { alg: Some(alg), level, force })
-    }
-}
 
 /// How one write is compressed.
 #[derive(Clone, Copy, Debug)]

@@ -307,7 +307,7 @@ impl Filesystem {
             roots: Mutex::new(HashMap::new()),
             default_subvol: FS_TREE_OBJECTID,
         };
-        fs.default_subvol = find_default_subvol(&fs)?;
+        fs.default_subvol = crate::tree::search::find_default_subvol(&fs)?;
         Ok(fs)
     }
 }
@@ -682,27 +682,6 @@ pub trait FsRead: TreeView + Sized {
     }
 }
 
-/// The default subvolume as view `fs` sees it: the root tree's "default" dir item, else 5.
-///
-/// # Errors
-/// Read failures.
-pub fn find_default_subvol<V: TreeView>(fs: &V) -> Result<u64> {
-    let root = fs.tree_root();
-    let key =
-        Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
-    let (path, found) = fs.search_slot(&root, &key)?;
-    if found {
-        let item = path.item().expect("found slot is in the leaf");
-        for e in items::dir_entries(item.data()) {
-            let e = e.expect("validated by the tree checker");
-            if e.name == b"default" && e.location.type_ == ROOT_ITEM_KEY {
-                return Ok(e.location.objectid);
-            }
-        }
-    }
-    Ok(FS_TREE_OBJECTID)
-}
-
 /// The inode the kernel shows for a placeholder (`new_simple_dir`): a directory, mode
 /// 0755, owned by root, one link, empty, no xattrs and no flags. The kernel stamps it
 /// with the time of the lookup; we give it the time its tree was made (the snapshot's
@@ -889,4 +868,13 @@ pub struct SubvolInfo {
 
 fn split(p: &[u8]) -> Vec<Vec<u8>> {
     p.split(|&b| b == b'/').filter(|c| !c.is_empty()).map(|c| c.to_vec()).collect()
+}
+
+impl FsRead for crate::transaction::Live<'_> {
+    fn info(&self) -> &FsInfo {
+        self.fs_info()
+    }
+    fn default_subvol(&self) -> u64 {
+        crate::transaction::Live::default_subvol(self)
+    }
 }

@@ -31,7 +31,6 @@ pub use handle::TransHandle;
 
 use crate::disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::filesystem::FsRead;
 use crate::tree::search::RootInfo;
 use crate::tree::search::{NodeHandle, TreeView};
 use rustc_hash::FxHashMap;
@@ -191,13 +190,14 @@ impl Live<'_> {
     pub fn transid(&self) -> u64 {
         self.w.transid
     }
-}
 
-impl FsRead for Live<'_> {
-    fn info(&self) -> &FsInfo {
+    /// The filesystem this transaction changes.
+    pub(crate) fn fs_info(&self) -> &FsInfo {
         &self.w.info
     }
-    fn default_subvol(&self) -> u64 {
+
+    /// The default subvolume, as the running transaction has it.
+    pub(crate) fn default_subvol(&self) -> u64 {
         self.w.default_subvol
     }
 }
@@ -329,7 +329,7 @@ pub struct FsWriter {
     /// at once).
     pub(crate) defer_writeback: bool,
     /// Mount-wide compression of file writes (`inode::compress_write`).
-    pub(crate) compress: crate::inode::compress_write::CompressPolicy,
+    pub(crate) compress: crate::compression::CompressPolicy,
     /// Space the committing transaction freed: out of the allocator until
     /// `finish_commit` returns it.
     committing_pins: Vec<(u64, u64)>,
@@ -587,7 +587,7 @@ impl FsWriter {
             );
             w.delayed.trace_qgroup();
         }
-        w.default_subvol = crate::inode::filesystem::find_default_subvol(&w.live())?;
+        w.default_subvol = crate::tree::search::find_default_subvol(&w.live())?;
         // One budget for metadata in memory (`OpenOptions::cache_bytes`): up to half of it,
         // and at most the kernel's threshold, holds dirty blocks; the rest caches clean ones.
         let budget = w.info.cache.budget();

@@ -13,7 +13,10 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::tree::extent_buffer::{Expect, ExtentBuffer};
 use std::sync::Arc;
-use ubtrfs_format::key::{CHUNK_TREE_OBJECTID, ROOT_ITEM_KEY, ROOT_TREE_OBJECTID};
+use ubtrfs_format::key::{
+    CHUNK_TREE_OBJECTID, DIR_ITEM_KEY, FS_TREE_OBJECTID, ROOT_ITEM_KEY, ROOT_TREE_DIR_OBJECTID,
+    ROOT_TREE_OBJECTID,
+};
 use ubtrfs_format::structs::RootItem;
 use ubtrfs_format::{items, Corrupt, CorruptWhere, Key, NodeRef};
 
@@ -437,4 +440,25 @@ impl<V: TreeView> Iterator for TreeIter<'_, V> {
     fn next(&mut self) -> Option<Self::Item> {
         self.next_item().transpose()
     }
+}
+
+/// The default subvolume as view `fs` sees it: the root tree's "default" dir item, else 5.
+///
+/// # Errors
+/// Read failures.
+pub fn find_default_subvol<V: TreeView>(fs: &V) -> Result<u64> {
+    let root = fs.tree_root();
+    let key =
+        Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
+    let (path, found) = fs.search_slot(&root, &key)?;
+    if found {
+        let item = path.item().expect("found slot is in the leaf");
+        for e in items::dir_entries(item.data()) {
+            let e = e.expect("validated by the tree checker");
+            if e.name == b"default" && e.location.type_ == ROOT_ITEM_KEY {
+                return Ok(e.location.objectid);
+            }
+        }
+    }
+    Ok(FS_TREE_OBJECTID)
 }

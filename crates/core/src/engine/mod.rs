@@ -64,6 +64,8 @@
 //! engine then refuses further changes and reads (the state may be half changed), with
 //! a read-only error naming the panic, as an abort would.
 
+mod trim;
+
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FileKind, Filesystem, FsRead, InodeId, Load};
