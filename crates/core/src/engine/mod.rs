@@ -64,6 +64,7 @@
 //! engine then refuses further changes and reads (the state may be half changed), with
 //! a read-only error naming the panic, as an abort would.
 
+mod subvol;
 mod trim;
 
 use crate::disk_io::{FsInfo, OpenOptions};

@@ -574,42 +574,6 @@ impl FsWriter {
     }
 }
 
-impl crate::engine::Engine {
-    /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`, read-only
-    /// if `readonly` (`FsWriter::create_snapshot_of_committed`): every dirty file is
-    /// written back and the running transaction committed first (the kernel's snapshot
-    /// flushes the source's delalloc and snapshots at commit), then the snapshot is
-    /// made and committed. Returns its id.
-    ///
-    /// # Errors
-    /// As `FsWriter::create_snapshot_of_committed`; writeback and commit errors;
-    /// `Posix(Busy)` when the source kept changing between commits.
-    pub fn create_snapshot(
-        &self,
-        src: u64,
-        root: u64,
-        dir: u64,
-        name: &[u8],
-        readonly: bool,
-    ) -> Result<u64> {
-        self.writeback_all()?;
-        for _ in 0..8 {
-            self.commit()?;
-            if let Some(id) = self.write_retrying(|w| {
-                w.create_snapshot_of_committed(src, root, dir, name, readonly)
-            })? {
-                self.commit()?;
-                return Ok(id);
-            }
-        }
-        Err(Error::posix_detail(
-            PosixKind::Busy,
-            format!("subvolume {src}"),
-            "it kept changing between commits; no snapshot was made",
-        ))
-    }
-}
-
 /// The subvolume's top directory is inode 256 of its own tree.
 pub fn subvol_top(id: u64) -> InodeId {
     InodeId { root: id, ino: FIRST_FREE_OBJECTID }

@@ -1,0 +1,135 @@
+//! Subvolumes as the engine drives them: a snapshot waits for its source's dirty data
+//! and a commit (the kernel snapshots at commit); a deletion writes back first and
+//! takes the directory's lock; the cleaner drops dead trees step by step between
+//! commits (the kernel's cleaner thread). The tree work itself is the transaction's
+//! (`inode::subvol`, `extent::drop_snapshot`).
+
+use crate::engine::Engine;
+use crate::error::{Error, PosixKind, Result};
+use crate::extent::drop_snapshot::{DropStats, DROP_STEP_BUDGET};
+use crate::inode::file::write_lock_two;
+use crate::inode::filesystem::{FsRead, InodeId};
+
+/// Drop steps between the cleaner's commits: each commit makes the progress so far
+/// durable, and a crash resumes from it.
+const STEPS_PER_COMMIT: u32 = 16;
+
+impl Engine {
+    /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`, read-only
+    /// if `readonly` (`FsWriter::create_snapshot_of_committed`): every dirty file is
+    /// written back and the running transaction committed first (the kernel's snapshot
+    /// flushes the source's delalloc and snapshots at commit), then the snapshot is
+    /// made and committed. Returns its id.
+    ///
+    /// # Errors
+    /// As `FsWriter::create_snapshot_of_committed`; writeback and commit errors;
+    /// `Posix(Busy)` when the source kept changing between commits.
+    pub fn create_snapshot(
+        &self,
+        src: u64,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        readonly: bool,
+    ) -> Result<u64> {
+        self.writeback_all()?;
+        for _ in 0..8 {
+            self.commit()?;
+            if let Some(id) = self.write_retrying(|w| {
+                w.create_snapshot_of_committed(src, root, dir, name, readonly)
+            })? {
+                self.commit()?;
+                return Ok(id);
+            }
+        }
+        Err(Error::posix_detail(
+            PosixKind::Busy,
+            format!("subvolume {src}"),
+            "it kept changing between commits; no snapshot was made",
+        ))
+    }
+
+    /// Delete subvolume `name` of directory `dir` in tree `root`
+    /// (`FsWriter::delete_subvol`), with the directory's lock. Dirty file data is
+    /// written back first (none may be left for the deleted tree). Returns its id;
+    /// its tree is dropped by `clean_dead_roots`.
+    ///
+    /// # Errors
+    /// As `FsWriter::delete_subvol`; `Posix(Busy)` while a file of the subvolume is
+    /// open (the kernel would let the file live on until closed; we refuse instead);
+    /// writeback errors.
+    pub fn delete_subvol(&self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
+        let dir_id = InodeId { root, ino: dir };
+        let entry = self
+            .read(|l| FsRead::lookup(l, dir_id, name))?
+            .ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
+        if entry.is_subvol && !entry.is_placeholder() {
+            let id = entry.target.root;
+            if let Some(busy) = self.info().inodes.open_in_root(id) {
+                return Err(Error::posix_detail(
+                    PosixKind::Busy,
+                    format!("subvolume {} (id {id})", crate::quote::name(name)),
+                    format!("inode {} of it is open", busy.ino),
+                ));
+            }
+            self.writeback_all()?;
+        }
+        let dir_inode = self.info().inodes.get(dir_id);
+        let _lock = write_lock_two(&dir_inode, None);
+        self.write_retrying(|w| w.delete_subvol(root, dir, name))
+    }
+
+    /// Drop the trees of deleted subvolumes (the kernel's cleaner thread): every dead
+    /// root (`FsWriter::dead_roots`), step by step (`FsWriter::drop_subvol_step`),
+    /// committing every few steps and when a tree is gone, until none is left or
+    /// `keep_going(id, totals)` (asked before each step) says stop. A deletion of the
+    /// running transaction is committed first. Returns the totals (`done` once no
+    /// dead root is left). With quotas on, each tree is dropped in one transaction
+    /// (its commit recounts the qgroups, see `drop_subvol_step`).
+    ///
+    /// # Errors
+    /// Step and commit errors (a step's failure has aborted the filesystem).
+    pub fn clean_dead_roots(
+        &self,
+        keep_going: &mut dyn FnMut(u64, &DropStats) -> bool,
+    ) -> Result<DropStats> {
+        let mut total = DropStats::default();
+        let mut since_commit = 0u32;
+        // With quotas on each commit of a drop recounts every qgroup: the tree is
+        // dropped in one transaction, one recount for it.
+        let steps_per_commit =
+            if self.write(|w| Ok(w.quotas))? { u32::MAX } else { STEPS_PER_COMMIT };
+        while let Some(id) = self.write(|w| w.dead_roots())?.first().copied() {
+            let mut busy = 0;
+            loop {
+                if !keep_going(id, &total) {
+                    if since_commit > 0 {
+                        self.commit()?;
+                    }
+                    return Ok(total);
+                }
+                match self.write(|w| w.drop_subvol_step(id, DROP_STEP_BUDGET)) {
+                    Ok(s) => {
+                        total.add(&s);
+                        since_commit += 1;
+                        if s.done || since_commit >= steps_per_commit {
+                            self.commit()?;
+                            since_commit = 0;
+                        }
+                        if s.done {
+                            break;
+                        }
+                    }
+                    // Deleted (or changed) in the running transaction: commit, then drop.
+                    Err(e) if e.posix_kind() == Some(PosixKind::Busy) && busy == 0 => {
+                        busy += 1;
+                        self.commit()?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        total.done = true;
+        Ok(total)
+    }
+}
