@@ -146,7 +146,7 @@ fn disk_extents(e: &Engine, id: InodeId) -> Vec<u64> {
 }
 
 /// Read the whole of an open file.
-fn read_all(f: &ubtrfs_core::inode::file::OpenFile<'_>, len: usize) -> Vec<u8> {
+fn read_all(f: &ubtrfs_core::engine::OpenFile<'_>, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len + 4096];
     let n = f.read_at(0, &mut buf).unwrap_or_else(|e| panic!("read {:?}: {e}", f.id()));
     buf.truncate(n);

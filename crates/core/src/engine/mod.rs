@@ -64,8 +64,13 @@
 //! engine then refuses further changes and reads (the state may be half changed), with
 //! a read-only error naming the panic, as an abort would.
 
+mod buffered;
+mod file;
+pub use file::OpenFile;
+mod reflink;
 mod subvol;
 mod trim;
+mod writeback;
 
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};

@@ -37,7 +37,7 @@ pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 pub const MAX_INLINE: u64 = 2048;
 /// What a change does to an inode, for the immutable / append-only rules.
 #[derive(Clone, Copy)]
-pub(super) enum IflagOp {
+pub(crate) enum IflagOp {
     AddName,
     RemoveName,
     Relink,
@@ -47,7 +47,7 @@ pub(super) enum IflagOp {
 /// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
 /// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
 /// `name` is the entry being changed, for the message.
-pub(super) fn iflags_allow(
+pub(crate) fn iflags_allow(
     root: u64,
     ino: u64,
     flags: u64,
