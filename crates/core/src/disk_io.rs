@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::sources::Sources;
 use crate::tree::node_cache::NodeCache;
 use crate::tree::search::{RootInfo, TreeView};
-use crate::volumes::dev_replace::{read_dev_replace, DevReplace};
+use crate::volumes::dev_replace::DevReplace;
 use crate::volumes::device::{BlockDevice, FileDevice};
 use crate::volumes::device_lock::InUse;
 use crate::volumes::{num_copies, read_logical, ChunkMap, Device, Devices, MapLookup};
@@ -614,4 +614,48 @@ fn read_super(dev: &dyn BlockDevice, warnings: &mut Vec<String>) -> Result<Super
             e => e,
         }),
     }
+}
+
+/// What the item at (0 DEV_REPLACE 0) of the dev tree says, if there is one.
+/// An item of another size is ignored with a warning, as btrfs_init_dev_replace does.
+///
+/// # Errors
+/// `Io`/`Corrupt` reading the root or dev tree.
+pub fn read_dev_replace<V: TreeView + ?Sized>(
+    v: &V,
+    warnings: &mut Vec<String>,
+) -> Result<Option<DevReplace>> {
+    let (root, _) = match v.read_root(DEV_TREE_OBJECTID) {
+        Ok(r) => r,
+        Err(e) if e.posix_kind() == Some(crate::error::PosixKind::NotFound) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let key = Key::new(DEV_REPLACE_DEVID, DEV_REPLACE_KEY, 0);
+    let Some(item) = v.first_item_ge(&root, &key)? else { return Ok(None) };
+    if item.key() != key {
+        return Ok(None);
+    }
+    let Ok(r) = <DevReplaceItem as zerocopy::FromBytes>::read_from_bytes(item.data()) else {
+        warnings.push(format!(
+            "dev replace item has size {}, not {}: ignored, as the kernel does",
+            item.data().len(),
+            std::mem::size_of::<DevReplaceItem>()
+        ));
+        return Ok(None);
+    };
+    let src_devid = r.src_devid.get();
+    let dk = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, src_devid);
+    let src_total_bytes = match v.first_item_ge(&v.chunk_root(), &dk)? {
+        Some(it) if it.key() == dk => <DevItem as zerocopy::FromBytes>::ref_from_prefix(it.data())
+            .map(|(d, _)| d.total_bytes.get())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    Ok(Some(DevReplace {
+        src_devid,
+        cursor_left: r.cursor_left.get(),
+        cursor_right: r.cursor_right.get(),
+        state: r.replace_state.get(),
+        src_total_bytes,
+    }))
 }

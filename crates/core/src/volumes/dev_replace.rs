@@ -9,15 +9,11 @@
 //! kernel would have to duplicate every write below the cursor onto the target,
 //! and resumes the replace at its next mount.
 //!
-//! Neighbours: `disk_io` (open reads the item and hands it to `Devices`), `volumes`
+//! Neighbours: `disk_io` (open reads the item, `read_dev_replace`, and hands it to
+//! `Devices`), `volumes`
 //! (the read path's redirection), `transaction` (the writer's refusal).
 
-use crate::error::Result;
-use crate::tree::search::TreeView;
-use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
-use ubtrfs_format::Key;
-use zerocopy::FromBytes;
 
 /// The DEV_REPLACE item in CPU form, with the source device's size from its
 /// DEV_ITEM (for the progress the kernel reports).
@@ -64,50 +60,6 @@ impl DevReplace {
             p % 10
         )
     }
-}
-
-/// What the item at (0 DEV_REPLACE 0) of the dev tree says, if there is one.
-/// An item of another size is ignored with a warning, as btrfs_init_dev_replace does.
-///
-/// # Errors
-/// `Io`/`Corrupt` reading the root or dev tree.
-pub fn read_dev_replace<V: TreeView + ?Sized>(
-    v: &V,
-    warnings: &mut Vec<String>,
-) -> Result<Option<DevReplace>> {
-    let (root, _) = match v.read_root(DEV_TREE_OBJECTID) {
-        Ok(r) => r,
-        Err(e) if e.posix_kind() == Some(crate::PosixKind::NotFound) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let key = Key::new(DEV_REPLACE_DEVID, DEV_REPLACE_KEY, 0);
-    let Some(item) = v.first_item_ge(&root, &key)? else { return Ok(None) };
-    if item.key() != key {
-        return Ok(None);
-    }
-    let Ok(r) = DevReplaceItem::read_from_bytes(item.data()) else {
-        warnings.push(format!(
-            "dev replace item has size {}, not {}: ignored, as the kernel does",
-            item.data().len(),
-            std::mem::size_of::<DevReplaceItem>()
-        ));
-        return Ok(None);
-    };
-    let src_devid = r.src_devid.get();
-    let dk = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, src_devid);
-    let src_total_bytes = match v.first_item_ge(&v.chunk_root(), &dk)? {
-        Some(it) if it.key() == dk => {
-            DevItem::ref_from_prefix(it.data()).map(|(d, _)| d.total_bytes.get()).unwrap_or(0)
-        }
-        _ => 0,
-    };
-    Ok(Some(DevReplace {
-        src_devid,
-        cursor_left: r.cursor_left.get(),
-        cursor_right: r.cursor_right.get(),
-        state: r.replace_state.get(),
-        src_total_bytes,
-    }))
 }
 
 #[cfg(test)]
