@@ -363,7 +363,21 @@ impl UbtrfsFs {
                 ));
             }
             self.engine.lookup_inode(id)?;
-            self.getattr_of(id).inspect_err(|_| {
+            let r = self.getattr_of(id).and_then(|(attr, generation)| {
+                // The kernel asks only for an inode it no longer holds, so no file of
+                // it is open: an inode without links is gone for a handle (ESTALE, as
+                // on the kernel's btrfs), even while the RELEASE of its last close,
+                // which the kernel sends without waiting, has not reached us yet.
+                if attr.nlink == 0 {
+                    return Err(Error::posix_detail(
+                        PosixKind::NotFound,
+                        id.to_string(),
+                        "the inode has no links left",
+                    ));
+                }
+                Ok((attr, generation))
+            });
+            r.inspect_err(|_| {
                 let _ = self.engine.forget(id, 1);
             })
         });
