@@ -103,7 +103,10 @@ fn run_cmd(cmd: &mut Command) {
 
 /// Apply `steps` on the kernel, unmounting after each to read the items.
 fn kernel_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static str, Vec<u8>>) {
-    let mut opts = "loop".to_string();
+    // No discards: the kernel's async discard worker takes free extents out of the
+    // allocator's reach while it trims them, so where a write lands would depend on
+    // its timing (ubtrfs discards nothing on free).
+    let mut opts = "loop,nodiscard".to_string();
     let mut names = HashMap::new();
     let mut layouts = Vec::new();
     let mut files: HashMap<&'static str, Vec<u8>> = HashMap::new();
@@ -148,7 +151,7 @@ fn kernel_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
                 n
             }
             Step::Compress => {
-                opts = "loop,compress=zstd".into();
+                opts = "loop,nodiscard,compress=zstd".into();
                 m.umount();
                 continue;
             }
