@@ -1,7 +1,7 @@
 //! DIR_ITEM, DIR_INDEX and XATTR_ITEM: the packed entries of a name (or an xattr) and
 //! the rules each entry must meet (the kernel's check_dir_item).
 
-use super::{read_prefix, CheckResult, ItemCtx, ParseResult};
+use super::{packed_entries, read_prefix, CheckResult, ItemCtx, ParseResult};
 use crate::hash::name_hash;
 use crate::key::*;
 use crate::node::{HEADER_SIZE, ITEM_SIZE};
@@ -19,33 +19,23 @@ pub struct DirEntry<'a> {
 
 /// Iterate the packed entries of a DIR_ITEM / DIR_INDEX / XATTR_ITEM body.
 pub fn dir_entries(data: &[u8]) -> impl Iterator<Item = ParseResult<DirEntry<'_>>> {
-    let mut rest = data;
-    let mut failed = false;
-    core::iter::from_fn(move || {
-        if rest.is_empty() || failed {
-            return None;
+    packed_entries(data, |rest| {
+        let di: &DirItem = read_prefix(rest, "dir item")?;
+        let hdr = core::mem::size_of::<DirItem>();
+        let name_len = di.name_len.get() as usize;
+        let data_len = di.data_len.get() as usize;
+        let total = hdr + name_len + data_len;
+        if total > rest.len() {
+            return Err(format!("invalid dir item name or data len, name_len={name_len} data_len={data_len} item left={}", rest.len()));
         }
-        let r = (|| {
-            let di: &DirItem = read_prefix(rest, "dir item")?;
-            let hdr = core::mem::size_of::<DirItem>();
-            let name_len = di.name_len.get() as usize;
-            let data_len = di.data_len.get() as usize;
-            let total = hdr + name_len + data_len;
-            if total > rest.len() {
-                return Err(format!("invalid dir item name or data len, name_len={name_len} data_len={data_len} item left={}", rest.len()));
-            }
-            let e = DirEntry {
-                location: Key::from(&di.location),
-                transid: di.transid.get(),
-                type_: di.type_,
-                name: &rest[hdr..hdr + name_len],
-                data: &rest[hdr + name_len..total],
-            };
-            rest = &rest[total..];
-            Ok(e)
-        })();
-        failed = r.is_err();
-        Some(r)
+        let e = DirEntry {
+            location: Key::from(&di.location),
+            transid: di.transid.get(),
+            type_: di.type_,
+            name: &rest[hdr..hdr + name_len],
+            data: &rest[hdr + name_len..total],
+        };
+        Ok((e, total))
     })
 }
 

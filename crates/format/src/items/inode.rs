@@ -1,6 +1,6 @@
 //! INODE_ITEM, INODE_REF and INODE_EXTREF: an inode and the names that point at it.
 
-use super::{exact, read_prefix, CheckResult, ItemCtx, ParseResult};
+use super::{exact, packed_entries, read_prefix, CheckResult, ItemCtx, ParseResult};
 use crate::key::*;
 use crate::structs::*;
 
@@ -45,53 +45,32 @@ pub struct InodeName<'a> {
 
 /// Iterate INODE_REF entries; `parent` comes from the key offset.
 pub fn inode_refs(data: &[u8], parent: u64) -> impl Iterator<Item = ParseResult<InodeName<'_>>> {
-    let mut rest = data;
-    let mut failed = false;
-    core::iter::from_fn(move || {
-        if rest.is_empty() || failed {
-            return None;
+    packed_entries(data, move |rest| {
+        let ir: &InodeRef = read_prefix(rest, "inode ref")?;
+        let hdr = core::mem::size_of::<InodeRef>();
+        let n = ir.name_len.get() as usize;
+        if hdr + n > rest.len() {
+            return Err(format!("invalid inode ref name len {n}, item left {}", rest.len()));
         }
-        let r = (|| {
-            let ir: &InodeRef = read_prefix(rest, "inode ref")?;
-            let hdr = core::mem::size_of::<InodeRef>();
-            let n = ir.name_len.get() as usize;
-            if hdr + n > rest.len() {
-                return Err(format!("invalid inode ref name len {n}, item left {}", rest.len()));
-            }
-            let e = InodeName { parent, index: ir.index.get(), name: &rest[hdr..hdr + n] };
-            rest = &rest[hdr + n..];
-            Ok(e)
-        })();
-        failed = r.is_err();
-        Some(r)
+        Ok((InodeName { parent, index: ir.index.get(), name: &rest[hdr..hdr + n] }, hdr + n))
     })
 }
 
 /// Iterate INODE_EXTREF entries.
 pub fn inode_extrefs(data: &[u8]) -> impl Iterator<Item = ParseResult<InodeName<'_>>> {
-    let mut rest = data;
-    let mut failed = false;
-    core::iter::from_fn(move || {
-        if rest.is_empty() || failed {
-            return None;
+    packed_entries(data, |rest| {
+        let er: &InodeExtref = read_prefix(rest, "inode extref")?;
+        let hdr = core::mem::size_of::<InodeExtref>();
+        let n = er.name_len.get() as usize;
+        if hdr + n > rest.len() {
+            return Err(format!("invalid inode extref name len {n}, item left {}", rest.len()));
         }
-        let r = (|| {
-            let er: &InodeExtref = read_prefix(rest, "inode extref")?;
-            let hdr = core::mem::size_of::<InodeExtref>();
-            let n = er.name_len.get() as usize;
-            if hdr + n > rest.len() {
-                return Err(format!("invalid inode extref name len {n}, item left {}", rest.len()));
-            }
-            let e = InodeName {
-                parent: er.parent_objectid.get(),
-                index: er.index.get(),
-                name: &rest[hdr..hdr + n],
-            };
-            rest = &rest[hdr + n..];
-            Ok(e)
-        })();
-        failed = r.is_err();
-        Some(r)
+        let e = InodeName {
+            parent: er.parent_objectid.get(),
+            index: er.index.get(),
+            name: &rest[hdr..hdr + n],
+        };
+        Ok((e, hdr + n))
     })
 }
 

@@ -106,6 +106,32 @@ pub fn read_prefix<'a, T: FromBytes + zerocopy::KnownLayout + zerocopy::Immutabl
     })
 }
 
+/// Iterate the entries packed back to back in an item body (dir entries, inode refs):
+/// `one` parses the entry at the front of what is left and says how many bytes it
+/// took. The first failure is the last item yielded.
+fn packed_entries<'a, T: 'a>(
+    data: &'a [u8],
+    one: impl Fn(&'a [u8]) -> ParseResult<(T, usize)> + 'a,
+) -> impl Iterator<Item = ParseResult<T>> + 'a {
+    let mut rest = data;
+    let mut failed = false;
+    core::iter::from_fn(move || {
+        if rest.is_empty() || failed {
+            return None;
+        }
+        Some(match one(rest) {
+            Ok((e, used)) => {
+                rest = &rest[used..];
+                Ok(e)
+            }
+            Err(r) => {
+                failed = true;
+                Err(r)
+            }
+        })
+    })
+}
+
 /// Format a uuid as 8-4-4-4-12 hex.
 pub fn uuid_str(u: &[u8; 16]) -> String {
     let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
