@@ -532,6 +532,47 @@ impl UbtrfsFs {
     /// the ACL rules: with FUSE_POSIX_ACL and FUSE_DONT_MASK the kernel leaves the
     /// umask to us, which applies only where the directory has no default ACL; a
     /// default ACL is inherited instead (`posix_acl_create`), in the same handle.
+    /// Make a regular file in directory node `parent` with `make` (owned, moded and
+    /// given ACLs as `make_with_acls` does) and open it: create and O_TMPFILE. The
+    /// lookup is counted before the open, since an inode without a name that nobody
+    /// holds cannot be opened (it waits for its removal); if the open fails the kernel
+    /// never hears of the inode, and the count goes again.
+    fn make_and_open(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        make: impl Fn(&mut FsWriter, InodeId, &InodeAttrs) -> Result<u64>,
+    ) -> Result<(FileAttr, u64, u64)> {
+        self.writable()?;
+        let dir = self.id(parent)?;
+        let ino = self.engine.write_retrying(|w| {
+            let d = w.live().load_inode(dir, Load::ITEM)?.item;
+            let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
+            Self::make_with_acls(w, dir, a, umask, |w, a| make(w, dir, a))
+        })?;
+        let id = InodeId { root: dir.root, ino };
+        self.engine.count_lookups(id, 1);
+        let opened = self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
+        match opened {
+            Ok(((attr, generation), f)) => Ok((attr, generation, self.add_handle(f, false))),
+            Err(e) => {
+                let _ = self.engine.forget(id, 1);
+                Err(e)
+            }
+        }
+    }
+
+    fn reply_created(&self, reply: ReplyCreate, what: &str, r: Result<(FileAttr, u64, u64)>) {
+        match r {
+            Ok((attr, generation, fh)) => {
+                reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN)
+            }
+            Err(e) => reply.error(self.fail(what, &e)),
+        }
+    }
+
     fn make_with_acls(
         w: &mut FsWriter,
         dir: InodeId,
@@ -1501,28 +1542,10 @@ impl fuser::Filesystem for UbtrfsFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = (|| {
-            self.writable()?;
-            let dir = self.id(parent)?;
-            let ino = self.engine.write_retrying(|w| {
-                let d = w.live().load_inode(dir, Load::ITEM)?.item;
-                let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
-                Self::make_with_acls(w, dir, a, umask, |w, a| {
-                    w.create_file(dir.root, dir.ino, name_of(name), a)
-                })
-            })?;
-            let id = InodeId { root: dir.root, ino };
-            let f = self.engine.open_file_shared(id)?;
-            let (attr, generation) = self.getattr_of(id)?;
-            self.engine.count_lookups(id, 1);
-            Ok((attr, generation, self.add_handle(f, false)))
-        })();
-        match r {
-            Ok((attr, generation, fh)) => {
-                reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN)
-            }
-            Err(e) => reply.error(self.fail("create", &e)),
-        }
+        let r = self.make_and_open(req, parent, mode, umask, |w, dir, a| {
+            w.create_file(dir.root, dir.ino, name_of(name), a)
+        });
+        self.reply_created(reply, "create", r);
     }
 
     /// open(O_TMPFILE): `FsWriter::tmpfile` (nlink 0 and an orphan item until a link
@@ -1539,35 +1562,9 @@ impl fuser::Filesystem for UbtrfsFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = (|| {
-            self.writable()?;
-            let dir = self.id(parent)?;
-            let ino = self.engine.write_retrying(|w| {
-                let d = w.live().load_inode(dir, Load::ITEM)?.item;
-                let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
-                Self::make_with_acls(w, dir, a, umask, |w, a| w.tmpfile(dir.root, dir.ino, a))
-            })?;
-            let id = InodeId { root: dir.root, ino };
-            // Counted before the open: an inode with no name that nobody holds cannot be
-            // opened (it waits for its removal).
-            self.engine.count_lookups(id, 1);
-            let opened =
-                self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
-            match opened {
-                Ok(((attr, generation), f)) => Ok((attr, generation, self.add_handle(f, false))),
-                Err(e) => {
-                    // The kernel never hears of it: drop the count, and with it the inode.
-                    let _ = self.engine.forget(id, 1);
-                    Err(e)
-                }
-            }
-        })();
-        match r {
-            Ok((attr, generation, fh)) => {
-                reply.created(&TTL, &attr, Generation(generation), FileHandle(fh), FILE_OPEN)
-            }
-            Err(e) => reply.error(self.fail("tmpfile", &e)),
-        }
+        let r = self
+            .make_and_open(req, parent, mode, umask, |w, dir, a| w.tmpfile(dir.root, dir.ino, a));
+        self.reply_created(reply, "tmpfile", r);
     }
 
     /// statx(2) beyond the basic stats: GETATTR's attributes and the birth time, the
