@@ -11,6 +11,7 @@ pub mod error;
 pub mod extent;
 pub mod inode;
 pub mod quote;
+pub mod ranges;
 pub mod sources;
 pub mod space;
 pub mod transaction;

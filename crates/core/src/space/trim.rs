@@ -34,6 +34,7 @@
 //! the range and runs these steps, each under the writer lock.
 
 use crate::error::{Error, PosixKind, Result};
+use crate::ranges::merge_ranges;
 use crate::space::free_space_cache::{EntryKind, FreeSpaceCtl};
 use crate::transaction::FsWriter;
 use crate::volumes::device::BlockDevice;
@@ -179,29 +180,16 @@ fn discard_logical(w: &FsWriter, logical: u64, len: u64) -> Result<u64> {
         }
     }
     let mut bytes = 0;
-    for (devid, mut ranges) in pieces {
+    for (devid, ranges) in pieces {
         let Some(dev) = w.info.devices.by_id.get(&devid) else { continue };
         if dev.dev.discard_granularity().is_none() {
             continue;
         }
-        ranges.sort_unstable();
-        for (s, l) in merge(ranges) {
-            bytes += issue_discard(&*dev.dev, s, l)?;
+        for (s, e) in merge_ranges(ranges.into_iter().map(|(s, l)| (s, s + l)).collect()) {
+            bytes += issue_discard(&*dev.dev, s, e - s)?;
         }
     }
     Ok(bytes)
-}
-
-/// Coalesce sorted (start, length) ranges that touch or overlap.
-fn merge(sorted: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
-    for (s, l) in sorted {
-        match out.last_mut() {
-            Some((ls, ll)) if *ls + *ll >= s => *ll = (*ll).max(s + l - *ls),
-            _ => out.push((s, l)),
-        }
-    }
-    out
 }
 
 /// Discard `[start, start + len)` of `dev` around the superblock copies, in 512-byte
@@ -253,7 +241,7 @@ fn allocated_on(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
     let mut used: Vec<(u64, u64)> = Vec::new();
     for c in w.info.chunk_map.iter() {
         let len = dev_stripe_len(&c);
-        used.extend(c.stripes.iter().filter(|s| s.0 == devid).map(|s| (s.1, len)));
+        used.extend(c.stripes.iter().filter(|s| s.0 == devid).map(|s| (s.1, s.1 + len)));
     }
     for (k, d) in w.items_in_range(
         DEV_TREE_OBJECTID,
@@ -264,10 +252,9 @@ fn allocated_on(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
         let len = u64::from_le_bytes(
             d[24..32].try_into().expect("dev extent size checked by the tree checker"),
         );
-        used.push((k.offset, len.min(u64::MAX - k.offset)));
+        used.push((k.offset, k.offset + len.min(u64::MAX - k.offset)));
     }
-    used.sort_unstable();
-    Ok(merge(used))
+    Ok(merge_ranges(used))
 }
 
 /// Discard the unallocated space of device `devid` that no trim since the open has
@@ -288,20 +275,19 @@ pub(crate) fn trim_free_dev_extents(w: &mut FsWriter, devid: u64) -> Step {
     let mut all = info.trimmed.by_dev.lock().unwrap_or_else(|p| p.into_inner());
     let trimmed = all.entry(devid).or_default();
     // A chunk allocated over space trimmed earlier makes it untrimmed again.
-    for &(s, l) in &allocated {
-        remove_range(trimmed, s, s + l);
+    for &(s, e) in &allocated {
+        remove_range(trimmed, s, e);
     }
     let mut busy: Vec<(u64, u64)> = allocated.clone();
-    busy.extend(trimmed.iter().map(|(&s, &e)| (s, e - s)));
-    busy.sort_unstable();
-    let busy = merge(busy);
+    busy.extend(trimmed.iter().map(|(&s, &e)| (s, e)));
+    let busy = merge_ranges(busy);
     let mut bytes = 0;
     let mut pos = DEVICE_RANGE_RESERVED;
-    for (s, l) in busy.into_iter().chain([(limit, 0)]) {
+    for (s, e) in busy.into_iter().chain([(limit, limit)]) {
         let gap_end = s.min(limit);
         if gap_end > pos {
             debug_assert!(
-                allocated.iter().all(|&(a, al)| a + al <= pos || a >= gap_end),
+                allocated.iter().all(|&(a, ae)| ae <= pos || a >= gap_end),
                 "device {devid}: trimming {pos}..{gap_end}, which a chunk holds"
             );
             match issue_discard(&*dev, pos, gap_end - pos) {
@@ -316,7 +302,7 @@ pub(crate) fn trim_free_dev_extents(w: &mut FsWriter, devid: u64) -> Step {
                 Err(e) => return Step { bytes, error: Some(e) },
             }
         }
-        pos = pos.max(s.saturating_add(l));
+        pos = pos.max(e);
         if pos >= limit {
             break;
         }
@@ -370,11 +356,6 @@ mod tests {
         assert_eq!(m.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(), vec![(10, 15), (45, 50)]);
         add_range(&mut m, 0, 100);
         assert_eq!(m.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(), vec![(0, 100)]);
-    }
-
-    #[test]
-    fn merge_coalesces_touching_ranges() {
-        assert_eq!(merge(vec![(0, 10), (10, 5), (12, 10), (30, 1)]), vec![(0, 22), (30, 1)]);
     }
 
     #[test]

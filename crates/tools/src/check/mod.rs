@@ -349,19 +349,7 @@ pub fn check(fs: &FsInfo, opts: &CheckOptions) -> Result<CheckReport> {
     Ok(sink.report)
 }
 
-/// Merge sorted-or-not half-open ranges into disjoint sorted ones (touching ranges join).
-pub(crate) fn merge_ranges(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.retain(|r| r.0 < r.1);
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (s, e) in v {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
+pub(crate) use ubtrfs_core::ranges::merge_ranges;
 
 /// Parts of `[start, end)` not covered by `covered` (disjoint, sorted).
 pub(crate) fn uncovered(covered: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
@@ -419,10 +407,6 @@ mod tests {
 
     #[test]
     fn ranges() {
-        assert_eq!(
-            merge_ranges(vec![(5, 7), (0, 2), (2, 3), (6, 9), (4, 4)]),
-            vec![(0, 3), (5, 9)]
-        );
         assert_eq!(uncovered(&[(2, 4), (6, 8)], 0, 10), vec![(0, 2), (4, 6), (8, 10)]);
         assert_eq!(uncovered(&[(2, 4), (6, 8)], 3, 7), vec![(4, 6)]);
         assert_eq!(uncovered(&[], 3, 7), vec![(3, 7)]);
