@@ -107,8 +107,39 @@ fn write_and_delete(dir: &Path) -> (BTreeMap<String, Vec<u8>>, u64) {
         deleted += kept.remove(&n).unwrap().len() as u64;
         std::fs::remove_file(dir.join(&n)).unwrap();
     }
-    sync_fs(dir);
+    settle(dir);
     (kept, deleted)
+}
+
+/// Commit until the free space stops changing. The kernel sends a FUSE RELEASE without
+/// waiting for it, so a file closed just before its unlink may reach the daemon as
+/// still open and be freed a moment later, at its RELEASE; its space is free for a
+/// trim only after the commit that follows. (On the kernel's btrfs the first commit
+/// settles it.)
+fn settle(dir: &Path) {
+    let free = || free_blocks(dir);
+    let mut last = None;
+    for _ in 0..50 {
+        sync_fs(dir);
+        let now = free();
+        if last == Some(now) {
+            return;
+        }
+        last = Some(now);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("{}: the free space kept changing", dir.display());
+}
+
+/// Free blocks of the filesystem at `dir` (statvfs).
+fn free_blocks(dir: &Path) -> u64 {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a statvfs the call fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    assert_eq!(rc, 0, "statvfs {}: {}", dir.display(), std::io::Error::last_os_error());
+    st.f_bfree
 }
 
 fn assert_files(dir: &Path, files: &BTreeMap<String, Vec<u8>>, what: &str) {
