@@ -38,7 +38,7 @@ pub struct MountArgs {
     /// compress-force=ALG[:LEVEL], commit=SECONDS, subvol=PATH, subvolid=N,
     /// allow_other, default_permissions, uid=N, gid=N, noatime, relatime,
     /// strictatime, nodiratime, cache_mib=N, page_cache_mib=N, dirty_mib=N, threads=N,
-    /// dev, suid, noexec, degraded, device=PATH.
+    /// dev, suid, noexec, degraded, device=PATH, rescue=nologreplay (with ro).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// The image file or block device (for multi-device filesystems, any one member).
