@@ -336,7 +336,7 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
     use ubtrfs_core::engine::Engine;
     use ubtrfs_core::inode::filesystem::{InodeId, Load};
     use ubtrfs_core::inode::write::InodeAttrs;
-    use ubtrfs_core::transaction::FsWriter;
+    use ubtrfs_core::FsWriter;
     if data.len() < 2 {
         return;
     }
@@ -346,7 +346,8 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
     let open = |dev: &Arc<dyn BlockDevice>| {
         let mut w =
             FsInfo::open_devices(vec![dev.clone()], 4 << 20).and_then(FsWriter::from_info)?;
-        w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
+        let limit = 2 * w.nodesize() as usize;
+        w.set_dirty_metadata_limit(limit);
         Ok::<_, ubtrfs_core::Error>(Engine::from_writer(w))
     };
     let Ok(mut engine) = open(&dev) else { return };

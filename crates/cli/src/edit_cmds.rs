@@ -9,7 +9,7 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use ubtrfs_core::error::{Error, PosixKind};
 use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE};
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::Result;
 use ubtrfs_tools::edit::{self, Edit};
 

@@ -63,10 +63,10 @@ pub struct WriteImageArgs {
 
 impl WriteImageArgs {
     /// Open the filesystem for writing, printing the engine's warnings to stderr.
-    pub fn open_writer(&self) -> ubtrfs_core::Result<ubtrfs_core::transaction::FsWriter> {
+    pub fn open_writer(&self) -> ubtrfs_core::Result<ubtrfs_core::FsWriter> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        let w = ubtrfs_core::transaction::FsWriter::open(&OpenOptions {
+        let w = ubtrfs_core::FsWriter::open(&OpenOptions {
             devices,
             cache_bytes: self.cache_mib << 20,
             writable: true,

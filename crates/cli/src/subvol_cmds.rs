@@ -379,7 +379,7 @@ fn list(a: &SubvolListArgs) -> Result<()> {
             sources: Default::default(),
             degraded: false,
         };
-        let mut w = ubtrfs_core::transaction::FsWriter::open_read_only(&opts)?;
+        let mut w = ubtrfs_core::FsWriter::open_read_only(&opts)?;
         crate::print_warnings(&w.info);
         for id in w.dead_roots()? {
             println!("ID {id} gen {} top level 0 path <deleted>", w.root(id)?.generation);

@@ -3,7 +3,7 @@
 use crate::WriteImageArgs;
 use std::path::PathBuf;
 use ubtrfs_core::error::Error;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::Result;
 
 #[derive(clap::Args)]

@@ -14,7 +14,7 @@ mod kernel;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsInfo, OpenOptions};
 
 fn repo() -> PathBuf {

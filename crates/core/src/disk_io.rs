@@ -81,24 +81,12 @@ pub struct FsInfo {
     pub in_use: Vec<InUse>,
     /// Where the engine takes time and new UUIDs from (`OpenOptions::sources`).
     pub sources: Sources,
-    /// Readers' views of older generations, which keep freed space from reuse.
-    pub views: Arc<crate::transaction::views::Views>,
     /// Why the running transaction was aborted, once it was (the kernel's
     /// BTRFS_FS_STATE_TRANS_ABORTED with its message): the first failure wins, and the
     /// filesystem takes no more changes until it is opened again.
     aborted: std::sync::OnceLock<String>,
     /// The commits from here on are a long-lived holder's last (`set_last_commit`).
     last_commit: std::sync::atomic::AtomicBool,
-    /// The in-memory inodes (open and lookup counts, locks; `inode::inode_cache`),
-    /// shared by every view: an unlink through any of them sees which are in use.
-    pub inodes: crate::inode::inode_cache::InodeCache,
-    /// The count of extent maps and the worker that frees them past their budget
-    /// (`inode::extent_map_shrinker`).
-    pub extent_maps: Arc<crate::inode::extent_map_shrinker::ExtentMapShrinker>,
-    /// Data space promised to dirty page-cache data (`space::data_rsv`).
-    pub data_rsv: crate::space::data_rsv::DataReservations,
-    /// Unallocated device space FITRIM discarded since the open (`space::trim`).
-    pub trimmed: crate::space::trim::TrimmedDevSpace,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -273,13 +261,8 @@ impl FsInfo {
             dev_replace: None,
             in_use: Vec::new(),
             sources: Sources::default(),
-            views: Default::default(),
             aborted: Default::default(),
             last_commit: Default::default(),
-            inodes: Default::default(),
-            extent_maps: Default::default(),
-            data_rsv: Default::default(),
-            trimmed: Default::default(),
             warnings: Mutex::new(warnings),
         };
         fs.read_chunk_tree(&sb)?;

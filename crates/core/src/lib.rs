@@ -21,5 +21,6 @@ pub mod volumes;
 pub use disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 pub use error::{Error, PosixKind, Result};
 pub use inode::filesystem::{Filesystem, FsRead};
+pub use inode::writer::FsWriter;
 pub use inode::xattr::XattrRead;
 pub use tree::search::{ItemRef, NodeHandle, Path, RootInfo, TreeView};

@@ -15,7 +15,7 @@ use ubtrfs_core::inode::atime::{AtimeMode, AtimeOpts};
 use ubtrfs_core::inode::attr::{fsflags, SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use write_common::*;
 
 #[derive(Clone, Copy, Debug)]

@@ -22,7 +22,7 @@ use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::space::allocator::{cache_block_group, CachingState};
 use ubtrfs_core::space::free_space_tree::convert_to_bitmaps;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE};
@@ -32,10 +32,10 @@ use write_common::{Mount, Scratch, MIB};
 
 /// Run one free-space-tree change in a transaction handle of its own.
 fn in_handle<T>(
-    w: &mut ubtrfs_core::transaction::FsWriter,
+    w: &mut ubtrfs_core::FsWriter,
     f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>,
 ) -> ubtrfs_core::Result<T> {
-    let mut h = w.join_transaction("free-space tree test")?;
+    let mut h = ubtrfs_core::transaction::Transaction::join_transaction(w, "free-space tree test")?;
     let r = f(&mut h);
     h.end_with(r)
 }

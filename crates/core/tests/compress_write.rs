@@ -14,7 +14,7 @@ use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::compression::CompressionType;
 use ubtrfs_core::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
 use write_common::*;
 

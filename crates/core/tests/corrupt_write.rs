@@ -22,7 +22,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, OpenOptions, PosixKind};
 use ubtrfs_format::key::*;
@@ -33,10 +33,10 @@ use write_common::{Scratch, MIB};
 
 /// Run one change in a transaction handle of its own.
 fn in_handle<T>(
-    w: &mut ubtrfs_core::transaction::FsWriter,
+    w: &mut ubtrfs_core::FsWriter,
     f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>,
 ) -> ubtrfs_core::Result<T> {
-    let mut h = w.join_transaction("free-space tree test")?;
+    let mut h = ubtrfs_core::transaction::Transaction::join_transaction(w, "free-space tree test")?;
     let r = f(&mut h);
     h.end_with(r)
 }

@@ -64,12 +64,12 @@ use ubtrfs_core::inode::namespace::{
 };
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::{XATTR_CREATE, XATTR_REPLACE};
-use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::{
     mix_seed, CrashSweep, FaultyDevice, OpKind, OpOutcome, OpRecord, Rng,
 };
 use ubtrfs_core::FsRead;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, FsInfo, PosixKind};
 use ubtrfs_format::key::*;
@@ -1605,7 +1605,8 @@ fn record(seed: u64, nops: usize) -> Run {
     // Odd seeds write metadata back between operations (a dirty limit of two blocks):
     // a crash must still show exactly the last commit, never a block written early.
     if seed % 2 == 1 {
-        w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
+        let limit = 2 * w.nodesize() as usize;
+        w.set_dirty_metadata_limit(limit);
     }
     let mut run = Run {
         seed,

@@ -12,9 +12,9 @@ use std::time::Duration;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::FaultyDevice;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsInfo, FsRead};
 use ubtrfs_format::key::FS_TREE_OBJECTID;
 use ubtrfs_tools::check::{check, CheckOptions};
@@ -99,7 +99,8 @@ fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
             .write(|w| {
                 // A tiny dirty limit: the next transaction writes blocks out early,
                 // beside the committing one's.
-                w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+                let limit = 4 * w.nodesize() as usize;
+                w.set_dirty_metadata_limit(limit);
                 for i in 0..300 {
                     w.create_file(
                         ROOT,
@@ -486,7 +487,8 @@ fn a_changes_writeback_runs_without_the_lock() {
     engine.commit().unwrap();
     engine
         .write(|w| {
-            w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+            let limit = 4 * w.nodesize() as usize;
+            w.set_dirty_metadata_limit(limit);
             Ok(())
         })
         .unwrap();

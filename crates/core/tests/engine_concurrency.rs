@@ -231,7 +231,8 @@ fn reader_thread(
 fn readers_and_writers_share_one_engine() {
     let img = Scratch::fixture("blake2", "engine-concurrency");
     let mut w = img.writer();
-    w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+    let limit = 4 * w.nodesize() as usize;
+    w.set_dirty_metadata_limit(limit);
     let mut dirs = Vec::new();
     for d in 0..DIRS {
         let ino =
@@ -363,7 +364,8 @@ fn direct_writes_share_one_engine() {
     const FILES_PER_WRITER: usize = 3;
     let img = Scratch::fixture("blake2", "engine-direct-writes");
     let mut w = img.writer();
-    w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+    let limit = 4 * w.nodesize() as usize;
+    w.set_dirty_metadata_limit(limit);
     let dir = w.mkdir(5, 256, b"direct", &InodeAttrs::new(0o755)).expect("mkdir");
     let side = w.mkdir(5, 256, b"side", &InodeAttrs::new(0o755)).expect("mkdir");
     let mut files = Vec::new();

@@ -124,7 +124,7 @@ fn model_run(args: &[&str], seed: u64) {
     }
     let st = e.extent_map_stats();
     assert!(st.hits > 300, "the maps served only {} of the reads ({} misses)", st.hits, st.misses);
-    e.info().extent_maps.check_invariants();
+    e.extent_maps().check_invariants();
 }
 
 #[test]
@@ -152,7 +152,7 @@ fn the_maps_serve_repeated_reads_and_a_write_drops_them() {
     let s1 = e.extent_map_stats();
     assert_eq!((s1.misses - s0.misses, s1.hits - s0.hits), (1, 0), "first read fills the maps");
     assert!(s1.evictable >= 4, "{} maps after reading 4 extents", s1.evictable);
-    let inode = e.info().inodes.lookup(id).expect("in memory");
+    let inode = e.inodes().lookup(id).expect("in memory");
     assert_eq!(inode.mapping.extent_map.lookup(0, 1).map(|m| m.len), Some(8 * SS));
     for _ in 0..10 {
         assert_eq!(read_all(&e, id, (32 * SS) as usize), a);
@@ -185,7 +185,7 @@ fn the_maps_serve_repeated_reads_and_a_write_drops_them() {
     assert_eq!(read_all(&e, id, (32 * SS) as usize), want);
     let s3 = e.extent_map_stats();
     assert_eq!(s3.misses - s2.misses, 1);
-    e.info().extent_maps.check_invariants();
+    e.extent_maps().check_invariants();
 }
 
 /// Many files read once: the maps pass a small budget, a run brings them back under it,
@@ -229,7 +229,7 @@ fn the_budget_bounds_the_maps_and_reads_stay_right() {
         "visited {} registry entries, 40 inodes have maps",
         after.visited - before.visited
     );
-    e.info().extent_maps.check_invariants();
+    e.extent_maps().check_invariants();
     // Reads past the budget shrink as they go.
     for (id, data) in &files {
         assert_eq!(&read_all(&e, *id, data.len() + 100), data);
@@ -239,7 +239,7 @@ fn the_budget_bounds_the_maps_and_reads_stay_right() {
             e.extent_map_stats().evictable
         );
     }
-    e.info().extent_maps.check_invariants();
+    e.extent_maps().check_invariants();
 }
 
 #[test]
@@ -284,7 +284,7 @@ fn readers_read_right_while_the_shrinker_frees() {
                 && t0.elapsed() < std::time::Duration::from_secs(20))
         {
             e.set_extent_map_limit(if round.is_multiple_of(2) { 0 } else { 1000 });
-            e.info().extent_maps.free_extent_maps(50);
+            e.extent_maps().free_extent_maps(50);
             round += 1;
             if round >= 200 {
                 std::thread::yield_now();
@@ -294,7 +294,7 @@ fn readers_read_right_while_the_shrinker_frees() {
     });
     let st = e.extent_map_stats();
     assert!(st.freed > 0 && st.hits > 0 && st.misses > 0, "{st:?}");
-    e.info().extent_maps.check_invariants();
+    e.extent_maps().check_invariants();
 }
 
 /// Inline extents (grown, shrunk, then pushed out to a regular extent) and the maps
@@ -321,5 +321,5 @@ fn inline_extents_grow_shrink_and_convert_under_the_maps() {
             assert_eq!(read_all(&e, id, 1 << 16), model, "after truncate to 30");
         }
     }
-    e.info().extent_maps.check_invariants();
+    e.extent_maps().check_invariants();
 }

@@ -15,7 +15,7 @@ use ubtrfs_core::inode::attr::SetAttr;
 use ubtrfs_core::inode::falloc::*;
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use write_common::*;
 
 #[derive(Debug, Clone, Copy)]

@@ -18,7 +18,7 @@ use ubtrfs_core::space::free_space_tree::{
     add_block_group_free_space, add_to_free_space_tree, convert_to_bitmaps, convert_to_extents,
     free_runs, remove_from_free_space_tree, thresholds,
 };
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::{
     FREE_SPACE_BITMAP_KEY, FREE_SPACE_EXTENT_KEY, FREE_SPACE_INFO_KEY,
@@ -29,10 +29,10 @@ use ubtrfs_format::Key;
 
 /// Run one free-space-tree change in a transaction handle of its own.
 fn in_handle<T>(
-    w: &mut ubtrfs_core::transaction::FsWriter,
+    w: &mut ubtrfs_core::FsWriter,
     f: impl FnOnce(&mut ubtrfs_core::transaction::TransHandle<'_>) -> ubtrfs_core::Result<T>,
 ) -> ubtrfs_core::Result<T> {
-    let mut h = w.join_transaction("free-space tree test")?;
+    let mut h = ubtrfs_core::transaction::Transaction::join_transaction(w, "free-space tree test")?;
     let r = f(&mut h);
     h.end_with(r)
 }

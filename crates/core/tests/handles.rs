@@ -159,11 +159,12 @@ fn writeback_inside_a_handle_leaves_its_blocks_alone() {
             );
         }
         w.commit().expect("commit the files");
-        w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+        let limit = 4 * w.nodesize() as usize;
+        w.set_dirty_metadata_limit(limit);
         let early0 = w.blocks_written_early();
         let (second_cows, written) = {
             let mut h = w.join_transaction("amplification").expect("start");
-            let touch = |h: &mut ubtrfs_core::transaction::FsWriter, ino: u64| {
+            let touch = |h: &mut ubtrfs_core::FsWriter, ino: u64| {
                 h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into())
                     .expect("update inode")
             };
@@ -241,7 +242,8 @@ fn a_full_inhibition_buffer_stops_inhibiting_gracefully() {
             );
         }
         w.commit().expect("commit the files");
-        w.set_dirty_metadata_limit(4 * w.nodesize() as usize);
+        let limit = 4 * w.nodesize() as usize;
+        w.set_dirty_metadata_limit(limit);
         w.hooks.inhibit_with_map = map;
         let inhibited = {
             let mut h = w.join_transaction("many leaves").expect("start");

@@ -12,8 +12,8 @@ mod write_common;
 use std::collections::BTreeMap;
 use ubtrfs_core::inode::filesystem::FsRead;
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::FsInfo;
+use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
 use write_common::*;
 

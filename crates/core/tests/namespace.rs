@@ -14,7 +14,7 @@ use std::os::unix::ffi::OsStrExt;
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::PosixKind;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;

@@ -22,7 +22,7 @@ use ubtrfs_core::inode::attr::fsflags;
 use ubtrfs_core::inode::falloc::FALLOC_FL_KEEP_SIZE;
 use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, FsRead, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use write_common::*;
 

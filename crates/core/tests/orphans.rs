@@ -15,7 +15,7 @@ use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::orphan::orphan_key;
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{Error, FsRead, OpenOptions, PosixKind, TreeView};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;

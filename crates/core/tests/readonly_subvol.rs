@@ -11,8 +11,8 @@ mod write_common;
 
 use std::process::Command;
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::FsRead;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{Error, PosixKind};
 use ubtrfs_format::structs::FT_REG_FILE;
 use write_common::*;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use ubtrfs_core::inode::filesystem::FsRead;
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;

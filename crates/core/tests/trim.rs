@@ -15,11 +15,11 @@ use ubtrfs_core::error::PosixKind;
 use ubtrfs_core::inode::filesystem::{InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::space::trim::FstrimRange;
-use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::FaultyDevice;
 use ubtrfs_core::FsInfo;
 use ubtrfs_core::FsRead;
+use ubtrfs_core::FsWriter;
 use ubtrfs_format::key::{
     EXTENT_ITEM_KEY, EXTENT_TREE_OBJECTID, FS_TREE_OBJECTID, METADATA_ITEM_KEY,
 };
@@ -230,7 +230,9 @@ fn trim_discards_only_free_space_on_every_profile() {
         files.remove("c1");
         // Its extents freed now, not at the commit: they are pinned.
         engine
-            .write(|w| w.transaction("test", 8, ubtrfs_core::extent::extent_tree::run_delayed_refs))
+            .write(|w| {
+                w.transaction("test", 8, |w| ubtrfs_core::extent::extent_tree::run_delayed_refs(w))
+            })
             .unwrap();
         let before = extents(&engine, false);
 

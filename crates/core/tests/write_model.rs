@@ -44,7 +44,7 @@ use ubtrfs_core::inode::namespace::{
 };
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::{max_xattr_size, XATTR_CREATE, XATTR_REPLACE};
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsRead, OpenOptions, PosixKind};
 use ubtrfs_format::structs::{rdev_encode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFSOCK};
 use write_common::*;

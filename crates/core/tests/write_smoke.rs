@@ -1,8 +1,8 @@
 mod common;
 use ubtrfs_core::inode::filesystem::{Filesystem, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::FsRead;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 
 fn copy_fixture(name: &str, tag: &str) -> std::path::PathBuf {

@@ -21,7 +21,7 @@ use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
 use ubtrfs_core::inode::xattr::{
     max_xattr_size, CompressionProperty, XattrReply, XATTR_CREATE, XATTR_REPLACE,
 };
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsRead, OpenOptions, PosixKind, TreeView, XattrRead};
 use ubtrfs_format::features::{INCOMPAT_COMPRESS_LZO, INCOMPAT_COMPRESS_ZSTD};
 use ubtrfs_format::hash::name_hash;

@@ -44,7 +44,7 @@ use ubtrfs_core::inode::page_cache::WriteOpts;
 use ubtrfs_core::inode::perm::inode_init_owner;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::XattrReply;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::XattrRead;
 use ubtrfs_format::structs::*;
 
@@ -604,7 +604,7 @@ impl UbtrfsFs {
         what: &str,
         parent: INodeNo,
         reply: ReplyEntry,
-        make: impl Fn(&mut ubtrfs_core::transaction::FsWriter, InodeId, &InodeItem) -> Result<u64>,
+        make: impl Fn(&mut ubtrfs_core::FsWriter, InodeId, &InodeItem) -> Result<u64>,
     ) {
         let r = self.id(parent).and_then(|dir| {
             self.writable()?;

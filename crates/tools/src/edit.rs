@@ -12,7 +12,7 @@ use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{fsflags_of, SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
 
 /// One editing command.

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::filesystem::{FileKind, FsRead, Load};
 use ubtrfs_core::sources::{Sources, Time};
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 
 /// What `populate` does besides copying.
 #[derive(Clone, Debug, Default)]

@@ -22,7 +22,7 @@ use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
 
 /// What `put` copied.

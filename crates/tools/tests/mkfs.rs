@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use ubtrfs_core::sources::{Sources, Time};
 use ubtrfs_core::space::chunk_remove::remove_chunk;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsInfo, OpenOptions, PosixKind, TreeView};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;

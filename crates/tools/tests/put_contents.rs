@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 use ubtrfs_core::inode::filesystem::FsRead;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_tools::populate::tree_digest;
 use ubtrfs_tools::put::{put_contents, OwnerMap, PutOptions};

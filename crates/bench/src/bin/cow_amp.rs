@@ -25,7 +25,8 @@ use common::{median, print_table, Image, Names};
 use std::path::PathBuf;
 use std::time::Instant;
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::{CowStats, FsWriter};
+use ubtrfs_core::transaction::CowStats;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
@@ -63,7 +64,8 @@ pub fn round(a: &Args, inhibit: bool, check: bool) -> Result<Round, String> {
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).map_err(|e| format!("open: {e}"))?;
     let dir = w.mkdir(5, 256, b"d", &InodeAttrs::new(0o755)).map_err(|e| e.to_string())?;
     w.commit().map_err(|e| e.to_string())?;
-    w.set_dirty_metadata_limit(2 * w.nodesize() as usize);
+    let limit = 2 * w.nodesize() as usize;
+    w.set_dirty_metadata_limit(limit);
     w.hooks.no_writeback_inhibition = !inhibit;
     w.hooks.writeback_before_search = true;
     w.hooks.cow_stats = Some(CowStats::default());

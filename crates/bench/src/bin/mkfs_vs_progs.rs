@@ -161,7 +161,7 @@ fn ours(img: &Path, size: u64, rootdir: Option<&Path>, check: bool) -> Result<(f
     let t = Instant::now();
     make_filesystem(img, size, &MkfsOptions::default()).map_err(|e| format!("mkfs: {e}"))?;
     if let Some(r) = rootdir {
-        let mut w = ubtrfs_core::transaction::FsWriter::open(&ubtrfs_core::OpenOptions {
+        let mut w = ubtrfs_core::FsWriter::open(&ubtrfs_core::OpenOptions {
             writable: true,
             cache_bytes: 256 << 20,
             ..ubtrfs_core::OpenOptions::new(img)

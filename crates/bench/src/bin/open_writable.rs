@@ -22,7 +22,7 @@ use common::{median, print_table, run_cmd, Image};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::{FREE_SPACE_BITMAP_KEY, FREE_SPACE_EXTENT_KEY, FREE_SPACE_TREE_OBJECTID};
 use ubtrfs_format::structs::BLOCK_GROUP_DATA;
@@ -91,7 +91,8 @@ pub fn make_image(
     let mut bitmap_groups = 0;
     if bitmap_every > 0 {
         let mut h =
-            w.join_transaction("convert to bitmaps").map_err(|e| format!("start a handle: {e}"))?;
+            ubtrfs_core::transaction::Transaction::join_transaction(&mut w, "convert to bitmaps")
+                .map_err(|e| format!("start a handle: {e}"))?;
         for g in data.iter().skip(1).step_by(bitmap_every) {
             ubtrfs_core::space::free_space_tree::convert_to_bitmaps(&mut h, g.start, g.length)
                 .map_err(|e| format!("convert group {}: {e}", g.start))?;

@@ -21,7 +21,7 @@ use std::time::Instant;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::{InodeId, InodeView, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsRead, OpenOptions};
 
 #[derive(Parser, Debug)]

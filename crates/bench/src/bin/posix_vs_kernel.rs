@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::Instant;
 use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]

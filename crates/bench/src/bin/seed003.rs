@@ -27,7 +27,7 @@ use common::{
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::FREE_SPACE_TREE_OBJECTID;
 use ubtrfs_format::Key;

@@ -33,7 +33,7 @@ impl Engine {
         let g = &self.pages;
         PageCacheStats {
             cached_bytes: g.cached.load(Ordering::Acquire),
-            dirty_bytes: self.info().data_rsv.dirty(),
+            dirty_bytes: self.data_rsv.dirty(),
             cache_limit: g.cache_limit.load(Ordering::Acquire),
             dirty_limit: g.dirty_limit.load(Ordering::Acquire),
             inodes: g.registry().len() as u64,
@@ -106,7 +106,7 @@ impl Engine {
         );
         assert_eq!(
             dirty,
-            self.info().data_rsv.dirty(),
+            self.data_rsv.dirty(),
             "page cache: dirty total differs from the inodes' sum"
         );
     }
@@ -307,7 +307,7 @@ impl Engine {
         let eof_block = size / bsz * bsz;
         let eof_rsv =
             (offset > size && !size.is_multiple_of(bsz) && eof_block + bsz <= offset / bsz * bsz)
-                .then(|| self.info().data_rsv.hold(bsz))
+                .then(|| self.data_rsv.hold(bsz))
                 .filter(|r| r.fits());
         with_cache(self, &inode, |pc| -> Result<()> {
             if pc.i_size.is_none() {
@@ -380,7 +380,7 @@ impl Engine {
         a: u64,
         z: u64,
     ) -> Result<crate::space::data_rsv::DataReservation<'_>> {
-        let rsv = &self.info().data_rsv;
+        let rsv = &self.data_rsv;
         let what = format!("write to {id} at {a}..{z}");
         // Held, it fits; or new chunks make it fit, if the devices have room
         // (reserve_data makes them until the data groups hold everything promised).
@@ -466,13 +466,7 @@ impl Engine {
         if a < look {
             let recs = self
                 .read(|l| {
-                    crate::inode::extent_map::get_file_extents(
-                        l,
-                        &self.info().extent_maps,
-                        inode,
-                        a,
-                        look,
-                    )
+                    crate::inode::extent_map::get_file_extents(l, &self.extent_maps, inode, a, look)
                 })?
                 .0;
             out = holes_between(&recs, a, look, bs);
@@ -500,7 +494,7 @@ impl Engine {
     /// The caller holds no inode lock.
     fn balance_dirty_pages(&self) -> Result<()> {
         let limit = self.pages.dirty_limit.load(Ordering::Acquire);
-        if self.info().data_rsv.dirty() <= limit {
+        if self.data_rsv.dirty() <= limit {
             return Ok(());
         }
         // One look at the registry, most dirty first, then write back in that order:
@@ -518,7 +512,7 @@ impl Engine {
             .collect();
         victims.sort_unstable_by_key(|(d, _)| std::cmp::Reverse(*d));
         for (_, inode) in victims {
-            if self.info().data_rsv.dirty() <= limit / 2 {
+            if self.data_rsv.dirty() <= limit / 2 {
                 break;
             }
             self.pages.throttle_writebacks.fetch_add(1, Ordering::Relaxed);
@@ -618,7 +612,7 @@ impl Engine {
                 pc.forget_sizes();
                 reg.remove(&id);
             }
-            self.pages.account(&self.info().data_rsv, before, after);
+            self.pages.account(&self.data_rsv, before, after);
             drop(pc);
         }
     }
@@ -831,7 +825,7 @@ pub(super) fn with_cache<T>(
     // The cache's mutex, then the registry's (holders of the registry only try the
     // caches' mutexes).
     let mut reg = g.registry();
-    g.account(&e.info().data_rsv, before, after);
+    g.account(&e.data_rsv, before, after);
     if empty {
         reg.remove(&inode.id);
     } else {

@@ -33,7 +33,7 @@ impl Engine {
     /// back, the file is unchanged).
     pub fn write_file(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
         let _rsv = self.reserve_direct_write(id, offset, data.len())?;
-        let inode = self.info().inodes.get(id);
+        let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
         self.write_file_locked(id, offset, data)
     }
@@ -59,7 +59,7 @@ impl Engine {
     /// `write_file` with the inode's lock held: a file with a page cache is written
     /// back first and the folios of the range are dropped after.
     pub(crate) fn write_file_locked(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
-        let inode = self.info().inodes.get(id);
+        let inode = self.inodes.get(id);
         let cached = self.before_extent_change(&inode)?;
         let r = self.write_file_raw(id, offset, data, false);
         if cached {
@@ -79,9 +79,9 @@ impl Engine {
         // A writeback's data was allowed when it was written: no flag set since
         // refuses it (`FsWriter::writing_back`).
         fn as_writeback<T>(
-            w: &mut crate::transaction::FsWriter,
+            w: &mut crate::inode::writer::FsWriter,
             on: bool,
-            f: impl FnOnce(&mut crate::transaction::FsWriter) -> Result<T>,
+            f: impl FnOnce(&mut crate::inode::writer::FsWriter) -> Result<T>,
         ) -> Result<T> {
             w.writing_back = on;
             let r = f(w);
@@ -117,7 +117,7 @@ impl Engine {
 
     /// The in-memory inodes.
     pub fn inodes(&self) -> &InodeCache {
-        &self.info().inodes
+        &self.inodes
     }
 
     /// Open inode `id` (the kernel's file open): counts in its open count until the
@@ -142,7 +142,7 @@ impl Engine {
     }
 
     fn open_inode(&self, id: InodeId) -> Result<Arc<Inode>> {
-        let inode = self.info().inodes.get(id);
+        let inode = self.inodes.get(id);
         {
             let _g = read_lock(&inode);
             let nlink = self.read(|live| Ok(live.load_inode(id, Load::ITEM)?.nlink()))?;
@@ -163,7 +163,7 @@ impl Engine {
     /// readdirplus entry); `forget` drops them. `lookup` counts its own.
     pub fn count_lookups(&self, id: InodeId, n: u64) {
         if n > 0 {
-            self.info().inodes.get(id).get_lookups(n);
+            self.inodes.get(id).get_lookups(n);
         }
     }
 
@@ -192,10 +192,10 @@ impl Engine {
             let Some(entry) = self.read(|live| live.lookup(dir_id, name))? else {
                 return Err(Error::posix(PosixKind::NotFound, crate::quote::name(name)));
             };
-            let dir_inode = self.info().inodes.get(dir_id);
+            let dir_inode = self.inodes.get(dir_id);
             // A subvolume's entry is refused by the unlink itself; its root directory
             // is not this operation's to lock.
-            let child = (!entry.is_subvol).then(|| self.info().inodes.get(entry.target));
+            let child = (!entry.is_subvol).then(|| self.inodes.get(entry.target));
             let done = {
                 let _locks = write_lock_two(&dir_inode, child.as_deref());
                 self.write_retrying(|w| {
@@ -214,7 +214,7 @@ impl Engine {
             if done {
                 drop(child);
                 self.discard_if_gone(entry.target);
-                self.info().inodes.forget_unused(entry.target);
+                self.inodes.forget_unused(entry.target);
                 return Ok(());
             }
         }
@@ -253,7 +253,7 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::setattr`.
     pub fn setattr(&self, id: InodeId, a: &crate::inode::attr::SetAttr) -> Result<()> {
-        let inode = self.info().inodes.get(id);
+        let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
         // The size the file has is the page cache's when it knows one: a new size
         // moves mtime (btrfs_setsize), also when the trees' size already is the new
@@ -301,7 +301,7 @@ impl Engine {
     }
 
     fn fallocate_once(&self, id: InodeId, mode: u32, offset: u64, len: u64) -> Result<()> {
-        let inode = self.info().inodes.get(id);
+        let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
         let cached = self.before_extent_change(&inode)?;
         let r = self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len));
@@ -334,8 +334,7 @@ impl Engine {
             ids.extend(src.iter().chain(dst.iter()).filter(|e| !e.is_subvol).map(|e| e.target));
             ids.sort();
             ids.dedup();
-            let inodes: Vec<Arc<Inode>> =
-                ids.iter().map(|&id| self.info().inodes.get(id)).collect();
+            let inodes: Vec<Arc<Inode>> = ids.iter().map(|&id| self.inodes.get(id)).collect();
             let done = {
                 let _locks: Vec<_> = inodes.iter().map(|i| write_lock(i)).collect();
                 self.write_retrying(|w| {
@@ -354,7 +353,7 @@ impl Engine {
                 drop(inodes);
                 if let Some(d) = dst {
                     self.discard_if_gone(d.target);
-                    self.info().inodes.forget_unused(d.target);
+                    self.inodes.forget_unused(d.target);
                 }
                 return Ok(());
             }
@@ -376,11 +375,11 @@ impl Engine {
         if name.len() > ubtrfs_format::structs::NAME_LEN {
             return Err(Error::posix(PosixKind::NameTooLong, crate::quote::name(name)));
         }
-        let d = self.info().inodes.get(dir);
+        let d = self.inodes.get(dir);
         let _g = read_lock(&d);
         let e = self.read(|live| live.lookup(dir, name))?;
         if let Some(e) = &e {
-            self.info().inodes.get(e.target).get_lookups(1);
+            self.inodes.get(e.target).get_lookups(1);
         }
         Ok(e)
     }
@@ -394,7 +393,7 @@ impl Engine {
     /// # Errors
     /// `Posix(NotFound)` for an inode that is gone; read failures.
     pub fn lookup_inode(&self, id: InodeId) -> Result<()> {
-        let inode = self.info().inodes.get(id);
+        let inode = self.inodes.get(id);
         // Under the inode's lock, as `open_inode`: an unlink of its last name comes
         // wholly before (and then it is gone unless in use) or after (and sees it in use).
         let _g = read_lock(&inode);
@@ -422,7 +421,7 @@ impl Engine {
     /// # Errors
     /// `Posix(NotFound)` for no such inode; as `FsRead::load_inode`.
     pub fn getattr(&self, id: InodeId) -> Result<ubtrfs_format::structs::InodeItem> {
-        let inode = self.info().inodes.get(id);
+        let inode = self.inodes.get(id);
         // A page cache's in-memory size runs ahead of the INODE_ITEM's, and its dirty
         // blocks over holes count in the bytes (st_blocks) as the kernel's new delalloc
         // bytes do (read with the item: a completion moves them into nbytes).
@@ -458,7 +457,7 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::evict_if_unlinked`.
     pub fn forget(&self, id: InodeId, n: u64) -> Result<()> {
-        let Some(inode) = self.info().inodes.lookup(id) else { return Ok(()) };
+        let Some(inode) = self.inodes.lookup(id) else { return Ok(()) };
         let dropped = {
             let _g = write_lock(&inode);
             inode.put_lookups(n);
@@ -471,10 +470,10 @@ impl Engine {
         drop(inode);
         if dropped {
             self.discard_page_cache(id);
-            self.info().inodes.forget_unused(id);
+            self.inodes.forget_unused(id);
         } else {
             // No longer in use: evictable again.
-            self.info().inodes.unpin(id);
+            self.inodes.unpin(id);
         }
         Ok(())
     }
@@ -491,7 +490,7 @@ impl Engine {
     /// As `forget`.
     pub fn forget_all(&self) -> Result<()> {
         let mut first = Ok(());
-        for (id, n) in self.info().inodes.looked_up() {
+        for (id, n) in self.inodes.looked_up() {
             if let Err(e) = self.forget(id, n) {
                 if first.is_ok() {
                     first = Err(e);
@@ -504,12 +503,12 @@ impl Engine {
     /// Errors of handles dropped without `close`, oldest first, and how many more were
     /// not kept; clears them.
     pub fn take_close_errors(&self) -> (Vec<String>, u64) {
-        self.info().inodes.close_errors.take()
+        self.inodes.close_errors.take()
     }
 
     /// Set how many inodes not in use stay in memory (`DEFAULT_INODE_CACHE_CAPACITY`).
     pub fn set_inode_cache_capacity(&self, n: usize) {
-        self.info().inodes.set_capacity(n);
+        self.inodes.set_capacity(n);
     }
 }
 
@@ -606,9 +605,9 @@ impl OpenFile<'_> {
         drop(inode);
         if let Ok(true) = dropped {
             self.engine.discard_page_cache(id);
-            self.engine.info().inodes.forget_unused(id);
+            self.engine.inodes.forget_unused(id);
         } else {
-            self.engine.info().inodes.unpin(id);
+            self.engine.inodes.unpin(id);
         }
         dropped.map(|_| ()).map_err(|e| e.at(format!("close {id}")))
     }
@@ -617,7 +616,7 @@ impl OpenFile<'_> {
 impl Drop for OpenFile<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.release() {
-            self.engine.info().inodes.close_errors.record(e.to_string());
+            self.engine.inodes.close_errors.record(e.to_string());
         }
     }
 }

@@ -76,8 +76,9 @@ use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FileKind, Filesystem, FsRead, InodeId, Load};
 use crate::inode::read::DataView;
+use crate::inode::writer::FsWriter;
 use crate::transaction::views::ViewGuard;
-use crate::transaction::{FsWriter, Live, ReadMisses};
+use crate::transaction::{Live, ReadMisses};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
 
 /// A committed generation held as a view (`Engine::committed`); read it as a
@@ -107,6 +108,15 @@ pub struct Engine {
     writeback_io: RwLock<()>,
     /// The page cache's limits, totals and inodes (`inode::page_cache`).
     pub(crate) pages: crate::inode::page_cache::PageCacheGlobal,
+    /// The writer's in-memory inodes, which readers and open files share.
+    pub(crate) inodes: Arc<crate::inode::inode_cache::InodeCache>,
+    /// The count of extent maps and the worker that frees them past their budget
+    /// (`inode::extent_map_shrinker`).
+    pub(crate) extent_maps: Arc<crate::inode::extent_map_shrinker::ExtentMapShrinker>,
+    /// Data space promised to dirty page-cache data (`space::data_rsv`), the writer's.
+    pub(crate) data_rsv: Arc<crate::space::data_rsv::DataReservations>,
+    /// Readers' views of older generations (`transaction::views`), the writer's.
+    pub(crate) views: Arc<crate::transaction::views::Views>,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -140,6 +150,10 @@ impl Engine {
         w.defer_writeback = true;
         Engine {
             info: w.info.clone(),
+            inodes: w.inodes().clone(),
+            extent_maps: Default::default(),
+            data_rsv: w.data_rsv.clone(),
+            views: w.views.clone(),
             state: RwLock::new(w),
             commit_lock: Mutex::new(()),
             writeback_io: RwLock::new(()),
@@ -150,6 +164,11 @@ impl Engine {
     /// The shared filesystem.
     pub fn info(&self) -> &Arc<FsInfo> {
         &self.info
+    }
+
+    /// The extent maps' count and shrinker.
+    pub fn extent_maps(&self) -> &crate::inode::extent_map_shrinker::ExtentMapShrinker {
+        &self.extent_maps
     }
 
     /// Run `f` on the live view (read-your-writes), sharing the engine with other
@@ -192,7 +211,7 @@ impl Engine {
     /// as `FsRead::read_at`.
     pub fn read_file(&self, id: InodeId, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let len = buf.len() as u64;
-        let mem = self.info.inodes.get(id);
+        let mem = self.inodes.get(id);
         let (inode, csums, _view, default_subvol) = self.read(|l| {
             let mut v = l.load_inode(id, Load::ITEM)?;
             match v.kind() {
@@ -209,7 +228,7 @@ impl Engine {
             // From the extent maps, or the EXTENT_DATA items (then cached in the maps).
             v.extents = crate::inode::extent_map::get_file_extents(
                 l,
-                &self.info.extent_maps,
+                &self.extent_maps,
                 &mem,
                 offset,
                 end,
@@ -217,12 +236,12 @@ impl Engine {
             .0;
             let csums = crate::inode::read::prefetch_csums(l, &v, offset, end)?;
             // A view of the running transaction: what it frees from now on is held.
-            let view = self.info.views.register(l.transid() - 1);
+            let view = self.views.register(l.transid() - 1);
             Ok((v, csums, view, l.default_subvol()))
         })?;
         drop(mem);
         // Past the budget: free maps now, holding no lock.
-        self.info.extent_maps.balance();
+        self.extent_maps.balance();
         let d = DataView { info: &self.info, default_subvol, csums };
         d.read_at(&inode, offset, buf)
     }
@@ -230,13 +249,13 @@ impl Engine {
     /// Keep at most `n` extent maps (default `DEFAULT_EXTENT_MAP_LIMIT`): past it, a
     /// shrinker run frees maps (`inode::extent_map_shrinker`); runs at once if over.
     pub fn set_extent_map_limit(&self, n: u64) {
-        self.info.extent_maps.set_limit(n);
-        self.info.extent_maps.balance();
+        self.extent_maps.set_limit(n);
+        self.extent_maps.balance();
     }
 
     /// The extent maps' counts (maps, registry, shrinker runs, map hits and misses).
     pub fn extent_map_stats(&self) -> crate::inode::extent_map_shrinker::ExtentMapStats {
-        self.info.extent_maps.stats()
+        self.extent_maps.stats()
     }
 
     /// The last committed generation as a view of its own: it reads that generation
@@ -252,7 +271,7 @@ impl Engine {
             // generation uses) between reading the superblock and registering the view.
             let _g = self.state.read().map_err(poisoned)?;
             let sb = self.info.super_copy();
-            let view = self.info.views.register(sb.generation.get());
+            let view = self.views.register(sb.generation.get());
             (sb, view)
         };
         Ok(Committed { fs: Filesystem::at(self.info.clone(), sb)?, _view: view })

@@ -137,7 +137,7 @@ impl Engine {
         f: impl FnOnce(&Engine) -> Result<T>,
         changed: Option<(u64, u64)>,
     ) -> Result<T> {
-        let (s, d) = (self.info().inodes.get(src), self.info().inodes.get(dst));
+        let (s, d) = (self.inodes.get(src), self.inodes.get(dst));
         let _g = crate::inode::file::write_lock_two(&s, Some(&d));
         if src != dst {
             self.before_extent_change(&s)?;

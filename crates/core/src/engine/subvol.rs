@@ -65,7 +65,7 @@ impl Engine {
             .ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
         if entry.is_subvol && !entry.is_placeholder() {
             let id = entry.target.root;
-            if let Some(busy) = self.info().inodes.open_in_root(id) {
+            if let Some(busy) = self.inodes.open_in_root(id) {
                 return Err(Error::posix_detail(
                     PosixKind::Busy,
                     format!("subvolume {} (id {id})", crate::quote::name(name)),
@@ -74,7 +74,7 @@ impl Engine {
             }
             self.writeback_all()?;
         }
-        let dir_inode = self.info().inodes.get(dir_id);
+        let dir_inode = self.inodes.get(dir_id);
         let _lock = write_lock_two(&dir_inode, None);
         self.write_retrying(|w| w.delete_subvol(root, dir, name))
     }

@@ -428,7 +428,7 @@ impl Engine {
                 crate::volumes::device::with_io_buf(n, |data| -> Result<()> {
                     // The blocks stop being dirty before their extents exist: their data
                     // space stays promised until the write has allocated it.
-                    let _held = self.info().data_rsv.hold(l);
+                    let _held = self.data_rsv.hold(l);
                     with_cache(self, inode, |pc| {
                         let got = pc.copy_out(s, data);
                         assert_eq!(got, n as u64, "{id}: dirty run {s}+{l} not cached whole");

@@ -5,7 +5,7 @@
 //! Invariant: items never overlap; each covers `size / csum_size` sectors.
 
 use crate::error::Result;
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use ubtrfs_format::csum::CsumType;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{HEADER_SIZE, ITEM_SIZE};
@@ -13,7 +13,7 @@ use ubtrfs_format::Key;
 
 const CSUM: u64 = CSUM_TREE_OBJECTID;
 
-impl FsWriter {
+impl Transaction {
     /// Largest csum item, in bytes (a whole number of checksums).
     fn max_csum_item(&self) -> usize {
         let cs = self.info.csum_type.size();
@@ -49,7 +49,7 @@ pub(crate) fn append_sector_csums(t: CsumType, sectorsize: usize, data: &[u8], o
     }
 }
 
-pub(crate) fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8]) -> Result<()> {
+pub(crate) fn insert_csums(w: &mut Transaction, mut logical: u64, mut csums: &[u8]) -> Result<()> {
     let cs = w.info.csum_type.size();
     let ss = u64::from(w.sectorsize());
     assert!(csums.len().is_multiple_of(cs), "csum bytes {} not a multiple of {cs}", csums.len());
@@ -97,7 +97,7 @@ pub(crate) fn insert_csums(w: &mut FsWriter, mut logical: u64, mut csums: &[u8])
 ///
 /// # Errors
 /// Tree modification failures.
-pub(crate) fn del_csums(w: &mut FsWriter, logical: u64, len: u64) -> Result<()> {
+pub(crate) fn del_csums(w: &mut Transaction, logical: u64, len: u64) -> Result<()> {
     let cs = w.info.csum_type.size();
     let ss = u64::from(w.sectorsize());
     let end = logical + len;

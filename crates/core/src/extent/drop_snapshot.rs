@@ -29,7 +29,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::extent::delayed_ref::RefKind;
-use crate::transaction::{Blk, FsWriter};
+use crate::transaction::{Blk, Transaction};
 use crate::tree::extent_buffer::Expect;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::BLOCK_FLAG_FULL_BACKREF;
@@ -114,7 +114,7 @@ fn corrupt(id: u64, bytenr: u64, why: String) -> Error {
     Corrupt::new(CorruptWhere::Block, why).root(id).block(bytenr).into()
 }
 
-impl FsWriter {
+impl Transaction {
     /// The deleted subvolumes whose trees are still to drop (the kernel's
     /// `btrfs_find_orphan_roots`): each ORPHAN_ITEM of the root tree naming a tree
     /// whose ROOT_ITEM has refs 0, in id order. An ORPHAN_ITEM naming no tree (the

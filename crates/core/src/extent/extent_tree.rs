@@ -9,7 +9,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::extent::delayed_ref::{NewExtent, RefHead, RefKind};
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use ubtrfs_format::hash::hash_extent_data_ref;
 use ubtrfs_format::items::{self, InlineRef};
 use ubtrfs_format::key::*;
@@ -170,7 +170,7 @@ fn keyed_count(kind: RefKind, data: &[u8]) -> i64 {
     }
 }
 
-impl FsWriter {
+impl Transaction {
     /// Largest extent item the kernel keeps inline refs in.
     fn max_extent_item_size(&self) -> usize {
         (self.nodesize() as usize - ubtrfs_format::node::HEADER_SIZE) / 16 - ITEM_SIZE
@@ -398,7 +398,7 @@ impl FsWriter {
 ///
 /// # Errors
 /// `Corrupt` if the extent tree disagrees with the refs; allocation and I/O errors.
-pub fn run_delayed_refs(w: &mut FsWriter) -> Result<bool> {
+pub fn run_delayed_refs(w: &mut Transaction) -> Result<bool> {
     let heads = w.delayed.take_all();
     if heads.is_empty() {
         return Ok(false);
@@ -414,7 +414,7 @@ pub fn run_delayed_refs(w: &mut FsWriter) -> Result<bool> {
     Ok(true)
 }
 
-fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
+fn run_one(w: &mut Transaction, mut h: RefHead) -> Result<()> {
     h.refs.retain(|_, d| *d != 0);
     if let Some(new) = h.must_insert {
         if h.refs.is_empty() {
@@ -444,7 +444,7 @@ fn run_one(w: &mut FsWriter, mut h: RefHead) -> Result<()> {
     update_extent(w, &h)
 }
 
-fn insert_new_extent(w: &mut FsWriter, h: &RefHead, new: NewExtent) -> Result<()> {
+fn insert_new_extent(w: &mut Transaction, h: &RefHead, new: NewExtent) -> Result<()> {
     let total: i64 = h.total();
     let (key, flags) = match new {
         NewExtent::Tree { level, .. } => (
@@ -491,7 +491,7 @@ fn extent_key(h: &RefHead) -> Key {
     }
 }
 
-fn read_extent(w: &mut FsWriter, h: &RefHead) -> Result<items::ExtentItemView> {
+fn read_extent(w: &mut Transaction, h: &RefHead) -> Result<items::ExtentItemView> {
     let key = extent_key(h);
     let root = w.root(EXTENT_TREE_OBJECTID)?;
     match w.first_item_ge(&root, &key)? {
@@ -505,7 +505,7 @@ fn read_extent(w: &mut FsWriter, h: &RefHead) -> Result<items::ExtentItemView> {
     }
 }
 
-fn update_extent(w: &mut FsWriter, h: &RefHead) -> Result<()> {
+fn update_extent(w: &mut Transaction, h: &RefHead) -> Result<()> {
     let cur = read_extent(w, h)?;
     let key = extent_key(h);
     let mut inline: Vec<(RefKind, i64)> = cur.inline_refs.iter().filter_map(from_inline).collect();

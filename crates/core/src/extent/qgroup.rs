@@ -45,7 +45,7 @@
 use crate::disk_io::Expect;
 use crate::error::Result;
 use crate::extent::backref::{Counted, RootFinder, WalkErr};
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use crate::tree::search::TreeView;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use ubtrfs_format::items::{self, qgroup_status_flags, FileExtent};
@@ -73,7 +73,7 @@ fn corrupt(key: Key, reason: String) -> crate::error::Error {
 ///
 /// # Errors
 /// Read failures; `Corrupt` for a status item of the wrong size.
-pub fn status(w: &mut FsWriter) -> Result<Option<(u64, u64)>> {
+pub fn status(w: &mut Transaction) -> Result<Option<(u64, u64)>> {
     let root = match w.root(QUOTA_TREE_OBJECTID) {
         Ok(r) => r,
         Err(e) if e.posix_kind() == Some(crate::error::PosixKind::NotFound) => return Ok(None),
@@ -99,7 +99,10 @@ pub fn status(w: &mut FsWriter) -> Result<Option<(u64, u64)>> {
 ///
 /// # Errors
 /// Read and allocation failures; `Corrupt` for malformed quota items.
-pub(crate) fn store_counts(w: &mut FsWriter, counts: &BTreeMap<u64, (u64, u64)>) -> Result<usize> {
+pub(crate) fn store_counts(
+    w: &mut Transaction,
+    counts: &BTreeMap<u64, (u64, u64)>,
+) -> Result<usize> {
     let transid = w.transid;
     let from = Key::new(0, QGROUP_INFO_KEY, 0);
     let to = Key::new(0, QGROUP_INFO_KEY, u64::MAX);
@@ -147,12 +150,12 @@ pub(crate) fn store_counts(w: &mut FsWriter, counts: &BTreeMap<u64, (u64, u64)>)
 /// # Errors
 /// Read failures; `Corrupt` for malformed file extent items, or extents whose lengths
 /// overflow a qgroup's byte counts.
-pub(crate) fn rescan(w: &mut FsWriter) -> Result<BTreeMap<u64, (u64, u64)>> {
+pub(crate) fn rescan(w: &mut Transaction) -> Result<BTreeMap<u64, (u64, u64)>> {
     rescan_counted(w).map(|(counts, _)| counts)
 }
 
 /// `rescan`, and how many tree blocks its walk read.
-fn rescan_counted(w: &mut FsWriter) -> Result<(Counts, u64)> {
+fn rescan_counted(w: &mut Transaction) -> Result<(Counts, u64)> {
     let mut reads = 0u64;
     let mut subvols = Vec::new();
     // A deleted subvolume still counts for what its tree holds until the cleaner has
@@ -362,7 +365,7 @@ fn verify_default() -> bool {
 /// # Errors
 /// Read and allocation failures; `Corrupt` from the recount or for malformed quota
 /// items.
-pub(crate) fn commit_qgroups(w: &mut FsWriter) -> Result<()> {
+pub(crate) fn commit_qgroups(w: &mut Transaction) -> Result<()> {
     let records =
         w.delayed.take_qgroup_records().expect("with quotas on the delayed refs record extents");
     let mut stats =
@@ -411,7 +414,7 @@ pub(crate) fn commit_qgroups(w: &mut FsWriter) -> Result<()> {
 
 /// After the refs settled again: storing the numbers changed only trees no qgroup
 /// counts, so nothing was recorded that the numbers miss.
-pub(crate) fn after_settle(w: &mut FsWriter) {
+pub(crate) fn after_settle(w: &mut Transaction) {
     let late =
         w.delayed.take_qgroup_records().expect("with quotas on the delayed refs record extents");
     assert!(
@@ -458,7 +461,7 @@ fn assert_same_counts(
 /// `Err(reason)` when the backrefs disagree with the trees or a number would leave
 /// its range (the caller recounts).
 fn account(
-    w: &FsWriter,
+    w: &Transaction,
     dirty: &std::collections::BTreeSet<u64>,
 ) -> Result<std::result::Result<(Counts, u64), String>> {
     let live = w.live();
@@ -588,7 +591,7 @@ fn qgroup_name(q: u64) -> String {
     format!("qgroup {}/{}", q >> 48, q & ((1 << 48) - 1))
 }
 
-impl FsWriter {
+impl Transaction {
     /// Create qgroup `id` (`btrfs qgroup create`): its info and limit items, counting
     /// nothing. A level-0 qgroup of a subvolume that already exists makes the next
     /// commit recount (its extents are not dirty, yet they now count for it).

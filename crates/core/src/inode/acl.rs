@@ -19,11 +19,11 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
 use crate::inode::perm::read_acl;
+use crate::inode::writer::FsWriter;
 use crate::inode::xattr::{
     acl_to_xattr, AclEntry, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ,
     XATTR_POSIX_ACL_ACCESS, XATTR_POSIX_ACL_DEFAULT,
 };
-use crate::transaction::FsWriter;
 use ubtrfs_format::structs::{S_IFDIR, S_IFLNK, S_IFMT};
 
 /// What a new inode starts with: its mode, and the ACL xattrs to store beside it.

@@ -12,7 +12,7 @@
 
 use crate::error::Result;
 use crate::inode::filesystem::{FsRead, InodeId, Load};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use ubtrfs_format::structs::*;
 
 /// The mount's atime rule.

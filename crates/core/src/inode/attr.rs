@@ -24,7 +24,7 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use crate::inode::write::{iflags_allow, IflagOp};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use ubtrfs_format::structs::*;
 
 /// The largest file size (MAX_LFS_FILESIZE, the kernel's `s_maxbytes` for btrfs).

@@ -26,7 +26,7 @@ use crate::compression::{
     compress_with_level, heuristic, CompressPolicy, CompressionType, BTRFS_MAX_UNCOMPRESSED,
 };
 use crate::error::{Error, PosixKind, Result};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;

@@ -22,7 +22,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{ExtentKind, FileExtentRec, FsRead, InodeId, Load};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
@@ -184,11 +184,8 @@ impl FsWriter {
         };
         let need: u64 = ranges.iter().map(|r| r.1 - r.0).sum::<u64>() + 2 * ss;
         // Beside the data space promised to dirty data (`space::data_rsv`).
-        crate::space::allocator::reserve_data(
-            self,
-            need + self.info.data_rsv.outstanding(),
-            &what,
-        )?;
+        let outstanding = self.data_rsv.outstanding();
+        crate::space::allocator::reserve_data(self, need + outstanding, &what)?;
         let items = 6 + 2 * ranges.len() as u64 + need.div_ceil(MAX_PREALLOC);
         self.transaction(if zero { "zero_range" } else { "fallocate" }, items, |w| {
             w.falloc_inner(root, ino, offset, end, keep, zero)

@@ -34,4 +34,5 @@ pub mod stream;
 pub mod subvol;
 pub mod write;
 pub mod writeback;
+pub mod writer;
 pub mod xattr;

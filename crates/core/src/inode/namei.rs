@@ -5,7 +5,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FileKind, FsRead, InodeId, Load};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 
 impl FsWriter {
     /// Split `path` into (parent directory, last name); the parent must exist and be a

@@ -13,7 +13,7 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
 use crate::inode::write::{iflags_allow, inherited_flags, IflagOp, InodeAttrs, LINK_ITEMS};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
@@ -131,7 +131,7 @@ impl FsWriter {
     /// Whether the inode is in use in the shared inode cache (open, or looked up and
     /// not forgotten): its last name then leaves it an orphan (see `inode::orphan`).
     fn in_use(&self, id: InodeId) -> bool {
-        self.info.inodes.lookup(id).is_some_and(|i| i.in_use())
+        self.inodes.lookup(id).is_some_and(|i| i.in_use())
     }
 
     /// Remove name `name` (not a directory) from directory `dir` (`unlink(2)`); the

@@ -28,7 +28,7 @@
 use crate::error::Result;
 use crate::extent::delayed_ref::RefKind;
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use crate::tree::search::TreeView;
 use ubtrfs_format::items::InlineRef;
 use ubtrfs_format::key::*;

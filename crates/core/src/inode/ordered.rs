@@ -16,7 +16,7 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
 use crate::inode::write::{reg_extent_item, MAX_EXTENT_SIZE};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use std::collections::BTreeMap;
 use ubtrfs_format::key::EXTENT_DATA_KEY;
 use ubtrfs_format::structs::{BLOCK_GROUP_DATA, S_IFMT, S_IFREG};

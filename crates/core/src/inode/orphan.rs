@@ -20,7 +20,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use crate::tree::search::TreeView;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::{InodeItem, Timespec};

@@ -14,7 +14,7 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId};
 use crate::inode::write::InodeAttrs;
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use crate::tree::search::TreeView;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -80,13 +80,14 @@ impl FsWriter {
         // The tree and its ROOT_ITEM, then what the kernel's create_subvol fills in.
         self.create_tree_inner(id)?;
         {
+            let nodesize = self.info.nodesize;
             let st = self.roots.get_mut(&id).expect("create_tree_inner registered the root");
             let item = st.item.as_mut().expect("a new tree has its root item");
             item.root_dirid = FIRST_FREE_OBJECTID.into();
             item.uuid = uuid;
             item.ctime = t;
             item.otime = t;
-            item.bytes_used = u64::from(self.info.nodesize).into();
+            item.bytes_used = u64::from(nodesize).into();
             // As the kernel's create_subvol: a root item of the current format, whose
             // flags (a later `ro`) the kernel keeps.
             item.inode.flags = INODE_ROOT_ITEM_INIT.into();

@@ -11,7 +11,7 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use crate::inode::nocow::{InPlace, Piece};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use ubtrfs_format::hash::{extref_hash, name_hash};
 use ubtrfs_format::items;
 use ubtrfs_format::key::*;
@@ -231,7 +231,7 @@ impl FsWriter {
             ii.sequence = (ii.sequence.get() + 1).into();
             data.copy_from_slice(ii.as_bytes());
             // The in-memory inode's copy follows the item (the one place items change).
-            if let Some(i) = w.info.inodes.lookup(InodeId { root, ino }) {
+            if let Some(i) = w.inodes.lookup(InodeId { root, ino }) {
                 i.set_attrs_settling(Some(ii), settled);
             }
             Ok(())
@@ -303,7 +303,7 @@ impl FsWriter {
     /// (`btrfs_set_inode_index`; looked up from the last index item the first time, or
     /// again after the inode was evicted).
     pub(super) fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
-        let d = self.info.inodes.get(InodeId { root, ino: dir });
+        let d = self.inodes.get(InodeId { root, ino: dir });
         // Changed only under the writer (`&mut self`): no other thread races this.
         let n = d.next_dir_index.load(std::sync::atomic::Ordering::Relaxed);
         let next = if n != 0 {
@@ -1395,7 +1395,7 @@ impl FsWriter {
     }
 
     pub(super) fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
-        if let Some(i) = self.info.inodes.lookup(InodeId { root, ino }) {
+        if let Some(i) = self.inodes.lookup(InodeId { root, ino }) {
             i.set_attrs(None);
         }
         self.drop_extents_inner(root, ino, 0, u64::MAX)?;

@@ -47,7 +47,7 @@ use crate::error::Result;
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use crate::inode::ordered::{OrderedExtent, OrderedTree};
 use crate::inode::page_cache::Folio;
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 
 /// How `extent_writepage` walks a folio's dirty blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,7 +22,7 @@
 use crate::compression::CompressionType;
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
-use crate::transaction::FsWriter;
+use crate::inode::writer::FsWriter;
 use ubtrfs_format::features::{INCOMPAT_COMPRESS_LZO, INCOMPAT_COMPRESS_ZSTD};
 use ubtrfs_format::hash::name_hash;
 use ubtrfs_format::items;

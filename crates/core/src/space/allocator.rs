@@ -21,7 +21,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::space::free_space_cache::{Alloc, FreeSpaceCtl};
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use crate::tree::search::TreeView;
 use std::collections::BTreeMap;
 use ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE;
@@ -188,12 +188,12 @@ pub struct Allocator {
     /// as taken.
     pub(crate) meta_may_use: u64,
     /// Profile bits new chunks of a type get (type -> profile), when set
-    /// (`FsWriter::set_alloc_profile`); otherwise `chunk_alloc::alloc_profile` picks.
+    /// (`Transaction::set_alloc_profile`); otherwise `chunk_alloc::alloc_profile` picks.
     pub(crate) target_profiles: BTreeMap<u64, u64>,
     /// Mixed block groups (INCOMPAT_MIXED_GROUPS): data and metadata share groups
     /// flagged DATA|METADATA, and share their space.
     pub(crate) mixed: bool,
-    /// Largest new chunk per block-group type, when set (`FsWriter::set_max_chunk_size`),
+    /// Largest new chunk per block-group type, when set (`Transaction::set_max_chunk_size`),
     /// below the kernel's own limits.
     pub(crate) chunk_caps: BTreeMap<u64, u64>,
     /// Free space may have moved since the last `publish_data_free` (an allocation,
@@ -217,7 +217,7 @@ impl Allocator {
     ///
     /// # Errors
     /// Read failures; `Corrupt` for impossible group geometry.
-    pub fn load(w: &FsWriter) -> Result<Allocator> {
+    pub fn load(w: &Transaction) -> Result<Allocator> {
         let sb = w.info.super_copy();
         let mut a = Allocator {
             bg_tree: sb.compat_ro_flags.get() & COMPAT_RO_BLOCK_GROUP_TREE != 0,
@@ -462,7 +462,7 @@ fn super_bytes_in(stripes: &[(u64, u64)], start: u64, length: u64) -> u64 {
 /// Logical ranges (64 KiB stripes) that hold superblock copies, per chunk stripe (the
 /// kernel's `btrfs_rmap_block`): on a striped profile the device row is spread over
 /// the chunk's stripes.
-pub fn super_stripes(w: &FsWriter) -> Vec<(u64, u64)> {
+pub fn super_stripes(w: &Transaction) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     for c in w.info.chunk_map.iter() {
         let n = c.stripes.len() as u64;
@@ -566,7 +566,7 @@ fn add_runs(ctl: &mut FreeSpaceCtl, free: &[(u64, u64)]) -> Result<()> {
 /// the extent and bitmap items in [start, start+length), superblock stripes removed.
 /// Returns the cache and whether the group uses bitmaps.
 fn load_free_space(
-    w: &mut FsWriter,
+    w: &mut Transaction,
     start: u64,
     length: u64,
     flags: u64,
@@ -642,7 +642,7 @@ fn load_free_space(
 /// `Corrupt` naming the group and the item for a free-space tree that disagrees with
 /// the group (an item past the address space or across the group's end, overlapping
 /// free space, no INFO item); read failures (the group stays uncached: they may pass).
-fn load_group(w: &mut FsWriter, start: u64) -> Result<()> {
+fn load_group(w: &mut Transaction, start: u64) -> Result<()> {
     let g = w
         .alloc
         .groups
@@ -678,7 +678,7 @@ fn load_group(w: &mut FsWriter, start: u64) -> Result<()> {
 ///
 /// # Errors
 /// As `load_group`.
-fn cached_ctl(w: &mut FsWriter, start: u64) -> Result<&mut FreeSpaceCtl> {
+fn cached_ctl(w: &mut Transaction, start: u64) -> Result<&mut FreeSpaceCtl> {
     if !w.alloc.groups.get(&start).is_some_and(BlockGroup::is_cached) {
         load_group(w, start)?;
     }
@@ -689,7 +689,7 @@ fn cached_ctl(w: &mut FsWriter, start: u64) -> Result<&mut FreeSpaceCtl> {
 ///
 /// # Errors
 /// `Posix(NotFound)` when no group contains `bytenr`; the caching errors.
-pub fn cache_block_group(w: &mut FsWriter, bytenr: u64) -> Result<()> {
+pub fn cache_block_group(w: &mut Transaction, bytenr: u64) -> Result<()> {
     match w.alloc.group(bytenr) {
         Some(g) if g.is_cached() => Ok(()),
         Some(g) => {
@@ -706,7 +706,7 @@ pub fn cache_block_group(w: &mut FsWriter, bytenr: u64) -> Result<()> {
 /// # Errors
 /// `Corrupt` for impossible geometry; `Posix(Invalid)` if the cache refuses the range.
 pub(super) fn add_new_block_group(
-    w: &mut FsWriter,
+    w: &mut Transaction,
     logical: u64,
     length: u64,
     flags: u64,
@@ -747,7 +747,7 @@ pub(super) fn add_new_block_group(
 /// the room. A group whose caching fails is skipped, and the first such error kept for
 /// the caller (the kernel's `cache_block_group_error`).
 fn find_free_extent(
-    w: &mut FsWriter,
+    w: &mut Transaction,
     ty: u64,
     num_bytes: u64,
     cache_error: &mut Option<Error>,
@@ -792,7 +792,7 @@ fn find_free_extent(
 /// `Posix(NoSpace)` naming the type when no space can be found or made; when a group
 /// that could not be cached was skipped, its caching error instead (the kernel returns
 /// that rather than ENOSPC, since the space may be in the damaged group).
-pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<u64> {
+pub(crate) fn alloc_extent(w: &mut Transaction, ty: u64, num_bytes: u64) -> Result<u64> {
     w.begin_change()?;
     let mut cache_error = None;
     for attempt in 0..2 {
@@ -833,7 +833,7 @@ pub(crate) fn alloc_extent(w: &mut FsWriter, ty: u64, num_bytes: u64) -> Result<
 /// # Errors
 /// `Posix(NoSpace)` when not even `min` bytes can be found or made.
 pub(crate) fn alloc_extent_upto(
-    w: &mut FsWriter,
+    w: &mut Transaction,
     ty: u64,
     num_bytes: u64,
     min: u64,
@@ -882,7 +882,7 @@ pub(crate) fn alloc_extent_upto(
 ///
 /// # Errors
 /// `Posix(NoSpace)` naming `what` and the shortfall; chunk allocation failures.
-pub(crate) fn reserve_data(w: &mut FsWriter, bytes: u64, what: &str) -> Result<()> {
+pub(crate) fn reserve_data(w: &mut Transaction, bytes: u64, what: &str) -> Result<()> {
     loop {
         // Mixed groups: the metadata reserved by changes under way and kept back for
         // deletions and commits comes out of the same space.
@@ -909,7 +909,7 @@ pub(crate) fn reserve_data(w: &mut FsWriter, bytes: u64, what: &str) -> Result<(
 
 /// The data bytes a new reservation may count on: the data groups' free space, less
 /// (on mixed groups, which share it) the metadata reserved and kept back.
-pub(crate) fn data_free(w: &FsWriter) -> u64 {
+pub(crate) fn data_free(w: &Transaction) -> u64 {
     let free = w.alloc.free_bytes(BLOCK_GROUP_DATA);
     if w.alloc.mixed {
         free.saturating_sub(w.alloc.meta_may_use + metadata_reserve(w))
@@ -921,9 +921,9 @@ pub(crate) fn data_free(w: &FsWriter) -> u64 {
 /// Publish the data space free now for the write-time checks (`space::data_rsv`), if
 /// anything moved it since the last time. Mixed groups always publish: every
 /// metadata reservation moves their data space.
-pub(crate) fn publish_data_free(w: &mut FsWriter) {
+pub(crate) fn publish_data_free(w: &mut Transaction) {
     if std::mem::take(&mut w.alloc.space_moved) || w.alloc.mixed {
-        w.info.data_rsv.publish_free(data_free(w));
+        w.data_rsv.publish_free(data_free(w));
     }
 }
 
@@ -934,7 +934,7 @@ const MAX_LEVEL: u64 = 8;
 /// paths too) and committing always find tree blocks once the device has no room for
 /// another metadata chunk (the kernel's global block reserve): 256 tree blocks, at most
 /// a quarter of the metadata block groups.
-pub fn metadata_reserve(w: &FsWriter) -> u64 {
+pub fn metadata_reserve(w: &Transaction) -> u64 {
     let meta = w.alloc.space_type(BLOCK_GROUP_METADATA);
     let total: u64 = w
         .alloc
@@ -948,7 +948,7 @@ pub fn metadata_reserve(w: &FsWriter) -> u64 {
 
 /// Metadata bytes a change of `items` items is charged (the kernel's
 /// `btrfs_calc_insert_metadata_size`: a COW of a full-height path per item).
-pub(crate) fn metadata_size(w: &FsWriter, items: u64) -> u64 {
+pub(crate) fn metadata_size(w: &Transaction, items: u64) -> u64 {
     items * 2 * MAX_LEVEL * u64::from(w.nodesize())
 }
 
@@ -961,7 +961,7 @@ pub(crate) fn metadata_size(w: &FsWriter, items: u64) -> u64 {
 ///
 /// # Errors
 /// `Posix(NoSpace)` when the space cannot be found or made; chunk allocation failures.
-pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
+pub(crate) fn reserve_metadata(w: &mut Transaction, items: u64) -> Result<u64> {
     if items == 0 {
         return Ok(0);
     }
@@ -970,7 +970,7 @@ pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
     w.begin_change()?;
     let bytes = metadata_size(w, items);
     let want = metadata_reserve(w) + w.alloc.meta_may_use + bytes;
-    let take = |w: &mut FsWriter| {
+    let take = |w: &mut Transaction| {
         w.alloc.meta_may_use += bytes;
         Ok(bytes)
     };
@@ -1019,7 +1019,7 @@ pub(crate) fn reserve_metadata(w: &mut FsWriter, items: u64) -> Result<u64> {
 
 /// Give back `bytes` of a metadata reservation (unused, or used up by tree blocks
 /// allocated under it).
-pub(crate) fn release_metadata(w: &mut FsWriter, bytes: u64) {
+pub(crate) fn release_metadata(w: &mut Transaction, bytes: u64) {
     assert!(
         bytes <= w.alloc.meta_may_use,
         "releasing {bytes} metadata bytes with {} reserved",
@@ -1043,9 +1043,9 @@ pub(crate) fn release_metadata(w: &mut FsWriter, bytes: u64) {
 /// tree block whose early writeback may still be writing it (`still_written`): the
 /// next allocation there could otherwise be overwritten by that write. This is the
 /// one place that decides between giving the space back and pinning it.
-pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64, still_written: bool) {
+pub(crate) fn unreserve(w: &mut Transaction, bytenr: u64, num_bytes: u64, still_written: bool) {
     w.alloc.space_moved = true;
-    if still_written || !w.info.views.may_reuse(w.transid) {
+    if still_written || !w.views.may_reuse(w.transid) {
         // Allocated in this transaction and not free: pinning cannot fail but for a bug.
         pin(w, bytenr, num_bytes).unwrap_or_else(|e| {
             panic!("unreserve {bytenr} +{num_bytes} while it may still be read or written: {e}")
@@ -1067,7 +1067,7 @@ pub(crate) fn unreserve(w: &mut FsWriter, bytenr: u64, num_bytes: u64, still_wri
 /// # Errors
 /// `Corrupt` if the range is outside every group, free, or already pinned (the extent
 /// tree said it was allocated); the group's caching errors.
-pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
+pub fn pin(w: &mut Transaction, bytenr: u64, num_bytes: u64) -> Result<()> {
     let (start, _) = w.alloc.group_range(bytenr).ok_or_else(|| {
         Error::from(ubtrfs_format::Corrupt::new(
             ubtrfs_format::CorruptWhere::Item,
@@ -1096,7 +1096,7 @@ pub fn pin(w: &mut FsWriter, bytenr: u64, num_bytes: u64) -> Result<()> {
 /// past the group's length: the BLOCK_GROUP_ITEM disagrees with the extent and free
 /// space trees (the tree checker only bounds `used` by the length); the group's caching
 /// errors.
-pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -> Result<()> {
+pub fn update_used(w: &mut Transaction, bytenr: u64, num_bytes: u64, alloc: bool) -> Result<()> {
     let bg_tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
     let g = w.alloc.group(bytenr).ok_or_else(|| {
         Error::from(
@@ -1138,7 +1138,7 @@ pub fn update_used(w: &mut FsWriter, bytenr: u64, num_bytes: u64, alloc: bool) -
 ///
 /// # Errors
 /// Tree modification failures.
-pub(crate) fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
+pub(crate) fn write_dirty_block_groups(w: &mut Transaction) -> Result<bool> {
     let mut any = crate::space::chunk_alloc::insert_pending_chunks(w)?;
     let tree = if w.alloc.bg_tree { BLOCK_GROUP_TREE_OBJECTID } else { EXTENT_TREE_OBJECTID };
     loop {
@@ -1176,7 +1176,7 @@ pub(crate) fn write_dirty_block_groups(w: &mut FsWriter) -> Result<bool> {
 /// self-tests' dummy groups); the caching state; and the loader that filled every
 /// group's cache at open before caching was lazy, kept to compare against.
 #[cfg(feature = "test-hooks")]
-impl FsWriter {
+impl Transaction {
     /// Add an in-memory block group [start, start+len) with `NEEDS_FREE_SPACE` set and an
     /// empty free-space cache (so the allocator never hands out its space). It has no
     /// chunk or BLOCK_GROUP_ITEM: remove it (`remove_test_group`) before committing.

@@ -9,7 +9,7 @@
 //! one dev extent per stripe; a DUP chunk's two stripes sit on the same device.
 
 use crate::error::{Error, PosixKind, Result};
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use crate::volumes::MapLookup;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -50,7 +50,7 @@ fn chunk_item_bytes(m: &MapLookup, sectorsize: u32) -> Vec<u8> {
 /// # Errors
 /// `Corrupt` for a dev extent that runs past the end of the address space; read
 /// failures.
-fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>> {
+fn dev_holes(w: &mut Transaction, devid: u64, total: u64) -> Result<Vec<(u64, u64)>> {
     let mut used = dev_extents(w, devid)?;
     used.sort();
     let mut holes = Vec::new();
@@ -72,7 +72,7 @@ fn dev_holes(w: &mut FsWriter, devid: u64, total: u64) -> Result<Vec<(u64, u64)>
 ///
 /// # Errors
 /// As `dev_holes`.
-fn dev_extents(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
+fn dev_extents(w: &mut Transaction, devid: u64) -> Result<Vec<(u64, u64)>> {
     let mut used: Vec<(u64, u64)> = Vec::new();
     for (k, d) in w.items_in_range(
         DEV_TREE_OBJECTID,
@@ -165,11 +165,11 @@ pub fn raid_attr(profile: u64) -> Option<RaidAttr> {
 }
 
 /// The profile new chunks of type `ty` get: the target set for the type
-/// (`FsWriter::set_alloc_profile`), else the most redundant profile the type's block
+/// (`Transaction::set_alloc_profile`), else the most redundant profile the type's block
 /// groups already use that the devices can hold (the kernel's
 /// `btrfs_reduce_alloc_profile` over `avail_*_alloc_bits`), else SINGLE for data and
 /// DUP (one device) or RAID1 (several) for metadata and system.
-pub(crate) fn alloc_profile(w: &FsWriter, ty: u64) -> u64 {
+pub(crate) fn alloc_profile(w: &Transaction, ty: u64) -> u64 {
     let ty = w.alloc.space_type(ty);
     if let Some(&p) = w.alloc.target_profiles.get(&ty) {
         return p;
@@ -208,7 +208,7 @@ pub(crate) fn alloc_profile(w: &FsWriter, ty: u64) -> u64 {
     }
 }
 
-impl FsWriter {
+impl Transaction {
     /// New chunks of type `ty` (DATA, METADATA or SYSTEM) get `profile` (profile bits, 0
     /// for SINGLE) from now on, as a balance's convert target or mkfs's `-d`/`-m` do.
     ///
@@ -248,7 +248,7 @@ impl FsWriter {
     }
 }
 
-impl FsWriter {
+impl Transaction {
     /// New chunks of type `ty` are at most `bytes` long (at least 1 MiB), below the
     /// kernel's limits: `mkfs --shrink` keeps the last chunk's unused tail small.
     ///
@@ -350,7 +350,7 @@ impl FsWriter {
 }
 
 /// The device items of the members present: those new stripes may go to.
-fn writable_devices(w: &FsWriter) -> Vec<u64> {
+fn writable_devices(w: &Transaction) -> Vec<u64> {
     w.alloc.dev_items.keys().copied().filter(|d| w.info.devices.by_id.contains_key(d)).collect()
 }
 
@@ -360,7 +360,7 @@ fn writable_devices(w: &FsWriter) -> Vec<u64> {
 /// # Errors
 /// `Incompatible` naming the first chunk that lost more stripes than its profile
 /// tolerates.
-pub(crate) fn check_rw_degradable(w: &FsWriter) -> Result<()> {
+pub(crate) fn check_rw_degradable(w: &Transaction) -> Result<()> {
     for c in w.info.chunk_map.iter() {
         let lost = c.stripes.iter().filter(|s| !w.info.devices.by_id.contains_key(&s.0)).count();
         let tolerated = raid_attr(c.profile()).map(|a| a.tolerated_failures).unwrap_or(0);
@@ -392,7 +392,7 @@ struct DevRoom {
     total_avail: u64,
 }
 
-pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
+pub(crate) fn alloc_chunk_in(w: &mut Transaction, ty: u64) -> Result<()> {
     #[cfg(feature = "test-hooks")]
     if w.hooks.refuse_chunk_alloc {
         return Err(Error::posix(
@@ -620,7 +620,7 @@ pub(crate) fn alloc_chunk_in(w: &mut FsWriter, ty: u64) -> Result<()> {
 ///
 /// # Errors
 /// Tree modification failures.
-pub(crate) fn insert_pending_chunks(w: &mut FsWriter) -> Result<bool> {
+pub(crate) fn insert_pending_chunks(w: &mut Transaction) -> Result<bool> {
     if w.pending_chunks.is_empty() {
         return Ok(false);
     }

@@ -13,14 +13,14 @@
 //! `allocator` (the block groups), the free-space tree.
 
 use crate::error::{Error, PosixKind, Result};
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 use zerocopy::IntoBytes;
 
 /// Every tree of the filesystem: root and chunk trees, and each ROOT_ITEM's.
-fn all_trees(w: &mut FsWriter) -> Result<Vec<u64>> {
+fn all_trees(w: &mut Transaction) -> Result<Vec<u64>> {
     let mut ids = vec![ROOT_TREE_OBJECTID, CHUNK_TREE_OBJECTID];
     for (k, _) in w.items_in_range(ROOT_TREE_OBJECTID, &Key::MIN, &Key::MAX)? {
         if k.type_ == ROOT_ITEM_KEY && !ids.contains(&k.objectid) {
@@ -40,7 +40,7 @@ fn all_trees(w: &mut FsWriter) -> Result<Vec<u64>> {
 /// of whole trees is not implemented); `Posix(NoSpace)` when a moved root was given a
 /// block in the same chunk again (no other chunk of its type had room); allocation
 /// and read failures.
-pub fn relocate_root_leaves(w: &mut FsWriter, start: u64) -> Result<usize> {
+pub fn relocate_root_leaves(w: &mut Transaction, start: u64) -> Result<usize> {
     w.assert_in_handle("relocating root leaves");
     let map = w.info.chunk_map.lookup(start)?;
     assert_eq!(map.logical, start, "relocating chunk {start}, which starts at {}", map.logical);
@@ -83,7 +83,7 @@ pub fn relocate_root_leaves(w: &mut FsWriter, start: u64) -> Result<usize> {
 /// references are pending or freed space in it is not yet given back (commit first);
 /// `Posix(Invalid)` for an address that is not a chunk start; `Corrupt` when one of the
 /// chunk's items is missing. All are returned before anything changes.
-pub fn remove_chunk(w: &mut FsWriter, start: u64) -> Result<()> {
+pub fn remove_chunk(w: &mut Transaction, start: u64) -> Result<()> {
     w.assert_in_handle("chunk removal");
     let what = format!("chunk {start}");
     let map = w.info.chunk_map.lookup(start)?;
@@ -145,7 +145,7 @@ pub fn remove_chunk(w: &mut FsWriter, start: u64) -> Result<()> {
             ));
         }
     }
-    let views = w.info.views.count();
+    let views = w.views.count();
     if views != 0 {
         return Err(Error::posix_detail(
             PosixKind::Busy,

@@ -11,7 +11,7 @@
 //! so the allocator loads a group's free space from items nobody has changed yet.
 
 use crate::error::Result;
-use crate::transaction::{FsWriter, TransHandle};
+use crate::transaction::{TransHandle, Transaction};
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
@@ -40,7 +40,7 @@ struct Group {
     len: u64,
 }
 
-fn group_of(w: &mut FsWriter, bytenr: u64) -> Result<Group> {
+fn group_of(w: &mut Transaction, bytenr: u64) -> Result<Group> {
     let g = w
         .alloc
         .group(bytenr)
@@ -53,7 +53,7 @@ fn group_of(w: &mut FsWriter, bytenr: u64) -> Result<Group> {
 }
 
 /// The group [start, start+len) for a conversion, cached.
-fn exact_group(w: &mut FsWriter, start: u64, len: u64) -> Result<Group> {
+fn exact_group(w: &mut Transaction, start: u64, len: u64) -> Result<Group> {
     let g = group_of(w, start)?;
     if g.start != start || g.len != len {
         return Err(crate::error::Error::posix(
@@ -65,7 +65,7 @@ fn exact_group(w: &mut FsWriter, start: u64, len: u64) -> Result<Group> {
 }
 
 /// Read the INFO item: (extent_count, flags).
-fn read_info(w: &mut FsWriter, g: &Group) -> Result<(u32, u32)> {
+fn read_info(w: &mut Transaction, g: &Group) -> Result<(u32, u32)> {
     let key = Key::new(g.start, FREE_SPACE_INFO_KEY, g.len);
     let root = w.root(FST)?;
     match w.first_item_ge(&root, &key)? {
@@ -77,7 +77,7 @@ fn read_info(w: &mut FsWriter, g: &Group) -> Result<(u32, u32)> {
     }
 }
 
-fn write_info(w: &mut FsWriter, g: &Group, count: u32, flags: u32) -> Result<()> {
+fn write_info(w: &mut Transaction, g: &Group, count: u32, flags: u32) -> Result<()> {
     let key = Key::new(g.start, FREE_SPACE_INFO_KEY, g.len);
     let (leaf, slot) = w
         .lookup_for_update(FST, &key, 0)?
@@ -89,7 +89,7 @@ fn write_info(w: &mut FsWriter, g: &Group, count: u32, flags: u32) -> Result<()>
 }
 
 /// Whether the group's free space is in bitmaps: the cached flag, looked up once.
-fn using_bitmaps(w: &mut FsWriter, g: &Group) -> Result<bool> {
+fn using_bitmaps(w: &mut Transaction, g: &Group) -> Result<bool> {
     #[cfg(feature = "test-hooks")]
     let cached = !w.hooks.fst_force_info_lookup;
     #[cfg(not(feature = "test-hooks"))]
@@ -115,13 +115,13 @@ pub fn add_block_group_free_space(h: &mut TransHandle<'_>, start: u64) -> Result
     add_block_group_free_space_in(h, start)
 }
 
-pub(crate) fn add_block_group_free_space_in(w: &mut FsWriter, start: u64) -> Result<()> {
+pub(crate) fn add_block_group_free_space_in(w: &mut Transaction, start: u64) -> Result<()> {
     let g = group_of(w, start)?;
     ensure_group_added(w, &g)
 }
 
 /// A group created in this transaction gets its INFO and one free extent first.
-fn ensure_group_added(w: &mut FsWriter, g: &Group) -> Result<()> {
+fn ensure_group_added(w: &mut Transaction, g: &Group) -> Result<()> {
     if !w.alloc.take_needs_free_space(g.start) {
         return Ok(());
     }
@@ -142,7 +142,11 @@ pub fn remove_from_free_space_tree(h: &mut TransHandle<'_>, start: u64, len: u64
     remove_from_free_space_tree_in(h, start, len)
 }
 
-pub(crate) fn remove_from_free_space_tree_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+pub(crate) fn remove_from_free_space_tree_in(
+    w: &mut Transaction,
+    start: u64,
+    len: u64,
+) -> Result<()> {
     let t0 = timing_start(w);
     let r = update_free_space(w, start, len, false);
     record_timing(w, t0);
@@ -158,7 +162,7 @@ pub fn add_to_free_space_tree(h: &mut TransHandle<'_>, start: u64, len: u64) -> 
     add_to_free_space_tree_in(h, start, len)
 }
 
-pub(crate) fn add_to_free_space_tree_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+pub(crate) fn add_to_free_space_tree_in(w: &mut Transaction, start: u64, len: u64) -> Result<()> {
     let t0 = timing_start(w);
     let r = update_free_space(w, start, len, true);
     record_timing(w, t0);
@@ -166,7 +170,7 @@ pub(crate) fn add_to_free_space_tree_in(w: &mut FsWriter, start: u64, len: u64) 
 }
 
 /// Add (`free`) or remove [start, start+len) in whichever format the group uses.
-fn update_free_space(w: &mut FsWriter, start: u64, len: u64, free: bool) -> Result<()> {
+fn update_free_space(w: &mut Transaction, start: u64, len: u64, free: bool) -> Result<()> {
     let g = group_of(w, start)?;
     ensure_group_added(w, &g)?;
     let delta = match (using_bitmaps(w, &g)?, free) {
@@ -179,27 +183,27 @@ fn update_free_space(w: &mut FsWriter, start: u64, len: u64, free: bool) -> Resu
 
 /// Benchmark hook (`TestHooks::fst_timings`): the start of one timed update.
 #[cfg(feature = "test-hooks")]
-fn timing_start(w: &FsWriter) -> Option<std::time::Instant> {
+fn timing_start(w: &Transaction) -> Option<std::time::Instant> {
     w.hooks.fst_timings.is_some().then(std::time::Instant::now)
 }
 #[cfg(not(feature = "test-hooks"))]
-fn timing_start(_: &FsWriter) -> Option<std::time::Instant> {
+fn timing_start(_: &Transaction) -> Option<std::time::Instant> {
     None
 }
 
 /// Benchmark hook (`TestHooks::fst_timings`): append the duration of one update.
 #[cfg(feature = "test-hooks")]
-fn record_timing(w: &mut FsWriter, t0: Option<std::time::Instant>) {
+fn record_timing(w: &mut Transaction, t0: Option<std::time::Instant>) {
     if let (Some(t0), Some(v)) = (t0, w.hooks.fst_timings.as_mut()) {
         v.push(u32::try_from(t0.elapsed().as_nanos()).unwrap_or(u32::MAX));
     }
 }
 #[cfg(not(feature = "test-hooks"))]
-fn record_timing(_: &mut FsWriter, _: Option<std::time::Instant>) {}
+fn record_timing(_: &mut Transaction, _: Option<std::time::Instant>) {}
 
 /// Conversion thresholds (low, high) of group `g`: the kernel's, unless a test set
 /// its own (`TestHooks::fst_thresholds_override`).
-fn group_thresholds(w: &FsWriter, g: &Group) -> (u32, u32) {
+fn group_thresholds(w: &Transaction, g: &Group) -> (u32, u32) {
     #[cfg(feature = "test-hooks")]
     if let Some(t) = w.hooks.fst_thresholds_override {
         return t;
@@ -207,7 +211,7 @@ fn group_thresholds(w: &FsWriter, g: &Group) -> (u32, u32) {
     thresholds(g.len, w.sectorsize())
 }
 
-fn remove_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> {
+fn remove_extent(w: &mut Transaction, g: &Group, start: u64, len: u64) -> Result<i64> {
     let end = start + len;
     let found = w.last_item_le(FST, &Key::new(start, FREE_SPACE_EXTENT_KEY, u64::MAX))?;
     let (a, l) = match found {
@@ -239,7 +243,7 @@ fn remove_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i6
     Ok(delta)
 }
 
-fn add_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> {
+fn add_extent(w: &mut Transaction, g: &Group, start: u64, len: u64) -> Result<i64> {
     let end = start + len;
     let mut new_start = start;
     let mut new_end = end;
@@ -280,18 +284,18 @@ fn add_extent(w: &mut FsWriter, g: &Group, start: u64, len: u64) -> Result<i64> 
     Ok(delta)
 }
 
-fn bitmap_range(w: &FsWriter) -> u64 {
+fn bitmap_range(w: &Transaction) -> u64 {
     u64::from(w.sectorsize()) * FREE_SPACE_BITMAP_BITS
 }
 
 /// Key of the bitmap item covering `pos`.
-fn bitmap_key(w: &FsWriter, g: &Group, pos: u64) -> Key {
+fn bitmap_key(w: &Transaction, g: &Group, pos: u64) -> Key {
     let r = bitmap_range(w);
     let s = g.start + (pos - g.start) / r * r;
     Key::new(s, FREE_SPACE_BITMAP_KEY, r.min(g.start + g.len - s))
 }
 
-fn bit_is_free(w: &mut FsWriter, g: &Group, pos: u64) -> Result<bool> {
+fn bit_is_free(w: &mut Transaction, g: &Group, pos: u64) -> Result<bool> {
     let key = bitmap_key(w, g, pos);
     let root = w.root(FST)?;
     match w.first_item_ge(&root, &key)? {
@@ -304,7 +308,7 @@ fn bit_is_free(w: &mut FsWriter, g: &Group, pos: u64) -> Result<bool> {
 }
 
 /// Set (`free`) or clear bits for [start, start+len); returns the extent_count delta.
-fn modify_bitmaps(w: &mut FsWriter, g: &Group, start: u64, len: u64, free: bool) -> Result<i64> {
+fn modify_bitmaps(w: &mut Transaction, g: &Group, start: u64, len: u64, free: bool) -> Result<i64> {
     let end = start + len;
     let ss = u64::from(w.sectorsize());
     let prev = if start > g.start { bit_is_free(w, g, start - ss)? } else { false };
@@ -337,7 +341,7 @@ fn modify_bitmaps(w: &mut FsWriter, g: &Group, start: u64, len: u64, free: bool)
     Ok(if free { 1 - n } else { n - 1 })
 }
 
-fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
+fn update_extent_count(w: &mut Transaction, g: &Group, delta: i64) -> Result<()> {
     if delta == 0 {
         return Ok(());
     }
@@ -365,7 +369,7 @@ fn update_extent_count(w: &mut FsWriter, g: &Group, delta: i64) -> Result<()> {
 ///
 /// # Errors
 /// Read failures.
-pub fn free_runs(w: &mut FsWriter, start: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+pub fn free_runs(w: &mut Transaction, start: u64, len: u64) -> Result<Vec<(u64, u64)>> {
     let items = w.items_in_range(
         FST,
         &Key::new(start, FREE_SPACE_INFO_KEY + 1, 0),
@@ -407,7 +411,7 @@ pub fn free_runs(w: &mut FsWriter, start: u64, len: u64) -> Result<Vec<(u64, u64
 ///
 /// # Errors
 /// `Corrupt` naming the group when they differ; read failures.
-fn counted_info(w: &mut FsWriter, g: &Group, runs: usize) -> Result<(u32, u32)> {
+fn counted_info(w: &mut Transaction, g: &Group, runs: usize) -> Result<(u32, u32)> {
     let (count, flags) = read_info(w, g)?;
     if count as usize != runs {
         return Err(Corrupt::new(
@@ -424,7 +428,7 @@ fn counted_info(w: &mut FsWriter, g: &Group, runs: usize) -> Result<(u32, u32)> 
     Ok((count, flags))
 }
 
-fn delete_group_items(w: &mut FsWriter, g: &Group, ty: u8) -> Result<()> {
+fn delete_group_items(w: &mut Transaction, g: &Group, ty: u8) -> Result<()> {
     let items = w.items_in_range(
         FST,
         &Key::new(g.start, ty, 0),
@@ -449,7 +453,7 @@ pub fn convert_to_bitmaps(h: &mut TransHandle<'_>, start: u64, len: u64) -> Resu
     convert_to_bitmaps_in(h, start, len)
 }
 
-pub(crate) fn convert_to_bitmaps_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+pub(crate) fn convert_to_bitmaps_in(w: &mut Transaction, start: u64, len: u64) -> Result<()> {
     let g = exact_group(w, start, len)?;
     let runs = free_runs(w, g.start, g.len)?;
     let (count, flags) = counted_info(w, &g, runs.len())?;
@@ -489,7 +493,7 @@ pub fn convert_to_extents(h: &mut TransHandle<'_>, start: u64, len: u64) -> Resu
     convert_to_extents_in(h, start, len)
 }
 
-pub(crate) fn convert_to_extents_in(w: &mut FsWriter, start: u64, len: u64) -> Result<()> {
+pub(crate) fn convert_to_extents_in(w: &mut Transaction, start: u64, len: u64) -> Result<()> {
     let g = exact_group(w, start, len)?;
     let runs = free_runs(w, g.start, g.len)?;
     let (count, flags) = counted_info(w, &g, runs.len())?;

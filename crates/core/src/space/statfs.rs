@@ -24,7 +24,7 @@
 //!   4 MiB or under that plus the reserve. Never on mixed block groups.
 
 use crate::space::chunk_alloc::raid_attr;
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use ubtrfs_format::structs::*;
 
 /// The numbers statfs(2) reports, in `bsize` blocks.
@@ -100,7 +100,7 @@ fn metadata_exhausted(meta_chunk_room: u64, free_meta: u64, reserve: u64) -> boo
         && (free_meta < META_EXHAUSTED_THRESH || free_meta - META_EXHAUSTED_THRESH < reserve)
 }
 
-impl FsWriter {
+impl Transaction {
     /// What statfs(2) reports (see the module notes).
     pub fn statfs(&self) -> StatFs {
         let bits = self.sectorsize().trailing_zeros();

@@ -36,11 +36,10 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::ranges::merge_ranges;
 use crate::space::free_space_cache::{EntryKind, FreeSpaceCtl};
-use crate::transaction::FsWriter;
+use crate::transaction::Transaction;
 use crate::volumes::device::BlockDevice;
 use crate::volumes::MapLookup;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use ubtrfs_format::key::{DEV_EXTENT_KEY, DEV_TREE_OBJECTID};
 use ubtrfs_format::structs::*;
 use ubtrfs_format::Key;
@@ -63,7 +62,7 @@ pub struct FstrimRange {
 /// the next trim (the kernel clears CHUNK_TRIMMED when it allocates a chunk).
 #[derive(Default)]
 pub struct TrimmedDevSpace {
-    by_dev: Mutex<BTreeMap<u64, BTreeMap<u64, u64>>>,
+    by_dev: BTreeMap<u64, BTreeMap<u64, u64>>,
 }
 
 /// What a trim step discarded, and the error that stopped it, if one did.
@@ -110,7 +109,7 @@ fn free_runs(ctl: &FreeSpaceCtl, start: u64, end: u64, minlen: u64) -> Vec<(u64,
 /// Discard the free space of the group at `bg_start` inside `[start, end)`, caching
 /// the group first (`btrfs_trim_block_group`).
 pub(crate) fn trim_block_group(
-    w: &mut FsWriter,
+    w: &mut Transaction,
     bg_start: u64,
     start: u64,
     end: u64,
@@ -160,7 +159,7 @@ fn dev_stripe_len(c: &MapLookup) -> u64 {
 /// Discard every copy of `[logical, logical + len)`, which lies in one chunk
 /// (`btrfs_discard_extent`). Returns the bytes the devices discarded, summed over
 /// the copies; a device missing or taking no discards counts nothing.
-fn discard_logical(w: &FsWriter, logical: u64, len: u64) -> Result<u64> {
+fn discard_logical(w: &Transaction, logical: u64, len: u64) -> Result<u64> {
     let c = w.info.chunk_map.lookup(logical)?;
     let end = logical + len;
     assert!(
@@ -237,7 +236,7 @@ fn issue_discard(dev: &dyn BlockDevice, start: u64, len: u64) -> Result<u64> {
 /// Every device range of `devid` a chunk holds: its chunks' stripes (the chunk map
 /// has the chunks of the running transaction too) and its committed DEV_EXTENTs,
 /// sorted and merged.
-fn allocated_on(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
+fn allocated_on(w: &mut Transaction, devid: u64) -> Result<Vec<(u64, u64)>> {
     let mut used: Vec<(u64, u64)> = Vec::new();
     for c in w.info.chunk_map.iter() {
         let len = dev_stripe_len(&c);
@@ -259,7 +258,7 @@ fn allocated_on(w: &mut FsWriter, devid: u64) -> Result<Vec<(u64, u64)>> {
 
 /// Discard the unallocated space of device `devid` that no trim since the open has
 /// discarded (`btrfs_trim_free_extents`).
-pub(crate) fn trim_free_dev_extents(w: &mut FsWriter, devid: u64) -> Step {
+pub(crate) fn trim_free_dev_extents(w: &mut Transaction, devid: u64) -> Step {
     let none = Step { bytes: 0, error: None };
     let Some(dev) = w.info.devices.by_id.get(&devid).map(|d| d.dev.clone()) else { return none };
     let Some(item) = w.alloc.dev_item(devid) else { return none };
@@ -271,9 +270,7 @@ pub(crate) fn trim_free_dev_extents(w: &mut FsWriter, devid: u64) -> Step {
         Err(e) => return Step { bytes: 0, error: Some(e) },
     };
     let limit = item.total_bytes.get().min(dev.size());
-    let info = w.info.clone();
-    let mut all = info.trimmed.by_dev.lock().unwrap_or_else(|p| p.into_inner());
-    let trimmed = all.entry(devid).or_default();
+    let trimmed = w.trimmed.by_dev.entry(devid).or_default();
     // A chunk allocated over space trimmed earlier makes it untrimmed again.
     for &(s, e) in &allocated {
         remove_range(trimmed, s, e);

@@ -1,7 +1,7 @@
 //! Transaction handles (the kernel's `btrfs_trans_handle`): every change of the trees
 //! runs inside one.
 //!
-//! - `FsWriter::start_transaction(at, items)` reserves metadata space for `items` item
+//! - `Transaction::start_transaction(at, items)` reserves metadata space for `items` item
 //!   changes before anything changes (`btrfs_start_transaction` with its
 //!   `btrfs_block_rsv`): a change that cannot fit fails there with ENOSPC, with nothing
 //!   half-done. `join_transaction` reserves nothing. A start inside a live handle joins
@@ -21,10 +21,10 @@
 //!   writeback runs. A handle dropped without ending (an early return after an error, a
 //!   panic) aborts the transaction: the filesystem turns read-only.
 //!
-//! Tree mutators refuse to run outside a handle (`FsWriter::in_handle`), so every
+//! Tree mutators refuse to run outside a handle (`Transaction::in_handle`), so every
 //! change is under one.
 
-use super::FsWriter;
+use super::Transaction;
 use crate::error::Result;
 
 /// The live handle's state, kept in the writer (a handle borrows the writer whole, so
@@ -120,28 +120,88 @@ pub struct InhibitStats {
 }
 
 /// A transaction handle: the writer, borrowed for one change (see the module docs).
-/// Dereferences to the writer for the change's work.
+/// Dereferences to the writer for the change's work: the transaction itself, or a
+/// writer of the layer above that holds it (`AsMut<Transaction>`, as
+/// `inode::FsWriter`), so the change can call that layer's methods.
 #[must_use = "a handle dropped without `end` aborts the transaction"]
-pub struct TransHandle<'a> {
-    w: &'a mut FsWriter,
+pub struct TransHandle<'a, W: AsMut<Transaction> = Transaction> {
+    w: &'a mut W,
     at: &'static str,
     ended: bool,
 }
 
-impl std::ops::Deref for TransHandle<'_> {
-    type Target = FsWriter;
-    fn deref(&self) -> &FsWriter {
+impl<W: AsMut<Transaction>> std::ops::Deref for TransHandle<'_, W> {
+    type Target = W;
+    fn deref(&self) -> &W {
         self.w
     }
 }
 
-impl std::ops::DerefMut for TransHandle<'_> {
-    fn deref_mut(&mut self) -> &mut FsWriter {
+impl<W: AsMut<Transaction>> std::ops::DerefMut for TransHandle<'_, W> {
+    fn deref_mut(&mut self) -> &mut W {
         self.w
     }
 }
 
-impl FsWriter {
+impl AsMut<Transaction> for Transaction {
+    fn as_mut(&mut self) -> &mut Transaction {
+        self
+    }
+}
+
+/// Start a handle on `w` for a change of about `items` items (`Transaction::start_transaction`).
+///
+/// # Errors
+/// As `Transaction::start_transaction`.
+pub fn start<'a, W: AsMut<Transaction>>(
+    w: &'a mut W,
+    at: &'static str,
+    items: u64,
+) -> Result<TransHandle<'a, W>> {
+    let t = w.as_mut();
+    t.check_writable()?;
+    t.begin_change()?;
+    let bytes = crate::space::allocator::reserve_metadata(t, items)?;
+    t.open_handle(bytes, false);
+    Ok(TransHandle { w, at, ended: false })
+}
+
+/// Start a handle on `w` with a reservation taken earlier (`reserve_metadata`), which it
+/// takes over (a direct write reserves before its data I/O and changes the trees after
+/// it).
+///
+/// # Errors
+/// `Posix(ReadOnly)` after an abort (the reservation is released).
+pub fn start_reserved<'a, W: AsMut<Transaction>>(
+    w: &'a mut W,
+    at: &'static str,
+    bytes: u64,
+) -> Result<TransHandle<'a, W>> {
+    let t = w.as_mut();
+    if let Err(e) = t.check_writable().and_then(|()| t.begin_change()) {
+        crate::space::allocator::release_metadata(t, bytes);
+        return Err(e);
+    }
+    t.open_handle(bytes, false);
+    Ok(TransHandle { w, at, ended: false })
+}
+
+/// Run `f` on `w` in a handle reserving `items` items (`Transaction::transaction`).
+///
+/// # Errors
+/// As `Transaction::transaction`.
+pub fn run<W: AsMut<Transaction>, T>(
+    w: &mut W,
+    at: &'static str,
+    items: u64,
+    f: impl FnOnce(&mut W) -> Result<T>,
+) -> Result<T> {
+    let mut h = start(w, at, items)?;
+    let r = f(&mut h);
+    h.end_with(r)
+}
+
+impl Transaction {
     /// Start a handle for a change of about `items` items (`btrfs_start_transaction`):
     /// metadata space for them (a COW of a full-height path each, as the kernel's
     /// `btrfs_calc_insert_metadata_size`) is reserved now, on top of the global
@@ -151,11 +211,7 @@ impl FsWriter {
     /// `Posix(ReadOnly)` after an abort; `Posix(NoSpace)` when the space cannot be
     /// found or made (nothing has changed then); chunk allocation failures.
     pub fn start_transaction(&mut self, at: &'static str, items: u64) -> Result<TransHandle<'_>> {
-        self.check_writable()?;
-        self.begin_change()?;
-        let bytes = crate::space::allocator::reserve_metadata(self, items)?;
-        self.open_handle(bytes, false);
-        Ok(TransHandle { w: self, at, ended: false })
+        start(self, at, items)
     }
 
     /// Join the running transaction with no reservation of its own
@@ -166,22 +222,6 @@ impl FsWriter {
     /// `Posix(ReadOnly)` after an abort.
     pub fn join_transaction(&mut self, at: &'static str) -> Result<TransHandle<'_>> {
         self.start_transaction(at, 0)
-    }
-
-    /// Start a handle with a reservation taken earlier (`reserve_metadata`), which it
-    /// takes over (a direct write reserves before its data I/O and changes the trees
-    /// after it).
-    pub(crate) fn start_transaction_reserved(
-        &mut self,
-        at: &'static str,
-        bytes: u64,
-    ) -> Result<TransHandle<'_>> {
-        if let Err(e) = self.check_writable().and_then(|()| self.begin_change()) {
-            crate::space::allocator::release_metadata(self, bytes);
-            return Err(e);
-        }
-        self.open_handle(bytes, false);
-        Ok(TransHandle { w: self, at, ended: false })
     }
 
     /// The commit's own handle.
@@ -199,11 +239,9 @@ impl FsWriter {
         &mut self,
         at: &'static str,
         items: u64,
-        f: impl FnOnce(&mut FsWriter) -> Result<T>,
+        f: impl FnOnce(&mut Transaction) -> Result<T>,
     ) -> Result<T> {
-        let mut h = self.start_transaction(at, items)?;
-        let r = f(&mut h);
-        h.end_with(r)
+        run(self, at, items, f)
     }
 
     fn open_handle(&mut self, rsv: u64, commit: bool) {
@@ -337,7 +375,7 @@ impl FsWriter {
     }
 }
 
-impl TransHandle<'_> {
+impl<W: AsMut<Transaction>> TransHandle<'_, W> {
     /// End the handle (`btrfs_end_transaction`). At the outermost end the unused
     /// reservation returns, the inhibited blocks are released, and dirty metadata past
     /// the limit is written back (or, under the engine, sealed for it).
@@ -346,19 +384,19 @@ impl TransHandle<'_> {
     /// Writeback failures, which abort.
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
-        if !self.w.close_handle() {
+        if !self.w.as_mut().close_handle() {
             return Ok(());
         }
-        let commit = self.w.handle.as_ref().is_some_and(|h| h.commit);
+        let commit = self.w.as_mut().handle.as_ref().is_some_and(|h| h.commit);
         let r = if commit {
             Ok(())
         } else {
-            let defer = self.w.defer_writeback;
-            self.w.balance_dirty_metadata_with(defer)
+            let defer = self.w.as_mut().defer_writeback;
+            self.w.as_mut().balance_dirty_metadata_with(defer)
         };
-        self.w.release_handle();
+        self.w.as_mut().release_handle();
         if let Err(e) = &r {
-            self.w.abort(self.at, e);
+            self.w.as_mut().abort(self.at, e);
         }
         r
     }
@@ -368,8 +406,8 @@ impl TransHandle<'_> {
     #[cfg(feature = "test-hooks")]
     pub(crate) fn end_without_writeback(mut self) {
         self.ended = true;
-        if self.w.close_handle() {
-            self.w.release_handle();
+        if self.w.as_mut().close_handle() {
+            self.w.as_mut().release_handle();
         }
     }
 
@@ -382,10 +420,10 @@ impl TransHandle<'_> {
         match r {
             Ok(v) => self.end().map(|()| v),
             Err(e) => {
-                self.w.abort(self.at, &e);
+                self.w.as_mut().abort(self.at, &e);
                 self.ended = true;
-                if self.w.close_handle() {
-                    self.w.release_handle();
+                if self.w.as_mut().close_handle() {
+                    self.w.as_mut().release_handle();
                 }
                 Err(e)
             }
@@ -393,18 +431,18 @@ impl TransHandle<'_> {
     }
 }
 
-impl Drop for TransHandle<'_> {
+impl<W: AsMut<Transaction>> Drop for TransHandle<'_, W> {
     fn drop(&mut self) {
         if self.ended {
             return;
         }
         let why = if std::thread::panicking() { "a panic" } else { "an error" };
-        self.w.abort_because(
+        self.w.as_mut().abort_because(
             self.at,
             &format!("the transaction handle was dropped before it ended, after {why}"),
         );
-        if self.w.close_handle() {
-            self.w.release_handle();
+        if self.w.as_mut().close_handle() {
+            self.w.as_mut().release_handle();
         }
     }
 }

@@ -1,5 +1,8 @@
-//! The writable filesystem and its running transaction (the kernel's `btrfs_fs_info`
-//! write state plus `btrfs_transaction`).
+//! The running transaction (the kernel's `btrfs_fs_info` write state plus
+//! `btrfs_transaction`): `Transaction` holds the dirty tree blocks, the roots, the
+//! allocator, the delayed refs and the commit. It knows no inode: the writer of the
+//! layer above (`inode::FsWriter`) holds it, and hears of each file extent item change
+//! through `file_extents_changed`.
 //!
 //! Invariants:
 //! - Every tree block changed in the running transaction lives in `dirty`, carries
@@ -20,9 +23,10 @@
 //!   block that fails is an error that aborts the commit (the kernel's -EUCLEAN on
 //!   write), so a refused commit leaves the image as the last commit left it.
 //!
-//! Neighbours: `ctree_modify` (B-tree changes over these blocks), `delayed_ref` and
-//! `extent_tree` (reference counting run at commit), `alloc` (block groups and free
-//! space), `disk_io` (the read side, whose cache receives blocks after commit).
+//! Neighbours: `tree::modify` (B-tree changes over these blocks), `extent::delayed_ref`
+//! and `extent::extent_tree` (reference counting run at commit), `space::allocator`
+//! (block groups and free space), `disk_io` (the read side, whose cache receives blocks
+//! after commit).
 
 pub mod handle;
 pub mod views;
@@ -85,7 +89,7 @@ impl NodeHandle for BlkRef<'_> {
 /// committed or not, over the committed trees (read-your-writes).
 #[derive(Clone, Copy)]
 pub struct Live<'a> {
-    w: &'a FsWriter,
+    w: &'a Transaction,
     /// Set for a reader that holds the engine's lock only while it runs (`Engine::read`):
     /// a cache miss is not read under the lock but recorded here, and the reader is run
     /// again once the block has been read without it.
@@ -140,7 +144,7 @@ impl ReadMisses {
     /// could be freed and its address handed out again within the transaction.
     fn meet(
         &self,
-        w: &FsWriter,
+        w: &Transaction,
         bytenr: u64,
         expect: &Expect,
     ) -> Option<Result<Arc<ExtentBuffer>>> {
@@ -305,8 +309,8 @@ pub struct CowStats {
     pub restarts: u64,
 }
 
-/// The writable filesystem.
-pub struct FsWriter {
+/// The running transaction of a writable filesystem (one per open filesystem).
+pub struct Transaction {
     /// The filesystem, shared with every reader of it.
     pub info: Arc<FsInfo>,
     /// Working copy of the superblock, written at commit.
@@ -387,18 +391,32 @@ pub struct FsWriter {
     pub(crate) default_subvol: u64,
     /// Opened read-only (`open_read_only`): why, and every change is refused.
     pub(crate) read_only: Option<String>,
+    /// Readers' views of older generations, which keep freed space from reuse (shared
+    /// with the engine, whose readers register them without the writer).
+    pub(crate) views: Arc<views::Views>,
+    /// Data space promised to dirty page-cache data (`space::data_rsv`; shared with the
+    /// engine, which reserves it before it takes the writer).
+    pub(crate) data_rsv: Arc<crate::space::data_rsv::DataReservations>,
+    /// Unallocated device space FITRIM discarded since the open (`space::trim`).
+    pub(crate) trimmed: crate::space::trim::TrimmedDevSpace,
+    /// Told of every change to an EXTENT_DATA item (its tree, inode and file range), so
+    /// the layer above can drop what it caches of those bytes (the extent maps).
+    pub(crate) file_extents_changed: Option<Arc<FileExtentsChanged>>,
 }
 
-impl FsWriter {
+/// The callback of `Transaction::file_extents_changed`: (tree, inode, start, end).
+pub type FileExtentsChanged = dyn Fn(u64, u64, u64, u64) + Send + Sync;
+
+impl Transaction {
     /// Open an image for writing.
     ///
     /// # Errors
     /// As `FsInfo::open`, plus `Incompatible` if features forbid writing or the
     /// superblock carries an unreplayed log tree.
-    pub fn open(opts: &OpenOptions) -> Result<FsWriter> {
+    pub fn open(opts: &OpenOptions) -> Result<Transaction> {
         let mut o = opts.clone();
         o.writable = true;
-        FsWriter::from_info(FsInfo::open(&o)?)
+        Transaction::from_info(FsInfo::open(&o)?)
     }
 
     /// Open an image read-only: the same engine and live view, on devices opened for
@@ -409,11 +427,11 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `FsInfo::open`; read failures loading the block groups.
-    pub fn open_read_only(opts: &OpenOptions) -> Result<FsWriter> {
+    pub fn open_read_only(opts: &OpenOptions) -> Result<Transaction> {
         let mut o = opts.clone();
         o.writable = false;
         let info = Arc::new(FsInfo::open(&o)?);
-        let mut w = FsWriter::build(info, false)?;
+        let mut w = Transaction::build(info, false)?;
         w.read_only = Some("opened read-only".into());
         Ok(w)
     }
@@ -422,8 +440,8 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Incompatible` when writing is not allowed.
-    pub fn from_info(info: FsInfo) -> Result<FsWriter> {
-        FsWriter::from_shared(Arc::new(info))
+    pub fn from_info(info: FsInfo) -> Result<Transaction> {
+        Transaction::from_shared(Arc::new(info))
     }
 
     /// Make the writer of a shared `FsInfo` (its devices must accept writes; there is
@@ -431,7 +449,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `from_info`.
-    pub fn from_shared(info: Arc<FsInfo>) -> Result<FsWriter> {
+    pub fn from_shared(info: Arc<FsInfo>) -> Result<Transaction> {
         let sb = info.super_copy();
         if let Some(r) = &info.read_only_reason {
             return Err(Error::Incompatible(format!("cannot write: {r}")));
@@ -506,14 +524,12 @@ impl FsWriter {
                 sb.generation.get()
             )));
         }
-        let mut w = FsWriter::build(info, true)?;
-        w.orphan_cleanup()?;
-        Ok(w)
+        Transaction::build(info, true)
     }
 
     /// The writer over `info`, its block groups, quota state and default subvolume
     /// loaded; nothing written.
-    fn build(info: Arc<FsInfo>, writing: bool) -> Result<FsWriter> {
+    fn build(info: Arc<FsInfo>, writing: bool) -> Result<Transaction> {
         let sb = info.super_copy();
         let sb = Box::new(*sb);
         let transid = sb
@@ -521,7 +537,7 @@ impl FsWriter {
             .get()
             .checked_add(1)
             .ok_or_else(|| last_generation(sb.generation.get()))?;
-        let mut w = FsWriter {
+        let mut w = Transaction {
             sb,
             transid,
             dirty: FxHashMap::default(),
@@ -555,6 +571,10 @@ impl FsWriter {
             qgroup: Default::default(),
             default_subvol: FS_TREE_OBJECTID,
             read_only: None,
+            views: Default::default(),
+            data_rsv: Default::default(),
+            trimmed: Default::default(),
+            file_extents_changed: None,
             info,
         };
         if writing {
@@ -730,7 +750,7 @@ impl FsWriter {
     /// Return to the allocator the space committed transactions freed that no live view
     /// reads any more.
     pub(crate) fn release_space_held_for_views(&mut self) {
-        let views = self.info.views.clone();
+        let views = self.views.clone();
         let mut i = 0;
         while i < self.held_for_views.len() {
             if views.may_reuse(self.held_for_views[i].0) {
@@ -1408,7 +1428,7 @@ impl FsWriter {
             .map(|i| (i + 1) % NUM_BACKUP_ROOTS)
             .unwrap_or(0);
         let mut b = RootBackup::new_zeroed();
-        let get = |w: &mut FsWriter, id: u64| -> Result<RootInfo> { w.root(id) };
+        let get = |w: &mut Transaction, id: u64| -> Result<RootInfo> { w.root(id) };
         let tr = get(self, ROOT_TREE_OBJECTID)?;
         let ch = get(self, CHUNK_TREE_OBJECTID)?;
         let ex = get(self, EXTENT_TREE_OBJECTID)?;
@@ -1441,7 +1461,7 @@ impl FsWriter {
     }
 }
 
-/// What a freed block was when it was forgotten (`FsWriter::forget_dirty`).
+/// What a freed block was when it was forgotten (`Transaction::forget_dirty`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Forgot {
     /// Dirty, never written.
@@ -1453,7 +1473,7 @@ pub(crate) enum Forgot {
 }
 
 /// Blocks sealed for writeback at the end of a change, written by the engine without
-/// its lock (`FsWriter::take_writeback`).
+/// its lock (`Transaction::take_writeback`).
 pub struct Writeback {
     blocks: Vec<Arc<ExtentBuffer>>,
 }
@@ -1477,7 +1497,7 @@ impl Writeback {
     }
 }
 
-/// A sealed commit waiting for its I/O (`FsWriter::start_commit`). Writing it needs
+/// A sealed commit waiting for its I/O (`Transaction::start_commit`). Writing it needs
 /// only the shared `FsInfo`, not the writer.
 pub struct CommitIo {
     generation: u64,
@@ -1569,7 +1589,7 @@ fn transid_prev(t: u64) -> u64 {
     t - 1
 }
 
-impl FsWriter {
+impl Transaction {
     /// Create an empty tree `id` (one empty leaf) with a fresh ROOT_ITEM, as
     /// `btrfs_create_tree` does for new global trees and subvolumes.
     ///

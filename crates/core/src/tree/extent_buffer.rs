@@ -7,7 +7,7 @@ use ubtrfs_format::{Key, NodeRef};
 
 /// A validated tree block and the state the write path keeps on it (the kernel's
 /// `extent_buffer` with its DIRTY and WRITTEN bits):
-/// - **dirty**: a block of the running transaction, owned by it (`FsWriter`'s dirty
+/// - **dirty**: a block of the running transaction, owned by it (`Transaction`'s dirty
 ///   set) and changed in place until it is written (`should_cow_block`: generation ==
 ///   transid and not written);
 /// - **written**: sealed (header WRITTEN set, checksummed, checked) for writeback or a

@@ -10,7 +10,7 @@
 //! After any call that changes structure, a `WPath` is stale and must not be reused.
 
 use crate::error::{Error, PosixKind, Result};
-use crate::transaction::{Blk, FsWriter};
+use crate::transaction::{Blk, Transaction};
 use crate::tree::extent_buffer::Expect;
 use crate::tree::search::{Path, RootInfo, TreeView};
 use ubtrfs_format::key::EXTENT_DATA_KEY;
@@ -89,7 +89,7 @@ fn leaf_space_used(n: &NodeRef<'_>, from: usize, to: usize) -> usize {
     (from..to).map(|i| ITEM_SIZE + n.item(i).size.get() as usize).sum()
 }
 
-impl FsWriter {
+impl Transaction {
     fn child_expect(&self, parent: &Blk, slot: usize, root_id: u64) -> (u64, Expect) {
         let n = self.node(parent);
         (
@@ -251,7 +251,7 @@ impl FsWriter {
     /// `ins_len > 0` makes sure the leaf has that many free bytes (include ITEM_SIZE for
     /// a new item); `ins_len < 0` merges underfull nodes on the way (for deletes).
     /// Returns the path and whether the key exists (else the slot where it would go).
-    /// Reads that change nothing go through the live view (`FsWriter::live`).
+    /// Reads that change nothing go through the live view (`Transaction::live`).
     ///
     /// # Errors
     /// `Io`/`Corrupt` reading blocks, allocation failures.
@@ -842,8 +842,9 @@ impl FsWriter {
         self.maybe_collapse_root(root_id)
     }
 
-    /// An EXTENT_DATA item at `key` of fs tree `root_id` is changing: drop the inode's
-    /// extent maps over `[key.offset, end)` (`inode::extent_map`). Every primitive that
+    /// An EXTENT_DATA item at `key` of fs tree `root_id` is changing: tell the layer
+    /// above (`file_extents_changed`), which drops what it caches of the inode's
+    /// `[key.offset, end)` (the extent maps). Every primitive that
     /// changes an item calls this before the change, under the writer's exclusive side,
     /// so no reader fills the maps from the tree between the drop and the change.
     fn extent_data_changed(&self, root_id: u64, key: &Key, end: u64) {
@@ -858,8 +859,9 @@ impl FsWriter {
     /// As `extent_data_changed`, for a change of the bytes `[start, end)` only.
     fn extent_data_range_changed(&self, root_id: u64, key: &Key, start: u64, end: u64) {
         if key.type_ == EXTENT_DATA_KEY {
-            let id = crate::inode::id::InodeId { root: root_id, ino: key.objectid };
-            crate::inode::extent_map::drop_for_item_change(&self.info.inodes, id, start, end);
+            if let Some(f) = &self.file_extents_changed {
+                f(root_id, key.objectid, start, end);
+            }
         }
     }
 
@@ -1066,18 +1068,18 @@ impl FsWriter {
     }
 }
 
-/// The B-tree operations themselves, for tests of the tree code (`FsWriter::raw_tree`,
+/// The B-tree operations themselves, for tests of the tree code (`Transaction::raw_tree`,
 /// behind the test-hooks feature). Everything else changes trees through the inode and
 /// extent operations, which check what they change first and abort on failure; here a
 /// failure aborts the transaction too. Writeback never runs between these calls, so a
 /// (leaf, slot) from one stays valid for `item_data_mut`.
 #[cfg(feature = "test-hooks")]
 pub struct RawTree<'a> {
-    w: &'a mut FsWriter,
+    w: &'a mut Transaction,
 }
 
 #[cfg(feature = "test-hooks")]
-impl FsWriter {
+impl Transaction {
     /// The raw B-tree operations (test hook).
     pub fn raw_tree(&mut self) -> RawTree<'_> {
         RawTree { w: self }
@@ -1090,7 +1092,7 @@ impl<'a> RawTree<'a> {
         &mut self,
         at: &'static str,
         root_id: u64,
-        f: impl FnOnce(&mut FsWriter) -> Result<T>,
+        f: impl FnOnce(&mut Transaction) -> Result<T>,
     ) -> Result<T> {
         // Refused before anything changes (a read-only subvolume), as the public
         // mutators do: no abort for that.

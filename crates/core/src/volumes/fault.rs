@@ -57,7 +57,7 @@
 //!
 //! Neighbours: `device` (the `BlockDevice` seam and `MemDevice`, which holds a
 //! post-crash image for reopening); `crates/core/tests/crash.rs` (the crash tests that
-//! drive `FsWriter` through this device).
+//! drive `Transaction` through this device).
 
 use crate::error::{Error, Result};
 use crate::volumes::device::BlockDevice;

@@ -1534,10 +1534,7 @@ impl Ubtrfs {
     }
 
     /// A change under the engine's lock: `f` returns the operation's own result.
-    fn change<T>(
-        &self,
-        f: impl FnOnce(&mut ubtrfs_core::transaction::FsWriter) -> UResult<T>,
-    ) -> UResult<T> {
+    fn change<T>(&self, f: impl FnOnce(&mut ubtrfs_core::FsWriter) -> UResult<T>) -> UResult<T> {
         let mut inner = None;
         let r = self.engine().write(|w| {
             inner = Some(f(w));

@@ -25,8 +25,8 @@ use ubtrfs_core::inode::filesystem::{
 };
 use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
 use ubtrfs_core::FsRead;
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_core::PosixKind;
 use ubtrfs_format::key::*;

@@ -23,8 +23,9 @@ pub mod signature;
 use std::path::{Path, PathBuf};
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::space::{chunk_alloc, chunk_remove};
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::transaction::Transaction;
 use ubtrfs_core::volumes::device::{BlockDevice, FileDevice};
+use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsInfo, OpenOptions};
 use ubtrfs_format::structs::*;
 
@@ -332,7 +333,7 @@ pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
     };
     {
         // No reservation: the metadata chunk this handle makes is where its blocks go.
-        let mut h = w.start_transaction("mkfs: chunks", 0)?;
+        let mut h = Transaction::start_transaction(w, "mkfs: chunks", 0)?;
         let r = (|| {
             for &ty in types {
                 chunk_alloc::alloc_chunk(&mut h, ty)?;

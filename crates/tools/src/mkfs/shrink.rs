@@ -5,7 +5,7 @@
 //! that size. Nothing is relocated: chunks are placed from the start of each device.
 
 use ubtrfs_core::error::Result;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
 
 /// The largest chunk per type with --shrink: data 64 MiB, metadata 32 MiB, system

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::transaction::FsWriter;
+use ubtrfs_core::FsWriter;
 
 /// The fs tree and its root directory.
 pub const FS_TREE: u64 = 5;
