@@ -248,23 +248,18 @@ impl Engine {
         let inode = self.inodes().get(id);
         let g = lock_exclusive(&inode);
         let ii = self.regular_item(&inode)?;
-        crate::inode::write::iflags_allow(
-            id.root,
-            id.ino,
-            ii.flags.get(),
-            crate::inode::write::IflagOp::Write,
-            b"",
-        )?;
         let bs = self.info().sectorsize;
         // The size cannot move while the inode's lock is held (an empty cache reads
         // it from the item, as below).
         let size = with_cache(self, &inode, |pc| pc.i_size).unwrap_or(ii.size.get());
-        if ii.flags.get() & ubtrfs_format::structs::INODE_APPEND != 0 && offset != size {
-            return Err(Error::posix(
-                PosixKind::NotPermitted,
-                format!("{id} is append-only: writes must start at its size {size}, not {offset}"),
-            ));
-        }
+        crate::inode::write::prepare_write(
+            id,
+            &ii,
+            size,
+            offset,
+            data.len() as u64,
+            crate::inode::write::WriteBy::Caller,
+        )?;
         // The write's times, as the kernel's file_update_time sets them once the
         // write is allowed and before the data is copied (writeback leaves them
         // alone); refused on a read-only subvolume or engine.

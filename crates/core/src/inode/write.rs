@@ -83,6 +83,52 @@ pub(crate) fn iflags_allow(
     Ok(())
 }
 
+/// Who asks `prepare_write`: a new write, or the writeback of data written earlier,
+/// whose checks were made when it was written (the kernel's writeback does not look at
+/// the flags, so one set since must not keep that data from disk).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum WriteBy {
+    Caller,
+    Writeback,
+}
+
+/// The checks every data write makes before it changes anything, on every route (the
+/// page cache, the direct write, the writer's own `write_file`; the kernel's
+/// `btrfs_write_check` and `generic_write_checks`): a regular file, flags that allow
+/// writing (immutable, fs-verity), an append-only file written at its end, and an end
+/// that fits in 64 bits. `size` is the file's size as the writer sees it (the page
+/// cache's, when it holds one). Returns the write's end.
+///
+/// # Errors
+/// `Posix(IsDir)` for a directory, `Posix(Invalid)` for another file that is not
+/// regular or an end past 2^64, `Posix(NotPermitted)` for the flags.
+pub(crate) fn prepare_write(
+    id: InodeId,
+    ii: &InodeItem,
+    size: u64,
+    offset: u64,
+    len: u64,
+    by: WriteBy,
+) -> Result<u64> {
+    match ii.mode.get() & S_IFMT {
+        S_IFREG => {}
+        S_IFDIR => return Err(Error::posix(PosixKind::IsDir, id.to_string())),
+        _ => return Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
+    }
+    if by == WriteBy::Caller {
+        iflags_allow(id.root, id.ino, ii.flags.get(), IflagOp::Write, b"")?;
+        if ii.flags.get() & INODE_APPEND != 0 && offset != size {
+            return Err(Error::posix(
+                PosixKind::NotPermitted,
+                format!("{id} is append-only: writes must start at its size {size}, not {offset}"),
+            ));
+        }
+    }
+    offset
+        .checked_add(len)
+        .ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))
+}
+
 /// The mode a write, truncation or fallocate by a caller without CAP_FSETID leaves
 /// (`should_remove_suid`): set-user-ID goes; set-group-ID goes when the group may
 /// execute, and without group execute (it then marks mandatory locking) when the caller
@@ -159,6 +205,15 @@ impl FsWriter {
     }
 
     /// The current time from the engine's clock (`OpenOptions::sources`).
+    /// Who the data write under way is for `prepare_write` (`writing_back`).
+    pub(crate) fn write_by(&self) -> WriteBy {
+        if self.writing_back {
+            WriteBy::Writeback
+        } else {
+            WriteBy::Caller
+        }
+    }
+
     pub fn now(&self) -> Timespec {
         timespec(self.info.sources.clock.now())
     }
@@ -944,22 +999,9 @@ impl FsWriter {
         if len == 0 {
             return Ok(());
         }
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
-        if ii.mode.get() & S_IFMT != S_IFREG {
-            return Err(Error::posix(
-                PosixKind::Invalid,
-                format!("root={root} ino={ino} is not a regular file"),
-            ));
-        }
-        if !self.writing_back {
-            iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
-        }
-        if ii.flags.get() & INODE_APPEND != 0 && offset != ii.size.get() && !self.writing_back {
-            return Err(Error::posix(PosixKind::NotPermitted, format!("root={root} ino={ino} is append-only: writes must start at its size {}, not {offset}", ii.size.get())));
-        }
-        let end = offset
-            .checked_add(len)
-            .ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        let id = InodeId { root, ino };
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let end = prepare_write(id, &ii, ii.size.get(), offset, len, self.write_by())?;
         // The inode, two split edges, the extents and their csums.
         let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
         let csum_bytes =
@@ -1581,19 +1623,9 @@ impl FsWriter {
     /// As `write_file`: `Posix` for a wrong inode or flags, `Posix(NoSpace)`.
     pub fn begin_write(&mut self, root: u64, ino: u64, offset: u64, len: u64) -> Result<WritePlan> {
         self.check_root_writable(root)?;
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
-        if ii.mode.get() & S_IFMT != S_IFREG {
-            return Err(Error::posix(
-                PosixKind::Invalid,
-                format!("root={root} ino={ino} is not a regular file"),
-            ));
-        }
-        if !self.writing_back {
-            iflags_allow(root, ino, ii.flags.get(), IflagOp::Write, b"")?;
-        }
-        let end = offset
-            .checked_add(len)
-            .ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))?;
+        let id = InodeId { root, ino };
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let end = prepare_write(id, &ii, ii.size.get(), offset, len, self.write_by())?;
         let ss = u64::from(self.sectorsize());
         let old_size = ii.size.get();
         let max_inline = self.max_inline();
