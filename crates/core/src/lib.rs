@@ -1,7 +1,9 @@
 //! ubtrfs-core: the btrfs filesystem engine. Devices and chunk mapping (`volumes`),
 //! validated block reads (`disk_io`), B-trees (`tree`), space management (`space`),
-//! extent references (`extent`), transactions (`transaction`), inodes and file data
-//! (`inode`) and compression (`compression`). The tools (check, extract, put) live in
+//! extent references (`extent`), transactions (`transaction`), file data in memory
+//! (`mapping`: extent maps, page cache, ordered extents), inodes and the writer over
+//! them (`inode`), compression (`compression`), and the engine that shares one
+//! filesystem between threads (`engine`). The tools (check, extract, put) live in
 //! ubtrfs-tools, apart from the engine.
 
 pub mod compression;
@@ -9,7 +11,9 @@ pub mod disk_io;
 pub mod engine;
 pub mod error;
 pub mod extent;
+pub mod ids;
 pub mod inode;
+pub mod mapping;
 pub mod quote;
 pub mod ranges;
 pub mod sources;

@@ -1,4 +1,4 @@
-//! The buffered write path (`inode::page_cache`, `ordered`, `writeback`) against a byte
+//! The buffered write path (`mapping::page_cache`, `ordered`, `writeback`) against a byte
 //! model: random buffered writes, truncations, reads, punches, zero ranges and direct
 //! writes on a few files, writebacks and commits in between; then sync, reopen the
 //! image and compare every byte, and `btrfs check --readonly --check-data-csum`.
@@ -23,10 +23,10 @@ use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::attr::SetAttr;
 use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{ExtentKind, InodeId, Load};
-use ubtrfs_core::inode::ordered::{OrderedExtent, OrderedTree};
-use ubtrfs_core::inode::page_cache::Folio;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::writeback::{extent_writepage, BioCtrl, SubmitMode};
+use ubtrfs_core::mapping::ordered::{OrderedExtent, OrderedTree};
+use ubtrfs_core::mapping::page_cache::Folio;
 use ubtrfs_core::{FsRead, OpenOptions};
 use write_common::*;
 

@@ -38,10 +38,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use ubtrfs_core::inode::extent_map::ExtentMap;
-use ubtrfs_core::inode::extent_map_shrinker::ExtentMapShrinker;
-use ubtrfs_core::inode::id::InodeId;
+use ubtrfs_core::ids::InodeId;
 use ubtrfs_core::inode::inode_cache::{Inode, InodeCache};
+use ubtrfs_core::mapping::extent_map::ExtentMap;
+use ubtrfs_core::mapping::extent_map_shrinker::ExtentMapShrinker;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -89,7 +89,7 @@ impl Setup {
             let ino = FIRST_INO + i;
             let inode = cache.get(InodeId { root: ROOT, ino });
             // Every inode's tree is attached, as the engine's reads attach them.
-            inode.mapping.extent_map.attach(&shrinker, &inode);
+            inode.attach_extent_maps(&shrinker);
             if i >= empty {
                 m.push(Arc::clone(&inode));
             }

@@ -21,9 +21,9 @@ pub mod common;
 use clap::Parser;
 use common::{print_table, summarize};
 use std::time::Instant;
-use ubtrfs_core::inode::ordered::{OrderedExtent, OrderedTree};
-use ubtrfs_core::inode::page_cache::Folio;
 use ubtrfs_core::inode::writeback::{extent_writepage, Bio, BioCtrl, SubmitMode};
+use ubtrfs_core::mapping::ordered::{OrderedExtent, OrderedTree};
+use ubtrfs_core::mapping::page_cache::Folio;
 
 #[derive(Parser, Debug)]
 #[command(about = "seed 004: folio writeback, extent-by-extent vs block-by-block submission")]

@@ -1,15 +1,14 @@
 //! Buffered I/O as the engine serves it: reads through the page cache (filled from the
 //! trees on a miss), writes into it with their data space reserved, truncation and
 //! the limits that start writeback. The folios and their states are
-//! `inode::page_cache`'s.
+//! `mapping::page_cache`'s.
 
 use crate::engine::Engine;
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FileKind, FsRead, InodeId, Load};
-use crate::inode::inode_cache::Inode;
-use crate::inode::page_cache::{
-    holes_between, lock_exclusive, lock_shared, shrink_target, PageCacheInner, PageCacheStats,
-    WriteOpts, FOLIO_SIZE,
+use crate::inode::inode_cache::{lock_exclusive, lock_shared, Inode};
+use crate::mapping::page_cache::{
+    holes_between, shrink_target, PageCacheInner, PageCacheStats, WriteOpts, FOLIO_SIZE,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -461,7 +460,7 @@ impl Engine {
         if a < look {
             let recs = self
                 .read(|l| {
-                    crate::inode::extent_map::get_file_extents(l, &self.extent_maps, inode, a, look)
+                    crate::inode::get_extent::get_file_extents(l, &self.extent_maps, inode, a, look)
                 })?
                 .0;
             out = holes_between(&recs, a, look, bs);

@@ -16,9 +16,9 @@
 //!   under the exclusive side (no torn directory). A committed block missing from the
 //!   cache is read after dropping the lock, and the reader runs again.
 //! - `read_file` finds a range's extents in the inode's extent maps
-//!   (`inode::extent_map`), filling them from EXTENT_DATA items on a miss; every
+//!   (`mapping::extent_map`), filling them from EXTENT_DATA items on a miss; every
 //!   change of those items drops the range it touches (`tree::modify`), and a budget
-//!   bounds the maps (`set_extent_map_limit`, `inode::extent_map_shrinker`).
+//!   bounds the maps (`set_extent_map_limit`, `mapping::extent_map_shrinker`).
 //! - File data is read (`read_file`) and written (`write_file`, whole sectors) without
 //!   `state`: the lookups and the extent reservations and insertions take it, the data
 //!   I/O holds only the inode's lock. Space a reader may still read is not reused
@@ -37,7 +37,7 @@
 //!   finish it (`finish_commit`). All the commit's I/O (blocks, flushes, superblocks)
 //!   runs between the two, holding neither side of `state`: readers and the next
 //!   transaction's changes go on while it is written.
-//! - Buffered file data (`inode::page_cache`, `inode::writeback`): `buffered_read`
+//! - Buffered file data (`mapping::page_cache`, `inode::writeback`): `buffered_read`
 //!   and `buffered_write` go through each inode's page cache; `writeback_inode`,
 //!   `writeback_all`, `fsync` and `sync` put dirty data into the trees. `commit`
 //!   does not write dirty pages back, and dropping the engine loses what is still
@@ -66,6 +66,7 @@
 
 mod buffered;
 mod file;
+mod pages;
 pub use file::OpenFile;
 mod reflink;
 mod subvol;
@@ -106,13 +107,13 @@ pub struct Engine {
     /// still writing it is pinned, and its space must not come back before that write
     /// has landed.
     writeback_io: RwLock<()>,
-    /// The page cache's limits, totals and inodes (`inode::page_cache`).
-    pub(crate) pages: crate::inode::page_cache::PageCacheGlobal,
+    /// The page cache's limits, totals and inodes (`pages`).
+    pub(crate) pages: pages::PageCacheGlobal,
     /// The writer's in-memory inodes, which readers and open files share.
     pub(crate) inodes: Arc<crate::inode::inode_cache::InodeCache>,
     /// The count of extent maps and the worker that frees them past their budget
-    /// (`inode::extent_map_shrinker`).
-    pub(crate) extent_maps: Arc<crate::inode::extent_map_shrinker::ExtentMapShrinker>,
+    /// (`mapping::extent_map_shrinker`).
+    pub(crate) extent_maps: Arc<crate::mapping::extent_map_shrinker::ExtentMapShrinker>,
     /// Data space promised to dirty page-cache data (`space::data_rsv`), the writer's.
     pub(crate) data_rsv: Arc<crate::space::data_rsv::DataReservations>,
     /// Readers' views of older generations (`transaction::views`), the writer's.
@@ -167,7 +168,7 @@ impl Engine {
     }
 
     /// The extent maps' count and shrinker.
-    pub fn extent_maps(&self) -> &crate::inode::extent_map_shrinker::ExtentMapShrinker {
+    pub fn extent_maps(&self) -> &crate::mapping::extent_map_shrinker::ExtentMapShrinker {
         &self.extent_maps
     }
 
@@ -226,7 +227,7 @@ impl Engine {
             }
             let end = offset.saturating_add(len).min(v.size());
             // From the extent maps, or the EXTENT_DATA items (then cached in the maps).
-            v.extents = crate::inode::extent_map::get_file_extents(
+            v.extents = crate::inode::get_extent::get_file_extents(
                 l,
                 &self.extent_maps,
                 &mem,
@@ -247,14 +248,14 @@ impl Engine {
     }
 
     /// Keep at most `n` extent maps (default `DEFAULT_EXTENT_MAP_LIMIT`): past it, a
-    /// shrinker run frees maps (`inode::extent_map_shrinker`); runs at once if over.
+    /// shrinker run frees maps (`mapping::extent_map_shrinker`); runs at once if over.
     pub fn set_extent_map_limit(&self, n: u64) {
         self.extent_maps.set_limit(n);
         self.extent_maps.balance();
     }
 
     /// The extent maps' counts (maps, registry, shrinker runs, map hits and misses).
-    pub fn extent_map_stats(&self) -> crate::inode::extent_map_shrinker::ExtentMapStats {
+    pub fn extent_map_stats(&self) -> crate::mapping::extent_map_shrinker::ExtentMapStats {
         self.extent_maps.stats()
     }
 

@@ -7,9 +7,9 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::inode::filesystem::{FsRead, InodeId, Load};
 use crate::inode::inode_cache::Inode;
-use crate::inode::ordered::OrderedExtent;
-use crate::inode::page_cache::FOLIO_SIZE;
 use crate::inode::writeback::{complete_bio, extent_writepage, Bio, BioCtrl, SubmitMode};
+use crate::mapping::ordered::OrderedExtent;
+use crate::mapping::page_cache::FOLIO_SIZE;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -16,11 +16,12 @@
 //!   `getattr` of a cached inode reads no tree.
 //! - For a directory, the next DIR_INDEX (`btrfs_inode::index_cnt`), found from the
 //!   last index item the first time a name is added and counted up from then on.
-//! - `mapping`: the extent maps (`inode::extent_map`) and the page cache
-//!   (`inode::page_cache`). An evicted inode's maps go with it (the trees rebuild them).
+//! - `mapping`: the extent maps (`mapping::extent_map`) and the page cache
+//!   (`mapping::page_cache`). An evicted inode's maps go with it (the trees rebuild them).
 //!
-//! The cache lives in `FsInfo`, so the writer reaches it whether or not an engine
-//! shares it. An evicted inode loses only what the trees can rebuild.
+//! The cache belongs to the writer (`FsWriter::inodes`), which keeps it in step with
+//! the items; the engine shares it with its readers and open files. An evicted inode
+//! loses only what the trees can rebuild.
 //!
 //! Lock order: inode locks (two of them in `InodeId` order) before the engine's lock;
 //! the cache's own mutex is a leaf lock, never held while taking another lock or
@@ -33,7 +34,7 @@
 //! not open, not looked up, and no other `Arc` to it (an operation holding its lock),
 //! so two operations on one inode always share one lock.
 
-use crate::inode::id::InodeId;
+use crate::ids::InodeId;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -45,12 +46,12 @@ use ubtrfs_format::structs::InodeItem;
 pub const DEFAULT_INODE_CACHE_CAPACITY: usize = 8192;
 
 /// The per-inode state of file data in memory: the extent map (file offset to extent,
-/// `inode::extent_map`, with its shrinker) and the page cache with its ordered extents
-/// (`page_cache`).
+/// `mapping::extent_map`, with its shrinker) and the page cache with its ordered extents
+/// (`mapping::page_cache`).
 #[derive(Debug, Default)]
 pub struct InodeMapping {
-    pub extent_map: crate::inode::extent_map::ExtentMapTree,
-    pub pages: crate::inode::page_cache::PageCache,
+    pub extent_map: crate::mapping::extent_map::ExtentMapTree,
+    pub pages: crate::mapping::page_cache::PageCache,
 }
 
 /// An inode in memory.
@@ -75,6 +76,27 @@ pub struct Inode {
     ctime_queried: AtomicBool,
     /// Extent map, io-tree and page cache.
     pub mapping: InodeMapping,
+}
+
+impl Inode {
+    /// Attach the inode's extent map tree to `shrinker` (once; later calls are no-ops).
+    pub fn attach_extent_maps(
+        self: &Arc<Inode>,
+        shrinker: &Arc<crate::mapping::extent_map_shrinker::ExtentMapShrinker>,
+    ) {
+        let owner: std::sync::Weak<dyn crate::mapping::extent_map_shrinker::MapsOwner> =
+            Arc::downgrade(self) as _;
+        self.mapping.extent_map.attach(shrinker, self.id, owner);
+    }
+}
+
+impl crate::mapping::extent_map_shrinker::MapsOwner for Inode {
+    fn id(&self) -> InodeId {
+        self.id
+    }
+    fn extent_maps(&self) -> &crate::mapping::extent_map::ExtentMapTree {
+        &self.mapping.extent_map
+    }
 }
 
 /// An inode's attributes and the delalloc bytes that st_blocks counts with them, under
@@ -504,6 +526,16 @@ impl CloseErrors {
     pub(crate) fn take(&self) -> (Vec<String>, u64) {
         std::mem::take(&mut *self.inner.lock().unwrap_or_else(|p| p.into_inner()))
     }
+}
+
+/// Take inode `i`'s lock (the role of i_rwsem) exclusively.
+pub(crate) fn lock_exclusive(i: &Inode) -> std::sync::RwLockWriteGuard<'_, ()> {
+    i.lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Take inode `i`'s lock shared.
+pub(crate) fn lock_shared(i: &Inode) -> std::sync::RwLockReadGuard<'_, ()> {
+    i.lock.read().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -31,8 +31,7 @@ pub(super) enum RefRoom {
     Full,
 }
 
-/// Largest extent the kernel writes (BTRFS_MAX_EXTENT_SIZE).
-pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
+pub use crate::mapping::MAX_EXTENT_SIZE;
 /// The kernel's default `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
 /// What a change does to an inode, for the immutable / append-only rules.

@@ -45,9 +45,9 @@
 
 use crate::error::Result;
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
-use crate::inode::ordered::{OrderedExtent, OrderedTree};
-use crate::inode::page_cache::Folio;
 use crate::inode::writer::FsWriter;
+use crate::mapping::ordered::{OrderedExtent, OrderedTree};
+use crate::mapping::page_cache::Folio;
 
 /// How `extent_writepage` walks a folio's dirty blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::Result;
-use crate::inode::id::InodeId;
+use crate::ids::InodeId;
 use crate::inode::inode_cache::InodeCache;
 use crate::transaction::handle::{self, TransHandle};
 use crate::transaction::Transaction;
@@ -92,7 +92,7 @@ impl FsWriter {
         let inodes = Arc::new(InodeCache::default());
         let cache = Arc::clone(&inodes);
         t.file_extents_changed = Some(Arc::new(move |root, ino, start, end| {
-            crate::inode::extent_map::drop_for_item_change(
+            crate::inode::get_extent::drop_for_item_change(
                 &cache,
                 InodeId { root, ino },
                 start,

@@ -45,12 +45,9 @@
 //! mutex (a leaf: whoever holds it only *tries* a cache's mutex). The state lock is
 //! never held while a cache's mutex is taken.
 
-use crate::inode::filesystem::InodeId;
-use crate::inode::inode_cache::Inode;
-use crate::inode::ordered::OrderedTree;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::mapping::ordered::OrderedTree;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
 
 /// Bytes of one cached folio: 16 blocks of 4 KiB, the size the kernel's large folios
 /// reach for ordinary buffered writes.
@@ -745,78 +742,11 @@ pub struct PageCacheStats {
     pub ordered_truncated: u64,
 }
 
-/// The engine's side of the page cache: limits, totals and the inodes with folios.
-#[derive(Debug)]
-pub struct PageCacheGlobal {
-    pub(crate) cache_limit: AtomicU64,
-    pub(crate) dirty_limit: AtomicU64,
-    pub(crate) cached: AtomicU64,
-    /// Inodes with folios, held (so the inode cache keeps them) with the tick of
-    /// their last use.
-    pub(crate) inodes: Mutex<HashMap<InodeId, (Arc<Inode>, u64)>>,
-    pub(crate) tick: AtomicU64,
-    pub(crate) evicted_folios: AtomicU64,
-    pub(crate) throttle_writebacks: AtomicU64,
-    pub(crate) ordered_finished: AtomicU64,
-    pub(crate) ordered_truncated: AtomicU64,
-    /// Largest ordered extent delalloc makes (`MAX_EXTENT_SIZE` but in tests).
-    pub(crate) max_extent: AtomicU64,
-}
-
-impl Default for PageCacheGlobal {
-    fn default() -> PageCacheGlobal {
-        PageCacheGlobal {
-            cache_limit: AtomicU64::new(DEFAULT_CACHE_BYTES),
-            dirty_limit: AtomicU64::new(DEFAULT_DIRTY_BYTES),
-            cached: AtomicU64::new(0),
-            inodes: Mutex::new(HashMap::new()),
-            tick: AtomicU64::new(1),
-            evicted_folios: AtomicU64::new(0),
-            throttle_writebacks: AtomicU64::new(0),
-            ordered_finished: AtomicU64::new(0),
-            ordered_truncated: AtomicU64::new(0),
-            max_extent: AtomicU64::new(crate::inode::write::MAX_EXTENT_SIZE),
-        }
-    }
-}
-
-impl PageCacheGlobal {
-    pub(crate) fn registry(&self) -> MutexGuard<'_, HashMap<InodeId, (Arc<Inode>, u64)>> {
-        self.inodes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn next_tick(&self) -> u64 {
-        self.tick.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Apply a change of one inode's usage from `before` to `after` (cached, dirty).
-    /// The dirty total is kept by the data reservations (`rsv`): dirty bytes hold data
-    /// space until writeback allocates it, so the one counter serves both.
-    pub(crate) fn account(
-        &self,
-        rsv: &crate::space::data_rsv::DataReservations,
-        before: (u64, u64),
-        after: (u64, u64),
-    ) {
-        rsv.dirty_moved(before.1, after.1);
-        if after.0 >= before.0 {
-            self.cached.fetch_add(after.0 - before.0, Ordering::AcqRel);
-        } else {
-            let prev = self.cached.fetch_sub(before.0 - after.0, Ordering::AcqRel);
-            assert!(
-                prev >= before.0 - after.0,
-                "page cache: cached total {prev} below a release of {}",
-                before.0 - after.0
-            );
-        }
-    }
-}
-
 /// The parts of the block-aligned [a, z) that the file extents `recs` (sorted, as
 /// `FsRead::file_extents` gives them) leave uncovered: the holes, explicit hole
 /// extents included. An inline extent takes its whole block.
 pub(crate) fn holes_between(
-    recs: &[crate::inode::filesystem::FileExtentRec],
+    recs: &[crate::mapping::file_extent::FileExtentRec],
     a: u64,
     z: u64,
     bs: u64,
@@ -824,7 +754,7 @@ pub(crate) fn holes_between(
     let mut out = Vec::new();
     let mut pos = a;
     for r in recs.iter().filter(|r| {
-        !matches!(r.kind, crate::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. })
+        !matches!(r.kind, crate::mapping::file_extent::ExtentKind::Regular { disk_bytenr: 0, .. })
     }) {
         let (s, e) = (r.file_offset / bs * bs, r.end().div_ceil(bs) * bs);
         if s > pos {
@@ -839,12 +769,4 @@ pub(crate) fn holes_between(
         out.push((pos, z));
     }
     out
-}
-
-pub(crate) fn lock_exclusive(i: &Inode) -> std::sync::RwLockWriteGuard<'_, ()> {
-    i.lock.write().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) fn lock_shared(i: &Inode) -> std::sync::RwLockReadGuard<'_, ()> {
-    i.lock.read().unwrap_or_else(|p| p.into_inner())
 }

@@ -1,5 +1,5 @@
-//! The name of an inode, shared by every layer that keeps inodes (the read view, the
-//! in-memory inodes in `FsInfo`, the writer).
+//! Names shared by every layer: an inode's (`InodeId`), used by the read view, the
+//! file-data structures in memory (`mapping`), the in-memory inodes and the writer.
 
 /// Names an inode: subvolume tree id and objectid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -30,10 +30,11 @@
 //! Lock order: an inode's tree lock, then the registry lock (a leaf lock). The worker
 //! takes them apart: the registry lock, released, then a tree's trylock.
 //!
-//! Neighbours: `extent_map` (the trees), `inode_cache` (the inodes), `engine` (the budget).
+//! Neighbours: `extent_map` (the trees), `inode::inode_cache` (the inodes, each a
+//! `MapsOwner`), `engine` (the budget).
 
-use crate::inode::id::InodeId;
-use crate::inode::inode_cache::Inode;
+use crate::ids::InodeId;
+use crate::mapping::extent_map::ExtentMapTree;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -73,7 +74,7 @@ pub struct ExtentMapStats {
 /// The filesystem's extent-map accounting and worker.
 #[derive(Debug)]
 pub struct ExtentMapShrinker {
-    registry: Mutex<BTreeMap<RegKey, Weak<Inode>>>,
+    registry: Mutex<BTreeMap<RegKey, Weak<dyn MapsOwner>>>,
     evictable: AtomicU64,
     limit: AtomicU64,
     nr_to_scan: AtomicU64,
@@ -115,12 +116,21 @@ impl Default for ExtentMapShrinker {
     }
 }
 
+/// What holds an extent map tree the shrinker frees from: the in-memory inode
+/// (`inode::inode_cache::Inode`), held weakly, so an inode being evicted is skipped.
+pub trait MapsOwner: Send + Sync {
+    /// The inode it is.
+    fn id(&self) -> InodeId;
+    /// Its extent map tree.
+    fn extent_maps(&self) -> &ExtentMapTree;
+}
+
 /// What ties a tree to the shrinker: the inode it belongs to, under a serial of its
 /// own (an inode evicted and read again is a new registry entry).
 pub struct Owner {
     shrinker: Arc<ExtentMapShrinker>,
     key: RegKey,
-    inode: Weak<Inode>,
+    inode: Weak<dyn MapsOwner>,
 }
 
 impl std::fmt::Debug for Owner {
@@ -130,13 +140,13 @@ impl std::fmt::Debug for Owner {
 }
 
 impl Owner {
-    pub(crate) fn new(shrinker: &Arc<ExtentMapShrinker>, inode: &Arc<Inode>) -> Owner {
+    pub(crate) fn new(
+        shrinker: &Arc<ExtentMapShrinker>,
+        id: InodeId,
+        inode: Weak<dyn MapsOwner>,
+    ) -> Owner {
         let serial = shrinker.next_serial.fetch_add(1, Ordering::Relaxed);
-        Owner {
-            shrinker: Arc::clone(shrinker),
-            key: (inode.id, serial),
-            inode: Arc::downgrade(inode),
-        }
+        Owner { shrinker: Arc::clone(shrinker), key: (id, serial), inode }
     }
 
     /// Account a change of the tree from `before` to `after` maps (the tree's write
@@ -182,7 +192,7 @@ fn after(id: InodeId) -> InodeId {
 }
 
 impl ExtentMapShrinker {
-    fn lock_registry(&self) -> std::sync::MutexGuard<'_, BTreeMap<RegKey, Weak<Inode>>> {
+    fn lock_registry(&self) -> std::sync::MutexGuard<'_, BTreeMap<RegKey, Weak<dyn MapsOwner>>> {
         // Only failed assertions panic under it; the map itself stays whole.
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -265,7 +275,7 @@ impl ExtentMapShrinker {
         let mut scanned = 0u64;
         'walk: while scanned < target && !self.closing.load(Ordering::Acquire) {
             std::thread::yield_now();
-            let batch: Vec<(InodeId, Weak<Inode>)> = self
+            let batch: Vec<(InodeId, Weak<dyn MapsOwner>)> = self
                 .lock_registry()
                 .range((pos, 0)..)
                 .take(BATCH)
@@ -287,7 +297,7 @@ impl ExtentMapShrinker {
                 self.visited.fetch_add(1, Ordering::Relaxed);
                 // Evicted meanwhile: its maps went with it.
                 let Some(inode) = weak.upgrade() else { continue };
-                let Some(mut g) = inode.mapping.extent_map.try_write() else {
+                let Some(mut g) = inode.extent_maps().try_write() else {
                     self.busy.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
@@ -324,17 +334,22 @@ impl ExtentMapShrinker {
     /// Check the invariants (module notes) while nobody changes maps; panics naming the
     /// first that fails.
     pub fn check_invariants(&self) {
-        let entries: Vec<(RegKey, Weak<Inode>)> =
+        let entries: Vec<(RegKey, Weak<dyn MapsOwner>)> =
             self.lock_registry().iter().map(|(k, w)| (*k, w.clone())).collect();
         let mut sum = 0u64;
         for ((id, serial), w) in entries {
             let inode = w
                 .upgrade()
                 .unwrap_or_else(|| panic!("extent maps: registered {id} serial {serial} is gone"));
-            assert_eq!(inode.id, id, "extent maps: registry entry {id} holds inode {}", inode.id);
-            let n = inode.mapping.extent_map.len() as u64;
+            assert_eq!(
+                inode.id(),
+                id,
+                "extent maps: registry entry {id} holds inode {}",
+                inode.id()
+            );
+            let n = inode.extent_maps().len() as u64;
             assert!(n >= 1, "extent maps: {id} serial {serial} is registered with no maps");
-            inode.mapping.extent_map.check_invariants();
+            inode.extent_maps().check_invariants();
             sum += n;
         }
         assert_eq!(
@@ -349,8 +364,8 @@ impl ExtentMapShrinker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inode::extent_map::{ExtentMap, EXTENT_FLAG_PINNED};
-    use crate::inode::inode_cache::InodeCache;
+    use crate::inode::inode_cache::{Inode, InodeCache};
+    use crate::mapping::extent_map::{ExtentMap, EXTENT_FLAG_PINNED};
 
     const K: u64 = 4096;
 
@@ -363,7 +378,7 @@ mod tests {
         n: u64,
     ) -> Arc<Inode> {
         let inode = cache.get(InodeId { root, ino });
-        inode.mapping.extent_map.attach(s, &inode);
+        inode.attach_extent_maps(s);
         for i in 0..n {
             // Every other disk block: never adjacent on disk, so never merged.
             inode

@@ -23,20 +23,20 @@
 //! `MapsGuard`, whose drop settles that count and the registry.
 //!
 //! The maps mirror the live fs tree: every EXTENT_DATA item change in `tree::modify`
-//! drops the range it touches (`drop_for_item_change`), under the engine's exclusive
-//! state, while fills (`get_file_extents`) run under its shared side.
+//! drops the range it touches (`inode::get_extent::drop_for_item_change`, through the
+//! transaction's `file_extents_changed`), under the engine's exclusive state, while
+//! fills (`inode::get_extent::get_file_extents`) run under its shared side.
 //!
-//! Neighbours: `inode_cache` (the tree lives in `InodeMapping`), `extent_map_shrinker`
-//! (frees maps under a memory budget), `read` (the data reads they serve).
+//! Neighbours: `inode::inode_cache` (the tree lives in `InodeMapping`),
+//! `extent_map_shrinker` (frees maps under a memory budget), `inode::read` (the data
+//! reads they serve).
 
-use crate::error::Result;
-use crate::inode::extent_map_shrinker::{ExtentMapShrinker, Owner};
-use crate::inode::filesystem::{ExtentKind, FileExtentRec, FsRead};
-use crate::inode::id::InodeId;
-use crate::inode::inode_cache::Inode;
+use crate::ids::InodeId;
+use crate::mapping::extent_map_shrinker::{ExtentMapShrinker, MapsOwner, Owner};
+use crate::mapping::file_extent::{ExtentKind, FileExtentRec};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 /// The last byte a real disk address may name; markers sit above it.
 pub const EXTENT_MAP_LAST_BYTE: u64 = u64::MAX - 3;
@@ -279,24 +279,35 @@ impl Drop for ExtentMapTree {
 }
 
 impl ExtentMapTree {
-    /// Attach the tree to `shrinker` as inode `inode`'s (once; later calls are no-ops).
-    pub fn attach(&self, shrinker: &Arc<ExtentMapShrinker>, inode: &Arc<Inode>) {
+    /// Attach the tree to `shrinker` as inode `id`'s, owned by `owner` (once; later
+    /// calls are no-ops).
+    pub fn attach(
+        &self,
+        shrinker: &Arc<ExtentMapShrinker>,
+        id: InodeId,
+        owner: Weak<dyn MapsOwner>,
+    ) {
         if self.owner.get().is_some() {
             return;
         }
         let maps = self.lock_write();
         // Counted from here on: whatever is in it now joins the count.
-        if self.owner.set(Owner::new(shrinker, inode)).is_ok() {
+        if self.owner.set(Owner::new(shrinker, id, owner)).is_ok() {
             let o = self.owner.get().expect("set just above");
             o.settle(0, maps.len());
         }
+    }
+
+    /// Whether the tree is attached to a shrinker (it has no maps until it is).
+    pub fn is_attached(&self) -> bool {
+        self.owner.get().is_some()
     }
 
     fn lock_write(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, ExtentMap>> {
         self.maps.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_read(&self) -> RwLockReadGuard<'_, BTreeMap<u64, ExtentMap>> {
+    pub(crate) fn lock_read(&self) -> RwLockReadGuard<'_, BTreeMap<u64, ExtentMap>> {
         self.maps.read().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -565,39 +576,12 @@ impl MapsGuard<'_> {
     }
 }
 
-/// The file extents of inode `id` overlapping `[from, to)` as `FsRead::file_extents`
-/// returns them, served from the inode's extent maps when they cover the range (and
-/// none is inline, whose bytes are in the leaf), read from EXTENT_DATA items and cached
-/// otherwise (`btrfs_get_extent`). Holes are left out (the reader zero-fills gaps).
-/// Returns the extents and whether the maps served them.
-///
-/// # Errors
-/// As `FsRead::file_extents`.
-pub fn get_file_extents<V: FsRead>(
-    fs: &V,
-    shrinker: &Arc<ExtentMapShrinker>,
-    inode: &Arc<Inode>,
+/// The extents of `[from, to)` from `maps` if they cover it without a gap or an inline map.
+pub(crate) fn from_maps(
+    maps: &BTreeMap<u64, ExtentMap>,
     from: u64,
     to: u64,
-) -> Result<(Vec<FileExtentRec>, bool)> {
-    let id = inode.id;
-    let tree = &inode.mapping.extent_map;
-    if from >= to {
-        return Ok((Vec::new(), true));
-    }
-    if let Some(recs) = from_maps(&tree.lock_read(), from, to) {
-        shrinker.count_hit();
-        return Ok((recs, true));
-    }
-    shrinker.count_miss();
-    let recs = fs.file_extents(id, from, to)?;
-    tree.attach(shrinker, inode);
-    fill(tree, fs.info().sectorsize, &recs, from, to);
-    Ok((recs, false))
-}
-
-/// The extents of `[from, to)` from `maps` if they cover it without a gap or an inline map.
-fn from_maps(maps: &BTreeMap<u64, ExtentMap>, from: u64, to: u64) -> Option<Vec<FileExtentRec>> {
+) -> Option<Vec<FileExtentRec>> {
     let mut out = Vec::new();
     let mut pos = from;
     let first = maps.range(..=from).next_back().map_or(from, |(k, _)| *k);
@@ -684,7 +668,13 @@ fn map_of(rec: &FileExtentRec, sectorsize: u32) -> Option<ExtentMap> {
 /// Cache the extents `recs` read for `[from, to)`, with hole maps for the gaps between
 /// them inside the range. A record that does not fit (a hostile image's overlaps) is
 /// not cached; the read goes on from the records.
-fn fill(tree: &ExtentMapTree, sectorsize: u32, recs: &[FileExtentRec], from: u64, to: u64) {
+pub(crate) fn fill(
+    tree: &ExtentMapTree,
+    sectorsize: u32,
+    recs: &[FileExtentRec],
+    from: u64,
+    to: u64,
+) {
     let mut maps = Vec::with_capacity(recs.len() + 1);
     let mut pos = from;
     for rec in recs {
@@ -709,24 +699,6 @@ fn fill(tree: &ExtentMapTree, sectorsize: u32, recs: &[FileExtentRec], from: u64
         if g.add(em).is_err() {
             g.drop_range(lo, hi, false);
             return;
-        }
-    }
-}
-
-/// Drop the maps an EXTENT_DATA item change at file offset `offset` of `id` may have
-/// made stale, `[offset, end)`, if the inode is in memory.
-pub(crate) fn drop_for_item_change(
-    inodes: &crate::inode::inode_cache::InodeCache,
-    id: InodeId,
-    offset: u64,
-    end: u64,
-) {
-    if let Some(inode) = inodes.lookup(id) {
-        let tree = &inode.mapping.extent_map;
-        // The engine attaches a tree before its first map: a tree never attached has
-        // none, and is not locked.
-        if tree.owner.get().is_some() {
-            tree.drop_extent_map_range(offset, end, false);
         }
     }
 }
