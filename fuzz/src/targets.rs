@@ -12,6 +12,7 @@ use std::sync::Arc;
 use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_core::inode::filesystem::Filesystem;
 use ubtrfs_core::volumes::device::BlockDevice;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsRead;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::NodeRef;

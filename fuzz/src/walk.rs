@@ -13,11 +13,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use ubtrfs_core::data::read::DecompressCache;
 use ubtrfs_core::disk_io::{Expect, FsInfo};
 use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, InodeView, Load};
-use ubtrfs_core::inode::read::DecompressCache;
 use ubtrfs_core::tree::search::RootInfo;
 use ubtrfs_core::volumes::device::BlockDevice;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::TreeView;
 use ubtrfs_core::{Error, Result};

@@ -251,7 +251,7 @@ impl ReflinkOpts {
 
 impl FallocateOpts {
     fn edit(&self) -> Result<Edit> {
-        use ubtrfs_core::inode::falloc::*;
+        use ubtrfs_core::data::falloc::*;
         let mut mode = 0;
         if self.keep_size || self.punch {
             mode |= FALLOC_FL_KEEP_SIZE;

@@ -7,6 +7,7 @@
 //! ubtrfs-tools, apart from the engine.
 
 pub mod compression;
+pub mod data;
 pub mod disk_io;
 pub mod engine;
 pub mod error;
@@ -22,6 +23,7 @@ pub mod transaction;
 pub mod tree;
 pub mod volumes;
 
+pub use data::read::FileRead;
 pub use disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 pub use error::{Error, PosixKind, Result};
 pub use inode::filesystem::{Filesystem, FsRead};

@@ -15,6 +15,7 @@ use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::XattrRead;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::PosixKind;
 use ubtrfs_format::structs::*;

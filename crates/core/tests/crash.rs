@@ -56,8 +56,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use ubtrfs_core::compression::CompressPolicy;
+use ubtrfs_core::data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::attr::{fsflags, SetAttr};
-use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::namespace::{
     max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
@@ -68,6 +68,7 @@ use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::{
     mix_seed, CrashSweep, FaultyDevice, OpKind, OpOutcome, OpRecord, Rng,
 };
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::TreeView;

@@ -14,6 +14,7 @@ use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::FaultyDevice;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsInfo, FsRead};
 use ubtrfs_format::key::FS_TREE_OBJECTID;
@@ -34,7 +35,7 @@ fn engine_on(dev: &Arc<FaultyDevice>) -> Engine {
     )
 }
 
-fn read_file(live: &impl FsRead, name: &[u8]) -> ubtrfs_core::Result<Option<Vec<u8>>> {
+fn read_file(live: &impl FileRead, name: &[u8]) -> ubtrfs_core::Result<Option<Vec<u8>>> {
     let Some(e) = live.lookup(InodeId { root: ROOT, ino: ROOT_DIR }, name)? else {
         return Ok(None);
     };
@@ -543,7 +544,11 @@ fn a_changes_writeback_runs_without_the_lock() {
 }
 
 /// Every regular file under `dir` (subvolumes included), depth first.
-fn regular_files(l: &impl FsRead, dir: InodeId, out: &mut Vec<InodeId>) -> ubtrfs_core::Result<()> {
+fn regular_files(
+    l: &impl FileRead,
+    dir: InodeId,
+    out: &mut Vec<InodeId>,
+) -> ubtrfs_core::Result<()> {
     for e in l.readdir(dir)? {
         match e.ftype {
             ubtrfs_format::structs::FT_DIR => regular_files(l, e.target, out)?,

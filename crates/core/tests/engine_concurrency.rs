@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::{InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsRead;
 use write_common::*;
 

@@ -8,9 +8,9 @@ mod common;
 #[path = "common/write.rs"]
 mod write_common;
 
+use ubtrfs_core::data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::attr::SetAttr;
-use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::InodeId;
 use ubtrfs_core::inode::write::InodeAttrs;
 use write_common::*;

@@ -11,10 +11,11 @@ mod write_common;
 
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
+use ubtrfs_core::data::falloc::*;
 use ubtrfs_core::inode::attr::SetAttr;
-use ubtrfs_core::inode::falloc::*;
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
 use write_common::*;
 

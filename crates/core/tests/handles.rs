@@ -6,8 +6,10 @@ mod common;
 #[path = "common/write.rs"]
 mod write_common;
 
+use ubtrfs_core::data::write::WritePlan;
 use ubtrfs_core::inode::filesystem::{InodeId, Load};
-use ubtrfs_core::inode::write::{InodeAttrs, WritePlan};
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::{FsRead, PosixKind};
 use ubtrfs_format::key::FS_TREE_OBJECTID;
 use write_common::*;

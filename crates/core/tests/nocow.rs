@@ -17,11 +17,12 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
+use ubtrfs_core::data::falloc::FALLOC_FL_KEEP_SIZE;
 use ubtrfs_core::error::PosixKind;
 use ubtrfs_core::inode::attr::fsflags;
-use ubtrfs_core::inode::falloc::FALLOC_FL_KEEP_SIZE;
 use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, FsRead, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use write_common::*;
@@ -56,7 +57,7 @@ fn data_of(step: usize, len: u64, text: bool) -> Vec<u8> {
 /// disk extent (by first appearance), offset into it, length, compression.
 type Item = (u64, char, usize, u64, u64, u8);
 
-fn layout<V: FsRead>(v: &V, name: &str, names: &mut HashMap<u64, usize>) -> Vec<Item> {
+fn layout<V: FileRead>(v: &V, name: &str, names: &mut HashMap<u64, usize>) -> Vec<Item> {
     let id =
         v.resolve_id(&format!("/{name}"), false).unwrap_or_else(|e| panic!("resolve {name}: {e}"));
     let mut out = Vec::new();
@@ -87,7 +88,7 @@ fn layout<V: FsRead>(v: &V, name: &str, names: &mut HashMap<u64, usize>) -> Vec<
     out
 }
 
-fn contents<V: FsRead>(v: &V, name: &str) -> Vec<u8> {
+fn contents<V: FileRead>(v: &V, name: &str) -> Vec<u8> {
     let id = v.resolve_id(&format!("/{name}"), false).expect("resolve");
     let iv = v.load_inode(id, Load { extents: true, ..Load::ITEM }).expect("inode");
     let mut buf = vec![0u8; iv.size() as usize];

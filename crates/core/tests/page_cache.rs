@@ -19,12 +19,12 @@ mod write_common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use ubtrfs_core::data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+use ubtrfs_core::data::writeback::{extent_writepage, BioCtrl, SubmitMode};
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::attr::SetAttr;
-use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{ExtentKind, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::inode::writeback::{extent_writepage, BioCtrl, SubmitMode};
 use ubtrfs_core::mapping::ordered::{OrderedExtent, OrderedTree};
 use ubtrfs_core::mapping::page_cache::Folio;
 use ubtrfs_core::{FsRead, OpenOptions};
@@ -612,7 +612,7 @@ fn unlink_discards_dirty_pages() {
 /// SEEK_DATA / SEEK_HOLE count dirty blocks as data before any writeback.
 #[test]
 fn seek_data_hole_sees_dirty_pages() {
-    use ubtrfs_core::inode::falloc::{SEEK_DATA, SEEK_HOLE};
+    use ubtrfs_core::data::falloc::{SEEK_DATA, SEEK_HOLE};
     if !mkfs_tools("seek_data_hole_sees_dirty_pages") {
         return;
     }

@@ -22,6 +22,7 @@ use ubtrfs_core::error::PosixKind;
 use ubtrfs_core::inode::attr::SetAttr;
 use ubtrfs_core::inode::filesystem::{FileKind, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::{FsRead, OpenOptions, TreeView};
 use write_common::*;
 

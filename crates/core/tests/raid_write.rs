@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use ubtrfs_core::disk_io::FsInfo;
 use ubtrfs_core::inode::filesystem::FsRead;
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::{Error, OpenOptions, XattrRead};
 use ubtrfs_format::structs::*;

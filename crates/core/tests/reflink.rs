@@ -1,4 +1,4 @@
-//! Clone range and dedupe range (`inode::reflink`) against the oracles: the bytes
+//! Clone range and dedupe range (`data::reflink`) against the oracles: the bytes
 //! every file shows through a fresh reader and through the kernel, `btrfs check
 //! --check-data-csum`, the kernel's `btrfs filesystem du` counting the bytes shared,
 //! and the kernel then overwriting and deleting shared data on the image, which must
@@ -13,10 +13,10 @@ mod common;
 mod write_common;
 
 use std::collections::BTreeMap;
+use ubtrfs_core::data::reflink::Dedupe;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::PosixKind;
 use ubtrfs_core::inode::filesystem::{ExtentKind, InodeId};
-use ubtrfs_core::inode::reflink::Dedupe;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::{FsRead, OpenOptions};
 use write_common::*;
@@ -420,8 +420,8 @@ fn model_run(seed: u64, ops: usize) {
                 let (off, len) = (rng.below(3 << 20), rng.range(1, 1 << 20));
                 e.fallocate(
                     ids[f],
-                    ubtrfs_core::inode::falloc::FALLOC_FL_PUNCH_HOLE
-                        | ubtrfs_core::inode::falloc::FALLOC_FL_KEEP_SIZE,
+                    ubtrfs_core::data::falloc::FALLOC_FL_PUNCH_HOLE
+                        | ubtrfs_core::data::falloc::FALLOC_FL_KEEP_SIZE,
                     off,
                     len,
                 )

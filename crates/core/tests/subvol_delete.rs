@@ -32,6 +32,7 @@ use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::{mix_seed, CrashSweep, FaultyDevice};
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsInfo, FsRead, OpenOptions, TreeView};
 use ubtrfs_tools::check::{check, CheckOptions};
@@ -64,7 +65,7 @@ fn fill(w: &mut FsWriter, root: u64, n: usize, seed: u64) -> Model {
 }
 
 /// Every regular file of subvolume `root` (its top directory) as `fs` reads it.
-fn try_read_model<V: FsRead>(fs: &V, root: u64) -> ubtrfs_core::Result<Model> {
+fn try_read_model<V: FileRead>(fs: &V, root: u64) -> ubtrfs_core::Result<Model> {
     let mut m = Model::new();
     for e in fs.readdir(InodeId { root, ino: 256 })? {
         if e.is_subvol {
@@ -79,7 +80,7 @@ fn try_read_model<V: FsRead>(fs: &V, root: u64) -> ubtrfs_core::Result<Model> {
     Ok(m)
 }
 
-fn read_model<V: FsRead>(fs: &V, root: u64) -> Model {
+fn read_model<V: FileRead>(fs: &V, root: u64) -> Model {
     try_read_model(fs, root).expect("read the subvolume")
 }
 
@@ -578,7 +579,7 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
 type Subvols = BTreeMap<String, Model>;
 
 /// Every subvolume named in the top directory and its files, through `l`.
-fn read_subvols<V: FsRead>(l: &V) -> ubtrfs_core::Result<Subvols> {
+fn read_subvols<V: FileRead>(l: &V) -> ubtrfs_core::Result<Subvols> {
     let mut out = Subvols::new();
     for e in l.readdir(InodeId { root: 5, ino: 256 })? {
         if e.is_subvol {

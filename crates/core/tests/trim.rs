@@ -17,6 +17,7 @@ use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::space::trim::FstrimRange;
 use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
 use ubtrfs_core::volumes::fault::FaultyDevice;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsInfo;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::FsWriter;

@@ -36,14 +36,15 @@ mod write_common;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 use ubtrfs_core::compression::CompressPolicy;
+use ubtrfs_core::data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::attr::{fsflags, SetAttr};
-use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{Filesystem, InodeId, Load};
 use ubtrfs_core::inode::namespace::{
     max_symlink_len, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT,
 };
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::{max_xattr_size, XATTR_CREATE, XATTR_REPLACE};
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::{FsRead, OpenOptions, PosixKind};
 use ubtrfs_format::structs::{rdev_encode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFSOCK};

@@ -21,6 +21,7 @@ mod write_common;
 use std::collections::HashMap;
 use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::{Error, OpenOptions, PosixKind};

@@ -1,6 +1,7 @@
 mod common;
 use ubtrfs_core::inode::filesystem::{Filesystem, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;

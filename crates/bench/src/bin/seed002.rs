@@ -26,9 +26,9 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use ubtrfs_core::data::reflink::Dedupe;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::InodeId;
-use ubtrfs_core::inode::reflink::Dedupe;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::OpenOptions;
 

@@ -21,7 +21,7 @@ pub mod common;
 use clap::Parser;
 use common::{print_table, summarize};
 use std::time::Instant;
-use ubtrfs_core::inode::writeback::{extent_writepage, Bio, BioCtrl, SubmitMode};
+use ubtrfs_core::data::writeback::{extent_writepage, Bio, BioCtrl, SubmitMode};
 use ubtrfs_core::mapping::ordered::{OrderedExtent, OrderedTree};
 use ubtrfs_core::mapping::page_cache::Folio;
 

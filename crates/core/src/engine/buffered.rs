@@ -251,13 +251,13 @@ impl Engine {
         // The size cannot move while the inode's lock is held (an empty cache reads
         // it from the item, as below).
         let size = with_cache(self, &inode, |pc| pc.i_size).unwrap_or(ii.size.get());
-        crate::inode::write::prepare_write(
+        crate::data::write::prepare_write(
             id,
             &ii,
             size,
             offset,
             data.len() as u64,
-            crate::inode::write::WriteBy::Caller,
+            crate::data::write::WriteBy::Caller,
         )?;
         // The write's times, as the kernel's file_update_time sets them once the
         // write is allowed and before the data is copied (writeback leaves them
@@ -406,7 +406,7 @@ impl Engine {
         };
         // What goes in place takes no new space.
         let flags = self.read(|l| Ok(l.load_inode(id, Load::ITEM)?.item.flags.get()))?;
-        let in_place = if crate::inode::nocow::nocow_capable(flags) {
+        let in_place = if crate::data::nocow::nocow_capable(flags) {
             self.write_retrying(|w| w.in_place_bytes(id.root, id.ino, flags, a, z))?
         } else {
             0
@@ -623,7 +623,7 @@ impl Engine {
         if inode.mapping.pages.lock().dirty_blocks > 0 {
             self.writeback_locked(&inode)?;
         }
-        self.read(|l| crate::inode::falloc::seek_in_file(l, id, offset, whence))
+        self.read(|l| crate::data::falloc::seek_in_file(l, id, offset, whence))
     }
 
     /// Drop every folio of inode `id` without writing it back (the inode is gone from

@@ -13,12 +13,12 @@
 //! count changes of open, close and forget all happen under the inode's lock, so an
 //! inode cannot be opened between an unlink's check and its drop.
 
+use crate::data::write::WritePlan;
 use crate::engine::Engine;
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::file::{read_lock, write_lock, write_lock_two};
 use crate::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
 use crate::inode::inode_cache::{Inode, InodeCache};
-use crate::inode::write::WritePlan;
 use std::sync::Arc;
 
 impl Engine {

@@ -37,7 +37,7 @@
 //!   finish it (`finish_commit`). All the commit's I/O (blocks, flushes, superblocks)
 //!   runs between the two, holding neither side of `state`: readers and the next
 //!   transaction's changes go on while it is written.
-//! - Buffered file data (`mapping::page_cache`, `inode::writeback`): `buffered_read`
+//! - Buffered file data (`mapping::page_cache`, `data::writeback`): `buffered_read`
 //!   and `buffered_write` go through each inode's page cache; `writeback_inode`,
 //!   `writeback_all`, `fsync` and `sync` put dirty data into the trees. `commit`
 //!   does not write dirty pages back, and dropping the engine loses what is still
@@ -73,10 +73,10 @@ mod subvol;
 mod trim;
 mod writeback;
 
+use crate::data::read::{DataView, FileRead};
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FileKind, Filesystem, FsRead, InodeId, Load};
-use crate::inode::read::DataView;
 use crate::inode::writer::FsWriter;
 use crate::transaction::views::ViewGuard;
 use crate::transaction::{Live, ReadMisses};
@@ -235,7 +235,7 @@ impl Engine {
                 end,
             )?
             .0;
-            let csums = crate::inode::read::prefetch_csums(l, &v, offset, end)?;
+            let csums = crate::data::read::prefetch_csums(l, &v, offset, end)?;
             // A view of the running transaction: what it frees from now on is held.
             let view = self.views.register(l.transid() - 1);
             Ok((v, csums, view, l.default_subvol()))

@@ -1,11 +1,11 @@
 //! Clone and dedupe as the engine drives them: both files' locks (in inode order) and
-//! writeback first, the tree work (`inode::reflink`) in one transaction, the
+//! writeback first, the tree work (`data::reflink`) in one transaction, the
 //! destination's cached pages dropped after.
 
+use crate::data::reflink::{Dedupe, MAX_DEDUPE_LEN};
 use crate::engine::Engine;
 use crate::error::{PosixKind, Result};
 use crate::inode::filesystem::InodeId;
-use crate::inode::reflink::{Dedupe, MAX_DEDUPE_LEN};
 
 impl Engine {
     /// Clone `len` bytes (0: to the source's EOF) of file `src` at `src_off` into

@@ -1,13 +1,13 @@
 //! Writeback as the engine drives it: which inodes and ranges, under which locks, and
 //! when (fsync, the dirty limit, commits, unmount); the folio-by-folio work and the
-//! ordered extents are `inode::writeback`'s.
+//! ordered extents are `data::writeback`'s.
 
+use crate::data::writeback::{complete_bio, extent_writepage, Bio, BioCtrl, SubmitMode};
 use crate::engine::buffered::with_cache;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::inode::filesystem::{FsRead, InodeId, Load};
 use crate::inode::inode_cache::Inode;
-use crate::inode::writeback::{complete_bio, extent_writepage, Bio, BioCtrl, SubmitMode};
 use crate::mapping::ordered::OrderedExtent;
 use crate::mapping::page_cache::FOLIO_SIZE;
 use std::sync::atomic::Ordering;

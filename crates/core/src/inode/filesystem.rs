@@ -265,7 +265,7 @@ impl FsRead for Filesystem {
 }
 
 /// The filesystem read API over a view: subvolumes, inodes, directories, symlinks and
-/// (in `inode::read`) file data. The same code reads a committed generation
+/// (in `data::read`) file data. The same code reads a committed generation
 /// (`Filesystem`) and the writer's running transaction (`FsWriter::live`), which sees
 /// every change made through the writer.
 pub trait FsRead: TreeView + Sized {
@@ -372,18 +372,51 @@ pub trait FsRead: TreeView + Sized {
         Ok(Some(InodeId { root: dir.root, ino: k.offset }))
     }
 
-    /// Read a symlink's target.
+    /// Read a symlink's target, from the inline extent btrfs keeps it in
+    /// (`btrfs_symlink` writes one; a compressed one is decoded), up to the symlink's
+    /// size and at most 4096 bytes (PATH_MAX).
     ///
     /// # Errors
-    /// `Posix(Invalid)` for a non-symlink; `Corrupt` if the target extent is missing.
+    /// `Posix(Invalid)` for a non-symlink; `Corrupt` if the target is not one inline
+    /// extent at offset 0, or does not decompress.
     fn readlink(&self, id: InodeId) -> Result<Vec<u8>> {
         let v = self.load_inode(id, Load { extents: true, ..Load::ITEM })?;
         if v.kind() != FileKind::Symlink {
             return Err(Error::posix(PosixKind::Invalid, format!("inode {id} is not a symlink")));
         }
         let mut buf = vec![0u8; usize::try_from(v.size()).unwrap_or(usize::MAX).min(4096)];
-        let n = self.read_at(&v, 0, &mut buf)?;
-        buf.truncate(n);
+        if buf.is_empty() {
+            return Ok(buf);
+        }
+        let corrupt = |r: String| -> Error {
+            Corrupt::new(CorruptWhere::Data, r).root(id.root).data(id.ino, 0, 0).into()
+        };
+        let Some(FileExtentRec {
+            file_offset: 0,
+            kind: ExtentKind::Inline { ram_bytes, compression, data },
+            ..
+        }) = v.extents.first()
+        else {
+            return Err(corrupt("the symlink's target is not an inline extent at offset 0".into()));
+        };
+        let plain = if *compression == 0 {
+            std::borrow::Cow::Borrowed(data.as_slice())
+        } else {
+            let kind = crate::compression::CompressionType::from_raw(*compression)
+                .ok_or_else(|| corrupt(format!("unknown compression type {compression}")))?;
+            let mut out = Vec::new();
+            crate::compression::decompress(
+                kind,
+                data,
+                usize::try_from(*ram_bytes).unwrap_or(usize::MAX),
+                self.info().sectorsize as usize,
+                &mut out,
+            )
+            .map_err(|e| corrupt(format!("{} decompression failed: {e}", kind.name())))?;
+            std::borrow::Cow::Owned(out)
+        };
+        let n = plain.len().min(buf.len());
+        buf[..n].copy_from_slice(&plain[..n]);
         Ok(buf)
     }
 
@@ -553,52 +586,6 @@ pub trait FsRead: TreeView + Sized {
             }
         }
         Ok(out)
-    }
-
-    /// Look up the data checksums of `[logical, logical + len)` (sector aligned).
-    ///
-    /// # Errors
-    /// `Corrupt`/`Io` from the csum tree.
-    fn lookup_csums(&self, logical: u64, len: u64) -> Result<crate::inode::read::CsumRun> {
-        crate::inode::read::lookup_csums(self, logical, len)
-    }
-
-    /// Read `buf.len()` bytes of data at `logical` (sector aligned) and verify every
-    /// sector, falling back to other copies sector by sector.
-    ///
-    /// # Errors
-    /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
-    fn read_verified(
-        &self,
-        inode: &InodeView,
-        file_offset: u64,
-        logical: u64,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        crate::inode::read::read_verified(self, inode, file_offset, logical, buf)
-    }
-
-    /// Read file data at `offset` into `buf`; returns the bytes read (short at EOF).
-    ///
-    /// # Errors
-    /// `Io`/`Corrupt` from the extent read, decompression or checksum.
-    fn read_at(&self, inode: &InodeView, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        crate::inode::read::read_at(self, inode, offset, buf)
-    }
-
-    /// `read_at` with a caller-held cache of the last decompressed extent, so sequential
-    /// reads of a compressed file decompress each extent once.
-    ///
-    /// # Errors
-    /// As `read_at`.
-    fn read_at_cached(
-        &self,
-        inode: &InodeView,
-        offset: u64,
-        buf: &mut [u8],
-        cache: &mut crate::inode::read::DecompressCache,
-    ) -> Result<usize> {
-        crate::inode::read::read_at_cached(self, inode, offset, buf, cache)
     }
 }
 

@@ -87,7 +87,7 @@ impl FsWriter {
     /// snapshot may share. So only a file of at least `ORPHAN_FIRST_BYTES` gets it first,
     /// in the kernel's order, and a drop split over transactions later must use the
     /// same test (`drop_spans_transactions`) to stay crash-safe.
-    pub(super) fn drop_last_link(
+    pub(crate) fn drop_last_link(
         &mut self,
         root: u64,
         ino: u64,

@@ -1,16 +1,15 @@
-//! The minimal file API of the write engine: create inodes, link and unlink names
-//! (DIR_ITEM + DIR_INDEX + INODE_REF/EXTREF, directory sizes, link counts), write file
-//! data (COW into new data extents with checksums, inline for small files as the kernel
-//! does), drop file extents with exact reference and `nbytes` accounting, and remove
-//! inodes with everything they own.
+//! Inode and name items: create inodes, link and unlink names (DIR_ITEM + DIR_INDEX +
+//! INODE_REF/EXTREF, directory sizes, link counts), update INODE_ITEMs (the in-memory
+//! inode follows), drop and insert file extent items with exact reference and `nbytes`
+//! accounting (`drop_extents`, inline items, holes), and remove inodes with everything
+//! they own. The file data path over these is `data::write`.
 //!
 //! Invariants kept per change: a file's nlink equals its names; a directory's size is
 //! twice the sum of its entries' name lengths; nbytes is the sum of non-hole regular
-//! extent lengths plus inline lengths; every data sector written has a checksum.
+//! extent lengths plus inline lengths.
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
-use crate::inode::nocow::{InPlace, Piece};
 use crate::inode::writer::FsWriter;
 use ubtrfs_format::hash::{extref_hash, name_hash};
 use ubtrfs_format::items;
@@ -20,7 +19,7 @@ use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 /// Where a new INODE_REF entry goes (`add_inode_ref`).
-pub(super) enum RefRoom {
+pub(crate) enum RefRoom {
     /// The first name in this directory: a new INODE_REF item.
     New,
     /// Appended to the directory's INODE_REF item.
@@ -32,8 +31,10 @@ pub(super) enum RefRoom {
 }
 
 pub use crate::mapping::MAX_EXTENT_SIZE;
+
 /// The kernel's default `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
+
 /// What a change does to an inode, for the immutable / append-only rules.
 #[derive(Clone, Copy)]
 pub(crate) enum IflagOp {
@@ -82,52 +83,6 @@ pub(crate) fn iflags_allow(
     Ok(())
 }
 
-/// Who asks `prepare_write`: a new write, or the writeback of data written earlier,
-/// whose checks were made when it was written (the kernel's writeback does not look at
-/// the flags, so one set since must not keep that data from disk).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum WriteBy {
-    Caller,
-    Writeback,
-}
-
-/// The checks every data write makes before it changes anything, on every route (the
-/// page cache, the direct write, the writer's own `write_file`; the kernel's
-/// `btrfs_write_check` and `generic_write_checks`): a regular file, flags that allow
-/// writing (immutable, fs-verity), an append-only file written at its end, and an end
-/// that fits in 64 bits. `size` is the file's size as the writer sees it (the page
-/// cache's, when it holds one). Returns the write's end.
-///
-/// # Errors
-/// `Posix(IsDir)` for a directory, `Posix(Invalid)` for another file that is not
-/// regular or an end past 2^64, `Posix(NotPermitted)` for the flags.
-pub(crate) fn prepare_write(
-    id: InodeId,
-    ii: &InodeItem,
-    size: u64,
-    offset: u64,
-    len: u64,
-    by: WriteBy,
-) -> Result<u64> {
-    match ii.mode.get() & S_IFMT {
-        S_IFREG => {}
-        S_IFDIR => return Err(Error::posix(PosixKind::IsDir, id.to_string())),
-        _ => return Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
-    }
-    if by == WriteBy::Caller {
-        iflags_allow(id.root, id.ino, ii.flags.get(), IflagOp::Write, b"")?;
-        if ii.flags.get() & INODE_APPEND != 0 && offset != size {
-            return Err(Error::posix(
-                PosixKind::NotPermitted,
-                format!("{id} is append-only: writes must start at its size {size}, not {offset}"),
-            ));
-        }
-    }
-    offset
-        .checked_add(len)
-        .ok_or_else(|| Error::posix(PosixKind::Invalid, "write past the maximum file size"))
-}
-
 /// The mode a write, truncation or fallocate by a caller without CAP_FSETID leaves
 /// (`should_remove_suid`): set-user-ID goes; set-group-ID goes when the group may
 /// execute, and without group execute (it then marks mandatory locking) when the caller
@@ -144,7 +99,7 @@ pub fn mode_without_privs(mode: u32, gid: u32, in_group: &dyn Fn(u32) -> bool) -
 /// Flags a new inode takes from its directory's flags `d`, as the kernel's
 /// `btrfs_inherit_iflags`: compression preference, and NODATACOW (with NODATASUM for
 /// regular files).
-pub(super) fn inherited_flags(d: u64, regular: bool) -> u64 {
+pub(crate) fn inherited_flags(d: u64, regular: bool) -> u64 {
     let mut f = 0;
     if d & INODE_NOCOMPRESS != 0 {
         f |= INODE_NOCOMPRESS;
@@ -161,7 +116,8 @@ pub(super) fn inherited_flags(d: u64, regular: bool) -> u64 {
 }
 
 /// Items a new name adds or changes: DIR_ITEM, DIR_INDEX, INODE_REF, both inodes.
-pub(super) const LINK_ITEMS: u64 = 5;
+pub(crate) const LINK_ITEMS: u64 = 5;
+
 /// The kernel's most links an inode can have (BTRFS_LINK_MAX).
 pub const LINK_MAX: u32 = 65535;
 
@@ -172,8 +128,6 @@ pub const LINK_MAX: u32 = 65535;
 fn max_ref_item(nodesize: u32) -> usize {
     nodesize as usize - ubtrfs_format::node::HEADER_SIZE - ubtrfs_format::node::ITEM_SIZE
 }
-/// Data is written to disk in pieces of this size.
-const WRITE_CHUNK: usize = 4 << 20;
 
 /// Attributes of a new inode.
 #[derive(Clone, Copy, Debug)]
@@ -199,26 +153,17 @@ impl InodeAttrs {
 impl FsWriter {
     /// The largest file kept in an uncompressed inline extent: the kernel's
     /// `max_inline`, at most half a leaf, and below a sector.
-    pub(super) fn max_inline(&self) -> u64 {
+    pub(crate) fn max_inline(&self) -> u64 {
         MAX_INLINE.min(u64::from(self.nodesize()) / 2).min(u64::from(self.sectorsize()) - 1)
     }
 
     /// The current time from the engine's clock (`OpenOptions::sources`).
-    /// Who the data write under way is for `prepare_write` (`writing_back`).
-    pub(crate) fn write_by(&self) -> WriteBy {
-        if self.writing_back {
-            WriteBy::Writeback
-        } else {
-            WriteBy::Caller
-        }
-    }
-
     pub fn now(&self) -> Timespec {
         timespec(self.info.sources.clock.now())
     }
 
     /// `t`, or `dflt` when it is None.
-    pub(super) fn time_or(t: Option<(i64, u32)>, dflt: Timespec) -> Timespec {
+    pub(crate) fn time_or(t: Option<(i64, u32)>, dflt: Timespec) -> Timespec {
         t.map_or(dflt, |(s, n)| Timespec { sec: (s as u64).into(), nsec: n.into() })
     }
 }
@@ -233,7 +178,7 @@ pub(crate) fn id_of_placeholder(root: u64) -> String {
     format!("root={root} ino={} (the empty placeholder of a subvolume)", EMPTY_SUBVOL_DIR_OBJECTID)
 }
 
-pub(super) fn ino_err(root: u64, ino: u64, r: String) -> Error {
+pub(crate) fn ino_err(root: u64, ino: u64, r: String) -> Error {
     let mut c = Corrupt::new(CorruptWhere::Item, r).root(root);
     c.ino = Some(ino);
     c.into()
@@ -333,7 +278,7 @@ impl FsWriter {
         })
     }
 
-    pub(super) fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
+    pub(crate) fn create_inode_inner(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         let ino = self.alloc_objectid(root)?;
         let mut ii = InodeItem::new_zeroed();
         let t = self.now();
@@ -356,7 +301,7 @@ impl FsWriter {
     /// The next DIR_INDEX of directory `dir`, kept in its in-memory inode
     /// (`btrfs_set_inode_index`; looked up from the last index item the first time, or
     /// again after the inode was evicted).
-    pub(super) fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
+    pub(crate) fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
         let d = self.inodes.get(InodeId { root, ino: dir });
         // Changed only under the writer (`&mut self`): no other thread races this.
         let n = d.next_dir_index.load(std::sync::atomic::Ordering::Relaxed);
@@ -422,7 +367,7 @@ impl FsWriter {
     /// Refuse a new `name` in `dir` before anything changes: a bad or taken name found
     /// after the inode or half the entries were inserted would leave them behind.
     /// Returns the directory's inode flags (for inheritance).
-    pub(super) fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
+    pub(crate) fn check_new_name(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
         if name.is_empty()
             || name.len() > NAME_LEN
             || name.contains(&b'/')
@@ -447,7 +392,7 @@ impl FsWriter {
     }
 
     /// `iflags_allow` for inode `ino`, looked up.
-    pub(super) fn check_iflags(
+    pub(crate) fn check_iflags(
         &mut self,
         root: u64,
         ino: u64,
@@ -459,7 +404,7 @@ impl FsWriter {
     }
 
     /// A new name for an existing inode (`btrfs_link`): its ctime becomes now.
-    pub(super) fn link_inner(
+    pub(crate) fn link_inner(
         &mut self,
         root: u64,
         dir: u64,
@@ -472,7 +417,7 @@ impl FsWriter {
 
     /// The first name of an inode `create_inode_inner` just made: its times stay the
     /// creation's, all four one reading (as `btrfs_create_new_inode` leaves them).
-    pub(super) fn link_new_inner(
+    pub(crate) fn link_new_inner(
         &mut self,
         root: u64,
         dir: u64,
@@ -506,7 +451,7 @@ impl FsWriter {
 
     /// The DIR_ITEM and DIR_INDEX (at `index`) of `name` in `dir` for inode `ino`, and
     /// the directory's size and times (`btrfs_add_link` without the back reference).
-    pub(super) fn add_dir_entries(
+    pub(crate) fn add_dir_entries(
         &mut self,
         root: u64,
         dir: u64,
@@ -520,7 +465,7 @@ impl FsWriter {
 
     /// As `add_dir_entries`, for an entry whose location is `location`: an inode's
     /// INODE_ITEM key, or a subvolume's ROOT_ITEM key.
-    pub(super) fn add_dir_entries_to(
+    pub(crate) fn add_dir_entries_to(
         &mut self,
         root: u64,
         dir: u64,
@@ -561,7 +506,7 @@ impl FsWriter {
     }
 
     /// Where a new back reference of `ino` to `name` in `dir` goes.
-    pub(super) fn ref_room(
+    pub(crate) fn ref_room(
         &mut self,
         root: u64,
         ino: u64,
@@ -587,7 +532,7 @@ impl FsWriter {
     /// Refuse, before anything changes, a new name of `ino` in `dir` that has no room
     /// for its back reference (EMLINK without the extref feature). The kernel finds
     /// this after taking the directory's next index, so the index is used up here too.
-    pub(super) fn check_ref_room(
+    pub(crate) fn check_ref_room(
         &mut self,
         root: u64,
         ino: u64,
@@ -608,7 +553,7 @@ impl FsWriter {
     /// Inode `ino`'s back reference to `name` in `dir` at `index`: appended to its
     /// INODE_REF for `dir`, or, once that item cannot grow (the kernel's EOVERFLOW from
     /// the leaf split), an INODE_EXTREF (`btrfs_insert_inode_ref`).
-    pub(super) fn add_inode_ref(
+    pub(crate) fn add_inode_ref(
         &mut self,
         root: u64,
         ino: u64,
@@ -757,7 +702,7 @@ impl FsWriter {
         self.transaction("drop_extents", 0, |w| w.drop_extents_inner(root, ino, start, end))
     }
 
-    pub(super) fn drop_extents_inner(
+    pub(crate) fn drop_extents_inner(
         &mut self,
         root: u64,
         ino: u64,
@@ -844,7 +789,7 @@ impl FsWriter {
     }
 
     /// Replace the item at `old` with `new_key` + `data`.
-    pub(super) fn replace_item(
+    pub(crate) fn replace_item(
         &mut self,
         root: u64,
         old: &Key,
@@ -860,105 +805,14 @@ impl FsWriter {
         self.insert_item(root, new_key, data)
     }
 
-    /// Write data to disk at `logical` (every copy).
-    fn write_data(&mut self, logical: u64, buf: &[u8]) -> Result<()> {
-        crate::volumes::write_logical(
-            &self.info.chunk_map,
-            &self.info.devices,
-            logical,
-            buf,
-            crate::volumes::WriteKind::Data,
-        )
-    }
-
-    /// Write a new regular extent of at most `want` bytes (sector multiple) at file
-    /// offset `file_off`, its data produced by `fill` in pieces. The extent is shorter
-    /// when free space is (fragmentation, chunk size). Returns its length (= nbytes added).
-    pub(super) fn write_new_extent(
-        &mut self,
-        root: u64,
-        ino: u64,
-        file_off: u64,
-        want: u64,
-        nodatasum: bool,
-        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-    ) -> Result<u64> {
-        let ss = u64::from(self.sectorsize());
-        assert!(want > 0 && want <= MAX_EXTENT_SIZE, "extent length {want}");
-        assert_eq!(want / ss * ss, want, "extent length {want} not a multiple of the sector size");
-        let (bytenr, len) = self.alloc_data_extent_upto(want, root, ino, file_off)?;
-        let mut csums = Vec::with_capacity((len / ss) as usize * self.info.csum_type.size());
-        // A page-aligned buffer lets the device write data with O_DIRECT; `fill`
-        // writes every byte of each piece.
-        let cap = WRITE_CHUNK.min(len as usize);
-        crate::volumes::device::with_io_buf(cap, |buf| -> Result<()> {
-            let mut done = 0u64;
-            while done < len {
-                let n = (len - done).min(buf.len() as u64) as usize;
-                fill(&mut buf[..n])?;
-                if !nodatasum {
-                    crate::extent::csum_tree::append_sector_csums(
-                        self.info.csum_type,
-                        ss as usize,
-                        &buf[..n],
-                        &mut csums,
-                    );
-                }
-                self.write_data(bytenr + done, &buf[..n])?;
-                done += n as u64;
-            }
-            Ok(())
-        })?;
-        if !nodatasum {
-            crate::extent::csum_tree::insert_csums(self, bytenr, &csums)?;
-        }
-        let fe = reg_extent_item(self.transid, bytenr, len);
-        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
-        Ok(len)
-    }
-
-    /// Write `data` at `offset` of regular file `ino` (COW; small files inline).
-    ///
-    /// # Errors
-    /// `Posix(NoSpace)`, tree and I/O failures (the caller aborts the transaction).
-    pub fn write_file(&mut self, root: u64, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
-        let mut pos = 0usize;
-        self.write_file_with(root, ino, offset, data.len() as u64, &mut |buf: &mut [u8]| {
-            buf.copy_from_slice(&data[pos..pos + buf.len()]);
-            pos += buf.len();
-            Ok(())
-        })
-    }
-
-    /// Read file data the write keeps around its range (read-modify-write of partial
-    /// sectors, inline-to-regular conversion) through the live view: verified against
-    /// the transaction's checksums, other copies tried for a bad sector, so old data
-    /// never picks up a bad read under a fresh checksum. Bytes past EOF read as zeros.
-    pub(super) fn read_old_data(
-        &self,
-        root: u64,
-        ino: u64,
-        start: u64,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let live = self.live();
-        let v = live.load_inode(InodeId { root, ino }, Load { extents: true, ..Load::ITEM })?;
-        let n = live.read_at(&v, start, buf)?;
-        buf[n..].fill(0);
-        Ok(())
-    }
-
     /// The inline extent holding all of a small file's `content` (uncompressed).
-    pub(super) fn insert_inline(&mut self, root: u64, ino: u64, content: &[u8]) -> Result<()> {
+    pub(crate) fn insert_inline(&mut self, root: u64, ino: u64, content: &[u8]) -> Result<()> {
         self.insert_inline_item(root, ino, content.len() as u64, 0, content)
     }
 
     /// An inline extent of `ram_bytes` file bytes stored as `data` (compressed with
     /// `compression`, or plain with 0).
-    pub(super) fn insert_inline_item(
+    pub(crate) fn insert_inline_item(
         &mut self,
         root: u64,
         ino: u64,
@@ -982,301 +836,8 @@ impl FsWriter {
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)
     }
 
-    /// Write `len` bytes produced by `fill` (called in order, in pieces) at `offset`.
-    ///
-    /// # Errors
-    /// As `write_file`, plus errors from `fill`.
-    pub fn write_file_with(
-        &mut self,
-        root: u64,
-        ino: u64,
-        offset: u64,
-        len: u64,
-        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-    ) -> Result<()> {
-        self.check_root_writable(root)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let id = InodeId { root, ino };
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
-        let end = prepare_write(id, &ii, ii.size.get(), offset, len, self.write_by())?;
-        // The inode, two split edges, the extents and their csums.
-        let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
-        let csum_bytes =
-            len.div_ceil(u64::from(self.sectorsize())) * self.info.csum_type.size() as u64;
-        let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
-        // The data space first: ENOSPC before anything changes.
-        let ss = u64::from(self.sectorsize());
-        let max_inline = self.max_inline();
-        if ii.size.get().max(end) > max_inline {
-            let a_start = offset / ss * ss;
-            let a_end = end.div_ceil(ss) * ss;
-            // An inline file turning regular is written again from 0: its old bytes
-            // need space too (but a write far past a small file's end reserves only
-            // what it writes, not the hole before it).
-            let inline_rewrite =
-                if ii.size.get() <= max_inline { ii.size.get().div_ceil(ss) * ss } else { 0 };
-            let what = format!("root={root} ino={ino}");
-            if let Err(e) = crate::space::allocator::reserve_data(
-                self,
-                a_end - a_start + inline_rewrite.min(a_start),
-                &what,
-            ) {
-                // What goes in place needs no new space (btrfs_check_nocow_lock, only
-                // once the reservation failed, as the kernel asks).
-                let in_place = match e.posix_kind() {
-                    Some(PosixKind::NoSpace) => {
-                        self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?
-                    }
-                    _ => 0,
-                };
-                if in_place == 0 {
-                    return Err(e);
-                }
-                crate::space::allocator::reserve_data(self, a_end - a_start - in_place, &what)?;
-            }
-        }
-        self.transaction("write_file", items, |w| {
-            w.write_file_inner(root, ino, offset, end, &ii, ii.size.get().max(end), fill)
-        })
-    }
-
-    /// The write itself, inside the caller's handle. `final_size` is the size the file
-    /// has once the caller's whole operation is done (a truncation or fallocate may set
-    /// it after this write): an inline extent is made only when it is the whole file
-    /// then.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn write_file_inner(
-        &mut self,
-        root: u64,
-        ino: u64,
-        offset: u64,
-        end: u64,
-        ii: &InodeItem,
-        final_size: u64,
-        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-    ) -> Result<()> {
-        let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
-        let old_size = ii.size.get();
-        let new_size = old_size.max(end);
-        let ss = u64::from(self.sectorsize());
-        let max_inline = self.max_inline();
-        let prop = self.compression_prop(root, ino, ii)?;
-        let choice = self.compress_choice(ii, prop);
-        let added;
-        let removed;
-        let whole = final_size == new_size;
-        // NOCOW-capable inodes never get inline extents: their writeback goes extent by
-        // extent, in place or COWed into regular extents (`run_delalloc_nocow`).
-        let nocow = crate::inode::nocow::nocow_capable(ii.flags.get());
-        if whole && !nocow && (new_size <= max_inline || (choice.is_some() && new_size <= ss)) {
-            // The whole file fits in a sector: rewritten whole, inline as the kernel
-            // keeps small files (compressed when that fits), else as one block.
-            let mut content = vec![0u8; new_size as usize];
-            self.read_old_data(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
-            fill(&mut content[offset as usize..end as usize])?;
-            removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
-            let mut next = choice;
-            if let Some(c) = &choice {
-                match self.try_compressed_inline(root, ino, c, &content)? {
-                    crate::inode::compress_write::InlineTry::Done => {
-                        return self.update_written_inode(root, ino, new_size, removed, new_size)
-                    }
-                    crate::inode::compress_write::InlineTry::Regular => {}
-                    crate::inode::compress_write::InlineTry::Plain => next = None,
-                }
-            }
-            if new_size <= max_inline {
-                self.insert_inline(root, ino, &content)?;
-                added = new_size;
-            } else {
-                content.resize(ss as usize, 0);
-                let mut pos = 0usize;
-                added = self.write_range(
-                    root,
-                    ino,
-                    0,
-                    ss,
-                    old_size,
-                    nodatasum,
-                    next.as_ref(),
-                    &mut |b: &mut [u8]| {
-                        b.copy_from_slice(&content[pos..pos + b.len()]);
-                        pos += b.len();
-                        Ok(())
-                    },
-                )?;
-            }
-        } else {
-            // An inline extent must become regular: rewrite from 0.
-            let mut has_inline = self
-                .live()
-                .file_extents(InodeId { root, ino }, 0, 1)?
-                .iter()
-                .any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
-            if has_inline && offset >= ss {
-                // The inline extent becomes a regular first block, as btrfs_cont_expand
-                // makes it; the write then starts at its own block.
-                self.inline_to_regular(root, ino, ii)?;
-                has_inline = false;
-            }
-            let a_start = if has_inline { 0 } else { offset / ss * ss };
-            let a_end = end.div_ceil(ss) * ss;
-            let head_len = (offset - a_start) as usize;
-            let mut head = vec![0u8; head_len];
-            self.read_old_data(root, ino, a_start, &mut head)?;
-            let tail_len = (a_end - end) as usize;
-            let mut tail = vec![0u8; tail_len];
-            if end < old_size {
-                self.read_old_data(root, ino, end, &mut tail)?;
-            }
-            // A write past EOF first zeroes the old last block past the old end, as
-            // btrfs_cont_expand does (the block is written, whatever it held).
-            if offset > old_size
-                && !old_size.is_multiple_of(ss)
-                && old_size / ss * ss < a_start
-                && !has_inline
-            {
-                self.zero_eof_block(root, ino, ii, old_size)?;
-            }
-            // Stream head + data + tail through the extents.
-            let total = a_end - a_start;
-            let mut produced = 0u64;
-            let mut stream = |buf: &mut [u8]| -> Result<()> {
-                let mut i = 0usize;
-                while i < buf.len() {
-                    let p = produced as usize;
-                    if p < head_len {
-                        let k = (head_len - p).min(buf.len() - i);
-                        buf[i..i + k].copy_from_slice(&head[p..p + k]);
-                        i += k;
-                        produced += k as u64;
-                    } else if produced < total - tail_len as u64 {
-                        let k = ((total - tail_len as u64 - produced) as usize).min(buf.len() - i);
-                        fill(&mut buf[i..i + k])?;
-                        i += k;
-                        produced += k as u64;
-                    } else {
-                        let t = (produced - (total - tail_len as u64)) as usize;
-                        let k = (tail_len - t).min(buf.len() - i);
-                        buf[i..i + k].copy_from_slice(&tail[t..t + k]);
-                        i += k;
-                        produced += k as u64;
-                    }
-                }
-                Ok(())
-            };
-            let plan = if nocow {
-                self.nocow_plan(root, ino, ii.flags.get(), a_start, a_end)?
-            } else {
-                vec![Piece::Cow { start: a_start, end: a_end }]
-            };
-            self.insert_hole_before(root, ino, old_size, a_start)?;
-            let (mut r, mut a) = (0, 0);
-            for piece in plan {
-                match piece {
-                    Piece::Cow { start, end } => {
-                        r += self.drop_extents_inner(root, ino, start, end)?;
-                        a += self.write_range(
-                            root,
-                            ino,
-                            start,
-                            end - start,
-                            old_size,
-                            nodatasum,
-                            choice.as_ref(),
-                            &mut stream,
-                        )?;
-                    }
-                    Piece::InPlace(p) => {
-                        self.write_piece_in_place(root, ino, &p, nodatasum, &mut stream)?
-                    }
-                }
-            }
-            (removed, added) = (r, a);
-        }
-        self.update_written_inode(root, ino, new_size, removed, added)
-    }
-
-    /// Write in-place part `p` of a NOCOW write from `src`, in pieces, and mark a
-    /// preallocated part written.
-    fn write_piece_in_place(
-        &mut self,
-        root: u64,
-        ino: u64,
-        p: &InPlace,
-        nodatasum: bool,
-        src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-    ) -> Result<()> {
-        let mut buf = vec![0u8; WRITE_CHUNK.min(p.len as usize)];
-        let mut done = 0u64;
-        while done < p.len {
-            let n = (p.len - done).min(buf.len() as u64) as usize;
-            src(&mut buf[..n])?;
-            self.write_in_place(p.disk + done, &buf[..n], nodatasum, p.prealloc)?;
-            done += n as u64;
-        }
-        if p.prealloc {
-            self.mark_extent_written(root, ino, p)?;
-        }
-        Ok(())
-    }
-
-    /// Rewrite a file's inline extent as a regular extent holding its first block
-    /// (zero padded), for a write or size change that takes the file past the inline
-    /// extent.
-    pub(super) fn inline_to_regular(&mut self, root: u64, ino: u64, ii: &InodeItem) -> Result<()> {
-        let ss = u64::from(self.sectorsize());
-        let size = ii.size.get();
-        let mut content = vec![0u8; ss as usize];
-        self.read_old_data(root, ino, 0, &mut content[..size.min(ss) as usize])?;
-        let removed = self.drop_extents_inner(root, ino, 0, ss)?;
-        let prop = self.compression_prop(root, ino, ii)?;
-        let choice = self.compress_choice(ii, prop);
-        let mut pos = 0usize;
-        let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
-        let added = self.write_range(
-            root,
-            ino,
-            0,
-            ss,
-            size,
-            nodatasum,
-            choice.as_ref(),
-            &mut |b: &mut [u8]| {
-                b.copy_from_slice(&content[pos..pos + b.len()]);
-                pos += b.len();
-                Ok(())
-            },
-        )?;
-        self.update_inode(root, ino, |i| {
-            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into()
-        })
-    }
-
-    /// [start, start + total) of file `ino` (sector aligned) written from `src`,
-    /// compressed as `choice` says or plain; returns the bytes added to nbytes.
-    #[allow(clippy::too_many_arguments)]
-    fn write_range(
-        &mut self,
-        root: u64,
-        ino: u64,
-        start: u64,
-        total: u64,
-        old_size: u64,
-        nodatasum: bool,
-        choice: Option<&crate::inode::compress_write::Choice>,
-        src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-    ) -> Result<u64> {
-        if let Some(c) = choice {
-            return self.write_extents_compressed(root, ino, start, total, old_size, c, src);
-        }
-        self.write_plain(root, ino, start, total, nodatasum, src)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn unlink_inner(
+    pub(crate) fn unlink_inner(
         &mut self,
         root: u64,
         dir: u64,
@@ -1303,7 +864,7 @@ impl FsWriter {
     /// Remove `name` from directory `dir` (its DIR_ITEM entry, DIR_INDEX, and inode
     /// `ino`'s back reference) and update the directory's size and times; the inode's
     /// link count is the caller's (`__btrfs_unlink_inode`).
-    pub(super) fn del_name(&mut self, root: u64, dir: u64, name: &[u8], ino: u64) -> Result<()> {
+    pub(crate) fn del_name(&mut self, root: u64, dir: u64, name: &[u8], ino: u64) -> Result<()> {
         self.del_dir_item_entry(root, dir, name)?;
         // INODE_REF or INODE_EXTREF: find the index and drop the name.
         let index = self.remove_inode_ref(root, ino, dir, name)?;
@@ -1312,7 +873,7 @@ impl FsWriter {
 
     /// Drop the DIR_INDEX `index` of `name` from directory `dir`, whose size and times
     /// change with it (the last step of removing a name).
-    pub(super) fn del_dir_index(
+    pub(crate) fn del_dir_index(
         &mut self,
         root: u64,
         dir: u64,
@@ -1330,7 +891,7 @@ impl FsWriter {
     }
 
     /// Drop `name`'s entry from directory `dir`'s (possibly shared) DIR_ITEM.
-    pub(super) fn del_dir_item_entry(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+    pub(crate) fn del_dir_item_entry(&mut self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
         let d = self
             .items_in_range(root, &dkey, &dkey)?
@@ -1360,7 +921,7 @@ impl FsWriter {
         Ok(())
     }
 
-    pub(super) fn remove_inode_ref(
+    pub(crate) fn remove_inode_ref(
         &mut self,
         root: u64,
         ino: u64,
@@ -1435,7 +996,7 @@ impl FsWriter {
         self.transaction("remove_inode", 0, |w| w.remove_inode_inner(root, ino))
     }
 
-    pub(super) fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
+    pub(crate) fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
         if let Some(i) = self.inodes.lookup(InodeId { root, ino }) {
             i.set_attrs(None);
         }
@@ -1451,13 +1012,13 @@ impl FsWriter {
 
 /// A regular file extent item of `num_bytes` at `disk_bytenr` (0: a hole), written in
 /// generation `transid`.
-pub(super) fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
+pub(crate) fn reg_extent_item(transid: u64, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
     extent_item(transid, FILE_EXTENT_REG, disk_bytenr, num_bytes)
 }
 
 /// An uncompressed file extent item of type `type_` (REG or PREALLOC) covering the
 /// whole `num_bytes` disk extent at `disk_bytenr` (0 with REG: a hole).
-pub(super) fn extent_item(transid: u64, type_: u8, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
+pub(crate) fn extent_item(transid: u64, type_: u8, disk_bytenr: u64, num_bytes: u64) -> Vec<u8> {
     let disk_num_bytes = if disk_bytenr == 0 { 0 } else { num_bytes };
     ubtrfs_format::items::file_extent_reg_item(
         &FileExtentHeader {
@@ -1480,7 +1041,7 @@ pub(super) fn extent_item(transid: u64, type_: u8, disk_bytenr: u64, num_bytes: 
 impl FsWriter {
     /// Without no-holes, a write starting past EOF first covers the gap from the old
     /// size (rounded up to a sector) to `start` with a hole extent, as the kernel does.
-    pub(super) fn insert_hole_before(
+    pub(crate) fn insert_hole_before(
         &mut self,
         root: u64,
         ino: u64,
@@ -1523,7 +1084,7 @@ impl FsWriter {
     }
 
     /// After a write: the new size, nbytes less `removed` plus `added`, mtime and ctime.
-    pub(super) fn update_written_inode(
+    pub(crate) fn update_written_inode(
         &mut self,
         root: u64,
         ino: u64,
@@ -1574,269 +1135,5 @@ impl FsWriter {
             i.mtime = t;
             i.ctime = t;
         })
-    }
-}
-
-/// A write whose data goes to disk without the engine's lock (the kernel's delalloc
-/// and ordered extents, in one call): `begin_write` checks the inode and reserves
-/// metadata and data space under the lock, `DirectWrite::write_data` writes and
-/// checksums the data without it, and `finish_write` inserts the file extents and
-/// checksums under the lock again (`cancel_write` gives the space back if the data
-/// write failed). Until `finish_write`, readers see the file as it was; a commit in
-/// between records nothing of the write (its space is reserved in memory only, and
-/// free in the committed state), so a crash loses the write and nothing else.
-#[must_use = "a direct write ends with finish_write or cancel_write, which give back its reservations"]
-pub struct DirectWrite {
-    root: u64,
-    ino: u64,
-    /// File range written: sector-aligned start, and the end of the data.
-    offset: u64,
-    end: u64,
-    nodatasum: bool,
-    /// Where the data goes: (file offset, disk bytenr, length, how), in file order,
-    /// covering `offset` up to `end` rounded up to a sector. `None` is a reserved new
-    /// extent; `Some` a part written in place (NOCOW), which reserved nothing.
-    extents: Vec<(u64, u64, u64, Option<InPlace>)>,
-    /// Data checksums of each extent, filled by `write_data`.
-    csums: Vec<Vec<u8>>,
-    /// Metadata bytes reserved for the insertions (`reserve_metadata`), which the
-    /// handle of `finish_write` takes over.
-    meta_rsv: u64,
-}
-
-/// How `begin_write` wants a write done.
-pub enum WritePlan {
-    /// Under the lock, as `FsWriter::write_file` does: the write needs old data (a
-    /// partial sector inside the file, an inline extent) or makes an inline file.
-    Locked,
-    /// Data written without the lock.
-    Direct(DirectWrite),
-}
-
-impl FsWriter {
-    /// Start a write of `len` bytes at `offset` of regular file `ino`: the checks of
-    /// `write_file`, and for a write that needs no old data, the reservation of its
-    /// metadata and its data extents.
-    ///
-    /// # Errors
-    /// As `write_file`: `Posix` for a wrong inode or flags, `Posix(NoSpace)`.
-    pub fn begin_write(&mut self, root: u64, ino: u64, offset: u64, len: u64) -> Result<WritePlan> {
-        self.check_root_writable(root)?;
-        let id = InodeId { root, ino };
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
-        let end = prepare_write(id, &ii, ii.size.get(), offset, len, self.write_by())?;
-        let ss = u64::from(self.sectorsize());
-        let old_size = ii.size.get();
-        let max_inline = self.max_inline();
-        // (A write past an unaligned EOF rewrites the old last block too, as
-        // btrfs_cont_expand does: the locked path does that.)
-        let needs_old_data = !offset.is_multiple_of(ss)
-            || (!end.is_multiple_of(ss) && end < old_size)
-            || (offset > old_size && !old_size.is_multiple_of(ss));
-        let append_only = ii.flags.get() & INODE_APPEND != 0;
-        if len == 0 || append_only || needs_old_data || old_size.max(end) <= max_inline {
-            return Ok(WritePlan::Locked);
-        }
-        if self
-            .live()
-            .file_extents(InodeId { root, ino }, 0, 1)?
-            .iter()
-            .any(|f| matches!(f.kind, ExtentKind::Inline { .. }))
-        {
-            return Ok(WritePlan::Locked);
-        }
-        // Compressed writes compress under the lock (the stream's size decides the
-        // extent's).
-        let prop = self.compression_prop(root, ino, &ii)?;
-        if self.compress_choice(&ii, prop).is_some() {
-            return Ok(WritePlan::Locked);
-        }
-        let csum_leaf_bytes = u64::from(self.nodesize()) / 2;
-        let csum_bytes = len.div_ceil(ss) * self.info.csum_type.size() as u64;
-        let items = 3 + len.div_ceil(MAX_EXTENT_SIZE) + csum_bytes.div_ceil(csum_leaf_bytes);
-        let meta_rsv = crate::space::allocator::reserve_metadata(self, items)?;
-        self.write_rsv += meta_rsv;
-        let a_end = end.div_ceil(ss) * ss;
-        // The parts of a NOCOW-capable inode that go in place need no extent; the
-        // caller holds the inode's lock, so they stay as planned until finish_write.
-        let plan = self.nocow_plan(root, ino, ii.flags.get(), offset, a_end)?;
-        let mut extents = Vec::new();
-        for piece in plan {
-            let (mut cur, pend) = match piece {
-                Piece::InPlace(p) => {
-                    extents.push((p.file_off, p.disk, p.len, Some(p)));
-                    continue;
-                }
-                Piece::Cow { start, end } => (start, end),
-            };
-            while cur < pend {
-                let want = (pend - cur).min(MAX_EXTENT_SIZE);
-                match crate::space::allocator::alloc_extent_upto(self, BLOCK_GROUP_DATA, want, ss) {
-                    Ok((bytenr, got)) => {
-                        extents.push((cur, bytenr, got, None));
-                        cur += got;
-                    }
-                    Err(e) => {
-                        for &(_, b, l, how) in &extents {
-                            if how.is_none() {
-                                crate::space::allocator::unreserve(self, b, l, false);
-                            }
-                        }
-                        self.write_rsv -= meta_rsv;
-                        crate::space::allocator::release_metadata(self, meta_rsv);
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        Ok(WritePlan::Direct(DirectWrite {
-            root,
-            ino,
-            offset,
-            end,
-            nodatasum: ii.flags.get() & INODE_NODATASUM != 0,
-            extents,
-            csums: Vec::new(),
-            meta_rsv,
-        }))
-    }
-
-    /// Insert a direct write's extents and checksums (its data is on disk) and update
-    /// the inode, under the abort guard.
-    ///
-    /// # Errors
-    /// `Posix(NotFound)` when the inode went away meanwhile (its space is given back);
-    /// tree failures (which abort).
-    pub fn finish_write(&mut self, mut dw: DirectWrite) -> Result<()> {
-        let (root, ino) = (dw.root, dw.ino);
-        let ii = match self.live().load_inode(InodeId { root, ino }, Load::ITEM) {
-            Ok(v) if v.item.mode.get() & S_IFMT == S_IFREG => v.item,
-            Ok(_) | Err(_) => {
-                self.cancel_write(dw);
-                return Err(Error::posix(
-                    PosixKind::NotFound,
-                    format!("root={root} ino={ino} went away while its data was written"),
-                ));
-            }
-        };
-        let rsv = std::mem::take(&mut dw.meta_rsv);
-        self.write_rsv -= rsv;
-        let mut h = self.start_transaction_reserved("write_file", rsv)?;
-        let r = h.finish_write_inner(dw, &ii);
-        h.end_with(r)
-    }
-
-    fn finish_write_inner(&mut self, dw: DirectWrite, ii: &InodeItem) -> Result<()> {
-        let (root, ino) = (dw.root, dw.ino);
-        let ss = u64::from(self.sectorsize());
-        let old_size = ii.size.get();
-        let new_size = old_size.max(dw.end);
-        let a_end = dw.end.div_ceil(ss) * ss;
-        debug_assert_eq!(
-            dw.extents.last().map(|e| e.0 + e.2),
-            Some(a_end),
-            "a direct write's extents end at its aligned end"
-        );
-        self.insert_hole_before(root, ino, old_size, dw.offset)?;
-        let (mut removed, mut added) = (0, 0);
-        for (i, &(file_off, bytenr, len, how)) in dw.extents.iter().enumerate() {
-            if let Some(p) = how {
-                // In place: the data is there; a preallocated part gets its checksums
-                // and turns regular.
-                if p.prealloc {
-                    if !dw.nodatasum {
-                        crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
-                    }
-                    self.mark_extent_written(root, ino, &p)?;
-                }
-                continue;
-            }
-            removed += self.drop_extents_inner(root, ino, file_off, file_off + len)?;
-            self.delayed.add_data_ref(
-                bytenr,
-                len,
-                crate::extent::delayed_ref::RefKind::Data { root, ino, offset: file_off },
-                1,
-                true,
-            )?;
-            if !dw.nodatasum {
-                crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
-            }
-            let fe = reg_extent_item(self.transid, bytenr, len);
-            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
-            added += len;
-        }
-        self.update_written_inode(root, ino, new_size, removed, added)
-    }
-
-    /// Give back a direct write's reserved space (its data write failed).
-    pub fn cancel_write(&mut self, dw: DirectWrite) {
-        for &(_, b, l, how) in &dw.extents {
-            if how.is_none() {
-                crate::space::allocator::unreserve(self, b, l, false);
-            }
-        }
-        self.write_rsv -= dw.meta_rsv;
-        crate::space::allocator::release_metadata(self, dw.meta_rsv);
-    }
-}
-
-impl DirectWrite {
-    /// Write the data (zero-padded to the last sector) to the reserved extents, every
-    /// copy, and checksum it. Needs only the shared `FsInfo`.
-    ///
-    /// # Errors
-    /// `Io` from the devices.
-    pub fn write_data(&mut self, info: &crate::disk_io::FsInfo, data: &[u8]) -> Result<()> {
-        assert_eq!(
-            data.len() as u64,
-            self.end - self.offset,
-            "write_data with other data than begin_write was given"
-        );
-        let ss = info.sectorsize as usize;
-        let cs = info.csum_type.size();
-        self.csums.clear();
-        // Data that is aligned already (a writeback's gathered run) goes from where it
-        // is; other pieces through a page-aligned buffer, so the device can write them
-        // with O_DIRECT.
-        let align = crate::volumes::device::DIRECT_IO_ALIGN;
-        for &(file_off, bytenr, len, _) in &self.extents {
-            let mut csums = Vec::with_capacity((len as usize / ss) * cs);
-            let mut done = 0u64;
-            while done < len {
-                let n = (len - done).min(WRITE_CHUNK as u64) as usize;
-                let from = (file_off + done - self.offset) as usize;
-                let have = data.len().saturating_sub(from).min(n);
-                let mut put = |piece: &[u8]| -> Result<()> {
-                    if !self.nodatasum {
-                        crate::extent::csum_tree::append_sector_csums(
-                            info.csum_type,
-                            ss,
-                            piece,
-                            &mut csums,
-                        );
-                    }
-                    crate::volumes::write_logical(
-                        &info.chunk_map,
-                        &info.devices,
-                        bytenr + done,
-                        piece,
-                        crate::volumes::WriteKind::Data,
-                    )
-                };
-                if have == n && (data[from..].as_ptr() as usize).is_multiple_of(align) {
-                    put(&data[from..from + n])?;
-                } else {
-                    crate::volumes::device::with_io_buf(n, |buf| {
-                        buf[..have].copy_from_slice(&data[from..from + have]);
-                        buf[have..].fill(0);
-                        put(buf)
-                    })?;
-                }
-                done += n as u64;
-            }
-            self.csums.push(csums);
-        }
-        Ok(())
     }
 }

@@ -530,7 +530,7 @@ impl FsWriter {
     /// Remove inode `id`'s file capabilities (`security.capability`) if it has any, as
     /// `cap_inode_killpriv` does for a chown's ATTR_KILL_PRIV: without removexattr(2)'s
     /// permission checks (an immutable inode loses them too), ctime moving.
-    pub(super) fn kill_file_caps(&mut self, id: InodeId) -> Result<()> {
+    pub(crate) fn kill_file_caps(&mut self, id: InodeId) -> Result<()> {
         let key = xattr_key(id, XATTR_NAME_CAPS);
         let edit = self.plan_item_edit(id, XATTR_NAME_CAPS, None, 0)?;
         if matches!(edit, ItemEdit::Unchanged) {

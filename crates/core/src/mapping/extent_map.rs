@@ -28,7 +28,7 @@
 //! fills (`inode::get_extent::get_file_extents`) run under its shared side.
 //!
 //! Neighbours: `inode::inode_cache` (the tree lives in `InodeMapping`),
-//! `extent_map_shrinker` (frees maps under a memory budget), `inode::read` (the data
+//! `extent_map_shrinker` (frees maps under a memory budget), `data::read` (the data
 //! reads they serve).
 
 use crate::ids::InodeId;

@@ -5,7 +5,7 @@
 //! ordered-data.c), and the owned file extent records they are built from
 //! (`file_extent`). Nothing here reads or changes a tree: the inode layer fills the
 //! maps (`inode::get_extent`), runs delalloc and completes ordered extents
-//! (`inode::delalloc`), and the engine drives the page cache.
+//! (`data::delalloc`), and the engine drives the page cache.
 
 pub mod extent_map;
 pub mod extent_map_shrinker;

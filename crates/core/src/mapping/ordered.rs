@@ -1,6 +1,6 @@
 //! Ordered extents: a data extent allocated for a dirty range at delalloc time, alive
 //! until every byte of it is written or finished otherwise (the kernel's
-//! `btrfs_ordered_extent`, ordered-data.c). Completion (`inode::delalloc`, `FsWriter::finish_ordered`)
+//! `btrfs_ordered_extent`, ordered-data.c). Completion (`data::delalloc`, `FsWriter::finish_ordered`)
 //! puts the range into the trees: the EXTENT_DATA item (cut to `truncated_len` when
 //! TRUNCATED, none when that is 0), the data checksums of what was written, the data
 //! ref, the inode's nbytes and on-disk size; the space of a truncated tail goes back.
@@ -10,7 +10,7 @@
 //! and equal to it unless TRUNCATED; uncompressed, so `disk_num_bytes == num_bytes`;
 //! the checksums of written blocks sit at their block's index.
 //!
-//! Neighbours: `inode::delalloc` creates them (`FsWriter::run_delalloc`), `writeback` submits their
+//! Neighbours: `data::delalloc` creates them (`FsWriter::run_delalloc`), `writeback` submits their
 //! blocks and finishes them; `page_cache` keeps the tree of one inode.
 
 use crate::mapping::MAX_EXTENT_SIZE;

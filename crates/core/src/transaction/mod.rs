@@ -332,7 +332,7 @@ pub struct Transaction {
     /// blocks after dropping its lock (set by `Engine`; a writer used alone writes them
     /// at once).
     pub(crate) defer_writeback: bool,
-    /// Mount-wide compression of file writes (`inode::compress_write`).
+    /// Mount-wide compression of file writes (`data::compress_write`).
     pub(crate) compress: crate::compression::CompressPolicy,
     /// Space the committing transaction freed: out of the allocator until
     /// `finish_commit` returns it.

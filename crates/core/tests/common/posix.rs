@@ -49,11 +49,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use ubtrfs_core::compression::CompressPolicy;
+use ubtrfs_core::data::falloc::seek_in_file;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
-use ubtrfs_core::inode::falloc::seek_in_file;
 use ubtrfs_core::inode::filesystem::{DirEntry, FileKind, FsRead, InodeId, InodeView, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_core::XattrRead;
 use ubtrfs_format::structs::{rdev_decode, rdev_encode};
@@ -1388,7 +1389,7 @@ fn en(errno: Errno) -> Fail {
 }
 
 /// `btrfs_lookup`: ENAMETOOLONG before any search.
-fn lookup<V: FsRead>(l: &V, dir: InodeId, name: &[u8]) -> UResult<Option<DirEntry>> {
+fn lookup<V: FileRead>(l: &V, dir: InodeId, name: &[u8]) -> UResult<Option<DirEntry>> {
     if name.len() > NAME_MAX {
         return Err(en(libc::ENAMETOOLONG));
     }
@@ -1396,7 +1397,7 @@ fn lookup<V: FsRead>(l: &V, dir: InodeId, name: &[u8]) -> UResult<Option<DirEntr
 }
 
 /// The VFS walk of every component but the last: the directory it ends at.
-fn walk_parent<V: FsRead>(l: &V, top: InodeId, p: &P) -> UResult<InodeId> {
+fn walk_parent<V: FileRead>(l: &V, top: InodeId, p: &P) -> UResult<InodeId> {
     let mut cur = top;
     for c in &p[..p.len() - 1] {
         let e = lookup(l, cur, c)?.ok_or(en(libc::ENOENT))?;
@@ -1411,7 +1412,7 @@ fn walk_parent<V: FsRead>(l: &V, top: InodeId, p: &P) -> UResult<InodeId> {
 }
 
 /// The whole walk: the inode `p` names (the last symlink followed if `follow`).
-fn resolve<V: FsRead>(l: &V, top: InodeId, p: &P, follow: bool) -> UResult<InodeView> {
+fn resolve<V: FileRead>(l: &V, top: InodeId, p: &P, follow: bool) -> UResult<InodeView> {
     let dir = walk_parent(l, top, p)?;
     let e = lookup(l, dir, p.last().expect("paths have a name"))?.ok_or(en(libc::ENOENT))?;
     let v = l.load_inode(e.target, Load::ITEM)?;
@@ -1452,7 +1453,7 @@ fn stat_of(v: &InodeView) -> StatRec {
 
 /// `inode_init_owner` for a new inode in directory `dir` made by root: the group and
 /// the setgid bit of a setgid directory pass on.
-fn new_attrs<V: FsRead>(l: &V, dir: InodeId, mode: u32) -> UResult<InodeAttrs> {
+fn new_attrs<V: FileRead>(l: &V, dir: InodeId, mode: u32) -> UResult<InodeAttrs> {
     let d = l.load_inode(dir, Load::ITEM)?;
     let mut a = InodeAttrs::new(mode);
     if d.mode() & libc::S_ISGID != 0 {
@@ -2162,7 +2163,7 @@ pub fn xwalk_kernel_checked(root: &Path) -> XTree {
 /// The namespace as a ubtrfs view (`Live` or a `Filesystem`) shows it, like
 /// `walk_ubtrfs` with xattrs and explicit times. Errors propagate (a live reader's run
 /// stops at a block missing from the cache and runs again).
-pub fn xwalk_fs<V: FsRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
+pub fn xwalk_fs<V: FileRead>(fs: &V) -> ubtrfs_core::Result<XTree> {
     let mut out = XTree::new();
     let mut hashed: std::collections::HashMap<InodeId, String> = std::collections::HashMap::new();
     let mut stack = vec![(String::new(), fs.root_dir())];

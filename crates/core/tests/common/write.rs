@@ -18,13 +18,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use ubtrfs_core::data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::attr::{fsflags, SetAttr};
-use ubtrfs_core::inode::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs_core::inode::filesystem::{
     DirEntry, FileExtentRec, FileKind, Filesystem, InodeId, Load,
 };
 use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::FileRead;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;

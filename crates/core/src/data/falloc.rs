@@ -408,7 +408,7 @@ impl FsWriter {
     /// Rewrite the block holding EOF with zeros past EOF, the size staying
     /// (`btrfs_truncate_block` at i_size). An inline file keeps its extent when its
     /// size stays (`final_size`), and becomes a regular first block when it grows.
-    pub(super) fn zero_eof_block(
+    pub(crate) fn zero_eof_block(
         &mut self,
         root: u64,
         ino: u64,
@@ -454,7 +454,7 @@ impl FsWriter {
     /// `btrfs_cont_expand` made over a whole gap, or read-ahead's merged ones) and, for
     /// a range all in a hole, do nothing where this goes on; the engine keeps no extent
     /// map cache yet (`InodeMapping`).
-    pub(super) fn hole_at(&mut self, id: InodeId, offset: u64, len: u64) -> Result<Option<u64>> {
+    pub(crate) fn hole_at(&mut self, id: InodeId, offset: u64, len: u64) -> Result<Option<u64>> {
         let ss = u64::from(self.sectorsize());
         let pos = offset / ss * ss;
         let limit = pos.saturating_add(len.div_ceil(ss) * ss);

@@ -156,7 +156,7 @@ impl FsWriter {
                 continue;
             }
             let disk = disk_bytenr + offset + (fs - f.file_offset);
-            let csums = crate::inode::read::lookup_csums(&self.live(), disk, fe - fs)?;
+            let csums = crate::data::read::lookup_csums(&self.live(), disk, fe - fs)?;
             if csums.present.iter().any(|&p| p) {
                 push_cow(&mut pieces, fs, fe);
                 continue;

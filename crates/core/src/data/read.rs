@@ -81,7 +81,7 @@ pub(crate) fn verify_sectors<'a>(
 ///
 /// # Errors
 /// `Corrupt`/`Io` from the csum tree.
-pub(crate) fn lookup_csums<V: FsRead>(fs: &V, logical: u64, len: u64) -> Result<CsumRun> {
+pub(crate) fn lookup_csums<V: FileRead>(fs: &V, logical: u64, len: u64) -> Result<CsumRun> {
     let ss = u64::from(fs.info().sectorsize);
     let cs = fs.info().csum_type.size();
     assert!(
@@ -134,7 +134,7 @@ pub(crate) fn lookup_csums<V: FsRead>(fs: &V, logical: u64, len: u64) -> Result<
 ///
 /// # Errors
 /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
-pub(crate) fn read_verified<V: FsRead>(
+pub(crate) fn read_verified<V: FileRead>(
     fs: &V,
     inode: &InodeView,
     file_offset: u64,
@@ -200,7 +200,7 @@ pub(crate) fn read_verified<V: FsRead>(
 ///
 /// # Errors
 /// `Io`/`Corrupt` from the extent read, decompression or checksum.
-pub(crate) fn read_at<V: FsRead>(
+pub(crate) fn read_at<V: FileRead>(
     fs: &V,
     inode: &InodeView,
     offset: u64,
@@ -215,7 +215,7 @@ pub(crate) fn read_at<V: FsRead>(
 ///
 /// # Errors
 /// As `read_at`.
-pub(crate) fn read_at_cached<V: FsRead>(
+pub(crate) fn read_at_cached<V: FileRead>(
     fs: &V,
     inode: &InodeView,
     offset: u64,
@@ -270,7 +270,7 @@ fn plain_disk_span(
     Some((logical - logical % ss, logical, end))
 }
 
-pub(crate) fn read_extent_piece<V: FsRead>(
+pub(crate) fn read_extent_piece<V: FileRead>(
     fs: &V,
     inode: &InodeView,
     e: &FileExtentRec,
@@ -412,7 +412,7 @@ fn extent_corrupt(inode: &InodeView, e: &FileExtentRec, reason: String) -> Error
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn decompress_for<V: FsRead>(
+pub(crate) fn decompress_for<V: FileRead>(
     fs: &V,
     inode: &InodeView,
     file_offset: u64,
@@ -453,7 +453,7 @@ fn hex(b: &[u8]) -> String {
 ///
 /// # Errors
 /// `Corrupt`/`Io` from the csum tree.
-pub(crate) fn prefetch_csums<V: FsRead>(
+pub(crate) fn prefetch_csums<V: FileRead>(
     fs: &V,
     inode: &InodeView,
     offset: u64,
@@ -535,6 +535,9 @@ impl FsRead for DataView<'_> {
     fn default_subvol(&self) -> u64 {
         self.default_subvol
     }
+}
+
+impl FileRead for DataView<'_> {
     fn lookup_csums(&self, logical: u64, len: u64) -> Result<CsumRun> {
         let ss = u64::from(self.info.sectorsize);
         let cs = self.info.csum_type.size();
@@ -554,3 +557,59 @@ impl FsRead for DataView<'_> {
         })
     }
 }
+
+/// Reading file data through a read view (`FsRead`): checksums, verified reads with
+/// the fallback to other copies, reads of a file's bytes (holes as zeros, inline and
+/// compressed extents decoded), symlink targets. Every read view has it; a view with
+/// checksums of its own at hand (`DataView`) answers `lookup_csums` from them.
+pub trait FileRead: FsRead {
+    /// Look up the data checksums of `[logical, logical + len)` (sector aligned).
+    ///
+    /// # Errors
+    /// `Corrupt`/`Io` from the csum tree.
+    fn lookup_csums(&self, logical: u64, len: u64) -> Result<CsumRun> {
+        lookup_csums(self, logical, len)
+    }
+
+    /// Read `buf.len()` bytes of data at `logical` (sector aligned) and verify every
+    /// sector, falling back to other copies sector by sector.
+    ///
+    /// # Errors
+    /// `Corrupt` (data) naming ino, file offset and logical when no copy is good.
+    fn read_verified(
+        &self,
+        inode: &InodeView,
+        file_offset: u64,
+        logical: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        read_verified(self, inode, file_offset, logical, buf)
+    }
+
+    /// Read file data at `offset` into `buf`; returns the bytes read (short at EOF).
+    ///
+    /// # Errors
+    /// `Io`/`Corrupt` from the extent read, decompression or checksum.
+    fn read_at(&self, inode: &InodeView, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        read_at(self, inode, offset, buf)
+    }
+
+    /// `read_at` with a caller-held cache of the last decompressed extent, so sequential
+    /// reads of a compressed file decompress each extent once.
+    ///
+    /// # Errors
+    /// As `read_at`.
+    fn read_at_cached(
+        &self,
+        inode: &InodeView,
+        offset: u64,
+        buf: &mut [u8],
+        cache: &mut DecompressCache,
+    ) -> Result<usize> {
+        read_at_cached(self, inode, offset, buf, cache)
+    }
+}
+
+impl FileRead for crate::inode::filesystem::Filesystem {}
+
+impl FileRead for crate::transaction::Live<'_> {}

@@ -205,7 +205,7 @@ impl FsWriter {
     /// The whole file `content` (at most a sector) as a compressed inline extent, if
     /// the compression decides so and the result fits. A compression that was tried
     /// and did not shrink marks the file as the choice says.
-    pub(super) fn try_compressed_inline(
+    pub(crate) fn try_compressed_inline(
         &mut self,
         root: u64,
         ino: u64,
@@ -275,7 +275,7 @@ impl FsWriter {
     /// that does not shrink marks the file NOCOMPRESS (as the choice says) and sends
     /// the rest of the range plain. Consecutive plain pieces become one extent.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn write_extents_compressed(
+    pub(crate) fn write_extents_compressed(
         &mut self,
         root: u64,
         ino: u64,
@@ -405,7 +405,7 @@ impl FsWriter {
 
     /// [at, at + n) written plain (`write_new_extent` in extents of at most
     /// MAX_EXTENT_SIZE).
-    pub(super) fn write_plain(
+    pub(crate) fn write_plain(
         &mut self,
         root: u64,
         ino: u64,

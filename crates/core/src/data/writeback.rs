@@ -339,7 +339,7 @@ impl FsWriter {
     ) -> Result<bool> {
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let flags = ii.flags.get();
-        if crate::inode::nocow::nocow_capable(flags)
+        if crate::data::nocow::nocow_capable(flags)
             || flags & ubtrfs_format::structs::INODE_PREALLOC != 0
         {
             return Ok(true);

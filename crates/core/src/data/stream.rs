@@ -6,9 +6,10 @@
 //! thread takes chunk k from worker k mod T, so output order is the file's order and
 //! memory is bounded by T × (DEPTH + 1) chunks whatever the file size.
 
+use crate::data::read::DecompressCache;
+use crate::data::read::FileRead;
 use crate::error::Result;
-use crate::inode::filesystem::{Filesystem, FsRead, InodeView};
-use crate::inode::read::DecompressCache;
+use crate::inode::filesystem::{Filesystem, InodeView};
 use std::sync::mpsc::sync_channel;
 
 /// Chunks each worker may have ready ahead of the consumer.
