@@ -271,6 +271,22 @@ pub fn decompress(
     }
 }
 
+/// [`decompress`] for an extent item's raw `compression` byte, as every reader of file
+/// data meets it: the error is the message a reader puts in its `Corrupt` (an unknown
+/// type, or the decoder's failure named by the algorithm).
+pub fn decompress_item(
+    compression: u8,
+    input: &[u8],
+    ram_bytes: usize,
+    sectorsize: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    let kind = CompressionType::from_raw(compression)
+        .ok_or_else(|| format!("unknown compression type {compression}"))?;
+    decompress(kind, input, ram_bytes, sectorsize, out)
+        .map_err(|e| format!("{} decompression failed: {e}", kind.name()))
+}
+
 /// Like [`decompress`], but decodes into `dst`, whose length is the extent's
 /// `ram_bytes`, and returns how many bytes the stream itself produced (at
 /// most `dst.len()`); the bytes of `dst` after that are set to zero. On error
@@ -714,6 +730,20 @@ mod tests {
         }
         assert_eq!(pos, total);
         (segs, pads)
+    }
+
+    #[test]
+    fn decompress_item_names_an_unknown_type_and_the_failing_algorithm() {
+        let mut out = Vec::new();
+        assert_eq!(
+            decompress_item(9, b"x", 1, 4096, &mut out),
+            Err("unknown compression type 9".to_string())
+        );
+        let err = decompress_item(3, b"not a zstd frame", 4096, 4096, &mut out).unwrap_err();
+        assert!(err.starts_with("zstd decompression failed: "), "{err}");
+        let z = zstd::bulk::compress(&[7u8; 4096], 3).unwrap();
+        decompress_item(3, &z, 4096, 4096, &mut out).unwrap();
+        assert_eq!(out, vec![7u8; 4096]);
     }
 
     #[test]

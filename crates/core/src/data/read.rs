@@ -5,7 +5,7 @@
 //!
 //! Neighbours: `fs` (extent lists), `compression` (codecs), `volumes` (mirrors).
 
-use crate::compression::{decompress, CompressionType, MAX_RAM_BYTES};
+use crate::compression::{CompressionType, MAX_RAM_BYTES};
 use crate::error::{Error, Result};
 use crate::inode::filesystem::{ExtentKind, FileExtentRec, FsRead, InodeView};
 
@@ -428,10 +428,14 @@ pub(crate) fn decompress_for<V: FileRead>(
             .data(inode.id.ino, file_offset, logical)
             .into()
     };
-    let kind = CompressionType::from_raw(compression)
-        .ok_or_else(|| corrupt(format!("unknown compression type {compression}")))?;
-    decompress(kind, input, ram_bytes, fs.info().sectorsize as usize, out)
-        .map_err(|e| corrupt(format!("{} decompression failed: {e}", kind.name())))
+    crate::compression::decompress_item(
+        compression,
+        input,
+        ram_bytes,
+        fs.info().sectorsize as usize,
+        out,
+    )
+    .map_err(corrupt)
 }
 
 /// The last decompressed extent of a sequential reader.

@@ -402,17 +402,15 @@ pub trait FsRead: TreeView + Sized {
         let plain = if *compression == 0 {
             std::borrow::Cow::Borrowed(data.as_slice())
         } else {
-            let kind = crate::compression::CompressionType::from_raw(*compression)
-                .ok_or_else(|| corrupt(format!("unknown compression type {compression}")))?;
             let mut out = Vec::new();
-            crate::compression::decompress(
-                kind,
+            crate::compression::decompress_item(
+                *compression,
                 data,
                 usize::try_from(*ram_bytes).unwrap_or(usize::MAX),
                 self.info().sectorsize as usize,
                 &mut out,
             )
-            .map_err(|e| corrupt(format!("{} decompression failed: {e}", kind.name())))?;
+            .map_err(corrupt)?;
             std::borrow::Cow::Owned(out)
         };
         let n = plain.len().min(buf.len());
