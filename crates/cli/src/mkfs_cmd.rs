@@ -441,14 +441,17 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
     let bar = if fill.is_some() && !a.quiet { crate::write_cmds::copy_progress() } else { None };
     let mut copied = None;
     let r = prepare().map_err(|error| MkfsFailure { error, began_writing: false }).and_then(|()| {
-        ubtrfs_tools::mkfs::make_filesystem_on(&devices, &opts, |w| {
+        ubtrfs_tools::mkfs::make_filesystem_on(&devices, &opts, |e| {
             let Some(f) = &fill else { return Ok(()) };
             if let Some(c) = f.compress {
-                w.set_compress(c);
+                e.write(|w| {
+                    w.set_compress(c);
+                    Ok(())
+                })?;
             }
             let mut po = f.opts.clone();
             po.put.progress = bar.as_ref().map(|b| b.callback());
-            copied = Some(ubtrfs_tools::populate::populate(w, &f.rootdir, &po)?);
+            copied = Some(ubtrfs_tools::populate::populate(e, &f.rootdir, &po)?);
             Ok(())
         })
     });

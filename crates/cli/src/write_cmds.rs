@@ -37,11 +37,14 @@ pub fn put(a: &PutArgs) -> Result<()> {
         (None, Some(c)) => Some(ubtrfs_core::compression::CompressPolicy::parse(c, true)?),
         (None, None) => None,
     };
-    let mut w = open_writer(&a.image).map_err(|e| swapped_put_arguments(a, e))?;
+    let w = open_writer(&a.image).map_err(|e| swapped_put_arguments(a, e))?;
+    let e = ubtrfs_tools::put::copy_engine(w);
     if let Some(p) = policy {
-        w.set_compress(p);
+        e.write(|w| {
+            w.set_compress(p);
+            Ok(())
+        })?;
     }
-    // A failure part way leaves the transaction half done: abort it, nothing is committed.
     let srcs: Vec<&std::path::Path> = a.srcs.iter().map(|p| p.as_path()).collect();
     let bar = copy_progress();
     let opts = ubtrfs_tools::put::PutOptions {
@@ -49,10 +52,19 @@ pub fn put(a: &PutArgs) -> Result<()> {
         progress: bar.as_ref().map(|b| b.callback()),
         ..Default::default()
     };
-    let stats =
-        ubtrfs_tools::put::put(&mut w, &srcs, &a.dest, &opts).inspect_err(|e| w.abort("put", e))?;
+    // A failure part way leaves the transaction half done: abort it, nothing is
+    // committed. Else the dirty data is written back and all of it committed at once.
+    let abort = |err: &Error| {
+        let _ = e.write(|w| {
+            w.abort("put", err);
+            Ok(())
+        });
+    };
+    let stats = ubtrfs_tools::put::put(&e, &srcs, &a.dest, &opts)
+        .and_then(|s| e.writeback_all().map(|()| s))
+        .inspect_err(abort)?;
     drop(bar);
-    let gen = w.commit()?;
+    let gen = e.commit()?;
     eprintln!(
         "put {} files, {} directories, {} symlinks, {} special files, {} hard links, {} bytes (generation {gen})",
         stats.files, stats.dirs, stats.symlinks, stats.special, stats.hardlinks, stats.bytes

@@ -784,6 +784,51 @@ fn a_write_the_data_space_cannot_hold_fails_at_write_time() {
     assert_check(&s.path, "after a write refused for space");
 }
 
+/// A single-transaction engine (an offline command's) commits only when asked: the
+/// data flush before an ENOSPC writes dirty data back and commits nothing, so the
+/// image on disk stays as it was until the end; `into_writer` writes the dirty data
+/// back for the writer, whose commit then holds every admitted byte.
+#[test]
+fn a_single_transaction_engine_commits_only_when_asked() {
+    if !mkfs_tools("a_single_transaction_engine_commits_only_when_asked") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-single", 300 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    e.set_single_transaction(true);
+    e.set_page_cache_limits(64 << 20, 32 << 20);
+    let big = create(&e, "big");
+    let generation = e.commit().expect("commit the name");
+    let on_disk = std::fs::read(&s.path).expect("read the image");
+    let chunk = vec![9u8; 1 << 20];
+    let mut admitted = 0u64;
+    let err = loop {
+        match e.buffered_write(big, admitted << 20, &chunk) {
+            Ok(()) => admitted += 1,
+            Err(err) => break err,
+        }
+        assert!(admitted < 400, "400 MiB of dirty data admitted into a 300 MiB image");
+    };
+    assert_eq!(err.posix_kind(), Some(ubtrfs_core::error::PosixKind::NoSpace), "{err}");
+    assert!(admitted > 150, "only {admitted} MiB fit in a 300 MiB image");
+    assert!(e.page_cache_stats().throttle_writebacks > 0, "the dirty limit wrote back");
+    assert_eq!(
+        e.read(|l| Ok(l.committed_generation())).expect("generation"),
+        generation,
+        "a single-transaction engine committed on its own"
+    );
+    // Written back, not committed: the superblock and every tree block are the same.
+    let now = std::fs::read(&s.path).expect("read the image");
+    assert!(now[0x10000..0x11000] == on_disk[0x10000..0x11000], "the superblock changed");
+    let mut w = e.into_writer().expect("into_writer");
+    w.commit().expect("commit");
+    drop(w);
+    let got = read_image(&s.path, big);
+    assert_eq!(got.len() as u64, admitted << 20, "every admitted write is on disk");
+    assert!(got.iter().all(|&b| b == 9), "big's bytes differ on disk");
+    assert_check(&s.path, "single transaction");
+}
+
 /// fsync makes one file durable (written back and committed) while another file's
 /// data stays dirty; an engine dropped unsynced loses only that.
 #[test]

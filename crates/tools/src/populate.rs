@@ -24,10 +24,10 @@ use crate::put::{put_contents, OwnerMap, PutOptions, PutStats};
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::filesystem::{FileKind, FsRead, Load};
 use ubtrfs_core::sources::{Sources, Time};
-use ubtrfs_core::FsWriter;
 
 /// What `populate` does besides copying.
 #[derive(Clone, Debug, Default)]
@@ -39,18 +39,18 @@ pub struct PopulateOptions {
 }
 
 /// Copy `rootdir` into the top directory of the filesystem `w` writes and set the
-/// default subvolume (in the caller's transaction; the caller commits).
+/// default subvolume (in the engine's running transaction; the caller syncs).
 ///
 /// # Errors
 /// As `put::put_contents`, naming the host path; `Posix(Invalid)` when the default
 /// subvolume's path is not one of the subvolumes made.
-pub fn populate(w: &mut FsWriter, rootdir: &Path, opts: &PopulateOptions) -> Result<PutStats> {
-    let top = w.live().root_dir();
-    let stats = put_contents(w, rootdir, top, &opts.put)?;
+pub fn populate(e: &Engine, rootdir: &Path, opts: &PopulateOptions) -> Result<PutStats> {
+    let top = e.read(|l| Ok(l.root_dir()))?;
+    let stats = put_contents(e, rootdir, top, &opts.put)?;
     if let Some(p) = &opts.default_subvol {
         let path = crate::edit::absolute(p)?;
-        let id = w.live().resolve_id(path, true)?;
-        let v = w.live().load_inode(id, Load::ITEM)?;
+        let id = e.read(|l| l.resolve_id(path, true))?;
+        let v = e.read(|l| l.load_inode(id, Load::ITEM))?;
         if id.ino != ubtrfs_format::key::FIRST_FREE_OBJECTID
             || v.kind() != FileKind::Dir
             || id.root == top.root
@@ -61,7 +61,7 @@ pub fn populate(w: &mut FsWriter, rootdir: &Path, opts: &PopulateOptions) -> Res
                 "the default subvolume must be one of the subvolumes made (--subvol)",
             ));
         }
-        w.set_default_subvol(id.root)?;
+        e.write(|w| w.set_default_subvol(id.root))?;
     }
     Ok(stats)
 }

@@ -1,8 +1,13 @@
 //! Copy host files into the image (`ubtrfs put`), as `cp -a SRC... DEST` does: regular
 //! files (sparse ones stay sparse: only the source's data ranges are written), directories,
 //! symlinks, fifos, sockets and device nodes, with mode, owner, atime/mtime, every
-//! xattr the host lets us read, and hard links among the copied files. Everything happens in the caller's transaction; a
-//! failure leaves the committed image untouched (the caller does not commit).
+//! xattr the host lets us read, and hard links among the copied files.
+//!
+//! It is a client of the engine, as a program writing on a mount is: names,
+//! attributes and data are changes of the engine's running transaction (the data
+//! through its direct write). Nothing is committed here: the caller syncs (writes
+//! dirty data back, commits) when the copy succeeded, and a failure leaves the
+//! committed image untouched.
 //!
 //! Where the copy goes, as cp decides it: into DEST when DEST is an existing directory
 //! (as DEST/NAME, merging into a directory of that name), else as DEST itself; several
@@ -18,12 +23,21 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
+
+/// An engine over writer `w` for `put`, `put_contents` and `populate`: one
+/// transaction, which the caller commits (`Engine::set_single_transaction`).
+pub fn copy_engine(w: FsWriter) -> Engine {
+    let e = Engine::from_writer(w);
+    e.set_single_transaction(true);
+    e
+}
 
 /// What `put` copied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -244,7 +258,7 @@ fn base_name(p: &Path) -> Result<Vec<u8>> {
 /// # Errors
 /// `Posix` for a target that cannot take the copy (NotDir, Exists, IsDir without -r);
 /// host I/O errors naming the path; engine errors.
-pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> Result<PutStats> {
+pub fn put(e: &Engine, srcs: &[&Path], dest: &str, opts: &PutOptions) -> Result<PutStats> {
     let dest = crate::edit::absolute(dest)?;
     if srcs.is_empty() {
         return Err(Error::posix_detail(PosixKind::Invalid, dest.to_string(), "nothing to copy"));
@@ -263,8 +277,8 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
             ));
         }
     }
-    let dest_dir = match w.live().resolve_id(dest, true) {
-        Ok(id) if w.live().load_inode(id, Load::ITEM)?.item.mode.get() & S_IFMT == S_IFDIR => {
+    let dest_dir = match e.read(|l| l.resolve_id(dest, true)) {
+        Ok(id) if e.read(|l| l.load_inode(id, Load::ITEM))?.item.mode.get() & S_IFMT == S_IFDIR => {
             Some(id)
         }
         Ok(_) if dest.ends_with('/') => {
@@ -284,7 +298,7 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
         Some(dir) => {
             for s in srcs {
                 let name = base_name(s)?;
-                put_one(w, s, dir, &name, &child_path(dest.as_bytes(), &name), &mut ctx)?;
+                put_one(e, s, dir, &name, &child_path(dest.as_bytes(), &name), &mut ctx)?;
             }
         }
         None => {
@@ -302,8 +316,8 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
                     "a trailing / names a directory, and the source is not one",
                 ));
             }
-            let (parent, name) = w.resolve_parent(dest)?;
-            put_one(w, srcs[0], parent, &name, dest.trim_end_matches('/').as_bytes(), &mut ctx)?;
+            let (parent, name) = e.read(|l| l.resolve_parent(dest))?;
+            put_one(e, srcs[0], parent, &name, dest.trim_end_matches('/').as_bytes(), &mut ctx)?;
         }
     }
     Ok(ctx.stats)
@@ -315,12 +329,7 @@ pub fn put(w: &mut FsWriter, srcs: &[&Path], dest: &str, opts: &PutOptions) -> R
 ///
 /// # Errors
 /// As `put`.
-pub fn put_contents(
-    w: &mut FsWriter,
-    src: &Path,
-    dir: InodeId,
-    opts: &PutOptions,
-) -> Result<PutStats> {
+pub fn put_contents(e: &Engine, src: &Path, dir: InodeId, opts: &PutOptions) -> Result<PutStats> {
     let mut seen = HashMap::new();
     let expected = prescan(src, true, &mut seen)?;
     for s in &opts.subvols {
@@ -339,7 +348,7 @@ pub fn put_contents(
         links: HashMap::new(),
         seen,
     };
-    copy_dir_into(w, src, dir, &md, true, b"/", &mut ctx).map_err(|e| said_of(e, None, b"/"))?;
+    copy_dir_into(e, src, dir, &md, true, b"/", &mut ctx).map_err(|e| said_of(e, None, b"/"))?;
     Ok(ctx.stats)
 }
 
@@ -392,7 +401,7 @@ fn inode_named(p: &str) -> Option<InodeId> {
 /// give `here` the source's owner, xattrs, mode and times. `at` is `here`'s image path.
 #[allow(clippy::too_many_arguments)]
 fn copy_dir_into(
-    w: &mut FsWriter,
+    e: &Engine,
     src: &Path,
     here: InodeId,
     md: &std::fs::Metadata,
@@ -408,21 +417,21 @@ fn copy_dir_into(
     // Byte order of the names, not the host's readdir order: the same tree gives the
     // same image.
     entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let n = e.file_name();
+    for ent in entries {
+        let n = ent.file_name();
         put_one(
-            w,
-            &e.path(),
+            e,
+            &ent.path(),
             here,
             n.as_encoded_bytes(),
             &child_path(at, n.as_encoded_bytes()),
             ctx,
         )?;
     }
-    let chowned = set_owner(w, here, &a)?;
-    copy_xattrs(w, src, here)?;
+    let chowned = set_owner(e, here, &a)?;
+    copy_xattrs(e, src, here)?;
     // Linking children changed the directory's times; the source's go back last.
-    finish_attrs(w, here, &a, set_mode || chowned)?;
+    finish_attrs(e, here, &a, set_mode || chowned)?;
     ctx.report();
     Ok(())
 }
@@ -430,18 +439,18 @@ fn copy_dir_into(
 /// Copy `src` as entry `name` of `parent`, whose image path is `at`; errors are said
 /// of `at`.
 fn put_one(
-    w: &mut FsWriter,
+    e: &Engine,
     src: &Path,
     parent: InodeId,
     name: &[u8],
     at: &[u8],
     ctx: &mut Ctx<'_>,
 ) -> Result<()> {
-    put_one_inner(w, src, parent, name, at, ctx).map_err(|e| said_of(e, Some(parent), at))
+    put_one_inner(e, src, parent, name, at, ctx).map_err(|e| said_of(e, Some(parent), at))
 }
 
 fn put_one_inner(
-    w: &mut FsWriter,
+    e: &Engine,
     src: &Path,
     parent: InodeId,
     name: &[u8],
@@ -465,7 +474,7 @@ fn put_one_inner(
         }
     };
     let a = attrs(&md, ctx.opts);
-    let existing = w.live().lookup(parent, name)?;
+    let existing = e.read(|l| l.lookup(parent, name))?;
     let ft = md.file_type();
     if ft.is_dir() {
         let subvol = ctx.opts.subvols.iter().any(|p| p == src);
@@ -487,17 +496,17 @@ fn put_one_inner(
                 ))
             }
             None if subvol => {
-                let id = w.create_subvol(parent.root, parent.ino, name, &a)?;
+                let id = e.write(|w| w.create_subvol(parent.root, parent.ino, name, &a))?;
                 ctx.stats.dirs += 1;
                 (ubtrfs_core::inode::subvol::subvol_top(id), true)
             }
             None => {
-                let ino = w.mkdir(parent.root, parent.ino, name, &a)?;
+                let ino = e.write(|w| w.mkdir(parent.root, parent.ino, name, &a))?;
                 ctx.stats.dirs += 1;
                 (InodeId { root: parent.root, ino }, false)
             }
         };
-        return copy_dir_into(w, src, here, &md, set_mode, at, ctx);
+        return copy_dir_into(e, src, here, &md, set_mode, at, ctx);
     }
     if md.nlink() > 1 {
         // A hard link to an inode of another tree (across a subvolume boundary)
@@ -509,7 +518,7 @@ fn put_one_inner(
             }
             let ftype = ft_from_mode(md.mode());
             let ino = first.ino;
-            w.link(parent.root, parent.ino, name, ino, ftype)?;
+            e.write(|w| w.link(parent.root, parent.ino, name, ino, ftype))?;
             ctx.stats.hardlinks += 1;
             return Ok(());
         }
@@ -517,25 +526,21 @@ fn put_one_inner(
     let id = if ft.is_file() {
         let id = match &existing {
             // cp overwrites a regular file in place (the inode stays).
-            Some(e) if e.ftype == FT_REG_FILE => {
-                w.setattr(
-                    e.target.root,
-                    e.target.ino,
-                    &SetAttr { size: Some(0), ..Default::default() },
-                )?;
-                e.target
+            Some(t) if t.ftype == FT_REG_FILE => {
+                e.setattr(t.target, &SetAttr { size: Some(0), ..Default::default() })?;
+                t.target
             }
             Some(_) => return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name))),
             None => InodeId {
                 root: parent.root,
-                ino: w.create_file(parent.root, parent.ino, name, &a)?,
+                ino: e.write(|w| w.create_file(parent.root, parent.ino, name, &a))?,
             },
         };
-        ctx.stats.bytes += copy_data(w, src, id, md.len())?;
-        let chowned = set_owner(w, id, &a)?;
-        copy_xattrs(w, src, id)?;
+        ctx.stats.bytes += copy_data(e, src, id, md.len())?;
+        let chowned = set_owner(e, id, &a)?;
+        copy_xattrs(e, src, id)?;
         ctx.stats.files += 1;
-        finish_attrs(w, id, &a, existing.is_some() || chowned)?;
+        finish_attrs(e, id, &a, existing.is_some() || chowned)?;
         id
     } else {
         if existing.is_some() {
@@ -545,15 +550,17 @@ fn put_one_inner(
             use std::os::unix::ffi::OsStrExt;
             let target = std::fs::read_link(src).map_err(|e| io(src, "cannot read the link", e))?;
             ctx.stats.symlinks += 1;
-            w.symlink(parent.root, parent.ino, name, target.as_os_str().as_bytes(), &a)?
+            e.write(|w| {
+                w.symlink(parent.root, parent.ino, name, target.as_os_str().as_bytes(), &a)
+            })?
         } else {
             ctx.stats.special += 1;
-            w.mknod(parent.root, parent.ino, name, &a)?
+            e.write(|w| w.mknod(parent.root, parent.ino, name, &a))?
         };
         let id = InodeId { root: parent.root, ino };
-        let chowned = set_owner(w, id, &a)?;
-        copy_xattrs(w, src, id)?;
-        finish_attrs(w, id, &a, !ft.is_symlink() || chowned)?;
+        let chowned = set_owner(e, id, &a)?;
+        copy_xattrs(e, src, id)?;
+        finish_attrs(e, id, &a, !ft.is_symlink() || chowned)?;
         id
     };
     if md.nlink() > 1 {
@@ -566,7 +573,7 @@ fn put_one_inner(
 /// Copy every extended attribute of host path `src` (not following a symlink) to the
 /// inode: every namespace the host lets us read (user, security, trusted as root,
 /// system.posix_acl_*), as cp -a does.
-fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
+fn copy_xattrs(e: &Engine, src: &Path, id: InodeId) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(src.as_os_str().as_bytes())
         .map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(src)))?;
@@ -619,7 +626,7 @@ fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
             io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e)
         })?;
         v.truncate(got);
-        w.setxattr(id.root, id.ino, name, &v, 0).map_err(|e| {
+        e.write(|w| w.setxattr(id.root, id.ino, name, &v, 0)).map_err(|e| {
             e.at(format!(
                 "{}: xattr {}",
                 ubtrfs_core::quote::path(src),
@@ -634,37 +641,37 @@ fn copy_xattrs(w: &mut FsWriter, src: &Path, id: InodeId) -> Result<()> {
 /// symlink, which is made root's): before the xattrs, as cp -a orders it, since a chown
 /// takes a non-directory's file capabilities. Returns whether the owner changed (a
 /// chown clears set-ID bits: the mode is set again after).
-fn set_owner(w: &mut FsWriter, id: InodeId, a: &InodeAttrs) -> Result<bool> {
+fn set_owner(e: &Engine, id: InodeId, a: &InodeAttrs) -> Result<bool> {
     if a.atime.is_none() || a.mtime.is_none() {
         return Ok(false);
     }
-    let cur = w.live().load_inode(id, Load::ITEM)?.item;
+    let cur = e.read(|l| l.load_inode(id, Load::ITEM))?.item;
     if cur.uid.get() == a.uid && cur.gid.get() == a.gid {
         return Ok(false);
     }
-    w.setattr(id.root, id.ino, &SetAttr::chown(Some(a.uid), Some(a.gid)))?;
+    e.setattr(id, &SetAttr::chown(Some(a.uid), Some(a.gid)))?;
     Ok(true)
 }
 
 /// The mode (for an inode that existed or changed owner; a symlink has none to set),
 /// then the source's times, last.
-fn finish_attrs(w: &mut FsWriter, id: InodeId, a: &InodeAttrs, mode: bool) -> Result<()> {
+fn finish_attrs(e: &Engine, id: InodeId, a: &InodeAttrs, mode: bool) -> Result<()> {
     let (Some(at), Some(mt)) = (a.atime, a.mtime) else { return Ok(()) };
     let mut s = SetAttr {
         atime: Some(TimeSet::At(at.0, at.1)),
         mtime: Some(TimeSet::At(mt.0, mt.1)),
         ..Default::default()
     };
-    let cur = w.live().load_inode(id, Load::ITEM)?.item;
+    let cur = e.read(|l| l.load_inode(id, Load::ITEM))?.item;
     if mode && cur.mode.get() & S_IFMT != S_IFLNK {
         s.mode = Some(a.mode & 0o7777);
     }
-    w.setattr(id.root, id.ino, &s)
+    e.setattr(id, &s)
 }
 
 /// Write the source's data ranges (SEEK_DATA / SEEK_HOLE: holes stay holes) and set
 /// the size. Returns the bytes written.
-fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64> {
+fn copy_data(e: &Engine, src: &Path, id: InodeId, len: u64) -> Result<u64> {
     use std::os::unix::io::AsRawFd;
     let mut f = std::fs::File::open(src).map_err(|e| io(src, "cannot open", e))?;
     let fd = f.as_raw_fd();
@@ -695,18 +702,23 @@ fn copy_data(w: &mut FsWriter, src: &Path, id: InodeId, len: u64) -> Result<u64>
         ranges.push((start, end));
         pos = end;
     }
+    // The engine's direct write, the source read straight into the write's buffer.
+    // (Through the page cache, as a write(2) on a mount goes, it costs more today:
+    // every small file is written back on its own.)
     let mut written = 0;
-    for (start, end) in ranges {
+    for &(start, end) in &ranges {
         use std::io::Seek;
         f.seek(std::io::SeekFrom::Start(start)).map_err(|e| io(src, "cannot seek", e))?;
-        w.write_file_with(id.root, id.ino, start, end - start, &mut |buf: &mut [u8]| {
+        e.write_file_from(id, start, end - start, &mut |buf: &mut [u8]| {
             f.read_exact(buf).map_err(|e| io(src, "cannot read (did it change while copying?)", e))
         })?;
         written += end - start;
     }
-    let size = w.live().load_inode(id, Load::ITEM)?.item.size.get();
+    // The file was empty before the copy: its size is the end of the last range, and a
+    // hole at the end takes a truncate to the source's size.
+    let size = ranges.last().map_or(0, |r| r.1);
     if size != len {
-        w.setattr(id.root, id.ino, &SetAttr { size: Some(len), ..Default::default() })?;
+        e.setattr(id, &SetAttr { size: Some(len), ..Default::default() })?;
     }
     Ok(written)
 }

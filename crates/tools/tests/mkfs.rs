@@ -278,8 +278,8 @@ fn filled_and_reproducible() {
     for name in ["a.img", "b.img"] {
         let img = d.join(name);
         std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-        ubtrfs_tools::mkfs::make_filesystem_with(&img, SIZE, &opts(), |w| {
-            populate(w, &src, &PopulateOptions::default()).map(|_| ())
+        ubtrfs_tools::mkfs::make_filesystem_with(&img, SIZE, &opts(), |e| {
+            populate(e, &src, &PopulateOptions::default()).map(|_| ())
         })
         .unwrap_or_else(|f| panic!("mkfs: {f}"));
         images.push(img);

@@ -11,7 +11,7 @@ use ubtrfs_core::inode::filesystem::FsRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_tools::populate::tree_digest;
-use ubtrfs_tools::put::{put_contents, OwnerMap, PutOptions};
+use ubtrfs_tools::put::{copy_engine, put_contents, OwnerMap, PutOptions};
 
 fn kernel() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -80,8 +80,10 @@ fn rootdir_with_owner_map_and_subvolumes() {
     let img = work.join("img");
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
-    let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
-    let top = w.live().root_dir();
+    let eng = copy_engine(
+        FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
+    );
+    let top = eng.read(|l| Ok(l.root_dir())).unwrap();
     let opts = PutOptions {
         recursive: true,
         owners: OwnerMap::parse("u 1000 0\ng 1000 0\nu 100000 1 65536").unwrap(),
@@ -89,7 +91,7 @@ fn rootdir_with_owner_map_and_subvolumes() {
         progress: None,
         atime_from_mtime: false,
     };
-    let stats = put_contents(&mut w, &src, top, &opts).unwrap();
+    let stats = put_contents(&eng, &src, top, &opts).unwrap();
     assert_eq!(stats.hardlinks, 1, "{stats:?}");
     // The scan's estimate counts each name of the linked file: every byte written, and
     // the second name of var/lib/db on top.
@@ -97,9 +99,9 @@ fn rootdir_with_owner_map_and_subvolumes() {
     assert_eq!(stats.expected_bytes, 7 + 100_000 + 2 * 50_000 + 7, "{stats:?}");
     // A subvolume outside the source is refused before anything changes.
     let bad = PutOptions { subvols: vec![work.clone()], ..opts.clone() };
-    assert!(put_contents(&mut w, &src, top, &bad).is_err());
-    w.commit().unwrap();
-    drop(w);
+    assert!(put_contents(&eng, &src, top, &bad).is_err());
+    eng.sync().unwrap();
+    drop(eng);
     let c = Command::new("btrfs")
         .args(["check", "--readonly", "--check-data-csum"])
         .arg(&img)
@@ -220,15 +222,16 @@ fn the_same_tree_gives_the_same_image() {
             ubtrfs_core::sources::Time { sec: 1_700_000_000, nsec: 0 },
             42,
         );
-        let mut w =
+        let eng = copy_engine(
             FsWriter::open(&OpenOptions { writable: true, sources, ..OpenOptions::new(&img) })
-                .unwrap();
-        let top = w.live().root_dir();
+                .unwrap(),
+        );
+        let top = eng.read(|l| Ok(l.root_dir())).unwrap();
         let opts =
             PutOptions { recursive: true, subvols: vec![src.join("c")], ..Default::default() };
-        put_contents(&mut w, &src, top, &opts).unwrap();
-        w.commit().unwrap();
-        drop(w);
+        put_contents(&eng, &src, top, &opts).unwrap();
+        eng.sync().unwrap();
+        drop(eng);
         let h = run(Command::new("sha256sum").arg(&img));
         sums.push(h.split_whitespace().next().unwrap().to_string());
         let ino = |p: &str| std::fs::metadata(src.join(p)).unwrap().ino();
@@ -277,18 +280,21 @@ fn populate_sets_the_default_subvolume() {
     let img = work.join("img");
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
-    let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
+    let eng = copy_engine(
+        FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
+    );
     let put =
         PutOptions { recursive: true, subvols: vec![src.join("@root")], ..Default::default() };
     let bad = PopulateOptions { put: put.clone(), default_subvol: Some("/plain".into()) };
-    let e = populate(&mut w, &src, &bad).expect_err("a directory is not a subvolume");
-    assert!(e.to_string().contains("must be one of the subvolumes"), "{e}");
-    drop(w);
-    let mut w = FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap();
-    populate(&mut w, &src, &PopulateOptions { put, default_subvol: Some("/@root".into()) })
-        .unwrap();
-    w.commit().unwrap();
-    drop(w);
+    let err = populate(&eng, &src, &bad).expect_err("a directory is not a subvolume");
+    assert!(err.to_string().contains("must be one of the subvolumes"), "{err}");
+    drop(eng);
+    let eng = copy_engine(
+        FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
+    );
+    populate(&eng, &src, &PopulateOptions { put, default_subvol: Some("/@root".into()) }).unwrap();
+    eng.sync().unwrap();
+    drop(eng);
     let mnt = work.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     run(Command::new("mount").arg("-o").arg("loop,ro").arg(&img).arg(&mnt));

@@ -161,7 +161,7 @@ fn ours(img: &Path, size: u64, rootdir: Option<&Path>, check: bool) -> Result<(f
     let t = Instant::now();
     make_filesystem(img, size, &MkfsOptions::default()).map_err(|e| format!("mkfs: {e}"))?;
     if let Some(r) = rootdir {
-        let mut w = ubtrfs_core::FsWriter::open(&ubtrfs_core::OpenOptions {
+        let w = ubtrfs_core::FsWriter::open(&ubtrfs_core::OpenOptions {
             writable: true,
             cache_bytes: 256 << 20,
             ..ubtrfs_core::OpenOptions::new(img)
@@ -171,8 +171,9 @@ fn ours(img: &Path, size: u64, rootdir: Option<&Path>, check: bool) -> Result<(f
             put: ubtrfs_tools::put::PutOptions { recursive: true, ..Default::default() },
             default_subvol: None,
         };
-        populate(&mut w, r, &opts).map_err(|e| e.to_string())?;
-        w.commit().map_err(|e| e.to_string())?;
+        let e = ubtrfs_tools::put::copy_engine(w);
+        populate(&e, r, &opts).map_err(|e| e.to_string())?;
+        e.sync().map_err(|e| e.to_string())?;
     }
     let secs = t.elapsed().as_secs_f64();
     if check {

@@ -426,7 +426,7 @@ impl Engine {
     }
 
     /// The kernel's data flush before an ENOSPC (`btrfs_reserve_data_bytes`: delalloc,
-    /// then a commit): dirty data to extents, and the space the running transaction
+    /// then a commit, which a single-transaction engine leaves out): dirty data to extents, and the space the running transaction
     /// freed, pinned until its commit, back to the allocator. The caller holds no inode
     /// lock, and no reservation that would count against itself.
     ///
@@ -434,6 +434,9 @@ impl Engine {
     /// Errors of the writeback and the commit.
     pub(crate) fn flush_data_space(&self) -> Result<()> {
         self.writeback_all()?;
+        if self.single_transaction() {
+            return Ok(());
+        }
         self.commit().map(|_| ())
     }
 
@@ -494,18 +497,19 @@ impl Engine {
         // One look at the registry, most dirty first, then write back in that order:
         // many small dirty files (an untar) must not cost a scan per file.
         let bs = self.info().sectorsize;
-        let held: Vec<Arc<Inode>> =
-            self.pages.registry().values().map(|(i, _)| i.clone()).collect();
-        let mut victims: Vec<(u64, Arc<Inode>)> = held
+        let held: Vec<(u64, Arc<Inode>)> =
+            self.pages.registry().values().map(|(i, t)| (*t, i.clone())).collect();
+        let mut victims: Vec<(u64, u64, Arc<Inode>)> = held
             .into_iter()
-            .map(|i| {
+            .map(|(t, i)| {
                 let d = i.mapping.pages.lock().dirty_bytes(bs);
-                (d, i)
+                (d, t, i)
             })
-            .filter(|(d, _)| *d > 0)
+            .filter(|(d, _, _)| *d > 0)
             .collect();
-        victims.sort_unstable_by_key(|(d, _)| std::cmp::Reverse(*d));
-        for (_, inode) in victims {
+        // Ties in the least recently used order: the same writes, the same extents.
+        victims.sort_unstable_by_key(|(d, t, _)| (std::cmp::Reverse(*d), *t));
+        for (_, _, inode) in victims {
             if self.data_rsv.dirty() <= limit / 2 {
                 break;
             }

@@ -118,6 +118,8 @@ pub struct Engine {
     pub(crate) data_rsv: Arc<crate::space::data_rsv::DataReservations>,
     /// Readers' views of older generations (`transaction::views`), the writer's.
     pub(crate) views: Arc<crate::transaction::views::Views>,
+    /// Commit only when a caller asks (`set_single_transaction`).
+    single_transaction: std::sync::atomic::AtomicBool,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -159,7 +161,23 @@ impl Engine {
             commit_lock: Mutex::new(()),
             writeback_io: RwLock::new(()),
             pages: Default::default(),
+            single_transaction: Default::default(),
         }
+    }
+
+    /// Keep every change in the running transaction until a caller commits (`commit`,
+    /// `sync`, `fsync`): the engine's own commits, the data-space flush before an
+    /// ENOSPC, write dirty data back and no more. An offline command that is one
+    /// atomic change (`put`, `mkfs --rootdir`) runs so: a failure part way leaves the
+    /// committed filesystem as it was. Space freed in the transaction stays pinned
+    /// until its commit, so such a change cannot reuse it.
+    pub fn set_single_transaction(&self, on: bool) {
+        self.single_transaction.store(on, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the engine commits only when a caller asks (`set_single_transaction`).
+    pub(crate) fn single_transaction(&self) -> bool {
+        self.single_transaction.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The shared filesystem.
@@ -398,11 +416,15 @@ impl Engine {
         Ok(s)
     }
 
-    /// Take the writer back (all other users are gone: the engine is owned).
+    /// Take the writer back (all other users are gone: the engine is owned). Dirty
+    /// data of the page cache is written back first (the writer alone never writes
+    /// it), into the running transaction.
     ///
     /// # Errors
-    /// `Posix(ReadOnly)` after a panic in a writer.
+    /// As `writeback_all`; `Posix(ReadOnly)` after a panic in a writer.
     pub fn into_writer(self) -> Result<FsWriter> {
+        self.writeback_all()?;
+        assert_eq!(self.data_rsv.dirty(), 0, "dirty data left in the page cache after writeback");
         let mut w = self.state.into_inner().map_err(poisoned)?;
         w.defer_writeback = false;
         Ok(w)

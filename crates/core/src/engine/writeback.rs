@@ -30,12 +30,18 @@ impl Engine {
         self.writeback_locked(&inode)
     }
 
-    /// Write back every inode with dirty data.
+    /// Write back every inode with dirty data, least recently used first.
     ///
     /// # Errors
     /// The first error of `writeback_inode`; the other inodes are written back still.
     pub fn writeback_all(&self) -> Result<()> {
-        let held: Vec<InodeId> = self.pages.registry().keys().copied().collect();
+        // Least recently used first, as the kernel's dirty list is written oldest
+        // first: one order for one history of writes, so the same writes give the
+        // same extents (a reproducible mkfs --rootdir).
+        let mut held: Vec<(u64, InodeId)> =
+            self.pages.registry().iter().map(|(id, (_, t))| (*t, *id)).collect();
+        held.sort_unstable();
+        let held: Vec<InodeId> = held.into_iter().map(|(_, id)| id).collect();
         let mut first = Ok(());
         for id in held {
             if let Err(e) = self.writeback_inode(id) {

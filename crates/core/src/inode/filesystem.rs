@@ -429,6 +429,31 @@ pub trait FsRead: TreeView + Sized {
         self.load_inode(id, Load::ALL)
     }
 
+    /// Split `path` into (parent directory, last name); the parent must exist and be a
+    /// directory (symlinks on the way are followed, the last name is not): where a
+    /// change to `path` (a create, a remove) happens.
+    ///
+    /// # Errors
+    /// `Posix` Invalid for the top itself, NotFound / NotDir for the parent.
+    fn resolve_parent(&self, path: &str) -> Result<(InodeId, Vec<u8>)> {
+        let trimmed = path.trim_end_matches('/');
+        let (dir, name) = match trimmed.rfind('/') {
+            Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+            None => ("", trimmed),
+        };
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(Error::posix(
+                PosixKind::Invalid,
+                format!("{}: needs a name inside a directory", crate::quote::name(path.as_bytes())),
+            ));
+        }
+        let parent = self.resolve_id(dir, true)?;
+        if self.load_inode(parent, Load::ITEM)?.kind() != FileKind::Dir {
+            return Err(Error::posix(PosixKind::NotDir, crate::quote::name(dir.as_bytes())));
+        }
+        Ok((parent, name.as_bytes().to_vec()))
+    }
+
     /// `resolve` without loading the inode it ends at.
     ///
     /// # Errors

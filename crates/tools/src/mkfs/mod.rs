@@ -21,6 +21,7 @@ pub mod shrink;
 pub mod signature;
 
 use std::path::{Path, PathBuf};
+use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::space::{chunk_alloc, chunk_remove};
 use ubtrfs_core::transaction::Transaction;
@@ -116,8 +117,9 @@ pub fn make_filesystem(
     make_filesystem_with(path, size, opts, |_| Ok(()))
 }
 
-/// As `make_filesystem`, with `fill` run on the new filesystem's writer once its
-/// chunks are made and before the last commit (where `--rootdir` copies a tree in,
+/// As `make_filesystem`, with `fill` run on an engine over the new filesystem once
+/// its chunks are made and before the last commit (its page cache's dirty data is
+/// written back after it) (where `--rootdir` copies a tree in,
 /// `populate::populate`); the check runs on the filled filesystem.
 ///
 /// # Errors
@@ -126,7 +128,7 @@ pub fn make_filesystem_with(
     path: &Path,
     size: u64,
     opts: &MkfsOptions,
-    fill: impl FnOnce(&mut FsWriter) -> Result<()>,
+    fill: impl FnOnce(&Engine) -> Result<()>,
 ) -> std::result::Result<MkfsResult, MkfsFailure> {
     make_filesystem_on(&[MkfsDevice { path: path.to_path_buf(), size }], opts, fill)
 }
@@ -141,7 +143,7 @@ pub fn make_filesystem_with(
 pub fn make_filesystem_on(
     devices: &[MkfsDevice],
     opts: &MkfsOptions,
-    fill: impl FnOnce(&mut FsWriter) -> Result<()>,
+    fill: impl FnOnce(&Engine) -> Result<()>,
 ) -> std::result::Result<MkfsResult, MkfsFailure> {
     let r = make_filesystem_inner(devices, opts, fill);
     if let Err(f) = &r {
@@ -191,7 +193,7 @@ pub fn check_distinct(devices: &[MkfsDevice]) -> Result<()> {
 fn make_filesystem_inner(
     devices: &[MkfsDevice],
     opts: &MkfsOptions,
-    fill: impl FnOnce(&mut FsWriter) -> Result<()>,
+    fill: impl FnOnce(&Engine) -> Result<()>,
 ) -> std::result::Result<MkfsResult, MkfsFailure> {
     if devices.is_empty() {
         return Err(before_writing(Error::posix_detail(
@@ -259,10 +261,15 @@ fn make_filesystem_inner(
         }
         populate_chunks(&mut w, opts)?;
         w.commit()?;
-        if let Err(e) = fill(&mut w) {
-            w.abort("mkfs: filling the new filesystem", &e);
-            return Err(e);
+        let e = crate::put::copy_engine(w);
+        if let Err(err) = fill(&e).and_then(|()| e.writeback_all()) {
+            e.write(|w| {
+                w.abort("mkfs: filling the new filesystem", &err);
+                Ok(())
+            })?;
+            return Err(err);
         }
+        let mut w = e.into_writer()?;
         let mut dev_sizes: Vec<u64> = l.devices.iter().map(|d| d.total_bytes).collect();
         if opts.shrink {
             w.commit()?;
