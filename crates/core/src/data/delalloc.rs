@@ -13,6 +13,18 @@ use ubtrfs_format::key::EXTENT_DATA_KEY;
 use ubtrfs_format::structs::{BLOCK_GROUP_DATA, S_IFMT, S_IFREG};
 use ubtrfs_format::Key;
 
+/// How a writeback's dirty runs go to disk, as its first delalloc chose
+/// (`FsWriter::run_delalloc_range`).
+#[derive(Debug)]
+pub enum Delalloc {
+    /// Plain COW: the first run's ordered extents (the other runs take theirs from
+    /// `run_delalloc`).
+    Ordered(Vec<OrderedExtent>),
+    /// Through the direct path, nothing allocated: nocow or preallocated files,
+    /// compressed ones, and files that are or will be inline.
+    Direct,
+}
+
 /// Metadata items a completion of `len` bytes inserts or changes: the inode, a hole
 /// before it, two split edges, the extent and its checksum leaves.
 fn finish_items(w: &FsWriter, len: u64) -> u64 {
@@ -38,6 +50,45 @@ impl FsWriter {
         max_extent: u64,
     ) -> Result<Vec<OrderedExtent>> {
         self.check_root_writable(root)?;
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        self.run_delalloc_loaded(root, ino, &ii, start, len, max_extent)
+    }
+
+    /// The first delalloc of a writeback (the kernel's `run_delalloc_range`): the
+    /// route for the whole writeback of `ino` (in-memory size `i_size`) is chosen here
+    /// (`direct_route`: nocow, preallocated, compressed or inline files go through the
+    /// direct path, `Delalloc::Direct`), else [start, start + len) is allocated as
+    /// `run_delalloc` does. Nothing is allocated for the direct route or on failure.
+    ///
+    /// # Errors
+    /// As `run_delalloc`.
+    pub fn run_delalloc_range(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        len: u64,
+        max_extent: u64,
+        i_size: u64,
+    ) -> Result<Delalloc> {
+        self.check_root_writable(root)?;
+        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        if self.direct_route(root, ino, &ii, i_size)? {
+            return Ok(Delalloc::Direct);
+        }
+        self.run_delalloc_loaded(root, ino, &ii, start, len, max_extent).map(Delalloc::Ordered)
+    }
+
+    /// `run_delalloc` with the inode's item loaded.
+    fn run_delalloc_loaded(
+        &mut self,
+        root: u64,
+        ino: u64,
+        ii: &ubtrfs_format::structs::InodeItem,
+        start: u64,
+        len: u64,
+        max_extent: u64,
+    ) -> Result<Vec<OrderedExtent>> {
         let bs = self.sectorsize();
         let ss = u64::from(bs);
         assert!(
@@ -45,7 +96,6 @@ impl FsWriter {
             "delalloc {start}+{len} not block aligned"
         );
         assert!(max_extent >= ss && max_extent.is_multiple_of(ss), "max extent {max_extent}");
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let nodatasum = ii.flags.get() & ubtrfs_format::structs::INODE_NODATASUM != 0;
         crate::space::allocator::reserve_data(self, len, &format!("root={root} ino={ino}"))?;
         let mut out: Vec<OrderedExtent> = Vec::new();

@@ -12,7 +12,8 @@
 //! or other extent change meets a half-written range, and ordered extents never
 //! outlive it:
 //! 1. Delalloc: every run of dirty blocks gets data extents of at most the maximum
-//!    extent size (`FsWriter::run_delalloc`), each an ordered extent (`ordered`).
+//!    extent size (`FsWriter::run_delalloc_range`, which at the first run also picks
+//!    the route, below), each an ordered extent (`ordered`).
 //!    The runs are what writes dirtied, EOF or not: a truncation leaves the straddling
 //!    folio's blocks past EOF dirty (`page_cache`).
 //! 2. `extent_writepage` per folio with dirty blocks, extent by extent (the kernel's successor of `submit_one_sector`): each
@@ -44,7 +45,7 @@
 //! on disk).
 
 use crate::error::Result;
-use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
+use crate::inode::filesystem::{ExtentKind, FsRead, InodeId};
 use crate::inode::writer::FsWriter;
 use crate::mapping::ordered::{OrderedExtent, OrderedTree};
 use crate::mapping::page_cache::Folio;
@@ -329,15 +330,17 @@ pub fn complete_bio(
 }
 
 impl FsWriter {
-    /// Whether inode `ino` of size `i_size` is written back through the direct path
-    /// (see the module notes).
-    pub fn writeback_through_direct_path(
+    /// Whether inode `ino` (item `ii`) of in-memory size `i_size` is written back
+    /// through the direct path (see the module notes), decided once per writeback at
+    /// its first delalloc (`run_delalloc_range`), as the kernel's `run_delalloc_range`
+    /// picks nocow, compression, inline or plain COW.
+    pub(crate) fn direct_route(
         &mut self,
         root: u64,
         ino: u64,
+        ii: &ubtrfs_format::structs::InodeItem,
         i_size: u64,
     ) -> Result<bool> {
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
         let flags = ii.flags.get();
         if crate::data::nocow::nocow_capable(flags)
             || flags & ubtrfs_format::structs::INODE_PREALLOC != 0
@@ -347,8 +350,8 @@ impl FsWriter {
         if i_size <= self.max_inline() {
             return Ok(true);
         }
-        let prop = self.compression_prop(root, ino, &ii)?;
-        if self.compress_choice(&ii, prop).is_some() {
+        let prop = self.compression_prop(root, ino, ii)?;
+        if self.compress_choice(ii, prop).is_some() {
             return Ok(true);
         }
         Ok(self

@@ -129,7 +129,7 @@ impl Engine {
         };
         // Neither side of the engine's lock is held here; the inode's lock is.
         match dw.write_data(self.info(), data) {
-            Ok(()) => self.write(|w| w.finish_write(dw)),
+            Ok(()) => self.write(|w| as_writeback(w, writing_back, |w| w.finish_write(dw))),
             Err(e) => {
                 self.write(|w| {
                     w.cancel_write(dw);

@@ -2,11 +2,12 @@
 //! when (fsync, the dirty limit, commits, unmount); the folio-by-folio work and the
 //! ordered extents are `data::writeback`'s.
 
+use crate::data::delalloc::Delalloc;
 use crate::data::writeback::{complete_bio, extent_writepage, Bio, BioCtrl, SubmitMode};
 use crate::engine::buffered::with_cache;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::inode::filesystem::{FsRead, InodeId, Load};
+use crate::inode::filesystem::InodeId;
 use crate::inode::inode_cache::Inode;
 use crate::mapping::ordered::OrderedExtent;
 use crate::mapping::page_cache::FOLIO_SIZE;
@@ -120,9 +121,6 @@ impl Engine {
         if runs.is_empty() {
             return Ok(());
         }
-        if self.write_retrying(|w| w.writeback_through_direct_path(id.root, id.ino, i_size))? {
-            return self.writeback_direct(inode, i_size, &runs);
-        }
         // In batches of runs, each whole folios: delalloc for the batch's runs (its
         // metadata reserved), then its I/O and completions, which give the
         // reservation back before the next batch takes one. A writeback of many small
@@ -136,6 +134,9 @@ impl Engine {
         let mut runs = runs;
         let mut first_err: Option<crate::error::Error> = None;
         let mut next = 0;
+        // The first delalloc picks the route (`run_delalloc_range`); the direct one
+        // takes every run at once, before anything was allocated.
+        let mut routed = false;
         while next < runs.len() {
             // 1. Delalloc, run by run, until the batch's reservation is large or the
             // space runs out.
@@ -151,8 +152,19 @@ impl Engine {
                     break;
                 }
                 let (s, l) = runs[k];
-                match self.write(|w| w.run_delalloc(id.root, id.ino, s, l, max)) {
-                    Ok(v) => {
+                let delalloc = if routed {
+                    self.write(|w| w.run_delalloc(id.root, id.ino, s, l, max))
+                        .map(Delalloc::Ordered)
+                } else {
+                    self.write(|w| w.run_delalloc_range(id.root, id.ino, s, l, max, i_size))
+                };
+                match delalloc {
+                    Ok(Delalloc::Direct) => {
+                        assert!(oes.is_empty() && next == 0, "{id}: direct route after delalloc");
+                        return self.writeback_direct(inode, i_size, &runs);
+                    }
+                    Ok(Delalloc::Ordered(v)) => {
+                        routed = true;
                         reserved += v.iter().map(|o| o.meta_rsv).sum::<u64>();
                         per_run.push(v.len());
                         oes.extend(v);
@@ -399,18 +411,7 @@ impl Engine {
     /// the inodes the module notes name. Dirty bits go first; blocks past EOF are
     /// dropped.
     fn writeback_direct(&self, inode: &Arc<Inode>, i_size: u64, runs: &[(u64, u64)]) -> Result<()> {
-        let id = inode.id;
-        // The direct path stamps its writes' times; writeback must not (the buffered
-        // writes set them): put back what they were.
-        let before = self.read(|l| l.load_inode(id, Load::ITEM))?.item;
-        let r = self.writeback_direct_runs(inode, i_size, runs);
-        self.write_retrying(|w| {
-            w.update_inode(id.root, id.ino, |i| {
-                i.mtime = before.mtime;
-                i.ctime = before.ctime;
-            })
-        })?;
-        r
+        self.writeback_direct_runs(inode, i_size, runs)
     }
 
     fn writeback_direct_runs(

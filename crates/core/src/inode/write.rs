@@ -1083,7 +1083,8 @@ impl FsWriter {
         Ok(())
     }
 
-    /// After a write: the new size, nbytes less `removed` plus `added`, mtime and ctime.
+    /// After a write: the new size, nbytes less `removed` plus `added`, mtime and ctime
+    /// (not for a writeback, `writing_back`).
     pub(crate) fn update_written_inode(
         &mut self,
         root: u64,
@@ -1092,12 +1093,16 @@ impl FsWriter {
         removed: u64,
         added: u64,
     ) -> Result<()> {
-        let t = self.now();
+        // A writeback through the direct path leaves the times as the buffered writes
+        // set them (`file_update_time` ran at each write).
+        let t = (!self.writing_back).then(|| self.now());
         self.update_inode(root, ino, |i| {
             i.size = new_size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
-            i.mtime = t;
-            i.ctime = t;
+            if let Some(t) = t {
+                i.mtime = t;
+                i.ctime = t;
+            }
         })
     }
 

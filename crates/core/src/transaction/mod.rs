@@ -359,7 +359,8 @@ pub struct Transaction {
     /// (`Engine::write_file_raw` from `writeback_direct`): the flags that refuse a
     /// write (immutable, append-only, fs-verity) were checked when that data was
     /// written, and a flag set since must not keep it from disk (the kernel's
-    /// writeback does not look at them).
+    /// writeback does not look at them). Nor does it stamp the times: the buffered
+    /// writes did.
     pub(crate) writing_back: bool,
     /// Metadata bytes reserved by direct writes between `begin_write` and
     /// `finish_write`/`cancel_write` (the part of `alloc.meta_may_use` no handle holds).
