@@ -189,7 +189,13 @@ impl Engine {
                 let g = self.state.read().map_err(poisoned)?;
                 f(&g.live_dropping_misses(&misses))
             };
-            let Some((bytenr, expect)) = misses.take_wanted() else { return r };
+            let Some((bytenr, expect)) = misses.take_wanted() else {
+                debug_assert!(
+                    !r.as_ref().is_err_and(Error::is_cache_miss),
+                    "a cache miss left a reader run with no block wanted"
+                );
+                return r;
+            };
             drop(r);
             // Neither side of the lock is held here.
             match self.info.read_tree_block(bytenr, &expect) {
@@ -348,7 +354,13 @@ impl Engine {
                         want
                     }
                     // The run ran to its end: finish as `write` does (its writeback).
-                    None => return self.finish_change(g, r),
+                    None => {
+                        debug_assert!(
+                            !r.as_ref().is_err_and(Error::is_cache_miss),
+                            "a cache miss left a probed run with no block wanted"
+                        );
+                        return self.finish_change(g, r);
+                    }
                 }
             };
             let (bytenr, expect) = missed;
