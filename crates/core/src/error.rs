@@ -1,6 +1,7 @@
 //! Errors in four families that never mix: I/O, Corrupt (structured, printed in the
 //! kernel's grammar), Incompatible (feature bits, unsupported layouts) and POSIX kinds.
-//! A bug is an assertion, not an error.
+//! A bug is an assertion, not an error. One more variant, `CacheMiss`, is none of the
+//! four: it is the engine's own control flow, which never leaves the engine.
 
 use std::fmt;
 use ubtrfs_format::Corrupt;
@@ -166,6 +167,16 @@ pub enum Error {
     /// kind (`/a: is a directory (use -r)`), so the message never repeats the kind.
     #[error("{path}: {kind}{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
     Posix { kind: PosixKind, path: String, detail: Option<String> },
+    /// A committed tree block missing from the cache, met by a run that must not read it
+    /// under the engine's lock (a reader of `Engine::read`, a probed run of
+    /// `Engine::write_retrying`): the run stops here, as the kernel's
+    /// `read_block_for_search` returns -EAGAIN. It is the engine's internal control
+    /// flow, not a failure: the engine reads the block without the lock and runs the
+    /// closure again, and never returns this to its callers. It has a variant of its
+    /// own so that no code that looks at POSIX kinds (an EBUSY retried, an ENOENT taken
+    /// for absence) can mistake it for an answer.
+    #[error("tree block {bytenr} is not cached (read it without the engine's lock and run again)")]
+    CacheMiss { bytenr: u64 },
     /// Another error, said of the object (a host path, an image path) it happened to.
     /// Its family is the inner error's: the accessors below look through it.
     #[error("{what}: {source}")]
@@ -216,6 +227,10 @@ impl Error {
     }
     pub fn is_corrupt(&self) -> bool {
         matches!(self.inner(), Error::Corrupt(_))
+    }
+    /// Whether this is the engine's internal `CacheMiss` (see there).
+    pub fn is_cache_miss(&self) -> bool {
+        matches!(self.inner(), Error::CacheMiss { .. })
     }
 }
 
@@ -281,5 +296,17 @@ mod tests {
         let e = Error::posix_detail(PosixKind::CrossDevice, "/a/b", "a reflink across subvolumes");
         assert_eq!(e.to_string(), "/a/b: invalid cross-device link (a reflink across subvolumes)");
         assert_eq!(e.at("image.img").posix_kind(), Some(PosixKind::CrossDevice));
+    }
+
+    #[test]
+    fn a_cache_miss_is_no_posix_kind() {
+        let e = Error::CacheMiss { bytenr: 30408704 }.at("lookup");
+        assert!(e.is_cache_miss());
+        assert_eq!(e.posix_kind(), None);
+        assert!(!Error::posix(PosixKind::Busy, "x").is_cache_miss());
+        assert_eq!(
+            e.to_string(),
+            "lookup: tree block 30408704 is not cached (read it without the engine's lock and run again)"
+        );
     }
 }

@@ -625,3 +625,61 @@ fn symlinks_special_files_and_renames_round_trip() {
     verify_kernel(&img.path, &m, "after the kernel's changes");
     verify_ubtrfs(&img.path, &m, "after the kernel's changes");
 }
+
+/// The engine's calls for names, flags and subvolumes (`Engine::link`,
+/// `rename_with_owner`, `set_fsflags`, `create_subvol`, `set_default_subvol`,
+/// `set_subvol_readonly`, `abort`): each is one call by `InodeId`; names never cross a
+/// subvolume (EXDEV); a RENAME_WHITEOUT leaves a whiteout owned by the caller; a
+/// subvolume flagged read-only refuses changes; after an abort every change is EROFS.
+#[test]
+fn names_flags_and_subvolumes_through_the_engine() {
+    use ubtrfs_core::engine::Engine;
+    use ubtrfs_core::error::Error;
+    use ubtrfs_core::inode::attr::fsflags;
+    let img = Scratch::mkfs("ns-engine", 256 * MIB, &[]);
+    let engine = Engine::from_writer(img.writer());
+    let top = engine.read(|l| Ok(l.root_dir())).expect("root");
+    let kind = |r: ubtrfs_core::Result<()>| r.map_err(|e| e.posix_kind());
+    let a = InodeAttrs::new(0o644);
+    let f = engine.create_file(top, b"f", &a, 0).expect("create");
+    let d = engine.mkdir(top, b"d", &InodeAttrs::new(0o755), 0).expect("mkdir");
+
+    engine.link(f, d, b"f-link").expect("link");
+    assert_eq!(engine.getattr(f).expect("getattr").nlink.get(), 2);
+    engine.rename_with_owner(d, b"f-link", top, b"g", 0, (0, 0)).expect("rename");
+    engine.rename_with_owner(top, b"g", d, b"h", RENAME_WHITEOUT, (1000, 100)).expect("whiteout");
+    let w = engine.read(|l| l.lookup(top, b"g")).expect("lookup").expect("the whiteout");
+    let wa = engine.getattr(w.target).expect("getattr");
+    assert_eq!((wa.mode.get(), wa.rdev.get(), wa.uid.get(), wa.gid.get()), (S_IFCHR, 0, 1000, 100));
+
+    engine.set_fsflags(f, fsflags::NOATIME).expect("chattr +A");
+    assert_ne!(engine.getattr(f).expect("getattr").flags.get() & INODE_NOATIME, 0);
+    assert_eq!(
+        kind(engine.set_fsflags(f, fsflags::COMPR | fsflags::NOCOMP)),
+        Err(Some(PosixKind::Invalid))
+    );
+    engine.setxattr(f, b"user.a", b"1", 0, false).expect("setxattr");
+    engine.removexattr(f, b"user.a").expect("removexattr");
+    assert_eq!(kind(engine.removexattr(f, b"user.a")), Err(Some(PosixKind::NoData)));
+
+    let sv = engine.create_subvol(top, b"sv", &InodeAttrs::new(0o755)).expect("subvolume");
+    let sv_top = InodeId { root: sv, ino: FIRST_FREE_OBJECTID };
+    assert_eq!(kind(engine.link(f, sv_top, b"x")), Err(Some(PosixKind::CrossDevice)));
+    assert_eq!(
+        kind(engine.rename_with_owner(top, b"f", sv_top, b"x", 0, (0, 0))),
+        Err(Some(PosixKind::CrossDevice))
+    );
+    engine.set_default_subvol(sv).expect("default");
+    assert_eq!(engine.read(|l| Ok(FsRead::default_subvol(l))).expect("read"), sv);
+    engine.set_subvol_readonly(sv, true).expect("read-only");
+    let refused = engine.create_file(sv_top, b"x", &a, 0).map(|_| ());
+    assert_eq!(kind(refused), Err(Some(PosixKind::ReadOnly)));
+    engine.set_subvol_readonly(sv, false).expect("writable again");
+    engine.create_file(sv_top, b"x", &a, 0).expect("create in the subvolume");
+    engine.commit().expect("commit");
+
+    engine.abort("test", &Error::posix(PosixKind::Busy, "the test aborts")).expect("abort");
+    assert_eq!(kind(engine.setxattr(f, b"user.b", b"1", 0, false)), Err(Some(PosixKind::ReadOnly)));
+    drop(engine);
+    assert_check(&img.path, "after the engine's names, flags and subvolumes");
+}

@@ -1132,3 +1132,73 @@ fn random_operations_against_a_model() {
         m.umount();
     }
 }
+
+/// New inodes made through the engine (`Engine::create_file`, `mkdir`, `mknod`,
+/// `symlink`, `tmpfile`) are owned, moded and given ACLs as the kernel's VFS makes them
+/// on btrfs: the umask only where the directory has no default ACL, a default ACL
+/// inherited otherwise (and kept as the default of a new directory), a set-group-ID
+/// directory's group and bit; a refusal changes nothing and aborts nothing.
+#[test]
+fn new_inodes_through_the_engine_inherit_acls_and_the_group() {
+    use ubtrfs_core::inode::write::InodeAttrs;
+    use ubtrfs_core::inode::xattr::{XATTR_POSIX_ACL_ACCESS, XATTR_POSIX_ACL_DEFAULT};
+    let s = Scratch::mkfs("xattr-engine-acl", 256 * MIB, &[]);
+    let engine = Engine::from_writer(s.writer());
+    let top = engine.read(|l| Ok(l.root_dir())).expect("root");
+    let by = |mode: u32, uid: u32, gid: u32| {
+        let mut a = InodeAttrs::new(mode);
+        a.uid = uid;
+        a.gid = gid;
+        a
+    };
+    let mode = |id: InodeId| engine.getattr(id).expect("getattr").mode.get();
+    let xattr = |id: InodeId, name: &[u8]| engine.read(|l| l.getxattr(id, name)).ok();
+
+    // No default ACL: the umask applies.
+    let d = engine.mkdir(top, b"d", &by(0o777, 1000, 1000), 0o022).expect("mkdir d");
+    assert_eq!(mode(d), S_IFDIR | 0o755);
+    assert_eq!(xattr(d, XATTR_POSIX_ACL_ACCESS), None);
+    let named = acl(&[(1, 6, NOID), (2, 6, 1000), (4, 4, NOID), (0x10, 6, NOID), (0x20, 4, NOID)]);
+    engine.setxattr(d, XATTR_POSIX_ACL_DEFAULT, &named, 0, false).expect("default ACL");
+
+    // A default ACL: inherited, the umask ignored, the mode folded into it.
+    let f = engine.create_file(d, b"f", &by(0o666, 1000, 1000), 0o077).expect("create f");
+    assert_eq!(mode(f), S_IFREG | 0o664);
+    assert_eq!(xattr(f, XATTR_POSIX_ACL_ACCESS), Some(named.clone()));
+    assert_eq!(xattr(f, XATTR_POSIX_ACL_DEFAULT), None, "only directories keep the default");
+    let sub = engine.mkdir(d, b"sub", &by(0o777, 1000, 1000), 0o077).expect("mkdir sub");
+    assert_eq!(mode(sub), S_IFDIR | 0o664);
+    assert_eq!(xattr(sub, XATTR_POSIX_ACL_ACCESS), Some(named.clone()));
+    assert_eq!(xattr(sub, XATTR_POSIX_ACL_DEFAULT), Some(named.clone()));
+    let fifo = engine.mknod(d, b"p", &by(S_IFIFO | 0o666, 1000, 1000), 0o077).expect("mknod");
+    assert_eq!(mode(fifo), S_IFIFO | 0o664);
+    let t = engine.tmpfile(d, &by(0o600, 1000, 1000), 0o077).expect("tmpfile");
+    assert_eq!(mode(t), S_IFREG | 0o600);
+    assert_eq!(engine.getattr(t).expect("getattr").nlink.get(), 0);
+    engine.link(t, d, b"t").expect("link the tmpfile");
+    assert_eq!(engine.getattr(t).expect("getattr").nlink.get(), 1);
+    let l = engine.symlink(d, b"l", b"f", &by(0o600, 1000, 1000)).expect("symlink");
+    assert_eq!(mode(l), S_IFLNK | 0o777);
+    assert_eq!(xattr(l, XATTR_POSIX_ACL_ACCESS), None, "a symlink has no ACLs");
+
+    // A refusal changes nothing and leaves the filesystem writable.
+    let again = engine.create_file(d, b"f", &by(0o666, 1000, 1000), 0).map(|_| ());
+    assert_eq!(again.map_err(|e| e.posix_kind()), Err(Some(PosixKind::Exists)));
+    let still = engine.read(|l| l.lookup(d, b"f")).expect("lookup").map(|e| e.target);
+    assert_eq!(still, Some(f));
+
+    // A set-group-ID directory gives its group, and to a directory its bit.
+    let g = engine.mkdir(top, b"g", &by(S_ISGID | 0o775, 1000, 100), 0).expect("mkdir g");
+    let gd = engine.mkdir(g, b"x", &by(0o755, 1001, 1001), 0).expect("mkdir g/x");
+    let gf = engine.create_file(g, b"y", &by(0o644, 1001, 1001), 0).expect("create g/y");
+    for (id, want) in [(gd, S_IFDIR | S_ISGID | 0o755), (gf, S_IFREG | 0o644)] {
+        let a = engine.getattr(id).expect("getattr");
+        assert_eq!((a.mode.get(), a.uid.get(), a.gid.get()), (want, 1001, 100), "{id}");
+    }
+
+    engine.removexattr(f, XATTR_POSIX_ACL_ACCESS).expect("remove the access ACL");
+    assert_eq!(xattr(f, XATTR_POSIX_ACL_ACCESS), None);
+    engine.commit().expect("commit");
+    drop(engine);
+    assert_check(&s.path, "after the engine's creates");
+}

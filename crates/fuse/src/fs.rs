@@ -40,11 +40,9 @@ use ubtrfs_core::engine::OpenFile;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
-use ubtrfs_core::inode::perm::inode_init_owner;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::inode::xattr::XattrReply;
 use ubtrfs_core::mapping::page_cache::WriteOpts;
-use ubtrfs_core::FsWriter;
 use ubtrfs_core::XattrRead;
 use ubtrfs_format::structs::*;
 
@@ -436,7 +434,6 @@ impl UbtrfsFs {
         }
     }
 
-    /// The attributes a new inode made by `req` in `dir` gets.
     /// Whether the caller of `req`, with supplementary groups `groups`, is in stored
     /// group `gid` (`in_group_p`: its group or a supplementary one, through the gid=
     /// mapping).
@@ -522,37 +519,30 @@ impl UbtrfsFs {
         }
     }
 
-    fn new_attrs(&self, req: &Request, dir: &InodeItem, mode: u32) -> InodeAttrs {
-        let uid = IdMap::store(self.opts.uid, req.uid());
-        let gid = IdMap::store(self.opts.gid, req.gid());
-        inode_init_owner(dir, uid, gid, mode)
+    /// The attributes the caller of `req` asks for a new inode of `mode` (type and
+    /// permission bits): its fsuid and fsgid through the uid= and gid= mappings. The
+    /// engine settles the rest from the directory (`inode_init_owner`, inherited ACLs).
+    fn new_attrs(&self, req: &Request, mode: u32) -> InodeAttrs {
+        let mut a = InodeAttrs::new(mode);
+        a.uid = IdMap::store(self.opts.uid, req.uid());
+        a.gid = IdMap::store(self.opts.gid, req.gid());
+        a
     }
 
-    /// Make a non-symlink inode in `dir` as `create` does with its attributes, after
-    /// the ACL rules: with FUSE_POSIX_ACL and FUSE_DONT_MASK the kernel leaves the
-    /// umask to us, which applies only where the directory has no default ACL; a
-    /// default ACL is inherited instead (`posix_acl_create`), in the same handle.
-    /// Make a regular file in directory node `parent` with `make` (owned, moded and
-    /// given ACLs as `make_with_acls` does) and open it: create and O_TMPFILE. The
-    /// lookup is counted before the open, since an inode without a name that nobody
-    /// holds cannot be opened (it waits for its removal); if the open fails the kernel
-    /// never hears of the inode, and the count goes again.
+    /// Make a regular file in directory node `parent` with `make` (an engine call given
+    /// the directory) and open it: create and O_TMPFILE. With FUSE_POSIX_ACL and
+    /// FUSE_DONT_MASK the kernel leaves the umask to the engine, which applies it only
+    /// where the directory has no default ACL. The lookup is counted before the open,
+    /// since an inode without a name that nobody holds cannot be opened (it waits for
+    /// its removal); if the open fails the kernel never hears of the inode, and the
+    /// count goes again.
     fn make_and_open(
         &self,
-        req: &Request,
         parent: INodeNo,
-        mode: u32,
-        umask: u32,
-        make: impl Fn(&mut FsWriter, InodeId, &InodeAttrs) -> Result<u64>,
+        make: impl FnOnce(InodeId) -> Result<InodeId>,
     ) -> Result<(FileAttr, u64, u64)> {
         self.writable()?;
-        let dir = self.id(parent)?;
-        let ino = self.engine.write_retrying(|w| {
-            let d = w.live().load_inode(dir, Load::ITEM)?.item;
-            let a = self.new_attrs(req, &d, S_IFREG | (mode & 0o7777));
-            Self::make_with_acls(w, dir, a, umask, |w, a| make(w, dir, a))
-        })?;
-        let id = InodeId { root: dir.root, ino };
+        let id = make(self.id(parent)?)?;
         self.engine.count_lookups(id, 1);
         let opened = self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
         match opened {
@@ -573,46 +563,18 @@ impl UbtrfsFs {
         }
     }
 
-    fn make_with_acls(
-        w: &mut FsWriter,
-        dir: InodeId,
-        mut a: InodeAttrs,
-        umask: u32,
-        create: impl FnOnce(&mut FsWriter, &InodeAttrs) -> Result<u64>,
-    ) -> Result<u64> {
-        w.check_root_writable(dir.root)?;
-        let acls = w.acl_for_new_inode(dir, a.mode, umask)?;
-        a.mode = acls.mode;
-        // The create makes every check before it begins its own handle, so a refusal
-        // (EEXIST, an immutable directory, a long name) changes nothing and aborts
-        // nothing; it must not run inside a handle of ours, whose failure would abort.
-        // The ACLs follow in a handle of their own, in the same transaction: a failure
-        // there comes after the inode was made, and aborts.
-        let ino = create(w, &a)?;
-        if acls.access.is_some() || acls.default.is_some() {
-            w.transaction("inherit ACLs", 2, |w| {
-                w.acl_init(InodeId { root: dir.root, ino }, &acls)
-            })?;
-        }
-        Ok(ino)
-    }
-
-    /// Make an inode in `parent` with `make` (given the writer, the directory's item),
-    /// and reply with its entry.
+    /// Make an inode in directory node `parent` with `make` (an engine call given the
+    /// directory), and reply with its entry.
     fn make(
         &self,
         what: &str,
         parent: INodeNo,
         reply: ReplyEntry,
-        make: impl Fn(&mut ubtrfs_core::FsWriter, InodeId, &InodeItem) -> Result<u64>,
+        make: impl FnOnce(InodeId) -> Result<InodeId>,
     ) {
         let r = self.id(parent).and_then(|dir| {
             self.writable()?;
-            let ino = self.engine.write_retrying(|w| {
-                let d = w.live().load_inode(dir, Load::ITEM)?.item;
-                make(w, dir, &d)
-            })?;
-            Ok(InodeId { root: dir.root, ino })
+            make(dir)
         });
         match r {
             Ok(id) => self.entry(id, reply),
@@ -787,7 +749,7 @@ impl UbtrfsFs {
                     )
                 })?;
                 let f = u32::from_le_bytes(f.try_into().expect("four bytes"));
-                self.engine.write_retrying(|w| w.set_fsflags(id.root, id.ino, f))?;
+                self.engine.set_fsflags(id, f)?;
                 // The kernel's FUSE fileattr_set keeps its cached attributes, and the
                 // ctime moved (S_IMMUTABLE and S_APPEND are not FUSE inode flags).
                 self.invalidate_attrs(id);
@@ -823,7 +785,7 @@ impl UbtrfsFs {
                 let old =
                     ubtrfs_core::inode::attr::fsflags_of(self.engine.getattr(id)?.flags.get());
                 let f = (old & !FS_COMMON_FL) | fs_flags_of_xflags(xflags);
-                self.engine.write_retrying(|w| w.set_fsflags(id.root, id.ino, f))?;
+                self.engine.set_fsflags(id, f)?;
                 self.invalidate_attrs(id);
                 Ok(Vec::new())
             }
@@ -1040,18 +1002,9 @@ impl fuser::Filesystem for UbtrfsFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let name = name_of(name);
-        self.make("mknod", parent, reply, |w, dir, d| {
-            let mut a = self.new_attrs(req, d, mode);
-            a.rdev = rdev_from_fuse(rdev);
-            Self::make_with_acls(w, dir, a, umask, |w, a| {
-                if mode & S_IFMT == S_IFREG {
-                    w.create_file(dir.root, dir.ino, name, a)
-                } else {
-                    w.mknod(dir.root, dir.ino, name, a)
-                }
-            })
-        });
+        let mut a = self.new_attrs(req, mode);
+        a.rdev = rdev_from_fuse(rdev);
+        self.make("mknod", parent, reply, |dir| self.engine.mknod(dir, name_of(name), &a, umask));
     }
 
     fn mkdir(
@@ -1063,11 +1016,8 @@ impl fuser::Filesystem for UbtrfsFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let name = name_of(name);
-        self.make("mkdir", parent, reply, |w, dir, d| {
-            let a = self.new_attrs(req, d, S_IFDIR | (mode & 0o7777));
-            Self::make_with_acls(w, dir, a, umask, |w, a| w.mkdir(dir.root, dir.ino, name, a))
-        });
+        let a = self.new_attrs(req, S_IFDIR | (mode & 0o7777));
+        self.make("mkdir", parent, reply, |dir| self.engine.mkdir(dir, name_of(name), &a, umask));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1088,12 +1038,9 @@ impl fuser::Filesystem for UbtrfsFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let name = name_of(link_name);
-        let target = target.as_os_str().as_bytes();
-        self.make("symlink", parent, reply, |w, dir, d| {
-            let a = self.new_attrs(req, d, S_IFLNK | 0o777);
-            w.symlink(dir.root, dir.ino, name, target, &a)
-        });
+        let (name, target) = (name_of(link_name), target.as_os_str().as_bytes());
+        let a = self.new_attrs(req, S_IFLNK | 0o777);
+        self.make("symlink", parent, reply, |dir| self.engine.symlink(dir, name, target, &a));
     }
 
     fn rename(
@@ -1109,29 +1056,17 @@ impl fuser::Filesystem for UbtrfsFs {
         let r = (|| {
             self.writable()?;
             let (od, nd) = (self.id(parent)?, self.id(newparent)?);
-            if od.root != nd.root {
-                return Err(Error::posix(PosixKind::CrossDevice, "rename across subvolumes"));
-            }
-            let flags = flags.bits();
-            if flags & libc::RENAME_WHITEOUT != 0 {
-                let owner = (
-                    IdMap::store(self.opts.uid, req.uid()),
-                    IdMap::store(self.opts.gid, req.gid()),
-                );
-                self.engine.write_retrying(|w| {
-                    w.rename_with_owner(
-                        od.root,
-                        od.ino,
-                        name_of(name),
-                        nd.ino,
-                        name_of(newname),
-                        flags,
-                        owner,
-                    )
-                })
-            } else {
-                self.engine.rename(od.root, od.ino, name_of(name), nd.ino, name_of(newname), flags)
-            }
+            // A RENAME_WHITEOUT's whiteout is the caller's (its fsuid and fsgid).
+            let owner =
+                (IdMap::store(self.opts.uid, req.uid()), IdMap::store(self.opts.gid, req.gid()));
+            self.engine.rename_with_owner(
+                od,
+                name_of(name),
+                nd,
+                name_of(newname),
+                flags.bits(),
+                owner,
+            )
         })();
         match r {
             Ok(()) => reply.ok(),
@@ -1150,12 +1085,7 @@ impl fuser::Filesystem for UbtrfsFs {
         let r = (|| {
             self.writable()?;
             let (id, dir) = (self.id(ino)?, self.id(newparent)?);
-            if id.root != dir.root {
-                return Err(Error::posix(PosixKind::CrossDevice, "link across subvolumes"));
-            }
-            let ft = ft_from_mode(self.engine.getattr(id)?.mode.get());
-            self.engine
-                .write_retrying(|w| w.link(dir.root, dir.ino, name_of(newname), id.ino, ft))?;
+            self.engine.link(id, dir, name_of(newname))?;
             Ok(id)
         })();
         match r {
@@ -1486,9 +1416,7 @@ impl fuser::Filesystem for UbtrfsFs {
         let r = self.id(ino).and_then(|id| {
             self.writable()?;
             let kill_sgid = self.acl_kills_sgid(req, id, name_of(name), value)?;
-            self.engine.write_retrying(|w| {
-                w.setxattr_opts(id.root, id.ino, name_of(name), value, flags as u32, kill_sgid)
-            })
+            self.engine.setxattr(id, name_of(name), value, flags as u32, kill_sgid)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -1519,7 +1447,7 @@ impl fuser::Filesystem for UbtrfsFs {
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.id(ino).and_then(|id| {
             self.writable()?;
-            self.engine.write_retrying(|w| w.removexattr(id.root, id.ino, name_of(name)))
+            self.engine.removexattr(id, name_of(name))
         });
         match r {
             Ok(()) => reply.ok(),
@@ -1542,13 +1470,13 @@ impl fuser::Filesystem for UbtrfsFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = self.make_and_open(req, parent, mode, umask, |w, dir, a| {
-            w.create_file(dir.root, dir.ino, name_of(name), a)
-        });
+        let a = self.new_attrs(req, S_IFREG | (mode & 0o7777));
+        let r = self
+            .make_and_open(parent, |dir| self.engine.create_file(dir, name_of(name), &a, umask));
         self.reply_created(reply, "create", r);
     }
 
-    /// open(O_TMPFILE): `FsWriter::tmpfile` (nlink 0 and an orphan item until a link
+    /// open(O_TMPFILE): `Engine::tmpfile` (nlink 0 and an orphan item until a link
     /// names it), owned, moded and given ACLs as `create` makes a file, and opened. The
     /// reply's nlink 0 is what the kernel's FUSE keeps (it instantiates the inode as it
     /// is, where btrfs's own `d_tmpfile` takes the count from 1 to 0), and its VFS then
@@ -1562,8 +1490,8 @@ impl fuser::Filesystem for UbtrfsFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = self
-            .make_and_open(req, parent, mode, umask, |w, dir, a| w.tmpfile(dir.root, dir.ino, a));
+        let a = self.new_attrs(req, S_IFREG | (mode & 0o7777));
+        let r = self.make_and_open(parent, |dir| self.engine.tmpfile(dir, &a, umask));
         self.reply_created(reply, "tmpfile", r);
     }
 

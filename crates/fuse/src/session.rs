@@ -58,10 +58,7 @@ pub fn open_engine(devices: &[PathBuf], opts: &MountOptions) -> Result<Arc<Engin
     let engine = Engine::open(&o)?;
     engine.set_page_cache_limits(opts.page_cache_mib << 20, opts.dirty_mib << 20);
     if let Some(p) = opts.compress {
-        engine.write(|w| {
-            w.set_compress(p);
-            Ok(())
-        })?;
+        engine.set_compress(p)?;
     }
     Ok(Arc::new(engine))
 }
@@ -147,10 +144,7 @@ pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
         if let Some(u) = claim.kernel.first() {
             let why = format!("{u}; the changes since the last commit are not written, so as not to overwrite the kernel's");
             crate::log::log_error(&format!("unmount: {why}"));
-            let _ = engine.write(|w| {
-                w.abort("unmount", &Error::posix(PosixKind::Busy, why.clone()));
-                Ok(())
-            });
+            let _ = engine.abort("unmount", &Error::posix(PosixKind::Busy, why));
             return;
         }
     }

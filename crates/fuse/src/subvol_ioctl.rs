@@ -179,7 +179,7 @@ impl UbtrfsFs {
                 let mut a = InodeAttrs::new(0o755);
                 a.uid = IdMap::store(self.opts.uid, req.uid());
                 a.gid = IdMap::store(self.opts.gid, req.gid());
-                self.engine.write_retrying(|w| w.create_subvol(id.root, id.ino, name, &a))?;
+                self.engine.create_subvol(id, name, &a)?;
                 self.invalidate_entry(id, name);
                 Ok(Vec::new())
             }
@@ -257,12 +257,10 @@ impl UbtrfsFs {
                     ));
                 }
                 let sub = u64_at(in_data, 0)?;
-                self.engine.write_retrying(|w| {
-                    w.set_default_subvol(if sub == 0 {
-                        ubtrfs_format::key::FS_TREE_OBJECTID
-                    } else {
-                        sub
-                    })
+                self.engine.set_default_subvol(if sub == 0 {
+                    ubtrfs_format::key::FS_TREE_OBJECTID
+                } else {
+                    sub
                 })?;
                 Ok(Vec::new())
             }
@@ -296,9 +294,7 @@ impl UbtrfsFs {
                         "only its owner changes its flags",
                     ));
                 }
-                self.engine
-                    .write(|w| w.set_subvol_readonly(id.root, f & BTRFS_SUBVOL_RDONLY != 0))?;
-                self.engine.commit()?;
+                self.engine.set_subvol_readonly(id.root, f & BTRFS_SUBVOL_RDONLY != 0)?;
                 Ok(Vec::new())
             }
             BTRFS_IOC_INO_LOOKUP => {

@@ -63,9 +63,18 @@
 //! A thread that panics while changing the filesystem leaves the lock poisoned; the
 //! engine then refuses further changes and reads (the state may be half changed), with
 //! a read-only error naming the panic, as an abort would.
+//!
+//! A client (the mount above all) changes the filesystem through one `Engine` method
+//! per operation, naming inodes by `InodeId`: open files, unlink, rmdir, rename and
+//! setattr (`file`), new inodes, links, xattrs and inode flags (`namespace`),
+//! subvolumes (`subvol`), buffered I/O (`buffered`), clones (`reflink`). Each takes the
+//! inode locks it needs and picks `write` or `write_retrying` itself; a client never
+//! chooses the engine's locking. `write` stays for the offline tools' batches of
+//! writer calls.
 
 mod buffered;
 mod file;
+mod namespace;
 mod pages;
 pub use file::OpenFile;
 mod reflink;
@@ -207,7 +216,13 @@ impl Engine {
                 let g = self.state.read().map_err(poisoned)?;
                 f(&g.live_dropping_misses(&misses))
             };
-            let Some((bytenr, expect)) = misses.take_wanted() else { return r };
+            let Some((bytenr, expect)) = misses.take_wanted() else {
+                debug_assert!(
+                    !r.as_ref().is_err_and(Error::is_cache_miss),
+                    "a cache miss left a reader run with no block wanted"
+                );
+                return r;
+            };
             drop(r);
             // Neither side of the lock is held here.
             match self.info.read_tree_block(bytenr, &expect) {
@@ -366,7 +381,13 @@ impl Engine {
                         want
                     }
                     // The run ran to its end: finish as `write` does (its writeback).
-                    None => return self.finish_change(g, r),
+                    None => {
+                        debug_assert!(
+                            !r.as_ref().is_err_and(Error::is_cache_miss),
+                            "a cache miss left a probed run with no block wanted"
+                        );
+                        return self.finish_change(g, r);
+                    }
                 }
             };
             let (bytenr, expect) = missed;
@@ -390,15 +411,37 @@ impl Engine {
         };
         // Neither side of `state` is held: readers and the next transaction go on.
         if let Err(e) = io.write(&self.info) {
-            self.write(|w| {
-                w.abort("commit", &e);
-                Ok(())
-            })?;
+            self.abort("commit", &e)?;
             return Err(e);
         }
         // Every writeback that may still be writing a block this commit frees has landed.
         drop(self.writeback_io.write().unwrap_or_else(|p| p.into_inner()));
         self.write(|w| Ok(w.finish_commit(io)))
+    }
+
+    /// Turn the filesystem read-only after failure `err` at `at` (`FsWriter::abort`,
+    /// the kernel's `btrfs_abort_transaction`): later changes are refused, the running
+    /// transaction is never committed.
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` after a panic in a writer (changes are refused already).
+    pub fn abort(&self, at: &str, err: &Error) -> Result<()> {
+        self.write(|w| {
+            w.abort(at, err);
+            Ok(())
+        })
+    }
+
+    /// Compress file data written from now on as `p` says (the mount's compress= and
+    /// compress-force= options, `FsWriter::set_compress`).
+    ///
+    /// # Errors
+    /// `Posix(ReadOnly)` after a panic in a writer.
+    pub fn set_compress(&self, p: crate::compression::CompressPolicy) -> Result<()> {
+        self.write(|w| {
+            w.set_compress(p);
+            Ok(())
+        })
     }
 
     /// What statfs(2) reports, counting the running transaction (`FsWriter::statfs`).

@@ -1,4 +1,5 @@
-//! Subvolumes as the engine drives them: a snapshot waits for its source's dirty data
+//! Subvolumes as the engine drives them: creation, the default subvolume and the
+//! read-only flag, each one call; a snapshot waits for its source's dirty data
 //! and a commit (the kernel snapshots at commit); a deletion writes back first and
 //! takes the directory's lock; the cleaner drops dead trees step by step between
 //! commits (the kernel's cleaner thread). The tree work itself is the transaction's
@@ -9,12 +10,47 @@ use crate::error::{Error, PosixKind, Result};
 use crate::extent::drop_snapshot::{DropStats, DROP_STEP_BUDGET};
 use crate::inode::file::write_lock_two;
 use crate::inode::filesystem::{FsRead, InodeId};
+use crate::inode::write::InodeAttrs;
 
 /// Drop steps between the cleaner's commits: each commit makes the progress so far
 /// durable, and a crash resumes from it.
 const STEPS_PER_COMMIT: u32 = 16;
 
 impl Engine {
+    /// Create subvolume `name` in directory `dir` (`btrfs subvolume create`,
+    /// `FsWriter::create_subvol`), its top directory with `a`'s permission bits, owner
+    /// and times. Returns the new tree's id. Who may create in `dir` is the caller's
+    /// check (`may_create`).
+    ///
+    /// # Errors
+    /// As `FsWriter::create_subvol`.
+    pub fn create_subvol(&self, dir: InodeId, name: &[u8], a: &InodeAttrs) -> Result<u64> {
+        self.write_retrying(|w| w.create_subvol(dir.root, dir.ino, name, a))
+    }
+
+    /// Make subvolume `id` the default, the one a mount without subvol= shows
+    /// (`FsWriter::set_default_subvol`).
+    ///
+    /// # Errors
+    /// As `FsWriter::set_default_subvol`.
+    pub fn set_default_subvol(&self, id: u64) -> Result<()> {
+        self.write_retrying(|w| w.set_default_subvol(id))
+    }
+
+    /// Flag subvolume `root` read-only or writable (`FsWriter::set_subvol_readonly`)
+    /// and commit, as the kernel's `btrfs_ioctl_subvol_setflags` commits the change
+    /// before it returns.
+    ///
+    /// # Errors
+    /// As `FsWriter::set_subvol_readonly`; commit errors.
+    pub fn set_subvol_readonly(&self, root: u64, readonly: bool) -> Result<()> {
+        // Not `write_retrying`: the writer begins its change before it reads the root,
+        // so a run could never stop at a miss and go again.
+        self.write(|w| w.set_subvol_readonly(root, readonly))?;
+        self.commit()?;
+        Ok(())
+    }
+
     /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`, read-only
     /// if `readonly` (`FsWriter::create_snapshot_of_committed`): every dirty file is
     /// written back and the running transaction committed first (the kernel's snapshot

@@ -170,13 +170,9 @@ impl ReadMisses {
 }
 
 /// What a reader run returns when it stopped at a cache miss: never seen by callers
-/// of `Engine::read`, which run the reader again.
+/// of `Engine::read` or `Engine::write_retrying`, which run the closure again.
 fn miss_error(bytenr: u64) -> Error {
-    Error::posix_detail(
-        PosixKind::Busy,
-        "engine read",
-        format!("tree block {bytenr} is not cached; read it without the lock and run again"),
-    )
+    Error::CacheMiss { bytenr }
 }
 
 impl Live<'_> {
