@@ -16,8 +16,9 @@ mod common;
 
 use ubtrfs_core::space::free_space_tree::{
     add_block_group_free_space, add_to_free_space_tree, convert_to_bitmaps, convert_to_extents,
-    free_runs, remove_from_free_space_tree, thresholds,
+    free_runs, remove_from_free_space_tree, thresholds, FstFormatFn,
 };
+use ubtrfs_core::transaction::Transaction;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
 use ubtrfs_format::key::{
@@ -398,13 +399,24 @@ fn auto_convert(w: &mut FsWriter, s: u64, len: u64) -> Vec<(usize, bool)> {
     seen
 }
 
+/// The group's format read from its INFO item on every update, in place of the cached
+/// flag: with it the conversions must happen at the same steps, so the flags they
+/// write in INFO agree with the format they leave.
+fn info_lookup(w: &mut Transaction, start: u64, len: u64) -> ubtrfs_core::Result<bool> {
+    let key = Key::new(start, FREE_SPACE_INFO_KEY, len);
+    let root = w.root(FST)?;
+    let (k, d) = w.first_item_ge(&root, &key)?.expect("an item at or after INFO");
+    assert_eq!(k, key, "group {start}: INFO item");
+    Ok(u32::from_le_bytes(d[4..8].try_into().unwrap()) & FREE_SPACE_USING_BITMAPS != 0)
+}
+
 #[test]
 fn automatic_conversion_at_real_thresholds() {
     let img = Image::new("auto");
     let mut w = img.writer();
     let base = test_group_base(&w);
     for force in [false, true] {
-        w.hooks.fst_force_info_lookup = force;
+        w.hooks.fst_format_lookup = force.then_some(info_lookup as FstFormatFn);
         // Step k (k = 1..=high+1) makes k+1 runs; step high+1+j (freeing) leaves
         // high+2-j. 8 MiB: (low, high) = (0, 11): bitmaps at 12 runs (step 11), never
         // back, since the count cannot drop below 0.
@@ -421,7 +433,7 @@ fn automatic_conversion_at_real_thresholds() {
             "256 MiB group conversions (force_info_lookup={force})"
         );
     }
-    w.hooks.fst_force_info_lookup = false;
+    w.hooks.fst_format_lookup = None;
     img.commit_and_check(w);
 }
 

@@ -1,6 +1,7 @@
 //! Seed 002: 4 KiB clone-range and dedupe-range operations, with the handle's
 //! writeback-inhibition record as a fixed inline buffer (ours) against a set made for
-//! each handle (the kernel's first design, an xarray; `TestHooks::inhibit_with_map`),
+//! each handle (the kernel's first design, an xarray; `PerHandleSet` below, installed
+//! through `TestHooks::inhibit_record`),
 //! and against the kernel's FICLONERANGE and FIDEDUPERANGE on a loop mount of an image
 //! of the same size.
 //!
@@ -22,6 +23,7 @@ pub mod common;
 
 use clap::Parser;
 use common::{is_root, median, print_table, run_cmd, summarize, Image};
+use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +32,7 @@ use ubtrfs_core::data::reflink::Dedupe;
 use ubtrfs_core::engine::Engine;
 use ubtrfs_core::inode::filesystem::InodeId;
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::transaction::handle::{InhibitRecord, InhibitRecordFn};
 use ubtrfs_core::OpenOptions;
 
 #[derive(Parser, Debug)]
@@ -55,6 +58,30 @@ pub struct Args {
 }
 
 const BS: u64 = 4096;
+
+/// The baseline's record of the blocks a handle inhibits: a set made for each handle
+/// and dropped at its end, unbounded, as the kernel's first design kept an xarray in
+/// every `btrfs_trans_handle`. The engine keeps this object from one handle to the
+/// next; the set inside it lives for one handle.
+#[derive(Default)]
+pub struct PerHandleSet(BTreeSet<u64>);
+
+impl InhibitRecord for PerHandleSet {
+    fn push(&mut self, bytenr: u64) -> bool {
+        self.0.insert(bytenr)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn drain(&mut self, f: &mut dyn FnMut(u64)) {
+        std::mem::take(&mut self.0).into_iter().for_each(f);
+    }
+}
+
+/// Make the baseline's record (`TestHooks::inhibit_record`).
+pub fn per_handle_set() -> Box<dyn InhibitRecord> {
+    Box::<PerHandleSet>::default()
+}
 
 /// Per-operation nanoseconds of one round: clones, dedupes.
 pub struct Round {
@@ -108,7 +135,7 @@ pub fn library_round(
     }
     e.sync().map_err(|e| format!("sync: {e}"))?;
     e.write(|w| {
-        w.hooks.inhibit_with_map = map;
+        w.hooks.inhibit_record = map.then_some(per_handle_set as InhibitRecordFn);
         w.hooks.inhibit_stats = Some(Default::default());
         Ok(())
     })

@@ -1,7 +1,8 @@
 //! Seed 003: the cost of one free-space-tree update (add or remove, one per delayed
 //! ref that allocates or frees an extent) with the format flag cached in the block
 //! group, against the baseline that looks the format up in the group's
-//! FREE_SPACE_INFO item on every update (`TestHooks::fst_force_info_lookup`).
+//! FREE_SPACE_INFO item on every update (`info_lookup` below, installed through
+//! `TestHooks::fst_format_lookup`).
 //!
 //! Workload (the kernel change's fs_mark run, scaled to one process): `--files` empty
 //! files with fs_mark-style 40-byte names, round-robin over `--dirs` directories (the
@@ -27,10 +28,13 @@ use common::{
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::space::free_space_tree::FstFormatFn;
+use ubtrfs_core::transaction::Transaction;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
-use ubtrfs_format::key::FREE_SPACE_TREE_OBJECTID;
-use ubtrfs_format::Key;
+use ubtrfs_format::key::{FREE_SPACE_INFO_KEY, FREE_SPACE_TREE_OBJECTID};
+use ubtrfs_format::structs::FREE_SPACE_USING_BITMAPS;
+use ubtrfs_format::{Corrupt, CorruptWhere, Key};
 
 #[derive(Parser, Debug)]
 #[command(about = "seed 003: free-space-tree update cost, cached format flag vs INFO lookup")]
@@ -68,6 +72,29 @@ pub struct VariantRun {
     pub fst: Vec<(Key, Vec<u8>)>,
 }
 
+/// The baseline: a group's format read from its FREE_SPACE_INFO item on every update,
+/// as the kernel did before it cached the flag in the block group
+/// (`btrfs_search_free_space_info` and the item's flags, in every add and remove).
+///
+/// # Errors
+/// Read failures; `Corrupt` when the group has no INFO item.
+pub fn info_lookup(w: &mut Transaction, start: u64, len: u64) -> ubtrfs_core::Result<bool> {
+    let key = Key::new(start, FREE_SPACE_INFO_KEY, len);
+    let root = w.root(FREE_SPACE_TREE_OBJECTID)?;
+    match w.first_item_ge(&root, &key)? {
+        Some((k, d)) if k == key => {
+            let flags = d[4..8].try_into().expect("size checked by the tree checker");
+            Ok(u32::from_le_bytes(flags) & FREE_SPACE_USING_BITMAPS != 0)
+        }
+        _ => Err(Corrupt::new(
+            CorruptWhere::Item,
+            format!("free space info for block group {start} missing"),
+        )
+        .root(FREE_SPACE_TREE_OBJECTID)
+        .into()),
+    }
+}
+
 pub fn workload(files: u64, dirs: u64, commit_every: u64, commit_secs: u64) -> Workload {
     Workload {
         files,
@@ -91,7 +118,7 @@ pub fn run_variant(
     let t = Instant::now();
     let mut w = FsWriter::open(&OpenOptions::new(image))
         .map_err(|e| format!("open {}: {e}", image.display()))?;
-    w.hooks.fst_force_info_lookup = force_info_lookup;
+    w.hooks.fst_format_lookup = force_info_lookup.then_some(info_lookup as FstFormatFn);
     w.hooks.fst_timings = Some(Vec::with_capacity(1 << 20));
     let dirs: Vec<u64> = (0..wl.dirs)
         .map(|i| {

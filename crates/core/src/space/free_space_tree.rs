@@ -88,16 +88,24 @@ fn write_info(w: &mut Transaction, g: &Group, count: u32, flags: u32) -> Result<
     Ok(())
 }
 
+/// Where an update learns a group's format in place of the flag cached in the block
+/// group (`TestHooks::fst_format_lookup`): given the group's start and length, whether
+/// its free space is in bitmaps. A benchmark (crates/bench, seed003) installs the
+/// kernel's lookup of the FREE_SPACE_INFO item on every update as its baseline;
+/// production code never calls one.
+#[cfg(feature = "test-hooks")]
+pub type FstFormatFn = fn(w: &mut Transaction, start: u64, len: u64) -> Result<bool>;
+
 /// Whether the group's free space is in bitmaps: the cached flag, looked up once.
 fn using_bitmaps(w: &mut Transaction, g: &Group) -> Result<bool> {
     #[cfg(feature = "test-hooks")]
-    let cached = !w.hooks.fst_force_info_lookup;
-    #[cfg(not(feature = "test-hooks"))]
-    let cached = true;
-    if cached {
-        if let Some(b) = w.alloc.fst_bitmaps(g.start) {
-            return Ok(b);
-        }
+    if let Some(lookup) = w.hooks.fst_format_lookup {
+        let b = lookup(w, g.start, g.len)?;
+        w.alloc.set_fst_bitmaps(g.start, b);
+        return Ok(b);
+    }
+    if let Some(b) = w.alloc.fst_bitmaps(g.start) {
+        return Ok(b);
     }
     let (_, flags) = read_info(w, g)?;
     let b = flags & FREE_SPACE_USING_BITMAPS != 0;

@@ -57,29 +57,53 @@ pub(crate) struct HandleState {
 /// meanwhile, never an error.
 pub const INHIBIT_SLOTS: usize = 16;
 
-/// The blocks a handle inhibits: the inline buffer, or (benchmark baseline, the
-/// kernel's first design) a set allocated for the handle and dropped at its end.
+/// A record of the blocks a handle inhibits in place of the inline buffer
+/// (`TestHooks::inhibit_record`): a benchmark (crates/bench, seed002) installs a set
+/// made for each handle, the kernel's first design, as its baseline. The record made by
+/// the hook is kept with the handle state from one handle to the next while the hook
+/// stays set, as the buffer is; what it allocates for a handle is its own affair.
+#[cfg(feature = "test-hooks")]
+pub trait InhibitRecord: Send + Sync {
+    /// Record `bytenr`, which is not listed yet; false when it is not recorded (the
+    /// block stays writable by background writeback).
+    fn push(&mut self, bytenr: u64) -> bool;
+    /// Blocks recorded.
+    fn len(&self) -> usize;
+    /// Whether no block is recorded.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Call `f` on every block recorded, emptying the record (the handle ends).
+    fn drain(&mut self, f: &mut dyn FnMut(u64));
+}
+
+/// Make the record of `TestHooks::inhibit_record`.
+#[cfg(feature = "test-hooks")]
+pub type InhibitRecordFn = fn() -> Box<dyn InhibitRecord>;
+
+/// The blocks a handle inhibits: the inline buffer, or a record a benchmark installed.
 #[derive(Default)]
 struct Inhibited {
     slots: [u64; INHIBIT_SLOTS],
     len: usize,
+    /// A record installed in place of the buffer (`TestHooks::inhibit_record`).
     #[cfg(feature = "test-hooks")]
-    map: Option<std::collections::BTreeSet<u64>>,
+    other: Option<Box<dyn InhibitRecord>>,
 }
 
 impl Inhibited {
     fn is_empty(&self) -> bool {
         #[cfg(feature = "test-hooks")]
-        if let Some(m) = &self.map {
-            return m.is_empty();
+        if let Some(r) = &self.other {
+            return r.is_empty();
         }
         self.len == 0
     }
 
     fn len(&self) -> usize {
         #[cfg(feature = "test-hooks")]
-        if let Some(m) = &self.map {
-            return m.len();
+        if let Some(r) = &self.other {
+            return r.len();
         }
         self.len
     }
@@ -87,8 +111,8 @@ impl Inhibited {
     /// Record `b` (not listed yet); false when the buffer is full.
     fn push(&mut self, b: u64) -> bool {
         #[cfg(feature = "test-hooks")]
-        if let Some(m) = &mut self.map {
-            return m.insert(b);
+        if let Some(r) = &mut self.other {
+            return r.push(b);
         }
         if self.len == INHIBIT_SLOTS {
             return false;
@@ -101,8 +125,8 @@ impl Inhibited {
     /// Every block listed, emptying the record.
     fn drain(&mut self, mut f: impl FnMut(u64)) {
         #[cfg(feature = "test-hooks")]
-        if let Some(m) = self.map.take() {
-            m.into_iter().for_each(&mut f);
+        if let Some(r) = &mut self.other {
+            r.drain(&mut f);
             return;
         }
         self.slots[..self.len].iter().for_each(|&b| f(b));
@@ -256,9 +280,12 @@ impl Transaction {
                 }
                 let mut h = std::mem::take(&mut self.spare_handle);
                 debug_assert!(h.inhibited.is_empty() && h.rsv == 0);
+                // The installed record, made once while the hook stays set.
                 #[cfg(feature = "test-hooks")]
-                if self.hooks.inhibit_with_map {
-                    h.inhibited.map = Some(std::collections::BTreeSet::new());
+                match self.hooks.inhibit_record {
+                    Some(make) if h.inhibited.other.is_none() => h.inhibited.other = Some(make()),
+                    Some(_) => {}
+                    None => h.inhibited.other = None,
                 }
                 h.depth = 1;
                 h.rsv = rsv;

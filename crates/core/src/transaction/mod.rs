@@ -259,9 +259,9 @@ pub struct RootState {
 #[cfg(feature = "test-hooks")]
 #[derive(Debug, Default)]
 pub struct TestHooks {
-    /// Benchmark switch: look the free-space-tree format up in the INFO item on every
-    /// update instead of using the flag cached in the block group (the kernel's way before the flag was cached).
-    pub fst_force_info_lookup: bool,
+    /// Benchmark seam: when Some, every free-space-tree update learns its group's
+    /// format from this function instead of the flag cached in the block group.
+    pub fst_format_lookup: Option<crate::space::free_space_tree::FstFormatFn>,
     /// Test switch: free-space-tree conversion thresholds (low, high) for every group.
     pub fst_thresholds_override: Option<(u32, u32)>,
     /// Benchmark hook: when Some, the duration in ns of every add/remove on the
@@ -272,10 +272,9 @@ pub struct TestHooks {
     /// Test and benchmark switch: handles inhibit no block from writeback (the COW
     /// amplification the inhibition prevents).
     pub no_writeback_inhibition: bool,
-    /// Benchmark switch: handles record their inhibited blocks in a set made for
-    /// each handle (as the kernel's xarray) instead of the inline
-    /// buffer, unbounded.
-    pub inhibit_with_map: bool,
+    /// Benchmark seam: when Some, handles record their inhibited blocks in the record
+    /// this function makes instead of the inline buffer.
+    pub inhibit_record: Option<crate::transaction::handle::InhibitRecordFn>,
     /// Benchmark hook: when Some, the blocks each handle inhibited, and the
     /// inhibitions a full buffer refused.
     pub inhibit_stats: Option<crate::transaction::handle::InhibitStats>,
