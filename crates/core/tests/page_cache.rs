@@ -829,6 +829,62 @@ fn a_single_transaction_engine_commits_only_when_asked() {
     assert_check(&s.path, "single transaction");
 }
 
+/// A small file written through the page cache goes inline at its writeback's
+/// delalloc (the kernel's `cow_file_range_inline`): one inline extent holding its
+/// bytes, nbytes its size, the times the write set left alone; a rewrite of part of
+/// it keeps it inline, and a file of a block or more takes a regular extent.
+#[test]
+fn small_files_go_inline_at_delalloc() {
+    if !mkfs_tools("small_files_go_inline_at_delalloc") {
+        return;
+    }
+    let s = Scratch::mkfs("pc-inline", 256 << 20, &[]);
+    let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
+    let small = create(&e, "small");
+    let block = create(&e, "block");
+    let data: Vec<u8> = (0..1500u32).map(|i| (i * 7 % 251) as u8).collect();
+    e.buffered_write(small, 0, &data).expect("write small");
+    e.buffered_write(block, 0, &[5u8; 4096]).expect("write block");
+    let before = e.getattr(small).expect("getattr");
+    e.sync().expect("sync");
+    let extents = |id: InodeId| e.read(|l| l.file_extents(id, 0, u64::MAX)).expect("extents");
+    let got = extents(small);
+    assert_eq!(got.len(), 1, "{got:?}");
+    match &got[0].kind {
+        ExtentKind::Inline { ram_bytes, data: d, .. } => {
+            assert_eq!(*ram_bytes, 1500);
+            assert!(d[..] == data[..], "the inline extent's bytes differ");
+        }
+        k => panic!("small file not inline: {k:?}"),
+    }
+    let after = e.read(|l| l.load_inode(small, Load::ITEM)).expect("inode").item;
+    assert_eq!(after.nbytes.get(), 1500, "nbytes of the inline file");
+    assert_eq!(after.size.get(), 1500);
+    let t = |a: &ubtrfs_format::structs::InodeItem| {
+        (a.mtime.sec.get(), a.mtime.nsec.get(), a.ctime.sec.get(), a.ctime.nsec.get())
+    };
+    assert_eq!(t(&after), t(&before), "the writeback changed the times");
+    assert!(
+        matches!(extents(block)[0].kind, ExtentKind::Regular { .. }),
+        "a one-block file is a regular extent"
+    );
+    // A rewrite in the middle: still one inline extent, the new bytes in it.
+    e.buffered_write(small, 100, b"middle").expect("rewrite");
+    e.sync().expect("sync");
+    let mut want = data.clone();
+    want[100..106].copy_from_slice(b"middle");
+    match &extents(small)[..] {
+        [x] => assert!(
+            matches!(&x.kind, ExtentKind::Inline { data: d, .. } if d[..] == want[..]),
+            "rewritten inline extent: {x:?}"
+        ),
+        x => panic!("rewritten small file: {x:?}"),
+    }
+    drop(e);
+    assert!(read_image(&s.path, small) == want, "the small file differs on disk");
+    assert_check(&s.path, "inline at delalloc");
+}
+
 /// fsync makes one file durable (written back and committed) while another file's
 /// data stays dirty; an engine dropped unsynced loses only that.
 #[test]

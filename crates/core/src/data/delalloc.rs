@@ -23,6 +23,8 @@ pub enum Delalloc {
     /// Through the direct path, nothing allocated: nocow or preallocated files,
     /// compressed ones, and files that are or will be inline.
     Direct,
+    /// The whole file went into the tree as an inline extent: written back.
+    Inline,
 }
 
 /// Metadata items a completion of `len` bytes inserts or changes: the inode, a hole
@@ -60,8 +62,14 @@ impl FsWriter {
     /// direct path, `Delalloc::Direct`), else [start, start + len) is allocated as
     /// `run_delalloc` does. Nothing is allocated for the direct route or on failure.
     ///
+    /// `whole`, when the caller has it, is the whole file's data (a file smaller than
+    /// a block, dirty from 0): a file that fits inline goes into the tree here, as an
+    /// inline extent (compressed if that fits), and the writeback is done
+    /// (`Delalloc::Inline`; the kernel's `cow_file_range_inline`).
+    ///
     /// # Errors
-    /// As `run_delalloc`.
+    /// As `run_delalloc`; tree failures of the inline write (which abort).
+    #[allow(clippy::too_many_arguments)]
     pub fn run_delalloc_range(
         &mut self,
         root: u64,
@@ -70,13 +78,51 @@ impl FsWriter {
         len: u64,
         max_extent: u64,
         i_size: u64,
+        whole: Option<&[u8]>,
     ) -> Result<Delalloc> {
         self.check_root_writable(root)?;
         let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let flags = ii.flags.get();
+        if let Some(data) = whole.filter(|d| d.len() as u64 == i_size) {
+            if i_size > 0
+                && i_size <= self.max_inline()
+                && !crate::data::nocow::nocow_capable(flags)
+                && flags & ubtrfs_format::structs::INODE_PREALLOC == 0
+            {
+                self.write_inline_back(root, ino, &ii, data)?;
+                return Ok(Delalloc::Inline);
+            }
+        }
         if self.direct_route(root, ino, &ii, i_size)? {
             return Ok(Delalloc::Direct);
         }
         self.run_delalloc_loaded(root, ino, &ii, start, len, max_extent).map(Delalloc::Ordered)
+    }
+
+    /// Write back file `ino` (item `ii`), all of whose data is `data`, as one inline
+    /// extent: what the direct path does for such a file, in one handle, the times
+    /// left as the buffered writes set them.
+    fn write_inline_back(
+        &mut self,
+        root: u64,
+        ino: u64,
+        ii: &ubtrfs_format::structs::InodeItem,
+        data: &[u8],
+    ) -> Result<()> {
+        let len = data.len() as u64;
+        // The inode, the extent item and the items an old extent leaves to drop.
+        let items = 4;
+        self.writing_back = true;
+        let r = self.transaction("write_file", items, |w| {
+            let mut pos = 0usize;
+            w.write_file_inner(root, ino, 0, len, ii, len, &mut |b: &mut [u8]| {
+                b.copy_from_slice(&data[pos..pos + b.len()]);
+                pos += b.len();
+                Ok(())
+            })
+        });
+        self.writing_back = false;
+        r
     }
 
     /// `run_delalloc` with the inode's item loaded.

@@ -564,10 +564,16 @@ impl Engine {
         if self.pages.cached.load(Ordering::Acquire) <= limit {
             return Ok(());
         }
-        self.drop_clean_folios(shrink_target(limit));
+        // Clean folios are at most what is cached and not dirty: when that cannot
+        // bring the cache to its target, the walk for them is skipped (a cache full
+        // of small dirty files would be walked whole for nothing at every shrink).
+        let (target, cached) = (shrink_target(limit), self.pages.cached.load(Ordering::Acquire));
+        if cached.saturating_sub(self.data_rsv.dirty()) >= cached.saturating_sub(target) {
+            self.drop_clean_folios(target);
+        }
         if self.pages.cached.load(Ordering::Acquire) > limit {
             self.writeback_for_memory()?;
-            self.drop_clean_folios(shrink_target(limit));
+            self.drop_clean_folios(target);
         }
         Ok(())
     }
@@ -586,6 +592,10 @@ impl Engine {
             let inode = reg.get(&id).expect("listed above").0.clone();
             // A cache busy under its mutex (a reader filling, a writeback) is skipped.
             let Some(mut pc) = inode.mapping.pages.try_lock() else { continue };
+            // Every cached byte dirty: no folio to drop.
+            if pc.cached_bytes() <= pc.dirty_bytes(bs) {
+                continue;
+            }
             let before = (pc.cached_bytes(), pc.dirty_bytes(bs));
             let mut clean: Vec<(u64, u64)> = pc
                 .folios

@@ -156,9 +156,17 @@ impl Engine {
                     self.write(|w| w.run_delalloc(id.root, id.ino, s, l, max))
                         .map(Delalloc::Ordered)
                 } else {
-                    self.write(|w| w.run_delalloc_range(id.root, id.ino, s, l, max, i_size))
+                    self.first_delalloc(inode, &runs, max, i_size)
                 };
                 match delalloc {
+                    Ok(Delalloc::Inline) => {
+                        with_cache(self, inode, |pc| {
+                            pc.clear_dirty(0, l);
+                            pc.disk_i_size = i_size;
+                            pc.new_from = i_size;
+                        });
+                        return Ok(());
+                    }
                     Ok(Delalloc::Direct) => {
                         assert!(oes.is_empty() && next == 0, "{id}: direct route after delalloc");
                         return self.writeback_direct(inode, i_size, &runs);
@@ -221,6 +229,53 @@ impl Engine {
             assert_eq!(d, i_size, "{id}: on-disk size after a clean writeback differs from i_size");
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// The first delalloc of a writeback, which picks its route
+    /// (`FsWriter::run_delalloc_range`). A file within its first block whose one
+    /// dirty block is that block takes its bytes along, to be written inline at once
+    /// when they fit; the block stops being new as its data goes in (a getattr in
+    /// between would count it twice in st_blocks), and is new again if it did not.
+    fn first_delalloc(
+        &self,
+        inode: &Arc<Inode>,
+        runs: &[(u64, u64)],
+        max: u64,
+        i_size: u64,
+    ) -> Result<Delalloc> {
+        let id = inode.id;
+        let bsz = u64::from(self.info().sectorsize);
+        let (s, l) = runs[0];
+        let whole = (runs.len() == 1 && s == 0 && l == bsz && i_size < bsz)
+            .then(|| {
+                with_cache(self, inode, |pc| {
+                    let mut b = vec![0u8; i_size as usize];
+                    if pc.copy_out(0, &mut b) != i_size {
+                        return None;
+                    }
+                    let before = pc.new_blocks;
+                    pc.clear_new(0, l);
+                    Some((b, before != pc.new_blocks))
+                })
+            })
+            .flatten();
+        let r = self.write(|w| {
+            w.run_delalloc_range(
+                id.root,
+                id.ino,
+                s,
+                l,
+                max,
+                i_size,
+                whole.as_ref().map(|w| &w.0[..]),
+            )
+        });
+        if let Some((_, true)) = whole {
+            if !matches!(r, Ok(Delalloc::Inline)) {
+                with_cache(self, inode, |pc| pc.mark_new(&[(0, l)]));
+            }
+        }
+        r
     }
 
     /// Steps 2 to 4 of a writeback for the folios over [lo, hi), whose dirty blocks
