@@ -9,7 +9,6 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use ubtrfs_core::error::{Error, PosixKind};
 use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE};
-use ubtrfs_core::FsWriter;
 use ubtrfs_core::Result;
 use ubtrfs_tools::edit::{self, Edit};
 
@@ -315,33 +314,32 @@ impl EditCmd {
     }
 }
 
-pub fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
-    a.open_writer()
-}
-
 /// Run the edits in one transaction: all land in one commit, or none does. Subvolumes
 /// an `rm` deleted (rmdir of an empty subvolume deletes it, as on the kernel) then
 /// have their trees dropped before the command returns, as `subvolume delete` does:
 /// the kernel's cleaner would do it soon after the rmdir.
 fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Result<()> {
-    let mut w = open_writer(image)?;
-    let dead_before = if edits.iter().any(|(_, e)| matches!(e, Edit::Rm { .. })) {
-        Some(w.dead_roots()?.len())
+    let e = ubtrfs_tools::offline_engine(image.open_writer()?);
+    let dead_before = if edits.iter().any(|(_, ed)| matches!(ed, Edit::Rm { .. })) {
+        Some(e.write(|w| w.dead_roots())?.len())
     } else {
         None
     };
     let mut said = Vec::new();
-    for (at, e) in edits {
-        match edit::apply(&mut w, e) {
+    for (at, ed) in edits {
+        match edit::apply(&e, ed) {
             Ok(s) => said.push(s),
             Err(err) => {
                 let err = if at.is_empty() { err } else { err.at(at.clone()) };
-                w.abort(what, &err);
+                // Nothing of the transaction is committed. (An abort fails only after a
+                // panic in a writer, which refuses every change already.)
+                let _ = e.abort(what, &err);
                 return Err(err);
             }
         }
     }
-    let gen = w.commit()?;
+    e.writeback_all()?;
+    let gen = e.commit()?;
     for s in &said {
         eprintln!("{s}");
     }
@@ -350,8 +348,7 @@ fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Re
         edits.len(),
         if edits.len() == 1 { "" } else { "s" }
     );
-    if dead_before.is_some_and(|n| n < w.dead_roots().map(|d| d.len()).unwrap_or(0)) {
-        let e = ubtrfs_core::engine::Engine::from_writer(w);
+    if dead_before.is_some_and(|n| n < e.write(|w| w.dead_roots()).map(|d| d.len()).unwrap_or(0)) {
         crate::subvol_cmds::clean_saying(&e, &|line| eprintln!("{what}: {line}"))?;
     }
     Ok(())

@@ -38,7 +38,7 @@ pub fn put(a: &PutArgs) -> Result<()> {
         (None, None) => None,
     };
     let w = open_writer(&a.image).map_err(|e| swapped_put_arguments(a, e))?;
-    let e = ubtrfs_tools::put::copy_engine(w);
+    let e = ubtrfs_tools::offline_engine(w);
     if let Some(p) = policy {
         e.write(|w| {
             w.set_compress(p);
@@ -155,7 +155,7 @@ pub struct DedupeArgs {
 /// with a progress bar on a terminal; one commit at the end.
 pub fn dedupe(a: &DedupeArgs) -> Result<()> {
     use std::io::IsTerminal;
-    let e = ubtrfs_core::engine::Engine::from_writer(open_writer(&a.image)?);
+    let e = ubtrfs_tools::offline_engine(open_writer(&a.image)?);
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(

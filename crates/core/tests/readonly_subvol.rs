@@ -86,8 +86,8 @@ fn readonly_snapshot_refuses_every_change() {
     let src = std::env::temp_dir().join(format!("ubtrfs-ro-src-{}", std::process::id()));
     std::fs::create_dir_all(src.join("sub")).expect("source dir");
     std::fs::write(src.join("sub/f"), b"data").expect("source file");
-    // put is a client of the engine, as programs on a mount are.
-    let e = ubtrfs_tools::put::copy_engine(w);
+    // put and rm are clients of the engine, as programs on a mount are.
+    let e = ubtrfs_tools::offline_engine(w);
     assert_erofs(
         ubtrfs_tools::put::put(&e, &[&src.join("sub/f")], "/snap/x", &Default::default()),
         "put file",
@@ -101,9 +101,9 @@ fn readonly_snapshot_refuses_every_change() {
         ),
         "put -r",
     );
+    assert_erofs(ubtrfs_tools::put::remove(&e, "/snap/file-0002", false), "rm file");
+    assert_erofs(ubtrfs_tools::put::remove(&e, "/snap/big-3", false), "rm big file");
     let mut w = e.into_writer().expect("engine intact");
-    assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/file-0002", false), "rm file");
-    assert_erofs(ubtrfs_tools::put::remove(&mut w, "/snap/big-3", false), "rm big file");
     // The raw tree operations (a test hook) refuse the read-only tree up front too.
     let e = w
         .raw_tree()
@@ -117,7 +117,7 @@ fn readonly_snapshot_refuses_every_change() {
     // None of the refusals aborted the transaction: the writable subvolume still
     // takes a change, and the commit carries only that.
     w.check_writable().expect("a refused change must not abort the writer");
-    let e = ubtrfs_tools::put::copy_engine(w);
+    let e = ubtrfs_tools::offline_engine(w);
     ubtrfs_tools::put::put(&e, &[&src.join("sub/f")], "/sv/after-refusals", &Default::default())
         .expect("write to the writable subvolume");
     e.sync().expect("commit");

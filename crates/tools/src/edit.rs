@@ -3,16 +3,22 @@
 //! the CLI commits once after one command, or after every line of a `batch`, and on
 //! any error commits nothing. Paths inside the image are absolute.
 //!
-//! Each command does what its coreutils namesake does on a mounted filesystem, through
-//! the engine's calls (`FsWriter::mkdir`, `rename`, `symlink`, `setattr`, ...), so the
-//! rules and errors are the engine's, which follow the kernel's.
+//! Each command does what its coreutils namesake does on a mounted filesystem, as a
+//! client of the engine (`offline_engine`: one transaction, which the caller
+//! commits): sizes, data, flags, names removed and renamed go through the engine's own
+//! calls (`Engine::setattr`, `fallocate`, `clone_range`, `rename`, `unlink`, ...), so
+//! the rules and errors are the engine's, which follow the kernel's. New inodes are
+//! the writer's (`FsWriter::mkdir`, `create_file`, `symlink`, `mknod`) under the
+//! engine's lock: the engine's creates add what the VFS adds for a process on a mount
+//! (the directory's set-group-ID bit and default ACL, a umask), and an edit makes
+//! exactly the mode and owner it names.
 
 use crate::put;
+use ubtrfs_core::engine::Engine;
 use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{fsflags_of, SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
 
 /// One editing command.
@@ -386,11 +392,10 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The inode at `path` (the last component not followed).
-fn reflink(w: &mut FsWriter, src: &str, dst: &str) -> Result<String> {
+fn reflink(e: &Engine, src: &str, dst: &str) -> Result<String> {
     let what = format!("reflink {} {}", quoted(src), quoted(dst));
-    let s = lookup(w, src)?;
-    let si = w.live().load_inode(s, Load::ITEM)?.item;
+    let s = lookup(e, src)?;
+    let si = item(e, s)?;
     if si.mode.get() & S_IFMT != S_IFREG {
         let kind =
             if si.mode.get() & S_IFMT == S_IFDIR { PosixKind::IsDir } else { PosixKind::Invalid };
@@ -398,36 +403,64 @@ fn reflink(w: &mut FsWriter, src: &str, dst: &str) -> Result<String> {
     }
     // A directory DST takes SRC's name, as cp does.
     let mut dst_path = dst.to_string();
-    if let Ok(d) = lookup(w, dst) {
-        if w.live().load_inode(d, Load::ITEM)?.item.mode.get() & S_IFMT == S_IFDIR {
+    if let Ok(d) = lookup(e, dst) {
+        if item(e, d)?.mode.get() & S_IFMT == S_IFDIR {
             let name = absolute(src)?.rsplit('/').next().unwrap_or_default();
             dst_path = format!("{}/{name}", dst.trim_end_matches('/'));
         }
     }
-    let d = match lookup(w, &dst_path) {
+    let d = match lookup(e, &dst_path) {
         Ok(d) if d == s => return Err(invalid(what, "SRC and DST are the same file".to_string())),
         Ok(d) => {
-            w.setattr(d.root, d.ino, &SetAttr { size: Some(0), ..Default::default() })
-                .map_err(|e| in_image(e, &[(String::new(), &dst_path)], what.clone()))?;
+            e.setattr(d, &SetAttr { size: Some(0), ..Default::default() })
+                .map_err(|err| in_image(err, &[(String::new(), &dst_path)], what.clone()))?;
             d
         }
-        Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
-            let (p, n) = w.resolve_parent(absolute(&dst_path)?)?;
-            let ino = w
-                .create_file(p.root, p.ino, &n, &InodeAttrs::new(S_IFREG | (si.mode.get() & 0o777)))
-                .map_err(|e| in_image(e, &[(q(&n), &dst_path)], what.clone()))?;
+        Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
+            let (p, n) = parent(e, absolute(&dst_path)?)?;
+            let a = InodeAttrs::new(S_IFREG | (si.mode.get() & 0o777));
+            let ino = e
+                .write(|w| w.create_file(p.root, p.ino, &n, &a))
+                .map_err(|err| in_image(err, &[(q(&n), &dst_path)], what.clone()))?;
             InodeId { root: p.root, ino }
         }
-        Err(e) => return Err(e),
+        Err(err) => return Err(err),
     };
-    let n = w
+    let n = e
         .clone_range(s, 0, 0, d, 0)
-        .map_err(|e| in_image(e, &[(String::new(), src)], what.clone()))?;
+        .map_err(|err| in_image(err, &[(String::new(), src)], what.clone()))?;
     Ok(format!("{} shares {n} bytes of {}", quoted(&dst_path), quoted(src)))
 }
 
-fn lookup(w: &FsWriter, path: &str) -> Result<InodeId> {
-    w.live().resolve_id(absolute(path)?, false)
+/// The inode at `path` (the last component not followed).
+fn lookup(e: &Engine, path: &str) -> Result<InodeId> {
+    let path = absolute(path)?;
+    e.read(|l| l.resolve_id(path, false))
+}
+
+/// Split `path` into its directory and last name, as the running transaction sees them.
+fn parent(e: &Engine, path: &str) -> Result<(InodeId, Vec<u8>)> {
+    e.read(|l| l.resolve_parent(path))
+}
+
+/// Inode `id`'s item, as the running transaction has it.
+fn item(e: &Engine, id: InodeId) -> Result<InodeItem> {
+    e.read(|l| Ok(l.load_inode(id, Load::ITEM)?.item))
+}
+
+/// The inode at `path`, or when there is none, a new empty regular file there (mode
+/// 0644, owned by root: the writer's create, with no directory's group or default ACL
+/// and no umask), as truncate(1), touch(1) and fallocate(1) make one.
+fn existing_or_new(e: &Engine, path: &str, create: bool) -> Result<InodeId> {
+    match lookup(e, path) {
+        Ok(id) => Ok(id),
+        Err(err) if err.posix_kind() == Some(PosixKind::NotFound) && create => {
+            let (p, n) = parent(e, absolute(path)?)?;
+            let ino = e.write(|w| w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644)))?;
+            Ok(InodeId { root: p.root, ino })
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// An engine error said of image paths: its object (a name in a directory, an
@@ -452,21 +485,21 @@ fn quoted(path: &str) -> String {
     ubtrfs_core::quote::name(path.as_bytes()).into_owned()
 }
 
-/// Apply one editing command in the writer's running transaction; returns a line
+/// Apply one editing command in the engine's running transaction; returns a line
 /// saying what it did.
 ///
 /// # Errors
 /// The engine's, naming the path; `Posix(Invalid)` for a relative path.
-pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
-    match e {
-        Edit::Mkdir { path, parents, mode } => mkdir(w, absolute(path)?, *parents, *mode),
+pub fn apply(e: &Engine, edit: &Edit) -> Result<String> {
+    match edit {
+        Edit::Mkdir { path, parents, mode } => mkdir(e, absolute(path)?, *parents, *mode),
         Edit::Rm { path, recursive } => {
-            let n = put::remove(w, absolute(path)?, *recursive)?;
+            let n = put::remove(e, absolute(path)?, *recursive)?;
             Ok(format!("removed {} ({n} entries)", quoted(path)))
         }
         Edit::Mv { from, to, flags } => {
-            let (op, on) = w.resolve_parent(absolute(from)?)?;
-            let (np, nn) = w.resolve_parent(absolute(to)?)?;
+            let (op, on) = parent(e, absolute(from)?)?;
+            let (np, nn) = parent(e, absolute(to)?)?;
             if op.root != np.root {
                 return Err(Error::posix_detail(
                     PosixKind::CrossDevice,
@@ -474,10 +507,10 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                     "they are in different subvolumes",
                 ));
             }
-            w.rename(op.root, op.ino, &on, np.ino, &nn, *flags).map_err(|e| {
+            e.rename(op.root, op.ino, &on, np.ino, &nn, *flags).map_err(|err| {
                 let both = format!("{} -> {}", quoted(from), quoted(to));
                 in_image(
-                    e,
+                    err,
                     &[
                         (q(&on), from),
                         (q(&nn), to),
@@ -489,14 +522,18 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
             Ok(format!("renamed {} to {}", quoted(from), quoted(to)))
         }
         Edit::Ln { target, link, symbolic } => {
-            let (p, n) = w.resolve_parent(absolute(link)?)?;
+            let (p, n) = parent(e, absolute(link)?)?;
             if *symbolic {
-                w.symlink(p.root, p.ino, &n, target.as_bytes(), &InodeAttrs::new(0o777)).map_err(
-                    |e| in_image(e, &[(q(&n), link)], format!("ln -s {}", quoted(link))),
-                )?;
+                // The writer's symlink: owned by root whatever the directory's group.
+                e.write(|w| {
+                    w.symlink(p.root, p.ino, &n, target.as_bytes(), &InodeAttrs::new(0o777))
+                })
+                .map_err(|err| {
+                    in_image(err, &[(q(&n), link)], format!("ln -s {}", quoted(link)))
+                })?;
                 return Ok(format!("{} -> {}", quoted(link), quoted(target)));
             }
-            let t = lookup(w, target)?;
+            let t = lookup(e, target)?;
             if t.root != p.root {
                 return Err(Error::posix_detail(
                     PosixKind::CrossDevice,
@@ -504,10 +541,12 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                     "hard links stay inside one subvolume",
                 ));
             }
-            let ft = ft_from_mode(w.live().load_inode(t, Load::ITEM)?.item.mode.get());
-            w.link(p.root, p.ino, &n, t.ino, ft).map_err(|e| {
+            // Read here so that a target that cannot be read fails on its own, before
+            // the link (which then finds the attributes in memory).
+            e.getattr(t)?;
+            e.link(t, p, &n).map_err(|err| {
                 in_image(
-                    e,
+                    err,
                     &[(q(&n), link), (String::new(), target)],
                     format!("ln {}", quoted(link)),
                 )
@@ -527,75 +566,58 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
                     ))
                 }
             };
-            let (p, n) = w.resolve_parent(absolute(path)?)?;
+            let (p, n) = parent(e, absolute(path)?)?;
             let a = InodeAttrs {
                 rdev: rdev_encode(*major, *minor),
                 ..InodeAttrs::new(t | (mode & 0o7777))
             };
-            w.mknod(p.root, p.ino, &n, &a)
-                .map_err(|e| in_image(e, &[(q(&n), path)], format!("mknod {}", quoted(path))))?;
+            e.write(|w| w.mknod(p.root, p.ino, &n, &a)).map_err(|err| {
+                in_image(err, &[(q(&n), path)], format!("mknod {}", quoted(path)))
+            })?;
             Ok(format!("made {}", quoted(path)))
         }
-        Edit::Reflink { src, dst } => reflink(w, src, dst),
+        Edit::Reflink { src, dst } => reflink(e, src, dst),
         Edit::Truncate { path, size } => {
-            let id = match lookup(w, path) {
-                Ok(id) => id,
-                // truncate(1) makes a missing file.
-                Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
-                    let (p, n) = w.resolve_parent(absolute(path)?)?;
-                    let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644))?;
-                    InodeId { root: p.root, ino }
-                }
-                Err(e) => return Err(e),
-            };
-            w.setattr(id.root, id.ino, &SetAttr { size: Some(*size), ..Default::default() })
-                .map_err(|e| {
-                    in_image(e, &[(String::new(), path)], format!("truncate {}", quoted(path)))
-                })?;
+            // truncate(1) makes a missing file.
+            let id = existing_or_new(e, path, true)?;
+            e.setattr(id, &SetAttr { size: Some(*size), ..Default::default() }).map_err(|err| {
+                in_image(err, &[(String::new(), path)], format!("truncate {}", quoted(path)))
+            })?;
             Ok(format!("{} is {size} bytes", quoted(path)))
         }
         Edit::Fallocate { path, mode, offset, len } => {
-            let id = match lookup(w, path) {
-                Ok(id) => id,
-                // fallocate(1) makes a missing file for the default mode only (O_CREAT,
-                // 0666 less the umask): here 0644, as truncate and touch make them.
-                Err(e) if e.posix_kind() == Some(PosixKind::NotFound) && *mode == 0 => {
-                    let (p, n) = w.resolve_parent(absolute(path)?)?;
-                    let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644))?;
-                    InodeId { root: p.root, ino }
-                }
-                Err(e) => return Err(e),
-            };
-            w.fallocate(id.root, id.ino, *mode, *offset, *len).map_err(|e| {
-                in_image(e, &[(String::new(), path)], format!("fallocate {}", quoted(path)))
+            // fallocate(1) makes a missing file for the default mode only (O_CREAT,
+            // 0666 less the umask): here 0644, as truncate and touch make them.
+            let id = existing_or_new(e, path, *mode == 0)?;
+            e.fallocate(id, *mode, *offset, *len).map_err(|err| {
+                in_image(err, &[(String::new(), path)], format!("fallocate {}", quoted(path)))
             })?;
             Ok(format!("{} fallocated {len} bytes at {offset}", quoted(path)))
         }
         Edit::Chattr { spec, path } => {
-            let id = lookup(w, path)?;
-            let cur = fsflags_of(w.live().load_inode(id, Load::ITEM)?.item.flags.get());
-            let new = apply_chattr(spec, cur)?;
-            w.set_fsflags(id.root, id.ino, new).map_err(|e| {
-                in_image(e, &[(String::new(), path)], format!("chattr {}", quoted(path)))
+            let id = lookup(e, path)?;
+            let new = apply_chattr(spec, fsflags_of(item(e, id)?.flags.get()))?;
+            e.set_fsflags(id, new).map_err(|err| {
+                in_image(err, &[(String::new(), path)], format!("chattr {}", quoted(path)))
             })?;
             Ok(format!("{} {}", lsattr_string(new), quoted(path)))
         }
         Edit::Chmod { mode, path } => {
-            let id = lookup(w, path)?;
-            let cur = w.live().load_inode(id, Load::ITEM)?.item.mode.get();
+            let id = lookup(e, path)?;
+            let cur = item(e, id)?.mode.get();
             let m = match mode {
                 Mode::Octal(m) => *m,
                 Mode::Symbolic(s) => apply_symbolic(s, cur & 0o7777, cur & S_IFMT == S_IFDIR)?,
             };
-            w.setattr(id.root, id.ino, &SetAttr { mode: Some(m), ..Default::default() }).map_err(
-                |e| in_image(e, &[(String::new(), path)], format!("chmod {}", quoted(path))),
-            )?;
+            e.setattr(id, &SetAttr { mode: Some(m), ..Default::default() }).map_err(|err| {
+                in_image(err, &[(String::new(), path)], format!("chmod {}", quoted(path)))
+            })?;
             Ok(format!("{} mode {m:04o}", quoted(path)))
         }
         Edit::Chown { uid, gid, path } => {
-            let id = lookup(w, path)?;
-            w.setattr(id.root, id.ino, &SetAttr::chown(*uid, *gid)).map_err(|e| {
-                in_image(e, &[(String::new(), path)], format!("chown {}", quoted(path)))
+            let id = lookup(e, path)?;
+            e.setattr(id, &SetAttr::chown(*uid, *gid)).map_err(|err| {
+                in_image(err, &[(String::new(), path)], format!("chown {}", quoted(path)))
             })?;
             Ok(format!(
                 "{} owner {}:{}",
@@ -606,33 +628,23 @@ pub fn apply(w: &mut FsWriter, e: &Edit) -> Result<String> {
         }
         Edit::Touch { path, time } => {
             let t = time.map_or(TimeSet::Now, |(s, n)| TimeSet::At(s, n));
-            let id = match lookup(w, path) {
-                Ok(id) => id,
-                Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
-                    let (p, n) = w.resolve_parent(absolute(path)?)?;
-                    let ino = w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644))?;
-                    InodeId { root: p.root, ino }
-                }
-                Err(e) => return Err(e),
-            };
-            w.setattr(
-                id.root,
-                id.ino,
-                &SetAttr { atime: Some(t), mtime: Some(t), ..Default::default() },
-            )
-            .map_err(|e| {
-                in_image(e, &[(String::new(), path)], format!("touch {}", quoted(path)))
-            })?;
+            let id = existing_or_new(e, path, true)?;
+            e.setattr(id, &SetAttr { atime: Some(t), mtime: Some(t), ..Default::default() })
+                .map_err(|err| {
+                    in_image(err, &[(String::new(), path)], format!("touch {}", quoted(path)))
+                })?;
             Ok(format!("touched {}", quoted(path)))
         }
     }
 }
 
-fn mkdir(w: &mut FsWriter, path: &str, parents: bool, mode: u32) -> Result<String> {
+/// mkdir(1), with the writer's mkdir: the directory gets exactly `mode`, owned by
+/// root, whatever its parent's set-group-ID bit or default ACL.
+fn mkdir(e: &Engine, path: &str, parents: bool, mode: u32) -> Result<String> {
     if !parents {
-        let (p, n) = w.resolve_parent(path)?;
-        w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode))
-            .map_err(|e| in_image(e, &[(q(&n), path)], format!("mkdir {}", quoted(path))))?;
+        let (p, n) = parent(e, path)?;
+        e.write(|w| w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)))
+            .map_err(|err| in_image(err, &[(q(&n), path)], format!("mkdir {}", quoted(path))))?;
         return Ok(format!("made {}", quoted(path)));
     }
     // -p: every missing component, in turn; existing directories are fine.
@@ -641,20 +653,20 @@ fn mkdir(w: &mut FsWriter, path: &str, parents: bool, mode: u32) -> Result<Strin
     for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
         cur.push('/');
         cur.push_str(c);
-        match w.live().resolve_id(&cur, true) {
+        match e.read(|l| l.resolve_id(&cur, true)) {
             Ok(id) => {
-                if w.live().load_inode(id, Load::ITEM)?.item.mode.get() & S_IFMT != S_IFDIR {
+                if item(e, id)?.mode.get() & S_IFMT != S_IFDIR {
                     return Err(Error::posix(PosixKind::NotDir, quoted(&cur)));
                 }
             }
-            Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
-                let (p, n) = w.resolve_parent(&cur)?;
-                w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)).map_err(|e| {
-                    in_image(e, &[(q(&n), &cur)], format!("mkdir {}", quoted(&cur)))
+            Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
+                let (p, n) = parent(e, &cur)?;
+                e.write(|w| w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode))).map_err(|err| {
+                    in_image(err, &[(q(&n), &cur)], format!("mkdir {}", quoted(&cur)))
                 })?;
                 made += 1;
             }
-            Err(e) => return Err(e),
+            Err(err) => return Err(err),
         }
     }
     Ok(format!("made {made} directories for {}", quoted(path)))

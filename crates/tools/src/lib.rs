@@ -2,7 +2,10 @@
 //! ubtrfs-core (btrfs-progs keeps check/, mkfs/ and cmds/ apart from kernel-shared/ the
 //! same way): the checker (`check`), the export of a tree to a host directory
 //! (`extract`), the import of host files (`put`), deduplication of identical files
-//! (`dedupe`) and new filesystems (`mkfs`).
+//! (`dedupe`), the editing commands (`edit`) and new filesystems (`mkfs`). The
+//! commands that change files of an image (put, mkfs --rootdir, the editing commands,
+//! dedupe) do it as a program on a mount does, through an `Engine` that runs one
+//! transaction (`offline_engine`).
 
 pub mod check;
 pub mod dedupe;
@@ -11,3 +14,16 @@ pub mod extract;
 pub mod mkfs;
 pub mod populate;
 pub mod put;
+
+use ubtrfs_core::engine::Engine;
+use ubtrfs_core::FsWriter;
+
+/// An engine over the opened writer `w` for an offline command (`put`, `put_contents`,
+/// `populate`, the editing commands, `dedupe`): one transaction, which the caller
+/// commits (`Engine::set_single_transaction`), so a failure part way leaves the
+/// committed image as it was.
+pub fn offline_engine(w: FsWriter) -> Engine {
+    let e = Engine::from_writer(w);
+    e.set_single_transaction(true);
+    e
+}

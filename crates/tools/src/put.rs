@@ -28,16 +28,7 @@ use ubtrfs_core::error::{Error, PosixKind, Result};
 use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
 use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::FsWriter;
 use ubtrfs_format::structs::*;
-
-/// An engine over writer `w` for `put`, `put_contents` and `populate`: one
-/// transaction, which the caller commits (`Engine::set_single_transaction`).
-pub fn copy_engine(w: FsWriter) -> Engine {
-    let e = Engine::from_writer(w);
-    e.set_single_transaction(true);
-    e
-}
 
 /// What `put` copied.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -725,22 +716,26 @@ fn copy_data(e: &Engine, src: &Path, id: InodeId, len: u64) -> Result<u64> {
 
 /// Remove `path` from the image (`ubtrfs rm`); directories need `recursive` unless empty.
 /// As `rm -r` on a kernel mount: the contents go first, depth first in directory
-/// order, then each directory's rmdir(2), which for a subvolume (now empty) deletes it
-/// as the kernel's `btrfs_rmdir` does (`FsWriter::rmdir`, `delete_subvol`): subvolumes
-/// nested anywhere below go the same way, an empty read-only snapshot goes, one with
-/// contents is EROFS at its first entry, and the default subvolume is EPERM. Unlike
-/// rm on a mount, a refusal part way leaves nothing removed: the caller commits
-/// nothing.
+/// order, each through the engine's unlink(2) and rmdir(2) (`Engine::unlink`,
+/// `Engine::rmdir`), and an rmdir of a subvolume (now empty) deletes it as the kernel's
+/// `btrfs_rmdir` does (`delete_subvol`): subvolumes nested anywhere below go the same
+/// way, an empty read-only snapshot goes, one with contents is EROFS at its first
+/// entry, and the default subvolume is EPERM. Unlike rm on a mount, a refusal part way
+/// leaves nothing removed: the engine runs one transaction (`offline_engine`) and the
+/// caller commits nothing.
 ///
 /// # Errors
 /// `Posix` NotFound / IsDir / NotEmpty / ReadOnly / NotPermitted; engine errors.
-pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
-    let (parent, name) = w.resolve_parent(path)?;
-    let entry = w.live().lookup(parent, &name)?.ok_or_else(|| {
+pub fn remove(e: &Engine, path: &str, recursive: bool) -> Result<u64> {
+    let (parent, name) = e.read(|l| l.resolve_parent(path))?;
+    let entry = e.read(|l| l.lookup(parent, &name))?.ok_or_else(|| {
         Error::posix(PosixKind::NotFound, ubtrfs_core::quote::name(path.as_bytes()))
     })?;
     let ftype = entry.ftype;
-    if ftype == FT_DIR && !recursive && w.live().load_inode(entry.target, Load::ITEM)?.size() != 0 {
+    if ftype == FT_DIR
+        && !recursive
+        && e.read(|l| l.load_inode(entry.target, Load::ITEM))?.size() != 0
+    {
         return Err(Error::posix_detail(
             PosixKind::IsDir,
             ubtrfs_core::quote::name(path.as_bytes()),
@@ -749,26 +744,26 @@ pub fn remove(w: &mut FsWriter, path: &str, recursive: bool) -> Result<u64> {
     }
     let mut count = 0;
     if ftype == FT_DIR {
-        count += remove_dir_contents(w, entry.target, path)?;
-        w.rmdir(parent.root, parent.ino, &name).map_err(|e| removing(e, &name, path))?;
+        count += remove_dir_contents(e, entry.target, path)?;
+        e.rmdir(parent.root, parent.ino, &name).map_err(|err| removing(err, &name, path))?;
     } else {
-        w.unlink(parent.root, parent.ino, &name).map_err(|e| removing(e, &name, path))?;
+        e.unlink(parent.root, parent.ino, &name).map_err(|err| removing(err, &name, path))?;
     }
     Ok(count + 1)
 }
 
-fn remove_dir_contents(w: &mut FsWriter, dir: InodeId, path: &str) -> Result<u64> {
-    let entries = w.live().readdir(dir)?;
+fn remove_dir_contents(e: &Engine, dir: InodeId, path: &str) -> Result<u64> {
+    let entries = e.read(|l| l.readdir(dir))?;
     let mut count = 0;
-    for e in entries {
-        let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&e.name));
-        if e.ftype == FT_DIR {
-            count += remove_dir_contents(w, e.target, &child_path)?;
-            w.rmdir(dir.root, dir.ino, &e.name)
-                .map_err(|err| removing(err, &e.name, &child_path))?;
+    for ent in entries {
+        let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&ent.name));
+        if ent.ftype == FT_DIR {
+            count += remove_dir_contents(e, ent.target, &child_path)?;
+            e.rmdir(dir.root, dir.ino, &ent.name)
+                .map_err(|err| removing(err, &ent.name, &child_path))?;
         } else {
-            w.unlink(dir.root, dir.ino, &e.name)
-                .map_err(|err| removing(err, &e.name, &child_path))?;
+            e.unlink(dir.root, dir.ino, &ent.name)
+                .map_err(|err| removing(err, &ent.name, &child_path))?;
         }
         count += 1;
     }

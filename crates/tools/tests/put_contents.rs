@@ -10,8 +10,9 @@ use std::process::Command;
 use ubtrfs_core::inode::filesystem::FsRead;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::OpenOptions;
+use ubtrfs_tools::offline_engine;
 use ubtrfs_tools::populate::tree_digest;
-use ubtrfs_tools::put::{copy_engine, put_contents, OwnerMap, PutOptions};
+use ubtrfs_tools::put::{put_contents, OwnerMap, PutOptions};
 
 fn kernel() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -80,7 +81,7 @@ fn rootdir_with_owner_map_and_subvolumes() {
     let img = work.join("img");
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
-    let eng = copy_engine(
+    let eng = offline_engine(
         FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
     );
     let top = eng.read(|l| Ok(l.root_dir())).unwrap();
@@ -222,7 +223,7 @@ fn the_same_tree_gives_the_same_image() {
             ubtrfs_core::sources::Time { sec: 1_700_000_000, nsec: 0 },
             42,
         );
-        let eng = copy_engine(
+        let eng = offline_engine(
             FsWriter::open(&OpenOptions { writable: true, sources, ..OpenOptions::new(&img) })
                 .unwrap(),
         );
@@ -280,7 +281,7 @@ fn populate_sets_the_default_subvolume() {
     let img = work.join("img");
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
-    let eng = copy_engine(
+    let eng = offline_engine(
         FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
     );
     let put =
@@ -289,7 +290,7 @@ fn populate_sets_the_default_subvolume() {
     let err = populate(&eng, &src, &bad).expect_err("a directory is not a subvolume");
     assert!(err.to_string().contains("must be one of the subvolumes"), "{err}");
     drop(eng);
-    let eng = copy_engine(
+    let eng = offline_engine(
         FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
     );
     populate(&eng, &src, &PopulateOptions { put, default_subvol: Some("/@root".into()) }).unwrap();

@@ -261,7 +261,7 @@ fn make_filesystem_inner(
         }
         populate_chunks(&mut w, opts)?;
         w.commit()?;
-        let e = crate::put::copy_engine(w);
+        let e = crate::offline_engine(w);
         if let Err(err) = fill(&e).and_then(|()| e.writeback_all()) {
             e.write(|w| {
                 w.abort("mkfs: filling the new filesystem", &err);
