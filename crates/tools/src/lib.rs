@@ -21,9 +21,15 @@ use ubtrfs_core::FsWriter;
 /// An engine over the opened writer `w` for an offline command (`put`, `put_contents`,
 /// `populate`, the editing commands, `dedupe`): one transaction, which the caller
 /// commits (`Engine::set_single_transaction`), so a failure part way leaves the
-/// committed image as it was.
+/// committed image as it was. Its inode cache keeps few inodes not in use
+/// (`OFFLINE_INODE_CACHE`): a command visits each inode once or twice in a row.
 pub fn offline_engine(w: FsWriter) -> Engine {
     let e = Engine::from_writer(w);
     e.set_single_transaction(true);
+    e.set_inode_cache_capacity(OFFLINE_INODE_CACHE);
     e
 }
+
+/// Inodes not in use an offline engine keeps in memory (a mount keeps
+/// `DEFAULT_INODE_CACHE_CAPACITY`, for the lookups the kernel repeats).
+pub const OFFLINE_INODE_CACHE: usize = 256;
