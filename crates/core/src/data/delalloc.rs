@@ -86,8 +86,7 @@ impl FsWriter {
         if let Some(data) = whole.filter(|d| d.len() as u64 == i_size) {
             if i_size > 0
                 && i_size <= self.max_inline()
-                && !crate::data::nocow::nocow_capable(flags)
-                && flags & ubtrfs_format::structs::INODE_PREALLOC == 0
+                && !crate::data::nocow::may_write_in_place(flags)
             {
                 self.write_inline_back(root, ino, &ii, data)?;
                 return Ok(Delalloc::Inline);
@@ -112,17 +111,16 @@ impl FsWriter {
         let len = data.len() as u64;
         // The inode, the extent item and the items an old extent leaves to drop.
         let items = 4;
-        self.writing_back = true;
-        let r = self.transaction("write_file", items, |w| {
-            let mut pos = 0usize;
-            w.write_file_inner(root, ino, 0, len, ii, len, &mut |b: &mut [u8]| {
-                b.copy_from_slice(&data[pos..pos + b.len()]);
-                pos += b.len();
-                Ok(())
+        self.as_writeback(true, |w| {
+            w.transaction("write_file", items, |w| {
+                let mut pos = 0usize;
+                w.write_file_inner(root, ino, 0, len, ii, len, &mut |b: &mut [u8]| {
+                    b.copy_from_slice(&data[pos..pos + b.len()]);
+                    pos += b.len();
+                    Ok(())
+                })
             })
-        });
-        self.writing_back = false;
-        r
+        })
     }
 
     /// `run_delalloc` with the inode's item loaded.

@@ -70,6 +70,13 @@ impl Piece {
     }
 }
 
+/// Whether writes to an inode with `flags` may go in place (NOCOW, or preallocated
+/// extents to fill): such an inode never gets an inline extent, and its writeback
+/// takes the direct path.
+pub(crate) fn may_write_in_place(flags: u64) -> bool {
+    nocow_capable(flags) || flags & ubtrfs_format::structs::INODE_PREALLOC != 0
+}
+
 /// Whether writes to an inode with these flags try to go in place (`should_nocow`).
 pub(crate) fn nocow_capable(flags: u64) -> bool {
     flags & (INODE_NODATACOW | INODE_PREALLOC) != 0

@@ -341,10 +341,7 @@ impl FsWriter {
         ii: &ubtrfs_format::structs::InodeItem,
         i_size: u64,
     ) -> Result<bool> {
-        let flags = ii.flags.get();
-        if crate::data::nocow::nocow_capable(flags)
-            || flags & ubtrfs_format::structs::INODE_PREALLOC != 0
-        {
+        if crate::data::nocow::may_write_in_place(ii.flags.get()) {
             return Ok(true);
         }
         if i_size <= self.max_inline() {

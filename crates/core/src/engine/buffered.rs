@@ -683,6 +683,24 @@ impl Engine {
         Ok(true)
     }
 
+    /// Run `change` on the extents of [start, end) of `inode` (its lock held
+    /// exclusively) between `before_extent_change` and `after_extent_change`: the
+    /// dirty data goes first, the folios of the range after.
+    pub(crate) fn extent_change<T>(
+        &self,
+        inode: &Arc<Inode>,
+        start: u64,
+        end: u64,
+        change: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let cached = self.before_extent_change(inode)?;
+        let r = change();
+        if cached {
+            self.after_extent_change(inode, start, end)?;
+        }
+        r
+    }
+
     /// After such a change: drop the cached folios of [start, end) and read the size
     /// again from the trees at the next use when nothing stays cached.
     pub(crate) fn after_extent_change(

@@ -55,12 +55,9 @@ impl Engine {
     ) -> Result<()> {
         let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
-        let cached = self.before_extent_change(&inode)?;
-        let r = self.write(|w| w.write_file_with(id.root, id.ino, offset, len, fill));
-        if cached {
-            self.after_extent_change(&inode, offset, offset.saturating_add(len))?;
-        }
-        r
+        self.extent_change(&inode, offset, offset.saturating_add(len), || {
+            self.write(|w| w.write_file_with(id.root, id.ino, offset, len, fill))
+        })
     }
 
     /// A direct write's data space, held beside what dirty data was promised (the
@@ -85,12 +82,8 @@ impl Engine {
     /// back first and the folios of the range are dropped after.
     pub(crate) fn write_file_locked(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
         let inode = self.inodes.get(id);
-        let cached = self.before_extent_change(&inode)?;
-        let r = self.write_file_raw(id, offset, data, false);
-        if cached {
-            self.after_extent_change(&inode, offset, offset.saturating_add(data.len() as u64))?;
-        }
-        r
+        let end = offset.saturating_add(data.len() as u64);
+        self.extent_change(&inode, offset, end, || self.write_file_raw(id, offset, data, false))
     }
 
     /// The direct write itself (the inode's lock held, the page cache not looked at).
@@ -101,35 +94,23 @@ impl Engine {
         data: &[u8],
         writing_back: bool,
     ) -> Result<()> {
-        // A writeback's data was allowed when it was written: no flag set since
-        // refuses it (`FsWriter::writing_back`).
-        fn as_writeback<T>(
-            w: &mut crate::inode::writer::FsWriter,
-            on: bool,
-            f: impl FnOnce(&mut crate::inode::writer::FsWriter) -> Result<T>,
-        ) -> Result<T> {
-            w.writing_back = on;
-            let r = f(w);
-            w.writing_back = false;
-            r
-        }
         // Both runs read what they miss without the lock until they begin a change.
         let plan = self.write_retrying(|w| {
-            as_writeback(w, writing_back, |w| {
+            w.as_writeback(writing_back, |w| {
                 w.begin_write(id.root, id.ino, offset, data.len() as u64)
             })
         })?;
         let mut dw = match plan {
             WritePlan::Locked => {
                 return self.write_retrying(|w| {
-                    as_writeback(w, writing_back, |w| w.write_file(id.root, id.ino, offset, data))
+                    w.as_writeback(writing_back, |w| w.write_file(id.root, id.ino, offset, data))
                 })
             }
             WritePlan::Direct(dw) => dw,
         };
         // Neither side of the engine's lock is held here; the inode's lock is.
         match dw.write_data(self.info(), data) {
-            Ok(()) => self.write(|w| as_writeback(w, writing_back, |w| w.finish_write(dw))),
+            Ok(()) => self.write(|w| w.as_writeback(writing_back, |w| w.finish_write(dw))),
             Err(e) => {
                 self.write(|w| {
                     w.cancel_write(dw);
@@ -328,12 +309,9 @@ impl Engine {
     fn fallocate_once(&self, id: InodeId, mode: u32, offset: u64, len: u64) -> Result<()> {
         let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
-        let cached = self.before_extent_change(&inode)?;
-        let r = self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len));
-        if cached {
-            self.after_extent_change(&inode, offset, offset.saturating_add(len))?;
-        }
-        r
+        self.extent_change(&inode, offset, offset.saturating_add(len), || {
+            self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len))
+        })
     }
 
     /// Rename, as `FsWriter::rename` does, holding the locks of the inodes involved

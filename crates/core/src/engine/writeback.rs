@@ -466,15 +466,6 @@ impl Engine {
     /// the inodes the module notes name. Dirty bits go first; blocks past EOF are
     /// dropped.
     fn writeback_direct(&self, inode: &Arc<Inode>, i_size: u64, runs: &[(u64, u64)]) -> Result<()> {
-        self.writeback_direct_runs(inode, i_size, runs)
-    }
-
-    fn writeback_direct_runs(
-        &self,
-        inode: &Arc<Inode>,
-        i_size: u64,
-        runs: &[(u64, u64)],
-    ) -> Result<()> {
         let id = inode.id;
         // Each run in pieces gathered in the thread's I/O buffer (aligned, so the
         // write goes from it without another copy).

@@ -138,6 +138,20 @@ impl FsWriter {
         handle::start_reserved(self, at, bytes)
     }
 
+    /// Run `f` as a writeback of data written earlier when `on` (`writing_back`):
+    /// that data's write was allowed when it was made, so no flag set since refuses it,
+    /// and the times stay as the buffered writes set them.
+    pub(crate) fn as_writeback<T>(
+        &mut self,
+        on: bool,
+        f: impl FnOnce(&mut FsWriter) -> Result<T>,
+    ) -> Result<T> {
+        self.writing_back = on;
+        let r = f(self);
+        self.writing_back = false;
+        r
+    }
+
     /// Run `f` in a handle reserving `items` items (`Transaction::transaction`).
     ///
     /// # Errors
