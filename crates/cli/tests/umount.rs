@@ -38,6 +38,9 @@ fn fuse_available(test: &str) -> bool {
 struct Cleanup {
     dirs: Vec<PathBuf>,
     loops: Vec<String>,
+    /// The test's scratch directory (its image is 512 MiB to 1 GiB sparse): removed once
+    /// everything is unmounted and detached, unless the test failed and it is evidence.
+    scratch: PathBuf,
 }
 
 impl Drop for Cleanup {
@@ -51,6 +54,9 @@ impl Drop for Cleanup {
         }
         for l in &self.loops {
             let _ = Command::new("losetup").arg("-d").arg(l).output();
+        }
+        if !std::thread::panicking() && !self.dirs.iter().any(|d| is_mountpoint(d)) {
+            let _ = std::fs::remove_dir_all(&self.scratch);
         }
     }
 }
@@ -134,7 +140,7 @@ fn mount_again_at_once_after_unmount() {
     let mnt = d.join("m");
     std::fs::create_dir_all(&mnt).unwrap();
     mkfs(&img, "1G");
-    let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![] };
+    let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![], scratch: d.clone() };
     let t = Instant::now();
     for i in 0..rounds {
         mount_daemon(&img, &mnt, i);
@@ -174,7 +180,7 @@ fn block_device_mount_again_at_once() {
     std::fs::create_dir_all(&mnt).unwrap();
     mkfs(&img, "512M");
     let lo = run(Command::new("losetup").args(["-f", "--show"]).arg(&img)).trim().to_string();
-    let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![lo.clone()] };
+    let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![lo.clone()], scratch: d.clone() };
     let dev = Path::new(&lo);
     let rounds = BLOCK_ROUNDS;
     for i in 0..rounds {
@@ -217,7 +223,7 @@ fn kernel_mount_at_once_after_unmount_keeps_both_sides() {
     let helpers = d.join("sbin");
     std::fs::create_dir_all(&helpers).unwrap();
     run(bin().arg("install-helper").arg("--dir").arg(&helpers));
-    let _c = Cleanup { dirs: vec![mnt.clone(), k.clone()], loops: vec![] };
+    let _c = Cleanup { dirs: vec![mnt.clone(), k.clone()], loops: vec![], scratch: d.clone() };
     let ours = |i: usize| data(1000 + i as u64, (8 << 20) + i);
     let kern = |i: usize| format!("kernel {i}\n").into_bytes();
     let mut dropped = Vec::new();
@@ -297,7 +303,7 @@ fn ubtrfs_umount_returns_after_the_daemon_exits() {
     let mnt = d.join("m");
     std::fs::create_dir_all(&mnt).unwrap();
     mkfs(&img, "512M");
-    let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![] };
+    let _c = Cleanup { dirs: vec![mnt.clone()], loops: vec![], scratch: d.clone() };
     // The helpers as install-helper links them (umount(8) finds them in /sbin).
     let helpers = d.join("sbin");
     std::fs::create_dir_all(&helpers).unwrap();
@@ -352,7 +358,7 @@ fn kernel_mount_under_a_live_mount_is_not_written_over() {
     mkfs(&img, "512M");
     std::fs::write(d.join("base"), b"base\n").unwrap();
     run(bin().arg("put").arg(&img).arg(d.join("base")).arg("/base"));
-    let mut c = Cleanup { dirs: vec![mnt.clone(), k.clone()], loops: vec![] };
+    let mut c = Cleanup { dirs: vec![mnt.clone(), k.clone()], loops: vec![], scratch: d.clone() };
     let child = bin()
         .arg("mount")
         .arg(&img)
