@@ -100,8 +100,8 @@ impl Engine {
         })
     }
 
-    /// The deleted subvolumes whose trees wait for the cleaner (`clean_dead_roots`), in
-    /// id order, with their roots' generations.
+    /// List the deleted subvolumes whose trees wait for the cleaner (`clean_dead_roots`),
+    /// in id order, with their roots' generations.
     ///
     /// # Errors
     /// Read failures; `Posix(ReadOnly)` after a panic in a writer.
