@@ -14,11 +14,13 @@
 //! writer (`FsWriter`), the transaction and its handles, and everything else inside are
 //! the engine's, and a client cannot call them around its locking.
 //!
-//! With the `test-hooks` feature every module is public, and so are the engine's
-//! calls that hand out the writer (`Engine::write`, `write_retrying`, `from_writer`,
-//! `into_writer`): core's own integration tests, the benchmarks and the fuzz targets
-//! drive the layers below the engine directly, and the fault-injecting device and the
-//! engine's test switches live there too. No client of the engine turns it on.
+//! With the `test-hooks` feature every module is public, and so are `FsWriter` and the
+//! engine's calls that hand out the writer or its innards (`Engine::write`,
+//! `write_retrying`, `from_writer`, `into_writer`, `inodes`, `extent_maps`): core's own
+//! integration tests, the benchmarks and the fuzz targets drive the layers below the
+//! engine directly, and the fault-injecting device and the engine's test switches live
+//! there too. Items only those use are compiled with `test` or `test-hooks` alone. No
+//! client of the engine turns the feature on.
 
 /// Declare modules private, but public with the `test-hooks` feature (see above).
 macro_rules! internal_mods {
