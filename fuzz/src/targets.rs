@@ -394,7 +394,7 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
             }
             3 => {
                 let (d, _, name) = files.swap_remove(usize::from(a) % files.len());
-                engine.unlink(d.root, d.ino, &name)
+                engine.unlink(d, &name)
             }
             4 => engine.commit().map(|_| ()),
             5 => {
@@ -410,7 +410,7 @@ pub fn engine_ops(base: &ImageBase, data: &[u8]) {
                 let (d, f, name) = files.swap_remove(usize::from(a) % files.len());
                 engine.open_file(f).and_then(|h| {
                     let r = engine
-                        .unlink(d.root, d.ino, &name)
+                        .unlink(d, &name)
                         .and_then(|()| h.write_at(u64::from(b), &[a; 5000]))
                         .and_then(|()| h.read_at(0, &mut [0u8; 8192]).map(drop));
                     let c = h.close();

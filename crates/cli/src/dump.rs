@@ -15,9 +15,10 @@
 use crate::ImageArgs;
 use std::io::{self, BufWriter, Write};
 use std::sync::Arc;
-use ubtrfs_core::volumes::device::{BlockDevice, FileDevice};
-use ubtrfs_core::TreeView;
-use ubtrfs_core::{quote, Error, Expect, ExtentBuffer, FsInfo, PosixKind, Result, RootInfo};
+use ubtrfs_core::{
+    quote, BlockDevice, Error, Expect, ExtentBuffer, FileDevice, FsInfo, PosixKind, Result,
+    RootInfo, TreeView,
+};
 use ubtrfs_format::features::{self, flag_names, COMPAT_RO_NAMES, INCOMPAT_NAMES};
 use ubtrfs_format::items::{self, read_prefix, uuid_str, ChunkView, FileExtent, InlineRef};
 use ubtrfs_format::key::*;

@@ -7,9 +7,7 @@ use crate::WriteImageArgs;
 use clap::{Args, Parser, Subcommand};
 use std::io::BufRead;
 use std::path::PathBuf;
-use ubtrfs_core::error::{Error, PosixKind};
-use ubtrfs_core::inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE};
-use ubtrfs_core::Result;
+use ubtrfs_core::{Error, PosixKind, Result, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use ubtrfs_tools::edit::{self, Edit};
 
 /// A command's own arguments after IMAGE.
@@ -250,7 +248,7 @@ impl ReflinkOpts {
 
 impl FallocateOpts {
     fn edit(&self) -> Result<Edit> {
-        use ubtrfs_core::data::falloc::*;
+        use ubtrfs_core::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
         let mut mode = 0;
         if self.keep_size || self.punch {
             mode |= FALLOC_FL_KEEP_SIZE;
@@ -319,9 +317,9 @@ impl EditCmd {
 /// have their trees dropped before the command returns, as `subvolume delete` does:
 /// the kernel's cleaner would do it soon after the rmdir.
 fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Result<()> {
-    let e = ubtrfs_tools::offline_engine(image.open_writer()?);
+    let e = image.open_offline()?;
     let dead_before = if edits.iter().any(|(_, ed)| matches!(ed, Edit::Rm { .. })) {
-        Some(e.write(|w| w.dead_roots())?.len())
+        Some(e.dead_roots()?.len())
     } else {
         None
     };
@@ -348,7 +346,7 @@ fn run_edits(image: &WriteImageArgs, what: &str, edits: &[(String, Edit)]) -> Re
         edits.len(),
         if edits.len() == 1 { "" } else { "s" }
     );
-    if dead_before.is_some_and(|n| n < e.write(|w| w.dead_roots()).map(|d| d.len()).unwrap_or(0)) {
+    if dead_before.is_some_and(|n| n < e.dead_roots().map(|d| d.len()).unwrap_or(0)) {
         crate::subvol_cmds::clean_saying(&e, &|line| eprintln!("{what}: {line}"))?;
     }
     Ok(())
@@ -406,14 +404,14 @@ pub struct LsattrArgs {
 
 /// `lsattr`: the inode flags as lsattr prints them, one line per path.
 pub fn lsattr(a: &LsattrArgs) -> Result<()> {
-    use ubtrfs_core::inode::filesystem::{FsRead, Load};
-    let fs = ubtrfs_core::inode::filesystem::Filesystem::from_info(a.image.open()?)?;
+    use ubtrfs_core::{Filesystem, FsRead, Load};
+    let fs = Filesystem::from_info(a.image.open()?)?;
     for p in &a.paths {
         let v = fs.resolve(edit::absolute(p)?, false)?;
         let _ = Load::ITEM;
         println!(
             "{} {}",
-            edit::lsattr_string(ubtrfs_core::inode::attr::fsflags_of(v.item.flags.get())),
+            edit::lsattr_string(ubtrfs_core::fsflags_of(v.item.flags.get())),
             ubtrfs_core::quote::name(p.as_bytes())
         );
     }

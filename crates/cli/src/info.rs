@@ -7,8 +7,7 @@
 
 use crate::ImageArgs;
 use std::io::{self, BufWriter, Write};
-use ubtrfs_core::TreeView;
-use ubtrfs_core::{Error, FsInfo, Result};
+use ubtrfs_core::{Error, FsInfo, Result, TreeView};
 use ubtrfs_format::features::{
     flag_names, COMPAT_RO_NAMES, INCOMPAT_METADATA_UUID, INCOMPAT_NAMES,
 };

@@ -16,7 +16,7 @@ mod xattr_cmds;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use ubtrfs_core::{FsInfo, OpenOptions};
+use ubtrfs_core::{Engine, FsInfo, OpenOptions};
 
 #[derive(Parser)]
 #[command(
@@ -63,18 +63,24 @@ pub struct WriteImageArgs {
 
 impl WriteImageArgs {
     /// Open the filesystem for writing, printing the engine's warnings to stderr.
-    pub fn open_writer(&self) -> ubtrfs_core::Result<ubtrfs_core::FsWriter> {
+    pub fn open_engine(&self) -> ubtrfs_core::Result<Engine> {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        let w = ubtrfs_core::FsWriter::open(&OpenOptions {
+        let e = Engine::open(&OpenOptions {
             devices,
             cache_bytes: self.cache_mib << 20,
             writable: true,
             sources: Default::default(),
             degraded: self.degraded,
         })?;
-        print_warnings(&w.info);
-        Ok(w)
+        print_warnings(e.info());
+        Ok(e)
+    }
+
+    /// `open_engine` for an offline command that is one transaction
+    /// (`ubtrfs_tools::offline_engine`).
+    pub fn open_offline(&self) -> ubtrfs_core::Result<Engine> {
+        self.open_engine().map(ubtrfs_tools::offline_engine)
     }
 }
 

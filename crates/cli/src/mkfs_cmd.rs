@@ -8,8 +8,7 @@
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::volumes::device::FileDevice;
+use ubtrfs_core::{Error, FileDevice, PosixKind, Result};
 use ubtrfs_format::structs::*;
 use ubtrfs_tools::mkfs::{options, signature, MkfsDevice, MkfsFailure, MkfsOptions};
 
@@ -140,7 +139,7 @@ fn options_from(a: &MkfsArgs, ndevs: usize) -> Result<MkfsOptions> {
 struct Fill {
     rootdir: PathBuf,
     opts: ubtrfs_tools::populate::PopulateOptions,
-    compress: Option<ubtrfs_core::compression::CompressPolicy>,
+    compress: Option<ubtrfs_core::CompressPolicy>,
 }
 
 fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
@@ -214,11 +213,8 @@ fn fill_from(a: &MkfsArgs) -> Result<Option<Fill>> {
         }
         None => None,
     };
-    let compress = a
-        .compress
-        .as_deref()
-        .map(|c| ubtrfs_core::compression::CompressPolicy::parse(c, false))
-        .transpose()?;
+    let compress =
+        a.compress.as_deref().map(|c| ubtrfs_core::CompressPolicy::parse(c, false)).transpose()?;
     let reproducible = a.reproducible || std::env::var_os("SOURCE_DATE_EPOCH").is_some();
     let put = ubtrfs_tools::put::PutOptions {
         recursive: true,
@@ -444,10 +440,7 @@ pub fn run(a: &MkfsArgs) -> Result<()> {
         ubtrfs_tools::mkfs::make_filesystem_on(&devices, &opts, |e| {
             let Some(f) = &fill else { return Ok(()) };
             if let Some(c) = f.compress {
-                e.write(|w| {
-                    w.set_compress(c);
-                    Ok(())
-                })?;
+                e.set_compress(c)?;
             }
             let mut po = f.opts.clone();
             po.put.progress = bar.as_ref().map(|b| b.callback());

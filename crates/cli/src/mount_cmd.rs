@@ -22,8 +22,7 @@ use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::volumes::{device_lock, mountinfo};
+use ubtrfs_core::{device_lock, mountinfo, Error, PosixKind, Result};
 use ubtrfs_fuse::{kernel_mount, MountOptions};
 
 /// The helper's name: mount(8) runs `/sbin/mount.fuse.ubtrfs` for `-t fuse.ubtrfs`.

@@ -1,11 +1,9 @@
-//! `ls`, `stat`, `cat` and `extract`: argument parsing and output over `ubtrfs_core::inode::filesystem`.
+//! `ls`, `stat`, `cat` and `extract`: argument parsing and output over `ubtrfs_core::Filesystem`.
 
 use crate::ImageArgs;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeView, Load};
-use ubtrfs_core::FsRead;
-use ubtrfs_core::{quote, Error, Result};
+use ubtrfs_core::{quote, Error, FileKind, Filesystem, FsRead, InodeView, Load, Result};
 use ubtrfs_format::structs::{rdev_decode, Timespec};
 use ubtrfs_tools::extract::{extract as do_extract, ExtractStats};
 
@@ -300,18 +298,13 @@ pub fn stat(a: &StatArgs) -> Result<()> {
         let data: Vec<_> = v
             .extents
             .iter()
-            .filter(|e| {
-                !matches!(
-                    e.kind,
-                    ubtrfs_core::inode::filesystem::ExtentKind::Regular { disk_bytenr: 0, .. }
-                )
-            })
+            .filter(|e| !matches!(e.kind, ubtrfs_core::ExtentKind::Regular { disk_bytenr: 0, .. }))
             .collect();
         if !data.is_empty() {
             let _ = writeln!(out, "FIEMAP:   logical         physical         length  flags");
         }
         for (i, e) in data.iter().enumerate() {
-            use ubtrfs_core::inode::filesystem::ExtentKind;
+            use ubtrfs_core::ExtentKind;
             let mut flags = Vec::new();
             let physical = match &e.kind {
                 ExtentKind::Inline { compression, .. } => {
@@ -352,9 +345,9 @@ pub fn stat(a: &StatArgs) -> Result<()> {
 trait Summary {
     fn kind_summary(&self) -> String;
 }
-impl Summary for ubtrfs_core::inode::filesystem::FileExtentRec {
+impl Summary for ubtrfs_core::FileExtentRec {
     fn kind_summary(&self) -> String {
-        use ubtrfs_core::inode::filesystem::ExtentKind;
+        use ubtrfs_core::ExtentKind;
         match &self.kind {
             ExtentKind::Inline { ram_bytes, compression, data } => format!(
                 "inline ram_bytes={ram_bytes} compression={compression} stored={}",

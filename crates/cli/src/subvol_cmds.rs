@@ -4,10 +4,10 @@
 
 use crate::{ImageArgs, WriteImageArgs};
 use clap::{Args, Subcommand};
-use ubtrfs_core::error::{Error, PosixKind};
-use ubtrfs_core::inode::filesystem::{Filesystem, FsRead, Load};
-use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::{OpenOptions, Result};
+use ubtrfs_core::{
+    DropStats, Engine, Error, FileKind, Filesystem, FsRead, InodeAttrs, Load, OpenOptions,
+    PosixKind, Result, SubvolInfo,
+};
 use ubtrfs_format::key::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID};
 
 #[derive(Subcommand)]
@@ -187,10 +187,10 @@ fn create(a: &SubvolCreateArgs) -> Result<()> {
         println!("created subvolume at {path} through the mount");
         return Ok(());
     }
-    let mut w = a.image.open_writer()?;
-    let (parent, name) = w.resolve_parent(path)?;
-    let id = w.create_subvol(parent.root, parent.ino, &name, &InodeAttrs::new(mode))?;
-    w.commit()?;
+    let e = a.image.open_engine()?;
+    let (parent, name) = e.read(|l| l.resolve_parent(path))?;
+    let id = e.create_subvol(parent, &name, &InodeAttrs::new(mode))?;
+    e.commit()?;
     println!("created subvolume {id} at {path}");
     Ok(())
 }
@@ -215,11 +215,10 @@ fn snapshot(a: &SubvolSnapshotArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let mut w = a.image.open_writer()?;
-    let id = w.live().resolve_id(src, true)?;
+    let e = a.image.open_engine()?;
+    let id = e.read(|l| l.resolve_id(src, true))?;
     if id.ino != FIRST_FREE_OBJECTID
-        || w.live().load_inode(id, Load::ITEM)?.kind()
-            != ubtrfs_core::inode::filesystem::FileKind::Dir
+        || e.read(|l| Ok(l.load_inode(id, Load::ITEM)?.kind()))? != FileKind::Dir
     {
         return Err(Error::posix_detail(
             PosixKind::Invalid,
@@ -227,9 +226,9 @@ fn snapshot(a: &SubvolSnapshotArgs) -> Result<()> {
             "not a subvolume",
         ));
     }
-    let (parent, name) = w.resolve_parent(dst)?;
-    let new = w.create_snapshot(id.root, parent.root, parent.ino, &name, a.readonly)?;
-    w.commit()?;
+    let (parent, name) = e.read(|l| l.resolve_parent(dst))?;
+    // Commits, before and after.
+    let new = e.create_snapshot(id.root, parent, &name, a.readonly)?;
     println!(
         "created {}snapshot {new} of {src} at {dst}",
         if a.readonly { "read-only " } else { "" }
@@ -255,10 +254,10 @@ fn delete(a: &SubvolDeleteArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let e = ubtrfs_core::engine::Engine::from_writer(a.image.open_writer()?);
+    let e = a.image.open_engine()?;
     for path in paths {
-        let (parent, name) = e.write(|w| w.resolve_parent(path))?;
-        let id = e.delete_subvol(parent.root, parent.ino, &name)?;
+        let (parent, name) = e.read(|l| l.resolve_parent(path))?;
+        let id = e.delete_subvol(parent, &name)?;
         println!("deleted subvolume {id} at {path}");
     }
     e.commit()?;
@@ -269,9 +268,9 @@ fn delete(a: &SubvolDeleteArgs) -> Result<()> {
 }
 
 fn sync(a: &WriteImageArgs) -> Result<()> {
-    let e = ubtrfs_core::engine::Engine::from_writer(a.open_writer()?);
+    let e = a.open_engine()?;
     let st = clean(&e)?;
-    if st.tree_refs_dropped == 0 && e.write(|w| w.dead_roots())?.is_empty() {
+    if st.tree_refs_dropped == 0 && e.dead_roots()?.is_empty() {
         println!("no deleted subvolume waits for its tree to be dropped");
     }
     Ok(())
@@ -279,15 +278,12 @@ fn sync(a: &WriteImageArgs) -> Result<()> {
 
 /// Drop every deleted subvolume's tree, with a spinner on a terminal; a line on stdout
 /// for each tree dropped.
-fn clean(e: &ubtrfs_core::engine::Engine) -> Result<ubtrfs_core::extent::drop_snapshot::DropStats> {
+fn clean(e: &Engine) -> Result<DropStats> {
     clean_saying(e, &|line| println!("{line}"))
 }
 
 /// `clean`, saying each tree dropped through `say`.
-pub(crate) fn clean_saying(
-    e: &ubtrfs_core::engine::Engine,
-    say: &dyn Fn(&str),
-) -> Result<ubtrfs_core::extent::drop_snapshot::DropStats> {
+pub(crate) fn clean_saying(e: &Engine, say: &dyn Fn(&str)) -> Result<DropStats> {
     use std::io::IsTerminal;
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new_spinner();
@@ -338,11 +334,7 @@ fn open(a: &ImageArgs) -> Result<Filesystem> {
 }
 
 /// Path of subvolume `id` from the top-level subvolume.
-fn subvol_path(
-    fs: &Filesystem,
-    subvols: &[ubtrfs_core::inode::filesystem::SubvolInfo],
-    id: u64,
-) -> Result<String> {
+fn subvol_path(fs: &Filesystem, subvols: &[SubvolInfo], id: u64) -> Result<String> {
     let mut parts: Vec<String> = Vec::new();
     let mut cur = id;
     for _ in 0..=subvols.len() {
@@ -379,10 +371,10 @@ fn list(a: &SubvolListArgs) -> Result<()> {
             sources: Default::default(),
             degraded: false,
         };
-        let mut w = ubtrfs_core::FsWriter::open_read_only(&opts)?;
-        crate::print_warnings(&w.info);
-        for id in w.dead_roots()? {
-            println!("ID {id} gen {} top level 0 path <deleted>", w.root(id)?.generation);
+        let e = Engine::open_read_only(&opts)?;
+        crate::print_warnings(e.info());
+        for d in e.dead_roots()? {
+            println!("ID {} gen {} top level 0 path <deleted>", d.id, d.generation);
         }
         return Ok(());
     }
@@ -422,16 +414,14 @@ fn set_default(a: &SubvolSetDefaultArgs) -> Result<()> {
         )?;
         return Ok(());
     }
-    let mut w = a.image.open_writer()?;
+    let e = a.image.open_engine()?;
     let id = match a.subvol.parse::<u64>() {
         Ok(id) => id,
         Err(_) => {
             let path = ubtrfs_tools::edit::absolute(&a.subvol)?;
-            let id = w.live().resolve_id(path, true)?;
-            let top = w.live().load_inode(id, Load::ITEM)?;
-            if id.ino != FIRST_FREE_OBJECTID
-                || top.kind() != ubtrfs_core::inode::filesystem::FileKind::Dir
-            {
+            let id = e.read(|l| l.resolve_id(path, true))?;
+            let kind = e.read(|l| Ok(l.load_inode(id, Load::ITEM)?.kind()))?;
+            if id.ino != FIRST_FREE_OBJECTID || kind != FileKind::Dir {
                 return Err(Error::posix_detail(
                     PosixKind::Invalid,
                     ubtrfs_core::quote::name(path.as_bytes()),
@@ -441,8 +431,8 @@ fn set_default(a: &SubvolSetDefaultArgs) -> Result<()> {
             id.root
         }
     };
-    w.set_default_subvol(id)?;
-    w.commit()?;
+    e.set_default_subvol(id)?;
+    e.commit()?;
     Ok(())
 }
 

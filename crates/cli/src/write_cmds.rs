@@ -2,9 +2,7 @@
 
 use crate::WriteImageArgs;
 use std::path::PathBuf;
-use ubtrfs_core::error::Error;
-use ubtrfs_core::FsWriter;
-use ubtrfs_core::Result;
+use ubtrfs_core::{CompressPolicy, Engine, Error, Result};
 
 #[derive(clap::Args)]
 pub struct PutArgs {
@@ -27,23 +25,19 @@ pub struct PutArgs {
     pub compress_force: Option<String>,
 }
 
-fn open_writer(a: &WriteImageArgs) -> Result<FsWriter> {
-    a.open_writer()
+fn open_offline(a: &WriteImageArgs) -> Result<Engine> {
+    a.open_offline()
 }
 
 pub fn put(a: &PutArgs) -> Result<()> {
     let policy = match (&a.compress, &a.compress_force) {
-        (Some(c), _) => Some(ubtrfs_core::compression::CompressPolicy::parse(c, false)?),
-        (None, Some(c)) => Some(ubtrfs_core::compression::CompressPolicy::parse(c, true)?),
+        (Some(c), _) => Some(CompressPolicy::parse(c, false)?),
+        (None, Some(c)) => Some(CompressPolicy::parse(c, true)?),
         (None, None) => None,
     };
-    let w = open_writer(&a.image).map_err(|e| swapped_put_arguments(a, e))?;
-    let e = ubtrfs_tools::offline_engine(w);
+    let e = open_offline(&a.image).map_err(|e| swapped_put_arguments(a, e))?;
     if let Some(p) = policy {
-        e.write(|w| {
-            w.set_compress(p);
-            Ok(())
-        })?;
+        e.set_compress(p)?;
     }
     let srcs: Vec<&std::path::Path> = a.srcs.iter().map(|p| p.as_path()).collect();
     let bar = copy_progress();
@@ -55,10 +49,7 @@ pub fn put(a: &PutArgs) -> Result<()> {
     // A failure part way leaves the transaction half done: abort it, nothing is
     // committed. Else the dirty data is written back and all of it committed at once.
     let abort = |err: &Error| {
-        let _ = e.write(|w| {
-            w.abort("put", err);
-            Ok(())
-        });
+        let _ = e.abort("put", err);
     };
     let stats = ubtrfs_tools::put::put(&e, &srcs, &a.dest, &opts)
         .and_then(|s| e.writeback_all().map(|()| s))
@@ -155,7 +146,7 @@ pub struct DedupeArgs {
 /// with a progress bar on a terminal; one commit at the end.
 pub fn dedupe(a: &DedupeArgs) -> Result<()> {
     use std::io::IsTerminal;
-    let e = ubtrfs_tools::offline_engine(open_writer(&a.image)?);
+    let e = open_offline(&a.image)?;
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(

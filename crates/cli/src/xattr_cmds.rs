@@ -10,8 +10,7 @@ use crate::{ImageArgs, WriteImageArgs};
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use ubtrfs_core::inode::filesystem::{Filesystem, InodeId};
-use ubtrfs_core::{Error, FsRead, PosixKind, Result, XattrRead};
+use ubtrfs_core::{Error, Filesystem, FsRead, InodeId, PosixKind, Result, XattrRead};
 
 #[derive(clap::Subcommand)]
 pub enum XattrCmd {
@@ -132,21 +131,23 @@ pub fn setfattr(a: &SetfattrArgs) -> Result<()> {
     for p in &a.paths {
         absolute(p)?;
     }
-    let mut w = a.image.open_writer()?;
-    crate::print_warnings(&w.info);
+    let e = a.image.open_offline()?;
     for p in &a.paths {
         let r = (|| {
-            let id = w.live().resolve_id(p, !a.no_dereference)?;
+            let id = e.read(|l| l.resolve_id(p, !a.no_dereference))?;
             match &value {
-                Some(v) => w.setxattr(id.root, id.ino, name, v, 0),
-                None => w.removexattr(id.root, id.ino, name),
+                Some(v) => e.setxattr(id, name, v, 0, false),
+                None => e.removexattr(id, name),
             }
         })();
         // A failure after an earlier path changed leaves the transaction half done:
-        // abort it, nothing is committed.
-        r.map_err(|e| e.at(p.clone())).inspect_err(|e| w.abort("setfattr", e))?;
+        // abort it, nothing is committed. (An abort fails only after a panic in a
+        // writer, which refuses every change already.)
+        r.map_err(|err| err.at(p.clone())).inspect_err(|err| {
+            let _ = e.abort("setfattr", err);
+        })?;
     }
-    w.commit()?;
+    e.commit()?;
     Ok(())
 }
 

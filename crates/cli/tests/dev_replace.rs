@@ -20,8 +20,7 @@ use cmd::{bin, out_of, run_output as run};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, Filesystem, FsRead};
-use ubtrfs_core::OpenOptions;
+use ubtrfs_core::{ExtentKind, FileKind, Filesystem, FsRead, OpenOptions};
 
 /// A scratch directory with private copies of fixture `name`'s devices.
 struct Work {

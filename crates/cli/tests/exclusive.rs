@@ -14,8 +14,7 @@ mod kernel;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use ubtrfs_core::FsWriter;
-use ubtrfs_core::{FsInfo, OpenOptions};
+use ubtrfs_core::{Engine, FsInfo, OpenOptions};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
@@ -159,7 +158,7 @@ impl Drop for Work {
 fn wait_unlocked(p: &Path) {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(p).unwrap();
-    let (major, minor) = ubtrfs_core::volumes::mountinfo::dev_num(md.dev());
+    let (major, minor) = ubtrfs_core::mountinfo::dev_num(md.dev());
     let me = format!("{major:02x}:{minor:02x}:{}", md.ino());
     let start = std::time::Instant::now();
     while std::fs::read_to_string("/proc/locks")
@@ -187,8 +186,7 @@ fn writer_in_this_process_refuses_put_and_rm_and_warns_readers() {
     let base = w.ls("/");
     run(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/first"));
     let before = sha256(&w.img);
-    let writer =
-        FsWriter::open(&OpenOptions::new(&w.img)).expect("open writer in the test process");
+    let writer = Engine::open(&OpenOptions::new(&w.img)).expect("open writer in the test process");
     let me = format!("in use by another ubtrfs process (pid {})", std::process::id());
     refused(
         bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/second"),
@@ -244,7 +242,7 @@ fn reader_in_this_process_refuses_writers() {
     let ls = run(bin().arg("ls").arg(&w.img).arg("/"));
     assert!(!String::from_utf8_lossy(&ls.stderr).contains("warning"), "{}", text(&ls));
     // So does a writer opened in this process: flock locks of two opens conflict.
-    let e = FsWriter::open(&OpenOptions::new(&w.img))
+    let e = Engine::open(&OpenOptions::new(&w.img))
         .err()
         .expect("writer beside a reader in one process");
     assert_eq!(e.posix_kind(), Some(ubtrfs_core::PosixKind::Busy), "{e}");
@@ -412,7 +410,7 @@ fn put_and_rm_refuse_a_kernel_mounted_image() {
         refused(bin().arg("put").arg("-r").arg(&w.img).arg(&src).arg("/new"), &[&at]);
         refused(bin().arg("rm").arg("-r").arg(&w.img).arg("/keep"), &[&at]);
         // A writer in this process is refused the same way, through the library.
-        let e = FsWriter::open(&OpenOptions::new(&w.img))
+        let e = Engine::open(&OpenOptions::new(&w.img))
             .err()
             .expect("library writer on a mounted image");
         assert!(e.to_string().contains(&at), "{e}");
@@ -461,7 +459,7 @@ fn block_device_of_a_mounted_image_is_refused() {
     m.umount();
     // Attached but unmounted: ubtrfs writes through the device, and the device and its
     // backing file are one image to the lock.
-    let writer = FsWriter::open(&OpenOptions::new(&w.img)).expect("writer on the image file");
+    let writer = Engine::open(&OpenOptions::new(&w.img)).expect("writer on the image file");
     let before = sha256(&w.img);
     refused(
         bin().arg("put").arg("-r").arg(&dev).arg(&src).arg("/x"),

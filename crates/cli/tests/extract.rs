@@ -18,11 +18,9 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, Filesystem, InodeView, Load};
-use ubtrfs_core::quote;
-use ubtrfs_core::FsRead;
-use ubtrfs_core::OpenOptions;
-use ubtrfs_core::TreeView;
+use ubtrfs_core::{
+    quote, ExtentKind, FileKind, Filesystem, FsRead, InodeView, Load, OpenOptions, TreeView,
+};
 use ubtrfs_format::key::{DIR_INDEX_KEY, FS_TREE_OBJECTID, INODE_ITEM_KEY};
 use ubtrfs_format::Key;
 
@@ -373,7 +371,7 @@ fn bad_compressed_extent_is_left_as_a_hole() {
     let clean = w.path("clean");
     clean_extract(&img, &clean);
     let fs = open(&img);
-    let compressed = |e: &ubtrfs_core::inode::filesystem::FileExtentRec| matches!(e.kind, ExtentKind::Regular { disk_bytenr, compression, .. } if disk_bytenr != 0 && compression != 0);
+    let compressed = |e: &ubtrfs_core::FileExtentRec| matches!(e.kind, ExtentKind::Regular { disk_bytenr, compression, .. } if disk_bytenr != 0 && compression != 0);
     let tree = walk(&fs);
     // Extents referenced once (a reflink would lose the range too).
     let mut refs: BTreeMap<u64, usize> = BTreeMap::new();
@@ -384,7 +382,7 @@ fn bad_compressed_extent_is_left_as_a_hole() {
             }
         }
     }
-    let unshared = |x: &ubtrfs_core::inode::filesystem::FileExtentRec| matches!(x.kind, ExtentKind::Regular { disk_bytenr, .. } if refs[&disk_bytenr] == 1);
+    let unshared = |x: &ubtrfs_core::FileExtentRec| matches!(x.kind, ExtentKind::Regular { disk_bytenr, .. } if refs[&disk_bytenr] == 1);
     // A compressed extent with data before and after it in the same file.
     let (path, v, e) = tree
         .iter()

@@ -5,28 +5,113 @@
 //! them (`inode`), compression (`compression`), and the engine that shares one
 //! filesystem between threads (`engine`). The tools (check, extract, put) live in
 //! ubtrfs-tools, apart from the engine.
+//!
+//! The public surface is the list of `pub use` below, and `quote`: the `Engine` (every
+//! change is one engine call, which takes the locks and runs the transaction it needs),
+//! the read views (`Filesystem` for a committed generation, `Engine::read` for the live
+//! one, the low-level `FsInfo` and `TreeView` for the checker and dump-tree), the types
+//! those calls take and return, errors and ids. The modules themselves are private: the
+//! writer (`FsWriter`), the transaction and its handles, and everything else inside are
+//! the engine's, and a client cannot call them around its locking.
+//!
+//! With the `test-hooks` feature every module is public, and so are `FsWriter` and the
+//! engine's calls that hand out the writer or its innards (`Engine::write`,
+//! `write_retrying`, `from_writer`, `into_writer`, `inodes`, `extent_maps`): core's own
+//! integration tests, the benchmarks and the fuzz targets drive the layers below the
+//! engine directly, and the fault-injecting device and the engine's test switches live
+//! there too. Items only those use are compiled with `test` or `test-hooks` alone. No
+//! client of the engine turns the feature on.
 
-pub mod compression;
-pub mod data;
-pub mod disk_io;
-pub mod engine;
-pub mod error;
-pub mod extent;
-pub mod ids;
-pub mod inode;
-pub mod mapping;
+/// Declare modules private, but public with the `test-hooks` feature (see above).
+macro_rules! internal_mods {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "test-hooks")]
+            pub mod $name;
+            #[cfg(not(feature = "test-hooks"))]
+            mod $name;
+        )*
+    };
+}
+
+/// Declare an engine method `pub` with the `test-hooks` feature and `pub(crate)`
+/// without: the calls that hand out the writer (see above).
+macro_rules! hooks_pub_fn {
+    ($(#[$m:meta])* fn $($rest:tt)*) => {
+        $(#[$m])*
+        #[cfg(feature = "test-hooks")]
+        pub fn $($rest)*
+        $(#[$m])*
+        #[cfg(not(feature = "test-hooks"))]
+        pub(crate) fn $($rest)*
+    };
+}
+
+internal_mods!(
+    compression,
+    data,
+    disk_io,
+    engine,
+    error,
+    extent,
+    ids,
+    inode,
+    mapping,
+    ranges,
+    sources,
+    space,
+    transaction,
+    tree,
+    volumes,
+);
+
+/// Quoting of names and paths in messages, as coreutils quotes them.
 pub mod quote;
-pub mod ranges;
-pub mod sources;
-pub mod space;
-pub mod transaction;
-pub mod tree;
-pub mod volumes;
 
-pub use data::read::FileRead;
-pub use disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
-pub use error::{Error, PosixKind, Result};
-pub use inode::filesystem::{Filesystem, FsRead};
+// The engine: opening, its calls' argument and result types.
+pub use disk_io::OpenOptions;
+pub use engine::{Committed, DeadRoot, Engine, NewInode, OpenFile};
+pub use extent::drop_snapshot::DropStats;
+/// The writer the engine holds, for tests that drive it directly.
+#[cfg(feature = "test-hooks")]
 pub use inode::writer::FsWriter;
-pub use inode::xattr::XattrRead;
-pub use tree::search::{ItemRef, NodeHandle, Path, RootInfo, TreeView};
+pub use space::statfs::StatFs;
+pub use space::trim::FstrimRange;
+
+// Errors and ids.
+pub use error::{Error, PosixKind, Result};
+pub use ids::InodeId;
+
+// Reading: the committed and live views of the filesystem and what they hand out.
+pub use data::read::{DecompressCache, FileRead};
+pub use inode::filesystem::{
+    DirEntry, ExtentKind, FileExtentRec, FileKind, Filesystem, FsRead, InodeView, Load, LoadDamage,
+    SubvolInfo,
+};
+pub use inode::xattr::{XattrRead, XattrReply};
+
+// Low-level reading, for the checker and the tree dumps.
+pub use disk_io::{Expect, ExtentBuffer, FsInfo};
+pub use extent::qgroup::QgroupRelations;
+pub use ranges::merge_ranges;
+pub use tree::search::{ItemRef, NodeHandle, RootInfo, TreeView};
+
+// Inode attributes, permissions and flags as the calls take them.
+pub use data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+pub use data::reflink::{Dedupe, MAX_DEDUPE_LEN};
+pub use inode::atime::{atime_needs_update, AtimeMode, AtimeOpts};
+pub use inode::attr::{fsflags_of, SetAttr, TimeSet};
+pub use inode::namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE};
+pub use inode::perm::{access_acl, check_access, Cred, MAY_EXEC, MAY_WRITE};
+pub use inode::subvol::subvol_top;
+pub use inode::write::{mode_without_privs, InodeAttrs};
+
+// File data: compression and the page cache's settings.
+pub use compression::{CompressPolicy, CompressionType};
+pub use mapping::page_cache::{WriteOpts, DEFAULT_CACHE_BYTES, DEFAULT_DIRTY_BYTES};
+
+// Devices, mounts and new filesystems (mkfs's bootstrap writes the first blocks).
+pub use sources::{Sources, Time};
+pub use space::chunk_alloc::raid_attr;
+pub use volumes::device::{BlockDevice, FileDevice};
+pub use volumes::{device_lock, mountinfo};

@@ -46,11 +46,11 @@ fn getattr_is_cached_and_follows_every_change() {
     e.write(|w| w.link(ROOT, ROOT_DIR, b"g", id.ino, ubtrfs_format::structs::FT_REG_FILE))
         .expect("link");
     assert_eq!(e.getattr(id).expect("getattr").nlink.get(), 2);
-    e.unlink(ROOT, ROOT_DIR, b"g").expect("unlink g");
+    e.unlink(InodeId { root: ROOT, ino: ROOT_DIR }, b"g").expect("unlink g");
     assert_eq!(e.getattr(id).expect("getattr").nlink.get(), 1);
     assert_eq!(e.getattr(id).expect("getattr").as_bytes(), live(&e).as_bytes());
     // Its last name goes: the inode is removed and its copy with it.
-    e.unlink(ROOT, ROOT_DIR, b"f").expect("unlink f");
+    e.unlink(InodeId { root: ROOT, ino: ROOT_DIR }, b"f").expect("unlink f");
     let Err(err) = e.getattr(id) else { panic!("a removed inode has no attributes") };
     assert_eq!(err.posix_kind(), Some(PosixKind::NotFound), "{err}");
 }

@@ -202,7 +202,7 @@ fn crash_with_an_orphan(tag: &str) -> Crashed {
         .expect("create victim");
     e.commit().expect("commit");
     let f = e.open_file(victim).expect("open victim");
-    e.unlink(top.root, top.ino, b"victim").expect("unlink victim");
+    e.unlink(top, b"victim").expect("unlink victim");
     f.write_at(700_000, &rng.bytes(200_000)).expect("write through the handle");
     let extents = disk_extents(&e, victim);
     assert!(!extents.is_empty());
@@ -268,7 +268,7 @@ fn unlinked_open_file_reads_back_its_writes_and_is_freed_at_last_close() {
 
     let f = e.open_file(victim).expect("open");
     assert_eq!(e.inodes().lookup(victim).map(|i| i.open_count()), Some(1));
-    e.unlink(top.root, top.ino, b"victim").expect("unlink while open");
+    e.unlink(top, b"victim").expect("unlink while open");
     // The name is gone, the inode stays with nlink 0 and an orphan item.
     e.read(|live| {
         assert!(live.lookup(top, b"victim")?.is_none(), "the name is gone");
@@ -613,7 +613,7 @@ fn the_last_of_two_handles_frees_the_unlinked_file() {
         .expect("create");
     let a = e.open_file(id).expect("open a");
     let b = e.open_file(id).expect("open b");
-    e.unlink(top.root, top.ino, b"twice").expect("unlink");
+    e.unlink(top, b"twice").expect("unlink");
     a.close().expect("close a");
     assert!(read_all(&b, data.len()) == data, "the other handle still reads");
     // Opening the orphan again while it is in use is allowed (a FUSE open by inode).
@@ -650,7 +650,7 @@ fn a_dropped_handle_closes_and_its_error_is_recorded() {
     // Dropped without close: closed all the same, the orphan is freed.
     let first = mk(b"first");
     let f = e.open_file(first).expect("open");
-    e.unlink(top.root, top.ino, b"first").expect("unlink");
+    e.unlink(top, b"first").expect("unlink");
     drop(f);
     assert_eq!(e.take_close_errors(), (Vec::new(), 0));
     e.read(|live| {
@@ -665,7 +665,7 @@ fn a_dropped_handle_closes_and_its_error_is_recorded() {
     // A drop whose close fails (the filesystem went read-only) records the error.
     let second = mk(b"second");
     let f = e.open_file(second).expect("open");
-    e.unlink(top.root, top.ino, b"second").expect("unlink");
+    e.unlink(top, b"second").expect("unlink");
     e.write(|w| {
         w.abort("test", &Error::posix(PosixKind::Invalid, "simulated failure"));
         Ok(())
@@ -703,7 +703,7 @@ fn a_looked_up_inode_outlives_its_unlink_until_forget() {
     let entry = e.lookup(top, b"looked").expect("lookup").expect("found");
     assert_eq!(entry.target, id);
     e.lookup(top, b"looked").expect("lookup again");
-    e.unlink(top.root, top.ino, b"looked").expect("unlink");
+    e.unlink(top, b"looked").expect("unlink");
     e.read(|live| {
         assert_eq!(live.load_inode(id, Load::ITEM)?.nlink(), 0, "kept while looked up");
         Ok(())
@@ -733,7 +733,7 @@ fn a_looked_up_inode_outlives_its_unlink_until_forget() {
             Ok(InodeId { root: top.root, ino })
         })
         .expect("create");
-    e.unlink(top.root, top.ino, b"plain").expect("unlink");
+    e.unlink(top, b"plain").expect("unlink");
     e.write(|w| {
         assert_eq!(w.orphans(top.root)?, Vec::<u64>::new());
         Ok(())
@@ -774,7 +774,7 @@ fn orphans_in_a_subvolume_are_cleaned_unless_it_is_read_only() {
         })
         .expect("create in the subvolume");
     let f = e.open_file(id).expect("open");
-    e.unlink(sub.root, sub.ino, b"inner").expect("unlink");
+    e.unlink(sub, b"inner").expect("unlink");
     // Read-only, the subvolume keeps its orphan (send relies on it never changing).
     e.write(|w| w.set_subvol_readonly(sub.root, true)).expect("flag read-only");
     e.commit().expect("commit");
@@ -828,7 +828,7 @@ fn a_large_unused_file_is_dropped_by_its_unlink_without_leaving_an_orphan() {
     let item = inode_item(&img.path, id).expect("inode");
     assert!(ubtrfs_core::inode::orphan::drop_spans_transactions(&item), "the file counts as large");
     let extents = disk_extents(&e, id);
-    e.unlink(top.root, top.ino, b"large").expect("unlink");
+    e.unlink(top, b"large").expect("unlink");
     e.write(|w| {
         assert_eq!(w.orphans(top.root)?, Vec::<u64>::new(), "the orphan item went with the drop");
         Ok(())
@@ -919,7 +919,7 @@ fn concurrent_opens_reads_closes_and_unlinks_leave_no_orphan_behind() {
             let mut rng = Rng::new(99);
             for (name, id, _) in &files {
                 std::thread::sleep(std::time::Duration::from_millis(rng.range(1, 8)));
-                e.unlink(top.root, top.ino, name).expect("unlink");
+                e.unlink(top, name).expect("unlink");
                 // Still there: it was open at the unlink (or is being closed right now).
                 if e.read(|live| Ok(live.load_inode(*id, Load::ITEM).is_ok())).expect("live view") {
                     kept_open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -331,7 +331,7 @@ fn fallocate_after_a_removal_uses_the_space_it_freed() {
         e.fallocate(f, 0, 0, big)
             .unwrap_or_else(|err| panic!("round {round}: fallocate {big}: {err}"));
         e.setattr(f, &SetAttr { size: Some(100), ..Default::default() }).expect("truncate");
-        e.unlink(5, 256, b"ouch").expect("unlink");
+        e.unlink(InodeId { root: 5, ino: 256 }, b"ouch").expect("unlink");
     }
     // Past what the filesystem holds it is still ENOSPC, naming the file.
     let f = create(&e, "too-big");
@@ -596,7 +596,7 @@ fn unlink_discards_dirty_pages() {
     let keep = create(&e, "kept");
     e.buffered_write(f, 0, &[7u8; 300 << 10]).expect("write");
     e.buffered_write(keep, 4096, &[9u8; 100 << 10]).expect("write");
-    e.unlink(5, 256, b"gone").expect("unlink");
+    e.unlink(InodeId { root: 5, ino: 256 }, b"gone").expect("unlink");
     let st = e.page_cache_stats();
     assert_eq!(st.dirty_bytes, 100 << 10, "only the kept file's data is dirty: {st:?}");
     assert_eq!(st.inodes, 1, "{st:?}");
@@ -920,7 +920,7 @@ fn orphan_keeps_its_pages_until_the_last_close() {
     let f = create(&e, "o");
     let h = e.open_file(f).expect("open file");
     e.buffered_write(f, 0, &[3u8; 128 << 10]).expect("write");
-    e.unlink(5, 256, b"o").expect("unlink");
+    e.unlink(InodeId { root: 5, ino: 256 }, b"o").expect("unlink");
     e.buffered_write(f, 128 << 10, &[4u8; 64 << 10]).expect("write the orphan");
     e.writeback_inode(f).expect("writeback of an orphan");
     let mut buf = vec![0u8; 192 << 10];

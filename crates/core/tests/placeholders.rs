@@ -175,16 +175,36 @@ fn placeholders_refuse_changes_and_rmdir_removes_only_the_entry() {
             kind(e.write(|w| w.symlink(SNAP, ph.ino, b"l", b"t", &a).map(drop))),
             PosixKind::NotPermitted,
         ),
-        ("unlink below it", kind(e.unlink(SNAP, ph.ino, b"f")), PosixKind::NotFound),
-        ("unlink of it", kind(e.unlink(SNAP, snap_top, b"sv")), PosixKind::IsDir),
+        (
+            "unlink below it",
+            kind(e.unlink(InodeId { root: SNAP, ino: ph.ino }, b"f")),
+            PosixKind::NotFound,
+        ),
+        (
+            "unlink of it",
+            kind(e.unlink(InodeId { root: SNAP, ino: snap_top }, b"sv")),
+            PosixKind::IsDir,
+        ),
         (
             "rename of it",
-            kind(e.rename(SNAP, snap_top, b"sv", snap_top, b"sv2", 0)),
+            kind(e.rename(
+                InodeId { root: SNAP, ino: snap_top },
+                b"sv",
+                InodeId { root: SNAP, ino: snap_top },
+                b"sv2",
+                0,
+            )),
             PosixKind::NotEmpty,
         ),
         (
             "rename into it",
-            kind(e.rename(SNAP, snap_top, b"topfile", ph.ino, b"topfile", 0)),
+            kind(e.rename(
+                InodeId { root: SNAP, ino: snap_top },
+                b"topfile",
+                InodeId { root: SNAP, ino: ph.ino },
+                b"topfile",
+                0,
+            )),
             PosixKind::NotPermitted,
         ),
         (
@@ -195,7 +215,7 @@ fn placeholders_refuse_changes_and_rmdir_removes_only_the_entry() {
         ("chattr", kind(e.write(|w| w.set_fsflags(SNAP, ph.ino, 0x10))), PosixKind::NotSupported),
         (
             "subvolume delete",
-            kind(e.delete_subvol(SNAP, snap_top, b"sv").map(drop)),
+            kind(e.delete_subvol(InodeId { root: SNAP, ino: snap_top }, b"sv").map(drop)),
             PosixKind::Invalid,
         ),
     ];
@@ -222,9 +242,9 @@ fn placeholders_refuse_changes_and_rmdir_removes_only_the_entry() {
 
     // Ours, and the filesystem stays writable after the refusals above.
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("reopen");
-    e.rmdir(SNAP, snap_top, b"sv").expect("rmdir /snap/sv");
-    e.rmdir(SNAP, snap_top, b"home").expect("rmdir /snap/home");
-    e.rmdir(SVSNAP, 256, b"inner").expect("rmdir /svsnap/inner");
+    e.rmdir(InodeId { root: SNAP, ino: snap_top }, b"sv").expect("rmdir /snap/sv");
+    e.rmdir(InodeId { root: SNAP, ino: snap_top }, b"home").expect("rmdir /snap/home");
+    e.rmdir(InodeId { root: SVSNAP, ino: 256 }, b"inner").expect("rmdir /svsnap/inner");
     e.write(|w| w.create_file(SNAP, snap_top, b"after", &a).map(drop))
         .expect("a create after the refusals");
     e.commit().unwrap();

@@ -87,7 +87,7 @@ fn readonly_snapshot_refuses_every_change() {
     std::fs::create_dir_all(src.join("sub")).expect("source dir");
     std::fs::write(src.join("sub/f"), b"data").expect("source file");
     // put and rm are clients of the engine, as programs on a mount are.
-    let e = ubtrfs_tools::offline_engine(w);
+    let e = ubtrfs_tools::offline_engine(ubtrfs_core::Engine::from_writer(w));
     assert_erofs(
         ubtrfs_tools::put::put(&e, &[&src.join("sub/f")], "/snap/x", &Default::default()),
         "put file",
@@ -117,7 +117,7 @@ fn readonly_snapshot_refuses_every_change() {
     // None of the refusals aborted the transaction: the writable subvolume still
     // takes a change, and the commit carries only that.
     w.check_writable().expect("a refused change must not abort the writer");
-    let e = ubtrfs_tools::offline_engine(w);
+    let e = ubtrfs_tools::offline_engine(ubtrfs_core::Engine::from_writer(w));
     ubtrfs_tools::put::put(&e, &[&src.join("sub/f")], "/sv/after-refusals", &Default::default())
         .expect("write to the writable subvolume");
     e.sync().expect("commit");

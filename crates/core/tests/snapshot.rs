@@ -97,8 +97,10 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
         top.insert(name, data);
     }
     // Dirty data and uncommitted changes: the snapshot writes back and commits first.
-    let rw = e.create_snapshot(5, 5, 256, b"snap", false).expect("snapshot");
-    let ro = e.create_snapshot(5, 5, 256, b"snap-ro", true).expect("read-only snapshot");
+    let rw = e.create_snapshot(5, InodeId { root: 5, ino: 256 }, b"snap", false).expect("snapshot");
+    let ro = e
+        .create_snapshot(5, InodeId { root: 5, ino: 256 }, b"snap-ro", true)
+        .expect("read-only snapshot");
     let mut snap = top.clone();
     let snap_ro = top.clone();
     // The read-only snapshot refuses changes.
@@ -110,7 +112,7 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
     // Changes on both sides.
     for i in (2..2500).step_by(5) {
         let name = format!("f{i:05}");
-        e.unlink(5, 256, name.as_bytes()).expect("unlink in the source");
+        e.unlink(InodeId { root: 5, ino: 256 }, name.as_bytes()).expect("unlink in the source");
         top.remove(&name);
     }
     for i in (1..2500).step_by(7) {
@@ -127,7 +129,7 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
     }
     for i in (3..2500).step_by(11) {
         let name = format!("f{i:05}");
-        e.unlink(rw, 256, name.as_bytes()).expect("unlink in the snapshot");
+        e.unlink(InodeId { root: rw, ino: 256 }, name.as_bytes()).expect("unlink in the snapshot");
         snap.remove(&name);
     }
     let big = rng.bytes(2 << 20);
@@ -139,8 +141,9 @@ fn snapshots_share_blocks_both_sides_change_and_the_kernel_agrees() {
         .expect("overwrite a large source file");
     top.get_mut("f00500").unwrap()[4096..4096 + over.len()].copy_from_slice(&over);
     // A snapshot of the snapshot.
-    let rw2 =
-        e.create_snapshot(rw, rw, 256, b"snap-of-snap", false).expect("snapshot of a snapshot");
+    let rw2 = e
+        .create_snapshot(rw, InodeId { root: rw, ino: 256 }, b"snap-of-snap", false)
+        .expect("snapshot of a snapshot");
     let snap2 = snap.clone();
     e.sync().expect("sync");
     drop(e);
@@ -270,14 +273,17 @@ fn snapshots_with_quotas_keep_the_qgroups_exact() {
     for i in 0..1500 {
         create(&e, sv, &format!("f{i:04}"), &rng.bytes((i % 5) * 3000));
     }
-    let snap = e.create_snapshot(sv, 5, 256, b"snap", false).expect("snapshot with quotas");
+    let snap = e
+        .create_snapshot(sv, InodeId { root: 5, ino: 256 }, b"snap", false)
+        .expect("snapshot with quotas");
     let counts = |e: &Engine| e.write(|w| Ok(qgroup_counts(w))).expect("qgroup counts");
     let c = counts(&e);
     let ns = 4096;
     assert_eq!(c[&sv].0, c[&snap].0, "the snapshot references what its source does: {c:?}");
     assert_eq!((c[&sv].1, c[&snap].1), (ns, ns), "each owns only its root block: {c:?}");
     for i in (0..1500).step_by(9) {
-        e.unlink(sv, 256, format!("f{i:04}").as_bytes()).expect("unlink in the source");
+        e.unlink(InodeId { root: sv, ino: 256 }, format!("f{i:04}").as_bytes())
+            .expect("unlink in the source");
     }
     for i in (1..1500).step_by(13) {
         let id = lookup(&e, snap, &format!("f{i:04}"));
@@ -292,7 +298,7 @@ fn snapshots_with_quotas_keep_the_qgroups_exact() {
     // Deleting the source: its qgroup counts its tree until the drop, then nothing;
     // the snapshot then owns what they shared.
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
-    e.delete_subvol(5, 256, b"sv").expect("delete with quotas");
+    e.delete_subvol(InodeId { root: 5, ino: 256 }, b"sv").expect("delete with quotas");
     e.commit().expect("commit");
     assert_eq!(counts(&e)[&sv], c2[&sv], "a deleted subvolume counts its tree until it is dropped");
     let st = e.clean_dead_roots(&mut |_, _| true).expect("drop with quotas");

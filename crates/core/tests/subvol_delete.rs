@@ -238,8 +238,8 @@ fn deleting_subvolumes_frees_their_trees_and_the_kernel_agrees() {
     drop(w);
     assert!(bytes_used(&s.path) > before_b + (4 << 20), "b takes space");
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
-    assert_eq!(e.delete_subvol(5, 256, b"a").expect("delete a"), a);
-    assert_eq!(e.delete_subvol(5, 256, b"b").expect("delete b"), b);
+    assert_eq!(e.delete_subvol(InodeId { root: 5, ino: 256 }, b"a").expect("delete a"), a);
+    assert_eq!(e.delete_subvol(InodeId { root: 5, ino: 256 }, b"b").expect("delete b"), b);
     assert!(
         e.read(|l| l.lookup(InodeId { root: 5, ino: 256 }, b"a")).unwrap().is_none(),
         "a's name is gone"
@@ -296,7 +296,7 @@ fn the_kernel_resumes_a_drop_we_started() {
     let (c, mc, snap) = subvol_with_snapshot(&mut w, "c", 3000, 3, true, 50);
     drop(w);
     let e = Engine::open(&OpenOptions::new(&s.path)).expect("open");
-    e.delete_subvol(5, 256, b"c").expect("delete");
+    e.delete_subvol(InodeId { root: 5, ino: 256 }, b"c").expect("delete");
     e.commit().expect("commit");
     for _ in 0..4 {
         let st = e.write(|w| w.drop_subvol_step(c, 32)).expect("step");
@@ -454,10 +454,12 @@ fn delete_refusals_and_rmdir() {
     let x =
         e.read(|l| l.lookup(InodeId { root: full, ino: 256 }, b"x")).unwrap().expect("x").target;
     let h = e.open_file(x).expect("open x");
-    let err = e.delete_subvol(5, 256, b"full").expect_err("delete with an open file");
+    let err = e
+        .delete_subvol(InodeId { root: 5, ino: 256 }, b"full")
+        .expect_err("delete with an open file");
     assert_eq!(err.posix_kind(), Some(PosixKind::Busy), "{err}");
     drop(h);
-    e.delete_subvol(5, 256, b"full").expect("delete once closed");
+    e.delete_subvol(InodeId { root: 5, ino: 256 }, b"full").expect("delete once closed");
     e.clean_dead_roots(&mut |_, _| true).expect("clean");
     drop(e);
     let f = ubtrfs_check_path(&s.path);
@@ -484,7 +486,7 @@ fn crashes_during_the_drop_resume_with_exact_refs() {
     let e = Engine::from_writer(
         FsWriter::from_info(FsInfo::open_devices(vec![dev.clone()], 64 << 20).unwrap()).unwrap(),
     );
-    e.delete_subvol(5, 256, b"v").expect("delete");
+    e.delete_subvol(InodeId { root: 5, ino: 256 }, b"v").expect("delete");
     e.commit().expect("commit");
     let (steps, st) = drop_all_in_steps(&e, 24);
     assert!(steps > 5 && st.blocks_converted > 0, "{steps} steps: {st:?}");
@@ -700,7 +702,7 @@ fn sv_model_run(seed: u64, nops: usize) {
                     continue;
                 }
                 let name = rng.pick(&names).clone();
-                e.unlink(ids[&sv], 256, name.as_bytes())
+                e.unlink(InodeId { root: ids[&sv], ino: 256 }, name.as_bytes())
                     .unwrap_or_else(|err| panic!("{what}: unlink: {err}"));
                 model.get_mut(&sv).unwrap().remove(&name);
             }
@@ -740,7 +742,12 @@ fn sv_model_run(seed: u64, nops: usize) {
                 // It commits what came before, snapshots, and commits again.
                 let (g0, start) = (dev_generation(&e), dev.op_count());
                 let id = e
-                    .create_snapshot(ids[&src], 5, 256, name.as_bytes(), readonly)
+                    .create_snapshot(
+                        ids[&src],
+                        InodeId { root: 5, ino: 256 },
+                        name.as_bytes(),
+                        readonly,
+                    )
                     .unwrap_or_else(|err| panic!("{what}: snapshot {src}: {err}"));
                 let g = dev_generation(&e);
                 if g == g0 + 2 {
@@ -766,7 +773,7 @@ fn sv_model_run(seed: u64, nops: usize) {
             }
             65..=72 if live.len() > 1 => {
                 let victim = rng.pick(&live).clone();
-                e.delete_subvol(5, 256, victim.as_bytes())
+                e.delete_subvol(InodeId { root: 5, ino: 256 }, victim.as_bytes())
                     .unwrap_or_else(|err| panic!("{what}: delete {victim}: {err}"));
                 model.remove(&victim);
                 ids.remove(&victim);

@@ -7,7 +7,7 @@
 //! in the mount's log: `loggable` says which.
 
 use fuser::Errno;
-use ubtrfs_core::error::Error;
+use ubtrfs_core::Error;
 
 /// The errno for `e`.
 pub fn errno_of(e: &Error) -> Errno {

@@ -35,15 +35,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::engine::OpenFile;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
-use ubtrfs_core::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
-use ubtrfs_core::inode::write::InodeAttrs;
-use ubtrfs_core::inode::xattr::XattrReply;
-use ubtrfs_core::mapping::page_cache::WriteOpts;
-use ubtrfs_core::XattrRead;
+use ubtrfs_core::{
+    DirEntry, Engine, Error, FsRead, InodeAttrs, InodeId, Load, OpenFile, PosixKind, Result,
+    SetAttr, TimeSet, WriteOpts, XattrRead, XattrReply,
+};
 use ubtrfs_format::structs::*;
 
 /// How long the kernel may keep entries and attributes without asking again. Every
@@ -456,7 +451,7 @@ impl UbtrfsFs {
         if fsetid {
             return Ok(None);
         }
-        let m = ubtrfs_core::inode::write::mode_without_privs(mode, item.gid.get(), &|g| {
+        let m = ubtrfs_core::mode_without_privs(mode, item.gid.get(), &|g| {
             self.caller_in_group(req, &groups, g)
         });
         Ok(Some(m & 0o7777).filter(|_| m != mode))
@@ -589,11 +584,11 @@ impl UbtrfsFs {
         parent: INodeNo,
         name: &OsStr,
         reply: ReplyEmpty,
-        remove: fn(&Engine, u64, u64, &[u8]) -> Result<()>,
+        remove: fn(&Engine, InodeId, &[u8]) -> Result<()>,
     ) {
         let r = self.id(parent).and_then(|dir| {
             self.writable()?;
-            remove(&self.engine, dir.root, dir.ino, name_of(name))
+            remove(&self.engine, dir, name_of(name))
         });
         match r {
             Ok(()) => reply.ok(),
@@ -688,9 +683,7 @@ impl UbtrfsFs {
     fn open_flags(&self, ino: INodeNo) -> FopenFlags {
         let t = self.engine.info().sources.clock.now();
         let now = Timespec { sec: (t.sec as u64).into(), nsec: t.nsec.into() };
-        let moves = |ii: InodeItem| {
-            ubtrfs_core::inode::atime::atime_needs_update(&ii, now, self.opts.atime)
-        };
+        let moves = |ii: InodeItem| ubtrfs_core::atime_needs_update(&ii, now, self.opts.atime);
         let stale = !self.opts.read_only
             && !self.opts.state.remounted_ro()
             && self.id(ino).and_then(|id| self.engine.getattr(id)).is_ok_and(moves);
@@ -736,7 +729,7 @@ impl UbtrfsFs {
             }
             FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
                 let ii = self.engine.getattr(id)?;
-                let f = ubtrfs_core::inode::attr::fsflags_of(ii.flags.get());
+                let f = ubtrfs_core::fsflags_of(ii.flags.get());
                 Ok(u64::from(f).to_le_bytes()[..(out_size as usize).min(8)].to_vec())
             }
             FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
@@ -782,8 +775,7 @@ impl UbtrfsFs {
                 }
                 // vfs_fileattr_set: the flags fsxattr cannot say (nocow, compression,
                 // dirsync...) stay as they are.
-                let old =
-                    ubtrfs_core::inode::attr::fsflags_of(self.engine.getattr(id)?.flags.get());
+                let old = ubtrfs_core::fsflags_of(self.engine.getattr(id)?.flags.get());
                 let f = (old & !FS_COMMON_FL) | fs_flags_of_xflags(xflags);
                 self.engine.set_fsflags(id, f)?;
                 self.invalidate_attrs(id);
@@ -793,7 +785,7 @@ impl UbtrfsFs {
                 // struct fsxattr: fsx_xflags, fsx_extsize, fsx_nextents, fsx_projid,
                 // fsx_cowextsize, 8 bytes of padding.
                 let ii = self.engine.getattr(id)?;
-                let x = fs_xflags(ubtrfs_core::inode::attr::fsflags_of(ii.flags.get()));
+                let x = fs_xflags(ubtrfs_core::fsflags_of(ii.flags.get()));
                 let mut out = vec![0u8; 28];
                 out[..4].copy_from_slice(&x.to_le_bytes());
                 out.truncate(out_size as usize);

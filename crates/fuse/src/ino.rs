@@ -11,8 +11,7 @@
 //! as they do on a kernel mount; the unique numbers stand in for that (hard-link and
 //! cycle detection in tar, du, find and rsync key on (st_dev, st_ino)).
 
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::filesystem::InodeId;
+use ubtrfs_core::{Error, InodeId, PosixKind, Result};
 
 /// Objectid bits: up to 2^44 inodes per tree.
 pub const INO_BITS: u32 = 44;

@@ -24,8 +24,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::volumes::mountinfo::{self, DevNum};
+use ubtrfs_core::{
+    mountinfo::{self, DevNum},
+    Error, PosixKind, Result,
+};
 
 /// The mount's type as mount(8), findmnt and umount(8) see it.
 pub const FSTYPE: &str = "fuse.ubtrfs";
@@ -55,7 +57,7 @@ fn cstr(p: &Path) -> Result<CString> {
 /// and the atime rule, which the mount table then shows as a kernel mount's (the
 /// atime updates themselves are the daemon's).
 pub fn ms_flags(opts: &MountOptions) -> libc::c_ulong {
-    use ubtrfs_core::inode::atime::AtimeMode;
+    use ubtrfs_core::AtimeMode;
     let mut f = match opts.atime.mode {
         AtimeMode::Noatime => libc::MS_NOATIME,
         AtimeMode::Relatime => libc::MS_RELATIME,
@@ -198,7 +200,7 @@ fn fusermount(
     if !opts.exec {
         o.push("noexec".into());
     }
-    if opts.atime.mode == ubtrfs_core::inode::atime::AtimeMode::Noatime {
+    if opts.atime.mode == ubtrfs_core::AtimeMode::Noatime {
         o.push("noatime".into());
     }
     o.push("default_permissions".into());

@@ -16,10 +16,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use ubtrfs_core::compression::CompressPolicy;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::atime::{AtimeMode, AtimeOpts};
-use ubtrfs_core::volumes::mountinfo::{self, DevNum};
+use ubtrfs_core::{
+    mountinfo::{self, DevNum},
+    AtimeMode, AtimeOpts, CompressPolicy, Error, PosixKind, Result,
+};
 
 /// The kernel's default commit interval, in seconds.
 pub const DEFAULT_COMMIT_SECS: u64 = 30;
@@ -154,8 +154,8 @@ impl Default for MountOptions {
             gid: None,
             atime: AtimeOpts { mode: AtimeMode::Relatime, nodiratime: false },
             cache_mib: 256,
-            page_cache_mib: ubtrfs_core::mapping::page_cache::DEFAULT_CACHE_BYTES >> 20,
-            dirty_mib: ubtrfs_core::mapping::page_cache::DEFAULT_DIRTY_BYTES >> 20,
+            page_cache_mib: ubtrfs_core::DEFAULT_CACHE_BYTES >> 20,
+            dirty_mib: ubtrfs_core::DEFAULT_DIRTY_BYTES >> 20,
             threads: default_threads(),
             dev: false,
             suid: false,
@@ -368,7 +368,7 @@ impl MountOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ubtrfs_core::compression::CompressionType;
+    use ubtrfs_core::CompressionType;
 
     #[test]
     fn options_parse_with_the_kernels_names_and_defaults() {

@@ -22,12 +22,11 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-use ubtrfs_core::disk_io::OpenOptions;
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::filesystem::{FsRead, InodeId};
-use ubtrfs_core::volumes::device_lock;
-use ubtrfs_core::volumes::mountinfo::{self, DevNum};
+use ubtrfs_core::{
+    device_lock,
+    mountinfo::{self, DevNum},
+    Engine, Error, FsRead, InodeId, OpenOptions, PosixKind, Result,
+};
 
 /// The first inode of every subvolume tree: its top directory.
 const SUBVOL_TOP: u64 = 256;
@@ -355,11 +354,9 @@ pub fn serve(
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         return;
                     }
-                    let keep_going =
-                        &mut |_: u64, _: &ubtrfs_core::extent::drop_snapshot::DropStats| {
-                            !stop.load(std::sync::atomic::Ordering::Relaxed)
-                                && !state.remounted_ro()
-                        };
+                    let keep_going = &mut |_: u64, _: &ubtrfs_core::DropStats| {
+                        !stop.load(std::sync::atomic::Ordering::Relaxed) && !state.remounted_ro()
+                    };
                     if !state.remounted_ro() {
                         if let Err(e) = engine.clean_dead_roots(keep_going) {
                             crate::log::log(&format!("cleaner: {e}"));

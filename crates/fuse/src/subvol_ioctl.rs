@@ -16,10 +16,10 @@ use crate::ino::FuseIno;
 use crate::options::IdMap;
 use fuser::Request;
 use std::os::unix::fs::MetadataExt;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
-use ubtrfs_core::inode::perm::{access_acl, check_access, Cred, MAY_EXEC, MAY_WRITE};
-use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::{
+    access_acl, check_access, Cred, Error, FsRead, InodeAttrs, InodeId, Load, PosixKind, Result,
+    MAY_EXEC, MAY_WRITE,
+};
 use ubtrfs_format::key::FIRST_FREE_OBJECTID;
 
 /// The btrfs ioctl type byte (`BTRFS_IOCTL_MAGIC`).
@@ -214,8 +214,7 @@ impl UbtrfsFs {
                 }
                 self.engine.create_snapshot(
                     src.root,
-                    id.root,
-                    id.ino,
+                    id,
                     name,
                     flags & BTRFS_SUBVOL_RDONLY != 0,
                 )?;
@@ -242,7 +241,7 @@ impl UbtrfsFs {
                         "deleting a subvolume needs CAP_SYS_ADMIN",
                     ));
                 }
-                self.engine.delete_subvol(id.root, id.ino, name)?;
+                self.engine.delete_subvol(id, name)?;
                 self.invalidate_entry(id, name);
                 self.kick_cleaner();
                 Ok(Vec::new())

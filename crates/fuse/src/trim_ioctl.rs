@@ -10,8 +10,7 @@
 
 use crate::fs::UbtrfsFs;
 use fuser::Request;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::space::trim::FstrimRange;
+use ubtrfs_core::{Error, FstrimRange, PosixKind, Result};
 
 /// FITRIM: `_IOWR('X', 121, struct fstrim_range)`.
 pub const FITRIM: u32 = 0xc018_5879;

@@ -25,10 +25,9 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use ubtrfs_core::data::reflink::{Dedupe, MAX_DEDUPE_LEN};
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::error::{PosixKind, Result};
-use ubtrfs_core::inode::filesystem::{ExtentKind, FileKind, FsRead, InodeId, Load};
+use ubtrfs_core::{
+    Dedupe, Engine, ExtentKind, FileKind, FsRead, InodeId, Load, PosixKind, Result, MAX_DEDUPE_LEN,
+};
 
 /// What a dedupe run found and did, so far (the progress callback sees it grow).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

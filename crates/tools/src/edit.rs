@@ -14,11 +14,10 @@
 //! exactly the mode and owner it names.
 
 use crate::put;
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::attr::{fsflags_of, SetAttr, TimeSet};
-use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
-use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::{
+    fsflags_of, Engine, Error, FsRead, InodeAttrs, InodeId, Load, NewInode, PosixKind, Result,
+    SetAttr, TimeSet,
+};
 use ubtrfs_format::structs::*;
 
 /// One editing command.
@@ -419,10 +418,8 @@ fn reflink(e: &Engine, src: &str, dst: &str) -> Result<String> {
         Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
             let (p, n) = parent(e, absolute(&dst_path)?)?;
             let a = InodeAttrs::new(S_IFREG | (si.mode.get() & 0o777));
-            let ino = e
-                .write(|w| w.create_file(p.root, p.ino, &n, &a))
-                .map_err(|err| in_image(err, &[(q(&n), &dst_path)], what.clone()))?;
-            InodeId { root: p.root, ino }
+            e.create_exact(p, &n, NewInode::File, &a)
+                .map_err(|err| in_image(err, &[(q(&n), &dst_path)], what.clone()))?
         }
         Err(err) => return Err(err),
     };
@@ -456,8 +453,7 @@ fn existing_or_new(e: &Engine, path: &str, create: bool) -> Result<InodeId> {
         Ok(id) => Ok(id),
         Err(err) if err.posix_kind() == Some(PosixKind::NotFound) && create => {
             let (p, n) = parent(e, absolute(path)?)?;
-            let ino = e.write(|w| w.create_file(p.root, p.ino, &n, &InodeAttrs::new(0o644)))?;
-            Ok(InodeId { root: p.root, ino })
+            e.create_exact(p, &n, NewInode::File, &InodeAttrs::new(0o644))
         }
         Err(err) => Err(err),
     }
@@ -507,7 +503,7 @@ pub fn apply(e: &Engine, edit: &Edit) -> Result<String> {
                     "they are in different subvolumes",
                 ));
             }
-            e.rename(op.root, op.ino, &on, np.ino, &nn, *flags).map_err(|err| {
+            e.rename(op, &on, np, &nn, *flags).map_err(|err| {
                 let both = format!("{} -> {}", quoted(from), quoted(to));
                 in_image(
                     err,
@@ -525,9 +521,12 @@ pub fn apply(e: &Engine, edit: &Edit) -> Result<String> {
             let (p, n) = parent(e, absolute(link)?)?;
             if *symbolic {
                 // The writer's symlink: owned by root whatever the directory's group.
-                e.write(|w| {
-                    w.symlink(p.root, p.ino, &n, target.as_bytes(), &InodeAttrs::new(0o777))
-                })
+                e.create_exact(
+                    p,
+                    &n,
+                    NewInode::Symlink(target.as_bytes()),
+                    &InodeAttrs::new(0o777),
+                )
                 .map_err(|err| {
                     in_image(err, &[(q(&n), link)], format!("ln -s {}", quoted(link)))
                 })?;
@@ -571,7 +570,7 @@ pub fn apply(e: &Engine, edit: &Edit) -> Result<String> {
                 rdev: rdev_encode(*major, *minor),
                 ..InodeAttrs::new(t | (mode & 0o7777))
             };
-            e.write(|w| w.mknod(p.root, p.ino, &n, &a)).map_err(|err| {
+            e.create_exact(p, &n, NewInode::Special, &a).map_err(|err| {
                 in_image(err, &[(q(&n), path)], format!("mknod {}", quoted(path)))
             })?;
             Ok(format!("made {}", quoted(path)))
@@ -643,7 +642,7 @@ pub fn apply(e: &Engine, edit: &Edit) -> Result<String> {
 fn mkdir(e: &Engine, path: &str, parents: bool, mode: u32) -> Result<String> {
     if !parents {
         let (p, n) = parent(e, path)?;
-        e.write(|w| w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode)))
+        e.create_exact(p, &n, NewInode::Dir, &InodeAttrs::new(mode))
             .map_err(|err| in_image(err, &[(q(&n), path)], format!("mkdir {}", quoted(path))))?;
         return Ok(format!("made {}", quoted(path)));
     }
@@ -661,7 +660,7 @@ fn mkdir(e: &Engine, path: &str, parents: bool, mode: u32) -> Result<String> {
             }
             Err(err) if err.posix_kind() == Some(PosixKind::NotFound) => {
                 let (p, n) = parent(e, &cur)?;
-                e.write(|w| w.mkdir(p.root, p.ino, &n, &InodeAttrs::new(mode))).map_err(|err| {
+                e.create_exact(p, &n, NewInode::Dir, &InodeAttrs::new(mode)).map_err(|err| {
                     in_image(err, &[(q(&n), &cur)], format!("mkdir {}", quoted(&cur)))
                 })?;
                 made += 1;

@@ -39,14 +39,10 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use ubtrfs_core::data::read::DecompressCache;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::filesystem::{
-    DirEntry, ExtentKind, FileExtentRec, FileKind, Filesystem, InodeId, InodeView, Load, LoadDamage,
+use ubtrfs_core::{
+    quote, DecompressCache, DirEntry, Error, ExtentKind, FileExtentRec, FileKind, FileRead,
+    Filesystem, FsRead, InodeId, InodeView, Load, LoadDamage, PosixKind, Result,
 };
-use ubtrfs_core::quote;
-use ubtrfs_core::FileRead;
-use ubtrfs_core::FsRead;
 use ubtrfs_format::key::{DIR_INDEX_KEY, EXTENT_DATA_KEY, XATTR_ITEM_KEY};
 use ubtrfs_format::structs::{rdev_decode, FT_DIR};
 use ubtrfs_format::{Corrupt, CorruptWhere};

@@ -15,16 +15,14 @@ pub mod mkfs;
 pub mod populate;
 pub mod put;
 
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::FsWriter;
+use ubtrfs_core::Engine;
 
-/// An engine over the opened writer `w` for an offline command (`put`, `put_contents`,
-/// `populate`, the editing commands, `dedupe`): one transaction, which the caller
+/// Engine `e`, just opened, set up for an offline command (`put`, `put_contents`,
+/// `populate`, the editing commands, `dedupe`, mkfs): one transaction, which the caller
 /// commits (`Engine::set_single_transaction`), so a failure part way leaves the
 /// committed image as it was. Its inode cache keeps few inodes not in use
 /// (`OFFLINE_INODE_CACHE`): a command visits each inode once or twice in a row.
-pub fn offline_engine(w: FsWriter) -> Engine {
-    let e = Engine::from_writer(w);
+pub fn offline_engine(e: Engine) -> Engine {
     e.set_single_transaction(true);
     e.set_inode_cache_capacity(OFFLINE_INODE_CACHE);
     e

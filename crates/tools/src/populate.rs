@@ -24,10 +24,7 @@ use crate::put::{put_contents, OwnerMap, PutOptions, PutStats};
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::filesystem::{FileKind, FsRead, Load};
-use ubtrfs_core::sources::{Sources, Time};
+use ubtrfs_core::{Engine, Error, FileKind, FsRead, Load, PosixKind, Result, Sources, Time};
 
 /// What `populate` does besides copying.
 #[derive(Clone, Debug, Default)]
@@ -61,7 +58,7 @@ pub fn populate(e: &Engine, rootdir: &Path, opts: &PopulateOptions) -> Result<Pu
                 "the default subvolume must be one of the subvolumes made (--subvol)",
             ));
         }
-        e.write(|w| w.set_default_subvol(id.root))?;
+        e.set_default_subvol(id.root)?;
     }
     Ok(stats)
 }

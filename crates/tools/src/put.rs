@@ -23,11 +23,9 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::inode::attr::{SetAttr, TimeSet};
-use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
-use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::{
+    Engine, Error, FsRead, InodeAttrs, InodeId, Load, NewInode, PosixKind, Result, SetAttr, TimeSet,
+};
 use ubtrfs_format::structs::*;
 
 /// What `put` copied.
@@ -487,14 +485,14 @@ fn put_one_inner(
                 ))
             }
             None if subvol => {
-                let id = e.write(|w| w.create_subvol(parent.root, parent.ino, name, &a))?;
+                let id = e.create_subvol(parent, name, &a)?;
                 ctx.stats.dirs += 1;
-                (ubtrfs_core::inode::subvol::subvol_top(id), true)
+                (ubtrfs_core::subvol_top(id), true)
             }
             None => {
-                let ino = e.write(|w| w.mkdir(parent.root, parent.ino, name, &a))?;
+                let id = e.create_exact(parent, name, NewInode::Dir, &a)?;
                 ctx.stats.dirs += 1;
-                (InodeId { root: parent.root, ino }, false)
+                (id, false)
             }
         };
         return copy_dir_into(e, src, here, &md, set_mode, at, ctx);
@@ -507,9 +505,7 @@ fn put_one_inner(
             if existing.is_some() {
                 return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name)));
             }
-            let ftype = ft_from_mode(md.mode());
-            let ino = first.ino;
-            e.write(|w| w.link(parent.root, parent.ino, name, ino, ftype))?;
+            e.link(*first, parent, name)?;
             ctx.stats.hardlinks += 1;
             return Ok(());
         }
@@ -522,10 +518,7 @@ fn put_one_inner(
                 t.target
             }
             Some(_) => return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name))),
-            None => InodeId {
-                root: parent.root,
-                ino: e.write(|w| w.create_file(parent.root, parent.ino, name, &a))?,
-            },
+            None => e.create_exact(parent, name, NewInode::File, &a)?,
         };
         ctx.stats.bytes += copy_data(e, src, id, md.len())?;
         let chowned = set_owner(e, id, &a)?;
@@ -537,18 +530,15 @@ fn put_one_inner(
         if existing.is_some() {
             return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name)));
         }
-        let ino = if ft.is_symlink() {
+        let id = if ft.is_symlink() {
             use std::os::unix::ffi::OsStrExt;
             let target = std::fs::read_link(src).map_err(|e| io(src, "cannot read the link", e))?;
             ctx.stats.symlinks += 1;
-            e.write(|w| {
-                w.symlink(parent.root, parent.ino, name, target.as_os_str().as_bytes(), &a)
-            })?
+            e.create_exact(parent, name, NewInode::Symlink(target.as_os_str().as_bytes()), &a)?
         } else {
             ctx.stats.special += 1;
-            e.write(|w| w.mknod(parent.root, parent.ino, name, &a))?
+            e.create_exact(parent, name, NewInode::Special, &a)?
         };
-        let id = InodeId { root: parent.root, ino };
         let chowned = set_owner(e, id, &a)?;
         copy_xattrs(e, src, id)?;
         finish_attrs(e, id, &a, !ft.is_symlink() || chowned)?;
@@ -617,7 +607,7 @@ fn copy_xattrs(e: &Engine, src: &Path, id: InodeId) -> Result<()> {
             io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e)
         })?;
         v.truncate(got);
-        e.write(|w| w.setxattr(id.root, id.ino, name, &v, 0)).map_err(|e| {
+        e.setxattr(id, name, &v, 0, false).map_err(|e| {
             e.at(format!(
                 "{}: xattr {}",
                 ubtrfs_core::quote::path(src),
@@ -745,9 +735,9 @@ pub fn remove(e: &Engine, path: &str, recursive: bool) -> Result<u64> {
     let mut count = 0;
     if ftype == FT_DIR {
         count += remove_dir_contents(e, entry.target, path)?;
-        e.rmdir(parent.root, parent.ino, &name).map_err(|err| removing(err, &name, path))?;
+        e.rmdir(parent, &name).map_err(|err| removing(err, &name, path))?;
     } else {
-        e.unlink(parent.root, parent.ino, &name).map_err(|err| removing(err, &name, path))?;
+        e.unlink(parent, &name).map_err(|err| removing(err, &name, path))?;
     }
     Ok(count + 1)
 }
@@ -759,11 +749,9 @@ fn remove_dir_contents(e: &Engine, dir: InodeId, path: &str) -> Result<u64> {
         let child_path = format!("{path}/{}", ubtrfs_core::quote::name(&ent.name));
         if ent.ftype == FT_DIR {
             count += remove_dir_contents(e, ent.target, &child_path)?;
-            e.rmdir(dir.root, dir.ino, &ent.name)
-                .map_err(|err| removing(err, &ent.name, &child_path))?;
+            e.rmdir(dir, &ent.name).map_err(|err| removing(err, &ent.name, &child_path))?;
         } else {
-            e.unlink(dir.root, dir.ino, &ent.name)
-                .map_err(|err| removing(err, &ent.name, &child_path))?;
+            e.unlink(dir, &ent.name).map_err(|err| removing(err, &ent.name, &child_path))?;
         }
         count += 1;
     }

@@ -7,9 +7,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
-use ubtrfs_core::inode::filesystem::FsRead;
-use ubtrfs_core::FsWriter;
-use ubtrfs_core::OpenOptions;
+use ubtrfs_core::{Engine, FsRead, OpenOptions};
 use ubtrfs_tools::offline_engine;
 use ubtrfs_tools::populate::tree_digest;
 use ubtrfs_tools::put::{put_contents, OwnerMap, PutOptions};
@@ -82,7 +80,7 @@ fn rootdir_with_owner_map_and_subvolumes() {
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
     let eng = offline_engine(
-        FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
+        Engine::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
     );
     let top = eng.read(|l| Ok(l.root_dir())).unwrap();
     let opts = PutOptions {
@@ -219,12 +217,12 @@ fn the_same_tree_gives_the_same_image() {
         build_tree(&src, reverse);
         let img = work.join(format!("img{i}"));
         std::fs::copy(&base, &img).unwrap();
-        let sources = ubtrfs_core::sources::Sources::deterministic(
-            ubtrfs_core::sources::Time { sec: 1_700_000_000, nsec: 0 },
+        let sources = ubtrfs_core::Sources::deterministic(
+            ubtrfs_core::Time { sec: 1_700_000_000, nsec: 0 },
             42,
         );
         let eng = offline_engine(
-            FsWriter::open(&OpenOptions { writable: true, sources, ..OpenOptions::new(&img) })
+            Engine::open(&OpenOptions { writable: true, sources, ..OpenOptions::new(&img) })
                 .unwrap(),
         );
         let top = eng.read(|l| Ok(l.root_dir())).unwrap();
@@ -282,7 +280,7 @@ fn populate_sets_the_default_subvolume() {
     std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
     run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
     let eng = offline_engine(
-        FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
+        Engine::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
     );
     let put =
         PutOptions { recursive: true, subvols: vec![src.join("@root")], ..Default::default() };
@@ -291,7 +289,7 @@ fn populate_sets_the_default_subvolume() {
     assert!(err.to_string().contains("must be one of the subvolumes"), "{err}");
     drop(eng);
     let eng = offline_engine(
-        FsWriter::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
+        Engine::open(&OpenOptions { writable: true, ..OpenOptions::new(&img) }).unwrap(),
     );
     populate(&eng, &src, &PopulateOptions { put, default_subvol: Some("/@root".into()) }).unwrap();
     eng.sync().unwrap();

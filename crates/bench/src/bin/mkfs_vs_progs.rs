@@ -171,7 +171,7 @@ fn ours(img: &Path, size: u64, rootdir: Option<&Path>, check: bool) -> Result<(f
             put: ubtrfs_tools::put::PutOptions { recursive: true, ..Default::default() },
             default_subvol: None,
         };
-        let e = ubtrfs_tools::offline_engine(w);
+        let e = ubtrfs_tools::offline_engine(ubtrfs_core::Engine::from_writer(w));
         populate(&e, r, &opts).map_err(|e| e.to_string())?;
         e.sync().map_err(|e| e.to_string())?;
     }

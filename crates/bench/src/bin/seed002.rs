@@ -155,13 +155,18 @@ pub fn library_round(
             e.write_file(InodeId { root: 5, ino }, 0, &bytes[..4096 + (i as usize % 3) * 5000])
                 .map_err(|e| e.to_string())?;
             if i % 3 == 0 {
-                e.rename(5, dir, name.as_bytes(), dir, format!("{name}-r").as_bytes(), 0)
-                    .map_err(|e| e.to_string())?;
+                e.rename(
+                    InodeId { root: 5, ino: dir },
+                    name.as_bytes(),
+                    InodeId { root: 5, ino: dir },
+                    format!("{name}-r").as_bytes(),
+                    0,
+                )
+                .map_err(|e| e.to_string())?;
             }
             if i % 5 == 0 {
                 e.unlink(
-                    5,
-                    dir,
+                    InodeId { root: 5, ino: dir },
                     if i % 3 == 0 { format!("{name}-r") } else { name.clone() }.as_bytes(),
                 )
                 .map_err(|e| e.to_string())?;

@@ -549,6 +549,7 @@ fn lzo_decompress(
 /// one sector once rounded up. The returned bytes are what goes on disk (for
 /// a regular extent, padded to a sector by the caller); its `ram_bytes` is
 /// `input.len()`.
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn compress(
     kind: CompressionType,
     input: &[u8],

@@ -125,6 +125,7 @@ impl FsWriter {
     }
 
     /// The mount-wide compression.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn compress_policy(&self) -> CompressPolicy {
         self.compress
     }

@@ -29,7 +29,6 @@ use ubtrfs_format::Key;
 
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
-pub const FALLOC_FL_NO_HIDE_STALE: u32 = 0x04;
 pub const FALLOC_FL_COLLAPSE_RANGE: u32 = 0x08;
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 pub const FALLOC_FL_INSERT_RANGE: u32 = 0x20;

@@ -193,6 +193,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `clone_range`, with the dedupe rules for ranges at EOF; read errors.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn dedupe_range(
         &mut self,
         src: InodeId,

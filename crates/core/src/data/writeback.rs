@@ -55,6 +55,7 @@ use crate::mapping::page_cache::Folio;
 pub enum SubmitMode {
     /// One ordered-extent lookup and one submission per block (the kernel's
     /// writeback before it went extent by extent).
+    #[cfg(any(test, feature = "test-hooks"))]
     BlockByBlock,
     /// One lookup and one submission per contiguous piece.
     ExtentByExtent,
@@ -254,6 +255,7 @@ pub fn extent_writepage(
                 b = s + nb;
             }
         }
+        #[cfg(any(test, feature = "test-hooks"))]
         SubmitMode::BlockByBlock => {
             let mut b = submit_bitmap.find_next(0, true);
             while b < n {

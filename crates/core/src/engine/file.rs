@@ -121,9 +121,11 @@ impl Engine {
         }
     }
 
-    /// The in-memory inodes.
-    pub fn inodes(&self) -> &InodeCache {
-        &self.inodes
+    hooks_pub_fn! {
+        /// The in-memory inodes.
+        fn inodes(&self) -> &InodeCache {
+            &self.inodes
+        }
     }
 
     /// Open inode `id` (the kernel's file open): counts in its open count until the
@@ -173,14 +175,14 @@ impl Engine {
         }
     }
 
-    /// Remove name `name` from directory `dir` of tree `root`, as `FsWriter::unlink`
-    /// does, except that an inode in use (open or looked up) whose last name this is
-    /// stays as an orphan until it is no longer in use.
+    /// Remove name `name` from directory `dir`, as `FsWriter::unlink` does, except that
+    /// an inode in use (open or looked up) whose last name this is stays as an orphan
+    /// until it is no longer in use.
     ///
     /// # Errors
     /// As `FsWriter::unlink`; `Posix(Busy)` if the name kept changing target under us.
-    pub fn unlink(&self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-        self.remove_entry(root, dir, name, false)
+    pub fn unlink(&self, dir: InodeId, name: &[u8]) -> Result<()> {
+        self.remove_entry(dir, name, false)
     }
 
     /// Remove the empty directory `name` from `dir`, as `FsWriter::rmdir` does, with
@@ -188,12 +190,12 @@ impl Engine {
     ///
     /// # Errors
     /// As `FsWriter::rmdir`; `Posix(Busy)` as `unlink`.
-    pub fn rmdir(&self, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-        self.remove_entry(root, dir, name, true)
+    pub fn rmdir(&self, dir: InodeId, name: &[u8]) -> Result<()> {
+        self.remove_entry(dir, name, true)
     }
 
-    fn remove_entry(&self, root: u64, dir: u64, name: &[u8], rmdir: bool) -> Result<()> {
-        let dir_id = InodeId { root, ino: dir };
+    fn remove_entry(&self, dir_id: InodeId, name: &[u8], rmdir: bool) -> Result<()> {
+        let InodeId { root, ino: dir } = dir_id;
         for _ in 0..UNLINK_ATTEMPTS {
             let Some(entry) = self.read(|live| live.lookup(dir_id, name))? else {
                 return Err(Error::posix(PosixKind::NotFound, crate::quote::name(name)));
@@ -319,17 +321,20 @@ impl Engine {
     /// inode order, so no data write to a replaced file runs across its removal.
     ///
     /// # Errors
-    /// As `FsWriter::rename`; `Posix(Busy)` if the names kept changing under us.
+    /// `Posix(CrossDevice)` for directories in two subvolumes; as `FsWriter::rename`;
+    /// `Posix(Busy)` if the names kept changing under us.
     pub fn rename(
         &self,
-        root: u64,
-        old_dir: u64,
+        od: InodeId,
         old_name: &[u8],
-        new_dir: u64,
+        nd: InodeId,
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
-        let (od, nd) = (InodeId { root, ino: old_dir }, InodeId { root, ino: new_dir });
+        if od.root != nd.root {
+            return Err(Error::posix(PosixKind::CrossDevice, "rename across subvolumes"));
+        }
+        let (root, old_dir, new_dir) = (od.root, od.ino, nd.ino);
         for _ in 0..UNLINK_ATTEMPTS {
             let (src, dst) =
                 self.read(|live| Ok((live.lookup(od, old_name)?, live.lookup(nd, new_name)?)))?;

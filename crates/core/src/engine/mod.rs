@@ -69,8 +69,10 @@
 //! setattr (`file`), new inodes, links, xattrs and inode flags (`namespace`),
 //! subvolumes (`subvol`), buffered I/O (`buffered`), clones (`reflink`). Each takes the
 //! inode locks it needs and picks `write` or `write_retrying` itself; a client never
-//! chooses the engine's locking. `write` stays for the offline tools' batches of
-//! writer calls.
+//! chooses the engine's locking. The offline tools' own calls (inodes made exactly as
+//! named, chunk and device changes for mkfs) are engine methods too (`namespace`,
+//! `volumes`); `write` and `write_retrying` hand out the writer only inside the crate
+//! and to tests (the `test-hooks` feature).
 
 mod buffered;
 mod file;
@@ -80,7 +82,10 @@ pub use file::OpenFile;
 mod reflink;
 mod subvol;
 mod trim;
+mod volumes;
 mod writeback;
+pub use namespace::NewInode;
+pub use volumes::DeadRoot;
 
 use crate::data::read::{DataView, FileRead};
 use crate::disk_io::{FsInfo, OpenOptions};
@@ -157,20 +162,22 @@ impl Engine {
         Ok(Engine::from_writer(FsWriter::open_read_only(opts)?))
     }
 
-    /// Share an opened writer.
-    pub fn from_writer(mut w: FsWriter) -> Engine {
-        w.defer_writeback = true;
-        Engine {
-            info: w.info.clone(),
-            inodes: w.inodes().clone(),
-            extent_maps: Default::default(),
-            data_rsv: w.data_rsv.clone(),
-            views: w.views.clone(),
-            state: RwLock::new(w),
-            commit_lock: Mutex::new(()),
-            writeback_io: RwLock::new(()),
-            pages: Default::default(),
-            single_transaction: Default::default(),
+    hooks_pub_fn! {
+        /// Share an opened writer.
+        fn from_writer(mut w: FsWriter) -> Engine {
+            w.defer_writeback = true;
+            Engine {
+                info: w.info.clone(),
+                inodes: w.inodes().clone(),
+                extent_maps: Default::default(),
+                data_rsv: w.data_rsv.clone(),
+                views: w.views.clone(),
+                state: RwLock::new(w),
+                commit_lock: Mutex::new(()),
+                writeback_io: RwLock::new(()),
+                pages: Default::default(),
+                single_transaction: Default::default(),
+            }
         }
     }
 
@@ -194,7 +201,8 @@ impl Engine {
         &self.info
     }
 
-    /// The extent maps' count and shrinker.
+    /// The extent maps' count and shrinker (for tests that check their invariants).
+    #[cfg(feature = "test-hooks")]
     pub fn extent_maps(&self) -> &crate::mapping::extent_map_shrinker::ExtentMapShrinker {
         &self.extent_maps
     }
@@ -311,19 +319,21 @@ impl Engine {
         Ok(Committed { fs: Filesystem::at(self.info.clone(), sb)?, _view: view })
     }
 
-    /// Run `f` with the engine to itself, to change the filesystem.
-    ///
-    /// # Errors
-    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
-    ///
-    /// The writeback a change ends with (past the dirty-metadata limit) is written after
-    /// the lock is dropped: the blocks are sealed under it, readers find them in the
-    /// writer's `writing` set meanwhile, and they join the node cache afterwards. A
-    /// failed write aborts the filesystem and is returned.
-    pub fn write<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-        let mut g = self.state.write().map_err(poisoned)?;
-        let r = f(&mut g);
-        self.finish_change(g, r)
+    hooks_pub_fn! {
+        /// Run `f` with the engine to itself, to change the filesystem.
+        ///
+        /// # Errors
+        /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+        ///
+        /// The writeback a change ends with (past the dirty-metadata limit) is written after
+        /// the lock is dropped: the blocks are sealed under it, readers find them in the
+        /// writer's `writing` set meanwhile, and they join the node cache afterwards. A
+        /// failed write aborts the filesystem and is returned.
+        fn write<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+            let mut g = self.state.write().map_err(poisoned)?;
+            let r = f(&mut g);
+            self.finish_change(g, r)
+        }
     }
 
     /// End a change made under `g`: write the writeback it sealed, if any, after
@@ -353,48 +363,50 @@ impl Engine {
         r
     }
 
-    /// `write` for a change that may be run more than once: while a run has changed
-    /// nothing yet (its lookups and checks), a committed tree block missing from the
-    /// cache is not read under the lock. The run fails at it, the lock is dropped, the
-    /// block is read, and `f` runs again (at most 32 times per call, then misses are
-    /// read under the lock), as readers do. Once a run begins a change (a handle
-    /// starts, space is reserved), it is not run again and reads what it misses under
-    /// the lock. A run that missed may not begin a change, so a miss that `f` swallows
-    /// changes nothing. Every change `f` makes must go through the writer's operations.
-    ///
-    /// # Errors
-    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
-    pub fn write_retrying<T>(&self, mut f: impl FnMut(&mut FsWriter) -> Result<T>) -> Result<T> {
-        let misses = Arc::new(ReadMisses::default());
-        loop {
-            let missed = {
-                let mut g = self.state.write().map_err(poisoned)?;
-                g.set_probe(Some(misses.clone()));
-                let r = f(&mut g);
-                let spoiled = g.probe_spoiled();
-                g.set_probe(None);
-                match misses.take_wanted() {
-                    // Nothing changed (a miss forbids beginning a change): run again.
-                    Some(want) => {
-                        debug_assert!(!spoiled, "a probed run changed something after a miss");
-                        drop(r);
-                        want
+    hooks_pub_fn! {
+        /// `write` for a change that may be run more than once: while a run has changed
+        /// nothing yet (its lookups and checks), a committed tree block missing from the
+        /// cache is not read under the lock. The run fails at it, the lock is dropped, the
+        /// block is read, and `f` runs again (at most 32 times per call, then misses are
+        /// read under the lock), as readers do. Once a run begins a change (a handle
+        /// starts, space is reserved), it is not run again and reads what it misses under
+        /// the lock. A run that missed may not begin a change, so a miss that `f` swallows
+        /// changes nothing. Every change `f` makes must go through the writer's operations.
+        ///
+        /// # Errors
+        /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+        fn write_retrying<T>(&self, mut f: impl FnMut(&mut FsWriter) -> Result<T>) -> Result<T> {
+            let misses = Arc::new(ReadMisses::default());
+            loop {
+                let missed = {
+                    let mut g = self.state.write().map_err(poisoned)?;
+                    g.set_probe(Some(misses.clone()));
+                    let r = f(&mut g);
+                    let spoiled = g.probe_spoiled();
+                    g.set_probe(None);
+                    match misses.take_wanted() {
+                        // Nothing changed (a miss forbids beginning a change): run again.
+                        Some(want) => {
+                            debug_assert!(!spoiled, "a probed run changed something after a miss");
+                            drop(r);
+                            want
+                        }
+                        // The run ran to its end: finish as `write` does (its writeback).
+                        None => {
+                            debug_assert!(
+                                !r.as_ref().is_err_and(Error::is_cache_miss),
+                                "a cache miss left a probed run with no block wanted"
+                            );
+                            return self.finish_change(g, r);
+                        }
                     }
-                    // The run ran to its end: finish as `write` does (its writeback).
-                    None => {
-                        debug_assert!(
-                            !r.as_ref().is_err_and(Error::is_cache_miss),
-                            "a cache miss left a probed run with no block wanted"
-                        );
-                        return self.finish_change(g, r);
-                    }
+                };
+                let (bytenr, expect) = missed;
+                // Neither side of `state` is held here.
+                match self.info.read_tree_block(bytenr, &expect) {
+                    Ok(eb) => misses.keep(eb),
+                    Err(_) => misses.read_under_lock(),
                 }
-            };
-            let (bytenr, expect) = missed;
-            // Neither side of `state` is held here.
-            match self.info.read_tree_block(bytenr, &expect) {
-                Ok(eb) => misses.keep(eb),
-                Err(_) => misses.read_under_lock(),
             }
         }
     }
@@ -465,6 +477,7 @@ impl Engine {
     ///
     /// # Errors
     /// As `writeback_all`; `Posix(ReadOnly)` after a panic in a writer.
+    #[cfg(feature = "test-hooks")]
     pub fn into_writer(self) -> Result<FsWriter> {
         self.writeback_all()?;
         assert_eq!(self.data_rsv.dirty(), 0, "dirty data left in the page cache after writeback");

@@ -32,6 +32,19 @@ fn owned_in(dir: &InodeItem, a: &InodeAttrs, mode: u32) -> InodeAttrs {
     InodeAttrs { mode: o.mode, gid: o.gid, ..*a }
 }
 
+/// The kind of inode `Engine::create_exact` makes.
+#[derive(Clone, Copy, Debug)]
+pub enum NewInode<'a> {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A special file (FIFO, socket, device), its type in the mode.
+    Special,
+    /// A symbolic link to the target.
+    Symlink(&'a [u8]),
+}
+
 impl Engine {
     /// Create the empty regular file `name` in directory `dir` (creat(2), open(2) with
     /// O_CREAT) and return it. `a` carries the caller's permission bits, fsuid and
@@ -117,6 +130,30 @@ impl Engine {
         self.make_inode(dir, a, mode, umask, |w, a| w.tmpfile(dir.root, dir.ino, a))
     }
 
+    /// Make the new inode `name` in directory `dir` with exactly the mode, owner and
+    /// times of `a`, as an offline command that names them does (`put`, `mkdir`,
+    /// `mknod`, `ln -s` of the editing commands): the writer's create, with no
+    /// directory's set-group-ID group, no inherited default ACL and no umask.
+    ///
+    /// # Errors
+    /// As `FsWriter::create_file`, `mkdir`, `mknod` or `symlink` (a refusal changes
+    /// nothing).
+    pub fn create_exact(
+        &self,
+        dir: InodeId,
+        name: &[u8],
+        kind: NewInode<'_>,
+        a: &InodeAttrs,
+    ) -> Result<InodeId> {
+        let ino = self.write_retrying(|w| match kind {
+            NewInode::File => w.create_file(dir.root, dir.ino, name, a),
+            NewInode::Dir => w.mkdir(dir.root, dir.ino, name, a),
+            NewInode::Special => w.mknod(dir.root, dir.ino, name, a),
+            NewInode::Symlink(target) => w.symlink(dir.root, dir.ino, name, target, a),
+        })?;
+        Ok(InodeId { root: dir.root, ino })
+    }
+
     /// Make a new inode of `mode` in `dir` with `create`, given the caller's attributes
     /// `a` settled by the directory: its owner (`owned_in`), then the mode and ACLs of
     /// `posix_acl_create` (a default ACL of `dir` is inherited; without one `umask`
@@ -186,7 +223,7 @@ impl Engine {
             return Err(Error::posix(PosixKind::CrossDevice, "rename across subvolumes"));
         }
         if flags & RENAME_WHITEOUT == 0 {
-            return self.rename(old_dir.root, old_dir.ino, old_name, new_dir.ino, new_name, flags);
+            return self.rename(old_dir, old_name, new_dir, new_name, flags);
         }
         self.write_retrying(|w| {
             w.rename_with_owner(

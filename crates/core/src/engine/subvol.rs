@@ -51,7 +51,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Snapshot subvolume `src` as `name` in directory `dir` of tree `root`, read-only
+    /// Snapshot subvolume `src` as `name` in directory `dir`, read-only
     /// if `readonly` (`FsWriter::create_snapshot_of_committed`): every dirty file is
     /// written back and the running transaction committed first (the kernel's snapshot
     /// flushes the source's delalloc and snapshots at commit), then the snapshot is
@@ -63,8 +63,7 @@ impl Engine {
     pub fn create_snapshot(
         &self,
         src: u64,
-        root: u64,
-        dir: u64,
+        dir: InodeId,
         name: &[u8],
         readonly: bool,
     ) -> Result<u64> {
@@ -72,7 +71,7 @@ impl Engine {
         for _ in 0..8 {
             self.commit()?;
             if let Some(id) = self.write_retrying(|w| {
-                w.create_snapshot_of_committed(src, root, dir, name, readonly)
+                w.create_snapshot_of_committed(src, dir.root, dir.ino, name, readonly)
             })? {
                 self.commit()?;
                 return Ok(id);
@@ -85,17 +84,15 @@ impl Engine {
         ))
     }
 
-    /// Delete subvolume `name` of directory `dir` in tree `root`
-    /// (`FsWriter::delete_subvol`), with the directory's lock. Dirty file data is
-    /// written back first (none may be left for the deleted tree). Returns its id;
-    /// its tree is dropped by `clean_dead_roots`.
+    /// Delete subvolume `name` of directory `dir` (`FsWriter::delete_subvol`), with the
+    /// directory's lock. Dirty file data is written back first (none may be left for
+    /// the deleted tree). Returns its id; its tree is dropped by `clean_dead_roots`.
     ///
     /// # Errors
     /// As `FsWriter::delete_subvol`; `Posix(Busy)` while a file of the subvolume is
     /// open (the kernel would let the file live on until closed; we refuse instead);
     /// writeback errors.
-    pub fn delete_subvol(&self, root: u64, dir: u64, name: &[u8]) -> Result<u64> {
-        let dir_id = InodeId { root, ino: dir };
+    pub fn delete_subvol(&self, dir_id: InodeId, name: &[u8]) -> Result<u64> {
         let entry = self
             .read(|l| FsRead::lookup(l, dir_id, name))?
             .ok_or_else(|| Error::posix(PosixKind::NotFound, crate::quote::name(name)))?;
@@ -112,7 +109,7 @@ impl Engine {
         }
         let dir_inode = self.inodes.get(dir_id);
         let _lock = write_lock_two(&dir_inode, None);
-        self.write_retrying(|w| w.delete_subvol(root, dir, name))
+        self.write_retrying(|w| w.delete_subvol(dir_id.root, dir_id.ino, name))
     }
 
     /// Drop the trees of deleted subvolumes (the kernel's cleaner thread): every dead

@@ -98,6 +98,7 @@ impl DelayedRefs {
     }
 
     /// Record at most `limit` extents (tests of the overflow).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_qgroup_record_limit(&mut self, limit: usize) {
         assert!(
             limit <= MAX_QGROUP_RECORDS,
@@ -270,6 +271,7 @@ impl DelayedRefs {
     }
 
     /// Is `bytenr` a data extent allocated in this transaction and not yet inserted?
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn is_new(&self, bytenr: u64) -> bool {
         self.heads.get(&bytenr).is_some_and(|h| h.must_insert.is_some())
     }

@@ -585,8 +585,10 @@ impl QgroupRelations {
 
 /// Items a qgroup creation or assignment changes (an info and a limit item, or the two
 /// relation items).
+#[cfg(any(test, feature = "test-hooks"))]
 const QGROUP_ITEMS: u64 = 2;
 
+#[cfg(any(test, feature = "test-hooks"))]
 fn qgroup_name(q: u64) -> String {
     format!("qgroup {}/{}", q >> 48, q & ((1 << 48) - 1))
 }
@@ -599,6 +601,7 @@ impl Transaction {
     /// # Errors
     /// `Posix(NotSupported)` with quotas off; `Posix(Exists)` for a qgroup that exists;
     /// tree failures (which abort).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn qgroup_create(&mut self, id: u64) -> Result<()> {
         self.check_writable()?;
         if !self.quotas {
@@ -644,6 +647,7 @@ impl Transaction {
     /// `Posix(NotSupported)` with quotas off; `Posix(Invalid)` unless `parent`
     /// is of a higher level; `Posix(NotFound)` for a missing qgroup; `Posix(Exists)`
     /// for an existing relation; tree failures (which abort).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn qgroup_assign(&mut self, member: u64, parent: u64) -> Result<()> {
         use crate::error::{Error, PosixKind};
         self.check_writable()?;

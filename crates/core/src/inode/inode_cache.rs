@@ -91,6 +91,7 @@ impl Inode {
 }
 
 impl crate::mapping::extent_map_shrinker::MapsOwner for Inode {
+    #[cfg(any(test, feature = "test-hooks"))]
     fn id(&self) -> InodeId {
         self.id
     }
@@ -386,26 +387,31 @@ impl InodeCache {
         c.shrink();
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn capacity(&self) -> usize {
         self.lock().capacity
     }
 
     /// Inodes in memory now.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn len(&self) -> usize {
         self.lock().map.len()
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Inodes evicted so far.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn evictions(&self) -> u64 {
         self.lock().evictions
     }
 
     /// Check the cache's invariants (see the module notes); panics naming the first
     /// that fails.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn check_invariants(&self) {
         self.lock().check();
     }

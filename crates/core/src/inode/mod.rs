@@ -1,7 +1,7 @@
 //! Inodes: the writer at the inode level (`writer`: `FsWriter`, the running transaction
 //! with the in-memory inodes), the in-memory inodes (`inode_cache`), the filesystem view
 //! over subvolumes, inodes, directories and xattrs (`filesystem`), file reads (`read`,
-//! `stream`), path resolution for writers (`namei`), inode and file changes (`write`),
+//! `stream`), inode and file changes (`write`),
 //! unlink, rmdir, symlink, mknod and rename (`namespace`), clone and dedupe of ranges
 //! (`reflink`), attributes and truncation (`attr`), access times (`atime`), compression
 //! on write (`compress_write`), NOCOW writes in place (`nocow`), fallocate and
@@ -20,7 +20,6 @@ pub mod file;
 pub mod filesystem;
 pub mod get_extent;
 pub mod inode_cache;
-pub mod namei;
 pub mod namespace;
 pub mod orphan;
 pub mod perm;

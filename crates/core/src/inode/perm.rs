@@ -8,6 +8,7 @@
 //! CAP_CHOWN, CAP_FSETID). The engine's own calls do not check: they act as root.
 
 use crate::error::{Error, PosixKind, Result};
+#[cfg(any(test, feature = "test-hooks"))]
 use crate::inode::attr::{SetAttr, TimeSet};
 use crate::inode::xattr::{
     AclEntry, ACL_GROUP, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER, ACL_USER, ACL_USER_OBJ,
@@ -16,6 +17,7 @@ use ubtrfs_format::structs::*;
 
 pub const MAY_EXEC: u32 = 1;
 pub const MAY_WRITE: u32 = 2;
+#[cfg(any(test, feature = "test-hooks"))]
 pub const MAY_READ: u32 = 4;
 
 /// Who asks.
@@ -191,6 +193,7 @@ fn cap_overrides(cred: &Cred, ii: &InodeItem, mask: u32) -> bool {
 /// not make, and for a chown without ids by someone else than the owner of a file
 /// that would lose set-user-ID or set-group-ID (the kill bits become a mode change);
 /// `Posix(PermissionDenied)` for times set to now without write access.
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn may_setattr(
     cred: &Cred,
     ii: &InodeItem,

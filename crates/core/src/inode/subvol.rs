@@ -161,6 +161,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `create_snapshot_of_committed`; commit failures.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn create_snapshot(
         &mut self,
         src: u64,

@@ -269,6 +269,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// Tree modification failures.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn create_inode(&mut self, root: u64, a: &InodeAttrs) -> Result<u64> {
         self.check_root_writable(root)?;
         self.transaction("create_inode", 2, |w| {
@@ -697,6 +698,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// Tree modification failures.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn drop_extents(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
         self.check_root_writable(root)?;
         self.transaction("drop_extents", 0, |w| w.drop_extents_inner(root, ino, start, end))
@@ -991,6 +993,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// Tree modification failures.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn remove_inode(&mut self, root: u64, ino: u64) -> Result<()> {
         self.check_root_writable(root)?;
         self.transaction("remove_inode", 0, |w| w.remove_inode_inner(root, ino))

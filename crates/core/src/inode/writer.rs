@@ -8,7 +8,9 @@
 //! The engine holds one writer and shares its inode cache with its readers; an
 //! offline tool may use a writer alone, with an inode cache of its own.
 
-use crate::disk_io::{FsInfo, OpenOptions};
+#[cfg(any(test, feature = "test-hooks"))]
+use crate::disk_io::FsInfo;
+use crate::disk_io::OpenOptions;
 use crate::error::Result;
 use crate::ids::InodeId;
 use crate::inode::inode_cache::InodeCache;
@@ -67,6 +69,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `Transaction::from_info`; failures freeing orphans.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn from_info(info: FsInfo) -> Result<FsWriter> {
         FsWriter::writable(Transaction::from_info(info)?)
     }
@@ -75,6 +78,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// As `from_info`.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn from_shared(info: Arc<FsInfo>) -> Result<FsWriter> {
         FsWriter::writable(Transaction::from_shared(info)?)
     }
@@ -125,6 +129,7 @@ impl FsWriter {
     ///
     /// # Errors
     /// `Posix(ReadOnly)` after an abort.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn join_transaction(&mut self, at: &'static str) -> Result<TransHandle<'_, FsWriter>> {
         handle::start(self, at, 0)
     }

@@ -73,6 +73,7 @@ pub struct ExtentMap {
 
 impl ExtentMap {
     /// A plain (uncompressed, written) map.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn plain(
         start: u64,
         len: u64,
@@ -333,6 +334,7 @@ impl ExtentMapTree {
     /// emptiness test): it changes only when a write guard is released, so a reader may see the
     /// count from just before a concurrent change. Good for a hint (a false "empty"
     /// defers the inode to a later scan), never for a decision that needs the truth.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn len_unlocked(&self) -> usize {
         self.nr.load(Ordering::Acquire)
     }
@@ -342,16 +344,19 @@ impl ExtentMapTree {
         self.lock_read().len()
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Every map, in file order.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn maps(&self) -> Vec<ExtentMap> {
         self.lock_read().values().copied().collect()
     }
 
     /// The first map overlapping `[start, start + len)` (`lookup_extent_mapping`).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn lookup(&self, start: u64, len: u64) -> Option<ExtentMap> {
         lookup_in(&self.lock_read(), start, start.saturating_add(len))
     }
@@ -360,6 +365,7 @@ impl ExtentMapTree {
     ///
     /// # Errors
     /// `Exists` when it overlaps a map already there.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn add(&self, em: ExtentMap) -> std::result::Result<(), Exists> {
         self.write().add(em)
     }
@@ -372,6 +378,7 @@ impl ExtentMapTree {
     ///
     /// # Errors
     /// `Exists` when `search_start` is outside `em` and overlaps nothing.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn add_with_search(
         &self,
         em: ExtentMap,
@@ -388,6 +395,7 @@ impl ExtentMapTree {
     }
 
     /// Set or clear PINNED on the map starting at `start`; false when there is none.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_pinned(&self, start: u64, pinned: bool) -> bool {
         let mut g = self.write();
         let Some(m) = g.maps.get_mut(&start) else { return false };
@@ -400,6 +408,7 @@ impl ExtentMapTree {
     }
 
     /// Check the tree's invariants (module notes); panics naming the first that fails.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn check_invariants(&self) {
         check_maps(&self.lock_read());
     }
@@ -435,6 +444,7 @@ fn lookup_in(maps: &BTreeMap<u64, ExtentMap>, start: u64, end: u64) -> Option<Ex
 }
 
 impl MapsGuard<'_> {
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn len(&self) -> usize {
         self.maps.len()
     }
@@ -481,6 +491,7 @@ impl MapsGuard<'_> {
     ///
     /// # Errors
     /// As there.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn add_with_search(
         &mut self,
         em: ExtentMap,

@@ -120,6 +120,7 @@ impl Default for ExtentMapShrinker {
 /// (`inode::inode_cache::Inode`), held weakly, so an inode being evicted is skipped.
 pub trait MapsOwner: Send + Sync {
     /// The inode it is.
+    #[cfg(any(test, feature = "test-hooks"))]
     fn id(&self) -> InodeId;
     /// Its extent map tree.
     fn extent_maps(&self) -> &ExtentMapTree;
@@ -220,6 +221,7 @@ impl ExtentMapShrinker {
     }
 
     /// Stop runs early (the filesystem is closing).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_closing(&self) {
         self.closing.store(true, Ordering::Release);
     }
@@ -322,17 +324,20 @@ impl ExtentMapShrinker {
     }
 
     /// The position the next run starts at (the inode after the last one visited).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn cursor(&self) -> InodeId {
         *self.cursor.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The inodes registered now, in walk order.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn registered(&self) -> Vec<InodeId> {
         self.lock_registry().keys().map(|k| k.0).collect()
     }
 
     /// Check the invariants (module notes) while nobody changes maps; panics naming the
     /// first that fails.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn check_invariants(&self) {
         let entries: Vec<(RegKey, Weak<dyn MapsOwner>)> =
             self.lock_registry().iter().map(|(k, w)| (*k, w.clone())).collect();

@@ -169,6 +169,7 @@ pub struct OrderedTree {
 }
 
 impl OrderedTree {
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn new(blocksize: u32) -> OrderedTree {
         OrderedTree { map: BTreeMap::new(), blocksize: u64::from(blocksize) }
     }
@@ -177,6 +178,7 @@ impl OrderedTree {
         self.map.is_empty()
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -216,6 +218,7 @@ impl OrderedTree {
     }
 
     /// Remove and return the extent at file offset `start`.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn remove(&mut self, start: u64) -> Option<OrderedExtent> {
         self.map.remove(&start)
     }

@@ -330,6 +330,7 @@ impl PageCache {
     }
 
     /// Check the invariants of the module notes; panics naming the first that fails.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn check_invariants(&self) {
         self.lock().check_invariants();
     }

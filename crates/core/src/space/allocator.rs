@@ -111,14 +111,6 @@ impl BlockGroup {
         }
     }
 
-    /// The damage that made loading fail, if it did.
-    pub fn caching_error(&self) -> Option<&Corrupt> {
-        match &self.caching {
-            Caching::Error(c) => Some(c),
-            _ => None,
-        }
-    }
-
     /// Bytes allocatable now: the cache's count when cached; otherwise the counters the
     /// kernel's space_info keeps (length - used - reserved - pinned - super), where an
     /// uncached group has nothing reserved or pinned; nothing for a group whose cache
@@ -369,11 +361,6 @@ impl Allocator {
             .filter(|g| g.flags & BLOCK_GROUP_TYPE_MASK == ty)
             .map(BlockGroup::free_space)
             .sum()
-    }
-
-    /// How many groups are cached (loaded or created in this session).
-    pub fn cached_groups(&self) -> usize {
-        self.groups.values().filter(|g| g.is_cached()).count()
     }
 
     /// Check every group's bookkeeping (debug builds and tests).

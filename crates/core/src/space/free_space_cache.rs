@@ -48,8 +48,10 @@ use std::ops::Bound::{Excluded, Unbounded};
 use std::time::Instant;
 
 /// Bits per bitmap with 4 KiB pages (`PAGE_SIZE × 8`, x86_64).
+#[cfg(any(test, feature = "test-hooks"))]
 pub const BITS_PER_BITMAP_4K_PAGE: u32 = 4096 * 8;
 /// Bits per bitmap with 16 KiB pages (arm64 with 16K pages).
+#[cfg(any(test, feature = "test-hooks"))]
 pub const BITS_PER_BITMAP_16K_PAGE: u32 = 16384 * 8;
 /// Memory budget for cache entries per GiB of block group (`MAX_CACHE_BYTES_PER_GIG`).
 pub const MAX_CACHE_BYTES_PER_GIG: u64 = 64 * 1024;
@@ -102,12 +104,16 @@ pub enum BitmapPolicy {
     /// The kernel's `use_bitmap`: three rules (size, thresholds, block group size).
     Default,
     /// The kernel's debug "fragment" mode: rules 1 and 2 off, rule 3 kept.
+    #[cfg(any(test, feature = "test-hooks"))]
     Fragment,
     /// Self-test policy: a bitmap whenever `free_extents > 0`.
+    #[cfg(any(test, feature = "test-hooks"))]
     WhenFreeExtents,
     /// Self-test policy: always a bitmap.
+    #[cfg(any(test, feature = "test-hooks"))]
     Always,
     /// Never a bitmap (tests of stealing).
+    #[cfg(any(test, feature = "test-hooks"))]
     Never,
 }
 
@@ -143,6 +149,7 @@ pub enum Alloc {
 
 /// Summary of one [`FreeSpaceCtl::unpin_all`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg(any(test, feature = "test-hooks"))]
 pub struct Unpinned {
     pub ranges: u64,
     pub bytes: u64,
@@ -268,6 +275,7 @@ impl BitmapSlots {
         self.len == 0
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     fn clear(&mut self) {
         self.slots.iter_mut().for_each(|s| *s = None);
         self.occupied.fill(0);
@@ -455,12 +463,15 @@ impl FreeSpaceCtl {
         self.free_space
     }
     /// Extent entries plus bitmap entries (`ctl->free_extents`).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn free_extents(&self) -> u64 {
         self.free_extents
     }
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn total_bitmaps(&self) -> u64 {
         self.total_bitmaps
     }
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn extents_thresh(&self) -> u64 {
         self.extents_thresh
     }
@@ -471,10 +482,12 @@ impl FreeSpaceCtl {
     pub fn pinned_bytes(&self) -> u64 {
         self.pinned_bytes
     }
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn policy(&self) -> BitmapPolicy {
         self.policy
     }
     /// Replace the `use_bitmap` hook (the self-tests swap `ctl->op`).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_policy(&mut self, policy: BitmapPolicy) {
         self.policy = policy;
     }
@@ -487,6 +500,7 @@ impl FreeSpaceCtl {
     }
     /// Turn the `check_invariants` run after every mutation on or off (on by default in
     /// debug builds; long-running tests may check at their own checkpoints instead).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_debug_checks(&mut self, on: bool) {
         self.debug_checks = on;
     }
@@ -494,18 +508,21 @@ impl FreeSpaceCtl {
     /// Replace the front-steal scan. Only the front-steal benchmark uses this, to measure
     /// the kernel's old forward walk; production code always runs the word scan.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_front_scan_override(&mut self, scan: Option<FrontScanFn>) {
         self.front_scan_override = scan;
     }
 
     /// Record the wall time of every `steal_from_bitmap_to_front` call (benchmark only).
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_front_steal_probe(&mut self, on: bool) {
         self.front_steal_probe = on.then(Vec::new);
     }
 
     /// Take the recorded front-steal times, in nanoseconds.
     #[doc(hidden)]
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn take_front_steal_times(&mut self) -> Vec<u32> {
         self.front_steal_probe.as_mut().map(std::mem::take).unwrap_or_default()
     }
@@ -579,6 +596,7 @@ impl FreeSpaceCtl {
     ///
     /// A group starting at 0 cannot tell "allocated at 0" from "no space" here, as in the
     /// kernel; [`FreeSpaceCtl::alloc`] returns the answer as a type.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn find_space_for_alloc(&mut self, offset: u64, bytes: u64, empty_size: u64) -> (u64, u64) {
         match self.alloc(offset, bytes, empty_size) {
             Alloc::Found { start, max_extent_size } => (start, max_extent_size),
@@ -659,6 +677,7 @@ impl FreeSpaceCtl {
 
     /// Return every pinned range to the cache, lowest first, as the commit does
     /// (`btrfs_finish_extent_commit` → `unpin_extent_range` → `__btrfs_add_free_space`).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn unpin_all(&mut self) -> Unpinned {
         let pinned = std::mem::take(&mut self.pinned);
         self.pinned_bytes = 0;
@@ -684,11 +703,13 @@ impl FreeSpaceCtl {
     }
 
     /// Pinned ranges as `(offset, bytes)`, lowest first.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn pinned_ranges(&self) -> Vec<(u64, u64)> {
         self.pinned.iter().map(|(&s, &e)| (s, e - s)).collect()
     }
 
     /// Drop every entry (`__btrfs_remove_free_space_cache`); pinned ranges stay.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn remove_free_space_cache(&mut self) {
         self.extents.clear();
         self.bitmaps.clear();
@@ -714,6 +735,7 @@ impl FreeSpaceCtl {
 
     /// Whether any byte of `[offset, offset + bytes)` is free (the self-tests' `exists`,
     /// exact rather than the kernel helper's approximation).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn any_free(&self, offset: u64, bytes: u64) -> bool {
         let lo = max(offset, self.start);
         let hi = min(offset.saturating_add(bytes), self.start + self.length);
@@ -721,6 +743,7 @@ impl FreeSpaceCtl {
     }
 
     /// All free space as coalesced `(offset, bytes)` ranges, lowest first.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn free_ranges(&self) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> =
             self.extents.iter().map(|(&o, e)| (o, o + e.bytes)).collect();
@@ -756,6 +779,7 @@ impl FreeSpaceCtl {
     }
 
     /// Entries in bytes-index order (largest first), as `(offset, kind)`.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn bytes_index_order(&self) -> Vec<(u64, EntryKind)> {
         self.bytes_index.values().copied().collect()
     }
@@ -1352,10 +1376,14 @@ impl FreeSpaceCtl {
     /// `use_bitmap` and the test policies.
     fn use_bitmap(&self, bytes: u64) -> bool {
         let forced = match self.policy {
+            #[cfg(any(test, feature = "test-hooks"))]
             BitmapPolicy::Always => return true,
+            #[cfg(any(test, feature = "test-hooks"))]
             BitmapPolicy::Never => return false,
+            #[cfg(any(test, feature = "test-hooks"))]
             BitmapPolicy::WhenFreeExtents => return self.free_extents > 0,
             BitmapPolicy::Default => false,
+            #[cfg(any(test, feature = "test-hooks"))]
             BitmapPolicy::Fragment => true,
         };
         // Rule 1: large ranges stay extents (how big regions leave the bitmaps).

@@ -11,7 +11,9 @@
 //! so the allocator loads a group's free space from items nobody has changed yet.
 
 use crate::error::Result;
-use crate::transaction::{TransHandle, Transaction};
+#[cfg(any(test, feature = "test-hooks"))]
+use crate::transaction::TransHandle;
+use crate::transaction::Transaction;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key};
@@ -119,6 +121,7 @@ fn using_bitmaps(w: &mut Transaction, g: &Group) -> Result<bool> {
 /// # Errors
 /// Tree modification failures.
 /// In the handle `h` (the public form; the engine's own changes call `add_block_group_free_space_in`).
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn add_block_group_free_space(h: &mut TransHandle<'_>, start: u64) -> Result<()> {
     add_block_group_free_space_in(h, start)
 }
@@ -146,6 +149,7 @@ fn ensure_group_added(w: &mut Transaction, g: &Group) -> Result<()> {
 /// # Errors
 /// `Corrupt` if the range is not entirely free in the tree.
 /// In the handle `h` (the public form; the engine's own changes call `remove_from_free_space_tree_in`).
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn remove_from_free_space_tree(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
     remove_from_free_space_tree_in(h, start, len)
 }
@@ -166,6 +170,7 @@ pub(crate) fn remove_from_free_space_tree_in(
 /// # Errors
 /// `Corrupt` if part of the range is already free.
 /// In the handle `h` (the public form; the engine's own changes call `add_to_free_space_tree_in`).
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn add_to_free_space_tree(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
     add_to_free_space_tree_in(h, start, len)
 }
@@ -457,6 +462,7 @@ fn delete_group_items(w: &mut Transaction, g: &Group, ty: u8) -> Result<()> {
 /// caching the group; `Posix(Invalid)` when no group is [start, start+len); tree
 /// modification failures.
 /// In the handle `h` (the public form; the engine's own changes call `convert_to_bitmaps_in`).
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn convert_to_bitmaps(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
     convert_to_bitmaps_in(h, start, len)
 }
@@ -497,6 +503,7 @@ pub(crate) fn convert_to_bitmaps_in(w: &mut Transaction, start: u64, len: u64) -
 /// caching the group; `Posix(Invalid)` when no group is [start, start+len); tree
 /// modification failures.
 /// In the handle `h` (the public form; the engine's own changes call `convert_to_extents_in`).
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn convert_to_extents(h: &mut TransHandle<'_>, start: u64, len: u64) -> Result<()> {
     convert_to_extents_in(h, start, len)
 }

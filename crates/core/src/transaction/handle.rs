@@ -100,6 +100,7 @@ impl Inhibited {
         self.len == 0
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     fn len(&self) -> usize {
         #[cfg(feature = "test-hooks")]
         if let Some(r) = &self.other {
@@ -351,11 +352,13 @@ impl Transaction {
     }
 
     /// Tree blocks the live handle inhibits from writeback (tests).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn handle_inhibited_blocks(&self) -> usize {
         self.handle.as_ref().map_or(0, |h| h.inhibited.len())
     }
 
     /// Metadata bytes the live handle still holds reserved (tests).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn handle_reserved_bytes(&self) -> u64 {
         self.handle.as_ref().map_or(0, |h| h.rsv)
     }

@@ -1001,16 +1001,19 @@ impl Transaction {
     /// (the least recently changed first) so memory stays bounded however long the
     /// transaction runs. Crash safety is unchanged: such blocks sit in space the
     /// committed state treats as free, and a later change COWs them.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn set_dirty_metadata_limit(&mut self, bytes: usize) {
         self.dirty_limit = bytes;
     }
 
     /// Tree blocks COWed so far (each a new block allocated for a change).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn blocks_cowed(&self) -> u64 {
         self.cowed
     }
 
     /// Metadata bytes reserved now, by live handles and pending direct writes.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn metadata_reserved(&self) -> u64 {
         self.alloc.meta_may_use
     }
@@ -1027,11 +1030,13 @@ impl Transaction {
     }
 
     /// Blocks of the running transactions written before their commit, so far.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn blocks_written_early(&self) -> u64 {
         self.written_early
     }
 
     /// What the last commit's qgroup accounting did (None with quotas off).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn qgroup_stats(&self) -> Option<crate::extent::qgroup::QgroupStats> {
         self.quotas.then(|| self.qgroup.last.clone())
     }
@@ -1125,6 +1130,7 @@ impl Transaction {
         Ok(())
     }
 
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn dirty_blocks(&self) -> usize {
         self.dirty.len()
     }
@@ -1180,6 +1186,7 @@ impl Transaction {
     ///
     /// # Errors
     /// `Io` from writes and flushes, anything from running references.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn commit(&mut self) -> Result<u64> {
         let Some(io) = self.start_commit()? else {
             return Ok(self.sb.generation.get());
@@ -1591,6 +1598,7 @@ impl Transaction {
     ///
     /// # Errors
     /// `Posix(Exists)` if the tree exists; allocation failures.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn create_tree(&mut self, id: u64) -> Result<RootInfo> {
         self.check_writable()?;
         if self.root(id).is_ok() {

@@ -57,6 +57,7 @@ pub struct ViewGuard {
 
 impl ViewGuard {
     /// The generation the view reads.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn generation(&self) -> u64 {
         self.generation
     }

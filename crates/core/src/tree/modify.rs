@@ -1001,6 +1001,7 @@ impl Transaction {
     ///
     /// # Errors
     /// `Corrupt` describing the first violation.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn check_invariants(&mut self, root_id: u64) -> Result<()> {
         let root = self.read_root_blk(root_id)?;
         let mut last: Option<Key> = None;

@@ -505,12 +505,14 @@ fn blockdev_discard_granularity(md: &std::fs::Metadata) -> Option<u64> {
 /// An in-memory device (tests, fuzzing). It takes discards (granularity 4 KiB, as a
 /// loop device over a file on a 4 KiB-block filesystem): the range reads as zeros
 /// afterwards, and the device keeps the list of ranges discarded (`discarded`).
+#[cfg(any(test, feature = "test-hooks"))]
 pub struct MemDevice {
     data: RwLock<Vec<u8>>,
     name: String,
     discards: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl MemDevice {
     pub fn new(data: Vec<u8>, name: impl Into<String>) -> MemDevice {
         MemDevice {
@@ -531,6 +533,7 @@ impl MemDevice {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl BlockDevice for MemDevice {
     fn discard_granularity(&self) -> Option<u64> {
         Some(4096)

@@ -1626,7 +1626,7 @@ impl Ubtrfs {
                     lookup_len(last(path))?;
                     Ok(dir)
                 })?;
-                self.engine().unlink(root, dir.ino, last(path))?;
+                self.engine().unlink(InodeId { root, ino: dir.ino }, last(path))?;
                 Ok(Out::Done)
             }
             Op::Link { old, new } => self.change(|w| {
@@ -1695,7 +1695,7 @@ impl Ubtrfs {
                     lookup_len(last(path))?;
                     Ok(dir)
                 })?;
-                self.engine().rmdir(root, dir.ino, last(path))?;
+                self.engine().rmdir(InodeId { root, ino: dir.ino }, last(path))?;
                 Ok(Out::Done)
             }
             Op::Rename { old, new, flags } => {
@@ -1729,7 +1729,13 @@ impl Ubtrfs {
                         Ok(Out::Done)
                     })
                 } else {
-                    self.engine().rename(root, od.ino, last(old), nd.ino, last(new), *flags)?;
+                    self.engine().rename(
+                        InodeId { root, ino: od.ino },
+                        last(old),
+                        InodeId { root, ino: nd.ino },
+                        last(new),
+                        *flags,
+                    )?;
                     Ok(Out::Done)
                 }
             }

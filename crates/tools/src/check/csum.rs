@@ -7,7 +7,7 @@
 use super::codes::*;
 use super::walk::State;
 use super::{merge_ranges, ranges_str, uncovered, CheckOptions, Finding, Sink};
-use ubtrfs_core::disk_io::{Expect, FsInfo};
+use ubtrfs_core::{Expect, FsInfo};
 use ubtrfs_format::key::*;
 
 /// Bytes of data read per request while verifying csums (bounds the buffer).

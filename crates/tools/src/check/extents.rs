@@ -10,7 +10,7 @@ use super::codes::*;
 use super::walk::{DataRef, ExtentRec, RefFrom, State, TreeRef};
 use super::{Finding, Sink};
 use std::collections::{BTreeMap, HashMap};
-use ubtrfs_core::disk_io::FsInfo;
+use ubtrfs_core::FsInfo;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 

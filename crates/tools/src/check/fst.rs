@@ -12,7 +12,7 @@
 use super::codes::*;
 use super::walk::{FstItem, FstKind, State};
 use super::{merge_ranges, range_diff, ranges_str, uncovered, Finding, Sink};
-use ubtrfs_core::disk_io::FsInfo;
+use ubtrfs_core::FsInfo;
 use ubtrfs_format::features::*;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;

@@ -35,8 +35,7 @@ mod space;
 mod walk;
 
 use std::fmt;
-use ubtrfs_core::disk_io::FsInfo;
-use ubtrfs_core::error::Result;
+use ubtrfs_core::{FsInfo, Result};
 use ubtrfs_format::Key;
 
 /// What to check beyond the metadata.
@@ -349,7 +348,7 @@ pub fn check(fs: &FsInfo, opts: &CheckOptions) -> Result<CheckReport> {
     Ok(sink.report)
 }
 
-pub(crate) use ubtrfs_core::ranges::merge_ranges;
+pub(crate) use ubtrfs_core::merge_ranges;
 
 /// Parts of `[start, end)` not covered by `covered` (disjoint, sorted).
 pub(crate) fn uncovered(covered: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {

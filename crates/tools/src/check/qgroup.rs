@@ -14,7 +14,7 @@ use super::codes::*;
 use super::walk::{RefFrom, State};
 use super::{Finding, Sink};
 use std::collections::{BTreeMap, HashMap};
-use ubtrfs_core::disk_io::FsInfo;
+use ubtrfs_core::FsInfo;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::MAX_LEVEL;
 
@@ -51,8 +51,7 @@ fn compute(fs: &FsInfo, st: &State) -> BTreeMap<u64, (u64, u64)> {
     }
 
     // Each level-0 qgroup's ancestors (itself included), through the relations.
-    let tree =
-        ubtrfs_core::extent::qgroup::QgroupRelations::new(st.qgroup_relations.iter().copied());
+    let tree = ubtrfs_core::QgroupRelations::new(st.qgroup_relations.iter().copied());
     let mut anc_cache: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut computed: BTreeMap<u64, (u64, u64)> =
         st.qgroup_info.keys().map(|&q| (q, (0, 0))).collect();

@@ -10,7 +10,7 @@
 use super::codes::*;
 use super::walk::{ChunkRec, State};
 use super::{Finding, Sink};
-use ubtrfs_core::disk_io::FsInfo;
+use ubtrfs_core::FsInfo;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
 

@@ -18,9 +18,7 @@
 //! filesystem and moves everything into real chunks (see `mod.rs`).
 //! Neighbours: `options` (what is asked for), `ubtrfs_format::node::NodeMut`.
 
-use ubtrfs_core::error::{Error, Result};
-use ubtrfs_core::sources::Time;
-use ubtrfs_core::volumes::device::BlockDevice;
+use ubtrfs_core::{BlockDevice, Error, Result, Time};
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{NodeMut, NodeRef};
 use ubtrfs_format::structs::*;

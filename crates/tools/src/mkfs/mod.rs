@@ -9,7 +9,7 @@
 //!    COWs every root leaf into them, and commits (the commit frees the bootstrap
 //!    blocks);
 //! 3. a second transaction removes the now empty temporary chunk
-//!    (`ubtrfs_core::space::chunk_remove`) and commits.
+//!    (`Engine::remove_chunk`) and commits.
 //!
 //! Then the result is opened again and checked by the checker (`crate::check`): a
 //! filesystem mkfs made is clean or mkfs fails. Neighbours: `options` (what is asked
@@ -21,13 +21,7 @@ pub mod shrink;
 pub mod signature;
 
 use std::path::{Path, PathBuf};
-use ubtrfs_core::engine::Engine;
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::space::{chunk_alloc, chunk_remove};
-use ubtrfs_core::transaction::Transaction;
-use ubtrfs_core::volumes::device::{BlockDevice, FileDevice};
-use ubtrfs_core::FsWriter;
-use ubtrfs_core::{FsInfo, OpenOptions};
+use ubtrfs_core::{BlockDevice, Engine, Error, FileDevice, FsInfo, OpenOptions, PosixKind, Result};
 use ubtrfs_format::structs::*;
 
 pub use options::{Features, MkfsOptions};
@@ -249,37 +243,32 @@ fn make_filesystem_inner(
     }
     let paths: Vec<PathBuf> = devices.iter().map(|d| d.path.clone()).collect();
     let generation = (|| {
-        let mut w = FsWriter::open(&OpenOptions {
+        let e = crate::offline_engine(Engine::open(&OpenOptions {
             devices: paths.clone(),
             cache_bytes: MKFS_CACHE_BYTES,
             writable: true,
             sources: opts.sources.clone(),
             degraded: false,
-        })?;
+        })?);
         if opts.shrink {
-            shrink::cap_chunks(&mut w)?;
+            shrink::cap_chunks(&e)?;
         }
-        populate_chunks(&mut w, opts)?;
-        w.commit()?;
-        let e = crate::offline_engine(w);
+        populate_chunks(&e, opts)?;
+        e.commit()?;
         if let Err(err) = fill(&e).and_then(|()| e.writeback_all()) {
-            e.write(|w| {
-                w.abort("mkfs: filling the new filesystem", &err);
-                Ok(())
-            })?;
+            e.abort("mkfs: filling the new filesystem", &err)?;
             return Err(err);
         }
-        let mut w = e.into_writer()?;
         let mut dev_sizes: Vec<u64> = l.devices.iter().map(|d| d.total_bytes).collect();
         if opts.shrink {
-            w.commit()?;
-            for (devid, size) in shrink::shrink_devices(&mut w)? {
+            e.commit()?;
+            for (devid, size) in e.shrink_devices()? {
                 let i = usize::try_from(devid - 1).expect("devids are 1..=N");
                 dev_sizes[i] = size;
             }
         }
-        let g = w.commit()?;
-        Ok((g, w.info.super_copy().total_bytes.get(), dev_sizes))
+        let g = e.commit()?;
+        Ok((g, e.info().super_copy().total_bytes.get(), dev_sizes))
     })()
     .map_err(after_writing)?;
     let (generation, total_bytes, dev_sizes) = generation;
@@ -314,23 +303,24 @@ fn make_filesystem_inner(
     })
 }
 
-/// Steps 2 and 3 of the module docs, on the writer of the bootstrap filesystem.
+/// Steps 2 and 3 of the module docs, on the engine of the bootstrap filesystem.
 ///
 /// # Errors
-/// Engine errors (a failure after a change began aborts the writer).
-pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
+/// Engine errors (a failure after a change began aborts the transaction).
+pub fn populate_chunks(e: &Engine, opts: &MkfsOptions) -> Result<()> {
     let start = bootstrap::TEMP_CHUNK_START;
-    w.set_alloc_profile(BLOCK_GROUP_DATA, opts.data_profile)?;
-    w.set_alloc_profile(BLOCK_GROUP_METADATA, opts.metadata_profile)?;
-    w.set_alloc_profile(BLOCK_GROUP_SYSTEM, opts.metadata_profile)?;
+    e.set_alloc_profile(BLOCK_GROUP_DATA, opts.data_profile)?;
+    e.set_alloc_profile(BLOCK_GROUP_METADATA, opts.metadata_profile)?;
+    e.set_alloc_profile(BLOCK_GROUP_SYSTEM, opts.metadata_profile)?;
     // The first chunks are mkfs.btrfs's sizes, smaller than the kernel makes later: 8 MiB
     // of system and of data, metadata a twentieth of the filesystem within 32-256 MiB
     // (--shrink has set its own, smaller ones).
     if !opts.shrink {
-        let total = w.info.super_copy().total_bytes.get();
-        w.set_max_chunk_size(BLOCK_GROUP_SYSTEM, 8 << 20)?;
-        w.set_max_chunk_size(BLOCK_GROUP_DATA, 8 << 20)?;
-        w.set_max_chunk_size(BLOCK_GROUP_METADATA, (total / 20).clamp(32 << 20, 256 << 20))?;
+        let total = e.info().super_copy().total_bytes.get();
+        e.set_max_chunk_size(Some((BLOCK_GROUP_SYSTEM, 8 << 20)))?;
+        e.set_max_chunk_size(Some((BLOCK_GROUP_DATA, 8 << 20)))?;
+        let meta = (total / 20).clamp(32 << 20, 256 << 20);
+        e.set_max_chunk_size(Some((BLOCK_GROUP_METADATA, meta)))?;
     }
     // With mixed block groups one DATA|METADATA chunk serves both.
     let types: &[u64] = if opts.features.mixed {
@@ -338,27 +328,11 @@ pub fn populate_chunks(w: &mut FsWriter, opts: &MkfsOptions) -> Result<()> {
     } else {
         &[BLOCK_GROUP_SYSTEM, BLOCK_GROUP_METADATA, BLOCK_GROUP_DATA]
     };
-    {
-        // No reservation: the metadata chunk this handle makes is where its blocks go.
-        let mut h = Transaction::start_transaction(w, "mkfs: chunks", 0)?;
-        let r = (|| {
-            for &ty in types {
-                chunk_alloc::alloc_chunk(&mut h, ty)?;
-            }
-            let moved = chunk_remove::relocate_root_leaves(&mut h, start)?;
-            assert!(
-                moved >= 9,
-                "moved {moved} trees out of the bootstrap chunk, expected every tree"
-            );
-            Ok(())
-        })();
-        h.end_with(r)?;
-    }
+    let moved = e.alloc_chunks_moving_roots(types, start)?;
+    assert!(moved >= 9, "moved {moved} trees out of the bootstrap chunk, expected every tree");
     if !opts.shrink {
-        w.clear_max_chunk_sizes();
+        e.set_max_chunk_size(None)?;
     }
-    w.commit()?;
-    let mut h = w.start_transaction("mkfs: remove the bootstrap chunk", 0)?;
-    let r = chunk_remove::remove_chunk(&mut h, start);
-    h.end_with(r)
+    e.commit()?;
+    e.remove_chunk(start)
 }

@@ -8,8 +8,7 @@
 //! writable on the device count, the feature set one the engine writes. Neighbours: `bootstrap`
 //! (writes the first filesystem from these), `mod.rs` (runs the engine on it).
 
-use ubtrfs_core::error::{Error, PosixKind, Result};
-use ubtrfs_core::sources::Sources;
+use ubtrfs_core::{Error, PosixKind, Result, Sources};
 use ubtrfs_format::features::*;
 use ubtrfs_format::structs::*;
 use ubtrfs_format::CsumType;
@@ -130,7 +129,7 @@ pub fn parse_profile(name: &str) -> Result<u64> {
 
 /// The fewest devices `profile` needs (the kernel's `devs_min`).
 pub fn profile_min_devices(profile: u64) -> usize {
-    ubtrfs_core::space::chunk_alloc::raid_attr(profile).map_or(usize::MAX, |a| a.devs_min)
+    ubtrfs_core::raid_attr(profile).map_or(usize::MAX, |a| a.devs_min)
 }
 
 /// A checksum algorithm as `--csum` names it.

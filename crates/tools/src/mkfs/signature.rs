@@ -8,7 +8,7 @@
 //! looked for before the bare MBR.
 
 use std::os::unix::fs::FileExt;
-use ubtrfs_core::error::{Error, Result};
+use ubtrfs_core::{Error, Result};
 use ubtrfs_format::structs::{MAGIC, SUPER_INFO_OFFSET};
 
 /// Bytes read from the start of the device: everything up to the btrfs magic.
