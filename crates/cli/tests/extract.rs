@@ -441,7 +441,8 @@ fn unreadable_leaf_skips_only_what_it_held() {
         .expect("a directory");
     assert!(big.entries.len() > 1000, "{} entries", big.entries.len());
     let root = fs.fs_root(FS_TREE_OBJECTID).unwrap();
-    let leaf_of = |k: Key| fs.info.search_slot(&root, &k).expect("search").0.leaf().bytenr;
+    let leaf_of =
+        |k: Key| fs.info.search_slot(&root, &k).expect("search").into_path().leaf().bytenr;
     let mid =
         leaf_of(Key::new(big.id.ino, DIR_INDEX_KEY, big.entries[big.entries.len() / 2].index));
     assert_ne!(

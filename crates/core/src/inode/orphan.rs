@@ -68,7 +68,7 @@ impl FsWriter {
         // Looked up first: a delete's search COWs its path even when the key is absent.
         let key = orphan_key(ino);
         let root_info = self.root(root)?;
-        if self.live().search_slot(&root_info, &key)?.1 {
+        if self.live().search_slot(&root_info, &key)?.found() {
             self.delete_item(root, &key)
         } else {
             Ok(false)

@@ -23,6 +23,7 @@ use crate::compression::CompressionType;
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
 use crate::inode::writer::FsWriter;
+use crate::tree::search::Search;
 use ubtrfs_format::features::{INCOMPAT_COMPRESS_LZO, INCOMPAT_COMPRESS_ZSTD};
 use ubtrfs_format::hash::name_hash;
 use ubtrfs_format::items;
@@ -1019,10 +1020,9 @@ impl<V: FsRead> XattrRead for V {}
 /// The value of xattr `name` of `id`, read raw (no namespace rules).
 fn lookup_xattr<V: FsRead>(fs: &V, id: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
     let root = fs.fs_root(id.root)?;
-    let (path, found) = fs.search_slot(&root, &xattr_key(id, name))?;
-    if !found {
+    let Search::Found(path) = fs.search_slot(&root, &xattr_key(id, name))? else {
         return Ok(None);
-    }
+    };
     let item = path.item().expect("found slot is in the leaf");
     for e in items::dir_entries(item.data()) {
         let e = e.expect("validated by the tree checker");

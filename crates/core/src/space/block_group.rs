@@ -12,7 +12,7 @@
 
 use crate::disk_io::FsInfo;
 use crate::error::Result;
-use crate::tree::search::TreeView;
+use crate::tree::search::{Search, TreeView};
 use crate::volumes::MapLookup;
 use ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE;
 use ubtrfs_format::items::read_prefix;
@@ -96,7 +96,7 @@ impl FsInfo {
         let mut out = Vec::with_capacity(self.chunk_map.len());
         for chunk in self.chunk_map.iter() {
             let key = Key::new(chunk.logical, BLOCK_GROUP_ITEM_KEY, chunk.length);
-            let (path, found) = self.search_slot(&root, &key)?;
+            let search = self.search_slot(&root, &key)?;
             let missing = || {
                 Corrupt::new(
                     CorruptWhere::Item,
@@ -107,9 +107,9 @@ impl FsInfo {
                 )
                 .root(tree_id)
             };
-            if !found {
+            let Search::Found(path) = search else {
                 return Err(missing().into());
-            }
+            };
             let item = path.item().ok_or_else(missing)?;
             let bg: &BlockGroupItem = read_prefix(item.data(), "block group item")
                 .map_err(|r| item_corrupt(tree_id, &item, r))?;

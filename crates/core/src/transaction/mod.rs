@@ -1151,15 +1151,14 @@ impl Transaction {
             st.item = Some(item);
             let off = st.item_offset;
             let key = Key::new(id, ROOT_ITEM_KEY, off);
-            let (path, found) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0)?;
-            if !found {
+            let Some(path) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0)?.into_found() else {
                 return Err(ubtrfs_format::Corrupt::new(
                     ubtrfs_format::CorruptWhere::Item,
                     format!("root item {key} vanished"),
                 )
                 .root(1)
                 .into());
-            }
+            };
             let leaf = path.nodes[0].as_ref().expect("leaf").bytenr();
             let slot = path.slots[0];
             let size = self.node(&Blk::Dirty(leaf)).item(slot).size.get() as usize;
