@@ -138,8 +138,8 @@ pub fn setfattr(a: &SetfattrArgs) -> Result<()> {
         let r = (|| {
             let id = w.live().resolve_id(p, !a.no_dereference)?;
             match &value {
-                Some(v) => w.setxattr(id.root, id.ino, name, v, 0),
-                None => w.removexattr(id.root, id.ino, name),
+                Some(v) => w.setxattr(id, name, v, 0),
+                None => w.removexattr(id, name),
             }
         })();
         // A failure after an earlier path changed leaves the transaction half done:

@@ -617,7 +617,7 @@ fn copy_xattrs(e: &Engine, src: &Path, id: InodeId) -> Result<()> {
             io(src, &format!("cannot read xattr {} of", String::from_utf8_lossy(name)), e)
         })?;
         v.truncate(got);
-        e.write(|w| w.setxattr(id.root, id.ino, name, &v, 0)).map_err(|e| {
+        e.write(|w| w.setxattr(id, name, &v, 0)).map_err(|e| {
             e.at(format!(
                 "{}: xattr {}",
                 ubtrfs_core::quote::path(src),

@@ -282,7 +282,7 @@ impl FsWriter {
     /// count follows the number of items pointing at it.
     pub(crate) fn mark_extent_written(&mut self, root: u64, ino: u64, p: &InPlace) -> Result<()> {
         let id = InodeId { root, ino };
-        let err = |r: String| crate::inode::write::ino_err(root, ino, r);
+        let err = |r: String| crate::inode::write::ino_err(id, r);
         let (s, e) = (p.file_off, p.file_off + p.len);
         // The regular or preallocated extent item at `at`, if it is one: (extent
         // offset, length, preallocated, ram_bytes, of the same disk extent).

@@ -285,7 +285,7 @@ impl Engine {
             zerocopy::IntoBytes::as_bytes(a) == zerocopy::IntoBytes::as_bytes(&t)
         };
         if queried || kill.is_some() || !same(&ii.mtime) || !same(&ii.ctime) {
-            if let Err(e) = self.write_retrying(|w| w.file_update_time(id.root, id.ino, kill, t)) {
+            if let Err(e) = self.write_retrying(|w| w.file_update_time(id, kill, t)) {
                 if queried {
                     inode.mark_ctime_queried();
                 }

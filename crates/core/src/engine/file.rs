@@ -250,7 +250,7 @@ impl Engine {
         })? {
             return Ok(false);
         }
-        self.write_retrying(|w| w.file_accessed(id.root, id.ino, opts))
+        self.write_retrying(|w| w.file_accessed(id, opts))
     }
 
     /// Change inode `id`'s attributes, as `FsWriter::setattr` does, holding its lock:
@@ -310,7 +310,7 @@ impl Engine {
         let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
         self.extent_change(&inode, offset, offset.saturating_add(len), || {
-            self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len))
+            self.write_retrying(|w| w.fallocate(id, mode, offset, len))
         })
     }
 
