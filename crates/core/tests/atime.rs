@@ -158,8 +158,7 @@ fn ubtrfs_side(img: &Path, opts: AtimeOpts) -> Vec<(bool, bool)> {
             Step::OldAtime(n) => {
                 let ino = if n == "f" { f } else { d };
                 w.setattr(
-                    top.root,
-                    ino,
+                    InodeId { root: top.root, ino },
                     &SetAttr {
                         atime: Some(TimeSet::At(now_secs() - TWO_DAYS, 0)),
                         ..Default::default()
@@ -171,8 +170,7 @@ fn ubtrfs_side(img: &Path, opts: AtimeOpts) -> Vec<(bool, bool)> {
             Step::AtimeNow(n) => {
                 let ino = if n == "f" { f } else { d };
                 w.setattr(
-                    top.root,
-                    ino,
+                    InodeId { root: top.root, ino },
                     &SetAttr { atime: Some(TimeSet::Now), ..Default::default() },
                 )
                 .expect("utimens");

@@ -56,7 +56,7 @@ fn same_bytes(got: &[u8], want: &[u8], what: &str) {
 
 fn setattr(w: &mut FsWriter, path: &str, a: SetAttr) -> ubtrfs_core::Result<()> {
     let i = id(w, path);
-    w.setattr(i.root, i.ino, &a)
+    w.setattr(i, &a)
 }
 
 /// chown clears set-user-ID always and set-group-ID with group execute, on files, not
@@ -116,13 +116,18 @@ fn chmod_chown_and_times_follow_the_kernel() {
             w.write_file(top.root, ino, 0, b"x").expect("write");
             ino
         };
-        w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() })
-            .expect("chmod");
-        w.setattr(top.root, ino, &SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() })
-            .expect("chown");
         w.setattr(
-            top.root,
-            ino,
+            InodeId { root: top.root, ino },
+            &SetAttr { mode: Some(mode), ..Default::default() },
+        )
+        .expect("chmod");
+        w.setattr(
+            InodeId { root: top.root, ino },
+            &SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() },
+        )
+        .expect("chown");
+        w.setattr(
+            InodeId { root: top.root, ino },
             &SetAttr {
                 atime: Some(TimeSet::At(1_000_000_007, 123)),
                 mtime: Some(TimeSet::At(1_600_000_000, 999_999_999)),
@@ -274,15 +279,17 @@ fn chown_without_ids_follows_the_kernel() {
                 .expect("symlink"),
         };
         if kind != 'l' {
-            w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() })
-                .expect("chmod");
+            w.setattr(
+                InodeId { root: top.root, ino },
+                &SetAttr { mode: Some(mode), ..Default::default() },
+            )
+            .expect("chmod");
         }
         if caps {
             w.setxattr(InodeId { root: top.root, ino }, CAP_NAME, &CAPS, 0).expect("setcap");
         }
         w.setattr(
-            top.root,
-            ino,
+            InodeId { root: top.root, ino },
             &SetAttr {
                 atime: Some(TimeSet::At(1_000_000_007, 123)),
                 mtime: Some(TimeSet::At(1_600_000_000, 5)),
@@ -295,7 +302,7 @@ fn chown_without_ids_follows_the_kernel() {
         }
         let before = item(&w, name);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        w.setattr(top.root, ino, &SetAttr::chown(None, None))
+        w.setattr(InodeId { root: top.root, ino }, &SetAttr::chown(None, None))
             .unwrap_or_else(|e| panic!("chown {name} -1 -1: {e}"));
         let after = item(&w, name);
         let has_caps = w.live().getxattr(InodeId { root: top.root, ino }, CAP_NAME).is_ok();

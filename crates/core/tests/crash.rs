@@ -1040,8 +1040,11 @@ impl Workload {
             _ => size + self.rng.range(1, 256 << 10),
         };
         let what = format!("truncate {} from {size} to {new}", show(&path));
-        w.setattr(FS_TREE, ino, &SetAttr { size: Some(new), ..SetAttr::default() })
-            .map_err(|e| (what.clone(), e))?;
+        w.setattr(
+            InodeId { root: FS_TREE, ino },
+            &SetAttr { size: Some(new), ..SetAttr::default() },
+        )
+        .map_err(|e| (what.clone(), e))?;
         Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model"))
             .resize(new as usize, 0);
         Ok(what)
@@ -1107,7 +1110,7 @@ impl Workload {
             a.gid
         );
         let (root, ino) = node.id();
-        w.setattr(root, ino, &a).map_err(|e| (what.clone(), e))?;
+        w.setattr(InodeId { root, ino }, &a).map_err(|e| (what.clone(), e))?;
         let m = self.model.meta_of(&path);
         if let Some(mode) = a.mode {
             m.mode = (m.mode & S_IFMT) | mode;
@@ -1334,14 +1337,24 @@ impl Workload {
                 format!("truncate {p} (a directory)"),
                 PosixKind::IsDir,
                 &[&path],
-                |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() }),
+                |w| {
+                    w.setattr(
+                        InodeId { root, ino },
+                        &SetAttr { size: Some(0), ..SetAttr::default() },
+                    )
+                },
             ),
             (2, Node::Symlink { .. } | Node::Special { .. }) => self.refuse(
                 w,
                 format!("truncate {p} (not a file)"),
                 PosixKind::Invalid,
                 &[&path],
-                |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() }),
+                |w| {
+                    w.setattr(
+                        InodeId { root, ino },
+                        &SetAttr { size: Some(0), ..SetAttr::default() },
+                    )
+                },
             ),
             (3, Node::Dir { .. }) => self.refuse(
                 w,

@@ -192,7 +192,7 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
             }
             Op::Truncate(s) => {
                 kf.set_len(s).expect("kernel truncate");
-                w.setattr(id.root, id.ino, &SetAttr { size: Some(s), ..Default::default() })
+                w.setattr(id, &SetAttr { size: Some(s), ..Default::default() })
                     .expect("ubtrfs truncate");
                 (0, 0)
             }
@@ -342,8 +342,7 @@ fn inline_files_grow_out_of_their_extent() {
                 }
                 "truncate" => {
                     w.setattr(
-                        top.root,
-                        ino,
+                        InodeId { root: top.root, ino },
                         &SetAttr { size: Some(100_000), ..Default::default() },
                     )
                     .expect("truncate up");

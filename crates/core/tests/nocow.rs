@@ -206,8 +206,7 @@ fn ubtrfs_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
             Step::Truncate(n, size) => {
                 let ino = ino_of(&w, n);
                 w.setattr(
-                    top.root,
-                    ino,
+                    InodeId { root: top.root, ino },
                     &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() },
                 )
                 .expect("truncate");

@@ -777,8 +777,7 @@ fn random_operations_on_raid_against_a_model() {
                     let buf = model.get_mut(&name).expect("in the model");
                     let size = rng.below(buf.len() as u64 * 2 + 1);
                     w.setattr(
-                        id.root,
-                        id.ino,
+                        id,
                         &ubtrfs_core::inode::attr::SetAttr {
                             size: Some(size),
                             ..Default::default()

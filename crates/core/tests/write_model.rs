@@ -1088,7 +1088,7 @@ impl Sim {
             5 if kind != 'f' => {
                 let want = if kind == 'd' { PosixKind::IsDir } else { PosixKind::Invalid };
                 self.refuse(format!("truncate /{p} (kind {kind})"), want, &[p], |w| {
-                    w.setattr(id.root, id.ino, &SetAttr { size: Some(0), ..SetAttr::default() })
+                    w.setattr(id, &SetAttr { size: Some(0), ..SetAttr::default() })
                 });
             }
             6 if kind != 'f' => {

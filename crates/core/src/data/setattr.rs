@@ -19,7 +19,7 @@ use crate::inode::writer::FsWriter;
 use ubtrfs_format::structs::*;
 
 impl FsWriter {
-    /// Change inode `ino`'s attributes as `chmod`, `chown`, `utimensat` and
+    /// Change inode `id`'s attributes as `chmod`, `chown`, `utimensat` and
     /// `truncate` do (see the module documentation for the time rules and what a
     /// chown takes). Permission checks are the caller's (`perm::may_setattr`).
     ///
@@ -27,9 +27,8 @@ impl FsWriter {
     /// `Posix`: NotPermitted for an immutable or append-only inode (mode, ids,
     /// explicit times, size), IsDir / Invalid for the size of a directory / other
     /// non-regular file, FileTooBig past `MAX_FILE_SIZE`, NoSpace; tree failures.
-    pub fn setattr(&mut self, root: u64, ino: u64, a: &SetAttr) -> Result<()> {
-        let id = InodeId { root, ino };
-        self.check_root_writable(root)?;
+    pub fn setattr(&mut self, id: InodeId, a: &SetAttr) -> Result<()> {
+        self.check_root_writable(id.root)?;
         // A placeholder's attributes are the kernel's in-memory inode's: its
         // `simple_setattr` succeeds and stores nothing. So do we.
         if id.is_placeholder() {

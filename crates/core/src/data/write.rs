@@ -215,7 +215,7 @@ impl FsWriter {
                 // once the reservation failed, as the kernel asks).
                 let in_place = match e.posix_kind() {
                     Some(PosixKind::NoSpace) => {
-                        self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?
+                        self.in_place_bytes(id, ii.flags.get(), a_start, a_end)?
                     }
                     _ => 0,
                 };
@@ -357,7 +357,7 @@ impl FsWriter {
                 Ok(())
             };
             let plan = if nocow {
-                self.nocow_plan(root, ino, ii.flags.get(), a_start, a_end)?
+                self.nocow_plan(id, ii.flags.get(), a_start, a_end)?
             } else {
                 vec![Piece::Cow { start: a_start, end: a_end }]
             };
@@ -379,7 +379,7 @@ impl FsWriter {
                         )?;
                     }
                     Piece::InPlace(p) => {
-                        self.write_piece_in_place(root, ino, &p, nodatasum, &mut stream)?
+                        self.write_piece_in_place(id, &p, nodatasum, &mut stream)?
                     }
                 }
             }
@@ -392,8 +392,7 @@ impl FsWriter {
     /// preallocated part written.
     fn write_piece_in_place(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         p: &InPlace,
         nodatasum: bool,
         src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
@@ -407,7 +406,7 @@ impl FsWriter {
             done += n as u64;
         }
         if p.prealloc {
-            self.mark_extent_written(root, ino, p)?;
+            self.mark_extent_written(id, p)?;
         }
         Ok(())
     }
@@ -547,7 +546,7 @@ impl FsWriter {
         let a_end = end.div_ceil(ss) * ss;
         // The parts of a NOCOW-capable inode that go in place need no extent; the
         // caller holds the inode's lock, so they stay as planned until finish_write.
-        let plan = self.nocow_plan(root, ino, ii.flags.get(), offset, a_end)?;
+        let plan = self.nocow_plan(id, ii.flags.get(), offset, a_end)?;
         let mut extents = Vec::new();
         for piece in plan {
             let (mut cur, pend) = match piece {
@@ -636,7 +635,7 @@ impl FsWriter {
                     if !dw.nodatasum {
                         crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
                     }
-                    self.mark_extent_written(root, ino, &p)?;
+                    self.mark_extent_written(id, &p)?;
                 }
                 continue;
             }

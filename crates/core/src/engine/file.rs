@@ -281,7 +281,7 @@ impl Engine {
             }
         }
         let a = &a;
-        self.write_retrying(|w| w.setattr(id.root, id.ino, a))?;
+        self.write_retrying(|w| w.setattr(id, a))?;
         if let Some(size) = a.size {
             // The trees have the new size: the cache follows (see `page_cache`).
             self.truncate_page_cache(&inode, size);

@@ -1095,7 +1095,7 @@ impl Model {
     /// chmod / chown / truncate of `path` through `setattr`, in ubtrfs and the model.
     pub fn w_setattr(&mut self, w: &mut FsWriter, path: &str, a: &SetAttr) {
         let id = self.id(path);
-        w.setattr(id.root, id.ino, a).unwrap_or_else(|e| panic!("setattr /{path} {a:?}: {e}"));
+        w.setattr(id, a).unwrap_or_else(|e| panic!("setattr /{path} {a:?}: {e}"));
         let h = self.handle(path);
         model_setattr(self.node_mut(h), a);
     }
