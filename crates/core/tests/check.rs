@@ -112,7 +112,7 @@ impl Img {
         f(&mut buf);
         let sum = fs.csum_type.compute(&buf[CSUM_SIZE..]);
         buf[..fs.csum_type.size()].copy_from_slice(&sum[..fs.csum_type.size()]);
-        let chunk = fs.chunk_map.lookup(bytenr).expect("mapped").clone();
+        let chunk = fs.chunk_map.lookup(ubtrfs_core::ids::Logical(bytenr)).expect("mapped").clone();
         for m in 0..chunk.num_copies() {
             let (idx, phys, contig) = chunk.map(bytenr, m);
             assert!(contig >= buf.len() as u64, "tree block split across stripes");

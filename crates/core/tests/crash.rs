@@ -1479,7 +1479,7 @@ fn push_physical(
     len: u64,
     out: &mut Vec<(u64, u64)>,
 ) -> ubtrfs_core::Result<()> {
-    let c = info.chunk_map.lookup(l)?.clone();
+    let c = info.chunk_map.lookup(ubtrfs_core::ids::Logical(l))?.clone();
     for m in 0..c.num_copies() {
         let mut done = 0;
         while done < len {

@@ -12,6 +12,7 @@
 
 use crate::disk_io::FsInfo;
 use crate::error::Result;
+use crate::ids::Logical;
 use crate::tree::search::{Search, TreeView};
 use crate::volumes::MapLookup;
 use ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE;
@@ -132,7 +133,8 @@ impl FsInfo {
     pub fn space_info(&self) -> Result<Vec<SpaceInfo>> {
         let mut out: Vec<SpaceInfo> = Vec::new();
         for bg in self.block_groups()? {
-            let stripes = self.chunk_map.lookup(bg.start).map(|c| c.stripes.len()).unwrap_or(1);
+            let stripes =
+                self.chunk_map.lookup(Logical(bg.start)).map(|c| c.stripes.len()).unwrap_or(1);
             let flags = bg.flags & (BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK);
             let idx = match out.iter().position(|s| s.flags == flags) {
                 Some(i) => i,

@@ -657,7 +657,7 @@ impl Walker<'_> {
                 .bytenr(bytenr),
             );
         }
-        match self.fs.chunk_map.lookup(bytenr) {
+        match self.fs.chunk_map.lookup(ubtrfs_core::ids::Logical(bytenr)) {
             Ok(c) => {
                 let want = if t.id == CHUNK_TREE_OBJECTID {
                     BLOCK_GROUP_SYSTEM
