@@ -118,7 +118,7 @@ impl FsWriter {
         want_dir: bool,
     ) -> Result<()> {
         iflags_allow(InodeId { root, ino: dir }, dflags, IflagOp::RemoveName, name)?;
-        // The victim's number in this tree: a subvolume's entry is named by its place.
+        // Named in this directory's tree: a subvolume entry's target is in another one.
         let victim = InodeId { root, ino: v.entry.target.ino };
         iflags_allow(victim, v.item.flags.get(), IflagOp::Relink, name)?;
         if want_dir && !v.is_dir() {
