@@ -285,7 +285,7 @@ pub fn tree_blocks(info: &FsInfo) -> Result<Vec<TreeBlock>> {
             }
             let eb = info.read_tree_block(bytenr, &expect)?;
             let n = eb.node();
-            let chunk = info.chunk_map.lookup(bytenr)?;
+            let chunk = info.chunk_map.lookup(ubtrfs_core::ids::Logical(bytenr))?;
             let copies = (0..chunk.num_copies())
                 .map(|m| {
                     let (idx, phys, _) = chunk.map(bytenr, m);

@@ -182,10 +182,9 @@ fn dev_items(fs: &FsInfo) -> Result<Vec<DevItem>> {
 fn default_subvol(fs: &FsInfo) -> Result<u64> {
     const NAME: &[u8] = b"default";
     let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, name_hash(NAME));
-    let (path, found) = fs.search_slot(&fs.tree_root(), &key)?;
-    if !found {
+    let Some(path) = fs.search_slot(&fs.tree_root(), &key)?.into_found() else {
         return Ok(FS_TREE_OBJECTID);
-    }
+    };
     let Some(item) = path.item() else { return Ok(FS_TREE_OBJECTID) };
     for e in items::dir_entries(item.data()) {
         // Validated by the tree checker when the leaf was read.

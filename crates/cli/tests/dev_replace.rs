@@ -194,7 +194,12 @@ fn missing_source_reads_the_target_below_the_cursor() {
             else {
                 continue;
             };
-            let chunk = fs.info.chunk_map.lookup(disk_bytenr).expect("mapped").clone();
+            let chunk = fs
+                .info
+                .chunk_map
+                .lookup(ubtrfs_core::ids::Logical(disk_bytenr))
+                .expect("mapped")
+                .clone();
             let copy = |devid: u64| {
                 (0..chunk.num_copies())
                     .map(|m| chunk.map(disk_bytenr, m))

@@ -6,6 +6,7 @@
 //! `node_cache` (bounded cache of validated blocks).
 
 use crate::error::{Error, Result};
+use crate::ids::Logical;
 use crate::sources::Sources;
 use crate::tree::node_cache::NodeCache;
 use crate::tree::search::{RootInfo, TreeView};
@@ -333,13 +334,14 @@ impl FsInfo {
         }
         for c in chunks {
             if c.type_ & BLOCK_GROUP_SYSTEM != 0 {
-                if let Ok(existing) = self.chunk_map.lookup(c.logical) {
+                if let Ok(existing) = self.chunk_map.lookup(Logical(c.logical)) {
                     if *existing != c {
                         self.warn(format!("system chunk {} differs between the sys_chunk_array and the chunk tree; using the chunk tree", c.logical));
                     }
                 }
             }
-            if self.chunk_map.lookup(c.logical).map(|e| e.logical == c.logical).unwrap_or(false) {
+            let mapped = self.chunk_map.lookup(Logical(c.logical));
+            if mapped.map(|e| e.logical == c.logical).unwrap_or(false) {
                 continue;
             }
             self.chunk_map.insert(c)?;
@@ -420,13 +422,13 @@ impl FsInfo {
             .block(bytenr)
             .into());
         }
-        let copies = num_copies(&self.chunk_map, bytenr);
+        let copies = num_copies(&self.chunk_map, Logical(bytenr));
         let ctx = self.check_ctx(bytenr, expect);
         let mut first_err: Option<Error> = None;
         let mut bad = Vec::new();
         for mirror in 0..copies {
             let mut buf = vec![0u8; self.nodesize as usize].into_boxed_slice();
-            let r = read_logical(&self.chunk_map, &self.devices, bytenr, &mut buf, mirror)
+            let r = read_logical(&self.chunk_map, &self.devices, Logical(bytenr), &mut buf, mirror)
                 .and_then(|()| check_tree_block(&buf, &ctx).map_err(Error::from));
             match r {
                 Ok(()) => {
@@ -460,11 +462,13 @@ impl FsInfo {
     ///
     /// # Errors
     /// `Io` or `Corrupt` (unmapped address).
-    pub fn read_data(&self, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
+    pub fn read_data(&self, logical: Logical, buf: &mut [u8], mirror: usize) -> Result<()> {
         read_logical(&self.chunk_map, &self.devices, logical, buf, mirror)
     }
 
-    pub fn num_copies(&self, logical: u64) -> usize {
+    /// How many copies the chunk holding `logical` keeps (1 if none maps it, so the
+    /// read that follows reports the mapping error).
+    pub fn num_copies(&self, logical: Logical) -> usize {
         num_copies(&self.chunk_map, logical)
     }
 }

@@ -80,7 +80,8 @@ pub use space::trim::FstrimRange;
 
 // Errors and ids.
 pub use error::{Error, PosixKind, Result};
-pub use ids::InodeId;
+pub use ids::{Generation, InodeId, Logical};
+pub use tree::search::Search;
 
 // Reading: the committed and live views of the filesystem and what they hand out.
 pub use data::read::{DecompressCache, FileRead};

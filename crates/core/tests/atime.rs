@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 use ubtrfs_core::inode::atime::{AtimeMode, AtimeOpts};
 use ubtrfs_core::inode::attr::{fsflags, SetAttr, TimeSet};
-use ubtrfs_core::inode::filesystem::{FsRead, Load};
+use ubtrfs_core::inode::filesystem::{FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::FsWriter;
 use write_common::*;
@@ -158,8 +158,7 @@ fn ubtrfs_side(img: &Path, opts: AtimeOpts) -> Vec<(bool, bool)> {
             Step::OldAtime(n) => {
                 let ino = if n == "f" { f } else { d };
                 w.setattr(
-                    top.root,
-                    ino,
+                    InodeId { root: top.root, ino },
                     &SetAttr {
                         atime: Some(TimeSet::At(now_secs() - TWO_DAYS, 0)),
                         ..Default::default()
@@ -171,15 +170,15 @@ fn ubtrfs_side(img: &Path, opts: AtimeOpts) -> Vec<(bool, bool)> {
             Step::AtimeNow(n) => {
                 let ino = if n == "f" { f } else { d };
                 w.setattr(
-                    top.root,
-                    ino,
+                    InodeId { root: top.root, ino },
                     &SetAttr { atime: Some(TimeSet::Now), ..Default::default() },
                 )
                 .expect("utimens");
                 continue;
             }
             Step::NoatimeFlag => {
-                w.set_fsflags(top.root, f, fsflags::NOATIME).expect("chattr +A");
+                w.set_fsflags(InodeId { root: top.root, ino: f }, fsflags::NOATIME)
+                    .expect("chattr +A");
                 continue;
             }
             Step::ReadFile => f,
@@ -188,7 +187,7 @@ fn ubtrfs_side(img: &Path, opts: AtimeOpts) -> Vec<(bool, bool)> {
         };
         let before = t(&w, ino);
         std::thread::sleep(Duration::from_millis(15));
-        let moved = w.file_accessed(top.root, ino, opts).expect("file_accessed");
+        let moved = w.file_accessed(InodeId { root: top.root, ino }, opts).expect("file_accessed");
         let after = t(&w, ino);
         assert_eq!(moved, after.0 != before.0, "file_accessed's answer and the atime agree");
         out.push((after.0 != before.0, after.1 != before.1));

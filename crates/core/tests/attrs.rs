@@ -56,7 +56,7 @@ fn same_bytes(got: &[u8], want: &[u8], what: &str) {
 
 fn setattr(w: &mut FsWriter, path: &str, a: SetAttr) -> ubtrfs_core::Result<()> {
     let i = id(w, path);
-    w.setattr(i.root, i.ino, &a)
+    w.setattr(i, &a)
 }
 
 /// chown clears set-user-ID always and set-group-ID with group execute, on files, not
@@ -116,13 +116,18 @@ fn chmod_chown_and_times_follow_the_kernel() {
             w.write_file(top.root, ino, 0, b"x").expect("write");
             ino
         };
-        w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() })
-            .expect("chmod");
-        w.setattr(top.root, ino, &SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() })
-            .expect("chown");
         w.setattr(
-            top.root,
-            ino,
+            InodeId { root: top.root, ino },
+            &SetAttr { mode: Some(mode), ..Default::default() },
+        )
+        .expect("chmod");
+        w.setattr(
+            InodeId { root: top.root, ino },
+            &SetAttr { uid: Some(uid), gid: Some(gid), ..Default::default() },
+        )
+        .expect("chown");
+        w.setattr(
+            InodeId { root: top.root, ino },
             &SetAttr {
                 atime: Some(TimeSet::At(1_000_000_007, 123)),
                 mtime: Some(TimeSet::At(1_600_000_000, 999_999_999)),
@@ -274,15 +279,17 @@ fn chown_without_ids_follows_the_kernel() {
                 .expect("symlink"),
         };
         if kind != 'l' {
-            w.setattr(top.root, ino, &SetAttr { mode: Some(mode), ..Default::default() })
-                .expect("chmod");
+            w.setattr(
+                InodeId { root: top.root, ino },
+                &SetAttr { mode: Some(mode), ..Default::default() },
+            )
+            .expect("chmod");
         }
         if caps {
-            w.setxattr(top.root, ino, CAP_NAME, &CAPS, 0).expect("setcap");
+            w.setxattr(InodeId { root: top.root, ino }, CAP_NAME, &CAPS, 0).expect("setcap");
         }
         w.setattr(
-            top.root,
-            ino,
+            InodeId { root: top.root, ino },
             &SetAttr {
                 atime: Some(TimeSet::At(1_000_000_007, 123)),
                 mtime: Some(TimeSet::At(1_600_000_000, 5)),
@@ -291,11 +298,11 @@ fn chown_without_ids_follows_the_kernel() {
         )
         .expect("utimens");
         if flags != 0 {
-            w.set_fsflags(top.root, ino, flags).expect("chattr");
+            w.set_fsflags(InodeId { root: top.root, ino }, flags).expect("chattr");
         }
         let before = item(&w, name);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        w.setattr(top.root, ino, &SetAttr::chown(None, None))
+        w.setattr(InodeId { root: top.root, ino }, &SetAttr::chown(None, None))
             .unwrap_or_else(|e| panic!("chown {name} -1 -1: {e}"));
         let after = item(&w, name);
         let has_caps = w.live().getxattr(InodeId { root: top.root, ino }, CAP_NAME).is_ok();
@@ -312,7 +319,7 @@ fn chown_without_ids_follows_the_kernel() {
             "{name}: (mode, ctime moved, (mtime, atime), has caps) ubtrfs vs kernel"
         );
         if flags != 0 {
-            w.set_fsflags(top.root, ino, 0).expect("chattr back");
+            w.set_fsflags(InodeId { root: top.root, ino }, 0).expect("chattr back");
         }
     }
     w.commit().expect("commit");
@@ -335,7 +342,7 @@ fn setattr_refusals() {
             .create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644))
             .expect("create");
         w.write_file(top.root, ino, 0, b"data").expect("write");
-        w.update_inode(top.root, ino, |i| i.flags = flags.into()).expect("flags");
+        w.update_inode(InodeId { root: top.root, ino }, |i| i.flags = flags.into()).expect("flags");
     };
     mk(&mut w, "immutable", INODE_IMMUTABLE);
     mk(&mut w, "append", INODE_APPEND);
@@ -611,7 +618,10 @@ fn fs_verity_files_refuse_data_changes() {
     w.write_file(5, ino, 0, &vec![7u8; 10_000]).unwrap();
     let src = w.create_file(5, 256, b"src", &InodeAttrs::new(0o644)).unwrap();
     w.write_file(5, src, 0, &vec![9u8; 8192]).unwrap();
-    w.update_inode(5, ino, |i| i.flags = (i.flags.get() | INODE_RO_VERITY).into()).unwrap();
+    w.update_inode(InodeId { root: 5, ino }, |i| {
+        i.flags = (i.flags.get() | INODE_RO_VERITY).into()
+    })
+    .unwrap();
     w.commit().unwrap();
     let before = item(&w, "sealed");
     let refused = |r: ubtrfs_core::Result<()>, what: &str| {
@@ -621,7 +631,7 @@ fn fs_verity_files_refuse_data_changes() {
     refused(w.write_file(5, ino, 0, b"x").map(drop), "write");
     refused(w.write_file(5, ino, 10_000, b"x").map(drop), "append");
     refused(setattr(&mut w, "sealed", SetAttr { size: Some(0), ..SetAttr::default() }), "truncate");
-    refused(w.fallocate(5, ino, 0, 0, 1 << 20), "fallocate");
+    refused(w.fallocate(InodeId { root: 5, ino }, 0, 0, 1 << 20), "fallocate");
     refused(
         w.clone_range(InodeId { root: 5, ino: src }, 0, 4096, InodeId { root: 5, ino }, 0)
             .map(drop),
@@ -675,7 +685,7 @@ fn writeback_ignores_flags_set_after_the_write() {
         }
         let data: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
         e.buffered_write(id, 0, &data).unwrap();
-        e.write(|w| w.set_fsflags(5, ino, flag)).unwrap();
+        e.write(|w| w.set_fsflags(InodeId { root: 5, ino }, flag)).unwrap();
         let mut data = data;
         if i == 5 {
             // The preallocation set the size.

@@ -112,7 +112,7 @@ impl Img {
         f(&mut buf);
         let sum = fs.csum_type.compute(&buf[CSUM_SIZE..]);
         buf[..fs.csum_type.size()].copy_from_slice(&sum[..fs.csum_type.size()]);
-        let chunk = fs.chunk_map.lookup(bytenr).expect("mapped").clone();
+        let chunk = fs.chunk_map.lookup(ubtrfs_core::ids::Logical(bytenr)).expect("mapped").clone();
         for m in 0..chunk.num_copies() {
             let (idx, phys, contig) = chunk.map(bytenr, m);
             assert!(contig >= buf.len() as u64, "tree block split across stripes");
@@ -125,8 +125,9 @@ impl Img {
 
     /// The leaf and slot holding `key` in `tree`.
     fn find(&self, fs: &FsInfo, tree: u64, key: Key) -> (u64, usize) {
-        let (path, found) = fs.search_slot(&tree_root(fs, tree), &key).expect("search");
-        assert!(found, "{}: key {key} not found in tree {tree}", self.name);
+        let search = fs.search_slot(&tree_root(fs, tree), &key).expect("search");
+        assert!(search.found(), "{}: key {key} not found in tree {tree}", self.name);
+        let path = search.into_path();
         (path.leaf().bytenr, path.slot())
     }
 
@@ -535,7 +536,7 @@ fn corrupt_missing_dir_index() {
         .iter()
         .filter(|(k, _)| k.type_ == DIR_INDEX_KEY)
         .map(|(k, _)| {
-            let (path, _) = fs.search_slot(&tree_root(&fs, FS_TREE_OBJECTID), k).unwrap();
+            let path = fs.search_slot(&tree_root(&fs, FS_TREE_OBJECTID), k).unwrap().into_path();
             (path.slot() == 0, *k)
         })
         .find(|(first, _)| !first)

@@ -21,6 +21,7 @@ mod write_common;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use ubtrfs_core::disk_io::FsInfo;
+use ubtrfs_core::inode::filesystem::InodeId;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::FsWriter;
 use ubtrfs_core::TreeView;
@@ -220,8 +221,8 @@ fn one_extent_with_two_lengths() {
     patch_body(&img.path, &fb, 21, &bytenr.to_le_bytes());
     let before = img.sha256();
     let mut w = img.writer();
-    w.drop_extents(FS, a, 0, 8192).expect("drop the first reference");
-    let r = w.drop_extents(FS, b, 0, 4096);
+    w.drop_extents(InodeId { root: FS, ino: a }, 0, 8192).expect("drop the first reference");
+    let r = w.drop_extents(InodeId { root: FS, ino: b }, 0, 4096);
     let msg = assert_corrupt(
         "drop the second reference",
         r,
@@ -246,7 +247,7 @@ fn file_extent_aimed_at_a_tree_block() {
     patch_body(&img.path, &fb, 21, &[leaf.to_le_bytes(), nodesize.to_le_bytes()].concat());
     let before = img.sha256();
     let mut w = img.writer();
-    let r = w.drop_extents(FS, b, 0, 4096);
+    let r = w.drop_extents(InodeId { root: FS, ino: b }, 0, 4096);
     let msg = assert_corrupt(
         "drop the file extent",
         r,
@@ -598,7 +599,7 @@ fn extent_reference_count_overflow() {
     let before = img.sha256();
     let mut w = img.writer();
     // Punching the middle out splits the file extent: the extent gains a reference.
-    w.drop_extents(FS, a, 4096, 8192).expect("punch a hole");
+    w.drop_extents(InodeId { root: FS, ino: a }, 4096, 8192).expect("punch a hole");
     let r = w.commit();
     let msg = assert_corrupt("commit", r, &[&format!("extent {bytenr}"), "reference"]);
     assert_aborted("reference count overflow", &mut w, &msg);

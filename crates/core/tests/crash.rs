@@ -1040,8 +1040,11 @@ impl Workload {
             _ => size + self.rng.range(1, 256 << 10),
         };
         let what = format!("truncate {} from {size} to {new}", show(&path));
-        w.setattr(FS_TREE, ino, &SetAttr { size: Some(new), ..SetAttr::default() })
-            .map_err(|e| (what.clone(), e))?;
+        w.setattr(
+            InodeId { root: FS_TREE, ino },
+            &SetAttr { size: Some(new), ..SetAttr::default() },
+        )
+        .map_err(|e| (what.clone(), e))?;
         Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model"))
             .resize(new as usize, 0);
         Ok(what)
@@ -1071,7 +1074,8 @@ impl Workload {
         };
         let what =
             format!("fallocate {} (size {size}) mode {mode:#x} [{off}, +{len})", show(&path));
-        w.fallocate(FS_TREE, ino, mode, off, len).map_err(|e| (what.clone(), e))?;
+        w.fallocate(InodeId { root: FS_TREE, ino }, mode, off, len)
+            .map_err(|e| (what.clone(), e))?;
         model_fallocate(
             Arc::make_mut(self.model.files.get_mut(&(FS_TREE, ino)).expect("file in model")),
             mode,
@@ -1106,7 +1110,7 @@ impl Workload {
             a.gid
         );
         let (root, ino) = node.id();
-        w.setattr(root, ino, &a).map_err(|e| (what.clone(), e))?;
+        w.setattr(InodeId { root, ino }, &a).map_err(|e| (what.clone(), e))?;
         let m = self.model.meta_of(&path);
         if let Some(mode) = a.mode {
             m.mode = (m.mode & S_IFMT) | mode;
@@ -1138,10 +1142,10 @@ impl Workload {
             let what = format!("removexattr {shown}");
             if !exists {
                 return self.refuse(w, what, PosixKind::NoData, &[&path], |w| {
-                    w.removexattr(root, ino, &name)
+                    w.removexattr(InodeId { root, ino }, &name)
                 });
             }
-            w.removexattr(root, ino, &name).map_err(|e| (what.clone(), e))?;
+            w.removexattr(InodeId { root, ino }, &name).map_err(|e| (what.clone(), e))?;
             self.model.meta_of(&path).xattrs.remove(&name);
             return Ok(what);
         }
@@ -1153,15 +1157,15 @@ impl Workload {
         let what = format!("setxattr {shown} ({len} bytes) flags {flags}");
         if flags == XATTR_CREATE && exists {
             return self.refuse(w, what, PosixKind::Exists, &[&path], |w| {
-                w.setxattr(root, ino, &name, &value, flags)
+                w.setxattr(InodeId { root, ino }, &name, &value, flags)
             });
         }
         if flags == XATTR_REPLACE && !exists {
             return self.refuse(w, what, PosixKind::NoData, &[&path], |w| {
-                w.setxattr(root, ino, &name, &value, flags)
+                w.setxattr(InodeId { root, ino }, &name, &value, flags)
             });
         }
-        w.setxattr(root, ino, &name, &value, flags).map_err(|e| (what.clone(), e))?;
+        w.setxattr(InodeId { root, ino }, &name, &value, flags).map_err(|e| (what.clone(), e))?;
         self.model.meta_of(&path).xattrs.insert(name, value);
         Ok(what)
     }
@@ -1225,7 +1229,8 @@ impl Workload {
         let data = random_bytes(&mut self.rng, size);
         let (path, what) = self.create(w, &dir, "c", &format!("+C size {size}"))?;
         let ino = self.model.entries[&path].id().1;
-        w.set_fsflags(FS_TREE, ino, fsflags::NOCOW).map_err(|e| (what.clone(), e))?;
+        w.set_fsflags(InodeId { root: FS_TREE, ino }, fsflags::NOCOW)
+            .map_err(|e| (what.clone(), e))?;
         let alg = self.mount_alg();
         let m = self.model.meta_of(&path);
         model_set_fsflags('f', true, &mut m.nocow, &mut m.xattrs, fsflags::NOCOW, alg);
@@ -1259,10 +1264,11 @@ impl Workload {
             && m.nocow
             && m.xattrs.get(COMPRESSION_PROP).map(Vec::as_slice) != Some(alg)
         {
-            return self
-                .refuse(w, what, PosixKind::Invalid, &[&path], |w| w.set_fsflags(root, ino, fs));
+            return self.refuse(w, what, PosixKind::Invalid, &[&path], |w| {
+                w.set_fsflags(InodeId { root, ino }, fs)
+            });
         }
-        w.set_fsflags(root, ino, fs).map_err(|e| (what.clone(), e))?;
+        w.set_fsflags(InodeId { root, ino }, fs).map_err(|e| (what.clone(), e))?;
         let (kind, empty) = if node.is_dir() {
             ('d', false)
         } else {
@@ -1287,10 +1293,11 @@ impl Workload {
         );
         if self.model.meta_of(&path).nocow && !value.is_empty() {
             return self.refuse(w, what, PosixKind::Invalid, &[&path], |w| {
-                w.setxattr(root, ino, COMPRESSION_PROP, value, 0)
+                w.setxattr(InodeId { root, ino }, COMPRESSION_PROP, value, 0)
             });
         }
-        w.setxattr(root, ino, COMPRESSION_PROP, value, 0).map_err(|e| (what.clone(), e))?;
+        w.setxattr(InodeId { root, ino }, COMPRESSION_PROP, value, 0)
+            .map_err(|e| (what.clone(), e))?;
         let kind = if self.model.entries[&path].is_dir() { 'd' } else { 'f' };
         model_setxattr(kind, &mut self.model.meta_of(&path).xattrs, COMPRESSION_PROP, value);
         Ok(what)
@@ -1330,35 +1337,45 @@ impl Workload {
                 format!("truncate {p} (a directory)"),
                 PosixKind::IsDir,
                 &[&path],
-                |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() }),
+                |w| {
+                    w.setattr(
+                        InodeId { root, ino },
+                        &SetAttr { size: Some(0), ..SetAttr::default() },
+                    )
+                },
             ),
             (2, Node::Symlink { .. } | Node::Special { .. }) => self.refuse(
                 w,
                 format!("truncate {p} (not a file)"),
                 PosixKind::Invalid,
                 &[&path],
-                |w| w.setattr(root, ino, &SetAttr { size: Some(0), ..SetAttr::default() }),
+                |w| {
+                    w.setattr(
+                        InodeId { root, ino },
+                        &SetAttr { size: Some(0), ..SetAttr::default() },
+                    )
+                },
             ),
             (3, Node::Dir { .. }) => self.refuse(
                 w,
                 format!("fallocate {p} (a directory)"),
                 PosixKind::IsDir,
                 &[&path],
-                |w| w.fallocate(root, ino, 0, 0, 4096),
+                |w| w.fallocate(InodeId { root, ino }, 0, 0, 4096),
             ),
             (3, Node::File { .. }) => self.refuse(
                 w,
                 format!("fallocate {p} PUNCH_HOLE without KEEP_SIZE"),
                 PosixKind::NotSupported,
                 &[&path],
-                |w| w.fallocate(root, ino, FALLOC_FL_PUNCH_HOLE, 0, 4096),
+                |w| w.fallocate(InodeId { root, ino }, FALLOC_FL_PUNCH_HOLE, 0, 4096),
             ),
             (4, Node::Symlink { .. } | Node::Special { .. }) => self.refuse(
                 w,
                 format!("setxattr {p} user.c0 (not a file or directory)"),
                 PosixKind::NotPermitted,
                 &[&path],
-                |w| w.setxattr(root, ino, b"user.c0", b"v", 0),
+                |w| w.setxattr(InodeId { root, ino }, b"user.c0", b"v", 0),
             ),
             (5, Node::Dir { .. }) => {
                 // Into its own subtree with EXCHANGE onto a name below: EINVAL.
@@ -1462,7 +1479,7 @@ fn push_physical(
     len: u64,
     out: &mut Vec<(u64, u64)>,
 ) -> ubtrfs_core::Result<()> {
-    let c = info.chunk_map.lookup(l)?.clone();
+    let c = info.chunk_map.lookup(ubtrfs_core::ids::Logical(l))?.clone();
     for m in 0..c.num_copies() {
         let mut done = 0;
         while done < len {

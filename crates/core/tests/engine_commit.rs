@@ -73,7 +73,7 @@ fn data(seed: u8, len: usize) -> Vec<u8> {
 fn readers_and_the_next_transaction_go_on_while_a_commit_writes() {
     let dev = Arc::new(FaultyDevice::new(fixture(), "commit-io"));
     let engine = engine_on(&dev);
-    let g0 = engine.read(|l| Ok(l.committed_generation())).unwrap();
+    let g0 = engine.read(|l| Ok(l.committed_generation().get())).unwrap();
     let a = data(1, 300_000);
     let b = data(2, 200_000);
     engine
@@ -201,7 +201,7 @@ fn assert_clean(img: Vec<u8>, what: &str) {
 fn a_second_commit_waits_for_the_first() {
     let dev = Arc::new(FaultyDevice::new(fixture(), "two-commits"));
     let engine = engine_on(&dev);
-    let g0 = engine.read(|l| Ok(l.committed_generation())).unwrap();
+    let g0 = engine.read(|l| Ok(l.committed_generation().get())).unwrap();
     engine
         .write(|w| w.create_file(ROOT, ROOT_DIR, b"x", &InodeAttrs::new(0o644)).map(drop))
         .unwrap();

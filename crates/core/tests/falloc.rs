@@ -181,7 +181,7 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
                 let ke = errno(i64::from(unsafe {
                     libc::fallocate(kf.as_raw_fd(), mode as i32, o as libc::off_t, l as libc::off_t)
                 }));
-                let ue = match w.fallocate(id.root, id.ino, mode, o, l) {
+                let ue = match w.fallocate(id, mode, o, l) {
                     Ok(()) => 0,
                     Err(e) => e
                         .posix_kind()
@@ -192,7 +192,7 @@ fn run(tag: &str, mkfs: &[&str], seed: u64, steps: usize) {
             }
             Op::Truncate(s) => {
                 kf.set_len(s).expect("kernel truncate");
-                w.setattr(id.root, id.ino, &SetAttr { size: Some(s), ..Default::default() })
+                w.setattr(id, &SetAttr { size: Some(s), ..Default::default() })
                     .expect("ubtrfs truncate");
                 (0, 0)
             }
@@ -328,17 +328,21 @@ fn inline_files_grow_out_of_their_extent() {
             let mut d = data.clone();
             match *step {
                 "keep" => w
-                    .fallocate(top.root, ino, FALLOC_FL_KEEP_SIZE, 0, 1 << 20)
+                    .fallocate(InodeId { root: top.root, ino }, FALLOC_FL_KEEP_SIZE, 0, 1 << 20)
                     .expect("fallocate keep"),
                 "grow" => {
-                    w.fallocate(top.root, ino, 0, 0, 300_000 + i as u64 + j as u64)
-                        .expect("fallocate");
+                    w.fallocate(
+                        InodeId { root: top.root, ino },
+                        0,
+                        0,
+                        300_000 + i as u64 + j as u64,
+                    )
+                    .expect("fallocate");
                     d.resize(300_000 + i + j, 0);
                 }
                 "truncate" => {
                     w.setattr(
-                        top.root,
-                        ino,
+                        InodeId { root: top.root, ino },
                         &SetAttr { size: Some(100_000), ..Default::default() },
                     )
                     .expect("truncate up");
@@ -451,8 +455,7 @@ fn seek_scenario(tag: &str, mkfs: &[&str], mount: &str, steps: &[Step]) {
                 {
                     fail("kernel", &std::io::Error::last_os_error());
                 }
-                e.write(|w| w.fallocate(id.root, id.ino, mode, o, l))
-                    .unwrap_or_else(|e| fail("ubtrfs", &e));
+                e.write(|w| w.fallocate(id, mode, o, l)).unwrap_or_else(|e| fail("ubtrfs", &e));
             }
             Step::Truncate(s) => {
                 kf.set_len(s).unwrap_or_else(|e| fail("kernel", &e));

@@ -313,7 +313,7 @@ fn dup_data_csum_mismatch_uses_other_copy() {
     let (id, ext) = found.expect("a regular extent");
     let ExtentKind::Regular { disk_bytenr, offset, .. } = ext.kind else { unreachable!() };
     let logical = disk_bytenr + offset;
-    let chunk = fs.info.chunk_map.lookup(logical).unwrap().clone();
+    let chunk = fs.info.chunk_map.lookup(ubtrfs_core::ids::Logical(logical)).unwrap().clone();
     assert_eq!(chunk.num_copies(), 2, "dup data has two copies");
     let corrupt = |copies: &[usize]| {
         let mut bytes = img.clone();

@@ -167,8 +167,10 @@ fn writeback_inside_a_handle_leaves_its_blocks_alone() {
         let (second_cows, written) = {
             let mut h = w.join_transaction("amplification").expect("start");
             let touch = |h: &mut ubtrfs_core::FsWriter, ino: u64| {
-                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into())
-                    .expect("update inode")
+                h.update_inode(InodeId { root: ROOT, ino }, |ii| {
+                    ii.mode = (ii.mode.get() ^ 0o1).into()
+                })
+                .expect("update inode")
             };
             h.hooks.no_writeback_inhibition = !inhibit;
             touch(&mut h, inos[0]);
@@ -270,14 +272,18 @@ fn a_full_inhibition_buffer_stops_inhibiting_gracefully() {
             let mut h = w.join_transaction("many leaves").expect("start");
             // One inode in every 40: a different leaf each time.
             for &ino in inos.iter().step_by(40) {
-                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into())
-                    .expect("update inode");
+                h.update_inode(InodeId { root: ROOT, ino }, |ii| {
+                    ii.mode = (ii.mode.get() ^ 0o1).into()
+                })
+                .expect("update inode");
             }
             let n = h.handle_inhibited_blocks();
             h.background_writeback().expect("writeback inside the handle");
             for &ino in inos.iter().step_by(40) {
-                h.update_inode(ROOT, ino, |ii| ii.mode = (ii.mode.get() ^ 0o1).into())
-                    .expect("update inode again");
+                h.update_inode(InodeId { root: ROOT, ino }, |ii| {
+                    ii.mode = (ii.mode.get() ^ 0o1).into()
+                })
+                .expect("update inode again");
             }
             h.end().expect("end");
             n

@@ -39,8 +39,12 @@ fn getattr_is_cached_and_follows_every_change() {
     let b = e.getattr(id).expect("getattr after the write");
     assert_eq!(b.size.get(), 10_000, "getattr shows the write's size");
     assert_eq!(b.as_bytes(), live(&e).as_bytes(), "the cached attributes equal the live item");
-    e.write(|w| w.update_inode(ROOT, id.ino, |i| i.mode = (i.mode.get() & !0o7777 | 0o640).into()))
-        .expect("chmod");
+    e.write(|w| {
+        w.update_inode(InodeId { root: ROOT, ino: id.ino }, |i| {
+            i.mode = (i.mode.get() & !0o7777 | 0o640).into()
+        })
+    })
+    .expect("chmod");
     assert_eq!(e.getattr(id).expect("getattr").mode.get() & 0o7777, 0o640, "a chmod shows");
     // A second name and its removal change nlink.
     e.write(|w| w.link(ROOT, ROOT_DIR, b"g", id.ino, ubtrfs_format::structs::FT_REG_FILE))

@@ -177,7 +177,7 @@ fn ubtrfs_op(w: &mut FsWriter, op: &Op) -> i32 {
             }
             Op::Flags(p, f) => {
                 let id = w.live().resolve_id(&format!("/{p}"), false)?;
-                w.update_inode(id.root, id.ino, |i| i.flags = (i.flags.get() | f).into())
+                w.update_inode(id, |i| i.flags = (i.flags.get() | f).into())
             }
         }
     })();
@@ -567,8 +567,10 @@ fn link_limit_is_emlink() {
     let mut w = img.writer();
     let top = w.live().root_dir();
     let ino = w.create_file(top.root, top.ino, b"many", &InodeAttrs::new(0o644)).expect("create");
-    w.update_inode(top.root, ino, |i| i.nlink = (ubtrfs_core::inode::write::LINK_MAX - 1).into())
-        .expect("set nlink");
+    w.update_inode(InodeId { root: top.root, ino }, |i| {
+        i.nlink = (ubtrfs_core::inode::write::LINK_MAX - 1).into()
+    })
+    .expect("set nlink");
     w.link(top.root, top.ino, b"one-more", ino, FT_REG_FILE).expect("the last link that fits");
     let before = fs_items(&mut w);
     let e = w.link(top.root, top.ino, b"too-many", ino, FT_REG_FILE).expect_err("past LINK_MAX");

@@ -20,7 +20,7 @@ use std::process::Command;
 use ubtrfs_core::data::falloc::FALLOC_FL_KEEP_SIZE;
 use ubtrfs_core::error::PosixKind;
 use ubtrfs_core::inode::attr::fsflags;
-use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, FsRead, Load};
+use ubtrfs_core::inode::filesystem::{ExtentKind, Filesystem, FsRead, InodeId, Load};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
@@ -181,7 +181,8 @@ fn ubtrfs_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
                     .create_file(top.root, top.ino, n.as_bytes(), &InodeAttrs::new(0o644))
                     .expect("create");
                 if nocow {
-                    w.set_fsflags(top.root, ino, fsflags::NOCOW).expect("chattr +C");
+                    w.set_fsflags(InodeId { root: top.root, ino }, fsflags::NOCOW)
+                        .expect("chattr +C");
                 }
                 n
             }
@@ -198,15 +199,14 @@ fn ubtrfs_side(img: &Path, steps: &[Step]) -> (Vec<Vec<Item>>, HashMap<&'static 
             }
             Step::Falloc(n, mode, off, len) => {
                 let ino = ino_of(&w, n);
-                w.fallocate(top.root, ino, mode, off, len)
+                w.fallocate(InodeId { root: top.root, ino }, mode, off, len)
                     .unwrap_or_else(|e| panic!("ubtrfs {s:?}: {e}"));
                 n
             }
             Step::Truncate(n, size) => {
                 let ino = ino_of(&w, n);
                 w.setattr(
-                    top.root,
-                    ino,
+                    InodeId { root: top.root, ino },
                     &ubtrfs_core::inode::attr::SetAttr { size: Some(size), ..Default::default() },
                 )
                 .expect("truncate");
@@ -476,11 +476,11 @@ fn in_place_writes_need_no_data_space() {
     let mut w = img.writer();
     let top = w.live().root_dir();
     let c = w.create_file(top.root, top.ino, b"c", &InodeAttrs::new(0o644)).expect("create");
-    w.set_fsflags(top.root, c, fsflags::NOCOW).expect("chattr +C");
+    w.set_fsflags(InodeId { root: top.root, ino: c }, fsflags::NOCOW).expect("chattr +C");
     let mut want = Rng::new(7).bytes(8 << 20);
     w.write_file(top.root, c, 0, &want).expect("write c");
     let p = w.create_file(top.root, top.ino, b"p", &InodeAttrs::new(0o644)).expect("create");
-    w.fallocate(top.root, p, 0, 0, 4 << 20).expect("fallocate p");
+    w.fallocate(InodeId { root: top.root, ino: p }, 0, 0, 4 << 20).expect("fallocate p");
     w.commit().expect("commit");
     // Fill the data space.
     let fill = w.create_file(top.root, top.ino, b"fill", &InodeAttrs::new(0o644)).expect("create");
@@ -535,9 +535,9 @@ fn engine_direct_writes_go_in_place() {
     let (c, p) = e
         .write(|w| {
             let c = w.create_file(top.root, top.ino, b"c", &InodeAttrs::new(0o644))?;
-            w.set_fsflags(top.root, c, fsflags::NOCOW)?;
+            w.set_fsflags(InodeId { root: top.root, ino: c }, fsflags::NOCOW)?;
             let p = w.create_file(top.root, top.ino, b"p", &InodeAttrs::new(0o644))?;
-            w.fallocate(top.root, p, 0, 0, 1 << 20)?;
+            w.fallocate(InodeId { root: top.root, ino: p }, 0, 0, 1 << 20)?;
             Ok((c, p))
         })
         .expect("create");

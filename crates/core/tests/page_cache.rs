@@ -813,7 +813,7 @@ fn a_single_transaction_engine_commits_only_when_asked() {
     assert!(admitted > 150, "only {admitted} MiB fit in a 300 MiB image");
     assert!(e.page_cache_stats().throttle_writebacks > 0, "the dirty limit wrote back");
     assert_eq!(
-        e.read(|l| Ok(l.committed_generation())).expect("generation"),
+        e.read(|l| Ok(l.committed_generation().get())).expect("generation"),
         generation,
         "a single-transaction engine committed on its own"
     );

@@ -209,10 +209,14 @@ fn placeholders_refuse_changes_and_rmdir_removes_only_the_entry() {
         ),
         (
             "setxattr",
-            kind(e.write(|w| w.setxattr(SNAP, ph.ino, b"user.a", b"1", 0))),
+            kind(e.write(|w| w.setxattr(InodeId { root: SNAP, ino: ph.ino }, b"user.a", b"1", 0))),
             PosixKind::NotSupported,
         ),
-        ("chattr", kind(e.write(|w| w.set_fsflags(SNAP, ph.ino, 0x10))), PosixKind::NotSupported),
+        (
+            "chattr",
+            kind(e.write(|w| w.set_fsflags(InodeId { root: SNAP, ino: ph.ino }, 0x10))),
+            PosixKind::NotSupported,
+        ),
         (
             "subvolume delete",
             kind(e.delete_subvol(InodeId { root: SNAP, ino: snap_top }, b"sv").map(drop)),

@@ -12,6 +12,7 @@ mod write_common;
 
 use ubtrfs_core::compression::CompressPolicy;
 use ubtrfs_core::inode::attr::SetAttr;
+use ubtrfs_core::inode::filesystem::InodeId;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::FsWriter;
@@ -146,8 +147,11 @@ fn run_model(seed: u64, ops: usize) {
             let i = rng.below(files.len() as u64) as usize;
             let f = &mut files[i];
             let size = rng.below(f.size + 1);
-            w.setattr(f.root, f.ino, &SetAttr { size: Some(size), ..Default::default() })
-                .expect("truncate");
+            w.setattr(
+                InodeId { root: f.root, ino: f.ino },
+                &SetAttr { size: Some(size), ..Default::default() },
+            )
+            .expect("truncate");
             f.size = size;
         } else if choice < 95 {
             let f = files.swap_remove(rng.below(files.len() as u64) as usize);
@@ -295,8 +299,11 @@ fn shared_snapshots_are_accounted_incrementally() {
                     if rng.chance(50) {
                         w.write_file(root, id.ino, off, &rng.bytes(len)).expect("overwrite");
                     } else {
-                        w.setattr(root, id.ino, &SetAttr { size: Some(off), ..Default::default() })
-                            .expect("truncate");
+                        w.setattr(
+                            InodeId { root, ino: id.ino },
+                            &SetAttr { size: Some(off), ..Default::default() },
+                        )
+                        .expect("truncate");
                     }
                 }
                 2 => match w.unlink(

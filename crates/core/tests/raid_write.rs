@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 use ubtrfs_core::disk_io::FsInfo;
-use ubtrfs_core::inode::filesystem::FsRead;
+use ubtrfs_core::inode::filesystem::{FsRead, InodeId};
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::FileRead;
 use ubtrfs_core::FsWriter;
@@ -193,7 +193,7 @@ fn write_files(w: &mut FsWriter, rng: &mut Rng, prefix: &str) -> Files {
             w.write_file(top.root, ino, 0, &data).expect("write");
         }
         if let Some(x) = &x {
-            w.setxattr(top.root, ino, b"user.pad", x, 0).expect("setxattr");
+            w.setxattr(InodeId { root: top.root, ino }, b"user.pad", x, 0).expect("setxattr");
         }
         files.insert(format!("{dname}/{name}"), (data, x));
         if i % 50 == 49 {
@@ -777,8 +777,7 @@ fn random_operations_on_raid_against_a_model() {
                     let buf = model.get_mut(&name).expect("in the model");
                     let size = rng.below(buf.len() as u64 * 2 + 1);
                     w.setattr(
-                        id.root,
-                        id.ino,
+                        id,
                         &ubtrfs_core::inode::attr::SetAttr {
                             size: Some(size),
                             ..Default::default()

@@ -10,6 +10,7 @@ mod common;
 mod write_common;
 
 use std::process::Command;
+use ubtrfs_core::inode::filesystem::InodeId;
 use ubtrfs_core::inode::write::InodeAttrs;
 use ubtrfs_core::FsRead;
 use ubtrfs_core::FsWriter;
@@ -80,9 +81,15 @@ fn readonly_snapshot_refuses_every_change() {
     assert_erofs(w.unlink(snap, top.ino, b"file-0001"), "unlink");
     assert_erofs(w.write_file(snap, file.ino, 0, b"changed"), "write_file");
     assert_erofs(w.write_file(snap, file.ino, 1 << 20, b"appended"), "write_file past EOF");
-    assert_erofs(w.update_inode(snap, file.ino, |ii| ii.mode = 0o777.into()), "update_inode");
-    assert_erofs(w.drop_extents(snap, file.ino, 0, u64::MAX), "drop_extents");
-    assert_erofs(w.remove_inode(snap, file.ino), "remove_inode");
+    assert_erofs(
+        w.update_inode(InodeId { root: snap, ino: file.ino }, |ii| ii.mode = 0o777.into()),
+        "update_inode",
+    );
+    assert_erofs(
+        w.drop_extents(InodeId { root: snap, ino: file.ino }, 0, u64::MAX),
+        "drop_extents",
+    );
+    assert_erofs(w.remove_inode(InodeId { root: snap, ino: file.ino }), "remove_inode");
     let src = std::env::temp_dir().join(format!("ubtrfs-ro-src-{}", std::process::id()));
     std::fs::create_dir_all(src.join("sub")).expect("source dir");
     std::fs::write(src.join("sub/f"), b"data").expect("source file");

@@ -91,7 +91,7 @@ fn physical(info: &FsInfo, s: u64, l: u64) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     let mut cur = s;
     while cur < s + l {
-        let c = info.chunk_map.lookup(cur).unwrap();
+        let c = info.chunk_map.lookup(ubtrfs_core::ids::Logical(cur)).unwrap();
         let mut step = u64::MAX;
         for m in 0..c.num_copies() {
             let (i, phys, contig) = c.map(cur, m);

@@ -831,9 +831,7 @@ impl Sim {
             }
             Some(want) => {
                 let id = self.model.id(&path);
-                self.refuse(what, want, &[&path], |w| {
-                    w.setxattr(id.root, id.ino, &name, &value, flags)
-                });
+                self.refuse(what, want, &[&path], |w| w.setxattr(id, &name, &value, flags));
             }
         }
     }
@@ -878,7 +876,7 @@ impl Sim {
                 format!("removexattr /{path} {}", String::from_utf8_lossy(&name)),
                 PosixKind::NoData,
                 &[&path],
-                |w| w.removexattr(id.root, id.ino, &name),
+                |w| w.removexattr(id, &name),
             );
         }
     }
@@ -964,9 +962,7 @@ impl Sim {
             && n.xattrs.get(COMPRESSION_PROP).map(Vec::as_slice) != Some(alg)
         {
             let id = self.model.id(&path);
-            return self.refuse(what, PosixKind::Invalid, &[&path], |w| {
-                w.set_fsflags(id.root, id.ino, fs)
-            });
+            return self.refuse(what, PosixKind::Invalid, &[&path], |w| w.set_fsflags(id, fs));
         }
         self.note(what);
         let w = self.w.as_mut().expect("writer open");
@@ -989,7 +985,7 @@ impl Sim {
         if self.model.node(self.model.handle(&path)).nocow && !value.is_empty() {
             let id = self.model.id(&path);
             return self.refuse(what, PosixKind::Invalid, &[&path], |w| {
-                w.setxattr(id.root, id.ino, COMPRESSION_PROP, value, 0)
+                w.setxattr(id, COMPRESSION_PROP, value, 0)
             });
         }
         self.note(what);
@@ -1092,7 +1088,7 @@ impl Sim {
             5 if kind != 'f' => {
                 let want = if kind == 'd' { PosixKind::IsDir } else { PosixKind::Invalid };
                 self.refuse(format!("truncate /{p} (kind {kind})"), want, &[p], |w| {
-                    w.setattr(id.root, id.ino, &SetAttr { size: Some(0), ..SetAttr::default() })
+                    w.setattr(id, &SetAttr { size: Some(0), ..SetAttr::default() })
                 });
             }
             6 if kind != 'f' => {
@@ -1102,7 +1098,7 @@ impl Sim {
                     _ => PosixKind::NoDevice,
                 };
                 self.refuse(format!("fallocate /{p} (kind {kind})"), want, &[p], |w| {
-                    w.fallocate(id.root, id.ino, 0, 0, 4096)
+                    w.fallocate(id, 0, 0, 4096)
                 });
             }
             7 if !files.is_empty() => {
@@ -1118,7 +1114,7 @@ impl Sim {
                     ),
                 };
                 self.refuse(format!("fallocate /{f} mode {mode:#x} len {len}"), want, &[&f], |w| {
-                    w.fallocate(fid.root, fid.ino, mode, 0, len)
+                    w.fallocate(fid, mode, 0, len)
                 });
             }
             8 => {
@@ -1135,7 +1131,7 @@ impl Sim {
                     format!("setxattr /{p} {}", String::from_utf8_lossy(xname)),
                     want,
                     &[p],
-                    |w| w.setxattr(id.root, id.ino, xname, b"v", 0),
+                    |w| w.setxattr(id, xname, b"v", 0),
                 );
             }
             9 if matches!(kind, 'f' | 'd') => {
@@ -1145,7 +1141,7 @@ impl Sim {
                     format!("setxattr /{p} user.x0 ({} bytes)", value.len()),
                     PosixKind::NoSpace,
                     &[p],
-                    |w| w.setxattr(id.root, id.ino, b"user.x0", &value, 0),
+                    |w| w.setxattr(id, b"user.x0", &value, 0),
                 );
             }
             10 => {
@@ -1158,7 +1154,7 @@ impl Sim {
                     PosixKind::NotSupported
                 };
                 self.refuse(format!("set_fsflags /{p} {fs:#x}"), want, &[p], |w| {
-                    w.set_fsflags(id.root, id.ino, fs)
+                    w.set_fsflags(id, fs)
                 });
             }
             _ => {

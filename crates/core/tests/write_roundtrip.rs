@@ -1886,7 +1886,7 @@ fn oracle_detects_damage() {
     );
     let fs = img.reader();
     let (_, bytenr, _, _, _) = regular_extents(&fs, &p("data"))[0];
-    let chunk = fs.info.chunk_map.lookup(bytenr).expect("chunk").clone();
+    let chunk = fs.info.chunk_map.lookup(ubtrfs_core::ids::Logical(bytenr)).expect("chunk").clone();
     drop(fs);
     for mirror in 0..chunk.num_copies() {
         let (_, phys, _) = chunk.map(bytenr + 8192, mirror);

@@ -110,8 +110,8 @@ impl Op {
     fn ubtrfs(&self, w: &mut FsWriter) -> ubtrfs_core::Result<()> {
         let id = id_of(w, self.path());
         match self {
-            Op::Set { name, value, flags, .. } => w.setxattr(id.root, id.ino, name, value, *flags),
-            Op::Remove { name, .. } => w.removexattr(id.root, id.ino, name),
+            Op::Set { name, value, flags, .. } => w.setxattr(id, name, value, *flags),
+            Op::Remove { name, .. } => w.removexattr(id, name),
         }
     }
     /// The same through the kernel: l*xattr(2) on the mount (symlinks not followed).
@@ -176,13 +176,12 @@ fn objects_image(tag: &str) -> Scratch {
     std::fs::remove_dir_all(&host).expect("remove rootdir");
     let mut w = s.writer();
     let i = id_of(&w, "/i");
-    w.setxattr(i.root, i.ino, b"user.x", b"1", 0).expect("user.x on /i");
+    w.setxattr(i, b"user.x", b"1", 0).expect("user.x on /i");
     for (p, fl) in
         [("/i", INODE_IMMUTABLE), ("/a", INODE_APPEND), ("/c", INODE_NODATACOW | INODE_NODATASUM)]
     {
         let id = id_of(&w, p);
-        w.update_inode(id.root, id.ino, |ii| ii.flags = (ii.flags.get() | fl).into())
-            .expect("flags");
+        w.update_inode(id, |ii| ii.flags = (ii.flags.get() | fl).into()).expect("flags");
     }
     w.commit().expect("commit");
     drop(w);
@@ -564,19 +563,19 @@ fn the_largest_value_fits_and_one_more_byte_does_not() {
     let f = w
         .create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
         .expect("create");
+    let id = InodeId { root: root.root, ino: f };
     let name = b"user.max";
     let max = max_xattr_size(4096);
     assert_eq!(max, 3940);
     let before = fs_items(&mut w);
-    let r = w.setxattr(root.root, f, name, &vec![7u8; max - name.len() + 1], 0);
+    let r = w.setxattr(id, name, &vec![7u8; max - name.len() + 1], 0);
     assert_eq!(r.as_ref().map_err(|e| e.posix_kind()), Err(Some(PosixKind::NoSpace)), "{r:?}");
     assert!(fs_items(&mut w) == before, "a refused set changed the tree");
     let value: Vec<u8> = (0..max - name.len()).map(|i| (i % 251) as u8).collect();
-    w.setxattr(root.root, f, name, &value, 0).expect("the largest value");
+    w.setxattr(id, name, &value, 0).expect("the largest value");
     // Replaced by itself, grown from a small one, and shrunk again.
-    w.setxattr(root.root, f, name, b"small", XATTR_REPLACE).expect("shrink");
-    w.setxattr(root.root, f, name, &value, XATTR_REPLACE).expect("grow to the limit");
-    let id = InodeId { root: root.root, ino: f };
+    w.setxattr(id, name, b"small", XATTR_REPLACE).expect("shrink");
+    w.setxattr(id, name, &value, XATTR_REPLACE).expect("grow to the limit");
     assert_eq!(w.live().getxattr(id, name).expect("get"), value);
     w.commit().expect("commit");
     drop(w);
@@ -613,7 +612,7 @@ fn many_xattrs_split_leaves_and_read_back() {
     let mut want: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = Default::default();
     for i in 0..2000 {
         let n = format!("user.attr{i:05}").into_bytes();
-        w.setxattr(root.root, f, &n, &val(i, 0), XATTR_CREATE).expect("set");
+        w.setxattr(id, &n, &val(i, 0), XATTR_CREATE).expect("set");
         want.insert(n, val(i, 0));
     }
     // The items (with their 25-byte headers) fill more than ten 16 KiB leaves.
@@ -629,12 +628,12 @@ fn many_xattrs_split_leaves_and_read_back() {
     assert!(bytes > 16384 * 10, "the xattrs take {bytes} bytes, fewer than ten leaves");
     for i in (0..2000).step_by(2) {
         let n = format!("user.attr{i:05}").into_bytes();
-        w.removexattr(root.root, f, &n).expect("remove");
+        w.removexattr(id, &n).expect("remove");
         want.remove(&n);
     }
     for i in (1..2000).step_by(6) {
         let n = format!("user.attr{i:05}").into_bytes();
-        w.setxattr(root.root, f, &n, &val(i, 1), XATTR_REPLACE).expect("replace");
+        w.setxattr(id, &n, &val(i, 1), XATTR_REPLACE).expect("replace");
         want.insert(n, val(i, 1));
     }
     w.check_invariants(root.root).expect("fs tree invariants");
@@ -683,16 +682,16 @@ fn ctime_and_the_read_views() {
         (t.sec.get(), t.nsec.get())
     };
     let t0 = ctime(&w);
-    w.setxattr(id.root, id.ino, b"user.a", b"hello", 0).expect("set");
+    w.setxattr(id, b"user.a", b"hello", 0).expect("set");
     let t1 = ctime(&w);
     assert!(t1 > t0, "set moves ctime: {t0:?} -> {t1:?}");
-    assert!(w.setxattr(id.root, id.ino, b"user.a", b"x", XATTR_CREATE).is_err());
+    assert!(w.setxattr(id, b"user.a", b"x", XATTR_CREATE).is_err());
     assert_eq!(ctime(&w), t1, "a refused set leaves ctime");
-    w.removexattr(id.root, id.ino, b"user.a").expect("remove");
+    w.removexattr(id, b"user.a").expect("remove");
     let t2 = ctime(&w);
     assert!(t2 > t1, "remove moves ctime");
-    w.setxattr(id.root, id.ino, b"user.a", b"hello", 0).expect("set");
-    w.setxattr(id.root, id.ino, b"user.b", b"", 0).expect("set");
+    w.setxattr(id, b"user.a", b"hello", 0).expect("set");
+    w.setxattr(id, b"user.b", b"", 0).expect("set");
     assert_eq!(w.live().getxattr_sized(id, b"user.a", 0).expect("size"), XattrReply::Size(5));
     assert_eq!(
         w.live().getxattr_sized(id, b"user.a", 5).expect("data"),
@@ -715,7 +714,7 @@ fn ctime_and_the_read_views() {
         w.live().getxattr(id, b"foo.bar").map_err(|e| e.posix_kind()),
         Err(Some(PosixKind::NotSupported))
     );
-    w.setxattr(id.root, id.ino, b"btrfs.compression", b"zstd:7", 0).expect("property");
+    w.setxattr(id, b"btrfs.compression", b"zstd:7", 0).expect("property");
     assert_eq!(
         w.live().compression_property(id).expect("prop"),
         Some(CompressionProperty { kind: CompressionType::Zstd, level: Some(7) })
@@ -723,9 +722,7 @@ fn ctime_and_the_read_views() {
     w.commit().expect("commit");
     let engine = Engine::from_writer(w);
     assert_eq!(engine.read(|l| l.getxattr(id, b"user.a")).expect("engine read"), b"hello");
-    engine
-        .write(|w| w.setxattr(id.root, id.ino, b"user.c", b"through the engine", 0))
-        .expect("engine write");
+    engine.write(|w| w.setxattr(id, b"user.c", b"through the engine", 0)).expect("engine write");
     let mut names = engine.read(|l| l.listxattr(id)).expect("engine list");
     names.sort();
     assert_eq!(
@@ -828,8 +825,8 @@ fn xattrs_the_kernel_set_read_back() {
     drop(fs);
     let mut w = s.writer();
     let f = id_of(&w, "/f");
-    w.removexattr(f.root, f.ino, &n1).expect("remove a colliding name");
-    w.setxattr(f.root, f.ino, b"btrfs.compression", b"", 0).expect("reset the property");
+    w.removexattr(f, &n1).expect("remove a colliding name");
+    w.setxattr(f, b"btrfs.compression", b"", 0).expect("reset the property");
     w.commit().expect("commit");
     drop(w);
     assert_check(&s.path, "after ubtrfs changed kernel-made xattrs");
@@ -866,8 +863,9 @@ fn btrfs_property_get_sees_what_ubtrfs_set() {
     };
     let z = mk(&mut w, b"z");
     let n = mk(&mut w, b"n");
-    w.setxattr(root.root, z, b"btrfs.compression", b"zstd", 0).expect("zstd");
-    w.setxattr(root.root, n, b"btrfs.compression", b"no", 0).expect("no");
+    w.setxattr(InodeId { root: root.root, ino: z }, b"btrfs.compression", b"zstd", 0)
+        .expect("zstd");
+    w.setxattr(InodeId { root: root.root, ino: n }, b"btrfs.compression", b"no", 0).expect("no");
     w.commit().expect("commit");
     drop(w);
     assert_check(&s.path, "after setting properties");
@@ -902,21 +900,19 @@ fn a_read_only_subvolume_refuses_xattr_changes() {
     let f = w
         .create_file(root.root, root.ino, b"f", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
         .expect("create");
-    w.setxattr(root.root, f, b"user.a", b"1", 0).expect("set");
+    let id = InodeId { root: root.root, ino: f };
+    w.setxattr(id, b"user.a", b"1", 0).expect("set");
     w.set_subvol_readonly(root.root, true).expect("read-only");
     let before = fs_items(&mut w);
     for r in [
-        w.setxattr(root.root, f, b"user.b", b"1", 0),
-        w.removexattr(root.root, f, b"user.a"),
-        w.setxattr(root.root, f, b"btrfs.compression", b"zstd", 0),
+        w.setxattr(id, b"user.b", b"1", 0),
+        w.removexattr(id, b"user.a"),
+        w.setxattr(id, b"btrfs.compression", b"zstd", 0),
     ] {
         assert_eq!(r.as_ref().map_err(|e| e.posix_kind()), Err(Some(PosixKind::ReadOnly)), "{r:?}");
     }
     assert!(fs_items(&mut w) == before, "a refused change changed the tree");
-    assert_eq!(
-        w.live().getxattr(InodeId { root: root.root, ino: f }, b"user.a").expect("read"),
-        b"1"
-    );
+    assert_eq!(w.live().getxattr(id, b"user.a").expect("read"), b"1");
 }
 
 /// New inodes take their directory's compression property as the kernel's
@@ -931,8 +927,8 @@ fn new_inodes_inherit_the_compression_property() {
     let r = top.root;
     let pd = w.mkdir(r, top.ino, b"pd", &InodeAttrs::new(0o755)).expect("mkdir");
     let pn = w.mkdir(r, top.ino, b"pn", &InodeAttrs::new(0o755)).expect("mkdir");
-    w.setxattr(r, pd, b"btrfs.compression", b"zstd:3", 0).expect("property");
-    w.setxattr(r, pn, b"btrfs.compression", b"no", 0).expect("property");
+    w.setxattr(InodeId { root: r, ino: pd }, b"btrfs.compression", b"zstd:3", 0).expect("property");
+    w.setxattr(InodeId { root: r, ino: pn }, b"btrfs.compression", b"no", 0).expect("property");
     let mut made = Vec::new();
     for (dir, name, is_dir) in [(pd, &b"x"[..], false), (pd, b"y", true), (pn, b"x", false)] {
         let ino = if is_dir {
@@ -1063,7 +1059,7 @@ fn random_operations_against_a_model() {
         let name = rng.pick(&names).clone();
         let exists = model.contains_key(&name);
         if rng.chance(30) {
-            let r = w.removexattr(id.root, id.ino, &name);
+            let r = w.removexattr(id, &name);
             let want = if exists { 0 } else { libc::ENODATA };
             assert_eq!(
                 errno_of(&r),
@@ -1076,7 +1072,7 @@ fn random_operations_against_a_model() {
             let len = if rng.chance(5) { rng.range(1000, 3000) } else { rng.below(200) } as usize;
             let value = rng.bytes(len);
             let flags = *rng.pick(&[0, 0, XATTR_CREATE, XATTR_REPLACE]);
-            let r = w.setxattr(id.root, id.ino, &name, &value, flags);
+            let r = w.setxattr(id, &name, &value, flags);
             let want = match (flags, exists) {
                 (XATTR_CREATE, true) => libc::EEXIST,
                 (XATTR_REPLACE, false) => libc::ENODATA,

@@ -887,7 +887,8 @@ fn why(fs: &Filesystem, e: &Error) -> Why {
     if let Error::Corrupt(c) = e.inner() {
         if c.what == CorruptWhere::Data && c.reason.starts_with("csum mismatch") {
             if let Some(logical) = c.logical {
-                return Why::Csum { logical, copies: fs.info.num_copies(logical) };
+                let copies = fs.info.num_copies(ubtrfs_core::Logical(logical));
+                return Why::Csum { logical, copies };
             }
         }
     }

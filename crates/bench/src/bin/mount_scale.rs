@@ -71,7 +71,13 @@ fn build(img: &Path, a: &Args) -> Result<String, String> {
         .create_file(5, top, b"prealloc", &ubtrfs_core::inode::write::InodeAttrs::new(0o644))
         .map_err(|e| e.to_string())?;
     for i in 0..a.prealloc_gib {
-        w.fallocate(5, big, 0, i << 30, 1 << 30).map_err(|e| format!("fallocate: {e}"))?;
+        w.fallocate(
+            ubtrfs_core::inode::filesystem::InodeId { root: 5, ino: big },
+            0,
+            i << 30,
+            1 << 30,
+        )
+        .map_err(|e| format!("fallocate: {e}"))?;
         if i % 16 == 15 {
             w.commit().map_err(|e| e.to_string())?;
         }

@@ -222,7 +222,8 @@ fn ubtrfs_randwrite(a: &Args, img: &Image, nocow: bool) -> Result<f64, String> {
     let mut w = FsWriter::open(&OpenOptions::new(&img.path)).map_err(e)?;
     let ino = w.create_file(FS_TREE, ROOT_DIR, b"big", &InodeAttrs::new(0o644)).map_err(e)?;
     if nocow {
-        w.set_fsflags(FS_TREE, ino, ubtrfs_core::inode::attr::fsflags::NOCOW).map_err(e)?;
+        let id = ubtrfs_core::inode::filesystem::InodeId { root: FS_TREE, ino };
+        w.set_fsflags(id, ubtrfs_core::inode::attr::fsflags::NOCOW).map_err(e)?;
     }
     let total = a.file_mib << 20;
     let mut off = 0;

@@ -26,6 +26,7 @@ use crate::compression::{
     compress_with_level, heuristic, CompressPolicy, CompressionType, BTRFS_MAX_UNCOMPRESSED,
 };
 use crate::error::{Error, PosixKind, Result};
+use crate::inode::filesystem::InodeId;
 use crate::inode::writer::FsWriter;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -200,7 +201,8 @@ impl FsWriter {
 
     /// Mark file `ino` NOCOMPRESS (a range did not shrink).
     fn mark_incompressible(&mut self, root: u64, ino: u64) -> Result<()> {
-        self.update_inode(root, ino, |i| i.flags = (i.flags.get() | INODE_NOCOMPRESS).into())
+        let id = InodeId { root, ino };
+        self.update_inode(id, |i| i.flags = (i.flags.get() | INODE_NOCOMPRESS).into())
     }
 
     /// The whole file `content` (at most a sector) as a compressed inline extent, if
@@ -228,7 +230,8 @@ impl FsWriter {
         }
         match self.try_compress(c, content)? {
             Some(z) if z.len() <= max_inline && z.len() < ss => {
-                self.insert_inline_item(root, ino, content.len() as u64, c.kind as u8, &z)?;
+                let id = InodeId { root, ino };
+                self.insert_inline_item(id, content.len() as u64, c.kind as u8, &z)?;
                 self.note_compression(c.kind);
                 Ok(InlineTry::Done)
             }
@@ -260,8 +263,7 @@ impl FsWriter {
         if ii.flags.get() & INODE_COMPRESS == 0 {
             return Ok(None);
         }
-        let p =
-            self.live().compression_property(crate::inode::filesystem::InodeId { root, ino })?;
+        let p = self.live().compression_property(InodeId { root, ino })?;
         Ok(p.filter(|p| p.kind != CompressionType::None).map(|p| (p.kind, None)))
     }
 

@@ -213,7 +213,8 @@ impl FsWriter {
         let ss = u64::from(self.sectorsize());
         let rsv = std::mem::take(&mut oe.meta_rsv);
         self.write_rsv -= rsv;
-        let ii = match self.live().load_inode(InodeId { root, ino }, Load::ITEM) {
+        let id = InodeId { root, ino };
+        let ii = match self.live().load_inode(id, Load::ITEM) {
             Ok(v) if v.item.mode.get() & S_IFMT == S_IFREG => v.item,
             _ => {
                 crate::space::allocator::unreserve(self, oe.disk_bytenr, oe.disk_num_bytes, false);
@@ -265,9 +266,9 @@ impl FsWriter {
         let r = (|| -> Result<Finished> {
             let w = &mut *h;
             if oe.file_offset > old_size {
-                w.insert_hole_before(root, ino, old_size, oe.file_offset)?;
+                w.insert_hole_before(id, old_size, oe.file_offset)?;
             }
-            let removed = w.drop_extents_inner(root, ino, oe.file_offset, oe.file_offset + len)?;
+            let removed = w.drop_extents_inner(id, oe.file_offset, oe.file_offset + len)?;
             w.delayed.add_data_ref(
                 oe.disk_bytenr,
                 len,
@@ -285,7 +286,7 @@ impl FsWriter {
             let fe = reg_extent_item(w.transid, oe.disk_bytenr, len);
             w.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, oe.file_offset), &fe)?;
             let new_size = old_size.max((oe.file_offset + len).min(i_size));
-            w.update_written_back_inode(root, ino, new_size, removed, len, settle)?;
+            w.update_written_back_inode(id, new_size, removed, len, settle)?;
             Ok(Finished { disk_i_size: new_size, inserted: len, settled: settle })
         })();
         h.end_with(r)

@@ -61,12 +61,8 @@ enum Boundary {
 pub const SEEK_DATA: i32 = 3;
 pub const SEEK_HOLE: i32 = 4;
 
-fn id_of(root: u64, ino: u64) -> String {
-    format!("root={root} ino={ino}")
-}
-
 impl FsWriter {
-    /// fallocate(2) of `len` bytes at `offset` of file `ino` with `mode` (FALLOC_FL_*).
+    /// fallocate(2) of `len` bytes at `offset` of file `id` with `mode` (FALLOC_FL_*).
     ///
     /// # Errors
     /// `Posix` as the kernel: Invalid for a zero length or an offset past the largest
@@ -75,15 +71,8 @@ impl FsWriter {
     /// for an immutable file, or an append-only one for anything but preallocation;
     /// NotSeekable for a fifo, IsDir, NoDevice for other non-regular files;
     /// FileTooBig past the largest file size; NoSpace.
-    pub fn fallocate(
-        &mut self,
-        root: u64,
-        ino: u64,
-        mode: u32,
-        offset: u64,
-        len: u64,
-    ) -> Result<()> {
-        let what = id_of(root, ino);
+    pub fn fallocate(&mut self, id: InodeId, mode: u32, offset: u64, len: u64) -> Result<()> {
+        let what = id.to_string();
         if len == 0
             || offset > crate::inode::attr::MAX_FILE_SIZE
             || len > crate::inode::attr::MAX_FILE_SIZE
@@ -118,8 +107,8 @@ impl FsWriter {
                 format!("fallocate mode {mode:#x} is not one the kernel takes"),
             ));
         }
-        self.check_root_writable(root)?;
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        self.check_root_writable(id.root)?;
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let flags = ii.flags.get();
         if flags & INODE_IMMUTABLE != 0 {
             return Err(Error::posix_detail(
@@ -158,7 +147,7 @@ impl FsWriter {
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= crate::inode::attr::MAX_FILE_SIZE)
-            .ok_or_else(|| Error::posix(PosixKind::FileTooBig, id_of(root, ino)))?;
+            .ok_or_else(|| Error::posix(PosixKind::FileTooBig, id.to_string()))?;
         if mode & !BTRFS_MODES != 0 {
             return Err(Error::posix_detail(
                 PosixKind::NotSupported,
@@ -168,18 +157,16 @@ impl FsWriter {
         }
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         if mode & FALLOC_FL_PUNCH_HOLE != 0 {
-            return self
-                .transaction("punch_hole", 8, |w| w.punch_hole_inner(root, ino, offset, end));
+            return self.transaction("punch_hole", 8, |w| w.punch_hole_inner(id, offset, end));
         }
         let ss = u64::from(self.sectorsize());
         let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
         // The space first: the ranges to preallocate and the edge blocks rewritten.
         let size = ii.size.get();
-        let id = InodeId { root, ino };
         let ranges = if zero {
             self.zero_range_plan(id, offset, end)?.1.into_iter().collect()
         } else {
-            self.prealloc_ranges(root, ino, offset, end, size)?
+            self.prealloc_ranges(id, offset, end, size)?
         };
         let need: u64 = ranges.iter().map(|r| r.1 - r.0).sum::<u64>() + 2 * ss;
         // Beside the data space promised to dirty data (`space::data_rsv`).
@@ -187,7 +174,7 @@ impl FsWriter {
         crate::space::allocator::reserve_data(self, need + outstanding, &what)?;
         let items = 6 + 2 * ranges.len() as u64 + need.div_ceil(MAX_PREALLOC);
         self.transaction(if zero { "zero_range" } else { "fallocate" }, items, |w| {
-            w.falloc_inner(root, ino, offset, end, keep, zero)
+            w.falloc_inner(id, offset, end, keep, zero)
         })
     }
 
@@ -195,8 +182,7 @@ impl FsWriter {
     /// explicit hole extents), and past EOF anything but PREALLOC extents.
     fn prealloc_ranges(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         offset: u64,
         end: u64,
         size: u64,
@@ -214,7 +200,7 @@ impl FsWriter {
             }
         };
         let mut cur = a;
-        for f in self.live().file_extents(InodeId { root, ino }, a, b)? {
+        for f in self.live().file_extents(id, a, b)? {
             // An inline extent's extent map covers its whole block.
             let f_end = if matches!(f.kind, ExtentKind::Inline { .. }) {
                 f.end().div_ceil(ss) * ss
@@ -286,15 +272,14 @@ impl FsWriter {
 
     fn falloc_inner(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         offset: u64,
         end: u64,
         keep: bool,
         zero: bool,
     ) -> Result<()> {
+        let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
-        let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let size = ii.size.get();
         {
@@ -305,10 +290,10 @@ impl FsWriter {
             // that makes the EOF block an extent, inline for a small file).
             let start = offset / ss * ss;
             if end > size && size % ss != 0 {
-                self.zero_eof_block(root, ino, &ii, if keep { size } else { end })?;
+                self.zero_eof_block(id, &ii, if keep { size } else { end })?;
             }
             if start > size {
-                self.insert_hole_before(root, ino, size, start)?;
+                self.insert_hole_before(id, size, start)?;
             }
         }
         let mut zero_alloc = None;
@@ -316,7 +301,7 @@ impl FsWriter {
             let (edges, alloc) = self.zero_range_plan(id, offset, end)?;
             for (s, e) in edges {
                 if s < e.min(size) {
-                    self.zero_in_file(root, ino, s, e.min(size))?;
+                    self.zero_in_file(id, s, e.min(size))?;
                 }
             }
             zero_alloc = alloc;
@@ -325,12 +310,12 @@ impl FsWriter {
         let ranges = if zero {
             zero_alloc.into_iter().collect()
         } else {
-            self.prealloc_ranges(root, ino, offset, end, cur_size)?
+            self.prealloc_ranges(id, offset, end, cur_size)?
         };
         let mut removed = 0;
         let mut added = 0;
         for &(s, e) in &ranges {
-            removed += self.drop_extents_inner(root, ino, s, e)?;
+            removed += self.drop_extents_inner(id, s, e)?;
             let mut cur = s;
             while cur < e {
                 let (bytenr, got) = crate::space::allocator::alloc_extent_upto(
@@ -360,7 +345,7 @@ impl FsWriter {
         let t = self.now();
         let grow = !keep && end > cur_size;
         let changed = !ranges.is_empty() || grow;
-        self.update_inode(root, ino, |i| {
+        self.update_inode(id, |i| {
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
             if !ranges.is_empty() {
                 i.flags = (i.flags.get() | INODE_PREALLOC).into();
@@ -378,15 +363,14 @@ impl FsWriter {
     /// Rewrite [s, e) of the file (inside one block, or up to EOF) as zeros, as
     /// `btrfs_truncate_block` does: the block is written whatever it held (a hole or a
     /// preallocated block becomes written zeros).
-    fn zero_in_file(&mut self, root: u64, ino: u64, s: u64, e: u64) -> Result<()> {
+    fn zero_in_file(&mut self, id: InodeId, s: u64, e: u64) -> Result<()> {
         if s >= e {
             // Nothing of the file's bytes there (past EOF, or past an inline extent).
             return Ok(());
         }
-        let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let size = ii.size.get();
-        self.write_file_inner(root, ino, s, e, &ii, size, &mut |b: &mut [u8]| {
+        self.write_file_inner(id.root, id.ino, s, e, &ii, size, &mut |b: &mut [u8]| {
             b.fill(0);
             Ok(())
         })
@@ -395,13 +379,13 @@ impl FsWriter {
     /// `btrfs_truncate_block` for [from, to) inside one block before `ino_size`: the
     /// block is written whatever it held (a hole or a preallocated block becomes data)
     /// with zeros over [from, to), also when that is past EOF in the EOF block.
-    fn truncate_block(&mut self, root: u64, ino: u64, from: u64, to: u64) -> Result<()> {
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+    fn truncate_block(&mut self, id: InodeId, from: u64, to: u64) -> Result<()> {
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let size = ii.size.get();
         if from < size {
-            return self.zero_in_file(root, ino, from, to.min(size));
+            return self.zero_in_file(id, from, to.min(size));
         }
-        self.zero_eof_block(root, ino, &ii, size)
+        self.zero_eof_block(id, &ii, size)
     }
 
     /// Rewrite the block holding EOF with zeros past EOF, the size staying
@@ -409,14 +393,13 @@ impl FsWriter {
     /// size stays (`final_size`), and becomes a regular first block when it grows.
     pub(crate) fn zero_eof_block(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         ii: &InodeItem,
         final_size: u64,
     ) -> Result<()> {
+        let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
         let size = ii.size.get();
-        let id = InodeId { root, ino };
         if self
             .live()
             .file_extents(id, 0, 1)?
@@ -440,7 +423,7 @@ impl FsWriter {
                 Ok(())
             },
         )?;
-        self.update_inode(root, ino, |i| i.size = size.into())
+        self.update_inode(id, |i| i.size = size.into())
     }
 
     /// When the block at `offset` is in a hole, where the hole the kernel sees for a
@@ -467,9 +450,8 @@ impl FsWriter {
         }
     }
 
-    fn punch_hole_inner(&mut self, root: u64, ino: u64, offset: u64, end: u64) -> Result<()> {
+    fn punch_hole_inner(&mut self, id: InodeId, offset: u64, end: u64) -> Result<()> {
         let ss = u64::from(self.sectorsize());
-        let id = InodeId { root, ino };
         let size = self.live().load_inode(id, Load::ITEM)?.item.size.get();
         let ino_size = size.div_ceil(ss) * ss;
         let orig = offset;
@@ -484,14 +466,14 @@ impl FsWriter {
             offset = h;
         }
         let t = self.now();
-        self.update_inode(root, ino, |i| {
+        self.update_inode(id, |i| {
             i.mtime = t;
             i.ctime = t;
         })?;
         let same_block = offset / ss == (end - 1) / ss;
         if same_block && end - offset < ss {
             if offset < ino_size {
-                self.truncate_block(root, ino, offset, ((offset / ss + 1) * ss).min(end))?;
+                self.truncate_block(id, offset, ((offset / ss + 1) * ss).min(end))?;
             }
             return Ok(());
         }
@@ -499,7 +481,7 @@ impl FsWriter {
         let lockend = end / ss * ss;
         // The first block's part from `offset` on.
         if offset < ino_size && !offset.is_multiple_of(ss) {
-            self.truncate_block(root, ino, offset, lockstart)?;
+            self.truncate_block(id, offset, lockstart)?;
         }
         if offset == orig {
             // After that, the aligned part may start in a hole.
@@ -515,25 +497,23 @@ impl FsWriter {
             && lockend < ino_size
             && self.hole_at(id, lockend, end - lockend)?.is_none_or(|h| h < end)
         {
-            self.zero_in_file(root, ino, lockend, end.min(size))?;
+            self.zero_in_file(id, lockend, end.min(size))?;
         }
         if lockend <= lockstart {
             return Ok(());
         }
         // (An inline extent in the range goes whole: it lies in block 0, and the range
         // holds that block.)
-        let removed = self.drop_extents_inner(root, ino, lockstart, lockend)?;
+        let removed = self.drop_extents_inner(id, lockstart, lockend)?;
         // Without no-holes, hole extents cover what was dropped inside the file.
         let hole_end = lockend.min(ino_size);
         if lockstart < hole_end
             && self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES == 0
         {
             let fe = crate::inode::write::reg_extent_item(self.transid, 0, hole_end - lockstart);
-            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, lockstart), &fe)?;
+            self.insert_item(id.root, &Key::new(id.ino, EXTENT_DATA_KEY, lockstart), &fe)?;
         }
-        self.update_inode(root, ino, |i| {
-            i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get())).into()
-        })
+        self.update_inode(id, |i| i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get())).into())
     }
 }
 

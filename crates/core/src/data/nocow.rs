@@ -83,17 +83,17 @@ pub(crate) fn nocow_capable(flags: u64) -> bool {
 }
 
 impl FsWriter {
-    /// Split [start, end) (sector aligned) of inode `ino` with `flags` into parts
+    /// Split [start, end) (sector aligned) of inode `id` with `flags` into parts
     /// written in place and parts COWed. A write covering no extent that qualifies is
     /// one COW part.
     pub(crate) fn nocow_plan(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         flags: u64,
         start: u64,
         end: u64,
     ) -> Result<Vec<Piece>> {
+        let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
         assert!(
             start.is_multiple_of(ss) && end.is_multiple_of(ss) && start < end,
@@ -119,7 +119,7 @@ impl FsWriter {
         let nodatasum = flags & INODE_NODATASUM != 0;
         let last_snapshot = self.live().read_root(root)?.1.last_snapshot.get();
         let mut cur = start;
-        for f in self.live().file_extents(InodeId { root, ino }, start, end)? {
+        for f in self.live().file_extents(id, start, end)? {
             let (fs, fe) = (f.file_offset.max(start), f.end().min(end));
             if fs >= fe {
                 continue;
@@ -189,8 +189,7 @@ impl FsWriter {
     /// How many bytes of [start, end) (sector aligned) a write would put in place.
     pub(crate) fn in_place_bytes(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         flags: u64,
         start: u64,
         end: u64,
@@ -199,7 +198,7 @@ impl FsWriter {
             return Ok(0);
         }
         Ok(self
-            .nocow_plan(root, ino, flags, start, end)?
+            .nocow_plan(id, flags, start, end)?
             .iter()
             .map(|p| if let Piece::InPlace(p) = p { p.len } else { 0 })
             .sum())
@@ -280,9 +279,9 @@ impl FsWriter {
     /// the part becomes regular and merges with a regular neighbour of the same disk
     /// extent it continues (`btrfs_mark_extent_written`). The extent's reference
     /// count follows the number of items pointing at it.
-    pub(crate) fn mark_extent_written(&mut self, root: u64, ino: u64, p: &InPlace) -> Result<()> {
-        let id = InodeId { root, ino };
-        let err = |r: String| crate::inode::write::ino_err(root, ino, r);
+    pub(crate) fn mark_extent_written(&mut self, id: InodeId, p: &InPlace) -> Result<()> {
+        let InodeId { root, ino } = id;
+        let err = |r: String| crate::inode::write::ino_err(id, r);
         let (s, e) = (p.file_off, p.file_off + p.len);
         // The regular or preallocated extent item at `at`, if it is one: (extent
         // offset, length, preallocated, ram_bytes, of the same disk extent).

@@ -7,6 +7,7 @@
 
 use crate::compression::{CompressionType, MAX_RAM_BYTES};
 use crate::error::{Error, Result};
+use crate::ids::Logical;
 use crate::inode::filesystem::{ExtentKind, FileExtentRec, FsRead, InodeView};
 
 use ubtrfs_format::key::*;
@@ -44,7 +45,7 @@ pub(crate) fn verify_sectors<'a>(
 ) -> std::result::Result<usize, BadSector> {
     let ss = info.sectorsize as usize;
     let ct = info.csum_type;
-    let copies = info.num_copies(logical);
+    let copies = info.num_copies(Logical(logical));
     let mut missing = 0;
     for (i, sector) in buf.chunks_mut(ss).enumerate() {
         let Some(want) = want(i) else {
@@ -58,7 +59,7 @@ pub(crate) fn verify_sectors<'a>(
         let mut alt = vec![0u8; sector.len()];
         let good = (0..copies)
             .filter(|&m| m != first)
-            .find(|&m| info.read_data(slog, &mut alt, m).is_ok() && ct.verify(&alt, want));
+            .find(|&m| info.read_data(Logical(slog), &mut alt, m).is_ok() && ct.verify(&alt, want));
         match good {
             Some(m) => {
                 sector.copy_from_slice(&alt);
@@ -142,11 +143,11 @@ pub(crate) fn read_verified<V: FileRead>(
     buf: &mut [u8],
 ) -> Result<()> {
     let ss = fs.info().sectorsize as usize;
-    let copies = fs.info().num_copies(logical);
+    let copies = fs.info().num_copies(Logical(logical));
     // A copy on a missing or failing device is skipped for the next one.
     let mut first = 0;
     loop {
-        match fs.info().read_data(logical, buf, first) {
+        match fs.info().read_data(Logical(logical), buf, first) {
             Ok(()) => break,
             Err(e) if first + 1 < copies => {
                 fs.info().warn(format!("data at logical {logical} (ino {} offset {file_offset}): copy {} unreadable ({e}); trying copy {}", inode.id.ino, first + 1, first + 2));

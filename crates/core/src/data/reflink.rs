@@ -109,7 +109,7 @@ impl FsWriter {
                 _ => return Err(invalid(what(), "both files must be regular files")),
             }
         }
-        iflags_allow(dst.root, dst.ino, di.flags.get(), IflagOp::Write, b"")?;
+        iflags_allow(dst, di.flags.get(), IflagOp::Write, b"")?;
         if di.flags.get() & INODE_APPEND != 0 {
             return Err(Error::posix(
                 PosixKind::NotPermitted,
@@ -237,7 +237,7 @@ impl FsWriter {
         // items without no-holes (the kernel's btrfs_cont_expand).
         let dsize = self.live().load_inode(dst, Load::ITEM)?.item.size.get();
         if dst_off > dsize {
-            self.transaction("clone: expand", 8, |w| w.set_size_inner(dst.root, dst.ino, dst_off))?;
+            self.transaction("clone: expand", 8, |w| w.set_size_inner(dst, dst_off))?;
         }
         // (After the expansion, which may rewrite the source's last block when both
         // are one file.)
@@ -330,11 +330,8 @@ impl FsWriter {
         for (i, batch) in batches.into_iter().enumerate() {
             let items = 3 * batch.len() as u64 + 4;
             self.transaction("clone", items, |w| {
-                let removed = if i == 0 {
-                    w.drop_extents_inner(dst.root, dst.ino, dst_off, dst_off + span)?
-                } else {
-                    0
-                };
+                let removed =
+                    if i == 0 { w.drop_extents_inner(dst, dst_off, dst_off + span)? } else { 0 };
                 let mut added = 0;
                 for p in batch {
                     w.insert_item(dst.root, &Key::new(dst.ino, EXTENT_DATA_KEY, p.at), &p.item)?;
@@ -343,7 +340,7 @@ impl FsWriter {
                         added += bytes;
                     }
                 }
-                w.update_inode(dst.root, dst.ino, |ii| {
+                w.update_inode(dst, |ii| {
                     ii.nbytes = (ii.nbytes.get() - removed.min(ii.nbytes.get()) + added).into();
                     // The size grows with each batch (never past the clone's end), so a
                     // clone cut short by an error leaves no extent past EOF.

@@ -12,14 +12,14 @@
 //! writes a hole extent over the new range.
 
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::attr::{id_of, ts, SetAttr, TimeSet, MAX_FILE_SIZE};
+use crate::inode::attr::{ts, SetAttr, TimeSet, MAX_FILE_SIZE};
 use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
 use crate::inode::write::{iflags_allow, IflagOp};
 use crate::inode::writer::FsWriter;
 use ubtrfs_format::structs::*;
 
 impl FsWriter {
-    /// Change inode `ino`'s attributes as `chmod`, `chown`, `utimensat` and
+    /// Change inode `id`'s attributes as `chmod`, `chown`, `utimensat` and
     /// `truncate` do (see the module documentation for the time rules and what a
     /// chown takes). Permission checks are the caller's (`perm::may_setattr`).
     ///
@@ -27,34 +27,34 @@ impl FsWriter {
     /// `Posix`: NotPermitted for an immutable or append-only inode (mode, ids,
     /// explicit times, size), IsDir / Invalid for the size of a directory / other
     /// non-regular file, FileTooBig past `MAX_FILE_SIZE`, NoSpace; tree failures.
-    pub fn setattr(&mut self, root: u64, ino: u64, a: &SetAttr) -> Result<()> {
-        self.check_root_writable(root)?;
+    pub fn setattr(&mut self, id: InodeId, a: &SetAttr) -> Result<()> {
+        self.check_root_writable(id.root)?;
         // A placeholder's attributes are the kernel's in-memory inode's: its
         // `simple_setattr` succeeds and stores nothing. So do we.
-        if (InodeId { root, ino }).is_placeholder() {
+        if id.is_placeholder() {
             return if a.size.is_some() {
                 Err(Error::posix_detail(
                     PosixKind::IsDir,
-                    id_of(root, ino),
+                    id.to_string(),
                     "a directory has no size to set",
                 ))
             } else {
                 Ok(())
             };
         }
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let flags = ii.flags.get();
         if a.touches_protected() && flags & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
             return Err(Error::posix_detail(
                 PosixKind::NotPermitted,
-                id_of(root, ino),
+                id.to_string(),
                 "the inode is immutable or append-only",
             ));
         }
         if (a.atime.is_some() || a.mtime.is_some()) && flags & INODE_IMMUTABLE != 0 {
             return Err(Error::posix_detail(
                 PosixKind::NotPermitted,
-                id_of(root, ino),
+                id.to_string(),
                 "the inode is immutable",
             ));
         }
@@ -64,31 +64,31 @@ impl FsWriter {
                 S_IFDIR => {
                     return Err(Error::posix_detail(
                         PosixKind::IsDir,
-                        id_of(root, ino),
+                        id.to_string(),
                         "a directory has no size to set",
                     ))
                 }
                 _ => {
                     return Err(Error::posix_detail(
                         PosixKind::Invalid,
-                        id_of(root, ino),
+                        id.to_string(),
                         "only a regular file's size can be set",
                     ))
                 }
             }
             // vfs_truncate refuses these before the size is looked at.
-            iflags_allow(root, ino, flags, IflagOp::Write, b"")?;
+            iflags_allow(id, flags, IflagOp::Write, b"")?;
             if flags & INODE_APPEND != 0 {
                 return Err(Error::posix_detail(
                     PosixKind::NotPermitted,
-                    id_of(root, ino),
+                    id.to_string(),
                     "an append-only file cannot be truncated",
                 ));
             }
             if size > MAX_FILE_SIZE {
                 return Err(Error::posix_detail(
                     PosixKind::FileTooBig,
-                    id_of(root, ino),
+                    id.to_string(),
                     format!("{size} is past the largest file size {MAX_FILE_SIZE}"),
                 ));
             }
@@ -102,7 +102,7 @@ impl FsWriter {
         let kill = a.kills_privs() && !is_dir;
         if kill {
             // setattr_prepare's ATTR_KILL_PRIV, before the size changes.
-            self.kill_file_caps(InodeId { root, ino })?;
+            self.kill_file_caps(id)?;
         }
         let ss = u64::from(self.sectorsize());
         // Truncation rewrites one block and drops extents; growth may insert a hole.
@@ -110,7 +110,7 @@ impl FsWriter {
         self.transaction("setattr", items, |w| {
             if let Some(size) = a.size {
                 if size != ii.size.get() {
-                    w.set_size_inner(root, ino, size)?;
+                    w.set_size_inner(id, size)?;
                 }
             }
             let now = w.now();
@@ -122,7 +122,7 @@ impl FsWriter {
                 mtime = Some(now);
             }
             let ctime = a.ctime.map_or(now, |(s, n)| ts(s, n));
-            w.update_inode(root, ino, |i| {
+            w.update_inode(id, |i| {
                 let mut mode = i.mode.get();
                 if let Some(m) = a.mode {
                     mode = (mode & S_IFMT) | (m & 0o7777);
@@ -150,17 +150,17 @@ impl FsWriter {
             })?;
             if a.mode.is_some() || kill {
                 // btrfs_setattr's posix_acl_chmod: the access ACL follows the mode.
-                w.acl_chmod(InodeId { root, ino })?;
+                w.acl_chmod(id)?;
             }
             Ok(())
         })
     }
 
-    /// Set regular file `ino`'s size to `size` (`btrfs_setsize`), without the time
+    /// Set regular file `id`'s size to `size` (`btrfs_setsize`), without the time
     /// updates (`setattr`'s).
-    pub(crate) fn set_size_inner(&mut self, root: u64, ino: u64, size: u64) -> Result<()> {
+    pub(crate) fn set_size_inner(&mut self, id: InodeId, size: u64) -> Result<()> {
+        let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
-        let id = InodeId { root, ino };
         let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let old = ii.size.get();
         let first = self.live().file_extents(id, 0, 1)?;
@@ -174,11 +174,11 @@ impl FsWriter {
             // or a preallocated first block stays as it is.)
             let mut content = vec![0u8; size as usize];
             self.read_old_data(root, ino, 0, &mut content)?;
-            let removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
+            let removed = self.drop_extents_inner(id, 0, u64::MAX)?;
             if size > 0 {
-                self.insert_inline(root, ino, &content)?;
+                self.insert_inline(id, &content)?;
             }
-            return self.set_size_and_bytes(root, ino, size, removed, size);
+            return self.set_size_and_bytes(id, size, removed, size);
         }
         if size < old {
             // The block holding the new end keeps zeros past it (btrfs_truncate_block).
@@ -197,8 +197,8 @@ impl FsWriter {
                     Ok(())
                 })?;
             }
-            let removed = self.drop_extents_inner(root, ino, size.div_ceil(ss) * ss, u64::MAX)?;
-            return self.set_size_and_bytes(root, ino, size, removed, 0);
+            let removed = self.drop_extents_inner(id, size.div_ceil(ss) * ss, u64::MAX)?;
+            return self.set_size_and_bytes(id, size, removed, 0);
         }
         // Growth: the block holding the old end gets zeros past it, through the write
         // path (which also turns an inline extent into a regular one when the file
@@ -212,19 +212,18 @@ impl FsWriter {
             })?;
             cur = self.live().load_inode(id, Load::ITEM)?.item;
         }
-        self.insert_hole_before(root, ino, cur.size.get(), size.div_ceil(ss) * ss)?;
-        self.set_size_and_bytes(root, ino, size, 0, 0)
+        self.insert_hole_before(id, cur.size.get(), size.div_ceil(ss) * ss)?;
+        self.set_size_and_bytes(id, size, 0, 0)
     }
 
     fn set_size_and_bytes(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         size: u64,
         removed: u64,
         added: u64,
     ) -> Result<()> {
-        self.update_inode(root, ino, |i| {
+        self.update_inode(id, |i| {
             i.size = size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
         })

@@ -54,7 +54,7 @@ pub(crate) fn prepare_write(
         _ => return Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
     }
     if by == WriteBy::Caller {
-        iflags_allow(id.root, id.ino, ii.flags.get(), IflagOp::Write, b"")?;
+        iflags_allow(id, ii.flags.get(), IflagOp::Write, b"")?;
         if ii.flags.get() & INODE_APPEND != 0 && offset != size {
             return Err(Error::posix(
                 PosixKind::NotPermitted,
@@ -215,7 +215,7 @@ impl FsWriter {
                 // once the reservation failed, as the kernel asks).
                 let in_place = match e.posix_kind() {
                     Some(PosixKind::NoSpace) => {
-                        self.in_place_bytes(root, ino, ii.flags.get(), a_start, a_end)?
+                        self.in_place_bytes(id, ii.flags.get(), a_start, a_end)?
                     }
                     _ => 0,
                 };
@@ -245,6 +245,7 @@ impl FsWriter {
         final_size: u64,
         fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
     ) -> Result<()> {
+        let id = InodeId { root, ino };
         let nodatasum = ii.flags.get() & INODE_NODATASUM != 0;
         let old_size = ii.size.get();
         let new_size = old_size.max(end);
@@ -264,19 +265,19 @@ impl FsWriter {
             let mut content = vec![0u8; new_size as usize];
             self.read_old_data(root, ino, 0, &mut content[..old_size.min(new_size) as usize])?;
             fill(&mut content[offset as usize..end as usize])?;
-            removed = self.drop_extents_inner(root, ino, 0, u64::MAX)?;
+            removed = self.drop_extents_inner(id, 0, u64::MAX)?;
             let mut next = choice;
             if let Some(c) = &choice {
                 match self.try_compressed_inline(root, ino, c, &content)? {
                     crate::data::compress_write::InlineTry::Done => {
-                        return self.update_written_inode(root, ino, new_size, removed, new_size)
+                        return self.update_written_inode(id, new_size, removed, new_size)
                     }
                     crate::data::compress_write::InlineTry::Regular => {}
                     crate::data::compress_write::InlineTry::Plain => next = None,
                 }
             }
             if new_size <= max_inline {
-                self.insert_inline(root, ino, &content)?;
+                self.insert_inline(id, &content)?;
                 added = new_size;
             } else {
                 content.resize(ss as usize, 0);
@@ -300,7 +301,7 @@ impl FsWriter {
             // An inline extent must become regular: rewrite from 0.
             let mut has_inline = self
                 .live()
-                .file_extents(InodeId { root, ino }, 0, 1)?
+                .file_extents(id, 0, 1)?
                 .iter()
                 .any(|f| matches!(f.kind, ExtentKind::Inline { .. }));
             if has_inline && offset >= ss {
@@ -326,7 +327,7 @@ impl FsWriter {
                 && old_size / ss * ss < a_start
                 && !has_inline
             {
-                self.zero_eof_block(root, ino, ii, old_size)?;
+                self.zero_eof_block(id, ii, old_size)?;
             }
             // Stream head + data + tail through the extents.
             let total = a_end - a_start;
@@ -356,16 +357,16 @@ impl FsWriter {
                 Ok(())
             };
             let plan = if nocow {
-                self.nocow_plan(root, ino, ii.flags.get(), a_start, a_end)?
+                self.nocow_plan(id, ii.flags.get(), a_start, a_end)?
             } else {
                 vec![Piece::Cow { start: a_start, end: a_end }]
             };
-            self.insert_hole_before(root, ino, old_size, a_start)?;
+            self.insert_hole_before(id, old_size, a_start)?;
             let (mut r, mut a) = (0, 0);
             for piece in plan {
                 match piece {
                     Piece::Cow { start, end } => {
-                        r += self.drop_extents_inner(root, ino, start, end)?;
+                        r += self.drop_extents_inner(id, start, end)?;
                         a += self.write_range(
                             root,
                             ino,
@@ -378,21 +379,20 @@ impl FsWriter {
                         )?;
                     }
                     Piece::InPlace(p) => {
-                        self.write_piece_in_place(root, ino, &p, nodatasum, &mut stream)?
+                        self.write_piece_in_place(id, &p, nodatasum, &mut stream)?
                     }
                 }
             }
             (removed, added) = (r, a);
         }
-        self.update_written_inode(root, ino, new_size, removed, added)
+        self.update_written_inode(id, new_size, removed, added)
     }
 
     /// Write in-place part `p` of a NOCOW write from `src`, in pieces, and mark a
     /// preallocated part written.
     fn write_piece_in_place(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         p: &InPlace,
         nodatasum: bool,
         src: &mut dyn FnMut(&mut [u8]) -> Result<()>,
@@ -406,7 +406,7 @@ impl FsWriter {
             done += n as u64;
         }
         if p.prealloc {
-            self.mark_extent_written(root, ino, p)?;
+            self.mark_extent_written(id, p)?;
         }
         Ok(())
     }
@@ -419,7 +419,7 @@ impl FsWriter {
         let size = ii.size.get();
         let mut content = vec![0u8; ss as usize];
         self.read_old_data(root, ino, 0, &mut content[..size.min(ss) as usize])?;
-        let removed = self.drop_extents_inner(root, ino, 0, ss)?;
+        let removed = self.drop_extents_inner(InodeId { root, ino }, 0, ss)?;
         let prop = self.compression_prop(root, ino, ii)?;
         let choice = self.compress_choice(ii, prop);
         let mut pos = 0usize;
@@ -438,7 +438,7 @@ impl FsWriter {
                 Ok(())
             },
         )?;
-        self.update_inode(root, ino, |i| {
+        self.update_inode(InodeId { root, ino }, |i| {
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into()
         })
     }
@@ -546,7 +546,7 @@ impl FsWriter {
         let a_end = end.div_ceil(ss) * ss;
         // The parts of a NOCOW-capable inode that go in place need no extent; the
         // caller holds the inode's lock, so they stay as planned until finish_write.
-        let plan = self.nocow_plan(root, ino, ii.flags.get(), offset, a_end)?;
+        let plan = self.nocow_plan(id, ii.flags.get(), offset, a_end)?;
         let mut extents = Vec::new();
         for piece in plan {
             let (mut cur, pend) = match piece {
@@ -615,6 +615,7 @@ impl FsWriter {
 
     fn finish_write_inner(&mut self, dw: DirectWrite, ii: &InodeItem) -> Result<()> {
         let (root, ino) = (dw.root, dw.ino);
+        let id = InodeId { root, ino };
         let ss = u64::from(self.sectorsize());
         let old_size = ii.size.get();
         let new_size = old_size.max(dw.end);
@@ -624,7 +625,7 @@ impl FsWriter {
             Some(a_end),
             "a direct write's extents end at its aligned end"
         );
-        self.insert_hole_before(root, ino, old_size, dw.offset)?;
+        self.insert_hole_before(id, old_size, dw.offset)?;
         let (mut removed, mut added) = (0, 0);
         for (i, &(file_off, bytenr, len, how)) in dw.extents.iter().enumerate() {
             if let Some(p) = how {
@@ -634,11 +635,11 @@ impl FsWriter {
                     if !dw.nodatasum {
                         crate::extent::csum_tree::insert_csums(self, bytenr, &dw.csums[i])?;
                     }
-                    self.mark_extent_written(root, ino, &p)?;
+                    self.mark_extent_written(id, &p)?;
                 }
                 continue;
             }
-            removed += self.drop_extents_inner(root, ino, file_off, file_off + len)?;
+            removed += self.drop_extents_inner(id, file_off, file_off + len)?;
             self.delayed.add_data_ref(
                 bytenr,
                 len,
@@ -653,7 +654,7 @@ impl FsWriter {
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, file_off), &fe)?;
             added += len;
         }
-        self.update_written_inode(root, ino, new_size, removed, added)
+        self.update_written_inode(id, new_size, removed, added)
     }
 
     /// Give back a direct write's reserved space (its data write failed).

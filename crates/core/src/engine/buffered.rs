@@ -285,7 +285,7 @@ impl Engine {
             zerocopy::IntoBytes::as_bytes(a) == zerocopy::IntoBytes::as_bytes(&t)
         };
         if queried || kill.is_some() || !same(&ii.mtime) || !same(&ii.ctime) {
-            if let Err(e) = self.write_retrying(|w| w.file_update_time(id.root, id.ino, kill, t)) {
+            if let Err(e) = self.write_retrying(|w| w.file_update_time(id, kill, t)) {
                 if queried {
                     inode.mark_ctime_queried();
                 }
@@ -407,7 +407,7 @@ impl Engine {
         // What goes in place takes no new space.
         let flags = self.read(|l| Ok(l.load_inode(id, Load::ITEM)?.item.flags.get()))?;
         let in_place = if crate::data::nocow::nocow_capable(flags) {
-            self.write_retrying(|w| w.in_place_bytes(id.root, id.ino, flags, a, z))?
+            self.write_retrying(|w| w.in_place_bytes(id, flags, a, z))?
         } else {
             0
         };

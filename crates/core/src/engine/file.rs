@@ -252,7 +252,7 @@ impl Engine {
         })? {
             return Ok(false);
         }
-        self.write_retrying(|w| w.file_accessed(id.root, id.ino, opts))
+        self.write_retrying(|w| w.file_accessed(id, opts))
     }
 
     /// Change inode `id`'s attributes, as `FsWriter::setattr` does, holding its lock:
@@ -283,7 +283,7 @@ impl Engine {
             }
         }
         let a = &a;
-        self.write_retrying(|w| w.setattr(id.root, id.ino, a))?;
+        self.write_retrying(|w| w.setattr(id, a))?;
         if let Some(size) = a.size {
             // The trees have the new size: the cache follows (see `page_cache`).
             self.truncate_page_cache(&inode, size);
@@ -312,7 +312,7 @@ impl Engine {
         let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
         self.extent_change(&inode, offset, offset.saturating_add(len), || {
-            self.write_retrying(|w| w.fallocate(id.root, id.ino, mode, offset, len))
+            self.write_retrying(|w| w.fallocate(id, mode, offset, len))
         })
     }
 

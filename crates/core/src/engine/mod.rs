@@ -278,7 +278,7 @@ impl Engine {
             .0;
             let csums = crate::data::read::prefetch_csums(l, &v, offset, end)?;
             // A view of the running transaction: what it frees from now on is held.
-            let view = self.views.register(l.transid() - 1);
+            let view = self.views.register(l.transid().prev());
             Ok((v, csums, view, l.default_subvol()))
         })?;
         drop(mem);
@@ -313,7 +313,7 @@ impl Engine {
             // generation uses) between reading the superblock and registering the view.
             let _g = self.state.read().map_err(poisoned)?;
             let sb = self.info.super_copy();
-            let view = self.views.register(sb.generation.get());
+            let view = self.views.register(crate::ids::Generation(sb.generation.get()));
             (sb, view)
         };
         Ok(Committed { fs: Filesystem::at(self.info.clone(), sb)?, _view: view })
@@ -419,7 +419,7 @@ impl Engine {
         let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
         let io = match self.write(|w| w.start_commit())? {
             Some(io) => io,
-            None => return self.read(|l| Ok(l.committed_generation())),
+            None => return self.read(|l| Ok(l.committed_generation().get())),
         };
         // Neither side of `state` is held: readers and the next transaction go on.
         if let Err(e) = io.write(&self.info) {

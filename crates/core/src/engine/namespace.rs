@@ -245,7 +245,7 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::set_fsflags`.
     pub fn set_fsflags(&self, id: InodeId, flags: u32) -> Result<()> {
-        self.write_retrying(|w| w.set_fsflags(id.root, id.ino, flags))
+        self.write_retrying(|w| w.set_fsflags(id, flags))
     }
 
     /// Set extended attribute `name` of inode `id` to `value` (setxattr(2), `flags`
@@ -263,7 +263,7 @@ impl Engine {
         flags: u32,
         kill_sgid: bool,
     ) -> Result<()> {
-        self.write_retrying(|w| w.setxattr_opts(id.root, id.ino, name, value, flags, kill_sgid))
+        self.write_retrying(|w| w.setxattr_opts(id, name, value, flags, kill_sgid))
     }
 
     /// Remove extended attribute `name` of inode `id` (removexattr(2), as
@@ -272,6 +272,6 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::removexattr`: `Posix(NoData)` when it is absent.
     pub fn removexattr(&self, id: InodeId, name: &[u8]) -> Result<()> {
-        self.write_retrying(|w| w.removexattr(id.root, id.ino, name))
+        self.write_retrying(|w| w.removexattr(id, name))
     }
 }

@@ -140,10 +140,10 @@ impl FsWriter {
     /// As `setxattr`.
     pub fn acl_init(&mut self, id: InodeId, acls: &NewAcls) -> Result<()> {
         if let Some(v) = &acls.default {
-            self.setxattr(id.root, id.ino, XATTR_POSIX_ACL_DEFAULT, v, 0)?;
+            self.setxattr(id, XATTR_POSIX_ACL_DEFAULT, v, 0)?;
         }
         if let Some(v) = &acls.access {
-            self.setxattr(id.root, id.ino, XATTR_POSIX_ACL_ACCESS, v, 0)?;
+            self.setxattr(id, XATTR_POSIX_ACL_ACCESS, v, 0)?;
         }
         Ok(())
     }
@@ -162,7 +162,7 @@ impl FsWriter {
             return Ok(());
         };
         chmod_acl(&mut acl, mode);
-        self.setxattr(id.root, id.ino, XATTR_POSIX_ACL_ACCESS, &acl_to_xattr(&acl), 0)
+        self.setxattr(id, XATTR_POSIX_ACL_ACCESS, &acl_to_xattr(&acl), 0)
     }
 }
 

@@ -62,22 +62,22 @@ pub fn atime_needs_update(ii: &InodeItem, now: Timespec, opts: AtimeOpts) -> boo
 }
 
 impl FsWriter {
-    /// Inode `ino` was read (data, directory entries or link target): move its atime
+    /// Inode `id` was read (data, directory entries or link target): move its atime
     /// if `opts` say so. Returns whether it moved. Nothing happens in a read-only
     /// subvolume or on a read-only filesystem.
     ///
     /// # Errors
     /// `Posix(NotFound)` for no such inode; tree failures.
-    pub fn file_accessed(&mut self, root: u64, ino: u64, opts: AtimeOpts) -> Result<bool> {
-        if self.check_root_writable(root).is_err() || (InodeId { root, ino }).is_placeholder() {
+    pub fn file_accessed(&mut self, id: InodeId, opts: AtimeOpts) -> Result<bool> {
+        if self.check_root_writable(id.root).is_err() || id.is_placeholder() {
             return Ok(false);
         }
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let now = self.now();
         if !atime_needs_update(&ii, now, opts) {
             return Ok(false);
         }
-        self.transaction("file_accessed", 1, |w| w.update_inode(root, ino, |i| i.atime = now))?;
+        self.transaction("file_accessed", 1, |w| w.update_inode(id, |i| i.atime = now))?;
         Ok(true)
     }
 }

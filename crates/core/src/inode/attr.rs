@@ -86,10 +86,6 @@ pub(crate) fn ts(sec: i64, nsec: u32) -> Timespec {
     Timespec { sec: (sec as u64).into(), nsec: nsec.into() }
 }
 
-pub(crate) fn id_of(root: u64, ino: u64) -> String {
-    format!("root={root} ino={ino}")
-}
-
 /// FS_IOC_GETFLAGS / SETFLAGS bits (`include/uapi/linux/fs.h`), the ones btrfs keeps.
 pub mod fsflags {
     pub const SYNC: u32 = 0x0000_0008;
@@ -143,8 +139,8 @@ impl FsWriter {
     /// # Errors
     /// `Posix`: NotSupported for other flags, Invalid for COMPR with NOCOMP (or a
     /// compression property the file cannot take), ReadOnly; tree failures.
-    pub fn set_fsflags(&mut self, root: u64, ino: u64, fs: u32) -> Result<()> {
-        let what = id_of(root, ino);
+    pub fn set_fsflags(&mut self, id: InodeId, fs: u32) -> Result<()> {
+        let what = id.to_string();
         if fs & !fsflags::SETTABLE != 0 {
             return Err(Error::posix_detail(
                 PosixKind::NotSupported,
@@ -159,15 +155,15 @@ impl FsWriter {
                 "compress and no-compress exclude each other",
             ));
         }
-        self.check_root_writable(root)?;
-        if (InodeId { root, ino }).is_placeholder() {
+        self.check_root_writable(id.root)?;
+        if id.is_placeholder() {
             return Err(Error::posix_detail(
                 PosixKind::NotSupported,
                 what,
                 "an empty subvolume placeholder has no flags",
             ));
         }
-        let ii = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let ii = self.live().load_inode(id, Load::ITEM)?.item;
         let mut f = ii.flags.get();
         for (b, fsb) in PLAIN_FLAGS {
             if fs & fsb != 0 {
@@ -206,17 +202,17 @@ impl FsWriter {
         // changes anything, so a refusal leaves the inode as it was), then the flags as
         // asked; both land in the same commit.
         use crate::inode::xattr::{XattrRead, XATTR_BTRFS_COMPRESSION};
-        let cur = self.live().getxattr(InodeId { root, ino }, XATTR_BTRFS_COMPRESSION).ok();
+        let cur = self.live().getxattr(id, XATTR_BTRFS_COMPRESSION).ok();
         match comp {
             Some(v) if cur.as_deref() != Some(v) => {
-                self.setxattr(root, ino, XATTR_BTRFS_COMPRESSION, v, 0)?
+                self.setxattr(id, XATTR_BTRFS_COMPRESSION, v, 0)?
             }
-            None if cur.is_some() => self.removexattr(root, ino, XATTR_BTRFS_COMPRESSION)?,
+            None if cur.is_some() => self.removexattr(id, XATTR_BTRFS_COMPRESSION)?,
             _ => {}
         }
         self.transaction("set_fsflags", 1, |w| {
             let t = w.now();
-            w.update_inode(root, ino, |i| {
+            w.update_inode(id, |i| {
                 i.flags = f.into();
                 i.ctime = t;
             })

@@ -9,7 +9,7 @@
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::tree::search::RootInfo;
-use crate::tree::search::TreeView;
+use crate::tree::search::{Search, TreeView};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use ubtrfs_format::items;
@@ -328,10 +328,9 @@ pub trait FsRead: TreeView + Sized {
     fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<Option<DirEntry>> {
         let root = self.fs_root(dir.root)?;
         let key = Key::new(dir.ino, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(name));
-        let (path, found) = self.search_slot(&root, &key)?;
-        if !found {
+        let Search::Found(path) = self.search_slot(&root, &key)? else {
             return Ok(None);
-        }
+        };
         let item = path.item().expect("found slot is in the leaf");
         for e in items::dir_entries(item.data()) {
             let e = e.expect("validated by the tree checker");
@@ -771,10 +770,9 @@ fn dir_entry<V: FsRead>(
 /// Read failures of the root tree.
 fn subvol_root_dir<V: FsRead>(fs: &V, dir: InodeId, name: &[u8], id: u64) -> Result<Option<u64>> {
     let key = Key::new(dir.root, ROOT_REF_KEY, id);
-    let (path, found) = fs.search_slot(&fs.tree_root(), &key)?;
-    if !found {
+    let Search::Found(path) = fs.search_slot(&fs.tree_root(), &key)? else {
         return Ok(None);
-    }
+    };
     let item = path.item().expect("found slot is in the leaf");
     let r = items::root_ref(item.data()).expect("validated by the tree checker");
     if r.dirid != dir.ino || r.name != name {

@@ -117,8 +117,10 @@ impl FsWriter {
         v: &Victim,
         want_dir: bool,
     ) -> Result<()> {
-        iflags_allow(root, dir, dflags, IflagOp::RemoveName, name)?;
-        iflags_allow(root, v.entry.target.ino, v.item.flags.get(), IflagOp::Relink, name)?;
+        iflags_allow(InodeId { root, ino: dir }, dflags, IflagOp::RemoveName, name)?;
+        // Named in this directory's tree: a subvolume entry's target is in another one.
+        let victim = InodeId { root, ino: v.entry.target.ino };
+        iflags_allow(victim, v.item.flags.get(), IflagOp::Relink, name)?;
         if want_dir && !v.is_dir() {
             return Err(Error::posix(PosixKind::NotDir, name_of(name)));
         }
@@ -278,9 +280,10 @@ impl FsWriter {
         a.flags |= inherited_flags(dflags, false);
         self.transaction("symlink", LINK_ITEMS + 2, |w| {
             let ino = w.create_inode_inner(root, &a)?;
-            w.insert_inline(root, ino, target)?;
+            let id = InodeId { root, ino };
+            w.insert_inline(id, target)?;
             let len = target.len() as u64;
-            w.update_inode(root, ino, |i| {
+            w.update_inode(id, |i| {
                 i.size = len.into();
                 i.nbytes = len.into();
             })?;
@@ -356,8 +359,7 @@ impl FsWriter {
             }
         }
         Err(crate::inode::write::ino_err(
-            root,
-            dir,
+            InodeId { root, ino: dir },
             "the directory's parents go round in a loop".into(),
         ))
     }
@@ -461,7 +463,9 @@ impl FsWriter {
         }
         self.may_delete(root, old_dir, odflags, old_name, &src, src.is_dir())?;
         match &dst {
-            None => iflags_allow(root, new_dir, ndflags, IflagOp::AddName, new_name)?,
+            None => {
+                iflags_allow(InodeId { root, ino: new_dir }, ndflags, IflagOp::AddName, new_name)?
+            }
             Some(d) => self.may_delete(
                 root,
                 new_dir,
@@ -496,7 +500,7 @@ impl FsWriter {
         if flags & RENAME_WHITEOUT != 0 {
             // The whiteout takes the old name's place in the old directory, which the
             // rename has just emptied, so only the directory's immutability counts.
-            iflags_allow(root, old_dir, odflags, IflagOp::AddName, old_name)?;
+            iflags_allow(InodeId { root, ino: old_dir }, odflags, IflagOp::AddName, old_name)?;
         }
         // The new back references must fit (EMLINK without extrefs, as the kernel
         // finds when it inserts them).
@@ -532,7 +536,7 @@ impl FsWriter {
             }
             w.add_dir_entries(root, new_dir, new_name, s, src.entry.ftype, index)?;
             let t = w.now();
-            w.update_inode(root, s, |i| i.ctime = t)?;
+            w.update_inode(src.entry.target, |i| i.ctime = t)?;
             if flags & RENAME_WHITEOUT != 0 {
                 let a = InodeAttrs {
                     uid: owner.0,
@@ -570,8 +574,8 @@ impl FsWriter {
         self.add_dir_entries(root, new_dir, new_name, s, src.entry.ftype, s_index)?;
         self.add_dir_entries(root, old_dir, old_name, d, dst.entry.ftype, d_index)?;
         let t = self.now();
-        self.update_inode(root, s, |i| i.ctime = t)?;
-        self.update_inode(root, d, |i| i.ctime = t)
+        self.update_inode(src.entry.target, |i| i.ctime = t)?;
+        self.update_inode(dst.entry.target, |i| i.ctime = t)
     }
 }
 

@@ -54,28 +54,28 @@ pub struct OrphanCleanup {
 }
 
 impl FsWriter {
-    /// Insert inode `ino`'s orphan item in tree `root` (`btrfs_orphan_add`). One that
-    /// is there already stays: it marks the same inode.
-    pub(crate) fn orphan_add(&mut self, root: u64, ino: u64) -> Result<()> {
-        match self.insert_item(root, &orphan_key(ino), &[]) {
+    /// Insert inode `id`'s orphan item in its tree (`btrfs_orphan_add`). One that is
+    /// there already stays: it marks the same inode.
+    pub(crate) fn orphan_add(&mut self, id: InodeId) -> Result<()> {
+        match self.insert_item(id.root, &orphan_key(id.ino), &[]) {
             Err(e) if e.posix_kind() == Some(PosixKind::Exists) => Ok(()),
             r => r,
         }
     }
 
-    /// Delete inode `ino`'s orphan item from tree `root`; false if there was none.
-    pub(crate) fn orphan_del(&mut self, root: u64, ino: u64) -> Result<bool> {
+    /// Delete inode `id`'s orphan item from its tree; false if there was none.
+    pub(crate) fn orphan_del(&mut self, id: InodeId) -> Result<bool> {
         // Looked up first: a delete's search COWs its path even when the key is absent.
-        let key = orphan_key(ino);
-        let root_info = self.root(root)?;
-        if self.live().search_slot(&root_info, &key)?.1 {
-            self.delete_item(root, &key)
+        let key = orphan_key(id.ino);
+        let root_info = self.root(id.root)?;
+        if self.live().search_slot(&root_info, &key)?.found() {
+            self.delete_item(id.root, &key)
         } else {
             Ok(false)
         }
     }
 
-    /// The last name of inode `ino` (item `child`) went, at time `t`. An inode `in_use`
+    /// The last name of inode `id` (item `child`) went, at time `t`. An inode `in_use`
     /// gets its orphan item and keeps its items and extents with nlink 0 until its last
     /// close; any other is dropped now, its orphan item (if any) deleted last.
     ///
@@ -89,30 +89,29 @@ impl FsWriter {
     /// same test (`drop_spans_transactions`) to stay crash-safe.
     pub(crate) fn drop_last_link(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         child: &InodeItem,
         t: Timespec,
         in_use: bool,
     ) -> Result<()> {
         if in_use || drop_spans_transactions(child) {
-            self.orphan_add(root, ino)?;
+            self.orphan_add(id)?;
         }
         if in_use {
-            self.update_inode(root, ino, |i| {
+            self.update_inode(id, |i| {
                 i.nlink = 0.into();
                 i.ctime = t;
             })
         } else {
-            self.evict_inode_inner(root, ino)
+            self.evict_inode_inner(id)
         }
     }
 
-    /// Drop inode `ino` with every item and extent it owns, then its orphan item (the
+    /// Drop inode `id` with every item and extent it owns, then its orphan item (the
     /// kernel's `btrfs_evict_inode` of an unlinked inode).
-    fn evict_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
-        self.remove_inode_inner(root, ino)?;
-        self.orphan_del(root, ino)?;
+    fn evict_inode_inner(&mut self, id: InodeId) -> Result<()> {
+        self.remove_inode_inner(id)?;
+        self.orphan_del(id)?;
         Ok(())
     }
 
@@ -138,7 +137,7 @@ impl FsWriter {
             return Ok(false);
         }
         self.check_root_writable(id.root)?;
-        self.transaction("evict_inode", 0, |w| w.evict_inode_inner(id.root, id.ino))?;
+        self.transaction("evict_inode", 0, |w| w.evict_inode_inner(id))?;
         Ok(true)
     }
 
@@ -228,15 +227,15 @@ impl FsWriter {
         let nlink = match self.live().load_inode(id, Load::ITEM) {
             Ok(v) => Some(v.nlink()),
             Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => None,
-            Err(e) => return Err(e.at(format!("orphan cleanup of root={root} ino={ino}"))),
+            Err(e) => return Err(e.at(format!("orphan cleanup of {id}"))),
         };
         match nlink {
             None => {
-                self.transaction("orphan_cleanup", 0, |w| w.orphan_del(root, ino))?;
+                self.transaction("orphan_cleanup", 0, |w| w.orphan_del(id))?;
                 done.missing += 1;
             }
             Some(0) => {
-                self.transaction("orphan_cleanup", 0, |w| w.evict_inode_inner(root, ino))?;
+                self.transaction("orphan_cleanup", 0, |w| w.evict_inode_inner(id))?;
                 done.removed += 1;
             }
             Some(_) => {
@@ -249,7 +248,7 @@ impl FsWriter {
                     for (k, _) in verity.iter().rev() {
                         w.delete_item(root, k)?;
                     }
-                    w.orphan_del(root, ino)
+                    w.orphan_del(id)
                 })?;
                 done.linked += 1;
             }

@@ -45,15 +45,9 @@ pub(crate) enum IflagOp {
 }
 
 /// The kernel's rules for immutable (`chattr +i`) and append-only (`chattr +a`)
-/// inodes: `what` on inode `ino` is refused with EPERM when its flags forbid it.
+/// inodes: `what` on inode `id` is refused with EPERM when its flags forbid it.
 /// `name` is the entry being changed, for the message.
-pub(crate) fn iflags_allow(
-    root: u64,
-    ino: u64,
-    flags: u64,
-    what: IflagOp,
-    name: &[u8],
-) -> Result<()> {
+pub(crate) fn iflags_allow(id: InodeId, flags: u64, what: IflagOp, name: &[u8]) -> Result<()> {
     let (forbid, desc) = match what {
         // Creating or removing a name changes the directory.
         IflagOp::AddName => (INODE_IMMUTABLE, "immutable directory"),
@@ -73,10 +67,10 @@ pub(crate) fn iflags_allow(
         let name = crate::quote::name(name);
         let target = match what {
             IflagOp::AddName | IflagOp::RemoveName => {
-                format!("{name}: its directory (root={root} ino={ino}) is an {desc}")
+                format!("{name}: its directory ({id}) is an {desc}")
             }
-            IflagOp::Relink => format!("{name} (root={root} ino={ino}) is an {desc}"),
-            IflagOp::Write => format!("root={root} ino={ino} is an {desc}"),
+            IflagOp::Relink => format!("{name} ({id}) is an {desc}"),
+            IflagOp::Write => format!("{id} is an {desc}"),
         };
         return Err(Error::posix(PosixKind::NotPermitted, target));
     }
@@ -178,49 +172,43 @@ pub(crate) fn id_of_placeholder(root: u64) -> String {
     format!("root={root} ino={} (the empty placeholder of a subvolume)", EMPTY_SUBVOL_DIR_OBJECTID)
 }
 
-pub(crate) fn ino_err(root: u64, ino: u64, r: String) -> Error {
-    let mut c = Corrupt::new(CorruptWhere::Item, r).root(root);
-    c.ino = Some(ino);
+pub(crate) fn ino_err(id: InodeId, r: String) -> Error {
+    let mut c = Corrupt::new(CorruptWhere::Item, r).root(id.root);
+    c.ino = Some(id.ino);
     c.into()
 }
 
 impl FsWriter {
-    /// Change inode `ino` in place.
+    /// Change inode `id` in place.
     ///
     /// # Errors
     /// `Posix(NotFound)` if absent.
-    pub fn update_inode(
-        &mut self,
-        root: u64,
-        ino: u64,
-        f: impl FnOnce(&mut InodeItem),
-    ) -> Result<()> {
-        self.update_inode_settling(root, ino, 0, f)
+    pub fn update_inode(&mut self, id: InodeId, f: impl FnOnce(&mut InodeItem)) -> Result<()> {
+        self.update_inode_settling(id, 0, f)
     }
 
     /// `update_inode` for a change whose nbytes took `settled` of the in-memory
     /// inode's new delalloc bytes (`Inode::set_attrs_settling`).
     fn update_inode_settling(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         settled: u64,
         f: impl FnOnce(&mut InodeItem),
     ) -> Result<()> {
-        self.check_root_writable(root)?;
+        self.check_root_writable(id.root)?;
         // A placeholder has no item; its callers refuse or skip it before they begin.
-        if (InodeId { root, ino }).is_placeholder() {
+        if id.is_placeholder() {
             return Err(Error::posix_detail(
                 PosixKind::NotPermitted,
-                id_of_placeholder(root),
+                id_of_placeholder(id.root),
                 "an empty subvolume placeholder has no inode to change",
             ));
         }
         self.transaction("update_inode", 0, |w| {
-            let key = Key::new(ino, INODE_ITEM_KEY, 0);
-            let (leaf, slot) = w.lookup_for_update(root, &key, 0)?.ok_or_else(|| {
-                Error::posix(PosixKind::NotFound, format!("root={root} ino={ino}"))
-            })?;
+            let key = Key::new(id.ino, INODE_ITEM_KEY, 0);
+            let (leaf, slot) = w
+                .lookup_for_update(id.root, &key, 0)?
+                .ok_or_else(|| Error::posix(PosixKind::NotFound, id.to_string()))?;
             let transid = w.transid;
             let data = w.item_data_mut(leaf, slot);
             let mut ii =
@@ -230,7 +218,7 @@ impl FsWriter {
             ii.sequence = (ii.sequence.get() + 1).into();
             data.copy_from_slice(ii.as_bytes());
             // The in-memory inode's copy follows the item (the one place items change).
-            if let Some(i) = w.inodes.lookup(InodeId { root, ino }) {
+            if let Some(i) = w.inodes.lookup(id) {
                 i.set_attrs_settling(Some(ii), settled);
             }
             Ok(())
@@ -274,7 +262,7 @@ impl FsWriter {
         self.check_root_writable(root)?;
         self.transaction("create_inode", 2, |w| {
             let ino = w.create_inode_inner(root, a)?;
-            w.orphan_add(root, ino)?;
+            w.orphan_add(InodeId { root, ino })?;
             Ok(ino)
         })
     }
@@ -313,8 +301,7 @@ impl FsWriter {
                 Some((k, _)) if k.objectid == dir && k.type_ == DIR_INDEX_KEY => {
                     k.offset.checked_add(1).ok_or_else(|| {
                         ino_err(
-                            root,
-                            dir,
+                            InodeId { root, ino: dir },
                             "the directory's last DIR_INDEX is the largest possible".into(),
                         )
                     })?
@@ -334,23 +321,21 @@ impl FsWriter {
     pub fn link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
         self.check_root_writable(root)?;
         self.check_new_name(root, dir, name)?;
-        self.check_iflags(root, ino, IflagOp::Relink, name)?;
-        let item = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item;
+        let id = InodeId { root, ino };
+        self.check_iflags(id, IflagOp::Relink, name)?;
+        let item = self.live().load_inode(id, Load::ITEM)?.item;
         if item.mode.get() & S_IFMT == S_IFDIR {
             return Err(Error::posix_detail(
                 PosixKind::NotPermitted,
                 crate::quote::name(name),
-                format!("root={root} ino={ino} is a directory, which takes no hard links"),
+                format!("{id} is a directory, which takes no hard links"),
             ));
         }
         if item.nlink.get() >= LINK_MAX {
             return Err(Error::posix_detail(
                 PosixKind::TooManyLinks,
                 crate::quote::name(name),
-                format!(
-                    "root={root} ino={ino} has {} links, the most an inode can have",
-                    item.nlink.get()
-                ),
+                format!("{id} has {} links, the most an inode can have", item.nlink.get()),
             ));
         }
         self.check_ref_room(root, ino, dir, name)?;
@@ -359,7 +344,7 @@ impl FsWriter {
             w.link_inner(root, dir, name, ino, ftype)?;
             // An inode's first name ends its life as an orphan (`create_inode`).
             if first_name {
-                w.orphan_del(root, ino)?;
+                w.orphan_del(id)?;
             }
             Ok(())
         })
@@ -380,28 +365,23 @@ impl FsWriter {
                 crate::quote::name(name),
             ));
         }
-        let d = self.live().load_inode(InodeId { root, ino: dir }, Load::ITEM)?.item;
+        let dir_id = InodeId { root, ino: dir };
+        let d = self.live().load_inode(dir_id, Load::ITEM)?.item;
         if d.mode.get() & S_IFMT != S_IFDIR {
-            return Err(Error::posix(PosixKind::NotDir, format!("root={root} ino={dir}")));
+            return Err(Error::posix(PosixKind::NotDir, dir_id.to_string()));
         }
         crate::inode::namespace::refuse_placeholder_dir(root, dir, name)?;
-        if self.live().lookup(InodeId { root, ino: dir }, name)?.is_some() {
+        if self.live().lookup(dir_id, name)?.is_some() {
             return Err(Error::posix(PosixKind::Exists, crate::quote::name(name)));
         }
-        iflags_allow(root, dir, d.flags.get(), IflagOp::AddName, name)?;
+        iflags_allow(dir_id, d.flags.get(), IflagOp::AddName, name)?;
         Ok(d.flags.get())
     }
 
-    /// `iflags_allow` for inode `ino`, looked up.
-    pub(crate) fn check_iflags(
-        &mut self,
-        root: u64,
-        ino: u64,
-        what: IflagOp,
-        name: &[u8],
-    ) -> Result<()> {
-        let flags = self.live().load_inode(InodeId { root, ino }, Load::ITEM)?.item.flags.get();
-        iflags_allow(root, ino, flags, what, name)
+    /// `iflags_allow` for inode `id`, looked up.
+    pub(crate) fn check_iflags(&mut self, id: InodeId, what: IflagOp, name: &[u8]) -> Result<()> {
+        let flags = self.live().load_inode(id, Load::ITEM)?.item.flags.get();
+        iflags_allow(id, flags, what, name)
     }
 
     /// A new name for an existing inode (`btrfs_link`): its ctime becomes now.
@@ -442,7 +422,7 @@ impl FsWriter {
         self.add_inode_ref(root, ino, dir, name, index)?;
         self.add_dir_entries(root, dir, name, ino, ftype, index)?;
         let t = if change { Some(self.now()) } else { None };
-        self.update_inode(root, ino, |i| {
+        self.update_inode(InodeId { root, ino }, |i| {
             i.nlink = (i.nlink.get() + 1).into();
             if let Some(t) = t {
                 i.ctime = t;
@@ -499,7 +479,7 @@ impl FsWriter {
         self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
         let t = self.now();
         let nl = name.len() as u64;
-        self.update_inode(root, dir, |d| {
+        self.update_inode(InodeId { root, ino: dir }, |d| {
             d.size = (d.size.get() + 2 * nl).into();
             d.mtime = t;
             d.ctime = t;
@@ -687,7 +667,7 @@ impl FsWriter {
         a.flags |= inherited_flags(d.flags.get(), true);
         self.transaction("tmpfile", 3, |w| {
             let ino = w.create_inode_inner(root, &a)?;
-            w.orphan_add(root, ino)?;
+            w.orphan_add(InodeId { root, ino })?;
             w.inherit_props(root, dir, ino)?;
             Ok(ino)
         })
@@ -699,20 +679,15 @@ impl FsWriter {
     /// # Errors
     /// Tree modification failures.
     #[cfg(any(test, feature = "test-hooks"))]
-    pub fn drop_extents(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
-        self.check_root_writable(root)?;
-        self.transaction("drop_extents", 0, |w| w.drop_extents_inner(root, ino, start, end))
+    pub fn drop_extents(&mut self, id: InodeId, start: u64, end: u64) -> Result<u64> {
+        self.check_root_writable(id.root)?;
+        self.transaction("drop_extents", 0, |w| w.drop_extents_inner(id, start, end))
     }
 
-    pub(crate) fn drop_extents_inner(
-        &mut self,
-        root: u64,
-        ino: u64,
-        start: u64,
-        end: u64,
-    ) -> Result<u64> {
+    pub(crate) fn drop_extents_inner(&mut self, id: InodeId, start: u64, end: u64) -> Result<u64> {
+        let InodeId { root, ino } = id;
         let mut removed = 0;
-        for f in self.live().file_extents(InodeId { root, ino }, start, end)? {
+        for f in self.live().file_extents(id, start, end)? {
             let key = Key::new(ino, EXTENT_DATA_KEY, f.file_offset);
             let ExtentKind::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes, .. } = f.kind
             else {
@@ -727,7 +702,7 @@ impl FsWriter {
                 .items_in_range(root, &key, &key)?
                 .pop()
                 .map(|(_, d)| d)
-                .ok_or_else(|| ino_err(root, ino, format!("file extent {key} vanished")))?;
+                .ok_or_else(|| ino_err(id, format!("file extent {key} vanished")))?;
             // Regular items are REG_SIZE long (checked when `file_extents` parsed them).
             let set = |d: &mut Vec<u8>, off: u64, num: u64| {
                 let (_, b) = ubtrfs_format::items::file_extent_reg_mut(d)
@@ -802,22 +777,22 @@ impl FsWriter {
             return Ok(());
         }
         if !self.delete_item(root, old)? {
-            return Err(ino_err(root, old.objectid, format!("item {old} vanished")));
+            let id = InodeId { root, ino: old.objectid };
+            return Err(ino_err(id, format!("item {old} vanished")));
         }
         self.insert_item(root, new_key, data)
     }
 
     /// The inline extent holding all of a small file's `content` (uncompressed).
-    pub(crate) fn insert_inline(&mut self, root: u64, ino: u64, content: &[u8]) -> Result<()> {
-        self.insert_inline_item(root, ino, content.len() as u64, 0, content)
+    pub(crate) fn insert_inline(&mut self, id: InodeId, content: &[u8]) -> Result<()> {
+        self.insert_inline_item(id, content.len() as u64, 0, content)
     }
 
     /// An inline extent of `ram_bytes` file bytes stored as `data` (compressed with
     /// `compression`, or plain with 0).
     pub(crate) fn insert_inline_item(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         ram_bytes: u64,
         compression: u8,
         data: &[u8],
@@ -835,7 +810,7 @@ impl FsWriter {
             .as_bytes(),
         );
         fe.extend_from_slice(data);
-        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &fe)
+        self.insert_item(id.root, &Key::new(id.ino, EXTENT_DATA_KEY, 0), &fe)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -852,10 +827,11 @@ impl FsWriter {
         self.del_name(root, dir, name, ino)?;
         let t = self.now();
         let nlink = child.nlink.get().saturating_sub(1);
+        let id = InodeId { root, ino };
         if nlink == 0 || ftype == FT_DIR {
-            self.drop_last_link(root, ino, child, t, in_use)?;
+            self.drop_last_link(id, child, t, in_use)?;
         } else {
-            self.update_inode(root, ino, |i| {
+            self.update_inode(id, |i| {
                 i.nlink = nlink.into();
                 i.ctime = t;
             })?;
@@ -885,7 +861,7 @@ impl FsWriter {
         self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
         let t = self.now();
         let nl = name.len() as u64;
-        self.update_inode(root, dir, |d| {
+        self.update_inode(InodeId { root, ino: dir }, |d| {
             d.size = (d.size.get().saturating_sub(2 * nl)).into();
             d.mtime = t;
             d.ctime = t;
@@ -899,7 +875,7 @@ impl FsWriter {
             .items_in_range(root, &dkey, &dkey)?
             .pop()
             .map(|(_, d)| d)
-            .ok_or_else(|| ino_err(root, dir, "dir item vanished".into()))?;
+            .ok_or_else(|| ino_err(InodeId { root, ino: dir }, "dir item vanished".into()))?;
         let mut rest = Vec::new();
         for e in items::dir_entries(&d) {
             let e = e.expect("validated by the tree checker");
@@ -983,27 +959,27 @@ impl FsWriter {
             }
         }
         Err(ino_err(
-            root,
-            ino,
+            InodeId { root, ino },
             format!("no inode ref for name {:?} in dir {dir}", String::from_utf8_lossy(name)),
         ))
     }
 
-    /// Delete inode `ino` and every item it owns, dropping its data references.
+    /// Delete inode `id` and every item it owns, dropping its data references.
     ///
     /// # Errors
     /// Tree modification failures.
     #[cfg(any(test, feature = "test-hooks"))]
-    pub fn remove_inode(&mut self, root: u64, ino: u64) -> Result<()> {
-        self.check_root_writable(root)?;
-        self.transaction("remove_inode", 0, |w| w.remove_inode_inner(root, ino))
+    pub fn remove_inode(&mut self, id: InodeId) -> Result<()> {
+        self.check_root_writable(id.root)?;
+        self.transaction("remove_inode", 0, |w| w.remove_inode_inner(id))
     }
 
-    pub(crate) fn remove_inode_inner(&mut self, root: u64, ino: u64) -> Result<()> {
-        if let Some(i) = self.inodes.lookup(InodeId { root, ino }) {
+    pub(crate) fn remove_inode_inner(&mut self, id: InodeId) -> Result<()> {
+        let InodeId { root, ino } = id;
+        if let Some(i) = self.inodes.lookup(id) {
             i.set_attrs(None);
         }
-        self.drop_extents_inner(root, ino, 0, u64::MAX)?;
+        self.drop_extents_inner(id, 0, u64::MAX)?;
         let items =
             self.items_in_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
         for (k, _) in items.iter().rev() {
@@ -1046,8 +1022,7 @@ impl FsWriter {
     /// size (rounded up to a sector) to `start` with a hole extent, as the kernel does.
     pub(crate) fn insert_hole_before(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         old_size: u64,
         start: u64,
     ) -> Result<()> {
@@ -1063,7 +1038,7 @@ impl FsWriter {
         // KEEP_SIZE leaves extents past EOF) becomes a hole extent.
         let mut gaps = Vec::new();
         let mut cur = hole_start;
-        for f in self.live().file_extents(InodeId { root, ino }, hole_start, start)? {
+        for f in self.live().file_extents(id, hole_start, start)? {
             let (fs, fe) = (f.file_offset.max(hole_start), f.end().min(start));
             if fs >= fe {
                 continue;
@@ -1079,9 +1054,9 @@ impl FsWriter {
             gaps.push((cur, start));
         }
         for (s, e) in gaps {
-            self.drop_extents_inner(root, ino, s, e)?;
+            self.drop_extents_inner(id, s, e)?;
             let fe = reg_extent_item(self.transid, 0, e - s);
-            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, s), &fe)?;
+            self.insert_item(id.root, &Key::new(id.ino, EXTENT_DATA_KEY, s), &fe)?;
         }
         Ok(())
     }
@@ -1090,8 +1065,7 @@ impl FsWriter {
     /// (not for a writeback, `writing_back`).
     pub(crate) fn update_written_inode(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         new_size: u64,
         removed: u64,
         added: u64,
@@ -1099,7 +1073,7 @@ impl FsWriter {
         // A writeback through the direct path leaves the times as the buffered writes
         // set them (`file_update_time` ran at each write).
         let t = (!self.writing_back).then(|| self.now());
-        self.update_inode(root, ino, |i| {
+        self.update_inode(id, |i| {
             i.size = new_size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
             if let Some(t) = t {
@@ -1114,14 +1088,13 @@ impl FsWriter {
     /// updates the inode, `file_update_time` ran at the write).
     pub(crate) fn update_written_back_inode(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         new_size: u64,
         removed: u64,
         added: u64,
         settled: u64,
     ) -> Result<()> {
-        self.update_inode_settling(root, ino, settled, |i| {
+        self.update_inode_settling(id, settled, |i| {
             i.size = new_size.into();
             i.nbytes = (i.nbytes.get() - removed.min(i.nbytes.get()) + added).into();
         })
@@ -1131,12 +1104,11 @@ impl FsWriter {
     /// is the mode `file_remove_privs` leaves (`mode_without_privs`).
     pub(crate) fn file_update_time(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         mode: Option<u32>,
         t: Timespec,
     ) -> Result<()> {
-        self.update_inode(root, ino, |i| {
+        self.update_inode(id, |i| {
             if let Some(m) = mode {
                 i.mode = m.into();
             }

@@ -23,6 +23,7 @@ use crate::compression::CompressionType;
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FsRead, InodeId, Load};
 use crate::inode::writer::FsWriter;
+use crate::tree::search::Search;
 use ubtrfs_format::features::{INCOMPAT_COMPRESS_LZO, INCOMPAT_COMPRESS_ZSTD};
 use ubtrfs_format::hash::name_hash;
 use ubtrfs_format::items;
@@ -429,7 +430,7 @@ fn refuse_placeholder(id: InodeId, name: &[u8]) -> Result<()> {
 }
 
 impl FsWriter {
-    /// Set xattr `name` of inode `ino` in tree `root` to `value` (setxattr(2)):
+    /// Set xattr `name` of inode `id` to `value` (setxattr(2)):
     /// `XATTR_CREATE` fails if it exists, `XATTR_REPLACE` if it does not. ACL names
     /// are parsed and validated and an access ACL the mode expresses becomes the mode;
     /// `btrfs.compression` sets the inode's compression flags too. The inode's ctime
@@ -445,15 +446,8 @@ impl FsWriter {
     /// subvolume: for ACLs too, where the kernel 6.18 on this machine lets setfacl
     /// change a read-only snapshot's mode; read-only snapshots stay unchanged here, as
     /// send/receive need); tree failures (which abort).
-    pub fn setxattr(
-        &mut self,
-        root: u64,
-        ino: u64,
-        name: &[u8],
-        value: &[u8],
-        flags: u32,
-    ) -> Result<()> {
-        self.setxattr_opts(root, ino, name, value, flags, false)
+    pub fn setxattr(&mut self, id: InodeId, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        self.setxattr_opts(id, name, value, flags, false)
     }
 
     /// `setxattr`, for a caller that may not keep a set-group-ID bit: with `kill_sgid`,
@@ -465,14 +459,12 @@ impl FsWriter {
     /// As `setxattr`.
     pub fn setxattr_opts(
         &mut self,
-        root: u64,
-        ino: u64,
+        id: InodeId,
         name: &[u8],
         value: &[u8],
         flags: u32,
         kill_sgid: bool,
     ) -> Result<()> {
-        let id = InodeId { root, ino };
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
             return Err(Error::posix_detail(
                 PosixKind::Invalid,
@@ -491,7 +483,7 @@ impl FsWriter {
         if name == XATTR_NAME_CAPS && !value.is_empty() {
             check_caps(id, name, value)?;
         }
-        self.check_root_writable(root)?;
+        self.check_root_writable(id.root)?;
         refuse_placeholder(id, name)?;
         let change = match acl_kind(name) {
             Some(kind) => {
@@ -509,16 +501,15 @@ impl FsWriter {
         self.apply_xattr_change(change, "setxattr")
     }
 
-    /// Remove xattr `name` of inode `ino` (removexattr(2)); removing `btrfs.compression`
+    /// Remove xattr `name` of inode `id` (removexattr(2)); removing `btrfs.compression`
     /// resets the inode's compression flags. Removing an absent ACL succeeds, as the
     /// kernel's does.
     ///
     /// # Errors
     /// As `setxattr`; ENODATA when the attribute is absent.
-    pub fn removexattr(&mut self, root: u64, ino: u64, name: &[u8]) -> Result<()> {
-        let id = InodeId { root, ino };
+    pub fn removexattr(&mut self, id: InodeId, name: &[u8]) -> Result<()> {
         check_name(id, name)?;
-        self.check_root_writable(root)?;
+        self.check_root_writable(id.root)?;
         refuse_placeholder(id, name)?;
         let change = match acl_kind(name) {
             Some(kind) => self.plan_set_acl(id, name, kind, None)?,
@@ -874,7 +865,7 @@ impl FsWriter {
                 }
             }
             let t = w.now();
-            w.update_inode(root, c.id.ino, |ii| {
+            w.update_inode(c.id, |ii| {
                 if c.ctime {
                     ii.ctime = t;
                 }
@@ -1019,10 +1010,9 @@ impl<V: FsRead> XattrRead for V {}
 /// The value of xattr `name` of `id`, read raw (no namespace rules).
 fn lookup_xattr<V: FsRead>(fs: &V, id: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
     let root = fs.fs_root(id.root)?;
-    let (path, found) = fs.search_slot(&root, &xattr_key(id, name))?;
-    if !found {
+    let Search::Found(path) = fs.search_slot(&root, &xattr_key(id, name))? else {
         return Ok(None);
-    }
+    };
     let item = path.item().expect("found slot is in the leaf");
     for e in items::dir_entries(item.data()) {
         let e = e.expect("validated by the tree checker");

@@ -20,6 +20,7 @@
 //! cached from birth).
 
 use crate::error::{Error, PosixKind, Result};
+use crate::ids::Generation;
 use crate::space::free_space_cache::{Alloc, FreeSpaceCtl};
 use crate::transaction::Transaction;
 use crate::tree::search::TreeView;
@@ -1032,7 +1033,7 @@ pub(crate) fn release_metadata(w: &mut Transaction, bytes: u64) {
 /// one place that decides between giving the space back and pinning it.
 pub(crate) fn unreserve(w: &mut Transaction, bytenr: u64, num_bytes: u64, still_written: bool) {
     w.alloc.space_moved = true;
-    if still_written || !w.views.may_reuse(w.transid) {
+    if still_written || !w.views.may_reuse(Generation(w.transid)) {
         // Allocated in this transaction and not free: pinning cannot fail but for a bug.
         pin(w, bytenr, num_bytes).unwrap_or_else(|e| {
             panic!("unreserve {bytenr} +{num_bytes} while it may still be read or written: {e}")

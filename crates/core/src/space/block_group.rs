@@ -12,7 +12,8 @@
 
 use crate::disk_io::FsInfo;
 use crate::error::Result;
-use crate::tree::search::TreeView;
+use crate::ids::Logical;
+use crate::tree::search::{Search, TreeView};
 use crate::volumes::MapLookup;
 use ubtrfs_format::features::COMPAT_RO_BLOCK_GROUP_TREE;
 use ubtrfs_format::items::read_prefix;
@@ -96,7 +97,7 @@ impl FsInfo {
         let mut out = Vec::with_capacity(self.chunk_map.len());
         for chunk in self.chunk_map.iter() {
             let key = Key::new(chunk.logical, BLOCK_GROUP_ITEM_KEY, chunk.length);
-            let (path, found) = self.search_slot(&root, &key)?;
+            let search = self.search_slot(&root, &key)?;
             let missing = || {
                 Corrupt::new(
                     CorruptWhere::Item,
@@ -107,9 +108,9 @@ impl FsInfo {
                 )
                 .root(tree_id)
             };
-            if !found {
+            let Search::Found(path) = search else {
                 return Err(missing().into());
-            }
+            };
             let item = path.item().ok_or_else(missing)?;
             let bg: &BlockGroupItem = read_prefix(item.data(), "block group item")
                 .map_err(|r| item_corrupt(tree_id, &item, r))?;
@@ -132,7 +133,8 @@ impl FsInfo {
     pub fn space_info(&self) -> Result<Vec<SpaceInfo>> {
         let mut out: Vec<SpaceInfo> = Vec::new();
         for bg in self.block_groups()? {
-            let stripes = self.chunk_map.lookup(bg.start).map(|c| c.stripes.len()).unwrap_or(1);
+            let stripes =
+                self.chunk_map.lookup(Logical(bg.start)).map(|c| c.stripes.len()).unwrap_or(1);
             let flags = bg.flags & (BLOCK_GROUP_TYPE_MASK | BLOCK_GROUP_PROFILE_MASK);
             let idx = match out.iter().position(|s| s.flags == flags) {
                 Some(i) => i,

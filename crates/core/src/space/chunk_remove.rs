@@ -13,6 +13,7 @@
 //! `allocator` (the block groups), the free-space tree.
 
 use crate::error::{Error, PosixKind, Result};
+use crate::ids::Logical;
 use crate::transaction::Transaction;
 use ubtrfs_format::key::*;
 use ubtrfs_format::structs::*;
@@ -42,7 +43,7 @@ fn all_trees(w: &mut Transaction) -> Result<Vec<u64>> {
 /// and read failures.
 pub fn relocate_root_leaves(w: &mut Transaction, start: u64) -> Result<usize> {
     w.assert_in_handle("relocating root leaves");
-    let map = w.info.chunk_map.lookup(start)?;
+    let map = w.info.chunk_map.lookup(Logical(start))?;
     assert_eq!(map.logical, start, "relocating chunk {start}, which starts at {}", map.logical);
     let end = start + map.length;
     let mut moved = 0;
@@ -86,7 +87,7 @@ pub fn relocate_root_leaves(w: &mut Transaction, start: u64) -> Result<usize> {
 pub fn remove_chunk(w: &mut Transaction, start: u64) -> Result<()> {
     w.assert_in_handle("chunk removal");
     let what = format!("chunk {start}");
-    let map = w.info.chunk_map.lookup(start)?;
+    let map = w.info.chunk_map.lookup(Logical(start))?;
     if map.logical != start {
         return Err(Error::posix_detail(
             PosixKind::Invalid,

@@ -34,6 +34,7 @@
 //! the range and runs these steps, each under the writer lock.
 
 use crate::error::{Error, PosixKind, Result};
+use crate::ids::Logical;
 use crate::ranges::merge_ranges;
 use crate::space::free_space_cache::{EntryKind, FreeSpaceCtl};
 use crate::transaction::Transaction;
@@ -160,7 +161,7 @@ fn dev_stripe_len(c: &MapLookup) -> u64 {
 /// (`btrfs_discard_extent`). Returns the bytes the devices discarded, summed over
 /// the copies; a device missing or taking no discards counts nothing.
 fn discard_logical(w: &Transaction, logical: u64, len: u64) -> Result<u64> {
-    let c = w.info.chunk_map.lookup(logical)?;
+    let c = w.info.chunk_map.lookup(Logical(logical))?;
     let end = logical + len;
     assert!(
         end <= c.logical + c.length,

@@ -35,6 +35,7 @@ pub use handle::TransHandle;
 
 use crate::disk_io::{Expect, ExtentBuffer, FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
+use crate::ids::Generation;
 use crate::tree::search::RootInfo;
 use crate::tree::search::{NodeHandle, TreeView};
 use rustc_hash::FxHashMap;
@@ -177,8 +178,8 @@ fn miss_error(bytenr: u64) -> Error {
 
 impl Live<'_> {
     /// The generation last committed by the writer (or found at open).
-    pub fn committed_generation(&self) -> u64 {
-        self.w.sb.generation.get()
+    pub fn committed_generation(&self) -> Generation {
+        Generation(self.w.sb.generation.get())
     }
 
     /// Blocks of the running transactions written before their commit, so far.
@@ -187,8 +188,8 @@ impl Live<'_> {
     }
 
     /// The running transaction's id.
-    pub fn transid(&self) -> u64 {
-        self.w.transid
+    pub fn transid(&self) -> Generation {
+        Generation(self.w.transid)
     }
 
     /// The filesystem this transaction changes.
@@ -334,7 +335,7 @@ pub struct Transaction {
     committing_pins: Vec<(u64, u64)>,
     /// Space freed by committed transactions (by the transaction that freed it) that a
     /// reader's view of an older generation may still read (`views`).
-    held_for_views: Vec<(u64, Vec<(u64, u64)>)>,
+    held_for_views: Vec<(Generation, Vec<(u64, u64)>)>,
     /// Bytes of dirty blocks above which writeback starts before commit.
     dirty_limit: usize,
     /// A counter of block changes, stamped on each dirty block it touches (writeback
@@ -1157,15 +1158,14 @@ impl Transaction {
             st.item = Some(item);
             let off = st.item_offset;
             let key = Key::new(id, ROOT_ITEM_KEY, off);
-            let (path, found) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0)?;
-            if !found {
+            let Some(path) = self.search_slot(ROOT_TREE_OBJECTID, &key, 0)?.into_found() else {
                 return Err(ubtrfs_format::Corrupt::new(
                     ubtrfs_format::CorruptWhere::Item,
                     format!("root item {key} vanished"),
                 )
                 .root(1)
                 .into());
-            }
+            };
             let leaf = path.nodes[0].as_ref().expect("leaf").bytenr();
             let slot = path.slots[0];
             let size = self.node(&Blk::Dirty(leaf)).item(slot).size.get() as usize;
@@ -1289,7 +1289,7 @@ impl Transaction {
             io.supers.first().map(|(_, sb)| Arc::new(**sb)).expect("a filesystem has a device");
         self.info.set_super_copy(sb);
         let pins = std::mem::take(&mut self.committing_pins);
-        self.held_for_views.push((io.generation, pins));
+        self.held_for_views.push((Generation(io.generation), pins));
         self.release_space_held_for_views();
         self.commits += 1;
         io.generation

@@ -12,34 +12,35 @@
 //! freed space under the exclusive side, so a view either registers before the space it
 //! may read is returned, or starts from a state that no longer uses it.
 
+use crate::ids::Generation;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The registry of live views, by generation (shared through `FsInfo`).
 #[derive(Default)]
 pub struct Views {
-    by_gen: Mutex<BTreeMap<u64, usize>>,
+    by_gen: Mutex<BTreeMap<Generation, usize>>,
 }
 
 impl Views {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, usize>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<Generation, usize>> {
         self.by_gen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Register a view of generation `generation` until the guard drops.
-    pub fn register(self: &Arc<Self>, generation: u64) -> ViewGuard {
+    pub fn register(self: &Arc<Self>, generation: Generation) -> ViewGuard {
         *self.lock().entry(generation).or_insert(0) += 1;
         ViewGuard { views: self.clone(), generation }
     }
 
     /// The oldest generation a live view reads, if any view lives.
-    pub fn oldest(&self) -> Option<u64> {
+    pub fn oldest(&self) -> Option<Generation> {
         self.lock().keys().next().copied()
     }
 
     /// Whether space freed in transaction `freed_in` may be reused: no view of an
     /// older generation lives.
-    pub fn may_reuse(&self, freed_in: u64) -> bool {
+    pub fn may_reuse(&self, freed_in: Generation) -> bool {
         self.oldest().is_none_or(|g| g >= freed_in)
     }
 
@@ -52,13 +53,13 @@ impl Views {
 /// A registered view; dropping it ends the view.
 pub struct ViewGuard {
     views: Arc<Views>,
-    generation: u64,
+    generation: Generation,
 }
 
 impl ViewGuard {
     /// The generation the view reads.
     #[cfg(any(test, feature = "test-hooks"))]
-    pub fn generation(&self) -> u64 {
+    pub fn generation(&self) -> Generation {
         self.generation
     }
 }
@@ -87,19 +88,19 @@ mod tests {
     #[test]
     fn space_is_reusable_only_past_the_oldest_view() {
         let v = Arc::new(Views::default());
-        assert!(v.may_reuse(10));
-        let a = v.register(5);
-        let b = v.register(5);
-        let c = v.register(8);
-        assert_eq!(v.oldest(), Some(5));
-        assert!(v.may_reuse(5), "space freed in 5 was not in generation 5's trees");
-        assert!(!v.may_reuse(6));
+        assert!(v.may_reuse(Generation(10)));
+        let a = v.register(Generation(5));
+        let b = v.register(Generation(5));
+        let c = v.register(Generation(8));
+        assert_eq!(v.oldest(), Some(Generation(5)));
+        assert!(v.may_reuse(Generation(5)), "space freed in 5 was not in generation 5's trees");
+        assert!(!v.may_reuse(Generation(6)));
         drop(a);
-        assert!(!v.may_reuse(6), "a second view of 5 lives");
+        assert!(!v.may_reuse(Generation(6)), "a second view of 5 lives");
         drop(b);
-        assert_eq!(v.oldest(), Some(8));
-        assert!(v.may_reuse(8) && !v.may_reuse(9));
-        assert_eq!(c.generation(), 8);
+        assert_eq!(v.oldest(), Some(Generation(8)));
+        assert!(v.may_reuse(Generation(8)) && !v.may_reuse(Generation(9)));
+        assert_eq!(c.generation(), Generation(8));
         drop(c);
         assert_eq!((v.oldest(), v.count()), (None, 0));
     }

@@ -12,7 +12,7 @@
 use crate::error::{Error, PosixKind, Result};
 use crate::transaction::{Blk, Transaction};
 use crate::tree::extent_buffer::Expect;
-use crate::tree::search::{Path, RootInfo, TreeView};
+use crate::tree::search::{Path, RootInfo, Search, TreeView};
 use ubtrfs_format::key::EXTENT_DATA_KEY;
 use ubtrfs_format::node::{max_node_ptrs, HEADER_SIZE, ITEM_SIZE};
 use ubtrfs_format::{Corrupt, CorruptWhere, Key, NodeRef};
@@ -250,7 +250,8 @@ impl Transaction {
     /// Find `key` in tree `root_id` for a change: every block on the path is COWed;
     /// `ins_len > 0` makes sure the leaf has that many free bytes (include ITEM_SIZE for
     /// a new item); `ins_len < 0` merges underfull nodes on the way (for deletes).
-    /// Returns the path and whether the key exists (else the slot where it would go).
+    /// Returns `Found` with the path to the key's item, else `NotFound` with the path to
+    /// the slot where it would go.
     /// Reads that change nothing go through the live view (`Transaction::live`).
     ///
     /// # Errors
@@ -260,7 +261,7 @@ impl Transaction {
         root_id: u64,
         key: &Key,
         ins_len: i32,
-    ) -> Result<(WPath, bool)> {
+    ) -> Result<Search<WPath>> {
         #[cfg(feature = "test-hooks")]
         if self.hooks.writeback_before_search && !self.running_refs && self.in_change_handle() {
             self.balance_dirty_metadata()?;
@@ -289,7 +290,7 @@ impl Transaction {
         key: &Key,
         ins_len: i32,
         restarts: &mut u32,
-    ) -> Result<(WPath, bool)> {
+    ) -> Result<Search<WPath>> {
         'again: loop {
             *restarts += 1;
             let restarts = *restarts;
@@ -328,9 +329,8 @@ impl Transaction {
                     let child = self.read_child(&b, slot, root_id)?;
                     b = self.cow_block(root_id, child, Some((b.bytenr(), slot)))?;
                 } else {
-                    let (slot, found) = match search {
-                        Ok(s) => (s, true),
-                        Err(s) => (s, false),
+                    let slot = match search {
+                        Ok(s) | Err(s) => s,
                     };
                     path.nodes[0] = Some(b.clone());
                     path.slots[0] = slot;
@@ -341,7 +341,10 @@ impl Transaction {
                             continue 'again;
                         }
                     }
-                    return Ok((path, found));
+                    return Ok(match search {
+                        Ok(_) => Search::Found(path),
+                        Err(_) => Search::NotFound(path),
+                    });
                 }
             }
         }
@@ -668,10 +671,10 @@ impl Transaction {
                 format!("item {key} of {size} bytes exceeds the leaf capacity {max}"),
             ));
         }
-        let (path, found) = self.search_slot(root_id, key, (size + ITEM_SIZE) as i32)?;
-        if found {
+        let Search::NotFound(path) = self.search_slot(root_id, key, (size + ITEM_SIZE) as i32)?
+        else {
             return Err(Error::posix(PosixKind::Exists, format!("tree {root_id} key {key}")));
-        }
+        };
         self.extent_data_changed(root_id, key, end);
         let leaf = path.leaf();
         let slot = path.slot();
@@ -700,10 +703,9 @@ impl Transaction {
     /// # Errors
     /// Read and allocation failures.
     pub(crate) fn overwrite_item(&mut self, root_id: u64, key: &Key, data: &[u8]) -> Result<bool> {
-        let (path, found) = self.search_slot(root_id, key, 0)?;
-        if !found {
+        let Search::Found(path) = self.search_slot(root_id, key, 0)? else {
             return Ok(false);
-        }
+        };
         let (leaf, slot) = (path.leaf(), path.slot());
         let stale = {
             let lb = Blk::Dirty(leaf);
@@ -732,12 +734,12 @@ impl Transaction {
         key: &Key,
         extra: usize,
     ) -> Result<Option<(u64, usize)>> {
-        let (path, found) = self.search_slot(root_id, key, extra as i32)?;
-        if found {
-            // The caller changes the item through `item_data_mut`, to any length.
-            self.extent_data_changed(root_id, key, u64::MAX);
-        }
-        Ok(found.then(|| (path.leaf(), path.slot())))
+        let Search::Found(path) = self.search_slot(root_id, key, extra as i32)? else {
+            return Ok(None);
+        };
+        // The caller changes the item through `item_data_mut`, to any length.
+        self.extent_data_changed(root_id, key, u64::MAX);
+        Ok(Some((path.leaf(), path.slot())))
     }
 
     /// Mutable access to an item's data in a dirty leaf.
@@ -755,10 +757,9 @@ impl Transaction {
         key: &Key,
         by: usize,
     ) -> Result<(u64, usize)> {
-        let (path, found) = self.search_slot(root_id, key, by as i32)?;
-        if !found {
+        let Search::Found(path) = self.search_slot(root_id, key, by as i32)? else {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
-        }
+        };
         self.extent_data_changed(root_id, key, u64::MAX);
         self.node_mut(path.leaf()).extend_item(path.slot(), by);
         Ok((path.leaf(), path.slot()))
@@ -769,10 +770,9 @@ impl Transaction {
     /// # Errors
     /// `Posix(NotFound)` when absent.
     pub(crate) fn truncate_item(&mut self, root_id: u64, key: &Key, new_size: usize) -> Result<()> {
-        let (path, found) = self.search_slot(root_id, key, 0)?;
-        if !found {
+        let Search::Found(path) = self.search_slot(root_id, key, 0)? else {
             return Err(Error::posix(PosixKind::NotFound, format!("tree {root_id} key {key}")));
-        }
+        };
         self.extent_data_changed(root_id, key, u64::MAX);
         self.node_mut(path.leaf()).truncate_item(path.slot(), new_size);
         Ok(())
@@ -783,10 +783,9 @@ impl Transaction {
     /// # Errors
     /// Read and allocation failures.
     pub(crate) fn delete_item(&mut self, root_id: u64, key: &Key) -> Result<bool> {
-        let (path, found) = self.search_slot(root_id, key, -1)?;
-        if !found {
+        let Search::Found(path) = self.search_slot(root_id, key, -1)? else {
             return Ok(false);
-        }
+        };
         self.del_items(root_id, &path, path.slot(), 1)?;
         Ok(true)
     }

@@ -77,6 +77,39 @@ impl<N: NodeHandle> Path<N> {
     }
 }
 
+/// What `search_slot` found: the path to the key's item, or the path to the slot where
+/// the key would be inserted (possibly == nritems). `P` is the path type of the search
+/// (`Path` for a view, `WPath` for the COW search of the write engine).
+#[derive(Clone)]
+pub enum Search<P> {
+    /// The key exists; the leaf slot holds its item.
+    Found(P),
+    /// The key does not exist; the leaf slot is where it would be inserted.
+    NotFound(P),
+}
+
+impl<P> Search<P> {
+    /// Whether the key exists.
+    pub fn found(&self) -> bool {
+        matches!(self, Search::Found(_))
+    }
+
+    /// The path, wherever it points.
+    pub fn into_path(self) -> P {
+        match self {
+            Search::Found(p) | Search::NotFound(p) => p,
+        }
+    }
+
+    /// The path to the key's item, if the key exists.
+    pub fn into_found(self) -> Option<P> {
+        match self {
+            Search::Found(p) => Some(p),
+            Search::NotFound(_) => None,
+        }
+    }
+}
+
 /// An item, keeping its leaf alive.
 #[derive(Clone)]
 pub struct ItemRef<N = Arc<ExtentBuffer>> {
@@ -119,12 +152,12 @@ pub trait TreeView {
         root_from_root_tree(self, id)
     }
 
-    /// Search `root` for `key`. Returns the path and whether the key exists; on a miss
-    /// the leaf slot is where the key would be inserted (possibly == nritems).
+    /// Search `root` for `key`: `Found` with the path to its item, or `NotFound` with the
+    /// path to the leaf slot where it would be inserted (possibly == nritems).
     ///
     /// # Errors
     /// `Io`/`Corrupt` from reading blocks.
-    fn search_slot(&self, root: &RootInfo, key: &Key) -> Result<(Path<Self::Node>, bool)> {
+    fn search_slot(&self, root: &RootInfo, key: &Key) -> Result<Search<Path<Self::Node>>> {
         if root.level >= ubtrfs_format::structs::MAX_LEVEL {
             return Err(Corrupt::new(
                 CorruptWhere::Block,
@@ -152,13 +185,17 @@ pub trait TreeView {
                 (usize::from(node.level()), node.search(key))
             };
             if level == 0 {
-                let (slot, found) = match r {
-                    Ok(s) => (s, true),
-                    Err(s) => (s, false),
-                };
-                path.slots[0] = slot;
                 path.nodes[0] = Some(cur);
-                return Ok((path, found));
+                return Ok(match r {
+                    Ok(slot) => {
+                        path.slots[0] = slot;
+                        Search::Found(path)
+                    }
+                    Err(slot) => {
+                        path.slots[0] = slot;
+                        Search::NotFound(path)
+                    }
+                });
             }
             let slot = match r {
                 Ok(s) => s,
@@ -212,7 +249,7 @@ pub trait TreeView {
     where
         Self: Sized,
     {
-        let (path, _) = self.search_slot(root, &start)?;
+        let path = self.search_slot(root, &start)?.into_path();
         Ok(TreeIter { view: self, root: *root, path, last: None, done: false, failed_level: None })
     }
 
@@ -221,10 +258,10 @@ pub trait TreeView {
     /// # Errors
     /// `Io`/`Corrupt` from reading blocks.
     fn search_le(&self, root: &RootInfo, key: &Key) -> Result<Option<ItemRef<Self::Node>>> {
-        let (mut path, found) = self.search_slot(root, key)?;
-        if found {
-            return Ok(path.item());
-        }
+        let mut path = match self.search_slot(root, key)? {
+            Search::Found(path) => return Ok(path.item()),
+            Search::NotFound(path) => path,
+        };
         if path.slot() > 0 {
             path.slots[0] -= 1;
             return Ok(path.item());
@@ -240,7 +277,7 @@ pub trait TreeView {
     /// # Errors
     /// `Io`/`Corrupt` from reading blocks.
     fn first_item_ge(&self, root: &RootInfo, key: &Key) -> Result<Option<ItemRef<Self::Node>>> {
-        let (mut path, _) = self.search_slot(root, key)?;
+        let mut path = self.search_slot(root, key)?.into_path();
         loop {
             if let Some(item) = path.item() {
                 return Ok(Some(item));
@@ -450,8 +487,7 @@ pub fn find_default_subvol<V: TreeView>(fs: &V) -> Result<u64> {
     let root = fs.tree_root();
     let key =
         Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(b"default"));
-    let (path, found) = fs.search_slot(&root, &key)?;
-    if found {
+    if let Search::Found(path) = fs.search_slot(&root, &key)? {
         let item = path.item().expect("found slot is in the leaf");
         for e in items::dir_entries(item.data()) {
             let e = e.expect("validated by the tree checker");

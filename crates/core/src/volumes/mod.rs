@@ -13,6 +13,7 @@ pub mod fault;
 pub mod mountinfo;
 
 use crate::error::{Error, Result};
+use crate::ids::Logical;
 use crate::volumes::device::BlockDevice;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -145,7 +146,8 @@ impl ChunkMap {
     ///
     /// # Errors
     /// `Corrupt` when no chunk maps the address.
-    pub fn lookup(&self, logical: u64) -> Result<Arc<MapLookup>> {
+    pub fn lookup(&self, logical: Logical) -> Result<Arc<MapLookup>> {
+        let Logical(logical) = logical;
         let chunks = self.chunks.read().unwrap_or_else(|p| p.into_inner());
         match chunks.range(..=logical).next_back() {
             Some((_, m)) if logical < m.logical + m.length => Ok(m.clone()),
@@ -236,14 +238,14 @@ impl Devices {
 pub fn read_logical(
     map: &ChunkMap,
     devs: &Devices,
-    logical: u64,
+    logical: Logical,
     buf: &mut [u8],
     mirror: usize,
 ) -> Result<()> {
     let mut done = 0usize;
     while done < buf.len() {
-        let cur = logical + done as u64;
-        let chunk = map.lookup(cur)?;
+        let cur = logical.0 + done as u64;
+        let chunk = map.lookup(Logical(cur))?;
         let m = mirror.min(chunk.num_copies() - 1);
         let (index, phys, contig) = chunk.map(cur, m);
         let n = ((buf.len() - done) as u64).min(contig) as usize;
@@ -280,12 +282,12 @@ pub fn write_logical(
         "write at logical {logical} with a device replace in progress ({:?})",
         devs.replace_copied
     );
-    let chunk = map.lookup(logical)?.clone();
+    let chunk = map.lookup(Logical(logical))?.clone();
     for mirror in 0..chunk.num_copies() {
         let mut done = 0usize;
         while done < buf.len() {
             let cur = logical + done as u64;
-            let c = map.lookup(cur)?;
+            let c = map.lookup(Logical(cur))?;
             let (index, phys, contig) = c.map(cur, mirror.min(c.num_copies() - 1));
             let n = ((buf.len() - done) as u64).min(contig) as usize;
             let devid = c.stripes[index].0;
@@ -317,7 +319,7 @@ pub fn write_logical(
 }
 
 /// Number of copies at `logical` (1 if unmapped, so callers report the mapping error).
-pub fn num_copies(map: &ChunkMap, logical: u64) -> usize {
+pub fn num_copies(map: &ChunkMap, logical: Logical) -> usize {
     map.lookup(logical).map(|c| c.num_copies()).unwrap_or(1)
 }
 
@@ -378,6 +380,6 @@ mod tests {
         let mut c2 = chunk(0, 1, 1);
         c2.logical += 4096;
         assert!(m.insert(c2).is_err());
-        assert!(m.lookup(5).is_err());
+        assert!(m.lookup(Logical(5)).is_err());
     }
 }

@@ -1754,7 +1754,7 @@ impl Ubtrfs {
             Op::Fallocate { path, mode, off, len } => {
                 let v = self.look(|l| resolve(l, top, path, true))?;
                 open_check(&v, true)?;
-                self.change(|w| Ok(w.fallocate(v.id.root, v.id.ino, *mode as u32, *off, *len)?))?;
+                self.change(|w| Ok(w.fallocate(v.id, *mode as u32, *off, *len)?))?;
                 Ok(Out::Done)
             }
             Op::Seek { path, off, whence } => {
@@ -1810,7 +1810,7 @@ impl Ubtrfs {
                 let v = self.look(|l| resolve(l, top, path, false))?;
                 let value = data_of(*seed, *len);
                 self.change(|w| {
-                    w.setxattr(root, v.id.ino, name, &value, *flags as u32)?;
+                    w.setxattr(InodeId { root, ino: v.id.ino }, name, &value, *flags as u32)?;
                     Ok(Out::Done)
                 })
             }
@@ -1818,7 +1818,7 @@ impl Ubtrfs {
                 xattr_name_len(name)?;
                 let v = self.look(|l| resolve(l, top, path, false))?;
                 self.change(|w| {
-                    w.removexattr(root, v.id.ino, name)?;
+                    w.removexattr(InodeId { root, ino: v.id.ino }, name)?;
                     Ok(Out::Done)
                 })
             }
@@ -1851,7 +1851,7 @@ impl Ubtrfs {
                 }
                 let cur = ubtrfs_core::inode::attr::fsflags_of(v.flags());
                 let new = if *set { cur | flag } else { cur & !flag };
-                self.change(|w| Ok(w.set_fsflags(v.id.root, v.id.ino, new)?))?;
+                self.change(|w| Ok(w.set_fsflags(v.id, new)?))?;
                 Ok(Out::Done)
             }
             Op::Read { path, off, len } => {

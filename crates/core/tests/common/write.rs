@@ -1095,7 +1095,7 @@ impl Model {
     /// chmod / chown / truncate of `path` through `setattr`, in ubtrfs and the model.
     pub fn w_setattr(&mut self, w: &mut FsWriter, path: &str, a: &SetAttr) {
         let id = self.id(path);
-        w.setattr(id.root, id.ino, a).unwrap_or_else(|e| panic!("setattr /{path} {a:?}: {e}"));
+        w.setattr(id, a).unwrap_or_else(|e| panic!("setattr /{path} {a:?}: {e}"));
         let h = self.handle(path);
         model_setattr(self.node_mut(h), a);
     }
@@ -1103,7 +1103,7 @@ impl Model {
     /// fallocate(2) of file `path`, in ubtrfs and the model.
     pub fn w_fallocate(&mut self, w: &mut FsWriter, path: &str, mode: u32, off: u64, len: u64) {
         let id = self.id(path);
-        w.fallocate(id.root, id.ino, mode, off, len)
+        w.fallocate(id, mode, off, len)
             .unwrap_or_else(|e| panic!("fallocate /{path} mode {mode:#x} [{off}, +{len}): {e}"));
         model_fallocate(&mut self.node_mut(self.handle(path)).data, mode, off, len);
     }
@@ -1119,7 +1119,7 @@ impl Model {
         flags: u32,
     ) {
         let id = self.id(path);
-        w.setxattr(id.root, id.ino, name, value, flags).unwrap_or_else(|e| {
+        w.setxattr(id, name, value, flags).unwrap_or_else(|e| {
             panic!(
                 "setxattr /{path} {} ({} bytes, flags {flags}): {e}",
                 String::from_utf8_lossy(name),
@@ -1133,7 +1133,7 @@ impl Model {
     /// removexattr(2) of `path`, in ubtrfs and the model.
     pub fn w_removexattr(&mut self, w: &mut FsWriter, path: &str, name: &[u8]) {
         let id = self.id(path);
-        w.removexattr(id.root, id.ino, name).unwrap_or_else(|e| {
+        w.removexattr(id, name).unwrap_or_else(|e| {
             panic!("removexattr /{path} {}: {e}", String::from_utf8_lossy(name))
         });
         self.node_mut(self.handle(path)).xattrs.remove(name);
@@ -1143,8 +1143,7 @@ impl Model {
     /// is the writer's compression algorithm name, for COMPR).
     pub fn w_set_fsflags(&mut self, w: &mut FsWriter, path: &str, fs: u32, mount_alg: &[u8]) {
         let id = self.id(path);
-        w.set_fsflags(id.root, id.ino, fs)
-            .unwrap_or_else(|e| panic!("set_fsflags /{path} {fs:#x}: {e}"));
+        w.set_fsflags(id, fs).unwrap_or_else(|e| panic!("set_fsflags /{path} {fs:#x}: {e}"));
         let n = self.node_mut(self.handle(path));
         let empty = n.data.is_empty();
         model_set_fsflags(n.kind, empty, &mut n.nocow, &mut n.xattrs, fs, mount_alg);

@@ -79,13 +79,13 @@ fn verify_data(fs: &FsInfo, items: &[&super::walk::CsumRec], sink: &mut Sink) {
             continue;
         };
         let sums = eb.node().item_data(c.slot).to_vec();
-        let copies = fs.num_copies(c.start);
+        let copies = fs.num_copies(ubtrfs_core::Logical(c.start));
         let mut pos = c.start;
         while pos < c.end {
             let len = (c.end - pos).min(VERIFY_CHUNK);
             let mut buf = vec![0u8; len as usize];
             for mirror in 0..copies {
-                if let Err(e) = fs.read_data(pos, &mut buf, mirror) {
+                if let Err(e) = fs.read_data(ubtrfs_core::Logical(pos), &mut buf, mirror) {
                     sink.push(
                         Finding::new(
                             DATA_UNREADABLE,

@@ -655,7 +655,7 @@ impl Walker<'_> {
                 .bytenr(bytenr),
             );
         }
-        match self.fs.chunk_map.lookup(bytenr) {
+        match self.fs.chunk_map.lookup(ubtrfs_core::Logical(bytenr)) {
             Ok(c) => {
                 let want = if t.id == CHUNK_TREE_OBJECTID {
                     BLOCK_GROUP_SYSTEM
