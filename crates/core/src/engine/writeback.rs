@@ -85,8 +85,26 @@ impl Engine {
         self.pages.max_extent.store(b, Ordering::Release);
     }
 
-    /// `writeback_inode` with the inode's lock held exclusively.
+    /// `writeback_inode` with the inode's lock held exclusively. An offline engine
+    /// (`set_single_transaction`) drops the inode's folios once they are clean: its
+    /// clients (put, mkfs --rootdir) write each file once and never read it back, so a
+    /// written-back folio is memory held for nothing, and the cache stays as small as
+    /// the dirty data.
     pub(crate) fn writeback_locked(&self, inode: &Arc<Inode>) -> Result<()> {
+        self.writeback_runs(inode)?;
+        if self.single_transaction() {
+            with_cache(self, inode, |pc| {
+                let clean = pc.dirty_blocks == 0 && pc.new_blocks == 0 && pc.ordered.is_empty();
+                if clean && !pc.folios.is_empty() {
+                    pc.folios.clear();
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Write back the dirty runs of `inode` (its lock held exclusively).
+    fn writeback_runs(&self, inode: &Arc<Inode>) -> Result<()> {
         let id = inode.id;
         let bs = self.info().sectorsize;
         let bsz = u64::from(bs);
