@@ -110,6 +110,7 @@ pub use inode::write::{mode_without_privs, InodeAttrs};
 // File data: compression and the page cache's settings.
 pub use compression::{CompressPolicy, CompressionType};
 pub use mapping::page_cache::{WriteOpts, DEFAULT_CACHE_BYTES, DEFAULT_DIRTY_BYTES};
+pub use mapping::MAX_EXTENT_SIZE;
 
 // Devices, mounts and new filesystems (mkfs's bootstrap writes the first blocks).
 pub use sources::{Sources, Time};

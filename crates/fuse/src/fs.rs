@@ -1187,6 +1187,7 @@ impl fuser::Filesystem for UbtrfsFs {
         let opts = WriteOpts {
             kill_suidgid: write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID),
             in_group: Some(&in_group),
+            no_cmtime: false,
         };
         let r = self.writable().and_then(|()| self.handle(fh)).and_then(|h| {
             self.engine.buffered_write_opts(h.file.id(), offset, data, opts).map(|()| h.file.id())

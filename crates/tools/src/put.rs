@@ -5,9 +5,9 @@
 //!
 //! It is a client of the engine, as a program writing on a mount is: names,
 //! attributes and data are changes of the engine's running transaction (the data
-//! through its direct write). Nothing is committed here: the caller syncs (writes
-//! dirty data back, commits) when the copy succeeded, and a failure leaves the
-//! committed image untouched.
+//! through its page cache and writeback, each file written back once its data is in).
+//! Nothing is committed here: the caller syncs (writes dirty data back, commits) when
+//! the copy succeeded, and a failure leaves the committed image untouched.
 //!
 //! Where the copy goes, as cp decides it: into DEST when DEST is an existing directory
 //! (as DEST/NAME, merging into a directory of that name), else as DEST itself; several
@@ -24,7 +24,8 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use ubtrfs_core::{
-    Engine, Error, FsRead, InodeAttrs, InodeId, Load, NewInode, PosixKind, Result, SetAttr, TimeSet,
+    Engine, Error, FsRead, InodeAttrs, InodeId, Load, NewInode, PosixKind, Result, SetAttr,
+    TimeSet, WriteOpts, MAX_EXTENT_SIZE,
 };
 use ubtrfs_format::structs::*;
 
@@ -158,6 +159,8 @@ struct Ctx<'a> {
     stats: PutStats,
     links: HashMap<(u64, u64), InodeId>,
     seen: HashMap<PathBuf, std::fs::Metadata>,
+    /// The buffer file data is read into (`copy_data`).
+    buf: Vec<u8>,
 }
 
 impl Ctx<'_> {
@@ -282,6 +285,7 @@ pub fn put(e: &Engine, srcs: &[&Path], dest: &str, opts: &PutOptions) -> Result<
         stats: PutStats { expected_bytes: expected, ..PutStats::default() },
         links: HashMap::new(),
         seen,
+        buf: Vec::new(),
     };
     match dest_dir {
         Some(dir) => {
@@ -336,6 +340,7 @@ pub fn put_contents(e: &Engine, src: &Path, dir: InodeId, opts: &PutOptions) -> 
         stats: PutStats { expected_bytes: expected, ..PutStats::default() },
         links: HashMap::new(),
         seen,
+        buf: Vec::new(),
     };
     copy_dir_into(e, src, dir, &md, true, b"/", &mut ctx).map_err(|e| said_of(e, None, b"/"))?;
     Ok(ctx.stats)
@@ -418,7 +423,7 @@ fn copy_dir_into(
         )?;
     }
     let chowned = set_owner(e, here, &a)?;
-    copy_xattrs(e, src, here)?;
+    copy_xattrs(e, src, None, here)?;
     // Linking children changed the directory's times; the source's go back last.
     finish_attrs(e, here, &a, set_mode || chowned)?;
     ctx.report();
@@ -520,9 +525,10 @@ fn put_one_inner(
             Some(_) => return Err(Error::posix(PosixKind::Exists, ubtrfs_core::quote::name(name))),
             None => e.create_exact(parent, name, NewInode::File, &a)?,
         };
-        ctx.stats.bytes += copy_data(e, src, id, md.len())?;
+        let f = std::fs::File::open(src).map_err(|e| io(src, "cannot open", e))?;
+        ctx.stats.bytes += copy_data(e, src, &f, id, &md, &mut ctx.buf)?;
         let chowned = set_owner(e, id, &a)?;
-        copy_xattrs(e, src, id)?;
+        copy_xattrs(e, src, Some(&f), id)?;
         ctx.stats.files += 1;
         finish_attrs(e, id, &a, existing.is_some() || chowned)?;
         id
@@ -540,7 +546,7 @@ fn put_one_inner(
             e.create_exact(parent, name, NewInode::Special, &a)?
         };
         let chowned = set_owner(e, id, &a)?;
-        copy_xattrs(e, src, id)?;
+        copy_xattrs(e, src, None, id)?;
         finish_attrs(e, id, &a, !ft.is_symlink() || chowned)?;
         id
     };
@@ -551,16 +557,25 @@ fn put_one_inner(
     Ok(())
 }
 
-/// Copy every extended attribute of host path `src` (not following a symlink) to the
-/// inode: every namespace the host lets us read (user, security, trusted as root,
-/// system.posix_acl_*), as cp -a does.
-fn copy_xattrs(e: &Engine, src: &Path, id: InodeId) -> Result<()> {
+/// Copy every extended attribute of host path `src` (not following a symlink; through
+/// `open`, its open descriptor, when the caller has one: no second lookup of the path)
+/// to the inode: every namespace the host lets us read (user, security, trusted as
+/// root, system.posix_acl_*), as cp -a does.
+fn copy_xattrs(e: &Engine, src: &Path, open: Option<&std::fs::File>, id: InodeId) -> Result<()> {
     use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::io::AsRawFd;
     let c = std::ffi::CString::new(src.as_os_str().as_bytes())
         .map_err(|_| Error::posix(PosixKind::Invalid, ubtrfs_core::quote::path(src)))?;
+    let fd = open.map(|f| f.as_raw_fd());
     let list = |buf: &mut [u8]| -> std::io::Result<usize> {
-        // SAFETY: llistxattr writes at most buf.len() bytes into buf.
-        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        // SAFETY: flistxattr and llistxattr write at most buf.len() bytes into buf;
+        // `fd` stays open while `open` is borrowed.
+        let n = unsafe {
+            match fd {
+                Some(fd) => libc::flistxattr(fd, buf.as_mut_ptr().cast(), buf.len()),
+                None => libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()),
+            }
+        };
         if n < 0 {
             Err(std::io::Error::last_os_error())
         } else {
@@ -580,9 +595,16 @@ fn copy_xattrs(e: &Engine, src: &Path, id: InodeId) -> Result<()> {
     for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
         let cn = std::ffi::CString::new(name).expect("no NUL inside a listed name");
         let get = |buf: &mut [u8]| -> std::io::Result<usize> {
-            // SAFETY: lgetxattr writes at most buf.len() bytes into buf.
+            // SAFETY: fgetxattr and lgetxattr write at most buf.len() bytes into buf.
             let r = unsafe {
-                libc::lgetxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                match fd {
+                    Some(fd) => {
+                        libc::fgetxattr(fd, cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                    }
+                    None => {
+                        libc::lgetxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+                    }
+                }
             };
             if r < 0 {
                 Err(std::io::Error::last_os_error())
@@ -626,7 +648,7 @@ fn set_owner(e: &Engine, id: InodeId, a: &InodeAttrs) -> Result<bool> {
     if a.atime.is_none() || a.mtime.is_none() {
         return Ok(false);
     }
-    let cur = e.read(|l| l.load_inode(id, Load::ITEM))?.item;
+    let cur = e.getattr(id)?;
     if cur.uid.get() == a.uid && cur.gid.get() == a.gid {
         return Ok(false);
     }
@@ -643,18 +665,28 @@ fn finish_attrs(e: &Engine, id: InodeId, a: &InodeAttrs, mode: bool) -> Result<(
         mtime: Some(TimeSet::At(mt.0, mt.1)),
         ..Default::default()
     };
-    let cur = e.read(|l| l.load_inode(id, Load::ITEM))?.item;
+    let cur = e.getattr(id)?;
     if mode && cur.mode.get() & S_IFMT != S_IFLNK {
         s.mode = Some(a.mode & 0o7777);
     }
     e.setattr(id, &s)
 }
 
-/// Write the source's data ranges (SEEK_DATA / SEEK_HOLE: holes stay holes) and set
-/// the size. Returns the bytes written.
-fn copy_data(e: &Engine, src: &Path, id: InodeId, len: u64) -> Result<u64> {
+/// Bytes of a source file read and written at a time.
+const COPY_CHUNK: u64 = 1 << 20;
+
+/// Write the data ranges of source `src`, open as `f` with metadata `md` (holes stay
+/// holes), and set the size, reading through `buf`. Returns the bytes written.
+fn copy_data(
+    e: &Engine,
+    src: &Path,
+    mut f: &std::fs::File,
+    id: InodeId,
+    md: &std::fs::Metadata,
+    buf: &mut Vec<u8>,
+) -> Result<u64> {
     use std::os::unix::io::AsRawFd;
-    let mut f = std::fs::File::open(src).map_err(|e| io(src, "cannot open", e))?;
+    let len = md.len();
     let fd = f.as_raw_fd();
     let seek = |off: u64, whence: libc::c_int| -> std::io::Result<Option<u64>> {
         // SAFETY: lseek on a descriptor this function owns.
@@ -665,8 +697,15 @@ fn copy_data(e: &Engine, src: &Path, id: InodeId, len: u64) -> Result<u64> {
         }
         Ok(Some(r as u64))
     };
+    // Only a file with fewer blocks than its size needs is searched for its data
+    // (SEEK_DATA / SEEK_HOLE), as cp decides (coreutils' `is_probably_sparse`): two
+    // system calls per file saved on the many that have no holes.
     let mut ranges = Vec::new();
-    let mut pos = 0u64;
+    let probably_sparse = md.blocks() < len / 512;
+    if !probably_sparse && len > 0 {
+        ranges.push((0, len));
+    }
+    let mut pos = if probably_sparse { 0 } else { len };
     while pos < len {
         let Some(start) =
             seek(pos, libc::SEEK_DATA).map_err(|e| io(src, "cannot find data in", e))?
@@ -683,18 +722,43 @@ fn copy_data(e: &Engine, src: &Path, id: InodeId, len: u64) -> Result<u64> {
         ranges.push((start, end));
         pos = end;
     }
-    // The engine's direct write, the source read straight into the write's buffer.
-    // (Through the page cache, as a write(2) on a mount goes, it costs more today:
-    // every small file is written back on its own.)
+    // Through the page cache, as cp's write(2)s go on a mount, then written back at
+    // once: the file's data leaves memory before the next file comes, and the inode
+    // item and its leaf are still at hand for the completion. A large file is written
+    // back at every `MAX_EXTENT_SIZE` of dirty data, so its extents are of that size
+    // and the cache holds at most that much of it.
+    // The writes leave the times alone (`no_cmtime`): the source's are set after.
+    let opts = WriteOpts { no_cmtime: true, ..WriteOpts::default() };
+    // A file the data space cannot hold is refused before any of it is written.
+    let total: u64 = ranges.iter().map(|r| r.1 - r.0).sum();
+    e.check_data_space(id, 0, total)?;
     let mut written = 0;
+    let mut dirty = 0u64;
+    // Where the descriptor reads next: at 0 as opened, unless the search moved it.
+    let mut at = if probably_sparse { None } else { Some(0) };
     for &(start, end) in &ranges {
         use std::io::Seek;
-        f.seek(std::io::SeekFrom::Start(start)).map_err(|e| io(src, "cannot seek", e))?;
-        e.write_file_from(id, start, end - start, &mut |buf: &mut [u8]| {
-            f.read_exact(buf).map_err(|e| io(src, "cannot read (did it change while copying?)", e))
-        })?;
+        if at != Some(start) {
+            f.seek(std::io::SeekFrom::Start(start)).map_err(|e| io(src, "cannot seek", e))?;
+        }
+        at = Some(end);
+        let mut pos = start;
+        while pos < end {
+            let n = (end - pos).min(COPY_CHUNK).min(MAX_EXTENT_SIZE - dirty);
+            buf.resize(n as usize, 0);
+            f.read_exact(buf)
+                .map_err(|e| io(src, "cannot read (did it change while copying?)", e))?;
+            e.buffered_write_opts(id, pos, buf, opts)?;
+            pos += n;
+            dirty += n;
+            if dirty == MAX_EXTENT_SIZE {
+                e.writeback_inode(id)?;
+                dirty = 0;
+            }
+        }
         written += end - start;
     }
+    e.writeback_inode(id)?;
     // The file was empty before the copy: its size is the end of the last range, and a
     // hole at the end takes a truncate to the source's size.
     let size = ranges.last().map_or(0, |r| r.1);

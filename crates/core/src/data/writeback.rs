@@ -353,6 +353,11 @@ impl FsWriter {
         if self.compress_choice(ii, prop).is_some() {
             return Ok(true);
         }
+        // A file empty on disk has no extent, inline or not (most files a copy
+        // writes back are new).
+        if ii.size.get() == 0 {
+            return Ok(false);
+        }
         Ok(self
             .live()
             .file_extents(InodeId { root, ino }, 0, 1)?

@@ -122,7 +122,13 @@ impl Engine {
         self.read(|l| {
             let v = l.load_inode(id, Load::ITEM)?;
             match v.kind() {
-                FileKind::File => Ok(v.item),
+                // Kept in the in-memory inode, as `getattr` keeps it (under the
+                // engine's shared side, so it matches the live view): the writeback's
+                // delalloc and completion read it there.
+                FileKind::File => {
+                    inode.set_attrs(Some(v.item));
+                    Ok(v.item)
+                }
                 FileKind::Dir => Err(Error::posix(PosixKind::IsDir, id.to_string())),
                 _ => Err(Error::posix(PosixKind::Invalid, format!("{id} is not a regular file"))),
             }
@@ -277,14 +283,17 @@ impl Engine {
         // and a write inside the same tick changes nothing, so a run of small writes
         // costs one inode update per tick, not one per write. Once they were read, the
         // write takes a fine time, so the reader sees it change.
-        let queried = inode.take_ctime_queried();
+        // A writer that sets the times itself (`WriteOpts::no_cmtime`) changes them
+        // only to take privileges away.
+        let keep_times = opts.no_cmtime && kill.is_none();
+        let queried = !keep_times && inode.take_ctime_queried();
         let clock = &self.info().sources.clock;
         let now = if queried { clock.now() } else { clock.coarse_now() };
         let t = crate::inode::write::timespec(now);
         let same = |a: &ubtrfs_format::structs::Timespec| {
             zerocopy::IntoBytes::as_bytes(a) == zerocopy::IntoBytes::as_bytes(&t)
         };
-        if queried || kill.is_some() || !same(&ii.mtime) || !same(&ii.ctime) {
+        if !keep_times && (queried || kill.is_some() || !same(&ii.mtime) || !same(&ii.ctime)) {
             if let Err(e) = self.write_retrying(|w| w.file_update_time(id, kill, t)) {
                 if queried {
                     inode.mark_ctime_queried();
@@ -356,6 +365,23 @@ impl Engine {
         self.shrink_page_cache()
     }
 
+    /// Check that buffered writes of [offset, offset + len) of file `id` find data
+    /// space now, as a single write of the range would (`reserve_data_space`, with its
+    /// flush when it does not fit), holding nothing: a copy that writes a file in
+    /// pieces refuses before its first piece, naming what the whole file needs,
+    /// rather than part way. The caller holds no inode lock.
+    ///
+    /// # Errors
+    /// As `reserve_data_space`.
+    pub fn check_data_space(&self, id: InodeId, offset: u64, len: u64) -> Result<()> {
+        let bsz = u64::from(self.info().sectorsize);
+        let end = offset.saturating_add(len);
+        if len == 0 {
+            return Ok(());
+        }
+        self.reserve_data_space(id, offset / bsz * bsz, end.div_ceil(bsz) * bsz).map(drop)
+    }
+
     /// Hold data space for the blocks [a, z) of file `id` about to become dirty
     /// (`space::data_rsv`; the kernel's `btrfs_check_data_free_space`), until the
     /// returned reservation drops, by which time the blocks are dirty and counted as
@@ -375,7 +401,9 @@ impl Engine {
         z: u64,
     ) -> Result<crate::space::data_rsv::DataReservation<'_>> {
         let rsv = &self.data_rsv;
-        let what = format!("write to {id} at {a}..{z}");
+        // Named only on the slow paths (a write that fits says nothing), as the direct
+        // write names it (a caller that knows a path for the inode says that instead).
+        let what = || id.to_string();
         // Held, it fits; or new chunks make it fit, if the devices have room
         // (reserve_data makes them until the data groups hold everything promised).
         let try_hold = |bytes: u64| -> Result<
@@ -388,7 +416,8 @@ impl Engine {
             if held.fits() {
                 return Ok(Ok(held));
             }
-            match self.write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what))
+            match self
+                .write(|w| crate::space::allocator::reserve_data(w, rsv.outstanding(), &what()))
             {
                 Ok(()) if held.fits() => Ok(Ok(held)),
                 Ok(()) => Ok(Err(held)),
@@ -422,7 +451,7 @@ impl Engine {
             held
         };
         let (free, others) = (rsv.free(), rsv.outstanding().saturating_sub(held.bytes()));
-        Err(Error::posix_detail(PosixKind::NoSpace, what, format!("{} bytes of data space are needed, {free} are free, and {others} of them are promised to data not yet written back", held.bytes())))
+        Err(Error::posix_detail(PosixKind::NoSpace, what(), format!("{} bytes of data space are needed, {free} are free, and {others} of them are promised to data not yet written back", held.bytes())))
     }
 
     /// The kernel's data flush before an ENOSPC (`btrfs_reserve_data_bytes`: delalloc,

@@ -85,8 +85,26 @@ impl Engine {
         self.pages.max_extent.store(b, Ordering::Release);
     }
 
-    /// `writeback_inode` with the inode's lock held exclusively.
+    /// `writeback_inode` with the inode's lock held exclusively. An offline engine
+    /// (`set_single_transaction`) drops the inode's folios once they are clean: its
+    /// clients (put, mkfs --rootdir) write each file once and never read it back, so a
+    /// written-back folio is memory held for nothing, and the cache stays as small as
+    /// the dirty data.
     pub(crate) fn writeback_locked(&self, inode: &Arc<Inode>) -> Result<()> {
+        self.writeback_runs(inode)?;
+        if self.single_transaction() {
+            with_cache(self, inode, |pc| {
+                let clean = pc.dirty_blocks == 0 && pc.new_blocks == 0 && pc.ordered.is_empty();
+                if clean && !pc.folios.is_empty() {
+                    pc.folios.clear();
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Write back the dirty runs of `inode` (its lock held exclusively).
+    fn writeback_runs(&self, inode: &Arc<Inode>) -> Result<()> {
         let id = inode.id;
         let bs = self.info().sectorsize;
         let bsz = u64::from(bs);
@@ -467,11 +485,21 @@ impl Engine {
     /// dropped.
     fn writeback_direct(&self, inode: &Arc<Inode>, i_size: u64, runs: &[(u64, u64)]) -> Result<()> {
         let id = inode.id;
-        // Each run in pieces gathered in the thread's I/O buffer (aligned, so the
-        // write goes from it without another copy).
-        let piece = (crate::volumes::device::IO_BUF_KEEP as u64)
-            / u64::from(self.info().sectorsize)
-            * u64::from(self.info().sectorsize);
+        // Each run in pieces gathered in an I/O buffer (aligned, so the write goes from
+        // it without another copy); a piece's plain data goes into one extent. A mount
+        // uses the thread's kept buffer (8 MiB): its runs are cut by the dirty limit
+        // anyway, and in place (preallocated, NOCOW) the extents are there already. An
+        // offline engine writes each file back once, whole: pieces of a max-size
+        // extent, a buffer of their own, give the extents the direct write of the same
+        // data makes (8 MiB pieces cut a large incompressible file of a compressed
+        // inode, or new data of a NOCOW one, into extents of that size), for a copy of
+        // at most `MAX_EXTENT_SIZE` held beside the folios.
+        let bs = u64::from(self.info().sectorsize);
+        let piece = if self.single_transaction() {
+            crate::inode::write::MAX_EXTENT_SIZE / bs * bs
+        } else {
+            crate::volumes::device::IO_BUF_KEEP as u64 / bs * bs
+        };
         for &(rs, rl) in runs {
             let mut s = rs;
             while s < rs + rl {

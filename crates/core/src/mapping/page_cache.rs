@@ -61,8 +61,60 @@ pub const DEFAULT_DIRTY_BYTES: u64 = 128 << 20;
 /// A fixed-size bitmap, one bit per block of a folio.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bitmap {
-    words: Vec<u64>,
+    words: Words,
     nbits: u32,
+}
+
+/// A bitmap's words: one kept inline for a folio of up to 64 blocks (every folio of
+/// `FOLIO_SIZE` or less), else on the heap (larger folios, as the bench's). A folio
+/// has four bitmaps, and a small file a folio: four heap allocations per file written
+/// otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Words {
+    One([u64; 1]),
+    Many(Vec<u64>),
+}
+
+impl Words {
+    fn zeroed(n: usize) -> Words {
+        if n <= 1 {
+            Words::One([0])
+        } else {
+            Words::Many(vec![0; n])
+        }
+    }
+
+    /// Grow to `n` words, the new ones zero.
+    fn grow(&mut self, n: usize) {
+        match self {
+            Words::One(w) if n > 1 => {
+                let mut v = vec![0; n];
+                v[0] = w[0];
+                *self = Words::Many(v);
+            }
+            Words::One(_) => {}
+            Words::Many(v) => v.resize(n.max(v.len()), 0),
+        }
+    }
+}
+
+impl std::ops::Deref for Words {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        match self {
+            Words::One(w) => w,
+            Words::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Words {
+    fn deref_mut(&mut self) -> &mut [u64] {
+        match self {
+            Words::One(w) => w,
+            Words::Many(v) => v,
+        }
+    }
 }
 
 fn range_mask(lo: u32, hi: u32) -> u64 {
@@ -74,13 +126,13 @@ fn range_mask(lo: u32, hi: u32) -> u64 {
 
 impl Bitmap {
     pub fn new(nbits: u32) -> Bitmap {
-        Bitmap { words: vec![0; nbits.div_ceil(64) as usize], nbits }
+        Bitmap { words: Words::zeroed(nbits.div_ceil(64) as usize), nbits }
     }
 
     /// The map with `nbits` bits, the new ones clear.
     pub fn grow(&mut self, nbits: u32) {
         assert!(nbits >= self.nbits, "bitmap of {} bits cannot grow to {nbits}", self.nbits);
-        self.words.resize(nbits.div_ceil(64) as usize, 0);
+        self.words.grow(nbits.div_ceil(64) as usize);
         self.nbits = nbits;
     }
 
@@ -141,7 +193,7 @@ impl Bitmap {
     pub fn retain(&mut self, other: &Bitmap) -> u32 {
         assert_eq!(self.nbits, other.nbits, "bitmaps of {} and {} bits", self.nbits, other.nbits);
         let mut cleared = 0;
-        for (a, b) in self.words.iter_mut().zip(&other.words) {
+        for (a, b) in self.words.iter_mut().zip(other.words.iter()) {
             cleared += (*a & !b).count_ones();
             *a &= b;
         }
@@ -177,32 +229,49 @@ impl Bitmap {
 
     /// Every bit set here is set in `other`.
     pub fn is_subset_of(&self, other: &Bitmap) -> bool {
-        self.nbits == other.nbits && self.words.iter().zip(&other.words).all(|(a, b)| a & !b == 0)
+        self.nbits == other.nbits
+            && self.words.iter().zip(other.words.iter()).all(|(a, b)| a & !b == 0)
     }
 
     pub fn intersects(&self, other: &Bitmap) -> bool {
-        self.words.iter().zip(&other.words).any(|(a, b)| a & b != 0)
+        self.words.iter().zip(other.words.iter()).any(|(a, b)| a & b != 0)
     }
 }
 
-/// Freed buffers of full-size folios, for the next folios to take: a fresh allocation
-/// costs a page fault per 4 KiB page at its first write, and a streaming write drops
-/// and makes folios all the time. At most `FOLIO_POOL_BYTES`, shared by the engines
-/// of the process.
-static FOLIO_POOL: Mutex<Vec<Box<[u8]>>> = Mutex::new(Vec::new());
+/// Freed folio buffers, by size (each a power of two up to `FOLIO_SIZE`, at the index
+/// of its bit), for the next folios of that size to take: a fresh allocation costs a
+/// page fault per 4 KiB page at its first write, a streaming write drops and makes
+/// full folios all the time, and a copy of many small files a small folio each. At
+/// most `FOLIO_POOL_BYTES` in all, shared by the engines of the process.
+static FOLIO_POOL: Mutex<FolioPool> =
+    Mutex::new(FolioPool { free: [const { Vec::new() }; FOLIO_CLASSES], bytes: 0 });
+
+/// Size classes of pooled folio buffers: 1 byte to `FOLIO_SIZE`, by bit.
+const FOLIO_CLASSES: usize = FOLIO_SIZE.trailing_zeros() as usize + 1;
+
+struct FolioPool {
+    free: [Vec<Box<[u8]>>; FOLIO_CLASSES],
+    bytes: u64,
+}
 
 /// Bytes of freed folio buffers kept for reuse, beyond the cache's limit.
 pub const FOLIO_POOL_BYTES: u64 = 32 << 20;
+
+/// The pool class of a folio buffer of `size` bytes, if it is pooled.
+fn folio_class(size: u64) -> Option<usize> {
+    (size.is_power_of_two() && size <= FOLIO_SIZE).then_some(size.trailing_zeros() as usize)
+}
 
 /// The buffer of a new folio of `size` bytes. Its bytes are whatever they were: only
 /// uptodate blocks are ever read, and a block becomes uptodate by being filled. (Debug
 /// builds fill new buffers with 0xa5, so a read of anything else shows in tests.)
 fn folio_data(size: u64) -> Box<[u8]> {
-    let pooled = if size == FOLIO_SIZE {
-        FOLIO_POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop()
-    } else {
-        None
-    };
+    let pooled = folio_class(size).and_then(|c| {
+        let mut pool = FOLIO_POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let b = pool.free[c].pop()?;
+        pool.bytes -= size;
+        Some(b)
+    });
     let mut b = pooled.unwrap_or_else(|| vec![0u8; size as usize].into_boxed_slice());
     if cfg!(debug_assertions) {
         b.fill(0xa5);
@@ -230,10 +299,12 @@ pub struct Folio {
 
 impl Drop for Folio {
     fn drop(&mut self) {
-        if self.data.len() as u64 == FOLIO_SIZE {
+        let size = self.data.len() as u64;
+        if let Some(c) = folio_class(size) {
             let mut pool = FOLIO_POOL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if (pool.len() as u64 + 1) * FOLIO_SIZE <= FOLIO_POOL_BYTES {
-                pool.push(std::mem::take(&mut self.data));
+            if pool.bytes + size <= FOLIO_POOL_BYTES {
+                pool.bytes += size;
+                pool.free[c].push(std::mem::take(&mut self.data));
             }
         }
     }
@@ -347,6 +418,10 @@ pub struct WriteOpts<'a> {
     /// Whether the writer is in group `gid` (`in_group_p`), asked only for a
     /// set-group-ID file without group execute; None: in none.
     pub in_group: Option<&'a dyn Fn(u32) -> bool>,
+    /// Leave mtime and ctime alone (the kernel's `FMODE_NOCMTIME`, which
+    /// `file_modified` honours after removing privileges): for a copy that sets the
+    /// times itself once the data is in, as `put` does.
+    pub no_cmtime: bool,
 }
 
 impl std::fmt::Debug for WriteOpts<'_> {
@@ -354,6 +429,7 @@ impl std::fmt::Debug for WriteOpts<'_> {
         f.debug_struct("WriteOpts")
             .field("kill_suidgid", &self.kill_suidgid)
             .field("in_group", &self.in_group.is_some())
+            .field("no_cmtime", &self.no_cmtime)
             .finish()
     }
 }
