@@ -531,6 +531,18 @@ class Ctx:
     def btrfs(self, *args):
         run(["btrfs"] + list(args), capture=True)
 
+    def no_commit(self, step):
+        """In a `logged` callback: fail if a transaction commit happened since
+        the base content was committed (the superblock generation moved), e.g.
+        because an fsync fell back to a full commit instead of logging."""
+        img = getattr(self, "img", None)
+        if img is None:
+            return
+        gen = int(dump_super(img)["generation"])
+        if gen != self.base_gen:
+            raise RuntimeError("%s: a transaction was committed (generation %d -> %d)"
+                               % (step, self.base_gen, gen))
+
     def set_time(self, rel, atime_ns, mtime_ns):
         self.times[rel] = (atime_ns, mtime_ns)
 
@@ -932,6 +944,225 @@ def pop_logtree_logged(c):
         os.close(fd)
 
 
+# -- logreplay: many kinds of fsynced changes left in the log tree ---------
+
+LOGREPLAY_SMALL = [0, 1, 17, 100, 255, 512, 700, 1000, 1500, 2000, 2047, 2048,
+                   2049, 3000, 4095, 4096, 4097, 5000, 8191, 8192, 10000, 12345,
+                   16384, 20000, 32768, 40000, 65535, 65536, 65537, 100000]
+
+
+def pop_logreplay_base(c):
+    """Committed base content of `logreplay`; pop_logreplay_logged changes it."""
+    c.mkdir("data")
+    for i, s in enumerate(LOGREPLAY_SMALL):
+        c.write("data/f%02d-%d" % (i, s), c.rand(s) if i % 2 else tagged("lr%d" % i, s))
+    # Three extents (160K, 96K, 44K): written in pieces, each flushed to disk.
+    # Data block groups have a size class (up to 128K, up to 8M, larger) taken
+    # from their first extent; extents of both classes now make a block group
+    # of each, committed with the base. The 200K file and the preallocation of
+    # the log step fit in the 160K extent's one: allocating a new block group
+    # there would make their fsync fall back to a transaction commit.
+    fd = os.open(c.p("data/big-300k"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for off, n in ((0, 160 * KiB), (160 * KiB, 96 * KiB), (256 * KiB, 44 * KiB)):
+            os.pwrite(fd, tagged("big-300k-%d" % off, n), off)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    c.write("data/text-60k", texty(c.rng, 60 * KiB))
+    c.mkdir("misc")
+    c.write("misc/append-me", b"committed line of append-me\n")
+    c.write("misc/shrink-me", tagged("shrink", 64 * KiB))
+    c.write("misc/keep", b"untouched\n")
+    c.mkdir("attrs")
+    c.write("attrs/chmod-me", b"mode and times change in the log\n")
+    c.write("attrs/other", b"unchanged neighbour\n")
+    c.mkdir("xattrs")
+    c.write("xattrs/drop-one", b"one xattr is removed in the log\n")
+    c.xattr("xattrs/drop-one", "user.keep", b"stays")
+    c.xattr("xattrs/drop-one", "user.drop", b"removed after the commit")
+    c.xattr("xattrs/drop-one", "user.bin", bytes(range(64)))
+    c.write("xattrs/set-one", b"one xattr is added in the log\n")
+    c.xattr("xattrs/set-one", "user.old", b"committed")
+    c.mkdir("links")
+    c.write("links/orig", b"hard linked twice in the base, a third time in the log\n")
+    c.link("links/orig", "links/orig-link")
+    c.symlink("orig", "links/sym")
+    c.mkdir("movefrom")
+    c.write("movefrom/move-me", tagged("move-me", 6000))
+    c.write("movefrom/stay", b"stays in movefrom\n")
+    c.mkdir("moveto")
+    c.write("moveto/already", b"already in moveto\n")
+    c.mkdir("tree/sub/deeper")
+    c.write("tree/file", b"top of the tree that is renamed\n")
+    c.write("tree/sub/x", tagged("tree-x", 9000))
+    c.write("tree/sub/deeper/y", b"deep in the renamed tree\n")
+    c.mkdir("unlinkdir")
+    c.write("unlinkdir/unlink-me", tagged("unlink-me", 7000))
+    c.write("unlinkdir/survivor", b"survives the unlink of its neighbour\n")
+    c.mkdir("syms")
+    c.write("syms/target", b"symlink target\n")
+
+
+LOG_T0 = 1_700_000_000 * 10**9
+
+
+def _log_fsync(c, rel, step, data=False):
+    """fsync (or fdatasync) rel (file or dir) and check nothing was committed."""
+    fd = _open_noatime(c.p(rel) if rel else c.root, os.O_RDONLY)
+    try:
+        (os.fdatasync if data else os.fsync)(fd)
+    finally:
+        os.close(fd)
+    c.no_commit(step)
+
+
+def _log_times(c, k, *rels):
+    """Fixed times for step k (atime = mtime + 1 s)."""
+    for i, rel in enumerate(rels):
+        mt = LOG_T0 + k * 10**9 + i * 1000 + k
+        os.utime(c.p(rel) if rel else c.root, ns=(mt + 10**9, mt), follow_symlinks=False)
+
+
+def _log_new_file(c, rel, data, k, dirs=()):
+    fd = os.open(c.p(rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    _log_times(c, k, rel, *dirs)
+
+
+def pop_logreplay_logged(c):
+    """Runs after the base content was committed (commit=300, no sync): every
+    change is followed by the fsync that puts it in the log tree."""
+    # 1. new files: inline-sized and 200 KiB.
+    _log_new_file(c, "data/new-inline", texty(c.rng, 1200), 1, ["data"])
+    _log_fsync(c, "data/new-inline", "new inline file")
+    _log_new_file(c, "data/new-200k", tagged("new-200k", 200 * KiB), 2, ["data"])
+    _log_fsync(c, "data/new-200k", "new 200K file")
+    # 2. fdatasync of a new file.
+    _log_new_file(c, "data/new-fdatasync", tagged("fdatasync", 30000), 3, ["data"])
+    _log_fsync(c, "data/new-fdatasync", "fdatasync", data=True)
+    # 3. append.
+    fd = os.open(c.p("misc/append-me"), os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"appended line, only in the log tree\n" * 3)
+    finally:
+        os.close(fd)
+    _log_times(c, 4, "misc/append-me")
+    _log_fsync(c, "misc/append-me", "append")
+    # 4. 8 KiB overwrite at 100 KiB (inside the first of three extents).
+    c.pwrite("data/big-300k", 100 * KiB, tagged("overwrite", 8 * KiB))
+    _log_times(c, 5, "data/big-300k")
+    _log_fsync(c, "data/big-300k", "overwrite")
+    # 5. shrink.
+    c.truncate("misc/shrink-me", 5000)
+    _log_times(c, 6, "misc/shrink-me")
+    _log_fsync(c, "misc/shrink-me", "truncate")
+    # 6. new tree newtree/a/b/c with files.
+    c.mkdir("newtree/a/b/c")
+    _log_new_file(c, "newtree/a/one", b"new file in newtree/a\n", 7)
+    _log_new_file(c, "newtree/a/b/two", tagged("two", 3000), 7)
+    _log_new_file(c, "newtree/a/b/c/deep", tagged("deep", 10000), 7)
+    _log_times(c, 8, "newtree/a/b/c", "newtree/a/b", "newtree/a", "newtree", "")
+    _log_fsync(c, "newtree/a/b/c/deep", "new deep file")
+    # That logs deep and, as they are new, its ancestors (c, b, a, newtree),
+    # but only the names on the path to it: the other new files are in the
+    # log only once their directories are fsynced. A directory's fsync logs
+    # a new file in it as existing only (size 0, no data: newtree/a/one is
+    # empty after replay); newtree/a/b/two is fsynced itself, data and all.
+    _log_fsync(c, "newtree/a/b/two", "new file two")
+    _log_fsync(c, "newtree/a/b", "new dir b")
+    _log_fsync(c, "newtree/a", "new dir a")
+    # 7. rename of a file into another directory, fsync of the file. The
+    # file is logged first (new times, fsync): then the rename itself updates
+    # the log. A file not in the log when it is moved would mark both
+    # directories (btrfs_record_unlink_dir), and the fsync after the move logs
+    # the old directory in full, which falls back to a transaction commit.
+    _log_times(c, 9, "movefrom/move-me")
+    _log_fsync(c, "movefrom/move-me", "file to be renamed")
+    # The rename logs the old directory (with the rename's time, the kernel's
+    # now); fixed times and its own fsync log it again with those.
+    os.rename(c.p("movefrom/move-me"), c.p("moveto/moved"))
+    _log_times(c, 10, "movefrom", "moveto")
+    _log_fsync(c, "moveto/moved", "rename file")
+    _log_fsync(c, "movefrom", "old dir of the renamed file")
+    # 8. rename of a directory, fsync of the directory.
+    os.rename(c.p("tree"), c.p("tree-renamed"))
+    _log_times(c, 11, "")
+    _log_fsync(c, "tree-renamed", "rename dir")
+    # 9. unlink, fsync of the parent.
+    os.unlink(c.p("unlinkdir/unlink-me"))
+    _log_times(c, 12, "unlinkdir")
+    _log_fsync(c, "unlinkdir", "unlink")
+    # 10. a new hard link, fsync of the file.
+    os.link(c.p("links/orig"), c.p("links/third-link"))
+    _log_times(c, 13, "links")
+    _log_fsync(c, "links/orig", "hard link")
+    # 11. xattr set on one file, removed from another.
+    os.setxattr(c.p("xattrs/set-one"), "user.new", b"set in the log")
+    _log_fsync(c, "xattrs/set-one", "xattr set")
+    os.removexattr(c.p("xattrs/drop-one"), "user.drop")
+    _log_fsync(c, "xattrs/drop-one", "xattr removed")
+    # 12. preallocation beyond the size of a new file.
+    _log_new_file(c, "data/falloc-new", tagged("falloc", 5000), 14, ["data"])
+    fd = os.open(c.p("data/falloc-new"), os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, 192 * KiB)
+    finally:
+        os.close(fd)
+    _log_times(c, 15, "data/falloc-new")
+    _log_fsync(c, "data/falloc-new", "fallocate")
+    # 13. chmod and times.
+    os.chmod(c.p("attrs/chmod-me"), 0o600)
+    _log_times(c, 16, "attrs/chmod-me")
+    _log_fsync(c, "attrs/chmod-me", "chmod")
+    # 14. new symlink, fsync of its directory.
+    os.symlink("target", c.p("syms/new-sym"))
+    _log_times(c, 17, "syms/new-sym", "syms")
+    _log_fsync(c, "syms", "symlink")
+
+
+# -- logreplay-subvol: log trees of two subvolumes -------------------------
+
+def pop_logreplay_subvol_base(c):
+    c.write("top-file", b"top-level file\n")
+    c.write("top-grow", b"committed part of top-grow\n")
+    c.btrfs("subvolume", "create", c.p("sv"))
+    c.write("sv/file", b"file in the subvolume\n")
+    c.write("sv/grow", b"committed part of sv/grow\n")
+    c.write("sv/dir/ren-me", tagged("ren-me", 3000))
+    c.fix_times()
+    c.btrfs("subvolume", "snapshot", c.p("sv"), c.p("snap"))
+    c.fix_times(only=[""])
+    c.fixed = True
+
+
+def pop_logreplay_subvol_logged(c):
+    _log_new_file(c, "top-new", b"new in the top-level subvolume\n", 1, [""])
+    _log_fsync(c, "top-new", "top: new file")
+    fd = os.open(c.p("top-grow"), os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"appended in the top-level subvolume\n")
+    finally:
+        os.close(fd)
+    _log_times(c, 2, "top-grow")
+    _log_fsync(c, "top-grow", "top: append")
+    _log_new_file(c, "sv/new", tagged("sv-new", 9000), 3, ["sv"])
+    _log_fsync(c, "sv/new", "sv: new file")
+    fd = os.open(c.p("sv/grow"), os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"appended in the subvolume\n")
+    finally:
+        os.close(fd)
+    _log_times(c, 4, "sv/grow")
+    _log_fsync(c, "sv/grow", "sv: append")
+    os.rename(c.p("sv/dir/ren-me"), c.p("sv/dir/renamed"))
+    _log_times(c, 5, "sv/dir")
+    _log_fsync(c, "sv/dir/renamed", "sv: rename")
+
+
 def pop_replace(c):
     # Tagged blocks: compressible, and a block read from the wrong place shows.
     c.mkdir("data")
@@ -1177,6 +1408,26 @@ FIXTURES = {
               "logged-new-file is absent and will-grow has its old size. "
               "logtree.replayed.manifest.jsonl is the state after the kernel "
               "replays the log."),
+    "logreplay": dict(
+        mkfs=[], mount_opts="commit=300", populate=pop_logreplay_base,
+        logged=pop_logreplay_logged, size=114 * MiB,
+        notes="superblock has a log tree holding many kinds of fsynced changes "
+              "made after the base content was committed: new inline and 200K "
+              "files, an fdatasync, an append, an 8K overwrite inside a 300K "
+              "file's first extent, a shrink, a new tree newtree/a/b/c, a file "
+              "renamed into another dir, a renamed dir, an unlink, a new hard "
+              "link, an xattr set and one removed, a preallocation beyond EOF of "
+              "a new file, a chmod, a new symlink (see pop_logreplay_logged). The "
+              "manifest is the COMMITTED state; logreplay.replayed.manifest.jsonl "
+              "is the state after the kernel replays the log"),
+    "logreplay-subvol": dict(
+        mkfs=[], mount_opts="commit=300", populate=pop_logreplay_subvol_base,
+        logged=pop_logreplay_subvol_logged, size=114 * MiB,
+        notes="log root tree with two log trees: subvolume sv and its snapshot "
+              "snap committed, then a new file and an append fsynced in both "
+              "the top-level subvolume and sv, and a rename inside sv. The "
+              "manifest is the COMMITTED state; "
+              "logreplay-subvol.replayed.manifest.jsonl the state after replay"),
     "replace": dict(
         mkfs=["-d", "raid1", "-m", "raid1"], devices=3, make=make_replace, size=512 * MiB,
         check_devices=2,
@@ -1295,7 +1546,10 @@ def build_one(name, spec, out_dir, work, res):
                     # Commit everything so far, then create log-tree-only changes
                     # and copy the device while the fs is still mounted.
                     os.sync()
+                    c.img = imgs[0]
+                    c.base_gen = int(dump_super(imgs[0])["generation"])
                     spec["logged"](c)
+                    c.no_commit("logged changes")
                     copies = [img + ".logcopy" for img in imgs]
                     for src, dst in zip(imgs, copies):
                         run(["cp", "--sparse=always", src, dst])

@@ -500,7 +500,7 @@ pub fn run_tree(a: &DumpTreeArgs) -> Result<()> {
             }
         }
     }
-    let fs = a.image.open()?;
+    let fs = a.image.open_raw()?;
     let mut d = Dumper {
         fs: &fs,
         o: BufWriter::new(io::stdout().lock()),

@@ -27,7 +27,7 @@ fn out_err(e: io::Error) -> Error {
 /// Opening errors, stdout errors, and (after printing the rest) the first error met
 /// reading the device list, the default subvolume or the block groups.
 pub fn run(a: &ImageArgs) -> Result<()> {
-    let fs = a.open()?;
+    let fs = a.open_raw()?;
     let mut o = BufWriter::new(io::stdout().lock());
     let r = print_info(&fs, &mut o);
     o.flush().map_err(out_err)?;

@@ -40,6 +40,12 @@ pub struct ImageArgs {
     /// Tree-block cache size in MiB.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub cache_mib: usize,
+    /// Show the last commit, leaving a log tree (what fsyncs after it left) unreplayed,
+    /// as the kernel's `-o rescue=nologreplay`. Without it a log tree is replayed in
+    /// memory and the image is not written. `check`, `dump-tree` and `info` always read
+    /// the image as it is on disk.
+    #[arg(long)]
+    pub no_log_replay: bool,
 }
 
 /// Options of the commands that change an image.
@@ -72,6 +78,7 @@ impl WriteImageArgs {
             writable: true,
             sources: Default::default(),
             degraded: self.degraded,
+            no_log_replay: false,
         })?;
         print_warnings(e.info());
         Ok(e)
@@ -85,24 +92,38 @@ impl WriteImageArgs {
 }
 
 impl ImageArgs {
-    /// Open the filesystem, printing the engine's warnings to stderr.
+    /// Open the filesystem as a kernel mount would show it (a log tree replayed in
+    /// memory unless `--no-log-replay`), printing the engine's warnings to stderr.
     pub fn open(&self) -> ubtrfs_core::Result<FsInfo> {
+        let fs = ubtrfs_core::open_with_log_replay(&self.options())?;
+        print_warnings(&fs);
+        Ok(fs)
+    }
+
+    /// Open the filesystem as it is on disk (a log tree is left as it is), printing
+    /// the engine's warnings to stderr.
+    pub fn open_raw(&self) -> ubtrfs_core::Result<FsInfo> {
         let fs = self.open_quiet()?;
         print_warnings(&fs);
         Ok(fs)
     }
 
-    /// Open the filesystem, leaving its warnings for the caller to print.
+    /// `open_raw`, leaving the warnings for the caller to print.
     pub fn open_quiet(&self) -> ubtrfs_core::Result<FsInfo> {
+        FsInfo::open(&self.options())
+    }
+
+    fn options(&self) -> OpenOptions {
         let mut devices = vec![self.image.clone()];
         devices.extend(self.devices.iter().cloned());
-        FsInfo::open(&OpenOptions {
+        OpenOptions {
             devices,
             cache_bytes: self.cache_mib << 20,
             writable: false,
             sources: Default::default(),
             degraded: false,
-        })
+            no_log_replay: self.no_log_replay,
+        }
     }
 }
 

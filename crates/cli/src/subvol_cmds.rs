@@ -328,6 +328,7 @@ fn open(a: &ImageArgs) -> Result<Filesystem> {
         writable: false,
         sources: Default::default(),
         degraded: false,
+        no_log_replay: false,
     })?;
     crate::print_warnings(fs.info());
     Ok(fs)
@@ -370,6 +371,7 @@ fn list(a: &SubvolListArgs) -> Result<()> {
             writable: false,
             sources: Default::default(),
             degraded: false,
+            no_log_replay: false,
         };
         let e = Engine::open_read_only(&opts)?;
         crate::print_warnings(e.info());

@@ -304,6 +304,64 @@ fn info_logtree_reports_log() {
     );
 }
 
+/// Reading commands show an image with a log tree as a kernel mount would, the log
+/// replayed in memory and the image untouched; `--no-log-replay` shows the last commit.
+/// `info` reads the image as it is on disk.
+#[test]
+fn read_commands_replay_the_log_in_memory() {
+    let img = ScratchImage::new("logreplay", 0, "read-replay");
+    let hash = || std::fs::read(img.path()).expect("image");
+    let before = hash();
+    let o = ubtrfs([OsStr::new("ls"), img.path().as_os_str(), OsStr::new("/")]);
+    assert_ok(&o, "ls");
+    let names: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    assert!(
+        names.contains(&"newtree".into()) && names.contains(&"tree-renamed".into()),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"tree".into()), "{names:?}");
+    assert!(stderr(&o).contains("replayed its 85 items in memory"), "{}", stderr(&o));
+    let o = ubtrfs([
+        OsStr::new("ls"),
+        OsStr::new("--no-log-replay"),
+        img.path().as_os_str(),
+        OsStr::new("/"),
+    ]);
+    assert_ok(&o, "ls --no-log-replay");
+    let names: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    assert!(names.contains(&"tree".into()) && !names.contains(&"newtree".into()), "{names:?}");
+    assert!(stderr(&o).contains("showing the last commit"), "{}", stderr(&o));
+    let o = ubtrfs([OsStr::new("cat"), img.path().as_os_str(), OsStr::new("/misc/append-me")]);
+    assert_ok(&o, "cat");
+    assert_eq!(o.stdout.len(), 136, "the append is in the log");
+    let o = ubtrfs([OsStr::new("info"), img.path().as_os_str()]);
+    assert!(stdout(&o).lines().any(|l| l.starts_with("log tree:") && l.contains("present")));
+    assert!(before == hash(), "a reading command wrote to the image");
+}
+
+/// An editing command replays the log and commits before its own change, as a kernel
+/// mount does: afterwards the superblock has no log tree and both states are there.
+#[test]
+fn editing_command_replays_the_log_first() {
+    let img = ScratchImage::new("logreplay", 0, "edit-replay");
+    let o = ubtrfs([OsStr::new("mkdir"), img.path().as_os_str(), OsStr::new("/after-replay")]);
+    assert_ok(&o, "mkdir");
+    let o = ubtrfs([OsStr::new("info"), img.path().as_os_str()]);
+    assert!(
+        stdout(&o).lines().any(|l| l.starts_with("log tree:") && l.ends_with("none")),
+        "{}",
+        stdout(&o)
+    );
+    let o = ubtrfs([OsStr::new("ls"), img.path().as_os_str(), OsStr::new("/")]);
+    assert_ok(&o, "ls");
+    let names: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    assert!(
+        names.contains(&"newtree".into()) && names.contains(&"after-replay".into()),
+        "{names:?}"
+    );
+    assert!(!stderr(&o).contains("log tree"), "{}", stderr(&o));
+}
+
 #[test]
 fn dump_tree_fs_nodesize4k_has_level2_and_names_files() {
     let name = "nodesize4k-xxhash";

@@ -114,8 +114,7 @@ fn open(img: &Path) -> Filesystem {
 /// Flip bytes at `len` bytes from `logical` in every copy (single-device image).
 fn damage_every_copy(img: &Path, logical: u64, at: u64, len: usize) {
     let fs = open(img);
-    let chunk =
-        fs.info.chunk_map.lookup(ubtrfs_core::ids::Logical(logical)).expect("mapped").clone();
+    let chunk = fs.info.chunk_map.lookup(ubtrfs_core::Logical(logical)).expect("mapped").clone();
     drop(fs);
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().read(true).write(true).open(img).expect("open image");
@@ -289,7 +288,7 @@ fn bad_data_sector_is_left_as_a_hole() {
     let ss = u64::from(fs.info.sectorsize);
     let (nl_path, nl_off, nl_logical) = three_sector_file(&fs, Some(b"new\nline-data"), b"");
     let (path, off, logical) = three_sector_file(&fs, None, &nl_path);
-    assert_eq!(fs.info.num_copies(ubtrfs_core::ids::Logical(logical)), 2, "data is DUP");
+    assert_eq!(fs.info.num_copies(ubtrfs_core::Logical(logical)), 2, "data is DUP");
     drop(fs);
     damage_every_copy(&img, logical, 100, 8);
     damage_every_copy(&img, nl_logical, 4000, 8);

@@ -39,6 +39,9 @@ pub struct OpenOptions {
     /// Allow writing with member devices missing, as `mount -o degraded` does, when
     /// every chunk keeps a copy on the devices given.
     pub degraded: bool,
+    /// Leave a log tree unreplayed (the kernel's `rescue=nologreplay`): a read-only
+    /// open shows the last commit; a writable open is refused while there is a log.
+    pub no_log_replay: bool,
 }
 
 impl OpenOptions {
@@ -49,6 +52,7 @@ impl OpenOptions {
             writable: false,
             sources: Sources::default(),
             degraded: false,
+            no_log_replay: false,
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct FsInfo {
     pub read_only_reason: Option<String>,
     /// Opened with `OpenOptions::degraded`.
     pub degraded: bool,
+    /// Opened with `OpenOptions::no_log_replay`.
+    pub no_log_replay: bool,
     /// The dev tree's DEV_REPLACE item, if it has one (`volumes::dev_replace`).
     pub dev_replace: Option<DevReplace>,
     /// Who else was using the devices when they were opened for reading: another ubtrfs
@@ -137,6 +143,7 @@ impl FsInfo {
         fs.in_use = in_use;
         fs.sources = opts.sources.clone();
         fs.degraded = opts.degraded;
+        fs.no_log_replay = opts.no_log_replay;
         // Who else uses the image matters more than what the superblocks said: first.
         let later = fs.take_warnings();
         for w in warnings.into_iter().chain(later) {
@@ -259,6 +266,7 @@ impl FsInfo {
             cache: NodeCache::new(cache_bytes),
             read_only_reason,
             degraded: false,
+            no_log_replay: false,
             dev_replace: None,
             in_use: Vec::new(),
             sources: Sources::default(),
@@ -271,14 +279,6 @@ impl FsInfo {
         if fs.devices.by_id.len() as u64 != sb.num_devices.get() {
             let have: Vec<u64> = fs.devices.by_id.keys().copied().collect();
             fs.warn(format!("filesystem has {} devices but {} were given (devids {:?}); reads needing a missing device use another copy or fail", sb.num_devices.get(), have.len(), have));
-        }
-        if sb.log_root.get() != 0 {
-            fs.warn(format!(
-                "the superblock carries a log tree (log_root={} level {}): the filesystem was not cleanly committed after an fsync; showing the last committed state (generation {}) without log replay",
-                sb.log_root.get(),
-                sb.log_root_level,
-                sb.generation.get()
-            ));
         }
         Ok(fs)
     }

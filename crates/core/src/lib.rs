@@ -72,6 +72,7 @@ pub mod quote;
 pub use disk_io::OpenOptions;
 pub use engine::{Committed, DeadRoot, Engine, NewInode, OpenFile};
 pub use extent::drop_snapshot::DropStats;
+pub use inode::tree_log::open_with_log_replay;
 /// The writer the engine holds, for tests that drive it directly.
 #[cfg(feature = "test-hooks")]
 pub use inode::writer::FsWriter;

@@ -15,6 +15,11 @@ use ubtrfs_core::OpenOptions;
 use ubtrfs_format::structs::rdev_decode;
 
 fn open(name: &str) -> Filesystem {
+    open_with(name, false)
+}
+
+/// Open fixture `name`; with `no_log_replay`, a log tree is left unreplayed.
+fn open_with(name: &str, no_log_replay: bool) -> Filesystem {
     let imgs = common::fixture_images(name);
     Filesystem::open(&OpenOptions {
         devices: imgs,
@@ -22,6 +27,7 @@ fn open(name: &str) -> Filesystem {
         writable: false,
         sources: Default::default(),
         degraded: false,
+        no_log_replay,
     })
     .unwrap_or_else(|e| panic!("{name}: open failed: {e}"))
 }
@@ -107,12 +113,31 @@ fn walk(fs: &Filesystem) -> BTreeMap<String, Value> {
     out
 }
 
+/// Compare what ubtrfs reads of fixture `name` with the kernel's manifest. A fixture
+/// with a log tree has two: the kernel's view after its replay (`NAME.replayed`), which
+/// a plain open must show, and the last commit, which an open without log replay shows.
 fn compare(name: &str) {
-    let fs = open(name);
-    let got = walk(&fs);
-    let want = common::manifest(name);
+    let replayed = common::fixtures_dir().join(format!("{name}.replayed.manifest.jsonl"));
+    if replayed.exists() {
+        compare_with(
+            &format!("{name} after log replay"),
+            &open(name),
+            &common::manifest_file(&replayed),
+        );
+        compare_with(
+            &format!("{name} without log replay"),
+            &open_with(name, true),
+            &common::manifest(name),
+        );
+    } else {
+        compare_with(name, &open(name), &common::manifest(name));
+    }
+}
+
+fn compare_with(name: &str, fs: &Filesystem, want: &BTreeMap<String, Value>) {
+    let got = walk(fs);
     let mut diffs = Vec::new();
-    for (p, w) in &want {
+    for (p, w) in want {
         let Some(g) = got.get(p) else {
             diffs.push(format!("missing {p:?}"));
             continue;
@@ -175,6 +200,8 @@ fixture_tests! {
     fixture_raid1c3 => "raid1c3",
     fixture_mixed => "mixed",
     fixture_logtree => "logtree",
+    fixture_logreplay => "logreplay",
+    fixture_logreplay_subvol => "logreplay-subvol",
     fixture_snapshots => "snapshots",
     fixture_convert => "convert",
 }
@@ -197,6 +224,8 @@ fn every_fixture_has_a_test() {
         "raid1c3",
         "mixed",
         "logtree",
+        "logreplay",
+        "logreplay-subvol",
         "snapshots",
         "replace",
         "sprout",
@@ -207,12 +236,26 @@ fn every_fixture_has_a_test() {
     }
 }
 
+/// A read-only open replays a log tree in memory and says so; without log replay it
+/// shows the last commit and says that.
 #[test]
 fn logtree_is_reported() {
-    let fs = open("logtree");
-    let w = fs.info.take_warnings();
-    assert!(w.iter().any(|m| m.contains("log tree")), "no log tree warning in {w:?}");
-    assert!(fs.info.log_root().is_some());
+    for name in ["logtree", "logreplay", "logreplay-subvol"] {
+        let fs = open_with(name, true);
+        let w = fs.info.take_warnings();
+        assert!(
+            w.iter().any(|m| m.contains("log tree") && m.contains("showing the last commit")),
+            "{name}: no log tree warning in {w:?}"
+        );
+        assert!(fs.info.log_root().is_some(), "{name}: no log root");
+        let fs = open(name);
+        let w = fs.info.take_warnings();
+        assert!(
+            w.iter().any(|m| m.contains("log tree") && m.contains("replayed")),
+            "{name}: no replay warning in {w:?}"
+        );
+        assert!(fs.info.log_root().is_none(), "{name}: the replayed view still has a log root");
+    }
 }
 
 #[test]
@@ -233,6 +276,7 @@ fn raid1_degraded_reads_everything() {
             writable: false,
             sources: Default::default(),
             degraded: false,
+            no_log_replay: false,
         })
         .unwrap_or_else(|e| panic!("degraded open of device {keep}: {e}"));
         let got = walk(&fs);
@@ -259,6 +303,7 @@ fn raid0_missing_device_is_a_clear_error() {
         writable: false,
         sources: Default::default(),
         degraded: false,
+        no_log_replay: false,
     });
     let err = match fs {
         Err(e) => e.to_string(),

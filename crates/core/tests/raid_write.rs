@@ -43,6 +43,7 @@ fn opts(paths: &[PathBuf], writable: bool) -> OpenOptions {
         writable,
         sources: Default::default(),
         degraded: false,
+        no_log_replay: false,
     }
 }
 

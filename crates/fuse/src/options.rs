@@ -83,8 +83,8 @@ pub struct MountOptions {
     /// Mount with member devices missing (as `-o degraded`).
     pub degraded: bool,
     /// `rescue=nologreplay` (or its old name `norecovery`), read-only mounts only, as
-    /// on the kernel: a log tree is not replayed (ubtrfs never replays one), and FITRIM
-    /// is refused with EROFS, since the log's extents are not in the free space.
+    /// on the kernel: a log tree is not replayed (the mount shows the last commit), and
+    /// FITRIM is refused with EROFS, since the log's extents are not in the free space.
     pub nologreplay: bool,
     /// Extra devices (`device=PATH`, repeatable, as the kernel's option).
     pub devices: Vec<String>,

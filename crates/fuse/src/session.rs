@@ -34,8 +34,10 @@ const FS_TREE: u64 = 5;
 
 /// Open the filesystem on `devices` as `opts` ask.
 ///
-/// `ro` opens the devices read-only and writes nothing at all, not even at open (a
-/// kernel mount would replay a log tree or clean orphans; neither happens).
+/// `ro` opens the devices read-only and writes nothing at all, not even at open: a log
+/// tree is replayed in memory (unless `rescue=nologreplay`), where a kernel mount would
+/// write its replay; orphans are not cleaned. A writable mount replays a log tree and
+/// commits before anything else, as the kernel's mount does.
 ///
 /// # Errors
 /// As `Engine::open` or `Engine::open_read_only`.
@@ -48,6 +50,7 @@ pub fn open_engine(devices: &[PathBuf], opts: &MountOptions) -> Result<Arc<Engin
         writable: !opts.read_only,
         sources: Default::default(),
         degraded: opts.degraded,
+        no_log_replay: opts.nologreplay,
     };
     if opts.read_only {
         let engine = Engine::open_read_only(&o)?;

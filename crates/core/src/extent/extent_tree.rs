@@ -263,6 +263,24 @@ impl Transaction {
         Ok((bytenr, len))
     }
 
+    /// The first reference to a data extent a log tree used, which has no extent item
+    /// yet (the kernel's `btrfs_alloc_logged_file_extent`): its space was taken out of
+    /// the free space when the replay began (`allocator::exclude_logged`); the commit
+    /// inserts its item and accounts it, as for an extent allocated now.
+    ///
+    /// # Errors
+    /// As `DelayedRefs::add_data_ref`.
+    pub(crate) fn add_logged_data_extent(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        root: u64,
+        ino: u64,
+        offset: u64,
+    ) -> Result<()> {
+        self.delayed.add_data_ref(bytenr, num_bytes, RefKind::Data { root, ino, offset }, 1, true)
+    }
+
     /// Reference count and flags of committed tree block `bytenr` at `level`, with
     /// this transaction's pending changes applied (`btrfs_lookup_extent_info`).
     ///

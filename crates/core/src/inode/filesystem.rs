@@ -190,12 +190,13 @@ fn corrupt_inode(id: InodeId, reason: impl Into<String>) -> Error {
 }
 
 impl Filesystem {
-    /// Open the image(s) named in `opts`.
+    /// Open the image(s) named in `opts` for reading, a log tree replayed in memory
+    /// unless `opts.no_log_replay` (`tree_log::open_with_log_replay`).
     ///
     /// # Errors
-    /// As `FsInfo::open`, plus a corrupt root tree directory.
+    /// As `open_with_log_replay`, plus a corrupt root tree directory.
     pub fn open(opts: &OpenOptions) -> Result<Filesystem> {
-        Filesystem::from_info(FsInfo::open(opts)?)
+        Filesystem::from_info(crate::inode::tree_log::open_with_log_replay(opts)?)
     }
 
     /// Wrap an open `FsInfo`.

@@ -24,6 +24,7 @@ pub mod namespace;
 pub mod orphan;
 pub mod perm;
 pub mod subvol;
+pub mod tree_log;
 pub mod write;
 pub mod writer;
 pub mod xattr;

@@ -455,6 +455,27 @@ impl FsWriter {
         ftype: u8,
         index: u64,
     ) -> Result<()> {
+        self.insert_dir_entries(root, dir, name, location, ftype, index)?;
+        let t = self.now();
+        let nl = name.len() as u64;
+        self.update_inode(InodeId { root, ino: dir }, |d| {
+            d.size = (d.size.get() + 2 * nl).into();
+            d.mtime = t;
+            d.ctime = t;
+        })
+    }
+
+    /// The DIR_ITEM and DIR_INDEX items of `add_dir_entries_to`, and nothing of the
+    /// directory's inode.
+    pub(crate) fn insert_dir_entries(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        location: Key,
+        ftype: u8,
+        index: u64,
+    ) -> Result<()> {
         let mut entry = Vec::with_capacity(30 + name.len());
         let di = DirItem {
             location: location.to_disk(),
@@ -476,14 +497,7 @@ impl FsWriter {
             }
             None => self.insert_item(root, &dkey, &entry)?,
         }
-        self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
-        let t = self.now();
-        let nl = name.len() as u64;
-        self.update_inode(InodeId { root, ino: dir }, |d| {
-            d.size = (d.size.get() + 2 * nl).into();
-            d.mtime = t;
-            d.ctime = t;
-        })
+        self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)
     }
 
     /// Where a new back reference of `ino` to `name` in `dir` goes.

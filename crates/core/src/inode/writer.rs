@@ -62,7 +62,8 @@ impl FsWriter {
     /// # Errors
     /// As `FsInfo::open`; read failures loading the block groups.
     pub fn open_read_only(opts: &OpenOptions) -> Result<FsWriter> {
-        Ok(FsWriter::over(Transaction::open_read_only(opts)?))
+        let info = crate::inode::tree_log::open_with_log_replay(opts)?;
+        Ok(FsWriter::over(Transaction::read_only_over(Arc::new(info))?))
     }
 
     /// Make a writer from an opened `FsInfo` (its devices must accept writes).
@@ -83,16 +84,27 @@ impl FsWriter {
         FsWriter::writable(Transaction::from_shared(info)?)
     }
 
-    /// A writable transaction with its orphans freed (`btrfs_orphan_cleanup` at mount).
+    /// A writable transaction with its log tree replayed and committed, then its
+    /// orphans freed (the kernel's mount: `btrfs_replay_log`, then
+    /// `btrfs_orphan_cleanup`).
     fn writable(t: Transaction) -> Result<FsWriter> {
         let mut w = FsWriter::over(t);
+        if w.log_replay_pending {
+            w = crate::inode::tree_log::replay_and_commit(w)?;
+        }
         w.orphan_cleanup()?;
         Ok(w)
     }
 
+    /// This writer's transaction under a new, empty inode cache (after a log replay
+    /// wrote items under the old one).
+    pub(crate) fn with_fresh_inodes(self) -> FsWriter {
+        FsWriter::over(self.t)
+    }
+
     /// The writer over `t`, with an empty inode cache that hears of every change to a
     /// file extent item (to drop the extent maps over it).
-    fn over(mut t: Transaction) -> FsWriter {
+    pub(crate) fn over(mut t: Transaction) -> FsWriter {
         let inodes = Arc::new(InodeCache::default());
         let cache = Arc::clone(&inodes);
         t.file_extents_changed = Some(Arc::new(move |root, ino, start, end| {

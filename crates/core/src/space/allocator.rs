@@ -1050,6 +1050,59 @@ pub(crate) fn unreserve(w: &mut Transaction, bytenr: u64, num_bytes: u64, still_
         .unwrap_or_else(|e| panic!("unreserve {bytenr} +{num_bytes}: {e}"));
 }
 
+/// Take `[bytenr, bytenr + num_bytes)`, free in the committed filesystem, out of the
+/// free space for a log replay (the kernel's `btrfs_pin_extent_for_log_replay` and
+/// `btrfs_exclude_logged_extents`): a log tree block stays unallocated on disk but must
+/// not be handed out while the replay still reads it (`pin_until_commit`: it comes back
+/// free when the replay's commit ends); a data extent only the log uses stays out until
+/// its replay inserts its extent item (`add_logged_data_extent`), or comes back with
+/// `return_excluded` if nothing replays it.
+///
+/// # Errors
+/// `Corrupt` naming the range when it is outside every block group or not wholly free
+/// (the log claims space the committed filesystem uses); the group's caching errors.
+pub(crate) fn exclude_logged(
+    w: &mut Transaction,
+    bytenr: u64,
+    num_bytes: u64,
+    pin_until_commit: bool,
+    what: &str,
+) -> Result<()> {
+    let bad = |why: String| -> Error {
+        Error::from(ubtrfs_format::Corrupt::new(
+            ubtrfs_format::CorruptWhere::Item,
+            format!("log tree: {what} {bytenr} +{num_bytes} {why}"),
+        ))
+    };
+    let (start, len) =
+        w.alloc.group_range(bytenr).ok_or_else(|| bad("lies outside every block group".into()))?;
+    if bytenr.checked_add(num_bytes).is_none_or(|e| e > start + len) {
+        return Err(bad(format!("crosses the end of block group {start}")));
+    }
+    let c = cached_ctl(w, start)?;
+    if !c.is_free(bytenr, num_bytes) {
+        return Err(bad("is space the committed filesystem uses".into()));
+    }
+    c.remove_free_space(bytenr, num_bytes).map_err(|e| bad(e.to_string()))?;
+    if pin_until_commit {
+        c.pin(bytenr, num_bytes).map_err(|e| bad(e.to_string()))?;
+    }
+    w.alloc.changed = true;
+    Ok(())
+}
+
+/// Give back a range `exclude_logged` took without pinning, which no replayed file
+/// extent came to use.
+pub(crate) fn return_excluded(w: &mut Transaction, bytenr: u64, num_bytes: u64) {
+    let g = w
+        .alloc
+        .group_mut(bytenr)
+        .unwrap_or_else(|| panic!("excluded {bytenr} +{num_bytes} outside every block group"));
+    let c = g.ctl_mut().expect("cached when excluded");
+    c.add_free_space(bytenr, num_bytes)
+        .unwrap_or_else(|e| panic!("return excluded {bytenr} +{num_bytes}: {e}"));
+}
+
 /// Pin a freed committed extent until the commit, caching its group first.
 ///
 /// # Errors

@@ -388,6 +388,9 @@ pub struct Transaction {
     pub(crate) default_subvol: u64,
     /// Opened read-only (`open_read_only`): why, and every change is refused.
     pub(crate) read_only: Option<String>,
+    /// The superblock carries a log tree that nothing has replayed yet: every change
+    /// is refused (`read_only` says so) until `inode::tree_log` replays it.
+    pub(crate) log_replay_pending: bool,
     /// Readers' views of older generations, which keep freed space from reuse (shared
     /// with the engine, whose readers register them without the writer).
     pub(crate) views: Arc<views::Views>,
@@ -427,7 +430,14 @@ impl Transaction {
     pub fn open_read_only(opts: &OpenOptions) -> Result<Transaction> {
         let mut o = opts.clone();
         o.writable = false;
-        let info = Arc::new(FsInfo::open(&o)?);
+        Transaction::read_only_over(Arc::new(FsInfo::open(&o)?))
+    }
+
+    /// The read-only writer (`open_read_only`) of an opened `FsInfo`.
+    ///
+    /// # Errors
+    /// Read failures loading the block groups.
+    pub fn read_only_over(info: Arc<FsInfo>) -> Result<Transaction> {
         let mut w = Transaction::build(info, false)?;
         w.read_only = Some("opened read-only".into());
         Ok(w)
@@ -456,8 +466,8 @@ impl Transaction {
         if let Some(r) = info.dev_replace.as_ref().filter(|r| r.is_ongoing()) {
             return Err(Error::Incompatible(format!("cannot write: {}", r.refusal())));
         }
-        if sb.log_root.get() != 0 {
-            return Err(Error::Incompatible("cannot write: the superblock carries a log tree that needs replay (mount it with the kernel once, or wait for ubtrfs log replay)".into()));
+        if sb.log_root.get() != 0 && info.no_log_replay {
+            return Err(Error::Incompatible(format!("cannot write: the superblock carries a log tree (log_root={}) and log replay is off; open read-only to see the last commit, or let ubtrfs replay the log", sb.log_root.get())));
         }
         let incompat = sb.incompat_flags.get();
         let compat_ro = sb.compat_ro_flags.get();
@@ -521,7 +531,13 @@ impl Transaction {
                 sb.generation.get()
             )));
         }
-        Transaction::build(info, true)
+        let log = sb.log_root.get() != 0;
+        let mut w = Transaction::build(info, true)?;
+        if log {
+            w.log_replay_pending = true;
+            w.read_only = Some("the superblock's log tree is not replayed yet".into());
+        }
+        Ok(w)
     }
 
     /// The writer over `info`, its block groups, quota state and default subvolume
@@ -568,6 +584,7 @@ impl Transaction {
             qgroup: Default::default(),
             default_subvol: FS_TREE_OBJECTID,
             read_only: None,
+            log_replay_pending: false,
             views: Default::default(),
             data_rsv: Default::default(),
             trimmed: Default::default(),
@@ -1186,7 +1203,6 @@ impl Transaction {
     ///
     /// # Errors
     /// `Io` from writes and flushes, anything from running references.
-    #[cfg(any(test, feature = "test-hooks"))]
     pub fn commit(&mut self) -> Result<u64> {
         let Some(io) = self.start_commit()? else {
             return Ok(self.sb.generation.get());
@@ -1329,6 +1345,9 @@ impl Transaction {
         sb.generation = transid.into();
         sb.root = root.bytenr.into();
         sb.root_level = root.level;
+        // A commit makes every log tree obsolete (the kernel clears log_root at commit).
+        sb.log_root = 0.into();
+        sb.log_root_level = 0;
         if chunk.generation == transid {
             sb.chunk_root = chunk.bytenr.into();
             sb.chunk_root_level = chunk.level;

@@ -12,7 +12,7 @@ use crate::volumes::device_lock::InUse;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 pub trait BlockDevice: Send + Sync {
     /// Fill `buf` from byte `offset`.
@@ -575,5 +575,93 @@ impl BlockDevice for MemDevice {
     }
     fn name(&self) -> &str {
         &self.name
+    }
+}
+
+/// A device whose writes stay in memory over a device opened read-only: reads see
+/// them, the device below never does. A read-only open of an image with a log tree
+/// replays the log through it (`inode::tree_log`), so readers see what a kernel mount
+/// would show while the image stays byte for byte as it was. Writes are kept in 4 KiB
+/// pages; the replay of a log writes a few tree paths, so the pages stay few.
+pub struct OverlayDevice {
+    below: Arc<dyn BlockDevice>,
+    pages: RwLock<std::collections::BTreeMap<u64, Box<[u8]>>>,
+}
+
+/// The page size of `OverlayDevice`.
+const OVERLAY_PAGE: u64 = 4096;
+
+impl OverlayDevice {
+    pub fn new(below: Arc<dyn BlockDevice>) -> OverlayDevice {
+        OverlayDevice { below, pages: RwLock::new(Default::default()) }
+    }
+
+    /// Bytes held in memory.
+    pub fn held_bytes(&self) -> u64 {
+        self.pages.read().unwrap_or_else(|p| p.into_inner()).len() as u64 * OVERLAY_PAGE
+    }
+}
+
+impl BlockDevice for OverlayDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_range(self.below.name(), offset, buf.len(), self.below.size())?;
+        let pages = self.pages.read().unwrap_or_else(|p| p.into_inner());
+        let end = offset + buf.len() as u64;
+        // Runs of pages not written here come from below in one read each.
+        let mut at = offset;
+        while at < end {
+            let page = at - at % OVERLAY_PAGE;
+            let in_page = (at - page) as usize;
+            let n = ((page + OVERLAY_PAGE).min(end) - at) as usize;
+            let b = (at - offset) as usize;
+            if let Some(p) = pages.get(&page) {
+                buf[b..b + n].copy_from_slice(&p[in_page..in_page + n]);
+                at += n as u64;
+                continue;
+            }
+            let mut run_end = (page + OVERLAY_PAGE).min(end);
+            while run_end < end && !pages.contains_key(&run_end) {
+                run_end = (run_end + OVERLAY_PAGE).min(end);
+            }
+            let l = (run_end - at) as usize;
+            self.below.read_at(&mut buf[b..b + l], at)?;
+            at = run_end;
+        }
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        check_range(self.below.name(), offset, buf.len(), self.below.size())?;
+        let mut pages = self.pages.write().unwrap_or_else(|p| p.into_inner());
+        let end = offset + buf.len() as u64;
+        let mut at = offset;
+        while at < end {
+            let page = at - at % OVERLAY_PAGE;
+            let in_page = (at - page) as usize;
+            let n = ((page + OVERLAY_PAGE).min(end) - at) as usize;
+            let p = match pages.entry(page) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    let mut p = vec![0u8; OVERLAY_PAGE as usize].into_boxed_slice();
+                    if n < OVERLAY_PAGE as usize {
+                        let len = (self.below.size() - page).min(OVERLAY_PAGE) as usize;
+                        self.below.read_at(&mut p[..len], page)?;
+                    }
+                    e.insert(p)
+                }
+            };
+            let b = (at - offset) as usize;
+            p[in_page..in_page + n].copy_from_slice(&buf[b..b + n]);
+            at += n as u64;
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.below.size()
+    }
+    fn name(&self) -> &str {
+        self.below.name()
     }
 }

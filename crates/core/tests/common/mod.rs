@@ -116,8 +116,15 @@ fn sparse_copy(r: &mut impl std::io::Read, w: &mut std::fs::File) {
 
 /// The manifest lines of fixture `name` keyed by path.
 pub fn manifest(name: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
-    let s = std::fs::read_to_string(fixtures_dir().join(format!("{name}.manifest.jsonl")))
-        .expect("manifest");
+    manifest_file(&fixtures_dir().join(format!("{name}.manifest.jsonl")))
+}
+
+/// The manifest in `path`, by path.
+#[allow(dead_code)]
+pub fn manifest_file(
+    path: &std::path::Path,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let s = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     s.lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("manifest line"))
         .map(|v| (v["path"].as_str().expect("path").to_string(), v))

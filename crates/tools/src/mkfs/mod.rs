@@ -249,6 +249,7 @@ fn make_filesystem_inner(
             writable: true,
             sources: opts.sources.clone(),
             degraded: false,
+            no_log_replay: false,
         })?);
         if opts.shrink {
             shrink::cap_chunks(&e)?;
@@ -278,6 +279,7 @@ fn make_filesystem_inner(
         writable: false,
         sources: opts.sources.clone(),
         degraded: false,
+        no_log_replay: false,
     })
     .and_then(|fs| crate::check::check(&fs, &crate::check::CheckOptions::default()))
     .map_err(after_writing)?;
