@@ -18,7 +18,7 @@ use crate::engine::Engine;
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::file::{read_lock, write_lock, write_lock_two};
 use crate::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
-use crate::inode::inode_cache::{Inode, InodeCache};
+use crate::inode::inode_cache::Inode;
 use std::sync::Arc;
 
 impl Engine {
@@ -96,13 +96,6 @@ impl Engine {
                 })?;
                 Err(e)
             }
-        }
-    }
-
-    hooks_pub_fn! {
-        /// The in-memory inodes.
-        fn inodes(&self) -> &InodeCache {
-            &self.inodes
         }
     }
 
