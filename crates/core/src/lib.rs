@@ -34,19 +34,6 @@ macro_rules! internal_mods {
     };
 }
 
-/// Declare an engine method `pub` with the `test-hooks` feature and `pub(crate)`
-/// without: the calls that hand out the writer (see above).
-macro_rules! hooks_pub_fn {
-    ($(#[$m:meta])* fn $($rest:tt)*) => {
-        $(#[$m])*
-        #[cfg(feature = "test-hooks")]
-        pub fn $($rest)*
-        $(#[$m])*
-        #[cfg(not(feature = "test-hooks"))]
-        pub(crate) fn $($rest)*
-    };
-}
-
 internal_mods!(
     compression,
     data,

@@ -5,12 +5,12 @@
 //! size), or their cancellation.
 
 use crate::error::{Error, PosixKind, Result};
-use crate::inode::filesystem::{FsRead, InodeId, Load};
+use crate::inode::filesystem::InodeId;
 use crate::inode::write::{reg_extent_item, MAX_EXTENT_SIZE};
 use crate::inode::writer::FsWriter;
 use crate::mapping::ordered::{Finished, OrderedExtent};
 use ubtrfs_format::key::EXTENT_DATA_KEY;
-use ubtrfs_format::structs::{InodeItem, BLOCK_GROUP_DATA, S_IFMT, S_IFREG};
+use ubtrfs_format::structs::{BLOCK_GROUP_DATA, S_IFMT, S_IFREG};
 use ubtrfs_format::Key;
 
 /// How a writeback's dirty runs go to disk, as its first delalloc chose
@@ -36,17 +36,6 @@ fn finish_items(w: &FsWriter, len: u64) -> u64 {
 }
 
 impl FsWriter {
-    /// The INODE_ITEM of `(root, ino)` as the live view has it, for a writeback: the
-    /// in-memory inode's copy when it has one (`update_inode` keeps it current, a
-    /// removal drops it), else the tree's. A writeback of a small file would otherwise
-    /// search the tree for the item at its delalloc and again at its completion.
-    fn writeback_inode_item(&self, id: InodeId) -> Result<InodeItem> {
-        if let Some(item) = self.inodes.lookup(id).and_then(|i| i.attrs()) {
-            return Ok(item);
-        }
-        Ok(self.live().load_inode(id, Load::ITEM)?.item)
-    }
-
     /// Delalloc for dirty range [start, start + len) of `ino` (`cow_file_range`):
     /// allocate data extents of at most `max_extent` bytes each (shorter when free
     /// space is fragmented) and return an ordered extent for each, with the metadata
@@ -63,7 +52,7 @@ impl FsWriter {
         max_extent: u64,
     ) -> Result<Vec<OrderedExtent>> {
         self.check_root_writable(root)?;
-        let ii = self.writeback_inode_item(InodeId { root, ino })?;
+        let ii = self.inode_item(InodeId { root, ino })?;
         self.run_delalloc_loaded(root, ino, &ii, start, len, max_extent)
     }
 
@@ -92,7 +81,7 @@ impl FsWriter {
         whole: Option<&[u8]>,
     ) -> Result<Delalloc> {
         self.check_root_writable(root)?;
-        let ii = self.writeback_inode_item(InodeId { root, ino })?;
+        let ii = self.inode_item(InodeId { root, ino })?;
         let flags = ii.flags.get();
         if let Some(data) = whole.filter(|d| d.len() as u64 == i_size) {
             if i_size > 0
@@ -225,7 +214,7 @@ impl FsWriter {
         let rsv = std::mem::take(&mut oe.meta_rsv);
         self.write_rsv -= rsv;
         let id = InodeId { root, ino };
-        let ii = match self.writeback_inode_item(id) {
+        let ii = match self.inode_item(id) {
             Ok(item) if item.mode.get() & S_IFMT == S_IFREG => item,
             _ => {
                 crate::space::allocator::unreserve(self, oe.disk_bytenr, oe.disk_num_bytes, false);

@@ -108,7 +108,7 @@ impl FsWriter {
             ));
         }
         self.check_root_writable(id.root)?;
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let ii = self.inode_item(id)?;
         let flags = ii.flags.get();
         if flags & INODE_IMMUTABLE != 0 {
             return Err(Error::posix_detail(
@@ -280,7 +280,7 @@ impl FsWriter {
     ) -> Result<()> {
         let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let ii = self.inode_item(id)?;
         let size = ii.size.get();
         {
             // btrfs_cont_expand / btrfs_truncate_block, with or without KEEP_SIZE: the
@@ -306,7 +306,7 @@ impl FsWriter {
             }
             zero_alloc = alloc;
         }
-        let cur_size = self.live().load_inode(id, Load::ITEM)?.item.size.get();
+        let cur_size = self.inode_item(id)?.size.get();
         let ranges = if zero {
             zero_alloc.into_iter().collect()
         } else {
@@ -368,7 +368,7 @@ impl FsWriter {
             // Nothing of the file's bytes there (past EOF, or past an inline extent).
             return Ok(());
         }
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let ii = self.inode_item(id)?;
         let size = ii.size.get();
         self.write_file_inner(id.root, id.ino, s, e, &ii, size, &mut |b: &mut [u8]| {
             b.fill(0);
@@ -380,7 +380,7 @@ impl FsWriter {
     /// block is written whatever it held (a hole or a preallocated block becomes data)
     /// with zeros over [from, to), also when that is past EOF in the EOF block.
     fn truncate_block(&mut self, id: InodeId, from: u64, to: u64) -> Result<()> {
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let ii = self.inode_item(id)?;
         let size = ii.size.get();
         if from < size {
             return self.zero_in_file(id, from, to.min(size));
@@ -452,7 +452,7 @@ impl FsWriter {
 
     fn punch_hole_inner(&mut self, id: InodeId, offset: u64, end: u64) -> Result<()> {
         let ss = u64::from(self.sectorsize());
-        let size = self.live().load_inode(id, Load::ITEM)?.item.size.get();
+        let size = self.inode_item(id)?.size.get();
         let ino_size = size.div_ceil(ss) * ss;
         let orig = offset;
         // find_first_non_hole: a leading hole is skipped; a range that is all hole

@@ -13,7 +13,7 @@
 
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::attr::{ts, SetAttr, TimeSet, MAX_FILE_SIZE};
-use crate::inode::filesystem::{ExtentKind, FsRead, InodeId, Load};
+use crate::inode::filesystem::{ExtentKind, FsRead, InodeId};
 use crate::inode::write::{iflags_allow, IflagOp};
 use crate::inode::writer::FsWriter;
 use ubtrfs_format::structs::*;
@@ -42,7 +42,7 @@ impl FsWriter {
                 Ok(())
             };
         }
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let ii = self.inode_item(id)?;
         let flags = ii.flags.get();
         if a.touches_protected() && flags & (INODE_IMMUTABLE | INODE_APPEND) != 0 {
             return Err(Error::posix_detail(
@@ -161,7 +161,7 @@ impl FsWriter {
     pub(crate) fn set_size_inner(&mut self, id: InodeId, size: u64) -> Result<()> {
         let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
-        let ii = self.live().load_inode(id, Load::ITEM)?.item;
+        let ii = self.inode_item(id)?;
         let old = ii.size.get();
         let first = self.live().file_extents(id, 0, 1)?;
         let inline = first.first().is_some_and(|f| matches!(f.kind, ExtentKind::Inline { .. }));
@@ -210,7 +210,7 @@ impl FsWriter {
                 b.fill(0);
                 Ok(())
             })?;
-            cur = self.live().load_inode(id, Load::ITEM)?.item;
+            cur = self.inode_item(id)?;
         }
         self.insert_hole_before(id, cur.size.get(), size.div_ceil(ss) * ss)?;
         self.set_size_and_bytes(id, size, 0, 0)

@@ -18,7 +18,7 @@ use crate::engine::Engine;
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::file::{read_lock, write_lock, write_lock_two};
 use crate::inode::filesystem::{DirEntry, FsRead, InodeId, Load};
-use crate::inode::inode_cache::{Inode, InodeCache};
+use crate::inode::inode_cache::Inode;
 use std::sync::Arc;
 
 impl Engine {
@@ -36,28 +36,6 @@ impl Engine {
         let inode = self.inodes.get(id);
         let _g = write_lock(&inode);
         self.write_file_locked(id, offset, data)
-    }
-
-    /// Write `len` bytes that `fill` produces (called in order, in pieces) at `offset` of
-    /// regular file `id`, through the direct path under the engine's lock
-    /// (`FsWriter::write_file_with`): a copy from a host file reads into the write's
-    /// own buffer, with no copy in between. A file with a page cache is written back
-    /// first and the folios of the range are dropped after, as in `write_file`.
-    ///
-    /// # Errors
-    /// As `FsWriter::write_file_with`, with `fill`'s errors (the file is unchanged).
-    pub fn write_file_from(
-        &self,
-        id: InodeId,
-        offset: u64,
-        len: u64,
-        fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-    ) -> Result<()> {
-        let inode = self.inodes.get(id);
-        let _g = write_lock(&inode);
-        self.extent_change(&inode, offset, offset.saturating_add(len), || {
-            self.write(|w| w.write_file_with(id.root, id.ino, offset, len, fill))
-        })
     }
 
     /// A direct write's data space, held beside what dirty data was promised (the
@@ -118,13 +96,6 @@ impl Engine {
                 })?;
                 Err(e)
             }
-        }
-    }
-
-    hooks_pub_fn! {
-        /// The in-memory inodes.
-        fn inodes(&self) -> &InodeCache {
-            &self.inodes
         }
     }
 

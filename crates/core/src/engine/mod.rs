@@ -91,6 +91,7 @@ use crate::data::read::{DataView, FileRead};
 use crate::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, PosixKind, Result};
 use crate::inode::filesystem::{FileKind, Filesystem, FsRead, InodeId, Load};
+use crate::inode::inode_cache::InodeCache;
 use crate::inode::writer::FsWriter;
 use crate::transaction::views::ViewGuard;
 use crate::transaction::{Live, ReadMisses};
@@ -162,22 +163,20 @@ impl Engine {
         Ok(Engine::from_writer(FsWriter::open_read_only(opts)?))
     }
 
-    hooks_pub_fn! {
-        /// Share an opened writer.
-        fn from_writer(mut w: FsWriter) -> Engine {
-            w.defer_writeback = true;
-            Engine {
-                info: w.info.clone(),
-                inodes: w.inodes().clone(),
-                extent_maps: Default::default(),
-                data_rsv: w.data_rsv.clone(),
-                views: w.views.clone(),
-                state: RwLock::new(w),
-                commit_lock: Mutex::new(()),
-                writeback_io: RwLock::new(()),
-                pages: Default::default(),
-                single_transaction: Default::default(),
-            }
+    /// Share an opened writer.
+    fn from_writer_inner(mut w: FsWriter) -> Engine {
+        w.defer_writeback = true;
+        Engine {
+            info: w.info.clone(),
+            inodes: w.inodes().clone(),
+            extent_maps: Default::default(),
+            data_rsv: w.data_rsv.clone(),
+            views: w.views.clone(),
+            state: RwLock::new(w),
+            commit_lock: Mutex::new(()),
+            writeback_io: RwLock::new(()),
+            pages: Default::default(),
+            single_transaction: Default::default(),
         }
     }
 
@@ -319,21 +318,19 @@ impl Engine {
         Ok(Committed { fs: Filesystem::at(self.info.clone(), sb)?, _view: view })
     }
 
-    hooks_pub_fn! {
-        /// Run `f` with the engine to itself, to change the filesystem.
-        ///
-        /// # Errors
-        /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
-        ///
-        /// The writeback a change ends with (past the dirty-metadata limit) is written after
-        /// the lock is dropped: the blocks are sealed under it, readers find them in the
-        /// writer's `writing` set meanwhile, and they join the node cache afterwards. A
-        /// failed write aborts the filesystem and is returned.
-        fn write<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
-            let mut g = self.state.write().map_err(poisoned)?;
-            let r = f(&mut g);
-            self.finish_change(g, r)
-        }
+    /// Run `f` with the engine to itself, to change the filesystem.
+    ///
+    /// # Errors
+    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    ///
+    /// The writeback a change ends with (past the dirty-metadata limit) is written after
+    /// the lock is dropped: the blocks are sealed under it, readers find them in the
+    /// writer's `writing` set meanwhile, and they join the node cache afterwards. A
+    /// failed write aborts the filesystem and is returned.
+    fn write_inner<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+        let mut g = self.state.write().map_err(poisoned)?;
+        let r = f(&mut g);
+        self.finish_change(g, r)
     }
 
     /// End a change made under `g`: write the writeback it sealed, if any, after
@@ -363,50 +360,48 @@ impl Engine {
         r
     }
 
-    hooks_pub_fn! {
-        /// `write` for a change that may be run more than once: while a run has changed
-        /// nothing yet (its lookups and checks), a committed tree block missing from the
-        /// cache is not read under the lock. The run fails at it, the lock is dropped, the
-        /// block is read, and `f` runs again (at most 32 times per call, then misses are
-        /// read under the lock), as readers do. Once a run begins a change (a handle
-        /// starts, space is reserved), it is not run again and reads what it misses under
-        /// the lock. A run that missed may not begin a change, so a miss that `f` swallows
-        /// changes nothing. Every change `f` makes must go through the writer's operations.
-        ///
-        /// # Errors
-        /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
-        fn write_retrying<T>(&self, mut f: impl FnMut(&mut FsWriter) -> Result<T>) -> Result<T> {
-            let misses = Arc::new(ReadMisses::default());
-            loop {
-                let missed = {
-                    let mut g = self.state.write().map_err(poisoned)?;
-                    g.set_probe(Some(misses.clone()));
-                    let r = f(&mut g);
-                    let spoiled = g.probe_spoiled();
-                    g.set_probe(None);
-                    match misses.take_wanted() {
-                        // Nothing changed (a miss forbids beginning a change): run again.
-                        Some(want) => {
-                            debug_assert!(!spoiled, "a probed run changed something after a miss");
-                            drop(r);
-                            want
-                        }
-                        // The run ran to its end: finish as `write` does (its writeback).
-                        None => {
-                            debug_assert!(
-                                !r.as_ref().is_err_and(Error::is_cache_miss),
-                                "a cache miss left a probed run with no block wanted"
-                            );
-                            return self.finish_change(g, r);
-                        }
+    /// `write` for a change that may be run more than once: while a run has changed
+    /// nothing yet (its lookups and checks), a committed tree block missing from the
+    /// cache is not read under the lock. The run fails at it, the lock is dropped, the
+    /// block is read, and `f` runs again (at most 32 times per call, then misses are
+    /// read under the lock), as readers do. Once a run begins a change (a handle
+    /// starts, space is reserved), it is not run again and reads what it misses under
+    /// the lock. A run that missed may not begin a change, so a miss that `f` swallows
+    /// changes nothing. Every change `f` makes must go through the writer's operations.
+    ///
+    /// # Errors
+    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    fn write_retrying_inner<T>(&self, mut f: impl FnMut(&mut FsWriter) -> Result<T>) -> Result<T> {
+        let misses = Arc::new(ReadMisses::default());
+        loop {
+            let missed = {
+                let mut g = self.state.write().map_err(poisoned)?;
+                g.set_probe(Some(misses.clone()));
+                let r = f(&mut g);
+                let spoiled = g.probe_spoiled();
+                g.set_probe(None);
+                match misses.take_wanted() {
+                    // Nothing changed (a miss forbids beginning a change): run again.
+                    Some(want) => {
+                        debug_assert!(!spoiled, "a probed run changed something after a miss");
+                        drop(r);
+                        want
                     }
-                };
-                let (bytenr, expect) = missed;
-                // Neither side of `state` is held here.
-                match self.info.read_tree_block(bytenr, &expect) {
-                    Ok(eb) => misses.keep(eb),
-                    Err(_) => misses.read_under_lock(),
+                    // The run ran to its end: finish as `write` does (its writeback).
+                    None => {
+                        debug_assert!(
+                            !r.as_ref().is_err_and(Error::is_cache_miss),
+                            "a cache miss left a probed run with no block wanted"
+                        );
+                        return self.finish_change(g, r);
+                    }
                 }
+            };
+            let (bytenr, expect) = missed;
+            // Neither side of `state` is held here.
+            match self.info.read_tree_block(bytenr, &expect) {
+                Ok(eb) => misses.keep(eb),
+                Err(_) => misses.read_under_lock(),
             }
         }
     }
@@ -484,6 +479,73 @@ impl Engine {
         let mut w = self.state.into_inner().map_err(poisoned)?;
         w.defer_writeback = false;
         Ok(w)
+    }
+}
+
+/// The calls that hand out the writer or its innards, each forwarding to the method
+/// that does the work: the crate's own, and public with the `test-hooks` feature for
+/// core's integration tests, the benchmarks and the fuzz targets (see the crate's
+/// notes). Written twice, once per visibility, since a method's visibility cannot
+/// follow a feature otherwise; the bodies live once, in the methods they forward to.
+#[cfg(feature = "test-hooks")]
+impl Engine {
+    /// Share an opened writer (`from_writer_inner`).
+    pub fn from_writer(w: FsWriter) -> Engine {
+        Engine::from_writer_inner(w)
+    }
+
+    /// Run `f` with the engine to itself, to change the filesystem (`write_inner`).
+    ///
+    /// # Errors
+    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    pub fn write<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+        self.write_inner(f)
+    }
+
+    /// `write` for a change that may be run more than once (`write_retrying_inner`).
+    ///
+    /// # Errors
+    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    pub fn write_retrying<T>(&self, f: impl FnMut(&mut FsWriter) -> Result<T>) -> Result<T> {
+        self.write_retrying_inner(f)
+    }
+
+    /// The in-memory inodes.
+    pub fn inodes(&self) -> &InodeCache {
+        &self.inodes
+    }
+}
+
+/// The same calls inside the crate, without the `test-hooks` feature.
+#[cfg(not(feature = "test-hooks"))]
+impl Engine {
+    /// Share an opened writer (`from_writer_inner`).
+    pub(crate) fn from_writer(w: FsWriter) -> Engine {
+        Engine::from_writer_inner(w)
+    }
+
+    /// Run `f` with the engine to itself, to change the filesystem (`write_inner`).
+    ///
+    /// # Errors
+    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    pub(crate) fn write<T>(&self, f: impl FnOnce(&mut FsWriter) -> Result<T>) -> Result<T> {
+        self.write_inner(f)
+    }
+
+    /// `write` for a change that may be run more than once (`write_retrying_inner`).
+    ///
+    /// # Errors
+    /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
+    pub(crate) fn write_retrying<T>(
+        &self,
+        f: impl FnMut(&mut FsWriter) -> Result<T>,
+    ) -> Result<T> {
+        self.write_retrying_inner(f)
+    }
+
+    /// The in-memory inodes.
+    pub(crate) fn inodes(&self) -> &InodeCache {
+        &self.inodes
     }
 }
 

@@ -179,6 +179,21 @@ pub(crate) fn ino_err(id: InodeId, r: String) -> Error {
 }
 
 impl FsWriter {
+    /// The INODE_ITEM of inode `id` as the live view has it: the in-memory inode's copy
+    /// when it has one (`update_inode` keeps it current, a removal drops it), else
+    /// the tree's. An operation that reads the item again after each step of its own
+    /// (a writeback's delalloc and completion, fallocate, truncate) would otherwise
+    /// search the tree for it every time.
+    ///
+    /// # Errors
+    /// As `FsRead::load_inode`: `Posix(NotFound)` if absent, read failures.
+    pub(crate) fn inode_item(&self, id: InodeId) -> Result<InodeItem> {
+        if let Some(item) = self.inodes.lookup(id).and_then(|i| i.attrs()) {
+            return Ok(item);
+        }
+        Ok(self.live().load_inode(id, Load::ITEM)?.item)
+    }
+
     /// Change inode `id` in place.
     ///
     /// # Errors

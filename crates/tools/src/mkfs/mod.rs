@@ -309,7 +309,7 @@ fn make_filesystem_inner(
 ///
 /// # Errors
 /// Engine errors (a failure after a change began aborts the transaction).
-pub fn populate_chunks(e: &Engine, opts: &MkfsOptions) -> Result<()> {
+fn populate_chunks(e: &Engine, opts: &MkfsOptions) -> Result<()> {
     let start = bootstrap::TEMP_CHUNK_START;
     e.set_alloc_profile(BLOCK_GROUP_DATA, opts.data_profile)?;
     e.set_alloc_profile(BLOCK_GROUP_METADATA, opts.metadata_profile)?;
