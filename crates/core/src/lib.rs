@@ -22,35 +22,68 @@
 //! there too. Items only those use are compiled with `test` or `test-hooks` alone. No
 //! client of the engine turns the feature on.
 
-/// Declare modules private, but public with the `test-hooks` feature (see above).
-macro_rules! internal_mods {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[cfg(feature = "test-hooks")]
-            pub mod $name;
-            #[cfg(not(feature = "test-hooks"))]
-            mod $name;
-        )*
-    };
-}
-
-internal_mods!(
-    compression,
-    data,
-    disk_io,
-    engine,
-    error,
-    extent,
-    ids,
-    inode,
-    mapping,
-    ranges,
-    sources,
-    space,
-    transaction,
-    tree,
-    volumes,
-);
+// Each module is private, and public with the `test-hooks` feature (see above). Declared
+// in pairs rather than by a macro, so rustfmt reaches every file.
+#[cfg(feature = "test-hooks")]
+pub mod compression;
+#[cfg(not(feature = "test-hooks"))]
+mod compression;
+#[cfg(feature = "test-hooks")]
+pub mod data;
+#[cfg(not(feature = "test-hooks"))]
+mod data;
+#[cfg(feature = "test-hooks")]
+pub mod disk_io;
+#[cfg(not(feature = "test-hooks"))]
+mod disk_io;
+#[cfg(feature = "test-hooks")]
+pub mod engine;
+#[cfg(not(feature = "test-hooks"))]
+mod engine;
+#[cfg(feature = "test-hooks")]
+pub mod error;
+#[cfg(not(feature = "test-hooks"))]
+mod error;
+#[cfg(feature = "test-hooks")]
+pub mod extent;
+#[cfg(not(feature = "test-hooks"))]
+mod extent;
+#[cfg(feature = "test-hooks")]
+pub mod ids;
+#[cfg(not(feature = "test-hooks"))]
+mod ids;
+#[cfg(feature = "test-hooks")]
+pub mod inode;
+#[cfg(not(feature = "test-hooks"))]
+mod inode;
+#[cfg(feature = "test-hooks")]
+pub mod mapping;
+#[cfg(not(feature = "test-hooks"))]
+mod mapping;
+#[cfg(feature = "test-hooks")]
+pub mod ranges;
+#[cfg(not(feature = "test-hooks"))]
+mod ranges;
+#[cfg(feature = "test-hooks")]
+pub mod sources;
+#[cfg(not(feature = "test-hooks"))]
+mod sources;
+#[cfg(feature = "test-hooks")]
+pub mod space;
+#[cfg(not(feature = "test-hooks"))]
+mod space;
+#[cfg(feature = "test-hooks")]
+pub mod transaction;
+#[cfg(not(feature = "test-hooks"))]
+mod transaction;
+#[cfg(feature = "test-hooks")]
+pub mod tree;
+#[cfg(not(feature = "test-hooks"))]
+mod tree;
+#[cfg(feature = "test-hooks")]
+pub mod volumes;
+#[cfg(not(feature = "test-hooks"))]
+mod volumes;
 
 /// Quoting of names and paths in messages, as coreutils quotes them.
 pub mod quote;

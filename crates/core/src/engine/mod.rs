@@ -536,10 +536,7 @@ impl Engine {
     ///
     /// # Errors
     /// `f`'s errors; `Posix(ReadOnly)` after a panic in a writer.
-    pub(crate) fn write_retrying<T>(
-        &self,
-        f: impl FnMut(&mut FsWriter) -> Result<T>,
-    ) -> Result<T> {
+    pub(crate) fn write_retrying<T>(&self, f: impl FnMut(&mut FsWriter) -> Result<T>) -> Result<T> {
         self.write_retrying_inner(f)
     }
 
