@@ -40,21 +40,30 @@ pub fn run(a: &CheckArgs) -> ubtrfs_core::Result<()> {
     let opts = CheckOptions { check_data_csum: a.check_data_csum, max_findings: a.max_findings };
     let report = check(&fs, &opts)?;
     crate::print_warnings(&fs);
-    for n in &report.notes {
-        writeln!(out, "note: {n}").map_err(w)?;
+    print_report(&mut out, &report, "").map_err(w)?;
+    let mut n = report.problems();
+    // A log tree: the filesystem a mount would see after replaying it is checked too,
+    // replayed in memory (the image is not written). A log that cannot be replayed is
+    // a problem of the image.
+    if fs.log_root().is_some() && !a.image.no_log_replay {
+        let p = "after log replay: ";
+        match a.image.open_replayed_quiet() {
+            Ok(replayed) => {
+                let _ = replayed.take_warnings();
+                let r = check(&replayed, &opts)?;
+                print_report(&mut out, &r, p).map_err(w)?;
+                n += r.problems();
+            }
+            Err(e) => {
+                writeln!(out, "{p}{e}").map_err(w)?;
+                n += 1;
+            }
+        }
     }
-    for f in &report.findings {
-        writeln!(out, "{f}").map_err(w)?;
-    }
-    if report.dropped > 0 {
-        writeln!(out, "... {} more findings not shown", report.dropped).map_err(w)?;
-    }
-    writeln!(out, "{}", report.summary()).map_err(w)?;
     out.flush().map_err(w)?;
-    if report.is_clean() {
+    if n == 0 {
         Ok(())
     } else {
-        let n = report.problems();
         Err(Corrupt::new(
             CorruptWhere::Item,
             format!(
@@ -65,4 +74,22 @@ pub fn run(a: &CheckArgs) -> ubtrfs_core::Result<()> {
         )
         .into())
     }
+}
+
+/// The notes, findings and summary of one report, each line after `prefix`.
+fn print_report(
+    out: &mut impl Write,
+    report: &ubtrfs_tools::check::CheckReport,
+    prefix: &str,
+) -> std::io::Result<()> {
+    for n in &report.notes {
+        writeln!(out, "{prefix}note: {n}")?;
+    }
+    for f in &report.findings {
+        writeln!(out, "{prefix}{f}")?;
+    }
+    if report.dropped > 0 {
+        writeln!(out, "{prefix}... {} more findings not shown", report.dropped)?;
+    }
+    writeln!(out, "{prefix}{}", report.summary())
 }

@@ -42,8 +42,9 @@ pub struct ImageArgs {
     pub cache_mib: usize,
     /// Show the last commit, leaving a log tree (what fsyncs after it left) unreplayed,
     /// as the kernel's `-o rescue=nologreplay`. Without it a log tree is replayed in
-    /// memory and the image is not written. `check`, `dump-tree` and `info` always read
-    /// the image as it is on disk.
+    /// memory and the image is not written. `dump-tree` and `info` always read the image
+    /// as it is on disk; `check` checks it as it is, then (unless this is given) as it
+    /// is after the replay.
     #[arg(long)]
     pub no_log_replay: bool,
 }
@@ -106,6 +107,11 @@ impl ImageArgs {
         let fs = self.open_quiet()?;
         print_warnings(&fs);
         Ok(fs)
+    }
+
+    /// `open`, leaving the warnings for the caller to print.
+    pub fn open_replayed_quiet(&self) -> ubtrfs_core::Result<FsInfo> {
+        ubtrfs_core::open_with_log_replay(&self.options())
     }
 
     /// `open_raw`, leaving the warnings for the caller to print.

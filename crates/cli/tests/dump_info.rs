@@ -339,6 +339,45 @@ fn read_commands_replay_the_log_in_memory() {
     assert!(before == hash(), "a reading command wrote to the image");
 }
 
+/// `check` on an image with a log tree checks the image as it is and the filesystem
+/// after the log's replay (in memory); a log that cannot be replayed is a problem.
+#[test]
+fn check_checks_the_filesystem_after_log_replay() {
+    let img = image("logreplay", 0);
+    let o = ubtrfs([OsStr::new("check"), OsStr::new("--check-data-csum"), img.as_os_str()]);
+    assert_ok(&o, "check");
+    let text = stdout(&o);
+    assert!(
+        text.lines().any(|l| l.starts_with("after log replay: checked") && l.ends_with("no problems found")),
+        "{text}"
+    );
+    // A bad byte in the log root tree's block: the committed trees are fine; the block is
+    // reported, and the replay refused.
+    let bad = ScratchImage::new("logreplay", 0, "check-bad-log");
+    let text = stdout(&ubtrfs([OsStr::new("dump-super"), bad.path().as_os_str()]));
+    let log_leaf: u64 =
+        super_field(&text, "log_root").and_then(|v| v.parse().ok()).expect("log_root");
+    assert_ne!(log_leaf, 0);
+    let chunks = chunks_from_dump(&stdout(&ubtrfs([
+        OsStr::new("dump-tree"),
+        OsStr::new("--tree"),
+        OsStr::new("chunk"),
+        bad.path().as_os_str(),
+    ])));
+    for p in physical_copies(&chunks, log_leaf) {
+        bad.flip(p + 2000);
+    }
+    let o = ubtrfs([OsStr::new("check"), bad.path().as_os_str()]);
+    assert!(!o.status.success(), "check passed a damaged log: {}", stdout(&o));
+    let text = stdout(&o);
+    assert!(
+        text.lines().any(|l| l.starts_with("after log replay: ")
+            && l.contains("the log tree cannot be replayed")
+            && l.contains("checksum mismatch")),
+        "{text}"
+    );
+}
+
 /// An editing command replays the log and commits before its own change, as a kernel
 /// mount does: afterwards the superblock has no log tree and both states are there.
 #[test]

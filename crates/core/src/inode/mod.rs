@@ -9,7 +9,8 @@
 //! inheritance and chmod (`acl`), filling and dropping extent maps (`get_extent`),
 //! delalloc and ordered-extent completion (`delalloc`), the writeback of dirty ranges
 //! (`writeback`), open files through the engine (`file`), orphans (`orphan`), subvolume
-//! creation (`subvol`), and the VFS's permission checks for callers that ask (`perm`).
+//! creation (`subvol`), the VFS's permission checks for callers that ask (`perm`), and
+//! the replay of log trees an fsync left (`tree_log`).
 //! The structures of file data in memory (extent maps, page cache, ordered extents) sit
 //! below, in `mapping`.
 

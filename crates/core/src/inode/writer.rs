@@ -56,7 +56,8 @@ impl FsWriter {
         FsWriter::writable(Transaction::open(opts)?)
     }
 
-    /// Open an image read-only (`Transaction::open_read_only`): every read, and every
+    /// Open an image read-only (`Transaction::read_only_over`), a log tree replayed in
+    /// memory (`tree_log::open_with_log_replay`): every read, and every
     /// change refused with `Posix(ReadOnly)`; nothing done at open that writes.
     ///
     /// # Errors

@@ -419,21 +419,10 @@ impl Transaction {
         Transaction::from_info(FsInfo::open(&o)?)
     }
 
-    /// Open an image read-only: the same engine and live view, on devices opened for
-    /// reading (another reader, or a kernel mount, may have them), with nothing done at
-    /// open that writes (no orphan cleanup) and every change refused with
-    /// `Posix(ReadOnly)`. What would stop writing (features, a log tree to replay, a
-    /// stale member) does not stop reading.
-    ///
-    /// # Errors
-    /// As `FsInfo::open`; read failures loading the block groups.
-    pub fn open_read_only(opts: &OpenOptions) -> Result<Transaction> {
-        let mut o = opts.clone();
-        o.writable = false;
-        Transaction::read_only_over(Arc::new(FsInfo::open(&o)?))
-    }
-
-    /// The read-only writer (`open_read_only`) of an opened `FsInfo`.
+    /// A read-only writer over an opened `FsInfo` (its devices opened for reading):
+    /// the same engine and live view, with nothing done at open that writes (no orphan
+    /// cleanup) and every change refused with `Posix(ReadOnly)`. What would stop
+    /// writing (features, a stale member) does not stop reading.
     ///
     /// # Errors
     /// Read failures loading the block groups.

@@ -335,7 +335,7 @@ pub(super) fn walk(fs: &FsInfo, sink: &mut Sink) -> State {
                 root_from: RefFrom::SelfShared,
             });
         }
-        w.sink.note(format!("log tree at {} (generation {}): checked its structure only; it is replayed at the next mount", log.bytenr, log.generation));
+        w.sink.note(format!("log tree at {} (generation {}): its blocks are checked here; the filesystem after its replay is checked apart (`ubtrfs check` replays it in memory)", log.bytenr, log.generation));
     }
     w.merge_keyed();
     w.st

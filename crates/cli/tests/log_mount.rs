@@ -1,0 +1,96 @@
+//! `ubtrfs mount` of a kernel image whose superblock carries a log tree (the fixture
+//! `logreplay`: fsyncs after the last commit, see xtask/fixtures.py): a read-only mount
+//! shows the replayed files and writes nothing; a writable mount replays the log and
+//! commits at once, as the kernel's mount does, so the image after its unmount has no
+//! log, checks clean, and the kernel mounts it with the same files.
+
+#[path = "common/cmd.rs"]
+mod cmd;
+#[path = "common/fuse.rs"]
+mod fuse;
+#[path = "../../core/tests/common/kernel.rs"]
+mod kernel;
+
+use cmd::{bin, run, scratch_in};
+use fuse::{assert_check, FuseMount, KernelMount, Stop};
+use std::io::Read;
+use std::path::Path;
+
+fn available(test: &str) -> bool {
+    kernel::kernel_available_with(test, &["/dev/fuse", "/usr/bin/fusermount3"])
+}
+
+/// The fixture's image, decompressed into `dir`.
+fn fixture(dir: &Path) -> std::path::PathBuf {
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/logreplay.0.img.zst");
+    let mut dec = zstd::stream::read::Decoder::new(std::fs::File::open(&src).expect("fixture"))
+        .expect("zstd");
+    let mut bytes = Vec::new();
+    dec.read_to_end(&mut bytes).expect("decompress");
+    let img = dir.join("logreplay.img");
+    std::fs::write(&img, bytes).expect("write image");
+    img
+}
+
+/// Names, sizes and contents under `root` (a mount), sorted.
+fn tree(root: &Path) -> Vec<(String, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let e = e.expect("entry");
+            let p = e.path();
+            let md = std::fs::symlink_metadata(&p).expect("stat");
+            let rel = p.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+            let content = if md.is_file() { std::fs::read(&p).expect("read") } else { Vec::new() };
+            out.push((rel, md.len(), content));
+            if md.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn mount_replays_the_log_read_only_in_memory_and_writable_on_disk() {
+    if !available("mount_replays_the_log_read_only_in_memory_and_writable_on_disk") {
+        return;
+    }
+    let dir = scratch_in("log-mount", "replay");
+    let img = fixture(&dir);
+    let before = std::fs::read(&img).expect("image");
+    // The kernel's view after its own replay, on a copy.
+    let kimg = dir.join("kernel.img");
+    std::fs::copy(&img, &kimg).expect("copy");
+    let kdir = dir.join("k");
+    let kernel = {
+        let _m = KernelMount::new(&kimg, &kdir);
+        tree(&kdir)
+    };
+    assert!(kernel.iter().any(|(p, _, _)| p == "newtree/a/b/c/deep"), "kernel: no replayed file");
+
+    let mnt = dir.join("m");
+    let ro = FuseMount::start(&img, &mnt, "ro");
+    assert_eq!(tree(&mnt), kernel, "read-only mount against the kernel's replay");
+    ro.stop(Stop::Umount);
+    assert!(before == std::fs::read(&img).expect("image"), "a read-only mount wrote");
+
+    let rw = FuseMount::start(&img, &mnt, "");
+    assert_eq!(tree(&mnt), kernel, "writable mount against the kernel's replay");
+    rw.stop(Stop::Umount);
+    let info = run(bin().arg("info").arg(&img));
+    assert!(
+        info.lines().any(|l| l.starts_with("log tree:") && l.ends_with("none")),
+        "the log is still there after a writable mount:\n{info}"
+    );
+    assert_check(&img, "after a writable mount replayed the log");
+    let after = {
+        let _m = KernelMount::new(&img, &kdir);
+        tree(&kdir)
+    };
+    assert_eq!(after, kernel, "kernel mount of our replay");
+    let _ = std::fs::remove_dir_all(&dir);
+}
