@@ -11,7 +11,7 @@ mod fuse;
 #[path = "../../core/tests/common/kernel.rs"]
 mod kernel;
 
-use cmd::{bin, run, scratch_in};
+use cmd::{bin, run, run_output, scratch_in};
 use fuse::{assert_check, FuseMount, KernelMount, Stop};
 use std::io::Read;
 use std::path::Path;
@@ -93,4 +93,73 @@ fn mount_replays_the_log_read_only_in_memory_and_writable_on_disk() {
     };
     assert_eq!(after, kernel, "kernel mount of our replay");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// fsync through the mount goes into the log tree: after a kill -9 of the mount, the
+/// image carries the log (no commit made the append durable), `btrfs check` finds the
+/// image with its log clean, and both the kernel's mount and ubtrfs replay it and show
+/// the fsynced bytes.
+#[test]
+fn fsync_through_the_mount_survives_kill_9_by_the_log() {
+    if !available("fsync_through_the_mount_survives_kill_9_by_the_log") {
+        return;
+    }
+    let dir = scratch_in("log-mount", "fsync");
+    let img = dir.join("img");
+    fuse::mkfs(&img, "256M");
+    let mnt = dir.join("m");
+    let m = FuseMount::start(&img, &mnt, "commit=300");
+    let p = mnt.join("db");
+    let first = cmd::pseudo_random(1, 100_000);
+    std::fs::write(&p, &first).expect("write");
+    // A new file's name is not in the log: its first fsync commits.
+    std::fs::File::open(&p).expect("open").sync_all().expect("fsync");
+    let gen_before = super_generation(&img);
+    let mut want = first.clone();
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        use std::os::unix::fs::FileExt;
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&p).expect("open");
+        for i in 0..20u64 {
+            let d = cmd::pseudo_random(100 + i, 4096 + i as usize * 100);
+            let off = (i * 7919 * 13) % 120_000;
+            f.write_all_at(&d, off).expect("pwrite");
+            let end = off as usize + d.len();
+            if want.len() < end {
+                want.resize(end, 0);
+            }
+            want[off as usize..end].copy_from_slice(&d);
+            f.sync_data().expect("fdatasync");
+        }
+        f.seek(SeekFrom::End(0)).expect("seek");
+        f.write_all(b"appended and fsynced").expect("append");
+        want.extend_from_slice(b"appended and fsynced");
+        f.sync_all().expect("fsync");
+    }
+    assert_eq!(super_generation(&img), gen_before, "the fsyncs committed instead of logging");
+    m.kill9();
+    let info = run(bin().arg("info").arg(&img));
+    assert!(info.lines().any(|l| l.starts_with("log tree:") && l.contains("present")), "{info}");
+    assert_check(&img, "the image with its log, before any replay");
+    let got = run_output(bin().args(["cat"]).arg(&img).arg("/db")).stdout;
+    assert!(got == want, "ubtrfs's in-memory replay: {} bytes, want {}", got.len(), want.len());
+    let kcopy = dir.join("kernel.img");
+    std::fs::copy(&img, &kcopy).expect("copy");
+    let kdir = dir.join("k");
+    {
+        let _k = KernelMount::new(&kcopy, &kdir);
+        let got = std::fs::read(kdir.join("db")).expect("kernel read");
+        assert!(got == want, "the kernel's replay: {} bytes, want {}", got.len(), want.len());
+    }
+    assert_check(&kcopy, "after the kernel's replay");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The superblock's generation, from `dump-super`.
+fn super_generation(img: &Path) -> u64 {
+    let t = run(bin().arg("dump-super").arg(img));
+    t.lines()
+        .find_map(|l| l.strip_prefix("generation").map(|v| v.trim().to_string()))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .expect("generation line")
 }

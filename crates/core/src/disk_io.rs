@@ -544,7 +544,7 @@ fn seed_refusal(what: String) -> Error {
 }
 
 /// Read the primary superblock, falling back to the best valid copy.
-fn read_super(dev: &dyn BlockDevice, warnings: &mut Vec<String>) -> Result<Superblock> {
+pub(crate) fn read_super(dev: &dyn BlockDevice, warnings: &mut Vec<String>) -> Result<Superblock> {
     let mut first_err = None;
     let mut best: Option<(usize, Superblock)> = None;
     for mirror in 0..SUPER_MIRROR_MAX {

@@ -1240,7 +1240,8 @@ impl fuser::Filesystem for UbtrfsFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // The file's dirty pages, then a commit (the log tree is a later step).
+        // The file's dirty pages, then the log tree, or a commit where the log cannot
+        // hold the file (Engine::fsync). fdatasync logs the same as fsync.
         let r = if self.opts.read_only {
             Ok(())
         } else {

@@ -166,6 +166,8 @@ impl Engine {
     /// Share an opened writer.
     fn from_writer_inner(mut w: FsWriter) -> Engine {
         w.defer_writeback = true;
+        // fsync goes through the log tree: the writer records what it must copy there.
+        w.set_log_tracking(w.read_only.is_none());
         Engine {
             info: w.info.clone(),
             inodes: w.inodes().clone(),
@@ -188,6 +190,11 @@ impl Engine {
     /// until its commit, so such a change cannot reuse it.
     pub fn set_single_transaction(&self, on: bool) {
         self.single_transaction.store(on, std::sync::atomic::Ordering::Release);
+        // One transaction, committed by its caller: nothing is logged.
+        if let Ok(mut w) = self.state.write() {
+            let track = !on && w.read_only.is_none();
+            w.set_log_tracking(track);
+        }
     }
 
     /// Whether the engine commits only when a caller asks (`set_single_transaction`).
@@ -411,7 +418,15 @@ impl Engine {
     /// # Errors
     /// As `FsWriter::commit`.
     pub fn commit(&self) -> Result<u64> {
-        let _one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.commit_locked(&one_at_a_time)
+    }
+
+    /// `commit`, with the commit lock held by the caller.
+    pub(crate) fn commit_locked(
+        &self,
+        _one_at_a_time: &std::sync::MutexGuard<'_, ()>,
+    ) -> Result<u64> {
         let io = match self.write(|w| w.start_commit())? {
             Some(io) => io,
             None => return self.read(|l| Ok(l.committed_generation().get())),

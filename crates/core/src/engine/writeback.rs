@@ -54,13 +54,22 @@ impl Engine {
         first
     }
 
-    /// Make file `id` durable: write it back, then commit. Returns the generation on disk.
+    /// Make file `id` durable: write it back, then log it in its subvolume's log tree
+    /// and sync the log (`FsWriter::log_inode`), or commit where the log cannot hold it.
+    /// Returns the generation committed on disk (a logged fsync does not change it).
     ///
     /// # Errors
-    /// As `writeback_inode` and `commit`.
+    /// As `writeback_inode`, `FsWriter::log_inode` and `commit`.
     pub fn fsync(&self, id: InodeId) -> Result<u64> {
         self.writeback_inode(id)?;
-        self.commit()
+        // The log's superblock write must not meet a commit's: one at a time.
+        let one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        match self.write(|w| w.log_inode(id))? {
+            crate::inode::log_writer::LogOutcome::Synced => {
+                self.read(|l| Ok(l.committed_generation().get()))
+            }
+            crate::inode::log_writer::LogOutcome::Commit(_) => self.commit_locked(&one_at_a_time),
+        }
     }
 
     /// Make everything durable: write back every inode, then commit. The commit runs

@@ -21,6 +21,7 @@ pub mod file;
 pub mod filesystem;
 pub mod get_extent;
 pub mod inode_cache;
+pub mod log_writer;
 pub mod namespace;
 pub mod orphan;
 pub mod perm;

@@ -215,7 +215,15 @@ pub(crate) fn replay_and_commit(mut w: FsWriter) -> Result<FsWriter> {
 pub fn open_with_log_replay(opts: &OpenOptions) -> Result<FsInfo> {
     let mut o = opts.clone();
     o.writable = false;
-    let info = FsInfo::open(&o)?;
+    with_log_replayed(FsInfo::open(&o)?, opts)
+}
+
+/// `open_with_log_replay` of an opened `FsInfo` (its devices opened for reading);
+/// `opts` gives the log replay switch, the cache size, the sources and `degraded`.
+///
+/// # Errors
+/// As `open_with_log_replay`.
+pub fn with_log_replayed(info: FsInfo, opts: &OpenOptions) -> Result<FsInfo> {
     let Some(log) = info.log_root() else { return Ok(info) };
     let generation = info.super_copy().generation.get();
     let last = |why: String| {

@@ -25,6 +25,8 @@ pub struct FsWriter {
     /// maps, page cache; `inode_cache`), shared with every reader of the engine: an
     /// unlink through any of them sees which are in use.
     pub(crate) inodes: Arc<InodeCache>,
+    /// The running transaction's log trees, as items (`log_writer`).
+    pub(crate) log: crate::inode::log_writer::LogState,
 }
 
 impl std::ops::Deref for FsWriter {
@@ -116,7 +118,7 @@ impl FsWriter {
                 end,
             );
         }));
-        FsWriter { t, inodes }
+        FsWriter { t, inodes, log: Default::default() }
     }
 
     /// The in-memory inodes.

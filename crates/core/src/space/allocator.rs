@@ -1091,6 +1091,18 @@ pub(crate) fn exclude_logged(
     Ok(())
 }
 
+/// Pin a block of this transaction's log trees, which the allocator handed out and no
+/// extent item records, until the commit that makes the log obsolete is on disk.
+pub(crate) fn pin_log_block(w: &mut Transaction, bytenr: u64, num_bytes: u64) {
+    let g = w
+        .alloc
+        .group_mut(bytenr)
+        .unwrap_or_else(|| panic!("log block {bytenr} outside every block group"));
+    let c = g.ctl_mut().expect("a group that handed out a block is cached");
+    c.pin(bytenr, num_bytes).unwrap_or_else(|e| panic!("pin log block {bytenr}: {e}"));
+    w.alloc.changed = true;
+}
+
 /// Give back a range `exclude_logged` took without pinning, which no replayed file
 /// extent came to use.
 pub(crate) fn return_excluded(w: &mut Transaction, bytenr: u64, num_bytes: u64) {

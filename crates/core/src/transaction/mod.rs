@@ -391,6 +391,16 @@ pub struct Transaction {
     /// The superblock carries a log tree that nothing has replayed yet: every change
     /// is refused (`read_only` says so) until `inode::tree_log` replays it.
     pub(crate) log_replay_pending: bool,
+    /// Whether `log_changes` records (an engine that may fsync through a log tree).
+    pub(crate) track_log_changes: bool,
+    /// The byte ranges of each file (root, ino) whose file extent items this
+    /// transaction changed since the file was last logged (`inode::log_writer`):
+    /// what an fsync must copy into the log tree. Cleared at commit.
+    pub(crate) log_changes: Mutex<LogChanges>,
+    /// Every tree block the log trees of this transaction took (`inode::log_writer`):
+    /// in no tree's extent items, reserved in the allocator, and pinned by the commit
+    /// (which makes the log obsolete) until its superblocks are on disk.
+    pub(crate) log_blocks: Vec<u64>,
     /// Readers' views of older generations, which keep freed space from reuse (shared
     /// with the engine, whose readers register them without the writer).
     pub(crate) views: Arc<views::Views>,
@@ -403,6 +413,9 @@ pub struct Transaction {
     /// the layer above can drop what it caches of those bytes (the extent maps).
     pub(crate) file_extents_changed: Option<Arc<FileExtentsChanged>>,
 }
+
+/// `Transaction::log_changes`: per file (tree, inode), byte ranges `[start, end)`.
+pub(crate) type LogChanges = FxHashMap<(u64, u64), Vec<(u64, u64)>>;
 
 /// The callback of `Transaction::file_extents_changed`: (tree, inode, start, end).
 pub type FileExtentsChanged = dyn Fn(u64, u64, u64, u64) + Send + Sync;
@@ -574,6 +587,9 @@ impl Transaction {
             default_subvol: FS_TREE_OBJECTID,
             read_only: None,
             log_replay_pending: false,
+            track_log_changes: false,
+            log_changes: Default::default(),
+            log_blocks: Vec::new(),
             views: Default::default(),
             data_rsv: Default::default(),
             trimmed: Default::default(),
@@ -1266,6 +1282,13 @@ impl Transaction {
             sb.dev_item = self.alloc.dev_item(d.devid).unwrap_or(sb.dev_item);
             supers.push((d.devid, Box::new(sb)));
         }
+        // The log trees of this transaction die with it: their blocks stay out of the
+        // allocator until this commit's superblocks (without a log root) are on disk.
+        for b in std::mem::take(&mut self.log_blocks) {
+            let n = u64::from(self.nodesize());
+            crate::space::allocator::pin_log_block(self, b, n);
+        }
+        self.log_changes.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.committing_pins = self.alloc.take_pinned();
         let generation = self.transid;
         self.transid = next;
@@ -1408,6 +1431,56 @@ impl Transaction {
         };
         ubtrfs_format::tree_checker::check_tree_block(buf, &ctx)
             .map_err(|e| Error::from(e).at("write time tree block corruption detected"))
+    }
+
+    /// Write the log trees' `blocks` (built, not yet sealed) to every copy and flush,
+    /// then every device's committed superblock with its log root at `root` (`level`),
+    /// and flush again (the kernel's `btrfs_sync_log`): after a crash the devices show
+    /// the last commit and, once the superblocks are down, the log to replay over it.
+    ///
+    /// # Errors
+    /// `Corrupt` for a block the write-time tree checker refuses; `Io` from the devices
+    /// (a superblock may then be half written: the caller aborts).
+    pub(crate) fn write_log(
+        &mut self,
+        blocks: &mut [(u64, Box<[u8]>)],
+        root: u64,
+        level: u8,
+    ) -> Result<()> {
+        for (b, buf) in blocks.iter_mut() {
+            self.seal_tree_block(*b, buf)?;
+        }
+        for (b, buf) in blocks.iter() {
+            crate::volumes::write_logical(
+                &self.info.chunk_map,
+                &self.info.devices,
+                *b,
+                buf,
+                crate::volumes::WriteKind::Metadata,
+            )?;
+        }
+        for d in self.info.devices.by_id.values() {
+            d.dev.flush()?;
+        }
+        let committed = self.info.super_copy().generation.get();
+        for d in self.info.devices.by_id.values() {
+            let mut warnings = Vec::new();
+            let mut sb = crate::disk_io::read_super(d.dev.as_ref(), &mut warnings)?;
+            if sb.generation.get() != committed {
+                return Err(Error::io(
+                    d.dev.name(),
+                    std::io::Error::other(format!(
+                        "its superblock is at generation {}, the filesystem at {committed}",
+                        sb.generation.get()
+                    )),
+                ));
+            }
+            sb.log_root = root.into();
+            sb.log_root_level = level;
+            write_super_mirrors(&self.info, d.dev.as_ref(), &sb)?;
+            d.dev.flush()?;
+        }
+        Ok(())
     }
 
     /// Seal and write block `bytenr` before its commit (writeback). Returns it as a clean
@@ -1555,17 +1628,7 @@ impl CommitIo {
         }
         for (devid, sb) in &self.supers {
             let d = info.devices.by_id.get(devid).expect("supers made from these devices");
-            let mut sb = **sb;
-            for mirror in 0..SUPER_MIRROR_MAX {
-                let off = sb_offset(mirror);
-                if off + SUPER_INFO_SIZE as u64 > d.dev.size() {
-                    break;
-                }
-                sb.bytenr = off.into();
-                let c = info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
-                sb.csum.copy_from_slice(&c);
-                d.dev.write_at(sb.as_bytes(), off)?;
-            }
+            write_super_mirrors(info, d.dev.as_ref(), sb)?;
             d.dev.flush()?;
         }
         Ok(())
@@ -1635,4 +1698,28 @@ impl Transaction {
         self.roots.insert(id, RootState { info, item: Some(item), item_offset: 0, dirty: true });
         Ok(info)
     }
+}
+
+/// Write `sb` to every superblock mirror that fits on `dev`, each with its own bytenr
+/// and checksum (not flushed).
+///
+/// # Errors
+/// `Io` from the writes.
+pub(crate) fn write_super_mirrors(
+    info: &FsInfo,
+    dev: &dyn crate::volumes::device::BlockDevice,
+    sb: &Superblock,
+) -> Result<()> {
+    let mut sb = *sb;
+    for mirror in 0..SUPER_MIRROR_MAX {
+        let off = sb_offset(mirror);
+        if off + SUPER_INFO_SIZE as u64 > dev.size() {
+            break;
+        }
+        sb.bytenr = off.into();
+        let c = info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
+        sb.csum.copy_from_slice(&c);
+        dev.write_at(sb.as_bytes(), off)?;
+    }
+    Ok(())
 }

@@ -861,6 +861,15 @@ impl Transaction {
             if let Some(f) = &self.file_extents_changed {
                 f(root_id, key.objectid, start, end);
             }
+            if self.track_log_changes {
+                let mut m = self.log_changes.lock().unwrap_or_else(|p| p.into_inner());
+                let v = m.entry((root_id, key.objectid)).or_default();
+                match v.last_mut() {
+                    // Sequential writes extend one range instead of adding one each.
+                    Some(l) if l.0 <= end && start <= l.1 => *l = (l.0.min(start), l.1.max(end)),
+                    _ => v.push((start, end)),
+                }
+            }
         }
     }
 

@@ -1,0 +1,436 @@
+//! fsync through the log tree, crashed at every flush point (`fault::FaultyDevice`).
+//!
+//! A seeded workload runs on the engine over a copy of a kernel-made fixture while the
+//! device records every write and flush: a few files made and committed, then random
+//! writes, appends, truncates (down and up), hole punches, xattr sets and removals on
+//! them, each followed now and then by an fsync of that file (through the log tree, or
+//! a commit where the log cannot hold it) or by a commit of everything. After every
+//! fsync and commit the model records the state (contents and xattrs) that is now
+//! durable. Then, for every flush point and superblock write of the run, the image a
+//! power loss there leaves (`CrashSweep`: unflushed writes dropped or kept, one
+//! possibly torn) is opened as a mount would open it (the log replayed) and every file
+//! must show the state of its last durability point that completed before the crash,
+//! or of the one in progress at the crash; ubtrfs's checker must find the replayed
+//! filesystem clean. On a sample of points, as root, the kernel does the same: `btrfs
+//! check --check-data-csum` of the image with its log is clean, and the kernel's mount
+//! replays the log and shows each file in an allowed state.
+//!
+//! `UBTRFS_LOG_CRASH_SEEDS=N` runs seeds 0..N instead of the CI's two.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use ubtrfs_core::data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+use ubtrfs_core::inode::attr::SetAttr;
+use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::tree_log::with_log_replayed;
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
+use ubtrfs_core::volumes::fault::{CrashSweep, FaultyDevice, OpKind, Rng};
+use ubtrfs_core::{Engine, FileRead, FsInfo, FsRead, FsWriter, OpenOptions};
+use ubtrfs_format::structs::{sb_offset, SUPER_INFO_SIZE, SUPER_MIRROR_MAX};
+
+const FIXTURE: &str = "blake2";
+const CACHE: usize = 16 << 20;
+const FILES: usize = 4;
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+struct FileState {
+    data: Vec<u8>,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// A point after which states are durable: ops `[start, end)` of the device did it.
+struct Event {
+    start: u64,
+    end: u64,
+    what: String,
+    /// (file, its durable state).
+    states: Vec<(usize, FileState)>,
+}
+
+struct Run {
+    base: Vec<u8>,
+    log: Vec<ubtrfs_core::volumes::fault::OpRecord>,
+    events: Vec<Event>,
+}
+
+fn name(f: usize) -> Vec<u8> {
+    format!("logf-{f}").into_bytes()
+}
+
+/// `lo..hi` random bytes.
+fn bytes(rng: &mut Rng, lo: u64, hi: u64) -> Vec<u8> {
+    let mut v = vec![0u8; rng.range(lo, hi) as usize];
+    rng.fill(&mut v);
+    v
+}
+
+/// The workload of `seed`, recorded.
+fn record(seed: u64, ops: usize) -> Run {
+    let base = std::fs::read(&common::fixture_images(FIXTURE)[0]).expect("fixture image");
+    let dev = Arc::new(FaultyDevice::new(base.clone(), "log-crash"));
+    let info =
+        FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], CACHE).expect("open");
+    let e = Engine::from_writer(FsWriter::from_info(info).expect("writer"));
+    let top = InodeId { root: 5, ino: 256 };
+    let mut rng = Rng::new(seed);
+    let mut ids = Vec::new();
+    let mut cur: Vec<FileState> = Vec::new();
+    for f in 0..FILES {
+        let id = e.create_file(top, &name(f), &InodeAttrs::new(0o100644), 0).expect("create");
+        let d = bytes(&mut rng, 0, 300_000);
+        e.buffered_write(id, 0, &d).expect("write");
+        ids.push(id);
+        cur.push(FileState { data: d, xattrs: BTreeMap::new() });
+    }
+    let mut events = Vec::new();
+    let mut durable = |start: u64, end: u64, what: String, states: Vec<(usize, FileState)>| {
+        events.push(Event { start, end, what, states });
+    };
+    let s = dev.op_count();
+    e.sync().expect("first commit");
+    durable(s, dev.op_count(), "commit 0".into(), cur.iter().cloned().enumerate().collect());
+    for step in 0..ops {
+        let f = rng.below(FILES as u64) as usize;
+        let id = ids[f];
+        let size = cur[f].data.len() as u64;
+        let trace = std::env::var_os("UBTRFS_LOG_CRASH_TRACE").is_some();
+        let op = rng.below(6);
+        if trace {
+            eprintln!("step {step}: file {f} op {op} size {size}");
+        }
+        match op {
+            0 | 1 => {
+                let off = rng.range(0, size + 8192);
+                let d = bytes(&mut rng, 1, 40_000);
+                e.buffered_write(id, off, &d).expect("pwrite");
+                if trace {
+                    eprintln!("  pwrite {off} +{}", d.len());
+                }
+                let m = &mut cur[f].data;
+                let end = off as usize + d.len();
+                if m.len() < end {
+                    m.resize(end, 0);
+                }
+                m[off as usize..end].copy_from_slice(&d);
+            }
+            2 => {
+                let d = bytes(&mut rng, 1, 20_000);
+                e.buffered_write(id, size, &d).expect("append");
+                cur[f].data.extend_from_slice(&d);
+            }
+            3 => {
+                let n = if rng.chance(1, 2) {
+                    rng.range(0, size + 1)
+                } else {
+                    size + rng.range(1, 50_000)
+                };
+                e.setattr(id, &SetAttr { size: Some(n), ..Default::default() }).expect("truncate");
+                if trace {
+                    eprintln!("  truncate {n}");
+                }
+                cur[f].data.resize(n as usize, 0);
+            }
+            4 if size > 0 => {
+                let off = rng.range(0, size);
+                let len = rng.range(1, 64 * 1024);
+                e.fallocate(id, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len)
+                    .expect("punch");
+                if trace {
+                    eprintln!("  punch {off} +{len}");
+                }
+                let end = (off + len).min(size) as usize;
+                cur[f].data[off as usize..end].fill(0);
+            }
+            _ => {
+                let k = format!("user.k{}", rng.below(3)).into_bytes();
+                if rng.chance(1, 3) && cur[f].xattrs.contains_key(&k) {
+                    e.removexattr(id, &k).expect("removexattr");
+                    cur[f].xattrs.remove(&k);
+                } else {
+                    let v = bytes(&mut rng, 1, 200);
+                    e.setxattr(id, &k, &v, 0, false).expect("setxattr");
+                    cur[f].xattrs.insert(k, v);
+                }
+            }
+        }
+        if rng.chance(1, 2) {
+            let g0 = e.committed().expect("committed").info.super_copy().generation.get();
+            let s = dev.op_count();
+            let g1 = e.fsync(id).expect("fsync");
+            if trace {
+                eprintln!("  fsync -> {}", if g1 > g0 { "commit" } else { "log" });
+            }
+            let what = format!("step {step}: fsync of {f}");
+            if g1 > g0 {
+                // The fsync committed (the log could not hold it): everything is durable.
+                durable(s, dev.op_count(), what, cur.iter().cloned().enumerate().collect());
+            } else {
+                durable(s, dev.op_count(), what, vec![(f, cur[f].clone())]);
+            }
+        } else if rng.chance(1, 12) {
+            let s = dev.op_count();
+            e.sync().expect("commit");
+            if trace {
+                eprintln!("  commit");
+            }
+            let what = format!("step {step}: commit");
+            durable(s, dev.op_count(), what, cur.iter().cloned().enumerate().collect());
+        }
+    }
+    drop(e);
+    Run { base, log: dev.log(), events }
+}
+
+/// The states each file may show after a crash before op `k`: its last durable state
+/// completed before `k`, and any in progress at `k`. None before the first commit.
+fn allowed(run: &Run, k: u64) -> Option<Vec<Vec<FileState>>> {
+    let mut out = vec![Vec::new(); FILES];
+    for (f, states) in out.iter_mut().enumerate() {
+        let mine = || {
+            run.events.iter().filter_map(|e| e.states.iter().find(|s| s.0 == f).map(|s| (e, &s.1)))
+        };
+        let (_, last) = mine().rfind(|(e, _)| e.end <= k)?;
+        states.push(last.clone());
+        for (_, s) in mine().filter(|(e, _)| e.start < k && k < e.end) {
+            states.push(s.clone());
+        }
+    }
+    Some(out)
+}
+
+/// Each file's state in `fs`.
+fn read_states(fs: &Filesystem) -> Result<Vec<FileState>, String> {
+    let top = fs.load_inode(fs.root_dir(), Load::ALL).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for f in 0..FILES {
+        let ent = top
+            .entries
+            .iter()
+            .find(|en| en.name == name(f))
+            .ok_or_else(|| format!("file {f} is missing"))?;
+        let v = fs.load_inode(ent.target, Load::ALL).map_err(|e| e.to_string())?;
+        if v.kind() != FileKind::File {
+            return Err(format!("file {f} is not a file"));
+        }
+        let mut data = vec![0u8; v.size() as usize];
+        let mut at = 0;
+        while at < data.len() {
+            let n =
+                fs.read_at(&v, at as u64, &mut data[at..]).map_err(|e| format!("file {f}: {e}"))?;
+            if n == 0 {
+                return Err(format!("file {f}: short read at {at} of {}", data.len()));
+            }
+            at += n;
+        }
+        let xattrs = v.xattrs.iter().map(|(k, val)| (k.clone(), val.clone())).collect();
+        out.push(FileState { data, xattrs });
+    }
+    Ok(out)
+}
+
+fn describe(s: &FileState) -> String {
+    format!(
+        "{} bytes, xattrs {:?}",
+        s.data.len(),
+        s.xattrs.keys().map(|k| String::from_utf8_lossy(k).into_owned()).collect::<Vec<_>>()
+    )
+}
+
+fn compare(got: &[FileState], allowed: &[Vec<FileState>], run: &Run, k: u64) -> Result<(), String> {
+    for f in 0..FILES {
+        if !allowed[f].contains(&got[f]) {
+            if std::env::var_os("UBTRFS_LOG_CRASH_TRACE").is_some() {
+                for a in &allowed[f] {
+                    let d: Vec<usize> = (0..a.data.len().min(got[f].data.len()))
+                        .filter(|&i| a.data[i] != got[f].data[i])
+                        .collect();
+                    eprintln!(
+                        "op {k} file {f}: differs from an allowed state at {:?}..{:?} ({} bytes)",
+                        d.first(),
+                        d.last(),
+                        d.len()
+                    );
+                }
+            }
+            let around: Vec<&str> = run
+                .events
+                .iter()
+                .filter(|e| e.start <= k + 50 && k <= e.end + 50)
+                .map(|e| e.what.as_str())
+                .collect();
+            return Err(format!(
+                "file {f}: {} is none of the allowed [{}] (events near: {around:?})",
+                describe(&got[f]),
+                allowed[f].iter().map(describe).collect::<Vec<_>>().join("; ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn is_super_write(r: &ubtrfs_core::volumes::fault::OpRecord) -> bool {
+    matches!(r.kind, OpKind::Write { offset, len }
+        if len == SUPER_INFO_SIZE as u64 && (0..SUPER_MIRROR_MAX).any(|m| sb_offset(m) == offset))
+}
+
+fn check_point(img: Vec<u8>, run: &Run, k: u64, allowed: &[Vec<FileState>]) -> Result<(), String> {
+    let dev = Arc::new(MemDevice::new(img, "crash"));
+    let info = FsInfo::open_devices(vec![dev as Arc<dyn BlockDevice>], CACHE)
+        .map_err(|e| e.to_string())?;
+    let info =
+        with_log_replayed(info, &OpenOptions::new("crash")).map_err(|e| format!("replay: {e}"))?;
+    let report =
+        ubtrfs_tools::check::check(&info, &Default::default()).map_err(|e| e.to_string())?;
+    if !report.is_clean() {
+        return Err(format!(
+            "ubtrfs check: {:?}",
+            report.findings.iter().take(5).map(|f| f.to_string()).collect::<Vec<_>>()
+        ));
+    }
+    let fs = Filesystem::from_info(info).map_err(|e| e.to_string())?;
+    compare(&read_states(&fs)?, allowed, run, k)
+}
+
+/// The kernel on the crash image: its check of the image with the log, then its
+/// mount, which replays the log.
+fn kernel_point(
+    img: &[u8],
+    tag: &str,
+    allowed: &[Vec<FileState>],
+    run: &Run,
+    k: u64,
+) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("ubtrfs-log-crash-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let path = dir.join("img");
+    std::fs::write(&path, img).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(&path)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || text.contains("ERROR") {
+        return Err(format!("btrfs check:\n{text}"));
+    }
+    let mnt = dir.join("m");
+    std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+    let st = std::process::Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&path)
+        .arg(&mnt)
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("the kernel did not mount the crash image".into());
+    }
+    let mut got = Vec::new();
+    let mut r = Ok(());
+    for f in 0..FILES {
+        let p = mnt.join(String::from_utf8(name(f)).expect("ascii"));
+        let data = std::fs::read(&p).map_err(|e| e.to_string());
+        let xattrs = xattr_list(&p);
+        match data {
+            Ok(data) => got.push(FileState { data, xattrs }),
+            Err(e) => {
+                r = Err(format!("kernel: file {f}: {e}"));
+                break;
+            }
+        }
+    }
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    let _ = std::fs::remove_dir_all(&dir);
+    r?;
+    compare(&got, allowed, run, k).map_err(|e| format!("kernel: {e}"))
+}
+
+/// The user.* xattrs of `p`, through getfattr-free syscalls.
+fn xattr_list(p: &std::path::Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    let mut names = vec![0u8; 4096];
+    // SAFETY: listxattr writes at most names.len() bytes into names.
+    let n = unsafe { libc::listxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    let mut out = BTreeMap::new();
+    if n <= 0 {
+        return out;
+    }
+    for nm in names[..n as usize].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let cn = std::ffi::CString::new(nm).expect("name");
+        let mut v = vec![0u8; 65536];
+        // SAFETY: getxattr writes at most v.len() bytes into v.
+        let l = unsafe { libc::getxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        if l >= 0 {
+            v.truncate(l as usize);
+            out.insert(nm.to_vec(), v);
+        }
+    }
+    out
+}
+
+fn sweep(seed: u64, ops: usize, kernel_samples: usize) -> Vec<String> {
+    let run = record(seed, ops);
+    let logged = run.events.iter().filter(|e| e.states.len() == 1).count();
+    eprintln!(
+        "seed {seed}: {} ops on the device, {} durability points ({logged} logged fsyncs)",
+        run.log.len(),
+        run.events.len()
+    );
+    assert!(logged > 0, "seed {seed}: no fsync went through the log");
+    let n = run.log.len() as u64;
+    let points: Vec<u64> = (1..=n)
+        .filter(|&k| {
+            k == n
+                || run.log[k as usize - 1].kind == OpKind::Flush
+                || is_super_write(&run.log[k as usize - 1])
+                || is_super_write(&run.log[k as usize])
+        })
+        .collect();
+    let kernel = common::kernel_available("log_crash (kernel replay of crash images)");
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let mut sample: Vec<u64> =
+        points.iter().copied().filter(|_| rng.chance(1, 8)).take(kernel_samples).collect();
+    sample.push(n);
+    let mut sweep = CrashSweep::new(run.base.clone(), run.log.clone(), 4096);
+    let mut fails = Vec::new();
+    let mut img = Vec::new();
+    let mut tested = 0;
+    for &k in &points {
+        let Some(allowed) = allowed(&run, k) else { continue };
+        let loss = sweep.image_at(k, seed ^ k, &mut img);
+        tested += 1;
+        if kernel && sample.contains(&k) {
+            if let Err(e) = kernel_point(&img, &format!("{seed}-{k}"), &allowed, &run, k) {
+                fails.push(format!("seed {seed} op {k}: {e}"));
+            }
+        }
+        if let Err(e) = check_point(std::mem::take(&mut img), &run, k, &allowed) {
+            fails.push(format!("seed {seed} op {k} ({loss:?}): {e}"));
+        }
+    }
+    eprintln!("seed {seed}: {tested} crash points checked, {} failures", fails.len());
+    fails
+}
+
+#[test]
+fn fsync_log_survives_a_crash_at_every_flush_point() {
+    let seeds: Vec<u64> = match std::env::var("UBTRFS_LOG_CRASH_SEEDS") {
+        Ok(v) => (0..v.parse::<u64>().expect("UBTRFS_LOG_CRASH_SEEDS=N")).collect(),
+        Err(_) => vec![1, 2],
+    };
+    let mut fails = Vec::new();
+    for s in seeds {
+        fails.extend(sweep(s, 40, 3));
+    }
+    assert!(
+        fails.is_empty(),
+        "{} failures:\n{}",
+        fails.len(),
+        fails.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+    );
+}
