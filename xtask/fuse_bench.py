@@ -21,6 +21,14 @@ Workloads (names for --only); each run gets a fresh image and mount, set-up unti
   walk       `find -type f | wc -l` and `du -s` of that tree after a remount.
   fsmark     fs_mark: 20,000 empty files in two threads (one directory each), no fsync.
   dbench     dbench with 4 clients for --dbench-secs seconds (throughput, MB/s).
+  fsyncrand  fio: 4 KiB random writes over a 64 MiB file, fsync after each (2048 fsyncs).
+  sqlitewal  SQLite: 2000 single-row INSERT transactions, journal_mode=WAL, synchronous=FULL.
+  sqliterollback  the same with journal_mode=DELETE (a rollback journal per transaction).
+  dbenchsync dbench -s (every file opened O_SYNC), 4 clients (throughput, MB/s).
+
+For the fsync workloads the table also gives the bytes written per fsync or transaction:
+the loop device's written sectors for the kernel, the daemon's write(2) bytes (/proc
+PID/io wchar) for ubtrfs, during the timed body.
 
 Timed: the workload, then the unmount (for the FUSE targets, until the daemon exits),
 so every figure is the time until the data is on the image, whatever each target defers.
@@ -36,7 +44,8 @@ Usage (root):  cargo build --release -p ubtrfs
                    [--targets kernel,ubtrfs] [--workdir /var/tmp/ufb (short: fs_mark overflows on long paths)]
                    [--binary target/release/ubtrfs] [--dbench-secs 20] [--mount-opts OPTS]
 
-Needs fio, fs_mark, dbench, bindfs, fuse2fs, mkfs.btrfs, mkfs.ext4, tar, fusermount3.
+Needs fio, fs_mark, dbench, bindfs, fuse2fs, mkfs.btrfs, mkfs.ext4, tar, fusermount3
+(and Python's sqlite3 module).
 Stdlib only. Prints a table; paste it into docs/benchmarks.md with the command.
 """
 
@@ -44,6 +53,7 @@ import argparse
 import os
 import re
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -233,7 +243,52 @@ def w_dbench(args):
     return None, body
 
 
-WORKLOADS = ["seqwrite", "seqread", "randwrite", "randread", "untar", "walk", "fsmark", "dbench"]
+def w_fsyncrand():
+    def prep(t):
+        fio(t.mnt, "fs", "--rw=write", "--bs=1M", "--size=64M", "--end_fsync=1")
+
+    return prep, lambda t: fio(t.mnt, "fs", "--rw=randwrite", "--bs=4k", "--size=64M", "--io_size=8M", "--fsync=1", "--randrepeat=1")
+
+
+def w_sqlite(mode):
+    def db(t):
+        return os.path.join(t.mnt, "bench.sqlite")
+
+    def prep(t):
+        c = sqlite3.connect(db(t), isolation_level=None)
+        c.execute(f"PRAGMA journal_mode={mode}")
+        c.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        c.close()
+
+    def body(t):
+        c = sqlite3.connect(db(t), isolation_level=None)
+        c.execute(f"PRAGMA journal_mode={mode}")
+        c.execute("PRAGMA synchronous=FULL")
+        for i in range(SQLITE_TXNS):
+            c.execute("INSERT INTO t (v) VALUES (?)", (f"row {i} " + "x" * 100,))
+        c.close()
+
+    return prep, body
+
+
+def w_dbenchsync(args):
+    def body(t):
+        out = subprocess.run(["dbench", "-s", "-D", t.mnt, "-t", str(args.dbench_secs), "4"], check=True, capture_output=True, text=True).stdout
+        m = re.search(r"Throughput ([0-9.]+) MB/sec", out)
+        if not m:
+            raise RuntimeError(f"dbench printed no throughput:\n{out[-2000:]}")
+        t.last_throughput = float(m.group(1))
+
+    return None, body
+
+
+SQLITE_TXNS = 2000
+# Durability points per run of the fsync workloads (for the bytes written per point).
+FSYNC_POINTS = {"fsyncrand": 2048, "sqlitewal": SQLITE_TXNS, "sqliterollback": SQLITE_TXNS}
+THROUGHPUT = ("dbench", "dbenchsync")
+
+WORKLOADS = ["seqwrite", "seqread", "randwrite", "randread", "untar", "walk", "fsmark", "dbench",
+             "fsyncrand", "sqlitewal", "sqliterollback", "dbenchsync"]
 
 
 def workload(name, args):
@@ -246,7 +301,30 @@ def workload(name, args):
         "walk": lambda: w_walk(args),
         "fsmark": w_fsmark,
         "dbench": lambda: w_dbench(args),
+        "fsyncrand": w_fsyncrand,
+        "sqlitewal": lambda: w_sqlite("WAL"),
+        "sqliterollback": lambda: w_sqlite("DELETE"),
+        "dbenchsync": lambda: w_dbenchsync(args),
     }[name]()
+
+
+def written_bytes(t):
+    """Bytes the target has written so far: the loop device's for the kernel, the
+    daemon's write(2) bytes for ubtrfs; None for the others."""
+    try:
+        if t.name == "kernel":
+            out = subprocess.run(["losetup", "-j", t.img], capture_output=True, text=True).stdout
+            dev = os.path.basename(out.split(":")[0])
+            with open(f"/sys/block/{dev}/stat") as f:
+                return int(f.read().split()[6]) * 512
+        if t.name == "ubtrfs" and t.proc:
+            with open(f"/proc/{t.proc.pid}/io") as f:
+                for line in f:
+                    if line.startswith("wchar:"):
+                        return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_image(t, what):
@@ -263,8 +341,11 @@ def one_run(t, name, args, checked):
         if prep:
             prep(t)
         drop_caches()
+        w0 = written_bytes(t)
         start = time.monotonic()
         body(t)
+        w1 = written_bytes(t)
+        t.last_written = (w1 - w0) if w0 is not None and w1 is not None else None
         t.unmount()
         dt = time.monotonic() - start
     except BaseException:
@@ -275,7 +356,7 @@ def one_run(t, name, args, checked):
         raise
     if t.name == "ubtrfs" and not checked:
         check_image(t, name)
-    return getattr(t, "last_throughput", None) if name == "dbench" else dt
+    return getattr(t, "last_throughput", None) if name in THROUGHPUT else dt
 
 
 def main():
@@ -303,6 +384,7 @@ def main():
     targets = [Target(n, args, args.workdir) for n in tnames]
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, binary {args.binary}", flush=True)
     results = {}
+    written = {}
     for w in names:
         checked = False
         for r in range(args.runs):
@@ -310,20 +392,29 @@ def main():
                 v = one_run(t, w, args, checked)
                 checked = checked or t.name == "ubtrfs"
                 results.setdefault((w, t.name), []).append(v)
-                print(f"{w:10} run {r + 1} {t.name:8} {v:8.2f}{' MB/s' if w == 'dbench' else ' s'}", flush=True)
+                if w in FSYNC_POINTS and getattr(t, "last_written", None) is not None:
+                    written.setdefault((w, t.name), []).append(t.last_written / FSYNC_POINTS[w])
+                print(f"{w:10} run {r + 1} {t.name:8} {v:8.2f}{' MB/s' if w in THROUGHPUT else ' s'}", flush=True)
     print()
     print("| workload | " + " | ".join(f"{t} (median)" for t in tnames) + " | " + " | ".join(f"kernel/{t}" for t in tnames if t != "kernel") + " |")
     print("|---|" + "---:|" * (2 * len(tnames) - 1))
     for w in names:
         med = {t: statistics.median(results[(w, t)]) for t in tnames}
-        unit = " MB/s" if w == "dbench" else " s"
+        unit = " MB/s" if w in THROUGHPUT else " s"
         cells = [f"{med[t]:.2f}{unit}" for t in tnames]
         ratios = []
         for t in tnames:
             if t == "kernel" or "kernel" not in med:
                 continue
-            ratios.append(f"{(med[t] / med['kernel']) if w == 'dbench' else (med['kernel'] / med[t]):.2f}")
+            ratios.append(f"{(med[t] / med['kernel']) if w in THROUGHPUT else (med['kernel'] / med[t]):.2f}")
         print(f"| {w} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    if written:
+        print("\n| bytes written per fsync/transaction (median) | " + " | ".join(t for t in tnames if any(k[1] == t for k in written)) + " |")
+        wt = [t for t in tnames if any(k[1] == t for k in written)]
+        print("|---|" + "---:|" * len(wt))
+        for w in names:
+            if w in FSYNC_POINTS:
+                print(f"| {w} | " + " | ".join(f"{statistics.median(written[(w, t)]) / 1024:.1f} KiB" if (w, t) in written else "-" for t in wt) + " |")
     for t in targets:
         if t.name == "ubtrfs":
             print(f"\nubtrfs daemon peak RSS over all runs: {t.peak_rss_kib / 1024:.1f} MiB")
