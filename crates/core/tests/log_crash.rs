@@ -33,7 +33,6 @@ use ubtrfs_format::structs::{sb_offset, SUPER_INFO_SIZE, SUPER_MIRROR_MAX};
 
 const FIXTURE: &str = "blake2";
 const CACHE: usize = 16 << 20;
-const FILES: usize = 4;
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 struct FileState {
@@ -51,6 +50,7 @@ struct Event {
 }
 
 struct Run {
+    files: usize,
     base: Vec<u8>,
     log: Vec<ubtrfs_core::volumes::fault::OpRecord>,
     events: Vec<Event>,
@@ -68,7 +68,7 @@ fn bytes(rng: &mut Rng, lo: u64, hi: u64) -> Vec<u8> {
 }
 
 /// The workload of `seed`, recorded.
-fn record(seed: u64, ops: usize) -> Run {
+fn record(seed: u64, ops: usize, files: usize) -> Run {
     let base = std::fs::read(&common::fixture_images(FIXTURE)[0]).expect("fixture image");
     let dev = Arc::new(FaultyDevice::new(base.clone(), "log-crash"));
     let info =
@@ -78,7 +78,7 @@ fn record(seed: u64, ops: usize) -> Run {
     let mut rng = Rng::new(seed);
     let mut ids = Vec::new();
     let mut cur: Vec<FileState> = Vec::new();
-    for f in 0..FILES {
+    for f in 0..files {
         let id = e.create_file(top, &name(f), &InodeAttrs::new(0o100644), 0).expect("create");
         let d = bytes(&mut rng, 0, 300_000);
         e.buffered_write(id, 0, &d).expect("write");
@@ -93,7 +93,7 @@ fn record(seed: u64, ops: usize) -> Run {
     e.sync().expect("first commit");
     durable(s, dev.op_count(), "commit 0".into(), cur.iter().cloned().enumerate().collect());
     for step in 0..ops {
-        let f = rng.below(FILES as u64) as usize;
+        let f = rng.below(files as u64) as usize;
         let id = ids[f];
         let size = cur[f].data.len() as u64;
         let trace = std::env::var_os("UBTRFS_LOG_CRASH_TRACE").is_some();
@@ -181,13 +181,13 @@ fn record(seed: u64, ops: usize) -> Run {
         }
     }
     drop(e);
-    Run { base, log: dev.log(), events }
+    Run { files, base, log: dev.log(), events }
 }
 
 /// The states each file may show after a crash before op `k`: its last durable state
 /// completed before `k`, and any in progress at `k`. None before the first commit.
 fn allowed(run: &Run, k: u64) -> Option<Vec<Vec<FileState>>> {
-    let mut out = vec![Vec::new(); FILES];
+    let mut out = vec![Vec::new(); run.files];
     for (f, states) in out.iter_mut().enumerate() {
         let mine = || {
             run.events.iter().filter_map(|e| e.states.iter().find(|s| s.0 == f).map(|s| (e, &s.1)))
@@ -202,10 +202,10 @@ fn allowed(run: &Run, k: u64) -> Option<Vec<Vec<FileState>>> {
 }
 
 /// Each file's state in `fs`.
-fn read_states(fs: &Filesystem) -> Result<Vec<FileState>, String> {
+fn read_states(fs: &Filesystem, files: usize) -> Result<Vec<FileState>, String> {
     let top = fs.load_inode(fs.root_dir(), Load::ALL).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for f in 0..FILES {
+    for f in 0..files {
         let ent = top
             .entries
             .iter()
@@ -240,7 +240,7 @@ fn describe(s: &FileState) -> String {
 }
 
 fn compare(got: &[FileState], allowed: &[Vec<FileState>], run: &Run, k: u64) -> Result<(), String> {
-    for f in 0..FILES {
+    for f in 0..run.files {
         if !allowed[f].contains(&got[f]) {
             if std::env::var_os("UBTRFS_LOG_CRASH_TRACE").is_some() {
                 for a in &allowed[f] {
@@ -291,7 +291,7 @@ fn check_point(img: Vec<u8>, run: &Run, k: u64, allowed: &[Vec<FileState>]) -> R
         ));
     }
     let fs = Filesystem::from_info(info).map_err(|e| e.to_string())?;
-    compare(&read_states(&fs)?, allowed, run, k)
+    compare(&read_states(&fs, run.files)?, allowed, run, k)
 }
 
 /// The kernel on the crash image: its check of the image with the log, then its
@@ -331,7 +331,7 @@ fn kernel_point(
     }
     let mut got = Vec::new();
     let mut r = Ok(());
-    for f in 0..FILES {
+    for f in 0..run.files {
         let p = mnt.join(String::from_utf8(name(f)).expect("ascii"));
         let data = std::fs::read(&p).map_err(|e| e.to_string());
         let xattrs = xattr_list(&p);
@@ -373,8 +373,8 @@ fn xattr_list(p: &std::path::Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     out
 }
 
-fn sweep(seed: u64, ops: usize, kernel_samples: usize) -> Vec<String> {
-    let run = record(seed, ops);
+fn sweep(seed: u64, ops: usize, files: usize, kernel_samples: usize) -> Vec<String> {
+    let run = record(seed, ops, files);
     let logged = run.events.iter().filter(|e| e.states.len() == 1).count();
     eprintln!(
         "seed {seed}: {} ops on the device, {} durability points ({logged} logged fsyncs)",
@@ -425,8 +425,11 @@ fn fsync_log_survives_a_crash_at_every_flush_point() {
     };
     let mut fails = Vec::new();
     for s in seeds {
-        fails.extend(sweep(s, 40, 3));
+        fails.extend(sweep(s, 40, 4, 3));
     }
+    // A bigger log: more files and operations, so log trees of several leaves and a
+    // node, cut and reused across syncs.
+    fails.extend(sweep(100, 150, 24, 2));
     assert!(
         fails.is_empty(),
         "{} failures:\n{}",

@@ -27,7 +27,7 @@ use crate::error::{PosixKind, Result};
 use crate::inode::filesystem::{Filesystem, InodeId};
 use crate::inode::writer::FsWriter;
 use crate::tree::search::TreeView;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use ubtrfs_format::items;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{NodeMut, HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
@@ -55,6 +55,35 @@ pub struct LogState {
     transid: u64,
     /// Per subvolume: its log tree's items.
     trees: BTreeMap<u64, LogItems>,
+    /// The blocks of the last synced log, by a 128-bit hash of their content (level,
+    /// items or pointers).
+    written: HashMap<u128, u64>,
+    /// Blocks of logs before the last synced one: free for the next sync.
+    pool: Vec<u64>,
+}
+
+/// The blocks of one sync.
+struct SyncBlocks<'a> {
+    /// The last sync's blocks, by content hash.
+    prev: &'a HashMap<u128, u64>,
+    /// Free blocks of older logs.
+    pool: &'a mut Vec<u64>,
+    /// Built blocks to write.
+    write: Vec<(u64, Box<[u8]>)>,
+    /// Every block of this sync's log, by content hash.
+    used: HashMap<u128, u64>,
+    /// Blocks taken from the allocator by this sync.
+    fresh: Vec<u64>,
+}
+
+/// Whether a leaf or node may end before the item or child with key `k`: about one
+/// key in eight, chosen by the key, so the cuts stay where they were when items come
+/// and go elsewhere.
+fn cut_before(k: &Key) -> bool {
+    let h = k.objectid.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ u64::from(k.type_).wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+        ^ k.offset.wrapping_mul(0x1656_67b1_9e37_79f9);
+    (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 61 == 0
 }
 
 #[derive(Default)]
@@ -68,8 +97,48 @@ struct LogItems {
 /// A live file extent item: (key offset, start, end, item).
 type LiveItem = (u64, u64, u64, Vec<u8>);
 
-/// A tree's items in key order.
-type Items = Vec<(Key, Vec<u8>)>;
+/// The last commit, for what it already holds.
+struct CommittedView {
+    fs: Filesystem,
+    csum_root: crate::tree::search::RootInfo,
+    sectorsize: u64,
+    csum_size: u64,
+}
+
+impl CommittedView {
+    /// Whether the committed csum tree has a checksum for every sector of data
+    /// `[start, start + len)`: then they are the data's (extents are written once;
+    /// NOCOW rewrites in place have none), and the log need not carry them. A split of
+    /// an older extent needs none; data written into a preallocated extent does.
+    fn has_csums(&self, start: u64, len: u64) -> Result<bool> {
+        let end = start + len;
+        let first = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, start);
+        let mut items = Vec::new();
+        if let Some(i) = self.fs.search_le(&self.csum_root, &first)? {
+            let k = i.key();
+            if k.objectid == EXTENT_CSUM_OBJECTID && k.type_ == EXTENT_CSUM_KEY && k.offset < start
+            {
+                items.push((k, i.data().len() as u64));
+            }
+        }
+        let last = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, end - 1);
+        for i in self.fs.items_in_range(&self.csum_root, &first, &last)? {
+            items.push((i.key(), i.data().len() as u64));
+        }
+        let mut at = start;
+        for (k, n) in items {
+            let ie = k.offset + n / self.csum_size * self.sectorsize;
+            if k.offset > at {
+                return Ok(false);
+            }
+            at = at.max(ie);
+        }
+        Ok(at >= end)
+    }
+}
+
+/// A tree's items in key order, borrowed.
+type ItemRefs<'a> = Vec<(Key, &'a [u8])>;
 
 /// `[start, end)` byte ranges, sorted and merged.
 fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
@@ -83,6 +152,46 @@ fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+/// The parts of `[s, e)` outside `ranges` (sorted, merged).
+fn subtract(s: u64, e: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = s;
+    for &(rs, re) in ranges.iter().filter(|r| r.0 < e && s < r.1) {
+        if rs > at {
+            out.push((at, rs));
+        }
+        at = at.max(re);
+    }
+    if at < e {
+        out.push((at, e));
+    }
+    out
+}
+
+/// The parts of `[s, e)` inside `ranges` (sorted, merged).
+fn intersect(s: u64, e: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    ranges.iter().filter(|r| r.0 < e && s < r.1).map(|r| (r.0.max(s), r.1.min(e))).collect()
+}
+
+fn is_inline(d: &[u8]) -> bool {
+    matches!(items::file_extent(d), Ok(items::FileExtent::Inline { .. }))
+}
+
+/// File extent item `d`, which covers the file from `start`, cut to `[ps, pe)` (a
+/// reference to the same extent further in, or a shorter hole); an inline item whole.
+fn trimmed(d: &[u8], start: u64, ps: u64, pe: u64) -> Vec<u8> {
+    let mut v = d.to_vec();
+    if let Some((h, b)) = items::file_extent_reg_mut(&mut v) {
+        let hole = b.disk_bytenr.get() == 0;
+        b.offset = (b.offset.get() + (ps - start)).into();
+        b.num_bytes = (pe - ps).into();
+        if hole {
+            h.ram_bytes = (pe - ps).into();
+        }
+    }
+    v
 }
 
 fn overlaps(ranges: &[(u64, u64)], s: u64, e: u64) -> bool {
@@ -173,7 +282,7 @@ impl FsWriter {
             return Ok(Commit("the file's names changed in this transaction"));
         }
         if self.log.transid != self.transid {
-            self.log = LogState { transid: self.transid, trees: BTreeMap::new() };
+            self.log = LogState { transid: self.transid, ..Default::default() };
         }
         // Nothing to log: the file is as the last commit left it, or as the log has it
         // (the kernel's skip of an inode not changed since it was logged).
@@ -186,14 +295,27 @@ impl FsWriter {
             }
         }
         let mut tree = self.log.trees.remove(&root).unwrap_or_default();
-        let r = self.log_items(id, &item, &mut tree);
+        let (csum_root, _) = committed.read_root(CSUM_TREE_OBJECTID)?;
+        let committed = CommittedView {
+            fs: committed,
+            csum_root,
+            sectorsize: u64::from(self.sectorsize()),
+            csum_size: self.info.csum_type.size() as u64,
+        };
+        let r = self.log_items(id, &item, &mut tree, &committed);
         self.log.trees.insert(root, tree);
         r?;
         self.sync_log()
     }
 
     /// Copy the items of file `id` (item `item`) into `tree`.
-    fn log_items(&mut self, id: InodeId, item: &InodeItem, tree: &mut LogItems) -> Result<()> {
+    fn log_items(
+        &mut self,
+        id: InodeId,
+        item: &InodeItem,
+        tree: &mut LogItems,
+        committed: &CommittedView,
+    ) -> Result<()> {
         let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
         // The inode item, names and xattrs, as they are now: replay deletes the xattrs
@@ -227,6 +349,9 @@ impl FsWriter {
                 .insert((root, ino), merge(beyond));
         }
         let mut cover = merge(changed.into_iter().map(|(s, e)| (s, e.min(eof))).collect());
+        if cover.is_empty() {
+            return Ok(());
+        }
         let old_ext = |tree: &LogItems| -> Vec<(Key, u64, u64)> {
             tree.items
                 .range(Key::new(ino, EXTENT_DATA_KEY, 0)..=Key::new(ino, EXTENT_DATA_KEY, u64::MAX))
@@ -236,75 +361,78 @@ impl FsWriter {
                 })
                 .collect()
         };
-        // Grow the cover until it holds whole items, old (logged before) and live.
+        // Items are logged clipped to the cover (replay's drop of the range splits the
+        // committed items around them, as the writes did); an inline extent cannot be
+        // cut, so the cover takes it whole.
         let live = loop {
             let before = cover.clone();
-            for (_, s, e) in old_ext(tree) {
-                if overlaps(&cover, s, e) {
+            for (k, s, e) in old_ext(tree) {
+                if overlaps(&cover, s, e) && is_inline(&tree.items[&k]) {
                     cover.push((s, e));
                 }
             }
             cover = merge(cover);
             let live = self.live_extent_items(root, ino, &cover, ss)?;
-            for (_, s, e, _) in &live {
-                cover.push((*s, *e));
+            for (_, s, e, d) in &live {
+                if is_inline(d) {
+                    cover.push((*s, *e));
+                }
             }
             cover = merge(cover);
             if cover == before {
                 break live;
             }
         };
-        if cover.is_empty() {
-            return Ok(());
-        }
+        // What the log had over the cover goes; its parts outside stay.
         for (k, s, e) in old_ext(tree) {
             if overlaps(&cover, s, e) {
-                tree.items.remove(&k);
+                let d = tree.items.remove(&k).expect("listed");
+                for (ps, pe) in subtract(s, e, &cover) {
+                    tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, ps), trimmed(&d, s, ps, pe));
+                }
             }
         }
         let no_holes =
             self.sb.incompat_flags.get() & ubtrfs_format::features::INCOMPAT_NO_HOLES != 0;
         let transid = self.transid;
         let mut covered: Vec<(u64, u64)> = Vec::new();
-        for (off, s, e, d) in live {
-            covered.push((s, e));
-            if let Ok(items::FileExtent::Regular {
-                generation,
-                disk_bytenr,
-                disk_num_bytes,
-                offset,
-                num_bytes,
-                compression,
-                ..
-            }) = items::file_extent(&d)
-            {
-                if disk_bytenr != 0 && generation == transid {
-                    let (cs, len) = if compression != 0 {
-                        (disk_bytenr, disk_num_bytes)
-                    } else {
-                        (disk_bytenr + offset, num_bytes)
-                    };
-                    self.log_csums(tree, cs, len)?;
+        for (_, s, e, d) in live {
+            for (ps, pe) in intersect(s, e, &cover) {
+                covered.push((ps, pe));
+                let piece = trimmed(&d, s, ps, pe);
+                if let Ok(items::FileExtent::Regular {
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset,
+                    num_bytes,
+                    compression,
+                    ..
+                }) = items::file_extent(&piece)
+                {
+                    // The checksums of data this transaction wrote; older data's are
+                    // committed.
+                    if disk_bytenr != 0 {
+                        let (cs, len) = if compression != 0 {
+                            (disk_bytenr, disk_num_bytes)
+                        } else {
+                            (disk_bytenr + offset, num_bytes)
+                        };
+                        if !committed.has_csums(cs, len)? {
+                            self.log_csums(tree, cs, len)?;
+                        }
+                    }
                 }
+                tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, ps), piece);
             }
-            tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, off), d);
         }
         // What no live item covers is a hole: a hole item makes replay drop what the
         // committed file has there.
         if no_holes {
             let covered = merge(covered);
             for &(s, e) in &cover {
-                let mut at = s;
-                for &(cs, ce) in covered.iter().filter(|r| r.0 < e && s < r.1) {
-                    if cs > at {
-                        let hole = crate::inode::write::reg_extent_item(transid, 0, cs - at);
-                        tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, at), hole);
-                    }
-                    at = at.max(ce);
-                }
-                if at < e {
-                    let hole = crate::inode::write::reg_extent_item(transid, 0, e - at);
-                    tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, at), hole);
+                for (hs, he) in subtract(s, e, &covered) {
+                    let hole = crate::inode::write::reg_extent_item(transid, 0, he - hs);
+                    tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, hs), hole);
                 }
             }
         }
@@ -409,76 +537,98 @@ impl FsWriter {
         Ok(())
     }
 
-    /// Write every log tree of the transaction and the log root tree to new blocks,
-    /// then the superblocks that point at them (`btrfs_sync_log`).
+    /// Write every log tree of the transaction and the log root tree, then the
+    /// superblocks that point at them (`btrfs_sync_log`). A block whose content the
+    /// last sync wrote already is not written again: the trees are cut into leaves at
+    /// points their keys choose (`cut_before`), so a change moves only the leaves it
+    /// touches and the nodes above them, and blocks are known by a 128-bit hash of their
+    /// content. A block that the last sync's log used and this one does not is free for
+    /// the next sync (never for this one: until this sync's superblocks are down, a
+    /// crash replays the last log), so the log keeps rewriting a few host blocks
+    /// instead of spreading over new ones.
     fn sync_log(&mut self) -> Result<LogOutcome> {
-        let ns = self.nodesize() as usize;
+        let mut log = std::mem::take(&mut self.log);
+        let r = self.sync_log_of(&mut log);
+        self.log = log;
+        r
+    }
+
+    fn sync_log_of(&mut self, log: &mut LogState) -> Result<LogOutcome> {
         let transid = self.transid;
-        let leaf_room = ns - HEADER_SIZE;
-        let csum_room =
-            (leaf_room - ITEM_SIZE) / self.info.csum_type.size() * self.info.csum_type.size();
-        // Each log tree's items in key order, then the log root tree's.
-        let mut trees: Vec<(u64, Items)> = Vec::new();
-        for (&subvol, t) in &self.log.trees {
-            let mut v: Vec<(Key, Vec<u8>)> = t.items.iter().map(|(k, d)| (*k, d.clone())).collect();
+        let leaf_room = self.nodesize() as usize - HEADER_SIZE;
+        let per = self.info.csum_type.size();
+        let csum_room = (leaf_room - ITEM_SIZE) / per * per;
+        let ss = u64::from(self.sectorsize());
+        // Each log tree's items in key order (borrowed), then the log root tree's.
+        let mut trees: Vec<(u64, ItemRefs<'_>)> = Vec::new();
+        for (&subvol, t) in &log.trees {
+            let mut v: Vec<(Key, &[u8])> = t.items.iter().map(|(k, d)| (*k, &d[..])).collect();
             for (&s, c) in &t.csums {
-                let ss = u64::from(self.sectorsize());
-                let per = self.info.csum_type.size();
                 for (i, chunk) in c.chunks(csum_room).enumerate() {
                     let at = s + (i * csum_room / per) as u64 * ss;
-                    v.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, at), chunk.to_vec()));
+                    v.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, at), chunk));
                 }
             }
             if !v.is_empty() {
                 trees.push((subvol, v));
             }
         }
-        let need: usize =
-            trees.iter().map(|(_, v)| blocks_for(v, leaf_room, ns)).sum::<usize>() + 1;
-        if self.log_blocks.len() + need > MAX_LOG_BLOCKS {
-            return Ok(LogOutcome::Commit("the log trees of this transaction are full"));
-        }
-        let mut blocks: Vec<(u64, Box<[u8]>)> = Vec::new();
+        let mut out = SyncBlocks {
+            prev: &log.written,
+            pool: &mut log.pool,
+            write: Vec::new(),
+            used: HashMap::new(),
+            fresh: Vec::new(),
+        };
         let mut root_items: Vec<(Key, Vec<u8>)> = Vec::new();
         let r = (|| -> Result<(u64, u8)> {
             for (subvol, v) in &trees {
-                let (bytenr, level) = self.build_tree(v, &mut blocks)?;
+                let (bytenr, level) = self.build_tree(v, &mut out)?;
                 let mut ri = RootItem::new_zeroed();
                 ri.generation = transid.into();
                 ri.generation_v2 = transid.into();
                 ri.bytenr = bytenr.into();
                 ri.level = level;
-                ri.refs = 0.into();
                 root_items.push((
                     Key::new(TREE_LOG_OBJECTID, ROOT_ITEM_KEY, *subvol),
                     ri.as_bytes().to_vec(),
                 ));
             }
-            self.build_tree(&root_items, &mut blocks)
+            let refs: Vec<(Key, &[u8])> = root_items.iter().map(|(k, d)| (*k, &d[..])).collect();
+            self.build_tree(&refs, &mut out)
         })();
         // Blocks taken stay the log's until the commit, whatever happens next.
-        self.log_blocks.extend(blocks.iter().map(|(b, _)| *b));
+        self.log_blocks.extend(out.fresh.iter().copied());
         let (root, level) = r?;
         if !self.pending_chunks.is_empty() {
             // The allocation made a block group: the log cannot use it.
             return Ok(LogOutcome::Commit("the log's blocks needed a new block group"));
         }
-        if let Err(e) = self.write_log(&mut blocks, root, level) {
+        if self.log_blocks.len() > MAX_LOG_BLOCKS {
+            return Ok(LogOutcome::Commit("the log trees of this transaction are full"));
+        }
+        if let Err(e) = self.write_log(&mut out.write, root, level) {
             self.abort("log sync", &e);
             return Err(e);
         }
+        // The last sync's blocks this log does not use are free for the next sync.
+        let used = std::mem::take(&mut out.used);
+        drop(out);
+        let now: std::collections::HashSet<u64> = used.values().copied().collect();
+        let old = std::mem::replace(&mut log.written, used);
+        log.pool.extend(old.into_values().filter(|b| !now.contains(b)));
         Ok(LogOutcome::Synced)
     }
 
-    /// Pack `items` (in key order) into leaves and nodes of new blocks appended to
-    /// `blocks`; returns the root's (bytenr, level).
+    /// Pack `items` (in key order) into leaves and nodes; a block the last sync wrote
+    /// with the same content is used again, the others are built and queued in `out`.
+    /// Returns the root's (bytenr, level).
     fn build_tree(
         &mut self,
-        items: &[(Key, Vec<u8>)],
-        blocks: &mut Vec<(u64, Box<[u8]>)>,
+        items: &[(Key, &[u8])],
+        out: &mut SyncBlocks<'_>,
     ) -> Result<(u64, u8)> {
-        let ns = self.nodesize() as usize;
-        let room = ns - HEADER_SIZE;
+        let room = self.nodesize() as usize - HEADER_SIZE;
         // (first key, bytenr) of each block of the level being built.
         let mut level_blocks: Vec<(Key, u64)> = Vec::new();
         let mut i = 0;
@@ -486,6 +636,9 @@ impl FsWriter {
             let start = i;
             let mut used = 0;
             while i < items.len() && used + ITEM_SIZE + items[i].1.len() <= room {
+                if i > start && used >= room / 2 && cut_before(&items[i].0) {
+                    break;
+                }
                 used += ITEM_SIZE + items[i].1.len();
                 i += 1;
             }
@@ -494,10 +647,15 @@ impl FsWriter {
                 "log item {} too big for a leaf",
                 items[start].0
             );
-            let b = self.alloc_log_block()?;
-            let mut buf = self.log_block(b, 0);
-            {
-                let mut m = NodeMut::new(&mut buf);
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            h.update(&[0]);
+            for (k, d) in &items[start..i] {
+                h.update(k.to_disk().as_bytes());
+                h.update(&(d.len() as u32).to_le_bytes());
+                h.update(d);
+            }
+            let b = self.place_block(h.digest128(), 0, out, |buf| {
+                let mut m = NodeMut::new(buf);
                 let mut data_end = room;
                 for (slot, (k, d)) in items[start..i].iter().enumerate() {
                     data_end -= d.len();
@@ -507,41 +665,86 @@ impl FsWriter {
                     it.size = (d.len() as u32).into();
                 }
                 m.set_nritems(i - start);
-            }
-            let mut data_end = room;
-            for (_, d) in &items[start..i] {
-                data_end -= d.len();
-                let at = HEADER_SIZE + data_end;
-                buf[at..at + d.len()].copy_from_slice(d);
-            }
+                let mut data_end = room;
+                for (_, d) in &items[start..i] {
+                    data_end -= d.len();
+                    let at = HEADER_SIZE + data_end;
+                    buf[at..at + d.len()].copy_from_slice(d);
+                }
+            })?;
             let first = items.get(start).map_or(Key::new(0, 0, 0), |(k, _)| *k);
             level_blocks.push((first, b));
-            blocks.push((b, buf));
             if i >= items.len() {
                 break;
             }
         }
-        let per = (ns - HEADER_SIZE) / KEY_PTR_SIZE;
+        let per = (self.nodesize() as usize - HEADER_SIZE) / KEY_PTR_SIZE;
         let mut level = 0u8;
         while level_blocks.len() > 1 {
             level += 1;
             let mut up = Vec::new();
-            for chunk in level_blocks.chunks(per) {
-                let b = self.alloc_log_block()?;
-                let mut buf = self.log_block(b, level);
+            let transid = self.transid;
+            let mut start = 0;
+            while start < level_blocks.len() {
+                // Nodes are cut by their first keys too, at most `per` pointers.
+                let mut end = start + 1;
+                while end < level_blocks.len()
+                    && end - start < per
+                    && !(end - start >= per / 2 && cut_before(&level_blocks[end].0))
                 {
-                    let mut m = NodeMut::new(&mut buf);
+                    end += 1;
+                }
+                let chunk = &level_blocks[start..end];
+                let mut h = xxhash_rust::xxh3::Xxh3::new();
+                h.update(&[level]);
+                for (k, child) in chunk {
+                    h.update(k.to_disk().as_bytes());
+                    h.update(&child.to_le_bytes());
+                }
+                let b = self.place_block(h.digest128(), level, out, |buf| {
+                    let mut m = NodeMut::new(buf);
                     for (slot, (k, child)) in chunk.iter().enumerate() {
-                        m.set_ptr(slot, k, *child, self.transid);
+                        m.set_ptr(slot, k, *child, transid);
                     }
                     m.set_nritems(chunk.len());
-                }
+                })?;
                 up.push((chunk[0].0, b));
-                blocks.push((b, buf));
+                start = end;
             }
             level_blocks = up;
         }
         Ok((level_blocks[0].1, level))
+    }
+
+    /// The block of content hash `content` at `level`: the last sync's block with the
+    /// same content, or a new one filled by `fill` and queued to write.
+    fn place_block(
+        &mut self,
+        content: u128,
+        level: u8,
+        out: &mut SyncBlocks<'_>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<u64> {
+        if let Some(&b) = out.used.get(&content) {
+            return Ok(b);
+        }
+        if let Some(&b) = out.prev.get(&content) {
+            out.used.insert(content, b);
+            return Ok(b);
+        }
+        let b = match out.pool.pop() {
+            Some(b) => b,
+            None => {
+                let b = self.alloc_log_block()?;
+                out.fresh.push(b);
+                b
+            }
+        };
+        let mut buf = self.log_block(b, level);
+        fill(&mut buf);
+        out.write.push((b, buf));
+        out.used.insert(content, b);
+        Ok(b)
     }
 
     fn alloc_log_block(&mut self) -> Result<u64> {
@@ -565,18 +768,4 @@ impl FsWriter {
         }
         buf
     }
-}
-
-/// Blocks a tree of `items` takes (leaves packed full, then nodes).
-fn blocks_for(items: &[(Key, Vec<u8>)], room: usize, ns: usize) -> usize {
-    let bytes: usize = items.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum();
-    let leaves = bytes.div_ceil(room / 2).max(1);
-    let per = (ns - HEADER_SIZE) / KEY_PTR_SIZE;
-    let mut n = leaves;
-    let mut at = leaves;
-    while at > 1 {
-        at = at.div_ceil(per);
-        n += at;
-    }
-    n
 }
