@@ -1,0 +1,448 @@
+//! The scenarios of fstests' `log` group, re-expressed on the fault-injecting device:
+//! a state made durable by a commit, then the test's operations and its fsync, then a
+//! power loss that drops every write not flushed, then an open that replays the log.
+//! The expected outcome is the one the fstests test asserts on the kernel. Each image
+//! is checked three ways: ubtrfs's in-memory replay shows the expected tree; a
+//! writable open replays on disk and ubtrfs's checker finds it clean; and, as root,
+//! `btrfs check --check-data-csum` of the crash image is clean and the kernel's mount
+//! (its own replay) shows the expected tree too.
+//!
+//! - generic/322: a rename, then an fsync of the renamed file.
+//! - generic/335: a file moved to another directory, then an fsync of the parent of
+//!   its old directory.
+//! - generic/336: a hard link removed and another file moved out of the same
+//!   directory, then an fsync of the first file.
+//! - generic/341: a directory renamed and a new directory made under its old name,
+//!   fsync of the new one.
+//! - generic/342: a file renamed and a new file made under its old name, fsync of the
+//!   new one.
+//! - generic/343: a new hard link, and a directory and a file moved into its
+//!   directory, then an fsync of the file.
+//! - btrfs/056: a clone of a range into a file, then an fsync of it.
+//! - btrfs/159: a hole punched (NO_HOLES) in a file of several extents, fsync.
+//! - generic/311's core (random writes, fsyncs, power loss) is `log_crash.rs`.
+//!
+//! ubtrfs logs a file whose names are committed (btrfs/056, btrfs/159: the tests check
+//! that the crash image carries a log) and commits where names changed, so the other
+//! scenarios check that fallback; they stay as the log learns names.
+
+mod common;
+
+use std::sync::Arc;
+use ubtrfs_core::data::falloc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+use ubtrfs_core::inode::filesystem::{FileKind, Filesystem, InodeId, Load};
+use ubtrfs_core::inode::tree_log::with_log_replayed;
+use ubtrfs_core::inode::write::InodeAttrs;
+use ubtrfs_core::volumes::device::{BlockDevice, MemDevice};
+use ubtrfs_core::volumes::fault::FaultyDevice;
+use ubtrfs_core::{Engine, FileRead, FsInfo, FsRead, FsWriter, OpenOptions};
+
+const CACHE: usize = 16 << 20;
+const TOP: InodeId = InodeId { root: 5, ino: 256 };
+
+/// What a path must be after the crash.
+#[derive(Clone, Debug)]
+enum Want {
+    File(Vec<u8>),
+    /// A file with these bytes and this many links.
+    Linked(Vec<u8>, u32),
+    Dir,
+    Absent,
+}
+
+struct Scenario {
+    dev: Arc<FaultyDevice>,
+    e: Engine,
+}
+
+impl Scenario {
+    fn new() -> Scenario {
+        let base = std::fs::read(&common::fixture_images("blake2")[0]).expect("fixture");
+        let dev = Arc::new(FaultyDevice::new(base, "log-scenario"));
+        let info =
+            FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], CACHE).expect("open");
+        let e = Engine::from_writer(FsWriter::from_info(info).expect("writer"));
+        Scenario { dev, e }
+    }
+
+    fn id(&self, path: &str) -> InodeId {
+        let mut cur = TOP;
+        for c in path.split('/').filter(|c| !c.is_empty()) {
+            cur = self
+                .e
+                .lookup(cur, c.as_bytes())
+                .expect("lookup")
+                .unwrap_or_else(|| panic!("{path}: no {c}"))
+                .target;
+        }
+        cur
+    }
+
+    fn split(path: &str) -> (&str, &str) {
+        path.rsplit_once('/').unwrap_or(("", path))
+    }
+
+    fn mkdir(&self, path: &str) -> InodeId {
+        let (p, n) = Scenario::split(path);
+        self.e.mkdir(self.id(p), n.as_bytes(), &InodeAttrs::new(0o40755), 0).expect("mkdir")
+    }
+
+    fn write(&self, path: &str, data: &[u8]) -> InodeId {
+        let (p, n) = Scenario::split(path);
+        let dir = self.id(p);
+        let id = match self.e.lookup(dir, n.as_bytes()).expect("lookup") {
+            Some(d) => d.target,
+            None => self
+                .e
+                .create_file(dir, n.as_bytes(), &InodeAttrs::new(0o100644), 0)
+                .expect("create"),
+        };
+        self.e.buffered_write(id, 0, data).expect("write");
+        id
+    }
+
+    fn mv(&self, from: &str, to: &str) {
+        let (fp, fnm) = Scenario::split(from);
+        let (tp, tn) = Scenario::split(to);
+        self.e.rename(self.id(fp), fnm.as_bytes(), self.id(tp), tn.as_bytes(), 0).expect("rename");
+    }
+
+    fn ln(&self, from: &str, to: &str) {
+        let (tp, tn) = Scenario::split(to);
+        self.e.link(self.id(from), self.id(tp), tn.as_bytes()).expect("link");
+    }
+
+    fn rm(&self, path: &str) {
+        let (p, n) = Scenario::split(path);
+        self.e.unlink(self.id(p), n.as_bytes()).expect("unlink");
+    }
+
+    fn commit(&self) {
+        self.e.sync().expect("commit");
+    }
+
+    fn fsync(&self, path: &str) {
+        self.e.fsync(self.id(path)).expect("fsync");
+    }
+
+    /// Power loss now: every write not flushed is gone. Then the three checks.
+    /// `crash_and_check` of a scenario whose fsync must have gone through the log: the
+    /// crash image carries one.
+    fn crash_with_log_and_check(self, name: &str, want: &[(&str, Want)]) {
+        let img = self.dev.durable_image();
+        let dev = Arc::new(MemDevice::new(img, "crash"));
+        let info = FsInfo::open_devices(vec![dev as Arc<dyn BlockDevice>], CACHE).expect("open");
+        assert!(info.log_root().is_some(), "{name}: the fsync did not go through the log");
+        self.crash_and_check(name, want);
+    }
+
+    fn crash_and_check(self, name: &str, want: &[(&str, Want)]) {
+        let img = self.dev.durable_image();
+        drop(self.e);
+        let mut fails = Vec::new();
+        // ubtrfs, replayed in memory.
+        let dev = Arc::new(MemDevice::new(img.clone(), "crash"));
+        let info = FsInfo::open_devices(vec![dev as Arc<dyn BlockDevice>], CACHE).expect("open");
+        let info = with_log_replayed(info, &OpenOptions::new("crash")).expect("replay");
+        let fs = Filesystem::from_info(info).expect("fs");
+        fails.extend(expect_ubtrfs(&fs, want).into_iter().map(|f| format!("ubtrfs: {f}")));
+        // A writable open replays on disk; the checker finds it clean.
+        let dev = Arc::new(MemDevice::new(img.clone(), "crash-rw"));
+        let info =
+            FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], CACHE).expect("open");
+        drop(FsWriter::from_info(info).expect("replay on disk"));
+        let info = FsInfo::open_devices(vec![dev as Arc<dyn BlockDevice>], CACHE).expect("open");
+        assert!(info.log_root().is_none(), "{name}: the replay left the log root");
+        let report = ubtrfs_tools::check::check(&info, &Default::default()).expect("check");
+        if !report.is_clean() {
+            fails.push(format!("ubtrfs check after replay: {:?}", report.findings));
+        }
+        let fs = Filesystem::from_info(info).expect("fs");
+        fails.extend(expect_ubtrfs(&fs, want).into_iter().map(|f| format!("on-disk replay: {f}")));
+        if common::kernel_available(&format!("log_scenarios/{name} (kernel replay)")) {
+            fails.extend(kernel(name, &img, want).into_iter().map(|f| format!("kernel: {f}")));
+        }
+        assert!(fails.is_empty(), "{name}:\n{}", fails.join("\n"));
+    }
+}
+
+fn expect_ubtrfs(fs: &Filesystem, want: &[(&str, Want)]) -> Vec<String> {
+    let mut fails = Vec::new();
+    for (path, w) in want {
+        let mut cur = Some(fs.root_dir());
+        for c in path.split('/').filter(|c| !c.is_empty()) {
+            cur = cur.and_then(|d| {
+                let v = fs.load_inode(d, Load::ALL).ok()?;
+                v.entries.iter().find(|en| en.name == c.as_bytes()).map(|en| en.target)
+            });
+        }
+        let got = cur.map(|id| fs.load_inode(id, Load::ALL).expect("load"));
+        let ok = match (w, &got) {
+            (Want::Absent, None) => true,
+            (Want::Dir, Some(v)) => v.kind() == FileKind::Dir,
+            (Want::File(d), Some(v)) | (Want::Linked(d, _), Some(v)) => {
+                let mut buf = vec![0u8; v.size() as usize];
+                let mut at = 0;
+                while at < buf.len() {
+                    let n = fs.read_at(v, at as u64, &mut buf[at..]).expect("read");
+                    assert!(n > 0, "short read");
+                    at += n;
+                }
+                let links_ok = match w {
+                    Want::Linked(_, n) => v.nlink() == *n,
+                    _ => true,
+                };
+                v.kind() == FileKind::File && &buf == d && links_ok
+            }
+            _ => false,
+        };
+        if !ok {
+            fails.push(format!(
+                "{path}: want {}, got {}",
+                show(w),
+                got.map_or("nothing".into(), |v| format!(
+                    "{:?} of {} bytes, {} links",
+                    v.kind(),
+                    v.size(),
+                    v.nlink()
+                ))
+            ));
+        }
+    }
+    fails
+}
+
+fn show(w: &Want) -> String {
+    match w {
+        Want::File(d) => format!("a file of {} bytes", d.len()),
+        Want::Linked(d, n) => format!("a file of {} bytes with {n} links", d.len()),
+        Want::Dir => "a directory".into(),
+        Want::Absent => "nothing".into(),
+    }
+}
+
+/// The kernel on the crash image: its check, then its mount (which replays the log).
+fn kernel(name: &str, img: &[u8], want: &[(&str, Want)]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dir =
+        std::env::temp_dir().join(format!("ubtrfs-log-scenario-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("m")).expect("dir");
+    let path = dir.join("img");
+    std::fs::write(&path, img).expect("image");
+    let mut fails = Vec::new();
+    let out = std::process::Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(&path)
+        .output()
+        .expect("btrfs check");
+    if !out.status.success() {
+        fails.push(format!("btrfs check: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let mnt = dir.join("m");
+    let st = std::process::Command::new("mount").args(["-o", "loop"]).arg(&path).arg(&mnt).status();
+    if !st.is_ok_and(|s| s.success()) {
+        fails.push("mount failed".into());
+        return fails;
+    }
+    for (p, w) in want {
+        let full = mnt.join(p);
+        let md = std::fs::symlink_metadata(&full);
+        let ok = match (w, &md) {
+            (Want::Absent, Err(_)) => true,
+            (Want::Dir, Ok(m)) => m.is_dir(),
+            (Want::File(d), Ok(m)) => m.is_file() && std::fs::read(&full).ok().as_ref() == Some(d),
+            (Want::Linked(d, n), Ok(m)) => {
+                m.is_file()
+                    && m.nlink() == u64::from(*n)
+                    && std::fs::read(&full).ok().as_ref() == Some(d)
+            }
+            _ => false,
+        };
+        if !ok {
+            fails.push(format!(
+                "{p}: want {}, got {:?}",
+                show(w),
+                md.map(|m| (m.is_dir(), m.len(), m.nlink()))
+            ));
+        }
+    }
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    let _ = std::fs::remove_dir_all(&dir);
+    fails
+}
+
+fn pattern(b: u8, n: usize) -> Vec<u8> {
+    vec![b; n]
+}
+
+#[test]
+fn generic_322_rename_then_fsync_of_the_renamed_file() {
+    let s = Scenario::new();
+    s.mkdir("t");
+    s.write("t/foo", &pattern(0xaa, 16384));
+    s.commit();
+    s.mv("t/foo", "t/bar");
+    s.fsync("t/bar");
+    s.crash_and_check(
+        "generic-322",
+        &[("t/foo", Want::Absent), ("t/bar", Want::File(pattern(0xaa, 16384)))],
+    );
+}
+
+#[test]
+fn generic_335_moved_file_survives_fsync_of_its_old_grandparent() {
+    let s = Scenario::new();
+    s.mkdir("t");
+    s.mkdir("t/a");
+    s.mkdir("t/a/b");
+    s.mkdir("t/c");
+    s.write("t/a/b/foo", b"");
+    s.commit();
+    s.mv("t/a/b/foo", "t/c/foo");
+    s.write("t/a/bar", b"");
+    let a = s.id("t/a");
+    s.e.fsync(a).expect("fsync of a directory");
+    s.crash_and_check(
+        "generic-335",
+        &[
+            ("t/a/b/foo", Want::Absent),
+            ("t/c/foo", Want::File(Vec::new())),
+            ("t/a/bar", Want::File(Vec::new())),
+        ],
+    );
+}
+
+#[test]
+fn generic_336_moved_file_is_only_at_its_destination() {
+    let s = Scenario::new();
+    for d in ["t", "t/a", "t/b", "t/c"] {
+        s.mkdir(d);
+    }
+    s.write("t/a/foo", b"foo");
+    s.ln("t/a/foo", "t/b/foo_link");
+    s.write("t/b/bar", b"bar");
+    s.commit();
+    s.rm("t/b/foo_link");
+    s.mv("t/b/bar", "t/c/bar");
+    s.fsync("t/a/foo");
+    s.crash_and_check(
+        "generic-336",
+        &[
+            ("t/a/foo", Want::Linked(b"foo".to_vec(), 1)),
+            ("t/b/foo_link", Want::Absent),
+            ("t/b/bar", Want::Absent),
+            ("t/c/bar", Want::File(b"bar".to_vec())),
+        ],
+    );
+}
+
+#[test]
+fn generic_341_renamed_directory_keeps_its_files() {
+    let s = Scenario::new();
+    s.mkdir("t");
+    s.mkdir("t/a");
+    s.mkdir("t/a/x");
+    s.write("t/a/x/foo", &pattern(0xaf, 32768));
+    s.write("t/a/x/bar", &pattern(0xba, 32768));
+    s.commit();
+    s.mv("t/a/x", "t/a/y");
+    s.mkdir("t/a/x");
+    let x = s.id("t/a/x");
+    s.e.fsync(x).expect("fsync");
+    s.crash_and_check(
+        "generic-341",
+        &[
+            ("t/a/x", Want::Dir),
+            ("t/a/y", Want::Dir),
+            ("t/a/y/foo", Want::File(pattern(0xaf, 32768))),
+            ("t/a/y/bar", Want::File(pattern(0xba, 32768))),
+            ("t/a/x/foo", Want::Absent),
+        ],
+    );
+}
+
+#[test]
+fn generic_342_renamed_file_survives_a_new_file_under_its_old_name() {
+    let s = Scenario::new();
+    s.mkdir("t");
+    s.mkdir("t/a");
+    s.write("t/a/foo", &pattern(0xf1, 16384));
+    s.commit();
+    s.mv("t/a/foo", "t/a/bar");
+    s.write("t/a/foo", &pattern(0xba, 16384));
+    s.fsync("t/a/foo");
+    s.crash_and_check(
+        "generic-342",
+        &[
+            ("t/a/foo", Want::File(pattern(0xba, 16384))),
+            ("t/a/bar", Want::File(pattern(0xf1, 16384))),
+        ],
+    );
+}
+
+#[test]
+fn generic_343_new_link_and_moved_entries() {
+    let s = Scenario::new();
+    for d in ["t", "t/x", "t/y", "t/y/z"] {
+        s.mkdir(d);
+    }
+    s.write("t/x/foo", b"");
+    s.write("t/y/foo2", b"");
+    s.commit();
+    s.ln("t/x/foo", "t/x/foo_link");
+    s.mv("t/y/z", "t/x/z");
+    s.mv("t/y/foo2", "t/x/foo2");
+    s.fsync("t/x/foo");
+    s.crash_and_check(
+        "generic-343",
+        &[
+            ("t/x/foo", Want::Linked(Vec::new(), 2)),
+            ("t/x/foo_link", Want::Linked(Vec::new(), 2)),
+            ("t/x/z", Want::Dir),
+            ("t/y/z", Want::Absent),
+            ("t/x/foo2", Want::File(Vec::new())),
+            ("t/y/foo2", Want::Absent),
+        ],
+    );
+}
+
+#[test]
+fn btrfs_056_clone_then_fsync_persists_the_cloned_data() {
+    let s = Scenario::new();
+    s.mkdir("t");
+    let src = s.write("t/src", &pattern(0x11, 256 * 1024));
+    let dst = s.write("t/dst", &pattern(0x22, 256 * 1024));
+    s.commit();
+    s.e.clone_range(src, 64 * 1024, 128 * 1024, dst, 0).expect("clone");
+    s.fsync("t/dst");
+    let mut want = pattern(0x22, 256 * 1024);
+    want[..128 * 1024].fill(0x11);
+    s.crash_with_log_and_check(
+        "btrfs-056",
+        &[("t/dst", Want::File(want)), ("t/src", Want::File(pattern(0x11, 256 * 1024)))],
+    );
+}
+
+#[test]
+fn btrfs_159_punched_hole_is_kept_whole() {
+    let s = Scenario::new();
+    s.mkdir("t");
+    let id = s.write("t/f", &pattern(0x5c, 512 * 1024));
+    // More extents: rewrites of parts after the first commit.
+    s.commit();
+    for i in 0..8u64 {
+        s.e.buffered_write(id, i * 65536, &pattern(0x60 + i as u8, 4096)).expect("write");
+        s.e.fsync(id).expect("fsync");
+    }
+    s.commit();
+    s.e.fallocate(id, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 12288, 400 * 1024)
+        .expect("punch");
+    s.fsync("t/f");
+    let mut want = pattern(0x5c, 512 * 1024);
+    for i in 0..8usize {
+        want[i * 65536..i * 65536 + 4096].fill(0x60 + i as u8);
+    }
+    want[12288..12288 + 400 * 1024].fill(0);
+    s.crash_with_log_and_check("btrfs-159", &[("t/f", Want::File(want))]);
+}
