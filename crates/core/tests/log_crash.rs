@@ -2,11 +2,14 @@
 //!
 //! A seeded workload runs on the engine over a copy of a kernel-made fixture while the
 //! device records every write and flush: a few files made and committed, then random
-//! writes, appends, truncates (down and up), hole punches, xattr sets and removals on
-//! them, each followed now and then by an fsync of that file (through the log tree, or
-//! a commit where the log cannot hold it) or by a commit of everything. After every
-//! fsync and commit the model records the state (contents and xattrs) that is now
-//! durable. Then, for every flush point and superblock write of the run, the image a
+//! writes, appends, truncates (down and up), hole punches, xattr sets and removals,
+//! unlinks, and new files under the unlinked names, each followed now and then by an
+//! fsync of that file (through the log tree, or a commit where the log cannot hold it)
+//! or by a commit of everything. After every fsync and commit the model records the
+//! state (contents and xattrs, or no file) that is now durable; an fsync that commits
+//! instead leaves the other files' states unknown until their next durable point (it
+//! writes back only its own file, as the kernel's does), and an unlink after a file's
+//! last durable point lets it be gone (a later log sync carries the unlink). Then, for every flush point and superblock write of the run, the image a
 //! power loss there leaves (`CrashSweep`: unflushed writes dropped or kept, one
 //! possibly torn) is opened as a mount would open it (the log replayed) and every file
 //! must show the state of its last durability point that completed before the crash,
@@ -45,8 +48,10 @@ struct Event {
     start: u64,
     end: u64,
     what: String,
-    /// (file, its durable state).
-    states: Vec<(usize, FileState)>,
+    /// (file, its durable state: None when it has no name).
+    states: Vec<(usize, Option<FileState>)>,
+    /// Files whose durable state this event made unknown.
+    unknown: Vec<usize>,
 }
 
 struct Run {
@@ -54,6 +59,8 @@ struct Run {
     base: Vec<u8>,
     log: Vec<ubtrfs_core::volumes::fault::OpRecord>,
     events: Vec<Event>,
+    /// (events completed before it, file): unlinks, which no event records.
+    unlinks: Vec<(usize, usize)>,
 }
 
 fn name(f: usize) -> Vec<u8> {
@@ -76,31 +83,60 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
     let e = Engine::from_writer(FsWriter::from_info(info).expect("writer"));
     let top = InodeId { root: 5, ino: 256 };
     let mut rng = Rng::new(seed);
-    let mut ids = Vec::new();
-    let mut cur: Vec<FileState> = Vec::new();
+    let mut ids: Vec<Option<InodeId>> = Vec::new();
+    let mut cur: Vec<Option<FileState>> = Vec::new();
     for f in 0..files {
         let id = e.create_file(top, &name(f), &InodeAttrs::new(0o100644), 0).expect("create");
         let d = bytes(&mut rng, 0, 300_000);
         e.buffered_write(id, 0, &d).expect("write");
-        ids.push(id);
-        cur.push(FileState { data: d, xattrs: BTreeMap::new() });
+        ids.push(Some(id));
+        cur.push(Some(FileState { data: d, xattrs: BTreeMap::new() }));
     }
     let mut events = Vec::new();
-    let mut durable = |start: u64, end: u64, what: String, states: Vec<(usize, FileState)>| {
-        events.push(Event { start, end, what, states });
-    };
+    let mut unlinks = Vec::new();
     let s = dev.op_count();
     e.sync().expect("first commit");
-    durable(s, dev.op_count(), "commit 0".into(), cur.iter().cloned().enumerate().collect());
+    let all = |cur: &[Option<FileState>]| cur.iter().cloned().enumerate().collect::<Vec<_>>();
+    events.push(Event {
+        start: s,
+        end: dev.op_count(),
+        what: "commit 0".into(),
+        states: all(&cur),
+        unknown: Vec::new(),
+    });
+    let trace = std::env::var_os("UBTRFS_LOG_CRASH_TRACE").is_some();
     for step in 0..ops {
         let f = rng.below(files as u64) as usize;
-        let id = ids[f];
-        let size = cur[f].data.len() as u64;
-        let trace = std::env::var_os("UBTRFS_LOG_CRASH_TRACE").is_some();
-        let op = rng.below(6);
+        let op = rng.below(8);
         if trace {
-            eprintln!("step {step}: file {f} op {op} size {size}");
+            eprintln!("step {step}: file {f} op {op}");
         }
+        let Some(id) = ids[f] else {
+            // A new file under the name of one unlinked before.
+            let id = e.create_file(top, &name(f), &InodeAttrs::new(0o100644), 0).expect("create");
+            let d = bytes(&mut rng, 0, 100_000);
+            e.buffered_write(id, 0, &d).expect("write");
+            ids[f] = Some(id);
+            cur[f] = Some(FileState { data: d, xattrs: BTreeMap::new() });
+            if trace {
+                eprintln!("  create ino {}", id.ino);
+            }
+            if rng.chance(1, 2) {
+                fsync_event(
+                    &e,
+                    &dev,
+                    &mut events,
+                    &cur,
+                    f,
+                    id,
+                    format!("step {step}: fsync of new {f}"),
+                    trace,
+                );
+            }
+            continue;
+        };
+        let c = cur[f].as_mut().expect("a file with an id has a state");
+        let size = c.data.len() as u64;
         match op {
             0 | 1 => {
                 let off = rng.range(0, size + 8192);
@@ -109,17 +145,16 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
                 if trace {
                     eprintln!("  pwrite {off} +{}", d.len());
                 }
-                let m = &mut cur[f].data;
                 let end = off as usize + d.len();
-                if m.len() < end {
-                    m.resize(end, 0);
+                if c.data.len() < end {
+                    c.data.resize(end, 0);
                 }
-                m[off as usize..end].copy_from_slice(&d);
+                c.data[off as usize..end].copy_from_slice(&d);
             }
             2 => {
                 let d = bytes(&mut rng, 1, 20_000);
                 e.buffered_write(id, size, &d).expect("append");
-                cur[f].data.extend_from_slice(&d);
+                c.data.extend_from_slice(&d);
             }
             3 => {
                 let n = if rng.chance(1, 2) {
@@ -131,7 +166,7 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
                 if trace {
                     eprintln!("  truncate {n}");
                 }
-                cur[f].data.resize(n as usize, 0);
+                c.data.resize(n as usize, 0);
             }
             4 if size > 0 => {
                 let off = rng.range(0, size);
@@ -142,34 +177,41 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
                     eprintln!("  punch {off} +{len}");
                 }
                 let end = (off + len).min(size) as usize;
-                cur[f].data[off as usize..end].fill(0);
+                c.data[off as usize..end].fill(0);
+            }
+            7 => {
+                e.unlink(top, &name(f)).expect("unlink");
+                if trace {
+                    eprintln!("  unlink");
+                }
+                unlinks.push((events.len(), f));
+                ids[f] = None;
+                cur[f] = None;
+                continue;
             }
             _ => {
                 let k = format!("user.k{}", rng.below(3)).into_bytes();
-                if rng.chance(1, 3) && cur[f].xattrs.contains_key(&k) {
+                if rng.chance(1, 3) && c.xattrs.contains_key(&k) {
                     e.removexattr(id, &k).expect("removexattr");
-                    cur[f].xattrs.remove(&k);
+                    c.xattrs.remove(&k);
                 } else {
                     let v = bytes(&mut rng, 1, 200);
                     e.setxattr(id, &k, &v, 0, false).expect("setxattr");
-                    cur[f].xattrs.insert(k, v);
+                    c.xattrs.insert(k, v);
                 }
             }
         }
         if rng.chance(1, 2) {
-            let g0 = e.committed().expect("committed").info.super_copy().generation.get();
-            let s = dev.op_count();
-            let g1 = e.fsync(id).expect("fsync");
-            if trace {
-                eprintln!("  fsync -> {}", if g1 > g0 { "commit" } else { "log" });
-            }
-            let what = format!("step {step}: fsync of {f}");
-            if g1 > g0 {
-                // The fsync committed (the log could not hold it): everything is durable.
-                durable(s, dev.op_count(), what, cur.iter().cloned().enumerate().collect());
-            } else {
-                durable(s, dev.op_count(), what, vec![(f, cur[f].clone())]);
-            }
+            fsync_event(
+                &e,
+                &dev,
+                &mut events,
+                &cur,
+                f,
+                id,
+                format!("step {step}: fsync of {f}"),
+                trace,
+            );
         } else if rng.chance(1, 12) {
             let s = dev.op_count();
             e.sync().expect("commit");
@@ -177,40 +219,91 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
                 eprintln!("  commit");
             }
             let what = format!("step {step}: commit");
-            durable(s, dev.op_count(), what, cur.iter().cloned().enumerate().collect());
+            let (end, states) = (dev.op_count(), all(&cur));
+            events.push(Event { start: s, end, what, states, unknown: Vec::new() });
         }
     }
     drop(e);
-    Run { files, base, log: dev.log(), events }
+    Run { files, base, log: dev.log(), events, unlinks }
+}
+
+/// fsync file `f` and record what it made durable: the file, or everything when the
+/// fsync committed (the log could not hold it).
+#[allow(clippy::too_many_arguments)]
+fn fsync_event(
+    e: &Engine,
+    dev: &FaultyDevice,
+    events: &mut Vec<Event>,
+    cur: &[Option<FileState>],
+    f: usize,
+    id: InodeId,
+    what: String,
+    trace: bool,
+) {
+    let g0 = e.committed().expect("committed").info.super_copy().generation.get();
+    let s = dev.op_count();
+    let g1 = e.fsync(id).expect("fsync");
+    if trace {
+        eprintln!("  fsync -> {}", if g1 > g0 { "commit" } else { "log" });
+    }
+    // A commit instead of a log makes the file durable, and whatever else of the others
+    // was written back by then: their states are not known until their next durable
+    // point (a commit writes back no other file's dirty data, as the kernel's does not).
+    let unknown = if g1 > g0 { (0..cur.len()).filter(|&i| i != f).collect() } else { Vec::new() };
+    let states = vec![(f, cur[f].clone())];
+    events.push(Event { start: s, end: dev.op_count(), what, states, unknown });
 }
 
 /// The states each file may show after a crash before op `k`: its last durable state
-/// completed before `k`, and any in progress at `k`. None before the first commit.
-fn allowed(run: &Run, k: u64) -> Option<Vec<Vec<FileState>>> {
+/// completed before `k`, any in progress at `k`, and none if it was unlinked after that
+/// durable state (the unlink may have reached the disk with a later log sync). None
+/// before the first commit.
+fn allowed(run: &Run, k: u64) -> Option<Vec<Vec<Option<FileState>>>> {
     let mut out = vec![Vec::new(); run.files];
     for (f, states) in out.iter_mut().enumerate() {
+        // (index, event, Some(state), or None where the event made it unknown).
         let mine = || {
-            run.events.iter().filter_map(|e| e.states.iter().find(|s| s.0 == f).map(|s| (e, &s.1)))
+            run.events.iter().enumerate().filter_map(|(i, e)| {
+                if let Some(s) = e.states.iter().find(|s| s.0 == f) {
+                    Some((i, e, Some(&s.1)))
+                } else if e.unknown.contains(&f) {
+                    Some((i, e, None))
+                } else {
+                    None
+                }
+            })
         };
-        let (_, last) = mine().rfind(|(e, _)| e.end <= k)?;
+        let (last_i, _, last) = mine().rfind(|(_, e, _)| e.end <= k)?;
+        let Some(last) = last else {
+            // Unknown since a commit that was not its own: not checked.
+            continue;
+        };
         states.push(last.clone());
-        for (_, s) in mine().filter(|(e, _)| e.start < k && k < e.end) {
-            states.push(s.clone());
+        for (_, _, s) in mine().filter(|(_, e, _)| e.start < k && k < e.end) {
+            match s {
+                Some(s) => states.push(s.clone()),
+                None => {
+                    states.clear();
+                    break;
+                }
+            }
+        }
+        if !states.is_empty() && run.unlinks.iter().any(|&(after, uf)| uf == f && after > last_i) {
+            states.push(None);
         }
     }
     Some(out)
 }
 
 /// Each file's state in `fs`.
-fn read_states(fs: &Filesystem, files: usize) -> Result<Vec<FileState>, String> {
+fn read_states(fs: &Filesystem, files: usize) -> Result<Vec<Option<FileState>>, String> {
     let top = fs.load_inode(fs.root_dir(), Load::ALL).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for f in 0..files {
-        let ent = top
-            .entries
-            .iter()
-            .find(|en| en.name == name(f))
-            .ok_or_else(|| format!("file {f} is missing"))?;
+        let Some(ent) = top.entries.iter().find(|en| en.name == name(f)) else {
+            out.push(None);
+            continue;
+        };
         let v = fs.load_inode(ent.target, Load::ALL).map_err(|e| e.to_string())?;
         if v.kind() != FileKind::File {
             return Err(format!("file {f} is not a file"));
@@ -226,12 +319,13 @@ fn read_states(fs: &Filesystem, files: usize) -> Result<Vec<FileState>, String> 
             at += n;
         }
         let xattrs = v.xattrs.iter().map(|(k, val)| (k.clone(), val.clone())).collect();
-        out.push(FileState { data, xattrs });
+        out.push(Some(FileState { data, xattrs }));
     }
     Ok(out)
 }
 
-fn describe(s: &FileState) -> String {
+fn describe(s: &Option<FileState>) -> String {
+    let Some(s) = s else { return "no file".into() };
     format!(
         "{} bytes, xattrs {:?}",
         s.data.len(),
@@ -239,13 +333,20 @@ fn describe(s: &FileState) -> String {
     )
 }
 
-fn compare(got: &[FileState], allowed: &[Vec<FileState>], run: &Run, k: u64) -> Result<(), String> {
+fn compare(
+    got: &[Option<FileState>],
+    allowed: &[Vec<Option<FileState>>],
+    run: &Run,
+    k: u64,
+) -> Result<(), String> {
     for f in 0..run.files {
-        if !allowed[f].contains(&got[f]) {
+        // An empty set: the file's state is not known (see `allowed`).
+        if !allowed[f].is_empty() && !allowed[f].contains(&got[f]) {
             if std::env::var_os("UBTRFS_LOG_CRASH_TRACE").is_some() {
-                for a in &allowed[f] {
-                    let d: Vec<usize> = (0..a.data.len().min(got[f].data.len()))
-                        .filter(|&i| a.data[i] != got[f].data[i])
+                for a in allowed[f].iter().flatten() {
+                    let Some(g) = &got[f] else { continue };
+                    let d: Vec<usize> = (0..a.data.len().min(g.data.len()))
+                        .filter(|&i| a.data[i] != g.data[i])
                         .collect();
                     eprintln!(
                         "op {k} file {f}: differs from an allowed state at {:?}..{:?} ({} bytes)",
@@ -276,7 +377,12 @@ fn is_super_write(r: &ubtrfs_core::volumes::fault::OpRecord) -> bool {
         if len == SUPER_INFO_SIZE as u64 && (0..SUPER_MIRROR_MAX).any(|m| sb_offset(m) == offset))
 }
 
-fn check_point(img: Vec<u8>, run: &Run, k: u64, allowed: &[Vec<FileState>]) -> Result<(), String> {
+fn check_point(
+    img: Vec<u8>,
+    run: &Run,
+    k: u64,
+    allowed: &[Vec<Option<FileState>>],
+) -> Result<(), String> {
     let dev = Arc::new(MemDevice::new(img, "crash"));
     let info = FsInfo::open_devices(vec![dev as Arc<dyn BlockDevice>], CACHE)
         .map_err(|e| e.to_string())?;
@@ -299,7 +405,7 @@ fn check_point(img: Vec<u8>, run: &Run, k: u64, allowed: &[Vec<FileState>]) -> R
 fn kernel_point(
     img: &[u8],
     tag: &str,
-    allowed: &[Vec<FileState>],
+    allowed: &[Vec<Option<FileState>>],
     run: &Run,
     k: u64,
 ) -> Result<(), String> {
@@ -333,10 +439,9 @@ fn kernel_point(
     let mut r = Ok(());
     for f in 0..run.files {
         let p = mnt.join(String::from_utf8(name(f)).expect("ascii"));
-        let data = std::fs::read(&p).map_err(|e| e.to_string());
-        let xattrs = xattr_list(&p);
-        match data {
-            Ok(data) => got.push(FileState { data, xattrs }),
+        match std::fs::read(&p) {
+            Ok(data) => got.push(Some(FileState { data, xattrs: xattr_list(&p) })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => got.push(None),
             Err(e) => {
                 r = Err(format!("kernel: file {f}: {e}"));
                 break;
@@ -375,7 +480,7 @@ fn xattr_list(p: &std::path::Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
 
 fn sweep(seed: u64, ops: usize, files: usize, kernel_samples: usize) -> Vec<String> {
     let run = record(seed, ops, files);
-    let logged = run.events.iter().filter(|e| e.states.len() == 1).count();
+    let logged = run.events.iter().filter(|e| e.states.len() == 1 && e.unknown.is_empty()).count();
     eprintln!(
         "seed {seed}: {} ops on the device, {} durability points ({logged} logged fsyncs)",
         run.log.len(),
@@ -409,7 +514,13 @@ fn sweep(seed: u64, ops: usize, files: usize, kernel_samples: usize) -> Vec<Stri
                 fails.push(format!("seed {seed} op {k}: {e}"));
             }
         }
+        let keep = std::env::var_os("UBTRFS_LOG_CRASH_KEEP").map(|_| img.clone());
         if let Err(e) = check_point(std::mem::take(&mut img), &run, k, &allowed) {
+            if let Some(i) = keep {
+                let p = std::env::temp_dir().join(format!("ubtrfs-log-crash-{seed}-{k}.img"));
+                std::fs::write(&p, i).expect("keep the image");
+                eprintln!("kept {}", p.display());
+            }
             fails.push(format!("seed {seed} op {k} ({loss:?}): {e}"));
         }
     }

@@ -17,11 +17,20 @@
 //! commit, since a crash before the new superblock needs them). So a sync costs the
 //! log's size, which `MAX_LOG_BLOCKS` bounds: past it, the fsync commits instead.
 //!
+//! A file made in this transaction is logged with its names (INODE_REF/EXTREF): replay
+//! adds the directory entries through them (`add_inode_ref`), which needs every parent
+//! directory committed, and no committed file under the same name (the kernel logs
+//! that file too). An unlink of a logged file takes the name out of the log
+//! (`log_unlink`, the kernel's `btrfs_del_inode_ref_in_log`), so a later sync does not
+//! bring it back; a new name for a logged file (link, rename) makes every fsync commit
+//! until the next commit (`log_new_name`; the kernel logs the new name).
+//!
 //! Where the log cannot make a file durable by the kernel's rules, the fsync commits
-//! (`LogOutcome::Commit` says why): a file not regular, unlinked or created in this
-//! transaction, a file whose names changed (link, unlink, rename: the kernel logs the
-//! parent directories then), a subvolume or block group created in this transaction
-//! (replay reads the log through the committed chunk tree and root tree), and quotas on.
+//! (`LogOutcome::Commit` says why): a file not regular or unlinked; a file made in this
+//! transaction under a directory also made in it, or over a committed file's name; a
+//! committed file whose names changed (link, rename: the kernel logs the parent
+//! directories then); a subvolume or block group made in this transaction (replay
+//! reads the log through the committed chunk tree and root tree); quotas on.
 
 use crate::error::{PosixKind, Result};
 use crate::inode::filesystem::{Filesystem, InodeId};
@@ -60,6 +69,10 @@ pub struct LogState {
     written: HashMap<u128, u64>,
     /// Blocks of logs before the last synced one: free for the next sync.
     pool: Vec<u64>,
+    /// A logged inode got a new name (a link, a rename) since it was logged: the log
+    /// cannot say where it is now, and fsyncs commit until the next commit (the kernel
+    /// logs the new name, `btrfs_log_new_name`).
+    need_commit: bool,
 }
 
 /// The blocks of one sync.
@@ -257,11 +270,12 @@ impl FsWriter {
         if item.nlink.get() == 0 {
             return Ok(Commit("the file has no name left"));
         }
-        if item.generation.get() >= self.transid {
-            return Ok(Commit("the file was made in this transaction: its name is not committed"));
+        if self.log.transid != self.transid {
+            self.log = LogState { transid: self.transid, ..Default::default() };
         }
-        // Its names must be the committed ones: a link, unlink or rename in this
-        // transaction needs the parent directories logged (the kernel logs them).
+        if self.log.need_commit {
+            return Ok(Commit("a logged file got a new name since it was logged"));
+        }
         let committed = Filesystem::committed(self.info.clone())?;
         let croot = match committed.read_root(root) {
             Ok((ri, _)) => ri,
@@ -273,16 +287,59 @@ impl FsWriter {
         let rfrom = Key::new(ino, INODE_REF_KEY, 0);
         let rto = Key::new(ino, INODE_EXTREF_KEY, u64::MAX);
         let live_refs = self.items_in_range(root, &rfrom, &rto)?;
-        let old_refs: Vec<(Key, Vec<u8>)> = committed
-            .items_in_range(&croot, &rfrom, &rto)?
-            .into_iter()
-            .map(|i| (i.key(), i.data().to_vec()))
-            .collect();
-        if live_refs != old_refs {
-            return Ok(Commit("the file's names changed in this transaction"));
-        }
-        if self.log.transid != self.transid {
-            self.log = LogState { transid: self.transid, ..Default::default() };
+        if item.generation.get() >= self.transid {
+            // A file made in this transaction: replay adds its names through its back
+            // references (`add_inode_ref`), which needs each parent directory in the
+            // committed tree (the kernel logs new parents too; ubtrfs commits).
+            for (k, d) in &live_refs {
+                let names: Vec<(u64, Vec<u8>)> = if k.type_ == INODE_REF_KEY {
+                    items::inode_refs(d, k.offset)
+                        .filter_map(|r| r.ok())
+                        .map(|r| (r.parent, r.name.to_vec()))
+                        .collect()
+                } else {
+                    items::inode_extrefs(d)
+                        .filter_map(|r| r.ok())
+                        .map(|r| (r.parent, r.name.to_vec()))
+                        .collect()
+                };
+                for (p, name) in names {
+                    // A committed file under the same name (renamed or unlinked since)
+                    // would lose it to the replay of this one (the kernel logs that file
+                    // too, `btrfs_check_ref_name_override`; ubtrfs commits).
+                    let dk = Key::new(p, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(&name));
+                    let taken = committed.items_in_range(&croot, &dk, &dk)?.iter().any(|it| {
+                        items::dir_entries(it.data()).any(|e| {
+                            e.is_ok_and(|e| e.name == &name[..] && e.location.objectid != ino)
+                        })
+                    });
+                    if taken {
+                        return Ok(Commit("a committed file has the new file's name"));
+                    }
+                    let pk = Key::new(p, INODE_ITEM_KEY, 0);
+                    let made_now =
+                        self.items_in_range(root, &pk, &pk)?.pop().is_none_or(|(_, d)| {
+                            InodeItem::read_from_bytes(&d)
+                                .map_or(true, |i| i.generation.get() >= self.transid)
+                        });
+                    if made_now {
+                        return Ok(Commit(
+                            "a directory of the new file was made in this transaction",
+                        ));
+                    }
+                }
+            }
+        } else {
+            // Its names must be the committed ones: a link or rename in this
+            // transaction needs the parent directories logged (the kernel logs them).
+            let old_refs: Vec<(Key, Vec<u8>)> = committed
+                .items_in_range(&croot, &rfrom, &rto)?
+                .into_iter()
+                .map(|i| (i.key(), i.data().to_vec()))
+                .collect();
+            if live_refs != old_refs {
+                return Ok(Commit("the file's names changed in this transaction"));
+            }
         }
         // Nothing to log: the file is as the last commit left it, or as the log has it
         // (the kernel's skip of an inode not changed since it was logged).
@@ -306,6 +363,71 @@ impl FsWriter {
         self.log.trees.insert(root, tree);
         r?;
         self.sync_log()
+    }
+
+    /// Whether inode (`root`, `ino`) is in this transaction's log.
+    fn logged(&self, root: u64, ino: u64) -> bool {
+        self.log.transid == self.transid
+            && self
+                .log
+                .trees
+                .get(&root)
+                .is_some_and(|t| t.items.contains_key(&Key::new(ino, INODE_ITEM_KEY, 0)))
+    }
+
+    /// Inode (`root`, `ino`) gets a new name (a link, a rename): if it is logged, the
+    /// log cannot follow, and fsyncs commit until the next commit.
+    pub(crate) fn log_new_name(&mut self, root: u64, ino: u64) {
+        if self.logged(root, ino) {
+            self.log.need_commit = true;
+        }
+    }
+
+    /// Name `name` of inode `ino` in directory `dir` is unlinked: a logged inode loses
+    /// the name in the log too (the kernel's `btrfs_del_inode_ref_in_log`), so a replay
+    /// does not bring it back; one left with no logged name is dropped by replay's link
+    /// count fixup unless the committed tree names it.
+    pub(crate) fn log_unlink(&mut self, root: u64, dir: u64, name: &[u8], ino: u64) {
+        if !self.logged(root, ino) {
+            return;
+        }
+        let Some(t) = self.log.trees.get_mut(&root) else { return };
+        let rkey = Key::new(ino, INODE_REF_KEY, dir);
+        let ekey = Key::new(ino, INODE_EXTREF_KEY, ubtrfs_format::hash::extref_hash(dir, name));
+        for key in [rkey, ekey] {
+            let Some(d) = t.items.get(&key) else { continue };
+            let mut rest = Vec::new();
+            let mut found = false;
+            let mut at = 0;
+            while at < d.len() {
+                let (hdr, n, parent) = if key.type_ == INODE_REF_KEY {
+                    let r = InodeRef::read_from_prefix(&d[at..]).expect("logged ref").0;
+                    (std::mem::size_of::<InodeRef>(), usize::from(r.name_len.get()), dir)
+                } else {
+                    let r = InodeExtref::read_from_prefix(&d[at..]).expect("logged extref").0;
+                    (
+                        std::mem::size_of::<InodeExtref>(),
+                        usize::from(r.name_len.get()),
+                        r.parent_objectid.get(),
+                    )
+                };
+                let entry = &d[at..at + hdr + n];
+                if !found && parent == dir && &entry[hdr..] == name {
+                    found = true;
+                } else {
+                    rest.extend_from_slice(entry);
+                }
+                at += hdr + n;
+            }
+            if found {
+                if rest.is_empty() {
+                    t.items.remove(&key);
+                } else {
+                    t.items.insert(key, rest);
+                }
+                return;
+            }
+        }
     }
 
     /// Copy the items of file `id` (item `item`) into `tree`.

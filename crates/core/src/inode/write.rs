@@ -571,6 +571,7 @@ impl FsWriter {
         name: &[u8],
         index: u64,
     ) -> Result<()> {
+        self.log_new_name(root, ino);
         let mut r = Vec::with_capacity(10 + name.len());
         r.extend_from_slice(
             InodeRef { index: index.into(), name_len: (name.len() as u16).into() }.as_bytes(),
@@ -853,6 +854,7 @@ impl FsWriter {
         child: &InodeItem,
         in_use: bool,
     ) -> Result<()> {
+        self.log_unlink(root, dir, name, ino);
         self.del_name(root, dir, name, ino)?;
         let t = self.now();
         let nlink = child.nlink.get().saturating_sub(1);
