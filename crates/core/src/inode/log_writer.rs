@@ -4,18 +4,20 @@
 //! An fsync copies the file's items into the log tree of its subvolume: its inode item,
 //! its names (INODE_REF/EXTREF) and all its xattrs, the file extent items over every
 //! byte range whose extents changed since the last commit or the file's last logging
-//! (`Transaction::log_changes`), with hole items where the range has none (NO_HOLES),
-//! and the data checksums of the extents this transaction wrote. Then every log tree of
-//! the transaction and the log root tree are written to blocks no tree uses, flushed,
-//! and each device's committed superblock is written again with its `log_root` pointing
-//! at the log root tree, and flushed: the fsync is durable, and the next open replays
-//! the log (`tree_log`). The commit that ends the transaction makes the log obsolete
-//! (its superblock has no log root) and frees its blocks.
+//! (`Transaction::log_changes`), clipped to those ranges, with hole items where a range
+//! has none (NO_HOLES), and the data checksums the committed csum tree lacks. Then
+//! every log tree of the transaction and the log root tree are written to blocks no
+//! tree uses, flushed, and each device's committed superblock is written again with its
+//! `log_root` pointing at the log root tree, and flushed: the fsync is durable, and the
+//! next open replays the log (`tree_log`). The commit that ends the transaction makes
+//! the log obsolete (its superblock has no log root) and frees its blocks.
 //!
-//! The log is kept as items in memory, and every sync writes the log trees again from
-//! them, packed into new blocks (the blocks of earlier syncs stay reserved until the
-//! commit, since a crash before the new superblock needs them). So a sync costs the
-//! log's size, which `MAX_LOG_BLOCKS` bounds: past it, the fsync commits instead.
+//! The log is kept as items in memory, and every sync builds the log trees again from
+//! them (`sync_log`): leaves end where their keys choose, so a change moves only the
+//! leaves it touches; a block whose content hashes to one the last sync wrote is used
+//! again, and only the others are written, into blocks freed two syncs back when there
+//! are any. Every block the log took stays reserved until the commit pins it.
+//! `MAX_LOG_BLOCKS` bounds them: past it, the fsync commits instead.
 //!
 //! A file made in this transaction is logged with its names (INODE_REF/EXTREF): replay
 //! adds the directory entries through them (`add_inode_ref`), which needs every parent
