@@ -122,16 +122,8 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
                 eprintln!("  create ino {}", id.ino);
             }
             if rng.chance(1, 2) {
-                fsync_event(
-                    &e,
-                    &dev,
-                    &mut events,
-                    &cur,
-                    f,
-                    id,
-                    format!("step {step}: fsync of new {f}"),
-                    trace,
-                );
+                let what = format!("step {step}: fsync of new {f}");
+                fsync_event(&e, &dev, &mut events, &cur, f, id, what, trace);
             }
             continue;
         };
@@ -202,16 +194,8 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
             }
         }
         if rng.chance(1, 2) {
-            fsync_event(
-                &e,
-                &dev,
-                &mut events,
-                &cur,
-                f,
-                id,
-                format!("step {step}: fsync of {f}"),
-                trace,
-            );
+            let what = format!("step {step}: fsync of {f}");
+            fsync_event(&e, &dev, &mut events, &cur, f, id, what, trace);
         } else if rng.chance(1, 12) {
             let s = dev.op_count();
             e.sync().expect("commit");

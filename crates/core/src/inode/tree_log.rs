@@ -57,6 +57,9 @@ use zerocopy::{FromBytes, IntoBytes};
 struct LogTree {
     subvol: u64,
     items: BTreeMap<Key, Vec<u8>>,
+    /// Inodes the log records with no links (a tmpfile an older kernel logged), whose
+    /// items every stage skips.
+    ignored: BTreeSet<u64>,
 }
 
 /// What the log root tree leads to, read and validated before anything changes.
@@ -137,7 +140,12 @@ pub(crate) fn read_logs(info: &FsInfo, log_root: RootInfo) -> Result<Logs> {
             Ok(())
         })
         .map_err(damaged)?;
-        trees.push(LogTree { subvol, items: tree });
+        let ignored = tree
+            .iter()
+            .filter(|(k, d)| k.type_ == INODE_ITEM_KEY && inode_item(d).nlink.get() == 0)
+            .map(|(k, _)| k.objectid)
+            .collect();
+        trees.push(LogTree { subvol, items: tree, ignored });
     }
     Ok(Logs { trees, blocks, data })
 }
@@ -291,8 +299,7 @@ pub(crate) fn replay(w: &mut FsWriter, logs: &Logs) -> Result<()> {
         }
         Ok(())
     })?;
-    let mut r =
-        Replay { excluded: BTreeMap::new(), fixup: BTreeSet::new(), ignored: BTreeSet::new() };
+    let mut r = Replay { excluded: BTreeMap::new(), fixup: BTreeSet::new() };
     w.transaction("log replay: exclude", 0, |w| {
         for (&bytenr, &len) in &logs.data {
             let from = Key::new(bytenr, EXTENT_ITEM_KEY, 0);
@@ -324,15 +331,12 @@ pub(crate) fn replay(w: &mut FsWriter, logs: &Logs) -> Result<()> {
         }
     }
     for t in &live {
-        r.ignored = ignored_of(t);
         r.stage_inodes(w, t)?;
     }
     for t in &live {
-        r.ignored = ignored_of(t);
         r.stage_dir_index(w, t)?;
     }
     for t in &live {
-        r.ignored = ignored_of(t);
         r.stage_all(w, t)?;
         r.fixup_inode_link_counts(w, t.subvol)?;
         // Replayed inodes may be past the tree's cached next objectid: it is found
@@ -343,15 +347,6 @@ pub(crate) fn replay(w: &mut FsWriter, logs: &Logs) -> Result<()> {
         crate::space::allocator::return_excluded(w, bytenr, len);
     }
     Ok(())
-}
-
-/// Inodes the log records with no links, whose items replay skips.
-fn ignored_of(t: &LogTree) -> BTreeSet<u64> {
-    t.items
-        .iter()
-        .filter(|(k, d)| k.type_ == INODE_ITEM_KEY && inode_item(d).nlink.get() == 0)
-        .map(|(k, _)| k.objectid)
-        .collect()
 }
 
 fn inode_item(d: &[u8]) -> InodeItem {
@@ -378,15 +373,13 @@ struct Replay {
     excluded: BTreeMap<u64, u64>,
     /// Inodes (subvolume, inode) whose link count is recounted after the last stage.
     fixup: BTreeSet<(u64, u64)>,
-    /// Inodes of the current log tree that are skipped.
-    ignored: BTreeSet<u64>,
 }
 
 impl Replay {
     fn stage_inodes(&mut self, w: &mut FsWriter, t: &LogTree) -> Result<()> {
         let root = t.subvol;
         for (key, data) in &t.items {
-            if key.type_ != INODE_ITEM_KEY || self.ignored.contains(&key.objectid) {
+            if key.type_ != INODE_ITEM_KEY || t.ignored.contains(&key.objectid) {
                 continue;
             }
             let ino = key.objectid;
@@ -421,7 +414,7 @@ impl Replay {
     fn stage_dir_index(&mut self, w: &mut FsWriter, t: &LogTree) -> Result<()> {
         let root = t.subvol;
         for (key, data) in &t.items {
-            if key.type_ != DIR_INDEX_KEY || self.ignored.contains(&key.objectid) {
+            if key.type_ != DIR_INDEX_KEY || t.ignored.contains(&key.objectid) {
                 continue;
             }
             let e = one_entry(root, key, data)?;
@@ -435,7 +428,7 @@ impl Replay {
     fn stage_all(&mut self, w: &mut FsWriter, t: &LogTree) -> Result<()> {
         let root = t.subvol;
         for (key, data) in &t.items {
-            if self.ignored.contains(&key.objectid) {
+            if t.ignored.contains(&key.objectid) {
                 continue;
             }
             match key.type_ {
