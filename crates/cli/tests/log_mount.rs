@@ -163,3 +163,74 @@ fn super_generation(img: &Path) -> u64 {
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .expect("generation line")
 }
+
+/// A directory's fsync through the mount goes into the log tree too: names made,
+/// removed and renamed after the last commit survive a kill -9 of the mount, in
+/// ubtrfs's replay and in the kernel's, and the fsynced file's data with them.
+#[test]
+fn directory_fsync_through_the_mount_survives_kill_9_by_the_log() {
+    if !available("directory_fsync_through_the_mount_survives_kill_9_by_the_log") {
+        return;
+    }
+    let dir = scratch_in("log-mount", "dirfsync");
+    let img = dir.join("img");
+    fuse::mkfs(&img, "256M");
+    let mnt = dir.join("m");
+    let d = mnt.join("d");
+    {
+        // Committed by the unmount: what follows is only in the log.
+        let m = FuseMount::start(&img, &mnt, "commit=300");
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("old"), b"old").expect("write");
+        std::fs::write(d.join("moved"), b"moved").expect("write");
+        m.stop(Stop::Umount);
+    }
+    let m = FuseMount::start(&img, &mnt, "commit=300");
+    let gen_before = super_generation(&img);
+    let journal = cmd::pseudo_random(7, 20_000);
+    std::fs::write(d.join("db-journal"), &journal).expect("journal");
+    std::fs::File::open(d.join("db-journal")).expect("open").sync_all().expect("fsync");
+    std::fs::remove_file(d.join("old")).expect("unlink");
+    std::fs::rename(d.join("moved"), d.join("renamed")).expect("rename");
+    std::fs::create_dir(d.join("sub")).expect("mkdir");
+    std::fs::File::open(&d).expect("open the directory").sync_all().expect("fsync the directory");
+    assert_eq!(super_generation(&img), gen_before, "the fsyncs committed instead of logging");
+    m.kill9();
+    let want: Vec<(&str, Option<&[u8]>)> =
+        vec![("db-journal", Some(&journal)), ("renamed", Some(b"moved")), ("sub", None)];
+    let listing = run(bin().arg("ls").arg(&img).arg("/d"));
+    let mut names: Vec<&str> =
+        listing.lines().filter_map(|l| l.split_whitespace().last()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["db-journal", "renamed", "sub"], "ubtrfs's replay:\n{listing}");
+    for (n, data) in &want {
+        if let Some(data) = data {
+            let got = run_output(bin().arg("cat").arg(&img).arg(format!("/d/{n}"))).stdout;
+            assert!(&got[..] == *data, "ubtrfs's replay of /d/{n}: {} bytes", got.len());
+        }
+    }
+    assert_check(&img, "the image with its log, before any replay");
+    let kcopy = dir.join("kernel.img");
+    std::fs::copy(&img, &kcopy).expect("copy");
+    let kdir = dir.join("k");
+    {
+        let _k = KernelMount::new(&kcopy, &kdir);
+        let mut got: Vec<String> = std::fs::read_dir(kdir.join("d"))
+            .expect("kernel readdir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, ["db-journal", "renamed", "sub"], "the kernel's replay");
+        for (n, data) in &want {
+            match data {
+                Some(data) => {
+                    let got = std::fs::read(kdir.join("d").join(n)).expect("kernel read");
+                    assert!(&got[..] == *data, "the kernel's replay of d/{n}");
+                }
+                None => assert!(kdir.join("d").join(n).is_dir(), "the kernel's d/{n}"),
+            }
+        }
+    }
+    assert_check(&kcopy, "after the kernel's replay");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -50,6 +50,8 @@ enum Want {
     Absent,
     /// Nothing, or a file with these bytes (an unlink not made durable).
     AbsentOr(Vec<u8>),
+    /// A symbolic link to this target.
+    Symlink(Vec<u8>),
 }
 
 struct Scenario {
@@ -112,6 +114,12 @@ impl Scenario {
     fn ln(&self, from: &str, to: &str) {
         let (tp, tn) = Scenario::split(to);
         self.e.link(self.id(from), self.id(tp), tn.as_bytes()).expect("link");
+    }
+
+    fn symlink(&self, path: &str, target: &[u8]) {
+        let (p, n) = Scenario::split(path);
+        let a = InodeAttrs::new(0o120777);
+        self.e.symlink(self.id(p), n.as_bytes(), target, &a).expect("symlink");
     }
 
     fn rm(&self, path: &str) {
@@ -185,6 +193,11 @@ fn expect_ubtrfs(fs: &Filesystem, want: &[(&str, Want)]) -> Vec<String> {
                 expect_ubtrfs(fs, &[(path, Want::File(d.clone()))]).is_empty()
             }
             (Want::Dir, Some(v)) => v.kind() == FileKind::Dir,
+            (Want::Symlink(t), Some(v)) => {
+                let mut buf = vec![0u8; v.size() as usize];
+                let n = fs.read_at(v, 0, &mut buf).expect("read the link");
+                v.kind() == FileKind::Symlink && buf[..n] == t[..]
+            }
             (Want::File(d), Some(v)) | (Want::Linked(d, _), Some(v)) => {
                 let mut buf = vec![0u8; v.size() as usize];
                 let mut at = 0;
@@ -224,6 +237,7 @@ fn show(w: &Want) -> String {
         Want::Dir => "a directory".into(),
         Want::Absent => "nothing".into(),
         Want::AbsentOr(d) => format!("nothing or a file of {} bytes", d.len()),
+        Want::Symlink(t) => format!("a symlink to {}", String::from_utf8_lossy(t)),
     }
 }
 
@@ -260,6 +274,11 @@ fn kernel(name: &str, img: &[u8], want: &[(&str, Want)]) -> Vec<String> {
                 m.is_file() && std::fs::read(&full).ok().as_ref() == Some(d)
             }
             (Want::Dir, Ok(m)) => m.is_dir(),
+            (Want::Symlink(t), Ok(m)) => {
+                use std::os::unix::ffi::OsStrExt;
+                m.is_symlink()
+                    && std::fs::read_link(&full).is_ok_and(|l| l.as_os_str().as_bytes() == &t[..])
+            }
             (Want::File(d), Ok(m)) => m.is_file() && std::fs::read(&full).ok().as_ref() == Some(d),
             (Want::Linked(d, n), Ok(m)) => {
                 m.is_file()
@@ -293,7 +312,7 @@ fn generic_322_rename_then_fsync_of_the_renamed_file() {
     s.commit();
     s.mv("t/foo", "t/bar");
     s.fsync("t/bar");
-    s.crash_and_check(
+    s.crash_with_log_and_check(
         "generic-322",
         &[("t/foo", Want::Absent), ("t/bar", Want::File(pattern(0xaa, 16384)))],
     );
@@ -312,7 +331,7 @@ fn generic_335_moved_file_survives_fsync_of_its_old_grandparent() {
     s.write("t/a/bar", b"");
     let a = s.id("t/a");
     s.e.fsync(a).expect("fsync of a directory");
-    s.crash_and_check(
+    s.crash_with_log_and_check(
         "generic-335",
         &[
             ("t/a/b/foo", Want::Absent),
@@ -335,7 +354,7 @@ fn generic_336_moved_file_is_only_at_its_destination() {
     s.rm("t/b/foo_link");
     s.mv("t/b/bar", "t/c/bar");
     s.fsync("t/a/foo");
-    s.crash_and_check(
+    s.crash_with_log_and_check(
         "generic-336",
         &[
             ("t/a/foo", Want::Linked(b"foo".to_vec(), 1)),
@@ -359,7 +378,7 @@ fn generic_341_renamed_directory_keeps_its_files() {
     s.mkdir("t/a/x");
     let x = s.id("t/a/x");
     s.e.fsync(x).expect("fsync");
-    s.crash_and_check(
+    s.crash_with_log_and_check(
         "generic-341",
         &[
             ("t/a/x", Want::Dir),
@@ -381,7 +400,7 @@ fn generic_342_renamed_file_survives_a_new_file_under_its_old_name() {
     s.mv("t/a/foo", "t/a/bar");
     s.write("t/a/foo", &pattern(0xba, 16384));
     s.fsync("t/a/foo");
-    s.crash_and_check(
+    s.crash_with_log_and_check(
         "generic-342",
         &[
             ("t/a/foo", Want::File(pattern(0xba, 16384))),
@@ -403,7 +422,7 @@ fn generic_343_new_link_and_moved_entries() {
     s.mv("t/y/z", "t/x/z");
     s.mv("t/y/foo2", "t/x/foo2");
     s.fsync("t/x/foo");
-    s.crash_and_check(
+    s.crash_with_log_and_check(
         "generic-343",
         &[
             ("t/x/foo", Want::Linked(Vec::new(), 2)),
@@ -486,6 +505,8 @@ fn rollback_journal_pattern_brings_back_no_old_journal() {
     for i in 0..3u8 {
         s.write("t/db-journal", &pattern(0xf0 + i, 8192));
         s.fsync("t/db-journal");
+        // SQLite fsyncs the directory after it makes the journal.
+        s.fsync("t");
         let db = s.id("t/db");
         s.e.buffered_write(db, 4096 * u64::from(i), &pattern(0x10 + i, 4096)).expect("db");
         s.fsync("t/db");
@@ -501,11 +522,11 @@ fn rollback_journal_pattern_brings_back_no_old_journal() {
     );
 }
 
-/// A logged new file that is renamed: the log cannot follow the new name, so the next
-/// fsync commits; both files are there after the crash, the renamed one only at its
-/// new name.
+/// A logged new file that is renamed: the next sync logs its names again (the kernel
+/// logs the new name at the rename), so after the crash it is only at its new name,
+/// and a new file has the old one.
 #[test]
-fn logged_file_renamed_then_another_fsync_commits() {
+fn logged_file_renamed_is_logged_under_its_new_name() {
     let s = Scenario::new();
     s.mkdir("t");
     s.commit();
@@ -514,8 +535,68 @@ fn logged_file_renamed_then_another_fsync_commits() {
     s.mv("t/a", "t/c");
     s.write("t/a", b"second");
     s.fsync("t/a");
-    s.crash_and_check(
+    s.crash_with_log_and_check(
         "renamed-logged",
         &[("t/c", Want::File(b"first".to_vec())), ("t/a", Want::File(b"second".to_vec()))],
+    );
+}
+
+/// A directory fsync makes its new names durable: a new file (logged as far as it
+/// was written back), a new directory with a file in it, a symlink; and its removed
+/// names stay removed, also one that was renamed into another directory.
+#[test]
+fn directory_fsync_logs_new_and_removed_names() {
+    let s = Scenario::new();
+    for d in ["t", "t/d", "t/other"] {
+        s.mkdir(d);
+    }
+    s.write("t/d/old", b"old");
+    s.write("t/d/moved", b"moved");
+    s.commit();
+    s.write("t/d/new", b"new file");
+    s.fsync("t/d/new");
+    s.mkdir("t/d/sub");
+    s.write("t/d/sub/inner", b"");
+    s.symlink("t/d/link", b"new");
+    s.rm("t/d/old");
+    s.mv("t/d/moved", "t/other/moved");
+    s.fsync("t/d");
+    s.crash_with_log_and_check(
+        "dir-fsync",
+        &[
+            ("t/d/new", Want::File(b"new file".to_vec())),
+            ("t/d/sub", Want::Dir),
+            ("t/d/sub/inner", Want::File(Vec::new())),
+            ("t/d/link", Want::Symlink(b"new".to_vec())),
+            ("t/d/old", Want::Absent),
+            ("t/d/moved", Want::Absent),
+            ("t/other/moved", Want::File(b"moved".to_vec())),
+        ],
+    );
+}
+
+/// generic/341-like, from the other side: a directory renamed, and a new one made
+/// under its old name, then a file in the new one fsynced: the renamed directory keeps
+/// its files at its new name (the kernel's "directory trouble case 1", which it
+/// commits for).
+#[test]
+fn new_directory_over_a_renamed_ones_name() {
+    let s = Scenario::new();
+    for d in ["t", "t/foo", "t/foo/some_dir", "t/foo2"] {
+        s.mkdir(d);
+    }
+    s.write("t/foo/some_dir/kept", b"kept");
+    s.commit();
+    s.mv("t/foo/some_dir", "t/foo2/some_dir");
+    s.mkdir("t/foo/some_dir");
+    s.write("t/foo/some_dir/some_file", b"fsynced");
+    s.fsync("t/foo/some_dir/some_file");
+    s.crash_with_log_and_check(
+        "dir-trouble-1",
+        &[
+            ("t/foo2/some_dir/kept", Want::File(b"kept".to_vec())),
+            ("t/foo/some_dir/some_file", Want::File(b"fsynced".to_vec())),
+            ("t/foo/some_dir/kept", Want::Absent),
+        ],
     );
 }

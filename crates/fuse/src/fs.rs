@@ -694,14 +694,6 @@ impl UbtrfsFs {
         }
     }
 
-    fn sync(&self) -> Result<()> {
-        if self.opts.read_only {
-            return Ok(());
-        }
-        // Buffered data first: a commit writes only what the trees hold.
-        self.engine.sync().map(|_| ())
-    }
-
     /// Tell the kernel that inode `id`'s attributes changed in a way its own FUSE
     /// code does not expect after the request it sent (the next `stat` asks us). The
     /// kernel handles this without the inode's lock or its pages (attributes only), so
@@ -1378,12 +1370,21 @@ impl fuser::Filesystem for UbtrfsFs {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.sync() {
+        // The directory's changed entries and what their replay needs go into the log
+        // tree, or a commit where the log cannot hold them (Engine::fsync): the new
+        // files named are logged as far as they were written back, as the kernel's
+        // directory fsync writes back no file's data.
+        let r = if self.opts.read_only {
+            Ok(())
+        } else {
+            self.id(ino).and_then(|id| self.engine.fsync(id).map(|_| ()))
+        };
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("fsyncdir", &e)),
         }

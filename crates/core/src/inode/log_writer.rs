@@ -19,26 +19,33 @@
 //! are any. Every block the log took stays reserved until the commit pins it.
 //! `MAX_LOG_BLOCKS` bounds them: past it, the fsync commits instead.
 //!
-//! A file made in this transaction is logged with its names (INODE_REF/EXTREF): replay
-//! adds the directory entries through them (`add_inode_ref`), which needs every parent
-//! directory committed, and no committed file under the same name (the kernel logs
-//! that file too). An unlink of a logged file takes the name out of the log
-//! (`log_unlink`, the kernel's `btrfs_del_inode_ref_in_log`), so a later sync does not
-//! bring it back; a new name for a logged file (link, rename) makes every fsync commit
-//! until the next commit (`log_new_name`; the kernel logs the new name).
+//! Names are logged as the kernel logs them (`log_closure`), and replay makes them
+//! so: a fsync of a directory logs its inode and its entries changed in this
+//! transaction (each run of changed DIR_INDEX keys, with a DIR_LOG_INDEX item over it,
+//! so replay drops the names there the log lacks); an inode such an entry names is
+//! logged too, a new directory, symlink or special file whole, a new file as
+//! existing (empty unless an fsync logged it), a committed inode with its names
+//! (generation 0: replay changes nothing else of it). A new file needs its new parent
+//! directories logged, and its name's committed holder dealt with (its other names
+//! logged, or the directory if it is gone); a committed inode whose names changed (a
+//! link, a rename) needs every directory it has or had a name in. A child directory
+//! that an inode was renamed out of is logged with its parent. An unlink takes a
+//! logged name out of the log (`log_unlink`, the kernel's `btrfs_del_inode_ref_in_log`,
+//! and `log_dir_change`, its `btrfs_del_dir_entries_in_log`); a logged inode that gets
+//! a new name has its names logged again at the next sync (`LogState::relog`).
 //!
-//! Where the log cannot make a file durable by the kernel's rules, the fsync commits
-//! (`LogOutcome::Commit` says why): a file not regular or unlinked; a file made in this
-//! transaction under a directory also made in it, or over a committed file's name; a
-//! committed file whose names changed (link, rename: the kernel logs the parent
-//! directories then); a subvolume or block group made in this transaction (replay
-//! reads the log through the committed chunk tree and root tree); quotas on.
+//! Where the log cannot make an inode durable by the kernel's rules, the fsync commits
+//! (`LogOutcome::Commit` says why): an unlinked file; a subvolume's entry that came or
+//! went in a logged directory; a logged inode of another subvolume renamed; a
+//! subvolume or block group made in this transaction (replay reads the log through
+//! the committed chunk tree and root tree); quotas on; more than `MAX_LOG_INODES`
+//! inodes or `MAX_LOG_BLOCKS` blocks.
 
 use crate::error::{PosixKind, Result};
 use crate::inode::filesystem::{Filesystem, InodeId};
 use crate::inode::writer::FsWriter;
 use crate::tree::search::TreeView;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use ubtrfs_format::items;
 use ubtrfs_format::key::*;
 use ubtrfs_format::node::{NodeMut, HEADER_SIZE, ITEM_SIZE, KEY_PTR_SIZE};
@@ -71,10 +78,54 @@ pub struct LogState {
     written: HashMap<u128, u64>,
     /// Blocks of logs before the last synced one: free for the next sync.
     pool: Vec<u64>,
-    /// A logged inode got a new name (a link, a rename) since it was logged: the log
-    /// cannot say where it is now, and fsyncs commit until the next commit (the kernel
-    /// logs the new name, `btrfs_log_new_name`).
-    need_commit: bool,
+    /// Logged inodes (subvolume, inode) that got a new name (a link, a rename) since
+    /// they were logged: the next sync logs their names again.
+    relog: BTreeSet<(u64, u64)>,
+    /// Per directory (subvolume, inode): its entries changed in this transaction.
+    dirs: BTreeMap<(u64, u64), DirChanges>,
+}
+
+/// The changes to one directory's entries in a transaction (`log_dir_change`).
+#[derive(Default)]
+struct DirChanges {
+    /// DIR_INDEX keys added or removed.
+    indexes: BTreeSet<u64>,
+    /// Inodes that lost a name in the directory.
+    gone: BTreeSet<u64>,
+    /// A subvolume's entry came or went.
+    subvol: bool,
+}
+
+/// What the log needs of an inode (`log_closure`); the greater includes the lesser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Want {
+    /// Its names: the back references (and an inode item that says it exists).
+    Names,
+    /// All of it: a file's changed extents, a directory's changed entries.
+    Inode,
+}
+
+/// Most inodes one fsync may log (a directory of many new files logs each); past it,
+/// the fsync commits.
+const MAX_LOG_INODES: usize = 20_000;
+
+/// The (parent, name) pairs of INODE_REF / INODE_EXTREF items.
+fn ref_names(refs: &[(Key, Vec<u8>)]) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (k, d) in refs {
+        if k.type_ == INODE_REF_KEY {
+            out.extend(
+                items::inode_refs(d, k.offset)
+                    .filter_map(|r| r.ok())
+                    .map(|r| (r.parent, r.name.to_vec())),
+            );
+        } else {
+            out.extend(
+                items::inode_extrefs(d).filter_map(|r| r.ok()).map(|r| (r.parent, r.name.to_vec())),
+            );
+        }
+    }
+    out
 }
 
 /// The blocks of one sync.
@@ -115,6 +166,8 @@ type LiveItem = (u64, u64, u64, Vec<u8>);
 /// The last commit, for what it already holds.
 struct CommittedView {
     fs: Filesystem,
+    /// The subvolume's committed root.
+    croot: crate::tree::search::RootInfo,
     csum_root: crate::tree::search::RootInfo,
     sectorsize: u64,
     csum_size: u64,
@@ -235,9 +288,10 @@ impl FsWriter {
         }
     }
 
-    /// Make file `id` durable through the log tree (its data must be written back):
-    /// copy its changed items into the log and sync the log. `Commit` when the log
-    /// cannot hold it (see the module documentation); nothing is written then.
+    /// Make inode `id` durable through the log tree (a file's data must be written
+    /// back): copy it, and what its replay needs, into the log, and sync the log.
+    /// `Commit` when the log cannot hold it (see the module documentation); nothing is
+    /// written then, and the caller commits, which starts a new log.
     ///
     /// # Errors
     /// Read and allocation failures; `Io` from the log's writes (the filesystem is then
@@ -264,107 +318,311 @@ impl FsWriter {
             return Ok(Commit("the inode has no item"));
         };
         let item = InodeItem::read_from_bytes(&idata).expect("inode item size checked");
-        if item.mode.get() & S_IFMT != S_IFREG {
-            return Ok(Commit(
-                "not a regular file (directories, symlinks and special files commit)",
-            ));
-        }
         if item.nlink.get() == 0 {
             return Ok(Commit("the file has no name left"));
         }
-        if self.log.transid != self.transid {
-            self.log = LogState { transid: self.transid, ..Default::default() };
+        self.fresh_log();
+        // Nothing to log: the inode is as the last commit left it, or (a file) as the
+        // log has it (the kernel's skip of an inode not changed since it was logged).
+        let pending =
+            self.log_changes.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(root, ino));
+        if !pending {
+            let logged = self.log.trees.get(&root).and_then(|t| t.items.get(&ik));
+            let reg = item.mode.get() & S_IFMT == S_IFREG;
+            if item.transid.get() < self.transid || (reg && logged == Some(&idata)) {
+                return Ok(LogOutcome::Synced);
+            }
         }
-        if self.log.need_commit {
-            return Ok(Commit("a logged file got a new name since it was logged"));
+        if self.log.relog.iter().any(|&(r, _)| r != root) {
+            return Ok(Commit("a logged inode of another subvolume got a new name"));
         }
-        let committed = Filesystem::committed(self.info.clone())?;
-        let croot = match committed.read_root(root) {
+        let fs = Filesystem::committed(self.info.clone())?;
+        let croot = match fs.read_root(root) {
             Ok((ri, _)) => ri,
             Err(e) if e.posix_kind() == Some(PosixKind::NotFound) => {
                 return Ok(Commit("the subvolume was made in this transaction"))
             }
             Err(e) => return Err(e),
         };
-        let rfrom = Key::new(ino, INODE_REF_KEY, 0);
-        let rto = Key::new(ino, INODE_EXTREF_KEY, u64::MAX);
-        let live_refs = self.items_in_range(root, &rfrom, &rto)?;
-        if item.generation.get() >= self.transid {
-            // A file made in this transaction: replay adds its names through its back
-            // references (`add_inode_ref`), which needs each parent directory in the
-            // committed tree (the kernel logs new parents too; ubtrfs commits).
-            for (k, d) in &live_refs {
-                let names: Vec<(u64, Vec<u8>)> = if k.type_ == INODE_REF_KEY {
-                    items::inode_refs(d, k.offset)
-                        .filter_map(|r| r.ok())
-                        .map(|r| (r.parent, r.name.to_vec()))
-                        .collect()
-                } else {
-                    items::inode_extrefs(d)
-                        .filter_map(|r| r.ok())
-                        .map(|r| (r.parent, r.name.to_vec()))
-                        .collect()
-                };
-                for (p, name) in names {
-                    // A committed file under the same name (renamed or unlinked since)
-                    // would lose it to the replay of this one (the kernel logs that file
-                    // too, `btrfs_check_ref_name_override`; ubtrfs commits).
-                    let dk = Key::new(p, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(&name));
-                    let taken = committed.items_in_range(&croot, &dk, &dk)?.iter().any(|it| {
-                        items::dir_entries(it.data()).any(|e| {
-                            e.is_ok_and(|e| e.name == &name[..] && e.location.objectid != ino)
-                        })
-                    });
-                    if taken {
-                        return Ok(Commit("a committed file has the new file's name"));
-                    }
-                    let pk = Key::new(p, INODE_ITEM_KEY, 0);
-                    let made_now =
-                        self.items_in_range(root, &pk, &pk)?.pop().is_none_or(|(_, d)| {
-                            InodeItem::read_from_bytes(&d)
-                                .map_or(true, |i| i.generation.get() >= self.transid)
-                        });
-                    if made_now {
-                        return Ok(Commit(
-                            "a directory of the new file was made in this transaction",
-                        ));
-                    }
-                }
-            }
-        } else {
-            // Its names must be the committed ones: a link or rename in this
-            // transaction needs the parent directories logged (the kernel logs them).
-            let old_refs: Vec<(Key, Vec<u8>)> = committed
-                .items_in_range(&croot, &rfrom, &rto)?
-                .into_iter()
-                .map(|i| (i.key(), i.data().to_vec()))
-                .collect();
-            if live_refs != old_refs {
-                return Ok(Commit("the file's names changed in this transaction"));
-            }
-        }
-        // Nothing to log: the file is as the last commit left it, or as the log has it
-        // (the kernel's skip of an inode not changed since it was logged).
-        let pending =
-            self.log_changes.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(root, ino));
-        if !pending {
-            let logged = self.log.trees.get(&root).and_then(|t| t.items.get(&ik));
-            if item.transid.get() < self.transid || logged == Some(&idata) {
-                return Ok(LogOutcome::Synced);
-            }
-        }
-        let mut tree = self.log.trees.remove(&root).unwrap_or_default();
-        let (csum_root, _) = committed.read_root(CSUM_TREE_OBJECTID)?;
+        let (csum_root, _) = fs.read_root(CSUM_TREE_OBJECTID)?;
         let committed = CommittedView {
-            fs: committed,
+            fs,
+            croot,
             csum_root,
             sectorsize: u64::from(self.sectorsize()),
             csum_size: self.info.csum_type.size() as u64,
         };
-        let r = self.log_items(id, &item, &mut tree, &committed);
+        let mut tree = self.log.trees.remove(&root).unwrap_or_default();
+        let r = self.log_closure(root, ino, &mut tree, &committed);
         self.log.trees.insert(root, tree);
-        r?;
+        if let Some(why) = r? {
+            return Ok(Commit(why));
+        }
+        self.log.relog.clear();
         self.sync_log()
+    }
+
+    /// Start this transaction's log if the one kept is an older transaction's.
+    fn fresh_log(&mut self) {
+        if self.log.transid != self.transid {
+            self.log = LogState { transid: self.transid, ..Default::default() };
+        }
+    }
+
+    /// Log inode `ino` of tree `root` into `tree`, and with it every inode and
+    /// directory its replay needs (the kernel's `btrfs_log_inode_parent`,
+    /// `log_new_dir_dentries`, `btrfs_log_all_parents`, `log_all_new_ancestors`):
+    /// - a file: its items (`log_items`); a directory: its inode item, names and
+    ///   xattrs, and its entries changed in this transaction (`log_dir_entries`); a
+    ///   symlink or special file: all its items;
+    /// - each inode an entry logged that way names: a new one whole, a committed one
+    ///   with its names only (`log_names_only`);
+    /// - for each inode logged, the directories its names changed in (`log_parents`);
+    /// - every logged inode renamed or linked since (`LogState::relog`).
+    ///
+    /// `Some(why)` when the log cannot hold it.
+    fn log_closure(
+        &mut self,
+        root: u64,
+        ino: u64,
+        tree: &mut LogItems,
+        committed: &CommittedView,
+    ) -> Result<Option<&'static str>> {
+        let mut queue: VecDeque<(Want, u64)> = VecDeque::new();
+        queue.push_back((Want::Inode, ino));
+        queue.extend(self.log.relog.iter().map(|&(_, i)| (Want::Names, i)));
+        let mut done: HashMap<u64, Want> = HashMap::new();
+        while let Some((want, ino)) = queue.pop_front() {
+            let Some(item) = self.live_inode(root, ino)? else {
+                continue; // gone since: its names went with it
+            };
+            if item.nlink.get() == 0 {
+                continue; // unlinked: the log has its names out already (`log_unlink`)
+            }
+            // A new directory, symlink or special file is logged whole whatever asked
+            // for it: replay makes it from the log alone. A new file named by a logged
+            // entry is logged as existing, empty unless an fsync logged it (the
+            // kernel's LOG_INODE_EXISTS: a directory's fsync makes names durable, not
+            // their files' data).
+            let is_new = item.generation.get() >= self.transid;
+            let reg = item.mode.get() & S_IFMT == S_IFREG;
+            let want = if is_new && !reg { Want::Inode } else { want };
+            if done.get(&ino).is_some_and(|&d| d >= want) {
+                continue;
+            }
+            done.insert(ino, want);
+            if done.len() > MAX_LOG_INODES {
+                return Ok(Some("one fsync would log too many inodes"));
+            }
+            let id = InodeId { root, ino };
+            match (want, item.mode.get() & S_IFMT) {
+                (Want::Names, _) => self.log_names_only(root, ino, &item, tree)?,
+                (Want::Inode, S_IFREG) => self.log_items(id, &item, tree, committed)?,
+                (Want::Inode, S_IFDIR) => {
+                    self.log_head(root, ino, tree)?;
+                    if let Some(why) = self.log_dir_entries(root, ino, tree, &mut queue)? {
+                        return Ok(Some(why));
+                    }
+                }
+                (Want::Inode, _) => {
+                    let all = Key::new(ino, 0, 0)..=Key::new(ino, u8::MAX, u64::MAX);
+                    tree.items.retain(|k, _| !all.contains(k));
+                    for (k, d) in self.items_in_range(root, all.start(), all.end())? {
+                        tree.items.insert(k, d);
+                    }
+                }
+            }
+            if let Some(why) = self.log_parents(root, ino, is_new, committed, &mut queue)? {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The live inode item of (`root`, `ino`).
+    fn live_inode(&mut self, root: u64, ino: u64) -> Result<Option<InodeItem>> {
+        let ik = Key::new(ino, INODE_ITEM_KEY, 0);
+        Ok(self
+            .items_in_range(root, &ik, &ik)?
+            .pop()
+            .map(|(_, d)| InodeItem::read_from_bytes(&d).expect("inode item size checked")))
+    }
+
+    /// Copy the inode item, names and xattrs of `ino` into `tree`, as they are now
+    /// (replay deletes the xattrs a logged inode lacks).
+    fn log_head(&mut self, root: u64, ino: u64, tree: &mut LogItems) -> Result<()> {
+        let head = Key::new(ino, 0, 0)..=Key::new(ino, XATTR_ITEM_KEY, u64::MAX);
+        tree.items.retain(|k, _| !head.contains(k));
+        for (k, d) in self.items_in_range(root, head.start(), head.end())? {
+            tree.items.insert(k, d);
+        }
+        Ok(())
+    }
+
+    /// The names of inode `ino` (item `item`) into `tree`: its back references, and
+    /// unless an fsync logged it already, its xattrs and its inode item, logged with
+    /// generation 0 and size 0, which replay reads as "this inode exists": a committed
+    /// inode keeps its size and data, a new one is made empty (the kernel's
+    /// LOG_INODE_EXISTS).
+    fn log_names_only(
+        &mut self,
+        root: u64,
+        ino: u64,
+        item: &InodeItem,
+        tree: &mut LogItems,
+    ) -> Result<()> {
+        let ik = Key::new(ino, INODE_ITEM_KEY, 0);
+        let full = tree
+            .items
+            .get(&ik)
+            .is_some_and(|d| InodeItem::read_from_bytes(d).is_ok_and(|i| i.generation.get() != 0));
+        if full {
+            let refs = Key::new(ino, INODE_REF_KEY, 0)..=Key::new(ino, INODE_EXTREF_KEY, u64::MAX);
+            tree.items.retain(|k, _| !refs.contains(k));
+            for (k, d) in self.items_in_range(root, refs.start(), refs.end())? {
+                tree.items.insert(k, d);
+            }
+            return Ok(());
+        }
+        self.log_head(root, ino, tree)?;
+        let mut exists = *item;
+        exists.generation = 0.into();
+        exists.size = 0.into();
+        tree.items.insert(ik, exists.as_bytes().to_vec());
+        Ok(())
+    }
+
+    /// The entries of directory `dir` changed in this transaction into `tree`: for
+    /// each run of changed DIR_INDEX keys, the live entries in it and a DIR_LOG_INDEX
+    /// item over it, so replay drops the names there the log lacks
+    /// (`replay_dir_deletes`). The inodes those entries name, and those that lost a
+    /// name in `dir`, go on `queue`. `Some(why)` where the log cannot say it.
+    fn log_dir_entries(
+        &mut self,
+        root: u64,
+        dir: u64,
+        tree: &mut LogItems,
+        queue: &mut VecDeque<(Want, u64)>,
+    ) -> Result<Option<&'static str>> {
+        let Some(ch) = self.log.dirs.get(&(root, dir)) else { return Ok(None) };
+        if ch.subvol {
+            // Replay would have to add or drop a subvolume's root reference.
+            return Ok(Some("a subvolume's entry in the directory came or went"));
+        }
+        let indexes: Vec<u64> = ch.indexes.iter().copied().collect();
+        queue.extend(ch.gone.iter().map(|&i| (Want::Names, i)));
+        let old = Key::new(dir, DIR_LOG_INDEX_KEY, 0)..=Key::new(dir, DIR_INDEX_KEY, u64::MAX);
+        tree.items.retain(|k, _| !(old.contains(k) && k.type_ != DIR_ITEM_KEY));
+        let mut i = 0;
+        while i < indexes.len() {
+            let a = indexes[i];
+            let mut b = a;
+            while i + 1 < indexes.len() && indexes[i + 1] == b + 1 {
+                i += 1;
+                b += 1;
+            }
+            i += 1;
+            let from = Key::new(dir, DIR_INDEX_KEY, a);
+            for (k, d) in self.items_in_range(root, &from, &Key::new(dir, DIR_INDEX_KEY, b))? {
+                for e in items::dir_entries(&d) {
+                    let e = e.expect("validated by the tree checker");
+                    if e.location.type_ != INODE_ITEM_KEY {
+                        return Ok(Some("a subvolume's entry in the directory came or went"));
+                    }
+                    queue.push_back((Want::Names, e.location.objectid));
+                }
+                tree.items.insert(k, d);
+            }
+            tree.items.insert(Key::new(dir, DIR_LOG_INDEX_KEY, a), b.to_le_bytes().to_vec());
+        }
+        // A child directory that an inode was renamed out of: logged too, so replay
+        // moves the inode rather than leave it under its old name (the kernel logs the
+        // child directories it meets and commits for one with such a rename,
+        // `last_unlink_trans`; the log can say it).
+        let children: Vec<u64> = self
+            .log
+            .dirs
+            .iter()
+            .filter(|(&(r, x), c)| r == root && x != dir && !c.gone.is_empty())
+            .map(|(&(_, x), _)| x)
+            .collect();
+        for x in children {
+            let rk = Key::new(x, INODE_REF_KEY, dir);
+            if !self.items_in_range(root, &rk, &rk)?.is_empty() {
+                queue.push_back((Want::Inode, x));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The directories that inode `ino` (already in the log with its names) needs
+    /// logged for replay to give it exactly its names (`is_new`: made in this
+    /// transaction, no committed names):
+    /// - a committed inode whose names changed (a link, a rename): every directory it
+    ///   has or had a name in (the kernel's `btrfs_log_all_parents`), so replay drops
+    ///   the old names and adds the new ones with the other changes there;
+    /// - a new inode: every new directory it has a name in (replay makes it); where its
+    ///   name replaces a committed entry, that entry's inode's names if it lives on,
+    ///   or else the directory. A name in a committed directory needs nothing more:
+    ///   replay adds it from the back reference (`add_inode_ref`).
+    fn log_parents(
+        &mut self,
+        root: u64,
+        ino: u64,
+        is_new: bool,
+        committed: &CommittedView,
+        queue: &mut VecDeque<(Want, u64)>,
+    ) -> Result<Option<&'static str>> {
+        let refs = Key::new(ino, INODE_REF_KEY, 0)..=Key::new(ino, INODE_EXTREF_KEY, u64::MAX);
+        let live = ref_names(&self.items_in_range(root, refs.start(), refs.end())?);
+        if !is_new {
+            let v: Vec<(Key, Vec<u8>)> = committed
+                .fs
+                .items_in_range(&committed.croot, refs.start(), refs.end())?
+                .into_iter()
+                .map(|i| (i.key(), i.data().to_vec()))
+                .collect();
+            let old = ref_names(&v);
+            if old != live {
+                queue.extend(old.iter().chain(&live).map(|(p, _)| (Want::Inode, *p)));
+            }
+            return Ok(None);
+        }
+        for (p, name) in &live {
+            let Some(pi) = self.live_inode(root, *p)? else { continue };
+            if pi.generation.get() >= self.transid {
+                queue.push_back((Want::Inode, *p));
+                continue;
+            }
+            // A committed entry under the same name: replay drops it for this one. If
+            // its inode lives on under other names (a rename, a link), they are logged
+            // (which logs its directories); if it is gone, replay's link count fixup
+            // frees it.
+            let dk = Key::new(*p, DIR_ITEM_KEY, ubtrfs_format::hash::name_hash(name));
+            let mut holders = Vec::new();
+            for it in committed.fs.items_in_range(&committed.croot, &dk, &dk)? {
+                for e in items::dir_entries(it.data()) {
+                    let e = e.expect("validated by the tree checker");
+                    if e.name == &name[..] && e.location.objectid != ino {
+                        if e.location.type_ != INODE_ITEM_KEY {
+                            return Ok(Some("a new file has a subvolume's committed name"));
+                        }
+                        holders.push(e.location.objectid);
+                    }
+                }
+            }
+            for h in holders {
+                if self.live_inode(root, h)?.is_some_and(|i| i.nlink.get() > 0) {
+                    queue.push_back((Want::Names, h));
+                } else {
+                    // Gone: the directory is logged, so the committed name stays
+                    // dropped also if this file loses its name before the crash (the
+                    // kernel's `add_conflicting_inode` of a deleted inode).
+                    queue.push_back((Want::Inode, *p));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Whether inode (`root`, `ino`) is in this transaction's log.
@@ -378,10 +636,42 @@ impl FsWriter {
     }
 
     /// Inode (`root`, `ino`) gets a new name (a link, a rename): if it is logged, the
-    /// log cannot follow, and fsyncs commit until the next commit.
+    /// next sync logs its names again (the kernel logs the new name at once,
+    /// `btrfs_log_new_name`).
     pub(crate) fn log_new_name(&mut self, root: u64, ino: u64) {
         if self.logged(root, ino) {
-            self.log.need_commit = true;
+            self.log.relog.insert((root, ino));
+        }
+    }
+
+    /// Record a change to directory `dir`'s entries for the log: DIR_INDEX `index`
+    /// added or removed, inode `gone` lost a name in it, a subvolume's entry came or
+    /// went (`subvol`). A removed index leaves the log too (the kernel's
+    /// `btrfs_del_dir_entries_in_log`): replay must not bring the name back.
+    pub(crate) fn log_dir_change(
+        &mut self,
+        root: u64,
+        dir: u64,
+        index: Option<(u64, bool)>,
+        gone: Option<u64>,
+        subvol: bool,
+    ) {
+        if !self.track_log_changes {
+            return;
+        }
+        self.fresh_log();
+        let c = self.log.dirs.entry((root, dir)).or_default();
+        c.subvol |= subvol;
+        if let Some(g) = gone {
+            c.gone.insert(g);
+        }
+        if let Some((i, removed)) = index {
+            c.indexes.insert(i);
+            if removed {
+                if let Some(t) = self.log.trees.get_mut(&root) {
+                    t.items.remove(&Key::new(dir, DIR_INDEX_KEY, i));
+                }
+            }
         }
     }
 
@@ -442,17 +732,7 @@ impl FsWriter {
     ) -> Result<()> {
         let InodeId { root, ino } = id;
         let ss = u64::from(self.sectorsize());
-        // The inode item, names and xattrs, as they are now: replay deletes the xattrs
-        // a logged inode lacks.
-        let head_to = Key::new(ino, EXTENT_DATA_KEY - 1, u64::MAX);
-        let old: Vec<Key> =
-            tree.items.range(Key::new(ino, 0, 0)..=head_to).map(|(k, _)| *k).collect();
-        for k in old {
-            tree.items.remove(&k);
-        }
-        for (k, d) in self.items_in_range(root, &Key::new(ino, 0, 0), &head_to)? {
-            tree.items.insert(k, d);
-        }
+        self.log_head(root, ino, tree)?;
         // File extents over every range changed since the last commit or logging.
         let changed = self
             .log_changes

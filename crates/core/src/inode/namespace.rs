@@ -218,6 +218,7 @@ impl FsWriter {
         };
         self.transaction("rmdir placeholder", 0, |w| {
             w.del_dir_item_entry(root, dir, name)?;
+            w.log_dir_change(root, dir, None, None, true);
             w.del_dir_index(root, dir, name, index)
         })
     }

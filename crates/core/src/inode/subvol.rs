@@ -453,6 +453,7 @@ impl FsWriter {
         index: u64,
     ) -> Result<()> {
         self.del_dir_item_entry(root, dir, name)?;
+        self.log_dir_change(root, dir, None, None, true);
         self.del_dir_index(root, dir, name, index)?;
         self.delete_item(ROOT_TREE_OBJECTID, &Key::new(root, ROOT_REF_KEY, id))?;
         self.delete_item(ROOT_TREE_OBJECTID, &Key::new(id, ROOT_BACKREF_KEY, root))?;

@@ -512,7 +512,10 @@ impl FsWriter {
             }
             None => self.insert_item(root, &dkey, &entry)?,
         }
-        self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)
+        self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
+        let subvol = location.type_ == ROOT_ITEM_KEY;
+        self.log_dir_change(root, dir, Some((index, false)), None, subvol);
+        Ok(())
     }
 
     /// Where a new back reference of `ino` to `name` in `dir` goes.
@@ -877,6 +880,7 @@ impl FsWriter {
         self.del_dir_item_entry(root, dir, name)?;
         // INODE_REF or INODE_EXTREF: find the index and drop the name.
         let index = self.remove_inode_ref(root, ino, dir, name)?;
+        self.log_dir_change(root, dir, None, Some(ino), false);
         self.del_dir_index(root, dir, name, index)
     }
 
@@ -890,6 +894,7 @@ impl FsWriter {
         index: u64,
     ) -> Result<()> {
         self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
+        self.log_dir_change(root, dir, Some((index, true)), None, false);
         let t = self.now();
         let nl = name.len() as u64;
         self.update_inode(InodeId { root, ino: dir }, |d| {
