@@ -158,6 +158,8 @@ struct LogItems {
     items: BTreeMap<Key, Vec<u8>>,
     /// Data checksums: runs of consecutive sectors, by the address of the first.
     csums: BTreeMap<u64, Vec<u8>>,
+    /// How many runs `csums` had after its last pruning (`prune_csums`).
+    csums_kept: usize,
 }
 
 /// A live file extent item: (key offset, start, end, item).
@@ -722,6 +724,33 @@ impl FsWriter {
         }
     }
 
+    /// Inode `ino` (generation `generation`) lost its last name, in `dir`: the log need
+    /// not follow it any more. A new one leaves the log whole (replay would make it
+    /// only to free it: a file made and unlinked between two commits, as a rollback
+    /// journal is, costs the log nothing after its unlink).
+    pub(crate) fn log_forget(&mut self, root: u64, dir: u64, ino: u64, generation: u64) {
+        if !self.track_log_changes || self.log.transid != self.transid {
+            return;
+        }
+        if let Some(c) = self.log.dirs.get_mut(&(root, dir)) {
+            c.gone.remove(&ino);
+        }
+        self.log.relog.remove(&(root, ino));
+        if generation >= self.transid {
+            if let Some(t) = self.log.trees.get_mut(&root) {
+                let all = Key::new(ino, 0, 0)..=Key::new(ino, u8::MAX, u64::MAX);
+                let keys: Vec<Key> = t.items.range(all).map(|(k, _)| *k).collect();
+                for k in keys {
+                    t.items.remove(&k);
+                }
+            }
+            if let Some(mut t) = self.log.trees.remove(&root) {
+                self.prune_csums(&mut t);
+                self.log.trees.insert(root, t);
+            }
+        }
+    }
+
     /// Copy the items of file `id` (item `item`) into `tree`.
     fn log_items(
         &mut self,
@@ -829,6 +858,7 @@ impl FsWriter {
                 tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, ps), piece);
             }
         }
+        self.prune_csums(tree);
         // What no live item covers is a hole: a hole item makes replay drop what the
         // committed file has there.
         if no_holes {
@@ -876,6 +906,57 @@ impl FsWriter {
         }
         out.sort_by_key(|o| o.0);
         Ok(out)
+    }
+
+    /// Drop the checksums in `tree` of data no logged file extent refers to any more
+    /// (an overwritten range's old extent, an unlinked file's): replay reads only those
+    /// of the extents it replays, and a log that kept them would grow with every
+    /// rewrite until the commit.
+    ///
+    /// A pruning reads every logged file extent: it runs once the runs have doubled
+    /// since the last, so its cost per sync stays constant.
+    fn prune_csums(&self, tree: &mut LogItems) {
+        if tree.csums.len() <= 2 * tree.csums_kept + 64 {
+            return;
+        }
+        let ss = u64::from(self.sectorsize());
+        let cs = self.info.csum_type.size();
+        let mut used: Vec<(u64, u64)> = Vec::new();
+        for (k, d) in &tree.items {
+            if k.type_ != EXTENT_DATA_KEY {
+                continue;
+            }
+            if let Ok(items::FileExtent::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+                compression,
+                ..
+            }) = items::file_extent(d)
+            {
+                if disk_bytenr == 0 {
+                    continue;
+                }
+                used.push(if compression != 0 {
+                    (disk_bytenr, disk_bytenr + disk_num_bytes)
+                } else {
+                    (disk_bytenr + offset, disk_bytenr + offset + num_bytes)
+                });
+            }
+        }
+        let used = merge(used);
+        let old = std::mem::take(&mut tree.csums);
+        for (s, c) in old {
+            let e = s + (c.len() / cs) as u64 * ss;
+            for (ps, pe) in intersect(s, e, &used) {
+                let (ps, pe) = (ps / ss * ss, pe.div_ceil(ss) * ss);
+                let a = ((ps - s) / ss) as usize * cs;
+                let b = ((pe - s) / ss) as usize * cs;
+                tree.csums.insert(ps, c[a..b].to_vec());
+            }
+        }
+        tree.csums_kept = tree.csums.len();
     }
 
     /// Copy the checksums of data `[start, start + len)` from the csum tree into the

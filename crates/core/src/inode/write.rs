@@ -863,6 +863,9 @@ impl FsWriter {
         let nlink = child.nlink.get().saturating_sub(1);
         let id = InodeId { root, ino };
         if nlink == 0 || ftype == FT_DIR {
+            self.log_forget(root, dir, ino, child.generation.get());
+        }
+        if nlink == 0 || ftype == FT_DIR {
             self.drop_last_link(id, child, t, in_use)?;
         } else {
             self.update_inode(id, |i| {
