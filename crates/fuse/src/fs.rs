@@ -1377,8 +1377,8 @@ impl fuser::Filesystem for UbtrfsFs {
     ) {
         // The directory's changed entries and what their replay needs go into the log
         // tree, or a commit where the log cannot hold them (Engine::fsync): the new
-        // files named are logged as far as they were written back, as the kernel's
-        // directory fsync writes back no file's data.
+        // files named are logged as existing, empty unless fsynced themselves, as the
+        // kernel's directory fsync leaves them.
         let r = if self.opts.read_only {
             Ok(())
         } else {

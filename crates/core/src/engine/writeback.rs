@@ -57,8 +57,8 @@ impl Engine {
     /// Make inode `id` durable: write a file back, then log it in its subvolume's log
     /// tree and sync the log (`FsWriter::log_inode`), or commit where the log cannot
     /// hold it. For a directory, its names: its changed entries, with the new inodes
-    /// they name as far as those were written back (no other file's data is written
-    /// back, as the kernel's directory fsync writes none).
+    /// they name (a new file empty unless fsynced itself: no other file's data is
+    /// written back, as the kernel's directory fsync writes none).
     /// Returns the generation committed on disk (a logged fsync does not change it).
     ///
     /// # Errors
