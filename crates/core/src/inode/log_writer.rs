@@ -152,14 +152,110 @@ fn cut_before(k: &Key) -> bool {
     (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 61 == 0
 }
 
+/// A log tree's items other than checksums, by key, and the key ranges changed since
+/// the last sync (`sync_log` rebuilds only the leaves over them).
+#[derive(Default)]
+struct LogMap {
+    map: BTreeMap<Key, Vec<u8>>,
+    /// Changed since the last sync: inclusive key ranges.
+    dirty: Vec<(Key, Key)>,
+}
+
+impl LogMap {
+    fn get(&self, k: &Key) -> Option<&Vec<u8>> {
+        self.map.get(k)
+    }
+
+    fn contains_key(&self, k: &Key) -> bool {
+        self.map.contains_key(k)
+    }
+
+    fn range(
+        &self,
+        r: std::ops::RangeInclusive<Key>,
+    ) -> std::collections::btree_map::Range<'_, Key, Vec<u8>> {
+        self.map.range(r)
+    }
+
+    fn iter(&self) -> std::collections::btree_map::Iter<'_, Key, Vec<u8>> {
+        self.map.iter()
+    }
+
+    fn insert(&mut self, k: Key, d: Vec<u8>) {
+        if self.map.get(&k) != Some(&d) {
+            self.dirty.push((k, k));
+            self.map.insert(k, d);
+        }
+    }
+
+    fn remove(&mut self, k: &Key) -> Option<Vec<u8>> {
+        let r = self.map.remove(k);
+        if r.is_some() {
+            self.dirty.push((*k, *k));
+        }
+        r
+    }
+
+    /// Make the items in `r` exactly `new` (in key order, all inside `r`).
+    fn replace_range(&mut self, r: std::ops::RangeInclusive<Key>, new: Vec<(Key, Vec<u8>)>) {
+        let same =
+            self.map.range(r.clone()).map(|(k, d)| (k, d)).eq(new.iter().map(|(k, d)| (k, d)));
+        if same {
+            return;
+        }
+        let old: Vec<Key> = self.map.range(r.clone()).map(|(k, _)| *k).collect();
+        for k in old {
+            self.map.remove(&k);
+        }
+        for (k, d) in new {
+            debug_assert!(r.contains(&k), "{k} outside the replaced range");
+            self.map.insert(k, d);
+        }
+        self.dirty.push((*r.start(), *r.end()));
+    }
+}
+
+impl std::ops::Index<&Key> for LogMap {
+    type Output = Vec<u8>;
+    fn index(&self, k: &Key) -> &Vec<u8> {
+        &self.map[k]
+    }
+}
+
+/// One leaf of the last sync of a log tree: its first key, items, content hash and
+/// block.
+#[derive(Clone, Copy)]
+struct LeafRec {
+    first: Key,
+    count: usize,
+    hash: u128,
+    bytenr: u64,
+}
+
 #[derive(Default)]
 struct LogItems {
     /// Items other than checksums, by key.
-    items: BTreeMap<Key, Vec<u8>>,
+    items: LogMap,
     /// Data checksums: runs of consecutive sectors, by the address of the first.
     csums: BTreeMap<u64, Vec<u8>>,
     /// How many runs `csums` had after its last pruning (`prune_csums`).
     csums_kept: usize,
+    /// Address ranges `[start, end)` whose checksum runs changed since the last sync.
+    csums_dirty: Vec<(u64, u64)>,
+    /// The leaves of the last sync, in key order (empty before the first).
+    leaves: Vec<LeafRec>,
+}
+
+/// The content hash of a leaf of `items`.
+fn leaf_hash(items: &[(Key, &[u8])]) -> u128 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&[0]);
+    for (k, d) in items {
+        h.update(k.to_disk().as_bytes());
+        h.update(&(d.len() as u32).to_le_bytes());
+        h.update(d);
+    }
+    h.digest128()
 }
 
 /// A live file extent item: (key offset, start, end, item).
@@ -428,10 +524,8 @@ impl FsWriter {
                 }
                 (Want::Inode, _) => {
                     let all = Key::new(ino, 0, 0)..=Key::new(ino, u8::MAX, u64::MAX);
-                    tree.items.retain(|k, _| !all.contains(k));
-                    for (k, d) in self.items_in_range(root, all.start(), all.end())? {
-                        tree.items.insert(k, d);
-                    }
+                    let now = self.items_in_range(root, all.start(), all.end())?;
+                    tree.items.replace_range(all, now);
                 }
             }
             if let Some(why) = self.log_parents(root, ino, is_new, committed, &mut queue)? {
@@ -454,10 +548,8 @@ impl FsWriter {
     /// (replay deletes the xattrs a logged inode lacks).
     fn log_head(&mut self, root: u64, ino: u64, tree: &mut LogItems) -> Result<()> {
         let head = Key::new(ino, 0, 0)..=Key::new(ino, XATTR_ITEM_KEY, u64::MAX);
-        tree.items.retain(|k, _| !head.contains(k));
-        for (k, d) in self.items_in_range(root, head.start(), head.end())? {
-            tree.items.insert(k, d);
-        }
+        let now = self.items_in_range(root, head.start(), head.end())?;
+        tree.items.replace_range(head, now);
         Ok(())
     }
 
@@ -480,10 +572,8 @@ impl FsWriter {
             .is_some_and(|d| InodeItem::read_from_bytes(d).is_ok_and(|i| i.generation.get() != 0));
         if full {
             let refs = Key::new(ino, INODE_REF_KEY, 0)..=Key::new(ino, INODE_EXTREF_KEY, u64::MAX);
-            tree.items.retain(|k, _| !refs.contains(k));
-            for (k, d) in self.items_in_range(root, refs.start(), refs.end())? {
-                tree.items.insert(k, d);
-            }
+            let now = self.items_in_range(root, refs.start(), refs.end())?;
+            tree.items.replace_range(refs, now);
             return Ok(());
         }
         self.log_head(root, ino, tree)?;
@@ -513,8 +603,8 @@ impl FsWriter {
         }
         let indexes: Vec<u64> = ch.indexes.iter().copied().collect();
         queue.extend(ch.gone.iter().map(|&i| (Want::Names, i)));
-        let old = Key::new(dir, DIR_LOG_INDEX_KEY, 0)..=Key::new(dir, DIR_INDEX_KEY, u64::MAX);
-        tree.items.retain(|k, _| !(old.contains(k) && k.type_ != DIR_ITEM_KEY));
+        let mut ranges = Vec::new();
+        let mut entries = Vec::new();
         let mut i = 0;
         while i < indexes.len() {
             let a = indexes[i];
@@ -533,10 +623,14 @@ impl FsWriter {
                     }
                     queue.push_back((Want::Names, e.location.objectid));
                 }
-                tree.items.insert(k, d);
+                entries.push((k, d));
             }
-            tree.items.insert(Key::new(dir, DIR_LOG_INDEX_KEY, a), b.to_le_bytes().to_vec());
+            ranges.push((Key::new(dir, DIR_LOG_INDEX_KEY, a), b.to_le_bytes().to_vec()));
         }
+        let logs = Key::new(dir, DIR_LOG_INDEX_KEY, 0)..=Key::new(dir, DIR_LOG_INDEX_KEY, u64::MAX);
+        tree.items.replace_range(logs, ranges);
+        let index = Key::new(dir, DIR_INDEX_KEY, 0)..=Key::new(dir, DIR_INDEX_KEY, u64::MAX);
+        tree.items.replace_range(index, entries);
         // A child directory that an inode was renamed out of: logged too, so replay
         // moves the inode rather than leave it under its old name (the kernel logs the
         // child directories it meets and commits for one with such a rename,
@@ -739,10 +833,7 @@ impl FsWriter {
         if generation >= self.transid {
             if let Some(t) = self.log.trees.get_mut(&root) {
                 let all = Key::new(ino, 0, 0)..=Key::new(ino, u8::MAX, u64::MAX);
-                let keys: Vec<Key> = t.items.range(all).map(|(k, _)| *k).collect();
-                for k in keys {
-                    t.items.remove(&k);
-                }
+                t.items.replace_range(all, Vec::new());
             }
             if let Some(mut t) = self.log.trees.remove(&root) {
                 self.prune_csums(&mut t);
@@ -922,7 +1013,7 @@ impl FsWriter {
         let ss = u64::from(self.sectorsize());
         let cs = self.info.csum_type.size();
         let mut used: Vec<(u64, u64)> = Vec::new();
-        for (k, d) in &tree.items {
+        for (k, d) in tree.items.iter() {
             if k.type_ != EXTENT_DATA_KEY {
                 continue;
             }
@@ -947,6 +1038,7 @@ impl FsWriter {
         }
         let used = merge(used);
         let old = std::mem::take(&mut tree.csums);
+        tree.csums_dirty.push((0, u64::MAX));
         for (s, c) in old {
             let e = s + (c.len() / cs) as u64 * ss;
             for (ps, pe) in intersect(s, e, &used) {
@@ -999,9 +1091,11 @@ impl FsWriter {
             .filter(|(&s, c)| s + c.len() as u64 / cs as u64 * ss > start)
             .map(|(&s, _)| s)
             .collect();
+        let mut dirty = (start, end);
         for s in over {
             let c = tree.csums.remove(&s).expect("listed");
             let e = s + c.len() as u64 / cs as u64 * ss;
+            dirty = (dirty.0.min(s), dirty.1.max(e));
             if s < start {
                 tree.csums.insert(s, c[..((start - s) / ss) as usize * cs].to_vec());
             }
@@ -1019,6 +1113,7 @@ impl FsWriter {
             tree.csums.insert(start + i as u64 * ss, csums[i * cs..j * cs].to_vec());
             i = j;
         }
+        tree.csums_dirty.push(dirty);
         Ok(())
     }
 
@@ -1044,8 +1139,9 @@ impl FsWriter {
         let per = self.info.csum_type.size();
         let csum_room = (leaf_room - ITEM_SIZE) / per * per;
         let ss = u64::from(self.sectorsize());
-        // Each log tree's items in key order (borrowed), then the log root tree's.
-        let mut trees: Vec<(u64, ItemRefs<'_>)> = Vec::new();
+        // Each log tree's items in key order (borrowed), with the key ranges changed
+        // since the last sync; then the log root tree's.
+        let mut trees: Vec<(u64, ItemRefs<'_>, Vec<(Key, Key)>)> = Vec::new();
         for (&subvol, t) in &log.trees {
             let mut v: Vec<(Key, &[u8])> = t.items.iter().map(|(k, d)| (*k, &d[..])).collect();
             for (&s, c) in &t.csums {
@@ -1055,7 +1151,22 @@ impl FsWriter {
                 }
             }
             if !v.is_empty() {
-                trees.push((subvol, v));
+                let mut dirty = t.items.dirty.clone();
+                for &(a, b) in &t.csums_dirty {
+                    dirty.push((
+                        Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, a),
+                        Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, b.saturating_sub(1).max(a)),
+                    ));
+                }
+                dirty.sort_unstable();
+                let mut merged: Vec<(Key, Key)> = Vec::with_capacity(dirty.len());
+                for (a, b) in dirty {
+                    match merged.last_mut() {
+                        Some(l) if a <= l.1 => l.1 = l.1.max(b),
+                        _ => merged.push((a, b)),
+                    }
+                }
+                trees.push((subvol, v, merged));
             }
         }
         let mut out = SyncBlocks {
@@ -1066,9 +1177,12 @@ impl FsWriter {
             fresh: Vec::new(),
         };
         let mut root_items: Vec<(Key, Vec<u8>)> = Vec::new();
+        let mut new_leaves: Vec<(u64, Vec<LeafRec>)> = Vec::new();
         let r = (|| -> Result<(u64, u8)> {
-            for (subvol, v) in &trees {
-                let (bytenr, level) = self.build_tree(v, &mut out)?;
+            for (subvol, v, dirty) in &trees {
+                let prev = &log.trees[subvol].leaves;
+                let (bytenr, level, leaves) = self.build_tree(v, &mut out, prev, dirty)?;
+                new_leaves.push((*subvol, leaves));
                 let mut ri = RootItem::new_zeroed();
                 ri.generation = transid.into();
                 ri.generation_v2 = transid.into();
@@ -1080,7 +1194,7 @@ impl FsWriter {
                 ));
             }
             let refs: Vec<(Key, &[u8])> = root_items.iter().map(|(k, d)| (*k, &d[..])).collect();
-            self.build_tree(&refs, &mut out)
+            self.build_tree(&refs, &mut out, &[], &[]).map(|(b, l, _)| (b, l))
         })();
         // Blocks taken stay the log's until the commit, whatever happens next.
         self.log_blocks.extend(out.fresh.iter().copied());
@@ -1102,20 +1216,119 @@ impl FsWriter {
         let now: std::collections::HashSet<u64> = used.values().copied().collect();
         let old = std::mem::replace(&mut log.written, used);
         log.pool.extend(old.into_values().filter(|b| !now.contains(b)));
+        // The next sync starts from these leaves, and from no change.
+        drop(trees);
+        for t in log.trees.values_mut() {
+            t.leaves.clear();
+            t.items.dirty.clear();
+            t.csums_dirty.clear();
+        }
+        for (subvol, leaves) in new_leaves {
+            log.trees.get_mut(&subvol).expect("synced tree").leaves = leaves;
+        }
         Ok(LogOutcome::Synced)
     }
 
-    /// Pack `items` (in key order) into leaves and nodes; a block the last sync wrote
-    /// with the same content is used again, the others are built and queued in `out`.
-    /// Returns the root's (bytenr, level).
+    /// Pack `items` (in key order) into leaves and nodes, the leaves from `prev` (the
+    /// last sync's of this tree) where no key range in `dirty` (sorted, disjoint)
+    /// touches them, and by `pack` elsewhere. Returns the root's (bytenr, level) and
+    /// the leaves.
     fn build_tree(
         &mut self,
         items: &[(Key, &[u8])],
         out: &mut SyncBlocks<'_>,
-    ) -> Result<(u64, u8)> {
+        prev: &[LeafRec],
+        dirty: &[(Key, Key)],
+    ) -> Result<(u64, u8, Vec<LeafRec>)> {
+        let leaves = match self.reuse_leaves(items, out, prev, dirty)? {
+            Some(l) => l,
+            None => {
+                let mut l = Vec::new();
+                self.pack(items, out, &mut l)?;
+                l
+            }
+        };
+        let (bytenr, level) = self.build_nodes(&leaves, out)?;
+        Ok((bytenr, level, leaves))
+    }
+
+    /// The leaves of `items` with the last sync's clean ones (`prev`) kept and the
+    /// items between them packed again; None where `prev` does not match the items (a
+    /// first sync), for a packing of all of them.
+    fn reuse_leaves(
+        &mut self,
+        items: &[(Key, &[u8])],
+        out: &mut SyncBlocks<'_>,
+        prev: &[LeafRec],
+        dirty: &[(Key, Key)],
+    ) -> Result<Option<Vec<LeafRec>>> {
+        if prev.is_empty() || items.is_empty() {
+            return Ok(None);
+        }
+        // Leaf j holds the keys from its first (from the smallest, for the first leaf)
+        // to the next leaf's first: whether a dirty range meets that interval.
+        let touched = |j: usize| {
+            let lo = (j > 0).then(|| prev[j].first);
+            let hi = prev.get(j + 1).map(|l| l.first);
+            let at = lo.map_or(0, |lo| dirty.partition_point(|r| r.1 < lo));
+            dirty.get(at).is_some_and(|r| hi.is_none_or(|hi| r.0 < hi))
+        };
+        let mut leaves = Vec::with_capacity(prev.len());
+        let (mut i, mut j) = (0, 0);
+        while j < prev.len() {
+            if !touched(j) {
+                let l = prev[j];
+                let end = i + l.count;
+                let next_ok = match prev.get(j + 1) {
+                    Some(n) => items.get(end).is_some_and(|it| it.0 == n.first),
+                    None => end == items.len(),
+                };
+                if end > items.len() || items[i].0 != l.first || !next_ok {
+                    return Ok(None);
+                }
+                // Test builds check that no change escaped the dirty ranges.
+                debug_assert_eq!(
+                    leaf_hash(&items[i..end]),
+                    l.hash,
+                    "log leaf at {} reused with items changed since the last sync",
+                    l.first
+                );
+                out.used.insert(l.hash, l.bytenr);
+                leaves.push(l);
+                i = end;
+                j += 1;
+                continue;
+            }
+            let mut k = j;
+            while k + 1 < prev.len() && touched(k + 1) {
+                k += 1;
+            }
+            let end = match prev.get(k + 1) {
+                Some(n) => i + items[i..].partition_point(|it| it.0 < n.first),
+                None => items.len(),
+            };
+            if end > i {
+                self.pack(&items[i..end], out, &mut leaves)?;
+            }
+            i = end;
+            j = k + 1;
+        }
+        if i != items.len() || leaves.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(leaves))
+    }
+
+    /// Pack `items` (in key order) into leaves cut where their keys choose
+    /// (`cut_before`); a leaf the last sync wrote with the same content is used again,
+    /// the others are built and queued in `out`. No items make one empty leaf.
+    fn pack(
+        &mut self,
+        items: &[(Key, &[u8])],
+        out: &mut SyncBlocks<'_>,
+        leaves: &mut Vec<LeafRec>,
+    ) -> Result<()> {
         let room = self.nodesize() as usize - HEADER_SIZE;
-        // (first key, bytenr) of each block of the level being built.
-        let mut level_blocks: Vec<(Key, u64)> = Vec::new();
         let mut i = 0;
         loop {
             let start = i;
@@ -1132,14 +1345,8 @@ impl FsWriter {
                 "log item {} too big for a leaf",
                 items[start].0
             );
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
-            h.update(&[0]);
-            for (k, d) in &items[start..i] {
-                h.update(k.to_disk().as_bytes());
-                h.update(&(d.len() as u32).to_le_bytes());
-                h.update(d);
-            }
-            let b = self.place_block(h.digest128(), 0, out, |buf| {
+            let hash = leaf_hash(&items[start..i]);
+            let b = self.place_block(hash, 0, out, |buf| {
                 let mut m = NodeMut::new(buf);
                 let mut data_end = room;
                 for (slot, (k, d)) in items[start..i].iter().enumerate() {
@@ -1158,11 +1365,18 @@ impl FsWriter {
                 }
             })?;
             let first = items.get(start).map_or(Key::new(0, 0, 0), |(k, _)| *k);
-            level_blocks.push((first, b));
+            leaves.push(LeafRec { first, count: i - start, hash, bytenr: b });
             if i >= items.len() {
-                break;
+                return Ok(());
             }
         }
+    }
+
+    /// The nodes over `leaves`, built again at every sync (a node block the last sync
+    /// wrote with the same pointers is used again). Returns the root's (bytenr, level).
+    fn build_nodes(&mut self, leaves: &[LeafRec], out: &mut SyncBlocks<'_>) -> Result<(u64, u8)> {
+        let mut level_blocks: Vec<(Key, u64)> =
+            leaves.iter().map(|l| (l.first, l.bytenr)).collect();
         let per = (self.nodesize() as usize - HEADER_SIZE) / KEY_PTR_SIZE;
         let mut level = 0u8;
         while level_blocks.len() > 1 {
