@@ -876,21 +876,33 @@ impl FsWriter {
         if cover.is_empty() {
             return Ok(());
         }
-        let old_ext = |tree: &LogItems| -> Vec<(Key, u64, u64)> {
-            tree.items
-                .range(Key::new(ino, EXTENT_DATA_KEY, 0)..=Key::new(ino, EXTENT_DATA_KEY, u64::MAX))
-                .map(|(k, d)| {
+        // The logged file extent items over `cover`: those starting in a range, and
+        // the one before each range (logged items do not overlap, so no other can
+        // reach into it). Not all of the file's: a file of many logged extents would
+        // make every fsync read them all.
+        let old_ext = |tree: &LogItems, cover: &[(u64, u64)]| -> Vec<(Key, u64, u64)> {
+            let mut out: BTreeMap<Key, (u64, u64)> = BTreeMap::new();
+            for &(cs, ce) in cover {
+                let span =
+                    Key::new(ino, EXTENT_DATA_KEY, 0)..=Key::new(ino, EXTENT_DATA_KEY, ce - 1);
+                for (k, d) in tree.items.range(span).rev() {
                     let (s, e) = item_range(k.offset, d, ss);
-                    (*k, s, e)
-                })
-                .collect()
+                    if e > cs {
+                        out.insert(*k, (s, e));
+                    }
+                    if k.offset < cs {
+                        break;
+                    }
+                }
+            }
+            out.into_iter().map(|(k, (s, e))| (k, s, e)).collect()
         };
         // Items are logged clipped to the cover (replay's drop of the range splits the
         // committed items around them, as the writes did); an inline extent cannot be
         // cut, so the cover takes it whole.
         let live = loop {
             let before = cover.clone();
-            for (k, s, e) in old_ext(tree) {
+            for (k, s, e) in old_ext(tree, &cover) {
                 if overlaps(&cover, s, e) && is_inline(&tree.items[&k]) {
                     cover.push((s, e));
                 }
@@ -908,7 +920,7 @@ impl FsWriter {
             }
         };
         // What the log had over the cover goes; its parts outside stay.
-        for (k, s, e) in old_ext(tree) {
+        for (k, s, e) in old_ext(tree, &cover) {
             if overlaps(&cover, s, e) {
                 let d = tree.items.remove(&k).expect("listed");
                 for (ps, pe) in subtract(s, e, &cover) {
