@@ -198,8 +198,7 @@ impl LogMap {
 
     /// Make the items in `r` exactly `new` (in key order, all inside `r`).
     fn replace_range(&mut self, r: std::ops::RangeInclusive<Key>, new: Vec<(Key, Vec<u8>)>) {
-        let same =
-            self.map.range(r.clone()).map(|(k, d)| (k, d)).eq(new.iter().map(|(k, d)| (k, d)));
+        let same = self.map.range(r.clone()).eq(new.iter().map(|(k, d)| (k, d)));
         if same {
             return;
         }
@@ -305,6 +304,10 @@ impl CommittedView {
 
 /// A tree's items in key order, borrowed.
 type ItemRefs<'a> = Vec<(Key, &'a [u8])>;
+
+/// A log tree at a sync: its subvolume, items, and the key ranges changed since the
+/// last sync (sorted, disjoint).
+type SyncTree<'a> = (u64, ItemRefs<'a>, Vec<(Key, Key)>);
 
 /// `[start, end)` byte ranges, sorted and merged.
 fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
@@ -1153,7 +1156,7 @@ impl FsWriter {
         let ss = u64::from(self.sectorsize());
         // Each log tree's items in key order (borrowed), with the key ranges changed
         // since the last sync; then the log root tree's.
-        let mut trees: Vec<(u64, ItemRefs<'_>, Vec<(Key, Key)>)> = Vec::new();
+        let mut trees: Vec<SyncTree<'_>> = Vec::new();
         for (&subvol, t) in &log.trees {
             let mut v: Vec<(Key, &[u8])> = t.items.iter().map(|(k, d)| (*k, &d[..])).collect();
             for (&s, c) in &t.csums {
