@@ -44,6 +44,7 @@
 use crate::error::{PosixKind, Result};
 use crate::inode::filesystem::{Filesystem, InodeId};
 use crate::inode::writer::FsWriter;
+use crate::ranges::merge_ranges;
 use crate::tree::search::TreeView;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use ubtrfs_format::items;
@@ -309,20 +310,6 @@ type ItemRefs<'a> = Vec<(Key, &'a [u8])>;
 /// last sync (sorted, disjoint).
 type SyncTree<'a> = (u64, ItemRefs<'a>, Vec<(Key, Key)>);
 
-/// `[start, end)` byte ranges, sorted and merged.
-fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.retain(|r| r.0 < r.1);
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (s, e) in v {
-        match out.last_mut() {
-            Some(l) if s <= l.1 => l.1 = l.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
-
 /// The parts of `[s, e)` outside `ranges` (sorted, merged).
 fn subtract(s: u64, e: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
@@ -342,6 +329,27 @@ fn subtract(s: u64, e: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// The parts of `[s, e)` inside `ranges` (sorted, merged).
 fn intersect(s: u64, e: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
     ranges.iter().filter(|r| r.0 < e && s < r.1).map(|r| (r.0.max(s), r.1.min(e))).collect()
+}
+
+/// The data a file extent item's checksums cover, `(start, len)`: its whole disk
+/// extent when compressed, else the part it refers to; None for a hole, an inline
+/// extent or an unreadable item.
+fn csum_span(d: &[u8]) -> Option<(u64, u64)> {
+    match items::file_extent(d) {
+        Ok(items::FileExtent::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+            compression,
+            ..
+        }) if disk_bytenr != 0 => Some(if compression != 0 {
+            (disk_bytenr, disk_num_bytes)
+        } else {
+            (disk_bytenr + offset, num_bytes)
+        }),
+        _ => None,
+    }
 }
 
 fn is_inline(d: &[u8]) -> bool {
@@ -873,9 +881,9 @@ impl FsWriter {
             self.log_changes
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert((root, ino), merge(beyond));
+                .insert((root, ino), merge_ranges(beyond));
         }
-        let mut cover = merge(changed.into_iter().map(|(s, e)| (s, e.min(eof))).collect());
+        let mut cover = merge_ranges(changed.into_iter().map(|(s, e)| (s, e.min(eof))).collect());
         if cover.is_empty() {
             return Ok(());
         }
@@ -910,14 +918,14 @@ impl FsWriter {
                     cover.push((s, e));
                 }
             }
-            cover = merge(cover);
+            cover = merge_ranges(cover);
             let live = self.live_extent_items(root, ino, &cover, ss)?;
             for (_, s, e, d) in &live {
                 if is_inline(d) {
                     cover.push((*s, *e));
                 }
             }
-            cover = merge(cover);
+            cover = merge_ranges(cover);
             if cover == before {
                 break live;
             }
@@ -939,26 +947,11 @@ impl FsWriter {
             for (ps, pe) in intersect(s, e, &cover) {
                 covered.push((ps, pe));
                 let piece = trimmed(&d, s, ps, pe);
-                if let Ok(items::FileExtent::Regular {
-                    disk_bytenr,
-                    disk_num_bytes,
-                    offset,
-                    num_bytes,
-                    compression,
-                    ..
-                }) = items::file_extent(&piece)
-                {
-                    // The checksums of data this transaction wrote; older data's are
-                    // committed.
-                    if disk_bytenr != 0 {
-                        let (cs, len) = if compression != 0 {
-                            (disk_bytenr, disk_num_bytes)
-                        } else {
-                            (disk_bytenr + offset, num_bytes)
-                        };
-                        if !committed.has_csums(cs, len)? {
-                            self.log_csums(tree, cs, len)?;
-                        }
+                // The checksums of data this transaction wrote; older data's are
+                // committed.
+                if let Some((cs, len)) = csum_span(&piece) {
+                    if !committed.has_csums(cs, len)? {
+                        self.log_csums(tree, cs, len)?;
                     }
                 }
                 tree.items.insert(Key::new(ino, EXTENT_DATA_KEY, ps), piece);
@@ -968,7 +961,7 @@ impl FsWriter {
         // What no live item covers is a hole: a hole item makes replay drop what the
         // committed file has there.
         if no_holes {
-            let covered = merge(covered);
+            let covered = merge_ranges(covered);
             for &(s, e) in &cover {
                 for (hs, he) in subtract(s, e, &covered) {
                     let hole = crate::inode::write::reg_extent_item(transid, 0, he - hs);
@@ -1027,31 +1020,14 @@ impl FsWriter {
         }
         let ss = u64::from(self.sectorsize());
         let cs = self.info.csum_type.size();
-        let mut used: Vec<(u64, u64)> = Vec::new();
-        for (k, d) in tree.items.iter() {
-            if k.type_ != EXTENT_DATA_KEY {
-                continue;
-            }
-            if let Ok(items::FileExtent::Regular {
-                disk_bytenr,
-                disk_num_bytes,
-                offset,
-                num_bytes,
-                compression,
-                ..
-            }) = items::file_extent(d)
-            {
-                if disk_bytenr == 0 {
-                    continue;
-                }
-                used.push(if compression != 0 {
-                    (disk_bytenr, disk_bytenr + disk_num_bytes)
-                } else {
-                    (disk_bytenr + offset, disk_bytenr + offset + num_bytes)
-                });
-            }
-        }
-        let used = merge(used);
+        let used: Vec<(u64, u64)> = tree
+            .items
+            .iter()
+            .filter(|(k, _)| k.type_ == EXTENT_DATA_KEY)
+            .filter_map(|(_, d)| csum_span(d))
+            .map(|(s, l)| (s, s + l))
+            .collect();
+        let used = merge_ranges(used);
         let old = std::mem::take(&mut tree.csums);
         tree.csums_dirty.push((0, u64::MAX));
         for (s, c) in old {
