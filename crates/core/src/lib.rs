@@ -90,7 +90,7 @@ pub mod quote;
 
 // The engine: opening, its calls' argument and result types.
 pub use disk_io::OpenOptions;
-pub use engine::{Committed, DeadRoot, Engine, NewInode, OpenFile};
+pub use engine::{Committed, DeadRoot, Engine, LogStats, NewInode, OpenFile};
 pub use extent::drop_snapshot::DropStats;
 pub use inode::tree_log::open_with_log_replay;
 /// The writer the engine holds, for tests that drive it directly.

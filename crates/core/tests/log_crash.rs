@@ -601,3 +601,242 @@ fn fsync_log_survives_a_crash_at_every_flush_point() {
         fails.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
     );
 }
+
+/// Version `v` of file `t` of the concurrent run: longer than every earlier version
+/// (each is written over the last from offset 0), its bytes its own.
+fn version(t: usize, v: usize) -> Vec<u8> {
+    let mut rng = Rng::new((t as u64) << 32 | v as u64);
+    let mut d = vec![0u8; 2000 + 3000 * v];
+    rng.fill(&mut d);
+    d
+}
+
+/// What the concurrent run did, in order, with the device's operation count at each.
+enum ConcurrentEvent {
+    /// File `t` is about to get version `v` (no operation before `ops` has it).
+    Write {
+        t: usize,
+        v: usize,
+        ops: u64,
+    },
+    /// The fsync of file `t` at version `v` returned (operations `0..ops` made it
+    /// durable).
+    Fsynced {
+        t: usize,
+        v: usize,
+        ops: u64,
+    },
+    /// A commit (`Engine::sync`) started, and ended.
+    SyncStart,
+    SyncEnd {
+        ops: u64,
+    },
+}
+
+/// Concurrent fsyncs, crashed at every flush point: threads each rewrite and fsync
+/// their own file while another commits now and then, so log syncs carry other
+/// threads' loggings (`Engine::fsync`'s batching) and logs cross transactions. After a
+/// power loss at each flush point or superblock write, ubtrfs's replay shows each file
+/// at a version no older than its last fsync that returned before the crash (or that
+/// a commit that ended before it carried) and no newer than the last one written
+/// before the crash, whole; a sample of points is checked clean by ubtrfs's checker,
+/// and by the kernel's check and mount.
+#[test]
+fn concurrent_fsyncs_survive_a_crash_at_every_flush_point() {
+    const THREADS: usize = 4;
+    const VERSIONS: usize = 8;
+    let base = std::fs::read(&common::fixture_images(FIXTURE)[0]).expect("fixture image");
+    let dev = Arc::new(FaultyDevice::new(base.clone(), "log-concurrent"));
+    let info =
+        FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], CACHE).expect("open");
+    let e = Engine::from_writer(FsWriter::from_info(info).expect("writer"));
+    let top = InodeId { root: 5, ino: 256 };
+    let ids: Vec<InodeId> = (0..THREADS)
+        .map(|t| {
+            let id = e.create_file(top, &name(t), &InodeAttrs::new(0o100644), 0).expect("create");
+            e.buffered_write(id, 0, &version(t, 0)).expect("write");
+            id
+        })
+        .collect();
+    e.sync().expect("first commit");
+    let first = dev.op_count();
+    // Flushes take time, as a disk's do: fsyncs that log while a sync flushes share
+    // the next one.
+    dev.set_flush_time(std::time::Duration::from_millis(2));
+    let events = std::sync::Mutex::new(Vec::new());
+    let note = |ev: fn(u64) -> ConcurrentEvent| {
+        let mut l = events.lock().unwrap();
+        l.push(ev(dev.op_count()));
+    };
+    let before = e.log_stats();
+    std::thread::scope(|sc| {
+        for (t, &id) in ids.iter().enumerate() {
+            let (e, dev, events) = (&e, &dev, &events);
+            sc.spawn(move || {
+                for v in 1..=VERSIONS {
+                    events.lock().unwrap().push(ConcurrentEvent::Write {
+                        t,
+                        v,
+                        ops: dev.op_count(),
+                    });
+                    e.buffered_write(id, 0, &version(t, v)).expect("write");
+                    e.fsync(id).expect("fsync");
+                    events.lock().unwrap().push(ConcurrentEvent::Fsynced {
+                        t,
+                        v,
+                        ops: dev.op_count(),
+                    });
+                }
+            });
+        }
+        sc.spawn(|| {
+            for _ in 0..2 {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                note(|_| ConcurrentEvent::SyncStart);
+                e.sync().expect("commit");
+                note(|ops| ConcurrentEvent::SyncEnd { ops });
+            }
+        });
+    });
+    let st = e.log_stats();
+    eprintln!("concurrent run: {:?} (before: {before:?})", st);
+    assert!(st.syncs > before.syncs, "no fsync went through the log");
+    assert!(
+        st.syncs - before.syncs < st.fsyncs - before.fsyncs,
+        "no log sync carried two fsyncs: {st:?}"
+    );
+    let events = events.into_inner().unwrap();
+    let log = dev.log();
+    drop(e);
+    // For crash point k (operations 0..k done): per file, the oldest and newest
+    // versions allowed.
+    let bounds = |k: u64| -> Vec<(usize, usize)> {
+        let mut lo = vec![0usize; THREADS];
+        let mut hi = vec![0usize; THREADS];
+        // Versions whose write began before a commit started, per file.
+        let mut written = vec![0usize; THREADS];
+        let mut sync_written: Option<Vec<usize>> = None;
+        for ev in &events {
+            match *ev {
+                ConcurrentEvent::Write { t, v, ops } => {
+                    if ops < k {
+                        hi[t] = hi[t].max(v);
+                    }
+                    written[t] = v;
+                }
+                ConcurrentEvent::Fsynced { t, v, ops } if ops <= k => lo[t] = lo[t].max(v),
+                ConcurrentEvent::SyncStart => {
+                    // A write in progress at the start may or may not be in it: only
+                    // the ones before count (the thread's own fsync follows).
+                    sync_written = Some(written.clone());
+                }
+                ConcurrentEvent::SyncEnd { ops } if ops <= k => {
+                    if let Some(w) = sync_written.take() {
+                        for t in 0..THREADS {
+                            lo[t] = lo[t].max(w[t].saturating_sub(1));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        lo.into_iter().zip(hi).collect()
+    };
+    let n = log.len() as u64;
+    let points: Vec<u64> = (first..=n)
+        .filter(|&k| {
+            k == n
+                || log[k as usize - 1].kind == OpKind::Flush
+                || is_super_write(&log[k as usize - 1])
+                || is_super_write(&log[k as usize])
+        })
+        .collect();
+    let kernel = common::kernel_available("log_crash (kernel replay of concurrent fsyncs)");
+    let mut sweep = CrashSweep::new(base, log, 4096);
+    let mut fails = Vec::new();
+    let mut img = Vec::new();
+    for (i, &k) in points.iter().enumerate() {
+        let b = bounds(k);
+        let loss = sweep.image_at(k, k, &mut img);
+        let sampled = i % 8 == 0 || k == n;
+        let r = (|| -> Result<(), String> {
+            let dev = Arc::new(MemDevice::new(img.clone(), "crash"));
+            let info = FsInfo::open_devices(vec![dev as Arc<dyn BlockDevice>], CACHE)
+                .map_err(|e| e.to_string())?;
+            let info = with_log_replayed(info, &OpenOptions::new("crash"))
+                .map_err(|e| format!("replay: {e}"))?;
+            if sampled {
+                let report = ubtrfs_tools::check::check(&info, &Default::default())
+                    .map_err(|e| e.to_string())?;
+                if !report.is_clean() {
+                    return Err(format!("ubtrfs check: {:?}", report.findings));
+                }
+            }
+            let fs = Filesystem::from_info(info).map_err(|e| e.to_string())?;
+            let got = read_states(&fs, THREADS)?;
+            for (t, (lo, hi)) in b.iter().enumerate() {
+                let Some(g) = &got[t] else { return Err(format!("file {t} is gone")) };
+                if !(*lo..=*hi).any(|v| g.data == version(t, v)) {
+                    let which = (0..=VERSIONS).find(|&v| g.data == version(t, v));
+                    return Err(format!(
+                        "file {t}: {} bytes (version {which:?}), want a version in {lo}..={hi}",
+                        g.data.len()
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            fails.push(format!("op {k} ({loss:?}): {e}"));
+        }
+        if kernel && (i % 16 == 0 || k == n) {
+            if let Err(e) = kernel_versions(&img, k, &b) {
+                fails.push(format!("op {k}, kernel: {e}"));
+            }
+        }
+    }
+    eprintln!("concurrent fsyncs: {} crash points checked, {} failures", points.len(), fails.len());
+    assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
+}
+
+/// The kernel on a crash image of the concurrent run: its check, then its mount
+/// (which replays the log) shows each file at an allowed version.
+fn kernel_versions(img: &[u8], k: u64, bounds: &[(usize, usize)]) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("ubtrfs-log-conc-{}-{k}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("m")).map_err(|e| e.to_string())?;
+    let path = dir.join("img");
+    std::fs::write(&path, img).map_err(|e| e.to_string())?;
+    let r = (|| {
+        let out = std::process::Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&path)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("btrfs check: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let mnt = dir.join("m");
+        let st =
+            std::process::Command::new("mount").args(["-o", "loop"]).arg(&path).arg(&mnt).status();
+        if !st.is_ok_and(|s| s.success()) {
+            return Err("mount failed".into());
+        }
+        let mut r = Ok(());
+        for (t, (lo, hi)) in bounds.iter().enumerate() {
+            let got = std::fs::read(mnt.join(String::from_utf8_lossy(&name(t)).as_ref()));
+            let ok = got.as_ref().is_ok_and(|g| (*lo..=*hi).any(|v| *g == version(t, v)));
+            if !ok {
+                r = Err(format!(
+                    "file {t}: {:?} bytes, want a version in {lo}..={hi}",
+                    got.map(|g| g.len()).ok()
+                ));
+                break;
+            }
+        }
+        let _ = std::process::Command::new("umount").arg(&mnt).status();
+        r
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}

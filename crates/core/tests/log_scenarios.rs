@@ -600,3 +600,57 @@ fn new_directory_over_a_renamed_ones_name() {
         ],
     );
 }
+
+/// Concurrent fsyncs share log syncs, as the kernel's join a log transaction: one
+/// fsync's sync is held in its first flush while seven other files are written and
+/// fsynced; they log their inodes meanwhile (the sync holds neither the writer nor
+/// the commit lock), and once it ends one sync makes all seven durable: two syncs
+/// for eight fsyncs, every file in the crash image's log.
+#[test]
+fn concurrent_fsyncs_share_one_log_sync() {
+    let s = Scenario::new();
+    s.mkdir("t");
+    s.commit();
+    let data = |i: usize| pattern(0x10 + i as u8, 4096 * (i + 1));
+    let before = s.e.log_stats();
+    std::thread::scope(|sc| {
+        s.dev.hold_flushes();
+        let first = sc.spawn(|| {
+            s.write("t/f0", &data(0));
+            s.fsync("t/f0");
+        });
+        assert!(
+            s.dev.wait_for_held_op(std::time::Duration::from_secs(30)),
+            "the first fsync's log sync never flushed"
+        );
+        let others: Vec<_> = (1..8)
+            .map(|i| {
+                let s = &s;
+                sc.spawn(move || {
+                    s.write(&format!("t/f{i}"), &data(i));
+                    s.fsync(&format!("t/f{i}"));
+                })
+            })
+            .collect();
+        // Every fsync has logged its inode (and waits for the sync in flight).
+        let t0 = std::time::Instant::now();
+        while s.e.log_stats().fsyncs - before.fsyncs < 8 {
+            assert!(t0.elapsed().as_secs() < 30, "the other fsyncs did not log meanwhile");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(s.e.log_stats().syncs, before.syncs, "a sync ended while its flush was held");
+        s.dev.release_held();
+        first.join().expect("first fsync");
+        for t in others {
+            t.join().expect("fsync");
+        }
+    });
+    let st = s.e.log_stats();
+    assert_eq!(st.commits, before.commits, "an fsync committed: {:?}", st.last_commit);
+    assert_eq!(st.fsyncs - before.fsyncs, 8);
+    assert_eq!(st.syncs - before.syncs, 2, "eight fsyncs, one sync held: {st:?}");
+    let want: Vec<(String, Want)> =
+        (0..8).map(|i| (format!("t/f{i}"), Want::File(data(i)))).collect();
+    let want: Vec<(&str, Want)> = want.iter().map(|(p, w)| (p.as_str(), w.clone())).collect();
+    s.crash_with_log_and_check("concurrent-fsyncs", &want);
+}

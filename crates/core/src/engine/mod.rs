@@ -117,6 +117,10 @@ pub struct Engine {
     state: RwLock<FsWriter>,
     /// Held through a whole commit (see the module documentation).
     commit_lock: Mutex<()>,
+    /// The log sync in flight and the loggings made durable (`writeback::fsync`).
+    pub(crate) log_sync: Mutex<LogSyncState>,
+    /// Signalled when a log sync ends.
+    pub(crate) log_synced: std::sync::Condvar,
     /// Held shared by each change's writeback while its I/O runs, and taken exclusively
     /// by a commit before it returns freed space: a block freed while its writeback was
     /// still writing it is pinned, and its space must not come back before that write
@@ -135,6 +139,36 @@ pub struct Engine {
     pub(crate) views: Arc<crate::transaction::views::Views>,
     /// Commit only when a caller asks (`set_single_transaction`).
     single_transaction: std::sync::atomic::AtomicBool,
+}
+
+/// Where the log's syncs are (`Engine::fsync`).
+#[derive(Default)]
+pub(crate) struct LogSyncState {
+    /// A sync's second half (flush, superblocks) is running without the writer or
+    /// `commit_lock`: no other sync is prepared and no commit starts until it ends.
+    pub(crate) in_flight: bool,
+    /// Every logging up to this one is durable (`LogState::seq`).
+    pub(crate) synced: u64,
+    /// Fsyncs that reached the log, and log syncs written: many fsyncs waiting on one
+    /// sync make one write (`log_stats`).
+    pub(crate) fsyncs: u64,
+    pub(crate) syncs: u64,
+    /// Fsyncs that committed instead, and the last one's reason.
+    pub(crate) commits: u64,
+    pub(crate) last_commit: Option<&'static str>,
+}
+
+/// How fsyncs used the log (`Engine::log_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Fsyncs that logged their inode.
+    pub fsyncs: u64,
+    /// Log syncs (each a flush, the superblocks, a flush) written for them.
+    pub syncs: u64,
+    /// Fsyncs that committed because the log could not hold them, and why the last
+    /// one did.
+    pub commits: u64,
+    pub last_commit: Option<&'static str>,
 }
 
 fn poisoned<T>(_: PoisonError<T>) -> Error {
@@ -176,6 +210,8 @@ impl Engine {
             views: w.views.clone(),
             state: RwLock::new(w),
             commit_lock: Mutex::new(()),
+            log_sync: Mutex::new(LogSyncState::default()),
+            log_synced: std::sync::Condvar::new(),
             writeback_io: RwLock::new(()),
             pages: Default::default(),
             single_transaction: Default::default(),
@@ -427,6 +463,9 @@ impl Engine {
         &self,
         _one_at_a_time: &std::sync::MutexGuard<'_, ()>,
     ) -> Result<u64> {
+        // A log sync's superblocks must be down before the commit's: its second half
+        // runs without `commit_lock`, and none starts while the lock is held.
+        drop(self.wait_log_sync(|s| !s.in_flight));
         let io = match self.write(|w| w.start_commit())? {
             Some(io) => io,
             None => return self.read(|l| Ok(l.committed_generation().get())),

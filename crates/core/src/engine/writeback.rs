@@ -55,23 +55,115 @@ impl Engine {
     }
 
     /// Make inode `id` durable: write a file back, then log it in its subvolume's log
-    /// tree and sync the log (`FsWriter::log_inode`), or commit where the log cannot
+    /// tree (`FsWriter::log_inode`) and sync the log, or commit where the log cannot
     /// hold it. For a directory, its names: its changed entries, with the new inodes
     /// they name (a new file empty unless fsynced itself: no other file's data is
     /// written back, as the kernel's directory fsync writes none).
     /// Returns the generation committed on disk (a logged fsync does not change it).
     ///
+    /// Concurrent fsyncs share log syncs, as the kernel's do: the logging into the
+    /// log's items takes the writer briefly, and a sync's flushes and superblock run
+    /// without it, so the fsyncs that log meanwhile wait for that sync to end and then
+    /// one of them syncs for all (`sync_log_to`).
+    ///
     /// # Errors
-    /// As `writeback_inode`, `FsWriter::log_inode` and `commit`.
+    /// As `writeback_inode`, `FsWriter::log_inode` and `commit`; `Io` from the log's
+    /// flushes and superblocks (the filesystem is then aborted).
     pub fn fsync(&self, id: InodeId) -> Result<u64> {
+        use crate::inode::log_writer::LogOutcome;
         self.writeback_inode(id)?;
-        // The log's superblock write must not meet a commit's: one at a time.
-        let one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
-        match self.write(|w| w.log_inode(id))? {
-            crate::inode::log_writer::LogOutcome::Synced => {
-                self.read(|l| Ok(l.committed_generation().get()))
+        let (transid, seq) = {
+            // No commit runs while the inode is logged: the log holds the changes
+            // since the last commit on disk.
+            let one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
+            match self.write(|w| w.log_inode(id))? {
+                LogOutcome::Durable => return self.read(|l| Ok(l.committed_generation().get())),
+                LogOutcome::Commit(why) => {
+                    self.note_log_commit(why);
+                    return self.commit_locked(&one_at_a_time);
+                }
+                LogOutcome::Logged { transid, seq } => (transid, seq),
             }
-            crate::inode::log_writer::LogOutcome::Commit(_) => self.commit_locked(&one_at_a_time),
+        };
+        self.log_sync.lock().unwrap_or_else(|p| p.into_inner()).fsyncs += 1;
+        self.sync_log_to(transid, seq)
+    }
+
+    /// How fsyncs used the log since the engine opened.
+    pub fn log_stats(&self) -> crate::engine::LogStats {
+        let s = self.log_sync.lock().unwrap_or_else(|p| p.into_inner());
+        crate::engine::LogStats {
+            fsyncs: s.fsyncs,
+            syncs: s.syncs,
+            commits: s.commits,
+            last_commit: s.last_commit,
+        }
+    }
+
+    /// Count an fsync that commits because the log cannot hold it (`why`).
+    fn note_log_commit(&self, why: &'static str) {
+        let mut s = self.log_sync.lock().unwrap_or_else(|p| p.into_inner());
+        s.commits += 1;
+        s.last_commit = Some(why);
+    }
+
+    /// Wait until `done` holds of the log's sync state; returns it locked.
+    pub(crate) fn wait_log_sync(
+        &self,
+        done: impl Fn(&crate::engine::LogSyncState) -> bool,
+    ) -> std::sync::MutexGuard<'_, crate::engine::LogSyncState> {
+        let s = self.log_sync.lock().unwrap_or_else(|p| p.into_inner());
+        self.log_synced.wait_while(s, |s| !done(s)).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make logging `seq` of transaction `transid` durable: nothing when a sync since
+    /// has carried it or the transaction has committed; else wait for the sync in
+    /// flight, then sync the log (every logging so far) or commit where it cannot.
+    fn sync_log_to(&self, transid: u64, seq: u64) -> Result<u64> {
+        use crate::inode::log_writer::LogSync;
+        let committed = || self.read(|l| Ok(l.committed_generation().get()));
+        loop {
+            if self.wait_log_sync(|s| !s.in_flight || s.synced >= seq).synced >= seq {
+                return committed();
+            }
+            let one_at_a_time = self.commit_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let generation = committed()?;
+            if generation >= transid {
+                return Ok(generation);
+            }
+            {
+                let mut s = self.log_sync.lock().unwrap_or_else(|p| p.into_inner());
+                if s.synced >= seq {
+                    return Ok(generation);
+                }
+                if s.in_flight {
+                    // Another sync began between the wait and the lock: wait for it.
+                    continue;
+                }
+                s.in_flight = true;
+            }
+            // Whatever happens, the sync is no longer in flight when this returns.
+            let flight = InFlight { e: self, synced: None };
+            match self.write(|w| w.prepare_log_sync())? {
+                LogSync::Commit(why) => {
+                    drop(flight);
+                    self.note_log_commit(why);
+                    return self.commit_locked(&one_at_a_time);
+                }
+                LogSync::Write(lw) => {
+                    // The flushes and superblocks run without the writer and without
+                    // `commit_lock`: other fsyncs log their inodes meanwhile.
+                    drop(one_at_a_time);
+                    if let Err(e) = lw.finish(self.info()) {
+                        self.abort("log sync", &e)?;
+                        return Err(e);
+                    }
+                    let mut flight = flight;
+                    flight.synced = Some(lw.seq);
+                    drop(flight);
+                    return Ok(generation);
+                }
+            }
         }
     }
 
@@ -557,4 +649,24 @@ impl Engine {
 /// Test hook and bench knob: the largest ordered extent delalloc makes.
 fn max_ordered_extent(e: &Engine) -> u64 {
     e.pages.max_extent.load(Ordering::Acquire)
+}
+
+/// A log sync in flight: its end (with the logging it made durable, if it did) is
+/// recorded and signalled when this is dropped.
+struct InFlight<'a> {
+    e: &'a Engine,
+    synced: Option<u64>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut s = self.e.log_sync.lock().unwrap_or_else(|p| p.into_inner());
+        s.in_flight = false;
+        if let Some(seq) = self.synced {
+            s.synced = s.synced.max(seq);
+            s.syncs += 1;
+        }
+        drop(s);
+        self.e.log_synced.notify_all();
+    }
 }

@@ -58,13 +58,68 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 /// an fsync past it commits (which starts a new log).
 pub const MAX_LOG_BLOCKS: usize = 4096;
 
-/// What an fsync through the log did.
+/// What an fsync through the log did (`FsWriter::log_inode`).
 #[derive(Debug, PartialEq, Eq)]
 pub enum LogOutcome {
-    /// The file is durable in the log tree.
-    Synced,
+    /// Nothing to write: the inode is as the last commit left it.
+    Durable,
+    /// The inode is in the log's items, at logging `seq` of the log of transaction
+    /// `transid`: durable once a sync of the log from that logging on has landed
+    /// (`prepare_log_sync`), or the transaction has committed.
+    Logged { transid: u64, seq: u64 },
     /// The log cannot hold this fsync (why): the caller commits.
     Commit(&'static str),
+}
+
+/// A log sync prepared (`FsWriter::prepare_log_sync`).
+#[derive(Debug)]
+pub enum LogSync {
+    /// The log's blocks are written, not flushed: `LogWrite::finish` makes them
+    /// durable.
+    Write(LogWrite),
+    /// The log cannot hold this transaction's changes any more (why): the caller
+    /// commits.
+    Commit(&'static str),
+}
+
+/// The second half of a log sync, run without the writer: the devices' flush, the
+/// superblocks pointing at the log, another flush. Until it is done no other log
+/// sync may be prepared (the next one reuses blocks the last durable log may still
+/// use) and no commit may write its superblocks.
+#[must_use]
+pub struct LogWrite {
+    /// Every logging up to this one is in the written log.
+    pub seq: u64,
+    /// Per device (by id): its primary superblock with the log root set.
+    supers: Vec<(u64, Superblock)>,
+}
+
+impl std::fmt::Debug for LogWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LogWrite {{ seq: {}, devices: {} }}", self.seq, self.supers.len())
+    }
+}
+
+impl LogWrite {
+    /// Flush the log's blocks, then write each device's primary superblock and flush
+    /// (the kernel's `btrfs_sync_log` writes the primary copy only: the mirrors keep
+    /// the committed state, which a kernel or `btrfs check` reading a mirror
+    /// accepts).
+    ///
+    /// # Errors
+    /// `Io` from the devices; a superblock may then be half written, and the caller
+    /// aborts the filesystem.
+    pub fn finish(&self, info: &crate::disk_io::FsInfo) -> Result<()> {
+        for d in info.devices.by_id.values() {
+            d.dev.flush()?;
+        }
+        for (devid, sb) in &self.supers {
+            let d = info.devices.get(*devid)?;
+            crate::transaction::write_primary_super(info, d.dev.as_ref(), sb)?;
+            d.dev.flush()?;
+        }
+        Ok(())
+    }
 }
 
 /// The log trees of the running transaction, as items.
@@ -72,6 +127,9 @@ pub enum LogOutcome {
 pub struct LogState {
     /// The transaction they belong to.
     transid: u64,
+    /// How many loggings went into the log (`log_inode`), in all transactions: a sync
+    /// carries every one up to its count.
+    seq: u64,
     /// Per subvolume: its log tree's items.
     trees: BTreeMap<u64, LogItems>,
     /// The blocks of the last synced log, by a 128-bit hash of their content (level,
@@ -438,8 +496,12 @@ impl FsWriter {
         if !pending {
             let logged = self.log.trees.get(&root).and_then(|t| t.items.get(&ik));
             let reg = item.mode.get() & S_IFMT == S_IFREG;
-            if item.transid.get() < self.transid || (reg && logged == Some(&idata)) {
-                return Ok(LogOutcome::Synced);
+            if item.transid.get() < self.transid {
+                return Ok(LogOutcome::Durable);
+            }
+            if reg && logged == Some(&idata) {
+                // Logged already: durable with the sync that carries that logging.
+                return Ok(LogOutcome::Logged { transid: self.transid, seq: self.log.seq });
             }
         }
         if self.log.relog.iter().any(|&(r, _)| r != root) {
@@ -468,13 +530,30 @@ impl FsWriter {
             return Ok(Commit(why));
         }
         self.log.relog.clear();
+        self.log.seq += 1;
+        Ok(LogOutcome::Logged { transid: self.transid, seq: self.log.seq })
+    }
+
+    /// Write the log trees of the transaction and the log root tree, every logging so
+    /// far in them, to blocks (`sync_log`); the caller flushes them and writes the
+    /// superblocks with `LogWrite::finish`, without the writer, so that other fsyncs
+    /// log their inodes meanwhile and the next sync carries them all (the kernel's
+    /// batching of fsyncs that join a log transaction while its sync runs).
+    ///
+    /// # Errors
+    /// Read and allocation failures; `Corrupt` from the write-time tree checker and
+    /// `Io` from the block writes (the filesystem is then aborted).
+    pub(crate) fn prepare_log_sync(&mut self) -> Result<LogSync> {
+        self.check_writable()?;
+        self.fresh_log();
         self.sync_log()
     }
 
-    /// Start this transaction's log if the one kept is an older transaction's.
+    /// Start this transaction's log if the one kept is an older transaction's (whose
+    /// loggings the commit made durable: the count goes on).
     fn fresh_log(&mut self) {
         if self.log.transid != self.transid {
-            self.log = LogState { transid: self.transid, ..Default::default() };
+            self.log = LogState { transid: self.transid, seq: self.log.seq, ..Default::default() };
         }
     }
 
@@ -1117,14 +1196,14 @@ impl FsWriter {
     /// the next sync (never for this one: until this sync's superblocks are down, a
     /// crash replays the last log), so the log keeps rewriting a few host blocks
     /// instead of spreading over new ones.
-    fn sync_log(&mut self) -> Result<LogOutcome> {
+    fn sync_log(&mut self) -> Result<LogSync> {
         let mut log = std::mem::take(&mut self.log);
         let r = self.sync_log_of(&mut log);
         self.log = log;
         r
     }
 
-    fn sync_log_of(&mut self, log: &mut LogState) -> Result<LogOutcome> {
+    fn sync_log_of(&mut self, log: &mut LogState) -> Result<LogSync> {
         let transid = self.transid;
         let leaf_room = self.nodesize() as usize - HEADER_SIZE;
         let per = self.info.csum_type.size();
@@ -1192,15 +1271,18 @@ impl FsWriter {
         let (root, level) = r?;
         if !self.pending_chunks.is_empty() {
             // The allocation made a block group: the log cannot use it.
-            return Ok(LogOutcome::Commit("the log's blocks needed a new block group"));
+            return Ok(LogSync::Commit("the log's blocks needed a new block group"));
         }
         if self.log_blocks.len() > MAX_LOG_BLOCKS {
-            return Ok(LogOutcome::Commit("the log trees of this transaction are full"));
+            return Ok(LogSync::Commit("the log trees of this transaction are full"));
         }
-        if let Err(e) = self.write_log(&mut out.write, root, level) {
-            self.abort("log sync", &e);
-            return Err(e);
-        }
+        let supers = match self.write_log(&mut out.write, root, level) {
+            Ok(s) => s,
+            Err(e) => {
+                self.abort("log sync", &e);
+                return Err(e);
+            }
+        };
         // The last sync's blocks this log does not use are free for the next sync.
         let used = std::mem::take(&mut out.used);
         drop(out);
@@ -1217,7 +1299,7 @@ impl FsWriter {
         for (subvol, leaves) in new_leaves {
             log.trees.get_mut(&subvol).expect("synced tree").leaves = leaves;
         }
-        Ok(LogOutcome::Synced)
+        Ok(LogSync::Write(LogWrite { seq: log.seq, supers }))
     }
 
     /// Pack `items` (in key order) into leaves and nodes, the leaves from `prev` (the

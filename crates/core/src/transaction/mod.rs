@@ -1433,20 +1433,21 @@ impl Transaction {
             .map_err(|e| Error::from(e).at("write time tree block corruption detected"))
     }
 
-    /// Write the log trees' `blocks` (built, not yet sealed) to every copy and flush,
-    /// then every device's committed superblock with its log root at `root` (`level`),
-    /// and flush again (the kernel's `btrfs_sync_log`): after a crash the devices show
-    /// the last commit and, once the superblocks are down, the log to replay over it.
+    /// Seal and write the log trees' `blocks` to every copy, not flushed, and return
+    /// each device's committed superblock (by device id) with its log root at `root`
+    /// (`level`), for `LogWrite::finish` to write once the blocks are flushed (the
+    /// kernel's `btrfs_sync_log`): after a crash the devices show the last commit and,
+    /// once a superblock is down, the log to replay over it.
     ///
     /// # Errors
-    /// `Corrupt` for a block the write-time tree checker refuses; `Io` from the devices
-    /// (a superblock may then be half written: the caller aborts).
+    /// `Corrupt` for a block the write-time tree checker refuses; `Io` from the devices,
+    /// or a device whose superblock is not at the committed generation.
     pub(crate) fn write_log(
         &mut self,
         blocks: &mut [(u64, Box<[u8]>)],
         root: u64,
         level: u8,
-    ) -> Result<()> {
+    ) -> Result<Vec<(u64, Superblock)>> {
         for (b, buf) in blocks.iter_mut() {
             self.seal_tree_block(*b, buf)?;
         }
@@ -1459,11 +1460,9 @@ impl Transaction {
                 crate::volumes::WriteKind::Metadata,
             )?;
         }
-        for d in self.info.devices.by_id.values() {
-            d.dev.flush()?;
-        }
         let committed = self.info.super_copy().generation.get();
-        for d in self.info.devices.by_id.values() {
+        let mut supers = Vec::new();
+        for (&devid, d) in &self.info.devices.by_id {
             let mut warnings = Vec::new();
             let mut sb = crate::disk_io::read_super(d.dev.as_ref(), &mut warnings)?;
             if sb.generation.get() != committed {
@@ -1477,10 +1476,9 @@ impl Transaction {
             }
             sb.log_root = root.into();
             sb.log_root_level = level;
-            write_super_mirrors(&self.info, d.dev.as_ref(), &sb)?;
-            d.dev.flush()?;
+            supers.push((devid, sb));
         }
-        Ok(())
+        Ok(supers)
     }
 
     /// Seal and write block `bytenr` before its commit (writeback). Returns it as a clean
@@ -1705,6 +1703,23 @@ impl Transaction {
 ///
 /// # Errors
 /// `Io` from the writes.
+/// Write `sb` as the primary superblock of `dev` (checksummed), not its mirrors.
+///
+/// # Errors
+/// `Io` from the device.
+pub(crate) fn write_primary_super(
+    info: &FsInfo,
+    dev: &dyn crate::volumes::device::BlockDevice,
+    sb: &Superblock,
+) -> Result<()> {
+    let mut sb = *sb;
+    let off = sb_offset(0);
+    sb.bytenr = off.into();
+    let c = info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
+    sb.csum.copy_from_slice(&c);
+    dev.write_at(sb.as_bytes(), off)
+}
+
 pub(crate) fn write_super_mirrors(
     info: &FsInfo,
     dev: &dyn crate::volumes::device::BlockDevice,

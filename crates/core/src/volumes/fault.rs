@@ -325,6 +325,8 @@ struct Gate {
     writes: bool,
     /// Operations waiting at the gate now.
     waiting: u64,
+    /// How long each flush takes (`set_flush_time`).
+    flush_time: std::time::Duration,
 }
 
 impl FaultyDevice {
@@ -375,6 +377,12 @@ impl FaultyDevice {
     /// Make every write wait until `release_held`.
     pub fn hold_writes(&self) {
         self.gate().writes = true;
+    }
+
+    /// Make every flush take `t` before it is done, as a disk's cache flush does (the
+    /// writes it makes durable are the ones issued before its end).
+    pub fn set_flush_time(&self, t: std::time::Duration) {
+        self.gate().flush_time = t;
     }
 
     /// Let held flushes and reads go on.
@@ -643,6 +651,10 @@ impl BlockDevice for FaultyDevice {
 
     fn flush(&self) -> Result<()> {
         self.pass_gate(Gated::Flush);
+        let t = self.gate().flush_time;
+        if !t.is_zero() {
+            std::thread::sleep(t);
+        }
         let mut st = self.st();
         if st.crashed {
             return Err(self.dead("flush", None));
