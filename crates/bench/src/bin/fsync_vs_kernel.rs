@@ -7,9 +7,13 @@
 //!     fsync of the file. Kernel: pwrite(2) + fsync(2) on a loop mount. ubtrfs log:
 //!     `Engine::buffered_write` + `Engine::fsync` (the log tree). ubtrfs commit: the same
 //!     write, then the file's writeback and a commit (what fsync did before the log).
-//! (b) createfsync: `--files` new files, each created, given 4 KiB and fsynced. A new
-//!     file's name is not in the log, so ubtrfs commits at each (the kernel logs the new
-//!     name and its directory): the row shows what that costs.
+//! (b) createfsync: `--files` new files in one directory, each created, given 4 KiB and
+//!     fsynced (the log carries the new name, as the kernel's does).
+//! (c) parfsync: `--threads` threads, each with its own file of `--file-mib` /
+//!     `--threads` MiB, each making `--fsyncs` / `--threads` random 4 KiB writes with an
+//!     fsync after each, all at once: concurrent fsyncs share log syncs on both sides
+//!     (the kernel's log transactions; `Engine::fsync` on ubtrfs). The commit side makes
+//!     each thread's file durable by a commit, commits one at a time.
 //!
 //! Every run uses a fresh `mkfs.btrfs` image (sparse, `--size-gib`) in `--workdir`;
 //! the three sides alternate; medians over `--runs`; ratios are kernel time / ubtrfs
@@ -43,8 +47,11 @@ struct Args {
     #[arg(long, default_value_t = 2048)]
     fsyncs: u64,
     /// New files for createfsync.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 10_000)]
     files: u64,
+    /// Threads of parfsync.
+    #[arg(long, default_value_t = 4)]
+    threads: u64,
     /// Image size in GiB.
     #[arg(long, default_value_t = 2)]
     size_gib: u64,
@@ -176,6 +183,98 @@ fn createfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, Str
     Ok(dt)
 }
 
+fn parfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, String> {
+    let n = a.threads.max(1);
+    let per_file = (a.file_mib << 20) / n / 4096 * 4096;
+    let per_thread = a.fsyncs / n;
+    // Each thread's offsets, from the shared sequence, inside its file.
+    let offs: Vec<Vec<u64>> = (0..n)
+        .map(|t| {
+            offsets(a)
+                .iter()
+                .skip(t as usize)
+                .step_by(n as usize)
+                .take(per_thread as usize)
+                .map(|o| o % per_file)
+                .collect()
+        })
+        .collect();
+    let block = vec![0xa5u8; 4096];
+    let file = vec![0x5au8; per_file as usize];
+    if side == Side::Kernel {
+        std::fs::create_dir_all(mnt).map_err(|e| e.to_string())?;
+        run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(mnt))?;
+        let r = (|| -> Result<f64, String> {
+            let mut files = Vec::new();
+            for t in 0..n {
+                let p = mnt.join(format!("f{t}"));
+                std::fs::write(&p, &file).map_err(|e| e.to_string())?;
+                files.push(
+                    std::fs::OpenOptions::new().write(true).open(&p).map_err(|e| e.to_string())?,
+                );
+            }
+            run_cmd(&mut Command::new("sync"))?;
+            let t = Instant::now();
+            std::thread::scope(|sc| {
+                let hs: Vec<_> = files
+                    .iter()
+                    .zip(&offs)
+                    .map(|(f, offs)| {
+                        let block = &block;
+                        sc.spawn(move || -> Result<(), String> {
+                            for &o in offs {
+                                f.write_all_at(block, o).map_err(|e| e.to_string())?;
+                                f.sync_all().map_err(|e| e.to_string())?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                hs.into_iter().try_for_each(|h| h.join().expect("thread"))
+            })?;
+            Ok(t.elapsed().as_secs_f64())
+        })();
+        run_cmd(Command::new("umount").arg(mnt))?;
+        return r;
+    }
+    let e = open_engine(&img.path)?;
+    let mut ids = Vec::new();
+    for t in 0..n {
+        let name = format!("f{t}");
+        let id = e
+            .create_file(TOP, name.as_bytes(), &InodeAttrs::new(0o100644), 0)
+            .map_err(|e| e.to_string())?;
+        e.buffered_write(id, 0, &file).map_err(|e| e.to_string())?;
+        ids.push(id);
+    }
+    e.sync().map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = ids
+            .iter()
+            .zip(&offs)
+            .map(|(&id, offs)| {
+                let (e, block) = (&e, &block);
+                sc.spawn(move || -> Result<(), String> {
+                    for &o in offs {
+                        e.buffered_write(id, o, block).map_err(|e| e.to_string())?;
+                        sync_file(e, id, side)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().expect("thread"))
+    })?;
+    let dt = t.elapsed().as_secs_f64();
+    if side == Side::Log {
+        let st = e.log_stats();
+        println!("parfsync: {} fsyncs through the log in {} log syncs", st.fsyncs, st.syncs);
+    }
+    e.sync().map_err(|e| e.to_string())?;
+    Ok(dt)
+}
+
 fn main() {
     let a = Args::parse();
     if !is_root() || !have("mkfs.btrfs") {
@@ -187,8 +286,11 @@ fn main() {
     let sides = [Side::Kernel, Side::Log, Side::Commit];
     let mut rows = Vec::new();
     type Work = fn(&Args, Side, &Image, &Path) -> Result<f64, String>;
-    let works: [(&str, Work, u64); 2] =
-        [("randfsync", randfsync, a.fsyncs), ("createfsync", createfsync, a.files)];
+    let works: [(&str, Work, u64); 3] = [
+        ("randfsync", randfsync, a.fsyncs),
+        ("createfsync", createfsync, a.files),
+        ("parfsync", parfsync, a.fsyncs / a.threads.max(1) * a.threads.max(1)),
+    ];
     for (name, f, ops) in works {
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
         for run in 0..a.runs {

@@ -911,7 +911,11 @@ impl FsWriter {
     /// Inode `ino` (generation `generation`) lost its last name, in `dir`: the log need
     /// not follow it any more. A new one leaves the log whole (replay would make it
     /// only to free it: a file made and unlinked between two commits, as a rollback
-    /// journal is, costs the log nothing after its unlink).
+    /// journal is, costs the log nothing after its unlink). A committed one keeps its
+    /// logged inode and data (its committed name may outlive a crash, with what an
+    /// fsync made durable) and loses its logged names: each was taken from it after
+    /// it was logged (by a rename whose new name the log never got, then the unlink of
+    /// that one), and replay would give it back.
     pub(crate) fn log_forget(&mut self, root: u64, dir: u64, ino: u64, generation: u64) {
         if !self.track_log_changes || self.log.transid != self.transid {
             return;
@@ -920,7 +924,13 @@ impl FsWriter {
             c.gone.remove(&ino);
         }
         self.log.relog.remove(&(root, ino));
-        if generation >= self.transid {
+        if generation < self.transid {
+            if let Some(t) = self.log.trees.get_mut(&root) {
+                let names =
+                    Key::new(ino, INODE_REF_KEY, 0)..=Key::new(ino, INODE_EXTREF_KEY, u64::MAX);
+                t.items.replace_range(names, Vec::new());
+            }
+        } else {
             if let Some(t) = self.log.trees.get_mut(&root) {
                 let all = Key::new(ino, 0, 0)..=Key::new(ino, u8::MAX, u64::MAX);
                 t.items.replace_range(all, Vec::new());
