@@ -14,7 +14,8 @@
 //!
 //! The log is kept as items in memory, and every sync builds the log trees again from
 //! them (`sync_log`): leaves end where their keys choose, so a change moves only the
-//! leaves it touches; a block whose content hashes to one the last sync wrote is used
+//! leaves it touches, and a sync reads only the items of those (its cost follows its
+//! changes, not the log's size); a block whose content hashes to one the last sync wrote is used
 //! again, and only the others are written, into blocks freed two syncs back when there
 //! are any. Every block the log took stays reserved until the commit pins it.
 //! `MAX_LOG_BLOCKS` bounds them: past it, the fsync commits instead.
@@ -361,12 +362,54 @@ impl CommittedView {
     }
 }
 
-/// A tree's items in key order, borrowed.
-type ItemRefs<'a> = Vec<(Key, &'a [u8])>;
+/// A log tree's items as its leaves hold them: the items, then the checksum runs cut
+/// into EXTENT_CSUM items of at most `csum_room` bytes.
+struct TreeItems<'a> {
+    items: &'a LogMap,
+    csums: &'a BTreeMap<u64, Vec<u8>>,
+    csum_room: usize,
+    per: usize,
+    ss: u64,
+}
+
+impl<'a> TreeItems<'a> {
+    /// The items with keys in `[lo, hi)` (unbounded where None), in key order.
+    fn range(&self, lo: Option<Key>, hi: Option<Key>) -> Vec<(Key, &'a [u8])> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let b = (lo.map_or(Unbounded, Included), hi.map_or(Unbounded, Excluded));
+        let mut v: Vec<(Key, &'a [u8])> =
+            self.items.map.range(b).map(|(k, d)| (*k, &d[..])).collect();
+        // Checksum items sort after every other item of a log tree (their objectid
+        // is the largest); a run's chunks have keys from its start on.
+        let csum = |at: u64| Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, at);
+        let in_range = |k: &Key| lo.is_none_or(|lo| *k >= lo) && hi.is_none_or(|hi| *k < hi);
+        if hi.is_some_and(|hi| hi <= csum(0)) {
+            return v;
+        }
+        let from = match lo {
+            Some(lo) if lo > csum(0) => lo.offset,
+            _ => 0,
+        };
+        // The run that may reach into the range from before it, then the ones in it.
+        let first = self.csums.range(..=from).next_back().map_or(from, |(&s, _)| s);
+        for (&s, c) in self.csums.range(first..) {
+            if hi.is_some_and(|hi| csum(s) >= hi) {
+                break;
+            }
+            for (i, chunk) in c.chunks(self.csum_room).enumerate() {
+                let k = csum(s + (i * self.csum_room / self.per) as u64 * self.ss);
+                if in_range(&k) {
+                    v.push((k, chunk));
+                }
+            }
+        }
+        v
+    }
+}
 
 /// A log tree at a sync: its subvolume, items, and the key ranges changed since the
 /// last sync (sorted, disjoint).
-type SyncTree<'a> = (u64, ItemRefs<'a>, Vec<(Key, Key)>);
+type SyncTree<'a> = (u64, TreeItems<'a>, Vec<(Key, Key)>);
 
 /// The parts of `[s, e)` outside `ranges` (sorted, merged).
 fn subtract(s: u64, e: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
@@ -1219,18 +1262,13 @@ impl FsWriter {
         let per = self.info.csum_type.size();
         let csum_room = (leaf_room - ITEM_SIZE) / per * per;
         let ss = u64::from(self.sectorsize());
-        // Each log tree's items in key order (borrowed), with the key ranges changed
-        // since the last sync; then the log root tree's.
+        // Each log tree's items (read by key range: a sync reads only the ranges it
+        // packs again), with the key ranges changed since the last sync; then the log
+        // root tree's.
         let mut trees: Vec<SyncTree<'_>> = Vec::new();
         for (&subvol, t) in &log.trees {
-            let mut v: Vec<(Key, &[u8])> = t.items.iter().map(|(k, d)| (*k, &d[..])).collect();
-            for (&s, c) in &t.csums {
-                for (i, chunk) in c.chunks(csum_room).enumerate() {
-                    let at = s + (i * csum_room / per) as u64 * ss;
-                    v.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, at), chunk));
-                }
-            }
-            if !v.is_empty() {
+            let v = TreeItems { items: &t.items, csums: &t.csums, csum_room, per, ss };
+            if !t.items.map.is_empty() || !t.csums.is_empty() {
                 let mut dirty = t.items.dirty.clone();
                 for &(a, b) in &t.csums_dirty {
                     dirty.push((
@@ -1274,7 +1312,9 @@ impl FsWriter {
                 ));
             }
             let refs: Vec<(Key, &[u8])> = root_items.iter().map(|(k, d)| (*k, &d[..])).collect();
-            self.build_tree(&refs, &mut out, &[], &[]).map(|(b, l, _)| (b, l))
+            let leaves = self.pack_all(&refs, &mut out)?;
+            let (b, l) = self.build_nodes(&leaves, &mut out)?;
+            Ok((b, l))
         })();
         // Blocks taken stay the log's until the commit, whatever happens next.
         self.log_blocks.extend(out.fresh.iter().copied());
@@ -1312,73 +1352,74 @@ impl FsWriter {
         Ok(LogSync::Write(LogWrite { seq: log.seq, supers }))
     }
 
-    /// Pack `items` (in key order) into leaves and nodes, the leaves from `prev` (the
-    /// last sync's of this tree) where no key range in `dirty` (sorted, disjoint)
-    /// touches them, and by `pack` elsewhere. Returns the root's (bytenr, level) and
-    /// the leaves.
+    /// Pack the items of `src` into leaves and nodes, the leaves from `prev` (the last
+    /// sync's of this tree) where no key range in `dirty` (sorted, disjoint) touches
+    /// them, and by `pack` elsewhere. Returns the root's (bytenr, level) and the
+    /// leaves.
     fn build_tree(
         &mut self,
-        items: &[(Key, &[u8])],
+        src: &TreeItems<'_>,
         out: &mut SyncBlocks<'_>,
         prev: &[LeafRec],
         dirty: &[(Key, Key)],
     ) -> Result<(u64, u8, Vec<LeafRec>)> {
-        let leaves = match self.reuse_leaves(items, out, prev, dirty)? {
+        let leaves = match self.reuse_leaves(src, out, prev, dirty)? {
             Some(l) => l,
-            None => {
-                let mut l = Vec::new();
-                self.pack(items, out, &mut l)?;
-                l
-            }
+            None => self.pack_all(&src.range(None, None), out)?,
         };
         let (bytenr, level) = self.build_nodes(&leaves, out)?;
         Ok((bytenr, level, leaves))
     }
 
-    /// The leaves of `items` with the last sync's clean ones (`prev`) kept and the
-    /// items between them packed again; None where `prev` does not match the items (a
-    /// first sync), for a packing of all of them.
-    fn reuse_leaves(
+    /// The leaves of all of `items` (in key order): one empty leaf for none.
+    fn pack_all(
         &mut self,
         items: &[(Key, &[u8])],
+        out: &mut SyncBlocks<'_>,
+    ) -> Result<Vec<LeafRec>> {
+        let mut l = Vec::new();
+        self.pack(items, out, &mut l)?;
+        Ok(l)
+    }
+
+    /// The leaves of `src` with the last sync's clean ones (`prev`) kept and the items
+    /// between them read and packed again: a sync costs the leaves it changes, not the
+    /// log's size. None where there is no last sync, for a packing of everything.
+    fn reuse_leaves(
+        &mut self,
+        src: &TreeItems<'_>,
         out: &mut SyncBlocks<'_>,
         prev: &[LeafRec],
         dirty: &[(Key, Key)],
     ) -> Result<Option<Vec<LeafRec>>> {
-        if prev.is_empty() || items.is_empty() {
+        if prev.is_empty() {
             return Ok(None);
         }
         // Leaf j holds the keys from its first (from the smallest, for the first leaf)
         // to the next leaf's first: whether a dirty range meets that interval.
+        let lo = |j: usize| (j > 0).then(|| prev[j].first);
+        let hi = |j: usize| prev.get(j + 1).map(|l| l.first);
         let touched = |j: usize| {
-            let lo = (j > 0).then(|| prev[j].first);
-            let hi = prev.get(j + 1).map(|l| l.first);
-            let at = lo.map_or(0, |lo| dirty.partition_point(|r| r.1 < lo));
-            dirty.get(at).is_some_and(|r| hi.is_none_or(|hi| r.0 < hi))
+            let at = lo(j).map_or(0, |lo| dirty.partition_point(|r| r.1 < lo));
+            dirty.get(at).is_some_and(|r| hi(j).is_none_or(|hi| r.0 < hi))
         };
         let mut leaves = Vec::with_capacity(prev.len());
-        let (mut i, mut j) = (0, 0);
+        let mut j = 0;
         while j < prev.len() {
             if !touched(j) {
                 let l = prev[j];
-                let end = i + l.count;
-                let next_ok = match prev.get(j + 1) {
-                    Some(n) => items.get(end).is_some_and(|it| it.0 == n.first),
-                    None => end == items.len(),
-                };
-                if end > items.len() || items[i].0 != l.first || !next_ok {
-                    return Ok(None);
-                }
                 // Test builds check that no change escaped the dirty ranges.
-                debug_assert_eq!(
-                    leaf_hash(&items[i..end]),
-                    l.hash,
-                    "log leaf at {} reused with items changed since the last sync",
-                    l.first
-                );
+                #[cfg(debug_assertions)]
+                {
+                    let items = src.range(lo(j), hi(j));
+                    assert!(
+                        items.len() == l.count && leaf_hash(&items) == l.hash,
+                        "log leaf at {} reused with items changed since the last sync",
+                        l.first
+                    );
+                }
                 out.used.insert(l.hash, l.bytenr);
                 leaves.push(l);
-                i = end;
                 j += 1;
                 continue;
             }
@@ -1386,17 +1427,13 @@ impl FsWriter {
             while k + 1 < prev.len() && touched(k + 1) {
                 k += 1;
             }
-            let end = match prev.get(k + 1) {
-                Some(n) => i + items[i..].partition_point(|it| it.0 < n.first),
-                None => items.len(),
-            };
-            if end > i {
-                self.pack(&items[i..end], out, &mut leaves)?;
+            let items = src.range(lo(j), hi(k));
+            if !items.is_empty() {
+                self.pack(&items, out, &mut leaves)?;
             }
-            i = end;
             j = k + 1;
         }
-        if i != items.len() || leaves.is_empty() {
+        if leaves.is_empty() {
             return Ok(None);
         }
         Ok(Some(leaves))
