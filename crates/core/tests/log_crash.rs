@@ -25,6 +25,10 @@
 //! that rewrite and fsync their own files at once (log syncs shared between them),
 //! with commits in between.
 //!
+//! `btrfs_206_without_no_holes_every_flush_point_checks_clean` sweeps btrfs/206's
+//! operations (prealloc past the size, a punched hole, writes, a truncate up) on a
+//! filesystem without NO_HOLES, with fsyncs and with commits.
+//!
 //! `UBTRFS_LOG_CRASH_SEEDS=N` runs seeds 0..N instead of the CI's three (`A..B`: seeds A
 //! to B - 1).
 
@@ -625,7 +629,12 @@ fn xattr_list(p: &std::path::Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
 }
 
 fn sweep(seed: u64, ops: usize, files: usize, kernel_samples: usize) -> Vec<String> {
-    let run = record(seed, ops, files);
+    sweep_run(record(seed, ops, files), seed, kernel_samples)
+}
+
+/// Check the image a power loss leaves at every flush point and superblock write of
+/// `run` (the kernel on `kernel_samples` of them and the last).
+fn sweep_run(run: Run, seed: u64, kernel_samples: usize) -> Vec<String> {
     let logged = run.events.iter().filter(|e| e.states.len() == 1 && e.unknown.is_empty()).count();
     eprintln!(
         "seed {seed}: {} ops on the device, {} durability points ({logged} logged fsyncs)",
@@ -944,4 +953,98 @@ fn kernel_versions(img: &[u8], k: u64, bounds: &[(usize, usize)]) -> Result<(), 
     })();
     let _ = std::fs::remove_dir_all(&dir);
     r
+}
+
+/// btrfs/206 on a filesystem without NO_HOLES (made by ubtrfs's mkfs), where every
+/// hole needs its own file extent item and the size must not reach past a gap in
+/// them: a file given a preallocated range past its size, a hole punched in it, two
+/// writes at its start and a truncate up, with an fsync (through the log) after each
+/// operation, then the same with a commit after each; a power loss at every flush
+/// point leaves an image that both checkers find clean, and the file in its last
+/// durable state or the one in progress.
+#[test]
+fn btrfs_206_without_no_holes_every_flush_point_checks_clean() {
+    use ubtrfs_tools::mkfs::{make_filesystem, Features, MkfsOptions};
+    let dir = std::env::temp_dir().join(format!("ubtrfs-btrfs206-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("img");
+    let size = 256u64 << 20;
+    std::fs::File::create(&path).and_then(|f| f.set_len(size)).expect("image file");
+    let opts = MkfsOptions {
+        features: Features { no_holes: false, ..Default::default() },
+        ..Default::default()
+    };
+    make_filesystem(&path, size, &opts).map_err(|f| f.to_string()).expect("mkfs ^no-holes");
+    let base = std::fs::read(&path).expect("image");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut fails = Vec::new();
+    for by_commit in [false, true] {
+        let dev = Arc::new(FaultyDevice::new(base.clone(), "btrfs-206"));
+        let info =
+            FsInfo::open_devices(vec![dev.clone() as Arc<dyn BlockDevice>], CACHE).expect("open");
+        let incompat = info.super_copy().incompat_flags.get();
+        assert_eq!(incompat & ubtrfs_format::features::INCOMPAT_NO_HOLES, 0, "NO_HOLES");
+        let e = Engine::from_writer(FsWriter::from_info(info).expect("writer"));
+        let top = InodeId { root: 5, ino: 256 };
+        let id = e.create_file(top, &name(0), &InodeAttrs::new(0o100644), 0).expect("create");
+        let mut events = Vec::new();
+        let s0 = dev.op_count();
+        e.sync().expect("commit");
+        let mut cur = FileState::default();
+        let what = "the empty file committed".to_string();
+        let states = vec![(0, Some(cur.clone()))];
+        events.push(Event { start: s0, end: dev.op_count(), what, states, unknown: Vec::new() });
+        let keep = FALLOC_FL_KEEP_SIZE;
+        for step in 0..5 {
+            let what = match step {
+                0 => {
+                    e.fallocate(id, keep, 4096, 8192).expect("falloc -k 4k 8k");
+                    "falloc -k 4k 8k"
+                }
+                1 => {
+                    e.fallocate(id, FALLOC_FL_PUNCH_HOLE | keep, 4096, 4096).expect("fpunch");
+                    "fpunch 4k 4k"
+                }
+                2 => {
+                    e.buffered_write(id, 0, &[0xaa; 4096]).expect("pwrite 0 4k");
+                    cur.data = vec![0xaa; 4096];
+                    "pwrite 0 4k"
+                }
+                3 => {
+                    e.buffered_write(id, 0, &[0xbb; 8192]).expect("pwrite 0 8k");
+                    cur.data = vec![0xbb; 8192];
+                    "pwrite 0 8k"
+                }
+                _ => {
+                    e.setattr(id, &SetAttr { size: Some(12288), ..Default::default() })
+                        .expect("truncate 12k");
+                    cur.data.resize(12288, 0);
+                    "truncate 12k"
+                }
+            };
+            let s = dev.op_count();
+            if by_commit {
+                e.sync().expect("commit");
+            } else {
+                e.fsync(id).expect("fsync");
+            }
+            let states = vec![(0, Some(cur.clone()))];
+            let what = format!("{what}, then {}", if by_commit { "a commit" } else { "fsync" });
+            events.push(Event { start: s, end: dev.op_count(), what, states, unknown: Vec::new() });
+        }
+        if !by_commit {
+            assert!(e.log_stats().syncs > 0, "no fsync went through the log");
+        }
+        drop(e);
+        let run = Run {
+            files: 1,
+            base: base.clone(),
+            log: dev.log(),
+            events,
+            unlinks: Vec::new(),
+            creates: Vec::new(),
+        };
+        fails.extend(sweep_run(run, u64::from(by_commit), 4));
+    }
+    assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
 }
