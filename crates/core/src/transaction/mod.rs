@@ -1698,12 +1698,26 @@ impl Transaction {
     }
 }
 
-/// Write `sb` to every superblock mirror that fits on `dev`, each with its own bytenr
-/// and checksum (not flushed).
+/// Write `sb` as copy `mirror` of the superblock of `dev`, with that copy's bytenr and
+/// its checksum (not flushed).
 ///
 /// # Errors
-/// `Io` from the writes.
-/// Write `sb` as the primary superblock of `dev` (checksummed), not its mirrors.
+/// `Io` from the device.
+fn write_super_copy(
+    info: &FsInfo,
+    dev: &dyn crate::volumes::device::BlockDevice,
+    sb: &Superblock,
+    mirror: usize,
+) -> Result<()> {
+    let mut sb = *sb;
+    let off = sb_offset(mirror);
+    sb.bytenr = off.into();
+    let c = info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
+    sb.csum.copy_from_slice(&c);
+    dev.write_at(sb.as_bytes(), off)
+}
+
+/// Write `sb` as the primary superblock of `dev`, not its mirrors (not flushed).
 ///
 /// # Errors
 /// `Io` from the device.
@@ -1712,29 +1726,24 @@ pub(crate) fn write_primary_super(
     dev: &dyn crate::volumes::device::BlockDevice,
     sb: &Superblock,
 ) -> Result<()> {
-    let mut sb = *sb;
-    let off = sb_offset(0);
-    sb.bytenr = off.into();
-    let c = info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
-    sb.csum.copy_from_slice(&c);
-    dev.write_at(sb.as_bytes(), off)
+    write_super_copy(info, dev, sb, 0)
 }
 
+/// Write `sb` to every superblock mirror that fits on `dev`, each with its own bytenr
+/// and checksum (not flushed).
+///
+/// # Errors
+/// `Io` from the writes.
 pub(crate) fn write_super_mirrors(
     info: &FsInfo,
     dev: &dyn crate::volumes::device::BlockDevice,
     sb: &Superblock,
 ) -> Result<()> {
-    let mut sb = *sb;
     for mirror in 0..SUPER_MIRROR_MAX {
-        let off = sb_offset(mirror);
-        if off + SUPER_INFO_SIZE as u64 > dev.size() {
+        if sb_offset(mirror) + SUPER_INFO_SIZE as u64 > dev.size() {
             break;
         }
-        sb.bytenr = off.into();
-        let c = info.csum_type.compute(&sb.as_bytes()[CSUM_SIZE..]);
-        sb.csum.copy_from_slice(&c);
-        dev.write_at(sb.as_bytes(), off)?;
+        write_super_copy(info, dev, sb, mirror)?;
     }
     Ok(())
 }
