@@ -551,6 +551,7 @@ fn check_point(
 }
 
 /// The kernel on the crash image: its check of the image with the log, then its
+/// The kernel on the crash image: its check of the image with the log, then its
 /// mount, which replays the log.
 fn kernel_point(
     img: &[u8],
@@ -559,73 +560,19 @@ fn kernel_point(
     run: &Run,
     k: u64,
 ) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("ubtrfs-log-crash-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let path = dir.join("img");
-    std::fs::write(&path, img).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(&path)
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() || text.contains("ERROR") {
-        return Err(format!("btrfs check:\n{text}"));
-    }
-    let mnt = dir.join("m");
-    std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
-    let st = std::process::Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&path)
-        .arg(&mnt)
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !st.success() {
-        return Err("the kernel did not mount the crash image".into());
-    }
-    let mut got = Vec::new();
-    let mut r = Ok(());
-    for f in 0..run.files {
-        let p = mnt.join(String::from_utf8(name(f)).expect("ascii"));
-        match std::fs::read(&p) {
-            Ok(data) => got.push(Some(FileState { data, xattrs: xattr_list(&p) })),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => got.push(None),
-            Err(e) => {
-                r = Err(format!("kernel: file {f}: {e}"));
-                break;
+    let got = common::kernel_check_and_mount(img, &format!("log-crash-{tag}"), |mnt| {
+        let mut got = Vec::new();
+        for f in 0..run.files {
+            let p = mnt.join(String::from_utf8(name(f)).expect("ascii"));
+            match std::fs::read(&p) {
+                Ok(data) => got.push(Some(FileState { data, xattrs: common::xattrs_of(&p) })),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => got.push(None),
+                Err(e) => return Err(format!("kernel: file {f}: {e}")),
             }
         }
-    }
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
-    let _ = std::fs::remove_dir_all(&dir);
-    r?;
+        Ok(got)
+    })??;
     compare(&got, allowed, run, k).map_err(|e| format!("kernel: {e}"))
-}
-
-/// The user.* xattrs of `p`, through getfattr-free syscalls.
-fn xattr_list(p: &std::path::Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
-    let mut names = vec![0u8; 4096];
-    // SAFETY: listxattr writes at most names.len() bytes into names.
-    let n = unsafe { libc::listxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    let mut out = BTreeMap::new();
-    if n <= 0 {
-        return out;
-    }
-    for nm in names[..n as usize].split(|&b| b == 0).filter(|s| !s.is_empty()) {
-        let cn = std::ffi::CString::new(nm).expect("name");
-        let mut v = vec![0u8; 65536];
-        // SAFETY: getxattr writes at most v.len() bytes into v.
-        let l = unsafe { libc::getxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-        if l >= 0 {
-            v.truncate(l as usize);
-            out.insert(nm.to_vec(), v);
-        }
-    }
-    out
 }
 
 fn sweep(seed: u64, ops: usize, files: usize, kernel_samples: usize) -> Vec<String> {
@@ -916,43 +863,19 @@ fn concurrent_fsyncs_survive_a_crash_at_every_flush_point() {
 /// The kernel on a crash image of the concurrent run: its check, then its mount
 /// (which replays the log) shows each file at an allowed version.
 fn kernel_versions(img: &[u8], k: u64, bounds: &[(usize, usize)]) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("ubtrfs-log-conc-{}-{k}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("m")).map_err(|e| e.to_string())?;
-    let path = dir.join("img");
-    std::fs::write(&path, img).map_err(|e| e.to_string())?;
-    let r = (|| {
-        let out = std::process::Command::new("btrfs")
-            .args(["check", "--readonly", "--check-data-csum"])
-            .arg(&path)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("btrfs check: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        let mnt = dir.join("m");
-        let st =
-            std::process::Command::new("mount").args(["-o", "loop"]).arg(&path).arg(&mnt).status();
-        if !st.is_ok_and(|s| s.success()) {
-            return Err("mount failed".into());
-        }
-        let mut r = Ok(());
+    common::kernel_check_and_mount(img, &format!("log-conc-{k}"), |mnt| {
         for (t, (lo, hi)) in bounds.iter().enumerate() {
             let got = std::fs::read(mnt.join(String::from_utf8_lossy(&name(t)).as_ref()));
             let ok = got.as_ref().is_ok_and(|g| (*lo..=*hi).any(|v| *g == version(t, v)));
             if !ok {
-                r = Err(format!(
+                return Err(format!(
                     "file {t}: {:?} bytes, want a version in {lo}..={hi}",
                     got.map(|g| g.len()).ok()
                 ));
-                break;
             }
         }
-        let _ = std::process::Command::new("umount").arg(&mnt).status();
-        r
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    r
+        Ok(())
+    })?
 }
 
 /// btrfs/206 on a filesystem without NO_HOLES (made by ubtrfs's mkfs), where every

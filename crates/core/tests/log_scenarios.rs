@@ -271,95 +271,63 @@ fn show(w: &Want) -> String {
 /// The kernel on the crash image: its check, then its mount (which replays the log).
 fn kernel(name: &str, img: &[u8], want: &[(&str, Want)]) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
-    let dir =
-        std::env::temp_dir().join(format!("ubtrfs-log-scenario-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("m")).expect("dir");
-    let path = dir.join("img");
-    std::fs::write(&path, img).expect("image");
-    let mut fails = Vec::new();
-    let out = std::process::Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(&path)
-        .output()
-        .expect("btrfs check");
-    if !out.status.success() {
-        fails.push(format!("btrfs check: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    let mnt = dir.join("m");
-    let st = std::process::Command::new("mount").args(["-o", "loop"]).arg(&path).arg(&mnt).status();
-    if !st.is_ok_and(|s| s.success()) {
-        fails.push("mount failed".into());
-        return fails;
-    }
-    for (p, w) in want {
-        let full = mnt.join(p);
-        let md = std::fs::symlink_metadata(&full);
-        let ok = match (w, &md) {
-            (Want::Absent | Want::AbsentOr(_), Err(_)) => true,
-            (Want::AbsentOr(d), Ok(m)) => {
-                m.is_file() && std::fs::read(&full).ok().as_ref() == Some(d)
+    let r = common::kernel_check_and_mount(img, &format!("log-scenario-{name}"), |mnt| {
+        let mut fails = Vec::new();
+        for (p, w) in want {
+            let full = mnt.join(p);
+            let md = std::fs::symlink_metadata(&full);
+            let ok = match (w, &md) {
+                (Want::Absent | Want::AbsentOr(_), Err(_)) => true,
+                (Want::AbsentOr(d), Ok(m)) => {
+                    m.is_file() && std::fs::read(&full).ok().as_ref() == Some(d)
+                }
+                (Want::Dir, Ok(m)) => m.is_dir(),
+                (Want::Entries(names), Ok(m)) => {
+                    use std::os::unix::ffi::OsStrExt;
+                    let mut got: Vec<Vec<u8>> = std::fs::read_dir(&full)
+                        .map(|r| r.flatten().map(|e| e.file_name().as_bytes().to_vec()).collect())
+                        .unwrap_or_default();
+                    got.sort();
+                    m.is_dir() && got == *names
+                }
+                (Want::Full(d, n, x), Ok(m)) => {
+                    m.is_file()
+                        && m.nlink() == u64::from(*n)
+                        && std::fs::read(&full).ok().as_ref() == Some(d)
+                        && user_xattrs(&full) == *x
+                }
+                (Want::Symlink(t), Ok(m)) => {
+                    use std::os::unix::ffi::OsStrExt;
+                    m.is_symlink()
+                        && std::fs::read_link(&full)
+                            .is_ok_and(|l| l.as_os_str().as_bytes() == &t[..])
+                }
+                (Want::File(d), Ok(m)) => {
+                    m.is_file() && std::fs::read(&full).ok().as_ref() == Some(d)
+                }
+                (Want::Linked(d, n), Ok(m)) => {
+                    m.is_file()
+                        && m.nlink() == u64::from(*n)
+                        && std::fs::read(&full).ok().as_ref() == Some(d)
+                }
+                _ => false,
+            };
+            if !ok {
+                fails.push(format!(
+                    "{p}: want {}, got {:?}",
+                    show(w),
+                    md.map(|m| (m.is_dir(), m.len(), m.nlink()))
+                ));
             }
-            (Want::Dir, Ok(m)) => m.is_dir(),
-            (Want::Entries(names), Ok(m)) => {
-                use std::os::unix::ffi::OsStrExt;
-                let mut got: Vec<Vec<u8>> = std::fs::read_dir(&full)
-                    .map(|r| r.flatten().map(|e| e.file_name().as_bytes().to_vec()).collect())
-                    .unwrap_or_default();
-                got.sort();
-                m.is_dir() && got == *names
-            }
-            (Want::Full(d, n, x), Ok(m)) => {
-                m.is_file()
-                    && m.nlink() == u64::from(*n)
-                    && std::fs::read(&full).ok().as_ref() == Some(d)
-                    && user_xattrs(&full) == *x
-            }
-            (Want::Symlink(t), Ok(m)) => {
-                use std::os::unix::ffi::OsStrExt;
-                m.is_symlink()
-                    && std::fs::read_link(&full).is_ok_and(|l| l.as_os_str().as_bytes() == &t[..])
-            }
-            (Want::File(d), Ok(m)) => m.is_file() && std::fs::read(&full).ok().as_ref() == Some(d),
-            (Want::Linked(d, n), Ok(m)) => {
-                m.is_file()
-                    && m.nlink() == u64::from(*n)
-                    && std::fs::read(&full).ok().as_ref() == Some(d)
-            }
-            _ => false,
-        };
-        if !ok {
-            fails.push(format!(
-                "{p}: want {}, got {:?}",
-                show(w),
-                md.map(|m| (m.is_dir(), m.len(), m.nlink()))
-            ));
         }
-    }
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
-    let _ = std::fs::remove_dir_all(&dir);
-    fails
+        fails
+    });
+    r.unwrap_or_else(|e| vec![e])
 }
 
-/// The user xattrs of `p` (by getfattr), sorted.
+/// The user xattrs of `p`, sorted.
 fn user_xattrs(p: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let out = std::process::Command::new("getfattr")
-        .args(["--absolute-names", "-d", "-e", "hex", "-m", "^user\\."])
-        .arg(p)
-        .output();
-    let Ok(out) = out else { return Vec::new() };
-    let mut xs = Vec::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
-        if let Some((k, v)) = l.split_once('=') {
-            let hex = v.trim_start_matches("0x");
-            let val = (0..hex.len() / 2)
-                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0))
-                .collect();
-            xs.push((k.as_bytes().to_vec(), val));
-        }
-    }
-    xs.sort();
-    xs
+    common::xattrs_of(p).into_iter().filter(|(k, _)| k.starts_with(b"user.")).collect()
 }
 
 fn pattern(b: u8, n: usize) -> Vec<u8> {

@@ -134,3 +134,70 @@ pub fn manifest_file(
 mod kernel;
 #[allow(unused_imports)]
 pub use kernel::{du_shared_bytes, kernel_available, kernel_available_with};
+
+/// The kernel on image bytes `img`, copied to a scratch directory named by `tag`:
+/// `btrfs check --readonly --check-data-csum` (a log tree checked as it is), then a
+/// loop mount (which replays a log), `look` at the mounted tree, and the unmount.
+/// Returns what `look` returns, or why the check or the mount failed.
+pub fn kernel_check_and_mount<T>(
+    img: &[u8],
+    tag: &str,
+    look: impl FnOnce(&Path) -> T,
+) -> Result<T, String> {
+    let dir = std::env::temp_dir().join(format!("ubtrfs-kernel-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mnt = dir.join("m");
+    std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+    let path = dir.join("img");
+    let r = (|| {
+        std::fs::write(&path, img).map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("btrfs")
+            .args(["check", "--readonly", "--check-data-csum"])
+            .arg(&path)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() || text.contains("ERROR") {
+            return Err(format!("btrfs check:\n{text}"));
+        }
+        let st = std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&path)
+            .arg(&mnt)
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err("the kernel did not mount the image".into());
+        }
+        let r = look(&mnt);
+        let _ = std::process::Command::new("umount").arg(&mnt).status();
+        Ok(r)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+/// The extended attributes of `p`, by name (listxattr and getxattr, no tool).
+pub fn xattrs_of(p: &Path) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    let mut names = vec![0u8; 4096];
+    // SAFETY: listxattr writes at most names.len() bytes into names.
+    let n = unsafe { libc::listxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    let mut out = std::collections::BTreeMap::new();
+    if n <= 0 {
+        return out;
+    }
+    for nm in names[..n as usize].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let cn = std::ffi::CString::new(nm).expect("name");
+        let mut v = vec![0u8; 65536];
+        // SAFETY: getxattr writes at most v.len() bytes into v.
+        let l = unsafe { libc::getxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+        if l >= 0 {
+            v.truncate(l as usize);
+            out.insert(nm.to_vec(), v);
+        }
+    }
+    out
+}
