@@ -142,16 +142,24 @@ fn fsync_through_the_mount_survives_kill_9_by_the_log() {
     assert_check(&img, "the image with its log, before any replay");
     let got = run_output(bin().args(["cat"]).arg(&img).arg("/db")).stdout;
     assert!(got == want, "ubtrfs's in-memory replay: {} bytes, want {}", got.len(), want.len());
+    kernel_replay(&img, &dir, |kdir| {
+        let got = std::fs::read(kdir.join("db")).expect("kernel read");
+        assert!(got == want, "the kernel's replay: {} bytes, want {}", got.len(), want.len());
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The kernel's replay of a copy of `img` (in `dir`): mounted, `look` at it, unmounted,
+/// and `btrfs check` of the replayed copy clean.
+fn kernel_replay(img: &Path, dir: &Path, look: impl FnOnce(&Path)) {
     let kcopy = dir.join("kernel.img");
-    std::fs::copy(&img, &kcopy).expect("copy");
+    std::fs::copy(img, &kcopy).expect("copy");
     let kdir = dir.join("k");
     {
         let _k = KernelMount::new(&kcopy, &kdir);
-        let got = std::fs::read(kdir.join("db")).expect("kernel read");
-        assert!(got == want, "the kernel's replay: {} bytes, want {}", got.len(), want.len());
+        look(&kdir);
     }
     assert_check(&kcopy, "after the kernel's replay");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The superblock's generation, from `dump-super`.
@@ -209,11 +217,7 @@ fn directory_fsync_through_the_mount_survives_kill_9_by_the_log() {
         }
     }
     assert_check(&img, "the image with its log, before any replay");
-    let kcopy = dir.join("kernel.img");
-    std::fs::copy(&img, &kcopy).expect("copy");
-    let kdir = dir.join("k");
-    {
-        let _k = KernelMount::new(&kcopy, &kdir);
+    kernel_replay(&img, &dir, |kdir| {
         let mut got: Vec<String> = std::fs::read_dir(kdir.join("d"))
             .expect("kernel readdir")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
@@ -229,8 +233,7 @@ fn directory_fsync_through_the_mount_survives_kill_9_by_the_log() {
                 None => assert!(kdir.join("d").join(n).is_dir(), "the kernel's d/{n}"),
             }
         }
-    }
-    assert_check(&kcopy, "after the kernel's replay");
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -301,11 +304,7 @@ fn o_dsync_and_concurrent_fsyncs_through_the_mount_survive_kill_9() {
         let got = run_output(bin().args(["cat"]).arg(&img).arg(format!("/{name}"))).stdout;
         assert!(got == *d, "ubtrfs's replay of {name}: {} bytes, want {}", got.len(), d.len());
     }
-    let kcopy = dir.join("kernel.img");
-    std::fs::copy(&img, &kcopy).expect("copy");
-    let kdir = dir.join("k");
-    {
-        let _k = KernelMount::new(&kcopy, &kdir);
+    kernel_replay(&img, &dir, |kdir| {
         for (name, d) in &want {
             let got = std::fs::read(kdir.join(name)).expect("kernel read");
             assert!(
@@ -315,7 +314,6 @@ fn o_dsync_and_concurrent_fsyncs_through_the_mount_survive_kill_9() {
                 d.len()
             );
         }
-    }
-    assert_check(&kcopy, "after the kernel's replay");
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

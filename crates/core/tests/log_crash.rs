@@ -161,13 +161,18 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
             }
             if rng.chance(1, 2) {
                 let what = format!("step {step}: fsync of new {f}");
-                fsync_event(&e, &dev, &mut events, &cur, &ids, &mut renamed_from, f, what, trace);
-                // Its inode is durable now, under every name it has.
-                for g in 0..files {
-                    if ids[g] == ids[f] {
-                        fresh[g] = false;
-                    }
-                }
+                fsync_event(
+                    &e,
+                    &dev,
+                    &mut events,
+                    &cur,
+                    &ids,
+                    &mut fresh,
+                    &mut renamed_from,
+                    f,
+                    what,
+                    trace,
+                );
             }
             continue;
         };
@@ -241,9 +246,7 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
                 fresh[g] = std::mem::take(&mut fresh[f]);
                 renamed_from.insert(f, id);
                 renamed_from.remove(&g);
-                let at = dev.op_count();
-                let what = format!("step {step}: rename of {f} to {g}");
-                events.push(Event { start: at, end: at, what, states: Vec::new(), unknown });
+                events.push(unchecked(&dev, format!("step {step}: rename of {f} to {g}"), unknown));
                 continue;
             }
             9 => {
@@ -261,9 +264,7 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
                 ids[g] = Some(id);
                 fresh[g] = fresh[f];
                 renamed_from.remove(&g);
-                let at = dev.op_count();
-                let what = format!("step {step}: link of {f} as {g}");
-                events.push(Event { start: at, end: at, what, states: Vec::new(), unknown });
+                events.push(unchecked(&dev, format!("step {step}: link of {f} as {g}"), unknown));
                 continue;
             }
             7 => {
@@ -296,13 +297,18 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
         }
         if rng.chance(1, 2) {
             let what = format!("step {step}: fsync of {f}");
-            fsync_event(&e, &dev, &mut events, &cur, &ids, &mut renamed_from, f, what, trace);
-            // Its inode is durable now, under every name it has.
-            for g in 0..files {
-                if ids[g] == ids[f] {
-                    fresh[g] = false;
-                }
-            }
+            fsync_event(
+                &e,
+                &dev,
+                &mut events,
+                &cur,
+                &ids,
+                &mut fresh,
+                &mut renamed_from,
+                f,
+                what,
+                trace,
+            );
         } else if rng.chance(1, 12) {
             let s = dev.op_count();
             e.sync().expect("commit");
@@ -319,6 +325,13 @@ fn record(seed: u64, ops: usize, files: usize) -> Run {
     Run { files, base, log: dev.log(), events, unlinks, creates }
 }
 
+/// The point, now, from which the names `unknown` are not checked until their next
+/// durable point (a rename or a link touched them).
+fn unchecked(dev: &FaultyDevice, what: String, unknown: Vec<usize>) -> Event {
+    let at = dev.op_count();
+    Event { start: at, end: at, what, states: Vec::new(), unknown }
+}
+
 /// fsync file `f` and record what it made durable: the file, or everything when the
 /// fsync committed (the log could not hold it).
 #[allow(clippy::too_many_arguments)]
@@ -328,12 +341,19 @@ fn fsync_event(
     events: &mut Vec<Event>,
     cur: &[Option<FileState>],
     ids: &[Option<InodeId>],
+    fresh: &mut [bool],
     renamed_from: &mut BTreeMap<usize, InodeId>,
     f: usize,
     what: String,
     trace: bool,
 ) {
     let id = ids[f].expect("an fsynced file has an inode");
+    // Its inode is durable now, under every name it has: none is new any more.
+    for (g, fr) in fresh.iter_mut().enumerate() {
+        if ids[g] == Some(id) {
+            *fr = false;
+        }
+    }
     let g0 = e.committed().expect("committed").info.super_copy().generation.get();
     let s = dev.op_count();
     let g1 = e.fsync(id).expect("fsync");

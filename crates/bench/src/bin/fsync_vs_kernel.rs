@@ -107,14 +107,25 @@ fn sync_file(e: &Engine, id: InodeId, side: Side) -> Result<(), String> {
     .map_err(|err| err.to_string())
 }
 
+/// Run `f` on the kernel's loop mount of `img` at `mnt`, then unmount.
+fn kernel_mounted(
+    img: &Image,
+    mnt: &Path,
+    f: impl FnOnce(&Path) -> Result<f64, String>,
+) -> Result<f64, String> {
+    std::fs::create_dir_all(mnt).map_err(|e| e.to_string())?;
+    run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(mnt))?;
+    let r = f(mnt);
+    run_cmd(Command::new("umount").arg(mnt))?;
+    r
+}
+
 fn randfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, String> {
     let block = vec![0xa5u8; 4096];
     let offs = offsets(a);
     let file = vec![0x5au8; (a.file_mib << 20) as usize];
     if side == Side::Kernel {
-        std::fs::create_dir_all(mnt).map_err(|e| e.to_string())?;
-        run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(mnt))?;
-        let r = (|| -> Result<f64, String> {
+        return kernel_mounted(img, mnt, |mnt| {
             let p = mnt.join("f");
             std::fs::write(&p, &file).map_err(|e| e.to_string())?;
             let f = std::fs::OpenOptions::new().write(true).open(&p).map_err(|e| e.to_string())?;
@@ -126,9 +137,7 @@ fn randfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, Strin
                 f.sync_all().map_err(|e| e.to_string())?;
             }
             Ok(t.elapsed().as_secs_f64())
-        })();
-        run_cmd(Command::new("umount").arg(mnt))?;
-        return r;
+        });
     }
     let e = open_engine(&img.path)?;
     let id = e.create_file(TOP, b"f", &InodeAttrs::new(0o100644), 0).map_err(|e| e.to_string())?;
@@ -147,9 +156,7 @@ fn randfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, Strin
 fn createfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, String> {
     let data = vec![0x3cu8; 4096];
     if side == Side::Kernel {
-        std::fs::create_dir_all(mnt).map_err(|e| e.to_string())?;
-        run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(mnt))?;
-        let r = (|| -> Result<f64, String> {
+        return kernel_mounted(img, mnt, |mnt| {
             let d = mnt.join("d");
             std::fs::create_dir(&d).map_err(|e| e.to_string())?;
             run_cmd(&mut Command::new("sync"))?;
@@ -161,9 +168,7 @@ fn createfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, Str
                 f.sync_all().map_err(|e| e.to_string())?;
             }
             Ok(t.elapsed().as_secs_f64())
-        })();
-        run_cmd(Command::new("umount").arg(mnt))?;
-        return r;
+        });
     }
     let e = open_engine(&img.path)?;
     let a2 = InodeAttrs::new(0o40755);
@@ -202,9 +207,7 @@ fn parfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, String
     let block = vec![0xa5u8; 4096];
     let file = vec![0x5au8; per_file as usize];
     if side == Side::Kernel {
-        std::fs::create_dir_all(mnt).map_err(|e| e.to_string())?;
-        run_cmd(Command::new("mount").args(["-o", "loop"]).arg(&img.path).arg(mnt))?;
-        let r = (|| -> Result<f64, String> {
+        return kernel_mounted(img, mnt, |mnt| {
             let mut files = Vec::new();
             for t in 0..n {
                 let p = mnt.join(format!("f{t}"));
@@ -233,9 +236,7 @@ fn parfsync(a: &Args, side: Side, img: &Image, mnt: &Path) -> Result<f64, String
                 hs.into_iter().try_for_each(|h| h.join().expect("thread"))
             })?;
             Ok(t.elapsed().as_secs_f64())
-        })();
-        run_cmd(Command::new("umount").arg(mnt))?;
-        return r;
+        });
     }
     let e = open_engine(&img.path)?;
     let mut ids = Vec::new();

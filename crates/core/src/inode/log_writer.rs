@@ -45,7 +45,7 @@
 use crate::error::{PosixKind, Result};
 use crate::inode::filesystem::{Filesystem, InodeId};
 use crate::inode::writer::FsWriter;
-use crate::ranges::merge_ranges;
+use crate::ranges::{merge_overlapping, merge_ranges};
 use crate::tree::search::TreeView;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use ubtrfs_format::items;
@@ -281,12 +281,11 @@ impl std::ops::Index<&Key> for LogMap {
     }
 }
 
-/// One leaf of the last sync of a log tree: its first key, items, content hash and
-/// block.
+/// One leaf of the last sync of a log tree: its first key, the hash of its items
+/// (which the next sync's test builds check a kept leaf against) and its block.
 #[derive(Clone, Copy)]
 struct LeafRec {
     first: Key,
-    count: usize,
     hash: u128,
     bytenr: u64,
 }
@@ -1276,15 +1275,7 @@ impl FsWriter {
                         Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, b.saturating_sub(1).max(a)),
                     ));
                 }
-                dirty.sort_unstable();
-                let mut merged: Vec<(Key, Key)> = Vec::with_capacity(dirty.len());
-                for (a, b) in dirty {
-                    match merged.last_mut() {
-                        Some(l) if a <= l.1 => l.1 = l.1.max(b),
-                        _ => merged.push((a, b)),
-                    }
-                }
-                trees.push((subvol, v, merged));
+                trees.push((subvol, v, merge_overlapping(dirty)));
             }
         }
         let mut out = SyncBlocks {
@@ -1413,7 +1404,7 @@ impl FsWriter {
                 {
                     let items = src.range(lo(j), hi(j));
                     assert!(
-                        items.len() == l.count && leaf_hash(&items) == l.hash,
+                        leaf_hash(&items) == l.hash,
                         "log leaf at {} reused with items changed since the last sync",
                         l.first
                     );
@@ -1485,7 +1476,7 @@ impl FsWriter {
                 }
             })?;
             let first = items.get(start).map_or(Key::new(0, 0, 0), |(k, _)| *k);
-            leaves.push(LeafRec { first, count: i - start, hash, bytenr: b });
+            leaves.push(LeafRec { first, hash, bytenr: b });
             if i >= items.len() {
                 return Ok(());
             }
