@@ -5,7 +5,11 @@ other FUSE filesystems beside them for scale, all in one run.
 Targets (names for --targets):
 
   kernel   `mount -o loop` of a fresh `mkfs.btrfs` image (the oracle and the yardstick).
-  ubtrfs   `ubtrfs mount IMG MNT` of a fresh `mkfs.btrfs` image.
+  ubtrfs   `ubtrfs mount IMG MNT` of a fresh `mkfs.btrfs` image, with the fuse module's
+           enable_uring parameter set to N for the run (the value found is restored after).
+  ubtrfs-uring  the same with enable_uring set to Y, so that the kernel offers FUSE over
+           io_uring: the two columns differ only in the transport. Skipped (with the
+           reason printed) where /sys/module/fuse/parameters/enable_uring does not exist.
   bindfs   bindfs over a kernel btrfs loop mount: what passing every call through FUSE
            costs a filesystem that does nothing else.
   fuse2fs  fuse2fs on a fresh `mkfs.ext4` image: another filesystem served from userspace.
@@ -25,6 +29,10 @@ Workloads (names for --only); each run gets a fresh image and mount, set-up unti
   sqlitewal  SQLite: 2000 single-row INSERT transactions, journal_mode=WAL, synchronous=FULL.
   sqliterollback  the same with journal_mode=DELETE (a rollback journal per transaction).
   dbenchsync dbench -s (every file opened O_SYNC), 4 clients (throughput, MB/s).
+  cpa        `cp -a /usr/include DST` into the mount.
+  rmrf       `rm -rf` of the untar tree after a remount (cold caches).
+  gitclone   `git clone --no-hardlinks` of this repository into the mount, then `git log -p`.
+  cbuild     `make -j2 -s` of 200 generated C files (one shared header) into one program.
 
 For the fsync workloads the table also gives the bytes written per fsync or transaction:
 the loop device's written sectors for the kernel, the daemon's write(2) bytes (/proc
@@ -35,9 +43,9 @@ so every figure is the time until the data is on the image, whatever each target
 dbench is time-based and reports its throughput instead. Rounds alternate the targets
 (kernel, ubtrfs, bindfs, fuse2fs, kernel, ...); figures are medians over --runs rounds;
 ratio = kernel time / target time (above 1: faster than the kernel; for dbench the
-throughputs' ratio target / kernel). Peak RSS of the ubtrfs daemon from /proc VmHWM.
-After the first ubtrfs run of each workload the image passes
-`btrfs check --readonly --check-data-csum`.
+throughputs' ratio target / kernel). Peak RSS of the ubtrfs daemon (each ubtrfs target)
+from /proc VmHWM. After the first run of each workload of each ubtrfs target the image
+passes `btrfs check --readonly --check-data-csum`.
 
 Usage (root):  cargo build --release -p ubtrfs
                python3 xtask/fuse_bench.py [--runs 3] [--only seqwrite,untar]
@@ -45,11 +53,13 @@ Usage (root):  cargo build --release -p ubtrfs
                    [--binary target/release/ubtrfs] [--dbench-secs 20] [--mount-opts OPTS]
 
 Needs fio, fs_mark, dbench, bindfs, fuse2fs, mkfs.btrfs, mkfs.ext4, tar, fusermount3
-(and Python's sqlite3 module).
+(and Python's sqlite3 module); cp and rm (coreutils) for cpa and rmrf, git for gitclone
+(and this repository as a git checkout), make and gcc for cbuild.
 Stdlib only. Prints a table; paste it into docs/benchmarks.md with the command.
 """
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -61,6 +71,10 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+UBTRFS_TARGETS = ("ubtrfs", "ubtrfs-uring")
+# enable_uring during a target's mount: N for ubtrfs, Y for ubtrfs-uring, untouched for others.
+URING_VALUE = {"ubtrfs": "N", "ubtrfs-uring": "Y"}
 
 
 def run(cmd, **kw):
@@ -89,6 +103,25 @@ def drop_caches():
         f.write("3\n")
 
 
+@contextlib.contextmanager
+def fuse_uring(value):
+    """The fuse module's enable_uring parameter set to `value` ("Y" or "N") inside the
+    block, and the value found there written back after it, errors included. Nothing is
+    touched when `value` is None or the parameter does not exist."""
+    if value is None or not os.path.exists(URING_PARAM):
+        yield
+        return
+    with open(URING_PARAM) as f:
+        old = f.read().strip()
+    try:
+        with open(URING_PARAM, "w") as f:
+            f.write(value + "\n")
+        yield
+    finally:
+        with open(URING_PARAM, "w") as f:
+            f.write(old + "\n")
+
+
 def fresh_image(path, size, fs):
     if os.path.exists(path):
         os.remove(path)
@@ -105,6 +138,7 @@ class Target:
 
     def __init__(self, name, args, workdir):
         self.name, self.args = name, args
+        self.ubtrfs = name in UBTRFS_TARGETS
         self.dir = os.path.join(workdir, name)
         os.makedirs(self.dir, exist_ok=True)
         self.img = os.path.join(self.dir, "img")
@@ -135,7 +169,7 @@ class Target:
         os.chmod(self.mnt, 0o777)
 
     def unmount(self):
-        if self.name == "ubtrfs" and self.proc:
+        if self.ubtrfs and self.proc:
             try:
                 with open(f"/proc/{self.proc.pid}/status") as f:
                     for line in f:
@@ -282,13 +316,104 @@ def w_dbenchsync(args):
     return None, body
 
 
+def w_cpa():
+    return None, lambda t: run(["cp", "-a", "/usr/include", os.path.join(t.mnt, "include")])
+
+
+def w_rmrf(args):
+    tb = tarball(args)
+
+    # The tarball's top-level directories (see tarball()).
+    def tops(t):
+        return [os.path.join(t.mnt, "include"), os.path.join(t.mnt, "share")]
+
+    def prep(t):
+        run(["tar", "-C", t.mnt, "-xf", tb])
+        if not all(os.path.isdir(d) for d in tops(t)):
+            raise RuntimeError(f"rmrf: {tb} did not extract to {tops(t)}")
+        t.remount_cold()
+
+    return prep, lambda t: run(["rm", "-rf", *tops(t)])
+
+
+def w_gitclone():
+    if not os.path.isdir(os.path.join(REPO, ".git")):
+        raise RuntimeError(f"gitclone: {REPO} is not a git checkout")
+
+    def body(t):
+        dst = os.path.join(t.mnt, "clone")
+        # safe.directory: the checkout may belong to another user than root.
+        quiet(["git", "-c", f"safe.directory={REPO}", "clone", "--no-hardlinks", "--quiet", REPO, dst])
+        quiet(["git", "-C", dst, "log", "-p"])
+
+    return None, body
+
+
+CBUILD_FILES = 200
+CBUILD_FUNCS = 4
+
+
+def cbuild_sources():
+    """{name: text} of the cbuild tree: gen.h, u000.c .. u199.c (u000.c has main) and a
+    Makefile; the same every time."""
+    n, k = CBUILD_FILES, CBUILD_FUNCS
+    h = ["/* generated by xtask/fuse_bench.py */", "#ifndef GEN_H", "#define GEN_H", "",
+         "struct acc { long sum; unsigned mix; int calls; };", "",
+         "#define MIX(x, s) (((x) << (s)) ^ ((x) >> (32 - (s))) ^ 0x9e3779b9u)", ""]
+    h += [f"long f_{i:03}_{j}(struct acc *a, int x);" for i in range(n) for j in range(k)]
+    h += ["", "#endif", ""]
+    files = {"gen.h": "\n".join(h)}
+    for i in range(n):
+        src = ["/* generated by xtask/fuse_bench.py */", "#include <string.h>", '#include "gen.h"', "",
+               f'static const char tag_{i:03}[] = "unit {i:03}";', ""]
+        for j in range(k):
+            callee = f"f_{i - 1:03}_{(i * 7 + j) % k}(a, x - 1)" if i > 0 else "0"
+            src += [f"long f_{i:03}_{j}(struct acc *a, int x)", "{",
+                    "    long r = 0;",
+                    f"    for (int n = 0; n < x % {3 + (i * 5 + j) % 13}; n++) {{",
+                    f"        a->mix = MIX(a->mix + (unsigned)n, {1 + (i + j) % 31});",
+                    f"        r += (long)(a->mix % {97 + i + j}u) * {j + 1};",
+                    "    }",
+                    "    a->calls++;",
+                    f"    a->sum += r + (long)strlen(tag_{i:03});",
+                    f"    return x > 0 ? r + {callee} : r;",
+                    "}", ""]
+        if i == 0:
+            src += ["#include <stdio.h>", "", "int main(void)", "{",
+                    "    struct acc a = { 0, 1, 0 };", "    long r = 0;"]
+            src += [f"    r += f_{m:03}_{m % k}(&a, {m % 9});" for m in range(n - 1, -1, -1)]
+            src += ['    printf("%ld %ld %d\\n", r, a.sum, a.calls);', "    return 0;", "}", ""]
+        files[f"u{i:03}.c"] = "\n".join(src)
+    objs = " ".join(f"u{i:03}.o" for i in range(n))
+    files["Makefile"] = (f"CC = gcc\nCFLAGS = -O2 -Wall\nOBJS = {objs}\n\n"
+                         "prog: $(OBJS)\n\t$(CC) -o $@ $(OBJS)\n\n"
+                         "%.o: %.c gen.h\n\t$(CC) $(CFLAGS) -c -o $@ $<\n")
+    return files
+
+
+def w_cbuild():
+    def dir_(t):
+        return os.path.join(t.mnt, "cbuild")
+
+    def prep(t):
+        os.makedirs(dir_(t))
+        for name, text in cbuild_sources().items():
+            with open(os.path.join(dir_(t), name), "w") as f:
+                f.write(text)
+
+    return prep, lambda t: run(["make", "-C", dir_(t), "-j2", "-s"], stdout=subprocess.DEVNULL)
+
+
 SQLITE_TXNS = 2000
 # Durability points per run of the fsync workloads (for the bytes written per point).
 FSYNC_POINTS = {"fsyncrand": 2048, "sqlitewal": SQLITE_TXNS, "sqliterollback": SQLITE_TXNS}
 THROUGHPUT = ("dbench", "dbenchsync")
 
 WORKLOADS = ["seqwrite", "seqread", "randwrite", "randread", "untar", "walk", "fsmark", "dbench",
-             "fsyncrand", "sqlitewal", "sqliterollback", "dbenchsync"]
+             "fsyncrand", "sqlitewal", "sqliterollback", "dbenchsync",
+             "cpa", "rmrf", "gitclone", "cbuild"]
+# Tools a workload needs beyond those every run needs.
+WORKLOAD_TOOLS = {"cpa": ["cp"], "rmrf": ["tar", "rm"], "gitclone": ["git"], "cbuild": ["make", "gcc"]}
 
 
 def workload(name, args):
@@ -305,6 +430,10 @@ def workload(name, args):
         "sqlitewal": lambda: w_sqlite("WAL"),
         "sqliterollback": lambda: w_sqlite("DELETE"),
         "dbenchsync": lambda: w_dbenchsync(args),
+        "cpa": w_cpa,
+        "rmrf": lambda: w_rmrf(args),
+        "gitclone": w_gitclone,
+        "cbuild": w_cbuild,
     }[name]()
 
 
@@ -317,7 +446,7 @@ def written_bytes(t):
             dev = os.path.basename(out.split(":")[0])
             with open(f"/sys/block/{dev}/stat") as f:
                 return int(f.read().split()[6]) * 512
-        if t.name == "ubtrfs" and t.proc:
+        if t.ubtrfs and t.proc:
             with open(f"/proc/{t.proc.pid}/io") as f:
                 for line in f:
                     if line.startswith("wchar:"):
@@ -336,25 +465,27 @@ def check_image(t, what):
 def one_run(t, name, args, checked):
     prep, body = workload(name, args)
     t.fresh()
-    t.mount()
-    try:
-        if prep:
-            prep(t)
-        drop_caches()
-        w0 = written_bytes(t)
-        start = time.monotonic()
-        body(t)
-        w1 = written_bytes(t)
-        t.last_written = (w1 - w0) if w0 is not None and w1 is not None else None
-        t.unmount()
-        dt = time.monotonic() - start
-    except BaseException:
-        if is_mountpoint(t.mnt):
-            subprocess.run(["umount", "-l", t.mnt])
-        if t.name == "bindfs" and is_mountpoint(t.lower):
-            subprocess.run(["umount", "-l", t.lower])
-        raise
-    if t.name == "ubtrfs" and not checked:
+    # The transport is chosen at mount time; keep the parameter until the daemon is gone.
+    with fuse_uring(URING_VALUE.get(t.name)):
+        t.mount()
+        try:
+            if prep:
+                prep(t)
+            drop_caches()
+            w0 = written_bytes(t)
+            start = time.monotonic()
+            body(t)
+            w1 = written_bytes(t)
+            t.last_written = (w1 - w0) if w0 is not None and w1 is not None else None
+            t.unmount()
+            dt = time.monotonic() - start
+        except BaseException:
+            if is_mountpoint(t.mnt):
+                subprocess.run(["umount", "-l", t.mnt])
+            if t.name == "bindfs" and is_mountpoint(t.lower):
+                subprocess.run(["umount", "-l", t.lower])
+            raise
+    if t.ubtrfs and not checked:
         check_image(t, name)
     return getattr(t, "last_throughput", None) if name in THROUGHPUT else dt
 
@@ -377,24 +508,34 @@ def main():
         if w not in WORKLOADS:
             sys.exit(f"fuse_bench: unknown workload {w!r} (known: {', '.join(WORKLOADS)})")
     tnames = [t for t in args.targets.split(",") if t]
+    for t in tnames:
+        if t not in ("kernel", "bindfs", "fuse2fs") + UBTRFS_TARGETS:
+            sys.exit(f"fuse_bench: unknown target {t!r} (known: kernel, {', '.join(UBTRFS_TARGETS)}, bindfs, fuse2fs)")
+    if "ubtrfs-uring" in tnames and not os.path.exists(URING_PARAM):
+        print(f"fuse_bench: skipping ubtrfs-uring: {URING_PARAM} does not exist (fuse module without io_uring support)", flush=True)
+        tnames.remove("ubtrfs-uring")
     for tool in ["fio", "fs_mark", "dbench", "bindfs", "fuse2fs", "fusermount3", "mkfs.btrfs", "mkfs.ext4"]:
         if shutil.which(tool) is None and (tool not in ("bindfs", "fuse2fs") or tool in tnames):
             sys.exit(f"fuse_bench: {tool} is missing")
+    for tool in sorted({tool for w in names for tool in WORKLOAD_TOOLS.get(w, [])}):
+        if shutil.which(tool) is None:
+            sys.exit(f"fuse_bench: {tool} is missing (for {', '.join(w for w in names if tool in WORKLOAD_TOOLS.get(w, []))})")
     os.makedirs(args.workdir, exist_ok=True)
     targets = [Target(n, args, args.workdir) for n in tnames]
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, binary {args.binary}", flush=True)
     results = {}
     written = {}
     for w in names:
-        checked = False
+        checked = set()  # the ubtrfs targets whose image has been checked for this workload
         for r in range(args.runs):
             for t in targets:
-                v = one_run(t, w, args, checked)
-                checked = checked or t.name == "ubtrfs"
+                v = one_run(t, w, args, t.name in checked)
+                if t.ubtrfs:
+                    checked.add(t.name)
                 results.setdefault((w, t.name), []).append(v)
                 if w in FSYNC_POINTS and getattr(t, "last_written", None) is not None:
                     written.setdefault((w, t.name), []).append(t.last_written / FSYNC_POINTS[w])
-                print(f"{w:10} run {r + 1} {t.name:8} {v:8.2f}{' MB/s' if w in THROUGHPUT else ' s'}", flush=True)
+                print(f"{w:10} run {r + 1} {t.name:12} {v:8.2f}{' MB/s' if w in THROUGHPUT else ' s'}", flush=True)
     print()
     print("| workload | " + " | ".join(f"{t} (median)" for t in tnames) + " | " + " | ".join(f"kernel/{t}" for t in tnames if t != "kernel") + " |")
     print("|---|" + "---:|" * (2 * len(tnames) - 1))
@@ -416,8 +557,8 @@ def main():
             if w in FSYNC_POINTS:
                 print(f"| {w} | " + " | ".join(f"{statistics.median(written[(w, t)]) / 1024:.1f} KiB" if (w, t) in written else "-" for t in wt) + " |")
     for t in targets:
-        if t.name == "ubtrfs":
-            print(f"\nubtrfs daemon peak RSS over all runs: {t.peak_rss_kib / 1024:.1f} MiB")
+        if t.ubtrfs:
+            print(f"\n{t.name} daemon peak RSS over all runs: {t.peak_rss_kib / 1024:.1f} MiB")
     print("\nruns:", {f"{w}/{t}": [round(x, 2) for x in v] for (w, t), v in results.items()})
 
 

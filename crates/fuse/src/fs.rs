@@ -847,6 +847,12 @@ impl fuser::Filesystem for UbtrfsFs {
         ] {
             let _ = config.add_capabilities(cap);
         }
+        // FUSE_OVER_IO_URING (offered when the fuse module's `enable_uring` is on): each
+        // request is served by a thread on the CPU that made it, with no wake-up of
+        // another CPU (the session makes the rings; see fuser's `uring` module).
+        if self.opts.io_uring {
+            let _ = config.add_capabilities(fuser::InitFlags::FUSE_OVER_IO_URING);
+        }
         Ok(())
     }
 

@@ -75,6 +75,11 @@ pub struct MountOptions {
     pub dirty_mib: u64,
     /// FUSE worker threads.
     pub threads: usize,
+    /// Take requests over io_uring when the kernel offers it (`io_uring`, the default;
+    /// `noio_uring` keeps to /dev/fuse).
+    pub io_uring: bool,
+    /// Entries per io_uring queue (`io_uring_depth=N`, 1 to 64).
+    pub io_uring_depth: usize,
     /// Allow device nodes to be opened as devices (FUSE's `dev`; `nodev` is the
     /// default for FUSE mounts, as for the kernel driver).
     pub dev: bool,
@@ -157,6 +162,8 @@ impl Default for MountOptions {
             page_cache_mib: ubtrfs_core::DEFAULT_CACHE_BYTES >> 20,
             dirty_mib: ubtrfs_core::DEFAULT_DIRTY_BYTES >> 20,
             threads: default_threads(),
+            io_uring: true,
+            io_uring_depth: 4,
             dev: false,
             suid: false,
             exec: true,
@@ -290,6 +297,21 @@ impl MountOptions {
                         return Err(bad(opt, "threads are 1 to 64"));
                     }
                     self.threads = n;
+                }
+                "io_uring" => {
+                    none()?;
+                    self.io_uring = true
+                }
+                "noio_uring" => {
+                    none()?;
+                    self.io_uring = false
+                }
+                "io_uring_depth" => {
+                    let n: usize = number(opt, need()?)?;
+                    if !(1..=64).contains(&n) {
+                        return Err(bad(opt, "the queue depth is 1 to 64"));
+                    }
+                    self.io_uring_depth = n;
                 }
                 "dev" => self.dev = true,
                 "nodev" => self.dev = false,

@@ -119,6 +119,7 @@ fn fuse_config(opts: &MountOptions) -> fuser::Config {
     }
     c.n_threads = Some(opts.threads);
     c.clone_fd = true;
+    c.io_uring_queue_depth = Some(opts.io_uring_depth);
     c
 }
 
@@ -156,7 +157,7 @@ pub(crate) fn last_commit(engine: &Engine, read_only: bool) {
 }
 
 /// The device number of the FUSE mount at `mountpoint` (absolute), from mountinfo.
-fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
+pub(crate) fn mount_dev(mountpoint: &Path) -> Option<DevNum> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     mountinfo::parse_mountinfo(&text)
         .into_iter()

@@ -15,7 +15,6 @@ use crate::fs::UbtrfsFs;
 use crate::ino::FuseIno;
 use crate::options::IdMap;
 use fuser::Request;
-use std::os::unix::fs::MetadataExt;
 use ubtrfs_core::{
     access_acl, check_access, Cred, Error, FsRead, InodeAttrs, InodeId, Load, PosixKind, Result,
     MAY_EXEC, MAY_WRITE,
@@ -125,21 +124,30 @@ impl UbtrfsFs {
 
     /// The subvolume a caller's file descriptor `fd` names: its top directory, on this
     /// mount (EXDEV otherwise).
+    ///
+    /// Read from /proc (the descriptor's mount and inode number, the mount's device),
+    /// never by a stat of the descriptor or of the mount point: that would be a request
+    /// to this mount, which the thread serving this one may be the only one to take (an
+    /// io_uring queue serves its CPU's requests on one thread).
     fn subvol_of_fd(&self, req: &Request, fd: i64) -> Result<InodeId> {
         let what = format!("source descriptor {fd} of process {}", req.pid());
-        let link = format!("/proc/{}/fd/{fd}", req.pid());
-        let m = std::fs::metadata(&link).map_err(|e| Error::io(what.clone(), e))?;
-        let ours = std::fs::metadata(&self.mountpoint)
-            .map_err(|e| Error::io(format!("the mount point {}", self.mountpoint.display()), e))?;
-        if m.dev() != ours.dev() {
+        let (dev, ino) = fd_dev_ino(req.pid(), fd).map_err(|e| Error::io(what.clone(), e))?;
+        let ours = crate::session::mount_dev(&self.mountpoint).ok_or_else(|| {
+            Error::io(
+                format!("the mount point {}", self.mountpoint.display()),
+                std::io::Error::other("not in the mount table"),
+            )
+        })?;
+        if dev != ours {
             return Err(Error::posix_detail(
                 PosixKind::CrossDevice,
                 what,
                 "it is not on this mount",
             ));
         }
-        let id = self.map.from_fuse(FuseIno(m.ino()))?;
-        if id.ino != FIRST_FREE_OBJECTID || !m.is_dir() {
+        let id = self.map.from_fuse(FuseIno(ino))?;
+        // A subvolume's top (FIRST_FREE_OBJECTID) is always a directory.
+        if id.ino != FIRST_FREE_OBJECTID {
             return Err(invalid(&what, "not a subvolume"));
         }
         Ok(id)
@@ -328,6 +336,30 @@ impl UbtrfsFs {
             )),
         }
     }
+}
+
+/// The device (of its mount, from the process's mountinfo) and inode number of process
+/// `pid`'s descriptor `fd`, from /proc/PID/fdinfo: no request to any filesystem.
+fn fd_dev_ino(pid: u32, fd: i64) -> std::io::Result<(ubtrfs_core::mountinfo::DevNum, u64)> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))?;
+    let field = |name: &str| {
+        info.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let (Some(mnt_id), Some(ino)) = (field("mnt_id:"), field("ino:")) else {
+        return Err(bad("fdinfo without mnt_id or ino"));
+    };
+    let table = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    let dev = table
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let id = f.next()?.parse::<u64>().ok()?;
+            let _parent = f.next()?;
+            (id == mnt_id).then(|| ubtrfs_core::mountinfo::parse_dev_num(f.next()?)).flatten()
+        })
+        .ok_or_else(|| bad("the descriptor's mount is not in its mountinfo"))?;
+    Ok((dev, ino))
 }
 
 #[cfg(test)]

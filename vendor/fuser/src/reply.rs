@@ -36,9 +36,12 @@ use crate::ll::{self};
 use crate::passthrough::BackingId;
 
 /// Generic reply callback to send data
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// A request that came over a FUSE io_uring entry: the reply is collected and
+    /// committed by the queue's thread.
+    Ring(std::sync::Arc<crate::uring::Slot>),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -50,6 +53,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Ring(slot) => slot.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -64,6 +68,9 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Ring(_) => Err(std::io::Error::other(
+                "backing files are not opened from io_uring requests",
+            )),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -75,6 +82,7 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Ring(_) => panic!("backing files are not opened from io_uring requests"),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -84,7 +92,7 @@ impl ReplySender {
 }
 
 #[cfg(test)]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct AssertSender {
     expected: Vec<u8>,
 }

@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// The io_uring queues made at INIT, when the transport was negotiated.
+    #[cfg(target_os = "linux")]
+    uring: Vec<crate::uring::Queue>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            uring: Vec::new(),
         };
 
         session.handshake()?;
@@ -214,6 +219,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            uring: Vec::new(),
         };
 
         session.handshake()?;
@@ -252,6 +259,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            uring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +295,8 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        #[cfg(target_os = "linux")]
+        let threads_fd = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -306,6 +317,33 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        // The io_uring queues, one thread each, pinned to its CPU; the threads above keep
+        // reading /dev/fuse for what never comes over the ring (FORGET, INTERRUPT).
+        #[cfg(target_os = "linux")]
+        let (ring_threads, stoppers) = {
+            // The rings' commands name this descriptor, which `threads_fd` keeps open.
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&threads_fd.as_fd());
+            let mut ring_threads = Vec::with_capacity(uring.len());
+            let mut stoppers = Vec::with_capacity(uring.len());
+            for (qid, queue) in uring.into_iter().enumerate() {
+                stoppers.push(queue.stopper());
+                let thread_name = format!("fuser-ring-{qid}");
+                let event_loop = SessionEventLoop {
+                    thread_name: thread_name.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: threads_fd.clone(),
+                    allowed,
+                    session_owner,
+                };
+                ring_threads.push(
+                    thread::Builder::new()
+                        .name(thread_name)
+                        .spawn(move || queue.serve(fd, &event_loop))?,
+                );
+            }
+            (ring_threads, stoppers)
+        };
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -317,6 +355,18 @@ impl<FS: Filesystem> Session<FS> {
             if let Err(e) = res {
                 if reply.is_ok() {
                     reply = Err(e);
+                }
+            }
+        }
+
+        #[cfg(target_os = "linux")]
+        {
+            crate::uring::stop(&stoppers);
+            for thread in ring_threads {
+                match thread.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!("FUSE ring thread: {e}"),
+                    Err(_) => return Err(io::Error::other("FUSE ring thread panicked")),
                 }
             }
         }
@@ -429,6 +479,8 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            self.prepare_uring(&init.capabilities(), &mut config);
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -475,6 +527,40 @@ impl<FS: Filesystem> Session<FS> {
 
             return Ok(());
         }
+    }
+
+    /// Make the io_uring queues before the INIT reply when the filesystem asked for the
+    /// transport and the kernel offers it (the module's `enable_uring`); if they cannot be
+    /// made (io_uring disabled, no memory), the reply leaves the flag out and requests
+    /// stay on /dev/fuse. Once the flag is in the reply the kernel holds new requests
+    /// until every queue has an entry, which `run` registers at once.
+    fn prepare_uring(&mut self, offered: &InitFlags, config: &mut KernelConfig) {
+        let flag = InitFlags::FUSE_OVER_IO_URING;
+        if !config.requested.contains(flag) {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        if offered.contains(flag) {
+            let depth = self.config.io_uring_queue_depth.unwrap_or(4).max(1);
+            let payload = crate::uring::payload_len(config.max_write, config.max_pages());
+            match crate::uring::possible_cpus().and_then(|n| crate::uring::prepare(n, depth, payload)) {
+                Ok(queues) => {
+                    self.uring = queues;
+                    return;
+                }
+                Err(e) => warn!("FUSE over io_uring not used: {e}"),
+            }
+        }
+        let _ = offered;
+        config.requested.remove(flag);
+    }
+
+    /// Whether requests come over io_uring (negotiated at INIT).
+    pub fn uses_io_uring(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return !self.uring.is_empty();
+        #[cfg(not(target_os = "linux"))]
+        return false;
     }
 
     /// Unmount the filesystem
@@ -530,7 +616,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(ReplySender::Channel(self.ch.sender()), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {

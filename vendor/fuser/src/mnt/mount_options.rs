@@ -18,6 +18,9 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Entries per FUSE io_uring queue (one queue per possible CPU) when the filesystem
+    /// asks for `FUSE_OVER_IO_URING` in `init` and the kernel offers it; None: 4.
+    pub io_uring_queue_depth: Option<usize>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
