@@ -16,8 +16,10 @@
 //! changes: a readdir resumes after the last index it returned.
 //!
 //! Handles: a table from FUSE file handle to an `OpenFile` (which keeps an unlinked
-//! inode readable until release) and, for directories, the listing read at each
-//! rewind (offset 0).
+//! inode readable until release). Directories have none: OPENDIR answers ENOSYS, which
+//! the kernel takes as "no open needed" for the whole mount (zero-message opendir,
+//! `fc->no_opendir`), saving an OPENDIR and a RELEASEDIR per listing; readdir works
+//! from the directory alone (see `listing`).
 
 use crate::errno::{errno_of, loggable};
 use crate::ino::{FuseIno, InoMap, Placeholders};
@@ -68,10 +70,10 @@ const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 /// An open file or directory.
 struct Handle {
     file: OpenFile<'static>,
-    /// A directory's listing in DIR_INDEX order, read at every rewind (offset 0, where
-    /// each stream starts) and shared by the readdir calls that page through it.
-    listing: Option<Mutex<Arc<Vec<DirEntry>>>>,
 }
+
+/// How many directories' listings `UbtrfsFs::listings` keeps at most.
+const LISTINGS: usize = 256;
 
 /// The stream entries of `list` after `offset`: (offset, entry), None for `.` and `..`.
 fn dirents(list: &[DirEntry], offset: u64) -> impl Iterator<Item = (u64, Option<&DirEntry>)> {
@@ -103,6 +105,10 @@ pub struct UbtrfsFs {
     /// Writable opens not yet released, as (caller's pid, inode, file handle), newest
     /// last, at most `RECENT_OPENS`: see `truncating_open`.
     recent_opens: Mutex<std::collections::VecDeque<(u32, InodeId, u64)>>,
+    /// Directory listings in DIR_INDEX order by directory: read at every rewind (offset
+    /// 0, where each stream starts) and used by the readdir calls that page on through
+    /// it; dropped at the end of a stream, at most `LISTINGS` kept (see `listing`).
+    listings: Mutex<HashMap<InodeId, Arc<Vec<DirEntry>>>>,
 }
 
 /// How many opens `recent_opens` remembers: an open(O_TRUNC)'s SETATTR follows its OPEN
@@ -207,6 +213,7 @@ impl UbtrfsFs {
             notifier,
             cleaner,
             recent_opens: Mutex::new(std::collections::VecDeque::with_capacity(RECENT_OPENS)),
+            listings: Mutex::new(HashMap::new()),
         }
     }
 
@@ -541,7 +548,7 @@ impl UbtrfsFs {
         self.engine.count_lookups(id, 1);
         let opened = self.engine.open_file_shared(id).and_then(|f| Ok((self.getattr_of(id)?, f)));
         match opened {
-            Ok(((attr, generation), f)) => Ok((attr, generation, self.add_handle(f, false))),
+            Ok(((attr, generation), f)) => Ok((attr, generation, self.add_handle(f))),
             Err(e) => {
                 let _ = self.engine.forget(id, 1);
                 Err(e)
@@ -603,9 +610,9 @@ impl UbtrfsFs {
         Ok(())
     }
 
-    fn add_handle(&self, file: OpenFile<'static>, dir: bool) -> u64 {
+    fn add_handle(&self, file: OpenFile<'static>) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let h = Arc::new(Handle { file, listing: dir.then(|| Mutex::new(Arc::default())) });
+        let h = Arc::new(Handle { file });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
     }
@@ -647,22 +654,34 @@ impl UbtrfsFs {
     }
 
     /// The listing of directory handle `fh`, read afresh at offset 0.
-    fn listing(
-        &self,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-    ) -> Result<(InodeId, Arc<Vec<DirEntry>>)> {
+    /// Directory `ino`'s listing for a readdir at `offset`: read afresh at a rewind
+    /// (offset 0), else the one the stream's earlier calls read, or a fresh one if it
+    /// is no longer kept. Offsets are DIR_INDEX + 2, so any listing pages on correctly
+    /// from any offset: entries made or removed since a stream began may show or not,
+    /// as POSIX allows.
+    fn listing(&self, ino: INodeNo, offset: u64) -> Result<(InodeId, Arc<Vec<DirEntry>>)> {
         let id = self.id(ino)?;
-        let h = self.handle(fh)?;
-        let Some(listing) = &h.listing else {
-            return Err(Error::posix(PosixKind::NotDir, id.to_string()));
-        };
-        let mut l = listing.lock().unwrap_or_else(|p| p.into_inner());
-        if offset == 0 {
-            *l = Arc::new(self.engine.read(|v| v.readdir(id))?);
+        let mut kept = self.listings.lock().unwrap_or_else(|p| p.into_inner());
+        if offset != 0 {
+            if let Some(l) = kept.get(&id) {
+                return Ok((id, l.clone()));
+            }
         }
-        Ok((id, l.clone()))
+        drop(kept);
+        let l = Arc::new(self.engine.read(|v| v.readdir(id))?);
+        kept = self.listings.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() >= LISTINGS && !kept.contains_key(&id) {
+            if let Some(k) = kept.keys().next().copied() {
+                kept.remove(&k);
+            }
+        }
+        kept.insert(id, l.clone());
+        Ok((id, l))
+    }
+
+    /// A readdir that returned nothing reached the end of its stream: its listing goes.
+    fn listing_done(&self, id: InodeId) {
+        self.listings.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
     /// Move `id`'s atime after a read or a listing. The kernel's FUSE drops its cached
@@ -1122,7 +1141,7 @@ impl fuser::Filesystem for UbtrfsFs {
             // ETXTBSY), and a refused open(O_TRUNC) would still have emptied the file.
             // The kernel truncates through setattr once those checks pass.
             let f = self.engine.open_file_shared(id)?;
-            let fh = self.add_handle(f, false);
+            let fh = self.add_handle(f);
             if acc != libc::O_RDONLY {
                 let mut opens = self.recent_opens.lock().expect("no panic while held");
                 if opens.len() == RECENT_OPENS {
@@ -1251,30 +1270,26 @@ impl fuser::Filesystem for UbtrfsFs {
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let r = self.id(ino).and_then(|id| {
-            // The listing is read by the first readdir (offset 0), not here too.
-            let f = self.engine.open_file_shared(id)?;
-            Ok(self.add_handle(f, true))
-        });
-        match r {
-            Ok(fh) => reply
-                .opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
-            Err(e) => reply.error(self.fail("opendir", &e)),
-        }
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // ENOSYS: the kernel opens directories without asking from now on
+        // (`fc->no_opendir`), with the flags we would give (FOPEN_KEEP_CACHE |
+        // FOPEN_CACHE_DIR), and sends no RELEASEDIR; readdir needs no handle.
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        match self.listing(ino, fh, offset) {
+        match self.listing(ino, offset) {
             Ok((id, list)) => {
+                let mut any = false;
                 for (off, e) in dirents(&list, offset) {
+                    any = true;
                     let (n, kind, name): (u64, FileType, &[u8]) = match e {
                         None => (ino.0, FileType::Directory, if off == 1 { b"." } else { b".." }),
                         Some(e) => match self.node_of(id, e) {
@@ -1289,6 +1304,9 @@ impl fuser::Filesystem for UbtrfsFs {
                         break;
                     }
                 }
+                if !any {
+                    self.listing_done(id);
+                }
                 reply.ok();
                 self.atime(id);
             }
@@ -1300,13 +1318,15 @@ impl fuser::Filesystem for UbtrfsFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.listing(ino, fh, offset) {
+        match self.listing(ino, offset) {
             Ok((id, list)) => {
+                let mut any = false;
                 for (off, e) in dirents(&list, offset) {
+                    any = true;
                     let Some(e) = e else {
                         // `.` and `..` carry no attributes the kernel keeps: it looks
                         // them up itself.
@@ -1351,6 +1371,9 @@ impl fuser::Filesystem for UbtrfsFs {
                         let _ = self.engine.forget(e.target, 1);
                         break;
                     }
+                }
+                if !any {
+                    self.listing_done(id);
                 }
                 reply.ok();
                 self.atime(id);
