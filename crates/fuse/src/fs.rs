@@ -8,6 +8,12 @@
 //! (`Engine::count_lookups` for each entry replied), open handles, directory stream
 //! offsets, the uid/gid mapping, and the conversion of attributes.
 //!
+//! A handler never touches the mount itself (no stat, open or lookup of a path or
+//! descriptor under it): that is a request to this process, which over io_uring only
+//! the thread of the caller's CPU queue serves, and that thread is the one waiting. What
+//! a handler needs to know of a caller's descriptors it reads from /proc (see
+//! `subvol_of_fd`).
+//!
 //! Permission checks are the kernel's: the mount always passes `default_permissions`,
 //! so the kernel checks modes before a request reaches us (see the README).
 //!
