@@ -198,4 +198,5 @@ fn directory_streams_page_and_survive_changes_as_on_the_kernel() {
     m.stop(Stop::Umount);
     assert_eq!(ours, kernel);
     assert_check(&img, "after the directory streams");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -203,4 +203,5 @@ fn mount_over_io_uring_serves_every_request_and_the_kernel_agrees() {
     assert!(tree(&mnt) == shown, "the /dev/fuse mount's view differs");
     assert!(ring_threads(m.pid()).is_empty(), "noio_uring still made ring threads");
     m.stop(Stop::Umount);
+    let _ = std::fs::remove_dir_all(&dir);
 }
